@@ -1,0 +1,23 @@
+"""pagedkv: a paged KV-cache allocator with PagedAttention kernels, a simulator and a visualizer."""
+
+from __future__ import annotations
+
+from pagedkv._core import __version__
+from pagedkv.errors import (
+    InvalidArgumentError,
+    InvariantViolation,
+    OutOfBlocksError,
+    PagedKvError,
+    SequenceExistsError,
+    UnknownSequenceError,
+)
+
+__all__ = [
+    "__version__",
+    "PagedKvError",
+    "OutOfBlocksError",
+    "UnknownSequenceError",
+    "SequenceExistsError",
+    "InvalidArgumentError",
+    "InvariantViolation",
+]

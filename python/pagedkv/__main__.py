@@ -1,0 +1,5 @@
+import sys
+
+from pagedkv.cli import main
+
+sys.exit(main())

@@ -1,0 +1,43 @@
+"""The pagedkv exception hierarchy.
+
+Defined in Python (not in the extension) so that an error can be both a ``PagedKvError`` and
+the built-in it refines (``KeyError``, ``ValueError``); the Rust bindings raise these classes.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "PagedKvError",
+    "OutOfBlocksError",
+    "UnknownSequenceError",
+    "SequenceExistsError",
+    "InvalidArgumentError",
+    "InvariantViolation",
+]
+
+
+class PagedKvError(Exception):
+    """Base class of every error pagedkv raises on purpose."""
+
+
+class OutOfBlocksError(PagedKvError):
+    """Not enough free blocks now (device tier, or host tier on swap-out): retry later."""
+
+
+class UnknownSequenceError(PagedKvError, KeyError):
+    """The sequence id is not live in this manager."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return Exception.__str__(self)
+
+
+class SequenceExistsError(PagedKvError):
+    """The sequence id is already live in this manager."""
+
+
+class InvalidArgumentError(PagedKvError, ValueError):
+    """Malformed input, including a request that can never fit the pool."""
+
+
+class InvariantViolation(PagedKvError):
+    """An allocator invariant does not hold. This is a pagedkv bug: please report it."""

@@ -1,0 +1,8 @@
+//! Thin PyO3 bindings for the `pagedkv` core: argument conversion and error mapping only.
+use pyo3::prelude::*;
+
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

@@ -1,0 +1,1 @@
+//! pagedkv: the paged KV-cache allocator core (no Python).
