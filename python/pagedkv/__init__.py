@@ -9,6 +9,7 @@ from pagedkv.errors import (
     OutOfBlocksError,
     PagedKvError,
     SequenceExistsError,
+    SequenceSwappedOutError,
     UnknownSequenceError,
 )
 
@@ -18,6 +19,7 @@ __all__ = [
     "OutOfBlocksError",
     "UnknownSequenceError",
     "SequenceExistsError",
+    "SequenceSwappedOutError",
     "InvalidArgumentError",
     "InvariantViolation",
 ]

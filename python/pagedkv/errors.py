@@ -12,6 +12,7 @@ __all__ = [
     "UnknownSequenceError",
     "SequenceExistsError",
     "InvalidArgumentError",
+    "SequenceSwappedOutError",
     "InvariantViolation",
 ]
 
@@ -37,6 +38,10 @@ class SequenceExistsError(PagedKvError):
 
 class InvalidArgumentError(PagedKvError, ValueError):
     """Malformed input, including a request that can never fit the pool."""
+
+
+class SequenceSwappedOutError(PagedKvError):
+    """The sequence is swapped out to the host tier; swap it in before appending or forking."""
 
 
 class InvariantViolation(PagedKvError):
