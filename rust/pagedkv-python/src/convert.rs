@@ -7,7 +7,7 @@
 //! The single-token append path is the hot one, so integers are read with one C call on exact
 //! `int`s and short token lists land in a stack buffer (no heap allocation per call).
 
-use numpy::{PyArray1, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
+use numpy::{PyArray1, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyFloat, PyInt, PyList, PyRange, PyString, PyTuple};
 

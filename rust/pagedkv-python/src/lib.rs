@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 
 mod convert;
 mod errors;
+#[cfg(any())] // PHASE2
 mod events;
 mod manager;
 mod pool;

@@ -17,6 +17,7 @@ use pagedkv::{Error, KvCacheManager, ManagerConfig};
 
 use crate::convert::{BlockIdArg, CountArg, ExtraKey, OneOrManySeqIds, SeqIdArg, SeqIds, TokenIds};
 use crate::errors::{invalid_argument, invariant_violation, to_pyerr};
+#[cfg(any())] // PHASE2
 use crate::events::events_to_python;
 use crate::pool::{check_int32_block_count, PyBlockPool};
 use crate::stats::stats_to_dict;
@@ -87,7 +88,10 @@ impl PyKvCacheManager {
 }
 
 /// `[N, 2]` int32 pairs (shape `(0, 2)` when empty).
-fn pairs_to_array(py: Python<'_>, pairs: &[(u32, u32)]) -> PyResult<Bound<'_, PyArray2<i32>>> {
+fn pairs_to_array<'py>(
+    py: Python<'py>,
+    pairs: &[(u32, u32)],
+) -> PyResult<Bound<'py, PyArray2<i32>>> {
     let mut flat = Vec::with_capacity(pairs.len() * 2);
     for &(first, second) in pairs {
         flat.push(block_id_to_i32(first));
@@ -107,9 +111,11 @@ fn block_id_to_i32(block_id: u32) -> i32 {
 impl PyKvCacheManager {
     #[new]
     #[pyo3(signature = (
-        num_blocks=None, block_size=None, enable_prefix_caching=false, num_host_blocks=0,
-        *, pool=None, hash_seed=0, max_events=None
+        num_blocks=None, block_size=None, enable_prefix_caching=false, num_host_blocks=CountArg(0),
+        *, pool=None, hash_seed=SeqIdArg(0), max_events=None
     ))]
+    #[pyo3(text_signature = "(num_blocks=None, block_size=None, enable_prefix_caching=False, \
+        num_host_blocks=0, *, pool=None, hash_seed=0, max_events=None)")]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -238,14 +244,17 @@ impl PyKvCacheManager {
     }
 
     /// Whether `num_tokens` more tokens fit now (False while swapped out or out of blocks).
-    #[pyo3(signature = (seq_id, num_tokens=CountArg(1)))]
+    #[pyo3(signature = (seq_id, num_tokens=CountArg(1)), text_signature = "(self, seq_id, num_tokens=1)")]
     fn can_append(&self, py: Python<'_>, seq_id: SeqIdArg, num_tokens: CountArg) -> PyResult<bool> {
         self.run(py, false, |kv| kv.can_append(seq_id.0, num_tokens.0))
     }
 
     /// One engine step: appends `num_tokens` tokens to each of `seq_ids` (`[B]`), all or none.
     /// `token_ids`, if given, is `[B * num_tokens]` row-major (sequence 0's tokens first).
-    #[pyo3(signature = (seq_ids, token_ids=None, *, num_tokens=CountArg(1)))]
+    #[pyo3(
+        signature = (seq_ids, token_ids=None, *, num_tokens=CountArg(1)),
+        text_signature = "(self, seq_ids, token_ids=None, *, num_tokens=1)"
+    )]
     fn append_tokens_batch(
         &self,
         py: Python<'_>,
@@ -389,6 +398,7 @@ impl PyKvCacheManager {
         self.read(py, |kv| kv.num_free_blocks())
     }
 
+    #[cfg(any())] // PHASE2
     /// Free host-tier blocks.
     #[getter]
     fn num_free_host_blocks(&self, py: Python<'_>) -> PyResult<usize> {
@@ -406,6 +416,7 @@ impl PyKvCacheManager {
         self.read(py, |kv| kv.blocks_needed_for_prompt(num_tokens.0))
     }
 
+    #[cfg(any())] // PHASE2
     /// Whether the sequence is swapped out to the host tier.
     fn is_swapped_out(&self, py: Python<'_>, seq_id: SeqIdArg) -> PyResult<bool> {
         self.run(py, false, |kv| kv.is_swapped_out(seq_id.0))
@@ -422,6 +433,7 @@ impl PyKvCacheManager {
         self.run(py, true, |kv| kv.check_invariants())
     }
 
+    #[cfg(any())] // PHASE2
     /// Moves one sequence or a fork group to the host tier; int32 `[N, 2]`
     /// (device_block, host_block) copies to run before the device blocks are reused.
     fn swap_out<'py>(
@@ -434,6 +446,7 @@ impl PyKvCacheManager {
         pairs_to_array(py, &pairs)
     }
 
+    #[cfg(any())] // PHASE2
     /// Brings swapped-out sequences back; int32 `[N, 2]` (host_block, device_block) copies.
     fn swap_in<'py>(
         &self,
@@ -445,11 +458,13 @@ impl PyKvCacheManager {
         pairs_to_array(py, &pairs)
     }
 
+    #[cfg(any())] // PHASE2
     /// Empties the prefix index; False (and nothing changes) while any block is in use.
     fn reset_prefix_cache(&self, py: Python<'_>) -> PyResult<bool> {
         self.read(py, |kv| kv.reset_prefix_cache())
     }
 
+    #[cfg(any())] // PHASE2
     /// Drains the KV events recorded while prefix caching is on, oldest first:
     /// `pagedkv.BlockStored`, `pagedkv.BlockRemoved`, `pagedkv.AllBlocksCleared`.
     fn take_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {

@@ -29,7 +29,10 @@ pub struct PyBlockPool {
 #[pymethods]
 impl PyBlockPool {
     #[new]
-    #[pyo3(signature = (num_blocks=1024, block_size=16))]
+    #[pyo3(
+        signature = (num_blocks=CountArg(1024), block_size=CountArg(16)),
+        text_signature = "(num_blocks=1024, block_size=16)"
+    )]
     fn new(py: Python<'_>, num_blocks: CountArg, block_size: CountArg) -> PyResult<Self> {
         check_int32_block_count(py, "num_blocks", num_blocks.0)?;
         let pool = pagedkv::BlockPool::new(num_blocks.0, block_size.0)
