@@ -13,7 +13,7 @@ import pytest
 import pagedkv
 from pagedkv import AllBlocksCleared, BlockRemoved, BlockStored, OutOfBlocksError
 
-from conftest import snapshot
+from kv_test_helpers import snapshot
 
 BS = 4  # block size of every scenario
 

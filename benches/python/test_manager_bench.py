@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from conftest import make_manager
+from bench_helpers import make_manager
 
 BLOCK_SIZE = 16
 
