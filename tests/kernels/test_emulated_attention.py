@@ -90,3 +90,16 @@ def test_contiguous_attention_through_the_kernel():
 def test_harness_poisons_decode_shared_memory():
     kernel = emulation.get_kernel(instances.ATTENTION_SOURCE, instances.decode("float16", 128, 16, 8).name)
     assert kernel.shared_bytes() > 8 * 128 * 4  # at least q_sm is found and poisoned
+
+
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_full_last_blocks_with_minus_one_padding(num_splits):
+    # The row after each history would sit in the block the -1 padding names: the kernel must not
+    # touch it (the harness fails any 16-byte access outside the launch's arrays).
+    rng = np.random.default_rng(6)
+    p = make_problem(rng, "float16", [32, 48, 64], 1, 8, 128, 16)
+    for b, n in enumerate(p.seq_lens):
+        p.block_tables[b, n // 16:] = -1
+    out = paged_attention(p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens, backend="emulated",
+                          num_splits=num_splits)
+    assert_close(out, paged_attention(p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens), "float16")

@@ -81,8 +81,11 @@ def wrapper_source(source: str, name_expressions: Sequence[str]) -> str:
     launchers = "".join(
         f"""
 PKV_EXPORT int pkv_launch_{i}(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
-                              void** params, char* error, int error_capacity) {{
-  return pkv_emu::launch_packed(&{name}, gx, gy, gz, bx, by, bz, params, error, error_capacity);
+                              void** params, const unsigned long long* bound_begins,
+                              const unsigned long long* bound_sizes, int num_bounds, char* error,
+                              int error_capacity) {{
+  return pkv_emu::launch_packed(&{name}, gx, gy, gz, bx, by, bz, params, bound_begins, bound_sizes, num_bounds,
+                                error, error_capacity);
 }}
 """
         for i, name in enumerate(name_expressions)
@@ -142,6 +145,9 @@ class EmulatedKernel:
         self._launch.restype = ctypes.c_int
         self._launch.argtypes = [ctypes.c_uint] * 6 + [
             ctypes.POINTER(ctypes.c_void_p),
+            ctypes.POINTER(ctypes.c_ulonglong),
+            ctypes.POINTER(ctypes.c_ulonglong),
+            ctypes.c_int,
             ctypes.c_char_p,
             ctypes.c_int,
         ]
@@ -152,15 +158,23 @@ class EmulatedKernel:
         each block."""
         return int(self._lib.pkv_shared_bytes())
 
-    def launch(self, grid: tuple[int, int, int], block: tuple[int, int, int], args: Sequence[Any]) -> None:
+    def launch(self, grid: tuple[int, int, int], block: tuple[int, int, int], args: Sequence[Any],
+               reachable: Sequence[np.ndarray] = ()) -> None:
         """Runs the kernel. ``args`` in kernel-parameter order: NumPy arrays (passed as their data
-        pointer) or NumPy scalars of the parameter's exact type (np.int32, np.int64, np.float32)."""
+        pointer) or NumPy scalars of the parameter's exact type (np.int32, np.int64, np.float32).
+
+        The kernel's 16-byte vector loads and stores must stay inside the array arguments and the
+        arrays in ``reachable`` (memory it finds through addresses); anything else fails the launch.
+        """
         holders = [_as_ctype(a) for a in args]
         params = (ctypes.c_void_p * max(1, len(holders)))()
         for i, h in enumerate(holders):
             params[i] = ctypes.cast(ctypes.pointer(h), ctypes.c_void_p)
+        arrays = [a for a in (*args, *reachable) if isinstance(a, np.ndarray)]
+        begins = (ctypes.c_ulonglong * max(1, len(arrays)))(*[a.ctypes.data for a in arrays])
+        sizes = (ctypes.c_ulonglong * max(1, len(arrays)))(*[a.nbytes for a in arrays])
         error = ctypes.create_string_buffer(1024)
-        rc = self._launch(*grid, *block, params, error, len(error))
+        rc = self._launch(*grid, *block, params, begins, sizes, len(arrays), error, len(error))
         if rc != 0:
             raise KernelLaunchError(f"{self.name}: {error.value.decode(errors='replace')}")
 
