@@ -1,1 +1,2 @@
 //! pagedkv: the paged KV-cache allocator core (no Python).
+pub mod sim;
