@@ -86,7 +86,7 @@ impl BuddyAllocator {
 
     /// Checks: runs aligned to their size, disjoint, within one arena, the whole pool covered,
     /// no free run whose buddy is free too, free count consistent.
-    pub fn check_invariants(&self) -> Result<(), String> {
+    fn check_structure(&self) -> Result<(), String> {
         let mut runs: Vec<(usize, u32, bool)> = self.allocated.iter().map(|(&s, &o)| (s, o, false)).collect();
         for (order, starts) in self.free_by_order.iter().enumerate() {
             for &s in starts {
@@ -210,6 +210,10 @@ impl ExtentAllocator for BuddyAllocator {
             }
         }
         false
+    }
+
+    fn check_invariants(&self) -> Result<(), String> {
+        self.check_structure()
     }
 
     fn free_extents(&self) -> Vec<Extent> {

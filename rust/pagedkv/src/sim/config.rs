@@ -151,6 +151,8 @@ pub struct SimConfig {
     /// Paged admission keeps this share of the blocks free for running requests to grow
     /// into (vLLM's watermark, default 1 %). A request is still admitted when nothing else runs.
     pub watermark: f64,
+    /// Check the allocator's invariants after every step (slow; for tests).
+    pub check_invariants: bool,
 }
 
 impl Default for SimConfig {
@@ -171,6 +173,7 @@ impl Default for SimConfig {
             seed: 0,
             max_steps: None,
             watermark: 0.01,
+            check_invariants: false,
         }
     }
 }

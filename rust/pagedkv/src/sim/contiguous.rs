@@ -142,6 +142,10 @@ impl KvMemory for ContiguousMemory {
         (self.slots.num_slots() - self.slots.free_slots()).div_ceil(self.block_size)
     }
 
+    fn check_invariants(&self) -> Result<()> {
+        self.slots.check_invariants().map_err(Error::InvariantViolation)
+    }
+
     fn frame_pool(&mut self, running: &[Group]) -> Result<FramePool> {
         let num_slots = self.slots.num_slots();
         let bs = self.block_size;

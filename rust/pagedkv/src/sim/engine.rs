@@ -306,6 +306,9 @@ impl<'a> Engine<'a> {
             });
         }
         self.release_finished(memory)?;
+        if self.config.check_invariants {
+            memory.check_invariants()?;
+        }
         self.result.steps += 1;
         self.now_s += self.config.step_time_s;
         Ok(())

@@ -55,4 +55,6 @@ pub trait ExtentAllocator {
     fn can_place(&self, extent_len: usize, count: usize) -> bool;
     /// The free runs in address order (for the visualizer).
     fn free_extents(&self) -> Vec<Extent>;
+    /// Checks the allocator's structure; the message says what is wrong.
+    fn check_invariants(&self) -> Result<(), String>;
 }

@@ -46,7 +46,7 @@ impl FirstFitAllocator {
     }
 
     /// Checks the structure: runs disjoint, free runs never adjacent, counts consistent.
-    pub fn check_invariants(&self) -> Result<(), String> {
+    fn check_structure(&self) -> Result<(), String> {
         let mut runs: Vec<(usize, usize, bool)> = self
             .free_runs
             .iter()
@@ -157,6 +157,10 @@ impl ExtentAllocator for FirstFitAllocator {
             }
         }
         false
+    }
+
+    fn check_invariants(&self) -> Result<(), String> {
+        self.check_structure()
     }
 
     fn free_extents(&self) -> Vec<Extent> {

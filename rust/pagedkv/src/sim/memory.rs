@@ -64,6 +64,9 @@ pub(crate) trait KvMemory {
     /// Blocks (paged) or block-size cells (contiguous) currently handed out.
     fn used_blocks(&self) -> usize;
 
+    /// Checks the allocator's own invariants (the manager's, or the placement allocator's).
+    fn check_invariants(&self) -> Result<()>;
+
     /// Per-cell picture of the pool and every running sequence's table, for the visualizer.
     fn frame_pool(&mut self, running: &[Group]) -> Result<FramePool>;
 }
