@@ -94,3 +94,31 @@ class KvCacheManager:
     def take_events(self) -> list[BlockStored | BlockRemoved | AllBlocksCleared]: ...
     def __contains__(self, seq_id: object, /) -> bool: ...
     def __len__(self) -> int: ...
+
+from collections.abc import Callable  # noqa: E402
+from typing import Any  # noqa: E402
+
+# Trace-replay simulator (Python face: pagedkv.sim.engine). Arrays are 1-D [R]: int64 lengths,
+# float64 arrival seconds; `config` maps pagedkv.sim.engine.SimConfig field names to values.
+def simulate(
+    prompt_tokens: npt.NDArray[np.int64],
+    output_tokens: npt.NDArray[np.int64],
+    arrival_s: npt.NDArray[np.float64],
+    group_size: npt.NDArray[np.int64] | None,
+    group_kind: str,
+    prefix_id: npt.NDArray[np.int64] | None,
+    prefix_tokens: npt.NDArray[np.int64] | None,
+    config: dict[str, object],
+    progress: Callable[[int, int, int], object] | None = None,
+) -> dict[str, Any]: ...
+def record_frames(
+    prompt_tokens: npt.NDArray[np.int64],
+    output_tokens: npt.NDArray[np.int64],
+    arrival_s: npt.NDArray[np.float64],
+    group_size: npt.NDArray[np.int64] | None,
+    group_kind: str,
+    prefix_id: npt.NDArray[np.int64] | None,
+    prefix_tokens: npt.NDArray[np.int64] | None,
+    config: dict[str, object],
+    max_steps: int,
+) -> dict[str, Any]: ...
