@@ -446,22 +446,42 @@ def measure_cpu(contexts_tokens: Sequence[int] = DEFAULT_CONTEXTS_TOKENS,
     return measurement
 
 
+def _positive_least_squares(design: np.ndarray, measured: np.ndarray) -> np.ndarray:
+    """Coefficients c >= 0 minimising sum((design @ c / measured - 1)^2): relative errors, so that
+    the small contexts count as much as the large ones. A column whose best coefficient would be
+    negative (noise) is dropped, trying every subset of the (two) columns."""
+    weighted = design / measured[:, None]
+    ones = np.ones_like(measured)
+    best: tuple[float, np.ndarray] | None = None
+    columns = design.shape[1]
+    for mask in range(1, 1 << columns):
+        chosen = [index for index in range(columns) if mask >> index & 1]
+        solution, *_ = np.linalg.lstsq(weighted[:, chosen], ones, rcond=None)
+        if np.any(solution <= 0):
+            continue
+        coefficients = np.zeros(columns)
+        coefficients[chosen] = solution
+        residual = float(np.sum((weighted @ coefficients - 1.0) ** 2))
+        if best is None or residual < best[0]:
+            best = (residual, coefficients)
+    if best is None:
+        raise InvalidArgumentError("the measurements cannot be fitted with positive rates")
+    return best[1]
+
+
 def fit_cpu(measurement: CpuMeasurement) -> dict:
     """This CPU's cost-model parameters, fitted to the measurements by least squares.
 
     Recompute: seconds = linear_flops / linear_rate + attention_flops / attention_rate (two rates:
     BLAS matmuls and the chunked softmax attention run at different speeds). Swap:
-    seconds = 2 * (bytes / bandwidth + copies * latency). Returns the fitted rates, the
-    resulting `Hardware`-style parameters and the worst relative error of the fit.
+    seconds = 2 * (bytes / bandwidth + copies * latency). Returns the fitted rates (inf where a
+    term was too small to measure) and the worst relative error of each fit.
     """
     model = CostModel(measurement.shape, H200_PCIE5)
-    contexts = np.asarray(measurement.contexts_tokens, dtype=np.float64)
-    recompute = np.asarray(measurement.recompute_s)
-    design = np.stack([np.array([measurement.shape.linear_flops(c) for c in contexts]),
-                       np.array([measurement.shape.attention_flops(c) for c in contexts])], axis=1)
-    # Relative least squares: weight each row by 1 / measured, so small contexts count as much.
-    inverse_rates, *_ = np.linalg.lstsq(design / recompute[:, None], np.ones_like(recompute), rcond=None)
-    inverse_rates = np.maximum(inverse_rates, 1e-18)
+    recompute = np.asarray(measurement.recompute_s, dtype=np.float64)
+    design = np.array([[measurement.shape.linear_flops(c), measurement.shape.attention_flops(c)]
+                       for c in measurement.contexts_tokens], dtype=np.float64)
+    inverse_rates = _positive_least_squares(design, recompute)
     predicted_recompute = design @ inverse_rates
 
     rows = []
@@ -472,14 +492,17 @@ def fit_cpu(measurement: CpuMeasurement) -> dict:
             rows.append([2.0 * model.swap_bytes(context, block_size), 2.0 * copies])
             measured_swap.append(seconds)
     swap_design = np.asarray(rows, dtype=np.float64)
-    measured = np.asarray(measured_swap)
-    swap_params, *_ = np.linalg.lstsq(swap_design / measured[:, None], np.ones_like(measured), rcond=None)
-    swap_params = np.maximum(swap_params, 1e-18)
+    measured = np.asarray(measured_swap, dtype=np.float64)
+    swap_params = _positive_least_squares(swap_design, measured)
     predicted_swap = swap_design @ swap_params
+
+    def rate(inverse: float) -> float:
+        return float(1.0 / inverse) if inverse > 0 else math.inf
+
     return {
-        "linear_flops_per_s": float(1.0 / inverse_rates[0]),
-        "attention_flops_per_s": float(1.0 / inverse_rates[1]),
-        "copy_bytes_per_s": float(1.0 / swap_params[0]),
+        "linear_flops_per_s": rate(inverse_rates[0]),
+        "attention_flops_per_s": rate(inverse_rates[1]),
+        "copy_bytes_per_s": rate(swap_params[0]),
         "per_copy_latency_s": float(swap_params[1]),
         "recompute_max_rel_error": float(np.max(np.abs(predicted_recompute / recompute - 1.0))),
         "swap_max_rel_error": float(np.max(np.abs(predicted_swap / measured - 1.0))),
