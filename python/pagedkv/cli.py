@@ -214,7 +214,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
     _check_plot_path(args.plot)
     print(f"pagedkv {pagedkv.__version__} demo: why paging the KV cache wins, measured")
-    data = experiments.demo(progress=_progress(args), num_requests=args.num_requests, seed=args.seed)
+    data = experiments.demo(progress=_progress(args), num_requests=args.num_requests, seed=args.seed,
+                            attention_backend=args.attention_backend)
     return _finish(args, data, lambda path: plots.plot_demo(data, path))
 
 
@@ -405,6 +406,8 @@ def build_parser() -> argparse.ArgumentParser:
                                              "exhaustion and recovery, prefix caching: six printed sections.")
     demo.add_argument("--num-requests", type=_positive_int, default=1000, help="synthetic requests (default 1000)")
     demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--attention-backend", choices=("numpy", "emulated", "cuda"), default="numpy",
+                      help="backend of section (a) (default numpy; emulated compiles the CUDA source for the CPU)")
     demo.set_defaults(handler=_cmd_demo)
 
     simulate = subparsers.add_parser("simulate", parents=[workload, engine, output],

@@ -408,38 +408,56 @@ def render_copy_on_write(data: Mapping[str, Any]) -> str:
 def attention_check(*, seq_lens: Sequence[int] = (1, 17, 100, 333, 1000), block_size: int = 16,
                     num_q_heads: int = 8, num_kv_heads: int = 2, head_dim: int = 64, seed: int = 0,
                     backend: str = "numpy", tolerance: float = 1e-5) -> dict:
-    """Write random keys and values through a real block table whose blocks are scattered over the
-    pool, run paged attention over it, and compare with contiguous attention on the same tensors.
+    """Write random keys and values through real block tables whose blocks are scattered over the
+    pool, run paged attention over them, and compare with contiguous attention on the same tensors.
     Raises `InvariantViolation` when any output differs by more than ``tolerance``."""
     import pagedkv
     from pagedkv import attention
     from pagedkv.errors import InvariantViolation
 
+    # The cuda backend takes and returns CuPy arrays; the others NumPy arrays.
+    if backend == "cuda":
+        import cupy
+
+        to_device, to_host = cupy.asarray, cupy.asnumpy
+    else:
+        def to_device(array: np.ndarray) -> np.ndarray:
+            return array
+
+        def to_host(array: np.ndarray) -> np.ndarray:
+            return np.asarray(array)
+
     rng = np.random.default_rng(seed)
     total_blocks = sum(-(-length // block_size) for length in seq_lens)
-    manager = pagedkv.KvCacheManager(num_blocks=2 * total_blocks + 8, block_size=block_size)
-    # Interleave with filler sequences and free them, so that each table's blocks are scattered.
-    filler_ids = []
+    manager = pagedkv.KvCacheManager(num_blocks=total_blocks + 8, block_size=block_size)
+    # Grow all sequences a block at a time, as decoding interleaves them, so that each table's
+    # blocks are scattered over the pool rather than one run.
     for index, length in enumerate(seq_lens):
-        filler = 10_000 + index
-        manager.add_sequence(filler, num_tokens=block_size * int(rng.integers(1, 3)))
-        filler_ids.append(filler)
-        manager.add_sequence(index, num_tokens=length)
-    manager.free_batch(filler_ids)
+        manager.add_sequence(index, num_tokens=min(length, block_size))
+    growing = True
+    while growing:
+        growing = False
+        for index, length in enumerate(seq_lens):
+            missing = length - manager.num_tokens(index)
+            if missing > 0:
+                manager.append_tokens(index, num_tokens=min(missing, block_size))
+                growing = True
     cache_shape = (manager.num_blocks, block_size, num_kv_heads, head_dim)
-    k_cache = np.zeros(cache_shape, dtype=np.float32)
-    v_cache = np.zeros(cache_shape, dtype=np.float32)
+    k_cache = to_device(np.zeros(cache_shape, dtype=np.float32))
+    v_cache = to_device(np.zeros(cache_shape, dtype=np.float32))
     keys, values = [], []
     for index, length in enumerate(seq_lens):
         k = rng.standard_normal((length, num_kv_heads, head_dim)).astype(np.float32)
         v = rng.standard_normal((length, num_kv_heads, head_dim)).astype(np.float32)
-        attention.write_kv(k, v, k_cache, v_cache, manager.slot_mapping([index], length), backend=backend)
+        attention.write_kv(to_device(k), to_device(v), k_cache, v_cache,
+                           to_device(manager.slot_mapping([index], length)), backend=backend)
         keys.append(k)
         values.append(v)
     seq_ids = list(range(len(seq_lens)))
     block_tables, lens = manager.batch_block_tables(seq_ids)
     q = rng.standard_normal((len(seq_lens), num_q_heads, head_dim)).astype(np.float32)
-    paged = attention.paged_attention(q, k_cache, v_cache, block_tables, lens, backend=backend)
+    paged = to_host(attention.paged_attention(to_device(q), k_cache, v_cache, to_device(block_tables),
+                                              to_device(lens), backend=backend))
     rows = []
     for index, length in enumerate(seq_lens):
         reference = attention.contiguous_attention(q[index], keys[index], values[index], backend="numpy")
@@ -597,7 +615,8 @@ def render_prefix_caching(data: Mapping[str, Any]) -> str:
 DEMO_SECTIONS = ("attention", "allocators", "block_size_sweep", "copy_on_write", "recovery", "prefix_caching")
 
 
-def demo(*, out: Printer = print, progress: bool = True, num_requests: int = 1000, seed: int = 0) -> dict:
+def demo(*, out: Printer = print, progress: bool = True, num_requests: int = 1000, seed: int = 0,
+         attention_backend: str = "numpy") -> dict:
     """``pagedkv demo``: six sections, each printed as soon as it is done; returns them all.
 
     (a) paged attention equals contiguous attention; (b) one synthetic workload under contiguous
@@ -619,7 +638,8 @@ def demo(*, out: Printer = print, progress: bool = True, num_requests: int = 100
         out(f"\n=== {heading} ({seconds[key]:.1f} s)\n")
         out(render(sections[key]))
 
-    section("attention", "(a) paged attention equals contiguous attention", attention_check, render_attention_check)
+    section("attention", "(a) paged attention equals contiguous attention",
+            lambda: attention_check(backend=attention_backend), render_attention_check)
     section("allocators", "(b) one workload, identical memory: contiguous reservation vs paged blocks",
             lambda: compare_allocators(workload, same_memory, progress=progress), render_compare)
     section("block_size_sweep", "(c) block-size sweep: waste per request ~ block_size / 2",
