@@ -235,12 +235,14 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
                                                        f"max_model_len {config.max_model_len}, arrival {config.arrival}"))
     print()
     print(reports.occupancy_table({label: summary}))
-    extras = [["generated tokens", summary["generated_tokens"]], ["simulated seconds", summary["simulated_seconds"]],
-              ["prefill tokens", summary["prefill_tokens"]], ["prefix hit tokens", summary["prefix_hit_tokens"]],
-              ["swapped blocks", summary["swapped_blocks"]],
-              ["mean waste per request (tokens)", summary["mean_waste_per_request_tokens"]],
-              ["mean block-table length", summary["mean_block_table_len"]],
-              ["simulated tokens per wall second", summary["generated_tokens"] / wall_s if wall_s > 0 else 0.0]]
+    extras = [[label_text, summary[key]] for label_text, key in (
+        ("generated tokens", "generated_tokens"), ("simulated seconds", "simulated_seconds"),
+        ("prefill tokens", "prefill_tokens"), ("recomputed tokens", "recomputed_tokens"),
+        ("prefix hit tokens", "prefix_hit_tokens"), ("prefix query tokens", "prefix_query_tokens"),
+        ("blocks swapped out", "swapped_out_blocks"), ("blocks swapped in", "swapped_in_blocks"),
+        ("swapped blocks", "swapped_blocks"), ("mean waste per request (tokens)", "mean_waste_per_request_tokens"),
+        ("mean block-table length", "mean_block_table_len")) if key in summary]
+    extras.append(["simulated tokens per wall second", summary["generated_tokens"] / wall_s if wall_s > 0 else 0.0])
     print()
     print(reports.format_table(["metric", "value"], extras))
     data = {**result.to_dict(), "mean_waste_per_request_tokens": summary["mean_waste_per_request_tokens"],

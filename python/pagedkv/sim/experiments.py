@@ -490,23 +490,31 @@ def render_attention_check(data: Mapping[str, Any]) -> str:
 
 def _recovery_seconds(summary: Mapping[str, Any], cost_model: CostModel, block_size: int,
                       baseline_prefill_tokens: int) -> dict:
-    """Time the preemption policy adds on top of the step clock, from the cost model.
+    """Time a run's preemptions add on top of the step clock, priced by the cost model.
 
-    Recompute: the extra prefill tokens (re-prefilled contexts), priced as prefills of the mean
-    preempted context. Swap: the blocks moved (both directions), priced per byte and per copy.
+    Recompute: the re-prefilled tokens, priced as prefills of the mean recomputed context (a
+    swap run falls back to recompute when the host tier is full, so both runs may have some).
+    Swap: the blocks copied in both directions, priced per byte and per copy.
     """
-    preemptions = max(int(summary["preemptions"]), 0)
-    extra_prefill_tokens = max(int(summary["prefill_tokens"]) - baseline_prefill_tokens, 0)
+    if "recomputed_tokens" in summary:
+        recomputed_tokens = int(summary["recomputed_tokens"])
+    else:
+        recomputed_tokens = max(int(summary["prefill_tokens"]) - baseline_prefill_tokens, 0)
+    recompute_preemptions = int(summary.get("recompute_preemptions", summary["preemptions"]))
     recompute_s = 0.0
-    if preemptions and extra_prefill_tokens:
-        mean_context = max(1, round(extra_prefill_tokens / preemptions))
-        recompute_s = preemptions * cost_model.recompute_s(mean_context)
-    swapped_blocks = int(summary.get("swapped_blocks", 0))
+    if recompute_preemptions and recomputed_tokens:
+        mean_context = max(1, round(recomputed_tokens / recompute_preemptions))
+        recompute_s = recompute_preemptions * cost_model.recompute_s(mean_context)
+    if "swapped_out_blocks" in summary:
+        swapped_blocks = int(summary["swapped_out_blocks"]) + int(summary.get("swapped_in_blocks", 0))
+    else:
+        swapped_blocks = int(summary.get("swapped_blocks", 0))
     bytes_moved = swapped_blocks * block_size * cost_model.model.kv_bytes_per_token
     swap_s = (bytes_moved / cost_model.hardware.host_link_bytes_per_s
               + swapped_blocks * cost_model.copies_per_block() * cost_model.hardware.per_transfer_latency_s)
-    return {"extra_prefill_tokens": extra_prefill_tokens, "recompute_overhead_s": recompute_s,
-            "bytes_moved": bytes_moved, "swap_overhead_s": swap_s}
+    return {"recomputed_tokens": recomputed_tokens, "recompute_overhead_s": recompute_s,
+            "copied_blocks": swapped_blocks, "bytes_moved": bytes_moved, "swap_overhead_s": swap_s,
+            "preemption_overhead_s": recompute_s + swap_s}
 
 
 def recovery(workload: Workload, config: SimConfig, *, cost_model: CostModel | None = None,
@@ -530,13 +538,8 @@ def recovery(workload: Workload, config: SimConfig, *, cost_model: CostModel | N
     rows = {}
     for policy, result in results.items():
         summary = summarize(result)
-        costs = _recovery_seconds(summary, cost_model, config.block_size, baseline_prefill_tokens)
-        overhead_s = costs["recompute_overhead_s"] if policy == "recompute" else costs["swap_overhead_s"]
-        if policy == "recompute":
-            costs["bytes_moved"] = 0
-        end_to_end_s = summary["steps"] * config.step_time_s + overhead_s
-        summary.update(costs)
-        summary["preemption_overhead_s"] = overhead_s
+        summary.update(_recovery_seconds(summary, cost_model, config.block_size, baseline_prefill_tokens))
+        end_to_end_s = summary["steps"] * config.step_time_s + summary["preemption_overhead_s"]
         summary["end_to_end_s"] = end_to_end_s
         summary["generated_tokens_per_s"] = summary["generated_tokens"] / end_to_end_s if end_to_end_s > 0 else 0.0
         rows[policy] = summary
@@ -551,11 +554,11 @@ def render_recovery(data: Mapping[str, Any]) -> str:
     rows = []
     for policy, result in data["results"].items():
         rows.append([policy, result["preemptions"], result["finished_requests"], result["steps"],
-                     result["extra_prefill_tokens"], result["swapped_blocks"], result["bytes_moved"] / 2**20,
+                     result["recomputed_tokens"], result["copied_blocks"], result["bytes_moved"] / 2**20,
                      result["preemption_overhead_s"], result["generated_tokens_per_s"]])
     model = data["cost_model"]
     return format_table(
-        ["policy", "preemptions", "finished", "steps", "re-prefill tokens", "swapped blocks", "MiB moved",
+        ["policy", "preemptions", "finished", "steps", "recomputed tokens", "blocks copied", "MiB moved",
          "overhead (s)", "tokens/s"], rows,
         title=(f"Exhaustion and recovery: {data['workload']['name']}, pool {config['num_slots']:,} slots, "
                f"block size {config['block_size']}, arrival {config['arrival']}"),
