@@ -8,6 +8,8 @@ import numpy.typing as npt
 
 from pagedkv.events import AllBlocksCleared, BlockRemoved, BlockStored
 
+__all__ = ["BlockPool", "KvCacheManager", "__version__"]
+
 __version__: str
 
 _TokenIds = Union[Sequence[int], range, npt.NDArray[np.integer]]
@@ -90,5 +92,33 @@ class KvCacheManager:
     def swap_in(self, seq_ids: int | _SeqIds) -> npt.NDArray[np.int32]: ...
     def reset_prefix_cache(self) -> bool: ...
     def take_events(self) -> list[BlockStored | BlockRemoved | AllBlocksCleared]: ...
-    def __contains__(self, seq_id: object) -> bool: ...
+    def __contains__(self, seq_id: object, /) -> bool: ...
     def __len__(self) -> int: ...
+
+from collections.abc import Callable  # noqa: E402
+from typing import Any  # noqa: E402
+
+# Trace-replay simulator (Python face: pagedkv.sim.engine). Arrays are 1-D [R]: int64 lengths,
+# float64 arrival seconds; `config` maps pagedkv.sim.engine.SimConfig field names to values.
+def simulate(
+    prompt_tokens: npt.NDArray[np.int64],
+    output_tokens: npt.NDArray[np.int64],
+    arrival_s: npt.NDArray[np.float64],
+    group_size: npt.NDArray[np.int64] | None,
+    group_kind: str,
+    prefix_id: npt.NDArray[np.int64] | None,
+    prefix_tokens: npt.NDArray[np.int64] | None,
+    config: dict[str, object],
+    progress: Callable[[int, int, int], object] | None = None,
+) -> dict[str, Any]: ...
+def record_frames(
+    prompt_tokens: npt.NDArray[np.int64],
+    output_tokens: npt.NDArray[np.int64],
+    arrival_s: npt.NDArray[np.float64],
+    group_size: npt.NDArray[np.int64] | None,
+    group_kind: str,
+    prefix_id: npt.NDArray[np.int64] | None,
+    prefix_tokens: npt.NDArray[np.int64] | None,
+    config: dict[str, object],
+    max_steps: int,
+) -> dict[str, Any]: ...

@@ -8,6 +8,7 @@
 //! `int`s and short token lists land in a stack buffer (no heap allocation per call).
 
 use numpy::{PyArray1, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyFloat, PyInt, PyList, PyRange, PyString, PyTuple};
 
@@ -78,6 +79,41 @@ fn extract_token_slow(obj: &Bound<'_, PyAny>) -> PyResult<u32> {
     })
 }
 
+/// Fast path for a list of exact `int`s: reads each item as a borrowed reference (no refcount
+/// traffic, which costs a function call per item under the stable ABI) and hands `(index,
+/// value)` to `sink`. Returns false as soon as an item is not an exact `int`, does not fit a C
+/// long, or `sink` rejects it; the caller then takes the checked path, which reports the error.
+#[inline]
+fn read_exact_int_list(list: &Bound<'_, PyList>, mut sink: impl FnMut(usize, i64) -> bool) -> bool {
+    let len = list.len();
+    for index in 0..len {
+        // SAFETY: `list` proves the GIL is held. Nothing in this loop runs Python code (only
+        // exact ints are read, and their conversion cannot call back into Python), so no other
+        // thread can mutate the list meanwhile: `index < len` stays in bounds and each borrowed
+        // item stays alive, owned by the list. A failed conversion's error is cleared here.
+        let value = unsafe {
+            let item = ffi::PyList_GetItem(list.as_ptr(), index as ffi::Py_ssize_t);
+            if item.is_null() {
+                ffi::PyErr_Clear();
+                return false;
+            }
+            if ffi::PyLong_CheckExact(item) == 0 {
+                return false;
+            }
+            let value = ffi::PyLong_AsLong(item);
+            if value == -1 && !ffi::PyErr_Occurred().is_null() {
+                ffi::PyErr_Clear();
+                return false;
+            }
+            value
+        };
+        if !sink(index, i64::from(value)) {
+            return false;
+        }
+    }
+    true
+}
+
 /// A sequence id (`u64`).
 #[derive(Clone, Copy, Debug)]
 pub struct SeqIdArg(pub u64);
@@ -139,6 +175,34 @@ impl TokenIds {
         }
     }
 
+    /// The fast path: a list of exact ints, each in `[0, 2**32)`.
+    #[inline]
+    fn from_exact_int_list(list: &Bound<'_, PyList>) -> Option<Self> {
+        let len = list.len();
+        let in_range = |value: i64| u32::try_from(value).ok();
+        if len <= INLINE_TOKENS {
+            let mut ids = [0_u32; INLINE_TOKENS];
+            let ok = read_exact_int_list(list, |index, value| match (ids.get_mut(index), in_range(value)) {
+                (Some(slot), Some(id)) => {
+                    *slot = id;
+                    true
+                }
+                _ => false,
+            });
+            ok.then_some(TokenIds::Inline { len, ids })
+        } else {
+            let mut ids = Vec::with_capacity(len);
+            let ok = read_exact_int_list(list, |_, value| match in_range(value) {
+                Some(id) => {
+                    ids.push(id);
+                    true
+                }
+                None => false,
+            });
+            (ok && ids.len() == len).then_some(TokenIds::Heap(ids))
+        }
+    }
+
     fn from_items<'py>(
         len: usize,
         items: impl Iterator<Item = Bound<'py, PyAny>>,
@@ -167,6 +231,9 @@ impl<'a, 'py> FromPyObject<'a, 'py> for TokenIds {
     #[inline]
     fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
         if let Ok(list) = obj.cast::<PyList>() {
+            if let Some(ids) = TokenIds::from_exact_int_list(&list) {
+                return Ok(ids);
+            }
             return TokenIds::from_items(list.len(), list.iter());
         }
         if let Ok(tuple) = obj.cast::<PyTuple>() {
@@ -207,6 +274,17 @@ fn seq_id_list(obj: &Bound<'_, PyAny>) -> Option<PyResult<Vec<u64>>> {
         Ok(ids)
     };
     if let Ok(list) = obj.cast::<PyList>() {
+        let mut ids = Vec::with_capacity(list.len());
+        let fast = read_exact_int_list(list, |_, value| match u64::try_from(value) {
+            Ok(id) => {
+                ids.push(id);
+                true
+            }
+            Err(_) => false,
+        });
+        if fast {
+            return Some(Ok(ids));
+        }
         return Some(collect(list.len(), &mut list.iter()));
     }
     if let Ok(tuple) = obj.cast::<PyTuple>() {

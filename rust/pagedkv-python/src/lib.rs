@@ -11,6 +11,7 @@ mod errors;
 mod events;
 mod manager;
 mod pool;
+mod sim;
 mod stats;
 
 #[pymodule]
@@ -18,5 +19,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<pool::PyBlockPool>()?;
     m.add_class::<manager::PyKvCacheManager>()?;
+    sim::register(m)?;
     Ok(())
 }

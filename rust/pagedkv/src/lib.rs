@@ -23,6 +23,8 @@ mod stats;
 mod sync;
 mod table;
 
+pub mod sim;
+
 pub use error::{Error, Result, Tier};
 pub use manager::{KvCacheManager, ManagerConfig};
 pub use pool::{BlockPool, MAX_NUM_BLOCKS, MAX_NUM_SLOTS};
