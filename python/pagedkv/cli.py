@@ -278,7 +278,8 @@ def _cmd_figure2(args: argparse.Namespace) -> int:
     from pagedkv.sim import experiments, plots
 
     _check_plot_path(args.plot)
-    data = experiments.figure2(num_requests=args.num_requests, seed=args.seed, placement=args.placement,
+    placements = ("buddy", "first-fit") if args.placement == "both" else (args.placement,)
+    data = experiments.figure2(num_requests=args.num_requests, seed=args.seed, placements=placements,
                                progress=_progress(args))
     print(experiments.render_figure2(data))
     return _finish(args, data, lambda path: plots.plot_shares(
@@ -430,7 +431,8 @@ def build_parser() -> argparse.ArgumentParser:
                                     help="the vLLM paper's Figure 2 setting, our shares beside the published ones")
     figure2.add_argument("--num-requests", type=_positive_int, default=2000)
     figure2.add_argument("--seed", type=int, default=0)
-    figure2.add_argument("--placement", choices=("first-fit", "buddy"), default="first-fit")
+    figure2.add_argument("--placement", choices=("both", "buddy", "first-fit"), default="both",
+                         help="placement of the contiguous policies (default both; buddy, as Orca, first)")
     figure2.set_defaults(handler=_cmd_figure2)
 
     sharing = subparsers.add_parser("sharing", parents=[output],
