@@ -125,6 +125,13 @@ fn result_dict<'py>(py: Python<'py>, r: &SimResult) -> PyResult<Bound<'py, PyDic
     d.set_item("internal_fragmentation", r.internal_fragmentation)?;
     d.set_item("external_fragmentation", r.external_fragmentation)?;
     d.set_item("free", r.free)?;
+    d.set_item("queued_steps", r.queued_steps)?;
+    let names = ["token_states", "reserved", "internal_fragmentation", "external_fragmentation", "free"];
+    let queued = PyDict::new(py);
+    for (name, share) in names.iter().zip(r.shares_while_queued) {
+        queued.set_item(*name, share)?;
+    }
+    d.set_item("shares_while_queued", queued)?;
     d.set_item("mean_resident_requests", r.mean_resident_requests)?;
     d.set_item("peak_resident_requests", r.peak_resident_requests)?;
     d.set_item("mean_running_sequences", r.mean_running_sequences)?;

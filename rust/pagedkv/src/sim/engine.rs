@@ -289,7 +289,7 @@ impl<'a> Engine<'a> {
             )));
         }
         let used_blocks = memory.used_blocks();
-        self.sums.add(&shares, self.running.len(), self.running_seqs, used_blocks);
+        self.sums.add(&shares, head.is_some(), self.running.len(), self.running_seqs, used_blocks);
         self.result.peak_resident_requests = self.result.peak_resident_requests.max(self.running.len());
         if let Some(frames) = frames {
             let pool = memory.frame_pool(&self.running)?;
