@@ -9,7 +9,7 @@
   const SPEEDS = [1, 2, 5, 10, 20, 40]; // steps per second
   const DEFAULT_SPEED_INDEX = 3;
   const MAX_CHIPS_PER_TABLE = 12;
-  const DECODED_CACHE_SIZE = 6;
+  const DECODED_CACHE_SIZE = 4;
 
   const $ = (id) => document.getElementById(id);
   const el = {
@@ -565,6 +565,9 @@
     const run = currentRun();
     if (!run) {
       el.tables.innerHTML = '<li class="empty">No recorded run for this combination.</li>';
+      for (const node of Object.values(el.c)) setCounter(node, "–", "");
+      const ctx = el.pool.getContext("2d");
+      ctx.clearRect(0, 0, el.pool.width, el.pool.height);
       return;
     }
     const dec = decodeRun(run);
