@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pagedkv._core import __version__
+from pagedkv._core import BlockPool, KvCacheManager, __version__
 from pagedkv.errors import (
     InvalidArgumentError,
     InvariantViolation,
@@ -12,6 +12,7 @@ from pagedkv.errors import (
     SequenceSwappedOutError,
     UnknownSequenceError,
 )
+from pagedkv.events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 
 __all__ = [
     "__version__",
@@ -22,4 +23,10 @@ __all__ = [
     "SequenceSwappedOutError",
     "InvalidArgumentError",
     "InvariantViolation",
+    "BlockPool",
+    "KvCacheManager",
+    "BlockStored",
+    "BlockRemoved",
+    "AllBlocksCleared",
+    "KvEvent",
 ]

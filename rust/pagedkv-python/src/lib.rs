@@ -1,8 +1,24 @@
 //! Thin PyO3 bindings for the `pagedkv` core: argument conversion and error mapping only.
+//!
+//! Module `pagedkv._core` (abi3, CPython >= 3.10). The exception classes live in Python
+//! (`pagedkv.errors`), the KV-event classes in `pagedkv.events`; both are imported once and
+//! cached. Tables leave as NumPy int32 arrays, slots as int64, copy ops as int32 `[N, 2]`.
 use pyo3::prelude::*;
+
+mod convert;
+mod errors;
+#[cfg(any())] // PHASE2
+mod events;
+mod manager;
+mod pool;
+mod sim;
+mod stats;
 
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_class::<pool::PyBlockPool>()?;
+    m.add_class::<manager::PyKvCacheManager>()?;
+    sim::register(m)?;
     Ok(())
 }

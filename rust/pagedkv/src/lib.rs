@@ -1,1 +1,39 @@
 //! pagedkv: the paged KV-cache allocator core (no Python).
+//!
+//! A [`BlockPool`] owns `num_blocks` physical KV blocks of `block_size` token slots with a
+//! lock-free free list and atomic refcounts. A [`KvCacheManager`] keeps each sequence's
+//! [`BlockTable`] on top of a pool, with fork (sharing) and copy-on-write. Several managers can
+//! share one pool, one per thread. See DESIGN.md for the invariants every operation keeps.
+//!
+//! ```
+//! use pagedkv::{KvCacheManager, ManagerConfig};
+//! let mut kv = KvCacheManager::new(ManagerConfig { num_blocks: 64, block_size: 16, ..Default::default() })?;
+//! kv.add_sequence_len(1, 1000)?;              // 63 blocks (62 full + 1 partial)
+//! kv.fork(1, 2)?;                             // parallel sampling: no new blocks
+//! assert_eq!(kv.stats().num_blocks_in_use, 63);
+//! kv.append_len(2, 1)?;                       // copy-on-write of the partial block
+//! assert_eq!(kv.take_copy_ops().len(), 1);
+//! # Ok::<(), pagedkv::Error>(())
+//! ```
+
+mod error;
+mod manager;
+mod pool;
+mod stats;
+mod sync;
+mod table;
+
+pub mod sim;
+
+pub use error::{Error, Result, Tier};
+pub use manager::{KvCacheManager, ManagerConfig};
+pub use pool::{BlockPool, MAX_NUM_BLOCKS, MAX_NUM_SLOTS};
+pub use stats::Stats;
+pub use table::BlockTable;
+
+/// Caller-chosen sequence id.
+pub type SeqId = u64;
+/// Physical block id in `[0, num_blocks)`.
+pub type BlockId = u32;
+/// Vocabulary token id.
+pub type TokenId = u32;

@@ -1,0 +1,113 @@
+//! Error mapping: each core `pagedkv::Error` variant becomes its own Python class from
+//! `pagedkv.errors` (defined in Python so an error can also be a `KeyError` / `ValueError`).
+
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::PyType;
+
+use pagedkv::{Error, Tier};
+
+/// One lazily imported, cached Python exception class.
+struct ImportedClass {
+    name: &'static str,
+    cell: PyOnceLock<Py<PyType>>,
+}
+
+impl ImportedClass {
+    const fn new(name: &'static str) -> Self {
+        Self { name, cell: PyOnceLock::new() }
+    }
+
+    fn get<'py>(&self, py: Python<'py>) -> PyResult<&Bound<'py, PyType>> {
+        self.cell.import(py, "pagedkv.errors", self.name)
+    }
+}
+
+static OUT_OF_BLOCKS: ImportedClass = ImportedClass::new("OutOfBlocksError");
+static UNKNOWN_SEQUENCE: ImportedClass = ImportedClass::new("UnknownSequenceError");
+static SEQUENCE_EXISTS: ImportedClass = ImportedClass::new("SequenceExistsError");
+static INVALID_ARGUMENT: ImportedClass = ImportedClass::new("InvalidArgumentError");
+static SEQUENCE_SWAPPED_OUT: ImportedClass = ImportedClass::new("SequenceSwappedOutError");
+static INVARIANT_VIOLATION: ImportedClass = ImportedClass::new("InvariantViolation");
+
+/// Builds an instance of `class(message)`, sets `attrs` on it and wraps it as a `PyErr`.
+/// Any failure on the way (a broken install) surfaces as that Python error instead.
+fn raise(
+    py: Python<'_>,
+    class: &ImportedClass,
+    message: String,
+    attrs: &[(&str, Py<PyAny>)],
+) -> PyErr {
+    let build = || -> PyResult<PyErr> {
+        let instance = class.get(py)?.call1((message,))?;
+        for (name, value) in attrs {
+            instance.setattr(*name, value.bind(py))?;
+        }
+        Ok(PyErr::from_value(instance))
+    };
+    build().unwrap_or_else(|err| err)
+}
+
+/// The tier name carried by `OutOfBlocksError.tier`: "device" or "host".
+pub fn tier_name(tier: &Tier) -> String {
+    tier.to_string()
+}
+
+/// Converts a core error into the matching `pagedkv.errors` exception.
+///
+/// `OutOfBlocksError` carries `tier`, `needed_blocks`, `available_blocks` and `blocks_short`;
+/// `UnknownSequenceError`, `SequenceExistsError` and `SequenceSwappedOutError` carry `seq_id`.
+pub fn to_pyerr(py: Python<'_>, error: Error) -> PyErr {
+    let message = error.to_string();
+    match error {
+        Error::OutOfBlocks { tier, needed_blocks, available_blocks } => {
+            let attrs = [
+                ("tier", tier_name(&tier).into_pyobject(py).map(|s| s.into_any().unbind())),
+                ("needed_blocks", needed_blocks.into_pyobject(py).map(|v| v.into_any().unbind())),
+                ("available_blocks", available_blocks.into_pyobject(py).map(|v| v.into_any().unbind())),
+                (
+                    "blocks_short",
+                    needed_blocks
+                        .saturating_sub(available_blocks)
+                        .into_pyobject(py)
+                        .map(|v| v.into_any().unbind()),
+                ),
+            ];
+            let attrs: Vec<(&str, Py<PyAny>)> = attrs
+                .into_iter()
+                .filter_map(|(name, value)| value.ok().map(|v| (name, v)))
+                .collect();
+            raise(py, &OUT_OF_BLOCKS, message, &attrs)
+        }
+        Error::UnknownSequence(seq_id) => {
+            raise(py, &UNKNOWN_SEQUENCE, message, &[("seq_id", seq_id_object(py, seq_id))])
+        }
+        Error::SequenceExists(seq_id) => {
+            raise(py, &SEQUENCE_EXISTS, message, &[("seq_id", seq_id_object(py, seq_id))])
+        }
+        Error::SequenceSwappedOut(seq_id) => {
+            raise(py, &SEQUENCE_SWAPPED_OUT, message, &[("seq_id", seq_id_object(py, seq_id))])
+        }
+        Error::InvalidArgument(_) | Error::DoubleFree(_) => {
+            raise(py, &INVALID_ARGUMENT, message, &[])
+        }
+        Error::InvariantViolation(_) => raise(py, &INVARIANT_VIOLATION, message, &[]),
+    }
+}
+
+fn seq_id_object(py: Python<'_>, seq_id: u64) -> Py<PyAny> {
+    match seq_id.into_pyobject(py) {
+        Ok(v) => v.into_any().unbind(),
+        Err(never) => match never {},
+    }
+}
+
+/// `InvalidArgumentError(message)`: malformed input detected while converting arguments.
+pub fn invalid_argument(py: Python<'_>, message: String) -> PyErr {
+    raise(py, &INVALID_ARGUMENT, message, &[])
+}
+
+/// `InvariantViolation(message)`: a bindings-level bug (e.g. a manager poisoned by a panic).
+pub fn invariant_violation(py: Python<'_>, message: String) -> PyErr {
+    raise(py, &INVARIANT_VIOLATION, message, &[])
+}

@@ -1,0 +1,509 @@
+//! `pagedkv.KvCacheManager`: argument conversion and error mapping around the core manager.
+//!
+//! Thread safety: the core manager is `Send` but mutated through `&mut self`, so the Python
+//! object holds it in a `Mutex`; concurrent Python threads see each call as atomic.
+//! Lock discipline (so that a lock holder never waits for the GIL): arguments are converted
+//! before locking, results are copied into plain Rust values before unlocking, and Python
+//! objects are only built after the guard is dropped. Heavy calls lock inside `py.detach`, so
+//! other Python threads run meanwhile.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use numpy::{PyArray1, PyArray2, PyArrayMethods};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+
+use pagedkv::{Error, KvCacheManager, ManagerConfig};
+
+use crate::convert::{BlockIdArg, CountArg, ExtraKey, OneOrManySeqIds, SeqIdArg, SeqIds, TokenIds};
+use crate::errors::{invalid_argument, invariant_violation, to_pyerr};
+#[cfg(any())] // PHASE2
+use crate::events::events_to_python;
+use crate::pool::{check_int32_block_count, PyBlockPool};
+use crate::stats::stats_to_dict;
+
+/// Prompts at least this long are admitted with the GIL released (hashing dominates).
+const DETACH_MIN_PROMPT_TOKENS: usize = 512;
+/// Batch calls over at least this many sequences run with the GIL released; below it the
+/// release and re-acquire cost more than the call itself.
+const DETACH_MIN_BATCH: usize = 8;
+
+/// Why a locked call failed: a core error, or a poisoned lock (a panic while it was held).
+enum Failure {
+    Core(Error),
+    Poisoned,
+}
+
+impl From<Error> for Failure {
+    fn from(error: Error) -> Self {
+        Failure::Core(error)
+    }
+}
+
+fn failure_to_pyerr(py: Python<'_>, failure: Failure) -> PyErr {
+    match failure {
+        Failure::Core(error) => to_pyerr(py, error),
+        Failure::Poisoned => invariant_violation(
+            py,
+            "KvCacheManager is unusable: an earlier call panicked while holding its lock".to_owned(),
+        ),
+    }
+}
+
+/// The paged KV-cache manager: block tables per sequence over a shared physical block pool.
+#[pyclass(module = "pagedkv._core", name = "KvCacheManager", frozen)]
+pub struct PyKvCacheManager {
+    inner: Mutex<KvCacheManager>,
+    pool: Py<PyBlockPool>,
+    num_blocks: usize,
+    block_size: usize,
+    num_host_blocks: usize,
+    enable_prefix_caching: bool,
+}
+
+impl PyKvCacheManager {
+    #[inline]
+    fn lock(&self) -> Result<MutexGuard<'_, KvCacheManager>, Failure> {
+        self.inner.lock().map_err(|_| Failure::Poisoned)
+    }
+
+    /// Runs `op` on the locked manager, with the GIL released when `heavy`.
+    #[inline]
+    fn run<T, F>(&self, py: Python<'_>, heavy: bool, op: F) -> PyResult<T>
+    where
+        F: FnOnce(&mut KvCacheManager) -> Result<T, Error> + Send,
+        T: Send,
+    {
+        let call = || -> Result<T, Failure> { Ok(op(&mut *self.lock()?)?) };
+        let result = if heavy { py.detach(call) } else { call() };
+        result.map_err(|failure| failure_to_pyerr(py, failure))
+    }
+
+    /// Runs an infallible read on the locked manager.
+    #[inline]
+    fn read<T>(&self, py: Python<'_>, op: impl FnOnce(&mut KvCacheManager) -> T) -> PyResult<T> {
+        let mut guard = self.lock().map_err(|failure| failure_to_pyerr(py, failure))?;
+        Ok(op(&mut guard))
+    }
+}
+
+/// `[N, 2]` int32 pairs (shape `(0, 2)` when empty).
+fn pairs_to_array<'py>(
+    py: Python<'py>,
+    pairs: &[(u32, u32)],
+) -> PyResult<Bound<'py, PyArray2<i32>>> {
+    let mut flat = Vec::with_capacity(pairs.len() * 2);
+    for &(first, second) in pairs {
+        flat.push(block_id_to_i32(first));
+        flat.push(block_id_to_i32(second));
+    }
+    PyArray1::from_vec(py, flat).reshape([pairs.len(), 2])
+}
+
+/// Block ids are below `num_blocks <= i32::MAX` (checked at construction), so this is exact.
+#[inline]
+fn block_id_to_i32(block_id: u32) -> i32 {
+    debug_assert!(block_id <= i32::MAX as u32);
+    block_id as i32
+}
+
+#[pymethods]
+impl PyKvCacheManager {
+    #[new]
+    #[pyo3(signature = (
+        num_blocks=None, block_size=None, enable_prefix_caching=false, num_host_blocks=CountArg(0),
+        *, pool=None, hash_seed=SeqIdArg(0), max_events=None
+    ))]
+    #[pyo3(text_signature = "(num_blocks=None, block_size=None, enable_prefix_caching=False, \
+        num_host_blocks=0, *, pool=None, hash_seed=0, max_events=None)")]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        num_blocks: Option<CountArg>,
+        block_size: Option<CountArg>,
+        enable_prefix_caching: bool,
+        num_host_blocks: CountArg,
+        pool: Option<Bound<'_, PyAny>>,
+        hash_seed: SeqIdArg,
+        max_events: Option<CountArg>,
+    ) -> PyResult<Self> {
+        let defaults = ManagerConfig::default();
+        let mut config = ManagerConfig {
+            num_blocks: num_blocks.map_or(defaults.num_blocks, |n| n.0),
+            block_size: block_size.map_or(defaults.block_size, |n| n.0),
+            enable_prefix_caching,
+            num_host_blocks: num_host_blocks.0,
+            hash_seed: hash_seed.0,
+            ..defaults.clone()
+        };
+        if let Some(max_events) = max_events {
+            config.max_events = max_events.0;
+        }
+        check_int32_block_count(py, "num_host_blocks", config.num_host_blocks)?;
+        let (manager, pool_object) = match pool {
+            Some(pool) => {
+                let pool = pool.cast_into::<PyBlockPool>().map_err(|e| {
+                    invalid_argument(py, format!("pool must be a pagedkv.BlockPool: {e}"))
+                })?;
+                let shared = Arc::clone(&pool.get().inner);
+                for (name, given, actual) in [
+                    ("num_blocks", num_blocks, shared.num_blocks()),
+                    ("block_size", block_size, shared.block_size()),
+                ] {
+                    if let Some(given) = given {
+                        if given.0 != actual {
+                            return Err(invalid_argument(
+                                py,
+                                format!("{name}={} disagrees with the pool's {name}={actual}", given.0),
+                            ));
+                        }
+                    }
+                }
+                config.num_blocks = shared.num_blocks();
+                config.block_size = shared.block_size();
+                let manager =
+                    KvCacheManager::with_pool(shared, config).map_err(|e| to_pyerr(py, e))?;
+                (manager, pool.unbind())
+            }
+            None => {
+                check_int32_block_count(py, "num_blocks", config.num_blocks)?;
+                let manager = KvCacheManager::new(config).map_err(|e| to_pyerr(py, e))?;
+                let pool_object =
+                    Py::new(py, PyBlockPool { inner: Arc::clone(manager.pool()) })?;
+                (manager, pool_object)
+            }
+        };
+        Ok(Self {
+            num_blocks: manager.num_blocks(),
+            block_size: manager.block_size(),
+            num_host_blocks: num_host_blocks.0,
+            enable_prefix_caching,
+            inner: Mutex::new(manager),
+            pool: pool_object,
+        })
+    }
+
+    /// Admits a prompt; returns the number of its tokens served from the prefix cache.
+    ///
+    /// `token_ids`: `[num_tokens]` ints (list/tuple/range or 1-D integer array), or pass only
+    /// `num_tokens` (such a prompt is never hashed). `extra_key` (str | bytes | int) isolates
+    /// prefix-cache namespaces (cache salt, adapter id).
+    #[pyo3(signature = (seq_id, token_ids=None, *, num_tokens=None, extra_key=None))]
+    fn add_sequence(
+        &self,
+        py: Python<'_>,
+        seq_id: SeqIdArg,
+        token_ids: Option<TokenIds>,
+        num_tokens: Option<CountArg>,
+        extra_key: Option<ExtraKey>,
+    ) -> PyResult<usize> {
+        match token_ids {
+            Some(token_ids) => {
+                let ids = token_ids.as_slice();
+                check_token_count(py, ids.len(), num_tokens)?;
+                let heavy = ids.len() >= DETACH_MIN_PROMPT_TOKENS;
+                let key = extra_key.as_ref().map(|key| key.0.as_slice());
+                self.run(py, heavy, |kv| kv.add_sequence(seq_id.0, ids, key))
+            }
+            None => {
+                if extra_key.is_some() {
+                    return Err(invalid_argument(
+                        py,
+                        "extra_key needs token_ids: a prompt given only as num_tokens is never hashed"
+                            .to_owned(),
+                    ));
+                }
+                let count = num_tokens.map_or(0, |n| n.0);
+                self.run(py, false, |kv| kv.add_sequence_len(seq_id.0, count))
+            }
+        }
+    }
+
+    /// Grows a sequence by `token_ids` (`[n]`) or by `num_tokens` (default 1) id-less tokens;
+    /// copies a shared, partly filled last block first (see `take_copy_ops`).
+    #[pyo3(signature = (seq_id, token_ids=None, *, num_tokens=None))]
+    fn append_tokens(
+        &self,
+        py: Python<'_>,
+        seq_id: SeqIdArg,
+        token_ids: Option<TokenIds>,
+        num_tokens: Option<CountArg>,
+    ) -> PyResult<()> {
+        match token_ids {
+            Some(token_ids) => {
+                let ids = token_ids.as_slice();
+                check_token_count(py, ids.len(), num_tokens)?;
+                let heavy = ids.len() >= DETACH_MIN_PROMPT_TOKENS;
+                self.run(py, heavy, |kv| kv.append_tokens(seq_id.0, ids))
+            }
+            None => {
+                let count = num_tokens.map_or(1, |n| n.0);
+                self.run(py, false, |kv| kv.append_len(seq_id.0, count))
+            }
+        }
+    }
+
+    /// Whether `num_tokens` more tokens fit now (False while swapped out or out of blocks).
+    #[pyo3(signature = (seq_id, num_tokens=CountArg(1)), text_signature = "(self, seq_id, num_tokens=1)")]
+    fn can_append(&self, py: Python<'_>, seq_id: SeqIdArg, num_tokens: CountArg) -> PyResult<bool> {
+        self.run(py, false, |kv| kv.can_append(seq_id.0, num_tokens.0))
+    }
+
+    /// One engine step: appends `num_tokens` tokens to each of `seq_ids` (`[B]`), all or none.
+    /// `token_ids`, if given, is `[B * num_tokens]` row-major (sequence 0's tokens first).
+    #[pyo3(
+        signature = (seq_ids, token_ids=None, *, num_tokens=CountArg(1)),
+        text_signature = "(self, seq_ids, token_ids=None, *, num_tokens=1)"
+    )]
+    fn append_tokens_batch(
+        &self,
+        py: Python<'_>,
+        seq_ids: SeqIds,
+        token_ids: Option<TokenIds>,
+        num_tokens: CountArg,
+    ) -> PyResult<()> {
+        let seqs = seq_ids.0.as_slice();
+        let heavy = seqs.len() >= DETACH_MIN_BATCH;
+        match token_ids {
+            Some(token_ids) => {
+                let ids = token_ids.as_slice();
+                let expected = seqs.len().checked_mul(num_tokens.0);
+                if expected != Some(ids.len()) {
+                    return Err(invalid_argument(
+                        py,
+                        format!(
+                            "token_ids has {} ids, expected len(seq_ids) * num_tokens = {} * {}",
+                            ids.len(),
+                            seqs.len(),
+                            num_tokens.0
+                        ),
+                    ));
+                }
+                self.run(py, heavy, |kv| kv.append_tokens_batch(seqs, ids, num_tokens.0))
+            }
+            None => self.run(py, heavy, |kv| kv.append_len_batch(seqs, num_tokens.0)),
+        }
+    }
+
+    /// Frees every sequence of `seq_ids` (`[B]`); validates all ids first (all or none).
+    fn free_batch(&self, py: Python<'_>, seq_ids: SeqIds) -> PyResult<()> {
+        let seqs = seq_ids.0.as_slice();
+        self.run(py, seqs.len() >= DETACH_MIN_BATCH, |kv| kv.free_batch(seqs))
+    }
+
+    /// `child_id` starts as a copy of `parent_id` sharing every block (refcounts + 1).
+    fn fork(&self, py: Python<'_>, parent_id: SeqIdArg, child_id: SeqIdArg) -> PyResult<()> {
+        self.run(py, false, |kv| kv.fork(parent_id.0, child_id.0))
+    }
+
+    /// Releases the sequence's blocks (full blocks stay cached-evictable with prefix caching).
+    fn free(&self, py: Python<'_>, seq_id: SeqIdArg) -> PyResult<()> {
+        self.run(py, false, |kv| kv.free(seq_id.0))
+    }
+
+    /// int32 `[num_blocks_of_seq]`: logical block i -> physical block id (a fresh array).
+    fn block_table<'py>(
+        &self,
+        py: Python<'py>,
+        seq_id: SeqIdArg,
+    ) -> PyResult<Bound<'py, PyArray1<i32>>> {
+        let table: Vec<i32> = self.run(py, false, |kv| {
+            Ok(kv.block_table(seq_id.0)?.iter().map(|&b| block_id_to_i32(b)).collect())
+        })?;
+        Ok(PyArray1::from_vec(py, table))
+    }
+
+    /// Tokens the sequence holds.
+    fn num_tokens(&self, py: Python<'_>, seq_id: SeqIdArg) -> PyResult<usize> {
+        self.run(py, false, |kv| kv.num_tokens(seq_id.0))
+    }
+
+    /// (int32 `[B, max_blocks]` tables padded with -1, int32 `[B]` sequence lengths in tokens).
+    fn batch_block_tables<'py>(
+        &self,
+        py: Python<'py>,
+        seq_ids: SeqIds,
+    ) -> PyResult<(Bound<'py, PyArray2<i32>>, Bound<'py, PyArray1<i32>>)> {
+        let seqs = seq_ids.0.as_slice();
+        let (tables, max_blocks, seq_lens) =
+            self.run(py, seqs.len() >= DETACH_MIN_BATCH, |kv| kv.batch_block_tables(seqs))?;
+        let tables = PyArray1::from_vec(py, tables).reshape([seqs.len(), max_blocks])?;
+        Ok((tables, PyArray1::from_vec(py, seq_lens)))
+    }
+
+    /// int64 `[B * num_new_tokens]`: KV slots (`block_id * block_size + offset`) of each
+    /// sequence's last `num_new_tokens` tokens, sequence by sequence.
+    fn slot_mapping<'py>(
+        &self,
+        py: Python<'py>,
+        seq_ids: SeqIds,
+        num_new_tokens: CountArg,
+    ) -> PyResult<Bound<'py, PyArray1<i64>>> {
+        let seqs = seq_ids.0.as_slice();
+        let slots =
+            self.run(py, seqs.len() >= DETACH_MIN_BATCH, |kv| kv.slot_mapping(seqs, num_new_tokens.0))?;
+        Ok(PyArray1::from_vec(py, slots))
+    }
+
+    /// int32 `[N, 2]` pending copy-on-write copies (src_block, dst_block); cleared by the call.
+    fn take_copy_ops<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<i32>>> {
+        let ops = self.read(py, |kv| kv.take_copy_ops())?;
+        pairs_to_array(py, &ops)
+    }
+
+    /// Refcount of one physical block (0 when free or cached-evictable).
+    fn refcount(&self, py: Python<'_>, block_id: BlockIdArg) -> PyResult<u32> {
+        self.run(py, false, |kv| kv.refcount(block_id.0))
+    }
+
+    /// Physical blocks in the pool.
+    #[getter]
+    fn num_blocks(&self) -> usize {
+        self.num_blocks
+    }
+
+    /// Token slots per block.
+    #[getter]
+    fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// Host-tier blocks (0: no swap tier).
+    #[getter]
+    fn num_host_blocks(&self) -> usize {
+        self.num_host_blocks
+    }
+
+    /// Whether full blocks are hashed and reused across requests.
+    #[getter]
+    fn enable_prefix_caching(&self) -> bool {
+        self.enable_prefix_caching
+    }
+
+    /// The (possibly shared) physical block pool.
+    #[getter]
+    fn pool(&self, py: Python<'_>) -> Py<PyBlockPool> {
+        self.pool.clone_ref(py)
+    }
+
+    /// In-use blocks / num_blocks, in [0, 1].
+    #[getter]
+    fn usage(&self, py: Python<'_>) -> PyResult<f64> {
+        self.read(py, |kv| kv.usage())
+    }
+
+    /// Blocks this manager can allocate now: pool free + its own cached-evictable blocks.
+    #[getter]
+    fn num_free_blocks(&self, py: Python<'_>) -> PyResult<usize> {
+        self.read(py, |kv| kv.num_free_blocks())
+    }
+
+    #[cfg(any())] // PHASE2
+    /// Free host-tier blocks.
+    #[getter]
+    fn num_free_host_blocks(&self, py: Python<'_>) -> PyResult<usize> {
+        self.read(py, |kv| kv.num_free_host_blocks())
+    }
+
+    /// Live sequences (device-resident or swapped out).
+    #[getter]
+    fn num_sequences(&self, py: Python<'_>) -> PyResult<usize> {
+        self.read(py, |kv| kv.num_sequences())
+    }
+
+    /// Blocks a prompt of `num_tokens` tokens needs, ignoring prefix-cache hits.
+    fn blocks_needed_for_prompt(&self, py: Python<'_>, num_tokens: CountArg) -> PyResult<usize> {
+        self.read(py, |kv| kv.blocks_needed_for_prompt(num_tokens.0))
+    }
+
+    #[cfg(any())] // PHASE2
+    /// Whether the sequence is swapped out to the host tier.
+    fn is_swapped_out(&self, py: Python<'_>, seq_id: SeqIdArg) -> PyResult<bool> {
+        self.run(py, false, |kv| kv.is_swapped_out(seq_id.0))
+    }
+
+    /// Counters and gauges as a dict (see DESIGN.md §3).
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let stats = self.read(py, |kv| kv.stats())?;
+        stats_to_dict(py, &stats)
+    }
+
+    /// Verifies every allocator invariant; raises `InvariantViolation`.
+    fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
+        self.run(py, true, |kv| kv.check_invariants())
+    }
+
+    #[cfg(any())] // PHASE2
+    /// Moves one sequence or a fork group to the host tier; int32 `[N, 2]`
+    /// (device_block, host_block) copies to run before the device blocks are reused.
+    fn swap_out<'py>(
+        &self,
+        py: Python<'py>,
+        seq_ids: OneOrManySeqIds,
+    ) -> PyResult<Bound<'py, PyArray2<i32>>> {
+        let seqs = seq_ids.0.as_slice();
+        let pairs = self.run(py, seqs.len() >= DETACH_MIN_BATCH, |kv| kv.swap_out(seqs))?;
+        pairs_to_array(py, &pairs)
+    }
+
+    #[cfg(any())] // PHASE2
+    /// Brings swapped-out sequences back; int32 `[N, 2]` (host_block, device_block) copies.
+    fn swap_in<'py>(
+        &self,
+        py: Python<'py>,
+        seq_ids: OneOrManySeqIds,
+    ) -> PyResult<Bound<'py, PyArray2<i32>>> {
+        let seqs = seq_ids.0.as_slice();
+        let pairs = self.run(py, seqs.len() >= DETACH_MIN_BATCH, |kv| kv.swap_in(seqs))?;
+        pairs_to_array(py, &pairs)
+    }
+
+    #[cfg(any())] // PHASE2
+    /// Empties the prefix index; False (and nothing changes) while any block is in use.
+    fn reset_prefix_cache(&self, py: Python<'_>) -> PyResult<bool> {
+        self.read(py, |kv| kv.reset_prefix_cache())
+    }
+
+    #[cfg(any())] // PHASE2
+    /// Drains the KV events recorded while prefix caching is on, oldest first:
+    /// `pagedkv.BlockStored`, `pagedkv.BlockRemoved`, `pagedkv.AllBlocksCleared`.
+    fn take_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let events = self.read(py, |kv| kv.take_events())?;
+        events_to_python(py, events, self.block_size)
+    }
+
+    fn __contains__(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<bool> {
+        match seq_id.extract::<SeqIdArg>() {
+            Ok(seq_id) => self.read(py, |kv| kv.contains(seq_id.0)),
+            Err(_) => Ok(false),
+        }
+    }
+
+    fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
+        self.read(py, |kv| kv.num_sequences())
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        let (num_sequences, num_free_blocks) =
+            self.read(py, |kv| (kv.num_sequences(), kv.num_free_blocks()))?;
+        Ok(format!(
+            "KvCacheManager(num_blocks={}, block_size={}, enable_prefix_caching={}, \
+             num_host_blocks={}, num_sequences={num_sequences}, num_free_blocks={num_free_blocks})",
+            self.num_blocks,
+            self.block_size,
+            if self.enable_prefix_caching { "True" } else { "False" },
+            self.num_host_blocks,
+        ))
+    }
+}
+
+/// When both `token_ids` and `num_tokens` are given they must agree.
+fn check_token_count(py: Python<'_>, len: usize, num_tokens: Option<CountArg>) -> PyResult<()> {
+    match num_tokens {
+        Some(CountArg(count)) if count != len => Err(invalid_argument(
+            py,
+            format!("num_tokens={count} disagrees with len(token_ids)={len}"),
+        )),
+        _ => Ok(()),
+    }
+}

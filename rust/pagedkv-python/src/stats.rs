@@ -1,0 +1,55 @@
+//! `stats()` as a Python dict: one key per field of the core `Stats` snapshot.
+
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+/// Converts a stats snapshot into a dict (keys are the core field names, DESIGN.md §3).
+pub fn stats_to_dict<'py>(py: Python<'py>, stats: &pagedkv::Stats) -> PyResult<Bound<'py, PyDict>> {
+    let dict = PyDict::new(py);
+    // Destructured by name so each exported key is visibly one core field; `..` keeps the
+    // workspace building when the core adds a field before this file exports it.
+    let pagedkv::Stats {
+        num_blocks,
+        block_size,
+        num_blocks_in_use,
+        num_cached_blocks,
+        num_free_blocks,
+        num_sequences,
+        allocations,
+        frees,
+        cow_copies,
+        forks,
+        prefix_query_tokens,
+        prefix_hit_tokens,
+        prefix_hit_rate,
+        evictions,
+        events_dropped,
+        num_host_blocks,
+        num_host_blocks_in_use,
+        num_swapped_sequences,
+        swap_out_blocks,
+        swap_in_blocks,
+        ..
+    } = stats;
+    dict.set_item("num_blocks", num_blocks)?;
+    dict.set_item("block_size", block_size)?;
+    dict.set_item("num_blocks_in_use", num_blocks_in_use)?;
+    dict.set_item("num_cached_blocks", num_cached_blocks)?;
+    dict.set_item("num_free_blocks", num_free_blocks)?;
+    dict.set_item("num_sequences", num_sequences)?;
+    dict.set_item("allocations", allocations)?;
+    dict.set_item("frees", frees)?;
+    dict.set_item("cow_copies", cow_copies)?;
+    dict.set_item("forks", forks)?;
+    dict.set_item("prefix_query_tokens", prefix_query_tokens)?;
+    dict.set_item("prefix_hit_tokens", prefix_hit_tokens)?;
+    dict.set_item("prefix_hit_rate", prefix_hit_rate)?;
+    dict.set_item("evictions", evictions)?;
+    dict.set_item("events_dropped", events_dropped)?;
+    dict.set_item("num_host_blocks", num_host_blocks)?;
+    dict.set_item("num_host_blocks_in_use", num_host_blocks_in_use)?;
+    dict.set_item("num_swapped_sequences", num_swapped_sequences)?;
+    dict.set_item("swap_out_blocks", swap_out_blocks)?;
+    dict.set_item("swap_in_blocks", swap_in_blocks)?;
+    Ok(dict)
+}

@@ -1,0 +1,123 @@
+//! Typed errors: one variant per kind of caller mistake or resource shortage.
+//!
+//! The Python bindings map every variant to its own exception class (DESIGN.md §3), so the
+//! variants are part of the public contract.
+
+use std::fmt;
+
+use crate::{BlockId, SeqId};
+
+/// The memory tier a block lives in: device (GPU) memory or the host (CPU) swap tier.
+///
+/// ```
+/// use pagedkv::{Error, Tier};
+/// let err = Error::OutOfBlocks { tier: Tier::Host, needed_blocks: 4, available_blocks: 1 };
+/// assert!(err.to_string().contains("host"));
+/// ```
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Tier {
+    /// Device (accelerator) memory: the block pool that attention kernels read.
+    Device,
+    /// Host (CPU) memory: the swap tier (issue 6).
+    Host,
+}
+
+impl fmt::Display for Tier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Tier::Device => "device",
+            Tier::Host => "host",
+        })
+    }
+}
+
+/// Every way a pagedkv operation can fail. A failed operation changes nothing.
+///
+/// ```
+/// use pagedkv::{Error, KvCacheManager, ManagerConfig};
+/// let mut kv = KvCacheManager::new(ManagerConfig { num_blocks: 2, block_size: 4, ..Default::default() })?;
+/// // More than the pool could ever hold: a malformed request, not a transient shortage.
+/// assert!(matches!(kv.add_sequence_len(1, 100), Err(Error::InvalidArgument(_))));
+/// kv.add_sequence_len(1, 8)?;
+/// // Fits the pool in principle, but not now: retry later.
+/// assert_eq!(
+///     kv.add_sequence_len(2, 1),
+///     Err(Error::OutOfBlocks { tier: pagedkv::Tier::Device, needed_blocks: 1, available_blocks: 0 })
+/// );
+/// assert_eq!(kv.free(7), Err(Error::UnknownSequence(7)));
+/// # Ok::<(), pagedkv::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Error {
+    /// Not enough free blocks in `tier` right now; retrying after others free blocks may succeed.
+    OutOfBlocks {
+        /// Which tier ran short.
+        tier: Tier,
+        /// Blocks the operation needed in that tier.
+        needed_blocks: usize,
+        /// Blocks that were available to it.
+        available_blocks: usize,
+    },
+    /// No sequence with this id exists.
+    UnknownSequence(SeqId),
+    /// A sequence with this id already exists.
+    SequenceExists(SeqId),
+    /// Malformed input, including a request that can never fit the pool.
+    InvalidArgument(String),
+    /// The operation needs a device-resident sequence, but this one is swapped out to the host.
+    SequenceSwappedOut(SeqId),
+    /// A block was released more often than it was referenced (refcount underflow).
+    DoubleFree(BlockId),
+    /// An internal invariant (DESIGN.md §2) does not hold; a bug in pagedkv or in unsafe caller use.
+    InvariantViolation(String),
+}
+
+impl Error {
+    /// How many blocks short an [`Error::OutOfBlocks`] was (`needed - available`), else `None`.
+    ///
+    /// ```
+    /// use pagedkv::{Error, Tier};
+    /// let e = Error::OutOfBlocks { tier: Tier::Device, needed_blocks: 5, available_blocks: 2 };
+    /// assert_eq!(e.blocks_short(), Some(3));
+    /// ```
+    pub fn blocks_short(&self) -> Option<usize> {
+        match self {
+            Error::OutOfBlocks { needed_blocks, available_blocks, .. } => {
+                Some(needed_blocks.saturating_sub(*available_blocks))
+            }
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::OutOfBlocks { tier, needed_blocks, available_blocks } => write!(
+                f,
+                "out of {tier} blocks: needed {needed_blocks}, available {available_blocks} ({} short)",
+                needed_blocks.saturating_sub(*available_blocks)
+            ),
+            Error::UnknownSequence(id) => write!(f, "unknown sequence id {id}"),
+            Error::SequenceExists(id) => write!(f, "sequence id {id} already exists"),
+            Error::InvalidArgument(msg) => write!(f, "invalid argument: {msg}"),
+            Error::SequenceSwappedOut(id) => {
+                write!(f, "sequence {id} is swapped out to the host; swap it in first")
+            }
+            Error::DoubleFree(b) => {
+                write!(f, "block {b} released more often than referenced (double free)")
+            }
+            Error::InvariantViolation(msg) => write!(f, "invariant violated: {msg}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// `Result` with pagedkv's [`Error`].
+pub type Result<T> = std::result::Result<T, Error>;
+
+pub(crate) fn invalid<T>(msg: impl Into<String>) -> Result<T> {
+    Err(Error::InvalidArgument(msg.into()))
+}

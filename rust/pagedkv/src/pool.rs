@@ -1,0 +1,654 @@
+//! The lock-free physical block pool: a free list plus one atomic refcount per block.
+//!
+//! # Why a tagged-index Treiber stack with a reserve-first counter
+//!
+//! Several managers on several threads allocate and release blocks of one pool at once, and the
+//! allocation of one block is on every engine step's hot path, so the free list must be
+//! lock-free and cheap when uncontended. The candidates were:
+//!
+//! * an atomic bitmap: allocation scans words for a set bit (O(num_blocks / 64) when the pool is
+//!   nearly full) and needs a cursor to avoid every thread hammering word 0;
+//! * a Treiber stack of block indices: O(1) push and pop, a single CAS each, and LIFO reuse keeps
+//!   recently freed (cache-warm) blocks in play.
+//!
+//! We use the stack. Its links are `AtomicU32` indices into a fixed array (`next`), so nodes are
+//! never allocated or freed and there is no memory-reclamation problem. The classic ABA hazard
+//! (thread A reads head = x, next = y; others pop x, pop y, push x; A's CAS would install the
+//! stale y) is closed by packing a 32-bit tag next to the 32-bit head index in one `AtomicU64`
+//! and bumping the tag on every successful push and pop: A's CAS then fails because the tag
+//! moved. (The tag would have to wrap through 2^32 successful operations while A is paused
+//! between two instructions for ABA to reappear.)
+//!
+//! A multi-block allocation must be all-or-nothing. Popping blocks one by one and pushing them
+//! back on shortage would let two threads each grab half of what they need and both fail, and it
+//! makes failures visible to others. Instead an atomic `free_count` is **reserved first** with a
+//! CAS loop (`free_count -= n` only if `free_count >= n`); a thread that wins its reservation is
+//! then guaranteed that its `n` pops succeed, because the pool maintains
+//! `stack length >= free_count + reserved-but-not-yet-popped`:
+//! release pushes onto the stack *before* incrementing `free_count`, and allocation decrements
+//! `free_count` *before* popping. Shortage is therefore reported without touching the stack.
+//!
+//! # Refcounts
+//!
+//! `refcount[b]` is the number of block-table references to block `b`. Allocation sets it to 1;
+//! [`BlockPool::retain`] increments it (only on an in-use block); [`BlockPool::release`]
+//! decrements it with a CAS loop that refuses to go below zero ([`Error::DoubleFree`]) and
+//! pushes the block back on the free list when it reaches zero.
+//!
+//! A manager with prefix caching keeps some refcount-0 blocks out of the free list as
+//! *cached-evictable* (their KV content may be reused). Those transitions are crate-internal:
+//! `release_to_cache`, `claim_cached` and `free_cached`; the pool only counts such blocks.
+
+use std::fmt;
+
+use crate::error::{invalid, Error, Result, Tier};
+use crate::sync::{spin_hint, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use crate::BlockId;
+
+/// The largest `num_blocks` a pool accepts (2^24 blocks; metadata is 8 bytes per block).
+pub const MAX_NUM_BLOCKS: usize = 1 << 24;
+/// The largest number of token slots (`num_blocks * block_size`) a pool accepts, so every slot
+/// index and every sequence length fits an `i32` (the dtype of `seq_lens` and block tables).
+pub const MAX_NUM_SLOTS: usize = i32::MAX as usize;
+
+const NIL: u32 = u32::MAX;
+
+#[inline]
+fn pack(tag: u32, index: u32) -> u64 {
+    ((tag as u64) << 32) | index as u64
+}
+
+#[inline]
+fn head_index(word: u64) -> u32 {
+    word as u32
+}
+
+#[inline]
+fn head_tag(word: u64) -> u32 {
+    (word >> 32) as u32
+}
+
+/// A fixed set of `num_blocks` physical KV blocks of `block_size` token slots each, with a
+/// lock-free free list and atomic per-block refcounts. `Send + Sync`: share it through
+/// `Arc` among several [`crate::KvCacheManager`]s (one per thread).
+///
+/// ```
+/// use pagedkv::BlockPool;
+/// let pool = BlockPool::new(8, 16)?;
+/// let blocks = pool.allocate(3)?;            // all-or-nothing
+/// assert_eq!(pool.num_free_blocks(), 5);
+/// pool.retain(blocks[0])?;                   // a second table now points at it
+/// assert_eq!(pool.refcount(blocks[0])?, 2);
+/// assert!(!pool.release(blocks[0])?);        // still referenced once
+/// for b in blocks {
+///     assert!(pool.release(b)?);             // back on the free list
+/// }
+/// assert_eq!(pool.num_free_blocks(), 8);
+/// pool.check_invariants_quiescent()?;
+/// # Ok::<(), pagedkv::Error>(())
+/// ```
+pub struct BlockPool {
+    /// Token slots per block; fixed for the pool's life.
+    block_size: usize,
+    /// Number of blocks; block ids are `0..num_blocks` and fit in 24 bits (< [`MAX_NUM_BLOCKS`]).
+    num_blocks: usize,
+    /// Per block: number of block-table references. 0 exactly when the block is free or
+    /// cached-evictable; never decremented below 0 (CAS loop).
+    refcounts: Box<[AtomicU32]>,
+    /// Per block: the index of the block below it on the free stack (`NIL` at the bottom).
+    /// Meaningful only while the block is on the stack.
+    next: Box<[AtomicU32]>,
+    /// `{tag: u32, index: u32}` of the top of the free stack (`index == NIL`: empty). The tag
+    /// increases on every successful push and pop (ABA guard).
+    head: AtomicU64,
+    /// Blocks on the free stack not yet reserved by an allocation. Always
+    /// `<= stack length - outstanding reservations`; equal to the stack length when quiescent.
+    free_count: AtomicUsize,
+    /// Blocks with refcount 0 held outside the free list by managers' prefix caches.
+    cached_count: AtomicUsize,
+}
+
+impl fmt::Debug for BlockPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BlockPool")
+            .field("num_blocks", &self.num_blocks)
+            .field("block_size", &self.block_size)
+            .field("num_free_blocks", &self.num_free_blocks())
+            .finish()
+    }
+}
+
+impl BlockPool {
+    /// Creates a pool with every block free. `num_blocks` must be in `1..=MAX_NUM_BLOCKS`,
+    /// `block_size >= 1`, and `num_blocks * block_size <= MAX_NUM_SLOTS`, else
+    /// [`Error::InvalidArgument`].
+    ///
+    /// ```
+    /// use pagedkv::BlockPool;
+    /// assert!(BlockPool::new(0, 16).is_err());
+    /// assert!(BlockPool::new(16, 0).is_err());
+    /// assert!(BlockPool::new(usize::MAX, 16).is_err());
+    /// assert_eq!(BlockPool::new(4, 16)?.num_free_blocks(), 4);
+    /// # Ok::<(), pagedkv::Error>(())
+    /// ```
+    pub fn new(num_blocks: usize, block_size: usize) -> Result<BlockPool> {
+        validate_geometry(num_blocks, block_size, "num_blocks")?;
+        let refcounts = (0..num_blocks).map(|_| AtomicU32::new(0)).collect();
+        // Block 0 on top, so a fresh pool hands out 0, 1, 2, ... (readable tests and tables).
+        let next = (0..num_blocks)
+            .map(|b| AtomicU32::new(if b + 1 < num_blocks { b as u32 + 1 } else { NIL }))
+            .collect();
+        Ok(BlockPool {
+            block_size,
+            num_blocks,
+            refcounts,
+            next,
+            head: AtomicU64::new(pack(0, 0)),
+            free_count: AtomicUsize::new(num_blocks),
+            cached_count: AtomicUsize::new(0),
+        })
+    }
+
+    /// Number of blocks in the pool.
+    #[inline]
+    pub fn num_blocks(&self) -> usize {
+        self.num_blocks
+    }
+
+    /// Token slots per block.
+    #[inline]
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// Blocks on the free list and not reserved (a snapshot when other threads are active).
+    /// Excludes managers' cached-evictable blocks.
+    #[inline]
+    pub fn num_free_blocks(&self) -> usize {
+        self.free_count.load(Ordering::Acquire)
+    }
+
+    /// Refcount-0 blocks held outside the free list by managers' prefix caches (a snapshot).
+    #[inline]
+    pub fn num_cached_blocks(&self) -> usize {
+        self.cached_count.load(Ordering::Acquire)
+    }
+
+    /// Takes `num_blocks` free blocks (each refcount 0 -> 1), all or nothing.
+    /// `num_blocks > self.num_blocks()` can never succeed: [`Error::InvalidArgument`]. Fewer free
+    /// blocks than requested right now: [`Error::OutOfBlocks`] and nothing changes.
+    ///
+    /// ```
+    /// use pagedkv::{BlockPool, Error};
+    /// let pool = BlockPool::new(4, 16)?;
+    /// assert_eq!(pool.allocate(2)?, vec![0, 1]);
+    /// assert!(matches!(pool.allocate(3), Err(Error::OutOfBlocks { needed_blocks: 3, available_blocks: 2, .. })));
+    /// assert!(matches!(pool.allocate(5), Err(Error::InvalidArgument(_))));
+    /// assert_eq!(pool.num_free_blocks(), 2);
+    /// # Ok::<(), pagedkv::Error>(())
+    /// ```
+    pub fn allocate(&self, num_blocks: usize) -> Result<Vec<BlockId>> {
+        let mut out = Vec::new();
+        self.allocate_into(num_blocks, &mut out)?;
+        Ok(out)
+    }
+
+    /// Like [`BlockPool::allocate`] but appends the block ids to `out` (no allocation when `out`
+    /// has capacity). On error `out` is unchanged.
+    ///
+    /// ```
+    /// use pagedkv::BlockPool;
+    /// let pool = BlockPool::new(4, 16)?;
+    /// let mut ids = Vec::with_capacity(4);
+    /// pool.allocate_into(1, &mut ids)?;
+    /// pool.allocate_into(2, &mut ids)?;
+    /// assert_eq!(ids, vec![0, 1, 2]);
+    /// # Ok::<(), pagedkv::Error>(())
+    /// ```
+    pub fn allocate_into(&self, num_blocks: usize, out: &mut Vec<BlockId>) -> Result<()> {
+        if num_blocks > self.num_blocks {
+            return invalid(format!(
+                "cannot allocate {num_blocks} blocks from a pool of {} blocks",
+                self.num_blocks
+            ));
+        }
+        if num_blocks == 0 {
+            return Ok(());
+        }
+        if let Err(available_blocks) = self.reserve_exact(num_blocks) {
+            return Err(Error::OutOfBlocks {
+                tier: Tier::Device,
+                needed_blocks: num_blocks,
+                available_blocks,
+            });
+        }
+        out.reserve(num_blocks);
+        for _ in 0..num_blocks {
+            let b = self.pop_reserved();
+            self.refcounts[b as usize].store(1, Ordering::Relaxed);
+            out.push(b);
+        }
+        Ok(())
+    }
+
+    /// Takes `min(num_blocks, free now)` blocks (each refcount 0 -> 1) and appends them to `out`;
+    /// returns how many it took. Used by managers that make up the rest from their cache.
+    #[allow(dead_code)] // used by the prefix cache
+    pub(crate) fn allocate_up_to(&self, num_blocks: usize, out: &mut Vec<BlockId>) -> usize {
+        let mut cur = self.free_count.load(Ordering::Acquire);
+        let take = loop {
+            let take = cur.min(num_blocks);
+            if take == 0 {
+                return 0;
+            }
+            match self.free_count.compare_exchange_weak(
+                cur,
+                cur - take,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => break take,
+                Err(now) => cur = now,
+            }
+        };
+        out.reserve(take);
+        for _ in 0..take {
+            let b = self.pop_reserved();
+            self.refcounts[b as usize].store(1, Ordering::Relaxed);
+            out.push(b);
+        }
+        take
+    }
+
+    /// Adds one reference to an in-use block and returns the new refcount. A free (refcount 0)
+    /// block cannot be retained: [`Error::InvalidArgument`]; so can't an unknown id.
+    ///
+    /// ```
+    /// use pagedkv::BlockPool;
+    /// let pool = BlockPool::new(2, 16)?;
+    /// assert!(pool.retain(0).is_err());      // free
+    /// let b = pool.allocate(1)?[0];
+    /// assert_eq!(pool.retain(b)?, 2);
+    /// # Ok::<(), pagedkv::Error>(())
+    /// ```
+    pub fn retain(&self, block_id: BlockId) -> Result<u32> {
+        let rc = self.refcount_cell(block_id)?;
+        let mut cur = rc.load(Ordering::Relaxed);
+        loop {
+            if cur == 0 {
+                return invalid(format!("block {block_id} is not in use; cannot retain it"));
+            }
+            if cur == u32::MAX {
+                return invalid(format!("block {block_id} refcount would overflow"));
+            }
+            match rc.compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => return Ok(cur + 1),
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    /// Drops one reference. Returns `true` when the refcount reached 0 and the block went back
+    /// on the free list. Releasing a block whose refcount is already 0 is
+    /// [`Error::DoubleFree`] and changes nothing.
+    ///
+    /// ```
+    /// use pagedkv::{BlockPool, Error};
+    /// let pool = BlockPool::new(2, 16)?;
+    /// let b = pool.allocate(1)?[0];
+    /// assert!(pool.release(b)?);
+    /// assert_eq!(pool.release(b), Err(Error::DoubleFree(b)));
+    /// # Ok::<(), pagedkv::Error>(())
+    /// ```
+    pub fn release(&self, block_id: BlockId) -> Result<bool> {
+        if self.decrement(block_id)? {
+            self.push_free(block_id);
+            Ok(true)
+        } else {
+            Ok(false)
+        }
+    }
+
+    /// The current refcount of a block (a snapshot if other threads touch it).
+    ///
+    /// ```
+    /// use pagedkv::BlockPool;
+    /// let pool = BlockPool::new(2, 16)?;
+    /// assert_eq!(pool.refcount(1)?, 0);
+    /// assert!(pool.refcount(2).is_err());
+    /// # Ok::<(), pagedkv::Error>(())
+    /// ```
+    #[inline]
+    pub fn refcount(&self, block_id: BlockId) -> Result<u32> {
+        Ok(self.refcount_cell(block_id)?.load(Ordering::Acquire))
+    }
+
+    /// Drops one reference; at 0 the block is *kept out* of the free list as a cached-evictable
+    /// block of the calling manager. Returns `true` when it reached 0.
+    #[allow(dead_code)] // used by the prefix cache
+    pub(crate) fn release_to_cache(&self, block_id: BlockId) -> Result<bool> {
+        if self.decrement(block_id)? {
+            self.cached_count.fetch_add(1, Ordering::AcqRel);
+            Ok(true)
+        } else {
+            Ok(false)
+        }
+    }
+
+    /// A cached-evictable block (refcount 0, held by the caller's cache) becomes in use
+    /// (refcount 1): a prefix hit reviving it, or an eviction reusing it for new content.
+    #[allow(dead_code)] // used by the prefix cache
+    pub(crate) fn claim_cached(&self, block_id: BlockId) {
+        let prev = self.refcounts[block_id as usize].swap(1, Ordering::AcqRel);
+        debug_assert_eq!(prev, 0, "claimed cached block {block_id} had refcount {prev}");
+        self.cached_count.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// A cached-evictable block goes back on the free list (cache reset or manager drop).
+    #[allow(dead_code)] // used by the prefix cache
+    pub(crate) fn free_cached(&self, block_id: BlockId) {
+        debug_assert_eq!(self.refcounts[block_id as usize].load(Ordering::Relaxed), 0);
+        self.cached_count.fetch_sub(1, Ordering::AcqRel);
+        self.push_free(block_id);
+    }
+
+    /// Checks the free list while other threads may be using the pool: every block on the
+    /// stack appears once and has refcount 0, the stack is acyclic and no longer than the pool,
+    /// and `free_count <= stack length`. It walks the stack between two reads of the tagged
+    /// head; if the head moved (a push or pop happened meanwhile) it retries, and after several
+    /// contended attempts it settles for the counter bounds. Exact equalities that only hold
+    /// when nobody is mid-operation are in [`BlockPool::check_invariants_quiescent`].
+    ///
+    /// ```
+    /// let pool = pagedkv::BlockPool::new(4, 16)?;
+    /// pool.check_invariants()?;
+    /// # Ok::<(), pagedkv::Error>(())
+    /// ```
+    pub fn check_invariants(&self) -> Result<()> {
+        for _attempt in 0..16 {
+            if let Some(walk) = self.stable_walk()? {
+                if walk.free_count > walk.stack_len {
+                    return Err(Error::InvariantViolation(format!(
+                        "free_count {} exceeds free-list length {}",
+                        walk.free_count, walk.stack_len
+                    )));
+                }
+                return Ok(());
+            }
+            spin_hint();
+        }
+        self.check_counter_bounds()
+    }
+
+    /// The exact pool invariants, valid only while no other thread is inside a pool operation:
+    /// everything [`BlockPool::check_invariants`] checks, plus free-list length ==
+    /// `num_free_blocks()`, and the refcount-0 blocks are exactly the free ones plus the
+    /// cached-evictable ones (in use + cached + free == num_blocks).
+    ///
+    /// ```
+    /// let pool = pagedkv::BlockPool::new(4, 16)?;
+    /// let b = pool.allocate(2)?;
+    /// pool.check_invariants_quiescent()?;
+    /// # Ok::<(), pagedkv::Error>(())
+    /// ```
+    pub fn check_invariants_quiescent(&self) -> Result<()> {
+        let walk = self.stable_walk()?.ok_or_else(|| {
+            Error::InvariantViolation("free list changed during a quiescent check".into())
+        })?;
+        if walk.stack_len != walk.free_count {
+            return Err(Error::InvariantViolation(format!(
+                "free-list length {} != free_count {}",
+                walk.stack_len, walk.free_count
+            )));
+        }
+        let zero = self.refcounts.iter().filter(|r| r.load(Ordering::Acquire) == 0).count();
+        let cached = self.cached_count.load(Ordering::Acquire);
+        if zero != walk.stack_len + cached {
+            return Err(Error::InvariantViolation(format!(
+                "{zero} blocks have refcount 0 but {} are free and {cached} cached",
+                walk.stack_len
+            )));
+        }
+        Ok(())
+    }
+
+    // ---- internals ----
+
+    #[inline]
+    fn refcount_cell(&self, block_id: BlockId) -> Result<&AtomicU32> {
+        match self.refcounts.get(block_id as usize) {
+            Some(rc) => Ok(rc),
+            None => invalid(format!(
+                "block id {block_id} out of range for a pool of {} blocks",
+                self.num_blocks
+            )),
+        }
+    }
+
+    /// Refcount -1, never below 0. Returns whether it reached 0.
+    #[inline]
+    fn decrement(&self, block_id: BlockId) -> Result<bool> {
+        let rc = self.refcount_cell(block_id)?;
+        let mut cur = rc.load(Ordering::Relaxed);
+        loop {
+            if cur == 0 {
+                return Err(Error::DoubleFree(block_id));
+            }
+            match rc.compare_exchange_weak(cur, cur - 1, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => return Ok(cur == 1),
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    /// Reserves exactly `n` free blocks, or returns the free count seen when it could not.
+    #[inline]
+    fn reserve_exact(&self, n: usize) -> std::result::Result<(), usize> {
+        let mut cur = self.free_count.load(Ordering::Acquire);
+        loop {
+            if cur < n {
+                return Err(cur);
+            }
+            match self.free_count.compare_exchange_weak(
+                cur,
+                cur - n,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return Ok(()),
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    /// Pops one block; the caller holds a reservation, so the stack is non-empty.
+    #[inline]
+    fn pop_reserved(&self) -> BlockId {
+        let mut head = self.head.load(Ordering::Acquire);
+        loop {
+            let index = head_index(head);
+            if index == NIL {
+                // Unreachable while `stack length >= free_count + reservations` holds; spinning
+                // (rather than failing half-way) keeps the allocation all-or-nothing regardless.
+                debug_assert!(false, "free stack empty under a reservation");
+                spin_hint();
+                head = self.head.load(Ordering::Acquire);
+                continue;
+            }
+            // A stale `next` (the block was popped and pushed again) is harmless: the tag moved,
+            // so the CAS below fails and we retry.
+            let next = self.next[index as usize].load(Ordering::Relaxed);
+            match self.head.compare_exchange_weak(
+                head,
+                pack(head_tag(head).wrapping_add(1), next),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return index,
+                Err(now) => head = now,
+            }
+        }
+    }
+
+    /// Pushes a refcount-0 block on the free stack, then makes it allocatable.
+    #[inline]
+    fn push_free(&self, block_id: BlockId) {
+        let mut head = self.head.load(Ordering::Relaxed);
+        loop {
+            self.next[block_id as usize].store(head_index(head), Ordering::Relaxed);
+            match self.head.compare_exchange_weak(
+                head,
+                pack(head_tag(head).wrapping_add(1), block_id),
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => break,
+                Err(now) => head = now,
+            }
+        }
+        // Only after the push: keeps `stack length >= free_count + reservations`.
+        self.free_count.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Walks the free stack; `None` if the head moved during the walk (snapshot not stable).
+    fn stable_walk(&self) -> Result<Option<Walk>> {
+        let head_before = self.head.load(Ordering::Acquire);
+        let free_count = self.free_count.load(Ordering::Acquire);
+        let mut seen = vec![false; self.num_blocks];
+        let mut stack_len = 0usize;
+        let mut index = head_index(head_before);
+        let mut problem: Option<String> = None;
+        while index != NIL {
+            let i = index as usize;
+            if i >= self.num_blocks {
+                problem = Some(format!("free list links to out-of-range block {index}"));
+                break;
+            }
+            if seen[i] {
+                problem = Some(format!("block {index} is on the free list twice (or a cycle)"));
+                break;
+            }
+            seen[i] = true;
+            stack_len += 1;
+            let rc = self.refcounts[i].load(Ordering::Acquire);
+            if rc != 0 {
+                problem = Some(format!("block {index} is on the free list with refcount {rc}"));
+                break;
+            }
+            index = self.next[i].load(Ordering::Acquire);
+        }
+        if self.head.load(Ordering::Acquire) != head_before {
+            return Ok(None);
+        }
+        match problem {
+            Some(msg) => Err(Error::InvariantViolation(msg)),
+            None => Ok(Some(Walk { stack_len, free_count })),
+        }
+    }
+
+    fn check_counter_bounds(&self) -> Result<()> {
+        let free = self.free_count.load(Ordering::Acquire);
+        let cached = self.cached_count.load(Ordering::Acquire);
+        if free > self.num_blocks || cached > self.num_blocks {
+            return Err(Error::InvariantViolation(format!(
+                "free_count {free} / cached_count {cached} exceed num_blocks {}",
+                self.num_blocks
+            )));
+        }
+        Ok(())
+    }
+}
+
+struct Walk {
+    stack_len: usize,
+    free_count: usize,
+}
+
+/// Validates a tier's geometry (shared by the device pool and the host tier).
+pub(crate) fn validate_geometry(num_blocks: usize, block_size: usize, what: &str) -> Result<()> {
+    if num_blocks == 0 || num_blocks > MAX_NUM_BLOCKS {
+        return invalid(format!("{what} must be in 1..={MAX_NUM_BLOCKS}, got {num_blocks}"));
+    }
+    if block_size == 0 {
+        return invalid("block_size must be at least 1");
+    }
+    match num_blocks.checked_mul(block_size) {
+        Some(slots) if slots <= MAX_NUM_SLOTS => Ok(()),
+        _ => invalid(format!(
+            "{what} * block_size = {num_blocks} * {block_size} exceeds the {MAX_NUM_SLOTS} token slots a pool may have"
+        )),
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fresh_pool_hands_out_ascending_ids() {
+        let pool = BlockPool::new(4, 8).unwrap();
+        assert_eq!(pool.allocate(4).unwrap(), vec![0, 1, 2, 3]);
+        assert_eq!(pool.num_free_blocks(), 0);
+        pool.check_invariants_quiescent().unwrap();
+    }
+
+    #[test]
+    fn lifo_reuse() {
+        let pool = BlockPool::new(4, 8).unwrap();
+        let b = pool.allocate(2).unwrap();
+        pool.release(b[0]).unwrap();
+        assert_eq!(pool.allocate(1).unwrap(), vec![b[0]]);
+    }
+
+    #[test]
+    fn out_of_blocks_changes_nothing() {
+        let pool = BlockPool::new(3, 8).unwrap();
+        pool.allocate(2).unwrap();
+        let err = pool.allocate(2).unwrap_err();
+        assert_eq!(err.blocks_short(), Some(1));
+        assert_eq!(pool.num_free_blocks(), 1);
+        pool.check_invariants_quiescent().unwrap();
+    }
+
+    #[test]
+    fn refcount_underflow_is_double_free() {
+        let pool = BlockPool::new(2, 8).unwrap();
+        assert_eq!(pool.release(0), Err(Error::DoubleFree(0)));
+        let b = pool.allocate(1).unwrap()[0];
+        pool.retain(b).unwrap();
+        assert!(!pool.release(b).unwrap());
+        assert!(pool.release(b).unwrap());
+        assert_eq!(pool.release(b), Err(Error::DoubleFree(b)));
+        pool.check_invariants_quiescent().unwrap();
+    }
+
+    #[test]
+    fn bad_ids_and_geometry() {
+        let pool = BlockPool::new(2, 8).unwrap();
+        assert!(matches!(pool.release(2), Err(Error::InvalidArgument(_))));
+        assert!(matches!(pool.retain(u32::MAX), Err(Error::InvalidArgument(_))));
+        assert!(matches!(pool.allocate(usize::MAX), Err(Error::InvalidArgument(_))));
+        assert!(BlockPool::new(MAX_NUM_BLOCKS + 1, 1).is_err());
+        assert!(BlockPool::new(1 << 20, 1 << 12).is_err());
+        assert!(BlockPool::new(1, usize::MAX).is_err());
+    }
+
+    #[test]
+    fn cached_transitions_keep_counts() {
+        let pool = BlockPool::new(3, 8).unwrap();
+        let b = pool.allocate(2).unwrap();
+        assert!(pool.release_to_cache(b[0]).unwrap());
+        assert_eq!(pool.num_cached_blocks(), 1);
+        assert_eq!(pool.num_free_blocks(), 1);
+        pool.check_invariants_quiescent().unwrap();
+        pool.claim_cached(b[0]);
+        assert_eq!(pool.refcount(b[0]).unwrap(), 1);
+        pool.release_to_cache(b[0]).unwrap();
+        pool.free_cached(b[0]);
+        assert_eq!(pool.num_free_blocks(), 2);
+        let mut out = Vec::new();
+        assert_eq!(pool.allocate_up_to(5, &mut out), 2);
+        assert_eq!(pool.num_free_blocks(), 0);
+        pool.check_invariants_quiescent().unwrap();
+    }
+}

@@ -1,0 +1,58 @@
+//! Deterministic synthetic token ids, so prefix caching sees the same ids for the same text.
+//!
+//! A prompt position inside a request's shared prefix gets an id derived from the prefix id
+//! alone (every request with that prefix agrees); any other prompt position, and every
+//! generated position, gets an id derived from the request (and the sequence in its group), so
+//! it matches nothing else. A preempted request recomputed later re-derives the very same ids
+//! and can hit its own cached blocks, as in vLLM.
+
+use super::rng::mix64;
+use super::workload::RequestSpec;
+use crate::TokenId;
+
+const PREFIX_DOMAIN: u64 = 0x5052_4546_4958_0001;
+const PROMPT_DOMAIN: u64 = 0x5052_4f4d_5054_0002;
+const OUTPUT_DOMAIN: u64 = 0x4f55_5450_5554_0003;
+
+fn derive(domain: u64, id: u64, member: u64, position: usize) -> TokenId {
+    let key = mix64(mix64(domain ^ id) ^ member.rotate_left(32));
+    (mix64(key ^ position as u64) >> 32) as TokenId
+}
+
+/// Token id at `position` (< prompt length) of request `request`'s prompt.
+pub(crate) fn prompt_token(spec: &RequestSpec, request: usize, position: usize) -> TokenId {
+    match spec.prefix {
+        Some((prefix_id, prefix_len)) if position < prefix_len => derive(PREFIX_DOMAIN, prefix_id, 0, position),
+        _ => derive(PROMPT_DOMAIN, request as u64, 0, position),
+    }
+}
+
+/// Token id that sequence `member` of request `request` generates at `position`
+/// (>= the prompt length).
+pub(crate) fn output_token(request: usize, member: usize, position: usize) -> TokenId {
+    derive(OUTPUT_DOMAIN, request as u64, member as u64, position)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(prefix: Option<(u64, usize)>) -> RequestSpec {
+        RequestSpec { prompt_tokens: 8, output_tokens: 1, arrival_s: 0.0, group_size: 1, prefix }
+    }
+
+    #[test]
+    fn shared_prefix_agrees_and_suffixes_differ() {
+        let a = spec(Some((3, 4)));
+        let b = spec(Some((3, 4)));
+        let c = spec(Some((4, 4)));
+        for pos in 0..4 {
+            assert_eq!(prompt_token(&a, 0, pos), prompt_token(&b, 1, pos));
+        }
+        let row = |s: &RequestSpec, r: usize| (0..8).map(|p| prompt_token(s, r, p)).collect::<Vec<_>>();
+        assert_ne!(row(&a, 0)[4..], row(&b, 1)[4..]);
+        assert_ne!(row(&a, 0)[..4], row(&c, 2)[..4]);
+        assert_ne!(output_token(0, 0, 8), output_token(0, 1, 8));
+        assert_eq!(output_token(5, 2, 9), output_token(5, 2, 9));
+    }
+}

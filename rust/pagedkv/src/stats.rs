@@ -1,0 +1,59 @@
+//! Counters a manager exposes through [`crate::KvCacheManager::stats`].
+
+/// A snapshot of one manager's state and lifetime counters. Field names are the keys of the
+/// Python `stats()` dict (DESIGN.md §3).
+///
+/// ```
+/// use pagedkv::{KvCacheManager, ManagerConfig};
+/// let mut kv = KvCacheManager::new(ManagerConfig { num_blocks: 8, block_size: 4, ..Default::default() })?;
+/// kv.add_sequence_len(1, 6)?;
+/// kv.fork(1, 2)?;
+/// kv.append_len(2, 1)?;                         // copy-on-write of the shared partial block
+/// let s = kv.stats();
+/// assert_eq!((s.num_blocks_in_use, s.allocations, s.cow_copies, s.forks), (3, 3, 1, 1));
+/// assert_eq!(s.num_blocks_in_use + s.num_cached_blocks + s.num_free_blocks, s.num_blocks);
+/// # Ok::<(), pagedkv::Error>(())
+/// ```
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Stats {
+    /// Device blocks in the pool.
+    pub num_blocks: usize,
+    /// Token slots per block.
+    pub block_size: usize,
+    /// Distinct device blocks referenced by this manager's sequences (refcount > 0).
+    pub num_blocks_in_use: usize,
+    /// This manager's cached-evictable blocks (refcount 0, still indexed by the prefix cache).
+    pub num_cached_blocks: usize,
+    /// Blocks on the pool's free list (shared with other managers on the same pool).
+    pub num_free_blocks: usize,
+    /// Live sequences (device-resident and swapped out).
+    pub num_sequences: usize,
+    /// Blocks handed to this manager's sequences as fresh blocks (pool or evicted), lifetime.
+    pub allocations: u64,
+    /// Blocks whose refcount dropped to 0 (to the free list or the cache), lifetime.
+    pub frees: u64,
+    /// Copy-on-write copies recorded, lifetime.
+    pub cow_copies: u64,
+    /// Successful forks, lifetime.
+    pub forks: u64,
+    /// Prompt tokens looked up in the prefix cache, lifetime.
+    pub prefix_query_tokens: u64,
+    /// Prompt tokens served from the prefix cache, lifetime.
+    pub prefix_hit_tokens: u64,
+    /// `prefix_hit_tokens / prefix_query_tokens` (0 when nothing was queried).
+    pub prefix_hit_rate: f64,
+    /// Cached blocks evicted to satisfy allocations, lifetime.
+    pub evictions: u64,
+    /// KV events dropped because the bounded event queue was full, lifetime.
+    pub events_dropped: u64,
+    /// Blocks in the host tier (0: no host tier).
+    pub num_host_blocks: usize,
+    /// Host blocks referenced by swapped-out sequences.
+    pub num_host_blocks_in_use: usize,
+    /// Sequences currently swapped out.
+    pub num_swapped_sequences: usize,
+    /// Device blocks copied to the host by swap-out, lifetime.
+    pub swap_out_blocks: u64,
+    /// Host blocks copied back to the device by swap-in, lifetime.
+    pub swap_in_blocks: u64,
+}
