@@ -1,0 +1,118 @@
+"""Paged attention and KV-cache data movement, with three interchangeable backends.
+
+Every function takes ``backend=``:
+
+- ``"numpy"``: the NumPy reference (fp16, bf16, fp32, fp64).
+- ``"cuda"``: the CUDA kernels in ``pagedkv/kernels/*.cu`` through CuPy (CuPy arrays in and out).
+- ``"emulated"``: the very same ``.cu`` sources compiled for the CPU with ``cuda_emu.h`` and run on
+  NumPy arrays, so the real kernel code is tested on machines without a GPU.
+
+Layouts (DESIGN.md §4): caches ``[num_blocks, block_size, num_kv_heads, head_dim]``; decode query
+``[num_seqs, num_q_heads, head_dim]`` with ``num_q_heads % num_kv_heads == 0``; query head h reads
+KV head ``h // (num_q_heads // num_kv_heads)``. bfloat16 tensors are uint16 arrays of bit patterns.
+Bad arguments raise ``pagedkv.InvalidArgumentError`` before anything runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from pagedkv.attention import kernel_launch, reference
+from pagedkv.attention import validation as val
+from pagedkv.attention.runners import CudaRunner, get_runner
+from pagedkv.errors import InvalidArgumentError
+
+__all__ = ["contiguous_attention", "paged_attention", "write_kv", "copy_blocks", "swap_blocks"]
+
+
+def contiguous_attention(q: Any, k: Any, v: Any, *, scale: float | None = None, backend: str = "numpy") -> Any:
+    """Attention of one query token over one sequence's contiguous history (the reference).
+
+    q: [num_q_heads, head_dim]; k, v: [seq_len, num_kv_heads, head_dim], one dtype.
+    Returns [num_q_heads, head_dim] in q's dtype; zeros when seq_len == 0.
+    scale defaults to 1 / sqrt(head_dim).
+    """
+    if val.check_backend(backend) == "numpy":
+        return reference.contiguous_attention(q, k, v, scale)
+    shape = val.check_contiguous_attention(q, k, v, scale, backend)
+    return kernel_launch.contiguous_attention(get_runner(backend), q, k, v, shape)
+
+
+def paged_attention(
+    q: Any,
+    k_cache: Any,
+    v_cache: Any,
+    block_tables: Any,
+    seq_lens: Any,
+    *,
+    scale: float | None = None,
+    backend: str = "numpy",
+    num_splits: int | None = None,
+) -> Any:
+    """Decode attention: each sequence's query token over its paged history.
+
+    q: [num_seqs, num_q_heads, head_dim]; k_cache, v_cache: [num_blocks, block_size, num_kv_heads,
+    head_dim]; block_tables: int32 [num_seqs, max_blocks] (entries past a sequence's
+    ceil(seq_len / block_size) blocks are ignored, e.g. -1 padding); seq_lens: int32 [num_seqs].
+    Returns [num_seqs, num_q_heads, head_dim] in q's dtype.
+    num_splits (kernel backends): split each sequence's tokens over this many blocks and merge
+    (default: chosen from the device's size and the longest sequence).
+    """
+    if val.check_backend(backend) == "numpy":
+        return reference.paged_attention(q, k_cache, v_cache, block_tables, seq_lens, scale)
+    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, (int, np.integer))
+                                   or num_splits < 1):
+        raise InvalidArgumentError(f"num_splits must be a positive integer, got {num_splits!r}")
+    shape = val.check_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, backend)
+    return kernel_launch.paged_attention(get_runner(backend), q, k_cache, v_cache, block_tables, seq_lens, shape,
+                                         None if num_splits is None else int(num_splits))
+
+
+def write_kv(k: Any, v: Any, k_cache: Any, v_cache: Any, slot_mapping: Any, *, backend: str = "numpy") -> None:
+    """Writes new tokens' keys and values into their cache slots, in place.
+
+    k, v: [num_tokens, num_kv_heads, head_dim]; slot_mapping: int64 [num_tokens], slot =
+    block_id * block_size + offset, -1 skips a token; slots must be distinct.
+    """
+    if val.check_backend(backend) == "numpy":
+        reference.write_kv(k, v, k_cache, v_cache, slot_mapping)
+        return
+    kind = val.check_write_kv(k, v, k_cache, v_cache, slot_mapping, backend)
+    kernel_launch.write_kv(get_runner(backend), k, v, k_cache, v_cache, slot_mapping, kind)
+
+
+def copy_blocks(k_caches: Any, v_caches: Any, copy_ops: Any, *, backend: str = "numpy") -> None:
+    """Executes copy-on-write copies in every layer: block src's contents onto block dst.
+
+    k_caches, v_caches: lists over layers of [num_blocks, block_size, num_kv_heads, head_dim];
+    copy_ops: int32 [N, 2] (src, dst), e.g. KvCacheManager.take_copy_ops(). The copies take effect
+    as if run one after another in order (kernel backends: one launch for all layers, more only
+    when a copy depends on an earlier one).
+    """
+    if val.check_backend(backend) == "numpy":
+        reference.copy_blocks(k_caches, v_caches, copy_ops)
+        return
+    _, ops = val.check_copy_blocks(k_caches, v_caches, copy_ops, backend)
+    kernel_launch.copy_blocks(get_runner(backend), k_caches, v_caches, ops)
+
+
+def swap_blocks(src_cache: Any, dst_cache: Any, mapping: Any, *, backend: str = "numpy") -> int:
+    """Copies blocks between two caches of one block shape (e.g. device <-> host tier).
+
+    src_cache, dst_cache: [num_blocks_src|dst, block_size, num_kv_heads, head_dim];
+    mapping: int32 [N, 2] (src_block, dst_block), e.g. from KvCacheManager.swap_out/swap_in.
+    Adjacent blocks (source and destination both consecutive) move in one copy; returns the number
+    of copies issued. backend='cuda': one side is a CuPy array, the other a CuPy array or a NumPy
+    array in pinned memory (cupyx.empty_pinned); copies are asynchronous on the current stream.
+    """
+    if val.check_backend(backend) == "numpy":
+        return reference.swap_blocks(src_cache, dst_cache, mapping)
+    val.check_swap_blocks(src_cache, dst_cache, mapping, backend)
+    runner = get_runner(backend)
+    if isinstance(runner, CudaRunner):
+        for name, x in (("src_cache", src_cache), ("dst_cache", dst_cache)):
+            if isinstance(x, np.ndarray) and not runner.is_pinned(x):
+                raise InvalidArgumentError(f"{name} is pageable host memory: allocate it with cupyx.empty_pinned")
+    return kernel_launch.swap_blocks(runner, src_cache, dst_cache, mapping)

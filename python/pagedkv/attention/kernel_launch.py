@@ -1,0 +1,158 @@
+"""Turns validated calls into kernel launches; shared by the ``cuda`` and ``emulated`` backends.
+
+A runner supplies the array module (CuPy or NumPy), a ``launch(instance, grid, block, args)``
+and a ``memcpy(dst_address, src_address, num_bytes)``; everything else (instances, grids,
+arguments, split sizes, copy waves, swap runs) is decided here, once, for both backends, so the
+emulated backend exercises exactly the launch arithmetic the GPU gets.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from pagedkv.attention import validation as val
+from pagedkv.attention.dtypes import nan_fill_value
+from pagedkv.kernels import instances
+from pagedkv.kernels.instances import Instance
+
+LOG2E = 1.4426950408889634
+MIN_TOKENS_PER_SPLIT = 256
+
+
+class Runner(Protocol):
+    xp: Any  # numpy or cupy
+    poison: bool  # fill outputs with NaN before launches, so unwritten elements show
+    num_sms: int
+
+    def launch(self, instance: Instance, grid: tuple[int, int, int], block: tuple[int, int, int],
+               args: Sequence[Any]) -> None: ...
+
+    def memcpy(self, dst_address: int, src_address: int, num_bytes: int) -> None: ...
+
+    def address(self, array: Any) -> int: ...
+
+
+def _output(runner: Runner, shape: tuple[int, ...], dtype: Any, fill: Any) -> Any:
+    xp = runner.xp
+    if runner.poison:
+        return xp.full(shape, fill, dtype=dtype)
+    return xp.empty(shape, dtype=dtype)
+
+
+def choose_splits(num_ctas: int, max_seq_len: int, tile_tokens: int, num_sms: int,
+                  requested: int | None) -> tuple[int, int]:
+    """(num_splits, tokens_per_split) for the decode grid.
+
+    Without a request: enough splits to give about two blocks per SM, but no split shorter than
+    MIN_TOKENS_PER_SPLIT tokens (the merge and the per-split overhead must stay small next to the
+    KV reads). tokens_per_split is a whole number of tiles.
+    """
+    if max_seq_len <= 0:
+        return 1, tile_tokens
+    if requested is None:
+        wanted = max(1, math.ceil(2 * num_sms / max(1, num_ctas)))
+        splits = min(wanted, math.ceil(max_seq_len / MIN_TOKENS_PER_SPLIT), instances.MAX_SPLITS)
+    else:
+        splits = min(max(1, int(requested)), instances.MAX_SPLITS)
+    tokens = math.ceil(math.ceil(max_seq_len / max(1, splits)) / tile_tokens) * tile_tokens
+    return max(1, math.ceil(max_seq_len / tokens)), tokens
+
+
+def paged_attention(runner: Runner, q: Any, k_cache: Any, v_cache: Any, block_tables: Any, seq_lens: Any,
+                    shape: val.AttentionShape, num_splits: int | None = None) -> Any:
+    xp = runner.xp
+    out = _output(runner, tuple(q.shape), q.dtype, nan_fill_value(shape.kind))
+    if shape.num_seqs == 0:
+        return out
+    max_seq_len = int(seq_lens.max())
+    tile = instances.tile_tokens(shape.kind, shape.head_dim)
+    splits, tokens_per_split = choose_splits(shape.num_seqs * shape.num_kv_heads, max_seq_len, tile,
+                                             runner.num_sms, num_splits)
+    if splits > 1:
+        part = (shape.num_seqs, shape.num_q_heads, splits)
+        split_out = _output(runner, (*part, shape.head_dim), np.float32, np.nan)
+        split_max = _output(runner, part, np.float32, np.nan)
+        split_sum = _output(runner, part, np.float32, np.nan)
+    else:  # unused by the kernel with one split
+        split_out = split_max = split_sum = xp.zeros(1, dtype=np.float32)
+    decode = instances.decode(shape.kind, shape.head_dim, shape.block_size,
+                              instances.group_instance(shape.group))
+    runner.launch(
+        decode,
+        (shape.num_kv_heads, shape.num_seqs, splits),
+        (instances.DECODE_THREADS, 1, 1),
+        [out, split_out, split_max, split_sum, q, k_cache, v_cache, block_tables, seq_lens,
+         np.int32(shape.num_kv_heads), np.int32(shape.group), np.int32(shape.max_blocks),
+         np.int32(tokens_per_split), np.float32(shape.scale * LOG2E)],
+    )
+    if splits > 1:
+        runner.launch(
+            instances.merge(shape.kind, shape.head_dim),
+            (shape.num_q_heads, shape.num_seqs, 1),
+            (instances.MERGE_THREADS, 1, 1),
+            [out, split_out, split_max, split_sum, np.int32(splits)],
+        )
+    return out
+
+
+def contiguous_attention(runner: Runner, q: Any, k: Any, v: Any, shape: val.AttentionShape) -> Any:
+    """One sequence through the paged kernel: k/v laid into a block-size-16 cache, table 0..n-1."""
+    xp = runner.xp
+    block_size = 16
+    seq_len = int(k.shape[0])
+    num_blocks = max(1, -(-seq_len // block_size))
+    caches = []
+    for x in (k, v):
+        cache = xp.zeros((num_blocks * block_size, *x.shape[1:]), dtype=x.dtype)
+        cache[:seq_len] = x
+        caches.append(cache.reshape(num_blocks, block_size, *x.shape[1:]))
+    table = xp.arange(num_blocks, dtype=np.int32).reshape(1, num_blocks)
+    lens = xp.asarray(np.array([seq_len], dtype=np.int32))
+    paged = val.AttentionShape(1, shape.num_q_heads, shape.num_kv_heads, shape.head_dim, block_size,
+                               num_blocks, num_blocks, shape.group, shape.kind, shape.scale)
+    qb = xp.ascontiguousarray(q.reshape(1, *q.shape))
+    return paged_attention(runner, qb, caches[0], caches[1], table, lens, paged)[0]
+
+
+def write_kv(runner: Runner, k: Any, v: Any, k_cache: Any, v_cache: Any, slot_mapping: Any, kind: str) -> None:
+    num_tokens = int(k.shape[0])
+    if num_tokens == 0:
+        return
+    runner.launch(
+        instances.write_kv(kind, int(k_cache.shape[3])),
+        (num_tokens, 1, 1),
+        (instances.COPY_THREADS, 1, 1),
+        [k_cache, v_cache, k, v, slot_mapping, np.int32(int(k_cache.shape[2]))],
+    )
+
+
+def copy_blocks(runner: Runner, k_caches: Sequence[Any], v_caches: Sequence[Any], copy_ops: np.ndarray) -> int:
+    """Runs every layer's copies; returns the number of launches (hazard-free waves)."""
+    xp = runner.xp
+    waves = val.copy_waves(copy_ops)
+    if not waves:
+        return 0
+    addresses = xp.asarray(np.array([runner.address(c) for c in (*k_caches, *v_caches)], dtype=np.int64))
+    block_bytes = int(k_caches[0][0].nbytes) if int(k_caches[0].shape[0]) else 0
+    for wave in waves:
+        runner.launch(
+            instances.copy_blocks(),
+            (int(wave.shape[0]), len(k_caches), 2),
+            (instances.COPY_THREADS, 1, 1),
+            [addresses, xp.asarray(wave), np.int64(block_bytes // 16)],
+        )
+    return len(waves)
+
+
+def swap_blocks(runner: Runner, src_cache: Any, dst_cache: Any, mapping: Any) -> int:
+    """One memcpy per run of adjacent blocks; returns the number of copies issued."""
+    runs = val.merge_runs(mapping)
+    block_bytes = int(src_cache.nbytes) // int(src_cache.shape[0]) if int(src_cache.shape[0]) else 0
+    src_base, dst_base = runner.address(src_cache), runner.address(dst_cache)
+    for src, dst, count in runs:
+        runner.memcpy(dst_base + dst * block_bytes, src_base + src * block_bytes, count * block_bytes)
+    return len(runs)

@@ -1,0 +1,111 @@
+"""The two kernel runners: CuPy on a GPU (``cuda``) and the CPU emulation (``emulated``).
+
+CuPy is imported only when the cuda backend is first used, so ``import pagedkv`` never needs it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from pagedkv.errors import PagedKvError
+from pagedkv.kernels import KERNEL_DIR, emulation
+from pagedkv.kernels.instances import Instance
+
+NVRTC_OPTIONS = ("-std=c++17", f"-I{KERNEL_DIR}")
+
+
+class EmulatedRunner:
+    """Runs kernels on the CPU through cuda_emu.h; outputs are NaN-poisoned before each launch."""
+
+    xp = np
+    poison = True
+    num_sms = 1
+
+    def launch(self, instance: Instance, grid: tuple[int, int, int], block: tuple[int, int, int],
+               args: Sequence[Any]) -> None:
+        emulation.get_kernel(instance.source, instance.name).launch(grid, block, args)
+
+    def memcpy(self, dst_address: int, src_address: int, num_bytes: int) -> None:
+        ctypes.memmove(dst_address, src_address, num_bytes)
+
+    def address(self, array: Any) -> int:
+        return int(array.ctypes.data)
+
+
+class CudaUnavailableError(PagedKvError):
+    """backend='cuda' was asked for but CuPy or a CUDA device is missing."""
+
+
+class CudaRunner:
+    """Runs kernels on the current CUDA device through CuPy RawModules (one per instance, cached)."""
+
+    poison = False
+
+    def __init__(self) -> None:
+        try:
+            import cupy  # noqa: PLC0415 - optional dependency, imported on first use
+        except ImportError as exc:
+            raise CudaUnavailableError("backend='cuda' needs CuPy: pip install 'pagedkv[cuda]'") from exc
+        self.xp = cupy
+        self._cupy = cupy
+        try:
+            self.num_sms = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
+        except Exception as exc:  # CUDARuntimeError without a device
+            raise CudaUnavailableError(f"backend='cuda' found no usable CUDA device: {exc}") from exc
+        self._functions: dict[Instance, Any] = {}
+        self._lock = threading.Lock()
+
+    def function(self, instance: Instance) -> Any:
+        with self._lock:
+            fn = self._functions.get(instance)
+            if fn is None:
+                code = (KERNEL_DIR / instance.source).read_text()
+                module = self._cupy.RawModule(code=code, options=NVRTC_OPTIONS, name_expressions=[instance.name])
+                fn = module.get_function(instance.name)
+                self._functions[instance] = fn
+        return fn
+
+    def launch(self, instance: Instance, grid: tuple[int, int, int], block: tuple[int, int, int],
+               args: Sequence[Any]) -> None:
+        self.function(instance)(grid, block, tuple(args))
+
+    def memcpy(self, dst_address: int, src_address: int, num_bytes: int) -> None:
+        runtime = self._cupy.cuda.runtime
+        stream = self._cupy.cuda.get_current_stream()
+        runtime.memcpyAsync(dst_address, src_address, num_bytes, runtime.memcpyDefault, stream.ptr)
+
+    def address(self, array: Any) -> int:
+        if isinstance(array, np.ndarray):
+            return int(array.ctypes.data)
+        return int(array.data.ptr)
+
+    def is_pinned(self, array: np.ndarray) -> bool:
+        """Whether a host array lives in page-locked memory CUDA can DMA from."""
+        runtime = self._cupy.cuda.runtime
+        try:
+            attrs = runtime.pointerGetAttributes(int(array.ctypes.data))
+        except Exception:  # unregistered pageable memory raises on some CUDA versions
+            return False
+        return int(getattr(attrs, "type", 0)) == int(getattr(runtime, "memoryTypeHost", 1))
+
+
+_emulated: EmulatedRunner | None = None
+_cuda: CudaRunner | None = None
+_runner_lock = threading.Lock()
+
+
+def get_runner(backend: str) -> EmulatedRunner | CudaRunner:
+    global _emulated, _cuda
+    with _runner_lock:
+        if backend == "emulated":
+            if _emulated is None:
+                _emulated = EmulatedRunner()
+            return _emulated
+        if _cuda is None:
+            _cuda = CudaRunner()
+        return _cuda

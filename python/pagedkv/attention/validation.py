@@ -1,0 +1,394 @@
+"""Argument checks shared by every backend; they run before any launch.
+
+Everything a kernel would trust is checked here: dtypes, ranks, shapes, C-contiguity, alignment,
+block ids in the used part of each block table (padding past a sequence's blocks is ignored,
+whatever it holds), seq_lens against table capacity, slots, and copy/swap block ids. A failure
+raises ``InvalidArgumentError`` and nothing is launched, so no input can make a kernel read or
+write out of bounds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pagedkv.attention.dtypes import KERNEL_KINDS, REFERENCE_KINDS, kind_of
+from pagedkv.errors import InvalidArgumentError
+from pagedkv.kernels import instances
+
+BACKENDS = ("numpy", "cuda", "emulated")
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    num_seqs: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    block_size: int
+    num_blocks: int
+    max_blocks: int
+    group: int  # query heads per KV head
+    kind: str  # float16 | bfloat16 | float32 | float64
+    scale: float
+
+
+def check_backend(backend: str) -> str:
+    if backend not in BACKENDS:
+        raise InvalidArgumentError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    return backend
+
+
+def is_cupy_array(x: Any) -> bool:
+    return type(x).__module__.startswith("cupy")
+
+
+def _require_array(name: str, x: Any, backend: str) -> None:
+    if backend == "cuda":
+        if not is_cupy_array(x):
+            raise InvalidArgumentError(f"{name}: backend='cuda' takes CuPy arrays, got {type(x).__name__}")
+    elif not isinstance(x, np.ndarray):
+        raise InvalidArgumentError(f"{name}: backend={backend!r} takes NumPy arrays, got {type(x).__name__}")
+
+
+def _require_contiguous(name: str, x: Any) -> None:
+    if not x.flags.c_contiguous:
+        raise InvalidArgumentError(f"{name} must be C-contiguous")
+
+
+def _require_int(name: str, x: Any, dtype: type, ndim: int) -> None:
+    if x.dtype != np.dtype(dtype):
+        raise InvalidArgumentError(f"{name} must be {np.dtype(dtype).name}, got {x.dtype}")
+    if x.ndim != ndim:
+        raise InvalidArgumentError(f"{name} must be {ndim}-D, got shape {tuple(x.shape)}")
+    _require_contiguous(name, x)
+
+
+def _data_address(x: Any) -> int:
+    return int(x.data.ptr) if is_cupy_array(x) else int(x.ctypes.data)
+
+
+def _require_aligned(name: str, x: Any) -> None:
+    if _data_address(x) % 16 != 0:
+        raise InvalidArgumentError(f"{name} must start on a 16-byte boundary (kernels use 16-byte vectors)")
+
+
+def _kind(name: str, x: Any, backend: str) -> str:
+    try:
+        kind = kind_of(x.dtype)
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError(f"{name}: {exc}") from None
+    allowed = REFERENCE_KINDS if backend == "numpy" else KERNEL_KINDS
+    if kind not in allowed:
+        raise InvalidArgumentError(f"{name}: dtype {x.dtype} is not supported by backend={backend!r}")
+    return kind
+
+
+def _scale(scale: Any, head_dim: int) -> float:
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating, np.integer)):
+        raise InvalidArgumentError(f"scale must be a real number, got {type(scale).__name__}")
+    value = float(scale)
+    if not math.isfinite(value):
+        raise InvalidArgumentError(f"scale must be finite, got {value}")
+    return value
+
+
+def _check_kernel_sizes(head_dim: int, block_size: int, group: int) -> None:
+    if head_dim not in instances.HEAD_DIMS:
+        raise InvalidArgumentError(f"head_dim {head_dim} has no compiled kernel (supported: {instances.HEAD_DIMS})")
+    if block_size not in instances.BLOCK_SIZES:
+        raise InvalidArgumentError(
+            f"block_size {block_size} has no compiled kernel (supported: {instances.BLOCK_SIZES})"
+        )
+    if group > instances.MAX_GROUP:
+        raise InvalidArgumentError(
+            f"{group} query heads per KV head exceeds the largest compiled group ({instances.MAX_GROUP})"
+        )
+
+
+def _int(x: Any) -> int:
+    return int(x.item()) if hasattr(x, "item") else int(x)
+
+
+def check_paged_attention(
+    q: Any, k_cache: Any, v_cache: Any, block_tables: Any, seq_lens: Any, scale: Any, backend: str
+) -> AttentionShape:
+    """Validates a paged decode-attention call and returns its sizes."""
+    check_backend(backend)
+    for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("block_tables", block_tables),
+                    ("seq_lens", seq_lens)):
+        _require_array(name, x, backend)
+    if q.ndim != 3:
+        raise InvalidArgumentError(f"q must be [num_seqs, num_q_heads, head_dim], got shape {tuple(q.shape)}")
+    if k_cache.ndim != 4:
+        raise InvalidArgumentError(
+            f"k_cache must be [num_blocks, block_size, num_kv_heads, head_dim], got shape {tuple(k_cache.shape)}"
+        )
+    if tuple(v_cache.shape) != tuple(k_cache.shape):
+        raise InvalidArgumentError(f"v_cache shape {tuple(v_cache.shape)} != k_cache shape {tuple(k_cache.shape)}")
+    kind = _kind("q", q, backend)
+    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+        raise InvalidArgumentError(f"q, k_cache and v_cache must share one dtype, got {q.dtype}, "
+                                   f"{k_cache.dtype}, {v_cache.dtype}")
+    num_seqs, num_q_heads, head_dim = (int(s) for s in q.shape)
+    num_blocks, block_size, num_kv_heads, cache_head_dim = (int(s) for s in k_cache.shape)
+    if cache_head_dim != head_dim:
+        raise InvalidArgumentError(f"q head_dim {head_dim} != cache head_dim {cache_head_dim}")
+    if num_kv_heads < 1 or block_size < 1 or head_dim < 1 or num_q_heads < 1:
+        raise InvalidArgumentError("num_kv_heads, block_size, head_dim and num_q_heads must be >= 1")
+    if num_q_heads % num_kv_heads != 0:
+        raise InvalidArgumentError(f"num_q_heads {num_q_heads} is not a multiple of num_kv_heads {num_kv_heads}")
+    group = num_q_heads // num_kv_heads
+    for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        _require_contiguous(name, x)
+    _require_int("block_tables", block_tables, np.int32, 2)
+    _require_int("seq_lens", seq_lens, np.int32, 1)
+    if int(block_tables.shape[0]) != num_seqs or int(seq_lens.shape[0]) != num_seqs:
+        raise InvalidArgumentError(
+            f"block_tables {tuple(block_tables.shape)} and seq_lens {tuple(seq_lens.shape)} must have "
+            f"num_seqs = {num_seqs} rows"
+        )
+    max_blocks = int(block_tables.shape[1])
+    if backend != "numpy":
+        _check_kernel_sizes(head_dim, block_size, group)
+        for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+            _require_aligned(name, x)
+        if num_seqs > 65535:
+            raise InvalidArgumentError(f"at most 65535 sequences per launch, got {num_seqs}")
+    if num_seqs:
+        capacity = max_blocks * block_size
+        if _int(seq_lens.min()) < 0 or _int(seq_lens.max()) > capacity:
+            raise InvalidArgumentError(
+                f"seq_lens must lie in [0, {capacity}] (max_blocks {max_blocks} x block_size {block_size})"
+            )
+        if max_blocks and num_blocks * block_size == 0 and _int(seq_lens.max()) > 0:
+            raise InvalidArgumentError("the caches have no blocks")
+        if max_blocks:
+            xp = _xp(block_tables)
+            used_blocks = (seq_lens.astype(np.int64) + block_size - 1) // block_size  # [num_seqs]
+            used = xp.arange(max_blocks)[None, :] < used_blocks[:, None]
+            bad = used & ((block_tables < 0) | (block_tables >= num_blocks))
+            if bool(bad.any()):
+                b, i = (int(t) for t in xp.argwhere(bad)[0])
+                raise InvalidArgumentError(
+                    f"block_tables[{b}, {i}] = {_int(block_tables[b, i])} is not a block id in [0, {num_blocks})"
+                )
+    return AttentionShape(num_seqs, num_q_heads, num_kv_heads, head_dim, block_size, num_blocks, max_blocks,
+                          group, kind, _scale(scale, head_dim))
+
+
+def check_contiguous_attention(q: Any, k: Any, v: Any, scale: Any, backend: str) -> AttentionShape:
+    """Validates one sequence's contiguous attention; max_blocks/num_blocks are 1/0 placeholders."""
+    check_backend(backend)
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _require_array(name, x, backend)
+    if q.ndim != 2:
+        raise InvalidArgumentError(f"q must be [num_q_heads, head_dim], got shape {tuple(q.shape)}")
+    if k.ndim != 3:
+        raise InvalidArgumentError(f"k must be [seq_len, num_kv_heads, head_dim], got shape {tuple(k.shape)}")
+    if tuple(v.shape) != tuple(k.shape):
+        raise InvalidArgumentError(f"v shape {tuple(v.shape)} != k shape {tuple(k.shape)}")
+    kind = _kind("q", q, backend)
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise InvalidArgumentError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    num_q_heads, head_dim = (int(s) for s in q.shape)
+    seq_len, num_kv_heads, k_head_dim = (int(s) for s in k.shape)
+    if k_head_dim != head_dim:
+        raise InvalidArgumentError(f"q head_dim {head_dim} != k head_dim {k_head_dim}")
+    if num_kv_heads < 1 or head_dim < 1 or num_q_heads % num_kv_heads != 0:
+        raise InvalidArgumentError(
+            f"num_q_heads {num_q_heads} must be a positive multiple of num_kv_heads {num_kv_heads}"
+        )
+    group = num_q_heads // num_kv_heads
+    if backend != "numpy":
+        _check_kernel_sizes(head_dim, 16, group)
+    return AttentionShape(1, num_q_heads, num_kv_heads, head_dim, 1, 0, 1, group, kind, _scale(scale, head_dim))
+
+
+def _xp(x: Any) -> Any:
+    if is_cupy_array(x):
+        import cupy  # noqa: PLC0415 - CuPy is optional
+
+        return cupy
+    return np
+
+
+def _check_cache_pair(names: tuple[str, str], k_cache: Any, v_cache: Any, backend: str) -> str:
+    for name, x in zip(names, (k_cache, v_cache)):
+        _require_array(name, x, backend)
+        if x.ndim != 4:
+            raise InvalidArgumentError(
+                f"{name} must be [num_blocks, block_size, num_kv_heads, head_dim], got shape {tuple(x.shape)}"
+            )
+        _require_contiguous(name, x)
+    if tuple(k_cache.shape) != tuple(v_cache.shape) or k_cache.dtype != v_cache.dtype:
+        raise InvalidArgumentError(f"{names[0]} and {names[1]} must have one shape and dtype")
+    kind = _kind(names[0], k_cache, backend)
+    if backend != "numpy":
+        row_bytes = int(k_cache.shape[2]) * int(k_cache.shape[3]) * k_cache.dtype.itemsize
+        if int(k_cache.shape[3]) not in instances.HEAD_DIMS:
+            raise InvalidArgumentError(
+                f"head_dim {int(k_cache.shape[3])} has no compiled kernel (supported: {instances.HEAD_DIMS})"
+            )
+        if row_bytes % 16:
+            raise InvalidArgumentError("a slot's keys must fill whole 16-byte vectors")
+        for name, x in zip(names, (k_cache, v_cache)):
+            _require_aligned(name, x)
+    return kind
+
+
+def check_write_kv(k: Any, v: Any, k_cache: Any, v_cache: Any, slot_mapping: Any, backend: str) -> str:
+    """Validates a write_kv call; returns the KV kind. Slots must be distinct; -1 skips a token."""
+    check_backend(backend)
+    kind = _check_cache_pair(("k_cache", "v_cache"), k_cache, v_cache, backend)
+    for name, x in (("k", k), ("v", v)):
+        _require_array(name, x, backend)
+        if x.ndim != 3 or tuple(x.shape[1:]) != tuple(k_cache.shape[2:]):
+            raise InvalidArgumentError(
+                f"{name} must be [num_tokens, {int(k_cache.shape[2])}, {int(k_cache.shape[3])}], "
+                f"got shape {tuple(x.shape)}"
+            )
+        if x.dtype != k_cache.dtype:
+            raise InvalidArgumentError(f"{name} dtype {x.dtype} != cache dtype {k_cache.dtype}")
+        _require_contiguous(name, x)
+        if backend != "numpy":
+            _require_aligned(name, x)
+    if tuple(v.shape) != tuple(k.shape):
+        raise InvalidArgumentError(f"v shape {tuple(v.shape)} != k shape {tuple(k.shape)}")
+    _require_array("slot_mapping", slot_mapping, backend)
+    _require_int("slot_mapping", slot_mapping, np.int64, 1)
+    if int(slot_mapping.shape[0]) != int(k.shape[0]):
+        raise InvalidArgumentError(
+            f"slot_mapping has {int(slot_mapping.shape[0])} entries for {int(k.shape[0])} tokens"
+        )
+    if int(k.shape[0]) > 2**31 - 1:
+        raise InvalidArgumentError("too many tokens for one launch")
+    num_slots = int(k_cache.shape[0]) * int(k_cache.shape[1])
+    if int(slot_mapping.shape[0]):
+        if _int(slot_mapping.min()) < -1 or _int(slot_mapping.max()) >= num_slots:
+            raise InvalidArgumentError(f"slot_mapping entries must lie in [-1, {num_slots}) (-1 skips a token)")
+        xp = _xp(slot_mapping)
+        real = slot_mapping[slot_mapping >= 0]
+        if int(xp.unique(real).shape[0]) != int(real.shape[0]):
+            raise InvalidArgumentError("slot_mapping names one slot twice")
+    return kind
+
+
+def check_copy_blocks(k_caches: Any, v_caches: Any, copy_ops: Any, backend: str) -> tuple[str, np.ndarray]:
+    """Validates a copy_blocks call over every layer; returns the KV kind and copy_ops on the host
+    (copy_ops may be a NumPy or, for backend='cuda', a CuPy array)."""
+    check_backend(backend)
+    if not isinstance(k_caches, (list, tuple)) or not isinstance(v_caches, (list, tuple)):
+        raise InvalidArgumentError("k_caches and v_caches must be lists (one cache per layer)")
+    if len(k_caches) == 0 or len(k_caches) != len(v_caches):
+        raise InvalidArgumentError(
+            f"k_caches ({len(k_caches)}) and v_caches ({len(v_caches)}) must list the same layers, at least one"
+        )
+    kind = ""
+    for layer, (k, v) in enumerate(zip(k_caches, v_caches)):
+        kind = _check_cache_pair((f"k_caches[{layer}]", f"v_caches[{layer}]"), k, v, backend)
+        if tuple(k.shape) != tuple(k_caches[0].shape) or k.dtype != k_caches[0].dtype:
+            raise InvalidArgumentError(f"layer {layer}'s caches differ in shape or dtype from layer 0's")
+    if len(k_caches) > 65535:
+        raise InvalidArgumentError("at most 65535 layers per launch")
+    if backend == "cuda" and is_cupy_array(copy_ops):
+        copy_ops = copy_ops.get()
+    if not isinstance(copy_ops, np.ndarray):
+        raise InvalidArgumentError(f"copy_ops must be an int32 [N, 2] array, got {type(copy_ops).__name__}")
+    if copy_ops.ndim != 2 or int(copy_ops.shape[1]) != 2:
+        raise InvalidArgumentError(f"copy_ops must be [N, 2] (src, dst), got shape {tuple(copy_ops.shape)}")
+    _require_int("copy_ops", copy_ops, np.int32, 2)
+    num_blocks = int(k_caches[0].shape[0])
+    if int(copy_ops.shape[0]) and (_int(copy_ops.min()) < 0 or _int(copy_ops.max()) >= num_blocks):
+        raise InvalidArgumentError(f"copy_ops block ids must lie in [0, {num_blocks})")
+    return kind, copy_ops
+
+
+def copy_waves(copy_ops: np.ndarray) -> list[np.ndarray]:
+    """Splits copy_ops [N, 2] (host int32) into launches with no hazard inside one launch.
+
+    The copies take effect as if run one at a time in order; a launch runs its copies in
+    parallel, so a copy that reads or writes a block an earlier copy of the same launch writes
+    (or writes a block it reads) starts a new launch. Self-copies are dropped. Usually one wave.
+    """
+    waves: list[np.ndarray] = []
+    current: list[tuple[int, int]] = []
+    reads: set[int] = set()
+    writes: set[int] = set()
+    for src, dst in copy_ops.tolist():
+        if src == dst:
+            continue
+        if src in writes or dst in writes or dst in reads:
+            waves.append(np.array(current, dtype=np.int32))
+            current, reads, writes = [], set(), set()
+        current.append((src, dst))
+        reads.add(src)
+        writes.add(dst)
+    if current:
+        waves.append(np.array(current, dtype=np.int32))
+    return waves
+
+
+def check_swap_blocks(src_cache: Any, dst_cache: Any, mapping: Any, backend: str) -> str:
+    """Validates a swap_blocks call; returns the KV kind. With backend='cuda' either cache may be a
+    CuPy array or a NumPy array in pinned host memory (not both NumPy)."""
+    check_backend(backend)
+    for name, x in (("src_cache", src_cache), ("dst_cache", dst_cache)):
+        if backend == "cuda":
+            if not (is_cupy_array(x) or isinstance(x, np.ndarray)):
+                raise InvalidArgumentError(f"{name} must be a CuPy array or a pinned NumPy array")
+        else:
+            _require_array(name, x, backend)
+        if x.ndim != 4:
+            raise InvalidArgumentError(
+                f"{name} must be [num_blocks, block_size, num_kv_heads, head_dim], got shape {tuple(x.shape)}"
+            )
+        _require_contiguous(name, x)
+    if backend == "cuda" and not (is_cupy_array(src_cache) or is_cupy_array(dst_cache)):
+        raise InvalidArgumentError("backend='cuda' swaps between device and host: one cache must be a CuPy array")
+    if tuple(src_cache.shape[1:]) != tuple(dst_cache.shape[1:]) or src_cache.dtype != dst_cache.dtype:
+        raise InvalidArgumentError(
+            f"src_cache {tuple(src_cache.shape)} {src_cache.dtype} and dst_cache {tuple(dst_cache.shape)} "
+            f"{dst_cache.dtype} must have the same block shape and dtype"
+        )
+    kind = _kind("src_cache", src_cache, backend)
+    if is_cupy_array(src_cache) == is_cupy_array(dst_cache):
+        a0, b0 = _data_address(src_cache), _data_address(dst_cache)
+        a1, b1 = a0 + int(src_cache.nbytes), b0 + int(dst_cache.nbytes)
+        if a0 < b1 and b0 < a1:
+            raise InvalidArgumentError("src_cache and dst_cache overlap in memory")
+    if not isinstance(mapping, np.ndarray):
+        if is_cupy_array(mapping):
+            mapping = mapping.get()
+        else:
+            raise InvalidArgumentError("mapping must be an int32 [N, 2] array")
+    if mapping.ndim != 2 or int(mapping.shape[1]) != 2:
+        raise InvalidArgumentError(f"mapping must be [N, 2] (src_block, dst_block), got shape {tuple(mapping.shape)}")
+    _require_int("mapping", mapping, np.int32, 2)
+    if mapping.shape[0]:
+        src, dst = mapping[:, 0], mapping[:, 1]
+        if int(src.min()) < 0 or int(src.max()) >= int(src_cache.shape[0]):
+            raise InvalidArgumentError(f"mapping source block ids must lie in [0, {int(src_cache.shape[0])})")
+        if int(dst.min()) < 0 or int(dst.max()) >= int(dst_cache.shape[0]):
+            raise InvalidArgumentError(f"mapping destination block ids must lie in [0, {int(dst_cache.shape[0])})")
+        if np.unique(dst).shape[0] != dst.shape[0]:
+            raise InvalidArgumentError("mapping names one destination block twice")
+    return kind
+
+
+def merge_runs(mapping: Any) -> list[tuple[int, int, int]]:
+    """(src_start, dst_start, num_blocks) copies covering mapping [N, 2]: sorted by source, and a
+    block whose source and destination both follow the previous one's joins its run."""
+    m = mapping.get() if is_cupy_array(mapping) else np.asarray(mapping)
+    runs: list[tuple[int, int, int]] = []
+    for src, dst in sorted(m.tolist()):
+        if runs and runs[-1][0] + runs[-1][2] == src and runs[-1][1] + runs[-1][2] == dst:
+            runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
+        else:
+            runs.append((src, dst, 1))
+    return runs

@@ -1,0 +1,82 @@
+"""Every template instance of the pagedkv kernels, named as C++ expressions.
+
+The same name expressions serve CuPy's ``RawModule(name_expressions=...)``, the emulation
+wrappers and the NVRTC compile check, so a kernel the backends can launch is a kernel CI compiles.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ATTENTION_SOURCE = "paged_attention.cu"
+CACHE_OPS_SOURCE = "cache_ops.cu"
+
+# Element type name (as pagedkv names KV dtypes) -> C++ storage type in kv_types.h.
+KERNEL_TYPES = {"float32": "float", "float16": "pagedkv::f16", "bfloat16": "pagedkv::bf16"}
+HEAD_DIMS = (64, 128, 256)
+BLOCK_SIZES = (1, 8, 16, 32)
+# Query heads per KV head compiled for; a group size in between runs on the next larger instance
+# with the extra heads as padding.
+GROUP_INSTANCES = (1, 2, 4, 8)
+MAX_GROUP = GROUP_INSTANCES[-1]
+DECODE_THREADS = 128  # kDecodeThreads
+MERGE_THREADS = 128  # kMergeThreads
+COPY_THREADS = 128  # kCopyThreads
+VECS_PER_THREAD = 4  # kVecsPerThread
+MAX_SPLITS = 256  # kMaxSplits
+COPY_UNROLL = 4
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One kernel template instance: the source file defining it and its C++ name expression."""
+
+    source: str
+    name: str
+
+
+def group_instance(group_size: int) -> int:
+    """The compiled group size that runs ``group_size`` query heads per KV head."""
+    for g in GROUP_INSTANCES:
+        if group_size <= g:
+            return g
+    raise ValueError(f"group size {group_size} exceeds the largest compiled group {MAX_GROUP}")
+
+
+def tile_tokens(kind: str, head_dim: int) -> int:
+    """Tokens per tile of the decode kernel (DecodeShape::kTileTokens)."""
+    elems_per_vec = 4 if kind == "float32" else 8
+    return DECODE_THREADS * VECS_PER_THREAD // (head_dim // elems_per_vec)
+
+
+def decode(kind: str, head_dim: int, block_size: int, group: int) -> Instance:
+    return Instance(
+        ATTENTION_SOURCE,
+        f"pagedkv::paged_decode_kernel<{KERNEL_TYPES[kind]}, {head_dim}, {block_size}, {group}>",
+    )
+
+
+def merge(kind: str, head_dim: int) -> Instance:
+    return Instance(ATTENTION_SOURCE, f"pagedkv::merge_splits_kernel<{KERNEL_TYPES[kind]}, {head_dim}>")
+
+
+def write_kv(kind: str, head_dim: int) -> Instance:
+    return Instance(CACHE_OPS_SOURCE, f"pagedkv::write_kv_kernel<{KERNEL_TYPES[kind]}, {head_dim}>")
+
+
+def copy_blocks() -> Instance:
+    return Instance(CACHE_OPS_SOURCE, f"pagedkv::copy_blocks_kernel<{COPY_UNROLL}>")
+
+
+def all_instances() -> list[Instance]:
+    """Every instance the backends can launch (what the NVRTC check compiles)."""
+    out: list[Instance] = []
+    for kind in KERNEL_TYPES:
+        for head_dim in HEAD_DIMS:
+            for block_size in BLOCK_SIZES:
+                for group in GROUP_INSTANCES:
+                    out.append(decode(kind, head_dim, block_size, group))
+            out.append(merge(kind, head_dim))
+            out.append(write_kv(kind, head_dim))
+    out.append(copy_blocks())
+    return out

@@ -1,0 +1,174 @@
+"""PNG plots of the experiments (matplotlib, Agg backend, imported only when a plot is asked for)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pagedkv.errors import PagedKvError
+from pagedkv.sim.reports import SHARE_KEYS, SHARE_LABELS, result_field
+
+__all__ = [
+    "PlotUnavailableError",
+    "plot_shares",
+    "plot_sweep",
+    "plot_costmodel",
+    "plot_simulation",
+    "plot_sharing",
+    "plot_demo",
+]
+
+SHARE_COLORS = {
+    "token_states": "#2a9d8f",
+    "reserved": "#e9c46a",
+    "internal_fragmentation": "#f4a261",
+    "external_fragmentation": "#e76f51",
+    "free": "#d9d9d9",
+}
+
+
+class PlotUnavailableError(PagedKvError, ImportError):
+    """matplotlib is not installed (``pip install 'pagedkv[plot]'``)."""
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+    except ImportError as error:
+        raise PlotUnavailableError("plotting needs matplotlib: pip install 'pagedkv[plot]'") from error
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(figure: Any, path: str | os.PathLike) -> None:
+    figure.tight_layout()
+    figure.savefig(os.fspath(path), dpi=110)
+    _pyplot().close(figure)
+
+
+def _draw_shares(axis: Any, results: Mapping[str, Any], published: Mapping[str, float] | None = None) -> None:
+    labels = list(results)
+    bottoms = [0.0] * len(labels)
+    for key in SHARE_KEYS:
+        values = [100.0 * result_field(results[label], key) for label in labels]
+        axis.bar(labels, values, bottom=bottoms, color=SHARE_COLORS[key], label=SHARE_LABELS[key])
+        bottoms = [bottom + value for bottom, value in zip(bottoms, values)]
+    for index, label in enumerate(labels):
+        token_share = 100.0 * result_field(results[label], "token_states")
+        axis.text(index, token_share / 2, f"{token_share:.1f}%", ha="center", va="center", fontsize=8)
+        if published and label in published:
+            axis.plot([index - 0.4, index + 0.4], [100.0 * published[label]] * 2, color="black", linestyle="--")
+    if published:
+        axis.plot([], [], color="black", linestyle="--", label="published token states")
+    axis.set_ylabel("share of the KV pool (%)")
+    axis.set_ylim(0, 100)
+    axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+
+
+def plot_shares(results: Mapping[str, Any], path: str | os.PathLike, *, title: str,
+                published_token_states: Mapping[str, float] | None = None) -> None:
+    """Stacked bars: the five time-averaged shares of the pool for each run."""
+    plt = _pyplot()
+    figure, axis = plt.subplots(figsize=(8, 4.5))
+    _draw_shares(axis, results, published_token_states)
+    axis.set_title(title, fontsize=10)
+    _save(figure, path)
+
+
+def _draw_sweep(axis: Any, sweep: Mapping[str, Any]) -> None:
+    rows = sweep["rows"]
+    block_sizes = [row["block_size"] for row in rows]
+    axis.plot(block_sizes, [row["mean_waste_per_request_tokens"] for row in rows], "o-", color="#e76f51",
+              label="waste per request (tokens)")
+    axis.plot(block_sizes, [row["block_size"] / 2 for row in rows], ":", color="#e76f51", label="block_size / 2")
+    axis.plot(block_sizes, [row["mean_block_table_len"] for row in rows], "s-", color="#264653",
+              label="block-table length (entries)")
+    axis.set_xscale("log", base=2)
+    axis.set_yscale("log")
+    axis.set_xlabel("block size (tokens)")
+    crossing = sweep.get("crossing_block_size")
+    if crossing:
+        axis.axvline(crossing, color="gray", linestyle="--")
+        axis.annotate(f"crossing ~{crossing:.0f}", (crossing, sweep["crossing_value"]), textcoords="offset points",
+                      xytext=(6, 6), fontsize=8)
+    utilization_axis = axis.twinx()
+    utilization_axis.plot(block_sizes, [100.0 * row["token_states"] for row in rows], "^--", color="#2a9d8f",
+                          label="utilization (%)")
+    utilization_axis.set_ylabel("utilization: token states (%)")
+    utilization_axis.set_ylim(0, 100)
+    lines = axis.get_legend_handles_labels()
+    more = utilization_axis.get_legend_handles_labels()
+    axis.legend(lines[0] + more[0], lines[1] + more[1], fontsize=7, loc="lower left")
+
+
+def plot_sweep(sweep: Mapping[str, Any], path: str | os.PathLike, *, title: str) -> None:
+    """Block-size sweep: waste per request and block-table length (log-log), crossing marked;
+    utilization on the right axis."""
+    plt = _pyplot()
+    figure, axis = plt.subplots(figsize=(8, 4.5))
+    _draw_sweep(axis, sweep)
+    axis.set_title(title, fontsize=10)
+    _save(figure, path)
+
+
+def plot_costmodel(model_table: Mapping[str, Any], cpu: Mapping[str, Any] | None, path: str | os.PathLike) -> None:
+    """Recompute vs swap seconds over the context, one swap curve per block size: the model's
+    accelerator on the left, the CPU measurement on the right (when given)."""
+    plt = _pyplot()
+    panels = [(model_table, f"model: {model_table['model']['name']} on {model_table['hardware']['name']}")]
+    if cpu is not None:
+        panels.append((cpu, f"measured on this CPU: {cpu['shape']['name']} prefill vs NumPy block copies"))
+    figure, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.5), squeeze=False)
+    for axis, (table, title) in zip(axes[0], panels):
+        contexts = table["contexts_tokens"]
+        axis.plot(contexts, table["recompute_s"], "k-", linewidth=2.5, label="recompute")
+        colormap = plt.get_cmap("viridis")
+        for index, (block_size, row) in enumerate(zip(table["block_sizes"], table["swap_s"])):
+            color = colormap(index / max(1, len(table["block_sizes"]) - 1))
+            axis.plot(contexts, row, "-", color=color, label=f"swap, block {block_size}")
+        axis.set_xscale("log", base=2)
+        axis.set_yscale("log")
+        axis.set_xlabel("context (tokens)")
+        axis.set_ylabel("seconds per preemption")
+        axis.set_title(title, fontsize=9)
+        axis.legend(fontsize=6)
+    _save(figure, path)
+
+
+def plot_simulation(result: Any, path: str | os.PathLike, *, title: str) -> None:
+    """One run: its pool shares, and the histogram of waste per finished request."""
+    plt = _pyplot()
+    figure, (shares_axis, waste_axis) = plt.subplots(1, 2, figsize=(10, 4.5))
+    _draw_shares(shares_axis, {"this run": result})
+    waste = list(result_field(result, "waste_per_request_tokens"))
+    waste_axis.hist(waste if waste else [0.0], bins=40, color="#e76f51")
+    waste_axis.set_xlabel("waste per finished request (token slots)")
+    waste_axis.set_ylabel("requests")
+    figure.suptitle(title, fontsize=10)
+    _save(figure, path)
+
+
+def plot_sharing(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike, *, title: str) -> None:
+    """Share of blocks saved by sharing, per group kind and width."""
+    plt = _pyplot()
+    figure, axis = plt.subplots(figsize=(7, 4))
+    labels = [f"{row['kind']} {row['width']}\n{row['workload']}" for row in rows]
+    axis.bar(range(len(rows)), [100.0 * row["blocks_saved"] for row in rows], color="#2a9d8f")
+    axis.set_xticks(range(len(rows)), labels, fontsize=6)
+    axis.set_ylabel("blocks saved vs no sharing (%)")
+    axis.set_title(title, fontsize=10)
+    _save(figure, path)
+
+
+def plot_demo(demo: Mapping[str, Any], path: str | os.PathLike) -> None:
+    """The demo's two headline panels: allocator shares (b) and the block-size sweep (c)."""
+    plt = _pyplot()
+    figure, (shares_axis, sweep_axis) = plt.subplots(1, 2, figsize=(14, 4.8))
+    _draw_shares(shares_axis, demo["allocators"]["results"])
+    shares_axis.set_title("(b) same memory, contiguous vs paged", fontsize=10)
+    _draw_sweep(sweep_axis, demo["block_size_sweep"])
+    sweep_axis.set_title("(c) block-size sweep", fontsize=10)
+    _save(figure, path)

@@ -1,0 +1,99 @@
+"""Azure-format trace reading: the real traces, and every kind of bad input named by file and line."""
+
+import os
+
+import numpy as np
+import pytest
+
+from pagedkv.errors import InvalidArgumentError
+from pagedkv.sim import traces
+
+HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+
+
+def _write(tmp_path, body, name="trace.csv"):
+    path = tmp_path / name
+    path.write_text(body)
+    return path
+
+
+def test_reads_rows_relative_to_the_first_arrival(tmp_path):
+    path = _write(tmp_path, HEADER + "2023-11-16 18:15:46.6805900,374,44\n"
+                                     "2023-11-16 18:15:50.9951690,396,109\n\n"
+                                     "2023-11-17 00:00:00,5,1\n")
+    workload = traces.read_azure_csv(path)
+    assert workload.prompt_tokens.tolist() == [374, 396, 5]
+    assert workload.output_tokens.tolist() == [44, 109, 1]
+    assert workload.arrival_s[0] == 0.0
+    assert workload.arrival_s[1] == pytest.approx(4.314579)
+    assert workload.arrival_s[2] == pytest.approx(6 * 3600 - (15 * 60 + 46.68059) + 1e-9 * 0, abs=1e-6)
+    assert workload.name == "trace.csv"
+
+
+def test_numeric_timestamps_and_out_of_order_rows(tmp_path):
+    path = _write(tmp_path, "\ufeff" + HEADER + "10.5,100,10\n2.0,200,20\n2.0,300,30\n")
+    workload = traces.read_azure_csv(path)
+    assert workload.prompt_tokens.tolist() == [200, 300, 100]  # stable: ties keep file order
+    assert workload.arrival_s.tolist() == [0.0, 0.0, 8.5]
+
+
+def test_missing_file_is_named(tmp_path):
+    missing = tmp_path / "nope.csv"
+    with pytest.raises(traces.TraceNotFoundError, match="nope.csv.*does not exist") as info:
+        traces.read_azure_csv(missing)
+    assert isinstance(info.value, FileNotFoundError) and isinstance(info.value, InvalidArgumentError)
+
+
+@pytest.mark.parametrize("body, line, pattern", [
+    ("time,prompt,output\n1,2,3\n", 1, "expected the header"),
+    (HEADER + "1,2,3\n1,2\n", 3, "expected 3 comma-separated fields"),
+    (HEADER + "1,2,3\n\n1,2,3,4\n", 4, "got 4"),
+    (HEADER + "1,2.5,3\n", 2, "must be integers"),
+    (HEADER + "1,-2,3\n", 2, "negative length"),
+    (HEADER + "1,2,-3\n", 2, "negative length"),
+    (HEADER + "1,2,0\n", 2, "at least 1 prompt token and 1 generated"),
+    (HEADER + "yesterday,2,3\n", 2, "bad TIMESTAMP"),
+    (HEADER + "2023-11-16 25:00:00,2,3\n", 2, "bad TIMESTAMP"),
+    (HEADER + "nan,2,3\n", 2, "bad TIMESTAMP"),
+])
+def test_malformed_rows_name_file_and_line(tmp_path, body, line, pattern):
+    path = _write(tmp_path, body)
+    with pytest.raises(traces.TraceError, match=pattern) as info:
+        traces.read_azure_csv(path)
+    assert f"{path}:{line}:" in str(info.value)
+
+
+@pytest.mark.parametrize("body, pattern", [("", "empty file"), (HEADER, "no requests")])
+def test_empty_traces(tmp_path, body, pattern):
+    with pytest.raises(traces.TraceError, match=pattern):
+        traces.read_azure_csv(_write(tmp_path, body))
+
+
+def test_env_override_of_the_traces_folder(tmp_path, monkeypatch):
+    _write(tmp_path, HEADER + "0,7,8\n", name="azure_llm_2023_code.csv")
+    monkeypatch.setenv("PAGEDKV_TRACES", str(tmp_path))
+    assert traces.traces_dir() == tmp_path
+    assert traces.read_azure_csv(traces.known_trace_path("azure-code")).prompt_tokens.tolist() == [7]
+    with pytest.raises(traces.TraceNotFoundError, match="azure_llm_2023_conv.csv"):
+        traces.known_trace_path("azure-conv")
+    with pytest.raises(InvalidArgumentError, match="unknown trace"):
+        traces.known_trace_path("azure-chat")
+    monkeypatch.setenv("PAGEDKV_TRACES", str(tmp_path / "absent"))
+    with pytest.raises(traces.TraceNotFoundError, match="PAGEDKV_TRACES"):
+        traces.traces_dir()
+
+
+def _real_trace(short_name):
+    try:
+        return traces.known_trace_path(short_name)
+    except traces.TraceNotFoundError:
+        pytest.skip("the shared real traces are not present here")
+
+
+@pytest.mark.parametrize("short_name, requests, span_s", [("azure-conv", 19366, 3502), ("azure-code", 8819, 3436)])
+def test_real_traces(short_name, requests, span_s):
+    workload = traces.read_azure_csv(_real_trace(short_name))
+    assert len(workload.prompt_tokens) == requests
+    assert workload.arrival_s[-1] == pytest.approx(span_s, abs=1.0)
+    assert np.all(np.diff(workload.arrival_s) >= 0)
+    assert workload.prompt_tokens.min() >= 1 and workload.output_tokens.min() >= 1
