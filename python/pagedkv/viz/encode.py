@@ -1,0 +1,214 @@
+"""Compact delta encoding of simulator frames, so dozens of runs fit in one HTML page.
+
+A recording from ``pagedkv.sim.engine.record_frames`` repeats the whole pool and every block
+table at every step, although one engine step changes only a few cells: each running request
+writes one token. Embedding it verbatim would make the page tens of megabytes, so each run is
+stored as
+
+* ``c``: the per-step counters, one column (list over frames) per counter name;
+* ``p``: per frame, the pool cells that changed since the previous frame (the first frame is
+  compared with an all-free pool), as a flat list ``[gap, owner, tokens, reserved, ...]`` where
+  ``gap`` is the cell index minus the previous listed cell index (the first one minus -1);
+* ``pi``: per frame, cells whose only change is "one more token held, one fewer slot reserved,
+  same owner" (the common case of a decode step), as a gap-encoded list of cell indices;
+* ``t``: per frame, block-table entries that changed in another way than "``td`` more tokens,
+  same blocks", as a flat list ``[request_id, num_tokens, num_kept, num_appended, *appended]``:
+  the new block list is the first ``num_kept`` blocks of the previous one plus ``appended``;
+* ``td``: per frame, the token increment applied to every unlisted request that stays;
+* ``tg``: per frame, the request ids whose table disappeared.
+
+The viewer (``viz.js``) decodes this format; :func:`decode_run` is the reference decoder.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from pagedkv.errors import InvalidArgumentError
+
+#: Integer counters every frame carries (names from SIM_API.md ``record_frames``).
+INT_COUNTER_KEYS = (
+    "step",
+    "running",
+    "waiting",
+    "finished",
+    "preemptions",
+    "used_blocks",
+    "token_slots",
+    "reserved_slots",
+    "internal_frag_slots",
+)
+#: Float counters; stored rounded to ``WASTE_PCT_DECIMALS`` decimals.
+FLOAT_COUNTER_KEYS = ("waste_pct",)
+WASTE_PCT_DECIMALS = 4
+
+#: A cell nobody owns: owner -1, no tokens, nothing reserved.
+FREE_CELL = (-1, 0, 0)
+
+
+def _gaps(indices: np.ndarray) -> list[int]:
+    """Sorted cell indices -> differences to the previous index (the first against -1)."""
+    if indices.size == 0:
+        return []
+    return np.diff(indices, prepend=-1).tolist()
+
+
+def _pool_array(pool: Any, num_blocks: int, frame_index: int) -> np.ndarray:
+    """One frame's pool (list of [owner, tokens, reserved] or an array) -> int64 [num_blocks, 3]."""
+    cells = np.asarray(pool, dtype=np.int64)
+    if cells.shape != (num_blocks, 3):
+        raise InvalidArgumentError(
+            f"frame {frame_index}: pool has shape {cells.shape}, expected ({num_blocks}, 3)"
+        )
+    return cells
+
+
+def _tables_dict(tables: Mapping[Any, Mapping[str, Any]]) -> dict[int, tuple[int, tuple[int, ...]]]:
+    """Frame tables -> {request_id: (num_tokens, physical block ids)} with int keys."""
+    return {
+        int(rid): (int(entry["num_tokens"]), tuple(int(b) for b in entry["blocks"]))
+        for rid, entry in tables.items()
+    }
+
+
+def _common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def encode_run(recording: Mapping[str, Any], **labels: Any) -> dict[str, Any]:
+    """Encode one ``record_frames`` result; ``labels`` (allocator, block_size, seed) are kept.
+
+    ``recording["frames"][i]["pool"]`` is an int sequence ``[num_blocks, 3]`` of
+    (owner request id or -1, tokens held, slots reserved but not yet holding tokens).
+    """
+    num_blocks = int(recording["num_blocks"])
+    block_size = int(recording["block_size"])
+    frames = recording["frames"]
+    if num_blocks <= 0 or block_size <= 0:
+        raise InvalidArgumentError(
+            f"recording has num_blocks={num_blocks}, block_size={block_size}; both must be > 0"
+        )
+    if not frames:
+        raise InvalidArgumentError("recording has no frames")
+
+    counters: dict[str, list[Any]] = {k: [] for k in INT_COUNTER_KEYS + FLOAT_COUNTER_KEYS}
+    pool_sets: list[list[int]] = []
+    pool_incs: list[list[int]] = []
+    table_changes: list[list[int]] = []
+    table_deltas: list[int] = []
+    table_gone: list[list[int]] = []
+
+    prev_pool = np.tile(np.array(FREE_CELL, dtype=np.int64), (num_blocks, 1))
+    prev_tables: dict[int, tuple[int, tuple[int, ...]]] = {}
+    for index, frame in enumerate(frames):
+        for key in INT_COUNTER_KEYS:
+            counters[key].append(int(frame[key]))
+        for key in FLOAT_COUNTER_KEYS:
+            counters[key].append(round(float(frame[key]), WASTE_PCT_DECIMALS))
+
+        pool = _pool_array(frame["pool"], num_blocks, index)
+        changed = np.any(pool != prev_pool, axis=1)
+        incremented = (
+            changed
+            & (pool[:, 0] == prev_pool[:, 0])
+            & (pool[:, 0] != -1)
+            & (pool[:, 1] == prev_pool[:, 1] + 1)
+            & (pool[:, 2] == prev_pool[:, 2] - 1)
+        )
+        set_cells = np.flatnonzero(changed & ~incremented)
+        inc_cells = np.flatnonzero(incremented)
+        flat_sets = np.empty((set_cells.size, 4), dtype=np.int64)
+        flat_sets[:, 0] = _gaps(set_cells)
+        flat_sets[:, 1:] = pool[set_cells]
+        pool_sets.append(flat_sets.ravel().tolist())
+        pool_incs.append(_gaps(inc_cells))
+        prev_pool = pool
+
+        tables = _tables_dict(frame["tables"])
+        deltas = Counter(
+            tables[rid][0] - old[0]
+            for rid, old in prev_tables.items()
+            if rid in tables and tables[rid][1] == old[1]
+        )
+        delta = deltas.most_common(1)[0][0] if deltas else 0
+        changes: list[int] = []
+        for rid in sorted(tables):
+            num_tokens, blocks = tables[rid]
+            old = prev_tables.get(rid)
+            if old is not None and old[1] == blocks and num_tokens - old[0] == delta:
+                continue
+            kept = _common_prefix_len(old[1], blocks) if old is not None else 0
+            appended = blocks[kept:]
+            changes.extend((rid, num_tokens, kept, len(appended)))
+            changes.extend(appended)
+        table_changes.append(changes)
+        table_deltas.append(delta)
+        table_gone.append(sorted(rid for rid in prev_tables if rid not in tables))
+        prev_tables = tables
+
+    encoded: dict[str, Any] = {key: value for key, value in labels.items()}
+    encoded.update(
+        {
+            "num_blocks": num_blocks,
+            "block_size": block_size,
+            "config": dict(recording.get("config", {})),
+            "n": len(frames),
+            "c": counters,
+            "p": pool_sets,
+            "pi": pool_incs,
+            "t": table_changes,
+            "td": table_deltas,
+            "tg": table_gone,
+        }
+    )
+    return encoded
+
+
+def decode_run(encoded: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Inverse of :func:`encode_run`: one dict per frame with counters, ``pool`` (int64
+    [num_blocks, 3]) and ``tables`` ({request_id: {"blocks": [...], "num_tokens": n}})."""
+    num_blocks = int(encoded["num_blocks"])
+    pool = np.tile(np.array(FREE_CELL, dtype=np.int64), (num_blocks, 1))
+    tables: dict[int, tuple[int, list[int]]] = {}
+    frames: list[dict[str, Any]] = []
+    for index in range(int(encoded["n"])):
+        pool = pool.copy()
+        cell = -1
+        sets = encoded["p"][index]
+        for k in range(0, len(sets), 4):
+            cell += sets[k]
+            pool[cell] = sets[k + 1 : k + 4]
+        cell = -1
+        for gap in encoded["pi"][index]:
+            cell += gap
+            pool[cell, 1] += 1
+            pool[cell, 2] -= 1
+
+        for rid in encoded["tg"][index]:
+            del tables[rid]
+        delta = encoded["td"][index]
+        tables = {rid: (num_tokens + delta, blocks) for rid, (num_tokens, blocks) in tables.items()}
+        changes = encoded["t"][index]
+        k = 0
+        while k < len(changes):
+            rid, num_tokens, kept, num_appended = changes[k : k + 4]
+            old_blocks = tables[rid][1] if kept else []
+            tables[rid] = (num_tokens, old_blocks[:kept] + list(changes[k + 4 : k + 4 + num_appended]))
+            k += 4 + num_appended
+
+        frame: dict[str, Any] = {key: encoded["c"][key][index] for key in encoded["c"]}
+        frame["pool"] = pool
+        frame["tables"] = {
+            rid: {"blocks": list(blocks), "num_tokens": num_tokens}
+            for rid, (num_tokens, blocks) in sorted(tables.items())
+        }
+        frames.append(frame)
+    return frames

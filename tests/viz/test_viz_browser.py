@@ -1,0 +1,264 @@
+"""The visualizer in a real browser: headless Chromium loads the page from file://, the test
+clicks step / play / reset, switches block size, allocator and seed by mouse and keyboard, and
+checks the DOM counters and the decoded pool against the simulator's own frames."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from viz_browser import screenshot, set_viewport, start_chromium
+from pagedkv.viz.page import write_page
+from pagedkv.viz.record import VizGrid, record_grid
+
+ALLOCATORS = ("paged", "contiguous-max")
+BLOCK_SIZES = (1, 2, 4, 8, 16, 32)
+SEEDS = (0, 1)
+NUM_SLOTS = 1024
+MAX_MODEL_LEN = 256
+MAX_STEPS = 120
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """(page path, {(allocator, block_size, seed): raw recording}) from the real simulator."""
+    import os
+
+    raw = {}
+    if os.environ.get("PAGEDKV_VIZ_FIXTURE_FRAMES") == "1":  # DEV ONLY until sim lands
+        from viz_frames_fixture import fixture_recording
+        from pagedkv.viz.encode import encode_run
+        runs = []
+        for seed in SEEDS:
+            for allocator in ALLOCATORS:
+                for bs in BLOCK_SIZES:
+                    rec = fixture_recording(block_size=bs, num_slots=NUM_SLOTS, num_steps=MAX_STEPS,
+                                            seed=seed * 10 + len(allocator), max_running=12)
+                    raw[(allocator, bs, seed)] = rec
+                    runs.append(encode_run(rec, allocator=allocator, block_size=bs, seed=seed))
+        data = {"workload": {"name": "fixture"}, "num_slots": NUM_SLOTS, "runs": runs}
+    else:
+        from pagedkv.sim.engine import SimConfig, record_frames
+        from pagedkv.sim.workloads import make_workload
+
+        def capture(workload, config, *, max_steps):
+            recording = record_frames(workload, config, max_steps=max_steps)
+            raw[(config.allocator, config.block_size, config.seed)] = recording
+            return recording
+
+        data = record_grid(
+            lambda seed: make_workload("synthetic", num_requests=60, seed=seed, max_model_len=MAX_MODEL_LEN),
+            SimConfig(num_slots=NUM_SLOTS, max_model_len=MAX_MODEL_LEN),
+            VizGrid(allocators=ALLOCATORS, block_sizes=BLOCK_SIZES, seeds=SEEDS, max_steps=MAX_STEPS),
+            recorder=capture,
+        )
+    path = write_page(data, tmp_path_factory.mktemp("viz") / "viz.html")
+    return path, raw
+
+
+@pytest.fixture(scope="module")
+def browser(recorded):
+    driver = start_chromium(1280, 800)
+    yield driver
+    driver.quit()
+
+
+def js(driver, script, *args):
+    return driver.execute_script(script, *args)
+
+
+def counters(driver) -> dict[str, str]:
+    return js(driver, """
+        const out = {};
+        for (const id of ["step", "running", "waiting", "finished", "blocks", "waste", "preemptions"])
+            out[id] = document.getElementById("c-" + id).textContent;
+        return out;""")
+
+
+def expected_counters(recording, frame_index) -> dict[str, str]:
+    frame = recording["frames"][frame_index]
+    return {
+        "step": str(frame["step"]),
+        "running": str(frame["running"]),
+        "waiting": str(frame["waiting"]),
+        "finished": str(frame["finished"]),
+        "blocks": f"{frame['used_blocks']} / {recording['num_blocks']}",
+        "preemptions": str(frame["preemptions"]),
+        "waste": frame["waste_pct"],
+    }
+
+
+def assert_matches(driver, raw, allocator, block_size, seed, frame_index):
+    state = js(driver, "return window.pagedkvViz.state()")
+    assert (state["allocator"], state["blockSize"], state["seed"], state["frame"]) == (
+        allocator, block_size, seed, frame_index)
+    recording = raw[(allocator, block_size, seed)]
+    want = expected_counters(recording, frame_index)
+    got = counters(driver)
+    waste_text = got.pop("waste")
+    waste = want.pop("waste")
+    assert got == want, f"{allocator} bs={block_size} seed={seed} frame {frame_index}"
+    assert waste_text.endswith(" %")
+    assert float(waste_text[:-2]) == pytest.approx(waste, abs=0.051)
+    # The page's decoded pool and block tables equal the simulator's frame, cell for cell.
+    decoded = js(driver, "return window.pagedkvViz.frameData()")
+    frame = recording["frames"][frame_index]
+    flat = [int(v) for cell in frame["pool"] for v in cell]
+    assert decoded["pool"] == flat
+    tables = sorted([int(rid), int(t["num_tokens"]), [int(b) for b in t["blocks"]]]
+                    for rid, t in frame["tables"].items())
+    assert decoded["tables"] == tables
+    assert js(driver, "return document.querySelectorAll('#tables-list li[data-rid]').length") == len(tables)
+
+
+def select(driver, element_id, value):
+    from selenium.webdriver.support.ui import Select
+
+    Select(driver.find_element("id", element_id)).select_by_value(str(value))
+
+
+def press(driver, key):
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    ActionChains(driver).send_keys(key).perform()
+
+
+def wait_for(predicate, timeout_s=10.0, what="condition"):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_page_follows_the_simulator(recorded, browser):
+    from selenium.webdriver.common.keys import Keys
+
+    path, raw = recorded
+    driver = browser
+    driver.get(path.as_uri())
+    wait_for(lambda: js(driver, "return document.body.dataset.ready") == "true", what="page ready")
+    assert_matches(driver, raw, "paged", 16, 0, 0)
+
+    for _ in range(3):
+        driver.find_element("id", "btn-step").click()
+    assert_matches(driver, raw, "paged", 16, 0, 3)
+
+    select(driver, "sel-block-size", 4)
+    assert_matches(driver, raw, "paged", 4, 0, 3)
+    driver.find_element("id", "btn-back").click()
+    assert_matches(driver, raw, "paged", 4, 0, 2)
+
+    # Play a while, pause, and check wherever it stopped.
+    driver.find_element("id", "btn-play").click()
+    wait_for(lambda: js(driver, "return window.pagedkvViz.state().frame") >= 12, what="playback")
+    driver.find_element("id", "btn-play").click()
+    frame = js(driver, "return window.pagedkvViz.state().frame")
+    assert not js(driver, "return window.pagedkvViz.state().playing")
+    assert int(driver.find_element("id", "rng-step").get_attribute("value")) == frame
+    assert_matches(driver, raw, "paged", 4, 0, frame)
+
+    # Keyboard only: focus leaves the controls, then shortcuts drive everything.
+    js(driver, "document.activeElement.blur()")
+    press(driver, Keys.ARROW_RIGHT)
+    assert_matches(driver, raw, "paged", 4, 0, frame + 1)
+    press(driver, "b")
+    assert_matches(driver, raw, "paged", 8, 0, frame + 1)
+    press(driver, "a")
+    assert_matches(driver, raw, "contiguous-max", 8, 0, frame + 1)
+    press(driver, "s")
+    assert_matches(driver, raw, "contiguous-max", 8, 1, frame + 1)
+    press(driver, Keys.END)
+    last = len(raw[("contiguous-max", 8, 1)]["frames"]) - 1
+    assert_matches(driver, raw, "contiguous-max", 8, 1, last)
+
+    # Every block size of the grid, through the select, at a mid-run step.
+    select(driver, "sel-allocator", "paged")
+    js(driver, "const r = document.getElementById('rng-step'); r.value = 40;"
+               "r.dispatchEvent(new Event('input'))")
+    for block_size in BLOCK_SIZES:
+        select(driver, "sel-block-size", block_size)
+        assert_matches(driver, raw, "paged", block_size, 1, min(40, len(raw[("paged", block_size, 1)]["frames"]) - 1))
+
+    driver.find_element("id", "btn-reset").click()
+    assert_matches(driver, raw, "paged", 32, 1, 0)
+
+    errors = [e for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
+    assert errors == []
+
+
+def test_keyboard_reaches_every_control(recorded, browser):
+    from selenium.webdriver.common.keys import Keys
+
+    path, _ = recorded
+    driver = browser
+    driver.get(path.as_uri())
+    wait_for(lambda: js(driver, "return document.body.dataset.ready") == "true", what="page ready")
+    js(driver, "document.activeElement.blur()")
+    reached = []
+    for _ in range(14):
+        press(driver, Keys.TAB)
+        reached.append(js(driver, "return document.activeElement.id"))
+    for control in ("sel-allocator", "sel-block-size", "sel-seed", "btn-reset", "btn-back",
+                    "btn-play", "btn-step", "sel-speed", "rng-step"):
+        assert control in reached
+    # Space on the focused play button toggles playback (the button's own activation).
+    driver.find_element("id", "btn-play").send_keys(Keys.SPACE)
+    assert js(driver, "return window.pagedkvViz.state().playing")
+    press(driver, "k")
+    assert not js(driver, "return window.pagedkvViz.state().playing")
+
+
+@pytest.mark.parametrize("width,height,name", [(1280, 800, "viz-1280x800.png"), (390, 844, "viz-390x844.png")])
+def test_layout_and_screenshot(recorded, browser, width, height, name):
+    path, _ = recorded
+    driver = browser
+    set_viewport(driver, width, height)
+    try:
+        driver.get(path.as_uri())
+        wait_for(lambda: js(driver, "return document.body.dataset.ready") == "true", what="page ready")
+        for _ in range(30):
+            driver.find_element("id", "btn-step").click()
+        # Nothing overflows sideways, the pool canvas fits its panel, the counters are visible.
+        assert js(driver, "return document.documentElement.scrollWidth") <= width
+        canvas = js(driver, "const r = document.getElementById('pool-canvas').getBoundingClientRect();"
+                            "return [r.left, r.right, r.height]")
+        assert canvas[0] >= 0 and canvas[1] <= width and canvas[2] > 50
+        running = driver.find_element("id", "c-running")
+        assert running.is_displayed() and running.text.strip() != ""
+        shot = screenshot(driver, name)
+        assert shot.stat().st_size > 10_000
+    finally:
+        set_viewport(driver, 1280, 800)
+
+
+@pytest.mark.parametrize("allocator,block_size,seed", [("paged", 16, 0), ("paged", 1, 1), ("contiguous-max", 32, 1)])
+def test_every_step_through_the_slider(recorded, browser, allocator, block_size, seed):
+    """Drag the slider over every step of a run: the counters shown match the simulator."""
+    path, raw = recorded
+    driver = browser
+    driver.get(path.as_uri())
+    wait_for(lambda: js(driver, "return document.body.dataset.ready") == "true", what="page ready")
+    select(driver, "sel-allocator", allocator)
+    select(driver, "sel-seed", seed)
+    select(driver, "sel-block-size", block_size)
+    shown = js(driver, """
+        const range = document.getElementById("rng-step");
+        const rows = [];
+        for (let f = 0; f <= Number(range.max); f++) {
+            range.value = f;
+            range.dispatchEvent(new Event("input"));
+            rows.push(["step", "running", "waiting", "finished", "blocks", "waste", "preemptions"]
+                .map((id) => document.getElementById("c-" + id).textContent));
+        }
+        return rows;""")
+    recording = raw[(allocator, block_size, seed)]
+    assert len(shown) == len(recording["frames"])
+    for index, row in enumerate(shown):
+        want = expected_counters(recording, index)
+        waste = want.pop("waste")
+        got = dict(zip(["step", "running", "waiting", "finished", "blocks", "waste", "preemptions"], row))
+        assert float(got.pop("waste")[:-2]) == pytest.approx(waste, abs=0.051), f"frame {index}"
+        assert got == want, f"frame {index}"
