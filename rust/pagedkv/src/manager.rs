@@ -360,14 +360,14 @@ impl KvCacheManager {
     }
 
     fn append_batch(&mut self, seq_ids: &[SeqId], num_tokens: usize) -> Result<()> {
-        if seq_ids.is_empty() || num_tokens == 0 {
+        self.check_distinct(seq_ids)?;
+        if num_tokens == 0 {
             // Still validate the ids: a step naming an unknown sequence is a caller bug.
             for &id in seq_ids {
                 self.resident(id)?;
             }
-            return self.check_distinct(seq_ids);
+            return Ok(());
         }
-        self.check_distinct(seq_ids)?;
         // Copy-on-write of a block shared by two batch members happens only for the first one
         // to append; afterwards the other holds the last reference and writes in place.
         let mut cow_releases: FxHashMap<BlockId, u32> = FxHashMap::default();
@@ -522,12 +522,12 @@ impl KvCacheManager {
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn free_batch(&mut self, seq_ids: &[SeqId]) -> Result<()> {
+        self.check_distinct(seq_ids)?;
         for &id in seq_ids {
             if !self.seqs.contains_key(&id) {
                 return Err(Error::UnknownSequence(id));
             }
         }
-        self.check_distinct(seq_ids)?;
         for &id in seq_ids {
             self.free(id)?;
         }

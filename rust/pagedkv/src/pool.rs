@@ -225,7 +225,8 @@ impl BlockPool {
         out.reserve(num_blocks);
         for _ in 0..num_blocks {
             let b = self.pop_reserved();
-            self.refcounts[b as usize].store(1, Ordering::Relaxed);
+            // Release: a concurrent checker that sees refcount 1 must also see the pop.
+            self.refcounts[b as usize].store(1, Ordering::Release);
             out.push(b);
         }
         Ok(())
@@ -254,7 +255,8 @@ impl BlockPool {
         out.reserve(take);
         for _ in 0..take {
             let b = self.pop_reserved();
-            self.refcounts[b as usize].store(1, Ordering::Relaxed);
+            // Release: a concurrent checker that sees refcount 1 must also see the pop.
+            self.refcounts[b as usize].store(1, Ordering::Release);
             out.push(b);
         }
         take
@@ -495,7 +497,10 @@ impl BlockPool {
     fn push_free(&self, block_id: BlockId) {
         let mut head = self.head.load(Ordering::Relaxed);
         loop {
-            self.next[block_id as usize].store(head_index(head), Ordering::Relaxed);
+            // Release (like the refcount store on allocation): a concurrent checker that reads
+            // this link or refcount also sees the pop that preceded it, so it notices the head
+            // moved and discards its walk instead of reporting a torn snapshot.
+            self.next[block_id as usize].store(head_index(head), Ordering::Release);
             match self.head.compare_exchange_weak(
                 head,
                 pack(head_tag(head).wrapping_add(1), block_id),
