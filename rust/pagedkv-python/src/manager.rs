@@ -49,7 +49,15 @@ fn failure_to_pyerr(py: Python<'_>, failure: Failure) -> PyErr {
     }
 }
 
-/// The paged KV-cache manager: block tables per sequence over a shared physical block pool.
+/// The paged KV-cache manager: a copy-on-write block table per sequence over a physical
+/// block pool, with optional prefix caching and a host swap tier.
+///
+/// `KvCacheManager(num_blocks=1024, block_size=16, enable_prefix_caching=False,
+/// num_host_blocks=0, *, pool=None, hash_seed=0, max_events=65536)`. With `pool` (a
+/// `BlockPool`), `num_blocks` and `block_size` come from the pool (given ones must agree).
+/// `hash_seed` keys the 128-bit block hashes; `max_events` bounds the KV-event queue (when
+/// full, the oldest event is dropped and counted in `stats()["events_dropped"]`).
+/// Every method is safe to call from several Python threads; batch calls release the GIL.
 #[pyclass(module = "pagedkv._core", name = "KvCacheManager", frozen)]
 pub struct PyKvCacheManager {
     inner: Mutex<KvCacheManager>,
@@ -242,7 +250,8 @@ impl PyKvCacheManager {
         }
     }
 
-    /// Whether `num_tokens` more tokens fit now (False while swapped out or out of blocks).
+    /// Whether `num_tokens` more tokens fit now (False when short of blocks or when they could
+    /// never fit; a swapped-out sequence raises `SequenceSwappedOutError`).
     #[pyo3(signature = (seq_id, num_tokens=CountArg(1)), text_signature = "(self, seq_id, num_tokens=1)")]
     fn can_append(&self, py: Python<'_>, seq_id: SeqIdArg, num_tokens: CountArg) -> PyResult<bool> {
         self.run(py, false, |kv| kv.can_append(seq_id.0, num_tokens.0))
