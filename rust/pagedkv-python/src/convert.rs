@@ -10,7 +10,7 @@
 use numpy::{PyArray1, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyFloat, PyInt, PyList, PyRange, PyString, PyTuple};
+use pyo3::types::{PyBool, PyBytes, PyFloat, PyInt, PyList, PyString, PyTuple};
 
 use crate::errors::invalid_argument;
 
@@ -161,7 +161,9 @@ impl<'a, 'py> FromPyObject<'a, 'py> for BlockIdArg {
 /// Token lists up to this length are read into a stack buffer.
 const INLINE_TOKENS: usize = 32;
 
-/// Token ids, from a list, tuple or range of ints or a 1-D NumPy integer array `[num_tokens]`.
+/// Token ids, from a list or tuple of ints or a 1-D NumPy integer array `[num_tokens]`.
+/// Lazy iterables (`range`, generators) are refused: their length is unbounded by memory, so
+/// materializing one could exhaust it before any validation.
 pub enum TokenIds {
     Inline { len: usize, ids: [u32; INLINE_TOKENS] },
     Heap(Vec<u32>),
@@ -240,10 +242,6 @@ impl<'a, 'py> FromPyObject<'a, 'py> for TokenIds {
             return TokenIds::from_items(tuple.len(), tuple.iter());
         }
         let py = obj.py();
-        if obj.is_instance_of::<PyRange>() {
-            let len = obj.len().map_err(|e| invalid_argument(py, e.to_string()))?;
-            return TokenIds::from_items(len, obj.try_iter()?.filter_map(Result::ok));
-        }
         if obj.is_instance_of::<PyUntypedArray>() {
             return integer_array(&obj, "token_ids", |value, py| {
                 u32::try_from(value).map_err(|_| {
@@ -255,14 +253,14 @@ impl<'a, 'py> FromPyObject<'a, 'py> for TokenIds {
         Err(invalid_argument(
             py,
             format!(
-                "token_ids must be a list, tuple or range of ints or a 1-D integer NumPy array, got {}",
+                "token_ids must be a list or tuple of ints or a 1-D integer NumPy array, got {}",
                 type_name(&obj)
             ),
         ))
     }
 }
 
-/// Sequence ids, from a list, tuple or range of ints or a 1-D NumPy integer array `[B]`.
+/// Sequence ids, from a list or tuple of ints or a 1-D NumPy integer array `[B]`.
 pub struct SeqIds(pub Vec<u64>);
 
 fn seq_id_list(obj: &Bound<'_, PyAny>) -> Option<PyResult<Vec<u64>>> {
@@ -290,13 +288,6 @@ fn seq_id_list(obj: &Bound<'_, PyAny>) -> Option<PyResult<Vec<u64>>> {
     if let Ok(tuple) = obj.cast::<PyTuple>() {
         return Some(collect(tuple.len(), &mut tuple.iter()));
     }
-    if obj.is_instance_of::<PyRange>() {
-        let iter = match obj.try_iter() {
-            Ok(iter) => iter,
-            Err(err) => return Some(Err(err)),
-        };
-        return Some(collect(obj.len().unwrap_or(0), &mut iter.filter_map(Result::ok)));
-    }
     if obj.is_instance_of::<PyUntypedArray>() {
         return Some(integer_array(obj, "seq_ids", |value, py| {
             u64::try_from(value).map_err(|_| {
@@ -316,7 +307,7 @@ impl<'a, 'py> FromPyObject<'a, 'py> for SeqIds {
             None => Err(invalid_argument(
                 obj.py(),
                 format!(
-                    "seq_ids must be a list, tuple or range of ints or a 1-D integer NumPy array, got {}",
+                    "seq_ids must be a list or tuple of ints or a 1-D integer NumPy array, got {}",
                     type_name(&obj)
                 ),
             )),
