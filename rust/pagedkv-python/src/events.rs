@@ -22,7 +22,10 @@ fn medium(tier: &Tier) -> String {
 /// Converts drained core events, oldest first, into a list of Python event objects.
 /// Block hashes (128-bit) become Python ints; `extra_keys` holds `(extra_key_bytes,)` per
 /// stored block when the sequence had an extra key, else None.
-pub fn events_to_python<'py>(py: Python<'py>, events: Vec<KvEvent>) -> PyResult<Bound<'py, PyList>> {
+pub fn events_to_python<'py>(
+    py: Python<'py>,
+    events: Vec<KvEvent>,
+) -> PyResult<Bound<'py, PyList>> {
     let list = PyList::empty(py);
     if events.is_empty() {
         return Ok(list);
@@ -54,7 +57,10 @@ pub fn events_to_python<'py>(py: Python<'py>, events: Vec<KvEvent>) -> PyResult<
                 }
                 stored.call((), Some(&kwargs))?
             }
-            KvEvent::BlockRemoved { block_hashes, medium: tier } => {
+            KvEvent::BlockRemoved {
+                block_hashes,
+                medium: tier,
+            } => {
                 let kwargs = PyDict::new(py);
                 kwargs.set_item("block_hashes", block_hashes)?;
                 kwargs.set_item("medium", medium(&tier))?;

@@ -44,7 +44,8 @@ fn failure_to_pyerr(py: Python<'_>, failure: Failure) -> PyErr {
         Failure::Core(error) => to_pyerr(py, error),
         Failure::Poisoned => invariant_violation(
             py,
-            "KvCacheManager is unusable: an earlier call panicked while holding its lock".to_owned(),
+            "KvCacheManager is unusable: an earlier call panicked while holding its lock"
+                .to_owned(),
         ),
     }
 }
@@ -89,10 +90,15 @@ impl PyKvCacheManager {
     /// Runs an infallible read on the locked manager.
     #[inline]
     fn read<T>(&self, py: Python<'_>, op: impl FnOnce(&mut KvCacheManager) -> T) -> PyResult<T> {
-        let mut guard = self.lock().map_err(|failure| failure_to_pyerr(py, failure))?;
+        let mut guard = self
+            .lock()
+            .map_err(|failure| failure_to_pyerr(py, failure))?;
         Ok(op(&mut guard))
     }
 }
+
+/// (int32 `[B, max_blocks]` block tables, int32 `[B]` sequence lengths).
+type TablesAndLens<'py> = (Bound<'py, PyArray2<i32>>, Bound<'py, PyArray1<i32>>);
 
 /// `[N, 2]` int32 pairs (shape `(0, 2)` when empty).
 fn pairs_to_array<'py>(
@@ -121,8 +127,10 @@ impl PyKvCacheManager {
         num_blocks=None, block_size=None, enable_prefix_caching=false, num_host_blocks=CountArg(0),
         *, pool=None, hash_seed=SeqIdArg(0), max_events=None
     ))]
-    #[pyo3(text_signature = "(num_blocks=None, block_size=None, enable_prefix_caching=False, \
-        num_host_blocks=0, *, pool=None, hash_seed=0, max_events=None)")]
+    #[pyo3(
+        text_signature = "(num_blocks=None, block_size=None, enable_prefix_caching=False, \
+        num_host_blocks=0, *, pool=None, hash_seed=0, max_events=None)"
+    )]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -161,7 +169,10 @@ impl PyKvCacheManager {
                         if given.0 != actual {
                             return Err(invalid_argument(
                                 py,
-                                format!("{name}={} disagrees with the pool's {name}={actual}", given.0),
+                                format!(
+                                    "{name}={} disagrees with the pool's {name}={actual}",
+                                    given.0
+                                ),
                             ));
                         }
                     }
@@ -175,8 +186,12 @@ impl PyKvCacheManager {
             None => {
                 check_int32_block_count(py, "num_blocks", config.num_blocks)?;
                 let manager = KvCacheManager::new(config).map_err(|e| to_pyerr(py, e))?;
-                let pool_object =
-                    Py::new(py, PyBlockPool { inner: Arc::clone(manager.pool()) })?;
+                let pool_object = Py::new(
+                    py,
+                    PyBlockPool {
+                        inner: Arc::clone(manager.pool()),
+                    },
+                )?;
                 (manager, pool_object)
             }
         };
@@ -287,7 +302,9 @@ impl PyKvCacheManager {
                         ),
                     ));
                 }
-                self.run(py, heavy, |kv| kv.append_tokens_batch(seqs, ids, num_tokens.0))
+                self.run(py, heavy, |kv| {
+                    kv.append_tokens_batch(seqs, ids, num_tokens.0)
+                })
             }
             None => self.run(py, heavy, |kv| kv.append_len_batch(seqs, num_tokens.0)),
         }
@@ -316,7 +333,11 @@ impl PyKvCacheManager {
         seq_id: SeqIdArg,
     ) -> PyResult<Bound<'py, PyArray1<i32>>> {
         let table: Vec<i32> = self.run(py, false, |kv| {
-            Ok(kv.block_table(seq_id.0)?.iter().map(|&b| block_id_to_i32(b)).collect())
+            Ok(kv
+                .block_table(seq_id.0)?
+                .iter()
+                .map(|&b| block_id_to_i32(b))
+                .collect())
         })?;
         Ok(PyArray1::from_vec(py, table))
     }
@@ -331,10 +352,12 @@ impl PyKvCacheManager {
         &self,
         py: Python<'py>,
         seq_ids: SeqIds,
-    ) -> PyResult<(Bound<'py, PyArray2<i32>>, Bound<'py, PyArray1<i32>>)> {
+    ) -> PyResult<TablesAndLens<'py>> {
         let seqs = seq_ids.0.as_slice();
         let (tables, max_blocks, seq_lens) =
-            self.run(py, seqs.len() >= DETACH_MIN_BATCH, |kv| kv.batch_block_tables(seqs))?;
+            self.run(py, seqs.len() >= DETACH_MIN_BATCH, |kv| {
+                kv.batch_block_tables(seqs)
+            })?;
         let tables = PyArray1::from_vec(py, tables).reshape([seqs.len(), max_blocks])?;
         Ok((tables, PyArray1::from_vec(py, seq_lens)))
     }
@@ -348,8 +371,9 @@ impl PyKvCacheManager {
         num_new_tokens: CountArg,
     ) -> PyResult<Bound<'py, PyArray1<i64>>> {
         let seqs = seq_ids.0.as_slice();
-        let slots =
-            self.run(py, seqs.len() >= DETACH_MIN_BATCH, |kv| kv.slot_mapping(seqs, num_new_tokens.0))?;
+        let slots = self.run(py, seqs.len() >= DETACH_MIN_BATCH, |kv| {
+            kv.slot_mapping(seqs, num_new_tokens.0)
+        })?;
         Ok(PyArray1::from_vec(py, slots))
     }
 
@@ -493,7 +517,11 @@ impl PyKvCacheManager {
              num_host_blocks={}, num_sequences={num_sequences}, num_free_blocks={num_free_blocks})",
             self.num_blocks,
             self.block_size,
-            if self.enable_prefix_caching { "True" } else { "False" },
+            if self.enable_prefix_caching {
+                "True"
+            } else {
+                "False"
+            },
             self.num_host_blocks,
         ))
     }
