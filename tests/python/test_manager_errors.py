@@ -82,6 +82,10 @@ def test_bad_pool_arguments() -> None:
         pagedkv.KvCacheManager(num_host_blocks=-1)
     with pytest.raises(InvalidArgumentError):
         pagedkv.KvCacheManager(hash_seed=-1)
+    with pytest.raises(InvalidArgumentError):
+        pagedkv.KvCacheManager(enable_prefix_caching=1)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError):
+        pagedkv.KvCacheManager(max_events=-5)
 
 
 def test_duplicate_and_unknown_ids() -> None:

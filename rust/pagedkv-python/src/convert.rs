@@ -162,6 +162,35 @@ impl<'a, 'py> FromPyObject<'a, 'py> for CountArg {
     }
 }
 
+/// A 64-bit hash seed.
+#[derive(Clone, Copy, Debug)]
+pub struct SeedArg(pub u64);
+
+impl<'a, 'py> FromPyObject<'a, 'py> for SeedArg {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        extract_u64(&obj, "hash_seed").map(SeedArg)
+    }
+}
+
+/// A switch: `bool` (or a NumPy bool) only, so that `1` or `"yes"` are not silently taken.
+#[derive(Clone, Copy, Debug)]
+pub struct FlagArg(pub bool);
+
+impl<'a, 'py> FromPyObject<'a, 'py> for FlagArg {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        obj.extract::<bool>().map(FlagArg).map_err(|_| {
+            invalid_argument(
+                obj.py(),
+                format!("expected a bool, got {}", type_name(&obj)),
+            )
+        })
+    }
+}
+
 /// A physical block id (`u32`).
 #[derive(Clone, Copy, Debug)]
 pub struct BlockIdArg(pub u32);

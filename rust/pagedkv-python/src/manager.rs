@@ -15,7 +15,9 @@ use pyo3::types::{PyDict, PyList};
 
 use pagedkv::{Error, KvCacheManager, ManagerConfig};
 
-use crate::convert::{BlockIdArg, CountArg, ExtraKey, OneOrManySeqIds, SeqIdArg, SeqIds, TokenIds};
+use crate::convert::{
+    BlockIdArg, CountArg, ExtraKey, FlagArg, OneOrManySeqIds, SeedArg, SeqIdArg, SeqIds, TokenIds,
+};
 use crate::errors::{invalid_argument, invariant_violation, to_pyerr};
 use crate::events::events_to_python;
 use crate::pool::{check_int32_block_count, PyBlockPool};
@@ -124,8 +126,8 @@ fn block_id_to_i32(block_id: u32) -> i32 {
 impl PyKvCacheManager {
     #[new]
     #[pyo3(signature = (
-        num_blocks=None, block_size=None, enable_prefix_caching=false, num_host_blocks=CountArg(0),
-        *, pool=None, hash_seed=SeqIdArg(0), max_events=None
+        num_blocks=None, block_size=None, enable_prefix_caching=FlagArg(false),
+        num_host_blocks=CountArg(0), *, pool=None, hash_seed=SeedArg(0), max_events=None
     ))]
     #[pyo3(
         text_signature = "(num_blocks=None, block_size=None, enable_prefix_caching=False, \
@@ -136,17 +138,17 @@ impl PyKvCacheManager {
         py: Python<'_>,
         num_blocks: Option<CountArg>,
         block_size: Option<CountArg>,
-        enable_prefix_caching: bool,
+        enable_prefix_caching: FlagArg,
         num_host_blocks: CountArg,
         pool: Option<Bound<'_, PyAny>>,
-        hash_seed: SeqIdArg,
+        hash_seed: SeedArg,
         max_events: Option<CountArg>,
     ) -> PyResult<Self> {
         let defaults = ManagerConfig::default();
         let mut config = ManagerConfig {
             num_blocks: num_blocks.map_or(defaults.num_blocks, |n| n.0),
             block_size: block_size.map_or(defaults.block_size, |n| n.0),
-            enable_prefix_caching,
+            enable_prefix_caching: enable_prefix_caching.0,
             num_host_blocks: num_host_blocks.0,
             hash_seed: hash_seed.0,
             ..defaults.clone()
@@ -199,7 +201,7 @@ impl PyKvCacheManager {
             num_blocks: manager.num_blocks(),
             block_size: manager.block_size(),
             num_host_blocks: num_host_blocks.0,
-            enable_prefix_caching,
+            enable_prefix_caching: enable_prefix_caching.0,
             inner: Mutex::new(manager),
             pool: pool_object,
         })
