@@ -466,11 +466,14 @@ impl PrefixCache {
             let b = self.lru_head;
             self.unlink(b);
             let m = &mut self.meta[b as usize];
-            m.hash = None;
+            if let Some(h) = m.hash.take() {
+                self.index.remove(&h);
+            }
             m.parent = None;
             m.extra_key = None;
             pool.free_cached(b);
         }
+        // Every indexed block was cached (none in use), so nothing is left.
         debug_assert!(self.index.is_empty());
         self.index.clear();
         self.push_event(KvEvent::AllBlocksCleared);

@@ -26,7 +26,8 @@ fn siphash_matches_a_reference_implementation() {
     use siphasher::sip128::Hasher128;
     let hasher = BlockHasher::new(SEED);
     let (k0, k1) = hasher.keys();
-    let cases: [(Option<u128>, &[u32], Option<&[u8]>); 5] = [
+    type Case<'a> = (Option<u128>, &'a [u32], Option<&'a [u8]>);
+    let cases: [Case; 5] = [
         (None, &[], None),
         (None, &[1, 2, 3, 4], None),
         (Some(u128::MAX - 5), &[7; 16], Some(b"salt")),

@@ -8,7 +8,9 @@ fn manager(num_blocks: usize, block_size: usize) -> KvCacheManager {
 }
 
 /// Everything observable about a manager, to assert that a failed call changed nothing.
-fn snapshot(kv: &KvCacheManager) -> (Vec<(u64, usize, Vec<BlockId>)>, Vec<u32>, usize) {
+type Snapshot = (Vec<(u64, usize, Vec<BlockId>)>, Vec<u32>, usize);
+
+fn snapshot(kv: &KvCacheManager) -> Snapshot {
     let mut ids: Vec<u64> = kv.seq_ids().collect();
     ids.sort_unstable();
     let seqs = ids
