@@ -6,6 +6,7 @@ CuPy is imported only when the cuda backend is first used, so ``import pagedkv``
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -66,7 +67,10 @@ class CudaRunner:
         with self._lock:
             fn = self._functions.get(instance)
             if fn is None:
-                code = (KERNEL_DIR / instance.source).read_text()
+                # CuPy caches compiled modules by source text only: name the header's hash in the
+                # text so an edited kv_types.h cannot reuse a stale binary.
+                header = hashlib.sha256((KERNEL_DIR / "kv_types.h").read_bytes()).hexdigest()
+                code = f"// kv_types.h sha256 {header}\n" + (KERNEL_DIR / instance.source).read_text()
                 module = self._cupy.RawModule(code=code, options=NVRTC_OPTIONS, name_expressions=[instance.name])
                 fn = module.get_function(instance.name)
                 self._functions[instance] = fn

@@ -15,10 +15,8 @@
 namespace pagedkv {
 
 constexpr int kDecodeThreads = 128;
-constexpr int kDecodeWarps = kDecodeThreads / 32;
 constexpr int kVecsPerThread = 4;
 constexpr int kMergeThreads = 128;
-constexpr int kMaxSplits = 256;
 
 // The thread layout of one tile, derived from the element type and head size.
 template <typename T, int HEAD_DIM>
@@ -62,6 +60,7 @@ __global__ void __launch_bounds__(kDecodeThreads) paged_decode_kernel(
   constexpr int kTile = Shape::kTileTokens;
   constexpr int kQkLanes = Shape::kQkLanes;
   constexpr int kRowGroups = Shape::kPvRowGroups;
+  constexpr int kDecodeWarps = kDecodeThreads / 32;
   constexpr int kHeadsPerWarp = (GROUP + kDecodeWarps - 1) / kDecodeWarps;
 
   constexpr int kQuads = HEAD_DIM / 4;
@@ -291,6 +290,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_splits_kernel(
     const float* __restrict__ split_max,  // [num_seqs, num_q_heads, num_splits]
     const float* __restrict__ split_sum,  // [num_seqs, num_q_heads, num_splits]
     int num_splits) {
+  constexpr int kMaxSplits = 256;  // the launcher never asks for more (instances.MAX_SPLITS)
   __shared__ float weight_sm[kMaxSplits];
   __shared__ float total_sm;
   const i64 row = static_cast<i64>(blockIdx.y) * gridDim.x + blockIdx.x;
