@@ -40,6 +40,7 @@ def _instances():
     for kind, head_dim, block_size, group, _, _ in CASES:
         out.append(instances.decode(kind, head_dim, block_size, instances.group_instance(group)))
         out.append(instances.merge(kind, head_dim))
+    out.append(instances.decode("float32", 128, 16, 4))  # the stability test below
     for g in instances.GROUP_INSTANCES:  # the random-batch test below
         out.append(instances.decode("float16", 128, 16, g))
     return [(i.source, i.name) for i in out]
@@ -122,3 +123,21 @@ def test_random_batches_float16_d128_bs16(seq_lens, group, num_kv_heads, num_spl
     out = paged_attention(p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens, backend="emulated",
                           num_splits=num_splits)
     assert_close(out, paged_attention(p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens), "float16")
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_softmax_is_stable_when_the_max_moves_between_tiles_and_splits(num_splits):
+    """Scores in the hundreds, growing along the sequence: every tile and split raises the running
+    max, so any missing rescale (or an exp without the max subtracted) breaks the result."""
+    rng = np.random.default_rng(8)
+    p = make_problem(rng, "float32", [90, 61], 1, 4, 128, 16)
+    p.q[:] = np.abs(p.q) * 3
+    for b, n in enumerate(p.seq_lens):
+        ramp = np.linspace(0.0, 4.0, int(n), dtype=np.float32)[:, None, None]
+        for t in range(int(n)):
+            blk, off = p.block_tables[b, t // 16], t % 16
+            p.k_cache[blk, off] = np.abs(p.k_cache[blk, off]) * ramp[t]
+    expected = paged_attention(p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens)
+    out = paged_attention(p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens, backend="emulated",
+                          num_splits=num_splits)
+    assert_close(out, expected, "float32")
