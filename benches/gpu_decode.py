@@ -14,6 +14,13 @@ Steps (each printed as it runs):
    FlashInfer imports, its BatchDecodeWithPagedKVCacheWrapper on the very same caches and tables.
 
 --out writes every number as JSON (plus the printed table as text next to it, FILE.txt).
+
+On a lent GPU machine without a Rust toolchain: build the extension here (`maturin develop
+--release`; it is abi3, so any CPython >= 3.10 loads it), carry `python/pagedkv/_core.abi3.so`
+(git ignores *.so), and run in one go:
+
+    PYTHONPATH=python python3 benches/gpu_decode.py --out $OUT/h200_decode.json && \
+    PYTHONPATH=python python3 -m pytest -q -m gpu tests/kernels/test_gpu.py
 """
 
 from __future__ import annotations

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pagedkv.attention import contiguous_attention, paged_attention
 from pagedkv.kernels import emulation, instances
@@ -38,7 +40,9 @@ def _instances():
     for kind, head_dim, block_size, group, _, _ in CASES:
         out.append(instances.decode(kind, head_dim, block_size, instances.group_instance(group)))
         out.append(instances.merge(kind, head_dim))
-    out.append(instances.merge("float16", 128))
+    out.append(instances.decode("float32", 128, 16, 4))  # the stability test below
+    for g in instances.GROUP_INSTANCES:  # the random-batch test below
+        out.append(instances.decode("float16", 128, 16, g))
     return [(i.source, i.name) for i in out]
 
 
@@ -103,3 +107,37 @@ def test_full_last_blocks_with_minus_one_padding(num_splits):
     out = paged_attention(p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens, backend="emulated",
                           num_splits=num_splits)
     assert_close(out, paged_attention(p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens), "float16")
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    seq_lens=st.lists(st.integers(0, 140), min_size=1, max_size=3),
+    group=st.sampled_from([1, 2, 3, 4, 5, 8]),
+    num_kv_heads=st.integers(1, 2),
+    num_splits=st.sampled_from([None, 1, 2, 5]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_random_batches_float16_d128_bs16(seq_lens, group, num_kv_heads, num_splits, seed):
+    """Random lengths (tile and split edges included) on the instances the grid above built."""
+    p = make_problem(np.random.default_rng(seed), "float16", seq_lens, num_kv_heads, group, 128, 16)
+    out = paged_attention(p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens, backend="emulated",
+                          num_splits=num_splits)
+    assert_close(out, paged_attention(p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens), "float16")
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_softmax_is_stable_when_the_max_moves_between_tiles_and_splits(num_splits):
+    """Scores in the hundreds, growing along the sequence: every tile and split raises the running
+    max, so any missing rescale (or an exp without the max subtracted) breaks the result."""
+    rng = np.random.default_rng(8)
+    p = make_problem(rng, "float32", [90, 61], 1, 4, 128, 16)
+    p.q[:] = np.abs(p.q) * 3
+    for b, n in enumerate(p.seq_lens):
+        ramp = np.linspace(0.0, 4.0, int(n), dtype=np.float32)[:, None, None]
+        for t in range(int(n)):
+            blk, off = p.block_tables[b, t // 16], t % 16
+            p.k_cache[blk, off] = np.abs(p.k_cache[blk, off]) * ramp[t]
+    expected = paged_attention(p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens)
+    out = paged_attention(p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens, backend="emulated",
+                          num_splits=num_splits)
+    assert_close(out, expected, "float32")

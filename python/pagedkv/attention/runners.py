@@ -6,6 +6,7 @@ CuPy is imported only when the cuda backend is first used, so ``import pagedkv``
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -22,9 +23,9 @@ NVRTC_OPTIONS = ("-std=c++17", f"-I{KERNEL_DIR}")
 class EmulatedRunner:
     """Runs kernels on the CPU through cuda_emu.h; outputs are NaN-poisoned before each launch."""
 
-    xp = np
-    poison = True
-    num_sms = 1
+    xp: Any = np
+    poison: bool = True
+    num_sms: int = 1
 
     def launch(self, instance: Instance, grid: tuple[int, int, int], block: tuple[int, int, int],
                args: Sequence[Any], reachable: Sequence[Any] = ()) -> None:
@@ -44,7 +45,9 @@ class CudaUnavailableError(PagedKvError):
 class CudaRunner:
     """Runs kernels on the current CUDA device through CuPy RawModules (one per instance, cached)."""
 
-    poison = False
+    poison: bool = False
+    xp: Any
+    num_sms: int
 
     def __init__(self) -> None:
         try:
@@ -64,7 +67,10 @@ class CudaRunner:
         with self._lock:
             fn = self._functions.get(instance)
             if fn is None:
-                code = (KERNEL_DIR / instance.source).read_text()
+                # CuPy caches compiled modules by source text only: name the header's hash in the
+                # text so an edited kv_types.h cannot reuse a stale binary.
+                header = hashlib.sha256((KERNEL_DIR / "kv_types.h").read_bytes()).hexdigest()
+                code = f"// kv_types.h sha256 {header}\n" + (KERNEL_DIR / instance.source).read_text()
                 module = self._cupy.RawModule(code=code, options=NVRTC_OPTIONS, name_expressions=[instance.name])
                 fn = module.get_function(instance.name)
                 self._functions[instance] = fn

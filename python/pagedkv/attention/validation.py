@@ -20,6 +20,7 @@ from pagedkv.errors import InvalidArgumentError
 from pagedkv.kernels import instances
 
 BACKENDS = ("numpy", "cuda", "emulated")
+MAX_KERNEL_SEQ_LEN = 1 << 30  # keeps the kernels' int token arithmetic (split ends, tile steps) in range
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,8 @@ def check_paged_attention(
             _require_aligned(name, x)
         if num_seqs > 65535:
             raise InvalidArgumentError(f"at most 65535 sequences per launch, got {num_seqs}")
+        if num_seqs and _int(seq_lens.max()) > MAX_KERNEL_SEQ_LEN:
+            raise InvalidArgumentError(f"seq_lens above {MAX_KERNEL_SEQ_LEN} tokens are not supported by the kernels")
     if num_seqs:
         capacity = max_blocks * block_size
         if _int(seq_lens.min()) < 0 or _int(seq_lens.max()) > capacity:
