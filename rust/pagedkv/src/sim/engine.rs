@@ -289,7 +289,7 @@ impl<'a> Engine<'a> {
             self.result.generated_tokens += group.members.len();
         }
         if !preempted {
-            self.admit(memory, step)?;
+            self.admit(memory)?;
             if self.running.is_empty() && (!self.waiting.is_empty() || !self.swapped.is_empty()) {
                 // Validation guarantees that a lone request fits an empty pool.
                 return Err(Error::InvariantViolation(
@@ -359,7 +359,7 @@ impl<'a> Engine<'a> {
         Ok(())
     }
 
-    fn admit(&mut self, memory: &mut dyn KvMemory, step: usize) -> Result<()> {
+    fn admit(&mut self, memory: &mut dyn KvMemory) -> Result<()> {
         while let Some(group) = self.swapped.front_mut() {
             let n = group.members.len();
             if self.running_seqs + n > self.config.max_num_seqs {
@@ -393,7 +393,6 @@ impl<'a> Engine<'a> {
             if recomputing {
                 self.result.recomputed_tokens += cost.prefill_tokens;
             }
-            group.admitted_step = step;
             group.generated += 1;
             self.result.generated_tokens += n;
             self.running_seqs += n;
