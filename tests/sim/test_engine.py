@@ -284,3 +284,13 @@ def test_swap_and_recompute_preemption() -> None:
     assert swap.prefill_tokens == int(w.prompt_tokens.sum())
     with pytest.raises(InvalidArgumentError, match="host tier"):
         simulate(w, SimConfig(preemption="swap"))
+
+
+def test_empty_workload_and_bad_group_kind() -> None:
+    empty = Workload("empty", np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0))
+    r = simulate(empty, SimConfig())
+    assert (r.steps, r.finished_requests, r.free) == (0, 0, 1.0)
+    with pytest.raises(InvalidArgumentError, match="unknown group_kind"):
+        simulate(Workload("g", np.ones(1, dtype=np.int64), np.ones(1, dtype=np.int64), np.zeros(1), group_kind="tree"), SimConfig())
+    with pytest.raises(InvalidArgumentError, match="more than any pool holds"):
+        simulate(plain([2**40], [1]), SimConfig())

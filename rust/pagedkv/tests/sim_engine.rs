@@ -734,3 +734,36 @@ fn prefix_caching_with_groups_and_pressure_keeps_invariants() {
         }
     }
 }
+
+#[test]
+fn huge_values_are_rejected_not_overflowed() {
+    let w = plain(&[(10, 10)]);
+    let huge = SimConfig {
+        num_slots: usize::MAX,
+        ..Default::default()
+    };
+    assert!(
+        matches!(simulate(&w, &huge), Err(Error::InvalidArgument(m)) if m.contains("num_slots"))
+    );
+    let wide = SimConfig {
+        allocator: AllocatorKind::ContiguousOracle,
+        block_size: 1,
+        num_slots: 1 << 30,
+        ..Default::default()
+    };
+    assert!(simulate(&w, &wide).is_ok());
+    assert!(
+        matches!(record_frames(&w, &wide, 5), Err(Error::InvalidArgument(m)) if m.contains("cells"))
+    );
+    let big_len = SimConfig {
+        max_model_len: usize::MAX,
+        allocator: AllocatorKind::ContiguousMax,
+        ..Default::default()
+    };
+    assert!(
+        matches!(simulate(&w, &big_len), Err(Error::InvalidArgument(m)) if m.contains("request 0"))
+    );
+    let empty = Workload::new(Vec::new(), GroupKind::None).unwrap();
+    let r = simulate(&empty, &SimConfig::default()).unwrap();
+    assert_eq!((r.steps, r.finished_requests, r.free), (0, 0, 1.0));
+}

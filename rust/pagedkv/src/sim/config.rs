@@ -3,7 +3,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::{Error, Result};
+use crate::{Error, Result, MAX_NUM_SLOTS};
 
 /// How KV memory is handed to requests.
 ///
@@ -200,8 +200,11 @@ impl SimConfig {
         if self.block_size == 0 {
             return bad("block_size must be at least 1".into());
         }
-        if self.num_slots == 0 {
-            return bad("num_slots must be at least 1".into());
+        if self.num_slots == 0 || self.num_slots > MAX_NUM_SLOTS {
+            return bad(format!(
+                "num_slots must lie in 1..={MAX_NUM_SLOTS}, got {}",
+                self.num_slots
+            ));
         }
         if self.allocator == AllocatorKind::Paged && self.num_slots < self.block_size {
             return bad(format!(

@@ -19,7 +19,7 @@ use super::metrics::{Accumulator, SimResult};
 use super::paged::PagedMemory;
 use super::rng::SplitMix64;
 use super::workload::{GroupKind, Workload};
-use crate::{Error, Result, SeqId};
+use crate::{Error, Result, SeqId, MAX_NUM_BLOCKS};
 
 /// Progress of a running simulation, passed to the progress callback.
 ///
@@ -78,6 +78,13 @@ pub fn record_frames(
         return Err(Error::InvalidArgument(
             "max_steps must be at least 1".into(),
         ));
+    }
+    let num_cells = config.num_slots.div_ceil(config.block_size.max(1));
+    if num_cells > MAX_NUM_BLOCKS {
+        return Err(Error::InvalidArgument(format!(
+            "record_frames draws one cell per block of {} slots: {num_cells} cells is more than {MAX_NUM_BLOCKS}",
+            config.block_size
+        )));
     }
     let mut config = config.clone();
     config.max_steps = Some(config.max_steps.map_or(max_steps, |m| m.min(max_steps)));

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::{Error, Result};
+use crate::{Error, Result, MAX_NUM_SLOTS};
 
 /// How the sequences of one request relate (vLLM's parallel sampling and beam search).
 ///
@@ -151,6 +151,12 @@ impl Workload {
             if o < 1 {
                 return bad(i, format!("output_tokens is {o} (must be at least 1)"));
             }
+            if p > MAX_NUM_SLOTS as i64 || o > MAX_NUM_SLOTS as i64 {
+                return bad(
+                    i,
+                    format!("{p} prompt + {o} output tokens is more than any pool holds ({MAX_NUM_SLOTS} slots)"),
+                );
+            }
             let a = arrival_s[i];
             if !a.is_finite() || a < 0.0 {
                 return bad(
@@ -265,6 +271,7 @@ mod tests {
         let msg = |r: Result<Workload>| r.unwrap_err().to_string();
         assert!(msg(plain(&[5, 0], &[1, 1])).contains("request 1: prompt_tokens is 0"));
         assert!(msg(plain(&[5, 5, 5], &[1, 1, -7])).contains("request 2: output_tokens is -7"));
+        assert!(msg(plain(&[5, 1 << 40], &[1, 1])).contains("request 1: 1099511627776 prompt"));
         assert!(msg(plain(&[5], &[1, 1])).contains("output_tokens has 2 entries"));
         let e = Workload::from_arrays(
             &[1, 1],
