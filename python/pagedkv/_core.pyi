@@ -1,6 +1,5 @@
 """Type stubs for the compiled extension ``pagedkv._core`` (checked by ``mypy.stubtest``)."""
 
-from collections.abc import Sequence
 from typing import Union, final
 
 import numpy as np
@@ -12,8 +11,8 @@ __all__ = ["BlockPool", "KvCacheManager", "__version__"]
 
 __version__: str
 
-_TokenIds = Union[Sequence[int], range, npt.NDArray[np.integer]]
-_SeqIds = Union[Sequence[int], range, npt.NDArray[np.integer]]
+_TokenIds = Union[list[int], tuple[int, ...], npt.NDArray[np.integer]]
+_SeqIds = Union[list[int], tuple[int, ...], npt.NDArray[np.integer]]
 
 @final
 class BlockPool:

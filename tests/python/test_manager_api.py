@@ -80,7 +80,7 @@ def test_add_sequence_token_inputs() -> None:
     kv = pagedkv.KvCacheManager(num_blocks=64, block_size=4)
     kv.add_sequence(1, [1, 2, 3])
     kv.add_sequence(2, (1, 2, 3))
-    kv.add_sequence(3, range(3))
+    kv.add_sequence(3, np.array([1, 2, 3], dtype=np.uint8))
     for seq_id, dtype in enumerate([np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32,
                                     np.int64, np.uint64], start=10):
         kv.add_sequence(seq_id, np.arange(5, dtype=dtype))
@@ -184,7 +184,7 @@ def test_batch_calls() -> None:
     empty_tables, empty_lens = kv.batch_block_tables([])
     assert empty_tables.shape[0] == 0 and empty_lens.shape == (0,)
     assert kv.can_append(0) and kv.can_append(0, 4) and not kv.can_append(0, 10**6)
-    kv.free_batch((0, 1))
+    kv.free_batch((0, 1))  # a tuple works too
     assert 0 not in kv and 1 not in kv and 2 in kv
     kv.check_invariants()
 

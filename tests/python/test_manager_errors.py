@@ -19,7 +19,7 @@ from pagedkv import (
     UnknownSequenceError,
 )
 
-from conftest import snapshot
+from kv_test_helpers import snapshot
 
 
 def make() -> pagedkv.KvCacheManager:
@@ -121,6 +121,19 @@ def test_duplicate_ids_in_a_batch() -> None:
     assert_fails_cleanly(kv, InvalidArgumentError, lambda: kv.append_tokens_batch([1, 1]))
 
 
+@pytest.mark.parametrize("bad_ids", [range(2), {1, 2}, 1, "12", np.array([[1, 2]]),
+                                     np.array([1.0, 2.0]), np.array([-1, 1])], ids=repr)
+def test_bad_sequence_id_lists(bad_ids: Any) -> None:
+    kv = make()
+    for op in [
+        lambda: kv.free_batch(bad_ids),
+        lambda: kv.append_tokens_batch(bad_ids),
+        lambda: kv.batch_block_tables(bad_ids),
+        lambda: kv.slot_mapping(bad_ids, 1),
+    ]:
+        assert_fails_cleanly(kv, InvalidArgumentError, op)
+
+
 @pytest.mark.parametrize(
     "bad_tokens",
     [
@@ -142,6 +155,8 @@ def test_duplicate_ids_in_a_batch() -> None:
         "abc",
         b"abc",
         {1, 2},
+        range(3),  # lazy iterables are refused: their length is not bounded by memory
+        (i for i in range(3)),
         3,
         3.0,
     ],

@@ -7,6 +7,7 @@ import random
 import threading
 
 import numpy as np
+import pytest
 
 import pagedkv
 from pagedkv import OutOfBlocksError, UnknownSequenceError
@@ -66,6 +67,14 @@ def worker_ops(kv: pagedkv.KvCacheManager, index: int, shared_ids: bool) -> None
                 tables, lens = kv.batch_block_tables(ids)
                 assert tables.shape[0] == len(ids) and lens.shape == (len(ids),)
                 kv.slot_mapping(ids, 1)
+            elif op < 0.95 and kv.num_host_blocks:
+                victim = rng.choice(live)
+                kv.swap_out(victim)
+                try:
+                    kv.swap_in(victim)
+                except OutOfBlocksError:
+                    live.remove(victim)
+                    kv.free(victim)
             else:
                 kv.take_copy_ops()
                 kv.stats()
@@ -73,7 +82,8 @@ def worker_ops(kv: pagedkv.KvCacheManager, index: int, shared_ids: bool) -> None
         except OutOfBlocksError:
             if live:
                 kv.free(live.pop(0)) if not shared_ids else None
-        except (UnknownSequenceError, pagedkv.SequenceExistsError, pagedkv.InvalidArgumentError):
+        except (UnknownSequenceError, pagedkv.SequenceExistsError, pagedkv.InvalidArgumentError,
+                pagedkv.SequenceSwappedOutError):
             if not shared_ids:
                 raise
             live = [s for s in live if s in kv]
@@ -81,25 +91,35 @@ def worker_ops(kv: pagedkv.KvCacheManager, index: int, shared_ids: bool) -> None
         kv.free_batch(live)
 
 
-def test_threads_hammering_one_manager_with_disjoint_ids() -> None:
-    kv = pagedkv.KvCacheManager(num_blocks=4096, block_size=16, enable_prefix_caching=False)
+@pytest.mark.parametrize(("prefix_caching", "num_host_blocks"), [(False, 0), (True, 0), (False, 512)])
+def test_threads_hammering_one_manager_with_disjoint_ids(
+    prefix_caching: bool, num_host_blocks: int
+) -> None:
+    kv = pagedkv.KvCacheManager(num_blocks=4096, block_size=16,
+                                enable_prefix_caching=prefix_caching,
+                                num_host_blocks=num_host_blocks)
     run_threads(lambda i: worker_ops(kv, i, shared_ids=False), NUM_THREADS)
     kv.check_invariants()
     assert len(kv) == 0 and kv.num_free_blocks == 4096
+    assert kv.stats()["num_blocks_in_use"] == 0
+    if prefix_caching:
+        assert kv.stats()["prefix_hit_tokens"] > 0  # the prompts share prefixes
+        kv.take_events()
 
 
-def test_threads_racing_on_the_same_ids() -> None:
-    kv = pagedkv.KvCacheManager(num_blocks=2048, block_size=16)
+@pytest.mark.parametrize("prefix_caching", [False, True])
+def test_threads_racing_on_the_same_ids(prefix_caching: bool) -> None:
+    kv = pagedkv.KvCacheManager(num_blocks=2048, block_size=16,
+                                enable_prefix_caching=prefix_caching, num_host_blocks=256)
     run_threads(lambda i: worker_ops(kv, i, shared_ids=True), NUM_THREADS)
     kv.check_invariants()
     stats = kv.stats()
-    assert stats["num_blocks_in_use"] + stats["num_free_blocks"] == 2048
-    kv.free_batch(range(64)) if all(s in kv for s in range(64)) else None
+    assert stats["num_blocks_in_use"] + stats["num_cached_blocks"] + stats["num_free_blocks"] == 2048
     for seq_id in range(64):
         if seq_id in kv:
             kv.free(seq_id)
     kv.check_invariants()
-    assert kv.num_free_blocks == 2048
+    assert kv.num_free_blocks == 2048 and kv.num_free_host_blocks == 256
 
 
 def test_managers_on_one_shared_pool() -> None:

@@ -10,7 +10,7 @@
 use numpy::{PyArray1, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyFloat, PyInt, PyList, PyRange, PyString, PyTuple};
+use pyo3::types::{PyBool, PyBytes, PyFloat, PyInt, PyList, PyString, PyTuple};
 
 use crate::errors::invalid_argument;
 
@@ -41,20 +41,33 @@ fn extract_u64(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
 fn extract_u64_slow(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
     let py = obj.py();
     if obj.is_instance_of::<PyBool>() || obj.is_instance_of::<PyFloat>() {
-        return Err(invalid_argument(py, format!("{what} must be an int, got {}", type_name(obj))));
+        return Err(invalid_argument(
+            py,
+            format!("{what} must be an int, got {}", type_name(obj)),
+        ));
     }
     obj.extract::<u64>().map_err(|_| {
         invalid_argument(
             py,
-            format!("{what} must be an int in [0, 2**64), got {} {}", type_name(obj), repr(obj)),
+            format!(
+                "{what} must be an int in [0, 2**64), got {} {}",
+                type_name(obj),
+                repr(obj)
+            ),
         )
     })
 }
 
 fn repr(obj: &Bound<'_, PyAny>) -> String {
-    let text = obj.repr().map(|r| r.to_string()).unwrap_or_else(|_| "<unrepresentable>".to_owned());
+    let text = obj
+        .repr()
+        .map(|r| r.to_string())
+        .unwrap_or_else(|_| "<unrepresentable>".to_owned());
     if text.len() > 80 {
-        format!("{}...", &text[..text.char_indices().nth(77).map_or(text.len(), |(i, _)| i)])
+        format!(
+            "{}...",
+            &text[..text.char_indices().nth(77).map_or(text.len(), |(i, _)| i)]
+        )
     } else {
         text
     }
@@ -75,7 +88,10 @@ fn extract_token(obj: &Bound<'_, PyAny>) -> PyResult<u32> {
 fn extract_token_slow(obj: &Bound<'_, PyAny>) -> PyResult<u32> {
     let value = extract_u64(obj, "token id")?;
     u32::try_from(value).map_err(|_| {
-        invalid_argument(obj.py(), format!("token id must be in [0, 2**32), got {value}"))
+        invalid_argument(
+            obj.py(),
+            format!("token id must be in [0, 2**32), got {value}"),
+        )
     })
 }
 
@@ -100,14 +116,17 @@ fn read_exact_int_list(list: &Bound<'_, PyList>, mut sink: impl FnMut(usize, i64
             if ffi::PyLong_CheckExact(item) == 0 {
                 return false;
             }
-            let value = ffi::PyLong_AsLong(item);
-            if value == -1 && !ffi::PyErr_Occurred().is_null() {
-                ffi::PyErr_Clear();
+            let mut overflow: std::os::raw::c_int = 0;
+            let value = ffi::PyLong_AsLongAndOverflow(item, &mut overflow);
+            if overflow != 0 {
                 return false;
             }
             value
         };
-        if !sink(index, i64::from(value)) {
+        // `c_long` is 32-bit on Windows: widen explicitly.
+        #[allow(clippy::useless_conversion)]
+        let value = i64::from(value);
+        if !sink(index, value) {
             return false;
         }
     }
@@ -161,9 +180,14 @@ impl<'a, 'py> FromPyObject<'a, 'py> for BlockIdArg {
 /// Token lists up to this length are read into a stack buffer.
 const INLINE_TOKENS: usize = 32;
 
-/// Token ids, from a list, tuple or range of ints or a 1-D NumPy integer array `[num_tokens]`.
+/// Token ids, from a list or tuple of ints or a 1-D NumPy integer array `[num_tokens]`.
+/// Lazy iterables (`range`, generators) are refused: their length is unbounded by memory, so
+/// materializing one could exhaust it before any validation.
 pub enum TokenIds {
-    Inline { len: usize, ids: [u32; INLINE_TOKENS] },
+    Inline {
+        len: usize,
+        ids: [u32; INLINE_TOKENS],
+    },
     Heap(Vec<u32>),
 }
 
@@ -182,12 +206,14 @@ impl TokenIds {
         let in_range = |value: i64| u32::try_from(value).ok();
         if len <= INLINE_TOKENS {
             let mut ids = [0_u32; INLINE_TOKENS];
-            let ok = read_exact_int_list(list, |index, value| match (ids.get_mut(index), in_range(value)) {
-                (Some(slot), Some(id)) => {
-                    *slot = id;
-                    true
+            let ok = read_exact_int_list(list, |index, value| {
+                match (ids.get_mut(index), in_range(value)) {
+                    (Some(slot), Some(id)) => {
+                        *slot = id;
+                        true
+                    }
+                    _ => false,
                 }
-                _ => false,
             });
             ok.then_some(TokenIds::Inline { len, ids })
         } else {
@@ -240,10 +266,6 @@ impl<'a, 'py> FromPyObject<'a, 'py> for TokenIds {
             return TokenIds::from_items(tuple.len(), tuple.iter());
         }
         let py = obj.py();
-        if obj.is_instance_of::<PyRange>() {
-            let len = obj.len().map_err(|e| invalid_argument(py, e.to_string()))?;
-            return TokenIds::from_items(len, obj.try_iter()?.filter_map(Result::ok));
-        }
         if obj.is_instance_of::<PyUntypedArray>() {
             return integer_array(&obj, "token_ids", |value, py| {
                 u32::try_from(value).map_err(|_| {
@@ -255,14 +277,14 @@ impl<'a, 'py> FromPyObject<'a, 'py> for TokenIds {
         Err(invalid_argument(
             py,
             format!(
-                "token_ids must be a list, tuple or range of ints or a 1-D integer NumPy array, got {}",
+                "token_ids must be a list or tuple of ints or a 1-D integer NumPy array, got {}",
                 type_name(&obj)
             ),
         ))
     }
 }
 
-/// Sequence ids, from a list, tuple or range of ints or a 1-D NumPy integer array `[B]`.
+/// Sequence ids, from a list or tuple of ints or a 1-D NumPy integer array `[B]`.
 pub struct SeqIds(pub Vec<u64>);
 
 fn seq_id_list(obj: &Bound<'_, PyAny>) -> Option<PyResult<Vec<u64>>> {
@@ -290,17 +312,13 @@ fn seq_id_list(obj: &Bound<'_, PyAny>) -> Option<PyResult<Vec<u64>>> {
     if let Ok(tuple) = obj.cast::<PyTuple>() {
         return Some(collect(tuple.len(), &mut tuple.iter()));
     }
-    if obj.is_instance_of::<PyRange>() {
-        let iter = match obj.try_iter() {
-            Ok(iter) => iter,
-            Err(err) => return Some(Err(err)),
-        };
-        return Some(collect(obj.len().unwrap_or(0), &mut iter.filter_map(Result::ok)));
-    }
     if obj.is_instance_of::<PyUntypedArray>() {
         return Some(integer_array(obj, "seq_ids", |value, py| {
             u64::try_from(value).map_err(|_| {
-                invalid_argument(py, format!("sequence id must be in [0, 2**64), got {value}"))
+                invalid_argument(
+                    py,
+                    format!("sequence id must be in [0, 2**64), got {value}"),
+                )
             })
         }));
     }
@@ -316,7 +334,7 @@ impl<'a, 'py> FromPyObject<'a, 'py> for SeqIds {
             None => Err(invalid_argument(
                 obj.py(),
                 format!(
-                    "seq_ids must be a list, tuple or range of ints or a 1-D integer NumPy array, got {}",
+                    "seq_ids must be a list or tuple of ints or a 1-D integer NumPy array, got {}",
                     type_name(&obj)
                 ),
             )),
@@ -357,7 +375,10 @@ impl<'a, 'py> FromPyObject<'a, 'py> for ExtraKey {
         }
         Err(invalid_argument(
             obj.py(),
-            format!("extra_key must be str, bytes or int, got {}", type_name(&obj)),
+            format!(
+                "extra_key must be str, bytes or int, got {}",
+                type_name(&obj)
+            ),
         ))
     }
 }
@@ -369,7 +390,9 @@ fn integer_array<T>(
     convert: impl Fn(i128, Python<'_>) -> PyResult<T>,
 ) -> PyResult<Vec<T>> {
     let py = obj.py();
-    let array = obj.cast::<PyUntypedArray>().map_err(|e| invalid_argument(py, e.to_string()))?;
+    let array = obj
+        .cast::<PyUntypedArray>()
+        .map_err(|e| invalid_argument(py, e.to_string()))?;
     if array.ndim() != 1 {
         return Err(invalid_argument(
             py,
@@ -399,5 +422,8 @@ fn integer_array<T>(
         )*};
     }
     try_dtype!(i64, i32, u32, u64, i16, u16, i8, u8);
-    Err(invalid_argument(py, format!("{name}: unsupported integer dtype {}", array.dtype())))
+    Err(invalid_argument(
+        py,
+        format!("{name}: unsupported integer dtype {}", array.dtype()),
+    ))
 }

@@ -15,7 +15,10 @@ struct ImportedClass {
 
 impl ImportedClass {
     const fn new(name: &'static str) -> Self {
-        Self { name, cell: PyOnceLock::new() }
+        Self {
+            name,
+            cell: PyOnceLock::new(),
+        }
     }
 
     fn get<'py>(&self, py: Python<'py>) -> PyResult<&Bound<'py, PyType>> {
@@ -60,11 +63,30 @@ pub fn tier_name(tier: &Tier) -> String {
 pub fn to_pyerr(py: Python<'_>, error: Error) -> PyErr {
     let message = error.to_string();
     match error {
-        Error::OutOfBlocks { tier, needed_blocks, available_blocks } => {
+        Error::OutOfBlocks {
+            tier,
+            needed_blocks,
+            available_blocks,
+        } => {
             let attrs = [
-                ("tier", tier_name(&tier).into_pyobject(py).map(|s| s.into_any().unbind())),
-                ("needed_blocks", needed_blocks.into_pyobject(py).map(|v| v.into_any().unbind())),
-                ("available_blocks", available_blocks.into_pyobject(py).map(|v| v.into_any().unbind())),
+                (
+                    "tier",
+                    tier_name(&tier)
+                        .into_pyobject(py)
+                        .map(|s| s.into_any().unbind()),
+                ),
+                (
+                    "needed_blocks",
+                    needed_blocks
+                        .into_pyobject(py)
+                        .map(|v| v.into_any().unbind()),
+                ),
+                (
+                    "available_blocks",
+                    available_blocks
+                        .into_pyobject(py)
+                        .map(|v| v.into_any().unbind()),
+                ),
                 (
                     "blocks_short",
                     needed_blocks
@@ -79,15 +101,24 @@ pub fn to_pyerr(py: Python<'_>, error: Error) -> PyErr {
                 .collect();
             raise(py, &OUT_OF_BLOCKS, message, &attrs)
         }
-        Error::UnknownSequence(seq_id) => {
-            raise(py, &UNKNOWN_SEQUENCE, message, &[("seq_id", seq_id_object(py, seq_id))])
-        }
-        Error::SequenceExists(seq_id) => {
-            raise(py, &SEQUENCE_EXISTS, message, &[("seq_id", seq_id_object(py, seq_id))])
-        }
-        Error::SequenceSwappedOut(seq_id) => {
-            raise(py, &SEQUENCE_SWAPPED_OUT, message, &[("seq_id", seq_id_object(py, seq_id))])
-        }
+        Error::UnknownSequence(seq_id) => raise(
+            py,
+            &UNKNOWN_SEQUENCE,
+            message,
+            &[("seq_id", seq_id_object(py, seq_id))],
+        ),
+        Error::SequenceExists(seq_id) => raise(
+            py,
+            &SEQUENCE_EXISTS,
+            message,
+            &[("seq_id", seq_id_object(py, seq_id))],
+        ),
+        Error::SequenceSwappedOut(seq_id) => raise(
+            py,
+            &SEQUENCE_SWAPPED_OUT,
+            message,
+            &[("seq_id", seq_id_object(py, seq_id))],
+        ),
         Error::InvalidArgument(_) | Error::DoubleFree(_) => {
             raise(py, &INVALID_ARGUMENT, message, &[])
         }

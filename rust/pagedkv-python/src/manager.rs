@@ -17,7 +17,6 @@ use pagedkv::{Error, KvCacheManager, ManagerConfig};
 
 use crate::convert::{BlockIdArg, CountArg, ExtraKey, OneOrManySeqIds, SeqIdArg, SeqIds, TokenIds};
 use crate::errors::{invalid_argument, invariant_violation, to_pyerr};
-#[cfg(any())] // PHASE2
 use crate::events::events_to_python;
 use crate::pool::{check_int32_block_count, PyBlockPool};
 use crate::stats::stats_to_dict;
@@ -45,12 +44,21 @@ fn failure_to_pyerr(py: Python<'_>, failure: Failure) -> PyErr {
         Failure::Core(error) => to_pyerr(py, error),
         Failure::Poisoned => invariant_violation(
             py,
-            "KvCacheManager is unusable: an earlier call panicked while holding its lock".to_owned(),
+            "KvCacheManager is unusable: an earlier call panicked while holding its lock"
+                .to_owned(),
         ),
     }
 }
 
-/// The paged KV-cache manager: block tables per sequence over a shared physical block pool.
+/// The paged KV-cache manager: a copy-on-write block table per sequence over a physical
+/// block pool, with optional prefix caching and a host swap tier.
+///
+/// `KvCacheManager(num_blocks=1024, block_size=16, enable_prefix_caching=False,
+/// num_host_blocks=0, *, pool=None, hash_seed=0, max_events=65536)`. With `pool` (a
+/// `BlockPool`), `num_blocks` and `block_size` come from the pool (given ones must agree).
+/// `hash_seed` keys the 128-bit block hashes; `max_events` bounds the KV-event queue (when
+/// full, the oldest event is dropped and counted in `stats()["events_dropped"]`).
+/// Every method is safe to call from several Python threads; batch calls release the GIL.
 #[pyclass(module = "pagedkv._core", name = "KvCacheManager", frozen)]
 pub struct PyKvCacheManager {
     inner: Mutex<KvCacheManager>,
@@ -82,10 +90,15 @@ impl PyKvCacheManager {
     /// Runs an infallible read on the locked manager.
     #[inline]
     fn read<T>(&self, py: Python<'_>, op: impl FnOnce(&mut KvCacheManager) -> T) -> PyResult<T> {
-        let mut guard = self.lock().map_err(|failure| failure_to_pyerr(py, failure))?;
+        let mut guard = self
+            .lock()
+            .map_err(|failure| failure_to_pyerr(py, failure))?;
         Ok(op(&mut guard))
     }
 }
+
+/// (int32 `[B, max_blocks]` block tables, int32 `[B]` sequence lengths).
+type TablesAndLens<'py> = (Bound<'py, PyArray2<i32>>, Bound<'py, PyArray1<i32>>);
 
 /// `[N, 2]` int32 pairs (shape `(0, 2)` when empty).
 fn pairs_to_array<'py>(
@@ -114,8 +127,10 @@ impl PyKvCacheManager {
         num_blocks=None, block_size=None, enable_prefix_caching=false, num_host_blocks=CountArg(0),
         *, pool=None, hash_seed=SeqIdArg(0), max_events=None
     ))]
-    #[pyo3(text_signature = "(num_blocks=None, block_size=None, enable_prefix_caching=False, \
-        num_host_blocks=0, *, pool=None, hash_seed=0, max_events=None)")]
+    #[pyo3(
+        text_signature = "(num_blocks=None, block_size=None, enable_prefix_caching=False, \
+        num_host_blocks=0, *, pool=None, hash_seed=0, max_events=None)"
+    )]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -154,7 +169,10 @@ impl PyKvCacheManager {
                         if given.0 != actual {
                             return Err(invalid_argument(
                                 py,
-                                format!("{name}={} disagrees with the pool's {name}={actual}", given.0),
+                                format!(
+                                    "{name}={} disagrees with the pool's {name}={actual}",
+                                    given.0
+                                ),
                             ));
                         }
                     }
@@ -168,8 +186,12 @@ impl PyKvCacheManager {
             None => {
                 check_int32_block_count(py, "num_blocks", config.num_blocks)?;
                 let manager = KvCacheManager::new(config).map_err(|e| to_pyerr(py, e))?;
-                let pool_object =
-                    Py::new(py, PyBlockPool { inner: Arc::clone(manager.pool()) })?;
+                let pool_object = Py::new(
+                    py,
+                    PyBlockPool {
+                        inner: Arc::clone(manager.pool()),
+                    },
+                )?;
                 (manager, pool_object)
             }
         };
@@ -243,7 +265,8 @@ impl PyKvCacheManager {
         }
     }
 
-    /// Whether `num_tokens` more tokens fit now (False while swapped out or out of blocks).
+    /// Whether `num_tokens` more tokens fit now (False when short of blocks or when they could
+    /// never fit; a swapped-out sequence raises `SequenceSwappedOutError`).
     #[pyo3(signature = (seq_id, num_tokens=CountArg(1)), text_signature = "(self, seq_id, num_tokens=1)")]
     fn can_append(&self, py: Python<'_>, seq_id: SeqIdArg, num_tokens: CountArg) -> PyResult<bool> {
         self.run(py, false, |kv| kv.can_append(seq_id.0, num_tokens.0))
@@ -279,7 +302,9 @@ impl PyKvCacheManager {
                         ),
                     ));
                 }
-                self.run(py, heavy, |kv| kv.append_tokens_batch(seqs, ids, num_tokens.0))
+                self.run(py, heavy, |kv| {
+                    kv.append_tokens_batch(seqs, ids, num_tokens.0)
+                })
             }
             None => self.run(py, heavy, |kv| kv.append_len_batch(seqs, num_tokens.0)),
         }
@@ -308,7 +333,11 @@ impl PyKvCacheManager {
         seq_id: SeqIdArg,
     ) -> PyResult<Bound<'py, PyArray1<i32>>> {
         let table: Vec<i32> = self.run(py, false, |kv| {
-            Ok(kv.block_table(seq_id.0)?.iter().map(|&b| block_id_to_i32(b)).collect())
+            Ok(kv
+                .block_table(seq_id.0)?
+                .iter()
+                .map(|&b| block_id_to_i32(b))
+                .collect())
         })?;
         Ok(PyArray1::from_vec(py, table))
     }
@@ -323,10 +352,12 @@ impl PyKvCacheManager {
         &self,
         py: Python<'py>,
         seq_ids: SeqIds,
-    ) -> PyResult<(Bound<'py, PyArray2<i32>>, Bound<'py, PyArray1<i32>>)> {
+    ) -> PyResult<TablesAndLens<'py>> {
         let seqs = seq_ids.0.as_slice();
         let (tables, max_blocks, seq_lens) =
-            self.run(py, seqs.len() >= DETACH_MIN_BATCH, |kv| kv.batch_block_tables(seqs))?;
+            self.run(py, seqs.len() >= DETACH_MIN_BATCH, |kv| {
+                kv.batch_block_tables(seqs)
+            })?;
         let tables = PyArray1::from_vec(py, tables).reshape([seqs.len(), max_blocks])?;
         Ok((tables, PyArray1::from_vec(py, seq_lens)))
     }
@@ -340,8 +371,9 @@ impl PyKvCacheManager {
         num_new_tokens: CountArg,
     ) -> PyResult<Bound<'py, PyArray1<i64>>> {
         let seqs = seq_ids.0.as_slice();
-        let slots =
-            self.run(py, seqs.len() >= DETACH_MIN_BATCH, |kv| kv.slot_mapping(seqs, num_new_tokens.0))?;
+        let slots = self.run(py, seqs.len() >= DETACH_MIN_BATCH, |kv| {
+            kv.slot_mapping(seqs, num_new_tokens.0)
+        })?;
         Ok(PyArray1::from_vec(py, slots))
     }
 
@@ -398,7 +430,6 @@ impl PyKvCacheManager {
         self.read(py, |kv| kv.num_free_blocks())
     }
 
-    #[cfg(any())] // PHASE2
     /// Free host-tier blocks.
     #[getter]
     fn num_free_host_blocks(&self, py: Python<'_>) -> PyResult<usize> {
@@ -416,7 +447,6 @@ impl PyKvCacheManager {
         self.read(py, |kv| kv.blocks_needed_for_prompt(num_tokens.0))
     }
 
-    #[cfg(any())] // PHASE2
     /// Whether the sequence is swapped out to the host tier.
     fn is_swapped_out(&self, py: Python<'_>, seq_id: SeqIdArg) -> PyResult<bool> {
         self.run(py, false, |kv| kv.is_swapped_out(seq_id.0))
@@ -433,7 +463,6 @@ impl PyKvCacheManager {
         self.run(py, true, |kv| kv.check_invariants())
     }
 
-    #[cfg(any())] // PHASE2
     /// Moves one sequence or a fork group to the host tier; int32 `[N, 2]`
     /// (device_block, host_block) copies to run before the device blocks are reused.
     fn swap_out<'py>(
@@ -446,7 +475,6 @@ impl PyKvCacheManager {
         pairs_to_array(py, &pairs)
     }
 
-    #[cfg(any())] // PHASE2
     /// Brings swapped-out sequences back; int32 `[N, 2]` (host_block, device_block) copies.
     fn swap_in<'py>(
         &self,
@@ -458,18 +486,16 @@ impl PyKvCacheManager {
         pairs_to_array(py, &pairs)
     }
 
-    #[cfg(any())] // PHASE2
     /// Empties the prefix index; False (and nothing changes) while any block is in use.
     fn reset_prefix_cache(&self, py: Python<'_>) -> PyResult<bool> {
         self.read(py, |kv| kv.reset_prefix_cache())
     }
 
-    #[cfg(any())] // PHASE2
     /// Drains the KV events recorded while prefix caching is on, oldest first:
     /// `pagedkv.BlockStored`, `pagedkv.BlockRemoved`, `pagedkv.AllBlocksCleared`.
     fn take_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let events = self.read(py, |kv| kv.take_events())?;
-        events_to_python(py, events, self.block_size)
+        events_to_python(py, events)
     }
 
     fn __contains__(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<bool> {
@@ -491,7 +517,11 @@ impl PyKvCacheManager {
              num_host_blocks={}, num_sequences={num_sequences}, num_free_blocks={num_free_blocks})",
             self.num_blocks,
             self.block_size,
-            if self.enable_prefix_caching { "True" } else { "False" },
+            if self.enable_prefix_caching {
+                "True"
+            } else {
+                "False"
+            },
             self.num_host_blocks,
         ))
     }

@@ -35,9 +35,11 @@ impl PyBlockPool {
     )]
     fn new(py: Python<'_>, num_blocks: CountArg, block_size: CountArg) -> PyResult<Self> {
         check_int32_block_count(py, "num_blocks", num_blocks.0)?;
-        let pool = pagedkv::BlockPool::new(num_blocks.0, block_size.0)
-            .map_err(|e| to_pyerr(py, e))?;
-        Ok(Self { inner: Arc::new(pool) })
+        let pool =
+            pagedkv::BlockPool::new(num_blocks.0, block_size.0).map_err(|e| to_pyerr(py, e))?;
+        Ok(Self {
+            inner: Arc::new(pool),
+        })
     }
 
     /// Total physical blocks in the pool.
@@ -66,7 +68,8 @@ impl PyBlockPool {
     /// Checks the pool's free-list consistency; raises `InvariantViolation`.
     fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
         let pool = Arc::clone(&self.inner);
-        py.detach(move || pool.check_invariants()).map_err(|e| to_pyerr(py, e))
+        py.detach(move || pool.check_invariants())
+            .map_err(|e| to_pyerr(py, e))
     }
 
     fn __repr__(&self) -> String {

@@ -115,9 +115,48 @@ fn fork_and_free(c: &mut Criterion) {
     g.finish();
 }
 
+fn prefix_admission(c: &mut Criterion) {
+    let mut g = c.benchmark_group("prefix_admit_2000_tokens_1024_cached");
+    g.throughput(criterion::Throughput::Elements(2000));
+    for caching in [true, false] {
+        let name = if caching { "caching_on" } else { "caching_off" };
+        g.bench_function(name, |b| {
+            let mut kv = KvCacheManager::new(ManagerConfig {
+                num_blocks: 4096,
+                block_size: 16,
+                enable_prefix_caching: caching,
+                ..Default::default()
+            })
+            .unwrap();
+            let prefix: Vec<u32> = (0..1024).collect();
+            kv.add_sequence(0, &prefix, None).unwrap(); // keeps the 64 prefix blocks cached
+            let mut prompt = prefix.clone();
+            prompt.resize(2000, 0);
+            let mut round = 0u32;
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    // A fresh suffix each time, so only the 1,024-token prefix hits.
+                    round += 1;
+                    for (i, t) in prompt[1024..].iter_mut().enumerate() {
+                        *t = 1_000_000 + round * 1000 + i as u32;
+                    }
+                    let start = Instant::now();
+                    let hit = kv.add_sequence(1, black_box(&prompt), None).unwrap();
+                    total += start.elapsed();
+                    assert_eq!(hit, if caching { 1024 } else { 0 });
+                    kv.free(1).unwrap();
+                }
+                total
+            })
+        });
+    }
+    g.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1));
-    targets = append_one_token, fork_and_free
+    targets = append_one_token, fork_and_free, prefix_admission
 }
 criterion_main!(benches);
