@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 import pytest
-from conftest import synthetic_workload
+from sim_helpers import synthetic_workload
 
 from pagedkv import _core
 from pagedkv.errors import InvalidArgumentError
@@ -240,3 +240,57 @@ def test_progress_callback_and_early_stop(capsys: pytest.CaptureFixture[str]) ->
         _core.simulate(*args, cfg, boom)
     r = simulate(w, config, progress=True)
     assert r.finished_requests == 4
+
+
+def test_shared_system_prompts_hit_the_prefix_cache() -> None:
+    # 16 system prompts of 1,024 tokens plus unique suffixes of 100-500 tokens (issue 5 item 6).
+    rng = np.random.default_rng(7)
+    n = 200
+    prefix_id = rng.integers(0, 16, size=n)
+    suffix = rng.integers(100, 501, size=n)
+    w = Workload(
+        "system-prompts",
+        1024 + suffix,
+        rng.integers(10, 200, size=n),
+        np.zeros(n),
+        prefix_id=prefix_id,
+        prefix_tokens=np.full(n, 1024),
+    )
+    config = SimConfig(num_slots=65_536, max_model_len=2048, check_invariants=True)
+    on = simulate(w, SimConfig(**{**config.__dict__, "enable_prefix_caching": True}))
+    off = simulate(w, config)
+    assert on.finished_requests == off.finished_requests == n
+    # Every request after the first of its prefix hits all 64 prefix blocks.
+    first_of_prefix = len(set(prefix_id.tolist()))
+    assert on.prefix_hit_tokens >= (n - first_of_prefix) * 1024
+    assert on.prefix_query_tokens == int(w.prompt_tokens.sum())
+    assert on.prefix_hit_rate > 0.6
+    assert on.prefill_tokens == int(w.prompt_tokens.sum()) - on.prefix_hit_tokens
+    assert off.prefix_hit_tokens == 0 and off.prefill_tokens == int(w.prompt_tokens.sum())
+    assert on.mean_used_blocks < off.mean_used_blocks
+    assert on.mean_resident_requests >= off.mean_resident_requests
+
+
+def test_swap_and_recompute_preemption() -> None:
+    w = synthetic_workload(200, seed=4)
+    base = SimConfig(num_slots=2048, max_model_len=2048, check_invariants=True)
+    recompute = simulate(w, base)
+    swap = simulate(w, SimConfig(**{**base.__dict__, "preemption": "swap", "num_host_slots": 8192}))
+    assert recompute.preemptions > 0 and swap.preemptions > 0
+    assert swap.swap_preemptions == swap.preemptions and swap.recomputed_tokens == 0
+    assert swap.swapped_out_blocks == swap.swapped_in_blocks > 0
+    assert swap.swapped_blocks == 2 * swap.swapped_out_blocks
+    assert swap.generated_tokens == recompute.generated_tokens == int(w.output_tokens.sum())
+    assert swap.prefill_tokens == int(w.prompt_tokens.sum())
+    with pytest.raises(InvalidArgumentError, match="host tier"):
+        simulate(w, SimConfig(preemption="swap"))
+
+
+def test_empty_workload_and_bad_group_kind() -> None:
+    empty = Workload("empty", np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0))
+    r = simulate(empty, SimConfig())
+    assert (r.steps, r.finished_requests, r.free) == (0, 0, 1.0)
+    with pytest.raises(InvalidArgumentError, match="unknown group_kind"):
+        simulate(Workload("g", np.ones(1, dtype=np.int64), np.ones(1, dtype=np.int64), np.zeros(1), group_kind="tree"), SimConfig())
+    with pytest.raises(InvalidArgumentError, match="more than any pool holds"):
+        simulate(plain([2**40], [1]), SimConfig())
