@@ -17,8 +17,10 @@
 //! ```
 
 mod error;
+mod host;
 mod manager;
 mod pool;
+mod prefix;
 mod stats;
 mod sync;
 mod table;
@@ -28,6 +30,7 @@ pub mod sim;
 pub use error::{Error, Result, Tier};
 pub use manager::{KvCacheManager, ManagerConfig};
 pub use pool::{BlockPool, MAX_NUM_BLOCKS, MAX_NUM_SLOTS};
+pub use prefix::{BlockHash, BlockHasher, KvEvent};
 pub use stats::Stats;
 pub use table::BlockTable;
 

@@ -15,8 +15,10 @@ use std::sync::Arc;
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use crate::error::{invalid, Error, Result};
+use crate::error::{invalid, Error, Result, Tier};
+use crate::host::HostTier;
 use crate::pool::BlockPool;
+use crate::prefix::{BlockHash, KvEvent, PrefixCache};
 use crate::stats::Stats;
 use crate::table::BlockTable;
 use crate::{BlockId, SeqId, TokenId};
@@ -61,8 +63,24 @@ impl Default for ManagerConfig {
 /// One live sequence.
 #[derive(Debug, Clone)]
 struct Sequence {
-    /// Its blocks and token count (invariant: len == ceil(num_tokens / block_size)).
+    /// Its blocks and token count (invariant: len == ceil(num_tokens / block_size)). Device
+    /// block ids while resident, host block ids while swapped out.
     table: BlockTable,
+    /// Whether the sequence is swapped out to the host tier.
+    swapped: bool,
+    /// Prefix-cache hashing state; `None` when caching is off or some token ids are unknown.
+    hashing: Option<SeqHashing>,
+}
+
+/// What a sequence needs to hash its blocks as they fill.
+#[derive(Debug, Clone)]
+struct SeqHashing {
+    /// Salt / adapter id / multimodal hash mixed into every block hash.
+    extra_key: Option<Arc<[u8]>>,
+    /// Hash of each full block, in order (len == num_tokens / block_size).
+    block_hashes: Vec<BlockHash>,
+    /// Token ids of the partial last block (len == num_tokens % block_size).
+    partial_tokens: Vec<TokenId>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -71,11 +89,13 @@ struct Counters {
     frees: u64,
     cow_copies: u64,
     forks: u64,
+    swap_out_blocks: u64,
+    swap_in_blocks: u64,
 }
 
-/// The KV-cache manager: sequences, their copy-on-write block tables, and the transitions
-/// between block states. `Send`; mutating calls take `&mut self`, so use one manager per
-/// thread (several may share one [`BlockPool`] through `Arc`).
+/// The KV-cache manager: sequences, their copy-on-write block tables, the prefix cache and
+/// the host swap tier. `Send`; mutating calls take `&mut self`, so use one manager per thread
+/// (several may share one [`BlockPool`] through `Arc`).
 ///
 /// ```
 /// use pagedkv::{KvCacheManager, ManagerConfig};
@@ -103,15 +123,21 @@ pub struct KvCacheManager {
     config: ManagerConfig,
     /// Live sequences by caller id.
     seqs: FxHashMap<SeqId, Sequence>,
-    /// Distinct device blocks referenced by `seqs` tables; each has refcount > 0 equal to its
+    /// Distinct device blocks referenced by resident tables; each has refcount > 0 equal to its
     /// number of table references (inv. 1).
     num_blocks_in_use: usize,
+    /// Sequences with `swapped == true`.
+    num_swapped: usize,
     /// Pending copy-on-write copies `(src, dst)` for the data plane, oldest first.
     pending_copies: Vec<(BlockId, BlockId)>,
     /// Lifetime counters.
     counters: Counters,
     /// Reused buffer for freshly allocated block ids (keeps allocation off the hot path).
     scratch: Vec<BlockId>,
+    /// The prefix cache (`enable_prefix_caching`): index, cached-evictable blocks, events.
+    prefix: Option<PrefixCache>,
+    /// The host swap tier (`num_host_blocks > 0`).
+    host: Option<HostTier>,
 }
 
 impl std::fmt::Debug for KvCacheManager {
@@ -157,21 +183,25 @@ impl KvCacheManager {
     pub fn with_pool(pool: Arc<BlockPool>, mut config: ManagerConfig) -> Result<Self> {
         config.num_blocks = pool.num_blocks();
         config.block_size = pool.block_size();
-        if config.enable_prefix_caching {
-            return invalid("prefix caching is not available in this build yet");
-        }
-        if config.num_host_blocks != 0 {
-            return invalid("the host swap tier is not available in this build yet");
-        }
+        let prefix = config.enable_prefix_caching.then(|| {
+            PrefixCache::new(pool.num_blocks(), pool.block_size(), config.hash_seed, config.max_events)
+        });
+        let host = match config.num_host_blocks {
+            0 => None,
+            n => Some(HostTier::new(n, pool.block_size())?),
+        };
         Ok(KvCacheManager {
             block_size: pool.block_size(),
             pool,
             config,
             seqs: FxHashMap::default(),
             num_blocks_in_use: 0,
+            num_swapped: 0,
             pending_copies: Vec::new(),
             counters: Counters::default(),
             scratch: Vec::new(),
+            prefix,
+            host,
         })
     }
 
@@ -188,8 +218,9 @@ impl KvCacheManager {
     // ------------------------------------------------------------------ admission
 
     /// Admits a sequence with prompt `token_ids`. Returns the number of prompt tokens served
-    /// from the prefix cache (0 without prefix caching). `extra_key` (cache salt, adapter id)
-    /// isolates prefix-cache namespaces.
+    /// from the prefix cache (0 without prefix caching): the longest chain of cached full
+    /// blocks, never the whole prompt (its last token is always left to compute). `extra_key`
+    /// (cache salt, adapter id, multimodal hash) isolates prefix-cache namespaces.
     ///
     /// ```
     /// use pagedkv::{Error, KvCacheManager, ManagerConfig};
@@ -205,8 +236,11 @@ impl KvCacheManager {
         token_ids: &[TokenId],
         extra_key: Option<&[u8]>,
     ) -> Result<usize> {
-        let _ = extra_key; // only prefix caching reads the extra key
-        self.admit(seq_id, token_ids.len())
+        if self.prefix.is_some() {
+            self.admit_cached(seq_id, token_ids, extra_key)
+        } else {
+            self.admit(seq_id, token_ids.len())
+        }
     }
 
     /// Admits a sequence of `num_tokens` tokens whose ids are unknown (never prefix-cached).
@@ -230,14 +264,121 @@ impl KvCacheManager {
         let num_blocks = self.blocks_fitting_pool(num_tokens)?;
         let mut block_ids = Vec::with_capacity(num_blocks);
         self.allocate_fresh(num_blocks, &mut block_ids)?;
-        self.seqs.insert(seq_id, Sequence { table: BlockTable { block_ids, num_tokens } });
+        let table = BlockTable { block_ids, num_tokens };
+        self.seqs.insert(seq_id, Sequence { table, swapped: false, hashing: None });
         Ok(0)
+    }
+
+    /// Admission with prefix caching: reuse the longest verified chain of cached blocks,
+    /// allocate the rest, index the new full blocks. Nothing changes unless all of it succeeds.
+    fn admit_cached(
+        &mut self,
+        seq_id: SeqId,
+        token_ids: &[TokenId],
+        extra_key: Option<&[u8]>,
+    ) -> Result<usize> {
+        if self.seqs.contains_key(&seq_id) {
+            return Err(Error::SequenceExists(seq_id));
+        }
+        let num_tokens = token_ids.len();
+        let total_blocks = self.blocks_fitting_pool(num_tokens)?;
+        let bs = self.block_size;
+        let num_full = num_tokens / bs;
+        let max_hits = num_tokens.saturating_sub(1) / bs; // never the whole prompt
+        let prefix = self.prefix.as_ref().expect("prefix caching on");
+
+        // 1. Hash every full block; collect the verified hit chain (no mutation yet).
+        let mut block_hashes = Vec::with_capacity(num_full);
+        let mut hits: Vec<BlockId> = Vec::new();
+        let mut chain_alive = true;
+        let mut num_revive = 0usize;
+        for (i, chunk) in token_ids.chunks_exact(bs).enumerate() {
+            let parent = block_hashes.last().copied();
+            let h = prefix.hasher.hash_block(parent, chunk, extra_key);
+            block_hashes.push(h);
+            if chain_alive && i < max_hits {
+                match prefix.lookup(h, parent, chunk, extra_key) {
+                    Some(b) => {
+                        if prefix.is_cached(b) {
+                            num_revive += 1;
+                        } else if self.pool.refcount(b)? == u32::MAX {
+                            return invalid(format!("block {b} refcount would overflow"));
+                        }
+                        hits.push(b);
+                    }
+                    None => chain_alive = false,
+                }
+            }
+        }
+
+        // 2. Reserve the new blocks: pool first, then cached blocks other than our hits.
+        let num_new = total_blocks - hits.len();
+        let cached_spare = prefix.num_cached() - num_revive;
+        let shortage = |pool_free: usize| Error::OutOfBlocks {
+            tier: Tier::Device,
+            needed_blocks: num_new + num_revive,
+            available_blocks: pool_free + cached_spare + num_revive,
+        };
+        if num_new > self.pool.num_free_blocks() + cached_spare {
+            return Err(shortage(self.pool.num_free_blocks()));
+        }
+        let mut block_ids = Vec::with_capacity(total_blocks);
+        block_ids.extend_from_slice(&hits);
+        let got = self.pool.allocate_up_to(num_new, &mut block_ids);
+        if num_new - got > cached_spare {
+            // Another manager took pool blocks meanwhile: give ours back, change nothing.
+            for b in block_ids.drain(hits.len()..).rev() {
+                let _ = self.pool.release(b);
+            }
+            return Err(shortage(self.pool.num_free_blocks()));
+        }
+
+        // 3. Commit (infallible from here).
+        let prefix = self.prefix.as_mut().expect("prefix caching on");
+        for &b in &hits {
+            if prefix.is_cached(b) {
+                prefix.revive_cached(b, &self.pool);
+                self.num_blocks_in_use += 1;
+            } else {
+                let _ = self.pool.retain(b);
+            }
+        }
+        for _ in got..num_new {
+            block_ids.push(prefix.evict_lru(&self.pool));
+        }
+        self.num_blocks_in_use += num_new;
+        self.counters.allocations += num_new as u64;
+        prefix.query_tokens += num_tokens as u64;
+        prefix.hit_tokens += (hits.len() * bs) as u64;
+
+        let extra: Option<Arc<[u8]>> = extra_key.map(Arc::from);
+        let mut stored = StoredRun::default();
+        for i in hits.len()..num_full {
+            let parent = i.checked_sub(1).map(|p| block_hashes[p]);
+            let chunk = &token_ids[i * bs..(i + 1) * bs];
+            if prefix.register(block_ids[i], block_hashes[i], parent, chunk, &extra) {
+                stored.add(block_hashes[i], parent, chunk);
+            } else {
+                stored.flush(prefix, bs, &extra);
+            }
+        }
+        stored.flush(prefix, bs, &extra);
+
+        let hashing = SeqHashing {
+            extra_key: extra,
+            block_hashes,
+            partial_tokens: token_ids[num_full * bs..].to_vec(),
+        };
+        let table = BlockTable { block_ids, num_tokens };
+        self.seqs.insert(seq_id, Sequence { table, swapped: false, hashing: Some(hashing) });
+        Ok(hits.len() * bs)
     }
 
     // ------------------------------------------------------------------ growth
 
     /// Appends tokens to a sequence, taking new blocks as needed and copying a shared partial
-    /// last block first (copy-on-write).
+    /// last block first (copy-on-write). With prefix caching, each block these tokens fill
+    /// becomes hittable.
     ///
     /// ```
     /// use pagedkv::{KvCacheManager, ManagerConfig};
@@ -247,11 +388,13 @@ impl KvCacheManager {
     /// assert_eq!(kv.block_table(1)?, &[0, 1]);
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
+    #[inline]
     pub fn append_tokens(&mut self, seq_id: SeqId, token_ids: &[TokenId]) -> Result<()> {
-        self.append_len(seq_id, token_ids.len())
+        self.append(seq_id, token_ids.len(), Some(token_ids))
     }
 
-    /// Appends `num_tokens` tokens whose ids are unknown.
+    /// Appends `num_tokens` tokens whose ids are unknown (the sequence's later blocks are then
+    /// never prefix-cached).
     ///
     /// ```
     /// use pagedkv::{Error, KvCacheManager, ManagerConfig};
@@ -263,17 +406,27 @@ impl KvCacheManager {
     /// ```
     #[inline]
     pub fn append_len(&mut self, seq_id: SeqId, num_tokens: usize) -> Result<()> {
+        self.append(seq_id, num_tokens, None)
+    }
+
+    #[inline]
+    fn append(&mut self, seq_id: SeqId, num_tokens: usize, token_ids: Option<&[TokenId]>) -> Result<()> {
         let block_size = self.block_size;
         let seq = self.seqs.get_mut(&seq_id).ok_or(Error::UnknownSequence(seq_id))?;
-        let table = &mut seq.table;
+        if seq.swapped {
+            return Err(Error::SequenceSwappedOut(seq_id));
+        }
         // Hot path: room in a private last block.
-        if num_tokens <= table.free_slots(block_size) {
+        if num_tokens <= seq.table.free_slots(block_size) {
             if num_tokens == 0 {
                 return Ok(());
             }
-            let last = *table.block_ids.last().expect("free slots imply a last block");
+            let last = *seq.table.block_ids.last().expect("free slots imply a last block");
             if self.pool.refcount(last)? == 1 {
-                table.num_tokens += num_tokens;
+                seq.table.num_tokens += num_tokens;
+                if let Some(prefix) = self.prefix.as_mut() {
+                    record_tokens(prefix, seq, block_size, token_ids);
+                }
                 return Ok(());
             }
         }
@@ -282,7 +435,7 @@ impl KvCacheManager {
         let mut fresh = std::mem::take(&mut self.scratch);
         let result = self.allocate_fresh(plan.needed_blocks, &mut fresh);
         if result.is_ok() {
-            self.apply_growth(seq_id, num_tokens, plan, &mut fresh.drain(..));
+            self.apply_growth(seq_id, num_tokens, token_ids, plan, &mut fresh.drain(..));
         }
         self.scratch = fresh;
         result
@@ -325,7 +478,7 @@ impl KvCacheManager {
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn append_len_batch(&mut self, seq_ids: &[SeqId], num_tokens: usize) -> Result<()> {
-        self.append_batch(seq_ids, num_tokens)
+        self.append_batch(seq_ids, num_tokens, None)
     }
 
     /// Appends row `i` of `token_ids` (`[B * num_tokens]`, row-major, `B = seq_ids.len()`) to
@@ -356,18 +509,23 @@ impl KvCacheManager {
                 ))
             }
         }
-        self.append_batch(seq_ids, num_tokens)
+        self.append_batch(seq_ids, num_tokens, Some(token_ids))
     }
 
-    fn append_batch(&mut self, seq_ids: &[SeqId], num_tokens: usize) -> Result<()> {
-        if seq_ids.is_empty() || num_tokens == 0 {
+    fn append_batch(
+        &mut self,
+        seq_ids: &[SeqId],
+        num_tokens: usize,
+        token_ids: Option<&[TokenId]>,
+    ) -> Result<()> {
+        self.check_distinct(seq_ids)?;
+        if num_tokens == 0 {
             // Still validate the ids: a step naming an unknown sequence is a caller bug.
             for &id in seq_ids {
                 self.resident(id)?;
             }
-            return self.check_distinct(seq_ids);
+            return Ok(());
         }
-        self.check_distinct(seq_ids)?;
         // Copy-on-write of a block shared by two batch members happens only for the first one
         // to append; afterwards the other holds the last reference and writes in place.
         let mut cow_releases: FxHashMap<BlockId, u32> = FxHashMap::default();
@@ -389,8 +547,9 @@ impl KvCacheManager {
         let result = self.allocate_fresh(needed_blocks, &mut fresh);
         if result.is_ok() {
             let mut supply = fresh.drain(..);
-            for (&id, plan) in seq_ids.iter().zip(plans) {
-                self.apply_growth(id, num_tokens, plan, &mut supply);
+            for (row, (&id, plan)) in seq_ids.iter().zip(plans).enumerate() {
+                let tokens = token_ids.map(|t| &t[row * num_tokens..(row + 1) * num_tokens]);
+                self.apply_growth(id, num_tokens, tokens, plan, &mut supply);
             }
         }
         self.scratch = fresh;
@@ -435,14 +594,17 @@ impl KvCacheManager {
         &mut self,
         seq_id: SeqId,
         num_tokens: usize,
+        token_ids: Option<&[TokenId]>,
         plan: GrowthPlan,
         supply: &mut impl Iterator<Item = BlockId>,
     ) {
         let block_size = self.block_size;
-        let mut seq = self.seqs.remove(&seq_id).expect("validated sequence");
+        let seq = self.seqs.get_mut(&seq_id).expect("validated sequence");
+        let mut copied = None;
         if plan.copy_on_write {
             let dst = supply.next().expect("planned block");
-            self.copy_on_write(&mut seq.table, dst);
+            let last = seq.table.block_ids.last_mut().expect("copy-on-write of an empty table");
+            copied = Some((std::mem::replace(last, dst), dst));
         }
         let new_len = seq.table.num_tokens + num_tokens;
         let target = new_len.div_ceil(block_size);
@@ -450,7 +612,12 @@ impl KvCacheManager {
             seq.table.block_ids.push(supply.next().expect("planned block"));
         }
         seq.table.num_tokens = new_len;
-        self.seqs.insert(seq_id, seq);
+        if let Some(prefix) = self.prefix.as_mut() {
+            record_tokens(prefix, seq, block_size, token_ids);
+        }
+        if let Some((src, dst)) = copied {
+            self.copy_on_write(src, dst);
+        }
     }
 
     // ------------------------------------------------------------------ fork / free
@@ -486,7 +653,8 @@ impl KvCacheManager {
         Ok(())
     }
 
-    /// Frees a sequence: every block loses one reference; blocks reaching 0 become free.
+    /// Frees a sequence (resident or swapped out): every block loses one reference; blocks
+    /// reaching 0 become free, or cached-evictable when their content is indexed.
     ///
     /// ```
     /// use pagedkv::{Error, KvCacheManager, ManagerConfig};
@@ -499,6 +667,14 @@ impl KvCacheManager {
     /// ```
     pub fn free(&mut self, seq_id: SeqId) -> Result<()> {
         let seq = self.seqs.remove(&seq_id).ok_or(Error::UnknownSequence(seq_id))?;
+        if seq.swapped {
+            self.num_swapped -= 1;
+            let host = self.host.as_mut().expect("swapped sequences imply a host tier");
+            for &h in &seq.table.block_ids {
+                host.release(h);
+            }
+            return Ok(());
+        }
         // Tail first: with prefix caching the tail blocks then sit ahead of the head blocks in
         // the eviction order (a shared prefix is likelier to be hit again than a tail).
         for &b in seq.table.block_ids.iter().rev() {
@@ -522,16 +698,254 @@ impl KvCacheManager {
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn free_batch(&mut self, seq_ids: &[SeqId]) -> Result<()> {
+        self.check_distinct(seq_ids)?;
         for &id in seq_ids {
             if !self.seqs.contains_key(&id) {
                 return Err(Error::UnknownSequence(id));
             }
         }
-        self.check_distinct(seq_ids)?;
         for &id in seq_ids {
             self.free(id)?;
         }
         Ok(())
+    }
+
+    // ------------------------------------------------------------------ host tier
+
+    /// Moves the sequences `seq_ids` (one sequence or a fork group) to the host tier: each
+    /// distinct device block of the group gets one host block (a block shared inside the group
+    /// is copied once and stays shared on the host), and the group's device references are
+    /// dropped. Returns the copies to run, `(device_block, host_block)`, before any of those
+    /// device blocks is written again (run pending [`KvCacheManager::take_copy_ops`] first).
+    ///
+    /// Swapping out part of a group that shares blocks is supported: a block also referenced
+    /// by sequences left on the device is copied to the host and keeps its device copy for
+    /// them. All or nothing: too few free host blocks is [`Error::OutOfBlocks`] with
+    /// `tier: Host`, and nothing moves.
+    ///
+    /// ```
+    /// use pagedkv::{Error, KvCacheManager, ManagerConfig, Tier};
+    /// let mut kv = KvCacheManager::new(ManagerConfig {
+    ///     num_blocks: 8, block_size: 4, num_host_blocks: 8, ..Default::default()
+    /// })?;
+    /// kv.add_sequence_len(1, 6)?;            // device blocks [0, 1]
+    /// kv.fork(1, 2)?;
+    /// kv.append_len(2, 1)?;                  // 2 = [0, 2] after copy-on-write of block 1
+    /// kv.take_copy_ops();
+    /// let copies = kv.swap_out(&[1, 2])?;    // block 0 copied once
+    /// assert_eq!(copies, vec![(0, 0), (1, 1), (2, 2)]);
+    /// assert_eq!(kv.num_free_blocks(), 8);
+    /// assert_eq!(kv.append_len(1, 1), Err(Error::SequenceSwappedOut(1)));
+    /// let back = kv.swap_in(&[1, 2])?;       // (host_block, device_block)
+    /// assert_eq!(back.len(), 3);
+    /// assert_eq!(kv.block_table(1)?[0], kv.block_table(2)?[0]);   // shared again
+    /// kv.check_invariants()?;
+    /// # Ok::<(), pagedkv::Error>(())
+    /// ```
+    pub fn swap_out(&mut self, seq_ids: &[SeqId]) -> Result<Vec<(BlockId, BlockId)>> {
+        if self.host.is_none() {
+            return invalid("swap_out needs a host tier (num_host_blocks > 0)");
+        }
+        self.check_distinct(seq_ids)?;
+        for &id in seq_ids {
+            self.resident(id)?;
+        }
+        let (blocks, refs) = self.group_blocks(seq_ids);
+        let host = self.host.as_mut().expect("checked");
+        if blocks.len() > host.num_blocks() {
+            return invalid(format!(
+                "the group holds {} distinct blocks, more than the host tier's {}",
+                blocks.len(),
+                host.num_blocks()
+            ));
+        }
+        let host_ids = host.allocate(&refs)?;
+        // Commit (infallible from here).
+        let to_host: FxHashMap<BlockId, BlockId> =
+            blocks.iter().copied().zip(host_ids.iter().copied()).collect();
+        for &id in seq_ids {
+            let seq = self.seqs.get_mut(&id).expect("validated");
+            let device_ids = std::mem::take(&mut seq.table.block_ids);
+            seq.table.block_ids = device_ids.iter().map(|d| to_host[d]).collect();
+            seq.swapped = true;
+            self.num_swapped += 1;
+            for &d in device_ids.iter().rev() {
+                self.release(d);
+            }
+        }
+        self.counters.swap_out_blocks += blocks.len() as u64;
+        Ok(blocks.into_iter().zip(host_ids).collect())
+    }
+
+    /// Moves swapped-out sequences back onto free device blocks (evicting cached blocks if
+    /// needed). Returns the copies to run, `(host_block, device_block)`. A host block shared by
+    /// several of `seq_ids` becomes one shared device block. All or nothing: too few device
+    /// blocks is [`Error::OutOfBlocks`] with `tier: Device`. Blocks brought back are not
+    /// re-entered in the prefix index (their cached twins may still be there).
+    ///
+    /// ```
+    /// use pagedkv::{Error, KvCacheManager, ManagerConfig};
+    /// let mut kv = KvCacheManager::new(ManagerConfig {
+    ///     num_blocks: 2, block_size: 4, num_host_blocks: 2, ..Default::default()
+    /// })?;
+    /// kv.add_sequence_len(1, 8)?;
+    /// kv.swap_out(&[1])?;
+    /// kv.add_sequence_len(2, 4)?;            // takes a device block meanwhile
+    /// assert!(matches!(kv.swap_in(&[1]), Err(Error::OutOfBlocks { .. })));
+    /// assert!(kv.is_swapped_out(1)?);        // nothing moved
+    /// kv.free(2)?;
+    /// assert_eq!(kv.swap_in(&[1])?, vec![(0, 0), (1, 1)]);
+    /// # Ok::<(), pagedkv::Error>(())
+    /// ```
+    pub fn swap_in(&mut self, seq_ids: &[SeqId]) -> Result<Vec<(BlockId, BlockId)>> {
+        self.check_distinct(seq_ids)?;
+        for &id in seq_ids {
+            let seq = self.seqs.get(&id).ok_or(Error::UnknownSequence(id))?;
+            if !seq.swapped {
+                return invalid(format!("sequence {id} is not swapped out"));
+            }
+        }
+        let (host_blocks, refs) = self.group_blocks(seq_ids);
+        if host_blocks.len() > self.pool.num_blocks() {
+            return invalid(format!(
+                "the group holds {} distinct blocks, more than the pool's {}",
+                host_blocks.len(),
+                self.pool.num_blocks()
+            ));
+        }
+        let mut device_ids = Vec::with_capacity(host_blocks.len());
+        self.allocate_fresh(host_blocks.len(), &mut device_ids)?;
+        // Commit (infallible from here).
+        for (&d, &r) in device_ids.iter().zip(&refs) {
+            for _ in 1..r {
+                let _ = self.pool.retain(d);
+            }
+        }
+        let to_device: FxHashMap<BlockId, BlockId> =
+            host_blocks.iter().copied().zip(device_ids.iter().copied()).collect();
+        let host = self.host.as_mut().expect("swapped sequences imply a host tier");
+        for &id in seq_ids {
+            let seq = self.seqs.get_mut(&id).expect("validated");
+            for h in seq.table.block_ids.iter_mut() {
+                host.release(*h);
+                *h = to_device[h];
+            }
+            seq.swapped = false;
+            self.num_swapped -= 1;
+        }
+        self.counters.swap_in_blocks += host_blocks.len() as u64;
+        Ok(host_blocks.into_iter().zip(device_ids).collect())
+    }
+
+    /// Whether a sequence is swapped out to the host tier.
+    ///
+    /// ```
+    /// use pagedkv::{KvCacheManager, ManagerConfig};
+    /// let mut kv = KvCacheManager::new(ManagerConfig { num_host_blocks: 4, ..Default::default() })?;
+    /// kv.add_sequence_len(1, 3)?;
+    /// assert!(!kv.is_swapped_out(1)?);
+    /// assert!(kv.is_swapped_out(2).is_err());
+    /// # Ok::<(), pagedkv::Error>(())
+    /// ```
+    pub fn is_swapped_out(&self, seq_id: SeqId) -> Result<bool> {
+        Ok(self.seqs.get(&seq_id).ok_or(Error::UnknownSequence(seq_id))?.swapped)
+    }
+
+    /// Free host blocks (0 without a host tier).
+    pub fn num_free_host_blocks(&self) -> usize {
+        self.host.as_ref().map_or(0, HostTier::num_free)
+    }
+
+    /// Host blocks in the tier (0 without a host tier).
+    pub fn num_host_blocks(&self) -> usize {
+        self.host.as_ref().map_or(0, HostTier::num_blocks)
+    }
+
+    /// The refcount of a host block.
+    pub fn host_refcount(&self, host_block_id: BlockId) -> Result<u32> {
+        self.host.as_ref().and_then(|h| h.refcount(host_block_id)).ok_or_else(|| {
+            Error::InvalidArgument(format!("host block id {host_block_id} out of range"))
+        })
+    }
+
+    /// The host block ids of a swapped-out sequence, in logical order.
+    pub fn host_block_table(&self, seq_id: SeqId) -> Result<&[BlockId]> {
+        let seq = self.seqs.get(&seq_id).ok_or(Error::UnknownSequence(seq_id))?;
+        if !seq.swapped {
+            return invalid(format!("sequence {seq_id} is not swapped out"));
+        }
+        Ok(&seq.table.block_ids)
+    }
+
+    /// Distinct blocks of the group's tables in first-appearance order, with how many of the
+    /// group's table entries point at each.
+    fn group_blocks(&self, seq_ids: &[SeqId]) -> (Vec<BlockId>, Vec<u32>) {
+        let mut position: FxHashMap<BlockId, usize> = FxHashMap::default();
+        let mut blocks = Vec::new();
+        let mut refs: Vec<u32> = Vec::new();
+        for id in seq_ids {
+            for &b in &self.seqs[id].table.block_ids {
+                match position.get(&b) {
+                    Some(&i) => refs[i] += 1,
+                    None => {
+                        position.insert(b, blocks.len());
+                        blocks.push(b);
+                        refs.push(1);
+                    }
+                }
+            }
+        }
+        (blocks, refs)
+    }
+
+    // ------------------------------------------------------------------ prefix cache
+
+    /// Empties the prefix index and returns every cached-evictable block to the pool. Refuses
+    /// (returns `false`, changing nothing) while any of this manager's blocks is in use.
+    ///
+    /// ```
+    /// use pagedkv::{KvCacheManager, KvEvent, ManagerConfig};
+    /// let mut kv = KvCacheManager::new(ManagerConfig {
+    ///     num_blocks: 4, block_size: 2, enable_prefix_caching: true, ..Default::default()
+    /// })?;
+    /// kv.add_sequence(1, &[1, 2, 3], None)?;
+    /// assert!(!kv.reset_prefix_cache());
+    /// kv.free(1)?;
+    /// assert_eq!(kv.stats().num_cached_blocks, 1);
+    /// assert!(kv.reset_prefix_cache());
+    /// assert_eq!(kv.stats().num_cached_blocks, 0);
+    /// assert_eq!(kv.take_events().last(), Some(&KvEvent::AllBlocksCleared));
+    /// # Ok::<(), pagedkv::Error>(())
+    /// ```
+    pub fn reset_prefix_cache(&mut self) -> bool {
+        if self.num_blocks_in_use > 0 {
+            return false;
+        }
+        if let Some(prefix) = self.prefix.as_mut() {
+            prefix.reset(&self.pool);
+        }
+        true
+    }
+
+    /// Drains the recorded KV events, oldest first (empty without prefix caching).
+    pub fn take_events(&mut self) -> Vec<KvEvent> {
+        self.prefix.as_mut().map_or_else(Vec::new, PrefixCache::take_events)
+    }
+
+    /// Cached-evictable blocks in eviction order (least recently used first).
+    ///
+    /// ```
+    /// use pagedkv::{KvCacheManager, ManagerConfig};
+    /// let mut kv = KvCacheManager::new(ManagerConfig {
+    ///     num_blocks: 4, block_size: 2, enable_prefix_caching: true, ..Default::default()
+    /// })?;
+    /// kv.add_sequence(1, &[1, 2, 3, 4, 5], None)?;   // blocks 0, 1 full, 2 partial
+    /// kv.free(1)?;
+    /// assert_eq!(kv.cached_blocks(), vec![1, 0]);     // tail before head
+    /// # Ok::<(), pagedkv::Error>(())
+    /// ```
+    pub fn cached_blocks(&self) -> Vec<BlockId> {
+        self.prefix.as_ref().map_or_else(Vec::new, PrefixCache::lru_order)
     }
 
     // ------------------------------------------------------------------ queries
@@ -541,7 +955,7 @@ impl KvCacheManager {
         self.seqs.contains_key(&seq_id)
     }
 
-    /// Live sequences.
+    /// Live sequences (resident and swapped out).
     pub fn num_sequences(&self) -> usize {
         self.seqs.len()
     }
@@ -654,7 +1068,7 @@ impl KvCacheManager {
     /// Blocks this manager could allocate now: the pool's free blocks plus its own
     /// cached-evictable blocks.
     pub fn num_free_blocks(&self) -> usize {
-        self.pool.num_free_blocks()
+        self.pool.num_free_blocks() + self.prefix.as_ref().map_or(0, PrefixCache::num_cached)
     }
 
     /// This manager's in-use blocks / `num_blocks`, in `[0, 1]`.
@@ -664,24 +1078,51 @@ impl KvCacheManager {
 
     /// A snapshot of counters and occupancy.
     pub fn stats(&self) -> Stats {
-        Stats {
+        let mut s = Stats {
             num_blocks: self.pool.num_blocks(),
             block_size: self.block_size,
             num_blocks_in_use: self.num_blocks_in_use,
-            num_cached_blocks: 0,
             num_free_blocks: self.pool.num_free_blocks(),
             num_sequences: self.seqs.len(),
             allocations: self.counters.allocations,
             frees: self.counters.frees,
             cow_copies: self.counters.cow_copies,
             forks: self.counters.forks,
+            num_swapped_sequences: self.num_swapped,
+            swap_out_blocks: self.counters.swap_out_blocks,
+            swap_in_blocks: self.counters.swap_in_blocks,
             ..Stats::default()
+        };
+        if let Some(p) = &self.prefix {
+            s.num_cached_blocks = p.num_cached();
+            s.prefix_query_tokens = p.query_tokens;
+            s.prefix_hit_tokens = p.hit_tokens;
+            s.prefix_hit_rate = if p.query_tokens == 0 {
+                0.0
+            } else {
+                p.hit_tokens as f64 / p.query_tokens as f64
+            };
+            s.evictions = p.evictions;
+            s.events_dropped = p.events_dropped;
         }
+        if let Some(h) = &self.host {
+            s.num_host_blocks = h.num_blocks();
+            s.num_host_blocks_in_use = h.num_in_use();
+        }
+        s
     }
 
-    /// Verifies DESIGN.md §2 for this manager's blocks and the pool's consistency; safe to call
-    /// while other managers use the same pool. Returns [`Error::InvariantViolation`] naming the
-    /// first broken invariant.
+    /// Verifies DESIGN.md §2 for this manager's blocks, its prefix cache and host tier, and the
+    /// pool's consistency; safe to call while other managers use the same pool. Returns
+    /// [`Error::InvariantViolation`] naming the first broken invariant. (With a pool shared by
+    /// several managers, the pool-wide equalities are checked as bounds.)
+    ///
+    /// ```
+    /// let mut kv = pagedkv::KvCacheManager::new(Default::default())?;
+    /// kv.add_sequence_len(1, 100)?;
+    /// kv.check_invariants()?;
+    /// # Ok::<(), pagedkv::Error>(())
+    /// ```
     pub fn check_invariants(&self) -> Result<()> {
         let fail = |msg: String| Err(Error::InvariantViolation(msg));
         let exclusive_pool = Arc::strong_count(&self.pool) == 1;
@@ -690,11 +1131,13 @@ impl KvCacheManager {
         } else {
             self.pool.check_invariants()?;
         }
-        let block_size = self.block_size;
+        let bs = self.block_size;
         let mut refs: FxHashMap<BlockId, u32> = FxHashMap::default();
+        let mut host_refs: FxHashMap<BlockId, u32> = FxHashMap::default();
+        let mut swapped = 0;
         for (&id, seq) in &self.seqs {
             let t = &seq.table;
-            let expect = t.num_tokens.div_ceil(block_size);
+            let expect = t.num_tokens.div_ceil(bs);
             if t.block_ids.len() != expect {
                 return fail(format!(
                     "sequence {id}: {} blocks for {} tokens (expected {expect})",
@@ -702,16 +1145,46 @@ impl KvCacheManager {
                     t.num_tokens
                 ));
             }
-            let mut distinct = FxHashSet::default();
-            for &b in &t.block_ids {
-                if b as usize >= self.pool.num_blocks() {
-                    return fail(format!("sequence {id}: block id {b} out of range"));
+            if let Some(h) = &seq.hashing {
+                if h.block_hashes.len() != t.num_tokens / bs || h.partial_tokens.len() != t.num_tokens % bs {
+                    return fail(format!("sequence {id}: hashing state out of step with its length"));
                 }
+            }
+            let tally = if seq.swapped {
+                swapped += 1;
+                &mut host_refs
+            } else {
+                &mut refs
+            };
+            let mut distinct = FxHashSet::default();
+            for (i, &b) in t.block_ids.iter().enumerate() {
                 if !distinct.insert(b) {
                     return fail(format!("sequence {id}: block {b} appears twice in its table"));
                 }
-                *refs.entry(b).or_insert(0) += 1;
+                *tally.entry(b).or_insert(0) += 1;
+                if seq.swapped {
+                    continue;
+                }
+                if b as usize >= self.pool.num_blocks() {
+                    return fail(format!("sequence {id}: block id {b} out of range"));
+                }
+                if let Some(p) = &self.prefix {
+                    if p.is_indexed(b) {
+                        if (i + 1) * bs > t.num_tokens {
+                            return fail(format!("sequence {id}: partial block {b} is indexed"));
+                        }
+                        let recorded = seq.hashing.as_ref().and_then(|h| h.block_hashes.get(i));
+                        if let Some(&h) = recorded {
+                            if !p.holds(b, h) {
+                                return fail(format!("sequence {id}: block {b} indexed under another hash"));
+                            }
+                        }
+                    }
+                }
             }
+        }
+        if swapped != self.num_swapped {
+            return fail(format!("{swapped} swapped sequences, counter says {}", self.num_swapped));
         }
         for (&b, &n) in &refs {
             let rc = self.pool.refcount(b)?;
@@ -726,14 +1199,44 @@ impl KvCacheManager {
                 self.num_blocks_in_use
             ));
         }
+        let cached = match &self.prefix {
+            Some(p) => {
+                p.check(|b| self.pool.refcount(b).unwrap_or(u32::MAX)).map_err(Error::InvariantViolation)?;
+                p.num_cached()
+            }
+            None => 0,
+        };
         let free = self.pool.num_free_blocks();
-        let total = self.num_blocks_in_use + free;
+        let total = self.num_blocks_in_use + cached + free;
         if (exclusive_pool && total != self.pool.num_blocks()) || total > self.pool.num_blocks() {
             return fail(format!(
-                "in use {} + free {free} vs num_blocks {}",
+                "in use {} + cached {cached} + free {free} vs num_blocks {}",
                 self.num_blocks_in_use,
                 self.pool.num_blocks()
             ));
+        }
+        if exclusive_pool && self.pool.num_cached_blocks() != cached {
+            return fail(format!("pool counts {} cached blocks, cache holds {cached}", self.pool.num_cached_blocks()));
+        }
+        match &self.host {
+            Some(host) => {
+                host.check().map_err(Error::InvariantViolation)?;
+                for (&h, &n) in &host_refs {
+                    match host.refcount(h) {
+                        Some(rc) if rc == n => {}
+                        rc => return fail(format!("host block {h}: refcount {rc:?} but {n} references")),
+                    }
+                }
+                if host_refs.len() != host.num_in_use() {
+                    return fail(format!(
+                        "{} host blocks referenced but {} in use",
+                        host_refs.len(),
+                        host.num_in_use()
+                    ));
+                }
+            }
+            None if !host_refs.is_empty() => return fail("swapped sequences without a host tier".into()),
+            None => {}
         }
         for &(src, dst) in &self.pending_copies {
             if src == dst {
@@ -745,37 +1248,70 @@ impl KvCacheManager {
 
     // ------------------------------------------------------------------ transitions
 
-    /// Takes `num_blocks` fresh blocks (refcount 0 -> 1), appending them to `out`; all or
-    /// nothing.
+    /// `allocate_fresh`: takes `num_blocks` blocks for new content (refcount 0 -> 1),
+    /// appending them to `out`; truly free pool blocks first, then the least recently used
+    /// cached blocks (evicted: they lose their hash). All or nothing.
     fn allocate_fresh(&mut self, num_blocks: usize, out: &mut Vec<BlockId>) -> Result<()> {
         if num_blocks == 0 {
             return Ok(());
         }
-        self.pool.allocate_into(num_blocks, out)?;
+        match self.prefix.as_mut() {
+            None => self.pool.allocate_into(num_blocks, out)?,
+            Some(prefix) => {
+                let cached = prefix.num_cached();
+                let shortage = |pool_free: usize| Error::OutOfBlocks {
+                    tier: Tier::Device,
+                    needed_blocks: num_blocks,
+                    available_blocks: pool_free + cached,
+                };
+                if num_blocks > self.pool.num_free_blocks() + cached {
+                    return Err(shortage(self.pool.num_free_blocks()));
+                }
+                let start = out.len();
+                let got = self.pool.allocate_up_to(num_blocks, out);
+                if num_blocks - got > cached {
+                    for b in out.drain(start..).rev() {
+                        let _ = self.pool.release(b);
+                    }
+                    return Err(shortage(self.pool.num_free_blocks()));
+                }
+                for _ in got..num_blocks {
+                    out.push(prefix.evict_lru(&self.pool));
+                }
+            }
+        }
         self.num_blocks_in_use += num_blocks;
         self.counters.allocations += num_blocks as u64;
         Ok(())
     }
 
-    /// One more table references in-use block `b` (refcount +1).
+    /// `share`: one more table references in-use block `b` (refcount +1).
     fn share(&mut self, b: BlockId) -> Result<()> {
         self.pool.retain(b).map(|_| ())
     }
 
-    /// The table's shared, partly filled last block is replaced by private copy `dst`
-    /// (already refcount 1); records `(src, dst)` and drops one reference on `src`.
-    fn copy_on_write(&mut self, table: &mut BlockTable, dst: BlockId) {
-        let last = table.block_ids.last_mut().expect("copy-on-write of an empty table");
-        let src = std::mem::replace(last, dst);
+    /// `copy_on_write`: a table's shared, partly filled last block `src` was replaced by the
+    /// private copy `dst` (already refcount 1); records `(src, dst)` and drops one reference
+    /// on `src`.
+    fn copy_on_write(&mut self, src: BlockId, dst: BlockId) {
         self.pending_copies.push((src, dst));
         self.counters.cow_copies += 1;
         self.release(src);
     }
 
-    /// One table stops referencing `b` (refcount -1); at 0 the block becomes free.
+    /// `release`: one table stops referencing `b` (refcount -1). At 0 the block becomes
+    /// cached-evictable (joining the LRU tail) if its content is indexed, else free.
     fn release(&mut self, b: BlockId) {
-        match self.pool.release(b) {
+        let prefix = self.prefix.as_mut().filter(|p| p.is_indexed(b));
+        let result = match &prefix {
+            Some(_) => self.pool.release_to_cache(b),
+            None => self.pool.release(b),
+        };
+        match result {
             Ok(true) => {
+                if let Some(p) = prefix {
+                    p.push_lru(b);
+                }
                 self.num_blocks_in_use -= 1;
                 self.counters.frees += 1;
             }
@@ -788,8 +1324,13 @@ impl KvCacheManager {
 
     // ------------------------------------------------------------------ helpers
 
+    /// The sequence, if it exists and is device-resident.
     fn resident(&self, seq_id: SeqId) -> Result<&Sequence> {
-        self.seqs.get(&seq_id).ok_or(Error::UnknownSequence(seq_id))
+        match self.seqs.get(&seq_id) {
+            None => Err(Error::UnknownSequence(seq_id)),
+            Some(s) if s.swapped => Err(Error::SequenceSwappedOut(seq_id)),
+            Some(s) => Ok(s),
+        }
     }
 
     /// Blocks needed for `num_tokens`, or InvalidArgument when no table that long can fit.
@@ -819,12 +1360,86 @@ impl KvCacheManager {
     }
 }
 
+/// Feeds appended tokens to a sequence's hashing state, entering each block they fill in the
+/// prefix index. Unknown tokens (`None`) end hashing for the sequence.
+fn record_tokens(
+    prefix: &mut PrefixCache,
+    seq: &mut Sequence,
+    block_size: usize,
+    token_ids: Option<&[TokenId]>,
+) {
+    let Some(h) = seq.hashing.as_mut() else { return };
+    let Some(mut tokens) = token_ids else {
+        seq.hashing = None;
+        return;
+    };
+    while !tokens.is_empty() {
+        let take = tokens.len().min(block_size - h.partial_tokens.len());
+        h.partial_tokens.extend_from_slice(&tokens[..take]);
+        tokens = &tokens[take..];
+        if h.partial_tokens.len() == block_size {
+            let i = h.block_hashes.len();
+            let parent = h.block_hashes.last().copied();
+            let hash = prefix.hasher.hash_block(parent, &h.partial_tokens, h.extra_key.as_deref());
+            let b = seq.table.block_ids[i];
+            if prefix.register(b, hash, parent, &h.partial_tokens, &h.extra_key) {
+                prefix.push_event(KvEvent::BlockStored {
+                    block_hashes: vec![hash],
+                    parent_block_hash: parent,
+                    token_ids: h.partial_tokens.clone(),
+                    block_size,
+                    extra_key: h.extra_key.as_deref().map(<[u8]>::to_vec),
+                    medium: Tier::Device,
+                });
+            }
+            h.block_hashes.push(hash);
+            h.partial_tokens.clear();
+        }
+    }
+}
+
+/// Consecutive blocks entered in the index by one admission, reported as one event.
+#[derive(Default)]
+struct StoredRun {
+    hashes: Vec<BlockHash>,
+    parent: Option<BlockHash>,
+    token_ids: Vec<TokenId>,
+}
+
+impl StoredRun {
+    fn add(&mut self, hash: BlockHash, parent: Option<BlockHash>, tokens: &[TokenId]) {
+        if self.hashes.is_empty() {
+            self.parent = parent;
+        }
+        self.hashes.push(hash);
+        self.token_ids.extend_from_slice(tokens);
+    }
+
+    fn flush(&mut self, prefix: &mut PrefixCache, block_size: usize, extra: &Option<Arc<[u8]>>) {
+        if self.hashes.is_empty() {
+            return;
+        }
+        prefix.push_event(KvEvent::BlockStored {
+            block_hashes: std::mem::take(&mut self.hashes),
+            parent_block_hash: self.parent.take(),
+            token_ids: std::mem::take(&mut self.token_ids),
+            block_size,
+            extra_key: extra.as_deref().map(<[u8]>::to_vec),
+            medium: Tier::Device,
+        });
+    }
+}
+
 impl Drop for KvCacheManager {
-    /// Returns every block this manager holds to the pool, so a shared pool outlives it intact.
+    /// Returns every block this manager holds (in use or cached) to the pool, so a shared
+    /// pool outlives it intact.
     fn drop(&mut self) {
         let ids: Vec<SeqId> = self.seqs.keys().copied().collect();
         for id in ids {
             let _ = self.free(id);
+        }
+        if let Some(prefix) = self.prefix.as_mut() {
+            prefix.reset(&self.pool);
         }
     }
 }

@@ -225,7 +225,8 @@ impl BlockPool {
         out.reserve(num_blocks);
         for _ in 0..num_blocks {
             let b = self.pop_reserved();
-            self.refcounts[b as usize].store(1, Ordering::Relaxed);
+            // Release: a concurrent checker that sees refcount 1 must also see the pop.
+            self.refcounts[b as usize].store(1, Ordering::Release);
             out.push(b);
         }
         Ok(())
@@ -233,7 +234,6 @@ impl BlockPool {
 
     /// Takes `min(num_blocks, free now)` blocks (each refcount 0 -> 1) and appends them to `out`;
     /// returns how many it took. Used by managers that make up the rest from their cache.
-    #[allow(dead_code)] // used by the prefix cache
     pub(crate) fn allocate_up_to(&self, num_blocks: usize, out: &mut Vec<BlockId>) -> usize {
         let mut cur = self.free_count.load(Ordering::Acquire);
         let take = loop {
@@ -254,7 +254,8 @@ impl BlockPool {
         out.reserve(take);
         for _ in 0..take {
             let b = self.pop_reserved();
-            self.refcounts[b as usize].store(1, Ordering::Relaxed);
+            // Release: a concurrent checker that sees refcount 1 must also see the pop.
+            self.refcounts[b as usize].store(1, Ordering::Release);
             out.push(b);
         }
         take
@@ -325,7 +326,6 @@ impl BlockPool {
 
     /// Drops one reference; at 0 the block is *kept out* of the free list as a cached-evictable
     /// block of the calling manager. Returns `true` when it reached 0.
-    #[allow(dead_code)] // used by the prefix cache
     pub(crate) fn release_to_cache(&self, block_id: BlockId) -> Result<bool> {
         if self.decrement(block_id)? {
             self.cached_count.fetch_add(1, Ordering::AcqRel);
@@ -337,7 +337,6 @@ impl BlockPool {
 
     /// A cached-evictable block (refcount 0, held by the caller's cache) becomes in use
     /// (refcount 1): a prefix hit reviving it, or an eviction reusing it for new content.
-    #[allow(dead_code)] // used by the prefix cache
     pub(crate) fn claim_cached(&self, block_id: BlockId) {
         let prev = self.refcounts[block_id as usize].swap(1, Ordering::AcqRel);
         debug_assert_eq!(prev, 0, "claimed cached block {block_id} had refcount {prev}");
@@ -345,7 +344,6 @@ impl BlockPool {
     }
 
     /// A cached-evictable block goes back on the free list (cache reset or manager drop).
-    #[allow(dead_code)] // used by the prefix cache
     pub(crate) fn free_cached(&self, block_id: BlockId) {
         debug_assert_eq!(self.refcounts[block_id as usize].load(Ordering::Relaxed), 0);
         self.cached_count.fetch_sub(1, Ordering::AcqRel);
@@ -495,7 +493,10 @@ impl BlockPool {
     fn push_free(&self, block_id: BlockId) {
         let mut head = self.head.load(Ordering::Relaxed);
         loop {
-            self.next[block_id as usize].store(head_index(head), Ordering::Relaxed);
+            // Release (like the refcount store on allocation): a concurrent checker that reads
+            // this link or refcount also sees the pop that preceded it, so it notices the head
+            // moved and discards its walk instead of reporting a torn snapshot.
+            self.next[block_id as usize].store(head_index(head), Ordering::Release);
             match self.head.compare_exchange_weak(
                 head,
                 pack(head_tag(head).wrapping_add(1), block_id),
