@@ -12,19 +12,10 @@ from typing import Any
 
 import pytest
 
-import pagedkv
-from pagedkv.baseline import BaselineBlockManager
-
 IMPLEMENTATIONS = ["pagedkv", "baseline"]
 
 # group -> implementation -> (seconds per unit, unit name)
 _RESULTS: dict[str, dict[str, tuple[float, str]]] = defaultdict(dict)
-
-
-def make_manager(impl: str, **kwargs: Any) -> Any:
-    if impl == "pagedkv":
-        return pagedkv.KvCacheManager(**kwargs)
-    return BaselineBlockManager(**kwargs)
 
 
 @pytest.fixture(params=IMPLEMENTATIONS)

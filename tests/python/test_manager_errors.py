@@ -19,7 +19,7 @@ from pagedkv import (
     UnknownSequenceError,
 )
 
-from conftest import snapshot
+from kv_test_helpers import snapshot
 
 
 def make() -> pagedkv.KvCacheManager:

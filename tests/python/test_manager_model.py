@@ -31,7 +31,7 @@ from pagedkv import (
     UnknownSequenceError,
 )
 
-from conftest import snapshot
+from kv_test_helpers import snapshot
 
 NUM_BLOCKS = 24
 NUM_HOST_BLOCKS = 12

@@ -100,9 +100,9 @@ fn read_exact_int_list(list: &Bound<'_, PyList>, mut sink: impl FnMut(usize, i64
             if ffi::PyLong_CheckExact(item) == 0 {
                 return false;
             }
-            let value = ffi::PyLong_AsLong(item);
-            if value == -1 && !ffi::PyErr_Occurred().is_null() {
-                ffi::PyErr_Clear();
+            let mut overflow: std::os::raw::c_int = 0;
+            let value = ffi::PyLong_AsLongAndOverflow(item, &mut overflow);
+            if overflow != 0 {
                 return false;
             }
             value

@@ -1,4 +1,4 @@
-"""Shared helpers for the Python API tests of pagedkv."""
+"""Helpers shared by the Python API tests of pagedkv (imported by name, not a conftest)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from conftest import make_manager
+from bench_helpers import make_manager
 
 BLOCK_SIZE = 16
 
@@ -125,17 +125,23 @@ def _op_mix_script(seed: int, steps: int) -> list[tuple[str, Any]]:
 _SCRIPT = _op_mix_script(seed=0, steps=60)
 
 
-def _run_script(kv: Any, batched: bool) -> None:
+def _run_script(kv: Any, batched: bool, with_ids: bool = True) -> None:
     add, append, free, fork = kv.add_sequence, kv.append_tokens, kv.free, kv.fork
     for op, arg in _SCRIPT:
         if op == "step":
             if batched:
                 kv.append_tokens_batch(arg)
-            else:
+            elif with_ids:
                 for seq_id in arg:
                     append(seq_id, [5])
+            else:
+                for seq_id in arg:
+                    append(seq_id)
         elif op == "add":
-            add(arg[0], arg[1])
+            if with_ids:
+                add(arg[0], arg[1])
+            else:
+                add(arg[0], num_tokens=len(arg[1]))
         elif op == "free":
             free(arg)
         elif op == "fork":
@@ -156,7 +162,7 @@ def test_op_mix_batched(benchmark: Any, record: Any, impl: str) -> None:
         _run_script(kv, batched=True)
 
     benchmark(run)
-    record("op mix, engine batch API", impl, _NUM_SCRIPT_OPS, "seq-op")
+    record("op mix, batch API, token-id lists", impl, _NUM_SCRIPT_OPS, "seq-op")
 
 
 def test_op_mix_per_call(benchmark: Any, record: Any, impl: str) -> None:
@@ -165,4 +171,16 @@ def test_op_mix_per_call(benchmark: Any, record: Any, impl: str) -> None:
         _run_script(kv, batched=False)
 
     benchmark(run)
-    record("op mix, one call per sequence", impl, _NUM_SCRIPT_OPS, "seq-op")
+    record("op mix, per-call, token-id lists", impl, _NUM_SCRIPT_OPS, "seq-op")
+
+
+def test_op_mix_counts_only(benchmark: Any, record: Any, impl: str) -> None:
+    """The same schedule with prompts and decode steps given as token counts (an engine using
+    pagedkv as a pure allocator, prefix caching off), batch API."""
+
+    def run() -> None:
+        kv = make_manager(impl, num_blocks=8192, block_size=BLOCK_SIZE)
+        _run_script(kv, batched=True, with_ids=False)
+
+    benchmark(run)
+    record("op mix, batch API, counts only", impl, _NUM_SCRIPT_OPS, "seq-op")

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from conftest import make_manager
+from bench_helpers import make_manager
 
 PROMPT_TOKENS = 2000
 CACHED_TOKENS = 1024
