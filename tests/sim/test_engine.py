@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 import pytest
-from conftest import synthetic_workload
+from sim_helpers import synthetic_workload
 
 from pagedkv import _core
 from pagedkv.errors import InvalidArgumentError

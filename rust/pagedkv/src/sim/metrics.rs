@@ -28,7 +28,11 @@ pub struct SlotShares {
 impl SlotShares {
     /// Sum of the five states (the pool size).
     pub fn total(&self) -> usize {
-        self.token_slots + self.reserved_slots + self.internal_slots + self.external_slots + self.free_slots
+        self.token_slots
+            + self.reserved_slots
+            + self.internal_slots
+            + self.external_slots
+            + self.free_slots
     }
 
     /// Allocated slots (token + reserved + internal).
@@ -39,11 +43,20 @@ impl SlotShares {
 
 /// Classifies the slots of logical block `index` (positions `[index*bs, (index+1)*bs)`) of a
 /// sequence holding `num_tokens` now and `final_len` when finished: (filled, reserved, internal).
-pub(crate) fn classify_block(index: usize, block_size: usize, num_tokens: usize, final_len: usize) -> (usize, usize, usize) {
+pub(crate) fn classify_block(
+    index: usize,
+    block_size: usize,
+    num_tokens: usize,
+    final_len: usize,
+) -> (usize, usize, usize) {
     let begin = index * block_size;
     let filled = num_tokens.saturating_sub(begin).min(block_size);
     let will_fill = final_len.saturating_sub(begin).min(block_size);
-    (filled, will_fill.saturating_sub(filled), block_size - will_fill.max(filled))
+    (
+        filled,
+        will_fill.saturating_sub(filled),
+        block_size - will_fill.max(filled),
+    )
 }
 
 /// The outcome of a simulation run. Shares are time averages over steps and sum to 1.
@@ -159,7 +172,13 @@ impl Accumulator {
     ) {
         if queued {
             self.queued_steps += 1;
-            let states = [shares.token_slots, shares.reserved_slots, shares.internal_slots, shares.external_slots, shares.free_slots];
+            let states = [
+                shares.token_slots,
+                shares.reserved_slots,
+                shares.internal_slots,
+                shares.external_slots,
+                shares.free_slots,
+            ];
             for (sum, x) in self.queued_slots.iter_mut().zip(states) {
                 *sum += x as u128;
             }
@@ -190,7 +209,11 @@ impl Accumulator {
         result.queued_steps = self.queued_steps;
         if self.queued_steps > 0 {
             let queued_slot_steps = self.queued_steps as f64 * result.num_slots as f64;
-            for (out, &sum) in result.shares_while_queued.iter_mut().zip(&self.queued_slots) {
+            for (out, &sum) in result
+                .shares_while_queued
+                .iter_mut()
+                .zip(&self.queued_slots)
+            {
                 *out = sum as f64 / queued_slot_steps;
             }
         }
