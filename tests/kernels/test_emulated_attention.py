@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pagedkv.attention import contiguous_attention, paged_attention
 from pagedkv.kernels import emulation, instances
@@ -38,7 +40,8 @@ def _instances():
     for kind, head_dim, block_size, group, _, _ in CASES:
         out.append(instances.decode(kind, head_dim, block_size, instances.group_instance(group)))
         out.append(instances.merge(kind, head_dim))
-    out.append(instances.merge("float16", 128))
+    for g in instances.GROUP_INSTANCES:  # the random-batch test below
+        out.append(instances.decode("float16", 128, 16, g))
     return [(i.source, i.name) for i in out]
 
 
@@ -100,6 +103,22 @@ def test_full_last_blocks_with_minus_one_padding(num_splits):
     p = make_problem(rng, "float16", [32, 48, 64], 1, 8, 128, 16)
     for b, n in enumerate(p.seq_lens):
         p.block_tables[b, n // 16:] = -1
+    out = paged_attention(p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens, backend="emulated",
+                          num_splits=num_splits)
+    assert_close(out, paged_attention(p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens), "float16")
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    seq_lens=st.lists(st.integers(0, 140), min_size=1, max_size=3),
+    group=st.sampled_from([1, 2, 3, 4, 5, 8]),
+    num_kv_heads=st.integers(1, 2),
+    num_splits=st.sampled_from([None, 1, 2, 5]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_random_batches_float16_d128_bs16(seq_lens, group, num_kv_heads, num_splits, seed):
+    """Random lengths (tile and split edges included) on the instances the grid above built."""
+    p = make_problem(np.random.default_rng(seed), "float16", seq_lens, num_kv_heads, group, 128, 16)
     out = paged_attention(p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens, backend="emulated",
                           num_splits=num_splits)
     assert_close(out, paged_attention(p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens), "float16")

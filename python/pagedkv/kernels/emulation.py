@@ -39,6 +39,8 @@ CXX_FLAGS = (
     "-Wno-unknown-pragmas",
 )
 
+EXPORTS_MAP = "{ global: pkv_*; local: *; };\n"
+
 _lock = threading.Lock()
 _loaded: dict[tuple, EmulatedKernel] = {}
 
@@ -109,7 +111,7 @@ def _build(source: str, name_expressions: Sequence[str], extra_flags: Sequence[s
     cxx = compiler()
     wrapper = wrapper_source(source, name_expressions)
     digest = hashlib.sha256()
-    for part in (wrapper, _compiler_identity(cxx), " ".join(CXX_FLAGS), " ".join(extra_flags)):
+    for part in (wrapper, _compiler_identity(cxx), " ".join(CXX_FLAGS), " ".join(extra_flags), EXPORTS_MAP):
         digest.update(part.encode())
     digest.update((source_dir / source).read_bytes())
     for name in HEADERS:
@@ -122,8 +124,13 @@ def _build(source: str, name_expressions: Sequence[str], extra_flags: Sequence[s
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         cpp = Path(tmp) / "wrapper.cpp"
         cpp.write_text(wrapper)
+        # Export only the pkv_* entry points: every other symbol (the harness's inline state, std
+        # template code) stays private, so libraries loaded side by side never share any of it.
+        exports = Path(tmp) / "exports.map"
+        exports.write_text(EXPORTS_MAP)
         out = Path(tmp) / "kernel.so"
-        cmd = [cxx, *CXX_FLAGS, *extra_flags, f"-I{KERNEL_DIR}", f"-I{source_dir}", str(cpp), "-o", str(out)]
+        cmd = [cxx, *CXX_FLAGS, *extra_flags, f"-I{KERNEL_DIR}", f"-I{source_dir}", str(cpp),
+               f"-Wl,--version-script={exports}", "-o", str(out)]
         result = subprocess.run(cmd, capture_output=True, text=True)
         if result.returncode != 0:
             raise EmulationBuildError(

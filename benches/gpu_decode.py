@@ -1,0 +1,344 @@
+"""GPU decode-attention benchmark: correctness, copy bandwidth, and a bandwidth sweep, in one run.
+
+    python benches/gpu_decode.py --out benches/results/h200_decode.json
+    python benches/gpu_decode.py --dry-run          # no GPU: checks the sweep and byte accounting
+
+Steps (each printed as it runs):
+1. Correctness: the cuda backend against the NumPy reference on small paged problems
+   (fp16/bf16, group 1/4/8, forced and automatic splits). A mismatch stops the run (exit 1).
+2. Device-to-device copy bandwidth (cudaMemcpy of a large buffer): the practical ceiling.
+3. Sweep: batch {1, 8, 64} x context {1K, 4K, 16K} x group {1, 4, 8} x {fp16, bf16}, head_dim 128,
+   block_size 16, 8 KV heads, random non-contiguous block tables. For each: median kernel time
+   (CUDA events), achieved GB/s over the bytes a launch must read (K and V of every token, plus q
+   and the output), % of the measured copy bandwidth and % of 4.8 TB/s (H200 HBM3e peak); where
+   FlashInfer imports, its BatchDecodeWithPagedKVCacheWrapper on the very same caches and tables.
+
+--out writes every number as JSON (plus the printed table as text next to it, FILE.txt).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import platform
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+PEAK_BYTES_PER_S = 4.8e12
+BATCHES = (1, 8, 64)
+CONTEXTS = (1024, 4096, 16384)
+GROUPS = (1, 4, 8)
+KINDS = ("float16", "bfloat16")
+HEAD_DIM = 128
+BLOCK_SIZE = 16
+NUM_KV_HEADS = 8
+ITEMSIZE = 2
+
+
+@dataclass
+class SweepPoint:
+    kind: str
+    batch: int
+    context: int
+    group: int
+    num_kv_heads: int = NUM_KV_HEADS
+    head_dim: int = HEAD_DIM
+    block_size: int = BLOCK_SIZE
+
+    @property
+    def num_q_heads(self) -> int:
+        return self.num_kv_heads * self.group
+
+    @property
+    def blocks_per_seq(self) -> int:
+        return math.ceil(self.context / self.block_size)
+
+    @property
+    def kv_bytes(self) -> int:
+        """K and V bytes one launch must read: every token of every sequence, once per KV head."""
+        return 2 * self.batch * self.context * self.num_kv_heads * self.head_dim * ITEMSIZE
+
+    @property
+    def io_bytes(self) -> int:
+        """KV plus the query read and the output written."""
+        return self.kv_bytes + 2 * self.batch * self.num_q_heads * self.head_dim * ITEMSIZE
+
+
+@dataclass
+class Result:
+    point: dict
+    kv_gb: float
+    time_us: float
+    gb_per_s: float
+    pct_of_copy: float
+    pct_of_peak: float
+    num_splits: int
+    flashinfer_time_us: float | None = None
+    flashinfer_gb_per_s: float | None = None
+    flashinfer_note: str = ""
+    target_pct: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def sweep() -> list[SweepPoint]:
+    return [SweepPoint(kind, b, c, g) for kind, b, c, g in itertools.product(KINDS, BATCHES, CONTEXTS, GROUPS)]
+
+
+def target_pct(point: SweepPoint) -> float | None:
+    """The issue's targets: >= 80 % of 4.8 TB/s at >= 0.5 GB of KV for group <= 4, >= 65 % at group 8."""
+    if point.kv_bytes < 0.5e9:
+        return None
+    return 80.0 if point.group <= 4 else 65.0
+
+
+def block_tables(point: SweepPoint, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, int]:
+    """Random non-contiguous tables over a pool with 10 % spare blocks: (tables, seq_lens, num_blocks)."""
+    used = point.batch * point.blocks_per_seq
+    num_blocks = used + max(1, used // 10)
+    ids = rng.permutation(num_blocks)[:used].astype(np.int32)
+    tables = ids.reshape(point.batch, point.blocks_per_seq)
+    lens = np.full(point.batch, point.context, np.int32)
+    return tables, lens, num_blocks
+
+
+def check_accounting(points: list[SweepPoint]) -> None:
+    """Dry-run check: the byte formula equals what the tables address, slot by slot."""
+    rng = np.random.default_rng(0)
+    for p in points:
+        tables, lens, num_blocks = block_tables(p, rng)
+        row_bytes = p.num_kv_heads * p.head_dim * ITEMSIZE
+        addressed = 0
+        for b in range(p.batch):
+            n = int(lens[b])
+            full, rest = divmod(n, p.block_size)
+            ids = tables[b, : full + (1 if rest else 0)]
+            assert len(set(ids.tolist())) == len(ids) and int(ids.max()) < num_blocks
+            addressed += (full * p.block_size + rest) * row_bytes
+        assert 2 * addressed == p.kv_bytes, (p, addressed)
+        assert len(np.unique(tables)) == tables.size, "blocks shared between sequences"
+
+
+def correctness(backend: str, xp: Any) -> list[str]:
+    """Small paged problems through `backend` against the NumPy reference; returns failures."""
+    from pagedkv.attention import paged_attention
+    from pagedkv.attention.dtypes import float32_to_bf16_bits, to_compute
+
+    failures = []
+    rng = np.random.default_rng(1)
+    for kind, group, splits in itertools.product(KINDS, GROUPS, (None, 1, 4)):
+        heads, lens = 2, [1, 100, 333]
+        blocks = sum(math.ceil(n / BLOCK_SIZE) for n in lens) + 2
+        tables = np.full((len(lens), math.ceil(max(lens) / BLOCK_SIZE) + 1), -1, np.int32)
+        ids = rng.permutation(blocks)
+        pos = 0
+        for b, n in enumerate(lens):
+            k = math.ceil(n / BLOCK_SIZE)
+            tables[b, :k] = ids[pos : pos + k]
+            pos += k
+
+        def make(shape: tuple[int, ...]) -> np.ndarray:
+            x = rng.standard_normal(shape).astype(np.float32)
+            return float32_to_bf16_bits(x) if kind == "bfloat16" else x.astype(np.float16)
+
+        q = make((len(lens), heads * group, HEAD_DIM))
+        k_cache = make((blocks, BLOCK_SIZE, heads, HEAD_DIM))
+        v_cache = make((blocks, BLOCK_SIZE, heads, HEAD_DIM))
+        seq_lens = np.array(lens, np.int32)
+        expected = to_compute(paged_attention(q, k_cache, v_cache, tables, seq_lens), kind)
+        args = [xp.asarray(a) for a in (q, k_cache, v_cache, tables, seq_lens)]
+        out = paged_attention(*args, backend=backend, num_splits=splits)
+        out = to_compute(out.get() if hasattr(out, "get") else out, kind)
+        tol = 2e-3 if kind == "float16" else 1.6e-2
+        err = float(np.max(np.abs(out - expected)))
+        status = "ok" if err <= tol and not np.isnan(out).any() else "FAIL"
+        print(f"  correctness {kind:<8} group={group} splits={splits}: max|err|={err:.2e} (tol {tol}) {status}")
+        if status != "ok":
+            failures.append(f"{kind} group={group} splits={splits}: {err}")
+    return failures
+
+
+def time_kernel(cupy: Any, fn: Any, min_iters: int = 20, min_seconds: float = 0.2) -> float:
+    """Median seconds of fn() on the current stream, timed with CUDA events after warm-up."""
+    for _ in range(3):
+        fn()
+    cupy.cuda.get_current_stream().synchronize()
+    times = []
+    start_wall = time.perf_counter()
+    while len(times) < min_iters or time.perf_counter() - start_wall < min_seconds:
+        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, stop) / 1e3)
+        if len(times) >= 1000:
+            break
+    return statistics.median(times)
+
+
+def copy_bandwidth(cupy: Any, num_bytes: int = 4 << 30) -> float:
+    """Device-to-device copy bandwidth in bytes/s, counting the read and the write."""
+    src = cupy.empty(num_bytes, dtype=cupy.uint8)
+    dst = cupy.empty_like(src)
+    t = time_kernel(cupy, lambda: cupy.cuda.runtime.memcpyAsync(
+        dst.data.ptr, src.data.ptr, num_bytes, cupy.cuda.runtime.memcpyDeviceToDevice,
+        cupy.cuda.get_current_stream().ptr))
+    del src, dst
+    cupy.get_default_memory_pool().free_all_blocks()
+    return 2 * num_bytes / t
+
+
+def random_cache(cupy: Any, shape: tuple[int, ...], kind: str) -> Any:
+    x = cupy.random.standard_normal(shape, dtype=cupy.float32)
+    if kind == "float16":
+        return x.astype(cupy.float16)
+    u = x.view(cupy.uint32)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(cupy.uint16)
+
+
+class FlashInferDecode:
+    """FlashInfer's paged decode on the same caches (NHD layout == ours), if it imports."""
+
+    def __init__(self) -> None:
+        import flashinfer
+        import torch
+
+        self.flashinfer, self.torch = flashinfer, torch
+        self.workspace = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+
+    def prepare(self, cupy: Any, point: SweepPoint, q: Any, k_cache: Any, v_cache: Any, tables: np.ndarray,
+                lens: np.ndarray) -> Any:
+        torch = self.torch
+        dtype = torch.float16 if point.kind == "float16" else torch.bfloat16
+
+        def tt(x: Any) -> Any:
+            t = torch.from_dlpack(x)
+            return t.view(dtype) if point.kind == "bfloat16" else t
+
+        indptr = np.concatenate([[0], np.cumsum(np.ceil(lens / point.block_size).astype(np.int32))]).astype(np.int32)
+        indices = np.concatenate([tables[b, : indptr[b + 1] - indptr[b]] for b in range(point.batch)])
+        last = ((lens - 1) % point.block_size + 1).astype(np.int32)
+        wrapper = self.flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD")
+        wrapper.plan(torch.from_numpy(indptr).cuda(), torch.from_numpy(indices.astype(np.int32)).cuda(),
+                     torch.from_numpy(last).cuda(), point.num_q_heads, point.num_kv_heads, point.head_dim,
+                     point.block_size, pos_encoding_mode="NONE", q_data_type=dtype, kv_data_type=dtype)
+        tq, tk, tv = tt(q), tt(k_cache), tt(v_cache)
+        return lambda: wrapper.run(tq, (tk, tv))
+
+
+def run_sweep(args: argparse.Namespace) -> int:
+    import cupy
+
+    from pagedkv.attention import paged_attention
+    from pagedkv.attention.kernel_launch import choose_splits
+    from pagedkv.attention.runners import get_runner
+    from pagedkv.kernels import instances
+
+    device = cupy.cuda.Device()
+    props = cupy.cuda.runtime.getDeviceProperties(device.id)
+    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    print(f"device: {name}, {device.attributes['MultiProcessorCount']} SMs, CuPy {cupy.__version__}")
+    print("1. correctness (cuda backend vs NumPy reference)")
+    failures = correctness("cuda", cupy)
+    if failures:
+        print("correctness FAILED:", failures)
+        return 1
+    print("2. device-to-device copy bandwidth")
+    copy_bw = copy_bandwidth(cupy)
+    print(f"  {copy_bw / 1e9:.0f} GB/s (read + write), {100 * copy_bw / PEAK_BYTES_PER_S:.1f} % of 4.8 TB/s")
+    flash = None
+    try:
+        flash = FlashInferDecode()
+        print(f"   FlashInfer {flash.flashinfer.__version__} side by side")
+    except Exception as exc:  # not installed, or no torch
+        print(f"   FlashInfer not available ({type(exc).__name__}: {exc}); our kernel only")
+    print("3. sweep")
+    header = (f"{'kind':<8} {'batch':>5} {'ctx':>6} {'grp':>3} {'KV GB':>7} {'splits':>6} {'us':>9} {'GB/s':>7} "
+              f"{'%copy':>6} {'%4.8T':>6} {'target':>6} {'FI us':>9} {'FI GB/s':>7}")
+    print(header)
+    lines = [header]
+    results = []
+    rng = np.random.default_rng(2)
+    points = [p for p in sweep() if (not args.quick or (p.batch <= 8 and p.context <= 4096))]
+    for p in points:
+        tables, lens, num_blocks = block_tables(p, rng)
+        k_cache = random_cache(cupy, (num_blocks, p.block_size, p.num_kv_heads, p.head_dim), p.kind)
+        v_cache = random_cache(cupy, (num_blocks, p.block_size, p.num_kv_heads, p.head_dim), p.kind)
+        q = random_cache(cupy, (p.batch, p.num_q_heads, p.head_dim), p.kind)
+        d_tables, d_lens = cupy.asarray(tables), cupy.asarray(lens)
+        splits, _ = choose_splits(p.batch * p.num_kv_heads, p.context,
+                                  instances.tile_tokens(p.kind, p.head_dim), get_runner("cuda").num_sms, None)
+        seconds = time_kernel(cupy, lambda: paged_attention(q, k_cache, v_cache, d_tables, d_lens, backend="cuda"))
+        gbs = p.io_bytes / seconds
+        r = Result(asdict(p), p.kv_bytes / 1e9, seconds * 1e6, gbs / 1e9, 100 * gbs / copy_bw,
+                   100 * gbs / PEAK_BYTES_PER_S, splits, target_pct=target_pct(p))
+        if flash is not None:
+            try:
+                fn = flash.prepare(cupy, p, q, k_cache, v_cache, tables, lens)
+                fs = time_kernel(cupy, fn)
+                r.flashinfer_time_us, r.flashinfer_gb_per_s = fs * 1e6, p.io_bytes / fs / 1e9
+            except Exception as exc:
+                r.flashinfer_note = f"{type(exc).__name__}: {exc}"[:200]
+        met = "" if r.target_pct is None else ("met" if r.pct_of_peak >= r.target_pct else f"<{r.target_pct:.0f}")
+        fi_us = "-" if r.flashinfer_time_us is None else f"{r.flashinfer_time_us:9.1f}"
+        fi_gbs = "-" if r.flashinfer_gb_per_s is None else f"{r.flashinfer_gb_per_s:7.0f}"
+        line = (f"{p.kind:<8} {p.batch:>5} {p.context:>6} {p.group:>3} {r.kv_gb:>7.3f} {splits:>6} "
+                f"{r.time_us:>9.1f} {r.gb_per_s:>7.0f} {r.pct_of_copy:>6.1f} {r.pct_of_peak:>6.1f} {met:>6} "
+                f"{fi_us:>9} {fi_gbs:>7}")
+        print(line, flush=True)
+        lines.append(line)
+        results.append(r)
+        del k_cache, v_cache, q, d_tables, d_lens
+        cupy.get_default_memory_pool().free_all_blocks()
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        payload = {"device": name, "copy_bandwidth_gb_per_s": copy_bw / 1e9, "peak_gb_per_s": PEAK_BYTES_PER_S / 1e9,
+                   "python": platform.python_version(), "cupy": cupy.__version__,
+                   "flashinfer": None if flash is None else flash.flashinfer.__version__,
+                   "results": [asdict(r) for r in results]}
+        out.write_text(json.dumps(payload, indent=1))
+        Path(str(out) + ".txt").write_text("\n".join(lines) + "\n")
+        print(f"wrote {out} and {out}.txt")
+    return 0
+
+
+def dry_run(args: argparse.Namespace) -> int:
+    """No GPU: validate the sweep, the byte accounting and the correctness harness on the CPU."""
+    points = sweep()
+    check_accounting([p for p in points if p.batch * p.context <= 8 * 16384])
+    for p in points:
+        print(f"{p.kind:<8} batch={p.batch:>2} ctx={p.context:>5} group={p.group} KV={p.kv_bytes / 1e9:7.3f} GB "
+              f"target={target_pct(p)}")
+    print(f"{len(points)} sweep points; byte accounting checked")
+    if args.backend != "none":
+        failures = correctness(args.backend, np)
+        if failures:
+            print("correctness FAILED:", failures)
+            return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", help="write results as JSON to this file (and the table to FILE.txt)")
+    parser.add_argument("--dry-run", action="store_true", help="no GPU: check the sweep and accounting only")
+    parser.add_argument("--backend", default="numpy", choices=["numpy", "emulated", "none"],
+                        help="--dry-run: backend for the correctness harness (default numpy)")
+    parser.add_argument("--quick", action="store_true", help="only batch <= 8 and context <= 4K")
+    args = parser.parse_args(argv)
+    if args.dry_run:
+        return dry_run(args)
+    return run_sweep(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""The cuda backend on a real GPU against the NumPy reference (skipped without CuPy and a GPU)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+import pagedkv
+from pagedkv.attention import contiguous_attention, copy_blocks, paged_attention, swap_blocks, write_kv
+from pagedkv.kernels import instances
+
+from .conftest import KIND_DTYPES, assert_close, make_problem, to_kind
+
+cupy = pytest.importorskip("cupy", reason="backend='cuda' needs CuPy")
+
+
+def _gpu_count() -> int:
+    try:
+        return int(cupy.cuda.runtime.getDeviceCount())
+    except Exception:
+        return 0
+
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_gpu_count() == 0, reason="no CUDA GPU")]
+
+
+def _to_device(p):
+    return [cupy.asarray(x) for x in (p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens)]
+
+
+GRID = list(itertools.product(instances.KERNEL_TYPES, instances.HEAD_DIMS, instances.BLOCK_SIZES, (1, 3, 4, 8)))
+
+
+@pytest.mark.parametrize("kind,head_dim,block_size,group", GRID)
+def test_decode_matches_reference_every_instance(kind, head_dim, block_size, group):
+    rng = np.random.default_rng(hash((kind, head_dim, block_size, group)) % 2**32)
+    p = make_problem(rng, kind, [1, 77, 300, 16 * block_size], 2, group, head_dim, block_size)
+    expected = paged_attention(p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens)
+    for splits in (None, 1, 5):
+        out = paged_attention(*_to_device(p), backend="cuda", num_splits=splits)
+        assert_close(cupy.asnumpy(out), expected, kind)
+
+
+def test_long_context_auto_split():
+    rng = np.random.default_rng(9)
+    p = make_problem(rng, "bfloat16", [4000, 9000], 1, 8, 128, 16)
+    out = paged_attention(*_to_device(p), backend="cuda")
+    assert_close(cupy.asnumpy(out), paged_attention(p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens),
+                 "bfloat16")
+
+
+def test_contiguous_on_gpu():
+    rng = np.random.default_rng(2)
+    q, k, v = (to_kind(rng.standard_normal(s), "float16") for s in ((8, 128), (99, 2, 128), (99, 2, 128)))
+    out = contiguous_attention(cupy.asarray(q), cupy.asarray(k), cupy.asarray(v), backend="cuda")
+    assert_close(cupy.asnumpy(out), contiguous_attention(q, k, v), "float16")
+
+
+@pytest.mark.parametrize("kind", list(instances.KERNEL_TYPES))
+def test_write_and_copy_blocks_bitwise(kind):
+    rng = np.random.default_rng(3)
+    shape = (10, 16, 2, 128)
+    host = [to_kind(rng.standard_normal(shape), kind) for _ in range(4)]
+    dev = [cupy.asarray(h) for h in host]
+    k = to_kind(rng.standard_normal((5, 2, 128)), kind)
+    v = to_kind(rng.standard_normal((5, 2, 128)), kind)
+    slots = np.array([3, 160 - 1, -1, 40, 41], np.int64)
+    write_kv(cupy.asarray(k), cupy.asarray(v), dev[0], dev[1], cupy.asarray(slots), backend="cuda")
+    write_kv(k, v, host[0], host[1], slots)
+    ops = np.array([[0, 4], [4, 5], [1, 9]], np.int32)
+    copy_blocks(dev[:2], dev[2:], ops, backend="cuda")
+    copy_blocks(host[:2], host[2:], ops)
+    for d, h in zip(dev, host):
+        assert cupy.asnumpy(d).tobytes() == h.tobytes()
+
+
+def test_swap_with_pinned_host_memory():
+    import cupyx
+
+    rng = np.random.default_rng(4)
+    device = cupy.asarray(to_kind(rng.standard_normal((8, 16, 2, 128)), "float16"))
+    host = cupyx.empty_pinned((6, 16, 2, 128), dtype=np.float16)
+    out_map = np.array([[2, 0], [3, 1], [7, 4]], np.int32)
+    assert swap_blocks(device, host, out_map, backend="cuda") == 2
+    cupy.cuda.get_current_stream().synchronize()
+    expected = cupy.asnumpy(device)
+    for s, d in out_map:
+        assert host[d].tobytes() == expected[s].tobytes()
+    device[:] = 0
+    assert swap_blocks(host, device, out_map[:, ::-1].copy(), backend="cuda") == 2
+    cupy.cuda.get_current_stream().synchronize()
+    for s, d in out_map:
+        assert cupy.asnumpy(device[s]).tobytes() == expected[s].tobytes()
+
+
+def test_pageable_host_memory_is_rejected():
+    device = cupy.zeros((2, 16, 1, 64), dtype=np.float16)
+    with pytest.raises(pagedkv.InvalidArgumentError, match="pinned"):
+        swap_blocks(device, np.zeros((2, 16, 1, 64), np.float16), np.array([[0, 0]], np.int32), backend="cuda")
+
+
+def test_dtype_table_is_consistent():
+    assert set(instances.KERNEL_TYPES) <= set(KIND_DTYPES)
