@@ -123,9 +123,21 @@ def render_compare(data: Mapping[str, Any], *, title: str = "Allocators on the s
     heading = (f"{title}: {data['workload']['name']}, pool {config['num_slots']:,} token slots, "
                f"max_model_len {config['max_model_len']}, block size {config['block_size']} (paged), "
                f"placement {config['placement']} (contiguous), arrival {config['arrival']}")
+    results = data["results"]
+    lines = []
+    paged = results.get(ALLOCATOR_LABELS["paged"])
+    if paged is not None:
+        for label, result in results.items():
+            if result is paged or not result["mean_resident_requests"] or not result["generated_tokens_per_step"]:
+                continue
+            lines.append(f"Paging vs {label}: {paged['mean_resident_requests'] / result['mean_resident_requests']:.1f}x "
+                         f"the resident requests, {paged['generated_tokens_per_step'] / result['generated_tokens_per_step']:.1f}x "
+                         f"the tokens per step")
     return "\n\n".join([
-        shares_table(data["results"], title=heading),
-        occupancy_table(data["results"], title="Utilization = token states; waste = reserved + internal + external"),
+        shares_table(results, title=heading),
+        occupancy_table(results, title="Utilization = token states; waste = reserved + internal + external; "
+                                       "'while queued' = over the steps at which a request was waiting"),
+        *(["\n".join(lines)] if lines else []),
     ])
 
 
