@@ -798,6 +798,9 @@ impl KvCacheManager {
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn swap_in(&mut self, seq_ids: &[SeqId]) -> Result<Vec<(BlockId, BlockId)>> {
+        if self.host.is_none() {
+            return invalid("swap_in needs a host tier (num_host_blocks > 0)");
+        }
         self.check_distinct(seq_ids)?;
         for &id in seq_ids {
             let seq = self.seqs.get(&id).ok_or(Error::UnknownSequence(id))?;
@@ -823,7 +826,7 @@ impl KvCacheManager {
         }
         let to_device: FxHashMap<BlockId, BlockId> =
             host_blocks.iter().copied().zip(device_ids.iter().copied()).collect();
-        let host = self.host.as_mut().expect("swapped sequences imply a host tier");
+        let host = self.host.as_mut().expect("checked");
         for &id in seq_ids {
             let seq = self.seqs.get_mut(&id).expect("validated");
             for h in seq.table.block_ids.iter_mut() {

@@ -1,0 +1,303 @@
+//! Prefix caching, one exact scenario per behaviour of issue 5 (block ids, refcounts,
+//! eviction order and events asserted).
+
+use pagedkv::{BlockHasher, BlockId, Error, KvCacheManager, KvEvent, ManagerConfig, Tier};
+
+const SEED: u64 = 1234;
+
+fn cached_manager(num_blocks: usize, block_size: usize) -> KvCacheManager {
+    KvCacheManager::new(ManagerConfig {
+        num_blocks,
+        block_size,
+        enable_prefix_caching: true,
+        hash_seed: SEED,
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+fn refcounts(kv: &KvCacheManager) -> Vec<u32> {
+    (0..kv.num_blocks() as BlockId).map(|b| kv.refcount(b).unwrap()).collect()
+}
+
+#[test]
+fn siphash_matches_a_reference_implementation() {
+    use std::hash::Hasher;
+    use siphasher::sip128::Hasher128;
+    let hasher = BlockHasher::new(SEED);
+    let (k0, k1) = hasher.keys();
+    let cases: [(Option<u128>, &[u32], Option<&[u8]>); 5] = [
+        (None, &[], None),
+        (None, &[1, 2, 3, 4], None),
+        (Some(u128::MAX - 5), &[7; 16], Some(b"salt")),
+        (Some(3), &[9, 8, 7], Some(b"")),
+        (None, &[1], Some(b"exactly8")),
+    ];
+    for (parent, tokens, extra) in cases {
+        let mut reference = siphasher::sip128::SipHasher24::new_with_keys(k0, k1);
+        reference.write(&BlockHasher::message_bytes(parent, tokens, extra));
+        assert_eq!(hasher.hash_block(parent, tokens, extra), reference.finish128().as_u128());
+    }
+}
+
+#[test]
+fn miss_then_hit_three_full_blocks_plus_partial() {
+    let mut kv = cached_manager(8, 4);
+    let prompt: Vec<u32> = (100..114).collect(); // 14 tokens: 3 full blocks + 2
+    assert_eq!(kv.add_sequence(1, &prompt, None).unwrap(), 0);
+    assert_eq!(kv.block_table(1).unwrap(), &[0, 1, 2, 3]);
+    kv.free(1).unwrap();
+    // Full blocks stay cached (tail first); the partial block went back to the pool.
+    assert_eq!(kv.cached_blocks(), vec![2, 1, 0]);
+    assert_eq!(kv.num_free_blocks(), 8);
+    assert_eq!(kv.add_sequence(2, &prompt, None).unwrap(), 12);
+    assert_eq!(kv.block_table(2).unwrap(), &[0, 1, 2, 3]);
+    assert_eq!(refcounts(&kv)[..4], [1, 1, 1, 1]);
+    assert!(kv.cached_blocks().is_empty());
+    let s = kv.stats();
+    assert_eq!((s.prefix_query_tokens, s.prefix_hit_tokens), (28, 12));
+    assert!((s.prefix_hit_rate - 12.0 / 28.0).abs() < 1e-12);
+    kv.check_invariants().unwrap();
+}
+
+#[test]
+fn never_the_whole_prompt() {
+    let mut kv = cached_manager(8, 4);
+    let prompt: Vec<u32> = (0..8).collect(); // exactly 2 full blocks
+    kv.add_sequence(1, &prompt, None).unwrap();
+    assert_eq!(kv.add_sequence(2, &prompt, None).unwrap(), 4); // last block recomputed
+    assert_eq!(kv.block_table(2).unwrap(), &[0, 2]);
+    assert_eq!(refcounts(&kv)[..3], [2, 1, 1]);
+    kv.check_invariants().unwrap();
+}
+
+#[test]
+fn two_requests_share_prefix_blocks() {
+    let mut kv = cached_manager(8, 4);
+    let a: Vec<u32> = (0..14).collect();
+    let mut b: Vec<u32> = (0..8).collect();
+    b.extend([50, 51, 52, 53, 54]);
+    kv.add_sequence(1, &a, None).unwrap();
+    assert_eq!(kv.add_sequence(2, &b, None).unwrap(), 8);
+    assert_eq!(kv.block_table(2).unwrap(), &[0, 1, 4, 5]);
+    assert_eq!(refcounts(&kv)[..6], [2, 2, 1, 1, 1, 1]);
+    assert_eq!(kv.stats().num_blocks_in_use, 6);
+    kv.check_invariants().unwrap();
+}
+
+#[test]
+fn hit_after_both_freed_lazy_eviction() {
+    let mut kv = cached_manager(8, 4);
+    let a: Vec<u32> = (0..14).collect();
+    kv.add_sequence(1, &a, None).unwrap();
+    kv.add_sequence(2, &a, None).unwrap();
+    kv.free(1).unwrap();
+    kv.free(2).unwrap();
+    assert_eq!(kv.cached_blocks(), vec![2, 1, 0]);
+    assert_eq!(kv.stats().num_blocks_in_use, 0);
+    assert_eq!(kv.add_sequence(3, &a, None).unwrap(), 12);
+    assert_eq!(kv.block_table(3).unwrap()[..3], [0, 1, 2]);
+    kv.check_invariants().unwrap();
+}
+
+#[test]
+fn exact_eviction_order_under_pressure() {
+    let mut kv = cached_manager(4, 2);
+    kv.add_sequence(1, &[1, 2, 3, 4], None).unwrap(); // blocks 0, 1
+    kv.free(1).unwrap();
+    kv.add_sequence(2, &[5, 6, 7, 8], None).unwrap(); // blocks 2, 3
+    kv.free(2).unwrap();
+    assert_eq!(kv.cached_blocks(), vec![1, 0, 3, 2]);
+    assert_eq!(kv.num_free_blocks(), 4);
+    kv.add_sequence(3, &[9, 10], None).unwrap();
+    assert_eq!(kv.block_table(3).unwrap(), &[1]);
+    kv.add_sequence(4, &[11, 12, 13], None).unwrap();
+    assert_eq!(kv.block_table(4).unwrap(), &[0, 3]);
+    assert_eq!(kv.cached_blocks(), vec![2]);
+    assert_eq!(kv.stats().evictions, 3);
+    kv.check_invariants().unwrap();
+}
+
+#[test]
+fn hit_blocks_not_evicted_while_other_blocks_are_free() {
+    let mut kv = cached_manager(4, 2);
+    kv.add_sequence(1, &[1, 2, 3, 4], None).unwrap(); // blocks 0, 1
+    kv.free(1).unwrap();
+    kv.add_sequence(2, &[8, 8, 9, 9], None).unwrap(); // blocks 2, 3
+    kv.free(2).unwrap();
+    // LRU front is the hit chain itself; the new block must come from behind it.
+    assert_eq!(kv.cached_blocks(), vec![1, 0, 3, 2]);
+    assert_eq!(kv.add_sequence(3, &[1, 2, 3, 4, 5], None).unwrap(), 4);
+    assert_eq!(kv.block_table(3).unwrap(), &[0, 1, 3]);
+    assert_eq!(kv.cached_blocks(), vec![2]);
+    // With a truly free block available, cached blocks are not touched at all.
+    kv.free(3).unwrap();
+    let mut kv = cached_manager(4, 2);
+    kv.add_sequence(1, &[1, 2, 3, 4], None).unwrap();
+    kv.free(1).unwrap();
+    kv.add_sequence(2, &[7, 7], None).unwrap();
+    assert_eq!(kv.block_table(2).unwrap(), &[2]);
+    assert_eq!(kv.cached_blocks(), vec![1, 0]);
+    assert_eq!(kv.stats().evictions, 0);
+    kv.check_invariants().unwrap();
+}
+
+#[test]
+fn reused_block_loses_stale_hash() {
+    let mut kv = cached_manager(2, 2);
+    kv.add_sequence(1, &[1, 2, 3], None).unwrap(); // block 0 full+indexed, block 1 partial
+    kv.free(1).unwrap();
+    assert_eq!(kv.cached_blocks(), vec![0]);
+    kv.add_sequence(2, &[5, 6, 7, 8], None).unwrap(); // pool block 1, then evicts 0
+    assert_eq!(kv.block_table(2).unwrap(), &[1, 0]);
+    kv.free(2).unwrap();
+    assert_eq!(kv.add_sequence(3, &[1, 2, 3], None).unwrap(), 0, "stale hash served");
+    kv.check_invariants().unwrap();
+}
+
+#[test]
+fn caching_disabled_gives_no_hits() {
+    let mut kv = KvCacheManager::new(ManagerConfig { num_blocks: 8, block_size: 4, ..Default::default() }).unwrap();
+    let a: Vec<u32> = (0..14).collect();
+    assert_eq!(kv.add_sequence(1, &a, None).unwrap(), 0);
+    assert_eq!(kv.add_sequence(2, &a, None).unwrap(), 0);
+    kv.free(1).unwrap();
+    assert_eq!(kv.add_sequence(3, &a, None).unwrap(), 0);
+    assert!(kv.take_events().is_empty());
+    assert_eq!(kv.stats().num_cached_blocks, 0);
+    assert_eq!(kv.stats().prefix_query_tokens, 0);
+}
+
+#[test]
+fn salt_isolation() {
+    let mut kv = cached_manager(16, 4);
+    let a: Vec<u32> = (0..9).collect();
+    kv.add_sequence(1, &a, Some(b"tenant-a")).unwrap();
+    assert_eq!(kv.add_sequence(2, &a, Some(b"tenant-b")).unwrap(), 0);
+    assert_eq!(kv.add_sequence(3, &a, None).unwrap(), 0);
+    assert_eq!(kv.add_sequence(4, &a, Some(b"tenant-a")).unwrap(), 8);
+    assert_eq!(kv.block_table(4).unwrap()[..2], kv.block_table(1).unwrap()[..2]);
+    kv.check_invariants().unwrap();
+}
+
+#[test]
+fn failed_allocation_changes_nothing() {
+    let mut kv = cached_manager(4, 2);
+    kv.add_sequence(1, &[1, 2, 3, 4], None).unwrap(); // 0, 1
+    kv.free(1).unwrap();
+    kv.add_sequence(9, &[9, 9], None).unwrap(); // block 2; block 3 stays free
+    kv.take_events();
+    let (rc, lru, stats) = (refcounts(&kv), kv.cached_blocks(), kv.stats());
+    // Hits 0 and 1 (revived) + 2 new blocks; only block 3 is spare: 4 needed, 3 available.
+    let err = kv.add_sequence(2, &[1, 2, 3, 4, 5, 6, 7], None).unwrap_err();
+    assert_eq!(err, Error::OutOfBlocks { tier: Tier::Device, needed_blocks: 4, available_blocks: 3 });
+    assert_eq!(refcounts(&kv), rc);
+    assert_eq!(kv.cached_blocks(), lru);
+    assert_eq!(kv.stats(), stats);
+    assert!(kv.take_events().is_empty());
+    assert!(!kv.contains(2));
+    // The hit chain is intact afterwards.
+    assert_eq!(kv.add_sequence(2, &[1, 2, 3, 4, 5], None).unwrap(), 4);
+    kv.check_invariants().unwrap();
+}
+
+#[test]
+fn decode_filled_blocks_become_hittable() {
+    let mut kv = cached_manager(8, 2);
+    kv.add_sequence(1, &[1, 2, 3], None).unwrap();
+    kv.append_tokens(1, &[4]).unwrap(); // fills block 1
+    kv.append_tokens(1, &[5, 6, 7]).unwrap(); // fills block 2, starts block 3
+    kv.free(1).unwrap();
+    assert_eq!(kv.cached_blocks(), vec![2, 1, 0]);
+    assert_eq!(kv.add_sequence(2, &[1, 2, 3, 4, 5, 6, 7], None).unwrap(), 6);
+    assert_eq!(kv.block_table(2).unwrap()[..3], [0, 1, 2]);
+    // Tokens appended without ids end hashing for that sequence.
+    kv.append_len(2, 1).unwrap();
+    kv.append_tokens(2, &[9, 9]).unwrap();
+    kv.free(2).unwrap();
+    assert_eq!(kv.cached_blocks(), vec![2, 1, 0]);
+    kv.check_invariants().unwrap();
+}
+
+#[test]
+fn event_sequence_store_evict_store_reset() {
+    let mut kv = cached_manager(2, 2);
+    let h = BlockHasher::new(SEED);
+    let h1 = h.hash_block(None, &[1, 2], None);
+    let h2 = h.hash_block(Some(h1), &[3, 4], None);
+    let h3 = h.hash_block(None, &[5, 6], None);
+    kv.add_sequence(1, &[1, 2, 3, 4], None).unwrap();
+    kv.free(1).unwrap();
+    kv.add_sequence(2, &[5, 6, 7], None).unwrap(); // evicts 1 then 0
+    kv.free(2).unwrap();
+    assert!(kv.reset_prefix_cache());
+    let stored = |hashes: Vec<u128>, parent, tokens: Vec<u32>| KvEvent::BlockStored {
+        block_hashes: hashes,
+        parent_block_hash: parent,
+        token_ids: tokens,
+        block_size: 2,
+        extra_key: None,
+        medium: Tier::Device,
+    };
+    let removed = |hash| KvEvent::BlockRemoved { block_hashes: vec![hash], medium: Tier::Device };
+    assert_eq!(
+        kv.take_events(),
+        vec![
+            stored(vec![h1, h2], None, vec![1, 2, 3, 4]),
+            removed(h2),
+            removed(h1),
+            stored(vec![h3], None, vec![5, 6]),
+            KvEvent::AllBlocksCleared,
+        ]
+    );
+    assert_eq!(kv.num_free_blocks(), 2);
+    assert_eq!(kv.stats().num_cached_blocks, 0);
+    kv.check_invariants().unwrap();
+}
+
+#[test]
+fn bounded_event_queue_drops_oldest() {
+    let mut kv = KvCacheManager::new(ManagerConfig {
+        num_blocks: 8,
+        block_size: 1,
+        enable_prefix_caching: true,
+        max_events: 2,
+        ..Default::default()
+    })
+    .unwrap();
+    kv.add_sequence(1, &[1], None).unwrap();
+    kv.append_tokens(1, &[2]).unwrap();
+    kv.append_tokens(1, &[3]).unwrap();
+    let events = kv.take_events();
+    assert_eq!(events.len(), 2);
+    assert!(matches!(&events[0], KvEvent::BlockStored { token_ids, .. } if token_ids == &[2]));
+    assert_eq!(kv.stats().events_dropped, 1);
+}
+
+#[test]
+fn reset_refuses_while_blocks_in_use() {
+    let mut kv = cached_manager(4, 2);
+    kv.add_sequence(1, &[1, 2, 3], None).unwrap();
+    assert!(!kv.reset_prefix_cache());
+    assert!(kv.take_events().iter().all(|e| !matches!(e, KvEvent::AllBlocksCleared)));
+    kv.free(1).unwrap();
+    assert!(kv.reset_prefix_cache());
+    assert_eq!(kv.add_sequence(2, &[1, 2, 3], None).unwrap(), 0);
+    kv.check_invariants().unwrap();
+}
+
+#[test]
+fn fork_children_fill_blocks_independently() {
+    let mut kv = cached_manager(8, 2);
+    kv.add_sequence(1, &[1, 2, 3], None).unwrap();
+    kv.fork(1, 2).unwrap();
+    kv.append_tokens(2, &[4]).unwrap(); // CoW copy of block 1, then full -> indexed
+    kv.append_tokens(1, &[4]).unwrap(); // same content: duplicate, not indexed
+    assert_eq!(kv.take_copy_ops(), vec![(1, 2)]);
+    kv.free(1).unwrap();
+    kv.free(2).unwrap();
+    assert_eq!(kv.cached_blocks(), vec![2, 0]);
+    assert_eq!(kv.add_sequence(3, &[1, 2, 3, 4, 5], None).unwrap(), 4);
+    assert_eq!(kv.block_table(3).unwrap()[..2], [0, 2]);
+    kv.check_invariants().unwrap();
+}
