@@ -20,7 +20,7 @@ import itertools
 from typing import Any
 
 import hypothesis.strategies as st
-from hypothesis import settings
+from hypothesis import event, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 import pagedkv
@@ -38,7 +38,7 @@ NUM_HOST_BLOCKS = 12
 VOCAB = 3  # a tiny vocabulary makes equal prefixes (prefix-cache hits) frequent
 UNKNOWN = 10**9
 
-SETTINGS = settings(max_examples=50, stateful_step_count=40, deadline=None)
+SETTINGS = settings(max_examples=100, stateful_step_count=50, deadline=None)
 
 Cell = tuple[int, Any]  # (token id, namespace) held by one KV slot
 
@@ -69,6 +69,7 @@ class ManagerMachine(RuleBasedStateMachine):
         self.content: dict[int, list[Cell | None]] = {}  # device block -> slots
         self.host_content: dict[int, list[Cell | None]] = {}  # host block -> slots
         self.hit_tokens_total = 0
+        self.history: list[list[int]] = []  # prompts seen, reused to provoke prefix hits
 
     @initialize(block_size=st.sampled_from([1, 2, 3, 4]))
     def setup(self, block_size: int) -> None:
@@ -167,6 +168,7 @@ class ManagerMachine(RuleBasedStateMachine):
     def expect_failure(self, error: Any, op: Any) -> None:
         outcome = self.call_changing_nothing_on(error, op)
         assert not isinstance(outcome, tuple), f"expected {error}, got {outcome}"
+        event(f"failed cleanly: {type(outcome).__name__}")
 
     # ------------------------------------------------------------------ rules
     @rule(num_tokens=st.integers(0, 14), with_ids=st.booleans(),
@@ -175,6 +177,12 @@ class ManagerMachine(RuleBasedStateMachine):
         seq_id = next(self.next_id)
         prompt = data.draw(st.lists(st.integers(0, VOCAB - 1), min_size=num_tokens,
                                     max_size=num_tokens))
+        if self.history and data.draw(st.integers(0, 3)) > 0:
+            # Mostly reuse an earlier prompt's beginning, so prefix hits are common.
+            base = data.draw(st.sampled_from(self.history[-6:]))
+            limit = min(len(base), num_tokens)
+            keep = data.draw(st.one_of(st.just(limit), st.integers(0, limit)))
+            prompt = base[:keep] + prompt[keep:]
         if not with_ids:
             extra_key = None
         needed = ceil_div(num_tokens, self.block_size)
@@ -189,11 +197,17 @@ class ManagerMachine(RuleBasedStateMachine):
         if free is not None and needed > free:
             self.expect_failure(OutOfBlocksError, call)
             return
+        evictions = self.kv.stats()["evictions"]
         outcome = self.call_changing_nothing_on(OutOfBlocksError, call)
         if not isinstance(outcome, tuple):
             assert free is None  # only a cache-aware manager leaves this unpredicted
+            event("failed cleanly: OutOfBlocksError (cache-aware)")
             return
         hit = outcome[1]
+        if hit:
+            event("prefix hit")
+        if self.kv.stats()["evictions"] > evictions:
+            event("eviction")
         assert hit % self.block_size == 0 and 0 <= hit <= max(num_tokens - 1, 0)
         if not (self.prefix_caching and with_ids):
             assert hit == 0
@@ -202,6 +216,8 @@ class ManagerMachine(RuleBasedStateMachine):
             block, offset = divmod(position, self.block_size)
             assert self.content[table[block]][offset] == (prompt[position], extra_key)
         self.hit_tokens_total += hit
+        if with_ids:
+            self.history.append(list(prompt))
         self.tokens[seq_id] = list(prompt)
         self.namespace[seq_id] = extra_key
         self.abstract[seq_id] = [
@@ -317,7 +333,8 @@ class ManagerMachine(RuleBasedStateMachine):
         seq_id = data.draw(st.sampled_from(self.live()))
         self.expect_failure(pagedkv.SequenceExistsError,
                             lambda: self.kv.add_sequence(seq_id, num_tokens=1))
-        self.expect_failure(pagedkv.SequenceExistsError, lambda: self.kv.fork(seq_id, seq_id))
+        if seq_id in self.abstract:
+            self.expect_failure(pagedkv.SequenceExistsError, lambda: self.kv.fork(seq_id, seq_id))
         self.expect_failure(UnknownSequenceError, lambda: self.kv.append_tokens(UNKNOWN, [1]))
         self.expect_failure(UnknownSequenceError, lambda: self.kv.free_batch([seq_id, UNKNOWN]))
         self.expect_failure(InvalidArgumentError, lambda: self.kv.append_tokens(seq_id, [1.5]))
@@ -388,12 +405,17 @@ class SwapMachine(ManagerMachine):
         physical = {s: self.kv.block_table(s).tolist() for s in group}
         # Swapping out part of a group that shares blocks may be refused (InvalidArgumentError).
         allowed: tuple[type[BaseException], ...] = (InvalidArgumentError,) if partial else ()
+        if len(group_blocks) > self.host_blocks:  # can never fit the host tier
+            self.expect_failure(InvalidArgumentError, lambda: self.kv.swap_out(arg))
+            return
         if len(group_blocks) > host_free:
             self.expect_failure((OutOfBlocksError,) + allowed, lambda: self.kv.swap_out(arg))
             return
         outcome = self.call_changing_nothing_on(allowed or (), lambda: self.kv.swap_out(arg))
         if not isinstance(outcome, tuple):
+            event("partial swap_out refused")
             return
+        event("partial swap_out" if partial else "swap_out")
         ops = outcome[1]
         assert ops.dtype.name == "int32" and ops.shape == (len(group_blocks), 2)
         device_of = {a: physical[s][i] for s in group for i, a in enumerate(self.abstract[s])}
@@ -429,7 +451,9 @@ class SwapMachine(ManagerMachine):
             return
         outcome = self.call_changing_nothing_on(allowed or (), lambda: self.kv.swap_in(group))
         if not isinstance(outcome, tuple):
+            event("partial swap_in refused")
             return
+        event("partial swap_in" if partial else "swap_in")
         ops = outcome[1]
         assert ops.dtype.name == "int32" and ops.shape == (len(group_blocks), 2)
         device_of_host = dict(ops.tolist())

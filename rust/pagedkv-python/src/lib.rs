@@ -7,7 +7,6 @@ use pyo3::prelude::*;
 
 mod convert;
 mod errors;
-#[cfg(any())] // PHASE2
 mod events;
 mod manager;
 mod pool;

@@ -17,7 +17,6 @@ use pagedkv::{Error, KvCacheManager, ManagerConfig};
 
 use crate::convert::{BlockIdArg, CountArg, ExtraKey, OneOrManySeqIds, SeqIdArg, SeqIds, TokenIds};
 use crate::errors::{invalid_argument, invariant_violation, to_pyerr};
-#[cfg(any())] // PHASE2
 use crate::events::events_to_python;
 use crate::pool::{check_int32_block_count, PyBlockPool};
 use crate::stats::stats_to_dict;
@@ -398,7 +397,6 @@ impl PyKvCacheManager {
         self.read(py, |kv| kv.num_free_blocks())
     }
 
-    #[cfg(any())] // PHASE2
     /// Free host-tier blocks.
     #[getter]
     fn num_free_host_blocks(&self, py: Python<'_>) -> PyResult<usize> {
@@ -416,7 +414,6 @@ impl PyKvCacheManager {
         self.read(py, |kv| kv.blocks_needed_for_prompt(num_tokens.0))
     }
 
-    #[cfg(any())] // PHASE2
     /// Whether the sequence is swapped out to the host tier.
     fn is_swapped_out(&self, py: Python<'_>, seq_id: SeqIdArg) -> PyResult<bool> {
         self.run(py, false, |kv| kv.is_swapped_out(seq_id.0))
@@ -433,7 +430,6 @@ impl PyKvCacheManager {
         self.run(py, true, |kv| kv.check_invariants())
     }
 
-    #[cfg(any())] // PHASE2
     /// Moves one sequence or a fork group to the host tier; int32 `[N, 2]`
     /// (device_block, host_block) copies to run before the device blocks are reused.
     fn swap_out<'py>(
@@ -446,7 +442,6 @@ impl PyKvCacheManager {
         pairs_to_array(py, &pairs)
     }
 
-    #[cfg(any())] // PHASE2
     /// Brings swapped-out sequences back; int32 `[N, 2]` (host_block, device_block) copies.
     fn swap_in<'py>(
         &self,
@@ -458,18 +453,16 @@ impl PyKvCacheManager {
         pairs_to_array(py, &pairs)
     }
 
-    #[cfg(any())] // PHASE2
     /// Empties the prefix index; False (and nothing changes) while any block is in use.
     fn reset_prefix_cache(&self, py: Python<'_>) -> PyResult<bool> {
         self.read(py, |kv| kv.reset_prefix_cache())
     }
 
-    #[cfg(any())] // PHASE2
     /// Drains the KV events recorded while prefix caching is on, oldest first:
     /// `pagedkv.BlockStored`, `pagedkv.BlockRemoved`, `pagedkv.AllBlocksCleared`.
     fn take_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let events = self.read(py, |kv| kv.take_events())?;
-        events_to_python(py, events, self.block_size)
+        events_to_python(py, events)
     }
 
     fn __contains__(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<bool> {
