@@ -2,8 +2,8 @@
 //! the allocators' invariants after every step.
 
 use pagedkv::sim::{
-    record_frames, simulate, AllocatorKind, Arrival, GroupKind, Placement, RequestSpec, SimConfig,
-    SimResult, SplitMix64, Workload,
+    record_frames, simulate, AllocatorKind, Arrival, GroupKind, Placement, Preemption, RequestSpec,
+    SimConfig, SimResult, SplitMix64, Workload,
 };
 use pagedkv::Error;
 
@@ -520,4 +520,217 @@ fn max_steps_stops_early() {
     assert_eq!(r.steps, 7);
     assert_eq!(r.finished_requests, 0);
     assert_eq!(r.generated_tokens, 7);
+}
+
+#[test]
+fn swap_preemption_moves_the_victim_to_the_host_and_back() {
+    // The recompute scenario above, with a host tier: B is swapped out at step 4 (2 blocks),
+    // cannot come back at step 5 (needs its 2 blocks + 1 for its token, 1 free), returns at
+    // step 6 and finishes at step 7 without recomputing anything.
+    let w = plain(&[(4, 6), (4, 6)]);
+    let config = SimConfig {
+        block_size: 4,
+        num_slots: 16,
+        watermark: 0.0,
+        preemption: Preemption::Swap,
+        num_host_slots: 16,
+        check_invariants: true,
+        ..Default::default()
+    };
+    let (r, frames) = record_frames(&w, &config, 100).unwrap();
+    assert_eq!(r.steps, 8);
+    assert_eq!(
+        (r.preemptions, r.swap_preemptions, r.recompute_preemptions),
+        (1, 1, 0)
+    );
+    assert_eq!((r.swapped_out_blocks, r.swapped_in_blocks), (2, 2));
+    assert_eq!(r.recomputed_tokens, 0);
+    assert_eq!(r.prefill_tokens, 8);
+    assert_eq!(r.generated_tokens, 12);
+    let waiting: Vec<usize> = frames.iter().map(|f| f.waiting).collect();
+    assert_eq!(waiting, vec![0, 0, 0, 0, 1, 1, 0, 0]);
+    assert_eq!(frames[6].pool.tables[0].1[0].num_tokens, 9);
+    // A host tier too small for the victim falls back to recompute.
+    let tiny_host = SimConfig {
+        num_host_slots: 4,
+        ..config.clone()
+    };
+    let r = simulate(&w, &tiny_host).unwrap();
+    assert_eq!((r.swap_preemptions, r.recompute_preemptions), (0, 1));
+}
+
+#[test]
+fn swap_and_recompute_agree_on_the_work_done() {
+    let mut rng = SplitMix64::new(9);
+    let specs: Vec<RequestSpec> = (0..120)
+        .map(|_| RequestSpec {
+            prompt_tokens: 1 + rng.next_below(300) as usize,
+            output_tokens: 1 + rng.next_below(300) as usize,
+            arrival_s: 0.0,
+            group_size: 1 + rng.next_below(3) as usize,
+            prefix: None,
+        })
+        .collect();
+    let w = Workload::new(specs, GroupKind::Parallel).unwrap();
+    let base = SimConfig {
+        num_slots: 4096,
+        max_model_len: 1024,
+        check_invariants: true,
+        ..Default::default()
+    };
+    let recompute = simulate(&w, &base).unwrap();
+    let swap = simulate(
+        &w,
+        &SimConfig {
+            preemption: Preemption::Swap,
+            num_host_slots: 8192,
+            ..base.clone()
+        },
+    )
+    .unwrap();
+    assert!(recompute.preemptions > 0 && swap.preemptions > 0);
+    assert_eq!(swap.recompute_preemptions, 0);
+    assert!(swap.swapped_out_blocks > 0);
+    assert_eq!(swap.swapped_out_blocks, swap.swapped_in_blocks);
+    assert_eq!(swap.recomputed_tokens, 0);
+    assert!(recompute.recomputed_tokens > 0);
+    let expected: usize = w
+        .requests()
+        .iter()
+        .map(|r| r.group_size * r.output_tokens)
+        .sum();
+    assert_eq!(
+        (swap.generated_tokens, recompute.generated_tokens),
+        (expected, expected)
+    );
+    assert_eq!(swap.finished_requests, 120);
+}
+
+#[test]
+fn requests_with_a_common_prefix_share_its_cached_blocks() {
+    // Blocks of 4; two 10-token prompts whose first 8 tokens are the same system prompt.
+    let spec = |prefix| RequestSpec {
+        prompt_tokens: 10,
+        output_tokens: 2,
+        arrival_s: 0.0,
+        group_size: 1,
+        prefix,
+    };
+    let w = Workload::new(
+        vec![spec(Some((7, 8))), spec(Some((7, 8)))],
+        GroupKind::None,
+    )
+    .unwrap();
+    let config = SimConfig {
+        block_size: 4,
+        num_slots: 64,
+        enable_prefix_caching: true,
+        check_invariants: true,
+        ..Default::default()
+    };
+    let (r, frames) = record_frames(&w, &config, 100).unwrap();
+    // B reuses A's two full prefix blocks: 3 + 1 blocks in use, not 6.
+    assert_eq!(frames[0].used_blocks, 4);
+    assert_eq!(frames[0].shares.token_slots, 8 + 3 + 3);
+    assert_eq!(frames[0].pool.shared.len(), 2);
+    assert_eq!(r.prefix_query_tokens, 20);
+    assert_eq!(r.prefix_hit_tokens, 8);
+    assert_eq!(r.prefill_tokens, 12);
+    // Different prefix ids share nothing; caching off shares nothing.
+    let other = Workload::new(
+        vec![spec(Some((7, 8))), spec(Some((8, 8)))],
+        GroupKind::None,
+    )
+    .unwrap();
+    assert_eq!(simulate(&other, &config).unwrap().prefix_hit_tokens, 0);
+    let off = simulate(
+        &w,
+        &SimConfig {
+            enable_prefix_caching: false,
+            ..config.clone()
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        (
+            off.prefix_query_tokens,
+            off.prefix_hit_tokens,
+            off.prefill_tokens
+        ),
+        (0, 0, 20)
+    );
+    // A later request hits blocks cached by a finished one (refcount 0, still indexed).
+    let mut late = spec(Some((7, 8)));
+    late.arrival_s = 5.0;
+    let w = Workload::new(vec![spec(Some((7, 8))), late], GroupKind::None).unwrap();
+    let r = simulate(
+        &w,
+        &SimConfig {
+            arrival: Arrival::Trace,
+            ..config.clone()
+        },
+    )
+    .unwrap();
+    assert_eq!(r.prefix_hit_tokens, 8);
+}
+
+#[test]
+fn recomputed_requests_hit_their_own_cached_blocks() {
+    // The recompute scenario with prefix caching: B's 8 tokens filled 2 blocks, hashed as they
+    // filled and left cached when B was preempted. A's next block evicts B's tail block first
+    // (tails ahead of heads), and the last prompt token is always computed, so the re-admission
+    // hits B's first block: 4 tokens.
+    let w = plain(&[(4, 6), (4, 6)]);
+    let config = SimConfig {
+        block_size: 4,
+        num_slots: 16,
+        watermark: 0.0,
+        enable_prefix_caching: true,
+        check_invariants: true,
+        ..Default::default()
+    };
+    let r = simulate(&w, &config).unwrap();
+    assert_eq!(r.preemptions, 1);
+    assert_eq!(r.prefix_hit_tokens, 4);
+    assert_eq!(r.prefill_tokens, 4 + 4 + 8 - 4);
+}
+
+#[test]
+fn prefix_caching_with_groups_and_pressure_keeps_invariants() {
+    let mut rng = SplitMix64::new(21);
+    for kind in [GroupKind::None, GroupKind::Parallel, GroupKind::Beam] {
+        let specs: Vec<RequestSpec> = (0..60)
+            .map(|_| {
+                let prefix_len = 16 * rng.next_below(5) as usize;
+                RequestSpec {
+                    prompt_tokens: prefix_len + 1 + rng.next_below(60) as usize,
+                    output_tokens: 1 + rng.next_below(80) as usize,
+                    arrival_s: 0.0,
+                    group_size: if kind == GroupKind::None {
+                        1
+                    } else {
+                        1 + rng.next_below(3) as usize
+                    },
+                    prefix: (prefix_len > 0).then(|| (rng.next_below(3), prefix_len)),
+                }
+            })
+            .collect();
+        let w = Workload::new(specs, kind).unwrap();
+        for preemption in [Preemption::Recompute, Preemption::Swap] {
+            let config = SimConfig {
+                block_size: 8,
+                num_slots: 1024,
+                max_model_len: 512,
+                enable_prefix_caching: true,
+                preemption,
+                num_host_slots: 512,
+                check_invariants: true,
+                ..Default::default()
+            };
+            let r = simulate(&w, &config).unwrap_or_else(|e| panic!("{kind} {preemption}: {e}"));
+            assert_eq!(r.finished_requests, 60);
+            assert!(r.prefix_hit_tokens > 0);
+            assert!((shares_sum(&r) - 1.0).abs() < 1e-9);
+        }
+    }
 }

@@ -35,7 +35,7 @@ pub(crate) struct PagedMemory {
     /// Pool slots beyond the last whole block (external fragmentation, always).
     remainder_slots: usize,
     watermark_blocks: usize,
-    has_host_tier: bool,
+    num_host_blocks: usize,
     caching: bool,
     /// Whether blocks can be shared (groups or prefix caching): then accounting deduplicates.
     sharing: bool,
@@ -55,7 +55,8 @@ impl PagedMemory {
             enable_prefix_caching: config.enable_prefix_caching,
             num_host_blocks: config.num_host_blocks(),
             hash_seed: config.seed,
-            ..Default::default()
+            // The simulator never reads KV events: record none.
+            max_events: 0,
         })?;
         Ok(PagedMemory {
             kv,
@@ -63,7 +64,7 @@ impl PagedMemory {
             num_blocks,
             remainder_slots: config.num_slots - num_blocks * config.block_size,
             watermark_blocks: config.watermark_blocks(),
-            has_host_tier: config.num_host_blocks() > 0,
+            num_host_blocks: config.num_host_blocks(),
             caching: config.enable_prefix_caching,
             sharing: has_groups || config.enable_prefix_caching,
             seen: vec![0; num_blocks],
@@ -285,18 +286,40 @@ impl KvMemory for PagedMemory {
     }
 
     fn swap_out(&mut self, group: &mut Group) -> Result<Option<usize>> {
-        // The manager refuses a host tier until core phase 4 lands (PagedMemory::new fails with
-        // its InvalidArgument), so without one a victim falls back to recompute.
-        let _ = group;
-        debug_assert!(!self.has_host_tier);
-        Ok(None)
+        if self.num_host_blocks == 0 {
+            return Ok(None);
+        }
+        // A group larger than the whole host tier could never be swapped: recompute it.
+        let mut scratch = SlotShares::default();
+        if self.count_distinct(std::slice::from_ref(group), &mut scratch)? > self.num_host_blocks {
+            return Ok(None);
+        }
+        match self.kv.swap_out(&group.members) {
+            Ok(moved) => {
+                group.swapped_blocks = moved.len();
+                Ok(Some(moved.len()))
+            }
+            Err(Error::OutOfBlocks {
+                tier: Tier::Host, ..
+            }) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
-    fn try_swap_in(&mut self, group: &mut Group, _alone: bool) -> Result<Option<usize>> {
-        Err(Error::InvariantViolation(format!(
-            "request {} cannot be swapped in: no host tier in this build",
-            group.request
-        )))
+    fn try_swap_in(&mut self, group: &mut Group, alone: bool) -> Result<Option<usize>> {
+        // Its blocks come back, and each sequence may need one more for this step's token.
+        if !self.fits(group.swapped_blocks + group.members.len(), alone) {
+            return Ok(None);
+        }
+        let moved = expect_fits(self.kv.swap_in(&group.members), "swap-in")?;
+        group.swapped_blocks = 0;
+        if let Some(short) = self.append_batch(std::slice::from_ref(group))? {
+            return Err(Error::InvariantViolation(format!(
+                "swapped-in group of request {} is {short} blocks short of its next token",
+                group.request
+            )));
+        }
+        Ok(Some(moved.len()))
     }
 
     fn sample(&mut self, running: &[Group], _head: Option<&Group>) -> Result<SlotShares> {
