@@ -22,9 +22,9 @@ NVRTC_OPTIONS = ("-std=c++17", f"-I{KERNEL_DIR}")
 class EmulatedRunner:
     """Runs kernels on the CPU through cuda_emu.h; outputs are NaN-poisoned before each launch."""
 
-    xp = np
-    poison = True
-    num_sms = 1
+    xp: Any = np
+    poison: bool = True
+    num_sms: int = 1
 
     def launch(self, instance: Instance, grid: tuple[int, int, int], block: tuple[int, int, int],
                args: Sequence[Any], reachable: Sequence[Any] = ()) -> None:
@@ -44,7 +44,9 @@ class CudaUnavailableError(PagedKvError):
 class CudaRunner:
     """Runs kernels on the current CUDA device through CuPy RawModules (one per instance, cached)."""
 
-    poison = False
+    poison: bool = False
+    xp: Any
+    num_sms: int
 
     def __init__(self) -> None:
         try:

@@ -219,7 +219,7 @@ def prebuild(kernels: Sequence[tuple[str, str]], source_dir: Path = KERNEL_DIR, 
     by_source: dict[str, list[str]] = {}
     for source, name in missing:
         by_source.setdefault(source, []).append(name)
-    chunks = []
+    chunks: list[tuple[str, list[str]]] = []
     for source, names in by_source.items():
         per = -(-len(names) // max(1, min(jobs, len(names))))
         chunks.extend((source, names[i:i + per]) for i in range(0, len(names), per))

@@ -26,6 +26,11 @@ struct alignas(16) vec16 {
   unsigned int x, y, z, w;
 } PKV_MAY_ALIAS;
 
+// Four floats read or written in one 16-byte shared-memory access.
+struct alignas(16) f32x4 {
+  float x, y, z, w;
+};
+
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
 __device__ __forceinline__ unsigned int vec_word(const vec16& v, int i) {

@@ -64,7 +64,8 @@ __global__ void __launch_bounds__(kDecodeThreads) paged_decode_kernel(
   constexpr int kRowGroups = Shape::kPvRowGroups;
   constexpr int kHeadsPerWarp = (GROUP + kDecodeWarps - 1) / kDecodeWarps;
 
-  __shared__ float q_sm[GROUP][HEAD_DIM];
+  constexpr int kQuads = HEAD_DIM / 4;
+  __shared__ f32x4 q_sm[GROUP][kQuads];  // read as 16-byte vectors by the score loop
   __shared__ float p_sm[2][GROUP][kTile];  // scores, then probabilities; double-buffered by tile
   __shared__ float alpha_sm[2][GROUP];     // rescale factor of the running sums for this tile
   __shared__ float max_sm[GROUP];
@@ -87,15 +88,19 @@ __global__ void __launch_bounds__(kDecodeThreads) paged_decode_kernel(
   const i64 head_offset = static_cast<i64>(kv_head) * HEAD_DIM;
   const int* table = block_tables + static_cast<i64>(seq) * max_blocks_per_seq;
 
-  for (int i = tid; i < GROUP * HEAD_DIM; i += kDecodeThreads) {
-    const int g = i / HEAD_DIM;
-    const int d = i % HEAD_DIM;
-    float x = 0.f;
+  // q for this group, scaled into the log2 domain; padded heads (g >= group_size) are zero.
+  for (int i = tid; i < GROUP * kQuads; i += kDecodeThreads) {
+    const int g = i / kQuads;
+    const int quad = i % kQuads;
+    f32x4 x = {0.f, 0.f, 0.f, 0.f};
     if (g < group_size) {
-      const i64 qi = (static_cast<i64>(seq) * num_q_heads + kv_head * group_size + g) * HEAD_DIM + d;
-      x = Kv<T>::to_float(q[qi]) * scale_log2;
+      const T* src = q + (static_cast<i64>(seq) * num_q_heads + kv_head * group_size + g) * HEAD_DIM + quad * 4;
+      x.x = Kv<T>::to_float(src[0]) * scale_log2;
+      x.y = Kv<T>::to_float(src[1]) * scale_log2;
+      x.z = Kv<T>::to_float(src[2]) * scale_log2;
+      x.w = Kv<T>::to_float(src[3]) * scale_log2;
     }
-    q_sm[g][d] = x;
+    q_sm[g][quad] = x;
   }
 
   // Scores role: token row qk_row of the tile, vectors qk_part + j * kQkLanes of its K row.
@@ -160,12 +165,17 @@ __global__ void __launch_bounds__(kDecodeThreads) paged_decode_kernel(
     for (int g = 0; g < GROUP; ++g) dots[g] = 0.f;
 #pragma unroll
     for (int j = 0; j < kVecsPerThread; ++j) {
-      const int d0 = (j * kQkLanes + qk_part) * E;
+      float kx[E];
 #pragma unroll
-      for (int e = 0; e < E; ++e) {
-        const float kx = Kv<T>::elem(k_cur[j], e);
+      for (int e = 0; e < E; ++e) kx[e] = Kv<T>::elem(k_cur[j], e);
+      const int quad0 = (j * kQkLanes + qk_part) * (E / 4);
 #pragma unroll
-        for (int g = 0; g < GROUP; ++g) dots[g] += q_sm[g][d0 + e] * kx;
+      for (int g = 0; g < GROUP; ++g) {
+#pragma unroll
+        for (int c = 0; c < E / 4; ++c) {
+          const f32x4 qv = q_sm[g][quad0 + c];
+          dots[g] += qv.x * kx[4 * c] + qv.y * kx[4 * c + 1] + qv.z * kx[4 * c + 2] + qv.w * kx[4 * c + 3];
+        }
       }
     }
 #pragma unroll
@@ -212,11 +222,14 @@ __global__ void __launch_bounds__(kDecodeThreads) paged_decode_kernel(
 #pragma unroll
     for (int j = 0; j < kVecsPerThread; ++j) {
       const int row = pv_group + j * kRowGroups;
+      float vx[E];
 #pragma unroll
-      for (int e = 0; e < E; ++e) {
-        const float vx = Kv<T>::elem(v_cur[j], e);
+      for (int e = 0; e < E; ++e) vx[e] = Kv<T>::elem(v_cur[j], e);
 #pragma unroll
-        for (int g = 0; g < GROUP; ++g) acc[g][e] += p_sm[buf][g][row] * vx;
+      for (int g = 0; g < GROUP; ++g) {
+        const float p = p_sm[buf][g][row];
+#pragma unroll
+        for (int e = 0; e < E; ++e) acc[g][e] += p * vx[e];
       }
     }
     buf ^= 1;
