@@ -123,9 +123,21 @@ def render_compare(data: Mapping[str, Any], *, title: str = "Allocators on the s
     heading = (f"{title}: {data['workload']['name']}, pool {config['num_slots']:,} token slots, "
                f"max_model_len {config['max_model_len']}, block size {config['block_size']} (paged), "
                f"placement {config['placement']} (contiguous), arrival {config['arrival']}")
+    results = data["results"]
+    lines = []
+    paged = results.get(ALLOCATOR_LABELS["paged"])
+    if paged is not None:
+        for label, result in results.items():
+            if result is paged or not result["mean_resident_requests"] or not result["generated_tokens_per_step"]:
+                continue
+            lines.append(f"Paging vs {label}: {paged['mean_resident_requests'] / result['mean_resident_requests']:.1f}x "
+                         f"the resident requests, {paged['generated_tokens_per_step'] / result['generated_tokens_per_step']:.1f}x "
+                         f"the tokens per step")
     return "\n\n".join([
-        shares_table(data["results"], title=heading),
-        occupancy_table(data["results"], title="Utilization = token states; waste = reserved + internal + external"),
+        shares_table(results, title=heading),
+        occupancy_table(results, title="Utilization = token states; waste = reserved + internal + external; "
+                                       "'while queued' = over the steps at which a request was waiting"),
+        *(["\n".join(lines)] if lines else []),
     ])
 
 
@@ -182,13 +194,17 @@ def render_figure2(data: Mapping[str, Any]) -> str:
     rows = []
     for label, published in data["published_token_states"].items():
         ours = [data["results_by_placement"][placement][label]["token_states"] for placement in placements]
-        rows.append([label, *(percent(value) for value in ours), percent(published),
+        queued = data["results"][label].get("shares_while_queued", {}).get("token_states")
+        rows.append([label, *(percent(value) for value in ours),
+                     percent(queued) if queued is not None else "-", percent(published),
                      f"{100 * (ours[0] - published):+.1f} pts"])
     return "\n\n".join([
         shares_table(data["results"], title=title, published_token_states=data["published_token_states"]),
-        format_table(["system", *(f"ours, {placement}" for placement in placements), "published",
-                      f"difference ({placements[0]})"], rows,
-                     title="Token states beside the published Figure 2 (docs/experiments.md explains the gaps)"),
+        format_table(["system", *(f"ours, {placement}" for placement in placements),
+                      f"ours, {placements[0]}, while queued", "published", f"difference ({placements[0]})"], rows,
+                     title="Token states beside the published Figure 2 (docs/experiments.md explains the gaps)",
+                     note="'while queued': averaged only over the steps at which a request was waiting "
+                          "(the steady state, without the final drain)"),
     ])
 
 
@@ -553,8 +569,9 @@ def recovery(workload: Workload, config: SimConfig, *, cost_model: CostModel | N
     """Run out of blocks on purpose and recover, once by recompute and once by swap.
 
     Both runs use the same device pool; the swap run gets a host tier as large as the device
-    pool unless the config sets one. End-to-end time = steps x step time + the preemption
-    overhead from the cost model (an H200 with Llama-3-8B by default); tokens per second follow.
+    pool unless the config sets one. End-to-end time = the simulated clock (steps x step time,
+    plus idle gaps between trace arrivals) + the preemption overhead from the cost model (an H200
+    with Llama-3-8B by default); tokens per second follow.
     """
     cost_model = cost_model or CostModel()
     host_slots = config.num_host_slots or config.num_slots
@@ -570,7 +587,7 @@ def recovery(workload: Workload, config: SimConfig, *, cost_model: CostModel | N
     for policy, result in results.items():
         summary = summarize(result)
         summary.update(_recovery_seconds(summary, cost_model, config.block_size, baseline_prefill_tokens))
-        end_to_end_s = summary["steps"] * config.step_time_s + summary["preemption_overhead_s"]
+        end_to_end_s = summary["simulated_seconds"] + summary["preemption_overhead_s"]
         summary["end_to_end_s"] = end_to_end_s
         summary["generated_tokens_per_s"] = summary["generated_tokens"] / end_to_end_s if end_to_end_s > 0 else 0.0
         rows[policy] = summary
@@ -593,7 +610,8 @@ def render_recovery(data: Mapping[str, Any]) -> str:
          "overhead (s)", "tokens/s"], rows,
         title=(f"Exhaustion and recovery: {data['workload']['name']}, pool {config['num_slots']:,} slots, "
                f"block size {config['block_size']}, arrival {config['arrival']}"),
-        note=(f"Time = steps x {config['step_time_s']} s + preemption overhead priced by the cost model "
+        note=(f"Time = simulated clock (steps x {config['step_time_s']} s, plus idle gaps between arrivals) + "
+              f"preemption overhead priced by the cost model "
               f"({model['model']['name']} on {model['hardware']['name']})."))
 
 

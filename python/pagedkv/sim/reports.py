@@ -103,17 +103,23 @@ def shares_table(results: Mapping[str, Any], *, title: str | None = None,
 
 
 def occupancy_table(results: Mapping[str, Any], *, title: str | None = None) -> str:
-    """One row per run: utilization, waste, resident requests, throughput, preemptions."""
-    headers = ["run", "utilization", "waste", "mean resident", "peak resident", "tokens/step",
+    """One row per run: utilization (over the whole run, and over the steps at which a request was
+    waiting, when the result has it), waste, resident requests, throughput, preemptions."""
+    headers = ["run", "utilization", "while queued", "waste", "mean resident", "peak resident", "tokens/step",
                "preemptions", "finished", "steps"]
     rows = []
     for label, result in results.items():
         utilization = result_field(result, "token_states")
         waste = (result_field(result, "reserved") + result_field(result, "internal_fragmentation")
                  + result_field(result, "external_fragmentation"))
+        try:
+            queued = result_field(result, "shares_while_queued").get("token_states")
+        except (KeyError, AttributeError):
+            queued = None
         rows.append([
             label,
             percent(utilization),
+            percent(queued) if queued is not None else "-",
             percent(waste),
             float(result_field(result, "mean_resident_requests")),
             int(result_field(result, "peak_resident_requests")),

@@ -71,8 +71,8 @@ def _parse_timestamp_s(text: str, date_cache: dict[str, float]) -> float:
         day_s = float((day - _dt.date(1970, 1, 1)).days * 86_400)
         date_cache[date_part] = day_s
     whole, _, fraction = time_part.partition(".")
-    hours, minutes, seconds = whole.split(":")
-    hour, minute, second = int(hours), int(minutes), int(seconds)
+    hours_text, minutes_text, seconds_text = whole.split(":")
+    hour, minute, second = int(hours_text), int(minutes_text), int(seconds_text)
     if not (0 <= hour < 24 and 0 <= minute < 60 and 0 <= second < 61):
         raise ValueError(f"time of day {whole!r} out of range")
     if fraction and not fraction.isdigit():

@@ -215,21 +215,21 @@ def make_workload(name: str, *, num_requests: int | None = None, seed: int = 0, 
                   output_sigma: float = 1.0) -> Workload:
     """Build a named synthetic workload (one of ``WORKLOAD_NAMES``); the CLI's ``--workload``."""
     count = 1000 if num_requests is None else num_requests
-    common = dict(seed=seed, max_model_len=max_model_len, arrival_rate_per_s=arrival_rate_per_s)
     if name == "synthetic":
-        return synthetic(count, **common)
+        return synthetic(count, seed=seed, max_model_len=max_model_len, arrival_rate_per_s=arrival_rate_per_s)
     if name == "sharegpt":
-        return sharegpt_like(count, **common)
+        return sharegpt_like(count, seed=seed, max_model_len=max_model_len, arrival_rate_per_s=arrival_rate_per_s)
     if name == "alpaca":
-        return alpaca_like(count, **common)
+        return alpaca_like(count, seed=seed, max_model_len=max_model_len, arrival_rate_per_s=arrival_rate_per_s)
     if name == "system-prompt":
-        return system_prompt(count, **common)
+        return system_prompt(count, seed=seed, max_model_len=max_model_len, arrival_rate_per_s=arrival_rate_per_s)
     if name == "lognormal":
         return lognormal(count, prompt_mean_tokens=SHAREGPT_MEAN_PROMPT_TOKENS if prompt_mean_tokens is None
                          else prompt_mean_tokens,
                          output_mean_tokens=SHAREGPT_MEAN_OUTPUT_TOKENS if output_mean_tokens is None
                          else output_mean_tokens,
-                         prompt_sigma=prompt_sigma, output_sigma=output_sigma, **common)
+                         prompt_sigma=prompt_sigma, output_sigma=output_sigma, seed=seed,
+                         max_model_len=max_model_len, arrival_rate_per_s=arrival_rate_per_s)
     raise InvalidArgumentError(f"unknown workload {name!r}: expected one of {', '.join(WORKLOAD_NAMES)} "
                                "or the path of a .csv trace")
 
