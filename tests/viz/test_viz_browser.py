@@ -23,42 +23,28 @@ MAX_STEPS = 120
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
     """(page path, {(allocator, block_size, seed): raw recording}) from the real simulator."""
-    import os
+    from pagedkv.sim.engine import SimConfig, record_frames
+    from pagedkv.sim.workloads import make_workload
 
     raw = {}
-    if os.environ.get("PAGEDKV_VIZ_FIXTURE_FRAMES") == "1":  # DEV ONLY until sim lands
-        from viz_frames_fixture import fixture_recording
-        from pagedkv.viz.encode import encode_run
-        runs = []
-        for seed in SEEDS:
-            for allocator in ALLOCATORS:
-                for bs in BLOCK_SIZES:
-                    rec = fixture_recording(block_size=bs, num_slots=NUM_SLOTS, num_steps=MAX_STEPS,
-                                            seed=seed * 10 + len(allocator), max_running=12)
-                    raw[(allocator, bs, seed)] = rec
-                    runs.append(encode_run(rec, allocator=allocator, block_size=bs, seed=seed))
-        data = {"workload": {"name": "fixture"}, "num_slots": NUM_SLOTS, "runs": runs}
-    else:
-        from pagedkv.sim.engine import SimConfig, record_frames
-        from pagedkv.sim.workloads import make_workload
 
-        def capture(workload, config, *, max_steps):
-            recording = record_frames(workload, config, max_steps=max_steps)
-            raw[(config.allocator, config.block_size, config.seed)] = recording
-            return recording
+    def capture(workload, config, *, max_steps):
+        recording = record_frames(workload, config, max_steps=max_steps)
+        raw[(config.allocator, config.block_size, config.seed)] = recording
+        return recording
 
-        data = record_grid(
-            lambda seed: make_workload("synthetic", num_requests=60, seed=seed, max_model_len=MAX_MODEL_LEN),
-            SimConfig(num_slots=NUM_SLOTS, max_model_len=MAX_MODEL_LEN),
-            VizGrid(allocators=ALLOCATORS, block_sizes=BLOCK_SIZES, seeds=SEEDS, max_steps=MAX_STEPS),
-            recorder=capture,
-        )
+    data = record_grid(
+        lambda seed: make_workload("synthetic", num_requests=60, seed=seed, max_model_len=MAX_MODEL_LEN),
+        SimConfig(num_slots=NUM_SLOTS, max_model_len=MAX_MODEL_LEN),
+        VizGrid(allocators=ALLOCATORS, block_sizes=BLOCK_SIZES, seeds=SEEDS, max_steps=MAX_STEPS),
+        recorder=capture,
+    )
     path = write_page(data, tmp_path_factory.mktemp("viz") / "viz.html")
     return path, raw
 
 
 @pytest.fixture(scope="module")
-def browser(recorded):
+def browser():
     driver = start_chromium(1280, 800)
     yield driver
     driver.quit()

@@ -70,7 +70,7 @@ def _pool_array(pool: Any, num_blocks: int, frame_index: int) -> np.ndarray:
 def _tables_dict(tables: Mapping[Any, Mapping[str, Any]]) -> dict[int, tuple[int, tuple[int, ...]]]:
     """Frame tables -> {request_id: (num_tokens, physical block ids)} with int keys."""
     return {
-        int(rid): (int(entry["num_tokens"]), tuple(int(b) for b in entry["blocks"]))
+        int(rid): (int(entry["num_tokens"]), tuple(map(int, entry["blocks"])))
         for rid, entry in tables.items()
     }
 
@@ -160,6 +160,12 @@ def encode_run(recording: Mapping[str, Any], **labels: Any) -> dict[str, Any]:
             "num_blocks": num_blocks,
             "block_size": block_size,
             "config": dict(recording.get("config", {})),
+            # The run's end-of-recording metrics, scalars only (per-request arrays stay out).
+            "summary": {
+                key: value
+                for key, value in dict(recording.get("summary", {})).items()
+                if isinstance(value, (int, float, str, bool))
+            },
             "n": len(frames),
             "c": counters,
             "p": pool_sets,

@@ -3,7 +3,35 @@
 (function () {
   "use strict";
 
-  const DATA = JSON.parse(document.getElementById("viz-data").textContent);
+  // The runs are embedded as JSON, or (the default) gzip-compressed JSON in base64: several MB of
+  // frames become about one. The browser's own DecompressionStream inflates them, still offline.
+  async function loadData() {
+    const node = document.getElementById("viz-data");
+    const encoding = node.dataset.encoding || "json";
+    const text = node.textContent.trim();
+    if (encoding === "json") return JSON.parse(text);
+    if (encoding !== "gzip+base64") throw new Error("unknown data encoding " + encoding);
+    if (typeof DecompressionStream === "undefined") {
+      throw new Error("this browser cannot inflate the embedded runs (no DecompressionStream); " +
+        "use a current Chrome, Edge, Firefox or Safari, or write the page with pagedkv viz --no-compress");
+    }
+    const binary = atob(text);
+    const bytes = new Uint8Array(binary.length);
+    for (let i = 0; i < binary.length; i++) bytes[i] = binary.charCodeAt(i);
+    const stream = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("gzip"));
+    return JSON.parse(await new Response(stream).text());
+  }
+
+  function showLoadError(error) {
+    const line = document.getElementById("workload-line");
+    line.setAttribute("role", "alert");
+    line.textContent = "Could not load the recorded runs: " + (error && error.message ? error.message : error);
+    document.body.dataset.ready = "error";
+  }
+
+  loadData().then(start, showLoadError);
+
+  function start(DATA) {
   // Slots per grid row: a multiple of every block size offered (1..32), so blocks never wrap.
   const SLOTS_PER_ROW = 64;
   const SPEEDS = [1, 2, 5, 10, 20, 40]; // steps per second
@@ -95,10 +123,12 @@
   }
 
   // ---- state ---------------------------------------------------------------------------------
+  const initial = DATA.initial || {};
   const state = {
-    allocator: allocators[0],
-    blockSize: blockSizes.includes(16) ? 16 : blockSizes[0],
-    seed: seeds[0],
+    allocator: allocators.includes(initial.allocator) ? initial.allocator : allocators[0],
+    blockSize: blockSizes.includes(initial.block_size) ? initial.block_size
+      : (blockSizes.includes(16) ? 16 : blockSizes[0]),
+    seed: seeds.includes(initial.seed) ? initial.seed : seeds[0],
     frame: 0,
     playing: false,
     speedIndex: DEFAULT_SPEED_INDEX,
@@ -113,7 +143,9 @@
   // ---- colours -------------------------------------------------------------------------------
   // Golden-angle hues: neighbouring request ids get clearly different colours.
   const hue = (rid) => Math.round((rid * 137.508) % 360);
-  const tokenColor = (rid) => "hsl(" + hue(rid) + ",62%,46%)";
+  // Three lightness steps on top of the hues keep neighbours apart even when hues come close.
+  const LIGHTNESS = [44, 34, 54];
+  const tokenColor = (rid) => "hsl(" + hue(rid) + ",62%," + LIGHTNESS[rid % 3] + "%)";
   const reservedColor = (rid) => "hsl(" + hue(rid) + ",70%,84%)";
   const FREE_COLOR = "#dfe3ea";
   const FRAG_COLOR = "#e0812a";
@@ -615,4 +647,5 @@
 
   render();
   document.body.dataset.ready = "true";
+  }
 })();
