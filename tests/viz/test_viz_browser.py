@@ -87,6 +87,14 @@ def assert_matches(driver, raw, allocator, block_size, seed, frame_index):
     assert got == want, f"{allocator} bs={block_size} seed={seed} frame {frame_index}"
     assert waste_text.endswith(" %")
     assert float(waste_text[:-2]) == pytest.approx(waste, abs=0.051)
+    # The fragmentation figure shows the simulator's slot accounting.
+    frame = recording["frames"][frame_index]
+    figure = js(driver, """return ["token", "reserved", "frag", "ext", "free"].map(
+        (k) => document.getElementById("f-" + k).textContent)""")
+    want_slots = [frame["token_slots"], frame["reserved_slots"], frame["internal_frag_slots"],
+                  frame["external_frag_slots"], frame["free_slots"]]
+    assert [int(text.split(" slots")[0]) for text in figure] == want_slots
+    assert sum(want_slots) == NUM_SLOTS
     # The page's decoded pool and block tables equal the simulator's frame, cell for cell.
     decoded = js(driver, "return window.pagedkvViz.frameData()")
     frame = recording["frames"][frame_index]

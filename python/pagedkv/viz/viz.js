@@ -51,8 +51,9 @@
       step: $("c-step"), running: $("c-running"), waiting: $("c-waiting"), finished: $("c-finished"),
       blocks: $("c-blocks"), waste: $("c-waste"), preemptions: $("c-preemptions"),
     },
-    seg: { token: $("seg-token"), reserved: $("seg-reserved"), frag: $("seg-frag"), free: $("seg-free") },
-    f: { token: $("f-token"), reserved: $("f-reserved"), frag: $("f-frag"), free: $("f-free") },
+    seg: { token: $("seg-token"), reserved: $("seg-reserved"), frag: $("seg-frag"), ext: $("seg-ext"), free: $("seg-free") },
+    f: { token: $("f-token"), reserved: $("f-reserved"), frag: $("f-frag"), ext: $("f-ext"), free: $("f-free") },
+    fExtItem: $("f-ext-item"),
     fragBar: $("frag-bar"),
   };
 
@@ -484,14 +485,17 @@
 
     const total = run.num_blocks * run.block_size;
     const tok = c.token_slots[f], res = c.reserved_slots[f], frag = c.internal_frag_slots[f];
-    const free = Math.max(0, total - tok - res - frag);
-    const parts = [["token", tok], ["reserved", res], ["frag", frag], ["free", free]];
+    const ext = c.external_frag_slots ? c.external_frag_slots[f] : 0;
+    const free = c.free_slots ? c.free_slots[f] : Math.max(0, total - tok - res - frag - ext);
+    const parts = [["token", tok], ["reserved", res], ["frag", frag], ["ext", ext], ["free", free]];
     for (const [name, value] of parts) {
       el.seg[name].style.width = pctOf(value, total) + "%";
       el.f[name].textContent = value + " slots (" + pctOf(value, total).toFixed(1) + " %)";
     }
+    el.fExtItem.hidden = !c.external_frag_slots;
     el.fragBar.setAttribute("aria-label", "Pool of " + total + " slots: " + tok + " real tokens, " + res +
-      " reserved for coming tokens, " + frag + " wasted inside used blocks, " + free + " free");
+      " allocated for coming tokens, " + frag + " allocated but never filled, " +
+      (c.external_frag_slots ? ext + " free but too scattered, " : "") + free + " free");
 
     const others = allocators.filter((a) => a !== run.allocator)
       .map((a) => runs.get(runKey(a, run.block_size, run.seed)))
