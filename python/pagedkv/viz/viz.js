@@ -369,7 +369,7 @@
     const unit = run.allocator === "paged" ? "block" : "cell";
     el.poolCaption.textContent = nb + " " + unit + "s × " + bs + " slot" + (bs === 1 ? "" : "s") + " = " +
       totalSlots + " token slots, " + SLOTS_PER_ROW + " slots per row" +
-      (run.allocator === "paged" ? "" : " (contiguous reservations shown in cells of " + bs + " slots)");
+      (run.allocator === "paged" ? "" : " (contiguous reservations shown in cells of " + bs + " slot" + (bs === 1 ? "" : "s") + ")");
   }
 
   function cellAt(ev) {
