@@ -115,6 +115,10 @@ class SimResult:
     swapped_out_blocks: int = 0
     swapped_in_blocks: int = 0
     finished_request_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    # Steps at which some request waited for admission, and the five shares averaged over those
+    # steps only (the memory picture while memory, or the batch cap, is the bottleneck).
+    queued_steps: int = 0
+    shares_while_queued: dict[str, float] = field(default_factory=dict)
     latency_s: np.ndarray = field(default_factory=lambda: np.zeros(0))  # float64 [finished]
 
     @property
@@ -152,7 +156,7 @@ def _int_column(name: str, values: Any, length: int | None) -> np.ndarray:
         bad = ~np.isfinite(array) | (array != np.round(array))
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            raise InvalidArgumentError(f"request {i}: {name} is {array[i]!r}, not an integer")
+            raise InvalidArgumentError(f"request {i}: {name} is {array[i].item()!r}, not an integer")
         return np.ascontiguousarray(array, dtype=np.int64)
     if array.dtype.kind == "b" or array.size:
         raise InvalidArgumentError(f"{name} must hold integers, got dtype {array.dtype}")
@@ -233,6 +237,8 @@ def _result(raw: dict[str, Any]) -> SimResult:
         swapped_out_blocks=raw["swapped_out_blocks"],
         swapped_in_blocks=raw["swapped_in_blocks"],
         finished_request_ids=raw["finished_request_ids"],
+        queued_steps=raw["queued_steps"],
+        shares_while_queued=raw["shares_while_queued"],
         latency_s=raw["latency_s"],
     )
 

@@ -13,7 +13,13 @@ use crate::errors::{invalid_argument, to_pyerr};
 /// Copies a 1-D int64 array (`[R]`) out of `obj`.
 fn int_column(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<i64>> {
     let array = obj.cast::<PyArray1<i64>>().map_err(|_| {
-        invalid_argument(obj.py(), format!("{name} must be a 1-D int64 NumPy array, got {}", describe(obj)))
+        invalid_argument(
+            obj.py(),
+            format!(
+                "{name} must be a 1-D int64 NumPy array, got {}",
+                describe(obj)
+            ),
+        )
     })?;
     Ok(array.readonly().as_array().to_vec())
 }
@@ -21,7 +27,13 @@ fn int_column(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<i64>> {
 /// Copies a 1-D float64 array (`[R]`) out of `obj`.
 fn float_column(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<f64>> {
     let array = obj.cast::<PyArray1<f64>>().map_err(|_| {
-        invalid_argument(obj.py(), format!("{name} must be a 1-D float64 NumPy array, got {}", describe(obj)))
+        invalid_argument(
+            obj.py(),
+            format!(
+                "{name} must be a 1-D float64 NumPy array, got {}",
+                describe(obj)
+            ),
+        )
     })?;
     Ok(array.readonly().as_array().to_vec())
 }
@@ -35,10 +47,17 @@ fn optional_int_column(obj: Option<&Bound<'_, PyAny>>, name: &str) -> PyResult<O
 
 fn describe(obj: &Bound<'_, PyAny>) -> String {
     if let Ok(array) = obj.cast::<numpy::PyUntypedArray>() {
-        let dtype = array.dtype().str().map(|s| s.to_string()).unwrap_or_default();
+        let dtype = array
+            .dtype()
+            .str()
+            .map(|s| s.to_string())
+            .unwrap_or_default();
         return format!("a {}-D array of dtype {dtype}", array.ndim());
     }
-    obj.get_type().qualname().map(|n| n.to_string()).unwrap_or_else(|_| "object".into())
+    obj.get_type()
+        .qualname()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "object".into())
 }
 
 fn parse<T: std::str::FromStr<Err = pagedkv::Error>>(py: Python<'_>, value: &str) -> PyResult<T> {
@@ -51,13 +70,22 @@ fn read_config(config: &Bound<'_, PyDict>) -> PyResult<SimConfig> {
     let py = config.py();
     let mut out = SimConfig::default();
     for (key, value) in config.iter() {
-        let key: String = key.extract().map_err(|_| invalid_argument(py, "config keys must be strings".into()))?;
-        let wrong = |want: &str| invalid_argument(py, format!("config {key} must be {want}, got {}", describe(&value)));
+        let key: String = key
+            .extract()
+            .map_err(|_| invalid_argument(py, "config keys must be strings".into()))?;
+        let wrong = |want: &str| {
+            invalid_argument(
+                py,
+                format!("config {key} must be {want}, got {}", describe(&value)),
+            )
+        };
         let size = || -> PyResult<usize> {
             if value.is_instance_of::<pyo3::types::PyBool>() {
                 return Err(wrong("a non-negative int"));
             }
-            value.extract::<usize>().map_err(|_| wrong("a non-negative int"))
+            value
+                .extract::<usize>()
+                .map_err(|_| wrong("a non-negative int"))
         };
         let number = || -> PyResult<f64> {
             if value.is_instance_of::<pyo3::types::PyBool>() {
@@ -67,7 +95,10 @@ fn read_config(config: &Bound<'_, PyDict>) -> PyResult<SimConfig> {
         };
         let text = || -> PyResult<String> { value.extract::<String>().map_err(|_| wrong("a str")) };
         let flag = || -> PyResult<bool> {
-            value.cast::<pyo3::types::PyBool>().map(|b| b.is_true()).map_err(|_| wrong("a bool"))
+            value
+                .cast::<pyo3::types::PyBool>()
+                .map(|b| b.is_true())
+                .map_err(|_| wrong("a bool"))
         };
         match key.as_str() {
             "allocator" => out.allocator = parse(py, &text()?)?,
@@ -82,11 +113,20 @@ fn read_config(config: &Bound<'_, PyDict>) -> PyResult<SimConfig> {
             "num_host_slots" => out.num_host_slots = size()?,
             "max_num_seqs" => out.max_num_seqs = size()?,
             "enable_prefix_caching" => out.enable_prefix_caching = flag()?,
-            "seed" => out.seed = value.extract::<u64>().map_err(|_| wrong("an int in [0, 2**64)"))?,
+            "seed" => {
+                out.seed = value
+                    .extract::<u64>()
+                    .map_err(|_| wrong("an int in [0, 2**64)"))?
+            }
             "max_steps" => out.max_steps = if value.is_none() { None } else { Some(size()?) },
             "watermark" => out.watermark = number()?,
             "check_invariants" => out.check_invariants = flag()?,
-            other => return Err(invalid_argument(py, format!("unknown config key {other:?}"))),
+            other => {
+                return Err(invalid_argument(
+                    py,
+                    format!("unknown config key {other:?}"),
+                ))
+            }
         }
     }
     Ok(out)
@@ -110,8 +150,16 @@ fn read_workload(
     let pid = optional_int_column(prefix_id, "prefix_id")?;
     let plen = optional_int_column(prefix_tokens, "prefix_tokens")?;
     let kind = parse(py, group_kind)?;
-    Workload::from_arrays(&prompt, &output, &arrival, group.as_deref(), kind, pid.as_deref(), plen.as_deref())
-        .map_err(|e| to_pyerr(py, e))
+    Workload::from_arrays(
+        &prompt,
+        &output,
+        &arrival,
+        group.as_deref(),
+        kind,
+        pid.as_deref(),
+        plen.as_deref(),
+    )
+    .map_err(|e| to_pyerr(py, e))
 }
 
 /// Packs a result as a dict of Python scalars and NumPy arrays.
@@ -125,6 +173,19 @@ fn result_dict<'py>(py: Python<'py>, r: &SimResult) -> PyResult<Bound<'py, PyDic
     d.set_item("internal_fragmentation", r.internal_fragmentation)?;
     d.set_item("external_fragmentation", r.external_fragmentation)?;
     d.set_item("free", r.free)?;
+    d.set_item("queued_steps", r.queued_steps)?;
+    let names = [
+        "token_states",
+        "reserved",
+        "internal_fragmentation",
+        "external_fragmentation",
+        "free",
+    ];
+    let queued = PyDict::new(py);
+    for (name, share) in names.iter().zip(r.shares_while_queued) {
+        queued.set_item(*name, share)?;
+    }
+    d.set_item("shares_while_queued", queued)?;
     d.set_item("mean_resident_requests", r.mean_resident_requests)?;
     d.set_item("peak_resident_requests", r.peak_resident_requests)?;
     d.set_item("mean_running_sequences", r.mean_running_sequences)?;
@@ -142,7 +203,10 @@ fn result_dict<'py>(py: Python<'py>, r: &SimResult) -> PyResult<Bound<'py, PyDic
     d.set_item("swapped_in_blocks", r.swapped_in_blocks)?;
     let ids: Vec<i64> = r.finished_request_ids.iter().map(|&i| i as i64).collect();
     d.set_item("finished_request_ids", PyArray1::from_vec(py, ids))?;
-    d.set_item("waste_per_request_tokens", PyArray1::from_slice(py, &r.waste_per_request_tokens))?;
+    d.set_item(
+        "waste_per_request_tokens",
+        PyArray1::from_slice(py, &r.waste_per_request_tokens),
+    )?;
     let lens: Vec<i64> = r.block_table_len.iter().map(|&l| l as i64).collect();
     d.set_item("block_table_len", PyArray1::from_vec(py, lens))?;
     d.set_item("latency_s", PyArray1::from_slice(py, &r.latency_s))?;
@@ -167,7 +231,10 @@ fn frame_dict<'py>(py: Python<'py>, f: &Frame) -> PyResult<Bound<'py, PyDict>> {
     d.set_item("waste_pct", f.waste_pct())?;
     let pool = PyList::empty(py);
     for cell in &f.pool.cells {
-        pool.append(PyList::new(py, [cell.owner, cell.tokens as i64, cell.reserved as i64])?)?;
+        pool.append(PyList::new(
+            py,
+            [cell.owner, cell.tokens as i64, cell.reserved as i64],
+        )?)?;
     }
     d.set_item("pool", pool)?;
     let tables = PyDict::new(py);
@@ -219,7 +286,16 @@ pub fn simulate<'py>(
     config: &Bound<'py, PyDict>,
     progress: Option<Py<PyAny>>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let workload = read_workload(py, prompt_tokens, output_tokens, arrival_s, group_size, group_kind, prefix_id, prefix_tokens)?;
+    let workload = read_workload(
+        py,
+        prompt_tokens,
+        output_tokens,
+        arrival_s,
+        group_size,
+        group_kind,
+        prefix_id,
+        prefix_tokens,
+    )?;
     let config = read_config(config)?;
     let mut callback_error: Option<PyErr> = None;
     let outcome = py.detach(|| {
@@ -230,7 +306,9 @@ pub fn simulate<'py>(
                     callback_error = Some(e);
                     return false;
                 }
-                let Some(callback) = progress.as_ref() else { return true };
+                let Some(callback) = progress.as_ref() else {
+                    return true;
+                };
                 match callback.call1(py, (p.steps, p.finished_requests, p.total_requests)) {
                     Ok(ret) => ret.is_none(py) || ret.is_truthy(py).unwrap_or(true),
                     Err(e) => {
@@ -268,7 +346,16 @@ pub fn record_frames<'py>(
     config: &Bound<'py, PyDict>,
     max_steps: usize,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let workload = read_workload(py, prompt_tokens, output_tokens, arrival_s, group_size, group_kind, prefix_id, prefix_tokens)?;
+    let workload = read_workload(
+        py,
+        prompt_tokens,
+        output_tokens,
+        arrival_s,
+        group_size,
+        group_kind,
+        prefix_id,
+        prefix_tokens,
+    )?;
     let config = read_config(config)?;
     let (result, frames) = py
         .detach(|| sim::record_frames(&workload, &config, max_steps))

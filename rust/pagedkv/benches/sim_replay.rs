@@ -8,7 +8,9 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use pagedkv::sim::{simulate, AllocatorKind, GroupKind, RequestSpec, SimConfig, SplitMix64, Workload};
+use pagedkv::sim::{
+    simulate, AllocatorKind, GroupKind, RequestSpec, SimConfig, SplitMix64, Workload,
+};
 
 fn traces_dir() -> Option<PathBuf> {
     let candidates = [
@@ -16,7 +18,10 @@ fn traces_dir() -> Option<PathBuf> {
         Some(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces")),
         Some(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces")),
     ];
-    candidates.into_iter().flatten().find(|p| p.join("azure_llm_2023_conv.csv").is_file())
+    candidates
+        .into_iter()
+        .flatten()
+        .find(|p| p.join("azure_llm_2023_conv.csv").is_file())
 }
 
 /// Minimal reader of the Azure format `TIMESTAMP,ContextTokens,GeneratedTokens` (the
@@ -61,22 +66,37 @@ fn synthetic(num_requests: usize) -> Workload {
 
 fn bench(c: &mut Criterion) {
     let (name, workload) = match traces_dir() {
-        Some(dir) => ("azure_conv", read_azure(&dir.join("azure_llm_2023_conv.csv"))),
+        Some(dir) => (
+            "azure_conv",
+            read_azure(&dir.join("azure_llm_2023_conv.csv")),
+        ),
         None => ("synthetic_19366", synthetic(19_366)),
     };
-    let max_len = workload.requests().iter().map(|r| r.final_len()).max().unwrap_or(1);
+    let max_len = workload
+        .requests()
+        .iter()
+        .map(|r| r.final_len())
+        .max()
+        .unwrap_or(1);
     let mut group = c.benchmark_group(format!("sim_replay/{name}"));
     group.sample_size(10);
     let mut tokens_per_s = Vec::new();
     for allocator in [AllocatorKind::Paged, AllocatorKind::ContiguousOracle] {
         // The paper's pool (about 15.7K slots) cannot hold the trace's longest request (14,089
         // tokens) next to anything else; use a 40K-slot pool so batching happens.
-        let config = SimConfig { allocator, num_slots: 40_000, max_model_len: max_len, ..Default::default() };
+        let config = SimConfig {
+            allocator,
+            num_slots: 40_000,
+            max_model_len: max_len,
+            ..Default::default()
+        };
         let probe = simulate(&workload, &config).unwrap();
         group.throughput(Throughput::Elements(probe.generated_tokens as u64));
-        group.bench_with_input(BenchmarkId::from_parameter(allocator), &config, |b, config| {
-            b.iter(|| simulate(&workload, config).unwrap())
-        });
+        group.bench_with_input(
+            BenchmarkId::from_parameter(allocator),
+            &config,
+            |b, config| b.iter(|| simulate(&workload, config).unwrap()),
+        );
         let start = Instant::now();
         let r = simulate(&workload, &config).unwrap();
         let secs = start.elapsed().as_secs_f64();

@@ -2,15 +2,21 @@
 //! the allocators' invariants after every step.
 
 use pagedkv::sim::{
-    record_frames, simulate, AllocatorKind, Arrival, GroupKind, Placement, RequestSpec, SimConfig, SimResult,
-    SplitMix64, Workload,
+    record_frames, simulate, AllocatorKind, Arrival, GroupKind, Placement, RequestSpec, SimConfig,
+    SimResult, SplitMix64, Workload,
 };
 use pagedkv::Error;
 
 fn plain(requests: &[(usize, usize)]) -> Workload {
     let specs = requests
         .iter()
-        .map(|&(p, o)| RequestSpec { prompt_tokens: p, output_tokens: o, arrival_s: 0.0, group_size: 1, prefix: None })
+        .map(|&(p, o)| RequestSpec {
+            prompt_tokens: p,
+            output_tokens: o,
+            arrival_s: 0.0,
+            group_size: 1,
+            prefix: None,
+        })
         .collect();
     Workload::new(specs, GroupKind::None).unwrap()
 }
@@ -23,7 +29,12 @@ fn shares_sum(r: &SimResult) -> f64 {
 fn paged_single_request_accounts_every_slot() {
     // 20-token prompt, 3 output tokens, blocks of 8 in a pool of 64 slots (8 blocks).
     let w = plain(&[(20, 3)]);
-    let config = SimConfig { block_size: 8, num_slots: 64, check_invariants: true, ..Default::default() };
+    let config = SimConfig {
+        block_size: 8,
+        num_slots: 64,
+        check_invariants: true,
+        ..Default::default()
+    };
     let (r, frames) = record_frames(&w, &config, 100).unwrap();
     assert_eq!(r.steps, 3);
     assert_eq!(frames.len(), 3);
@@ -54,7 +65,13 @@ fn paged_single_request_accounts_every_slot() {
 fn paged_preempts_the_most_recent_request_and_recomputes_it() {
     // 4 blocks of 4 slots; two requests of prompt 4 + output 6 (final 10 = 3 blocks each).
     let w = plain(&[(4, 6), (4, 6)]);
-    let config = SimConfig { block_size: 4, num_slots: 16, watermark: 0.0, check_invariants: true, ..Default::default() };
+    let config = SimConfig {
+        block_size: 4,
+        num_slots: 16,
+        watermark: 0.0,
+        check_invariants: true,
+        ..Default::default()
+    };
     let (r, frames) = record_frames(&w, &config, 100).unwrap();
     // Steps 0-3: both run (2 blocks each). Step 4: both need a 3rd block, none is free: B (last
     // admitted) is preempted; A goes on and finishes at step 5. B (now an 8-token prompt) is
@@ -82,9 +99,20 @@ fn paged_preempts_the_most_recent_request_and_recomputes_it() {
 #[test]
 fn parallel_samples_share_their_prompt_blocks() {
     // 4 samples of a 1000-token prompt (the demo's copy-on-write case), blocks of 16.
-    let spec = RequestSpec { prompt_tokens: 1000, output_tokens: 1, arrival_s: 0.0, group_size: 4, prefix: None };
+    let spec = RequestSpec {
+        prompt_tokens: 1000,
+        output_tokens: 1,
+        arrival_s: 0.0,
+        group_size: 4,
+        prefix: None,
+    };
     let w = Workload::new(vec![spec], GroupKind::Parallel).unwrap();
-    let config = SimConfig { block_size: 16, num_slots: 16 * 128, check_invariants: true, ..Default::default() };
+    let config = SimConfig {
+        block_size: 16,
+        num_slots: 16 * 128,
+        check_invariants: true,
+        ..Default::default()
+    };
     let (r, frames) = record_frames(&w, &config, 10).unwrap();
     assert_eq!(r.steps, 1);
     let f = &frames[0];
@@ -98,7 +126,11 @@ fn parallel_samples_share_their_prompt_blocks() {
     assert_eq!(r.generated_tokens, 4);
     assert_eq!(r.prefill_tokens, 1000);
     // Contiguous reservations cannot share: four copies of the prompt.
-    let oracle = SimConfig { allocator: AllocatorKind::ContiguousOracle, num_slots: 4096, ..config.clone() };
+    let oracle = SimConfig {
+        allocator: AllocatorKind::ContiguousOracle,
+        num_slots: 4096,
+        ..config.clone()
+    };
     let (_, frames) = record_frames(&w, &oracle, 10).unwrap();
     assert_eq!(frames[0].shares.token_slots, 4 * 1001);
 }
@@ -106,20 +138,46 @@ fn parallel_samples_share_their_prompt_blocks() {
 #[test]
 fn beam_groups_keep_width_and_invariants() {
     let specs: Vec<RequestSpec> = (0..6)
-        .map(|i| RequestSpec { prompt_tokens: 50 + 7 * i, output_tokens: 40 + 3 * i, arrival_s: 0.0, group_size: 4, prefix: None })
+        .map(|i| RequestSpec {
+            prompt_tokens: 50 + 7 * i,
+            output_tokens: 40 + 3 * i,
+            arrival_s: 0.0,
+            group_size: 4,
+            prefix: None,
+        })
         .collect();
     let w = Workload::new(specs, GroupKind::Beam).unwrap();
-    let config = SimConfig { block_size: 8, num_slots: 8 * 80, watermark: 0.0, check_invariants: true, ..Default::default() };
+    let config = SimConfig {
+        block_size: 8,
+        num_slots: 8 * 80,
+        watermark: 0.0,
+        check_invariants: true,
+        ..Default::default()
+    };
     let r = simulate(&w, &config).unwrap();
     assert_eq!(r.finished_requests, 6);
-    assert_eq!(r.generated_tokens, (0..6).map(|i| 4 * (40 + 3 * i)).sum::<usize>());
+    assert_eq!(
+        r.generated_tokens,
+        (0..6).map(|i| 4 * (40 + 3 * i)).sum::<usize>()
+    );
     assert!((shares_sum(&r) - 1.0).abs() < 1e-12);
     // Beams share more than parallel samples (common ancestry), so hold fewer blocks.
     let parallel = Workload::new(w.requests().to_vec(), GroupKind::Parallel).unwrap();
     assert_eq!(simulate(&parallel, &config).unwrap().finished_requests, 6);
-    let big = SimConfig { num_slots: 8 * 4000, ..config.clone() };
-    let (rb, rp) = (simulate(&w, &big).unwrap(), simulate(&parallel, &big).unwrap());
-    assert!(rb.mean_used_blocks < rp.mean_used_blocks, "{} vs {}", rb.mean_used_blocks, rp.mean_used_blocks);
+    let big = SimConfig {
+        num_slots: 8 * 4000,
+        ..config.clone()
+    };
+    let (rb, rp) = (
+        simulate(&w, &big).unwrap(),
+        simulate(&parallel, &big).unwrap(),
+    );
+    assert!(
+        rb.mean_used_blocks < rp.mean_used_blocks,
+        "{} vs {}",
+        rb.mean_used_blocks,
+        rp.mean_used_blocks
+    );
 }
 
 #[test]
@@ -137,7 +195,10 @@ fn first_fit_external_fragmentation_blocks_the_head_of_the_queue() {
     };
     let (r, frames) = record_frames(&w, &config, 100).unwrap();
     assert_eq!(frames[0].running, 3);
-    assert_eq!(frames[0].shares.free_slots + frames[0].shares.external_slots, 0);
+    assert_eq!(
+        frames[0].shares.free_slots + frames[0].shares.external_slots,
+        0
+    );
     // Steps 1-2: 8 free slots in two runs of 4, none of which holds D's 6: external fragmentation.
     for f in &frames[1..3] {
         assert_eq!(f.running, 1);
@@ -173,9 +234,16 @@ fn buddy_rounds_reservations_up_to_powers_of_two() {
     assert_eq!(r.waste_per_request_tokens, vec![3.0]);
     assert_eq!(frames[0].pool.tables[0].1[0].blocks, vec![0, 1]);
     // pow2 reserves prompt 4 + output 1 rounded to 1 = 5 as well; max reserves 64 (no fit).
-    let max = SimConfig { allocator: AllocatorKind::ContiguousMax, ..config.clone() };
+    let max = SimConfig {
+        allocator: AllocatorKind::ContiguousMax,
+        ..config.clone()
+    };
     let err = simulate(&w, &max).unwrap_err();
-    assert!(err.to_string().contains("request 0 needs a contiguous reservation of 64 slots"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("request 0 needs a contiguous reservation of 64 slots"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -184,15 +252,33 @@ fn reservation_rules_order_token_states() {
     let specs: Vec<RequestSpec> = (0..300)
         .map(|_| RequestSpec {
             prompt_tokens: 1 + rng.next_below(200) as usize,
-            output_tokens: if rng.next_below(10) == 0 { 300 + rng.next_below(400) as usize } else { 1 + rng.next_below(60) as usize },
+            output_tokens: if rng.next_below(10) == 0 {
+                300 + rng.next_below(400) as usize
+            } else {
+                1 + rng.next_below(60) as usize
+            },
             arrival_s: 0.0,
             group_size: 1,
             prefix: None,
         })
         .collect();
     let w = Workload::new(specs, GroupKind::None).unwrap();
-    let base = SimConfig { num_slots: 8192, max_model_len: 1024, ..Default::default() };
-    let run = |allocator, placement| simulate(&w, &SimConfig { allocator, placement, ..base.clone() }).unwrap();
+    let base = SimConfig {
+        num_slots: 8192,
+        max_model_len: 1024,
+        ..Default::default()
+    };
+    let run = |allocator, placement| {
+        simulate(
+            &w,
+            &SimConfig {
+                allocator,
+                placement,
+                ..base.clone()
+            },
+        )
+        .unwrap()
+    };
     let paged = run(AllocatorKind::Paged, Placement::FirstFit);
     let oracle = run(AllocatorKind::ContiguousOracle, Placement::FirstFit);
     let pow2 = run(AllocatorKind::ContiguousPow2, Placement::FirstFit);
@@ -209,7 +295,10 @@ fn reservation_rules_order_token_states() {
     assert!(paged.steps < max.steps);
     assert!(max.internal_fragmentation > 0.5);
     assert!(oracle.internal_fragmentation == 0.0);
-    assert!(oracle.external_fragmentation > 0.0, "first-fit leaves unusable holes");
+    assert!(
+        oracle.external_fragmentation > 0.0,
+        "first-fit leaves unusable holes"
+    );
     // Paged waste per request averages about half a block.
     let mean_waste = paged.waste_per_request_tokens.iter().sum::<f64>() / 300.0;
     assert!(mean_waste > 4.0 && mean_waste < 12.0, "{mean_waste}");
@@ -225,13 +314,26 @@ fn randomized_runs_keep_invariants_under_every_allocator() {
                 prompt_tokens: 1 + rng.next_below(90) as usize,
                 output_tokens: 1 + rng.next_below(60) as usize,
                 arrival_s: i as f64 * 0.01,
-                group_size: if kind == GroupKind::None { 1 } else { 1 + rng.next_below(4) as usize },
+                group_size: if kind == GroupKind::None {
+                    1
+                } else {
+                    1 + rng.next_below(4) as usize
+                },
                 prefix: None,
             })
             .collect();
         let w = Workload::new(specs, kind).unwrap();
-        let expected_tokens: usize = w.requests().iter().map(|r| r.group_size * r.output_tokens).sum();
-        for allocator in [AllocatorKind::Paged, AllocatorKind::ContiguousMax, AllocatorKind::ContiguousPow2, AllocatorKind::ContiguousOracle] {
+        let expected_tokens: usize = w
+            .requests()
+            .iter()
+            .map(|r| r.group_size * r.output_tokens)
+            .sum();
+        for allocator in [
+            AllocatorKind::Paged,
+            AllocatorKind::ContiguousMax,
+            AllocatorKind::ContiguousPow2,
+            AllocatorKind::ContiguousOracle,
+        ] {
             for placement in [Placement::FirstFit, Placement::Buddy] {
                 let config = SimConfig {
                     allocator,
@@ -239,14 +341,19 @@ fn randomized_runs_keep_invariants_under_every_allocator() {
                     block_size: 1 + rng.next_below(16) as usize,
                     num_slots: 1024 + rng.next_below(1024) as usize,
                     max_model_len: 256,
-                    arrival: if seed % 2 == 0 { Arrival::Saturated } else { Arrival::Trace },
+                    arrival: if seed % 2 == 0 {
+                        Arrival::Saturated
+                    } else {
+                        Arrival::Trace
+                    },
                     max_num_seqs: 4 + rng.next_below(40) as usize,
                     watermark: 0.0,
                     check_invariants: true,
                     seed,
                     ..Default::default()
                 };
-                let r = simulate(&w, &config).unwrap_or_else(|e| panic!("seed {seed} {allocator} {placement}: {e}"));
+                let r = simulate(&w, &config)
+                    .unwrap_or_else(|e| panic!("seed {seed} {allocator} {placement}: {e}"));
                 assert_eq!(r.finished_requests, 40);
                 assert_eq!(r.generated_tokens, expected_tokens);
                 assert!((shares_sum(&r) - 1.0).abs() < 1e-9);
@@ -265,38 +372,118 @@ fn bad_input_is_rejected_with_a_clear_message() {
         other => panic!("expected InvalidArgument, got {other:?}"),
     };
     let w = plain(&[(10, 10), (1500, 1000), (5, 5)]);
-    let small = SimConfig { num_slots: 1024, max_model_len: 4096, ..Default::default() };
+    let small = SimConfig {
+        num_slots: 1024,
+        max_model_len: 4096,
+        ..Default::default()
+    };
     let msg = err(&w, &small);
     assert!(msg.contains("request 1 needs 157 blocks"), "{msg}");
     assert!(msg.contains("only 64 blocks"), "{msg}");
     let msg = err(&w, &SimConfig::default());
-    assert!(msg.contains("request 1: prompt 1500 + output 1000 = 2500 tokens exceeds max_model_len 2048"), "{msg}");
+    assert!(
+        msg.contains(
+            "request 1: prompt 1500 + output 1000 = 2500 tokens exceeds max_model_len 2048"
+        ),
+        "{msg}"
+    );
     let ok = plain(&[(10, 10)]);
-    assert!(err(&ok, &SimConfig { block_size: 0, ..Default::default() }).contains("block_size"));
-    assert!(err(&ok, &SimConfig { step_time_s: -1.0, ..Default::default() }).contains("step_time_s"));
-    assert!(err(&ok, &SimConfig { arrival: Arrival::Poisson, poisson_rate: 0.0, ..Default::default() }).contains("poisson_rate"));
-    assert!(err(&ok, &SimConfig { num_slots: 8, block_size: 16, ..Default::default() }).contains("holds no block"));
+    assert!(err(
+        &ok,
+        &SimConfig {
+            block_size: 0,
+            ..Default::default()
+        }
+    )
+    .contains("block_size"));
+    assert!(err(
+        &ok,
+        &SimConfig {
+            step_time_s: -1.0,
+            ..Default::default()
+        }
+    )
+    .contains("step_time_s"));
+    assert!(err(
+        &ok,
+        &SimConfig {
+            arrival: Arrival::Poisson,
+            poisson_rate: 0.0,
+            ..Default::default()
+        }
+    )
+    .contains("poisson_rate"));
+    assert!(err(
+        &ok,
+        &SimConfig {
+            num_slots: 8,
+            block_size: 16,
+            ..Default::default()
+        }
+    )
+    .contains("holds no block"));
     let group = Workload::new(
-        vec![RequestSpec { prompt_tokens: 10, output_tokens: 1, arrival_s: 0.0, group_size: 8, prefix: None }],
+        vec![RequestSpec {
+            prompt_tokens: 10,
+            output_tokens: 1,
+            arrival_s: 0.0,
+            group_size: 8,
+            prefix: None,
+        }],
         GroupKind::Parallel,
     )
     .unwrap();
-    assert!(err(&group, &SimConfig { max_num_seqs: 4, ..Default::default() }).contains("exceeds max_num_seqs 4"));
+    assert!(err(
+        &group,
+        &SimConfig {
+            max_num_seqs: 4,
+            ..Default::default()
+        }
+    )
+    .contains("exceeds max_num_seqs 4"));
 }
 
 #[test]
 fn arrivals_follow_the_trace_or_a_seeded_poisson_process() {
     let specs: Vec<RequestSpec> = (0..20)
-        .map(|i| RequestSpec { prompt_tokens: 10, output_tokens: 5, arrival_s: 100.0 + i as f64, group_size: 1, prefix: None })
+        .map(|i| RequestSpec {
+            prompt_tokens: 10,
+            output_tokens: 5,
+            arrival_s: 100.0 + i as f64,
+            group_size: 1,
+            prefix: None,
+        })
         .collect();
     let w = Workload::new(specs, GroupKind::None).unwrap();
-    let trace = simulate(&w, &SimConfig { arrival: Arrival::Trace, ..Default::default() }).unwrap();
+    let trace = simulate(
+        &w,
+        &SimConfig {
+            arrival: Arrival::Trace,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     // One request per second, each done in 5 steps of 20 ms: the last ends at 19 s + 0.1 s.
     assert_eq!(trace.steps, 100);
-    assert!((trace.simulated_seconds - 19.1).abs() < 1e-9, "{}", trace.simulated_seconds);
+    assert!(
+        (trace.simulated_seconds - 19.1).abs() < 1e-9,
+        "{}",
+        trace.simulated_seconds
+    );
     assert_eq!(trace.peak_resident_requests, 1);
     assert!(trace.latency_s.iter().all(|&l| (l - 0.1).abs() < 1e-9));
-    let poisson = |seed| simulate(&w, &SimConfig { arrival: Arrival::Poisson, poisson_rate: 50.0, seed, ..Default::default() }).unwrap();
+    let poisson = |seed| {
+        simulate(
+            &w,
+            &SimConfig {
+                arrival: Arrival::Poisson,
+                poisson_rate: 50.0,
+                seed,
+                ..Default::default()
+            },
+        )
+        .unwrap()
+    };
     assert_eq!(poisson(1), poisson(1));
     assert_ne!(poisson(1).simulated_seconds, poisson(2).simulated_seconds);
     let saturated = simulate(&w, &SimConfig::default()).unwrap();
@@ -307,7 +494,14 @@ fn arrivals_follow_the_trace_or_a_seeded_poisson_process() {
 #[test]
 fn batch_cap_limits_running_sequences() {
     let w = plain(&[(10, 4); 10]);
-    let r = simulate(&w, &SimConfig { max_num_seqs: 3, ..Default::default() }).unwrap();
+    let r = simulate(
+        &w,
+        &SimConfig {
+            max_num_seqs: 3,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     assert_eq!(r.peak_resident_requests, 3);
     assert_eq!(r.steps, 16); // 4 waves of at most 3, 4 steps each
 }
@@ -315,7 +509,14 @@ fn batch_cap_limits_running_sequences() {
 #[test]
 fn max_steps_stops_early() {
     let w = plain(&[(10, 100)]);
-    let r = simulate(&w, &SimConfig { max_steps: Some(7), ..Default::default() }).unwrap();
+    let r = simulate(
+        &w,
+        &SimConfig {
+            max_steps: Some(7),
+            ..Default::default()
+        },
+    )
+    .unwrap();
     assert_eq!(r.steps, 7);
     assert_eq!(r.finished_requests, 0);
     assert_eq!(r.generated_tokens, 7);

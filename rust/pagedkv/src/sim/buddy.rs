@@ -59,7 +59,13 @@ impl BuddyAllocator {
         for &(start, order) in &arenas {
             free_by_order[order as usize].insert(start);
         }
-        BuddyAllocator { num_slots, arenas, free_by_order, allocated: BTreeMap::new(), free_slots: num_slots }
+        BuddyAllocator {
+            num_slots,
+            arenas,
+            free_by_order,
+            allocated: BTreeMap::new(),
+            free_slots: num_slots,
+        }
     }
 
     /// Order of the arena holding `slot`.
@@ -81,13 +87,20 @@ impl BuddyAllocator {
         if extent_len == 0 || !extent_len.is_power_of_two() {
             return 0;
         }
-        self.arenas.iter().map(|&(_, order)| (1usize << order) / extent_len).sum()
+        self.arenas
+            .iter()
+            .map(|&(_, order)| (1usize << order) / extent_len)
+            .sum()
     }
 
     /// Checks: runs aligned to their size, disjoint, within one arena, the whole pool covered,
     /// no free run whose buddy is free too, free count consistent.
     fn check_structure(&self) -> Result<(), String> {
-        let mut runs: Vec<(usize, u32, bool)> = self.allocated.iter().map(|(&s, &o)| (s, o, false)).collect();
+        let mut runs: Vec<(usize, u32, bool)> = self
+            .allocated
+            .iter()
+            .map(|(&s, &o)| (s, o, false))
+            .collect();
         for (order, starts) in self.free_by_order.iter().enumerate() {
             for &s in starts {
                 runs.push((s, order as u32, true));
@@ -95,7 +108,9 @@ impl BuddyAllocator {
                 if (order as u32) < arena_order {
                     let buddy = s ^ (1usize << order);
                     if starts.contains(&buddy) {
-                        return Err(format!("free run {s} of order {order} and its buddy {buddy} both free"));
+                        return Err(format!(
+                            "free run {s} of order {order} and its buddy {buddy} both free"
+                        ));
                     }
                 }
             }
@@ -109,10 +124,14 @@ impl BuddyAllocator {
                 return Err(format!("run {start} of order {order} is not aligned"));
             }
             if start != end {
-                return Err(format!("gap or overlap at slot {end} (next run starts at {start})"));
+                return Err(format!(
+                    "gap or overlap at slot {end} (next run starts at {start})"
+                ));
             }
             if order > self.arena_order(start) {
-                return Err(format!("run {start} of order {order} is larger than its arena"));
+                return Err(format!(
+                    "run {start} of order {order} is larger than its arena"
+                ));
             }
             end = start + len;
             if is_free {
@@ -120,10 +139,16 @@ impl BuddyAllocator {
             }
         }
         if end != self.num_slots {
-            return Err(format!("runs cover [0, {end}) but the pool has {} slots", self.num_slots));
+            return Err(format!(
+                "runs cover [0, {end}) but the pool has {} slots",
+                self.num_slots
+            ));
         }
         if free != self.free_slots {
-            return Err(format!("free_slots {} but free runs sum to {free}", self.free_slots));
+            return Err(format!(
+                "free_slots {} but free runs sum to {free}",
+                self.free_slots
+            ));
         }
         Ok(())
     }
@@ -155,7 +180,10 @@ impl ExtentAllocator for BuddyAllocator {
         }
         self.allocated.insert(start, want);
         self.free_slots -= 1usize << want;
-        Some(Extent { start, len: 1usize << want })
+        Some(Extent {
+            start,
+            len: 1usize << want,
+        })
     }
 
     fn release(&mut self, start: usize) -> Option<usize> {
@@ -182,7 +210,12 @@ impl ExtentAllocator for BuddyAllocator {
     }
 
     fn largest_free_extent(&self) -> usize {
-        self.free_by_order.iter().enumerate().rev().find(|(_, s)| !s.is_empty()).map_or(0, |(k, _)| 1usize << k)
+        self.free_by_order
+            .iter()
+            .enumerate()
+            .rev()
+            .find(|(_, s)| !s.is_empty())
+            .map_or(0, |(k, _)| 1usize << k)
     }
 
     fn free_slots_in_extents_shorter_than(&self, extent_len: usize) -> usize {
@@ -221,7 +254,12 @@ impl ExtentAllocator for BuddyAllocator {
             .free_by_order
             .iter()
             .enumerate()
-            .flat_map(|(k, s)| s.iter().map(move |&start| Extent { start, len: 1usize << k }))
+            .flat_map(|(k, s)| {
+                s.iter().map(move |&start| Extent {
+                    start,
+                    len: 1usize << k,
+                })
+            })
             .collect();
         runs.sort_unstable_by_key(|e| e.start);
         runs
@@ -238,7 +276,10 @@ mod tests {
         let a = b.allocate(5).unwrap();
         assert_eq!(a, Extent { start: 0, len: 8 });
         // Splitting 32 -> 16 + 16 -> 8 + 8 leaves free runs [8,16) and [16,32).
-        assert_eq!(b.free_extents(), vec![Extent { start: 8, len: 8 }, Extent { start: 16, len: 16 }]);
+        assert_eq!(
+            b.free_extents(),
+            vec![Extent { start: 8, len: 8 }, Extent { start: 16, len: 16 }]
+        );
         let c = b.allocate(1).unwrap();
         assert_eq!(c, Extent { start: 8, len: 1 });
         b.check_invariants().unwrap();
@@ -257,7 +298,10 @@ mod tests {
         // not buddies, so an 8-slot request fails although 8 slots are free and contiguous.
         let mut b = BuddyAllocator::new(16);
         let runs: Vec<Extent> = (0..4).map(|_| b.allocate(4).unwrap()).collect();
-        assert_eq!(runs.iter().map(|e| e.start).collect::<Vec<_>>(), vec![0, 4, 8, 12]);
+        assert_eq!(
+            runs.iter().map(|e| e.start).collect::<Vec<_>>(),
+            vec![0, 4, 8, 12]
+        );
         b.release(4).unwrap();
         b.release(8).unwrap();
         b.check_invariants().unwrap();
@@ -278,14 +322,20 @@ mod tests {
         assert_eq!(b.capacity_for(16), 1);
         assert!(b.allocate(17).is_none());
         let x = b.allocate(8).unwrap();
-        assert_eq!(x.start, 16, "the smallest sufficient run is the 8-slot arena");
+        assert_eq!(
+            x.start, 16,
+            "the smallest sufficient run is the 8-slot arena"
+        );
         let y = b.allocate(16).unwrap();
         assert_eq!(y.start, 0);
         b.release(x.start).unwrap();
         b.release(y.start).unwrap();
         b.check_invariants().unwrap();
         // The two arenas stay separate free runs.
-        assert_eq!(b.free_extents(), vec![Extent { start: 0, len: 16 }, Extent { start: 16, len: 8 }]);
+        assert_eq!(
+            b.free_extents(),
+            vec![Extent { start: 0, len: 16 }, Extent { start: 16, len: 8 }]
+        );
     }
 
     #[test]
@@ -313,7 +363,9 @@ mod tests {
                         assert!(could);
                         assert_eq!(e.len, len.next_power_of_two());
                         assert_eq!(e.start % e.len, 0);
-                        assert!(live.iter().all(|o| o.end() <= e.start || e.end() <= o.start));
+                        assert!(live
+                            .iter()
+                            .all(|o| o.end() <= e.start || e.end() <= o.start));
                         live.push(e);
                     }
                     None => assert!(!could),
@@ -323,12 +375,19 @@ mod tests {
                 assert_eq!(b.release(e.start), Some(e.len));
             }
             b.check_invariants().unwrap();
-            assert_eq!(b.free_slots(), 100 - live.iter().map(|e| e.len).sum::<usize>());
+            assert_eq!(
+                b.free_slots(),
+                100 - live.iter().map(|e| e.len).sum::<usize>()
+            );
         }
         for e in live.drain(..) {
             b.release(e.start).unwrap();
         }
         b.check_invariants().unwrap();
-        assert_eq!(b.free_extents().len(), 3, "everything merges back into the three arenas");
+        assert_eq!(
+            b.free_extents().len(),
+            3,
+            "everything merges back into the three arenas"
+        );
     }
 }

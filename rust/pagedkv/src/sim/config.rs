@@ -213,16 +213,27 @@ impl SimConfig {
             return bad("max_model_len must be at least 1".into());
         }
         if !(self.step_time_s.is_finite() && self.step_time_s > 0.0) {
-            return bad(format!("step_time_s must be a positive number, got {}", self.step_time_s));
+            return bad(format!(
+                "step_time_s must be a positive number, got {}",
+                self.step_time_s
+            ));
         }
-        if self.arrival == Arrival::Poisson && !(self.poisson_rate.is_finite() && self.poisson_rate > 0.0) {
-            return bad(format!("poisson_rate must be a positive number, got {}", self.poisson_rate));
+        if self.arrival == Arrival::Poisson
+            && !(self.poisson_rate.is_finite() && self.poisson_rate > 0.0)
+        {
+            return bad(format!(
+                "poisson_rate must be a positive number, got {}",
+                self.poisson_rate
+            ));
         }
         if self.max_num_seqs == 0 {
             return bad("max_num_seqs must be at least 1".into());
         }
         if !(self.watermark.is_finite() && (0.0..1.0).contains(&self.watermark)) {
-            return bad(format!("watermark must lie in [0, 1), got {}", self.watermark));
+            return bad(format!(
+                "watermark must lie in [0, 1), got {}",
+                self.watermark
+            ));
         }
         if self.max_steps == Some(0) {
             return bad("max_steps must be at least 1 (or None)".into());

@@ -69,9 +69,15 @@ pub fn simulate_with_progress(
 
 /// Runs at most `max_steps` steps (fewer if `config.max_steps` is smaller) and returns the
 /// result of those steps together with one [`Frame`] per step.
-pub fn record_frames(workload: &Workload, config: &SimConfig, max_steps: usize) -> Result<(SimResult, Vec<Frame>)> {
+pub fn record_frames(
+    workload: &Workload,
+    config: &SimConfig,
+    max_steps: usize,
+) -> Result<(SimResult, Vec<Frame>)> {
     if max_steps == 0 {
-        return Err(Error::InvalidArgument("max_steps must be at least 1".into()));
+        return Err(Error::InvalidArgument(
+            "max_steps must be at least 1".into(),
+        ));
     }
     let mut config = config.clone();
     config.max_steps = Some(config.max_steps.map_or(max_steps, |m| m.min(max_steps)));
@@ -97,7 +103,11 @@ fn validate_against_config(workload: &Workload, config: &SimConfig) -> Result<()
                 spec.group_size, config.max_num_seqs
             )));
         }
-        let group = if spec.group_size > 1 { format!(" (group of {})", spec.group_size) } else { String::new() };
+        let group = if spec.group_size > 1 {
+            format!(" (group of {})", spec.group_size)
+        } else {
+            String::new()
+        };
         match config.allocator {
             AllocatorKind::Paged => {
                 let needed = PagedMemory::blocks_for(spec, len, bs);
@@ -195,7 +205,10 @@ impl<'a> Engine<'a> {
             next_seq_id: 0,
             beam_rng: SplitMix64::new(config.seed ^ 0xBEA4_5EA4),
             now_s: 0.0,
-            result: SimResult { num_slots: config.num_slots, ..Default::default() },
+            result: SimResult {
+                num_slots: config.num_slots,
+                ..Default::default()
+            },
             sums: Accumulator::default(),
         }
     }
@@ -208,7 +221,11 @@ impl<'a> Engine<'a> {
     ) -> Result<SimResult> {
         let total = self.workload.requests().len();
         loop {
-            if self.config.max_steps.is_some_and(|m| self.result.steps >= m) {
+            if self
+                .config
+                .max_steps
+                .is_some_and(|m| self.result.steps >= m)
+            {
                 break;
             }
             self.take_arrivals();
@@ -260,7 +277,9 @@ impl<'a> Engine<'a> {
         let mut preempted = false;
         while memory.append_one(&self.running)?.is_some() {
             let victim = self.running.pop().ok_or_else(|| {
-                Error::InvariantViolation("out of blocks with no running request left to preempt".into())
+                Error::InvariantViolation(
+                    "out of blocks with no running request left to preempt".into(),
+                )
             })?;
             self.preempt(memory, victim)?;
             preempted = true;
@@ -270,7 +289,7 @@ impl<'a> Engine<'a> {
             self.result.generated_tokens += group.members.len();
         }
         if !preempted {
-            self.admit(memory, step)?;
+            self.admit(memory)?;
             if self.running.is_empty() && (!self.waiting.is_empty() || !self.swapped.is_empty()) {
                 // Validation guarantees that a lone request fits an empty pool.
                 return Err(Error::InvariantViolation(
@@ -289,8 +308,15 @@ impl<'a> Engine<'a> {
             )));
         }
         let used_blocks = memory.used_blocks();
-        self.sums.add(&shares, self.running.len(), self.running_seqs, used_blocks);
-        self.result.peak_resident_requests = self.result.peak_resident_requests.max(self.running.len());
+        self.sums.add(
+            &shares,
+            head.is_some(),
+            self.running.len(),
+            self.running_seqs,
+            used_blocks,
+        );
+        self.result.peak_resident_requests =
+            self.result.peak_resident_requests.max(self.running.len());
         if let Some(frames) = frames {
             let pool = memory.frame_pool(&self.running)?;
             frames.push(Frame {
@@ -298,7 +324,8 @@ impl<'a> Engine<'a> {
                 time_s: self.now_s,
                 running: self.running.len(),
                 waiting: self.waiting.len() + self.swapped.len(),
-                finished: self.result.finished_requests + self.running.iter().filter(|g| g.is_finished()).count(),
+                finished: self.result.finished_requests
+                    + self.running.iter().filter(|g| g.is_finished()).count(),
                 preemptions: self.result.preemptions,
                 used_blocks: pool.cells.iter().filter(|c| c.owner >= 0).count(),
                 shares,
@@ -332,14 +359,16 @@ impl<'a> Engine<'a> {
         Ok(())
     }
 
-    fn admit(&mut self, memory: &mut dyn KvMemory, step: usize) -> Result<()> {
+    fn admit(&mut self, memory: &mut dyn KvMemory) -> Result<()> {
         while let Some(group) = self.swapped.front_mut() {
             let n = group.members.len();
             if self.running_seqs + n > self.config.max_num_seqs {
                 return Ok(());
             }
             let alone = self.running.is_empty();
-            let Some(moved) = memory.try_swap_in(group, alone)? else { return Ok(()) };
+            let Some(moved) = memory.try_swap_in(group, alone)? else {
+                return Ok(());
+            };
             let mut group = self.swapped.pop_front().expect("front exists");
             self.result.swapped_in_blocks += moved;
             group.generated += 1;
@@ -354,7 +383,9 @@ impl<'a> Engine<'a> {
             }
             let alone = self.running.is_empty();
             let recomputing = group.generated > 0;
-            let Some(cost) = memory.try_admit(group, &mut self.next_seq_id, alone)? else { return Ok(()) };
+            let Some(cost) = memory.try_admit(group, &mut self.next_seq_id, alone)? else {
+                return Ok(());
+            };
             let mut group = self.waiting.pop_front().expect("front exists");
             self.result.prefix_query_tokens += cost.query_tokens;
             self.result.prefix_hit_tokens += cost.hit_tokens;
@@ -362,7 +393,6 @@ impl<'a> Engine<'a> {
             if recomputing {
                 self.result.recomputed_tokens += cost.prefill_tokens;
             }
-            group.admitted_step = step;
             group.generated += 1;
             self.result.generated_tokens += n;
             self.running_seqs += n;
@@ -386,10 +416,14 @@ impl<'a> Engine<'a> {
             memory.release(&mut group)?;
             self.result.finished_requests += 1;
             self.result.finished_request_ids.push(group.request);
-            self.result.waste_per_request_tokens.push(figures.waste_slots);
+            self.result
+                .waste_per_request_tokens
+                .push(figures.waste_slots);
             self.result.block_table_len.push(figures.block_table_len);
             // The request's last token is out at the end of this step.
-            self.result.latency_s.push(self.now_s + self.config.step_time_s - self.arrivals[group.request]);
+            self.result
+                .latency_s
+                .push(self.now_s + self.config.step_time_s - self.arrivals[group.request]);
         }
         self.running = kept;
         Ok(())

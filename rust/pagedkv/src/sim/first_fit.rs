@@ -42,7 +42,12 @@ impl FirstFitAllocator {
         if num_slots > 0 {
             free_runs.insert(0, num_slots);
         }
-        FirstFitAllocator { num_slots, free_runs, allocated: BTreeMap::new(), free_slots: num_slots }
+        FirstFitAllocator {
+            num_slots,
+            free_runs,
+            allocated: BTreeMap::new(),
+            free_slots: num_slots,
+        }
     }
 
     /// Checks the structure: runs disjoint, free runs never adjacent, counts consistent.
@@ -62,21 +67,31 @@ impl FirstFitAllocator {
                 return Err(format!("empty run at {start}"));
             }
             if start < prev_end {
-                return Err(format!("run at {start} overlaps the previous one ending at {prev_end}"));
+                return Err(format!(
+                    "run at {start} overlaps the previous one ending at {prev_end}"
+                ));
             }
             if is_free && prev_free && start == prev_end {
-                return Err(format!("free run at {start} touches the previous free run (not merged)"));
+                return Err(format!(
+                    "free run at {start} touches the previous free run (not merged)"
+                ));
             }
             prev_free = is_free;
             prev_end = start + len;
             covered += len;
         }
         if prev_end > self.num_slots {
-            return Err(format!("a run ends at {prev_end}, past num_slots {}", self.num_slots));
+            return Err(format!(
+                "a run ends at {prev_end}, past num_slots {}",
+                self.num_slots
+            ));
         }
         let free: usize = self.free_runs.values().sum();
         if free != self.free_slots {
-            return Err(format!("free_slots {} but free runs sum to {free}", self.free_slots));
+            return Err(format!(
+                "free_slots {} but free runs sum to {free}",
+                self.free_slots
+            ));
         }
         if covered != self.num_slots {
             // Every slot is either in a free run or an allocated run.
@@ -106,7 +121,10 @@ impl ExtentAllocator for FirstFitAllocator {
         }
         self.allocated.insert(start, num_slots);
         self.free_slots -= num_slots;
-        Some(Extent { start, len: num_slots })
+        Some(Extent {
+            start,
+            len: num_slots,
+        })
     }
 
     fn release(&mut self, start: usize) -> Option<usize> {
@@ -137,7 +155,10 @@ impl ExtentAllocator for FirstFitAllocator {
     }
 
     fn free_slots_in_extents_shorter_than(&self, extent_len: usize) -> usize {
-        self.free_runs.values().filter(|&&len| len < extent_len).sum()
+        self.free_runs
+            .values()
+            .filter(|&&len| len < extent_len)
+            .sum()
     }
 
     fn can_place(&self, extent_len: usize, count: usize) -> bool {
@@ -164,7 +185,10 @@ impl ExtentAllocator for FirstFitAllocator {
     }
 
     fn free_extents(&self) -> Vec<Extent> {
-        self.free_runs.iter().map(|(&start, &len)| Extent { start, len }).collect()
+        self.free_runs
+            .iter()
+            .map(|(&start, &len)| Extent { start, len })
+            .collect()
     }
 }
 
@@ -206,8 +230,15 @@ mod tests {
         let _c = ff.allocate(2).unwrap(); // [8,10)
         ff.release(a.start).unwrap(); // free [0,3) and [10,20)
         ff.release(b.start).unwrap(); // merges into [0,8)
-        assert_eq!(ff.free_extents(), vec![Extent { start: 0, len: 8 }, Extent { start: 10, len: 10 }]);
-        assert_eq!(ff.allocate(9).unwrap().start, 10, "only the upper run holds 9");
+        assert_eq!(
+            ff.free_extents(),
+            vec![Extent { start: 0, len: 8 }, Extent { start: 10, len: 10 }]
+        );
+        assert_eq!(
+            ff.allocate(9).unwrap().start,
+            10,
+            "only the upper run holds 9"
+        );
         assert_eq!(ff.allocate(2).unwrap().start, 0);
         assert_eq!(ff.allocate(6).unwrap().start, 2);
         ff.check_invariants().unwrap();
@@ -258,17 +289,26 @@ mod tests {
         for _ in 0..2000 {
             if live.is_empty() || rng.next_below(3) > 0 {
                 let len = 1 + rng.next_below(12) as usize;
-                let expected = (0..64).find(|&s| s + len <= 64 && owner[s..s + len].iter().all(|&o| !o));
+                let expected =
+                    (0..64).find(|&s| s + len <= 64 && owner[s..s + len].iter().all(|&o| !o));
                 let got = ff.allocate(len);
-                assert_eq!(got.map(|e| e.start), expected, "first fit picks the lowest free run");
+                assert_eq!(
+                    got.map(|e| e.start),
+                    expected,
+                    "first fit picks the lowest free run"
+                );
                 if let Some(e) = got {
-                    owner[e.start..e.start + e.len].iter_mut().for_each(|o| *o = true);
+                    owner[e.start..e.start + e.len]
+                        .iter_mut()
+                        .for_each(|o| *o = true);
                     live.push(e);
                 }
             } else {
                 let e = live.swap_remove(rng.next_below(live.len() as u64) as usize);
                 assert_eq!(ff.release(e.start), Some(e.len));
-                owner[e.start..e.start + e.len].iter_mut().for_each(|o| *o = false);
+                owner[e.start..e.start + e.len]
+                    .iter_mut()
+                    .for_each(|o| *o = false);
             }
             ff.check_invariants().unwrap();
             assert_eq!(ff.free_slots(), owner.iter().filter(|&&o| !o).count());

@@ -20,8 +20,6 @@ pub(crate) struct Group {
     pub extents: Vec<Extent>,
     /// Distinct device blocks the group gave up when swapped out (needed to swap it back in).
     pub swapped_blocks: usize,
-    /// Step at which the group was (last) admitted.
-    pub admitted_step: usize,
 }
 
 impl Group {
@@ -33,7 +31,6 @@ impl Group {
             generated: 0,
             extents: Vec::new(),
             swapped_blocks: 0,
-            admitted_step: 0,
         }
     }
 

@@ -34,14 +34,24 @@ pub(crate) trait KvMemory {
     /// preemption, its generated tokens) and this step's new token, assigning fresh sequence
     /// ids from `next_seq_id`. `alone`: nothing else holds memory, so admission may dip into
     /// reserves kept for running requests. `None` when it does not fit now.
-    fn try_admit(&mut self, group: &mut Group, next_seq_id: &mut SeqId, alone: bool) -> Result<Option<Admission>>;
+    fn try_admit(
+        &mut self,
+        group: &mut Group,
+        next_seq_id: &mut SeqId,
+        alone: bool,
+    ) -> Result<Option<Admission>>;
 
     /// Appends one token to every sequence of `groups` (all of them, or none when memory runs
     /// out: then `Some(blocks_short)`).
     fn append_one(&mut self, groups: &[Group]) -> Result<Option<usize>>;
 
     /// One beam-search step on the group's sequences (fork survivors, free dropped beams).
-    fn beam_step(&mut self, group: &mut Group, rng: &mut SplitMix64, next_seq_id: &mut SeqId) -> Result<()>;
+    fn beam_step(
+        &mut self,
+        group: &mut Group,
+        rng: &mut SplitMix64,
+        next_seq_id: &mut SeqId,
+    ) -> Result<()>;
 
     /// Frees every sequence of the group.
     fn release(&mut self, group: &mut Group) -> Result<()>;

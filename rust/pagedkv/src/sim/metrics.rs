@@ -28,7 +28,11 @@ pub struct SlotShares {
 impl SlotShares {
     /// Sum of the five states (the pool size).
     pub fn total(&self) -> usize {
-        self.token_slots + self.reserved_slots + self.internal_slots + self.external_slots + self.free_slots
+        self.token_slots
+            + self.reserved_slots
+            + self.internal_slots
+            + self.external_slots
+            + self.free_slots
     }
 
     /// Allocated slots (token + reserved + internal).
@@ -39,11 +43,20 @@ impl SlotShares {
 
 /// Classifies the slots of logical block `index` (positions `[index*bs, (index+1)*bs)`) of a
 /// sequence holding `num_tokens` now and `final_len` when finished: (filled, reserved, internal).
-pub(crate) fn classify_block(index: usize, block_size: usize, num_tokens: usize, final_len: usize) -> (usize, usize, usize) {
+pub(crate) fn classify_block(
+    index: usize,
+    block_size: usize,
+    num_tokens: usize,
+    final_len: usize,
+) -> (usize, usize, usize) {
     let begin = index * block_size;
     let filled = num_tokens.saturating_sub(begin).min(block_size);
     let will_fill = final_len.saturating_sub(begin).min(block_size);
-    (filled, will_fill.saturating_sub(filled), block_size - will_fill.max(filled))
+    (
+        filled,
+        will_fill.saturating_sub(filled),
+        block_size - will_fill.max(filled),
+    )
 }
 
 /// The outcome of a simulation run. Shares are time averages over steps and sum to 1.
@@ -76,6 +89,11 @@ pub struct SimResult {
     pub external_fragmentation: f64,
     /// ... free and usable.
     pub free: f64,
+    /// Steps at whose accounting a request was waiting (memory or the batch cap was the limit).
+    pub queued_steps: usize,
+    /// The five shares averaged over the queued steps only, in the order token states,
+    /// reserved, internal fragmentation, external fragmentation, free (all 0 if none).
+    pub shares_while_queued: [f64; 5],
     /// Mean over steps of requests (groups) holding memory.
     pub mean_resident_requests: f64,
     /// Most requests holding memory at one step.
@@ -130,6 +148,9 @@ impl SimResult {
 /// Running sums from which the averages are formed.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Accumulator {
+    pub queued_steps: usize,
+    /// Slot sums of the five states over queued steps.
+    pub queued_slots: [u128; 5],
     pub token_slots: u128,
     pub reserved_slots: u128,
     pub internal_slots: u128,
@@ -141,7 +162,27 @@ pub(crate) struct Accumulator {
 }
 
 impl Accumulator {
-    pub fn add(&mut self, shares: &SlotShares, resident_requests: usize, running_sequences: usize, used_blocks: usize) {
+    pub fn add(
+        &mut self,
+        shares: &SlotShares,
+        queued: bool,
+        resident_requests: usize,
+        running_sequences: usize,
+        used_blocks: usize,
+    ) {
+        if queued {
+            self.queued_steps += 1;
+            let states = [
+                shares.token_slots,
+                shares.reserved_slots,
+                shares.internal_slots,
+                shares.external_slots,
+                shares.free_slots,
+            ];
+            for (sum, x) in self.queued_slots.iter_mut().zip(states) {
+                *sum += x as u128;
+            }
+        }
         self.token_slots += shares.token_slots as u128;
         self.reserved_slots += shares.reserved_slots as u128;
         self.internal_slots += shares.internal_slots as u128;
@@ -165,6 +206,17 @@ impl Accumulator {
         result.internal_fragmentation = share(self.internal_slots);
         result.external_fragmentation = share(self.external_slots);
         result.free = share(self.free_slots);
+        result.queued_steps = self.queued_steps;
+        if self.queued_steps > 0 {
+            let queued_slot_steps = self.queued_steps as f64 * result.num_slots as f64;
+            for (out, &sum) in result
+                .shares_while_queued
+                .iter_mut()
+                .zip(&self.queued_slots)
+            {
+                *out = sum as f64 / queued_slot_steps;
+            }
+        }
         let per_step = |x: u128| x as f64 / result.steps as f64;
         result.mean_resident_requests = per_step(self.resident_requests);
         result.mean_running_sequences = per_step(self.running_sequences);

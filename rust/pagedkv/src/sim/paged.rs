@@ -14,7 +14,12 @@ use crate::{Error, KvCacheManager, ManagerConfig, Result, SeqId, Tier, TokenId};
 
 /// Blocks a group of `n` sequences forked from a `prompt_tokens` prompt holds when each of its
 /// sequences has `seq_tokens` tokens: the prompt's full blocks once, the rest once per sequence.
-pub(crate) fn group_blocks(n: usize, prompt_tokens: usize, seq_tokens: usize, block_size: usize) -> usize {
+pub(crate) fn group_blocks(
+    n: usize,
+    prompt_tokens: usize,
+    seq_tokens: usize,
+    block_size: usize,
+) -> usize {
     let per_seq = seq_tokens.div_ceil(block_size);
     if n == 1 {
         return per_seq;
@@ -100,22 +105,26 @@ impl PagedMemory {
             self.seq_buf.extend_from_slice(&group.members);
             if self.caching {
                 let pos = group.num_tokens();
-                self.token_buf.extend((0..group.members.len()).map(|k| output_token(group.request, k, pos)));
+                self.token_buf
+                    .extend((0..group.members.len()).map(|k| output_token(group.request, k, pos)));
             }
         }
         if self.seq_buf.is_empty() {
             return Ok(None);
         }
         let outcome = if self.caching {
-            self.kv.append_tokens_batch(&self.seq_buf, &self.token_buf, 1)
+            self.kv
+                .append_tokens_batch(&self.seq_buf, &self.token_buf, 1)
         } else {
             self.kv.append_len_batch(&self.seq_buf, 1)
         };
         match outcome {
             Ok(()) => Ok(None),
-            Err(Error::OutOfBlocks { tier: Tier::Device, needed_blocks, available_blocks }) => {
-                Ok(Some(needed_blocks.saturating_sub(available_blocks).max(1)))
-            }
+            Err(Error::OutOfBlocks {
+                tier: Tier::Device,
+                needed_blocks,
+                available_blocks,
+            }) => Ok(Some(needed_blocks.saturating_sub(available_blocks).max(1))),
             Err(e) => Err(e),
         }
     }
@@ -138,7 +147,8 @@ impl PagedMemory {
                     if *mark != self.epoch {
                         *mark = self.epoch;
                         distinct += 1;
-                        let (filled, reserved, internal) = classify_block(index, bs, tokens, final_len);
+                        let (filled, reserved, internal) =
+                            classify_block(index, bs, tokens, final_len);
                         shares.token_slots += filled;
                         shares.reserved_slots += reserved;
                         shares.internal_slots += internal;
@@ -153,17 +163,27 @@ impl PagedMemory {
 /// An operation that the admission check guaranteed to fit failed: a simulator bug.
 fn expect_fits<T>(result: Result<T>, what: &str) -> Result<T> {
     result.map_err(|e| match e {
-        Error::OutOfBlocks { .. } => Error::InvariantViolation(format!("{what} ran out of blocks after the admission check: {e}")),
+        Error::OutOfBlocks { .. } => Error::InvariantViolation(format!(
+            "{what} ran out of blocks after the admission check: {e}"
+        )),
         other => other,
     })
 }
 
 impl KvMemory for PagedMemory {
-    fn try_admit(&mut self, group: &mut Group, next_seq_id: &mut SeqId, alone: bool) -> Result<Option<Admission>> {
+    fn try_admit(
+        &mut self,
+        group: &mut Group,
+        next_seq_id: &mut SeqId,
+        alone: bool,
+    ) -> Result<Option<Admission>> {
         let n = group.spec.group_size;
         let prompt = group.spec.prompt_tokens;
         let generated = group.generated;
-        if !self.fits(Self::blocks_for(&group.spec, prompt + generated + 1, self.block_size), alone) {
+        if !self.fits(
+            Self::blocks_for(&group.spec, prompt + generated + 1, self.block_size),
+            alone,
+        ) {
             return Ok(None);
         }
         group.members = (0..n as u64).map(|k| *next_seq_id + k).collect();
@@ -191,7 +211,8 @@ impl KvMemory for PagedMemory {
                     if self.caching {
                         self.fill_tokens(group, k, prompt, prompt + generated);
                         let tokens = std::mem::take(&mut self.token_buf);
-                        let r = expect_fits(self.kv.append_tokens(seq, &tokens), "recomputing a group");
+                        let r =
+                            expect_fits(self.kv.append_tokens(seq, &tokens), "recomputing a group");
                         self.token_buf = tokens;
                         r?;
                     } else {
@@ -218,7 +239,12 @@ impl KvMemory for PagedMemory {
         self.append_batch(groups)
     }
 
-    fn beam_step(&mut self, group: &mut Group, rng: &mut SplitMix64, next_seq_id: &mut SeqId) -> Result<()> {
+    fn beam_step(
+        &mut self,
+        group: &mut Group,
+        rng: &mut SplitMix64,
+        next_seq_id: &mut SeqId,
+    ) -> Result<()> {
         let width = group.members.len();
         if width < 2 {
             return Ok(());
@@ -324,7 +350,14 @@ impl KvMemory for PagedMemory {
 
     fn frame_pool(&mut self, running: &[Group]) -> Result<FramePool> {
         let bs = self.block_size;
-        let mut cells = vec![FrameCell { owner: -1, tokens: 0, reserved: 0 }; self.num_blocks];
+        let mut cells = vec![
+            FrameCell {
+                owner: -1,
+                tokens: 0,
+                reserved: 0
+            };
+            self.num_blocks
+        ];
         let mut tables = Vec::with_capacity(running.len());
         let mut shared = Vec::new();
         for group in running {
@@ -336,19 +369,30 @@ impl KvMemory for PagedMemory {
                     let cell = &mut cells[block as usize];
                     if cell.owner == -1 {
                         let filled = tokens.saturating_sub(index * bs).min(bs);
-                        *cell = FrameCell { owner: group.request as i64, tokens: filled, reserved: bs - filled };
+                        *cell = FrameCell {
+                            owner: group.request as i64,
+                            tokens: filled,
+                            reserved: bs - filled,
+                        };
                         let refcount = self.kv.refcount(block)?;
                         if refcount > 1 {
                             shared.push((block, refcount));
                         }
                     }
                 }
-                seqs.push(FrameSequence { blocks: table.to_vec(), num_tokens: tokens });
+                seqs.push(FrameSequence {
+                    blocks: table.to_vec(),
+                    num_tokens: tokens,
+                });
             }
             tables.push((group.request, seqs));
         }
         shared.sort_unstable();
-        Ok(FramePool { cells, tables, shared })
+        Ok(FramePool {
+            cells,
+            tables,
+            shared,
+        })
     }
 }
 

@@ -22,7 +22,9 @@ fn derive(domain: u64, id: u64, member: u64, position: usize) -> TokenId {
 /// Token id at `position` (< prompt length) of request `request`'s prompt.
 pub(crate) fn prompt_token(spec: &RequestSpec, request: usize, position: usize) -> TokenId {
     match spec.prefix {
-        Some((prefix_id, prefix_len)) if position < prefix_len => derive(PREFIX_DOMAIN, prefix_id, 0, position),
+        Some((prefix_id, prefix_len)) if position < prefix_len => {
+            derive(PREFIX_DOMAIN, prefix_id, 0, position)
+        }
         _ => derive(PROMPT_DOMAIN, request as u64, 0, position),
     }
 }
@@ -38,7 +40,13 @@ mod tests {
     use super::*;
 
     fn spec(prefix: Option<(u64, usize)>) -> RequestSpec {
-        RequestSpec { prompt_tokens: 8, output_tokens: 1, arrival_s: 0.0, group_size: 1, prefix }
+        RequestSpec {
+            prompt_tokens: 8,
+            output_tokens: 1,
+            arrival_s: 0.0,
+            group_size: 1,
+            prefix,
+        }
     }
 
     #[test]
@@ -49,7 +57,8 @@ mod tests {
         for pos in 0..4 {
             assert_eq!(prompt_token(&a, 0, pos), prompt_token(&b, 1, pos));
         }
-        let row = |s: &RequestSpec, r: usize| (0..8).map(|p| prompt_token(s, r, p)).collect::<Vec<_>>();
+        let row =
+            |s: &RequestSpec, r: usize| (0..8).map(|p| prompt_token(s, r, p)).collect::<Vec<_>>();
         assert_ne!(row(&a, 0)[4..], row(&b, 1)[4..]);
         assert_ne!(row(&a, 0)[..4], row(&c, 2)[..4]);
         assert_ne!(output_token(0, 0, 8), output_token(0, 1, 8));

@@ -138,7 +138,8 @@ impl Workload {
                 ))
             }
         }
-        let bad = |i: usize, msg: String| Err(Error::InvalidArgument(format!("request {i}: {msg}")));
+        let bad =
+            |i: usize, msg: String| Err(Error::InvalidArgument(format!("request {i}: {msg}")));
         let mut requests = Vec::with_capacity(n);
         let mut prev_arrival = 0.0f64;
         for i in 0..n {
@@ -152,7 +153,10 @@ impl Workload {
             }
             let a = arrival_s[i];
             if !a.is_finite() || a < 0.0 {
-                return bad(i, format!("arrival_s is {a} (must be a finite number >= 0)"));
+                return bad(
+                    i,
+                    format!("arrival_s is {a} (must be a finite number >= 0)"),
+                );
             }
             if a < prev_arrival {
                 return bad(i, format!("arrival_s {a} is earlier than the previous request's {prev_arrival} (must be non-decreasing)"));
@@ -163,19 +167,35 @@ impl Workload {
                 return bad(i, format!("group_size is {g} (must be at least 1)"));
             }
             if group_kind == GroupKind::None && g != 1 {
-                return bad(i, format!("group_size is {g} but group_kind is 'none' (use 'parallel' or 'beam')"));
+                return bad(
+                    i,
+                    format!(
+                        "group_size is {g} but group_kind is 'none' (use 'parallel' or 'beam')"
+                    ),
+                );
             }
             let prefix = match (prefix_id, prefix_tokens) {
                 (Some(ids), Some(lens)) => {
                     let (id, len) = (ids[i], lens[i]);
                     if id < -1 {
-                        return bad(i, format!("prefix_id is {id} (must be -1 for none, or >= 0)"));
+                        return bad(
+                            i,
+                            format!("prefix_id is {id} (must be -1 for none, or >= 0)"),
+                        );
                     }
                     if len < 0 || len > p {
-                        return bad(i, format!("prefix_tokens is {len} (must lie in 0..={p}, the prompt length)"));
+                        return bad(
+                            i,
+                            format!(
+                                "prefix_tokens is {len} (must lie in 0..={p}, the prompt length)"
+                            ),
+                        );
                     }
                     if id == -1 && len != 0 {
-                        return bad(i, format!("prefix_tokens is {len} but prefix_id is -1 (no prefix)"));
+                        return bad(
+                            i,
+                            format!("prefix_tokens is {len} but prefix_id is -1 (no prefix)"),
+                        );
                     }
                     (id >= 0 && len > 0).then_some((id as u64, len as usize))
                 }
@@ -189,7 +209,10 @@ impl Workload {
                 prefix,
             });
         }
-        Ok(Workload { requests, group_kind })
+        Ok(Workload {
+            requests,
+            group_kind,
+        })
     }
 
     /// A workload of plain requests from already-checked specs (validated the same way).
@@ -201,7 +224,15 @@ impl Workload {
         let prefix_id = col(&|r| r.prefix.map_or(-1, |(id, _)| id as i64));
         let prefix_len = col(&|r| r.prefix.map_or(0, |(_, len)| len as i64));
         let arrival: Vec<f64> = requests.iter().map(|r| r.arrival_s).collect();
-        Workload::from_arrays(&prompt, &output, &arrival, Some(&group), group_kind, Some(&prefix_id), Some(&prefix_len))
+        Workload::from_arrays(
+            &prompt,
+            &output,
+            &arrival,
+            Some(&group),
+            group_kind,
+            Some(&prefix_id),
+            Some(&prefix_len),
+        )
     }
 
     /// The requests in arrival order.
@@ -235,7 +266,15 @@ mod tests {
         assert!(msg(plain(&[5, 0], &[1, 1])).contains("request 1: prompt_tokens is 0"));
         assert!(msg(plain(&[5, 5, 5], &[1, 1, -7])).contains("request 2: output_tokens is -7"));
         assert!(msg(plain(&[5], &[1, 1])).contains("output_tokens has 2 entries"));
-        let e = Workload::from_arrays(&[1, 1], &[1, 1], &[1.0, 0.5], None, GroupKind::None, None, None);
+        let e = Workload::from_arrays(
+            &[1, 1],
+            &[1, 1],
+            &[1.0, 0.5],
+            None,
+            GroupKind::None,
+            None,
+            None,
+        );
         assert!(msg(e).contains("request 1: arrival_s 0.5 is earlier"));
         let e = Workload::from_arrays(&[1], &[1], &[f64::NAN], None, GroupKind::None, None, None);
         assert!(msg(e).contains("request 0: arrival_s is NaN"));
@@ -243,9 +282,25 @@ mod tests {
         assert!(msg(e).contains("group_kind is 'none'"));
         let e = Workload::from_arrays(&[1], &[1], &[0.0], Some(&[0]), GroupKind::Beam, None, None);
         assert!(msg(e).contains("group_size is 0"));
-        let e = Workload::from_arrays(&[10], &[1], &[0.0], None, GroupKind::None, Some(&[3]), Some(&[11]));
+        let e = Workload::from_arrays(
+            &[10],
+            &[1],
+            &[0.0],
+            None,
+            GroupKind::None,
+            Some(&[3]),
+            Some(&[11]),
+        );
         assert!(msg(e).contains("prefix_tokens is 11"));
-        let e = Workload::from_arrays(&[10], &[1], &[0.0], None, GroupKind::None, Some(&[-1]), Some(&[4]));
+        let e = Workload::from_arrays(
+            &[10],
+            &[1],
+            &[0.0],
+            None,
+            GroupKind::None,
+            Some(&[-1]),
+            Some(&[4]),
+        );
         assert!(msg(e).contains("prefix_id is -1"));
         let e = Workload::from_arrays(&[10], &[1], &[0.0], None, GroupKind::None, Some(&[1]), None);
         assert!(msg(e).contains("given together"));
@@ -266,6 +321,9 @@ mod tests {
         assert!(w.has_groups());
         assert_eq!(w.requests()[0].prefix, Some((7, 8)));
         assert_eq!(w.requests()[1].prefix, None);
-        assert_eq!(Workload::new(w.requests().to_vec(), GroupKind::Parallel).unwrap(), w);
+        assert_eq!(
+            Workload::new(w.requests().to_vec(), GroupKind::Parallel).unwrap(),
+            w
+        );
     }
 }
