@@ -93,7 +93,9 @@ def _engine_options() -> argparse.ArgumentParser:
                        help="saturated (all at once) | trace (the workload's own times) | poisson:RATE")
     group.add_argument("--step-time", type=_positive_float, default=0.02, help="seconds per engine step")
     group.add_argument("--preemption", choices=("recompute", "swap"), default="recompute")
-    group.add_argument("--num-host-slots", type=int, default=0, help="host-tier token slots for swap")
+    group.add_argument("--num-host-slots", type=int, default=None,
+                       help="host-tier token slots for swap (default: as many as --num-slots with "
+                            "--preemption swap, else 0)")
     group.add_argument("--max-num-seqs", type=_positive_int, default=256, help="batch cap (default 256)")
     group.add_argument("--prefix-caching", action="store_true", help="enable prefix caching (paged)")
     group.add_argument("--max-steps", type=_positive_int, default=None, help="stop after this many steps")
@@ -149,12 +151,17 @@ def build_config(args: argparse.Namespace, workload: Any) -> Any:
     if max_model_len is None:
         longest = int((workload.prompt_tokens + workload.output_tokens).max())
         max_model_len = max(2048, longest) if args.workload not in SYNTHETIC_WORKLOADS else 2048
+    host_slots = args.num_host_slots
+    if host_slots is None:
+        host_slots = args.num_slots if args.preemption == "swap" else 0
+    if host_slots < 0:
+        raise CliError(f"--num-host-slots must be >= 0, got {host_slots}")
     mode, rate = args.arrival
     extra = {"poisson_rate": rate} if rate is not None else {}
     return SimConfig(
         allocator=args.allocator, placement=args.placement, block_size=args.block_size, num_slots=args.num_slots,
         max_model_len=max_model_len, arrival=mode, step_time_s=args.step_time, preemption=args.preemption,
-        num_host_slots=args.num_host_slots, max_num_seqs=args.max_num_seqs,
+        num_host_slots=host_slots, max_num_seqs=args.max_num_seqs,
         enable_prefix_caching=args.prefix_caching, seed=args.seed, max_steps=args.max_steps, **extra)
 
 
@@ -278,7 +285,8 @@ def _cmd_figure2(args: argparse.Namespace) -> int:
     from pagedkv.sim import experiments, plots
 
     _check_plot_path(args.plot)
-    data = experiments.figure2(num_requests=args.num_requests, seed=args.seed, placement=args.placement,
+    placements = ("buddy", "first-fit") if args.placement == "both" else (args.placement,)
+    data = experiments.figure2(num_requests=args.num_requests, seed=args.seed, placements=placements,
                                progress=_progress(args))
     print(experiments.render_figure2(data))
     return _finish(args, data, lambda path: plots.plot_shares(
@@ -430,7 +438,8 @@ def build_parser() -> argparse.ArgumentParser:
                                     help="the vLLM paper's Figure 2 setting, our shares beside the published ones")
     figure2.add_argument("--num-requests", type=_positive_int, default=2000)
     figure2.add_argument("--seed", type=int, default=0)
-    figure2.add_argument("--placement", choices=("first-fit", "buddy"), default="first-fit")
+    figure2.add_argument("--placement", choices=("both", "buddy", "first-fit"), default="both",
+                         help="placement of the contiguous policies (default both; buddy, as Orca, first)")
     figure2.set_defaults(handler=_cmd_figure2)
 
     sharing = subparsers.add_parser("sharing", parents=[output],

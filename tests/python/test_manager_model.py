@@ -4,12 +4,12 @@ Random add / append / batch append / fork / free / batch free sequences (with co
 then prefix-cache hits and evictions, then swap_out / swap_in, run against two references:
 
 * a block model: every sequence's table as abstract block ids with refcounts, predicting the
-  exact number of device blocks in use, which operations fail (and with which error), and the
-  sharing structure of the physical tables (same abstract block <=> same physical block);
-* a data plane: the content of every physical (and host) block slot, written through the
-  manager's slot mapping, with copy-on-write and swap copies executed as the data plane would.
+  exact number of device (and host) blocks in use, which operations fail and with which error,
+  and the sharing structure of the physical tables (same abstract block <=> same physical one);
+* a data plane: the content of every physical device and host block slot, written through the
+  manager's slot mapping, with copy-on-write and swap copies executed as a data plane would.
   Every sequence must read back exactly its own tokens; a prefix hit must serve exactly the
-  prompt's tokens; no write may land in a block with refcount > 1.
+  prompt's tokens from the same namespace (extra_key); no write may land in a shared block.
 
 ``check_invariants()`` runs after every step, and a failed operation must change nothing.
 """
@@ -24,15 +24,23 @@ from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 import pagedkv
-from pagedkv import InvalidArgumentError, OutOfBlocksError, SequenceSwappedOutError
+from pagedkv import (
+    InvalidArgumentError,
+    OutOfBlocksError,
+    SequenceSwappedOutError,
+    UnknownSequenceError,
+)
 
 from conftest import snapshot
 
 NUM_BLOCKS = 24
 NUM_HOST_BLOCKS = 12
 VOCAB = 3  # a tiny vocabulary makes equal prefixes (prefix-cache hits) frequent
+UNKNOWN = 10**9
 
-SETTINGS = settings(max_examples=60, stateful_step_count=40, deadline=None)
+SETTINGS = settings(max_examples=50, stateful_step_count=40, deadline=None)
+
+Cell = tuple[int, Any]  # (token id, namespace) held by one KV slot
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -52,12 +60,14 @@ class ManagerMachine(RuleBasedStateMachine):
         self.next_id = itertools.count(100)
         self.next_abstract = itertools.count()
         self.tokens: dict[int, list[int]] = {}  # seq -> its tokens (data-plane truth)
-        self.abstract: dict[int, list[int]] = {}  # seq -> abstract block ids (resident seqs)
+        self.namespace: dict[int, Any] = {}  # seq -> the extra_key its blocks are hashed under
+        self.abstract: dict[int, list[int]] = {}  # resident seq -> abstract device block ids
         self.abstract_refs: dict[int, int] = {}
-        self.swapped: dict[int, list[int]] = {}  # seq -> abstract host block ids
+        self.swapped: dict[int, list[int]] = {}  # swapped-out seq -> abstract host block ids
         self.host_refs: dict[int, int] = {}
-        self.content: dict[int, list[int | None]] = {}  # physical block -> slot contents
-        self.host_content: dict[int, list[int | None]] = {}
+        self.host_physical: dict[int, int] = {}  # abstract host block -> host block id
+        self.content: dict[int, list[Cell | None]] = {}  # device block -> slots
+        self.host_content: dict[int, list[Cell | None]] = {}  # host block -> slots
         self.hit_tokens_total = 0
 
     @initialize(block_size=st.sampled_from([1, 2, 3, 4]))
@@ -76,7 +86,7 @@ class ManagerMachine(RuleBasedStateMachine):
         return sorted(set(self.abstract) | set(self.swapped))
 
     def device_in_use(self) -> int:
-        return sum(1 for refs in self.abstract_refs.values() if refs > 0)
+        return len(self.abstract_refs)
 
     def model_free(self) -> int | None:
         """Free device blocks the model predicts (None when cached blocks make it unknown)."""
@@ -91,6 +101,12 @@ class ManagerMachine(RuleBasedStateMachine):
         self.abstract_refs[block] -= 1
         if self.abstract_refs[block] == 0:
             del self.abstract_refs[block]
+
+    def drop_host(self, block: int) -> None:
+        self.host_refs[block] -= 1
+        if self.host_refs[block] == 0:
+            del self.host_refs[block]
+            del self.host_physical[block]
 
     def append_need(self, seq_id: int, count: int) -> int:
         n = len(self.tokens[seq_id])
@@ -107,6 +123,16 @@ class ManagerMachine(RuleBasedStateMachine):
         while len(table) < ceil_div(n + count, self.block_size):
             table.append(self.new_abstract())
 
+    def abstract_of_physical(self, block: int) -> int:
+        """The abstract id of a resident physical block (a revived cached block gets a new one)."""
+        for seq_id, table in self.abstract.items():
+            physical = self.kv.block_table(seq_id).tolist()
+            if block in physical:
+                abstract = table[physical.index(block)]
+                self.abstract_refs[abstract] += 1
+                return abstract
+        return self.new_abstract()
+
     def write(self, seq_id: int, first: int) -> None:
         """Runs pending copies, then writes the sequence's tokens from position `first` on
         through the manager's slot mapping, checking each written block is unshared."""
@@ -120,7 +146,7 @@ class ManagerMachine(RuleBasedStateMachine):
             block, offset = divmod(slot, self.block_size)
             assert self.kv.refcount(block) == 1, f"write into shared block {block}"
             cells = self.content.setdefault(block, [None] * self.block_size)
-            cells[offset] = tokens[position]
+            cells[offset] = (tokens[position], self.namespace[seq_id])
 
     def run_copy_ops(self) -> None:
         ops = self.kv.take_copy_ops()
@@ -128,48 +154,56 @@ class ManagerMachine(RuleBasedStateMachine):
         for src, dst in ops.tolist():
             self.content[dst] = list(self.content[src])
 
-    def expect_failure(self, error: type[BaseException], op: Any, seqs: list[int]) -> None:
-        before = snapshot(self.kv, seqs + [10**9])
+    def call_changing_nothing_on(self, errors: Any, op: Any) -> Any:
+        """Runs `op`; if it raises one of `errors`, asserts nothing changed and returns the
+        exception, else returns ("ok", result)."""
+        before = snapshot(self.kv, self.live() + [UNKNOWN])
         try:
-            op()
-        except error:
-            pass
-        else:
-            raise AssertionError(f"expected {error.__name__}")
-        assert snapshot(self.kv, seqs + [10**9]) == before
+            return ("ok", op())
+        except errors as err:
+            assert snapshot(self.kv, self.live() + [UNKNOWN]) == before
+            return err
+
+    def expect_failure(self, error: Any, op: Any) -> None:
+        outcome = self.call_changing_nothing_on(error, op)
+        assert not isinstance(outcome, tuple), f"expected {error}, got {outcome}"
 
     # ------------------------------------------------------------------ rules
-    @rule(num_tokens=st.integers(0, 3 * 4 + 2), with_ids=st.booleans(),
-          data=st.data())
-    def add(self, num_tokens: int, with_ids: bool, data: st.DataObject) -> None:
+    @rule(num_tokens=st.integers(0, 14), with_ids=st.booleans(),
+          extra_key=st.sampled_from([None, None, "a", b"b"]), data=st.data())
+    def add(self, num_tokens: int, with_ids: bool, extra_key: Any, data: st.DataObject) -> None:
         seq_id = next(self.next_id)
         prompt = data.draw(st.lists(st.integers(0, VOCAB - 1), min_size=num_tokens,
                                     max_size=num_tokens))
+        if not with_ids:
+            extra_key = None
         needed = ceil_div(num_tokens, self.block_size)
         free = self.model_free()
-        call = (lambda: self.kv.add_sequence(seq_id, prompt)) if with_ids else (
-            lambda: self.kv.add_sequence(seq_id, num_tokens=num_tokens))
+        if with_ids:
+            call = lambda: self.kv.add_sequence(seq_id, prompt, extra_key=extra_key)  # noqa: E731
+        else:
+            call = lambda: self.kv.add_sequence(seq_id, num_tokens=num_tokens)  # noqa: E731
         if needed > NUM_BLOCKS:
-            self.expect_failure(InvalidArgumentError, call, self.live())
+            self.expect_failure(InvalidArgumentError, call)
             return
         if free is not None and needed > free:
-            self.expect_failure(OutOfBlocksError, call, self.live())
+            self.expect_failure(OutOfBlocksError, call)
             return
-        try:
-            hit = call()
-        except OutOfBlocksError:
-            assert free is None  # only a cache-aware model leaves this unpredicted
+        outcome = self.call_changing_nothing_on(OutOfBlocksError, call)
+        if not isinstance(outcome, tuple):
+            assert free is None  # only a cache-aware manager leaves this unpredicted
             return
+        hit = outcome[1]
         assert hit % self.block_size == 0 and 0 <= hit <= max(num_tokens - 1, 0)
         if not (self.prefix_caching and with_ids):
             assert hit == 0
         table = self.kv.block_table(seq_id).tolist()
-        for position in range(hit):  # a hit serves exactly this prompt's keys
+        for position in range(hit):  # a hit serves exactly this prompt's keys, same namespace
             block, offset = divmod(position, self.block_size)
-            assert self.content[table[block]][offset] == prompt[position]
+            assert self.content[table[block]][offset] == (prompt[position], extra_key)
         self.hit_tokens_total += hit
         self.tokens[seq_id] = list(prompt)
-        # Hit blocks are shared with whoever holds them (or revived): model them by physical id.
+        self.namespace[seq_id] = extra_key
         self.abstract[seq_id] = [
             self.abstract_of_physical(table[index]) if index < hit // self.block_size
             else self.new_abstract()
@@ -177,37 +211,27 @@ class ManagerMachine(RuleBasedStateMachine):
         ]
         self.write(seq_id, hit)
 
-    def abstract_of_physical(self, block: int) -> int:
-        """The abstract id of a resident physical block (a revived cached block gets a new one)."""
-        for seq_id, table in self.abstract.items():
-            physical = self.kv.block_table(seq_id).tolist()
-            if block in physical:
-                abstract = table[physical.index(block)]
-                self.abstract_refs[abstract] += 1
-                return abstract
-        return self.new_abstract()
-
     @precondition(lambda self: self.abstract)
     @rule(data=st.data(), count=st.integers(0, 6), with_ids=st.booleans())
     def append(self, data: st.DataObject, count: int, with_ids: bool) -> None:
         seq_id = data.draw(st.sampled_from(self.resident()))
         new = data.draw(st.lists(st.integers(0, VOCAB - 1), min_size=count, max_size=count))
-        call = (lambda: self.kv.append_tokens(seq_id, new)) if with_ids else (
-            lambda: self.kv.append_tokens(seq_id, num_tokens=count))
+        if with_ids:
+            call = lambda: self.kv.append_tokens(seq_id, new)  # noqa: E731
+        else:
+            call = lambda: self.kv.append_tokens(seq_id, num_tokens=count)  # noqa: E731
         need = self.append_need(seq_id, count)
         free = self.model_free()
         if ceil_div(len(self.tokens[seq_id]) + count, self.block_size) > NUM_BLOCKS:
-            self.expect_failure(InvalidArgumentError, call, self.live())
-            return
-        if free is not None and need > free:
-            assert not self.kv.can_append(seq_id, count)
-            self.expect_failure(OutOfBlocksError, call, self.live())
+            self.expect_failure(InvalidArgumentError, call)
             return
         if free is not None:
-            assert self.kv.can_append(seq_id, count)
-        try:
-            call()
-        except OutOfBlocksError:
+            assert self.kv.can_append(seq_id, count) == (need <= free)
+            if need > free:
+                self.expect_failure(OutOfBlocksError, call)
+                return
+        outcome = self.call_changing_nothing_on(OutOfBlocksError, call)
+        if not isinstance(outcome, tuple):
             assert free is None
             return
         first = len(self.tokens[seq_id])
@@ -224,7 +248,7 @@ class ManagerMachine(RuleBasedStateMachine):
                                  max_size=count * len(seqs)))
         call = lambda: self.kv.append_tokens_batch(seqs, new, num_tokens=count)  # noqa: E731
         if any(ceil_div(len(self.tokens[s]) + count, self.block_size) > NUM_BLOCKS for s in seqs):
-            self.expect_failure(InvalidArgumentError, call, self.live())
+            self.expect_failure(InvalidArgumentError, call)
             return
         free = self.model_free()
         # Sequences of one batch may share their partial last block: the model applies the
@@ -236,11 +260,10 @@ class ManagerMachine(RuleBasedStateMachine):
             self.model_append(seq_id, count)
         if free is not None and need > free:
             self.abstract, self.abstract_refs = saved
-            self.expect_failure(OutOfBlocksError, call, self.live())
+            self.expect_failure(OutOfBlocksError, call)
             return
-        try:
-            call()
-        except OutOfBlocksError:
+        outcome = self.call_changing_nothing_on(OutOfBlocksError, call)
+        if not isinstance(outcome, tuple):
             assert free is None
             self.abstract, self.abstract_refs = saved
             return
@@ -259,11 +282,12 @@ class ManagerMachine(RuleBasedStateMachine):
         self.kv.fork(parent, child)
         assert self.kv.block_table(child).tolist() == self.kv.block_table(parent).tolist()
         self.tokens[child] = list(self.tokens[parent])
+        self.namespace[child] = self.namespace[parent]
         self.abstract[child] = list(self.abstract[parent])
         for block in self.abstract[child]:
             self.abstract_refs[block] += 1
 
-    @precondition(lambda self: self.abstract)
+    @precondition(lambda self: self.live())
     @rule(data=st.data())
     def free(self, data: st.DataObject) -> None:
         seq_id = data.draw(st.sampled_from(self.live()))
@@ -274,10 +298,9 @@ class ManagerMachine(RuleBasedStateMachine):
         for block in self.abstract.pop(seq_id, []):
             self.drop_abstract(block)
         for block in self.swapped.pop(seq_id, []):
-            self.host_refs[block] -= 1
-            if self.host_refs[block] == 0:
-                del self.host_refs[block]
+            self.drop_host(block)
         del self.tokens[seq_id]
+        del self.namespace[seq_id]
 
     @precondition(lambda self: len(self.live()) >= 2)
     @rule(data=st.data())
@@ -292,15 +315,13 @@ class ManagerMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def bad_calls_change_nothing(self, data: st.DataObject) -> None:
         seq_id = data.draw(st.sampled_from(self.live()))
-        unknown = 10**9
         self.expect_failure(pagedkv.SequenceExistsError,
-                            lambda: self.kv.add_sequence(seq_id, num_tokens=1), self.live())
-        self.expect_failure(pagedkv.UnknownSequenceError,
-                            lambda: self.kv.append_tokens(unknown, [1]), self.live())
-        self.expect_failure(pagedkv.UnknownSequenceError,
-                            lambda: self.kv.free_batch([seq_id, unknown]), self.live())
-        self.expect_failure(InvalidArgumentError,
-                            lambda: self.kv.append_tokens(seq_id, [1.5]), self.live())
+                            lambda: self.kv.add_sequence(seq_id, num_tokens=1))
+        self.expect_failure(pagedkv.SequenceExistsError, lambda: self.kv.fork(seq_id, seq_id))
+        self.expect_failure(UnknownSequenceError, lambda: self.kv.append_tokens(UNKNOWN, [1]))
+        self.expect_failure(UnknownSequenceError, lambda: self.kv.free_batch([seq_id, UNKNOWN]))
+        self.expect_failure(InvalidArgumentError, lambda: self.kv.append_tokens(seq_id, [1.5]))
+        self.expect_failure(InvalidArgumentError, lambda: self.kv.free_batch([seq_id, seq_id]))
 
     # ------------------------------------------------------------------ invariants
     @invariant()
@@ -318,11 +339,11 @@ class ManagerMachine(RuleBasedStateMachine):
             assert self.kv.num_tokens(seq_id) == len(tokens)
             assert len(table) == ceil_div(len(tokens), self.block_size)
             for abstract, block in zip(self.abstract[seq_id], table):
-                # Same abstract block <=> same physical block.
-                assert physical_of.setdefault(abstract, block) == block
+                assert physical_of.setdefault(abstract, block) == block  # same <=> same
             for position, token in enumerate(tokens):
                 block, offset = divmod(position, self.block_size)
-                assert self.content[table[block]][offset] == token, (seq_id, position)
+                cell = self.content[table[block]][offset]
+                assert cell == (token, self.namespace[seq_id]), (seq_id, position)
         assert len(set(physical_of.values())) == len(physical_of)
         for abstract, block in physical_of.items():
             assert self.kv.refcount(block) == self.abstract_refs[abstract]
@@ -330,7 +351,113 @@ class ManagerMachine(RuleBasedStateMachine):
         if not self.prefix_caching:
             assert self.kv.num_free_blocks == NUM_BLOCKS - self.device_in_use()
             assert stats["num_cached_blocks"] == 0
+        for seq_id, host_table in self.swapped.items():
+            assert self.kv.is_swapped_out(seq_id)
+            assert self.kv.num_tokens(seq_id) == len(self.tokens[seq_id])
+            for position, token in enumerate(self.tokens[seq_id]):
+                block, offset = divmod(position, self.block_size)
+                host = self.host_physical[host_table[block]]
+                assert self.host_content[host][offset] == (token, self.namespace[seq_id])
+        if self.host_blocks:
+            assert stats["num_host_blocks_in_use"] == len(self.host_refs)
+            assert self.kv.num_free_host_blocks == self.host_blocks - len(self.host_refs)
+            assert stats["num_swapped_sequences"] == len(self.swapped)
+
+
+class PrefixCachingMachine(ManagerMachine):
+    """Prefix caching on: hits, revivals and evictions; hits must serve the prompt's own keys."""
+
+    prefix_caching = True
+
+
+class SwapMachine(ManagerMachine):
+    """A host tier: swap_out / swap_in of single sequences and of (possibly partial) groups."""
+
+    host_blocks = NUM_HOST_BLOCKS
+
+    @precondition(lambda self: self.abstract)
+    @rule(data=st.data(), as_int=st.booleans())
+    def swap_out(self, data: st.DataObject, as_int: bool) -> None:
+        group = data.draw(st.lists(st.sampled_from(self.resident()), min_size=1, max_size=3,
+                                   unique=True))
+        group_blocks = {a for s in group for a in self.abstract[s]}
+        outside = {a for s, t in self.abstract.items() if s not in group for a in t}
+        partial = bool(group_blocks & outside)
+        host_free = self.host_blocks - len(self.host_refs)
+        arg: Any = group[0] if as_int and len(group) == 1 else group
+        physical = {s: self.kv.block_table(s).tolist() for s in group}
+        # Swapping out part of a group that shares blocks may be refused (InvalidArgumentError).
+        allowed: tuple[type[BaseException], ...] = (InvalidArgumentError,) if partial else ()
+        if len(group_blocks) > host_free:
+            self.expect_failure((OutOfBlocksError,) + allowed, lambda: self.kv.swap_out(arg))
+            return
+        outcome = self.call_changing_nothing_on(allowed or (), lambda: self.kv.swap_out(arg))
+        if not isinstance(outcome, tuple):
+            return
+        ops = outcome[1]
+        assert ops.dtype.name == "int32" and ops.shape == (len(group_blocks), 2)
+        device_of = {a: physical[s][i] for s in group for i, a in enumerate(self.abstract[s])}
+        assert sorted(ops[:, 0].tolist()) == sorted(device_of[a] for a in group_blocks)
+        host_of_device = dict(ops.tolist())
+        assert len(set(host_of_device.values())) == len(group_blocks)
+        for device, host in host_of_device.items():
+            self.host_content[host] = list(self.content[device])
+        host_abstract = {}
+        for a in sorted(group_blocks):
+            h = next(self.next_abstract)
+            host_abstract[a] = h
+            self.host_refs[h] = 0
+            self.host_physical[h] = host_of_device[device_of[a]]
+        for seq_id in group:
+            self.swapped[seq_id] = [host_abstract[a] for a in self.abstract[seq_id]]
+            for a in self.abstract.pop(seq_id):
+                self.host_refs[host_abstract[a]] += 1
+                self.drop_abstract(a)
+
+    @precondition(lambda self: self.swapped)
+    @rule(data=st.data())
+    def swap_in(self, data: st.DataObject) -> None:
+        group = data.draw(st.lists(st.sampled_from(sorted(self.swapped)), min_size=1,
+                                   max_size=3, unique=True))
+        group_blocks = {h for s in group for h in self.swapped[s]}
+        outside = {h for s, t in self.swapped.items() if s not in group for h in t}
+        partial = bool(group_blocks & outside)
+        allowed: tuple[type[BaseException], ...] = (InvalidArgumentError,) if partial else ()
+        free = NUM_BLOCKS - self.device_in_use()
+        if len(group_blocks) > free:
+            self.expect_failure((OutOfBlocksError,) + allowed, lambda: self.kv.swap_in(group))
+            return
+        outcome = self.call_changing_nothing_on(allowed or (), lambda: self.kv.swap_in(group))
+        if not isinstance(outcome, tuple):
+            return
+        ops = outcome[1]
+        assert ops.dtype.name == "int32" and ops.shape == (len(group_blocks), 2)
+        device_of_host = dict(ops.tolist())
+        assert sorted(device_of_host) == sorted(self.host_physical[h] for h in group_blocks)
+        for host, device in device_of_host.items():
+            self.content[device] = list(self.host_content[host])
+        device_abstract = {h: next(self.next_abstract) for h in sorted(group_blocks)}
+        for h, a in device_abstract.items():
+            self.abstract_refs[a] = 0
+        for seq_id in group:
+            self.abstract[seq_id] = [device_abstract[h] for h in self.swapped[seq_id]]
+            for h in self.swapped.pop(seq_id):
+                self.abstract_refs[device_abstract[h]] += 1
+                self.drop_host(h)
+
+    @precondition(lambda self: self.swapped)
+    @rule(data=st.data())
+    def swapped_sequences_refuse_growth(self, data: st.DataObject) -> None:
+        seq_id = data.draw(st.sampled_from(sorted(self.swapped)))
+        self.expect_failure(SequenceSwappedOutError, lambda: self.kv.append_tokens(seq_id, [1]))
+        self.expect_failure(SequenceSwappedOutError, lambda: self.kv.append_tokens_batch([seq_id]))
+        self.expect_failure(SequenceSwappedOutError, lambda: self.kv.fork(seq_id, UNKNOWN))
+        self.expect_failure(SequenceSwappedOutError, lambda: self.kv.swap_out(seq_id))
 
 
 TestManagerModel = ManagerMachine.TestCase
 TestManagerModel.settings = SETTINGS
+TestPrefixCachingModel = PrefixCachingMachine.TestCase
+TestPrefixCachingModel.settings = SETTINGS
+TestSwapModel = SwapMachine.TestCase
+TestSwapModel.settings = SETTINGS

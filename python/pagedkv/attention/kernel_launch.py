@@ -29,7 +29,7 @@ class Runner(Protocol):
     num_sms: int
 
     def launch(self, instance: Instance, grid: tuple[int, int, int], block: tuple[int, int, int],
-               args: Sequence[Any]) -> None: ...
+               args: Sequence[Any], reachable: Sequence[Any] = ()) -> None: ...
 
     def memcpy(self, dst_address: int, src_address: int, num_bytes: int) -> None: ...
 
@@ -144,6 +144,7 @@ def copy_blocks(runner: Runner, k_caches: Sequence[Any], v_caches: Sequence[Any]
             (int(wave.shape[0]), len(k_caches), 2),
             (instances.COPY_THREADS, 1, 1),
             [addresses, xp.asarray(wave), np.int64(block_bytes // 16)],
+            reachable=[*k_caches, *v_caches],
         )
     return len(waves)
 

@@ -27,8 +27,8 @@ class EmulatedRunner:
     num_sms = 1
 
     def launch(self, instance: Instance, grid: tuple[int, int, int], block: tuple[int, int, int],
-               args: Sequence[Any]) -> None:
-        emulation.get_kernel(instance.source, instance.name).launch(grid, block, args)
+               args: Sequence[Any], reachable: Sequence[Any] = ()) -> None:
+        emulation.get_kernel(instance.source, instance.name).launch(grid, block, args, reachable)
 
     def memcpy(self, dst_address: int, src_address: int, num_bytes: int) -> None:
         ctypes.memmove(dst_address, src_address, num_bytes)
@@ -71,7 +71,7 @@ class CudaRunner:
         return fn
 
     def launch(self, instance: Instance, grid: tuple[int, int, int], block: tuple[int, int, int],
-               args: Sequence[Any]) -> None:
+               args: Sequence[Any], reachable: Sequence[Any] = ()) -> None:
         self.function(instance)(grid, block, tuple(args))
 
     def memcpy(self, dst_address: int, src_address: int, num_bytes: int) -> None:

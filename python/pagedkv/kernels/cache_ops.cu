@@ -16,12 +16,12 @@ __device__ __forceinline__ void copy_vecs(vec16* __restrict__ dst, const vec16* 
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       const i64 i = base + static_cast<i64>(u) * kCopyThreads;
-      regs[u] = i < n ? src[i] : zero_vec16();
+      regs[u] = i < n ? load16(src + i) : zero_vec16();
     }
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       const i64 i = base + static_cast<i64>(u) * kCopyThreads;
-      if (i < n) dst[i] = regs[u];
+      if (i < n) store16(dst + i, regs[u]);
     }
   }
 }

@@ -182,7 +182,15 @@ struct Warp {
   Slot partial_slots[32];
 };
 
+// A byte range the launch may touch (the arrays passed to it); 16-byte vector accesses outside
+// every range abort the launch with an out-of-bounds error.
+struct Range {
+  std::uintptr_t begin;
+  std::uintptr_t end;
+};
+
 struct LaunchState {
+  std::vector<Range> bounds;  // empty: accesses are not checked
   std::atomic<bool> aborted{false};
   std::mutex error_mutex;
   std::string error;
@@ -316,7 +324,7 @@ inline T from_slot(const Slot& s) {
 // Runs one grid: the block's threads are real threads reused across the blocks of the grid.
 template <class... Params>
 inline int run_grid(dim3 grid, dim3 block, void (*kernel)(Params...), std::tuple<Params...> args,
-                    char* error_out, int error_capacity) {
+                    std::vector<Range> bounds, char* error_out, int error_capacity) {
   std::lock_guard<std::mutex> guard(g_launch_mutex);
   const std::vector<SharedRegion>& shared = shared_regions();
   const long long threads = 1LL * block.x * block.y * block.z;
@@ -335,6 +343,7 @@ inline int run_grid(dim3 grid, dim3 block, void (*kernel)(Params...), std::tuple
     return 1;
   }
   LaunchState L;
+  L.bounds = std::move(bounds);
   L.num_threads = static_cast<int>(threads);
   const int num_warps = static_cast<int>((threads + 31) / 32);
   for (int w = 0; w < num_warps; ++w) {
@@ -412,9 +421,32 @@ namespace pkv_emu {
 
 template <class... Params>
 inline int launch_packed(void (*kernel)(Params...), unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-                         unsigned by, unsigned bz, void** params, char* error_out, int error_capacity) {
+                         unsigned by, unsigned bz, void** params, const unsigned long long* bound_begins,
+                         const unsigned long long* bound_sizes, int num_bounds, char* error_out,
+                         int error_capacity) {
   auto args = unpack<Params...>(params, std::index_sequence_for<Params...>{});
-  return run_grid(dim3(gx, gy, gz), dim3(bx, by, bz), kernel, args, error_out, error_capacity);
+  std::vector<Range> bounds;
+  for (int i = 0; i < num_bounds; ++i) {
+    bounds.push_back({static_cast<std::uintptr_t>(bound_begins[i]),
+                      static_cast<std::uintptr_t>(bound_begins[i] + bound_sizes[i])});
+  }
+  return run_grid(dim3(gx, gy, gz), dim3(bx, by, bz), kernel, args, std::move(bounds), error_out,
+                  error_capacity);
+}
+
+// Called by the kernels' vector loads and stores (kv_types.h) under emulation.
+inline void check_access(const void* ptr, std::size_t bytes, const char* what) {
+  LaunchState* L = tctx.launch;
+  if (!L || L->bounds.empty()) return;
+  const auto a = reinterpret_cast<std::uintptr_t>(ptr);
+  for (const Range& r : L->bounds) {
+    if (a >= r.begin && a + bytes <= r.end) return;
+  }
+  char message[160];
+  std::snprintf(message, sizeof message, "out-of-bounds %s of %zu bytes at %p (block %u,%u,%u thread %u)", what,
+                bytes, ptr, blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x);
+  L->fail(message);
+  throw Aborted();
 }
 }  // namespace pkv_emu
 

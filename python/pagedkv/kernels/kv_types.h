@@ -46,9 +46,24 @@ __device__ __forceinline__ vec16 load_stream16(const void* ptr) {
       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
       : "l"(ptr));
 #else
+  pkv_emu::check_access(ptr, sizeof(vec16), "load");
   v = *reinterpret_cast<const vec16*>(ptr);
 #endif
   return v;
+}
+
+__device__ __forceinline__ vec16 load16(const vec16* ptr) {
+#if !defined(__CUDA_ARCH__)
+  pkv_emu::check_access(ptr, sizeof(vec16), "load");
+#endif
+  return *ptr;
+}
+
+__device__ __forceinline__ void store16(vec16* ptr, const vec16& v) {
+#if !defined(__CUDA_ARCH__)
+  pkv_emu::check_access(ptr, sizeof(vec16), "store");
+#endif
+  *ptr = v;
 }
 
 __device__ __forceinline__ float half_bits_to_float(unsigned short h) {
