@@ -127,7 +127,7 @@ def wait_for(predicate, timeout_s=10.0, what="condition"):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def test_page_follows_the_simulator(recorded, browser):
+def test_page_follows_the_simulator(browser, recorded):
     from selenium.webdriver.common.keys import Keys
 
     path, raw = recorded
@@ -183,7 +183,7 @@ def test_page_follows_the_simulator(recorded, browser):
     assert errors == []
 
 
-def test_keyboard_reaches_every_control(recorded, browser):
+def test_keyboard_reaches_every_control(browser, recorded):
     from selenium.webdriver.common.keys import Keys
 
     path, _ = recorded
@@ -206,7 +206,7 @@ def test_keyboard_reaches_every_control(recorded, browser):
 
 
 @pytest.mark.parametrize("width,height,name", [(1280, 800, "viz-1280x800.png"), (390, 844, "viz-390x844.png")])
-def test_layout_and_screenshot(recorded, browser, width, height, name):
+def test_layout_and_screenshot(browser, recorded, width, height, name):
     path, _ = recorded
     driver = browser
     set_viewport(driver, width, height)
@@ -229,7 +229,7 @@ def test_layout_and_screenshot(recorded, browser, width, height, name):
 
 
 @pytest.mark.parametrize("allocator,block_size,seed", [("paged", 16, 0), ("paged", 1, 1), ("contiguous-max", 32, 1)])
-def test_every_step_through_the_slider(recorded, browser, allocator, block_size, seed):
+def test_every_step_through_the_slider(browser, recorded, allocator, block_size, seed):
     """Drag the slider over every step of a run: the counters shown match the simulator."""
     path, raw = recorded
     driver = browser
