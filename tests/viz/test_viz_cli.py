@@ -91,3 +91,15 @@ def test_viz_on_a_real_trace(tmp_path):
     data = read_page_data(out.read_text(encoding="utf-8"))
     assert {r["seed"] for r in data["runs"]} == {0, 1}
     assert "requests 0..39" in data["workload"]["by_seed"]["0"]
+
+
+def test_default_page_stays_small(tmp_path, capsys):
+    """The default grid (4 allocators x 6 block sizes, 300 steps, 2048 slots), one seed of three:
+    the page for all three seeds stays within a few MB."""
+    out = tmp_path / "default.html"
+    assert main(["viz", "--seeds", "0", "--no-progress", "--out", str(out)]) == 0
+    size_bytes = out.stat().st_size
+    assert size_bytes * 3 < 4 * 1024 * 1024, f"{size_bytes} bytes for one seed"
+    data = read_page_data(out.read_text(encoding="utf-8"))
+    assert len(data["runs"]) == 24 and all(r["n"] == 300 for r in data["runs"])
+    print(f"default page, one seed: {size_bytes / 1024:.0f} KiB")

@@ -535,7 +535,8 @@
     const padL = 34, padR = 44, padT = legendH + 6, padB = 18;
     const w = Math.max(10, cssWidth - padL - padR), h = height - padT - padB;
     const n = Math.max(...sameGrid.map((r) => r.n));
-    const maxRunning = Math.max(1, ...sameGrid.map((r) => Math.max(...r.c.running)));
+    // A loop, not Math.max(...array): long runs would overflow the argument list.
+    const maxRunning = sameGrid.reduce((m, r) => r.c.running.reduce((a, b) => Math.max(a, b), m), 1);
     const xAt = (i) => padL + (n > 1 ? (i / (n - 1)) * w : 0);
 
     ctx.font = "11px system-ui, sans-serif";
