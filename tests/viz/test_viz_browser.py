@@ -18,6 +18,7 @@ SEEDS = (0, 1)
 NUM_SLOTS = 1024
 MAX_MODEL_LEN = 256
 MAX_STEPS = 120
+FREE_RGB = [0xDF, 0xE3, 0xEA]  # viz.js FREE_COLOR
 
 
 @pytest.fixture(scope="module")
@@ -104,6 +105,15 @@ def assert_matches(driver, raw, allocator, block_size, seed, frame_index):
                     for rid, t in frame["tables"].items())
     assert decoded["tables"] == tables
     assert js(driver, "return document.querySelectorAll('#tables-list li[data-rid]').length") == len(tables)
+    # The canvas paints free cells grey and token-holding cells in their request's colour.
+    for cell, (owner, tokens, _) in list(enumerate(frame["pool"]))[:: max(1, len(frame["pool"]) // 40)]:
+        if owner == state.get("selectedRid"):
+            continue
+        color = js(driver, "return window.pagedkvViz.cellColor(arguments[0])", cell)
+        if owner < 0:
+            assert color[:3] == FREE_RGB, f"cell {cell} is free but painted {color}"
+        elif tokens > 0:
+            assert color[:3] != FREE_RGB, f"cell {cell} holds tokens of {owner} but is painted free"
 
 
 def select(driver, element_id, value):

@@ -648,6 +648,15 @@
       };
     },
     runs: () => DATA.runs.map((r) => [r.allocator, r.block_size, r.seed, r.n]),
+    // RGBA of the pool canvas at the middle of the first slot of `cell` (device pixels).
+    cellColor: (cell) => {
+      const g = poolGeometry;
+      const slot = cell * g.blockSize;
+      const dpr = window.devicePixelRatio || 1;
+      const x = Math.floor(((slot % SLOTS_PER_ROW) + 0.5) * g.slotW * dpr);
+      const y = Math.floor((Math.floor(slot / SLOTS_PER_ROW) + 0.5) * g.rowH * dpr);
+      return Array.from(el.pool.getContext("2d").getImageData(x, y, 1, 1).data);
+    },
   };
 
   render();
