@@ -18,47 +18,34 @@ SEEDS = (0, 1)
 NUM_SLOTS = 1024
 MAX_MODEL_LEN = 256
 MAX_STEPS = 120
+FREE_RGB = [0xDF, 0xE3, 0xEA]  # viz.js FREE_COLOR
 
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
     """(page path, {(allocator, block_size, seed): raw recording}) from the real simulator."""
-    import os
+    from pagedkv.sim.engine import SimConfig, record_frames
+    from pagedkv.sim.workloads import make_workload
 
     raw = {}
-    if os.environ.get("PAGEDKV_VIZ_FIXTURE_FRAMES") == "1":  # DEV ONLY until sim lands
-        from viz_frames_fixture import fixture_recording
-        from pagedkv.viz.encode import encode_run
-        runs = []
-        for seed in SEEDS:
-            for allocator in ALLOCATORS:
-                for bs in BLOCK_SIZES:
-                    rec = fixture_recording(block_size=bs, num_slots=NUM_SLOTS, num_steps=MAX_STEPS,
-                                            seed=seed * 10 + len(allocator), max_running=12)
-                    raw[(allocator, bs, seed)] = rec
-                    runs.append(encode_run(rec, allocator=allocator, block_size=bs, seed=seed))
-        data = {"workload": {"name": "fixture"}, "num_slots": NUM_SLOTS, "runs": runs}
-    else:
-        from pagedkv.sim.engine import SimConfig, record_frames
-        from pagedkv.sim.workloads import make_workload
 
-        def capture(workload, config, *, max_steps):
-            recording = record_frames(workload, config, max_steps=max_steps)
-            raw[(config.allocator, config.block_size, config.seed)] = recording
-            return recording
+    def capture(workload, config, *, max_steps):
+        recording = record_frames(workload, config, max_steps=max_steps)
+        raw[(config.allocator, config.block_size, config.seed)] = recording
+        return recording
 
-        data = record_grid(
-            lambda seed: make_workload("synthetic", num_requests=60, seed=seed, max_model_len=MAX_MODEL_LEN),
-            SimConfig(num_slots=NUM_SLOTS, max_model_len=MAX_MODEL_LEN),
-            VizGrid(allocators=ALLOCATORS, block_sizes=BLOCK_SIZES, seeds=SEEDS, max_steps=MAX_STEPS),
-            recorder=capture,
-        )
+    data = record_grid(
+        lambda seed: make_workload("synthetic", num_requests=60, seed=seed, max_model_len=MAX_MODEL_LEN),
+        SimConfig(num_slots=NUM_SLOTS, max_model_len=MAX_MODEL_LEN),
+        VizGrid(allocators=ALLOCATORS, block_sizes=BLOCK_SIZES, seeds=SEEDS, max_steps=MAX_STEPS),
+        recorder=capture,
+    )
     path = write_page(data, tmp_path_factory.mktemp("viz") / "viz.html")
     return path, raw
 
 
 @pytest.fixture(scope="module")
-def browser(recorded):
+def browser():
     driver = start_chromium(1280, 800)
     yield driver
     driver.quit()
@@ -101,6 +88,14 @@ def assert_matches(driver, raw, allocator, block_size, seed, frame_index):
     assert got == want, f"{allocator} bs={block_size} seed={seed} frame {frame_index}"
     assert waste_text.endswith(" %")
     assert float(waste_text[:-2]) == pytest.approx(waste, abs=0.051)
+    # The fragmentation figure shows the simulator's slot accounting.
+    frame = recording["frames"][frame_index]
+    figure = js(driver, """return ["token", "reserved", "frag", "ext", "free"].map(
+        (k) => document.getElementById("f-" + k).textContent)""")
+    want_slots = [frame["token_slots"], frame["reserved_slots"], frame["internal_frag_slots"],
+                  frame["external_frag_slots"], frame["free_slots"]]
+    assert [int(text.split(" slots")[0]) for text in figure] == want_slots
+    assert sum(want_slots) == NUM_SLOTS
     # The page's decoded pool and block tables equal the simulator's frame, cell for cell.
     decoded = js(driver, "return window.pagedkvViz.frameData()")
     frame = recording["frames"][frame_index]
@@ -110,6 +105,15 @@ def assert_matches(driver, raw, allocator, block_size, seed, frame_index):
                     for rid, t in frame["tables"].items())
     assert decoded["tables"] == tables
     assert js(driver, "return document.querySelectorAll('#tables-list li[data-rid]').length") == len(tables)
+    # The canvas paints free cells grey and token-holding cells in their request's colour.
+    for cell, (owner, tokens, _) in list(enumerate(frame["pool"]))[:: max(1, len(frame["pool"]) // 40)]:
+        if owner == state.get("selectedRid"):
+            continue
+        color = js(driver, "return window.pagedkvViz.cellColor(arguments[0])", cell)
+        if owner < 0:
+            assert color[:3] == FREE_RGB, f"cell {cell} is free but painted {color}"
+        elif tokens > 0:
+            assert color[:3] != FREE_RGB, f"cell {cell} holds tokens of {owner} but is painted free"
 
 
 def select(driver, element_id, value):
@@ -133,7 +137,7 @@ def wait_for(predicate, timeout_s=10.0, what="condition"):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def test_page_follows_the_simulator(recorded, browser):
+def test_page_follows_the_simulator(browser, recorded):
     from selenium.webdriver.common.keys import Keys
 
     path, raw = recorded
@@ -189,7 +193,7 @@ def test_page_follows_the_simulator(recorded, browser):
     assert errors == []
 
 
-def test_keyboard_reaches_every_control(recorded, browser):
+def test_keyboard_reaches_every_control(browser, recorded):
     from selenium.webdriver.common.keys import Keys
 
     path, _ = recorded
@@ -212,7 +216,7 @@ def test_keyboard_reaches_every_control(recorded, browser):
 
 
 @pytest.mark.parametrize("width,height,name", [(1280, 800, "viz-1280x800.png"), (390, 844, "viz-390x844.png")])
-def test_layout_and_screenshot(recorded, browser, width, height, name):
+def test_layout_and_screenshot(browser, recorded, width, height, name):
     path, _ = recorded
     driver = browser
     set_viewport(driver, width, height)
@@ -235,7 +239,7 @@ def test_layout_and_screenshot(recorded, browser, width, height, name):
 
 
 @pytest.mark.parametrize("allocator,block_size,seed", [("paged", 16, 0), ("paged", 1, 1), ("contiguous-max", 32, 1)])
-def test_every_step_through_the_slider(recorded, browser, allocator, block_size, seed):
+def test_every_step_through_the_slider(browser, recorded, allocator, block_size, seed):
     """Drag the slider over every step of a run: the counters shown match the simulator."""
     path, raw = recorded
     driver = browser

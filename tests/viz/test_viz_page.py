@@ -10,7 +10,7 @@ import pytest
 
 from viz_frames_fixture import fixture_data
 from pagedkv.errors import InvalidArgumentError
-from pagedkv.viz.page import render_page, write_page
+from pagedkv.viz.page import read_page_data, render_page, write_page
 
 URL_ATTRIBUTES = {"src", "href", "action", "formaction", "poster", "data", "srcset", "background"}
 
@@ -21,8 +21,9 @@ class ResourceScan(HTMLParser):
         self.external: list[tuple[str, str, str]] = []
         self.scripts: list[dict] = []
         self.ids: list[str] = []
-        self._in_json = False
-        self.json_text = ""
+        self._in_data = False
+        self.data_text = ""
+        self.data_attrs: dict = {}
 
     def handle_starttag(self, tag, attrs):
         attrs = dict(attrs)
@@ -30,7 +31,9 @@ class ResourceScan(HTMLParser):
             self.ids.append(attrs["id"])
         if tag == "script":
             self.scripts.append(attrs)
-            self._in_json = attrs.get("type") == "application/json"
+            self._in_data = attrs.get("id") == "viz-data"
+            if self._in_data:
+                self.data_attrs = attrs
         if tag == "link":
             self.external.append((tag, "link", str(attrs)))
         for name, value in attrs.items():
@@ -39,16 +42,16 @@ class ResourceScan(HTMLParser):
 
     def handle_endtag(self, tag):
         if tag == "script":
-            self._in_json = False
+            self._in_data = False
 
     def handle_data(self, data):
-        if self._in_json:
-            self.json_text += data
+        if self._in_data:
+            self.data_text += data
 
 
-@pytest.fixture(scope="module")
-def page():
-    return render_page(fixture_data())
+@pytest.fixture(scope="module", params=[True, False], ids=["gzip", "json"])
+def page(request):
+    return render_page(fixture_data(), compress=request.param)
 
 
 def test_page_is_self_contained(page):
@@ -65,20 +68,31 @@ def test_page_is_self_contained(page):
 def test_embedded_data_parses_back(page):
     scan = ResourceScan()
     scan.feed(page)
-    data = json.loads(scan.json_text)
+    assert scan.data_attrs["type"] == "application/x-pagedkv-runs"  # data, never executed
+    data = read_page_data(page)
     assert data["format_version"] == 1
     assert data["runs"] == json.loads(json.dumps(fixture_data()["runs"]))
+    if scan.data_attrs["data-encoding"] == "json":
+        assert json.loads(scan.data_text) == data
 
 
-def test_hostile_strings_cannot_break_out_of_the_script():
+def test_compression_is_worth_it():
+    data = fixture_data(num_steps=60)
+    packed, plain = render_page(data), render_page(data, compress=False)
+    assert render_page(data) == packed  # deterministic bytes
+    assert len(packed) < len(plain)
+    assert read_page_data(packed) == read_page_data(plain)
+
+
+@pytest.mark.parametrize("compress", [True, False])
+def test_hostile_strings_cannot_break_out_of_the_script(compress):
     data = fixture_data(block_sizes=(4,), allocators=("paged",), seeds=(0,))
     data["workload"]["name"] = "</script><script>alert(1)</script>{{VIZ_JS}}&"
-    page = render_page(data, title="<b>t</b>")
-    assert page.count("</script>") == 2  # the JSON block's and the code block's own
+    page = render_page(data, title="<b>t</b>{{VIZ_DATA}}", compress=compress)
+    assert page.count("</script>") == 2  # the data block's and the code block's own
     assert "<b>t</b>" not in page
-    scan = ResourceScan()
-    scan.feed(page)
-    assert json.loads(scan.json_text)["workload"]["name"] == data["workload"]["name"]
+    assert "<title>&lt;b&gt;t&lt;/b&gt;{{VIZ_DATA}}</title>" in page  # escaped, not expanded
+    assert read_page_data(page)["workload"]["name"] == data["workload"]["name"]
 
 
 def test_controls_and_counters_are_labelled(page):
@@ -100,3 +114,5 @@ def test_write_page_and_errors(tmp_path):
         render_page({"runs": []})
     with pytest.raises(InvalidArgumentError, match="lacks"):
         render_page({"runs": [{"allocator": "paged"}]})
+    with pytest.raises(InvalidArgumentError, match="not a pagedkv visualizer page"):
+        read_page_data("<html></html>")

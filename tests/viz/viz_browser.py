@@ -24,6 +24,10 @@ def find_browser() -> tuple[str, str]:
     if not browser or not driver:
         pytest.skip("headless Chromium and chromedriver are not installed "
                     "(apt-get install chromium chromium-driver)")
+    # An explicit, existing driver keeps selenium from trying to download one.
+    for path in (browser, driver):
+        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+            pytest.skip(f"{path} is not an executable file")
     return browser, driver
 
 

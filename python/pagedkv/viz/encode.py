@@ -5,7 +5,9 @@ table at every step, although one engine step changes only a few cells: each run
 writes one token. Embedding it verbatim would make the page tens of megabytes, so each run is
 stored as
 
-* ``c``: the per-step counters, one column (list over frames) per counter name;
+* ``c``: the per-step counters, one column (list over frames) per counter name (the
+  ``INT_COUNTER_KEYS`` and ``FLOAT_COUNTER_KEYS``, plus ``OPTIONAL_INT_COUNTER_KEYS`` when every
+  frame has them);
 * ``p``: per frame, the pool cells that changed since the previous frame (the first frame is
   compared with an all-free pool), as a flat list ``[gap, owner, tokens, reserved, ...]`` where
   ``gap`` is the cell index minus the previous listed cell index (the first one minus -1);
@@ -42,6 +44,8 @@ INT_COUNTER_KEYS = (
     "reserved_slots",
     "internal_frag_slots",
 )
+#: Integer counters recorded by the simulator beyond SIM_API.md's list; kept when present.
+OPTIONAL_INT_COUNTER_KEYS = ("external_frag_slots", "free_slots")
 #: Float counters; stored rounded to ``WASTE_PCT_DECIMALS`` decimals.
 FLOAT_COUNTER_KEYS = ("waste_pct",)
 WASTE_PCT_DECIMALS = 4
@@ -70,7 +74,7 @@ def _pool_array(pool: Any, num_blocks: int, frame_index: int) -> np.ndarray:
 def _tables_dict(tables: Mapping[Any, Mapping[str, Any]]) -> dict[int, tuple[int, tuple[int, ...]]]:
     """Frame tables -> {request_id: (num_tokens, physical block ids)} with int keys."""
     return {
-        int(rid): (int(entry["num_tokens"]), tuple(int(b) for b in entry["blocks"]))
+        int(rid): (int(entry["num_tokens"]), tuple(map(int, entry["blocks"])))
         for rid, entry in tables.items()
     }
 
@@ -99,7 +103,10 @@ def encode_run(recording: Mapping[str, Any], **labels: Any) -> dict[str, Any]:
     if not frames:
         raise InvalidArgumentError("recording has no frames")
 
-    counters: dict[str, list[Any]] = {k: [] for k in INT_COUNTER_KEYS + FLOAT_COUNTER_KEYS}
+    int_keys = INT_COUNTER_KEYS + tuple(
+        key for key in OPTIONAL_INT_COUNTER_KEYS if all(key in frame for frame in frames)
+    )
+    counters: dict[str, list[Any]] = {k: [] for k in int_keys + FLOAT_COUNTER_KEYS}
     pool_sets: list[list[int]] = []
     pool_incs: list[list[int]] = []
     table_changes: list[list[int]] = []
@@ -109,7 +116,7 @@ def encode_run(recording: Mapping[str, Any], **labels: Any) -> dict[str, Any]:
     prev_pool = np.tile(np.array(FREE_CELL, dtype=np.int64), (num_blocks, 1))
     prev_tables: dict[int, tuple[int, tuple[int, ...]]] = {}
     for index, frame in enumerate(frames):
-        for key in INT_COUNTER_KEYS:
+        for key in int_keys:
             counters[key].append(int(frame[key]))
         for key in FLOAT_COUNTER_KEYS:
             counters[key].append(round(float(frame[key]), WASTE_PCT_DECIMALS))
@@ -160,6 +167,12 @@ def encode_run(recording: Mapping[str, Any], **labels: Any) -> dict[str, Any]:
             "num_blocks": num_blocks,
             "block_size": block_size,
             "config": dict(recording.get("config", {})),
+            # The run's end-of-recording metrics, scalars only (per-request arrays stay out).
+            "summary": {
+                key: value
+                for key, value in dict(recording.get("summary", {})).items()
+                if isinstance(value, (int, float, str, bool))
+            },
             "n": len(frames),
             "c": counters,
             "p": pool_sets,

@@ -7,6 +7,7 @@ listing, nothing else on disk is reachable, and the socket binds to 127.0.0.1 on
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -63,8 +64,8 @@ class PageServer:
 
     @property
     def url(self) -> str:
-        host, port = self._httpd.server_address[:2]
-        return f"http://{host}:{port}/"
+        port = self._httpd.server_address[1]
+        return f"http://{LOOPBACK_HOST}:{port}/"
 
     def start(self) -> PageServer:
         """Serve in a background thread; returns self."""
@@ -91,7 +92,11 @@ class PageServer:
 
 
 def serve_page(
-    page_path: str | Path, *, port: int = 0, duration_s: float | None = None, announce=print
+    page_path: str | Path,
+    *,
+    port: int = 0,
+    duration_s: float | None = None,
+    announce: Callable[[str], None] = print,
 ) -> None:
     """Serve ``page_path`` until Ctrl-C, or for ``duration_s`` seconds when given.
 

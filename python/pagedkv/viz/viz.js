@@ -3,7 +3,35 @@
 (function () {
   "use strict";
 
-  const DATA = JSON.parse(document.getElementById("viz-data").textContent);
+  // The runs are embedded as JSON, or (the default) gzip-compressed JSON in base64: several MB of
+  // frames become about one. The browser's own DecompressionStream inflates them, still offline.
+  async function loadData() {
+    const node = document.getElementById("viz-data");
+    const encoding = node.dataset.encoding || "json";
+    const text = node.textContent.trim();
+    if (encoding === "json") return JSON.parse(text);
+    if (encoding !== "gzip+base64") throw new Error("unknown data encoding " + encoding);
+    if (typeof DecompressionStream === "undefined") {
+      throw new Error("this browser cannot inflate the embedded runs (no DecompressionStream); " +
+        "use a current Chrome, Edge, Firefox or Safari, or write the page with pagedkv viz --no-compress");
+    }
+    const binary = atob(text);
+    const bytes = new Uint8Array(binary.length);
+    for (let i = 0; i < binary.length; i++) bytes[i] = binary.charCodeAt(i);
+    const stream = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("gzip"));
+    return JSON.parse(await new Response(stream).text());
+  }
+
+  function showLoadError(error) {
+    const line = document.getElementById("workload-line");
+    line.setAttribute("role", "alert");
+    line.textContent = "Could not load the recorded runs: " + (error && error.message ? error.message : error);
+    document.body.dataset.ready = "error";
+  }
+
+  loadData().then(start, showLoadError);
+
+  function start(DATA) {
   // Slots per grid row: a multiple of every block size offered (1..32), so blocks never wrap.
   const SLOTS_PER_ROW = 64;
   const SPEEDS = [1, 2, 5, 10, 20, 40]; // steps per second
@@ -23,8 +51,9 @@
       step: $("c-step"), running: $("c-running"), waiting: $("c-waiting"), finished: $("c-finished"),
       blocks: $("c-blocks"), waste: $("c-waste"), preemptions: $("c-preemptions"),
     },
-    seg: { token: $("seg-token"), reserved: $("seg-reserved"), frag: $("seg-frag"), free: $("seg-free") },
-    f: { token: $("f-token"), reserved: $("f-reserved"), frag: $("f-frag"), free: $("f-free") },
+    seg: { token: $("seg-token"), reserved: $("seg-reserved"), frag: $("seg-frag"), ext: $("seg-ext"), free: $("seg-free") },
+    f: { token: $("f-token"), reserved: $("f-reserved"), frag: $("f-frag"), ext: $("f-ext"), free: $("f-free") },
+    fExtItem: $("f-ext-item"),
     fragBar: $("frag-bar"),
   };
 
@@ -95,10 +124,12 @@
   }
 
   // ---- state ---------------------------------------------------------------------------------
+  const initial = DATA.initial || {};
   const state = {
-    allocator: allocators[0],
-    blockSize: blockSizes.includes(16) ? 16 : blockSizes[0],
-    seed: seeds[0],
+    allocator: allocators.includes(initial.allocator) ? initial.allocator : allocators[0],
+    blockSize: blockSizes.includes(initial.block_size) ? initial.block_size
+      : (blockSizes.includes(16) ? 16 : blockSizes[0]),
+    seed: seeds.includes(initial.seed) ? initial.seed : seeds[0],
     frame: 0,
     playing: false,
     speedIndex: DEFAULT_SPEED_INDEX,
@@ -113,7 +144,9 @@
   // ---- colours -------------------------------------------------------------------------------
   // Golden-angle hues: neighbouring request ids get clearly different colours.
   const hue = (rid) => Math.round((rid * 137.508) % 360);
-  const tokenColor = (rid) => "hsl(" + hue(rid) + ",62%,46%)";
+  // Three lightness steps on top of the hues keep neighbours apart even when hues come close.
+  const LIGHTNESS = [44, 34, 54];
+  const tokenColor = (rid) => "hsl(" + hue(rid) + ",62%," + LIGHTNESS[rid % 3] + "%)";
   const reservedColor = (rid) => "hsl(" + hue(rid) + ",70%,84%)";
   const FREE_COLOR = "#dfe3ea";
   const FRAG_COLOR = "#e0812a";
@@ -336,7 +369,7 @@
     const unit = run.allocator === "paged" ? "block" : "cell";
     el.poolCaption.textContent = nb + " " + unit + "s × " + bs + " slot" + (bs === 1 ? "" : "s") + " = " +
       totalSlots + " token slots, " + SLOTS_PER_ROW + " slots per row" +
-      (run.allocator === "paged" ? "" : " (contiguous reservations shown in cells of " + bs + " slots)");
+      (run.allocator === "paged" ? "" : " (contiguous reservations shown in cells of " + bs + " slot" + (bs === 1 ? "" : "s") + ")");
   }
 
   function cellAt(ev) {
@@ -452,14 +485,17 @@
 
     const total = run.num_blocks * run.block_size;
     const tok = c.token_slots[f], res = c.reserved_slots[f], frag = c.internal_frag_slots[f];
-    const free = Math.max(0, total - tok - res - frag);
-    const parts = [["token", tok], ["reserved", res], ["frag", frag], ["free", free]];
+    const ext = c.external_frag_slots ? c.external_frag_slots[f] : 0;
+    const free = c.free_slots ? c.free_slots[f] : Math.max(0, total - tok - res - frag - ext);
+    const parts = [["token", tok], ["reserved", res], ["frag", frag], ["ext", ext], ["free", free]];
     for (const [name, value] of parts) {
       el.seg[name].style.width = pctOf(value, total) + "%";
       el.f[name].textContent = value + " slots (" + pctOf(value, total).toFixed(1) + " %)";
     }
+    el.fExtItem.hidden = !c.external_frag_slots;
     el.fragBar.setAttribute("aria-label", "Pool of " + total + " slots: " + tok + " real tokens, " + res +
-      " reserved for coming tokens, " + frag + " wasted inside used blocks, " + free + " free");
+      " allocated for coming tokens, " + frag + " allocated but never filled, " +
+      (c.external_frag_slots ? ext + " free but too scattered, " : "") + free + " free");
 
     const others = allocators.filter((a) => a !== run.allocator)
       .map((a) => runs.get(runKey(a, run.block_size, run.seed)))
@@ -499,7 +535,8 @@
     const padL = 34, padR = 44, padT = legendH + 6, padB = 18;
     const w = Math.max(10, cssWidth - padL - padR), h = height - padT - padB;
     const n = Math.max(...sameGrid.map((r) => r.n));
-    const maxRunning = Math.max(1, ...sameGrid.map((r) => Math.max(...r.c.running)));
+    // A loop, not Math.max(...array): long runs would overflow the argument list.
+    const maxRunning = sameGrid.reduce((m, r) => r.c.running.reduce((a, b) => Math.max(a, b), m), 1);
     const xAt = (i) => padL + (n > 1 ? (i / (n - 1)) * w : 0);
 
     ctx.font = "11px system-ui, sans-serif";
@@ -611,8 +648,18 @@
       };
     },
     runs: () => DATA.runs.map((r) => [r.allocator, r.block_size, r.seed, r.n]),
+    // RGBA of the pool canvas at the middle of the first slot of `cell` (device pixels).
+    cellColor: (cell) => {
+      const g = poolGeometry;
+      const slot = cell * g.blockSize;
+      const dpr = window.devicePixelRatio || 1;
+      const x = Math.floor(((slot % SLOTS_PER_ROW) + 0.5) * g.slotW * dpr);
+      const y = Math.floor((Math.floor(slot / SLOTS_PER_ROW) + 0.5) * g.rowH * dpr);
+      return Array.from(el.pool.getContext("2d").getImageData(x, y, 1, 1).data);
+    },
   };
 
   render();
   document.body.dataset.ready = "true";
+  }
 })();

@@ -1,0 +1,159 @@
+"""``pagedkv viz``: record the grid of runs and write (and optionally serve) the page.
+
+``pagedkv.cli`` registers the command through its visualizer hook, which calls
+:func:`add_parser` with the shared workload, engine and output option parents, so ``viz`` takes
+the same ``--workload``/``--num-slots``/``--arrival``/... options as ``simulate``. The defaults
+differ where a picture needs them to: a pool of 2048 slots (every slot visible), requests of at
+most 512 tokens, 200 requests, 300 steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from pagedkv.errors import InvalidArgumentError
+from pagedkv.viz import record
+
+DEFAULT_OUT = "pagedkv-viz.html"
+SEEDS_PER_PAGE = 3
+
+
+def add_parser(subparsers: Any, parents: Sequence[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+    """Add ``viz`` to ``subparsers``; ``parents`` are the CLI's shared option parsers."""
+    parser = subparsers.add_parser(
+        "viz",
+        parents=list(parents),
+        help="interactive HTML page: the block pool, block tables and waste, step by step",
+        description=(
+            "Replay one workload for every allocator x block size x seed on the same pool and write "
+            "one self-contained HTML page (works offline) to step through them. --allocator, "
+            "--block-size and --seed choose the run shown first; --json writes every run's summary."
+        ),
+    )
+    group = parser.add_argument_group("visualizer")
+    group.add_argument("--allocators", default=",".join(record.DEFAULT_ALLOCATORS),
+                       help="comma-separated allocators to record (default: %(default)s)")
+    group.add_argument("--block-sizes", default=",".join(map(str, record.DEFAULT_BLOCK_SIZES)),
+                       help="comma-separated block sizes in tokens (default: %(default)s)")
+    group.add_argument("--seeds", default=None,
+                       help=f"comma-separated workload seeds (default: --seed and the next {SEEDS_PER_PAGE - 1})")
+    group.add_argument("--out", default=DEFAULT_OUT, help="HTML file to write (default: %(default)s)")
+    group.add_argument("--no-compress", action="store_true",
+                       help="embed the runs as plain JSON (bigger; for browsers without DecompressionStream)")
+    group.add_argument("--serve", action="store_true",
+                       help="then serve the page on http://127.0.0.1 and print the URL (Ctrl-C stops)")
+    group.add_argument("--port", type=int, default=0, help="port for --serve (default: any free port)")
+    group.add_argument("--serve-seconds", type=float, default=None,
+                       help="stop serving after this many seconds (default: until Ctrl-C)")
+    viz_defaults = {
+        "num_slots": record.DEFAULT_NUM_SLOTS,
+        "max_model_len": record.DEFAULT_MAX_MODEL_LEN,
+        "num_requests": record.DEFAULT_NUM_REQUESTS,
+        "max_steps": record.DEFAULT_MAX_STEPS,
+    }
+    parser.set_defaults(handler=run_viz, **viz_defaults)
+    # The shared parents document simulate's defaults; say what viz uses instead.
+    for action in parser._actions:
+        if action.dest in viz_defaults and action.help:
+            action.help = f"{action.help.split(' (default')[0]} (viz default: {viz_defaults[action.dest]})"
+    return parser
+
+
+def grid_from_args(args: argparse.Namespace) -> record.VizGrid:
+    seeds = (record.parse_int_list(args.seeds, what="--seeds") if args.seeds is not None
+             else tuple(range(args.seed, args.seed + SEEDS_PER_PAGE)))
+    grid = record.VizGrid(
+        allocators=record.parse_name_list(args.allocators, what="--allocators",
+                                          allowed=record.KNOWN_ALLOCATORS),
+        block_sizes=record.parse_int_list(args.block_sizes, what="--block-sizes"),
+        seeds=seeds,
+        max_steps=args.max_steps,
+    )
+    too_big = [b for b in grid.block_sizes if b > args.num_slots]
+    if too_big:
+        raise InvalidArgumentError(f"--block-sizes {too_big} exceed the pool of {args.num_slots} slots")
+    return grid
+
+
+def build_data(args: argparse.Namespace) -> dict[str, Any]:
+    """Record every run the arguments ask for; returns the page's data dict."""
+    from pagedkv.cli import build_config
+    from pagedkv.sim.progress import Progress
+    from pagedkv.viz.workload_source import workload_for_seed
+
+    grid = grid_from_args(args)
+    source = workload_for_seed(args, on_note=lambda note: print(f"viz: {note}", file=sys.stderr))
+    config = build_config(args, source(grid.seeds[0]))
+    with Progress(grid.num_runs, "viz: recording", enabled=not args.no_progress) as bar:
+        data = record.record_grid(source, config, grid, on_run_done=lambda label: bar.update(1, label))
+    data["initial"] = {
+        "allocator": args.allocator if args.allocator in grid.allocators else grid.allocators[0],
+        "block_size": args.block_size if args.block_size in grid.block_sizes else grid.block_sizes[0],
+        "seed": args.seed if args.seed in grid.seeds else grid.seeds[0],
+    }
+    return data
+
+
+def _check_plot_path(path: str | None) -> None:
+    """Fail before recording when the plot could not be written afterwards."""
+    if path is None:
+        return
+    if not path.lower().endswith(".png"):
+        raise InvalidArgumentError(f"--plot {path!r}: the plot is a PNG, give a file name ending in .png")
+    if importlib.util.find_spec("matplotlib") is None:
+        raise InvalidArgumentError("--plot needs matplotlib: pip install 'pagedkv[plot]'")
+
+
+def _plot(data: dict[str, Any], path: str) -> None:
+    """Running requests and waste over the steps, every allocator, at the first-shown run's
+    block size and seed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    first = data["initial"]
+    runs = [r for r in data["runs"] if r["block_size"] == first["block_size"] and r["seed"] == first["seed"]]
+    figure, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+    for run in runs:
+        top.plot(run["c"]["step"], run["c"]["running"], label=run["allocator"])
+        bottom.plot(run["c"]["step"], run["c"]["waste_pct"], label=run["allocator"])
+    top.set_ylabel("running requests")
+    bottom.set_ylabel("waste, % of allocated slots")
+    bottom.set_xlabel("engine step")
+    top.set_title(f"same {data['num_slots']}-slot pool, block size {first['block_size']}, seed {first['seed']}")
+    top.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def run_viz(args: argparse.Namespace) -> int:
+    """``pagedkv viz`` for parsed ``args``; returns the exit status."""
+    from pagedkv.cli import write_json
+    from pagedkv.viz.page import write_page
+    from pagedkv.viz.serve import serve_page
+
+    _check_plot_path(args.plot)
+    data = build_data(args)
+    path = write_page(data, args.out, compress=not args.no_compress)
+    size_kib = path.stat().st_size / 1024
+    print(f"wrote {path} ({size_kib:,.0f} KiB, {len(data['runs'])} runs); open it in any browser")
+    if args.json:
+        write_json(args.json, {
+            "num_slots": data["num_slots"], "max_model_len": data["max_model_len"],
+            "workload": data["workload"],
+            "runs": [{"allocator": r["allocator"], "block_size": r["block_size"], "seed": r["seed"],
+                      "steps_recorded": r["n"], **r["summary"]} for r in data["runs"]],
+        })
+        print(f"wrote {args.json}")
+    if args.plot:
+        _plot(data, args.plot)
+        print(f"wrote {args.plot}")
+    if args.serve:
+        serve_page(path, port=args.port, duration_s=args.serve_seconds)
+    return 0
