@@ -386,18 +386,20 @@ def _render_cost_table(table: dict, *, title: str) -> str:
 # ---------------------------------------------------------------- parser
 
 
-def add_viz_command(subparsers: Any, parents: Sequence[argparse.ArgumentParser]) -> None:
+def add_viz_command(subparsers: Any) -> None:
     """Hook for the visualizer: registers ``pagedkv viz`` when ``pagedkv.viz.cli`` exists.
 
     That module provides ``add_parser(subparsers, parents) -> argparse.ArgumentParser``; it
-    receives the workload and engine option parents (so ``viz`` takes the same workload options
-    as ``simulate``) and sets ``handler=`` to a function ``(args) -> exit code``.
+    receives the workload, engine and output option parents (so ``viz`` takes the same workload
+    options as ``simulate``) and sets ``handler=`` to a function ``(args) -> exit code``. The
+    parents are built afresh for it: argparse shares parent actions by reference, so viz's own
+    defaults (``set_defaults``) would otherwise leak into every other command.
     """
     if importlib.util.find_spec("pagedkv.viz") is None or importlib.util.find_spec("pagedkv.viz.cli") is None:
         return
     from pagedkv.viz import cli as viz_cli
 
-    viz_cli.add_parser(subparsers, list(parents))
+    viz_cli.add_parser(subparsers, [_workload_options(), _engine_options(), _output_options()])
 
 
 def _block_sizes(text: str) -> list[int]:
@@ -470,7 +472,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="longest context measured on the CPU (default 16384)")
     cost.set_defaults(handler=_cmd_costmodel)
 
-    add_viz_command(subparsers, [workload, engine, output])
+    add_viz_command(subparsers)
     return parser
 
 
