@@ -1,4 +1,9 @@
-"""Type stubs for the compiled extension ``pagedkv._core`` (checked by ``mypy.stubtest``)."""
+"""Type stubs for the compiled extension ``pagedkv._core`` (checked by ``mypy.stubtest``).
+
+Token ids and sequence ids go in as a list or tuple of ints or a 1-D integer NumPy array;
+block tables come out as NumPy int32, slots as int64, block copies as int32 ``[N, 2]``.
+Malformed input raises ``pagedkv.InvalidArgumentError`` and changes nothing.
+"""
 
 from typing import Union, final
 
@@ -16,18 +21,27 @@ _SeqIds = Union[list[int], tuple[int, ...], npt.NDArray[np.integer]]
 
 @final
 class BlockPool:
+    """``num_blocks`` physical blocks of ``block_size`` token slots with atomic refcounts;
+    lock-free and thread-safe, shareable by several ``KvCacheManager``s (one per thread)."""
+
     def __new__(cls, num_blocks: int = 1024, block_size: int = 16) -> BlockPool: ...
     @property
     def num_blocks(self) -> int: ...
     @property
     def block_size(self) -> int: ...
     @property
-    def num_free_blocks(self) -> int: ...
+    def num_free_blocks(self) -> int:
+        """Blocks on the pool's free list (managers' cached-evictable blocks not included)."""
     def refcount(self, block_id: int) -> int: ...
-    def check_invariants(self) -> None: ...
+    def check_invariants(self) -> None:
+        """Raises ``InvariantViolation`` if the free list is inconsistent."""
 
 @final
 class KvCacheManager:
+    """Copy-on-write block tables per sequence over a block pool, with optional prefix caching
+    (``enable_prefix_caching``) and a host swap tier (``num_host_blocks > 0``). Defaults:
+    1024 blocks of 16 tokens, or the ``pool``'s. Safe to use from several Python threads."""
+
     def __new__(
         cls,
         num_blocks: int | None = None,
@@ -46,24 +60,33 @@ class KvCacheManager:
         *,
         num_tokens: int | None = None,
         extra_key: str | bytes | int | None = None,
-    ) -> int: ...
+    ) -> int:
+        """Admits a prompt (``token_ids`` ``[n]``, or only ``num_tokens``: never hashed);
+        returns how many of its tokens were served from the prefix cache."""
     def append_tokens(
         self, seq_id: int, token_ids: _TokenIds | None = None, *, num_tokens: int | None = None
-    ) -> None: ...
+    ) -> None:
+        """Grows the sequence (by ``num_tokens``, default 1, when no ids are given); a shared,
+        partly filled last block is copied first (see ``take_copy_ops``)."""
     def can_append(self, seq_id: int, num_tokens: int = 1) -> bool: ...
     def append_tokens_batch(
         self, seq_ids: _SeqIds, token_ids: _TokenIds | None = None, *, num_tokens: int = 1
-    ) -> None: ...
+    ) -> None:
+        """One engine step, all or nothing; ``token_ids`` is ``[B * num_tokens]`` row-major."""
     def free_batch(self, seq_ids: _SeqIds) -> None: ...
     def fork(self, parent_id: int, child_id: int) -> None: ...
     def free(self, seq_id: int) -> None: ...
-    def block_table(self, seq_id: int) -> npt.NDArray[np.int32]: ...
+    def block_table(self, seq_id: int) -> npt.NDArray[np.int32]:
+        """int32 ``[num_blocks_of_seq]``, a fresh array."""
     def num_tokens(self, seq_id: int) -> int: ...
     def batch_block_tables(
         self, seq_ids: _SeqIds
-    ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]: ...
-    def slot_mapping(self, seq_ids: _SeqIds, num_new_tokens: int) -> npt.NDArray[np.int64]: ...
-    def take_copy_ops(self) -> npt.NDArray[np.int32]: ...
+    ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]:
+        """(int32 ``[B, max_blocks]`` padded with -1, int32 ``[B]`` lengths in tokens)."""
+    def slot_mapping(self, seq_ids: _SeqIds, num_new_tokens: int) -> npt.NDArray[np.int64]:
+        """int64 ``[B * num_new_tokens]``: slots of each sequence's last tokens."""
+    def take_copy_ops(self) -> npt.NDArray[np.int32]:
+        """int32 ``[N, 2]`` pending copy-on-write copies (src, dst); cleared by the call."""
     def refcount(self, block_id: int) -> int: ...
     @property
     def num_blocks(self) -> int: ...
@@ -76,9 +99,11 @@ class KvCacheManager:
     @property
     def pool(self) -> BlockPool: ...
     @property
-    def usage(self) -> float: ...
+    def usage(self) -> float:
+        """In-use blocks / num_blocks, in [0, 1]."""
     @property
-    def num_free_blocks(self) -> int: ...
+    def num_free_blocks(self) -> int:
+        """Allocatable now: pool free blocks + this manager's cached-evictable blocks."""
     @property
     def num_free_host_blocks(self) -> int: ...
     @property
@@ -86,11 +111,15 @@ class KvCacheManager:
     def blocks_needed_for_prompt(self, num_tokens: int) -> int: ...
     def is_swapped_out(self, seq_id: int) -> bool: ...
     def stats(self) -> dict[str, int | float]: ...
-    def check_invariants(self) -> None: ...
-    def swap_out(self, seq_ids: int | _SeqIds) -> npt.NDArray[np.int32]: ...
-    def swap_in(self, seq_ids: int | _SeqIds) -> npt.NDArray[np.int32]: ...
+    def check_invariants(self) -> None:
+        """Raises ``InvariantViolation`` if any allocator invariant does not hold."""
+    def swap_out(self, seq_ids: int | _SeqIds) -> npt.NDArray[np.int32]:
+        """int32 ``[N, 2]`` (device_block, host_block) copies; one id or a fork group."""
+    def swap_in(self, seq_ids: int | _SeqIds) -> npt.NDArray[np.int32]:
+        """int32 ``[N, 2]`` (host_block, device_block) copies."""
     def reset_prefix_cache(self) -> bool: ...
-    def take_events(self) -> list[BlockStored | BlockRemoved | AllBlocksCleared]: ...
+    def take_events(self) -> list[BlockStored | BlockRemoved | AllBlocksCleared]:
+        """Drains the KV events (vLLM's schema; block hashes as Python ints), oldest first."""
     def __contains__(self, seq_id: object, /) -> bool: ...
     def __len__(self) -> int: ...
 

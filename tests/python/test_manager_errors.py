@@ -259,3 +259,18 @@ def test_not_a_type_error() -> None:
         pytest.fail("wrong argument types must raise InvalidArgumentError, not TypeError")
     except InvalidArgumentError as err:
         assert any("token_ids" in note for note in getattr(err, "__notes__", []))
+
+
+def test_reentrant_index_does_not_deadlock() -> None:
+    """Arguments are converted before the manager's lock is taken, so Python code run during
+    conversion (an ``__index__``) may call the same manager."""
+    kv = make()
+
+    class Reentrant:
+        def __index__(self) -> int:
+            kv.free(3)
+            return 5
+
+    kv.add_sequence(7, [1, Reentrant(), 2])
+    assert 3 not in kv and kv.num_tokens(7) == 3
+    kv.check_invariants()
