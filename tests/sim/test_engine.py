@@ -109,7 +109,8 @@ def test_record_frames_counts_match_the_pool() -> None:
             allocated = total - f["external_frag_slots"] - f["free_slots"]
             assert f["waste_pct"] == pytest.approx(100 * (allocated - f["token_slots"]) / allocated)
         assert [f["step"] for f in frames] == list(range(50))
-        json.dumps(rec)
+        assert all(f["pool"].dtype == np.int64 and f["pool"].shape == (256, 3) for f in frames)
+        json.dumps(rec, default=lambda a: a.tolist())
 
 
 def test_parallel_samples_share_prompt_blocks() -> None:

@@ -290,8 +290,8 @@ def record_frames(workload: Workload, config: SimConfig, *, max_steps: int = 400
     ``waiting``, ``finished``, ``preemptions`` (cumulative), ``used_blocks`` (cells with an
     owner), ``token_slots``, ``reserved_slots`` (allocated, to be filled), ``internal_frag_slots``,
     ``external_frag_slots``, ``free_slots``, ``waste_pct`` (allocated slots not holding a token,
-    in % of allocated slots), ``pool`` (per cell ``[owner_request_id or -1, tokens_held,
-    reserved_not_yet_used]``), ``tables`` (``{request_id: {"blocks": [...], "num_tokens": n}}``
+    in % of allocated slots), ``pool`` (int64 array ``[num_blocks, 3]``: per cell
+    ``[owner_request_id or -1, tokens_held, reserved_not_yet_used]``; ``.tolist()`` for JSON), ``tables`` (``{request_id: {"blocks": [...], "num_tokens": n}}``
     for the request's first sequence, plus ``"sequences"`` listing every sequence of a group)
     and ``shared`` (``[block_id, refcount]`` of blocks shared by several sequences).
     """

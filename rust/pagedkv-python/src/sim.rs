@@ -229,13 +229,15 @@ fn frame_dict<'py>(py: Python<'py>, f: &Frame) -> PyResult<Bound<'py, PyDict>> {
     d.set_item("external_frag_slots", f.shares.external_slots)?;
     d.set_item("free_slots", f.shares.free_slots)?;
     d.set_item("waste_pct", f.waste_pct())?;
-    let pool = PyList::empty(py);
-    for cell in &f.pool.cells {
-        pool.append(PyList::new(
-            py,
-            [cell.owner, cell.tokens as i64, cell.reserved as i64],
-        )?)?;
-    }
+    // int64 [num_cells, 3]: one array instead of a list per cell (several hundred thousand
+    // small lists per recording made the garbage collector the bottleneck).
+    let flat: Vec<i64> = f
+        .pool
+        .cells
+        .iter()
+        .flat_map(|c| [c.owner, c.tokens as i64, c.reserved as i64])
+        .collect();
+    let pool = PyArray1::from_vec(py, flat).reshape([f.pool.cells.len(), 3])?;
     d.set_item("pool", pool)?;
     let tables = PyDict::new(py);
     for (request, seqs) in &f.pool.tables {
