@@ -102,7 +102,10 @@ def _scale(scale: Any, head_dim: int) -> float:
         return 1.0 / math.sqrt(head_dim)
     if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating, np.integer)):
         raise InvalidArgumentError(f"scale must be a real number, got {type(scale).__name__}")
-    value = float(scale)
+    try:
+        value = float(scale)
+    except OverflowError:
+        raise InvalidArgumentError(f"scale must be finite, got an int of {int(scale).bit_length()} bits") from None
     if not math.isfinite(value):
         raise InvalidArgumentError(f"scale must be finite, got {value}")
     return value
