@@ -18,6 +18,7 @@ import hypothesis.strategies as st
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, event, given, settings
+from hypothesis.control import currently_in_test_context
 
 import pagedkv
 from pagedkv import PagedKvError
@@ -278,6 +279,12 @@ def _make_managers() -> list[pagedkv.KvCacheManager]:
     ]
 
 
+def _event(text: str) -> None:
+    """Outcome statistics (--hypothesis-show-statistics) when run under hypothesis."""
+    if currently_in_test_context():
+        event(text)
+
+
 def _call_checked(kv: pagedkv.KvCacheManager, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     # Drain what a successful call may legitimately add, so a failed call can be seen to add none.
     kv.take_copy_ops()
@@ -286,20 +293,20 @@ def _call_checked(kv: pagedkv.KvCacheManager, name: str, args: tuple[Any, ...], 
     try:
         getattr(kv, name)(*args, **kwargs)
     except PagedKvError as error:
-        event(f"{name}: {type(error).__name__}")
+        _event(f"{name}: {type(error).__name__}")
         assert _snapshot(kv) == before, f"failed {name}{args}{kwargs} changed state"
         assert kv.take_copy_ops().shape == (0, 2), f"failed {name} left copy ops"
         assert kv.take_events() == [], f"failed {name} left events"
     except BaseException as error:  # noqa: BLE001 -- the point: nothing else may escape
         pytest.fail(f"{name}{args!r:.200}{kwargs!r:.200} raised {type(error).__name__}: {error}")
     else:
-        event(f"{name}: ok")
+        _event(f"{name}: ok")
         if name in READ_ONLY:
             assert _snapshot(kv) == before, f"read-only {name} changed state"
 
 
 FUZZ_SETTINGS = settings(
-    max_examples=int(__import__("os").environ.get("FUZZ_EXAMPLES", "100")), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=int(__import__("os").environ.get("FUZZ_EXAMPLES", "300")), deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 
 

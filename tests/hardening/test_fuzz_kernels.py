@@ -31,7 +31,7 @@ NUM_BLOCKS = 6
 BLOCK_SIZE = 8
 NUM_KV_HEADS = 1
 HEAD_DIM = 64
-SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 class Guarded:

@@ -125,8 +125,12 @@ fn snapshot(kv: &KvCacheManager) -> String {
         .iter()
         .map(|&id| (id, kv.table(id).ok().cloned(), kv.is_swapped_out(id).ok()))
         .collect();
-    let refcounts: Vec<_> = (0..kv.num_blocks() as u32).map(|b| kv.refcount(b).ok()).collect();
-    let host: Vec<_> = (0..kv.num_host_blocks() as u32).map(|b| kv.host_refcount(b).ok()).collect();
+    let refcounts: Vec<_> = (0..kv.num_blocks() as u32)
+        .map(|b| kv.refcount(b).ok())
+        .collect();
+    let host: Vec<_> = (0..kv.num_host_blocks() as u32)
+        .map(|b| kv.host_refcount(b).ok())
+        .collect();
     format!(
         "{tables:?} {refcounts:?} {host:?} {} {} {:?} {:?}",
         kv.num_free_blocks(),
@@ -181,7 +185,12 @@ fn apply(kv: &mut KvCacheManager, op: &Op, side_pool: &BlockPool) -> bool {
         }
         Op::Refcount(b) => kv.refcount(*b).is_err(),
         Op::Stats => {
-            let _ = (kv.stats(), kv.usage(), kv.config().clone(), kv.pool().num_cached_blocks());
+            let _ = (
+                kv.stats(),
+                kv.usage(),
+                kv.config().clone(),
+                kv.pool().num_cached_blocks(),
+            );
             false
         }
         Op::PoolAllocate(n) => {
@@ -189,7 +198,9 @@ fn apply(kv: &mut KvCacheManager, op: &Op, side_pool: &BlockPool) -> bool {
             // handed straight back so the managers' accounting stays theirs.
             if let Ok(blocks) = kv.pool().allocate(*n) {
                 for b in blocks {
-                    kv.pool().release(b).expect("releasing a block just allocated");
+                    kv.pool()
+                        .release(b)
+                        .expect("releasing a block just allocated");
                 }
             }
             let mut out = vec![7];
@@ -213,7 +224,11 @@ fn apply(kv: &mut KvCacheManager, op: &Op, side_pool: &BlockPool) -> bool {
         Op::TableMath(n, bs) => {
             let _ = BlockTable::blocks_for_tokens(*n, *bs);
             if let Ok(table) = kv.table(0) {
-                let _ = (table.free_slots(*bs), table.num_full_blocks(*bs), table.num_blocks());
+                let _ = (
+                    table.free_slots(*bs),
+                    table.num_full_blocks(*bs),
+                    table.num_blocks(),
+                );
             }
             false
         }
@@ -231,7 +246,12 @@ fn managers() -> (Vec<KvCacheManager>, BlockPool) {
     let kvs = vec![
         KvCacheManager::with_pool(Arc::clone(&shared), cached.clone()).unwrap(),
         KvCacheManager::with_pool(shared, ManagerConfig::default()).unwrap(),
-        KvCacheManager::new(ManagerConfig { num_blocks: 10, block_size: 3, ..cached }).unwrap(),
+        KvCacheManager::new(ManagerConfig {
+            num_blocks: 10,
+            block_size: 3,
+            ..cached
+        })
+        .unwrap(),
     ];
     (kvs, BlockPool::new(8, 4).unwrap())
 }
