@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import importlib.util
 import json
+import math
 import os
 import sys
 import time
@@ -38,22 +39,46 @@ def _positive_int(text: str) -> int:
     return value
 
 
+# Requests of one synthetic workload: a bound far above any useful run, so that a typo cannot ask
+# NumPy for arrays beyond memory (which fails with a traceback, not a clear message).
+MAX_NUM_REQUESTS = 10_000_000
+
+
+def _num_requests(text: str) -> int:
+    value = _positive_int(text)
+    if value > MAX_NUM_REQUESTS:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_NUM_REQUESTS:,} requests, got {value}")
+    return value
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not 0 <= value < 2**64:
+        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**64), got {value}")
+    return value
+
+
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text}")
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text}")
     return value
 
 
 def _arrival(text: str) -> tuple[str, float | None]:
     """``saturated`` | ``trace`` | ``poisson`` | ``poisson:RATE`` (requests per second)."""
-    mode, _, rate = text.partition(":")
+    mode, sep, rate = text.partition(":")
     if mode in ("saturated", "trace") and not rate:
         return mode, None
     if mode == "poisson":
+        if sep and not rate:
+            raise argparse.ArgumentTypeError("expected poisson:RATE with a rate, got 'poisson:'")
         return mode, _positive_float(rate) if rate else None
     raise argparse.ArgumentTypeError(f"expected saturated, trace or poisson:RATE, got {text!r}")
 
@@ -64,9 +89,9 @@ def _workload_options() -> argparse.ArgumentParser:
     group.add_argument("--workload", default="synthetic", metavar="NAME|PATH.csv",
                        help=f"{'|'.join(SYNTHETIC_WORKLOADS + TRACE_WORKLOADS)} or the path of a CSV trace "
                             "(TIMESTAMP,ContextTokens,GeneratedTokens) (default: synthetic)")
-    group.add_argument("--num-requests", type=_positive_int, default=None,
+    group.add_argument("--num-requests", type=_num_requests, default=None,
                        help="requests of a synthetic workload (default 1000), or the first N of a trace")
-    group.add_argument("--seed", type=int, default=0, help="seed of the workload and the simulation (default 0)")
+    group.add_argument("--seed", type=_seed, default=0, help="seed of the workload and the simulation (default 0)")
     group.add_argument("--prompt-mean", type=_positive_float, default=None, help="lognormal: mean prompt tokens")
     group.add_argument("--output-mean", type=_positive_float, default=None, help="lognormal: mean output tokens")
     group.add_argument("--prompt-sigma", type=float, default=1.0, help="lognormal: spread of log prompt length")
@@ -417,7 +442,7 @@ def build_parser() -> argparse.ArgumentParser:
                                  description="Paged vs contiguous attention, allocators, block sizes, copy-on-write, "
                                              "exhaustion and recovery, prefix caching: six printed sections.")
     demo.add_argument("--num-requests", type=_positive_int, default=1000, help="synthetic requests (default 1000)")
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--seed", type=_seed, default=0)
     demo.add_argument("--attention-backend", choices=("numpy", "emulated", "cuda"), default="numpy",
                       help="backend of section (a) (default numpy; emulated compiles the CUDA source for the CPU)")
     demo.set_defaults(handler=_cmd_demo)
@@ -439,7 +464,7 @@ def build_parser() -> argparse.ArgumentParser:
     figure2 = subparsers.add_parser("figure2", parents=[output],
                                     help="the vLLM paper's Figure 2 setting, our shares beside the published ones")
     figure2.add_argument("--num-requests", type=_positive_int, default=2000)
-    figure2.add_argument("--seed", type=int, default=0)
+    figure2.add_argument("--seed", type=_seed, default=0)
     figure2.add_argument("--placement", choices=("both", "buddy", "first-fit"), default="both",
                          help="placement of the contiguous policies (default both; buddy, as Orca, first)")
     figure2.set_defaults(handler=_cmd_figure2)
@@ -448,7 +473,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     help="blocks saved by sharing: parallel sampling and beam search, width 2/4/6")
     sharing.add_argument("--num-requests", type=_positive_int, default=100, help="groups per row (default 100)")
     sharing.add_argument("--block-size", type=_positive_int, default=16)
-    sharing.add_argument("--seed", type=int, default=0)
+    sharing.add_argument("--seed", type=_seed, default=0)
     sharing.set_defaults(handler=_cmd_sharing)
 
     recovery = subparsers.add_parser("recovery", parents=[workload, engine, output],

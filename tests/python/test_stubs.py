@@ -17,7 +17,7 @@ def test_stubtest_core() -> None:
     assert (package_dir / "py.typed").exists()
     assert (package_dir / "_core.pyi").exists()
     result = subprocess.run(
-        [sys.executable, "-m", "mypy.stubtest", "pagedkv._core", "--ignore-missing-stub"],
+        [sys.executable, "-m", "mypy.stubtest", "pagedkv._core"],
         capture_output=True,
         text=True,
         timeout=300,

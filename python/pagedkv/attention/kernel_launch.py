@@ -16,6 +16,7 @@ import numpy as np
 
 from pagedkv.attention import validation as val
 from pagedkv.attention.dtypes import nan_fill_value
+from pagedkv.errors import InvariantViolation
 from pagedkv.kernels import instances
 from pagedkv.kernels.instances import Instance
 
@@ -154,6 +155,12 @@ def swap_blocks(runner: Runner, src_cache: Any, dst_cache: Any, mapping: Any) ->
     runs = val.merge_runs(mapping)
     block_bytes = int(src_cache.nbytes) // int(src_cache.shape[0]) if int(src_cache.shape[0]) else 0
     src_base, dst_base = runner.address(src_cache), runner.address(dst_cache)
+    # The raw copies bypass the emulation harness's bounds check, so check every run here: a
+    # validation gap must surface as an error, not as a copy outside the caches.
+    src_blocks, dst_blocks = int(src_cache.shape[0]), int(dst_cache.shape[0])
+    for src, dst, count in runs:
+        if src < 0 or dst < 0 or src + count > src_blocks or dst + count > dst_blocks:
+            raise InvariantViolation(f"swap run ({src}, {dst}, {count}) leaves the caches: a validation bug")
     for src, dst, count in runs:
         runner.memcpy(dst_base + dst * block_bytes, src_base + src * block_bytes, count * block_bytes)
     return len(runs)

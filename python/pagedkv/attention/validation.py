@@ -60,6 +60,15 @@ def _require_contiguous(name: str, x: Any) -> None:
         raise InvalidArgumentError(f"{name} must be C-contiguous")
 
 
+def _require_writable(name: str, x: Any) -> None:
+    # A kernel writes through the raw pointer and would not notice NumPy's flag: a read-only view
+    # may be backed by immutable memory (a bytes object, a read-only mmap). CuPy arrays have no
+    # such flag and are always writable.
+    flags = getattr(x, "flags", None)
+    if flags is not None and not getattr(flags, "writeable", True):
+        raise InvalidArgumentError(f"{name} is read-only: it is written in place")
+
+
 def _require_int(name: str, x: Any, dtype: type, ndim: int) -> None:
     if x.dtype != np.dtype(dtype):
         raise InvalidArgumentError(f"{name} must be {np.dtype(dtype).name}, got {x.dtype}")
@@ -93,7 +102,10 @@ def _scale(scale: Any, head_dim: int) -> float:
         return 1.0 / math.sqrt(head_dim)
     if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating, np.integer)):
         raise InvalidArgumentError(f"scale must be a real number, got {type(scale).__name__}")
-    value = float(scale)
+    try:
+        value = float(scale)
+    except OverflowError:
+        raise InvalidArgumentError(f"scale must be finite, got an int of {int(scale).bit_length()} bits") from None
     if not math.isfinite(value):
         raise InvalidArgumentError(f"scale must be finite, got {value}")
     return value
@@ -249,6 +261,8 @@ def check_write_kv(k: Any, v: Any, k_cache: Any, v_cache: Any, slot_mapping: Any
     """Validates a write_kv call; returns the KV kind. Slots must be distinct; -1 skips a token."""
     check_backend(backend)
     kind = _check_cache_pair(("k_cache", "v_cache"), k_cache, v_cache, backend)
+    _require_writable("k_cache", k_cache)
+    _require_writable("v_cache", v_cache)
     for name, x in (("k", k), ("v", v)):
         _require_array(name, x, backend)
         if x.ndim != 3 or tuple(x.shape[1:]) != tuple(k_cache.shape[2:]):
@@ -295,6 +309,8 @@ def check_copy_blocks(k_caches: Any, v_caches: Any, copy_ops: Any, backend: str)
     kind = ""
     for layer, (k, v) in enumerate(zip(k_caches, v_caches)):
         kind = _check_cache_pair((f"k_caches[{layer}]", f"v_caches[{layer}]"), k, v, backend)
+        _require_writable(f"k_caches[{layer}]", k)
+        _require_writable(f"v_caches[{layer}]", v)
         if tuple(k.shape) != tuple(k_caches[0].shape) or k.dtype != k_caches[0].dtype:
             raise InvalidArgumentError(f"layer {layer}'s caches differ in shape or dtype from layer 0's")
     if len(k_caches) > 65535:
@@ -360,6 +376,7 @@ def check_swap_blocks(src_cache: Any, dst_cache: Any, mapping: Any, backend: str
             f"{dst_cache.dtype} must have the same block shape and dtype"
         )
     kind = _kind("src_cache", src_cache, backend)
+    _require_writable("dst_cache", dst_cache)
     if is_cupy_array(src_cache) == is_cupy_array(dst_cache):
         a0, b0 = _data_address(src_cache), _data_address(dst_cache)
         a1, b1 = a0 + int(src_cache.nbytes), b0 + int(dst_cache.nbytes)

@@ -38,6 +38,11 @@ KNOWN_TRACES = {
 }
 
 
+# Longest prompt or output a trace row may give: far beyond any pool, and small enough that the
+# simulator's int64 token arithmetic cannot overflow.
+MAX_TRACE_TOKENS = 2**40
+
+
 class TraceError(InvalidArgumentError):
     """A trace file is malformed; the message names the file and the line."""
 
@@ -96,9 +101,16 @@ def read_azure_csv(path: str | os.PathLike, *, name: str | None = None) -> Workl
     outputs: list[int] = []
     times_s: list[float] = []
     date_cache: dict[str, float] = {}
-    with open(file_path, encoding="utf-8-sig", newline="") as handle:
+    # Read bytes and decode line by line, so that a file that is not UTF-8 text is reported at
+    # the line where it stops being text (a text-mode read fails somewhere in a chunk).
+    with open(file_path, "rb") as handle:
         header_seen = False
-        for line_number, raw_line in enumerate(handle, start=1):
+        for line_number, raw_bytes in enumerate(handle, start=1):
+            try:
+                raw_line = raw_bytes.decode("utf-8-sig" if line_number == 1 else "utf-8")
+            except UnicodeDecodeError as error:
+                raise TraceError(f"{file_path}:{line_number}: not UTF-8 text ({error.reason} at byte "
+                                 f"{error.start})") from None
             line = raw_line.strip()
             if not line:
                 continue
@@ -119,6 +131,9 @@ def read_azure_csv(path: str | os.PathLike, *, name: str | None = None) -> Workl
             except ValueError:
                 raise TraceError(f"{where}: token counts must be integers, got "
                                  f"ContextTokens={context_text!r}, GeneratedTokens={generated_text!r}") from None
+            if max(abs(context), abs(generated)) > MAX_TRACE_TOKENS:
+                raise TraceError(f"{where}: length out of range (ContextTokens={context_text}, "
+                                 f"GeneratedTokens={generated_text}; at most {MAX_TRACE_TOKENS} each)")
             if context < 0 or generated < 0:
                 raise TraceError(f"{where}: negative length (ContextTokens={context}, GeneratedTokens={generated})")
             if context == 0 or generated == 0:

@@ -88,6 +88,9 @@ def synthetic(num_requests: int = 1000, *, seed: int = 0, max_model_len: int = 2
     )
 
 
+MAX_SIGMA = 100.0  # exp(100 * z) already spans every length; larger spreads overflow the fit
+
+
 def _lognormal_lengths(z: np.ndarray, mean_tokens: float, sigma: float, cap: np.ndarray | int) -> np.ndarray:
     """int64 lengths exp(mu + sigma*z), rounded, clipped to [1, cap], whose mean is mean_tokens.
 
@@ -121,6 +124,12 @@ def lognormal(num_requests: int = 1000, *, prompt_mean_tokens: float, output_mea
              f"mean lengths must be >= 1 token, got prompt {prompt_mean_tokens}, output {output_mean_tokens}")
     _require(prompt_sigma >= 0 and output_sigma >= 0,
              f"spreads must be >= 0, got prompt {prompt_sigma}, output {output_sigma}")
+    # Past this the log-normal's own parameters overflow (sigma**2 / 2 or the mean's log), and the
+    # lengths would come out as NaN cast to int64.
+    _require(max(prompt_sigma, output_sigma) <= MAX_SIGMA,
+             f"spreads must be <= {MAX_SIGMA}, got prompt {prompt_sigma}, output {output_sigma}")
+    _require(np.isfinite(prompt_mean_tokens) and np.isfinite(output_mean_tokens),
+             f"mean lengths must be finite, got prompt {prompt_mean_tokens}, output {output_mean_tokens}")
     rng = np.random.default_rng(seed)
     z_prompt = rng.standard_normal(num_requests)
     z_output = rng.standard_normal(num_requests)

@@ -393,14 +393,24 @@ impl<'a, 'py> FromPyObject<'a, 'py> for ExtraKey {
     type Error = PyErr;
 
     fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        // Both conversions below can fail on values of the right type (a str holding a lone
+        // surrogate is not UTF-8; an int beyond `sys.get_int_max_str_digits()` has no decimal
+        // text): that is malformed input too, not a UnicodeEncodeError / bare ValueError.
         if let Ok(text) = obj.cast::<PyString>() {
-            return Ok(ExtraKey(text.to_str()?.as_bytes().to_vec()));
+            return text.to_str().map(|s| ExtraKey(s.as_bytes().to_vec())).map_err(|e| {
+                invalid_argument(obj.py(), format!("extra_key str is not valid UTF-8: {e}"))
+            });
         }
         if let Ok(bytes) = obj.cast::<PyBytes>() {
             return Ok(ExtraKey(bytes.as_bytes().to_vec()));
         }
         if obj.is_instance_of::<PyInt>() && !obj.is_instance_of::<PyBool>() {
-            return Ok(ExtraKey(obj.str()?.to_string().into_bytes()));
+            return obj
+                .str()
+                .map(|text| ExtraKey(text.to_string().into_bytes()))
+                .map_err(|e| {
+                    invalid_argument(obj.py(), format!("extra_key int has no decimal text: {e}"))
+                });
         }
         Err(invalid_argument(
             obj.py(),

@@ -63,15 +63,17 @@ impl BlockTable {
     }
 
     /// Unused token slots in the last block (0 when it is full or the table is empty).
+    /// Saturating, so a caller passing another `block_size` than the table's gets a wrong
+    /// answer, never a panic.
     #[inline]
     pub fn free_slots(&self, block_size: usize) -> usize {
-        self.block_ids.len() * block_size - self.num_tokens
+        self.block_ids.len().saturating_mul(block_size).saturating_sub(self.num_tokens)
     }
 
-    /// Number of full blocks.
+    /// Number of full blocks (0 for `block_size` 0, which no pool has).
     #[inline]
     pub fn num_full_blocks(&self, block_size: usize) -> usize {
-        self.num_tokens / block_size
+        self.num_tokens.checked_div(block_size).unwrap_or(0)
     }
 
     /// The slot (`block_id * block_size + offset`) of token position `pos < num_tokens`.
@@ -99,6 +101,10 @@ mod tests {
         let t = BlockTable { block_ids: vec![7, 2], num_tokens: 5 };
         assert_eq!(t.free_slots(4), 3);
         assert_eq!(t.num_full_blocks(4), 1);
+        // A block size other than the table's never panics.
+        assert_eq!(t.num_full_blocks(0), 0);
+        assert_eq!(t.free_slots(1), 0);
+        assert_eq!(t.free_slots(usize::MAX), usize::MAX - 5);
         assert_eq!(t.slot_of(0, 4), 28);
         assert_eq!(t.slot_of(4, 4), 8);
     }

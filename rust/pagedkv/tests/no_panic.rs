@@ -1,0 +1,324 @@
+//! No public API can panic: random calls of every public `KvCacheManager`, `BlockPool` and
+//! `BlockTable` method with arbitrary arguments (any ids, counts up to `usize::MAX`, token
+//! slices, block ids past the pool), each wrapped in `catch_unwind`. Every call must return
+//! (`Ok` or `Err`), a failed call must change nothing observable, and `check_invariants()` must
+//! pass on every manager and pool after every step.
+//!
+//! Two managers share one pool (one with prefix caching and a host tier), a third owns its pool;
+//! raw `retain` / `release` run on a separate pool that no manager uses (on a manager's pool they
+//! would, by contract, break that manager's bookkeeping).
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+use pagedkv::{BlockPool, BlockTable, KvCacheManager, ManagerConfig};
+use proptest::prelude::*;
+
+#[derive(Debug, Clone)]
+enum Op {
+    AddSequence(u64, Vec<u32>, Option<Vec<u8>>),
+    AddSequenceLen(u64, usize),
+    AppendTokens(u64, Vec<u32>),
+    AppendLen(u64, usize),
+    CanAppend(u64, usize),
+    AppendLenBatch(Vec<u64>, usize),
+    AppendTokensBatch(Vec<u64>, Vec<u32>, usize),
+    Fork(u64, u64),
+    Free(u64),
+    FreeBatch(Vec<u64>),
+    SwapOut(Vec<u64>),
+    SwapIn(Vec<u64>),
+    IsSwappedOut(u64),
+    HostRefcount(u32),
+    HostBlockTable(u64),
+    ResetPrefixCache,
+    TakeEvents,
+    CachedBlocks,
+    BlockTable(u64),
+    Table(u64),
+    NumTokens(u64),
+    BlocksNeededForPrompt(usize),
+    BatchBlockTables(Vec<u64>),
+    SlotMapping(Vec<u64>, usize),
+    TakeCopyOps,
+    Refcount(u32),
+    Stats,
+    PoolAllocate(usize),
+    PoolRetain(u32),
+    PoolRelease(u32),
+    PoolRefcount(u32),
+    TableMath(usize, usize),
+}
+
+fn seq_id() -> impl Strategy<Value = u64> {
+    prop_oneof![8 => 0u64..5, 1 => Just(u64::MAX), 1 => any::<u64>()]
+}
+
+fn count() -> impl Strategy<Value = usize> {
+    prop_oneof![
+        6 => 0usize..24,
+        1 => Just(usize::MAX),
+        1 => Just(usize::MAX / 2 + 1),
+        1 => Just(u32::MAX as usize + 1),
+        1 => any::<usize>(),
+    ]
+}
+
+fn block_id() -> impl Strategy<Value = u32> {
+    prop_oneof![6 => 0u32..40, 1 => Just(u32::MAX), 1 => any::<u32>()]
+}
+
+fn tokens() -> impl Strategy<Value = Vec<u32>> {
+    prop_oneof![
+        4 => prop::collection::vec(0u32..3, 0..24),
+        1 => prop::collection::vec(any::<u32>(), 0..8),
+    ]
+}
+
+fn seq_ids() -> impl Strategy<Value = Vec<u64>> {
+    prop::collection::vec(seq_id(), 0..5)
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (seq_id(), tokens(), prop::option::of(prop::collection::vec(any::<u8>(), 0..3)))
+            .prop_map(|(s, t, k)| Op::AddSequence(s, t, k)),
+        2 => (seq_id(), count()).prop_map(|(s, n)| Op::AddSequenceLen(s, n)),
+        3 => (seq_id(), tokens()).prop_map(|(s, t)| Op::AppendTokens(s, t)),
+        2 => (seq_id(), count()).prop_map(|(s, n)| Op::AppendLen(s, n)),
+        1 => (seq_id(), count()).prop_map(|(s, n)| Op::CanAppend(s, n)),
+        2 => (seq_ids(), count()).prop_map(|(s, n)| Op::AppendLenBatch(s, n)),
+        2 => (seq_ids(), tokens(), count()).prop_map(|(s, t, n)| Op::AppendTokensBatch(s, t, n)),
+        3 => (seq_id(), seq_id()).prop_map(|(p, c)| Op::Fork(p, c)),
+        2 => seq_id().prop_map(Op::Free),
+        1 => seq_ids().prop_map(Op::FreeBatch),
+        2 => seq_ids().prop_map(Op::SwapOut),
+        2 => seq_ids().prop_map(Op::SwapIn),
+        1 => seq_id().prop_map(Op::IsSwappedOut),
+        1 => block_id().prop_map(Op::HostRefcount),
+        1 => seq_id().prop_map(Op::HostBlockTable),
+        1 => Just(Op::ResetPrefixCache),
+        1 => Just(Op::TakeEvents),
+        1 => Just(Op::CachedBlocks),
+        1 => seq_id().prop_map(Op::BlockTable),
+        1 => seq_id().prop_map(Op::Table),
+        1 => seq_id().prop_map(Op::NumTokens),
+        1 => count().prop_map(Op::BlocksNeededForPrompt),
+        1 => seq_ids().prop_map(Op::BatchBlockTables),
+        1 => (seq_ids(), count()).prop_map(|(s, n)| Op::SlotMapping(s, n)),
+        1 => Just(Op::TakeCopyOps),
+        1 => block_id().prop_map(Op::Refcount),
+        1 => Just(Op::Stats),
+        1 => count().prop_map(Op::PoolAllocate),
+        1 => block_id().prop_map(Op::PoolRetain),
+        1 => block_id().prop_map(Op::PoolRelease),
+        1 => block_id().prop_map(Op::PoolRefcount),
+        1 => (count(), count()).prop_map(|(a, b)| Op::TableMath(a, b)),
+    ]
+}
+
+/// Everything observable about a manager (used to check that a failed call changed nothing).
+fn snapshot(kv: &KvCacheManager) -> String {
+    let mut ids: Vec<u64> = kv.seq_ids().collect();
+    ids.sort_unstable();
+    let tables: Vec<_> = ids
+        .iter()
+        .map(|&id| (id, kv.table(id).ok().cloned(), kv.is_swapped_out(id).ok()))
+        .collect();
+    let refcounts: Vec<_> = (0..kv.num_blocks() as u32)
+        .map(|b| kv.refcount(b).ok())
+        .collect();
+    let host: Vec<_> = (0..kv.num_host_blocks() as u32)
+        .map(|b| kv.host_refcount(b).ok())
+        .collect();
+    format!(
+        "{tables:?} {refcounts:?} {host:?} {} {} {:?} {:?}",
+        kv.num_free_blocks(),
+        kv.num_free_host_blocks(),
+        kv.cached_blocks(),
+        kv.stats()
+    )
+}
+
+/// Runs one op on `kv`; returns whether it failed (and so must have changed nothing).
+fn apply(kv: &mut KvCacheManager, op: &Op, side_pool: &BlockPool) -> bool {
+    match op {
+        Op::AddSequence(s, t, k) => kv.add_sequence(*s, t, k.as_deref()).is_err(),
+        Op::AddSequenceLen(s, n) => kv.add_sequence_len(*s, *n).is_err(),
+        Op::AppendTokens(s, t) => kv.append_tokens(*s, t).is_err(),
+        Op::AppendLen(s, n) => kv.append_len(*s, *n).is_err(),
+        Op::CanAppend(s, n) => kv.can_append(*s, *n).is_err(),
+        Op::AppendLenBatch(s, n) => kv.append_len_batch(s, *n).is_err(),
+        Op::AppendTokensBatch(s, t, n) => kv.append_tokens_batch(s, t, *n).is_err(),
+        Op::Fork(p, c) => kv.fork(*p, *c).is_err(),
+        Op::Free(s) => kv.free(*s).is_err(),
+        Op::FreeBatch(s) => kv.free_batch(s).is_err(),
+        Op::SwapOut(s) => kv.swap_out(s).is_err(),
+        Op::SwapIn(s) => kv.swap_in(s).is_err(),
+        Op::IsSwappedOut(s) => kv.is_swapped_out(*s).is_err(),
+        Op::HostRefcount(b) => kv.host_refcount(*b).is_err(),
+        Op::HostBlockTable(s) => kv.host_block_table(*s).is_err(),
+        Op::ResetPrefixCache => {
+            kv.reset_prefix_cache();
+            false
+        }
+        Op::TakeEvents => {
+            kv.take_events();
+            false
+        }
+        Op::CachedBlocks => {
+            kv.cached_blocks();
+            false
+        }
+        Op::BlockTable(s) => kv.block_table(*s).is_err(),
+        Op::Table(s) => kv.table(*s).is_err(),
+        Op::NumTokens(s) => kv.num_tokens(*s).is_err(),
+        Op::BlocksNeededForPrompt(n) => {
+            kv.blocks_needed_for_prompt(*n);
+            false
+        }
+        Op::BatchBlockTables(s) => kv.batch_block_tables(s).is_err(),
+        Op::SlotMapping(s, n) => kv.slot_mapping(s, *n).is_err(),
+        Op::TakeCopyOps => {
+            kv.take_copy_ops();
+            false
+        }
+        Op::Refcount(b) => kv.refcount(*b).is_err(),
+        Op::Stats => {
+            let _ = (
+                kv.stats(),
+                kv.usage(),
+                kv.config().clone(),
+                kv.pool().num_cached_blocks(),
+            );
+            false
+        }
+        Op::PoolAllocate(n) => {
+            // On the manager's own pool: a caller may take blocks outside any manager; they are
+            // handed straight back so the managers' accounting stays theirs.
+            if let Ok(blocks) = kv.pool().allocate(*n) {
+                for b in blocks {
+                    kv.pool()
+                        .release(b)
+                        .expect("releasing a block just allocated");
+                }
+            }
+            let mut out = vec![7];
+            if side_pool.allocate_into(*n, &mut out).is_err() {
+                assert_eq!(out, vec![7], "a failed allocate_into touched its output");
+            }
+            false
+        }
+        Op::PoolRetain(b) => {
+            let _ = side_pool.retain(*b);
+            false
+        }
+        Op::PoolRelease(b) => {
+            let _ = side_pool.release(*b);
+            false
+        }
+        Op::PoolRefcount(b) => {
+            let _ = (kv.pool().refcount(*b), side_pool.refcount(*b));
+            false
+        }
+        Op::TableMath(n, bs) => {
+            let _ = BlockTable::blocks_for_tokens(*n, *bs);
+            if let Ok(table) = kv.table(0) {
+                let _ = (
+                    table.free_slots(*bs),
+                    table.num_full_blocks(*bs),
+                    table.num_blocks(),
+                );
+            }
+            false
+        }
+    }
+}
+
+fn managers() -> (Vec<KvCacheManager>, BlockPool) {
+    let shared = Arc::new(BlockPool::new(14, 2).unwrap());
+    let cached = ManagerConfig {
+        enable_prefix_caching: true,
+        num_host_blocks: 6,
+        max_events: 8,
+        ..Default::default()
+    };
+    let kvs = vec![
+        KvCacheManager::with_pool(Arc::clone(&shared), cached.clone()).unwrap(),
+        KvCacheManager::with_pool(shared, ManagerConfig::default()).unwrap(),
+        KvCacheManager::new(ManagerConfig {
+            num_blocks: 10,
+            block_size: 3,
+            ..cached
+        })
+        .unwrap(),
+    ];
+    (kvs, BlockPool::new(8, 4).unwrap())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 1024, ..ProptestConfig::default() })]
+
+    #[test]
+    fn no_public_call_panics(ops in prop::collection::vec((0usize..3, op()), 1..80)) {
+        let (mut kvs, side_pool) = managers();
+        for (which, op) in &ops {
+            let kv = &mut kvs[*which];
+            let before = snapshot(kv);
+            let pending = kv.take_copy_ops();
+            let result = catch_unwind(AssertUnwindSafe(|| apply(kv, op, &side_pool)));
+            let failed = match result {
+                Ok(failed) => failed,
+                Err(_) => panic!("{op:?} panicked"),
+            };
+            if failed {
+                prop_assert_eq!(snapshot(kv), before, "failed {:?} changed state", op);
+                prop_assert!(kv.take_copy_ops().is_empty(), "failed {:?} left copy ops", op);
+            }
+            drop(pending);
+            for kv in &kvs {
+                prop_assert!(kv.check_invariants().is_ok(), "after {:?}: {:?}", op, kv.check_invariants());
+            }
+            prop_assert!(side_pool.check_invariants().is_ok());
+        }
+        // Every block comes back once every sequence is freed.
+        for kv in &mut kvs {
+            let ids: Vec<u64> = kv.seq_ids().collect();
+            for id in ids {
+                kv.free(id).unwrap();
+            }
+            kv.reset_prefix_cache();
+            prop_assert!(kv.check_invariants().is_ok());
+        }
+        prop_assert_eq!(kvs[0].pool().num_free_blocks(), 14);
+        prop_assert_eq!(kvs[2].pool().num_free_blocks(), 10);
+    }
+
+    #[test]
+    fn constructors_take_any_config(
+        num_blocks in count(),
+        block_size in count(),
+        num_host_blocks in prop_oneof![3 => 0usize..16, 1 => count()],
+        max_events in count(),
+        hash_seed in any::<u64>(),
+        enable_prefix_caching in any::<bool>(),
+    ) {
+        let config = ManagerConfig {
+            num_blocks, block_size, enable_prefix_caching, num_host_blocks, hash_seed, max_events,
+        };
+        let result = catch_unwind(|| {
+            if let Ok(kv) = KvCacheManager::new(config.clone()) {
+                kv.check_invariants().unwrap();
+            }
+            if let Ok(pool) = BlockPool::new(num_blocks, block_size) {
+                pool.check_invariants().unwrap();
+                pool.check_invariants_quiescent().unwrap();
+            }
+            let shared = Arc::new(BlockPool::new(4, 4).unwrap());
+            if let Ok(kv) = KvCacheManager::with_pool(shared, config.clone()) {
+                kv.check_invariants().unwrap();
+            }
+        });
+        prop_assert!(result.is_ok(), "{:?} panicked", config);
+    }
+}
