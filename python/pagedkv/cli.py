@@ -1,7 +1,7 @@
-"""The ``pagedkv`` command line: the demo, the simulator and the experiments.
+"""The pagedkv command line: the demo, the simulator and the experiments.
 
-``pagedkv demo`` (no arguments) is the main job: the whole PagedAttention story in under a minute.
-Every command prints tables; ``--json FILE`` writes its numbers and ``--plot FILE`` a PNG.
+'pagedkv demo' (no arguments) is the main job: the whole PagedAttention story in under a minute.
+Every command prints tables; '--json FILE' writes its numbers and '--plot FILE' a PNG.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from pagedkv.errors import PagedKvError
 ALLOCATOR_CHOICES = ("paged", "contiguous-max", "contiguous-pow2", "contiguous-oracle")
 SYNTHETIC_WORKLOADS = ("synthetic", "sharegpt", "lognormal", "system-prompt", "alpaca")
 TRACE_WORKLOADS = ("azure-conv", "azure-code")
+# The Azure traces are CC-BY 4.0: results computed from them carry this attribution.
+AZURE_ATTRIBUTION = "Data: Azure LLM inference trace 2023, Azure Public Dataset, Microsoft (CC-BY 4.0)"
 
 
 class CliError(PagedKvError):
@@ -154,6 +156,8 @@ def build_workload(args: argparse.Namespace) -> Any:
             raise CliError(f"--workload {name!r}: expected one of {', '.join(SYNTHETIC_WORKLOADS + TRACE_WORKLOADS)} "
                            "or a path ending in .csv")
         workload = traces.read_azure_csv(path)
+        if os.path.basename(str(path)).startswith("azure_llm_"):
+            print(AZURE_ATTRIBUTION, file=sys.stderr)
         if args.num_requests is not None:
             workload = dataclasses.replace(
                 workload, prompt_tokens=workload.prompt_tokens[:args.num_requests],
