@@ -40,3 +40,8 @@ pub type SeqId = u64;
 pub type BlockId = u32;
 /// Vocabulary token id.
 pub type TokenId = u32;
+
+/// The Rust quick start in README.md, compiled and run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;
