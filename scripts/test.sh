@@ -9,4 +9,7 @@ python3 -m venv .venv
 python -m pip install -q --upgrade pip
 python -m pip install -q '.[test]'
 cargo test --workspace --release
+# The lock-free pool under loom's model checker (every interleaving of 2-3 racing threads); its own
+# target dir so the cfg change does not invalidate the build above.
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p pagedkv --release --test loom_pool
 python -m pytest -q
