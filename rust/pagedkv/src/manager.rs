@@ -693,6 +693,17 @@ impl KvCacheManager {
         }
         // Tail first: with prefix caching the tail blocks then sit ahead of the head blocks in
         // the eviction order (a shared prefix is likelier to be hit again than a tail).
+        if self.prefix.is_none() {
+            // The blocks reaching 0 go back to the pool together (one free-list update).
+            let mut freed = 0;
+            let result = self.pool.release_chain(seq.table.block_ids.iter().rev().copied(), &mut freed);
+            self.num_blocks_in_use -= freed;
+            self.counters.frees += freed as u64;
+            // Our table held a reference to each block, so the pool cannot refuse; if it does,
+            // a refcount was corrupted elsewhere and check_invariants will report it.
+            debug_assert!(result.is_ok(), "release of a table block failed: {result:?}");
+            return Ok(());
+        }
         for &b in seq.table.block_ids.iter().rev() {
             self.release(b);
         }
