@@ -21,6 +21,7 @@ mod host;
 mod manager;
 mod pool;
 mod prefix;
+mod seqmap;
 mod stats;
 mod sync;
 mod table;

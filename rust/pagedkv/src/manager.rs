@@ -19,6 +19,7 @@ use crate::error::{invalid, Error, Result, Tier};
 use crate::host::HostTier;
 use crate::pool::BlockPool;
 use crate::prefix::{BlockHash, KvEvent, PrefixCache};
+use crate::seqmap::SeqMap;
 use crate::stats::Stats;
 use crate::table::BlockTable;
 use crate::{BlockId, SeqId, TokenId};
@@ -121,8 +122,8 @@ pub struct KvCacheManager {
     block_size: usize,
     /// The configuration (num_blocks/block_size always equal to the pool's).
     config: ManagerConfig,
-    /// Live sequences by caller id.
-    seqs: FxHashMap<SeqId, Sequence>,
+    /// Live sequences by caller id (dense slots: batch calls resolve each id once).
+    seqs: SeqMap<Sequence>,
     /// Distinct device blocks referenced by resident tables; each has refcount > 0 equal to its
     /// number of table references (inv. 1).
     num_blocks_in_use: usize,
@@ -134,6 +135,8 @@ pub struct KvCacheManager {
     counters: Counters,
     /// Reused buffer for freshly allocated block ids (keeps allocation off the hot path).
     scratch: Vec<BlockId>,
+    /// Reused buffers of batch calls (cleared at the start of each use).
+    batch: BatchScratch,
     /// The prefix cache (`enable_prefix_caching`): index, cached-evictable blocks, events.
     prefix: Option<PrefixCache>,
     /// The host swap tier (`num_host_blocks > 0`).
@@ -194,12 +197,13 @@ impl KvCacheManager {
             block_size: pool.block_size(),
             pool,
             config,
-            seqs: FxHashMap::default(),
+            seqs: SeqMap::default(),
             num_blocks_in_use: 0,
             num_swapped: 0,
             pending_copies: Vec::new(),
             counters: Counters::default(),
             scratch: Vec::new(),
+            batch: BatchScratch::default(),
             prefix,
             host,
         })
@@ -412,7 +416,8 @@ impl KvCacheManager {
     #[inline]
     fn append(&mut self, seq_id: SeqId, num_tokens: usize, token_ids: Option<&[TokenId]>) -> Result<()> {
         let block_size = self.block_size;
-        let seq = self.seqs.get_mut(&seq_id).ok_or(Error::UnknownSequence(seq_id))?;
+        let slot = self.seqs.slot(seq_id).ok_or(Error::UnknownSequence(seq_id))?;
+        let seq = self.seqs.at_mut(slot);
         if seq.swapped {
             return Err(Error::SequenceSwappedOut(seq_id));
         }
@@ -430,12 +435,12 @@ impl KvCacheManager {
                 return Ok(());
             }
         }
-        let plan = self.plan_growth(seq_id, num_tokens, None)?;
+        let plan = growth_plan(&self.seqs.at(slot).table, num_tokens, &self.pool, None)?;
         self.scratch.clear();
         let mut fresh = std::mem::take(&mut self.scratch);
         let result = self.allocate_fresh(plan.needed_blocks, &mut fresh);
         if result.is_ok() {
-            self.apply_growth(seq_id, num_tokens, token_ids, plan, &mut fresh.drain(..));
+            self.apply_growth(slot, num_tokens, token_ids, plan, &mut fresh.drain(..));
         }
         self.scratch = fresh;
         result
@@ -454,7 +459,7 @@ impl KvCacheManager {
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn can_append(&self, seq_id: SeqId, num_tokens: usize) -> Result<bool> {
-        match self.plan_growth(seq_id, num_tokens, None) {
+        match self.plan_growth(seq_id, num_tokens) {
             Ok(plan) => Ok(plan.needed_blocks <= self.num_free_blocks()),
             Err(Error::InvalidArgument(_)) => Ok(false),
             Err(e) => Err(e),
@@ -518,23 +523,61 @@ impl KvCacheManager {
         num_tokens: usize,
         token_ids: Option<&[TokenId]>,
     ) -> Result<()> {
-        self.check_distinct(seq_ids)?;
         if num_tokens == 0 {
+            self.check_distinct(seq_ids)?;
             // Still validate the ids: a step naming an unknown sequence is a caller bug.
             for &id in seq_ids {
                 self.resident(id)?;
             }
             return Ok(());
         }
-        // Copy-on-write of a block shared by two batch members happens only for the first one
-        // to append; afterwards the other holds the last reference and writes in place.
-        let mut cow_releases: FxHashMap<BlockId, u32> = FxHashMap::default();
-        let mut plans = Vec::with_capacity(seq_ids.len());
+        let mut batch = std::mem::take(&mut self.batch);
+        let mut fresh = std::mem::take(&mut self.scratch);
+        fresh.clear();
+        let result = self
+            .plan_batch(seq_ids, num_tokens, &mut batch)
+            .and_then(|needed_blocks| self.allocate_fresh(needed_blocks, &mut fresh));
+        if result.is_ok() {
+            let mut supply = fresh.drain(..);
+            for (row, (&slot, &plan)) in batch.slots.iter().zip(&batch.plans).enumerate() {
+                let tokens = token_ids.map(|t| &t[row * num_tokens..(row + 1) * num_tokens]);
+                self.apply_growth(slot, num_tokens, tokens, plan, &mut supply);
+            }
+        }
+        self.scratch = fresh;
+        self.batch = batch;
+        result
+    }
+
+    /// Validates a batch append of `num_tokens > 0` tokens to each of `seq_ids` (distinct,
+    /// known, resident, fitting the pool); fills `batch` with each member's slot and plan and
+    /// returns the fresh blocks the batch needs. Changes nothing observable.
+    fn plan_batch(&mut self, seq_ids: &[SeqId], num_tokens: usize, batch: &mut BatchScratch) -> Result<usize> {
+        batch.slots.clear();
+        batch.plans.clear();
+        batch.cow_releases.clear();
+        self.seqs.begin_batch();
         let mut needed_blocks = 0usize;
         for &id in seq_ids {
-            let plan = self.plan_growth(id, num_tokens, Some(&mut cow_releases))?;
+            let Some(slot) = self.seqs.slot(id) else {
+                return Err(self.batch_error(seq_ids, Error::UnknownSequence(id)));
+            };
+            if !self.seqs.mark(slot) {
+                return invalid(format!("sequence id {id} appears twice in the batch"));
+            }
+            let seq = self.seqs.at(slot);
+            if seq.swapped {
+                return Err(self.batch_error(seq_ids, Error::SequenceSwappedOut(id)));
+            }
+            // Copy-on-write of a block shared by two batch members happens only for the first
+            // one to append; afterwards the other holds the last reference and writes in place.
+            let plan = match growth_plan(&seq.table, num_tokens, &self.pool, Some(&mut batch.cow_releases)) {
+                Ok(plan) => plan,
+                Err(e) => return Err(self.batch_error(seq_ids, e)),
+            };
             needed_blocks += plan.needed_blocks;
-            plans.push(plan);
+            batch.slots.push(slot);
+            batch.plans.push(plan);
         }
         if needed_blocks > self.pool.num_blocks() {
             return invalid(format!(
@@ -542,64 +585,37 @@ impl KvCacheManager {
                 self.pool.num_blocks()
             ));
         }
-        self.scratch.clear();
-        let mut fresh = std::mem::take(&mut self.scratch);
-        let result = self.allocate_fresh(needed_blocks, &mut fresh);
-        if result.is_ok() {
-            let mut supply = fresh.drain(..);
-            for (row, (&id, plan)) in seq_ids.iter().zip(plans).enumerate() {
-                let tokens = token_ids.map(|t| &t[row * num_tokens..(row + 1) * num_tokens]);
-                self.apply_growth(id, num_tokens, tokens, plan, &mut supply);
-            }
+        Ok(needed_blocks)
+    }
+
+    /// The error a batch reports when one member fails validation with `member_error`: a
+    /// duplicate id anywhere in the batch takes precedence (it is checked first by contract).
+    #[cold]
+    fn batch_error(&self, seq_ids: &[SeqId], member_error: Error) -> Error {
+        match self.check_distinct(seq_ids) {
+            Err(duplicate) => duplicate,
+            Ok(()) => member_error,
         }
-        self.scratch = fresh;
-        result
     }
 
     /// Validates growth of `seq_id` by `num_tokens` and counts the fresh blocks it needs.
-    /// `cow_releases` tracks references already dropped by earlier members of a batch.
-    fn plan_growth(
-        &self,
-        seq_id: SeqId,
-        num_tokens: usize,
-        cow_releases: Option<&mut FxHashMap<BlockId, u32>>,
-    ) -> Result<GrowthPlan> {
-        let table = &self.resident(seq_id)?.table;
-        let new_len = table.num_tokens.checked_add(num_tokens).ok_or_else(|| {
-            Error::InvalidArgument(format!("appending {num_tokens} tokens overflows"))
-        })?;
-        let new_num_blocks = self.blocks_fitting_pool(new_len)?;
-        let mut needed_blocks = new_num_blocks - table.block_ids.len();
-        let mut copy_on_write = false;
-        if num_tokens > 0 && table.free_slots(self.block_size) > 0 {
-            let last = *table.block_ids.last().expect("free slots imply a last block");
-            let mut refs = self.pool.refcount(last)?;
-            if let Some(released) = cow_releases {
-                let r = released.entry(last).or_insert(0);
-                refs -= *r;
-                if refs > 1 {
-                    *r += 1;
-                }
-            }
-            if refs > 1 {
-                copy_on_write = true;
-                needed_blocks += 1;
-            }
-        }
-        Ok(GrowthPlan { needed_blocks, copy_on_write })
+    fn plan_growth(&self, seq_id: SeqId, num_tokens: usize) -> Result<GrowthPlan> {
+        growth_plan(&self.resident(seq_id)?.table, num_tokens, &self.pool, None)
     }
 
-    /// Applies a validated plan with blocks drawn from `supply` (cannot fail).
+    /// Applies a validated plan to the sequence in `slot` with blocks drawn from `supply`
+    /// (cannot fail).
+    #[inline]
     fn apply_growth(
         &mut self,
-        seq_id: SeqId,
+        slot: usize,
         num_tokens: usize,
         token_ids: Option<&[TokenId]>,
         plan: GrowthPlan,
         supply: &mut impl Iterator<Item = BlockId>,
     ) {
         let block_size = self.block_size;
-        let seq = self.seqs.get_mut(&seq_id).expect("validated sequence");
+        let seq = self.seqs.at_mut(slot);
         let mut copied = None;
         if plan.copy_on_write {
             let dst = supply.next().expect("planned block");
@@ -607,8 +623,8 @@ impl KvCacheManager {
             copied = Some((std::mem::replace(last, dst), dst));
         }
         let new_len = seq.table.num_tokens + num_tokens;
-        let target = new_len.div_ceil(block_size);
-        while seq.table.block_ids.len() < target {
+        // `len * block_size < new_len` is `len < ceil(new_len / block_size)` without a division.
+        while seq.table.block_ids.len() * block_size < new_len {
             seq.table.block_ids.push(supply.next().expect("planned block"));
         }
         seq.table.num_tokens = new_len;
@@ -677,6 +693,17 @@ impl KvCacheManager {
         }
         // Tail first: with prefix caching the tail blocks then sit ahead of the head blocks in
         // the eviction order (a shared prefix is likelier to be hit again than a tail).
+        if self.prefix.is_none() {
+            // The blocks reaching 0 go back to the pool together (one free-list update).
+            let mut freed = 0;
+            let result = self.pool.release_chain(seq.table.block_ids.iter().rev().copied(), &mut freed);
+            self.num_blocks_in_use -= freed;
+            self.counters.frees += freed as u64;
+            // Our table held a reference to each block, so the pool cannot refuse; if it does,
+            // a refcount was corrupted elsewhere and check_invariants will report it.
+            debug_assert!(result.is_ok(), "release of a table block failed: {result:?}");
+            return Ok(());
+        }
         for &b in seq.table.block_ids.iter().rev() {
             self.release(b);
         }
@@ -1138,7 +1165,7 @@ impl KvCacheManager {
         let mut refs: FxHashMap<BlockId, u32> = FxHashMap::default();
         let mut host_refs: FxHashMap<BlockId, u32> = FxHashMap::default();
         let mut swapped = 0;
-        for (&id, seq) in &self.seqs {
+        for (&id, seq) in self.seqs.iter() {
             let t = &seq.table;
             let expect = t.num_tokens.div_ceil(bs);
             if t.block_ids.len() != expect {
@@ -1338,15 +1365,7 @@ impl KvCacheManager {
 
     /// Blocks needed for `num_tokens`, or InvalidArgument when no table that long can fit.
     fn blocks_fitting_pool(&self, num_tokens: usize) -> Result<usize> {
-        let n = self.blocks_needed_for_prompt(num_tokens);
-        if n > self.pool.num_blocks() {
-            return invalid(format!(
-                "{num_tokens} tokens need {n} blocks, more than the pool's {} blocks of {} tokens",
-                self.pool.num_blocks(),
-                self.block_size
-            ));
-        }
-        Ok(n)
+        blocks_fitting(num_tokens, &self.pool)
     }
 
     fn check_distinct(&self, seq_ids: &[SeqId]) -> Result<()> {
@@ -1451,4 +1470,72 @@ impl Drop for KvCacheManager {
 struct GrowthPlan {
     needed_blocks: usize,
     copy_on_write: bool,
+}
+
+/// Buffers a batch call reuses across calls, so an engine step allocates nothing.
+#[derive(Debug, Default)]
+struct BatchScratch {
+    /// Per batch member, in order: its slot in `KvCacheManager::seqs`.
+    slots: Vec<usize>,
+    /// Per batch member, in order: its validated growth plan.
+    plans: Vec<GrowthPlan>,
+    /// Shared last blocks -> references to them already given up (copied away from) by
+    /// earlier members of the batch. Only blocks with refcount > 1 get an entry.
+    cow_releases: FxHashMap<BlockId, u32>,
+}
+
+/// Validates growth of `table` by `num_tokens` tokens and counts the fresh blocks it needs.
+/// `cow_releases` tracks references already dropped by earlier members of a batch.
+#[inline]
+fn growth_plan(
+    table: &BlockTable,
+    num_tokens: usize,
+    pool: &BlockPool,
+    cow_releases: Option<&mut FxHashMap<BlockId, u32>>,
+) -> Result<GrowthPlan> {
+    let free_slots = table.free_slots(pool.block_size());
+    // Tokens that fit the last block need no new block (and cannot overflow: the table fits).
+    let mut needed_blocks = if num_tokens <= free_slots {
+        0
+    } else {
+        let new_len = table.num_tokens.checked_add(num_tokens).ok_or_else(|| {
+            Error::InvalidArgument(format!("appending {num_tokens} tokens overflows"))
+        })?;
+        blocks_fitting(new_len, pool)? - table.block_ids.len()
+    };
+    let mut copy_on_write = false;
+    if num_tokens > 0 && free_slots > 0 {
+        let last = *table.block_ids.last().expect("free slots imply a last block");
+        let mut refs = pool.refcount(last)?;
+        // A refcount-1 block is referenced by this table alone: no other member can have
+        // copied away from it, so only shared blocks need the bookkeeping.
+        if refs > 1 {
+            if let Some(released) = cow_releases {
+                let r = released.entry(last).or_insert(0);
+                refs -= *r;
+                if refs > 1 {
+                    *r += 1;
+                }
+            }
+        }
+        if refs > 1 {
+            copy_on_write = true;
+            needed_blocks += 1;
+        }
+    }
+    Ok(GrowthPlan { needed_blocks, copy_on_write })
+}
+
+/// Blocks needed for `num_tokens`, or InvalidArgument when no table that long can fit `pool`.
+#[inline]
+fn blocks_fitting(num_tokens: usize, pool: &BlockPool) -> Result<usize> {
+    let block_size = pool.block_size();
+    let n = num_tokens / block_size + usize::from(num_tokens % block_size != 0);
+    if n > pool.num_blocks() {
+        return invalid(format!(
+            "{num_tokens} tokens need {n} blocks, more than the pool's {} blocks of {block_size} tokens",
+            pool.num_blocks(),
+        ));
+    }
+    Ok(n)
 }

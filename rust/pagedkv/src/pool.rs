@@ -222,13 +222,7 @@ impl BlockPool {
                 available_blocks,
             });
         }
-        out.reserve(num_blocks);
-        for _ in 0..num_blocks {
-            let b = self.pop_reserved();
-            // Release: a concurrent checker that sees refcount 1 must also see the pop.
-            self.refcounts[b as usize].store(1, Ordering::Release);
-            out.push(b);
-        }
+        self.pop_reserved(num_blocks, out);
         Ok(())
     }
 
@@ -251,13 +245,7 @@ impl BlockPool {
                 Err(now) => cur = now,
             }
         };
-        out.reserve(take);
-        for _ in 0..take {
-            let b = self.pop_reserved();
-            // Release: a concurrent checker that sees refcount 1 must also see the pop.
-            self.refcounts[b as usize].store(1, Ordering::Release);
-            out.push(b);
-        }
+        self.pop_reserved(take, out);
         take
     }
 
@@ -308,6 +296,67 @@ impl BlockPool {
         } else {
             Ok(false)
         }
+    }
+
+    /// Drops one reference to each of `block_ids`, in order; the blocks reaching 0 go back on
+    /// the free list together (one update of the list and of the free count instead of one per
+    /// block), leaving it exactly as releasing them one by one would. Returns how many were
+    /// freed. Stops at the first error ([`Error::DoubleFree`], or an unknown id), after
+    /// releasing the blocks before it.
+    ///
+    /// ```
+    /// use pagedkv::{BlockPool, Error};
+    /// let pool = BlockPool::new(4, 16)?;
+    /// let blocks = pool.allocate(3)?;
+    /// pool.retain(blocks[1])?;
+    /// assert_eq!(pool.release_all(blocks.iter().rev().copied())?, 2);   // blocks[1] still held
+    /// assert_eq!(pool.num_free_blocks(), 3);
+    /// assert_eq!(pool.release_all([blocks[1], blocks[1]]), Err(Error::DoubleFree(blocks[1])));
+    /// assert_eq!(pool.num_free_blocks(), 4);
+    /// pool.check_invariants_quiescent()?;
+    /// # Ok::<(), pagedkv::Error>(())
+    /// ```
+    pub fn release_all(&self, block_ids: impl IntoIterator<Item = BlockId>) -> Result<usize> {
+        let mut freed = 0;
+        self.release_chain(block_ids, &mut freed).map(|()| freed)
+    }
+
+    /// [`BlockPool::release_all`] that counts the freed blocks in `freed` even when it fails.
+    pub(crate) fn release_chain(
+        &self,
+        block_ids: impl IntoIterator<Item = BlockId>,
+        freed: &mut usize,
+    ) -> Result<()> {
+        // The freed blocks, linked as they would lie on the stack: `top` last freed, `bottom`
+        // first. They are ours alone (refcount 0, not yet on the list) until the push.
+        let mut chain: Option<(BlockId, BlockId)> = None;
+        let mut count = 0usize;
+        let mut result = Ok(());
+        for b in block_ids {
+            match self.decrement(b) {
+                Ok(true) => {
+                    match &mut chain {
+                        None => chain = Some((b, b)),
+                        Some((top, _)) => {
+                            // Release: see `push_chain`.
+                            self.next[b as usize].store(*top, Ordering::Release);
+                            *top = b;
+                        }
+                    }
+                    count += 1;
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        if let Some((top, bottom)) = chain {
+            self.push_chain(top, bottom, count);
+        }
+        *freed += count;
+        result
     }
 
     /// The current refcount of a block (a snapshot if other threads touch it).
@@ -459,9 +508,59 @@ impl BlockPool {
         }
     }
 
-    /// Pops one block; the caller holds a reservation, so the stack is non-empty.
+    /// Pops `n` blocks with one update of the head (each refcount 0 -> 1), appending them to
+    /// `out` top first; the caller holds a reservation of `n`, so the stack holds them.
+    ///
+    /// The walk down `n` links reads a consistent chain whenever the CAS succeeds: an unchanged
+    /// tag means no push or pop happened since the head was read, and a link of a block is only
+    /// written while the block is off the stack.
     #[inline]
-    fn pop_reserved(&self) -> BlockId {
+    fn pop_reserved(&self, n: usize, out: &mut Vec<BlockId>) {
+        if n == 1 {
+            let b = self.pop_one_reserved();
+            out.push(b);
+            return;
+        }
+        out.reserve(n);
+        let start = out.len();
+        let mut head = self.head.load(Ordering::Acquire);
+        loop {
+            out.truncate(start);
+            let mut index = head_index(head);
+            while out.len() - start < n && index != NIL {
+                out.push(index);
+                // A stale link (the block was popped and pushed again meanwhile) is harmless:
+                // the tag moved, so the CAS below fails and we retry.
+                index = self.next[index as usize].load(Ordering::Relaxed);
+            }
+            if out.len() - start < n {
+                // A stale snapshot ran off the end of the stack (`stack length >= free_count +
+                // reservations` holds for the current one): reread. Spinning rather than failing
+                // half-way keeps the allocation all-or-nothing regardless.
+                spin_hint();
+                head = self.head.load(Ordering::Acquire);
+                continue;
+            }
+            match self.head.compare_exchange_weak(
+                head,
+                pack(head_tag(head).wrapping_add(1), index),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => break,
+                Err(now) => head = now,
+            }
+        }
+        for &b in &out[start..] {
+            // Release: a concurrent checker that sees refcount 1 must also see the pop.
+            self.refcounts[b as usize].store(1, Ordering::Release);
+        }
+    }
+
+    /// [`BlockPool::pop_reserved`] of one block (the common case: a sequence crossing into a
+    /// new block), without the buffer bookkeeping of the walk.
+    #[inline]
+    fn pop_one_reserved(&self) -> BlockId {
         let mut head = self.head.load(Ordering::Acquire);
         loop {
             let index = head_index(head);
@@ -482,7 +581,11 @@ impl BlockPool {
                 Ordering::AcqRel,
                 Ordering::Acquire,
             ) {
-                Ok(_) => return index,
+                Ok(_) => {
+                    // Release: a concurrent checker that sees refcount 1 must also see the pop.
+                    self.refcounts[index as usize].store(1, Ordering::Release);
+                    return index;
+                }
                 Err(now) => head = now,
             }
         }
@@ -491,15 +594,22 @@ impl BlockPool {
     /// Pushes a refcount-0 block on the free stack, then makes it allocatable.
     #[inline]
     fn push_free(&self, block_id: BlockId) {
+        self.push_chain(block_id, block_id, 1);
+    }
+
+    /// Pushes `count` refcount-0 blocks already linked from `top` down to `bottom` (through
+    /// `next`) onto the free stack with one CAS, then makes them allocatable.
+    #[inline]
+    fn push_chain(&self, top: BlockId, bottom: BlockId, count: usize) {
         let mut head = self.head.load(Ordering::Relaxed);
         loop {
             // Release (like the refcount store on allocation): a concurrent checker that reads
             // this link or refcount also sees the pop that preceded it, so it notices the head
             // moved and discards its walk instead of reporting a torn snapshot.
-            self.next[block_id as usize].store(head_index(head), Ordering::Release);
+            self.next[bottom as usize].store(head_index(head), Ordering::Release);
             match self.head.compare_exchange_weak(
                 head,
-                pack(head_tag(head).wrapping_add(1), block_id),
+                pack(head_tag(head).wrapping_add(1), top),
                 Ordering::AcqRel,
                 Ordering::Relaxed,
             ) {
@@ -508,7 +618,7 @@ impl BlockPool {
             }
         }
         // Only after the push: keeps `stack length >= free_count + reservations`.
-        self.free_count.fetch_add(1, Ordering::AcqRel);
+        self.free_count.fetch_add(count, Ordering::AcqRel);
     }
 
     /// Walks the free stack; `None` if the head moved during the walk (snapshot not stable).

@@ -161,3 +161,30 @@ fn three_threads_with_concurrent_check() {
         pool.check_invariants_quiescent().unwrap();
     });
 }
+
+/// A chained release of two blocks (one free-list update) races a two-block allocation (one
+/// walk of two links): neither sees a torn stack, every block is held or free exactly once, and
+/// the released pair comes back in the order single releases would leave it.
+#[test]
+fn release_all_against_multi_block_allocate() {
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = Some(2);
+    builder.check(|| {
+        let pool = Arc::new(BlockPool::new(4, 1).unwrap());
+        let held = pool.allocate(2).unwrap(); // [0, 1]; 2 and 3 stay free
+        let p1 = pool.clone();
+        let t1 = thread::spawn(move || {
+            assert_eq!(p1.release_all(held.iter().rev().copied()).unwrap(), 2);
+        });
+        let p2 = pool.clone();
+        let t2 = thread::spawn(move || p2.allocate(2).unwrap());
+        t1.join().unwrap();
+        let got = t2.join().unwrap();
+        assert_ne!(got[0], got[1]);
+        assert_eq!(pool.num_free_blocks(), 2);
+        pool.check_invariants_quiescent().unwrap();
+        let rest = pool.allocate(2).unwrap();
+        assert!(rest.iter().all(|b| !got.contains(b)), "a block both held and free");
+        pool.check_invariants_quiescent().unwrap();
+    });
+}

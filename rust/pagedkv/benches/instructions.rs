@@ -1,0 +1,179 @@
+//! Fixed-work scenarios for instruction counting, load-independent (unlike wall time on a
+//! shared machine). Each scenario runs inside an `#[inline(never)]` function named
+//! `scenario_*`, so callgrind can count exactly it:
+//!
+//! ```text
+//! cargo bench -p pagedkv --bench instructions --no-run
+//! valgrind --tool=callgrind --collect-atstart=no --toggle-collect='*scenario_*' \
+//!     --callgrind-out-file=/dev/null target/release/deps/instructions-<hash> append_batch_48 1000
+//! ```
+//!
+//! `Collected` (Ir) divided by the printed unit count is instructions per unit. Without
+//! valgrind the binary prints wall time per unit (a sanity check only).
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use pagedkv::sim::{
+    simulate, AllocatorKind, GroupKind, RequestSpec, SimConfig, SplitMix64, Workload,
+};
+use pagedkv::{BlockPool, KvCacheManager, ManagerConfig};
+
+fn manager(num_blocks: usize, block_size: usize) -> KvCacheManager {
+    KvCacheManager::new(ManagerConfig {
+        num_blocks,
+        block_size,
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+/// One single-block allocate + release pair on the pool. Units: pairs.
+#[inline(never)]
+fn scenario_alloc_free_pair(pool: &BlockPool, iters: u64) -> u64 {
+    let mut buf = Vec::with_capacity(4);
+    for _ in 0..iters {
+        buf.clear();
+        pool.allocate_into(1, &mut buf).unwrap();
+        pool.release(black_box(buf[0])).unwrap();
+    }
+    iters
+}
+
+/// One decode step over 48 sequences (block size 16, so one in 16 appends takes a block).
+/// Units: sequence-appends.
+#[inline(never)]
+fn scenario_append_batch(kv: &mut KvCacheManager, seq_ids: &[u64], iters: u64) -> u64 {
+    for _ in 0..iters {
+        kv.append_len_batch(black_box(seq_ids), 1).unwrap();
+    }
+    iters * seq_ids.len() as u64
+}
+
+/// Admit a 200-token sequence, then free it. Units: add+free pairs.
+#[inline(never)]
+fn scenario_add_free(kv: &mut KvCacheManager, iters: u64) -> u64 {
+    for i in 0..iters {
+        kv.add_sequence_len(black_box(i), 200).unwrap();
+        kv.free(black_box(i)).unwrap();
+    }
+    iters
+}
+
+/// The Python op-mix schedule (benches/python/test_manager_bench.py, counts only) in Rust:
+/// 48 running sequences; each step appends one token to all (one batch call), finishes two,
+/// admits two, and forks one in four steps. Units: sequence-operations.
+#[inline(never)]
+fn scenario_op_mix(iters: u64) -> u64 {
+    let mut ops = 0u64;
+    for round in 0..iters {
+        let mut rng = SplitMix64::new(round);
+        let mut kv = manager(8192, 16);
+        let mut running: Vec<u64> = Vec::new();
+        let mut next_id = 0u64;
+        for _ in 0..48 {
+            kv.add_sequence_len(next_id, 50 + rng.next_below(350) as usize)
+                .unwrap();
+            running.push(next_id);
+            next_id += 1;
+            ops += 1;
+        }
+        for _ in 0..60 {
+            kv.append_len_batch(&running, 1).unwrap();
+            ops += running.len() as u64;
+            for _ in 0..2 {
+                let victim = running.swap_remove(rng.next_below(running.len() as u64) as usize);
+                kv.free(victim).unwrap();
+                kv.add_sequence_len(next_id, 50 + rng.next_below(350) as usize)
+                    .unwrap();
+                running.push(next_id);
+                next_id += 1;
+                ops += 2;
+            }
+            if rng.next_below(4) == 0 {
+                let parent = running[rng.next_below(running.len() as u64) as usize];
+                kv.fork(parent, next_id).unwrap();
+                running.push(next_id);
+                next_id += 1;
+                ops += 1;
+            }
+        }
+        kv.free_batch(&running).unwrap();
+        ops += running.len() as u64;
+    }
+    ops
+}
+
+/// The simulator on a seeded 2,000-request workload (paged allocator). Units: generated tokens.
+#[inline(never)]
+fn scenario_sim_replay(workload: &Workload, config: &SimConfig, iters: u64) -> u64 {
+    let mut tokens = 0;
+    for _ in 0..iters {
+        tokens += simulate(workload, config).unwrap().generated_tokens as u64;
+    }
+    tokens
+}
+
+fn sim_workload(num_requests: usize) -> Workload {
+    let mut rng = SplitMix64::new(1);
+    let specs = (0..num_requests)
+        .map(|i| RequestSpec {
+            prompt_tokens: 1 + rng.next_below(2000) as usize,
+            output_tokens: 1 + rng.next_below(400) as usize,
+            arrival_s: i as f64 * 0.18,
+            group_size: 1,
+            prefix: None,
+        })
+        .collect();
+    Workload::new(specs, GroupKind::None).unwrap()
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    let scenario = args.first().map_or("op_mix", String::as_str);
+    let iters: u64 = args
+        .get(1)
+        .map_or(100, |n| n.parse().expect("iteration count"));
+    let start = Instant::now();
+    let units = match scenario {
+        "alloc_free_pair" => {
+            let pool = BlockPool::new(4096, 16).unwrap();
+            scenario_alloc_free_pair(&pool, iters)
+        }
+        "append_batch_48" => {
+            let mut kv = manager(1 << 16, 16);
+            let ids: Vec<u64> = (0..48).collect();
+            for &id in &ids {
+                kv.add_sequence_len(id, 100 + id as usize).unwrap();
+            }
+            scenario_append_batch(&mut kv, &ids, iters)
+        }
+        "add_free" => {
+            let mut kv = manager(4096, 16);
+            scenario_add_free(&mut kv, iters)
+        }
+        "op_mix" => scenario_op_mix(iters),
+        "sim_replay" => {
+            let workload = sim_workload(2000);
+            let config = SimConfig {
+                allocator: AllocatorKind::Paged,
+                num_slots: 40_000,
+                max_model_len: 2400,
+                ..Default::default()
+            };
+            scenario_sim_replay(&workload, &config, iters)
+        }
+        other => {
+            // `cargo bench` without `--bench` runs every target with its own arguments.
+            eprintln!("instructions: unknown scenario {other:?}; nothing run");
+            0
+        }
+    };
+    if units > 0 {
+        let ns = start.elapsed().as_nanos() as f64 / units as f64;
+        println!("{scenario}: {units} units, {ns:.1} ns/unit (wall, includes setup)");
+    }
+}

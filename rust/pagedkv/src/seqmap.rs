@@ -1,0 +1,196 @@
+//! Live sequences by caller id: a dense slot array behind an id -> slot index.
+//!
+//! A batch call (one engine step over B sequences) validates every id before it changes
+//! anything, then applies its changes: with a plain hash map that is two lookups per sequence
+//! plus a hash set to reject duplicate ids. Here the validation pass resolves each id to its
+//! slot once, the apply pass indexes the slot array directly, and duplicates are caught by
+//! stamping each visited slot with the batch's generation number (no set to build or clear).
+//! Removal moves the last slot into the hole (`swap_remove`), so the array stays dense.
+
+use std::ops::Index;
+
+use rustc_hash::FxHashMap;
+
+use crate::SeqId;
+
+/// Values keyed by [`SeqId`], with stable-until-removal dense slots.
+///
+/// Invariants: `ids`, `values` and `marks` have equal length; `index[ids[s]] == s` for every
+/// slot `s`, and `index` has no other entries.
+#[derive(Debug, Clone)]
+pub(crate) struct SeqMap<V> {
+    /// Caller id -> slot.
+    index: FxHashMap<SeqId, usize>,
+    /// Per slot: its caller id.
+    ids: Vec<SeqId>,
+    /// Per slot: its value.
+    values: Vec<V>,
+    /// Per slot: the generation of the last batch that visited it (see [`SeqMap::mark`]).
+    marks: Vec<u64>,
+    /// The current batch generation; starts at 0 and only grows, so a fresh slot (mark 0) is
+    /// never taken as visited by a batch (generations start at 1).
+    generation: u64,
+}
+
+impl<V> Default for SeqMap<V> {
+    fn default() -> Self {
+        SeqMap {
+            index: FxHashMap::default(),
+            ids: Vec::new(),
+            values: Vec::new(),
+            marks: Vec::new(),
+            generation: 0,
+        }
+    }
+}
+
+impl<V> SeqMap<V> {
+    #[inline]
+    pub(crate) fn len(&self) -> usize {
+        self.values.len()
+    }
+
+    #[inline]
+    pub(crate) fn contains_key(&self, id: &SeqId) -> bool {
+        self.index.contains_key(id)
+    }
+
+    /// The slot of `id`, valid until the next insert or remove.
+    #[inline]
+    pub(crate) fn slot(&self, id: SeqId) -> Option<usize> {
+        self.index.get(&id).copied()
+    }
+
+    #[inline]
+    pub(crate) fn get(&self, id: &SeqId) -> Option<&V> {
+        self.slot(*id).map(|s| &self.values[s])
+    }
+
+    #[inline]
+    pub(crate) fn get_mut(&mut self, id: &SeqId) -> Option<&mut V> {
+        self.slot(*id).map(|s| &mut self.values[s])
+    }
+
+    #[inline]
+    pub(crate) fn at(&self, slot: usize) -> &V {
+        &self.values[slot]
+    }
+
+    #[inline]
+    pub(crate) fn at_mut(&mut self, slot: usize) -> &mut V {
+        &mut self.values[slot]
+    }
+
+    /// Inserts or replaces; returns the replaced value.
+    pub(crate) fn insert(&mut self, id: SeqId, value: V) -> Option<V> {
+        match self.index.get(&id) {
+            Some(&s) => Some(std::mem::replace(&mut self.values[s], value)),
+            None => {
+                self.index.insert(id, self.values.len());
+                self.ids.push(id);
+                self.values.push(value);
+                self.marks.push(0);
+                None
+            }
+        }
+    }
+
+    pub(crate) fn remove(&mut self, id: &SeqId) -> Option<V> {
+        let s = self.index.remove(id)?;
+        self.ids.swap_remove(s);
+        self.marks.swap_remove(s);
+        let value = self.values.swap_remove(s);
+        if let Some(&moved) = self.ids.get(s) {
+            self.index.insert(moved, s);
+        }
+        Some(value)
+    }
+
+    /// Ids in slot order (arbitrary from the caller's point of view).
+    pub(crate) fn keys(&self) -> std::slice::Iter<'_, SeqId> {
+        self.ids.iter()
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&SeqId, &V)> {
+        self.ids.iter().zip(&self.values)
+    }
+
+    /// Starts a batch: slots marked from now on are told apart from earlier batches' marks.
+    #[inline]
+    pub(crate) fn begin_batch(&mut self) {
+        self.generation += 1;
+    }
+
+    /// Marks `slot` as visited by the current batch; false if it already was (a duplicate id).
+    #[inline]
+    pub(crate) fn mark(&mut self, slot: usize) -> bool {
+        let mark = &mut self.marks[slot];
+        let fresh = *mark != self.generation;
+        *mark = self.generation;
+        fresh
+    }
+}
+
+impl<V> Index<&SeqId> for SeqMap<V> {
+    type Output = V;
+
+    /// Panics when `id` is absent: callers index only ids they validated.
+    #[inline]
+    fn index(&self, id: &SeqId) -> &V {
+        self.get(id).expect("validated sequence id")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check<V>(m: &SeqMap<V>) {
+        assert_eq!(m.ids.len(), m.values.len());
+        assert_eq!(m.ids.len(), m.marks.len());
+        assert_eq!(m.index.len(), m.ids.len());
+        for (s, id) in m.ids.iter().enumerate() {
+            assert_eq!(m.index[id], s);
+        }
+    }
+
+    #[test]
+    fn insert_remove_keeps_slots_dense_and_indexed() {
+        let mut m = SeqMap::default();
+        for id in [10u64, 20, 30, 40] {
+            assert_eq!(m.insert(id, id * 2), None);
+        }
+        assert_eq!(m.insert(20, 99), Some(40));
+        assert_eq!(m.remove(&10), Some(20)); // slot 0 now holds 40
+        assert_eq!(m.remove(&10), None);
+        check(&m);
+        assert_eq!(m.len(), 3);
+        assert_eq!(m[&40], 80);
+        assert_eq!(m.get(&20), Some(&99));
+        assert_eq!(m.remove(&30), Some(60)); // the last slot: nothing moves
+        check(&m);
+        let mut keys: Vec<u64> = m.keys().copied().collect();
+        keys.sort_unstable();
+        assert_eq!(keys, vec![20, 40]);
+        assert!(!m.contains_key(&30));
+    }
+
+    #[test]
+    fn marks_detect_repeats_within_a_batch_only() {
+        let mut m = SeqMap::default();
+        m.insert(1u64, ());
+        m.insert(2u64, ());
+        let (a, b) = (m.slot(1).unwrap(), m.slot(2).unwrap());
+        m.begin_batch();
+        assert!(m.mark(a));
+        assert!(m.mark(b));
+        assert!(!m.mark(a));
+        m.begin_batch();
+        assert!(m.mark(a)); // a new batch forgets the old marks
+        m.remove(&1);
+        m.insert(3u64, ()); // a new slot starts unmarked
+        let c = m.slot(3).unwrap();
+        assert!(m.mark(c));
+        check(&m);
+    }
+}
