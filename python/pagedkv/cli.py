@@ -31,11 +31,15 @@ class CliError(PagedKvError):
     """A bad combination of command-line options (the message says which)."""
 
 
-def _positive_int(text: str) -> int:
+def _parse_int(text: str) -> int:
     try:
-        value = int(text)
+        return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
+def _positive_int(text: str) -> int:
+    value = _parse_int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
     return value
@@ -54,10 +58,7 @@ def _num_requests(text: str) -> int:
 
 
 def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    value = _parse_int(text)
     if not 0 <= value < 2**64:
         raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**64), got {value}")
     return value
