@@ -432,7 +432,8 @@ def add_viz_command(subparsers: Any) -> None:
     viz_cli.add_parser(subparsers, [_workload_options(), _engine_options(), _output_options()])
 
 
-def _block_sizes(text: str) -> list[int]:
+def _positive_int_list(text: str) -> list[int]:
+    """Comma-separated integers >= 1 (block sizes, context lengths)."""
     return [_positive_int(part) for part in text.split(",") if part]
 
 
@@ -458,7 +459,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sweep = subparsers.add_parser("sweep", parents=[workload, engine, output],
                                   help="paged block size 1...256: utilization, waste vs block-table length")
-    sweep.add_argument("--block-sizes", type=_block_sizes, default=[1, 2, 4, 8, 16, 32, 64, 128, 256],
+    sweep.add_argument("--block-sizes", type=_positive_int_list, default=[1, 2, 4, 8, 16, 32, 64, 128, 256],
                        help="comma-separated block sizes (default 1,2,4,...,256)")
     sweep.set_defaults(handler=_cmd_sweep)
 
@@ -487,9 +488,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     cost = subparsers.add_parser("costmodel", parents=[output],
                                  help="recompute vs swap cost: the model (H200/PCIe 5) and a CPU measurement")
-    cost.add_argument("--contexts", type=_block_sizes, default=[128, 256, 512, 1024, 2048, 4096, 8192, 16384],
+    cost.add_argument("--contexts", type=_positive_int_list, default=[128, 256, 512, 1024, 2048, 4096, 8192, 16384],
                       help="comma-separated context lengths in tokens")
-    cost.add_argument("--block-sizes", type=_block_sizes, default=[1, 2, 4, 8, 16, 32, 64, 128, 256])
+    cost.add_argument("--block-sizes", type=_positive_int_list, default=[1, 2, 4, 8, 16, 32, 64, 128, 256])
     cost.add_argument("--num-layers", type=_positive_int, default=None, help="model shape (default Llama-3-8B)")
     cost.add_argument("--num-kv-heads", type=_positive_int, default=None)
     cost.add_argument("--head-dim", type=_positive_int, default=None)
