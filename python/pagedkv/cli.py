@@ -31,11 +31,15 @@ class CliError(PagedKvError):
     """A bad combination of command-line options (the message says which)."""
 
 
-def _positive_int(text: str) -> int:
+def _parse_int(text: str) -> int:
     try:
-        value = int(text)
+        return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
+def _positive_int(text: str) -> int:
+    value = _parse_int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
     return value
@@ -54,10 +58,7 @@ def _num_requests(text: str) -> int:
 
 
 def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    value = _parse_int(text)
     if not 0 <= value < 2**64:
         raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**64), got {value}")
     return value
@@ -431,7 +432,8 @@ def add_viz_command(subparsers: Any) -> None:
     viz_cli.add_parser(subparsers, [_workload_options(), _engine_options(), _output_options()])
 
 
-def _block_sizes(text: str) -> list[int]:
+def _positive_int_list(text: str) -> list[int]:
+    """Comma-separated integers >= 1 (block sizes, context lengths)."""
     return [_positive_int(part) for part in text.split(",") if part]
 
 
@@ -457,7 +459,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sweep = subparsers.add_parser("sweep", parents=[workload, engine, output],
                                   help="paged block size 1...256: utilization, waste vs block-table length")
-    sweep.add_argument("--block-sizes", type=_block_sizes, default=[1, 2, 4, 8, 16, 32, 64, 128, 256],
+    sweep.add_argument("--block-sizes", type=_positive_int_list, default=[1, 2, 4, 8, 16, 32, 64, 128, 256],
                        help="comma-separated block sizes (default 1,2,4,...,256)")
     sweep.set_defaults(handler=_cmd_sweep)
 
@@ -486,9 +488,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     cost = subparsers.add_parser("costmodel", parents=[output],
                                  help="recompute vs swap cost: the model (H200/PCIe 5) and a CPU measurement")
-    cost.add_argument("--contexts", type=_block_sizes, default=[128, 256, 512, 1024, 2048, 4096, 8192, 16384],
+    cost.add_argument("--contexts", type=_positive_int_list, default=[128, 256, 512, 1024, 2048, 4096, 8192, 16384],
                       help="comma-separated context lengths in tokens")
-    cost.add_argument("--block-sizes", type=_block_sizes, default=[1, 2, 4, 8, 16, 32, 64, 128, 256])
+    cost.add_argument("--block-sizes", type=_positive_int_list, default=[1, 2, 4, 8, 16, 32, 64, 128, 256])
     cost.add_argument("--num-layers", type=_positive_int, default=None, help="model shape (default Llama-3-8B)")
     cost.add_argument("--num-kv-heads", type=_positive_int, default=None)
     cost.add_argument("--head-dim", type=_positive_int, default=None)

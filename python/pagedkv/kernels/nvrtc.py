@@ -113,17 +113,14 @@ def parse_resources(log: str) -> dict[str, KernelResources]:
     current = None
     frame = stores = loads = 0
     for line in log.splitlines():
-        m = re.search(r"Function properties for (\S+)", line)
+        # ptxas names the kernel its next lines describe in either of two forms.
+        m = re.search(r"Function properties for (\S+)|Compiling entry function '(\S+)'", line)
         if m:
-            current = m.group(1)
+            current = m.group(1) or m.group(2)
             continue
         m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
         if m and current:
             frame, stores, loads = (int(x) for x in m.groups())
-            continue
-        m = re.search(r"Compiling entry function '(\S+)'", line)
-        if m:
-            current = m.group(1)
             continue
         m = re.search(r"Used (\d+) registers(?:.*?(\d+) bytes smem)?", line)
         if m and current:

@@ -195,25 +195,12 @@ class CostModel:
                 if winning >= max_blocks:
                     return None
                 losing, winning = winning, min(2 * winning, max_blocks)
-            while winning - losing > 1:
-                middle = (losing + winning) // 2
-                if wins_at_block_start(middle):
-                    winning = middle
-                else:
-                    losing = middle
-            first_block = winning
+            first_block = _first_true(wins_at_block_start, losing, winning)
         crossover = (first_block - 1) * block_size + 1
         if first_block >= 2 and swap_wins((first_block - 1) * block_size):
             # Swap's cost is flat inside the previous block and recompute's rises: the first
             # winning token there is found by bisection.
-            losing_token, winning_token = (first_block - 2) * block_size, (first_block - 1) * block_size
-            while winning_token - losing_token > 1:
-                middle = (losing_token + winning_token) // 2
-                if swap_wins(middle):
-                    winning_token = middle
-                else:
-                    losing_token = middle
-            crossover = winning_token
+            crossover = _first_true(swap_wins, (first_block - 2) * block_size, (first_block - 1) * block_size)
         return crossover if crossover <= max_context_tokens else None
 
     def table(self, contexts_tokens: Sequence[int] = DEFAULT_CONTEXTS_TOKENS,
@@ -228,6 +215,18 @@ class CostModel:
             "swap_s": [[self.swap_s(c, b) for c in contexts_tokens] for b in block_sizes],
             "crossover_context_tokens": [self.crossover_context_tokens(b) for b in block_sizes],
         }
+
+
+def _first_true(predicate: Callable[[int], bool], losing: int, winning: int) -> int:
+    """Smallest n in (losing, winning] with predicate(n), by bisection: predicate(losing) is
+    false, predicate(winning) true, and the predicate never turns false again once true."""
+    while winning - losing > 1:
+        middle = (losing + winning) // 2
+        if predicate(middle):
+            winning = middle
+        else:
+            losing = middle
+    return winning
 
 
 def _check_positive(**values: int) -> None:

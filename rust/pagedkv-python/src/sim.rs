@@ -10,13 +10,17 @@ use pagedkv::sim::{self, Frame, SimConfig, SimProgress, SimResult, Workload};
 
 use crate::errors::{invalid_argument, to_pyerr};
 
-/// Copies a 1-D int64 array (`[R]`) out of `obj`.
-fn int_column(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<i64>> {
-    let array = obj.cast::<PyArray1<i64>>().map_err(|_| {
+/// Copies a 1-D array (`[R]`) of `T` (NumPy dtype `dtype_name`) out of `obj`.
+fn column<T: numpy::Element + Copy>(
+    obj: &Bound<'_, PyAny>,
+    name: &str,
+    dtype_name: &str,
+) -> PyResult<Vec<T>> {
+    let array = obj.cast::<PyArray1<T>>().map_err(|_| {
         invalid_argument(
             obj.py(),
             format!(
-                "{name} must be a 1-D int64 NumPy array, got {}",
+                "{name} must be a 1-D {dtype_name} NumPy array, got {}",
                 describe(obj)
             ),
         )
@@ -24,18 +28,14 @@ fn int_column(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<i64>> {
     Ok(array.readonly().as_array().to_vec())
 }
 
+/// Copies a 1-D int64 array (`[R]`) out of `obj`.
+fn int_column(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<i64>> {
+    column(obj, name, "int64")
+}
+
 /// Copies a 1-D float64 array (`[R]`) out of `obj`.
 fn float_column(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<f64>> {
-    let array = obj.cast::<PyArray1<f64>>().map_err(|_| {
-        invalid_argument(
-            obj.py(),
-            format!(
-                "{name} must be a 1-D float64 NumPy array, got {}",
-                describe(obj)
-            ),
-        )
-    })?;
-    Ok(array.readonly().as_array().to_vec())
+    column(obj, name, "float64")
 }
 
 fn optional_int_column(obj: Option<&Bound<'_, PyAny>>, name: &str) -> PyResult<Option<Vec<i64>>> {

@@ -14,10 +14,11 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use pagedkv::sim::{
-    simulate, AllocatorKind, GroupKind, RequestSpec, SimConfig, SplitMix64, Workload,
-};
+use pagedkv::sim::{simulate, AllocatorKind, SimConfig, SplitMix64, Workload};
 use pagedkv::{BlockPool, KvCacheManager, ManagerConfig};
+
+mod common;
+use common::synthetic_workload;
 
 fn manager(num_blocks: usize, block_size: usize) -> KvCacheManager {
     KvCacheManager::new(ManagerConfig {
@@ -114,20 +115,6 @@ fn scenario_sim_replay(workload: &Workload, config: &SimConfig, iters: u64) -> u
     tokens
 }
 
-fn sim_workload(num_requests: usize) -> Workload {
-    let mut rng = SplitMix64::new(1);
-    let specs = (0..num_requests)
-        .map(|i| RequestSpec {
-            prompt_tokens: 1 + rng.next_below(2000) as usize,
-            output_tokens: 1 + rng.next_below(400) as usize,
-            arrival_s: i as f64 * 0.18,
-            group_size: 1,
-            prefix: None,
-        })
-        .collect();
-    Workload::new(specs, GroupKind::None).unwrap()
-}
-
 fn main() {
     let args: Vec<String> = std::env::args()
         .skip(1)
@@ -157,7 +144,7 @@ fn main() {
         }
         "op_mix" => scenario_op_mix(iters),
         "sim_replay" => {
-            let workload = sim_workload(2000);
+            let workload = synthetic_workload(2000);
             let config = SimConfig {
                 allocator: AllocatorKind::Paged,
                 num_slots: 40_000,

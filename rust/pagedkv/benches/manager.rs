@@ -11,67 +11,74 @@ fn manager(num_blocks: usize, block_size: usize) -> KvCacheManager {
     KvCacheManager::new(ManagerConfig { num_blocks, block_size, ..Default::default() }).unwrap()
 }
 
+/// Times `iters` appends to sequence 1, in chunks of at most `chunk_len` appends so that the
+/// sequence never outgrows the pool: each chunk admits the sequence (`admit`, untimed), times
+/// `append(kv, i)` for i in 0..chunk, and frees it (untimed).
+fn time_appends(
+    kv: &mut KvCacheManager,
+    iters: u64,
+    chunk_len: u64,
+    admit: impl Fn(&mut KvCacheManager),
+    mut append: impl FnMut(&mut KvCacheManager, u64),
+) -> Duration {
+    let mut total = Duration::ZERO;
+    let mut left = iters;
+    while left > 0 {
+        let chunk = left.min(chunk_len);
+        admit(kv);
+        let start = Instant::now();
+        for i in 0..chunk {
+            append(kv, i);
+        }
+        total += start.elapsed();
+        kv.free(1).unwrap();
+        left -= chunk;
+    }
+    total
+}
+
 fn append_one_token(c: &mut Criterion) {
     let mut g = c.benchmark_group("append_one_token");
     // Huge blocks so every timed append lands in the private, non-full last block.
     let block_size = 1 << 20;
     g.bench_function("append_len", |b| {
         b.iter_custom(|iters| {
-            let mut kv = manager(64, block_size);
-            let mut total = Duration::ZERO;
-            let mut left = iters;
-            while left > 0 {
-                let chunk = left.min(block_size as u64 - 2);
-                kv.add_sequence_len(1, 1).unwrap();
-                let start = Instant::now();
-                for _ in 0..chunk {
-                    kv.append_len(black_box(1), 1).unwrap();
-                }
-                total += start.elapsed();
-                kv.free(1).unwrap();
-                left -= chunk;
-            }
-            total
+            time_appends(
+                &mut manager(64, block_size),
+                iters,
+                block_size as u64 - 2,
+                |kv| {
+                    kv.add_sequence_len(1, 1).unwrap();
+                },
+                |kv, _| kv.append_len(black_box(1), 1).unwrap(),
+            )
         })
     });
     g.bench_function("append_tokens", |b| {
         b.iter_custom(|iters| {
-            let mut kv = manager(64, block_size);
-            let mut total = Duration::ZERO;
-            let mut left = iters;
-            while left > 0 {
-                let chunk = left.min(block_size as u64 - 2);
-                kv.add_sequence(1, &[7], None).unwrap();
-                let start = Instant::now();
-                for i in 0..chunk {
-                    kv.append_tokens(black_box(1), &[i as u32]).unwrap();
-                }
-                total += start.elapsed();
-                kv.free(1).unwrap();
-                left -= chunk;
-            }
-            total
+            time_appends(
+                &mut manager(64, block_size),
+                iters,
+                block_size as u64 - 2,
+                |kv| {
+                    kv.add_sequence(1, &[7], None).unwrap();
+                },
+                |kv, i| kv.append_tokens(black_box(1), &[i as u32]).unwrap(),
+            )
         })
     });
     // Realistic block size: the block boundary costs one pool allocation every 16 tokens.
     g.bench_function("append_len_bs16_amortized", |b| {
         b.iter_custom(|iters| {
-            let mut kv = manager(1 << 16, 16);
-            let mut total = Duration::ZERO;
-            let mut left = iters;
-            let cap = (1u64 << 16) * 16 - 32;
-            while left > 0 {
-                let chunk = left.min(cap);
-                kv.add_sequence_len(1, 1).unwrap();
-                let start = Instant::now();
-                for _ in 0..chunk {
-                    kv.append_len(black_box(1), 1).unwrap();
-                }
-                total += start.elapsed();
-                kv.free(1).unwrap();
-                left -= chunk;
-            }
-            total
+            time_appends(
+                &mut manager(1 << 16, 16),
+                iters,
+                (1u64 << 16) * 16 - 32,
+                |kv| {
+                    kv.add_sequence_len(1, 1).unwrap();
+                },
+                |kv, _| kv.append_len(black_box(1), 1).unwrap(),
+            )
         })
     });
     g.finish();

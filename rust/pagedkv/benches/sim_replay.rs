@@ -8,9 +8,10 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use pagedkv::sim::{
-    simulate, AllocatorKind, GroupKind, RequestSpec, SimConfig, SplitMix64, Workload,
-};
+use pagedkv::sim::{simulate, AllocatorKind, GroupKind, RequestSpec, SimConfig, Workload};
+
+mod common;
+use common::synthetic_workload;
 
 fn traces_dir() -> Option<PathBuf> {
     let candidates = [
@@ -50,27 +51,13 @@ fn read_azure(path: &PathBuf) -> Workload {
     Workload::new(specs, GroupKind::None).expect("valid trace")
 }
 
-fn synthetic(num_requests: usize) -> Workload {
-    let mut rng = SplitMix64::new(1);
-    let specs = (0..num_requests)
-        .map(|i| RequestSpec {
-            prompt_tokens: 1 + rng.next_below(2000) as usize,
-            output_tokens: 1 + rng.next_below(400) as usize,
-            arrival_s: i as f64 * 0.18,
-            group_size: 1,
-            prefix: None,
-        })
-        .collect();
-    Workload::new(specs, GroupKind::None).unwrap()
-}
-
 fn bench(c: &mut Criterion) {
     let (name, workload) = match traces_dir() {
         Some(dir) => (
             "azure_conv",
             read_azure(&dir.join("azure_llm_2023_conv.csv")),
         ),
-        None => ("synthetic_19366", synthetic(19_366)),
+        None => ("synthetic_19366", synthetic_workload(19_366)),
     };
     let max_len = workload
         .requests()

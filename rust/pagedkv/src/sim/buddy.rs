@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::extent::{Extent, ExtentAllocator};
+use super::extent::{runs_hold_extents, Extent, ExtentAllocator};
 
 /// Buddy allocator over the slots `[0, num_slots)`.
 ///
@@ -228,21 +228,17 @@ impl ExtentAllocator for BuddyAllocator {
     }
 
     fn can_place(&self, extent_len: usize, count: usize) -> bool {
-        if count == 0 {
-            return true;
-        }
-        if extent_len == 0 {
-            return false;
-        }
+        // Each free run of order k >= want splits into 2^(k - want) runs of order want.
         let want = order_for(extent_len) as usize;
-        let mut placed = 0usize;
-        for k in want..self.free_by_order.len() {
-            placed += self.free_by_order[k].len() << (k - want);
-            if placed >= count {
-                return true;
-            }
-        }
-        false
+        runs_hold_extents(
+            extent_len,
+            count,
+            self.free_by_order
+                .iter()
+                .enumerate()
+                .skip(want)
+                .map(|(k, runs)| runs.len() << (k - want)),
+        )
     }
 
     fn check_invariants(&self) -> Result<(), String> {

@@ -58,3 +58,28 @@ pub trait ExtentAllocator {
     /// Checks the allocator's structure; the message says what is wrong.
     fn check_invariants(&self) -> Result<(), String>;
 }
+
+/// The rule behind both allocators' `can_place`: `count` extents of `extent_len` slots fit when
+/// the free runs hold `count` of them in total (zero extents always fit, zero-length ones
+/// never). `extent_counts` yields how many each run (or group of runs) holds; it is read only
+/// until enough are found.
+pub(super) fn runs_hold_extents(
+    extent_len: usize,
+    count: usize,
+    extent_counts: impl IntoIterator<Item = usize>,
+) -> bool {
+    if count == 0 {
+        return true;
+    }
+    if extent_len == 0 {
+        return false;
+    }
+    let mut placed = 0usize;
+    for extents in extent_counts {
+        placed += extents;
+        if placed >= count {
+            return true;
+        }
+    }
+    false
+}

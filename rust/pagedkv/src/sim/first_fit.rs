@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use super::extent::{Extent, ExtentAllocator};
+use super::extent::{runs_hold_extents, Extent, ExtentAllocator};
 
 /// First-fit allocator over the slots `[0, num_slots)`.
 ///
@@ -162,22 +162,14 @@ impl ExtentAllocator for FirstFitAllocator {
     }
 
     fn can_place(&self, extent_len: usize, count: usize) -> bool {
-        if count == 0 {
-            return true;
-        }
-        if extent_len == 0 {
-            return false;
-        }
         // Placing one extent at the start of a run leaves the rest of that run as the next
         // candidate, so first-fit fits `count` extents iff the runs hold that many in total.
-        let mut placed = 0;
-        for &len in self.free_runs.values() {
-            placed += len / extent_len;
-            if placed >= count {
-                return true;
-            }
-        }
-        false
+        // (The division runs only after the helper has refused a zero `extent_len`.)
+        runs_hold_extents(
+            extent_len,
+            count,
+            self.free_runs.values().map(|&len| len / extent_len),
+        )
     }
 
     fn check_invariants(&self) -> Result<(), String> {
