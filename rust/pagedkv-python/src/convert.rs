@@ -26,6 +26,9 @@ fn type_name(obj: &Bound<'_, PyAny>) -> String {
 #[inline]
 fn extract_u64(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
     if obj.is_exact_instance_of::<PyInt>() {
+        if let Some(value) = exact_int_as_u63(obj) {
+            return Ok(value);
+        }
         if let Ok(value) = obj.extract::<u64>() {
             return Ok(value);
         }
@@ -35,6 +38,28 @@ fn extract_u64(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
         ));
     }
     extract_u64_slow(obj, what)
+}
+
+/// An exact `int` in `[0, 2**63)` read with one C call that needs no error check on success
+/// (`PyLong_AsLongAndOverflow` flags out-of-range values instead of raising); `None` for
+/// anything else (negative, huge, or -1 with an error set), which the caller re-checks.
+#[inline]
+fn exact_int_as_u63(obj: &Bound<'_, PyAny>) -> Option<u64> {
+    let mut overflow: std::os::raw::c_int = 0;
+    // SAFETY: `obj` proves the GIL is held and is an exact `int`, so the conversion runs no
+    // Python code. A -1 result may carry an error; it is left to the checked path, which
+    // re-reads the value and either succeeds or replaces the error.
+    let value = unsafe { ffi::PyLong_AsLongAndOverflow(obj.as_ptr(), &mut overflow) };
+    if overflow != 0 || value < 0 {
+        if value == -1 {
+            // SAFETY: GIL held (see above); clearing a pending error is always allowed.
+            unsafe { ffi::PyErr_Clear() };
+        }
+        return None;
+    }
+    // `c_long` is 32-bit on Windows: widen explicitly.
+    #[allow(clippy::useless_conversion)]
+    u64::try_from(i64::from(value)).ok()
 }
 
 #[cold]
@@ -77,7 +102,7 @@ fn repr(obj: &Bound<'_, PyAny>) -> String {
 #[inline]
 fn extract_token(obj: &Bound<'_, PyAny>) -> PyResult<u32> {
     if obj.is_exact_instance_of::<PyInt>() {
-        if let Ok(value) = obj.extract::<u32>() {
+        if let Some(value) = exact_int_as_u63(obj).and_then(|v| u32::try_from(v).ok()) {
             return Ok(value);
         }
     }
@@ -206,8 +231,10 @@ impl<'a, 'py> FromPyObject<'a, 'py> for BlockIdArg {
     }
 }
 
-/// Token lists up to this length are read into a stack buffer.
-const INLINE_TOKENS: usize = 32;
+/// Token lists up to this length are read into a stack buffer. Kept small: the buffer is
+/// zeroed and moved through PyO3's argument plumbing on every call, which for 32 slots cost
+/// more than the single-token conversion itself.
+const INLINE_TOKENS: usize = 8;
 
 /// Token ids, from a list or tuple of ints or a 1-D NumPy integer array `[num_tokens]`.
 /// Lazy iterables (`range`, generators) are refused: their length is unbounded by memory, so
@@ -233,6 +260,18 @@ impl TokenIds {
     fn from_exact_int_list(list: &Bound<'_, PyList>) -> Option<Self> {
         let len = list.len();
         let in_range = |value: i64| u32::try_from(value).ok();
+        if len == 1 {
+            // The decode step's `[token]`: skip the buffer loop and its closure.
+            let mut single = None;
+            let ok = read_exact_int_list(list, |_, value| {
+                single = in_range(value);
+                single.is_some()
+            });
+            let id = single.filter(|_| ok)?;
+            let mut ids = [0_u32; INLINE_TOKENS];
+            ids[0] = id;
+            return Some(TokenIds::Inline { len: 1, ids });
+        }
         if len <= INLINE_TOKENS {
             let mut ids = [0_u32; INLINE_TOKENS];
             let ok = read_exact_int_list(list, |index, value| {
