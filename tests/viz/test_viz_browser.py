@@ -412,7 +412,11 @@ def test_group_layout_and_screenshot(browser, recorded_groups, width, height, na
             return Array.from(document.querySelectorAll("#tables-list li")).filter(
                 (li) => li.getBoundingClientRect().right > panel.right + 1).length;""")
         assert overflow == 0
-        js(driver, "document.getElementById('tables-title').scrollIntoView()")
+        # Scroll the tables' heading just below the (sticky on wide screens) control bar.
+        js(driver, """const bar = document.getElementById("controls");
+            const below = bar && getComputedStyle(bar).position === "sticky" ? bar.getBoundingClientRect().height : 0;
+            const title = document.getElementById("tables-title");
+            window.scrollTo(0, title.getBoundingClientRect().top + window.scrollY - below - 8);""")
         shot = screenshot(driver, name)
         assert shot.stat().st_size > 10_000
     finally:
