@@ -389,6 +389,16 @@ def test_group_tables_show_every_sequence(browser, recorded_groups):
     js(driver, "const r = document.getElementById('rng-step'); r.value = 3; r.dispatchEvent(new Event('input'))")
     driver.find_element("id", "btn-step").click()
     assert_group_tables(driver, raw[("paged", 4, 0)], 4)
+    # Tapping a shared block in the pool names its refcount.
+    block, refs = (int(v) for v in raw[("paged", 4, 0)]["frames"][4]["shared"][0])
+    info = js(driver, """
+        const canvas = document.getElementById("pool-canvas"), rect = canvas.getBoundingClientRect();
+        const slot = arguments[0] * 4, slotW = rect.width / 64;
+        const rowH = rect.height / Math.ceil(arguments[1] / 64);
+        canvas.dispatchEvent(new MouseEvent("click", {bubbles: true,
+            clientX: rect.left + (slot % 64 + 0.5) * slotW, clientY: rect.top + (Math.floor(slot / 64) + 0.5) * rowH}));
+        return document.getElementById("cell-info").textContent;""", block, NUM_SLOTS)
+    assert info.startswith(f"Block {block}: request ") and info.endswith(f"shared by {refs} sequences (copy-on-write)")
     errors = [e for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
     assert errors == []
 

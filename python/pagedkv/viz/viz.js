@@ -402,8 +402,10 @@
     const owner = dec.pools[base], tokens = dec.pools[base + 1], reserved = dec.pools[base + 2];
     const name = (run.allocator === "paged" ? "Block " : "Cell ") + cell;
     if (owner < 0) return name + ": free";
+    const refs = run.allocator === "paged" ? dec.shared[state.frame].get(cell) || 0 : 0;
     return name + ": request " + owner + ", " + tokens + " token" + (tokens === 1 ? "" : "s") +
-      " held, " + reserved + " reserved empty, of " + run.block_size;
+      " held, " + reserved + " reserved empty, of " + run.block_size +
+      (refs > 1 ? "; shared by " + refs + " sequences (copy-on-write)" : "");
   }
   el.pool.addEventListener("mousemove", (ev) => {
     const cell = cellAt(ev);
