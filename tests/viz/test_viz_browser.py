@@ -101,7 +101,7 @@ def assert_matches(driver, raw, allocator, block_size, seed, frame_index):
     frame = recording["frames"][frame_index]
     flat = [int(v) for cell in frame["pool"] for v in cell]
     assert decoded["pool"] == flat
-    tables = sorted([int(rid), int(t["num_tokens"]), [int(b) for b in t["blocks"]]]
+    tables = sorted([int(rid), 0, int(t["num_tokens"]), [int(b) for b in t["blocks"]]]
                     for rid, t in frame["tables"].items())
     assert decoded["tables"] == tables
     assert js(driver, "return document.querySelectorAll('#tables-list li[data-rid]').length") == len(tables)
@@ -266,3 +266,168 @@ def test_every_step_through_the_slider(browser, recorded, allocator, block_size,
         got = dict(zip(["step", "running", "waiting", "finished", "blocks", "waste", "preemptions"], row))
         assert float(got.pop("waste")[:-2]) == pytest.approx(waste, abs=0.051), f"frame {index}"
         assert got == want, f"frame {index}"
+
+
+# ---- parallel sampling: one block table per sequence, shared blocks marked ------------------
+
+GROUP_SIZE = 4
+GROUP_BLOCK_SIZES = (4, 16)
+
+
+@pytest.fixture(scope="module")
+def recorded_groups(tmp_path_factory):
+    """(page path, {(allocator, block_size, seed): raw recording}) of a parallel-sampling workload."""
+    from pagedkv.sim.engine import SimConfig, record_frames
+    from pagedkv.sim.workloads import make_workload, with_groups
+
+    raw = {}
+
+    def capture(workload, config, *, max_steps):
+        raw[(config.allocator, config.block_size, config.seed)] = recording = record_frames(
+            workload, config, max_steps=max_steps)
+        return recording
+
+    data = record_grid(
+        lambda seed: with_groups(make_workload("synthetic", num_requests=30, seed=seed,
+                                               max_model_len=MAX_MODEL_LEN), GROUP_SIZE, "parallel"),
+        SimConfig(num_slots=NUM_SLOTS, max_model_len=MAX_MODEL_LEN),
+        VizGrid(allocators=("paged",), block_sizes=GROUP_BLOCK_SIZES, seeds=(0,), max_steps=MAX_STEPS),
+        recorder=capture,
+    )
+    return write_page(data, tmp_path_factory.mktemp("viz-groups") / "viz.html"), raw
+
+
+def chip_blocks(text: str) -> tuple[list[int], list[int]]:
+    """'2–4→17–19' -> ([2, 3, 4], [17, 18, 19]); '5→9' -> ([5], [9]): logical and physical ids."""
+    logical, physical = text.split("→")
+    lo = [int(v) for v in logical.split("–")]
+    ph = [int(v) for v in physical.split("–")]
+    return list(range(lo[0], lo[-1] + 1)), list(range(ph[0], ph[-1] + 1))
+
+
+def shown_tables(driver) -> list[dict]:
+    """What the tables panel shows: per row its request, sample, token text and chips."""
+    return js(driver, """
+        return Array.from(document.querySelectorAll("#tables-list li[data-rid]")).map((li) => ({
+            rid: Number(li.dataset.rid), sample: Number(li.dataset.sample),
+            label: li.querySelector("button.rid").textContent,
+            ntok: li.querySelector(".ntok").textContent,
+            chips: Array.from(li.querySelectorAll(".chip:not(.more)")).map((c) => ({
+                text: c.firstChild.textContent, shared: c.classList.contains("shared"),
+                refs: c.querySelector(".refs") ? c.querySelector(".refs").textContent : ""})),
+            more: li.querySelector(".chip.more") !== null,
+        }));""")
+
+
+def assert_group_tables(driver, recording, frame_index) -> tuple[int, int]:
+    """The panel lists every sequence of the frame with its blocks and tokens; shared blocks
+    carry their refcount. Returns (sequences in groups, shared chips) seen."""
+    frame = recording["frames"][frame_index]
+    refcount = {int(b): int(r) for b, r in frame["shared"]}
+    want = sorted(
+        (int(rid), sample, int(seq["num_tokens"]), [int(b) for b in seq["blocks"]], len(entry.get("sequences", [1])))
+        for rid, entry in frame["tables"].items()
+        for sample, seq in enumerate(entry.get("sequences") or [entry])
+    )
+    rows = shown_tables(driver)
+    assert [(r["rid"], r["sample"]) for r in rows] == [(w[0], w[1]) for w in want], f"frame {frame_index}"
+    in_groups = shared_chips = 0
+    for row, (rid, sample, num_tokens, blocks, group_len) in zip(rows, want):
+        where = f"frame {frame_index} request {rid} sample {sample}"
+        assert row["ntok"].startswith(f"{num_tokens} tokens · {len(blocks)} block"), where
+        if group_len > 1:
+            in_groups += 1
+            assert row["label"] == f"req {rid} · sample {sample}", where
+        else:
+            assert row["label"] == f"req {rid}", where
+        logical, physical = [], []
+        for chip in row["chips"]:
+            lo, ph = chip_blocks(chip["text"])
+            assert len(lo) == len(ph), where
+            logical += lo
+            physical += ph
+            refs = {refcount.get(b, 1) for b in ph}
+            assert len(refs) == 1, f"{where}: chip {chip} mixes refcounts {refs}"
+            (count,) = refs
+            assert chip["shared"] == (count > 1), f"{where}: chip {chip}, refcount {count}"
+            if count > 1:
+                shared_chips += 1
+                assert chip["refs"].strip() == f"×{count}", where
+        assert logical == list(range(len(logical))), where
+        if row["more"]:
+            assert physical == blocks[: len(physical)], where
+        else:
+            assert physical == blocks, where
+    return in_groups, shared_chips
+
+
+def test_group_tables_show_every_sequence(browser, recorded_groups):
+    path, raw = recorded_groups
+    driver = browser
+    driver.get(path.as_uri())
+    wait_for(lambda: js(driver, "return document.body.dataset.ready") == "true", what="page ready")
+    seen_groups = seen_shared = 0
+    for block_size in GROUP_BLOCK_SIZES:
+        select(driver, "sel-block-size", block_size)
+        recording = raw[("paged", block_size, 0)]
+        last = len(recording["frames"]) - 1
+        for frame_index in sorted({0, 1, 5, 20, last // 2, last}):
+            js(driver, "const r = document.getElementById('rng-step'); r.value = arguments[0];"
+                       "r.dispatchEvent(new Event('input'))", frame_index)
+            assert js(driver, "return window.pagedkvViz.state().frame") == frame_index
+            groups, shared = assert_group_tables(driver, recording, frame_index)
+            seen_groups += groups
+            seen_shared += shared
+            decoded = js(driver, "return window.pagedkvViz.frameData()")
+            assert decoded["shared"] == sorted([int(b), int(r)] for b, r in recording["frames"][frame_index]["shared"])
+            count = driver.find_element("id", "tables-count").text
+            assert count.startswith(f"({len(recording['frames'][frame_index]['tables'])} running")
+    assert seen_groups > 0, "no frame showed a request with several sequences"
+    assert seen_shared > 0, "no frame showed a shared block"
+    # Stepping with the button keeps the tables in step with the simulator too.
+    select(driver, "sel-block-size", 4)
+    js(driver, "const r = document.getElementById('rng-step'); r.value = 3; r.dispatchEvent(new Event('input'))")
+    driver.find_element("id", "btn-step").click()
+    assert_group_tables(driver, raw[("paged", 4, 0)], 4)
+    # Tapping a shared block in the pool names its refcount.
+    block, refs = (int(v) for v in raw[("paged", 4, 0)]["frames"][4]["shared"][0])
+    info = js(driver, """
+        const canvas = document.getElementById("pool-canvas"), rect = canvas.getBoundingClientRect();
+        const slot = arguments[0] * 4, slotW = rect.width / 64;
+        const rowH = rect.height / Math.ceil(arguments[1] / 64);
+        canvas.dispatchEvent(new MouseEvent("click", {bubbles: true,
+            clientX: rect.left + (slot % 64 + 0.5) * slotW, clientY: rect.top + (Math.floor(slot / 64) + 0.5) * rowH}));
+        return document.getElementById("cell-info").textContent;""", block, NUM_SLOTS)
+    assert info.startswith(f"Block {block}: request ") and info.endswith(f"shared by {refs} sequences (copy-on-write)")
+    errors = [e for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
+    assert errors == []
+
+
+@pytest.mark.parametrize("width,height,name", [(1280, 800, "viz-groups-1280x800.png"),
+                                               (390, 844, "viz-groups-390x844.png")])
+def test_group_layout_and_screenshot(browser, recorded_groups, width, height, name):
+    path, _ = recorded_groups
+    driver = browser
+    set_viewport(driver, width, height)
+    try:
+        driver.get(path.as_uri())
+        wait_for(lambda: js(driver, "return document.body.dataset.ready") == "true", what="page ready")
+        select(driver, "sel-block-size", 4)
+        for _ in range(12):
+            driver.find_element("id", "btn-step").click()
+        assert js(driver, "return document.documentElement.scrollWidth") <= width
+        # No table row sticks out of the panel sideways.
+        overflow = js(driver, """
+            const panel = document.getElementById("tables-list").getBoundingClientRect();
+            return Array.from(document.querySelectorAll("#tables-list li")).filter(
+                (li) => li.getBoundingClientRect().right > panel.right + 1).length;""")
+        assert overflow == 0
+        # Scroll the tables' heading just below the (sticky on wide screens) control bar.
+        js(driver, """const bar = document.getElementById("controls");
+            const below = bar && getComputedStyle(bar).position === "sticky" ? bar.getBoundingClientRect().height : 0;
+            const title = document.getElementById("tables-title");
+            window.scrollTo(0, title.getBoundingClientRect().top + window.scrollY - below - 8);""")
+        shot = screenshot(driver, name)
+        assert shot.stat().st_size > 10_000
+    finally:
+        set_viewport(driver, 1280, 800)

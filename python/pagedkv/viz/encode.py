@@ -14,10 +14,14 @@ stored as
 * ``pi``: per frame, cells whose only change is "one more token held, one fewer slot reserved,
   same owner" (the common case of a decode step), as a gap-encoded list of cell indices;
 * ``t``: per frame, block-table entries that changed in another way than "``td`` more tokens,
-  same blocks", as a flat list ``[request_id, num_tokens, num_kept, num_appended, *appended]``:
-  the new block list is the first ``num_kept`` blocks of the previous one plus ``appended``;
-* ``td``: per frame, the token increment applied to every unlisted request that stays;
-* ``tg``: per frame, the request ids whose table disappeared.
+  same blocks", as a flat list ``[request_id, sample, num_tokens, num_kept, num_appended,
+  *appended]``: the new block list is the first ``num_kept`` blocks of the previous one plus
+  ``appended``. A table belongs to one sequence: ``sample`` is its index in the request's group
+  (0 for a request without parallel samples or beams);
+* ``td``: per frame, the token increment applied to every unlisted sequence that stays;
+* ``tg``: per frame, the sequences whose table disappeared, as flat ``[request_id, sample, ...]``;
+* ``sh``: per frame, the blocks shared by several sequences as flat ``[block_id, refcount, ...]``,
+  or ``None`` when the list equals the previous frame's (copy-on-write sharing changes rarely).
 
 The viewer (``viz.js``) decodes this format; :func:`decode_run` is the reference decoder.
 """
@@ -71,12 +75,24 @@ def _pool_array(pool: Any, num_blocks: int, frame_index: int) -> np.ndarray:
     return cells
 
 
-def _tables_dict(tables: Mapping[Any, Mapping[str, Any]]) -> dict[int, tuple[int, tuple[int, ...]]]:
-    """Frame tables -> {request_id: (num_tokens, physical block ids)} with int keys."""
-    return {
-        int(rid): (int(entry["num_tokens"]), tuple(map(int, entry["blocks"])))
-        for rid, entry in tables.items()
-    }
+#: A table's key: (request id, index of the sequence in the request's group).
+SeqKey = tuple[int, int]
+
+
+def _tables_dict(tables: Mapping[Any, Mapping[str, Any]]) -> dict[SeqKey, tuple[int, tuple[int, ...]]]:
+    """Frame tables -> {(request_id, sample): (num_tokens, physical block ids)}, one entry per
+    sequence: a group's ``sequences`` list when present, else the request's own table."""
+    out: dict[SeqKey, tuple[int, tuple[int, ...]]] = {}
+    for rid, entry in tables.items():
+        sequences = entry.get("sequences") or [entry]
+        for sample, seq in enumerate(sequences):
+            out[(int(rid), sample)] = (int(seq["num_tokens"]), tuple(map(int, seq["blocks"])))
+    return out
+
+
+def _shared_flat(shared: Any) -> list[int]:
+    """Frame ``shared`` ([[block_id, refcount], ...]) -> flat [block_id, refcount, ...] sorted by block."""
+    return [int(v) for pair in sorted((int(b), int(r)) for b, r in shared) for v in pair]
 
 
 def _common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
@@ -112,9 +128,11 @@ def encode_run(recording: Mapping[str, Any], **labels: Any) -> dict[str, Any]:
     table_changes: list[list[int]] = []
     table_deltas: list[int] = []
     table_gone: list[list[int]] = []
+    shared_lists: list[list[int] | None] = []
+    prev_shared: list[int] | None = None
 
     prev_pool = np.tile(np.array(FREE_CELL, dtype=np.int64), (num_blocks, 1))
-    prev_tables: dict[int, tuple[int, tuple[int, ...]]] = {}
+    prev_tables: dict[SeqKey, tuple[int, tuple[int, ...]]] = {}
     for index, frame in enumerate(frames):
         for key in int_keys:
             counters[key].append(int(frame[key]))
@@ -147,18 +165,21 @@ def encode_run(recording: Mapping[str, Any], **labels: Any) -> dict[str, Any]:
         )
         delta = deltas.most_common(1)[0][0] if deltas else 0
         changes: list[int] = []
-        for rid in sorted(tables):
-            num_tokens, blocks = tables[rid]
-            old = prev_tables.get(rid)
+        for key in sorted(tables):
+            num_tokens, blocks = tables[key]
+            old = prev_tables.get(key)
             if old is not None and old[1] == blocks and num_tokens - old[0] == delta:
                 continue
             kept = _common_prefix_len(old[1], blocks) if old is not None else 0
             appended = blocks[kept:]
-            changes.extend((rid, num_tokens, kept, len(appended)))
+            changes.extend((*key, num_tokens, kept, len(appended)))
             changes.extend(appended)
         table_changes.append(changes)
         table_deltas.append(delta)
-        table_gone.append(sorted(rid for rid in prev_tables if rid not in tables))
+        table_gone.append([v for key in sorted(k for k in prev_tables if k not in tables) for v in key])
+        shared = _shared_flat(frame.get("shared", ()))
+        shared_lists.append(None if shared == prev_shared else shared)
+        prev_shared = shared
         prev_tables = tables
 
     encoded: dict[str, Any] = {key: value for key, value in labels.items()}
@@ -180,6 +201,7 @@ def encode_run(recording: Mapping[str, Any], **labels: Any) -> dict[str, Any]:
             "t": table_changes,
             "td": table_deltas,
             "tg": table_gone,
+            "sh": shared_lists,
         }
     )
     return encoded
@@ -187,10 +209,13 @@ def encode_run(recording: Mapping[str, Any], **labels: Any) -> dict[str, Any]:
 
 def decode_run(encoded: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Inverse of :func:`encode_run`: one dict per frame with counters, ``pool`` (int64
-    [num_blocks, 3]) and ``tables`` ({request_id: {"blocks": [...], "num_tokens": n}})."""
+    [num_blocks, 3]), ``tables`` ({request_id: {"blocks": [...], "num_tokens": n}}, plus
+    ``"sequences"`` listing every sequence when a request has several, as ``record_frames``
+    gives them) and ``shared`` ([[block_id, refcount], ...] sorted by block id)."""
     num_blocks = int(encoded["num_blocks"])
     pool = np.tile(np.array(FREE_CELL, dtype=np.int64), (num_blocks, 1))
-    tables: dict[int, tuple[int, list[int]]] = {}
+    tables: dict[SeqKey, tuple[int, list[int]]] = {}
+    shared: list[int] = []
     frames: list[dict[str, Any]] = []
     for index in range(int(encoded["n"])):
         pool = pool.copy()
@@ -205,23 +230,33 @@ def decode_run(encoded: Mapping[str, Any]) -> list[dict[str, Any]]:
             pool[cell, 1] += 1
             pool[cell, 2] -= 1
 
-        for rid in encoded["tg"][index]:
-            del tables[rid]
+        gone = encoded["tg"][index]
+        for k in range(0, len(gone), 2):
+            del tables[(gone[k], gone[k + 1])]
         delta = encoded["td"][index]
-        tables = {rid: (num_tokens + delta, blocks) for rid, (num_tokens, blocks) in tables.items()}
+        tables = {key: (num_tokens + delta, blocks) for key, (num_tokens, blocks) in tables.items()}
         changes = encoded["t"][index]
         k = 0
         while k < len(changes):
-            rid, num_tokens, kept, num_appended = changes[k : k + 4]
-            old_blocks = tables[rid][1] if kept else []
-            tables[rid] = (num_tokens, old_blocks[:kept] + list(changes[k + 4 : k + 4 + num_appended]))
-            k += 4 + num_appended
+            rid, sample, num_tokens, kept, num_appended = changes[k : k + 5]
+            old_blocks = tables[(rid, sample)][1] if kept else []
+            tables[(rid, sample)] = (
+                num_tokens, old_blocks[:kept] + list(changes[k + 5 : k + 5 + num_appended]))
+            k += 5 + num_appended
+        if encoded["sh"][index] is not None:
+            shared = list(encoded["sh"][index])
 
         frame: dict[str, Any] = {key: encoded["c"][key][index] for key in encoded["c"]}
         frame["pool"] = pool
-        frame["tables"] = {
-            rid: {"blocks": list(blocks), "num_tokens": num_tokens}
-            for rid, (num_tokens, blocks) in sorted(tables.items())
-        }
+        by_request: dict[int, list[dict[str, Any]]] = {}
+        for (rid, _sample), (num_tokens, blocks) in sorted(tables.items()):
+            by_request.setdefault(rid, []).append({"blocks": list(blocks), "num_tokens": num_tokens})
+        frame["tables"] = {}
+        for rid, sequences in by_request.items():
+            entry = dict(sequences[0])
+            if len(sequences) > 1:
+                entry["sequences"] = sequences
+            frame["tables"][rid] = entry
+        frame["shared"] = [[shared[k], shared[k + 1]] for k in range(0, len(shared), 2)]
         frames.append(frame)
     return frames

@@ -91,9 +91,11 @@ def record_grid(
     record = recorder if recorder is not None else _default_recorder()
     runs: list[dict[str, Any]] = []
     workload_names: dict[str, str] = {}
+    group_kind = "none"
     for seed in grid.seeds:
         workload = workload_for_seed(seed)
         workload_names[str(seed)] = str(getattr(workload, "name", f"seed {seed}"))
+        group_kind = str(getattr(workload, "group_kind", group_kind))
         for allocator in grid.allocators:
             for block_size in grid.block_sizes:
                 config = dataclasses.replace(
@@ -107,6 +109,8 @@ def record_grid(
                     on_run_done(f"{allocator} bs={block_size} seed={seed}")
     return {
         "workload": {"name": workload_names[str(grid.seeds[0])], "by_seed": workload_names},
+        # "parallel" or "beam" names the sequences of a group in the block tables ("none" otherwise).
+        "group_kind": group_kind,
         "num_slots": int(base_config.num_slots),
         "max_model_len": int(base_config.max_model_len),
         "arrival": str(getattr(base_config, "arrival", "")),

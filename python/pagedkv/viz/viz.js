@@ -66,7 +66,9 @@
   const blockSizes = uniq(DATA.runs.map((r) => r.block_size)).sort((a, b) => a - b);
   const seeds = uniq(DATA.runs.map((r) => r.seed)).sort((a, b) => a - b);
 
-  // Decoded runs: {pools: Int32Array [n * num_blocks * 3], tables: per frame [{rid, ntok, blocks}]}.
+  // Decoded runs: {pools: Int32Array [n * num_blocks * 3], tables: per frame [{rid, sample, ntok,
+  // blocks}] (one entry per sequence; sample = index in the request's group), shared: per frame
+  // Map block id -> refcount of copy-on-write shared blocks}.
   const decoded = new Map();
   function decodeRun(run) {
     const key = runKey(run.allocator, run.block_size, run.seed);
@@ -82,7 +84,10 @@
     const cur = new Int32Array(width);
     for (let i = 0; i < nb; i++) cur[i * 3] = -1;
     const tables = new Array(run.n);
-    let prev = new Map(); // rid -> {rid, ntok, blocks}
+    const shared = new Array(run.n);
+    const seqKey = (rid, sample) => rid + "/" + sample;
+    let prev = new Map(); // "rid/sample" -> {rid, sample, ntok, blocks}
+    let sharedNow = new Map();
     for (let f = 0; f < run.n; f++) {
       const sets = run.p[f];
       let cell = -1;
@@ -100,24 +105,32 @@
       }
       pools.set(cur, f * width);
 
-      const gone = new Set(run.tg[f]);
+      const gone = new Set();
+      for (let k = 0; k < run.tg[f].length; k += 2) gone.add(seqKey(run.tg[f][k], run.tg[f][k + 1]));
       const delta = run.td[f];
       const next = new Map();
-      for (const [rid, entry] of prev) {
-        if (!gone.has(rid)) next.set(rid, delta === 0 ? entry : { rid, ntok: entry.ntok + delta, blocks: entry.blocks });
+      for (const [key, e] of prev) {
+        if (!gone.has(key)) next.set(key, delta === 0 ? e : { rid: e.rid, sample: e.sample, ntok: e.ntok + delta, blocks: e.blocks });
       }
       const changes = run.t[f];
       for (let k = 0; k < changes.length;) {
-        const rid = changes[k], ntok = changes[k + 1], kept = changes[k + 2], added = changes[k + 3];
-        const old = kept > 0 ? next.get(rid).blocks.slice(0, kept) : [];
-        for (let j = 0; j < added; j++) old.push(changes[k + 4 + j]);
-        next.set(rid, { rid, ntok, blocks: old });
-        k += 4 + added;
+        const rid = changes[k], sample = changes[k + 1], ntok = changes[k + 2], kept = changes[k + 3], added = changes[k + 4];
+        const key = seqKey(rid, sample);
+        const old = kept > 0 ? next.get(key).blocks.slice(0, kept) : [];
+        for (let j = 0; j < added; j++) old.push(changes[k + 5 + j]);
+        next.set(key, { rid, sample, ntok, blocks: old });
+        k += 5 + added;
       }
-      tables[f] = Array.from(next.values()).sort((a, b) => a.rid - b.rid);
+      tables[f] = Array.from(next.values()).sort((a, b) => a.rid - b.rid || a.sample - b.sample);
       prev = next;
+      const sh = run.sh ? run.sh[f] : [];
+      if (sh !== null) {
+        sharedNow = new Map();
+        for (let k = 0; k < sh.length; k += 2) sharedNow.set(sh[k], sh[k + 1]);
+      }
+      shared[f] = sharedNow;
     }
-    const result = { pools, tables };
+    const result = { pools, tables, shared };
     decoded.set(key, result);
     while (decoded.size > DECODED_CACHE_SIZE) decoded.delete(decoded.keys().next().value);
     return result;
@@ -389,8 +402,10 @@
     const owner = dec.pools[base], tokens = dec.pools[base + 1], reserved = dec.pools[base + 2];
     const name = (run.allocator === "paged" ? "Block " : "Cell ") + cell;
     if (owner < 0) return name + ": free";
+    const refs = run.allocator === "paged" ? dec.shared[state.frame].get(cell) || 0 : 0;
     return name + ": request " + owner + ", " + tokens + " token" + (tokens === 1 ? "" : "s") +
-      " held, " + reserved + " reserved empty, of " + run.block_size;
+      " held, " + reserved + " reserved empty, of " + run.block_size +
+      (refs > 1 ? "; shared by " + refs + " sequences (copy-on-write)" : "");
   }
   el.pool.addEventListener("mousemove", (ev) => {
     const cell = cellAt(ev);
@@ -410,51 +425,77 @@
   });
 
   // ---- block tables --------------------------------------------------------------------------
-  function tableChips(blocks) {
-    // Collapse runs of consecutive physical ids: contiguous allocation shows as one chip.
+  function tableChips(blocks, shared) {
+    // Collapse runs of consecutive physical ids: contiguous allocation shows as one chip. A run
+    // also breaks where sharing changes, so a shared chip holds only blocks of one refcount.
     const chips = [];
+    const refs = (b) => shared.get(b) || 0;
     let start = 0;
     for (let i = 1; i <= blocks.length; i++) {
-      if (i === blocks.length || blocks[i] !== blocks[i - 1] + 1) {
-        chips.push(i - 1 === start
-          ? start + "→" + blocks[start]
-          : start + "–" + (i - 1) + "→" + blocks[start] + "–" + blocks[i - 1]);
+      if (i === blocks.length || blocks[i] !== blocks[i - 1] + 1 || refs(blocks[i]) !== refs(blocks[start])) {
+        chips.push({
+          text: i - 1 === start
+            ? start + "→" + blocks[start]
+            : start + "–" + (i - 1) + "→" + blocks[start] + "–" + blocks[i - 1],
+          refcount: refs(blocks[start]),
+        });
         start = i;
       }
     }
     return chips;
   }
+  function chipHtml(chip) {
+    if (chip.refcount < 2) return '<span class="chip">' + chip.text + "</span>";
+    return '<span class="chip shared" title="shared by ' + chip.refcount + ' sequences (copy-on-write)">' +
+      chip.text + '<span class="refs" aria-label=", shared by ' + chip.refcount + ' sequences"> ×' +
+      chip.refcount + "</span></span>";
+  }
+  // "sample" for parallel sampling, "beam" for beam search: what one sequence of a group is called.
+  const memberName = DATA.group_kind === "beam" ? "beam" : "sample";
   function drawTables(run, dec) {
     const rows = dec.tables[state.frame];
-    el.tablesCount.textContent = "(" + rows.length + " running)";
+    const shared = dec.shared[state.frame];
+    const groupSize = new Map();
+    for (const t of rows) groupSize.set(t.rid, (groupSize.get(t.rid) || 0) + 1);
+    el.tablesCount.textContent = "(" + groupSize.size + " running" +
+      (rows.length > groupSize.size ? ", " + rows.length + " sequences, " + shared.size + " shared blocks" : "") + ")";
     if (rows.length === 0) {
       el.tables.innerHTML = '<li class="empty">No running requests at this step.</li>';
       return;
     }
     const parts = [];
     for (const t of rows) {
-      const chips = tableChips(t.blocks);
-      let chipHtml = "";
+      const chips = tableChips(t.blocks, shared);
+      let chipsHtml = "";
       const shown = Math.min(chips.length, MAX_CHIPS_PER_TABLE);
-      for (let i = 0; i < shown; i++) chipHtml += '<span class="chip">' + chips[i] + "</span>";
-      if (chips.length > shown) chipHtml += '<span class="chip more">+' + (chips.length - shown) + " more runs</span>";
+      for (let i = 0; i < shown; i++) chipsHtml += chipHtml(chips[i]);
+      if (chips.length > shown) chipsHtml += '<span class="chip more">+' + (chips.length - shown) + " more runs</span>";
       const sel = t.rid === state.selectedRid;
       const nblk = t.blocks.length;
-      parts.push('<li data-rid="' + t.rid + '"' + (sel ? ' class="selected"' : "") + ">" +
+      const inGroup = groupSize.get(t.rid) > 1;
+      const nshared = t.blocks.reduce((n, b) => n + ((shared.get(b) || 0) > 1 ? 1 : 0), 0);
+      const name = "req " + t.rid + (inGroup ? " · " + memberName + " " + t.sample : "");
+      const spoken = "Request " + t.rid + (inGroup ? " " + memberName + " " + t.sample : "");
+      const classes = [sel ? "selected" : "", inGroup ? "member" : "", inGroup && t.sample > 0 ? "later" : ""]
+        .filter(Boolean).join(" ");
+      parts.push('<li data-rid="' + t.rid + '" data-sample="' + t.sample + '"' +
+        (classes ? ' class="' + classes + '"' : "") + (inGroup ? ' style="--c:' + tokenColor(t.rid) + '"' : "") + ">" +
         '<button type="button" class="rid" style="--c:' + tokenColor(t.rid) + '" aria-pressed="' + sel +
-        '" aria-label="Request ' + t.rid + ": " + t.ntok + " tokens in " + nblk + " blocks; outline them in the pool" +
-        '">req ' + t.rid + "</button>" +
-        '<span class="ntok">' + t.ntok + " tokens · " + nblk + " block" + (nblk === 1 ? "" : "s") + "</span>" +
-        '<span class="chips">' + chipHtml + "</span></li>");
+        '" aria-label="' + spoken + ": " + t.ntok + " tokens in " + nblk + " blocks" +
+        (nshared ? ", " + nshared + " shared" : "") + "; outline the request's blocks in the pool" +
+        '">' + name + "</button>" +
+        '<span class="ntok">' + t.ntok + " tokens · " + nblk + " block" + (nblk === 1 ? "" : "s") +
+        (nshared ? " · " + nshared + " shared" : "") + "</span>" +
+        '<span class="chips">' + chipsHtml + "</span></li>");
     }
     const focusedRow = document.activeElement && el.tables.contains(document.activeElement)
       ? document.activeElement.closest("li[data-rid]") : null;
-    const focusedRid = focusedRow ? focusedRow.dataset.rid : undefined;
+    const focusedKey = focusedRow ? [focusedRow.dataset.rid, focusedRow.dataset.sample] : undefined;
     const scroll = el.tables.scrollTop;
     el.tables.innerHTML = parts.join("");
     el.tables.scrollTop = scroll;
-    if (focusedRid !== undefined) {
-      const again = el.tables.querySelector('li[data-rid="' + focusedRid + '"] button');
+    if (focusedKey !== undefined) {
+      const again = el.tables.querySelector('li[data-rid="' + focusedKey[0] + '"][data-sample="' + focusedKey[1] + '"] button');
       if (again) again.focus({ preventScroll: true });
     }
   }
@@ -644,7 +685,8 @@
       const f = frame === undefined ? state.frame : frame;
       return {
         pool: Array.from(dec.pools.subarray(f * nb * 3, (f + 1) * nb * 3)),
-        tables: dec.tables[f].map((t) => [t.rid, t.ntok, t.blocks.slice()]),
+        tables: dec.tables[f].map((t) => [t.rid, t.sample, t.ntok, t.blocks.slice()]),
+        shared: Array.from(dec.shared[f].entries()).sort((a, b) => a[0] - b[0]),
       };
     },
     runs: () => DATA.runs.map((r) => [r.allocator, r.block_size, r.seed, r.n]),
