@@ -96,7 +96,9 @@ class Result:
 
 
 def sweep() -> list[SweepPoint]:
-    return [SweepPoint(kind, b, c, g) for kind, b, c, g in itertools.product(KINDS, BATCHES, CONTEXTS, GROUPS)]
+    return [
+        SweepPoint(kind, b, c, g) for kind, b, c, g in itertools.product(KINDS, BATCHES, CONTEXTS, GROUPS)
+    ]
 
 
 def target_pct(point: SweepPoint) -> float | None:
@@ -166,7 +168,9 @@ def correctness(backend: str, xp: Any) -> list[str]:
         tol = 2e-3 if kind == "float16" else 1.6e-2
         err = float(np.max(np.abs(out - expected)))
         status = "ok" if err <= tol and not np.isnan(out).any() else "FAIL"
-        print(f"  correctness {kind:<8} group={group} splits={splits}: max|err|={err:.2e} (tol {tol}) {status}")
+        print(
+            f"  correctness {kind:<8} group={group} splits={splits}: max|err|={err:.2e} (tol {tol}) {status}"
+        )
         if status != "ok":
             failures.append(f"{kind} group={group} splits={splits}: {err}")
     return failures
@@ -195,9 +199,16 @@ def copy_bandwidth(cupy: Any, num_bytes: int = 4 << 30) -> float:
     """Device-to-device copy bandwidth in bytes/s, counting the read and the write."""
     src = cupy.empty(num_bytes, dtype=cupy.uint8)
     dst = cupy.empty_like(src)
-    t = time_kernel(cupy, lambda: cupy.cuda.runtime.memcpyAsync(
-        dst.data.ptr, src.data.ptr, num_bytes, cupy.cuda.runtime.memcpyDeviceToDevice,
-        cupy.cuda.get_current_stream().ptr))
+    t = time_kernel(
+        cupy,
+        lambda: cupy.cuda.runtime.memcpyAsync(
+            dst.data.ptr,
+            src.data.ptr,
+            num_bytes,
+            cupy.cuda.runtime.memcpyDeviceToDevice,
+            cupy.cuda.get_current_stream().ptr,
+        ),
+    )
     del src, dst
     cupy.get_default_memory_pool().free_all_blocks()
     return 2 * num_bytes / t
@@ -221,8 +232,16 @@ class FlashInferDecode:
         self.flashinfer, self.torch = flashinfer, torch
         self.workspace = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
 
-    def prepare(self, cupy: Any, point: SweepPoint, q: Any, k_cache: Any, v_cache: Any, tables: np.ndarray,
-                lens: np.ndarray) -> Any:
+    def prepare(
+        self,
+        cupy: Any,
+        point: SweepPoint,
+        q: Any,
+        k_cache: Any,
+        v_cache: Any,
+        tables: np.ndarray,
+        lens: np.ndarray,
+    ) -> Any:
         torch = self.torch
         dtype = torch.float16 if point.kind == "float16" else torch.bfloat16
 
@@ -230,20 +249,30 @@ class FlashInferDecode:
             t = torch.from_dlpack(x)
             return t.view(dtype) if point.kind == "bfloat16" else t
 
-        indptr = np.concatenate([[0], np.cumsum(np.ceil(lens / point.block_size).astype(np.int32))]).astype(np.int32)
+        indptr = np.concatenate([[0], np.cumsum(np.ceil(lens / point.block_size).astype(np.int32))]).astype(
+            np.int32
+        )
         indices = np.concatenate([tables[b, : indptr[b + 1] - indptr[b]] for b in range(point.batch)])
         last = ((lens - 1) % point.block_size + 1).astype(np.int32)
         wrapper = self.flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD")
-        wrapper.plan(torch.from_numpy(indptr).cuda(), torch.from_numpy(indices.astype(np.int32)).cuda(),
-                     torch.from_numpy(last).cuda(), point.num_q_heads, point.num_kv_heads, point.head_dim,
-                     point.block_size, pos_encoding_mode="NONE", q_data_type=dtype, kv_data_type=dtype)
+        wrapper.plan(
+            torch.from_numpy(indptr).cuda(),
+            torch.from_numpy(indices.astype(np.int32)).cuda(),
+            torch.from_numpy(last).cuda(),
+            point.num_q_heads,
+            point.num_kv_heads,
+            point.head_dim,
+            point.block_size,
+            pos_encoding_mode="NONE",
+            q_data_type=dtype,
+            kv_data_type=dtype,
+        )
         tq, tk, tv = tt(q), tt(k_cache), tt(v_cache)
         return lambda: wrapper.run(tq, (tk, tv))
 
 
 def run_sweep(args: argparse.Namespace) -> int:
     import cupy
-
     from pagedkv.attention import paged_attention
     from pagedkv.attention.kernel_launch import choose_splits
     from pagedkv.attention.runners import get_runner
@@ -268,8 +297,10 @@ def run_sweep(args: argparse.Namespace) -> int:
     except Exception as exc:  # not installed, or no torch
         print(f"   FlashInfer not available ({type(exc).__name__}: {exc}); our kernel only")
     print("3. sweep")
-    header = (f"{'kind':<8} {'batch':>5} {'ctx':>6} {'grp':>3} {'KV GB':>7} {'splits':>6} {'us':>9} {'GB/s':>7} "
-              f"{'%copy':>6} {'%4.8T':>6} {'target':>6} {'FI us':>9} {'FI GB/s':>7}")
+    header = (
+        f"{'kind':<8} {'batch':>5} {'ctx':>6} {'grp':>3} {'KV GB':>7} {'splits':>6} {'us':>9} {'GB/s':>7} "
+        f"{'%copy':>6} {'%4.8T':>6} {'target':>6} {'FI us':>9} {'FI GB/s':>7}"
+    )
     print(header)
     lines = [header]
     results = []
@@ -281,12 +312,27 @@ def run_sweep(args: argparse.Namespace) -> int:
         v_cache = random_cache(cupy, (num_blocks, p.block_size, p.num_kv_heads, p.head_dim), p.kind)
         q = random_cache(cupy, (p.batch, p.num_q_heads, p.head_dim), p.kind)
         d_tables, d_lens = cupy.asarray(tables), cupy.asarray(lens)
-        splits, _ = choose_splits(p.batch * p.num_kv_heads, p.context,
-                                  instances.tile_tokens(p.kind, p.head_dim), get_runner("cuda").num_sms, None)
-        seconds = time_kernel(cupy, lambda: paged_attention(q, k_cache, v_cache, d_tables, d_lens, backend="cuda"))
+        splits, _ = choose_splits(
+            p.batch * p.num_kv_heads,
+            p.context,
+            instances.tile_tokens(p.kind, p.head_dim),
+            get_runner("cuda").num_sms,
+            None,
+        )
+        seconds = time_kernel(
+            cupy, lambda: paged_attention(q, k_cache, v_cache, d_tables, d_lens, backend="cuda")
+        )
         gbs = p.io_bytes / seconds
-        r = Result(asdict(p), p.kv_bytes / 1e9, seconds * 1e6, gbs / 1e9, 100 * gbs / copy_bw,
-                   100 * gbs / PEAK_BYTES_PER_S, splits, target_pct=target_pct(p))
+        r = Result(
+            asdict(p),
+            p.kv_bytes / 1e9,
+            seconds * 1e6,
+            gbs / 1e9,
+            100 * gbs / copy_bw,
+            100 * gbs / PEAK_BYTES_PER_S,
+            splits,
+            target_pct=target_pct(p),
+        )
         if flash is not None:
             try:
                 fn = flash.prepare(cupy, p, q, k_cache, v_cache, tables, lens)
@@ -294,12 +340,18 @@ def run_sweep(args: argparse.Namespace) -> int:
                 r.flashinfer_time_us, r.flashinfer_gb_per_s = fs * 1e6, p.io_bytes / fs / 1e9
             except Exception as exc:
                 r.flashinfer_note = f"{type(exc).__name__}: {exc}"[:200]
-        met = "" if r.target_pct is None else ("met" if r.pct_of_peak >= r.target_pct else f"<{r.target_pct:.0f}")
+        met = (
+            ""
+            if r.target_pct is None
+            else ("met" if r.pct_of_peak >= r.target_pct else f"<{r.target_pct:.0f}")
+        )
         fi_us = "-" if r.flashinfer_time_us is None else f"{r.flashinfer_time_us:9.1f}"
         fi_gbs = "-" if r.flashinfer_gb_per_s is None else f"{r.flashinfer_gb_per_s:7.0f}"
-        line = (f"{p.kind:<8} {p.batch:>5} {p.context:>6} {p.group:>3} {r.kv_gb:>7.3f} {splits:>6} "
-                f"{r.time_us:>9.1f} {r.gb_per_s:>7.0f} {r.pct_of_copy:>6.1f} {r.pct_of_peak:>6.1f} {met:>6} "
-                f"{fi_us:>9} {fi_gbs:>7}")
+        line = (
+            f"{p.kind:<8} {p.batch:>5} {p.context:>6} {p.group:>3} {r.kv_gb:>7.3f} {splits:>6} "
+            f"{r.time_us:>9.1f} {r.gb_per_s:>7.0f} {r.pct_of_copy:>6.1f} {r.pct_of_peak:>6.1f} {met:>6} "
+            f"{fi_us:>9} {fi_gbs:>7}"
+        )
         print(line, flush=True)
         lines.append(line)
         results.append(r)
@@ -308,10 +360,15 @@ def run_sweep(args: argparse.Namespace) -> int:
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        payload = {"device": name, "copy_bandwidth_gb_per_s": copy_bw / 1e9, "peak_gb_per_s": PEAK_BYTES_PER_S / 1e9,
-                   "python": platform.python_version(), "cupy": cupy.__version__,
-                   "flashinfer": None if flash is None else flash.flashinfer.__version__,
-                   "results": [asdict(r) for r in results]}
+        payload = {
+            "device": name,
+            "copy_bandwidth_gb_per_s": copy_bw / 1e9,
+            "peak_gb_per_s": PEAK_BYTES_PER_S / 1e9,
+            "python": platform.python_version(),
+            "cupy": cupy.__version__,
+            "flashinfer": None if flash is None else flash.flashinfer.__version__,
+            "results": [asdict(r) for r in results],
+        }
         out.write_text(json.dumps(payload, indent=1))
         Path(str(out) + ".txt").write_text("\n".join(lines) + "\n")
         print(f"wrote {out} and {out}.txt")
@@ -323,8 +380,10 @@ def dry_run(args: argparse.Namespace) -> int:
     points = sweep()
     check_accounting([p for p in points if p.batch * p.context <= 8 * 16384])
     for p in points:
-        print(f"{p.kind:<8} batch={p.batch:>2} ctx={p.context:>5} group={p.group} KV={p.kv_bytes / 1e9:7.3f} GB "
-              f"target={target_pct(p)}")
+        print(
+            f"{p.kind:<8} batch={p.batch:>2} ctx={p.context:>5} group={p.group} KV={p.kv_bytes / 1e9:7.3f} GB "
+            f"target={target_pct(p)}"
+        )
     print(f"{len(points)} sweep points; byte accounting checked")
     if args.backend != "none":
         failures = correctness(args.backend, np)
@@ -335,11 +394,17 @@ def dry_run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", help="write results as JSON to this file (and the table to FILE.txt)")
     parser.add_argument("--dry-run", action="store_true", help="no GPU: check the sweep and accounting only")
-    parser.add_argument("--backend", default="numpy", choices=["numpy", "emulated", "none"],
-                        help="--dry-run: backend for the correctness harness (default numpy)")
+    parser.add_argument(
+        "--backend",
+        default="numpy",
+        choices=["numpy", "emulated", "none"],
+        help="--dry-run: backend for the correctness harness (default numpy)",
+    )
     parser.add_argument("--quick", action="store_true", help="only batch <= 8 and context <= 4K")
     args = parser.parse_args(argv)
     if args.dry_run:

@@ -9,7 +9,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-
 from bench_helpers import make_manager
 
 PROMPT_TOKENS = 2000
@@ -18,9 +17,7 @@ BLOCK_SIZE = 16
 
 
 @pytest.mark.parametrize("as_array", [False, True], ids=["list", "ndarray"])
-def test_admit_prompt_with_cached_prefix(
-    benchmark: Any, record: Any, impl: str, as_array: bool
-) -> None:
+def test_admit_prompt_with_cached_prefix(benchmark: Any, record: Any, impl: str, as_array: bool) -> None:
     if impl == "baseline" and as_array:
         pytest.skip("the baseline takes lists")
     rng = random.Random(0)

@@ -19,10 +19,9 @@ import pytest
 TESTS_SIM = Path(__file__).resolve().parents[2] / "tests" / "sim"
 sys.path.insert(0, str(TESTS_SIM))
 
-from sim_helpers import find_traces_dir, load_azure, synthetic_workload  # noqa: E402
-from reference_model import replay_paged  # noqa: E402
-
 from pagedkv.sim.engine import SimConfig, Workload, simulate  # noqa: E402
+from reference_model import replay_paged  # noqa: E402
+from sim_helpers import find_traces_dir, load_azure, synthetic_workload  # noqa: E402
 
 _SPEEDS: dict[str, float] = {}
 
@@ -71,7 +70,9 @@ def test_rust_engine_vs_plain_python_reference(benchmark, trace: Workload) -> No
     w = Workload("head", trace.prompt_tokens[:n], trace.output_tokens[:n], np.zeros(n))
     config = _config(w, "paged")
     start = time.perf_counter()
-    ref = replay_paged(w.prompt_tokens, w.output_tokens, block_size=config.block_size, num_slots=config.num_slots)
+    ref = replay_paged(
+        w.prompt_tokens, w.output_tokens, block_size=config.block_size, num_slots=config.num_slots
+    )
     python_s = time.perf_counter() - start
     result = benchmark.pedantic(simulate, args=(w, config), rounds=5, iterations=1)
     rust_s = benchmark.stats.stats.mean if benchmark.stats else python_s

@@ -79,9 +79,7 @@ class KvCacheManager:
     def block_table(self, seq_id: int) -> npt.NDArray[np.int32]:
         """int32 ``[num_blocks_of_seq]``, a fresh array."""
     def num_tokens(self, seq_id: int) -> int: ...
-    def batch_block_tables(
-        self, seq_ids: _SeqIds
-    ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]:
+    def batch_block_tables(self, seq_ids: _SeqIds) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]:
         """(int32 ``[B, max_blocks]`` padded with -1, int32 ``[B]`` lengths in tokens)."""
     def slot_mapping(self, seq_ids: _SeqIds, num_new_tokens: int) -> npt.NDArray[np.int64]:
         """int64 ``[B * num_new_tokens]``: slots of each sequence's last tokens."""

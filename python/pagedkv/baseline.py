@@ -147,9 +147,7 @@ class BaselineBlockManager:
         revived = sum(1 for block in hits if self._refcounts[block] == 0)
         fresh = needed - len(hits)
         if fresh > self.num_free_blocks - revived:
-            raise OutOfBlocksError(
-                f"device: need {fresh} blocks, {self.num_free_blocks - revived} available"
-            )
+            raise OutOfBlocksError(f"device: need {fresh} blocks, {self.num_free_blocks - revived} available")
         for block in hits:
             if self._refcounts[block] == 0:
                 del self._evictable[block]
@@ -277,7 +275,5 @@ class BaselineBlockManager:
         in_use = sum(1 for c in counts if c > 0)
         if in_use + len(free) + len(cached) != self.num_blocks:
             raise InvariantViolation("in_use + cached + free != num_blocks")
-        if set(self._hash_of_block) != set(self._index.values()) or not cached <= set(
-            self._hash_of_block
-        ):
+        if set(self._hash_of_block) != set(self._index.values()) or not cached <= set(self._hash_of_block):
             raise InvariantViolation("prefix index and cached blocks disagree")

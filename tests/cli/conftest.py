@@ -3,7 +3,6 @@
 import json
 
 import pytest
-
 from pagedkv import cli
 
 

@@ -4,14 +4,23 @@ import importlib.machinery
 import sys
 import types
 
-import pytest
-
 import pagedkv
+import pytest
 from pagedkv import cli
 
-DESIGN_KEYS = ("token_states", "reserved", "internal_fragmentation", "external_fragmentation", "free",
-               "mean_resident_requests", "peak_resident_requests", "preemptions", "finished_requests", "steps",
-               "generated_tokens")
+DESIGN_KEYS = (
+    "token_states",
+    "reserved",
+    "internal_fragmentation",
+    "external_fragmentation",
+    "free",
+    "mean_resident_requests",
+    "peak_resident_requests",
+    "preemptions",
+    "finished_requests",
+    "steps",
+    "generated_tokens",
+)
 SHARES = DESIGN_KEYS[:5]
 
 
@@ -38,8 +47,9 @@ def test_no_command_prints_help(run_cli):
 @pytest.mark.parametrize("allocator", ["paged", "contiguous-max", "contiguous-pow2", "contiguous-oracle"])
 def test_simulate_json_has_the_design_keys(run_cli, read_json, tmp_path, allocator):
     out = tmp_path / "run.json"
-    run = run_cli("simulate", "--workload", "synthetic", "--num-requests", 120, "--allocator", allocator,
-                  "--json", out)
+    run = run_cli(
+        "simulate", "--workload", "synthetic", "--num-requests", 120, "--allocator", allocator, "--json", out
+    )
     assert run.code == 0, run.err
     data = read_json(out)
     _check_result(data, finished=120)
@@ -50,10 +60,23 @@ def test_simulate_json_has_the_design_keys(run_cli, read_json, tmp_path, allocat
 def test_simulate_a_csv_trace_with_plot(run_cli, read_json, tmp_path):
     pytest.importorskip("matplotlib")
     trace = tmp_path / "mine.csv"
-    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
-        f"{i * 0.25},{100 + 7 * i},{5 + i % 40}\n" for i in range(80)))
-    run = run_cli("simulate", "--workload", trace, "--arrival", "trace", "--block-size", 8,
-                  "--json", tmp_path / "t.json", "--plot", tmp_path / "t.png")
+    trace.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        + "".join(f"{i * 0.25},{100 + 7 * i},{5 + i % 40}\n" for i in range(80))
+    )
+    run = run_cli(
+        "simulate",
+        "--workload",
+        trace,
+        "--arrival",
+        "trace",
+        "--block-size",
+        8,
+        "--json",
+        tmp_path / "t.json",
+        "--plot",
+        tmp_path / "t.png",
+    )
     assert run.code == 0, run.err
     _check_result(read_json(tmp_path / "t.json"), finished=80)
     assert (tmp_path / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -83,13 +106,16 @@ def test_unknown_workload_name(run_cli):
     assert run.code == 2 and "synthetic" in run.err
 
 
-@pytest.mark.parametrize("argv", [
-    ["simulate", "--arrival", "sometimes"],
-    ["simulate", "--arrival", "poisson:-1"],
-    ["simulate", "--block-size", "0"],
-    ["simulate", "--allocator", "slab"],
-    ["sweep", "--block-sizes", "4,x"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["simulate", "--arrival", "sometimes"],
+        ["simulate", "--arrival", "poisson:-1"],
+        ["simulate", "--block-size", "0"],
+        ["simulate", "--allocator", "slab"],
+        ["sweep", "--block-sizes", "4,x"],
+    ],
+)
 def test_bad_options_exit_with_usage(argv, capsys):
     with pytest.raises(SystemExit) as info:
         cli.main(argv)
@@ -102,7 +128,9 @@ def test_groups_exclude_each_other(run_cli):
     assert run.code == 2 and "exclude" in run.err
 
 
-@pytest.mark.parametrize("plot, message", [("out.txt", "ending in .png"), ("nowhere/out.png", "does not exist")])
+@pytest.mark.parametrize(
+    "plot, message", [("out.txt", "ending in .png"), ("nowhere/out.png", "does not exist")]
+)
 def test_plot_path_checked_before_running(run_cli, tmp_path, plot, message):
     run = run_cli("compare", "--plot", tmp_path / plot)
     assert run.code == 2 and message in run.err
@@ -119,7 +147,9 @@ def test_compare_all_allocators(run_cli, read_json, tmp_path):
 
 
 def test_sweep_marks_the_crossing(run_cli, read_json, tmp_path):
-    run = run_cli("sweep", "--num-requests", 150, "--block-sizes", "1,4,16,64,256", "--json", tmp_path / "s.json")
+    run = run_cli(
+        "sweep", "--num-requests", 150, "--block-sizes", "1,4,16,64,256", "--json", tmp_path / "s.json"
+    )
     assert run.code == 0, run.err
     data = read_json(tmp_path / "s.json")
     assert [row["block_size"] for row in data["rows"]] == [1, 4, 16, 64, 256]

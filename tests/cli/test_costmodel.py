@@ -5,13 +5,20 @@ import math
 
 import numpy as np
 import pytest
-
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.sim import costmodel
 from pagedkv.sim.costmodel import CostModel, Hardware, ModelShape, NumpyTransformer
 
-TINY = ModelShape("t", num_layers=2, hidden_size=8, num_q_heads=4, num_kv_heads=2, head_dim=4,
-                  intermediate_size=16, dtype="float16")
+TINY = ModelShape(
+    "t",
+    num_layers=2,
+    hidden_size=8,
+    num_q_heads=4,
+    num_kv_heads=2,
+    head_dim=4,
+    intermediate_size=16,
+    dtype="float16",
+)
 
 
 def test_llama3_8b_shape():
@@ -29,7 +36,9 @@ def test_flops_by_hand():
 
 
 def test_swap_and_recompute_by_hand():
-    model = CostModel(TINY, Hardware("h", prefill_flops_per_s=1e6, host_link_bytes_per_s=1e3, per_transfer_latency_s=1e-3))
+    model = CostModel(
+        TINY, Hardware("h", prefill_flops_per_s=1e6, host_link_bytes_per_s=1e3, per_transfer_latency_s=1e-3)
+    )
     # 10 tokens in blocks of 4: 3 blocks, 12 slots of 64 bytes each, 3 * 4 copies.
     assert model.swap_bytes(10, 4) == 12 * 64
     assert model.swap_one_way_s(10, 4) == pytest.approx(12 * 64 / 1e3 + 12 * 1e-3)
@@ -50,7 +59,9 @@ def _brute_force_crossover(model, block_size, max_context):
 @pytest.mark.parametrize("latency_s", [0.0, 2e-5, 1e-4, 5e-4])
 @pytest.mark.parametrize("block_size", [1, 3, 16, 64])
 def test_crossover_matches_brute_force(latency_s, block_size):
-    hardware = Hardware("h", prefill_flops_per_s=2e9, host_link_bytes_per_s=4e5, per_transfer_latency_s=latency_s)
+    hardware = Hardware(
+        "h", prefill_flops_per_s=2e9, host_link_bytes_per_s=4e5, per_transfer_latency_s=latency_s
+    )
     model = CostModel(TINY, hardware)
     max_context = 3000
     expected = _brute_force_crossover(model, block_size, max_context)
@@ -72,7 +83,9 @@ def test_table_shapes():
 
 @pytest.mark.parametrize("kwargs", [dict(num_layers=0), dict(num_q_heads=3), dict(dtype="int4")])
 def test_bad_shapes_are_typed_errors(kwargs):
-    base = dict(name="x", num_layers=1, hidden_size=8, num_q_heads=2, num_kv_heads=2, head_dim=4, intermediate_size=8)
+    base = dict(
+        name="x", num_layers=1, hidden_size=8, num_q_heads=2, num_kv_heads=2, head_dim=4, intermediate_size=8
+    )
     with pytest.raises(InvalidArgumentError):
         ModelShape(**{**base, **kwargs})
     with pytest.raises(InvalidArgumentError):
@@ -99,12 +112,22 @@ def test_chunked_causal_attention_equals_naive():
     q = rng.standard_normal((23, 4, 8)).astype(np.float32)
     k = rng.standard_normal((23, 2, 8)).astype(np.float32)
     v = rng.standard_normal((23, 2, 8)).astype(np.float32)
-    np.testing.assert_allclose(transformer.causal_attention(q, k, v), _naive_attention(q, k, v), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(
+        transformer.causal_attention(q, k, v), _naive_attention(q, k, v), rtol=1e-4, atol=1e-5
+    )
 
 
 def test_prefill_is_causal_so_recompute_rebuilds_the_same_cache():
-    shape = ModelShape("t", num_layers=2, hidden_size=32, num_q_heads=4, num_kv_heads=2, head_dim=8,
-                       intermediate_size=48, dtype="float32")
+    shape = ModelShape(
+        "t",
+        num_layers=2,
+        hidden_size=32,
+        num_q_heads=4,
+        num_kv_heads=2,
+        head_dim=8,
+        intermediate_size=48,
+        dtype="float32",
+    )
     transformer = NumpyTransformer(shape, query_chunk_tokens=16)
     tokens = np.random.default_rng(1).integers(0, 1024, size=50)
     k_full, v_full, _ = transformer.prefill(tokens)

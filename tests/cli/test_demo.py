@@ -1,7 +1,6 @@
 """`pagedkv demo`: every section printed, JSON with every section, numbers that tell the story."""
 
 import pytest
-
 from pagedkv.sim import experiments
 
 
@@ -14,9 +13,15 @@ def demo_data():
 
 def test_every_section_is_printed(demo_data):
     _, text = demo_data
-    for marker in ("(a) paged attention equals contiguous attention", "(b) one workload, identical memory",
-                   "(c) block-size sweep", "(d) copy-on-write", "(e) exhaustion and recovery",
-                   "(f) prefix caching", "Demo done in"):
+    for marker in (
+        "(a) paged attention equals contiguous attention",
+        "(b) one workload, identical memory",
+        "(c) block-size sweep",
+        "(d) copy-on-write",
+        "(e) exhaustion and recovery",
+        "(f) prefix caching",
+        "Demo done in",
+    ):
         assert marker in text
 
 
@@ -38,8 +43,16 @@ def test_demo_numbers(demo_data):
 
 def test_demo_cli_writes_json_and_plot(run_cli, read_json, tmp_path):
     pytest.importorskip("matplotlib")
-    run = run_cli("demo", "--num-requests", 100, "--json", tmp_path / "d.json", "--plot", tmp_path / "d.png",
-                  "--no-progress")
+    run = run_cli(
+        "demo",
+        "--num-requests",
+        100,
+        "--json",
+        tmp_path / "d.json",
+        "--plot",
+        tmp_path / "d.png",
+        "--no-progress",
+    )
     assert run.code == 0, run.err
     data = read_json(tmp_path / "d.json")
     assert set(experiments.DEMO_SECTIONS) <= set(data)

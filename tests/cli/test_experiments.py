@@ -1,9 +1,8 @@
 """Experiments on the real KvCacheManager with exact block counts, and the sweep's crossing."""
 
 import numpy as np
-import pytest
-
 import pagedkv
+import pytest
 from pagedkv.sim import experiments
 
 
@@ -22,15 +21,18 @@ def test_copy_on_write_exact_counts():
 def test_group_usage_by_hand():
     manager = pagedkv.KvCacheManager(num_blocks=16, block_size=16)
     rng = np.random.default_rng(0)
-    physical, logical, next_id = experiments._group_block_usage(manager, 32, 1, 2, "parallel", rng, 0, 16, 2.0)
+    physical, logical, next_id = experiments._group_block_usage(
+        manager, 32, 1, 2, "parallel", rng, 0, 16, 2.0
+    )
     # Prompt: 2 full shared blocks; one token each starts a new block: 2 + 2 physical, 2 * 3 logical.
     assert (physical, logical, next_id) == (4.0, 6.0, 2)
     assert manager.num_sequences == 0 and manager.stats()["num_blocks_in_use"] == 0
 
 
 def test_sharing_savings_parallel_below_beam_with_invariants():
-    data = experiments.sharing_savings(widths=(2, 4), workload_names=("alpaca",), num_requests=6,
-                                       check_invariants=True)
+    data = experiments.sharing_savings(
+        widths=(2, 4), workload_names=("alpaca",), num_requests=6, check_invariants=True
+    )
     saved = {(row["kind"], row["width"]): row["blocks_saved"] for row in data["rows"]}
     assert 0 < saved[("parallel", 2)] < saved[("parallel", 4)]
     assert saved[("parallel", 4)] < saved[("beam", 4)]

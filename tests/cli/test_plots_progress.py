@@ -3,7 +3,6 @@
 import io
 
 import pytest
-
 from pagedkv.sim import costmodel, experiments, workloads
 from pagedkv.sim.engine import SimConfig
 from pagedkv.sim.progress import Progress
@@ -22,8 +21,12 @@ def test_every_plot_writes_a_png(tmp_path):
     cost_table = costmodel.CostModel().table((128, 1024), (1, 16))
     cpu = costmodel.measure_cpu((32, 64), (1, 16)).to_dict()
     paths = {name: tmp_path / f"{name}.png" for name in ("shares", "sweep", "cost", "sharing", "demo")}
-    plots.plot_shares(compare["results"], paths["shares"], title="t",
-                      published_token_states=experiments.PUBLISHED_FIGURE2_TOKEN_STATES)
+    plots.plot_shares(
+        compare["results"],
+        paths["shares"],
+        title="t",
+        published_token_states=experiments.PUBLISHED_FIGURE2_TOKEN_STATES,
+    )
     plots.plot_sweep(sweep, paths["sweep"], title="t")
     plots.plot_costmodel(cost_table, cpu, paths["cost"])
     plots.plot_sharing(sharing["rows"], paths["sharing"], title="t")

@@ -1,16 +1,24 @@
 """Tables: alignment, percent formatting, the shares and occupancy tables."""
 
 import pytest
-
 from pagedkv.sim import reports
 
 
 def _result(token_states=0.5):
     rest = (1.0 - token_states) / 4
-    return {"token_states": token_states, "reserved": rest, "internal_fragmentation": rest,
-            "external_fragmentation": rest, "free": rest, "mean_resident_requests": 12.5,
-            "peak_resident_requests": 20, "generated_tokens_per_step": 11.0, "preemptions": 3,
-            "finished_requests": 100, "steps": 900}
+    return {
+        "token_states": token_states,
+        "reserved": rest,
+        "internal_fragmentation": rest,
+        "external_fragmentation": rest,
+        "free": rest,
+        "mean_resident_requests": 12.5,
+        "peak_resident_requests": 20,
+        "generated_tokens_per_step": 11.0,
+        "preemptions": 3,
+        "finished_requests": 100,
+        "steps": 900,
+    }
 
 
 def test_format_table_aligns_numbers_right_and_text_left():
@@ -32,8 +40,9 @@ def test_percent():
 
 
 def test_shares_table_with_published_column():
-    text = reports.shares_table({"vLLM": _result(0.9), "Orca (Max)": _result(0.2)},
-                                published_token_states={"vLLM": 0.963})
+    text = reports.shares_table(
+        {"vLLM": _result(0.9), "Orca (Max)": _result(0.2)}, published_token_states={"vLLM": 0.963}
+    )
     assert "96.3 %" in text and "90.0 %" in text and "published token states" in text
     assert text.splitlines()[-1].rstrip().endswith("-")
 

@@ -1,10 +1,8 @@
 """Azure-format trace reading: the real traces, and every kind of bad input named by file and line."""
 
-import os
 
 import numpy as np
 import pytest
-
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.sim import traces
 
@@ -18,9 +16,12 @@ def _write(tmp_path, body, name="trace.csv"):
 
 
 def test_reads_rows_relative_to_the_first_arrival(tmp_path):
-    path = _write(tmp_path, HEADER + "2023-11-16 18:15:46.6805900,374,44\n"
-                                     "2023-11-16 18:15:50.9951690,396,109\n\n"
-                                     "2023-11-17 00:00:00,5,1\n")
+    path = _write(
+        tmp_path,
+        HEADER + "2023-11-16 18:15:46.6805900,374,44\n"
+        "2023-11-16 18:15:50.9951690,396,109\n\n"
+        "2023-11-17 00:00:00,5,1\n",
+    )
     workload = traces.read_azure_csv(path)
     assert workload.prompt_tokens.tolist() == [374, 396, 5]
     assert workload.output_tokens.tolist() == [44, 109, 1]
@@ -44,18 +45,21 @@ def test_missing_file_is_named(tmp_path):
     assert isinstance(info.value, FileNotFoundError) and isinstance(info.value, InvalidArgumentError)
 
 
-@pytest.mark.parametrize("body, line, pattern", [
-    ("time,prompt,output\n1,2,3\n", 1, "expected the header"),
-    (HEADER + "1,2,3\n1,2\n", 3, "expected 3 comma-separated fields"),
-    (HEADER + "1,2,3\n\n1,2,3,4\n", 4, "got 4"),
-    (HEADER + "1,2.5,3\n", 2, "must be integers"),
-    (HEADER + "1,-2,3\n", 2, "negative length"),
-    (HEADER + "1,2,-3\n", 2, "negative length"),
-    (HEADER + "1,2,0\n", 2, "at least 1 prompt token and 1 generated"),
-    (HEADER + "yesterday,2,3\n", 2, "bad TIMESTAMP"),
-    (HEADER + "2023-11-16 25:00:00,2,3\n", 2, "bad TIMESTAMP"),
-    (HEADER + "nan,2,3\n", 2, "bad TIMESTAMP"),
-])
+@pytest.mark.parametrize(
+    "body, line, pattern",
+    [
+        ("time,prompt,output\n1,2,3\n", 1, "expected the header"),
+        (HEADER + "1,2,3\n1,2\n", 3, "expected 3 comma-separated fields"),
+        (HEADER + "1,2,3\n\n1,2,3,4\n", 4, "got 4"),
+        (HEADER + "1,2.5,3\n", 2, "must be integers"),
+        (HEADER + "1,-2,3\n", 2, "negative length"),
+        (HEADER + "1,2,-3\n", 2, "negative length"),
+        (HEADER + "1,2,0\n", 2, "at least 1 prompt token and 1 generated"),
+        (HEADER + "yesterday,2,3\n", 2, "bad TIMESTAMP"),
+        (HEADER + "2023-11-16 25:00:00,2,3\n", 2, "bad TIMESTAMP"),
+        (HEADER + "nan,2,3\n", 2, "bad TIMESTAMP"),
+    ],
+)
 def test_malformed_rows_name_file_and_line(tmp_path, body, line, pattern):
     path = _write(tmp_path, body)
     with pytest.raises(traces.TraceError, match=pattern) as info:
@@ -90,7 +94,9 @@ def _real_trace(short_name):
         pytest.skip("the shared real traces are not present here")
 
 
-@pytest.mark.parametrize("short_name, requests, span_s", [("azure-conv", 19366, 3502), ("azure-code", 8819, 3436)])
+@pytest.mark.parametrize(
+    "short_name, requests, span_s", [("azure-conv", 19366, 3502), ("azure-code", 8819, 3436)]
+)
 def test_real_traces(short_name, requests, span_s):
     workload = traces.read_azure_csv(_real_trace(short_name))
     assert len(workload.prompt_tokens) == requests
@@ -100,12 +106,16 @@ def test_real_traces(short_name, requests, span_s):
 
 
 def test_results_from_an_azure_trace_carry_the_cc_by_attribution(tmp_path, run_cli):
-    path = _write(tmp_path, HEADER + "2023-11-16 18:15:46.6805900,40,8\n2023-11-16 18:15:47.0,30,4\n",
-                  name="azure_llm_2023_conv.csv")
+    path = _write(
+        tmp_path,
+        HEADER + "2023-11-16 18:15:46.6805900,40,8\n2023-11-16 18:15:47.0,30,4\n",
+        name="azure_llm_2023_conv.csv",
+    )
     run = run_cli("simulate", "--workload", path, "--num-slots", 512)
     assert run.code == 0, run.err
     assert "Azure Public Dataset, Microsoft (CC-BY 4.0)" in run.err
-    other = run_cli("simulate", "--workload", _write(tmp_path, HEADER + "0,40,8\n", name="mine.csv"),
-                    "--num-slots", 512)
+    other = run_cli(
+        "simulate", "--workload", _write(tmp_path, HEADER + "0,40,8\n", name="mine.csv"), "--num-slots", 512
+    )
     assert other.code == 0, other.err
     assert "Azure Public Dataset" not in other.err

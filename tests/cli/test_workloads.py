@@ -2,7 +2,6 @@
 
 import numpy as np
 import pytest
-
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.sim import workloads
 
@@ -41,23 +40,37 @@ def test_synthetic_scales_down_to_a_short_model_length():
     _check_valid(workloads.synthetic(500, max_model_len=256), 256)
 
 
-@pytest.mark.parametrize("prompt_mean, output_mean, sigma", [(161, 338, 1.0), (50, 900, 0.5), (19.31, 58.45, 0.3)])
+@pytest.mark.parametrize(
+    "prompt_mean, output_mean, sigma", [(161, 338, 1.0), (50, 900, 0.5), (19.31, 58.45, 0.3)]
+)
 def test_lognormal_hits_requested_means_after_clipping(prompt_mean, output_mean, sigma):
-    workload = workloads.lognormal(5000, prompt_mean_tokens=prompt_mean, output_mean_tokens=output_mean,
-                                   prompt_sigma=sigma, output_sigma=sigma, seed=3)
+    workload = workloads.lognormal(
+        5000,
+        prompt_mean_tokens=prompt_mean,
+        output_mean_tokens=output_mean,
+        prompt_sigma=sigma,
+        output_sigma=sigma,
+        seed=3,
+    )
     _check_valid(workload, 2048)
     assert workload.prompt_tokens.mean() == pytest.approx(prompt_mean, rel=2e-3)
     assert workload.output_tokens.mean() == pytest.approx(output_mean, rel=2e-3)
 
 
 def test_lognormal_without_spread_is_constant():
-    workload = workloads.lognormal(100, prompt_mean_tokens=120, output_mean_tokens=30, prompt_sigma=0, output_sigma=0)
+    workload = workloads.lognormal(
+        100, prompt_mean_tokens=120, output_mean_tokens=30, prompt_sigma=0, output_sigma=0
+    )
     assert set(workload.prompt_tokens.tolist()) == {120} and set(workload.output_tokens.tolist()) == {30}
 
 
 def test_lognormal_spread_controls_the_tail():
-    narrow = workloads.lognormal(5000, prompt_mean_tokens=200, output_mean_tokens=200, prompt_sigma=0.1, output_sigma=0.1)
-    wide = workloads.lognormal(5000, prompt_mean_tokens=200, output_mean_tokens=200, prompt_sigma=1.2, output_sigma=1.2)
+    narrow = workloads.lognormal(
+        5000, prompt_mean_tokens=200, output_mean_tokens=200, prompt_sigma=0.1, output_sigma=0.1
+    )
+    wide = workloads.lognormal(
+        5000, prompt_mean_tokens=200, output_mean_tokens=200, prompt_sigma=1.2, output_sigma=1.2
+    )
     assert np.std(wide.output_tokens) > 5 * np.std(narrow.output_tokens)
 
 

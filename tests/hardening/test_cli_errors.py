@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from pagedkv import cli
 
 HEADER = b"TIMESTAMP,ContextTokens,GeneratedTokens\n"
@@ -16,11 +15,19 @@ ROW = b"2023-11-16 18:15:46.6805900,10,5\n"
 BAD_TRACES = {
     "not utf-8 in the header": (b"\xff\xfe\x00garbage", "{name}:1: not UTF-8"),
     "not utf-8 in a row": (HEADER + ROW + b"2023-11-16 18:15:47,1\xff0,5\n", "{name}:3: not UTF-8"),
-    "huge length": (HEADER + b"2023-11-16 18:15:46,99999999999999999999999,5\n", "{name}:2: length out of range"),
-    "huge negative length": (HEADER + b"2023-11-16 18:15:46,5,-99999999999999999999999\n",
-                             "{name}:2: length out of range"),
+    "huge length": (
+        HEADER + b"2023-11-16 18:15:46,99999999999999999999999,5\n",
+        "{name}:2: length out of range",
+    ),
+    "huge negative length": (
+        HEADER + b"2023-11-16 18:15:46,5,-99999999999999999999999\n",
+        "{name}:2: length out of range",
+    ),
     "negative length": (HEADER + b"2023-11-16 18:15:46,-5,44\n", "{name}:2: negative length"),
-    "not a number": (HEADER + ROW + b"2023-11-16 18:15:47,abc,44\n", "{name}:3: token counts must be integers"),
+    "not a number": (
+        HEADER + ROW + b"2023-11-16 18:15:47,abc,44\n",
+        "{name}:3: token counts must be integers",
+    ),
     "float length": (HEADER + b"2023-11-16 18:15:46,1e3,5\n", "{name}:2: token counts must be integers"),
     "short row": (HEADER + b"2023-11-16 18:15:46,10\n", "{name}:2: expected 3"),
     "bad timestamp": (HEADER + b"notatime,10,5\n", "{name}:2: bad TIMESTAMP"),

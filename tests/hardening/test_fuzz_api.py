@@ -16,11 +16,10 @@ from typing import Any
 
 import hypothesis.strategies as st
 import numpy as np
+import pagedkv
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis.control import currently_in_test_context
-
-import pagedkv
 from pagedkv import PagedKvError
 
 NUM_BLOCKS = 12
@@ -155,9 +154,7 @@ def _token_container(tokens: list[int], kind: int, dtype: Any) -> Any:
     return [dtype(t) for t in tokens]  # a list of NumPy scalars
 
 
-token_ids = st.builds(
-    _token_container, token_list, st.integers(0, 5), st.sampled_from(INT_DTYPES)
-)
+token_ids = st.builds(_token_container, token_list, st.integers(0, 5), st.sampled_from(INT_DTYPES))
 any_token_ids = st.one_of(token_ids, token_ids, token_ids, token_ids, st.none(), junk)
 
 seq_id_batch = st.one_of(
@@ -170,9 +167,7 @@ seq_id_batch = st.one_of(
 )
 any_seq_ids = st.one_of(seq_id_batch, seq_id_batch, seq_id_batch, seq_id_batch, junk)
 
-extra_key = st.one_of(
-    st.none(), st.none(), st.sampled_from(["a", "b", b"a", 5, "5", 2**70, -3]), junk
-)
+extra_key = st.one_of(st.none(), st.none(), st.sampled_from(["a", "b", b"a", 5, "5", 2**70, -3]), junk)
 block_id = st.one_of(st.integers(0, 20), junk)
 
 
@@ -182,12 +177,31 @@ def _calls(data: st.DataObject) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
     name = draw(
         st.sampled_from(
             [
-                *["add_sequence"] * 6, *["append_tokens"] * 4, "can_append",
+                *["add_sequence"] * 6,
+                *["append_tokens"] * 4,
+                "can_append",
                 *["append_tokens_batch"] * 3,
-                "free_batch", "fork", "fork", "fork", "free", "free", "block_table", "num_tokens",
-                "batch_block_tables", "slot_mapping", "take_copy_ops", "refcount",
-                "swap_out", "swap_out", "swap_in", "swap_in", "reset_prefix_cache",
-                "take_events", "blocks_needed_for_prompt", "is_swapped_out", "__contains__",
+                "free_batch",
+                "fork",
+                "fork",
+                "fork",
+                "free",
+                "free",
+                "block_table",
+                "num_tokens",
+                "batch_block_tables",
+                "slot_mapping",
+                "take_copy_ops",
+                "refcount",
+                "swap_out",
+                "swap_out",
+                "swap_in",
+                "swap_in",
+                "reset_prefix_cache",
+                "take_events",
+                "blocks_needed_for_prompt",
+                "is_swapped_out",
+                "__contains__",
             ]
         )
     )
@@ -237,8 +251,15 @@ def _calls(data: st.DataObject) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
 
 # Methods whose success changes nothing observable.
 READ_ONLY = {
-    "can_append", "block_table", "num_tokens", "batch_block_tables", "slot_mapping",
-    "refcount", "blocks_needed_for_prompt", "is_swapped_out", "__contains__",
+    "can_append",
+    "block_table",
+    "num_tokens",
+    "batch_block_tables",
+    "slot_mapping",
+    "refcount",
+    "blocks_needed_for_prompt",
+    "is_swapped_out",
+    "__contains__",
 }
 
 
@@ -271,7 +292,9 @@ def _make_managers() -> list[pagedkv.KvCacheManager]:
     shared = pagedkv.BlockPool(num_blocks=SHARED_POOL_BLOCKS, block_size=2)
     return [
         pagedkv.KvCacheManager(
-            num_blocks=NUM_BLOCKS, block_size=3, enable_prefix_caching=True,
+            num_blocks=NUM_BLOCKS,
+            block_size=3,
+            enable_prefix_caching=True,
             num_host_blocks=NUM_HOST_BLOCKS,
         ),
         pagedkv.KvCacheManager(pool=shared, enable_prefix_caching=True, num_host_blocks=NUM_HOST_BLOCKS),
@@ -285,7 +308,9 @@ def _event(text: str) -> None:
         event(text)
 
 
-def _call_checked(kv: pagedkv.KvCacheManager, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+def _call_checked(
+    kv: pagedkv.KvCacheManager, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
     # Drain what a successful call may legitimately add, so a failed call can be seen to add none.
     kv.take_copy_ops()
     kv.take_events()
@@ -306,7 +331,9 @@ def _call_checked(kv: pagedkv.KvCacheManager, name: str, args: tuple[Any, ...], 
 
 
 FUZZ_SETTINGS = settings(
-    max_examples=int(__import__("os").environ.get("FUZZ_EXAMPLES", "300")), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=int(__import__("os").environ.get("FUZZ_EXAMPLES", "300")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
 )
 
 

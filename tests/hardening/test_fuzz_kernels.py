@@ -15,10 +15,9 @@ from typing import Any
 
 import hypothesis.strategies as st
 import numpy as np
+import pagedkv
 import pytest
 from hypothesis import HealthCheck, given, settings
-
-import pagedkv
 from pagedkv.attention import contiguous_attention, copy_blocks, paged_attention, swap_blocks, write_kv
 
 BACKENDS = [
@@ -75,9 +74,19 @@ def _call(fn: Callable[[], Any], guards: Guarded, outputs: list[np.ndarray]) -> 
 
 # Mutations that set one element; they run before those that change an array's type or shape.
 ELEMENT_MUTATIONS = {
-    "table past pool", "table negative", "table int32 max", "len past capacity", "len negative",
-    "len int32 min", "len int32 max", "slot -2", "slot past pool", "slot int64 min", "slot int64 max",
-    "slot duplicate", "slot skip",
+    "table past pool",
+    "table negative",
+    "table int32 max",
+    "len past capacity",
+    "len negative",
+    "len int32 min",
+    "len int32 max",
+    "slot -2",
+    "slot past pool",
+    "slot int64 min",
+    "slot int64 max",
+    "slot duplicate",
+    "slot skip",
 }
 
 
@@ -94,6 +103,7 @@ def _readonly(x: Any) -> Any:
 
 
 # --------------------------------------------------------------------------- paged_attention
+
 
 def _valid_attention(rng: np.random.Generator, g: Guarded, dtype: Any, group: int) -> dict[str, Any]:
     seq_lens = [int(n) for n in rng.integers(0, 3 * BLOCK_SIZE, size=2)]
@@ -120,7 +130,9 @@ ATTENTION_MUTATIONS: dict[str, Callable[[dict[str, Any]], None]] = {
     "q list": lambda a: a.update(q=a["q"].tolist()),
     "q 3 heads": lambda a: a.update(q=np.ascontiguousarray(np.repeat(a["q"], 3, axis=1))),
     "q 16 heads": lambda a: a.update(q=np.ascontiguousarray(np.repeat(a["q"], 16, axis=1))),
-    "v dtype": lambda a: a.update(v_cache=a["v_cache"].astype(np.float32 if a["v_cache"].dtype != np.float32 else np.float16)),
+    "v dtype": lambda a: a.update(
+        v_cache=a["v_cache"].astype(np.float32 if a["v_cache"].dtype != np.float32 else np.float16)
+    ),
     "v shape": lambda a: a.update(v_cache=np.ascontiguousarray(a["v_cache"][:-1])),
     "k int": lambda a: a.update(k_cache=a["k_cache"].astype(np.int16)),
     "k 3-D": lambda a: a.update(k_cache=a["k_cache"][0]),
@@ -179,9 +191,12 @@ def test_paged_attention_fuzz(backend: str, seed: int, dtype: Any, group: int, m
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @SETTINGS
-@given(seed=st.integers(0, 2**32 - 1), mutation=st.sampled_from(
-    ["none", "k non-contiguous", "k list", "v shorter", "q 1-D", "k read-only", "empty", "scale huge int"]
-))
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    mutation=st.sampled_from(
+        ["none", "k non-contiguous", "k list", "v shorter", "q 1-D", "k read-only", "empty", "scale huge int"]
+    ),
+)
 def test_contiguous_attention_fuzz(backend: str, seed: int, mutation: str) -> None:
     rng = np.random.default_rng(seed)
     g = Guarded()
@@ -270,6 +285,7 @@ def test_write_kv_fuzz(backend: str, seed: int, dtype: Any, mutations: list[str]
 
 # --------------------------------------------------------------------------- copy / swap
 
+
 def _cache(g: Guarded, rng: np.random.Generator, num_blocks: int = NUM_BLOCKS) -> np.ndarray:
     return g.array(rng.standard_normal((num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)).astype(np.float16))
 
@@ -342,8 +358,18 @@ def test_copy_blocks_fuzz(backend: str, seed: int, pairs: str, layers: str) -> N
 @given(
     seed=st.integers(0, 2**32 - 1),
     pairs=st.sampled_from(sorted(BLOCK_PAIRS)),
-    caches=st.sampled_from(["distinct", "same", "overlapping views", "dst read-only", "dst smaller",
-                            "dtype differs", "block shape differs", "src empty"]),
+    caches=st.sampled_from(
+        [
+            "distinct",
+            "same",
+            "overlapping views",
+            "dst read-only",
+            "dst smaller",
+            "dtype differs",
+            "block shape differs",
+            "src empty",
+        ]
+    ),
 )
 def test_swap_blocks_fuzz(backend: str, seed: int, pairs: str, caches: str) -> None:
     rng = np.random.default_rng(seed)

@@ -30,8 +30,9 @@ def test_version_everywhere() -> None:
     from pagedkv import _core
 
     assert pagedkv.__version__ == _core.__version__
-    result = subprocess.run([sys.executable, "-m", "pagedkv", "--version"], capture_output=True, text=True,
-                            timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "pagedkv", "--version"], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0
     assert result.stdout.strip() == f"pagedkv {pagedkv.__version__}"
 

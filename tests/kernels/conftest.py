@@ -7,7 +7,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-
 from pagedkv.attention.dtypes import float32_to_bf16_bits, nan_fill_value
 
 KIND_DTYPES = {"float16": np.float16, "bfloat16": np.uint16, "float32": np.float32, "float64": np.float64}
@@ -42,14 +41,23 @@ class PagedProblem:
     kind: str
 
 
-def make_problem(rng: np.random.Generator, kind: str, seq_lens: list[int], num_kv_heads: int, group: int,
-                 head_dim: int, block_size: int, spare_blocks: int = 3, extra_table_cols: int = 2) -> PagedProblem:
+def make_problem(
+    rng: np.random.Generator,
+    kind: str,
+    seq_lens: list[int],
+    num_kv_heads: int,
+    group: int,
+    head_dim: int,
+    block_size: int,
+    spare_blocks: int = 3,
+    extra_table_cols: int = 2,
+) -> PagedProblem:
     """A batch whose blocks sit at random, non-contiguous ids. Every cache slot no sequence uses is
     NaN, and table padding points at whole-NaN spare blocks (or -1), so any stray read shows."""
     needed = [-(-n // block_size) for n in seq_lens]
     num_blocks = sum(needed) + spare_blocks
     ids = rng.permutation(num_blocks)
-    spare = ids[sum(needed):]
+    spare = ids[sum(needed) :]
     fill = nan_fill_value(kind)
     k_cache = np.full((num_blocks, block_size, num_kv_heads, head_dim), fill, dtype=KIND_DTYPES[kind])
     v_cache = k_cache.copy()
@@ -58,11 +66,11 @@ def make_problem(rng: np.random.Generator, kind: str, seq_lens: list[int], num_k
     keys, values = [], []
     pos = 0
     for b, n in enumerate(seq_lens):
-        row = ids[pos:pos + needed[b]]
+        row = ids[pos : pos + needed[b]]
         pos += needed[b]
-        tables[b, :needed[b]] = row
+        tables[b, : needed[b]] = row
         if len(spare) and b % 2 == 0:
-            tables[b, needed[b]:] = rng.choice(spare, size=max_blocks - needed[b])
+            tables[b, needed[b] :] = rng.choice(spare, size=max_blocks - needed[b])
         k = to_kind(rng.standard_normal((n, num_kv_heads, head_dim)), kind)
         v = to_kind(rng.standard_normal((n, num_kv_heads, head_dim)), kind)
         for t in range(n):

@@ -11,8 +11,12 @@ BENCH = Path(__file__).resolve().parents[2] / "benches" / "gpu_decode.py"
 
 
 def test_gpu_decode_dry_run():
-    run = subprocess.run([sys.executable, str(BENCH), "--dry-run", "--backend", "numpy"], capture_output=True,
-                         text=True, timeout=600)
+    run = subprocess.run(
+        [sys.executable, str(BENCH), "--dry-run", "--backend", "numpy"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "54 sweep points; byte accounting checked" in run.stdout
     assert "FAIL" not in run.stdout

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from pagedkv.attention import contiguous_attention, paged_attention
 from pagedkv.kernels import emulation, instances
 
@@ -58,8 +57,9 @@ def test_decode_matches_reference(case, num_splits):
     rng = np.random.default_rng(hash((case[:4], num_splits)) % 2**32)
     p = make_problem(rng, kind, seq_lens, num_kv_heads, group, head_dim, block_size)
     expected = paged_attention(p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens, backend="numpy")
-    out = paged_attention(p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens, backend="emulated",
-                          num_splits=num_splits)
+    out = paged_attention(
+        p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens, backend="emulated", num_splits=num_splits
+    )
     assert out.dtype == p.q.dtype and out.shape == p.q.shape
     assert_close(out, expected, kind)
 
@@ -68,8 +68,16 @@ def test_custom_scale_and_empty_sequence():
     rng = np.random.default_rng(3)
     p = make_problem(rng, "float16", [0, 50, 3], 1, 8, 128, 16)
     for splits in (1, 4):
-        out = paged_attention(p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens, scale=0.05,
-                              backend="emulated", num_splits=splits)
+        out = paged_attention(
+            p.q,
+            p.k_cache,
+            p.v_cache,
+            p.block_tables,
+            p.seq_lens,
+            scale=0.05,
+            backend="emulated",
+            num_splits=splits,
+        )
         expected = paged_attention(p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens, scale=0.05)
         assert_close(out, expected, "float16")
         assert np.array_equal(out[0], np.zeros_like(out[0]))
@@ -78,8 +86,9 @@ def test_custom_scale_and_empty_sequence():
 def test_more_splits_than_tiles_leave_empty_splits():
     rng = np.random.default_rng(4)
     p = make_problem(rng, "float16", [5, 64], 1, 8, 128, 16)
-    out = paged_attention(p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens, backend="emulated",
-                          num_splits=7)
+    out = paged_attention(
+        p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens, backend="emulated", num_splits=7
+    )
     assert_close(out, paged_attention(p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens), "float16")
 
 
@@ -103,9 +112,10 @@ def test_full_last_blocks_with_minus_one_padding(num_splits):
     rng = np.random.default_rng(6)
     p = make_problem(rng, "float16", [32, 48, 64], 1, 8, 128, 16)
     for b, n in enumerate(p.seq_lens):
-        p.block_tables[b, n // 16:] = -1
-    out = paged_attention(p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens, backend="emulated",
-                          num_splits=num_splits)
+        p.block_tables[b, n // 16 :] = -1
+    out = paged_attention(
+        p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens, backend="emulated", num_splits=num_splits
+    )
     assert_close(out, paged_attention(p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens), "float16")
 
 
@@ -120,8 +130,9 @@ def test_full_last_blocks_with_minus_one_padding(num_splits):
 def test_random_batches_float16_d128_bs16(seq_lens, group, num_kv_heads, num_splits, seed):
     """Random lengths (tile and split edges included) on the instances the grid above built."""
     p = make_problem(np.random.default_rng(seed), "float16", seq_lens, num_kv_heads, group, 128, 16)
-    out = paged_attention(p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens, backend="emulated",
-                          num_splits=num_splits)
+    out = paged_attention(
+        p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens, backend="emulated", num_splits=num_splits
+    )
     assert_close(out, paged_attention(p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens), "float16")
 
 
@@ -138,6 +149,7 @@ def test_softmax_is_stable_when_the_max_moves_between_tiles_and_splits(num_split
             blk, off = p.block_tables[b, t // 16], t % 16
             p.k_cache[blk, off] = np.abs(p.k_cache[blk, off]) * ramp[t]
     expected = paged_attention(p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens)
-    out = paged_attention(p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens, backend="emulated",
-                          num_splits=num_splits)
+    out = paged_attention(
+        p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens, backend="emulated", num_splits=num_splits
+    )
     assert_close(out, expected, "float32")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from pagedkv.attention import copy_blocks, paged_attention, swap_blocks, write_kv
 from pagedkv.attention.dtypes import nan_fill_value
 from pagedkv.kernels import emulation, instances
@@ -84,7 +83,9 @@ def test_swap_round_trip_is_bit_identical(backend):
     lens = [37, 20]
     tables = np.array([[7, 2, 3], [8, 9, -1]], np.int32)
     for b, n in enumerate(lens):
-        slots = np.array([tables[b, t // block_size] * block_size + t % block_size for t in range(n)], np.int64)
+        slots = np.array(
+            [tables[b, t // block_size] * block_size + t % block_size for t in range(n)], np.int64
+        )
         k = to_kind(rng.standard_normal((n, heads, head_dim)), kind)
         v = to_kind(rng.standard_normal((n, heads, head_dim)), kind)
         write_kv(k, v, device[0], device[1], slots, backend=backend)
@@ -119,8 +120,12 @@ def test_kernel_store_outside_the_caches_is_caught():
     addresses = np.array([cache.ctypes.data, cache.ctypes.data], np.int64)
     ops = np.array([[0, 2]], np.int32)  # block 2 does not exist (no launcher validation here)
     with pytest.raises(emulation.KernelLaunchError, match="out-of-bounds"):
-        kernel.launch((1, 1, 2), (instances.COPY_THREADS, 1, 1), [addresses, ops, np.int64(cache[0].nbytes // 16)],
-                      reachable=[cache])
+        kernel.launch(
+            (1, 1, 2),
+            (instances.COPY_THREADS, 1, 1),
+            [addresses, ops, np.int64(cache[0].nbytes // 16)],
+            reachable=[cache],
+        )
 
 
 def test_emulated_paged_attention_after_copy_on_write():

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from pagedkv.kernels import emulation
 
 from .conftest import needs_cxx

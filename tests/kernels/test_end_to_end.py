@@ -5,9 +5,8 @@ step's output must equal contiguous attention over each sequence's own history."
 from __future__ import annotations
 
 import numpy as np
-import pytest
-
 import pagedkv
+import pytest
 from pagedkv.attention import contiguous_attention, copy_blocks, paged_attention, swap_blocks, write_kv
 from pagedkv.kernels import emulation, instances
 
@@ -20,8 +19,14 @@ LAYERS = 2
 class Engine:
     """A tiny decode loop: per-layer caches, one history per sequence and layer."""
 
-    def __init__(self, kv: pagedkv.KvCacheManager, kind: str, backend: str, rng: np.random.Generator,
-                 num_host_blocks: int = 0) -> None:
+    def __init__(
+        self,
+        kv: pagedkv.KvCacheManager,
+        kind: str,
+        backend: str,
+        rng: np.random.Generator,
+        num_host_blocks: int = 0,
+    ) -> None:
         self.kv, self.kind, self.backend, self.rng = kv, kind, backend, rng
         dtype = np.float16 if kind == "float16" else np.float64
         shape = (kv.num_blocks, BLOCK, HEADS, HEAD_DIM)
@@ -41,8 +46,14 @@ class Engine:
         for layer in range(LAYERS):
             ks = [self._tokens(n) for _ in seq_ids]
             vs = [self._tokens(n) for _ in seq_ids]
-            write_kv(np.concatenate(ks), np.concatenate(vs), self.k[layer], self.v[layer], slots,
-                     backend=self.backend)
+            write_kv(
+                np.concatenate(ks),
+                np.concatenate(vs),
+                self.k[layer],
+                self.v[layer],
+                slots,
+                backend=self.backend,
+            )
             for s, kk, vv in zip(seq_ids, ks, vs):
                 self.history[s][layer][0].append(kk)
                 self.history[s][layer][1].append(vv)
@@ -112,9 +123,16 @@ def test_manager_drives_numpy_data_plane_bit_exactly():
 
 @needs_cxx
 def test_manager_drives_emulated_kernels():
-    emulation.prebuild([(i.source, i.name) for i in (
-        instances.write_kv("float16", HEAD_DIM), instances.copy_blocks(),
-        instances.decode("float16", HEAD_DIM, BLOCK, GROUP))])
+    emulation.prebuild(
+        [
+            (i.source, i.name)
+            for i in (
+                instances.write_kv("float16", HEAD_DIM),
+                instances.copy_blocks(),
+                instances.decode("float16", HEAD_DIM, BLOCK, GROUP),
+            )
+        ]
+    )
     kv = pagedkv.KvCacheManager(num_blocks=48, block_size=BLOCK)
     engine = Engine(kv, "float16", "emulated", np.random.default_rng(1))
     assert _drive(engine, steps=1) >= 2
@@ -148,8 +166,10 @@ def test_manager_swap_round_trip(backend):
     group = [1, 2]
     tables_before, lens = kv.batch_block_tables(group)
     q = to_kind(np.random.default_rng(3).standard_normal((2, HEADS * GROUP, HEAD_DIM)), kind)
-    before = [paged_attention(q, engine.k[layer], engine.v[layer], tables_before, lens, backend=backend)
-              for layer in range(LAYERS)]
+    before = [
+        paged_attention(q, engine.k[layer], engine.v[layer], tables_before, lens, backend=backend)
+        for layer in range(LAYERS)
+    ]
     saved = {}
     for b, s in enumerate(group):
         for layer in range(LAYERS):

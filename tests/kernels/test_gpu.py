@@ -5,9 +5,8 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
-import pytest
-
 import pagedkv
+import pytest
 from pagedkv.attention import contiguous_attention, copy_blocks, paged_attention, swap_blocks, write_kv
 from pagedkv.kernels import instances
 
@@ -30,7 +29,9 @@ def _to_device(p):
     return [cupy.asarray(x) for x in (p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens)]
 
 
-GRID = list(itertools.product(instances.KERNEL_TYPES, instances.HEAD_DIMS, instances.BLOCK_SIZES, (1, 3, 4, 8)))
+GRID = list(
+    itertools.product(instances.KERNEL_TYPES, instances.HEAD_DIMS, instances.BLOCK_SIZES, (1, 3, 4, 8))
+)
 
 
 @pytest.mark.parametrize("kind,head_dim,block_size,group", GRID)
@@ -47,8 +48,9 @@ def test_long_context_auto_split():
     rng = np.random.default_rng(9)
     p = make_problem(rng, "bfloat16", [4000, 9000], 1, 8, 128, 16)
     out = paged_attention(*_to_device(p), backend="cuda")
-    assert_close(cupy.asnumpy(out), paged_attention(p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens),
-                 "bfloat16")
+    assert_close(
+        cupy.asnumpy(out), paged_attention(p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens), "bfloat16"
+    )
 
 
 def test_contiguous_on_gpu():
@@ -98,7 +100,9 @@ def test_swap_with_pinned_host_memory():
 def test_pageable_host_memory_is_rejected():
     device = cupy.zeros((2, 16, 1, 64), dtype=np.float16)
     with pytest.raises(pagedkv.InvalidArgumentError, match="pinned"):
-        swap_blocks(device, np.zeros((2, 16, 1, 64), np.float16), np.array([[0, 0]], np.int32), backend="cuda")
+        swap_blocks(
+            device, np.zeros((2, 16, 1, 64), np.float16), np.array([[0, 0]], np.int32), backend="cuda"
+        )
 
 
 def test_dtype_table_is_consistent():

@@ -10,7 +10,6 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-
 from pagedkv.kernels import instances, nvrtc
 
 try:
@@ -45,19 +44,30 @@ def test_every_instance_compiles_for_sm90_clean(capsys):
             mangled = result.lowered_names[name]
             res = result.resources.get(mangled)
             assert res is not None, f"no ptxas report for {name}"
-            assert max(res.spill_stores_bytes, res.spill_loads_bytes) <= SPILL_BUDGET_BYTES, f"{name} spills: {res}"
+            assert max(res.spill_stores_bytes, res.spill_loads_bytes) <= SPILL_BUDGET_BYTES, (
+                f"{name} spills: {res}"
+            )
             rows.append((name, res))
     assert len(rows) == len(instances.all_instances())
     with capsys.disabled():
         major, minor = nvrtc.version()
         print(f"\nNVRTC {major}.{minor}, {nvrtc.DEFAULT_ARCH}: registers / spill bytes / smem per instance")
         for name, res in rows:
-            print(f"  {name:<70} regs={res.registers:>3} spill={res.spill_stores_bytes}/{res.spill_loads_bytes} "
-                  f"smem={res.shared_bytes}")
+            print(
+                f"  {name:<70} regs={res.registers:>3} spill={res.spill_stores_bytes}/{res.spill_loads_bytes} "
+                f"smem={res.shared_bytes}"
+            )
 
 
-@pytest.mark.parametrize("pick", [instances.decode("float16", 128, 16, 8), instances.merge("bfloat16", 64),
-                                  instances.write_kv("float32", 256), instances.copy_blocks()])
+@pytest.mark.parametrize(
+    "pick",
+    [
+        instances.decode("float16", 128, 16, 8),
+        instances.merge("bfloat16", 64),
+        instances.write_kv("float32", 256),
+        instances.copy_blocks(),
+    ],
+)
 def test_single_instance_programs_compile_clean(pick):
     """The cuda backend compiles one instance per program: that must be warning-free too."""
     result = nvrtc.compile_source(pick.source, [pick.name])

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from pagedkv.attention import contiguous_attention, copy_blocks, paged_attention, swap_blocks, write_kv
 
 from .conftest import as_float, make_problem, to_kind
@@ -22,7 +21,9 @@ from .conftest import as_float, make_problem, to_kind
     seq_lens=st.lists(st.integers(1, 70), min_size=1, max_size=3),
     seed=st.integers(0, 2**31 - 1),
 )
-def test_paged_is_bit_identical_to_contiguous(kind, block_size, head_dim, group, num_kv_heads, seq_lens, seed):
+def test_paged_is_bit_identical_to_contiguous(
+    kind, block_size, head_dim, group, num_kv_heads, seq_lens, seed
+):
     rng = np.random.default_rng(seed)
     p = make_problem(rng, kind, seq_lens, num_kv_heads, group, head_dim, block_size)
     out = paged_attention(p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens)
@@ -60,10 +61,12 @@ def test_contiguous_matches_textbook_attention(group):
     q = rng.standard_normal((2 * group, 64))
     k = rng.standard_normal((45, 2, 64))
     v = rng.standard_normal((45, 2, 64))
-    np.testing.assert_allclose(contiguous_attention(q, k, v, scale=0.3), naive_attention(q, k, v, 0.3),
-                               rtol=1e-12, atol=1e-12)
-    np.testing.assert_allclose(contiguous_attention(q, k, v), naive_attention(q, k, v, 1 / 8), rtol=1e-12,
-                               atol=1e-12)
+    np.testing.assert_allclose(
+        contiguous_attention(q, k, v, scale=0.3), naive_attention(q, k, v, 0.3), rtol=1e-12, atol=1e-12
+    )
+    np.testing.assert_allclose(
+        contiguous_attention(q, k, v), naive_attention(q, k, v, 1 / 8), rtol=1e-12, atol=1e-12
+    )
 
 
 @pytest.mark.parametrize("kind,tol", [("float16", 2e-3), ("bfloat16", 1.6e-2), ("float32", 1e-6)])
@@ -74,7 +77,7 @@ def test_low_precision_kinds_accumulate_in_fp32(kind, tol):
     v = to_kind(rng.standard_normal((50, 1, 128)), kind)
     out = contiguous_attention(q, k, v)
     assert out.dtype == q.dtype
-    expected = naive_attention(as_float(q, kind), as_float(k, kind), as_float(v, kind), 128 ** -0.5)
+    expected = naive_attention(as_float(q, kind), as_float(k, kind), as_float(v, kind), 128**-0.5)
     np.testing.assert_allclose(as_float(out, kind), expected, rtol=tol, atol=tol)
 
 

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
-
 import pagedkv
+import pytest
 from pagedkv.attention import contiguous_attention, copy_blocks, paged_attention, swap_blocks, write_kv
 
 from .conftest import make_problem, needs_cxx
@@ -21,8 +20,15 @@ def problem():
 def call(p, backend, **overrides):
     args = dict(q=p.q, k_cache=p.k_cache, v_cache=p.v_cache, block_tables=p.block_tables, seq_lens=p.seq_lens)
     args.update(overrides)
-    return paged_attention(args["q"], args["k_cache"], args["v_cache"], args["block_tables"], args["seq_lens"],
-                           backend=backend, **{k: v for k, v in overrides.items() if k in ("scale",)})
+    return paged_attention(
+        args["q"],
+        args["k_cache"],
+        args["v_cache"],
+        args["block_tables"],
+        args["seq_lens"],
+        backend=backend,
+        **{k: v for k, v in overrides.items() if k in ("scale",)},
+    )
 
 
 def test_unknown_backend(problem):
@@ -43,10 +49,22 @@ def test_unknown_backend(problem):
         (lambda p: dict(seq_lens=p.seq_lens[:1]), "num_seqs"),
         (lambda p: dict(seq_lens=np.array([20, 999], np.int32)), "seq_lens must lie"),
         (lambda p: dict(seq_lens=np.array([-1, 5], np.int32)), "seq_lens must lie"),
-        (lambda p: dict(block_tables=np.where(np.arange(p.block_tables.shape[1]) == 0, 10**6,
-                                              p.block_tables).astype(np.int32)), r"block_tables\[0, 0\]"),
-        (lambda p: dict(block_tables=np.where(np.arange(p.block_tables.shape[1]) == 1, -1,
-                                              p.block_tables).astype(np.int32)), r"block_tables\[0, 1\]"),
+        (
+            lambda p: dict(
+                block_tables=np.where(np.arange(p.block_tables.shape[1]) == 0, 10**6, p.block_tables).astype(
+                    np.int32
+                )
+            ),
+            r"block_tables\[0, 0\]",
+        ),
+        (
+            lambda p: dict(
+                block_tables=np.where(np.arange(p.block_tables.shape[1]) == 1, -1, p.block_tables).astype(
+                    np.int32
+                )
+            ),
+            r"block_tables\[0, 1\]",
+        ),
         (lambda p: dict(q=p.q.tolist()), "arrays"),
         (lambda p: dict(scale=float("nan")), "finite"),
         (lambda p: dict(scale="big"), "real number"),
@@ -88,8 +106,15 @@ def test_cuda_backend_takes_cupy_arrays_only(problem):
 @pytest.mark.parametrize("splits", [0, -2, 1.5, True])
 def test_num_splits_must_be_a_positive_int(problem, splits):
     with pytest.raises(pagedkv.InvalidArgumentError, match="num_splits"):
-        paged_attention(problem.q, problem.k_cache, problem.v_cache, problem.block_tables, problem.seq_lens,
-                        backend="emulated", num_splits=splits)
+        paged_attention(
+            problem.q,
+            problem.k_cache,
+            problem.v_cache,
+            problem.block_tables,
+            problem.seq_lens,
+            backend="emulated",
+            num_splits=splits,
+        )
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -127,11 +152,23 @@ def test_write_kv_rejects_and_changes_nothing(backend, slots, match):
 def test_write_kv_rejects_mismatched_tokens(backend):
     caches = [np.zeros((4, 16, 1, 64), np.float16) for _ in range(2)]
     with pytest.raises(pagedkv.InvalidArgumentError, match="k must be"):
-        write_kv(np.ones((3, 2, 64), np.float16), np.ones((3, 2, 64), np.float16), caches[0], caches[1],
-                 np.arange(3, dtype=np.int64), backend=backend)
+        write_kv(
+            np.ones((3, 2, 64), np.float16),
+            np.ones((3, 2, 64), np.float16),
+            caches[0],
+            caches[1],
+            np.arange(3, dtype=np.int64),
+            backend=backend,
+        )
     with pytest.raises(pagedkv.InvalidArgumentError, match="dtype"):
-        write_kv(np.ones((3, 1, 64), np.float32), np.ones((3, 1, 64), np.float32), caches[0], caches[1],
-                 np.arange(3, dtype=np.int64), backend=backend)
+        write_kv(
+            np.ones((3, 1, 64), np.float32),
+            np.ones((3, 1, 64), np.float32),
+            caches[0],
+            caches[1],
+            np.arange(3, dtype=np.int64),
+            backend=backend,
+        )
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

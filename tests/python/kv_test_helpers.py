@@ -6,7 +6,6 @@ from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
-
 import pagedkv
 
 

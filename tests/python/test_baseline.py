@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import random
 
-import pytest
-
 import pagedkv
+import pytest
 from pagedkv import OutOfBlocksError, PagedKvError
 from pagedkv.baseline import BaselineBlockManager
 
@@ -18,10 +17,12 @@ def test_baseline_matches_manager(seed: int, prefix_caching: bool) -> None:
     rng = random.Random(seed)
     block_size = rng.choice([1, 2, 4, 16])
     num_blocks = 64
-    kv = pagedkv.KvCacheManager(num_blocks=num_blocks, block_size=block_size,
-                                enable_prefix_caching=prefix_caching)
-    base = BaselineBlockManager(num_blocks=num_blocks, block_size=block_size,
-                                enable_prefix_caching=prefix_caching)
+    kv = pagedkv.KvCacheManager(
+        num_blocks=num_blocks, block_size=block_size, enable_prefix_caching=prefix_caching
+    )
+    base = BaselineBlockManager(
+        num_blocks=num_blocks, block_size=block_size, enable_prefix_caching=prefix_caching
+    )
     prompts = [[rng.randrange(3) for _ in range(rng.randrange(1, 120))] for _ in range(4)]
     live: list[int] = []
     for step in range(400):

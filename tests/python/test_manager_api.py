@@ -6,9 +6,8 @@ import subprocess
 import sys
 
 import numpy as np
-import pytest
-
 import pagedkv
+import pytest
 
 
 def test_version_and_cli() -> None:
@@ -21,9 +20,18 @@ def test_version_and_cli() -> None:
 
 def test_exports() -> None:
     for name in [
-        "KvCacheManager", "BlockPool", "PagedKvError", "OutOfBlocksError", "UnknownSequenceError",
-        "SequenceExistsError", "SequenceSwappedOutError", "InvalidArgumentError",
-        "InvariantViolation", "BlockStored", "BlockRemoved", "AllBlocksCleared",
+        "KvCacheManager",
+        "BlockPool",
+        "PagedKvError",
+        "OutOfBlocksError",
+        "UnknownSequenceError",
+        "SequenceExistsError",
+        "SequenceSwappedOutError",
+        "InvalidArgumentError",
+        "InvariantViolation",
+        "BlockStored",
+        "BlockRemoved",
+        "AllBlocksCleared",
     ]:
         assert hasattr(pagedkv, name), name
         assert name in pagedkv.__all__
@@ -32,7 +40,10 @@ def test_exports() -> None:
 def test_defaults() -> None:
     kv = pagedkv.KvCacheManager()
     assert (kv.num_blocks, kv.block_size, kv.enable_prefix_caching, kv.num_host_blocks) == (
-        1024, 16, False, 0,
+        1024,
+        16,
+        False,
+        0,
     )
     assert kv.num_free_blocks == 1024 and kv.usage == 0.0 and len(kv) == 0
     pool = pagedkv.BlockPool()
@@ -81,8 +92,9 @@ def test_add_sequence_token_inputs() -> None:
     kv.add_sequence(1, [1, 2, 3])
     kv.add_sequence(2, (1, 2, 3))
     kv.add_sequence(3, np.array([1, 2, 3], dtype=np.uint8))
-    for seq_id, dtype in enumerate([np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32,
-                                    np.int64, np.uint64], start=10):
+    for seq_id, dtype in enumerate(
+        [np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64], start=10
+    ):
         kv.add_sequence(seq_id, np.arange(5, dtype=dtype))
         assert kv.num_tokens(seq_id) == 5
     kv.add_sequence(20, np.arange(10, dtype=np.int64)[::2])  # non-contiguous view
@@ -196,8 +208,17 @@ def test_stats_keys() -> None:
     kv.free(1)
     stats = kv.stats()
     assert isinstance(stats, dict)
-    for key in ["num_blocks_in_use", "num_cached_blocks", "allocations", "frees", "cow_copies",
-                "prefix_query_tokens", "prefix_hit_tokens", "evictions", "prefix_hit_rate"]:
+    for key in [
+        "num_blocks_in_use",
+        "num_cached_blocks",
+        "allocations",
+        "frees",
+        "cow_copies",
+        "prefix_query_tokens",
+        "prefix_hit_tokens",
+        "evictions",
+        "prefix_hit_rate",
+    ]:
         assert key in stats, key
     assert stats["num_blocks_in_use"] == 2 and stats["allocations"] == 2 and stats["forks"] == 1
     assert stats["num_blocks_in_use"] + stats["num_cached_blocks"] + stats["num_free_blocks"] == 8

@@ -8,9 +8,9 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import pytest
-
 import pagedkv
+import pytest
+from kv_test_helpers import snapshot
 from pagedkv import (
     InvalidArgumentError,
     OutOfBlocksError,
@@ -18,8 +18,6 @@ from pagedkv import (
     SequenceExistsError,
     UnknownSequenceError,
 )
-
-from kv_test_helpers import snapshot
 
 
 def make() -> pagedkv.KvCacheManager:
@@ -50,15 +48,32 @@ def assert_fails_cleanly(
 def test_exception_hierarchy() -> None:
     assert issubclass(pagedkv.UnknownSequenceError, KeyError)
     assert issubclass(pagedkv.InvalidArgumentError, ValueError)
-    for cls in [OutOfBlocksError, UnknownSequenceError, SequenceExistsError, InvalidArgumentError,
-                pagedkv.SequenceSwappedOutError, pagedkv.InvariantViolation]:
+    for cls in [
+        OutOfBlocksError,
+        UnknownSequenceError,
+        SequenceExistsError,
+        InvalidArgumentError,
+        pagedkv.SequenceSwappedOutError,
+        pagedkv.InvariantViolation,
+    ]:
         assert issubclass(cls, PagedKvError)
 
 
 @pytest.mark.parametrize(
     ("num_blocks", "block_size"),
-    [(0, 16), (16, 0), (-1, 16), (16, -4), (2**31, 16), (2**64, 16), (1.5, 16), (16, 2.0),
-     (True, 16), ("16", 16), (None, 0)],
+    [
+        (0, 16),
+        (16, 0),
+        (-1, 16),
+        (16, -4),
+        (2**31, 16),
+        (2**64, 16),
+        (1.5, 16),
+        (16, 2.0),
+        (True, 16),
+        ("16", 16),
+        (None, 0),
+    ],
 )
 def test_bad_construction(num_blocks: Any, block_size: Any) -> None:
     with pytest.raises(InvalidArgumentError):
@@ -125,8 +140,11 @@ def test_duplicate_ids_in_a_batch() -> None:
     assert_fails_cleanly(kv, InvalidArgumentError, lambda: kv.append_tokens_batch([1, 1]))
 
 
-@pytest.mark.parametrize("bad_ids", [range(2), {1, 2}, 1, "12", np.array([[1, 2]]),
-                                     np.array([1.0, 2.0]), np.array([-1, 1])], ids=repr)
+@pytest.mark.parametrize(
+    "bad_ids",
+    [range(2), {1, 2}, 1, "12", np.array([[1, 2]]), np.array([1.0, 2.0]), np.array([-1, 1])],
+    ids=repr,
+)
 def test_bad_sequence_id_lists(bad_ids: Any) -> None:
     kv = make()
     for op in [
@@ -173,8 +191,7 @@ def test_bad_token_ids(bad_tokens: Any) -> None:
     assert 5 not in kv
 
 
-@pytest.mark.parametrize("bad_id", [-1, 2**64, 1.0, 1.5, True, "1", None, [1], np.float64(1)],
-                         ids=repr)
+@pytest.mark.parametrize("bad_id", [-1, 2**64, 1.0, 1.5, True, "1", None, [1], np.float64(1)], ids=repr)
 def test_bad_sequence_ids(bad_id: Any) -> None:
     kv = make()
     for op in [
@@ -232,16 +249,17 @@ def test_out_of_blocks_now_is_retryable() -> None:
     assert free == 3
     err = assert_fails_cleanly(kv, OutOfBlocksError, lambda: kv.add_sequence(5, num_tokens=16))
     assert (err.tier, err.needed_blocks, err.available_blocks, err.blocks_short) == (  # type: ignore[attr-defined]
-        "device", 4, 3, 1,
+        "device",
+        4,
+        3,
+        1,
     )
     assert "device" in str(err) and "1" in str(err)
     assert_fails_cleanly(kv, OutOfBlocksError, lambda: kv.append_tokens(3, num_tokens=16))
     # The batch is all-or-nothing: 3 sequences each needing blocks, only 3 free.
     kv.append_tokens(3, num_tokens=3)  # seq 3 now exactly fills its 3 blocks
     assert kv.num_free_blocks == 3
-    err = assert_fails_cleanly(
-        kv, OutOfBlocksError, lambda: kv.append_tokens_batch([1, 2, 3], num_tokens=7)
-    )
+    err = assert_fails_cleanly(kv, OutOfBlocksError, lambda: kv.append_tokens_batch([1, 2, 3], num_tokens=7))
     assert err.blocks_short >= 1  # type: ignore[attr-defined]
     assert not kv.can_append(3, 13)
     kv.free(3)  # after others free blocks, the retry succeeds

@@ -20,18 +20,16 @@ import itertools
 from typing import Any
 
 import hypothesis.strategies as st
+import pagedkv
 from hypothesis import event, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-
-import pagedkv
+from kv_test_helpers import snapshot
 from pagedkv import (
     InvalidArgumentError,
     OutOfBlocksError,
     SequenceSwappedOutError,
     UnknownSequenceError,
 )
-
-from kv_test_helpers import snapshot
 
 NUM_BLOCKS = 24
 NUM_HOST_BLOCKS = 12
@@ -75,8 +73,10 @@ class ManagerMachine(RuleBasedStateMachine):
     def setup(self, block_size: int) -> None:
         self.block_size = block_size
         self.kv = pagedkv.KvCacheManager(
-            num_blocks=NUM_BLOCKS, block_size=block_size,
-            enable_prefix_caching=self.prefix_caching, num_host_blocks=self.host_blocks,
+            num_blocks=NUM_BLOCKS,
+            block_size=block_size,
+            enable_prefix_caching=self.prefix_caching,
+            num_host_blocks=self.host_blocks,
         )
 
     # ------------------------------------------------------------------ model helpers
@@ -171,12 +171,15 @@ class ManagerMachine(RuleBasedStateMachine):
         event(f"failed cleanly: {type(outcome).__name__}")
 
     # ------------------------------------------------------------------ rules
-    @rule(num_tokens=st.integers(0, 14), with_ids=st.booleans(),
-          extra_key=st.sampled_from([None, None, "a", b"b"]), data=st.data())
+    @rule(
+        num_tokens=st.integers(0, 14),
+        with_ids=st.booleans(),
+        extra_key=st.sampled_from([None, None, "a", b"b"]),
+        data=st.data(),
+    )
     def add(self, num_tokens: int, with_ids: bool, extra_key: Any, data: st.DataObject) -> None:
         seq_id = next(self.next_id)
-        prompt = data.draw(st.lists(st.integers(0, VOCAB - 1), min_size=num_tokens,
-                                    max_size=num_tokens))
+        prompt = data.draw(st.lists(st.integers(0, VOCAB - 1), min_size=num_tokens, max_size=num_tokens))
         if self.history and data.draw(st.integers(0, 3)) > 0:
             # Mostly reuse an earlier prompt's beginning, so prefix hits are common.
             base = data.draw(st.sampled_from(self.history[-6:]))
@@ -221,8 +224,7 @@ class ManagerMachine(RuleBasedStateMachine):
         self.tokens[seq_id] = list(prompt)
         self.namespace[seq_id] = extra_key
         self.abstract[seq_id] = [
-            self.abstract_of_physical(table[index]) if index < hit // self.block_size
-            else self.new_abstract()
+            self.abstract_of_physical(table[index]) if index < hit // self.block_size else self.new_abstract()
             for index in range(needed)
         ]
         self.write(seq_id, hit)
@@ -258,10 +260,10 @@ class ManagerMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.abstract)
     @rule(data=st.data(), count=st.integers(1, 3))
     def append_batch(self, data: st.DataObject, count: int) -> None:
-        seqs = data.draw(st.lists(st.sampled_from(self.resident()), min_size=1, max_size=4,
-                                  unique=True))
-        new = data.draw(st.lists(st.integers(0, VOCAB - 1), min_size=count * len(seqs),
-                                 max_size=count * len(seqs)))
+        seqs = data.draw(st.lists(st.sampled_from(self.resident()), min_size=1, max_size=4, unique=True))
+        new = data.draw(
+            st.lists(st.integers(0, VOCAB - 1), min_size=count * len(seqs), max_size=count * len(seqs))
+        )
         call = lambda: self.kv.append_tokens_batch(seqs, new, num_tokens=count)  # noqa: E731
         if any(ceil_div(len(self.tokens[s]) + count, self.block_size) > NUM_BLOCKS for s in seqs):
             self.expect_failure(InvalidArgumentError, call)
@@ -321,8 +323,7 @@ class ManagerMachine(RuleBasedStateMachine):
     @precondition(lambda self: len(self.live()) >= 2)
     @rule(data=st.data())
     def free_batch(self, data: st.DataObject) -> None:
-        seqs = data.draw(st.lists(st.sampled_from(self.live()), min_size=1, max_size=3,
-                                  unique=True))
+        seqs = data.draw(st.lists(st.sampled_from(self.live()), min_size=1, max_size=3, unique=True))
         self.kv.free_batch(seqs)
         for seq_id in seqs:
             self.forget(seq_id)
@@ -331,8 +332,7 @@ class ManagerMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def bad_calls_change_nothing(self, data: st.DataObject) -> None:
         seq_id = data.draw(st.sampled_from(self.live()))
-        self.expect_failure(pagedkv.SequenceExistsError,
-                            lambda: self.kv.add_sequence(seq_id, num_tokens=1))
+        self.expect_failure(pagedkv.SequenceExistsError, lambda: self.kv.add_sequence(seq_id, num_tokens=1))
         if seq_id in self.abstract:
             self.expect_failure(pagedkv.SequenceExistsError, lambda: self.kv.fork(seq_id, seq_id))
         self.expect_failure(UnknownSequenceError, lambda: self.kv.append_tokens(UNKNOWN, [1]))
@@ -396,8 +396,7 @@ class SwapMachine(ManagerMachine):
     @precondition(lambda self: self.abstract)
     @rule(data=st.data(), as_int=st.booleans())
     def swap_out(self, data: st.DataObject, as_int: bool) -> None:
-        group = data.draw(st.lists(st.sampled_from(self.resident()), min_size=1, max_size=3,
-                                   unique=True))
+        group = data.draw(st.lists(st.sampled_from(self.resident()), min_size=1, max_size=3, unique=True))
         group_blocks = {a for s in group for a in self.abstract[s]}
         outside = {a for s, t in self.abstract.items() if s not in group for a in t}
         partial = bool(group_blocks & outside)
@@ -437,8 +436,9 @@ class SwapMachine(ManagerMachine):
     @precondition(lambda self: self.swapped)
     @rule(data=st.data())
     def swap_in(self, data: st.DataObject) -> None:
-        group = data.draw(st.lists(st.sampled_from(sorted(self.swapped)), min_size=1,
-                                   max_size=3, unique=True))
+        group = data.draw(
+            st.lists(st.sampled_from(sorted(self.swapped)), min_size=1, max_size=3, unique=True)
+        )
         group_blocks = {h for s in group for h in self.swapped[s]}
         outside = {h for s, t in self.swapped.items() if s not in group for h in t}
         partial = bool(group_blocks & outside)

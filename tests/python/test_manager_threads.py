@@ -7,9 +7,8 @@ import random
 import threading
 
 import numpy as np
-import pytest
-
 import pagedkv
+import pytest
 from pagedkv import OutOfBlocksError, UnknownSequenceError
 
 NUM_THREADS = 6
@@ -82,8 +81,12 @@ def worker_ops(kv: pagedkv.KvCacheManager, index: int, shared_ids: bool) -> None
         except OutOfBlocksError:
             if live:
                 kv.free(live.pop(0)) if not shared_ids else None
-        except (UnknownSequenceError, pagedkv.SequenceExistsError, pagedkv.InvalidArgumentError,
-                pagedkv.SequenceSwappedOutError):
+        except (
+            UnknownSequenceError,
+            pagedkv.SequenceExistsError,
+            pagedkv.InvalidArgumentError,
+            pagedkv.SequenceSwappedOutError,
+        ):
             if not shared_ids:
                 raise
             live = [s for s in live if s in kv]
@@ -92,12 +95,10 @@ def worker_ops(kv: pagedkv.KvCacheManager, index: int, shared_ids: bool) -> None
 
 
 @pytest.mark.parametrize(("prefix_caching", "num_host_blocks"), [(False, 0), (True, 0), (False, 512)])
-def test_threads_hammering_one_manager_with_disjoint_ids(
-    prefix_caching: bool, num_host_blocks: int
-) -> None:
-    kv = pagedkv.KvCacheManager(num_blocks=4096, block_size=16,
-                                enable_prefix_caching=prefix_caching,
-                                num_host_blocks=num_host_blocks)
+def test_threads_hammering_one_manager_with_disjoint_ids(prefix_caching: bool, num_host_blocks: int) -> None:
+    kv = pagedkv.KvCacheManager(
+        num_blocks=4096, block_size=16, enable_prefix_caching=prefix_caching, num_host_blocks=num_host_blocks
+    )
     run_threads(lambda i: worker_ops(kv, i, shared_ids=False), NUM_THREADS)
     kv.check_invariants()
     assert len(kv) == 0 and kv.num_free_blocks == 4096
@@ -109,8 +110,9 @@ def test_threads_hammering_one_manager_with_disjoint_ids(
 
 @pytest.mark.parametrize("prefix_caching", [False, True])
 def test_threads_racing_on_the_same_ids(prefix_caching: bool) -> None:
-    kv = pagedkv.KvCacheManager(num_blocks=2048, block_size=16,
-                                enable_prefix_caching=prefix_caching, num_host_blocks=256)
+    kv = pagedkv.KvCacheManager(
+        num_blocks=2048, block_size=16, enable_prefix_caching=prefix_caching, num_host_blocks=256
+    )
     run_threads(lambda i: worker_ops(kv, i, shared_ids=True), NUM_THREADS)
     kv.check_invariants()
     stats = kv.stats()

@@ -8,19 +8,16 @@ recently used first, a sequence's tail blocks ahead of its head blocks.
 
 from __future__ import annotations
 
-import pytest
-
 import pagedkv
-from pagedkv import AllBlocksCleared, BlockRemoved, BlockStored, OutOfBlocksError
-
+import pytest
 from kv_test_helpers import snapshot
+from pagedkv import AllBlocksCleared, BlockRemoved, BlockStored, OutOfBlocksError
 
 BS = 4  # block size of every scenario
 
 
 def manager(num_blocks: int, **kwargs: object) -> pagedkv.KvCacheManager:
-    return pagedkv.KvCacheManager(num_blocks=num_blocks, block_size=BS,
-                                  enable_prefix_caching=True, **kwargs)  # type: ignore[arg-type]
+    return pagedkv.KvCacheManager(num_blocks=num_blocks, block_size=BS, enable_prefix_caching=True, **kwargs)  # type: ignore[arg-type]
 
 
 def tokens(start: int, count: int) -> list[int]:

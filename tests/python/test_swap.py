@@ -4,9 +4,9 @@ group copied once, all-or-nothing on a full tier, and typed errors for swapped-o
 from __future__ import annotations
 
 import numpy as np
-import pytest
-
 import pagedkv
+import pytest
+from kv_test_helpers import snapshot
 from pagedkv import (
     InvalidArgumentError,
     OutOfBlocksError,
@@ -14,14 +14,11 @@ from pagedkv import (
     UnknownSequenceError,
 )
 
-from kv_test_helpers import snapshot
-
 BS = 4
 
 
 def manager(num_blocks: int = 32, num_host_blocks: int = 32) -> pagedkv.KvCacheManager:
-    return pagedkv.KvCacheManager(num_blocks=num_blocks, block_size=BS,
-                                  num_host_blocks=num_host_blocks)
+    return pagedkv.KvCacheManager(num_blocks=num_blocks, block_size=BS, num_host_blocks=num_host_blocks)
 
 
 def test_round_trip_of_one_sequence() -> None:
@@ -111,7 +108,10 @@ def test_full_host_tier_moves_nothing() -> None:
         kv.swap_out(2)
     err = info.value
     assert (err.tier, err.needed_blocks, err.available_blocks, err.blocks_short) == (  # type: ignore[attr-defined]
-        "host", 2, 1, 1,
+        "host",
+        2,
+        1,
+        1,
     )
     assert "host" in str(err)
     assert snapshot(kv, [1, 2]) == before

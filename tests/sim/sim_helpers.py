@@ -7,7 +7,6 @@ import os
 from pathlib import Path
 
 import numpy as np
-
 from pagedkv.sim.engine import Workload
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -34,9 +33,7 @@ def load_azure(path: Path) -> Workload:
         read_azure_csv = None
     if read_azure_csv is not None:
         return read_azure_csv(path)
-    stamps, prompts, outputs = np.loadtxt(
-        path, delimiter=",", skiprows=1, dtype=str, unpack=True
-    )
+    stamps, prompts, outputs = np.loadtxt(path, delimiter=",", skiprows=1, dtype=str, unpack=True)
     times = np.array([np.datetime64(s.strip()[:26].replace(" ", "T")) for s in stamps])
     arrival = (times - times[0]) / np.timedelta64(1, "us") / 1e6
     order = np.argsort(arrival, kind="stable")
@@ -53,5 +50,7 @@ def synthetic_workload(num_requests: int = 400, seed: int = 0) -> Workload:
     rng = np.random.default_rng(seed)
     prompt = rng.integers(16, 512, size=num_requests)
     long = rng.random(num_requests) < 0.1
-    output = np.where(long, rng.integers(400, 1200, size=num_requests), rng.integers(1, 64, size=num_requests))
+    output = np.where(
+        long, rng.integers(400, 1200, size=num_requests), rng.integers(1, 64, size=num_requests)
+    )
     return Workload("synthetic", prompt.astype(np.int64), output.astype(np.int64), np.zeros(num_requests))

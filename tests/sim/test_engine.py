@@ -7,11 +7,10 @@ import math
 
 import numpy as np
 import pytest
-from sim_helpers import synthetic_workload
-
 from pagedkv import _core
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.sim.engine import ALLOCATORS, SimConfig, SimResult, Workload, record_frames, simulate
+from sim_helpers import synthetic_workload
 
 DESIGN_KEYS = {
     "token_states",
@@ -146,7 +145,10 @@ def test_invalid_input_raises_invalid_argument_naming_the_request() -> None:
     with pytest.raises(InvalidArgumentError, match=r"request 2 needs \d+ blocks"):
         simulate(plain([10, 10, 1500], [3, 3, 500]), SimConfig(num_slots=1024, max_model_len=4096))
     with pytest.raises(InvalidArgumentError, match="request 2 needs a contiguous reservation"):
-        simulate(plain([10, 10, 1500], [3, 3, 500]), SimConfig(allocator="contiguous-oracle", num_slots=1024, max_model_len=4096))
+        simulate(
+            plain([10, 10, 1500], [3, 3, 500]),
+            SimConfig(allocator="contiguous-oracle", num_slots=1024, max_model_len=4096),
+        )
     with pytest.raises(InvalidArgumentError, match="exceeds max_model_len 2048"):
         simulate(plain([2000], [100]), SimConfig())
     with pytest.raises(InvalidArgumentError, match="request 1: prompt_tokens is 2.5"):
@@ -204,7 +206,10 @@ def test_arrival_processes() -> None:
     p1 = simulate(w, SimConfig(arrival="poisson", poisson_rate=5.0, seed=1))
     assert p1 == p1
     assert simulate(w, SimConfig(arrival="poisson", poisson_rate=5.0, seed=1)).to_dict() == p1.to_dict()
-    assert simulate(w, SimConfig(arrival="poisson", poisson_rate=5.0, seed=2)).simulated_seconds != p1.simulated_seconds
+    assert (
+        simulate(w, SimConfig(arrival="poisson", poisson_rate=5.0, seed=2)).simulated_seconds
+        != p1.simulated_seconds
+    )
     assert simulate(w, SimConfig()).peak_resident_requests == n
 
 
@@ -221,7 +226,7 @@ def test_recompute_preemption_under_pressure() -> None:
 
 def test_progress_callback_and_early_stop(capsys: pytest.CaptureFixture[str]) -> None:
     w = Workload("long", np.full(4, 10), np.full(4, 20000), np.zeros(4))
-    config = SimConfig(num_slots=2 ** 17, max_model_len=2 ** 15)
+    config = SimConfig(num_slots=2**17, max_model_len=2**15)
     calls: list[tuple[int, int, int]] = []
 
     def stop_after_two(steps: int, finished: int, total: int) -> bool:
@@ -292,6 +297,11 @@ def test_empty_workload_and_bad_group_kind() -> None:
     r = simulate(empty, SimConfig())
     assert (r.steps, r.finished_requests, r.free) == (0, 0, 1.0)
     with pytest.raises(InvalidArgumentError, match="unknown group_kind"):
-        simulate(Workload("g", np.ones(1, dtype=np.int64), np.ones(1, dtype=np.int64), np.zeros(1), group_kind="tree"), SimConfig())
+        simulate(
+            Workload(
+                "g", np.ones(1, dtype=np.int64), np.ones(1, dtype=np.int64), np.zeros(1), group_kind="tree"
+            ),
+            SimConfig(),
+        )
     with pytest.raises(InvalidArgumentError, match="more than any pool holds"):
         simulate(plain([2**40], [1]), SimConfig())

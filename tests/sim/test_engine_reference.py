@@ -5,9 +5,8 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from reference_model import replay_paged
-
 from pagedkv.sim.engine import SimConfig, Workload, simulate
+from reference_model import replay_paged
 
 
 @settings(max_examples=60, deadline=None)
@@ -32,7 +31,14 @@ def test_paged_replay_matches_reference(lengths, block_size, extra_slots, max_nu
         check_invariants=True,
     )
     got = simulate(Workload("h", prompt, output, np.zeros(len(lengths))), config)
-    ref = replay_paged(prompt, output, block_size=block_size, num_slots=num_slots, max_num_seqs=max_num_seqs, watermark=watermark)
+    ref = replay_paged(
+        prompt,
+        output,
+        block_size=block_size,
+        num_slots=num_slots,
+        max_num_seqs=max_num_seqs,
+        watermark=watermark,
+    )
     assert got.steps == ref.steps
     assert got.preemptions == ref.preemptions
     assert got.finished_requests == ref.finished_requests == len(lengths)

@@ -5,9 +5,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from sim_helpers import load_azure
-
 from pagedkv.sim.engine import SimConfig, simulate
+from sim_helpers import load_azure
 
 
 def test_replay_azure_conversation_trace(traces_dir) -> None:
@@ -30,7 +29,9 @@ def test_paged_keeps_more_code_trace_requests_resident(traces_dir) -> None:
     w = load_azure(traces_dir / "azure_llm_2023_code.csv")
     longest = int((w.prompt_tokens + w.output_tokens).max())
     paged = simulate(w, SimConfig(num_slots=longest * 4, max_model_len=longest))
-    oracle = simulate(w, SimConfig(allocator="contiguous-oracle", num_slots=longest * 4, max_model_len=longest))
+    oracle = simulate(
+        w, SimConfig(allocator="contiguous-oracle", num_slots=longest * 4, max_model_len=longest)
+    )
     assert paged.finished_requests == oracle.finished_requests == w.num_requests
     assert paged.mean_resident_requests > oracle.mean_resident_requests
     assert paged.steps < oracle.steps

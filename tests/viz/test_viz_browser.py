@@ -7,10 +7,9 @@ from __future__ import annotations
 import time
 
 import pytest
-
-from viz_browser import screenshot, set_viewport, start_chromium
 from pagedkv.viz.page import write_page
 from pagedkv.viz.record import VizGrid, record_grid
+from viz_browser import screenshot, set_viewport, start_chromium
 
 ALLOCATORS = ("paged", "contiguous-max")
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32)
@@ -56,11 +55,14 @@ def js(driver, script, *args):
 
 
 def counters(driver) -> dict[str, str]:
-    return js(driver, """
+    return js(
+        driver,
+        """
         const out = {};
         for (const id of ["step", "running", "waiting", "finished", "blocks", "waste", "preemptions"])
             out[id] = document.getElementById("c-" + id).textContent;
-        return out;""")
+        return out;""",
+    )
 
 
 def expected_counters(recording, frame_index) -> dict[str, str]:
@@ -79,7 +81,11 @@ def expected_counters(recording, frame_index) -> dict[str, str]:
 def assert_matches(driver, raw, allocator, block_size, seed, frame_index):
     state = js(driver, "return window.pagedkvViz.state()")
     assert (state["allocator"], state["blockSize"], state["seed"], state["frame"]) == (
-        allocator, block_size, seed, frame_index)
+        allocator,
+        block_size,
+        seed,
+        frame_index,
+    )
     recording = raw[(allocator, block_size, seed)]
     want = expected_counters(recording, frame_index)
     got = counters(driver)
@@ -90,10 +96,18 @@ def assert_matches(driver, raw, allocator, block_size, seed, frame_index):
     assert float(waste_text[:-2]) == pytest.approx(waste, abs=0.051)
     # The fragmentation figure shows the simulator's slot accounting.
     frame = recording["frames"][frame_index]
-    figure = js(driver, """return ["token", "reserved", "frag", "ext", "free"].map(
-        (k) => document.getElementById("f-" + k).textContent)""")
-    want_slots = [frame["token_slots"], frame["reserved_slots"], frame["internal_frag_slots"],
-                  frame["external_frag_slots"], frame["free_slots"]]
+    figure = js(
+        driver,
+        """return ["token", "reserved", "frag", "ext", "free"].map(
+        (k) => document.getElementById("f-" + k).textContent)""",
+    )
+    want_slots = [
+        frame["token_slots"],
+        frame["reserved_slots"],
+        frame["internal_frag_slots"],
+        frame["external_frag_slots"],
+        frame["free_slots"],
+    ]
     assert [int(text.split(" slots")[0]) for text in figure] == want_slots
     assert sum(want_slots) == NUM_SLOTS
     # The page's decoded pool and block tables equal the simulator's frame, cell for cell.
@@ -101,8 +115,10 @@ def assert_matches(driver, raw, allocator, block_size, seed, frame_index):
     frame = recording["frames"][frame_index]
     flat = [int(v) for cell in frame["pool"] for v in cell]
     assert decoded["pool"] == flat
-    tables = sorted([int(rid), 0, int(t["num_tokens"]), [int(b) for b in t["blocks"]]]
-                    for rid, t in frame["tables"].items())
+    tables = sorted(
+        [int(rid), 0, int(t["num_tokens"]), [int(b) for b in t["blocks"]]]
+        for rid, t in frame["tables"].items()
+    )
     assert decoded["tables"] == tables
     assert js(driver, "return document.querySelectorAll('#tables-list li[data-rid]').length") == len(tables)
     # The canvas paints free cells grey and token-holding cells in their request's colour.
@@ -180,11 +196,15 @@ def test_page_follows_the_simulator(browser, recorded):
 
     # Every block size of the grid, through the select, at a mid-run step.
     select(driver, "sel-allocator", "paged")
-    js(driver, "const r = document.getElementById('rng-step'); r.value = 40;"
-               "r.dispatchEvent(new Event('input'))")
+    js(
+        driver,
+        "const r = document.getElementById('rng-step'); r.value = 40;r.dispatchEvent(new Event('input'))",
+    )
     for block_size in BLOCK_SIZES:
         select(driver, "sel-block-size", block_size)
-        assert_matches(driver, raw, "paged", block_size, 1, min(40, len(raw[("paged", block_size, 1)]["frames"]) - 1))
+        assert_matches(
+            driver, raw, "paged", block_size, 1, min(40, len(raw[("paged", block_size, 1)]["frames"]) - 1)
+        )
 
     driver.find_element("id", "btn-reset").click()
     assert_matches(driver, raw, "paged", 32, 1, 0)
@@ -205,8 +225,17 @@ def test_keyboard_reaches_every_control(browser, recorded):
     for _ in range(14):
         press(driver, Keys.TAB)
         reached.append(js(driver, "return document.activeElement.id"))
-    for control in ("sel-allocator", "sel-block-size", "sel-seed", "btn-reset", "btn-back",
-                    "btn-play", "btn-step", "sel-speed", "rng-step"):
+    for control in (
+        "sel-allocator",
+        "sel-block-size",
+        "sel-seed",
+        "btn-reset",
+        "btn-back",
+        "btn-play",
+        "btn-step",
+        "sel-speed",
+        "rng-step",
+    ):
         assert control in reached
     # Space on the focused play button toggles playback (the button's own activation).
     driver.find_element("id", "btn-play").send_keys(Keys.SPACE)
@@ -215,7 +244,9 @@ def test_keyboard_reaches_every_control(browser, recorded):
     assert not js(driver, "return window.pagedkvViz.state().playing")
 
 
-@pytest.mark.parametrize("width,height,name", [(1280, 800, "viz-1280x800.png"), (390, 844, "viz-390x844.png")])
+@pytest.mark.parametrize(
+    "width,height,name", [(1280, 800, "viz-1280x800.png"), (390, 844, "viz-390x844.png")]
+)
 def test_layout_and_screenshot(browser, recorded, width, height, name):
     path, _ = recorded
     driver = browser
@@ -227,8 +258,11 @@ def test_layout_and_screenshot(browser, recorded, width, height, name):
             driver.find_element("id", "btn-step").click()
         # Nothing overflows sideways, the pool canvas fits its panel, the counters are visible.
         assert js(driver, "return document.documentElement.scrollWidth") <= width
-        canvas = js(driver, "const r = document.getElementById('pool-canvas').getBoundingClientRect();"
-                            "return [r.left, r.right, r.height]")
+        canvas = js(
+            driver,
+            "const r = document.getElementById('pool-canvas').getBoundingClientRect();"
+            "return [r.left, r.right, r.height]",
+        )
         assert canvas[0] >= 0 and canvas[1] <= width and canvas[2] > 50
         running = driver.find_element("id", "c-running")
         assert running.is_displayed() and running.text.strip() != ""
@@ -238,7 +272,9 @@ def test_layout_and_screenshot(browser, recorded, width, height, name):
         set_viewport(driver, 1280, 800)
 
 
-@pytest.mark.parametrize("allocator,block_size,seed", [("paged", 16, 0), ("paged", 1, 1), ("contiguous-max", 32, 1)])
+@pytest.mark.parametrize(
+    "allocator,block_size,seed", [("paged", 16, 0), ("paged", 1, 1), ("contiguous-max", 32, 1)]
+)
 def test_every_step_through_the_slider(browser, recorded, allocator, block_size, seed):
     """Drag the slider over every step of a run: the counters shown match the simulator."""
     path, raw = recorded
@@ -248,7 +284,9 @@ def test_every_step_through_the_slider(browser, recorded, allocator, block_size,
     select(driver, "sel-allocator", allocator)
     select(driver, "sel-seed", seed)
     select(driver, "sel-block-size", block_size)
-    shown = js(driver, """
+    shown = js(
+        driver,
+        """
         const range = document.getElementById("rng-step");
         const rows = [];
         for (let f = 0; f <= Number(range.max); f++) {
@@ -257,7 +295,8 @@ def test_every_step_through_the_slider(browser, recorded, allocator, block_size,
             rows.push(["step", "running", "waiting", "finished", "blocks", "waste", "preemptions"]
                 .map((id) => document.getElementById("c-" + id).textContent));
         }
-        return rows;""")
+        return rows;""",
+    )
     recording = raw[(allocator, block_size, seed)]
     assert len(shown) == len(recording["frames"])
     for index, row in enumerate(shown):
@@ -284,12 +323,16 @@ def recorded_groups(tmp_path_factory):
 
     def capture(workload, config, *, max_steps):
         raw[(config.allocator, config.block_size, config.seed)] = recording = record_frames(
-            workload, config, max_steps=max_steps)
+            workload, config, max_steps=max_steps
+        )
         return recording
 
     data = record_grid(
-        lambda seed: with_groups(make_workload("synthetic", num_requests=30, seed=seed,
-                                               max_model_len=MAX_MODEL_LEN), GROUP_SIZE, "parallel"),
+        lambda seed: with_groups(
+            make_workload("synthetic", num_requests=30, seed=seed, max_model_len=MAX_MODEL_LEN),
+            GROUP_SIZE,
+            "parallel",
+        ),
         SimConfig(num_slots=NUM_SLOTS, max_model_len=MAX_MODEL_LEN),
         VizGrid(allocators=("paged",), block_sizes=GROUP_BLOCK_SIZES, seeds=(0,), max_steps=MAX_STEPS),
         recorder=capture,
@@ -307,7 +350,9 @@ def chip_blocks(text: str) -> tuple[list[int], list[int]]:
 
 def shown_tables(driver) -> list[dict]:
     """What the tables panel shows: per row its request, sample, token text and chips."""
-    return js(driver, """
+    return js(
+        driver,
+        """
         return Array.from(document.querySelectorAll("#tables-list li[data-rid]")).map((li) => ({
             rid: Number(li.dataset.rid), sample: Number(li.dataset.sample),
             label: li.querySelector("button.rid").textContent,
@@ -316,7 +361,8 @@ def shown_tables(driver) -> list[dict]:
                 text: c.firstChild.textContent, shared: c.classList.contains("shared"),
                 refs: c.querySelector(".refs") ? c.querySelector(".refs").textContent : ""})),
             more: li.querySelector(".chip.more") !== null,
-        }));""")
+        }));""",
+    )
 
 
 def assert_group_tables(driver, recording, frame_index) -> tuple[int, int]:
@@ -325,7 +371,13 @@ def assert_group_tables(driver, recording, frame_index) -> tuple[int, int]:
     frame = recording["frames"][frame_index]
     refcount = {int(b): int(r) for b, r in frame["shared"]}
     want = sorted(
-        (int(rid), sample, int(seq["num_tokens"]), [int(b) for b in seq["blocks"]], len(entry.get("sequences", [1])))
+        (
+            int(rid),
+            sample,
+            int(seq["num_tokens"]),
+            [int(b) for b in seq["blocks"]],
+            len(entry.get("sequences", [1])),
+        )
         for rid, entry in frame["tables"].items()
         for sample, seq in enumerate(entry.get("sequences") or [entry])
     )
@@ -372,39 +424,56 @@ def test_group_tables_show_every_sequence(browser, recorded_groups):
         recording = raw[("paged", block_size, 0)]
         last = len(recording["frames"]) - 1
         for frame_index in sorted({0, 1, 5, 20, last // 2, last}):
-            js(driver, "const r = document.getElementById('rng-step'); r.value = arguments[0];"
-                       "r.dispatchEvent(new Event('input'))", frame_index)
+            js(
+                driver,
+                "const r = document.getElementById('rng-step'); r.value = arguments[0];"
+                "r.dispatchEvent(new Event('input'))",
+                frame_index,
+            )
             assert js(driver, "return window.pagedkvViz.state().frame") == frame_index
             groups, shared = assert_group_tables(driver, recording, frame_index)
             seen_groups += groups
             seen_shared += shared
             decoded = js(driver, "return window.pagedkvViz.frameData()")
-            assert decoded["shared"] == sorted([int(b), int(r)] for b, r in recording["frames"][frame_index]["shared"])
+            assert decoded["shared"] == sorted(
+                [int(b), int(r)] for b, r in recording["frames"][frame_index]["shared"]
+            )
             count = driver.find_element("id", "tables-count").text
             assert count.startswith(f"({len(recording['frames'][frame_index]['tables'])} running")
     assert seen_groups > 0, "no frame showed a request with several sequences"
     assert seen_shared > 0, "no frame showed a shared block"
     # Stepping with the button keeps the tables in step with the simulator too.
     select(driver, "sel-block-size", 4)
-    js(driver, "const r = document.getElementById('rng-step'); r.value = 3; r.dispatchEvent(new Event('input'))")
+    js(
+        driver,
+        "const r = document.getElementById('rng-step'); r.value = 3; r.dispatchEvent(new Event('input'))",
+    )
     driver.find_element("id", "btn-step").click()
     assert_group_tables(driver, raw[("paged", 4, 0)], 4)
     # Tapping a shared block in the pool names its refcount.
     block, refs = (int(v) for v in raw[("paged", 4, 0)]["frames"][4]["shared"][0])
-    info = js(driver, """
+    info = js(
+        driver,
+        """
         const canvas = document.getElementById("pool-canvas"), rect = canvas.getBoundingClientRect();
         const slot = arguments[0] * 4, slotW = rect.width / 64;
         const rowH = rect.height / Math.ceil(arguments[1] / 64);
         canvas.dispatchEvent(new MouseEvent("click", {bubbles: true,
             clientX: rect.left + (slot % 64 + 0.5) * slotW, clientY: rect.top + (Math.floor(slot / 64) + 0.5) * rowH}));
-        return document.getElementById("cell-info").textContent;""", block, NUM_SLOTS)
-    assert info.startswith(f"Block {block}: request ") and info.endswith(f"shared by {refs} sequences (copy-on-write)")
+        return document.getElementById("cell-info").textContent;""",
+        block,
+        NUM_SLOTS,
+    )
+    assert info.startswith(f"Block {block}: request ") and info.endswith(
+        f"shared by {refs} sequences (copy-on-write)"
+    )
     errors = [e for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
     assert errors == []
 
 
-@pytest.mark.parametrize("width,height,name", [(1280, 800, "viz-groups-1280x800.png"),
-                                               (390, 844, "viz-groups-390x844.png")])
+@pytest.mark.parametrize(
+    "width,height,name", [(1280, 800, "viz-groups-1280x800.png"), (390, 844, "viz-groups-390x844.png")]
+)
 def test_group_layout_and_screenshot(browser, recorded_groups, width, height, name):
     path, _ = recorded_groups
     driver = browser
@@ -417,16 +486,22 @@ def test_group_layout_and_screenshot(browser, recorded_groups, width, height, na
             driver.find_element("id", "btn-step").click()
         assert js(driver, "return document.documentElement.scrollWidth") <= width
         # No table row sticks out of the panel sideways.
-        overflow = js(driver, """
+        overflow = js(
+            driver,
+            """
             const panel = document.getElementById("tables-list").getBoundingClientRect();
             return Array.from(document.querySelectorAll("#tables-list li")).filter(
-                (li) => li.getBoundingClientRect().right > panel.right + 1).length;""")
+                (li) => li.getBoundingClientRect().right > panel.right + 1).length;""",
+        )
         assert overflow == 0
         # Scroll the tables' heading just below the (sticky on wide screens) control bar.
-        js(driver, """const bar = document.getElementById("controls");
+        js(
+            driver,
+            """const bar = document.getElementById("controls");
             const below = bar && getComputedStyle(bar).position === "sticky" ? bar.getBoundingClientRect().height : 0;
             const title = document.getElementById("tables-title");
-            window.scrollTo(0, title.getBoundingClientRect().top + window.scrollY - below - 8);""")
+            window.scrollTo(0, title.getBoundingClientRect().top + window.scrollY - below - 8);""",
+        )
         shot = screenshot(driver, name)
         assert shot.stat().st_size > 10_000
     finally:

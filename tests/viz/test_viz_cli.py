@@ -7,27 +7,53 @@ import re
 
 import numpy as np
 import pytest
-
 from pagedkv.cli import main
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.viz.page import read_page_data
 from pagedkv.viz.workload_source import trace_window
 
-SMALL = ["--num-requests", "20", "--num-slots", "256", "--max-model-len", "64", "--max-steps", "30",
-         "--block-sizes", "4,16", "--no-progress"]
+SMALL = [
+    "--num-requests",
+    "20",
+    "--num-slots",
+    "256",
+    "--max-model-len",
+    "64",
+    "--max-steps",
+    "30",
+    "--block-sizes",
+    "4,16",
+    "--no-progress",
+]
 
 
 def test_viz_writes_page_and_json(tmp_path, capsys):
     out, summary = tmp_path / "v.html", tmp_path / "v.json"
-    status = main(["viz", *SMALL, "--allocators", "paged,contiguous-pow2", "--seed", "5",
-                   "--block-size", "4", "--allocator", "contiguous-pow2",
-                   "--out", str(out), "--json", str(summary)])
+    status = main(
+        [
+            "viz",
+            *SMALL,
+            "--allocators",
+            "paged,contiguous-pow2",
+            "--seed",
+            "5",
+            "--block-size",
+            "4",
+            "--allocator",
+            "contiguous-pow2",
+            "--out",
+            str(out),
+            "--json",
+            str(summary),
+        ]
+    )
     assert status == 0
     printed = capsys.readouterr().out
     assert f"wrote {out}" in printed and "12 runs" in printed
     data = read_page_data(out.read_text(encoding="utf-8"))
     assert sorted((r["allocator"], r["block_size"], r["seed"]) for r in data["runs"]) == sorted(
-        (a, b, s) for a in ("paged", "contiguous-pow2") for b in (4, 16) for s in (5, 6, 7))
+        (a, b, s) for a in ("paged", "contiguous-pow2") for b in (4, 16) for s in (5, 6, 7)
+    )
     assert data["num_slots"] == 256 and data["max_model_len"] == 64
     assert data["initial"] == {"allocator": "contiguous-pow2", "block_size": 4, "seed": 5}
     assert all(1 <= r["n"] <= 30 for r in data["runs"])
@@ -37,20 +63,36 @@ def test_viz_writes_page_and_json(tmp_path, capsys):
 
 
 def test_viz_serve_prints_url_and_stops(tmp_path, capsys):
-    status = main(["viz", *SMALL, "--allocators", "paged", "--seeds", "0", "--out", str(tmp_path / "v.html"),
-                   "--serve", "--serve-seconds", "0.2"])
+    status = main(
+        [
+            "viz",
+            *SMALL,
+            "--allocators",
+            "paged",
+            "--seeds",
+            "0",
+            "--out",
+            str(tmp_path / "v.html"),
+            "--serve",
+            "--serve-seconds",
+            "0.2",
+        ]
+    )
     assert status == 0
     assert re.search(r"at http://127\.0\.0\.1:\d+/", capsys.readouterr().out)
 
 
-@pytest.mark.parametrize("flags,message", [
-    (["--block-sizes", "4,x"], "comma-separated integers"),
-    (["--block-sizes", "512"], "exceed the pool"),
-    (["--allocators", "paged,nope"], "expected some of"),
-    (["--seeds", "-1"], "seeds must be integers >= 0"),
-    (["--workload", "no-such-workload"], "no-such-workload"),
-    (["--plot", "x.svg"], "PNG"),
-])
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--block-sizes", "4,x"], "comma-separated integers"),
+        (["--block-sizes", "512"], "exceed the pool"),
+        (["--allocators", "paged,nope"], "expected some of"),
+        (["--seeds", "-1"], "seeds must be integers >= 0"),
+        (["--workload", "no-such-workload"], "no-such-workload"),
+        (["--plot", "x.svg"], "PNG"),
+    ],
+)
 def test_bad_arguments_are_clear_errors(tmp_path, capsys, flags, message):
     out = tmp_path / "v.html"
     assert main(["viz", *SMALL, *flags, "--out", str(out)]) == 2
@@ -61,10 +103,14 @@ def test_bad_arguments_are_clear_errors(tmp_path, capsys, flags, message):
 def test_trace_window_by_seed():
     from pagedkv.sim.engine import Workload
 
-    trace = Workload(name="t", prompt_tokens=np.array([10, 500, 20, 30, 40, 50], dtype=np.int64),
-                     output_tokens=np.array([5, 5, 5, 5, 5, 5], dtype=np.int64),
-                     arrival_s=np.array([1.0, 2.0, 3.0, 4.0, 5.0, 6.0]),
-                     group_size=np.array([1, 2, 3, 4, 5, 6], dtype=np.int64), group_kind="parallel")
+    trace = Workload(
+        name="t",
+        prompt_tokens=np.array([10, 500, 20, 30, 40, 50], dtype=np.int64),
+        output_tokens=np.array([5, 5, 5, 5, 5, 5], dtype=np.int64),
+        arrival_s=np.array([1.0, 2.0, 3.0, 4.0, 5.0, 6.0]),
+        group_size=np.array([1, 2, 3, 4, 5, 6], dtype=np.int64),
+        group_kind="parallel",
+    )
     first, dropped = trace_window(trace, seed=0, num_requests=3, max_model_len=100)
     assert first.prompt_tokens.tolist() == [10, 20] and dropped == 1
     assert first.arrival_s.tolist() == [0.0, 2.0]
@@ -84,10 +130,33 @@ def test_viz_on_a_real_trace(tmp_path):
     except Exception as error:  # the shared traces live outside the repository
         pytest.skip(f"real traces not available: {error}")
     out = tmp_path / "t.html"
-    assert main(["viz", "--workload", str(path), "--num-requests", "40", "--num-slots", "8192",
-                 "--max-model-len", "4096", "--max-steps", "20", "--block-sizes", "16",
-                 "--allocators", "paged,contiguous-max", "--seeds", "0,1", "--no-progress",
-                 "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "viz",
+                "--workload",
+                str(path),
+                "--num-requests",
+                "40",
+                "--num-slots",
+                "8192",
+                "--max-model-len",
+                "4096",
+                "--max-steps",
+                "20",
+                "--block-sizes",
+                "16",
+                "--allocators",
+                "paged,contiguous-max",
+                "--seeds",
+                "0,1",
+                "--no-progress",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     data = read_page_data(out.read_text(encoding="utf-8"))
     assert {r["seed"] for r in data["runs"]} == {0, 1}
     assert "requests 0..39" in data["workload"]["by_seed"]["0"]

@@ -8,13 +8,22 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from viz_frames_fixture import fixture_recording
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.viz.encode import decode_run, encode_run
+from viz_frames_fixture import fixture_recording
 
-COUNTERS = dict(step=0, running=0, waiting=0, finished=0, preemptions=0, used_blocks=0,
-                token_slots=0, reserved_slots=0, internal_frag_slots=0, waste_pct=0.0)
+COUNTERS = dict(
+    step=0,
+    running=0,
+    waiting=0,
+    finished=0,
+    preemptions=0,
+    used_blocks=0,
+    token_slots=0,
+    reserved_slots=0,
+    internal_frag_slots=0,
+    waste_pct=0.0,
+)
 
 
 def assert_round_trip(recording):
@@ -22,8 +31,10 @@ def assert_round_trip(recording):
     assert len(decoded) == len(recording["frames"])
     for index, (original, back) in enumerate(zip(recording["frames"], decoded)):
         np.testing.assert_array_equal(back["pool"], np.asarray(original["pool"]), err_msg=f"frame {index}")
-        want = {int(rid): {"blocks": list(t["blocks"]), "num_tokens": t["num_tokens"]}
-                for rid, t in original["tables"].items()}
+        want = {
+            int(rid): {"blocks": list(t["blocks"]), "num_tokens": t["num_tokens"]}
+            for rid, t in original["tables"].items()
+        }
         assert back["tables"] == want, f"frame {index}"
         for key in ("step", "running", "used_blocks", "internal_frag_slots", "preemptions"):
             assert back[key] == original[key]
@@ -69,11 +80,23 @@ def recordings(draw):
                 num_tokens = draw(st.integers(0, 40))
             new_tables[rid] = {"blocks": blocks, "num_tokens": num_tokens}
         for rid in draw(st.lists(st.integers(0, 9), max_size=3, unique=True)):
-            new_tables.setdefault(rid, {"blocks": draw(st.lists(st.integers(0, 50), max_size=5)),
-                                        "num_tokens": draw(st.integers(0, 40))})
+            new_tables.setdefault(
+                rid,
+                {
+                    "blocks": draw(st.lists(st.integers(0, 50), max_size=5)),
+                    "num_tokens": draw(st.integers(0, 40)),
+                },
+            )
         tables = new_tables
-        frames.append(dict(COUNTERS, step=step, waste_pct=draw(st.floats(0, 100)),
-                           pool=pool, tables={str(r): t for r, t in tables.items()}))
+        frames.append(
+            dict(
+                COUNTERS,
+                step=step,
+                waste_pct=draw(st.floats(0, 100)),
+                pool=pool,
+                tables={str(r): t for r, t in tables.items()},
+            )
+        )
     return {"config": {}, "num_blocks": num_blocks, "block_size": 1, "frames": frames}
 
 

@@ -7,8 +7,7 @@ import json
 
 import numpy as np
 import pytest
-
-from pagedkv.viz.encode import decode_run, encode_run
+from pagedkv.viz.encode import decode_run
 from pagedkv.viz.record import VizGrid, record_grid
 
 NUM_SLOTS = 1024
@@ -40,14 +39,16 @@ def group_runs(request):
 
     def capture(workload, config, *, max_steps):
         raw[(config.allocator, config.block_size, config.seed)] = recording = record_frames(
-            workload, config, max_steps=max_steps)
+            workload, config, max_steps=max_steps
+        )
         return recording
 
-    data = record_grid(lambda seed: group_workload(kind, group_size, seed),
-                       SimConfig(num_slots=NUM_SLOTS, max_model_len=MAX_MODEL_LEN),
-                       VizGrid(allocators=("paged", "contiguous-max"), block_sizes=(4, 16), seeds=(0,),
-                               max_steps=80),
-                       recorder=capture)
+    data = record_grid(
+        lambda seed: group_workload(kind, group_size, seed),
+        SimConfig(num_slots=NUM_SLOTS, max_model_len=MAX_MODEL_LEN),
+        VizGrid(allocators=("paged", "contiguous-max"), block_sizes=(4, 16), seeds=(0,), max_steps=80),
+        recorder=capture,
+    )
     return kind, group_size, data, raw
 
 

@@ -7,10 +7,9 @@ import re
 from html.parser import HTMLParser
 
 import pytest
-
-from viz_frames_fixture import fixture_data
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.viz.page import read_page_data, render_page, write_page
+from viz_frames_fixture import fixture_data
 
 URL_ATTRIBUTES = {"src", "href", "action", "formaction", "poster", "data", "srcset", "background"}
 

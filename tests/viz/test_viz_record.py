@@ -7,7 +7,6 @@ import math
 
 import numpy as np
 import pytest
-
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.sim.engine import SimConfig, record_frames
 from pagedkv.sim.workloads import make_workload
@@ -27,13 +26,20 @@ def grid_data():
     raw = {}
 
     def capture(w, config, *, max_steps):
-        raw[(config.allocator, config.block_size, config.seed)] = record_frames(w, config, max_steps=max_steps)
+        raw[(config.allocator, config.block_size, config.seed)] = record_frames(
+            w, config, max_steps=max_steps
+        )
         return raw[(config.allocator, config.block_size, config.seed)]
 
-    grid = VizGrid(allocators=("paged", "contiguous-max", "contiguous-oracle"), block_sizes=(1, 4, 16),
-                   seeds=(0, 3), max_steps=60)
-    data = record_grid(workload, SimConfig(num_slots=NUM_SLOTS, max_model_len=MAX_MODEL_LEN), grid,
-                       recorder=capture)
+    grid = VizGrid(
+        allocators=("paged", "contiguous-max", "contiguous-oracle"),
+        block_sizes=(1, 4, 16),
+        seeds=(0, 3),
+        max_steps=60,
+    )
+    data = record_grid(
+        workload, SimConfig(num_slots=NUM_SLOTS, max_model_len=MAX_MODEL_LEN), grid, recorder=capture
+    )
     return grid, data, raw
 
 
@@ -53,9 +59,10 @@ def test_encoding_reproduces_the_simulator(grid_data):
         recording = raw[(run["allocator"], run["block_size"], run["seed"])]
         for frame, back in zip(recording["frames"], decode_run(run), strict=True):
             np.testing.assert_array_equal(back["pool"], np.asarray(frame["pool"]))
-            assert back["tables"] == {int(rid): {"blocks": [int(b) for b in t["blocks"]],
-                                                 "num_tokens": int(t["num_tokens"])}
-                                      for rid, t in frame["tables"].items()}
+            assert back["tables"] == {
+                int(rid): {"blocks": [int(b) for b in t["blocks"]], "num_tokens": int(t["num_tokens"])}
+                for rid, t in frame["tables"].items()
+            }
             assert back["running"] == frame["running"] and back["used_blocks"] == frame["used_blocks"]
 
 

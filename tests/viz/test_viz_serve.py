@@ -7,7 +7,6 @@ import urllib.error
 import urllib.request
 
 import pytest
-
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.viz.serve import PageServer, serve_page
 

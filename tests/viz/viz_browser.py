@@ -19,11 +19,13 @@ BROWSER_NAMES = ("chromium", "chromium-browser", "google-chrome")
 def find_browser() -> tuple[str, str]:
     """(browser binary, chromedriver) or pytest.skip with the reason."""
     browser = os.environ.get("PAGEDKV_CHROMIUM") or next(
-        (path for path in map(shutil.which, BROWSER_NAMES) if path), None)
+        (path for path in map(shutil.which, BROWSER_NAMES) if path), None
+    )
     driver = os.environ.get("PAGEDKV_CHROMEDRIVER") or shutil.which("chromedriver")
     if not browser or not driver:
-        pytest.skip("headless Chromium and chromedriver are not installed "
-                    "(apt-get install chromium chromium-driver)")
+        pytest.skip(
+            "headless Chromium and chromedriver are not installed (apt-get install chromium chromium-driver)"
+        )
     # An explicit, existing driver keeps selenium from trying to download one.
     for path in (browser, driver):
         if not (os.path.isfile(path) and os.access(path, os.X_OK)):
@@ -40,9 +42,16 @@ def start_chromium(width: int, height: int):
     browser, driver_path = find_browser()
     options = Options()
     options.binary_location = browser
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--disable-extensions", "--no-first-run", "--hide-scrollbars",
-                f"--user-data-dir={tempfile.mkdtemp(prefix='pagedkv-chromium-')}"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--disable-extensions",
+        "--no-first-run",
+        "--hide-scrollbars",
+        f"--user-data-dir={tempfile.mkdtemp(prefix='pagedkv-chromium-')}",
+    ):
         options.add_argument(arg)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     try:
@@ -54,8 +63,10 @@ def start_chromium(width: int, height: int):
 
 
 def set_viewport(driver, width: int, height: int) -> None:
-    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {
-        "width": width, "height": height, "deviceScaleFactor": 1, "mobile": width < 600})
+    driver.execute_cdp_cmd(
+        "Emulation.setDeviceMetricsOverride",
+        {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": width < 600},
+    )
 
 
 def screenshot(driver, name: str) -> Path:

@@ -11,8 +11,9 @@ import random
 from typing import Any
 
 
-def fixture_recording(*, block_size: int = 4, num_slots: int = 64, num_steps: int = 24,
-                      seed: int = 0, max_running: int = 4) -> dict[str, Any]:
+def fixture_recording(
+    *, block_size: int = 4, num_slots: int = 64, num_steps: int = 24, seed: int = 0, max_running: int = 4
+) -> dict[str, Any]:
     """Requests admitted while blocks last, one token per step each, blocks drawn from a
     shuffled free list (so tables are scattered), a request preempted when no block is left."""
     rng = random.Random(seed)
@@ -54,21 +55,35 @@ def fixture_recording(*, block_size: int = 4, num_slots: int = 64, num_steps: in
         used = num_blocks - len(free)
         tokens = sum(entry[0] for entry in running.values())
         frag = used * block_size - tokens
-        frames.append({
-            "step": step, "running": len(running), "waiting": len(waiting), "finished": finished,
-            "preemptions": preemptions, "used_blocks": used, "token_slots": tokens,
-            "reserved_slots": 0, "internal_frag_slots": frag,
-            "waste_pct": 100.0 * frag / (used * block_size) if used else 0.0,
-            "pool": pool,
-            "tables": {rid: {"blocks": list(blocks), "num_tokens": n}
-                       for rid, (n, blocks, _) in running.items()},
-        })
-    return {"config": {"allocator": "paged", "block_size": block_size, "num_slots": num_slots},
-            "num_blocks": num_blocks, "block_size": block_size, "frames": frames}
+        frames.append(
+            {
+                "step": step,
+                "running": len(running),
+                "waiting": len(waiting),
+                "finished": finished,
+                "preemptions": preemptions,
+                "used_blocks": used,
+                "token_slots": tokens,
+                "reserved_slots": 0,
+                "internal_frag_slots": frag,
+                "waste_pct": 100.0 * frag / (used * block_size) if used else 0.0,
+                "pool": pool,
+                "tables": {
+                    rid: {"blocks": list(blocks), "num_tokens": n} for rid, (n, blocks, _) in running.items()
+                },
+            }
+        )
+    return {
+        "config": {"allocator": "paged", "block_size": block_size, "num_slots": num_slots},
+        "num_blocks": num_blocks,
+        "block_size": block_size,
+        "frames": frames,
+    }
 
 
-def fixture_data(block_sizes=(1, 2, 4, 8), allocators=("paged", "contiguous-max"), seeds=(0, 1),
-                 num_steps: int = 24) -> dict[str, Any]:
+def fixture_data(
+    block_sizes=(1, 2, 4, 8), allocators=("paged", "contiguous-max"), seeds=(0, 1), num_steps: int = 24
+) -> dict[str, Any]:
     """A page data dict over a grid of fixture recordings (allocator labels are cosmetic here)."""
     from pagedkv.viz.encode import encode_run
 
@@ -76,7 +91,6 @@ def fixture_data(block_sizes=(1, 2, 4, 8), allocators=("paged", "contiguous-max"
     for seed in seeds:
         for a_index, allocator in enumerate(allocators):
             for block_size in block_sizes:
-                rec = fixture_recording(block_size=block_size, seed=seed * 7 + a_index,
-                                        num_steps=num_steps)
+                rec = fixture_recording(block_size=block_size, seed=seed * 7 + a_index, num_steps=num_steps)
                 runs.append(encode_run(rec, allocator=allocator, block_size=block_size, seed=seed))
     return {"workload": {"name": "fixture"}, "num_slots": 64, "max_model_len": 64, "runs": runs}

@@ -27,7 +27,9 @@ from pagedkv.errors import InvalidArgumentError
 __all__ = ["contiguous_attention", "paged_attention", "write_kv", "copy_blocks", "swap_blocks"]
 
 
-def contiguous_attention(q: Any, k: Any, v: Any, *, scale: float | None = None, backend: str = "numpy") -> Any:
+def contiguous_attention(
+    q: Any, k: Any, v: Any, *, scale: float | None = None, backend: str = "numpy"
+) -> Any:
     """Attention of one query token over one sequence's contiguous history (the reference).
 
     q: [num_q_heads, head_dim]; k, v: [seq_len, num_kv_heads, head_dim], one dtype.
@@ -62,15 +64,26 @@ def paged_attention(
     """
     if val.check_backend(backend) == "numpy":
         return reference.paged_attention(q, k_cache, v_cache, block_tables, seq_lens, scale)
-    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, (int, np.integer))
-                                   or num_splits < 1):
+    if num_splits is not None and (
+        isinstance(num_splits, bool) or not isinstance(num_splits, (int, np.integer)) or num_splits < 1
+    ):
         raise InvalidArgumentError(f"num_splits must be a positive integer, got {num_splits!r}")
     shape = val.check_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, backend)
-    return kernel_launch.paged_attention(get_runner(backend), q, k_cache, v_cache, block_tables, seq_lens, shape,
-                                         None if num_splits is None else int(num_splits))
+    return kernel_launch.paged_attention(
+        get_runner(backend),
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        shape,
+        None if num_splits is None else int(num_splits),
+    )
 
 
-def write_kv(k: Any, v: Any, k_cache: Any, v_cache: Any, slot_mapping: Any, *, backend: str = "numpy") -> None:
+def write_kv(
+    k: Any, v: Any, k_cache: Any, v_cache: Any, slot_mapping: Any, *, backend: str = "numpy"
+) -> None:
     """Writes new tokens' keys and values into their cache slots, in place.
 
     k, v: [num_tokens, num_kv_heads, head_dim]; slot_mapping: int64 [num_tokens], slot =
@@ -114,5 +127,7 @@ def swap_blocks(src_cache: Any, dst_cache: Any, mapping: Any, *, backend: str = 
     if isinstance(runner, CudaRunner):
         for name, x in (("src_cache", src_cache), ("dst_cache", dst_cache)):
             if isinstance(x, np.ndarray) and not runner.is_pinned(x):
-                raise InvalidArgumentError(f"{name} is pageable host memory: allocate it with cupyx.empty_pinned")
+                raise InvalidArgumentError(
+                    f"{name} is pageable host memory: allocate it with cupyx.empty_pinned"
+                )
     return kernel_launch.swap_blocks(runner, src_cache, dst_cache, mapping)

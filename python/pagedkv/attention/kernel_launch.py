@@ -29,8 +29,14 @@ class Runner(Protocol):
     poison: bool  # fill outputs with NaN before launches, so unwritten elements show
     num_sms: int
 
-    def launch(self, instance: Instance, grid: tuple[int, int, int], block: tuple[int, int, int],
-               args: Sequence[Any], reachable: Sequence[Any] = ()) -> None: ...
+    def launch(
+        self,
+        instance: Instance,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        args: Sequence[Any],
+        reachable: Sequence[Any] = (),
+    ) -> None: ...
 
     def memcpy(self, dst_address: int, src_address: int, num_bytes: int) -> None: ...
 
@@ -44,8 +50,9 @@ def _output(runner: Runner, shape: tuple[int, ...], dtype: Any, fill: Any) -> An
     return xp.empty(shape, dtype=dtype)
 
 
-def choose_splits(num_ctas: int, max_seq_len: int, tile_tokens: int, num_sms: int,
-                  requested: int | None) -> tuple[int, int]:
+def choose_splits(
+    num_ctas: int, max_seq_len: int, tile_tokens: int, num_sms: int, requested: int | None
+) -> tuple[int, int]:
     """(num_splits, tokens_per_split) for the decode grid.
 
     Without a request: enough splits to give about two blocks per SM, but no split shorter than
@@ -63,16 +70,25 @@ def choose_splits(num_ctas: int, max_seq_len: int, tile_tokens: int, num_sms: in
     return max(1, math.ceil(max_seq_len / tokens)), tokens
 
 
-def paged_attention(runner: Runner, q: Any, k_cache: Any, v_cache: Any, block_tables: Any, seq_lens: Any,
-                    shape: val.AttentionShape, num_splits: int | None = None) -> Any:
+def paged_attention(
+    runner: Runner,
+    q: Any,
+    k_cache: Any,
+    v_cache: Any,
+    block_tables: Any,
+    seq_lens: Any,
+    shape: val.AttentionShape,
+    num_splits: int | None = None,
+) -> Any:
     xp = runner.xp
     out = _output(runner, tuple(q.shape), q.dtype, nan_fill_value(shape.kind))
     if shape.num_seqs == 0:
         return out
     max_seq_len = int(seq_lens.max())
     tile = instances.tile_tokens(shape.kind, shape.head_dim)
-    splits, tokens_per_split = choose_splits(shape.num_seqs * shape.num_kv_heads, max_seq_len, tile,
-                                             runner.num_sms, num_splits)
+    splits, tokens_per_split = choose_splits(
+        shape.num_seqs * shape.num_kv_heads, max_seq_len, tile, runner.num_sms, num_splits
+    )
     if splits > 1:
         part = (shape.num_seqs, shape.num_q_heads, splits)
         split_out = _output(runner, (*part, shape.head_dim), np.float32, np.nan)
@@ -80,15 +96,29 @@ def paged_attention(runner: Runner, q: Any, k_cache: Any, v_cache: Any, block_ta
         split_sum = _output(runner, part, np.float32, np.nan)
     else:  # unused by the kernel with one split
         split_out = split_max = split_sum = xp.zeros(1, dtype=np.float32)
-    decode = instances.decode(shape.kind, shape.head_dim, shape.block_size,
-                              instances.group_instance(shape.group))
+    decode = instances.decode(
+        shape.kind, shape.head_dim, shape.block_size, instances.group_instance(shape.group)
+    )
     runner.launch(
         decode,
         (shape.num_kv_heads, shape.num_seqs, splits),
         (instances.DECODE_THREADS, 1, 1),
-        [out, split_out, split_max, split_sum, q, k_cache, v_cache, block_tables, seq_lens,
-         np.int32(shape.num_kv_heads), np.int32(shape.group), np.int32(shape.max_blocks),
-         np.int32(tokens_per_split), np.float32(shape.scale * LOG2E)],
+        [
+            out,
+            split_out,
+            split_max,
+            split_sum,
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            seq_lens,
+            np.int32(shape.num_kv_heads),
+            np.int32(shape.group),
+            np.int32(shape.max_blocks),
+            np.int32(tokens_per_split),
+            np.float32(shape.scale * LOG2E),
+        ],
     )
     if splits > 1:
         runner.launch(
@@ -113,13 +143,25 @@ def contiguous_attention(runner: Runner, q: Any, k: Any, v: Any, shape: val.Atte
         caches.append(cache.reshape(num_blocks, block_size, *x.shape[1:]))
     table = xp.arange(num_blocks, dtype=np.int32).reshape(1, num_blocks)
     lens = xp.asarray(np.array([seq_len], dtype=np.int32))
-    paged = val.AttentionShape(1, shape.num_q_heads, shape.num_kv_heads, shape.head_dim, block_size,
-                               num_blocks, num_blocks, shape.group, shape.kind, shape.scale)
+    paged = val.AttentionShape(
+        1,
+        shape.num_q_heads,
+        shape.num_kv_heads,
+        shape.head_dim,
+        block_size,
+        num_blocks,
+        num_blocks,
+        shape.group,
+        shape.kind,
+        shape.scale,
+    )
     qb = xp.ascontiguousarray(q.reshape(1, *q.shape))
     return paged_attention(runner, qb, caches[0], caches[1], table, lens, paged)[0]
 
 
-def write_kv(runner: Runner, k: Any, v: Any, k_cache: Any, v_cache: Any, slot_mapping: Any, kind: str) -> None:
+def write_kv(
+    runner: Runner, k: Any, v: Any, k_cache: Any, v_cache: Any, slot_mapping: Any, kind: str
+) -> None:
     num_tokens = int(k.shape[0])
     if num_tokens == 0:
         return
@@ -131,7 +173,9 @@ def write_kv(runner: Runner, k: Any, v: Any, k_cache: Any, v_cache: Any, slot_ma
     )
 
 
-def copy_blocks(runner: Runner, k_caches: Sequence[Any], v_caches: Sequence[Any], copy_ops: np.ndarray) -> int:
+def copy_blocks(
+    runner: Runner, k_caches: Sequence[Any], v_caches: Sequence[Any], copy_ops: np.ndarray
+) -> int:
     """Runs every layer's copies; returns the number of launches (hazard-free waves)."""
     xp = runner.xp
     waves = val.copy_waves(copy_ops)

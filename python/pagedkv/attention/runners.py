@@ -27,8 +27,14 @@ class EmulatedRunner:
     poison: bool = True
     num_sms: int = 1
 
-    def launch(self, instance: Instance, grid: tuple[int, int, int], block: tuple[int, int, int],
-               args: Sequence[Any], reachable: Sequence[Any] = ()) -> None:
+    def launch(
+        self,
+        instance: Instance,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        args: Sequence[Any],
+        reachable: Sequence[Any] = (),
+    ) -> None:
         emulation.get_kernel(instance.source, instance.name).launch(grid, block, args, reachable)
 
     def memcpy(self, dst_address: int, src_address: int, num_bytes: int) -> None:
@@ -71,13 +77,21 @@ class CudaRunner:
                 # text so an edited kv_types.h cannot reuse a stale binary.
                 header = hashlib.sha256((KERNEL_DIR / "kv_types.h").read_bytes()).hexdigest()
                 code = f"// kv_types.h sha256 {header}\n" + (KERNEL_DIR / instance.source).read_text()
-                module = self._cupy.RawModule(code=code, options=NVRTC_OPTIONS, name_expressions=[instance.name])
+                module = self._cupy.RawModule(
+                    code=code, options=NVRTC_OPTIONS, name_expressions=[instance.name]
+                )
                 fn = module.get_function(instance.name)
                 self._functions[instance] = fn
         return fn
 
-    def launch(self, instance: Instance, grid: tuple[int, int, int], block: tuple[int, int, int],
-               args: Sequence[Any], reachable: Sequence[Any] = ()) -> None:
+    def launch(
+        self,
+        instance: Instance,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        args: Sequence[Any],
+        reachable: Sequence[Any] = (),
+    ) -> None:
         self.function(instance)(grid, block, tuple(args))
 
     def memcpy(self, dst_address: int, src_address: int, num_bytes: int) -> None:

@@ -105,7 +105,9 @@ def _scale(scale: Any, head_dim: int) -> float:
     try:
         value = float(scale)
     except OverflowError:
-        raise InvalidArgumentError(f"scale must be finite, got an int of {int(scale).bit_length()} bits") from None
+        raise InvalidArgumentError(
+            f"scale must be finite, got an int of {int(scale).bit_length()} bits"
+        ) from None
     if not math.isfinite(value):
         raise InvalidArgumentError(f"scale must be finite, got {value}")
     return value
@@ -113,7 +115,9 @@ def _scale(scale: Any, head_dim: int) -> float:
 
 def _check_kernel_sizes(head_dim: int, block_size: int, group: int) -> None:
     if head_dim not in instances.HEAD_DIMS:
-        raise InvalidArgumentError(f"head_dim {head_dim} has no compiled kernel (supported: {instances.HEAD_DIMS})")
+        raise InvalidArgumentError(
+            f"head_dim {head_dim} has no compiled kernel (supported: {instances.HEAD_DIMS})"
+        )
     if block_size not in instances.BLOCK_SIZES:
         raise InvalidArgumentError(
             f"block_size {block_size} has no compiled kernel (supported: {instances.BLOCK_SIZES})"
@@ -133,8 +137,13 @@ def check_paged_attention(
 ) -> AttentionShape:
     """Validates a paged decode-attention call and returns its sizes."""
     check_backend(backend)
-    for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("block_tables", block_tables),
-                    ("seq_lens", seq_lens)):
+    for name, x in (
+        ("q", q),
+        ("k_cache", k_cache),
+        ("v_cache", v_cache),
+        ("block_tables", block_tables),
+        ("seq_lens", seq_lens),
+    ):
         _require_array(name, x, backend)
     if q.ndim != 3:
         raise InvalidArgumentError(f"q must be [num_seqs, num_q_heads, head_dim], got shape {tuple(q.shape)}")
@@ -143,11 +152,14 @@ def check_paged_attention(
             f"k_cache must be [num_blocks, block_size, num_kv_heads, head_dim], got shape {tuple(k_cache.shape)}"
         )
     if tuple(v_cache.shape) != tuple(k_cache.shape):
-        raise InvalidArgumentError(f"v_cache shape {tuple(v_cache.shape)} != k_cache shape {tuple(k_cache.shape)}")
+        raise InvalidArgumentError(
+            f"v_cache shape {tuple(v_cache.shape)} != k_cache shape {tuple(k_cache.shape)}"
+        )
     kind = _kind("q", q, backend)
     if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
-        raise InvalidArgumentError(f"q, k_cache and v_cache must share one dtype, got {q.dtype}, "
-                                   f"{k_cache.dtype}, {v_cache.dtype}")
+        raise InvalidArgumentError(
+            f"q, k_cache and v_cache must share one dtype, got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}"
+        )
     num_seqs, num_q_heads, head_dim = (int(s) for s in q.shape)
     num_blocks, block_size, num_kv_heads, cache_head_dim = (int(s) for s in k_cache.shape)
     if cache_head_dim != head_dim:
@@ -155,7 +167,9 @@ def check_paged_attention(
     if num_kv_heads < 1 or block_size < 1 or head_dim < 1 or num_q_heads < 1:
         raise InvalidArgumentError("num_kv_heads, block_size, head_dim and num_q_heads must be >= 1")
     if num_q_heads % num_kv_heads != 0:
-        raise InvalidArgumentError(f"num_q_heads {num_q_heads} is not a multiple of num_kv_heads {num_kv_heads}")
+        raise InvalidArgumentError(
+            f"num_q_heads {num_q_heads} is not a multiple of num_kv_heads {num_kv_heads}"
+        )
     group = num_q_heads // num_kv_heads
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         _require_contiguous(name, x)
@@ -174,7 +188,9 @@ def check_paged_attention(
         if num_seqs > 65535:
             raise InvalidArgumentError(f"at most 65535 sequences per launch, got {num_seqs}")
         if num_seqs and _int(seq_lens.max()) > MAX_KERNEL_SEQ_LEN:
-            raise InvalidArgumentError(f"seq_lens above {MAX_KERNEL_SEQ_LEN} tokens are not supported by the kernels")
+            raise InvalidArgumentError(
+                f"seq_lens above {MAX_KERNEL_SEQ_LEN} tokens are not supported by the kernels"
+            )
     if num_seqs:
         capacity = max_blocks * block_size
         if _int(seq_lens.min()) < 0 or _int(seq_lens.max()) > capacity:
@@ -193,8 +209,18 @@ def check_paged_attention(
                 raise InvalidArgumentError(
                     f"block_tables[{b}, {i}] = {_int(block_tables[b, i])} is not a block id in [0, {num_blocks})"
                 )
-    return AttentionShape(num_seqs, num_q_heads, num_kv_heads, head_dim, block_size, num_blocks, max_blocks,
-                          group, kind, _scale(scale, head_dim))
+    return AttentionShape(
+        num_seqs,
+        num_q_heads,
+        num_kv_heads,
+        head_dim,
+        block_size,
+        num_blocks,
+        max_blocks,
+        group,
+        kind,
+        _scale(scale, head_dim),
+    )
 
 
 def check_contiguous_attention(q: Any, k: Any, v: Any, scale: Any, backend: str) -> AttentionShape:
@@ -222,7 +248,9 @@ def check_contiguous_attention(q: Any, k: Any, v: Any, scale: Any, backend: str)
     group = num_q_heads // num_kv_heads
     if backend != "numpy":
         _check_kernel_sizes(head_dim, 16, group)
-    return AttentionShape(1, num_q_heads, num_kv_heads, head_dim, 1, 0, 1, group, kind, _scale(scale, head_dim))
+    return AttentionShape(
+        1, num_q_heads, num_kv_heads, head_dim, 1, 0, 1, group, kind, _scale(scale, head_dim)
+    )
 
 
 def _xp(x: Any) -> Any:
@@ -288,7 +316,9 @@ def check_write_kv(k: Any, v: Any, k_cache: Any, v_cache: Any, slot_mapping: Any
     num_slots = int(k_cache.shape[0]) * int(k_cache.shape[1])
     if int(slot_mapping.shape[0]):
         if _int(slot_mapping.min()) < -1 or _int(slot_mapping.max()) >= num_slots:
-            raise InvalidArgumentError(f"slot_mapping entries must lie in [-1, {num_slots}) (-1 skips a token)")
+            raise InvalidArgumentError(
+                f"slot_mapping entries must lie in [-1, {num_slots}) (-1 skips a token)"
+            )
         xp = _xp(slot_mapping)
         real = slot_mapping[slot_mapping >= 0]
         if int(xp.unique(real).shape[0]) != int(real.shape[0]):
@@ -369,7 +399,9 @@ def check_swap_blocks(src_cache: Any, dst_cache: Any, mapping: Any, backend: str
             )
         _require_contiguous(name, x)
     if backend == "cuda" and not (is_cupy_array(src_cache) or is_cupy_array(dst_cache)):
-        raise InvalidArgumentError("backend='cuda' swaps between device and host: one cache must be a CuPy array")
+        raise InvalidArgumentError(
+            "backend='cuda' swaps between device and host: one cache must be a CuPy array"
+        )
     if tuple(src_cache.shape[1:]) != tuple(dst_cache.shape[1:]) or src_cache.dtype != dst_cache.dtype:
         raise InvalidArgumentError(
             f"src_cache {tuple(src_cache.shape)} {src_cache.dtype} and dst_cache {tuple(dst_cache.shape)} "
@@ -388,14 +420,18 @@ def check_swap_blocks(src_cache: Any, dst_cache: Any, mapping: Any, backend: str
         else:
             raise InvalidArgumentError("mapping must be an int32 [N, 2] array")
     if mapping.ndim != 2 or int(mapping.shape[1]) != 2:
-        raise InvalidArgumentError(f"mapping must be [N, 2] (src_block, dst_block), got shape {tuple(mapping.shape)}")
+        raise InvalidArgumentError(
+            f"mapping must be [N, 2] (src_block, dst_block), got shape {tuple(mapping.shape)}"
+        )
     _require_int("mapping", mapping, np.int32, 2)
     if mapping.shape[0]:
         src, dst = mapping[:, 0], mapping[:, 1]
         if int(src.min()) < 0 or int(src.max()) >= int(src_cache.shape[0]):
             raise InvalidArgumentError(f"mapping source block ids must lie in [0, {int(src_cache.shape[0])})")
         if int(dst.min()) < 0 or int(dst.max()) >= int(dst_cache.shape[0]):
-            raise InvalidArgumentError(f"mapping destination block ids must lie in [0, {int(dst_cache.shape[0])})")
+            raise InvalidArgumentError(
+                f"mapping destination block ids must lie in [0, {int(dst_cache.shape[0])})"
+            )
         if np.unique(dst).shape[0] != dst.shape[0]:
             raise InvalidArgumentError("mapping names one destination block twice")
     return kind

@@ -16,8 +16,8 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -106,8 +106,12 @@ PKV_EXPORT long long pkv_shared_bytes() {{
 """
 
 
-def _build(source: str, name_expressions: Sequence[str], extra_flags: Sequence[str] = (),
-           source_dir: Path = KERNEL_DIR) -> Path:
+def _build(
+    source: str,
+    name_expressions: Sequence[str],
+    extra_flags: Sequence[str] = (),
+    source_dir: Path = KERNEL_DIR,
+) -> Path:
     cxx = compiler()
     wrapper = wrapper_source(source, name_expressions)
     digest = hashlib.sha256()
@@ -129,8 +133,17 @@ def _build(source: str, name_expressions: Sequence[str], extra_flags: Sequence[s
         exports = Path(tmp) / "exports.map"
         exports.write_text(EXPORTS_MAP)
         out = Path(tmp) / "kernel.so"
-        cmd = [cxx, *CXX_FLAGS, *extra_flags, f"-I{KERNEL_DIR}", f"-I{source_dir}", str(cpp),
-               f"-Wl,--version-script={exports}", "-o", str(out)]
+        cmd = [
+            cxx,
+            *CXX_FLAGS,
+            *extra_flags,
+            f"-I{KERNEL_DIR}",
+            f"-I{source_dir}",
+            str(cpp),
+            f"-Wl,--version-script={exports}",
+            "-o",
+            str(out),
+        ]
         result = subprocess.run(cmd, capture_output=True, text=True)
         if result.returncode != 0:
             raise EmulationBuildError(
@@ -165,8 +178,13 @@ class EmulatedKernel:
         each block."""
         return int(self._lib.pkv_shared_bytes())
 
-    def launch(self, grid: tuple[int, int, int], block: tuple[int, int, int], args: Sequence[Any],
-               reachable: Sequence[np.ndarray] = ()) -> None:
+    def launch(
+        self,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        args: Sequence[Any],
+        reachable: Sequence[np.ndarray] = (),
+    ) -> None:
         """Runs the kernel. ``args`` in kernel-parameter order: NumPy arrays (passed as their data
         pointer) or NumPy scalars of the parameter's exact type (np.int32, np.int64, np.float32).
 
@@ -195,7 +213,9 @@ def _as_ctype(value: Any) -> Any:
         return ctypes.c_int64(int(value))
     if isinstance(value, np.float32):
         return ctypes.c_float(float(value))
-    raise TypeError(f"kernel argument of type {type(value).__name__}: pass an ndarray or a sized NumPy scalar")
+    raise TypeError(
+        f"kernel argument of type {type(value).__name__}: pass an ndarray or a sized NumPy scalar"
+    )
 
 
 def _key(source: str, name_expression: str, source_dir: Path, extra_flags: Sequence[str]) -> tuple:
@@ -208,7 +228,9 @@ def _load(source: str, names: Sequence[str], source_dir: Path, extra_flags: Sequ
         _loaded[_key(source, name, source_dir, extra_flags)] = EmulatedKernel(lib, f"pkv_launch_{i}", name)
 
 
-def prebuild(kernels: Sequence[tuple[str, str]], source_dir: Path = KERNEL_DIR, jobs: int | None = None) -> None:
+def prebuild(
+    kernels: Sequence[tuple[str, str]], source_dir: Path = KERNEL_DIR, jobs: int | None = None
+) -> None:
     """Builds many (source, name_expression) instances at once: one library per source and job,
     compiled in parallel, so the headers are parsed once per library rather than per instance."""
     with _lock:
@@ -222,7 +244,7 @@ def prebuild(kernels: Sequence[tuple[str, str]], source_dir: Path = KERNEL_DIR, 
     chunks: list[tuple[str, list[str]]] = []
     for source, names in by_source.items():
         per = -(-len(names) // max(1, min(jobs, len(names))))
-        chunks.extend((source, names[i:i + per]) for i in range(0, len(names), per))
+        chunks.extend((source, names[i : i + per]) for i in range(0, len(names), per))
 
     def work(chunk: tuple[str, list[str]]) -> None:
         path = _build(chunk[0], chunk[1], (), source_dir)
@@ -236,8 +258,9 @@ def prebuild(kernels: Sequence[tuple[str, str]], source_dir: Path = KERNEL_DIR, 
             future.result()
 
 
-def get_kernel(source: str, name_expression: str, source_dir: Path = KERNEL_DIR,
-               extra_flags: Sequence[str] = ()) -> EmulatedKernel:
+def get_kernel(
+    source: str, name_expression: str, source_dir: Path = KERNEL_DIR, extra_flags: Sequence[str] = ()
+) -> EmulatedKernel:
     """The emulated kernel for ``name_expression`` defined in ``source_dir / source``, built on
     first use (``extra_flags``: more g++ flags, e.g. sanitizers or -Werror)."""
     key = _key(source, name_expression, source_dir, extra_flags)

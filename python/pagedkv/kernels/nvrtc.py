@@ -57,8 +57,14 @@ def load() -> ctypes.CDLL:
             continue
         c = ctypes
         lib.nvrtcVersion.argtypes = [c.POINTER(c.c_int), c.POINTER(c.c_int)]
-        lib.nvrtcCreateProgram.argtypes = [c.POINTER(c.c_void_p), c.c_char_p, c.c_char_p, c.c_int,
-                                           c.POINTER(c.c_char_p), c.POINTER(c.c_char_p)]
+        lib.nvrtcCreateProgram.argtypes = [
+            c.POINTER(c.c_void_p),
+            c.c_char_p,
+            c.c_char_p,
+            c.c_int,
+            c.POINTER(c.c_char_p),
+            c.POINTER(c.c_char_p),
+        ]
         lib.nvrtcAddNameExpression.argtypes = [c.c_void_p, c.c_char_p]
         lib.nvrtcCompileProgram.argtypes = [c.c_void_p, c.c_int, c.POINTER(c.c_char_p)]
         lib.nvrtcGetProgramLogSize.argtypes = [c.c_void_p, c.POINTER(c.c_size_t)]
@@ -129,20 +135,29 @@ def parse_resources(log: str) -> dict[str, KernelResources]:
     return out
 
 
-def compile_source(source: str, name_expressions: Sequence[str], arch: str = DEFAULT_ARCH,
-                   extra_options: Sequence[str] = ()) -> CompileResult:
+def compile_source(
+    source: str, name_expressions: Sequence[str], arch: str = DEFAULT_ARCH, extra_options: Sequence[str] = ()
+) -> CompileResult:
     """Compiles ``source`` (a file in the kernel directory) with the given template instances to a
     CUBIN for ``arch`` and returns the log; raises NvrtcCompileError on any error."""
     lib = load()
     text = (KERNEL_DIR / source).read_text()
     prog = ctypes.c_void_p()
-    _check(lib, lib.nvrtcCreateProgram(ctypes.byref(prog), text.encode(), source.encode(), 0, None, None),
-           "nvrtcCreateProgram")
+    _check(
+        lib,
+        lib.nvrtcCreateProgram(ctypes.byref(prog), text.encode(), source.encode(), 0, None, None),
+        "nvrtcCreateProgram",
+    )
     try:
         for name in name_expressions:
             _check(lib, lib.nvrtcAddNameExpression(prog, name.encode()), f"nvrtcAddNameExpression({name})")
-        options = [f"--gpu-architecture={arch}", "-std=c++17", f"-I{Path(KERNEL_DIR)}",
-                   "--ptxas-options=-v", *extra_options]
+        options = [
+            f"--gpu-architecture={arch}",
+            "-std=c++17",
+            f"-I{Path(KERNEL_DIR)}",
+            "--ptxas-options=-v",
+            *extra_options,
+        ]
         argv = (ctypes.c_char_p * len(options))(*[o.encode() for o in options])
         rc = lib.nvrtcCompileProgram(prog, len(options), argv)
         size = ctypes.c_size_t()
@@ -151,14 +166,19 @@ def compile_source(source: str, name_expressions: Sequence[str], arch: str = DEF
         lib.nvrtcGetProgramLog(prog, buf)
         log = buf.value.decode(errors="replace")
         if rc != 0:
-            raise NvrtcCompileError(f"NVRTC failed for {source} ({lib.nvrtcGetErrorString(rc).decode()}):\n{log}")
+            raise NvrtcCompileError(
+                f"NVRTC failed for {source} ({lib.nvrtcGetErrorString(rc).decode()}):\n{log}"
+            )
         cubin = ctypes.c_size_t()
         _check(lib, lib.nvrtcGetCUBINSize(prog, ctypes.byref(cubin)), "nvrtcGetCUBINSize")
         result = CompileResult(log=log, cubin_bytes=cubin.value, resources=parse_resources(log))
         for name in name_expressions:
             lowered = ctypes.c_char_p()
-            _check(lib, lib.nvrtcGetLoweredName(prog, name.encode(), ctypes.byref(lowered)),
-                   f"nvrtcGetLoweredName({name})")
+            _check(
+                lib,
+                lib.nvrtcGetLoweredName(prog, name.encode(), ctypes.byref(lowered)),
+                f"nvrtcGetLoweredName({name})",
+            )
             result.lowered_names[name] = (lowered.value or b"").decode()
         return result
     finally:

@@ -66,13 +66,21 @@ class ModelShape:
     dtype: str = "bfloat16"
 
     def __post_init__(self) -> None:
-        for key in ("num_layers", "hidden_size", "num_q_heads", "num_kv_heads", "head_dim", "intermediate_size"):
+        for key in (
+            "num_layers",
+            "hidden_size",
+            "num_q_heads",
+            "num_kv_heads",
+            "head_dim",
+            "intermediate_size",
+        ):
             value = getattr(self, key)
             if not isinstance(value, (int, np.integer)) or value < 1:
                 raise InvalidArgumentError(f"ModelShape.{key} must be an integer >= 1, got {value!r}")
         if self.num_q_heads % self.num_kv_heads:
-            raise InvalidArgumentError(f"num_q_heads ({self.num_q_heads}) must be a multiple of num_kv_heads "
-                                       f"({self.num_kv_heads})")
+            raise InvalidArgumentError(
+                f"num_q_heads ({self.num_q_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
+            )
         if self.dtype not in DTYPE_BYTES:
             raise InvalidArgumentError(f"dtype must be one of {', '.join(DTYPE_BYTES)}, got {self.dtype!r}")
 
@@ -90,7 +98,11 @@ class ModelShape:
         """Weights touched per token per layer: q, k, v, o projections and the three MLP matrices."""
         q_dim = self.num_q_heads * self.head_dim
         kv_dim = self.num_kv_heads * self.head_dim
-        return self.hidden_size * (q_dim + 2 * kv_dim) + q_dim * self.hidden_size + 3 * self.hidden_size * self.intermediate_size
+        return (
+            self.hidden_size * (q_dim + 2 * kv_dim)
+            + q_dim * self.hidden_size
+            + 3 * self.hidden_size * self.intermediate_size
+        )
 
     def linear_flops(self, context_tokens: float) -> float:
         """Multiply-adds (x2) of the projections and MLP over a prefill of ``context_tokens``."""
@@ -116,24 +128,48 @@ class Hardware:
     per_transfer_latency_s: float
 
     def __post_init__(self) -> None:
-        if not (self.prefill_flops_per_s > 0 and self.host_link_bytes_per_s > 0 and self.per_transfer_latency_s >= 0):
+        if not (
+            self.prefill_flops_per_s > 0
+            and self.host_link_bytes_per_s > 0
+            and self.per_transfer_latency_s >= 0
+        ):
             raise InvalidArgumentError(f"hardware rates must be > 0 and latency >= 0, got {self}")
 
 
 # Llama-3-8B: 32 layers, hidden 4096, 32 query heads / 8 KV heads of 128, MLP 14336, bf16 (128 KiB of KV per token).
-LLAMA3_8B = ModelShape("Llama-3-8B", num_layers=32, hidden_size=4096, num_q_heads=32, num_kv_heads=8,
-                       head_dim=128, intermediate_size=14336, dtype="bfloat16")
+LLAMA3_8B = ModelShape(
+    "Llama-3-8B",
+    num_layers=32,
+    hidden_size=4096,
+    num_q_heads=32,
+    num_kv_heads=8,
+    head_dim=128,
+    intermediate_size=14336,
+    dtype="bfloat16",
+)
 
 # H200 SXM: 989 TFLOP/s dense BF16 peak; prefill reaches about half of it (50 % MFU).
 # PCIe 5.0 x16: 64 GB/s per direction raw, about 50 GB/s achieved from pinned host memory.
 # One cudaMemcpyAsync of a small block costs a few microseconds of launch and DMA setup.
-H200_PCIE5 = Hardware("H200 SXM, PCIe 5.0 x16 host link", prefill_flops_per_s=0.5 * 989e12,
-                      host_link_bytes_per_s=50e9, per_transfer_latency_s=5e-6)
+H200_PCIE5 = Hardware(
+    "H200 SXM, PCIe 5.0 x16 host link",
+    prefill_flops_per_s=0.5 * 989e12,
+    host_link_bytes_per_s=50e9,
+    per_transfer_latency_s=5e-6,
+)
 
 # Small enough that a 16K-token prefill takes about a second on one CPU core, yet a real
 # transformer: two layers, grouped-query attention (4 query heads share 1 KV head), SwiGLU.
-CPU_MEASUREMENT_SHAPE = ModelShape("cpu-tiny", num_layers=1, hidden_size=128, num_q_heads=2, num_kv_heads=1,
-                                   head_dim=32, intermediate_size=256, dtype="float32")
+CPU_MEASUREMENT_SHAPE = ModelShape(
+    "cpu-tiny",
+    num_layers=1,
+    hidden_size=128,
+    num_q_heads=2,
+    num_kv_heads=1,
+    head_dim=32,
+    intermediate_size=256,
+    dtype="float32",
+)
 
 
 @dataclass(frozen=True)
@@ -161,8 +197,10 @@ class CostModel:
 
     def swap_one_way_s(self, context_tokens: int, block_size: int) -> float:
         copies = self.num_blocks(context_tokens, block_size) * self.copies_per_block()
-        return (self.swap_bytes(context_tokens, block_size) / self.hardware.host_link_bytes_per_s
-                + copies * self.hardware.per_transfer_latency_s)
+        return (
+            self.swap_bytes(context_tokens, block_size) / self.hardware.host_link_bytes_per_s
+            + copies * self.hardware.per_transfer_latency_s
+        )
 
     def swap_s(self, context_tokens: int, block_size: int) -> float:
         """Swap out at preemption plus swap in at resumption."""
@@ -203,8 +241,11 @@ class CostModel:
             crossover = _first_true(swap_wins, (first_block - 2) * block_size, (first_block - 1) * block_size)
         return crossover if crossover <= max_context_tokens else None
 
-    def table(self, contexts_tokens: Sequence[int] = DEFAULT_CONTEXTS_TOKENS,
-              block_sizes: Sequence[int] = DEFAULT_BLOCK_SIZES) -> dict:
+    def table(
+        self,
+        contexts_tokens: Sequence[int] = DEFAULT_CONTEXTS_TOKENS,
+        block_sizes: Sequence[int] = DEFAULT_BLOCK_SIZES,
+    ) -> dict:
         """JSON-ready grid: recompute seconds [C] and swap seconds [B][C], plus crossovers [B]."""
         return {
             "model": asdict(self.model),
@@ -241,8 +282,14 @@ class NumpyTransformer:
     matrix), SwiGLU MLP, residuals. Weights are random: the arithmetic, not the text, is measured.
     """
 
-    def __init__(self, shape: ModelShape = CPU_MEASUREMENT_SHAPE, *, seed: int = 0, vocab_size: int = 1024,
-                 query_chunk_tokens: int = 512) -> None:
+    def __init__(
+        self,
+        shape: ModelShape = CPU_MEASUREMENT_SHAPE,
+        *,
+        seed: int = 0,
+        vocab_size: int = 1024,
+        query_chunk_tokens: int = 512,
+    ) -> None:
         self.shape = shape
         self.query_chunk_tokens = query_chunk_tokens
         rng = np.random.default_rng(seed)
@@ -256,10 +303,10 @@ class NumpyTransformer:
         self.embedding = weight(vocab_size, hidden)  # [vocab, hidden]
         self.layers = [
             {
-                "wqkv": weight(hidden, q_dim + 2 * kv_dim),   # [hidden, q_dim + 2 kv_dim]
-                "wo": weight(q_dim, hidden),                 # [q_dim, hidden]
+                "wqkv": weight(hidden, q_dim + 2 * kv_dim),  # [hidden, q_dim + 2 kv_dim]
+                "wo": weight(q_dim, hidden),  # [q_dim, hidden]
                 "w_gate_up": weight(hidden, 2 * shape.intermediate_size),  # [hidden, 2 I]
-                "w_down": weight(shape.intermediate_size, hidden),         # [I, hidden]
+                "w_down": weight(shape.intermediate_size, hidden),  # [I, hidden]
             }
             for _ in range(shape.num_layers)
         ]
@@ -275,7 +322,7 @@ class NumpyTransformer:
         angles = positions[:, None].astype(np.float32) * inv_freq[None, :]  # [n, half]
         cos = np.cos(angles)[:, None, :]
         sin = np.sin(angles)[:, None, :]
-        first, second = x[..., :half], x[..., half:2 * half]
+        first, second = x[..., :half], x[..., half : 2 * half]
         rotated = np.concatenate([first * cos - second * sin, first * sin + second * cos], axis=-1)
         if self.shape.head_dim % 2:
             rotated = np.concatenate([rotated, x[..., -1:]], axis=-1)
@@ -289,13 +336,13 @@ class NumpyTransformer:
         out = np.empty_like(q)
         chunk = self.query_chunk_tokens
         for kv_head in range(k.shape[1]):
-            keys = k[:, kv_head, :]      # [n, d]
-            values = v[:, kv_head, :]    # [n, d]
+            keys = k[:, kv_head, :]  # [n, d]
+            values = v[:, kv_head, :]  # [n, d]
             heads = slice(kv_head * group, (kv_head + 1) * group)
             for start in range(0, n, chunk):
                 stop = min(n, start + chunk)
                 queries = q[start:stop, heads, :].reshape(-1, head_dim)  # [(stop-start) * group, d]
-                scores = (queries @ keys[:stop].T) * scale                # [(stop-start) * group, stop]
+                scores = (queries @ keys[:stop].T) * scale  # [(stop-start) * group, stop]
                 query_pos = np.repeat(np.arange(start, stop), group)[:, None]
                 scores[np.arange(stop)[None, :] > query_pos] = -np.inf
                 scores -= scores.max(axis=1, keepdims=True)
@@ -317,13 +364,15 @@ class NumpyTransformer:
         for index, layer in enumerate(self.layers):
             qkv = self._rms_norm(x) @ layer["wqkv"]
             q = self._rotary(qkv[:, :q_dim].reshape(n, shape.num_q_heads, shape.head_dim), positions)
-            k = self._rotary(qkv[:, q_dim:q_dim + kv_dim].reshape(n, shape.num_kv_heads, shape.head_dim), positions)
-            v = qkv[:, q_dim + kv_dim:].reshape(n, shape.num_kv_heads, shape.head_dim)
+            k = self._rotary(
+                qkv[:, q_dim : q_dim + kv_dim].reshape(n, shape.num_kv_heads, shape.head_dim), positions
+            )
+            v = qkv[:, q_dim + kv_dim :].reshape(n, shape.num_kv_heads, shape.head_dim)
             k_cache[index] = k
             v_cache[index] = v
             x = x + self.causal_attention(q, k, v).reshape(n, q_dim) @ layer["wo"]
             gate_up = self._rms_norm(x) @ layer["w_gate_up"]
-            gate, up = gate_up[:, :shape.intermediate_size], gate_up[:, shape.intermediate_size:]
+            gate, up = gate_up[:, : shape.intermediate_size], gate_up[:, shape.intermediate_size :]
             x = x + ((gate / (1.0 + np.exp(-gate))) * up) @ layer["w_down"]
         return k_cache, v_cache, x[-1]
 
@@ -343,9 +392,15 @@ def _best_time_s(run: Callable[[], object], *, min_repeats: int = 3, max_single_
     return best_s
 
 
-def _swap_copies(device_k: list[np.ndarray], device_v: list[np.ndarray], host_k: list[np.ndarray],
-                 host_v: list[np.ndarray], device_blocks: np.ndarray, host_blocks: np.ndarray,
-                 to_host: bool) -> None:
+def _swap_copies(
+    device_k: list[np.ndarray],
+    device_v: list[np.ndarray],
+    host_k: list[np.ndarray],
+    host_v: list[np.ndarray],
+    device_blocks: np.ndarray,
+    host_blocks: np.ndarray,
+    to_host: bool,
+) -> None:
     """One NumPy copy per block per layer per tensor, as a swap kernel without run merging does.
 
     Pools are [num_blocks, block_size, kv_heads, head_dim]; block id arrays are int [N].
@@ -376,8 +431,11 @@ class CpuMeasurement:
         """Per block size: the smallest measured context where swapping was faster, or None."""
         crossovers: list[int | None] = []
         for row in self.swap_s:
-            winners = [c for c, swap_s, recompute_s in zip(self.contexts_tokens, row, self.recompute_s)
-                       if swap_s < recompute_s]
+            winners = [
+                c
+                for c, swap_s, recompute_s in zip(self.contexts_tokens, row, self.recompute_s)
+                if swap_s < recompute_s
+            ]
             crossovers.append(winners[0] if winners else None)
         return crossovers
 
@@ -393,9 +451,14 @@ class CpuMeasurement:
         }
 
 
-def measure_cpu(contexts_tokens: Sequence[int] = DEFAULT_CONTEXTS_TOKENS,
-                block_sizes: Sequence[int] = DEFAULT_BLOCK_SIZES, *, shape: ModelShape = CPU_MEASUREMENT_SHAPE,
-                seed: int = 0, on_step: Callable[[str], None] | None = None) -> CpuMeasurement:
+def measure_cpu(
+    contexts_tokens: Sequence[int] = DEFAULT_CONTEXTS_TOKENS,
+    block_sizes: Sequence[int] = DEFAULT_BLOCK_SIZES,
+    *,
+    shape: ModelShape = CPU_MEASUREMENT_SHAPE,
+    seed: int = 0,
+    on_step: Callable[[str], None] | None = None,
+) -> CpuMeasurement:
     """Measure recompute (a real prefill) and swap (per-block copies) on this CPU.
 
     The device and host pools each hold ``2 * max(context)`` token slots per block size; the
@@ -440,7 +503,9 @@ def measure_cpu(contexts_tokens: Sequence[int] = DEFAULT_CONTEXTS_TOKENS,
             if on_step:
                 on_step(f"swap bs={block_size} ctx={context}")
         swap_s.append(row)
-    measurement = CpuMeasurement(shape, list(map(int, contexts_tokens)), list(map(int, block_sizes)), recompute_s, swap_s)
+    measurement = CpuMeasurement(
+        shape, list(map(int, contexts_tokens)), list(map(int, block_sizes)), recompute_s, swap_s
+    )
     measurement.fitted = fit_cpu(measurement)
     return measurement
 
@@ -478,8 +543,13 @@ def fit_cpu(measurement: CpuMeasurement) -> dict:
     """
     model = CostModel(measurement.shape, H200_PCIE5)
     recompute = np.asarray(measurement.recompute_s, dtype=np.float64)
-    design = np.array([[measurement.shape.linear_flops(c), measurement.shape.attention_flops(c)]
-                       for c in measurement.contexts_tokens], dtype=np.float64)
+    design = np.array(
+        [
+            [measurement.shape.linear_flops(c), measurement.shape.attention_flops(c)]
+            for c in measurement.contexts_tokens
+        ],
+        dtype=np.float64,
+    )
     inverse_rates = _positive_least_squares(design, recompute)
     predicted_recompute = design @ inverse_rates
 

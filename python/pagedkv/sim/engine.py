@@ -165,7 +165,9 @@ def _int_column(name: str, values: Any, length: int | None) -> np.ndarray:
 
 def _columns(workload: Workload) -> tuple[Any, ...]:
     if not isinstance(workload, Workload):
-        raise InvalidArgumentError(f"workload must be a pagedkv.sim.engine.Workload, got {type(workload).__name__}")
+        raise InvalidArgumentError(
+            f"workload must be a pagedkv.sim.engine.Workload, got {type(workload).__name__}"
+        )
     prompt = _int_column("prompt_tokens", workload.prompt_tokens, None)
     n = prompt.shape[0]
     output = _int_column("output_tokens", workload.output_tokens, n)
@@ -189,7 +191,9 @@ def _columns(workload: Workload) -> tuple[Any, ...]:
 
 def _config_dict(config: SimConfig) -> dict[str, Any]:
     if not isinstance(config, SimConfig):
-        raise InvalidArgumentError(f"config must be a pagedkv.sim.engine.SimConfig, got {type(config).__name__}")
+        raise InvalidArgumentError(
+            f"config must be a pagedkv.sim.engine.SimConfig, got {type(config).__name__}"
+        )
     d = asdict(config)
     for key in ("poisson_rate", "step_time_s", "watermark"):
         value = d[key]
@@ -303,7 +307,9 @@ def record_frames(workload: Workload, config: SimConfig, *, max_steps: int = 400
     frames = raw.pop("frames")
     summary = _result(raw).to_dict()
     paged = config.allocator == "paged"
-    num_cells = config.num_slots // config.block_size if paged else math.ceil(config.num_slots / config.block_size)
+    num_cells = (
+        config.num_slots // config.block_size if paged else math.ceil(config.num_slots / config.block_size)
+    )
     return {
         "config": asdict(config),
         "workload": workload.name,

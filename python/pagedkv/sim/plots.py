@@ -60,7 +60,9 @@ def _draw_shares(axis: Any, results: Mapping[str, Any], published: Mapping[str, 
         token_share = 100.0 * result_field(results[label], "token_states")
         axis.text(index, token_share / 2, f"{token_share:.1f}%", ha="center", va="center", fontsize=8)
         if published and label in published:
-            axis.plot([index - 0.4, index + 0.4], [100.0 * published[label]] * 2, color="black", linestyle="--")
+            axis.plot(
+                [index - 0.4, index + 0.4], [100.0 * published[label]] * 2, color="black", linestyle="--"
+            )
     if published:
         axis.plot([], [], color="black", linestyle="--", label="published token states")
     axis.set_ylabel("share of the KV pool (%)")
@@ -68,8 +70,13 @@ def _draw_shares(axis: Any, results: Mapping[str, Any], published: Mapping[str, 
     axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
 
 
-def plot_shares(results: Mapping[str, Any], path: str | os.PathLike, *, title: str,
-                published_token_states: Mapping[str, float] | None = None) -> None:
+def plot_shares(
+    results: Mapping[str, Any],
+    path: str | os.PathLike,
+    *,
+    title: str,
+    published_token_states: Mapping[str, float] | None = None,
+) -> None:
     """Stacked bars: the five time-averaged shares of the pool for each run."""
     plt = _pyplot()
     figure, axis = plt.subplots(figsize=(8, 4.5))
@@ -81,22 +88,44 @@ def plot_shares(results: Mapping[str, Any], path: str | os.PathLike, *, title: s
 def _draw_sweep(axis: Any, sweep: Mapping[str, Any]) -> None:
     rows = sweep["rows"]
     block_sizes = [row["block_size"] for row in rows]
-    axis.plot(block_sizes, [row["mean_waste_per_request_tokens"] for row in rows], "o-", color="#e76f51",
-              label="waste per request (tokens)")
-    axis.plot(block_sizes, [row["block_size"] / 2 for row in rows], ":", color="#e76f51", label="block_size / 2")
-    axis.plot(block_sizes, [row["mean_block_table_len"] for row in rows], "s-", color="#264653",
-              label="block-table length (entries)")
+    axis.plot(
+        block_sizes,
+        [row["mean_waste_per_request_tokens"] for row in rows],
+        "o-",
+        color="#e76f51",
+        label="waste per request (tokens)",
+    )
+    axis.plot(
+        block_sizes, [row["block_size"] / 2 for row in rows], ":", color="#e76f51", label="block_size / 2"
+    )
+    axis.plot(
+        block_sizes,
+        [row["mean_block_table_len"] for row in rows],
+        "s-",
+        color="#264653",
+        label="block-table length (entries)",
+    )
     axis.set_xscale("log", base=2)
     axis.set_yscale("log")
     axis.set_xlabel("block size (tokens)")
     crossing = sweep.get("crossing_block_size")
     if crossing:
         axis.axvline(crossing, color="gray", linestyle="--")
-        axis.annotate(f"crossing ~{crossing:.0f}", (crossing, sweep["crossing_value"]), textcoords="offset points",
-                      xytext=(6, 6), fontsize=8)
+        axis.annotate(
+            f"crossing ~{crossing:.0f}",
+            (crossing, sweep["crossing_value"]),
+            textcoords="offset points",
+            xytext=(6, 6),
+            fontsize=8,
+        )
     utilization_axis = axis.twinx()
-    utilization_axis.plot(block_sizes, [100.0 * row["token_states"] for row in rows], "^--", color="#2a9d8f",
-                          label="utilization (%)")
+    utilization_axis.plot(
+        block_sizes,
+        [100.0 * row["token_states"] for row in rows],
+        "^--",
+        color="#2a9d8f",
+        label="utilization (%)",
+    )
     utilization_axis.set_ylabel("utilization: token states (%)")
     utilization_axis.set_ylim(0, 100)
     lines = axis.get_legend_handles_labels()
@@ -114,7 +143,9 @@ def plot_sweep(sweep: Mapping[str, Any], path: str | os.PathLike, *, title: str)
     _save(figure, path)
 
 
-def plot_costmodel(model_table: Mapping[str, Any], cpu: Mapping[str, Any] | None, path: str | os.PathLike) -> None:
+def plot_costmodel(
+    model_table: Mapping[str, Any], cpu: Mapping[str, Any] | None, path: str | os.PathLike
+) -> None:
     """Recompute vs swap seconds over the context, one swap curve per block size: the model's
     accelerator on the left, the CPU measurement on the right (when given)."""
     plt = _pyplot()

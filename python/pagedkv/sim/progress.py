@@ -17,8 +17,16 @@ __all__ = ["Progress"]
 class Progress:
     """Counts ``total`` units of work: ``update(n)`` after each, ``close()`` (or ``with``) at the end."""
 
-    def __init__(self, total: int, label: str, *, enabled: bool = True, stream: TextIO | None = None,
-                 delay_s: float = 1.0, width_chars: int = 30) -> None:
+    def __init__(
+        self,
+        total: int,
+        label: str,
+        *,
+        enabled: bool = True,
+        stream: TextIO | None = None,
+        delay_s: float = 1.0,
+        width_chars: int = 30,
+    ) -> None:
         self.total = max(int(total), 1)
         self.label = label
         self.done = 0
@@ -55,7 +63,7 @@ class Progress:
             self._stream.flush()
             self._drawn = False
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

@@ -50,8 +50,13 @@ def _is_numeric_text(text: str) -> bool:
     return bool(stripped) and stripped.replace(".", "", 1).replace("e", "", 1).replace("-", "").isdigit()
 
 
-def format_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, title: str | None = None,
-                 note: str | None = None) -> str:
+def format_table(
+    headers: Sequence[str],
+    rows: Iterable[Sequence[Any]],
+    *,
+    title: str | None = None,
+    note: str | None = None,
+) -> str:
     """Render rows under headers; numbers right-aligned, text left-aligned; optional title and note."""
     text_rows = [[_cell(value) for value in row] for row in rows]
     for row in text_rows:
@@ -60,12 +65,16 @@ def format_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, title
     widths = [len(header) for header in headers]
     for row in text_rows:
         widths = [max(width, len(cell)) for width, cell in zip(widths, row)]
-    numeric = [all(_is_numeric_text(row[i]) or row[i] == "-" for row in text_rows) and bool(text_rows)
-               for i in range(len(headers))]
+    numeric = [
+        all(_is_numeric_text(row[i]) or row[i] == "-" for row in text_rows) and bool(text_rows)
+        for i in range(len(headers))
+    ]
 
     def render(cells: Sequence[str]) -> str:
-        parts = [cell.rjust(width) if is_number else cell.ljust(width)
-                 for cell, width, is_number in zip(cells, widths, numeric)]
+        parts = [
+            cell.rjust(width) if is_number else cell.ljust(width)
+            for cell, width, is_number in zip(cells, widths, numeric)
+        ]
         return "  ".join(parts).rstrip()
 
     lines = []
@@ -86,8 +95,12 @@ def result_field(result: Any, key: str) -> Any:
     return getattr(result, key)
 
 
-def shares_table(results: Mapping[str, Any], *, title: str | None = None,
-                 published_token_states: Mapping[str, float] | None = None) -> str:
+def shares_table(
+    results: Mapping[str, Any],
+    *,
+    title: str | None = None,
+    published_token_states: Mapping[str, float] | None = None,
+) -> str:
     """One row per run: the five pool shares (and the published token-state share if given)."""
     headers = ["run", *(SHARE_LABELS[key] for key in SHARE_KEYS)]
     if published_token_states is not None:
@@ -105,27 +118,42 @@ def shares_table(results: Mapping[str, Any], *, title: str | None = None,
 def occupancy_table(results: Mapping[str, Any], *, title: str | None = None) -> str:
     """One row per run: utilization (over the whole run, and over the steps at which a request was
     waiting, when the result has it), waste, resident requests, throughput, preemptions."""
-    headers = ["run", "utilization", "while queued", "waste", "mean resident", "peak resident", "tokens/step",
-               "preemptions", "finished", "steps"]
+    headers = [
+        "run",
+        "utilization",
+        "while queued",
+        "waste",
+        "mean resident",
+        "peak resident",
+        "tokens/step",
+        "preemptions",
+        "finished",
+        "steps",
+    ]
     rows = []
     for label, result in results.items():
         utilization = result_field(result, "token_states")
-        waste = (result_field(result, "reserved") + result_field(result, "internal_fragmentation")
-                 + result_field(result, "external_fragmentation"))
+        waste = (
+            result_field(result, "reserved")
+            + result_field(result, "internal_fragmentation")
+            + result_field(result, "external_fragmentation")
+        )
         try:
             queued = result_field(result, "shares_while_queued").get("token_states")
         except (KeyError, AttributeError):
             queued = None
-        rows.append([
-            label,
-            percent(utilization),
-            percent(queued) if queued is not None else "-",
-            percent(waste),
-            float(result_field(result, "mean_resident_requests")),
-            int(result_field(result, "peak_resident_requests")),
-            float(result_field(result, "generated_tokens_per_step")),
-            int(result_field(result, "preemptions")),
-            int(result_field(result, "finished_requests")),
-            int(result_field(result, "steps")),
-        ])
+        rows.append(
+            [
+                label,
+                percent(utilization),
+                percent(queued) if queued is not None else "-",
+                percent(waste),
+                float(result_field(result, "mean_resident_requests")),
+                int(result_field(result, "peak_resident_requests")),
+                float(result_field(result, "generated_tokens_per_step")),
+                int(result_field(result, "preemptions")),
+                int(result_field(result, "finished_requests")),
+                int(result_field(result, "steps")),
+            ]
+        )
     return format_table(headers, rows, title=title)

@@ -109,8 +109,9 @@ def read_azure_csv(path: str | os.PathLike, *, name: str | None = None) -> Workl
             try:
                 raw_line = raw_bytes.decode("utf-8-sig" if line_number == 1 else "utf-8")
             except UnicodeDecodeError as error:
-                raise TraceError(f"{file_path}:{line_number}: not UTF-8 text ({error.reason} at byte "
-                                 f"{error.start})") from None
+                raise TraceError(
+                    f"{file_path}:{line_number}: not UTF-8 text ({error.reason} at byte {error.start})"
+                ) from None
             line = raw_line.strip()
             if not line:
                 continue
@@ -118,27 +119,39 @@ def read_azure_csv(path: str | os.PathLike, *, name: str | None = None) -> Workl
             where = f"{file_path}:{line_number}"
             if not header_seen:
                 if tuple(fields) != TRACE_COLUMNS:
-                    raise TraceError(f"{where}: expected the header {','.join(TRACE_COLUMNS)!r}, got {line!r}")
+                    raise TraceError(
+                        f"{where}: expected the header {','.join(TRACE_COLUMNS)!r}, got {line!r}"
+                    )
                 header_seen = True
                 continue
             if len(fields) != 3:
-                raise TraceError(f"{where}: expected 3 comma-separated fields "
-                                 f"(TIMESTAMP,ContextTokens,GeneratedTokens), got {len(fields)}: {line!r}")
+                raise TraceError(
+                    f"{where}: expected 3 comma-separated fields "
+                    f"(TIMESTAMP,ContextTokens,GeneratedTokens), got {len(fields)}: {line!r}"
+                )
             stamp, context_text, generated_text = fields
             try:
                 context = int(context_text)
                 generated = int(generated_text)
             except ValueError:
-                raise TraceError(f"{where}: token counts must be integers, got "
-                                 f"ContextTokens={context_text!r}, GeneratedTokens={generated_text!r}") from None
+                raise TraceError(
+                    f"{where}: token counts must be integers, got "
+                    f"ContextTokens={context_text!r}, GeneratedTokens={generated_text!r}"
+                ) from None
             if max(abs(context), abs(generated)) > MAX_TRACE_TOKENS:
-                raise TraceError(f"{where}: length out of range (ContextTokens={context_text}, "
-                                 f"GeneratedTokens={generated_text}; at most {MAX_TRACE_TOKENS} each)")
+                raise TraceError(
+                    f"{where}: length out of range (ContextTokens={context_text}, "
+                    f"GeneratedTokens={generated_text}; at most {MAX_TRACE_TOKENS} each)"
+                )
             if context < 0 or generated < 0:
-                raise TraceError(f"{where}: negative length (ContextTokens={context}, GeneratedTokens={generated})")
+                raise TraceError(
+                    f"{where}: negative length (ContextTokens={context}, GeneratedTokens={generated})"
+                )
             if context == 0 or generated == 0:
-                raise TraceError(f"{where}: a request needs at least 1 prompt token and 1 generated token "
-                                 f"(ContextTokens={context}, GeneratedTokens={generated})")
+                raise TraceError(
+                    f"{where}: a request needs at least 1 prompt token and 1 generated token "
+                    f"(ContextTokens={context}, GeneratedTokens={generated})"
+                )
             try:
                 times_s.append(_parse_timestamp_s(stamp, date_cache))
             except ValueError as error:
@@ -190,8 +203,10 @@ def traces_dir() -> Path:
             if candidate.is_dir():
                 return candidate
             tried.append(str(candidate))
-    raise TraceNotFoundError("no shared/traces folder found next to the repository; set $PAGEDKV_TRACES "
-                             f"(looked in: {', '.join(tried[:4]) or 'no checkout found'})")
+    raise TraceNotFoundError(
+        "no shared/traces folder found next to the repository; set $PAGEDKV_TRACES "
+        f"(looked in: {', '.join(tried[:4]) or 'no checkout found'})"
+    )
 
 
 def known_trace_path(short_name: str) -> Path:

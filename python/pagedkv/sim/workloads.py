@@ -55,14 +55,24 @@ def _poisson_arrivals_s(rng: np.random.Generator, num_requests: int, rate_per_s:
 
 
 def _check_common(num_requests: int, max_model_len: int) -> None:
-    _require(isinstance(num_requests, (int, np.integer)) and num_requests >= 1,
-             f"num_requests must be an integer >= 1, got {num_requests!r}")
-    _require(isinstance(max_model_len, (int, np.integer)) and max_model_len >= 2,
-             f"max_model_len must be an integer >= 2, got {max_model_len!r}")
+    _require(
+        isinstance(num_requests, (int, np.integer)) and num_requests >= 1,
+        f"num_requests must be an integer >= 1, got {num_requests!r}",
+    )
+    _require(
+        isinstance(max_model_len, (int, np.integer)) and max_model_len >= 2,
+        f"max_model_len must be an integer >= 2, got {max_model_len!r}",
+    )
 
 
-def synthetic(num_requests: int = 1000, *, seed: int = 0, max_model_len: int = 2048,
-              long_fraction: float = 0.1, arrival_rate_per_s: float = DEFAULT_ARRIVAL_RATE_PER_S) -> Workload:
+def synthetic(
+    num_requests: int = 1000,
+    *,
+    seed: int = 0,
+    max_model_len: int = 2048,
+    long_fraction: float = 0.1,
+    arrival_rate_per_s: float = DEFAULT_ARRIVAL_RATE_PER_S,
+) -> Workload:
     """The textbook case: mostly short generations with a few long ones.
 
     Prompts are uniform in [32, 512] tokens. A share ``long_fraction`` of the requests generate
@@ -76,7 +86,9 @@ def synthetic(num_requests: int = 1000, *, seed: int = 0, max_model_len: int = 2
     scale = min(1.0, max_model_len / 1536.0)
     prompt = rng.integers(32, 513, size=num_requests)
     is_long = rng.random(num_requests) < long_fraction
-    output = np.where(is_long, rng.integers(256, 1025, size=num_requests), rng.integers(8, 65, size=num_requests))
+    output = np.where(
+        is_long, rng.integers(256, 1025, size=num_requests), rng.integers(8, 65, size=num_requests)
+    )
     prompt = np.maximum(1, np.floor(prompt * scale)).astype(np.int64)
     output = np.maximum(1, np.floor(output * scale)).astype(np.int64)
     output = np.minimum(output, max_model_len - prompt)
@@ -109,9 +121,18 @@ def _lognormal_lengths(z: np.ndarray, mean_tokens: float, sigma: float, cap: np.
     return lengths
 
 
-def lognormal(num_requests: int = 1000, *, prompt_mean_tokens: float, output_mean_tokens: float,
-              prompt_sigma: float = 1.0, output_sigma: float = 1.0, seed: int = 0, max_model_len: int = 2048,
-              arrival_rate_per_s: float = DEFAULT_ARRIVAL_RATE_PER_S, name: str | None = None) -> Workload:
+def lognormal(
+    num_requests: int = 1000,
+    *,
+    prompt_mean_tokens: float,
+    output_mean_tokens: float,
+    prompt_sigma: float = 1.0,
+    output_sigma: float = 1.0,
+    seed: int = 0,
+    max_model_len: int = 2048,
+    arrival_rate_per_s: float = DEFAULT_ARRIVAL_RATE_PER_S,
+    name: str | None = None,
+) -> Workload:
     """Log-normal prompt and output lengths with the given means (tokens) and spreads.
 
     ``*_sigma`` is the standard deviation of the underlying normal (the log of the length): 0 gives
@@ -120,23 +141,33 @@ def lognormal(num_requests: int = 1000, *, prompt_mean_tokens: float, output_mea
     still equal the requested ones (within 0.1 %) whenever that is reachable under the caps.
     """
     _check_common(num_requests, max_model_len)
-    _require(prompt_mean_tokens >= 1 and output_mean_tokens >= 1,
-             f"mean lengths must be >= 1 token, got prompt {prompt_mean_tokens}, output {output_mean_tokens}")
-    _require(prompt_sigma >= 0 and output_sigma >= 0,
-             f"spreads must be >= 0, got prompt {prompt_sigma}, output {output_sigma}")
+    _require(
+        prompt_mean_tokens >= 1 and output_mean_tokens >= 1,
+        f"mean lengths must be >= 1 token, got prompt {prompt_mean_tokens}, output {output_mean_tokens}",
+    )
+    _require(
+        prompt_sigma >= 0 and output_sigma >= 0,
+        f"spreads must be >= 0, got prompt {prompt_sigma}, output {output_sigma}",
+    )
     # Past this the log-normal's own parameters overflow (sigma**2 / 2 or the mean's log), and the
     # lengths would come out as NaN cast to int64.
-    _require(max(prompt_sigma, output_sigma) <= MAX_SIGMA,
-             f"spreads must be <= {MAX_SIGMA}, got prompt {prompt_sigma}, output {output_sigma}")
-    _require(np.isfinite(prompt_mean_tokens) and np.isfinite(output_mean_tokens),
-             f"mean lengths must be finite, got prompt {prompt_mean_tokens}, output {output_mean_tokens}")
+    _require(
+        max(prompt_sigma, output_sigma) <= MAX_SIGMA,
+        f"spreads must be <= {MAX_SIGMA}, got prompt {prompt_sigma}, output {output_sigma}",
+    )
+    _require(
+        np.isfinite(prompt_mean_tokens) and np.isfinite(output_mean_tokens),
+        f"mean lengths must be finite, got prompt {prompt_mean_tokens}, output {output_mean_tokens}",
+    )
     rng = np.random.default_rng(seed)
     z_prompt = rng.standard_normal(num_requests)
     z_output = rng.standard_normal(num_requests)
     prompt = _lognormal_lengths(z_prompt, prompt_mean_tokens, prompt_sigma, max_model_len - 1)
     output = _lognormal_lengths(z_output, output_mean_tokens, output_sigma, max_model_len - prompt)
-    label = name or (f"lognormal(n={num_requests}, prompt {prompt_mean_tokens:g}/{prompt_sigma:g}, "
-                     f"output {output_mean_tokens:g}/{output_sigma:g}, seed={seed})")
+    label = name or (
+        f"lognormal(n={num_requests}, prompt {prompt_mean_tokens:g}/{prompt_sigma:g}, "
+        f"output {output_mean_tokens:g}/{output_sigma:g}, seed={seed})"
+    )
     return Workload(
         name=label,
         prompt_tokens=prompt,
@@ -145,32 +176,63 @@ def lognormal(num_requests: int = 1000, *, prompt_mean_tokens: float, output_mea
     )
 
 
-def sharegpt_like(num_requests: int = 1000, *, seed: int = 0, max_model_len: int = 2048,
-                  arrival_rate_per_s: float = DEFAULT_ARRIVAL_RATE_PER_S) -> Workload:
+def sharegpt_like(
+    num_requests: int = 1000,
+    *,
+    seed: int = 0,
+    max_model_len: int = 2048,
+    arrival_rate_per_s: float = DEFAULT_ARRIVAL_RATE_PER_S,
+) -> Workload:
     """ShareGPT-like conversation lengths: means 161 prompt / 338 output tokens (vLLM Fig. 11).
 
     Spreads: prompts sigma 1.0 (a long tail of pasted documents), outputs sigma 0.8 (answers are
     rarely a single token but seldom a whole page).
     """
-    return lognormal(num_requests, prompt_mean_tokens=SHAREGPT_MEAN_PROMPT_TOKENS,
-                     output_mean_tokens=SHAREGPT_MEAN_OUTPUT_TOKENS, prompt_sigma=1.0, output_sigma=0.8,
-                     seed=seed, max_model_len=max_model_len, arrival_rate_per_s=arrival_rate_per_s,
-                     name=f"sharegpt-like(n={num_requests}, seed={seed})")
+    return lognormal(
+        num_requests,
+        prompt_mean_tokens=SHAREGPT_MEAN_PROMPT_TOKENS,
+        output_mean_tokens=SHAREGPT_MEAN_OUTPUT_TOKENS,
+        prompt_sigma=1.0,
+        output_sigma=0.8,
+        seed=seed,
+        max_model_len=max_model_len,
+        arrival_rate_per_s=arrival_rate_per_s,
+        name=f"sharegpt-like(n={num_requests}, seed={seed})",
+    )
 
 
-def alpaca_like(num_requests: int = 1000, *, seed: int = 0, max_model_len: int = 2048,
-                arrival_rate_per_s: float = DEFAULT_ARRIVAL_RATE_PER_S) -> Workload:
+def alpaca_like(
+    num_requests: int = 1000,
+    *,
+    seed: int = 0,
+    max_model_len: int = 2048,
+    arrival_rate_per_s: float = DEFAULT_ARRIVAL_RATE_PER_S,
+) -> Workload:
     """Alpaca-like instruction lengths: means 19.31 prompt / 58.45 output tokens (vLLM Fig. 11)."""
-    return lognormal(num_requests, prompt_mean_tokens=ALPACA_MEAN_PROMPT_TOKENS,
-                     output_mean_tokens=ALPACA_MEAN_OUTPUT_TOKENS, prompt_sigma=0.6, output_sigma=0.8,
-                     seed=seed, max_model_len=max_model_len, arrival_rate_per_s=arrival_rate_per_s,
-                     name=f"alpaca-like(n={num_requests}, seed={seed})")
+    return lognormal(
+        num_requests,
+        prompt_mean_tokens=ALPACA_MEAN_PROMPT_TOKENS,
+        output_mean_tokens=ALPACA_MEAN_OUTPUT_TOKENS,
+        prompt_sigma=0.6,
+        output_sigma=0.8,
+        seed=seed,
+        max_model_len=max_model_len,
+        arrival_rate_per_s=arrival_rate_per_s,
+        name=f"alpaca-like(n={num_requests}, seed={seed})",
+    )
 
 
-def system_prompt(num_requests: int = 1000, *, num_system_prompts: int = 16, system_prompt_tokens: int = 1024,
-                  suffix_tokens: tuple[int, int] = (100, 500), output_tokens: tuple[int, int] = (16, 256),
-                  seed: int = 0, max_model_len: int = 2048,
-                  arrival_rate_per_s: float = DEFAULT_ARRIVAL_RATE_PER_S) -> Workload:
+def system_prompt(
+    num_requests: int = 1000,
+    *,
+    num_system_prompts: int = 16,
+    system_prompt_tokens: int = 1024,
+    suffix_tokens: tuple[int, int] = (100, 500),
+    output_tokens: tuple[int, int] = (16, 256),
+    seed: int = 0,
+    max_model_len: int = 2048,
+    arrival_rate_per_s: float = DEFAULT_ARRIVAL_RATE_PER_S,
+) -> Workload:
     """A chat service: each request is one of ``num_system_prompts`` shared system prompts of
     ``system_prompt_tokens`` tokens followed by a unique user suffix (uniform in ``suffix_tokens``,
     inclusive) and generates a uniform ``output_tokens`` answer.
@@ -185,9 +247,11 @@ def system_prompt(num_requests: int = 1000, *, num_system_prompts: int = 16, sys
     lo_out, hi_out = output_tokens
     _require(1 <= lo_suffix <= hi_suffix, f"suffix_tokens must be 1 <= lo <= hi, got {suffix_tokens}")
     _require(1 <= lo_out <= hi_out, f"output_tokens must be 1 <= lo <= hi, got {output_tokens}")
-    _require(system_prompt_tokens + hi_suffix + hi_out <= max_model_len,
-             f"system prompt {system_prompt_tokens} + suffix up to {hi_suffix} + output up to {hi_out} "
-             f"tokens exceeds max_model_len {max_model_len}")
+    _require(
+        system_prompt_tokens + hi_suffix + hi_out <= max_model_len,
+        f"system prompt {system_prompt_tokens} + suffix up to {hi_suffix} + output up to {hi_out} "
+        f"tokens exceeds max_model_len {max_model_len}",
+    )
     rng = np.random.default_rng(seed)
     prefix_id = rng.integers(0, num_system_prompts, size=num_requests).astype(np.int64)
     suffix = rng.integers(lo_suffix, hi_suffix + 1, size=num_requests)
@@ -207,8 +271,10 @@ def with_groups(workload: Workload, group_size: int, kind: str) -> Workload:
     from one prompt, ``kind="beam"`` runs beam search of width ``group_size``. The group's
     sequences fork from the prompt and share its blocks copy-on-write."""
     _require(kind in ("parallel", "beam"), f"group kind must be 'parallel' or 'beam', got {kind!r}")
-    _require(isinstance(group_size, (int, np.integer)) and group_size >= 1,
-             f"group size must be an integer >= 1, got {group_size!r}")
+    _require(
+        isinstance(group_size, (int, np.integer)) and group_size >= 1,
+        f"group size must be an integer >= 1, got {group_size!r}",
+    )
     num_requests = len(workload.prompt_tokens)
     return dataclasses.replace(
         workload,
@@ -218,29 +284,52 @@ def with_groups(workload: Workload, group_size: int, kind: str) -> Workload:
     )
 
 
-def make_workload(name: str, *, num_requests: int | None = None, seed: int = 0, max_model_len: int = 2048,
-                  arrival_rate_per_s: float = DEFAULT_ARRIVAL_RATE_PER_S, prompt_mean_tokens: float | None = None,
-                  output_mean_tokens: float | None = None, prompt_sigma: float = 1.0,
-                  output_sigma: float = 1.0) -> Workload:
+def make_workload(
+    name: str,
+    *,
+    num_requests: int | None = None,
+    seed: int = 0,
+    max_model_len: int = 2048,
+    arrival_rate_per_s: float = DEFAULT_ARRIVAL_RATE_PER_S,
+    prompt_mean_tokens: float | None = None,
+    output_mean_tokens: float | None = None,
+    prompt_sigma: float = 1.0,
+    output_sigma: float = 1.0,
+) -> Workload:
     """Build a named synthetic workload (one of ``WORKLOAD_NAMES``); the CLI's ``--workload``."""
     count = 1000 if num_requests is None else num_requests
     if name == "synthetic":
         return synthetic(count, seed=seed, max_model_len=max_model_len, arrival_rate_per_s=arrival_rate_per_s)
     if name == "sharegpt":
-        return sharegpt_like(count, seed=seed, max_model_len=max_model_len, arrival_rate_per_s=arrival_rate_per_s)
+        return sharegpt_like(
+            count, seed=seed, max_model_len=max_model_len, arrival_rate_per_s=arrival_rate_per_s
+        )
     if name == "alpaca":
-        return alpaca_like(count, seed=seed, max_model_len=max_model_len, arrival_rate_per_s=arrival_rate_per_s)
+        return alpaca_like(
+            count, seed=seed, max_model_len=max_model_len, arrival_rate_per_s=arrival_rate_per_s
+        )
     if name == "system-prompt":
-        return system_prompt(count, seed=seed, max_model_len=max_model_len, arrival_rate_per_s=arrival_rate_per_s)
+        return system_prompt(
+            count, seed=seed, max_model_len=max_model_len, arrival_rate_per_s=arrival_rate_per_s
+        )
     if name == "lognormal":
-        return lognormal(count, prompt_mean_tokens=SHAREGPT_MEAN_PROMPT_TOKENS if prompt_mean_tokens is None
-                         else prompt_mean_tokens,
-                         output_mean_tokens=SHAREGPT_MEAN_OUTPUT_TOKENS if output_mean_tokens is None
-                         else output_mean_tokens,
-                         prompt_sigma=prompt_sigma, output_sigma=output_sigma, seed=seed,
-                         max_model_len=max_model_len, arrival_rate_per_s=arrival_rate_per_s)
-    raise InvalidArgumentError(f"unknown workload {name!r}: expected one of {', '.join(WORKLOAD_NAMES)} "
-                               "or the path of a .csv trace")
+        return lognormal(
+            count,
+            prompt_mean_tokens=SHAREGPT_MEAN_PROMPT_TOKENS
+            if prompt_mean_tokens is None
+            else prompt_mean_tokens,
+            output_mean_tokens=SHAREGPT_MEAN_OUTPUT_TOKENS
+            if output_mean_tokens is None
+            else output_mean_tokens,
+            prompt_sigma=prompt_sigma,
+            output_sigma=output_sigma,
+            seed=seed,
+            max_model_len=max_model_len,
+            arrival_rate_per_s=arrival_rate_per_s,
+        )
+    raise InvalidArgumentError(
+        f"unknown workload {name!r}: expected one of {', '.join(WORKLOAD_NAMES)} or the path of a .csv trace"
+    )
 
 
 def describe(workload: Workload) -> dict:

@@ -35,20 +35,39 @@ def add_parser(subparsers: Any, parents: Sequence[argparse.ArgumentParser]) -> a
         ),
     )
     group = parser.add_argument_group("visualizer")
-    group.add_argument("--allocators", default=",".join(record.DEFAULT_ALLOCATORS),
-                       help="comma-separated allocators to record (default: %(default)s)")
-    group.add_argument("--block-sizes", default=",".join(map(str, record.DEFAULT_BLOCK_SIZES)),
-                       help="comma-separated block sizes in tokens (default: %(default)s)")
-    group.add_argument("--seeds", default=None,
-                       help=f"comma-separated workload seeds (default: --seed and the next {SEEDS_PER_PAGE - 1})")
+    group.add_argument(
+        "--allocators",
+        default=",".join(record.DEFAULT_ALLOCATORS),
+        help="comma-separated allocators to record (default: %(default)s)",
+    )
+    group.add_argument(
+        "--block-sizes",
+        default=",".join(map(str, record.DEFAULT_BLOCK_SIZES)),
+        help="comma-separated block sizes in tokens (default: %(default)s)",
+    )
+    group.add_argument(
+        "--seeds",
+        default=None,
+        help=f"comma-separated workload seeds (default: --seed and the next {SEEDS_PER_PAGE - 1})",
+    )
     group.add_argument("--out", default=DEFAULT_OUT, help="HTML file to write (default: %(default)s)")
-    group.add_argument("--no-compress", action="store_true",
-                       help="embed the runs as plain JSON (bigger; for browsers without DecompressionStream)")
-    group.add_argument("--serve", action="store_true",
-                       help="then serve the page on http://127.0.0.1 and print the URL (Ctrl-C stops)")
+    group.add_argument(
+        "--no-compress",
+        action="store_true",
+        help="embed the runs as plain JSON (bigger; for browsers without DecompressionStream)",
+    )
+    group.add_argument(
+        "--serve",
+        action="store_true",
+        help="then serve the page on http://127.0.0.1 and print the URL (Ctrl-C stops)",
+    )
     group.add_argument("--port", type=int, default=0, help="port for --serve (default: any free port)")
-    group.add_argument("--serve-seconds", type=float, default=None,
-                       help="stop serving after this many seconds (default: until Ctrl-C)")
+    group.add_argument(
+        "--serve-seconds",
+        type=float,
+        default=None,
+        help="stop serving after this many seconds (default: until Ctrl-C)",
+    )
     viz_defaults = {
         "num_slots": record.DEFAULT_NUM_SLOTS,
         "max_model_len": record.DEFAULT_MAX_MODEL_LEN,
@@ -64,11 +83,15 @@ def add_parser(subparsers: Any, parents: Sequence[argparse.ArgumentParser]) -> a
 
 
 def grid_from_args(args: argparse.Namespace) -> record.VizGrid:
-    seeds = (record.parse_int_list(args.seeds, what="--seeds") if args.seeds is not None
-             else tuple(range(args.seed, args.seed + SEEDS_PER_PAGE)))
+    seeds = (
+        record.parse_int_list(args.seeds, what="--seeds")
+        if args.seeds is not None
+        else tuple(range(args.seed, args.seed + SEEDS_PER_PAGE))
+    )
     grid = record.VizGrid(
-        allocators=record.parse_name_list(args.allocators, what="--allocators",
-                                          allowed=record.KNOWN_ALLOCATORS),
+        allocators=record.parse_name_list(
+            args.allocators, what="--allocators", allowed=record.KNOWN_ALLOCATORS
+        ),
         block_sizes=record.parse_int_list(args.block_sizes, what="--block-sizes"),
         seeds=seeds,
         max_steps=args.max_steps,
@@ -125,7 +148,9 @@ def _plot(data: dict[str, Any], path: str) -> None:
     top.set_ylabel("running requests")
     bottom.set_ylabel("waste, % of allocated slots")
     bottom.set_xlabel("engine step")
-    top.set_title(f"same {data['num_slots']}-slot pool, block size {first['block_size']}, seed {first['seed']}")
+    top.set_title(
+        f"same {data['num_slots']}-slot pool, block size {first['block_size']}, seed {first['seed']}"
+    )
     top.legend()
     figure.tight_layout()
     figure.savefig(path, dpi=110)
@@ -144,12 +169,24 @@ def run_viz(args: argparse.Namespace) -> int:
     size_kib = path.stat().st_size / 1024
     print(f"wrote {path} ({size_kib:,.0f} KiB, {len(data['runs'])} runs); open it in any browser")
     if args.json:
-        write_json(args.json, {
-            "num_slots": data["num_slots"], "max_model_len": data["max_model_len"],
-            "workload": data["workload"],
-            "runs": [{"allocator": r["allocator"], "block_size": r["block_size"], "seed": r["seed"],
-                      "steps_recorded": r["n"], **r["summary"]} for r in data["runs"]],
-        })
+        write_json(
+            args.json,
+            {
+                "num_slots": data["num_slots"],
+                "max_model_len": data["max_model_len"],
+                "workload": data["workload"],
+                "runs": [
+                    {
+                        "allocator": r["allocator"],
+                        "block_size": r["block_size"],
+                        "seed": r["seed"],
+                        "steps_recorded": r["n"],
+                        **r["summary"],
+                    }
+                    for r in data["runs"]
+                ],
+            },
+        )
         print(f"wrote {args.json}")
     if args.plot:
         _plot(data, args.plot)

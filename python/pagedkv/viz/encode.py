@@ -241,7 +241,9 @@ def decode_run(encoded: Mapping[str, Any]) -> list[dict[str, Any]]:
             rid, sample, num_tokens, kept, num_appended = changes[k : k + 5]
             old_blocks = tables[(rid, sample)][1] if kept else []
             tables[(rid, sample)] = (
-                num_tokens, old_blocks[:kept] + list(changes[k + 5 : k + 5 + num_appended]))
+                num_tokens,
+                old_blocks[:kept] + list(changes[k + 5 : k + 5 + num_appended]),
+            )
             k += 5 + num_appended
         if encoded["sh"][index] is not None:
             shared = list(encoded["sh"][index])

@@ -102,9 +102,7 @@ def record_grid(
                     base_config, allocator=allocator, block_size=block_size, seed=seed
                 )
                 recording = record(workload, config, max_steps=grid.max_steps)
-                runs.append(
-                    encode_run(recording, allocator=allocator, block_size=block_size, seed=seed)
-                )
+                runs.append(encode_run(recording, allocator=allocator, block_size=block_size, seed=seed))
                 if on_run_done is not None:
                     on_run_done(f"{allocator} bs={block_size} seed={seed}")
     return {

@@ -7,8 +7,8 @@ listing, nothing else on disk is reachable, and the socket binds to 127.0.0.1 on
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 import time
+from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path

@@ -436,9 +436,12 @@ impl<'a, 'py> FromPyObject<'a, 'py> for ExtraKey {
         // surrogate is not UTF-8; an int beyond `sys.get_int_max_str_digits()` has no decimal
         // text): that is malformed input too, not a UnicodeEncodeError / bare ValueError.
         if let Ok(text) = obj.cast::<PyString>() {
-            return text.to_str().map(|s| ExtraKey(s.as_bytes().to_vec())).map_err(|e| {
-                invalid_argument(obj.py(), format!("extra_key str is not valid UTF-8: {e}"))
-            });
+            return text
+                .to_str()
+                .map(|s| ExtraKey(s.as_bytes().to_vec()))
+                .map_err(|e| {
+                    invalid_argument(obj.py(), format!("extra_key str is not valid UTF-8: {e}"))
+                });
         }
         if let Ok(bytes) = obj.cast::<PyBytes>() {
             return Ok(ExtraKey(bytes.as_bytes().to_vec()));

@@ -8,7 +8,12 @@ use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 use pagedkv::{KvCacheManager, ManagerConfig};
 
 fn manager(num_blocks: usize, block_size: usize) -> KvCacheManager {
-    KvCacheManager::new(ManagerConfig { num_blocks, block_size, ..Default::default() }).unwrap()
+    KvCacheManager::new(ManagerConfig {
+        num_blocks,
+        block_size,
+        ..Default::default()
+    })
+    .unwrap()
 }
 
 /// Times `iters` appends to sequence 1, in chunks of at most `chunk_len` appends so that the

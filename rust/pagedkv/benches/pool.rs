@@ -18,7 +18,9 @@ struct MutexFreeList {
 
 impl MutexFreeList {
     fn new(n: u32) -> Self {
-        MutexFreeList { free: Mutex::new((0..n).rev().collect()) }
+        MutexFreeList {
+            free: Mutex::new((0..n).rev().collect()),
+        }
     }
     #[inline]
     fn allocate(&self) -> Option<u32> {
@@ -43,7 +45,11 @@ fn mutex_pair(list: &MutexFreeList) {
 
 /// Runs `per_thread(iters)` on `threads` threads at once and returns the wall time, so the
 /// reported time is per pair per thread under contention.
-fn on_threads(threads: usize, iters: u64, per_thread: impl Fn(u64) + Send + Sync + 'static) -> Duration {
+fn on_threads(
+    threads: usize,
+    iters: u64,
+    per_thread: impl Fn(u64) + Send + Sync + 'static,
+) -> Duration {
     let per_thread = Arc::new(per_thread);
     let barrier = Arc::new(Barrier::new(threads + 1));
     let handles: Vec<_> = (0..threads)

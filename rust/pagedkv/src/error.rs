@@ -83,9 +83,11 @@ impl Error {
     /// ```
     pub fn blocks_short(&self) -> Option<usize> {
         match self {
-            Error::OutOfBlocks { needed_blocks, available_blocks, .. } => {
-                Some(needed_blocks.saturating_sub(*available_blocks))
-            }
+            Error::OutOfBlocks {
+                needed_blocks,
+                available_blocks,
+                ..
+            } => Some(needed_blocks.saturating_sub(*available_blocks)),
             _ => None,
         }
     }

@@ -80,12 +80,18 @@ impl HostTier {
             }
             seen[i] = true;
             if self.refcounts[i] != 0 {
-                return Err(format!("free host block {h} has refcount {}", self.refcounts[i]));
+                return Err(format!(
+                    "free host block {h} has refcount {}",
+                    self.refcounts[i]
+                ));
             }
         }
         let zero = self.refcounts.iter().filter(|&&r| r == 0).count();
         if zero != self.free.len() {
-            return Err(format!("{zero} host blocks have refcount 0 but {} are free", self.free.len()));
+            return Err(format!(
+                "{zero} host blocks have refcount 0 but {} are free",
+                self.free.len()
+            ));
         }
         Ok(())
     }
@@ -99,7 +105,13 @@ mod tests {
     fn allocate_release_all_or_nothing() {
         let mut h = HostTier::new(3, 4).unwrap();
         assert_eq!(h.allocate(&[1, 2]).unwrap(), vec![0, 1]);
-        assert!(matches!(h.allocate(&[1, 1]), Err(Error::OutOfBlocks { tier: Tier::Host, .. })));
+        assert!(matches!(
+            h.allocate(&[1, 1]),
+            Err(Error::OutOfBlocks {
+                tier: Tier::Host,
+                ..
+            })
+        ));
         assert_eq!(h.num_free(), 1);
         h.release(1);
         assert_eq!(h.num_free(), 1);

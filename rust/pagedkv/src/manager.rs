@@ -187,7 +187,12 @@ impl KvCacheManager {
         config.num_blocks = pool.num_blocks();
         config.block_size = pool.block_size();
         let prefix = config.enable_prefix_caching.then(|| {
-            PrefixCache::new(pool.num_blocks(), pool.block_size(), config.hash_seed, config.max_events)
+            PrefixCache::new(
+                pool.num_blocks(),
+                pool.block_size(),
+                config.hash_seed,
+                config.max_events,
+            )
         });
         let host = match config.num_host_blocks {
             0 => None,
@@ -268,8 +273,18 @@ impl KvCacheManager {
         let num_blocks = self.blocks_fitting_pool(num_tokens)?;
         let mut block_ids = Vec::with_capacity(num_blocks);
         self.allocate_fresh(num_blocks, &mut block_ids)?;
-        let table = BlockTable { block_ids, num_tokens };
-        self.seqs.insert(seq_id, Sequence { table, swapped: false, hashing: None });
+        let table = BlockTable {
+            block_ids,
+            num_tokens,
+        };
+        self.seqs.insert(
+            seq_id,
+            Sequence {
+                table,
+                swapped: false,
+                hashing: None,
+            },
+        );
         Ok(0)
     }
 
@@ -373,8 +388,18 @@ impl KvCacheManager {
             block_hashes,
             partial_tokens: token_ids[num_full * bs..].to_vec(),
         };
-        let table = BlockTable { block_ids, num_tokens };
-        self.seqs.insert(seq_id, Sequence { table, swapped: false, hashing: Some(hashing) });
+        let table = BlockTable {
+            block_ids,
+            num_tokens,
+        };
+        self.seqs.insert(
+            seq_id,
+            Sequence {
+                table,
+                swapped: false,
+                hashing: Some(hashing),
+            },
+        );
         Ok(hits.len() * bs)
     }
 
@@ -414,9 +439,17 @@ impl KvCacheManager {
     }
 
     #[inline]
-    fn append(&mut self, seq_id: SeqId, num_tokens: usize, token_ids: Option<&[TokenId]>) -> Result<()> {
+    fn append(
+        &mut self,
+        seq_id: SeqId,
+        num_tokens: usize,
+        token_ids: Option<&[TokenId]>,
+    ) -> Result<()> {
         let block_size = self.block_size;
-        let slot = self.seqs.slot(seq_id).ok_or(Error::UnknownSequence(seq_id))?;
+        let slot = self
+            .seqs
+            .slot(seq_id)
+            .ok_or(Error::UnknownSequence(seq_id))?;
         let seq = self.seqs.at_mut(slot);
         if seq.swapped {
             return Err(Error::SequenceSwappedOut(seq_id));
@@ -426,7 +459,11 @@ impl KvCacheManager {
             if num_tokens == 0 {
                 return Ok(());
             }
-            let last = *seq.table.block_ids.last().expect("free slots imply a last block");
+            let last = *seq
+                .table
+                .block_ids
+                .last()
+                .expect("free slots imply a last block");
             if self.pool.refcount(last)? == 1 {
                 seq.table.num_tokens += num_tokens;
                 if let Some(prefix) = self.prefix.as_mut() {
@@ -552,7 +589,12 @@ impl KvCacheManager {
     /// Validates a batch append of `num_tokens > 0` tokens to each of `seq_ids` (distinct,
     /// known, resident, fitting the pool); fills `batch` with each member's slot and plan and
     /// returns the fresh blocks the batch needs. Changes nothing observable.
-    fn plan_batch(&mut self, seq_ids: &[SeqId], num_tokens: usize, batch: &mut BatchScratch) -> Result<usize> {
+    fn plan_batch(
+        &mut self,
+        seq_ids: &[SeqId],
+        num_tokens: usize,
+        batch: &mut BatchScratch,
+    ) -> Result<usize> {
         batch.slots.clear();
         batch.plans.clear();
         batch.cow_releases.clear();
@@ -571,7 +613,12 @@ impl KvCacheManager {
             }
             // Copy-on-write of a block shared by two batch members happens only for the first
             // one to append; afterwards the other holds the last reference and writes in place.
-            let plan = match growth_plan(&seq.table, num_tokens, &self.pool, Some(&mut batch.cow_releases)) {
+            let plan = match growth_plan(
+                &seq.table,
+                num_tokens,
+                &self.pool,
+                Some(&mut batch.cow_releases),
+            ) {
                 Ok(plan) => plan,
                 Err(e) => return Err(self.batch_error(seq_ids, e)),
             };
@@ -619,13 +666,19 @@ impl KvCacheManager {
         let mut copied = None;
         if plan.copy_on_write {
             let dst = supply.next().expect("planned block");
-            let last = seq.table.block_ids.last_mut().expect("copy-on-write of an empty table");
+            let last = seq
+                .table
+                .block_ids
+                .last_mut()
+                .expect("copy-on-write of an empty table");
             copied = Some((std::mem::replace(last, dst), dst));
         }
         let new_len = seq.table.num_tokens + num_tokens;
         // `len * block_size < new_len` is `len < ceil(new_len / block_size)` without a division.
         while seq.table.block_ids.len() * block_size < new_len {
-            seq.table.block_ids.push(supply.next().expect("planned block"));
+            seq.table
+                .block_ids
+                .push(supply.next().expect("planned block"));
         }
         seq.table.num_tokens = new_len;
         if let Some(prefix) = self.prefix.as_mut() {
@@ -682,10 +735,16 @@ impl KvCacheManager {
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn free(&mut self, seq_id: SeqId) -> Result<()> {
-        let seq = self.seqs.remove(&seq_id).ok_or(Error::UnknownSequence(seq_id))?;
+        let seq = self
+            .seqs
+            .remove(&seq_id)
+            .ok_or(Error::UnknownSequence(seq_id))?;
         if seq.swapped {
             self.num_swapped -= 1;
-            let host = self.host.as_mut().expect("swapped sequences imply a host tier");
+            let host = self
+                .host
+                .as_mut()
+                .expect("swapped sequences imply a host tier");
             for &h in &seq.table.block_ids {
                 host.release(h);
             }
@@ -696,12 +755,17 @@ impl KvCacheManager {
         if self.prefix.is_none() {
             // The blocks reaching 0 go back to the pool together (one free-list update).
             let mut freed = 0;
-            let result = self.pool.release_chain(seq.table.block_ids.iter().rev().copied(), &mut freed);
+            let result = self
+                .pool
+                .release_chain(seq.table.block_ids.iter().rev().copied(), &mut freed);
             self.num_blocks_in_use -= freed;
             self.counters.frees += freed as u64;
             // Our table held a reference to each block, so the pool cannot refuse; if it does,
             // a refcount was corrupted elsewhere and check_invariants will report it.
-            debug_assert!(result.is_ok(), "release of a table block failed: {result:?}");
+            debug_assert!(
+                result.is_ok(),
+                "release of a table block failed: {result:?}"
+            );
             return Ok(());
         }
         for &b in seq.table.block_ids.iter().rev() {
@@ -788,8 +852,11 @@ impl KvCacheManager {
         }
         let host_ids = host.allocate(&refs)?;
         // Commit (infallible from here).
-        let to_host: FxHashMap<BlockId, BlockId> =
-            blocks.iter().copied().zip(host_ids.iter().copied()).collect();
+        let to_host: FxHashMap<BlockId, BlockId> = blocks
+            .iter()
+            .copied()
+            .zip(host_ids.iter().copied())
+            .collect();
         for &id in seq_ids {
             let seq = self.seqs.get_mut(&id).expect("validated");
             let device_ids = std::mem::take(&mut seq.table.block_ids);
@@ -851,8 +918,11 @@ impl KvCacheManager {
                 let _ = self.pool.retain(d);
             }
         }
-        let to_device: FxHashMap<BlockId, BlockId> =
-            host_blocks.iter().copied().zip(device_ids.iter().copied()).collect();
+        let to_device: FxHashMap<BlockId, BlockId> = host_blocks
+            .iter()
+            .copied()
+            .zip(device_ids.iter().copied())
+            .collect();
         let host = self.host.as_mut().expect("checked");
         for &id in seq_ids {
             let seq = self.seqs.get_mut(&id).expect("validated");
@@ -878,7 +948,11 @@ impl KvCacheManager {
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn is_swapped_out(&self, seq_id: SeqId) -> Result<bool> {
-        Ok(self.seqs.get(&seq_id).ok_or(Error::UnknownSequence(seq_id))?.swapped)
+        Ok(self
+            .seqs
+            .get(&seq_id)
+            .ok_or(Error::UnknownSequence(seq_id))?
+            .swapped)
     }
 
     /// Free host blocks (0 without a host tier).
@@ -893,14 +967,20 @@ impl KvCacheManager {
 
     /// The refcount of a host block.
     pub fn host_refcount(&self, host_block_id: BlockId) -> Result<u32> {
-        self.host.as_ref().and_then(|h| h.refcount(host_block_id)).ok_or_else(|| {
-            Error::InvalidArgument(format!("host block id {host_block_id} out of range"))
-        })
+        self.host
+            .as_ref()
+            .and_then(|h| h.refcount(host_block_id))
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!("host block id {host_block_id} out of range"))
+            })
     }
 
     /// The host block ids of a swapped-out sequence, in logical order.
     pub fn host_block_table(&self, seq_id: SeqId) -> Result<&[BlockId]> {
-        let seq = self.seqs.get(&seq_id).ok_or(Error::UnknownSequence(seq_id))?;
+        let seq = self
+            .seqs
+            .get(&seq_id)
+            .ok_or(Error::UnknownSequence(seq_id))?;
         if !seq.swapped {
             return invalid(format!("sequence {seq_id} is not swapped out"));
         }
@@ -959,7 +1039,9 @@ impl KvCacheManager {
 
     /// Drains the recorded KV events, oldest first (empty without prefix caching).
     pub fn take_events(&mut self) -> Vec<KvEvent> {
-        self.prefix.as_mut().map_or_else(Vec::new, PrefixCache::take_events)
+        self.prefix
+            .as_mut()
+            .map_or_else(Vec::new, PrefixCache::take_events)
     }
 
     /// Cached-evictable blocks in eviction order (least recently used first).
@@ -975,7 +1057,9 @@ impl KvCacheManager {
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn cached_blocks(&self) -> Vec<BlockId> {
-        self.prefix.as_ref().map_or_else(Vec::new, PrefixCache::lru_order)
+        self.prefix
+            .as_ref()
+            .map_or_else(Vec::new, PrefixCache::lru_order)
     }
 
     // ------------------------------------------------------------------ queries
@@ -1007,7 +1091,12 @@ impl KvCacheManager {
 
     /// Tokens held by a sequence (resident or swapped out).
     pub fn num_tokens(&self, seq_id: SeqId) -> Result<usize> {
-        Ok(self.seqs.get(&seq_id).ok_or(Error::UnknownSequence(seq_id))?.table.num_tokens)
+        Ok(self
+            .seqs
+            .get(&seq_id)
+            .ok_or(Error::UnknownSequence(seq_id))?
+            .table
+            .num_tokens)
     }
 
     /// `ceil(num_tokens / block_size)`: blocks a prompt needs, ignoring prefix-cache hits.
@@ -1176,8 +1265,12 @@ impl KvCacheManager {
                 ));
             }
             if let Some(h) = &seq.hashing {
-                if h.block_hashes.len() != t.num_tokens / bs || h.partial_tokens.len() != t.num_tokens % bs {
-                    return fail(format!("sequence {id}: hashing state out of step with its length"));
+                if h.block_hashes.len() != t.num_tokens / bs
+                    || h.partial_tokens.len() != t.num_tokens % bs
+                {
+                    return fail(format!(
+                        "sequence {id}: hashing state out of step with its length"
+                    ));
                 }
             }
             let tally = if seq.swapped {
@@ -1189,7 +1282,9 @@ impl KvCacheManager {
             let mut distinct = FxHashSet::default();
             for (i, &b) in t.block_ids.iter().enumerate() {
                 if !distinct.insert(b) {
-                    return fail(format!("sequence {id}: block {b} appears twice in its table"));
+                    return fail(format!(
+                        "sequence {id}: block {b} appears twice in its table"
+                    ));
                 }
                 *tally.entry(b).or_insert(0) += 1;
                 if seq.swapped {
@@ -1206,7 +1301,9 @@ impl KvCacheManager {
                         let recorded = seq.hashing.as_ref().and_then(|h| h.block_hashes.get(i));
                         if let Some(&h) = recorded {
                             if !p.holds(b, h) {
-                                return fail(format!("sequence {id}: block {b} indexed under another hash"));
+                                return fail(format!(
+                                    "sequence {id}: block {b} indexed under another hash"
+                                ));
                             }
                         }
                     }
@@ -1214,7 +1311,10 @@ impl KvCacheManager {
             }
         }
         if swapped != self.num_swapped {
-            return fail(format!("{swapped} swapped sequences, counter says {}", self.num_swapped));
+            return fail(format!(
+                "{swapped} swapped sequences, counter says {}",
+                self.num_swapped
+            ));
         }
         for (&b, &n) in &refs {
             let rc = self.pool.refcount(b)?;
@@ -1231,7 +1331,8 @@ impl KvCacheManager {
         }
         let cached = match &self.prefix {
             Some(p) => {
-                p.check(|b| self.pool.refcount(b).unwrap_or(u32::MAX)).map_err(Error::InvariantViolation)?;
+                p.check(|b| self.pool.refcount(b).unwrap_or(u32::MAX))
+                    .map_err(Error::InvariantViolation)?;
                 p.num_cached()
             }
             None => 0,
@@ -1246,7 +1347,10 @@ impl KvCacheManager {
             ));
         }
         if exclusive_pool && self.pool.num_cached_blocks() != cached {
-            return fail(format!("pool counts {} cached blocks, cache holds {cached}", self.pool.num_cached_blocks()));
+            return fail(format!(
+                "pool counts {} cached blocks, cache holds {cached}",
+                self.pool.num_cached_blocks()
+            ));
         }
         match &self.host {
             Some(host) => {
@@ -1254,7 +1358,11 @@ impl KvCacheManager {
                 for (&h, &n) in &host_refs {
                     match host.refcount(h) {
                         Some(rc) if rc == n => {}
-                        rc => return fail(format!("host block {h}: refcount {rc:?} but {n} references")),
+                        rc => {
+                            return fail(format!(
+                                "host block {h}: refcount {rc:?} but {n} references"
+                            ))
+                        }
                     }
                 }
                 if host_refs.len() != host.num_in_use() {
@@ -1265,7 +1373,9 @@ impl KvCacheManager {
                     ));
                 }
             }
-            None if !host_refs.is_empty() => return fail("swapped sequences without a host tier".into()),
+            None if !host_refs.is_empty() => {
+                return fail("swapped sequences without a host tier".into())
+            }
             None => {}
         }
         for &(src, dst) in &self.pending_copies {
@@ -1390,7 +1500,9 @@ fn record_tokens(
     block_size: usize,
     token_ids: Option<&[TokenId]>,
 ) {
-    let Some(h) = seq.hashing.as_mut() else { return };
+    let Some(h) = seq.hashing.as_mut() else {
+        return;
+    };
     let Some(mut tokens) = token_ids else {
         seq.hashing = None;
         return;
@@ -1402,7 +1514,9 @@ fn record_tokens(
         if h.partial_tokens.len() == block_size {
             let i = h.block_hashes.len();
             let parent = h.block_hashes.last().copied();
-            let hash = prefix.hasher.hash_block(parent, &h.partial_tokens, h.extra_key.as_deref());
+            let hash = prefix
+                .hasher
+                .hash_block(parent, &h.partial_tokens, h.extra_key.as_deref());
             let b = seq.table.block_ids[i];
             if prefix.register(b, hash, parent, &h.partial_tokens, &h.extra_key) {
                 prefix.push_event(KvEvent::BlockStored {
@@ -1505,7 +1619,10 @@ fn growth_plan(
     };
     let mut copy_on_write = false;
     if num_tokens > 0 && free_slots > 0 {
-        let last = *table.block_ids.last().expect("free slots imply a last block");
+        let last = *table
+            .block_ids
+            .last()
+            .expect("free slots imply a last block");
         let mut refs = pool.refcount(last)?;
         // A refcount-1 block is referenced by this table alone: no other member can have
         // copied away from it, so only shared blocks need the bookkeeping.
@@ -1523,7 +1640,10 @@ fn growth_plan(
             needed_blocks += 1;
         }
     }
-    Ok(GrowthPlan { needed_blocks, copy_on_write })
+    Ok(GrowthPlan {
+        needed_blocks,
+        copy_on_write,
+    })
 }
 
 /// Blocks needed for `num_tokens`, or InvalidArgument when no table that long can fit `pool`.

@@ -144,7 +144,13 @@ impl BlockPool {
         let refcounts = (0..num_blocks).map(|_| AtomicU32::new(0)).collect();
         // Block 0 on top, so a fresh pool hands out 0, 1, 2, ... (readable tests and tables).
         let next = (0..num_blocks)
-            .map(|b| AtomicU32::new(if b + 1 < num_blocks { b as u32 + 1 } else { NIL }))
+            .map(|b| {
+                AtomicU32::new(if b + 1 < num_blocks {
+                    b as u32 + 1
+                } else {
+                    NIL
+                })
+            })
             .collect();
         Ok(BlockPool {
             block_size,
@@ -404,7 +410,10 @@ impl BlockPool {
     /// (refcount 1): a prefix hit reviving it, or an eviction reusing it for new content.
     pub(crate) fn claim_cached(&self, block_id: BlockId) {
         let prev = self.refcounts[block_id as usize].swap(1, Ordering::AcqRel);
-        debug_assert_eq!(prev, 0, "claimed cached block {block_id} had refcount {prev}");
+        debug_assert_eq!(
+            prev, 0,
+            "claimed cached block {block_id} had refcount {prev}"
+        );
         self.cached_count.fetch_sub(1, Ordering::AcqRel);
     }
 
@@ -464,7 +473,11 @@ impl BlockPool {
                 walk.stack_len, walk.free_count
             )));
         }
-        let zero = self.refcounts.iter().filter(|r| r.load(Ordering::Acquire) == 0).count();
+        let zero = self
+            .refcounts
+            .iter()
+            .filter(|r| r.load(Ordering::Acquire) == 0)
+            .count();
         let cached = self.cached_count.load(Ordering::Acquire);
         if zero != walk.stack_len + cached {
             return Err(Error::InvariantViolation(format!(
@@ -672,14 +685,18 @@ impl BlockPool {
                 break;
             }
             if seen[i] {
-                problem = Some(format!("block {index} is on the free list twice (or a cycle)"));
+                problem = Some(format!(
+                    "block {index} is on the free list twice (or a cycle)"
+                ));
                 break;
             }
             seen[i] = true;
             stack_len += 1;
             let rc = self.refcounts[i].load(Ordering::Acquire);
             if rc != 0 {
-                problem = Some(format!("block {index} is on the free list with refcount {rc}"));
+                problem = Some(format!(
+                    "block {index} is on the free list with refcount {rc}"
+                ));
                 break;
             }
             index = self.next[i].load(Ordering::Acquire);
@@ -689,7 +706,10 @@ impl BlockPool {
         }
         match problem {
             Some(msg) => Err(Error::InvariantViolation(msg)),
-            None => Ok(Some(Walk { stack_len, free_count })),
+            None => Ok(Some(Walk {
+                stack_len,
+                free_count,
+            })),
         }
     }
 
@@ -714,7 +734,9 @@ struct Walk {
 /// Validates a tier's geometry (shared by the device pool and the host tier).
 pub(crate) fn validate_geometry(num_blocks: usize, block_size: usize, what: &str) -> Result<()> {
     if num_blocks == 0 || num_blocks > MAX_NUM_BLOCKS {
-        return invalid(format!("{what} must be in 1..={MAX_NUM_BLOCKS}, got {num_blocks}"));
+        return invalid(format!(
+            "{what} must be in 1..={MAX_NUM_BLOCKS}, got {num_blocks}"
+        ));
     }
     if block_size == 0 {
         return invalid("block_size must be at least 1");
@@ -773,8 +795,14 @@ mod tests {
     fn bad_ids_and_geometry() {
         let pool = BlockPool::new(2, 8).unwrap();
         assert!(matches!(pool.release(2), Err(Error::InvalidArgument(_))));
-        assert!(matches!(pool.retain(u32::MAX), Err(Error::InvalidArgument(_))));
-        assert!(matches!(pool.allocate(usize::MAX), Err(Error::InvalidArgument(_))));
+        assert!(matches!(
+            pool.retain(u32::MAX),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            pool.allocate(usize::MAX),
+            Err(Error::InvalidArgument(_))
+        ));
         assert!(BlockPool::new(MAX_NUM_BLOCKS + 1, 1).is_err());
         assert!(BlockPool::new(1 << 20, 1 << 12).is_err());
         assert!(BlockPool::new(1, usize::MAX).is_err());

@@ -42,7 +42,7 @@ use std::sync::Arc;
 use rustc_hash::FxHashMap;
 
 use crate::pool::BlockPool;
-use crate::{BlockId, TokenId, Tier};
+use crate::{BlockId, Tier, TokenId};
 
 /// A 128-bit chained block hash.
 pub type BlockHash = u128;
@@ -148,7 +148,10 @@ fn le_word(bytes: &[u8]) -> u64 {
 impl BlockHasher {
     /// A hasher keyed by `seed`.
     pub fn new(seed: u64) -> Self {
-        BlockHasher { k0: seed, k1: splitmix64(seed) }
+        BlockHasher {
+            k0: seed,
+            k1: splitmix64(seed),
+        }
     }
 
     /// The two SipHash keys derived from the seed.
@@ -363,9 +366,8 @@ impl PrefixCache {
     ) -> Option<BlockId> {
         let &b = self.index.get(&hash)?;
         let m = &self.meta[b as usize];
-        let same = m.parent == parent
-            && m.extra_key.as_deref() == extra_key
-            && m.token_ids == token_ids;
+        let same =
+            m.parent == parent && m.extra_key.as_deref() == extra_key && m.token_ids == token_ids;
         same.then_some(b)
     }
 
@@ -415,7 +417,10 @@ impl PrefixCache {
             let m = &mut self.meta[b as usize];
             debug_assert!(m.in_lru);
             m.in_lru = false;
-            (std::mem::replace(&mut m.prev, NIL), std::mem::replace(&mut m.next, NIL))
+            (
+                std::mem::replace(&mut m.prev, NIL),
+                std::mem::replace(&mut m.next, NIL),
+            )
         };
         if prev == NIL {
             self.lru_head = next;
@@ -455,7 +460,10 @@ impl PrefixCache {
             self.index.remove(&h);
             m.parent = None;
             m.extra_key = None;
-            self.push_event(KvEvent::BlockRemoved { block_hashes: vec![h], medium: Tier::Device });
+            self.push_event(KvEvent::BlockRemoved {
+                block_hashes: vec![h],
+                medium: Tier::Device,
+            });
         }
     }
 
@@ -510,29 +518,44 @@ impl PrefixCache {
     /// `refcount(b)` reads the pool.
     pub(crate) fn check(&self, refcount: impl Fn(BlockId) -> u32) -> Result<(), String> {
         for (&h, &b) in &self.index {
-            let m = self.meta.get(b as usize).ok_or(format!("index names block {b} out of range"))?;
+            let m = self
+                .meta
+                .get(b as usize)
+                .ok_or(format!("index names block {b} out of range"))?;
             if m.hash != Some(h) {
                 return Err(format!("index maps a hash to block {b} whose hash differs"));
             }
             if m.token_ids.len() != self.block_size {
                 return Err(format!("indexed block {b} is not full"));
             }
-            let recomputed = self.hasher.hash_block(m.parent, &m.token_ids, m.extra_key.as_deref());
+            let recomputed = self
+                .hasher
+                .hash_block(m.parent, &m.token_ids, m.extra_key.as_deref());
             if recomputed != h {
                 return Err(format!("indexed block {b}: hash does not match its tokens"));
             }
         }
         let indexed = self.meta.iter().filter(|m| m.hash.is_some()).count();
         if indexed != self.index.len() {
-            return Err(format!("{indexed} blocks carry a hash but the index has {}", self.index.len()));
+            return Err(format!(
+                "{indexed} blocks carry a hash but the index has {}",
+                self.index.len()
+            ));
         }
         let order = self.lru_order();
         if order.len() != self.lru_len {
-            return Err(format!("LRU walk found {} blocks, lru_len {}", order.len(), self.lru_len));
+            return Err(format!(
+                "LRU walk found {} blocks, lru_len {}",
+                order.len(),
+                self.lru_len
+            ));
         }
         let flagged = self.meta.iter().filter(|m| m.in_lru).count();
         if flagged != self.lru_len {
-            return Err(format!("{flagged} blocks flagged cached, lru_len {}", self.lru_len));
+            return Err(format!(
+                "{flagged} blocks flagged cached, lru_len {}",
+                self.lru_len
+            ));
         }
         let mut prev = NIL;
         for &b in &order {
@@ -566,9 +589,18 @@ mod tests {
         let b = BlockHasher::message_bytes(None, &[1, 2], None);
         assert_ne!(a, b);
         let h = BlockHasher::new(7);
-        assert_ne!(h.hash_block(None, &[1, 2], Some(b"")), h.hash_block(None, &[1, 2], None));
-        assert_ne!(h.hash_block(Some(0), &[1, 2], None), h.hash_block(None, &[1, 2], None));
-        assert_ne!(h.hash_block(None, &[1, 2, 0], None), h.hash_block(None, &[1, 2], None));
+        assert_ne!(
+            h.hash_block(None, &[1, 2], Some(b"")),
+            h.hash_block(None, &[1, 2], None)
+        );
+        assert_ne!(
+            h.hash_block(Some(0), &[1, 2], None),
+            h.hash_block(None, &[1, 2], None)
+        );
+        assert_ne!(
+            h.hash_block(None, &[1, 2, 0], None),
+            h.hash_block(None, &[1, 2], None)
+        );
     }
 
     #[test]

@@ -67,7 +67,10 @@ impl BlockTable {
     /// answer, never a panic.
     #[inline]
     pub fn free_slots(&self, block_size: usize) -> usize {
-        self.block_ids.len().saturating_mul(block_size).saturating_sub(self.num_tokens)
+        self.block_ids
+            .len()
+            .saturating_mul(block_size)
+            .saturating_sub(self.num_tokens)
     }
 
     /// Number of full blocks (0 for `block_size` 0, which no pool has).
@@ -98,7 +101,10 @@ mod tests {
 
     #[test]
     fn slots_and_free_slots() {
-        let t = BlockTable { block_ids: vec![7, 2], num_tokens: 5 };
+        let t = BlockTable {
+            block_ids: vec![7, 2],
+            num_tokens: 5,
+        };
         assert_eq!(t.free_slots(4), 3);
         assert_eq!(t.num_full_blocks(4), 1);
         // A block size other than the table's never panics.

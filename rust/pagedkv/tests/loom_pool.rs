@@ -184,7 +184,10 @@ fn release_all_against_multi_block_allocate() {
         assert_eq!(pool.num_free_blocks(), 2);
         pool.check_invariants_quiescent().unwrap();
         let rest = pool.allocate(2).unwrap();
-        assert!(rest.iter().all(|b| !got.contains(b)), "a block both held and free");
+        assert!(
+            rest.iter().all(|b| !got.contains(b)),
+            "a block both held and free"
+        );
         pool.check_invariants_quiescent().unwrap();
     });
 }

@@ -20,10 +20,19 @@ type Key = (Option<u8>, Vec<u32>);
 #[derive(Debug, Clone)]
 enum Op {
     Add(u64, usize),
-    AddPrompt { id: u64, prompt: usize, len: usize, extra: Option<u8> },
+    AddPrompt {
+        id: u64,
+        prompt: usize,
+        len: usize,
+        extra: Option<u8>,
+    },
     Append(u64, usize),
     AppendTokens(u64, usize),
-    AppendBatch { ids: Vec<u64>, n: usize, tokens: bool },
+    AppendBatch {
+        ids: Vec<u64>,
+        n: usize,
+        tokens: bool,
+    },
     Fork(u64, u64),
     Free(u64),
     FreeBatch(Vec<u64>),
@@ -126,9 +135,11 @@ fn kind(e: &Error) -> Kind {
         Error::SequenceExists(i) => Kind::Exists(*i),
         Error::SequenceSwappedOut(i) => Kind::Swapped(*i),
         Error::InvalidArgument(_) => Kind::Invalid,
-        Error::OutOfBlocks { tier, needed_blocks, available_blocks } => {
-            Kind::Oob(*tier, *needed_blocks, *available_blocks)
-        }
+        Error::OutOfBlocks {
+            tier,
+            needed_blocks,
+            available_blocks,
+        } => Kind::Oob(*tier, *needed_blocks, *available_blocks),
         other => panic!("unexpected error variant {other:?}"),
     }
 }
@@ -211,7 +222,13 @@ impl Model {
         }
     }
 
-    fn add(&mut self, id: u64, tokens: Option<Vec<u32>>, n: usize, extra: Option<u8>) -> Result<usize, Kind> {
+    fn add(
+        &mut self,
+        id: u64,
+        tokens: Option<Vec<u32>>,
+        n: usize,
+        extra: Option<u8>,
+    ) -> Result<usize, Kind> {
         if self.seqs.contains_key(&id) {
             return Err(Kind::Exists(id));
         }
@@ -251,12 +268,26 @@ impl Model {
             }
         }
         self.hit_tokens += (hits.len() * bs) as u64;
-        self.seqs.insert(id, MSeq { num_tokens: n, blocks, swapped: false, tokens, extra });
+        self.seqs.insert(
+            id,
+            MSeq {
+                num_tokens: n,
+                blocks,
+                swapped: false,
+                tokens,
+                extra,
+            },
+        );
         Ok(hits.len() * bs)
     }
 
     /// Blocks an append needs; `released` counts CoW references dropped earlier in a batch.
-    fn plan(&self, id: u64, n: usize, released: &mut HashMap<MBlock, u32>) -> Result<(usize, bool), Kind> {
+    fn plan(
+        &self,
+        id: u64,
+        n: usize,
+        released: &mut HashMap<MBlock, u32>,
+    ) -> Result<(usize, bool), Kind> {
         let s = self.resident(id)?;
         let new_len = s.num_tokens.checked_add(n).ok_or(Kind::Invalid)?;
         let nb = self.blocks_for(new_len);
@@ -276,7 +307,14 @@ impl Model {
         Ok((nb - s.blocks.len() + usize::from(cow), cow))
     }
 
-    fn apply(&mut self, id: u64, n: usize, tokens: Option<&[u32]>, cow: bool, supply: &mut impl Iterator<Item = MBlock>) {
+    fn apply(
+        &mut self,
+        id: u64,
+        n: usize,
+        tokens: Option<&[u32]>,
+        cow: bool,
+        supply: &mut impl Iterator<Item = MBlock>,
+    ) {
         let bs = self.block_size;
         let mut s = self.seqs.remove(&id).unwrap();
         let mut src = None;
@@ -321,7 +359,12 @@ impl Model {
         Ok(())
     }
 
-    fn append_batch(&mut self, ids: &[u64], n: usize, tokens: Option<&[Vec<u32>]>) -> Result<(), Kind> {
+    fn append_batch(
+        &mut self,
+        ids: &[u64],
+        n: usize,
+        tokens: Option<&[Vec<u32>]>,
+    ) -> Result<(), Kind> {
         distinct(ids)?;
         let mut released = HashMap::new();
         let mut plans = Vec::new();
@@ -427,7 +470,10 @@ impl Model {
         for &id in ids {
             let mut s = self.seqs.remove(&id).unwrap();
             let device = std::mem::take(&mut s.blocks);
-            s.blocks = device.iter().map(|d| host[blocks.iter().position(|b| b == d).unwrap()]).collect();
+            s.blocks = device
+                .iter()
+                .map(|d| host[blocks.iter().position(|b| b == d).unwrap()])
+                .collect();
             s.swapped = true;
             self.seqs.insert(id, s);
             for &d in device.iter().rev() {
@@ -519,7 +565,9 @@ fn compare(kv: &KvCacheManager, model: &Model, names: &mut Names) {
     assert_eq!(stats.evictions, model.evictions);
     assert_eq!(stats.prefix_hit_tokens, model.hit_tokens);
     assert_eq!(kv.num_free_host_blocks(), model.host_free());
-    names.device.retain(|m, _| model.refcounts.contains_key(m) || model.key_of.contains_key(m));
+    names
+        .device
+        .retain(|m, _| model.refcounts.contains_key(m) || model.key_of.contains_key(m));
     names.host.retain(|m, _| model.host_refs.contains_key(m));
     for (&id, s) in &model.seqs {
         assert_eq!(kv.num_tokens(id).unwrap(), s.num_tokens, "seq {id} tokens");
@@ -529,14 +577,22 @@ fn compare(kv: &KvCacheManager, model: &Model, names: &mut Names) {
             assert_eq!(table.len(), s.blocks.len());
             for (&p, &m) in table.iter().zip(&s.blocks) {
                 bind(&mut names.host, m, p);
-                assert_eq!(kv.host_refcount(p).unwrap(), model.host_refs[&m], "host refcount {p}");
+                assert_eq!(
+                    kv.host_refcount(p).unwrap(),
+                    model.host_refs[&m],
+                    "host refcount {p}"
+                );
             }
         } else {
             let table = kv.block_table(id).unwrap();
             assert_eq!(table.len(), s.blocks.len(), "seq {id} table length");
             for (&p, &m) in table.iter().zip(&s.blocks) {
                 bind(&mut names.device, m, p);
-                assert_eq!(kv.refcount(p).unwrap(), model.refcounts[&m], "refcount of block {p}");
+                assert_eq!(
+                    kv.refcount(p).unwrap(),
+                    model.refcounts[&m],
+                    "refcount of block {p}"
+                );
             }
         }
     }
@@ -545,12 +601,22 @@ fn compare(kv: &KvCacheManager, model: &Model, names: &mut Names) {
     let cached: Vec<BlockId> = model
         .cached
         .iter()
-        .map(|m| *names.device.get(m).expect("a cached block was once in a table"))
+        .map(|m| {
+            *names
+                .device
+                .get(m)
+                .expect("a cached block was once in a table")
+        })
         .collect();
     assert_eq!(kv.cached_blocks(), cached, "cached blocks / LRU order");
 }
 
-fn check_mapping(got: &[(BlockId, BlockId)], want: &[(MBlock, MBlock)], src: &mut HashMap<MBlock, BlockId>, dst: &mut HashMap<MBlock, BlockId>) {
+fn check_mapping(
+    got: &[(BlockId, BlockId)],
+    want: &[(MBlock, MBlock)],
+    src: &mut HashMap<MBlock, BlockId>,
+    dst: &mut HashMap<MBlock, BlockId>,
+) {
     assert_eq!(got.len(), want.len(), "swap mapping length");
     for (&(ps, pd), &(ms, md)) in got.iter().zip(want) {
         if let Some(&p) = src.get(&ms) {
@@ -591,7 +657,12 @@ fn run(num_blocks: usize, block_size: usize, caching: bool, num_host: usize, ops
         let len_of = |kv: &KvCacheManager, id: u64| kv.num_tokens(id).unwrap_or(0);
         let (got, want): (Result<usize, Error>, Result<usize, Kind>) = match &op {
             Op::Add(i, n) => (kv.add_sequence_len(*i, *n), model.add(*i, None, *n, None)),
-            Op::AddPrompt { id, prompt, len, extra } => {
+            Op::AddPrompt {
+                id,
+                prompt,
+                len,
+                extra,
+            } => {
                 let tokens = prompt_tokens(*prompt, *len);
                 let extra_bytes = extra.map(|e| vec![e; 3]);
                 (
@@ -599,26 +670,41 @@ fn run(num_blocks: usize, block_size: usize, caching: bool, num_host: usize, ops
                     model.add(*id, Some(tokens.clone()), *len, *extra),
                 )
             }
-            Op::Append(i, n) => (kv.append_len(*i, *n).map(|_| 0), model.append(*i, *n, None).map(|_| 0)),
+            Op::Append(i, n) => (
+                kv.append_len(*i, *n).map(|_| 0),
+                model.append(*i, *n, None).map(|_| 0),
+            ),
             Op::AppendTokens(i, n) => {
                 let tokens = next_tokens(len_of(&kv, *i), *n);
-                (kv.append_tokens(*i, &tokens).map(|_| 0), model.append(*i, *n, Some(&tokens)).map(|_| 0))
+                (
+                    kv.append_tokens(*i, &tokens).map(|_| 0),
+                    model.append(*i, *n, Some(&tokens)).map(|_| 0),
+                )
             }
             Op::AppendBatch { ids, n, tokens } => {
                 if *tokens {
-                    let rows: Vec<Vec<u32>> = ids.iter().map(|&i| next_tokens(len_of(&kv, i), *n)).collect();
+                    let rows: Vec<Vec<u32>> = ids
+                        .iter()
+                        .map(|&i| next_tokens(len_of(&kv, i), *n))
+                        .collect();
                     let flat: Vec<u32> = rows.concat();
                     (
                         kv.append_tokens_batch(ids, &flat, *n).map(|_| 0),
                         model.append_batch(ids, *n, Some(&rows)).map(|_| 0),
                     )
                 } else {
-                    (kv.append_len_batch(ids, *n).map(|_| 0), model.append_batch(ids, *n, None).map(|_| 0))
+                    (
+                        kv.append_len_batch(ids, *n).map(|_| 0),
+                        model.append_batch(ids, *n, None).map(|_| 0),
+                    )
                 }
             }
             Op::Fork(p, c) => (kv.fork(*p, *c).map(|_| 0), model.fork(*p, *c).map(|_| 0)),
             Op::Free(i) => (kv.free(*i).map(|_| 0), model.free(*i).map(|_| 0)),
-            Op::FreeBatch(ids) => (kv.free_batch(ids).map(|_| 0), model.free_batch(ids).map(|_| 0)),
+            Op::FreeBatch(ids) => (
+                kv.free_batch(ids).map(|_| 0),
+                model.free_batch(ids).map(|_| 0),
+            ),
             Op::TakeCopyOps => {
                 let got = kv.take_copy_ops();
                 let want = std::mem::take(&mut model.pending_copies);
@@ -650,7 +736,10 @@ fn run(num_blocks: usize, block_size: usize, caching: bool, num_host: usize, ops
                 }
                 (got.map(|_| 0), want.map(|_| 0))
             }
-            Op::Reset => (Ok(usize::from(kv.reset_prefix_cache())), Ok(usize::from(model.reset()))),
+            Op::Reset => (
+                Ok(usize::from(kv.reset_prefix_cache())),
+                Ok(usize::from(model.reset())),
+            ),
         };
         match (&got, &want) {
             (Ok(g), Ok(w)) => assert_eq!(g, w, "{op:?}: return value"),

@@ -17,13 +17,15 @@ fn cached_manager(num_blocks: usize, block_size: usize) -> KvCacheManager {
 }
 
 fn refcounts(kv: &KvCacheManager) -> Vec<u32> {
-    (0..kv.num_blocks() as BlockId).map(|b| kv.refcount(b).unwrap()).collect()
+    (0..kv.num_blocks() as BlockId)
+        .map(|b| kv.refcount(b).unwrap())
+        .collect()
 }
 
 #[test]
 fn siphash_matches_a_reference_implementation() {
-    use std::hash::Hasher;
     use siphasher::sip128::Hasher128;
+    use std::hash::Hasher;
     let hasher = BlockHasher::new(SEED);
     let (k0, k1) = hasher.keys();
     type Case<'a> = (Option<u128>, &'a [u32], Option<&'a [u8]>);
@@ -37,7 +39,10 @@ fn siphash_matches_a_reference_implementation() {
     for (parent, tokens, extra) in cases {
         let mut reference = siphasher::sip128::SipHasher24::new_with_keys(k0, k1);
         reference.write(&BlockHasher::message_bytes(parent, tokens, extra));
-        assert_eq!(hasher.hash_block(parent, tokens, extra), reference.finish128().as_u128());
+        assert_eq!(
+            hasher.hash_block(parent, tokens, extra),
+            reference.finish128().as_u128()
+        );
     }
 }
 
@@ -152,13 +157,22 @@ fn reused_block_loses_stale_hash() {
     kv.add_sequence(2, &[5, 6, 7, 8], None).unwrap(); // pool block 1, then evicts 0
     assert_eq!(kv.block_table(2).unwrap(), &[1, 0]);
     kv.free(2).unwrap();
-    assert_eq!(kv.add_sequence(3, &[1, 2, 3], None).unwrap(), 0, "stale hash served");
+    assert_eq!(
+        kv.add_sequence(3, &[1, 2, 3], None).unwrap(),
+        0,
+        "stale hash served"
+    );
     kv.check_invariants().unwrap();
 }
 
 #[test]
 fn caching_disabled_gives_no_hits() {
-    let mut kv = KvCacheManager::new(ManagerConfig { num_blocks: 8, block_size: 4, ..Default::default() }).unwrap();
+    let mut kv = KvCacheManager::new(ManagerConfig {
+        num_blocks: 8,
+        block_size: 4,
+        ..Default::default()
+    })
+    .unwrap();
     let a: Vec<u32> = (0..14).collect();
     assert_eq!(kv.add_sequence(1, &a, None).unwrap(), 0);
     assert_eq!(kv.add_sequence(2, &a, None).unwrap(), 0);
@@ -177,7 +191,10 @@ fn salt_isolation() {
     assert_eq!(kv.add_sequence(2, &a, Some(b"tenant-b")).unwrap(), 0);
     assert_eq!(kv.add_sequence(3, &a, None).unwrap(), 0);
     assert_eq!(kv.add_sequence(4, &a, Some(b"tenant-a")).unwrap(), 8);
-    assert_eq!(kv.block_table(4).unwrap()[..2], kv.block_table(1).unwrap()[..2]);
+    assert_eq!(
+        kv.block_table(4).unwrap()[..2],
+        kv.block_table(1).unwrap()[..2]
+    );
     kv.check_invariants().unwrap();
 }
 
@@ -190,8 +207,17 @@ fn failed_allocation_changes_nothing() {
     kv.take_events();
     let (rc, lru, stats) = (refcounts(&kv), kv.cached_blocks(), kv.stats());
     // Hits 0 and 1 (revived) + 2 new blocks; only block 3 is spare: 4 needed, 3 available.
-    let err = kv.add_sequence(2, &[1, 2, 3, 4, 5, 6, 7], None).unwrap_err();
-    assert_eq!(err, Error::OutOfBlocks { tier: Tier::Device, needed_blocks: 4, available_blocks: 3 });
+    let err = kv
+        .add_sequence(2, &[1, 2, 3, 4, 5, 6, 7], None)
+        .unwrap_err();
+    assert_eq!(
+        err,
+        Error::OutOfBlocks {
+            tier: Tier::Device,
+            needed_blocks: 4,
+            available_blocks: 3
+        }
+    );
     assert_eq!(refcounts(&kv), rc);
     assert_eq!(kv.cached_blocks(), lru);
     assert_eq!(kv.stats(), stats);
@@ -240,7 +266,10 @@ fn event_sequence_store_evict_store_reset() {
         extra_key: None,
         medium: Tier::Device,
     };
-    let removed = |hash| KvEvent::BlockRemoved { block_hashes: vec![hash], medium: Tier::Device };
+    let removed = |hash| KvEvent::BlockRemoved {
+        block_hashes: vec![hash],
+        medium: Tier::Device,
+    };
     assert_eq!(
         kv.take_events(),
         vec![
@@ -280,7 +309,10 @@ fn reset_refuses_while_blocks_in_use() {
     let mut kv = cached_manager(4, 2);
     kv.add_sequence(1, &[1, 2, 3], None).unwrap();
     assert!(!kv.reset_prefix_cache());
-    assert!(kv.take_events().iter().all(|e| !matches!(e, KvEvent::AllBlocksCleared)));
+    assert!(kv
+        .take_events()
+        .iter()
+        .all(|e| !matches!(e, KvEvent::AllBlocksCleared)));
     kv.free(1).unwrap();
     assert!(kv.reset_prefix_cache());
     assert_eq!(kv.add_sequence(2, &[1, 2, 3], None).unwrap(), 0);

@@ -27,11 +27,17 @@ impl Rng {
 }
 
 fn claim(owned: &[AtomicBool], b: BlockId) {
-    assert!(!owned[b as usize].swap(true, Ordering::AcqRel), "block {b} owned twice");
+    assert!(
+        !owned[b as usize].swap(true, Ordering::AcqRel),
+        "block {b} owned twice"
+    );
 }
 
 fn unclaim(owned: &[AtomicBool], b: BlockId) {
-    assert!(owned[b as usize].swap(false, Ordering::AcqRel), "block {b} freed while not owned");
+    assert!(
+        owned[b as usize].swap(false, Ordering::AcqRel),
+        "block {b} freed while not owned"
+    );
 }
 
 fn worker(pool: Arc<BlockPool>, owned: Arc<Vec<AtomicBool>>, seed: u64, ops: usize) -> u64 {
@@ -105,16 +111,22 @@ fn worker(pool: Arc<BlockPool>, owned: Arc<Vec<AtomicBool>>, seed: u64, ops: usi
 fn eight_managers_one_pool_a_million_ops() {
     let num_blocks = 64;
     let pool = Arc::new(BlockPool::new(num_blocks, 4).unwrap());
-    let owned: Arc<Vec<AtomicBool>> = Arc::new((0..num_blocks).map(|_| AtomicBool::new(false)).collect());
+    let owned: Arc<Vec<AtomicBool>> =
+        Arc::new((0..num_blocks).map(|_| AtomicBool::new(false)).collect());
     let handles: Vec<_> = (0..THREADS)
         .map(|t| {
             let (pool, owned) = (pool.clone(), owned.clone());
-            std::thread::spawn(move || worker(pool, owned, 0x9E37_79B9 + t as u64, TOTAL_OPS / THREADS))
+            std::thread::spawn(move || {
+                worker(pool, owned, 0x9E37_79B9 + t as u64, TOTAL_OPS / THREADS)
+            })
         })
         .collect();
     let shortages: u64 = handles.into_iter().map(|h| h.join().unwrap()).sum();
     // The pool is small enough that managers compete for it (otherwise this tests little).
-    assert!(shortages > 0, "no manager ever ran short: the pool was not contended");
+    assert!(
+        shortages > 0,
+        "no manager ever ran short: the pool was not contended"
+    );
     assert_eq!(pool.num_free_blocks(), num_blocks);
     assert!(owned.iter().all(|o| !o.load(Ordering::Acquire)));
     pool.check_invariants_quiescent().unwrap();
@@ -124,7 +136,8 @@ fn eight_managers_one_pool_a_million_ops() {
 fn eight_threads_raw_pool_a_million_ops() {
     let num_blocks = 64;
     let pool = Arc::new(BlockPool::new(num_blocks, 1).unwrap());
-    let owned: Arc<Vec<AtomicBool>> = Arc::new((0..num_blocks).map(|_| AtomicBool::new(false)).collect());
+    let owned: Arc<Vec<AtomicBool>> =
+        Arc::new((0..num_blocks).map(|_| AtomicBool::new(false)).collect());
     let start = Arc::new(Barrier::new(THREADS));
     let handles: Vec<_> = (0..THREADS)
         .map(|t| {

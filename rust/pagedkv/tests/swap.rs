@@ -4,12 +4,19 @@
 use pagedkv::{BlockId, Error, KvCacheManager, ManagerConfig, Tier};
 
 fn manager(num_blocks: usize, num_host_blocks: usize) -> KvCacheManager {
-    KvCacheManager::new(ManagerConfig { num_blocks, block_size: 4, num_host_blocks, ..Default::default() })
-        .unwrap()
+    KvCacheManager::new(ManagerConfig {
+        num_blocks,
+        block_size: 4,
+        num_host_blocks,
+        ..Default::default()
+    })
+    .unwrap()
 }
 
 fn host_refcounts(kv: &KvCacheManager) -> Vec<u32> {
-    (0..kv.num_host_blocks() as BlockId).map(|h| kv.host_refcount(h).unwrap()).collect()
+    (0..kv.num_host_blocks() as BlockId)
+        .map(|h| kv.host_refcount(h).unwrap())
+        .collect()
 }
 
 #[test]
@@ -29,7 +36,10 @@ fn single_sequence_round_trip() {
     assert_eq!(kv.block_table(1).unwrap(), &[1, 2, 3]);
     assert_eq!(kv.num_free_host_blocks(), 8);
     let s = kv.stats();
-    assert_eq!((s.swap_out_blocks, s.swap_in_blocks, s.num_swapped_sequences), (3, 3, 0));
+    assert_eq!(
+        (s.swap_out_blocks, s.swap_in_blocks, s.num_swapped_sequences),
+        (3, 3, 0)
+    );
     kv.append_len(1, 3).unwrap();
     kv.check_invariants().unwrap();
 }
@@ -56,7 +66,13 @@ fn fork_group_shared_blocks_copied_once_and_stay_shared() {
     for c in 1..=3 {
         assert_eq!(kv.block_table(c).unwrap()[..2], shared[..]);
     }
-    assert_eq!((kv.refcount(shared[0]).unwrap(), kv.refcount(shared[1]).unwrap()), (4, 4));
+    assert_eq!(
+        (
+            kv.refcount(shared[0]).unwrap(),
+            kv.refcount(shared[1]).unwrap()
+        ),
+        (4, 4)
+    );
     assert_eq!(kv.stats().num_blocks_in_use, 6);
     kv.check_invariants().unwrap();
 }
@@ -87,7 +103,14 @@ fn host_exhaustion_moves_nothing() {
     kv.swap_out(&[2]).unwrap(); // host 0, 1
     kv.add_sequence_len(1, 12).unwrap();
     let err = kv.swap_out(&[1]).unwrap_err();
-    assert_eq!(err, Error::OutOfBlocks { tier: Tier::Host, needed_blocks: 3, available_blocks: 2 });
+    assert_eq!(
+        err,
+        Error::OutOfBlocks {
+            tier: Tier::Host,
+            needed_blocks: 3,
+            available_blocks: 2
+        }
+    );
     assert!(!kv.is_swapped_out(1).unwrap());
     assert_eq!(kv.block_table(1).unwrap(), &[0, 1, 2]);
     assert_eq!(kv.num_free_host_blocks(), 2);
@@ -96,7 +119,10 @@ fn host_exhaustion_moves_nothing() {
     let mut kv = manager(8, 2);
     kv.add_sequence_len(1, 5).unwrap();
     kv.add_sequence_len(2, 5).unwrap();
-    assert!(matches!(kv.swap_out(&[1, 2]), Err(Error::InvalidArgument(_))));
+    assert!(matches!(
+        kv.swap_out(&[1, 2]),
+        Err(Error::InvalidArgument(_))
+    ));
 }
 
 #[test]
@@ -106,7 +132,14 @@ fn device_exhaustion_on_swap_in_moves_nothing() {
     kv.swap_out(&[1]).unwrap();
     kv.add_sequence_len(2, 8).unwrap();
     let err = kv.swap_in(&[1]).unwrap_err();
-    assert_eq!(err, Error::OutOfBlocks { tier: Tier::Device, needed_blocks: 2, available_blocks: 1 });
+    assert_eq!(
+        err,
+        Error::OutOfBlocks {
+            tier: Tier::Device,
+            needed_blocks: 2,
+            available_blocks: 1
+        }
+    );
     assert!(kv.is_swapped_out(1).unwrap());
     assert_eq!(kv.host_block_table(1).unwrap(), &[0, 1]);
     kv.check_invariants().unwrap();
@@ -127,10 +160,16 @@ fn swapped_out_sequences_refuse_device_operations() {
     assert_eq!(kv.fork(1, 2), Err(swapped.clone()));
     assert_eq!(kv.block_table(1), Err(swapped.clone()));
     assert_eq!(kv.slot_mapping(&[1], 1).map(|_| ()), Err(swapped.clone()));
-    assert_eq!(kv.batch_block_tables(&[1]).map(|_| ()), Err(swapped.clone()));
+    assert_eq!(
+        kv.batch_block_tables(&[1]).map(|_| ()),
+        Err(swapped.clone())
+    );
     assert_eq!(kv.swap_out(&[1]), Err(swapped));
     assert!(matches!(kv.swap_in(&[3]), Err(Error::InvalidArgument(_))));
-    assert!(matches!(kv.swap_out(&[3, 3]), Err(Error::InvalidArgument(_))));
+    assert!(matches!(
+        kv.swap_out(&[3, 3]),
+        Err(Error::InvalidArgument(_))
+    ));
     assert_eq!(kv.swap_out(&[9]), Err(Error::UnknownSequence(9)));
     kv.check_invariants().unwrap();
     kv.free(1).unwrap(); // frees its host blocks

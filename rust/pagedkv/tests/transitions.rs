@@ -4,7 +4,12 @@
 use pagedkv::{BlockId, Error, KvCacheManager, ManagerConfig, Tier};
 
 fn manager(num_blocks: usize, block_size: usize) -> KvCacheManager {
-    KvCacheManager::new(ManagerConfig { num_blocks, block_size, ..Default::default() }).unwrap()
+    KvCacheManager::new(ManagerConfig {
+        num_blocks,
+        block_size,
+        ..Default::default()
+    })
+    .unwrap()
 }
 
 /// Everything observable about a manager, to assert that a failed call changed nothing.
@@ -15,9 +20,17 @@ fn snapshot(kv: &KvCacheManager) -> Snapshot {
     ids.sort_unstable();
     let seqs = ids
         .into_iter()
-        .map(|id| (id, kv.num_tokens(id).unwrap(), kv.block_table(id).unwrap().to_vec()))
+        .map(|id| {
+            (
+                id,
+                kv.num_tokens(id).unwrap(),
+                kv.block_table(id).unwrap().to_vec(),
+            )
+        })
         .collect();
-    let refs = (0..kv.num_blocks() as u32).map(|b| kv.refcount(b).unwrap()).collect();
+    let refs = (0..kv.num_blocks() as u32)
+        .map(|b| kv.refcount(b).unwrap())
+        .collect();
     (seqs, refs, kv.num_free_blocks())
 }
 
@@ -127,12 +140,16 @@ fn batch_copy_on_write_counts_each_shared_block_once() {
     kv.add_sequence_len(1, 2).unwrap(); // [0]
     kv.fork(1, 2).unwrap();
     kv.add_sequence_len(3, 8).unwrap(); // [1, 2]
-    // 1 needs a copy; 2 then owns block 0 alone; 3 needs a new block: 2 blocks, 1 free.
+                                        // 1 needs a copy; 2 then owns block 0 alone; 3 needs a new block: 2 blocks, 1 free.
     let before = snapshot(&kv);
     let err = kv.append_len_batch(&[1, 2, 3], 1).unwrap_err();
     assert_eq!(
         err,
-        Error::OutOfBlocks { tier: Tier::Device, needed_blocks: 2, available_blocks: 1 }
+        Error::OutOfBlocks {
+            tier: Tier::Device,
+            needed_blocks: 2,
+            available_blocks: 1
+        }
     );
     assert_eq!(snapshot(&kv), before);
     kv.free(3).unwrap();
@@ -148,11 +165,17 @@ fn batch_queries() {
     kv.add_sequence_len(1, 5).unwrap();
     kv.add_sequence_len(2, 1).unwrap();
     let (tables, max_blocks, lens) = kv.batch_block_tables(&[2, 1]).unwrap();
-    assert_eq!((tables, max_blocks, lens), (vec![2, -1, 0, 1], 2, vec![1, 5]));
+    assert_eq!(
+        (tables, max_blocks, lens),
+        (vec![2, -1, 0, 1], 2, vec![1, 5])
+    );
     assert_eq!(kv.slot_mapping(&[1, 2], 1).unwrap(), vec![4, 8]);
     assert_eq!(kv.slot_mapping(&[1], 2).unwrap(), vec![3, 4]);
     assert_eq!(kv.batch_block_tables(&[]).unwrap(), (vec![], 0, vec![]));
-    assert_eq!(kv.batch_block_tables(&[1, 9]), Err(Error::UnknownSequence(9)));
+    assert_eq!(
+        kv.batch_block_tables(&[1, 9]),
+        Err(Error::UnknownSequence(9))
+    );
 }
 
 #[test]
@@ -180,9 +203,18 @@ fn bad_input_is_typed_and_changes_nothing() {
         ("batch duplicate", kv.append_len_batch(&[1, 1], 1)),
         ("batch unknown", kv.append_len_batch(&[1, 3], 1)),
         ("batch never fits", kv.append_len_batch(&[1, 2], 9)),
-        ("tokens batch wrong length", kv.append_tokens_batch(&[1, 2], &[1, 2, 3], 1)),
-        ("tokens batch overflow", kv.append_tokens_batch(&[1, 2], &[], usize::MAX)),
-        ("slot mapping too long", kv.slot_mapping(&[1], 6).map(|_| ())),
+        (
+            "tokens batch wrong length",
+            kv.append_tokens_batch(&[1, 2], &[1, 2, 3], 1),
+        ),
+        (
+            "tokens batch overflow",
+            kv.append_tokens_batch(&[1, 2], &[], usize::MAX),
+        ),
+        (
+            "slot mapping too long",
+            kv.slot_mapping(&[1], 6).map(|_| ()),
+        ),
         ("slot mapping unknown", kv.slot_mapping(&[3], 0).map(|_| ())),
         ("refcount out of range", kv.refcount(4).map(|_| ())),
     ];
@@ -190,8 +222,12 @@ fn bad_input_is_typed_and_changes_nothing() {
         let err = result.expect_err(what);
         let expected_kind = match what {
             "add existing" | "fork onto existing" | "fork onto itself" => "exists",
-            "append unknown" | "fork unknown" | "free unknown" | "free_batch partly unknown"
-            | "batch unknown" | "slot mapping unknown" => "unknown",
+            "append unknown"
+            | "fork unknown"
+            | "free unknown"
+            | "free_batch partly unknown"
+            | "batch unknown"
+            | "slot mapping unknown" => "unknown",
             "add too many now" | "append too many now" => "oob",
             _ => "invalid",
         };
@@ -212,11 +248,23 @@ fn bad_input_is_typed_and_changes_nothing() {
 
 #[test]
 fn bad_geometry() {
-    for (num_blocks, block_size) in [(0, 16), (16, 0), (usize::MAX, 16), (1 << 25, 1), (1 << 20, 1 << 20)] {
-        let err =
-            KvCacheManager::new(ManagerConfig { num_blocks, block_size, ..Default::default() })
-                .unwrap_err();
-        assert!(matches!(err, Error::InvalidArgument(_)), "{num_blocks} x {block_size}: {err}");
+    for (num_blocks, block_size) in [
+        (0, 16),
+        (16, 0),
+        (usize::MAX, 16),
+        (1 << 25, 1),
+        (1 << 20, 1 << 20),
+    ] {
+        let err = KvCacheManager::new(ManagerConfig {
+            num_blocks,
+            block_size,
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert!(
+            matches!(err, Error::InvalidArgument(_)),
+            "{num_blocks} x {block_size}: {err}"
+        );
     }
 }
 
