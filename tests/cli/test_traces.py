@@ -1,6 +1,5 @@
 """Azure-format trace reading: the real traces, and every kind of bad input named by file and line."""
 
-
 import numpy as np
 import pytest
 from pagedkv.errors import InvalidArgumentError
