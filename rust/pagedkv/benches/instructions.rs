@@ -61,6 +61,25 @@ fn scenario_add_free(kv: &mut KvCacheManager, iters: u64) -> u64 {
     iters
 }
 
+/// Prefix-cached admission: a 512-token prompt (a 256-token prefix shared by every request,
+/// then 256 tokens unique to the request; block size 16) admitted and freed. Each admission
+/// hashes 32 full blocks, hits 16, registers 16 new ones (one `BlockStored` event) and, once
+/// the cache is full, evicts 16. Units: admissions.
+#[inline(never)]
+fn scenario_prefix_admit(kv: &mut KvCacheManager, iters: u64) -> u64 {
+    let mut prompt: Vec<u32> = (0..512).collect();
+    for i in 0..iters {
+        for (j, t) in prompt[256..].iter_mut().enumerate() {
+            *t = (i as u32).wrapping_mul(7919).wrapping_add(j as u32) | 1 << 31;
+        }
+        kv.add_sequence(black_box(i), black_box(&prompt), None)
+            .unwrap();
+        kv.free(black_box(i)).unwrap();
+        kv.take_events();
+    }
+    iters
+}
+
 /// The Python op-mix schedule (benches/python/test_manager_bench.py, counts only) in Rust:
 /// 48 running sequences; each step appends one token to all (one batch call), finishes two,
 /// admits two, and forks one in four steps. Units: sequence-operations.
@@ -141,6 +160,16 @@ fn main() {
         "add_free" => {
             let mut kv = manager(4096, 16);
             scenario_add_free(&mut kv, iters)
+        }
+        "prefix_admit" => {
+            let mut kv = KvCacheManager::new(ManagerConfig {
+                num_blocks: 1024,
+                block_size: 16,
+                enable_prefix_caching: true,
+                ..Default::default()
+            })
+            .unwrap();
+            scenario_prefix_admit(&mut kv, iters)
         }
         "op_mix" => scenario_op_mix(iters),
         "sim_replay" => {
