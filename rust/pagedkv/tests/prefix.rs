@@ -55,7 +55,7 @@ fn miss_then_hit_three_full_blocks_plus_partial() {
     kv.free(1).unwrap();
     // Full blocks stay cached (tail first); the partial block went back to the pool.
     assert_eq!(kv.cached_blocks(), vec![2, 1, 0]);
-    assert_eq!(kv.num_free_blocks(), 8);
+    assert_eq!(kv.num_available_blocks(), 8);
     assert_eq!(kv.add_sequence(2, &prompt, None).unwrap(), 12);
     assert_eq!(kv.block_table(2).unwrap(), &[0, 1, 2, 3]);
     assert_eq!(refcounts(&kv)[..4], [1, 1, 1, 1]);
@@ -114,13 +114,13 @@ fn exact_eviction_order_under_pressure() {
     kv.add_sequence(2, &[5, 6, 7, 8], None).unwrap(); // blocks 2, 3
     kv.free(2).unwrap();
     assert_eq!(kv.cached_blocks(), vec![1, 0, 3, 2]);
-    assert_eq!(kv.num_free_blocks(), 4);
+    assert_eq!(kv.num_available_blocks(), 4);
     kv.add_sequence(3, &[9, 10], None).unwrap();
     assert_eq!(kv.block_table(3).unwrap(), &[1]);
     kv.add_sequence(4, &[11, 12, 13], None).unwrap();
     assert_eq!(kv.block_table(4).unwrap(), &[0, 3]);
     assert_eq!(kv.cached_blocks(), vec![2]);
-    assert_eq!(kv.stats().evictions, 3);
+    assert_eq!(kv.stats().blocks_evicted, 3);
     kv.check_invariants().unwrap();
 }
 
@@ -144,7 +144,7 @@ fn hit_blocks_not_evicted_while_other_blocks_are_free() {
     kv.add_sequence(2, &[7, 7], None).unwrap();
     assert_eq!(kv.block_table(2).unwrap(), &[2]);
     assert_eq!(kv.cached_blocks(), vec![1, 0]);
-    assert_eq!(kv.stats().evictions, 0);
+    assert_eq!(kv.stats().blocks_evicted, 0);
     kv.check_invariants().unwrap();
 }
 
@@ -280,7 +280,7 @@ fn event_sequence_store_evict_store_reset() {
             KvEvent::AllBlocksCleared,
         ]
     );
-    assert_eq!(kv.num_free_blocks(), 2);
+    assert_eq!(kv.num_available_blocks(), 2);
     assert_eq!(kv.stats().num_cached_blocks, 0);
     kv.check_invariants().unwrap();
 }
