@@ -20,6 +20,7 @@ impl KvCacheManager {
     /// `allocate_fresh`: takes `num_blocks` blocks for new content (refcount 0 -> 1),
     /// appending them to `out`; truly free pool blocks first, then the least recently used
     /// cached blocks (evicted: they lose their hash). All or nothing.
+    #[inline]
     pub(super) fn allocate_fresh(
         &mut self,
         num_blocks: usize,
@@ -34,6 +35,7 @@ impl KvCacheManager {
     /// cache can supply the rest by eviction while leaving `pinned_cached` of its blocks alone
     /// (cached prefix hits that the caller revives before [`Self::complete_fresh`], so no
     /// eviction can take them). On error nothing changed: `out` and the pool are as before.
+    #[inline]
     pub(super) fn reserve_fresh(
         &mut self,
         num_blocks: usize,
@@ -81,6 +83,7 @@ impl KvCacheManager {
 
     /// The infallible half of `allocate_fresh`: evicts the reserved cached blocks into `out`
     /// and counts the fresh blocks as in use.
+    #[inline]
     pub(super) fn complete_fresh(&mut self, reservation: FreshReservation, out: &mut Vec<BlockId>) {
         if reservation.from_cache > 0 {
             let prefix = self
