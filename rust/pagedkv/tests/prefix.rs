@@ -1,5 +1,5 @@
-//! Prefix caching, one exact scenario per behaviour of issue 5 (block ids, refcounts,
-//! eviction order and events asserted).
+//! Prefix caching, one exact scenario per behaviour in docs/design.md, Prefix cache (block ids,
+//! refcounts, eviction order and events asserted).
 
 use pagedkv::{BlockHasher, BlockId, Error, KvCacheManager, KvEvent, ManagerConfig, Tier};
 

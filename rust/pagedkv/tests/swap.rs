@@ -1,5 +1,6 @@
-//! Host swap tier, exact scenarios (issue 6): mappings, refcounts on both tiers, partial
-//! groups, all-or-nothing failures and the operations a swapped-out sequence refuses.
+//! Host swap tier, exact scenarios (docs/design.md, Swap tier): mappings, refcounts on both
+//! tiers, partial groups, all-or-nothing failures and the operations a swapped-out sequence
+//! refuses.
 
 use pagedkv::{BlockId, Error, KvCacheManager, ManagerConfig, Tier};
 
