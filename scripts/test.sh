@@ -8,6 +8,8 @@ python3 -m venv .venv
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
 python -m pip install -q '.[test]'
+cargo fmt --all --check
+cargo clippy --workspace --all-targets -- -D warnings
 cargo test --workspace --release
 # The lock-free pool under loom's model checker (every interleaving of 2-3 racing threads); its own
 # target dir so the cfg change does not invalidate the build above.

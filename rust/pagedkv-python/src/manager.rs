@@ -429,7 +429,7 @@ impl PyKvCacheManager {
     /// Blocks this manager can allocate now: pool free + its own cached-evictable blocks.
     #[getter]
     fn num_free_blocks(&self, py: Python<'_>) -> PyResult<usize> {
-        self.read(py, |kv| kv.num_free_blocks())
+        self.read(py, |kv| kv.num_available_blocks())
     }
 
     /// Free host-tier blocks.
@@ -454,7 +454,7 @@ impl PyKvCacheManager {
         self.run(py, false, |kv| kv.is_swapped_out(seq_id.0))
     }
 
-    /// Counters and gauges as a dict (see DESIGN.md §3).
+    /// Counters and gauges as a dict (see docs/design.md, Python API).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let stats = self.read(py, |kv| kv.stats())?;
         stats_to_dict(py, &stats)
@@ -513,7 +513,7 @@ impl PyKvCacheManager {
 
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
         let (num_sequences, num_free_blocks) =
-            self.read(py, |kv| (kv.num_sequences(), kv.num_free_blocks()))?;
+            self.read(py, |kv| (kv.num_sequences(), kv.num_available_blocks()))?;
         Ok(format!(
             "KvCacheManager(num_blocks={}, block_size={}, enable_prefix_caching={}, \
              num_host_blocks={}, num_sequences={num_sequences}, num_free_blocks={num_free_blocks})",

@@ -1,12 +1,12 @@
 //! Bindings of the trace-replay simulator (`pagedkv.sim.engine` is the Python face):
 //! `_core.simulate(...)` and `_core.record_frames(...)`. Argument conversion and result
-//! packing only; the logic is in `pagedkv::sim`.
+//! packing only; the logic is in the `pagedkv-sim` crate.
 
 use numpy::{PyArray1, PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
-use pagedkv::sim::{self, Frame, SimConfig, SimProgress, SimResult, Workload};
+use pagedkv_sim::{self as sim, Frame, SimConfig, SimProgress, SimResult, Workload};
 
 use crate::errors::{invalid_argument, to_pyerr};
 

@@ -3,7 +3,8 @@
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-/// Converts a stats snapshot into a dict (keys are the core field names, DESIGN.md §3).
+/// Converts a stats snapshot into a dict. Keys are the core field names, except the Python API's
+/// historical names for the counters the core names by unit (docs/design.md, Python API).
 pub fn stats_to_dict<'py>(py: Python<'py>, stats: &pagedkv::Stats) -> PyResult<Bound<'py, PyDict>> {
     let dict = PyDict::new(py);
     // Destructured by name so each exported key is visibly one core field; `..` keeps the
@@ -15,20 +16,20 @@ pub fn stats_to_dict<'py>(py: Python<'py>, stats: &pagedkv::Stats) -> PyResult<B
         num_cached_blocks,
         num_free_blocks,
         num_sequences,
-        allocations,
-        frees,
+        blocks_allocated,
+        blocks_freed,
         cow_copies,
         forks,
         prefix_query_tokens,
         prefix_hit_tokens,
         prefix_hit_rate,
-        evictions,
+        blocks_evicted,
         events_dropped,
         num_host_blocks,
         num_host_blocks_in_use,
         num_swapped_sequences,
-        swap_out_blocks,
-        swap_in_blocks,
+        blocks_swapped_out,
+        blocks_swapped_in,
         ..
     } = stats;
     dict.set_item("num_blocks", num_blocks)?;
@@ -37,19 +38,19 @@ pub fn stats_to_dict<'py>(py: Python<'py>, stats: &pagedkv::Stats) -> PyResult<B
     dict.set_item("num_cached_blocks", num_cached_blocks)?;
     dict.set_item("num_free_blocks", num_free_blocks)?;
     dict.set_item("num_sequences", num_sequences)?;
-    dict.set_item("allocations", allocations)?;
-    dict.set_item("frees", frees)?;
+    dict.set_item("allocations", blocks_allocated)?;
+    dict.set_item("frees", blocks_freed)?;
     dict.set_item("cow_copies", cow_copies)?;
     dict.set_item("forks", forks)?;
     dict.set_item("prefix_query_tokens", prefix_query_tokens)?;
     dict.set_item("prefix_hit_tokens", prefix_hit_tokens)?;
     dict.set_item("prefix_hit_rate", prefix_hit_rate)?;
-    dict.set_item("evictions", evictions)?;
+    dict.set_item("evictions", blocks_evicted)?;
     dict.set_item("events_dropped", events_dropped)?;
     dict.set_item("num_host_blocks", num_host_blocks)?;
     dict.set_item("num_host_blocks_in_use", num_host_blocks_in_use)?;
     dict.set_item("num_swapped_sequences", num_swapped_sequences)?;
-    dict.set_item("swap_out_blocks", swap_out_blocks)?;
-    dict.set_item("swap_in_blocks", swap_in_blocks)?;
+    dict.set_item("swap_out_blocks", blocks_swapped_out)?;
+    dict.set_item("swap_in_blocks", blocks_swapped_in)?;
     Ok(dict)
 }

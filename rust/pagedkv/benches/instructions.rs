@@ -14,11 +14,16 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use pagedkv::sim::{simulate, AllocatorKind, SimConfig, SplitMix64, Workload};
-use pagedkv::{BlockPool, KvCacheManager, ManagerConfig};
+use pagedkv::{splitmix64, BlockPool, KvCacheManager, ManagerConfig};
 
-mod common;
-use common::synthetic_workload;
+/// A seeded stream of bounded integers (multiply-shift over SplitMix64).
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, bound: u64) -> u64 {
+        ((splitmix64::next(&mut self.0) as u128 * bound as u128) >> 64) as u64
+    }
+}
 
 fn manager(num_blocks: usize, block_size: usize) -> KvCacheManager {
     KvCacheManager::new(ManagerConfig {
@@ -61,6 +66,25 @@ fn scenario_add_free(kv: &mut KvCacheManager, iters: u64) -> u64 {
     iters
 }
 
+/// Prefix-cached admission: a 512-token prompt (a 256-token prefix shared by every request,
+/// then 256 tokens unique to the request; block size 16) admitted and freed. Each admission
+/// hashes 32 full blocks, hits 16, registers 16 new ones (one `BlockStored` event) and, once
+/// the cache is full, evicts 16. Units: admissions.
+#[inline(never)]
+fn scenario_prefix_admit(kv: &mut KvCacheManager, iters: u64) -> u64 {
+    let mut prompt: Vec<u32> = (0..512).collect();
+    for i in 0..iters {
+        for (j, t) in prompt[256..].iter_mut().enumerate() {
+            *t = (i as u32).wrapping_mul(7919).wrapping_add(j as u32) | 1 << 31;
+        }
+        kv.add_sequence(black_box(i), black_box(&prompt), None)
+            .unwrap();
+        kv.free(black_box(i)).unwrap();
+        kv.take_events();
+    }
+    iters
+}
+
 /// The Python op-mix schedule (benches/python/test_manager_bench.py, counts only) in Rust:
 /// 48 running sequences; each step appends one token to all (one batch call), finishes two,
 /// admits two, and forks one in four steps. Units: sequence-operations.
@@ -68,12 +92,12 @@ fn scenario_add_free(kv: &mut KvCacheManager, iters: u64) -> u64 {
 fn scenario_op_mix(iters: u64) -> u64 {
     let mut ops = 0u64;
     for round in 0..iters {
-        let mut rng = SplitMix64::new(round);
+        let mut rng = Rng(round);
         let mut kv = manager(8192, 16);
         let mut running: Vec<u64> = Vec::new();
         let mut next_id = 0u64;
         for _ in 0..48 {
-            kv.add_sequence_len(next_id, 50 + rng.next_below(350) as usize)
+            kv.add_sequence_len(next_id, 50 + rng.below(350) as usize)
                 .unwrap();
             running.push(next_id);
             next_id += 1;
@@ -83,16 +107,16 @@ fn scenario_op_mix(iters: u64) -> u64 {
             kv.append_len_batch(&running, 1).unwrap();
             ops += running.len() as u64;
             for _ in 0..2 {
-                let victim = running.swap_remove(rng.next_below(running.len() as u64) as usize);
+                let victim = running.swap_remove(rng.below(running.len() as u64) as usize);
                 kv.free(victim).unwrap();
-                kv.add_sequence_len(next_id, 50 + rng.next_below(350) as usize)
+                kv.add_sequence_len(next_id, 50 + rng.below(350) as usize)
                     .unwrap();
                 running.push(next_id);
                 next_id += 1;
                 ops += 2;
             }
-            if rng.next_below(4) == 0 {
-                let parent = running[rng.next_below(running.len() as u64) as usize];
+            if rng.below(4) == 0 {
+                let parent = running[rng.below(running.len() as u64) as usize];
                 kv.fork(parent, next_id).unwrap();
                 running.push(next_id);
                 next_id += 1;
@@ -103,16 +127,6 @@ fn scenario_op_mix(iters: u64) -> u64 {
         ops += running.len() as u64;
     }
     ops
-}
-
-/// The simulator on a seeded 2,000-request workload (paged allocator). Units: generated tokens.
-#[inline(never)]
-fn scenario_sim_replay(workload: &Workload, config: &SimConfig, iters: u64) -> u64 {
-    let mut tokens = 0;
-    for _ in 0..iters {
-        tokens += simulate(workload, config).unwrap().generated_tokens as u64;
-    }
-    tokens
 }
 
 fn main() {
@@ -142,17 +156,17 @@ fn main() {
             let mut kv = manager(4096, 16);
             scenario_add_free(&mut kv, iters)
         }
-        "op_mix" => scenario_op_mix(iters),
-        "sim_replay" => {
-            let workload = synthetic_workload(2000);
-            let config = SimConfig {
-                allocator: AllocatorKind::Paged,
-                num_slots: 40_000,
-                max_model_len: 2400,
+        "prefix_admit" => {
+            let mut kv = KvCacheManager::new(ManagerConfig {
+                num_blocks: 1024,
+                block_size: 16,
+                enable_prefix_caching: true,
                 ..Default::default()
-            };
-            scenario_sim_replay(&workload, &config, iters)
+            })
+            .unwrap();
+            scenario_prefix_admit(&mut kv, iters)
         }
+        "op_mix" => scenario_op_mix(iters),
         other => {
             // `cargo bench` without `--bench` runs every target with its own arguments.
             eprintln!("instructions: unknown scenario {other:?}; nothing run");

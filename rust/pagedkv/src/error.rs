@@ -1,6 +1,6 @@
 //! Typed errors: one variant per kind of caller mistake or resource shortage.
 //!
-//! The Python bindings map every variant to its own exception class (DESIGN.md §3), so the
+//! The Python bindings map every variant to its own exception class (docs/design.md, Python API), so the
 //! variants are part of the public contract.
 
 use std::fmt;
@@ -19,7 +19,7 @@ use crate::{BlockId, SeqId};
 pub enum Tier {
     /// Device (accelerator) memory: the block pool that attention kernels read.
     Device,
-    /// Host (CPU) memory: the swap tier (issue 6).
+    /// Host (CPU) memory: the swap tier.
     Host,
 }
 
@@ -69,7 +69,7 @@ pub enum Error {
     SequenceSwappedOut(SeqId),
     /// A block was released more often than it was referenced (refcount underflow).
     DoubleFree(BlockId),
-    /// An internal invariant (DESIGN.md §2) does not hold; a bug in pagedkv or in unsafe caller use.
+    /// An internal invariant (docs/design.md, Invariants) does not hold; a bug in pagedkv or in unsafe caller use.
     InvariantViolation(String),
 }
 

@@ -3,7 +3,14 @@
 //! A [`BlockPool`] owns `num_blocks` physical KV blocks of `block_size` token slots with a
 //! lock-free free list and atomic refcounts. A [`KvCacheManager`] keeps each sequence's
 //! [`BlockTable`] on top of a pool, with fork (sharing) and copy-on-write. Several managers can
-//! share one pool, one per thread. See DESIGN.md for the invariants every operation keeps.
+//! share one pool, one per thread. docs/design.md, Invariants, states what every operation
+//! keeps.
+//!
+//! One concept per module: `pool` (blocks and refcounts), `table` (one sequence's blocks),
+//! `prefix` (block hashes, the cached-block index and its LRU, KV events), `host` (the swap
+//! tier), `manager` (the API, one file per group of operations). The trace-replay simulator
+//! is the separate crate `pagedkv-sim`, so an engine embedding this crate compiles only the
+//! allocator.
 //!
 //! ```
 //! use pagedkv::{KvCacheManager, ManagerConfig};
@@ -16,22 +23,25 @@
 //! # Ok::<(), pagedkv::Error>(())
 //! ```
 
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
 mod error;
 mod host;
 mod manager;
 mod pool;
 mod prefix;
 mod seqmap;
+pub mod splitmix64;
 mod stats;
 mod sync;
 mod table;
 
-pub mod sim;
-
 pub use error::{Error, Result, Tier};
 pub use manager::{KvCacheManager, ManagerConfig};
 pub use pool::{BlockPool, MAX_NUM_BLOCKS, MAX_NUM_SLOTS};
-pub use prefix::{BlockHash, BlockHasher, KvEvent};
+pub use prefix::events::KvEvent;
+pub use prefix::hash::{BlockHash, BlockHasher};
 pub use stats::Stats;
 pub use table::BlockTable;
 

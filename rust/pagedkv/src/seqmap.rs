@@ -1,11 +1,12 @@
-//! Live sequences by caller id: a dense slot array behind an id -> slot index.
+//! Live sequences by caller id: dense rows behind an id -> row index. ("Row", not "slot":
+//! in this crate a slot is always a KV token slot.)
 //!
 //! A batch call (one engine step over B sequences) validates every id before it changes
 //! anything, then applies its changes: with a plain hash map that is two lookups per sequence
 //! plus a hash set to reject duplicate ids. Here the validation pass resolves each id to its
-//! slot once, the apply pass indexes the slot array directly, and duplicates are caught by
-//! stamping each visited slot with the batch's generation number (no set to build or clear).
-//! Removal moves the last slot into the hole (`swap_remove`), so the array stays dense.
+//! row once, the apply pass indexes the rows directly, and duplicates are caught by
+//! stamping each visited row with the batch's generation number (no set to build or clear).
+//! Removal moves the last row into the hole (`swap_remove`), so the array stays dense.
 
 use std::ops::Index;
 
@@ -13,21 +14,21 @@ use rustc_hash::FxHashMap;
 
 use crate::SeqId;
 
-/// Values keyed by [`SeqId`], with stable-until-removal dense slots.
+/// Values keyed by [`SeqId`], with stable-until-removal dense rows.
 ///
-/// Invariants: `ids`, `values` and `marks` have equal length; `index[ids[s]] == s` for every
-/// slot `s`, and `index` has no other entries.
+/// Invariants: `ids`, `values` and `marks` have equal length; `index[ids[r]] == r` for every
+/// row `r`, and `index` has no other entries.
 #[derive(Debug, Clone)]
 pub(crate) struct SeqMap<V> {
-    /// Caller id -> slot.
+    /// Caller id -> row.
     index: FxHashMap<SeqId, usize>,
-    /// Per slot: its caller id.
+    /// Per row: its caller id.
     ids: Vec<SeqId>,
-    /// Per slot: its value.
+    /// Per row: its value.
     values: Vec<V>,
-    /// Per slot: the generation of the last batch that visited it (see [`SeqMap::mark`]).
+    /// Per row: the generation of the last batch that visited it (see [`SeqMap::mark`]).
     marks: Vec<u64>,
-    /// The current batch generation; starts at 0 and only grows, so a fresh slot (mark 0) is
+    /// The current batch generation; starts at 0 and only grows, so a fresh row (mark 0) is
     /// never taken as visited by a batch (generations start at 1).
     generation: u64,
 }
@@ -55,30 +56,30 @@ impl<V> SeqMap<V> {
         self.index.contains_key(id)
     }
 
-    /// The slot of `id`, valid until the next insert or remove.
+    /// The row of `id`, valid until the next insert or remove.
     #[inline]
-    pub(crate) fn slot(&self, id: SeqId) -> Option<usize> {
+    pub(crate) fn row(&self, id: SeqId) -> Option<usize> {
         self.index.get(&id).copied()
     }
 
     #[inline]
     pub(crate) fn get(&self, id: &SeqId) -> Option<&V> {
-        self.slot(*id).map(|s| &self.values[s])
+        self.row(*id).map(|r| &self.values[r])
     }
 
     #[inline]
     pub(crate) fn get_mut(&mut self, id: &SeqId) -> Option<&mut V> {
-        self.slot(*id).map(|s| &mut self.values[s])
+        self.row(*id).map(|r| &mut self.values[r])
     }
 
     #[inline]
-    pub(crate) fn at(&self, slot: usize) -> &V {
-        &self.values[slot]
+    pub(crate) fn at(&self, row: usize) -> &V {
+        &self.values[row]
     }
 
     #[inline]
-    pub(crate) fn at_mut(&mut self, slot: usize) -> &mut V {
-        &mut self.values[slot]
+    pub(crate) fn at_mut(&mut self, row: usize) -> &mut V {
+        &mut self.values[row]
     }
 
     /// Inserts or replaces; returns the replaced value.
@@ -106,7 +107,7 @@ impl<V> SeqMap<V> {
         Some(value)
     }
 
-    /// Ids in slot order (arbitrary from the caller's point of view).
+    /// Ids in row order (arbitrary from the caller's point of view).
     pub(crate) fn keys(&self) -> std::slice::Iter<'_, SeqId> {
         self.ids.iter()
     }
@@ -115,16 +116,16 @@ impl<V> SeqMap<V> {
         self.ids.iter().zip(&self.values)
     }
 
-    /// Starts a batch: slots marked from now on are told apart from earlier batches' marks.
+    /// Starts a batch: rows marked from now on are told apart from earlier batches' marks.
     #[inline]
     pub(crate) fn begin_batch(&mut self) {
         self.generation += 1;
     }
 
-    /// Marks `slot` as visited by the current batch; false if it already was (a duplicate id).
+    /// Marks `row` as visited by the current batch; false if it already was (a duplicate id).
     #[inline]
-    pub(crate) fn mark(&mut self, slot: usize) -> bool {
-        let mark = &mut self.marks[slot];
+    pub(crate) fn mark(&mut self, row: usize) -> bool {
+        let mark = &mut self.marks[row];
         let fresh = *mark != self.generation;
         *mark = self.generation;
         fresh
@@ -149,25 +150,25 @@ mod tests {
         assert_eq!(m.ids.len(), m.values.len());
         assert_eq!(m.ids.len(), m.marks.len());
         assert_eq!(m.index.len(), m.ids.len());
-        for (s, id) in m.ids.iter().enumerate() {
-            assert_eq!(m.index[id], s);
+        for (r, id) in m.ids.iter().enumerate() {
+            assert_eq!(m.index[id], r);
         }
     }
 
     #[test]
-    fn insert_remove_keeps_slots_dense_and_indexed() {
+    fn insert_remove_keeps_rows_dense_and_indexed() {
         let mut m = SeqMap::default();
         for id in [10u64, 20, 30, 40] {
             assert_eq!(m.insert(id, id * 2), None);
         }
         assert_eq!(m.insert(20, 99), Some(40));
-        assert_eq!(m.remove(&10), Some(20)); // slot 0 now holds 40
+        assert_eq!(m.remove(&10), Some(20)); // row 0 now holds 40
         assert_eq!(m.remove(&10), None);
         check(&m);
         assert_eq!(m.len(), 3);
         assert_eq!(m[&40], 80);
         assert_eq!(m.get(&20), Some(&99));
-        assert_eq!(m.remove(&30), Some(60)); // the last slot: nothing moves
+        assert_eq!(m.remove(&30), Some(60)); // the last row: nothing moves
         check(&m);
         let mut keys: Vec<u64> = m.keys().copied().collect();
         keys.sort_unstable();
@@ -180,7 +181,7 @@ mod tests {
         let mut m = SeqMap::default();
         m.insert(1u64, ());
         m.insert(2u64, ());
-        let (a, b) = (m.slot(1).unwrap(), m.slot(2).unwrap());
+        let (a, b) = (m.row(1).unwrap(), m.row(2).unwrap());
         m.begin_batch();
         assert!(m.mark(a));
         assert!(m.mark(b));
@@ -188,8 +189,8 @@ mod tests {
         m.begin_batch();
         assert!(m.mark(a)); // a new batch forgets the old marks
         m.remove(&1);
-        m.insert(3u64, ()); // a new slot starts unmarked
-        let c = m.slot(3).unwrap();
+        m.insert(3u64, ()); // a new row starts unmarked
+        let c = m.row(3).unwrap();
         assert!(m.mark(c));
         check(&m);
     }

@@ -1,7 +1,9 @@
 //! Counters a manager exposes through [`crate::KvCacheManager::stats`].
 
-/// A snapshot of one manager's state and lifetime counters. Field names are the keys of the
-/// Python `stats()` dict (DESIGN.md §3).
+/// A snapshot of one manager's state and lifetime counters. Counter names say their unit
+/// (`blocks_*` count blocks, `forks` and `cow_copies` count operations). The Python `stats()`
+/// dict keeps its historical keys for the renamed counters (`allocations`, `frees`,
+/// `evictions`, `swap_out_blocks`, `swap_in_blocks`); docs/design.md, Python API, lists them.
 ///
 /// ```
 /// use pagedkv::{KvCacheManager, ManagerConfig};
@@ -10,7 +12,7 @@
 /// kv.fork(1, 2)?;
 /// kv.append_len(2, 1)?;                         // copy-on-write of the shared partial block
 /// let s = kv.stats();
-/// assert_eq!((s.num_blocks_in_use, s.allocations, s.cow_copies, s.forks), (3, 3, 1, 1));
+/// assert_eq!((s.num_blocks_in_use, s.blocks_allocated, s.cow_copies, s.forks), (3, 3, 1, 1));
 /// assert_eq!(s.num_blocks_in_use + s.num_cached_blocks + s.num_free_blocks, s.num_blocks);
 /// # Ok::<(), pagedkv::Error>(())
 /// ```
@@ -29,12 +31,12 @@ pub struct Stats {
     /// Live sequences (device-resident and swapped out).
     pub num_sequences: usize,
     /// Blocks handed to this manager's sequences as fresh blocks (pool or evicted), lifetime.
-    pub allocations: u64,
+    pub blocks_allocated: u64,
     /// Blocks whose refcount dropped to 0 (to the free list or the cache), lifetime.
-    pub frees: u64,
-    /// Copy-on-write copies recorded, lifetime.
+    pub blocks_freed: u64,
+    /// Copy-on-write copies recorded (one block each), lifetime.
     pub cow_copies: u64,
-    /// Successful forks, lifetime.
+    /// Successful forks (sequences created by `fork`), lifetime.
     pub forks: u64,
     /// Prompt tokens looked up in the prefix cache, lifetime.
     pub prefix_query_tokens: u64,
@@ -43,7 +45,7 @@ pub struct Stats {
     /// `prefix_hit_tokens / prefix_query_tokens` (0 when nothing was queried).
     pub prefix_hit_rate: f64,
     /// Cached blocks evicted to satisfy allocations, lifetime.
-    pub evictions: u64,
+    pub blocks_evicted: u64,
     /// KV events dropped because the bounded event queue was full, lifetime.
     pub events_dropped: u64,
     /// Blocks in the host tier (0: no host tier).
@@ -53,7 +55,7 @@ pub struct Stats {
     /// Sequences currently swapped out.
     pub num_swapped_sequences: usize,
     /// Device blocks copied to the host by swap-out, lifetime.
-    pub swap_out_blocks: u64,
+    pub blocks_swapped_out: u64,
     /// Host blocks copied back to the device by swap-in, lifetime.
-    pub swap_in_blocks: u64,
+    pub blocks_swapped_in: u64,
 }

@@ -5,7 +5,7 @@ use crate::BlockId;
 /// The block table of one sequence: the physical blocks holding its tokens, in order, and how
 /// many tokens it holds.
 ///
-/// Invariant (DESIGN.md §2 inv. 3): `block_ids.len() == ceil(num_tokens / block_size)`; every
+/// Invariant (docs/design.md, Invariants 3): `block_ids.len() == ceil(num_tokens / block_size)`; every
 /// block but the last is full, and the last has `num_tokens - (len - 1) * block_size` tokens.
 ///
 /// ```
@@ -37,11 +37,8 @@ impl BlockTable {
     /// ```
     #[inline]
     pub fn blocks_for_tokens(num_tokens: usize, block_size: usize) -> Option<usize> {
-        if block_size == 0 {
-            return None;
-        }
-        // Written without `num_tokens + block_size - 1` so usize::MAX cannot overflow.
-        Some(num_tokens / block_size + usize::from(num_tokens % block_size != 0))
+        // `div_ceil` cannot overflow (no `num_tokens + block_size - 1`).
+        (block_size != 0).then(|| num_tokens.div_ceil(block_size))
     }
 
     /// The physical block ids, in logical order.

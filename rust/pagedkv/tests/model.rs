@@ -558,11 +558,11 @@ fn check_bijection(names: &HashMap<MBlock, BlockId>) {
 fn compare(kv: &KvCacheManager, model: &Model, names: &mut Names) {
     kv.check_invariants().unwrap();
     assert_eq!(kv.num_sequences(), model.seqs.len());
-    assert_eq!(kv.num_free_blocks(), model.available());
+    assert_eq!(kv.num_available_blocks(), model.available());
     let stats = kv.stats();
     assert_eq!(stats.num_blocks_in_use, model.refcounts.len());
     assert_eq!(stats.num_cached_blocks, model.cached.len());
-    assert_eq!(stats.evictions, model.evictions);
+    assert_eq!(stats.blocks_evicted, model.evictions);
     assert_eq!(stats.prefix_hit_tokens, model.hit_tokens);
     assert_eq!(kv.num_free_host_blocks(), model.host_free());
     names

@@ -133,7 +133,7 @@ fn snapshot(kv: &KvCacheManager) -> String {
         .collect();
     format!(
         "{tables:?} {refcounts:?} {host:?} {} {} {:?} {:?}",
-        kv.num_free_blocks(),
+        kv.num_available_blocks(),
         kv.num_free_host_blocks(),
         kv.cached_blocks(),
         kv.stats()

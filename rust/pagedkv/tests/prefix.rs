@@ -1,5 +1,5 @@
-//! Prefix caching, one exact scenario per behaviour of issue 5 (block ids, refcounts,
-//! eviction order and events asserted).
+//! Prefix caching, one exact scenario per behaviour in docs/design.md, Prefix cache (block ids,
+//! refcounts, eviction order and events asserted).
 
 use pagedkv::{BlockHasher, BlockId, Error, KvCacheManager, KvEvent, ManagerConfig, Tier};
 
@@ -55,7 +55,7 @@ fn miss_then_hit_three_full_blocks_plus_partial() {
     kv.free(1).unwrap();
     // Full blocks stay cached (tail first); the partial block went back to the pool.
     assert_eq!(kv.cached_blocks(), vec![2, 1, 0]);
-    assert_eq!(kv.num_free_blocks(), 8);
+    assert_eq!(kv.num_available_blocks(), 8);
     assert_eq!(kv.add_sequence(2, &prompt, None).unwrap(), 12);
     assert_eq!(kv.block_table(2).unwrap(), &[0, 1, 2, 3]);
     assert_eq!(refcounts(&kv)[..4], [1, 1, 1, 1]);
@@ -114,13 +114,13 @@ fn exact_eviction_order_under_pressure() {
     kv.add_sequence(2, &[5, 6, 7, 8], None).unwrap(); // blocks 2, 3
     kv.free(2).unwrap();
     assert_eq!(kv.cached_blocks(), vec![1, 0, 3, 2]);
-    assert_eq!(kv.num_free_blocks(), 4);
+    assert_eq!(kv.num_available_blocks(), 4);
     kv.add_sequence(3, &[9, 10], None).unwrap();
     assert_eq!(kv.block_table(3).unwrap(), &[1]);
     kv.add_sequence(4, &[11, 12, 13], None).unwrap();
     assert_eq!(kv.block_table(4).unwrap(), &[0, 3]);
     assert_eq!(kv.cached_blocks(), vec![2]);
-    assert_eq!(kv.stats().evictions, 3);
+    assert_eq!(kv.stats().blocks_evicted, 3);
     kv.check_invariants().unwrap();
 }
 
@@ -144,7 +144,7 @@ fn hit_blocks_not_evicted_while_other_blocks_are_free() {
     kv.add_sequence(2, &[7, 7], None).unwrap();
     assert_eq!(kv.block_table(2).unwrap(), &[2]);
     assert_eq!(kv.cached_blocks(), vec![1, 0]);
-    assert_eq!(kv.stats().evictions, 0);
+    assert_eq!(kv.stats().blocks_evicted, 0);
     kv.check_invariants().unwrap();
 }
 
@@ -280,7 +280,7 @@ fn event_sequence_store_evict_store_reset() {
             KvEvent::AllBlocksCleared,
         ]
     );
-    assert_eq!(kv.num_free_blocks(), 2);
+    assert_eq!(kv.num_available_blocks(), 2);
     assert_eq!(kv.stats().num_cached_blocks, 0);
     kv.check_invariants().unwrap();
 }
@@ -332,5 +332,52 @@ fn fork_children_fill_blocks_independently() {
     assert_eq!(kv.cached_blocks(), vec![2, 0]);
     assert_eq!(kv.add_sequence(3, &[1, 2, 3, 4, 5], None).unwrap(), 4);
     assert_eq!(kv.block_table(3).unwrap()[..2], [0, 2]);
+    kv.check_invariants().unwrap();
+}
+
+/// Admission revives its cached hits before it evicts for its new blocks: a hit at the front of
+/// the LRU is never the block evicted, and a shortage counts the pinned hits on both sides.
+#[test]
+fn admission_never_evicts_its_own_cached_hits() {
+    let mut kv = cached_manager(6, 2);
+    kv.add_sequence(1, &[1, 2, 3, 4], None).unwrap(); // blocks 0, 1
+    kv.add_sequence(2, &[5, 6], None).unwrap(); // block 2
+    kv.add_sequence_len(3, 1).unwrap(); // block 3
+    kv.free(1).unwrap();
+    kv.free(2).unwrap();
+    assert_eq!(kv.cached_blocks(), vec![1, 0, 2]); // the hits lead the eviction order
+    kv.take_events();
+
+    // 5 blocks: hits 0 and 1, then the pool's 4 and 5, then one eviction (block 2, not 1).
+    let prompt = [1, 2, 3, 4, 7, 7, 8, 8, 9];
+    let mut small = cached_manager(6, 2);
+    small.add_sequence(1, &[1, 2, 3, 4], None).unwrap();
+    small.add_sequence_len(2, 3).unwrap(); // blocks 2, 3: only 4, 5 stay free
+    small.free(1).unwrap();
+    assert_eq!(
+        small.add_sequence(4, &prompt, None),
+        Err(Error::OutOfBlocks {
+            tier: Tier::Device,
+            needed_blocks: 5,
+            available_blocks: 4,
+        })
+    );
+    assert_eq!(small.cached_blocks(), vec![1, 0]); // nothing moved
+    small.check_invariants().unwrap();
+
+    assert_eq!(kv.add_sequence(4, &prompt, None).unwrap(), 4);
+    assert_eq!(kv.block_table(4).unwrap(), &[0, 1, 4, 5, 2]);
+    assert!(kv.cached_blocks().is_empty());
+    assert_eq!(refcounts(&kv), vec![1, 1, 1, 1, 1, 1]);
+    let events = kv.take_events();
+    assert!(
+        matches!(&events[0], KvEvent::BlockRemoved { block_hashes, .. } if block_hashes.len() == 1)
+    );
+    assert!(matches!(
+        &events[1],
+        KvEvent::BlockStored { token_ids, .. } if token_ids == &[7, 7, 8, 8]
+    ));
+    assert_eq!(events.len(), 2);
+    assert_eq!(kv.stats().blocks_evicted, 1);
     kv.check_invariants().unwrap();
 }

@@ -1,5 +1,6 @@
-//! Host swap tier, exact scenarios (issue 6): mappings, refcounts on both tiers, partial
-//! groups, all-or-nothing failures and the operations a swapped-out sequence refuses.
+//! Host swap tier, exact scenarios (docs/design.md, Swap tier): mappings, refcounts on both
+//! tiers, partial groups, all-or-nothing failures and the operations a swapped-out sequence
+//! refuses.
 
 use pagedkv::{BlockId, Error, KvCacheManager, ManagerConfig, Tier};
 
@@ -26,7 +27,7 @@ fn single_sequence_round_trip() {
     assert_eq!(kv.swap_out(&[1]).unwrap(), vec![(0, 0), (1, 1), (2, 2)]);
     assert!(kv.is_swapped_out(1).unwrap());
     assert_eq!(kv.host_block_table(1).unwrap(), &[0, 1, 2]);
-    assert_eq!(kv.num_free_blocks(), 8);
+    assert_eq!(kv.num_available_blocks(), 8);
     assert_eq!(kv.num_free_host_blocks(), 5);
     assert_eq!(kv.num_tokens(1).unwrap(), 10);
     kv.check_invariants().unwrap();
@@ -37,7 +38,11 @@ fn single_sequence_round_trip() {
     assert_eq!(kv.num_free_host_blocks(), 8);
     let s = kv.stats();
     assert_eq!(
-        (s.swap_out_blocks, s.swap_in_blocks, s.num_swapped_sequences),
+        (
+            s.blocks_swapped_out,
+            s.blocks_swapped_in,
+            s.num_swapped_sequences
+        ),
         (3, 3, 0)
     );
     kv.append_len(1, 3).unwrap();
@@ -58,7 +63,7 @@ fn fork_group_shared_blocks_copied_once_and_stay_shared() {
     assert_eq!(copies, vec![(0, 0), (1, 1), (2, 2), (3, 3), (4, 4), (5, 5)]);
     assert_eq!(host_refcounts(&kv)[..6], [4, 4, 1, 1, 1, 1]);
     assert_eq!(kv.stats().num_host_blocks_in_use, 6);
-    assert_eq!(kv.num_free_blocks(), 16);
+    assert_eq!(kv.num_available_blocks(), 16);
     kv.check_invariants().unwrap();
     let back = kv.swap_in(&[3, 2, 1, 0]).unwrap();
     assert_eq!(back.len(), 6);

@@ -31,7 +31,7 @@ fn snapshot(kv: &KvCacheManager) -> Snapshot {
     let refs = (0..kv.num_blocks() as u32)
         .map(|b| kv.refcount(b).unwrap())
         .collect();
-    (seqs, refs, kv.num_free_blocks())
+    (seqs, refs, kv.num_available_blocks())
 }
 
 #[test]
@@ -44,7 +44,7 @@ fn allocate_fresh_on_add_and_growth() {
     kv.append_tokens(1, &[9]).unwrap(); // starts block 2
     assert_eq!(kv.block_table(1).unwrap(), &[0, 1, 2]);
     assert_eq!(kv.num_tokens(1).unwrap(), 9);
-    assert_eq!(kv.stats().allocations, 3);
+    assert_eq!(kv.stats().blocks_allocated, 3);
     kv.check_invariants().unwrap();
 }
 
@@ -108,10 +108,10 @@ fn release_on_free() {
     kv.fork(1, 2).unwrap();
     kv.free(1).unwrap();
     assert_eq!((kv.refcount(0).unwrap(), kv.refcount(1).unwrap()), (1, 1));
-    assert_eq!(kv.num_free_blocks(), 6);
+    assert_eq!(kv.num_available_blocks(), 6);
     kv.free(2).unwrap();
-    assert_eq!(kv.num_free_blocks(), 8);
-    assert_eq!(kv.stats().frees, 2);
+    assert_eq!(kv.num_available_blocks(), 8);
+    assert_eq!(kv.stats().blocks_freed, 2);
     assert_eq!(kv.usage(), 0.0);
     kv.check_invariants().unwrap();
 }

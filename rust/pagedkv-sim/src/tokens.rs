@@ -6,17 +6,18 @@
 //! it matches nothing else. A preempted request recomputed later re-derives the very same ids
 //! and can hit its own cached blocks, as in vLLM.
 
-use super::rng::mix64;
-use super::workload::RequestSpec;
-use crate::TokenId;
+use pagedkv::splitmix64;
+use pagedkv::TokenId;
+
+use crate::workload::RequestSpec;
 
 const PREFIX_DOMAIN: u64 = 0x5052_4546_4958_0001;
 const PROMPT_DOMAIN: u64 = 0x5052_4f4d_5054_0002;
 const OUTPUT_DOMAIN: u64 = 0x4f55_5450_5554_0003;
 
 fn derive(domain: u64, id: u64, member: u64, position: usize) -> TokenId {
-    let key = mix64(mix64(domain ^ id) ^ member.rotate_left(32));
-    (mix64(key ^ position as u64) >> 32) as TokenId
+    let key = splitmix64::mix(splitmix64::mix(domain ^ id) ^ member.rotate_left(32));
+    (splitmix64::mix(key ^ position as u64) >> 32) as TokenId
 }
 
 /// Token id at `position` (< prompt length) of request `request`'s prompt.

@@ -1,8 +1,9 @@
 //! A request in flight: its sequences and how far they got.
 
-use super::extent::Extent;
-use super::workload::RequestSpec;
-use crate::SeqId;
+use pagedkv::SeqId;
+
+use crate::extent::Extent;
+use crate::workload::RequestSpec;
 
 /// One request's sequences, generated in lockstep (every sequence holds the same number of
 /// tokens; a plain request is a group of one).

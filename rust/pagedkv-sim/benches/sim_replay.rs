@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use pagedkv::sim::{simulate, AllocatorKind, GroupKind, RequestSpec, SimConfig, Workload};
+use pagedkv_sim::{simulate, AllocatorKind, GroupKind, RequestSpec, SimConfig, Workload};
 
 mod common;
 use common::synthetic_workload;

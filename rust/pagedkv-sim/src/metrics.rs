@@ -4,7 +4,7 @@
 /// pool's `num_slots`).
 ///
 /// ```
-/// use pagedkv::sim::SlotShares;
+/// use pagedkv_sim::SlotShares;
 /// let s = SlotShares { token_slots: 50, reserved_slots: 10, internal_slots: 5, external_slots: 3, free_slots: 32 };
 /// assert_eq!(s.total(), 100);
 /// ```
@@ -62,7 +62,7 @@ pub(crate) fn classify_block(
 /// The outcome of a simulation run. Shares are time averages over steps and sum to 1.
 ///
 /// ```
-/// use pagedkv::sim::{simulate, GroupKind, SimConfig, Workload};
+/// use pagedkv_sim::{simulate, GroupKind, SimConfig, Workload};
 /// let w = Workload::from_arrays(&[30, 50], &[10, 20], &[0.0, 0.0], None, GroupKind::None, None, None)?;
 /// let r = simulate(&w, &SimConfig { num_slots: 256, ..Default::default() })?;
 /// assert_eq!(r.finished_requests, 2);

@@ -7,12 +7,12 @@
 
 use std::collections::BTreeMap;
 
-use super::extent::{runs_hold_extents, Extent, ExtentAllocator};
+use crate::extent::{runs_hold_extents, Extent, ExtentAllocator};
 
 /// First-fit allocator over the slots `[0, num_slots)`.
 ///
 /// ```
-/// use pagedkv::sim::{ExtentAllocator, FirstFitAllocator};
+/// use pagedkv_sim::{ExtentAllocator, FirstFitAllocator};
 /// let mut slots = FirstFitAllocator::new(10);
 /// let a = slots.allocate(4).unwrap();
 /// let b = slots.allocate(4).unwrap();
@@ -274,7 +274,7 @@ mod tests {
     #[test]
     fn random_operations_keep_the_invariants() {
         // A small deterministic stress run with a reference model of the slot array.
-        let mut rng = crate::sim::rng::SplitMix64::new(7);
+        let mut rng = crate::rng::SplitMix64::new(7);
         let mut ff = FirstFitAllocator::new(64);
         let mut owner = [false; 64];
         let mut live: Vec<Extent> = Vec::new();

@@ -10,21 +10,22 @@
 
 use std::collections::VecDeque;
 
-use super::config::{AllocatorKind, Arrival, Preemption, SimConfig};
-use super::contiguous::ContiguousMemory;
-use super::frames::Frame;
-use super::group::Group;
-use super::memory::KvMemory;
-use super::metrics::{Accumulator, SimResult};
-use super::paged::PagedMemory;
-use super::rng::SplitMix64;
-use super::workload::{GroupKind, Workload};
-use crate::{Error, Result, SeqId, MAX_NUM_BLOCKS};
+use pagedkv::{Error, Result, SeqId, MAX_NUM_BLOCKS};
+
+use crate::config::{AllocatorKind, Arrival, Preemption, SimConfig};
+use crate::contiguous::ContiguousMemory;
+use crate::frames::Frame;
+use crate::group::Group;
+use crate::memory::KvMemory;
+use crate::metrics::{Accumulator, SimResult};
+use crate::paged::PagedMemory;
+use crate::rng::SplitMix64;
+use crate::workload::{GroupKind, Workload};
 
 /// Progress of a running simulation, passed to the progress callback.
 ///
 /// ```
-/// use pagedkv::sim::SimProgress;
+/// use pagedkv_sim::SimProgress;
 /// let p = SimProgress { steps: 10, finished_requests: 3, total_requests: 8 };
 /// assert_eq!(p.total_requests - p.finished_requests, 5);
 /// ```
@@ -44,7 +45,7 @@ const PROGRESS_EVERY_STEPS: usize = 8192;
 /// Replays `workload` under `config` and returns the time-averaged metrics.
 ///
 /// ```
-/// use pagedkv::sim::{simulate, AllocatorKind, GroupKind, SimConfig, Workload};
+/// use pagedkv_sim::{simulate, AllocatorKind, GroupKind, SimConfig, Workload};
 /// let w = Workload::from_arrays(&[100; 8], &[50; 8], &[0.0; 8], None, GroupKind::None, None, None)?;
 /// let paged = simulate(&w, &SimConfig { num_slots: 1024, ..Default::default() })?;
 /// let max = simulate(&w, &SimConfig { num_slots: 1024, max_model_len: 512,

@@ -3,12 +3,12 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::{Error, Result, MAX_NUM_SLOTS};
+use pagedkv::{Error, Result, MAX_NUM_SLOTS};
 
 /// How KV memory is handed to requests.
 ///
 /// ```
-/// use pagedkv::sim::AllocatorKind;
+/// use pagedkv_sim::AllocatorKind;
 /// let kind: AllocatorKind = "contiguous-pow2".parse()?;
 /// assert_eq!(kind, AllocatorKind::ContiguousPow2);
 /// assert_eq!(kind.to_string(), "contiguous-pow2");
@@ -17,7 +17,7 @@ use crate::{Error, Result, MAX_NUM_SLOTS};
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AllocatorKind {
-    /// Blocks of `block_size` slots from the real [`crate::KvCacheManager`], grown on demand.
+    /// Blocks of `block_size` slots from the real [`pagedkv::KvCacheManager`], grown on demand.
     Paged,
     /// One contiguous reservation of `max_model_len` slots per sequence.
     ContiguousMax,
@@ -30,22 +30,22 @@ pub enum AllocatorKind {
 /// Where contiguous reservations are placed in the slot array.
 ///
 /// ```
-/// use pagedkv::sim::Placement;
+/// use pagedkv_sim::Placement;
 /// assert_eq!("buddy".parse::<Placement>()?, Placement::Buddy);
 /// # Ok::<(), pagedkv::Error>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Placement {
-    /// Lowest address with a long enough free run ([`crate::sim::FirstFitAllocator`]).
+    /// Lowest address with a long enough free run ([`crate::FirstFitAllocator`]).
     FirstFit,
-    /// Power-of-two runs ([`crate::sim::BuddyAllocator`]).
+    /// Power-of-two runs ([`crate::BuddyAllocator`]).
     Buddy,
 }
 
 /// When requests become visible to the scheduler.
 ///
 /// ```
-/// use pagedkv::sim::Arrival;
+/// use pagedkv_sim::Arrival;
 /// assert_eq!("poisson".parse::<Arrival>()?, Arrival::Poisson);
 /// # Ok::<(), pagedkv::Error>(())
 /// ```
@@ -62,7 +62,7 @@ pub enum Arrival {
 /// What happens to a preempted (paged) request group.
 ///
 /// ```
-/// use pagedkv::sim::Preemption;
+/// use pagedkv_sim::Preemption;
 /// assert_eq!("swap".parse::<Preemption>()?, Preemption::Swap);
 /// # Ok::<(), pagedkv::Error>(())
 /// ```
@@ -111,7 +111,7 @@ string_enum!(Preemption, "preemption", { "recompute" => Recompute, "swap" => Swa
 /// Settings of one simulation run (field names and defaults match the Python `SimConfig`).
 ///
 /// ```
-/// use pagedkv::sim::{AllocatorKind, SimConfig};
+/// use pagedkv_sim::{AllocatorKind, SimConfig};
 /// let config = SimConfig { allocator: AllocatorKind::ContiguousMax, num_slots: 4096, ..Default::default() };
 /// config.validate()?;
 /// assert_eq!(SimConfig { block_size: 0, ..Default::default() }.validate().is_err(), true);

@@ -2,17 +2,18 @@
 //! admission, sized by a reservation rule and placed by first-fit or buddy; it never grows,
 //! so these policies never preempt.
 
-use super::buddy::BuddyAllocator;
-use super::config::{AllocatorKind, Placement, SimConfig};
-use super::extent::{Extent, ExtentAllocator};
-use super::first_fit::FirstFitAllocator;
-use super::frames::{FrameCell, FramePool, FrameSequence};
-use super::group::Group;
-use super::memory::{Admission, FinishedFigures, KvMemory};
-use super::metrics::SlotShares;
-use super::rng::SplitMix64;
-use super::workload::RequestSpec;
-use crate::{Error, Result, SeqId};
+use pagedkv::{Error, Result, SeqId};
+
+use crate::buddy::BuddyAllocator;
+use crate::config::{AllocatorKind, Placement, SimConfig};
+use crate::extent::{Extent, ExtentAllocator};
+use crate::first_fit::FirstFitAllocator;
+use crate::frames::{FrameCell, FramePool, FrameSequence};
+use crate::group::Group;
+use crate::memory::{Admission, FinishedFigures, KvMemory};
+use crate::metrics::SlotShares;
+use crate::rng::SplitMix64;
+use crate::workload::RequestSpec;
 
 /// Slots one sequence of `spec` reserves under a contiguous rule (before placement rounding).
 pub(crate) fn reservation_len(

@@ -2,15 +2,16 @@
 //! prompt blocks through `fork` (copy-on-write); requests with a common prefix share cached
 //! blocks when prefix caching is on.
 
-use super::config::SimConfig;
-use super::frames::{FrameCell, FramePool, FrameSequence};
-use super::group::Group;
-use super::memory::{Admission, FinishedFigures, KvMemory};
-use super::metrics::{classify_block, SlotShares};
-use super::rng::SplitMix64;
-use super::tokens::{output_token, prompt_token};
-use super::workload::RequestSpec;
-use crate::{Error, KvCacheManager, ManagerConfig, Result, SeqId, Tier, TokenId};
+use pagedkv::{Error, KvCacheManager, ManagerConfig, Result, SeqId, Tier, TokenId};
+
+use crate::config::SimConfig;
+use crate::frames::{FrameCell, FramePool, FrameSequence};
+use crate::group::Group;
+use crate::memory::{Admission, FinishedFigures, KvMemory};
+use crate::metrics::{classify_block, SlotShares};
+use crate::rng::SplitMix64;
+use crate::tokens::{output_token, prompt_token};
+use crate::workload::RequestSpec;
 
 /// Blocks a group of `n` sequences forked from a `prompt_tokens` prompt holds when each of its
 /// sequences has `seq_tokens` tokens: the prompt's full blocks once, the rest once per sequence.
@@ -81,7 +82,7 @@ impl PagedMemory {
     }
 
     fn fits(&self, needed_blocks: usize, alone: bool) -> bool {
-        let free = self.kv.num_free_blocks();
+        let free = self.kv.num_available_blocks();
         free >= needed_blocks && (alone || free - needed_blocks >= self.watermark_blocks)
     }
 
@@ -364,7 +365,7 @@ impl KvMemory for PagedMemory {
     }
 
     fn used_blocks(&self) -> usize {
-        self.num_blocks - self.kv.num_free_blocks()
+        self.num_blocks - self.kv.num_available_blocks()
     }
 
     fn check_invariants(&self) -> Result<()> {

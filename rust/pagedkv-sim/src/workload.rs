@@ -3,12 +3,12 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::{Error, Result, MAX_NUM_SLOTS};
+use pagedkv::{Error, Result, MAX_NUM_SLOTS};
 
 /// How the sequences of one request relate (vLLM's parallel sampling and beam search).
 ///
 /// ```
-/// use pagedkv::sim::GroupKind;
+/// use pagedkv_sim::GroupKind;
 /// assert_eq!("beam".parse::<GroupKind>()?, GroupKind::Beam);
 /// # Ok::<(), pagedkv::Error>(())
 /// ```
@@ -50,7 +50,7 @@ impl fmt::Display for GroupKind {
 /// One request of a workload.
 ///
 /// ```
-/// use pagedkv::sim::RequestSpec;
+/// use pagedkv_sim::RequestSpec;
 /// let r = RequestSpec { prompt_tokens: 100, output_tokens: 20, arrival_s: 0.5, group_size: 1, prefix: None };
 /// assert_eq!(r.final_len(), 120);
 /// ```
@@ -79,7 +79,7 @@ impl RequestSpec {
 /// A validated list of requests.
 ///
 /// ```
-/// use pagedkv::sim::{GroupKind, Workload};
+/// use pagedkv_sim::{GroupKind, Workload};
 /// let w = Workload::from_arrays(&[10, 20], &[5, 1], &[0.0, 0.1], None, GroupKind::None, None, None)?;
 /// assert_eq!(w.requests().len(), 2);
 /// let err = Workload::from_arrays(&[10, -1], &[5, 1], &[0.0, 0.1], None, GroupKind::None, None, None);

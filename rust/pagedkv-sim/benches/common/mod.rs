@@ -1,6 +1,6 @@
 //! Code shared by the bench targets (each includes it with `mod common;`).
 
-use pagedkv::sim::{GroupKind, RequestSpec, SplitMix64, Workload};
+use pagedkv_sim::{GroupKind, RequestSpec, SplitMix64, Workload};
 
 /// A seeded synthetic workload with the Azure conversation trace's shape: prompts of 1-2,000
 /// tokens, outputs of 1-400 tokens, one arrival every 0.18 s, no sharing.

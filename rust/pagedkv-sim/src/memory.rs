@@ -1,10 +1,11 @@
 //! The interface between the step loop and an allocation policy (paged or contiguous).
 
-use super::frames::FramePool;
-use super::group::Group;
-use super::metrics::SlotShares;
-use super::rng::SplitMix64;
-use crate::{Result, SeqId};
+use pagedkv::{Result, SeqId};
+
+use crate::frames::FramePool;
+use crate::group::Group;
+use crate::metrics::SlotShares;
+use crate::rng::SplitMix64;
 
 /// What admitting a group cost in prefill work.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

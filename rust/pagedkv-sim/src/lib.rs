@@ -1,6 +1,6 @@
 //! Trace replay: continuous batching of LLM requests under paged and contiguous KV allocators.
 //!
-//! The paged policy drives the real [`crate::KvCacheManager`]; the contiguous baselines
+//! The paged policy drives the real [`pagedkv::KvCacheManager`]; the contiguous baselines
 //! (reserve `max_model_len`, a power-of-two over-reservation, or the exact final length) place
 //! one run of slots per sequence with a real address-space allocator (first-fit or buddy), so
 //! that external fragmentation happens as it would. Every slot of the pool is accounted at every
@@ -8,7 +8,7 @@
 //! definitions are in docs/metrics.md.
 //!
 //! ```
-//! use pagedkv::sim::{simulate, AllocatorKind, GroupKind, SimConfig, Workload};
+//! use pagedkv_sim::{simulate, AllocatorKind, GroupKind, SimConfig, Workload};
 //! // Three requests of 200-token prompts generating 100 tokens, in a pool of 1,024 slots.
 //! let w = Workload::from_arrays(&[200; 3], &[100; 3], &[0.0; 3], None, GroupKind::None, None, None)?;
 //! let r = simulate(&w, &SimConfig { num_slots: 1024, block_size: 16, ..Default::default() })?;
@@ -16,6 +16,9 @@
 //! assert_eq!(r.steps, 100);  // all three fit at once and decode in lockstep
 //! # Ok::<(), pagedkv::Error>(())
 //! ```
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 mod buddy;
 mod config;
@@ -28,7 +31,7 @@ mod group;
 mod memory;
 mod metrics;
 mod paged;
-pub(crate) mod rng;
+mod rng;
 mod tokens;
 mod workload;
 

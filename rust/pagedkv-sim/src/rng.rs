@@ -1,10 +1,13 @@
 //! A tiny seeded generator so that simulations are reproducible without extra dependencies.
 
-/// SplitMix64 (Steele, Lea & Flood 2014): 64 bits of state, passes BigCrush, fast and plenty for
-/// arrival gaps and beam choices. Not cryptographic.
+use pagedkv::splitmix64;
+
+/// SplitMix64 (Steele, Lea & Flood 2014; the one implementation is [`pagedkv::splitmix64`]):
+/// 64 bits of state, passes BigCrush, fast and plenty for arrival gaps and beam choices, with
+/// the distributions the simulator draws from. Not cryptographic.
 ///
 /// ```
-/// use pagedkv::sim::SplitMix64;
+/// use pagedkv_sim::SplitMix64;
 /// let mut a = SplitMix64::new(42);
 /// let mut b = SplitMix64::new(42);
 /// assert_eq!(a.next_u64(), b.next_u64());
@@ -24,8 +27,7 @@ impl SplitMix64 {
 
     /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
-        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        mix64(self.state)
+        splitmix64::next(&mut self.state)
     }
 
     /// Uniform in `[0, 1)` with 53 bits of precision.
@@ -45,13 +47,6 @@ impl SplitMix64 {
         // 1 - U lies in (0, 1], so the logarithm is finite.
         -(1.0 - self.next_f64()).ln() / rate
     }
-}
-
-/// The SplitMix64 finaliser: a bijective 64-bit mix, also used to derive synthetic token ids.
-pub fn mix64(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 #[cfg(test)]

@@ -1,11 +1,11 @@
 //! Exact small scenarios of the simulator's step loop, plus seeded randomized runs that check
 //! the allocators' invariants after every step.
 
-use pagedkv::sim::{
+use pagedkv::Error;
+use pagedkv_sim::{
     record_frames, simulate, AllocatorKind, Arrival, GroupKind, Placement, Preemption, RequestSpec,
     SimConfig, SimResult, SplitMix64, Workload,
 };
-use pagedkv::Error;
 
 fn plain(requests: &[(usize, usize)]) -> Workload {
     let specs = requests

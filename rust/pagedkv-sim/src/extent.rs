@@ -3,7 +3,7 @@
 /// A run of adjacent token slots `[start, start + len)` in the contiguous pool.
 ///
 /// ```
-/// use pagedkv::sim::Extent;
+/// use pagedkv_sim::Extent;
 /// let e = Extent { start: 8, len: 4 };
 /// assert_eq!(e.end(), 12);
 /// ```
@@ -25,7 +25,7 @@ impl Extent {
 /// An address-space allocator handing out runs of adjacent slots from `[0, num_slots)`.
 ///
 /// ```
-/// use pagedkv::sim::{BuddyAllocator, ExtentAllocator, FirstFitAllocator};
+/// use pagedkv_sim::{BuddyAllocator, ExtentAllocator, FirstFitAllocator};
 /// let mut allocators: Vec<Box<dyn ExtentAllocator>> =
 ///     vec![Box::new(FirstFitAllocator::new(16)), Box::new(BuddyAllocator::new(16))];
 /// for a in allocators.iter_mut() {

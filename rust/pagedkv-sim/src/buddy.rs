@@ -9,12 +9,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::extent::{runs_hold_extents, Extent, ExtentAllocator};
+use crate::extent::{runs_hold_extents, Extent, ExtentAllocator};
 
 /// Buddy allocator over the slots `[0, num_slots)`.
 ///
 /// ```
-/// use pagedkv::sim::{BuddyAllocator, ExtentAllocator};
+/// use pagedkv_sim::{BuddyAllocator, ExtentAllocator};
 /// let mut buddy = BuddyAllocator::new(16);
 /// let a = buddy.allocate(3).unwrap(); // rounded to 4 slots: [0, 4)
 /// let b = buddy.allocate(4).unwrap(); // its buddy: [4, 8)
@@ -347,7 +347,7 @@ mod tests {
 
     #[test]
     fn random_operations_keep_the_invariants() {
-        let mut rng = crate::sim::rng::SplitMix64::new(11);
+        let mut rng = crate::rng::SplitMix64::new(11);
         let mut b = BuddyAllocator::new(100); // arenas 64 + 32 + 4
         let mut live: Vec<Extent> = Vec::new();
         for _ in 0..3000 {

@@ -1,11 +1,11 @@
 //! Step-by-step pictures of the pool for the visualizer (`record_frames`).
 
-use super::metrics::SlotShares;
+use crate::metrics::SlotShares;
 
 /// One cell of the pool picture: a block (paged) or `block_size` slots (contiguous).
 ///
 /// ```
-/// use pagedkv::sim::FrameCell;
+/// use pagedkv_sim::FrameCell;
 /// let cell = FrameCell { owner: 3, tokens: 10, reserved: 6 };
 /// assert_eq!(cell.owner, 3);
 /// ```
@@ -22,7 +22,7 @@ pub struct FrameCell {
 /// One sequence's table in a frame.
 ///
 /// ```
-/// use pagedkv::sim::FrameSequence;
+/// use pagedkv_sim::FrameSequence;
 /// let s = FrameSequence { blocks: vec![4, 0, 7], num_tokens: 40 };
 /// assert_eq!(s.blocks.len(), 3);
 /// ```
@@ -37,7 +37,7 @@ pub struct FrameSequence {
 /// The pool picture of one step.
 ///
 /// ```
-/// use pagedkv::sim::FramePool;
+/// use pagedkv_sim::FramePool;
 /// let p = FramePool::default();
 /// assert!(p.cells.is_empty());
 /// ```
@@ -54,7 +54,7 @@ pub struct FramePool {
 /// Counters and pool picture after one step.
 ///
 /// ```
-/// use pagedkv::sim::{record_frames, GroupKind, SimConfig, Workload};
+/// use pagedkv_sim::{record_frames, GroupKind, SimConfig, Workload};
 /// let w = Workload::from_arrays(&[20], &[3], &[0.0], None, GroupKind::None, None, None)?;
 /// let (result, frames) = record_frames(&w, &SimConfig { num_slots: 64, block_size: 8, ..Default::default() }, 100)?;
 /// assert_eq!(frames.len(), result.steps);

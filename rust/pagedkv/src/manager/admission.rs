@@ -1,0 +1,171 @@
+//! Admission: `add_sequence` / `add_sequence_len`, with and without prefix caching.
+
+use std::sync::Arc;
+
+use super::{KvCacheManager, SeqHashing, Sequence};
+use crate::error::{invalid, Error, Result};
+use crate::prefix::events::StoredRun;
+use crate::table::BlockTable;
+use crate::{BlockId, SeqId, TokenId};
+
+impl KvCacheManager {
+    /// Admits a sequence with prompt `token_ids`. Returns the number of prompt tokens served
+    /// from the prefix cache (0 without prefix caching): the longest chain of cached full
+    /// blocks, never the whole prompt (its last token is always left to compute). `extra_key`
+    /// (cache salt, adapter id, multimodal hash) isolates prefix-cache namespaces.
+    ///
+    /// ```
+    /// use pagedkv::{Error, KvCacheManager, ManagerConfig};
+    /// let mut kv = KvCacheManager::new(ManagerConfig { num_blocks: 4, block_size: 4, ..Default::default() })?;
+    /// assert_eq!(kv.add_sequence(7, &[1, 2, 3, 4, 5], None)?, 0);
+    /// assert_eq!(kv.num_tokens(7)?, 5);
+    /// assert_eq!(kv.add_sequence(7, &[1], None), Err(Error::SequenceExists(7)));
+    /// # Ok::<(), pagedkv::Error>(())
+    /// ```
+    pub fn add_sequence(
+        &mut self,
+        seq_id: SeqId,
+        token_ids: &[TokenId],
+        extra_key: Option<&[u8]>,
+    ) -> Result<usize> {
+        if self.prefix.is_some() {
+            self.admit_cached(seq_id, token_ids, extra_key)
+        } else {
+            self.admit(seq_id, token_ids.len())
+        }
+    }
+
+    /// Admits a sequence of `num_tokens` tokens whose ids are unknown (never prefix-cached).
+    ///
+    /// ```
+    /// use pagedkv::{KvCacheManager, ManagerConfig};
+    /// let mut kv = KvCacheManager::new(ManagerConfig { num_blocks: 4, block_size: 4, ..Default::default() })?;
+    /// kv.add_sequence_len(1, 9)?;
+    /// assert_eq!(kv.block_table(1)?.len(), 3);
+    /// assert!(kv.add_sequence_len(2, usize::MAX).is_err());   // InvalidArgument, not a panic
+    /// # Ok::<(), pagedkv::Error>(())
+    /// ```
+    pub fn add_sequence_len(&mut self, seq_id: SeqId, num_tokens: usize) -> Result<usize> {
+        self.admit(seq_id, num_tokens)
+    }
+
+    /// Admission without token ids or without prefix caching: fresh blocks only.
+    fn admit(&mut self, seq_id: SeqId, num_tokens: usize) -> Result<usize> {
+        if self.seqs.contains_key(&seq_id) {
+            return Err(Error::SequenceExists(seq_id));
+        }
+        let num_blocks = self.blocks_fitting_pool(num_tokens)?;
+        let mut block_ids = Vec::with_capacity(num_blocks);
+        self.allocate_fresh(num_blocks, &mut block_ids)?;
+        let table = BlockTable {
+            block_ids,
+            num_tokens,
+        };
+        self.seqs.insert(
+            seq_id,
+            Sequence {
+                table,
+                swapped: false,
+                hashing: None,
+            },
+        );
+        Ok(0)
+    }
+
+    /// Admission with prefix caching: reuse the longest verified chain of cached blocks,
+    /// allocate the rest, index the new full blocks. Nothing changes unless all of it succeeds.
+    fn admit_cached(
+        &mut self,
+        seq_id: SeqId,
+        token_ids: &[TokenId],
+        extra_key: Option<&[u8]>,
+    ) -> Result<usize> {
+        if self.seqs.contains_key(&seq_id) {
+            return Err(Error::SequenceExists(seq_id));
+        }
+        let num_tokens = token_ids.len();
+        let total_blocks = self.blocks_fitting_pool(num_tokens)?;
+        let bs = self.block_size;
+        let num_full = num_tokens / bs;
+        let max_hits = num_tokens.saturating_sub(1) / bs; // never the whole prompt
+        let prefix = self.prefix.as_ref().expect("prefix caching on");
+
+        // 1. Hash every full block; collect the verified hit chain (no mutation yet).
+        let mut block_hashes = Vec::with_capacity(num_full);
+        let mut hits: Vec<BlockId> = Vec::new();
+        let mut chain_alive = true;
+        let mut num_revive = 0usize;
+        for (i, chunk) in token_ids.chunks_exact(bs).enumerate() {
+            let parent = block_hashes.last().copied();
+            let h = prefix.hasher.hash_block(parent, chunk, extra_key);
+            block_hashes.push(h);
+            if chain_alive && i < max_hits {
+                match prefix.lookup(h, parent, chunk, extra_key) {
+                    Some(b) => {
+                        if prefix.is_cached(b) {
+                            num_revive += 1;
+                        } else if self.pool.refcount(b)? == u32::MAX {
+                            return invalid(format!("block {b} refcount would overflow"));
+                        }
+                        hits.push(b);
+                    }
+                    None => chain_alive = false,
+                }
+            }
+        }
+
+        // 2. Reserve the new blocks; the cached hits are pinned so no eviction can take them.
+        let num_new = total_blocks - hits.len();
+        let mut block_ids = Vec::with_capacity(total_blocks);
+        block_ids.extend_from_slice(&hits);
+        let fresh = self.reserve_fresh(num_new, num_revive, &mut block_ids)?;
+
+        // 3. Commit (infallible from here): hits first, then evictions for the new blocks.
+        for &b in &hits {
+            let cached = self.prefix.as_ref().is_some_and(|p| p.is_cached(b));
+            if cached {
+                self.revive_cached(b);
+            } else {
+                // Cannot fail: `b` is in use and its refcount was checked above.
+                let shared = self.share(b);
+                debug_assert!(shared.is_ok(), "share of a hit block failed: {shared:?}");
+            }
+        }
+        self.complete_fresh(fresh, &mut block_ids);
+        let prefix = self.prefix.as_mut().expect("prefix caching on");
+        prefix.query_tokens += num_tokens as u64;
+        prefix.hit_tokens += (hits.len() * bs) as u64;
+
+        let extra: Option<Arc<[u8]>> = extra_key.map(Arc::from);
+        let mut stored = StoredRun::default();
+        for i in hits.len()..num_full {
+            let parent = i.checked_sub(1).map(|p| block_hashes[p]);
+            let chunk = &token_ids[i * bs..(i + 1) * bs];
+            if prefix.register(block_ids[i], block_hashes[i], parent, chunk, &extra) {
+                stored.add(block_hashes[i], parent, chunk);
+            } else {
+                stored.flush(&mut prefix.events, bs, extra.as_deref());
+            }
+        }
+        stored.flush(&mut prefix.events, bs, extra.as_deref());
+
+        let hashing = SeqHashing {
+            extra_key: extra,
+            block_hashes,
+            partial_tokens: token_ids[num_full * bs..].to_vec(),
+        };
+        let table = BlockTable {
+            block_ids,
+            num_tokens,
+        };
+        self.seqs.insert(
+            seq_id,
+            Sequence {
+                table,
+                swapped: false,
+                hashing: Some(hashing),
+            },
+        );
+        Ok(hits.len() * bs)
+    }
+}

@@ -1,0 +1,98 @@
+//! Prefix-cache integration: reset, events, the LRU view, and hashing of appended tokens.
+
+use super::{KvCacheManager, Sequence};
+use crate::prefix::events::{KvEvent, StoredRun};
+use crate::prefix::PrefixCache;
+use crate::{BlockId, TokenId};
+
+impl KvCacheManager {
+    /// Empties the prefix index and returns every cached-evictable block to the pool. Refuses
+    /// (returns `false`, changing nothing) while any of this manager's blocks is in use.
+    ///
+    /// ```
+    /// use pagedkv::{KvCacheManager, KvEvent, ManagerConfig};
+    /// let mut kv = KvCacheManager::new(ManagerConfig {
+    ///     num_blocks: 4, block_size: 2, enable_prefix_caching: true, ..Default::default()
+    /// })?;
+    /// kv.add_sequence(1, &[1, 2, 3], None)?;
+    /// assert!(!kv.reset_prefix_cache());
+    /// kv.free(1)?;
+    /// assert_eq!(kv.stats().num_cached_blocks, 1);
+    /// assert!(kv.reset_prefix_cache());
+    /// assert_eq!(kv.stats().num_cached_blocks, 0);
+    /// assert_eq!(kv.take_events().last(), Some(&KvEvent::AllBlocksCleared));
+    /// # Ok::<(), pagedkv::Error>(())
+    /// ```
+    pub fn reset_prefix_cache(&mut self) -> bool {
+        if self.num_blocks_in_use > 0 {
+            return false;
+        }
+        if let Some(prefix) = self.prefix.as_mut() {
+            prefix.reset(&self.pool);
+        }
+        true
+    }
+
+    /// Drains the recorded KV events, oldest first (empty without prefix caching).
+    pub fn take_events(&mut self) -> Vec<KvEvent> {
+        self.prefix
+            .as_mut()
+            .map_or_else(Vec::new, PrefixCache::take_events)
+    }
+
+    /// Cached-evictable blocks in eviction order (least recently used first).
+    ///
+    /// ```
+    /// use pagedkv::{KvCacheManager, ManagerConfig};
+    /// let mut kv = KvCacheManager::new(ManagerConfig {
+    ///     num_blocks: 4, block_size: 2, enable_prefix_caching: true, ..Default::default()
+    /// })?;
+    /// kv.add_sequence(1, &[1, 2, 3, 4, 5], None)?;   // blocks 0, 1 full, 2 partial
+    /// kv.free(1)?;
+    /// assert_eq!(kv.cached_blocks(), vec![1, 0]);     // tail before head
+    /// # Ok::<(), pagedkv::Error>(())
+    /// ```
+    pub fn cached_blocks(&self) -> Vec<BlockId> {
+        self.prefix
+            .as_ref()
+            .map_or_else(Vec::new, PrefixCache::lru_order)
+    }
+}
+
+/// Feeds appended tokens to a sequence's hashing state, entering each block they fill in the
+/// prefix index. Unknown tokens (`None`) end hashing for the sequence.
+pub(super) fn record_tokens(
+    prefix: &mut PrefixCache,
+    seq: &mut Sequence,
+    block_size: usize,
+    token_ids: Option<&[TokenId]>,
+) {
+    let Some(h) = seq.hashing.as_mut() else {
+        return;
+    };
+    let Some(mut tokens) = token_ids else {
+        seq.hashing = None;
+        return;
+    };
+    while !tokens.is_empty() {
+        let take = tokens.len().min(block_size - h.partial_tokens.len());
+        h.partial_tokens.extend_from_slice(&tokens[..take]);
+        tokens = &tokens[take..];
+        if h.partial_tokens.len() == block_size {
+            let i = h.block_hashes.len();
+            let parent = h.block_hashes.last().copied();
+            let hash = prefix
+                .hasher
+                .hash_block(parent, &h.partial_tokens, h.extra_key.as_deref());
+            let b = seq.table.block_ids[i];
+            if prefix.register(b, hash, parent, &h.partial_tokens, &h.extra_key) {
+                // One event per filled block, as each block fills.
+                let mut stored = StoredRun::default();
+                stored.add(hash, parent, &h.partial_tokens);
+                stored.flush(&mut prefix.events, block_size, h.extra_key.as_deref());
+            }
+            h.block_hashes.push(hash);
+            h.partial_tokens.clear();
+        }
+    }
+}

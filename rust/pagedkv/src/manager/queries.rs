@@ -1,0 +1,190 @@
+//! Read-only views: sequence lookups, block tables for kernels, slot mappings, copy ops,
+//! occupancy and stats.
+
+use super::KvCacheManager;
+use crate::error::{invalid, Error, Result};
+use crate::prefix::PrefixCache;
+use crate::stats::Stats;
+use crate::table::BlockTable;
+use crate::{BlockId, SeqId};
+
+impl KvCacheManager {
+    /// Whether a sequence with this id is live.
+    pub fn contains(&self, seq_id: SeqId) -> bool {
+        self.seqs.contains_key(&seq_id)
+    }
+
+    /// Live sequences (resident and swapped out).
+    pub fn num_sequences(&self) -> usize {
+        self.seqs.len()
+    }
+
+    /// The ids of all live sequences (arbitrary order).
+    pub fn seq_ids(&self) -> impl Iterator<Item = SeqId> + '_ {
+        self.seqs.keys().copied()
+    }
+
+    /// The physical block ids of a device-resident sequence, in logical order.
+    pub fn block_table(&self, seq_id: SeqId) -> Result<&[BlockId]> {
+        Ok(&self.resident(seq_id)?.table.block_ids)
+    }
+
+    /// The full [`BlockTable`] of a device-resident sequence.
+    pub fn table(&self, seq_id: SeqId) -> Result<&BlockTable> {
+        Ok(&self.resident(seq_id)?.table)
+    }
+
+    /// Tokens held by a sequence (resident or swapped out).
+    pub fn num_tokens(&self, seq_id: SeqId) -> Result<usize> {
+        Ok(self
+            .seqs
+            .get(&seq_id)
+            .ok_or(Error::UnknownSequence(seq_id))?
+            .table
+            .num_tokens)
+    }
+
+    /// `ceil(num_tokens / block_size)`: blocks a prompt needs, ignoring prefix-cache hits.
+    pub fn blocks_needed_for_prompt(&self, num_tokens: usize) -> usize {
+        num_tokens.div_ceil(self.block_size)
+    }
+
+    /// Block tables of `seq_ids` as one row-major `[B, max_blocks]` i32 matrix padded with -1,
+    /// plus `max_blocks` and the sequences' lengths (`[B]`, i32).
+    ///
+    /// ```
+    /// use pagedkv::{KvCacheManager, ManagerConfig};
+    /// let mut kv = KvCacheManager::new(ManagerConfig { num_blocks: 4, block_size: 2, ..Default::default() })?;
+    /// kv.add_sequence_len(1, 3)?;
+    /// kv.add_sequence_len(2, 1)?;
+    /// let (tables, max_blocks, lens) = kv.batch_block_tables(&[1, 2])?;
+    /// assert_eq!((tables, max_blocks, lens), (vec![0, 1, 2, -1], 2, vec![3, 1]));
+    /// # Ok::<(), pagedkv::Error>(())
+    /// ```
+    pub fn batch_block_tables(&self, seq_ids: &[SeqId]) -> Result<(Vec<i32>, usize, Vec<i32>)> {
+        let mut max_blocks = 0;
+        for &id in seq_ids {
+            max_blocks = max_blocks.max(self.resident(id)?.table.block_ids.len());
+        }
+        let mut tables = vec![-1i32; seq_ids.len() * max_blocks];
+        let mut lens = Vec::with_capacity(seq_ids.len());
+        for (row, &id) in seq_ids.iter().enumerate() {
+            let table = &self.seqs[&id].table;
+            let dst = &mut tables[row * max_blocks..row * max_blocks + table.block_ids.len()];
+            for (d, &b) in dst.iter_mut().zip(&table.block_ids) {
+                *d = b as i32; // block ids < 2^24
+            }
+            lens.push(table.num_tokens as i32); // pool capacity <= i32::MAX slots
+        }
+        Ok((tables, max_blocks, lens))
+    }
+
+    /// Slots (`block_id * block_size + offset`) of each sequence's last `num_new_tokens`
+    /// tokens, row-major `[B * num_new_tokens]`.
+    ///
+    /// ```
+    /// use pagedkv::{KvCacheManager, ManagerConfig};
+    /// let mut kv = KvCacheManager::new(ManagerConfig { num_blocks: 4, block_size: 2, ..Default::default() })?;
+    /// kv.add_sequence_len(1, 3)?;                 // blocks [0, 1]
+    /// assert_eq!(kv.slot_mapping(&[1], 2)?, vec![1, 2]);
+    /// assert!(kv.slot_mapping(&[1], 4).is_err());
+    /// # Ok::<(), pagedkv::Error>(())
+    /// ```
+    pub fn slot_mapping(&self, seq_ids: &[SeqId], num_new_tokens: usize) -> Result<Vec<i64>> {
+        for &id in seq_ids {
+            let n = self.resident(id)?.table.num_tokens;
+            if num_new_tokens > n {
+                return invalid(format!(
+                    "sequence {id} holds {n} tokens, fewer than num_new_tokens={num_new_tokens}"
+                ));
+            }
+        }
+        let mut slots = Vec::with_capacity(seq_ids.len() * num_new_tokens);
+        for &id in seq_ids {
+            let table = &self.seqs[&id].table;
+            for pos in table.num_tokens - num_new_tokens..table.num_tokens {
+                slots.push(table.slot_of(pos, self.block_size));
+            }
+        }
+        Ok(slots)
+    }
+
+    /// Drains the pending copy-on-write copies `(src, dst)`, oldest first.
+    pub fn take_copy_ops(&mut self) -> Vec<(BlockId, BlockId)> {
+        std::mem::take(&mut self.pending_copies)
+    }
+
+    /// The refcount of a device block.
+    pub fn refcount(&self, block_id: BlockId) -> Result<u32> {
+        self.pool.refcount(block_id)
+    }
+
+    /// Device blocks in the pool.
+    pub fn num_blocks(&self) -> usize {
+        self.pool.num_blocks()
+    }
+
+    /// Token slots per block.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// Blocks this manager could allocate now: the pool's free blocks plus its own
+    /// cached-evictable blocks (Python: `KvCacheManager.num_free_blocks`). The pool's
+    /// `num_free_blocks` counts its free list only.
+    ///
+    /// ```
+    /// use pagedkv::{KvCacheManager, ManagerConfig};
+    /// let mut kv = KvCacheManager::new(ManagerConfig {
+    ///     num_blocks: 4, block_size: 2, enable_prefix_caching: true, ..Default::default()
+    /// })?;
+    /// kv.add_sequence(1, &[1, 2, 3], None)?;
+    /// kv.free(1)?;                                   // the full block stays cached
+    /// assert_eq!((kv.num_available_blocks(), kv.pool().num_free_blocks()), (4, 3));
+    /// # Ok::<(), pagedkv::Error>(())
+    /// ```
+    pub fn num_available_blocks(&self) -> usize {
+        self.pool.num_free_blocks() + self.prefix.as_ref().map_or(0, PrefixCache::num_cached)
+    }
+
+    /// This manager's in-use blocks / `num_blocks`, in `[0, 1]`.
+    pub fn usage(&self) -> f64 {
+        self.num_blocks_in_use as f64 / self.pool.num_blocks() as f64
+    }
+
+    /// A snapshot of counters and occupancy.
+    pub fn stats(&self) -> Stats {
+        let mut s = Stats {
+            num_blocks: self.pool.num_blocks(),
+            block_size: self.block_size,
+            num_blocks_in_use: self.num_blocks_in_use,
+            num_free_blocks: self.pool.num_free_blocks(),
+            num_sequences: self.seqs.len(),
+            blocks_allocated: self.counters.blocks_allocated,
+            blocks_freed: self.counters.blocks_freed,
+            cow_copies: self.counters.cow_copies,
+            forks: self.counters.forks,
+            num_swapped_sequences: self.num_swapped,
+            blocks_swapped_out: self.counters.blocks_swapped_out,
+            blocks_swapped_in: self.counters.blocks_swapped_in,
+            ..Stats::default()
+        };
+        if let Some(p) = &self.prefix {
+            s.num_cached_blocks = p.num_cached();
+            s.prefix_query_tokens = p.query_tokens;
+            s.prefix_hit_tokens = p.hit_tokens;
+            s.prefix_hit_rate = if p.query_tokens == 0 {
+                0.0
+            } else {
+                p.hit_tokens as f64 / p.query_tokens as f64
+            };
+            s.blocks_evicted = p.blocks_evicted;
+            s.events_dropped = p.events.dropped;
+        }
+        if let Some(h) = &self.host {
+            s.num_host_blocks = h.num_blocks();
+            s.num_host_blocks_in_use = h.num_in_use();
+        }
+        s
+    }
+}

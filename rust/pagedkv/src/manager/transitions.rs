@@ -1,0 +1,148 @@
+//! The named state transitions, the only code that changes refcounts and block states
+//! (docs/design.md, Invariants): every operation is validation plus a sequence of these.
+
+use super::KvCacheManager;
+use crate::error::{Error, Result, Tier};
+use crate::BlockId;
+
+/// Fresh blocks reserved by [`KvCacheManager::reserve_fresh`]: the pool's part is already in
+/// the caller's buffer, the cache's part is evicted by [`KvCacheManager::complete_fresh`].
+#[must_use = "complete_fresh must follow a successful reserve_fresh"]
+#[derive(Debug, Clone, Copy)]
+pub(super) struct FreshReservation {
+    /// Blocks reserved in all.
+    num_blocks: usize,
+    /// Of those, blocks still to evict from the prefix cache's LRU.
+    from_cache: usize,
+}
+
+impl KvCacheManager {
+    /// `allocate_fresh`: takes `num_blocks` blocks for new content (refcount 0 -> 1),
+    /// appending them to `out`; truly free pool blocks first, then the least recently used
+    /// cached blocks (evicted: they lose their hash). All or nothing.
+    #[inline]
+    pub(super) fn allocate_fresh(
+        &mut self,
+        num_blocks: usize,
+        out: &mut Vec<BlockId>,
+    ) -> Result<()> {
+        let reservation = self.reserve_fresh(num_blocks, 0, out)?;
+        self.complete_fresh(reservation, out);
+        Ok(())
+    }
+
+    /// The fallible half of `allocate_fresh`: takes what the pool has and checks the prefix
+    /// cache can supply the rest by eviction while leaving `pinned_cached` of its blocks alone
+    /// (cached prefix hits that the caller revives before [`Self::complete_fresh`], so no
+    /// eviction can take them). On error nothing changed: `out` and the pool are as before.
+    #[inline]
+    pub(super) fn reserve_fresh(
+        &mut self,
+        num_blocks: usize,
+        pinned_cached: usize,
+        out: &mut Vec<BlockId>,
+    ) -> Result<FreshReservation> {
+        let none = FreshReservation {
+            num_blocks: 0,
+            from_cache: 0,
+        };
+        if num_blocks == 0 {
+            return Ok(none);
+        }
+        let Some(prefix) = self.prefix.as_ref() else {
+            self.pool.allocate_into(num_blocks, out)?;
+            return Ok(FreshReservation {
+                num_blocks,
+                from_cache: 0,
+            });
+        };
+        let cached = prefix.num_cached();
+        let evictable = cached - pinned_cached;
+        let shortage = |pool_free: usize| Error::OutOfBlocks {
+            tier: Tier::Device,
+            needed_blocks: num_blocks + pinned_cached,
+            available_blocks: pool_free + cached,
+        };
+        if num_blocks > self.pool.num_free_blocks() + evictable {
+            return Err(shortage(self.pool.num_free_blocks()));
+        }
+        let start = out.len();
+        let got = self.pool.allocate_up_to(num_blocks, out);
+        if num_blocks - got > evictable {
+            // Another manager took pool blocks meanwhile: give ours back, change nothing.
+            for b in out.drain(start..).rev() {
+                let _ = self.pool.release(b);
+            }
+            return Err(shortage(self.pool.num_free_blocks()));
+        }
+        Ok(FreshReservation {
+            num_blocks,
+            from_cache: num_blocks - got,
+        })
+    }
+
+    /// The infallible half of `allocate_fresh`: evicts the reserved cached blocks into `out`
+    /// and counts the fresh blocks as in use.
+    #[inline]
+    pub(super) fn complete_fresh(&mut self, reservation: FreshReservation, out: &mut Vec<BlockId>) {
+        if reservation.from_cache > 0 {
+            let prefix = self
+                .prefix
+                .as_mut()
+                .expect("cache reservations imply a prefix cache");
+            for _ in 0..reservation.from_cache {
+                out.push(prefix.evict_lru(&self.pool));
+            }
+        }
+        self.num_blocks_in_use += reservation.num_blocks;
+        self.counters.blocks_allocated += reservation.num_blocks as u64;
+    }
+
+    /// `revive_cached`: a prefix hit on cached-evictable block `b` puts it back in use
+    /// (refcount 0 -> 1), keeping its hash.
+    pub(super) fn revive_cached(&mut self, b: BlockId) {
+        let prefix = self
+            .prefix
+            .as_mut()
+            .expect("cached blocks imply a prefix cache");
+        prefix.revive_cached(b, &self.pool);
+        self.num_blocks_in_use += 1;
+    }
+
+    /// `share`: one more table references in-use block `b` (refcount +1).
+    pub(super) fn share(&mut self, b: BlockId) -> Result<()> {
+        self.pool.retain(b).map(|_| ())
+    }
+
+    /// `copy_on_write`: a table's shared, partly filled last block `src` was replaced by the
+    /// private copy `dst` (already refcount 1); records `(src, dst)` and drops one reference
+    /// on `src`.
+    pub(super) fn copy_on_write(&mut self, src: BlockId, dst: BlockId) {
+        self.pending_copies.push((src, dst));
+        self.counters.cow_copies += 1;
+        self.release(src);
+    }
+
+    /// `release`: one table stops referencing `b` (refcount -1). At 0 the block becomes
+    /// cached-evictable (joining the LRU tail) if its content is indexed, else free.
+    pub(super) fn release(&mut self, b: BlockId) {
+        let prefix = self.prefix.as_mut().filter(|p| p.is_indexed(b));
+        let result = match &prefix {
+            Some(_) => self.pool.release_to_cache(b),
+            None => self.pool.release(b),
+        };
+        match result {
+            Ok(true) => {
+                if let Some(p) = prefix {
+                    p.push_lru(b);
+                }
+                self.num_blocks_in_use -= 1;
+                self.counters.blocks_freed += 1;
+            }
+            Ok(false) => {}
+            // Our tables hold a reference to `b`, so the pool cannot refuse; if it does, the
+            // refcount was corrupted elsewhere and check_invariants will report it.
+            Err(e) => debug_assert!(false, "release of table block {b} failed: {e}"),
+        }
+    }
+}

@@ -1,0 +1,193 @@
+//! KV events: every change to the prefix index, for KV-aware routers.
+//!
+//! While prefix caching is on, every index change is recorded as a [`KvEvent`] whose field
+//! names follow vLLM's KV-event schema (`BlockStored`, `BlockRemoved`, `AllBlocksCleared`). The
+//! queue is bounded by `ManagerConfig::max_events`: when it is full the **oldest** event is
+//! dropped and `Stats::events_dropped` counts it, so a consumer that falls behind sees a gap it
+//! can detect (and can resync after an `AllBlocksCleared`) rather than unbounded memory growth.
+
+use std::collections::VecDeque;
+
+use crate::{BlockHash, Tier, TokenId};
+
+/// A change to the prefix-cache index, named and shaped after vLLM's KV events
+/// (`vllm.distributed.kv_events`), for KV-aware routers.
+///
+/// ```
+/// use pagedkv::{KvCacheManager, KvEvent, ManagerConfig};
+/// let mut kv = KvCacheManager::new(ManagerConfig {
+///     num_blocks: 4, block_size: 2, enable_prefix_caching: true, ..Default::default()
+/// })?;
+/// kv.add_sequence(1, &[1, 2, 3], None)?;
+/// match &kv.take_events()[..] {
+///     [KvEvent::BlockStored { block_hashes, parent_block_hash: None, token_ids, block_size: 2, .. }] => {
+///         assert_eq!(block_hashes.len(), 1);
+///         assert_eq!(token_ids, &[1, 2]);
+///     }
+///     other => panic!("{other:?}"),
+/// }
+/// # Ok::<(), pagedkv::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KvEvent {
+    /// Consecutive full blocks of one prefix chain were entered in the index.
+    BlockStored {
+        /// Hashes of the stored blocks, in chain order.
+        block_hashes: Vec<BlockHash>,
+        /// Hash of the block before the first stored one (`None`: the chain starts here).
+        parent_block_hash: Option<BlockHash>,
+        /// The stored blocks' token ids, concatenated (`block_hashes.len() * block_size`).
+        token_ids: Vec<TokenId>,
+        /// Tokens per block.
+        block_size: usize,
+        /// The sequence's extra key (salt / adapter / multimodal hash), if any.
+        extra_key: Option<Vec<u8>>,
+        /// Where the blocks live (vLLM's `medium`; always the device tier here).
+        medium: Tier,
+    },
+    /// Blocks were evicted from the index (their content is gone).
+    BlockRemoved {
+        /// Hashes of the removed blocks.
+        block_hashes: Vec<BlockHash>,
+        /// Where the blocks lived.
+        medium: Tier,
+    },
+    /// The whole index was cleared (`reset_prefix_cache`).
+    AllBlocksCleared,
+}
+
+/// The bounded event queue: oldest first; when full, the oldest event is dropped and counted.
+#[derive(Debug)]
+pub(crate) struct EventQueue {
+    events: VecDeque<KvEvent>,
+    /// Capacity (0: every event is dropped).
+    max_events: usize,
+    /// Events dropped because the queue was full, lifetime.
+    pub(crate) dropped: u64,
+}
+
+impl EventQueue {
+    pub(crate) fn new(max_events: usize) -> Self {
+        EventQueue {
+            events: VecDeque::new(),
+            max_events,
+            dropped: 0,
+        }
+    }
+
+    pub(crate) fn push(&mut self, event: KvEvent) {
+        if self.max_events == 0 {
+            self.dropped += 1;
+            return;
+        }
+        if self.events.len() == self.max_events {
+            self.events.pop_front();
+            self.dropped += 1;
+        }
+        self.events.push_back(event);
+    }
+
+    /// Drains the queue, oldest first.
+    pub(crate) fn take(&mut self) -> Vec<KvEvent> {
+        self.events.drain(..).collect()
+    }
+}
+
+/// The one builder of [`KvEvent::BlockStored`]: collects consecutive blocks of one chain that
+/// were entered in the index and reports them as one event on [`StoredRun::flush`].
+#[derive(Debug, Default)]
+pub(crate) struct StoredRun {
+    hashes: Vec<BlockHash>,
+    /// The parent of the first collected block.
+    parent: Option<BlockHash>,
+    token_ids: Vec<TokenId>,
+}
+
+impl StoredRun {
+    /// Adds the next block of the run (`parent` is its parent's hash).
+    pub(crate) fn add(&mut self, hash: BlockHash, parent: Option<BlockHash>, tokens: &[TokenId]) {
+        if self.hashes.is_empty() {
+            self.parent = parent;
+        }
+        self.hashes.push(hash);
+        self.token_ids.extend_from_slice(tokens);
+    }
+
+    /// Records the collected blocks as one `BlockStored` event (nothing when empty) and
+    /// starts a new run.
+    pub(crate) fn flush(
+        &mut self,
+        events: &mut EventQueue,
+        block_size: usize,
+        extra_key: Option<&[u8]>,
+    ) {
+        if self.hashes.is_empty() {
+            return;
+        }
+        events.push(KvEvent::BlockStored {
+            block_hashes: std::mem::take(&mut self.hashes),
+            parent_block_hash: self.parent.take(),
+            token_ids: std::mem::take(&mut self.token_ids),
+            block_size,
+            extra_key: extra_key.map(<[u8]>::to_vec),
+            medium: Tier::Device,
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn full_queue_drops_the_oldest() {
+        let mut q = EventQueue::new(2);
+        for i in 0..3 {
+            q.push(KvEvent::BlockRemoved {
+                block_hashes: vec![i],
+                medium: Tier::Device,
+            });
+        }
+        assert_eq!(q.dropped, 1);
+        let kept: Vec<_> = q.take();
+        assert_eq!(kept.len(), 2);
+        assert!(
+            matches!(&kept[0], KvEvent::BlockRemoved { block_hashes, .. } if block_hashes == &[1])
+        );
+        let mut none = EventQueue::new(0);
+        none.push(KvEvent::AllBlocksCleared);
+        assert_eq!((none.dropped, none.take().len()), (1, 0));
+    }
+
+    #[test]
+    fn stored_run_reports_consecutive_blocks_once() {
+        let mut q = EventQueue::new(8);
+        let mut run = StoredRun::default();
+        run.flush(&mut q, 2, None); // empty: nothing
+        run.add(10, Some(9), &[1, 2]);
+        run.add(11, Some(10), &[3, 4]);
+        run.flush(&mut q, 2, Some(b"k"));
+        run.add(20, None, &[5, 6]);
+        run.flush(&mut q, 2, None);
+        let events = q.take();
+        assert_eq!(
+            events[0],
+            KvEvent::BlockStored {
+                block_hashes: vec![10, 11],
+                parent_block_hash: Some(9),
+                token_ids: vec![1, 2, 3, 4],
+                block_size: 2,
+                extra_key: Some(b"k".to_vec()),
+                medium: Tier::Device,
+            }
+        );
+        assert!(matches!(
+            &events[1],
+            KvEvent::BlockStored {
+                parent_block_hash: None,
+                ..
+            }
+        ));
+        assert_eq!(events.len(), 2);
+    }
+}

@@ -1,0 +1,203 @@
+//! Prefix caching: chained block hashes ([`hash`]), the cached-block index ([`index`]) with
+//! its eviction order ([`lru`]), and KV events ([`events`]).
+//!
+//! A full block whose content hash is indexed stays indexed after its refcount drops to 0: it
+//! becomes *cached-evictable*, owned by its manager (not on the pool's free list) and queued in
+//! the LRU. Allocation takes truly free pool blocks first and evicts from the LRU front only
+//! when the pool has none; an evicted block loses its hash (a `BlockRemoved` event) before it
+//! is reused. The states and their invariants are in docs/design.md, Invariants.
+//!
+//! [`PrefixCache`] composes the four parts; each keeps its own invariants and
+//! [`PrefixCache::check`] verifies them against each other.
+
+pub(crate) mod events;
+pub(crate) mod hash;
+pub(crate) mod index;
+pub(crate) mod lru;
+
+use std::sync::Arc;
+
+use self::events::{EventQueue, KvEvent};
+use self::hash::{BlockHash, BlockHasher};
+use self::index::BlockIndex;
+use self::lru::Lru;
+use crate::pool::BlockPool;
+use crate::{BlockId, Tier, TokenId};
+
+/// The prefix cache of one manager: hasher, index, LRU of cached-evictable blocks, events and
+/// counters.
+///
+/// Invariants: every block in the LRU is indexed and has refcount 0 (cached-evictable);
+/// every indexed block outside the LRU is in use by this manager's tables.
+#[derive(Debug)]
+pub(crate) struct PrefixCache {
+    pub(crate) hasher: BlockHasher,
+    index: BlockIndex,
+    /// The cached-evictable blocks, least recently used first.
+    lru: Lru,
+    pub(crate) events: EventQueue,
+    /// Prompt tokens looked up, lifetime.
+    pub(crate) query_tokens: u64,
+    /// Prompt tokens served from the cache, lifetime.
+    pub(crate) hit_tokens: u64,
+    /// Cached blocks evicted for reuse, lifetime.
+    pub(crate) blocks_evicted: u64,
+}
+
+impl PrefixCache {
+    pub(crate) fn new(num_blocks: usize, block_size: usize, seed: u64, max_events: usize) -> Self {
+        PrefixCache {
+            hasher: BlockHasher::new(seed),
+            index: BlockIndex::new(num_blocks, block_size),
+            lru: Lru::new(num_blocks),
+            events: EventQueue::new(max_events),
+            query_tokens: 0,
+            hit_tokens: 0,
+            blocks_evicted: 0,
+        }
+    }
+
+    /// Cached-evictable blocks.
+    #[inline]
+    pub(crate) fn num_cached(&self) -> usize {
+        self.lru.len()
+    }
+
+    #[inline]
+    pub(crate) fn is_indexed(&self, b: BlockId) -> bool {
+        self.index.is_indexed(b)
+    }
+
+    /// Whether block `b` is indexed under exactly `hash`.
+    #[inline]
+    pub(crate) fn holds(&self, b: BlockId, hash: BlockHash) -> bool {
+        self.index.holds(b, hash)
+    }
+
+    /// Whether block `b` is cached-evictable.
+    #[inline]
+    pub(crate) fn is_cached(&self, b: BlockId) -> bool {
+        self.lru.contains(b)
+    }
+
+    /// The block holding exactly this content (same hash, parent, extra key and tokens).
+    #[inline]
+    pub(crate) fn lookup(
+        &self,
+        hash: BlockHash,
+        parent: Option<BlockHash>,
+        token_ids: &[TokenId],
+        extra_key: Option<&[u8]>,
+    ) -> Option<BlockId> {
+        self.index.lookup(hash, parent, token_ids, extra_key)
+    }
+
+    /// Enters full block `b` under `hash` unless that content is already indexed (by another
+    /// block). Returns whether it was entered (the caller reports it as `BlockStored`).
+    #[inline]
+    pub(crate) fn register(
+        &mut self,
+        b: BlockId,
+        hash: BlockHash,
+        parent: Option<BlockHash>,
+        token_ids: &[TokenId],
+        extra_key: &Option<Arc<[u8]>>,
+    ) -> bool {
+        self.index.insert(b, hash, parent, token_ids, extra_key)
+    }
+
+    /// A released indexed block whose refcount reached 0 becomes cached-evictable, the most
+    /// recently used.
+    pub(crate) fn push_lru(&mut self, b: BlockId) {
+        debug_assert!(self.is_indexed(b));
+        self.lru.push_back(b);
+    }
+
+    /// The pool side of `revive_cached`: a prefix hit on a cached-evictable block makes it in
+    /// use (refcount 0 -> 1), keeping its hash.
+    pub(crate) fn revive_cached(&mut self, b: BlockId, pool: &BlockPool) {
+        self.lru.remove(b);
+        pool.claim_cached(b);
+    }
+
+    /// Evicts the least recently used cached block for reuse as a fresh block (refcount
+    /// 0 -> 1); it loses its hash (`BlockRemoved`). The caller checked the LRU is not empty.
+    pub(crate) fn evict_lru(&mut self, pool: &BlockPool) -> BlockId {
+        let b = self.lru.pop_front().expect("evict from an empty LRU");
+        if let Some(h) = self.index.remove(b) {
+            self.events.push(KvEvent::BlockRemoved {
+                block_hashes: vec![h],
+                medium: Tier::Device,
+            });
+        }
+        self.blocks_evicted += 1;
+        pool.claim_cached(b);
+        b
+    }
+
+    /// Returns every cached block to the pool and empties the index (`AllBlocksCleared`). The
+    /// caller guarantees no indexed block is in use.
+    pub(crate) fn reset(&mut self, pool: &BlockPool) {
+        while let Some(b) = self.lru.pop_front() {
+            self.index.remove(b);
+            pool.free_cached(b);
+        }
+        // Every indexed block was cached (none in use), so nothing is left.
+        debug_assert_eq!(self.index.len(), 0);
+        self.events.push(KvEvent::AllBlocksCleared);
+    }
+
+    /// Drains the recorded events, oldest first.
+    pub(crate) fn take_events(&mut self) -> Vec<KvEvent> {
+        self.events.take()
+    }
+
+    /// Cached-evictable blocks, least recently used first.
+    pub(crate) fn lru_order(&self) -> Vec<BlockId> {
+        self.lru.order()
+    }
+
+    /// Verifies the index, the LRU and their agreement (docs/design.md, Invariants 2 and 5).
+    /// `refcount(b)` reads the pool.
+    pub(crate) fn check(&self, refcount: impl Fn(BlockId) -> u32) -> Result<(), String> {
+        self.index.check(&self.hasher)?;
+        self.lru.check()?;
+        for b in self.lru.order() {
+            if !self.index.is_indexed(b) {
+                return Err(format!("cached block {b} is not indexed"));
+            }
+            let rc = refcount(b);
+            if rc != 0 {
+                return Err(format!("cached-evictable block {b} has refcount {rc}"));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lru_links() {
+        let pool = BlockPool::new(4, 2).unwrap();
+        let mut c = PrefixCache::new(4, 2, 0, 8);
+        let bs = pool.allocate(3).unwrap();
+        let mut parent = None;
+        for &b in &bs {
+            let h = c.hasher.hash_block(parent, &[b, b], None);
+            assert!(c.register(b, h, parent, &[b, b], &None));
+            parent = Some(h);
+            pool.release_to_cache(b).unwrap();
+            c.push_lru(b);
+        }
+        assert_eq!(c.lru_order(), vec![0, 1, 2]);
+        c.revive_cached(1, &pool);
+        assert_eq!(c.lru_order(), vec![0, 2]);
+        assert_eq!(c.evict_lru(&pool), 0);
+        assert_eq!(c.lru_order(), vec![2]);
+        assert!(!c.is_indexed(0) && c.is_indexed(1));
+        c.check(|b| pool.refcount(b).unwrap()).unwrap();
+    }
+}
