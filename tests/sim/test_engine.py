@@ -204,7 +204,10 @@ def test_arrival_processes() -> None:
     assert trace.simulated_seconds == pytest.approx((n - 1) * 2.0 + 10 * 0.02)
     assert np.allclose(trace.latency_s, 0.2)
     p1 = simulate(w, SimConfig(arrival="poisson", poisson_rate=5.0, seed=1))
-    assert p1 == p1
+    # Poisson arrivals replace the trace's own times (2 s apart, starting at 50 s): 30 requests at
+    # 5 per second arrive within about 6 s (29 gaps of mean 0.2 s; 15 s is > 10 standard deviations).
+    assert p1.finished_requests == n
+    assert 29 * 0.2 / 3 < p1.simulated_seconds < 15.0
     assert simulate(w, SimConfig(arrival="poisson", poisson_rate=5.0, seed=1)).to_dict() == p1.to_dict()
     assert (
         simulate(w, SimConfig(arrival="poisson", poisson_rate=5.0, seed=2)).simulated_seconds

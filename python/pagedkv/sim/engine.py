@@ -15,8 +15,6 @@ with a first-fit or buddy allocator over one slot array. Metric definitions: doc
 from __future__ import annotations
 
 import math
-import sys
-import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -24,11 +22,10 @@ import numpy as np
 
 from pagedkv import _core
 from pagedkv.errors import InvalidArgumentError
+from pagedkv.sim.names import ALLOCATORS, PLACEMENTS
+from pagedkv.sim.progress import Progress
 
 __all__ = ["Workload", "SimConfig", "SimResult", "simulate", "record_frames", "ALLOCATORS", "PLACEMENTS"]
-
-ALLOCATORS = ("paged", "contiguous-max", "contiguous-pow2", "contiguous-oracle")
-PLACEMENTS = ("first-fit", "buddy")
 
 
 @dataclass(frozen=True)
@@ -247,28 +244,15 @@ def _result(raw: dict[str, Any]) -> SimResult:
     )
 
 
-class _ProgressLine:
-    """A one-line progress display on stderr, shown only once a run has taken over a second."""
+def _progress_callback(bar: Progress) -> Any:
+    """The Rust loop's progress hook ``(steps, finished, total) -> keep going`` drawing ``bar``."""
 
-    def __init__(self, label: str) -> None:
-        self.label = label
-        self.start = time.monotonic()
-        self.shown = False
-
-    def __call__(self, steps: int, finished: int, total: int) -> bool:
-        if time.monotonic() - self.start >= 1.0:
-            width = 30
-            filled = width * finished // max(total, 1)
-            bar = "#" * filled + "." * (width - filled)
-            sys.stderr.write(f"\r{self.label} [{bar}] {finished}/{total} requests, {steps} steps")
-            sys.stderr.flush()
-            self.shown = True
+    def on_progress(steps: int, finished: int, total: int) -> bool:
+        bar.total = max(int(total), 1)
+        bar.update_to(finished, f"requests, {steps} steps")
         return True
 
-    def close(self) -> None:
-        if self.shown:
-            sys.stderr.write("\n")
-            sys.stderr.flush()
+    return on_progress
 
 
 def simulate(workload: Workload, config: SimConfig, *, progress: bool = False) -> SimResult:
@@ -276,12 +260,10 @@ def simulate(workload: Workload, config: SimConfig, *, progress: bool = False) -
     message names the request index or the setting)."""
     columns = _columns(workload)
     config_dict = _config_dict(config)
-    line = _ProgressLine(f"simulate {workload.name} {config.allocator}") if progress else None
-    try:
-        raw = _core.simulate(*columns, config_dict, line)
-    finally:
-        if line is not None:
-            line.close()
+    with Progress(
+        workload.num_requests, f"simulate {workload.name} {config.allocator}", enabled=progress
+    ) as bar:
+        raw = _core.simulate(*columns, config_dict, _progress_callback(bar) if progress else None)
     return _result(raw)
 
 

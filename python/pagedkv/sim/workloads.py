@@ -13,6 +13,7 @@ import numpy as np
 
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.sim.engine import Workload
+from pagedkv.sim.names import SYNTHETIC_WORKLOADS
 
 __all__ = [
     "WORKLOAD_NAMES",
@@ -38,7 +39,7 @@ ALPACA_MEAN_OUTPUT_TOKENS = 58.45
 
 DEFAULT_ARRIVAL_RATE_PER_S = 10.0
 
-WORKLOAD_NAMES = ("synthetic", "sharegpt", "lognormal", "system-prompt", "alpaca")
+WORKLOAD_NAMES = SYNTHETIC_WORKLOADS
 
 
 def _require(condition: bool, message: str) -> None:

@@ -1,7 +1,7 @@
 """``pagedkv viz``: record the grid of runs and write (and optionally serve) the page.
 
-``pagedkv.cli`` registers the command through its visualizer hook, which calls
-:func:`add_parser` with the shared workload, engine and output option parents, so ``viz`` takes
+``pagedkv.cli`` registers the command with :func:`register`, which gives :func:`add_parser` the
+shared workload, engine and output option parents of `pagedkv.commands.args`, so ``viz`` takes
 the same ``--workload``/``--num-slots``/``--arrival``/... options as ``simulate``. The defaults
 differ where a picture needs them to: a pool of 2048 slots (every slot visible), requests of at
 most 512 tokens, 200 requests, 300 steps.
@@ -10,7 +10,6 @@ most 512 tokens, 200 requests, 300 steps.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -20,6 +19,15 @@ from pagedkv.viz import record
 
 DEFAULT_OUT = "pagedkv-viz.html"
 SEEDS_PER_PAGE = 3
+
+
+def register(subparsers: Any) -> None:
+    """Add ``viz`` to the ``pagedkv`` subparsers (the `pagedkv.cli.COMMANDS` contract)."""
+    from pagedkv.commands import args as cli_args
+
+    add_parser(
+        subparsers, [cli_args.workload_options(), cli_args.engine_options(), cli_args.output_options()]
+    )
 
 
 def add_parser(subparsers: Any, parents: Sequence[argparse.ArgumentParser]) -> argparse.ArgumentParser:
@@ -104,13 +112,16 @@ def grid_from_args(args: argparse.Namespace) -> record.VizGrid:
 
 def build_data(args: argparse.Namespace) -> dict[str, Any]:
     """Record every run the arguments ask for; returns the page's data dict."""
-    from pagedkv.cli import build_config
+    from pagedkv.commands import args as cli_args
+    from pagedkv.sim.builders import build_config
     from pagedkv.sim.progress import Progress
     from pagedkv.viz.workload_source import workload_for_seed
 
     grid = grid_from_args(args)
-    source = workload_for_seed(args, on_note=lambda note: print(f"viz: {note}", file=sys.stderr))
-    config = build_config(args, source(grid.seeds[0]))
+    source = workload_for_seed(
+        **cli_args.workload_kwargs(args), on_note=lambda note: print(f"viz: {note}", file=sys.stderr)
+    )
+    config = build_config(source(grid.seeds[0]), **cli_args.config_kwargs(args))
     with Progress(grid.num_runs, "viz: recording", enabled=not args.no_progress) as bar:
         data = record.record_grid(source, config, grid, on_run_done=lambda label: bar.update(1, label))
     data["initial"] = {
@@ -119,16 +130,6 @@ def build_data(args: argparse.Namespace) -> dict[str, Any]:
         "seed": args.seed if args.seed in grid.seeds else grid.seeds[0],
     }
     return data
-
-
-def _check_plot_path(path: str | None) -> None:
-    """Fail before recording when the plot could not be written afterwards."""
-    if path is None:
-        return
-    if not path.lower().endswith(".png"):
-        raise InvalidArgumentError(f"--plot {path!r}: the plot is a PNG, give a file name ending in .png")
-    if importlib.util.find_spec("matplotlib") is None:
-        raise InvalidArgumentError("--plot needs matplotlib: pip install 'pagedkv[plot]'")
 
 
 def _plot(data: dict[str, Any], path: str) -> None:
@@ -159,11 +160,12 @@ def _plot(data: dict[str, Any], path: str) -> None:
 
 def run_viz(args: argparse.Namespace) -> int:
     """``pagedkv viz`` for parsed ``args``; returns the exit status."""
-    from pagedkv.cli import write_json
+    from pagedkv.commands.output import check_json_path, check_plot_path, write_json
     from pagedkv.viz.page import write_page
     from pagedkv.viz.serve import serve_page
 
-    _check_plot_path(args.plot)
+    check_plot_path(args.plot)
+    check_json_path(args.json)
     data = build_data(args)
     path = write_page(data, args.out, compress=not args.no_compress)
     size_kib = path.stat().st_size / 1024

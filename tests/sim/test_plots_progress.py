@@ -3,7 +3,7 @@
 import io
 
 import pytest
-from pagedkv.sim import costmodel, experiments, workloads
+from pagedkv.sim import costmodel, cpu_calibration, experiments, workloads
 from pagedkv.sim.engine import SimConfig
 from pagedkv.sim.progress import Progress
 
@@ -19,7 +19,7 @@ def test_every_plot_writes_a_png(tmp_path):
     sweep = experiments.block_size_sweep(workload, config, block_sizes=(4, 16, 64))
     sharing = experiments.sharing_savings(widths=(2,), workload_names=("alpaca",), num_requests=3)
     cost_table = costmodel.CostModel().table((128, 1024), (1, 16))
-    cpu = costmodel.measure_cpu((32, 64), (1, 16)).to_dict()
+    cpu = cpu_calibration.measure_cpu((32, 64), (1, 16)).to_dict()
     paths = {name: tmp_path / f"{name}.png" for name in ("shares", "sweep", "cost", "sharing", "demo")}
     plots.plot_shares(
         compare["results"],

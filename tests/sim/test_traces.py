@@ -102,19 +102,3 @@ def test_real_traces(short_name, requests, span_s):
     assert workload.arrival_s[-1] == pytest.approx(span_s, abs=1.0)
     assert np.all(np.diff(workload.arrival_s) >= 0)
     assert workload.prompt_tokens.min() >= 1 and workload.output_tokens.min() >= 1
-
-
-def test_results_from_an_azure_trace_carry_the_cc_by_attribution(tmp_path, run_cli):
-    path = _write(
-        tmp_path,
-        HEADER + "2023-11-16 18:15:46.6805900,40,8\n2023-11-16 18:15:47.0,30,4\n",
-        name="azure_llm_2023_conv.csv",
-    )
-    run = run_cli("simulate", "--workload", path, "--num-slots", 512)
-    assert run.code == 0, run.err
-    assert "Azure Public Dataset, Microsoft (CC-BY 4.0)" in run.err
-    other = run_cli(
-        "simulate", "--workload", _write(tmp_path, HEADER + "0,40,8\n", name="mine.csv"), "--num-slots", 512
-    )
-    assert other.code == 0, other.err
-    assert "Azure Public Dataset" not in other.err
