@@ -44,3 +44,18 @@ def test_results_from_an_azure_trace_carry_the_cc_by_attribution(tmp_path, run_c
     )
     assert other.code == 0, other.err
     assert "Azure Public Dataset" not in other.err
+
+
+def test_named_trace_works_without_any_trace_folder(run_cli, monkeypatch, read_json, tmp_path):
+    """After `pip install`, outside a checkout: the bundled copy serves --workload azure-conv."""
+    from pagedkv.sim import traces
+
+    monkeypatch.delenv("PAGEDKV_TRACES", raising=False)
+    monkeypatch.setattr(traces, "_repo_roots", lambda: [])
+    out = tmp_path / "conv.json"
+    run = run_cli(
+        "simulate", "--workload", "azure-conv", "--num-requests", 100, "--json", out, "--no-progress"
+    )
+    assert run.code == 0, run.err
+    assert "Azure Public Dataset, Microsoft (CC-BY 4.0)" in run.err
+    assert read_json(out)["finished_requests"] == 100

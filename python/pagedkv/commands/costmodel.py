@@ -14,8 +14,8 @@ __all__ = ["register"]
 
 
 def _cmd_costmodel(args: argparse.Namespace) -> int:
-    from pagedkv.sim import costmodel, cpu_calibration, plots, reports
-    from pagedkv.sim.progress import Progress
+    from pagedkv.sim import costmodel, plots
+    from pagedkv.sim.experiments.recompute_or_swap import recompute_or_swap, render_recompute_or_swap
 
     check_outputs(args)
     shape = dataclasses.replace(
@@ -43,85 +43,16 @@ def _cmd_costmodel(args: argparse.Namespace) -> int:
         host_link_bytes_per_s=args.bandwidth or default.host_link_bytes_per_s,
         per_transfer_latency_s=default.per_transfer_latency_s if args.latency is None else args.latency,
     )
-    model = costmodel.CostModel(shape, hardware)
-    contexts = args.contexts
-    block_sizes = args.block_sizes
-    table = model.table(contexts, block_sizes)
-    print(
-        _render_cost_table(
-            table,
-            title=(
-                f"Model: {shape.name} ({shape.num_layers} layers, {shape.num_kv_heads} KV "
-                f"heads x {shape.head_dim}, {shape.dtype}, "
-                f"{shape.kv_bytes_per_token / 1024:.0f} KiB/token) on {hardware.name}: "
-                f"{hardware.prefill_flops_per_s / 1e12:.0f} TFLOP/s prefill, "
-                f"{hardware.host_link_bytes_per_s / 1e9:.0f} GB/s, "
-                f"{hardware.per_transfer_latency_s * 1e6:.1f} us per copy"
-            ),
-        )
+    data = recompute_or_swap(
+        costmodel.CostModel(shape, hardware),
+        args.contexts,
+        args.block_sizes,
+        measure_cpu=not args.skip_cpu,
+        cpu_max_context_tokens=args.cpu_max_context,
+        progress=progress_enabled(args),
     )
-    data: dict[str, Any] = {"model": table}
-    cpu = None
-    if not args.skip_cpu:
-        cpu_contexts = [c for c in contexts if c <= args.cpu_max_context]
-        with Progress(
-            len(cpu_contexts) * (1 + len(block_sizes)), "measuring", enabled=progress_enabled(args)
-        ) as bar:
-            measurement = cpu_calibration.measure_cpu(
-                cpu_contexts, block_sizes, on_step=lambda note: bar.update(1, note)
-            )
-        cpu = measurement.to_dict()
-        data["cpu"] = cpu
-        shape_cpu = measurement.shape
-        print()
-        print(
-            _render_cost_table(
-                cpu,
-                title=(
-                    f"Measured on this CPU: {shape_cpu.name} NumPy prefill ({shape_cpu.num_layers} layer, hidden "
-                    f"{shape_cpu.hidden_size}, {shape_cpu.num_q_heads}/{shape_cpu.num_kv_heads} heads x {shape_cpu.head_dim}, "
-                    f"fp32) vs one NumPy copy per block per layer per K/V"
-                ),
-            )
-        )
-        fitted = measurement.fitted
-        print()
-        print(
-            reports.format_table(
-                ["fitted CPU parameter", "value"],
-                [
-                    ["matmul rate (GFLOP/s)", fitted["linear_flops_per_s"] / 1e9],
-                    ["attention rate (GFLOP/s)", fitted["attention_flops_per_s"] / 1e9],
-                    ["copy bandwidth (GB/s)", fitted["copy_bytes_per_s"] / 1e9],
-                    ["per-copy latency (us)", fitted["per_copy_latency_s"] * 1e6],
-                    ["recompute fit, worst error", reports.percent(fitted["recompute_max_rel_error"])],
-                    ["swap fit, worst error", reports.percent(fitted["swap_max_rel_error"])],
-                ],
-            )
-        )
-    return finish(args, data, lambda path: plots.plot_costmodel(table, cpu, path))
-
-
-def _render_cost_table(table: dict, *, title: str) -> str:
-    from pagedkv.sim import reports
-
-    contexts = table["contexts_tokens"]
-    headers = ["seconds", *(f"{c:,}" for c in contexts)]
-    rows = [["recompute", *(f"{s:.3g}" for s in table["recompute_s"])]]
-    for block_size, row in zip(table["block_sizes"], table["swap_s"]):
-        rows.append(
-            [
-                f"swap, block {block_size}",
-                *(f"{s:.3g}" + ("*" if s < r else "") for s, r in zip(row, table["recompute_s"])),
-            ]
-        )
-    crossovers = ", ".join(
-        f"block {b}: {('>' + format(max(contexts), ',')) if c is None else format(c, ',')}"
-        for b, c in zip(table["block_sizes"], table["crossover_context_tokens"])
-    )
-    return reports.format_table(
-        headers, rows, title=title, note=f"* swap cheaper. Swap wins from context (tokens): {crossovers}"
-    )
+    print(render_recompute_or_swap(data))
+    return finish(args, data, lambda path: plots.plot_costmodel(data["model"], data["cpu"], path))
 
 
 def register(subparsers: Any) -> None:
@@ -160,6 +91,6 @@ def register(subparsers: Any) -> None:
         "--cpu-max-context",
         type=cli_args.positive_int,
         default=16384,
-        help="longest context measured on the CPU (default 16384)",
+        help="longest context measured on the CPU (default 16384; at least one of --contexts)",
     )
     cost.set_defaults(handler=_cmd_costmodel)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from pathlib import Path
 
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.sim import traces, workloads
@@ -72,6 +73,7 @@ def build_workload(
             output_sigma=output_sigma,
         )
     else:
+        path: str | Path
         if workload in TRACE_WORKLOADS:
             path = traces.known_trace_path(workload)
         elif workload.lower().endswith((".csv", ".csv.gz")):
@@ -132,8 +134,7 @@ def build_config(
         num_host_slots = num_slots if preemption == "swap" else 0
     if num_host_slots < 0:
         raise InvalidArgumentError(f"num_host_slots must be >= 0, got {num_host_slots}")
-    extra = {"poisson_rate": poisson_rate_per_s} if poisson_rate_per_s is not None else {}
-    return SimConfig(
+    config = SimConfig(
         allocator=allocator,
         placement=placement,
         block_size=block_size,
@@ -147,5 +148,7 @@ def build_config(
         enable_prefix_caching=enable_prefix_caching,
         seed=seed,
         max_steps=max_steps,
-        **extra,
     )
+    if poisson_rate_per_s is not None:
+        config = dataclasses.replace(config, poisson_rate=poisson_rate_per_s)
+    return config

@@ -127,7 +127,8 @@ class Hardware:
             raise InvalidArgumentError(f"hardware rates must be > 0 and latency >= 0, got {self}")
 
 
-# Llama-3-8B: 32 layers, hidden 4096, 32 query heads / 8 KV heads of 128, MLP 14336, bf16 (128 KiB of KV per token).
+# Llama-3-8B: 32 layers, hidden 4096, 32 query heads / 8 KV heads of 128, MLP 14336, bf16
+# (128 KiB of KV per token).
 LLAMA3_8B = ModelShape(
     "Llama-3-8B",
     num_layers=32,

@@ -171,7 +171,7 @@ def _swap_copies(
 
     Pools are [num_blocks, block_size, kv_heads, head_dim]; block id arrays are int [N].
     """
-    pairs = list(zip(device_blocks.tolist(), host_blocks.tolist()))
+    pairs = list(zip(device_blocks.tolist(), host_blocks.tolist(), strict=True))
     for layer in range(len(device_k)):
         for device_pool, host_pool in ((device_k[layer], host_k[layer]), (device_v[layer], host_v[layer])):
             if to_host:
@@ -213,7 +213,7 @@ class CpuMeasurement:
         for row in self.swap_s:
             winners = [
                 c
-                for c, swap_s, recompute_s in zip(self.contexts_tokens, row, self.recompute_s)
+                for c, swap_s, recompute_s in zip(self.contexts_tokens, row, self.recompute_s, strict=True)
                 if swap_s < recompute_s
             ]
             crossovers.append(winners[0] if winners else None)
@@ -333,8 +333,8 @@ def fit_cpu(measurement: CpuMeasurement) -> dict:
 
     rows = []
     measured_swap = []
-    for block_size, swap_row in zip(measurement.block_sizes, measurement.swap_s):
-        for context, seconds in zip(measurement.contexts_tokens, swap_row):
+    for block_size, swap_row in zip(measurement.block_sizes, measurement.swap_s, strict=True):
+        for context, seconds in zip(measurement.contexts_tokens, swap_row, strict=True):
             copies = model.num_blocks(context, block_size) * model.copies_per_block()
             rows.append([2.0 * model.swap_bytes(context, block_size), 2.0 * copies])
             measured_swap.append(seconds)

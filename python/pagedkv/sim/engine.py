@@ -160,7 +160,13 @@ def _int_column(name: str, values: Any, length: int | None) -> np.ndarray:
     return np.zeros(0, dtype=np.int64)
 
 
-def _columns(workload: Workload) -> tuple[Any, ...]:
+# prompt, output, arrival, group_size, group_kind, prefix_id, prefix_tokens: `_core.simulate`'s order.
+_Columns = tuple[
+    np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, str, np.ndarray | None, np.ndarray | None
+]
+
+
+def _columns(workload: Workload) -> _Columns:
     if not isinstance(workload, Workload):
         raise InvalidArgumentError(
             f"workload must be a pagedkv.sim.engine.Workload, got {type(workload).__name__}"
@@ -277,9 +283,10 @@ def record_frames(workload: Workload, config: SimConfig, *, max_steps: int = 400
     owner), ``token_slots``, ``reserved_slots`` (allocated, to be filled), ``internal_frag_slots``,
     ``external_frag_slots``, ``free_slots``, ``waste_pct`` (allocated slots not holding a token,
     in % of allocated slots), ``pool`` (int64 array ``[num_blocks, 3]``: per cell
-    ``[owner_request_id or -1, tokens_held, reserved_not_yet_used]``; ``.tolist()`` for JSON), ``tables`` (``{request_id: {"blocks": [...], "num_tokens": n}}``
-    for the request's first sequence, plus ``"sequences"`` listing every sequence of a group)
-    and ``shared`` (``[block_id, refcount]`` of blocks shared by several sequences).
+    ``[owner_request_id or -1, tokens_held, reserved_not_yet_used]``; ``.tolist()`` for JSON),
+    ``tables`` (``{request_id: {"blocks": [...], "num_tokens": n}}`` for the request's first
+    sequence, plus ``"sequences"`` listing every sequence of a group) and ``shared``
+    (``[block_id, refcount]`` of blocks shared by several sequences).
     """
     if isinstance(max_steps, bool) or not isinstance(max_steps, (int, np.integer)) or max_steps < 1:
         raise InvalidArgumentError(f"max_steps must be a positive int, got {max_steps!r}")

@@ -16,6 +16,7 @@ __all__ = [
     "plot_costmodel",
     "plot_simulation",
     "plot_sharing",
+    "plot_recovery",
     "plot_demo",
 ]
 
@@ -55,7 +56,7 @@ def _draw_shares(axis: Any, results: Mapping[str, Any], published: Mapping[str, 
     for key in SHARE_KEYS:
         values = [100.0 * result_field(results[label], key) for label in labels]
         axis.bar(labels, values, bottom=bottoms, color=SHARE_COLORS[key], label=SHARE_LABELS[key])
-        bottoms = [bottom + value for bottom, value in zip(bottoms, values)]
+        bottoms = [bottom + value for bottom, value in zip(bottoms, values, strict=True)]
     for index, label in enumerate(labels):
         token_share = 100.0 * result_field(results[label], "token_states")
         axis.text(index, token_share / 2, f"{token_share:.1f}%", ha="center", va="center", fontsize=8)
@@ -153,11 +154,11 @@ def plot_costmodel(
     if cpu is not None:
         panels.append((cpu, f"measured on this CPU: {cpu['shape']['name']} prefill vs NumPy block copies"))
     figure, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.5), squeeze=False)
-    for axis, (table, title) in zip(axes[0], panels):
+    for axis, (table, title) in zip(axes[0], panels, strict=True):
         contexts = table["contexts_tokens"]
         axis.plot(contexts, table["recompute_s"], "k-", linewidth=2.5, label="recompute")
         colormap = plt.get_cmap("viridis")
-        for index, (block_size, row) in enumerate(zip(table["block_sizes"], table["swap_s"])):
+        for index, (block_size, row) in enumerate(zip(table["block_sizes"], table["swap_s"], strict=True)):
             color = colormap(index / max(1, len(table["block_sizes"]) - 1))
             axis.plot(contexts, row, "-", color=color, label=f"swap, block {block_size}")
         axis.set_xscale("log", base=2)
@@ -191,6 +192,42 @@ def plot_sharing(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike, *, 
     axis.set_xticks(range(len(rows)), labels, fontsize=6)
     axis.set_ylabel("blocks saved vs no sharing (%)")
     axis.set_title(title, fontsize=10)
+    _save(figure, path)
+
+
+def _draw_recovery(time_axis: Any, throughput_axis: Any, recovery: Mapping[str, Any]) -> None:
+    results = recovery["results"]
+    policies = list(results)
+    positions = range(len(policies))
+    clock = [results[p]["simulated_seconds"] for p in policies]
+    overhead = [results[p]["preemption_overhead_s"] for p in policies]
+    time_axis.bar(positions, clock, color="#264653", label="simulated clock")
+    time_axis.bar(positions, overhead, bottom=clock, color="#e76f51", label="preemption overhead")
+    time_axis.set_xticks(list(positions), policies)
+    time_axis.set_ylabel("end-to-end time (s)")
+    time_axis.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    throughput_axis.bar(positions, [results[p]["generated_tokens_per_s"] for p in policies], color="#2a9d8f")
+    throughput_axis.set_xticks(list(positions), policies)
+    throughput_axis.set_ylabel("generated tokens per second")
+    for index, policy in enumerate(policies):
+        throughput_axis.annotate(
+            f"{results[policy]['preemptions']:,} preemptions",
+            (index, 0),
+            textcoords="offset points",
+            xytext=(0, 4),
+            ha="center",
+            fontsize=8,
+            color="white",
+        )
+
+
+def plot_recovery(recovery: Mapping[str, Any], path: str | os.PathLike, *, title: str) -> None:
+    """Exhaustion and recovery: end-to-end time (clock + preemption overhead) and throughput of
+    recompute against swap."""
+    plt = _pyplot()
+    figure, (time_axis, throughput_axis) = plt.subplots(1, 2, figsize=(10, 4.5))
+    _draw_recovery(time_axis, throughput_axis, recovery)
+    figure.suptitle(title, fontsize=10)
     _save(figure, path)
 
 

@@ -18,6 +18,7 @@ __all__ = [
     "Percent",
     "shares_table",
     "occupancy_table",
+    "tokens_per_step_differs",
     "result_field",
 ]
 
@@ -161,9 +162,27 @@ def shares_table(
     return format_table(headers, rows, title=title)
 
 
+def tokens_per_step_differs(results: Mapping[str, Any]) -> bool:
+    """Whether some run generated other than one token per resident request and step.
+
+    Every running sequence generates one token per step, so generated tokens per step equal the
+    mean resident requests unless a request runs several sequences (parallel sampling, beams).
+    """
+    return any(
+        abs(
+            float(result_field(result, "generated_tokens_per_step"))
+            - float(result_field(result, "mean_resident_requests"))
+        )
+        > 1e-9
+        for result in results.values()
+    )
+
+
 def occupancy_table(results: Mapping[str, Any], *, title: str | None = None) -> str:
     """One row per run: utilization (over the whole run, and over the steps at which a request was
-    waiting, when the result has it), waste, resident requests, throughput, preemptions."""
+    waiting, when the result has it), waste, resident requests, preemptions. A tokens/step column
+    only where it says more than mean resident (requests of several sequences)."""
+    with_tokens = tokens_per_step_differs(results)
     headers = [
         "run",
         "utilization",
@@ -171,7 +190,7 @@ def occupancy_table(results: Mapping[str, Any], *, title: str | None = None) -> 
         "waste",
         "mean resident",
         "peak resident",
-        "tokens/step",
+        *(["tokens/step"] if with_tokens else []),
         "preemptions",
         "finished",
         "steps",
@@ -196,10 +215,15 @@ def occupancy_table(results: Mapping[str, Any], *, title: str | None = None) -> 
                 Percent(waste),
                 float(result_field(result, "mean_resident_requests")),
                 int(result_field(result, "peak_resident_requests")),
-                float(result_field(result, "generated_tokens_per_step")),
+                *([float(result_field(result, "generated_tokens_per_step"))] if with_tokens else []),
                 int(result_field(result, "preemptions")),
                 int(result_field(result, "finished_requests")),
                 int(result_field(result, "steps")),
             ]
         )
-    return format_table(headers, rows, title=title)
+    note = (
+        None
+        if with_tokens
+        else "Each resident request generates one token per step: tokens/step = mean resident."
+    )
+    return format_table(headers, rows, title=title, note=note)

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import datetime as _dt
 import gzip
+import io
 import math
 import os
 import re
 from pathlib import Path
-from typing import IO
 
 import numpy as np
 
@@ -113,10 +113,10 @@ def _parse_timestamp_s(text: str, date_cache: dict[str, float]) -> float:
     return day_s + hour * 3600 + minute * 60 + second + frac_s
 
 
-def _open_lines(file_path: Path) -> IO[bytes]:
+def _open_lines(file_path: Path) -> io.BufferedIOBase:
     """The file's bytes, decompressed when its name ends in ``.gz``."""
     if file_path.name.lower().endswith(".gz"):
-        return gzip.open(file_path, "rb")
+        return gzip.GzipFile(file_path, "rb")
     return open(file_path, "rb")
 
 

@@ -16,6 +16,7 @@ sharing            blocks saved by parallel sampling and beam search (`sharing_s
 copy_on_write      samples forked from one prompt (`copy_on_write`)
 attention_check    paged attention equals contiguous attention (`attention_check`)
 recovery           exhaustion and recovery, recompute vs swap (`recovery`)
+recompute_or_swap  the cost model's table and a CPU measurement (`recompute_or_swap`)
 prefix_caching     shared system prompts, caching off and on (`prefix_caching`)
 demo               all of the above in six sections (`demo`)
 =================  =====================================================================
@@ -38,6 +39,7 @@ from pagedkv.sim.experiments.copy_on_write import copy_on_write, render_copy_on_
 from pagedkv.sim.experiments.demo import DEMO_SECTIONS, demo
 from pagedkv.sim.experiments.figure2 import figure2, render_figure2
 from pagedkv.sim.experiments.prefix_caching import prefix_caching, render_prefix_caching
+from pagedkv.sim.experiments.recompute_or_swap import recompute_or_swap, render_recompute_or_swap
 from pagedkv.sim.experiments.recovery import recovery, render_recovery
 from pagedkv.sim.experiments.sharing import render_sharing, sharing_savings
 from pagedkv.sim.experiments.sweep import block_size_sweep, render_sweep
@@ -65,6 +67,8 @@ __all__ = [
     "render_attention_check",
     "recovery",
     "render_recovery",
+    "recompute_or_swap",
+    "render_recompute_or_swap",
     "prefix_caching",
     "render_prefix_caching",
     "demo",

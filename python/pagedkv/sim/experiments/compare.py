@@ -14,7 +14,7 @@ from pagedkv.sim.experiments.common import (
     run_labelled,
     summarize,
 )
-from pagedkv.sim.reports import occupancy_table, shares_table
+from pagedkv.sim.reports import occupancy_table, shares_table, tokens_per_step_differs
 
 
 def compare_allocators(
@@ -51,10 +51,11 @@ def render_compare(data: Mapping[str, Any], *, title: str = "Allocators on the s
                 or not result["generated_tokens_per_step"]
             ):
                 continue
+            resident = paged["mean_resident_requests"] / result["mean_resident_requests"]
+            tokens = paged["generated_tokens_per_step"] / result["generated_tokens_per_step"]
             lines.append(
-                f"Paging vs {label}: {paged['mean_resident_requests'] / result['mean_resident_requests']:.1f}x "
-                f"the resident requests, {paged['generated_tokens_per_step'] / result['generated_tokens_per_step']:.1f}x "
-                f"the tokens per step"
+                f"Paging vs {label}: {resident:.1f}x the resident requests"
+                + (f", {tokens:.1f}x the tokens per step" if tokens_per_step_differs(results) else "")
             )
     return "\n\n".join(
         [

@@ -66,12 +66,11 @@ def render_prefix_caching(data: Mapping[str, Any]) -> str:
                 Percent(1.0 - result["free"] - result["external_fragmentation"]),
                 result["prefill_tokens"],
                 result["mean_resident_requests"],
-                result["generated_tokens_per_step"],
                 result["steps"],
             ]
         )
     return format_table(
-        ["run", "hit rate", "pool in use", "prefill tokens", "mean resident", "tokens/step", "steps"],
+        ["run", "hit rate", "pool in use", "prefill tokens", "mean resident", "steps"],
         rows,
         title=(
             f"Prefix caching: {data['workload']['name']}, pool {config['num_slots']:,} slots, block size "

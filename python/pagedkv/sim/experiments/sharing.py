@@ -112,7 +112,7 @@ def sharing_savings(
                     physical = logical = 0.0
                     next_id = 0
                     for prompt, output in zip(
-                        workload.prompt_tokens.tolist(), workload.output_tokens.tolist()
+                        workload.prompt_tokens.tolist(), workload.output_tokens.tolist(), strict=True
                     ):
                         group_physical, group_logical, next_id = _group_block_usage(
                             manager, prompt, output, width, kind, rng, next_id, vocab_size, temperature

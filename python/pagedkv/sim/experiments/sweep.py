@@ -57,7 +57,7 @@ def block_size_sweep(
     ]
     results = run_labelled("sweep", runs, progress)
     rows = []
-    for block_size, result in zip(block_sizes, results.values()):
+    for block_size, result in zip(block_sizes, results.values(), strict=True):
         summary = summarize(result)
         rows.append(
             {
@@ -83,7 +83,10 @@ def block_size_sweep(
         "rows": rows,
         "crossing_block_size": crossing[0] if crossing else None,
         "crossing_value": crossing[1] if crossing else None,
-        "results": {str(row["block_size"]): summarize(result) for row, result in zip(rows, results.values())},
+        "results": {
+            str(row["block_size"]): summarize(result)
+            for row, result in zip(rows, results.values(), strict=True)
+        },
     }
 
 
