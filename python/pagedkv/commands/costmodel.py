@@ -52,7 +52,7 @@ def _cmd_costmodel(args: argparse.Namespace) -> int:
         progress=progress_enabled(args),
     )
     print(render_recompute_or_swap(data))
-    return finish(args, data, lambda path: plots.plot_costmodel(data["model"], data["cpu"], path))
+    return finish(args, data, lambda path: plots.plot_costmodel(data["model"], data.get("cpu"), path))
 
 
 def register(subparsers: Any) -> None:

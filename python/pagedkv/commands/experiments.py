@@ -64,7 +64,7 @@ def _cmd_sharing(args: argparse.Namespace) -> int:
         progress=progress_enabled(args),
     )
     print(experiments.render_sharing(data))
-    return finish(args, data, lambda path: plots.plot_sharing(data["rows"], path, title="Sharing savings"))
+    return finish(args, data, lambda path: plots.plot_sharing(data, path, title="Sharing savings"))
 
 
 def register(subparsers: Any) -> None:

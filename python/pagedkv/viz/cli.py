@@ -147,7 +147,7 @@ def _plot(data: dict[str, Any], path: str) -> None:
         top.plot(run["c"]["step"], run["c"]["running"], label=run["allocator"])
         bottom.plot(run["c"]["step"], run["c"]["waste_pct"], label=run["allocator"])
     top.set_ylabel("running requests")
-    bottom.set_ylabel("waste, % of allocated slots")
+    bottom.set_ylabel("waste (% of the pool)")
     bottom.set_xlabel("engine step")
     top.set_title(
         f"same {data['num_slots']}-slot pool, block size {first['block_size']}, seed {first['seed']}"

@@ -22,8 +22,6 @@ demo               all of the above in six sections (`demo`)
 =================  =====================================================================
 """
 
-from __future__ import annotations
-
 from pagedkv.sim.experiments.attention_check import attention_check, render_attention_check
 from pagedkv.sim.experiments.common import (
     ALLOCATOR_LABELS,

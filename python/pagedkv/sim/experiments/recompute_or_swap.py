@@ -25,10 +25,10 @@ def recompute_or_swap(
 ) -> dict[str, Any]:
     """The model's seconds per preemption at each context and block size (``model``) and, with
     ``measure_cpu``, the same measured on this CPU up to ``cpu_max_context_tokens`` with the
-    fitted CPU parameters (``cpu``, else None)."""
+    fitted CPU parameters (``cpu``, absent without the measurement)."""
     from pagedkv.sim import cpu_calibration
 
-    data: dict[str, Any] = {"model": cost_model.table(contexts_tokens, block_sizes), "cpu": None}
+    data: dict[str, Any] = {"model": cost_model.table(contexts_tokens, block_sizes)}
     if measure_cpu:
         cpu_contexts = [c for c in contexts_tokens if c <= cpu_max_context_tokens]
         if not cpu_contexts:
