@@ -1,6 +1,6 @@
 """The pagedkv command line: the demo, the simulator and the experiments.
 
-'pagedkv demo' (no arguments) is the main job: the whole PagedAttention story in about a minute.
+'pagedkv demo' (no arguments) is the main job: the whole PagedAttention story in a few seconds.
 Every command prints tables; '--json FILE' writes its numbers and '--plot FILE' a PNG.
 """
 
@@ -37,12 +37,21 @@ COMMANDS: list[Callable[[Any], None]] = [
 _SINGLE_THREADED_BLAS = ("costmodel", "demo")
 
 
+class _Parser(argparse.ArgumentParser):
+    """No abbreviated options: ``sweep --block-size 32`` must be refused (sweep takes
+    ``--block-sizes``), not read as ``--block-sizes 32``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="pagedkv", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--version", action="version", version=f"pagedkv {pagedkv.__version__}")
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for register in COMMANDS:
         register(subparsers)
     return parser

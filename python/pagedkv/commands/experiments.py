@@ -72,7 +72,7 @@ def register(subparsers: Any) -> None:
     demo = subparsers.add_parser(
         "demo",
         parents=[cli_args.output_options()],
-        help="the main job: the whole story in six sections (about a minute)",
+        help="the main job: the whole story in six sections (a few seconds)",
         description="Paged vs contiguous attention, allocators, block sizes, copy-on-write, "
         "exhaustion and recovery, prefix caching: six printed sections.",
     )

@@ -39,9 +39,17 @@ def _check_writable(option: str, path: str) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
         raise CliError(f"{option} {path!r}: folder {directory!r} does not exist")
-    target = path if os.path.exists(path) else directory
-    if not os.access(target, os.W_OK):
-        raise CliError(f"{option} {path!r}: {target!r} is not writable")
+    # Try it: permission bits say nothing to root, and a read-only file system says nothing to
+    # os.access. An existing file is opened for appending (unchanged); a new one is created and
+    # removed again.
+    existed = os.path.exists(path)
+    try:
+        with open(path, "a" if existed else "x", encoding="utf-8"):
+            pass
+        if not existed:
+            os.remove(path)
+    except OSError as error:
+        raise CliError(f"{option} {path!r} cannot be written: {error.strerror or error}") from None
 
 
 def check_json_path(path: str | None) -> None:
