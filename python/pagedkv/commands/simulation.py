@@ -74,9 +74,11 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         ["simulated tokens per wall second", summary["generated_tokens"] / wall_s if wall_s > 0 else 0.0]
     )
     print()
-    print(
-        reports.format_table(["metric", "value"], [[name, reports.Number(value)] for name, value in extras])
-    )
+    # One row per metric, each in its own format: counts as integers, the rest with decimals.
+    rows = [
+        [name, reports.Number(value, "," if isinstance(value, int) else ",.2f")] for name, value in extras
+    ]
+    print(reports.format_table(["metric", "value"], rows))
     data = {
         **result.to_dict(),
         "mean_waste_per_request_tokens": summary["mean_waste_per_request_tokens"],

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pagedkv.errors import PagedKvError
+from pagedkv.sim.names import allocator_label
 from pagedkv.sim.reports import SHARE_KEYS, SHARE_LABELS, result_field
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "plot_sharing",
     "plot_recovery",
     "plot_demo",
+    "plot_viz_runs",
 ]
 
 SHARE_COLORS = {
@@ -379,4 +381,24 @@ def plot_demo(demo: Mapping[str, Any], path: str | os.PathLike) -> None:
     recovery_axis.set_title("(e) exhaustion and recovery")
     _draw_prefix_caching(caching_axis, demo["prefix_caching"])
     caching_axis.set_title("(f) prefix caching")
+    _save(figure, path)
+
+
+def plot_viz_runs(data: Mapping[str, Any], path: str | os.PathLike) -> None:
+    """The visualizer's runs (``pagedkv viz --plot``): running requests and waste over the steps,
+    every allocator, at the block size and seed the page shows first."""
+    plt = _pyplot()
+    first = data["initial"]
+    runs = [r for r in data["runs"] if r["block_size"] == first["block_size"] and r["seed"] == first["seed"]]
+    figure, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    for run in runs:
+        top.plot(run["c"]["step"], run["c"]["running"], label=allocator_label(run["allocator"]))
+        bottom.plot(run["c"]["step"], run["c"]["waste_pct"], label=allocator_label(run["allocator"]))
+    top.set_ylabel("running requests")
+    bottom.set_ylabel("waste (% of the pool)")
+    bottom.set_xlabel("engine step")
+    top.set_title(
+        f"same {data['num_slots']}-slot pool, block size {first['block_size']}, seed {first['seed']}"
+    )
+    _legend_outside(top)
     _save(figure, path)

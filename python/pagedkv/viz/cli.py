@@ -132,32 +132,6 @@ def build_data(args: argparse.Namespace) -> dict[str, Any]:
     return data
 
 
-def _plot(data: dict[str, Any], path: str) -> None:
-    """Running requests and waste over the steps, every allocator, at the first-shown run's
-    block size and seed."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    first = data["initial"]
-    runs = [r for r in data["runs"] if r["block_size"] == first["block_size"] and r["seed"] == first["seed"]]
-    figure, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
-    for run in runs:
-        top.plot(run["c"]["step"], run["c"]["running"], label=run["allocator"])
-        bottom.plot(run["c"]["step"], run["c"]["waste_pct"], label=run["allocator"])
-    top.set_ylabel("running requests")
-    bottom.set_ylabel("waste (% of the pool)")
-    bottom.set_xlabel("engine step")
-    top.set_title(
-        f"same {data['num_slots']}-slot pool, block size {first['block_size']}, seed {first['seed']}"
-    )
-    top.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-
-
 def run_viz(args: argparse.Namespace) -> int:
     """``pagedkv viz`` for parsed ``args``; returns the exit status."""
     from pagedkv.commands.output import check_json_path, check_plot_path, write_json
@@ -191,7 +165,9 @@ def run_viz(args: argparse.Namespace) -> int:
         )
         print(f"wrote {args.json}")
     if args.plot:
-        _plot(data, args.plot)
+        from pagedkv.sim.plots import plot_viz_runs
+
+        plot_viz_runs(data, args.plot)
         print(f"wrote {args.plot}")
     if args.serve:
         serve_page(path, port=args.port, duration_s=args.serve_seconds)
