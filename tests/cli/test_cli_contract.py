@@ -252,3 +252,19 @@ def test_output_checks_leave_no_file_behind(tmp_path):
     output.check_json_path(str(target))
     assert target.read_text(encoding="utf-8") == "keep"
     os.chmod(target, 0o644)
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["viz", "--block-sizes", "4,1_6"], "--block-sizes: expected comma-separated integers"),
+        (["viz", "--seeds", "\u0661"], "--seeds: expected comma-separated integers"),
+        (["viz", "--port", "70000"], "--port"),
+        (["viz", "--port", "8_080"], "--port"),
+        (["viz", "--serve-seconds", "nan"], "--serve-seconds"),
+    ],
+)
+def test_viz_lists_and_numbers_are_strict(argv, expected, tmp_path, capsys):
+    code, _, err = run([*argv, "--out", tmp_path / "v.html", "--no-progress"], capsys)
+    assert code == 2 and expected in err, err
+    assert not (tmp_path / "v.html").exists()

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from pagedkv.commands import args as cli_args
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.viz import record
 
@@ -23,8 +24,6 @@ SEEDS_PER_PAGE = 3
 
 def register(subparsers: Any) -> None:
     """Add ``viz`` to the ``pagedkv`` subparsers (the `pagedkv.cli.COMMANDS` contract)."""
-    from pagedkv.commands import args as cli_args
-
     add_parser(
         subparsers, [cli_args.workload_options(), cli_args.engine_options(), cli_args.output_options()]
     )
@@ -69,10 +68,15 @@ def add_parser(subparsers: Any, parents: Sequence[argparse.ArgumentParser]) -> a
         action="store_true",
         help="then serve the page on http://127.0.0.1 and print the URL (Ctrl-C stops)",
     )
-    group.add_argument("--port", type=int, default=0, help="port for --serve (default: any free port)")
+    group.add_argument(
+        "--port",
+        type=cli_args.bounded_int(0, 65535),
+        default=0,
+        help="port for --serve (default: any free port)",
+    )
     group.add_argument(
         "--serve-seconds",
-        type=float,
+        type=cli_args.positive_float,
         default=None,
         help="stop serving after this many seconds (default: until Ctrl-C)",
     )
@@ -112,7 +116,6 @@ def grid_from_args(args: argparse.Namespace) -> record.VizGrid:
 
 def build_data(args: argparse.Namespace) -> dict[str, Any]:
     """Record every run the arguments ask for; returns the page's data dict."""
-    from pagedkv.commands import args as cli_args
     from pagedkv.sim.builders import build_config
     from pagedkv.sim.progress import Progress
     from pagedkv.viz.workload_source import workload_for_seed

@@ -9,6 +9,7 @@ switches among them offline.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,8 @@ DEFAULT_MAX_STEPS = 300
 MAX_STEPS = 100_000
 
 KNOWN_ALLOCATORS = ALLOCATORS
+
+_DECIMAL = re.compile(r"[+-]?[0-9]+", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -130,10 +133,12 @@ def record_grid(
 
 def parse_int_list(text: str, *, what: str) -> tuple[int, ...]:
     """``"1,2,4"`` -> (1, 2, 4), for the command line; a clear error otherwise."""
-    try:
-        values = tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise InvalidArgumentError(f"{what}: expected comma-separated integers, got {text!r}") from None
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    # ASCII decimal digits only: int() would also take "1_000" and other scripts' digits.
+    if not all(_DECIMAL.fullmatch(part) for part in parts):
+        shown = text if len(text) <= 40 else f"{text[:40]}... ({len(text):,} characters)"
+        raise InvalidArgumentError(f"{what}: expected comma-separated integers, got {shown!r}")
+    values = tuple(int(part) for part in parts)
     if not values:
         raise InvalidArgumentError(f"{what}: expected at least one integer, got {text!r}")
     return values
