@@ -26,6 +26,7 @@ On a lent GPU machine without a Rust toolchain: build the extension here (`matur
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import math
@@ -153,7 +154,7 @@ def correctness(backend: str, xp: Any) -> list[str]:
             tables[b, :k] = ids[pos : pos + k]
             pos += k
 
-        def make(shape: tuple[int, ...]) -> np.ndarray:
+        def make(shape: tuple[int, ...], kind: str = kind) -> np.ndarray:
             x = rng.standard_normal(shape).astype(np.float32)
             return float32_to_bf16_bits(x) if kind == "bfloat16" else x.astype(np.float16)
 
@@ -197,19 +198,19 @@ def time_kernel(cupy: Any, fn: Any, min_iters: int = 20, min_seconds: float = 0.
 
 def copy_bandwidth(cupy: Any, num_bytes: int = 4 << 30) -> float:
     """Device-to-device copy bandwidth in bytes/s, counting the read and the write."""
-    src = cupy.empty(num_bytes, dtype=cupy.uint8)
-    dst = cupy.empty_like(src)
+    buffers = [cupy.empty(num_bytes, dtype=cupy.uint8) for _ in range(2)]
+    src_ptr, dst_ptr = buffers[0].data.ptr, buffers[1].data.ptr
     t = time_kernel(
         cupy,
         lambda: cupy.cuda.runtime.memcpyAsync(
-            dst.data.ptr,
-            src.data.ptr,
+            dst_ptr,
+            src_ptr,
             num_bytes,
             cupy.cuda.runtime.memcpyDeviceToDevice,
             cupy.cuda.get_current_stream().ptr,
         ),
     )
-    del src, dst
+    buffers.clear()  # free the 2 x 4 GiB before the sweep
     cupy.get_default_memory_pool().free_all_blocks()
     return 2 * num_bytes / t
 
@@ -319,9 +320,8 @@ def run_sweep(args: argparse.Namespace) -> int:
             get_runner("cuda").num_sms,
             None,
         )
-        seconds = time_kernel(
-            cupy, lambda: paged_attention(q, k_cache, v_cache, d_tables, d_lens, backend="cuda")
-        )
+        launch = functools.partial(paged_attention, q, k_cache, v_cache, d_tables, d_lens, backend="cuda")
+        seconds = time_kernel(cupy, launch)
         gbs = p.io_bytes / seconds
         r = Result(
             asdict(p),
@@ -381,8 +381,8 @@ def dry_run(args: argparse.Namespace) -> int:
     check_accounting([p for p in points if p.batch * p.context <= 8 * 16384])
     for p in points:
         print(
-            f"{p.kind:<8} batch={p.batch:>2} ctx={p.context:>5} group={p.group} KV={p.kv_bytes / 1e9:7.3f} GB "
-            f"target={target_pct(p)}"
+            f"{p.kind:<8} batch={p.batch:>2} ctx={p.context:>5} group={p.group} "
+            f"KV={p.kv_bytes / 1e9:7.3f} GB target={target_pct(p)}"
         )
     print(f"{len(points)} sweep points; byte accounting checked")
     if args.backend != "none":

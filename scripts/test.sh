@@ -1,17 +1,40 @@
 #!/usr/bin/env bash
-# Installs pagedkv with its test extras into a fresh venv (.venv) and runs every test:
-# the Rust workspace (cargo test) and the Python suite (pytest) against the installed wheel.
+# Installs pagedkv with its test extras into a dedicated venv (.venv-test, rebuilt each run; your
+# own .venv is left alone) and runs every gate and test: formatting and lints (cargo fmt, clippy,
+# ruff), types (mypy), the Rust workspace (cargo test) and the Python suite (pytest) against the
+# installed wheel. Prints the runtime of each stage and the total.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-rm -rf .venv
-python3 -m venv .venv
-. .venv/bin/activate
+VENV=.venv-test
+start_s=$SECONDS
+stage_s=$SECONDS
+stage() {
+    echo "== $1 ($((SECONDS - stage_s)) s for the previous stage, $((SECONDS - start_s)) s so far)"
+    stage_s=$SECONDS
+}
+
+stage "install into $VENV"
+rm -rf "$VENV"
+python3 -m venv "$VENV"
+. "$VENV/bin/activate"
 python -m pip install -q --upgrade pip
 python -m pip install -q '.[test]'
+
+stage "format and lint gates"
 cargo fmt --all --check
 cargo clippy --workspace --all-targets -- -D warnings
+ruff format --check .
+ruff check .
+stage "mypy"
+mypy
+
+stage "cargo test"
 cargo test --workspace --release
 # The lock-free pool under loom's model checker (every interleaving of 2-3 racing threads); its own
 # target dir so the cfg change does not invalidate the build above.
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p pagedkv --release --test loom_pool
+
+stage "pytest"
 python -m pytest -q
+stage "done"
+echo "scripts/test.sh passed in $((SECONDS - start_s)) s"

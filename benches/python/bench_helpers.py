@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
 import pagedkv
-from pagedkv.baseline import BaselineBlockManager
+
+# The plain-Python baseline lives with the tests that prove it correct (tests/python).
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "python"))
+
+from baseline_manager import BaselineBlockManager  # noqa: E402
 
 
 def make_manager(impl: str, **kwargs: Any) -> Any:

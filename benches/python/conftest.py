@@ -1,7 +1,8 @@
 """Shared pieces of the Python benchmarks: the two implementations, and a ratio report.
 
 Run with ``pytest benches/python --benchmark-enable`` (pytest-benchmark). Every benchmark runs
-``pagedkv.KvCacheManager`` and the plain-Python ``pagedkv.baseline.BaselineBlockManager`` on the
+``pagedkv.KvCacheManager`` and the plain-Python ``BaselineBlockManager``
+(``tests/python/baseline_manager.py``) on the
 same operations in the same run; the summary prints per-operation times and the ratios.
 """
 

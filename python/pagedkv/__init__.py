@@ -1,7 +1,5 @@
 """pagedkv: a paged KV-cache allocator with PagedAttention kernels, a simulator and a visualizer."""
 
-from __future__ import annotations
-
 from pagedkv._core import BlockPool, KvCacheManager, __version__
 from pagedkv.errors import (
     InvalidArgumentError,

@@ -5,7 +5,7 @@ block tables come out as NumPy int32, slots as int64, block copies as int32 ``[N
 Malformed input raises ``pagedkv.InvalidArgumentError`` and changes nothing.
 """
 
-from typing import Union, final
+from typing import TypeAlias, final
 
 import numpy as np
 import numpy.typing as npt
@@ -16,8 +16,8 @@ __all__ = ["BlockPool", "KvCacheManager", "__version__", "record_frames", "simul
 
 __version__: str
 
-_TokenIds = Union[list[int], tuple[int, ...], npt.NDArray[np.integer]]
-_SeqIds = Union[list[int], tuple[int, ...], npt.NDArray[np.integer]]
+_TokenIds: TypeAlias = list[int] | tuple[int, ...] | npt.NDArray[np.integer]
+_SeqIds: TypeAlias = list[int] | tuple[int, ...] | npt.NDArray[np.integer]
 
 @final
 class BlockPool:

@@ -9,7 +9,7 @@ them unchanged. Block hashes are Python ``int``s (the core's 128-bit keyed chain
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any, TypeAlias
 
 __all__ = ["MEDIUM_GPU", "BlockStored", "BlockRemoved", "AllBlocksCleared", "KvEvent"]
 
@@ -68,4 +68,4 @@ class AllBlocksCleared:
     """The prefix index was emptied (``reset_prefix_cache()``)."""
 
 
-KvEvent = Union[BlockStored, BlockRemoved, AllBlocksCleared]
+KvEvent: TypeAlias = BlockStored | BlockRemoved | AllBlocksCleared

@@ -61,7 +61,7 @@ def _call(fn: Callable[[], Any], guards: Guarded, outputs: list[np.ndarray]) -> 
     try:
         fn()
     except pagedkv.InvalidArgumentError:
-        for o, b in zip(outputs, before):
+        for o, b in zip(outputs, before, strict=True):
             if b is not None:
                 assert np.array_equal(o.view(np.uint8), b.view(np.uint8)), "a rejected call wrote"
         guards.check()
@@ -349,7 +349,7 @@ def test_copy_blocks_fuzz(backend: str, seed: int, pairs: str, layers: str) -> N
         for src, dst in np.asarray(ops).tolist():  # the copies take effect in order
             for cache in expected:
                 cache[dst] = cache[src]
-        for cache, want in zip((*k_caches, *v_caches), expected):
+        for cache, want in zip((*k_caches, *v_caches), expected, strict=True):
             assert np.array_equal(cache, want)
 
 

@@ -58,7 +58,7 @@ def test_copy_blocks_all_layers_match_reference(kind, head_dim, num_kv_heads):
     ops = np.array([[0, 5], [1, 2], [5, 6], [6, 7], [1, 8]], np.int32)
     copy_blocks(k_caches, v_caches, ops, backend="emulated")
     copy_blocks(ref_k, ref_v, ops, backend="numpy")
-    for a, b in zip([*k_caches, *v_caches], [*ref_k, *ref_v]):
+    for a, b in zip([*k_caches, *v_caches], [*ref_k, *ref_v], strict=True):
         assert a.tobytes() == b.tobytes()
 
 
@@ -95,17 +95,17 @@ def test_swap_round_trip_is_bit_identical(backend):
     saved = [d.copy() for d in device]
     # Swap out: device blocks (7, 2, 3, 8, 9) -> host (4, 0, 1, 5, 6): runs (2,3->0,1), (7..9->4..6).
     out_map = np.array([[7, 4], [2, 0], [3, 1], [8, 5], [9, 6]], np.int32)
-    for d, h in zip(device, host):
+    for d, h in zip(device, host, strict=True):
         assert swap_blocks(d, h, out_map, backend=backend) == 2
     for d in device:  # another sequence takes the freed blocks
         d[[7, 2, 3, 8, 9]] = to_kind(rng.standard_normal((5, block_size, heads, head_dim)), kind)
     # Swap in onto other device blocks: host (4, 0, 1, 5, 6) -> device (0, 10, 11, 1, 4).
     in_map = np.array([[4, 0], [0, 10], [1, 11], [5, 1], [6, 4]], np.int32)
-    for h, d in zip(host, device):
+    for h, d in zip(host, device, strict=True):
         assert swap_blocks(h, d, in_map, backend=backend) == 3
     new_tables = np.array([[0, 10, 11], [1, 4, -1]], np.int32)
     moved = {7: 0, 2: 10, 3: 11, 8: 1, 9: 4}
-    for d, s in zip(device, saved):
+    for d, s in zip(device, saved, strict=True):
         for old, new in moved.items():
             assert d[new].tobytes() == s[old].tobytes()
     after = paged_attention(q, device[0], device[1], new_tables, seq_lens, backend=backend)

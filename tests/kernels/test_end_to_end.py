@@ -54,7 +54,7 @@ class Engine:
                 slots,
                 backend=self.backend,
             )
-            for s, kk, vv in zip(seq_ids, ks, vs):
+            for s, kk, vv in zip(seq_ids, ks, vs, strict=True):
                 self.history[s][layer][0].append(kk)
                 self.history[s][layer][1].append(vv)
 

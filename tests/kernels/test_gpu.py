@@ -74,7 +74,7 @@ def test_write_and_copy_blocks_bitwise(kind):
     ops = np.array([[0, 4], [4, 5], [1, 9]], np.int32)
     copy_blocks(dev[:2], dev[2:], ops, backend="cuda")
     copy_blocks(host[:2], host[2:], ops)
-    for d, h in zip(dev, host):
+    for d, h in zip(dev, host, strict=True):
         assert cupy.asnumpy(d).tobytes() == h.tobytes()
 
 
@@ -93,7 +93,7 @@ def test_swap_with_pinned_host_memory():
     device[:] = 0
     assert swap_blocks(host, device, out_map[:, ::-1].copy(), backend="cuda") == 2
     cupy.cuda.get_current_stream().synchronize()
-    for s, d in out_map:
+    for s, _ in out_map:
         assert cupy.asnumpy(device[s]).tobytes() == expected[s].tobytes()
 
 

@@ -54,7 +54,8 @@ def test_every_instance_compiles_for_sm90_clean(capsys):
         print(f"\nNVRTC {major}.{minor}, {nvrtc.DEFAULT_ARCH}: registers / spill bytes / smem per instance")
         for name, res in rows:
             print(
-                f"  {name:<70} regs={res.registers:>3} spill={res.spill_stores_bytes}/{res.spill_loads_bytes} "
+                f"  {name:<70} regs={res.registers:>3} "
+                f"spill={res.spill_stores_bytes}/{res.spill_loads_bytes} "
                 f"smem={res.shared_bytes}"
             )
 

@@ -106,7 +106,7 @@ def test_copy_blocks_runs_in_order_over_layers():
     caches = [np.arange(5 * 2 * 1 * 64, dtype=np.float32).reshape(5, 2, 1, 64) + 1000 * i for i in range(4)]
     before = [c.copy() for c in caches]
     copy_blocks(caches[:2], caches[2:], np.array([[0, 3], [3, 4]], np.int32))  # chain: 4 gets 0's content
-    for c, b in zip(caches, before):
+    for c, b in zip(caches, before, strict=True):
         assert np.array_equal(c[3], b[0]) and np.array_equal(c[4], b[0])
         assert np.array_equal(c[:3], b[:3])
 

@@ -7,8 +7,8 @@ import random
 
 import pagedkv
 import pytest
+from baseline_manager import BaselineBlockManager
 from pagedkv import OutOfBlocksError, PagedKvError
-from pagedkv.baseline import BaselineBlockManager
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -143,7 +143,7 @@ class ManagerMachine(RuleBasedStateMachine):
         if count == 0:
             return
         slots = self.kv.slot_mapping([seq_id], count).tolist()
-        for position, slot in zip(range(first, len(tokens)), slots):
+        for position, slot in zip(range(first, len(tokens)), slots, strict=True):
             block, offset = divmod(slot, self.block_size)
             assert self.kv.refcount(block) == 1, f"write into shared block {block}"
             cells = self.content.setdefault(block, [None] * self.block_size)
@@ -355,7 +355,7 @@ class ManagerMachine(RuleBasedStateMachine):
             tokens = self.tokens[seq_id]
             assert self.kv.num_tokens(seq_id) == len(tokens)
             assert len(table) == ceil_div(len(tokens), self.block_size)
-            for abstract, block in zip(self.abstract[seq_id], table):
+            for abstract, block in zip(self.abstract[seq_id], table, strict=True):
                 assert physical_of.setdefault(abstract, block) == block  # same <=> same
             for position, token in enumerate(tokens):
                 block, offset = divmod(position, self.block_size)
@@ -455,7 +455,7 @@ class SwapMachine(ManagerMachine):
         for host, device in device_of_host.items():
             self.content[device] = list(self.host_content[host])
         device_abstract = {h: next(self.next_abstract) for h in sorted(group_blocks)}
-        for h, a in device_abstract.items():
+        for a in device_abstract.values():
             self.abstract_refs[a] = 0
         for seq_id in group:
             self.abstract[seq_id] = [device_abstract[h] for h in self.swapped[seq_id]]

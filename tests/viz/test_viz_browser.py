@@ -302,7 +302,11 @@ def test_every_step_through_the_slider(browser, recorded, allocator, block_size,
     for index, row in enumerate(shown):
         want = expected_counters(recording, index)
         waste = want.pop("waste")
-        got = dict(zip(["step", "running", "waiting", "finished", "blocks", "waste", "preemptions"], row))
+        got = dict(
+            zip(
+                ["step", "running", "waiting", "finished", "blocks", "waste", "preemptions"], row, strict=True
+            )
+        )
         assert float(got.pop("waste")[:-2]) == pytest.approx(waste, abs=0.051), f"frame {index}"
         assert got == want, f"frame {index}"
 
@@ -384,7 +388,7 @@ def assert_group_tables(driver, recording, frame_index) -> tuple[int, int]:
     rows = shown_tables(driver)
     assert [(r["rid"], r["sample"]) for r in rows] == [(w[0], w[1]) for w in want], f"frame {frame_index}"
     in_groups = shared_chips = 0
-    for row, (rid, sample, num_tokens, blocks, group_len) in zip(rows, want):
+    for row, (rid, sample, num_tokens, blocks, group_len) in zip(rows, want, strict=True):
         where = f"frame {frame_index} request {rid} sample {sample}"
         assert row["ntok"].startswith(f"{num_tokens} tokens · {len(blocks)} block"), where
         if group_len > 1:
@@ -459,7 +463,8 @@ def test_group_tables_show_every_sequence(browser, recorded_groups):
         const slot = arguments[0] * 4, slotW = rect.width / 64;
         const rowH = rect.height / Math.ceil(arguments[1] / 64);
         canvas.dispatchEvent(new MouseEvent("click", {bubbles: true,
-            clientX: rect.left + (slot % 64 + 0.5) * slotW, clientY: rect.top + (Math.floor(slot / 64) + 0.5) * rowH}));
+            clientX: rect.left + (slot % 64 + 0.5) * slotW,
+            clientY: rect.top + (Math.floor(slot / 64) + 0.5) * rowH}));
         return document.getElementById("cell-info").textContent;""",
         block,
         NUM_SLOTS,
@@ -498,7 +503,8 @@ def test_group_layout_and_screenshot(browser, recorded_groups, width, height, na
         js(
             driver,
             """const bar = document.getElementById("controls");
-            const below = bar && getComputedStyle(bar).position === "sticky" ? bar.getBoundingClientRect().height : 0;
+            const below = bar && getComputedStyle(bar).position === "sticky"
+                ? bar.getBoundingClientRect().height : 0;
             const title = document.getElementById("tables-title");
             window.scrollTo(0, title.getBoundingClientRect().top + window.scrollY - below - 8);""",
         )

@@ -29,7 +29,7 @@ COUNTERS = dict(
 def assert_round_trip(recording):
     decoded = decode_run(encode_run(recording, allocator="paged", block_size=1, seed=0))
     assert len(decoded) == len(recording["frames"])
-    for index, (original, back) in enumerate(zip(recording["frames"], decoded)):
+    for index, (original, back) in enumerate(zip(recording["frames"], decoded, strict=True)):
         np.testing.assert_array_equal(back["pool"], np.asarray(original["pool"]), err_msg=f"frame {index}")
         want = {
             int(rid): {"blocks": list(t["blocks"]), "num_tokens": t["num_tokens"]}

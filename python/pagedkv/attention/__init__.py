@@ -13,8 +13,6 @@ KV head ``h // (num_q_heads // num_kv_heads)``. bfloat16 tensors are uint16 arra
 Bad arguments raise ``pagedkv.InvalidArgumentError`` before anything runs.
 """
 
-from __future__ import annotations
-
 from typing import Any
 
 import numpy as np

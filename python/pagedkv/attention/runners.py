@@ -59,7 +59,10 @@ class CudaRunner:
         try:
             import cupy  # noqa: PLC0415 - optional dependency, imported on first use
         except ImportError as exc:
-            raise CudaUnavailableError("backend='cuda' needs CuPy: pip install 'pagedkv[cuda]'") from exc
+            raise CudaUnavailableError(
+                "backend='cuda' needs CuPy and a CUDA GPU: pip install cupy-cuda13x "
+                "(or, in a pagedkv checkout, pip install '.[cuda]')"
+            ) from exc
         self.xp = cupy
         self._cupy = cupy
         try:

@@ -149,7 +149,8 @@ def check_paged_attention(
         raise InvalidArgumentError(f"q must be [num_seqs, num_q_heads, head_dim], got shape {tuple(q.shape)}")
     if k_cache.ndim != 4:
         raise InvalidArgumentError(
-            f"k_cache must be [num_blocks, block_size, num_kv_heads, head_dim], got shape {tuple(k_cache.shape)}"
+            "k_cache must be [num_blocks, block_size, num_kv_heads, head_dim], "
+            f"got shape {tuple(k_cache.shape)}"
         )
     if tuple(v_cache.shape) != tuple(k_cache.shape):
         raise InvalidArgumentError(
@@ -207,7 +208,8 @@ def check_paged_attention(
             if bool(bad.any()):
                 b, i = (int(t) for t in xp.argwhere(bad)[0])
                 raise InvalidArgumentError(
-                    f"block_tables[{b}, {i}] = {_int(block_tables[b, i])} is not a block id in [0, {num_blocks})"
+                    f"block_tables[{b}, {i}] = {_int(block_tables[b, i])} "
+                    f"is not a block id in [0, {num_blocks})"
                 )
     return AttentionShape(
         num_seqs,
@@ -262,7 +264,7 @@ def _xp(x: Any) -> Any:
 
 
 def _check_cache_pair(names: tuple[str, str], k_cache: Any, v_cache: Any, backend: str) -> str:
-    for name, x in zip(names, (k_cache, v_cache)):
+    for name, x in zip(names, (k_cache, v_cache), strict=True):
         _require_array(name, x, backend)
         if x.ndim != 4:
             raise InvalidArgumentError(
@@ -280,7 +282,7 @@ def _check_cache_pair(names: tuple[str, str], k_cache: Any, v_cache: Any, backen
             )
         if row_bytes % 16:
             raise InvalidArgumentError("a slot's keys must fill whole 16-byte vectors")
-        for name, x in zip(names, (k_cache, v_cache)):
+        for name, x in zip(names, (k_cache, v_cache), strict=True):
             _require_aligned(name, x)
     return kind
 
@@ -334,10 +336,11 @@ def check_copy_blocks(k_caches: Any, v_caches: Any, copy_ops: Any, backend: str)
         raise InvalidArgumentError("k_caches and v_caches must be lists (one cache per layer)")
     if len(k_caches) == 0 or len(k_caches) != len(v_caches):
         raise InvalidArgumentError(
-            f"k_caches ({len(k_caches)}) and v_caches ({len(v_caches)}) must list the same layers, at least one"
+            f"k_caches ({len(k_caches)}) and v_caches ({len(v_caches)}) "
+            "must list the same layers, at least one"
         )
     kind = ""
-    for layer, (k, v) in enumerate(zip(k_caches, v_caches)):
+    for layer, (k, v) in enumerate(zip(k_caches, v_caches, strict=True)):
         kind = _check_cache_pair((f"k_caches[{layer}]", f"v_caches[{layer}]"), k, v, backend)
         _require_writable(f"k_caches[{layer}]", k)
         _require_writable(f"v_caches[{layer}]", v)

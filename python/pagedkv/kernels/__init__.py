@@ -4,8 +4,6 @@ The ``.cu`` files are compiled for the GPU by NVRTC (through CuPy's ``RawModule`
 by g++ with ``cuda_emu.h`` (``backend="emulated"``); ``instances`` lists every template instance.
 """
 
-from __future__ import annotations
-
 from pathlib import Path
 
 KERNEL_DIR = Path(__file__).resolve().parent

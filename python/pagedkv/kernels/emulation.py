@@ -86,8 +86,8 @@ PKV_EXPORT int pkv_launch_{i}(unsigned gx, unsigned gy, unsigned gz, unsigned bx
                               void** params, const unsigned long long* bound_begins,
                               const unsigned long long* bound_sizes, int num_bounds, char* error,
                               int error_capacity) {{
-  return pkv_emu::launch_packed(&{name}, gx, gy, gz, bx, by, bz, params, bound_begins, bound_sizes, num_bounds,
-                                error, error_capacity);
+  return pkv_emu::launch_packed(&{name}, gx, gy, gz, bx, by, bz, params, bound_begins, bound_sizes,
+                                num_bounds, error, error_capacity);
 }}
 """
         for i, name in enumerate(name_expressions)

@@ -15,8 +15,6 @@ with a first-fit or buddy allocator over one slot array. Metric definitions: doc
 from __future__ import annotations
 
 import math
-import sys
-import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -24,11 +22,19 @@ import numpy as np
 
 from pagedkv import _core
 from pagedkv.errors import InvalidArgumentError
+from pagedkv.sim.names import ALLOCATORS, PLACEMENTS
+from pagedkv.sim.progress import Progress
 
-__all__ = ["Workload", "SimConfig", "SimResult", "simulate", "record_frames", "ALLOCATORS", "PLACEMENTS"]
-
-ALLOCATORS = ("paged", "contiguous-max", "contiguous-pow2", "contiguous-oracle")
-PLACEMENTS = ("first-fit", "buddy")
+__all__ = [
+    "Workload",
+    "SimConfig",
+    "SimResult",
+    "simulate",
+    "record_frames",
+    "waste_pct_of_pool",
+    "ALLOCATORS",
+    "PLACEMENTS",
+]
 
 
 @dataclass(frozen=True)
@@ -163,7 +169,13 @@ def _int_column(name: str, values: Any, length: int | None) -> np.ndarray:
     return np.zeros(0, dtype=np.int64)
 
 
-def _columns(workload: Workload) -> tuple[Any, ...]:
+# prompt, output, arrival, group_size, group_kind, prefix_id, prefix_tokens: `_core.simulate`'s order.
+_Columns = tuple[
+    np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, str, np.ndarray | None, np.ndarray | None
+]
+
+
+def _columns(workload: Workload) -> _Columns:
     if not isinstance(workload, Workload):
         raise InvalidArgumentError(
             f"workload must be a pagedkv.sim.engine.Workload, got {type(workload).__name__}"
@@ -247,28 +259,15 @@ def _result(raw: dict[str, Any]) -> SimResult:
     )
 
 
-class _ProgressLine:
-    """A one-line progress display on stderr, shown only once a run has taken over a second."""
+def _progress_callback(bar: Progress) -> Any:
+    """The Rust loop's progress hook ``(steps, finished, total) -> keep going`` drawing ``bar``."""
 
-    def __init__(self, label: str) -> None:
-        self.label = label
-        self.start = time.monotonic()
-        self.shown = False
-
-    def __call__(self, steps: int, finished: int, total: int) -> bool:
-        if time.monotonic() - self.start >= 1.0:
-            width = 30
-            filled = width * finished // max(total, 1)
-            bar = "#" * filled + "." * (width - filled)
-            sys.stderr.write(f"\r{self.label} [{bar}] {finished}/{total} requests, {steps} steps")
-            sys.stderr.flush()
-            self.shown = True
+    def on_progress(steps: int, finished: int, total: int) -> bool:
+        bar.total = max(int(total), 1)
+        bar.update_to(finished, f"requests, {steps} steps")
         return True
 
-    def close(self) -> None:
-        if self.shown:
-            sys.stderr.write("\n")
-            sys.stderr.flush()
+    return on_progress
 
 
 def simulate(workload: Workload, config: SimConfig, *, progress: bool = False) -> SimResult:
@@ -276,13 +275,19 @@ def simulate(workload: Workload, config: SimConfig, *, progress: bool = False) -
     message names the request index or the setting)."""
     columns = _columns(workload)
     config_dict = _config_dict(config)
-    line = _ProgressLine(f"simulate {workload.name} {config.allocator}") if progress else None
-    try:
-        raw = _core.simulate(*columns, config_dict, line)
-    finally:
-        if line is not None:
-            line.close()
+    with Progress(
+        workload.num_requests, f"simulate {workload.name} {config.allocator}", enabled=progress
+    ) as bar:
+        raw = _core.simulate(*columns, config_dict, _progress_callback(bar) if progress else None)
     return _result(raw)
+
+
+def waste_pct_of_pool(frame: dict[str, Any], num_slots: int) -> float:
+    """A frame's waste in percent of the pool: slots neither holding a token nor free (reserved,
+    internal and external fragmentation). The same definition as a run's ``waste`` share
+    (`pagedkv.sim.experiments.summarize`), so the visualizer and the tables agree."""
+    wasted = frame["reserved_slots"] + frame["internal_frag_slots"] + frame["external_frag_slots"]
+    return 100.0 * wasted / num_slots if num_slots else 0.0
 
 
 def record_frames(workload: Workload, config: SimConfig, *, max_steps: int = 400) -> dict[str, Any]:
@@ -293,11 +298,12 @@ def record_frames(workload: Workload, config: SimConfig, *, max_steps: int = 400
     ``block_size`` slots (contiguous). Each frame holds ``step``, ``time_s``, ``running``,
     ``waiting``, ``finished``, ``preemptions`` (cumulative), ``used_blocks`` (cells with an
     owner), ``token_slots``, ``reserved_slots`` (allocated, to be filled), ``internal_frag_slots``,
-    ``external_frag_slots``, ``free_slots``, ``waste_pct`` (allocated slots not holding a token,
-    in % of allocated slots), ``pool`` (int64 array ``[num_blocks, 3]``: per cell
-    ``[owner_request_id or -1, tokens_held, reserved_not_yet_used]``; ``.tolist()`` for JSON), ``tables`` (``{request_id: {"blocks": [...], "num_tokens": n}}``
-    for the request's first sequence, plus ``"sequences"`` listing every sequence of a group)
-    and ``shared`` (``[block_id, refcount]`` of blocks shared by several sequences).
+    ``external_frag_slots``, ``free_slots``, ``waste_pct`` (`waste_pct_of_pool`), ``pool`` (int64
+    array ``[num_blocks, 3]``: per cell
+    ``[owner_request_id or -1, tokens_held, reserved_not_yet_used]``; ``.tolist()`` for JSON),
+    ``tables`` (``{request_id: {"blocks": [...], "num_tokens": n}}`` for the request's first
+    sequence, plus ``"sequences"`` listing every sequence of a group) and ``shared``
+    (``[block_id, refcount]`` of blocks shared by several sequences).
     """
     if isinstance(max_steps, bool) or not isinstance(max_steps, (int, np.integer)) or max_steps < 1:
         raise InvalidArgumentError(f"max_steps must be a positive int, got {max_steps!r}")
@@ -305,6 +311,8 @@ def record_frames(workload: Workload, config: SimConfig, *, max_steps: int = 400
     config_dict = _config_dict(config)
     raw = _core.record_frames(*columns, config_dict, int(max_steps))
     frames = raw.pop("frames")
+    for frame in frames:
+        frame["waste_pct"] = waste_pct_of_pool(frame, config.num_slots)
     summary = _result(raw).to_dict()
     paged = config.allocator == "paged"
     num_cells = (

@@ -1,4 +1,4 @@
-"""A tiny stderr progress bar for experiments that take more than a second (no dependency).
+"""The one stderr progress bar of the simulator, the experiments and the CLI (no dependency).
 
 It stays silent for the first second, so quick runs print nothing, and draws only when stderr is
 a terminal (or ``PAGEDKV_PROGRESS=1``), so logs and captured output stay clean.
@@ -41,7 +41,12 @@ class Progress:
         self._last_draw_s = 0.0
 
     def update(self, units: int = 1, note: str = "") -> None:
-        self.done = min(self.total, self.done + units)
+        """Count ``units`` more done; ``note`` says what (shown after the bar)."""
+        self.update_to(self.done + units, note)
+
+    def update_to(self, done: int, note: str = "") -> None:
+        """Set the count of units done to ``done``."""
+        self.done = min(self.total, max(0, int(done)))
         if not self._enabled:
             return
         now_s = time.perf_counter()

@@ -13,6 +13,7 @@ import numpy as np
 
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.sim.engine import Workload
+from pagedkv.sim.names import SYNTHETIC_WORKLOADS
 
 __all__ = [
     "WORKLOAD_NAMES",
@@ -38,7 +39,7 @@ ALPACA_MEAN_OUTPUT_TOKENS = 58.45
 
 DEFAULT_ARRIVAL_RATE_PER_S = 10.0
 
-WORKLOAD_NAMES = ("synthetic", "sharegpt", "lognormal", "system-prompt", "alpaca")
+WORKLOAD_NAMES = SYNTHETIC_WORKLOADS
 
 
 def _require(condition: bool, message: str) -> None:
@@ -257,7 +258,10 @@ def system_prompt(
     suffix = rng.integers(lo_suffix, hi_suffix + 1, size=num_requests)
     output = rng.integers(lo_out, hi_out + 1, size=num_requests).astype(np.int64)
     return Workload(
-        name=f"system-prompt(n={num_requests}, {num_system_prompts} x {system_prompt_tokens} tokens, seed={seed})",
+        name=(
+            f"system-prompt(n={num_requests}, {num_system_prompts} x {system_prompt_tokens} tokens, "
+            f"seed={seed})"
+        ),
         prompt_tokens=(system_prompt_tokens + suffix).astype(np.int64),
         output_tokens=output,
         arrival_s=_poisson_arrivals_s(rng, num_requests, arrival_rate_per_s),

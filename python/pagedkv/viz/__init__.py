@@ -5,8 +5,6 @@ seed on the same pool; ``render_page`` / ``write_page`` turn the recordings into
 self-contained HTML file; ``serve_page`` serves it on 127.0.0.1. ``pagedkv viz`` does all three.
 """
 
-from __future__ import annotations
-
 from pagedkv.viz.encode import decode_run, encode_run
 from pagedkv.viz.page import render_page, write_page
 from pagedkv.viz.record import VizGrid, record_grid

@@ -1,7 +1,7 @@
 """``pagedkv viz``: record the grid of runs and write (and optionally serve) the page.
 
-``pagedkv.cli`` registers the command through its visualizer hook, which calls
-:func:`add_parser` with the shared workload, engine and output option parents, so ``viz`` takes
+``pagedkv.cli`` registers the command with :func:`register`, which gives :func:`add_parser` the
+shared workload, engine and output option parents of `pagedkv.commands.args`, so ``viz`` takes
 the same ``--workload``/``--num-slots``/``--arrival``/... options as ``simulate``. The defaults
 differ where a picture needs them to: a pool of 2048 slots (every slot visible), requests of at
 most 512 tokens, 200 requests, 300 steps.
@@ -10,16 +10,23 @@ most 512 tokens, 200 requests, 300 steps.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 from collections.abc import Sequence
 from typing import Any
 
+from pagedkv.commands import args as cli_args
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.viz import record
 
 DEFAULT_OUT = "pagedkv-viz.html"
 SEEDS_PER_PAGE = 3
+
+
+def register(subparsers: Any) -> None:
+    """Add ``viz`` to the ``pagedkv`` subparsers (the `pagedkv.cli.COMMANDS` contract)."""
+    add_parser(
+        subparsers, [cli_args.workload_options(), cli_args.engine_options(), cli_args.output_options()]
+    )
 
 
 def add_parser(subparsers: Any, parents: Sequence[argparse.ArgumentParser]) -> argparse.ArgumentParser:
@@ -61,10 +68,15 @@ def add_parser(subparsers: Any, parents: Sequence[argparse.ArgumentParser]) -> a
         action="store_true",
         help="then serve the page on http://127.0.0.1 and print the URL (Ctrl-C stops)",
     )
-    group.add_argument("--port", type=int, default=0, help="port for --serve (default: any free port)")
+    group.add_argument(
+        "--port",
+        type=cli_args.bounded_int(0, 65535),
+        default=0,
+        help="port for --serve (default: any free port)",
+    )
     group.add_argument(
         "--serve-seconds",
-        type=float,
+        type=cli_args.positive_float,
         default=None,
         help="stop serving after this many seconds (default: until Ctrl-C)",
     )
@@ -104,13 +116,15 @@ def grid_from_args(args: argparse.Namespace) -> record.VizGrid:
 
 def build_data(args: argparse.Namespace) -> dict[str, Any]:
     """Record every run the arguments ask for; returns the page's data dict."""
-    from pagedkv.cli import build_config
+    from pagedkv.sim.builders import build_config
     from pagedkv.sim.progress import Progress
     from pagedkv.viz.workload_source import workload_for_seed
 
     grid = grid_from_args(args)
-    source = workload_for_seed(args, on_note=lambda note: print(f"viz: {note}", file=sys.stderr))
-    config = build_config(args, source(grid.seeds[0]))
+    source = workload_for_seed(
+        **cli_args.workload_kwargs(args), on_note=lambda note: print(f"viz: {note}", file=sys.stderr)
+    )
+    config = build_config(source(grid.seeds[0]), **cli_args.config_kwargs(args))
     with Progress(grid.num_runs, "viz: recording", enabled=not args.no_progress) as bar:
         data = record.record_grid(source, config, grid, on_run_done=lambda label: bar.update(1, label))
     data["initial"] = {
@@ -121,49 +135,14 @@ def build_data(args: argparse.Namespace) -> dict[str, Any]:
     return data
 
 
-def _check_plot_path(path: str | None) -> None:
-    """Fail before recording when the plot could not be written afterwards."""
-    if path is None:
-        return
-    if not path.lower().endswith(".png"):
-        raise InvalidArgumentError(f"--plot {path!r}: the plot is a PNG, give a file name ending in .png")
-    if importlib.util.find_spec("matplotlib") is None:
-        raise InvalidArgumentError("--plot needs matplotlib: pip install 'pagedkv[plot]'")
-
-
-def _plot(data: dict[str, Any], path: str) -> None:
-    """Running requests and waste over the steps, every allocator, at the first-shown run's
-    block size and seed."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    first = data["initial"]
-    runs = [r for r in data["runs"] if r["block_size"] == first["block_size"] and r["seed"] == first["seed"]]
-    figure, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
-    for run in runs:
-        top.plot(run["c"]["step"], run["c"]["running"], label=run["allocator"])
-        bottom.plot(run["c"]["step"], run["c"]["waste_pct"], label=run["allocator"])
-    top.set_ylabel("running requests")
-    bottom.set_ylabel("waste, % of allocated slots")
-    bottom.set_xlabel("engine step")
-    top.set_title(
-        f"same {data['num_slots']}-slot pool, block size {first['block_size']}, seed {first['seed']}"
-    )
-    top.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-
-
 def run_viz(args: argparse.Namespace) -> int:
     """``pagedkv viz`` for parsed ``args``; returns the exit status."""
-    from pagedkv.cli import write_json
+    from pagedkv.commands.output import check_json_path, check_plot_path, write_json
     from pagedkv.viz.page import write_page
     from pagedkv.viz.serve import serve_page
 
-    _check_plot_path(args.plot)
+    check_plot_path(args.plot)
+    check_json_path(args.json)
     data = build_data(args)
     path = write_page(data, args.out, compress=not args.no_compress)
     size_kib = path.stat().st_size / 1024
@@ -189,7 +168,9 @@ def run_viz(args: argparse.Namespace) -> int:
         )
         print(f"wrote {args.json}")
     if args.plot:
-        _plot(data, args.plot)
+        from pagedkv.sim.plots import plot_viz_runs
+
+        plot_viz_runs(data, args.plot)
         print(f"wrote {args.plot}")
     if args.serve:
         serve_page(path, port=args.port, duration_s=args.serve_seconds)

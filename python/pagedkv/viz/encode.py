@@ -165,14 +165,14 @@ def encode_run(recording: Mapping[str, Any], **labels: Any) -> dict[str, Any]:
         )
         delta = deltas.most_common(1)[0][0] if deltas else 0
         changes: list[int] = []
-        for key in sorted(tables):
-            num_tokens, blocks = tables[key]
-            old = prev_tables.get(key)
+        for table_key in sorted(tables):
+            num_tokens, blocks = tables[table_key]
+            old = prev_tables.get(table_key)
             if old is not None and old[1] == blocks and num_tokens - old[0] == delta:
                 continue
             kept = _common_prefix_len(old[1], blocks) if old is not None else 0
             appended = blocks[kept:]
-            changes.extend((*key, num_tokens, kept, len(appended)))
+            changes.extend((*table_key, num_tokens, kept, len(appended)))
             changes.extend(appended)
         table_changes.append(changes)
         table_deltas.append(delta)

@@ -9,16 +9,18 @@ switches among them offline.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pagedkv.errors import InvalidArgumentError
+from pagedkv.sim.names import ALLOCATORS
 from pagedkv.viz.encode import encode_run
 
 #: Allocators on the page: paging against contiguous reservation for the worst case (max),
 #: for a power-of-two guess (pow2), and for the exact final length (oracle).
-DEFAULT_ALLOCATORS = ("paged", "contiguous-max", "contiguous-pow2", "contiguous-oracle")
+DEFAULT_ALLOCATORS = ALLOCATORS
 DEFAULT_BLOCK_SIZES = (1, 2, 4, 8, 16, 32)
 DEFAULT_SEEDS = (0, 1, 2)
 #: A pool small enough to see every slot (32 rows of 64 slots), large enough for a dozen requests.
@@ -26,8 +28,13 @@ DEFAULT_NUM_SLOTS = 2048
 DEFAULT_MAX_MODEL_LEN = 512
 DEFAULT_NUM_REQUESTS = 200
 DEFAULT_MAX_STEPS = 300
+#: Most steps one run may record: every step is a frame on the page (about 100 bytes each after
+#: compression), so this keeps the page and the recording's memory bounded.
+MAX_STEPS = 100_000
 
-KNOWN_ALLOCATORS = ("paged", "contiguous-max", "contiguous-pow2", "contiguous-oracle")
+KNOWN_ALLOCATORS = ALLOCATORS
+
+_DECIMAL = re.compile(r"[+-]?[0-9]+", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -58,8 +65,10 @@ class VizGrid:
         for seed in self.seeds:
             if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
                 raise InvalidArgumentError(f"seeds must be integers >= 0, got {seed!r}")
-        if not isinstance(self.max_steps, int) or self.max_steps < 1:
-            raise InvalidArgumentError(f"max_steps must be an integer >= 1, got {self.max_steps!r}")
+        if not isinstance(self.max_steps, int) or not 1 <= self.max_steps <= MAX_STEPS:
+            raise InvalidArgumentError(
+                f"max_steps must be an integer in [1, {MAX_STEPS:,}], got {self.max_steps!r}"
+            )
 
     @property
     def num_runs(self) -> int:
@@ -124,10 +133,12 @@ def record_grid(
 
 def parse_int_list(text: str, *, what: str) -> tuple[int, ...]:
     """``"1,2,4"`` -> (1, 2, 4), for the command line; a clear error otherwise."""
-    try:
-        values = tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise InvalidArgumentError(f"{what}: expected comma-separated integers, got {text!r}") from None
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    # ASCII decimal digits only: int() would also take "1_000" and other scripts' digits.
+    if not all(_DECIMAL.fullmatch(part) for part in parts):
+        shown = text if len(text) <= 40 else f"{text[:40]}... ({len(text):,} characters)"
+        raise InvalidArgumentError(f"{what}: expected comma-separated integers, got {shown!r}")
+    values = tuple(int(part) for part in parts)
     if not values:
         raise InvalidArgumentError(f"{what}: expected at least one integer, got {text!r}")
     return values

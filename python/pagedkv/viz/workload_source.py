@@ -9,7 +9,6 @@ Requests longer than ``--max-model-len`` cannot be served by any allocator and a
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from collections.abc import Callable
 from typing import Any
@@ -58,22 +57,36 @@ def trace_window(trace: Any, *, seed: int, num_requests: int, max_model_len: int
 
 
 def workload_for_seed(
-    args: argparse.Namespace, *, on_note: Callable[[str], None] | None = None
+    *,
+    workload: str,
+    num_requests: int,
+    max_model_len: int,
+    on_note: Callable[[str], None] | None = None,
+    **options: Any,
 ) -> Callable[[int], Any]:
-    """seed -> Workload for the CLI's workload options (``pagedkv.cli.build_workload``)."""
-    from pagedkv.cli import SYNTHETIC_WORKLOADS, build_workload
+    """seed -> Workload, for the keyword arguments of `pagedkv.sim.builders.build_workload`.
 
-    if args.workload in SYNTHETIC_WORKLOADS:
-        return lambda seed: build_workload(argparse.Namespace(**{**vars(args), "seed": seed}))
+    A generated workload is rebuilt with each seed; a trace is read once and windowed by
+    `trace_window`. ``on_note`` receives remarks (requests left out, a trace's attribution).
+    """
+    from pagedkv.sim.builders import build_workload, is_synthetic
 
-    trace = build_workload(argparse.Namespace(**{**vars(args), "num_requests": None}))
+    options.pop("seed", None)
+    if is_synthetic(workload):
+        return lambda seed: build_workload(
+            workload, num_requests=num_requests, max_model_len=max_model_len, seed=seed, **options
+        )
+
+    trace = build_workload(
+        workload, num_requests=None, max_model_len=max_model_len, on_note=on_note, **options
+    )
 
     def window(seed: int) -> Any:
-        workload, dropped = trace_window(
-            trace, seed=seed, num_requests=args.num_requests, max_model_len=args.max_model_len
+        result, dropped = trace_window(
+            trace, seed=seed, num_requests=num_requests, max_model_len=max_model_len
         )
         if dropped and on_note is not None:
-            on_note(f"seed {seed}: left out {dropped} request(s) longer than {args.max_model_len} tokens")
-        return workload
+            on_note(f"seed {seed}: left out {dropped} request(s) longer than {max_model_len} tokens")
+        return result
 
     return window

@@ -104,17 +104,47 @@ def test_real_traces(short_name, requests, span_s):
     assert workload.prompt_tokens.min() >= 1 and workload.output_tokens.min() >= 1
 
 
-def test_results_from_an_azure_trace_carry_the_cc_by_attribution(tmp_path, run_cli):
-    path = _write(
-        tmp_path,
-        HEADER + "2023-11-16 18:15:46.6805900,40,8\n2023-11-16 18:15:47.0,30,4\n",
-        name="azure_llm_2023_conv.csv",
-    )
-    run = run_cli("simulate", "--workload", path, "--num-slots", 512)
-    assert run.code == 0, run.err
-    assert "Azure Public Dataset, Microsoft (CC-BY 4.0)" in run.err
-    other = run_cli(
-        "simulate", "--workload", _write(tmp_path, HEADER + "0,40,8\n", name="mine.csv"), "--num-slots", 512
-    )
-    assert other.code == 0, other.err
-    assert "Azure Public Dataset" not in other.err
+def test_the_azure_traces_ship_in_the_package_with_their_attribution():
+    data = traces.BUNDLED_TRACES_DIR
+    for file_name in traces.KNOWN_TRACES.values():
+        assert (data / f"{file_name}.gz").stat().st_size > 10_000, file_name
+    attribution = (data / "TRACES.md").read_text(encoding="utf-8")
+    assert "CC-BY 4.0" in attribution and "Azure Public Dataset, Microsoft" in attribution
+
+
+@pytest.fixture
+def no_shared_traces(monkeypatch):
+    """As after `pip install` outside a checkout: no $PAGEDKV_TRACES, no shared/traces folder."""
+    monkeypatch.delenv("PAGEDKV_TRACES", raising=False)
+    monkeypatch.setattr(traces, "_repo_roots", lambda: [])
+
+
+def test_named_traces_fall_back_to_the_bundled_copies(no_shared_traces):
+    with pytest.raises(traces.TraceNotFoundError):
+        traces.traces_dir()
+    path = traces.known_trace_path("azure-code")
+    assert path == traces.BUNDLED_TRACES_DIR / "azure_llm_2023_code.csv.gz"
+    workload = traces.read_azure_csv(path)
+    assert workload.name == "azure_llm_2023_code.csv" and len(workload.prompt_tokens) == 8819
+    assert traces.is_azure_trace(path)
+
+
+def test_the_bundled_copy_equals_the_shared_one(traces_dir):
+    for file_name in traces.KNOWN_TRACES.values():
+        bundled = traces.read_azure_csv(traces.BUNDLED_TRACES_DIR / f"{file_name}.gz")
+        shared = traces.read_azure_csv(traces_dir / file_name)
+        np.testing.assert_array_equal(bundled.prompt_tokens, shared.prompt_tokens)
+        np.testing.assert_array_equal(bundled.output_tokens, shared.output_tokens)
+        np.testing.assert_array_equal(bundled.arrival_s, shared.arrival_s)
+
+
+def test_gzip_traces_are_read_and_a_corrupt_one_is_named(tmp_path):
+    import gzip
+
+    path = tmp_path / "mine.csv.gz"
+    path.write_bytes(gzip.compress((HEADER + "0,7,8\n1.5,9,2\n").encode()))
+    workload = traces.read_azure_csv(path)
+    assert workload.name == "mine.csv" and workload.prompt_tokens.tolist() == [7, 9]
+    path.write_bytes(gzip.compress((HEADER + "0,7,8\n").encode())[:-6])
+    with pytest.raises(traces.TraceError, match="mine.csv.gz: cannot read the trace"):
+        traces.read_azure_csv(path)

@@ -70,7 +70,7 @@ def test_utf8_bom_and_crlf_traces_are_read(tmp_path: Path, capsys: pytest.Captur
     "argv, expected",
     [
         (["simulate", "--workload", "missing.csv"], "does not exist"),
-        (["simulate", "--workload", "nothing"], "--workload 'nothing'"),
+        (["simulate", "--workload", "nothing"], "--workload: expected one of synthetic"),
         (["simulate", "--arrival", "bogus"], "--arrival"),
         (["simulate", "--arrival", "poisson:"], "--arrival"),
         (["simulate", "--arrival", "poisson:-1"], "--arrival"),

@@ -4,6 +4,7 @@ import numpy as np
 import pagedkv
 import pytest
 from pagedkv.sim import experiments
+from pagedkv.sim.experiments import sharing, sweep
 
 
 def test_copy_on_write_exact_counts():
@@ -21,9 +22,7 @@ def test_copy_on_write_exact_counts():
 def test_group_usage_by_hand():
     manager = pagedkv.KvCacheManager(num_blocks=16, block_size=16)
     rng = np.random.default_rng(0)
-    physical, logical, next_id = experiments._group_block_usage(
-        manager, 32, 1, 2, "parallel", rng, 0, 16, 2.0
-    )
+    physical, logical, next_id = sharing._group_block_usage(manager, 32, 1, 2, "parallel", rng, 0, 16, 2.0)
     # Prompt: 2 full shared blocks; one token each starts a new block: 2 + 2 physical, 2 * 3 logical.
     assert (physical, logical, next_id) == (4.0, 6.0, 2)
     assert manager.num_sequences == 0 and manager.stats()["num_blocks_in_use"] == 0
@@ -40,15 +39,15 @@ def test_sharing_savings_parallel_below_beam_with_invariants():
 
 def test_beam_parents_keep_the_best():
     rng = np.random.default_rng(1)
-    parents, scores = experiments._beam_parents(rng, np.array([0.0, -50.0]), 2, 8, 1.0)
+    parents, scores = sharing._beam_parents(rng, np.array([0.0, -50.0]), 2, 8, 1.0)
     # The second beam is far behind: both survivors descend from the first.
     assert parents.tolist() == [0, 0] and scores[0] >= scores[1]
 
 
 def test_crossing_interpolates_in_log_space():
-    block_size, value = experiments._crossing([4, 16], [2.0, 8.0], [8.0, 2.0])
+    block_size, value = sweep._crossing([4, 16], [2.0, 8.0], [8.0, 2.0])
     assert block_size == pytest.approx(8.0) and value == pytest.approx(4.0)
-    assert experiments._crossing([4, 16], [1.0, 2.0], [8.0, 4.0]) is None
+    assert sweep._crossing([4, 16], [1.0, 2.0], [8.0, 4.0]) is None
 
 
 def test_attention_check_is_exact_on_scattered_tables():

@@ -1,5 +1,10 @@
 """The textbook paged KV-cache block manager in plain Python: the in-run benchmark baseline.
 
+A test and benchmark helper, not part of the installed package: the Python benchmarks
+(``benches/python``) measure ``pagedkv.KvCacheManager`` against it in the same run, and
+``tests/python/test_baseline.py`` proves that it keeps the same rules, so the ratios compare like
+with like.
+
 A free list (a Python list used as a stack), a refcount list, and a dict of block tables, as a
 course or a first serving engine would write it; optionally a dict-of-hashes prefix cache with
 an LRU of cached-evictable blocks. It follows the same rules as ``pagedkv.KvCacheManager``
