@@ -31,7 +31,6 @@ __all__ = [
     "SimResult",
     "simulate",
     "record_frames",
-    "waste_pct_of_pool",
     "ALLOCATORS",
     "PLACEMENTS",
 ]
@@ -282,14 +281,6 @@ def simulate(workload: Workload, config: SimConfig, *, progress: bool = False) -
     return _result(raw)
 
 
-def waste_pct_of_pool(frame: dict[str, Any], num_slots: int) -> float:
-    """A frame's waste in percent of the pool: slots neither holding a token nor free (reserved,
-    internal and external fragmentation). The same definition as a run's ``waste`` share
-    (`pagedkv.sim.experiments.summarize`), so the visualizer and the tables agree."""
-    wasted = frame["reserved_slots"] + frame["internal_frag_slots"] + frame["external_frag_slots"]
-    return 100.0 * wasted / num_slots if num_slots else 0.0
-
-
 def record_frames(workload: Workload, config: SimConfig, *, max_steps: int = 400) -> dict[str, Any]:
     """The first `max_steps` steps of a run, frame by frame, for the visualizer.
 
@@ -297,9 +288,10 @@ def record_frames(workload: Workload, config: SimConfig, *, max_steps: int = 400
     "frames"}``. ``num_blocks`` is the number of pool cells: blocks (paged) or groups of
     ``block_size`` slots (contiguous). Each frame holds ``step``, ``time_s``, ``running``,
     ``waiting``, ``finished``, ``preemptions`` (cumulative), ``used_blocks`` (cells with an
-    owner), ``token_slots``, ``reserved_slots`` (allocated, to be filled), ``internal_frag_slots``,
-    ``external_frag_slots``, ``free_slots``, ``waste_pct`` (`waste_pct_of_pool`), ``pool`` (int64
-    array ``[num_blocks, 3]``: per cell
+    owner), ``token_slots``, ``reserved_slots`` (allocated, to be filled),
+    ``internal_frag_slots``, ``external_frag_slots``, ``free_slots``, ``waste_pct`` (slots
+    neither holding a token nor free, in percent of the pool: the tables' ``waste`` per step),
+    ``pool`` (int64 array ``[num_blocks, 3]``: per cell
     ``[owner_request_id or -1, tokens_held, reserved_not_yet_used]``; ``.tolist()`` for JSON),
     ``tables`` (``{request_id: {"blocks": [...], "num_tokens": n}}`` for the request's first
     sequence, plus ``"sequences"`` listing every sequence of a group) and ``shared``
@@ -311,8 +303,6 @@ def record_frames(workload: Workload, config: SimConfig, *, max_steps: int = 400
     config_dict = _config_dict(config)
     raw = _core.record_frames(*columns, config_dict, int(max_steps))
     frames = raw.pop("frames")
-    for frame in frames:
-        frame["waste_pct"] = waste_pct_of_pool(frame, config.num_slots)
     summary = _result(raw).to_dict()
     paged = config.allocator == "paged"
     num_cells = (

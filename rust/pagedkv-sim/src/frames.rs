@@ -85,14 +85,18 @@ pub struct Frame {
 }
 
 impl Frame {
-    /// Waste inside allocations: allocated slots not holding a token, in percent of allocated
-    /// slots (0 when nothing is allocated).
+    /// Waste in percent of the pool: slots neither holding a token nor free (reserved, internal
+    /// and external fragmentation). The same definition as a run's time-averaged `waste` share
+    /// (docs/metrics.md), so the visualizer's per-step value and the tables agree.
     pub fn waste_pct(&self) -> f64 {
-        let allocated = self.shares.allocated();
-        if allocated == 0 {
+        let total = self.shares.total();
+        if total == 0 {
             0.0
         } else {
-            100.0 * (allocated - self.shares.token_slots) as f64 / allocated as f64
+            let wasted = self.shares.reserved_slots
+                + self.shares.internal_slots
+                + self.shares.external_slots;
+            100.0 * wasted as f64 / total as f64
         }
     }
 }
