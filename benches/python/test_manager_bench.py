@@ -1,4 +1,4 @@
-"""Hot paths through Python (issue 2 item 5) against the plain-Python textbook manager.
+"""Hot paths through Python against the plain-Python textbook manager.
 
 Operations mirror the Rust criterion benches: an allocate/free pair (add + free of a one-block
 sequence), appending one token, forking a 1,000-token sequence, freeing a forked group, and

@@ -1,4 +1,4 @@
-"""Issue 5 item 7: admitting a 2,000-token prompt whose first 1,024 tokens are cached (hash +
+"""Prefix-cached admission: admitting a 2,000-token prompt whose first 1,024 tokens are cached (hash +
 lookup + allocate + insert) through Python, in prompt tokens per second, against the plain-
 Python baseline extended with a dict-of-hashes prefix cache. Target: >= 10 M tokens/s."""
 

@@ -1,4 +1,5 @@
-"""The command line: DESIGN.md §5 JSON keys, every command end to end (small sizes), clear errors."""
+"""The command line: the JSON keys of docs/design.md (Command line and result files), every
+command end to end (small sizes), clear errors."""
 
 import pagedkv
 import pytest

@@ -1,4 +1,4 @@
-"""The DESIGN.md §3 Python API of KvCacheManager and BlockPool: names, keywords, dtypes, shapes."""
+"""KvCacheManager and BlockPool as docs/design.md, Python API, names them: keywords, dtypes, shapes."""
 
 from __future__ import annotations
 

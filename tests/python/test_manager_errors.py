@@ -1,5 +1,5 @@
-"""Every exception, typed, with the state unchanged afterwards (DESIGN.md §2 inv. 6, issue 2
-item 4): bad counts, bad sizes, unknown and duplicate ids, double free, floats, bools, 2-D
+"""Every exception, typed, with the state unchanged afterwards (docs/design.md,
+Invariants 6): bad counts, bad sizes, unknown and duplicate ids, double free, floats, bools, 2-D
 arrays, out-of-range ids, "not now" (OutOfBlocksError) versus "never" (InvalidArgumentError)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Prefix caching through Python (issue 5 item 5): exact scenarios with block ids, refcounts,
+"""Prefix caching through Python (docs/design.md, Prefix cache): exact scenarios with block ids, refcounts,
 eviction orders and the KV-event sequence asserted.
 
 Pool conventions these scenarios rely on: a fresh pool hands out blocks 0, 1, 2, ... in order;

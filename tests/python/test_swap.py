@@ -1,4 +1,4 @@
-"""Host swap tier through Python (issue 6): round-trip bookkeeping, shared blocks of a fork
+"""Host swap tier through Python (docs/design.md, Swap tier): round-trip bookkeeping, shared blocks of a fork
 group copied once, all-or-nothing on a full tier, and typed errors for swapped-out sequences."""
 
 from __future__ import annotations

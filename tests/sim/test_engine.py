@@ -253,7 +253,7 @@ def test_progress_callback_and_early_stop(capsys: pytest.CaptureFixture[str]) ->
 
 
 def test_shared_system_prompts_hit_the_prefix_cache() -> None:
-    # 16 system prompts of 1,024 tokens plus unique suffixes of 100-500 tokens (issue 5 item 6).
+    # 16 system prompts of 1,024 tokens plus unique suffixes of 100-500 tokens.
     rng = np.random.default_rng(7)
     n = 200
     prefix_id = rng.integers(0, 16, size=n)

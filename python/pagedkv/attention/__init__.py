@@ -7,9 +7,10 @@ Every function takes ``backend=``:
 - ``"emulated"``: the very same ``.cu`` sources compiled for the CPU with ``cuda_emu.h`` and run on
   NumPy arrays, so the real kernel code is tested on machines without a GPU.
 
-Layouts (DESIGN.md §4): caches ``[num_blocks, block_size, num_kv_heads, head_dim]``; decode query
-``[num_seqs, num_q_heads, head_dim]`` with ``num_q_heads % num_kv_heads == 0``; query head h reads
-KV head ``h // (num_q_heads // num_kv_heads)``. bfloat16 tensors are uint16 arrays of bit patterns.
+Layouts (docs/design.md, KV layouts): caches ``[num_blocks, block_size, num_kv_heads, head_dim]``;
+decode query ``[num_seqs, num_q_heads, head_dim]`` with ``num_q_heads % num_kv_heads == 0``; query
+head h reads KV head ``h // (num_q_heads // num_kv_heads)``. bfloat16 tensors are uint16 arrays of bit
+patterns.
 Bad arguments raise ``pagedkv.InvalidArgumentError`` before anything runs.
 """
 

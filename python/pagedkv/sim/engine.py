@@ -131,7 +131,8 @@ class SimResult:
         return self.prefix_hit_tokens / self.prefix_query_tokens if self.prefix_query_tokens else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: arrays become lists; includes every DESIGN.md §5 key."""
+        """JSON-ready: arrays become lists; includes every key listed in docs/design.md, Command line
+        and result files."""
         out: dict[str, Any] = {}
         for key, value in asdict(self).items():
             if isinstance(value, np.ndarray):
