@@ -189,7 +189,10 @@ struct Range {
   std::uintptr_t end;
 };
 
+inline std::atomic<std::uint64_t> g_launch_serial{0};
+
 struct LaunchState {
+  std::uint64_t serial = ++g_launch_serial;  // distinct per launch (per-thread state keys on it)
   std::vector<Range> bounds;  // empty: accesses are not checked
   std::atomic<bool> aborted{false};
   std::mutex error_mutex;
