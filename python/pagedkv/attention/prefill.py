@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pagedkv.attention import prefill_reference
+from pagedkv.attention import prefill_launch, prefill_reference
+from pagedkv.attention import prefill_validation as pval
 from pagedkv.attention import validation as val
-from pagedkv.errors import InvalidArgumentError
-
-PREFILL_BACKENDS = ("numpy",)
+from pagedkv.attention.runners import get_runner
 
 
 def paged_prefill_attention(
@@ -43,12 +42,17 @@ def paged_prefill_attention(
     ``causal`` the query at position p attends to keys 0..p, otherwise to every key. Query head h
     reads KV head ``h // (num_q_heads // num_kv_heads)``; scale defaults to 1 / sqrt(head_dim);
     accumulation in fp32 (fp64 for fp64). Returns [total_q, num_q_heads, head_dim] in q's dtype.
+
+    Backends: ``numpy`` (every dtype, the reference); ``cuda`` and ``emulated`` run the tensor-core
+    kernel ``kernels/paged_prefill.cu`` (fp16 and bf16, head_dim 64 or 128, block sizes 1/8/16/32;
+    ``cuda`` takes CuPy tensors, the integer metadata may be NumPy or CuPy and is read on the host).
     """
-    val.check_backend(backend)
-    if backend not in PREFILL_BACKENDS:
-        raise InvalidArgumentError(
-            f"paged_prefill_attention supports backend in {PREFILL_BACKENDS}, got {backend!r}"
+    if val.check_backend(backend) == "numpy":
+        return prefill_reference.paged_prefill_attention(
+            q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, causal
         )
-    return prefill_reference.paged_prefill_attention(
-        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, causal
+    args = pval.check_paged_prefill(
+        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, causal, backend
     )
+    prefill_launch.check_kernel_shape(args.shape)
+    return prefill_launch.paged_prefill(get_runner(backend), args)

@@ -270,10 +270,13 @@ inline Slot exchange(unsigned int mask, Slot value, int src, const char* what) {
       L.fail(std::string(what) + ": mask names lanes that already exited the kernel");
       throw Aborted();
     }
+    // Liveness is read before the barrier: once it opens, a faster lane may run on and exit the
+    // kernel, and must not turn the value it already contributed into poison for slower lanes.
+    const unsigned int live_members = mask & w.live_mask.load();
     const unsigned int phase = tctx.full_phase++ & 1u;
     w.slots[phase][tctx.lane] = value;
     w.barrier.arrive_and_wait(L.aborted, what);
-    const bool live = src >= 0 && src < 32 && ((mask & w.live_mask) >> src & 1u);
+    const bool live = src >= 0 && src < 32 && (live_members >> src & 1u);
     return live ? w.slots[phase][src] : poison;
   }
   // Partial mask: write, meet, read, meet.
