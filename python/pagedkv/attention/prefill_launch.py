@@ -23,7 +23,7 @@ from pagedkv.kernels import instances
 def work_tiles(query_start_loc: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray]:
     """(tile_seq, tile_row0), int32 [num_tiles]: each tile's sequence and first packed row."""
     q_lens = np.diff(query_start_loc.astype(np.int64))
-    tiles = -(-(q_lens * group) // instances.PREFILL_ROWS)
+    tiles = ((q_lens * group + instances.PREFILL_ROWS - 1) // instances.PREFILL_ROWS).astype(np.int64)
     total = int(tiles.sum())
     tile_seq = np.repeat(np.arange(q_lens.shape[0], dtype=np.int64), tiles)
     first = np.repeat(np.cumsum(tiles) - tiles, tiles)
@@ -40,7 +40,8 @@ def check_kernel_shape(shape: pval.PrefillShape) -> None:
         )
     if shape.head_dim not in instances.PREFILL_HEAD_DIMS:
         raise InvalidArgumentError(
-            f"head_dim {shape.head_dim} has no compiled prefill kernel (supported: {instances.PREFILL_HEAD_DIMS})"
+            f"head_dim {shape.head_dim} has no compiled prefill kernel "
+            f"(supported: {instances.PREFILL_HEAD_DIMS})"
         )
     if shape.block_size not in instances.BLOCK_SIZES:
         raise InvalidArgumentError(
