@@ -9,6 +9,7 @@ over sequences) and uploaded with the page table.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -53,38 +54,63 @@ def check_kernel_shape(shape: pval.PrefillShape) -> None:
         raise InvalidArgumentError("too many query rows x heads for one launch")
 
 
-def paged_prefill(runner: Runner, args: pval.PrefillArgs) -> Any:
+@dataclass(frozen=True)
+class PrefillPlan:
+    """Everything a launch needs besides the tensors: the instance, the grid and the integer
+    metadata on the runner's device. Planning once and launching many times (as FlashInfer's
+    plan/run does) keeps host work out of timed loops; one decode step or prefill chunk per plan."""
+
+    instance: instances.Instance
+    grid: tuple[int, int, int]
+    metadata: tuple[Any, ...]  # page indices, row starts, seq_lens, query_start_loc, tile_seq, tile_row0
+    scalars: tuple[Any, ...]  # num_kv_heads, group, causal, scale * log2(e)
+
+
+def plan(runner: Runner, args: pval.PrefillArgs) -> PrefillPlan | None:
+    """The launch for validated arguments, or None when there is no query row at all."""
     shape = args.shape
     check_kernel_shape(shape)
-    out = _output(runner, tuple(args.q.shape), args.q.dtype, nan_fill_value(shape.kind))
     tile_seq, tile_row0 = work_tiles(args.query_start_loc, shape.group)
     if tile_seq.shape[0] == 0:
-        return out
+        return None
     if int(args.table.row_start.max(initial=0)) > pval.MAX_KERNEL_ENTRIES:
         raise InvalidArgumentError("the page table has more entries than int32 offsets address")
     xp = runner.xp
-    metadata = [
+    metadata = (
         xp.asarray(np.ascontiguousarray(args.table.indices, dtype=np.int32)),
         xp.asarray(args.table.row_start.astype(np.int32)),
         xp.asarray(args.seq_lens),
         xp.asarray(args.query_start_loc),
         xp.asarray(tile_seq),
         xp.asarray(tile_row0),
-    ]
-    runner.launch(
+    )
+    scalars = (
+        np.int32(shape.num_kv_heads),
+        np.int32(shape.group),
+        np.int32(1 if shape.causal else 0),
+        np.float32(shape.scale * LOG2E),
+    )
+    return PrefillPlan(
         instances.prefill(shape.kind, shape.head_dim, shape.block_size),
         (int(tile_seq.shape[0]), shape.num_kv_heads, 1),
+        metadata,
+        scalars,
+    )
+
+
+def launch(runner: Runner, prefill_plan: PrefillPlan | None, args: pval.PrefillArgs) -> Any:
+    """Runs a plan on the tensors of ``args``; returns the output [total_q, num_q_heads, head_dim]."""
+    out = _output(runner, tuple(args.q.shape), args.q.dtype, nan_fill_value(args.shape.kind))
+    if prefill_plan is None:
+        return out
+    runner.launch(
+        prefill_plan.instance,
+        prefill_plan.grid,
         (instances.PREFILL_THREADS, 1, 1),
-        [
-            out,
-            args.q,
-            args.k_cache,
-            args.v_cache,
-            *metadata,
-            np.int32(shape.num_kv_heads),
-            np.int32(shape.group),
-            np.int32(1 if shape.causal else 0),
-            np.float32(shape.scale * LOG2E),
-        ],
+        [out, args.q, args.k_cache, args.v_cache, *prefill_plan.metadata, *prefill_plan.scalars],
     )
     return out
+
+
+def paged_prefill(runner: Runner, args: pval.PrefillArgs) -> Any:
+    return launch(runner, plan(runner, args), args)
