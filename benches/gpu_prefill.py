@@ -284,7 +284,7 @@ def run_sweep(args: argparse.Namespace) -> int:
         csr = to_csr(tables, lens, point.block_size)
         # Validate and plan once (host work, as FlashInfer's plan()), then time the launches.
         checked = check_paged_prefill(q, k, v, csr, lens, qsl, None, True, "cuda")
-        launch_plan = prefill_launch.plan(runner, checked)
+        launch_plan = prefill_launch.plan(runner, checked, None)
         t = time_kernel(cupy, lambda lp=launch_plan, c=checked: prefill_launch.launch(runner, lp, c))
         row: dict[str, Any] = {**asdict(point), "seconds": t, "tflops": point.flops / t / 1e12}
         row["pct_peak"] = 100 * point.flops / t / PEAK_FLOPS

@@ -26,7 +26,8 @@ USED = [("float16", 128, 16), ("bfloat16", 64, 8), ("float16", 64, 1), ("bfloat1
 
 @pytest.fixture(scope="module", autouse=True)
 def built():
-    emulation.prebuild([(i.source, i.name) for i in (instances.prefill(*u) for u in USED)], jobs=2)
+    built = [instances.prefill(*u) for u in USED] + [instances.merge_prefill("float16", 64)]
+    emulation.prebuild([(i.source, i.name) for i in built], jobs=2)
 
 
 def check(p, kind, layout="padded", causal=True):
@@ -94,3 +95,37 @@ def test_work_tiles_cover_every_packed_row_once():
     rows = instances.PREFILL_ROWS
     assert seq.tolist() == [0, 0, 2, 3, 3, 3, 3, 3]
     assert row0.tolist() == [0, rows, 0, 0, rows, 2 * rows, 3 * rows, 4 * rows]
+
+
+@pytest.mark.parametrize("num_splits", [2, 5])
+def test_split_kv_matches_reference(num_splits):
+    # Decode rows and a short suffix over long contexts: the split-KV path with its merge. With
+    # causal masking some rows of a split see no key at all (weight 0 in the merge).
+    p = make_prefill_problem(np.random.default_rng(8), "float16", [200, 150, 90], [1, 9, 0], 1, 4, 64, 8)
+    out = paged_prefill_attention(*p.args("csr"), backend="emulated", num_splits=num_splits)
+    assert_close(out, paged_prefill_attention(*p.args()), "float16")
+
+
+def test_split_plan_covers_each_tiles_keys_once():
+    from pagedkv.attention import prefill_launch
+    from pagedkv.attention.prefill_validation import check_paged_prefill
+    from pagedkv.attention.runners import get_runner
+
+    p = make_prefill_problem(np.random.default_rng(9), "float16", [200, 0], [1, 70], 1, 4, 64, 8)
+    args = check_paged_prefill(*p.args(), None, True, "emulated")
+    plan = prefill_launch.plan(get_runner("emulated"), args, 3)
+    assert plan is not None
+    seq, row0, split, partial = (np.asarray(a) for a in plan.metadata[4:])
+    # sequence 0: 201 keys, 1 row tile, splits of 128 keys -> 2 partials; sequence 1: 70 tokens x 4
+    # = 280 rows -> 5 row tiles, each needing at most 70 keys -> one split each, written directly.
+    assert plan.tokens_per_split == 128
+    assert seq.tolist() == [0, 0, 1, 1, 1, 1, 1]
+    assert split.tolist() == [0, 1, 0, 0, 0, 0, 0]
+    assert partial.tolist() == [0, 1, -1, -1, -1, -1, -1]
+    assert plan.num_partials == 2 and plan.merge_grid == (1, 1, 1)
+
+
+def test_num_splits_must_be_positive():
+    p = make_prefill_problem(np.random.default_rng(10), "float16", [3], [2], 1, 1, 64, 8)
+    with pytest.raises(pagedkv.InvalidArgumentError, match="num_splits"):
+        paged_prefill_attention(*p.args(), backend="emulated", num_splits=0)

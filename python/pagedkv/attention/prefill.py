@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from pagedkv.attention import prefill_launch, prefill_reference
 from pagedkv.attention import prefill_validation as pval
 from pagedkv.attention import validation as val
 from pagedkv.attention.runners import get_runner
+from pagedkv.errors import InvalidArgumentError
 
 
 def paged_prefill_attention(
@@ -26,6 +29,7 @@ def paged_prefill_attention(
     scale: float | None = None,
     causal: bool = True,
     backend: str = "numpy",
+    num_splits: int | None = None,
 ) -> Any:
     """Causal multi-query attention of each sequence's new tokens over its paged context.
 
@@ -46,6 +50,9 @@ def paged_prefill_attention(
     Backends: ``numpy`` (every dtype, the reference); ``cuda`` and ``emulated`` run the tensor-core
     kernel ``kernels/paged_prefill.cu`` (fp16 and bf16, head_dim 64 or 128, block sizes 1/8/16/32;
     ``cuda`` takes CuPy tensors, the integer metadata may be NumPy or CuPy and is read on the host).
+    num_splits (kernel backends): cut each work tile's keys into at most this many splits merged
+    afterwards (split-KV); default: chosen from the device's size so that decode-heavy batches
+    over long contexts still fill the GPU.
     """
     if val.check_backend(backend) == "numpy":
         return prefill_reference.paged_prefill_attention(
@@ -54,5 +61,11 @@ def paged_prefill_attention(
     args = pval.check_paged_prefill(
         q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, causal, backend
     )
+    if num_splits is not None and (
+        isinstance(num_splits, bool) or not isinstance(num_splits, (int, np.integer)) or num_splits < 1
+    ):
+        raise InvalidArgumentError(f"num_splits must be a positive integer, got {num_splits!r}")
     prefill_launch.check_kernel_shape(args.shape)
-    return prefill_launch.paged_prefill(get_runner(backend), args)
+    return prefill_launch.paged_prefill(
+        get_runner(backend), args, None if num_splits is None else int(num_splits)
+    )

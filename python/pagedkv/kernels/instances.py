@@ -33,6 +33,11 @@ PREFILL_THREADS = 128  # kPrefillThreads
 PREFILL_ROWS = 64  # kPrefillRows: packed (token, query head) rows per thread block
 
 
+def prefill_kv_tile(head_dim: int) -> int:
+    """Keys per K/V tile of the prefill kernel (PrefillShape::kKv)."""
+    return 64 if head_dim <= 64 else 32
+
+
 @dataclass(frozen=True)
 class Instance:
     """One kernel template instance: the source file defining it and its C++ name expression."""
@@ -80,6 +85,10 @@ def prefill(kind: str, head_dim: int, block_size: int) -> Instance:
     )
 
 
+def merge_prefill(kind: str, head_dim: int) -> Instance:
+    return Instance(PREFILL_SOURCE, f"pagedkv::merge_prefill_splits_kernel<{KERNEL_TYPES[kind]}, {head_dim}>")
+
+
 def all_instances() -> list[Instance]:
     """Every instance the backends can launch (what the NVRTC check compiles)."""
     out: list[Instance] = []
@@ -95,4 +104,5 @@ def all_instances() -> list[Instance]:
         for head_dim in PREFILL_HEAD_DIMS:
             for block_size in BLOCK_SIZES:
                 out.append(prefill(kind, head_dim, block_size))
+            out.append(merge_prefill(kind, head_dim))
     return out

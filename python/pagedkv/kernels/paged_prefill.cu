@@ -45,7 +45,11 @@ struct PrefillShape {
 
 // grid: (num_work_tiles, num_kv_heads); block: kPrefillThreads threads.
 // Work tile w covers packed rows [tile_row0[w], tile_row0[w] + kPrefillRows) of sequence
-// tile_seq[w] (rows past q_len * group are padding). Sequence b's page table row starts at
+// tile_seq[w] (rows past q_len * group are padding) over keys [tile_split[w] * tokens_per_split,
+// + tokens_per_split) of the keys those rows need. With one split it writes `out`; otherwise
+// (split-KV: few query rows over long contexts, so the grid still fills the GPU) it writes a
+// normalised partial result into partial slot tile_partial[w], which merge_prefill_splits_kernel
+// combines. Sequence b's page table row starts at
 // page_indices + page_row_start[b]; its logical block j holds tokens [j * BLOCK_SIZE, ...).
 template <typename T, int HEAD_DIM, int BLOCK_SIZE>
 __global__ void __launch_bounds__(kPrefillThreads) paged_prefill_kernel(
@@ -59,7 +63,11 @@ __global__ void __launch_bounds__(kPrefillThreads) paged_prefill_kernel(
     const int* __restrict__ query_start_loc,   // [num_seqs + 1]
     const int* __restrict__ tile_seq,          // [num_work_tiles]
     const int* __restrict__ tile_row0,         // [num_work_tiles]
-    int num_kv_heads, int group, int causal, float scale_log2) {
+    const int* __restrict__ tile_split,        // [num_work_tiles] which KV split of its rows
+    const int* __restrict__ tile_partial,      // [num_work_tiles] partial slot, -1: write `out`
+    float* __restrict__ split_out,             // [num_partials, num_kv_heads, kPrefillRows, HEAD_DIM]
+    float* __restrict__ split_ml,              // [num_partials, num_kv_heads, kPrefillRows, 2]
+    int num_kv_heads, int group, int causal, int tokens_per_split, float scale_log2) {
   using Shape = PrefillShape<HEAD_DIM>;
   constexpr int kKv = Shape::kKv;
   constexpr int kRowHalves = Shape::kRowHalves;
@@ -82,9 +90,13 @@ __global__ void __launch_bounds__(kPrefillThreads) paged_prefill_kernel(
   const int* table = page_indices + page_row_start[seq];
   const i64 slot_stride = static_cast<i64>(num_kv_heads) * HEAD_DIM;
 
-  // Keys this tile needs: all of them, or (causal) up to its last row's position.
+  // Keys this tile needs: all of them, or (causal) up to its last row's position; of those,
+  // this work tile's split [kv_begin, kv_end).
   const int last_token = min(q_len - 1, (row0 + kPrefillRows - 1) / group);
-  const int kv_end = causal ? min(seq_len, first_pos + last_token + 1) : seq_len;
+  const int kv_needed = causal ? min(seq_len, first_pos + last_token + 1) : seq_len;
+  const int kv_begin = tile_split[blockIdx.x] * tokens_per_split;
+  const int kv_end = min(kv_needed, kv_begin + tokens_per_split);
+  const int partial = tile_partial[blockIdx.x];
 
   // This lane's two rows of the warp's 16: packed rows row0 + warp * 16 + lane_group (+ 8).
   int row_token[2];
@@ -143,9 +155,9 @@ __global__ void __launch_bounds__(kPrefillThreads) paged_prefill_kernel(
   float m_run[2] = {neg_inf(), neg_inf()};  // running max (log2 domain) of rows lane_group, +8
   float l_run[2] = {0.f, 0.f};              // this lane's share of the running denominators
 
-  if (kv_end > 0) load_tile(0, 0);
+  if (kv_begin < kv_end) load_tile(kv_begin, 0);
   int buf = 0;
-  for (int tile = 0; tile < kv_end; tile += kKv) {
+  for (int tile = kv_begin; tile < kv_end; tile += kKv) {
     if (tile + kKv < kv_end) {
       load_tile(tile + kKv, buf ^ 1);
       cp_async_wait<1>();
@@ -247,13 +259,79 @@ __global__ void __launch_bounds__(kPrefillThreads) paged_prefill_kernel(
   for (int h = 0; h < 2; ++h) {
     if (!row_valid[h]) continue;
     const float inv = l_run[h] > 0.f ? 1.f / l_run[h] : 0.f;
-    T* dst = out + (static_cast<i64>(q_start + row_token[h]) * num_q_heads + row_head[h]) * HEAD_DIM;
+    if (partial < 0) {
+      T* dst = out + (static_cast<i64>(q_start + row_token[h]) * num_q_heads + row_head[h]) * HEAD_DIM;
 #pragma unroll
-    for (int n = 0; n < Shape::kDimTiles; ++n) {
-      const int col = n * 8 + 2 * tig;
-      dst[col] = Kv<T>::from_float(o_acc[n][2 * h] * inv);
-      dst[col + 1] = Kv<T>::from_float(o_acc[n][2 * h + 1] * inv);
+      for (int n = 0; n < Shape::kDimTiles; ++n) {
+        const int col = n * 8 + 2 * tig;
+        dst[col] = Kv<T>::from_float(o_acc[n][2 * h] * inv);
+        dst[col + 1] = Kv<T>::from_float(o_acc[n][2 * h + 1] * inv);
+      }
+    } else {
+      // One split of several: the normalised partial output, its max and its denominator.
+      const int local_row = warp * 16 + lane_group + 8 * h;
+      const i64 slot = (static_cast<i64>(partial) * num_kv_heads + kv_head) * kPrefillRows + local_row;
+      float* dst = split_out + slot * HEAD_DIM;
+#pragma unroll
+      for (int n = 0; n < Shape::kDimTiles; ++n) {
+        const int col = n * 8 + 2 * tig;
+        dst[col] = o_acc[n][2 * h] * inv;
+        dst[col + 1] = o_acc[n][2 * h + 1] * inv;
+      }
+      if (tig == 0) {
+        split_ml[2 * slot] = m_run[h];
+        split_ml[2 * slot + 1] = l_run[h];
+      }
     }
+  }
+}
+
+// grid: (num_merge_tiles, num_kv_heads); block: kPrefillThreads threads.
+// Merge tile i combines the merge_num_splits[i] partial results (slots merge_first[i], ...) of the
+// packed rows [merge_row0[i], + kPrefillRows) of sequence merge_seq[i]: each split weighs in with
+// its denominator rescaled to the rows' common max (a split with no visible key weighs 0).
+template <typename T, int HEAD_DIM>
+__global__ void __launch_bounds__(kPrefillThreads) merge_prefill_splits_kernel(
+    T* __restrict__ out,                      // [total_q, num_q_heads, HEAD_DIM]
+    const float* __restrict__ split_out,      // [num_partials, num_kv_heads, kPrefillRows, HEAD_DIM]
+    const float* __restrict__ split_ml,       // [num_partials, num_kv_heads, kPrefillRows, 2]
+    const int* __restrict__ query_start_loc,  // [num_seqs + 1]
+    const int* __restrict__ merge_seq,        // [num_merge_tiles]
+    const int* __restrict__ merge_row0,       // [num_merge_tiles]
+    const int* __restrict__ merge_first,      // [num_merge_tiles] first partial slot
+    const int* __restrict__ merge_num_splits, // [num_merge_tiles]
+    int num_kv_heads, int group) {
+  const int kv_head = blockIdx.y;
+  const int seq = merge_seq[blockIdx.x];
+  const int row0 = merge_row0[blockIdx.x];
+  const int first = merge_first[blockIdx.x];
+  const int splits = merge_num_splits[blockIdx.x];
+  const int q_start = query_start_loc[seq];
+  const int q_len = query_start_loc[seq + 1] - q_start;
+  const int num_q_heads = num_kv_heads * group;
+  for (int idx = threadIdx.x; idx < kPrefillRows * HEAD_DIM; idx += kPrefillThreads) {
+    const int local_row = idx / HEAD_DIM;
+    const int d = idx % HEAD_DIM;
+    const int r = row0 + local_row;
+    const int token = r / group;
+    if (token >= q_len) continue;
+    float m = neg_inf();
+    for (int s = 0; s < splits; ++s) {
+      const i64 slot = (static_cast<i64>(first + s) * num_kv_heads + kv_head) * kPrefillRows + local_row;
+      m = fmaxf(m, split_ml[2 * slot]);
+    }
+    float total = 0.f;
+    float acc = 0.f;
+    for (int s = 0; s < splits; ++s) {
+      const i64 slot = (static_cast<i64>(first + s) * num_kv_heads + kv_head) * kPrefillRows + local_row;
+      const float ms = split_ml[2 * slot];
+      const float w = ms == neg_inf() ? 0.f : split_ml[2 * slot + 1] * exp2f(ms - m);
+      total += w;
+      if (w > 0.f) acc += w * split_out[slot * HEAD_DIM + d];
+    }
+    const int head = kv_head * group + r % group;
+    out[(static_cast<i64>(q_start + token) * num_q_heads + head) * HEAD_DIM + d] =
+        Kv<T>::from_float(total > 0.f ? acc / total : 0.f);
   }
 }
 
