@@ -48,3 +48,22 @@ def test_long_prompt_and_device_metadata():
     q, k, v, tables, lens, qsl = p.args()
     out = paged_prefill_attention(*(cupy.asarray(a) for a in (q, k, v, tables, lens, qsl)), backend="cuda")
     assert_close(out.get(), paged_prefill_attention(q, k, v, tables, lens, qsl), "bfloat16")
+
+
+@pytest.mark.parametrize("num_splits", [None, 1, 4])
+def test_split_kv_on_device(num_splits):
+    # decode-heavy: 16 decode rows and one suffix over long contexts, group 8
+    rng = np.random.default_rng(11)
+    p = make_prefill_problem(rng, "float16", [700] * 16 + [500], [1] * 16 + [40], 2, 8, 128, 16)
+    q, k, v, tables, lens, qsl = p.args("csr")
+    out = paged_prefill_attention(
+        cupy.asarray(q),
+        cupy.asarray(k),
+        cupy.asarray(v),
+        tables,
+        lens,
+        qsl,
+        backend="cuda",
+        num_splits=num_splits,
+    )
+    assert_close(out.get(), paged_prefill_attention(q, k, v, tables, lens, qsl), "float16")
