@@ -181,7 +181,7 @@ impl KvMemory for ContiguousMemory {
         (self.slots.num_slots() - self.slots.free_slots()).div_ceil(self.block_size)
     }
 
-    fn check_invariants(&self) -> Result<()> {
+    fn check_invariants(&mut self) -> Result<()> {
         self.slots
             .check_invariants()
             .map_err(Error::InvariantViolation)

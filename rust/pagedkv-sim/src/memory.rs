@@ -76,7 +76,7 @@ pub(crate) trait KvMemory {
     fn used_blocks(&self) -> usize;
 
     /// Checks the allocator's own invariants (the manager's, or the placement allocator's).
-    fn check_invariants(&self) -> Result<()>;
+    fn check_invariants(&mut self) -> Result<()>;
 
     /// Per-cell picture of the pool and every running sequence's table, for the visualizer.
     fn frame_pool(&mut self, running: &[Group]) -> Result<FramePool>;

@@ -368,7 +368,7 @@ impl KvMemory for PagedMemory {
         self.num_blocks - self.kv.num_available_blocks()
     }
 
-    fn check_invariants(&self) -> Result<()> {
+    fn check_invariants(&mut self) -> Result<()> {
         self.kv.check_invariants()
     }
 

@@ -112,8 +112,10 @@ pub struct BlockPool {
     /// Blocks on the free stack not yet reserved by an allocation. Always
     /// `<= stack length - outstanding reservations`; equal to the stack length when quiescent.
     free_count: CachePadded<AtomicUsize>,
-    /// Blocks with refcount 0 held outside the free list by managers' prefix caches.
-    cached_count: AtomicUsize,
+    /// Blocks with refcount 0 held outside the free list by managers' prefix caches. Written
+    /// on every cache release, revival and eviction, so padded like `head` and `free_count`
+    /// to keep those writes off the line of the read-mostly fields every operation reads.
+    cached_count: CachePadded<AtomicUsize>,
 }
 
 impl fmt::Debug for BlockPool {
@@ -159,7 +161,7 @@ impl BlockPool {
             next,
             head: CachePadded(AtomicU64::new(pack(0, 0))),
             free_count: CachePadded(AtomicUsize::new(num_blocks)),
-            cached_count: AtomicUsize::new(0),
+            cached_count: CachePadded(AtomicUsize::new(0)),
         })
     }
 
@@ -240,15 +242,54 @@ impl BlockPool {
         Ok(())
     }
 
-    /// Takes `min(num_blocks, free now)` blocks (each refcount 0 -> 1) and appends them to `out`;
-    /// returns how many it took. Used by managers that make up the rest from their cache.
-    pub(crate) fn allocate_up_to(&self, num_blocks: usize, out: &mut Vec<BlockId>) -> usize {
+    /// Takes between `min_blocks` and `max_blocks` free blocks in one step (each refcount
+    /// 0 -> 1): as many as are free now, capped at `max_blocks`, appending them to `out`, and
+    /// returns how many it took. Fewer than `min_blocks` free: [`Error::OutOfBlocks`]
+    /// (`needed_blocks = min_blocks`) and nothing changes; `min_blocks > max_blocks` or
+    /// `min_blocks > self.num_blocks()`: [`Error::InvalidArgument`].
+    ///
+    /// A manager that can make up a shortfall from elsewhere (its prefix cache) asks for
+    /// `(needed - spare, needed)`: the reservation either covers what it cannot make up or
+    /// takes nothing, so it never has to hand blocks back (which would make another thread's
+    /// allocation fail in the window while they are out).
+    ///
+    /// ```
+    /// use pagedkv::{BlockPool, Error};
+    /// let pool = BlockPool::new(4, 16)?;
+    /// let mut ids = Vec::new();
+    /// assert_eq!(pool.allocate_between(1, 3, &mut ids)?, 3);
+    /// assert_eq!(pool.allocate_between(1, 3, &mut ids)?, 1);   // only one was left
+    /// assert!(matches!(pool.allocate_between(1, 3, &mut ids), Err(Error::OutOfBlocks { .. })));
+    /// assert_eq!(ids, vec![0, 1, 2, 3]);
+    /// # Ok::<(), pagedkv::Error>(())
+    /// ```
+    pub fn allocate_between(
+        &self,
+        min_blocks: usize,
+        max_blocks: usize,
+        out: &mut Vec<BlockId>,
+    ) -> Result<usize> {
+        if min_blocks > max_blocks || min_blocks > self.num_blocks {
+            return invalid(format!(
+                "cannot allocate between {min_blocks} and {max_blocks} blocks from a pool of {} blocks",
+                self.num_blocks
+            ));
+        }
+        // Acquire: pairs with the AcqRel `fetch_add` after a push, so the pushed links are
+        // visible to the pops this reservation licenses.
         let mut cur = self.free_count.load(Ordering::Acquire);
         let mut backoff = Backoff::new();
         let take = loop {
-            let take = cur.min(num_blocks);
+            if cur < min_blocks {
+                return Err(Error::OutOfBlocks {
+                    tier: Tier::Device,
+                    needed_blocks: min_blocks,
+                    available_blocks: cur,
+                });
+            }
+            let take = cur.min(max_blocks);
             if take == 0 {
-                return 0;
+                return Ok(0);
             }
             match self.free_count.compare_exchange_weak(
                 cur,
@@ -257,14 +298,15 @@ impl BlockPool {
                 Ordering::Acquire,
             ) {
                 Ok(_) => break take,
-                Err(now) => {
-                    cur = now;
+                Err(_) => {
                     backoff.snooze();
+                    // Reload after the wait: the value the CAS saw is older than the spin.
+                    cur = self.free_count.load(Ordering::Acquire);
                 }
             }
         };
         self.pop_reserved(take, out);
-        take
+        Ok(take)
     }
 
     /// Adds one reference to an in-use block and returns the new refcount. A free (refcount 0)
@@ -291,9 +333,10 @@ impl BlockPool {
             }
             match rc.compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Relaxed) {
                 Ok(_) => return Ok(cur + 1),
-                Err(now) => {
-                    cur = now;
+                Err(_) => {
                     backoff.snooze();
+                    // Reload after the wait: the value the CAS saw is older than the spin.
+                    cur = rc.load(Ordering::Relaxed);
                 }
             }
         }
@@ -513,9 +556,10 @@ impl BlockPool {
             }
             match rc.compare_exchange_weak(cur, cur - 1, Ordering::AcqRel, Ordering::Relaxed) {
                 Ok(_) => return Ok(cur == 1),
-                Err(now) => {
-                    cur = now;
+                Err(_) => {
                     backoff.snooze();
+                    // Reload after the wait: the value the CAS saw is older than the spin.
+                    cur = rc.load(Ordering::Relaxed);
                 }
             }
         }
@@ -537,20 +581,29 @@ impl BlockPool {
                 Ordering::Acquire,
             ) {
                 Ok(_) => return Ok(()),
-                Err(now) => {
-                    cur = now;
+                Err(_) => {
                     backoff.snooze();
+                    // Reload after the wait: the value the CAS saw is older than the spin.
+                    cur = self.free_count.load(Ordering::Acquire);
                 }
             }
         }
     }
 
-    /// Pops `n` blocks with one update of the head (each refcount 0 -> 1), appending them to
-    /// `out` top first; the caller holds a reservation of `n`, so the stack holds them.
+    /// Pops `n` blocks (each refcount 0 -> 1), appending them to `out` top first; the caller
+    /// holds a reservation of `n`, so the stack holds them.
     ///
-    /// The walk down `n` links reads a consistent chain whenever the CAS succeeds: an unchanged
-    /// tag means no push or pop happened since the head was read, and a link of a block is only
-    /// written while the block is off the stack.
+    /// Uncontended, one walk of `n` links and one update of the head take them all. The walk
+    /// sits between reading the head and the CAS, so under contention any concurrent push or
+    /// pop fails a long walk, and retrying the same walk can lose again and again (a 512-block
+    /// allocation against one churning thread waited milliseconds). So after each failed CAS
+    /// the chunk halves (down to single pops, whose window is as short as a push's) and after
+    /// each success it doubles back. Taking the blocks in several pops is still
+    /// all-or-nothing for the caller: the reservation already guarantees every pop succeeds.
+    ///
+    /// A walk reads a consistent chain whenever its CAS succeeds: an unchanged tag means no
+    /// push or pop happened since the head was read, and a link of a block is only written
+    /// while the block is off the stack.
     #[inline]
     fn pop_reserved(&self, n: usize, out: &mut Vec<BlockId>) {
         if n == 1 {
@@ -559,42 +612,55 @@ impl BlockPool {
             return;
         }
         out.reserve(n);
-        let start = out.len();
+        let mut remaining = n;
+        let mut chunk = n;
         let mut head = self.head.load(Ordering::Acquire);
         let mut backoff = Backoff::new();
-        loop {
-            out.truncate(start);
+        while remaining > 0 {
+            let want = chunk.min(remaining);
+            let start = out.len();
             let mut index = head_index(head);
-            while out.len() - start < n && index != NIL {
+            while out.len() - start < want && index != NIL {
                 out.push(index);
                 // A stale link (the block was popped and pushed again meanwhile) is harmless:
                 // the tag moved, so the CAS below fails and we retry.
                 index = self.next[index as usize].load(Ordering::Relaxed);
             }
-            if out.len() - start < n {
+            if out.len() - start < want {
                 // A stale snapshot ran off the end of the stack (`stack length >= free_count +
                 // reservations` holds for the current one): reread. Spinning rather than failing
                 // half-way keeps the allocation all-or-nothing regardless.
+                out.truncate(start);
                 spin_hint();
                 head = self.head.load(Ordering::Acquire);
                 continue;
             }
+            let new_head = pack(head_tag(head).wrapping_add(1), index);
             match self.head.compare_exchange_weak(
                 head,
-                pack(head_tag(head).wrapping_add(1), index),
+                new_head,
                 Ordering::AcqRel,
                 Ordering::Acquire,
             ) {
-                Ok(_) => break,
-                Err(now) => {
-                    head = now;
+                Ok(_) => {
+                    for &b in &out[start..] {
+                        // Release: a concurrent checker that sees refcount 1 must also see
+                        // the pop.
+                        self.refcounts[b as usize].store(1, Ordering::Release);
+                    }
+                    remaining -= want;
+                    chunk = chunk.saturating_mul(2);
+                    // Our own CAS installed it; if it moved since, the next CAS says so.
+                    head = new_head;
+                }
+                Err(_) => {
+                    out.truncate(start);
+                    chunk = (chunk / 2).max(1);
                     backoff.snooze();
+                    // Reload after the wait: the value the CAS saw is older than the spin.
+                    head = self.head.load(Ordering::Acquire);
                 }
             }
-        }
-        for &b in &out[start..] {
-            // Release: a concurrent checker that sees refcount 1 must also see the pop.
-            self.refcounts[b as usize].store(1, Ordering::Release);
         }
     }
 
@@ -628,9 +694,10 @@ impl BlockPool {
                     self.refcounts[index as usize].store(1, Ordering::Release);
                     return index;
                 }
-                Err(now) => {
-                    head = now;
+                Err(_) => {
                     backoff.snooze();
+                    // Reload after the wait: the value the CAS saw is older than the spin.
+                    head = self.head.load(Ordering::Acquire);
                 }
             }
         }
@@ -660,9 +727,10 @@ impl BlockPool {
                 Ordering::Relaxed,
             ) {
                 Ok(_) => break,
-                Err(now) => {
-                    head = now;
+                Err(_) => {
                     backoff.snooze();
+                    // Reload after the wait: the value the CAS saw is older than the spin.
+                    head = self.head.load(Ordering::Relaxed);
                 }
             }
         }
@@ -822,8 +890,65 @@ mod tests {
         pool.free_cached(b[0]);
         assert_eq!(pool.num_free_blocks(), 2);
         let mut out = Vec::new();
-        assert_eq!(pool.allocate_up_to(5, &mut out), 2);
+        assert_eq!(pool.allocate_between(0, 5, &mut out).unwrap(), 2);
         assert_eq!(pool.num_free_blocks(), 0);
+        pool.check_invariants_quiescent().unwrap();
+    }
+
+    #[test]
+    fn allocate_between_takes_what_is_free_within_bounds() {
+        let pool = BlockPool::new(5, 8).unwrap();
+        let mut out = Vec::new();
+        assert_eq!(pool.allocate_between(2, 3, &mut out).unwrap(), 3);
+        let err = pool.allocate_between(3, 4, &mut out).unwrap_err();
+        assert!(matches!(
+            err,
+            Error::OutOfBlocks {
+                needed_blocks: 3,
+                available_blocks: 2,
+                ..
+            }
+        ));
+        assert_eq!(out, vec![0, 1, 2], "a refusal takes nothing");
+        assert_eq!(pool.allocate_between(0, 0, &mut out).unwrap(), 0);
+        assert!(matches!(
+            pool.allocate_between(2, 1, &mut out),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            pool.allocate_between(6, 9, &mut out),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert_eq!(pool.allocate_between(1, 9, &mut out).unwrap(), 2);
+        assert_eq!(pool.num_free_blocks(), 0);
+        pool.check_invariants_quiescent().unwrap();
+    }
+
+    #[test]
+    fn multi_block_pop_under_churn_is_exact() {
+        // Real threads: a 64-block allocation racing single-block churn keeps every block
+        // held or free exactly once, whatever chunking the contended pops fell back to.
+        let pool = std::sync::Arc::new(BlockPool::new(80, 1).unwrap());
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let churn = {
+            let (pool, stop) = (pool.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let b = pool.allocate(1).unwrap();
+                    pool.release(b[0]).unwrap();
+                }
+            })
+        };
+        for _ in 0..200 {
+            let got = pool.allocate(64).unwrap();
+            let mut sorted = got.clone();
+            sorted.sort_unstable();
+            sorted.dedup();
+            assert_eq!(sorted.len(), 64);
+            assert_eq!(pool.release_all(got).unwrap(), 64);
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        churn.join().unwrap();
         pool.check_invariants_quiescent().unwrap();
     }
 }

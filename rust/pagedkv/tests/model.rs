@@ -555,7 +555,7 @@ fn check_bijection(names: &HashMap<MBlock, BlockId>) {
 }
 
 /// The manager's state must equal the model's up to renaming blocks.
-fn compare(kv: &KvCacheManager, model: &Model, names: &mut Names) {
+fn compare(kv: &mut KvCacheManager, model: &Model, names: &mut Names) {
     kv.check_invariants().unwrap();
     assert_eq!(kv.num_sequences(), model.seqs.len());
     assert_eq!(kv.num_available_blocks(), model.available());
@@ -746,7 +746,7 @@ fn run(num_blocks: usize, block_size: usize, caching: bool, num_host: usize, ops
             (Err(e), Err(k)) => assert_eq!(&kind(e), k, "{op:?}"),
             _ => panic!("{op:?}: manager {got:?}, model {want:?}"),
         }
-        compare(&kv, &model, &mut names);
+        compare(&mut kv, &model, &mut names);
     }
 }
 

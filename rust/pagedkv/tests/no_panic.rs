@@ -276,8 +276,9 @@ proptest! {
                 prop_assert!(kv.take_copy_ops().is_empty(), "failed {:?} left copy ops", op);
             }
             drop(pending);
-            for kv in &kvs {
-                prop_assert!(kv.check_invariants().is_ok(), "after {:?}: {:?}", op, kv.check_invariants());
+            for kv in &mut kvs {
+                let result = kv.check_invariants();
+                prop_assert!(result.is_ok(), "after {:?}: {:?}", op, result);
             }
             prop_assert!(side_pool.check_invariants().is_ok());
         }
@@ -307,7 +308,7 @@ proptest! {
             num_blocks, block_size, enable_prefix_caching, num_host_blocks, hash_seed, max_events,
         };
         let result = catch_unwind(|| {
-            if let Ok(kv) = KvCacheManager::new(config.clone()) {
+            if let Ok(mut kv) = KvCacheManager::new(config.clone()) {
                 kv.check_invariants().unwrap();
             }
             if let Ok(pool) = BlockPool::new(num_blocks, block_size) {
@@ -315,7 +316,7 @@ proptest! {
                 pool.check_invariants_quiescent().unwrap();
             }
             let shared = Arc::new(BlockPool::new(4, 4).unwrap());
-            if let Ok(kv) = KvCacheManager::with_pool(shared, config.clone()) {
+            if let Ok(mut kv) = KvCacheManager::with_pool(shared, config.clone()) {
                 kv.check_invariants().unwrap();
             }
         });

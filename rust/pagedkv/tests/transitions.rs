@@ -284,7 +284,7 @@ fn zero_token_sequences_and_appends() {
 
 #[test]
 fn raw_pool_errors() {
-    let kv = manager(2, 4);
+    let mut kv = manager(2, 4);
     let pool = kv.pool().clone();
     assert_eq!(pool.release(0), Err(Error::DoubleFree(0)));
     assert!(matches!(pool.retain(0), Err(Error::InvalidArgument(_))));

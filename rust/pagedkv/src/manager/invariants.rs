@@ -21,9 +21,12 @@ impl KvCacheManager {
     /// kv.check_invariants()?;
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
-    pub fn check_invariants(&self) -> Result<()> {
+    pub fn check_invariants(&mut self) -> Result<()> {
         let fail = |msg: String| Err(Error::InvariantViolation(msg));
-        let exclusive_pool = Arc::strong_count(&self.pool) == 1;
+        // Exclusive only if no other `Arc` exists *and* nobody borrows this one: `&mut self`
+        // rules out a `kv.pool()` borrow in use on another thread (a strong count of 1 alone
+        // would not), and `get_mut` rules out other owners, weak ones included.
+        let exclusive_pool = Arc::get_mut(&mut self.pool).is_some();
         if exclusive_pool {
             self.pool.check_invariants_quiescent()?;
         } else {

@@ -66,15 +66,13 @@ impl KvCacheManager {
         if num_blocks > self.pool.num_free_blocks() + evictable {
             return Err(shortage(self.pool.num_free_blocks()));
         }
-        let start = out.len();
-        let got = self.pool.allocate_up_to(num_blocks, out);
-        if num_blocks - got > evictable {
-            // Another manager took pool blocks meanwhile: give ours back, change nothing.
-            for b in out.drain(start..).rev() {
-                let _ = self.pool.release(b);
-            }
-            return Err(shortage(self.pool.num_free_blocks()));
-        }
+        // One step: at least what the cache cannot make up, at most everything. A refusal
+        // takes nothing, so no block ever goes back (which would refuse other managers in
+        // the window while it was out).
+        let got = self
+            .pool
+            .allocate_between(num_blocks.saturating_sub(evictable), num_blocks, out)
+            .map_err(|_| shortage(self.pool.num_free_blocks()))?;
         Ok(FreshReservation {
             num_blocks,
             from_cache: num_blocks - got,
