@@ -3,8 +3,9 @@ metadata and every tensor dequantized to fp32 at load.
 
 Tensor layout: GGUF lists a matrix's shape as (ne0, ne1) = (in_features, out_features) and stores
 rows of ne0 elements, so a dequantized weight is ``[out_features, in_features]`` and a layer
-computes ``x @ W.T``. The loader stores the transpose (``[in, out]``, C-contiguous) so that the
-forward pass is a plain ``x @ W``.
+computes ``x @ W.T``. The loader keeps the transposed view (``[in, out]``; BLAS reads either
+order) so that the forward pass is a plain ``x @ W``. Dequantized arrays are cached on disk
+(``weight_cache``) so that later loads memory-map them instead of dequantizing again.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 
 from pagedkv.models.config import LlamaConfig
 from pagedkv.models.errors import ModelLoadError, UnsupportedModelError
+from pagedkv.models.weight_cache import cache_dir_for, load_cached, store_cached
 
 __all__ = ["SUPPORTED_TENSOR_TYPES", "GgufModel", "LayerWeights", "read_gguf"]
 
@@ -141,32 +143,52 @@ def _dequantize(tensor: Any) -> np.ndarray:
     return values.reshape(shape)
 
 
-def read_gguf(path: str | os.PathLike[str]) -> GgufModel:
+def read_gguf(path: str | os.PathLike[str], *, use_cache: bool = True) -> GgufModel:
     """Load a llama GGUF file: metadata, config and fp32 weights. Raises ModelLoadError for an
     unreadable, truncated or incomplete file and UnsupportedModelError for an architecture or
     tensor type outside SUPPORTED_ARCHITECTURES / SUPPORTED_TENSOR_TYPES."""
     path = Path(path)
-    reader = _open(path)
-    metadata = {name: _field_value(field) for name, field in reader.fields.items()}
-    tensors = {t.name: t for t in reader.tensors}
-    config = _config(metadata, set(tensors))
-    end = os.path.getsize(path)
-    for tensor in tensors.values():  # the reader memory-maps lazily; check sizes up front
-        if int(tensor.data_offset) + int(tensor.n_bytes) > end:
-            raise ModelLoadError(
-                f"{str(path)!r} is truncated: tensor {tensor.name!r} runs past the end of the file"
+    if not path.is_file():
+        raise ModelLoadError(f"model file not found: {str(path)!r}")
+    cache = cache_dir_for(path) if use_cache else None
+    cached = load_cached(cache)
+    fresh: dict[str, np.ndarray] = {}
+    if cached is not None:  # parsing the GGUF metadata alone takes a minute on a busy CPU
+        metadata, tensor_types, arrays = cached
+    else:
+        reader = _open(path)
+        metadata = {name: _field_value(field) for name, field in reader.fields.items()}
+        tensors = {t.name: t for t in reader.tensors}
+        tensor_types = {name: t.tensor_type.name for name, t in tensors.items()}
+        end = os.path.getsize(path)
+        for tensor in tensors.values():  # the reader memory-maps lazily; check sizes up front
+            if int(tensor.data_offset) + int(tensor.n_bytes) > end:
+                raise ModelLoadError(
+                    f"{str(path)!r} is truncated: tensor {tensor.name!r} runs past the end of the file"
+                )
+    config = _config(metadata, set(tensor_types))
+    for name, type_name in tensor_types.items():
+        if type_name not in SUPPORTED_TENSOR_TYPES:
+            raise UnsupportedModelError(
+                f"tensor {name!r} has unsupported type {type_name}: supported are "
+                f"{', '.join(SUPPORTED_TENSOR_TYPES)}"
             )
 
     def weight(name: str) -> np.ndarray:
-        if name not in tensors:
+        if name not in tensor_types:
             raise ModelLoadError(f"GGUF file lacks tensor {name!r}")
-        return _dequantize(tensors[name])
+        if cached is not None:
+            if name not in arrays:
+                raise ModelLoadError(f"the weight cache {str(cache)!r} lacks {name!r}: delete it")
+            return arrays[name]
+        fresh[name] = _dequantize(tensors[name])
+        return fresh[name]
 
     def matrix(name: str, rows_in: int, cols_out: int) -> np.ndarray:
         w = weight(name)
         if w.shape != (cols_out, rows_in):
             raise ModelLoadError(f"tensor {name!r} has shape {w.shape}, expected {(cols_out, rows_in)}")
-        return np.ascontiguousarray(w.T)
+        return w.T  # [in, out]: a transposed view of the row-major [out, in] array
 
     c = config
     q_width, kv_width = c.num_q_heads * c.head_dim, c.num_kv_heads * c.head_dim
@@ -189,18 +211,17 @@ def read_gguf(path: str | os.PathLike[str]) -> GgufModel:
         raise ModelLoadError(
             f"token_embd.weight has shape {embedding.shape}, expected {(c.vocab_size, c.d_model)}"
         )
-    output = (
-        np.ascontiguousarray(embedding.T)
-        if c.tied_embeddings
-        else matrix("output.weight", c.d_model, c.vocab_size)
-    )
+    output = embedding.T if c.tied_embeddings else matrix("output.weight", c.d_model, c.vocab_size)
+    output_norm = weight("output_norm.weight").reshape(c.d_model)
+    if fresh:
+        store_cached(cache, metadata, tensor_types, fresh)
     return GgufModel(
         path=path,
         config=config,
         metadata=metadata,
         token_embedding=embedding,
         layers=layers,
-        output_norm=weight("output_norm.weight").reshape(c.d_model),
+        output_norm=output_norm,
         output=output,
-        tensor_types={name: t.tensor_type.name for name, t in tensors.items()},
+        tensor_types=tensor_types,
     )
