@@ -61,9 +61,10 @@ def test_scheduling_variations_give_identical_greedy_tokens(smollm):
     chunked, eng = _run(smollm, PROMPTS, num_blocks=64, block_size=4, max_num_batched_tokens=3)
     assert chunked == base and max(eng.stats.batch_sizes) >= 2
     # A pool so small that decoding must preempt: by recompute, then by swap to the host tier.
-    recompute, eng = _run(smollm, PROMPTS, num_blocks=7, block_size=4, preemption="recompute")
+    tight = {"num_blocks": 5, "block_size": 4, "admission_watermark_blocks": 0}
+    recompute, eng = _run(smollm, PROMPTS, **tight, preemption="recompute")
     assert recompute == base and eng.stats.preemptions_recompute > 0
-    swap, eng = _run(smollm, PROMPTS, num_blocks=7, block_size=4, num_host_blocks=16, preemption="swap")
+    swap, eng = _run(smollm, PROMPTS, **tight, num_host_blocks=16, preemption="swap")
     assert swap == base and eng.stats.preemptions_swap > 0
     alone = [_run(smollm, [p], num_blocks=64, block_size=4)[0][0] for p in PROMPTS[:2]]
     assert alone == base[:2]

@@ -64,6 +64,9 @@ class EngineConfig:
     # reserve max_model_len slots (the contiguous-reservation baseline on the same KV memory).
     reservation: Literal["paged", "contiguous"] = "paged"
     max_model_len: int | None = None  # default: the model's context length
+    # Free blocks an admission must leave for the running sequences' next appends (default: 1% of
+    # the pool), so that admitting does not force an immediate preemption.
+    admission_watermark_blocks: int | None = None
 
 
 @dataclass
