@@ -81,6 +81,11 @@ class KvCacheManager:
     def num_tokens(self, seq_id: int) -> int: ...
     def batch_block_tables(self, seq_ids: _SeqIds) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]:
         """(int32 ``[B, max_blocks]`` padded with -1, int32 ``[B]`` lengths in tokens)."""
+    def csr_page_table(
+        self, seq_ids: _SeqIds
+    ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]]:
+        """FlashInfer's paged-KV layout: (kv_indptr int32 ``[B + 1]``, kv_indices int32 ``[nnz]``,
+        kv_last_page_len int32 ``[B]``: tokens in each sequence's last block, 0 when empty)."""
     def slot_mapping(self, seq_ids: _SeqIds, num_new_tokens: int) -> npt.NDArray[np.int64]:
         """int64 ``[B * num_new_tokens]``: slots of each sequence's last tokens."""
     def take_copy_ops(self) -> npt.NDArray[np.int32]:

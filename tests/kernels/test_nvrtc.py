@@ -67,6 +67,7 @@ def test_every_instance_compiles_for_sm90_clean(capsys):
         instances.merge("bfloat16", 64),
         instances.write_kv("float32", 256),
         instances.copy_blocks(),
+        instances.prefill("bfloat16", 128, 16),
     ],
 )
 def test_single_instance_programs_compile_clean(pick):

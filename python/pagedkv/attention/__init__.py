@@ -19,10 +19,18 @@ import numpy as np
 
 from pagedkv.attention import kernel_launch, reference
 from pagedkv.attention import validation as val
+from pagedkv.attention.prefill import paged_prefill_attention
 from pagedkv.attention.runners import CudaRunner, get_runner
 from pagedkv.errors import InvalidArgumentError
 
-__all__ = ["contiguous_attention", "paged_attention", "write_kv", "copy_blocks", "swap_blocks"]
+__all__ = [
+    "contiguous_attention",
+    "paged_attention",
+    "paged_prefill_attention",
+    "write_kv",
+    "copy_blocks",
+    "swap_blocks",
+]
 
 
 def contiguous_attention(

@@ -77,9 +77,13 @@ class CudaRunner:
             fn = self._functions.get(instance)
             if fn is None:
                 # CuPy caches compiled modules by source text only: name the header's hash in the
-                # text so an edited kv_types.h cannot reuse a stale binary.
-                header = hashlib.sha256((KERNEL_DIR / "kv_types.h").read_bytes()).hexdigest()
-                code = f"// kv_types.h sha256 {header}\n" + (KERNEL_DIR / instance.source).read_text()
+                # text so an edited header cannot reuse a stale binary.
+                headers = hashlib.sha256()
+                for path in sorted(KERNEL_DIR.glob("*.h")):
+                    headers.update(path.read_bytes())
+                code = (
+                    f"// headers sha256 {headers.hexdigest()}\n" + (KERNEL_DIR / instance.source).read_text()
+                )
                 module = self._cupy.RawModule(
                     code=code, options=NVRTC_OPTIONS, name_expressions=[instance.name]
                 )

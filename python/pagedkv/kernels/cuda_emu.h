@@ -189,7 +189,10 @@ struct Range {
   std::uintptr_t end;
 };
 
+inline std::atomic<std::uint64_t> g_launch_serial{0};
+
 struct LaunchState {
+  std::uint64_t serial = ++g_launch_serial;  // distinct per launch (per-thread state keys on it)
   std::vector<Range> bounds;  // empty: accesses are not checked
   std::atomic<bool> aborted{false};
   std::mutex error_mutex;
@@ -267,10 +270,13 @@ inline Slot exchange(unsigned int mask, Slot value, int src, const char* what) {
       L.fail(std::string(what) + ": mask names lanes that already exited the kernel");
       throw Aborted();
     }
+    // Liveness is read before the barrier: once it opens, a faster lane may run on and exit the
+    // kernel, and must not turn the value it already contributed into poison for slower lanes.
+    const unsigned int live_members = mask & w.live_mask.load();
     const unsigned int phase = tctx.full_phase++ & 1u;
     w.slots[phase][tctx.lane] = value;
     w.barrier.arrive_and_wait(L.aborted, what);
-    const bool live = src >= 0 && src < 32 && ((mask & w.live_mask) >> src & 1u);
+    const bool live = src >= 0 && src < 32 && (live_members >> src & 1u);
     return live ? w.slots[phase][src] : poison;
   }
   // Partial mask: write, meet, read, meet.

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 ATTENTION_SOURCE = "paged_attention.cu"
 CACHE_OPS_SOURCE = "cache_ops.cu"
+PREFILL_SOURCE = "paged_prefill.cu"
 
 # Element type name (as pagedkv names KV dtypes) -> C++ storage type in kv_types.h.
 KERNEL_TYPES = {"float32": "float", "float16": "pagedkv::f16", "bfloat16": "pagedkv::bf16"}
@@ -25,6 +26,11 @@ COPY_THREADS = 128  # kCopyThreads
 VECS_PER_THREAD = 4  # kVecsPerThread
 MAX_SPLITS = 256  # kMaxSplits
 COPY_UNROLL = 4
+# Paged prefill (tensor cores): fp16/bf16 only, head sizes whose fragments fit in registers.
+PREFILL_KINDS = ("float16", "bfloat16")
+PREFILL_HEAD_DIMS = (64, 128)
+PREFILL_THREADS = 128  # kPrefillThreads
+PREFILL_ROWS = 64  # kPrefillRows: packed (token, query head) rows per thread block
 
 
 @dataclass(frozen=True)
@@ -68,6 +74,12 @@ def copy_blocks() -> Instance:
     return Instance(CACHE_OPS_SOURCE, f"pagedkv::copy_blocks_kernel<{COPY_UNROLL}>")
 
 
+def prefill(kind: str, head_dim: int, block_size: int) -> Instance:
+    return Instance(
+        PREFILL_SOURCE, f"pagedkv::paged_prefill_kernel<{KERNEL_TYPES[kind]}, {head_dim}, {block_size}>"
+    )
+
+
 def all_instances() -> list[Instance]:
     """Every instance the backends can launch (what the NVRTC check compiles)."""
     out: list[Instance] = []
@@ -79,4 +91,8 @@ def all_instances() -> list[Instance]:
             out.append(merge(kind, head_dim))
             out.append(write_kv(kind, head_dim))
     out.append(copy_blocks())
+    for kind in PREFILL_KINDS:
+        for head_dim in PREFILL_HEAD_DIMS:
+            for block_size in BLOCK_SIZES:
+                out.append(prefill(kind, head_dim, block_size))
     return out

@@ -136,12 +136,17 @@ def parse_resources(log: str) -> dict[str, KernelResources]:
 
 
 def compile_source(
-    source: str, name_expressions: Sequence[str], arch: str = DEFAULT_ARCH, extra_options: Sequence[str] = ()
+    source: str,
+    name_expressions: Sequence[str],
+    arch: str = DEFAULT_ARCH,
+    extra_options: Sequence[str] = (),
+    source_dir: Path = KERNEL_DIR,
 ) -> CompileResult:
-    """Compiles ``source`` (a file in the kernel directory) with the given template instances to a
-    CUBIN for ``arch`` and returns the log; raises NvrtcCompileError on any error."""
+    """Compiles ``source`` (a file in ``source_dir``, by default the kernel directory) with the given
+    template instances to a CUBIN for ``arch`` and returns the log; raises NvrtcCompileError on any
+    error. The kernel directory is always on the include path."""
     lib = load()
-    text = (KERNEL_DIR / source).read_text()
+    text = (Path(source_dir) / source).read_text()
     prog = ctypes.c_void_p()
     _check(
         lib,
@@ -155,6 +160,7 @@ def compile_source(
             f"--gpu-architecture={arch}",
             "-std=c++17",
             f"-I{Path(KERNEL_DIR)}",
+            *([f"-I{Path(source_dir)}"] if Path(source_dir) != Path(KERNEL_DIR) else []),
             "--ptxas-options=-v",
             *extra_options,
         ]

@@ -101,6 +101,12 @@ impl PyKvCacheManager {
 
 /// (int32 `[B, max_blocks]` block tables, int32 `[B]` sequence lengths).
 type TablesAndLens<'py> = (Bound<'py, PyArray2<i32>>, Bound<'py, PyArray1<i32>>);
+/// (kv_indptr, kv_indices, kv_last_page_len), all int32.
+type CsrArrays<'py> = (
+    Bound<'py, PyArray1<i32>>,
+    Bound<'py, PyArray1<i32>>,
+    Bound<'py, PyArray1<i32>>,
+);
 
 /// `[N, 2]` int32 pairs (shape `(0, 2)` when empty).
 fn pairs_to_array<'py>(
@@ -362,6 +368,20 @@ impl PyKvCacheManager {
             })?;
         let tables = PyArray1::from_vec(py, tables).reshape([seqs.len(), max_blocks])?;
         Ok((tables, PyArray1::from_vec(py, seq_lens)))
+    }
+
+    /// FlashInfer's CSR page table of `seq_ids`: (int32 `[B + 1]` kv_indptr, int32 `[nnz]`
+    /// kv_indices, int32 `[B]` kv_last_page_len).
+    fn csr_page_table<'py>(&self, py: Python<'py>, seq_ids: SeqIds) -> PyResult<CsrArrays<'py>> {
+        let seqs = seq_ids.0.as_slice();
+        let csr = self.run(py, seqs.len() >= DETACH_MIN_BATCH, |kv| {
+            kv.csr_page_table(seqs)
+        })?;
+        Ok((
+            PyArray1::from_vec(py, csr.kv_indptr),
+            PyArray1::from_vec(py, csr.kv_indices),
+            PyArray1::from_vec(py, csr.kv_last_page_len),
+        ))
     }
 
     /// int64 `[B * num_new_tokens]`: KV slots (`block_id * block_size + offset`) of each

@@ -38,7 +38,7 @@ mod sync;
 mod table;
 
 pub use error::{Error, Result, Tier};
-pub use manager::{KvCacheManager, ManagerConfig};
+pub use manager::{CsrPageTable, KvCacheManager, ManagerConfig};
 pub use pool::{BlockPool, MAX_NUM_BLOCKS, MAX_NUM_SLOTS};
 pub use prefix::events::KvEvent;
 pub use prefix::hash::{BlockHash, BlockHasher};

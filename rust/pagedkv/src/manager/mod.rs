@@ -16,11 +16,12 @@
 //! One file per group of operations: [`admission`] (`add_sequence*`), [`growth`] (`append*`,
 //! `can_append`), [`batch`] (`append_*_batch`), [`lifecycle`] (`fork`, `free*`), [`swap`]
 //! (host tier), [`prefix`] (prefix-cache integration), [`queries`] (read-only views and
-//! stats), [`invariants`] (`check_invariants`).
+//! stats), [`csr`] (block tables in FlashInfer's CSR layout), [`invariants`] (`check_invariants`).
 
 mod admission;
 mod batch;
 mod config;
+mod csr;
 mod growth;
 mod invariants;
 mod lifecycle;
@@ -35,6 +36,7 @@ use rustc_hash::FxHashSet;
 
 use self::batch::BatchScratch;
 pub use self::config::ManagerConfig;
+pub use self::csr::CsrPageTable;
 use crate::error::{invalid, Error, Result};
 use crate::host::HostTier;
 use crate::pool::BlockPool;

@@ -1,0 +1,58 @@
+"""``paged_prefill_attention``: many new query tokens per sequence through the paged cache.
+
+One call covers a whole prompt with nothing cached, the uncached suffix of a prompt whose prefix
+came from the prefix cache, one chunk of a chunked prefill, and a mixed batch whose rows are
+prefills and decodes (a decode is a row with one query). docs/prefill.md states the semantics.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pagedkv.attention import prefill_launch, prefill_reference
+from pagedkv.attention import prefill_validation as pval
+from pagedkv.attention import validation as val
+from pagedkv.attention.runners import get_runner
+
+
+def paged_prefill_attention(
+    q: Any,
+    k_cache: Any,
+    v_cache: Any,
+    block_tables: Any,
+    seq_lens: Any,
+    query_start_loc: Any,
+    *,
+    scale: float | None = None,
+    causal: bool = True,
+    backend: str = "numpy",
+) -> Any:
+    """Causal multi-query attention of each sequence's new tokens over its paged context.
+
+    q: [total_q, num_q_heads, head_dim], the new tokens of all sequences concatenated;
+    k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim];
+    block_tables: int32 [B, max_blocks] (padded; entries past a sequence's blocks are ignored), or
+    the CSR triple (kv_indptr int32 [B+1], kv_indices int32 [nnz], kv_last_page_len int32 [B]) of
+    ``KvCacheManager.csr_page_table``;
+    seq_lens: int32 [B], each sequence's whole context including its new tokens (their K/V already
+    written with ``write_kv``); query_start_loc: int32 [B+1], cumulative query counts (vLLM's
+    ``query_start_loc``, FlashInfer's ``qo_indptr``).
+
+    Sequence i's queries are its last ``query_start_loc[i+1] - query_start_loc[i]`` positions. With
+    ``causal`` the query at position p attends to keys 0..p, otherwise to every key. Query head h
+    reads KV head ``h // (num_q_heads // num_kv_heads)``; scale defaults to 1 / sqrt(head_dim);
+    accumulation in fp32 (fp64 for fp64). Returns [total_q, num_q_heads, head_dim] in q's dtype.
+
+    Backends: ``numpy`` (every dtype, the reference); ``cuda`` and ``emulated`` run the tensor-core
+    kernel ``kernels/paged_prefill.cu`` (fp16 and bf16, head_dim 64 or 128, block sizes 1/8/16/32;
+    ``cuda`` takes CuPy tensors, the integer metadata may be NumPy or CuPy and is read on the host).
+    """
+    if val.check_backend(backend) == "numpy":
+        return prefill_reference.paged_prefill_attention(
+            q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, causal
+        )
+    args = pval.check_paged_prefill(
+        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, causal, backend
+    )
+    prefill_launch.check_kernel_shape(args.shape)
+    return prefill_launch.paged_prefill(get_runner(backend), args)

@@ -1,0 +1,108 @@
+"""NumPy reference of paged prefill attention (``backend="numpy"``).
+
+Sequence i's ``q_len = query_start_loc[i+1] - query_start_loc[i]`` queries are its last ``q_len``
+positions ``seq_len - q_len .. seq_len - 1``; with ``causal`` the query at position p attends to
+keys ``0..p``, otherwise to all ``seq_len`` keys.
+
+Bit identity with ``contiguous_attention`` (one query over ``k[:p+1]``) is by construction, as in
+``reference.paged_attention``: keys and values are gathered block by block into a contiguous copy,
+and ``attend_rows`` performs, for every (query, head, key) element, exactly the operations
+``reference.attend`` performs in the same order. Keys past a query's position are excluded by
+-inf scores (exact under ``max``, exp gives +0.0, and adding +0.0 to a positive denominator
+changes no bit), and their values are skipped with ``np.where`` rather than multiplied by zero,
+so a non-finite value in a masked-out token cannot leak in as 0 * inf = NaN.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pagedkv.attention import prefill_validation as pval
+from pagedkv.attention.dtypes import compute_dtype, from_compute, to_compute
+
+# Score elements held at once (per chunk of query rows): bounds the reference's memory on long
+# prompts, e.g. 8K queries x 8K keys x 32 heads would otherwise be an 8 GiB score tensor.
+MAX_SCORE_ELEMENTS = 1 << 22
+
+
+def attend_rows(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, num_keys: np.ndarray, scale: float
+) -> np.ndarray:
+    """Softmax attention of several query tokens over one contiguous history.
+
+    q: [num_rows, num_q_heads, head_dim]; k, v: [seq_len, num_kv_heads, head_dim], one float dtype
+    (the accumulation type); num_keys: int [num_rows], row r attends to keys 0..num_keys[r]-1
+    (each in 1..seq_len). Returns [num_rows, num_q_heads, head_dim].
+    """
+    num_rows, num_q_heads, head_dim = q.shape
+    seq_len, num_kv_heads, _ = k.shape
+    group = num_q_heads // num_kv_heads
+    dtype = q.dtype
+    # [num_kv_heads, group, num_rows, head_dim]: the same per-element values attend() uses.
+    qg = np.ascontiguousarray(q.reshape(num_rows, num_kv_heads, group, head_dim).transpose(1, 2, 0, 3))
+    kt = np.ascontiguousarray(k.transpose(1, 0, 2))  # [num_kv_heads, seq_len, head_dim]
+    vt = np.ascontiguousarray(v.transpose(1, 0, 2))
+    visible = np.arange(seq_len)[None, :] < num_keys[:, None]  # [num_rows, seq_len]
+    scores = np.zeros((num_kv_heads, group, num_rows, seq_len), dtype=dtype)
+    for d in range(head_dim):
+        scores += qg[:, :, :, d, None] * kt[:, None, None, :, d]
+    scores *= dtype.type(scale)
+    scores = np.where(visible, scores, dtype.type(-np.inf))
+    probs = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    denom = np.zeros((num_kv_heads, group, num_rows), dtype=dtype)
+    acc = np.zeros((num_kv_heads, group, num_rows, head_dim), dtype=dtype)
+    with np.errstate(invalid="ignore", over="ignore"):  # discarded 0 * inf of masked-out rows
+        for s in range(seq_len):
+            denom += probs[:, :, :, s]
+            # Rows that see key s accumulate it; the others keep acc untouched (no 0 * v products).
+            step = acc + probs[:, :, :, s, None] * vt[:, None, None, s, :]
+            acc = np.where(visible[:, s, None], step, acc)
+    out = acc / denom[:, :, :, None]
+    return np.ascontiguousarray(out.transpose(2, 0, 1, 3)).reshape(num_rows, num_q_heads, head_dim)
+
+
+def gather_rows(cache: np.ndarray, blocks: np.ndarray, seq_len: int, kind: str) -> np.ndarray:
+    """One sequence's history [seq_len, num_kv_heads, head_dim] (accumulation type) copied out of
+    ``cache`` through its block ids ``blocks`` (at least ceil(seq_len / block_size) of them)."""
+    block_size = cache.shape[1]
+    out = np.empty((seq_len, *cache.shape[2:]), dtype=compute_dtype(kind))
+    for i in range(-(-seq_len // block_size)):
+        n = min(block_size, seq_len - i * block_size)
+        out[i * block_size : i * block_size + n] = to_compute(cache[int(blocks[i]), :n], kind)
+    return out
+
+
+def paged_prefill_attention(
+    q: object,
+    k_cache: object,
+    v_cache: object,
+    block_tables: object,
+    seq_lens: object,
+    query_start_loc: object,
+    scale: float | None,
+    causal: bool,
+) -> np.ndarray:
+    args = pval.check_paged_prefill(
+        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, causal, backend="numpy"
+    )
+    shape = args.shape
+    out = np.empty(args.q.shape, dtype=args.q.dtype)
+    per_row = max(1, shape.num_q_heads)
+    for b in range(shape.num_seqs):
+        q0, q1 = int(args.query_start_loc[b]), int(args.query_start_loc[b + 1])
+        if q1 == q0:
+            continue
+        seq_len = int(args.seq_lens[b])
+        start = int(args.table.row_start[b])
+        blocks = args.table.indices[start : start + -(-seq_len // shape.block_size)]
+        k = gather_rows(args.k_cache, blocks, seq_len, shape.kind)
+        v = gather_rows(args.v_cache, blocks, seq_len, shape.kind)
+        positions = np.arange(seq_len - (q1 - q0), seq_len, dtype=np.int64)
+        num_keys = positions + 1 if shape.causal else np.full(q1 - q0, seq_len, dtype=np.int64)
+        chunk = max(1, MAX_SCORE_ELEMENTS // (per_row * max(1, seq_len)))
+        for r0 in range(q0, q1, chunk):
+            r1 = min(q1, r0 + chunk)
+            rows = np.array(to_compute(args.q[r0:r1], shape.kind), order="C")
+            result = attend_rows(rows, k, v, num_keys[r0 - q0 : r1 - q0], shape.scale)
+            out[r0:r1] = from_compute(result, shape.kind, args.q.dtype)
+    return out
