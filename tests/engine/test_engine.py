@@ -85,7 +85,7 @@ def test_prefix_cache_hits_skip_prefill_and_change_nothing(smollm):
 def test_n_samples_share_prompt_blocks_and_equal_separate_seeded_runs(smollm):
     from pagedkv.engine import EngineConfig, LLMEngine, SamplingParams
 
-    prompt = smollm.tokenizer.encode("Once upon a time, in a land")  # not a multiple of 4 tokens
+    prompt = smollm.tokenizer.encode("Once upon a time, in a land far")  # not a multiple of 4 tokens
     assert len(prompt) % 4
     params = SamplingParams(
         n=4, temperature=0.9, top_k=50, top_p=0.95, seed=11, max_tokens=3, ignore_eos=True

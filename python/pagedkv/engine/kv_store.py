@@ -12,7 +12,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from pagedkv.attention import contiguous_attention, copy_blocks, paged_attention, swap_blocks, write_kv
+from pagedkv.attention import (
+    contiguous_attention,
+    copy_blocks,
+    paged_prefill_attention,
+    swap_blocks,
+    write_kv,
+)
 from pagedkv.models.config import LlamaConfig
 
 __all__ = ["ContiguousKvStore", "PagedKvStore"]
@@ -86,14 +92,10 @@ def _paged_batch_attention(
     ctx_lens: np.ndarray,
     q_lens: np.ndarray,
 ) -> np.ndarray:
-    """Each row over its own causal history through the paged caches: every query row is one
-    ``paged_attention`` row whose table is its sequence's and whose length is its position + 1
-    (exactly the keys a causal prefill query sees)."""
-    row_seq = np.repeat(np.arange(len(q_lens)), q_lens)
-    starts = np.repeat(ctx_lens - q_lens, q_lens)
-    offsets = np.arange(len(row_seq)) - np.repeat(np.cumsum(q_lens) - q_lens, q_lens)
-    row_lens = (starts + offsets + 1).astype(np.int32)
-    return paged_attention(q, k_cache, v_cache, tables[row_seq], row_lens)
+    """The whole mixed batch in one call: sequence b's q_lens[b] rows are its last positions of a
+    ctx_lens[b]-token context (a decode row is a one-query sequence)."""
+    query_start_loc = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    return paged_prefill_attention(q, k_cache, v_cache, tables, ctx_lens, query_start_loc)
 
 
 class ContiguousKvStore:

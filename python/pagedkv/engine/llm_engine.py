@@ -249,9 +249,10 @@ class LLMEngine:
             ):
                 return
             # Leave a small watermark so that admitting does not force the next append to preempt.
-            blocks = -(-len(seq.token_ids) // c.block_size) + (
-                max(1, c.num_blocks // 100) if self.running else 0
-            )
+            watermark = c.admission_watermark_blocks
+            if watermark is None:
+                watermark = max(1, c.num_blocks // 100)
+            blocks = -(-len(seq.token_ids) // c.block_size) + (watermark if self.running else 0)
             if blocks > self.kv.num_free_blocks:
                 return
             try:
