@@ -136,3 +136,12 @@ def test_refused_requests_leave_nothing_behind(smollm):
     with pytest.raises(pagedkv.InvalidArgumentError):
         SamplingParams(temperature=float("nan"))
     assert not engine.has_unfinished() and not engine.requests and len(engine.kv) == 0
+
+
+def test_cli_generate_streams_and_refuses_a_bad_model_path(smollm, capsys, tmp_path):
+    from pagedkv.cli import main
+
+    assert main(["generate", "The capital of France is", "--max-tokens", "3"]) == 0
+    assert "Paris" in capsys.readouterr().out
+    assert main(["generate", "Hi", "--model", str(tmp_path / "missing.gguf")]) == 2
+    assert "not found" in capsys.readouterr().err
