@@ -23,7 +23,9 @@ from pagedkv.engine.llm_engine import EngineConfig, LLMEngine
 from pagedkv.engine.params import SamplingParams
 from pagedkv.models import LoadedModel
 
-__all__ = ["run_benchmark", "sharegpt_like"]
+__all__ = ["SECTIONS", "run_benchmark", "sharegpt_like"]
+
+SECTIONS = ("throughput", "decode", "n4", "system")
 
 
 def sharegpt_like(
@@ -77,6 +79,7 @@ def run_benchmark(
     seed: int = 0,
     decode_batches: tuple[int, ...] = (1, 8, 32),
     progress: Any = None,
+    sections: tuple[str, ...] = ("throughput", "decode", "n4", "system"),
 ) -> dict[str, Any]:
     say = progress or (lambda _msg: None)
     vocab = model.config.vocab_size
@@ -95,6 +98,20 @@ def run_benchmark(
             "seed": seed,
         }
     }
+    if "throughput" in sections:
+        _throughput(model, base, work, result, say)
+    if "decode" in sections:
+        _decode(model, decode_batches, num_blocks, seed, vocab, result, say)
+    if "n4" in sections:
+        _n4(model, num_blocks, block_size, seed, work, result, say)
+    if "system" in sections:
+        _system(model, num_blocks, block_size, seed, vocab, result, say)
+    return result
+
+
+def _throughput(
+    model: LoadedModel, base: dict[str, Any], work: list, result: dict[str, Any], say: Any
+) -> None:
     say("throughput: paged")
     paged = _drive(model, EngineConfig(**base, max_num_seqs=256, enable_prefix_caching=False), work)
     say("throughput: contiguous reservation")
@@ -110,6 +127,17 @@ def run_benchmark(
         "tokens_per_s_ratio": paged["tokens_per_s"] / contiguous["tokens_per_s"],
         "mean_batch_ratio": paged["mean_batch"] / max(contiguous["mean_batch"], 1e-9),
     }
+
+
+def _decode(
+    model: LoadedModel,
+    decode_batches: tuple[int, ...],
+    num_blocks: int,
+    seed: int,
+    vocab: int,
+    result: dict[str, Any],
+    say: Any,
+) -> None:
     decode = {}
     for batch in decode_batches:
         say(f"decode at batch {batch}")
@@ -127,6 +155,17 @@ def run_benchmark(
             "mean_batch": run["mean_batch"],
         }
     result["decode"] = decode
+
+
+def _n4(
+    model: LoadedModel,
+    num_blocks: int,
+    block_size: int,
+    seed: int,
+    work: list,
+    result: dict[str, Any],
+    say: Any,
+) -> None:
     say("n=4 sampling memory")
     prompt = work[0][0][:64] + list(range(200, 200 + max(0, 64 - len(work[0][0]))))
     shared = _drive(
@@ -149,6 +188,17 @@ def run_benchmark(
         "max_blocks_shared": shared["max_blocks_in_use"],
         "max_blocks_separate": separate["max_blocks_in_use"],
     }
+
+
+def _system(
+    model: LoadedModel,
+    num_blocks: int,
+    block_size: int,
+    seed: int,
+    vocab: int,
+    result: dict[str, Any],
+    say: Any,
+) -> None:
     say("system prompt: prefix caching off / on")
     rng = np.random.default_rng(seed + 1)
     system = rng.integers(100, vocab, size=96).tolist()
@@ -172,4 +222,3 @@ def run_benchmark(
         "mean_ttft_s_on": on["mean_ttft_s"],
         "prefix_hit_tokens": on["prefix_hit_tokens"],
     }
-    return result

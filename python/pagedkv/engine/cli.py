@@ -42,6 +42,11 @@ def register(subparsers: Any) -> None:
     bench.add_argument("--max-prompt", type=cli_args.positive_int, default=96)
     bench.add_argument("--max-output", type=cli_args.positive_int, default=48)
     bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument(
+        "--sections",
+        default="throughput,decode,n4,system",
+        help="comma-separated subset of throughput,decode,n4,system",
+    )
     bench.set_defaults(handler=_bench)
 
 
@@ -86,9 +91,13 @@ def _generate(args: Any) -> int:
 
 
 def _bench(args: Any) -> int:
-    from pagedkv.engine.bench import run_benchmark
+    from pagedkv.engine.bench import SECTIONS, run_benchmark
     from pagedkv.models import load_model
 
+    sections = tuple(args.sections.split(","))
+    unknown = [s for s in sections if s not in SECTIONS]
+    if unknown:
+        raise cli_args.CliError(f"unknown --sections {','.join(unknown)}: choose from {','.join(SECTIONS)}")
     result = run_benchmark(
         load_model(args.model),
         num_requests=args.requests,
@@ -98,9 +107,33 @@ def _bench(args: Any) -> int:
         max_prompt=args.max_prompt,
         max_output=args.max_output,
         seed=args.seed,
+        sections=sections,
         progress=lambda msg: print(f"bench-engine: {msg}", file=sys.stderr, flush=True),
     )
-    t = result["throughput"]
+    _print(result)
+    if args.json:
+        write_json(args.json, result)
+    return 0
+
+
+def _print(result: dict[str, Any]) -> None:
+    if "throughput" in result:
+        _print_throughput(result["throughput"])
+    for batch, d in result.get("decode", {}).items():
+        print(f"decode batch {batch:>3}: {d['tokens_per_cpu_s']:.2f} tok/CPU-s")
+    if "n4_sampling" in result:
+        n4 = result["n4_sampling"]
+        print(f"n=4 peak blocks: {n4['max_blocks_shared']} shared vs {n4['max_blocks_separate']} separate")
+    if "system_prompt" in result:
+        sp = result["system_prompt"]
+        print(
+            f"system prompt: prefill tokens {sp['prefill_tokens_off']} -> {sp['prefill_tokens_on']} "
+            f"({sp['prefill_ratio']:.1f}x fewer), "
+            f"mean TTFT {sp['mean_ttft_s_off']:.2f} -> {sp['mean_ttft_s_on']:.2f} s"
+        )
+
+
+def _print_throughput(t: dict[str, Any]) -> None:
     p, c = t["paged"], t["contiguous"]
     print(f"{'engine':<12}{'req/s':>9}{'tok/s':>9}{'tok/cpu-s':>11}{'mean batch':>12}{'max blocks':>12}")
     for name, r in (("paged", p), ("contiguous", c)):
@@ -112,16 +145,3 @@ def _bench(args: Any) -> int:
         f"paged / contiguous: {t['tokens_per_cpu_s_ratio']:.2f}x tokens per CPU-second, "
         f"{t['tokens_per_s_ratio']:.2f}x tokens/s, {t['mean_batch_ratio']:.2f}x mean batch"
     )
-    for batch, d in result["decode"].items():
-        print(f"decode batch {batch:>3}: {d['tokens_per_cpu_s']:.2f} tok/CPU-s")
-    n4 = result["n4_sampling"]
-    print(f"n=4 peak blocks: {n4['max_blocks_shared']} shared vs {n4['max_blocks_separate']} separate")
-    sp = result["system_prompt"]
-    print(
-        f"system prompt: prefill tokens {sp['prefill_tokens_off']} -> {sp['prefill_tokens_on']} "
-        f"({sp['prefill_ratio']:.1f}x fewer), "
-        f"mean TTFT {sp['mean_ttft_s_off']:.2f} -> {sp['mean_ttft_s_on']:.2f} s"
-    )
-    if args.json:
-        write_json(args.json, result)
-    return 0
