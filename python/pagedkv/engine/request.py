@@ -1,0 +1,87 @@
+"""Requests, their sequences (one per sample) and what the engine reports about them."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pagedkv.engine.params import SamplingParams
+
+__all__ = ["CompletionOutput", "Request", "RequestOutput", "Sequence", "SeqStatus", "StreamEvent"]
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"  # not in the KV manager: new, or preempted by recompute
+    RUNNING = "running"
+    SWAPPED = "swapped"  # its blocks are in the host tier
+    FINISHED = "finished"
+
+
+@dataclass
+class Request:
+    request_id: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    arrival_s: float
+    sequences: list[Sequence] = field(default_factory=list)
+    first_token_s: float | None = None
+    finish_s: float | None = None
+    forked: bool = False  # the n samples exist (forked off sample 0 after its prefill)
+    cached_tokens: int = 0  # prompt tokens served by the prefix cache at admission
+
+    @property
+    def finished(self) -> bool:
+        return self.forked and all(s.status is SeqStatus.FINISHED for s in self.sequences)
+
+
+@dataclass
+class Sequence:
+    """One sample. ``token_ids`` = prompt + generated; the KV manager holds the first
+    ``num_in_kv`` of them and the caches hold K/V of the first ``num_computed``."""
+
+    seq_id: int
+    request: Request
+    index: int  # sample index within the request
+    token_ids: list[int]
+    rng: np.random.Generator
+    status: SeqStatus = SeqStatus.WAITING
+    num_in_kv: int = 0
+    num_computed: int = 0
+    admitted: int = -1  # admission order (the most recent is preempted first)
+    output_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+    token_times_s: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    """One new token of one sample (``text`` is the newly decodable text, possibly empty)."""
+
+    request_id: int
+    index: int
+    token_id: int
+    text: str
+    finished: bool
+    finish_reason: str | None
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+
+
+@dataclass
+class RequestOutput:
+    request_id: int
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    ttft_s: float | None  # arrival to first token
+    tpot_s: float | None  # mean time per output token after the first
+    num_cached_tokens: int

