@@ -107,3 +107,54 @@ def test_pageable_host_memory_is_rejected():
 
 def test_dtype_table_is_consistent():
     assert set(instances.KERNEL_TYPES) <= set(KIND_DTYPES)
+
+
+def test_host_metadata_path_matches_reference():
+    rng = np.random.default_rng(10)
+    p = make_problem(rng, "float16", [1, 300, 1000], 2, 8, 128, 16)
+    q, k, v = (cupy.asarray(x) for x in (p.q, p.k_cache, p.v_cache))
+    out = paged_attention(q, k, v, p.block_tables, p.seq_lens, backend="cuda")
+    assert_close(
+        cupy.asnumpy(out), paged_attention(p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens), "float16"
+    )
+
+
+def test_workspace_step_of_64_sequences_replays_in_a_cuda_graph():
+    """Issue 16's target: a 64-sequence decode step captured once, replayed after a re-plan."""
+    from pagedkv.attention import DecodeWorkspace
+
+    rng = np.random.default_rng(11)
+    lens = [int(n) for n in rng.integers(1, 600, size=64)]
+    p = make_problem(rng, "bfloat16", lens, 2, 4, 128, 16)
+    ws = DecodeWorkspace(
+        num_blocks=p.k_cache.shape[0],
+        block_size=16,
+        num_kv_heads=2,
+        num_q_heads=8,
+        head_dim=128,
+        dtype=p.q.dtype,
+        max_num_seqs=64,
+        max_blocks_per_seq=p.block_tables.shape[1],
+        backend="cuda",
+    )
+    q, k, v = (cupy.asarray(x) for x in (p.q, p.k_cache, p.v_cache))
+    out = cupy.empty_like(q)
+    first = ws.plan(p.block_tables, p.seq_lens, num_splits=3)
+    ws.run(q, k, v, out=out)  # loads the kernels outside the capture
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        ws.run(q, k, v, out=out)
+        graph = stream.end_capture()
+        out.fill(0)
+        graph.launch(stream)
+        stream.synchronize()
+        expected = paged_attention(p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens)
+        assert_close(cupy.asnumpy(out), expected, "bfloat16")
+        # New lengths, same split count: the graph reads the re-planned buffers.
+        shorter = np.maximum(p.seq_lens - 5, 0).astype(np.int32)
+        assert ws.plan(p.block_tables, shorter, num_splits=3).graph_key == first.graph_key
+        graph.launch(stream)
+        stream.synchronize()
+        expected = paged_attention(p.q, p.k_cache, p.v_cache, p.block_tables, shorter)
+        assert_close(cupy.asnumpy(out), expected, "bfloat16")

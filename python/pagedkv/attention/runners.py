@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import importlib
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -43,6 +44,19 @@ class EmulatedRunner:
     def address(self, array: Any) -> int:
         return int(array.ctypes.data)
 
+    def staging_empty(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        """A host buffer that upload_async may copy from."""
+        return np.empty(shape, dtype=dtype)
+
+    def upload_async(self, dst: Any, src: np.ndarray) -> Any:
+        """Copies a host array into a device array of the same size (here: both on the host);
+        returns what upload_done waits on."""
+        np.copyto(dst.reshape(src.shape), src)
+        return None
+
+    def upload_done(self, token: Any) -> None:
+        """Returns once the upload that returned ``token`` has read its host buffer (at once here)."""
+
 
 class CudaUnavailableError(PagedKvError):
     """backend='cuda' was asked for but CuPy or a CUDA device is missing."""
@@ -55,14 +69,17 @@ class CudaRunner:
     xp: Any
     num_sms: int
 
-    def __init__(self) -> None:
-        try:
-            import cupy  # noqa: PLC0415 - optional dependency, imported on first use
-        except ImportError as exc:
-            raise CudaUnavailableError(
-                "backend='cuda' needs CuPy and a CUDA GPU: pip install cupy-cuda13x "
-                "(or, in a pagedkv checkout, pip install '.[cuda]')"
-            ) from exc
+    def __init__(self, cupy_module: Any = None) -> None:
+        """cupy_module: CuPy itself (imported here when None); tests pass a stand-in."""
+        if cupy_module is None:
+            try:
+                cupy_module = importlib.import_module("cupy")  # optional: imported on first use
+            except ImportError as exc:
+                raise CudaUnavailableError(
+                    "backend='cuda' needs CuPy and a CUDA GPU: pip install cupy-cuda13x "
+                    "(or, in a pagedkv checkout, pip install '.[cuda]')"
+                ) from exc
+        cupy = cupy_module
         self.xp = cupy
         self._cupy = cupy
         try:
@@ -106,6 +123,30 @@ class CudaRunner:
         if isinstance(array, np.ndarray):
             return int(array.ctypes.data)
         return int(array.data.ptr)
+
+    def staging_empty(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        """A host array in page-locked memory, so upload_async is a true asynchronous DMA."""
+        count = int(np.prod(shape, dtype=np.int64))
+        nbytes = max(1, count * np.dtype(dtype).itemsize)
+        memory = self._cupy.cuda.alloc_pinned_memory(nbytes)
+        return np.frombuffer(memory, dtype=dtype, count=count).reshape(shape)
+
+    def upload_async(self, dst: Any, src: np.ndarray) -> Any:
+        """Host-to-device copy on the current stream; never waits for the device."""
+        runtime = self._cupy.cuda.runtime
+        stream = self._cupy.cuda.get_current_stream()
+        runtime.memcpyAsync(
+            int(dst.data.ptr), int(src.ctypes.data), int(src.nbytes), runtime.memcpyHostToDevice, stream.ptr
+        )
+        done = self._cupy.cuda.Event(disable_timing=True)
+        done.record(stream)
+        return done
+
+    def upload_done(self, token: Any) -> None:
+        """Waits until the upload that returned ``token`` has run (and, stream order, whatever was
+        queued before it), so its host buffer may be refilled."""
+        if token is not None:
+            token.synchronize()
 
     def is_pinned(self, array: np.ndarray) -> bool:
         """Whether a host array lives in page-locked memory CUDA can DMA from."""
