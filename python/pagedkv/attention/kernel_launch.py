@@ -8,12 +8,12 @@ emulated backend exercises exactly the launch arithmetic the GPU gets.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
 
+from pagedkv.attention import split_planning
 from pagedkv.attention import validation as val
 from pagedkv.attention.dtypes import nan_fill_value
 from pagedkv.errors import InvariantViolation
@@ -21,7 +21,6 @@ from pagedkv.kernels import instances
 from pagedkv.kernels.instances import Instance
 
 LOG2E = 1.4426950408889634
-MIN_TOKENS_PER_SPLIT = 256
 
 
 class Runner(Protocol):
@@ -42,6 +41,8 @@ class Runner(Protocol):
 
     def address(self, array: Any) -> int: ...
 
+    def ctas_per_sm(self, instance: Instance) -> int: ...
+
 
 def _output(runner: Runner, shape: tuple[int, ...], dtype: Any, fill: Any) -> Any:
     xp = runner.xp
@@ -57,22 +58,29 @@ def choose_splits(
     num_sms: int,
     requested: int | None,
     max_splits: int = instances.MAX_SPLITS,
+    ctas_per_sm: int = 2,
 ) -> tuple[int, int]:
-    """(num_splits, tokens_per_split) for the decode grid.
+    """(num_splits, tokens_per_split) for a decode grid of num_ctas CTAs per split: the split
+    planner's choice (whole waves on num_sms x ctas_per_sm slots, chunks of at least
+    split_planning.MIN_TOKENS_PER_SPLIT tokens), or ``requested`` capped at max_splits.
+    tokens_per_split is a whole number of tiles."""
+    plan = split_planning.plan_splits(
+        num_ctas,
+        max_seq_len,
+        tile_tokens,
+        num_sms,
+        ctas_per_sm,
+        requested,
+        min(max_splits, instances.MAX_SPLITS),
+    )
+    return plan.num_splits, plan.tokens_per_split
 
-    Without a request: enough splits to give about two blocks per SM, but no split shorter than
-    MIN_TOKENS_PER_SPLIT tokens (the merge and the per-split overhead must stay small next to the
-    KV reads). tokens_per_split is a whole number of tiles.
-    """
-    if max_seq_len <= 0:
-        return 1, tile_tokens
-    if requested is None:
-        wanted = max(1, math.ceil(2 * num_sms / max(1, num_ctas)))
-        splits = min(wanted, math.ceil(max_seq_len / MIN_TOKENS_PER_SPLIT), max_splits)
-    else:
-        splits = min(max(1, int(requested)), max_splits, instances.MAX_SPLITS)
-    tokens = math.ceil(math.ceil(max_seq_len / max(1, splits)) / tile_tokens) * tile_tokens
-    return max(1, math.ceil(max_seq_len / tokens)), tokens
+
+def decode_instance(shape: val.AttentionShape) -> Instance:
+    """The decode kernel instance that runs this call."""
+    return instances.decode(
+        shape.kind, shape.head_dim, shape.block_size, instances.group_instance(shape.group)
+    )
 
 
 def paged_attention(
@@ -92,7 +100,12 @@ def paged_attention(
         return out
     tile = instances.tile_tokens(shape.kind, shape.head_dim)
     splits, tokens_per_split = choose_splits(
-        shape.num_seqs * shape.num_kv_heads, shape.max_seq_len, tile, runner.num_sms, num_splits
+        shape.num_seqs * shape.num_kv_heads,
+        shape.max_seq_len,
+        tile,
+        runner.num_sms,
+        num_splits,
+        ctas_per_sm=runner.ctas_per_sm(decode_instance(shape)),
     )
     if splits > 1:
         part = (shape.num_seqs, shape.num_q_heads, splits)
@@ -142,11 +155,8 @@ def launch_decode(
     num_seqs * num_q_heads * splits * (head_dim, 1, 1) floats when splits > 1.
     """
     split_out, split_max, split_sum = split_buffers
-    decode = instances.decode(
-        shape.kind, shape.head_dim, shape.block_size, instances.group_instance(shape.group)
-    )
     runner.launch(
-        decode,
+        decode_instance(shape),
         (shape.num_kv_heads, shape.num_seqs, splits),
         (instances.DECODE_THREADS, 1, 1),
         [

@@ -14,8 +14,9 @@ from typing import Any
 
 import numpy as np
 
+from pagedkv.attention import split_planning
 from pagedkv.errors import PagedKvError
-from pagedkv.kernels import KERNEL_DIR, emulation
+from pagedkv.kernels import KERNEL_DIR, emulation, instances
 from pagedkv.kernels.instances import Instance
 
 NVRTC_OPTIONS = ("-std=c++17", f"-I{KERNEL_DIR}")
@@ -26,7 +27,11 @@ class EmulatedRunner:
 
     xp: Any = np
     poison: bool = True
-    num_sms: int = 1
+    # A toy machine of two one-CTA SMs: small emulated batches still take the split path.
+    num_sms: int = 2
+
+    def ctas_per_sm(self, instance: Instance) -> int:
+        return 1
 
     def launch(
         self,
@@ -87,6 +92,7 @@ class CudaRunner:
         except Exception as exc:  # CUDARuntimeError without a device
             raise CudaUnavailableError(f"backend='cuda' found no usable CUDA device: {exc}") from exc
         self._functions: dict[Instance, Any] = {}
+        self._occupancy: dict[Instance, int] = {}
         self._lock = threading.Lock()
 
     def function(self, instance: Instance) -> Any:
@@ -113,6 +119,24 @@ class CudaRunner:
         reachable: Sequence[Any] = (),
     ) -> None:
         self.function(instance)(grid, block, tuple(args))
+
+    def ctas_per_sm(self, instance: Instance) -> int:
+        """Resident CTAs per SM of a kernel: the driver's occupancy API, else the occupancy rules
+        on the function's registers and shared memory, else 2. Cached per instance."""
+        cached = self._occupancy.get(instance)
+        if cached is not None:
+            return cached
+        fn = self.function(instance)
+        threads = instances.threads_per_cta(instance)
+        value = 2
+        try:
+            value = int(self._cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.ptr, threads, 0))
+        except AttributeError:  # a CuPy without the occupancy binding: its attributes instead
+            regs, smem = getattr(fn, "num_regs", None), getattr(fn, "shared_size_bytes", None)
+            if regs is not None and smem is not None:
+                value = split_planning.ctas_per_sm_from_resources(int(regs), int(smem), threads)
+        self._occupancy[instance] = max(1, value)
+        return self._occupancy[instance]
 
     def memcpy(self, dst_address: int, src_address: int, num_bytes: int) -> None:
         runtime = self._cupy.cuda.runtime

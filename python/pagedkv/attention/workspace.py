@@ -170,8 +170,9 @@ class DecodeWorkspace:
             max_seq_len,
             tile,
             self._runner.num_sms,
-            None if num_splits is None else min(num_splits, self.max_splits(num_seqs)),
+            num_splits,
             max_splits=self.max_splits(num_seqs),
+            ctas_per_sm=self._runner.ctas_per_sm(kernel_launch.decode_instance(shape)),
         )
         # Pack [num_seqs, width] into rows of max_blocks_per_seq entries, then the lengths.
         slot = self._next_staging

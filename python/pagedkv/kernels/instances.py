@@ -68,6 +68,15 @@ def copy_blocks() -> Instance:
     return Instance(CACHE_OPS_SOURCE, f"pagedkv::copy_blocks_kernel<{COPY_UNROLL}>")
 
 
+def threads_per_cta(instance: Instance) -> int:
+    """The block size an instance is launched with."""
+    if "paged_decode_kernel" in instance.name:
+        return DECODE_THREADS
+    if "merge_splits_kernel" in instance.name:
+        return MERGE_THREADS
+    return COPY_THREADS
+
+
 def all_instances() -> list[Instance]:
     """Every instance the backends can launch (what the NVRTC check compiles)."""
     out: list[Instance] = []
