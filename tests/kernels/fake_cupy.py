@@ -153,6 +153,25 @@ def _memcpy_async(dst: int, src: int, num_bytes: int, kind: int, stream: int) ->
     ctypes.memmove(dst, src, num_bytes)
 
 
+class FakeDriverError(RuntimeError):
+    """Stands in for cupy.cuda.driver.CUDADriverError."""
+
+
+class FakeRawModule:
+    """Records how a module was made; get_function returns a named stand-in (never runs)."""
+
+    made: list[dict[str, Any]] = []
+
+    def __init__(self, **kwargs: Any) -> None:
+        FakeRawModule.made.append(kwargs)
+        self.kwargs = kwargs
+
+    def get_function(self, name: str) -> Any:
+        if "path" in self.kwargs and open(self.kwargs["path"], "rb").read(4) != b"\x7fELF":
+            raise FakeDriverError("CUDA_ERROR_INVALID_IMAGE")
+        return types.SimpleNamespace(symbol=name, kwargs=self.kwargs)
+
+
 def make_module() -> types.ModuleType:
     """The fake ``cupy`` module, registered in sys.modules under MODULE_NAME."""
     m = types.ModuleType(MODULE_NAME)
@@ -174,9 +193,13 @@ def make_module() -> types.ModuleType:
     runtime = types.SimpleNamespace(
         memcpyAsync=_memcpy_async, memcpyHostToDevice=1, memcpyDefault=4, memcpyDeviceToDevice=3
     )
+    m.RawModule = FakeRawModule  # type: ignore[attr-defined]
     m.cuda = types.SimpleNamespace(  # type: ignore[attr-defined]
         runtime=runtime,
-        Device=lambda *a: types.SimpleNamespace(attributes={"MultiProcessorCount": 132}),
+        driver=types.SimpleNamespace(CUDADriverError=FakeDriverError),
+        Device=lambda *a: types.SimpleNamespace(
+            attributes={"MultiProcessorCount": 132}, compute_capability="90"
+        ),
         get_current_stream=_Stream,
         Event=_Event,
         alloc_pinned_memory=lambda n: bytearray(n),

@@ -16,7 +16,7 @@ import numpy as np
 
 from pagedkv.attention import split_planning
 from pagedkv.errors import PagedKvError
-from pagedkv.kernels import KERNEL_DIR, emulation, instances
+from pagedkv.kernels import KERNEL_DIR, cubin_cache, emulation, instances, nvrtc
 from pagedkv.kernels.instances import Instance
 
 NVRTC_OPTIONS = ("-std=c++17", f"-I{KERNEL_DIR}")
@@ -93,22 +93,42 @@ class CudaRunner:
             raise CudaUnavailableError(f"backend='cuda' found no usable CUDA device: {exc}") from exc
         self._functions: dict[Instance, Any] = {}
         self._occupancy: dict[Instance, int] = {}
+        self.fallback_reason = ""  # why kernels come from CuPy's compile, if they do
         self._lock = threading.Lock()
+
+    def arch(self) -> str:
+        """The current device's architecture as NVRTC names it, e.g. sm_90."""
+        return f"sm_{self._cupy.cuda.Device().compute_capability}"
 
     def function(self, instance: Instance) -> Any:
         with self._lock:
             fn = self._functions.get(instance)
             if fn is None:
-                # CuPy caches compiled modules by source text only: name the header's hash in the
-                # text so an edited kv_types.h cannot reuse a stale binary.
-                header = hashlib.sha256((KERNEL_DIR / "kv_types.h").read_bytes()).hexdigest()
-                code = f"// kv_types.h sha256 {header}\n" + (KERNEL_DIR / instance.source).read_text()
-                module = self._cupy.RawModule(
-                    code=code, options=NVRTC_OPTIONS, name_expressions=[instance.name]
-                )
-                fn = module.get_function(instance.name)
+                fn = self._load_function(instance)
                 self._functions[instance] = fn
         return fn
+
+    def _load_function(self, instance: Instance) -> Any:
+        """The kernel from pagedkv's persistent cubin cache (no compile in a later process); CuPy's
+        own compile where libnvrtc (pip nvidia-cuda-nvrtc) is missing or the driver refuses the
+        cubin (a toolkit newer than the driver)."""
+        try:
+            entry = cubin_cache.cached_cubin(instance.source, [instance.name], self.arch())
+            module = self._cupy.RawModule(path=str(entry.path))
+            return module.get_function(entry.lowered_names[instance.name])
+        except nvrtc.NvrtcUnavailable:
+            self.fallback_reason = "libnvrtc not found: CuPy compiles the kernels (no persistent cache)"
+        except self._cupy.cuda.driver.CUDADriverError as exc:
+            self.fallback_reason = f"the driver refused the cached cubin ({exc}): CuPy compiles instead"
+        # CuPy caches compiled modules by source text only: name the headers' hashes in the text
+        # so an edited header cannot reuse a stale binary.
+        headers = "".join(
+            f"// {h.name} sha256 {hashlib.sha256(h.read_bytes()).hexdigest()}\n"
+            for h in sorted(KERNEL_DIR.glob("*.h"))
+        )
+        code = headers + (KERNEL_DIR / instance.source).read_text()
+        module = self._cupy.RawModule(code=code, options=NVRTC_OPTIONS, name_expressions=[instance.name])
+        return module.get_function(instance.name)
 
     def launch(
         self,
