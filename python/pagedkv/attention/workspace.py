@@ -33,6 +33,8 @@ from pagedkv.attention import validation as val
 from pagedkv.attention.dtypes import KERNEL_KINDS, kind_of, nan_fill_value
 from pagedkv.attention.runners import get_runner
 from pagedkv.errors import InvalidArgumentError
+from pagedkv.kernels import instances
+from pagedkv.kernels.instances import Instance
 
 DEFAULT_SPLIT_BYTES = 64 << 20  # fp32 partial outputs of split sequences (FlashInfer uses 128 MiB)
 NUM_STAGING = 2  # host staging buffers used in turn: a plan waits only for the upload before last
@@ -141,6 +143,15 @@ class DecodeWorkspace:
     def current_plan(self) -> DecodePlan | None:
         return self._plan
 
+    @property
+    def instance(self) -> Instance:
+        """The decode kernel instance the runs launch."""
+        return kernel_launch.decode_instance(self._shape(1, self.max_blocks_per_seq, 1.0))
+
+    def ctas_per_sm(self) -> int:
+        """Resident CTAs per SM of that kernel, as the split planner sees it."""
+        return self._runner.ctas_per_sm(self.instance)
+
     def max_splits(self, num_seqs: int) -> int:
         """The most splits the split buffers hold for a batch of num_seqs sequences."""
         per_split = max(1, num_seqs) * self.num_q_heads * (self.head_dim + 2)
@@ -164,7 +175,7 @@ class DecodeWorkspace:
             num_splits = _positive_int("num_splits", num_splits)
         shape = self._shape(num_seqs, width, 1.0)
         max_seq_len = val.check_decode_metadata(tables, lens, shape, self.backend)
-        tile = kernel_launch.instances.tile_tokens(self.kind, self.head_dim)
+        tile = instances.tile_tokens(self.kind, self.head_dim)
         splits, tokens_per_split = kernel_launch.choose_splits(
             num_seqs * self.num_kv_heads,
             max_seq_len,
@@ -172,7 +183,7 @@ class DecodeWorkspace:
             self._runner.num_sms,
             num_splits,
             max_splits=self.max_splits(num_seqs),
-            ctas_per_sm=self._runner.ctas_per_sm(kernel_launch.decode_instance(shape)),
+            ctas_per_sm=self.ctas_per_sm(),
         )
         # Pack [num_seqs, width] into rows of max_blocks_per_seq entries, then the lengths.
         slot = self._next_staging
