@@ -120,7 +120,7 @@ def test_host_metadata_path_matches_reference():
 
 
 def test_workspace_step_of_64_sequences_replays_in_a_cuda_graph():
-    """Issue 16's target: a 64-sequence decode step captured once, replayed after a re-plan."""
+    """The graph-capture target: a 64-sequence decode step captured once, replayed after a re-plan."""
     from pagedkv.attention import DecodeWorkspace
 
     rng = np.random.default_rng(11)

@@ -37,8 +37,8 @@ def test_ctas_per_sm_follows_the_occupancy_rules(regs, smem, threads, expected):
 
 
 def test_group8_batch8_fills_whole_waves():
-    """Issue 16: 64 CTAs per split (8 sequences x 8 KV heads). Aiming at 2 x 132 regardless of
-    occupancy gave 5 splits = 320 CTAs, two waves where one suffices."""
+    """64 CTAs per split (8 sequences x 8 KV heads). The old planner, aiming at 2 x 132 CTAs
+    whatever the occupancy, gave 5 splits = 320 CTAs: two waves where one suffices."""
     one_per_sm = plan_splits(64, 4096, TILE, H200_SMS, ctas_per_sm=1)
     assert (one_per_sm.num_splits, one_per_sm.waves) == (2, 1)
     assert one_per_sm.wave_efficiency > 0.96
@@ -48,7 +48,7 @@ def test_group8_batch8_fills_whole_waves():
 
 
 def test_batch1_1k_context_uses_128_token_chunks():
-    """Issue 16: batch 1 x 1K (8 KV heads) got 4 splits, 32 CTAs on 132 SMs."""
+    """Batch 1 x 1K (8 KV heads): the old planner gave 4 splits, 32 CTAs on 132 SMs."""
     plan = plan_splits(8, 1024, TILE, H200_SMS, ctas_per_sm=2)
     assert plan.num_splits == 8 and plan.tokens_per_split == 128 and plan.num_ctas == 64
 
