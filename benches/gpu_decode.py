@@ -1,26 +1,36 @@
 """GPU decode-attention benchmark: correctness, copy bandwidth, and a bandwidth sweep, in one run.
 
     python benches/gpu_decode.py --out benches/results/h200_decode.json
-    python benches/gpu_decode.py --dry-run          # no GPU: checks the sweep and byte accounting
+    python benches/gpu_decode.py --kernel-only --out $OUT/h200_decode.json   # kernel times only
+    python benches/gpu_decode.py --dry-run          # no GPU: checks the sweep, accounting, plans
 
 Steps (each printed as it runs):
 1. Correctness: the cuda backend against the NumPy reference on small paged problems
    (fp16/bf16, group 1/4/8, forced and automatic splits). A mismatch stops the run (exit 1).
 2. Device-to-device copy bandwidth (cudaMemcpy of a large buffer): the practical ceiling.
 3. Sweep: batch {1, 8, 64} x context {1K, 4K, 16K} x group {1, 4, 8} x {fp16, bf16}, head_dim 128,
-   block_size 16, 8 KV heads, random non-contiguous block tables. For each: median kernel time
-   (CUDA events), achieved GB/s over the bytes a launch must read (K and V of every token, plus q
-   and the output), % of the measured copy bandwidth and % of 4.8 TB/s (H200 HBM3e peak); where
-   FlashInfer imports, its BatchDecodeWithPagedKVCacheWrapper on the very same caches and tables.
+   block_size 16, 8 KV heads, random non-contiguous block tables. For each point:
+   - kernel time: back-to-back DecodeWorkspace.run launches on preallocated buffers (no host
+     work in the timed region), CUDA events around each launch, L2 flushed before every
+     iteration (a write over twice the L2 size), median; achieved GB/s over the bytes a launch
+     must read (K and V of every token, plus q and the output), % of the measured copy bandwidth
+     and % of 4.8 TB/s (H200 HBM3e peak);
+   - the planned splits, the CTAs per SM the occupancy API reports and the grid's waves;
+   - unless --kernel-only: the full paged_attention call (host validation, upload, allocation,
+     launches) as wall time per synchronized call, reported as overhead over the kernel time;
+     where FlashInfer imports, its BatchDecodeWithPagedKVCacheWrapper on the very same caches.
+4. A num_splits sweep at a few points (SPLIT_SWEEP), to check the split planner's choice.
 
---out writes every number as JSON (plus the printed table as text next to it, FILE.txt).
+Everything is seeded (NumPy and CuPy generators). --out writes JSON after every point (and the
+table as text next to it, FILE.txt), so a run cut short still leaves its results; --budget-s stops
+the sweep early (default 420 s, so the whole device script stays under 8 minutes).
 
 On a lent GPU machine without a Rust toolchain: build the extension here (`maturin develop
 --release`; it is abi3, so any CPython >= 3.10 loads it), carry `python/pagedkv/_core.abi3.so`
 (git ignores *.so), and run in one go:
 
-    PYTHONPATH=python python3 benches/gpu_decode.py --out $OUT/h200_decode.json && \
-    PYTHONPATH=python python3 -m pytest -q -m gpu tests/kernels/test_gpu.py
+    PYTHONPATH=python python3 -m pytest -q -m gpu tests/kernels/test_gpu.py && \
+    PYTHONPATH=python python3 benches/gpu_decode.py --out $OUT/h200_decode.json
 """
 
 from __future__ import annotations
@@ -30,10 +40,12 @@ import functools
 import itertools
 import json
 import math
+import os
 import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,6 +61,10 @@ HEAD_DIM = 128
 BLOCK_SIZE = 16
 NUM_KV_HEADS = 8
 ITEMSIZE = 2
+H200_SMS = 132
+# (kind, batch, context, group) points whose num_splits is swept, and the counts tried.
+SPLIT_SWEEP = (("bfloat16", 1, 16384, 8), ("bfloat16", 8, 4096, 8), ("float16", 1, 1024, 1))
+SPLIT_COUNTS = (1, 2, 4, 8, 16, 32)
 
 
 @dataclass
@@ -89,10 +105,14 @@ class Result:
     pct_of_copy: float
     pct_of_peak: float
     num_splits: int
+    ctas_per_sm: int = 0
+    waves: int = 0
+    api_time_us: float | None = None  # the full paged_attention call, wall time, synchronized
     flashinfer_time_us: float | None = None
     flashinfer_gb_per_s: float | None = None
     flashinfer_note: str = ""
     target_pct: float | None = None
+    split_sweep_us: dict[str, float] = field(default_factory=dict)  # num_splits -> kernel us
     notes: list[str] = field(default_factory=list)
 
 
@@ -163,7 +183,8 @@ def correctness(backend: str, xp: Any) -> list[str]:
         v_cache = make((blocks, BLOCK_SIZE, heads, HEAD_DIM))
         seq_lens = np.array(lens, np.int32)
         expected = to_compute(paged_attention(q, k_cache, v_cache, tables, seq_lens), kind)
-        args = [xp.asarray(a) for a in (q, k_cache, v_cache, tables, seq_lens)]
+        # Tables and lengths stay on the host: the no-sync path an engine uses.
+        args = [xp.asarray(a) for a in (q, k_cache, v_cache)] + [tables, seq_lens]
         out = paged_attention(*args, backend=backend, num_splits=splits)
         out = to_compute(out.get() if hasattr(out, "get") else out, kind)
         tol = 2e-3 if kind == "float16" else 1.6e-2
@@ -177,15 +198,24 @@ def correctness(backend: str, xp: Any) -> list[str]:
     return failures
 
 
-def time_kernel(cupy: Any, fn: Any, min_iters: int = 20, min_seconds: float = 0.2) -> float:
-    """Median seconds of fn() on the current stream, timed with CUDA events after warm-up."""
+def time_kernel(
+    cupy: Any,
+    fn: Callable[[], Any],
+    flush: Callable[[], None] | None = None,
+    min_iters: int = 20,
+    min_seconds: float = 0.2,
+) -> float:
+    """Median seconds of fn() on the current stream, CUDA events around fn() alone; ``flush``
+    (outside the events) runs before every iteration so each starts with a cold L2."""
     for _ in range(3):
         fn()
     cupy.cuda.get_current_stream().synchronize()
     times = []
     start_wall = time.perf_counter()
+    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
     while len(times) < min_iters or time.perf_counter() - start_wall < min_seconds:
-        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+        if flush is not None:
+            flush()
         start.record()
         fn()
         stop.record()
@@ -194,6 +224,36 @@ def time_kernel(cupy: Any, fn: Any, min_iters: int = 20, min_seconds: float = 0.
         if len(times) >= 1000:
             break
     return statistics.median(times)
+
+
+def time_call(cupy: Any, fn: Callable[[], Any], flush: Callable[[], None] | None, iters: int = 20) -> float:
+    """Median wall seconds of fn() followed by a stream sync: host work included."""
+    stream = cupy.cuda.get_current_stream()
+    for _ in range(3):
+        fn()
+    stream.synchronize()
+    times = []
+    for _ in range(iters):
+        if flush is not None:
+            flush()
+            stream.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        stream.synchronize()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+class L2Flush:
+    """Overwrites twice the device's L2 so the next launch reads its KV from HBM."""
+
+    def __init__(self, cupy: Any) -> None:
+        l2 = int(cupy.cuda.Device().attributes.get("L2CacheSize", 64 << 20))
+        self.buffer = cupy.empty(max(2 * l2, 16 << 20), dtype=cupy.uint8)
+        self.bytes = int(self.buffer.nbytes)
+
+    def __call__(self) -> None:
+        self.buffer.fill(1)
 
 
 def copy_bandwidth(cupy: Any, num_bytes: int = 4 << 30) -> float:
@@ -213,6 +273,35 @@ def copy_bandwidth(cupy: Any, num_bytes: int = 4 << 30) -> float:
     buffers.clear()  # free the 2 x 4 GiB before the sweep
     cupy.get_default_memory_pool().free_all_blocks()
     return 2 * num_bytes / t
+
+
+def write_results(out: Path | None, payload: dict, lines: list[str]) -> None:
+    """Rewrites the result files atomically: a run cut short keeps every finished point."""
+    if out is None:
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for path, text in (
+        (out, json.dumps(payload, indent=1)),
+        (Path(str(out) + ".txt"), "\n".join(lines) + "\n"),
+    ):
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+
+
+def planned(point: SweepPoint, num_sms: int, ctas_per_sm: int) -> tuple[int, int]:
+    """(num_splits, waves) the split planner picks for this point."""
+    from pagedkv.attention.split_planning import plan_splits
+    from pagedkv.kernels import instances
+
+    plan = plan_splits(
+        point.batch * point.num_kv_heads,
+        point.context,
+        instances.tile_tokens(point.kind, point.head_dim),
+        num_sms,
+        ctas_per_sm,
+    )
+    return plan.num_splits, plan.waves
 
 
 def random_cache(cupy: Any, shape: tuple[int, ...], kind: str) -> Any:
@@ -272,56 +361,97 @@ class FlashInferDecode:
         return lambda: wrapper.run(tq, (tk, tv))
 
 
+def _workspace(point: SweepPoint, num_blocks: int, backend: str = "cuda") -> Any:
+    from pagedkv.attention import DecodeWorkspace
+
+    return DecodeWorkspace(
+        num_blocks=num_blocks,
+        block_size=point.block_size,
+        num_kv_heads=point.num_kv_heads,
+        num_q_heads=point.num_q_heads,
+        head_dim=point.head_dim,
+        dtype=np.float16 if point.kind == "float16" else np.uint16,
+        max_num_seqs=point.batch,
+        max_blocks_per_seq=point.blocks_per_seq,
+        backend=backend,
+        split_bytes=256 << 20,
+    )
+
+
 def run_sweep(args: argparse.Namespace) -> int:
     import cupy
     from pagedkv.attention import paged_attention
-    from pagedkv.attention.kernel_launch import choose_splits
     from pagedkv.attention.runners import get_runner
-    from pagedkv.kernels import instances
 
+    cupy.random.seed(0)
     device = cupy.cuda.Device()
     props = cupy.cuda.runtime.getDeviceProperties(device.id)
     name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
-    print(f"device: {name}, {device.attributes['MultiProcessorCount']} SMs, CuPy {cupy.__version__}")
-    print("1. correctness (cuda backend vs NumPy reference)")
+    num_sms = int(device.attributes["MultiProcessorCount"])
+    print(f"device: {name}, {num_sms} SMs, CuPy {cupy.__version__}", flush=True)
+    print("1. correctness (cuda backend vs NumPy reference)", flush=True)
     failures = correctness("cuda", cupy)
     if failures:
         print("correctness FAILED:", failures)
         return 1
-    print("2. device-to-device copy bandwidth")
+    runner = get_runner("cuda")
+    if getattr(runner, "fallback_reason", ""):
+        print(f"   note: {runner.fallback_reason}")
+    print("2. device-to-device copy bandwidth", flush=True)
     copy_bw = copy_bandwidth(cupy)
     print(f"  {copy_bw / 1e9:.0f} GB/s (read + write), {100 * copy_bw / PEAK_BYTES_PER_S:.1f} % of 4.8 TB/s")
+    flush = L2Flush(cupy)
+    print(f"   L2 flushed before every timed launch ({flush.bytes >> 20} MiB written)")
     flash = None
-    try:
-        flash = FlashInferDecode()
-        print(f"   FlashInfer {flash.flashinfer.__version__} side by side")
-    except Exception as exc:  # not installed, or no torch
-        print(f"   FlashInfer not available ({type(exc).__name__}: {exc}); our kernel only")
-    print("3. sweep")
+    if not args.kernel_only:
+        try:
+            flash = FlashInferDecode()
+            print(f"   FlashInfer {flash.flashinfer.__version__} side by side")
+        except Exception as exc:  # not installed, or no torch
+            print(f"   FlashInfer not available ({type(exc).__name__}: {exc}); our kernel only")
+    print("3. sweep", flush=True)
     header = (
-        f"{'kind':<8} {'batch':>5} {'ctx':>6} {'grp':>3} {'KV GB':>7} {'splits':>6} {'us':>9} {'GB/s':>7} "
-        f"{'%copy':>6} {'%4.8T':>6} {'target':>6} {'FI us':>9} {'FI GB/s':>7}"
+        f"{'kind':<8} {'batch':>5} {'ctx':>6} {'grp':>3} {'KV GB':>7} {'splits':>6} {'cta/SM':>6} "
+        f"{'waves':>5} {'us':>9} {'GB/s':>7} {'%copy':>6} {'%4.8T':>6} {'target':>6} {'API us':>8} "
+        f"{'FI us':>9} {'FI GB/s':>7}"
     )
     print(header)
     lines = [header]
-    results = []
+    results: list[Result] = []
+    out = Path(args.out) if args.out else None
+    payload: dict[str, Any] = {
+        "device": name,
+        "num_sms": num_sms,
+        "copy_bandwidth_gb_per_s": copy_bw / 1e9,
+        "peak_gb_per_s": PEAK_BYTES_PER_S / 1e9,
+        "l2_flush_bytes": flush.bytes,
+        "kernel_only": bool(args.kernel_only),
+        "python": platform.python_version(),
+        "cupy": cupy.__version__,
+        "flashinfer": None if flash is None else flash.flashinfer.__version__,
+        "results": [],
+        "complete": False,
+    }
     rng = np.random.default_rng(2)
     points = [p for p in sweep() if (not args.quick or (p.batch <= 8 and p.context <= 4096))]
-    for p in points:
+    started = time.perf_counter()
+    for index, p in enumerate(points):
+        if time.perf_counter() - started > args.budget_s:
+            note = f"budget of {args.budget_s:.0f} s spent: {len(points) - index} points not run"
+            print(note)
+            payload["notes"] = [note]
+            break
         tables, lens, num_blocks = block_tables(p, rng)
         k_cache = random_cache(cupy, (num_blocks, p.block_size, p.num_kv_heads, p.head_dim), p.kind)
         v_cache = random_cache(cupy, (num_blocks, p.block_size, p.num_kv_heads, p.head_dim), p.kind)
         q = random_cache(cupy, (p.batch, p.num_q_heads, p.head_dim), p.kind)
-        d_tables, d_lens = cupy.asarray(tables), cupy.asarray(lens)
-        splits, _ = choose_splits(
-            p.batch * p.num_kv_heads,
-            p.context,
-            instances.tile_tokens(p.kind, p.head_dim),
-            get_runner("cuda").num_sms,
-            None,
-        )
-        launch = functools.partial(paged_attention, q, k_cache, v_cache, d_tables, d_lens, backend="cuda")
-        seconds = time_kernel(cupy, launch)
+        out_buf = cupy.empty_like(q)
+        ws = _workspace(p, num_blocks)
+        plan = ws.plan(tables, lens)
+        ctas = ws.ctas_per_sm()
+        waves = math.ceil(p.batch * p.num_kv_heads * plan.num_splits / (num_sms * ctas))
+        run = functools.partial(ws.run, q, k_cache, v_cache, out=out_buf)
+        seconds = time_kernel(cupy, run, flush)
         gbs = p.io_bytes / seconds
         r = Result(
             asdict(p),
@@ -330,13 +460,29 @@ def run_sweep(args: argparse.Namespace) -> int:
             gbs / 1e9,
             100 * gbs / copy_bw,
             100 * gbs / PEAK_BYTES_PER_S,
-            splits,
+            plan.num_splits,
+            ctas_per_sm=ctas,
+            waves=waves,
             target_pct=target_pct(p),
         )
+        if (p.kind, p.batch, p.context, p.group) in SPLIT_SWEEP:
+            for count in SPLIT_COUNTS:
+                ws.plan(tables, lens, num_splits=count)
+                t = time_kernel(cupy, run, flush, min_iters=10)
+                r.split_sweep_us[str(ws.current_plan.num_splits)] = t * 1e6
+            print(
+                "   num_splits sweep (us): "
+                + ", ".join(f"{k}: {v:.1f}" for k, v in r.split_sweep_us.items())
+                + f"  (planned {plan.num_splits})"
+            )
+        if not args.kernel_only:
+            call = functools.partial(paged_attention, q, k_cache, v_cache, tables, lens, backend="cuda")
+            api = time_call(cupy, call, flush)
+            r.api_time_us = api * 1e6
         if flash is not None:
             try:
                 fn = flash.prepare(cupy, p, q, k_cache, v_cache, tables, lens)
-                fs = time_kernel(cupy, fn)
+                fs = time_kernel(cupy, fn, flush)
                 r.flashinfer_time_us, r.flashinfer_gb_per_s = fs * 1e6, p.io_bytes / fs / 1e9
             except Exception as exc:
                 r.flashinfer_note = f"{type(exc).__name__}: {exc}"[:200]
@@ -345,32 +491,26 @@ def run_sweep(args: argparse.Namespace) -> int:
             if r.target_pct is None
             else ("met" if r.pct_of_peak >= r.target_pct else f"<{r.target_pct:.0f}")
         )
+        api_us = "-" if r.api_time_us is None else f"{r.api_time_us:8.1f}"
         fi_us = "-" if r.flashinfer_time_us is None else f"{r.flashinfer_time_us:9.1f}"
         fi_gbs = "-" if r.flashinfer_gb_per_s is None else f"{r.flashinfer_gb_per_s:7.0f}"
         line = (
-            f"{p.kind:<8} {p.batch:>5} {p.context:>6} {p.group:>3} {r.kv_gb:>7.3f} {splits:>6} "
-            f"{r.time_us:>9.1f} {r.gb_per_s:>7.0f} {r.pct_of_copy:>6.1f} {r.pct_of_peak:>6.1f} {met:>6} "
-            f"{fi_us:>9} {fi_gbs:>7}"
+            f"{p.kind:<8} {p.batch:>5} {p.context:>6} {p.group:>3} {r.kv_gb:>7.3f} {plan.num_splits:>6} "
+            f"{ctas:>6} {waves:>5} {r.time_us:>9.1f} {r.gb_per_s:>7.0f} {r.pct_of_copy:>6.1f} "
+            f"{r.pct_of_peak:>6.1f} {met:>6} {api_us:>8} {fi_us:>9} {fi_gbs:>7}"
         )
         print(line, flush=True)
         lines.append(line)
         results.append(r)
-        del k_cache, v_cache, q, d_tables, d_lens
+        payload["results"] = [asdict(x) for x in results]
+        write_results(out, payload, lines)
+        del k_cache, v_cache, q, out_buf, ws
         cupy.get_default_memory_pool().free_all_blocks()
-    if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        payload = {
-            "device": name,
-            "copy_bandwidth_gb_per_s": copy_bw / 1e9,
-            "peak_gb_per_s": PEAK_BYTES_PER_S / 1e9,
-            "python": platform.python_version(),
-            "cupy": cupy.__version__,
-            "flashinfer": None if flash is None else flash.flashinfer.__version__,
-            "results": [asdict(r) for r in results],
-        }
-        out.write_text(json.dumps(payload, indent=1))
-        Path(str(out) + ".txt").write_text("\n".join(lines) + "\n")
+    else:
+        payload["complete"] = True
+    payload["elapsed_s"] = time.perf_counter() - started
+    write_results(out, payload, lines)
+    if out is not None:
         print(f"wrote {out} and {out}.txt")
     return 0
 
@@ -380,9 +520,12 @@ def dry_run(args: argparse.Namespace) -> int:
     points = sweep()
     check_accounting([p for p in points if p.batch * p.context <= 8 * 16384])
     for p in points:
+        one, one_waves = planned(p, H200_SMS, 1)
+        two, two_waves = planned(p, H200_SMS, 2)
         print(
             f"{p.kind:<8} batch={p.batch:>2} ctx={p.context:>5} group={p.group} "
-            f"KV={p.kv_bytes / 1e9:7.3f} GB target={target_pct(p)}"
+            f"KV={p.kv_bytes / 1e9:7.3f} GB target={target_pct(p)} "
+            f"H200 plan: {one} splits/{one_waves} waves at 1 CTA/SM, {two}/{two_waves} at 2"
         )
     print(f"{len(points)} sweep points; byte accounting checked")
     if args.backend != "none":
@@ -406,6 +549,17 @@ def main(argv: list[str] | None = None) -> int:
         help="--dry-run: backend for the correctness harness (default numpy)",
     )
     parser.add_argument("--quick", action="store_true", help="only batch <= 8 and context <= 4K")
+    parser.add_argument(
+        "--kernel-only",
+        action="store_true",
+        help="time the kernel only (no full-API timing, no FlashInfer)",
+    )
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=420.0,
+        help="stop the sweep after this many seconds (results so far are kept)",
+    )
     args = parser.parse_args(argv)
     if args.dry_run:
         return dry_run(args)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,6 +15,12 @@ KIND_DTYPES = {"float16": np.float16, "bfloat16": np.uint16, "float32": np.float
 TOLERANCE = {"float32": 2e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
 
 needs_cxx = pytest.mark.skipif(shutil.which("g++") is None, reason="backend='emulated' needs g++")
+
+
+def stable_seed(*parts: object) -> int:
+    """A seed from a test's parameters that is the same in every process (``hash()`` of a string
+    is salted per process, so it would make a failure impossible to reproduce)."""
+    return zlib.crc32(repr(parts).encode())
 
 
 def to_kind(x: np.ndarray, kind: str) -> np.ndarray:

@@ -10,7 +10,7 @@ import pytest
 from pagedkv.attention import contiguous_attention, copy_blocks, paged_attention, swap_blocks, write_kv
 from pagedkv.kernels import instances
 
-from .conftest import KIND_DTYPES, assert_close, make_problem, to_kind
+from .conftest import KIND_DTYPES, assert_close, make_problem, stable_seed, to_kind
 
 cupy = pytest.importorskip("cupy", reason="backend='cuda' needs CuPy")
 
@@ -36,7 +36,7 @@ GRID = list(
 
 @pytest.mark.parametrize("kind,head_dim,block_size,group", GRID)
 def test_decode_matches_reference_every_instance(kind, head_dim, block_size, group):
-    rng = np.random.default_rng(hash((kind, head_dim, block_size, group)) % 2**32)
+    rng = np.random.default_rng(stable_seed(kind, head_dim, block_size, group))
     p = make_problem(rng, kind, [1, 77, 300, 16 * block_size], 2, group, head_dim, block_size)
     expected = paged_attention(p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens)
     for splits in (None, 1, 5):
@@ -107,3 +107,54 @@ def test_pageable_host_memory_is_rejected():
 
 def test_dtype_table_is_consistent():
     assert set(instances.KERNEL_TYPES) <= set(KIND_DTYPES)
+
+
+def test_host_metadata_path_matches_reference():
+    rng = np.random.default_rng(10)
+    p = make_problem(rng, "float16", [1, 300, 1000], 2, 8, 128, 16)
+    q, k, v = (cupy.asarray(x) for x in (p.q, p.k_cache, p.v_cache))
+    out = paged_attention(q, k, v, p.block_tables, p.seq_lens, backend="cuda")
+    assert_close(
+        cupy.asnumpy(out), paged_attention(p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens), "float16"
+    )
+
+
+def test_workspace_step_of_64_sequences_replays_in_a_cuda_graph():
+    """The graph-capture target: a 64-sequence decode step captured once, replayed after a re-plan."""
+    from pagedkv.attention import DecodeWorkspace
+
+    rng = np.random.default_rng(11)
+    lens = [int(n) for n in rng.integers(1, 600, size=64)]
+    p = make_problem(rng, "bfloat16", lens, 2, 4, 128, 16)
+    ws = DecodeWorkspace(
+        num_blocks=p.k_cache.shape[0],
+        block_size=16,
+        num_kv_heads=2,
+        num_q_heads=8,
+        head_dim=128,
+        dtype=p.q.dtype,
+        max_num_seqs=64,
+        max_blocks_per_seq=p.block_tables.shape[1],
+        backend="cuda",
+    )
+    q, k, v = (cupy.asarray(x) for x in (p.q, p.k_cache, p.v_cache))
+    out = cupy.empty_like(q)
+    first = ws.plan(p.block_tables, p.seq_lens, num_splits=3)
+    ws.run(q, k, v, out=out)  # loads the kernels outside the capture
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        ws.run(q, k, v, out=out)
+        graph = stream.end_capture()
+        out.fill(0)
+        graph.launch(stream)
+        stream.synchronize()
+        expected = paged_attention(p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens)
+        assert_close(cupy.asnumpy(out), expected, "bfloat16")
+        # New lengths, same split count: the graph reads the re-planned buffers.
+        shorter = np.maximum(p.seq_lens - 5, 0).astype(np.int32)
+        assert ws.plan(p.block_tables, shorter, num_splits=3).graph_key == first.graph_key
+        graph.launch(stream)
+        stream.synchronize()
+        expected = paged_attention(p.q, p.k_cache, p.v_cache, p.block_tables, shorter)
+        assert_close(cupy.asnumpy(out), expected, "bfloat16")

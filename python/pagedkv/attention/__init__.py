@@ -22,6 +22,7 @@ from pagedkv.attention import kernel_launch, reference
 from pagedkv.attention import validation as val
 from pagedkv.attention.prefill import paged_prefill_attention
 from pagedkv.attention.runners import CudaRunner, get_runner
+from pagedkv.attention.workspace import DecodePlan, DecodeWorkspace
 from pagedkv.errors import InvalidArgumentError
 
 __all__ = [
@@ -31,6 +32,8 @@ __all__ = [
     "write_kv",
     "copy_blocks",
     "swap_blocks",
+    "DecodeWorkspace",
+    "DecodePlan",
 ]
 
 
@@ -65,6 +68,10 @@ def paged_attention(
     q: [num_seqs, num_q_heads, head_dim]; k_cache, v_cache: [num_blocks, block_size, num_kv_heads,
     head_dim]; block_tables: int32 [num_seqs, max_blocks] (entries past a sequence's
     ceil(seq_len / block_size) blocks are ignored, e.g. -1 padding); seq_lens: int32 [num_seqs].
+    backend='cuda': pass block_tables and seq_lens as NumPy arrays (the host metadata, e.g. from
+    KvCacheManager.batch_block_tables) and the call checks them on the host and never waits for
+    the GPU; CuPy tables and lengths are checked on the device, which costs device-to-host syncs.
+    For decode steps with no allocation (CUDA graph capture) use DecodeWorkspace.
     Returns [num_seqs, num_q_heads, head_dim] in q's dtype.
     num_splits (kernel backends): split each sequence's tokens over this many blocks and merge
     (default: chosen from the device's size and the longest sequence).

@@ -8,12 +8,12 @@ emulated backend exercises exactly the launch arithmetic the GPU gets.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
 
+from pagedkv.attention import split_planning
 from pagedkv.attention import validation as val
 from pagedkv.attention.dtypes import nan_fill_value
 from pagedkv.errors import InvariantViolation
@@ -21,7 +21,6 @@ from pagedkv.kernels import instances
 from pagedkv.kernels.instances import Instance
 
 LOG2E = 1.4426950408889634
-MIN_TOKENS_PER_SPLIT = 256
 
 
 class Runner(Protocol):
@@ -42,6 +41,8 @@ class Runner(Protocol):
 
     def address(self, array: Any) -> int: ...
 
+    def ctas_per_sm(self, instance: Instance) -> int: ...
+
 
 def _output(runner: Runner, shape: tuple[int, ...], dtype: Any, fill: Any) -> Any:
     xp = runner.xp
@@ -51,23 +52,35 @@ def _output(runner: Runner, shape: tuple[int, ...], dtype: Any, fill: Any) -> An
 
 
 def choose_splits(
-    num_ctas: int, max_seq_len: int, tile_tokens: int, num_sms: int, requested: int | None
+    num_ctas: int,
+    max_seq_len: int,
+    tile_tokens: int,
+    num_sms: int,
+    requested: int | None,
+    max_splits: int = instances.MAX_SPLITS,
+    ctas_per_sm: int = 2,
 ) -> tuple[int, int]:
-    """(num_splits, tokens_per_split) for the decode grid.
+    """(num_splits, tokens_per_split) for a decode grid of num_ctas CTAs per split: the split
+    planner's choice (whole waves on num_sms x ctas_per_sm slots, chunks of at least
+    split_planning.MIN_TOKENS_PER_SPLIT tokens), or ``requested`` capped at max_splits.
+    tokens_per_split is a whole number of tiles."""
+    plan = split_planning.plan_splits(
+        num_ctas,
+        max_seq_len,
+        tile_tokens,
+        num_sms,
+        ctas_per_sm,
+        requested,
+        min(max_splits, instances.MAX_SPLITS),
+    )
+    return plan.num_splits, plan.tokens_per_split
 
-    Without a request: enough splits to give about two blocks per SM, but no split shorter than
-    MIN_TOKENS_PER_SPLIT tokens (the merge and the per-split overhead must stay small next to the
-    KV reads). tokens_per_split is a whole number of tiles.
-    """
-    if max_seq_len <= 0:
-        return 1, tile_tokens
-    if requested is None:
-        wanted = max(1, math.ceil(2 * num_sms / max(1, num_ctas)))
-        splits = min(wanted, math.ceil(max_seq_len / MIN_TOKENS_PER_SPLIT), instances.MAX_SPLITS)
-    else:
-        splits = min(max(1, int(requested)), instances.MAX_SPLITS)
-    tokens = math.ceil(math.ceil(max_seq_len / max(1, splits)) / tile_tokens) * tile_tokens
-    return max(1, math.ceil(max_seq_len / tokens)), tokens
+
+def decode_instance(shape: val.AttentionShape) -> Instance:
+    """The decode kernel instance that runs this call."""
+    return instances.decode(
+        shape.kind, shape.head_dim, shape.block_size, instances.group_instance(shape.group)
+    )
 
 
 def paged_attention(
@@ -80,14 +93,19 @@ def paged_attention(
     shape: val.AttentionShape,
     num_splits: int | None = None,
 ) -> Any:
-    xp = runner.xp
+    """One decode call with its own output and split buffers (see DecodeWorkspace for a call with
+    none). Host (NumPy) tables and lengths are uploaded; shape.max_seq_len comes from the host."""
     out = _output(runner, tuple(q.shape), q.dtype, nan_fill_value(shape.kind))
     if shape.num_seqs == 0:
         return out
-    max_seq_len = int(seq_lens.max())
     tile = instances.tile_tokens(shape.kind, shape.head_dim)
     splits, tokens_per_split = choose_splits(
-        shape.num_seqs * shape.num_kv_heads, max_seq_len, tile, runner.num_sms, num_splits
+        shape.num_seqs * shape.num_kv_heads,
+        shape.max_seq_len,
+        tile,
+        runner.num_sms,
+        num_splits,
+        ctas_per_sm=runner.ctas_per_sm(decode_instance(shape)),
     )
     if splits > 1:
         part = (shape.num_seqs, shape.num_q_heads, splits)
@@ -95,12 +113,50 @@ def paged_attention(
         split_max = _output(runner, part, np.float32, np.nan)
         split_sum = _output(runner, part, np.float32, np.nan)
     else:  # unused by the kernel with one split
-        split_out = split_max = split_sum = xp.zeros(1, dtype=np.float32)
-    decode = instances.decode(
-        shape.kind, shape.head_dim, shape.block_size, instances.group_instance(shape.group)
+        split_out = split_max = split_sum = runner.xp.zeros(1, dtype=np.float32)
+    if runner.xp is not np:
+        block_tables, seq_lens = runner.xp.asarray(block_tables), runner.xp.asarray(seq_lens)
+    launch_decode(
+        runner,
+        out,
+        (split_out, split_max, split_sum),
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        shape,
+        int(block_tables.shape[1]),
+        splits,
+        tokens_per_split,
     )
+    return out
+
+
+def launch_decode(
+    runner: Runner,
+    out: Any,
+    split_buffers: tuple[Any, Any, Any],
+    q: Any,
+    k_cache: Any,
+    v_cache: Any,
+    block_tables: Any,
+    seq_lens: Any,
+    shape: val.AttentionShape,
+    table_stride: int,
+    splits: int,
+    tokens_per_split: int,
+) -> None:
+    """The decode launch (and the merge launch with more than one split): launches only, no
+    allocation and no host access to device memory, so it may run under CUDA graph capture.
+
+    block_tables: rows of table_stride int32 entries, the first num_seqs rows used;
+    split_buffers: (split_out, split_max, split_sum) holding at least
+    num_seqs * num_q_heads * splits * (head_dim, 1, 1) floats when splits > 1.
+    """
+    split_out, split_max, split_sum = split_buffers
     runner.launch(
-        decode,
+        decode_instance(shape),
         (shape.num_kv_heads, shape.num_seqs, splits),
         (instances.DECODE_THREADS, 1, 1),
         [
@@ -115,7 +171,7 @@ def paged_attention(
             seq_lens,
             np.int32(shape.num_kv_heads),
             np.int32(shape.group),
-            np.int32(shape.max_blocks),
+            np.int32(table_stride),
             np.int32(tokens_per_split),
             np.float32(shape.scale * LOG2E),
         ],
@@ -127,7 +183,6 @@ def paged_attention(
             (instances.MERGE_THREADS, 1, 1),
             [out, split_out, split_max, split_sum, np.int32(splits)],
         )
-    return out
 
 
 def contiguous_attention(runner: Runner, q: Any, k: Any, v: Any, shape: val.AttentionShape) -> Any:
@@ -154,6 +209,7 @@ def contiguous_attention(runner: Runner, q: Any, k: Any, v: Any, shape: val.Atte
         shape.group,
         shape.kind,
         shape.scale,
+        seq_len,
     )
     qb = xp.ascontiguousarray(q.reshape(1, *q.shape))
     return paged_attention(runner, qb, caches[0], caches[1], table, lens, paged)[0]

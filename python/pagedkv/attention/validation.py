@@ -9,6 +9,8 @@ write out of bounds.
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +37,7 @@ class AttentionShape:
     group: int  # query heads per KV head
     kind: str  # float16 | bfloat16 | float32 | float64
     scale: float
+    max_seq_len: int = 0  # longest sequence of the call, known on the host (0: none or unknown)
 
 
 def check_backend(backend: str) -> str:
@@ -113,7 +116,7 @@ def _scale(scale: Any, head_dim: int) -> float:
     return value
 
 
-def _check_kernel_sizes(head_dim: int, block_size: int, group: int) -> None:
+def check_kernel_sizes(head_dim: int, block_size: int, group: int) -> None:
     if head_dim not in instances.HEAD_DIMS:
         raise InvalidArgumentError(
             f"head_dim {head_dim} has no compiled kernel (supported: {instances.HEAD_DIMS})"
@@ -135,15 +138,33 @@ def _int(x: Any) -> int:
 def check_paged_attention(
     q: Any, k_cache: Any, v_cache: Any, block_tables: Any, seq_lens: Any, scale: Any, backend: str
 ) -> AttentionShape:
-    """Validates a paged decode-attention call and returns its sizes."""
+    """Validates a paged decode-attention call and returns its sizes (``max_seq_len`` included).
+
+    backend='cuda' takes block_tables and seq_lens as NumPy arrays (the host metadata the caller
+    already has, e.g. from ``KvCacheManager.batch_block_tables``: checked on the host, no
+    device-to-host sync) or as CuPy arrays (checked on the device: several syncs per call).
+    """
+    shape = check_decode_arrays(q, k_cache, v_cache, block_tables, seq_lens, scale, backend)
+    if backend == "cuda" and is_cupy_array(block_tables) != is_cupy_array(seq_lens):
+        raise InvalidArgumentError("block_tables and seq_lens must both be NumPy or both be CuPy arrays")
+    if is_cupy_array(block_tables):
+        max_seq_len = check_decode_metadata_on_device(block_tables, seq_lens, shape, backend)
+    else:
+        max_seq_len = check_decode_metadata(block_tables, seq_lens, shape, backend)
+    return dataclasses.replace(shape, max_seq_len=max_seq_len)
+
+
+def check_decode_arrays(
+    q: Any, k_cache: Any, v_cache: Any, block_tables: Any, seq_lens: Any, scale: Any, backend: str
+) -> AttentionShape:
+    """Everything about a decode call that array metadata shows (types, shapes, dtypes, layout,
+    alignment): never reads array contents, so it costs no device-to-host sync."""
     check_backend(backend)
-    for name, x in (
-        ("q", q),
-        ("k_cache", k_cache),
-        ("v_cache", v_cache),
-        ("block_tables", block_tables),
-        ("seq_lens", seq_lens),
-    ):
+    for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        _require_array(name, x, backend)
+    for name, x in (("block_tables", block_tables), ("seq_lens", seq_lens)):
+        if backend == "cuda" and isinstance(x, np.ndarray):
+            continue  # host metadata, checked on the host
         _require_array(name, x, backend)
     if q.ndim != 3:
         raise InvalidArgumentError(f"q must be [num_seqs, num_q_heads, head_dim], got shape {tuple(q.shape)}")
@@ -183,34 +204,11 @@ def check_paged_attention(
         )
     max_blocks = int(block_tables.shape[1])
     if backend != "numpy":
-        _check_kernel_sizes(head_dim, block_size, group)
+        check_kernel_sizes(head_dim, block_size, group)
         for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
             _require_aligned(name, x)
         if num_seqs > 65535:
             raise InvalidArgumentError(f"at most 65535 sequences per launch, got {num_seqs}")
-        if num_seqs and _int(seq_lens.max()) > MAX_KERNEL_SEQ_LEN:
-            raise InvalidArgumentError(
-                f"seq_lens above {MAX_KERNEL_SEQ_LEN} tokens are not supported by the kernels"
-            )
-    if num_seqs:
-        capacity = max_blocks * block_size
-        if _int(seq_lens.min()) < 0 or _int(seq_lens.max()) > capacity:
-            raise InvalidArgumentError(
-                f"seq_lens must lie in [0, {capacity}] (max_blocks {max_blocks} x block_size {block_size})"
-            )
-        if max_blocks and num_blocks * block_size == 0 and _int(seq_lens.max()) > 0:
-            raise InvalidArgumentError("the caches have no blocks")
-        if max_blocks:
-            xp = _xp(block_tables)
-            used_blocks = (seq_lens.astype(np.int64) + block_size - 1) // block_size  # [num_seqs]
-            used = xp.arange(max_blocks)[None, :] < used_blocks[:, None]
-            bad = used & ((block_tables < 0) | (block_tables >= num_blocks))
-            if bool(bad.any()):
-                b, i = (int(t) for t in xp.argwhere(bad)[0])
-                raise InvalidArgumentError(
-                    f"block_tables[{b}, {i}] = {_int(block_tables[b, i])} "
-                    f"is not a block id in [0, {num_blocks})"
-                )
     return AttentionShape(
         num_seqs,
         num_q_heads,
@@ -223,6 +221,100 @@ def check_paged_attention(
         kind,
         _scale(scale, head_dim),
     )
+
+
+def check_decode_metadata(block_tables: Any, seq_lens: Any, shape: AttentionShape, backend: str) -> int:
+    """Checks host (NumPy) block tables and lengths against the caches; returns max_seq_len.
+
+    Only the used part of each table row (ceil(seq_len / block_size) entries) must hold block ids
+    in [0, num_blocks); padding past it is never read. Reads host memory only.
+    """
+    if not isinstance(block_tables, np.ndarray) or not isinstance(seq_lens, np.ndarray):
+        raise InvalidArgumentError("block_tables and seq_lens must be NumPy arrays (host metadata)")
+    _require_int("block_tables", block_tables, np.int32, 2)
+    _require_int("seq_lens", seq_lens, np.int32, 1)
+    num_seqs = int(seq_lens.shape[0])
+    if int(block_tables.shape[0]) != num_seqs:
+        raise InvalidArgumentError(
+            f"block_tables {tuple(block_tables.shape)} and seq_lens {tuple(seq_lens.shape)} must have "
+            "one row per sequence"
+        )
+    if num_seqs == 0:
+        return 0
+    max_blocks = int(block_tables.shape[1])
+    block_size = shape.block_size
+    max_seq_len = int(seq_lens.max())
+    if backend != "numpy" and max_seq_len > MAX_KERNEL_SEQ_LEN:
+        raise InvalidArgumentError(
+            f"seq_lens above {MAX_KERNEL_SEQ_LEN} tokens are not supported by the kernels"
+        )
+    capacity = max_blocks * block_size
+    if int(seq_lens.min()) < 0 or max_seq_len > capacity:
+        raise InvalidArgumentError(
+            f"seq_lens must lie in [0, {capacity}] (max_blocks {max_blocks} x block_size {block_size})"
+        )
+    if max_blocks and shape.num_blocks * block_size == 0 and max_seq_len > 0:
+        raise InvalidArgumentError("the caches have no blocks")
+    if max_blocks:
+        used_blocks = (seq_lens.astype(np.int64) + block_size - 1) // block_size  # [num_seqs]
+        used = np.arange(max_blocks)[None, :] < used_blocks[:, None]
+        bad = used & ((block_tables < 0) | (block_tables >= shape.num_blocks))
+        if bool(bad.any()):
+            b, i = (int(t) for t in np.argwhere(bad)[0])
+            raise InvalidArgumentError(
+                f"block_tables[{b}, {i}] = {int(block_tables[b, i])} "
+                f"is not a block id in [0, {shape.num_blocks})"
+            )
+    return max_seq_len
+
+
+def check_decode_metadata_on_device(
+    block_tables: Any, seq_lens: Any, shape: AttentionShape, backend: str
+) -> int:
+    """check_decode_metadata for CuPy tables and lengths: the same checks run on the device and
+    their verdicts come back to the host (several device-to-host syncs). Returns max_seq_len."""
+    num_seqs = int(seq_lens.shape[0])
+    if num_seqs == 0:
+        return 0
+    xp = _xp(block_tables)
+    max_blocks = int(block_tables.shape[1])
+    block_size = shape.block_size
+    low, high = (int(v) for v in xp.stack([seq_lens.min(), seq_lens.max()]).get())
+    if backend != "numpy" and high > MAX_KERNEL_SEQ_LEN:
+        raise InvalidArgumentError(
+            f"seq_lens above {MAX_KERNEL_SEQ_LEN} tokens are not supported by the kernels"
+        )
+    capacity = max_blocks * block_size
+    if low < 0 or high > capacity:
+        raise InvalidArgumentError(
+            f"seq_lens must lie in [0, {capacity}] (max_blocks {max_blocks} x block_size {block_size})"
+        )
+    if max_blocks and shape.num_blocks * block_size == 0 and high > 0:
+        raise InvalidArgumentError("the caches have no blocks")
+    if max_blocks:
+        used_blocks = (seq_lens.astype(np.int64) + block_size - 1) // block_size
+        used = xp.arange(max_blocks)[None, :] < used_blocks[:, None]
+        bad = used & ((block_tables < 0) | (block_tables >= shape.num_blocks))
+        if bool(bad.any()):
+            b, i = (int(t) for t in xp.argwhere(bad)[0])
+            raise InvalidArgumentError(
+                f"block_tables[{b}, {i}] = {_int(block_tables[b, i])} "
+                f"is not a block id in [0, {shape.num_blocks})"
+            )
+    return high
+
+
+def check_output(name: str, out: Any, like: Any, backend: str) -> None:
+    """A caller-provided output array: the same array kind, shape and dtype as ``like``, C-contiguous,
+    writable and 16-byte aligned (metadata only)."""
+    _require_array(name, out, backend)
+    if tuple(out.shape) != tuple(like.shape) or out.dtype != like.dtype:
+        raise InvalidArgumentError(
+            f"{name} must be {tuple(like.shape)} {like.dtype}, got {tuple(out.shape)} {out.dtype}"
+        )
+    _require_contiguous(name, out)
+    _require_writable(name, out)
+    _require_aligned(name, out)
 
 
 def check_contiguous_attention(q: Any, k: Any, v: Any, scale: Any, backend: str) -> AttentionShape:
@@ -249,17 +341,17 @@ def check_contiguous_attention(q: Any, k: Any, v: Any, scale: Any, backend: str)
         )
     group = num_q_heads // num_kv_heads
     if backend != "numpy":
-        _check_kernel_sizes(head_dim, 16, group)
+        check_kernel_sizes(head_dim, 16, group)
     return AttentionShape(
         1, num_q_heads, num_kv_heads, head_dim, 1, 0, 1, group, kind, _scale(scale, head_dim)
     )
 
 
 def _xp(x: Any) -> Any:
+    """The array module of x: NumPy, or the CuPy-like package that defines its type."""
     if is_cupy_array(x):
-        import cupy  # noqa: PLC0415 - CuPy is optional
-
-        return cupy
+        # CuPy is optional, so imported here; naming it from the type also serves test stand-ins.
+        return importlib.import_module(type(x).__module__.split(".")[0])
     return np
 
 

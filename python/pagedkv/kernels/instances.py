@@ -89,6 +89,17 @@ def merge_prefill(kind: str, head_dim: int) -> Instance:
     return Instance(PREFILL_SOURCE, f"pagedkv::merge_prefill_splits_kernel<{KERNEL_TYPES[kind]}, {head_dim}>")
 
 
+def threads_per_cta(instance: Instance) -> int:
+    """The block size an instance is launched with."""
+    if "paged_decode_kernel" in instance.name:
+        return DECODE_THREADS
+    if "merge_splits_kernel" in instance.name:
+        return MERGE_THREADS
+    if "prefill" in instance.name:
+        return PREFILL_THREADS
+    return COPY_THREADS
+
+
 def all_instances() -> list[Instance]:
     """Every instance the backends can launch (what the NVRTC check compiles)."""
     out: list[Instance] = []

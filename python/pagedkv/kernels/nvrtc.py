@@ -70,6 +70,7 @@ def load() -> ctypes.CDLL:
         lib.nvrtcGetProgramLogSize.argtypes = [c.c_void_p, c.POINTER(c.c_size_t)]
         lib.nvrtcGetProgramLog.argtypes = [c.c_void_p, c.c_char_p]
         lib.nvrtcGetCUBINSize.argtypes = [c.c_void_p, c.POINTER(c.c_size_t)]
+        lib.nvrtcGetCUBIN.argtypes = [c.c_void_p, c.c_char_p]
         lib.nvrtcGetLoweredName.argtypes = [c.c_void_p, c.c_char_p, c.POINTER(c.c_char_p)]
         lib.nvrtcDestroyProgram.argtypes = [c.POINTER(c.c_void_p)]
         lib.nvrtcGetErrorString.restype = c.c_char_p
@@ -100,6 +101,7 @@ class KernelResources:
 class CompileResult:
     log: str
     cubin_bytes: int
+    cubin: bytes = b""  # the compiled image (sm_XX SASS), loadable with cuModuleLoadData
     lowered_names: dict[str, str] = field(default_factory=dict)  # name expression -> mangled symbol
     resources: dict[str, KernelResources] = field(default_factory=dict)  # mangled symbol -> report
 
@@ -135,6 +137,17 @@ def parse_resources(log: str) -> dict[str, KernelResources]:
     return out
 
 
+def compile_options(arch: str = DEFAULT_ARCH, extra_options: Sequence[str] = ()) -> list[str]:
+    """NVRTC options of every pagedkv compile (the ptxas report is part of the log)."""
+    return [
+        f"--gpu-architecture={arch}",
+        "-std=c++17",
+        f"-I{Path(KERNEL_DIR)}",
+        "--ptxas-options=-v",
+        *extra_options,
+    ]
+
+
 def compile_source(
     source: str,
     name_expressions: Sequence[str],
@@ -147,6 +160,8 @@ def compile_source(
     error. The kernel directory is always on the include path."""
     lib = load()
     text = (Path(source_dir) / source).read_text()
+    source_include = [f"-I{Path(source_dir)}"] if Path(source_dir) != Path(KERNEL_DIR) else []
+    options = compile_options(arch, [*source_include, *extra_options])
     prog = ctypes.c_void_p()
     _check(
         lib,
@@ -156,14 +171,6 @@ def compile_source(
     try:
         for name in name_expressions:
             _check(lib, lib.nvrtcAddNameExpression(prog, name.encode()), f"nvrtcAddNameExpression({name})")
-        options = [
-            f"--gpu-architecture={arch}",
-            "-std=c++17",
-            f"-I{Path(KERNEL_DIR)}",
-            *([f"-I{Path(source_dir)}"] if Path(source_dir) != Path(KERNEL_DIR) else []),
-            "--ptxas-options=-v",
-            *extra_options,
-        ]
         argv = (ctypes.c_char_p * len(options))(*[o.encode() for o in options])
         rc = lib.nvrtcCompileProgram(prog, len(options), argv)
         size = ctypes.c_size_t()
@@ -177,7 +184,11 @@ def compile_source(
             )
         cubin = ctypes.c_size_t()
         _check(lib, lib.nvrtcGetCUBINSize(prog, ctypes.byref(cubin)), "nvrtcGetCUBINSize")
-        result = CompileResult(log=log, cubin_bytes=cubin.value, resources=parse_resources(log))
+        image = ctypes.create_string_buffer(cubin.value)
+        _check(lib, lib.nvrtcGetCUBIN(prog, image), "nvrtcGetCUBIN")
+        result = CompileResult(
+            log=log, cubin_bytes=cubin.value, cubin=image.raw, resources=parse_resources(log)
+        )
         for name in name_expressions:
             lowered = ctypes.c_char_p()
             _check(

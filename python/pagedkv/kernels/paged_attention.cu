@@ -172,8 +172,13 @@ __global__ void __launch_bounds__(kDecodeThreads) paged_decode_kernel(
       for (int g = 0; g < GROUP; ++g) {
 #pragma unroll
         for (int c = 0; c < E / 4; ++c) {
+          // One FMA chain: the a*b + c*d + ... form compiles to FMUL + FFMA + FADD per four
+          // products, and instruction issue, not memory, bounds the grouped instances.
           const f32x4 qv = q_sm[g][quad0 + c];
-          dots[g] += qv.x * kx[4 * c] + qv.y * kx[4 * c + 1] + qv.z * kx[4 * c + 2] + qv.w * kx[4 * c + 3];
+          dots[g] = fmaf(qv.x, kx[4 * c], dots[g]);
+          dots[g] = fmaf(qv.y, kx[4 * c + 1], dots[g]);
+          dots[g] = fmaf(qv.z, kx[4 * c + 2], dots[g]);
+          dots[g] = fmaf(qv.w, kx[4 * c + 3], dots[g]);
         }
       }
     }

@@ -1,0 +1,182 @@
+"""The decode host path: validation on host metadata, no device-to-host sync, DecodeWorkspace.
+
+The cuda backend runs here on a stand-in for CuPy (tests/kernels/fake_cupy.py) that raises on
+every read of device memory from the host, with kernels in the CPU emulation: a call that passes
+made no sync and computed the right answer.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pagedkv
+import pytest
+from pagedkv.attention import DecodeWorkspace, paged_attention, runners
+from pagedkv.kernels import emulation, instances
+
+from . import fake_cupy
+from .conftest import assert_close, make_problem, needs_cxx
+
+pytestmark = needs_cxx
+
+
+@pytest.fixture(scope="module", autouse=True)
+def built():
+    names = [
+        instances.decode("float16", 128, 16, 4),
+        instances.decode("float16", 128, 16, 8),
+        instances.merge("float16", 128),
+    ]
+    emulation.prebuild([(i.source, i.name) for i in names])
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    runner = fake_cupy.FakeCudaRunner()
+    monkeypatch.setattr(runners, "_cuda", runner)
+    fake_cupy.Counters.reset()
+    return runner
+
+
+def _reference(p):
+    return paged_attention(p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens)
+
+
+@pytest.mark.parametrize("num_splits", [None, 1, 3])
+def test_cuda_call_with_host_metadata_makes_no_sync(fake_cuda, num_splits):
+    p = make_problem(np.random.default_rng(11), "float16", [40, 7, 90], 2, 4, 128, 16)
+    q, k, v = fake_cupy.to_device(p.q, p.k_cache, p.v_cache)
+    out = paged_attention(q, k, v, p.block_tables, p.seq_lens, backend="cuda", num_splits=num_splits)
+    assert_close(fake_cupy.to_host(out), _reference(p), "float16")
+    assert fake_cupy.Counters.launches >= 1
+
+
+def test_cuda_call_with_device_metadata_syncs(fake_cuda):
+    """The stand-in catches syncs: device tables are checked on the device and read back."""
+    p = make_problem(np.random.default_rng(12), "float16", [40, 7], 2, 4, 128, 16)
+    args = fake_cupy.to_device(p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens)
+    with pytest.raises(fake_cupy.SyncError):
+        paged_attention(*args, backend="cuda")
+
+
+def test_cuda_call_rejects_bad_host_metadata_before_launching(fake_cuda):
+    p = make_problem(np.random.default_rng(13), "float16", [40, 7], 2, 4, 128, 16)
+    q, k, v = fake_cupy.to_device(p.q, p.k_cache, p.v_cache)
+    tables = p.block_tables.copy()
+    tables[0, 1] = p.k_cache.shape[0]
+    with pytest.raises(pagedkv.InvalidArgumentError, match=r"block_tables\[0, 1\]"):
+        paged_attention(q, k, v, tables, p.seq_lens, backend="cuda")
+    with pytest.raises(pagedkv.InvalidArgumentError, match="both be NumPy or both be CuPy"):
+        paged_attention(q, k, v, tables, fake_cupy.to_device(p.seq_lens)[0], backend="cuda")
+    assert fake_cupy.Counters.launches == 0
+
+
+def _workspace(p, backend, **kw):
+    num_blocks, block_size, heads, head_dim = p.k_cache.shape
+    return DecodeWorkspace(
+        num_blocks=num_blocks,
+        block_size=block_size,
+        num_kv_heads=heads,
+        num_q_heads=p.q.shape[1],
+        head_dim=head_dim,
+        dtype=p.q.dtype,
+        max_num_seqs=kw.pop("max_num_seqs", 4),
+        max_blocks_per_seq=kw.pop("max_blocks_per_seq", 12),
+        backend=backend,
+        split_bytes=kw.pop("split_bytes", 1 << 20),
+    )
+
+
+def test_workspace_run_allocates_nothing_and_never_syncs(fake_cuda):
+    rng = np.random.default_rng(14)
+    p = make_problem(rng, "float16", [100, 33, 5], 1, 8, 128, 16, spare_blocks=6)
+    ws = _workspace(p, "cuda")
+    q, k, v = fake_cupy.to_device(p.q, p.k_cache, p.v_cache)
+    out = fake_cupy.FakeArray(np.empty_like(p.q))
+    for splits in (1, 4, None):
+        plan = ws.plan(p.block_tables, p.seq_lens, num_splits=splits)
+        assert plan.num_seqs == 3 and plan.max_seq_len == 100
+        fake_cupy.Counters.reset()
+        for _ in range(2):  # a replayed step reads the same buffers
+            assert ws.run(q, k, v, out=out) is out
+        assert fake_cupy.Counters.allocations == 0 and fake_cupy.Counters.uploads == 0
+        assert fake_cupy.Counters.event_waits == 0
+        assert fake_cupy.Counters.launches == 2 * (1 if plan.num_splits == 1 else 2)
+        assert_close(fake_cupy.to_host(out), _reference(p), "float16")
+
+
+def test_workspace_plan_is_one_upload_pair_and_waits_only_to_reuse_staging(fake_cuda):
+    p = make_problem(np.random.default_rng(15), "float16", [20, 64], 1, 4, 128, 16)
+    ws = _workspace(p, "cuda")
+    for step in range(4):
+        fake_cupy.Counters.reset()
+        ws.plan(p.block_tables, p.seq_lens)
+        assert fake_cupy.Counters.uploads == 2 and fake_cupy.Counters.allocations == 0
+        # Two staging buffers in turn: a plan waits for the upload two plans back, none before.
+        assert fake_cupy.Counters.event_waits == (1 if step >= 2 else 0)
+
+
+def test_workspace_emulated_matches_reference_across_replans():
+    rng = np.random.default_rng(16)
+    big = make_problem(rng, "float16", [150, 3, 64, 17], 2, 4, 128, 16, spare_blocks=4)
+    ws = _workspace(big, "emulated", max_blocks_per_seq=16)
+    for splits in (None, 1, 5):
+        ws.plan(big.block_tables, big.seq_lens, num_splits=splits)
+        assert_close(ws.run(big.q, big.k_cache, big.v_cache), _reference(big), "float16")
+    # A smaller, narrower batch on the same caches: stale rows and columns must not matter.
+    small_lens = np.array([30, 1], np.int32)
+    tables = big.block_tables[[0, 2], :2].copy()
+    q = np.ascontiguousarray(big.q[[0, 2]])
+    ws.plan(tables, small_lens, num_splits=2)
+    out = np.empty_like(q)
+    assert ws.run(q, big.k_cache, big.v_cache, out=out) is out
+    expected = paged_attention(q, big.k_cache, big.v_cache, tables, small_lens)
+    assert_close(out, expected, "float16")
+
+
+def test_workspace_split_count_is_capped_by_its_buffers():
+    p = make_problem(np.random.default_rng(17), "float16", [150, 150], 1, 4, 128, 16)
+    per_split = 2 * 4 * (128 + 2) * 4  # bytes of one split of the whole batch
+    ws = _workspace(p, "emulated", split_bytes=3 * per_split)
+    assert ws.max_splits(2) == 3
+    plan = ws.plan(p.block_tables, p.seq_lens, num_splits=50)
+    assert plan.num_splits <= 3
+    assert_close(ws.run(p.q, p.k_cache, p.v_cache), _reference(p), "float16")
+
+
+def test_workspace_rejects_bad_input():
+    p = make_problem(np.random.default_rng(18), "float16", [40, 7], 2, 4, 128, 16)
+    ws = _workspace(p, "emulated")
+    with pytest.raises(pagedkv.InvalidArgumentError, match="before plan"):
+        ws.run(p.q, p.k_cache, p.v_cache)
+    bad = p.block_tables.copy()
+    bad[1, 0] = -1
+    cases = [
+        ((bad, p.seq_lens), r"block_tables\[1, 0\]"),
+        ((np.ma.masked_array(p.block_tables), p.seq_lens), "masked"),
+        ((p.block_tables.astype(np.int64), p.seq_lens), "int32"),
+        ((p.block_tables, p.seq_lens.tolist()), "NumPy"),
+        ((np.zeros((5, 2), np.int32), np.zeros(5, np.int32)), "exceeds the workspace"),
+        ((p.block_tables, np.array([40, 7000], np.int32)), "seq_lens must lie"),
+    ]
+    for args, match in cases:
+        with pytest.raises(pagedkv.InvalidArgumentError, match=match):
+            ws.plan(*args)
+    ws.plan(p.block_tables, p.seq_lens)
+    with pytest.raises(pagedkv.InvalidArgumentError, match="sequences"):
+        ws.run(p.q[:1].copy(), p.k_cache, p.v_cache)
+    with pytest.raises(pagedkv.InvalidArgumentError, match="workspace"):
+        ws.run(p.q, p.k_cache[:-1].copy(), p.v_cache[:-1].copy())
+    with pytest.raises(pagedkv.InvalidArgumentError, match="out must be"):
+        ws.run(p.q, p.k_cache, p.v_cache, out=np.empty(p.q.shape, np.float32))
+    with pytest.raises(pagedkv.InvalidArgumentError, match="positive integer"):
+        DecodeWorkspace(
+            num_blocks=0,
+            block_size=16,
+            num_kv_heads=1,
+            num_q_heads=1,
+            head_dim=128,
+            dtype=np.float16,
+            max_num_seqs=1,
+            max_blocks_per_seq=1,
+            backend="emulated",
+        )
