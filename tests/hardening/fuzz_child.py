@@ -117,7 +117,72 @@ def outcome(kv: pagedkv.KvCacheManager, call: str, arg: Any) -> tuple[str, Any]:
     return "ok", result
 
 
+def _caches() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(1)
+    shape = (6, 2, 1, 4)  # [num_blocks, block_size, num_kv_heads, head_dim]
+    return rng.standard_normal(shape).astype(np.float32), rng.standard_normal(shape).astype(np.float32)
+
+
+def _pairs(a: Any) -> Any:
+    """The index array as [N, 2] pairs (1-D arrays of even length are reshaped, others kept)."""
+    if isinstance(a, np.ndarray) and a.ndim == 1 and a.size % 2 == 0 and a.size < HUGE:
+        return a.reshape(-1, 2)
+    return a
+
+
+def _data_call(call: str, a: Any) -> tuple[tuple[str, Any], list[Any]]:
+    from pagedkv import attention
+
+    k, v = _caches()
+    try:
+        if call == "copy_blocks":
+            result = attention.copy_blocks([k], [v], _pairs(a))
+        elif call == "swap_blocks":
+            dst = np.zeros_like(k)
+            result = attention.swap_blocks(k, dst, _pairs(a))
+            v = dst
+        elif call == "write_kv":
+            n = int(np.size(a)) if isinstance(a, np.ndarray) and np.size(a) < HUGE else 1
+            new = np.full((n, 1, 4), 7.0, dtype=np.float32)
+            result = attention.write_kv(new, new, k, v, a)
+        else:  # paged_attention with `a` as seq_lens of one-row tables
+            n = int(np.size(a)) if isinstance(a, np.ndarray) and np.size(a) < HUGE else 1
+            q = np.ones((n, 1, 4), dtype=np.float32)
+            tables = np.tile(np.arange(6, dtype=np.int32), (n, 1))
+            result = attention.paged_attention(q, k, v, tables, a)
+    except (pagedkv.PagedKvError, MemoryError) as exc:
+        return ("error", type(exc).__name__), [k.tolist(), v.tolist()]
+    except Exception as exc:  # noqa: BLE001 - an untyped error is the finding
+        return ("untyped", f"{type(exc).__name__}: {exc}"), []
+    out = result.tolist() if isinstance(result, np.ndarray) else result
+    return ("ok", out), [k.tolist(), v.tolist()]
+
+
+DATA_CALLS = {"copy_blocks", "swap_blocks", "write_kv", "paged_attention"}
+
+
+def check_data_plane(spec: dict[str, Any]) -> str | None:
+    """Either a typed error that wrote nothing, or the result of the same values as a plain,
+    contiguous, native-order array of the same dtype."""
+    arg, _ = build(spec)
+    got, caches = _data_call(spec["call"], arg)
+    if got[0] == "untyped":
+        return f"untyped error {got[1]}"
+    if got[0] == "error":
+        _, untouched = _data_call("copy_blocks", np.zeros((0, 2), dtype=np.int32))
+        return None if caches == untouched else "a refused data-plane call wrote a cache"
+    if isinstance(arg, np.ma.MaskedArray):
+        return "a masked array was accepted"
+    plain = np.ascontiguousarray(np.asarray(arg)).astype(np.asarray(arg).dtype.newbyteorder("="))
+    expected, expected_caches = _data_call(spec["call"], plain)
+    if (got, caches) != (expected, expected_caches):
+        return f"array gave {got}, its plain copy {expected}"
+    return None
+
+
 def check(spec: dict[str, Any]) -> str | None:
+    if spec["call"] in DATA_CALLS:
+        return check_data_plane(spec)
     arg, plain = build(spec)
     kv = fresh()
     before = state(kv)

@@ -58,6 +58,10 @@ CALLS = [
     "slot_mapping",
     "swap_out",
     "swap_in",
+    "copy_blocks",
+    "swap_blocks",
+    "write_kv",
+    "paged_attention",
 ]
 VALUE = st.one_of(
     st.integers(0, 5), st.integers(-3, 300), st.sampled_from([2**31 - 1, 2**32, 2**63 - 1, -(2**63)])

@@ -8,7 +8,7 @@ use pyo3::types::{PyDict, PyList};
 
 use pagedkv_sim::{self as sim, Frame, SimConfig, SimProgress, SimResult, Workload};
 
-use crate::convert::{try_vec, CountArg};
+use crate::convert::{or_invalid, try_vec, CountArg};
 use crate::errors::{invalid_argument, to_pyerr};
 
 /// Copies a 1-D array (`[R]`) of `T` (NumPy dtype `dtype_name`) out of `obj`.
@@ -113,13 +113,15 @@ fn read_config(config: &Bound<'_, PyDict>) -> PyResult<SimConfig> {
             }
             value
                 .extract::<usize>()
-                .map_err(|_| wrong("a non-negative int"))
+                .map_err(|e| or_invalid(py, e, || wrong("a non-negative int")))
         };
         let number = || -> PyResult<f64> {
             if value.is_instance_of::<pyo3::types::PyBool>() {
                 return Err(wrong("a number"));
             }
-            value.extract::<f64>().map_err(|_| wrong("a number"))
+            value
+                .extract::<f64>()
+                .map_err(|e| or_invalid(py, e, || wrong("a number")))
         };
         let text = || -> PyResult<String> { value.extract::<String>().map_err(|_| wrong("a str")) };
         let flag = || -> PyResult<bool> {
@@ -144,7 +146,7 @@ fn read_config(config: &Bound<'_, PyDict>) -> PyResult<SimConfig> {
             "seed" => {
                 out.seed = value
                     .extract::<u64>()
-                    .map_err(|_| wrong("an int in [0, 2**64)"))?
+                    .map_err(|e| or_invalid(py, e, || wrong("an int in [0, 2**64)")))?
             }
             "max_steps" => out.max_steps = if value.is_none() { None } else { Some(size()?) },
             "watermark" => out.watermark = number()?,
