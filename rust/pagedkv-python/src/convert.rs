@@ -44,10 +44,10 @@ pub fn or_invalid(py: Python<'_>, err: PyErr, replacement: impl FnOnce() -> PyEr
 
 /// An empty vector with room for `len` items, or a `MemoryError` when that much memory cannot
 /// be had (never an abort: `Vec::with_capacity` aborts the process on allocation failure).
-pub fn try_vec<T>(py: Python<'_>, len: usize, what: &str) -> PyResult<Vec<T>> {
+/// (`_py`: the GIL is held, so the error can be built right away.)
+pub fn try_vec<T>(_py: Python<'_>, len: usize, what: &str) -> PyResult<Vec<T>> {
     let mut out = Vec::new();
     out.try_reserve_exact(len).map_err(|_| {
-        let _ = py;
         PyMemoryError::new_err(format!(
             "cannot allocate {what}: {len} items of {} bytes",
             std::mem::size_of::<T>()
