@@ -59,7 +59,7 @@ class KvCacheManager:
         token_ids: _TokenIds | None = None,
         *,
         num_tokens: int | None = None,
-        extra_key: str | bytes | int | None = None,
+        extra_key: str | bytes | int | np.integer | None = None,
     ) -> int:
         """Admits a prompt (``token_ids`` ``[n]``, or only ``num_tokens``: never hashed);
         returns how many of its tokens were served from the prefix cache."""

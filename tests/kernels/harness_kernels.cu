@@ -64,4 +64,11 @@ __global__ void deadlock_probe(float* __restrict__ out /* [32] */) {
   }
 }
 
+// grid: (1); block: (1). out[0] = in[index], read and written as scalars: an index past `in`
+// must fail the launch (the harness bounds-checks scalar accesses, not only 16-byte vectors).
+__global__ void scalar_probe(float* __restrict__ out /* [1] */, const float* __restrict__ in /* [n] */,
+                             long long index) {
+  store_scalar(out, load_scalar(in + index));
+}
+
 }  // namespace pagedkv

@@ -17,7 +17,7 @@ PROBES = "harness_kernels.cu"
 
 @pytest.fixture(scope="module", autouse=True)
 def built():
-    names = ["shuffle_probe", "block_sum_probe", "stale_shared_probe", "exited_lane_probe"]
+    names = ["shuffle_probe", "block_sum_probe", "stale_shared_probe", "exited_lane_probe", "scalar_probe"]
     emulation.prebuild([(PROBES, f"pagedkv::{n}") for n in names], source_dir=HERE)
 
 
@@ -73,3 +73,13 @@ def test_deadlock_is_reported_not_hung():
 def test_bad_launch_shape_is_an_error():
     with pytest.raises(emulation.KernelLaunchError, match="1..1024 threads"):
         probe("block_sum_probe").launch((1, 1, 1), (2048, 1, 1), [np.zeros(1, np.float32)])
+
+
+def test_scalar_accesses_are_bounds_checked():
+    out = np.zeros(1, np.float32)
+    data = np.arange(4, dtype=np.float32)
+    probe("scalar_probe").launch((1, 1, 1), (1, 1, 1), [out, data, np.int64(3)])
+    assert out[0] == 3.0
+    for index in (4, -1, 1 << 20):
+        with pytest.raises(emulation.KernelLaunchError, match="out-of-bounds scalar load"):
+            probe("scalar_probe").launch((1, 1, 1), (1, 1, 1), [out, data, np.int64(index)])

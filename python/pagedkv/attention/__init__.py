@@ -46,6 +46,7 @@ def contiguous_attention(
     Returns [num_q_heads, head_dim] in q's dtype; zeros when seq_len == 0.
     scale defaults to 1 / sqrt(head_dim).
     """
+    q, k, v = (val.plain_array(n, x) for n, x in (("q", q), ("k", k), ("v", v)))
     if val.check_backend(backend) == "numpy":
         return reference.contiguous_attention(q, k, v, scale)
     shape = val.check_contiguous_attention(q, k, v, scale, backend)
@@ -76,12 +77,19 @@ def paged_attention(
     num_splits (kernel backends): split each sequence's tokens over this many blocks and merge
     (default: chosen from the device's size and the longest sequence).
     """
+    q, k_cache, v_cache, block_tables, seq_lens = (
+        val.plain_array(n, x)
+        for n, x in (
+            ("q", q),
+            ("k_cache", k_cache),
+            ("v_cache", v_cache),
+            ("block_tables", block_tables),
+            ("seq_lens", seq_lens),
+        )
+    )
+    splits = val.check_num_splits(num_splits)  # checked on every backend, used by the kernels
     if val.check_backend(backend) == "numpy":
         return reference.paged_attention(q, k_cache, v_cache, block_tables, seq_lens, scale)
-    if num_splits is not None and (
-        isinstance(num_splits, bool) or not isinstance(num_splits, (int, np.integer)) or num_splits < 1
-    ):
-        raise InvalidArgumentError(f"num_splits must be a positive integer, got {num_splits!r}")
     shape = val.check_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, backend)
     return kernel_launch.paged_attention(
         get_runner(backend),
@@ -91,7 +99,7 @@ def paged_attention(
         block_tables,
         seq_lens,
         shape,
-        None if num_splits is None else int(num_splits),
+        splits,
     )
 
 
@@ -103,6 +111,16 @@ def write_kv(
     k, v: [num_tokens, num_kv_heads, head_dim]; slot_mapping: int64 [num_tokens], slot =
     block_id * block_size + offset, -1 skips a token; slots must be distinct.
     """
+    k, v, k_cache, v_cache, slot_mapping = (
+        val.plain_array(n, x)
+        for n, x in (
+            ("k", k),
+            ("v", v),
+            ("k_cache", k_cache),
+            ("v_cache", v_cache),
+            ("slot_mapping", slot_mapping),
+        )
+    )
     if val.check_backend(backend) == "numpy":
         reference.write_kv(k, v, k_cache, v_cache, slot_mapping)
         return
@@ -118,6 +136,9 @@ def copy_blocks(k_caches: Any, v_caches: Any, copy_ops: Any, *, backend: str = "
     as if run one after another in order (kernel backends: one launch for all layers, more only
     when a copy depends on an earlier one).
     """
+    k_caches = val.plain_arrays("k_caches", k_caches)
+    v_caches = val.plain_arrays("v_caches", v_caches)
+    copy_ops = val.plain_array("copy_ops", copy_ops)
     if val.check_backend(backend) == "numpy":
         reference.copy_blocks(k_caches, v_caches, copy_ops)
         return
@@ -134,6 +155,10 @@ def swap_blocks(src_cache: Any, dst_cache: Any, mapping: Any, *, backend: str = 
     of copies issued. backend='cuda': one side is a CuPy array, the other a CuPy array or a NumPy
     array in pinned memory (cupyx.empty_pinned); copies are asynchronous on the current stream.
     """
+    src_cache, dst_cache, mapping = (
+        val.plain_array(n, x)
+        for n, x in (("src_cache", src_cache), ("dst_cache", dst_cache), ("mapping", mapping))
+    )
     if val.check_backend(backend) == "numpy":
         return reference.swap_blocks(src_cache, dst_cache, mapping)
     val.check_swap_blocks(src_cache, dst_cache, mapping, backend)

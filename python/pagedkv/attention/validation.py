@@ -40,6 +40,44 @@ class AttentionShape:
     max_seq_len: int = 0  # longest sequence of the call, known on the host (0: none or unknown)
 
 
+def plain_array(name: str, x: Any) -> Any:
+    """``x`` as a plain ``numpy.ndarray`` when it is an ndarray subclass; anything else unchanged.
+
+    Validation must see the values a kernel or the NumPy reference will use. A subclass can
+    override ``min``/``max``/``any``/``tolist`` (a ``numpy.ma.MaskedArray`` skips masked entries,
+    and its ``tolist`` gives ``None``, which as an index broadcasts over a whole cache), so every
+    subclass is viewed through ``np.asarray`` (no copy: in-place writes still land in its memory).
+    Masked arrays are refused outright: their masked entries have no defined value.
+    """
+    if isinstance(x, np.ma.MaskedArray):
+        raise InvalidArgumentError(
+            f"{name} is a masked array: pass a plain ndarray (masked entries have no defined value)"
+        )
+    if isinstance(x, np.ndarray) and type(x) is not np.ndarray:
+        return np.asarray(x)
+    return x
+
+
+def plain_arrays(name: str, xs: Any) -> Any:
+    """``plain_array`` over each element of a list or tuple of per-layer caches (``xs`` unchanged
+    when it is neither: the validation reports that)."""
+    if isinstance(xs, (list, tuple)):
+        return [plain_array(f"{name}[{i}]", x) for i, x in enumerate(xs)]
+    return xs
+
+
+def check_num_splits(num_splits: Any) -> int | None:
+    """``num_splits`` as an int >= 1 (or None); bools, floats and values < 1 are refused."""
+    if num_splits is None:
+        return None
+    if isinstance(num_splits, (bool, np.bool_)) or not isinstance(num_splits, (int, np.integer)):
+        raise InvalidArgumentError(f"num_splits must be a positive integer, got {num_splits!r}")
+    value = int(num_splits)
+    if value < 1:
+        raise InvalidArgumentError(f"num_splits must be a positive integer, got {value}")
+    return value
+
+
 def check_backend(backend: str) -> str:
     if backend not in BACKENDS:
         raise InvalidArgumentError(f"backend must be one of {BACKENDS}, got {backend!r}")

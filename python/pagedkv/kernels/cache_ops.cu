@@ -39,7 +39,7 @@ __global__ void __launch_bounds__(kCopyThreads) write_kv_kernel(
     int num_kv_heads) {
   static_assert(HEAD_DIM * sizeof(T) % 16 == 0, "a head row must be whole 16-byte vectors");
   const i64 token = blockIdx.x;
-  const i64 slot = slot_mapping[token];
+  const i64 slot = load_scalar(slot_mapping + token);
   if (slot < 0) return;
   const i64 row_elems = static_cast<i64>(num_kv_heads) * HEAD_DIM;
   const i64 row_vecs = row_elems * static_cast<i64>(sizeof(T)) / 16;
@@ -63,9 +63,9 @@ __global__ void __launch_bounds__(kCopyThreads) copy_blocks_kernel(
   const int layer = blockIdx.y;
   const int which = blockIdx.z;
   const int num_layers = gridDim.y;
-  vec16* cache = reinterpret_cast<vec16*>(cache_addresses[static_cast<i64>(which) * num_layers + layer]);
-  const i64 src = copy_ops[copy * 2];
-  const i64 dst = copy_ops[copy * 2 + 1];
+  vec16* cache = reinterpret_cast<vec16*>(load_scalar(cache_addresses + static_cast<i64>(which) * num_layers + layer));
+  const i64 src = load_scalar(copy_ops + copy * 2);
+  const i64 dst = load_scalar(copy_ops + copy * 2 + 1);
   copy_vecs<UNROLL>(cache + dst * block_vecs, cache + src * block_vecs, block_vecs);
 }
 

@@ -71,6 +71,25 @@ __device__ __forceinline__ void store16(vec16* ptr, const vec16& v) {
   *ptr = v;
 }
 
+// Scalar global-memory accesses (indices, lengths, addresses, outputs). On the GPU a plain
+// access; under emulation bounds-checked like the 16-byte ones, so a stray index read or write
+// aborts the launch with an error instead of touching memory outside the launch's arrays.
+template <typename T>
+__device__ __forceinline__ T load_scalar(const T* ptr) {
+#if !defined(__CUDA_ARCH__)
+  pkv_emu::check_access(ptr, sizeof(T), "scalar load");
+#endif
+  return *ptr;
+}
+
+template <typename T>
+__device__ __forceinline__ void store_scalar(T* ptr, T value) {
+#if !defined(__CUDA_ARCH__)
+  pkv_emu::check_access(ptr, sizeof(T), "scalar store");
+#endif
+  *ptr = value;
+}
+
 __device__ __forceinline__ float half_bits_to_float(unsigned short h) {
 #if defined(__CUDA_ARCH__)
   float f;

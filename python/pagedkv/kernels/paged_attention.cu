@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(kDecodeThreads) paged_decode_kernel(
   const int warp = tid >> 5;
   const int num_q_heads = num_kv_heads * group_size;
 
-  const int seq_len = seq_lens[seq];
+  const int seq_len = load_scalar(seq_lens + seq);
   const int begin = split * tokens_per_split;
   const int end = min(seq_len, begin + tokens_per_split);
   const i64 slot_stride = static_cast<i64>(num_kv_heads) * HEAD_DIM;  // elements between slots
@@ -94,10 +94,10 @@ __global__ void __launch_bounds__(kDecodeThreads) paged_decode_kernel(
     f32x4 x = {0.f, 0.f, 0.f, 0.f};
     if (g < group_size) {
       const T* src = q + (static_cast<i64>(seq) * num_q_heads + kv_head * group_size + g) * HEAD_DIM + quad * 4;
-      x.x = Kv<T>::to_float(src[0]) * scale_log2;
-      x.y = Kv<T>::to_float(src[1]) * scale_log2;
-      x.z = Kv<T>::to_float(src[2]) * scale_log2;
-      x.w = Kv<T>::to_float(src[3]) * scale_log2;
+      x.x = Kv<T>::to_float(load_scalar(src + 0)) * scale_log2;
+      x.y = Kv<T>::to_float(load_scalar(src + 1)) * scale_log2;
+      x.z = Kv<T>::to_float(load_scalar(src + 2)) * scale_log2;
+      x.w = Kv<T>::to_float(load_scalar(src + 3)) * scale_log2;
     }
     q_sm[g][quad] = x;
   }
@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(kDecodeThreads) paged_decode_kernel(
   const int pv_group = tid / Shape::kVecsPerRow;
 
   auto slot_of = [&](int token) -> i64 {
-    return static_cast<i64>(table[token / BLOCK_SIZE]) * BLOCK_SIZE + token % BLOCK_SIZE;
+    return static_cast<i64>(load_scalar(table + token / BLOCK_SIZE)) * BLOCK_SIZE + token % BLOCK_SIZE;
   };
   // Rows past `end` are never read (unused slots may hold anything, NaN included): zeros instead.
   auto load_tile = [&](int tile_begin, vec16 (&k_regs)[kVecsPerThread], vec16 (&v_regs)[kVecsPerThread]) {
@@ -271,13 +271,13 @@ __global__ void __launch_bounds__(kDecodeThreads) paged_decode_kernel(
         for (int r = 0; r < kRowGroups; ++r) total += reduce_sm[r][d];
         const float value = denom > 0.f ? total / denom : 0.f;
         if (num_splits == 1) {
-          out[row * HEAD_DIM + d] = Kv<T>::from_float(value);
+          store_scalar(out + row * HEAD_DIM + d, Kv<T>::from_float(value));
         } else {
           const i64 part = row * num_splits + split;
-          split_out[part * HEAD_DIM + d] = value;
+          store_scalar(split_out + part * HEAD_DIM + d, value);
           if (d == 0) {
-            split_max[part] = max_sm[g];
-            split_sum[part] = denom;
+            store_scalar(split_max + part, max_sm[g]);
+            store_scalar(split_sum + part, denom);
           }
         }
       }
@@ -302,11 +302,11 @@ __global__ void __launch_bounds__(kMergeThreads) merge_splits_kernel(
   const int tid = threadIdx.x;
   if (tid < 32) {
     float m = neg_inf();
-    for (int s = tid; s < num_splits; s += 32) m = fmaxf(m, split_max[row * num_splits + s]);
+    for (int s = tid; s < num_splits; s += 32) m = fmaxf(m, load_scalar(split_max + row * num_splits + s));
     m = warp_max(m);
     float total = 0.f;
     for (int s = tid; s < num_splits; s += 32) {
-      const float w = m == neg_inf() ? 0.f : split_sum[row * num_splits + s] * exp2f(split_max[row * num_splits + s] - m);
+      const float w = m == neg_inf() ? 0.f : load_scalar(split_sum + row * num_splits + s) * exp2f(load_scalar(split_max + row * num_splits + s) - m);
       weight_sm[s] = w;
       total += w;
     }
@@ -319,9 +319,9 @@ __global__ void __launch_bounds__(kMergeThreads) merge_splits_kernel(
     float acc = 0.f;
     for (int s = 0; s < num_splits; ++s) {
       const float w = weight_sm[s];
-      if (w > 0.f) acc += w * split_out[(row * num_splits + s) * HEAD_DIM + d];
+      if (w > 0.f) acc += w * load_scalar(split_out + (row * num_splits + s) * HEAD_DIM + d);
     }
-    out[row * HEAD_DIM + d] = Kv<T>::from_float(total > 0.f ? acc / total : 0.f);
+    store_scalar(out + row * HEAD_DIM + d, Kv<T>::from_float(total > 0.f ? acc / total : 0.f));
   }
 }
 

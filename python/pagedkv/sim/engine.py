@@ -146,7 +146,10 @@ class SimResult:
 
 
 def _int_column(name: str, values: Any, length: int | None) -> np.ndarray:
-    """A 1-D int64 copy of `values`; floats are accepted only when integral."""
+    """A 1-D int64 copy of `values`; floats are accepted only when integral; masked arrays are
+    refused (their masked entries have no defined value)."""
+    if isinstance(values, np.ma.MaskedArray):
+        raise InvalidArgumentError(f"{name} is a masked array: pass a plain array or list")
     array = np.asarray(values)
     if array.ndim != 1:
         raise InvalidArgumentError(f"{name} must be 1-D, got shape {array.shape}")
@@ -183,6 +186,8 @@ def _columns(workload: Workload) -> _Columns:
     prompt = _int_column("prompt_tokens", workload.prompt_tokens, None)
     n = prompt.shape[0]
     output = _int_column("output_tokens", workload.output_tokens, n)
+    if isinstance(workload.arrival_s, np.ma.MaskedArray):
+        raise InvalidArgumentError("arrival_s is a masked array: pass a plain array or list")
     arrival = np.asarray(workload.arrival_s)
     if arrival.ndim != 1 or arrival.shape[0] != n:
         raise InvalidArgumentError(f"arrival_s must be 1-D with {n} entries, got shape {arrival.shape}")

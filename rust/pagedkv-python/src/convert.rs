@@ -8,11 +8,53 @@
 //! `int`s and short token lists land in a stack buffer (no heap allocation per call).
 
 use numpy::{PyArray1, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::exceptions::{PyException, PyMemoryError};
 use pyo3::ffi;
 use pyo3::prelude::*;
+use pyo3::type_object::PyTypeInfo;
 use pyo3::types::{PyBool, PyBytes, PyFloat, PyInt, PyList, PyString, PyTuple};
 
 use crate::errors::invalid_argument;
+
+/// Whether an error raised by the caller's own code (an `__index__`, `__bool__` or `__str__`)
+/// must reach the caller unchanged instead of becoming an `InvalidArgumentError`: a
+/// `BaseException` that is not an `Exception` (`KeyboardInterrupt`, `SystemExit`,
+/// `GeneratorExit`) or a `MemoryError`. Turning Ctrl-C into "malformed input" would swallow it.
+pub fn must_propagate(py: Python<'_>, err: &PyErr) -> bool {
+    !err.is_instance_of::<PyException>(py) || err.is_instance_of::<PyMemoryError>(py)
+}
+
+/// `err` with the note PyO3 adds to a failed argument conversion ("while processing 'name'"),
+/// for arguments converted inside the method (whose bounds depend on the manager).
+pub fn with_arg_note(py: Python<'_>, name: &str, err: PyErr) -> PyErr {
+    let _ = err
+        .value(py)
+        .call_method1("add_note", (format!("while processing '{name}'"),));
+    err
+}
+
+/// `err` itself when it must propagate (see [`must_propagate`]), else `replacement()`.
+pub fn or_invalid(py: Python<'_>, err: PyErr, replacement: impl FnOnce() -> PyErr) -> PyErr {
+    if must_propagate(py, &err) {
+        err
+    } else {
+        replacement()
+    }
+}
+
+/// An empty vector with room for `len` items, or a `MemoryError` when that much memory cannot
+/// be had (never an abort: `Vec::with_capacity` aborts the process on allocation failure).
+/// (`_py`: the GIL is held, so the error can be built right away.)
+pub fn try_vec<T>(_py: Python<'_>, len: usize, what: &str) -> PyResult<Vec<T>> {
+    let mut out = Vec::new();
+    out.try_reserve_exact(len).map_err(|_| {
+        PyMemoryError::new_err(format!(
+            "cannot allocate {what}: {len} items of {} bytes",
+            std::mem::size_of::<T>()
+        ))
+    })?;
+    Ok(out)
+}
 
 fn type_name(obj: &Bound<'_, PyAny>) -> String {
     obj.get_type()
@@ -71,15 +113,17 @@ fn extract_u64_slow(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
             format!("{what} must be an int, got {}", type_name(obj)),
         ));
     }
-    obj.extract::<u64>().map_err(|_| {
-        invalid_argument(
-            py,
-            format!(
-                "{what} must be an int in [0, 2**64), got {} {}",
-                type_name(obj),
-                repr(obj)
-            ),
-        )
+    obj.extract::<u64>().map_err(|err| {
+        or_invalid(py, err, || {
+            invalid_argument(
+                py,
+                format!(
+                    "{what} must be an int in [0, 2**64), got {} {}",
+                    type_name(obj),
+                    repr(obj)
+                ),
+            )
+        })
     })
 }
 
@@ -111,13 +155,29 @@ fn extract_token(obj: &Bound<'_, PyAny>) -> PyResult<u32> {
 
 #[cold]
 fn extract_token_slow(obj: &Bound<'_, PyAny>) -> PyResult<u32> {
-    let value = extract_u64(obj, "token id")?;
-    u32::try_from(value).map_err(|_| {
+    let py = obj.py();
+    let out_of_range = || {
         invalid_argument(
-            obj.py(),
-            format!("token id must be in [0, 2**32), got {value}"),
+            py,
+            format!(
+                "token id must be an int in [0, 2**32), got {} {}",
+                type_name(obj),
+                repr(obj)
+            ),
         )
-    })
+    };
+    match extract_u64(obj, "token id") {
+        Ok(value) => u32::try_from(value).map_err(|_| out_of_range()),
+        // Propagated errors and the bool/float refusal keep their own message.
+        Err(err)
+            if must_propagate(py, &err)
+                || obj.is_instance_of::<PyBool>()
+                || obj.is_instance_of::<PyFloat>() =>
+        {
+            Err(err)
+        }
+        Err(_) => Err(out_of_range()),
+    }
 }
 
 /// Fast path for a list of exact `int`s: reads each item as a borrowed reference (no refcount
@@ -236,6 +296,19 @@ impl<'a, 'py> FromPyObject<'a, 'py> for BlockIdArg {
 /// more than the single-token conversion itself.
 const INLINE_TOKENS: usize = 8;
 
+/// Refuses a batch of `len` items when more than `max_len` could never succeed, before
+/// anything is read or allocated: a zero-stride NumPy view reports any length (`1 << 40`)
+/// without owning memory for it.
+fn check_len(py: Python<'_>, name: &str, len: usize, max_len: usize, why: &str) -> PyResult<()> {
+    if len > max_len {
+        return Err(invalid_argument(
+            py,
+            format!("{name} has {len} items, more than {max_len}: {why}"),
+        ));
+    }
+    Ok(())
+}
+
 /// Token ids, from a list or tuple of ints or a 1-D NumPy integer array `[num_tokens]`.
 /// Lazy iterables (`range`, generators) are refused: their length is unbounded by memory, so
 /// materializing one could exhaust it before any validation.
@@ -257,7 +330,7 @@ impl TokenIds {
 
     /// The fast path: a list of exact ints, each in `[0, 2**32)`.
     #[inline]
-    fn from_exact_int_list(list: &Bound<'_, PyList>) -> Option<Self> {
+    fn from_exact_int_list(list: &Bound<'_, PyList>) -> PyResult<Option<Self>> {
         let len = list.len();
         let in_range = |value: i64| u32::try_from(value).ok();
         if len == 1 {
@@ -267,10 +340,12 @@ impl TokenIds {
                 single = in_range(value);
                 single.is_some()
             });
-            let id = single.filter(|_| ok)?;
+            let Some(id) = single.filter(|_| ok) else {
+                return Ok(None);
+            };
             let mut ids = [0_u32; INLINE_TOKENS];
             ids[0] = id;
-            return Some(TokenIds::Inline { len: 1, ids });
+            return Ok(Some(TokenIds::Inline { len: 1, ids }));
         }
         if len <= INLINE_TOKENS {
             let mut ids = [0_u32; INLINE_TOKENS];
@@ -283,9 +358,9 @@ impl TokenIds {
                     _ => false,
                 }
             });
-            ok.then_some(TokenIds::Inline { len, ids })
+            Ok(ok.then_some(TokenIds::Inline { len, ids }))
         } else {
-            let mut ids = Vec::with_capacity(len);
+            let mut ids = try_vec(list.py(), len, "token_ids")?;
             let ok = read_exact_int_list(list, |_, value| match in_range(value) {
                 Some(id) => {
                     ids.push(id);
@@ -293,11 +368,12 @@ impl TokenIds {
                 }
                 None => false,
             });
-            (ok && ids.len() == len).then_some(TokenIds::Heap(ids))
+            Ok((ok && ids.len() == len).then_some(TokenIds::Heap(ids)))
         }
     }
 
     fn from_items<'py>(
+        py: Python<'py>,
         len: usize,
         items: impl Iterator<Item = Bound<'py, PyAny>>,
     ) -> PyResult<Self> {
@@ -310,34 +386,38 @@ impl TokenIds {
             }
             Ok(TokenIds::Inline { len: count, ids })
         } else {
-            let mut ids = Vec::with_capacity(len);
+            let mut ids = try_vec(py, len, "token_ids")?;
             for item in items {
                 ids.push(extract_token(&item)?);
             }
             Ok(TokenIds::Heap(ids))
         }
     }
-}
 
-impl<'a, 'py> FromPyObject<'a, 'py> for TokenIds {
-    type Error = PyErr;
-
+    /// Reads `obj` as token ids, refusing more than `max_len` (what the pool could ever hold)
+    /// before reading or allocating anything.
     #[inline]
-    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+    pub fn extract_bounded(obj: &Bound<'_, PyAny>, max_len: usize) -> PyResult<Self> {
+        const WHY: &str = "more tokens than the pool could ever hold";
+        let py = obj.py();
         if let Ok(list) = obj.cast::<PyList>() {
-            if let Some(ids) = TokenIds::from_exact_int_list(&list) {
+            check_len(py, "token_ids", list.len(), max_len, WHY)?;
+            if let Some(ids) = TokenIds::from_exact_int_list(list)? {
                 return Ok(ids);
             }
-            return TokenIds::from_items(list.len(), list.iter());
+            return TokenIds::from_items(py, list.len(), list.iter());
         }
         if let Ok(tuple) = obj.cast::<PyTuple>() {
-            return TokenIds::from_items(tuple.len(), tuple.iter());
+            check_len(py, "token_ids", tuple.len(), max_len, WHY)?;
+            return TokenIds::from_items(py, tuple.len(), tuple.iter());
         }
-        let py = obj.py();
         if obj.is_instance_of::<PyUntypedArray>() {
-            return integer_array(&obj, "token_ids", |value, py| {
+            return integer_array(obj, "token_ids", max_len, WHY, |value, py| {
                 u32::try_from(value).map_err(|_| {
-                    invalid_argument(py, format!("token id must be in [0, 2**32), got {value}"))
+                    invalid_argument(
+                        py,
+                        format!("token id must be an int in [0, 2**32), got {value}"),
+                    )
                 })
             })
             .map(TokenIds::Heap);
@@ -346,25 +426,37 @@ impl<'a, 'py> FromPyObject<'a, 'py> for TokenIds {
             py,
             format!(
                 "token_ids must be a list or tuple of ints or a 1-D integer NumPy array, got {}",
-                type_name(&obj)
+                type_name(obj)
             ),
         ))
     }
 }
 
-/// Sequence ids, from a list or tuple of ints or a 1-D NumPy integer array `[B]`.
-pub struct SeqIds(pub Vec<u64>);
+/// Why a sequence-id batch longer than the live sequences is refused unread.
+const SEQ_BATCH_WHY: &str =
+    "more ids than live sequences (a batch names each live sequence at most once)";
 
-fn seq_id_list(obj: &Bound<'_, PyAny>) -> Option<PyResult<Vec<u64>>> {
+/// Sequence ids from a list or tuple of ints or a 1-D NumPy integer array `[B]`; `None` when
+/// `obj` is none of these. `max_len` bounds the length before anything is read (a batch never
+/// names more distinct live sequences than exist).
+fn seq_id_list(obj: &Bound<'_, PyAny>, max_len: usize) -> Option<PyResult<Vec<u64>>> {
+    let py = obj.py();
     let collect = |len: usize, items: &mut dyn Iterator<Item = Bound<'_, PyAny>>| {
-        let mut ids = Vec::with_capacity(len);
+        check_len(py, "seq_ids", len, max_len, SEQ_BATCH_WHY)?;
+        let mut ids = try_vec(py, len, "seq_ids")?;
         for item in items {
             ids.push(extract_u64(&item, "sequence id")?);
         }
         Ok(ids)
     };
     if let Ok(list) = obj.cast::<PyList>() {
-        let mut ids = Vec::with_capacity(list.len());
+        if list.len() > max_len {
+            return Some(collect(list.len(), &mut std::iter::empty()));
+        }
+        let mut ids = match try_vec(py, list.len(), "seq_ids") {
+            Ok(ids) => ids,
+            Err(err) => return Some(Err(err)),
+        };
         let fast = read_exact_int_list(list, |_, value| match u64::try_from(value) {
             Ok(id) => {
                 ids.push(id);
@@ -381,57 +473,76 @@ fn seq_id_list(obj: &Bound<'_, PyAny>) -> Option<PyResult<Vec<u64>>> {
         return Some(collect(tuple.len(), &mut tuple.iter()));
     }
     if obj.is_instance_of::<PyUntypedArray>() {
-        return Some(integer_array(obj, "seq_ids", |value, py| {
-            u64::try_from(value).map_err(|_| {
-                invalid_argument(
-                    py,
-                    format!("sequence id must be in [0, 2**64), got {value}"),
-                )
-            })
-        }));
+        return Some(integer_array(
+            obj,
+            "seq_ids",
+            max_len,
+            SEQ_BATCH_WHY,
+            |value, py| {
+                u64::try_from(value).map_err(|_| {
+                    invalid_argument(
+                        py,
+                        format!("sequence id must be in [0, 2**64), got {value}"),
+                    )
+                })
+            },
+        ));
     }
     None
 }
 
-impl<'a, 'py> FromPyObject<'a, 'py> for SeqIds {
-    type Error = PyErr;
+/// The length of a list, tuple or NumPy array `obj` (0 for anything else, which is refused
+/// later); reads no item.
+pub fn batch_len(obj: &Bound<'_, PyAny>) -> usize {
+    if let Ok(list) = obj.cast::<PyList>() {
+        return list.len();
+    }
+    if let Ok(tuple) = obj.cast::<PyTuple>() {
+        return tuple.len();
+    }
+    if let Ok(array) = obj.cast::<PyUntypedArray>() {
+        return array.shape().first().copied().unwrap_or(0);
+    }
+    0
+}
 
-    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
-        match seq_id_list(&obj) {
+/// Sequence ids (`[B]`), read with [`SeqIds::extract_bounded`].
+pub struct SeqIds(pub Vec<u64>);
+
+impl SeqIds {
+    /// Reads a batch of at most `max_len` ids (refused unread when longer).
+    pub fn extract_bounded(obj: &Bound<'_, PyAny>, max_len: usize) -> PyResult<Self> {
+        match seq_id_list(obj, max_len) {
             Some(ids) => ids.map(SeqIds),
             None => Err(invalid_argument(
                 obj.py(),
                 format!(
                     "seq_ids must be a list or tuple of ints or a 1-D integer NumPy array, got {}",
-                    type_name(&obj)
+                    type_name(obj)
                 ),
             )),
         }
     }
-}
 
-/// One sequence id or several (a fork group), as `swap_out` / `swap_in` accept.
-pub struct OneOrManySeqIds(pub Vec<u64>);
-
-impl<'a, 'py> FromPyObject<'a, 'py> for OneOrManySeqIds {
-    type Error = PyErr;
-
-    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
-        if let Some(ids) = seq_id_list(&obj) {
-            return ids.map(OneOrManySeqIds);
+    /// One sequence id or several (a fork group), as `swap_out` / `swap_in` accept.
+    pub fn extract_one_or_many(obj: &Bound<'_, PyAny>, max_len: usize) -> PyResult<Self> {
+        if let Some(ids) = seq_id_list(obj, max_len) {
+            return ids.map(SeqIds);
         }
-        extract_u64(&obj, "sequence id").map(|id| OneOrManySeqIds(vec![id]))
+        extract_u64(obj, "sequence id").map(|id| SeqIds(vec![id]))
     }
 }
 
-/// The namespace key mixed into block hashes: `str` (hashed as UTF-8), `bytes`, or `int`
-/// (hashed as its decimal text, so `5` and `"5"` name the same namespace).
+/// The namespace key mixed into block hashes: `str` (hashed as UTF-8), `bytes`, or an integer
+/// (`int` or a NumPy integer scalar, hashed as its decimal text, so `5`, `np.int64(5)` and
+/// `"5"` name the same namespace).
 pub struct ExtraKey(pub Vec<u8>);
 
 impl<'a, 'py> FromPyObject<'a, 'py> for ExtraKey {
     type Error = PyErr;
 
     fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        let py = obj.py();
         // Both conversions below can fail on values of the right type (a str holding a lone
         // surrogate is not UTF-8; an int beyond `sys.get_int_max_str_digits()` has no decimal
         // text): that is malformed input too, not a UnicodeEncodeError / bare ValueError.
@@ -440,22 +551,36 @@ impl<'a, 'py> FromPyObject<'a, 'py> for ExtraKey {
                 .to_str()
                 .map(|s| ExtraKey(s.as_bytes().to_vec()))
                 .map_err(|e| {
-                    invalid_argument(obj.py(), format!("extra_key str is not valid UTF-8: {e}"))
+                    invalid_argument(py, format!("extra_key str is not valid UTF-8: {e}"))
                 });
         }
         if let Ok(bytes) = obj.cast::<PyBytes>() {
             return Ok(ExtraKey(bytes.as_bytes().to_vec()));
         }
-        if obj.is_instance_of::<PyInt>() && !obj.is_instance_of::<PyBool>() {
-            return obj
+        let integer = if obj.is_instance_of::<PyInt>() && !obj.is_instance_of::<PyBool>() {
+            Some(obj.to_owned())
+        } else if is_numpy_integer(&obj)? {
+            // `int(np.int64(5))`: the same decimal text as the Python int.
+            Some(obj.call_method0("__index__").map_err(|e| {
+                or_invalid(py, e, || {
+                    invalid_argument(py, "extra_key: __index__ failed".into())
+                })
+            })?)
+        } else {
+            None
+        };
+        if let Some(integer) = integer {
+            return integer
                 .str()
                 .map(|text| ExtraKey(text.to_string().into_bytes()))
                 .map_err(|e| {
-                    invalid_argument(obj.py(), format!("extra_key int has no decimal text: {e}"))
+                    or_invalid(py, e, || {
+                        invalid_argument(py, "extra_key int has no decimal text".to_owned())
+                    })
                 });
         }
         Err(invalid_argument(
-            obj.py(),
+            py,
             format!(
                 "extra_key must be str, bytes or int, got {}",
                 type_name(&obj)
@@ -464,10 +589,38 @@ impl<'a, 'py> FromPyObject<'a, 'py> for ExtraKey {
     }
 }
 
-/// Reads a 1-D NumPy integer array (any integer dtype, any strides) through `convert`.
+/// Refuses a `numpy.ma.MaskedArray`: its masked entries hold arbitrary data that the mask
+/// says to ignore, and reading the raw buffer would use them silently. Other subclasses
+/// (`memmap`, ...) are read through their base-class buffer.
+fn refuse_masked(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<()> {
+    let py = obj.py();
+    if obj.get_type().as_ptr() == PyUntypedArray::type_object_raw(py).cast::<ffi::PyObject>() {
+        return Ok(()); // exactly `numpy.ndarray`: the common case needs no import
+    }
+    let masked = py.import("numpy.ma")?.getattr("MaskedArray")?;
+    if obj.is_instance(&masked)? {
+        return Err(invalid_argument(
+            py,
+            format!("{name} is a masked array: pass a plain ndarray (masked entries have no defined value)"),
+        ));
+    }
+    Ok(())
+}
+
+/// Whether `obj` is a NumPy integer scalar (`np.integer`; `np.bool_` is not one).
+fn is_numpy_integer(obj: &Bound<'_, PyAny>) -> PyResult<bool> {
+    let py = obj.py();
+    let numpy = py.import("numpy")?;
+    obj.is_instance(&numpy.getattr("integer")?)
+}
+
+/// Reads a 1-D NumPy integer array (any integer dtype, either byte order, any strides) of at
+/// most `max_len` items through `convert`; a longer one is refused before anything is read.
 fn integer_array<T>(
     obj: &Bound<'_, PyAny>,
     name: &str,
+    max_len: usize,
+    why: &str,
     convert: impl Fn(i128, Python<'_>) -> PyResult<T>,
 ) -> PyResult<Vec<T>> {
     let py = obj.py();
@@ -480,12 +633,22 @@ fn integer_array<T>(
             format!("{name} must be a 1-D array, got shape {:?}", array.shape()),
         ));
     }
-    let kind = array.dtype().kind();
+    refuse_masked(obj, name)?;
+    let dtype = array.dtype();
+    let kind = dtype.kind();
     if kind != b'i' && kind != b'u' {
         return Err(invalid_argument(
             py,
-            format!("{name} must have an integer dtype, got {}", array.dtype()),
+            format!("{name} must have an integer dtype, got {dtype}"),
         ));
+    }
+    check_len(py, name, array.len(), max_len, why)?;
+    if !dtype.is_native_byteorder().unwrap_or(true) {
+        // A big-endian array on a little-endian host (or the reverse): read a native copy,
+        // whose size the check above bounds.
+        let native = dtype.call_method1("newbyteorder", ("=",))?;
+        let copy = obj.call_method1("astype", (native,))?;
+        return integer_array(&copy, name, max_len, why, convert);
     }
     macro_rules! try_dtype {
         ($($ty:ty),*) => {$(
@@ -494,7 +657,7 @@ fn integer_array<T>(
                     .try_readonly()
                     .map_err(|e| invalid_argument(py, format!("{name}: {e}")))?;
                 let view = readonly.as_array();
-                let mut out = Vec::with_capacity(view.len());
+                let mut out = try_vec(py, view.len(), name)?;
                 for &value in view.iter() {
                     out.push(convert(i128::from(value), py)?);
                 }
@@ -505,6 +668,6 @@ fn integer_array<T>(
     try_dtype!(i64, i32, u32, u64, i16, u16, i8, u8);
     Err(invalid_argument(
         py,
-        format!("{name}: unsupported integer dtype {}", array.dtype()),
+        format!("{name}: unsupported integer dtype {dtype}"),
     ))
 }

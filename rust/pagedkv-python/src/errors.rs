@@ -123,6 +123,7 @@ pub fn to_pyerr(py: Python<'_>, error: Error) -> PyErr {
             raise(py, &INVALID_ARGUMENT, message, &[])
         }
         Error::InvariantViolation(_) => raise(py, &INVARIANT_VIOLATION, message, &[]),
+        Error::OutOfMemory { .. } => pyo3::exceptions::PyMemoryError::new_err(message),
     }
 }
 

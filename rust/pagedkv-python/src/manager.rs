@@ -16,7 +16,8 @@ use pyo3::types::{PyDict, PyList};
 use pagedkv::{Error, KvCacheManager, ManagerConfig};
 
 use crate::convert::{
-    BlockIdArg, CountArg, ExtraKey, FlagArg, OneOrManySeqIds, SeedArg, SeqIdArg, SeqIds, TokenIds,
+    batch_len, must_propagate, with_arg_note, BlockIdArg, CountArg, ExtraKey, FlagArg, SeedArg,
+    SeqIdArg, SeqIds, TokenIds,
 };
 use crate::errors::{invalid_argument, invariant_violation, to_pyerr};
 use crate::events::events_to_python;
@@ -28,6 +29,11 @@ const DETACH_MIN_PROMPT_TOKENS: usize = 512;
 /// Batch calls over at least this many sequences run with the GIL released; below it the
 /// release and re-acquire cost more than the call itself.
 const DETACH_MIN_BATCH: usize = 8;
+/// Sequence-id batches up to this long are always read, so that a bad one reports the exact
+/// unknown or duplicate id. A longer one must not name more ids than there are live sequences
+/// (each batch call names a live sequence at most once), checked before any id is read: a
+/// zero-stride NumPy view can claim `1 << 40` ids without owning the memory for them.
+const SEQ_BATCH_ALWAYS_READ: usize = 1 << 16;
 
 /// Why a locked call failed: a core error, or a poisoned lock (a panic while it was held).
 enum Failure {
@@ -87,6 +93,37 @@ impl PyKvCacheManager {
         let call = || -> Result<T, Failure> { Ok(op(&mut *self.lock()?)?) };
         let result = if heavy { py.detach(call) } else { call() };
         result.map_err(|failure| failure_to_pyerr(py, failure))
+    }
+
+    /// Token ids from `obj`, refused unread when longer than the pool could ever hold (every
+    /// token a call adds occupies its own slot of the pool).
+    #[inline]
+    fn token_ids(&self, obj: &Bound<'_, PyAny>) -> PyResult<TokenIds> {
+        TokenIds::extract_bounded(obj, self.num_blocks.saturating_mul(self.block_size))
+            .map_err(|err| with_arg_note(obj.py(), "token_ids", err))
+    }
+
+    /// The most sequence ids a batch of `len` may name (see [`SEQ_BATCH_ALWAYS_READ`]).
+    fn max_batch_len(&self, py: Python<'_>, len: usize) -> PyResult<usize> {
+        if len <= SEQ_BATCH_ALWAYS_READ {
+            return Ok(SEQ_BATCH_ALWAYS_READ);
+        }
+        Ok(self
+            .read(py, |kv| kv.num_sequences())?
+            .max(SEQ_BATCH_ALWAYS_READ))
+    }
+
+    /// A batch of sequence ids from `obj`, bounded before anything is read.
+    #[inline]
+    fn seq_ids(&self, py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<SeqIds> {
+        SeqIds::extract_bounded(obj, self.max_batch_len(py, batch_len(obj))?)
+            .map_err(|err| with_arg_note(py, "seq_ids", err))
+    }
+
+    /// One sequence id or a batch (swap calls), bounded like [`Self::seq_ids`].
+    fn one_or_many_seq_ids(&self, py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<SeqIds> {
+        SeqIds::extract_one_or_many(obj, self.max_batch_len(py, batch_len(obj))?)
+            .map_err(|err| with_arg_note(py, "seq_ids", err))
     }
 
     /// Runs an infallible read on the locked manager.
@@ -223,12 +260,13 @@ impl PyKvCacheManager {
         &self,
         py: Python<'_>,
         seq_id: SeqIdArg,
-        token_ids: Option<TokenIds>,
+        token_ids: Option<Bound<'_, PyAny>>,
         num_tokens: Option<CountArg>,
         extra_key: Option<ExtraKey>,
     ) -> PyResult<usize> {
         match token_ids {
             Some(token_ids) => {
+                let token_ids = self.token_ids(&token_ids)?;
                 let ids = token_ids.as_slice();
                 check_token_count(py, ids.len(), num_tokens)?;
                 let heavy = ids.len() >= DETACH_MIN_PROMPT_TOKENS;
@@ -256,11 +294,12 @@ impl PyKvCacheManager {
         &self,
         py: Python<'_>,
         seq_id: SeqIdArg,
-        token_ids: Option<TokenIds>,
+        token_ids: Option<Bound<'_, PyAny>>,
         num_tokens: Option<CountArg>,
     ) -> PyResult<()> {
         match token_ids {
             Some(token_ids) => {
+                let token_ids = self.token_ids(&token_ids)?;
                 let ids = token_ids.as_slice();
                 check_token_count(py, ids.len(), num_tokens)?;
                 let heavy = ids.len() >= DETACH_MIN_PROMPT_TOKENS;
@@ -289,14 +328,16 @@ impl PyKvCacheManager {
     fn append_tokens_batch(
         &self,
         py: Python<'_>,
-        seq_ids: SeqIds,
-        token_ids: Option<TokenIds>,
+        seq_ids: Bound<'_, PyAny>,
+        token_ids: Option<Bound<'_, PyAny>>,
         num_tokens: CountArg,
     ) -> PyResult<()> {
+        let seq_ids = self.seq_ids(py, &seq_ids)?;
         let seqs = seq_ids.0.as_slice();
         let heavy = seqs.len() >= DETACH_MIN_BATCH;
         match token_ids {
             Some(token_ids) => {
+                let token_ids = self.token_ids(&token_ids)?;
                 let ids = token_ids.as_slice();
                 let expected = seqs.len().checked_mul(num_tokens.0);
                 if expected != Some(ids.len()) {
@@ -319,7 +360,8 @@ impl PyKvCacheManager {
     }
 
     /// Frees every sequence of `seq_ids` (`[B]`); validates all ids first (all or none).
-    fn free_batch(&self, py: Python<'_>, seq_ids: SeqIds) -> PyResult<()> {
+    fn free_batch(&self, py: Python<'_>, seq_ids: Bound<'_, PyAny>) -> PyResult<()> {
+        let seq_ids = self.seq_ids(py, &seq_ids)?;
         let seqs = seq_ids.0.as_slice();
         self.run(py, seqs.len() >= DETACH_MIN_BATCH, |kv| kv.free_batch(seqs))
     }
@@ -359,8 +401,9 @@ impl PyKvCacheManager {
     fn batch_block_tables<'py>(
         &self,
         py: Python<'py>,
-        seq_ids: SeqIds,
+        seq_ids: Bound<'py, PyAny>,
     ) -> PyResult<TablesAndLens<'py>> {
+        let seq_ids = self.seq_ids(py, &seq_ids)?;
         let seqs = seq_ids.0.as_slice();
         let (tables, max_blocks, seq_lens) =
             self.run(py, seqs.len() >= DETACH_MIN_BATCH, |kv| {
@@ -389,9 +432,10 @@ impl PyKvCacheManager {
     fn slot_mapping<'py>(
         &self,
         py: Python<'py>,
-        seq_ids: SeqIds,
+        seq_ids: Bound<'py, PyAny>,
         num_new_tokens: CountArg,
     ) -> PyResult<Bound<'py, PyArray1<i64>>> {
+        let seq_ids = self.seq_ids(py, &seq_ids)?;
         let seqs = seq_ids.0.as_slice();
         let slots = self.run(py, seqs.len() >= DETACH_MIN_BATCH, |kv| {
             kv.slot_mapping(seqs, num_new_tokens.0)
@@ -490,8 +534,9 @@ impl PyKvCacheManager {
     fn swap_out<'py>(
         &self,
         py: Python<'py>,
-        seq_ids: OneOrManySeqIds,
+        seq_ids: Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyArray2<i32>>> {
+        let seq_ids = self.one_or_many_seq_ids(py, &seq_ids)?;
         let seqs = seq_ids.0.as_slice();
         let pairs = self.run(py, seqs.len() >= DETACH_MIN_BATCH, |kv| kv.swap_out(seqs))?;
         pairs_to_array(py, &pairs)
@@ -501,8 +546,9 @@ impl PyKvCacheManager {
     fn swap_in<'py>(
         &self,
         py: Python<'py>,
-        seq_ids: OneOrManySeqIds,
+        seq_ids: Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyArray2<i32>>> {
+        let seq_ids = self.one_or_many_seq_ids(py, &seq_ids)?;
         let seqs = seq_ids.0.as_slice();
         let pairs = self.run(py, seqs.len() >= DETACH_MIN_BATCH, |kv| kv.swap_in(seqs))?;
         pairs_to_array(py, &pairs)
@@ -523,6 +569,8 @@ impl PyKvCacheManager {
     fn __contains__(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<bool> {
         match seq_id.extract::<SeqIdArg>() {
             Ok(seq_id) => self.read(py, |kv| kv.contains(seq_id.0)),
+            // Ctrl-C inside the caller's `__index__` is not "no such sequence".
+            Err(err) if must_propagate(py, &err) => Err(err),
             Err(_) => Ok(false),
         }
     }

@@ -8,6 +8,7 @@ use pyo3::types::{PyDict, PyList};
 
 use pagedkv_sim::{self as sim, Frame, SimConfig, SimProgress, SimResult, Workload};
 
+use crate::convert::{or_invalid, try_vec, CountArg};
 use crate::errors::{invalid_argument, to_pyerr};
 
 /// Copies a 1-D array (`[R]`) of `T` (NumPy dtype `dtype_name`) out of `obj`.
@@ -25,7 +26,34 @@ fn column<T: numpy::Element + Copy>(
             ),
         )
     })?;
-    Ok(array.readonly().as_array().to_vec())
+    let readonly = array
+        .try_readonly()
+        .map_err(|e| invalid_argument(obj.py(), format!("{name}: {e}")))?;
+    let view = readonly.as_array();
+    // A zero-stride view can claim any length: allocate fallibly (MemoryError, not an abort).
+    let mut out = try_vec(obj.py(), view.len(), name)?;
+    out.extend(view.iter().copied());
+    Ok(out)
+}
+
+/// `config` as a dict, or `InvalidArgumentError` naming what it is instead.
+fn config_dict<'a, 'py>(config: &'a Bound<'py, PyAny>) -> PyResult<&'a Bound<'py, PyDict>> {
+    config.cast::<PyDict>().map_err(|_| {
+        invalid_argument(
+            config.py(),
+            format!("config must be a dict, got {}", describe(config)),
+        )
+    })
+}
+
+/// `group_kind` as a str, or `InvalidArgumentError`.
+fn group_kind_str(group_kind: &Bound<'_, PyAny>) -> PyResult<String> {
+    group_kind.extract::<String>().map_err(|_| {
+        invalid_argument(
+            group_kind.py(),
+            format!("group_kind must be a str, got {}", describe(group_kind)),
+        )
+    })
 }
 
 /// Copies a 1-D int64 array (`[R]`) out of `obj`.
@@ -85,13 +113,15 @@ fn read_config(config: &Bound<'_, PyDict>) -> PyResult<SimConfig> {
             }
             value
                 .extract::<usize>()
-                .map_err(|_| wrong("a non-negative int"))
+                .map_err(|e| or_invalid(py, e, || wrong("a non-negative int")))
         };
         let number = || -> PyResult<f64> {
             if value.is_instance_of::<pyo3::types::PyBool>() {
                 return Err(wrong("a number"));
             }
-            value.extract::<f64>().map_err(|_| wrong("a number"))
+            value
+                .extract::<f64>()
+                .map_err(|e| or_invalid(py, e, || wrong("a number")))
         };
         let text = || -> PyResult<String> { value.extract::<String>().map_err(|_| wrong("a str")) };
         let flag = || -> PyResult<bool> {
@@ -116,7 +146,7 @@ fn read_config(config: &Bound<'_, PyDict>) -> PyResult<SimConfig> {
             "seed" => {
                 out.seed = value
                     .extract::<u64>()
-                    .map_err(|_| wrong("an int in [0, 2**64)"))?
+                    .map_err(|e| or_invalid(py, e, || wrong("an int in [0, 2**64)")))?
             }
             "max_steps" => out.max_steps = if value.is_none() { None } else { Some(size()?) },
             "watermark" => out.watermark = number()?,
@@ -139,17 +169,18 @@ fn read_workload(
     output_tokens: &Bound<'_, PyAny>,
     arrival_s: &Bound<'_, PyAny>,
     group_size: Option<&Bound<'_, PyAny>>,
-    group_kind: &str,
+    group_kind: &Bound<'_, PyAny>,
     prefix_id: Option<&Bound<'_, PyAny>>,
     prefix_tokens: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Workload> {
+    let group_kind = group_kind_str(group_kind)?;
     let prompt = int_column(prompt_tokens, "prompt_tokens")?;
     let output = int_column(output_tokens, "output_tokens")?;
     let arrival = float_column(arrival_s, "arrival_s")?;
     let group = optional_int_column(group_size, "group_size")?;
     let pid = optional_int_column(prefix_id, "prefix_id")?;
     let plen = optional_int_column(prefix_tokens, "prefix_tokens")?;
-    let kind = parse(py, group_kind)?;
+    let kind = parse(py, &group_kind)?;
     Workload::from_arrays(
         &prompt,
         &output,
@@ -282,10 +313,10 @@ pub fn simulate<'py>(
     output_tokens: &Bound<'py, PyAny>,
     arrival_s: &Bound<'py, PyAny>,
     group_size: Option<&Bound<'py, PyAny>>,
-    group_kind: &str,
+    group_kind: &Bound<'py, PyAny>,
     prefix_id: Option<&Bound<'py, PyAny>>,
     prefix_tokens: Option<&Bound<'py, PyAny>>,
-    config: &Bound<'py, PyDict>,
+    config: &Bound<'py, PyAny>,
     progress: Option<Py<PyAny>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let workload = read_workload(
@@ -298,7 +329,7 @@ pub fn simulate<'py>(
         prefix_id,
         prefix_tokens,
     )?;
-    let config = read_config(config)?;
+    let config = read_config(config_dict(config)?)?;
     let mut callback_error: Option<PyErr> = None;
     let outcome = py.detach(|| {
         let mut on_progress = |p: SimProgress| -> bool {
@@ -342,12 +373,13 @@ pub fn record_frames<'py>(
     output_tokens: &Bound<'py, PyAny>,
     arrival_s: &Bound<'py, PyAny>,
     group_size: Option<&Bound<'py, PyAny>>,
-    group_kind: &str,
+    group_kind: &Bound<'py, PyAny>,
     prefix_id: Option<&Bound<'py, PyAny>>,
     prefix_tokens: Option<&Bound<'py, PyAny>>,
-    config: &Bound<'py, PyDict>,
-    max_steps: usize,
+    config: &Bound<'py, PyAny>,
+    max_steps: CountArg,
 ) -> PyResult<Bound<'py, PyDict>> {
+    let max_steps = max_steps.0;
     let workload = read_workload(
         py,
         prompt_tokens,
@@ -358,7 +390,7 @@ pub fn record_frames<'py>(
         prefix_id,
         prefix_tokens,
     )?;
-    let config = read_config(config)?;
+    let config = read_config(config_dict(config)?)?;
     let (result, frames) = py
         .detach(|| sim::record_frames(&workload, &config, max_steps))
         .map_err(|e| to_pyerr(py, e))?;

@@ -25,6 +25,8 @@ pub fn stats_to_dict<'py>(py: Python<'py>, stats: &pagedkv::Stats) -> PyResult<B
         prefix_hit_rate,
         blocks_evicted,
         events_dropped,
+        event_queue_bytes,
+        copy_ops_elided,
         num_host_blocks,
         num_host_blocks_in_use,
         num_swapped_sequences,
@@ -47,6 +49,8 @@ pub fn stats_to_dict<'py>(py: Python<'py>, stats: &pagedkv::Stats) -> PyResult<B
     dict.set_item("prefix_hit_rate", prefix_hit_rate)?;
     dict.set_item("evictions", blocks_evicted)?;
     dict.set_item("events_dropped", events_dropped)?;
+    dict.set_item("event_queue_bytes", event_queue_bytes)?;
+    dict.set_item("copy_ops_elided", copy_ops_elided)?;
     dict.set_item("num_host_blocks", num_host_blocks)?;
     dict.set_item("num_host_blocks_in_use", num_host_blocks_in_use)?;
     dict.set_item("num_swapped_sequences", num_swapped_sequences)?;

@@ -71,6 +71,12 @@ pub enum Error {
     DoubleFree(BlockId),
     /// An internal invariant (docs/design.md, Invariants) does not hold; a bug in pagedkv or in unsafe caller use.
     InvariantViolation(String),
+    /// A result of `bytes` bytes could not be allocated (host memory, not blocks). Nothing
+    /// changed; Python raises `MemoryError`.
+    OutOfMemory {
+        /// The size of the allocation that failed.
+        bytes: usize,
+    },
 }
 
 impl Error {
@@ -111,6 +117,9 @@ impl fmt::Display for Error {
                 write!(f, "block {b} released more often than referenced (double free)")
             }
             Error::InvariantViolation(msg) => write!(f, "invariant violated: {msg}"),
+            Error::OutOfMemory { bytes } => {
+                write!(f, "out of host memory: cannot allocate a result of {bytes} bytes")
+            }
         }
     }
 }
@@ -122,4 +131,21 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 pub(crate) fn invalid<T>(msg: impl Into<String>) -> Result<T> {
     Err(Error::InvalidArgument(msg.into()))
+}
+
+/// A vector of `len` copies of `fill`, or [`Error::OutOfMemory`] when the allocation fails
+/// (`vec![fill; len]` would abort the process instead).
+pub(crate) fn try_filled<T: Clone>(len: usize, fill: T) -> Result<Vec<T>> {
+    let mut out = try_with_capacity(len)?;
+    out.resize(len, fill);
+    Ok(out)
+}
+
+/// An empty vector with room for `len` items, or [`Error::OutOfMemory`].
+pub(crate) fn try_with_capacity<T>(len: usize) -> Result<Vec<T>> {
+    let mut out = Vec::new();
+    out.try_reserve_exact(len).map_err(|_| Error::OutOfMemory {
+        bytes: len.saturating_mul(std::mem::size_of::<T>()),
+    })?;
+    Ok(out)
 }

@@ -48,6 +48,11 @@ pub struct Stats {
     pub blocks_evicted: u64,
     /// KV events dropped because the bounded event queue was full, lifetime.
     pub events_dropped: u64,
+    /// Memory held by undrained KV events, in bytes (bounded; see `take_events`).
+    pub event_queue_bytes: usize,
+    /// Pending copy-on-write copies found dead (their destination overwritten or released
+    /// before the caller drained them) and dropped to bound the queue, lifetime.
+    pub copy_ops_elided: u64,
     /// Blocks in the host tier (0: no host tier).
     pub num_host_blocks: usize,
     /// Host blocks referenced by swapped-out sequences.

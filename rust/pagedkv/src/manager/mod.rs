@@ -21,6 +21,7 @@
 mod admission;
 mod batch;
 mod config;
+mod copy_queue;
 mod csr;
 mod growth;
 mod invariants;
@@ -84,6 +85,8 @@ struct Counters {
     blocks_swapped_out: u64,
     /// Host blocks copied back to the device.
     blocks_swapped_in: u64,
+    /// Pending copies dropped by dead-copy elimination (`copy_queue`).
+    copy_ops_elided: u64,
 }
 
 /// The KV-cache manager: sequences, their copy-on-write block tables, the prefix cache and
@@ -123,6 +126,9 @@ pub struct KvCacheManager {
     num_swapped: usize,
     /// Pending copy-on-write copies `(src, dst)` for the data plane, oldest first.
     pending_copies: Vec<(BlockId, BlockId)>,
+    /// `pending_copies.len()` at which it is next compacted (`copy_queue`), so that a caller
+    /// who never drains it keeps bounded memory.
+    copies_compact_at: usize,
     /// Lifetime counters.
     counters: Counters,
     /// Reused buffer for freshly allocated block ids (keeps allocation off the hot path).
@@ -178,6 +184,7 @@ impl KvCacheManager {
     pub fn with_pool(pool: Arc<BlockPool>, mut config: ManagerConfig) -> Result<Self> {
         config.num_blocks = pool.num_blocks();
         config.block_size = pool.block_size();
+        let copies_compact_at = copy_queue::initial_threshold(pool.num_blocks());
         let prefix = config.enable_prefix_caching.then(|| {
             PrefixCache::new(
                 pool.num_blocks(),
@@ -198,6 +205,7 @@ impl KvCacheManager {
             num_blocks_in_use: 0,
             num_swapped: 0,
             pending_copies: Vec::new(),
+            copies_compact_at,
             counters: Counters::default(),
             scratch: Vec::new(),
             batch: BatchScratch::default(),

@@ -2,7 +2,7 @@
 //! occupancy and stats.
 
 use super::KvCacheManager;
-use crate::error::{invalid, Error, Result};
+use crate::error::{invalid, try_filled, try_with_capacity, Error, Result};
 use crate::prefix::PrefixCache;
 use crate::stats::Stats;
 use crate::table::BlockTable;
@@ -50,7 +50,9 @@ impl KvCacheManager {
     }
 
     /// Block tables of `seq_ids` as one row-major `[B, max_blocks]` i32 matrix padded with -1,
-    /// plus `max_blocks` and the sequences' lengths (`[B]`, i32).
+    /// plus `max_blocks` and the sequences' lengths (`[B]`, i32). Each id may appear once (a
+    /// repeated id is `InvalidArgument`), so the result is bounded by the live sequences; one
+    /// that cannot be allocated is [`Error::OutOfMemory`], never an abort.
     ///
     /// ```
     /// use pagedkv::{KvCacheManager, ManagerConfig};
@@ -66,8 +68,13 @@ impl KvCacheManager {
         for &id in seq_ids {
             max_blocks = max_blocks.max(self.resident(id)?.table.block_ids.len());
         }
-        let mut tables = vec![-1i32; seq_ids.len() * max_blocks];
-        let mut lens = Vec::with_capacity(seq_ids.len());
+        self.check_distinct(seq_ids)?;
+        let cells = seq_ids
+            .len()
+            .checked_mul(max_blocks)
+            .ok_or(Error::OutOfMemory { bytes: usize::MAX })?;
+        let mut tables = try_filled(cells, -1i32)?;
+        let mut lens = try_with_capacity(seq_ids.len())?;
         for (row, &id) in seq_ids.iter().enumerate() {
             let table = &self.seqs[&id].table;
             let dst = &mut tables[row * max_blocks..row * max_blocks + table.block_ids.len()];
@@ -80,7 +87,8 @@ impl KvCacheManager {
     }
 
     /// Slots (`block_id * block_size + offset`) of each sequence's last `num_new_tokens`
-    /// tokens, row-major `[B * num_new_tokens]`.
+    /// tokens, row-major `[B * num_new_tokens]`. Each id may appear once (a repeated id is
+    /// `InvalidArgument`); a result that cannot be allocated is [`Error::OutOfMemory`].
     ///
     /// ```
     /// use pagedkv::{KvCacheManager, ManagerConfig};
@@ -99,7 +107,12 @@ impl KvCacheManager {
                 ));
             }
         }
-        let mut slots = Vec::with_capacity(seq_ids.len() * num_new_tokens);
+        self.check_distinct(seq_ids)?;
+        let len = seq_ids
+            .len()
+            .checked_mul(num_new_tokens)
+            .ok_or(Error::OutOfMemory { bytes: usize::MAX })?;
+        let mut slots = try_with_capacity(len)?;
         for &id in seq_ids {
             let table = &self.seqs[&id].table;
             for pos in table.num_tokens - num_new_tokens..table.num_tokens {
@@ -167,6 +180,7 @@ impl KvCacheManager {
             num_swapped_sequences: self.num_swapped,
             blocks_swapped_out: self.counters.blocks_swapped_out,
             blocks_swapped_in: self.counters.blocks_swapped_in,
+            copy_ops_elided: self.counters.copy_ops_elided,
             ..Stats::default()
         };
         if let Some(p) = &self.prefix {
@@ -180,6 +194,7 @@ impl KvCacheManager {
             };
             s.blocks_evicted = p.blocks_evicted;
             s.events_dropped = p.events.dropped;
+            s.event_queue_bytes = p.events.bytes();
         }
         if let Some(h) = &self.host {
             s.num_host_blocks = h.num_blocks();

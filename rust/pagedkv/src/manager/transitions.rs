@@ -117,6 +117,7 @@ impl KvCacheManager {
     /// on `src`.
     pub(super) fn copy_on_write(&mut self, src: BlockId, dst: BlockId) {
         self.pending_copies.push((src, dst));
+        self.bound_pending_copies();
         self.counters.cow_copies += 1;
         self.release(src);
     }

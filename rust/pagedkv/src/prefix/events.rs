@@ -2,9 +2,16 @@
 //!
 //! While prefix caching is on, every index change is recorded as a [`KvEvent`] whose field
 //! names follow vLLM's KV-event schema (`BlockStored`, `BlockRemoved`, `AllBlocksCleared`). The
-//! queue is bounded by `ManagerConfig::max_events`: when it is full the **oldest** event is
-//! dropped and `Stats::events_dropped` counts it, so a consumer that falls behind sees a gap it
-//! can detect (and can resync after an `AllBlocksCleared`) rather than unbounded memory growth.
+//! queue is bounded twice: by count (`ManagerConfig::max_events`) and by memory
+//! ([`MAX_EVENT_BYTES`], counting each event's heap buffers at their capacity). When a new event
+//! would pass either bound the **oldest** events are dropped until it fits, and
+//! `Stats::events_dropped` counts them, so a consumer that falls behind sees a gap it can detect
+//! (and can resync after an `AllBlocksCleared`) rather than unbounded memory growth. An event
+//! larger than the whole byte budget on its own is dropped (and counted) instead of emptying the
+//! queue for it.
+//!
+//! Why bytes too: one `BlockStored` of a 32k-token prompt carries its 32k token ids (~160 KB),
+//! so a count bound alone (65 536 events) still allows gigabytes.
 
 use std::collections::VecDeque;
 
@@ -56,39 +63,86 @@ pub enum KvEvent {
     AllBlocksCleared,
 }
 
-/// The bounded event queue: oldest first; when full, the oldest event is dropped and counted.
+/// Memory bound of one manager's undrained KV events: 64 MiB (about 400 `BlockStored` events
+/// of 32k-token prompts, or ~500 000 small ones), as measured by [`event_bytes`].
+pub(crate) const MAX_EVENT_BYTES: usize = 64 << 20;
+
+/// The memory one queued event holds: the enum itself plus its heap buffers at capacity.
+pub(crate) fn event_bytes(event: &KvEvent) -> usize {
+    let heap = match event {
+        KvEvent::BlockStored {
+            block_hashes,
+            token_ids,
+            extra_key,
+            ..
+        } => {
+            block_hashes.capacity() * std::mem::size_of::<BlockHash>()
+                + token_ids.capacity() * std::mem::size_of::<TokenId>()
+                + extra_key.as_ref().map_or(0, Vec::capacity)
+        }
+        KvEvent::BlockRemoved { block_hashes, .. } => {
+            block_hashes.capacity() * std::mem::size_of::<BlockHash>()
+        }
+        KvEvent::AllBlocksCleared => 0,
+    };
+    std::mem::size_of::<KvEvent>() + heap
+}
+
+/// The bounded event queue: oldest first; when a new event would pass the count or byte
+/// bound, the oldest events are dropped and counted.
 #[derive(Debug)]
 pub(crate) struct EventQueue {
     events: VecDeque<KvEvent>,
-    /// Capacity (0: every event is dropped).
+    /// Count capacity (0: every event is dropped).
     max_events: usize,
-    /// Events dropped because the queue was full, lifetime.
+    /// Byte capacity ([`MAX_EVENT_BYTES`]).
+    max_bytes: usize,
+    /// Sum of [`event_bytes`] over `events` (invariant).
+    bytes: usize,
+    /// Events dropped because a bound was reached, lifetime.
     pub(crate) dropped: u64,
 }
 
 impl EventQueue {
     pub(crate) fn new(max_events: usize) -> Self {
+        Self::with_byte_limit(max_events, MAX_EVENT_BYTES)
+    }
+
+    pub(crate) fn with_byte_limit(max_events: usize, max_bytes: usize) -> Self {
         EventQueue {
             events: VecDeque::new(),
             max_events,
+            max_bytes,
+            bytes: 0,
             dropped: 0,
         }
     }
 
     pub(crate) fn push(&mut self, event: KvEvent) {
-        if self.max_events == 0 {
+        let size = event_bytes(&event);
+        if self.max_events == 0 || size > self.max_bytes {
             self.dropped += 1;
             return;
         }
-        if self.events.len() == self.max_events {
-            self.events.pop_front();
+        while self.events.len() >= self.max_events || self.bytes + size > self.max_bytes {
+            let Some(oldest) = self.events.pop_front() else {
+                break;
+            };
+            self.bytes -= event_bytes(&oldest);
             self.dropped += 1;
         }
+        self.bytes += size;
         self.events.push_back(event);
+    }
+
+    /// Bytes held by the queued events ([`event_bytes`] summed).
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
     }
 
     /// Drains the queue, oldest first.
     pub(crate) fn take(&mut self) -> Vec<KvEvent> {
+        self.bytes = 0;
         self.events.drain(..).collect()
     }
 }
@@ -157,6 +211,47 @@ mod tests {
         let mut none = EventQueue::new(0);
         none.push(KvEvent::AllBlocksCleared);
         assert_eq!((none.dropped, none.take().len()), (1, 0));
+    }
+
+    fn stored(tokens: usize) -> KvEvent {
+        KvEvent::BlockStored {
+            block_hashes: vec![1; tokens / 16],
+            parent_block_hash: None,
+            token_ids: vec![7; tokens],
+            block_size: 16,
+            extra_key: None,
+            medium: Tier::Device,
+        }
+    }
+
+    #[test]
+    fn byte_bound_drops_the_oldest_and_counts_them() {
+        let one = event_bytes(&stored(1024));
+        let mut q = EventQueue::with_byte_limit(1000, 3 * one);
+        for _ in 0..10 {
+            q.push(stored(1024));
+            assert!(q.bytes() <= 3 * one);
+        }
+        assert_eq!((q.dropped, q.take().len(), q.bytes()), (7, 3, 0));
+        // An event larger than the whole budget is dropped alone; the queue keeps its events.
+        q.push(stored(16));
+        q.push(stored(1 << 16));
+        assert_eq!(q.dropped, 8);
+        assert_eq!(q.take().len(), 1);
+    }
+
+    #[test]
+    fn a_cycled_long_prompt_stays_within_the_default_byte_bound() {
+        // Issue 11: a 32k-token prompt's event repeated without draining; ~158 KB each.
+        let mut q = EventQueue::new(65_536);
+        for _ in 0..1_000 {
+            q.push(stored(32 * 1024));
+            q.push(KvEvent::AllBlocksCleared);
+        }
+        assert!(q.bytes() <= MAX_EVENT_BYTES);
+        assert!(q.dropped > 0);
+        let kept = q.take();
+        assert!(matches!(kept.last(), Some(KvEvent::AllBlocksCleared)));
     }
 
     #[test]
