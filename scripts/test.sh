@@ -18,7 +18,7 @@ rm -rf "$VENV"
 python3 -m venv "$VENV"
 . "$VENV/bin/activate"
 python -m pip install -q --upgrade pip
-python -m pip install -q '.[test]'
+python -m pip install -q '.[test,events]'
 
 stage "format and lint gates"
 cargo fmt --all --check

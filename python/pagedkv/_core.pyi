@@ -148,3 +148,7 @@ def record_frames(
     config: dict[str, object],
     max_steps: int,
 ) -> dict[str, Any]: ...
+def encode_event_batch(
+    events: list[Any], ts: float, data_parallel_rank: int | None = None, raw_hashes: bool = False
+) -> bytes:
+    """vLLM's KV-event ``EventBatch`` as msgpack bytes (``pagedkv.events.encode_batch``)."""

@@ -77,7 +77,11 @@ fn stored_event(event: &Bound<'_, PyAny>) -> PyResult<WireEvent> {
     let extra_keys = extra_keys
         .map(|keys| {
             keys.into_iter()
-                .map(|block| block.map(|items| items.iter().map(|item| extra_item(&item)).collect()).transpose())
+                .map(|block| {
+                    block
+                        .map(|items| items.iter().map(|item| extra_item(&item)).collect())
+                        .transpose()
+                })
                 .collect::<PyResult<Vec<_>>>()
         })
         .transpose()?;

@@ -256,8 +256,7 @@ fn write_event(out: &mut Vec<u8>, event: &WireEvent, hashes: HashFormat) -> Resu
 }
 
 fn write_hashes(out: &mut Vec<u8>, block_hashes: &[BlockHash], hashes: HashFormat) -> Result<()> {
-    encode::write_array_len(out, len_u32(block_hashes.len(), "block_hashes")?)
-        .map_err(io_error)?;
+    encode::write_array_len(out, len_u32(block_hashes.len(), "block_hashes")?).map_err(io_error)?;
     for &hash in block_hashes {
         write_hash(out, hash, hashes)?;
     }
@@ -341,8 +340,13 @@ mod tests {
 
     #[test]
     fn batch_of_cleared_is_the_exact_msgpack() {
-        let bytes = encode_event_batch(&[WireEvent::AllBlocksCleared], 0.5, Some(3), HashFormat::U64)
-            .unwrap();
+        let bytes = encode_event_batch(
+            &[WireEvent::AllBlocksCleared],
+            0.5,
+            Some(3),
+            HashFormat::U64,
+        )
+        .unwrap();
         let mut expected = vec![0x93, 0xcb];
         expected.extend_from_slice(&0.5f64.to_be_bytes());
         expected.push(0x91); // one event
