@@ -153,7 +153,7 @@ def test_engine_events_round_trip_exactly_with_take_events() -> None:
         (
             [BlockStored(block_hashes=[1], parent_block_hash=None, token_ids=[-1], block_size=1)],
             OverflowError,
-            "",
+            r"events\[0\]",
         ),
     ],
 )

@@ -346,7 +346,7 @@ def simulate_cluster(
     indexes = [EventIndex(bs) for _ in range(replicas)]
     # The router's own bookkeeping of requests in flight: (finish_s, kv blocks, replica) heaps.
     active: list[list[tuple[float, int, int]]] = [[] for _ in range(replicas)]
-    hit_tokens = prompt_tokens = rejected = 0
+    hit_tokens = prompt_tokens = rejected = predicted_tokens = 0
     queue_s: list[float] = []
     ttft_s: list[float] = []
     per_replica_requests = [0] * replicas
@@ -356,9 +356,16 @@ def simulate_cluster(
             while flights and flights[0][0] <= now:
                 heapq.heappop(flights)
         tokens = block_tokens(request)
-        keys = request_keys(tokens, bs) if policy in ("longest-prefix", "cost") else []
+        keys: list[int] = request_keys(tokens, bs) if policy in ("longest-prefix", "cost") else []
         target = _choose(policy, number, keys, request.input_tokens, indexes, active, bs)
         engine = engines[target]
+        if not keys:
+            keys = request_keys(tokens, bs)
+        # What the router expects the replica to serve from cache (the last prompt token is
+        # always computed, so a fully cached prompt on a block boundary recomputes a block).
+        predicted = indexes[target].match(keys)
+        if predicted and predicted * bs == request.input_tokens:
+            predicted -= 1
         start = max(now, engine.prefill_free_s)
         engine.release_until(start)
         while True:
@@ -392,6 +399,7 @@ def simulate_cluster(
         engine.work_tokens += computed + request.output_tokens
         per_replica_requests[target] += 1
         hit_tokens += cached
+        predicted_tokens += predicted * bs
         prompt_tokens += request.input_tokens
         queue_s.append(start - now)
         ttft_s.append(first_token - now)
@@ -411,6 +419,7 @@ def simulate_cluster(
         "prompt_tokens": prompt_tokens,
         "prefill_tokens": prompt_tokens - hit_tokens,
         "prefill_tokens_saved": hit_tokens,
+        "router_predicted_hit_tokens": predicted_tokens,
         "load_max_over_mean": max(work) / mean_work if mean_work else 1.0,
         "requests_max_over_mean": max(per_replica_requests) * replicas / served if served else 1.0,
         "mean_queue_s": float(np.mean(queue_s)) if served else 0.0,
