@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 import pagedkv
-from pagedkv.errors import InvalidArgumentError, OutOfBlocksError
+from pagedkv.errors import InvalidArgumentError
 from pagedkv.events import AllBlocksCleared, BlockRemoved, BlockStored
 
 __all__ = [
@@ -368,25 +368,20 @@ def simulate_cluster(
             predicted -= 1
         start = max(now, engine.prefill_free_s)
         engine.release_until(start)
-        while True:
-            try:
-                cached = engine.kv.add_sequence(number, tokens)
-            except OutOfBlocksError:
-                cached = None
-            if cached is not None:
-                try:
-                    if request.output_tokens:
-                        engine.kv.append_tokens(number, num_tokens=request.output_tokens)
-                    break
-                except OutOfBlocksError:
-                    engine.kv.free(number)
-            if not engine.running:
-                break
+        # Admit only when the whole request (prompt + output) fits, counting cached blocks as
+        # free: a failed attempt would store blocks and make its own retry look like a hit.
+        need = -(-(request.input_tokens + request.output_tokens) // bs)
+        while engine.kv.num_free_blocks < need and engine.running:
             finish, seq = heapq.heappop(engine.running)
             engine.kv.free(seq)
             start = max(start, finish)
+        cached = None
+        if need <= engine.kv.num_free_blocks:
+            cached = engine.kv.add_sequence(number, tokens)
+            if request.output_tokens:
+                engine.kv.append_tokens(number, num_tokens=request.output_tokens)
         indexes[target].apply(engine.kv.take_events())
-        if cached is None or number not in engine.kv:
+        if cached is None:
             rejected += 1  # larger than the replica's whole pool
             continue
         computed = request.input_tokens - cached
