@@ -12,7 +12,7 @@ import numpy.typing as npt
 
 from pagedkv.events import AllBlocksCleared, BlockRemoved, BlockStored
 
-__all__ = ["BlockPool", "KvCacheManager", "__version__", "record_frames", "simulate"]
+__all__ = ["BlockPool", "KvCacheManager", "__version__", "encode_event_batch", "record_frames", "simulate"]
 
 __version__: str
 

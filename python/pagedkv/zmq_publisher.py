@@ -99,7 +99,7 @@ class ZmqEventPublisher:
         self._data_parallel_rank = data_parallel_rank
         self._queue: queue.Queue[tuple[float, list[KvEvent]] | None] = queue.Queue(max_queue_batches)
         self._buffer: collections.deque[tuple[int, bytes]] = collections.deque(maxlen=buffer_steps)
-        self._context = zmq.Context.instance()
+        self._context: zmq.Context[Any] = zmq.Context.instance()
         self._pub = _open(self._context, zmq.PUB, endpoint, hwm)
         self._replay: zmq.Socket[Any] | None = None
         try:

@@ -92,11 +92,15 @@ def test_bad_inputs_are_refused(tmp_path: Path) -> None:
         cluster.ClusterConfig(num_slots=1, block_size=16)
 
 
-def test_cli_writes_one_row_per_policy_and_replica_count(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_writes_one_row_per_policy_and_replica_count(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "cluster.json"
     trace = tmp_path / "tiny.jsonl"
     lines = [
-        json.dumps({"timestamp": 100 * i, "input_length": 1100, "output_length": 20, "hash_ids": [0, 1, 2 + i]})
+        json.dumps(
+            {"timestamp": 100 * i, "input_length": 1100, "output_length": 20, "hash_ids": [0, 1, 2 + i]}
+        )
         for i in range(40)
     ]
     trace.write_text("\n".join(lines) + "\n")
@@ -105,11 +109,16 @@ def test_cli_writes_one_row_per_policy_and_replica_count(tmp_path: Path, capsys:
     )
     assert code == 0
     rows = json.loads(out.read_text())["rows"]
-    assert [(r["policy"], r["replicas"]) for r in rows] == [
-        (p, n) for p in cluster.POLICIES for n in (1, 2)
-    ]
+    assert [(r["policy"], r["replicas"]) for r in rows] == [(p, n) for p in cluster.POLICIES for n in (1, 2)]
     for row in rows:
-        assert {"policy", "replicas", "token_hit_rate", "prefill_tokens", "load_max_over_mean", "mean_ttft_s"} <= set(row)
+        assert {
+            "policy",
+            "replicas",
+            "token_hit_rate",
+            "prefill_tokens",
+            "load_max_over_mean",
+            "mean_ttft_s",
+        } <= set(row)
     assert "cache-aware routing against round-robin" in capsys.readouterr().out
     assert cli.main(["cluster", "--workload", "nope"]) == 2
     assert cli.main(["cluster", "--replicas", "0"]) == 2

@@ -246,10 +246,10 @@ class EventIndex:
                 )
                 if parent is None:  # a parent the router never saw (a missed event): skip
                     continue
-                tokens = np.asarray(event.token_ids, dtype=np.uint32)
+                tokens = event.token_ids
                 size = event.block_size
                 for i, engine_hash in enumerate(event.block_hashes):
-                    parent = chain_key(parent, tokens[i * size : (i + 1) * size])
+                    parent = chain_key(parent, tuple(tokens[i * size : (i + 1) * size]))
                     self._keys.add(parent)
                     self._key_of_hash[engine_hash] = parent
             elif isinstance(event, BlockRemoved):
@@ -274,15 +274,17 @@ class EventIndex:
         return len(self._keys)
 
 
-def chain_key(parent: int, block: np.ndarray) -> int:
-    """The router's own chained block key: (parent key, the block's token bytes)."""
-    return hash((parent, block.tobytes()))
+def chain_key(parent: int, block: tuple[int, ...]) -> int:
+    """The router's own chained block key: (parent key, the block's token ids)."""
+    return hash((parent, block))
 
 
 def request_keys(tokens: np.ndarray, block_size: int) -> list[int]:
+    """A request's chained block keys, one per full block, as the router computes them."""
+    ids = tokens.tolist()
     keys, parent = [], 0
-    for i in range(len(tokens) // block_size):
-        parent = chain_key(parent, tokens[i * block_size : (i + 1) * block_size])
+    for i in range(len(ids) // block_size):
+        parent = chain_key(parent, tuple(ids[i * block_size : (i + 1) * block_size]))
         keys.append(parent)
     return keys
 
