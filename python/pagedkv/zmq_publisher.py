@@ -10,11 +10,12 @@ Wire protocol (vLLM's ``ZmqEventPublisher``, docs/events.md):
   ``[identity, b"", seq, payload]`` per buffered batch whose ``seq >= start_seq``, then the end
   marker ``[identity, b"", seq = -1 (8 bytes, signed), b""]``.
 
-``publish`` never blocks the caller (the allocator's hot path): it stamps the batch and hands it
-to a bounded queue; one background thread encodes, sends, buffers and serves replays, and it
-alone touches the sockets. When the queue is full the batch is dropped and counted in
-``dropped_batches`` (the subscriber sees no sequence gap for it, so a consumer that must be exact
-should size ``max_queue_batches`` for its bursts; the default holds 100,000 batches).
+The payload is ``pagedkv.events.encode_batch``'s. ``publish`` never blocks the caller (the
+allocator's hot path): it stamps the batch and hands it to a bounded queue; one background thread
+encodes, sends, buffers and serves replays, and it alone touches the sockets. When the queue is full
+the batch is dropped and counted in ``dropped_batches`` (the subscriber sees no sequence gap for it,
+so a consumer that must be exact should size ``max_queue_batches`` for its bursts; the default holds
+100,000 batches).
 
 Endpoints follow vLLM's rule: an address with ``*`` or ``::`` or an ``ipc://`` / ``inproc://``
 address is bound, any other is connected to. ``tcp://127.0.0.1:*`` binds a free port;
@@ -33,7 +34,11 @@ from typing import Any
 
 import zmq
 
-from pagedkv.events import KvEvent, encode_batch
+# The encoder itself, not pagedkv.events (which re-exports this class: no import cycle).
+from pagedkv._core import encode_event_batch
+
+KvEvent = Any
+"""A ``pagedkv.events`` event object (typed loosely here: pagedkv.events imports this module)."""
 
 __all__ = ["ZmqEventPublisher", "END_SEQ"]
 
@@ -139,6 +144,17 @@ class ZmqEventPublisher:
                 return False
         return True
 
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        """Waits until every queued batch has been sent (or refused); False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        with self._queue.all_tasks_done:
+            while self._queue.unfinished_tasks:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._queue.all_tasks_done.wait(remaining)
+        return True
+
     def drain(self, kv: Any) -> int:
         """Publishes ``kv.take_events()`` as one batch when there are any; returns how many."""
         events = kv.take_events()
@@ -192,18 +208,24 @@ class ZmqEventPublisher:
             except queue.Empty:
                 continue
             if item is None:
+                self._queue.task_done()
                 return
-            ts, events = item
             try:
-                payload = encode_batch(events, ts, self._data_parallel_rank)
-            except (TypeError, ValueError, OverflowError) as error:  # not pagedkv.events objects
-                self.failed_batches += 1
-                self.last_error = error
-                continue
-            seq = self.published_batches
-            self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload))
-            self._buffer.append((seq, payload))
-            self.published_batches = seq + 1
+                self._send(*item)
+            finally:
+                self._queue.task_done()
+
+    def _send(self, ts: float, events: list[KvEvent]) -> None:
+        try:
+            payload = encode_event_batch(events, ts, self._data_parallel_rank, False)
+        except (TypeError, ValueError, OverflowError) as error:  # not pagedkv.events objects
+            self.failed_batches += 1
+            self.last_error = error
+            return
+        seq = self.published_batches
+        self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload))
+        self._buffer.append((seq, payload))
+        self.published_batches = seq + 1
 
     def _serve_replay(self) -> None:
         assert self._replay is not None

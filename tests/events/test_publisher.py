@@ -5,7 +5,6 @@ gap after a subscriber restart recovered through the ROUTER replay socket."""
 from __future__ import annotations
 
 import random
-import time
 
 import pagedkv
 import pytest
@@ -38,12 +37,18 @@ class Subscriber:
         return int.from_bytes(seq, "big"), DECODER.decode(payload)
 
     def join(self) -> int:
-        """Waits out ZMQ's slow-joiner window: publishes empty batches until one arrives;
-        returns its sequence number."""
+        """Waits out ZMQ's slow-joiner window: publishes empty batches until one arrives, then
+        reads the rest of them; returns the sequence number of the last."""
         while True:
             self.pub.publish([])
             if self.sub.poll(50):
-                return self.recv()[0]
+                seq = self.recv()[0]
+                break
+        assert self.pub.flush()  # every batch join queued has been sent
+        last = self.pub.published_batches - 1
+        while seq < last:  # PUB keeps order: everything after the first received arrives
+            seq = self.recv()[0]
+        return seq
 
     def replay(self, start_seq: int) -> list[tuple[int, Batch]]:
         assert self.pub.replay_endpoint is not None
@@ -117,8 +122,7 @@ def test_restarted_subscriber_recovers_the_gap_by_replay() -> None:
         sub.close()  # the router restarts; the engine keeps publishing
         for _ in range(150):
             pub.drain(next(steps))
-        while pub.published_batches < last_seen + 1 + 150:
-            time.sleep(0.01)
+        assert pub.flush()
         sub = Subscriber(pub)
         live_from = sub.join()
         assert live_from > last_seen + 1  # the restarted subscriber sees a gap...
@@ -135,8 +139,7 @@ def test_replay_buffer_is_bounded() -> None:
     with ZmqEventPublisher(endpoint, replay_endpoint="tcp://127.0.0.1:*", buffer_steps=5) as pub:
         for _ in range(12):
             pub.publish([BlockStored(block_hashes=[1], parent_block_hash=None, token_ids=[1], block_size=1)])
-        while pub.published_batches < 12:
-            time.sleep(0.01)
+        assert pub.flush() and pub.published_batches == 12
         sub = Subscriber(pub, topic="")
         assert [s for s, _ in sub.replay(0)] == [7, 8, 9, 10, 11]
         assert [s for s, _ in sub.replay(10)] == [10, 11]
@@ -181,9 +184,7 @@ def test_bad_events_are_counted_not_fatal() -> None:
     with ZmqEventPublisher("tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*") as pub:
         pub.publish([object()])  # type: ignore[list-item]
         pub.publish([])
-        deadline = time.monotonic() + 10
-        while pub.published_batches < 1 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        assert pub.flush()
         assert pub.failed_batches == 1 and isinstance(pub.last_error, TypeError)
         assert pub.published_batches == 1
 
