@@ -12,7 +12,7 @@ import numpy.typing as npt
 
 from pagedkv.events import AllBlocksCleared, BlockRemoved, BlockStored
 
-__all__ = ["BlockPool", "KvCacheManager", "__version__", "record_frames", "simulate"]
+__all__ = ["BlockPool", "KvCacheManager", "__version__", "encode_event_batch", "record_frames", "simulate"]
 
 __version__: str
 
@@ -153,3 +153,7 @@ def record_frames(
     config: dict[str, object],
     max_steps: int,
 ) -> dict[str, Any]: ...
+def encode_event_batch(
+    events: list[Any], ts: float, data_parallel_rank: int | None = None, raw_hashes: bool = False
+) -> bytes:
+    """vLLM's KV-event ``EventBatch`` as msgpack bytes (``pagedkv.events.encode_batch``)."""

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pagedkv
+from pagedkv.commands import cluster as cluster_commands
 from pagedkv.commands import costmodel as costmodel_commands
 from pagedkv.commands import experiments as experiment_commands
 from pagedkv.commands import simulation as simulation_commands
@@ -33,6 +34,7 @@ COMMANDS: list[Callable[[Any], None]] = [
     costmodel_commands.register,  # costmodel
     viz_commands.register,  # viz
     engine_commands.register,  # generate, bench-engine
+    cluster_commands.register,  # cluster
 ]
 
 # Commands that time NumPy work: BLAS threads spinning on a busy machine make timings erratic.

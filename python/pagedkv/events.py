@@ -4,14 +4,30 @@ Field names follow vLLM's KV-event schema (``vllm.distributed.kv_events``: ``Blo
 ``BlockRemoved``, ``AllBlocksCleared``) so that KV-aware routers written against vLLM can consume
 them unchanged. Block hashes are Python ``int``s (the core's 128-bit keyed chained hashes; vLLM's
 ``ExternalBlockHash`` is ``bytes | int``).
+
+``encode_batch`` turns a list of them into the bytes vLLM publishes over ZMQ (one ``EventBatch``,
+docs/events.md); ``ZmqEventPublisher`` (extra ``events``: pyzmq) publishes them as vLLM does.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
-__all__ = ["MEDIUM_GPU", "BlockStored", "BlockRemoved", "AllBlocksCleared", "KvEvent"]
+if TYPE_CHECKING:  # pyzmq is the optional extra `events`; the publisher imports it lazily
+    from pagedkv.zmq_publisher import ZmqEventPublisher
+
+__all__ = [
+    "MEDIUM_GPU",
+    "BlockStored",
+    "BlockRemoved",
+    "AllBlocksCleared",
+    "KvEvent",
+    "encode_batch",
+    "ZmqEventPublisher",
+]
 
 MEDIUM_GPU = "GPU"
 """The medium of device-tier blocks, as vLLM names it."""
@@ -69,3 +85,39 @@ class AllBlocksCleared:
 
 
 KvEvent: TypeAlias = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+def encode_batch(
+    events: Iterable[KvEvent],
+    ts: float | None = None,
+    data_parallel_rank: int | None = None,
+    *,
+    raw_hashes: bool = False,
+) -> bytes:
+    """Encodes ``events`` as one vLLM ``EventBatch``: the msgpack array
+    ``[ts, events, data_parallel_rank]`` whose events are maps tagged ``"type"``
+    (docs/events.md has the byte-level contract and the vLLM version it follows).
+
+    ``ts`` defaults to ``time.time()``; a ``data_parallel_rank`` of None is written as nil.
+    Block hashes go out as unsigned 64-bit ints, the low 64 bits of pagedkv's 128-bit hashes
+    (vLLM's default), or with ``raw_hashes=True`` as the 16 big-endian bytes of the whole hash.
+    Raises TypeError / OverflowError (naming the event's index) for anything that is not a
+    ``pagedkv.events`` object with fields of the schema's types.
+    """
+    from pagedkv import _core
+
+    stamp = time.time() if ts is None else float(ts)
+    if data_parallel_rank is not None and (
+        isinstance(data_parallel_rank, bool) or not isinstance(data_parallel_rank, int)
+    ):
+        raise TypeError(f"data_parallel_rank must be an int or None, not {type(data_parallel_rank).__name__}")
+    return _core.encode_event_batch(list(events), stamp, data_parallel_rank, bool(raw_hashes))
+
+
+def __getattr__(name: str) -> Any:
+    # The publisher needs pyzmq (extra `events`); importing pagedkv.events must not.
+    if name == "ZmqEventPublisher":
+        from pagedkv.zmq_publisher import ZmqEventPublisher
+
+        return ZmqEventPublisher
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

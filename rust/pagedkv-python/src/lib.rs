@@ -12,6 +12,7 @@ mod manager;
 mod pool;
 mod sim;
 mod stats;
+mod wire;
 
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -19,5 +20,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<pool::PyBlockPool>()?;
     m.add_class::<manager::PyKvCacheManager>()?;
     sim::register(m)?;
+    wire::register(m)?;
     Ok(())
 }

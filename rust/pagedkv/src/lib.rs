@@ -36,6 +36,8 @@ pub mod splitmix64;
 mod stats;
 mod sync;
 mod table;
+#[cfg(feature = "wire")]
+pub mod wire;
 
 pub use error::{Error, Result, Tier};
 pub use manager::{CsrPageTable, KvCacheManager, ManagerConfig};

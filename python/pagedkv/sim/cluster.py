@@ -1,0 +1,444 @@
+"""Cache-aware routing across replicas: N engines, each with its own ``KvCacheManager`` and prefix
+cache, behind a router that knows only what the replicas' KV-event streams tell it.
+
+A request is a list of prefix-block ids in the Mooncake trace format (``hash_ids``: chained ids,
+``TRACE_BLOCK_TOKENS`` tokens each, the last one possibly partial). Block id ``h`` stands for the
+token ids ``h * 512 + [0, 512)`` (deterministic, distinct per block), so two requests share
+exactly the tokens their id lists share; the replicas hash those tokens like any prompt.
+
+The router indexes events the way Dynamo's KV router does: it never sees the engines' hash
+function; for each ``BlockStored`` it keys every block by its own chained key of the block's
+token ids (parent key, token bytes), and it drops keys on ``BlockRemoved`` /
+``AllBlocksCleared``. A new request is keyed the same way, so its match on a replica is the
+number of leading blocks of the request the replica has announced and not yet removed.
+
+Time model (one replica): prefill runs one request at a time at ``prefill_tokens_per_s`` for the
+tokens the prefix cache did not cover; decode is batched and takes ``decode_s_per_token`` per
+output token after the first; a request holds its KV blocks (prompt + output) from the start of
+its prefill to its last token. A request that does not fit waits for running ones to finish.
+TTFT = queueing delay + prefill time. Events reach the router as soon as a replica admits a
+request (a replica's queue can make that earlier than the admission's simulated time: the router
+sees an optimistic, equally timely view under every cache-aware policy).
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import math
+import random
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import pagedkv
+from pagedkv.errors import InvalidArgumentError
+from pagedkv.events import AllBlocksCleared, BlockRemoved, BlockStored
+
+__all__ = [
+    "TRACE_BLOCK_TOKENS",
+    "POLICIES",
+    "WORKLOADS",
+    "Request",
+    "ClusterConfig",
+    "EventIndex",
+    "load_requests",
+    "block_tokens",
+    "ideal_hit_rate",
+    "simulate_cluster",
+    "sweep",
+]
+
+TRACE_BLOCK_TOKENS = 512
+"""Tokens per Mooncake trace block (``hash_ids`` entry)."""
+
+POLICIES = ("round-robin", "least-loaded", "longest-prefix", "cost")
+WORKLOADS = ("mooncake-conversation", "mooncake-synthetic", "system-prompt", "multi-turn")
+_TRACE_FILES = {
+    "mooncake-conversation": "mooncake/conversation_trace.jsonl",
+    "mooncake-synthetic": "mooncake/synthetic_trace.jsonl",
+}
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request: arrival (s), prompt length, output length, prefix-block ids (512 tokens each)."""
+
+    arrival_s: float
+    input_tokens: int
+    output_tokens: int
+    hash_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """Per-replica engine and cost model.
+
+    num_slots: KV token slots per replica (``num_slots // block_size`` blocks).
+    block_size: tokens per KV block (a divisor of 512 keeps trace blocks whole).
+    prefill_tokens_per_s: prefill throughput of one replica on uncached prompt tokens.
+    decode_s_per_token: time per output token after the first (batched decode).
+    prefill_overhead_s: fixed cost of a prefill (scheduling, one forward pass).
+    """
+
+    num_slots: int = 262_144
+    block_size: int = 512
+    prefill_tokens_per_s: float = 20_000.0
+    decode_s_per_token: float = 0.03
+    prefill_overhead_s: float = 0.02
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1 or self.num_slots < self.block_size:
+            raise InvalidArgumentError("need block_size >= 1 and num_slots >= block_size")
+        if not (
+            self.prefill_tokens_per_s > 0 and self.decode_s_per_token >= 0 and self.prefill_overhead_s >= 0
+        ):
+            raise InvalidArgumentError("cost model rates must be finite and positive (times >= 0)")
+
+
+# -- workloads ------------------------------------------------------------------------------------
+def _parse_jsonl(lines: Iterable[str], origin: str) -> list[Request]:
+    requests = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            ids = tuple(int(h) for h in row["hash_ids"])
+            request = Request(
+                arrival_s=float(row["timestamp"]) / 1000.0,
+                input_tokens=int(row["input_length"]),
+                output_tokens=int(row["output_length"]),
+                hash_ids=ids,
+            )
+        except (ValueError, KeyError, TypeError) as error:
+            raise InvalidArgumentError(f"{origin}:{number}: not a Mooncake trace line ({error})") from None
+        if (
+            request.input_tokens < 1
+            or request.output_tokens < 0
+            or not math.isfinite(request.arrival_s)
+            or len(ids) != -(-request.input_tokens // TRACE_BLOCK_TOKENS)
+            or any(not 0 <= h < 2**22 for h in ids)
+        ):
+            raise InvalidArgumentError(
+                f"{origin}:{number}: needs input_length >= 1, output_length >= 0, a finite timestamp "
+                "and one hash id in [0, 2**22) per 512 prompt tokens"
+            )
+        requests.append(request)
+    if not requests:
+        raise InvalidArgumentError(f"{origin}: no requests")
+    requests.sort(key=lambda r: r.arrival_s)  # stable: the trace's order among equal times
+    return requests
+
+
+def _system_prompt(seed: int, num_requests: int = 4000, rate_per_s: float = 8.0) -> list[Request]:
+    """Eight system prompts of 4 blocks (2,048 tokens), popularity skewed (Zipf-like), each
+    request adding 1-3 blocks of its own; Poisson arrivals."""
+    rng = random.Random(seed)
+    prompts = [tuple(range(p * 4, p * 4 + 4)) for p in range(8)]
+    weights = [1.0 / (rank + 1) for rank in range(8)]
+    next_id, t, out = 32, 0.0, []
+    for _ in range(num_requests):
+        t += rng.expovariate(rate_per_s)
+        own = rng.randint(1, 3)
+        ids = rng.choices(prompts, weights)[0] + tuple(range(next_id, next_id + own))
+        next_id += own
+        tokens = (len(ids) - 1) * TRACE_BLOCK_TOKENS + rng.randint(1, TRACE_BLOCK_TOKENS)
+        out.append(Request(t, tokens, rng.randint(50, 400), ids))
+    return out
+
+
+def _multi_turn(seed: int, num_conversations: int = 600, rate_per_s: float = 1.0) -> list[Request]:
+    """Chats: 2-8 turns each; turn k's prompt is the whole history plus 1-2 new blocks; turns
+    are 5-60 s apart; conversations start as a Poisson process."""
+    rng = random.Random(seed)
+    next_id, start, out = 0, 0.0, []
+    for _ in range(num_conversations):
+        start += rng.expovariate(rate_per_s)
+        history: tuple[int, ...] = ()
+        t = start
+        for _turn in range(rng.randint(2, 8)):
+            new = rng.randint(1, 2)
+            history = history + tuple(range(next_id, next_id + new))
+            next_id += new
+            tokens = (len(history) - 1) * TRACE_BLOCK_TOKENS + rng.randint(1, TRACE_BLOCK_TOKENS)
+            out.append(Request(t, tokens, rng.randint(50, 400), history))
+            t += rng.uniform(5.0, 60.0)
+    out.sort(key=lambda r: r.arrival_s)
+    return out
+
+
+def load_requests(workload: str, *, seed: int = 0, max_requests: int | None = None) -> list[Request]:
+    """A named workload (``WORKLOADS``) or a Mooncake-format ``.jsonl`` path, in arrival order."""
+    if workload in _TRACE_FILES:
+        from pagedkv.sim.traces import traces_dir
+
+        path = traces_dir() / _TRACE_FILES[workload]
+        with open(path, encoding="utf-8") as handle:
+            requests = _parse_jsonl(handle, str(path))
+    elif workload == "system-prompt":
+        requests = _system_prompt(seed)
+    elif workload == "multi-turn":
+        requests = _multi_turn(seed)
+    elif workload.endswith(".jsonl"):
+        path = Path(workload)
+        try:
+            with open(path, encoding="utf-8") as handle:
+                requests = _parse_jsonl(handle, str(path))
+        except OSError as error:
+            raise InvalidArgumentError(f"cannot read {workload}: {error.strerror}") from None
+    else:
+        raise InvalidArgumentError(
+            f"unknown workload {workload!r}: one of {', '.join(WORKLOADS)} or a .jsonl path"
+        )
+    return requests[:max_requests] if max_requests else requests
+
+
+def block_tokens(request: Request) -> np.ndarray:
+    """The request's prompt token ids (uint32): block id ``h`` is ``h * 512 + [0, 512)``."""
+    ids = np.asarray(request.hash_ids, dtype=np.uint32)
+    tokens = (ids[:, None] * TRACE_BLOCK_TOKENS + np.arange(TRACE_BLOCK_TOKENS, dtype=np.uint32)).ravel()
+    return tokens[: request.input_tokens]
+
+
+def ideal_hit_rate(requests: Sequence[Request], block_size: int) -> float:
+    """Token hit rate of an infinite, never-evicting prefix cache, from the ``hash_ids`` alone:
+    a request hits its longest run of leading full KV blocks whose tokens an earlier request
+    already held in full blocks (KV blocks of ``block_size``, a divisor of 512)."""
+    if TRACE_BLOCK_TOKENS % block_size:
+        raise InvalidArgumentError("ideal_hit_rate needs a block_size that divides 512")
+    per_trace_block = TRACE_BLOCK_TOKENS // block_size
+    seen: set[tuple[int, int]] = set()  # (trace block id, KV block within it) held in full
+    hits = total = 0
+    for request in requests:
+        full = request.input_tokens // block_size
+        keys = [(request.hash_ids[i // per_trace_block], i % per_trace_block) for i in range(full)]
+        matched = 0
+        while matched < full and keys[matched] in seen:
+            matched += 1
+        # pagedkv, like vLLM, always computes the last prompt token: a fully cached prompt
+        # that ends on a block boundary recomputes its last block.
+        if matched == full and full * block_size == request.input_tokens and matched:
+            matched -= 1
+        hits += matched * block_size
+        total += request.input_tokens
+        seen.update(keys)
+    return hits / total if total else 0.0
+
+
+# -- the router's view: KV events only ------------------------------------------------------------
+class EventIndex:
+    """What a router knows of one replica's prefix cache, built from its KV events only."""
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self._keys: set[int] = set()
+        self._key_of_hash: dict[int, int] = {}
+
+    def apply(self, events: Iterable[Any]) -> None:
+        for event in events:
+            if isinstance(event, BlockStored):
+                parent = (
+                    0 if event.parent_block_hash is None else self._key_of_hash.get(event.parent_block_hash)
+                )
+                if parent is None:  # a parent the router never saw (a missed event): skip
+                    continue
+                tokens = event.token_ids
+                size = event.block_size
+                for i, engine_hash in enumerate(event.block_hashes):
+                    parent = chain_key(parent, tuple(tokens[i * size : (i + 1) * size]))
+                    self._keys.add(parent)
+                    self._key_of_hash[engine_hash] = parent
+            elif isinstance(event, BlockRemoved):
+                for engine_hash in event.block_hashes:
+                    key = self._key_of_hash.pop(engine_hash, None)
+                    if key is not None:
+                        self._keys.discard(key)
+            elif isinstance(event, AllBlocksCleared):
+                self._keys.clear()
+                self._key_of_hash.clear()
+
+    def match(self, keys: Sequence[int]) -> int:
+        """Leading blocks of a request (its chained keys) this replica has announced."""
+        matched = 0
+        for key in keys:
+            if key not in self._keys:
+                break
+            matched += 1
+        return matched
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+
+def chain_key(parent: int, block: tuple[int, ...]) -> int:
+    """The router's own chained block key: (parent key, the block's token ids)."""
+    return hash((parent, block))
+
+
+def request_keys(tokens: np.ndarray, block_size: int) -> list[int]:
+    """A request's chained block keys, one per full block, as the router computes them."""
+    ids = tokens.tolist()
+    keys, parent = [], 0
+    for i in range(len(ids) // block_size):
+        parent = chain_key(parent, tuple(ids[i * block_size : (i + 1) * block_size]))
+        keys.append(parent)
+    return keys
+
+
+# -- replicas and the simulation ------------------------------------------------------------------
+@dataclass
+class _Replica:
+    kv: pagedkv.KvCacheManager
+    prefill_free_s: float = 0.0
+    running: list[tuple[float, int]] = field(default_factory=list)  # (finish_s, seq_id) heap
+    work_tokens: int = 0
+
+    def release_until(self, now_s: float) -> None:
+        while self.running and self.running[0][0] <= now_s:
+            self.kv.free(heapq.heappop(self.running)[1])
+
+
+def _choose(
+    policy: str,
+    number: int,
+    keys: list[int],
+    input_tokens: int,
+    indexes: list[EventIndex],
+    active: list[list[tuple[float, int, int]]],
+    block_size: int,
+) -> int:
+    n = len(indexes)
+    if policy == "round-robin":
+        return number % n
+    loads = [len(a) for a in active]
+    if policy == "least-loaded":
+        return min(range(n), key=lambda r: (loads[r], r))
+    matches = [index.match(keys) for index in indexes]
+    if policy == "longest-prefix":  # llm-d's prefix scorer; ties go to the least loaded
+        return min(range(n), key=lambda r: (-matches[r], loads[r], r))
+    # Dynamo's cost: prefill blocks still to compute plus the blocks of requests in flight.
+    prompt_blocks = -(-input_tokens // block_size)
+    costs = [prompt_blocks - matches[r] + sum(blocks for _, blocks, _ in active[r]) for r in range(n)]
+    return min(range(n), key=lambda r: (costs[r], r))
+
+
+def simulate_cluster(
+    requests: Sequence[Request],
+    replicas: int,
+    policy: str,
+    config: ClusterConfig = ClusterConfig(),
+    *,
+    progress: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """Routes and serves ``requests`` on ``replicas`` engines; returns one result row."""
+    if policy not in POLICIES:
+        raise InvalidArgumentError(f"unknown policy {policy!r}: one of {', '.join(POLICIES)}")
+    if replicas < 1:
+        raise InvalidArgumentError("replicas must be >= 1")
+    bs = config.block_size
+    num_blocks = config.num_slots // bs
+    engines = [
+        _Replica(pagedkv.KvCacheManager(num_blocks, bs, enable_prefix_caching=True, max_events=1 << 30))
+        for _ in range(replicas)
+    ]
+    indexes = [EventIndex(bs) for _ in range(replicas)]
+    # The router's own bookkeeping of requests in flight: (finish_s, kv blocks, replica) heaps.
+    active: list[list[tuple[float, int, int]]] = [[] for _ in range(replicas)]
+    hit_tokens = prompt_tokens = rejected = predicted_tokens = 0
+    queue_s: list[float] = []
+    ttft_s: list[float] = []
+    per_replica_requests = [0] * replicas
+    for number, request in enumerate(requests):
+        now = request.arrival_s
+        for flights in active:
+            while flights and flights[0][0] <= now:
+                heapq.heappop(flights)
+        tokens = block_tokens(request)
+        keys: list[int] = request_keys(tokens, bs) if policy in ("longest-prefix", "cost") else []
+        target = _choose(policy, number, keys, request.input_tokens, indexes, active, bs)
+        engine = engines[target]
+        if not keys:
+            keys = request_keys(tokens, bs)
+        # What the router expects the replica to serve from cache (the last prompt token is
+        # always computed, so a fully cached prompt on a block boundary recomputes a block).
+        predicted = indexes[target].match(keys)
+        if predicted and predicted * bs == request.input_tokens:
+            predicted -= 1
+        start = max(now, engine.prefill_free_s)
+        engine.release_until(start)
+        # Admit only when the whole request (prompt + output) fits, counting cached blocks as
+        # free: a failed attempt would store blocks and make its own retry look like a hit.
+        need = -(-(request.input_tokens + request.output_tokens) // bs)
+        while engine.kv.num_free_blocks < need and engine.running:
+            finish, seq = heapq.heappop(engine.running)
+            engine.kv.free(seq)
+            start = max(start, finish)
+        cached = None
+        if need <= engine.kv.num_free_blocks:
+            cached = engine.kv.add_sequence(number, tokens)
+            if request.output_tokens:
+                engine.kv.append_tokens(number, num_tokens=request.output_tokens)
+        indexes[target].apply(engine.kv.take_events())
+        if cached is None:
+            rejected += 1  # larger than the replica's whole pool
+            continue
+        computed = request.input_tokens - cached
+        first_token = start + config.prefill_overhead_s + computed / config.prefill_tokens_per_s
+        finish = first_token + max(0, request.output_tokens - 1) * config.decode_s_per_token
+        engine.prefill_free_s = first_token
+        heapq.heappush(engine.running, (finish, number))
+        blocks = -(-(request.input_tokens + request.output_tokens) // bs)
+        heapq.heappush(active[target], (finish, blocks, target))
+        engine.work_tokens += computed + request.output_tokens
+        per_replica_requests[target] += 1
+        hit_tokens += cached
+        predicted_tokens += predicted * bs
+        prompt_tokens += request.input_tokens
+        queue_s.append(start - now)
+        ttft_s.append(first_token - now)
+        if progress is not None:
+            progress(number + 1)
+    for engine in engines:
+        engine.kv.check_invariants()
+    work = [e.work_tokens for e in engines]
+    mean_work = sum(work) / replicas
+    served = len(ttft_s)
+    return {
+        "policy": policy,
+        "replicas": replicas,
+        "requests": served,
+        "rejected_requests": rejected,
+        "token_hit_rate": hit_tokens / prompt_tokens if prompt_tokens else 0.0,
+        "prompt_tokens": prompt_tokens,
+        "prefill_tokens": prompt_tokens - hit_tokens,
+        "prefill_tokens_saved": hit_tokens,
+        "router_predicted_hit_tokens": predicted_tokens,
+        "load_max_over_mean": max(work) / mean_work if mean_work else 1.0,
+        "requests_max_over_mean": max(per_replica_requests) * replicas / served if served else 1.0,
+        "mean_queue_s": float(np.mean(queue_s)) if served else 0.0,
+        "mean_ttft_s": float(np.mean(ttft_s)) if served else 0.0,
+        "p99_ttft_s": float(np.percentile(ttft_s, 99)) if served else 0.0,
+    }
+
+
+def sweep(
+    requests: Sequence[Request],
+    replica_counts: Sequence[int],
+    policies: Sequence[str],
+    config: ClusterConfig = ClusterConfig(),
+    *,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """One row per (policy, replicas), policies outermost."""
+    rows = []
+    for policy in policies:
+        for n in replica_counts:
+            row = simulate_cluster(requests, n, policy, config)
+            rows.append(row)
+            if on_row is not None:
+                on_row(row)
+    return rows

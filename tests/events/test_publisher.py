@@ -1,0 +1,195 @@
+"""pagedkv.events.ZmqEventPublisher against a subscriber written the way vLLM documents its
+protocol: SUB socket over 127.0.0.1, three frames per batch, contiguous sequence numbers, and a
+gap after a subscriber restart recovered through the ROUTER replay socket."""
+
+from __future__ import annotations
+
+import random
+
+import pagedkv
+import pytest
+from pagedkv.events import BlockStored, ZmqEventPublisher
+
+zmq = pytest.importorskip("zmq")
+pytest.importorskip("msgspec")
+from vllm_kv_events_schema import DECODER, Batch  # noqa: E402
+
+TOPIC = "kv@pod-0@tiny-model"
+TIMEOUT_MS = 10_000
+
+
+class Subscriber:
+    """A router's side: SUB for live batches, DEALER for replays."""
+
+    def __init__(self, pub: ZmqEventPublisher, topic: str = TOPIC) -> None:
+        self.context = zmq.Context.instance()
+        self.sub = self.context.socket(zmq.SUB)
+        self.sub.setsockopt(zmq.RCVHWM, 0)  # a test reads in bursts: never drop on our side
+        self.sub.setsockopt_string(zmq.SUBSCRIBE, topic)
+        self.sub.connect(pub.endpoint)
+        self.pub = pub
+        self.topic = topic.encode()
+
+    def recv(self) -> tuple[int, Batch]:
+        assert self.sub.poll(TIMEOUT_MS), "no batch within the timeout"
+        topic, seq, payload = self.sub.recv_multipart()
+        assert topic == self.topic and len(seq) == 8
+        return int.from_bytes(seq, "big"), DECODER.decode(payload)
+
+    def join(self) -> int:
+        """Waits out ZMQ's slow-joiner window: publishes empty batches until one arrives, then
+        reads the rest of them; returns the sequence number of the last."""
+        while True:
+            self.pub.publish([])
+            if self.sub.poll(50):
+                seq = self.recv()[0]
+                break
+        assert self.pub.flush()  # every batch join queued has been sent
+        last = self.pub.published_batches - 1
+        while seq < last:  # PUB keeps order: everything after the first received arrives
+            seq = self.recv()[0]
+        return seq
+
+    def replay(self, start_seq: int) -> list[tuple[int, Batch]]:
+        assert self.pub.replay_endpoint is not None
+        dealer = self.context.socket(zmq.DEALER)
+        dealer.connect(self.pub.replay_endpoint)
+        try:
+            dealer.send_multipart([b"", start_seq.to_bytes(8, "big")])
+            got = []
+            while True:
+                assert dealer.poll(TIMEOUT_MS), "replay answer timed out"
+                empty, seq, payload = dealer.recv_multipart()
+                assert empty == b""
+                number = int.from_bytes(seq, "big", signed=True)
+                if number == -1:
+                    assert payload == b""
+                    return got
+                got.append((number, DECODER.decode(payload)))
+        finally:
+            dealer.close(linger=0)
+
+    def close(self) -> None:
+        self.sub.close(linger=0)
+
+
+def engine_steps(seed: int, steps: int):  # type: ignore[no-untyped-def]
+    """Yields a KvCacheManager after each admission of a random prompt with shared prefixes."""
+    rng = random.Random(seed)
+    kv = pagedkv.KvCacheManager(num_blocks=32, block_size=4, enable_prefix_caching=True)
+    prefixes = [[rng.randrange(1000) for _ in range(8)] for _ in range(4)]
+    for seq in range(steps):
+        kv.add_sequence(seq, rng.choice(prefixes) + [rng.randrange(1000) for _ in range(6)])
+        kv.free(seq)
+        yield kv
+
+
+def test_burst_arrives_complete_and_in_order() -> None:
+    with ZmqEventPublisher("tcp://127.0.0.1:*", topic=TOPIC, replay_endpoint="tcp://127.0.0.1:*") as pub:
+        sub = Subscriber(pub)
+        first = sub.join()
+        sent_events = []
+        for kv in engine_steps(0, 2000):  # a burst: nothing reads until all are queued
+            events = kv.take_events()
+            sent_events.append(events)
+            assert pub.publish(events)
+        received = [sub.recv() for _ in range(len(sent_events))]
+        seqs = [seq for seq, _ in received]
+        assert seqs == list(range(first + 1, first + 1 + len(sent_events)))  # nothing missed
+        for events, (_, batch) in zip(sent_events, received, strict=True):
+            assert batch.data_parallel_rank == 0
+            assert [type(e).__name__ for e in batch.events] == [
+                {"BlockStored": "Stored", "BlockRemoved": "Removed", "AllBlocksCleared": "Cleared"}[
+                    type(e).__name__
+                ]
+                for e in events
+            ]
+            for ours, theirs in zip(events, batch.events, strict=True):
+                assert theirs.block_hashes == [h & ((1 << 64) - 1) for h in ours.block_hashes]
+        sub.close()
+        assert pub.dropped_batches == 0 and pub.failed_batches == 0
+
+
+def test_restarted_subscriber_recovers_the_gap_by_replay() -> None:
+    with ZmqEventPublisher("tcp://127.0.0.1:*", topic=TOPIC, replay_endpoint="tcp://127.0.0.1:*") as pub:
+        sub = Subscriber(pub)
+        last_seen = sub.join()
+        steps = engine_steps(1, 300)
+        for _ in range(100):
+            pub.drain(next(steps))
+        for _ in range(100):
+            last_seen = sub.recv()[0]
+        sub.close()  # the router restarts; the engine keeps publishing
+        for _ in range(150):
+            pub.drain(next(steps))
+        assert pub.flush()
+        sub = Subscriber(pub)
+        live_from = sub.join()
+        assert live_from > last_seen + 1  # the restarted subscriber sees a gap...
+        replayed = sub.replay(last_seen + 1)  # ...and fills it from the replay buffer
+        replayed_seqs = [s for s, _ in replayed]
+        assert replayed_seqs == list(range(last_seen + 1, replayed_seqs[-1] + 1))
+        assert replayed_seqs[-1] >= live_from  # replay overlaps the live stream: no hole left
+        assert sum(len(b.events) for _, b in replayed) > 0
+        sub.close()
+
+
+def test_replay_buffer_is_bounded() -> None:
+    endpoint = f"ipc:///tmp/pagedkv-test-pub-{random.getrandbits(32)}"
+    with ZmqEventPublisher(endpoint, replay_endpoint="tcp://127.0.0.1:*", buffer_steps=5) as pub:
+        for _ in range(12):
+            pub.publish([BlockStored(block_hashes=[1], parent_block_hash=None, token_ids=[1], block_size=1)])
+        assert pub.flush() and pub.published_batches == 12
+        sub = Subscriber(pub, topic="")
+        assert [s for s, _ in sub.replay(0)] == [7, 8, 9, 10, 11]
+        assert [s for s, _ in sub.replay(10)] == [10, 11]
+        assert sub.replay(99) == []
+        sub.close()
+
+
+def test_malformed_replay_request_gets_the_end_marker_and_the_publisher_keeps_going() -> None:
+    with ZmqEventPublisher("tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*") as pub:
+        dealer = zmq.Context.instance().socket(zmq.DEALER)
+        dealer.connect(pub.replay_endpoint)
+        dealer.send_multipart([b"", b"short"])
+        assert dealer.poll(TIMEOUT_MS)
+        assert dealer.recv_multipart() == [b"", (-1).to_bytes(8, "big", signed=True), b""]
+        dealer.close(linger=0)
+        pub.publish([])
+        sub = Subscriber(pub, topic="")
+        assert [s for s, _ in sub.replay(0)][:1] == [0]
+        sub.close()
+
+
+def test_lifecycle_and_argument_checks() -> None:
+    pub = ZmqEventPublisher("tcp://127.0.0.1:*")
+    assert pub.replay_endpoint is None
+    pub.publish([])
+    pub.close()
+    pub.close()  # idempotent
+    with pytest.raises(RuntimeError):
+        pub.publish([])
+    for kwargs in ({"buffer_steps": 0}, {"max_queue_batches": 0}, {"hwm": -1}, {"data_parallel_rank": True}):
+        with pytest.raises(ValueError):
+            ZmqEventPublisher("tcp://127.0.0.1:*", **kwargs)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        ZmqEventPublisher("")
+    with pytest.raises(TypeError):
+        ZmqEventPublisher("tcp://127.0.0.1:*", topic=b"kv")  # type: ignore[arg-type]
+    with pytest.raises(zmq.ZMQError):
+        ZmqEventPublisher("nonsense://x")
+
+
+def test_bad_events_are_counted_not_fatal() -> None:
+    with ZmqEventPublisher("tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*") as pub:
+        pub.publish([object()])  # type: ignore[list-item]
+        pub.publish([])
+        assert pub.flush()
+        assert pub.failed_batches == 1 and isinstance(pub.last_error, TypeError)
+        assert pub.published_batches == 1
+
+
+def test_full_queue_drops_and_counts() -> None:
+    with ZmqEventPublisher("tcp://127.0.0.1:*", max_queue_batches=1) as pub:
+        accepted = sum(pub.publish([]) for _ in range(2000))
+        assert accepted + pub.dropped_batches == 2000

@@ -1,0 +1,173 @@
+"""pagedkv.events.encode_batch against vLLM's schema: msgspec decodes our bytes with vLLM's struct
+definitions (tests/events/vllm_kv_events_schema.py), and msgspec *encoding* the same events with
+those structs gives byte-for-byte the same payload."""
+
+from __future__ import annotations
+
+import random
+
+import pagedkv
+import pytest
+from pagedkv.events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, encode_batch
+
+msgspec = pytest.importorskip("msgspec")
+from vllm_kv_events_schema import DECODER, ENCODER, Batch, Cleared, Removed, Stored  # noqa: E402
+
+LOW_64 = (1 << 64) - 1
+
+
+def as_vllm(event: KvEvent, raw: bool = False) -> Stored | Removed | Cleared:
+    """The vLLM struct a vLLM engine would have published for ``event``."""
+
+    def wire(h: int) -> int | bytes:
+        return h.to_bytes(16, "big") if raw else h & LOW_64
+
+    if isinstance(event, BlockStored):
+        return Stored(
+            block_hashes=[wire(h) for h in event.block_hashes],
+            parent_block_hash=None if event.parent_block_hash is None else wire(event.parent_block_hash),
+            token_ids=list(event.token_ids),
+            block_size=event.block_size,
+            lora_id=event.lora_id,
+            medium=event.medium,
+            lora_name=event.lora_name,
+            extra_keys=event.extra_keys,
+        )
+    if isinstance(event, BlockRemoved):
+        return Removed(block_hashes=[wire(h) for h in event.block_hashes], medium=event.medium)
+    return Cleared()
+
+
+def workload_events(seed: int) -> list[KvEvent]:
+    """Stores, hits, evictions, a salted sequence and a reset from a small prefix-caching pool."""
+    rng = random.Random(seed)
+    kv = pagedkv.KvCacheManager(num_blocks=24, block_size=4, enable_prefix_caching=True, hash_seed=seed)
+    events: list[KvEvent] = []
+    prefixes = [[rng.randrange(50_000) for _ in range(8)] for _ in range(3)]
+    seq = 0
+    for step in range(40):
+        prompt = rng.choice(prefixes) + [rng.randrange(50_000) for _ in range(rng.randrange(0, 9))]
+        salt = b"tenant-a" if step % 7 == 3 else None
+        try:
+            kv.add_sequence(seq, prompt, extra_key=salt)
+        except pagedkv.OutOfBlocksError:
+            pass
+        else:
+            kv.free(seq)
+        seq += 1
+        if step == 30:
+            events.extend(kv.take_events())
+            assert kv.reset_prefix_cache()
+    events.extend(kv.take_events())
+    return events
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("raw", [False, True])
+def test_vllm_structs_decode_our_bytes_and_encode_the_same_bytes(seed: int, raw: bool) -> None:
+    events = workload_events(seed)
+    kinds = {type(e) for e in events}
+    assert kinds == {BlockStored, BlockRemoved, AllBlocksCleared}  # the workload covers all three
+    assert any(isinstance(e, BlockStored) and e.extra_keys for e in events)
+    payload = encode_batch(events, ts=1234.5, data_parallel_rank=0, raw_hashes=raw)
+
+    batch = DECODER.decode(payload)
+    assert batch.ts == 1234.5 and batch.data_parallel_rank == 0
+    expected = [as_vllm(e, raw) for e in events]
+    assert batch.events == expected
+    # What vLLM's msgspec encoder writes for the same batch, byte for byte.
+    assert ENCODER.encode(Batch(ts=1234.5, events=expected, data_parallel_rank=0)) == payload
+
+
+def test_layout_is_an_array_of_tagged_maps() -> None:
+    events: list[KvEvent] = [
+        BlockStored(block_hashes=[(5 << 64) | 7], parent_block_hash=None, token_ids=[1, 2], block_size=2),
+        BlockRemoved(block_hashes=[(5 << 64) | 7]),
+        AllBlocksCleared(),
+    ]
+    plain = msgspec.msgpack.decode(encode_batch(events, ts=2.0, data_parallel_rank=3))
+    assert plain[0] == 2.0 and plain[2] == 3
+    stored, removed, cleared = plain[1]
+    assert list(stored) == [
+        "type",
+        "block_hashes",
+        "parent_block_hash",
+        "token_ids",
+        "block_size",
+        "lora_id",
+        "medium",
+        "lora_name",
+    ]  # no extra_keys when unset: vLLM omits defaults
+    assert stored["type"] == "BlockStored" and stored["block_hashes"] == [7]  # the low 64 bits
+    assert removed == {"type": "BlockRemoved", "block_hashes": [7], "medium": "GPU"}
+    assert cleared == {"type": "AllBlocksCleared"}
+
+
+def test_optional_fields_and_defaults() -> None:
+    stored = BlockStored(
+        block_hashes=[1, 2],
+        parent_block_hash=2**128 - 1,
+        token_ids=[7, 8],
+        block_size=1,
+        lora_id=-3,
+        medium=None,
+        lora_name="adapter",
+        extra_keys=[("mm", 4, 1.5, True, None, b"x"), None],
+    )
+    batch = DECODER.decode(encode_batch([stored], ts=0.0, data_parallel_rank=1))
+    assert batch.events == [as_vllm(stored)]
+    assert batch.events[0].parent_block_hash == LOW_64
+    # No rank: written as nil (three elements, as Dynamo's decoder requires).
+    plain = msgspec.msgpack.decode(encode_batch([], ts=0.0))
+    assert plain == [0.0, [], None]
+    # ts defaults to now.
+    assert DECODER.decode(encode_batch([])).ts > 1.6e9
+
+
+def test_engine_events_round_trip_exactly_with_take_events() -> None:
+    kv = pagedkv.KvCacheManager(num_blocks=8, block_size=4, enable_prefix_caching=True)
+    kv.add_sequence(1, list(range(10)))
+    events = kv.take_events()
+    decoded = DECODER.decode(encode_batch(events, ts=1.0, data_parallel_rank=0, raw_hashes=True))
+    (stored,) = decoded.events
+    assert [int.from_bytes(h, "big") for h in stored.block_hashes] == events[0].block_hashes
+    assert stored.token_ids == list(range(8)) and stored.block_size == 4 and stored.medium == "GPU"
+
+
+@pytest.mark.parametrize(
+    ("events", "error", "match"),
+    [
+        ([object()], TypeError, r"events\[0\]"),
+        ([AllBlocksCleared(), BlockRemoved(block_hashes=[-1])], OverflowError, r"events\[1\]"),
+        ([BlockRemoved(block_hashes=[1 << 128])], OverflowError, r"events\[0\]"),
+        ([BlockRemoved(block_hashes=["1"])], TypeError, r"events\[0\]"),  # type: ignore[list-item]
+        (
+            [
+                BlockStored(
+                    block_hashes=[1], parent_block_hash=None, token_ids=[1], block_size=1, extra_keys=[({},)]
+                )
+            ],
+            TypeError,
+            "extra_keys",
+        ),
+        (
+            [BlockStored(block_hashes=[1], parent_block_hash=None, token_ids=[-1], block_size=1)],
+            OverflowError,
+            r"events\[0\]",
+        ),
+    ],
+)
+def test_bad_events_raise_typed_errors(events: list[KvEvent], error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match):
+        encode_batch(events, ts=0.0)
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(TypeError):
+        encode_batch([], ts=0.0, data_parallel_rank=True)
+    with pytest.raises(TypeError):
+        encode_batch([], ts=0.0, data_parallel_rank="0")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        encode_batch(5)  # type: ignore[arg-type]
+    with pytest.raises((TypeError, ValueError)):
+        encode_batch([], ts="now")  # type: ignore[arg-type]

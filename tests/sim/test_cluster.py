@@ -1,0 +1,124 @@
+"""`pagedkv.sim.cluster`: replicas behind a router fed only by their KV events."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from pagedkv import cli
+from pagedkv.errors import InvalidArgumentError
+from pagedkv.sim import cluster
+
+BIG = cluster.ClusterConfig(num_slots=1 << 26)  # 131,072 blocks of 512: never evicts here
+
+
+def test_one_replica_without_eviction_hits_the_traces_ideal_rate(traces_dir: Path) -> None:
+    requests = cluster.load_requests("mooncake-conversation")[:3000]
+    row = cluster.simulate_cluster(requests, 1, "round-robin", BIG)
+    ideal = cluster.ideal_hit_rate(requests, BIG.block_size)
+    assert ideal > 0.3
+    assert row["token_hit_rate"] == pytest.approx(ideal, abs=1e-12)
+    assert row["prefill_tokens"] + row["prefill_tokens_saved"] == sum(r.input_tokens for r in requests)
+
+
+@pytest.mark.parametrize("workload", ["system-prompt", "multi-turn"])
+@pytest.mark.parametrize("block_size", [512, 128])
+def test_fidelity_on_generated_workloads(workload: str, block_size: int) -> None:
+    requests = cluster.load_requests(workload, seed=3)[:1500]
+    config = cluster.ClusterConfig(num_slots=1 << 26, block_size=block_size)
+    row = cluster.simulate_cluster(requests, 1, "least-loaded", config)
+    assert row["token_hit_rate"] == pytest.approx(cluster.ideal_hit_rate(requests, block_size), abs=1e-12)
+
+
+@pytest.mark.parametrize("policy", cluster.POLICIES)
+def test_router_index_predicts_every_hit_under_eviction(policy: str) -> None:
+    # Small pools: the replicas evict constantly, and the router learns it from BlockRemoved.
+    requests = cluster.load_requests("multi-turn", seed=1)[:2000]
+    config = cluster.ClusterConfig(num_slots=64 * 512)
+    row = cluster.simulate_cluster(requests, 4, policy, config)
+    assert row["rejected_requests"] == 0
+    assert row["router_predicted_hit_tokens"] == row["prefill_tokens_saved"] > 0
+
+
+def test_cache_aware_routing_beats_round_robin_on_shared_prefixes() -> None:
+    requests = cluster.load_requests("multi-turn", seed=2)[:2500]
+    config = cluster.ClusterConfig(num_slots=256 * 512)
+    rows = {p: cluster.simulate_cluster(requests, 8, p, config) for p in cluster.POLICIES}
+    saved = {p: rows[p]["prefill_tokens_saved"] for p in rows}
+    assert saved["longest-prefix"] > 2 * saved["round-robin"]
+    assert saved["cost"] > 2 * saved["round-robin"]
+    assert rows["cost"]["mean_ttft_s"] < rows["round-robin"]["mean_ttft_s"]
+
+
+def test_event_index_applies_stores_removals_and_clears() -> None:
+    import pagedkv
+    from pagedkv.sim.cluster import EventIndex, request_keys
+
+    kv = pagedkv.KvCacheManager(num_blocks=3, block_size=2, enable_prefix_caching=True)
+    index = EventIndex(2)
+    prompt = [1, 2, 3, 4, 5]
+    import numpy as np
+
+    keys = request_keys(np.asarray(prompt, dtype=np.uint32), 2)
+    kv.add_sequence(1, prompt)
+    index.apply(kv.take_events())
+    assert index.match(keys) == 2
+    kv.free(1)
+    kv.add_sequence(2, [9, 9, 9, 9, 9, 9])  # evicts both cached blocks
+    index.apply(kv.take_events())
+    assert index.match(keys) == 0
+    kv.free(2)
+    assert kv.reset_prefix_cache()
+    index.apply(kv.take_events())
+    assert len(index) == 0
+
+
+def test_bad_inputs_are_refused(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": [1]}\n')
+    with pytest.raises(InvalidArgumentError, match="bad.jsonl:1"):
+        cluster.load_requests(str(bad))
+    bad.write_text("not json\n")
+    with pytest.raises(InvalidArgumentError):
+        cluster.load_requests(str(bad))
+    with pytest.raises(InvalidArgumentError):
+        cluster.load_requests(str(tmp_path / "missing.jsonl"))
+    with pytest.raises(InvalidArgumentError):
+        cluster.load_requests("nope")
+    with pytest.raises(InvalidArgumentError):
+        cluster.simulate_cluster([], 1, "random")
+    with pytest.raises(InvalidArgumentError):
+        cluster.ClusterConfig(num_slots=1, block_size=16)
+
+
+def test_cli_writes_one_row_per_policy_and_replica_count(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "cluster.json"
+    trace = tmp_path / "tiny.jsonl"
+    lines = [
+        json.dumps(
+            {"timestamp": 100 * i, "input_length": 1100, "output_length": 20, "hash_ids": [0, 1, 2 + i]}
+        )
+        for i in range(40)
+    ]
+    trace.write_text("\n".join(lines) + "\n")
+    code = cli.main(
+        ["cluster", "--workload", str(trace), "--replicas", "1,2", "--policy", "all", "--json", str(out)]
+    )
+    assert code == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["policy"], r["replicas"]) for r in rows] == [(p, n) for p in cluster.POLICIES for n in (1, 2)]
+    for row in rows:
+        assert {
+            "policy",
+            "replicas",
+            "token_hit_rate",
+            "prefill_tokens",
+            "load_max_over_mean",
+            "mean_ttft_s",
+        } <= set(row)
+    assert "cache-aware routing against round-robin" in capsys.readouterr().out
+    assert cli.main(["cluster", "--workload", "nope"]) == 2
+    assert cli.main(["cluster", "--replicas", "0"]) == 2
