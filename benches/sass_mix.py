@@ -47,7 +47,9 @@ def opcode_counts(cubin: bytes) -> collections.Counter[str]:
 def main(argv: list[str] | None = None) -> int:
     from pagedkv.kernels import instances, nvrtc
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--kind", default="float16", choices=list(instances.KERNEL_TYPES))
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--block-size", type=int, default=16)

@@ -15,11 +15,11 @@ from typing import Any
 import pagedkv
 from pagedkv.commands import cluster as cluster_commands
 from pagedkv.commands import costmodel as costmodel_commands
+from pagedkv.commands import engine as engine_commands
 from pagedkv.commands import experiments as experiment_commands
 from pagedkv.commands import simulation as simulation_commands
 from pagedkv.commands.args import CliError
 from pagedkv.commands.output import write_json
-from pagedkv.engine import cli as engine_commands
 from pagedkv.errors import PagedKvError
 from pagedkv.viz import cli as viz_commands
 

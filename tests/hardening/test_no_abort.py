@@ -1,4 +1,4 @@
-"""Regression tests for inputs that used to abort the process or corrupt a cache (issue 11).
+"""Regression tests for inputs that used to abort the process or corrupt a cache (docs/security.md).
 
 Every case runs in a child interpreter (``hardening_isolated``): before the fixes, several of
 them died with SIGABRT (a failed multi-terabyte allocation) or SIGSEGV, which would have killed
@@ -295,7 +295,7 @@ def test_undrained_queues_stay_bounded() -> None:
 
 
 def test_event_queue_memory_is_reported() -> None:
-    # Issue 11: a long prompt cached and reset repeatedly, events never drained. Passing the
+    # A long prompt cached and reset repeatedly, events never drained. Passing the
     # 64 MiB bound takes ~16M hashed tokens, so the bound itself is tested in Rust
     # (prefix/events.rs); here the gauge is checked to count each ~160 KB event.
     kv = pagedkv.KvCacheManager(num_blocks=2048, block_size=16, enable_prefix_caching=True)

@@ -20,6 +20,6 @@ def test_gpu_decode_dry_run():
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "54 sweep points; byte accounting checked" in run.stdout
     assert "FAIL" not in run.stdout
-    # The split planner's H200 choices are printed per point (issue 16's examples among them).
+    # The split planner's H200 choices are printed per point (docs/decode_kernel.md's examples among them).
     assert "batch= 8 ctx= 4096 group=8 KV=  0.134 GB target=None H200 plan: 2 splits/1 waves" in run.stdout
     assert "batch= 1 ctx= 1024 group=1 KV=  0.004 GB target=None H200 plan: 8 splits/1 waves" in run.stdout

@@ -17,9 +17,13 @@ import numpy as np
 
 from pagedkv.attention import prefill_validation as pval
 from pagedkv.attention.dtypes import nan_fill_value
-from pagedkv.attention.kernel_launch import LOG2E, MIN_TOKENS_PER_SPLIT, Runner, _output
+from pagedkv.attention.kernel_launch import LOG2E, Runner, _output
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.kernels import instances
+
+# Keys per split of a split-KV prefill: below this the merge launch and each CTA's fixed cost
+# outweigh the keys it reads (prefill tiles are 64 query rows, so its floor sits above decode's).
+MIN_TOKENS_PER_SPLIT = 256
 
 
 def work_tiles(query_start_loc: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray]:

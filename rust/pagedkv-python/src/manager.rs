@@ -415,7 +415,12 @@ impl PyKvCacheManager {
 
     /// FlashInfer's CSR page table of `seq_ids`: (int32 `[B + 1]` kv_indptr, int32 `[nnz]`
     /// kv_indices, int32 `[B]` kv_last_page_len).
-    fn csr_page_table<'py>(&self, py: Python<'py>, seq_ids: SeqIds) -> PyResult<CsrArrays<'py>> {
+    fn csr_page_table<'py>(
+        &self,
+        py: Python<'py>,
+        seq_ids: Bound<'py, PyAny>,
+    ) -> PyResult<CsrArrays<'py>> {
+        let seq_ids = self.seq_ids(py, &seq_ids)?;
         let seqs = seq_ids.0.as_slice();
         let csr = self.run(py, seqs.len() >= DETACH_MIN_BATCH, |kv| {
             kv.csr_page_table(seqs)

@@ -8,7 +8,7 @@
 //! docs/page_tables.md shows both layouts side by side.
 
 use super::KvCacheManager;
-use crate::error::{invalid, Result};
+use crate::error::{invalid, try_with_capacity, Result};
 use crate::SeqId;
 
 /// Sequences' block tables in CSR form (all `i32`, as FlashInfer's `int32` index tensors).
@@ -28,9 +28,11 @@ pub struct CsrPageTable {
 }
 
 impl KvCacheManager {
-    /// The block tables of `seq_ids` (device-resident, in this order, repeats allowed) in
-    /// FlashInfer's CSR layout. All-or-nothing: an unknown or swapped-out id, or more than
-    /// `i32::MAX` entries in all, is an error and nothing is built.
+    /// The block tables of `seq_ids` (device-resident, in this order) in FlashInfer's CSR
+    /// layout. All-or-nothing: an unknown or swapped-out id, an id given twice (as
+    /// [`KvCacheManager::batch_block_tables`], so the result is bounded by the pool), or more
+    /// than `i32::MAX` entries in all, is an error and nothing is built; a result that cannot be
+    /// allocated is [`crate::Error::OutOfMemory`].
     ///
     /// ```
     /// use pagedkv::{KvCacheManager, ManagerConfig};
@@ -49,17 +51,18 @@ impl KvCacheManager {
         for &id in seq_ids {
             nnz += self.resident(id)?.table.block_ids.len();
         }
+        self.check_distinct(seq_ids)?;
         if nnz > i32::MAX as usize {
             return invalid(format!(
                 "the CSR page table would hold {nnz} block ids, more than int32 offsets address"
             ));
         }
-        // Infallible from here.
         let mut csr = CsrPageTable {
-            kv_indptr: Vec::with_capacity(seq_ids.len() + 1),
-            kv_indices: Vec::with_capacity(nnz),
-            kv_last_page_len: Vec::with_capacity(seq_ids.len()),
+            kv_indptr: try_with_capacity(seq_ids.len() + 1)?,
+            kv_indices: try_with_capacity(nnz)?,
+            kv_last_page_len: try_with_capacity(seq_ids.len())?,
         };
+        // Infallible from here.
         csr.kv_indptr.push(0);
         for &id in seq_ids {
             let table = &self.seqs[&id].table;
@@ -163,6 +166,7 @@ mod tests {
         kv.add_sequence_len(1, 3).unwrap();
         kv.add_sequence_len(2, 3).unwrap();
         assert_eq!(kv.csr_page_table(&[1, 9]), Err(Error::UnknownSequence(9)));
+        assert!(matches!(kv.csr_page_table(&[1, 1]), Err(Error::InvalidArgument(_))));
         kv.swap_out(&[2]).unwrap();
         assert!(kv.csr_page_table(&[1, 2]).is_err());
         assert_eq!(kv.csr_page_table(&[1]).unwrap().kv_indices.len(), 2);

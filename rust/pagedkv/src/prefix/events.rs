@@ -242,7 +242,7 @@ mod tests {
 
     #[test]
     fn a_cycled_long_prompt_stays_within_the_default_byte_bound() {
-        // Issue 11: a 32k-token prompt's event repeated without draining; ~158 KB each.
+        // A 32k-token prompt's event repeated without draining; ~158 KB each.
         let mut q = EventQueue::new(65_536);
         for _ in 0..1_000 {
             q.push(stored(32 * 1024));
