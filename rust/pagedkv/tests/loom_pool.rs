@@ -10,8 +10,8 @@
 //!
 //! | Mutation | Caught by |
 //! |---|---|
-//! | Prefix manager reserves with `allocate_between(0, n)` and hands blocks back when short (the old `allocate_up_to` path) | `no_spurious_refusal_between_managers` |
-//! | Refcount decrement `Relaxed` instead of `AcqRel` (the `Arc` drop-fence case) | `payload_handed_from_all_sharers_to_next_owner` |
+//! | Prefix manager reserves with `allocate_between(0, n)` and hands blocks back when short (the old `allocate_up_to` path) | `no_spurious_refusal_between_managers` ("a refusal no serial order explains") |
+//! | Refcount decrement `Relaxed` instead of `AcqRel` (the `Arc` drop-fence case) | `payload_handed_from_all_sharers_to_next_owner` (loom: causality violation on the payload cell) |
 #![cfg(loom)]
 
 use loom::sync::Arc;
