@@ -10,8 +10,8 @@
 //!
 //! | Mutation | Caught by |
 //! |---|---|
-//! | Prefix manager reserves with `allocate_between(0, n)` and hands blocks back when short (the old `allocate_up_to` path) | `no_spurious_refusal_between_managers` |
-//! | Refcount decrement `Relaxed` instead of `AcqRel` (the `Arc` drop-fence case) | `payload_handed_from_all_sharers_to_next_owner` |
+//! | Prefix manager reserves with `allocate_between(0, n)` and hands blocks back when short (the old `allocate_up_to` path) | `no_spurious_refusal_between_managers` ("a refusal no serial order explains") |
+//! | Refcount decrement `Relaxed` instead of `AcqRel` (the `Arc` drop-fence case) | `payload_handed_from_all_sharers_to_next_owner` (loom: causality violation on the payload cell) |
 #![cfg(loom)]
 
 use loom::sync::Arc;
@@ -245,7 +245,11 @@ fn no_spurious_refusal_between_managers() {
 #[test]
 fn payload_handed_from_all_sharers_to_next_owner() {
     use loom::cell::UnsafeCell;
-    loom::model(|| {
+    // Causality is tracked on every schedule, so one preemption is enough to see the race
+    // and keeps the spinning next owner from multiplying the explored schedules.
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = Some(1);
+    builder.check(|| {
         let pool = Arc::new(BlockPool::new(1, 1).unwrap());
         let payload = Arc::new(UnsafeCell::new(7u64));
         let b = pool.allocate(1).unwrap()[0];
