@@ -29,6 +29,7 @@
 mod error;
 mod host;
 mod manager;
+mod peers;
 mod pool;
 mod prefix;
 mod seqmap;
@@ -39,6 +40,7 @@ mod table;
 
 pub use error::{Error, Result, Tier};
 pub use manager::{KvCacheManager, ManagerConfig};
+pub use peers::PoolPeers;
 pub use pool::{BlockPool, MAX_NUM_BLOCKS, MAX_NUM_SLOTS};
 pub use prefix::events::KvEvent;
 pub use prefix::hash::{BlockHash, BlockHasher};

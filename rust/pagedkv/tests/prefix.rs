@@ -11,6 +11,7 @@ fn cached_manager(num_blocks: usize, block_size: usize) -> KvCacheManager {
         block_size,
         enable_prefix_caching: true,
         hash_seed: SEED,
+        enable_kv_events: true,
         ..Default::default()
     })
     .unwrap()
@@ -37,7 +38,7 @@ fn siphash_matches_a_reference_implementation() {
         (None, &[1], Some(b"exactly8")),
     ];
     for (parent, tokens, extra) in cases {
-        let mut reference = siphasher::sip128::SipHasher24::new_with_keys(k0, k1);
+        let mut reference = siphasher::sip128::SipHasher13::new_with_keys(k0, k1);
         reference.write(&BlockHasher::message_bytes(parent, tokens, extra));
         assert_eq!(
             hasher.hash_block(parent, tokens, extra),
@@ -292,6 +293,7 @@ fn bounded_event_queue_drops_oldest() {
         block_size: 1,
         enable_prefix_caching: true,
         max_events: 2,
+        enable_kv_events: true,
         ..Default::default()
     })
     .unwrap();

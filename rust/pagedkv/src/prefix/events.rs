@@ -1,10 +1,12 @@
 //! KV events: every change to the prefix index, for KV-aware routers.
 //!
-//! While prefix caching is on, every index change is recorded as a [`KvEvent`] whose field
-//! names follow vLLM's KV-event schema (`BlockStored`, `BlockRemoved`, `AllBlocksCleared`). The
+//! While prefix caching and `ManagerConfig::enable_kv_events` are on, every index change is
+//! recorded as a [`KvEvent`] whose field names follow vLLM's KV-event schema (`BlockStored`, `BlockRemoved`, `AllBlocksCleared`). The
 //! queue is bounded by `ManagerConfig::max_events`: when it is full the **oldest** event is
 //! dropped and `Stats::events_dropped` counts it, so a consumer that falls behind sees a gap it
 //! can detect (and can resync after an `AllBlocksCleared`) rather than unbounded memory growth.
+//! With events off (the default, as in vLLM) the queue is disabled: callers test
+//! [`EventQueue::enabled`] before building an event, so no event is allocated at all.
 
 use std::collections::VecDeque;
 
@@ -16,7 +18,8 @@ use crate::{BlockHash, Tier, TokenId};
 /// ```
 /// use pagedkv::{KvCacheManager, KvEvent, ManagerConfig};
 /// let mut kv = KvCacheManager::new(ManagerConfig {
-///     num_blocks: 4, block_size: 2, enable_prefix_caching: true, ..Default::default()
+///     num_blocks: 4, block_size: 2, enable_prefix_caching: true, enable_kv_events: true,
+///     ..Default::default()
 /// })?;
 /// kv.add_sequence(1, &[1, 2, 3], None)?;
 /// match &kv.take_events()[..] {
@@ -60,6 +63,8 @@ pub enum KvEvent {
 #[derive(Debug)]
 pub(crate) struct EventQueue {
     events: VecDeque<KvEvent>,
+    /// Whether events are recorded at all (`ManagerConfig::enable_kv_events`).
+    enabled: bool,
     /// Capacity (0: every event is dropped).
     max_events: usize,
     /// Events dropped because the queue was full, lifetime.
@@ -67,15 +72,26 @@ pub(crate) struct EventQueue {
 }
 
 impl EventQueue {
-    pub(crate) fn new(max_events: usize) -> Self {
+    pub(crate) fn new(enabled: bool, max_events: usize) -> Self {
         EventQueue {
             events: VecDeque::new(),
+            enabled,
             max_events,
             dropped: 0,
         }
     }
 
+    /// Whether events are recorded; callers skip building an event when not.
+    #[inline]
+    pub(crate) fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// Records `event` (nothing when disabled).
     pub(crate) fn push(&mut self, event: KvEvent) {
+        if !self.enabled {
+            return;
+        }
         if self.max_events == 0 {
             self.dropped += 1;
             return;
@@ -141,7 +157,7 @@ mod tests {
 
     #[test]
     fn full_queue_drops_the_oldest() {
-        let mut q = EventQueue::new(2);
+        let mut q = EventQueue::new(true, 2);
         for i in 0..3 {
             q.push(KvEvent::BlockRemoved {
                 block_hashes: vec![i],
@@ -154,14 +170,17 @@ mod tests {
         assert!(
             matches!(&kept[0], KvEvent::BlockRemoved { block_hashes, .. } if block_hashes == &[1])
         );
-        let mut none = EventQueue::new(0);
+        let mut none = EventQueue::new(true, 0);
         none.push(KvEvent::AllBlocksCleared);
         assert_eq!((none.dropped, none.take().len()), (1, 0));
+        let mut off = EventQueue::new(false, 8);
+        off.push(KvEvent::AllBlocksCleared);
+        assert_eq!((off.dropped, off.take().len()), (0, 0));
     }
 
     #[test]
     fn stored_run_reports_consecutive_blocks_once() {
-        let mut q = EventQueue::new(8);
+        let mut q = EventQueue::new(true, 8);
         let mut run = StoredRun::default();
         run.flush(&mut q, 2, None); // empty: nothing
         run.add(10, Some(9), &[1, 2]);
