@@ -115,6 +115,24 @@ fn scenario_prefix_w2(kv: &mut KvCacheManager, iters: u64) -> u64 {
     iters
 }
 
+/// All-miss prefix admission: a unique 1,324-token prompt (82 full blocks) admitted and freed
+/// on 65,536 blocks of 16; once the pool's free list is used up every new block evicts a cached
+/// one. With `caching` off the same calls are the baseline the all-miss target is a ratio of.
+/// Units: admissions.
+#[inline(never)]
+fn scenario_prefix_miss(kv: &mut KvCacheManager, iters: u64) -> u64 {
+    let mut prompt: Vec<u32> = vec![0; 1324];
+    for i in 0..iters {
+        for (j, t) in prompt.iter_mut().enumerate() {
+            *t = (i as u32).wrapping_mul(4096).wrapping_add(j as u32);
+        }
+        kv.add_sequence(black_box(i), black_box(&prompt), None)
+            .unwrap();
+        kv.free(black_box(i)).unwrap();
+    }
+    iters
+}
+
 /// The Python op-mix schedule (benches/python/test_manager_bench.py, counts only) in Rust:
 /// 48 running sequences; each step appends one token to all (one batch call), finishes two,
 /// admits two, and forks one in four steps. Units: sequence-operations.
@@ -207,6 +225,20 @@ fn main() {
             })
             .unwrap();
             let units = scenario_prefix_w2(&mut kv, iters);
+            black_box(kv.take_events());
+            units
+        }
+        "prefix_miss" | "prefix_miss_events" | "plain_miss" => {
+            let mut kv = KvCacheManager::new(ManagerConfig {
+                num_blocks: 65_536,
+                block_size: 16,
+                enable_prefix_caching: scenario != "plain_miss",
+                enable_kv_events: scenario == "prefix_miss_events",
+                max_events: 1 << 20,
+                ..Default::default()
+            })
+            .unwrap();
+            let units = scenario_prefix_miss(&mut kv, iters);
             black_box(kv.take_events());
             units
         }

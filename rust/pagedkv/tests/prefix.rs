@@ -327,13 +327,15 @@ fn fork_children_fill_blocks_independently() {
     kv.add_sequence(1, &[1, 2, 3], None).unwrap();
     kv.fork(1, 2).unwrap();
     kv.append_tokens(2, &[4]).unwrap(); // CoW copy of block 1, then full -> indexed
-    kv.append_tokens(1, &[4]).unwrap(); // same content: duplicate, not indexed
+    kv.append_tokens(1, &[4]).unwrap(); // same content: a second indexed copy (as in vLLM)
     assert_eq!(kv.take_copy_ops(), vec![(1, 2)]);
     kv.free(1).unwrap();
     kv.free(2).unwrap();
-    assert_eq!(kv.cached_blocks(), vec![2, 0]);
+    assert_eq!(kv.cached_blocks(), vec![1, 2, 0]);
     assert_eq!(kv.add_sequence(3, &[1, 2, 3, 4, 5], None).unwrap(), 4);
-    assert_eq!(kv.block_table(3).unwrap()[..2], [0, 2]);
+    // A hit takes the most recently written copy (block 1); block 2 stays cached and indexed.
+    assert_eq!(kv.block_table(3).unwrap()[..2], [0, 1]);
+    assert_eq!(kv.cached_blocks(), vec![2]);
     kv.check_invariants().unwrap();
 }
 

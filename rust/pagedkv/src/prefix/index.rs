@@ -153,16 +153,20 @@ impl BlockIndex {
         let next = std::mem::replace(&mut s.next_copy, NO_BLOCK);
         s.parent = None;
         s.extra_key = None;
-        let first = self.map.get_mut(&h).expect("an indexed hash is in the map");
-        if *first == b {
-            if next == NO_BLOCK {
-                self.map.remove(&h);
-            } else {
-                *first = next;
+        // One map operation on the common path (a single copy): remove, and put back only
+        // when other copies remain.
+        let Some(first) = self.map.remove(&h) else {
+            debug_assert!(false, "indexed block {b}: its hash is not in the map");
+            return Some(h);
+        };
+        if first == b {
+            if next != NO_BLOCK {
+                self.map.insert(h, next);
             }
         } else {
+            self.map.insert(h, first);
             // Unlink `b` from the copies (lists are short: one per independent computation).
-            let mut at = *first;
+            let mut at = first;
             while self.stored[at as usize].next_copy != b {
                 at = self.stored[at as usize].next_copy;
             }
