@@ -14,7 +14,6 @@ pub(crate) mod events;
 pub(crate) mod hash;
 pub(crate) mod index;
 pub(crate) mod lru;
-pub(crate) mod sip13;
 
 use std::sync::Arc;
 
