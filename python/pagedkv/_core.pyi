@@ -52,6 +52,7 @@ class KvCacheManager:
         pool: BlockPool | None = None,
         hash_seed: int = 0,
         max_events: int | None = None,
+        enable_kv_events: bool = False,
     ) -> KvCacheManager: ...
     def add_sequence(
         self,

@@ -1,4 +1,5 @@
-"""KV-cache events recorded while prefix caching is on (``KvCacheManager.take_events()``).
+"""KV-cache events (``KvCacheManager.take_events()``), recorded only by a manager built with
+``enable_prefix_caching=True, enable_kv_events=True`` (events are off by default, as in vLLM).
 
 Field names follow vLLM's KV-event schema (``vllm.distributed.kv_events``: ``BlockStored``,
 ``BlockRemoved``, ``AllBlocksCleared``) so that KV-aware routers written against vLLM can consume

@@ -296,8 +296,11 @@ def _make_managers() -> list[pagedkv.KvCacheManager]:
             block_size=3,
             enable_prefix_caching=True,
             num_host_blocks=NUM_HOST_BLOCKS,
+            enable_kv_events=True,
         ),
-        pagedkv.KvCacheManager(pool=shared, enable_prefix_caching=True, num_host_blocks=NUM_HOST_BLOCKS),
+        pagedkv.KvCacheManager(
+            pool=shared, enable_prefix_caching=True, num_host_blocks=NUM_HOST_BLOCKS, enable_kv_events=True
+        ),
         pagedkv.KvCacheManager(pool=shared),
     ]
 
@@ -359,6 +362,7 @@ def _constructor_kwargs(data: st.DataObject) -> dict[str, Any]:
         ("num_host_blocks", st.integers(0, 64)),
         ("hash_seed", st.integers(0, 2**64 - 1)),
         ("max_events", st.integers(0, 64)),
+        ("enable_kv_events", st.booleans()),
     ]:
         choice = draw(st.integers(0, 3))
         if choice == 1:

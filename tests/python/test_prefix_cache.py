@@ -17,6 +17,7 @@ BS = 4  # block size of every scenario
 
 
 def manager(num_blocks: int, **kwargs: object) -> pagedkv.KvCacheManager:
+    kwargs.setdefault("enable_kv_events", True)
     return pagedkv.KvCacheManager(num_blocks=num_blocks, block_size=BS, enable_prefix_caching=True, **kwargs)  # type: ignore[arg-type]
 
 

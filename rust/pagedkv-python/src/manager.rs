@@ -13,7 +13,7 @@ use numpy::{PyArray1, PyArray2, PyArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
-use pagedkv::{Error, KvCacheManager, ManagerConfig};
+use pagedkv::{Error, KvCacheManager, ManagerConfig, PoolPeers};
 
 use crate::convert::{
     batch_len, must_propagate, with_arg_note, BlockIdArg, CountArg, ExtraKey, FlagArg, SeedArg,
@@ -62,14 +62,19 @@ fn failure_to_pyerr(py: Python<'_>, failure: Failure) -> PyErr {
 /// block pool, with optional prefix caching and a host swap tier.
 ///
 /// `KvCacheManager(num_blocks=1024, block_size=16, enable_prefix_caching=False,
-/// num_host_blocks=0, *, pool=None, hash_seed=0, max_events=65536)`. With `pool` (a
+/// num_host_blocks=0, *, pool=None, hash_seed=0, max_events=65536, enable_kv_events=False)`.
+/// With `pool` (a
 /// `BlockPool`), `num_blocks` and `block_size` come from the pool (given ones must agree).
 /// `hash_seed` keys the 128-bit block hashes; `max_events` bounds the KV-event queue (when
-/// full, the oldest event is dropped and counted in `stats()["events_dropped"]`).
+/// full, the oldest event is dropped and counted in `stats()["events_dropped"]`);
+/// `enable_kv_events` turns event recording on (off by default, as in vLLM).
 /// Every method is safe to call from several Python threads; batch calls release the GIL.
 #[pyclass(module = "pagedkv._core", name = "KvCacheManager", frozen)]
 pub struct PyKvCacheManager {
-    inner: Mutex<KvCacheManager>,
+    inner: Arc<Mutex<KvCacheManager>>,
+    /// The other managers on a shared pool (`pool=` given): a call short of device blocks
+    /// reclaims their cached blocks and runs once more (`pagedkv::PoolPeers`).
+    peers: Option<Arc<PoolPeers>>,
     pool: Py<PyBlockPool>,
     num_blocks: usize,
     block_size: usize,
@@ -83,14 +88,25 @@ impl PyKvCacheManager {
         self.inner.lock().map_err(|_| Failure::Poisoned)
     }
 
-    /// Runs `op` on the locked manager, with the GIL released when `heavy`.
+    /// Runs `op` on the locked manager, with the GIL released when `heavy`. On a shared pool a
+    /// device shortage first reclaims the peers' cached blocks (`PoolPeers::run`).
     #[inline]
-    fn run<T, F>(&self, py: Python<'_>, heavy: bool, op: F) -> PyResult<T>
+    fn run<T, F>(&self, py: Python<'_>, heavy: bool, mut op: F) -> PyResult<T>
     where
-        F: FnOnce(&mut KvCacheManager) -> Result<T, Error> + Send,
+        F: FnMut(&mut KvCacheManager) -> Result<T, Error> + Send,
         T: Send,
     {
-        let call = || -> Result<T, Failure> { Ok(op(&mut *self.lock()?)?) };
+        let mut call = || -> Result<T, Failure> {
+            match &self.peers {
+                None => Ok(op(&mut *self.lock()?)?),
+                Some(peers) => {
+                    if self.inner.is_poisoned() {
+                        return Err(Failure::Poisoned);
+                    }
+                    Ok(peers.run(&self.inner, &mut op)?)
+                }
+            }
+        };
         let result = if heavy { py.detach(call) } else { call() };
         result.map_err(|failure| failure_to_pyerr(py, failure))
     }
@@ -170,11 +186,12 @@ impl PyKvCacheManager {
     #[new]
     #[pyo3(signature = (
         num_blocks=None, block_size=None, enable_prefix_caching=FlagArg(false),
-        num_host_blocks=CountArg(0), *, pool=None, hash_seed=SeedArg(0), max_events=None
+        num_host_blocks=CountArg(0), *, pool=None, hash_seed=SeedArg(0), max_events=None,
+        enable_kv_events=FlagArg(false)
     ))]
     #[pyo3(
         text_signature = "(num_blocks=None, block_size=None, enable_prefix_caching=False, \
-        num_host_blocks=0, *, pool=None, hash_seed=0, max_events=None)"
+        num_host_blocks=0, *, pool=None, hash_seed=0, max_events=None, enable_kv_events=False)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -186,6 +203,7 @@ impl PyKvCacheManager {
         pool: Option<Bound<'_, PyAny>>,
         hash_seed: SeedArg,
         max_events: Option<CountArg>,
+        enable_kv_events: FlagArg,
     ) -> PyResult<Self> {
         let defaults = ManagerConfig::default();
         let mut config = ManagerConfig {
@@ -194,13 +212,14 @@ impl PyKvCacheManager {
             enable_prefix_caching: enable_prefix_caching.0,
             num_host_blocks: num_host_blocks.0,
             hash_seed: hash_seed.0,
+            enable_kv_events: enable_kv_events.0,
             ..defaults.clone()
         };
         if let Some(max_events) = max_events {
             config.max_events = max_events.0;
         }
         check_int32_block_count(py, "num_host_blocks", config.num_host_blocks)?;
-        let (manager, pool_object) = match pool {
+        let (manager, pool_object, peers) = match pool {
             Some(pool) => {
                 let pool = pool.cast_into::<PyBlockPool>().map_err(|e| {
                     invalid_argument(py, format!("pool must be a pagedkv.BlockPool: {e}"))
@@ -226,7 +245,8 @@ impl PyKvCacheManager {
                 config.block_size = shared.block_size();
                 let manager =
                     KvCacheManager::with_pool(shared, config).map_err(|e| to_pyerr(py, e))?;
-                (manager, pool.unbind())
+                let peers = Arc::clone(&pool.get().peers);
+                (manager, pool.unbind(), Some(peers))
             }
             None => {
                 check_int32_block_count(py, "num_blocks", config.num_blocks)?;
@@ -235,17 +255,25 @@ impl PyKvCacheManager {
                     py,
                     PyBlockPool {
                         inner: Arc::clone(manager.pool()),
+                        peers: Arc::default(),
                     },
                 )?;
-                (manager, pool_object)
+                (manager, pool_object, None)
             }
         };
+        let num_blocks = manager.num_blocks();
+        let block_size = manager.block_size();
+        let inner = Arc::new(Mutex::new(manager));
+        if let Some(peers) = &peers {
+            peers.join(&inner);
+        }
         Ok(Self {
-            num_blocks: manager.num_blocks(),
-            block_size: manager.block_size(),
+            num_blocks,
+            block_size,
             num_host_blocks: num_host_blocks.0,
             enable_prefix_caching: enable_prefix_caching.0,
-            inner: Mutex::new(manager),
+            inner,
+            peers,
             pool: pool_object,
         })
     }

@@ -24,6 +24,8 @@ pub fn check_int32_block_count(py: Python<'_>, name: &str, num_blocks: usize) ->
 #[pyclass(module = "pagedkv._core", name = "BlockPool", frozen)]
 pub struct PyBlockPool {
     pub inner: Arc<pagedkv::BlockPool>,
+    /// The managers built on this pool, which reclaim each other's cached blocks.
+    pub peers: Arc<pagedkv::PoolPeers>,
 }
 
 #[pymethods]
@@ -39,6 +41,7 @@ impl PyBlockPool {
             pagedkv::BlockPool::new(num_blocks.0, block_size.0).map_err(|e| to_pyerr(py, e))?;
         Ok(Self {
             inner: Arc::new(pool),
+            peers: Arc::default(),
         })
     }
 

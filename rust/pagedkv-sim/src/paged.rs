@@ -58,6 +58,7 @@ impl PagedMemory {
             hash_seed: config.seed,
             // The simulator never reads KV events: record none.
             max_events: 0,
+            enable_kv_events: false,
         })?;
         Ok(PagedMemory {
             kv,

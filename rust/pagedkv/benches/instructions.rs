@@ -85,6 +85,54 @@ fn scenario_prefix_admit(kv: &mut KvCacheManager, iters: u64) -> u64 {
     iters
 }
 
+/// The peer benchmark's W2 prefix-sharing workload in Rust (one admission = one request):
+/// 16 system prompts of 1,024 tokens (64 full blocks each), a unique suffix of 100..=500
+/// tokens, admission batches of 8, at most 256 requests resident (the oldest freed first),
+/// 65,536 blocks of 16. Units: requests (admit + free).
+#[inline(never)]
+fn scenario_prefix_w2(kv: &mut KvCacheManager, iters: u64) -> u64 {
+    let mut rng = Rng(0x5EED_0002);
+    let mut resident = std::collections::VecDeque::new();
+    let mut prompt: Vec<u32> = Vec::with_capacity(1524);
+    for i in 0..iters {
+        if i % 8 == 0 {
+            while resident.len() + 8 > 256 {
+                kv.free(black_box(resident.pop_front().unwrap())).unwrap();
+            }
+        }
+        let system = rng.below(16) as u32;
+        let suffix = 100 + rng.below(401) as u32;
+        prompt.clear();
+        prompt.extend((0..1024).map(|j| 2_000_000_000 + system * 1024 + j));
+        prompt.extend((0..suffix).map(|j| (i as u32).wrapping_mul(512).wrapping_add(j)));
+        kv.add_sequence(black_box(i), black_box(&prompt), None)
+            .unwrap();
+        resident.push_back(i);
+    }
+    for id in resident {
+        kv.free(id).unwrap();
+    }
+    iters
+}
+
+/// All-miss prefix admission: a unique 1,324-token prompt (82 full blocks) admitted and freed
+/// on 65,536 blocks of 16; once the pool's free list is used up every new block evicts a cached
+/// one. With `caching` off the same calls are the baseline the all-miss target is a ratio of.
+/// Units: admissions.
+#[inline(never)]
+fn scenario_prefix_miss(kv: &mut KvCacheManager, iters: u64) -> u64 {
+    let mut prompt: Vec<u32> = vec![0; 1324];
+    for i in 0..iters {
+        for (j, t) in prompt.iter_mut().enumerate() {
+            *t = (i as u32).wrapping_mul(4096).wrapping_add(j as u32);
+        }
+        kv.add_sequence(black_box(i), black_box(&prompt), None)
+            .unwrap();
+        kv.free(black_box(i)).unwrap();
+    }
+    iters
+}
+
 /// The Python op-mix schedule (benches/python/test_manager_bench.py, counts only) in Rust:
 /// 48 running sequences; each step appends one token to all (one batch call), finishes two,
 /// admits two, and forks one in four steps. Units: sequence-operations.
@@ -161,10 +209,38 @@ fn main() {
                 num_blocks: 1024,
                 block_size: 16,
                 enable_prefix_caching: true,
+                enable_kv_events: true,
                 ..Default::default()
             })
             .unwrap();
             scenario_prefix_admit(&mut kv, iters)
+        }
+        "prefix_w2" | "prefix_w2_events" => {
+            let mut kv = KvCacheManager::new(ManagerConfig {
+                num_blocks: 65_536,
+                block_size: 16,
+                enable_prefix_caching: true,
+                enable_kv_events: scenario == "prefix_w2_events",
+                ..Default::default()
+            })
+            .unwrap();
+            let units = scenario_prefix_w2(&mut kv, iters);
+            black_box(kv.take_events());
+            units
+        }
+        "prefix_miss" | "prefix_miss_events" | "plain_miss" => {
+            let mut kv = KvCacheManager::new(ManagerConfig {
+                num_blocks: 65_536,
+                block_size: 16,
+                enable_prefix_caching: scenario != "plain_miss",
+                enable_kv_events: scenario == "prefix_miss_events",
+                max_events: 1 << 20,
+                ..Default::default()
+            })
+            .unwrap();
+            let units = scenario_prefix_miss(&mut kv, iters);
+            black_box(kv.take_events());
+            units
         }
         "op_mix" => scenario_op_mix(iters),
         other => {

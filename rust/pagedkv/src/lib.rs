@@ -29,6 +29,7 @@
 mod error;
 mod host;
 mod manager;
+mod peers;
 mod pool;
 mod prefix;
 mod seqmap;
@@ -41,6 +42,7 @@ pub mod wire;
 
 pub use error::{Error, Result, Tier};
 pub use manager::{CsrPageTable, KvCacheManager, ManagerConfig};
+pub use peers::PoolPeers;
 pub use pool::{BlockPool, MAX_NUM_BLOCKS, MAX_NUM_SLOTS};
 pub use prefix::events::KvEvent;
 pub use prefix::hash::{BlockHash, BlockHasher};

@@ -111,7 +111,9 @@ struct Model {
     refcounts: HashMap<MBlock, u32>,
     /// Cached-evictable blocks, least recently used first.
     cached: Vec<MBlock>,
-    index: HashMap<Key, MBlock>,
+    /// Every block holding a content, the most recently registered first (the one a hit
+    /// takes): the same content may sit on several blocks.
+    index: HashMap<Key, Vec<MBlock>>,
     key_of: HashMap<MBlock, Key>,
     host_refs: HashMap<MBlock, u32>,
     next_block: MBlock,
@@ -185,7 +187,11 @@ impl Model {
             if i >= from_pool {
                 let victim = self.cached.remove(0);
                 let key = self.key_of.remove(&victim).unwrap();
-                self.index.remove(&key);
+                let copies = self.index.get_mut(&key).unwrap();
+                copies.retain(|&c| c != victim);
+                if copies.is_empty() {
+                    self.index.remove(&key);
+                }
                 self.evictions += 1;
             }
             let b = self.new_block();
@@ -207,10 +213,10 @@ impl Model {
     }
 
     fn register(&mut self, b: MBlock, key: Key) {
-        if self.index.contains_key(&key) || self.key_of.contains_key(&b) {
+        if self.key_of.contains_key(&b) {
             return;
         }
-        self.index.insert(key.clone(), b);
+        self.index.entry(key.clone()).or_default().insert(0, b);
         self.key_of.insert(b, key);
     }
 
@@ -242,7 +248,7 @@ impl Model {
         if let Some(t) = &tokens {
             for i in 0..n.saturating_sub(1) / bs {
                 match self.index.get(&(extra, t[..(i + 1) * bs].to_vec())) {
-                    Some(&m) => hits.push(m),
+                    Some(copies) => hits.push(copies[0]),
                     None => break,
                 }
             }

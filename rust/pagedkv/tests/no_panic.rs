@@ -241,6 +241,7 @@ fn managers() -> (Vec<KvCacheManager>, BlockPool) {
         enable_prefix_caching: true,
         num_host_blocks: 6,
         max_events: 8,
+        enable_kv_events: true,
         ..Default::default()
     };
     let kvs = vec![
@@ -303,9 +304,11 @@ proptest! {
         max_events in count(),
         hash_seed in any::<u64>(),
         enable_prefix_caching in any::<bool>(),
+        enable_kv_events in any::<bool>(),
     ) {
         let config = ManagerConfig {
             num_blocks, block_size, enable_prefix_caching, num_host_blocks, hash_seed, max_events,
+            enable_kv_events,
         };
         let result = catch_unwind(|| {
             if let Ok(mut kv) = KvCacheManager::new(config.clone()) {

@@ -11,6 +11,7 @@ fn cached_manager(num_blocks: usize, block_size: usize) -> KvCacheManager {
         block_size,
         enable_prefix_caching: true,
         hash_seed: SEED,
+        enable_kv_events: true,
         ..Default::default()
     })
     .unwrap()
@@ -37,7 +38,7 @@ fn siphash_matches_a_reference_implementation() {
         (None, &[1], Some(b"exactly8")),
     ];
     for (parent, tokens, extra) in cases {
-        let mut reference = siphasher::sip128::SipHasher24::new_with_keys(k0, k1);
+        let mut reference = siphasher::sip128::SipHasher13::new_with_keys(k0, k1);
         reference.write(&BlockHasher::message_bytes(parent, tokens, extra));
         assert_eq!(
             hasher.hash_block(parent, tokens, extra),
@@ -292,6 +293,7 @@ fn bounded_event_queue_drops_oldest() {
         block_size: 1,
         enable_prefix_caching: true,
         max_events: 2,
+        enable_kv_events: true,
         ..Default::default()
     })
     .unwrap();
@@ -325,13 +327,15 @@ fn fork_children_fill_blocks_independently() {
     kv.add_sequence(1, &[1, 2, 3], None).unwrap();
     kv.fork(1, 2).unwrap();
     kv.append_tokens(2, &[4]).unwrap(); // CoW copy of block 1, then full -> indexed
-    kv.append_tokens(1, &[4]).unwrap(); // same content: duplicate, not indexed
+    kv.append_tokens(1, &[4]).unwrap(); // same content: a second indexed copy (as in vLLM)
     assert_eq!(kv.take_copy_ops(), vec![(1, 2)]);
     kv.free(1).unwrap();
     kv.free(2).unwrap();
-    assert_eq!(kv.cached_blocks(), vec![2, 0]);
+    assert_eq!(kv.cached_blocks(), vec![1, 2, 0]);
     assert_eq!(kv.add_sequence(3, &[1, 2, 3, 4, 5], None).unwrap(), 4);
-    assert_eq!(kv.block_table(3).unwrap()[..2], [0, 2]);
+    // A hit takes the most recently written copy (block 1); block 2 stays cached and indexed.
+    assert_eq!(kv.block_table(3).unwrap()[..2], [0, 1]);
+    assert_eq!(kv.cached_blocks(), vec![2]);
     kv.check_invariants().unwrap();
 }
 

@@ -90,13 +90,14 @@ impl KvCacheManager {
         let max_hits = num_tokens.saturating_sub(1) / bs; // never the whole prompt
         let prefix = self.prefix.as_ref().expect("prefix caching on");
 
-        // 1. Hash every full block; collect the verified hit chain (no mutation yet).
+        // 1. Hash every full block; collect the verified hit chain (no mutation yet). The hits
+        // go straight into the table (`block_ids[..num_hits]`): no separate list.
         let mut block_hashes = Vec::with_capacity(num_full);
-        let mut hits: Vec<BlockId> = Vec::new();
+        let mut block_ids: Vec<BlockId> = Vec::with_capacity(total_blocks);
         let mut chain_alive = true;
         let mut num_revive = 0usize;
+        let mut parent = None;
         for (i, chunk) in token_ids.chunks_exact(bs).enumerate() {
-            let parent = block_hashes.last().copied();
             let h = prefix.hasher.hash_block(parent, chunk, extra_key);
             block_hashes.push(h);
             if chain_alive && i < max_hits {
@@ -107,21 +108,20 @@ impl KvCacheManager {
                         } else if self.pool.refcount(b)? == u32::MAX {
                             return invalid(format!("block {b} refcount would overflow"));
                         }
-                        hits.push(b);
+                        block_ids.push(b);
                     }
                     None => chain_alive = false,
                 }
             }
+            parent = Some(h);
         }
+        let num_hits = block_ids.len();
 
         // 2. Reserve the new blocks; the cached hits are pinned so no eviction can take them.
-        let num_new = total_blocks - hits.len();
-        let mut block_ids = Vec::with_capacity(total_blocks);
-        block_ids.extend_from_slice(&hits);
-        let fresh = self.reserve_fresh(num_new, num_revive, &mut block_ids)?;
+        let fresh = self.reserve_fresh(total_blocks - num_hits, num_revive, &mut block_ids)?;
 
         // 3. Commit (infallible from here): hits first, then evictions for the new blocks.
-        for &b in &hits {
+        for &b in &block_ids[..num_hits] {
             let cached = self.prefix.as_ref().is_some_and(|p| p.is_cached(b));
             if cached {
                 self.revive_cached(b);
@@ -134,20 +134,26 @@ impl KvCacheManager {
         self.complete_fresh(fresh, &mut block_ids);
         let prefix = self.prefix.as_mut().expect("prefix caching on");
         prefix.query_tokens += num_tokens as u64;
-        prefix.hit_tokens += (hits.len() * bs) as u64;
+        prefix.hit_tokens += (num_hits * bs) as u64;
 
         let extra: Option<Arc<[u8]>> = extra_key.map(Arc::from);
-        let mut stored = StoredRun::default();
-        for i in hits.len()..num_full {
+        // Events are built only when enabled: with them off, registering is the index alone.
+        let mut stored = prefix.events.enabled().then(StoredRun::default);
+        for i in num_hits..num_full {
             let parent = i.checked_sub(1).map(|p| block_hashes[p]);
             let chunk = &token_ids[i * bs..(i + 1) * bs];
-            if prefix.register(block_ids[i], block_hashes[i], parent, chunk, &extra) {
-                stored.add(block_hashes[i], parent, chunk);
-            } else {
-                stored.flush(&mut prefix.events, bs, extra.as_deref());
+            let entered = prefix.register(block_ids[i], block_hashes[i], parent, chunk, &extra);
+            if let Some(run) = stored.as_mut() {
+                if entered {
+                    run.add(block_hashes[i], parent, chunk);
+                } else {
+                    run.flush(&mut prefix.events, bs, extra.as_deref());
+                }
             }
         }
-        stored.flush(&mut prefix.events, bs, extra.as_deref());
+        if let Some(run) = stored.as_mut() {
+            run.flush(&mut prefix.events, bs, extra.as_deref());
+        }
 
         let hashing = SeqHashing {
             extra_key: extra,
@@ -166,6 +172,6 @@ impl KvCacheManager {
                 hashing: Some(hashing),
             },
         );
-        Ok(hits.len() * bs)
+        Ok(num_hits * bs)
     }
 }

@@ -7,6 +7,7 @@
 /// let cfg = ManagerConfig { num_blocks: 256, block_size: 16, ..Default::default() };
 /// assert!(!cfg.enable_prefix_caching);
 /// assert_eq!(cfg.num_host_blocks, 0);
+/// assert!(!cfg.enable_kv_events);
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ManagerConfig {
@@ -23,6 +24,10 @@ pub struct ManagerConfig {
     pub hash_seed: u64,
     /// Capacity of the KV-event queue; when full, the oldest event is dropped and counted.
     pub max_events: usize,
+    /// Record KV events (`BlockStored`, `BlockRemoved`, `AllBlocksCleared`) for
+    /// `take_events`. Off by default, as in vLLM (`enable_kv_cache_events`): when off, no event
+    /// is built, so admission pays nothing for them.
+    pub enable_kv_events: bool,
 }
 
 impl Default for ManagerConfig {
@@ -34,6 +39,7 @@ impl Default for ManagerConfig {
             num_host_blocks: 0,
             hash_seed: 0,
             max_events: 65_536,
+            enable_kv_events: false,
         }
     }
 }

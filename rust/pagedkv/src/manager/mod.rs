@@ -190,6 +190,7 @@ impl KvCacheManager {
                 pool.num_blocks(),
                 pool.block_size(),
                 config.hash_seed,
+                config.enable_kv_events,
                 config.max_events,
             )
         });

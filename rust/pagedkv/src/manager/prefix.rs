@@ -12,7 +12,8 @@ impl KvCacheManager {
     /// ```
     /// use pagedkv::{KvCacheManager, KvEvent, ManagerConfig};
     /// let mut kv = KvCacheManager::new(ManagerConfig {
-    ///     num_blocks: 4, block_size: 2, enable_prefix_caching: true, ..Default::default()
+    ///     num_blocks: 4, block_size: 2, enable_prefix_caching: true, enable_kv_events: true,
+    ///     ..Default::default()
     /// })?;
     /// kv.add_sequence(1, &[1, 2, 3], None)?;
     /// assert!(!kv.reset_prefix_cache());
@@ -31,6 +32,37 @@ impl KvCacheManager {
             prefix.reset(&self.pool);
         }
         true
+    }
+
+    /// Returns up to `max_blocks` cached-evictable blocks, least recently used first, to the
+    /// pool's free list, where any manager sharing the pool can allocate them; each loses its
+    /// hash (a `BlockRemoved` event). Returns how many were released. This is how managers on
+    /// one shared [`crate::BlockPool`] reclaim each other's cached blocks
+    /// ([`crate::PoolPeers`] calls it on the peers of a manager short of blocks).
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use pagedkv::{BlockPool, KvCacheManager, ManagerConfig};
+    /// let pool = Arc::new(BlockPool::new(2, 2)?);
+    /// let cfg = ManagerConfig { enable_prefix_caching: true, ..Default::default() };
+    /// let mut a = KvCacheManager::with_pool(pool.clone(), cfg.clone())?;
+    /// let mut b = KvCacheManager::with_pool(pool.clone(), cfg)?;
+    /// a.add_sequence(1, &[1, 2, 3, 4], None)?;
+    /// a.free(1)?;                                   // both blocks stay cached by `a`
+    /// assert!(b.add_sequence_len(1, 4).is_err());   // the pool's free list is empty
+    /// assert_eq!(a.evict_cached(2), 2);
+    /// b.add_sequence_len(1, 4)?;
+    /// # Ok::<(), pagedkv::Error>(())
+    /// ```
+    pub fn evict_cached(&mut self, max_blocks: usize) -> usize {
+        let Some(prefix) = self.prefix.as_mut() else {
+            return 0;
+        };
+        let mut released = 0;
+        while released < max_blocks && prefix.release_lru(&self.pool).is_some() {
+            released += 1;
+        }
+        released
     }
 
     /// Drains the recorded KV events, oldest first (empty without prefix caching).
@@ -85,7 +117,8 @@ pub(super) fn record_tokens(
                 .hasher
                 .hash_block(parent, &h.partial_tokens, h.extra_key.as_deref());
             let b = seq.table.block_ids[i];
-            if prefix.register(b, hash, parent, &h.partial_tokens, &h.extra_key) {
+            let entered = prefix.register(b, hash, parent, &h.partial_tokens, &h.extra_key);
+            if entered && prefix.events.enabled() {
                 // One event per filled block, as each block fills.
                 let mut stored = StoredRun::default();
                 stored.add(hash, parent, &h.partial_tokens);

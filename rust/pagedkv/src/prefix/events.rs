@@ -1,10 +1,12 @@
 //! KV events: every change to the prefix index, for KV-aware routers.
 //!
-//! While prefix caching is on, every index change is recorded as a [`KvEvent`] whose field
-//! names follow vLLM's KV-event schema (`BlockStored`, `BlockRemoved`, `AllBlocksCleared`). The
-//! queue is bounded twice: by count (`ManagerConfig::max_events`) and by memory
-//! ([`MAX_EVENT_BYTES`], counting each event's heap buffers at their capacity). When a new event
-//! would pass either bound the **oldest** events are dropped until it fits, and
+//! While prefix caching and `ManagerConfig::enable_kv_events` are on, every index change is
+//! recorded as a [`KvEvent`] whose field names follow vLLM's KV-event schema (`BlockStored`,
+//! `BlockRemoved`, `AllBlocksCleared`). With events off (the default, as in vLLM) the queue is
+//! disabled: callers test [`EventQueue::enabled`] before building an event, so no event is
+//! allocated at all. The queue is bounded twice: by count (`ManagerConfig::max_events`) and by
+//! memory ([`MAX_EVENT_BYTES`], counting each event's heap buffers at their capacity). When a new
+//! event would pass either bound the **oldest** events are dropped until it fits, and
 //! `Stats::events_dropped` counts them, so a consumer that falls behind sees a gap it can detect
 //! (and can resync after an `AllBlocksCleared`) rather than unbounded memory growth. An event
 //! larger than the whole byte budget on its own is dropped (and counted) instead of emptying the
@@ -23,7 +25,8 @@ use crate::{BlockHash, Tier, TokenId};
 /// ```
 /// use pagedkv::{KvCacheManager, KvEvent, ManagerConfig};
 /// let mut kv = KvCacheManager::new(ManagerConfig {
-///     num_blocks: 4, block_size: 2, enable_prefix_caching: true, ..Default::default()
+///     num_blocks: 4, block_size: 2, enable_prefix_caching: true, enable_kv_events: true,
+///     ..Default::default()
 /// })?;
 /// kv.add_sequence(1, &[1, 2, 3], None)?;
 /// match &kv.take_events()[..] {
@@ -93,6 +96,8 @@ pub(crate) fn event_bytes(event: &KvEvent) -> usize {
 #[derive(Debug)]
 pub(crate) struct EventQueue {
     events: VecDeque<KvEvent>,
+    /// Whether events are recorded at all (`ManagerConfig::enable_kv_events`).
+    enabled: bool,
     /// Count capacity (0: every event is dropped).
     max_events: usize,
     /// Byte capacity ([`MAX_EVENT_BYTES`]).
@@ -104,13 +109,14 @@ pub(crate) struct EventQueue {
 }
 
 impl EventQueue {
-    pub(crate) fn new(max_events: usize) -> Self {
-        Self::with_byte_limit(max_events, MAX_EVENT_BYTES)
+    pub(crate) fn new(enabled: bool, max_events: usize) -> Self {
+        Self::with_byte_limit(enabled, max_events, MAX_EVENT_BYTES)
     }
 
-    pub(crate) fn with_byte_limit(max_events: usize, max_bytes: usize) -> Self {
+    pub(crate) fn with_byte_limit(enabled: bool, max_events: usize, max_bytes: usize) -> Self {
         EventQueue {
             events: VecDeque::new(),
+            enabled,
             max_events,
             max_bytes,
             bytes: 0,
@@ -118,7 +124,17 @@ impl EventQueue {
         }
     }
 
+    /// Whether events are recorded; callers skip building an event when not.
+    #[inline]
+    pub(crate) fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// Records `event` (nothing when disabled).
     pub(crate) fn push(&mut self, event: KvEvent) {
+        if !self.enabled {
+            return;
+        }
         let size = event_bytes(&event);
         if self.max_events == 0 || size > self.max_bytes {
             self.dropped += 1;
@@ -195,7 +211,7 @@ mod tests {
 
     #[test]
     fn full_queue_drops_the_oldest() {
-        let mut q = EventQueue::new(2);
+        let mut q = EventQueue::new(true, 2);
         for i in 0..3 {
             q.push(KvEvent::BlockRemoved {
                 block_hashes: vec![i],
@@ -208,9 +224,12 @@ mod tests {
         assert!(
             matches!(&kept[0], KvEvent::BlockRemoved { block_hashes, .. } if block_hashes == &[1])
         );
-        let mut none = EventQueue::new(0);
+        let mut none = EventQueue::new(true, 0);
         none.push(KvEvent::AllBlocksCleared);
         assert_eq!((none.dropped, none.take().len()), (1, 0));
+        let mut off = EventQueue::new(false, 8);
+        off.push(KvEvent::AllBlocksCleared);
+        assert_eq!((off.dropped, off.take().len()), (0, 0));
     }
 
     fn stored(tokens: usize) -> KvEvent {
@@ -227,7 +246,7 @@ mod tests {
     #[test]
     fn byte_bound_drops_the_oldest_and_counts_them() {
         let one = event_bytes(&stored(1024));
-        let mut q = EventQueue::with_byte_limit(1000, 3 * one);
+        let mut q = EventQueue::with_byte_limit(true, 1000, 3 * one);
         for _ in 0..10 {
             q.push(stored(1024));
             assert!(q.bytes() <= 3 * one);
@@ -243,7 +262,7 @@ mod tests {
     #[test]
     fn a_cycled_long_prompt_stays_within_the_default_byte_bound() {
         // A 32k-token prompt's event repeated without draining; ~158 KB each.
-        let mut q = EventQueue::new(65_536);
+        let mut q = EventQueue::new(true, 65_536);
         for _ in 0..1_000 {
             q.push(stored(32 * 1024));
             q.push(KvEvent::AllBlocksCleared);
@@ -256,7 +275,7 @@ mod tests {
 
     #[test]
     fn stored_run_reports_consecutive_blocks_once() {
-        let mut q = EventQueue::new(8);
+        let mut q = EventQueue::new(true, 8);
         let mut run = StoredRun::default();
         run.flush(&mut q, 2, None); // empty: nothing
         run.add(10, Some(9), &[1, 2]);

@@ -5,6 +5,11 @@
 //! a colliding hash can never serve another request's keys for that block; earlier blocks are
 //! covered by the 128-bit keyed chain. (The comparison is a memcmp of `block_size` ids, cheap
 //! next to the hash itself, so it is always on.)
+//!
+//! The same content may sit on several physical blocks (two requests computed it
+//! independently, or a prompt's last full block, which is always recomputed). Every copy is
+//! indexed, as vLLM's `BlockHashToBlockMap` does: the map names one copy and each copy links
+//! to the next (`next_copy`), so evicting one copy keeps the others hittable.
 
 use std::sync::Arc;
 
@@ -14,7 +19,7 @@ use super::hash::{BlockHash, BlockHasher};
 use crate::{BlockId, TokenId};
 
 /// What one block was stored with (indexed by block id).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 struct Stored {
     /// `Some(h)` exactly when `map[h] == this block`.
     hash: Option<BlockHash>,
@@ -25,6 +30,23 @@ struct Stored {
     /// Token ids the block was stored with (`block_size` of them while indexed; the buffer is
     /// kept after removal and reused).
     token_ids: Vec<TokenId>,
+    /// The next block holding the same content (`NO_BLOCK` at the end of the copies).
+    next_copy: BlockId,
+}
+
+/// The end of a list of copies (no block has this id: pools hold fewer than 2^24 blocks).
+const NO_BLOCK: BlockId = BlockId::MAX;
+
+impl Default for Stored {
+    fn default() -> Self {
+        Stored {
+            hash: None,
+            parent: None,
+            extra_key: None,
+            token_ids: Vec::new(),
+            next_copy: NO_BLOCK,
+        }
+    }
 }
 
 /// Content hash -> block, for in-use and cached-evictable blocks alike. Only full blocks are
@@ -32,7 +54,7 @@ struct Stored {
 #[derive(Debug)]
 pub(crate) struct BlockIndex {
     block_size: usize,
-    /// Content hash -> the block holding that content.
+    /// Content hash -> the first block holding that content (the others follow `next_copy`).
     map: FxHashMap<BlockHash, BlockId>,
     /// Per block id of the pool.
     stored: Vec<Stored>,
@@ -42,12 +64,14 @@ impl BlockIndex {
     pub(crate) fn new(num_blocks: usize, block_size: usize) -> Self {
         BlockIndex {
             block_size,
-            map: FxHashMap::default(),
+            // Every block may be indexed at once: sized up front, the map never grows on the
+            // admission path.
+            map: FxHashMap::with_capacity_and_hasher(num_blocks, Default::default()),
             stored: vec![Stored::default(); num_blocks],
         }
     }
 
-    /// Indexed blocks.
+    /// Distinct indexed contents (each may sit on several blocks).
     pub(crate) fn len(&self) -> usize {
         self.map.len()
     }
@@ -79,8 +103,9 @@ impl BlockIndex {
         same.then_some(b)
     }
 
-    /// Enters full block `b` under `hash` unless that content is already indexed (by another
-    /// block) or `b` already holds indexed content. Returns whether it was entered.
+    /// Enters full block `b` under `hash`, as one more copy when that content is already
+    /// indexed on other blocks. Refuses (returns false) when `b` already holds indexed content,
+    /// or when `hash` names different content (a collision: the first content keeps it).
     pub(crate) fn insert(
         &mut self,
         b: BlockId,
@@ -90,53 +115,98 @@ impl BlockIndex {
         extra_key: &Option<Arc<[u8]>>,
     ) -> bool {
         debug_assert_eq!(token_ids.len(), self.block_size);
-        let s = &mut self.stored[b as usize];
-        if s.hash.is_some() || self.map.contains_key(&hash) {
+        if self.stored[b as usize].hash.is_some() {
             return false;
         }
-        self.map.insert(hash, b);
+        let next_copy = match self.map.entry(hash) {
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                slot.insert(b);
+                NO_BLOCK
+            }
+            std::collections::hash_map::Entry::Occupied(mut slot) => {
+                let first = &self.stored[*slot.get() as usize];
+                let same = first.parent == parent
+                    && first.extra_key.as_deref() == extra_key.as_deref()
+                    && first.token_ids == token_ids;
+                if !same {
+                    return false;
+                }
+                // The new copy goes first: it is the most recently written.
+                std::mem::replace(slot.get_mut(), b)
+            }
+        };
+        let s = &mut self.stored[b as usize];
         s.hash = Some(hash);
         s.parent = parent;
-        s.extra_key = extra_key.clone();
+        s.extra_key.clone_from(extra_key);
         s.token_ids.clear();
         s.token_ids.extend_from_slice(token_ids);
+        s.next_copy = next_copy;
         true
     }
 
-    /// Takes block `b` out of the index; returns the hash it was indexed under, if any.
+    /// Takes block `b` out of the index (its other copies stay); returns the hash it was
+    /// indexed under, if any.
     pub(crate) fn remove(&mut self, b: BlockId) -> Option<BlockHash> {
         let s = &mut self.stored[b as usize];
         let h = s.hash.take()?;
-        self.map.remove(&h);
+        let next = std::mem::replace(&mut s.next_copy, NO_BLOCK);
         s.parent = None;
         s.extra_key = None;
+        // One map operation on the common path (a single copy): remove, and put back only
+        // when other copies remain.
+        let Some(first) = self.map.remove(&h) else {
+            debug_assert!(false, "indexed block {b}: its hash is not in the map");
+            return Some(h);
+        };
+        if first == b {
+            if next != NO_BLOCK {
+                self.map.insert(h, next);
+            }
+        } else {
+            self.map.insert(h, first);
+            // Unlink `b` from the copies (lists are short: one per independent computation).
+            let mut at = first;
+            while self.stored[at as usize].next_copy != b {
+                at = self.stored[at as usize].next_copy;
+            }
+            self.stored[at as usize].next_copy = next;
+        }
         Some(h)
     }
 
     /// Verifies the map against the per-block records, and each indexed block's hash against
     /// its stored content (docs/design.md, Invariants 5).
     pub(crate) fn check(&self, hasher: &BlockHasher) -> Result<(), String> {
-        for (&h, &b) in &self.map {
-            let s = self
-                .stored
-                .get(b as usize)
-                .ok_or(format!("index names block {b} out of range"))?;
-            if s.hash != Some(h) {
-                return Err(format!("index maps a hash to block {b} whose hash differs"));
-            }
-            if s.token_ids.len() != self.block_size {
-                return Err(format!("indexed block {b} is not full"));
-            }
-            let recomputed = hasher.hash_block(s.parent, &s.token_ids, s.extra_key.as_deref());
-            if recomputed != h {
-                return Err(format!("indexed block {b}: hash does not match its tokens"));
+        let mut copies = 0usize;
+        for (&h, &first) in &self.map {
+            let mut b = first;
+            while b != NO_BLOCK {
+                let s = self
+                    .stored
+                    .get(b as usize)
+                    .ok_or(format!("index names block {b} out of range"))?;
+                copies += 1;
+                if copies > self.stored.len() {
+                    return Err("the copies of an indexed content form a cycle".into());
+                }
+                if s.hash != Some(h) {
+                    return Err(format!("index maps a hash to block {b} whose hash differs"));
+                }
+                if s.token_ids.len() != self.block_size {
+                    return Err(format!("indexed block {b} is not full"));
+                }
+                let recomputed = hasher.hash_block(s.parent, &s.token_ids, s.extra_key.as_deref());
+                if recomputed != h {
+                    return Err(format!("indexed block {b}: hash does not match its tokens"));
+                }
+                b = s.next_copy;
             }
         }
         let indexed = self.stored.iter().filter(|s| s.hash.is_some()).count();
-        if indexed != self.map.len() {
+        if indexed != copies {
             return Err(format!(
-                "{indexed} blocks carry a hash but the index has {}",
-                self.map.len()
+                "{indexed} blocks carry a hash but the index reaches {copies}"
             ));
         }
         Ok(())

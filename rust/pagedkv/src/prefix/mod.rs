@@ -45,12 +45,19 @@ pub(crate) struct PrefixCache {
 }
 
 impl PrefixCache {
-    pub(crate) fn new(num_blocks: usize, block_size: usize, seed: u64, max_events: usize) -> Self {
+    /// `events` enables KV events (bounded by `max_events`).
+    pub(crate) fn new(
+        num_blocks: usize,
+        block_size: usize,
+        seed: u64,
+        events: bool,
+        max_events: usize,
+    ) -> Self {
         PrefixCache {
             hasher: BlockHasher::new(seed),
             index: BlockIndex::new(num_blocks, block_size),
             lru: Lru::new(num_blocks),
-            events: EventQueue::new(max_events),
+            events: EventQueue::new(events, max_events),
             query_tokens: 0,
             hit_tokens: 0,
             blocks_evicted: 0,
@@ -125,14 +132,34 @@ impl PrefixCache {
     pub(crate) fn evict_lru(&mut self, pool: &BlockPool) -> BlockId {
         let b = self.lru.pop_front().expect("evict from an empty LRU");
         if let Some(h) = self.index.remove(b) {
-            self.events.push(KvEvent::BlockRemoved {
-                block_hashes: vec![h],
-                medium: Tier::Device,
-            });
+            if self.events.enabled() {
+                self.events.push(KvEvent::BlockRemoved {
+                    block_hashes: vec![h],
+                    medium: Tier::Device,
+                });
+            }
         }
         self.blocks_evicted += 1;
         pool.claim_cached(b);
         b
+    }
+
+    /// Returns the least recently used cached block to the pool's free list (it loses its hash:
+    /// `BlockRemoved`), so any manager on the pool can allocate it. `None` when nothing is
+    /// cached.
+    pub(crate) fn release_lru(&mut self, pool: &BlockPool) -> Option<BlockId> {
+        let b = self.lru.pop_front()?;
+        if let Some(h) = self.index.remove(b) {
+            if self.events.enabled() {
+                self.events.push(KvEvent::BlockRemoved {
+                    block_hashes: vec![h],
+                    medium: Tier::Device,
+                });
+            }
+        }
+        self.blocks_evicted += 1;
+        pool.free_cached(b);
+        Some(b)
     }
 
     /// Returns every cached block to the pool and empties the index (`AllBlocksCleared`). The
@@ -182,7 +209,7 @@ mod tests {
     #[test]
     fn lru_links() {
         let pool = BlockPool::new(4, 2).unwrap();
-        let mut c = PrefixCache::new(4, 2, 0, 8);
+        let mut c = PrefixCache::new(4, 2, 0, true, 8);
         let bs = pool.allocate(3).unwrap();
         let mut parent = None;
         for &b in &bs {
