@@ -76,7 +76,9 @@ class Subscriber:
 def engine_steps(seed: int, steps: int):  # type: ignore[no-untyped-def]
     """Yields a KvCacheManager after each admission of a random prompt with shared prefixes."""
     rng = random.Random(seed)
-    kv = pagedkv.KvCacheManager(num_blocks=32, block_size=4, enable_prefix_caching=True)
+    kv = pagedkv.KvCacheManager(
+        num_blocks=32, block_size=4, enable_prefix_caching=True, enable_kv_events=True
+    )
     prefixes = [[rng.randrange(1000) for _ in range(8)] for _ in range(4)]
     for seq in range(steps):
         kv.add_sequence(seq, rng.choice(prefixes) + [rng.randrange(1000) for _ in range(6)])

@@ -41,7 +41,9 @@ def as_vllm(event: KvEvent, raw: bool = False) -> Stored | Removed | Cleared:
 def workload_events(seed: int) -> list[KvEvent]:
     """Stores, hits, evictions, a salted sequence and a reset from a small prefix-caching pool."""
     rng = random.Random(seed)
-    kv = pagedkv.KvCacheManager(num_blocks=24, block_size=4, enable_prefix_caching=True, hash_seed=seed)
+    kv = pagedkv.KvCacheManager(
+        num_blocks=24, block_size=4, enable_prefix_caching=True, enable_kv_events=True, hash_seed=seed
+    )
     events: list[KvEvent] = []
     prefixes = [[rng.randrange(50_000) for _ in range(8)] for _ in range(3)]
     seq = 0
@@ -125,7 +127,7 @@ def test_optional_fields_and_defaults() -> None:
 
 
 def test_engine_events_round_trip_exactly_with_take_events() -> None:
-    kv = pagedkv.KvCacheManager(num_blocks=8, block_size=4, enable_prefix_caching=True)
+    kv = pagedkv.KvCacheManager(num_blocks=8, block_size=4, enable_prefix_caching=True, enable_kv_events=True)
     kv.add_sequence(1, list(range(10)))
     events = kv.take_events()
     decoded = DECODER.decode(encode_batch(events, ts=1.0, data_parallel_rank=0, raw_hashes=True))

@@ -67,7 +67,9 @@ def build(spec: dict[str, Any]) -> tuple[Any, list[int] | None]:
 
 
 def fresh() -> pagedkv.KvCacheManager:
-    kv = pagedkv.KvCacheManager(num_blocks=24, block_size=4, enable_prefix_caching=True, num_host_blocks=8)
+    kv = pagedkv.KvCacheManager(
+        num_blocks=24, block_size=4, enable_prefix_caching=True, enable_kv_events=True, num_host_blocks=8
+    )
     kv.add_sequence(0, [1, 2, 3, 4, 5])
     kv.add_sequence(1, [1, 2, 3, 4, 9, 9])
     kv.fork(1, 2)

@@ -17,7 +17,9 @@ MANAGER_SETUP = """
 import numpy as np
 import pagedkv
 from pagedkv import _core
-kv = pagedkv.KvCacheManager(num_blocks=1 << 20, block_size=16, enable_prefix_caching=True)
+kv = pagedkv.KvCacheManager(
+    num_blocks=1 << 20, block_size=16, enable_prefix_caching=True, enable_kv_events=True
+)
 kv.add_sequence(0, [1, 2, 3])
 kv.add_sequence(1, num_tokens=5)
 huge = np.broadcast_to(np.int64(1), (1 << 40,))
@@ -80,7 +82,9 @@ def test_attacker_inputs_end_in_typed_errors() -> None:
 
 
 def test_failed_huge_calls_change_nothing() -> None:
-    kv = pagedkv.KvCacheManager(num_blocks=64, block_size=4, enable_prefix_caching=True)
+    kv = pagedkv.KvCacheManager(
+        num_blocks=64, block_size=4, enable_prefix_caching=True, enable_kv_events=True
+    )
     kv.add_sequence(0, [1, 2, 3, 4, 5])
     kv.add_sequence(1, num_tokens=3)
     before = (kv.stats(), kv.block_table(0).tolist(), kv.block_table(1).tolist(), kv.num_tokens(0))
@@ -157,7 +161,7 @@ def test_token_id_errors_state_the_token_range() -> None:
 
 @pytest.mark.parametrize("dtype", [">i8", ">u4", ">i2", "<i8", ">u8"])
 def test_either_byte_order_is_accepted(dtype: str) -> None:
-    kv = pagedkv.KvCacheManager(num_blocks=8, block_size=4, enable_prefix_caching=True)
+    kv = pagedkv.KvCacheManager(num_blocks=8, block_size=4, enable_prefix_caching=True, enable_kv_events=True)
     kv.add_sequence(3, np.array([5, 6, 7, 8, 9], dtype=dtype))
     kv.append_tokens(3, np.array([10], dtype=dtype))
     tables, lens = kv.batch_block_tables(np.array([3], dtype=dtype))
@@ -177,7 +181,7 @@ def test_masked_id_and_token_arrays_are_refused() -> None:
 
 
 def test_numpy_integer_extra_keys_name_the_int_namespace() -> None:
-    kv = pagedkv.KvCacheManager(num_blocks=8, block_size=2, enable_prefix_caching=True)
+    kv = pagedkv.KvCacheManager(num_blocks=8, block_size=2, enable_prefix_caching=True, enable_kv_events=True)
     kv.add_sequence(0, [1, 2, 3], extra_key=5)
     assert kv.add_sequence(1, [1, 2, 3], extra_key=np.int64(5)) == 2
     assert kv.add_sequence(2, [1, 2, 3], extra_key=np.uint8(5)) == 2
@@ -298,7 +302,9 @@ def test_event_queue_memory_is_reported() -> None:
     # A long prompt cached and reset repeatedly, events never drained. Passing the
     # 64 MiB bound takes ~16M hashed tokens, so the bound itself is tested in Rust
     # (prefix/events.rs); here the gauge is checked to count each ~160 KB event.
-    kv = pagedkv.KvCacheManager(num_blocks=2048, block_size=16, enable_prefix_caching=True)
+    kv = pagedkv.KvCacheManager(
+        num_blocks=2048, block_size=16, enable_prefix_caching=True, enable_kv_events=True
+    )
     prompt = np.arange(32 * 1024, dtype=np.int64)
     for _ in range(4):
         kv.add_sequence(1, prompt)

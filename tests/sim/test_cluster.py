@@ -55,7 +55,7 @@ def test_event_index_applies_stores_removals_and_clears() -> None:
     import pagedkv
     from pagedkv.sim.cluster import EventIndex, request_keys
 
-    kv = pagedkv.KvCacheManager(num_blocks=3, block_size=2, enable_prefix_caching=True)
+    kv = pagedkv.KvCacheManager(num_blocks=3, block_size=2, enable_prefix_caching=True, enable_kv_events=True)
     index = EventIndex(2)
     prompt = [1, 2, 3, 4, 5]
     import numpy as np

@@ -342,7 +342,11 @@ def simulate_cluster(
     bs = config.block_size
     num_blocks = config.num_slots // bs
     engines = [
-        _Replica(pagedkv.KvCacheManager(num_blocks, bs, enable_prefix_caching=True, max_events=1 << 30))
+        _Replica(
+            pagedkv.KvCacheManager(
+                num_blocks, bs, enable_prefix_caching=True, enable_kv_events=True, max_events=1 << 30
+            )
+        )
         for _ in range(replicas)
     ]
     indexes = [EventIndex(bs) for _ in range(replicas)]
