@@ -318,8 +318,14 @@ def _choose(
     if policy == "least-loaded":
         return min(range(n), key=lambda r: (loads[r], r))
     matches = [index.match(keys) for index in indexes]
-    if policy == "longest-prefix":  # llm-d's prefix scorer; ties go to the least loaded
-        return min(range(n), key=lambda r: (-matches[r], loads[r], r))
+    if policy == "longest-prefix":
+        # llm-d's scoring: the prefix scorer (share of the prompt's blocks matched) weighed
+        # against a queue scorer (1 - load / max load) so one hot prefix cannot pull every
+        # request onto one replica; weights 3 : 2 (this simulator's choice).
+        prompt_blocks = max(1, -(-input_tokens // block_size))
+        busiest = max(loads) or 1
+        scores = [3.0 * matches[r] / prompt_blocks + 2.0 * (1.0 - loads[r] / busiest) for r in range(n)]
+        return min(range(n), key=lambda r: (-scores[r], r))
     # Dynamo's cost: prefill blocks still to compute plus the blocks of requests in flight.
     prompt_blocks = -(-input_tokens // block_size)
     costs = [prompt_blocks - matches[r] + sum(blocks for _, blocks, _ in active[r]) for r in range(n)]
