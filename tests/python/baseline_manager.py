@@ -58,7 +58,9 @@ class BaselineBlockManager:
         self._tokens: dict[int, list[int] | None] = {}
         self._hashes: dict[int, list[int]] = {}
         self._extra_keys: dict[int, object] = {}
-        self._index: dict[int, int] = {}  # block hash -> block id
+        # block hash -> every block holding that content, the most recently written last (a hit
+        # takes it); evicting one copy keeps the others hittable
+        self._index: dict[int, list[int]] = {}
         self._hash_of_block: dict[int, int] = {}  # block id -> block hash (indexed blocks)
         self._evictable: OrderedDict[int, None] = OrderedDict()  # cached blocks, LRU first
         self.prefix_query_tokens = 0
@@ -81,7 +83,11 @@ class BaselineBlockManager:
                 block = self._free.pop()
             else:
                 block, _ = self._evictable.popitem(last=False)
-                del self._index[self._hash_of_block.pop(block)]
+                block_hash = self._hash_of_block.pop(block)
+                copies = self._index[block_hash]
+                copies.remove(block)
+                if not copies:
+                    del self._index[block_hash]
                 self.evictions += 1
             self._refcounts[block] = 1
             blocks.append(block)
@@ -109,8 +115,8 @@ class BaselineBlockManager:
             hashes.append(hash((parent, tuple(tokens[i * size : (i + 1) * size]), extra_key)))
         for i in range(first_block, len(hashes)):
             block = table[i]
-            if hashes[i] not in self._index and block not in self._hash_of_block:
-                self._index[hashes[i]] = block
+            if block not in self._hash_of_block:
+                self._index.setdefault(hashes[i], []).append(block)
                 self._hash_of_block[block] = hashes[i]
 
     def _table(self, seq_id: int) -> list[int]:
@@ -145,10 +151,10 @@ class BaselineBlockManager:
                 parent = hash((parent, tuple(token_ids[i * size : (i + 1) * size]), extra_key))
                 hashes.append(parent)
             for i in range(max(count - 1, 0) // size):
-                block = self._index.get(hashes[i])
-                if block is None:
+                copies = self._index.get(hashes[i])
+                if not copies:
                     break
-                hits.append(block)
+                hits.append(copies[-1])
         revived = sum(1 for block in hits if self._refcounts[block] == 0)
         fresh = needed - len(hits)
         if fresh > self.num_free_blocks - revived:
@@ -280,5 +286,6 @@ class BaselineBlockManager:
         in_use = sum(1 for c in counts if c > 0)
         if in_use + len(free) + len(cached) != self.num_blocks:
             raise InvariantViolation("in_use + cached + free != num_blocks")
-        if set(self._hash_of_block) != set(self._index.values()) or not cached <= set(self._hash_of_block):
+        indexed = [b for copies in self._index.values() for b in copies]
+        if sorted(self._hash_of_block) != sorted(indexed) or not cached <= set(self._hash_of_block):
             raise InvariantViolation("prefix index and cached blocks disagree")
