@@ -107,15 +107,7 @@ def _check_tensors(q: Any, k_cache: Any, v_cache: Any, backend: str) -> tuple[An
                 )
     if q.ndim != 3:
         raise InvalidArgumentError(f"q must be [total_q, num_q_heads, head_dim], got shape {tuple(q.shape)}")
-    if k_cache.ndim != 4:
-        raise InvalidArgumentError(
-            "k_cache must be [num_blocks, block_size, num_kv_heads, head_dim], "
-            f"got shape {tuple(k_cache.shape)}"
-        )
-    if tuple(v_cache.shape) != tuple(k_cache.shape):
-        raise InvalidArgumentError(
-            f"v_cache shape {tuple(v_cache.shape)} != k_cache shape {tuple(k_cache.shape)}"
-        )
+    val.check_cache_shapes(k_cache, v_cache)
     kind = val._kind("q", q, backend)
     if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
         raise InvalidArgumentError(

@@ -78,6 +78,20 @@ def check_num_splits(num_splits: Any) -> int | None:
     return value
 
 
+def check_cache_shapes(k_cache: Any, v_cache: Any) -> None:
+    """The paged cache layout: ``k_cache`` 4-D ``[num_blocks, block_size, num_kv_heads,
+    head_dim]`` and ``v_cache`` of the same shape."""
+    if k_cache.ndim != 4:
+        raise InvalidArgumentError(
+            "k_cache must be [num_blocks, block_size, num_kv_heads, head_dim], "
+            f"got shape {tuple(k_cache.shape)}"
+        )
+    if tuple(v_cache.shape) != tuple(k_cache.shape):
+        raise InvalidArgumentError(
+            f"v_cache shape {tuple(v_cache.shape)} != k_cache shape {tuple(k_cache.shape)}"
+        )
+
+
 def check_backend(backend: str) -> str:
     if backend not in BACKENDS:
         raise InvalidArgumentError(f"backend must be one of {BACKENDS}, got {backend!r}")
@@ -206,15 +220,7 @@ def check_decode_arrays(
         _require_array(name, x, backend)
     if q.ndim != 3:
         raise InvalidArgumentError(f"q must be [num_seqs, num_q_heads, head_dim], got shape {tuple(q.shape)}")
-    if k_cache.ndim != 4:
-        raise InvalidArgumentError(
-            "k_cache must be [num_blocks, block_size, num_kv_heads, head_dim], "
-            f"got shape {tuple(k_cache.shape)}"
-        )
-    if tuple(v_cache.shape) != tuple(k_cache.shape):
-        raise InvalidArgumentError(
-            f"v_cache shape {tuple(v_cache.shape)} != k_cache shape {tuple(k_cache.shape)}"
-        )
+    check_cache_shapes(k_cache, v_cache)
     kind = _kind("q", q, backend)
     if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
         raise InvalidArgumentError(

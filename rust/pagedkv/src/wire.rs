@@ -363,7 +363,8 @@ mod tests {
             block_hashes: vec![hash],
             medium: None,
         };
-        let ints = encode_event_batch(&[removed.clone()], 0.0, None, HashFormat::U64).unwrap();
+        let ints =
+            encode_event_batch(std::slice::from_ref(&removed), 0.0, None, HashFormat::U64).unwrap();
         assert_eq!(*ints.last().unwrap(), 0xc0); // rank nil
         let mut hash_u64 = vec![0xcf];
         hash_u64.extend_from_slice(&u64::MAX.to_be_bytes());

@@ -166,7 +166,10 @@ mod tests {
         kv.add_sequence_len(1, 3).unwrap();
         kv.add_sequence_len(2, 3).unwrap();
         assert_eq!(kv.csr_page_table(&[1, 9]), Err(Error::UnknownSequence(9)));
-        assert!(matches!(kv.csr_page_table(&[1, 1]), Err(Error::InvalidArgument(_))));
+        assert!(matches!(
+            kv.csr_page_table(&[1, 1]),
+            Err(Error::InvalidArgument(_))
+        ));
         kv.swap_out(&[2]).unwrap();
         assert!(kv.csr_page_table(&[1, 2]).is_err());
         assert_eq!(kv.csr_page_table(&[1]).unwrap().kv_indices.len(), 2);

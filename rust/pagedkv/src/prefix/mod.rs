@@ -130,16 +130,7 @@ impl PrefixCache {
     /// Evicts the least recently used cached block for reuse as a fresh block (refcount
     /// 0 -> 1); it loses its hash (`BlockRemoved`). The caller checked the LRU is not empty.
     pub(crate) fn evict_lru(&mut self, pool: &BlockPool) -> BlockId {
-        let b = self.lru.pop_front().expect("evict from an empty LRU");
-        if let Some(h) = self.index.remove(b) {
-            if self.events.enabled() {
-                self.events.push(KvEvent::BlockRemoved {
-                    block_hashes: vec![h],
-                    medium: Tier::Device,
-                });
-            }
-        }
-        self.blocks_evicted += 1;
+        let b = self.unindex_lru().expect("evict from an empty LRU");
         pool.claim_cached(b);
         b
     }
@@ -148,6 +139,14 @@ impl PrefixCache {
     /// `BlockRemoved`), so any manager on the pool can allocate it. `None` when nothing is
     /// cached.
     pub(crate) fn release_lru(&mut self, pool: &BlockPool) -> Option<BlockId> {
+        let b = self.unindex_lru()?;
+        pool.free_cached(b);
+        Some(b)
+    }
+
+    /// Takes the least recently used cached block out of the LRU and the index (recording its
+    /// `BlockRemoved`), leaving its pool state to the caller. `None` when nothing is cached.
+    fn unindex_lru(&mut self) -> Option<BlockId> {
         let b = self.lru.pop_front()?;
         if let Some(h) = self.index.remove(b) {
             if self.events.enabled() {
@@ -158,7 +157,6 @@ impl PrefixCache {
             }
         }
         self.blocks_evicted += 1;
-        pool.free_cached(b);
         Some(b)
     }
 
