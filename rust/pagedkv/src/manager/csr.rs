@@ -117,7 +117,7 @@ mod tests {
         }
         kv.fork(4, 6).unwrap();
         kv.append_len(6, 3).unwrap(); // copy-on-write of the shared last block
-        let ids = [5u64, 1, 2, 6, 3, 4, 1];
+        let ids = [5u64, 1, 2, 6, 3, 4];
         let csr = kv.csr_page_table(&ids).unwrap();
         let (tables, max_blocks, lens) = kv.batch_block_tables(&ids).unwrap();
         assert_eq!(csr.kv_indptr.len(), ids.len() + 1);
