@@ -109,6 +109,7 @@ def _bench(args: Any) -> int:
         seed=args.seed,
         sections=sections,
         progress=lambda msg: print(f"bench-engine: {msg}", file=sys.stderr, flush=True),
+        checkpoint=(lambda partial: write_json(args.json, partial)) if args.json else None,
     )
     _print(result)
     if args.json:

@@ -80,8 +80,12 @@ def run_benchmark(
     decode_batches: tuple[int, ...] = (1, 8, 32),
     progress: Any = None,
     sections: tuple[str, ...] = ("throughput", "decode", "n4", "system"),
+    checkpoint: Any = None,
 ) -> dict[str, Any]:
+    """Run ``sections``; ``checkpoint(result)``, when given, is called with the numbers so far
+    after every engine run, so that a long run interrupted late still leaves its finished parts."""
     say = progress or (lambda _msg: None)
+    save = checkpoint or (lambda _result: None)
     vocab = model.config.vocab_size
     work = sharegpt_like(num_requests, vocab, seed, max_prompt, max_output)
     base: dict[str, Any] = {
@@ -99,21 +103,27 @@ def run_benchmark(
         }
     }
     if "throughput" in sections:
-        _throughput(model, base, work, result, say)
+        _throughput(model, base, work, result, say, save)
+        save(result)
     if "decode" in sections:
         _decode(model, decode_batches, num_blocks, seed, vocab, result, say)
+        save(result)
     if "n4" in sections:
         _n4(model, num_blocks, block_size, seed, work, result, say)
+        save(result)
     if "system" in sections:
         _system(model, num_blocks, block_size, seed, vocab, result, say)
+        save(result)
     return result
 
 
 def _throughput(
-    model: LoadedModel, base: dict[str, Any], work: list, result: dict[str, Any], say: Any
+    model: LoadedModel, base: dict[str, Any], work: list, result: dict[str, Any], say: Any, save: Any
 ) -> None:
     say("throughput: paged")
     paged = _drive(model, EngineConfig(**base, max_num_seqs=256, enable_prefix_caching=False), work)
+    result["throughput"] = {"paged": paged}
+    save(result)
     say("throughput: contiguous reservation")
     contiguous = _drive(
         model,

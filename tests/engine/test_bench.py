@@ -1,0 +1,39 @@
+"""``pagedkv bench-engine``'s runner on a tiny workload: both engines generate the same tokens,
+and the numbers are handed to ``checkpoint`` after each engine run, so an interrupted long run
+keeps its finished half."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+
+
+def test_throughput_checkpoints_after_each_engine(smollm, tmp_path):
+    from pagedkv.commands.output import write_json
+    from pagedkv.engine.bench import run_benchmark
+
+    saved: list[dict] = []
+    result = run_benchmark(
+        smollm,
+        num_requests=3,
+        num_blocks=8,
+        block_size=16,
+        max_model_len=32,
+        max_prompt=8,
+        max_output=2,
+        sections=("throughput",),
+        checkpoint=lambda partial: saved.append(copy.deepcopy(partial)),
+    )
+    assert [sorted(s.get("throughput", {})) for s in saved] == [
+        ["paged"],
+        ["contiguous", "mean_batch_ratio", "paged", "tokens_per_cpu_s_ratio", "tokens_per_s_ratio"],
+    ]
+    assert saved[-1] == result
+    t = result["throughput"]
+    assert t["paged"]["generated_tokens"] == t["contiguous"]["generated_tokens"] > 0
+    assert np.isfinite(t["tokens_per_cpu_s_ratio"])
+    path = tmp_path / "bench.json"
+    write_json(str(path), saved[0])  # what --json writes after the paged half
+    assert json.loads(path.read_text())["throughput"]["paged"]["requests"] == 3
