@@ -1,7 +1,7 @@
 """The replay engine: continuous batching of a workload under one KV allocator.
 
 The loop runs in Rust (``pagedkv::sim``, exposed as ``pagedkv._core.simulate``); this module
-holds the Python-side types of the contract (SIM_API.md) and converts arrays. The paged
+holds the Python-side types of the simulator's contract and converts arrays. The paged
 allocator is the real ``KvCacheManager``; the contiguous ones place one reservation per sequence
 with a first-fit or buddy allocator over one slot array. Metric definitions: docs/metrics.md.
 

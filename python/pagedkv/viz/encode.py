@@ -36,7 +36,7 @@ import numpy as np
 
 from pagedkv.errors import InvalidArgumentError
 
-#: Integer counters every frame carries (names from SIM_API.md ``record_frames``).
+#: Integer counters every frame carries (names from ``pagedkv.sim.engine.record_frames``).
 INT_COUNTER_KEYS = (
     "step",
     "running",
@@ -48,7 +48,7 @@ INT_COUNTER_KEYS = (
     "reserved_slots",
     "internal_frag_slots",
 )
-#: Integer counters recorded by the simulator beyond SIM_API.md's list; kept when present.
+#: Integer counters recorded beyond the documented list of ``record_frames``; kept when present.
 OPTIONAL_INT_COUNTER_KEYS = ("external_frag_slots", "free_slots")
 #: Float counters; stored rounded to ``WASTE_PCT_DECIMALS`` decimals.
 FLOAT_COUNTER_KEYS = ("waste_pct",)
