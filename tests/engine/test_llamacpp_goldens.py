@@ -26,7 +26,7 @@ MAX_LOGIT_DIFF = 2.0
 
 class _DenseCausal:
     """Dense causal attention for one sequence (a fast, independent path for long prompts; the
-    paged caches are checked against contiguous KV bit for bit in test_engine.py)."""
+    paged caches are checked against contiguous KV bit for bit in test_llm_engine.py)."""
 
     def attend(self, layer, q, k, v):
         t, hq, d = q.shape
