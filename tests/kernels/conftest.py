@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import zlib
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pytest
@@ -15,6 +16,17 @@ KIND_DTYPES = {"float16": np.float16, "bfloat16": np.uint16, "float32": np.float
 TOLERANCE = {"float32": 2e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
 
 needs_cxx = pytest.mark.skipif(shutil.which("g++") is None, reason="backend='emulated' needs g++")
+
+
+def cupy_and_gpu_marks(reason: str) -> tuple[Any, list[pytest.MarkDecorator]]:
+    """CuPy and the marks of a GPU test module: the whole module skips without CuPy (``reason``) or
+    without a CUDA device, so the ``gpu`` tests never fail on a CPU-only machine."""
+    cupy = pytest.importorskip("cupy", reason=reason)
+    try:
+        devices = int(cupy.cuda.runtime.getDeviceCount())
+    except Exception:  # CuPy without a driver raises its own runtime errors here
+        devices = 0
+    return cupy, [pytest.mark.gpu, pytest.mark.skipif(devices == 0, reason="no CUDA GPU")]
 
 
 def stable_seed(*parts: object) -> int:

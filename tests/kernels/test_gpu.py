@@ -10,19 +10,9 @@ import pytest
 from pagedkv.attention import contiguous_attention, copy_blocks, paged_attention, swap_blocks, write_kv
 from pagedkv.kernels import instances
 
-from .conftest import KIND_DTYPES, assert_close, make_problem, stable_seed, to_kind
+from .conftest import KIND_DTYPES, assert_close, cupy_and_gpu_marks, make_problem, stable_seed, to_kind
 
-cupy = pytest.importorskip("cupy", reason="backend='cuda' needs CuPy")
-
-
-def _gpu_count() -> int:
-    try:
-        return int(cupy.cuda.runtime.getDeviceCount())
-    except Exception:
-        return 0
-
-
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_gpu_count() == 0, reason="no CUDA GPU")]
+cupy, pytestmark = cupy_and_gpu_marks("backend='cuda' needs CuPy")
 
 
 def _to_device(p):

@@ -9,19 +9,10 @@ import numpy as np
 import pytest
 from pagedkv.kernels import KERNEL_DIR
 
+from .conftest import cupy_and_gpu_marks
 from .test_emulated_mma import NAMES, PROBES, TYPES, bits, values
 
-cupy = pytest.importorskip("cupy", reason="needs CuPy")
-
-
-def _gpu_count() -> int:
-    try:
-        return int(cupy.cuda.runtime.getDeviceCount())
-    except Exception:
-        return 0
-
-
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_gpu_count() == 0, reason="no CUDA GPU")]
+cupy, pytestmark = cupy_and_gpu_marks("needs CuPy")
 HERE = Path(__file__).resolve().parent
 
 

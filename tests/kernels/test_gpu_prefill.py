@@ -9,20 +9,10 @@ import pytest
 from pagedkv.attention import paged_prefill_attention
 from pagedkv.kernels import instances
 
-from .conftest import assert_close
+from .conftest import assert_close, cupy_and_gpu_marks
 from .prefill_problems import make_prefill_problem
 
-cupy = pytest.importorskip("cupy", reason="backend='cuda' needs CuPy")
-
-
-def _gpu_count() -> int:
-    try:
-        return int(cupy.cuda.runtime.getDeviceCount())
-    except Exception:
-        return 0
-
-
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_gpu_count() == 0, reason="no CUDA GPU")]
+cupy, pytestmark = cupy_and_gpu_marks("backend='cuda' needs CuPy")
 
 GRID = list(
     itertools.product(instances.PREFILL_KINDS, instances.PREFILL_HEAD_DIMS, instances.BLOCK_SIZES, (1, 3, 8))
