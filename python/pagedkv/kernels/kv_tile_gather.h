@@ -20,14 +20,15 @@ struct PaddedRow {
 
 // Issues (does not commit) the cp.async copies of tokens [tile, tile + kTokens) of one KV head
 // into k_dst/v_dst rows 0..kTokens-1, kThreads threads sharing the 16-byte chunks; rows of tokens
-// at or past `end` are zero-filled and read nothing. `table` is the sequence's page-table row and
-// `tile` < `end` (the zero-filled copies point at token `tile`'s row, a valid address).
-template <typename T, int HEAD_DIM, int BLOCK_SIZE, int kTokens, int kThreads>
+// at or past `end` are zero-filled and read nothing. slot_of(token) is the token's cache slot
+// (physical block * BLOCK_SIZE + offset, from the page table); `tile` < `end`, and zero-filled
+// copies point at token `tile`'s row, a valid address.
+template <typename T, int HEAD_DIM, int kTokens, int kThreads, typename SlotOf>
 __device__ __forceinline__ void gather_kv_tile_async(unsigned short (*k_dst)[PaddedRow<HEAD_DIM>::kHalves],
                                                      unsigned short (*v_dst)[PaddedRow<HEAD_DIM>::kHalves],
                                                      const T* __restrict__ k_cache, const T* __restrict__ v_cache,
-                                                     const int* __restrict__ table, i64 slot_stride, i64 head_offset,
-                                                     int tile, int end, int tid) {
+                                                     i64 slot_stride, i64 head_offset, int tile, int end, int tid,
+                                                     const SlotOf& slot_of) {
   constexpr int kChunks = PaddedRow<HEAD_DIM>::kChunks;
   static_assert(kTokens * kChunks % kThreads == 0, "threads must tile a K/V tile");
 #pragma unroll
@@ -37,9 +38,7 @@ __device__ __forceinline__ void gather_kv_tile_async(unsigned short (*k_dst)[Pad
     const int part = chunk % kChunks;
     const int token = tile + row;
     const bool valid = token < end;
-    const int t = valid ? token : tile;
-    const i64 slot = static_cast<i64>(load_scalar(table + t / BLOCK_SIZE)) * BLOCK_SIZE + t % BLOCK_SIZE;
-    const i64 offset = slot * slot_stride + head_offset + part * 8;
+    const i64 offset = slot_of(valid ? token : tile) * slot_stride + head_offset + part * 8;
     cp_async16(&k_dst[row][part * 8], k_cache + offset, valid);
     cp_async16(&v_dst[row][part * 8], v_cache + offset, valid);
   }

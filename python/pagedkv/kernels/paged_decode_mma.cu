@@ -13,7 +13,8 @@
 //
 // Work split: a block owns (KV head, sequence, split) as in the CUDA-core kernel; tiles of kTile
 // tokens (the CUDA-core kernel's tile, so the split planner's whole-tile splits hold for both)
-// are gathered into shared memory with cp.async, double-buffered. Each of the 4 warps owns a
+// are gathered into shared memory with cp.async, double-buffered, through page-table entries
+// staged in shared memory one tile ahead. Each of the 4 warps owns a
 // quarter of the head dimensions: it computes partial scores over its quarter for every token of
 // the tile (K fragments by ldmatrix, Q^T fragments held in registers for the whole split), the
 // partials are summed through shared memory, and every warp then runs the same online softmax
@@ -65,6 +66,11 @@ __global__ void __launch_bounds__(kMmaDecodeThreads) paged_decode_mma_kernel(
   alignas(16) __shared__ unsigned short v_sm[2][kTile][kRowHalves];
   // Each warp's partial scores over its head dims, [warp][head][token].
   alignas(16) __shared__ float score_sm[kMmaDecodeWarps][kMmaDecodeHeads][Shape::kScoreStride];
+  // Page-table entries of the blocks of tile i, in table_sm[i % 2]; a tile starts at a block
+  // boundary (BLOCK_SIZE <= kTile, both powers of 2) or inside one block (BLOCK_SIZE > kTile).
+  constexpr int kTableEntries = BLOCK_SIZE <= kTile ? kTile / BLOCK_SIZE : 1;
+  static_assert(kTableEntries <= kMmaDecodeThreads, "one entry per thread");
+  __shared__ int table_sm[2][kTableEntries];
 
   const int kv_head = blockIdx.x;
   const int seq = blockIdx.y;
@@ -86,11 +92,29 @@ __global__ void __launch_bounds__(kMmaDecodeThreads) paged_decode_mma_kernel(
   const int* table = block_tables + static_cast<i64>(seq) * max_blocks_per_seq;
   const i64 q_row0 = static_cast<i64>(seq) * num_q_heads + static_cast<i64>(kv_head) * group_size;
 
+  // Page-table entries of a tile's blocks, staged in shared memory one tile ahead of its gather:
+  // the entry loads leave the gather's dependency chain (table -> address -> copy), and each entry
+  // is read from global memory once per block instead of once per 16-byte chunk.
+  auto table_entry = [&](int tile) -> int {  // entry tid of the tile's blocks (0: none)
+    const unsigned int block = static_cast<unsigned int>(tile) / BLOCK_SIZE + tid;
+    return tile < end && block * BLOCK_SIZE < static_cast<unsigned int>(end) ? load_scalar(table + block) : 0;
+  };
   auto load_tile = [&](int tile, int buf) {
-    gather_kv_tile_async<T, HEAD_DIM, BLOCK_SIZE, kTile, kMmaDecodeThreads>(
-        k_sm[buf], v_sm[buf], k_cache, v_cache, table, slot_stride, head_offset, tile, end, tid);
+    const int* entries = table_sm[buf];
+    auto slot_of = [&](int token) -> i64 {
+      const unsigned int offset = static_cast<unsigned int>(token - tile);  // tile starts at a block or inside one
+      return static_cast<i64>(entries[offset / BLOCK_SIZE]) * BLOCK_SIZE +
+             static_cast<unsigned int>(token) % BLOCK_SIZE;
+    };
+    gather_kv_tile_async<T, HEAD_DIM, kTile, kMmaDecodeThreads>(k_sm[buf], v_sm[buf], k_cache, v_cache, slot_stride,
+                                                                 head_offset, tile, end, tid, slot_of);
     cp_async_commit();
   };
+  if (tid < kTableEntries) {
+    table_sm[0][tid] = table_entry(begin);
+    table_sm[1][tid] = table_entry(begin + kTile);
+  }
+  __syncthreads();
   if (begin < end) load_tile(begin, 0);
 
   // Q^T B fragments of this warp's dims: head lane_group, dims 2 tig (+1) and 2 tig + 8 (+1) of
@@ -125,9 +149,11 @@ __global__ void __launch_bounds__(kMmaDecodeThreads) paged_decode_mma_kernel(
   for (int tile = begin; tile < end; tile += kTile) {
     cp_async_wait<0>();
     // This tile has landed for every thread, and every thread is done with the previous tile
-    // (its buffer and score_sm), so both may be overwritten now.
+    // (its buffers, table entries and score_sm), so all may be overwritten now.
     __syncthreads();
     if (tile + kTile < end) load_tile(tile + kTile, buf ^ 1);
+    // The entries of the tile after next: loaded now, stored after this tile's math.
+    const int next_entry = tid < kTableEntries ? table_entry(tile + 2 * kTile) : 0;
 
     // 1. Partial S^T over this warp's dims, per 16-token step, into score_sm.
 #pragma unroll
@@ -207,6 +233,7 @@ __global__ void __launch_bounds__(kMmaDecodeThreads) paged_decode_mma_kernel(
         mma_16816<T>(o_acc[ks], a, b, o_acc[ks]);
       }
     }
+    if (tid < kTableEntries) table_sm[buf][tid] = next_entry;  // read by the gather of the next iteration
     buf ^= 1;
   }
 
