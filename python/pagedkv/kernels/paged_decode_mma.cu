@@ -87,8 +87,9 @@ __global__ void __launch_bounds__(kMmaDecodeThreads) paged_decode_mma_kernel(
   const int seq_len = load_scalar(seq_lens + seq);
   const int begin = split * tokens_per_split;
   const int end = min(seq_len, begin + tokens_per_split);
-  const i64 slot_stride = static_cast<i64>(num_kv_heads) * HEAD_DIM;
-  const i64 head_offset = static_cast<i64>(kv_head) * HEAD_DIM;
+  const unsigned int slot_bytes = static_cast<unsigned int>(num_kv_heads) * HEAD_DIM * sizeof(T);
+  const T* k_head = k_cache + static_cast<i64>(kv_head) * HEAD_DIM;
+  const T* v_head = v_cache + static_cast<i64>(kv_head) * HEAD_DIM;
   const int* table = block_tables + static_cast<i64>(seq) * max_blocks_per_seq;
   const i64 q_row0 = static_cast<i64>(seq) * num_q_heads + static_cast<i64>(kv_head) * group_size;
 
@@ -101,13 +102,13 @@ __global__ void __launch_bounds__(kMmaDecodeThreads) paged_decode_mma_kernel(
   };
   auto load_tile = [&](int tile, int buf) {
     const int* entries = table_sm[buf];
-    auto slot_of = [&](int token) -> i64 {
+    auto slot_of = [&](int token) -> unsigned int {
       const unsigned int offset = static_cast<unsigned int>(token - tile);  // tile starts at a block or inside one
-      return static_cast<i64>(entries[offset / BLOCK_SIZE]) * BLOCK_SIZE +
+      return static_cast<unsigned int>(entries[offset / BLOCK_SIZE]) * BLOCK_SIZE +
              static_cast<unsigned int>(token) % BLOCK_SIZE;
     };
-    gather_kv_tile_async<T, HEAD_DIM, kTile, kMmaDecodeThreads>(k_sm[buf], v_sm[buf], k_cache, v_cache, slot_stride,
-                                                                 head_offset, tile, end, tid, slot_of);
+    gather_kv_tile_async<T, HEAD_DIM, kTile, kMmaDecodeThreads>(k_sm[buf], v_sm[buf], k_head, v_head, slot_bytes,
+                                                                 tile, end, tid, slot_of);
     cp_async_commit();
   };
   if (tid < kTableEntries) {

@@ -84,7 +84,9 @@ __global__ void __launch_bounds__(kPrefillThreads) paged_prefill_kernel(
   const int first_pos = seq_len - q_len;  // position of the sequence's first new token
   const int num_q_heads = num_kv_heads * group;
   const int* table = page_indices + page_row_start[seq];
-  const i64 slot_stride = static_cast<i64>(num_kv_heads) * HEAD_DIM;
+  const unsigned int slot_bytes = static_cast<unsigned int>(num_kv_heads) * HEAD_DIM * sizeof(T);
+  const T* k_head = k_cache + static_cast<i64>(kv_head) * HEAD_DIM;
+  const T* v_head = v_cache + static_cast<i64>(kv_head) * HEAD_DIM;
 
   // Keys this tile needs: all of them, or (causal) up to its last row's position; of those,
   // this work tile's split [kv_begin, kv_end).
@@ -125,10 +127,11 @@ __global__ void __launch_bounds__(kPrefillThreads) paged_prefill_kernel(
 
   // Gathers K/V tokens [tile, tile + kKv) into buffer `buf`; tokens past kv_end are zero-filled.
   auto load_tile = [&](int tile, int buf) {
-    auto slot_of = [&](int t) -> i64 { return static_cast<i64>(table[t / BLOCK_SIZE]) * BLOCK_SIZE + t % BLOCK_SIZE; };
-    gather_kv_tile_async<T, HEAD_DIM, kKv, kPrefillThreads>(k_sm[buf], v_sm[buf], k_cache, v_cache, slot_stride,
-                                                            static_cast<i64>(kv_head) * HEAD_DIM, tile, kv_end, tid,
-                                                            slot_of);
+    auto slot_of = [&](int t) -> unsigned int {
+      return static_cast<unsigned int>(table[t / BLOCK_SIZE]) * BLOCK_SIZE + t % BLOCK_SIZE;
+    };
+    gather_kv_tile_async<T, HEAD_DIM, kKv, kPrefillThreads>(k_sm[buf], v_sm[buf], k_head, v_head, slot_bytes, tile,
+                                                            kv_end, tid, slot_of);
     cp_async_commit();
   };
 
