@@ -14,12 +14,12 @@
 // Work split: a block owns (KV head, sequence, split) as in the CUDA-core kernel; tiles of kTile
 // tokens (the CUDA-core kernel's tile, so the split planner's whole-tile splits hold for both)
 // are gathered into shared memory with cp.async, double-buffered, through page-table entries
-// staged in shared memory one tile ahead. Each of the 4 warps owns a
-// quarter of the head dimensions: it computes partial scores over its quarter for every token of
-// the tile (K fragments by ldmatrix, Q^T fragments held in registers for the whole split), the
-// partials are summed through shared memory, and every warp then runs the same online softmax
-// (bit-identical: same sums in the same order) and accumulates O^T for its own dimensions (V^T
-// fragments by ldmatrix.trans). Reading the summed scores in mma's B-fragment layout gives
+// staged in shared memory one tile ahead. Scores: the 4 warps split the tile's 16-token steps
+// and, where a tile has fewer steps than warps, the head dimensions (K fragments by ldmatrix, Q^T
+// fragments held in registers for the whole split); the partial scores go through shared memory,
+// and every warp reads all of them back, summed, runs the same online softmax (bit-identical:
+// same sums in the same order) and accumulates O^T for its own quarter of the head dimensions
+// (V^T fragments by ldmatrix.trans). Reading the scores in mma's B-fragment layout gives
 // P^T's fragments directly, with no transposition. Two block barriers per tile.
 //
 // Softmax: online (running max) form in fp32, base-2 domain (scores scaled by scale * log2(e)
@@ -38,11 +38,17 @@ struct MmaDecodeShape {
   // Tokens per tile: 8 KiB of K and 8 KiB of V, as DecodeShape<16-bit T, HEAD_DIM>::kTileTokens.
   static constexpr int kTile = 4096 / HEAD_DIM;
   static constexpr int kTokenSteps = kTile / 16;                 // 16-token mma steps per tile
-  static constexpr int kWarpDims = HEAD_DIM / kMmaDecodeWarps;   // head dims owned by one warp
-  static constexpr int kDimSteps = kWarpDims / 16;               // 16-dim mma steps per warp
+  static constexpr int kWarpDims = HEAD_DIM / kMmaDecodeWarps;   // head dims one warp owns in O^T
+  static constexpr int kDimSteps = kWarpDims / 16;               // 16-dim mma steps of O^T per warp
+  // Scores: warp w computes token step w % kTokenSteps over the dims of part w / kTokenSteps
+  // (kScoreParts parts of kScoreDimSteps 16-dim steps), so the partial sums to add up are as few
+  // as the tile allows (none at head_dim 64, 2 at 128, 4 at 256).
+  static constexpr int kScoreParts = kMmaDecodeWarps / kTokenSteps;
+  static constexpr int kScoreDimSteps = HEAD_DIM / kScoreParts / 16;
   static constexpr int kScoreStride = kTile + 4;                 // padded: conflict-free stores
   static_assert(HEAD_DIM % 64 == 0, "each warp owns whole 16-dim mma steps");
   static_assert(kTile % 16 == 0 && kTile >= 16, "tiles hold whole 16-token mma steps");
+  static_assert(kMmaDecodeWarps % kTokenSteps == 0, "warps tile the token steps");
 };
 
 // grid: (num_kv_heads, num_seqs, num_splits); block: kMmaDecodeThreads threads.
@@ -64,8 +70,8 @@ __global__ void __launch_bounds__(kMmaDecodeThreads) paged_decode_mma_kernel(
   constexpr int kRowHalves = PaddedRow<HEAD_DIM>::kHalves;
   alignas(16) __shared__ unsigned short k_sm[2][kTile][kRowHalves];
   alignas(16) __shared__ unsigned short v_sm[2][kTile][kRowHalves];
-  // Each warp's partial scores over its head dims, [warp][head][token].
-  alignas(16) __shared__ float score_sm[kMmaDecodeWarps][kMmaDecodeHeads][Shape::kScoreStride];
+  // Partial scores over each part of the head dims, [part][head][token].
+  alignas(16) __shared__ float score_sm[Shape::kScoreParts][kMmaDecodeHeads][Shape::kScoreStride];
   // Page-table entries of the blocks of tile i, in table_sm[i % 2]; a tile starts at a block
   // boundary (BLOCK_SIZE <= kTile, both powers of 2) or inside one block (BLOCK_SIZE > kTile).
   constexpr int kTableEntries = BLOCK_SIZE <= kTile ? kTile / BLOCK_SIZE : 1;
@@ -82,7 +88,10 @@ __global__ void __launch_bounds__(kMmaDecodeThreads) paged_decode_mma_kernel(
   const int lane_group = lane >> 2;  // mma groupID: a token row of S^T / O^T, the head of B
   const int tig = lane & 3;          // mma thread id in group: heads 2 tig, 2 tig + 1 of C
   const int num_q_heads = num_kv_heads * group_size;
-  const int dim0 = warp * Shape::kWarpDims;
+  const int dim0 = warp * Shape::kWarpDims;  // this warp's dims of O^T
+  const int score_step = warp % Shape::kTokenSteps;  // this warp's token step of S^T ...
+  const int score_part = warp / Shape::kTokenSteps;  // ... over these dims
+  const int score_dim0 = score_part * Shape::kScoreDimSteps * 16;
 
   const int seq_len = load_scalar(seq_lens + seq);
   const int begin = split * tokens_per_split;
@@ -118,16 +127,16 @@ __global__ void __launch_bounds__(kMmaDecodeThreads) paged_decode_mma_kernel(
   __syncthreads();
   if (begin < end) load_tile(begin, 0);
 
-  // Q^T B fragments of this warp's dims: head lane_group, dims 2 tig (+1) and 2 tig + 8 (+1) of
-  // each 16-dim step; zero for padding heads. Unscaled (the scale is applied to fp32 scores).
-  unsigned int q_frag[Shape::kDimSteps][2];
+  // Q^T B fragments of this warp's score dims: head lane_group, dims 2 tig (+1) and 2 tig + 8
+  // (+1) of each 16-dim step; zero for padding heads. Unscaled (the scale is applied to fp32 scores).
+  unsigned int q_frag[Shape::kScoreDimSteps][2];
 #pragma unroll
-  for (int ks = 0; ks < Shape::kDimSteps; ++ks) {
+  for (int ks = 0; ks < Shape::kScoreDimSteps; ++ks) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       unsigned int word = 0u;
       if (lane_group < group_size) {
-        const T* src = q + (q_row0 + lane_group) * HEAD_DIM + dim0 + ks * 16 + 2 * tig + 8 * r;
+        const T* src = q + (q_row0 + lane_group) * HEAD_DIM + score_dim0 + ks * 16 + 2 * tig + 8 * r;
 #if !defined(__CUDA_ARCH__)
         pkv_emu::check_access(src, 4, "q load");
 #endif
@@ -156,19 +165,18 @@ __global__ void __launch_bounds__(kMmaDecodeThreads) paged_decode_mma_kernel(
     // The entries of the tile after next: loaded now, stored after this tile's math.
     const int next_entry = tid < kTableEntries ? table_entry(tile + 2 * kTile) : 0;
 
-    // 1. Partial S^T over this warp's dims, per 16-token step, into score_sm.
-#pragma unroll
-    for (int mt = 0; mt < Shape::kTokenSteps; ++mt) {
+    // 1. Partial S^T of this warp's token step over its score dims, into score_sm.
+    {
       float c[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-      for (int ks = 0; ks < Shape::kDimSteps; ++ks) {
-        // x4: A fragment of tokens mt*16..+15 x dims dim0 + ks*16..+15 (row lane & 15, col half lane >> 4).
+      for (int ks = 0; ks < Shape::kScoreDimSteps; ++ks) {
+        // x4: A fragment of the step's 16 tokens x 16 dims (row lane & 15, column half lane >> 4).
         unsigned int a[4];
-        ldmatrix_x4(a, &k_sm[buf][mt * 16 + (lane & 15)][dim0 + ks * 16 + (lane >> 4) * 8]);
+        ldmatrix_x4(a, &k_sm[buf][score_step * 16 + (lane & 15)][score_dim0 + ks * 16 + (lane >> 4) * 8]);
         mma_16816<T>(c, a, q_frag[ks], c);
       }
-      float* part = &score_sm[warp][0][0];
-      const int token = mt * 16 + lane_group;
+      float* part = &score_sm[score_part][0][0];
+      const int token = score_step * 16 + lane_group;
       part[(2 * tig) * Shape::kScoreStride + token] = c[0];
       part[(2 * tig + 1) * Shape::kScoreStride + token] = c[1];
       part[(2 * tig) * Shape::kScoreStride + token + 8] = c[2];
@@ -187,7 +195,7 @@ __global__ void __launch_bounds__(kMmaDecodeThreads) paged_decode_mma_kernel(
         const int token = kk * 16 + 2 * tig + (i & 1) + 8 * (i >> 1);
         float s = 0.f;
 #pragma unroll
-        for (int w = 0; w < kMmaDecodeWarps; ++w) s += score_sm[w][lane_group][token];
+        for (int w = 0; w < Shape::kScoreParts; ++w) s += score_sm[w][lane_group][token];
         s = tile + token < end ? s * scale_log2 : neg_inf();
         p[kk][i] = s;
         tile_max = fmaxf(tile_max, s);
