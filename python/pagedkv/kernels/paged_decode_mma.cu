@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(kMmaDecodeThreads) paged_decode_mma_kernel(
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
   const int lane = tid & 31;
-  const int lane_group = lane >> 2;  // mma groupID: a token row of S^T / O^T, the head of B
+  const int lane_group = lane >> 2;  // mma groupID: rows g, g + 8 of S^T (tokens) and O^T (dims); B column (head)
   const int tig = lane & 3;          // mma thread id in group: heads 2 tig, 2 tig + 1 of C
   const int num_q_heads = num_kv_heads * group_size;
   const int dim0 = warp * Shape::kWarpDims;  // this warp's dims of O^T
