@@ -114,6 +114,7 @@ class Result:
     target_pct: float | None = None
     split_sweep_us: dict[str, float] = field(default_factory=dict)  # num_splits -> kernel us
     notes: list[str] = field(default_factory=list)
+    kernel: str = ""  # the decode instance the launcher chose (tensor cores or CUDA cores)
 
 
 def sweep() -> list[SweepPoint]:
@@ -289,6 +290,14 @@ def write_results(out: Path | None, payload: dict, lines: list[str]) -> None:
         os.replace(tmp, path)
 
 
+def kernel_path(point: SweepPoint) -> str:
+    """Which decode kernel the launcher runs for this point: tensor cores or CUDA cores."""
+    from pagedkv.kernels import instances
+
+    tc = instances.uses_tensor_cores(point.kind, point.head_dim, point.group)
+    return "tensor cores" if tc else "CUDA cores"
+
+
 def planned(point: SweepPoint, num_sms: int, ctas_per_sm: int) -> tuple[int, int]:
     """(num_splits, waves) the split planner picks for this point."""
     from pagedkv.attention.split_planning import plan_splits
@@ -413,7 +422,7 @@ def run_sweep(args: argparse.Namespace) -> int:
     header = (
         f"{'kind':<8} {'batch':>5} {'ctx':>6} {'grp':>3} {'KV GB':>7} {'splits':>6} {'cta/SM':>6} "
         f"{'waves':>5} {'us':>9} {'GB/s':>7} {'%copy':>6} {'%4.8T':>6} {'target':>6} {'API us':>8} "
-        f"{'FI us':>9} {'FI GB/s':>7}"
+        f"{'FI us':>9} {'FI GB/s':>7} path"
     )
     print(header)
     lines = [header]
@@ -464,6 +473,7 @@ def run_sweep(args: argparse.Namespace) -> int:
             ctas_per_sm=ctas,
             waves=waves,
             target_pct=target_pct(p),
+            kernel=ws.instance.name,
         )
         if (p.kind, p.batch, p.context, p.group) in SPLIT_SWEEP:
             for count in SPLIT_COUNTS:
@@ -497,7 +507,8 @@ def run_sweep(args: argparse.Namespace) -> int:
         line = (
             f"{p.kind:<8} {p.batch:>5} {p.context:>6} {p.group:>3} {r.kv_gb:>7.3f} {plan.num_splits:>6} "
             f"{ctas:>6} {waves:>5} {r.time_us:>9.1f} {r.gb_per_s:>7.0f} {r.pct_of_copy:>6.1f} "
-            f"{r.pct_of_peak:>6.1f} {met:>6} {api_us:>8} {fi_us:>9} {fi_gbs:>7}"
+            f"{r.pct_of_peak:>6.1f} {met:>6} {api_us:>8} {fi_us:>9} {fi_gbs:>7} "
+            f"{'tc' if 'mma' in r.kernel else 'cuda'}"
         )
         print(line, flush=True)
         lines.append(line)
@@ -525,7 +536,8 @@ def dry_run(args: argparse.Namespace) -> int:
         print(
             f"{p.kind:<8} batch={p.batch:>2} ctx={p.context:>5} group={p.group} "
             f"KV={p.kv_bytes / 1e9:7.3f} GB target={target_pct(p)} "
-            f"H200 plan: {one} splits/{one_waves} waves at 1 CTA/SM, {two}/{two_waves} at 2"
+            f"H200 plan: {one} splits/{one_waves} waves at 1 CTA/SM, {two}/{two_waves} at 2; "
+            f"{kernel_path(p)}"
         )
     print(f"{len(points)} sweep points; byte accounting checked")
     if args.backend != "none":

@@ -7,6 +7,12 @@
 Each instance is compiled by NVRTC to a cubin (the same options the cuda backend uses) and
 disassembled by nvdisasm; the table counts instructions by opcode (the text before the first
 '.'), static counts over the whole kernel, so unrolled loop bodies count once per unrolled copy.
+Rows: the CUDA-core decode kernel at every group instance and, for fp16/bf16, the tensor-core
+decode kernel (which the launcher runs for group instances 4 and 8). `loop` is the static length
+of the tile loop (instructions per thread per tile: the body between the loop head and the
+backward branch whose body holds the loop's two block barriers) and `wi/B` the warp-instructions
+it issues per byte of K and V (4 warps x loop / tile bytes): the issue cost per KV byte when every
+tile takes the main path.
 A proxy for issue cost, not a timing: e.g. a q.k dot product as one FFMA chain shows as FFMA only,
 the a*b + c*d + ... form as FMUL + FFMA + FADD.
 """
@@ -31,10 +37,17 @@ def nvdisasm() -> str:
 
 
 def opcode_counts(cubin: bytes) -> collections.Counter[str]:
+    return _count(disassemble(cubin))
+
+
+def disassemble(cubin: bytes) -> str:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        text = subprocess.run([nvdisasm(), f.name], capture_output=True, text=True, check=True).stdout
+        return subprocess.run([nvdisasm(), f.name], capture_output=True, text=True, check=True).stdout
+
+
+def _count(text: str) -> collections.Counter[str]:
     counts: collections.Counter[str] = collections.Counter()
     for line in text.splitlines():
         # "        /*0090*/                   FFMA R4, R2, R3, R4 ;" (optionally predicated "@P0")
@@ -42,6 +55,34 @@ def opcode_counts(cubin: bytes) -> collections.Counter[str]:
         if m:
             counts[m.group(1)] += 1
     return counts
+
+
+def tile_loop_length(text: str, barriers: int = 2) -> int:
+    """Instructions in the longest loop (backward branch to a label) whose body holds exactly
+    `barriers` BAR.SYNC: the decode kernels' tile loop. 0 if there is none."""
+    labels: dict[str, int] = {}
+    pending: list[str] = []
+    instrs: list[tuple[int, str]] = []
+    for line in text.splitlines():
+        label = re.match(r"\s*(\.L_x_\d+):", line)
+        if label:
+            pending.append(label.group(1))
+            continue
+        m = re.search(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line)
+        if m:
+            address = int(m.group(1), 16)
+            for name in pending:
+                labels[name] = address
+            pending = []
+            instrs.append((address, m.group(2)))
+    best = 0
+    for address, ins in instrs:
+        branch = re.search(r"BRA\s+`\((\.L_x_\d+)\)", ins)
+        if branch and labels.get(branch.group(1), address) < address:
+            body = [i for a, i in instrs if labels[branch.group(1)] <= a <= address]
+            if sum("BAR.SYNC" in i for i in body) == barriers:
+                best = max(best, len(body))
+    return best
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,15 +99,27 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     ops = args.ops.split(",")
     print(f"NVRTC {'.'.join(map(str, nvrtc.version()))}, {args.arch}, static SASS counts")
-    print(f"{'instance':<62} {'regs':>4} {'spill':>5} {'total':>6} " + " ".join(f"{o:>6}" for o in ops))
-    for group in instances.GROUP_INSTANCES:
-        inst = instances.decode(args.kind, args.head_dim, args.block_size, group)
+    print(
+        f"{'instance':<62} {'regs':>4} {'spill':>5} {'total':>6} {'loop':>5} {'wi/B':>6} "
+        + " ".join(f"{o:>6}" for o in ops)
+    )
+    picks = [
+        instances.decode(args.kind, args.head_dim, args.block_size, g) for g in instances.GROUP_INSTANCES
+    ]
+    if args.kind in instances.DECODE_MMA_KINDS and args.head_dim in instances.DECODE_MMA_HEAD_DIMS:
+        picks.append(instances.decode_mma(args.kind, args.head_dim, args.block_size))
+    elem_bytes = 4 if args.kind == "float32" else 2
+    tile_bytes = 2 * instances.tile_tokens(args.kind, args.head_dim) * args.head_dim * elem_bytes
+    warps = instances.DECODE_THREADS // 32
+    for inst in picks:
         result = nvrtc.compile_source(inst.source, [inst.name], args.arch)
         res = result.resources[result.lowered_names[inst.name]]
-        counts = opcode_counts(result.cubin)
+        text = disassemble(result.cubin)
+        counts = _count(text)
+        loop = tile_loop_length(text)
         print(
             f"{inst.name:<62} {res.registers:>4} {res.spill_stores_bytes:>5} {sum(counts.values()):>6} "
-            + " ".join(f"{counts.get(o, 0):>6}" for o in ops)
+            f"{loop:>5} {warps * loop / tile_bytes:>6.3f} " + " ".join(f"{counts.get(o, 0):>6}" for o in ops)
         )
     return 0
 

@@ -37,11 +37,11 @@ CASES = [
 def _instances():
     out = []
     for kind, head_dim, block_size, group, _, _ in CASES:
-        out.append(instances.decode(kind, head_dim, block_size, instances.group_instance(group)))
+        out.append(instances.decode_for(kind, head_dim, block_size, group))
         out.append(instances.merge(kind, head_dim))
     out.append(instances.decode("float32", 128, 16, 4))  # the stability test below
     for g in instances.GROUP_INSTANCES:  # the random-batch test below
-        out.append(instances.decode("float16", 128, 16, g))
+        out.append(instances.decode_for("float16", 128, 16, g))
     return [(i.source, i.name) for i in out]
 
 

@@ -18,7 +18,7 @@ KV_SHAPES = [("float16", 128, 2), ("bfloat16", 64, 3), ("float32", 256, 1)]  # k
 @pytest.fixture(scope="module", autouse=True)
 def built():
     wanted = [instances.write_kv(k, d) for k, d, _ in KV_SHAPES] + [instances.copy_blocks()]
-    wanted += [instances.decode("float16", 128, 16, 4), instances.merge("float16", 128)]
+    wanted += [instances.decode_for("float16", 128, 16, 4), instances.merge("float16", 128)]
     emulation.prebuild([(i.source, i.name) for i in wanted])
 
 

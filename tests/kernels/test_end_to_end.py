@@ -129,7 +129,7 @@ def test_manager_drives_emulated_kernels():
             for i in (
                 instances.write_kv("float16", HEAD_DIM),
                 instances.copy_blocks(),
-                instances.decode("float16", HEAD_DIM, BLOCK, GROUP),
+                instances.decode_for("float16", HEAD_DIM, BLOCK, GROUP),
             )
         ]
     )

@@ -22,8 +22,8 @@ pytestmark = needs_cxx
 @pytest.fixture(scope="module", autouse=True)
 def built():
     names = [
-        instances.decode("float16", 128, 16, 4),
-        instances.decode("float16", 128, 16, 8),
+        instances.decode_for("float16", 128, 16, 4),
+        instances.decode_for("float16", 128, 16, 8),
         instances.merge("float16", 128),
     ]
     emulation.prebuild([(i.source, i.name) for i in names])

@@ -63,7 +63,9 @@ def test_every_instance_compiles_for_sm90_clean(capsys):
 @pytest.mark.parametrize(
     "pick",
     [
-        instances.decode("float16", 128, 16, 8),
+        instances.decode("float16", 128, 16, 2),
+        instances.decode_mma("float16", 128, 16),
+        instances.decode_mma("bfloat16", 64, 1),
         instances.merge("bfloat16", 64),
         instances.write_kv("float32", 256),
         instances.copy_blocks(),

@@ -77,10 +77,9 @@ def choose_splits(
 
 
 def decode_instance(shape: val.AttentionShape) -> Instance:
-    """The decode kernel instance that runs this call."""
-    return instances.decode(
-        shape.kind, shape.head_dim, shape.block_size, instances.group_instance(shape.group)
-    )
+    """The decode kernel instance that runs this call: tensor cores for fp16/bf16 groups of
+    3..8 query heads per KV head (instances.uses_tensor_cores), CUDA cores otherwise."""
+    return instances.decode_for(shape.kind, shape.head_dim, shape.block_size, shape.group)
 
 
 def paged_attention(

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 ATTENTION_SOURCE = "paged_attention.cu"
 CACHE_OPS_SOURCE = "cache_ops.cu"
 PREFILL_SOURCE = "paged_prefill.cu"
+DECODE_MMA_SOURCE = "paged_decode_mma.cu"
 
 # Element type name (as pagedkv names KV dtypes) -> C++ storage type in kv_types.h.
 KERNEL_TYPES = {"float32": "float", "float16": "pagedkv::f16", "bfloat16": "pagedkv::bf16"}
@@ -31,6 +32,14 @@ PREFILL_KINDS = ("float16", "bfloat16")
 PREFILL_HEAD_DIMS = (64, 128)
 PREFILL_THREADS = 128  # kPrefillThreads
 PREFILL_ROWS = 64  # kPrefillRows: packed (token, query head) rows per thread block
+
+
+# Tensor-core decode (paged_decode_mma_kernel): fp16/bf16 caches, the group instances it serves
+# (group sizes 3..8 run on instance 4 or 8; n = 8 heads per mma, padded) and its head sizes.
+DECODE_MMA_KINDS = ("float16", "bfloat16")
+DECODE_MMA_GROUPS = (4, 8)
+DECODE_MMA_HEAD_DIMS = (64, 128, 256)
+DECODE_MMA_THREADS = 128  # kMmaDecodeThreads
 
 
 def prefill_kv_tile(head_dim: int) -> int:
@@ -67,6 +76,31 @@ def decode(kind: str, head_dim: int, block_size: int, group: int) -> Instance:
     )
 
 
+def decode_mma(kind: str, head_dim: int, block_size: int) -> Instance:
+    """The tensor-core decode instance (any group size up to 8; same arguments as decode's)."""
+    return Instance(
+        DECODE_MMA_SOURCE,
+        f"pagedkv::paged_decode_mma_kernel<{KERNEL_TYPES[kind]}, {head_dim}, {block_size}>",
+    )
+
+
+def uses_tensor_cores(kind: str, head_dim: int, group_size: int) -> bool:
+    """The launcher's choice rule: tensor cores for fp16/bf16 caches whose group runs on the
+    group-4 or group-8 instance (3..8 query heads per KV head), CUDA cores otherwise."""
+    return (
+        kind in DECODE_MMA_KINDS
+        and head_dim in DECODE_MMA_HEAD_DIMS
+        and group_instance(group_size) in DECODE_MMA_GROUPS
+    )
+
+
+def decode_for(kind: str, head_dim: int, block_size: int, group_size: int) -> Instance:
+    """The decode instance the launcher runs for this call."""
+    if uses_tensor_cores(kind, head_dim, group_size):
+        return decode_mma(kind, head_dim, block_size)
+    return decode(kind, head_dim, block_size, group_instance(group_size))
+
+
 def merge(kind: str, head_dim: int) -> Instance:
     return Instance(ATTENTION_SOURCE, f"pagedkv::merge_splits_kernel<{KERNEL_TYPES[kind]}, {head_dim}>")
 
@@ -93,6 +127,8 @@ def threads_per_cta(instance: Instance) -> int:
     """The block size an instance is launched with."""
     if "paged_decode_kernel" in instance.name:
         return DECODE_THREADS
+    if "paged_decode_mma_kernel" in instance.name:
+        return DECODE_MMA_THREADS
     if "merge_splits_kernel" in instance.name:
         return MERGE_THREADS
     if "prefill" in instance.name:
@@ -107,7 +143,11 @@ def all_instances() -> list[Instance]:
         for head_dim in HEAD_DIMS:
             for block_size in BLOCK_SIZES:
                 for group in GROUP_INSTANCES:
-                    out.append(decode(kind, head_dim, block_size, group))
+                    # Instances the launcher never runs (tensor cores instead) are not compiled.
+                    if not uses_tensor_cores(kind, head_dim, group):
+                        out.append(decode(kind, head_dim, block_size, group))
+                if kind in DECODE_MMA_KINDS and head_dim in DECODE_MMA_HEAD_DIMS:
+                    out.append(decode_mma(kind, head_dim, block_size))
             out.append(merge(kind, head_dim))
             out.append(write_kv(kind, head_dim))
     out.append(copy_blocks())

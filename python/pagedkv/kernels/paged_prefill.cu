@@ -17,12 +17,9 @@
 //
 // Shared-memory rows are padded by 16 bytes so the 8 row addresses of one ldmatrix fall in
 // distinct banks.
-#include "mma_sm80.h"
+#include "kv_tile_gather.h"
 
 namespace pagedkv {
-
-// Two 16-bit elements read as one word (may_alias under the emulation: the storage is f16/bf16).
-typedef unsigned int word_alias PKV_MAY_ALIAS;
 
 constexpr int kPrefillWarps = 4;
 constexpr int kPrefillThreads = kPrefillWarps * 32;
@@ -32,9 +29,8 @@ template <int HEAD_DIM>
 struct PrefillShape {
   // Tokens per K/V tile: K and V, double-buffered, stay under 48 KiB of static shared memory.
   static constexpr int kKv = HEAD_DIM <= 64 ? 64 : 32;
-  static constexpr int kRowHalves = HEAD_DIM + 8;  // padded shared-memory row
-  static constexpr int kChunksPerRow = HEAD_DIM / 8;  // 16-byte chunks in one token's row
-  static constexpr int kChunksPerThread = kKv * kChunksPerRow / kPrefillThreads;
+  static constexpr int kRowHalves = PaddedRow<HEAD_DIM>::kHalves;  // padded shared-memory row
+  static constexpr int kChunksPerRow = PaddedRow<HEAD_DIM>::kChunks;  // 16-byte chunks in one token's row
   static constexpr int kDimTiles = HEAD_DIM / 8;   // n-tiles of O
   static constexpr int kKeyTiles = kKv / 8;        // n-tiles of S
   static_assert(HEAD_DIM % 32 == 0, "head_dim must be a multiple of 32");
@@ -88,7 +84,9 @@ __global__ void __launch_bounds__(kPrefillThreads) paged_prefill_kernel(
   const int first_pos = seq_len - q_len;  // position of the sequence's first new token
   const int num_q_heads = num_kv_heads * group;
   const int* table = page_indices + page_row_start[seq];
-  const i64 slot_stride = static_cast<i64>(num_kv_heads) * HEAD_DIM;
+  const unsigned int slot_bytes = static_cast<unsigned int>(num_kv_heads) * HEAD_DIM * sizeof(T);
+  const T* k_head = k_cache + static_cast<i64>(kv_head) * HEAD_DIM;
+  const T* v_head = v_cache + static_cast<i64>(kv_head) * HEAD_DIM;
 
   // Keys this tile needs: all of them, or (causal) up to its last row's position; of those,
   // this work tile's split [kv_begin, kv_end).
@@ -129,20 +127,11 @@ __global__ void __launch_bounds__(kPrefillThreads) paged_prefill_kernel(
 
   // Gathers K/V tokens [tile, tile + kKv) into buffer `buf`; tokens past kv_end are zero-filled.
   auto load_tile = [&](int tile, int buf) {
-#pragma unroll
-    for (int c = 0; c < Shape::kChunksPerThread; ++c) {
-      const int chunk = tid + c * kPrefillThreads;
-      const int row = chunk / Shape::kChunksPerRow;
-      const int part = chunk % Shape::kChunksPerRow;
-      const int token = tile + row;
-      const bool valid = token < kv_end;
-      // A zero-filled chunk reads nothing; point it at token 0's row, always a valid address.
-      const int t = valid ? token : 0;
-      const i64 slot = static_cast<i64>(table[t / BLOCK_SIZE]) * BLOCK_SIZE + t % BLOCK_SIZE;
-      const i64 offset = slot * slot_stride + static_cast<i64>(kv_head) * HEAD_DIM + part * 8;
-      cp_async16(&k_sm[buf][row][part * 8], k_cache + offset, valid);
-      cp_async16(&v_sm[buf][row][part * 8], v_cache + offset, valid);
-    }
+    auto slot_of = [&](int t) -> unsigned int {
+      return static_cast<unsigned int>(table[t / BLOCK_SIZE]) * BLOCK_SIZE + t % BLOCK_SIZE;
+    };
+    gather_kv_tile_async<T, HEAD_DIM, kKv, kPrefillThreads>(k_sm[buf], v_sm[buf], k_head, v_head, slot_bytes, tile,
+                                                            kv_end, tid, slot_of);
     cp_async_commit();
   };
 
