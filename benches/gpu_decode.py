@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from gpu_timing import random_values, time_kernel
 
 PEAK_BYTES_PER_S = 4.8e12
 BATCHES = (1, 8, 64)
@@ -199,34 +200,6 @@ def correctness(backend: str, xp: Any) -> list[str]:
     return failures
 
 
-def time_kernel(
-    cupy: Any,
-    fn: Callable[[], Any],
-    flush: Callable[[], None] | None = None,
-    min_iters: int = 20,
-    min_seconds: float = 0.2,
-) -> float:
-    """Median seconds of fn() on the current stream, CUDA events around fn() alone; ``flush``
-    (outside the events) runs before every iteration so each starts with a cold L2."""
-    for _ in range(3):
-        fn()
-    cupy.cuda.get_current_stream().synchronize()
-    times = []
-    start_wall = time.perf_counter()
-    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-    while len(times) < min_iters or time.perf_counter() - start_wall < min_seconds:
-        if flush is not None:
-            flush()
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, stop) / 1e3)
-        if len(times) >= 1000:
-            break
-    return statistics.median(times)
-
-
 def time_call(cupy: Any, fn: Callable[[], Any], flush: Callable[[], None] | None, iters: int = 20) -> float:
     """Median wall seconds of fn() followed by a stream sync: host work included."""
     stream = cupy.cuda.get_current_stream()
@@ -311,14 +284,6 @@ def planned(point: SweepPoint, num_sms: int, ctas_per_sm: int) -> tuple[int, int
         ctas_per_sm,
     )
     return plan.num_splits, plan.waves
-
-
-def random_cache(cupy: Any, shape: tuple[int, ...], kind: str) -> Any:
-    x = cupy.random.standard_normal(shape, dtype=cupy.float32)
-    if kind == "float16":
-        return x.astype(cupy.float16)
-    u = x.view(cupy.uint32)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(cupy.uint16)
 
 
 class FlashInferDecode:
@@ -451,9 +416,9 @@ def run_sweep(args: argparse.Namespace) -> int:
             payload["notes"] = [note]
             break
         tables, lens, num_blocks = block_tables(p, rng)
-        k_cache = random_cache(cupy, (num_blocks, p.block_size, p.num_kv_heads, p.head_dim), p.kind)
-        v_cache = random_cache(cupy, (num_blocks, p.block_size, p.num_kv_heads, p.head_dim), p.kind)
-        q = random_cache(cupy, (p.batch, p.num_q_heads, p.head_dim), p.kind)
+        k_cache = random_values(cupy, (num_blocks, p.block_size, p.num_kv_heads, p.head_dim), p.kind)
+        v_cache = random_values(cupy, (num_blocks, p.block_size, p.num_kv_heads, p.head_dim), p.kind)
+        q = random_values(cupy, (p.batch, p.num_q_heads, p.head_dim), p.kind)
         out_buf = cupy.empty_like(q)
         ws = _workspace(p, num_blocks)
         plan = ws.plan(tables, lens)

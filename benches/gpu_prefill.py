@@ -32,14 +32,13 @@ import itertools
 import json
 import math
 import platform
-import statistics
 import sys
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from gpu_timing import random_values, time_kernel
 
 PEAK_FLOPS = 989e12  # H200 SXM dense fp16/bf16 tensor-core peak
 PROMPTS = (512, 2048, 8192)
@@ -176,33 +175,6 @@ def correctness(backend: str, xp: Any) -> list[str]:
         if status != "ok":
             failures.append(f"{kind} group={group} {layout}: {err}")
     return failures
-
-
-def time_kernel(cupy: Any, fn: Any, min_iters: int = 10, min_seconds: float = 0.2) -> float:
-    """Median seconds of fn() on the current stream, timed with CUDA events after warm-up."""
-    for _ in range(3):
-        fn()
-    cupy.cuda.get_current_stream().synchronize()
-    times = []
-    start_wall = time.perf_counter()
-    while len(times) < min_iters or time.perf_counter() - start_wall < min_seconds:
-        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, stop) / 1e3)
-        if len(times) >= 500:
-            break
-    return statistics.median(times)
-
-
-def random_values(cupy: Any, shape: tuple[int, ...], kind: str) -> Any:
-    x = cupy.random.standard_normal(shape, dtype=cupy.float32)
-    if kind == "float16":
-        return x.astype(cupy.float16)
-    u = x.view(cupy.uint32)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(cupy.uint16)
 
 
 class FlashInferPrefill:
