@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+import pagedkv
 import pytest
 from pagedkv import cli
 from pagedkv.errors import InvalidArgumentError
@@ -52,26 +54,80 @@ def test_cache_aware_routing_beats_round_robin_on_shared_prefixes() -> None:
 
 
 def test_event_index_applies_stores_removals_and_clears() -> None:
-    import pagedkv
-    from pagedkv.sim.cluster import EventIndex, request_keys
-
     kv = pagedkv.KvCacheManager(num_blocks=3, block_size=2, enable_prefix_caching=True, enable_kv_events=True)
-    index = EventIndex(2)
+    index = cluster.EventIndex(2)
     prompt = [1, 2, 3, 4, 5]
-    import numpy as np
-
-    keys = request_keys(np.asarray(prompt, dtype=np.uint32), 2)
+    keys = cluster.request_keys(np.asarray(prompt, dtype=np.uint32), 2)
     kv.add_sequence(1, prompt)
-    index.apply(kv.take_events())
+    index.apply_events(kv.take_events())
     assert index.match(keys) == 2
     kv.free(1)
     kv.add_sequence(2, [9, 9, 9, 9, 9, 9])  # evicts both cached blocks
-    index.apply(kv.take_events())
+    index.apply_events(kv.take_events())
     assert index.match(keys) == 0
     kv.free(2)
     assert kv.reset_prefix_cache()
-    index.apply(kv.take_events())
+    index.apply_events(kv.take_events())
     assert len(index) == 0
+
+
+def _twin_managers() -> tuple[pagedkv.KvCacheManager, pagedkv.KvCacheManager]:
+    def make() -> pagedkv.KvCacheManager:
+        return pagedkv.KvCacheManager(
+            num_blocks=12, block_size=4, enable_prefix_caching=True, enable_kv_events=True
+        )
+
+    return make(), make()
+
+
+def test_event_digests_are_the_event_stream_with_tokens_digested() -> None:
+    # Two identical managers under the same random operations: one drained as event objects,
+    # one as digests. The digest form must be exactly the object form, token ids digested.
+    rng = np.random.default_rng(5)
+    full, digested = _twin_managers()
+    live: list[int] = []
+    kinds: set[str] = set()
+    for step in range(400):
+        if live and (len(live) > 3 or rng.random() < 0.4):
+            seq = live.pop(int(rng.integers(len(live))))
+            for kv in (full, digested):
+                kv.free(seq)
+        elif not live and rng.random() < 0.3:
+            for kv in (full, digested):
+                assert kv.reset_prefix_cache()
+        else:
+            prompt = rng.integers(0, 3, size=int(rng.integers(1, 14))).astype(np.uint32)
+            key = "salt" if rng.random() < 0.2 else None
+            try:
+                full.add_sequence(step, prompt, extra_key=key)
+            except pagedkv.OutOfBlocksError:
+                with pytest.raises(pagedkv.OutOfBlocksError):
+                    digested.add_sequence(step, prompt, extra_key=key)
+                continue
+            digested.add_sequence(step, prompt, extra_key=key)
+            live.append(step)
+        expected = cluster.event_digests(full.take_events())
+        assert digested.take_event_digests() == expected
+        kinds.update(kind for kind, *_ in expected)
+    assert kinds == {"BlockStored", "BlockRemoved", "AllBlocksCleared"}
+
+
+def test_event_digests_match_the_request_side_digests() -> None:
+    tokens = np.arange(10, dtype=np.uint32)
+    digests = pagedkv._core.token_block_digests(tokens, 4)
+    assert digests.dtype == np.uint64 and len(digests) == 2
+    assert digests.tolist() == pagedkv._core.token_block_digests(tokens.tolist()[:8], 4).tolist()
+    assert digests.tolist() == pagedkv._core.token_block_digests(tokens.astype(np.int64), 4).tolist()
+    salted = pagedkv._core.token_block_digests(tokens, 4, extra_key="salt")
+    assert salted[0] != digests[0]
+    kv = pagedkv.KvCacheManager(num_blocks=4, block_size=4, enable_prefix_caching=True, enable_kv_events=True)
+    kv.add_sequence(1, tokens, extra_key="salt")
+    [(kind, hashes, parent, stored)] = kv.take_event_digests()
+    assert (kind, parent, stored) == ("BlockStored", None, salted.tolist()) and len(hashes) == 2
+    with pytest.raises(InvalidArgumentError):
+        pagedkv._core.token_block_digests(tokens, 0)
+    with pytest.raises(InvalidArgumentError):
+        pagedkv._core.token_block_digests(np.ma.masked_array(tokens), 4)
 
 
 def test_bad_inputs_are_refused(tmp_path: Path) -> None:
