@@ -38,9 +38,12 @@ import pagedkv
 from pagedkv._core import token_block_digests
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.events import AllBlocksCleared, BlockRemoved, BlockStored
+from pagedkv.sim.costmodel import LLAMA3_8B
 
 __all__ = [
     "TRACE_BLOCK_TOKENS",
+    "DEFAULT_NUM_SLOTS",
+    "deployment_num_slots",
     "POLICIES",
     "WORKLOADS",
     "Request",
@@ -78,18 +81,47 @@ class Request:
     hash_ids: tuple[int, ...]
 
 
+# -- the default deployment: Llama-3-8B (bf16) on one H200 per replica ----------------------------
+H200_HBM_BYTES = 141e9
+"""An H200's HBM3e (141 GB)."""
+GPU_MEMORY_UTILIZATION = 0.9
+"""vLLM's default ``gpu_memory_utilization``: the share of HBM the engine may use."""
+LLAMA3_8B_PARAMS = 8_030_261_248
+"""Llama-3-8B's parameter count (weights in bf16: 16.06 GB)."""
+ACTIVATION_RESERVE_BYTES = 2e9
+"""Peak activations and CUDA graphs of an 8B model's forward pass (vLLM profiles a few GB)."""
+
+
+def deployment_num_slots(block_size: int = TRACE_BLOCK_TOKENS) -> int:
+    """KV token slots of one replica: Llama-3-8B in bf16 (``costmodel.LLAMA3_8B``, 128 KiB of KV
+    per token) on one H200, whatever vLLM leaves for the KV cache at its default memory
+    utilization after the weights and activations, in whole blocks of ``block_size``.
+
+    (0.9 x 141 GB - 16.06 GB weights - 2 GB activations) / 131,072 B = 830,380 tokens; in blocks
+    of 512: 829,952 slots."""
+    weights = LLAMA3_8B_PARAMS * LLAMA3_8B.dtype_bytes
+    budget = H200_HBM_BYTES * GPU_MEMORY_UTILIZATION - weights - ACTIVATION_RESERVE_BYTES
+    tokens = int(budget // LLAMA3_8B.kv_bytes_per_token)
+    return tokens // block_size * block_size
+
+
+DEFAULT_NUM_SLOTS = deployment_num_slots()
+"""829,952: the default KV slots per replica (``deployment_num_slots``)."""
+
+
 @dataclass(frozen=True)
 class ClusterConfig:
     """Per-replica engine and cost model.
 
-    num_slots: KV token slots per replica (``num_slots // block_size`` blocks).
+    num_slots: KV token slots per replica (``num_slots // block_size`` blocks); the default is
+        one H200 serving Llama-3-8B (``deployment_num_slots``).
     block_size: tokens per KV block (a divisor of 512 keeps trace blocks whole).
     prefill_tokens_per_s: prefill throughput of one replica on uncached prompt tokens.
     decode_s_per_token: time per output token after the first (batched decode).
     prefill_overhead_s: fixed cost of a prefill (scheduling, one forward pass).
     """
 
-    num_slots: int = 262_144
+    num_slots: int = DEFAULT_NUM_SLOTS
     block_size: int = 512
     prefill_tokens_per_s: float = 20_000.0
     decode_s_per_token: float = 0.03
