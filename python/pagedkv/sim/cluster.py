@@ -97,7 +97,7 @@ def deployment_num_slots(block_size: int = TRACE_BLOCK_TOKENS) -> int:
     per token) on one H200, whatever vLLM leaves for the KV cache at its default memory
     utilization after the weights and activations, in whole blocks of ``block_size``.
 
-    (0.9 x 141 GB - 16.06 GB weights - 2 GB activations) / 131,072 B = 830,380 tokens; in blocks
+    (0.9 x 141 GB - 16.06 GB weights - 2 GB activations) / 131,072 B = 830,379 tokens; in blocks
     of 512: 829,952 slots."""
     weights = LLAMA3_8B_PARAMS * LLAMA3_8B.dtype_bytes
     budget = H200_HBM_BYTES * GPU_MEMORY_UTILIZATION - weights - ACTIVATION_RESERVE_BYTES
