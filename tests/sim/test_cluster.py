@@ -123,6 +123,12 @@ def test_event_digests_match_the_request_side_digests() -> None:
     assert digests.dtype == np.uint64 and len(digests) == 2
     assert digests.tolist() == pagedkv._core.token_block_digests(tokens.tolist()[:8], 4).tolist()
     assert digests.tolist() == pagedkv._core.token_block_digests(tokens.astype(np.int64), 4).tolist()
+    # Every array form reads the same ids (the contiguous uint32 fast path and the general one).
+    strided = np.repeat(tokens, 2)[::2]
+    readonly = tokens.copy()
+    readonly.flags.writeable = False
+    for form in (strided, readonly, tokens.astype(">u4"), tokens.view(type("Sub", (np.ndarray,), {}))):
+        assert pagedkv._core.token_block_digests(form, 4).tolist() == digests.tolist()
     salted = pagedkv._core.token_block_digests(tokens, 4, extra_key="salt")
     assert salted[0] != digests[0]
     kv = pagedkv.KvCacheManager(num_blocks=4, block_size=4, enable_prefix_caching=True, enable_kv_events=True)

@@ -423,7 +423,9 @@ impl TokenIds {
                         .try_readonly()
                         .map_err(|e| invalid_argument(py, format!("token_ids: {e}")))?;
                     if let Ok(slice) = readonly.as_slice() {
-                        return Ok(TokenIds::Heap(slice.to_vec()));
+                        let mut ids = try_vec(py, slice.len(), "token_ids")?;
+                        ids.extend_from_slice(slice);
+                        return Ok(TokenIds::Heap(ids));
                     }
                 }
             }
