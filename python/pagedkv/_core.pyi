@@ -12,7 +12,15 @@ import numpy.typing as npt
 
 from pagedkv.events import AllBlocksCleared, BlockRemoved, BlockStored
 
-__all__ = ["BlockPool", "KvCacheManager", "__version__", "encode_event_batch", "record_frames", "simulate"]
+__all__ = [
+    "BlockPool",
+    "KvCacheManager",
+    "__version__",
+    "encode_event_batch",
+    "record_frames",
+    "simulate",
+    "token_block_digests",
+]
 
 __version__: str
 
@@ -124,6 +132,9 @@ class KvCacheManager:
     def reset_prefix_cache(self) -> bool: ...
     def take_events(self) -> list[BlockStored | BlockRemoved | AllBlocksCleared]:
         """Drains the KV events (vLLM's schema; block hashes as Python ints), oldest first."""
+    def take_event_digests(self) -> list[tuple[str, list[int], int | None, list[int]]]:
+        """Drains the same events as ``take_events`` as ``(kind, block_hashes, parent_block_hash,
+        block_digests)``: each stored block's token ids become one ``token_block_digests``."""
     def __contains__(self, seq_id: object, /) -> bool: ...
     def __len__(self) -> int: ...
 
@@ -158,3 +169,9 @@ def encode_event_batch(
     events: list[Any], ts: float, data_parallel_rank: int | None = None, raw_hashes: bool = False
 ) -> bytes:
     """vLLM's KV-event ``EventBatch`` as msgpack bytes (``pagedkv.events.encode_batch``)."""
+
+def token_block_digests(
+    token_ids: _TokenIds, block_size: int, *, extra_key: str | bytes | int | np.integer | None = None
+) -> npt.NDArray[np.uint64]:
+    """uint64 ``[len // block_size]``: XXH3-64 of each full block's ids (little-endian u32),
+    seeded by XXH3-64 of ``extra_key``'s bytes when given: what ``take_event_digests`` reports."""

@@ -64,7 +64,7 @@ def _cmd_cluster(args: argparse.Namespace) -> int:
 
     check_outputs(args)
     config = cluster.ClusterConfig(
-        num_slots=args.num_slots,
+        num_slots=args.num_slots or cluster.deployment_num_slots(args.block_size),
         block_size=args.block_size,
         prefill_tokens_per_s=args.prefill_tokens_per_s,
         decode_s_per_token=args.decode_s_per_token,
@@ -152,7 +152,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--replicas", type=_replica_counts, default=[1, 2, 4, 8, 16], help="e.g. 1,2,4,8,16")
     parser.add_argument("--policy", choices=_POLICY_CHOICES, default="all")
     parser.add_argument(
-        "--num-slots", type=cli_args.positive_int, default=262_144, help="KV slots per replica"
+        "--num-slots",
+        type=cli_args.positive_int,
+        default=None,
+        help="KV slots per replica (default: Llama-3-8B on one H200, 829,952; docs/experiments.md)",
     )
     parser.add_argument(
         "--block-size", type=cli_args.bounded_int(1, 512), default=512, help="tokens per block"

@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 
 mod convert;
 mod errors;
+mod event_digests;
 mod events;
 mod manager;
 mod pool;
@@ -21,5 +22,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<manager::PyKvCacheManager>()?;
     sim::register(m)?;
     wire::register(m)?;
+    event_digests::register(m)?;
     Ok(())
 }

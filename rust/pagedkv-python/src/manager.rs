@@ -20,6 +20,7 @@ use crate::convert::{
     SeqIdArg, SeqIds, TokenIds,
 };
 use crate::errors::{invalid_argument, invariant_violation, to_pyerr};
+use crate::event_digests::events_to_digests;
 use crate::events::events_to_python;
 use crate::pool::{check_int32_block_count, PyBlockPool};
 use crate::stats::stats_to_dict;
@@ -597,6 +598,14 @@ impl PyKvCacheManager {
     fn take_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let events = self.read(py, |kv| kv.take_events())?;
         events_to_python(py, events)
+    }
+
+    /// Drains the same KV events as `take_events` (the two share one queue), each as a
+    /// `(kind, block_hashes, parent_block_hash, block_digests)` tuple: a stored block's token ids
+    /// become one 64-bit digest (`pagedkv._core.token_block_digests`), what a router indexes.
+    fn take_event_digests<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let events = self.read(py, |kv| kv.take_events())?;
+        events_to_digests(py, events)
     }
 
     fn __contains__(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<bool> {
