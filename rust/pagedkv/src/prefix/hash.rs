@@ -39,8 +39,8 @@ pub type BlockHash = u128;
 /// Bytes before the extra key: parent (16), `num_tokens << 1 | has_parent` (8), extra tag (8).
 const HEADER_BYTES: usize = 32;
 
-/// Messages up to this size are built on the stack by [`BlockHasher::hash_block`] (16-token
-/// blocks with a short extra key: the decode path, one call per filled block).
+/// Messages up to this size are built on the stack (blocks of up to 56 tokens without an
+/// extra key); longer ones on the heap.
 const STACK_MESSAGE_BYTES: usize = 256;
 
 /// The keyed, chained block hash (XXH3-128 seeded, see the module docs).
@@ -135,12 +135,19 @@ impl BlockHasher {
             return;
         }
         let len = HEADER_BYTES + extra_key.map_or(0, <[u8]>::len) + 4 * block_size;
-        let mut msg = vec![0u8; len];
-        let tokens_at = write_extra(&mut msg, extra_key);
+        let mut stack = [0u8; STACK_MESSAGE_BYTES];
+        let mut heap = Vec::new();
+        let msg = if len <= STACK_MESSAGE_BYTES {
+            &mut stack[..len]
+        } else {
+            heap.resize(len, 0);
+            &mut heap[..]
+        };
+        let tokens_at = write_extra(msg, extra_key);
         out.reserve(token_ids.len() / block_size);
         for chunk in token_ids.chunks_exact(block_size) {
-            write_block(&mut msg, tokens_at, parent, chunk);
-            let h = xxh3_128_with_seed(&msg, self.seed);
+            write_block(msg, tokens_at, parent, chunk);
+            let h = xxh3_128_with_seed(msg, self.seed);
             out.push(h);
             parent = Some(h);
         }
