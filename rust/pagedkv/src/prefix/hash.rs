@@ -71,8 +71,9 @@ fn write_block(msg: &mut [u8], tokens_at: usize, parent: Option<BlockHash>, toke
     msg[..16].copy_from_slice(&parent.unwrap_or(0).to_le_bytes());
     let word = (token_ids.len() as u64) << 1 | u64::from(parent.is_some());
     msg[16..24].copy_from_slice(&word.to_le_bytes());
-    for (dst, t) in msg[tokens_at..].chunks_exact_mut(4).zip(token_ids) {
-        dst.copy_from_slice(&t.to_le_bytes());
+    let dst = &mut msg[tokens_at..tokens_at + 4 * token_ids.len()];
+    for (d, t) in dst.chunks_exact_mut(4).zip(token_ids) {
+        d.copy_from_slice(&t.to_le_bytes());
     }
 }
 
