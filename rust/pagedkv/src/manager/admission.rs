@@ -138,7 +138,10 @@ impl KvCacheManager {
 
         let extra: Option<Arc<[u8]>> = extra_key.map(Arc::from);
         // Events are built only when enabled: with them off, registering is the index alone.
-        let mut stored = prefix.events.enabled().then(StoredRun::default);
+        let mut stored = prefix
+            .events
+            .enabled()
+            .then(|| StoredRun::with_capacity(num_full - num_hits, bs));
         for i in num_hits..num_full {
             let parent = i.checked_sub(1).map(|p| block_hashes[p]);
             let chunk = &token_ids[i * bs..(i + 1) * bs];
