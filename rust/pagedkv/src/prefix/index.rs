@@ -23,17 +23,41 @@ use std::sync::Arc;
 use super::hash::{BlockHash, BlockHasher};
 use crate::{BlockId, TokenId};
 
-/// What one block was stored with (indexed by block id).
+/// What one block was stored with (indexed by block id). One cache line per block: admitting
+/// a prompt that misses evicts and re-indexes a block per 16 tokens, each a cold record
+/// (`Option<u128>` fields made it 96 bytes, two or three lines).
 #[derive(Debug, Clone)]
+#[repr(align(64))]
 struct Stored {
-    /// `Some(h)` exactly when `map[h] == this block`.
-    hash: Option<BlockHash>,
-    /// Parent hash the block was stored with.
-    parent: Option<BlockHash>,
+    /// The hash the block is indexed under (meaningful when `indexed`).
+    hash: BlockHash,
+    /// Parent hash the block was stored with (meaningful when `has_parent`).
+    parent: BlockHash,
     /// Extra key the block was stored with.
     extra_key: Option<Arc<[u8]>>,
     /// The next block holding the same content (`NO_BLOCK` at the end of the copies).
     next_copy: BlockId,
+    /// Whether `map[hash]` reaches this block (it is indexed).
+    indexed: bool,
+    /// Whether the block was stored with a parent (it is not the first of its chain).
+    has_parent: bool,
+}
+
+// The record fits the one cache line it is aligned to.
+const _: () = assert!(std::mem::size_of::<Stored>() == 64);
+
+impl Stored {
+    /// The hash the block is indexed under, if it is.
+    #[inline]
+    fn hash(&self) -> Option<BlockHash> {
+        self.indexed.then_some(self.hash)
+    }
+
+    /// The parent hash the block was stored with.
+    #[inline]
+    fn parent(&self) -> Option<BlockHash> {
+        self.has_parent.then_some(self.parent)
+    }
 }
 
 /// The end of a list of copies (no block has this id: pools hold fewer than 2^24 blocks).
@@ -42,10 +66,12 @@ const NO_BLOCK: BlockId = BlockId::MAX;
 impl Default for Stored {
     fn default() -> Self {
         Stored {
-            hash: None,
-            parent: None,
+            hash: 0,
+            parent: 0,
             extra_key: None,
             next_copy: NO_BLOCK,
+            indexed: false,
+            has_parent: false,
         }
     }
 }
@@ -120,13 +146,13 @@ impl BlockIndex {
 
     #[inline]
     pub(crate) fn is_indexed(&self, b: BlockId) -> bool {
-        self.stored[b as usize].hash.is_some()
+        self.stored[b as usize].indexed
     }
 
     /// Whether block `b` is indexed under exactly `hash`.
     #[inline]
     pub(crate) fn holds(&self, b: BlockId, hash: BlockHash) -> bool {
-        self.stored[b as usize].hash == Some(hash)
+        self.stored[b as usize].hash() == Some(hash)
     }
 
     /// The block holding exactly this content (same hash, parent, extra key and tokens).
@@ -140,7 +166,7 @@ impl BlockIndex {
     ) -> Option<BlockId> {
         let &b = self.map.get(&hash)?;
         let s = &self.stored[b as usize];
-        let same = s.parent == parent
+        let same = s.parent() == parent
             && s.extra_key.as_deref() == extra_key
             && self.tokens_of(b) == token_ids;
         same.then_some(b)
@@ -158,7 +184,7 @@ impl BlockIndex {
         extra_key: &Option<Arc<[u8]>>,
     ) -> bool {
         debug_assert_eq!(token_ids.len(), self.block_size);
-        if self.stored[b as usize].hash.is_some() {
+        if self.stored[b as usize].indexed {
             return false;
         }
         let next_copy = match self.map.entry(hash) {
@@ -169,7 +195,7 @@ impl BlockIndex {
             std::collections::hash_map::Entry::Occupied(mut slot) => {
                 let first_id = *slot.get();
                 let first = &self.stored[first_id as usize];
-                let same = first.parent == parent
+                let same = first.parent() == parent
                     && first.extra_key.as_deref() == extra_key.as_deref()
                     && block_tokens(&self.tokens, self.block_size, first_id) == token_ids;
                 if !same {
@@ -180,8 +206,10 @@ impl BlockIndex {
             }
         };
         let s = &mut self.stored[b as usize];
-        s.hash = Some(hash);
-        s.parent = parent;
+        s.hash = hash;
+        s.indexed = true;
+        s.parent = parent.unwrap_or(0);
+        s.has_parent = parent.is_some();
         s.extra_key.clone_from(extra_key);
         s.next_copy = next_copy;
         let at = b as usize * self.block_size;
@@ -193,9 +221,10 @@ impl BlockIndex {
     /// indexed under, if any.
     pub(crate) fn remove(&mut self, b: BlockId) -> Option<BlockHash> {
         let s = &mut self.stored[b as usize];
-        let h = s.hash.take()?;
+        let h = s.hash()?;
+        s.indexed = false;
         let next = std::mem::replace(&mut s.next_copy, NO_BLOCK);
-        s.parent = None;
+        s.has_parent = false;
         s.extra_key = None;
         // One map operation on the common path (a single copy): remove, and put back only
         // when other copies remain.
@@ -234,18 +263,18 @@ impl BlockIndex {
                 if copies > self.stored.len() {
                     return Err("the copies of an indexed content form a cycle".into());
                 }
-                if s.hash != Some(h) {
+                if s.hash() != Some(h) {
                     return Err(format!("index maps a hash to block {b} whose hash differs"));
                 }
                 let recomputed =
-                    hasher.hash_block(s.parent, self.tokens_of(b), s.extra_key.as_deref());
+                    hasher.hash_block(s.parent(), self.tokens_of(b), s.extra_key.as_deref());
                 if recomputed != h {
                     return Err(format!("indexed block {b}: hash does not match its tokens"));
                 }
                 b = s.next_copy;
             }
         }
-        let indexed = self.stored.iter().filter(|s| s.hash.is_some()).count();
+        let indexed = self.stored.iter().filter(|s| s.indexed).count();
         if indexed != copies {
             return Err(format!(
                 "{indexed} blocks carry a hash but the index reaches {copies}"
