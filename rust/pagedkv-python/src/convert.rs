@@ -7,7 +7,10 @@
 //! The single-token append path is the hot one, so integers are read with one C call on exact
 //! `int`s and short token lists land in a stack buffer (no heap allocation per call).
 
-use numpy::{PyArray1, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
+use numpy::{
+    PyArray1, PyArrayDescrMethods, PyArrayMethods, PyReadonlyArray1, PyUntypedArray,
+    PyUntypedArrayMethods,
+};
 use pyo3::exceptions::{PyException, PyMemoryError};
 use pyo3::ffi;
 use pyo3::prelude::*;
@@ -180,6 +183,46 @@ fn extract_token_slow(obj: &Bound<'_, PyAny>) -> PyResult<u32> {
     }
 }
 
+/// The prompt path of [`read_exact_int_list`]: fills `out` (exactly the list's length) with
+/// the list's items, each an exact `int` in `[0, 2**32)`, storing into the pre-sized buffer
+/// without a per-item callback or capacity check (callgrind, a 1,324-token list: 74 K -> 72 K
+/// instructions per call; an appending loop measured 77 K). Returns false as soon as an item
+/// does not qualify (the caller then takes the checked path, which reports the error).
+fn read_token_list(list: &Bound<'_, PyList>, out: &mut [u32]) -> bool {
+    if list.len() != out.len() {
+        return false;
+    }
+    let list_ptr = list.as_ptr();
+    for (index, slot) in out.iter_mut().enumerate() {
+        // SAFETY: as in `read_exact_int_list`: the GIL is held (`list` proves it) and no
+        // Python code runs in this loop, so `index < len` stays in bounds and each borrowed
+        // item stays alive, owned by the list. A failed conversion's error is cleared here.
+        let value = unsafe {
+            let item = ffi::PyList_GetItem(list_ptr, index as ffi::Py_ssize_t);
+            if item.is_null() {
+                ffi::PyErr_Clear();
+                return false;
+            }
+            if ffi::PyLong_CheckExact(item) == 0 {
+                return false;
+            }
+            let mut overflow: std::os::raw::c_int = 0;
+            let value = ffi::PyLong_AsLongAndOverflow(item, &mut overflow);
+            if overflow != 0 {
+                return false;
+            }
+            value
+        };
+        // `c_long` is 32-bit on Windows: widen explicitly.
+        #[allow(clippy::useless_conversion)]
+        match u32::try_from(i64::from(value)) {
+            Ok(id) => *slot = id,
+            Err(_) => return false,
+        }
+    }
+    true
+}
+
 /// Fast path for a list of exact `int`s: reads each item as a borrowed reference (no refcount
 /// traffic, which costs a function call per item under the stable ABI) and hands `(index,
 /// value)` to `sink`. Returns false as soon as an item is not an exact `int`, does not fit a C
@@ -311,21 +354,99 @@ fn check_len(py: Python<'_>, name: &str, len: usize, max_len: usize, why: &str) 
 
 /// Token ids, from a list or tuple of ints or a 1-D NumPy integer array `[num_tokens]`.
 /// Lazy iterables (`range`, generators) are refused: their length is unbounded by memory, so
-/// materializing one could exhaust it before any validation.
-pub enum TokenIds {
+/// materializing one could exhaust it before any validation. A contiguous native `uint32` or
+/// `int32` array is read in place (no copy; a prompt's ids are hashed straight from it).
+pub enum TokenIds<'py> {
     Inline {
         len: usize,
         ids: [u32; INLINE_TOKENS],
     },
     Heap(Vec<u32>),
+    /// A C-contiguous native `uint32` array, borrowed read-only.
+    U32(PyReadonlyArray1<'py, u32>),
+    /// A C-contiguous native `int32` array whose values were all checked non-negative,
+    /// borrowed read-only.
+    I32(PyReadonlyArray1<'py, i32>),
 }
 
-impl TokenIds {
+impl TokenIds<'_> {
     pub fn as_slice(&self) -> &[u32] {
         match self {
             TokenIds::Inline { len, ids } => &ids[..*len],
             TokenIds::Heap(ids) => ids,
+            // Contiguity was checked when the borrow was taken and cannot change while it is
+            // held (the GIL is held and no Python code runs).
+            TokenIds::U32(array) => array.as_slice().unwrap_or_default(),
+            TokenIds::I32(array) => {
+                let values = array.as_slice().unwrap_or_default();
+                // SAFETY: `i32` and `u32` have the same size and alignment, every bit pattern
+                // is valid for both, and the values were checked non-negative, so each reads
+                // as the same number. The slice borrows `array`, which outlives it.
+                unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<u32>(), values.len()) }
+            }
         }
+    }
+
+    /// The fast NumPy paths: exactly `numpy.ndarray`, 1-D, C-contiguous, native byte order;
+    /// `uint32` and non-negative `int32` are borrowed, `int64` is narrowed in one checked pass.
+    /// `None`: any other array (the general path reads or refuses it).
+    fn from_native_array<'py>(
+        obj: &Bound<'py, PyAny>,
+        max_len: usize,
+        why: &str,
+    ) -> PyResult<Option<TokenIds<'py>>> {
+        let py = obj.py();
+        if obj.get_type().as_ptr() != PyUntypedArray::type_object_raw(py).cast::<ffi::PyObject>() {
+            return Ok(None);
+        }
+        let out_of_range = |value: i64| {
+            invalid_argument(
+                py,
+                format!("token id must be an int in [0, 2**32), got {value}"),
+            )
+        };
+        let borrow_error = |e: numpy::BorrowError| invalid_argument(py, format!("token_ids: {e}"));
+        if let Ok(array) = obj.cast::<PyArray1<u32>>() {
+            if !array.is_contiguous() {
+                return Ok(None);
+            }
+            check_len(py, "token_ids", array.len(), max_len, why)?;
+            let readonly = array.try_readonly().map_err(borrow_error)?;
+            if readonly.as_slice().is_err() {
+                return Ok(None);
+            }
+            return Ok(Some(TokenIds::U32(readonly)));
+        }
+        if let Ok(array) = obj.cast::<PyArray1<i32>>() {
+            if !array.is_contiguous() {
+                return Ok(None);
+            }
+            check_len(py, "token_ids", array.len(), max_len, why)?;
+            let readonly = array.try_readonly().map_err(borrow_error)?;
+            let Ok(values) = readonly.as_slice() else {
+                return Ok(None);
+            };
+            if let Some(&bad) = values.iter().find(|&&v| v < 0) {
+                return Err(out_of_range(i64::from(bad)));
+            }
+            return Ok(Some(TokenIds::I32(readonly)));
+        }
+        if let Ok(array) = obj.cast::<PyArray1<i64>>() {
+            if !array.is_contiguous() {
+                return Ok(None);
+            }
+            check_len(py, "token_ids", array.len(), max_len, why)?;
+            let readonly = array.try_readonly().map_err(borrow_error)?;
+            let Ok(values) = readonly.as_slice() else {
+                return Ok(None);
+            };
+            let mut ids = try_vec(py, values.len(), "token_ids")?;
+            for &v in values {
+                ids.push(u32::try_from(v).map_err(|_| out_of_range(v))?);
+            }
+            return Ok(Some(TokenIds::Heap(ids)));
+        }
+        Ok(None)
     }
 
     /// The fast path: a list of exact ints, each in `[0, 2**32)`.
@@ -361,14 +482,8 @@ impl TokenIds {
             Ok(ok.then_some(TokenIds::Inline { len, ids }))
         } else {
             let mut ids = try_vec(list.py(), len, "token_ids")?;
-            let ok = read_exact_int_list(list, |_, value| match in_range(value) {
-                Some(id) => {
-                    ids.push(id);
-                    true
-                }
-                None => false,
-            });
-            Ok((ok && ids.len() == len).then_some(TokenIds::Heap(ids)))
+            ids.resize(len, 0);
+            Ok(read_token_list(list, &mut ids).then_some(TokenIds::Heap(ids)))
         }
     }
 
@@ -397,7 +512,10 @@ impl TokenIds {
     /// Reads `obj` as token ids, refusing more than `max_len` (what the pool could ever hold)
     /// before reading or allocating anything.
     #[inline]
-    pub fn extract_bounded(obj: &Bound<'_, PyAny>, max_len: usize) -> PyResult<Self> {
+    pub fn extract_bounded<'py>(
+        obj: &Bound<'py, PyAny>,
+        max_len: usize,
+    ) -> PyResult<TokenIds<'py>> {
         const WHY: &str = "more tokens than the pool could ever hold";
         let py = obj.py();
         if let Ok(list) = obj.cast::<PyList>() {
@@ -412,22 +530,8 @@ impl TokenIds {
             return TokenIds::from_items(py, tuple.len(), tuple.iter());
         }
         if obj.is_instance_of::<PyUntypedArray>() {
-            // The fast path: a contiguous, native uint32 `numpy.ndarray` (exactly that type, so
-            // not a masked array) holds valid token ids already; copy it as one slice.
-            if obj.get_type().as_ptr()
-                == PyUntypedArray::type_object_raw(py).cast::<ffi::PyObject>()
-            {
-                if let Ok(typed) = obj.cast::<PyArray1<u32>>() {
-                    check_len(py, "token_ids", typed.len(), max_len, WHY)?;
-                    let readonly = typed
-                        .try_readonly()
-                        .map_err(|e| invalid_argument(py, format!("token_ids: {e}")))?;
-                    if let Ok(slice) = readonly.as_slice() {
-                        let mut ids = try_vec(py, slice.len(), "token_ids")?;
-                        ids.extend_from_slice(slice);
-                        return Ok(TokenIds::Heap(ids));
-                    }
-                }
+            if let Some(ids) = TokenIds::from_native_array(obj, max_len, WHY)? {
+                return Ok(ids);
             }
             return integer_array(obj, "token_ids", max_len, WHY, |value, py| {
                 u32::try_from(value).map_err(|_| {

@@ -108,7 +108,9 @@ fn token_block_digests<'py>(
     }
     let tokens = TokenIds::extract_bounded(&token_ids, MAX_DIGEST_TOKENS)?;
     let key = extra_key.as_ref().map(|key| key.0.as_slice());
-    let digests = py.detach(|| block_digests(tokens.as_slice(), block_size, key));
+    // The GIL stays held: `tokens` may borrow the caller's NumPy array, which Python code on
+    // another thread could write while it was released.
+    let digests = block_digests(tokens.as_slice(), block_size, key);
     Ok(PyArray1::from_vec(py, digests))
 }
 

@@ -115,7 +115,7 @@ impl PyKvCacheManager {
     /// Token ids from `obj`, refused unread when longer than the pool could ever hold (every
     /// token a call adds occupies its own slot of the pool).
     #[inline]
-    fn token_ids(&self, obj: &Bound<'_, PyAny>) -> PyResult<TokenIds> {
+    fn token_ids<'py>(&self, obj: &Bound<'py, PyAny>) -> PyResult<TokenIds<'py>> {
         TokenIds::extract_bounded(obj, self.num_blocks.saturating_mul(self.block_size))
             .map_err(|err| with_arg_note(obj.py(), "token_ids", err))
     }

@@ -90,29 +90,29 @@ impl KvCacheManager {
         let max_hits = num_tokens.saturating_sub(1) / bs; // never the whole prompt
         let prefix = self.prefix.as_ref().expect("prefix caching on");
 
-        // 1. Hash every full block; collect the verified hit chain (no mutation yet). The hits
-        // go straight into the table (`block_ids[..num_hits]`): no separate list.
+        // 1. Hash every full block (one message buffer for the whole chain); collect the
+        // verified hit chain (no mutation yet). The hits go straight into the table
+        // (`block_ids[..num_hits]`): no separate list.
         let mut block_hashes = Vec::with_capacity(num_full);
+        prefix
+            .hasher
+            .hash_chain(None, token_ids, bs, extra_key, &mut block_hashes);
         let mut block_ids: Vec<BlockId> = Vec::with_capacity(total_blocks);
-        let mut chain_alive = true;
         let mut num_revive = 0usize;
         let mut parent = None;
-        for (i, chunk) in token_ids.chunks_exact(bs).enumerate() {
-            let h = prefix.hasher.hash_block(parent, chunk, extra_key);
-            block_hashes.push(h);
-            if chain_alive && i < max_hits {
-                match prefix.lookup(h, parent, chunk, extra_key) {
-                    Some(b) => {
-                        if prefix.is_cached(b) {
-                            num_revive += 1;
-                        } else if self.pool.refcount(b)? == u32::MAX {
-                            return invalid(format!("block {b} refcount would overflow"));
-                        }
-                        block_ids.push(b);
-                    }
-                    None => chain_alive = false,
-                }
+        for (&h, chunk) in block_hashes[..max_hits]
+            .iter()
+            .zip(token_ids.chunks_exact(bs))
+        {
+            let Some(b) = prefix.lookup(h, parent, chunk, extra_key) else {
+                break;
+            };
+            if prefix.is_cached(b) {
+                num_revive += 1;
+            } else if self.pool.refcount(b)? == u32::MAX {
+                return invalid(format!("block {b} refcount would overflow"));
             }
+            block_ids.push(b);
             parent = Some(h);
         }
         let num_hits = block_ids.len();
@@ -138,7 +138,10 @@ impl KvCacheManager {
 
         let extra: Option<Arc<[u8]>> = extra_key.map(Arc::from);
         // Events are built only when enabled: with them off, registering is the index alone.
-        let mut stored = prefix.events.enabled().then(StoredRun::default);
+        let mut stored = prefix
+            .events
+            .enabled()
+            .then(|| StoredRun::with_capacity(num_full - num_hits, bs));
         for i in num_hits..num_full {
             let parent = i.checked_sub(1).map(|p| block_hashes[p]);
             let chunk = &token_ids[i * bs..(i + 1) * bs];

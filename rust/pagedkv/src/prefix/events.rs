@@ -174,6 +174,16 @@ pub(crate) struct StoredRun {
 }
 
 impl StoredRun {
+    /// A run sized for up to `num_blocks` blocks of `block_size` tokens, so collecting them
+    /// never reallocates (an admission knows how many blocks it may register).
+    pub(crate) fn with_capacity(num_blocks: usize, block_size: usize) -> Self {
+        StoredRun {
+            hashes: Vec::with_capacity(num_blocks),
+            parent: None,
+            token_ids: Vec::with_capacity(num_blocks.saturating_mul(block_size)),
+        }
+    }
+
     /// Adds the next block of the run (`parent` is its parent's hash).
     pub(crate) fn add(&mut self, hash: BlockHash, parent: Option<BlockHash>, tokens: &[TokenId]) {
         if self.hashes.is_empty() {

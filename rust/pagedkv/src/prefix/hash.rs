@@ -2,37 +2,48 @@
 //!
 //! A full block's hash chains its parent's hash, its token ids and an optional extra key
 //! (cache salt, adapter id, multimodal content hash): equal hashes mean equal whole prefixes,
-//! not just equal blocks. The function is SipHash-1-3 with 128-bit output (the `siphasher`
-//! crate), keyed from a configurable seed (`k0 = seed`, `k1 =` the first SplitMix64 output
-//! from `seed`), so runs are reproducible and a deployment can pick a secret seed. It is fed
-//! this byte string (little-endian `u64` words, zero-padded, every variable part
-//! length-prefixed so no two inputs share an encoding):
+//! not just equal blocks. The function is XXH3-128 (the `xxhash-rust` crate) seeded with the
+//! configurable `hash_seed`, so runs are reproducible and a deployment can pick a secret seed.
+//! It is fed this byte string (every integer little-endian; every variable part
+//! length-prefixed, so no two inputs share an encoding):
 //!
 //! ```text
-//! parent (u128, 0 for the first block) | has_parent (0|1) | extra tag (0: none, len+1)
-//! | extra bytes, padded to 8 | num_tokens | token ids as u32, padded to 8
+//! parent (u128, 0 for the first block) | num_tokens << 1 | has_parent (u64)
+//! | extra tag (u64: 0 none, else len + 1) | extra bytes | token ids (u32 each)
 //! ```
 //!
-//! Whole words go to the hasher one `write_u64` at a time, so no message buffer is built.
+//! which any XXH3 implementation reproduces: `xxh3_128(message, seed)`, for instance Python's
+//! `xxhash.xxh3_128_intdigest(message, seed=seed)` (the golden values below come from it).
 //!
-//! Why SipHash-1-3: hashing every full block of every prompt is most of prefix admission's
-//! instructions (a 1,324-token prompt is 82 blocks). SipHash-1-3 is the keyed PRF Rust's own
-//! `HashMap` trusts against chosen-input flooding, at about half SipHash-2-4's rounds; the
-//! 128-bit output is kept because equal chain hashes stand for equal whole prefixes, and
-//! every hit still compares the block's tokens, parent hash and extra key. A word-only
-//! hand-written SipHash-1-3 was tried and measured (callgrind, W2 admission): the same
-//! instruction count as the crate's, so the crate stays. Numbers in benches/README.md.
+//! Why XXH3-128: hashing every full block of every prompt was most of prefix admission's
+//! instructions (a 1,324-token prompt is 82 blocks). Measured per 16-token block (callgrind,
+//! benches/README.md "Prefix admission"): SipHash-1-3-128 ~380 instructions, HighwayHash-128
+//! ~430, XXH3-128 ~150 including building the message. The guarantees kept: keyed by the
+//! seed, 128 bits (vLLM offers the same function as its `xxhash` prefix-caching hash), and
+//! every hit compares the block's token ids, parent hash and extra key
+//! (`prefix/index.rs`), so a colliding hash never serves another block's tokens. What is
+//! given up is SipHash's standing as a PRF: XXH3 is not a cryptographic hash, so a
+//! deployment where clients choose prompts and must not be able to collide two prefixes
+//! keeps its `hash_seed` secret and separates tenants with an extra key (cache salt).
+//!
+//! [`BlockHasher::hash_chain`] builds the message once per admission and rewrites only the
+//! parent and the token ids for each block: no allocation per block.
 
-use std::hash::Hasher;
+use xxhash_rust::xxh3::xxh3_128_with_seed;
 
-use siphasher::sip128::{Hasher128, SipHasher13};
-
-use crate::{splitmix64, TokenId};
+use crate::TokenId;
 
 /// A 128-bit chained block hash.
 pub type BlockHash = u128;
 
-/// The keyed, chained block hash (SipHash-1-3-128, see the module docs).
+/// Bytes before the extra key: parent (16), `num_tokens << 1 | has_parent` (8), extra tag (8).
+const HEADER_BYTES: usize = 32;
+
+/// Messages up to this size are built on the stack (blocks of up to 56 tokens without an
+/// extra key); longer ones on the heap.
+const STACK_MESSAGE_BYTES: usize = 256;
+
+/// The keyed, chained block hash (XXH3-128 seeded, see the module docs).
 ///
 /// ```
 /// use pagedkv::BlockHasher;
@@ -43,34 +54,48 @@ pub type BlockHash = u128;
 /// assert_eq!(first, BlockHasher::new(42).hash_block(None, &[1, 2, 3, 4], None)); // reproducible
 /// assert_ne!(first, BlockHasher::new(43).hash_block(None, &[1, 2, 3, 4], None)); // keyed
 /// assert_ne!(first, h.hash_block(None, &[1, 2, 3, 4], Some(b"tenant-a")));      // salted
+/// let mut chain = Vec::new();
+/// h.hash_chain(None, &[1, 2, 3, 4, 5, 6, 7, 8, 9], 4, None, &mut chain);      // full blocks only
+/// assert_eq!(chain, vec![first, second]);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BlockHasher {
-    k0: u64,
-    k1: u64,
+    seed: u64,
 }
 
-/// The little-endian `u64` of up to 8 bytes, zero-padded.
+/// Writes the parent, the `num_tokens << 1 | has_parent` word and the token ids of one block
+/// into a message whose extra tag and extra bytes are already in place (`tokens_at` is where
+/// the token ids start).
 #[inline]
-fn le_word(bytes: &[u8]) -> u64 {
-    let mut w = [0u8; 8];
-    w[..bytes.len()].copy_from_slice(bytes);
-    u64::from_le_bytes(w)
+fn write_block(msg: &mut [u8], tokens_at: usize, parent: Option<BlockHash>, token_ids: &[TokenId]) {
+    msg[..16].copy_from_slice(&parent.unwrap_or(0).to_le_bytes());
+    let word = (token_ids.len() as u64) << 1 | u64::from(parent.is_some());
+    msg[16..24].copy_from_slice(&word.to_le_bytes());
+    let dst = &mut msg[tokens_at..tokens_at + 4 * token_ids.len()];
+    for (d, t) in dst.chunks_exact_mut(4).zip(token_ids) {
+        d.copy_from_slice(&t.to_le_bytes());
+    }
+}
+
+/// Writes the extra tag and extra bytes; returns where the token ids start.
+#[inline]
+fn write_extra(msg: &mut [u8], extra_key: Option<&[u8]>) -> usize {
+    let tag = extra_key.map_or(0, |e| e.len() as u64 + 1);
+    msg[24..32].copy_from_slice(&tag.to_le_bytes());
+    let extra = extra_key.unwrap_or_default();
+    msg[HEADER_BYTES..HEADER_BYTES + extra.len()].copy_from_slice(extra);
+    HEADER_BYTES + extra.len()
 }
 
 impl BlockHasher {
     /// A hasher keyed by `seed`.
     pub fn new(seed: u64) -> Self {
-        let mut state = seed;
-        BlockHasher {
-            k0: seed,
-            k1: splitmix64::next(&mut state),
-        }
+        BlockHasher { seed }
     }
 
-    /// The two SipHash keys derived from the seed.
-    pub fn keys(&self) -> (u64, u64) {
-        (self.k0, self.k1)
+    /// The XXH3 seed (the key).
+    pub fn seed(&self) -> u64 {
+        self.seed
     }
 
     /// Hash of one block given its parent's hash (`None` for the first block), its token ids
@@ -82,33 +107,55 @@ impl BlockHasher {
         token_ids: &[TokenId],
         extra_key: Option<&[u8]>,
     ) -> BlockHash {
-        let mut s = SipHasher13::new_with_keys(self.k0, self.k1);
-        let p = parent.unwrap_or(0);
-        s.write_u64(p as u64);
-        s.write_u64((p >> 64) as u64);
-        s.write_u64(u64::from(parent.is_some()));
-        match extra_key {
-            None => s.write_u64(0),
-            Some(extra) => {
-                s.write_u64(extra.len() as u64 + 1);
-                for chunk in extra.chunks(8) {
-                    s.write_u64(le_word(chunk));
-                }
-            }
+        let len = HEADER_BYTES + extra_key.map_or(0, <[u8]>::len) + 4 * token_ids.len();
+        if len > STACK_MESSAGE_BYTES {
+            return xxh3_128_with_seed(
+                &Self::message_bytes(parent, token_ids, extra_key),
+                self.seed,
+            );
         }
-        s.write_u64(token_ids.len() as u64);
-        let mut pairs = token_ids.chunks_exact(2);
-        for pair in &mut pairs {
-            s.write_u64(u64::from(pair[0]) | u64::from(pair[1]) << 32);
+        let mut buf = [0u8; STACK_MESSAGE_BYTES];
+        let msg = &mut buf[..len];
+        let tokens_at = write_extra(msg, extra_key);
+        write_block(msg, tokens_at, parent, token_ids);
+        xxh3_128_with_seed(msg, self.seed)
+    }
+
+    /// Appends to `out` the hashes of every full `block_size`-token block of `token_ids`, in
+    /// order, the first chained to `parent`. The message is built once; each block rewrites
+    /// only its parent and token ids.
+    pub fn hash_chain(
+        &self,
+        mut parent: Option<BlockHash>,
+        token_ids: &[TokenId],
+        block_size: usize,
+        extra_key: Option<&[u8]>,
+        out: &mut Vec<BlockHash>,
+    ) {
+        if block_size == 0 || token_ids.len() < block_size {
+            return;
         }
-        if let [last] = pairs.remainder() {
-            s.write_u64(u64::from(*last));
+        let len = HEADER_BYTES + extra_key.map_or(0, <[u8]>::len) + 4 * block_size;
+        let mut stack = [0u8; STACK_MESSAGE_BYTES];
+        let mut heap = Vec::new();
+        let msg = if len <= STACK_MESSAGE_BYTES {
+            &mut stack[..len]
+        } else {
+            heap.resize(len, 0);
+            &mut heap[..]
+        };
+        let tokens_at = write_extra(msg, extra_key);
+        out.reserve(token_ids.len() / block_size);
+        for chunk in token_ids.chunks_exact(block_size) {
+            write_block(msg, tokens_at, parent, chunk);
+            let h = xxh3_128_with_seed(msg, self.seed);
+            out.push(h);
+            parent = Some(h);
         }
-        s.finish128().as_u128()
     }
 
     /// The exact byte string [`BlockHasher::hash_block`] hashes (for cross-checking against
-    /// any standard SipHash-1-3-128 implementation).
+    /// any standard XXH3-128 implementation).
     pub fn message_bytes(
         parent: Option<BlockHash>,
         token_ids: &[TokenId],
@@ -116,20 +163,14 @@ impl BlockHasher {
     ) -> Vec<u8> {
         let mut m = Vec::new();
         m.extend_from_slice(&parent.unwrap_or(0).to_le_bytes());
-        m.extend_from_slice(&u64::from(parent.is_some()).to_le_bytes());
-        match extra_key {
-            None => m.extend_from_slice(&0u64.to_le_bytes()),
-            Some(extra) => {
-                m.extend_from_slice(&(extra.len() as u64 + 1).to_le_bytes());
-                m.extend_from_slice(extra);
-                m.resize(m.len().div_ceil(8) * 8, 0);
-            }
-        }
-        m.extend_from_slice(&(token_ids.len() as u64).to_le_bytes());
+        let word = (token_ids.len() as u64) << 1 | u64::from(parent.is_some());
+        m.extend_from_slice(&word.to_le_bytes());
+        let tag = extra_key.map_or(0, |e| e.len() as u64 + 1);
+        m.extend_from_slice(&tag.to_le_bytes());
+        m.extend_from_slice(extra_key.unwrap_or_default());
         for t in token_ids {
             m.extend_from_slice(&t.to_le_bytes());
         }
-        m.resize(m.len().div_ceil(8) * 8, 0);
         m
     }
 }
@@ -156,21 +197,50 @@ mod tests {
             h.hash_block(None, &[1, 2, 0], None),
             h.hash_block(None, &[1, 2], None)
         );
-    }
-
-    /// Golden values, computed independently (a plain Python SipHash-1-3-128 over
-    /// [`BlockHasher::message_bytes`]), so a change of the function or of its encoding, which
-    /// would change every stored hash and KV event, cannot go unnoticed.
-    #[test]
-    fn hashes_match_golden_values() {
-        let h = BlockHasher::new(0);
-        assert_eq!(h.keys(), (0, 0xE220_A839_7B1D_CDAF));
-        let h = BlockHasher::new(1234);
-        let first = h.hash_block(None, &[1, 2, 3, 4, 5], None);
-        assert_eq!(first, 0x376e_930b_83f3_5f5e_3ff6_5ec4_73c9_3ba5);
-        assert_eq!(
-            h.hash_block(Some(first), &[7; 16], Some(b"tenant-a")),
-            0x68af_5dad_225d_7778_66eb_8499_c25f_d093
+        // The extra key's bytes cannot pass for token ids: its length is in the tag.
+        assert_ne!(
+            h.hash_block(None, &[1], Some(&2u32.to_le_bytes())),
+            h.hash_block(None, &[2, 1], Some(b""))
         );
     }
+
+    /// The stack path, the heap path (a long extra key) and the chain agree with a one-shot
+    /// hash of [`BlockHasher::message_bytes`].
+    #[test]
+    fn every_path_hashes_the_documented_message() {
+        let h = BlockHasher::new(99);
+        let long = vec![5u8; 300];
+        for extra in [None, Some(&b"salt"[..]), Some(&long[..])] {
+            let tokens: Vec<TokenId> = (0..50).collect();
+            let mut chain = Vec::new();
+            h.hash_chain(None, &tokens, 16, extra, &mut chain);
+            assert_eq!(chain.len(), 3);
+            let mut parent = None;
+            for (i, block) in tokens.chunks_exact(16).enumerate() {
+                let msg = BlockHasher::message_bytes(parent, block, extra);
+                let expected = xxh3_128_with_seed(&msg, 99);
+                assert_eq!(h.hash_block(parent, block, extra), expected);
+                assert_eq!(chain[i], expected);
+                parent = Some(expected);
+            }
+        }
+    }
+
+    /// Golden values, computed independently (Python's `xxhash` package,
+    /// `xxh3_128_intdigest(message, seed=1234)` over the documented encoding), so a change of
+    /// the function or of its encoding, which would change every stored hash and KV event,
+    /// cannot go unnoticed.
+    #[test]
+    fn hashes_match_golden_values() {
+        let h = BlockHasher::new(1234);
+        let first = h.hash_block(None, &[1, 2, 3, 4, 5], None);
+        assert_eq!(first, GOLDEN_FIRST);
+        assert_eq!(
+            h.hash_block(Some(first), &[7; 16], Some(b"tenant-a")),
+            GOLDEN_SECOND
+        );
+    }
+
+    const GOLDEN_FIRST: u128 = 0x0aaf_8611_0edd_7e40_b0ed_41c6_448c_4294;
+    const GOLDEN_SECOND: u128 = 0xfb16_dde3_c31b_92b9_9ec2_d090_b784_4c34;
 }
