@@ -37,7 +37,7 @@ fn two_threads_alloc_release() {
         let got: Vec<u32> = handles.into_iter().map(|h| h.join().unwrap()).collect();
         assert_ne!(got[0], got[1], "one block handed out twice");
         for b in got {
-            assert!(pool.release(b).unwrap());
+            assert!(pool.release(pool.handle(b).unwrap()).unwrap());
         }
         assert_eq!(pool.num_free_blocks(), 2);
         pool.check_invariants_quiescent().unwrap();
@@ -55,8 +55,9 @@ fn aba_pop_against_pop_pop_push() {
         let p2 = pool.clone();
         let t2 = thread::spawn(move || {
             let bs = p2.allocate(2).unwrap();
-            p2.release(bs[0]).unwrap();
-            p2.release(bs[1]).unwrap();
+            let hs = [p2.handle(bs[0]).unwrap(), p2.handle(bs[1]).unwrap()];
+            p2.release(hs[0]).unwrap();
+            p2.release(hs[1]).unwrap();
         });
         t2.join().unwrap();
         let b = t1.join().unwrap();
@@ -78,7 +79,7 @@ fn all_or_nothing_under_contention() {
         let t1 = thread::spawn(move || match p1.allocate(2) {
             Ok(bs) => {
                 for b in &bs {
-                    p1.release(*b).unwrap();
+                    p1.release(p1.handle(*b).unwrap()).unwrap();
                 }
                 true
             }
@@ -88,7 +89,7 @@ fn all_or_nothing_under_contention() {
         let p2 = pool.clone();
         let t2 = thread::spawn(move || match p2.allocate(1) {
             Ok(bs) => {
-                p2.release(bs[0]).unwrap();
+                p2.release(p2.handle(bs[0]).unwrap()).unwrap();
                 true
             }
             Err(Error::OutOfBlocks { .. }) => false,
@@ -107,7 +108,7 @@ fn all_or_nothing_under_contention() {
 fn shared_block_refcount() {
     loom::model(|| {
         let pool = Arc::new(BlockPool::new(1, 1).unwrap());
-        let b = pool.allocate(1).unwrap()[0];
+        let b = pool.handle(pool.allocate(1).unwrap()[0]).unwrap();
         pool.retain(b).unwrap();
         let handles: Vec<_> = (0..2)
             .map(|_| {
@@ -117,7 +118,7 @@ fn shared_block_refcount() {
             .collect();
         let freed: Vec<bool> = handles.into_iter().map(|h| h.join().unwrap()).collect();
         assert_eq!(freed.iter().filter(|&&f| f).count(), 1);
-        assert_eq!(pool.release(b), Err(Error::DoubleFree(b)));
+        assert_eq!(pool.release(b), Err(Error::DoubleFree(b.id())));
         assert_eq!(pool.num_free_blocks(), 1);
         pool.check_invariants_quiescent().unwrap();
     });
@@ -131,8 +132,8 @@ fn concurrent_check_sees_no_false_violation() {
         let pool = Arc::new(BlockPool::new(2, 1).unwrap());
         let p = pool.clone();
         let worker = thread::spawn(move || {
-            let a = p.allocate(1).unwrap()[0];
-            let b = p.allocate(1).unwrap()[0];
+            let a = p.handle(p.allocate(1).unwrap()[0]).unwrap();
+            let b = p.handle(p.allocate(1).unwrap()[0]).unwrap();
             p.release(a).unwrap();
             p.release(b).unwrap();
         });
@@ -156,7 +157,7 @@ fn three_threads_with_concurrent_check() {
                 let pool = pool.clone();
                 thread::spawn(move || {
                     if let Ok(bs) = pool.allocate(1) {
-                        pool.release(bs[0]).unwrap();
+                        pool.release(pool.handle(bs[0]).unwrap()).unwrap();
                     }
                 })
             })
@@ -182,6 +183,7 @@ fn release_all_against_multi_block_allocate() {
     builder.check(|| {
         let pool = Arc::new(BlockPool::new(4, 1).unwrap());
         let held = pool.allocate(2).unwrap(); // [0, 1]; 2 and 3 stay free
+        let held: Vec<_> = held.iter().map(|&b| pool.handle(b).unwrap()).collect();
         let p1 = pool.clone();
         let t1 = thread::spawn(move || {
             assert_eq!(p1.release_all(held.iter().rev().copied()).unwrap(), 2);
@@ -252,7 +254,7 @@ fn payload_handed_from_all_sharers_to_next_owner() {
     builder.check(|| {
         let pool = Arc::new(BlockPool::new(1, 1).unwrap());
         let payload = Arc::new(UnsafeCell::new(7u64));
-        let b = pool.allocate(1).unwrap()[0];
+        let b = pool.handle(pool.allocate(1).unwrap()[0]).unwrap();
         pool.retain(b).unwrap();
         let sharers: Vec<_> = (0..2)
             .map(|_| {
