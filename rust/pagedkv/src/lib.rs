@@ -60,3 +60,9 @@ pub type TokenId = u32;
 #[cfg(doctest)]
 #[doc = include_str!("../../../README.md")]
 pub struct ReadmeDoctests;
+
+/// The Rust examples in docs/pool.md (handles, what an embedder may call), compiled and run as
+/// doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/pool.md")]
+pub struct PoolDocDoctests;
