@@ -771,6 +771,8 @@ impl BlockPool {
                     }
                     remaining -= want;
                     chunk = chunk.saturating_mul(2);
+                    // The contention that failed earlier CASes has passed: wait short again.
+                    backoff = Backoff::new();
                     // Our own CAS installed it; if it moved since, the next CAS says so.
                     head = new_head;
                 }
