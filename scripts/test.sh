@@ -34,8 +34,9 @@ mypy
 stage "cargo test"
 cargo test --workspace --release
 # The lock-free pool under loom's model checker (every interleaving of 2-3 racing threads); its own
-# target dir so the cfg change does not invalidate the build above.
-RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p pagedkv --release --test loom_pool
+# target dir so the cfg change does not invalidate the build above. Debug assertions on: the pool
+# asserts its internal contracts (a pop under a reservation finds the stack non-empty, ...).
+RUSTFLAGS="--cfg loom -C debug-assertions=on" CARGO_TARGET_DIR=target/loom cargo test -p pagedkv --release --test loom_pool
 
 stage "pytest"
 python -m pytest -q

@@ -119,7 +119,7 @@ pub fn to_pyerr(py: Python<'_>, error: Error) -> PyErr {
             message,
             &[("seq_id", seq_id_object(py, seq_id))],
         ),
-        Error::InvalidArgument(_) | Error::DoubleFree(_) => {
+        Error::InvalidArgument(_) | Error::DoubleFree(_) | Error::StaleHandle(_) => {
             raise(py, &INVALID_ARGUMENT, message, &[])
         }
         Error::InvariantViolation(_) => raise(py, &INVARIANT_VIOLATION, message, &[]),

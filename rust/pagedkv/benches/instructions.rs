@@ -34,14 +34,16 @@ fn manager(num_blocks: usize, block_size: usize) -> KvCacheManager {
     .unwrap()
 }
 
-/// One single-block allocate + release pair on the pool. Units: pairs.
+/// One single-block allocate + release pair on the pool, through the public API an embedder
+/// uses (allocate, take the block's handle, release the handle). Units: pairs.
 #[inline(never)]
 fn scenario_alloc_free_pair(pool: &BlockPool, iters: u64) -> u64 {
     let mut buf = Vec::with_capacity(4);
     for _ in 0..iters {
         buf.clear();
         pool.allocate_into(1, &mut buf).unwrap();
-        pool.release(black_box(buf[0])).unwrap();
+        let handle = pool.handle(black_box(buf[0])).unwrap();
+        pool.release(handle).unwrap();
     }
     iters
 }

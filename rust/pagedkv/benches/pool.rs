@@ -35,7 +35,8 @@ impl MutexFreeList {
 fn lockfree_pair(pool: &BlockPool, buf: &mut Vec<u32>) {
     buf.clear();
     pool.allocate_into(1, buf).unwrap();
-    pool.release(black_box(buf[0])).unwrap();
+    let handle = pool.handle(black_box(buf[0])).unwrap();
+    pool.release(handle).unwrap();
 }
 
 fn mutex_pair(list: &MutexFreeList) {

@@ -40,7 +40,8 @@ fn time_large_allocations(pool: &BlockPool, samples: usize) -> Vec<Duration> {
             let start = Instant::now();
             pool.allocate_into(LARGE_BLOCKS, &mut out).unwrap();
             let took = start.elapsed();
-            pool.release_all(out.iter().rev().copied()).unwrap();
+            let handles = out.iter().rev().map(|&b| pool.handle(b).unwrap());
+            pool.release_all(handles).unwrap();
             took
         })
         .collect()
@@ -58,7 +59,8 @@ fn time_against_churn(pool: &Arc<BlockPool>, samples: usize) -> (Vec<Duration>, 
             while !stop.load(Ordering::Relaxed) {
                 buf.clear();
                 pool.allocate_into(1, &mut buf).unwrap();
-                pool.release(black_box(buf[0])).unwrap();
+                let handle = pool.handle(black_box(buf[0])).unwrap();
+                pool.release(handle).unwrap();
                 pairs += 1;
             }
             pairs

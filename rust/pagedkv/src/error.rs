@@ -5,7 +5,7 @@
 
 use std::fmt;
 
-use crate::{BlockId, SeqId};
+use crate::{BlockHandle, BlockId, SeqId};
 
 /// The memory tier a block lives in: device (GPU) memory or the host (CPU) swap tier.
 ///
@@ -69,6 +69,9 @@ pub enum Error {
     SequenceSwappedOut(SeqId),
     /// A block was released more often than it was referenced (refcount underflow).
     DoubleFree(BlockId),
+    /// A [`BlockHandle`] outlived its tenancy: the block was freed (and maybe handed out again)
+    /// since the handle was taken, so the handle's holder no longer owns a reference to it.
+    StaleHandle(BlockHandle),
     /// An internal invariant (docs/design.md, Invariants) does not hold; a bug in pagedkv or in unsafe caller use.
     InvariantViolation(String),
     /// A result of `bytes` bytes could not be allocated (host memory, not blocks). Nothing
@@ -116,6 +119,10 @@ impl fmt::Display for Error {
             Error::DoubleFree(b) => {
                 write!(f, "block {b} released more often than referenced (double free)")
             }
+            Error::StaleHandle(h) => write!(
+                f,
+                "stale handle to {h}: the block was freed since the handle was taken"
+            ),
             Error::InvariantViolation(msg) => write!(f, "invariant violated: {msg}"),
             Error::OutOfMemory { bytes } => {
                 write!(f, "out of host memory: cannot allocate a result of {bytes} bytes")

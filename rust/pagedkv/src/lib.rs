@@ -43,7 +43,7 @@ pub mod wire;
 pub use error::{Error, Result, Tier};
 pub use manager::{CsrPageTable, KvCacheManager, ManagerConfig};
 pub use peers::PoolPeers;
-pub use pool::{BlockPool, MAX_NUM_BLOCKS, MAX_NUM_SLOTS};
+pub use pool::{BlockHandle, BlockPool, MAX_NUM_BLOCKS, MAX_NUM_SLOTS};
 pub use prefix::events::KvEvent;
 pub use prefix::hash::{BlockHash, BlockHasher};
 pub use stats::Stats;
@@ -60,3 +60,9 @@ pub type TokenId = u32;
 #[cfg(doctest)]
 #[doc = include_str!("../../../README.md")]
 pub struct ReadmeDoctests;
+
+/// The Rust examples in docs/pool.md (handles, what an embedder may call), compiled and run as
+/// doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/pool.md")]
+pub struct PoolDocDoctests;

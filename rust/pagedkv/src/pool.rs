@@ -38,16 +38,30 @@
 //!
 //! # Refcounts
 //!
-//! `refcount[b]` is the number of block-table references to block `b`. Allocation sets it to 1;
-//! [`BlockPool::retain`] increments it (only on an in-use block); [`BlockPool::release`]
-//! decrements it with a CAS loop that refuses to go below zero ([`Error::DoubleFree`]) and
-//! pushes the block back on the free list when it reaches zero.
+//! Each block has one `AtomicU64` word `{generation: u32, refcount: u32}`. The refcount is the
+//! number of references to the block (block-table entries, or an embedder's own). Allocation
+//! sets it to 1 and bumps the generation; retain increments it (only on an in-use block);
+//! release decrements it with a CAS loop that refuses to go below zero ([`Error::DoubleFree`])
+//! and pushes the block back on the free list when it reaches zero.
+//!
+//! The public [`BlockPool::retain`], [`BlockPool::release`] and [`BlockPool::release_all`] take
+//! a [`BlockHandle`] (id + generation) and refuse it with [`Error::StaleHandle`] once the block
+//! has been freed since the handle was taken, so a caller that lets go twice cannot drop a
+//! reference that now belongs to another manager (`pool/handle.rs` says why the generation
+//! shares the refcount's word). The managers own their blocks' references through their block
+//! tables and use the id-based crate-private calls (`retain_id`, `release_id`,
+//! `release_chain`), which skip the check. docs/pool.md lists what an embedder may call.
 //!
 //! A manager with prefix caching keeps some refcount-0 blocks out of the free list as
 //! *cached-evictable* (their KV content may be reused). Those transitions are crate-internal:
 //! `release_to_cache`, `claim_cached` and `free_cached`; the pool only counts such blocks.
 
 use std::fmt;
+
+mod handle;
+
+pub use handle::BlockHandle;
+use handle::{generation_of, next_tenancy, refcount_of, GENERATION_ONE};
 
 use crate::error::{invalid, Error, Result, Tier};
 use crate::sync::{spin_hint, AtomicU32, AtomicU64, AtomicUsize, Backoff, CachePadded, Ordering};
@@ -85,11 +99,12 @@ fn head_tag(word: u64) -> u32 {
 /// let pool = BlockPool::new(8, 16)?;
 /// let blocks = pool.allocate(3)?;            // all-or-nothing
 /// assert_eq!(pool.num_free_blocks(), 5);
-/// pool.retain(blocks[0])?;                   // a second table now points at it
+/// let handles = blocks.iter().map(|&b| pool.handle(b)).collect::<Result<Vec<_>, _>>()?;
+/// pool.retain(handles[0])?;                  // a second holder now points at it
 /// assert_eq!(pool.refcount(blocks[0])?, 2);
-/// assert!(!pool.release(blocks[0])?);        // still referenced once
-/// for b in blocks {
-///     assert!(pool.release(b)?);             // back on the free list
+/// assert!(!pool.release(handles[0])?);       // still referenced once
+/// for h in handles {
+///     assert!(pool.release(h)?);             // back on the free list
 /// }
 /// assert_eq!(pool.num_free_blocks(), 8);
 /// pool.check_invariants_quiescent()?;
@@ -100,9 +115,10 @@ pub struct BlockPool {
     block_size: usize,
     /// Number of blocks; block ids are `0..num_blocks` and fit in 24 bits (< [`MAX_NUM_BLOCKS`]).
     num_blocks: usize,
-    /// Per block: number of block-table references. 0 exactly when the block is free or
-    /// cached-evictable; never decremented below 0 (CAS loop).
-    refcounts: Box<[AtomicU32]>,
+    /// Per block: `{generation: u32, refcount: u32}` (pool/handle.rs). The refcount is the
+    /// number of references, 0 exactly when the block is free or cached-evictable, never
+    /// decremented below 0 (CAS loop); the generation goes up on every 0 -> 1.
+    refs: Box<[AtomicU64]>,
     /// Per block: the index of the block below it on the free stack (`NIL` at the bottom).
     /// Meaningful only while the block is on the stack.
     next: Box<[AtomicU32]>,
@@ -143,7 +159,7 @@ impl BlockPool {
     /// ```
     pub fn new(num_blocks: usize, block_size: usize) -> Result<BlockPool> {
         validate_geometry(num_blocks, block_size, "num_blocks")?;
-        let refcounts = (0..num_blocks).map(|_| AtomicU32::new(0)).collect();
+        let refs = (0..num_blocks).map(|_| AtomicU64::new(0)).collect();
         // Block 0 on top, so a fresh pool hands out 0, 1, 2, ... (readable tests and tables).
         let next = (0..num_blocks)
             .map(|b| {
@@ -157,7 +173,7 @@ impl BlockPool {
         Ok(BlockPool {
             block_size,
             num_blocks,
-            refcounts,
+            refs,
             next,
             head: CachePadded(AtomicU64::new(pack(0, 0))),
             free_count: CachePadded(AtomicUsize::new(num_blocks)),
@@ -309,53 +325,81 @@ impl BlockPool {
         Ok(take)
     }
 
-    /// Adds one reference to an in-use block and returns the new refcount. A free (refcount 0)
-    /// block cannot be retained: [`Error::InvalidArgument`]; so can't an unknown id.
+    /// A handle to the current tenancy of in-use block `block_id` (see [`BlockHandle`]). Take
+    /// it while you hold a reference to the block (right after allocating it): a handle to a
+    /// block you do not hold names its current holder's tenancy. A free or cached block has no
+    /// tenancy: [`Error::InvalidArgument`]; so has an unknown id.
     ///
     /// ```
     /// use pagedkv::BlockPool;
     /// let pool = BlockPool::new(2, 16)?;
-    /// assert!(pool.retain(0).is_err());      // free
-    /// let b = pool.allocate(1)?[0];
-    /// assert_eq!(pool.retain(b)?, 2);
+    /// assert!(pool.handle(0).is_err());       // free
+    /// let h = pool.handle(pool.allocate(1)?[0])?;
+    /// assert_eq!(h.id(), 0);
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
-    pub fn retain(&self, block_id: BlockId) -> Result<u32> {
-        let rc = self.refcount_cell(block_id)?;
-        let mut cur = rc.load(Ordering::Relaxed);
-        let mut backoff = Backoff::new();
-        loop {
-            if cur == 0 {
-                return invalid(format!("block {block_id} is not in use; cannot retain it"));
-            }
-            if cur == u32::MAX {
-                return invalid(format!("block {block_id} refcount would overflow"));
-            }
-            match rc.compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Relaxed) {
-                Ok(_) => return Ok(cur + 1),
-                Err(_) => {
-                    backoff.snooze();
-                    // Reload after the wait: the value the CAS saw is older than the spin.
-                    cur = rc.load(Ordering::Relaxed);
-                }
-            }
+    pub fn handle(&self, block_id: BlockId) -> Result<BlockHandle> {
+        let word = self.ref_cell(block_id)?.load(Ordering::Acquire);
+        if refcount_of(word) == 0 {
+            return invalid(format!(
+                "block {block_id} is not in use; there is no tenancy to take a handle to"
+            ));
         }
+        Ok(BlockHandle {
+            id: block_id,
+            generation: generation_of(word),
+        })
     }
 
-    /// Drops one reference. Returns `true` when the refcount reached 0 and the block went back
-    /// on the free list. Releasing a block whose refcount is already 0 is
-    /// [`Error::DoubleFree`] and changes nothing.
+    /// Adds one reference to the block `handle` names and returns the new refcount. A handle
+    /// whose block was freed since it was taken: [`Error::StaleHandle`], and nothing changes
+    /// (a stale handle never revives a freed block nor adds to a new tenant's count).
     ///
     /// ```
     /// use pagedkv::{BlockPool, Error};
     /// let pool = BlockPool::new(2, 16)?;
-    /// let b = pool.allocate(1)?[0];
-    /// assert!(pool.release(b)?);
-    /// assert_eq!(pool.release(b), Err(Error::DoubleFree(b)));
+    /// let h = pool.handle(pool.allocate(1)?[0])?;
+    /// assert_eq!(pool.retain(h)?, 2);
+    /// pool.release(h)?;
+    /// pool.release(h)?;                      // freed
+    /// assert_eq!(pool.retain(h), Err(Error::StaleHandle(h)));
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
-    pub fn release(&self, block_id: BlockId) -> Result<bool> {
-        if self.decrement(block_id)? {
+    pub fn retain(&self, handle: BlockHandle) -> Result<u32> {
+        self.increment(handle.id, Some(handle.generation))
+    }
+
+    /// Adds one reference to in-use block `block_id` without a generation check (the managers,
+    /// whose tables hold the references). A free block: [`Error::InvalidArgument`].
+    pub(crate) fn retain_id(&self, block_id: BlockId) -> Result<u32> {
+        self.increment(block_id, None)
+    }
+
+    /// Drops one reference to the block `handle` names. Returns `true` when the refcount
+    /// reached 0 and the block went back on the free list. The block was freed and handed out
+    /// again since the handle was taken: [`Error::StaleHandle`]; freed and not yet handed out:
+    /// [`Error::DoubleFree`]. Either way nothing changes.
+    ///
+    /// ```
+    /// use pagedkv::{BlockPool, Error};
+    /// let pool = BlockPool::new(2, 16)?;
+    /// let h = pool.handle(pool.allocate(1)?[0])?;
+    /// assert!(pool.release(h)?);
+    /// assert_eq!(pool.release(h), Err(Error::DoubleFree(h.id())));
+    /// # Ok::<(), pagedkv::Error>(())
+    /// ```
+    pub fn release(&self, handle: BlockHandle) -> Result<bool> {
+        self.release_checked(handle.id, Some(handle.generation))
+    }
+
+    /// Drops one reference to `block_id` without a generation check (the managers).
+    pub(crate) fn release_id(&self, block_id: BlockId) -> Result<bool> {
+        self.release_checked(block_id, None)
+    }
+
+    #[inline]
+    fn release_checked(&self, block_id: BlockId, generation: Option<u32>) -> Result<bool> {
+        if self.decrement(block_id, generation)? {
             self.push_free(block_id);
             Ok(true)
         } else {
@@ -363,33 +407,48 @@ impl BlockPool {
         }
     }
 
-    /// Drops one reference to each of `block_ids`, in order; the blocks reaching 0 go back on
-    /// the free list together (one update of the list and of the free count instead of one per
-    /// block), leaving it exactly as releasing them one by one would. Returns how many were
-    /// freed. Stops at the first error ([`Error::DoubleFree`], or an unknown id), after
+    /// Drops one reference to each block of `handles`, in order; the blocks reaching 0 go back
+    /// on the free list together (one update of the list and of the free count instead of one
+    /// per block), leaving it exactly as releasing them one by one would. Returns how many were
+    /// freed. Stops at the first error ([`Error::StaleHandle`], [`Error::DoubleFree`]), after
     /// releasing the blocks before it.
     ///
     /// ```
     /// use pagedkv::{BlockPool, Error};
     /// let pool = BlockPool::new(4, 16)?;
     /// let blocks = pool.allocate(3)?;
-    /// pool.retain(blocks[1])?;
-    /// assert_eq!(pool.release_all(blocks.iter().rev().copied())?, 2);   // blocks[1] still held
+    /// let h: Vec<_> = blocks.iter().map(|&b| pool.handle(b)).collect::<Result<_, _>>()?;
+    /// pool.retain(h[1])?;
+    /// assert_eq!(pool.release_all(h.iter().rev().copied())?, 2);   // h[1] still held
     /// assert_eq!(pool.num_free_blocks(), 3);
-    /// assert_eq!(pool.release_all([blocks[1], blocks[1]]), Err(Error::DoubleFree(blocks[1])));
+    /// assert_eq!(pool.release_all([h[1], h[1]]), Err(Error::DoubleFree(blocks[1])));
     /// assert_eq!(pool.num_free_blocks(), 4);
     /// pool.check_invariants_quiescent()?;
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
-    pub fn release_all(&self, block_ids: impl IntoIterator<Item = BlockId>) -> Result<usize> {
+    pub fn release_all(&self, handles: impl IntoIterator<Item = BlockHandle>) -> Result<usize> {
         let mut freed = 0;
-        self.release_chain(block_ids, &mut freed).map(|()| freed)
+        let items = handles.into_iter().map(|h| (h.id, Some(h.generation)));
+        self.release_chain_checked(items, &mut freed)
+            .map(|()| freed)
     }
 
-    /// [`BlockPool::release_all`] that counts the freed blocks in `freed` even when it fails.
+    /// [`BlockPool::release_all`] by id, without generation checks (the managers), that counts
+    /// the freed blocks in `freed` even when it fails.
     pub(crate) fn release_chain(
         &self,
         block_ids: impl IntoIterator<Item = BlockId>,
+        freed: &mut usize,
+    ) -> Result<()> {
+        self.release_chain_checked(block_ids.into_iter().map(|b| (b, None)), freed)
+    }
+
+    /// Drops one reference to each `(block, expected generation)`, pushing the freed blocks
+    /// with one update; stops at the first error.
+    #[inline]
+    fn release_chain_checked(
+        &self,
+        items: impl IntoIterator<Item = (BlockId, Option<u32>)>,
         freed: &mut usize,
     ) -> Result<()> {
         // The freed blocks, linked as they would lie on the stack: `top` last freed, `bottom`
@@ -397,8 +456,8 @@ impl BlockPool {
         let mut chain: Option<(BlockId, BlockId)> = None;
         let mut count = 0usize;
         let mut result = Ok(());
-        for b in block_ids {
-            match self.decrement(b) {
+        for (b, generation) in items {
+            match self.decrement(b, generation) {
                 Ok(true) => {
                     match &mut chain {
                         None => chain = Some((b, b)),
@@ -435,13 +494,15 @@ impl BlockPool {
     /// ```
     #[inline]
     pub fn refcount(&self, block_id: BlockId) -> Result<u32> {
-        Ok(self.refcount_cell(block_id)?.load(Ordering::Acquire))
+        Ok(refcount_of(
+            self.ref_cell(block_id)?.load(Ordering::Acquire),
+        ))
     }
 
     /// Drops one reference; at 0 the block is *kept out* of the free list as a cached-evictable
     /// block of the calling manager. Returns `true` when it reached 0.
     pub(crate) fn release_to_cache(&self, block_id: BlockId) -> Result<bool> {
-        if self.decrement(block_id)? {
+        if self.decrement(block_id, None)? {
             self.cached_count.fetch_add(1, Ordering::AcqRel);
             Ok(true)
         } else {
@@ -451,18 +512,25 @@ impl BlockPool {
 
     /// A cached-evictable block (refcount 0, held by the caller's cache) becomes in use
     /// (refcount 1): a prefix hit reviving it, or an eviction reusing it for new content.
+    /// A new tenancy: the generation goes up, so handles to the cached content's previous
+    /// holders are stale.
     pub(crate) fn claim_cached(&self, block_id: BlockId) {
-        let prev = self.refcounts[block_id as usize].swap(1, Ordering::AcqRel);
+        let prev = self.refs[block_id as usize].fetch_add(GENERATION_ONE + 1, Ordering::AcqRel);
         debug_assert_eq!(
-            prev, 0,
-            "claimed cached block {block_id} had refcount {prev}"
+            refcount_of(prev),
+            0,
+            "claimed cached block {block_id} had refcount {}",
+            refcount_of(prev)
         );
         self.cached_count.fetch_sub(1, Ordering::AcqRel);
     }
 
     /// A cached-evictable block goes back on the free list (cache reset or manager drop).
     pub(crate) fn free_cached(&self, block_id: BlockId) {
-        debug_assert_eq!(self.refcounts[block_id as usize].load(Ordering::Relaxed), 0);
+        debug_assert_eq!(
+            refcount_of(self.refs[block_id as usize].load(Ordering::Relaxed)),
+            0
+        );
         self.cached_count.fetch_sub(1, Ordering::AcqRel);
         self.push_free(block_id);
     }
@@ -517,9 +585,9 @@ impl BlockPool {
             )));
         }
         let zero = self
-            .refcounts
+            .refs
             .iter()
-            .filter(|r| r.load(Ordering::Acquire) == 0)
+            .filter(|r| refcount_of(r.load(Ordering::Acquire)) == 0)
             .count();
         let cached = self.cached_count.load(Ordering::Acquire);
         if zero != walk.stack_len + cached {
@@ -534,8 +602,8 @@ impl BlockPool {
     // ---- internals ----
 
     #[inline]
-    fn refcount_cell(&self, block_id: BlockId) -> Result<&AtomicU32> {
-        match self.refcounts.get(block_id as usize) {
+    fn ref_cell(&self, block_id: BlockId) -> Result<&AtomicU64> {
+        match self.refs.get(block_id as usize) {
             Some(rc) => Ok(rc),
             None => invalid(format!(
                 "block id {block_id} out of range for a pool of {} blocks",
@@ -544,18 +612,34 @@ impl BlockPool {
         }
     }
 
-    /// Refcount -1, never below 0. Returns whether it reached 0.
+    /// Refcount +1 on an in-use block whose generation is `generation` (any, if `None`).
+    /// Returns the new refcount. A generation mismatch is [`Error::StaleHandle`]; so is a free
+    /// block when a generation is given (the handle's tenancy ended), else it is
+    /// [`Error::InvalidArgument`].
     #[inline]
-    fn decrement(&self, block_id: BlockId) -> Result<bool> {
-        let rc = self.refcount_cell(block_id)?;
+    fn increment(&self, block_id: BlockId, generation: Option<u32>) -> Result<u32> {
+        let rc = self.ref_cell(block_id)?;
         let mut cur = rc.load(Ordering::Relaxed);
         let mut backoff = Backoff::new();
         loop {
-            if cur == 0 {
-                return Err(Error::DoubleFree(block_id));
+            check_generation(block_id, cur, generation)?;
+            match refcount_of(cur) {
+                0 => {
+                    return match generation {
+                        Some(generation) => Err(Error::StaleHandle(BlockHandle {
+                            id: block_id,
+                            generation,
+                        })),
+                        None => {
+                            invalid(format!("block {block_id} is not in use; cannot retain it"))
+                        }
+                    }
+                }
+                u32::MAX => return invalid(format!("block {block_id} refcount would overflow")),
+                _ => {}
             }
-            match rc.compare_exchange_weak(cur, cur - 1, Ordering::AcqRel, Ordering::Relaxed) {
-                Ok(_) => return Ok(cur == 1),
+            match rc.compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => return Ok(refcount_of(cur) + 1),
                 Err(_) => {
                     backoff.snooze();
                     // Reload after the wait: the value the CAS saw is older than the spin.
@@ -563,6 +647,45 @@ impl BlockPool {
                 }
             }
         }
+    }
+
+    /// Refcount -1, never below 0, on a block whose generation is `generation` (any, if
+    /// `None`). Returns whether it reached 0.
+    #[inline]
+    fn decrement(&self, block_id: BlockId, generation: Option<u32>) -> Result<bool> {
+        let rc = self.ref_cell(block_id)?;
+        let mut cur = rc.load(Ordering::Relaxed);
+        let mut backoff = Backoff::new();
+        loop {
+            check_generation(block_id, cur, generation)?;
+            if refcount_of(cur) == 0 {
+                return Err(Error::DoubleFree(block_id));
+            }
+            // AcqRel: every holder's accesses to the block happen-before the last release,
+            // and through the push and the next pop, before the next tenant's (as `Arc`'s drop).
+            match rc.compare_exchange_weak(cur, cur - 1, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => return Ok(refcount_of(cur) == 1),
+                Err(_) => {
+                    backoff.snooze();
+                    // Reload after the wait: the value the CAS saw is older than the spin.
+                    cur = rc.load(Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    /// Starts the tenancy of a block just popped off the free stack: refcount 0 -> 1 and the
+    /// next generation. The block is ours alone (off the stack, refcount 0: every other
+    /// caller only reads its word and refuses), so a load and a store suffice; the load sees
+    /// the last release's decrement because our pop acquired the push that followed it.
+    #[inline]
+    fn start_tenancy(&self, block_id: BlockId) {
+        let word = &self.refs[block_id as usize];
+        // Release: a concurrent checker that sees refcount 1 must also see the pop.
+        word.store(
+            next_tenancy(word.load(Ordering::Relaxed)),
+            Ordering::Release,
+        );
     }
 
     /// Reserves exactly `n` free blocks, or returns the free count seen when it could not.
@@ -644,12 +767,12 @@ impl BlockPool {
             ) {
                 Ok(_) => {
                     for &b in &out[start..] {
-                        // Release: a concurrent checker that sees refcount 1 must also see
-                        // the pop.
-                        self.refcounts[b as usize].store(1, Ordering::Release);
+                        self.start_tenancy(b);
                     }
                     remaining -= want;
                     chunk = chunk.saturating_mul(2);
+                    // The contention that failed earlier CASes has passed: wait short again.
+                    backoff = Backoff::new();
                     // Our own CAS installed it; if it moved since, the next CAS says so.
                     head = new_head;
                 }
@@ -690,8 +813,7 @@ impl BlockPool {
                 Ordering::Acquire,
             ) {
                 Ok(_) => {
-                    // Release: a concurrent checker that sees refcount 1 must also see the pop.
-                    self.refcounts[index as usize].store(1, Ordering::Release);
+                    self.start_tenancy(index);
                     return index;
                 }
                 Err(_) => {
@@ -760,7 +882,7 @@ impl BlockPool {
             }
             seen[i] = true;
             stack_len += 1;
-            let rc = self.refcounts[i].load(Ordering::Acquire);
+            let rc = refcount_of(self.refs[i].load(Ordering::Acquire));
             if rc != 0 {
                 problem = Some(format!(
                     "block {index} is on the free list with refcount {rc}"
@@ -797,6 +919,20 @@ impl BlockPool {
 struct Walk {
     stack_len: usize,
     free_count: usize,
+}
+
+/// A generation mismatch (the block was freed and handed out again since the handle with
+/// `expected` was taken): [`Error::StaleHandle`], with the block's id and the expected
+/// generation.
+#[inline]
+fn check_generation(block_id: BlockId, word: u64, expected: Option<u32>) -> Result<()> {
+    match expected {
+        Some(g) if g != generation_of(word) => Err(Error::StaleHandle(BlockHandle {
+            id: block_id,
+            generation: g,
+        })),
+        _ => Ok(()),
+    }
 }
 
 /// Validates a tier's geometry (shared by the device pool and the host tier).

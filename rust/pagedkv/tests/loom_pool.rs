@@ -1,17 +1,18 @@
 //! Exhaustive interleavings of the lock-free pool with 2-3 racing threads (loom).
 //!
-//! Run with: `RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p pagedkv
+//! Run with: `RUSTFLAGS="--cfg loom -C debug-assertions=on" CARGO_TARGET_DIR=target/loom cargo test -p pagedkv
 //! --release --test loom_pool`. Without `--cfg loom` this file compiles to nothing.
 //!
 //! # Mutations these tests catch
 //!
-//! Each row was checked by applying the mutation to `src/` by hand, seeing the named test
-//! fail, and reverting. A test that no mutation fails would be a test that cannot fail.
+//! docs/pool.md, "Mutations the tests catch", lists each mutation of `src/pool.rs` that was
+//! applied by hand (no ABA tag, `Relaxed` head loads, free counter bumped before the push,
+//! `Relaxed` refcount decrement, no generation bump, a manager handing blocks back) and the
+//! tests here that fail on it. A test that no mutation fails would be a test that cannot fail.
 //!
-//! | Mutation | Caught by |
-//! |---|---|
-//! | Prefix manager reserves with `allocate_between(0, n)` and hands blocks back when short (the old `allocate_up_to` path) | `no_spurious_refusal_between_managers` ("a refusal no serial order explains") |
-//! | Refcount decrement `Relaxed` instead of `AcqRel` (the `Arc` drop-fence case) | `payload_handed_from_all_sharers_to_next_owner` (loom: causality violation on the payload cell) |
+//! Racing work goes on spawned threads: `concurrent_check_sees_no_false_violation`, with its
+//! checker on the model's main thread, completed in a single iteration (`LOOM_LOG=info` prints
+//! the count) and explored nothing.
 #![cfg(loom)]
 
 use loom::sync::Arc;
@@ -37,7 +38,7 @@ fn two_threads_alloc_release() {
         let got: Vec<u32> = handles.into_iter().map(|h| h.join().unwrap()).collect();
         assert_ne!(got[0], got[1], "one block handed out twice");
         for b in got {
-            assert!(pool.release(b).unwrap());
+            assert!(pool.release(pool.handle(b).unwrap()).unwrap());
         }
         assert_eq!(pool.num_free_blocks(), 2);
         pool.check_invariants_quiescent().unwrap();
@@ -55,8 +56,9 @@ fn aba_pop_against_pop_pop_push() {
         let p2 = pool.clone();
         let t2 = thread::spawn(move || {
             let bs = p2.allocate(2).unwrap();
-            p2.release(bs[0]).unwrap();
-            p2.release(bs[1]).unwrap();
+            let hs = [p2.handle(bs[0]).unwrap(), p2.handle(bs[1]).unwrap()];
+            p2.release(hs[0]).unwrap();
+            p2.release(hs[1]).unwrap();
         });
         t2.join().unwrap();
         let b = t1.join().unwrap();
@@ -78,7 +80,7 @@ fn all_or_nothing_under_contention() {
         let t1 = thread::spawn(move || match p1.allocate(2) {
             Ok(bs) => {
                 for b in &bs {
-                    p1.release(*b).unwrap();
+                    p1.release(p1.handle(*b).unwrap()).unwrap();
                 }
                 true
             }
@@ -88,7 +90,7 @@ fn all_or_nothing_under_contention() {
         let p2 = pool.clone();
         let t2 = thread::spawn(move || match p2.allocate(1) {
             Ok(bs) => {
-                p2.release(bs[0]).unwrap();
+                p2.release(p2.handle(bs[0]).unwrap()).unwrap();
                 true
             }
             Err(Error::OutOfBlocks { .. }) => false,
@@ -107,7 +109,7 @@ fn all_or_nothing_under_contention() {
 fn shared_block_refcount() {
     loom::model(|| {
         let pool = Arc::new(BlockPool::new(1, 1).unwrap());
-        let b = pool.allocate(1).unwrap()[0];
+        let b = pool.handle(pool.allocate(1).unwrap()[0]).unwrap();
         pool.retain(b).unwrap();
         let handles: Vec<_> = (0..2)
             .map(|_| {
@@ -117,27 +119,33 @@ fn shared_block_refcount() {
             .collect();
         let freed: Vec<bool> = handles.into_iter().map(|h| h.join().unwrap()).collect();
         assert_eq!(freed.iter().filter(|&&f| f).count(), 1);
-        assert_eq!(pool.release(b), Err(Error::DoubleFree(b)));
+        assert_eq!(pool.release(b), Err(Error::DoubleFree(b.id())));
         assert_eq!(pool.num_free_blocks(), 1);
         pool.check_invariants_quiescent().unwrap();
     });
 }
 
 /// A checker walking the free list while another thread pops and pushes blocks never reports
-/// a torn snapshot as a violation (this caught two missing Release orderings).
+/// a torn snapshot as a violation (this caught two missing Release orderings). The checker runs
+/// on a spawned thread: with the check on the model's main thread, loom completed the model in
+/// a single iteration (no interleaving explored). Bounded preemptions keep it short.
 #[test]
 fn concurrent_check_sees_no_false_violation() {
-    loom::model(|| {
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = Some(2);
+    builder.check(|| {
         let pool = Arc::new(BlockPool::new(2, 1).unwrap());
         let p = pool.clone();
         let worker = thread::spawn(move || {
-            let a = p.allocate(1).unwrap()[0];
-            let b = p.allocate(1).unwrap()[0];
+            let a = p.handle(p.allocate(1).unwrap()[0]).unwrap();
+            let b = p.handle(p.allocate(1).unwrap()[0]).unwrap();
             p.release(a).unwrap();
             p.release(b).unwrap();
         });
-        pool.check_invariants().unwrap();
+        let p = pool.clone();
+        let checker = thread::spawn(move || p.check_invariants().unwrap());
         worker.join().unwrap();
+        checker.join().unwrap();
         assert_eq!(pool.num_free_blocks(), 2);
         pool.check_invariants_quiescent().unwrap();
     });
@@ -156,7 +164,7 @@ fn three_threads_with_concurrent_check() {
                 let pool = pool.clone();
                 thread::spawn(move || {
                     if let Ok(bs) = pool.allocate(1) {
-                        pool.release(bs[0]).unwrap();
+                        pool.release(pool.handle(bs[0]).unwrap()).unwrap();
                     }
                 })
             })
@@ -182,6 +190,7 @@ fn release_all_against_multi_block_allocate() {
     builder.check(|| {
         let pool = Arc::new(BlockPool::new(4, 1).unwrap());
         let held = pool.allocate(2).unwrap(); // [0, 1]; 2 and 3 stay free
+        let held: Vec<_> = held.iter().map(|&b| pool.handle(b).unwrap()).collect();
         let p1 = pool.clone();
         let t1 = thread::spawn(move || {
             assert_eq!(p1.release_all(held.iter().rev().copied()).unwrap(), 2);
@@ -252,7 +261,7 @@ fn payload_handed_from_all_sharers_to_next_owner() {
     builder.check(|| {
         let pool = Arc::new(BlockPool::new(1, 1).unwrap());
         let payload = Arc::new(UnsafeCell::new(7u64));
-        let b = pool.allocate(1).unwrap()[0];
+        let b = pool.handle(pool.allocate(1).unwrap()[0]).unwrap();
         pool.retain(b).unwrap();
         let sharers: Vec<_> = (0..2)
             .map(|_| {
@@ -282,5 +291,221 @@ fn payload_handed_from_all_sharers_to_next_owner() {
             s.join().unwrap();
         }
         next_owner.join().unwrap();
+    });
+}
+
+/// A holder's `retain` races another holder's last `release` of the same tenancy while a third
+/// thread allocates. The retain either lands first (then the block is never freed, so the
+/// allocation on this one-block pool must fail) or is refused as stale; it never revives the
+/// freed block nor adds a reference to the next tenant's.
+#[test]
+fn stale_retain_racing_the_last_release_is_refused() {
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = Some(2);
+    builder.check(|| {
+        let pool = Arc::new(BlockPool::new(1, 1).unwrap());
+        let h = pool.handle(pool.allocate(1).unwrap()[0]).unwrap();
+        let p1 = pool.clone();
+        let last = thread::spawn(move || p1.release(h).unwrap());
+        let p2 = pool.clone();
+        let retainer = thread::spawn(move || match p2.retain(h) {
+            Ok(n) => {
+                assert_eq!(n, 2);
+                true
+            }
+            Err(Error::StaleHandle(s)) => {
+                assert_eq!(s, h);
+                false
+            }
+            Err(e) => panic!("{e}"),
+        });
+        let p3 = pool.clone();
+        let next = thread::spawn(move || p3.allocate(1).ok().map(|b| p3.handle(b[0]).unwrap()));
+        let freed = last.join().unwrap();
+        let retained = retainer.join().unwrap();
+        let next = next.join().unwrap();
+        assert_eq!(
+            freed, !retained,
+            "the last release frees unless the retain came first"
+        );
+        if retained {
+            assert!(
+                next.is_none(),
+                "a retained block was handed to another holder"
+            );
+            assert!(pool.release(h).unwrap());
+        }
+        if let Some(n) = next {
+            assert_ne!(
+                n.generation(),
+                h.generation(),
+                "a new tenancy, a new generation"
+            );
+            assert_eq!(
+                pool.refcount(n.id()).unwrap(),
+                1,
+                "the new tenant's count moved"
+            );
+            assert_eq!(pool.retain(h), Err(Error::StaleHandle(h)));
+            assert!(pool.release(n).unwrap());
+        }
+        assert_eq!(pool.num_free_blocks(), 1);
+        pool.check_invariants_quiescent().unwrap();
+    });
+}
+
+/// A holder releases its handle twice (a caller bug) while the block's other holder releases
+/// and a third thread allocates it: of the three releases of one two-reference tenancy,
+/// exactly two succeed; the extra one is refused (`DoubleFree` before the block is handed out
+/// again, `StaleHandle` after) and never drops the next tenant's reference.
+#[test]
+fn handle_generation_race_refuses_the_extra_release() {
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = Some(2);
+    builder.check(|| {
+        let pool = Arc::new(BlockPool::new(1, 1).unwrap());
+        let h = pool.handle(pool.allocate(1).unwrap()[0]).unwrap();
+        pool.retain(h).unwrap();
+        let p1 = pool.clone();
+        let buggy = thread::spawn(move || [p1.release(h), p1.release(h)]);
+        let p2 = pool.clone();
+        let other = thread::spawn(move || p2.release(h));
+        let p3 = pool.clone();
+        let next = thread::spawn(move || p3.allocate(1).ok().map(|b| p3.handle(b[0]).unwrap()));
+        let mut results = buggy.join().unwrap().to_vec();
+        results.push(other.join().unwrap());
+        let next = next.join().unwrap();
+        assert_eq!(
+            results.iter().filter(|r| r.is_ok()).count(),
+            2,
+            "{results:?}"
+        );
+        for r in results.iter().filter(|r| r.is_err()) {
+            match r {
+                Err(Error::DoubleFree(b)) => assert_eq!(*b, h.id()),
+                Err(Error::StaleHandle(s)) => {
+                    assert_eq!(*s, h);
+                    assert!(
+                        next.is_some(),
+                        "stale only once the block was handed out again"
+                    );
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        if let Some(n) = next {
+            assert_eq!(
+                pool.refcount(n.id()).unwrap(),
+                1,
+                "the new tenant's count moved"
+            );
+            assert!(pool.release(n).unwrap());
+        }
+        assert_eq!(pool.num_free_blocks(), 1);
+        pool.check_invariants_quiescent().unwrap();
+    });
+}
+
+/// The chunked multi-block pop against the ABA pattern: while one thread takes two blocks (one
+/// walk of two links, or single pops after a failed CAS), another pops two and pushes them back
+/// in the other order, which leaves the same head index with a different link below it. The
+/// tag must fail the stale walk's CAS; no block is handed out twice.
+#[test]
+fn chunked_multi_pop_against_pop_pop_push() {
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = Some(3);
+    builder.check(|| {
+        let pool = Arc::new(BlockPool::new(4, 1).unwrap());
+        let p1 = pool.clone();
+        let taker = thread::spawn(move || p1.allocate(2).unwrap());
+        let p2 = pool.clone();
+        let churn = thread::spawn(move || {
+            let bs = p2.allocate(2).unwrap();
+            let hs = [p2.handle(bs[0]).unwrap(), p2.handle(bs[1]).unwrap()];
+            p2.release(hs[0]).unwrap();
+            p2.release(hs[1]).unwrap();
+        });
+        churn.join().unwrap();
+        let got = taker.join().unwrap();
+        assert_ne!(got[0], got[1], "one block handed out twice");
+        assert_eq!(pool.num_free_blocks(), 2);
+        pool.check_invariants_quiescent().unwrap();
+        let rest = pool.allocate(2).unwrap();
+        assert!(
+            rest.iter().all(|b| !got.contains(b)),
+            "a block both held and free"
+        );
+    });
+}
+
+/// Two chained releases (each one CAS pushing two linked blocks) race a three-block
+/// allocation: every block ends held or free exactly once, whatever the interleaving of the
+/// pushes with the multi-pop's walk.
+#[test]
+fn two_chain_pushes_against_a_multi_pop() {
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = Some(2);
+    builder.check(|| {
+        let pool = Arc::new(BlockPool::new(5, 1).unwrap());
+        let ids = pool.allocate(4).unwrap(); // block 4 stays free
+        let hs: Vec<_> = ids.iter().map(|&b| pool.handle(b).unwrap()).collect();
+        let (a, b) = (hs[..2].to_vec(), hs[2..].to_vec());
+        let p1 = pool.clone();
+        let t1 = thread::spawn(move || assert_eq!(p1.release_all(a).unwrap(), 2));
+        let p2 = pool.clone();
+        let t2 = thread::spawn(move || assert_eq!(p2.release_all(b).unwrap(), 2));
+        let p3 = pool.clone();
+        let t3 = thread::spawn(move || p3.allocate(3).ok());
+        t1.join().unwrap();
+        t2.join().unwrap();
+        let got = t3.join().unwrap();
+        let held = got.as_ref().map_or(0, Vec::len);
+        assert_eq!(pool.num_free_blocks(), 5 - held);
+        pool.check_invariants_quiescent().unwrap();
+        let rest = pool.allocate(5 - held).unwrap();
+        if let Some(got) = got {
+            let mut all: Vec<u32> = got.iter().chain(&rest).copied().collect();
+            all.sort_unstable();
+            all.dedup();
+            assert_eq!(all.len(), 5, "a block both held and free");
+        }
+    });
+}
+
+/// The prefix-caching manager's allocation when part of what it needs comes from evicting its
+/// own cache: it reserves `(needed - evictable, needed)` from the pool in one step and evicts
+/// for the rest, racing a single-block allocation on a pool of 2 (one block free, one cached).
+/// Exactly one of them succeeds, whatever the order, and the manager's invariants hold after.
+#[test]
+fn prefix_manager_allocation_with_eviction_against_a_single_allocation() {
+    use pagedkv::{KvCacheManager, ManagerConfig};
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = Some(2);
+    builder.check(|| {
+        let pool = std::sync::Arc::new(BlockPool::new(2, 1).unwrap());
+        let config = ManagerConfig {
+            enable_prefix_caching: true,
+            ..Default::default()
+        };
+        let mut kv = KvCacheManager::with_pool(pool.clone(), config).unwrap();
+        kv.add_sequence(1, &[1], None).unwrap();
+        kv.free(1).unwrap(); // its block is now cached-evictable
+        assert_eq!((pool.num_free_blocks(), pool.num_cached_blocks()), (1, 1));
+        let manager = thread::spawn(move || {
+            let ok = kv.add_sequence(2, &[5, 6], None).is_ok();
+            (kv, ok)
+        });
+        let p = pool.clone();
+        let single = thread::spawn(move || p.allocate(1).ok().map(|b| p.handle(b[0]).unwrap()));
+        let (mut kv, manager_ok) = manager.join().unwrap();
+        let single = single.join().unwrap();
+        assert_ne!(manager_ok, single.is_some(), "exactly one fits a pool of 2");
+        kv.check_invariants().unwrap();
+        if let Some(h) = single {
+            assert!(pool.release(h).unwrap());
+        }
+        drop(kv);
+        assert_eq!(pool.num_free_blocks(), 2);
+        pool.check_invariants_quiescent().unwrap();
     });
 }

@@ -198,9 +198,15 @@ fn apply(kv: &mut KvCacheManager, op: &Op, side_pool: &BlockPool) -> bool {
             // handed straight back so the managers' accounting stays theirs.
             if let Ok(blocks) = kv.pool().allocate(*n) {
                 for b in blocks {
+                    let h = kv
+                        .pool()
+                        .handle(b)
+                        .expect("a handle to a block just allocated");
                     kv.pool()
-                        .release(b)
+                        .release(h)
                         .expect("releasing a block just allocated");
+                    // The handle is spent: a second release is refused, whoever got the block.
+                    assert!(kv.pool().release(h).is_err());
                 }
             }
             let mut out = vec![7];
@@ -210,11 +216,11 @@ fn apply(kv: &mut KvCacheManager, op: &Op, side_pool: &BlockPool) -> bool {
             false
         }
         Op::PoolRetain(b) => {
-            let _ = side_pool.retain(*b);
+            let _ = side_pool.handle(*b).and_then(|h| side_pool.retain(h));
             false
         }
         Op::PoolRelease(b) => {
-            let _ = side_pool.release(*b);
+            let _ = side_pool.handle(*b).and_then(|h| side_pool.release(h));
             false
         }
         Op::PoolRefcount(b) => {

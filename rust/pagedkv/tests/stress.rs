@@ -161,7 +161,7 @@ fn eight_threads_raw_pool_a_million_ops() {
                     } else {
                         let b = held.swap_remove(rng.below(held.len() as u64) as usize);
                         unclaim(&owned, b);
-                        assert!(pool.release(b).unwrap());
+                        assert!(pool.release(pool.handle(b).unwrap()).unwrap());
                     }
                     if step % 8192 == 0 {
                         pool.check_invariants().unwrap();
@@ -169,7 +169,7 @@ fn eight_threads_raw_pool_a_million_ops() {
                 }
                 for b in held {
                     unclaim(&owned, b);
-                    pool.release(b).unwrap();
+                    pool.release(pool.handle(b).unwrap()).unwrap();
                 }
             })
         })

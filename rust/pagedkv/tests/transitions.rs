@@ -286,8 +286,18 @@ fn zero_token_sequences_and_appends() {
 fn raw_pool_errors() {
     let mut kv = manager(2, 4);
     let pool = kv.pool().clone();
-    assert_eq!(pool.release(0), Err(Error::DoubleFree(0)));
-    assert!(matches!(pool.retain(0), Err(Error::InvalidArgument(_))));
+    // No handle to a free block, and a handle outlives its tenancy: refused, nothing changes.
+    assert!(matches!(pool.handle(0), Err(Error::InvalidArgument(_))));
+    assert!(matches!(pool.handle(2), Err(Error::InvalidArgument(_))));
+    let h = pool.handle(pool.allocate(1).unwrap()[0]).unwrap();
+    assert!(pool.release(h).unwrap());
+    assert_eq!(pool.release(h), Err(Error::DoubleFree(h.id())));
+    assert_eq!(pool.retain(h), Err(Error::StaleHandle(h)));
+    kv.add_sequence_len(1, 4).unwrap(); // the manager's block reuses the id, next tenancy
+    assert_eq!(kv.block_table(1).unwrap(), &[h.id()]);
+    assert_eq!(pool.release(h), Err(Error::StaleHandle(h)));
+    assert_eq!(pool.retain(h), Err(Error::StaleHandle(h)));
+    assert_eq!(pool.refcount(h.id()), Ok(1));
     kv.check_invariants().unwrap();
 }
 

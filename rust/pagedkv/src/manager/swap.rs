@@ -120,7 +120,7 @@ impl KvCacheManager {
         // Commit (infallible from here).
         for (&d, &r) in device_ids.iter().zip(&refs) {
             for _ in 1..r {
-                let _ = self.pool.retain(d);
+                let _ = self.pool.retain_id(d);
             }
         }
         let to_device: FxHashMap<BlockId, BlockId> = host_blocks

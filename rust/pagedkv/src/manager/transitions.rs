@@ -109,7 +109,7 @@ impl KvCacheManager {
 
     /// `share`: one more table references in-use block `b` (refcount +1).
     pub(super) fn share(&mut self, b: BlockId) -> Result<()> {
-        self.pool.retain(b).map(|_| ())
+        self.pool.retain_id(b).map(|_| ())
     }
 
     /// `copy_on_write`: a table's shared, partly filled last block `src` was replaced by the
@@ -128,7 +128,7 @@ impl KvCacheManager {
         let prefix = self.prefix.as_mut().filter(|p| p.is_indexed(b));
         let result = match &prefix {
             Some(_) => self.pool.release_to_cache(b),
-            None => self.pool.release(b),
+            None => self.pool.release_id(b),
         };
         match result {
             Ok(true) => {
