@@ -14,6 +14,7 @@ patterns.
 Bad arguments raise ``pagedkv.InvalidArgumentError`` before anything runs.
 """
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -63,6 +64,7 @@ def paged_attention(
     scale: float | None = None,
     backend: str = "numpy",
     num_splits: int | None = None,
+    use_tensor_cores: bool | None = None,
 ) -> Any:
     """Decode attention: each sequence's query token over its paged history.
 
@@ -76,6 +78,12 @@ def paged_attention(
     Returns [num_seqs, num_q_heads, head_dim] in q's dtype.
     num_splits (kernel backends): split each sequence's tokens over this many blocks and merge
     (default: chosen from the device's size and the longest sequence).
+    use_tensor_cores (kernel backends): None (default) runs the tensor-core kernel for fp16/bf16
+    caches with 3..8 query heads per KV head and the CUDA-core kernel otherwise; True requires the
+    tensor-core kernel (InvalidArgumentError where it cannot run: fp32, other group sizes, head
+    sizes outside 64/128/256); False always runs the CUDA-core kernel (e.g. to A/B the two).
+    Checked (True, False or None; NumPy bools accepted) on every backend; the NumPy reference
+    ignores it.
     """
     q, k_cache, v_cache, block_tables, seq_lens = (
         val.plain_array(n, x)
@@ -88,9 +96,12 @@ def paged_attention(
         )
     )
     splits = val.check_num_splits(num_splits)  # checked on every backend, used by the kernels
+    tensor_cores = val.check_use_tensor_cores(use_tensor_cores)  # likewise
     if val.check_backend(backend) == "numpy":
         return reference.paged_attention(q, k_cache, v_cache, block_tables, seq_lens, scale)
     shape = val.check_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, backend)
+    val.check_tensor_core_choice(tensor_cores, shape.kind, shape.head_dim, shape.group)
+    shape = dataclasses.replace(shape, use_tensor_cores=tensor_cores)
     return kernel_launch.paged_attention(
         get_runner(backend),
         q,

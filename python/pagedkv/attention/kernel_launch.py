@@ -77,9 +77,12 @@ def choose_splits(
 
 
 def decode_instance(shape: val.AttentionShape) -> Instance:
-    """The decode kernel instance that runs this call: tensor cores for fp16/bf16 groups of
-    3..8 query heads per KV head (instances.uses_tensor_cores), CUDA cores otherwise."""
-    return instances.decode_for(shape.kind, shape.head_dim, shape.block_size, shape.group)
+    """The decode kernel instance that runs this call: by default tensor cores for fp16/bf16
+    groups of 3..8 query heads per KV head (instances.uses_tensor_cores), CUDA cores otherwise;
+    shape.use_tensor_cores (checked by validation.check_tensor_core_choice) overrides the rule."""
+    return instances.decode_for(
+        shape.kind, shape.head_dim, shape.block_size, shape.group, shape.use_tensor_cores
+    )
 
 
 def paged_attention(
@@ -154,10 +157,11 @@ def launch_decode(
     num_seqs * num_q_heads * splits * (head_dim, 1, 1) floats when splits > 1.
     """
     split_out, split_max, split_sum = split_buffers
+    instance = decode_instance(shape)
     runner.launch(
-        decode_instance(shape),
+        instance,
         (shape.num_kv_heads, shape.num_seqs, splits),
-        (instances.DECODE_THREADS, 1, 1),
+        (instances.threads_per_cta(instance), 1, 1),
         [
             out,
             split_out,

@@ -38,6 +38,7 @@ class AttentionShape:
     kind: str  # float16 | bfloat16 | float32 | float64
     scale: float
     max_seq_len: int = 0  # longest sequence of the call, known on the host (0: none or unknown)
+    use_tensor_cores: bool | None = None  # decode kernel: None = the launcher's rule (see instances)
 
 
 def plain_array(name: str, x: Any) -> Any:
@@ -76,6 +77,34 @@ def check_num_splits(num_splits: Any) -> int | None:
     if value < 1:
         raise InvalidArgumentError(f"num_splits must be a positive integer, got {value}")
     return value
+
+
+def check_use_tensor_cores(use_tensor_cores: Any) -> bool | None:
+    """``use_tensor_cores`` as True, False or None. Python and NumPy bools are accepted (both say
+    one thing); ints such as 0/1, strings and arrays are refused: ``"false"`` or ``np.array([1])``
+    would otherwise read as a choice nobody made."""
+    if use_tensor_cores is None:
+        return None
+    if isinstance(use_tensor_cores, (bool, np.bool_)):
+        return bool(use_tensor_cores)
+    raise InvalidArgumentError(
+        f"use_tensor_cores must be True, False or None, got {type(use_tensor_cores).__name__} "
+        f"{use_tensor_cores!r}"
+    )
+
+
+def check_tensor_core_choice(use_tensor_cores: bool | None, kind: str, head_dim: int, group: int) -> None:
+    """use_tensor_cores=True where the tensor-core decode kernel cannot run is refused: it serves
+    fp16/bf16 caches, 3..8 query heads per KV head and head sizes instances.DECODE_MMA_HEAD_DIMS."""
+    if use_tensor_cores is not True:
+        return
+    if not 1 <= group <= instances.MAX_GROUP or not instances.uses_tensor_cores(kind, head_dim, group):
+        raise InvalidArgumentError(
+            f"use_tensor_cores=True: no tensor-core decode kernel for {kind} caches, head_dim "
+            f"{head_dim}, {group} query heads per KV head (it runs {'/'.join(instances.DECODE_MMA_KINDS)} "
+            f"caches, 3..{instances.MAX_GROUP} query heads per KV head, head_dim in "
+            f"{instances.DECODE_MMA_HEAD_DIMS}); pass None or False"
+        )
 
 
 def check_cache_shapes(k_cache: Any, v_cache: Any) -> None:

@@ -80,7 +80,9 @@ class DecodeWorkspace:
     num_blocks, block_size, num_kv_heads, head_dim, dtype: the caches ``run`` will read
     ([num_blocks, block_size, num_kv_heads, head_dim] of dtype); num_q_heads: query heads;
     max_num_seqs, max_blocks_per_seq: the largest batch and table width ``plan`` accepts;
-    split_bytes: room for split partial results (more splits than fit are not planned).
+    split_bytes: room for split partial results (more splits than fit are not planned);
+    use_tensor_cores: the decode kernel, as paged_attention's argument (None: the launcher's rule;
+    True: the tensor-core kernel, refused where it cannot run; False: the CUDA-core kernel).
     """
 
     def __init__(
@@ -96,7 +98,9 @@ class DecodeWorkspace:
         max_blocks_per_seq: int,
         backend: str = "cuda",
         split_bytes: int = DEFAULT_SPLIT_BYTES,
+        use_tensor_cores: bool | None = None,
     ) -> None:
+        self.use_tensor_cores = val.check_use_tensor_cores(use_tensor_cores)
         if val.check_backend(backend) == "numpy":
             raise InvalidArgumentError("DecodeWorkspace runs kernels: backend must be 'cuda' or 'emulated'")
         self.num_blocks = _positive_int("num_blocks", num_blocks)
@@ -118,6 +122,9 @@ class DecodeWorkspace:
             raise InvalidArgumentError(f"dtype {np.dtype(dtype)} is not supported by the kernels")
         self.dtype = np.dtype(dtype)
         val.check_kernel_sizes(self.head_dim, self.block_size, self.num_q_heads // self.num_kv_heads)
+        val.check_tensor_core_choice(
+            self.use_tensor_cores, self.kind, self.head_dim, self.num_q_heads // self.num_kv_heads
+        )
         table_entries = self.max_num_seqs * self.max_blocks_per_seq
         if table_entries > 1 << 31:
             raise InvalidArgumentError("max_num_seqs x max_blocks_per_seq exceeds 2^31 table entries")
@@ -226,6 +233,7 @@ class DecodeWorkspace:
             self.num_q_heads // self.num_kv_heads,
             self.kind,
             scale,
+            use_tensor_cores=self.use_tensor_cores,
         )
 
     def run(self, q: Any, k_cache: Any, v_cache: Any, *, out: Any = None, scale: float | None = None) -> Any:
@@ -268,7 +276,7 @@ class DecodeWorkspace:
             v_cache,
             tables,
             lens,
-            replace(shape, max_seq_len=plan.max_seq_len),
+            replace(shape, max_seq_len=plan.max_seq_len, use_tensor_cores=self.use_tensor_cores),
             self.max_blocks_per_seq,
             plan.num_splits,
             plan.tokens_per_split,

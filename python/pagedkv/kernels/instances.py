@@ -94,9 +94,20 @@ def uses_tensor_cores(kind: str, head_dim: int, group_size: int) -> bool:
     )
 
 
-def decode_for(kind: str, head_dim: int, block_size: int, group_size: int) -> Instance:
-    """The decode instance the launcher runs for this call."""
-    if uses_tensor_cores(kind, head_dim, group_size):
+def decode_for(
+    kind: str, head_dim: int, block_size: int, group_size: int, use_tensor_cores: bool | None = None
+) -> Instance:
+    """The decode instance the launcher runs for this call.
+
+    use_tensor_cores: None follows the rule above (``uses_tensor_cores``); True asks for the
+    tensor-core kernel (ValueError where it cannot run: fp32, a group outside 3..8, an unsupported
+    head size; callers check first and raise a typed error); False always runs the CUDA-core kernel,
+    e.g. to measure one path against the other in the same process.
+    """
+    tensor_cores = uses_tensor_cores(kind, head_dim, group_size)
+    if use_tensor_cores is True and not tensor_cores:
+        raise ValueError(f"no tensor-core decode kernel for {kind}, head_dim {head_dim}, group {group_size}")
+    if tensor_cores and use_tensor_cores is not False:
         return decode_mma(kind, head_dim, block_size)
     return decode(kind, head_dim, block_size, group_instance(group_size))
 
@@ -143,9 +154,9 @@ def all_instances() -> list[Instance]:
         for head_dim in HEAD_DIMS:
             for block_size in BLOCK_SIZES:
                 for group in GROUP_INSTANCES:
-                    # Instances the launcher never runs (tensor cores instead) are not compiled.
-                    if not uses_tensor_cores(kind, head_dim, group):
-                        out.append(decode(kind, head_dim, block_size, group))
+                    # fp16/bf16 groups 4 and 8 run on tensor cores by default; their CUDA-core
+                    # instances stay launchable (use_tensor_cores=False), so they are compiled too.
+                    out.append(decode(kind, head_dim, block_size, group))
                 if kind in DECODE_MMA_KINDS and head_dim in DECODE_MMA_HEAD_DIMS:
                     out.append(decode_mma(kind, head_dim, block_size))
             out.append(merge(kind, head_dim))
