@@ -6,7 +6,8 @@
 
 Steps (each printed as it runs):
 1. Correctness: the cuda backend against the NumPy reference on small paged problems
-   (fp16/bf16, group 1/4/8, forced and automatic splits). A mismatch stops the run (exit 1).
+   (fp16/bf16, group 1/4/8, forced and automatic splits; groups 4 and 8 on both decode kernels,
+   tensor cores and CUDA cores). A mismatch stops the run (exit 1).
 2. Device-to-device copy bandwidth (cudaMemcpy of a large buffer): the practical ceiling.
 3. Sweep: batch {1, 8, 64} x context {1K, 4K, 16K} x group {1, 4, 8} x {fp16, bf16}, head_dim 128,
    block_size 16, 8 KV heads, random non-contiguous block tables. For each point:
@@ -16,6 +17,10 @@ Steps (each printed as it runs):
      must read (K and V of every token, plus q and the output), % of the measured copy bandwidth
      and % of 4.8 TB/s (H200 HBM3e peak);
    - the planned splits, the CTAs per SM the occupancy API reports and the grid's waves;
+   - where the launcher picks the tensor-core kernel (fp16/bf16, group >= 3), the CUDA-core kernel
+     on the same buffers and plan too (DecodeWorkspace(use_tensor_cores=False)): its time
+     (column `CC us`) and the ratio of kernel times tensor cores / CUDA cores (`TC/CC`, < 1 when
+     the tensor-core path is faster), both from the same run;
    - unless --kernel-only: the full paged_attention call (host validation, upload, allocation,
      launches) as wall time per synchronized call, reported as overhead over the kernel time;
      where FlashInfer imports, its BatchDecodeWithPagedKVCacheWrapper on the very same caches.
@@ -23,7 +28,9 @@ Steps (each printed as it runs):
 
 Everything is seeded (NumPy and CuPy generators). --out writes JSON after every point (and the
 table as text next to it, FILE.txt), so a run cut short still leaves its results; --budget-s stops
-the sweep early (default 420 s, so the whole device script stays under 8 minutes).
+the sweep early (default 420 s, so the whole device script stays under 8 minutes). --dry-run prints
+an upper estimate of the device time (estimated_seconds: each timing's iterations at a pessimistic
+50 % of peak bandwidth, setup, compiles) next to the budget.
 
 On a lent GPU machine without a Rust toolchain: build the extension here (`maturin develop
 --release`; it is abi3, so any CPython >= 3.10 loads it), carry `python/pagedkv/_core.abi3.so`
@@ -116,6 +123,12 @@ class Result:
     split_sweep_us: dict[str, float] = field(default_factory=dict)  # num_splits -> kernel us
     notes: list[str] = field(default_factory=list)
     kernel: str = ""  # the decode instance the launcher chose (tensor cores or CUDA cores)
+    # Where the launcher chose tensor cores: the CUDA-core kernel on the same buffers and plan.
+    baseline_kernel: str = ""
+    baseline_num_splits: int = 0
+    baseline_time_us: float | None = None
+    baseline_gb_per_s: float | None = None
+    tc_over_cuda_core: float | None = None  # kernel time ratio, tensor cores / CUDA cores
 
 
 def sweep() -> list[SweepPoint]:
@@ -187,16 +200,21 @@ def correctness(backend: str, xp: Any) -> list[str]:
         expected = to_compute(paged_attention(q, k_cache, v_cache, tables, seq_lens), kind)
         # Tables and lengths stay on the host: the no-sync path an engine uses.
         args = [xp.asarray(a) for a in (q, k_cache, v_cache)] + [tables, seq_lens]
-        out = paged_attention(*args, backend=backend, num_splits=splits)
-        out = to_compute(out.get() if hasattr(out, "get") else out, kind)
-        tol = 2e-3 if kind == "float16" else 1.6e-2
-        err = float(np.max(np.abs(out - expected)))
-        status = "ok" if err <= tol and not np.isnan(out).any() else "FAIL"
-        print(
-            f"  correctness {kind:<8} group={group} splits={splits}: max|err|={err:.2e} (tol {tol}) {status}"
-        )
-        if status != "ok":
-            failures.append(f"{kind} group={group} splits={splits}: {err}")
+        # Both decode kernels where the launcher picks tensor cores (the sweep times both).
+        paths = (None, False) if has_cuda_core_baseline(kind, HEAD_DIM, group) else (None,)
+        for use in paths:
+            out = paged_attention(*args, backend=backend, num_splits=splits, use_tensor_cores=use)
+            out = to_compute(out.get() if hasattr(out, "get") else out, kind)
+            tol = 2e-3 if kind == "float16" else 1.6e-2
+            err = float(np.max(np.abs(out - expected)))
+            status = "ok" if err <= tol and not np.isnan(out).any() else "FAIL"
+            path = "" if use is None else " cuda-core"
+            print(
+                f"  correctness {kind:<8} group={group} splits={splits}{path}: max|err|={err:.2e} "
+                f"(tol {tol}) {status}"
+            )
+            if status != "ok":
+                failures.append(f"{kind} group={group} splits={splits}{path}: {err}")
     return failures
 
 
@@ -263,12 +281,55 @@ def write_results(out: Path | None, payload: dict, lines: list[str]) -> None:
         os.replace(tmp, path)
 
 
-def kernel_path(point: SweepPoint) -> str:
-    """Which decode kernel the launcher runs for this point: tensor cores or CUDA cores."""
+def has_cuda_core_baseline(kind: str, head_dim: int, group: int) -> bool:
+    """Whether the launcher picks tensor cores here, so the CUDA-core kernel is timed beside it."""
     from pagedkv.kernels import instances
 
-    tc = instances.uses_tensor_cores(point.kind, point.head_dim, point.group)
-    return "tensor cores" if tc else "CUDA cores"
+    return instances.uses_tensor_cores(kind, head_dim, group)
+
+
+def kernel_path(point: SweepPoint) -> str:
+    """Which decode kernel the launcher runs for this point: tensor cores or CUDA cores."""
+    if has_cuda_core_baseline(point.kind, point.head_dim, point.group):
+        return "tensor cores (+ CUDA-core baseline)"
+    return "CUDA cores"
+
+
+# estimated_seconds' model: pessimistic on purpose (it is checked against the budget).
+EST_BANDWIDTH = 0.5 * PEAK_BYTES_PER_S  # a launch's bytes at half the peak
+EST_FLUSH_S = 100e-6  # the L2 flush (2 x 50 MB written) and its host round trip
+EST_HOST_S = 100e-6  # per timed iteration: event record/synchronize, Python
+EST_MIN_TIMING_S = 0.2  # time_kernel's min_seconds
+EST_SETUP_S = 0.5  # random caches (a few GB at most), workspace, plan, frees, per point
+EST_COMPILE_S = 5.0  # NVRTC of one instance not yet in the cubin cache
+EST_FIXED_S = 30.0  # imports, device query, correctness step (its compiles counted below), copy test
+
+
+def estimated_seconds(points: list[SweepPoint], kernel_only: bool, flashinfer: bool = True) -> float:
+    """An upper estimate of a run's device time: every timing's iterations (time_kernel: at least
+    20 and 0.2 s; time_call: 23), setup per point, one compile per decode/merge instance."""
+    from pagedkv.kernels import instances
+
+    def timing(p: SweepPoint, min_iters: int = 20) -> float:
+        per_iter = p.io_bytes / EST_BANDWIDTH + EST_FLUSH_S + EST_HOST_S
+        return max(EST_MIN_TIMING_S, (min_iters + 3) * per_iter)
+
+    total = EST_FIXED_S
+    compiled: set[str] = set()
+    for p in points:
+        total += EST_SETUP_S + timing(p)
+        for use in (None, False) if has_cuda_core_baseline(p.kind, p.head_dim, p.group) else (None,):
+            compiled.add(instances.decode_for(p.kind, p.head_dim, p.block_size, p.group, use).name)
+            if use is False:
+                total += timing(p)
+        compiled.add(instances.merge(p.kind, p.head_dim).name)
+        if (p.kind, p.batch, p.context, p.group) in SPLIT_SWEEP:
+            total += len(SPLIT_COUNTS) * timing(p, min_iters=10)
+        if not kernel_only:
+            total += 23 * (p.io_bytes / EST_BANDWIDTH + EST_FLUSH_S + 1e-3)  # time_call: host work
+            if flashinfer:
+                total += timing(p) + 2.0  # plus its plan and first-call JIT
+    return total + EST_COMPILE_S * len(compiled)
 
 
 def planned(point: SweepPoint, num_sms: int, ctas_per_sm: int) -> tuple[int, int]:
@@ -335,7 +396,9 @@ class FlashInferDecode:
         return lambda: wrapper.run(tq, (tk, tv))
 
 
-def _workspace(point: SweepPoint, num_blocks: int, backend: str = "cuda") -> Any:
+def _workspace(
+    point: SweepPoint, num_blocks: int, backend: str = "cuda", use_tensor_cores: bool | None = None
+) -> Any:
     from pagedkv.attention import DecodeWorkspace
 
     return DecodeWorkspace(
@@ -349,6 +412,7 @@ def _workspace(point: SweepPoint, num_blocks: int, backend: str = "cuda") -> Any
         max_blocks_per_seq=point.blocks_per_seq,
         backend=backend,
         split_bytes=256 << 20,
+        use_tensor_cores=use_tensor_cores,
     )
 
 
@@ -386,8 +450,8 @@ def run_sweep(args: argparse.Namespace) -> int:
     print("3. sweep", flush=True)
     header = (
         f"{'kind':<8} {'batch':>5} {'ctx':>6} {'grp':>3} {'KV GB':>7} {'splits':>6} {'cta/SM':>6} "
-        f"{'waves':>5} {'us':>9} {'GB/s':>7} {'%copy':>6} {'%4.8T':>6} {'target':>6} {'API us':>8} "
-        f"{'FI us':>9} {'FI GB/s':>7} path"
+        f"{'waves':>5} {'us':>9} {'GB/s':>7} {'%copy':>6} {'%4.8T':>6} {'target':>6} {'CC us':>9} "
+        f"{'TC/CC':>5} {'API us':>8} {'FI us':>9} {'FI GB/s':>7} path"
     )
     print(header)
     lines = [header]
@@ -440,6 +504,18 @@ def run_sweep(args: argparse.Namespace) -> int:
             target_pct=target_pct(p),
             kernel=ws.instance.name,
         )
+        if has_cuda_core_baseline(p.kind, p.head_dim, p.group):
+            # The CUDA-core kernel on the same caches, tables and output buffer, with the split
+            # count the planner picks for it (its occupancy differs): what use_tensor_cores=False runs.
+            ws_cc = _workspace(p, num_blocks, use_tensor_cores=False)
+            r.baseline_num_splits = ws_cc.plan(tables, lens).num_splits
+            run_cc = functools.partial(ws_cc.run, q, k_cache, v_cache, out=out_buf)
+            cc_seconds = time_kernel(cupy, run_cc, flush)
+            r.baseline_kernel = ws_cc.instance.name
+            r.baseline_time_us = cc_seconds * 1e6
+            r.baseline_gb_per_s = p.io_bytes / cc_seconds / 1e9
+            r.tc_over_cuda_core = seconds / cc_seconds
+            del ws_cc
         if (p.kind, p.batch, p.context, p.group) in SPLIT_SWEEP:
             for count in SPLIT_COUNTS:
                 ws.plan(tables, lens, num_splits=count)
@@ -469,10 +545,12 @@ def run_sweep(args: argparse.Namespace) -> int:
         api_us = "-" if r.api_time_us is None else f"{r.api_time_us:8.1f}"
         fi_us = "-" if r.flashinfer_time_us is None else f"{r.flashinfer_time_us:9.1f}"
         fi_gbs = "-" if r.flashinfer_gb_per_s is None else f"{r.flashinfer_gb_per_s:7.0f}"
+        cc_us = "-" if r.baseline_time_us is None else f"{r.baseline_time_us:9.1f}"
+        ratio = "-" if r.tc_over_cuda_core is None else f"{r.tc_over_cuda_core:5.2f}"
         line = (
             f"{p.kind:<8} {p.batch:>5} {p.context:>6} {p.group:>3} {r.kv_gb:>7.3f} {plan.num_splits:>6} "
             f"{ctas:>6} {waves:>5} {r.time_us:>9.1f} {r.gb_per_s:>7.0f} {r.pct_of_copy:>6.1f} "
-            f"{r.pct_of_peak:>6.1f} {met:>6} {api_us:>8} {fi_us:>9} {fi_gbs:>7} "
+            f"{r.pct_of_peak:>6.1f} {met:>6} {cc_us:>9} {ratio:>5} {api_us:>8} {fi_us:>9} {fi_gbs:>7} "
             f"{'tc' if 'mma' in r.kernel else 'cuda'}"
         )
         print(line, flush=True)
@@ -505,6 +583,12 @@ def dry_run(args: argparse.Namespace) -> int:
             f"{kernel_path(p)}"
         )
     print(f"{len(points)} sweep points; byte accounting checked")
+    est = estimated_seconds(points, args.kernel_only)
+    full = estimated_seconds(points, False)
+    print(
+        f"estimated device time (upper): {est:.0f} s with these flags, {full:.0f} s with FlashInfer "
+        f"and API timing; --budget-s {args.budget_s:.0f}"
+    )
     if args.backend != "none":
         failures = correctness(args.backend, np)
         if failures:
