@@ -34,6 +34,19 @@ def test_decode_matches_reference_every_instance(kind, head_dim, block_size, gro
         assert_close(cupy.asnumpy(out), expected, kind)
 
 
+@pytest.mark.parametrize("kind,group", list(itertools.product(instances.DECODE_MMA_KINDS, (3, 4, 8))))
+def test_cuda_core_decode_on_tensor_core_shapes(kind, group):
+    """use_tensor_cores=False: the CUDA-core kernel where the launcher would pick tensor cores (the
+    benchmark's baseline; head dim 128, block 16, as gpu_decode.py's sweep), both paths checked."""
+    rng = np.random.default_rng(stable_seed("cuda-core", kind, group))
+    p = make_problem(rng, kind, [1, 77, 300, 700], 2, group, 128, 16)
+    expected = paged_attention(p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens)
+    for use in (False, True):
+        for splits in (None, 1, 5):
+            out = paged_attention(*_to_device(p), backend="cuda", num_splits=splits, use_tensor_cores=use)
+            assert_close(cupy.asnumpy(out), expected, kind)
+
+
 def test_long_context_auto_split():
     rng = np.random.default_rng(9)
     p = make_problem(rng, "bfloat16", [4000, 9000], 1, 8, 128, 16)

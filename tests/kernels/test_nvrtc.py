@@ -64,6 +64,7 @@ def test_every_instance_compiles_for_sm90_clean(capsys):
     "pick",
     [
         instances.decode("float16", 128, 16, 2),
+        instances.decode("bfloat16", 128, 16, 8),  # the CUDA-core baseline of a tensor-core shape
         instances.decode_mma("float16", 128, 16),
         instances.decode_mma("bfloat16", 64, 1),
         instances.merge("bfloat16", 64),
