@@ -183,6 +183,28 @@ fn extract_token_slow(obj: &Bound<'_, PyAny>) -> PyResult<u32> {
     }
 }
 
+/// `obj` (already known to be exactly `numpy.ndarray`) borrowed read-only as a C-contiguous 1-D
+/// array of `T`, after its length is checked against `max_len`; `None` when its dtype is not
+/// `T` or it is not contiguous (the general path then reads or refuses it).
+fn contiguous_tokens<'py, T: numpy::Element>(
+    obj: &Bound<'py, PyAny>,
+    max_len: usize,
+    why: &str,
+) -> PyResult<Option<PyReadonlyArray1<'py, T>>> {
+    let py = obj.py();
+    let Ok(array) = obj.cast::<PyArray1<T>>() else {
+        return Ok(None);
+    };
+    if !array.is_contiguous() {
+        return Ok(None);
+    }
+    check_len(py, "token_ids", array.len(), max_len, why)?;
+    let readonly = array
+        .try_readonly()
+        .map_err(|e| invalid_argument(py, format!("token_ids: {e}")))?;
+    Ok(readonly.as_slice().is_ok().then_some(readonly))
+}
+
 /// Item `index` of `list` as a C long, when it is an exact `int` that fits one; `None`
 /// otherwise (the caller then takes the checked path, which reports the error). Reads a
 /// borrowed reference: no refcount traffic, which costs a function call per item under the
@@ -399,41 +421,17 @@ impl TokenIds<'_> {
                 format!("token id must be an int in [0, 2**32), got {value}"),
             )
         };
-        let borrow_error = |e: numpy::BorrowError| invalid_argument(py, format!("token_ids: {e}"));
-        if let Ok(array) = obj.cast::<PyArray1<u32>>() {
-            if !array.is_contiguous() {
-                return Ok(None);
-            }
-            check_len(py, "token_ids", array.len(), max_len, why)?;
-            let readonly = array.try_readonly().map_err(borrow_error)?;
-            if readonly.as_slice().is_err() {
-                return Ok(None);
-            }
-            return Ok(Some(TokenIds::U32(readonly)));
+        if let Some(ids) = contiguous_tokens::<u32>(obj, max_len, why)? {
+            return Ok(Some(TokenIds::U32(ids)));
         }
-        if let Ok(array) = obj.cast::<PyArray1<i32>>() {
-            if !array.is_contiguous() {
-                return Ok(None);
-            }
-            check_len(py, "token_ids", array.len(), max_len, why)?;
-            let readonly = array.try_readonly().map_err(borrow_error)?;
-            let Ok(values) = readonly.as_slice() else {
-                return Ok(None);
-            };
-            if let Some(&bad) = values.iter().find(|&&v| v < 0) {
+        if let Some(ids) = contiguous_tokens::<i32>(obj, max_len, why)? {
+            if let Some(&bad) = ids.as_slice()?.iter().find(|&&v| v < 0) {
                 return Err(out_of_range(i64::from(bad)));
             }
-            return Ok(Some(TokenIds::I32(readonly)));
+            return Ok(Some(TokenIds::I32(ids)));
         }
-        if let Ok(array) = obj.cast::<PyArray1<i64>>() {
-            if !array.is_contiguous() {
-                return Ok(None);
-            }
-            check_len(py, "token_ids", array.len(), max_len, why)?;
-            let readonly = array.try_readonly().map_err(borrow_error)?;
-            let Ok(values) = readonly.as_slice() else {
-                return Ok(None);
-            };
+        if let Some(values) = contiguous_tokens::<i64>(obj, max_len, why)? {
+            let values = values.as_slice()?;
             let mut ids = try_vec(py, values.len(), "token_ids")?;
             for &v in values {
                 ids.push(u32::try_from(v).map_err(|_| out_of_range(v))?);
