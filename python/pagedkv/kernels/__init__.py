@@ -4,6 +4,7 @@ The ``.cu`` files are compiled for the GPU by NVRTC (through CuPy's ``RawModule`
 by g++ with ``cuda_emu.h`` (``backend="emulated"``); ``instances`` lists every template instance.
 """
 
+import os
 from pathlib import Path
 
 KERNEL_DIR = Path(__file__).resolve().parent
@@ -16,3 +17,13 @@ def source_path(name: str) -> Path:
     if not path.is_file():
         raise FileNotFoundError(f"pagedkv kernel source {name!r} is missing from {KERNEL_DIR}")
     return path
+
+
+def build_cache_dir(kind: str) -> Path:
+    """Where compiled kernels of one kind (``"emulated"`` libraries, ``"cubin"`` images) are
+    cached: ``$PAGEDKV_CACHE_DIR/<kind>``, else ``<user cache dir>/pagedkv/<kind>``."""
+    explicit = os.environ.get("PAGEDKV_CACHE_DIR")
+    if explicit:
+        return Path(explicit) / kind
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "pagedkv" / kind

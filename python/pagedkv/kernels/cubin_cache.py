@@ -23,18 +23,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pagedkv.kernels import KERNEL_DIR, nvrtc
+from pagedkv.kernels import KERNEL_DIR, build_cache_dir, nvrtc
 
 compilations = 0  # NVRTC compiles this process ran (a warm cache keeps it at 0)
 
 
 def cache_dir() -> Path:
     """$PAGEDKV_CACHE_DIR/cubin, else the user cache dir (the emulation builds' sibling)."""
-    explicit = os.environ.get("PAGEDKV_CACHE_DIR")
-    if explicit:
-        return Path(explicit) / "cubin"
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "pagedkv" / "cubin"
+    return build_cache_dir("cubin")
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from pagedkv.errors import PagedKvError
-from pagedkv.kernels import KERNEL_DIR
+from pagedkv.kernels import KERNEL_DIR, build_cache_dir
 
 HEADERS = ("cuda_emu.h", "cuda_emu_mma.h", "kv_tile_gather.h", "kv_types.h", "mma_sm80.h")
 CXX_FLAGS = (
@@ -55,11 +55,7 @@ class KernelLaunchError(PagedKvError):
 
 def cache_dir() -> Path:
     """Where compiled emulation libraries live: $PAGEDKV_CACHE_DIR, else the user cache dir."""
-    explicit = os.environ.get("PAGEDKV_CACHE_DIR")
-    if explicit:
-        return Path(explicit) / "emulated"
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "pagedkv" / "emulated"
+    return build_cache_dir("emulated")
 
 
 def compiler() -> str:
