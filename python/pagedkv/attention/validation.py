@@ -314,31 +314,9 @@ def check_decode_metadata(block_tables: Any, seq_lens: Any, shape: AttentionShap
         )
     if num_seqs == 0:
         return 0
-    max_blocks = int(block_tables.shape[1])
-    block_size = shape.block_size
-    max_seq_len = int(seq_lens.max())
-    if backend != "numpy" and max_seq_len > MAX_KERNEL_SEQ_LEN:
-        raise InvalidArgumentError(
-            f"seq_lens above {MAX_KERNEL_SEQ_LEN} tokens are not supported by the kernels"
-        )
-    capacity = max_blocks * block_size
-    if int(seq_lens.min()) < 0 or max_seq_len > capacity:
-        raise InvalidArgumentError(
-            f"seq_lens must lie in [0, {capacity}] (max_blocks {max_blocks} x block_size {block_size})"
-        )
-    if max_blocks and shape.num_blocks * block_size == 0 and max_seq_len > 0:
-        raise InvalidArgumentError("the caches have no blocks")
-    if max_blocks:
-        used_blocks = (seq_lens.astype(np.int64) + block_size - 1) // block_size  # [num_seqs]
-        used = np.arange(max_blocks)[None, :] < used_blocks[:, None]
-        bad = used & ((block_tables < 0) | (block_tables >= shape.num_blocks))
-        if bool(bad.any()):
-            b, i = (int(t) for t in np.argwhere(bad)[0])
-            raise InvalidArgumentError(
-                f"block_tables[{b}, {i}] = {int(block_tables[b, i])} "
-                f"is not a block id in [0, {shape.num_blocks})"
-            )
-    return max_seq_len
+    return _check_lengths_and_tables(
+        np, block_tables, seq_lens, shape, backend, int(seq_lens.min()), int(seq_lens.max())
+    )
 
 
 def check_decode_metadata_on_device(
@@ -350,9 +328,18 @@ def check_decode_metadata_on_device(
     if num_seqs == 0:
         return 0
     xp = _xp(block_tables)
+    low, high = (int(v) for v in xp.stack([seq_lens.min(), seq_lens.max()]).get())
+    return _check_lengths_and_tables(xp, block_tables, seq_lens, shape, backend, low, high)
+
+
+def _check_lengths_and_tables(
+    xp: Any, block_tables: Any, seq_lens: Any, shape: AttentionShape, backend: str, low: int, high: int
+) -> int:
+    """The checks check_decode_metadata and its device twin share, on ``xp`` arrays whose lengths
+    span [low, high]: lengths within the kernels' range and the tables' capacity, and every used
+    table entry a block id. Returns high (the max_seq_len)."""
     max_blocks = int(block_tables.shape[1])
     block_size = shape.block_size
-    low, high = (int(v) for v in xp.stack([seq_lens.min(), seq_lens.max()]).get())
     if backend != "numpy" and high > MAX_KERNEL_SEQ_LEN:
         raise InvalidArgumentError(
             f"seq_lens above {MAX_KERNEL_SEQ_LEN} tokens are not supported by the kernels"
@@ -365,7 +352,7 @@ def check_decode_metadata_on_device(
     if max_blocks and shape.num_blocks * block_size == 0 and high > 0:
         raise InvalidArgumentError("the caches have no blocks")
     if max_blocks:
-        used_blocks = (seq_lens.astype(np.int64) + block_size - 1) // block_size
+        used_blocks = (seq_lens.astype(np.int64) + block_size - 1) // block_size  # [num_seqs]
         used = xp.arange(max_blocks)[None, :] < used_blocks[:, None]
         bad = used & ((block_tables < 0) | (block_tables >= shape.num_blocks))
         if bool(bad.any()):
