@@ -125,7 +125,7 @@ def _valid_attention(rng: np.random.Generator, g: Guarded, dtype: Any, group: in
 ATTENTION_MUTATIONS: dict[str, Callable[[dict[str, Any]], None]] = {
     "q f64": lambda a: a.update(q=a["q"].astype(np.float64)),
     "q 2-D": lambda a: a.update(q=a["q"][0]),
-    "q non-contiguous": lambda a: a.update(q=np.repeat(a["q"], 2, axis=2)[:, :, ::2]),
+    "q non-contiguous": lambda a: a.update(q=np.repeat(a["q"], 2, axis=-1)[..., ::2]),
     "q read-only": lambda a: a.update(q=_readonly(a["q"])),
     "q list": lambda a: a.update(q=a["q"].tolist()),
     "q 3 heads": lambda a: a.update(q=np.ascontiguousarray(np.repeat(a["q"], 3, axis=1))),
@@ -141,7 +141,9 @@ ATTENTION_MUTATIONS: dict[str, Callable[[dict[str, Any]], None]] = {
     "table int32 max": lambda a: a["block_tables"].__setitem__((0, 0), 2**31 - 1),
     "table int64": lambda a: a.update(block_tables=a["block_tables"].astype(np.int64)),
     "table uint32": lambda a: a.update(block_tables=a["block_tables"].astype(np.uint32)),
-    "table non-contiguous": lambda a: a.update(block_tables=np.repeat(a["block_tables"], 2, axis=1)[:, ::2]),
+    "table non-contiguous": lambda a: a.update(
+        block_tables=np.repeat(a["block_tables"], 2, axis=-1)[..., ::2]
+    ),
     "table 1-D": lambda a: a.update(block_tables=a["block_tables"][0]),
     "table one row": lambda a: a.update(block_tables=a["block_tables"][:1]),
     "table no columns": lambda a: a.update(block_tables=np.zeros((2, 0), np.int32)),
