@@ -90,22 +90,30 @@ impl KvCacheManager {
         let max_hits = num_tokens.saturating_sub(1) / bs; // never the whole prompt
         let prefix = self.prefix.as_ref().expect("prefix caching on");
 
-        // 1. Hash every full block (one message buffer for the whole chain); collect the
-        // verified hit chain (no mutation yet). The hits go straight into the table
-        // (`block_ids[..num_hits]`): no separate list.
+        // 1. Collect the verified hit chain (no mutation yet). A block whose parent is a hit is
+        // first looked for through the parent block's child hint, which needs no hashing (on a
+        // shared system prompt, all but the first block); otherwise it is hashed and looked up.
+        // The hits go straight into the table (`block_ids[..num_hits]`): no separate list.
         let mut block_hashes = Vec::with_capacity(num_full);
-        prefix
-            .hasher
-            .hash_chain(None, token_ids, bs, extra_key, &mut block_hashes);
         let mut block_ids: Vec<BlockId> = Vec::with_capacity(total_blocks);
         let mut num_revive = 0usize;
-        let mut parent = None;
-        for (&h, chunk) in block_hashes[..max_hits]
-            .iter()
-            .zip(token_ids.chunks_exact(bs))
-        {
-            let Some(b) = prefix.lookup(h, parent, chunk, extra_key) else {
-                break;
+        for chunk in token_ids.chunks_exact(bs).take(max_hits) {
+            let parent = block_hashes.last().copied();
+            let hinted = match (block_ids.last(), parent) {
+                (Some(&pb), Some(ph)) => prefix.lookup_child(pb, ph, chunk, extra_key),
+                _ => None,
+            };
+            let (b, h) = match hinted {
+                Some(found) => found,
+                None => {
+                    let h = prefix.hasher.hash_block(parent, chunk, extra_key);
+                    block_hashes.push(h);
+                    let Some(b) = prefix.lookup(h, parent, chunk, extra_key) else {
+                        break;
+                    };
+                    block_hashes.pop();
+                    (b, h)
+                }
             };
             if prefix.is_cached(b) {
                 num_revive += 1;
@@ -113,8 +121,17 @@ impl KvCacheManager {
                 return invalid(format!("block {b} refcount would overflow"));
             }
             block_ids.push(b);
-            parent = Some(h);
+            block_hashes.push(h);
         }
+        // The remaining full blocks' hashes (one message buffer for the rest of the chain);
+        // a missed block's hash is already in `block_hashes`.
+        prefix.hasher.hash_chain(
+            block_hashes.last().copied(),
+            &token_ids[block_hashes.len() * bs..],
+            bs,
+            extra_key,
+            &mut block_hashes,
+        );
         let num_hits = block_ids.len();
 
         // 2. Reserve the new blocks; the cached hits are pinned so no eviction can take them.
@@ -144,8 +161,16 @@ impl KvCacheManager {
             .then(|| StoredRun::with_capacity(num_full - num_hits, bs));
         for i in num_hits..num_full {
             let parent = i.checked_sub(1).map(|p| block_hashes[p]);
+            let parent_block = i.checked_sub(1).map(|p| block_ids[p]);
             let chunk = &token_ids[i * bs..(i + 1) * bs];
-            let entered = prefix.register(block_ids[i], block_hashes[i], parent, chunk, &extra);
+            let entered = prefix.register(
+                block_ids[i],
+                block_hashes[i],
+                parent,
+                parent_block,
+                chunk,
+                &extra,
+            );
             if let Some(run) = stored.as_mut() {
                 if entered {
                     run.add(block_hashes[i], parent, chunk);

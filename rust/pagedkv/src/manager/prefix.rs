@@ -117,7 +117,15 @@ pub(super) fn record_tokens(
                 .hasher
                 .hash_block(parent, &h.partial_tokens, h.extra_key.as_deref());
             let b = seq.table.block_ids[i];
-            let entered = prefix.register(b, hash, parent, &h.partial_tokens, &h.extra_key);
+            let parent_block = i.checked_sub(1).map(|p| seq.table.block_ids[p]);
+            let entered = prefix.register(
+                b,
+                hash,
+                parent,
+                parent_block,
+                &h.partial_tokens,
+                &h.extra_key,
+            );
             if entered && prefix.events.enabled() {
                 // One event per filled block, as each block fills.
                 let mut stored = StoredRun::default();

@@ -16,11 +16,10 @@
 //! indexed, as vLLM's `BlockHashToBlockMap` does: the map names one copy and each copy links
 //! to the next (`next_copy`), so evicting one copy keeps the others hittable.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
 use super::hash::{BlockHash, BlockHasher};
+use super::hash_slots::{HashSlots, Probe};
 use crate::{BlockId, TokenId};
 
 /// What one block was stored with (indexed by block id). One cache line per block: admitting
@@ -37,10 +36,15 @@ struct Stored {
     extra_key: Option<Arc<[u8]>>,
     /// The next block holding the same content (`NO_BLOCK` at the end of the copies).
     next_copy: BlockId,
+    /// The block most recently indexed as this block's child (`NO_BLOCK`: none). A hint only:
+    /// it may since have been evicted or reused, so [`BlockIndex::lookup_child`] verifies it.
+    child: BlockId,
     /// Whether `map[hash]` reaches this block (it is indexed).
     indexed: bool,
     /// Whether the block was stored with a parent (it is not the first of its chain).
     has_parent: bool,
+    /// Whether the map names this block (the first of its content's copies).
+    first_copy: bool,
 }
 
 // The record fits the one cache line it is aligned to.
@@ -70,34 +74,11 @@ impl Default for Stored {
             parent: 0,
             extra_key: None,
             next_copy: NO_BLOCK,
+            child: NO_BLOCK,
             indexed: false,
             has_parent: false,
+            first_copy: false,
         }
-    }
-}
-
-/// The map's hasher: its keys are already keyed 128-bit hashes, uniformly spread, so the low
-/// 64 bits serve as the table hash with no further mixing (saves a multiply-mix per lookup,
-/// insert and removal).
-#[derive(Debug, Default, Clone, Copy)]
-struct PassThrough(u64);
-
-impl Hasher for PassThrough {
-    #[inline]
-    fn write_u128(&mut self, key: u128) {
-        self.0 = key as u64;
-    }
-
-    /// Only `u128` keys are hashed; any other input is still mixed in (never reached).
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-
-    #[inline]
-    fn finish(&self) -> u64 {
-        self.0
     }
 }
 
@@ -113,7 +94,7 @@ fn block_tokens(tokens: &[TokenId], block_size: usize, b: BlockId) -> &[TokenId]
 pub(crate) struct BlockIndex {
     block_size: usize,
     /// Content hash -> the first block holding that content (the others follow `next_copy`).
-    map: HashMap<BlockHash, BlockId, BuildHasherDefault<PassThrough>>,
+    map: HashSlots,
     /// Per block id of the pool.
     stored: Vec<Stored>,
     /// The token ids each indexed block was stored with: block `b`'s are
@@ -125,9 +106,8 @@ impl BlockIndex {
     pub(crate) fn new(num_blocks: usize, block_size: usize) -> Self {
         BlockIndex {
             block_size,
-            // Every block may be indexed at once: sized up front, the map never grows on the
-            // admission path.
-            map: HashMap::with_capacity_and_hasher(num_blocks, Default::default()),
+            // Every block may be indexed at once: sized up front, the map never grows.
+            map: HashSlots::new(num_blocks),
             stored: vec![Stored::default(); num_blocks],
             tokens: vec![0; num_blocks * block_size],
         }
@@ -164,22 +144,62 @@ impl BlockIndex {
         token_ids: &[TokenId],
         extra_key: Option<&[u8]>,
     ) -> Option<BlockId> {
-        let &b = self.map.get(&hash)?;
-        let s = &self.stored[b as usize];
+        let stored = &self.stored;
+        let b = self.map.get(hash, |b| stored[b as usize].hash)?;
+        let s = &stored[b as usize];
         let same = s.parent() == parent
             && s.extra_key.as_deref() == extra_key
             && self.tokens_of(b) == token_ids;
         same.then_some(b)
     }
 
+    /// The block holding this content, found from the block holding its parent
+    /// (`parent_block`, indexed under `parent`) without hashing: `parent_block`'s child hint,
+    /// accepted only when that block is indexed with exactly this parent hash, extra key and
+    /// token ids, which determine its hash (so the hash is known without computing it).
+    /// Returns the first copy of that content, as [`BlockIndex::lookup`] would, and its hash.
+    /// `None` when the hint is missing or stale (the caller then hashes and looks up).
+    #[inline]
+    pub(crate) fn lookup_child(
+        &self,
+        parent_block: BlockId,
+        parent: BlockHash,
+        token_ids: &[TokenId],
+        extra_key: Option<&[u8]>,
+    ) -> Option<(BlockId, BlockHash)> {
+        let stored = &self.stored;
+        let c = stored[parent_block as usize].child;
+        let s = stored.get(c as usize)?;
+        let same = s.indexed
+            && s.parent() == Some(parent)
+            && s.extra_key.as_deref() == extra_key
+            && self.tokens_of(c) == token_ids;
+        if !same {
+            return None;
+        }
+        if s.first_copy {
+            return Some((c, s.hash));
+        }
+        // Every copy under one hash holds the same content (`insert` refuses a collision), so
+        // the first copy is the block `lookup` returns for this content.
+        let first = self.map.get(s.hash, |b| stored[b as usize].hash);
+        debug_assert!(
+            first.is_some(),
+            "indexed block {c}: its hash is not in the map"
+        );
+        first.map(|b| (b, s.hash))
+    }
+
     /// Enters full block `b` under `hash`, as one more copy when that content is already
     /// indexed on other blocks. Refuses (returns false) when `b` already holds indexed content,
     /// or when `hash` names different content (a collision: the first content keeps it).
+    /// `parent_block` (the block before `b` in its table) gets `b` as its child hint.
     pub(crate) fn insert(
         &mut self,
         b: BlockId,
         hash: BlockHash,
         parent: Option<BlockHash>,
+        parent_block: Option<BlockId>,
         token_ids: &[TokenId],
         extra_key: &Option<Arc<[u8]>>,
     ) -> bool {
@@ -187,14 +207,17 @@ impl BlockIndex {
         if self.stored[b as usize].indexed {
             return false;
         }
-        let next_copy = match self.map.entry(hash) {
-            std::collections::hash_map::Entry::Vacant(slot) => {
-                slot.insert(b);
+        let stored = &self.stored;
+        let next_copy = match self.map.probe(hash, |b| stored[b as usize].hash) {
+            Probe::Vacant { slot } => {
+                self.map.fill(slot, hash, b);
                 NO_BLOCK
             }
-            std::collections::hash_map::Entry::Occupied(mut slot) => {
-                let first_id = *slot.get();
-                let first = &self.stored[first_id as usize];
+            Probe::Found {
+                slot,
+                block: first_id,
+            } => {
+                let first = &stored[first_id as usize];
                 let same = first.parent() == parent
                     && first.extra_key.as_deref() == extra_key.as_deref()
                     && block_tokens(&self.tokens, self.block_size, first_id) == token_ids;
@@ -202,7 +225,9 @@ impl BlockIndex {
                     return false;
                 }
                 // The new copy goes first: it is the most recently written.
-                std::mem::replace(slot.get_mut(), b)
+                self.map.replace(slot, b);
+                self.stored[first_id as usize].first_copy = false;
+                first_id
             }
         };
         let s = &mut self.stored[b as usize];
@@ -212,6 +237,12 @@ impl BlockIndex {
         s.has_parent = parent.is_some();
         s.extra_key.clone_from(extra_key);
         s.next_copy = next_copy;
+        s.first_copy = true;
+        // New content: hints to the children of the block's previous content are void.
+        s.child = NO_BLOCK;
+        if let Some(p) = parent_block {
+            self.stored[p as usize].child = b;
+        }
         let at = b as usize * self.block_size;
         self.tokens[at..at + self.block_size].copy_from_slice(token_ids);
         true
@@ -225,19 +256,22 @@ impl BlockIndex {
         s.indexed = false;
         let next = std::mem::replace(&mut s.next_copy, NO_BLOCK);
         s.has_parent = false;
+        s.first_copy = false;
         s.extra_key = None;
-        // One map operation on the common path (a single copy): remove, and put back only
-        // when other copies remain.
-        let Some(first) = self.map.remove(&h) else {
+        let stored = &self.stored;
+        let Probe::Found { slot, block: first } = self.map.probe(h, |b| stored[b as usize].hash)
+        else {
             debug_assert!(false, "indexed block {b}: its hash is not in the map");
             return Some(h);
         };
         if first == b {
-            if next != NO_BLOCK {
-                self.map.insert(h, next);
+            if next == NO_BLOCK {
+                self.map.remove_at(slot);
+            } else {
+                self.map.replace(slot, next);
+                self.stored[next as usize].first_copy = true;
             }
         } else {
-            self.map.insert(h, first);
             // Unlink `b` from the copies (lists are short: one per independent computation).
             let mut at = first;
             while self.stored[at as usize].next_copy != b {
@@ -251,8 +285,11 @@ impl BlockIndex {
     /// Verifies the map against the per-block records, and each indexed block's hash against
     /// its stored content (docs/design.md, Invariants 5).
     pub(crate) fn check(&self, hasher: &BlockHasher) -> Result<(), String> {
+        let stored = &self.stored;
+        self.map.check(|b| stored[b as usize].hash)?;
         let mut copies = 0usize;
-        for (&h, &first) in &self.map {
+        for first in self.map.blocks() {
+            let h = stored[first as usize].hash;
             let mut b = first;
             while b != NO_BLOCK {
                 let s = self
@@ -266,6 +303,9 @@ impl BlockIndex {
                 if s.hash() != Some(h) {
                     return Err(format!("index maps a hash to block {b} whose hash differs"));
                 }
+                if s.first_copy != (b == first) {
+                    return Err(format!("block {b}: first-copy flag disagrees with the map"));
+                }
                 let recomputed =
                     hasher.hash_block(s.parent(), self.tokens_of(b), s.extra_key.as_deref());
                 if recomputed != h {
@@ -273,6 +313,9 @@ impl BlockIndex {
                 }
                 b = s.next_copy;
             }
+        }
+        if let Some(b) = self.stored.iter().position(|s| s.first_copy && !s.indexed) {
+            return Err(format!("block {b} is flagged a first copy but not indexed"));
         }
         let indexed = self.stored.iter().filter(|s| s.indexed).count();
         if indexed != copies {

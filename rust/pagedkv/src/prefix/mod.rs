@@ -12,6 +12,7 @@
 
 pub(crate) mod events;
 pub(crate) mod hash;
+pub(crate) mod hash_slots;
 pub(crate) mod index;
 pub(crate) mod lru;
 
@@ -99,18 +100,35 @@ impl PrefixCache {
         self.index.lookup(hash, parent, token_ids, extra_key)
     }
 
+    /// The block holding this content found through its parent's block without hashing, with
+    /// its hash; `None` when that shortcut does not apply (see [`BlockIndex::lookup_child`]).
+    #[inline]
+    pub(crate) fn lookup_child(
+        &self,
+        parent_block: BlockId,
+        parent: BlockHash,
+        token_ids: &[TokenId],
+        extra_key: Option<&[u8]>,
+    ) -> Option<(BlockId, BlockHash)> {
+        self.index
+            .lookup_child(parent_block, parent, token_ids, extra_key)
+    }
+
     /// Enters full block `b` under `hash` unless that content is already indexed (by another
     /// block). Returns whether it was entered (the caller reports it as `BlockStored`).
+    /// `parent_block` is the block before `b` in its table (`None` for the first).
     #[inline]
     pub(crate) fn register(
         &mut self,
         b: BlockId,
         hash: BlockHash,
         parent: Option<BlockHash>,
+        parent_block: Option<BlockId>,
         token_ids: &[TokenId],
         extra_key: &Option<Arc<[u8]>>,
     ) -> bool {
-        self.index.insert(b, hash, parent, token_ids, extra_key)
+        self.index
+            .insert(b, hash, parent, parent_block, token_ids, extra_key)
     }
 
     /// A released indexed block whose refcount reached 0 becomes cached-evictable, the most
@@ -212,7 +230,7 @@ mod tests {
         let mut parent = None;
         for &b in &bs {
             let h = c.hasher.hash_block(parent, &[b, b], None);
-            assert!(c.register(b, h, parent, &[b, b], &None));
+            assert!(c.register(b, h, parent, None, &[b, b], &None));
             parent = Some(h);
             pool.release_to_cache(b).unwrap();
             c.push_lru(b);
