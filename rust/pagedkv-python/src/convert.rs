@@ -18,6 +18,7 @@ use pyo3::type_object::PyTypeInfo;
 use pyo3::types::{PyBool, PyBytes, PyFloat, PyInt, PyList, PyString, PyTuple};
 
 use crate::errors::invalid_argument;
+use crate::int_list;
 
 /// Whether an error raised by the caller's own code (an `__index__`, `__bool__` or `__str__`)
 /// must reach the caller unchanged instead of becoming an `InvalidArgumentError`: a
@@ -441,10 +442,25 @@ impl TokenIds<'_> {
         Ok(None)
     }
 
-    /// The fast path: a list of exact ints, each in `[0, 2**32)`.
+    /// The fast path: a list of exact ints, each in `[0, 2**32)`, read directly from the
+    /// objects' memory when the layout was proved ([`int_list`]), else through the C API.
     #[inline]
     fn from_exact_int_list(list: &Bound<'_, PyList>) -> PyResult<Option<Self>> {
         let len = list.len();
+        let token = |value: u64| u32::try_from(value).ok();
+        if len <= INLINE_TOKENS {
+            let mut ids = [0_u32; INLINE_TOKENS];
+            if int_list::fill_from_list(list, &mut ids[..len], token) {
+                return Ok(Some(TokenIds::Inline { len, ids }));
+            }
+        } else {
+            let mut ids = try_vec(list.py(), len, "token_ids")?;
+            ids.resize(len, 0);
+            if int_list::fill_from_list(list, &mut ids, token) || read_token_list(list, &mut ids) {
+                return Ok(Some(TokenIds::Heap(ids)));
+            }
+            return Ok(None);
+        }
         let in_range = |value: i64| u32::try_from(value).ok();
         if len == 1 {
             // The decode step's `[token]`: skip the buffer loop and its closure.
@@ -460,23 +476,17 @@ impl TokenIds<'_> {
             ids[0] = id;
             return Ok(Some(TokenIds::Inline { len: 1, ids }));
         }
-        if len <= INLINE_TOKENS {
-            let mut ids = [0_u32; INLINE_TOKENS];
-            let ok = read_exact_int_list(list, |index, value| {
-                match (ids.get_mut(index), in_range(value)) {
-                    (Some(slot), Some(id)) => {
-                        *slot = id;
-                        true
-                    }
-                    _ => false,
+        let mut ids = [0_u32; INLINE_TOKENS];
+        let ok = read_exact_int_list(list, |index, value| {
+            match (ids.get_mut(index), in_range(value)) {
+                (Some(slot), Some(id)) => {
+                    *slot = id;
+                    true
                 }
-            });
-            Ok(ok.then_some(TokenIds::Inline { len, ids }))
-        } else {
-            let mut ids = try_vec(list.py(), len, "token_ids")?;
-            ids.resize(len, 0);
-            Ok(read_token_list(list, &mut ids).then_some(TokenIds::Heap(ids)))
-        }
+                _ => false,
+            }
+        });
+        Ok(ok.then_some(TokenIds::Inline { len, ids }))
     }
 
     fn from_items<'py>(
@@ -570,6 +580,11 @@ fn seq_id_list(obj: &Bound<'_, PyAny>, max_len: usize) -> Option<PyResult<Vec<u6
             Ok(ids) => ids,
             Err(err) => return Some(Err(err)),
         };
+        ids.resize(list.len(), 0);
+        if int_list::fill_from_list(list, &mut ids, Some) {
+            return Some(Ok(ids));
+        }
+        ids.clear();
         let fast = read_exact_int_list(list, |_, value| match u64::try_from(value) {
             Ok(id) => {
                 ids.push(id);
