@@ -455,11 +455,11 @@ impl TokenIds<'_> {
             }
         } else {
             let mut ids = try_vec(list.py(), len, "token_ids")?;
-            ids.resize(len, 0);
-            if int_list::fill_from_list(list, &mut ids, token) || read_token_list(list, &mut ids) {
+            if int_list::extend_from_list(list, &mut ids, token) {
                 return Ok(Some(TokenIds::Heap(ids)));
             }
-            return Ok(None);
+            ids.resize(len, 0);
+            return Ok(read_token_list(list, &mut ids).then_some(TokenIds::Heap(ids)));
         }
         let in_range = |value: i64| u32::try_from(value).ok();
         if len == 1 {
@@ -580,11 +580,9 @@ fn seq_id_list(obj: &Bound<'_, PyAny>, max_len: usize) -> Option<PyResult<Vec<u6
             Ok(ids) => ids,
             Err(err) => return Some(Err(err)),
         };
-        ids.resize(list.len(), 0);
-        if int_list::fill_from_list(list, &mut ids, Some) {
+        if int_list::extend_from_list(list, &mut ids, Some) {
             return Some(Ok(ids));
         }
-        ids.clear();
         let fast = read_exact_int_list(list, |_, value| match u64::try_from(value) {
             Ok(id) => {
                 ids.push(id);
