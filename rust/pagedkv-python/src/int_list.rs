@@ -410,8 +410,9 @@ fn _int_list_reader() -> &'static str {
     layout().name()
 }
 
-/// Proves the layout (once per process) and registers `_int_list_reader`.
+/// Proves the layout (once per process) and registers `_int_list_reader` (set as an
+/// attribute: `add_function` would also list the private name in `__all__`).
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     LAYOUT.get_or_init(|| select(m.py()));
-    m.add_function(wrap_pyfunction!(_int_list_reader, m)?)
+    m.setattr("_int_list_reader", wrap_pyfunction!(_int_list_reader, m)?)
 }
