@@ -234,3 +234,21 @@ def test_random_lists_match_tuples(
     assert live(a, list(range(len(prompts)))) == live(b, list(range(len(prompts))))
     a.check_invariants()
     b.check_invariants()
+
+
+def test_single_id_arguments_match_the_array_path() -> None:
+    """One id argument (`add_sequence(seq_id, ...)`, `num_tokens(seq_id)`) is read in place
+    too; the same ids through a uint64 array and through `__index__` name the same sequences."""
+    kv = manager()
+    valid = [v for v in BOUNDARIES if 0 <= v < 2**64]
+    for n, seq_id in enumerate(valid, start=1):
+        kv.add_sequence(seq_id, list(range(n)))
+    for n, seq_id in enumerate(valid, start=1):
+        assert seq_id in kv
+        assert kv.num_tokens(seq_id) == kv.num_tokens(np.uint64(seq_id)) == n
+        _, lens = kv.batch_block_tables(np.asarray([seq_id], dtype=np.uint64))
+        assert lens.tolist() == [n]
+    assert kv.num_sequences == len(valid)
+    kv.free_batch(np.asarray(valid, dtype=np.uint64))
+    assert kv.num_sequences == 0
+    kv.check_invariants()

@@ -86,11 +86,15 @@ fn extract_u64(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
     extract_u64_slow(obj, what)
 }
 
-/// An exact `int` in `[0, 2**63)` read with one C call that needs no error check on success
+/// An exact `int` in `[0, 2**63)`: read in place below 2**60 ([`int_list`]), else with one C
+/// call that needs no error check on success
 /// (`PyLong_AsLongAndOverflow` flags out-of-range values instead of raising); `None` for
 /// anything else (negative, huge, or -1 with an error set), which the caller re-checks.
 #[inline]
 fn exact_int_as_u63(obj: &Bound<'_, PyAny>) -> Option<u64> {
+    if let Some(value) = int_list::small_exact_int(obj) {
+        return Some(value);
+    }
     let mut overflow: std::os::raw::c_int = 0;
     // SAFETY: `obj` proves the GIL is held and is an exact `int`, so the conversion runs no
     // Python code. A -1 result may carry an error; it is left to the checked path, which

@@ -267,6 +267,19 @@ pub fn extend_from_list<T>(
     true
 }
 
+/// The value of `obj` when the direct reader is on and `obj` is an exact `int` in
+/// `[0, 2**60)` (one id argument: `free(seq_id)`, `append_tokens(seq_id, ...)`); `None`
+/// otherwise, and the caller converts it through the C API.
+#[inline]
+pub fn small_exact_int(obj: &Bound<'_, PyAny>) -> Option<u64> {
+    // SAFETY: `obj` is live and the GIL held (`Bound` proves both); the layout was proved.
+    match layout() {
+        IntLayout::SignedCount => unsafe { small_int::<SignedCount>(obj.as_ptr()) },
+        IntLayout::Tagged => unsafe { small_int::<Tagged>(obj.as_ptr()) },
+        IntLayout::Api => None,
+    }
+}
+
 /// The probe values: every digit-count boundary on both sides, negatives, values past 2**60
 /// and 2**64, ints made by parsing and by arithmetic, and non-ints with int-like layouts.
 const PROBE: &std::ffi::CStr = c"[0, 1, 7, 2**30 - 1, 2**30, 2**30 + 1, 2**31, 2**32 - 1, 2**32, \
