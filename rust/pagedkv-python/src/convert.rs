@@ -4,8 +4,9 @@
 //! `InvalidArgumentError`, never a bare `TypeError`/`OverflowError`: the contract treats wrong
 //! argument types as malformed input. PyO3 adds a note naming the argument.
 //!
-//! The single-token append path is the hot one, so integers are read with one C call on exact
-//! `int`s and short token lists land in a stack buffer (no heap allocation per call).
+//! The single-token append path is the hot one, so exact `int`s below 2**60 are read in place
+//! (`int_list`, layout proved at import), others with one C call, and short token lists land in
+//! a stack buffer (no heap allocation per call). Lists of ids take the same in-place reader.
 
 use numpy::{
     PyArray1, PyArrayDescrMethods, PyArrayMethods, PyReadonlyArray1, PyUntypedArray,

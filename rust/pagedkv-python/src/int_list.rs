@@ -1,13 +1,15 @@
-//! Direct reads of Python lists of small exact `int`s (token ids, sequence ids).
+//! Direct reads of small exact `int`s from CPython's object memory: lists of token ids and
+//! sequence ids, and single id arguments.
 //!
 //! Why: through the stable ABI every list item costs two C calls, `PyList_GetItem` (~12
-//! instructions) and `PyLong_AsLongAndOverflow` (~24), plus our loop (~20): ~56 instructions a
-//! token, ~72 K for a 1,324-token prompt, twice the whole Rust prefix admission (~35 K). A
-//! non-abi3 build makes the same two calls. Reading the objects' memory directly costs a few
-//! instructions an item.
+//! instructions) and `PyLong_AsLongAndOverflow` (~24 for one 30-bit digit, more for two), plus
+//! our loop: callgrind measured ~54 instructions a one-digit item and ~91 a two-digit one (ids
+//! above 2**30, as the ~2e9 ids of a benchmark's system prompt), 110 K for a 1,324-token
+//! prompt, three times the whole Rust prefix admission (~35 K). A non-abi3 build makes the same
+//! two calls. Read in place: ~15 and ~21 instructions an item (26 K for that prompt).
 //!
 //! The layouts read here are not part of the limited API, so none is assumed: at module import
-//! [`init`] picks a candidate from the running interpreter (CPython 3.10–3.14, GIL build,
+//! [`register`] picks a candidate from the running interpreter (CPython 3.10–3.14, GIL build,
 //! 30-bit digits in 4 bytes, `int`/`list` basic sizes as the layout says) and then PROVES it on
 //! a list of probe values (every digit-count boundary, negatives, huge ints, bools, floats): the
 //! list's item array must hold exactly the items `PyList_GetItem` returns, and every item must
@@ -34,13 +36,13 @@ use pyo3::types::PyList;
 
 /// The object layout the direct reader decodes, or `Api` when it is off.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum IntLayout {
+enum IntLayout {
     /// Direct reads are off: items are read through the C API.
     Api,
     /// CPython 3.10 and 3.11: `PyVarObject` whose `ob_size` is the signed digit count.
     SignedCount,
-    /// CPython 3.12 to 3.14: `PyObject` then `lv_tag` (sign in bits 0-1, digit count above
-    /// bit 3).
+    /// CPython 3.12 to 3.14: `PyObject` then `lv_tag` (sign in bits 0-1, a flag in bit 2,
+    /// the digit count from bit 3 up).
     Tagged,
 }
 
