@@ -252,3 +252,21 @@ def test_single_id_arguments_match_the_array_path() -> None:
     kv.free_batch(np.asarray(valid, dtype=np.uint64))
     assert kv.num_sequences == 0
     kv.check_invariants()
+
+
+class MyList(list[Any]):
+    """A list subclass: its items live where a list's do; overriding `__getitem__` changes
+    nothing, on the C-API path as on the direct one."""
+
+    def __getitem__(self, index: Any) -> Any:
+        raise AssertionError("not called")
+
+
+@pytest.mark.parametrize("ids", [[1, 2, 2**31], PEER_SYSTEM_PROMPT, [1, True], [2**32]], ids=repr)
+def test_list_subclass_matches_tuple(ids: list[Any]) -> None:
+    a, b = manager(), manager()
+    got = outcome(lambda: a.add_sequence(1, MyList(ids)))
+    assert got == outcome(lambda: b.add_sequence(1, tuple(ids)))
+    assert live(a, [1]) == live(b, [1])
+    assert outcome(lambda: a.free_batch(MyList([1]))) == outcome(lambda: b.free_batch((1,)))
+    a.check_invariants()
