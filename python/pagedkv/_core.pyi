@@ -175,3 +175,7 @@ def token_block_digests(
 ) -> npt.NDArray[np.uint64]:
     """uint64 ``[len // block_size]``: XXH3-64 of each full block's ids (little-endian u32),
     seeded by XXH3-64 of ``extra_key``'s bytes when given: what ``take_event_digests`` reports."""
+
+# Private (tests): which reader lists of ids take, "cpython-3.10" / "cpython-3.12" (read in
+# place, the layout proved at import) or "api" (through the C API).
+def _int_list_reader() -> str: ...

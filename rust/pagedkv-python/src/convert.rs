@@ -4,8 +4,9 @@
 //! `InvalidArgumentError`, never a bare `TypeError`/`OverflowError`: the contract treats wrong
 //! argument types as malformed input. PyO3 adds a note naming the argument.
 //!
-//! The single-token append path is the hot one, so integers are read with one C call on exact
-//! `int`s and short token lists land in a stack buffer (no heap allocation per call).
+//! The single-token append path is the hot one, so exact `int`s below 2**60 are read in place
+//! (`int_list`, layout proved at import), others with one C call, and short token lists land in
+//! a stack buffer (no heap allocation per call). Lists of ids take the same in-place reader.
 
 use numpy::{
     PyArray1, PyArrayDescrMethods, PyArrayMethods, PyReadonlyArray1, PyUntypedArray,
@@ -18,6 +19,7 @@ use pyo3::type_object::PyTypeInfo;
 use pyo3::types::{PyBool, PyBytes, PyFloat, PyInt, PyList, PyString, PyTuple};
 
 use crate::errors::invalid_argument;
+use crate::int_list;
 
 /// Whether an error raised by the caller's own code (an `__index__`, `__bool__` or `__str__`)
 /// must reach the caller unchanged instead of becoming an `InvalidArgumentError`: a
@@ -85,11 +87,15 @@ fn extract_u64(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
     extract_u64_slow(obj, what)
 }
 
-/// An exact `int` in `[0, 2**63)` read with one C call that needs no error check on success
+/// An exact `int` in `[0, 2**63)`: read in place below 2**60 ([`int_list`]), else with one C
+/// call that needs no error check on success
 /// (`PyLong_AsLongAndOverflow` flags out-of-range values instead of raising); `None` for
 /// anything else (negative, huge, or -1 with an error set), which the caller re-checks.
 #[inline]
 fn exact_int_as_u63(obj: &Bound<'_, PyAny>) -> Option<u64> {
+    if let Some(value) = int_list::small_exact_int(obj) {
+        return Some(value);
+    }
     let mut overflow: std::os::raw::c_int = 0;
     // SAFETY: `obj` proves the GIL is held and is an exact `int`, so the conversion runs no
     // Python code. A -1 result may carry an error; it is left to the checked path, which
@@ -441,10 +447,25 @@ impl TokenIds<'_> {
         Ok(None)
     }
 
-    /// The fast path: a list of exact ints, each in `[0, 2**32)`.
+    /// The fast path: a list of exact ints, each in `[0, 2**32)`, read directly from the
+    /// objects' memory when the layout was proved ([`int_list`]), else through the C API.
     #[inline]
     fn from_exact_int_list(list: &Bound<'_, PyList>) -> PyResult<Option<Self>> {
         let len = list.len();
+        let token = |value: u64| u32::try_from(value).ok();
+        if len <= INLINE_TOKENS {
+            let mut ids = [0_u32; INLINE_TOKENS];
+            if int_list::fill_from_list(list, &mut ids[..len], token) {
+                return Ok(Some(TokenIds::Inline { len, ids }));
+            }
+        } else {
+            let mut ids = try_vec(list.py(), len, "token_ids")?;
+            if int_list::extend_from_list(list, &mut ids, token) {
+                return Ok(Some(TokenIds::Heap(ids)));
+            }
+            ids.resize(len, 0);
+            return Ok(read_token_list(list, &mut ids).then_some(TokenIds::Heap(ids)));
+        }
         let in_range = |value: i64| u32::try_from(value).ok();
         if len == 1 {
             // The decode step's `[token]`: skip the buffer loop and its closure.
@@ -460,23 +481,17 @@ impl TokenIds<'_> {
             ids[0] = id;
             return Ok(Some(TokenIds::Inline { len: 1, ids }));
         }
-        if len <= INLINE_TOKENS {
-            let mut ids = [0_u32; INLINE_TOKENS];
-            let ok = read_exact_int_list(list, |index, value| {
-                match (ids.get_mut(index), in_range(value)) {
-                    (Some(slot), Some(id)) => {
-                        *slot = id;
-                        true
-                    }
-                    _ => false,
+        let mut ids = [0_u32; INLINE_TOKENS];
+        let ok = read_exact_int_list(list, |index, value| {
+            match (ids.get_mut(index), in_range(value)) {
+                (Some(slot), Some(id)) => {
+                    *slot = id;
+                    true
                 }
-            });
-            Ok(ok.then_some(TokenIds::Inline { len, ids }))
-        } else {
-            let mut ids = try_vec(list.py(), len, "token_ids")?;
-            ids.resize(len, 0);
-            Ok(read_token_list(list, &mut ids).then_some(TokenIds::Heap(ids)))
-        }
+                _ => false,
+            }
+        });
+        Ok(ok.then_some(TokenIds::Inline { len, ids }))
     }
 
     fn from_items<'py>(
@@ -570,6 +585,9 @@ fn seq_id_list(obj: &Bound<'_, PyAny>, max_len: usize) -> Option<PyResult<Vec<u6
             Ok(ids) => ids,
             Err(err) => return Some(Err(err)),
         };
+        if int_list::extend_from_list(list, &mut ids, Some) {
+            return Some(Ok(ids));
+        }
         let fast = read_exact_int_list(list, |_, value| match u64::try_from(value) {
             Ok(id) => {
                 ids.push(id);

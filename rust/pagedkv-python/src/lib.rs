@@ -9,6 +9,7 @@ mod convert;
 mod errors;
 mod event_digests;
 mod events;
+mod int_list;
 mod manager;
 mod pool;
 mod sim;
@@ -23,5 +24,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     sim::register(m)?;
     wire::register(m)?;
     event_digests::register(m)?;
+    int_list::register(m)?;
     Ok(())
 }

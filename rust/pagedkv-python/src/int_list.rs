@@ -1,0 +1,433 @@
+//! Direct reads of small exact `int`s from CPython's object memory: lists of token ids and
+//! sequence ids, and single id arguments.
+//!
+//! Why: through the stable ABI every list item costs two C calls, `PyList_GetItem` (~12
+//! instructions) and `PyLong_AsLongAndOverflow` (~24 for one 30-bit digit, more for two), plus
+//! our loop: callgrind measured ~54 instructions a one-digit item and ~91 a two-digit one (ids
+//! above 2**30, as the ~2e9 ids of a benchmark's system prompt), 110 K for a 1,324-token
+//! prompt, three times the whole Rust prefix admission (~35 K). A non-abi3 build makes the same
+//! two calls. Read in place: ~15 and ~21 instructions an item (26 K for that prompt).
+//!
+//! The layouts read here are not part of the limited API, so none is assumed: at module import
+//! [`register`] picks a candidate from the running interpreter (CPython 3.10–3.14, GIL build,
+//! 30-bit digits in 4 bytes, `int`/`list` basic sizes as the layout says) and then PROVES it on
+//! a list of probe values (every digit-count boundary, negatives, huge ints, bools, floats): the
+//! list's item array must hold exactly the items `PyList_GetItem` returns, and every item must
+//! decode exactly as `PyLong_AsLongLong` reads it, or be reported "not fast" where it must be.
+//! Any failed check leaves the reader off ([`IntLayout::Api`]) and every list takes the C-API
+//! path; `_core._int_list_reader()` names the layout in use so that tests notice.
+//!
+//! Why the reads are sound once the layout is proved: the GIL is held for the whole read
+//! (`Bound` proves it) and no Python code runs during it (only exact `int`s are decoded, and
+//! the per-item conversion is plain Rust), so no other thread can resize the list or free an
+//! item; the items are borrowed from the list, which the caller holds. Only memory inside
+//! objects of known size is read: the list's first `len` item slots, each int's header, and its
+//! digits only as far as its own digit count says they exist (at most 2). Anything else (a
+//! subclass, a bool, a negative, a 3-digit int, a value the caller refuses) stops the read and
+//! the caller repeats the whole call on the checked path, so errors and their messages are the
+//! checked path's.
+
+use std::mem::MaybeUninit;
+use std::sync::OnceLock;
+
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::PyList;
+
+/// The object layout the direct reader decodes, or `Api` when it is off.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum IntLayout {
+    /// Direct reads are off: items are read through the C API.
+    Api,
+    /// CPython 3.10 and 3.11: `PyVarObject` whose `ob_size` is the signed digit count.
+    SignedCount,
+    /// CPython 3.12 to 3.14: `PyObject` then `lv_tag` (sign in bits 0-1, a flag in bit 2,
+    /// the digit count from bit 3 up).
+    Tagged,
+}
+
+impl IntLayout {
+    /// The name `_core._int_list_reader()` reports.
+    fn name(self) -> &'static str {
+        match self {
+            IntLayout::Api => "api",
+            IntLayout::SignedCount => "cpython-3.10",
+            IntLayout::Tagged => "cpython-3.12",
+        }
+    }
+}
+
+/// The layout proved at import (`Api` until then, or when the proof failed).
+static LAYOUT: OnceLock<IntLayout> = OnceLock::new();
+
+fn layout() -> IntLayout {
+    LAYOUT.get().copied().unwrap_or(IntLayout::Api)
+}
+
+/// The header every object of a default (GIL) CPython build starts with, followed by the one
+/// word that `list` (`ob_size`) and `int` (`ob_size` or `lv_tag`) both have next.
+#[repr(C)]
+struct VarHeader {
+    ob_refcnt: isize,
+    ob_type: *mut ffi::PyTypeObject,
+    size_or_tag: isize,
+}
+
+/// `PyListObject`'s leading fields (`allocated` follows `ob_item`).
+#[repr(C)]
+struct ListHeader {
+    head: VarHeader,
+    ob_item: *mut *mut ffi::PyObject,
+}
+
+/// Where an int's digits start: right after the header word.
+const DIGITS_OFFSET: usize = std::mem::size_of::<VarHeader>();
+/// `sizeof(PyListObject)`: the header, `ob_item`, then `Py_ssize_t allocated`.
+const LIST_BASIC_SIZE: usize = std::mem::size_of::<ListHeader>() + std::mem::size_of::<isize>();
+/// Bits per CPython digit (`sys.int_info.bits_per_digit`), each stored in a `u32`.
+const DIGIT_BITS: u32 = 30;
+/// The largest value read directly, exclusive: two digits.
+const FAST_LIMIT: u64 = 1 << (2 * DIGIT_BITS);
+
+/// Decodes a non-negative int of at most two digits from its object memory.
+trait Digits {
+    /// The value of the exact `int` at `int`, when it is in `[0, 2**60)`; `None` otherwise.
+    ///
+    /// # Safety
+    /// `int` is a live exact `int` under the layout this decoder was proved for, and the GIL is
+    /// held.
+    unsafe fn small_value(int: *const ffi::PyObject) -> Option<u64>;
+}
+
+/// The digits of an int with `count` (1 or 2) digits at `int`.
+///
+/// # Safety
+/// `int` is a live int whose object holds at least `count` digits after its header.
+#[inline(always)]
+unsafe fn two_digit_value(int: *const ffi::PyObject, count: usize) -> u64 {
+    let digits = int.cast::<u8>().add(DIGITS_OFFSET).cast::<u32>();
+    let low = u64::from(digits.read());
+    if count == 2 {
+        low | u64::from(digits.add(1).read()) << DIGIT_BITS
+    } else {
+        low
+    }
+}
+
+/// CPython 3.10 / 3.11: `ob_size` is the digit count, negative for negative values, 0 for 0.
+struct SignedCount;
+
+impl Digits for SignedCount {
+    #[inline(always)]
+    unsafe fn small_value(int: *const ffi::PyObject) -> Option<u64> {
+        let count = (*int.cast::<VarHeader>()).size_or_tag;
+        match count {
+            0 => Some(0),
+            // SAFETY: the object holds `count` digits.
+            1 | 2 => Some(two_digit_value(int, count as usize)),
+            _ => None,
+        }
+    }
+}
+
+/// CPython 3.12+: `lv_tag` holds the sign in bits 0-1 (0 positive, 1 zero, 2 negative), a
+/// reserved flag in bit 2 and the digit count above.
+struct Tagged;
+
+impl Tagged {
+    const SIGN_MASK: usize = 3;
+    const SIGN_ZERO: usize = 1;
+    const NON_SIZE_BITS: u32 = 3;
+}
+
+impl Digits for Tagged {
+    #[inline(always)]
+    unsafe fn small_value(int: *const ffi::PyObject) -> Option<u64> {
+        let tag = (*int.cast::<VarHeader>()).size_or_tag as usize;
+        let sign = tag & Tagged::SIGN_MASK;
+        if sign != 0 {
+            return (sign == Tagged::SIGN_ZERO).then_some(0);
+        }
+        match tag >> Tagged::NON_SIZE_BITS {
+            // SAFETY: the object holds `count` digits.
+            count @ (1 | 2) => Some(two_digit_value(int, count)),
+            _ => None,
+        }
+    }
+}
+
+/// The value of `item` when it is an exact `int` in `[0, 2**60)`.
+///
+/// # Safety
+/// `item` is a live object and `D` was proved for the running interpreter (or is being probed
+/// on objects whose expected values are known); the GIL is held.
+#[inline(always)]
+unsafe fn small_int<D: Digits>(item: *mut ffi::PyObject) -> Option<u64> {
+    if (*item.cast::<VarHeader>()).ob_type != std::ptr::addr_of_mut!(ffi::PyLong_Type) {
+        return None;
+    }
+    D::small_value(item)
+}
+
+/// The first `len` item pointers of `list`, borrowed.
+///
+/// # Safety
+/// The list layout was proved (or is being probed), `len` is the list's length and at least 1
+/// (an empty list may have no item array), and the slice is dropped before any Python code
+/// runs.
+#[inline(always)]
+unsafe fn list_items<'a>(list: &'a Bound<'_, PyList>, len: usize) -> &'a [*mut ffi::PyObject] {
+    let items = (*list.as_ptr().cast::<ListHeader>()).ob_item;
+    std::slice::from_raw_parts(items, len)
+}
+
+/// The read loop for one layout: `out[i] = convert(items[i])` while every item qualifies.
+/// True when every slot of `out` was written.
+#[inline(always)]
+fn fill_with<D: Digits, T>(
+    items: &[*mut ffi::PyObject],
+    out: &mut [MaybeUninit<T>],
+    convert: impl Fn(u64) -> Option<T>,
+) -> bool {
+    if items.len() != out.len() {
+        return false;
+    }
+    for (slot, &item) in out.iter_mut().zip(items) {
+        // SAFETY: `item` is a live item of a list the caller holds, under the GIL, and `D` is
+        // the proved layout (or the one being probed).
+        let Some(value) = (unsafe { small_int::<D>(item) }).and_then(&convert) else {
+            return false;
+        };
+        slot.write(value);
+    }
+    true
+}
+
+/// `fill_with` for the proved layout over `list`'s items; false when the reader is off.
+#[inline(always)]
+fn fill_uninit<T>(
+    list: &Bound<'_, PyList>,
+    out: &mut [MaybeUninit<T>],
+    convert: impl Fn(u64) -> Option<T>,
+) -> bool {
+    let layout = layout();
+    if layout == IntLayout::Api {
+        return false;
+    }
+    let len = list.len();
+    if len != out.len() {
+        return false;
+    }
+    if len == 0 {
+        return true;
+    }
+    // SAFETY: the layout was proved at import, `len` is the list's length (>= 1), and the slice
+    // lives only through the loop, which runs no Python code.
+    let items = unsafe { list_items(list, len) };
+    match layout {
+        IntLayout::SignedCount => fill_with::<SignedCount, T>(items, out, convert),
+        IntLayout::Tagged => fill_with::<Tagged, T>(items, out, convert),
+        IntLayout::Api => false,
+    }
+}
+
+/// Fills `out` (exactly `list`'s length) with `convert` of each item when the direct reader is
+/// on and every item is an exact `int` in `[0, 2**60)` that `convert` accepts. False otherwise
+/// (`out` then holds a prefix of the values): the caller reads the whole list again on its
+/// checked path, which reports the error.
+#[inline]
+pub fn fill_from_list<T: Copy>(
+    list: &Bound<'_, PyList>,
+    out: &mut [T],
+    convert: impl Fn(u64) -> Option<T>,
+) -> bool {
+    // SAFETY: `MaybeUninit<T>` has `T`'s layout, and the loop only ever writes initialized
+    // values (`T: Copy`: nothing is dropped by overwriting), so `out` stays initialized.
+    let out = unsafe { &mut *(std::ptr::from_mut::<[T]>(out) as *mut [MaybeUninit<T>]) };
+    fill_uninit(list, out, convert)
+}
+
+/// Appends `convert` of each item of `list` to the empty `out` (its capacity at least the
+/// list's length), as [`fill_from_list`] does, without zeroing the buffer first (a 1,324-token
+/// prompt's `resize` cost 5.3 K instructions under callgrind). False (and `out` still empty)
+/// when the direct reader is off or an item does not qualify.
+#[inline]
+pub fn extend_from_list<T>(
+    list: &Bound<'_, PyList>,
+    out: &mut Vec<T>,
+    convert: impl Fn(u64) -> Option<T>,
+) -> bool {
+    let len = list.len();
+    if !out.is_empty() || out.capacity() < len {
+        return false;
+    }
+    if !fill_uninit(list, &mut out.spare_capacity_mut()[..len], convert) {
+        return false;
+    }
+    // SAFETY: `fill_uninit` returned true: it wrote every one of the first `len` slots.
+    unsafe { out.set_len(len) };
+    true
+}
+
+/// The value of `obj` when the direct reader is on and `obj` is an exact `int` in
+/// `[0, 2**60)` (one id argument: `free(seq_id)`, `append_tokens(seq_id, ...)`); `None`
+/// otherwise, and the caller converts it through the C API.
+#[inline]
+pub fn small_exact_int(obj: &Bound<'_, PyAny>) -> Option<u64> {
+    // SAFETY: `obj` is live and the GIL held (`Bound` proves both); the layout was proved.
+    match layout() {
+        IntLayout::SignedCount => unsafe { small_int::<SignedCount>(obj.as_ptr()) },
+        IntLayout::Tagged => unsafe { small_int::<Tagged>(obj.as_ptr()) },
+        IntLayout::Api => None,
+    }
+}
+
+/// The probe values: every digit-count boundary on both sides, negatives, values past 2**60
+/// and 2**64, ints made by parsing and by arithmetic, and non-ints with int-like layouts.
+const PROBE: &std::ffi::CStr = c"[0, 1, 7, 2**30 - 1, 2**30, 2**30 + 1, 2**31, 2**32 - 1, 2**32, \
+2**32 + 5, 2**59, 2**60 - 1, 2**60, 2**62, 2**63 - 1, 2**63, 2**64 - 1, 2**64, 10**30, \
+int('2000000000'), 2000000000 + 1323, (2**30 - 1) * (2**30 + 1), 255, 256, 1000003, \
+-1, -7, -(2**30), -(2**30) + 1, -(2**60), -(2**62), -(10**30), True, False, 1.0, None, 'x']";
+
+/// The layout the running interpreter should have, before any probe; `Err(why)` when none is
+/// known to fit (the reader then stays off; `why` documents each refusal).
+fn candidate(py: Python<'_>) -> PyResult<Result<IntLayout, &'static str>> {
+    let sys = py.import("sys")?;
+    let name: String = sys.getattr("implementation")?.getattr("name")?.extract()?;
+    if name != "cpython" {
+        return Ok(Err("not CPython"));
+    }
+    let version = sys.getattr("version_info")?;
+    let major: u32 = version.getattr("major")?.extract()?;
+    let minor: u32 = version.getattr("minor")?.extract()?;
+    let layout = match (major, minor) {
+        (3, 10 | 11) => IntLayout::SignedCount,
+        (3, 12..=14) => IntLayout::Tagged,
+        _ => return Ok(Err("unknown CPython version")),
+    };
+    if sys.hasattr("_is_gil_enabled")? && !sys.call_method0("_is_gil_enabled")?.extract::<bool>()? {
+        return Ok(Err("free-threaded interpreter"));
+    }
+    let int_info = sys.getattr("int_info")?;
+    let bits: u32 = int_info.getattr("bits_per_digit")?.extract()?;
+    let digit_size: usize = int_info.getattr("sizeof_digit")?.extract()?;
+    if bits != DIGIT_BITS || digit_size != std::mem::size_of::<u32>() {
+        return Ok(Err("not 30-bit digits in 4 bytes"));
+    }
+    let builtins = py.import("builtins")?;
+    let basic_size = |name: &str| -> PyResult<usize> {
+        builtins.getattr(name)?.getattr("__basicsize__")?.extract()
+    };
+    let int_item_size: usize = builtins
+        .getattr("int")?
+        .getattr("__itemsize__")?
+        .extract()?;
+    if basic_size("int")? != DIGITS_OFFSET || int_item_size != std::mem::size_of::<u32>() {
+        return Ok(Err("int object size differs"));
+    }
+    if basic_size("list")? != LIST_BASIC_SIZE {
+        return Ok(Err("list object size differs"));
+    }
+    Ok(Ok(layout))
+}
+
+/// What `PyLong_AsLongLong` reads from `item`, kept only where the direct reader must read it
+/// (an exact `int` in `[0, 2**60)`); `None` where it must say "not fast".
+fn expected_value(item: &Bound<'_, PyAny>) -> Option<u64> {
+    if !item.is_exact_instance_of::<pyo3::types::PyInt>() {
+        return None;
+    }
+    // SAFETY: GIL held; an exact int's conversion runs no Python code; an overflow error is
+    // cleared right away.
+    let value = unsafe { ffi::PyLong_AsLongLong(item.as_ptr()) };
+    if value == -1 && unsafe { !ffi::PyErr_Occurred().is_null() } {
+        unsafe { ffi::PyErr_Clear() };
+        return None;
+    }
+    u64::try_from(value).ok().filter(|&v| v < FAST_LIMIT)
+}
+
+/// Proves `D` on the probe list: the item array is the list's items, each item decodes to its
+/// expected value, and the production loop reads the fast items' list exactly.
+fn prove<D: Digits>(py: Python<'_>) -> PyResult<Result<(), &'static str>> {
+    let probe = py.eval(PROBE, None, None)?;
+    let list = probe.cast::<PyList>()?;
+    let len = list.len();
+    // SAFETY: the list header is only read here and compared with the C API's answers; the
+    // item pointers are not dereferenced until every one is known to be the list's own item.
+    if unsafe { (*list.as_ptr().cast::<VarHeader>()).size_or_tag } != len as isize {
+        return Ok(Err("list ob_size differs"));
+    }
+    // SAFETY: as above: `len >= 1`, no Python code runs while `items` lives.
+    let items = unsafe { list_items(list, len) }.to_vec();
+    let mut fast = Vec::new();
+    for (index, &item) in items.iter().enumerate() {
+        // SAFETY: GIL held, `index < len`; a borrowed reference, compared only.
+        let api_item = unsafe { ffi::PyList_GetItem(list.as_ptr(), index as ffi::Py_ssize_t) };
+        if api_item.is_null() || api_item != item {
+            return Ok(Err("list item array differs"));
+        }
+        let expected = expected_value(&list.get_item(index)?);
+        // SAFETY: `item` is the list's own live item (checked above), GIL held.
+        if unsafe { small_int::<D>(item) } != expected {
+            return Ok(Err("an int decodes differently"));
+        }
+        fast.extend(expected);
+    }
+    // The production loop, over a list of the fast values only and over the whole probe list
+    // (which it must refuse).
+    let fast_list = PyList::new(py, &fast)?;
+    let mut read = vec![MaybeUninit::new(u64::MAX); fast.len()];
+    // SAFETY: as above, for `fast_list` (not empty: the probe has fast values).
+    let fast_items = unsafe { list_items(&fast_list, fast.len()) };
+    let read_ok = fill_with::<D, u64>(fast_items, &mut read, Some);
+    // SAFETY: every slot was initialized (to `u64::MAX`) before the loop overwrote some.
+    if !read_ok
+        || read
+            .iter()
+            .map(|v| unsafe { v.assume_init() })
+            .ne(fast.iter().copied())
+    {
+        return Ok(Err("the list loop reads differently"));
+    }
+    let mut all = vec![MaybeUninit::new(0_u64); len];
+    if fill_with::<D, u64>(&items, &mut all, Some) {
+        return Ok(Err("the list loop accepts a value it must refuse"));
+    }
+    Ok(Ok(()))
+}
+
+/// Picks and proves the layout for the running interpreter; `Api` when anything fails (a
+/// Python error during the probe included: it is dropped, the reader simply stays off).
+fn select(py: Python<'_>) -> IntLayout {
+    let proved = candidate(py).and_then(|candidate| {
+        let Ok(layout) = candidate else {
+            return Ok(IntLayout::Api);
+        };
+        let proof = match layout {
+            IntLayout::SignedCount => prove::<SignedCount>(py)?,
+            IntLayout::Tagged => prove::<Tagged>(py)?,
+            IntLayout::Api => Err("off"),
+        };
+        Ok(if proof.is_ok() {
+            layout
+        } else {
+            IntLayout::Api
+        })
+    });
+    proved.unwrap_or(IntLayout::Api)
+}
+
+/// The name of the list reader in use: `'cpython-3.10'`, `'cpython-3.12'` or `'api'` (off).
+/// Private: tests assert the fast reader did not silently turn off.
+#[pyfunction]
+fn _int_list_reader() -> &'static str {
+    layout().name()
+}
+
+/// Proves the layout (once per process) and registers `_int_list_reader` (set as an
+/// attribute: `add_function` would also list the private name in `__all__`).
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    LAYOUT.get_or_init(|| select(m.py()));
+    m.setattr("_int_list_reader", wrap_pyfunction!(_int_list_reader, m)?)
+}
