@@ -31,6 +31,7 @@ mod host;
 mod manager;
 mod peers;
 mod pool;
+mod prefetch;
 mod prefix;
 mod seqmap;
 pub mod splitmix64;

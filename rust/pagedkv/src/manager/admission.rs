@@ -155,6 +155,7 @@ impl KvCacheManager {
 
         let extra: Option<Arc<[u8]>> = extra_key.map(Arc::from);
         // Events are built only when enabled: with them off, registering is the index alone.
+        prefix.prefetch_registers(&block_ids[num_hits..num_full], &block_hashes[num_hits..]);
         let mut stored = prefix
             .events
             .enabled()

@@ -88,9 +88,7 @@ impl KvCacheManager {
                 .prefix
                 .as_mut()
                 .expect("cache reservations imply a prefix cache");
-            for _ in 0..reservation.from_cache {
-                out.push(prefix.evict_lru(&self.pool));
-            }
+            prefix.evict_lru_into(reservation.from_cache, &self.pool, out);
         }
         self.num_blocks_in_use += reservation.num_blocks;
         self.counters.blocks_allocated += reservation.num_blocks as u64;

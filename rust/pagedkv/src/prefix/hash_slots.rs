@@ -119,6 +119,13 @@ impl HashSlots {
         }
     }
 
+    /// The home slot of `hash`'s block id, read only to load its cache line
+    /// (`crate::prefetch`).
+    #[inline]
+    pub(crate) fn home_word(&self, hash: BlockHash) -> u64 {
+        u64::from(self.slots[tag_of(hash) as usize & self.mask()].block)
+    }
+
     /// Fills the empty `slot` a probe for `hash` returned with `block`.
     #[inline]
     pub(crate) fn fill(&mut self, slot: usize, hash: BlockHash, block: BlockId) {

@@ -20,6 +20,7 @@ use std::sync::Arc;
 
 use super::hash::{BlockHash, BlockHasher};
 use super::hash_slots::{HashSlots, Probe};
+use crate::prefetch::touch_all;
 use crate::{BlockId, TokenId};
 
 /// What one block was stored with (indexed by block id). One cache line per block: admitting
@@ -188,6 +189,40 @@ impl BlockIndex {
             "indexed block {c}: its hash is not in the map"
         );
         first.map(|b| (b, s.hash))
+    }
+
+    /// Loads what entering `blocks[i]` under `hashes[i]` will touch, all at once
+    /// (`crate::prefetch`): each hash's home slot and each block's record (the token ids are
+    /// only written).
+    pub(crate) fn prefetch_inserts(&self, blocks: &[BlockId], hashes: &[BlockHash]) {
+        let stored = &self.stored;
+        touch_all(
+            blocks
+                .iter()
+                .zip(hashes)
+                .map(|(&b, &h)| self.map.home_word(h) ^ u64::from(stored[b as usize].next_copy)),
+        );
+    }
+
+    /// Loads the records of `blocks`, about to be removed, all at once.
+    pub(crate) fn prefetch_records(&self, blocks: &[BlockId]) {
+        let stored = &self.stored;
+        touch_all(
+            blocks
+                .iter()
+                .map(|&b| u64::from(stored[b as usize].next_copy)),
+        );
+    }
+
+    /// Loads the home slots of indexed `blocks`' hashes, all at once (their records were
+    /// loaded first: each slot's address comes from its block's record).
+    pub(crate) fn prefetch_slots_of(&self, blocks: &[BlockId]) {
+        let stored = &self.stored;
+        touch_all(
+            blocks
+                .iter()
+                .map(|&b| self.map.home_word(stored[b as usize].hash)),
+        );
     }
 
     /// Enters full block `b` under `hash`, as one more copy when that content is already

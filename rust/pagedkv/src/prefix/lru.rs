@@ -110,15 +110,24 @@ impl Lru {
         Some(b)
     }
 
-    /// The blocks, least recently used first (the walk stops after `links.len()` steps, so a
-    /// corrupted cycle cannot hang it).
+    /// The blocks, least recently used first (at most `links.len() + 1` of them, so a
+    /// corrupted cycle cannot hang a walk).
+    pub(crate) fn iter(&self) -> impl Iterator<Item = BlockId> + '_ {
+        let mut b = self.head;
+        std::iter::from_fn(move || {
+            let cur = b;
+            (cur != NIL).then(|| {
+                b = self.links[cur as usize].next;
+                cur
+            })
+        })
+        .take(self.links.len() + 1)
+    }
+
+    /// The blocks, least recently used first (see [`Lru::iter`]).
     pub(crate) fn order(&self) -> Vec<BlockId> {
         let mut out = Vec::with_capacity(self.len);
-        let mut b = self.head;
-        while b != NIL && out.len() <= self.links.len() {
-            out.push(b);
-            b = self.links[b as usize].next;
-        }
+        out.extend(self.iter());
         out
     }
 

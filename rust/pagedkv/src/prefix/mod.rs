@@ -145,12 +145,31 @@ impl PrefixCache {
         pool.claim_cached(b);
     }
 
-    /// Evicts the least recently used cached block for reuse as a fresh block (refcount
-    /// 0 -> 1); it loses its hash (`BlockRemoved`). The caller checked the LRU is not empty.
-    pub(crate) fn evict_lru(&mut self, pool: &BlockPool) -> BlockId {
-        let b = self.unindex_lru().expect("evict from an empty LRU");
-        pool.claim_cached(b);
-        b
+    /// Evicts the `n` least recently used cached blocks for reuse as fresh blocks (refcount
+    /// 0 -> 1), appending them to `out` in eviction order; each loses its hash
+    /// (`BlockRemoved`). The caller checked the LRU holds at least `n`.
+    ///
+    /// The victims' records and then their hash-table slots are loaded before any is removed
+    /// (`crate::prefetch`): the least recently used blocks are the coldest memory of the
+    /// cache, and one at a time each removal waited on two cache misses.
+    pub(crate) fn evict_lru_into(&mut self, n: usize, pool: &BlockPool, out: &mut Vec<BlockId>) {
+        let start = out.len();
+        out.extend(self.lru.iter().take(n));
+        debug_assert_eq!(out.len() - start, n, "evicting more than the LRU holds");
+        self.index.prefetch_records(&out[start..]);
+        self.index.prefetch_slots_of(&out[start..]);
+        for &victim in &out[start..] {
+            let b = self.unindex_lru().expect("evict from an empty LRU");
+            debug_assert_eq!(b, victim);
+            pool.claim_cached(b);
+        }
+    }
+
+    /// Loads what registering `blocks` under `hashes` will touch, all at once (see
+    /// [`BlockIndex::prefetch_inserts`]).
+    #[inline]
+    pub(crate) fn prefetch_registers(&self, blocks: &[BlockId], hashes: &[BlockHash]) {
+        self.index.prefetch_inserts(blocks, hashes);
     }
 
     /// Returns the least recently used cached block to the pool's free list (it loses its hash:
@@ -238,7 +257,9 @@ mod tests {
         assert_eq!(c.lru_order(), vec![0, 1, 2]);
         c.revive_cached(1, &pool);
         assert_eq!(c.lru_order(), vec![0, 2]);
-        assert_eq!(c.evict_lru(&pool), 0);
+        let mut out = vec![];
+        c.evict_lru_into(1, &pool, &mut out);
+        assert_eq!(out, vec![0]);
         assert_eq!(c.lru_order(), vec![2]);
         assert!(!c.is_indexed(0) && c.is_indexed(1));
         c.check(|b| pool.refcount(b).unwrap()).unwrap();
