@@ -501,13 +501,30 @@ impl BlockPool {
     }
 
     /// Drops one reference; at 0 the block is *kept out* of the free list as a cached-evictable
-    /// block of the calling manager. Returns `true` when it reached 0.
+    /// block of the calling manager. Returns `true` when it reached 0. (The managers release
+    /// through [`Self::release_to_cache_uncounted`] and count once per operation.)
+    #[cfg(test)]
     pub(crate) fn release_to_cache(&self, block_id: BlockId) -> Result<bool> {
-        if self.decrement(block_id, None)? {
-            self.cached_count.fetch_add(1, Ordering::AcqRel);
-            Ok(true)
-        } else {
-            Ok(false)
+        let cached = self.release_to_cache_uncounted(block_id)?;
+        self.count_cached(usize::from(cached));
+        Ok(cached)
+    }
+
+    /// [`Self::release_to_cache`] without counting the block in the pool's cached-block count:
+    /// the caller counts every block this returned `true` for with one
+    /// [`Self::count_cached`] before its operation returns. Freeing a sequence releases a block
+    /// per 16 tokens, and one shared-counter update per block was a locked read-modify-write
+    /// of one cache line each time.
+    #[inline]
+    pub(crate) fn release_to_cache_uncounted(&self, block_id: BlockId) -> Result<bool> {
+        self.decrement(block_id, None)
+    }
+
+    /// Counts `num_blocks` blocks released by [`Self::release_to_cache_uncounted`].
+    #[inline]
+    pub(crate) fn count_cached(&self, num_blocks: usize) {
+        if num_blocks > 0 {
+            self.cached_count.fetch_add(num_blocks, Ordering::AcqRel);
         }
     }
 
@@ -516,14 +533,26 @@ impl BlockPool {
     /// A new tenancy: the generation goes up, so handles to the cached content's previous
     /// holders are stale.
     pub(crate) fn claim_cached(&self, block_id: BlockId) {
-        let prev = self.refs[block_id as usize].fetch_add(GENERATION_ONE + 1, Ordering::AcqRel);
-        debug_assert_eq!(
-            refcount_of(prev),
-            0,
-            "claimed cached block {block_id} had refcount {}",
-            refcount_of(prev)
-        );
-        self.cached_count.fetch_sub(1, Ordering::AcqRel);
+        self.claim_cached_all(&[block_id]);
+    }
+
+    /// [`Self::claim_cached`] for each of `block_ids`, with one update of the cached-block
+    /// count.
+    #[inline]
+    pub(crate) fn claim_cached_all(&self, block_ids: &[BlockId]) {
+        for &block_id in block_ids {
+            let prev = self.refs[block_id as usize].fetch_add(GENERATION_ONE + 1, Ordering::AcqRel);
+            debug_assert_eq!(
+                refcount_of(prev),
+                0,
+                "claimed cached block {block_id} had refcount {}",
+                refcount_of(prev)
+            );
+        }
+        if !block_ids.is_empty() {
+            self.cached_count
+                .fetch_sub(block_ids.len(), Ordering::AcqRel);
+        }
     }
 
     /// A cached-evictable block goes back on the free list (cache reset or manager drop).

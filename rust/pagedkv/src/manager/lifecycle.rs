@@ -82,9 +82,7 @@ impl KvCacheManager {
             );
             return Ok(());
         }
-        for &b in seq.table.block_ids.iter().rev() {
-            self.release(b);
-        }
+        self.release_all(seq.table.block_ids.iter().rev().copied());
         Ok(())
     }
 

@@ -123,23 +123,46 @@ impl KvCacheManager {
     /// `release`: one table stops referencing `b` (refcount -1). At 0 the block becomes
     /// cached-evictable (joining the LRU tail) if its content is indexed, else free.
     pub(super) fn release(&mut self, b: BlockId) {
+        let cached = self.release_uncounted(b);
+        self.pool.count_cached(usize::from(cached));
+    }
+
+    /// [`Self::release`] of each block of `blocks`, in order, counting the blocks that became
+    /// cached-evictable in the pool once at the end.
+    pub(super) fn release_all(&mut self, blocks: impl IntoIterator<Item = BlockId>) {
+        let mut cached = 0;
+        for b in blocks {
+            cached += usize::from(self.release_uncounted(b));
+        }
+        self.pool.count_cached(cached);
+    }
+
+    /// [`Self::release`] except that a block that became cached-evictable is not yet counted
+    /// in the pool (returns `true` for it; the caller counts it with
+    /// [`BlockPool::count_cached`](crate::BlockPool) before returning).
+    fn release_uncounted(&mut self, b: BlockId) -> bool {
         let prefix = self.prefix.as_mut().filter(|p| p.is_indexed(b));
         let result = match &prefix {
-            Some(_) => self.pool.release_to_cache(b),
+            Some(_) => self.pool.release_to_cache_uncounted(b),
             None => self.pool.release_id(b),
         };
         match result {
             Ok(true) => {
-                if let Some(p) = prefix {
-                    p.push_lru(b);
-                }
                 self.num_blocks_in_use -= 1;
                 self.counters.blocks_freed += 1;
+                if let Some(p) = prefix {
+                    p.push_lru(b);
+                    return true;
+                }
+                false
             }
-            Ok(false) => {}
+            Ok(false) => false,
             // Our tables hold a reference to `b`, so the pool cannot refuse; if it does, the
             // refcount was corrupted elsewhere and check_invariants will report it.
-            Err(e) => debug_assert!(false, "release of table block {b} failed: {e}"),
+            Err(e) => {
+                debug_assert!(false, "release of table block {b} failed: {e}");
+                false
+            }
         }
     }
 }

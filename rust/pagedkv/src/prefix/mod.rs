@@ -161,8 +161,8 @@ impl PrefixCache {
         for &victim in &out[start..] {
             let b = self.unindex_lru().expect("evict from an empty LRU");
             debug_assert_eq!(b, victim);
-            pool.claim_cached(b);
         }
+        pool.claim_cached_all(&out[start..]);
     }
 
     /// Loads what registering `blocks` under `hashes` will touch, all at once (see
