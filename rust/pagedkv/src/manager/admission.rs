@@ -154,8 +154,8 @@ impl KvCacheManager {
         prefix.hit_tokens += (num_hits * bs) as u64;
 
         let extra: Option<Arc<[u8]>> = extra_key.map(Arc::from);
-        // Events are built only when enabled: with them off, registering is the index alone.
         prefix.prefetch_registers(&block_ids[num_hits..num_full], &block_hashes[num_hits..]);
+        // Events are built only when enabled: with them off, registering is the index alone.
         let mut stored = prefix
             .events
             .enabled()
