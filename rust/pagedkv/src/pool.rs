@@ -568,17 +568,6 @@ impl BlockPool {
     // ---- internals ----
 
     #[inline]
-    /// Loads the refcount words of `block_ids` all at once (`crate::prefetch`), before a
-    /// caller releases them one by one. Ids out of range are skipped.
-    pub(crate) fn prefetch_refcounts(&self, block_ids: &[BlockId]) {
-        crate::prefetch::touch_all(
-            block_ids
-                .iter()
-                .filter_map(|&b| self.refs.get(b as usize))
-                .map(|rc| rc.load(Ordering::Relaxed)),
-        );
-    }
-
     fn ref_cell(&self, block_id: BlockId) -> Result<&AtomicU64> {
         match self.refs.get(block_id as usize) {
             Some(rc) => Ok(rc),

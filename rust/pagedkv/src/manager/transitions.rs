@@ -127,19 +127,11 @@ impl KvCacheManager {
         self.pool.count_cached(usize::from(cached));
     }
 
-    /// [`Self::release`] of each block of `blocks` (a finished sequence's table), last first,
-    /// counting the blocks that became cached-evictable in the pool once at the end.
-    ///
-    /// The blocks' refcount words and, with prefix caching, their index records are loaded
-    /// for the whole table first (`crate::prefetch`): a sequence admitted long ago has cold
-    /// ones, and one block at a time each release waited on those misses.
-    pub(super) fn release_all(&mut self, blocks: &[BlockId]) {
-        self.pool.prefetch_refcounts(blocks);
-        if let Some(prefix) = self.prefix.as_ref() {
-            prefix.prefetch_records(blocks);
-        }
+    /// [`Self::release`] of each block of `blocks`, in order, counting the blocks that became
+    /// cached-evictable in the pool once at the end.
+    pub(super) fn release_all(&mut self, blocks: impl IntoIterator<Item = BlockId>) {
         let mut cached = 0;
-        for &b in blocks.iter().rev() {
+        for b in blocks {
             cached += usize::from(self.release_uncounted(b));
         }
         self.pool.count_cached(cached);

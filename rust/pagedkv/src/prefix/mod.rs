@@ -165,12 +165,6 @@ impl PrefixCache {
         pool.claim_cached_all(&out[start..]);
     }
 
-    /// Loads the index records of `blocks` all at once (see `crate::prefetch`).
-    #[inline]
-    pub(crate) fn prefetch_records(&self, blocks: &[BlockId]) {
-        self.index.prefetch_records(blocks);
-    }
-
     /// Loads what registering `blocks` under `hashes` will touch, all at once (see
     /// [`BlockIndex::prefetch_inserts`]).
     #[inline]
