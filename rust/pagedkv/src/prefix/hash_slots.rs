@@ -187,13 +187,19 @@ impl HashSlots {
 
     /// Verifies the invariants above; `hash_of` gives each named block's hash.
     pub(crate) fn check(&self, hash_of: impl Fn(BlockId) -> BlockHash) -> Result<(), String> {
-        let mut occupied = 0;
+        let occupied = self.slots.iter().filter(|s| s.block != EMPTY).count();
+        if occupied != self.len {
+            return Err(format!("{occupied} slots occupied, len {}", self.len));
+        }
+        // A probe ends at an empty slot: with none, one would never end.
+        if occupied >= self.slots.len() {
+            return Err("hash table has no empty slot".into());
+        }
         let mut seen = std::collections::HashSet::new();
         for (at, s) in self.slots.iter().enumerate() {
             if s.block == EMPTY {
                 continue;
             }
-            occupied += 1;
             if !seen.insert(s.block) {
                 return Err(format!("hash table names block {} twice", s.block));
             }
@@ -201,20 +207,16 @@ impl HashSlots {
             if s.tag != tag_of(hash) {
                 return Err(format!("slot {at}: tag does not match block {}", s.block));
             }
-            if self.probe(hash, &hash_of)
-                != (Probe::Found {
-                    slot: at,
-                    block: s.block,
-                })
-            {
+            let found = Probe::Found {
+                slot: at,
+                block: s.block,
+            };
+            if self.probe(hash, &hash_of) != found {
                 return Err(format!(
                     "slot {at}: block {} unreachable from home",
                     s.block
                 ));
             }
-        }
-        if occupied != self.len {
-            return Err(format!("{occupied} slots occupied, len {}", self.len));
         }
         Ok(())
     }

@@ -321,10 +321,13 @@ impl BlockIndex {
     /// its stored content (docs/design.md, Invariants 5).
     pub(crate) fn check(&self, hasher: &BlockHasher) -> Result<(), String> {
         let stored = &self.stored;
-        self.map.check(|b| stored[b as usize].hash)?;
+        // A corrupted slot may name a block out of range: its "hash" is then 0, which its tag
+        // contradicts, so the check reports it instead of indexing out of bounds.
+        let hash_of = |b: BlockId| stored.get(b as usize).map_or(0, |s| s.hash);
+        self.map.check(hash_of)?;
         let mut copies = 0usize;
         for first in self.map.blocks() {
-            let h = stored[first as usize].hash;
+            let h = hash_of(first);
             let mut b = first;
             while b != NO_BLOCK {
                 let s = self
