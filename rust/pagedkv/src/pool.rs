@@ -54,7 +54,9 @@
 //!
 //! A manager with prefix caching keeps some refcount-0 blocks out of the free list as
 //! *cached-evictable* (their KV content may be reused). Those transitions are crate-internal:
-//! `release_to_cache`, `claim_cached` and `free_cached`; the pool only counts such blocks.
+//! `release_to_cache_uncounted` + `count_cached`, `claim_cached(_all)` and `free_cached`; the
+//! pool only counts such blocks (the managers update the count once per free and per eviction
+//! batch, and only quiescent checks compare it with the refcounts).
 
 use std::fmt;
 
