@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use super::{KvCacheManager, SeqHashing, Sequence};
 use crate::error::{invalid, Error, Result};
-use crate::prefix::events::StoredRun;
+use crate::prefix::events::block_stored;
 use crate::table::BlockTable;
 use crate::{BlockId, SeqId, TokenId};
 
@@ -155,33 +155,38 @@ impl KvCacheManager {
 
         let extra: Option<Arc<[u8]>> = extra_key.map(Arc::from);
         prefix.prefetch_registers(&block_ids[num_hits..num_full], &block_hashes[num_hits..]);
-        // Events are built only when enabled: with them off, registering is the index alone.
-        let mut stored = prefix
-            .events
-            .enabled()
-            .then(|| StoredRun::with_capacity(num_full - num_hits, bs));
-        for i in num_hits..num_full {
-            let parent = i.checked_sub(1).map(|p| block_hashes[p]);
-            let parent_block = i.checked_sub(1).map(|p| block_ids[p]);
-            let chunk = &token_ids[i * bs..(i + 1) * bs];
-            let entered = prefix.register(
-                block_ids[i],
-                block_hashes[i],
-                parent,
-                parent_block,
-                chunk,
-                &extra,
-            );
-            if let Some(run) = stored.as_mut() {
-                if entered {
-                    run.add(block_hashes[i], parent, chunk);
-                } else {
-                    run.flush(&mut prefix.events, bs, extra.as_deref());
+        // One `BlockStored` per run of consecutive blocks the index took (all of them, unless
+        // it refused one: a hash naming other content), built from the run's slices at its
+        // end; with events off, registering is the index alone.
+        let events_on = prefix.events.enabled();
+        let mut run_start = num_hits;
+        for i in num_hits..=num_full {
+            let entered = i < num_full && {
+                let parent = i.checked_sub(1).map(|p| block_hashes[p]);
+                let parent_block = i.checked_sub(1).map(|p| block_ids[p]);
+                let chunk = &token_ids[i * bs..(i + 1) * bs];
+                prefix.register(
+                    block_ids[i],
+                    block_hashes[i],
+                    parent,
+                    parent_block,
+                    chunk,
+                    &extra,
+                )
+            };
+            if !entered && events_on {
+                if run_start < i {
+                    let event = block_stored(
+                        &block_hashes[run_start..i],
+                        run_start.checked_sub(1).map(|p| block_hashes[p]),
+                        &token_ids[run_start * bs..i * bs],
+                        bs,
+                        extra_key,
+                    );
+                    prefix.events.push(event);
                 }
+                run_start = i + 1;
             }
-        }
-        if let Some(run) = stored.as_mut() {
-            run.flush(&mut prefix.events, bs, extra.as_deref());
         }
 
         let hashing = SeqHashing {

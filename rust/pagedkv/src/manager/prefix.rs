@@ -1,7 +1,7 @@
 //! Prefix-cache integration: reset, events, the LRU view, and hashing of appended tokens.
 
 use super::{KvCacheManager, Sequence};
-use crate::prefix::events::{KvEvent, StoredRun};
+use crate::prefix::events::{block_stored, KvEvent};
 use crate::prefix::PrefixCache;
 use crate::{BlockId, TokenId};
 
@@ -128,9 +128,14 @@ pub(super) fn record_tokens(
             );
             if entered && prefix.events.enabled() {
                 // One event per filled block, as each block fills.
-                let mut stored = StoredRun::default();
-                stored.add(hash, parent, &h.partial_tokens);
-                stored.flush(&mut prefix.events, block_size, h.extra_key.as_deref());
+                let event = block_stored(
+                    &[hash],
+                    parent,
+                    &h.partial_tokens,
+                    block_size,
+                    h.extra_key.as_deref(),
+                );
+                prefix.events.push(event);
             }
             h.block_hashes.push(hash);
             h.partial_tokens.clear();

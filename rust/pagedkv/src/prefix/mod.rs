@@ -23,7 +23,7 @@ use self::hash::{BlockHash, BlockHasher};
 use self::index::BlockIndex;
 use self::lru::Lru;
 use crate::pool::BlockPool;
-use crate::{BlockId, Tier, TokenId};
+use crate::{BlockId, TokenId};
 
 /// The prefix cache of one manager: hasher, index, LRU of cached-evictable blocks, events and
 /// counters.
@@ -186,12 +186,7 @@ impl PrefixCache {
     fn unindex_lru(&mut self) -> Option<BlockId> {
         let b = self.lru.pop_front()?;
         if let Some(h) = self.index.remove(b) {
-            if self.events.enabled() {
-                self.events.push(KvEvent::BlockRemoved {
-                    block_hashes: vec![h],
-                    medium: Tier::Device,
-                });
-            }
+            self.events.push_removed(h);
         }
         self.blocks_evicted += 1;
         Some(b)
