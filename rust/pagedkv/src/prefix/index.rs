@@ -229,6 +229,7 @@ impl BlockIndex {
     /// indexed on other blocks. Refuses (returns false) when `b` already holds indexed content,
     /// or when `hash` names different content (a collision: the first content keeps it).
     /// `parent_block` (the block before `b` in its table) gets `b` as its child hint.
+    #[inline]
     pub(crate) fn insert(
         &mut self,
         b: BlockId,
@@ -285,6 +286,7 @@ impl BlockIndex {
 
     /// Takes block `b` out of the index (its other copies stay); returns the hash it was
     /// indexed under, if any.
+    #[inline]
     pub(crate) fn remove(&mut self, b: BlockId) -> Option<BlockHash> {
         let s = &mut self.stored[b as usize];
         let h = s.hash()?;

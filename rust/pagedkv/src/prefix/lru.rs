@@ -77,6 +77,7 @@ impl Lru {
     }
 
     /// Unlinks `b` (in the list).
+    #[inline]
     pub(crate) fn remove(&mut self, b: BlockId) {
         let Link { prev, next, linked } = std::mem::replace(
             &mut self.links[b as usize],
@@ -101,6 +102,7 @@ impl Lru {
     }
 
     /// Unlinks and returns the least recently used block.
+    #[inline]
     pub(crate) fn pop_front(&mut self) -> Option<BlockId> {
         let b = self.head;
         if b == NIL {

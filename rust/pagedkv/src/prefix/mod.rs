@@ -183,6 +183,7 @@ impl PrefixCache {
 
     /// Takes the least recently used cached block out of the LRU and the index (recording its
     /// `BlockRemoved`), leaving its pool state to the caller. `None` when nothing is cached.
+    #[inline]
     fn unindex_lru(&mut self) -> Option<BlockId> {
         let b = self.lru.pop_front()?;
         if let Some(h) = self.index.remove(b) {
