@@ -509,3 +509,48 @@ fn prefix_manager_allocation_with_eviction_against_a_single_allocation() {
         pool.check_invariants_quiescent().unwrap();
     });
 }
+
+/// An eviction claims its cached block (refcount 0 -> 1, next generation) with a load and a
+/// store, not a read-modify-write, racing a retain and a release through a handle to the
+/// block's previous tenancy. Whatever the interleaving both are refused (a refcount-0 word is
+/// only ever read by others), and the claim leaves the next tenancy at refcount 1.
+#[test]
+fn eviction_claim_against_the_previous_tenancys_handle() {
+    use pagedkv::{KvCacheManager, ManagerConfig};
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = Some(2);
+    builder.check(|| {
+        let pool = std::sync::Arc::new(BlockPool::new(2, 1).unwrap());
+        let config = ManagerConfig {
+            enable_prefix_caching: true,
+            ..Default::default()
+        };
+        let mut kv = KvCacheManager::with_pool(pool.clone(), config).unwrap();
+        kv.add_sequence(1, &[1], None).unwrap();
+        let cached = kv.block_table(1).unwrap()[0];
+        let old = pool.handle(cached).unwrap();
+        kv.free(1).unwrap(); // cached-evictable: refcount 0, still indexed
+        let manager = thread::spawn(move || {
+            // Two blocks: the free one and the cached one, evicted and claimed.
+            kv.add_sequence(2, &[5, 6], None).unwrap();
+            kv
+        });
+        let p = pool.clone();
+        let stale = thread::spawn(move || (p.retain(old), p.release(old)));
+        let mut kv = manager.join().unwrap();
+        let (retained, released) = stale.join().unwrap();
+        assert_eq!(retained, Err(Error::StaleHandle(old)));
+        // Before the claim the handle's tenancy is over (DoubleFree), after it stale.
+        assert!(
+            matches!(released, Err(Error::DoubleFree(b)) if b == cached)
+                || released == Err(Error::StaleHandle(old)),
+            "{released:?}"
+        );
+        let now = pool.handle(cached).unwrap();
+        assert_ne!(now.generation(), old.generation());
+        assert_eq!(pool.refcount(cached).unwrap(), 1);
+        kv.check_invariants().unwrap();
+        drop(kv);
+        pool.check_invariants_quiescent().unwrap();
+    });
+}

@@ -27,7 +27,7 @@ use std::fmt;
 use crate::BlockId;
 
 /// One in the generation half of a block's word.
-pub(super) const GENERATION_ONE: u64 = 1 << 32;
+const GENERATION_ONE: u64 = 1 << 32;
 
 /// The refcount half of a block's word.
 #[inline]
