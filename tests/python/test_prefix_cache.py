@@ -235,6 +235,33 @@ def test_event_sequence_store_evict_store_reset() -> None:
     kv.check_invariants()
 
 
+def test_drained_events_are_what_their_constructors_build() -> None:
+    # take_events builds the frozen dataclasses without running __init__ (object.__new__ and
+    # the fields in __dict__, as copy.copy does): each must be indistinguishable from the
+    # object __init__ builds from its fields, and still frozen.
+    import dataclasses
+
+    kv = manager(3)
+    kv.add_sequence(1, tokens(100, 2 * BS), extra_key=b"salt")
+    kv.free(1)
+    kv.add_sequence(2, tokens(700, 2 * BS + 1))
+    kv.free(2)
+    assert kv.reset_prefix_cache() is True
+    events = kv.take_events()
+    assert {type(e) for e in events} == {BlockStored, BlockRemoved, AllBlocksCleared}
+    for event in events:
+        fields = {f.name: getattr(event, f.name) for f in dataclasses.fields(event)}
+        twin = type(event)(**fields)
+        assert event == twin and hash(event) == hash(twin)
+        assert list(vars(event).items()) == list(vars(twin).items())  # same fields, same order
+        assert repr(event) == repr(twin)
+        if fields:
+            with pytest.raises(dataclasses.FrozenInstanceError):
+                event.medium = "CPU"  # type: ignore[misc]
+    salted = [e for e in events if isinstance(e, BlockStored) and e.extra_keys is not None]
+    assert salted and salted[0].extra_keys == [(b"salt",)] * len(salted[0].block_hashes)
+
+
 def test_hashes_are_reproducible_per_seed() -> None:
     def hashes(seed: int) -> list[int]:
         kv = manager(8, hash_seed=seed)
