@@ -5,8 +5,10 @@ the same prompts as NumPy int32 arrays (read in place, without a copy) in the la
 
     python benches/prefix_admission.py [--repeat 5] [--iters 2000]
 
-Prints microseconds per admit + free (best of `--repeat`) and the ratios the targets are stated
-in (benches/README.md, Prefix admission). Wall time on a shared machine: read the ratios.
+Prints microseconds per admit + free (best of `--repeat` rounds; each round times every case
+once, round-robin) and the ratios the targets are stated in (benches/README.md, Prefix
+admission), each also as the median of its per-round ratios. Wall time on a shared machine:
+read the ratios.
 """
 
 from __future__ import annotations
@@ -32,17 +34,14 @@ def _miss_prompts(n: int) -> list[list[int]]:
     return [[1_000_000 + i * 4096 + j for j in range(SYSTEM + SUFFIX)] for i in range(n)]
 
 
-def _time(kv: pagedkv.KvCacheManager, prompts: Sequence[object], repeat: int) -> float:
+def _pass(kv: pagedkv.KvCacheManager, prompts: Sequence[object], first_id: int) -> float:
+    """One admit + free of every prompt; microseconds per prompt."""
     add, free = kv.add_sequence, kv.free
-    best = float("inf")
-    for r in range(repeat):
-        base = r * len(prompts)
-        start = time.perf_counter_ns()
-        for i, p in enumerate(prompts):
-            add(base + i, p)
-            free(base + i)
-        best = min(best, (time.perf_counter_ns() - start) / len(prompts) / 1000)
-    return best
+    start = time.perf_counter_ns()
+    for i, p in enumerate(prompts):
+        add(first_id + i, p)
+        free(first_id + i)
+    return (time.perf_counter_ns() - start) / len(prompts) / 1000
 
 
 def main() -> None:
@@ -66,29 +65,47 @@ def main() -> None:
     # The all-miss ratio compares the same prompts with caching on and off: the miss prompts'
     # int objects are all distinct (cold in the cache), the W2 prompts share the system
     # prompt's, so reading a miss prompt costs more whatever the cache does.
-    rows = {
-        "caching off": _time(mk(False), w2, args.repeat),
-        "caching off, miss prompts": _time(mk(False), miss, args.repeat),
-        "W2 hit, events off": _time(mk(True), w2, args.repeat),
-        "W2 hit, events on": _time(mk(True, True), w2, args.repeat),
-        "all miss, events off": _time(mk(True), miss, args.repeat),
-        "all miss, events on": _time(mk(True, True), miss, args.repeat),
-        "int32 array, caching off": _time(mk(False), w2_np, args.repeat),
-        "int32, off, miss prompts": _time(mk(False), miss_np, args.repeat),
-        "int32 array, W2 hit": _time(mk(True), w2_np, args.repeat),
-        "int32 array, all miss": _time(mk(True), miss_np, args.repeat),
+    cases = {
+        "caching off": (mk(False), w2),
+        "caching off, miss prompts": (mk(False), miss),
+        "W2 hit, events off": (mk(True), w2),
+        "W2 hit, events on": (mk(True, True), w2),
+        "all miss, events off": (mk(True), miss),
+        "all miss, events on": (mk(True, True), miss),
+        "int32 array, caching off": (mk(False), w2_np),
+        "int32, off, miss prompts": (mk(False), miss_np),
+        "int32 array, W2 hit": (mk(True), w2_np),
+        "int32 array, all miss": (mk(True), miss_np),
     }
+    # Round-robin: each round times every case once, so the cases a ratio compares ran
+    # seconds apart, not minutes (this machine's speed drifts by tens of percent); each case
+    # reports its best round, and each ratio also the median of its per-round ratios.
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for r in range(args.repeat):
+        for name, (kv, prompts) in cases.items():
+            # An untimed pass first: the others' passes evicted this case's index (~12 MiB)
+            # from the CPU caches; sequential runs of one case find it warm, and so does this.
+            _pass(kv, prompts, 2 * r * len(prompts))
+            times[name].append(_pass(kv, prompts, (2 * r + 1) * len(prompts)))
+    rows = {name: min(ts) for name, ts in times.items()}
+
+    def ratio(a: str, b: str) -> str:
+        per_round = sorted(x / y for x, y in zip(times[a], times[b], strict=True))
+        median = per_round[len(per_round) // 2]
+        return f"{rows[a] / rows[b]:.2f}x (per-round median {median:.2f}x)"
+
     for name, us in rows.items():
         print(f"{name:26s} {us:8.2f} us per admit+free")
-    off = rows["caching off, miss prompts"]
-    print(f"all-miss / caching-off (events off): {rows['all miss, events off'] / off:.2f}x")
-    print(f"all-miss events on / caching-off: {rows['all miss, events on'] / off:.2f}x")
-    np_off = rows["int32, off, miss prompts"]
-    print(f"int32 arrays: all-miss / caching-off: {rows['int32 array, all miss'] / np_off:.2f}x")
-    print(f"W2 hit / caching-off (same prompts): {rows['W2 hit, events off'] / rows['caching off']:.2f}x")
-    print(f"int32 arrays / lists (W2 hit): {rows['int32 array, W2 hit'] / rows['W2 hit, events off']:.2f}x")
-    print(f"events on / off (W2): {rows['W2 hit, events on'] / rows['W2 hit, events off']:.2f}x")
-    print(f"events on / off (all miss): {rows['all miss, events on'] / rows['all miss, events off']:.2f}x")
+    off = "caching off, miss prompts"
+    print(f"all-miss / caching-off (events off): {ratio('all miss, events off', off)}")
+    print(f"all-miss events on / caching-off: {ratio('all miss, events on', off)}")
+    print(
+        f"int32 arrays: all-miss / caching-off: {ratio('int32 array, all miss', 'int32, off, miss prompts')}"
+    )
+    print(f"W2 hit / caching-off (same prompts): {ratio('W2 hit, events off', 'caching off')}")
+    print(f"int32 arrays / lists (W2 hit): {ratio('int32 array, W2 hit', 'W2 hit, events off')}")
+    print(f"events on / off (W2): {ratio('W2 hit, events on', 'W2 hit, events off')}")
+    print(f"events on / off (all miss): {ratio('all miss, events on', 'all miss, events off')}")
 
 
 if __name__ == "__main__":
