@@ -132,6 +132,12 @@ class KvCacheManager:
     def reset_prefix_cache(self) -> bool: ...
     def take_events(self) -> list[BlockStored | BlockRemoved | AllBlocksCleared]:
         """Drains the KV events (vLLM's schema; block hashes as Python ints), oldest first."""
+    def take_event_batch(
+        self, ts: float, data_parallel_rank: int | None = None, raw_hashes: bool = False
+    ) -> tuple[int, bytes]:
+        """Drains the same events as ``take_events`` encoded as one vLLM ``EventBatch`` (the bytes
+        ``pagedkv.events.encode_batch(take_events(), ts, ...)`` returns) without building event
+        objects: ``(number of events, payload)``."""
     def take_event_digests(self) -> list[tuple[str, list[int], int | None, list[int]]]:
         """Drains the same events as ``take_events`` as ``(kind, block_hashes, parent_block_hash,
         block_digests)``: each stored block's token ids become one ``token_block_digests``."""

@@ -102,7 +102,8 @@ class ZmqEventPublisher:
                 raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
         self._topic = topic.encode("utf-8")
         self._data_parallel_rank = data_parallel_rank
-        self._queue: queue.Queue[tuple[float, list[KvEvent]] | None] = queue.Queue(max_queue_batches)
+        # A batch to encode (`publish`), an encoded payload (`drain`), or the stop sentinel.
+        self._queue: queue.Queue[tuple[float, list[KvEvent]] | bytes | None] = queue.Queue(max_queue_batches)
         self._buffer: collections.deque[tuple[int, bytes]] = collections.deque(maxlen=buffer_steps)
         self._context: zmq.Context[Any] = zmq.Context.instance()
         self._pub = _open(self._context, zmq.PUB, endpoint, hwm)
@@ -133,7 +134,10 @@ class ZmqEventPublisher:
     def publish(self, events: Iterable[KvEvent]) -> bool:
         """Queues ``events`` as one batch (stamped now); returns False when the queue was full and
         the batch was dropped. Raises RuntimeError after ``close()``."""
-        batch = (time.time(), list(events))
+        return self._enqueue((time.time(), list(events)))
+
+    def _enqueue(self, batch: tuple[float, list[KvEvent]] | bytes) -> bool:
+        """Queues a batch to encode or an encoded payload; False when the queue was full."""
         with self._lock:
             if self._closed:
                 raise RuntimeError("ZmqEventPublisher is closed")
@@ -156,11 +160,24 @@ class ZmqEventPublisher:
         return True
 
     def drain(self, kv: Any) -> int:
-        """Publishes ``kv.take_events()`` as one batch when there are any; returns how many."""
-        events = kv.take_events()
-        if events:
-            self.publish(events)
-        return len(events)
+        """Publishes ``kv.take_events()`` as one batch when there are any; returns how many.
+
+        A ``pagedkv.KvCacheManager`` drains and encodes them in one call (``take_event_batch``:
+        the same bytes, without building an event object per event, ~2 us each); any other
+        object with a ``take_events()`` goes through ``publish``."""
+        take_batch = getattr(kv, "take_event_batch", None)
+        if take_batch is None:
+            events = kv.take_events()
+            if events:
+                self.publish(events)
+            return len(events)
+        with self._lock:
+            if self._closed:  # checked before draining: closed, the events stay in `kv`
+                raise RuntimeError("ZmqEventPublisher is closed")
+        count, payload = take_batch(time.time(), self._data_parallel_rank)
+        if count:
+            self._enqueue(payload)
+        return int(count)
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Sends what is queued (up to ``timeout_s``), stops the thread and closes the sockets.
@@ -211,7 +228,10 @@ class ZmqEventPublisher:
                 self._queue.task_done()
                 return
             try:
-                self._send(*item)
+                if isinstance(item, bytes):
+                    self._send_payload(item)
+                else:
+                    self._send(*item)
             finally:
                 self._queue.task_done()
 
@@ -222,6 +242,9 @@ class ZmqEventPublisher:
             self.failed_batches += 1
             self.last_error = error
             return
+        self._send_payload(payload)
+
+    def _send_payload(self, payload: bytes) -> None:
         seq = self.published_batches
         self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload))
         self._buffer.append((seq, payload))

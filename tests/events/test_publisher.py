@@ -112,6 +112,39 @@ def test_burst_arrives_complete_and_in_order() -> None:
         assert pub.dropped_batches == 0 and pub.failed_batches == 0
 
 
+class ObjectsOnly:
+    """A manager seen only through ``take_events`` (what ``drain`` accepts from other engines)."""
+
+    def __init__(self, kv: pagedkv.KvCacheManager) -> None:
+        self.kv = kv
+
+    def take_events(self) -> list[object]:
+        return self.kv.take_events()
+
+
+def test_drain_sends_what_take_events_would() -> None:
+    # A pagedkv manager is drained straight to bytes (take_event_batch), any other object
+    # through take_events and publish: twin engines give the same events either way.
+    with ZmqEventPublisher("tcp://127.0.0.1:*", topic=TOPIC, data_parallel_rank=2) as pub:
+        sub = Subscriber(pub)
+        sub.join()
+        fast, slow = engine_steps(5, 60), engine_steps(5, 60)
+        counts = []
+        for kv, twin in zip(fast, slow, strict=True):
+            counts.append(pub.drain(kv))
+            assert pub.drain(ObjectsOnly(twin)) == counts[-1]
+        assert pub.drain(kv) == 0  # nothing left: nothing sent
+        batches = [sub.recv()[1] for _ in range(2 * sum(c > 0 for c in counts))]
+        for direct, via_objects in zip(batches[::2], batches[1::2], strict=True):
+            assert direct.data_parallel_rank == via_objects.data_parallel_rank == 2
+            assert direct.events == via_objects.events and direct.events
+        assert sum(len(b.events) for b in batches[::2]) == sum(counts)
+        assert not sub.sub.poll(100)
+        sub.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        pub.drain(kv)
+
+
 def test_restarted_subscriber_recovers_the_gap_by_replay() -> None:
     with ZmqEventPublisher("tcp://127.0.0.1:*", topic=TOPIC, replay_endpoint="tcp://127.0.0.1:*") as pub:
         sub = Subscriber(pub)

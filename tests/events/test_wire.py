@@ -5,6 +5,7 @@ those structs gives byte-for-byte the same payload."""
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import pagedkv
 import pytest
@@ -40,11 +41,18 @@ def as_vllm(event: KvEvent, raw: bool = False) -> Stored | Removed | Cleared:
 
 def workload_events(seed: int) -> list[KvEvent]:
     """Stores, hits, evictions, a salted sequence and a reset from a small prefix-caching pool."""
+    events: list[KvEvent] = []
+    drive_workload(seed, lambda kv: events.extend(kv.take_events()))
+    return events
+
+
+def drive_workload(seed: int, drain: Callable[[pagedkv.KvCacheManager], object]) -> None:
+    """The workload of ``workload_events``, calling ``drain(kv)`` where it drains events (before
+    the reset and at the end)."""
     rng = random.Random(seed)
     kv = pagedkv.KvCacheManager(
         num_blocks=24, block_size=4, enable_prefix_caching=True, enable_kv_events=True, hash_seed=seed
     )
-    events: list[KvEvent] = []
     prefixes = [[rng.randrange(50_000) for _ in range(8)] for _ in range(3)]
     seq = 0
     for step in range(40):
@@ -58,10 +66,42 @@ def workload_events(seed: int) -> list[KvEvent]:
             kv.free(seq)
         seq += 1
         if step == 30:
-            events.extend(kv.take_events())
+            drain(kv)
             assert kv.reset_prefix_cache()
-    events.extend(kv.take_events())
-    return events
+    drain(kv)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize(("rank", "raw"), [(None, False), (3, True)])
+def test_take_event_batch_is_encode_batch_of_take_events(seed: int, rank: int | None, raw: bool) -> None:
+    # Two managers driven identically: one drains objects and encodes them, the other drains
+    # straight to bytes (what ZmqEventPublisher.drain sends); every payload is the same.
+    encoded: list[tuple[int, bytes]] = []
+    direct: list[tuple[int, bytes]] = []
+
+    def via_objects(kv: pagedkv.KvCacheManager) -> None:
+        events = kv.take_events()
+        encoded.append((len(events), encode_batch(events, ts=7.25, data_parallel_rank=rank, raw_hashes=raw)))
+
+    drive_workload(seed, via_objects)
+    drive_workload(seed, lambda kv: direct.append(kv.take_event_batch(7.25, rank, raw)))
+    assert direct == encoded
+    assert all(count > 0 for count, _ in direct)
+    decoded = [DECODER.decode(payload) for _, payload in direct]
+    assert [len(batch.events) for batch in decoded] == [count for count, _ in direct]
+    assert {type(e) for batch in decoded for e in batch.events} == {Stored, Removed, Cleared}
+
+
+def test_take_event_batch_when_empty_and_with_a_bad_rank() -> None:
+    kv = pagedkv.KvCacheManager(num_blocks=8, block_size=4, enable_prefix_caching=True, enable_kv_events=True)
+    count, payload = kv.take_event_batch(1.0)
+    assert count == 0 and DECODER.decode(payload).events == []
+    kv.add_sequence(1, list(range(10)))
+    for bad in (True, 1.5, "0"):
+        with pytest.raises(TypeError, match="data_parallel_rank"):
+            kv.take_event_batch(1.0, bad)  # type: ignore[arg-type]
+    count, payload = kv.take_event_batch(1.0, 0)  # the refusals drained nothing
+    assert count == 1 and DECODER.decode(payload).data_parallel_rank == 0
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
