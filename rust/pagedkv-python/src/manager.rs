@@ -14,7 +14,7 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyInt, PyList};
 
-use pagedkv::wire::{encode_kv_events, HashFormat};
+use pagedkv::wire::encode_kv_events;
 use pagedkv::{Error, KvCacheManager, ManagerConfig, PoolPeers};
 
 use crate::convert::{
@@ -26,6 +26,7 @@ use crate::event_digests::events_to_digests;
 use crate::events::events_to_python;
 use crate::pool::{check_int32_block_count, PyBlockPool};
 use crate::stats::stats_to_dict;
+use crate::wire::hash_format;
 
 /// Prompts at least this long are admitted with the GIL released (hashing dominates).
 const DETACH_MIN_PROMPT_TOKENS: usize = 512;
@@ -627,11 +628,7 @@ impl PyKvCacheManager {
             Some(r) => Some(r.extract::<i64>()?),
         };
         let events = self.read(py, |kv| kv.take_events())?;
-        let hashes = if raw_hashes {
-            HashFormat::Bytes
-        } else {
-            HashFormat::U64
-        };
+        let hashes = hash_format(raw_hashes);
         // Fails only for a list longer than u32::MAX items, which the bounded queue never holds.
         let payload = py
             .detach(|| encode_kv_events(&events, ts, rank, hashes))

@@ -52,15 +52,21 @@ pub fn encode_event_batch_py<'py>(
             PyErr::from_type(err.get_type(py), message)
         })?);
     }
-    let hashes = if raw_hashes {
-        HashFormat::Bytes
-    } else {
-        HashFormat::U64
-    };
+    let hashes = hash_format(raw_hashes);
     let bytes = py
         .detach(|| encode_event_batch(&wire, ts, data_parallel_rank, hashes))
         .map_err(|err| to_pyerr(py, err))?;
     Ok(PyBytes::new(py, &bytes))
+}
+
+/// How block hashes go on the wire: the whole 128-bit hash as 16 bytes (`raw_hashes`) or its
+/// low 64 bits as an int (vLLM's default).
+pub fn hash_format(raw_hashes: bool) -> HashFormat {
+    if raw_hashes {
+        HashFormat::Bytes
+    } else {
+        HashFormat::U64
+    }
 }
 
 fn hashes(event: &Bound<'_, PyAny>) -> PyResult<Vec<BlockHash>> {

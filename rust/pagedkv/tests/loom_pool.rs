@@ -472,25 +472,38 @@ fn two_chain_pushes_against_a_multi_pop() {
     });
 }
 
+/// A prefix-caching manager on a pool of 2 blocks of 1 token: one block free, the other cached
+/// (sequence 1, `[1]`, admitted and freed; its block id is returned, with a handle to that
+/// tenancy).
+fn manager_with_one_cached_block() -> (
+    std::sync::Arc<BlockPool>,
+    pagedkv::KvCacheManager,
+    pagedkv::BlockHandle,
+) {
+    use pagedkv::{KvCacheManager, ManagerConfig};
+    let pool = std::sync::Arc::new(BlockPool::new(2, 1).unwrap());
+    let config = ManagerConfig {
+        enable_prefix_caching: true,
+        ..Default::default()
+    };
+    let mut kv = KvCacheManager::with_pool(pool.clone(), config).unwrap();
+    kv.add_sequence(1, &[1], None).unwrap();
+    let handle = pool.handle(kv.block_table(1).unwrap()[0]).unwrap();
+    kv.free(1).unwrap(); // its block is now cached-evictable
+    assert_eq!((pool.num_free_blocks(), pool.num_cached_blocks()), (1, 1));
+    (pool, kv, handle)
+}
+
 /// The prefix-caching manager's allocation when part of what it needs comes from evicting its
 /// own cache: it reserves `(needed - evictable, needed)` from the pool in one step and evicts
 /// for the rest, racing a single-block allocation on a pool of 2 (one block free, one cached).
 /// Exactly one of them succeeds, whatever the order, and the manager's invariants hold after.
 #[test]
 fn prefix_manager_allocation_with_eviction_against_a_single_allocation() {
-    use pagedkv::{KvCacheManager, ManagerConfig};
     let mut builder = loom::model::Builder::new();
     builder.preemption_bound = Some(2);
     builder.check(|| {
-        let pool = std::sync::Arc::new(BlockPool::new(2, 1).unwrap());
-        let config = ManagerConfig {
-            enable_prefix_caching: true,
-            ..Default::default()
-        };
-        let mut kv = KvCacheManager::with_pool(pool.clone(), config).unwrap();
-        kv.add_sequence(1, &[1], None).unwrap();
-        kv.free(1).unwrap(); // its block is now cached-evictable
-        assert_eq!((pool.num_free_blocks(), pool.num_cached_blocks()), (1, 1));
+        let (pool, mut kv, _) = manager_with_one_cached_block();
         let manager = thread::spawn(move || {
             let ok = kv.add_sequence(2, &[5, 6], None).is_ok();
             (kv, ok)
@@ -516,20 +529,11 @@ fn prefix_manager_allocation_with_eviction_against_a_single_allocation() {
 /// only ever read by others), and the claim leaves the next tenancy at refcount 1.
 #[test]
 fn eviction_claim_against_the_previous_tenancys_handle() {
-    use pagedkv::{KvCacheManager, ManagerConfig};
     let mut builder = loom::model::Builder::new();
     builder.preemption_bound = Some(2);
     builder.check(|| {
-        let pool = std::sync::Arc::new(BlockPool::new(2, 1).unwrap());
-        let config = ManagerConfig {
-            enable_prefix_caching: true,
-            ..Default::default()
-        };
-        let mut kv = KvCacheManager::with_pool(pool.clone(), config).unwrap();
-        kv.add_sequence(1, &[1], None).unwrap();
-        let cached = kv.block_table(1).unwrap()[0];
-        let old = pool.handle(cached).unwrap();
-        kv.free(1).unwrap(); // cached-evictable: refcount 0, still indexed
+        let (pool, mut kv, old) = manager_with_one_cached_block();
+        let cached = old.id(); // refcount 0, still indexed
         let manager = thread::spawn(move || {
             // Two blocks: the free one and the cached one, evicted and claimed.
             kv.add_sequence(2, &[5, 6], None).unwrap();
