@@ -97,9 +97,14 @@ def test_take_event_batch_when_empty_and_with_a_bad_rank() -> None:
     count, payload = kv.take_event_batch(1.0)
     assert count == 0 and DECODER.decode(payload).events == []
     kv.add_sequence(1, list(range(10)))
-    for bad in (True, 1.5, "0"):
-        with pytest.raises(TypeError, match="data_parallel_rank"):
+    for bad in (True, 1.5, "0", 2**64):
+        with pytest.raises(pagedkv.InvalidArgumentError, match="data_parallel_rank"):
             kv.take_event_batch(1.0, bad)  # type: ignore[arg-type]
+    for bad_ts in (None, "1.0", True, 10**400):
+        with pytest.raises(pagedkv.InvalidArgumentError, match="ts"):
+            kv.take_event_batch(bad_ts)  # type: ignore[arg-type]
+    with pytest.raises(pagedkv.InvalidArgumentError, match="bool"):
+        kv.take_event_batch(1.0, None, 1)  # type: ignore[arg-type]
     count, payload = kv.take_event_batch(1.0, 0)  # the refusals drained nothing
     assert count == 1 and DECODER.decode(payload).data_parallel_rank == 0
 

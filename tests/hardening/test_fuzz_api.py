@@ -199,6 +199,7 @@ def _calls(data: st.DataObject) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
                 "swap_in",
                 "reset_prefix_cache",
                 "take_events",
+                "take_event_batch",
                 "blocks_needed_for_prompt",
                 "is_swapped_out",
                 "__contains__",
@@ -244,6 +245,12 @@ def _calls(data: st.DataObject) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
         args = (draw(st.one_of(any_seq_id, any_seq_ids)),)
     elif name == "blocks_needed_for_prompt":
         args = (draw(any_count),)
+    elif name == "take_event_batch":
+        args = (draw(st.one_of(st.floats(), st.integers(-(2**70), 2**70), junk)),)
+        if draw(st.booleans()):
+            args += (draw(st.one_of(st.none(), st.integers(-(2**70), 2**70), junk)),)
+        if draw(st.booleans()):
+            kwargs["raw_hashes"] = draw(st.one_of(st.booleans(), junk))
     else:
         args = ()
     return name, args, kwargs

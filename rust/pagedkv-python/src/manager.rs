@@ -10,9 +10,8 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use numpy::{PyArray1, PyArray2, PyArrayMethods};
-use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyDict, PyInt, PyList};
+use pyo3::types::{PyBytes, PyDict, PyList};
 
 use pagedkv::wire::encode_kv_events;
 use pagedkv::{Error, KvCacheManager, ManagerConfig, PoolPeers};
@@ -26,7 +25,7 @@ use crate::event_digests::events_to_digests;
 use crate::events::events_to_python;
 use crate::pool::{check_int32_block_count, PyBlockPool};
 use crate::stats::stats_to_dict;
-use crate::wire::hash_format;
+use crate::wire::{batch_args, hash_format};
 
 /// Prompts at least this long are admitted with the GIL released (hashing dominates).
 const DETACH_MIN_PROMPT_TOKENS: usize = 512;
@@ -607,28 +606,19 @@ impl PyKvCacheManager {
     /// bytes `pagedkv.events.encode_batch(kv.take_events(), ts, data_parallel_rank,
     /// raw_hashes=raw_hashes)` returns, without an event object per event (a publisher's hot
     /// path: ~2 us per event built and read back). Returns `(number of events, payload)`.
-    #[pyo3(signature = (ts, data_parallel_rank=None, raw_hashes=false))]
+    #[pyo3(signature = (ts, data_parallel_rank=None, raw_hashes=FlagArg(false)))]
+    #[pyo3(text_signature = "($self, ts, data_parallel_rank=None, raw_hashes=False)")]
     fn take_event_batch<'py>(
         &self,
         py: Python<'py>,
-        ts: f64,
+        ts: &Bound<'py, PyAny>,
         data_parallel_rank: Option<&Bound<'py, PyAny>>,
-        raw_hashes: bool,
+        raw_hashes: FlagArg,
     ) -> PyResult<(usize, Bound<'py, PyBytes>)> {
-        // Checked before anything is drained, as `encode_batch` checks it.
-        let rank = match data_parallel_rank {
-            None => None,
-            Some(r) if r.is_none() => None,
-            Some(r) if r.is_instance_of::<PyBool>() || !r.is_instance_of::<PyInt>() => {
-                return Err(PyTypeError::new_err(format!(
-                    "data_parallel_rank must be an int or None, not {}",
-                    r.get_type().name()?
-                )))
-            }
-            Some(r) => Some(r.extract::<i64>()?),
-        };
+        // Checked before anything is drained.
+        let (ts, rank) = batch_args(py, ts, data_parallel_rank)?;
+        let hashes = hash_format(raw_hashes.0);
         let events = self.read(py, |kv| kv.take_events())?;
-        let hashes = hash_format(raw_hashes);
         // Fails only for a list longer than u32::MAX items, which the bounded queue never holds.
         let payload = py
             .detach(|| encode_kv_events(&events, ts, rank, hashes))

@@ -11,7 +11,8 @@ use pyo3::types::{PyBool, PyBytes, PyFloat, PyInt, PyString, PyTuple, PyType};
 use pagedkv::wire::{encode_event_batch, ExtraKeyItem, HashFormat, WireEvent};
 use pagedkv::BlockHash;
 
-use crate::errors::to_pyerr;
+use crate::convert::or_invalid;
+use crate::errors::{invalid_argument, to_pyerr};
 
 static BLOCK_STORED: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static BLOCK_REMOVED: PyOnceLock<Py<PyType>> = PyOnceLock::new();
@@ -67,6 +68,46 @@ pub fn hash_format(raw_hashes: bool) -> HashFormat {
     } else {
         HashFormat::U64
     }
+}
+
+/// `KvCacheManager.take_event_batch`'s `ts` and `data_parallel_rank`, checked as a manager
+/// method checks its arguments (an `InvalidArgumentError` naming the argument, never a bare
+/// `TypeError`): `ts` a real number (not a bool), the rank None or an int (not a bool) that
+/// fits 64 bits.
+pub fn batch_args(
+    py: Python<'_>,
+    ts: &Bound<'_, PyAny>,
+    data_parallel_rank: Option<&Bound<'_, PyAny>>,
+) -> PyResult<(f64, Option<i64>)> {
+    let refuse = |name: &str, want: &str, got: &Bound<'_, PyAny>| {
+        let kind = got
+            .get_type()
+            .name()
+            .map_or_else(|_| "object".to_owned(), |n| n.to_string());
+        invalid_argument(py, format!("{name} must be {want}, not {kind}"))
+    };
+    let real = ts.is_instance_of::<PyFloat>() || ts.is_instance_of::<PyInt>();
+    if ts.is_instance_of::<PyBool>() || !real {
+        return Err(refuse("ts", "a float (seconds)", ts));
+    }
+    let ts = ts.extract::<f64>().map_err(|err| {
+        or_invalid(py, err, || {
+            invalid_argument(py, "ts does not fit a float".to_owned())
+        })
+    })?;
+    let rank = match data_parallel_rank {
+        None => None,
+        Some(r) if r.is_none() => None,
+        Some(r) if r.is_instance_of::<PyBool>() || !r.is_instance_of::<PyInt>() => {
+            return Err(refuse("data_parallel_rank", "an int or None", r));
+        }
+        Some(r) => Some(r.extract::<i64>().map_err(|err| {
+            or_invalid(py, err, || {
+                invalid_argument(py, "data_parallel_rank does not fit 64 bits".to_owned())
+            })
+        })?),
+    };
+    Ok((ts, rank))
 }
 
 fn hashes(event: &Bound<'_, PyAny>) -> PyResult<Vec<BlockHash>> {
