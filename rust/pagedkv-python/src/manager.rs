@@ -605,7 +605,8 @@ impl PyKvCacheManager {
     /// Drains the same KV events as `take_events` straight into one vLLM `EventBatch`: the
     /// bytes `pagedkv.events.encode_batch(kv.take_events(), ts, data_parallel_rank,
     /// raw_hashes=raw_hashes)` returns, without an event object per event (a publisher's hot
-    /// path: ~2 us per event built and read back). Returns `(number of events, payload)`.
+    /// path: building the objects and reading them back cost 3.5-6.3 us per event, this
+    /// 0.3-0.7). Returns `(number of events, payload)`.
     #[pyo3(signature = (ts, data_parallel_rank=None, raw_hashes=FlagArg(false)))]
     #[pyo3(text_signature = "($self, ts, data_parallel_rank=None, raw_hashes=False)")]
     fn take_event_batch<'py>(
