@@ -154,29 +154,49 @@ pub fn encode_event_batch(
     data_parallel_rank: Option<i64>,
     hashes: HashFormat,
 ) -> Result<Vec<u8>> {
-    let mut out = Vec::with_capacity(16 + 64 * events.len());
-    encode::write_array_len(&mut out, 3).map_err(io_error)?;
-    encode::write_f64(&mut out, ts).map_err(io_error)?;
-    encode::write_array_len(&mut out, len_u32(events.len(), "events")?).map_err(io_error)?;
-    for event in events {
-        write_event(&mut out, event, hashes)?;
-    }
-    match data_parallel_rank {
-        Some(rank) => write_int(&mut out, rank)?,
-        None => encode::write_nil(&mut out).map_err(io_error)?,
-    }
-    Ok(out)
+    encode_batch_with(events, ts, data_parallel_rank, |out, event| {
+        write_event(out, event, hashes)
+    })
 }
 
 /// [`encode_event_batch`] for the core's events as `KvCacheManager::take_events` returns them.
+///
+/// A `BlockRemoved`, one per evicted block and so most of an eviction-heavy batch, is written
+/// straight from the event; the others go through their [`WireEvent`] (which copies them).
 pub fn encode_kv_events(
     events: &[KvEvent],
     ts: f64,
     data_parallel_rank: Option<i64>,
     hashes: HashFormat,
 ) -> Result<Vec<u8>> {
-    let wire: Vec<WireEvent> = events.iter().map(WireEvent::from).collect();
-    encode_event_batch(&wire, ts, data_parallel_rank, hashes)
+    encode_batch_with(events, ts, data_parallel_rank, |out, event| match event {
+        KvEvent::BlockRemoved {
+            block_hashes,
+            medium,
+        } => write_removed(out, block_hashes, Some(medium_name(*medium)), hashes),
+        other => write_event(out, &WireEvent::from(other), hashes),
+    })
+}
+
+/// The batch around `events`: `[ts, [each written by `write`], data_parallel_rank]`.
+fn encode_batch_with<E>(
+    events: &[E],
+    ts: f64,
+    data_parallel_rank: Option<i64>,
+    mut write: impl FnMut(&mut Vec<u8>, &E) -> Result<()>,
+) -> Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(16 + 64 * events.len());
+    encode::write_array_len(&mut out, 3).map_err(io_error)?;
+    encode::write_f64(&mut out, ts).map_err(io_error)?;
+    encode::write_array_len(&mut out, len_u32(events.len(), "events")?).map_err(io_error)?;
+    for event in events {
+        write(&mut out, event)?;
+    }
+    match data_parallel_rank {
+        Some(rank) => write_int(&mut out, rank)?,
+        None => encode::write_nil(&mut out).map_err(io_error)?,
+    }
+    Ok(out)
 }
 
 fn write_event(out: &mut Vec<u8>, event: &WireEvent, hashes: HashFormat) -> Result<()> {
@@ -237,15 +257,7 @@ fn write_event(out: &mut Vec<u8>, event: &WireEvent, hashes: HashFormat) -> Resu
         WireEvent::BlockRemoved {
             block_hashes,
             medium,
-        } => {
-            encode::write_map_len(out, 3).map_err(io_error)?;
-            write_str(out, "type")?;
-            write_str(out, "BlockRemoved")?;
-            write_str(out, "block_hashes")?;
-            write_hashes(out, block_hashes, hashes)?;
-            write_str(out, "medium")?;
-            write_opt_str(out, medium.as_deref())?;
-        }
+        } => write_removed(out, block_hashes, medium.as_deref(), hashes)?,
         WireEvent::AllBlocksCleared => {
             encode::write_map_len(out, 1).map_err(io_error)?;
             write_str(out, "type")?;
@@ -253,6 +265,21 @@ fn write_event(out: &mut Vec<u8>, event: &WireEvent, hashes: HashFormat) -> Resu
         }
     }
     Ok(())
+}
+
+fn write_removed(
+    out: &mut Vec<u8>,
+    block_hashes: &[BlockHash],
+    medium: Option<&str>,
+    hashes: HashFormat,
+) -> Result<()> {
+    encode::write_map_len(out, 3).map_err(io_error)?;
+    write_str(out, "type")?;
+    write_str(out, "BlockRemoved")?;
+    write_str(out, "block_hashes")?;
+    write_hashes(out, block_hashes, hashes)?;
+    write_str(out, "medium")?;
+    write_opt_str(out, medium)
 }
 
 fn write_hashes(out: &mut Vec<u8>, block_hashes: &[BlockHash], hashes: HashFormat) -> Result<()> {
@@ -337,6 +364,40 @@ fn io_error<E: std::fmt::Display>(error: E) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn core_events_encode_as_their_wire_events_do() {
+        // `encode_kv_events` writes removals straight from the event: the same bytes as the
+        // `WireEvent` path, for every kind, tier and hash format.
+        let events = vec![
+            KvEvent::BlockStored {
+                block_hashes: vec![1 << 100, 7],
+                parent_block_hash: Some(3),
+                token_ids: vec![1, 2, 3, 4],
+                block_size: 2,
+                extra_key: Some(b"salt".to_vec()),
+                medium: Tier::Device,
+            },
+            KvEvent::BlockRemoved {
+                block_hashes: vec![u128::MAX],
+                medium: Tier::Device,
+            },
+            KvEvent::BlockRemoved {
+                block_hashes: vec![5, 6],
+                medium: Tier::Host,
+            },
+            KvEvent::AllBlocksCleared,
+        ];
+        let wire: Vec<WireEvent> = events.iter().map(WireEvent::from).collect();
+        for hashes in [HashFormat::U64, HashFormat::Bytes] {
+            for rank in [None, Some(-2)] {
+                assert_eq!(
+                    encode_kv_events(&events, 2.5, rank, hashes).unwrap(),
+                    encode_event_batch(&wire, 2.5, rank, hashes).unwrap()
+                );
+            }
+        }
+    }
 
     #[test]
     fn batch_of_cleared_is_the_exact_msgpack() {
