@@ -107,11 +107,10 @@ impl KvCacheManager {
                 Some(found) => found,
                 None => {
                     let h = prefix.hasher.hash_block(parent, chunk, extra_key);
-                    block_hashes.push(h);
                     let Some(b) = prefix.lookup(h, parent, chunk, extra_key) else {
+                        block_hashes.push(h); // the missed block's hash starts the rest
                         break;
                     };
-                    block_hashes.pop();
                     (b, h)
                 }
             };

@@ -120,6 +120,22 @@ impl BlockIndex {
         block_tokens(&self.tokens, self.block_size, b)
     }
 
+    /// Whether block `b`'s record holds exactly this parent hash, extra key and token ids (what
+    /// its hash was computed from; whether it is still indexed is the caller's to check).
+    #[inline]
+    fn stored_with(
+        &self,
+        b: BlockId,
+        parent: Option<BlockHash>,
+        token_ids: &[TokenId],
+        extra_key: Option<&[u8]>,
+    ) -> bool {
+        let s = &self.stored[b as usize];
+        s.parent() == parent
+            && s.extra_key.as_deref() == extra_key
+            && self.tokens_of(b) == token_ids
+    }
+
     /// Distinct indexed contents (each may sit on several blocks).
     pub(crate) fn len(&self) -> usize {
         self.map.len()
@@ -147,11 +163,8 @@ impl BlockIndex {
     ) -> Option<BlockId> {
         let stored = &self.stored;
         let b = self.map.get(hash, |b| stored[b as usize].hash)?;
-        let s = &stored[b as usize];
-        let same = s.parent() == parent
-            && s.extra_key.as_deref() == extra_key
-            && self.tokens_of(b) == token_ids;
-        same.then_some(b)
+        self.stored_with(b, parent, token_ids, extra_key)
+            .then_some(b)
     }
 
     /// The block holding this content, found from the block holding its parent
@@ -171,6 +184,8 @@ impl BlockIndex {
         let stored = &self.stored;
         let c = stored[parent_block as usize].child;
         let s = stored.get(c as usize)?;
+        // `stored_with`, spelled out on the record already in hand: the call measured +1.6 K
+        // instructions per W2 admission (64 hints).
         let same = s.indexed
             && s.parent() == Some(parent)
             && s.extra_key.as_deref() == extra_key
@@ -253,11 +268,7 @@ impl BlockIndex {
                 slot,
                 block: first_id,
             } => {
-                let first = &stored[first_id as usize];
-                let same = first.parent() == parent
-                    && first.extra_key.as_deref() == extra_key.as_deref()
-                    && block_tokens(&self.tokens, self.block_size, first_id) == token_ids;
-                if !same {
+                if !self.stored_with(first_id, parent, token_ids, extra_key.as_deref()) {
                     return false;
                 }
                 // The new copy goes first: it is the most recently written.
