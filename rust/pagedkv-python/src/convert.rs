@@ -61,7 +61,7 @@ pub fn try_vec<T>(_py: Python<'_>, len: usize, what: &str) -> PyResult<Vec<T>> {
     Ok(out)
 }
 
-fn type_name(obj: &Bound<'_, PyAny>) -> String {
+pub fn type_name(obj: &Bound<'_, PyAny>) -> String {
     obj.get_type()
         .qualname()
         .map(|name| name.to_string())

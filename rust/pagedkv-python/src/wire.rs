@@ -11,7 +11,7 @@ use pyo3::types::{PyBool, PyBytes, PyFloat, PyInt, PyString, PyTuple, PyType};
 use pagedkv::wire::{encode_event_batch, ExtraKeyItem, HashFormat, WireEvent};
 use pagedkv::BlockHash;
 
-use crate::convert::or_invalid;
+use crate::convert::{or_invalid, type_name};
 use crate::errors::{invalid_argument, to_pyerr};
 
 static BLOCK_STORED: PyOnceLock<Py<PyType>> = PyOnceLock::new();
@@ -80,11 +80,7 @@ pub fn batch_args(
     data_parallel_rank: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<(f64, Option<i64>)> {
     let refuse = |name: &str, want: &str, got: &Bound<'_, PyAny>| {
-        let kind = got
-            .get_type()
-            .name()
-            .map_or_else(|_| "object".to_owned(), |n| n.to_string());
-        invalid_argument(py, format!("{name} must be {want}, not {kind}"))
+        invalid_argument(py, format!("{name} must be {want}, not {}", type_name(got)))
     };
     let real = ts.is_instance_of::<PyFloat>() || ts.is_instance_of::<PyInt>();
     if ts.is_instance_of::<PyBool>() || !real {
