@@ -132,6 +132,7 @@ impl KvCacheManager {
             &mut block_hashes,
         );
         let num_hits = block_ids.len();
+        prefix.prefetch_register_slots(&block_hashes[num_hits..]);
 
         // 2. Reserve the new blocks; the cached hits are pinned so no eviction can take them.
         let fresh = self.reserve_fresh(total_blocks - num_hits, num_revive, &mut block_ids)?;
@@ -153,7 +154,7 @@ impl KvCacheManager {
         prefix.hit_tokens += (num_hits * bs) as u64;
 
         let extra: Option<Arc<[u8]>> = extra_key.map(Arc::from);
-        prefix.prefetch_registers(&block_ids[num_hits..num_full], &block_hashes[num_hits..]);
+        prefix.prefetch_register_records(&block_ids[num_hits..num_full]);
         // One `BlockStored` per run of consecutive blocks the index took (all of them, unless
         // it refused one: a hash naming other content), built from the run's slices at its
         // end; with events off, registering is the index alone.

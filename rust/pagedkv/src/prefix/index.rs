@@ -29,7 +29,7 @@ use crate::{BlockId, TokenId};
 #[derive(Debug, Clone)]
 #[repr(align(64))]
 struct Stored {
-    /// The hash the block is indexed under (meaningful when `indexed`).
+    /// The hash the block is indexed under (meaningful while it is indexed).
     hash: BlockHash,
     /// Parent hash the block was stored with (meaningful when `has_parent`).
     parent: BlockHash,
@@ -40,8 +40,6 @@ struct Stored {
     /// The block most recently indexed as this block's child (`NO_BLOCK`: none). A hint only:
     /// it may since have been evicted or reused, so [`BlockIndex::lookup_child`] verifies it.
     child: BlockId,
-    /// Whether `map[hash]` reaches this block (it is indexed).
-    indexed: bool,
     /// Whether the block was stored with a parent (it is not the first of its chain).
     has_parent: bool,
     /// Whether the map names this block (the first of its content's copies).
@@ -52,12 +50,6 @@ struct Stored {
 const _: () = assert!(std::mem::size_of::<Stored>() == 64);
 
 impl Stored {
-    /// The hash the block is indexed under, if it is.
-    #[inline]
-    fn hash(&self) -> Option<BlockHash> {
-        self.indexed.then_some(self.hash)
-    }
-
     /// The parent hash the block was stored with.
     #[inline]
     fn parent(&self) -> Option<BlockHash> {
@@ -76,7 +68,6 @@ impl Default for Stored {
             extra_key: None,
             next_copy: NO_BLOCK,
             child: NO_BLOCK,
-            indexed: false,
             has_parent: false,
             first_copy: false,
         }
@@ -98,6 +89,10 @@ pub(crate) struct BlockIndex {
     map: HashSlots,
     /// Per block id of the pool.
     stored: Vec<Stored>,
+    /// Per block id: whether `map` reaches the block (it is indexed). Apart from the records
+    /// so that freeing a sequence, which asks this of every block, reads one byte per block
+    /// (64 KB for 65,536 blocks, stays in L2) instead of each block's cold record line.
+    indexed: Vec<bool>,
     /// The token ids each indexed block was stored with: block `b`'s are
     /// `tokens[b * block_size..][..block_size]` (stale once it leaves the index).
     tokens: Vec<TokenId>,
@@ -110,6 +105,7 @@ impl BlockIndex {
             // Every block may be indexed at once: sized up front, the map never grows.
             map: HashSlots::new(num_blocks),
             stored: vec![Stored::default(); num_blocks],
+            indexed: vec![false; num_blocks],
             tokens: vec![0; num_blocks * block_size],
         }
     }
@@ -143,13 +139,19 @@ impl BlockIndex {
 
     #[inline]
     pub(crate) fn is_indexed(&self, b: BlockId) -> bool {
-        self.stored[b as usize].indexed
+        self.indexed[b as usize]
+    }
+
+    /// The hash block `b` is indexed under, if it is.
+    #[inline]
+    fn hash_of(&self, b: BlockId) -> Option<BlockHash> {
+        self.is_indexed(b).then(|| self.stored[b as usize].hash)
     }
 
     /// Whether block `b` is indexed under exactly `hash`.
     #[inline]
     pub(crate) fn holds(&self, b: BlockId, hash: BlockHash) -> bool {
-        self.stored[b as usize].hash() == Some(hash)
+        self.hash_of(b) == Some(hash)
     }
 
     /// The block holding exactly this content (same hash, parent, extra key and tokens).
@@ -186,7 +188,7 @@ impl BlockIndex {
         let s = stored.get(c as usize)?;
         // `stored_with`, spelled out on the record already in hand: the call measured +1.6 K
         // instructions per W2 admission (64 hints).
-        let same = s.indexed
+        let same = self.is_indexed(c)
             && s.parent() == Some(parent)
             && s.extra_key.as_deref() == extra_key
             && self.tokens_of(c) == token_ids;
@@ -206,20 +208,14 @@ impl BlockIndex {
         first.map(|b| (b, s.hash))
     }
 
-    /// Loads what entering `blocks[i]` under `hashes[i]` will touch, all at once
-    /// (`crate::prefetch`): each hash's home slot and each block's record (the token ids are
-    /// only written).
-    pub(crate) fn prefetch_inserts(&self, blocks: &[BlockId], hashes: &[BlockHash]) {
-        let stored = &self.stored;
-        touch_all(
-            blocks
-                .iter()
-                .zip(hashes)
-                .map(|(&b, &h)| self.map.home_word(h) ^ u64::from(stored[b as usize].next_copy)),
-        );
+    /// Loads the home slots of `hashes`, about to be entered, all at once
+    /// (`crate::prefetch`).
+    pub(crate) fn prefetch_slots(&self, hashes: &[BlockHash]) {
+        touch_all(hashes.iter().map(|&h| self.map.home_word(h)));
     }
 
-    /// Loads the records of `blocks`, about to be removed, all at once.
+    /// Loads the records of `blocks`, about to be removed or (re)written, all at once (the
+    /// token ids are only written).
     pub(crate) fn prefetch_records(&self, blocks: &[BlockId]) {
         let stored = &self.stored;
         touch_all(
@@ -255,7 +251,7 @@ impl BlockIndex {
         extra_key: &Option<Arc<[u8]>>,
     ) -> bool {
         debug_assert_eq!(token_ids.len(), self.block_size);
-        if self.stored[b as usize].indexed {
+        if self.is_indexed(b) {
             return false;
         }
         let stored = &self.stored;
@@ -277,9 +273,9 @@ impl BlockIndex {
                 first_id
             }
         };
+        self.indexed[b as usize] = true;
         let s = &mut self.stored[b as usize];
         s.hash = hash;
-        s.indexed = true;
         s.parent = parent.unwrap_or(0);
         s.has_parent = parent.is_some();
         s.extra_key.clone_from(extra_key);
@@ -299,9 +295,9 @@ impl BlockIndex {
     /// indexed under, if any.
     #[inline]
     pub(crate) fn remove(&mut self, b: BlockId) -> Option<BlockHash> {
+        let h = self.hash_of(b)?;
+        self.indexed[b as usize] = false;
         let s = &mut self.stored[b as usize];
-        let h = s.hash()?;
-        s.indexed = false;
         let next = std::mem::replace(&mut s.next_copy, NO_BLOCK);
         s.has_parent = false;
         s.first_copy = false;
@@ -351,7 +347,7 @@ impl BlockIndex {
                 if copies > self.stored.len() {
                     return Err("the copies of an indexed content form a cycle".into());
                 }
-                if s.hash() != Some(h) {
+                if self.hash_of(b) != Some(h) {
                     return Err(format!("index maps a hash to block {b} whose hash differs"));
                 }
                 if s.first_copy != (b == first) {
@@ -365,10 +361,15 @@ impl BlockIndex {
                 b = s.next_copy;
             }
         }
-        if let Some(b) = self.stored.iter().position(|s| s.first_copy && !s.indexed) {
+        let first_unindexed = self
+            .stored
+            .iter()
+            .zip(&self.indexed)
+            .position(|(s, &indexed)| s.first_copy && !indexed);
+        if let Some(b) = first_unindexed {
             return Err(format!("block {b} is flagged a first copy but not indexed"));
         }
-        let indexed = self.stored.iter().filter(|s| s.indexed).count();
+        let indexed = self.indexed.iter().filter(|&&i| i).count();
         if indexed != copies {
             return Err(format!(
                 "{indexed} blocks carry a hash but the index reaches {copies}"

@@ -165,11 +165,19 @@ impl PrefixCache {
         pool.claim_cached_all(&out[start..]);
     }
 
-    /// Loads what registering `blocks` under `hashes` will touch, all at once (see
-    /// [`BlockIndex::prefetch_inserts`]).
+    /// Loads the hash-table slots that registering blocks under `hashes` will probe, all at
+    /// once. Called as soon as the hashes are known, before the eviction that supplies the
+    /// blocks, so that these misses overlap the eviction's own.
     #[inline]
-    pub(crate) fn prefetch_registers(&self, blocks: &[BlockId], hashes: &[BlockHash]) {
-        self.index.prefetch_inserts(blocks, hashes);
+    pub(crate) fn prefetch_register_slots(&self, hashes: &[BlockHash]) {
+        self.index.prefetch_slots(hashes);
+    }
+
+    /// Loads the records that registering `blocks` will write, all at once (blocks evicted
+    /// for this admission have theirs loaded already; truly free ones do not).
+    #[inline]
+    pub(crate) fn prefetch_register_records(&self, blocks: &[BlockId]) {
+        self.index.prefetch_records(blocks);
     }
 
     /// Returns the least recently used cached block to the pool's free list (it loses its hash:
