@@ -17,21 +17,7 @@ from __future__ import annotations
 
 import pagedkv
 import pytest
-
-BS = 16
-
-
-def manager(num_blocks: int, block_size: int = BS, **kwargs: object) -> pagedkv.KvCacheManager:
-    kwargs.setdefault("enable_prefix_caching", True)
-    return pagedkv.KvCacheManager(num_blocks=num_blocks, block_size=block_size, **kwargs)  # type: ignore[arg-type]
-
-
-def table(kv: pagedkv.KvCacheManager, seq_id: int) -> list[int]:
-    return [int(b) for b in kv.block_table(seq_id)]
-
-
-def refcounts(kv: pagedkv.KvCacheManager) -> list[int]:
-    return [kv.refcount(b) for b in range(kv.num_blocks)]
+from conformance_helpers import BS, manager, refcounts, removed_hashes, stored, table
 
 
 def evict_all(kv: pagedkv.KvCacheManager, seq_id: int) -> list[int]:
@@ -317,15 +303,14 @@ def test_same_content_on_two_physical_blocks() -> None:
     assert kv.add_sequence(1, prompt) == BS
     assert table(kv, 1) == [0, 2]
     events = kv.take_events()
-    stored = [h for e in events if isinstance(e, pagedkv.BlockStored) for h in e.block_hashes]
-    assert len(stored) == 3 and stored[1] == stored[2]  # the copy is stored (and reported) too
-    dup_hash = stored[1]
+    hashes = [h for e in stored(events) for h in e.block_hashes]
+    assert len(hashes) == 3 and hashes[1] == hashes[2]  # the copy is stored (and reported) too
+    dup_hash = hashes[1]
     kv.free(0)  # block 1 (copy A) becomes cached; block 0 still used by seq 1
     # Evict copy A: a miss needing every free block (4 truly free + block 1).
     kv.add_sequence(2, [800 + i for i in range(5 * BS)])
     assert 1 in table(kv, 2)
-    removed = [h for e in kv.take_events() if isinstance(e, pagedkv.BlockRemoved) for h in e.block_hashes]
-    assert removed == [dup_hash]
+    assert removed_hashes(kv.take_events()) == [dup_hash]
     kv.free(2)
     # Copy B (block 2, still in use by seq 1) is still hittable.
     assert kv.add_sequence(3, prompt + [5]) == 2 * BS
@@ -336,10 +321,6 @@ def test_same_content_on_two_physical_blocks() -> None:
 
 # --------------------------------------------------------------------------------------------
 # KV events
-
-
-def _stored(events: list[object]) -> list[pagedkv.BlockStored]:
-    return [e for e in events if isinstance(e, pagedkv.BlockStored)]
 
 
 def test_events_contract() -> None:
@@ -356,14 +337,14 @@ def test_events_contract() -> None:
     kv.add_sequence(0, prompt)
     events = kv.take_events()
     assert len(events) == 1
-    (first,) = _stored(events)
+    (first,) = stored(events)
     assert first.parent_block_hash is None
     assert len(first.block_hashes) == 2
     assert list(first.token_ids) == prompt[: 2 * BS]
     assert first.block_size == BS
     # Decode fills block 3: one more event, chained to the last stored hash.
     kv.append_tokens(0, [70 + i for i in range(BS - 3)])
-    (second,) = _stored(kv.take_events())
+    (second,) = stored(kv.take_events())
     assert second.parent_block_hash == first.block_hashes[-1]
     assert list(second.token_ids) == prompt[2 * BS :] + [70 + i for i in range(BS - 3)]
     # Free: no event (the blocks stay cached).
