@@ -5,6 +5,7 @@ use std::sync::Arc;
 use super::{KvCacheManager, SeqHashing, Sequence};
 use crate::error::{invalid, Error, Result};
 use crate::prefix::events::block_stored;
+use crate::prefix::index::Entered;
 use crate::table::BlockTable;
 use crate::{BlockId, SeqId, TokenId};
 
@@ -132,7 +133,9 @@ impl KvCacheManager {
             &mut block_hashes,
         );
         let num_hits = block_ids.len();
-        prefix.prefetch_register_slots(&block_hashes[num_hits..]);
+        // Only the first new block can need a map entry: each later one is chained to the
+        // block before it (prefix/index.rs, "Chained blocks").
+        prefix.prefetch_register_slots(block_hashes.get(num_hits..num_hits + 1).unwrap_or(&[]));
 
         // 2. Reserve the new blocks; the cached hits are pinned so no eviction can take them.
         let fresh = self.reserve_fresh(total_blocks - num_hits, num_revive, &mut block_ids)?;
@@ -158,21 +161,27 @@ impl KvCacheManager {
         // One `BlockStored` per run of consecutive blocks the index took (all of them, unless
         // it refused one: a hash naming other content), built from the run's slices at its
         // end; with events off, registering is the index alone.
+        // A block after one this loop entered as new content is chained to it (no map entry:
+        // prefix/index.rs, "Chained blocks").
         let events_on = prefix.events.enabled();
         let mut run_start = num_hits;
+        let mut previous_new = false;
         for i in num_hits..=num_full {
             let entered = i < num_full && {
                 let parent = i.checked_sub(1).map(|p| block_hashes[p]);
                 let parent_block = i.checked_sub(1).map(|p| block_ids[p]);
                 let chunk = &token_ids[i * bs..(i + 1) * bs];
-                prefix.register(
+                let entered = prefix.register(
                     block_ids[i],
                     block_hashes[i],
                     parent,
                     parent_block,
+                    previous_new,
                     chunk,
                     &extra,
-                )
+                );
+                previous_new = entered == Entered::New;
+                entered.is_entered()
             };
             if !entered && events_on {
                 if run_start < i {

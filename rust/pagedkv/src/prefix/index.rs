@@ -15,6 +15,30 @@
 //! independently, or a prompt's last full block, which is always recomputed). Every copy is
 //! indexed, as vLLM's `BlockHashToBlockMap` does: the map names one copy and each copy links
 //! to the next (`next_copy`), so evicting one copy keeps the others hittable.
+//!
+//! **Chained blocks.** Admission finds a prompt's blocks by walking from its first block: the
+//! first by hash, each later one through the block found for its parent (that block's child
+//! hint, [`BlockIndex::lookup_child`]), by hash only when the hint does not match. A prompt's
+//! new blocks after its first new one are entered *chained*: without a map entry, reachable
+//! through their parent block's hint alone. A prompt that misses the cache then touches the
+//! map once, for its first new block, instead of once per block: on all-miss admission each
+//! map insert and each removal was a random line of a table of megabytes (perf: ~25 % of
+//! `prefix_miss`'s time loaded and cleared those slots; skipping them took 20-28 % off its wall
+//! time).
+//!
+//! Why chaining is safe there: the block before is content this admission just entered as new
+//! (indexed nowhere before), so no block anywhere holds the content that follows it (a block
+//! is indexed only after its parent content, and leaves before it), and its hint is free. So
+//! a walk reaching that content's parent reaches the chained block, exactly as a map entry
+//! would have made it. What keeps a chained block `c` (parent block `p`) reachable: `p` stays
+//! indexed and visible (the block walks reach for its content: its map entry's first copy, or
+//! chained itself) and `p.child == c` (no later child of `p` re-points that hint). Whenever
+//! that could end, `c` is *promoted* to a map entry first ([`BlockIndex::promote`]): when `p`
+//! leaves the index (with least recently used eviction it does not happen while `c` is there:
+//! a block's child is in no table its parent is not in, and is freed before it, tail first),
+//! when a newer copy of `p`'s content goes in front of `p`, and when a copy of `c`'s own
+//! content is entered (it then becomes the first copy, as every new copy does). Hits therefore
+//! take the same block they would with every block in the map.
 
 use std::sync::Arc;
 
@@ -42,8 +66,14 @@ struct Stored {
     child: BlockId,
     /// Whether the block was stored with a parent (it is not the first of its chain).
     has_parent: bool,
-    /// Whether the map names this block (the first of its content's copies).
+    /// Whether walks reach this block for its content (it is *visible*): the map names it
+    /// (the first of its content's copies), or it is chained.
     first_copy: bool,
+    /// Whether the block is reachable only through its parent block's child hint (no map
+    /// entry; see the module docs).
+    chained: bool,
+    /// The block it was indexed after (`NO_BLOCK`: none), while it is chained.
+    parent_block: BlockId,
 }
 
 // The record fits the one cache line it is aligned to.
@@ -60,6 +90,25 @@ impl Stored {
 /// The end of a list of copies (no block has this id: pools hold fewer than 2^24 blocks).
 const NO_BLOCK: BlockId = BlockId::MAX;
 
+/// What [`BlockIndex::insert`] did with a block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Entered {
+    /// Not entered: the block holds indexed content already, or its hash names other content.
+    Refused,
+    /// Entered as content indexed nowhere else.
+    New,
+    /// Entered as one more copy of content other blocks hold.
+    Copy,
+}
+
+impl Entered {
+    /// Whether the block was entered (the caller reports it as `BlockStored`).
+    #[inline]
+    pub(crate) fn is_entered(self) -> bool {
+        self != Entered::Refused
+    }
+}
+
 impl Default for Stored {
     fn default() -> Self {
         Stored {
@@ -70,6 +119,8 @@ impl Default for Stored {
             child: NO_BLOCK,
             has_parent: false,
             first_copy: false,
+            chained: false,
+            parent_block: NO_BLOCK,
         }
     }
 }
@@ -96,6 +147,8 @@ pub(crate) struct BlockIndex {
     /// The token ids each indexed block was stored with: block `b`'s are
     /// `tokens[b * block_size..][..block_size]` (stale once it leaves the index).
     tokens: Vec<TokenId>,
+    /// Chained blocks (indexed without a map entry).
+    num_chained: usize,
 }
 
 impl BlockIndex {
@@ -107,6 +160,7 @@ impl BlockIndex {
             stored: vec![Stored::default(); num_blocks],
             indexed: vec![false; num_blocks],
             tokens: vec![0; num_blocks * block_size],
+            num_chained: 0,
         }
     }
 
@@ -132,9 +186,28 @@ impl BlockIndex {
             && self.tokens_of(b) == token_ids
     }
 
-    /// Distinct indexed contents (each may sit on several blocks).
+    /// Indexed contents: map entries (each may sit on several blocks) and chained blocks.
     pub(crate) fn len(&self) -> usize {
-        self.map.len()
+        self.map.len() + self.num_chained
+    }
+
+    /// The chained child of `p`, if `p`'s hint names one (see the module docs).
+    #[inline]
+    fn chained_child(&self, p: BlockId) -> Option<BlockId> {
+        let c = self.stored[p as usize].child;
+        let s = self.stored.get(c as usize)?;
+        (self.is_indexed(c) && s.chained && s.parent_block == p).then_some(c)
+    }
+
+    /// Whether a block entered after `p` with parent hash `parent` may be chained to it: `p`
+    /// is indexed under `parent`, visible, and its hint is not held by a chained child.
+    #[inline]
+    fn can_chain_to(&self, p: BlockId, parent: Option<BlockHash>) -> bool {
+        let s = &self.stored[p as usize];
+        self.is_indexed(p)
+            && s.first_copy
+            && Some(s.hash) == parent
+            && self.chained_child(p).is_none()
     }
 
     #[inline]
@@ -225,55 +298,75 @@ impl BlockIndex {
         );
     }
 
-    /// Loads the home slots of indexed `blocks`' hashes, all at once (their records were
-    /// loaded first: each slot's address comes from its block's record).
+    /// Loads the home slots of `blocks`' hashes, all at once, for those with a map entry
+    /// (their records were loaded first: each slot's address comes from its block's record).
     pub(crate) fn prefetch_slots_of(&self, blocks: &[BlockId]) {
         let stored = &self.stored;
         touch_all(
             blocks
                 .iter()
-                .map(|&b| self.map.home_word(stored[b as usize].hash)),
+                .map(|&b| &stored[b as usize])
+                .filter(|s| !s.chained)
+                .map(|s| self.map.home_word(s.hash)),
         );
     }
 
-    /// Enters full block `b` under `hash`, as one more copy when that content is already
-    /// indexed on other blocks. Refuses (returns false) when `b` already holds indexed content,
-    /// or when `hash` names different content (a collision: the first content keeps it).
-    /// `parent_block` (the block before `b` in its table) gets `b` as its child hint.
+    /// Enters full block `b` under `hash`. With `chain` (the caller entered `parent_block`, the
+    /// block before `b` in its table, as new content in this same admission, so `b`'s content
+    /// is indexed nowhere: see the module docs) it is chained to `parent_block`; otherwise it
+    /// goes in the map, as the first of its content's copies (the most recently written; the
+    /// others follow). Refuses when `b` already holds indexed content, or when the map's
+    /// entry for `hash` holds different content (a collision: the first content keeps it).
+    /// `parent_block` gets `b` as its child hint unless a chained child holds that hint.
     #[inline]
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn insert(
         &mut self,
         b: BlockId,
         hash: BlockHash,
         parent: Option<BlockHash>,
         parent_block: Option<BlockId>,
+        chain: bool,
         token_ids: &[TokenId],
         extra_key: &Option<Arc<[u8]>>,
-    ) -> bool {
+    ) -> Entered {
         debug_assert_eq!(token_ids.len(), self.block_size);
         if self.is_indexed(b) {
-            return false;
+            return Entered::Refused;
         }
-        let stored = &self.stored;
-        let next_copy = match self.map.probe(hash, |b| stored[b as usize].hash) {
-            Probe::Vacant { slot } => {
-                self.map.fill(slot, hash, b);
-                NO_BLOCK
-            }
-            Probe::Found {
-                slot,
-                block: first_id,
-            } => {
-                if !self.stored_with(first_id, parent, token_ids, extra_key.as_deref()) {
-                    return false;
+        let chain_to = parent_block.filter(|&p| chain && self.can_chain_to(p, parent));
+        let (next_copy, entered) = if chain_to.is_some() {
+            (NO_BLOCK, Entered::New)
+        } else {
+            if let Some(c) = parent_block.and_then(|p| self.chained_child(p)) {
+                if self.stored[c as usize].hash == hash {
+                    // A copy of a chained block: the chained one first gets a map entry, so
+                    // that `b` becomes its content's first copy as any new copy does.
+                    self.promote(c);
                 }
-                // The new copy goes first: it is the most recently written.
-                self.map.replace(slot, b);
-                self.stored[first_id as usize].first_copy = false;
-                first_id
+            }
+            let stored = &self.stored;
+            match self.map.probe(hash, |b| stored[b as usize].hash) {
+                Probe::Vacant { slot } => {
+                    self.map.fill(slot, hash, b);
+                    (NO_BLOCK, Entered::New)
+                }
+                Probe::Found {
+                    slot,
+                    block: first_id,
+                } => {
+                    if !self.stored_with(first_id, parent, token_ids, extra_key.as_deref()) {
+                        return Entered::Refused;
+                    }
+                    // The new copy goes first: it is the most recently written.
+                    self.map.replace(slot, b);
+                    self.hide(first_id);
+                    (first_id, Entered::Copy)
+                }
             }
         };
         self.indexed[b as usize] = true;
+        self.num_chained += usize::from(chain_to.is_some());
         let s = &mut self.stored[b as usize];
         s.hash = hash;
         s.parent = parent.unwrap_or(0);
@@ -281,32 +374,53 @@ impl BlockIndex {
         s.extra_key.clone_from(extra_key);
         s.next_copy = next_copy;
         s.first_copy = true;
+        s.chained = chain_to.is_some();
+        s.parent_block = chain_to.unwrap_or(NO_BLOCK);
         // New content: hints to the children of the block's previous content are void.
         s.child = NO_BLOCK;
         if let Some(p) = parent_block {
-            self.stored[p as usize].child = b;
+            if chain_to.is_some() || self.chained_child(p).is_none() {
+                self.stored[p as usize].child = b;
+            }
         }
         let at = b as usize * self.block_size;
         self.tokens[at..at + self.block_size].copy_from_slice(token_ids);
-        true
+        entered
     }
 
     /// Takes block `b` out of the index (its other copies stay); returns the hash it was
-    /// indexed under, if any.
-    #[inline]
+    /// indexed under, if any. A chained block leaves without touching the map.
+    #[inline(always)]
     pub(crate) fn remove(&mut self, b: BlockId) -> Option<BlockHash> {
         let h = self.hash_of(b)?;
+        // Its chained child would be cut off: it gets a map entry (see the module docs).
+        let orphan = self.chained_child(b);
         self.indexed[b as usize] = false;
         let s = &mut self.stored[b as usize];
         let next = std::mem::replace(&mut s.next_copy, NO_BLOCK);
         s.has_parent = false;
         s.first_copy = false;
         s.extra_key = None;
+        s.parent_block = NO_BLOCK;
+        if std::mem::replace(&mut s.chained, false) {
+            self.num_chained -= 1;
+        } else {
+            self.unmap(b, h, next);
+        }
+        if let Some(c) = orphan {
+            self.promote(c);
+        }
+        Some(h)
+    }
+
+    /// Takes `b` (with a map entry under `h`, followed by copy `next`) out of the map's copies.
+    #[inline(never)]
+    fn unmap(&mut self, b: BlockId, h: BlockHash, next: BlockId) {
         let stored = &self.stored;
         let Probe::Found { slot, block: first } = self.map.probe(h, |b| stored[b as usize].hash)
         else {
             debug_assert!(false, "indexed block {b}: its hash is not in the map");
-            return Some(h);
+            return;
         };
         if first == b {
             if next == NO_BLOCK {
@@ -323,7 +437,40 @@ impl BlockIndex {
             }
             self.stored[at as usize].next_copy = next;
         }
-        Some(h)
+    }
+
+    /// Map-entered block `f` stops being its content's first copy (a newer copy went in front
+    /// of it): walks no longer reach it, so its chained child, if any, gets a map entry.
+    #[inline]
+    fn hide(&mut self, f: BlockId) {
+        let orphan = self.chained_child(f);
+        self.stored[f as usize].first_copy = false;
+        if let Some(c) = orphan {
+            self.promote(c);
+        }
+    }
+
+    /// Gives chained block `c` a map entry, as its content's first copy (it is the most
+    /// recently written: a copy entered since would have promoted it first). A copy already in
+    /// the map (entered where `c`'s chain was not visible) goes behind it, and its own chained
+    /// child, if any, is promoted in turn.
+    #[cold]
+    fn promote(&mut self, c: BlockId) {
+        debug_assert!(self.stored[c as usize].chained);
+        self.num_chained -= 1;
+        let s = &mut self.stored[c as usize];
+        s.chained = false;
+        s.parent_block = NO_BLOCK;
+        let h = s.hash;
+        let stored = &self.stored;
+        match self.map.probe(h, |b| stored[b as usize].hash) {
+            Probe::Vacant { slot } => self.map.fill(slot, h, c),
+            Probe::Found { slot, block: first } => {
+                self.map.replace(slot, c);
+                self.stored[c as usize].next_copy = first;
+                self.hide(first);
+            }
+        }
     }
 
     /// Verifies the map against the per-block records, and each indexed block's hash against
@@ -353,6 +500,9 @@ impl BlockIndex {
                 if s.first_copy != (b == first) {
                     return Err(format!("block {b}: first-copy flag disagrees with the map"));
                 }
+                if s.chained {
+                    return Err(format!("chained block {b} is in the map's copies"));
+                }
                 let recomputed =
                     hasher.hash_block(s.parent(), self.tokens_of(b), s.extra_key.as_deref());
                 if recomputed != h {
@@ -369,12 +519,263 @@ impl BlockIndex {
         if let Some(b) = first_unindexed {
             return Err(format!("block {b} is flagged a first copy but not indexed"));
         }
-        let indexed = self.indexed.iter().filter(|&&i| i).count();
-        if indexed != copies {
+        let mut chained = 0usize;
+        for (c, s) in self.stored.iter().enumerate() {
+            if !s.chained {
+                continue;
+            }
+            chained += 1;
+            let c = c as BlockId;
+            let p = s.parent_block;
+            let reachable = self.is_indexed(c)
+                && s.first_copy
+                && s.next_copy == NO_BLOCK
+                && self.stored.get(p as usize).is_some_and(|ps| {
+                    self.is_indexed(p)
+                        && ps.first_copy
+                        && ps.child == c
+                        && s.parent() == Some(ps.hash)
+                });
+            if !reachable {
+                return Err(format!("chained block {c} is not reachable from block {p}"));
+            }
+            let recomputed =
+                hasher.hash_block(s.parent(), self.tokens_of(c), s.extra_key.as_deref());
+            if recomputed != s.hash {
+                return Err(format!("chained block {c}: hash does not match its tokens"));
+            }
+        }
+        if chained != self.num_chained {
             return Err(format!(
-                "{indexed} blocks carry a hash but the index reaches {copies}"
+                "{chained} blocks chained, counted {}",
+                self.num_chained
+            ));
+        }
+        let indexed = self.indexed.iter().filter(|&&i| i).count();
+        if indexed != copies + chained {
+            return Err(format!(
+                "{indexed} blocks carry a hash but the index reaches {}",
+                copies + chained
             ));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BS: usize = 2;
+
+    /// An index of 8 blocks and the hasher its hashes come from.
+    fn index() -> (BlockIndex, BlockHasher) {
+        (BlockIndex::new(8, BS), BlockHasher::new(7))
+    }
+
+    /// Enters `b` with `tokens` after `parent_block` (holding `parent`), returning its hash.
+    fn enter(
+        idx: &mut BlockIndex,
+        hasher: &BlockHasher,
+        b: BlockId,
+        parent: Option<(BlockHash, Option<BlockId>)>,
+        chain: bool,
+        tokens: &[TokenId],
+        want: Entered,
+    ) -> BlockHash {
+        let parent_hash = parent.map(|(h, _)| h);
+        let h = hasher.hash_block(parent_hash, tokens, None);
+        let got = idx.insert(
+            b,
+            h,
+            parent_hash,
+            parent.and_then(|(_, p)| p),
+            chain,
+            tokens,
+            &None,
+        );
+        assert_eq!(got, want, "entering block {b}");
+        idx.check(hasher).unwrap();
+        h
+    }
+
+    fn is_chained(idx: &BlockIndex, b: BlockId) -> bool {
+        idx.stored[b as usize].chained
+    }
+
+    #[test]
+    fn chained_blocks_are_found_through_their_parent_only() {
+        let (mut idx, hasher) = index();
+        let h0 = enter(&mut idx, &hasher, 0, None, false, &[1, 2], Entered::New);
+        let h1 = enter(
+            &mut idx,
+            &hasher,
+            1,
+            Some((h0, Some(0))),
+            true,
+            &[3, 4],
+            Entered::New,
+        );
+        assert!(is_chained(&idx, 1) && !is_chained(&idx, 0));
+        assert_eq!(idx.len(), 2);
+        assert_eq!(idx.lookup_child(0, h0, &[3, 4], None), Some((1, h1)));
+        // No map entry: a lookup by hash alone does not find it.
+        assert_eq!(idx.lookup(h1, Some(h0), &[3, 4], None), None);
+        // Chaining needs the parent block visible with a free hint: a second child of block 0
+        // gets a map entry and leaves the hint with the chained one.
+        let h2 = enter(
+            &mut idx,
+            &hasher,
+            2,
+            Some((h0, Some(0))),
+            true,
+            &[5, 6],
+            Entered::New,
+        );
+        assert!(!is_chained(&idx, 2));
+        assert_eq!(idx.lookup(h2, Some(h0), &[5, 6], None), Some(2));
+        assert_eq!(idx.lookup_child(0, h0, &[3, 4], None), Some((1, h1)));
+        // Leaving the index, a chained block touches no map entry.
+        assert_eq!(idx.remove(1), Some(h1));
+        assert_eq!(idx.lookup_child(0, h0, &[3, 4], None), None);
+        idx.check(&hasher).unwrap();
+        assert_eq!(idx.len(), 2);
+    }
+
+    #[test]
+    fn removing_a_parent_promotes_its_chained_child() {
+        let (mut idx, hasher) = index();
+        let h0 = enter(&mut idx, &hasher, 0, None, false, &[1, 2], Entered::New);
+        let h1 = enter(
+            &mut idx,
+            &hasher,
+            1,
+            Some((h0, Some(0))),
+            true,
+            &[3, 4],
+            Entered::New,
+        );
+        let h2 = enter(
+            &mut idx,
+            &hasher,
+            2,
+            Some((h1, Some(1))),
+            true,
+            &[5, 6],
+            Entered::New,
+        );
+        assert!(is_chained(&idx, 1) && is_chained(&idx, 2));
+        // Out of least-recently-used order: the head first. Its child gets a map entry and keeps
+        // its own chained child (it is visible: the map's first copy).
+        assert_eq!(idx.remove(0), Some(h0));
+        idx.check(&hasher).unwrap();
+        assert!(!is_chained(&idx, 1) && is_chained(&idx, 2));
+        assert_eq!(idx.lookup(h1, Some(h0), &[3, 4], None), Some(1));
+        assert_eq!(idx.lookup_child(1, h1, &[5, 6], None), Some((2, h2)));
+    }
+
+    #[test]
+    fn a_copy_of_a_chained_block_promotes_it_then_goes_first() {
+        let (mut idx, hasher) = index();
+        let h0 = enter(&mut idx, &hasher, 0, None, false, &[1, 2], Entered::New);
+        let h1 = enter(
+            &mut idx,
+            &hasher,
+            1,
+            Some((h0, Some(0))),
+            true,
+            &[3, 4],
+            Entered::New,
+        );
+        // The same content recomputed after the same parent block (a prompt's last full block):
+        // block 1 gets a map entry first, and block 2, the newest copy, goes in front of it.
+        let again = enter(
+            &mut idx,
+            &hasher,
+            2,
+            Some((h0, Some(0))),
+            false,
+            &[3, 4],
+            Entered::Copy,
+        );
+        assert_eq!(again, h1);
+        assert!(!is_chained(&idx, 1));
+        assert_eq!(idx.lookup(h1, Some(h0), &[3, 4], None), Some(2));
+        assert_eq!(idx.lookup_child(0, h0, &[3, 4], None), Some((2, h1)));
+        assert_eq!(idx.remove(2), Some(h1));
+        assert_eq!(idx.lookup(h1, Some(h0), &[3, 4], None), Some(1));
+        idx.check(&hasher).unwrap();
+    }
+
+    #[test]
+    fn a_newer_copy_of_the_parent_promotes_the_chained_child() {
+        let (mut idx, hasher) = index();
+        let h0 = enter(&mut idx, &hasher, 0, None, false, &[1, 2], Entered::New);
+        let h1 = enter(
+            &mut idx,
+            &hasher,
+            1,
+            Some((h0, Some(0))),
+            true,
+            &[3, 4],
+            Entered::New,
+        );
+        // Block 3 holds block 0's content and goes in front of it: walks now reach block 3,
+        // whose hint does not name block 1, so block 1 needs its map entry.
+        enter(&mut idx, &hasher, 3, None, false, &[1, 2], Entered::Copy);
+        assert!(!is_chained(&idx, 1));
+        assert_eq!(idx.lookup_child(3, h0, &[3, 4], None), None);
+        assert_eq!(idx.lookup(h1, Some(h0), &[3, 4], None), Some(1));
+    }
+
+    #[test]
+    fn a_promoted_block_goes_in_front_of_a_mapped_copy() {
+        // A copy of content K entered where its chain was not visible (after a parent block
+        // that is not indexed, as a swapped-in sequence's blocks are not) has a map entry; a
+        // chained copy entered later is newer, so promoting it puts it first, and the mapped
+        // copy, now hidden, promotes its own chained child.
+        let (mut idx, hasher) = index();
+        let h0 = enter(&mut idx, &hasher, 0, None, false, &[1, 2], Entered::New);
+        let hk = enter(
+            &mut idx,
+            &hasher,
+            5,
+            Some((h0, None)),
+            false,
+            &[3, 4],
+            Entered::New,
+        );
+        let hl = enter(
+            &mut idx,
+            &hasher,
+            6,
+            Some((hk, Some(5))),
+            true,
+            &[5, 6],
+            Entered::New,
+        );
+        assert!(is_chained(&idx, 6));
+        assert_eq!(
+            enter(
+                &mut idx,
+                &hasher,
+                1,
+                Some((h0, Some(0))),
+                true,
+                &[3, 4],
+                Entered::New
+            ),
+            hk
+        );
+        assert!(is_chained(&idx, 1));
+        // A newer copy of block 0's content hides block 0: block 1 is promoted in front of
+        // block 5, which promotes block 6.
+        enter(&mut idx, &hasher, 3, None, false, &[1, 2], Entered::Copy);
+        assert!(!is_chained(&idx, 1) && !is_chained(&idx, 6));
+        assert_eq!(idx.lookup(hk, Some(h0), &[3, 4], None), Some(1));
+        assert_eq!(idx.lookup(hl, Some(hk), &[5, 6], None), Some(6));
+        assert_eq!(idx.remove(1), Some(hk));
+        assert_eq!(idx.lookup(hk, Some(h0), &[3, 4], None), Some(5));
+        idx.check(&hasher).unwrap();
     }
 }

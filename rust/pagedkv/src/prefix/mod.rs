@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use self::events::{EventQueue, KvEvent};
 use self::hash::{BlockHash, BlockHasher};
-use self::index::BlockIndex;
+use self::index::{BlockIndex, Entered};
 use self::lru::Lru;
 use crate::pool::BlockPool;
 use crate::{BlockId, TokenId};
@@ -114,21 +114,23 @@ impl PrefixCache {
             .lookup_child(parent_block, parent, token_ids, extra_key)
     }
 
-    /// Enters full block `b` under `hash` unless that content is already indexed (by another
-    /// block). Returns whether it was entered (the caller reports it as `BlockStored`).
-    /// `parent_block` is the block before `b` in its table (`None` for the first).
+    /// Enters full block `b` under `hash` (see [`BlockIndex::insert`], which says when
+    /// `chain` may be set). `parent_block` is the block before `b` in its table (`None` for the
+    /// first).
     #[inline]
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn register(
         &mut self,
         b: BlockId,
         hash: BlockHash,
         parent: Option<BlockHash>,
         parent_block: Option<BlockId>,
+        chain: bool,
         token_ids: &[TokenId],
         extra_key: &Option<Arc<[u8]>>,
-    ) -> bool {
+    ) -> Entered {
         self.index
-            .insert(b, hash, parent, parent_block, token_ids, extra_key)
+            .insert(b, hash, parent, parent_block, chain, token_ids, extra_key)
     }
 
     /// A released indexed block whose refcount reached 0 becomes cached-evictable, the most
@@ -191,7 +193,7 @@ impl PrefixCache {
 
     /// Takes the least recently used cached block out of the LRU and the index (recording its
     /// `BlockRemoved`), leaving its pool state to the caller. `None` when nothing is cached.
-    #[inline]
+    #[inline(always)]
     fn unindex_lru(&mut self) -> Option<BlockId> {
         let b = self.lru.pop_front()?;
         if let Some(h) = self.index.remove(b) {
@@ -253,7 +255,9 @@ mod tests {
         let mut parent = None;
         for &b in &bs {
             let h = c.hasher.hash_block(parent, &[b, b], None);
-            assert!(c.register(b, h, parent, None, &[b, b], &None));
+            assert!(c
+                .register(b, h, parent, None, false, &[b, b], &None)
+                .is_entered());
             parent = Some(h);
             pool.release_to_cache(b).unwrap();
             c.push_lru(b);
