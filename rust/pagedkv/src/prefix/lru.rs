@@ -112,6 +112,34 @@ impl Lru {
         Some(b)
     }
 
+    /// Unlinks the `n` least recently used blocks (the list holds at least `n`), appending
+    /// them to `out` in that order: one walk, and the new front's `prev` written once instead
+    /// of once per block.
+    pub(crate) fn pop_front_into(&mut self, n: usize, out: &mut Vec<BlockId>) {
+        debug_assert!(n <= self.len, "popping {n} of {} blocks", self.len);
+        let mut b = self.head;
+        for _ in 0..n {
+            let link = std::mem::replace(
+                &mut self.links[b as usize],
+                Link {
+                    prev: NIL,
+                    next: NIL,
+                    linked: false,
+                },
+            );
+            debug_assert!(link.linked, "block {b} is not in the LRU");
+            out.push(b);
+            b = link.next;
+        }
+        self.head = b;
+        if b == NIL {
+            self.tail = NIL;
+        } else {
+            self.links[b as usize].prev = NIL;
+        }
+        self.len -= n;
+    }
+
     /// The blocks, least recently used first (at most `links.len() + 1` of them, so a
     /// corrupted cycle cannot hang a walk).
     pub(crate) fn iter(&self) -> impl Iterator<Item = BlockId> + '_ {
@@ -185,6 +213,28 @@ mod tests {
         lru.remove(3); // tail
         assert_eq!(lru.pop_front(), Some(1));
         assert_eq!(lru.pop_front(), None);
+        lru.check().unwrap();
+    }
+
+    #[test]
+    fn pop_front_into_takes_the_oldest_in_order() {
+        let mut lru = Lru::new(6);
+        for b in [5, 2, 0, 3, 1] {
+            lru.push_back(b);
+        }
+        let mut out = vec![9];
+        lru.pop_front_into(2, &mut out);
+        assert_eq!(out, vec![9, 5, 2]);
+        assert_eq!((lru.order(), lru.len()), (vec![0, 3, 1], 3));
+        assert!(!lru.contains(5) && !lru.contains(2) && lru.contains(0));
+        lru.check().unwrap();
+        lru.pop_front_into(0, &mut out);
+        lru.pop_front_into(3, &mut out);
+        assert_eq!(out, vec![9, 5, 2, 0, 3, 1]);
+        assert_eq!(lru.len(), 0);
+        lru.check().unwrap();
+        lru.push_back(4);
+        assert_eq!(lru.order(), vec![4]);
         lru.check().unwrap();
     }
 }

@@ -151,19 +151,21 @@ impl PrefixCache {
     /// 0 -> 1), appending them to `out` in eviction order; each loses its hash
     /// (`BlockRemoved`). The caller checked the LRU holds at least `n`.
     ///
-    /// The victims' records and then their hash-table slots are loaded before any is removed
-    /// (`crate::prefetch`): the least recently used blocks are the coldest memory of the
-    /// cache, and one at a time each removal waited on two cache misses.
+    /// The victims leave the LRU in one walk; their records and then the hash-table slots of
+    /// those with a map entry are loaded before any is removed (`crate::prefetch`): the least
+    /// recently used blocks are the coldest memory of the cache, and one at a time each
+    /// removal waited on its own misses.
     pub(crate) fn evict_lru_into(&mut self, n: usize, pool: &BlockPool, out: &mut Vec<BlockId>) {
         let start = out.len();
-        out.extend(self.lru.iter().take(n));
-        debug_assert_eq!(out.len() - start, n, "evicting more than the LRU holds");
+        self.lru.pop_front_into(n, out);
         self.index.prefetch_records(&out[start..]);
         self.index.prefetch_slots_of(&out[start..]);
-        for &victim in &out[start..] {
-            let b = self.unindex_lru().expect("evict from an empty LRU");
-            debug_assert_eq!(b, victim);
+        for &b in &out[start..] {
+            if let Some(h) = self.index.remove(b) {
+                self.events.push_removed(h);
+            }
         }
+        self.blocks_evicted += n as u64;
         pool.claim_cached_all(&out[start..]);
     }
 
