@@ -140,9 +140,10 @@ pub(crate) struct BlockIndex {
     map: HashSlots,
     /// Per block id of the pool.
     stored: Vec<Stored>,
-    /// Per block id: whether `map` reaches the block (it is indexed). Apart from the records
-    /// so that freeing a sequence, which asks this of every block, reads one byte per block
-    /// (64 KB for 65,536 blocks, stays in L2) instead of each block's cold record line.
+    /// Per block id: whether the block is indexed (on a map entry's copies, or chained). Apart
+    /// from the records so that freeing a sequence, which asks this of every block, reads one
+    /// byte per block (64 KB for 65,536 blocks, stays in L2) instead of each block's cold
+    /// record line.
     indexed: Vec<bool>,
     /// The token ids each indexed block was stored with: block `b`'s are
     /// `tokens[b * block_size..][..block_size]` (stale once it leaves the index).
