@@ -5,6 +5,11 @@
 //! cached. Tables leave as NumPy int32 arrays, slots as int64, copy ops as int32 `[N, 2]`.
 use pyo3::prelude::*;
 
+/// Every Rust allocation of the extension (never one Python frees: NumPy arrays made from
+/// Rust vectors are dropped by Rust code) comes from mimalloc; see `Cargo.toml` for why.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod convert;
 mod errors;
 mod event_digests;
