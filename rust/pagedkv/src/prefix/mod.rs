@@ -158,8 +158,7 @@ impl PrefixCache {
     pub(crate) fn evict_lru_into(&mut self, n: usize, pool: &BlockPool, out: &mut Vec<BlockId>) {
         let start = out.len();
         self.lru.pop_front_into(n, out);
-        self.index.prefetch_records(&out[start..]);
-        self.index.prefetch_slots_of(&out[start..]);
+        self.index.prefetch_removals(&out[start..]);
         for &b in &out[start..] {
             if let Some(h) = self.index.remove(b) {
                 self.events.push_removed(h);
