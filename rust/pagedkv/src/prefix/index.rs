@@ -571,164 +571,133 @@ mod tests {
 
     const BS: usize = 2;
 
-    /// An index of 8 blocks and the hasher its hashes come from.
-    fn index() -> (BlockIndex, BlockHasher) {
-        (BlockIndex::new(8, BS), BlockHasher::new(7))
+    /// An index of 8 blocks of 2 tokens and the hasher its hashes come from; each method
+    /// enters one block, checks the invariants and returns the block's hash.
+    struct Fixture {
+        idx: BlockIndex,
+        hasher: BlockHasher,
     }
 
-    /// Enters `b` with `tokens` after `parent_block` (holding `parent`), returning its hash.
-    fn enter(
-        idx: &mut BlockIndex,
-        hasher: &BlockHasher,
-        b: BlockId,
-        parent: Option<(BlockHash, Option<BlockId>)>,
-        chain: bool,
-        tokens: &[TokenId],
-        want: Entered,
-    ) -> BlockHash {
-        let parent_hash = parent.map(|(h, _)| h);
-        let h = hasher.hash_block(parent_hash, tokens, None);
-        let got = idx.insert(
-            b,
-            h,
-            parent_hash,
-            parent.and_then(|(_, p)| p),
-            chain,
-            tokens,
-            &None,
-        );
-        assert_eq!(got, want, "entering block {b}");
-        idx.check(hasher).unwrap();
-        h
-    }
+    impl Fixture {
+        fn new() -> Self {
+            Fixture {
+                idx: BlockIndex::new(8, BS),
+                hasher: BlockHasher::new(7),
+            }
+        }
 
-    fn is_chained(idx: &BlockIndex, b: BlockId) -> bool {
-        idx.stored[b as usize].chained
+        /// Enters `b` holding `tokens` after `parent` (its hash and, if any, its block).
+        fn enter(
+            &mut self,
+            b: BlockId,
+            parent: Option<(BlockHash, Option<BlockId>)>,
+            chain: bool,
+            tokens: &[TokenId],
+        ) -> (BlockHash, Entered) {
+            let parent_hash = parent.map(|(h, _)| h);
+            let parent_block = parent.and_then(|(_, p)| p);
+            let h = self.hasher.hash_block(parent_hash, tokens, None);
+            let entered = self
+                .idx
+                .insert(b, h, parent_hash, parent_block, chain, tokens, &None);
+            self.idx.check(&self.hasher).unwrap();
+            (h, entered)
+        }
+
+        /// A first block (no parent), new content.
+        fn root(&mut self, b: BlockId, tokens: &[TokenId]) -> BlockHash {
+            let (h, entered) = self.enter(b, None, false, tokens);
+            assert_eq!(entered, Entered::New, "block {b}");
+            h
+        }
+
+        /// `b` after block `p` (indexed under `parent`), chained when it can be; new content.
+        fn chained(
+            &mut self,
+            b: BlockId,
+            parent: BlockHash,
+            p: BlockId,
+            tokens: &[TokenId],
+        ) -> BlockHash {
+            let (h, entered) = self.enter(b, Some((parent, Some(p))), true, tokens);
+            assert_eq!(entered, Entered::New, "block {b}");
+            h
+        }
+
+        fn is_chained(&self, b: BlockId) -> bool {
+            self.idx.stored[b as usize].chained
+        }
     }
 
     #[test]
     fn chained_blocks_are_found_through_their_parent_only() {
-        let (mut idx, hasher) = index();
-        let h0 = enter(&mut idx, &hasher, 0, None, false, &[1, 2], Entered::New);
-        let h1 = enter(
-            &mut idx,
-            &hasher,
-            1,
-            Some((h0, Some(0))),
-            true,
-            &[3, 4],
-            Entered::New,
-        );
-        assert!(is_chained(&idx, 1) && !is_chained(&idx, 0));
-        assert_eq!(idx.len(), 2);
-        assert_eq!(idx.lookup_child(0, h0, &[3, 4], None), Some((1, h1)));
+        let mut f = Fixture::new();
+        let h0 = f.root(0, &[1, 2]);
+        let h1 = f.chained(1, h0, 0, &[3, 4]);
+        assert!(f.is_chained(1) && !f.is_chained(0));
+        assert_eq!(f.idx.len(), 2);
+        assert_eq!(f.idx.lookup_child(0, h0, &[3, 4], None), Some((1, h1)));
         // No map entry: a lookup by hash alone does not find it.
-        assert_eq!(idx.lookup(h1, Some(h0), &[3, 4], None), None);
+        assert_eq!(f.idx.lookup(h1, Some(h0), &[3, 4], None), None);
         // Chaining needs the parent block visible with a free hint: a second child of block 0
         // gets a map entry and leaves the hint with the chained one.
-        let h2 = enter(
-            &mut idx,
-            &hasher,
-            2,
-            Some((h0, Some(0))),
-            true,
-            &[5, 6],
-            Entered::New,
-        );
-        assert!(!is_chained(&idx, 2));
-        assert_eq!(idx.lookup(h2, Some(h0), &[5, 6], None), Some(2));
-        assert_eq!(idx.lookup_child(0, h0, &[3, 4], None), Some((1, h1)));
+        let h2 = f.chained(2, h0, 0, &[5, 6]);
+        assert!(!f.is_chained(2));
+        assert_eq!(f.idx.lookup(h2, Some(h0), &[5, 6], None), Some(2));
+        assert_eq!(f.idx.lookup_child(0, h0, &[3, 4], None), Some((1, h1)));
         // Leaving the index, a chained block touches no map entry.
-        assert_eq!(idx.remove(1), Some(h1));
-        assert_eq!(idx.lookup_child(0, h0, &[3, 4], None), None);
-        idx.check(&hasher).unwrap();
-        assert_eq!(idx.len(), 2);
+        assert_eq!(f.idx.remove(1), Some(h1));
+        assert_eq!(f.idx.lookup_child(0, h0, &[3, 4], None), None);
+        f.idx.check(&f.hasher).unwrap();
+        assert_eq!(f.idx.len(), 2);
     }
 
     #[test]
     fn removing_a_parent_promotes_its_chained_child() {
-        let (mut idx, hasher) = index();
-        let h0 = enter(&mut idx, &hasher, 0, None, false, &[1, 2], Entered::New);
-        let h1 = enter(
-            &mut idx,
-            &hasher,
-            1,
-            Some((h0, Some(0))),
-            true,
-            &[3, 4],
-            Entered::New,
-        );
-        let h2 = enter(
-            &mut idx,
-            &hasher,
-            2,
-            Some((h1, Some(1))),
-            true,
-            &[5, 6],
-            Entered::New,
-        );
-        assert!(is_chained(&idx, 1) && is_chained(&idx, 2));
+        let mut f = Fixture::new();
+        let h0 = f.root(0, &[1, 2]);
+        let h1 = f.chained(1, h0, 0, &[3, 4]);
+        let h2 = f.chained(2, h1, 1, &[5, 6]);
+        assert!(f.is_chained(1) && f.is_chained(2));
         // Out of least-recently-used order: the head first. Its child gets a map entry and keeps
         // its own chained child (it is visible: the map's first copy).
-        assert_eq!(idx.remove(0), Some(h0));
-        idx.check(&hasher).unwrap();
-        assert!(!is_chained(&idx, 1) && is_chained(&idx, 2));
-        assert_eq!(idx.lookup(h1, Some(h0), &[3, 4], None), Some(1));
-        assert_eq!(idx.lookup_child(1, h1, &[5, 6], None), Some((2, h2)));
+        assert_eq!(f.idx.remove(0), Some(h0));
+        f.idx.check(&f.hasher).unwrap();
+        assert!(!f.is_chained(1) && f.is_chained(2));
+        assert_eq!(f.idx.lookup(h1, Some(h0), &[3, 4], None), Some(1));
+        assert_eq!(f.idx.lookup_child(1, h1, &[5, 6], None), Some((2, h2)));
     }
 
     #[test]
     fn a_copy_of_a_chained_block_promotes_it_then_goes_first() {
-        let (mut idx, hasher) = index();
-        let h0 = enter(&mut idx, &hasher, 0, None, false, &[1, 2], Entered::New);
-        let h1 = enter(
-            &mut idx,
-            &hasher,
-            1,
-            Some((h0, Some(0))),
-            true,
-            &[3, 4],
-            Entered::New,
-        );
+        let mut f = Fixture::new();
+        let h0 = f.root(0, &[1, 2]);
+        let h1 = f.chained(1, h0, 0, &[3, 4]);
         // The same content recomputed after the same parent block (a prompt's last full block):
         // block 1 gets a map entry first, and block 2, the newest copy, goes in front of it.
-        let again = enter(
-            &mut idx,
-            &hasher,
-            2,
-            Some((h0, Some(0))),
-            false,
-            &[3, 4],
-            Entered::Copy,
+        assert_eq!(
+            f.enter(2, Some((h0, Some(0))), false, &[3, 4]),
+            (h1, Entered::Copy)
         );
-        assert_eq!(again, h1);
-        assert!(!is_chained(&idx, 1));
-        assert_eq!(idx.lookup(h1, Some(h0), &[3, 4], None), Some(2));
-        assert_eq!(idx.lookup_child(0, h0, &[3, 4], None), Some((2, h1)));
-        assert_eq!(idx.remove(2), Some(h1));
-        assert_eq!(idx.lookup(h1, Some(h0), &[3, 4], None), Some(1));
-        idx.check(&hasher).unwrap();
+        assert!(!f.is_chained(1));
+        assert_eq!(f.idx.lookup(h1, Some(h0), &[3, 4], None), Some(2));
+        assert_eq!(f.idx.lookup_child(0, h0, &[3, 4], None), Some((2, h1)));
+        assert_eq!(f.idx.remove(2), Some(h1));
+        assert_eq!(f.idx.lookup(h1, Some(h0), &[3, 4], None), Some(1));
+        f.idx.check(&f.hasher).unwrap();
     }
 
     #[test]
     fn a_newer_copy_of_the_parent_promotes_the_chained_child() {
-        let (mut idx, hasher) = index();
-        let h0 = enter(&mut idx, &hasher, 0, None, false, &[1, 2], Entered::New);
-        let h1 = enter(
-            &mut idx,
-            &hasher,
-            1,
-            Some((h0, Some(0))),
-            true,
-            &[3, 4],
-            Entered::New,
-        );
+        let mut f = Fixture::new();
+        let h0 = f.root(0, &[1, 2]);
+        let h1 = f.chained(1, h0, 0, &[3, 4]);
         // Block 3 holds block 0's content and goes in front of it: walks now reach block 3,
         // whose hint does not name block 1, so block 1 needs its map entry.
-        enter(&mut idx, &hasher, 3, None, false, &[1, 2], Entered::Copy);
-        assert!(!is_chained(&idx, 1));
-        assert_eq!(idx.lookup_child(3, h0, &[3, 4], None), None);
-        assert_eq!(idx.lookup(h1, Some(h0), &[3, 4], None), Some(1));
+        assert_eq!(f.enter(3, None, false, &[1, 2]), (h0, Entered::Copy));
+        assert!(!f.is_chained(1));
+        assert_eq!(f.idx.lookup_child(3, h0, &[3, 4], None), None);
+        assert_eq!(f.idx.lookup(h1, Some(h0), &[3, 4], None), Some(1));
     }
 
     #[test]
@@ -737,48 +706,22 @@ mod tests {
         // that is not indexed, as a swapped-in sequence's blocks are not) has a map entry; a
         // chained copy entered later is newer, so promoting it puts it first, and the mapped
         // copy, now hidden, promotes its own chained child.
-        let (mut idx, hasher) = index();
-        let h0 = enter(&mut idx, &hasher, 0, None, false, &[1, 2], Entered::New);
-        let hk = enter(
-            &mut idx,
-            &hasher,
-            5,
-            Some((h0, None)),
-            false,
-            &[3, 4],
-            Entered::New,
-        );
-        let hl = enter(
-            &mut idx,
-            &hasher,
-            6,
-            Some((hk, Some(5))),
-            true,
-            &[5, 6],
-            Entered::New,
-        );
-        assert!(is_chained(&idx, 6));
-        assert_eq!(
-            enter(
-                &mut idx,
-                &hasher,
-                1,
-                Some((h0, Some(0))),
-                true,
-                &[3, 4],
-                Entered::New
-            ),
-            hk
-        );
-        assert!(is_chained(&idx, 1));
+        let mut f = Fixture::new();
+        let h0 = f.root(0, &[1, 2]);
+        let (hk, entered) = f.enter(5, Some((h0, None)), false, &[3, 4]);
+        assert_eq!(entered, Entered::New);
+        let hl = f.chained(6, hk, 5, &[5, 6]);
+        assert!(f.is_chained(6));
+        assert_eq!(f.chained(1, h0, 0, &[3, 4]), hk);
+        assert!(f.is_chained(1));
         // A newer copy of block 0's content hides block 0: block 1 is promoted in front of
         // block 5, which promotes block 6.
-        enter(&mut idx, &hasher, 3, None, false, &[1, 2], Entered::Copy);
-        assert!(!is_chained(&idx, 1) && !is_chained(&idx, 6));
-        assert_eq!(idx.lookup(hk, Some(h0), &[3, 4], None), Some(1));
-        assert_eq!(idx.lookup(hl, Some(hk), &[5, 6], None), Some(6));
-        assert_eq!(idx.remove(1), Some(hk));
-        assert_eq!(idx.lookup(hk, Some(h0), &[3, 4], None), Some(5));
-        idx.check(&hasher).unwrap();
+        assert_eq!(f.enter(3, None, false, &[1, 2]), (h0, Entered::Copy));
+        assert!(!f.is_chained(1) && !f.is_chained(6));
+        assert_eq!(f.idx.lookup(hk, Some(h0), &[3, 4], None), Some(1));
+        assert_eq!(f.idx.lookup(hl, Some(hk), &[5, 6], None), Some(6));
+        assert_eq!(f.idx.remove(1), Some(hk));
+        assert_eq!(f.idx.lookup(hk, Some(h0), &[3, 4], None), Some(5));
+        f.idx.check(&f.hasher).unwrap();
     }
 }
