@@ -446,32 +446,47 @@ impl BlockIndex {
     /// of it): walks no longer reach it, so its chained child, if any, gets a map entry.
     #[inline]
     fn hide(&mut self, f: BlockId) {
-        let orphan = self.chained_child(f);
-        self.stored[f as usize].first_copy = false;
-        if let Some(c) = orphan {
+        if let Some(c) = self.unhide_orphan(f) {
             self.promote(c);
         }
+    }
+
+    /// Clears `f`'s first-copy flag and returns its chained child, which that cuts off.
+    #[inline]
+    fn unhide_orphan(&mut self, f: BlockId) -> Option<BlockId> {
+        let orphan = self.chained_child(f);
+        self.stored[f as usize].first_copy = false;
+        orphan
     }
 
     /// Gives chained block `c` a map entry, as its content's first copy (it is the most
     /// recently written: a copy entered since would have promoted it first). A copy already in
     /// the map (entered where `c`'s chain was not visible) goes behind it, and its own chained
-    /// child, if any, is promoted in turn.
+    /// child, if any, is promoted in turn: a loop, not recursion, since such a run of hidden
+    /// copies can be as long as a sequence.
     #[cold]
-    fn promote(&mut self, c: BlockId) {
-        debug_assert!(self.stored[c as usize].chained);
-        self.num_chained -= 1;
-        let s = &mut self.stored[c as usize];
-        s.chained = false;
-        s.parent_block = NO_BLOCK;
-        let h = s.hash;
-        let stored = &self.stored;
-        match self.map.probe(h, |b| stored[b as usize].hash) {
-            Probe::Vacant { slot } => self.map.fill(slot, h, c),
-            Probe::Found { slot, block: first } => {
-                self.map.replace(slot, c);
-                self.stored[c as usize].next_copy = first;
-                self.hide(first);
+    fn promote(&mut self, mut c: BlockId) {
+        loop {
+            debug_assert!(self.stored[c as usize].chained);
+            self.num_chained -= 1;
+            let s = &mut self.stored[c as usize];
+            s.chained = false;
+            s.parent_block = NO_BLOCK;
+            let h = s.hash;
+            let stored = &self.stored;
+            match self.map.probe(h, |b| stored[b as usize].hash) {
+                Probe::Vacant { slot } => {
+                    self.map.fill(slot, h, c);
+                    return;
+                }
+                Probe::Found { slot, block: first } => {
+                    self.map.replace(slot, c);
+                    self.stored[c as usize].next_copy = first;
+                    match self.unhide_orphan(first) {
+                        Some(orphan) => c = orphan,
+                        None => return,
+                    }
+                }
             }
         }
     }

@@ -160,11 +160,8 @@ impl PrefixCache {
         self.lru.pop_front_into(n, out);
         self.index.prefetch_removals(&out[start..]);
         for &b in &out[start..] {
-            if let Some(h) = self.index.remove(b) {
-                self.events.push_removed(h);
-            }
+            self.unindex(b);
         }
-        self.blocks_evicted += n as u64;
         pool.claim_cached_all(&out[start..]);
     }
 
@@ -194,14 +191,20 @@ impl PrefixCache {
 
     /// Takes the least recently used cached block out of the LRU and the index (recording its
     /// `BlockRemoved`), leaving its pool state to the caller. `None` when nothing is cached.
-    #[inline(always)]
     fn unindex_lru(&mut self) -> Option<BlockId> {
         let b = self.lru.pop_front()?;
+        self.unindex(b);
+        Some(b)
+    }
+
+    /// Takes block `b`, just out of the LRU, out of the index, recording its `BlockRemoved` and
+    /// counting the eviction.
+    #[inline(always)]
+    fn unindex(&mut self, b: BlockId) {
         if let Some(h) = self.index.remove(b) {
             self.events.push_removed(h);
         }
         self.blocks_evicted += 1;
-        Some(b)
     }
 
     /// Returns every cached block to the pool and empties the index (`AllBlocksCleared`). The
