@@ -158,11 +158,11 @@ impl KvCacheManager {
 
         let extra: Option<Arc<[u8]>> = extra_key.map(Arc::from);
         prefix.prefetch_register_records(&block_ids[num_hits..num_full]);
-        // One `BlockStored` per run of consecutive blocks the index took (all of them, unless
-        // it refused one: a hash naming other content), built from the run's slices at its
-        // end; with events off, registering is the index alone.
         // A block after one this loop entered as new content is chained to it (no map entry:
-        // prefix/index.rs, "Chained blocks").
+        // prefix/index.rs, "Chained blocks"). One `BlockStored` per run of consecutive blocks
+        // the index took (all of them, unless it refused one: a hash naming other content),
+        // built from the run's slices at its end; with events off, registering is the index
+        // alone.
         let events_on = prefix.events.enabled();
         let mut run_start = num_hits;
         let mut previous_new = false;

@@ -151,9 +151,9 @@ impl PrefixCache {
     /// 0 -> 1), appending them to `out` in eviction order; each loses its hash
     /// (`BlockRemoved`). The caller checked the LRU holds at least `n`.
     ///
-    /// The victims leave the LRU in one walk; their records and then the hash-table slots of
-    /// those with a map entry are loaded before any is removed (`crate::prefetch`): the least
-    /// recently used blocks are the coldest memory of the cache, and one at a time each
+    /// The victims leave the LRU in one walk; their records, and the hash-table slots of those
+    /// with a map entry, are loaded in one pass before any is removed (`crate::prefetch`): the
+    /// least recently used blocks are the coldest memory of the cache, and one at a time each
     /// removal waited on its own misses.
     pub(crate) fn evict_lru_into(&mut self, n: usize, pool: &BlockPool, out: &mut Vec<BlockId>) {
         let start = out.len();
