@@ -13,7 +13,7 @@ use numpy::{PyArray1, PyArray2, PyArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
-use pagedkv::wire::encode_kv_events;
+use pagedkv::wire::encode_drained_events;
 use pagedkv::{Error, KvCacheManager, ManagerConfig, PoolPeers};
 
 use crate::convert::{
@@ -619,10 +619,11 @@ impl PyKvCacheManager {
         // Checked before anything is drained.
         let (ts, rank) = batch_args(py, ts, data_parallel_rank)?;
         let hashes = hash_format(raw_hashes.0);
-        let events = self.read(py, |kv| kv.take_events())?;
+        // Drained as the queue holds them: a removal stays its hash until it is written.
+        let events = self.read(py, |kv| kv.take_drained_events())?;
         // Fails only for a list longer than u32::MAX items, which the bounded queue never holds.
         let payload = py
-            .detach(|| encode_kv_events(&events, ts, rank, hashes))
+            .detach(|| encode_drained_events(&events, ts, rank, hashes))
             .map_err(|err| to_pyerr(py, err))?;
         Ok((events.len(), PyBytes::new(py, &payload)))
     }

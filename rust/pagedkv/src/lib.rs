@@ -45,7 +45,7 @@ pub use error::{Error, Result, Tier};
 pub use manager::{CsrPageTable, KvCacheManager, ManagerConfig};
 pub use peers::PoolPeers;
 pub use pool::{BlockHandle, BlockPool, MAX_NUM_BLOCKS, MAX_NUM_SLOTS};
-pub use prefix::events::KvEvent;
+pub use prefix::events::{DrainedEvents, KvEvent};
 pub use prefix::hash::{BlockHash, BlockHasher};
 pub use stats::Stats;
 pub use table::BlockTable;

@@ -35,7 +35,8 @@
 
 use rmp::encode;
 
-use crate::{BlockHash, Error, KvEvent, Result, Tier, TokenId};
+use crate::prefix::events::QueuedRef;
+use crate::{BlockHash, DrainedEvents, Error, KvEvent, Result, Tier, TokenId};
 
 /// How block hashes go on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -154,7 +155,7 @@ pub fn encode_event_batch(
     data_parallel_rank: Option<i64>,
     hashes: HashFormat,
 ) -> Result<Vec<u8>> {
-    encode_batch_with(events, ts, data_parallel_rank, |out, event| {
+    encode_batch_with(events.iter(), ts, data_parallel_rank, |out, event| {
         write_event(out, event, hashes)
     })
 }
@@ -169,21 +170,51 @@ pub fn encode_kv_events(
     data_parallel_rank: Option<i64>,
     hashes: HashFormat,
 ) -> Result<Vec<u8>> {
-    encode_batch_with(events, ts, data_parallel_rank, |out, event| match event {
+    encode_batch_with(events.iter(), ts, data_parallel_rank, |out, event| {
+        write_kv_event(out, event, hashes)
+    })
+}
+
+/// [`encode_kv_events`] for events as the queue held them
+/// (`KvCacheManager::take_drained_events`): the same bytes, and a device block's removal,
+/// queued as its hash alone, is written from the hash without building its `KvEvent`.
+pub fn encode_drained_events(
+    events: &DrainedEvents,
+    ts: f64,
+    data_parallel_rank: Option<i64>,
+    hashes: HashFormat,
+) -> Result<Vec<u8>> {
+    encode_batch_with(
+        events.views(),
+        ts,
+        data_parallel_rank,
+        |out, event| match event {
+            QueuedRef::DeviceRemoval(hash) => {
+                write_removed(out, &[hash], Some(medium_name(Tier::Device)), hashes)
+            }
+            QueuedRef::Event(event) => write_kv_event(out, event, hashes),
+        },
+    )
+}
+
+/// One core event: a `BlockRemoved` straight from the event, the others through their
+/// [`WireEvent`] (which copies them).
+fn write_kv_event(out: &mut Vec<u8>, event: &KvEvent, hashes: HashFormat) -> Result<()> {
+    match event {
         KvEvent::BlockRemoved {
             block_hashes,
             medium,
         } => write_removed(out, block_hashes, Some(medium_name(*medium)), hashes),
         other => write_event(out, &WireEvent::from(other), hashes),
-    })
+    }
 }
 
 /// The batch around `events`: `[ts, [each written by `write`], data_parallel_rank]`.
 fn encode_batch_with<E>(
-    events: &[E],
+    events: impl ExactSizeIterator<Item = E>,
     ts: f64,
     data_parallel_rank: Option<i64>,
-    mut write: impl FnMut(&mut Vec<u8>, &E) -> Result<()>,
+    mut write: impl FnMut(&mut Vec<u8>, E) -> Result<()>,
 ) -> Result<Vec<u8>> {
     let mut out = Vec::with_capacity(16 + 64 * events.len());
     encode::write_array_len(&mut out, 3).map_err(io_error)?;
@@ -364,6 +395,7 @@ fn io_error<E: std::fmt::Display>(error: E) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::prefix::events::EventQueue;
 
     #[test]
     fn core_events_encode_as_their_wire_events_do() {
@@ -389,14 +421,37 @@ mod tests {
             KvEvent::AllBlocksCleared,
         ];
         let wire: Vec<WireEvent> = events.iter().map(WireEvent::from).collect();
+        // The same events through the queue: the device removal is held as its hash alone.
+        let mut queue = EventQueue::new(true, 16);
+        for event in &events {
+            queue.push(event.clone());
+        }
+        queue.push_removed(9);
+        let drained = queue.take_drained();
+        assert_eq!(drained.len(), events.len() + 1);
+        let mut all = events.clone();
+        all.push(KvEvent::BlockRemoved {
+            block_hashes: vec![9],
+            medium: Tier::Device,
+        });
         for hashes in [HashFormat::U64, HashFormat::Bytes] {
             for rank in [None, Some(-2)] {
                 assert_eq!(
                     encode_kv_events(&events, 2.5, rank, hashes).unwrap(),
                     encode_event_batch(&wire, 2.5, rank, hashes).unwrap()
                 );
+                assert_eq!(
+                    encode_drained_events(&drained, 2.5, rank, hashes).unwrap(),
+                    encode_kv_events(&all, 2.5, rank, hashes).unwrap()
+                );
             }
         }
+        assert_eq!(drained.into_events(), all);
+        assert!(
+            encode_drained_events(&DrainedEvents::default(), 1.0, None, HashFormat::U64).is_ok_and(
+                |bytes| bytes == encode_kv_events(&[], 1.0, None, HashFormat::U64).unwrap()
+            )
+        );
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Prefix-cache integration: reset, events, the LRU view, and hashing of appended tokens.
 
 use super::{KvCacheManager, Sequence};
-use crate::prefix::events::{block_stored, KvEvent};
+use crate::prefix::events::{block_stored, DrainedEvents, KvEvent};
 use crate::prefix::PrefixCache;
 use crate::{BlockId, TokenId};
 
@@ -70,6 +70,29 @@ impl KvCacheManager {
         self.prefix
             .as_mut()
             .map_or_else(Vec::new, PrefixCache::take_events)
+    }
+
+    /// Drains the same events as [`Self::take_events`] as the queue holds them, for a consumer
+    /// that encodes them at once (`pagedkv::wire::encode_drained_events`): no `KvEvent` is built
+    /// and nothing is allocated per block removal.
+    ///
+    /// ```
+    /// use pagedkv::{KvCacheManager, ManagerConfig};
+    /// let mut kv = KvCacheManager::new(ManagerConfig {
+    ///     num_blocks: 4, block_size: 2, enable_prefix_caching: true, enable_kv_events: true,
+    ///     ..Default::default()
+    /// })?;
+    /// kv.add_sequence(1, &[1, 2, 3], None)?;
+    /// let drained = kv.take_drained_events();
+    /// assert_eq!(drained.len(), 1);                  // one BlockStored
+    /// assert_eq!(drained.into_events().len(), 1);
+    /// assert!(kv.take_events().is_empty());          // one queue
+    /// # Ok::<(), pagedkv::Error>(())
+    /// ```
+    pub fn take_drained_events(&mut self) -> DrainedEvents {
+        self.prefix
+            .as_mut()
+            .map_or_else(DrainedEvents::default, PrefixCache::take_drained_events)
     }
 
     /// Cached-evictable blocks in eviction order (least recently used first).

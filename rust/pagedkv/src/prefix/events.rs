@@ -118,6 +118,50 @@ impl Queued {
             Queued::Event(event) => *event,
         }
     }
+
+    fn view(&self) -> QueuedRef<'_> {
+        match self {
+            Queued::Removed(hash) => QueuedRef::DeviceRemoval(*hash),
+            Queued::Event(event) => QueuedRef::Event(event),
+        }
+    }
+}
+
+/// One drained event as the queue held it (see [`DrainedEvents`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum QueuedRef<'a> {
+    /// `KvEvent::BlockRemoved` of this one hash, on the device tier.
+    DeviceRemoval(BlockHash),
+    Event(&'a KvEvent),
+}
+
+/// KV events drained as the queue holds them, oldest first: a removal of one device block is
+/// still only its hash. A consumer that encodes them at once (`wire::encode_drained_events`,
+/// what `take_event_batch` in the Python bindings does) builds no [`KvEvent`] and allocates
+/// nothing per removal; [`DrainedEvents::into_events`] gives the public events.
+#[derive(Debug, Default)]
+pub struct DrainedEvents(Vec<Queued>);
+
+impl DrainedEvents {
+    /// Events drained.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether nothing was drained.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The events, as [`crate::KvCacheManager::take_events`] returns them.
+    pub fn into_events(self) -> Vec<KvEvent> {
+        self.0.into_iter().map(Queued::into_event).collect()
+    }
+
+    /// Each event as the queue held it, oldest first.
+    pub(crate) fn views(&self) -> impl ExactSizeIterator<Item = QueuedRef<'_>> + '_ {
+        self.0.iter().map(Queued::view)
+    }
 }
 
 /// The memory one event holds: the enum itself plus its heap buffers at capacity.
@@ -220,8 +264,13 @@ impl EventQueue {
 
     /// Drains the queue, oldest first.
     pub(crate) fn take(&mut self) -> Vec<KvEvent> {
+        self.take_drained().into_events()
+    }
+
+    /// Drains the queue as it holds the events (see [`DrainedEvents`]).
+    pub(crate) fn take_drained(&mut self) -> DrainedEvents {
         self.bytes = 0;
-        self.events.drain(..).map(Queued::into_event).collect()
+        DrainedEvents(self.events.drain(..).collect())
     }
 }
 

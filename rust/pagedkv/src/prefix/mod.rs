@@ -18,7 +18,7 @@ pub(crate) mod lru;
 
 use std::sync::Arc;
 
-use self::events::{EventQueue, KvEvent};
+use self::events::{DrainedEvents, EventQueue, KvEvent};
 use self::hash::{BlockHash, BlockHasher};
 use self::index::{BlockIndex, Entered};
 use self::lru::Lru;
@@ -222,6 +222,11 @@ impl PrefixCache {
     /// Drains the recorded events, oldest first.
     pub(crate) fn take_events(&mut self) -> Vec<KvEvent> {
         self.events.take()
+    }
+
+    /// Drains the recorded events as the queue holds them, oldest first.
+    pub(crate) fn take_drained_events(&mut self) -> DrainedEvents {
+        self.events.take_drained()
     }
 
     /// Cached-evictable blocks, least recently used first.
