@@ -67,9 +67,7 @@ impl KvCacheManager {
 
     /// Drains the recorded KV events, oldest first (empty without prefix caching).
     pub fn take_events(&mut self) -> Vec<KvEvent> {
-        self.prefix
-            .as_mut()
-            .map_or_else(Vec::new, PrefixCache::take_events)
+        self.take_drained_events().into_events()
     }
 
     /// Drains the same events as [`Self::take_events`] as the queue holds them, for a consumer

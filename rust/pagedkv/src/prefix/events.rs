@@ -263,6 +263,7 @@ impl EventQueue {
     }
 
     /// Drains the queue, oldest first.
+    #[cfg(test)]
     pub(crate) fn take(&mut self) -> Vec<KvEvent> {
         self.take_drained().into_events()
     }

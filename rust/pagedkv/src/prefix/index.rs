@@ -200,15 +200,12 @@ impl BlockIndex {
         (self.is_indexed(c) && s.chained && s.parent_block == p).then_some(c)
     }
 
-    /// Whether a block entered after `p` with parent hash `parent` may be chained to it: `p`
-    /// is indexed under `parent`, visible, and its hint is not held by a chained child.
+    /// Whether `p` is indexed under `parent` and visible: a block entered after it may be
+    /// chained to it, unless a chained child already holds its hint.
     #[inline]
-    fn can_chain_to(&self, p: BlockId, parent: Option<BlockHash>) -> bool {
+    fn visible_under(&self, p: BlockId, parent: Option<BlockHash>) -> bool {
         let s = &self.stored[p as usize];
-        self.is_indexed(p)
-            && s.first_copy
-            && Some(s.hash) == parent
-            && self.chained_child(p).is_none()
+        self.is_indexed(p) && s.first_copy && Some(s.hash) == parent
     }
 
     #[inline]
@@ -337,16 +334,18 @@ impl BlockIndex {
         if self.is_indexed(b) {
             return Entered::Refused;
         }
-        let chain_to = parent_block.filter(|&p| chain && self.can_chain_to(p, parent));
+        // The chained child holding `parent_block`'s hint, if any: it keeps the hint.
+        let mut held = parent_block.and_then(|p| self.chained_child(p));
+        let chain_to =
+            parent_block.filter(|&p| chain && held.is_none() && self.visible_under(p, parent));
         let (next_copy, entered) = if chain_to.is_some() {
             (NO_BLOCK, Entered::New)
         } else {
-            if let Some(c) = parent_block.and_then(|p| self.chained_child(p)) {
-                if self.stored[c as usize].hash == hash {
-                    // A copy of a chained block: the chained one first gets a map entry, so
-                    // that `b` becomes its content's first copy as any new copy does.
-                    self.promote(c);
-                }
+            if let Some(c) = held.filter(|&c| self.stored[c as usize].hash == hash) {
+                // A copy of a chained block: the chained one first gets a map entry, so that
+                // `b` becomes its content's first copy as any new copy does (and takes the hint).
+                self.promote(c);
+                held = None;
             }
             let stored = &self.stored;
             match self.map.probe(hash, |b| stored[b as usize].hash) {
@@ -382,7 +381,7 @@ impl BlockIndex {
         // New content: hints to the children of the block's previous content are void.
         s.child = NO_BLOCK;
         if let Some(p) = parent_block {
-            if chain_to.is_some() || self.chained_child(p).is_none() {
+            if held.is_none() {
                 self.stored[p as usize].child = b;
             }
         }

@@ -219,11 +219,6 @@ impl PrefixCache {
         self.events.push(KvEvent::AllBlocksCleared);
     }
 
-    /// Drains the recorded events, oldest first.
-    pub(crate) fn take_events(&mut self) -> Vec<KvEvent> {
-        self.events.take()
-    }
-
     /// Drains the recorded events as the queue holds them, oldest first.
     pub(crate) fn take_drained_events(&mut self) -> DrainedEvents {
         self.events.take_drained()
