@@ -1,10 +1,12 @@
 //! Admission: `add_sequence` / `add_sequence_len`, with and without prefix caching.
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use super::{KvCacheManager, SeqHashing, Sequence};
 use crate::error::{invalid, Error, Result};
-use crate::prefix::events::block_stored;
+use crate::prefix::events::{block_stored, KvEvent};
+use crate::prefix::hash::BlockHash;
 use crate::prefix::index::Entered;
 use crate::table::BlockTable;
 use crate::{BlockId, SeqId, TokenId};
@@ -98,6 +100,7 @@ impl KvCacheManager {
         let mut block_hashes = Vec::with_capacity(num_full);
         let mut block_ids: Vec<BlockId> = Vec::with_capacity(total_blocks);
         let mut num_revive = 0usize;
+        let mut chain = prefix.hasher.chain(bs, extra_key);
         for chunk in token_ids.chunks_exact(bs).take(max_hits) {
             let parent = block_hashes.last().copied();
             let hinted = match (block_ids.last(), parent) {
@@ -107,7 +110,7 @@ impl KvCacheManager {
             let (b, h) = match hinted {
                 Some(found) => found,
                 None => {
-                    let h = prefix.hasher.hash_block(parent, chunk, extra_key);
+                    let h = chain.hash(parent, chunk);
                     let Some(b) = prefix.lookup(h, parent, chunk, extra_key) else {
                         block_hashes.push(h); // the missed block's hash starts the rest
                         break;
@@ -123,18 +126,10 @@ impl KvCacheManager {
             block_ids.push(b);
             block_hashes.push(h);
         }
-        // The remaining full blocks' hashes (one message buffer for the rest of the chain);
-        // a missed block's hash is already in `block_hashes`.
-        prefix.hasher.hash_chain(
-            block_hashes.last().copied(),
-            &token_ids[block_hashes.len() * bs..],
-            bs,
-            extra_key,
-            &mut block_hashes,
-        );
         let num_hits = block_ids.len();
         // Only the first new block can need a map entry: each later one is chained to the
-        // block before it (prefix/index.rs, "Chained blocks").
+        // block before it (prefix/index.rs, "Chained blocks"). Its hash is known when a lookup
+        // missed it; the other new blocks are hashed as they are entered (step 3).
         prefix.prefetch_register_slots(block_hashes.get(num_hits..num_hits + 1).unwrap_or(&[]));
 
         // 2. Reserve the new blocks; the cached hits are pinned so no eviction can take them.
@@ -158,44 +153,51 @@ impl KvCacheManager {
 
         let extra: Option<Arc<[u8]>> = extra_key.map(Arc::from);
         prefix.prefetch_register_records(&block_ids[num_hits..num_full]);
-        // A block after one this loop entered as new content is chained to it (no map entry:
-        // prefix/index.rs, "Chained blocks"). One `BlockStored` per run of consecutive blocks
-        // the index took (all of them, unless it refused one: a hash naming other content),
-        // built from the run's slices at its end; with events off, registering is the index
-        // alone.
+        // The blocks after the first one the index takes as new content are chained to it, in
+        // one run (prefix/index.rs, "Chained blocks"); the ones before (copies of indexed
+        // content, or refused) are entered one at a time. Each new block is hashed here, as it
+        // is entered, unless the lookup above hashed it. One `BlockStored` per run of
+        // consecutive blocks the index took (all of them, unless it refused one: a hash naming
+        // other content), built from the run's slices at its end; with events off,
+        // registering is the index alone.
         let events_on = prefix.events.enabled();
         let mut run_start = num_hits;
-        let mut previous_new = false;
-        for i in num_hits..=num_full {
-            let entered = i < num_full && {
-                let parent = i.checked_sub(1).map(|p| block_hashes[p]);
-                let parent_block = i.checked_sub(1).map(|p| block_ids[p]);
-                let chunk = &token_ids[i * bs..(i + 1) * bs];
-                let entered = prefix.register(
-                    block_ids[i],
-                    block_hashes[i],
-                    parent,
-                    parent_block,
-                    previous_new,
-                    chunk,
+        for i in num_hits..num_full {
+            let parent = i.checked_sub(1).map(|p| block_hashes[p]);
+            let chunk = &token_ids[i * bs..(i + 1) * bs];
+            if block_hashes.len() == i {
+                block_hashes.push(chain.hash(parent, chunk));
+            }
+            let entered = prefix.register(
+                block_ids[i],
+                block_hashes[i],
+                parent,
+                i.checked_sub(1).map(|p| block_ids[p]),
+                chunk,
+                &extra,
+            );
+            if entered == Entered::New {
+                prefix.register_chained_run(
+                    &block_ids[i..num_full],
+                    &mut chain,
+                    &mut block_hashes,
+                    &token_ids[(i + 1) * bs..num_full * bs],
                     &extra,
                 );
-                previous_new = entered == Entered::New;
-                entered.is_entered()
-            };
-            if !entered && events_on {
-                if run_start < i {
-                    let event = block_stored(
-                        &block_hashes[run_start..i],
-                        run_start.checked_sub(1).map(|p| block_hashes[p]),
-                        &token_ids[run_start * bs..i * bs],
-                        bs,
-                        extra_key,
-                    );
+                break;
+            }
+            if !entered.is_entered() {
+                if events_on && run_start < i {
+                    let event = stored_run(&block_hashes, run_start..i, token_ids, bs, extra_key);
                     prefix.events.push(event);
                 }
                 run_start = i + 1;
             }
+        }
+        debug_assert_eq!(block_hashes.len(), num_full);
+        if events_on && run_start < num_full {
+            let event = stored_run(&block_hashes, run_start..num_full, token_ids, bs, extra_key);
+            prefix.events.push(event);
         }
 
         let hashing = SeqHashing {
@@ -217,4 +219,22 @@ impl KvCacheManager {
         );
         Ok(num_hits * bs)
     }
+}
+
+/// The `BlockStored` event of the prompt's blocks `run` (`block_hashes` are the prompt's, from
+/// its first block).
+fn stored_run(
+    block_hashes: &[BlockHash],
+    run: Range<usize>,
+    token_ids: &[TokenId],
+    block_size: usize,
+    extra_key: Option<&[u8]>,
+) -> KvEvent {
+    block_stored(
+        &block_hashes[run.clone()],
+        run.start.checked_sub(1).map(|p| block_hashes[p]),
+        &token_ids[run.start * block_size..run.end * block_size],
+        block_size,
+        extra_key,
+    )
 }

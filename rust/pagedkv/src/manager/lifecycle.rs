@@ -82,7 +82,7 @@ impl KvCacheManager {
             );
             return Ok(());
         }
-        self.release_all(seq.table.block_ids.iter().rev().copied());
+        self.release_all(&seq.table.block_ids);
         Ok(())
     }
 

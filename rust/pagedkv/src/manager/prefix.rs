@@ -139,14 +139,13 @@ pub(super) fn record_tokens(
                 .hash_block(parent, &h.partial_tokens, h.extra_key.as_deref());
             let b = seq.table.block_ids[i];
             let parent_block = i.checked_sub(1).map(|p| seq.table.block_ids[p]);
-            // Not chained: the content a decode step fills may be indexed elsewhere already.
+            // Never chained: the content a decode step fills may be indexed elsewhere already.
             let entered = prefix
                 .register(
                     b,
                     hash,
                     parent,
                     parent_block,
-                    false,
                     &h.partial_tokens,
                     &h.extra_key,
                 )

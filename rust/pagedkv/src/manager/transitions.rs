@@ -127,14 +127,50 @@ impl KvCacheManager {
         self.pool.count_cached(usize::from(cached));
     }
 
-    /// [`Self::release`] of each block of `blocks`, in order, counting the blocks that became
+    /// [`Self::release`] of each block of `blocks`, last first (a freed sequence's tail goes
+    /// ahead of its head in the eviction order), counting the blocks that became
     /// cached-evictable in the pool once at the end.
-    pub(super) fn release_all(&mut self, blocks: impl IntoIterator<Item = BlockId>) {
-        let mut cached = 0;
-        for b in blocks {
-            cached += usize::from(self.release_uncounted(b));
+    ///
+    /// Every pool release runs before any of the blocks joins the LRU. A release is a locked
+    /// read-modify-write, which on x86 first waits for every earlier store to reach the cache,
+    /// and joining the LRU stores to the block's cold link line: one block after the other,
+    /// each release waited out the previous block's link miss (the caching-off free path has
+    /// no such stores). The result is the same: only this manager's LRU sees the order.
+    pub(super) fn release_all(&mut self, blocks: &[BlockId]) {
+        let Some(prefix) = self.prefix.as_mut() else {
+            for &b in blocks.iter().rev() {
+                self.release(b);
+            }
+            return;
+        };
+        let mut cached = std::mem::take(&mut self.scratch);
+        cached.clear();
+        for &b in blocks.iter().rev() {
+            let indexed = prefix.is_indexed(b);
+            let result = if indexed {
+                self.pool.release_to_cache_uncounted(b)
+            } else {
+                self.pool.release_id(b)
+            };
+            match result {
+                Ok(true) => {
+                    self.num_blocks_in_use -= 1;
+                    self.counters.blocks_freed += 1;
+                    if indexed {
+                        cached.push(b);
+                    }
+                }
+                Ok(false) => {}
+                // As in `release_uncounted`: our table held a reference, so the pool cannot
+                // refuse unless a refcount was corrupted elsewhere (check_invariants reports it).
+                Err(e) => debug_assert!(false, "release of table block {b} failed: {e}"),
+            }
         }
-        self.pool.count_cached(cached);
+        for &b in &cached {
+            prefix.push_lru(b);
+        }
+        self.pool.count_cached(cached.len());
+        self.scratch = cached;
     }
 
     /// [`Self::release`] except that a block that became cached-evictable is not yet counted

@@ -135,23 +135,31 @@ impl BlockHasher {
         if block_size == 0 || token_ids.len() < block_size {
             return;
         }
-        let len = HEADER_BYTES + extra_key.map_or(0, <[u8]>::len) + 4 * block_size;
-        let mut stack = [0u8; STACK_MESSAGE_BYTES];
-        let mut heap = Vec::new();
-        let msg = if len <= STACK_MESSAGE_BYTES {
-            &mut stack[..len]
-        } else {
-            heap.resize(len, 0);
-            &mut heap[..]
-        };
-        let tokens_at = write_extra(msg, extra_key);
+        let mut chain = self.chain(block_size, extra_key);
         out.reserve(token_ids.len() / block_size);
         for chunk in token_ids.chunks_exact(block_size) {
-            write_block(msg, tokens_at, parent, chunk);
-            let h = xxh3_128_with_seed(msg, self.seed);
+            let h = chain.hash(parent, chunk);
             out.push(h);
             parent = Some(h);
         }
+    }
+
+    /// A [`ChainHasher`] for the `block_size`-token blocks of a sequence with `extra_key`.
+    pub(crate) fn chain(&self, block_size: usize, extra_key: Option<&[u8]>) -> ChainHasher {
+        let len = HEADER_BYTES + extra_key.map_or(0, <[u8]>::len) + 4 * block_size;
+        let mut chain = ChainHasher {
+            seed: self.seed,
+            stack: [0; STACK_MESSAGE_BYTES],
+            heap: if len > STACK_MESSAGE_BYTES {
+                vec![0; len]
+            } else {
+                Vec::new()
+            },
+            len,
+            tokens_at: 0,
+        };
+        chain.tokens_at = write_extra(chain.message(), extra_key);
+        chain
     }
 
     /// The exact byte string [`BlockHasher::hash_block`] hashes (for cross-checking against
@@ -172,6 +180,44 @@ impl BlockHasher {
             m.extend_from_slice(&t.to_le_bytes());
         }
         m
+    }
+}
+
+/// Hashes a sequence's blocks one at a time with one message buffer, built once (the extra
+/// key written once); each block rewrites only its parent and token ids. What
+/// [`BlockHasher::hash_chain`] runs on, and what admission hashes a missed prompt's blocks
+/// with as it enters them (each hash waits on its parent's, so computed there, next to the
+/// index writes, the chain's latency overlaps their cache misses).
+pub(crate) struct ChainHasher {
+    seed: u64,
+    /// The message, when it fits (`len` bytes of it).
+    stack: [u8; STACK_MESSAGE_BYTES],
+    /// The message, when it does not (a long extra key); empty otherwise.
+    heap: Vec<u8>,
+    /// Message bytes.
+    len: usize,
+    /// Where the token ids start.
+    tokens_at: usize,
+}
+
+impl ChainHasher {
+    #[inline]
+    fn message(&mut self) -> &mut [u8] {
+        if self.heap.is_empty() {
+            &mut self.stack[..self.len]
+        } else {
+            &mut self.heap
+        }
+    }
+
+    /// The hash of the block holding `token_ids` (`block_size` of them) after `parent`.
+    #[inline]
+    pub(crate) fn hash(&mut self, parent: Option<BlockHash>, token_ids: &[TokenId]) -> BlockHash {
+        debug_assert_eq!(self.tokens_at + 4 * token_ids.len(), self.len);
+        let (tokens_at, seed) = (self.tokens_at, self.seed);
+        let msg = self.message();
+        write_block(msg, tokens_at, parent, token_ids);
+        xxh3_128_with_seed(msg, seed)
     }
 }
 

@@ -165,6 +165,12 @@ impl BlockIndex {
         }
     }
 
+    /// Token ids per block.
+    #[inline]
+    pub(crate) fn block_size(&self) -> usize {
+        self.block_size
+    }
+
     /// The token ids block `b` was stored with (meaningful while it is indexed).
     #[inline]
     fn tokens_of(&self, b: BlockId) -> &[TokenId] {
@@ -198,14 +204,6 @@ impl BlockIndex {
         let c = self.stored[p as usize].child;
         let s = self.stored.get(c as usize)?;
         (self.is_indexed(c) && s.chained && s.parent_block == p).then_some(c)
-    }
-
-    /// Whether `p` is indexed under `parent` and visible: a block entered after it may be
-    /// chained to it, unless a chained child already holds its hint.
-    #[inline]
-    fn visible_under(&self, p: BlockId, parent: Option<BlockHash>) -> bool {
-        let s = &self.stored[p as usize];
-        self.is_indexed(p) && s.first_copy && Some(s.hash) == parent
     }
 
     #[inline]
@@ -311,22 +309,20 @@ impl BlockIndex {
         }));
     }
 
-    /// Enters full block `b` under `hash`. With `chain` (the caller entered `parent_block`, the
-    /// block before `b` in its table, as new content in this same admission, so `b`'s content
-    /// is indexed nowhere: see the module docs) it is chained to `parent_block`; otherwise it
-    /// goes in the map, as the first of its content's copies (the most recently written; the
-    /// others follow). Refuses when `b` already holds indexed content, or when the map's
-    /// entry for `hash` holds different content (a collision: the first content keeps it).
-    /// `parent_block` gets `b` as its child hint unless a chained child holds that hint.
+    /// Enters full block `b` under `hash` in the map, as the first of its content's copies (the
+    /// most recently written; the others follow). Refuses when `b` already holds indexed
+    /// content, or when the map's entry for `hash` holds different content (a collision: the
+    /// first content keeps it). `parent_block` (the block before `b` in its table, if known)
+    /// gets `b` as its child hint unless a chained child holds that hint. Blocks after one
+    /// entered [`Entered::New`] by the same admission go in with
+    /// [`BlockIndex::insert_chained`] instead.
     #[inline]
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn insert(
         &mut self,
         b: BlockId,
         hash: BlockHash,
         parent: Option<BlockHash>,
         parent_block: Option<BlockId>,
-        chain: bool,
         token_ids: &[TokenId],
         extra_key: &Option<Arc<[u8]>>,
     ) -> Entered {
@@ -336,58 +332,110 @@ impl BlockIndex {
         }
         // The chained child holding `parent_block`'s hint, if any: it keeps the hint.
         let mut held = parent_block.and_then(|p| self.chained_child(p));
-        let chain_to =
-            parent_block.filter(|&p| chain && held.is_none() && self.visible_under(p, parent));
-        let (next_copy, entered) = if chain_to.is_some() {
-            (NO_BLOCK, Entered::New)
-        } else {
-            if let Some(c) = held.filter(|&c| self.stored[c as usize].hash == hash) {
-                // A copy of a chained block: the chained one first gets a map entry, so that
-                // `b` becomes its content's first copy as any new copy does (and takes the hint).
-                self.promote(c);
-                held = None;
+        if let Some(c) = held.filter(|&c| self.stored[c as usize].hash == hash) {
+            // A copy of a chained block: the chained one first gets a map entry, so that `b`
+            // becomes its content's first copy as any new copy does (and takes the hint).
+            self.promote(c);
+            held = None;
+        }
+        let stored = &self.stored;
+        let (next_copy, entered) = match self.map.probe(hash, |b| stored[b as usize].hash) {
+            Probe::Vacant { slot } => {
+                self.map.fill(slot, hash, b);
+                (NO_BLOCK, Entered::New)
             }
-            let stored = &self.stored;
-            match self.map.probe(hash, |b| stored[b as usize].hash) {
-                Probe::Vacant { slot } => {
-                    self.map.fill(slot, hash, b);
-                    (NO_BLOCK, Entered::New)
+            Probe::Found {
+                slot,
+                block: first_id,
+            } => {
+                if !self.stored_with(first_id, parent, token_ids, extra_key.as_deref()) {
+                    return Entered::Refused;
                 }
-                Probe::Found {
-                    slot,
-                    block: first_id,
-                } => {
-                    if !self.stored_with(first_id, parent, token_ids, extra_key.as_deref()) {
-                        return Entered::Refused;
-                    }
-                    // The new copy goes first: it is the most recently written.
-                    self.map.replace(slot, b);
-                    self.hide(first_id);
-                    (first_id, Entered::Copy)
-                }
+                // The new copy goes first: it is the most recently written.
+                self.map.replace(slot, b);
+                self.hide(first_id);
+                (first_id, Entered::Copy)
             }
         };
+        self.write_record(b, hash, parent, extra_key, next_copy, None, token_ids);
+        if let Some(p) = parent_block {
+            if held.is_none() {
+                self.stored[p as usize].child = b;
+            }
+        }
+        entered
+    }
+
+    /// Enters block `b` chained to block `p` (see the module docs): `p`, indexed under
+    /// `parent`, is the block entered just before in the same admission, as new content (by
+    /// [`BlockIndex::insert`], [`Entered::New`]) or chained, and `b` is that admission's fresh
+    /// block after it. Nothing anywhere holds `b`'s content then, so it is new content, and
+    /// `p` is visible with a free hint. None of `insert`'s checks: a prompt that misses the
+    /// cache enters all but its first new block here.
+    #[inline(always)]
+    pub(crate) fn insert_chained(
+        &mut self,
+        p: BlockId,
+        b: BlockId,
+        parent: BlockHash,
+        hash: BlockHash,
+        token_ids: &[TokenId],
+        extra_key: &Option<Arc<[u8]>>,
+    ) {
+        debug_assert!(
+            self.holds(p, parent)
+                && self.stored[p as usize].first_copy
+                && self.stored[p as usize].child == NO_BLOCK,
+            "block {p} was not just entered as new content"
+        );
+        debug_assert!(!self.is_indexed(b), "fresh block {b} is indexed");
+        self.write_record(
+            b,
+            hash,
+            Some(parent),
+            extra_key,
+            NO_BLOCK,
+            Some(p),
+            token_ids,
+        );
+        self.stored[p as usize].child = b;
+        self.num_chained += 1;
+    }
+
+    /// Indexes block `b` as the visible copy of its content (chained to `chained_to`, or
+    /// with a map entry whose next copy is `next_copy`) and copies its token ids.
+    ///
+    /// The fields are stored one by one, in place. A whole `Stored` assigned at once was built
+    /// on the stack and copied in 16-byte loads spanning two of its 8-byte stores, which
+    /// cannot be forwarded: each such load waited until every older store had reached the
+    /// cache, the previous blocks' cold record and token lines included (perf: ~15 % of
+    /// all-miss admission's time on that one load).
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn write_record(
+        &mut self,
+        b: BlockId,
+        hash: BlockHash,
+        parent: Option<BlockHash>,
+        extra_key: &Option<Arc<[u8]>>,
+        next_copy: BlockId,
+        chained_to: Option<BlockId>,
+        token_ids: &[TokenId],
+    ) {
         self.indexed[b as usize] = true;
-        self.num_chained += usize::from(chain_to.is_some());
         let s = &mut self.stored[b as usize];
         s.hash = hash;
         s.parent = parent.unwrap_or(0);
         s.has_parent = parent.is_some();
         s.extra_key.clone_from(extra_key);
         s.next_copy = next_copy;
-        s.first_copy = true;
-        s.chained = chain_to.is_some();
-        s.parent_block = chain_to.unwrap_or(NO_BLOCK);
         // New content: hints to the children of the block's previous content are void.
         s.child = NO_BLOCK;
-        if let Some(p) = parent_block {
-            if held.is_none() {
-                self.stored[p as usize].child = b;
-            }
-        }
+        s.first_copy = true;
+        s.chained = chained_to.is_some();
+        s.parent_block = chained_to.unwrap_or(NO_BLOCK);
         let at = b as usize * self.block_size;
         self.tokens[at..at + self.block_size].copy_from_slice(token_ids);
-        entered
     }
 
     /// Takes block `b` out of the index (its other copies stay); returns the hash it was
@@ -605,7 +653,6 @@ mod tests {
             &mut self,
             b: BlockId,
             parent: Option<(BlockHash, Option<BlockId>)>,
-            chain: bool,
             tokens: &[TokenId],
         ) -> (BlockHash, Entered) {
             let parent_hash = parent.map(|(h, _)| h);
@@ -613,19 +660,20 @@ mod tests {
             let h = self.hasher.hash_block(parent_hash, tokens, None);
             let entered = self
                 .idx
-                .insert(b, h, parent_hash, parent_block, chain, tokens, &None);
+                .insert(b, h, parent_hash, parent_block, tokens, &None);
             self.idx.check(&self.hasher).unwrap();
             (h, entered)
         }
 
         /// A first block (no parent), new content.
         fn root(&mut self, b: BlockId, tokens: &[TokenId]) -> BlockHash {
-            let (h, entered) = self.enter(b, None, false, tokens);
+            let (h, entered) = self.enter(b, None, tokens);
             assert_eq!(entered, Entered::New, "block {b}");
             h
         }
 
-        /// `b` after block `p` (indexed under `parent`), chained when it can be; new content.
+        /// `b` chained after block `p` (indexed under `parent`, just entered as new content):
+        /// new content.
         fn chained(
             &mut self,
             b: BlockId,
@@ -633,8 +681,9 @@ mod tests {
             p: BlockId,
             tokens: &[TokenId],
         ) -> BlockHash {
-            let (h, entered) = self.enter(b, Some((parent, Some(p))), true, tokens);
-            assert_eq!(entered, Entered::New, "block {b}");
+            let h = self.hasher.hash_block(Some(parent), tokens, None);
+            self.idx.insert_chained(p, b, parent, h, tokens, &None);
+            self.idx.check(&self.hasher).unwrap();
             h
         }
 
@@ -653,9 +702,10 @@ mod tests {
         assert_eq!(f.idx.lookup_child(0, h0, &[3, 4], None), Some((1, h1)));
         // No map entry: a lookup by hash alone does not find it.
         assert_eq!(f.idx.lookup(h1, Some(h0), &[3, 4], None), None);
-        // Chaining needs the parent block visible with a free hint: a second child of block 0
-        // gets a map entry and leaves the hint with the chained one.
-        let h2 = f.chained(2, h0, 0, &[5, 6]);
+        // A second child of block 0 (entered by a later admission) gets a map entry and leaves
+        // the hint with the chained one.
+        let (h2, entered) = f.enter(2, Some((h0, Some(0))), &[5, 6]);
+        assert_eq!(entered, Entered::New);
         assert!(!f.is_chained(2));
         assert_eq!(f.idx.lookup(h2, Some(h0), &[5, 6], None), Some(2));
         assert_eq!(f.idx.lookup_child(0, h0, &[3, 4], None), Some((1, h1)));
@@ -690,7 +740,7 @@ mod tests {
         // The same content recomputed after the same parent block (a prompt's last full block):
         // block 1 gets a map entry first, and block 2, the newest copy, goes in front of it.
         assert_eq!(
-            f.enter(2, Some((h0, Some(0))), false, &[3, 4]),
+            f.enter(2, Some((h0, Some(0))), &[3, 4]),
             (h1, Entered::Copy)
         );
         assert!(!f.is_chained(1));
@@ -708,7 +758,7 @@ mod tests {
         let h1 = f.chained(1, h0, 0, &[3, 4]);
         // Block 3 holds block 0's content and goes in front of it: walks now reach block 3,
         // whose hint does not name block 1, so block 1 needs its map entry.
-        assert_eq!(f.enter(3, None, false, &[1, 2]), (h0, Entered::Copy));
+        assert_eq!(f.enter(3, None, &[1, 2]), (h0, Entered::Copy));
         assert!(!f.is_chained(1));
         assert_eq!(f.idx.lookup_child(3, h0, &[3, 4], None), None);
         assert_eq!(f.idx.lookup(h1, Some(h0), &[3, 4], None), Some(1));
@@ -722,7 +772,7 @@ mod tests {
         // copy, now hidden, promotes its own chained child.
         let mut f = Fixture::new();
         let h0 = f.root(0, &[1, 2]);
-        let (hk, entered) = f.enter(5, Some((h0, None)), false, &[3, 4]);
+        let (hk, entered) = f.enter(5, Some((h0, None)), &[3, 4]);
         assert_eq!(entered, Entered::New);
         let hl = f.chained(6, hk, 5, &[5, 6]);
         assert!(f.is_chained(6));
@@ -730,7 +780,7 @@ mod tests {
         assert!(f.is_chained(1));
         // A newer copy of block 0's content hides block 0: block 1 is promoted in front of
         // block 5, which promotes block 6.
-        assert_eq!(f.enter(3, None, false, &[1, 2]), (h0, Entered::Copy));
+        assert_eq!(f.enter(3, None, &[1, 2]), (h0, Entered::Copy));
         assert!(!f.is_chained(1) && !f.is_chained(6));
         assert_eq!(f.idx.lookup(hk, Some(h0), &[3, 4], None), Some(1));
         assert_eq!(f.idx.lookup(hl, Some(hk), &[5, 6], None), Some(6));

@@ -19,7 +19,7 @@ pub(crate) mod lru;
 use std::sync::Arc;
 
 use self::events::{DrainedEvents, EventQueue, KvEvent};
-use self::hash::{BlockHash, BlockHasher};
+use self::hash::{BlockHash, BlockHasher, ChainHasher};
 use self::index::{BlockIndex, Entered};
 use self::lru::Lru;
 use crate::pool::BlockPool;
@@ -114,23 +114,49 @@ impl PrefixCache {
             .lookup_child(parent_block, parent, token_ids, extra_key)
     }
 
-    /// Enters full block `b` under `hash` (see [`BlockIndex::insert`], which says when
-    /// `chain` may be set). `parent_block` is the block before `b` in its table (`None` for the
-    /// first).
+    /// Enters full block `b` under `hash` (see [`BlockIndex::insert`]). `parent_block` is the
+    /// block before `b` in its table (`None` for the first, or when not known).
     #[inline]
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn register(
         &mut self,
         b: BlockId,
         hash: BlockHash,
         parent: Option<BlockHash>,
         parent_block: Option<BlockId>,
-        chain: bool,
         token_ids: &[TokenId],
         extra_key: &Option<Arc<[u8]>>,
     ) -> Entered {
         self.index
-            .insert(b, hash, parent, parent_block, chain, token_ids, extra_key)
+            .insert(b, hash, parent, parent_block, token_ids, extra_key)
+    }
+
+    /// Enters `blocks[1..]` chained, each to the block before it in `blocks`: `blocks[0]` is
+    /// the block [`Self::register`] has just entered as new content in the same admission,
+    /// under `hashes.last()`, and the rest are that admission's fresh blocks after it, holding
+    /// `token_ids` (see [`BlockIndex::insert_chained`]). Hashes each block with `chain` as it
+    /// enters it and appends the hash to `hashes`.
+    pub(crate) fn register_chained_run(
+        &mut self,
+        blocks: &[BlockId],
+        chain: &mut ChainHasher,
+        hashes: &mut Vec<BlockHash>,
+        token_ids: &[TokenId],
+        extra_key: &Option<Arc<[u8]>>,
+    ) {
+        let (Some((&head, rest)), Some(&head_hash)) = (blocks.split_first(), hashes.last()) else {
+            return;
+        };
+        debug_assert_eq!(token_ids.len(), rest.len() * self.index.block_size());
+        let (mut p, mut parent) = (head, head_hash);
+        for (&b, chunk) in rest
+            .iter()
+            .zip(token_ids.chunks_exact(self.index.block_size()))
+        {
+            let h = chain.hash(Some(parent), chunk);
+            hashes.push(h);
+            self.index.insert_chained(p, b, parent, h, chunk, extra_key);
+            (p, parent) = (b, h);
+        }
     }
 
     /// A released indexed block whose refcount reached 0 becomes cached-evictable, the most
@@ -259,9 +285,7 @@ mod tests {
         let mut parent = None;
         for &b in &bs {
             let h = c.hasher.hash_block(parent, &[b, b], None);
-            assert!(c
-                .register(b, h, parent, None, false, &[b, b], &None)
-                .is_entered());
+            assert!(c.register(b, h, parent, None, &[b, b], &None).is_entered());
             parent = Some(h);
             pool.release_to_cache(b).unwrap();
             c.push_lru(b);
