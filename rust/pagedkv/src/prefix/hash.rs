@@ -26,8 +26,9 @@
 //! deployment where clients choose prompts and must not be able to collide two prefixes
 //! keeps its `hash_seed` secret and separates tenants with an extra key (cache salt).
 //!
-//! [`BlockHasher::hash_chain`] builds the message once per admission and rewrites only the
-//! parent and the token ids for each block: no allocation per block.
+//! Admission hashes a prompt's blocks with one `ChainHasher` (as [`BlockHasher::hash_chain`]
+//! does): the message is built once and each block rewrites only its parent and token ids, so
+//! nothing is allocated per block.
 
 use xxhash_rust::xxh3::xxh3_128_with_seed;
 
