@@ -108,18 +108,8 @@ impl BlockHasher {
         token_ids: &[TokenId],
         extra_key: Option<&[u8]>,
     ) -> BlockHash {
-        let len = HEADER_BYTES + extra_key.map_or(0, <[u8]>::len) + 4 * token_ids.len();
-        if len > STACK_MESSAGE_BYTES {
-            return xxh3_128_with_seed(
-                &Self::message_bytes(parent, token_ids, extra_key),
-                self.seed,
-            );
-        }
-        let mut buf = [0u8; STACK_MESSAGE_BYTES];
-        let msg = &mut buf[..len];
-        let tokens_at = write_extra(msg, extra_key);
-        write_block(msg, tokens_at, parent, token_ids);
-        xxh3_128_with_seed(msg, self.seed)
+        self.chain(token_ids.len(), extra_key)
+            .hash(parent, token_ids)
     }
 
     /// Appends to `out` the hashes of every full `block_size`-token block of `token_ids`, in
@@ -146,6 +136,7 @@ impl BlockHasher {
     }
 
     /// A [`ChainHasher`] for the `block_size`-token blocks of a sequence with `extra_key`.
+    #[inline]
     pub(crate) fn chain(&self, block_size: usize, extra_key: Option<&[u8]>) -> ChainHasher {
         let len = HEADER_BYTES + extra_key.map_or(0, <[u8]>::len) + 4 * block_size;
         let mut chain = ChainHasher {
