@@ -137,37 +137,18 @@ impl KvCacheManager {
     /// admission + free, so the order is kept for the reason only. The result is the same:
     /// only this manager's LRU sees the order.
     pub(super) fn release_all(&mut self, blocks: &[BlockId]) {
-        let Some(prefix) = self.prefix.as_mut() else {
-            for &b in blocks.iter().rev() {
-                self.release(b);
-            }
-            return;
-        };
         let mut cached = std::mem::take(&mut self.scratch);
         cached.clear();
         for &b in blocks.iter().rev() {
-            let indexed = prefix.is_indexed(b);
-            let result = if indexed {
-                self.pool.release_to_cache_uncounted(b)
-            } else {
-                self.pool.release_id(b)
-            };
-            match result {
-                Ok(true) => {
-                    self.num_blocks_in_use -= 1;
-                    self.counters.blocks_freed += 1;
-                    if indexed {
-                        cached.push(b);
-                    }
-                }
-                Ok(false) => {}
-                // As in `release_uncounted`: our table held a reference, so the pool cannot
-                // refuse unless a refcount was corrupted elsewhere (check_invariants reports it).
-                Err(e) => debug_assert!(false, "release of table block {b} failed: {e}"),
+            let indexed = self.is_indexed(b);
+            if self.release_in_pool(b, indexed) && indexed {
+                cached.push(b);
             }
         }
-        for &b in &cached {
-            prefix.push_lru(b);
+        if let Some(prefix) = self.prefix.as_mut() {
+            for &b in &cached {
+                prefix.push_lru(b);
+            }
         }
         self.pool.count_cached(cached.len());
         self.scratch = cached;
@@ -177,20 +158,37 @@ impl KvCacheManager {
     /// in the pool (returns `true` for it; the caller counts it with
     /// [`BlockPool::count_cached`](crate::BlockPool) before returning).
     fn release_uncounted(&mut self, b: BlockId) -> bool {
-        let prefix = self.prefix.as_mut().filter(|p| p.is_indexed(b));
-        let result = match &prefix {
-            Some(_) => self.pool.release_to_cache_uncounted(b),
-            None => self.pool.release_id(b),
+        let indexed = self.is_indexed(b);
+        let cached = self.release_in_pool(b, indexed) && indexed;
+        if cached {
+            if let Some(prefix) = self.prefix.as_mut() {
+                prefix.push_lru(b);
+            }
+        }
+        cached
+    }
+
+    /// Whether block `b`'s content is in this manager's prefix index.
+    #[inline(always)]
+    fn is_indexed(&self, b: BlockId) -> bool {
+        self.prefix.as_ref().is_some_and(|p| p.is_indexed(b))
+    }
+
+    /// The pool side of a release: refcount -1 on table block `b`; at 0 it is counted freed
+    /// and goes back on the pool's free list, unless `indexed` (it then stays this manager's,
+    /// cached-evictable; the caller queues it in the LRU). Returns whether it reached 0.
+    #[inline(always)]
+    fn release_in_pool(&mut self, b: BlockId, indexed: bool) -> bool {
+        let result = if indexed {
+            self.pool.release_to_cache_uncounted(b)
+        } else {
+            self.pool.release_id(b)
         };
         match result {
             Ok(true) => {
                 self.num_blocks_in_use -= 1;
                 self.counters.blocks_freed += 1;
-                if let Some(p) = prefix {
-                    p.push_lru(b);
-                    return true;
-                }
-                false
+                true
             }
             Ok(false) => false,
             // Our tables hold a reference to `b`, so the pool cannot refuse; if it does, the
