@@ -23,6 +23,56 @@ SUPPORTED_PRE_TOKENIZERS = tuple(_DIGIT_SPLIT)
 _CONTROL, _USER_DEFINED = 3, 4
 
 
+def _vocabulary(metadata: dict[str, Any]) -> tuple[list[str], list[tuple[str, str]], list[int]]:
+    """Tokens, merges and token types, checked: what ``tokenizers`` would silently accept
+    (a duplicate token drops an id; a short type list mislabels control tokens) or refuse with a
+    bare ``Exception`` is a ModelLoadError naming the entry."""
+    tokens = metadata.get("tokenizer.ggml.tokens")
+    raw_merges = metadata.get("tokenizer.ggml.merges")
+    for key, value in (("tokens", tokens), ("merges", raw_merges)):
+        if not isinstance(value, list) or not all(type(v) is str for v in value):
+            raise ModelLoadError(f"GGUF metadata 'tokenizer.ggml.{key}' is missing or not a list of strings")
+    assert isinstance(tokens, list) and isinstance(raw_merges, list)
+    if not tokens:
+        raise ModelLoadError("GGUF metadata 'tokenizer.ggml.tokens' is empty")
+    seen: dict[str, int] = {}
+    for i, token in enumerate(tokens):
+        if token in seen:
+            raise ModelLoadError(f"GGUF vocabulary repeats token {token!r} (ids {seen[token]} and {i})")
+        seen[token] = i
+    merges: list[tuple[str, str]] = []
+    for i, merge in enumerate(raw_merges):
+        left, space, right = merge.partition(" ")
+        if not space or not left or not right:
+            raise ModelLoadError(f"GGUF merge #{i} {merge!r} is not two tokens separated by a space")
+        for part in (left, right, left + right):
+            if part not in seen:
+                raise ModelLoadError(
+                    f"GGUF merge #{i} {merge!r} uses {part!r}, which is not in the vocabulary"
+                )
+        merges.append((left, right))
+    types = metadata.get("tokenizer.ggml.token_type", [1] * len(tokens))
+    if not isinstance(types, list) or not all(type(t) is int for t in types):
+        raise ModelLoadError("GGUF metadata 'tokenizer.ggml.token_type' is not a list of integers")
+    if len(types) != len(tokens):
+        raise ModelLoadError(
+            f"GGUF metadata has {len(types)} token types for {len(tokens)} tokens (tokenizer.ggml.token_type)"
+        )
+    return tokens, merges, types
+
+
+def _token_id(metadata: dict[str, Any], key: str, vocab_size: int) -> int:
+    """A special token id: absent is -1; present must be an id of the vocabulary."""
+    if key not in metadata:
+        return -1
+    value = metadata[key]
+    if type(value) is not int or not 0 <= value < vocab_size:
+        raise ModelLoadError(
+            f"GGUF metadata {key!r} is {value!r}, not a token id (vocabulary of {vocab_size})"
+        )
+    return value
+
+
 class GgufTokenizer:
     """encode/decode exactly as llama.cpp does for the supported vocabularies."""
 
@@ -33,18 +83,18 @@ class GgufTokenizer:
         if kind != "gpt2":
             raise UnsupportedModelError(f"unsupported tokenizer model {kind!r}: only byte-level BPE ('gpt2')")
         pre = metadata.get("tokenizer.ggml.pre", "default")
-        if pre not in _DIGIT_SPLIT:
+        if type(pre) is not str or pre not in _DIGIT_SPLIT:
             raise UnsupportedModelError(
                 f"unsupported pre-tokenizer {pre!r}: supported are {', '.join(SUPPORTED_PRE_TOKENIZERS)}"
             )
-        try:
-            tokens = list(metadata["tokenizer.ggml.tokens"])
-            merges = [tuple(m.split(" ", 1)) for m in metadata["tokenizer.ggml.merges"]]
-        except (KeyError, TypeError) as error:
-            raise ModelLoadError(f"GGUF tokenizer metadata incomplete: {error}") from error
-        types = list(metadata.get("tokenizer.ggml.token_type", [1] * len(tokens)))
+        tokens, merges, types = _vocabulary(metadata)
         vocab = {token: i for i, token in enumerate(tokens)}
-        tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+        specials = [tokens[i] for i, t in enumerate(types) if t in (_CONTROL, _USER_DEFINED)]
+        try:  # the checks above cover what the library refuses; this is the backstop
+            tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+            tokenizer.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
+        except Exception as error:
+            raise ModelLoadError(f"GGUF tokenizer rejected: {error}") from error
         byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
         if _DIGIT_SPLIT[pre]:
             tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
@@ -53,14 +103,23 @@ class GgufTokenizer:
         else:
             tokenizer.pre_tokenizer = byte_level
         tokenizer.decoder = decoders.ByteLevel()
-        specials = [tokens[i] for i, t in enumerate(types) if t in (_CONTROL, _USER_DEFINED)]
-        tokenizer.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
         self._tokenizer = tokenizer
         self.vocab_size = len(tokens)
-        self.bos_token_id = int(metadata.get("tokenizer.ggml.bos_token_id", -1))
-        self.eos_token_id = int(metadata.get("tokenizer.ggml.eos_token_id", -1))
-        self.add_bos = bool(metadata.get("tokenizer.ggml.add_bos_token", False))
-        self.chat_template: str | None = metadata.get("tokenizer.chat_template")
+        self.bos_token_id = _token_id(metadata, "tokenizer.ggml.bos_token_id", len(tokens))
+        self.eos_token_id = _token_id(metadata, "tokenizer.ggml.eos_token_id", len(tokens))
+        self.add_bos = metadata.get("tokenizer.ggml.add_bos_token", False)
+        if type(self.add_bos) is not bool:
+            raise ModelLoadError(
+                f"GGUF metadata 'tokenizer.ggml.add_bos_token' is {self.add_bos!r}, expected a bool"
+            )
+        if self.add_bos and self.bos_token_id < 0:
+            raise ModelLoadError("GGUF metadata asks for a BOS token (add_bos_token) but names none")
+        template = metadata.get("tokenizer.chat_template")
+        if template is not None and type(template) is not str:
+            raise ModelLoadError(
+                f"GGUF metadata 'tokenizer.chat_template' is a {type(template).__name__}, expected a string"
+            )
+        self.chat_template: str | None = template
         self._tokens = tokens
         # Control tokens the chat template closes a turn with also end generation (llama.cpp's EOG set).
         self.stop_token_ids = frozenset(
