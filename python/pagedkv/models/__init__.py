@@ -11,13 +11,14 @@ import os
 from dataclasses import dataclass
 
 from pagedkv.models.config import LlamaConfig
-from pagedkv.models.errors import ModelLoadError, UnsupportedModelError
+from pagedkv.models.errors import ChatTemplateError, ModelLoadError, UnsupportedModelError
 from pagedkv.models.gguf_file import read_gguf
 from pagedkv.models.llama import KvAttention, LlamaModel
 from pagedkv.models.locate import default_model_path
 from pagedkv.models.tokenizer import GgufTokenizer
 
 __all__ = [
+    "ChatTemplateError",
     "GgufTokenizer",
     "KvAttention",
     "LlamaConfig",

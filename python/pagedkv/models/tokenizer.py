@@ -5,13 +5,15 @@ already in GPT-2's byte-to-unicode alphabet), the merges, token types (3 = contr
 ``<|im_start|>``, parsed out of the text as in llama.cpp) and BOS/EOS ids. The pre-tokenizer is
 the one llama.cpp selects by ``tokenizer.ggml.pre``: for ``smollm`` every digit is split off on its
 own first (regex ``\\p{N}``), then GPT-2's byte-level regex applies. The chat template is the
-file's ``tokenizer.chat_template`` rendered with jinja2 in a sandbox, as transformers does.
+file's ``tokenizer.chat_template`` rendered with jinja2 in a sandbox, as transformers does, with
+the time and size bounds of ``chat_template``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from pagedkv.models.chat_template import render_chat_template
 from pagedkv.models.errors import ModelLoadError, UnsupportedModelError
 
 __all__ = ["GgufTokenizer", "SUPPORTED_PRE_TOKENIZERS"]
@@ -144,17 +146,17 @@ class GgufTokenizer:
     def apply_chat_template(
         self, messages: list[dict[str, str]], *, add_generation_prompt: bool = True
     ) -> str:
-        """The prompt text for ``messages`` ([{"role": ..., "content": ...}]) by the file's template."""
+        """The prompt text for ``messages`` ([{"role": ..., "content": ...}]) by the file's template,
+        rendered in a sandbox with bounded time and size (``chat_template``); ChatTemplateError
+        when the template fails."""
         if not self.chat_template:
             raise UnsupportedModelError("this model has no chat template (tokenizer.chat_template)")
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        template = env.from_string(self.chat_template)
-        bos = self._tokens[self.bos_token_id] if 0 <= self.bos_token_id < len(self._tokens) else ""
-        eos = self._tokens[self.eos_token_id] if 0 <= self.eos_token_id < len(self._tokens) else ""
-        return str(
-            template.render(
-                messages=messages, add_generation_prompt=add_generation_prompt, bos_token=bos, eos_token=eos
-            )
-        )
+        bos = self._tokens[self.bos_token_id] if self.bos_token_id >= 0 else ""
+        eos = self._tokens[self.eos_token_id] if self.eos_token_id >= 0 else ""
+        context = {
+            "messages": messages,
+            "add_generation_prompt": add_generation_prompt,
+            "bos_token": bos,
+            "eos_token": eos,
+        }
+        return render_chat_template(self.chat_template, context)
