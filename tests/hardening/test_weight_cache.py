@@ -143,3 +143,10 @@ def test_cached_load_equals_fresh_load(tmp_path, cache_dir):
     for la, lb in zip(fresh.layers, cached.layers, strict=True):
         for field in ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down"):
             np.testing.assert_array_equal(getattr(la, field), getattr(lb, field))
+
+
+def test_no_home_directory_loads_without_a_cache(tmp_path, monkeypatch):
+    monkeypatch.delenv("PAGEDKV_CACHE_DIR", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setattr(weight_cache.Path, "home", lambda: (_ for _ in ()).throw(RuntimeError("no home")))
+    assert read_gguf(write_tiny_llama(tmp_path / "m.gguf")).config.num_layers == 1

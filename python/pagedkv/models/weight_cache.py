@@ -59,8 +59,11 @@ def content_key(path: Path) -> str:
 
 def cache_entry_for(path: Path) -> Path | None:
     """The cache folder of this file's content (None when the cache is disabled)."""
-    root = cache_root()
-    return None if root is None else root / f"{content_key(path)}-v{_FORMAT}"
+    try:
+        root = cache_root()
+        return None if root is None else root / f"{content_key(path)}-v{_FORMAT}"
+    except (OSError, RuntimeError):  # no home directory, an unreadable file: load without a cache
+        return None
 
 
 def _checksum(array: np.ndarray) -> int:
