@@ -28,6 +28,32 @@ def test_chat_template_renders_system_prompt(smollm):
     assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>assistant\n")
 
 
+def test_chat_template_renders_as_plain_jinja(smollm):
+    """The bounded renderer changes no byte of SmolLM2's real template."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    tok = smollm.tokenizer
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi ünïcode"},
+        {"role": "assistant", "content": "Hello"},
+        {"role": "user", "content": "2 + 2?"},
+    ]
+    plain = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(tok.chat_template)
+    for add in (True, False):
+        expected = plain.render(
+            messages=messages, add_generation_prompt=add, bos_token="", eos_token="<|im_end|>"
+        )
+        assert tok.apply_chat_template(messages, add_generation_prompt=add) == expected
+
+
+def test_metadata_is_read_exactly(smollm):
+    meta = smollm.model.weights.metadata
+    assert len(meta["tokenizer.ggml.tokens"]) == len(meta["tokenizer.ggml.token_type"]) == 49152
+    assert len(meta["tokenizer.ggml.merges"]) == 48900 and meta["tokenizer.ggml.pre"] == "smollm"
+    assert smollm.model.weights.tensor_types["token_embd.weight"] == "Q8_0"
+
+
 def test_rotary_rotates_adjacent_pairs():
     rng = np.random.default_rng(0)
     x = rng.standard_normal((3, 2, 8)).astype(np.float32)
