@@ -42,7 +42,7 @@ def test_chat_template_renders_as_plain_jinja(smollm):
     plain = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(tok.chat_template)
     for add in (True, False):
         expected = plain.render(
-            messages=messages, add_generation_prompt=add, bos_token="", eos_token="<|im_end|>"
+            messages=messages, add_generation_prompt=add, bos_token="<|im_start|>", eos_token="<|im_end|>"
         )
         assert tok.apply_chat_template(messages, add_generation_prompt=add) == expected
 
