@@ -44,6 +44,12 @@ def count_offset(data: bytes, key: str) -> int:
     return at + 8 + len(key) + 4 + 4  # key, value type, element type
 
 
+@pytest.fixture(autouse=True)
+def no_weight_cache(monkeypatch):
+    """These loads must not leave tiny entries in the user's cache."""
+    monkeypatch.setenv("PAGEDKV_CACHE_DIR", "off")
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     return write_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny.gguf")

@@ -318,6 +318,8 @@ def _parse(path: Path, data: mmap.mmap) -> GgufFile:
     if type(alignment) is not int or alignment <= 0 or alignment & (alignment - 1):
         raise cursor.fail(f"general.alignment {alignment!r} is not a positive power of two")
     data_offset = -(-cursor.pos // alignment) * alignment
+    if not raw:  # no tensors: a file may end right after its index, without the padding
+        data_offset = min(data_offset, cursor.end)
     if data_offset > cursor.end:
         raise cursor.fail(f"the data section would start at {data_offset}, past the end of the file")
     data_bytes = cursor.end - data_offset
