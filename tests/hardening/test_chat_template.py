@@ -25,8 +25,9 @@ from pagedkv.models.chat_template import render_chat_template  # noqa: E402
 HERE = Path(__file__).parent
 
 CHILD_SETUP = f"""
-import resource, sys, tempfile
+import os, resource, sys, tempfile
 from pathlib import Path
+os.environ["PAGEDKV_CACHE_DIR"] = "off"  # the tiny model must not land in the user's cache
 sys.path.insert(0, {str(HERE)!r})
 from tiny_gguf import write_tiny_llama
 from pagedkv.models import load_model
