@@ -85,6 +85,22 @@ def test_lying_counts_fail_fast_without_allocating(tiny, tmp_path):
         assert result.peak_growth_kib < 64 << 10, (name, result)
 
 
+def test_metadata_elements_are_capped_in_all(tmp_path, monkeypatch):
+    """Each array element becomes a Python object: the total over all arrays is bounded, so a
+    file of many honest-looking arrays cannot turn a few GB of bytes into tens of GB of lists."""
+    from pagedkv.models import ModelLoadError, gguf_reader
+
+    monkeypatch.setattr(gguf_reader, "MAX_METADATA_ELEMENTS", 1000)
+    entry = gguf_string(b"k") + struct.pack("<IIQ", ARRAY, 0, 600) + bytes(600)  # 600 u8 elements
+    one = tmp_path / "one.gguf"
+    one.write_bytes(gguf_header(n_kv=1) + entry)
+    assert gguf_reader.open_gguf(one).metadata["k"] == [0] * 600
+    two = tmp_path / "two.gguf"
+    two.write_bytes(gguf_header(n_kv=2) + entry + entry.replace(b"k", b"j", 1))
+    with pytest.raises(ModelLoadError, match="more than 1000 elements in all"):
+        gguf_reader.open_gguf(two)
+
+
 def test_reader_matches_gguf_package(tiny):
     """The bounded reader sees what gguf.GGUFReader sees on a valid file."""
     from gguf import GGUFReader

@@ -36,6 +36,9 @@ SUPPORTED_VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_ARRAY_NESTING = 4  # arrays of arrays of ...: deeper is refused (no real file nests at all)
+# Array elements over all metadata: a real file has under 10**6 (a 262k vocabulary with its
+# scores and types); each becomes a Python object (up to ~8x its encoding), so the total is capped.
+MAX_METADATA_ELEMENTS = 1 << 25
 _HEADER_BYTES = 24  # magic, version, tensor count, metadata count
 _U64 = struct.Struct("<Q")
 
@@ -97,6 +100,7 @@ class _Cursor:
         self.pos = 0
         self.end = len(data)
         self.path = path
+        self.elements_left = MAX_METADATA_ELEMENTS
 
     def fail(self, what: str) -> ModelLoadError:
         return ModelLoadError(f"{str(self.path)!r} is not a valid GGUF file: {what} (at byte {self.pos})")
@@ -155,6 +159,9 @@ class _Cursor:
                 f"{what} declares {count} elements of type {element_type}, more than the "
                 f"{self.end - self.pos} remaining bytes can hold"
             )
+        self.elements_left -= count
+        if self.elements_left < 0:
+            raise self.fail(f"the metadata arrays hold more than {MAX_METADATA_ELEMENTS} elements in all")
         if element_type in _SCALARS:
             fmt, dtype = _SCALARS[element_type]
             n_bytes = count * struct.calcsize(fmt)
