@@ -196,3 +196,57 @@ def test_default_capacity_is_the_documented_h200_deployment() -> None:
     assert tokens == 830_379
     assert cluster.DEFAULT_NUM_SLOTS == cluster.ClusterConfig().num_slots == 829_952 == tokens // 512 * 512
     assert cluster.deployment_num_slots(16) == tokens // 16 * 16
+
+
+_ROW = '{{"timestamp": {ts}, "input_length": {n}, "output_length": 1, "hash_ids": [1]}}\n'
+
+
+@pytest.mark.parametrize(
+    "name, body, reason",
+    [
+        ("deep", ("[" * 100_000 + "]" * 100_000 + "\n").encode(), "nested too deeply"),
+        (
+            "deep_field",
+            ('{"timestamp": ' + "[" * 100_000 + "]" * 100_000 + "}\n").encode(),
+            "nested too deeply",
+        ),
+        ("length_1e400", _ROW.format(ts=0, n="1e400").encode(), "input_length must be an integer"),
+        ("length_float", _ROW.format(ts=0, n="10.0").encode(), "input_length must be an integer"),
+        ("length_bool", _ROW.format(ts=0, n="true").encode(), "input_length must be an integer"),
+        ("length_5000_digits", _ROW.format(ts=0, n="9" * 5000).encode(), "too many digits"),
+        ("timestamp_10_400", _ROW.format(ts=10**400, n=10).encode(), "timestamp out of range"),
+        ("timestamp_1e400", _ROW.format(ts="1e400", n=10).encode(), "timestamp out of range"),
+        ("timestamp_nan", _ROW.format(ts="NaN", n=10).encode(), "timestamp out of range"),
+        ("not_utf8", _ROW.format(ts=0, n=10).encode() + b'{"timestamp": "\xff\xfe"}\n', "not UTF-8"),
+        ("not_an_object", b"[1, 2]\n", "expected a JSON object"),
+        ("missing", b'{"timestamp": 0}\n', "missing input_length"),
+    ],
+)
+def test_cli_refuses_a_malformed_trace_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, body: bytes, reason: str
+) -> None:
+    # Each of these once escaped as a traceback (RecursionError, OverflowError,
+    # UnicodeDecodeError) or was read as another number (10.0, true): now one line on stderr
+    # naming the file and line, and exit status 2.
+    trace = tmp_path / f"{name}.jsonl"
+    trace.write_bytes(body)
+    assert cli.main(["cluster", "--workload", str(trace), "--replicas", "1", "--policy", "cost"]) == 2
+    captured = capsys.readouterr()
+    [line] = captured.err.splitlines()
+    assert f"{trace}:" in line and reason in line and "Traceback" not in captured.err, line
+
+
+def test_cli_runs_the_bundled_mooncake_trace_outside_a_checkout(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As after `pip install` in an empty folder: no $PAGEDKV_TRACES, no shared/traces.
+    from pagedkv.sim import traces
+
+    monkeypatch.delenv("PAGEDKV_TRACES", raising=False)
+    monkeypatch.setattr(traces, "_repo_roots", lambda: [])
+    monkeypatch.chdir(tmp_path)
+    argv = ["cluster", "--workload", "mooncake-conversation", "--max-requests", "200", "--replicas", "1"]
+    assert cli.main([*argv, "--policy", "cost"]) == 0
+    captured = capsys.readouterr()
+    assert "Mooncake trace release, Moonshot AI" in captured.err
+    assert "mooncake-conversation: 200 requests" in captured.err

@@ -343,6 +343,8 @@ def _mooncake_request(line: str) -> TraceRequest:
         raise ValueError("nested too deeply to be a trace row") from None
     except json.JSONDecodeError as error:
         raise ValueError(f"not JSON ({error.msg} at column {error.colno})") from None
+    except ValueError:  # an integer of more than 4,300 digits (Python's int-from-str limit)
+        raise ValueError("a number with too many digits") from None
     if not isinstance(row, dict):
         raise ValueError("expected a JSON object")
     missing = [k for k in ("timestamp", "input_length", "output_length", "hash_ids") if k not in row]
