@@ -10,7 +10,7 @@ import pagedkv
 import pytest
 from pagedkv import cli
 from pagedkv.errors import InvalidArgumentError
-from pagedkv.sim import cluster
+from pagedkv.sim import cluster, router_index
 
 BIG = cluster.ClusterConfig(num_slots=1 << 26)  # 131,072 blocks of 512: never evicts here
 
@@ -59,9 +59,9 @@ def test_cache_aware_routing_beats_round_robin_on_shared_prefixes() -> None:
 
 def test_event_index_applies_stores_removals_and_clears() -> None:
     kv = pagedkv.KvCacheManager(num_blocks=3, block_size=2, enable_prefix_caching=True, enable_kv_events=True)
-    index = cluster.EventIndex(2)
+    index = router_index.EventIndex(2)
     prompt = [1, 2, 3, 4, 5]
-    keys = cluster.request_keys(np.asarray(prompt, dtype=np.uint32), 2)
+    keys = router_index.request_keys(np.asarray(prompt, dtype=np.uint32), 2)
     kv.add_sequence(1, prompt)
     index.apply_events(kv.take_events())
     assert index.match(keys) == 2
@@ -110,7 +110,7 @@ def test_event_digests_are_the_event_stream_with_tokens_digested() -> None:
                 continue
             digested.add_sequence(step, prompt, extra_key=key)
             live.append(step)
-        expected = cluster.event_digests(full.take_events())
+        expected = router_index.event_digests(full.take_events())
         assert digested.take_event_digests() == expected
         kinds.update(kind for kind, *_ in expected)
     assert kinds == {"BlockStored", "BlockRemoved", "AllBlocksCleared"}

@@ -7,11 +7,9 @@ Block id ``h`` stands for the token ids ``h * 512 + [0, 512)`` (deterministic, d
 block), so two requests share exactly the tokens their id lists share; the replicas hash those
 tokens like any prompt.
 
-The router indexes events the way Dynamo's KV router does: it never sees the engines' hash
-function; for each ``BlockStored`` it keys every block by its own chained key of the block's
-token ids (parent key, token bytes), and it drops keys on ``BlockRemoved`` /
-``AllBlocksCleared``. A new request is keyed the same way, so its match on a replica is the
-number of leading blocks of the request the replica has announced and not yet removed.
+The router indexes events the way Dynamo's KV router does (`pagedkv.sim.router_index`): a
+request's match on a replica is the number of its leading blocks the replica has announced in
+its KV events and not yet removed. Trace reading is `pagedkv.sim.traces`.
 
 Time model (one replica): prefill runs one request at a time at ``prefill_tokens_per_s`` for the
 tokens the prefix cache did not cover; decode is batched and takes ``decode_s_per_token`` per
@@ -26,18 +24,17 @@ from __future__ import annotations
 
 import heapq
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 import pagedkv
-from pagedkv._core import token_block_digests
 from pagedkv.errors import InvalidArgumentError
-from pagedkv.events import AllBlocksCleared, BlockRemoved, BlockStored
 from pagedkv.sim.costmodel import LLAMA3_8B
 from pagedkv.sim.names import PREFIX_TRACES
+from pagedkv.sim.router_index import EventIndex, request_keys
 from pagedkv.sim.traces import TRACE_BLOCK_TOKENS, TraceRequest, known_trace_path, read_mooncake_jsonl
 from pagedkv.sim.workloads import system_prompt
 
@@ -49,11 +46,6 @@ __all__ = [
     "WORKLOADS",
     "TraceRequest",
     "ClusterConfig",
-    "EventDigest",
-    "EventIndex",
-    "event_digests",
-    "chain_key",
-    "request_keys",
     "load_requests",
     "block_tokens",
     "ideal_hit_rate",
@@ -223,97 +215,6 @@ def ideal_hit_rate(requests: Sequence[TraceRequest], block_size: int) -> float:
         total += request.input_tokens
         seen.update(keys)
     return hits / total if total else 0.0
-
-
-# -- the router's view: KV events only ------------------------------------------------------------
-EventDigest = tuple[str, list[int], "int | None", list[int]]
-"""``KvCacheManager.take_event_digests()``'s form of one event: (kind, block_hashes,
-parent_block_hash, block_digests)."""
-
-
-class EventIndex:
-    """What a router knows of one replica's prefix cache, built from its KV events only.
-
-    Like Dynamo's radix tree, it keys a stored block by the router's own chain of block digests
-    (parent key, digest of the block's tokens) and remembers which engine hash names which key,
-    so that ``BlockRemoved`` (engine hashes only) can drop it. The digests come from the events'
-    ``token_ids`` (``take_event_digests`` folds them in Rust; ``apply_events`` does it for event
-    objects): the index learns nothing the event stream does not say."""
-
-    def __init__(self, block_size: int) -> None:
-        self.block_size = block_size
-        self._keys: set[int] = set()
-        self._key_of_hash: dict[int, int] = {}
-
-    def apply(self, events: Iterable[EventDigest]) -> None:
-        """Applies events in ``take_event_digests()`` form, oldest first."""
-        keys, key_of_hash = self._keys, self._key_of_hash
-        for kind, block_hashes, parent_hash, digests in events:
-            if kind == "BlockStored":
-                parent = 0 if parent_hash is None else key_of_hash.get(parent_hash)
-                if parent is None:  # a parent the router never saw (a missed event): skip
-                    continue
-                for engine_hash, digest in zip(block_hashes, digests, strict=True):
-                    parent = chain_key(parent, digest)
-                    keys.add(parent)
-                    key_of_hash[engine_hash] = parent
-            elif kind == "BlockRemoved":
-                for engine_hash in block_hashes:
-                    key = key_of_hash.pop(engine_hash, None)
-                    if key is not None:
-                        keys.discard(key)
-            elif kind == "AllBlocksCleared":
-                keys.clear()
-                key_of_hash.clear()
-
-    def apply_events(self, events: Iterable[Any]) -> None:
-        """Applies ``take_events()`` objects (digesting each stored block's ``token_ids``)."""
-        self.apply(event_digests(events))
-
-    def match(self, keys: Sequence[int]) -> int:
-        """Leading blocks of a request (its chained keys) this replica has announced."""
-        matched = 0
-        for key in keys:
-            if key not in self._keys:
-                break
-            matched += 1
-        return matched
-
-    def __len__(self) -> int:
-        return len(self._keys)
-
-
-def event_digests(events: Iterable[Any]) -> list[EventDigest]:
-    """``take_events()`` objects in ``take_event_digests()`` form."""
-    out: list[EventDigest] = []
-    for event in events:
-        if isinstance(event, BlockStored):
-            extra = event.extra_keys[0] if event.extra_keys else None
-            digests = token_block_digests(
-                np.asarray(event.token_ids, dtype=np.uint32),
-                event.block_size,
-                extra_key=None if extra is None else extra[0],
-            )
-            out.append(("BlockStored", list(event.block_hashes), event.parent_block_hash, digests.tolist()))
-        elif isinstance(event, BlockRemoved):
-            out.append(("BlockRemoved", list(event.block_hashes), None, []))
-        elif isinstance(event, AllBlocksCleared):
-            out.append(("AllBlocksCleared", [], None, []))
-    return out
-
-
-def chain_key(parent: int, digest: int) -> int:
-    """The router's own chained block key: (parent key, digest of the block's token ids)."""
-    return hash((parent, digest))
-
-
-def request_keys(tokens: np.ndarray, block_size: int) -> list[int]:
-    """A request's chained block keys, one per full block, as the router computes them."""
-    keys, parent = [], 0
-    for digest in token_block_digests(tokens, block_size).tolist():
-        parent = chain_key(parent, digest)
-        keys.append(parent)
-    return keys
 
 
 # -- replicas and the simulation ------------------------------------------------------------------
