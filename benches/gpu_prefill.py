@@ -255,13 +255,29 @@ class SdpaFlashPrefill:
         mask: Any = None if point.cached == 0 else causal_lower_right(point.q_len, point.prompt)
         sdpa = torch.nn.functional.scaled_dot_product_attention
 
-        def run() -> Any:
-            with self.sdpa_kernel(self.backend):
-                if mask is None:
-                    return sdpa(q, k, v, is_causal=True, enable_gqa=point.group > 1)
-                return sdpa(q, k, v, attn_mask=mask, enable_gqa=point.group > 1)
+        def runner(k: Any, v: Any, gqa: bool) -> Any:
+            def run() -> Any:
+                with self.sdpa_kernel(self.backend):
+                    if mask is None:
+                        return sdpa(q, k, v, is_causal=True, enable_gqa=gqa)
+                    return sdpa(q, k, v, attn_mask=mask, enable_gqa=gqa)
 
-        run()  # refuses here (RuntimeError: no available kernel) where flash cannot run the point
+            return run
+
+        self.expanded_kv = False
+        run = runner(k, v, point.group > 1)
+        try:
+            run()  # refuses here (RuntimeError: no available kernel) where flash cannot run it
+        except (RuntimeError, TypeError):
+            if point.group == 1:
+                raise
+            # A flash backend without grouped-query support: K/V repeated per query head (more
+            # bytes read, the same FLOPs; prefill is compute-bound). Raises if this fails too.
+            self.expanded_kv = True
+            run = runner(
+                k.repeat_interleave(point.group, dim=1), v.repeat_interleave(point.group, dim=1), False
+            )
+            run()
         return run
 
 
@@ -348,6 +364,8 @@ def run_sweep(args: argparse.Namespace) -> int:
                 else:
                     fn = baseline.prepare(point)
                 base = time_kernel(cupy, fn)
+                if getattr(baseline, "expanded_kv", False):
+                    row["baseline_expanded_kv"] = True
                 row["baseline_seconds"] = base
                 row["baseline_over_ours"] = base / t
                 base_text = f"{base * 1e3:>9.3f} {base / t:>7.2f}"
