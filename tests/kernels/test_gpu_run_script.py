@@ -76,3 +76,28 @@ def test_a_failing_stage_does_not_stop_the_next(tmp_path: Path) -> None:
 def test_bad_arguments_are_refused(tmp_path: Path, args: list[str]) -> None:
     run = _run(tmp_path, *args)
     assert run.returncode == 2 and "gpu_run.sh:" in run.stderr
+
+
+def test_precompile_reports_each_failure_and_keeps_compiling(monkeypatch, capsys) -> None:
+    # The precompile stage: one failing instance is reported and the others still compile.
+    from pagedkv.errors import KernelCompileError
+    from pagedkv.kernels import cubin_cache, instances, nvrtc, precompile
+
+    todo = instances.all_instances()[:5]
+    compiled: list[str] = []
+
+    def fake_cached_cubin(source: str, names: list[str], arch: str) -> None:
+        if names[0] == todo[2].name:
+            raise KernelCompileError(f"{names[0]}: error: bad\nsecond line")
+        compiled.append(names[0])
+
+    monkeypatch.setattr(instances, "all_instances", lambda: todo)
+    monkeypatch.setattr(cubin_cache, "cached_cubin", fake_cached_cubin)
+    monkeypatch.setattr(nvrtc, "load", lambda: None)
+    assert precompile.main(["--arch", "sm_90", "--jobs", "3"]) == 1
+    out = capsys.readouterr().out
+    assert sorted(compiled) == sorted(i.name for i in todo if i != todo[2])
+    assert out.count("FAILED ") == 1 and "second line" not in out and "1 failed" in out
+    assert precompile.main(["--dry-run"]) == 0
+    with pytest.raises(SystemExit):
+        precompile.main(["--arch", "90"])
