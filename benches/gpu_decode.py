@@ -32,12 +32,8 @@ the sweep early (default 420 s, so the whole device script stays under 8 minutes
 an upper estimate of the device time (estimated_seconds: each timing's iterations at a pessimistic
 50 % of peak bandwidth, setup, compiles) next to the budget.
 
-On a lent GPU machine without a Rust toolchain: build the extension here (`maturin develop
---release`; it is abi3, so any CPython >= 3.10 loads it), carry `python/pagedkv/_core.abi3.so`
-(git ignores *.so), and run in one go:
-
-    PYTHONPATH=python python3 -m pytest -q -m gpu tests/kernels/test_gpu.py && \
-    PYTHONPATH=python python3 benches/gpu_decode.py --out $OUT/h200_decode.json
+On a lent GPU machine without a Rust toolchain: `scripts/gpu_run.sh` (docs/decode_kernel.md §5:
+build the extension on a CPU machine, carry `python/pagedkv/_core.abi3.so`).
 """
 
 from __future__ import annotations

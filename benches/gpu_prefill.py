@@ -12,17 +12,18 @@ Steps (each printed as it runs):
    A prompt of length L with cached fraction f has L * f tokens already in the cache and
    L * (1 - f) new query tokens. For each point: median kernel time (CUDA events), TFLOP/s over
    the causal FLOPs (4 * head_dim per visible (query, key) pair per query head: QK^T and PV),
-   % of the H200's dense fp16/bf16 tensor-core peak (989 TFLOP/s), and, where FlashInfer
-   imports, its BatchPrefillWithPagedKVCacheWrapper on the very same caches and CSR tables,
-   with our time as a ratio of FlashInfer's.
+   % of the H200's dense fp16/bf16 tensor-core peak (989 TFLOP/s), and a baseline on the same
+   shapes: FlashInfer's BatchPrefillWithPagedKVCacheWrapper on the very same caches and CSR
+   tables where it imports, else PyTorch's scaled_dot_product_attention forced onto its flash
+   backend (FlashAttention-2) on contiguous, unpaged copies of the same sizes (causal,
+   bottom-right aligned: ``causal_lower_right`` where part of the prompt is cached), with the
+   baseline's time over ours (> 1: ours is faster).
 
---out writes every number as JSON (plus the printed table as text next to it, FILE.txt).
+--out writes the JSON (and the printed table as text next to it, FILE.txt) after the
+correctness step and after every sweep point, so a run cut short keeps every finished point;
+--budget-s stops the sweep early (the device script gives it a fixed share of 8 minutes).
 
-On a lent GPU machine without a Rust toolchain: build the extension here (`maturin develop
---release`), carry `python/pagedkv/_core.abi3.so`, and run:
-
-    PYTHONPATH=python python3 benches/gpu_prefill.py --out $OUT/h200_prefill.json && \
-    PYTHONPATH=python python3 -m pytest -q -m gpu tests/kernels/test_gpu_prefill.py
+On a lent GPU machine without a Rust toolchain: `scripts/gpu_run.sh` (docs/decode_kernel.md §5).
 """
 
 from __future__ import annotations
@@ -31,8 +32,10 @@ import argparse
 import itertools
 import json
 import math
+import os
 import platform
 import sys
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -214,42 +217,135 @@ class FlashInferPrefill:
         return lambda: wrapper.run(tq, (tk, tv))
 
 
+class SdpaFlashPrefill:
+    """PyTorch's scaled_dot_product_attention on its flash backend only (no silent fallback to
+    the math kernel), on contiguous [batch, heads, tokens, head_dim] tensors of the point's sizes.
+    Unpaged, so it bounds what a contiguous-cache kernel reaches on the same causal work."""
+
+    name = "SDPA-flash"
+
+    def __init__(self) -> None:
+        import torch
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        if not torch.cuda.is_available():
+            raise RuntimeError("torch sees no CUDA device")
+        self.torch, self.sdpa_kernel, self.backend = torch, sdpa_kernel, SDPBackend.FLASH_ATTENTION
+        self.version = torch.__version__
+
+    def prepare(self, point: SweepPoint) -> Any:
+        torch = self.torch
+        from torch.nn.attention.bias import causal_lower_right
+
+        dtype = torch.float16 if point.kind == "float16" else torch.bfloat16
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        q = torch.randn(
+            point.batch,
+            point.num_q_heads,
+            point.q_len,
+            point.head_dim,
+            device="cuda",
+            dtype=dtype,
+            generator=gen,
+        )
+        kv_shape = (point.batch, point.num_kv_heads, point.prompt, point.head_dim)
+        k = torch.randn(kv_shape, device="cuda", dtype=dtype, generator=gen)
+        v = torch.randn(kv_shape, device="cuda", dtype=dtype, generator=gen)
+        # Queries are the prompt's last q_len tokens: the mask is bottom-right aligned.
+        mask: Any = None if point.cached == 0 else causal_lower_right(point.q_len, point.prompt)
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+
+        def runner(k: Any, v: Any, gqa: bool) -> Any:
+            def run() -> Any:
+                with self.sdpa_kernel(self.backend):
+                    if mask is None:
+                        return sdpa(q, k, v, is_causal=True, enable_gqa=gqa)
+                    return sdpa(q, k, v, attn_mask=mask, enable_gqa=gqa)
+
+            return run
+
+        self.expanded_kv = False
+        run = runner(k, v, point.group > 1)
+        try:
+            run()  # refuses here (RuntimeError: no available kernel) where flash cannot run it
+        except (RuntimeError, TypeError):
+            if point.group == 1:
+                raise
+            # A flash backend without grouped-query support: K/V repeated per query head (more
+            # bytes read, the same FLOPs; prefill is compute-bound). Raises if this fails too.
+            self.expanded_kv = True
+            run = runner(
+                k.repeat_interleave(point.group, dim=1), v.repeat_interleave(point.group, dim=1), False
+            )
+            run()
+        return run
+
+
+def write_results(out: Path | None, payload: dict, lines: list[str]) -> None:
+    """Rewrites the result files atomically: a run cut short keeps every finished point."""
+    if out is None:
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for path, text in (
+        (out, json.dumps(payload, indent=1)),
+        (Path(str(out) + ".txt"), "\n".join(lines) + "\n"),
+    ):
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+
+
 def run_sweep(args: argparse.Namespace) -> int:
     import cupy
     from pagedkv.attention import prefill_launch
     from pagedkv.attention.prefill_validation import check_paged_prefill
     from pagedkv.attention.runners import get_runner
 
+    started = time.perf_counter()
     runner = get_runner("cuda")
-
+    out = Path(args.out) if args.out else None
     device = cupy.cuda.Device()
     props = cupy.cuda.runtime.getDeviceProperties(device.id)
     name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
     print(f"device: {name}, {device.attributes['MultiProcessorCount']} SMs, CuPy {cupy.__version__}")
+    meta: dict[str, Any] = {"device": name, "python": platform.python_version(), "cupy": cupy.__version__}
+    payload: dict[str, Any] = {"meta": meta, "rows": [], "complete": False}
+    lines: list[str] = []
     print("1. correctness (cuda backend vs NumPy reference)")
     failures = correctness("cuda", cupy)
+    payload["correctness_failures"] = failures
+    write_results(out, payload, lines)
     if failures:
         print("correctness FAILED:", failures)
         return 1
-    flash = None
+    baseline: Any = None
     try:
-        flash = FlashInferPrefill()
-        print(f"   FlashInfer {flash.flashinfer.__version__} side by side")
+        baseline = FlashInferPrefill()
+        meta["baseline"] = f"FlashInfer {baseline.flashinfer.__version__}"
     except Exception as exc:  # not installed, or no torch
-        print(f"   FlashInfer not available ({type(exc).__name__}: {exc}); our kernel only")
+        print(f"   FlashInfer not available ({type(exc).__name__}: {exc})")
+        try:
+            baseline = SdpaFlashPrefill()
+            meta["baseline"] = f"PyTorch {baseline.version} SDPA, flash backend (contiguous K/V)"
+        except Exception as exc2:  # no torch, or torch without CUDA
+            print(f"   PyTorch SDPA not available ({type(exc2).__name__}: {exc2}); our kernel only")
+    print(f"   baseline: {meta.get('baseline', 'none')}")
     print("2. sweep")
     header = (
         f"{'kind':<8} {'prompt':>6} {'batch':>5} {'cached':>6} {'group':>5} {'ms':>9} {'TFLOP/s':>8} "
-        f"{'%peak':>6} {'FI ms':>9} {'FI/ours':>7}"
+        f"{'%peak':>6} {'base ms':>9} {'base/us':>7}"
     )
     print(header)
-    lines = [header]
-    rows = []
+    lines.append(header)
+    rows = payload["rows"]
     rng = np.random.default_rng(0)
     points = sweep()
     if args.quick:
         points = [p for p in points if p.prompt <= 2048]
     for point in points:
+        if time.perf_counter() - started > args.budget_s:
+            print(f"budget of {args.budget_s:.0f} s spent: {len(rows)} of {len(points)} points measured")
+            break
         q, k, v, tables, lens, qsl = make_inputs(
             cupy, point, rng, lambda s, kind=point.kind: random_values(cupy, s, kind)
         )
@@ -260,29 +356,38 @@ def run_sweep(args: argparse.Namespace) -> int:
         t = time_kernel(cupy, lambda lp=launch_plan, c=checked: prefill_launch.launch(runner, lp, c))
         row: dict[str, Any] = {**asdict(point), "seconds": t, "tflops": point.flops / t / 1e12}
         row["pct_peak"] = 100 * point.flops / t / PEAK_FLOPS
-        fi_text = f"{'-':>9} {'-':>7}"
-        if flash is not None:
+        base_text = f"{'-':>9} {'-':>7}"
+        if baseline is not None:
             try:
-                fi = time_kernel(cupy, flash.prepare(point, q, k, v, csr, qsl))
-                row["flashinfer_seconds"] = fi
-                row["ours_vs_flashinfer_speed"] = fi / t
-                fi_text = f"{fi * 1e3:>9.3f} {fi / t:>7.2f}"
+                if isinstance(baseline, FlashInferPrefill):
+                    fn = baseline.prepare(point, q, k, v, csr, qsl)
+                else:
+                    fn = baseline.prepare(point)
+                base = time_kernel(cupy, fn)
+                if getattr(baseline, "expanded_kv", False):
+                    row["baseline_expanded_kv"] = True
+                row["baseline_seconds"] = base
+                row["baseline_over_ours"] = base / t
+                base_text = f"{base * 1e3:>9.3f} {base / t:>7.2f}"
             except Exception as exc:
-                row["flashinfer_error"] = f"{type(exc).__name__}: {exc}"
+                row["baseline_error"] = f"{type(exc).__name__}: {exc}"[:300]
         line = (
             f"{point.kind:<8} {point.prompt:>6} {point.batch:>5} {point.cached:>6} {point.group:>5} "
-            f"{t * 1e3:>9.3f} {row['tflops']:>8.1f} {row['pct_peak']:>6.1f} {fi_text}"
+            f"{t * 1e3:>9.3f} {row['tflops']:>8.1f} {row['pct_peak']:>6.1f} {base_text}"
         )
-        print(line)
+        print(line, flush=True)
         lines.append(line)
         rows.append(row)
+        payload["elapsed_s"] = time.perf_counter() - started
+        write_results(out, payload, lines)
         del q, k, v
         cupy.get_default_memory_pool().free_all_blocks()
-    if args.out:
-        out = Path(args.out)
-        meta = {"device": name, "python": platform.python_version(), "cupy": cupy.__version__}
-        out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-        out.with_suffix(out.suffix + ".txt").write_text("\n".join(lines) + "\n")
+    else:
+        payload["complete"] = True
+    payload["elapsed_s"] = time.perf_counter() - started
+    write_results(out, payload, lines)
+    if out is not None:
+        print(f"wrote {out} and {out}.txt")
     return 0
 
 
@@ -290,7 +395,11 @@ def dry_run(args: argparse.Namespace) -> int:
     points = sweep()
     check_accounting(points)
     print(f"{len(points)} sweep points; FLOP accounting checked")
-    failures = correctness(args.backend, np)
+    # The result files the device run writes, with the points it would measure (checks --out).
+    out = Path(args.out) if args.out else None
+    payload = {"meta": {"dry_run": True}, "rows": [asdict(p) for p in points], "complete": True}
+    write_results(out, payload, [f"{len(points)} sweep points (dry run)"])
+    failures = correctness(args.backend, np) if args.backend != "none" else []
     if failures:
         print("correctness FAILED:", failures)
         return 1
@@ -306,10 +415,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--backend",
         default="emulated",
-        choices=("numpy", "emulated"),
+        choices=("numpy", "emulated", "none"),
         help="--dry-run's correctness backend (emulated runs the real kernel on the CPU: slow)",
     )
     parser.add_argument("--quick", action="store_true", help="only prompts <= 2K")
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=300.0,
+        help="stop the sweep after this many seconds (results so far are kept)",
+    )
     args = parser.parse_args(argv)
     return dry_run(args) if args.dry_run else run_sweep(args)
 

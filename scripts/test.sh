@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs pagedkv with its test extras into a dedicated venv (.venv-test, rebuilt each run; your
 # own .venv is left alone) and runs every gate and test: formatting and lints (cargo fmt, clippy,
-# ruff), types (mypy), the Rust workspace (cargo test) and the Python suite (pytest) against the
-# installed wheel. Prints the runtime of each stage and the total.
+# ruff), types (mypy), the Rust workspace (cargo test), the Dynamo interop proof (its own cargo
+# workspace, scripts/interop.sh) and the Python suite (pytest) against the installed wheel. Prints the runtime of each stage and the total.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=.venv-test
@@ -39,6 +39,11 @@ cargo test --workspace --release
 # target dir so the cfg change does not invalidate the build above. Debug assertions on: the pool
 # asserts its internal contracts (a pop under a reservation finds the stack non-empty, ...).
 RUSTFLAGS="--cfg loom -C debug-assertions=on" CARGO_TARGET_DIR=target/loom cargo test -p pagedkv --release --test loom_pool
+
+stage "interop (Dynamo KV router)"
+# NVIDIA Dynamo's router indexes pagedkv's KV events and predicts every cache hit
+# (rust/interop-tests: its own workspace and lock file; about 190 CPU-seconds on a clean build).
+scripts/interop.sh
 
 stage "pytest"
 python -m pytest -q

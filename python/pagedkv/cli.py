@@ -18,10 +18,10 @@ from pagedkv.commands import costmodel as costmodel_commands
 from pagedkv.commands import engine as engine_commands
 from pagedkv.commands import experiments as experiment_commands
 from pagedkv.commands import simulation as simulation_commands
+from pagedkv.commands import viz as viz_commands
 from pagedkv.commands.args import CliError
 from pagedkv.commands.output import write_json
 from pagedkv.errors import PagedKvError
-from pagedkv.viz import cli as viz_commands
 
 __all__ = ["COMMANDS", "CliError", "build_parser", "main", "write_json"]
 

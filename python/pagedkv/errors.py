@@ -14,6 +14,8 @@ __all__ = [
     "InvalidArgumentError",
     "SequenceSwappedOutError",
     "InvariantViolation",
+    "CudaUnavailableError",
+    "KernelCompileError",
 ]
 
 
@@ -46,3 +48,11 @@ class SequenceSwappedOutError(PagedKvError):
 
 class InvariantViolation(PagedKvError):
     """An allocator invariant does not hold. This is a pagedkv bug: please report it."""
+
+
+class CudaUnavailableError(PagedKvError):
+    """A piece of the CUDA toolchain the call needs is missing (NVRTC, CuPy, a device)."""
+
+
+class KernelCompileError(PagedKvError):
+    """The CUDA compiler rejected a kernel source; the message carries the compiler log."""

@@ -138,10 +138,38 @@ def test_refused_requests_leave_nothing_behind(smollm):
     assert not engine.has_unfinished() and not engine.requests and len(engine.kv) == 0
 
 
-def test_cli_generate_streams_and_refuses_a_bad_model_path(smollm, capsys, tmp_path):
+def test_cli_generate_streams_and_refuses_a_bad_model_path(smollm, capsys, tmp_path, monkeypatch):
     from pagedkv.cli import main
+    from pagedkv.engine import LLM
 
+    # One timeline of the engine's events and the command's stdout writes and flushes: streaming
+    # means each token's text is written and flushed before the next token is generated.
+    timeline: list[tuple[str, str]] = []
+    stream = LLM.stream
+
+    def recorded_stream(self, *args, **kwargs):
+        for event in stream(self, *args, **kwargs):
+            timeline.append(("event", event.text))
+            yield event
+
+    class Recorder:
+        def write(self, text: str) -> int:
+            timeline.append(("write", text))
+            return len(text)
+
+        def flush(self) -> None:
+            timeline.append(("flush", ""))
+
+    monkeypatch.setattr(LLM, "stream", recorded_stream)
+    monkeypatch.setattr("sys.stdout", Recorder())
     assert main(["generate", "The capital of France is", "--max-tokens", "3"]) == 0
-    assert "Paris" in capsys.readouterr().out
+    monkeypatch.undo()
+    events = [i for i, (kind, _) in enumerate(timeline) if kind == "event"]
+    assert len(events) == 3
+    for here, after in zip(events, [*events[1:], len(timeline)], strict=True):
+        text = timeline[here][1]
+        assert timeline[here + 1 : here + 3] == [("write", text), ("flush", "")], timeline
+        assert here + 3 <= after
+    assert "Paris" in "".join(text for kind, text in timeline if kind == "write")
     assert main(["generate", "Hi", "--model", str(tmp_path / "missing.gguf")]) == 2
     assert "not found" in capsys.readouterr().err

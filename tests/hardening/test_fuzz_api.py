@@ -104,6 +104,9 @@ JUNK_FACTORIES: list[Callable[[], Any]] = [
     lambda: np.datetime64("2024-01-01"),
     lambda: np.str_("1"),
     lambda: pagedkv.BlockPool(num_blocks=2, block_size=2),
+    # Every NumPy integer dtype as a scalar and as an array (native byte order).
+    *(lambda dtype=dtype: dtype(1) for dtype in INT_DTYPES),
+    *(lambda dtype=dtype: np.array([1, 2], dtype=dtype) for dtype in INT_DTYPES),
 ]
 
 junk = st.sampled_from(JUNK_FACTORIES).map(lambda make: make())
@@ -359,12 +362,15 @@ def test_random_call_sequences(data: st.DataObject) -> None:
         _check_all(managers)
 
 
-def _constructor_kwargs(data: st.DataObject) -> dict[str, Any]:
+def _constructor_kwargs(data: st.DataObject) -> tuple[dict[str, Any], bool]:
+    """Constructor keyword arguments, each omitted, valid or junk; and whether all are valid
+    (then the constructors must succeed: refusing everything would pass the junk checks)."""
     draw = data.draw
     kwargs: dict[str, Any] = {}
+    all_valid = True
     for key, valid in [
-        ("num_blocks", st.integers(0, 64)),
-        ("block_size", st.integers(0, 64)),
+        ("num_blocks", st.integers(1, 64)),
+        ("block_size", st.integers(1, 64)),
         ("enable_prefix_caching", st.booleans()),
         ("num_host_blocks", st.integers(0, 64)),
         ("hash_seed", st.integers(0, 2**64 - 1)),
@@ -376,31 +382,39 @@ def _constructor_kwargs(data: st.DataObject) -> dict[str, Any]:
             kwargs[key] = draw(valid)
         elif choice == 2:
             kwargs[key] = draw(st.one_of(junk, st.sampled_from([2**31, 2**40, 2**62, 2**64 - 1])))
+            all_valid = False
     if draw(st.integers(0, 3)) == 0:
         kwargs["pool"] = draw(st.one_of(junk, st.just("pool")))
         if isinstance(kwargs["pool"], str) and kwargs["pool"] == "pool":
             kwargs["pool"] = pagedkv.BlockPool(num_blocks=8, block_size=4)
-    return kwargs
+            # The manager's sizes, when given, must agree with the pool's.
+            all_valid = all_valid and kwargs.get("num_blocks", 8) == 8 and kwargs.get("block_size", 4) == 4
+        else:
+            all_valid = False
+    return kwargs, all_valid
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.data())
 def test_constructors_take_junk(data: st.DataObject) -> None:
-    kwargs = _constructor_kwargs(data)
+    kwargs, all_valid = _constructor_kwargs(data)
     try:
         kv = pagedkv.KvCacheManager(**kwargs)
-    except PagedKvError:
-        pass
+    except PagedKvError as error:
+        assert not all_valid, f"KvCacheManager(**{kwargs!r:.300}) refused valid arguments: {error}"
     except BaseException as error:  # noqa: BLE001
         pytest.fail(f"KvCacheManager(**{kwargs!r:.300}) raised {type(error).__name__}: {error}")
     else:
         kv.check_invariants()
         repr(kv)
     pool_kwargs = {k: v for k, v in kwargs.items() if k in ("num_blocks", "block_size")}
+    pool_valid = all(
+        isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 64 for v in pool_kwargs.values()
+    )
     try:
         pool = pagedkv.BlockPool(**pool_kwargs)
-    except PagedKvError:
-        pass
+    except PagedKvError as error:
+        assert not pool_valid, f"BlockPool(**{pool_kwargs!r:.300}) refused valid arguments: {error}"
     except BaseException as error:  # noqa: BLE001
         pytest.fail(f"BlockPool(**{pool_kwargs!r:.300}) raised {type(error).__name__}: {error}")
     else:
@@ -408,16 +422,30 @@ def test_constructors_take_junk(data: st.DataObject) -> None:
         repr(pool)
 
 
+valid_block_id = st.one_of(
+    st.integers(0, 3),
+    st.tuples(st.integers(0, 3), st.sampled_from(INT_DTYPES)).map(lambda pair: pair[1](pair[0])),
+)
+
+
 @settings(max_examples=200, deadline=None)
-@given(junk)
+@given(st.one_of(junk, valid_block_id))
 def test_pool_refcount_takes_junk(value: Any) -> None:
     pool = pagedkv.BlockPool(num_blocks=4, block_size=2)
+    # A block id: a Python or NumPy integer, or a 0-d integer array (an integer by __index__),
+    # not a bool, in [0, 4). The pool is fresh: refcount 0.
+    integer = isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+    integer |= isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "iu"
+    valid = bool(integer and 0 <= value < 4)
     try:
-        pool.refcount(value)
-    except PagedKvError:
-        pass
+        count = pool.refcount(value)
+    except PagedKvError as error:
+        assert not valid, f"refcount({value!r}) refused a valid block id: {error}"
     except BaseException as error:  # noqa: BLE001
         pytest.fail(f"refcount({value!r:.100}) raised {type(error).__name__}: {error}")
+    else:
+        assert valid, f"refcount({value!r:.100}) accepted an invalid block id"
+        assert count == 0
     pool.check_invariants()
 
 
@@ -443,3 +471,8 @@ def test_alphabet_is_exercised() -> None:
     assert any(isinstance(v, np.ndarray) and not v.flags.writeable for v in values)
     assert any(isinstance(v, np.ndarray) and v.ndim == 0 for v in values)
     assert any(isinstance(v, np.uint64) and int(v) > 2**63 for v in values)
+    for dtype in INT_DTYPES:
+        assert any(type(v) is dtype for v in values), f"no {dtype.__name__} scalar"
+        assert any(isinstance(v, np.ndarray) and v.dtype == dtype and v.ndim == 1 for v in values), (
+            f"no {dtype.__name__} array"
+        )

@@ -63,7 +63,7 @@ def test_copy_blocks_all_layers_match_reference(kind, head_dim, num_kv_heads):
 
 
 def test_copy_waves_split_only_on_hazards():
-    from pagedkv.attention.validation import copy_waves
+    from pagedkv.attention.copy_planning import copy_waves
 
     assert len(copy_waves(np.array([[0, 1], [0, 2], [3, 4]], np.int32))) == 1
     assert len(copy_waves(np.array([[0, 1], [1, 2]], np.int32))) == 2  # read after write

@@ -123,6 +123,28 @@ def test_split_plan_covers_each_tiles_keys_once():
     assert split.tolist() == [0, 1, 0, 0, 0, 0, 0]
     assert partial.tolist() == [0, 1, -1, -1, -1, -1, -1]
     assert plan.num_partials == 2 and plan.merge_grid == (1, 1, 1)
+    # Longest first: 128 and 73 keys (sequence 0's splits), then sequence 1's causal tiles from
+    # its last (70 keys) to its first (16 keys).
+    rows = instances.PREFILL_ROWS
+    assert row0.tolist() == [0, 0, 4 * rows, 3 * rows, 2 * rows, rows, 0]
+
+
+def test_work_items_are_dispatched_longest_first():
+    # A long causal prompt next to a short one: every item's key count, in grid order, never
+    # grows (the GPU starts blocks roughly in grid order; the longest must not start last).
+    from pagedkv.attention import prefill_launch
+    from pagedkv.attention.prefill_validation import check_paged_prefill
+    from pagedkv.attention.runners import get_runner
+
+    p = make_prefill_problem(np.random.default_rng(11), "float16", [40, 0, 5], [300, 20, 90], 1, 2, 64, 8)
+    args = check_paged_prefill(*p.args(), None, True, "emulated")
+    plan = prefill_launch.plan(get_runner("emulated"), args, None)
+    assert plan is not None
+    seq, row0, split, _ = (np.asarray(a, dtype=np.int64) for a in plan.metadata[4:])
+    kv = prefill_launch.tile_kv_needed(args.query_start_loc, args.seq_lens, seq, row0, 2, True)
+    keys = np.minimum(plan.tokens_per_split, kv - split * plan.tokens_per_split)
+    assert len(keys) > 10 and np.all(np.diff(keys) <= 0)
+    assert keys[0] == 340 and keys[-1] < keys[0]
 
 
 def test_num_splits_must_be_positive():

@@ -10,6 +10,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from pagedkv.errors import CudaUnavailableError, KernelCompileError, PagedKvError
 from pagedkv.kernels import instances, nvrtc
 
 try:
@@ -82,3 +83,11 @@ def test_single_instance_programs_compile_clean(pick):
 def test_compile_error_is_reported():
     with pytest.raises(nvrtc.NvrtcCompileError, match="paged_decode_kernel"):
         nvrtc.compile_source(instances.ATTENTION_SOURCE, ["pagedkv::paged_decode_kernel<float, 100, 16, 1>"])
+
+
+def test_nvrtc_errors_are_pagedkv_errors() -> None:
+    # One base class catches every error pagedkv raises on purpose (was RuntimeError).
+    assert issubclass(nvrtc.NvrtcUnavailable, CudaUnavailableError)
+    assert issubclass(nvrtc.NvrtcCompileError, KernelCompileError)
+    for cls in (nvrtc.NvrtcUnavailable, nvrtc.NvrtcCompileError):
+        assert issubclass(cls, PagedKvError) and not issubclass(cls, RuntimeError)

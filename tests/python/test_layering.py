@@ -1,5 +1,5 @@
 """The Python package has no import cycles, and its layers point one way: the command line
-(`pagedkv.cli`, `pagedkv.commands`, `pagedkv.viz.cli`) uses the library, never the reverse.
+(`pagedkv.cli`, `pagedkv.commands`) uses the library, never the reverse.
 
 Every ``import`` counts, the ones inside functions too: a lazy import hides a cycle from the
 interpreter, not from a reader.
@@ -13,7 +13,7 @@ from pathlib import Path
 import pagedkv
 
 PACKAGE_DIR = Path(pagedkv.__file__).resolve().parent
-CLI_LAYER = ("pagedkv.cli", "pagedkv.commands", "pagedkv.viz.cli", "pagedkv.__main__")
+CLI_LAYER = ("pagedkv.cli", "pagedkv.commands", "pagedkv.__main__")
 
 
 def _module_name(path: Path) -> str:

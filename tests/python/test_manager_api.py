@@ -9,6 +9,8 @@ import numpy as np
 import pagedkv
 import pytest
 
+INTEGER_DTYPES = [np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64]
+
 
 def test_version_and_cli() -> None:
     assert isinstance(pagedkv.__version__, str) and pagedkv.__version__
@@ -88,24 +90,30 @@ def test_block_table_is_a_fresh_array() -> None:
 
 
 def test_add_sequence_token_inputs() -> None:
-    kv = pagedkv.KvCacheManager(num_blocks=64, block_size=4)
-    kv.add_sequence(1, [1, 2, 3])
-    kv.add_sequence(2, (1, 2, 3))
-    kv.add_sequence(3, np.array([1, 2, 3], dtype=np.uint8))
-    for seq_id, dtype in enumerate(
-        [np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64], start=10
-    ):
-        kv.add_sequence(seq_id, np.arange(5, dtype=dtype))
-        assert kv.num_tokens(seq_id) == 5
-    kv.add_sequence(20, np.arange(10, dtype=np.int64)[::2])  # non-contiguous view
-    assert kv.num_tokens(20) == 5
-    kv.add_sequence(21, [np.int64(3), np.uint32(4)])  # NumPy integer scalars
+    # Prefix caching makes the token values observable: every form of the same 8 ids (two full
+    # blocks of 4) reuses the first block the list stored (the last block of a fully cached
+    # prompt is recomputed), so a form read with wrong values or length misses.
+    kv = pagedkv.KvCacheManager(num_blocks=64, block_size=4, enable_prefix_caching=True)
+    ids = [1, 2, 3, 4, 5, 6, 7, 8]
+    assert kv.add_sequence(1, ids) == 0
+    forms: list[object] = [
+        tuple(ids),
+        *(np.array(ids, dtype=dtype) for dtype in INTEGER_DTYPES),
+        np.repeat(np.array(ids, dtype=np.int64), 2)[::2],  # non-contiguous view
+        [np.int64(t) if t % 2 else np.uint32(t) for t in ids],  # NumPy integer scalars
+    ]
+    for seq_id, form in enumerate(forms, start=10):
+        assert kv.add_sequence(seq_id, form) == 4, form
+        assert kv.num_tokens(seq_id) == 8 and kv.block_table(seq_id)[0] == kv.block_table(1)[0]
+    assert kv.add_sequence(2, np.array([1, 2, 3, 5], dtype=np.uint8)) == 0  # other values: a miss
     kv.add_sequence(22, num_tokens=9)
     assert kv.num_tokens(22) == 9 and len(kv.block_table(22)) == 3
-    kv.add_sequence(23, [0, 2**32 - 1])  # the full token-id range
+    assert kv.add_sequence(23, [0, 2**32 - 1]) == 0 and kv.num_tokens(23) == 2  # the full token-id range
     kv.add_sequence(2**64 - 1, [1])  # the full sequence-id range
-    assert 2**64 - 1 in kv
+    assert 2**64 - 1 in kv and kv.num_tokens(2**64 - 1) == 1
     kv.add_sequence(24, [1] * 100, num_tokens=100)  # agreeing count
+    assert kv.num_tokens(24) == 100
+    assert kv.num_sequences == 6 + len(forms)
     kv.check_invariants()
 
 

@@ -10,7 +10,7 @@ import pagedkv
 import pytest
 from pagedkv import cli
 from pagedkv.errors import InvalidArgumentError
-from pagedkv.sim import cluster
+from pagedkv.sim import cluster, router_index
 
 BIG = cluster.ClusterConfig(num_slots=1 << 26)  # 131,072 blocks of 512: never evicts here
 
@@ -18,9 +18,8 @@ BIG = cluster.ClusterConfig(num_slots=1 << 26)  # 131,072 blocks of 512: never e
 @pytest.mark.parametrize(
     ("trace", "least_ideal"), [("mooncake-conversation", 0.25), ("mooncake-synthetic", 0.3)]
 )
-def test_one_replica_without_eviction_hits_the_traces_ideal_rate(
-    traces_dir: Path, trace: str, least_ideal: float
-) -> None:
+def test_one_replica_without_eviction_hits_the_traces_ideal_rate(trace: str, least_ideal: float) -> None:
+    # The bundled copies (or a checkout's shared/traces): runs from an installed wheel too.
     requests = cluster.load_requests(trace)[:2000]
     row = cluster.simulate_cluster(requests, 1, "round-robin", BIG)
     ideal = cluster.ideal_hit_rate(requests, BIG.block_size)
@@ -60,9 +59,9 @@ def test_cache_aware_routing_beats_round_robin_on_shared_prefixes() -> None:
 
 def test_event_index_applies_stores_removals_and_clears() -> None:
     kv = pagedkv.KvCacheManager(num_blocks=3, block_size=2, enable_prefix_caching=True, enable_kv_events=True)
-    index = cluster.EventIndex(2)
+    index = router_index.EventIndex(2)
     prompt = [1, 2, 3, 4, 5]
-    keys = cluster.request_keys(np.asarray(prompt, dtype=np.uint32), 2)
+    keys = router_index.request_keys(np.asarray(prompt, dtype=np.uint32), 2)
     kv.add_sequence(1, prompt)
     index.apply_events(kv.take_events())
     assert index.match(keys) == 2
@@ -111,7 +110,7 @@ def test_event_digests_are_the_event_stream_with_tokens_digested() -> None:
                 continue
             digested.add_sequence(step, prompt, extra_key=key)
             live.append(step)
-        expected = cluster.event_digests(full.take_events())
+        expected = router_index.event_digests(full.take_events())
         assert digested.take_event_digests() == expected
         kinds.update(kind for kind, *_ in expected)
     assert kinds == {"BlockStored", "BlockRemoved", "AllBlocksCleared"}
@@ -197,3 +196,57 @@ def test_default_capacity_is_the_documented_h200_deployment() -> None:
     assert tokens == 830_379
     assert cluster.DEFAULT_NUM_SLOTS == cluster.ClusterConfig().num_slots == 829_952 == tokens // 512 * 512
     assert cluster.deployment_num_slots(16) == tokens // 16 * 16
+
+
+_ROW = '{{"timestamp": {ts}, "input_length": {n}, "output_length": 1, "hash_ids": [1]}}\n'
+
+
+@pytest.mark.parametrize(
+    "name, body, reason",
+    [
+        ("deep", ("[" * 100_000 + "]" * 100_000 + "\n").encode(), "nested too deeply"),
+        (
+            "deep_field",
+            ('{"timestamp": ' + "[" * 100_000 + "]" * 100_000 + "}\n").encode(),
+            "nested too deeply",
+        ),
+        ("length_1e400", _ROW.format(ts=0, n="1e400").encode(), "input_length must be an integer"),
+        ("length_float", _ROW.format(ts=0, n="10.0").encode(), "input_length must be an integer"),
+        ("length_bool", _ROW.format(ts=0, n="true").encode(), "input_length must be an integer"),
+        ("length_5000_digits", _ROW.format(ts=0, n="9" * 5000).encode(), "too many digits"),
+        ("timestamp_10_400", _ROW.format(ts=10**400, n=10).encode(), "timestamp out of range"),
+        ("timestamp_1e400", _ROW.format(ts="1e400", n=10).encode(), "timestamp out of range"),
+        ("timestamp_nan", _ROW.format(ts="NaN", n=10).encode(), "timestamp out of range"),
+        ("not_utf8", _ROW.format(ts=0, n=10).encode() + b'{"timestamp": "\xff\xfe"}\n', "not UTF-8"),
+        ("not_an_object", b"[1, 2]\n", "expected a JSON object"),
+        ("missing", b'{"timestamp": 0}\n', "missing input_length"),
+    ],
+)
+def test_cli_refuses_a_malformed_trace_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, body: bytes, reason: str
+) -> None:
+    # Each of these once escaped as a traceback (RecursionError, OverflowError,
+    # UnicodeDecodeError) or was read as another number (10.0, true): now one line on stderr
+    # naming the file and line, and exit status 2.
+    trace = tmp_path / f"{name}.jsonl"
+    trace.write_bytes(body)
+    assert cli.main(["cluster", "--workload", str(trace), "--replicas", "1", "--policy", "cost"]) == 2
+    captured = capsys.readouterr()
+    [line] = captured.err.splitlines()
+    assert f"{trace}:" in line and reason in line and "Traceback" not in captured.err, line
+
+
+def test_cli_runs_the_bundled_mooncake_trace_outside_a_checkout(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As after `pip install` in an empty folder: no $PAGEDKV_TRACES, no shared/traces.
+    from pagedkv.sim import traces
+
+    monkeypatch.delenv("PAGEDKV_TRACES", raising=False)
+    monkeypatch.setattr(traces, "_repo_roots", lambda: [])
+    monkeypatch.chdir(tmp_path)
+    argv = ["cluster", "--workload", "mooncake-conversation", "--max-requests", "200", "--replicas", "1"]
+    assert cli.main([*argv, "--policy", "cost"]) == 0
+    captured = capsys.readouterr()
+    assert "Mooncake trace release, Moonshot AI" in captured.err
+    assert "mooncake-conversation: 200 requests" in captured.err

@@ -1,4 +1,4 @@
-"""Replays of the real Azure traces (skipped when ../shared/traces is absent)."""
+"""Replays of the real Azure traces (the bundled copies, or a checkout's shared/traces)."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import math
 
 import numpy as np
 from pagedkv.sim.engine import SimConfig, simulate
-from sim_helpers import load_azure
+from pagedkv.sim.traces import known_trace_path, read_azure_csv
 
 
-def test_replay_azure_conversation_trace(traces_dir) -> None:
-    w = load_azure(traces_dir / "azure_llm_2023_conv.csv")
+def test_replay_azure_conversation_trace() -> None:
+    w = read_azure_csv(known_trace_path("azure-conv"))
     assert w.num_requests == 19_366
     longest = int((w.prompt_tokens + w.output_tokens).max())
     for allocator in ("paged", "contiguous-oracle"):
@@ -25,8 +25,8 @@ def test_replay_azure_conversation_trace(traces_dir) -> None:
         assert np.all(r.latency_s > 0)
 
 
-def test_paged_keeps_more_code_trace_requests_resident(traces_dir) -> None:
-    w = load_azure(traces_dir / "azure_llm_2023_code.csv")
+def test_paged_keeps_more_code_trace_requests_resident() -> None:
+    w = read_azure_csv(known_trace_path("azure-code"))
     longest = int((w.prompt_tokens + w.output_tokens).max())
     paged = simulate(w, SimConfig(num_slots=longest * 4, max_model_len=longest))
     oracle = simulate(

@@ -1,5 +1,8 @@
 """Azure-format trace reading: the real traces, and every kind of bad input named by file and line."""
 
+import gzip
+import hashlib
+
 import numpy as np
 import pytest
 from pagedkv.errors import InvalidArgumentError
@@ -86,18 +89,11 @@ def test_env_override_of_the_traces_folder(tmp_path, monkeypatch):
         traces.traces_dir()
 
 
-def _real_trace(short_name):
-    try:
-        return traces.known_trace_path(short_name)
-    except traces.TraceNotFoundError:
-        pytest.skip("the shared real traces are not present here")
-
-
 @pytest.mark.parametrize(
     "short_name, requests, span_s", [("azure-conv", 19366, 3502), ("azure-code", 8819, 3436)]
 )
 def test_real_traces(short_name, requests, span_s):
-    workload = traces.read_azure_csv(_real_trace(short_name))
+    workload = traces.read_azure_csv(traces.known_trace_path(short_name))
     assert len(workload.prompt_tokens) == requests
     assert workload.arrival_s[-1] == pytest.approx(span_s, abs=1.0)
     assert np.all(np.diff(workload.arrival_s) >= 0)
@@ -129,22 +125,34 @@ def test_named_traces_fall_back_to_the_bundled_copies(no_shared_traces):
     assert traces.is_azure_trace(path)
 
 
-def test_the_bundled_copy_equals_the_shared_one(traces_dir):
-    for file_name in traces.KNOWN_TRACES.values():
-        bundled = traces.read_azure_csv(traces.BUNDLED_TRACES_DIR / f"{file_name}.gz")
-        shared = traces.read_azure_csv(traces_dir / file_name)
-        np.testing.assert_array_equal(bundled.prompt_tokens, shared.prompt_tokens)
-        np.testing.assert_array_equal(bundled.output_tokens, shared.output_tokens)
-        np.testing.assert_array_equal(bundled.arrival_s, shared.arrival_s)
+# SHA-256 of the published files (the shared copies), uncompressed: the bundled copies are those
+# files, byte for byte, only gzip-compressed.
+PUBLISHED_SHA256 = {
+    "azure_llm_2023_code.csv": "54e9a6d2a4bd06ba1e060304b900abbc74cbea53de96506e60fe5bb4f2277fb6",
+    "azure_llm_2023_conv.csv": "2f1e5b666d4e3055fdbba98598ce2ec307767b9064e03e2fa46676dbcc7d0bf8",
+    "mooncake/conversation_trace.jsonl": "b8cbb061a85206d729d91cdc2981f43c9e0d99209dce588d3af5f7934408b9df",
+    "mooncake/synthetic_trace.jsonl": "bd070915a98fc0ed264d7cfef2ce746002eb3076a695ec31ba2674c0111ec131",
+}
 
 
-def test_gzip_traces_are_read_and_a_corrupt_one_is_named(tmp_path):
-    import gzip
+def test_the_bundled_copies_are_the_published_files():
+    assert set(PUBLISHED_SHA256) == {*traces.KNOWN_TRACES.values(), *traces.PREFIX_TRACES.values()}
+    for file_name, digest in PUBLISHED_SHA256.items():
+        with gzip.open(traces.BUNDLED_TRACES_DIR / f"{file_name}.gz", "rb") as handle:
+            assert hashlib.sha256(handle.read()).hexdigest() == digest, file_name
 
-    path = tmp_path / "mine.csv.gz"
-    path.write_bytes(gzip.compress((HEADER + "0,7,8\n1.5,9,2\n").encode()))
-    workload = traces.read_azure_csv(path)
-    assert workload.name == "mine.csv" and workload.prompt_tokens.tolist() == [7, 9]
-    path.write_bytes(gzip.compress((HEADER + "0,7,8\n").encode())[:-6])
-    with pytest.raises(traces.TraceError, match="mine.csv.gz: cannot read the trace"):
-        traces.read_azure_csv(path)
+
+def test_the_mooncake_traces_ship_in_the_package_with_their_license(no_shared_traces):
+    license_text = (traces.BUNDLED_TRACES_DIR / "mooncake" / "LICENSE-APACHE").read_text(encoding="utf-8")
+    assert "Apache License" in license_text and "Version 2.0" in license_text
+    attribution = (traces.BUNDLED_TRACES_DIR / "TRACES.md").read_text(encoding="utf-8")
+    assert "Mooncake trace release, Moonshot AI" in attribution and "Apache-2.0" in attribution
+    for short_name, requests, mean_input in [
+        ("mooncake-conversation", 12031, 12035),
+        ("mooncake-synthetic", 3993, 15325),
+    ]:
+        path = traces.known_trace_path(short_name)
+        assert path == traces.BUNDLED_TRACES_DIR / f"{traces.PREFIX_TRACES[short_name]}.gz"
+        rows = traces.read_mooncake_jsonl(path)
+        assert len(rows) == requests
+        assert sum(r.input_tokens for r in rows) / requests == pytest.approx(mean_input, abs=1)

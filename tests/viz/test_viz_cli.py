@@ -125,10 +125,7 @@ def test_trace_window_by_seed():
 def test_viz_on_a_real_trace(tmp_path):
     from pagedkv.sim import traces
 
-    try:
-        path = traces.known_trace_path("azure-code")
-    except Exception as error:  # the shared traces live outside the repository
-        pytest.skip(f"real traces not available: {error}")
+    path = traces.known_trace_path("azure-code")  # the bundled copy when no shared/traces
     out = tmp_path / "t.html"
     assert (
         main(

@@ -47,7 +47,7 @@ def contiguous_attention(
     Returns [num_q_heads, head_dim] in q's dtype; zeros when seq_len == 0.
     scale defaults to 1 / sqrt(head_dim).
     """
-    q, k, v = (val.plain_array(n, x) for n, x in (("q", q), ("k", k), ("v", v)))
+    q, k, v = (val.unwrap_ndarray_subclass(n, x) for n, x in (("q", q), ("k", k), ("v", v)))
     if val.check_backend(backend) == "numpy":
         return reference.contiguous_attention(q, k, v, scale)
     shape = val.check_contiguous_attention(q, k, v, scale, backend)
@@ -86,7 +86,7 @@ def paged_attention(
     ignores it.
     """
     q, k_cache, v_cache, block_tables, seq_lens = (
-        val.plain_array(n, x)
+        val.unwrap_ndarray_subclass(n, x)
         for n, x in (
             ("q", q),
             ("k_cache", k_cache),
@@ -123,7 +123,7 @@ def write_kv(
     block_id * block_size + offset, -1 skips a token; slots must be distinct.
     """
     k, v, k_cache, v_cache, slot_mapping = (
-        val.plain_array(n, x)
+        val.unwrap_ndarray_subclass(n, x)
         for n, x in (
             ("k", k),
             ("v", v),
@@ -147,9 +147,9 @@ def copy_blocks(k_caches: Any, v_caches: Any, copy_ops: Any, *, backend: str = "
     as if run one after another in order (kernel backends: one launch for all layers, more only
     when a copy depends on an earlier one).
     """
-    k_caches = val.plain_arrays("k_caches", k_caches)
-    v_caches = val.plain_arrays("v_caches", v_caches)
-    copy_ops = val.plain_array("copy_ops", copy_ops)
+    k_caches = val.unwrap_ndarray_subclasses("k_caches", k_caches)
+    v_caches = val.unwrap_ndarray_subclasses("v_caches", v_caches)
+    copy_ops = val.unwrap_ndarray_subclass("copy_ops", copy_ops)
     if val.check_backend(backend) == "numpy":
         reference.copy_blocks(k_caches, v_caches, copy_ops)
         return
@@ -167,7 +167,7 @@ def swap_blocks(src_cache: Any, dst_cache: Any, mapping: Any, *, backend: str = 
     array in pinned memory (cupyx.empty_pinned); copies are asynchronous on the current stream.
     """
     src_cache, dst_cache, mapping = (
-        val.plain_array(n, x)
+        val.unwrap_ndarray_subclass(n, x)
         for n, x in (("src_cache", src_cache), ("dst_cache", dst_cache), ("mapping", mapping))
     )
     if val.check_backend(backend) == "numpy":

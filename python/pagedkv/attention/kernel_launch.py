@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from pagedkv.attention import split_planning
+from pagedkv.attention import copy_planning, split_planning
 from pagedkv.attention import validation as val
 from pagedkv.attention.dtypes import nan_fill_value
 from pagedkv.errors import InvariantViolation
@@ -237,7 +237,7 @@ def copy_blocks(
 ) -> int:
     """Runs every layer's copies; returns the number of launches (hazard-free waves)."""
     xp = runner.xp
-    waves = val.copy_waves(copy_ops)
+    waves = copy_planning.copy_waves(copy_ops)
     if not waves:
         return 0
     addresses = xp.asarray(np.array([runner.address(c) for c in (*k_caches, *v_caches)], dtype=np.int64))
@@ -255,7 +255,7 @@ def copy_blocks(
 
 def swap_blocks(runner: Runner, src_cache: Any, dst_cache: Any, mapping: Any) -> int:
     """One memcpy per run of adjacent blocks; returns the number of copies issued."""
-    runs = val.merge_runs(mapping)
+    runs = copy_planning.merge_runs(mapping)
     block_bytes = int(src_cache.nbytes) // int(src_cache.shape[0]) if int(src_cache.shape[0]) else 0
     src_base, dst_base = runner.address(src_cache), runner.address(dst_cache)
     # The raw copies bypass the emulation harness's bounds check, so check every run here: a

@@ -5,6 +5,12 @@ The grid is a flat list of work tiles: sequence b's ``q_len * group`` packed (to
 rows are cut into tiles of ``PREFILL_ROWS``, and every tile runs once per KV head. Rows with no
 queries (``q_len == 0``) get no tile. The schedule is built on the host with NumPy (no Python loop
 over sequences) and uploaded with the page table.
+
+Work items (a tile, or one KV split of it) are dispatched longest first: the GPU hands out
+blocks roughly in grid order, and under a causal mask a sequence's last tiles read the most keys,
+so in row order the longest items would start last and leave the other SMs idle at the end of
+the launch (longest-processing-time-first list scheduling, as FlashAttention walks causal query
+blocks from the end).
 """
 
 from __future__ import annotations
@@ -143,6 +149,9 @@ def plan(runner: Runner, args: pval.PrefillArgs, num_splits: int | None = None) 
     first = np.cumsum(np.where(multi, splits, 0)) - np.where(multi, splits, 0)  # first slot per base
     partial = np.where(multi[base], first[base] + split_index, -1)
     num_partials = int(np.where(multi, splits, 0).sum())
+    # Keys each work item reads; dispatch order: most first (stable: ties keep row order).
+    item_keys = np.minimum(tokens_per_split, kv_needed[base] - split_index * tokens_per_split)
+    order = np.argsort(-item_keys, kind="stable")
     xp = runner.xp
 
     def dev(x: np.ndarray) -> Any:
@@ -153,10 +162,10 @@ def plan(runner: Runner, args: pval.PrefillArgs, num_splits: int | None = None) 
         dev(args.table.row_start),
         xp.asarray(args.seq_lens),
         xp.asarray(args.query_start_loc),
-        dev(base_seq[base]),
-        dev(base_row0[base]),
-        dev(split_index),
-        dev(partial),
+        dev(base_seq[base][order]),
+        dev(base_row0[base][order]),
+        dev(split_index[order]),
+        dev(partial[order]),
     )
     merging = np.flatnonzero(multi)
     merge_metadata = (

@@ -68,7 +68,7 @@ class PrefillArgs:
     shape: PrefillShape
 
 
-def plain_array(name: str, x: Any, backend: str) -> Any:
+def require_plain_array(name: str, x: Any, backend: str) -> Any:
     """``x`` as a plain ndarray (subclasses such as np.matrix become ndarrays; masked arrays are
     refused: their mask would be silently dropped). backend='cuda': a CuPy array, returned as is."""
     if backend == "cuda" and val.is_cupy_array(x):
@@ -83,7 +83,7 @@ def plain_array(name: str, x: Any, backend: str) -> Any:
 
 def host_int_array(name: str, x: Any, ndim: int, backend: str) -> np.ndarray:
     """An int32 metadata array as a plain, C-contiguous host ndarray of rank ``ndim``."""
-    x = plain_array(name, x, backend)
+    x = require_plain_array(name, x, backend)
     if val.is_cupy_array(x):
         x = x.get()
     if x.dtype != np.int32:
@@ -96,9 +96,9 @@ def host_int_array(name: str, x: Any, ndim: int, backend: str) -> np.ndarray:
 
 
 def _check_tensors(q: Any, k_cache: Any, v_cache: Any, backend: str) -> tuple[Any, Any, Any, str]:
-    q = plain_array("q", q, backend)
-    k_cache = plain_array("k_cache", k_cache, backend)
-    v_cache = plain_array("v_cache", v_cache, backend)
+    q = require_plain_array("q", q, backend)
+    k_cache = require_plain_array("k_cache", k_cache, backend)
+    v_cache = require_plain_array("v_cache", v_cache, backend)
     if backend == "cuda":
         for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
             if not val.is_cupy_array(x):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pagedkv.attention import copy_planning
 from pagedkv.attention import validation as val
 from pagedkv.attention.dtypes import compute_dtype, from_compute, to_compute
 
@@ -110,7 +111,7 @@ def copy_blocks(k_caches: list[np.ndarray], v_caches: list[np.ndarray], copy_ops
 
 def swap_blocks(src_cache: np.ndarray, dst_cache: np.ndarray, mapping: np.ndarray) -> int:
     val.check_swap_blocks(src_cache, dst_cache, mapping, backend="numpy")
-    runs = val.merge_runs(mapping)
+    runs = copy_planning.merge_runs(mapping)
     for src, dst, count in runs:
         dst_cache[dst : dst + count] = src_cache[src : src + count]
     return len(runs)

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from pagedkv.attention import split_planning
-from pagedkv.errors import PagedKvError
+from pagedkv.errors import CudaUnavailableError
 from pagedkv.kernels import KERNEL_DIR, cubin_cache, emulation, instances, nvrtc
 from pagedkv.kernels.instances import Instance
 
@@ -61,10 +61,6 @@ class EmulatedRunner:
 
     def upload_done(self, token: Any) -> None:
         """Returns once the upload that returned ``token`` has read its host buffer (at once here)."""
-
-
-class CudaUnavailableError(PagedKvError):
-    """backend='cuda' was asked for but CuPy or a CUDA device is missing."""
 
 
 class CudaRunner:

@@ -41,8 +41,9 @@ class AttentionShape:
     use_tensor_cores: bool | None = None  # decode kernel: None = the launcher's rule (see instances)
 
 
-def plain_array(name: str, x: Any) -> Any:
-    """``x`` as a plain ``numpy.ndarray`` when it is an ndarray subclass; anything else unchanged.
+def unwrap_ndarray_subclass(name: str, x: Any) -> Any:
+    """``x`` as a plain ``numpy.ndarray`` when it is an ndarray subclass; anything else unchanged
+    (the checks after it report a wrong type).
 
     Validation must see the values a kernel or the NumPy reference will use. A subclass can
     override ``min``/``max``/``any``/``tolist`` (a ``numpy.ma.MaskedArray`` skips masked entries,
@@ -59,11 +60,11 @@ def plain_array(name: str, x: Any) -> Any:
     return x
 
 
-def plain_arrays(name: str, xs: Any) -> Any:
-    """``plain_array`` over each element of a list or tuple of per-layer caches (``xs`` unchanged
+def unwrap_ndarray_subclasses(name: str, xs: Any) -> Any:
+    """``unwrap_ndarray_subclass`` over each element of a list or tuple of per-layer caches (``xs`` unchanged
     when it is neither: the validation reports that)."""
     if isinstance(xs, (list, tuple)):
-        return [plain_array(f"{name}[{i}]", x) for i, x in enumerate(xs)]
+        return [unwrap_ndarray_subclass(f"{name}[{i}]", x) for i, x in enumerate(xs)]
     return xs
 
 
@@ -513,31 +514,6 @@ def check_copy_blocks(k_caches: Any, v_caches: Any, copy_ops: Any, backend: str)
     return kind, copy_ops
 
 
-def copy_waves(copy_ops: np.ndarray) -> list[np.ndarray]:
-    """Splits copy_ops [N, 2] (host int32) into launches with no hazard inside one launch.
-
-    The copies take effect as if run one at a time in order; a launch runs its copies in
-    parallel, so a copy that reads or writes a block an earlier copy of the same launch writes
-    (or writes a block it reads) starts a new launch. Self-copies are dropped. Usually one wave.
-    """
-    waves: list[np.ndarray] = []
-    current: list[tuple[int, int]] = []
-    reads: set[int] = set()
-    writes: set[int] = set()
-    for src, dst in copy_ops.tolist():
-        if src == dst:
-            continue
-        if src in writes or dst in writes or dst in reads:
-            waves.append(np.array(current, dtype=np.int32))
-            current, reads, writes = [], set(), set()
-        current.append((src, dst))
-        reads.add(src)
-        writes.add(dst)
-    if current:
-        waves.append(np.array(current, dtype=np.int32))
-    return waves
-
-
 def check_swap_blocks(src_cache: Any, dst_cache: Any, mapping: Any, backend: str) -> str:
     """Validates a swap_blocks call; returns the KV kind. With backend='cuda' either cache may be a
     CuPy array or a NumPy array in pinned host memory (not both NumPy)."""
@@ -590,16 +566,3 @@ def check_swap_blocks(src_cache: Any, dst_cache: Any, mapping: Any, backend: str
         if np.unique(dst).shape[0] != dst.shape[0]:
             raise InvalidArgumentError("mapping names one destination block twice")
     return kind
-
-
-def merge_runs(mapping: Any) -> list[tuple[int, int, int]]:
-    """(src_start, dst_start, num_blocks) copies covering mapping [N, 2]: sorted by source, and a
-    block whose source and destination both follow the previous one's joins its run."""
-    m = mapping.get() if is_cupy_array(mapping) else np.asarray(mapping)
-    runs: list[tuple[int, int, int]] = []
-    for src, dst in sorted(m.tolist()):
-        if runs and runs[-1][0] + runs[-1][2] == src and runs[-1][1] + runs[-1][2] == dst:
-            runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
-        else:
-            runs.append((src, dst, 1))
-    return runs

@@ -22,7 +22,7 @@ _POLICY_CHOICES = ("all", "round-robin", "least-loaded", "longest-prefix", "cost
 def _workload(text: str) -> str:
     from pagedkv.sim.cluster import WORKLOADS
 
-    if text in WORKLOADS or text.endswith(".jsonl"):
+    if text in WORKLOADS or text.endswith((".jsonl", ".jsonl.gz")):
         return text
     raise argparse.ArgumentTypeError(f"expected one of {', '.join(WORKLOADS)} or a .jsonl path, got {text!r}")
 
@@ -61,6 +61,8 @@ def _plot(rows: list[dict[str, Any]], title: str, path: str) -> None:
 
 def _cmd_cluster(args: argparse.Namespace) -> int:
     from pagedkv.sim import cluster, reports
+    from pagedkv.sim.names import PREFIX_TRACES
+    from pagedkv.sim.traces import MOONCAKE_ATTRIBUTION
 
     check_outputs(args)
     config = cluster.ClusterConfig(
@@ -70,6 +72,8 @@ def _cmd_cluster(args: argparse.Namespace) -> int:
         decode_s_per_token=args.decode_s_per_token,
     )
     requests = cluster.load_requests(args.workload, seed=args.seed, max_requests=args.max_requests)
+    if args.workload in PREFIX_TRACES:
+        print(MOONCAKE_ATTRIBUTION, file=sys.stderr)
     policies = list(cluster.POLICIES) if args.policy == "all" else [args.policy]
     print(
         f"{args.workload}: {len(requests):,} requests, {config.num_slots:,} slots per replica "
@@ -146,8 +150,8 @@ def register(subparsers: Any) -> None:
         "--workload",
         type=_workload,
         default="mooncake-conversation",
-        help="mooncake-conversation | mooncake-synthetic | system-prompt | multi-turn | PATH.jsonl "
-        "(Mooncake format)",
+        help="mooncake-conversation | mooncake-synthetic (both bundled) | system-prompt | multi-turn | "
+        "PATH.jsonl[.gz] (Mooncake format)",
     )
     parser.add_argument("--replicas", type=_replica_counts, default=[1, 2, 4, 8, 16], help="e.g. 1,2,4,8,16")
     parser.add_argument("--policy", choices=_POLICY_CHOICES, default="all")

@@ -1,16 +1,15 @@
 """Cache-aware routing across replicas: N engines, each with its own ``KvCacheManager`` and prefix
 cache, behind a router that knows only what the replicas' KV-event streams tell it.
 
-A request is a list of prefix-block ids in the Mooncake trace format (``hash_ids``: chained ids,
-``TRACE_BLOCK_TOKENS`` tokens each, the last one possibly partial). Block id ``h`` stands for the
-token ids ``h * 512 + [0, 512)`` (deterministic, distinct per block), so two requests share
-exactly the tokens their id lists share; the replicas hash those tokens like any prompt.
+A request (`traces.TraceRequest`) is a list of prefix-block ids in the Mooncake trace format
+(``hash_ids``: chained ids, ``TRACE_BLOCK_TOKENS`` tokens each, the last one possibly partial).
+Block id ``h`` stands for the token ids ``h * 512 + [0, 512)`` (deterministic, distinct per
+block), so two requests share exactly the tokens their id lists share; the replicas hash those
+tokens like any prompt.
 
-The router indexes events the way Dynamo's KV router does: it never sees the engines' hash
-function; for each ``BlockStored`` it keys every block by its own chained key of the block's
-token ids (parent key, token bytes), and it drops keys on ``BlockRemoved`` /
-``AllBlocksCleared``. A new request is keyed the same way, so its match on a replica is the
-number of leading blocks of the request the replica has announced and not yet removed.
+The router indexes events the way Dynamo's KV router does (`pagedkv.sim.router_index`): a
+request's match on a replica is the number of its leading blocks the replica has announced in
+its KV events and not yet removed. Trace reading is `pagedkv.sim.traces`.
 
 Time model (one replica): prefill runs one request at a time at ``prefill_tokens_per_s`` for the
 tokens the prefix cache did not cover; decode is batched and takes ``decode_s_per_token`` per
@@ -24,21 +23,20 @@ sees an optimistic, equally timely view under every cache-aware policy).
 from __future__ import annotations
 
 import heapq
-import json
-import math
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 import pagedkv
-from pagedkv._core import token_block_digests
 from pagedkv.errors import InvalidArgumentError
-from pagedkv.events import AllBlocksCleared, BlockRemoved, BlockStored
 from pagedkv.sim.costmodel import LLAMA3_8B
+from pagedkv.sim.names import PREFIX_TRACES
+from pagedkv.sim.router_index import EventIndex, request_keys
+from pagedkv.sim.traces import TRACE_BLOCK_TOKENS, TraceRequest, known_trace_path, read_mooncake_jsonl
+from pagedkv.sim.workloads import system_prompt
 
 __all__ = [
     "TRACE_BLOCK_TOKENS",
@@ -46,13 +44,8 @@ __all__ = [
     "deployment_num_slots",
     "POLICIES",
     "WORKLOADS",
-    "Request",
+    "TraceRequest",
     "ClusterConfig",
-    "EventDigest",
-    "EventIndex",
-    "event_digests",
-    "chain_key",
-    "request_keys",
     "load_requests",
     "block_tokens",
     "ideal_hit_rate",
@@ -60,25 +53,8 @@ __all__ = [
     "sweep",
 ]
 
-TRACE_BLOCK_TOKENS = 512
-"""Tokens per Mooncake trace block (``hash_ids`` entry)."""
-
 POLICIES = ("round-robin", "least-loaded", "longest-prefix", "cost")
-WORKLOADS = ("mooncake-conversation", "mooncake-synthetic", "system-prompt", "multi-turn")
-_TRACE_FILES = {
-    "mooncake-conversation": "mooncake/conversation_trace.jsonl",
-    "mooncake-synthetic": "mooncake/synthetic_trace.jsonl",
-}
-
-
-@dataclass(frozen=True)
-class Request:
-    """One request: arrival (s), prompt length, output length, prefix-block ids (512 tokens each)."""
-
-    arrival_s: float
-    input_tokens: int
-    output_tokens: int
-    hash_ids: tuple[int, ...]
+WORKLOADS = (*PREFIX_TRACES, "system-prompt", "multi-turn")
 
 
 # -- the default deployment: Llama-3-8B (bf16) on one H200 per replica ----------------------------
@@ -137,58 +113,41 @@ class ClusterConfig:
 
 
 # -- workloads ------------------------------------------------------------------------------------
-def _parse_jsonl(lines: Iterable[str], origin: str) -> list[Request]:
-    requests = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            ids = tuple(int(h) for h in row["hash_ids"])
-            request = Request(
-                arrival_s=float(row["timestamp"]) / 1000.0,
-                input_tokens=int(row["input_length"]),
-                output_tokens=int(row["output_length"]),
-                hash_ids=ids,
-            )
-        except (ValueError, KeyError, TypeError) as error:
-            raise InvalidArgumentError(f"{origin}:{number}: not a Mooncake trace line ({error})") from None
-        if (
-            request.input_tokens < 1
-            or request.output_tokens < 0
-            or not math.isfinite(request.arrival_s)
-            or len(ids) != -(-request.input_tokens // TRACE_BLOCK_TOKENS)
-            or any(not 0 <= h < 2**22 for h in ids)
-        ):
-            raise InvalidArgumentError(
-                f"{origin}:{number}: needs input_length >= 1, output_length >= 0, a finite timestamp "
-                "and one hash id in [0, 2**22) per 512 prompt tokens"
-            )
-        requests.append(request)
-    if not requests:
-        raise InvalidArgumentError(f"{origin}: no requests")
-    requests.sort(key=lambda r: r.arrival_s)  # stable: the trace's order among equal times
-    return requests
-
-
-def _system_prompt(seed: int, num_requests: int = 4000, rate_per_s: float = 8.0) -> list[Request]:
-    """Eight system prompts of 4 blocks (2,048 tokens), popularity skewed (Zipf-like), each
-    request adding 1-3 blocks of its own; Poisson arrivals."""
-    rng = random.Random(seed)
-    prompts = [tuple(range(p * 4, p * 4 + 4)) for p in range(8)]
-    weights = [1.0 / (rank + 1) for rank in range(8)]
-    next_id, t, out = 32, 0.0, []
-    for _ in range(num_requests):
-        t += rng.expovariate(rate_per_s)
-        own = rng.randint(1, 3)
-        ids = rng.choices(prompts, weights)[0] + tuple(range(next_id, next_id + own))
+def _system_prompt(seed: int, num_requests: int = 4000, rate_per_s: float = 8.0) -> list[TraceRequest]:
+    """The simulator's one system-prompt workload (`workloads.system_prompt`) as prefix blocks:
+    8 system prompts of 4 trace blocks (2,048 tokens), each request adding 1 to 1,536 tokens of
+    its own; Poisson arrivals. System prompt ``p`` is blocks ``4p .. 4p+3``; a request's own
+    blocks get fresh ids, so requests share exactly their system prompt."""
+    prompt_blocks = 4
+    workload = system_prompt(
+        num_requests,
+        num_system_prompts=8,
+        system_prompt_tokens=prompt_blocks * TRACE_BLOCK_TOKENS,
+        suffix_tokens=(1, 3 * TRACE_BLOCK_TOKENS),
+        output_tokens=(50, 400),
+        seed=seed,
+        max_model_len=(prompt_blocks + 3) * TRACE_BLOCK_TOKENS + 400,
+        arrival_rate_per_s=rate_per_s,
+    )
+    assert workload.prefix_id is not None
+    next_id, out = 8 * prompt_blocks, []
+    for arrival, prompt, output, prefix in zip(
+        workload.arrival_s.tolist(),
+        workload.prompt_tokens.tolist(),
+        workload.output_tokens.tolist(),
+        workload.prefix_id.tolist(),
+        strict=True,
+    ):
+        own = -(-prompt // TRACE_BLOCK_TOKENS) - prompt_blocks
+        ids = tuple(range(prefix * prompt_blocks, (prefix + 1) * prompt_blocks)) + tuple(
+            range(next_id, next_id + own)
+        )
         next_id += own
-        tokens = (len(ids) - 1) * TRACE_BLOCK_TOKENS + rng.randint(1, TRACE_BLOCK_TOKENS)
-        out.append(Request(t, tokens, rng.randint(50, 400), ids))
+        out.append(TraceRequest(arrival, prompt, output, ids))
     return out
 
 
-def _multi_turn(seed: int, num_conversations: int = 600, rate_per_s: float = 1.0) -> list[Request]:
+def _multi_turn(seed: int, num_conversations: int = 600, rate_per_s: float = 1.0) -> list[TraceRequest]:
     """Chats: 2-8 turns each; turn k's prompt is the whole history plus 1-2 new blocks; turns
     are 5-60 s apart; conversations start as a Poisson process."""
     rng = random.Random(seed)
@@ -202,31 +161,23 @@ def _multi_turn(seed: int, num_conversations: int = 600, rate_per_s: float = 1.0
             history = history + tuple(range(next_id, next_id + new))
             next_id += new
             tokens = (len(history) - 1) * TRACE_BLOCK_TOKENS + rng.randint(1, TRACE_BLOCK_TOKENS)
-            out.append(Request(t, tokens, rng.randint(50, 400), history))
+            out.append(TraceRequest(t, tokens, rng.randint(50, 400), history))
             t += rng.uniform(5.0, 60.0)
     out.sort(key=lambda r: r.arrival_s)
     return out
 
 
-def load_requests(workload: str, *, seed: int = 0, max_requests: int | None = None) -> list[Request]:
-    """A named workload (``WORKLOADS``) or a Mooncake-format ``.jsonl`` path, in arrival order."""
-    if workload in _TRACE_FILES:
-        from pagedkv.sim.traces import traces_dir
-
-        path = traces_dir() / _TRACE_FILES[workload]
-        with open(path, encoding="utf-8") as handle:
-            requests = _parse_jsonl(handle, str(path))
+def load_requests(workload: str, *, seed: int = 0, max_requests: int | None = None) -> list[TraceRequest]:
+    """A named workload (``WORKLOADS``) or a Mooncake-format ``.jsonl`` (or ``.jsonl.gz``) path,
+    in arrival order. The Mooncake traces ship in the package (`traces.known_trace_path`)."""
+    if workload in PREFIX_TRACES:
+        requests = read_mooncake_jsonl(known_trace_path(workload))
     elif workload == "system-prompt":
         requests = _system_prompt(seed)
     elif workload == "multi-turn":
         requests = _multi_turn(seed)
-    elif workload.endswith(".jsonl"):
-        path = Path(workload)
-        try:
-            with open(path, encoding="utf-8") as handle:
-                requests = _parse_jsonl(handle, str(path))
-        except OSError as error:
-            raise InvalidArgumentError(f"cannot read {workload}: {error.strerror}") from None
+    elif workload.endswith((".jsonl", ".jsonl.gz")):
+        requests = read_mooncake_jsonl(workload)
     else:
         raise InvalidArgumentError(
             f"unknown workload {workload!r}: one of {', '.join(WORKLOADS)} or a .jsonl path"
@@ -234,14 +185,14 @@ def load_requests(workload: str, *, seed: int = 0, max_requests: int | None = No
     return requests[:max_requests] if max_requests else requests
 
 
-def block_tokens(request: Request) -> np.ndarray:
+def block_tokens(request: TraceRequest) -> np.ndarray:
     """The request's prompt token ids (uint32): block id ``h`` is ``h * 512 + [0, 512)``."""
     ids = np.asarray(request.hash_ids, dtype=np.uint32)
     tokens = (ids[:, None] * TRACE_BLOCK_TOKENS + np.arange(TRACE_BLOCK_TOKENS, dtype=np.uint32)).ravel()
     return tokens[: request.input_tokens]
 
 
-def ideal_hit_rate(requests: Sequence[Request], block_size: int) -> float:
+def ideal_hit_rate(requests: Sequence[TraceRequest], block_size: int) -> float:
     """Token hit rate of an infinite, never-evicting prefix cache, from the ``hash_ids`` alone:
     a request hits its longest run of leading full KV blocks whose tokens an earlier request
     already held in full blocks (KV blocks of ``block_size``, a divisor of 512)."""
@@ -264,97 +215,6 @@ def ideal_hit_rate(requests: Sequence[Request], block_size: int) -> float:
         total += request.input_tokens
         seen.update(keys)
     return hits / total if total else 0.0
-
-
-# -- the router's view: KV events only ------------------------------------------------------------
-EventDigest = tuple[str, list[int], "int | None", list[int]]
-"""``KvCacheManager.take_event_digests()``'s form of one event: (kind, block_hashes,
-parent_block_hash, block_digests)."""
-
-
-class EventIndex:
-    """What a router knows of one replica's prefix cache, built from its KV events only.
-
-    Like Dynamo's radix tree, it keys a stored block by the router's own chain of block digests
-    (parent key, digest of the block's tokens) and remembers which engine hash names which key,
-    so that ``BlockRemoved`` (engine hashes only) can drop it. The digests come from the events'
-    ``token_ids`` (``take_event_digests`` folds them in Rust; ``apply_events`` does it for event
-    objects): the index learns nothing the event stream does not say."""
-
-    def __init__(self, block_size: int) -> None:
-        self.block_size = block_size
-        self._keys: set[int] = set()
-        self._key_of_hash: dict[int, int] = {}
-
-    def apply(self, events: Iterable[EventDigest]) -> None:
-        """Applies events in ``take_event_digests()`` form, oldest first."""
-        keys, key_of_hash = self._keys, self._key_of_hash
-        for kind, block_hashes, parent_hash, digests in events:
-            if kind == "BlockStored":
-                parent = 0 if parent_hash is None else key_of_hash.get(parent_hash)
-                if parent is None:  # a parent the router never saw (a missed event): skip
-                    continue
-                for engine_hash, digest in zip(block_hashes, digests, strict=True):
-                    parent = chain_key(parent, digest)
-                    keys.add(parent)
-                    key_of_hash[engine_hash] = parent
-            elif kind == "BlockRemoved":
-                for engine_hash in block_hashes:
-                    key = key_of_hash.pop(engine_hash, None)
-                    if key is not None:
-                        keys.discard(key)
-            elif kind == "AllBlocksCleared":
-                keys.clear()
-                key_of_hash.clear()
-
-    def apply_events(self, events: Iterable[Any]) -> None:
-        """Applies ``take_events()`` objects (digesting each stored block's ``token_ids``)."""
-        self.apply(event_digests(events))
-
-    def match(self, keys: Sequence[int]) -> int:
-        """Leading blocks of a request (its chained keys) this replica has announced."""
-        matched = 0
-        for key in keys:
-            if key not in self._keys:
-                break
-            matched += 1
-        return matched
-
-    def __len__(self) -> int:
-        return len(self._keys)
-
-
-def event_digests(events: Iterable[Any]) -> list[EventDigest]:
-    """``take_events()`` objects in ``take_event_digests()`` form."""
-    out: list[EventDigest] = []
-    for event in events:
-        if isinstance(event, BlockStored):
-            extra = event.extra_keys[0] if event.extra_keys else None
-            digests = token_block_digests(
-                np.asarray(event.token_ids, dtype=np.uint32),
-                event.block_size,
-                extra_key=None if extra is None else extra[0],
-            )
-            out.append(("BlockStored", list(event.block_hashes), event.parent_block_hash, digests.tolist()))
-        elif isinstance(event, BlockRemoved):
-            out.append(("BlockRemoved", list(event.block_hashes), None, []))
-        elif isinstance(event, AllBlocksCleared):
-            out.append(("AllBlocksCleared", [], None, []))
-    return out
-
-
-def chain_key(parent: int, digest: int) -> int:
-    """The router's own chained block key: (parent key, digest of the block's token ids)."""
-    return hash((parent, digest))
-
-
-def request_keys(tokens: np.ndarray, block_size: int) -> list[int]:
-    """A request's chained block keys, one per full block, as the router computes them."""
-    keys, parent = [], 0
-    for digest in token_block_digests(tokens, block_size).tolist():
-        parent = chain_key(parent, digest)
-        keys.append(parent)
-    return keys
 
 
 # -- replicas and the simulation ------------------------------------------------------------------
@@ -407,7 +267,7 @@ def _choose(
 
 
 def simulate_cluster(
-    requests: Sequence[Request],
+    requests: Sequence[TraceRequest],
     replicas: int,
     policy: str,
     config: ClusterConfig = ClusterConfig(),
@@ -511,7 +371,7 @@ def simulate_cluster(
 
 
 def sweep(
-    requests: Sequence[Request],
+    requests: Sequence[TraceRequest],
     replica_counts: Sequence[int],
     policies: Sequence[str],
     config: ClusterConfig = ClusterConfig(),

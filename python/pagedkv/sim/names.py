@@ -15,6 +15,7 @@ __all__ = [
     "PREEMPTIONS",
     "SYNTHETIC_WORKLOADS",
     "KNOWN_TRACES",
+    "PREFIX_TRACES",
     "TRACE_WORKLOADS",
     "WORKLOAD_CHOICES",
     "allocator_label",
@@ -44,6 +45,12 @@ KNOWN_TRACES = {
     "azure-code": "azure_llm_2023_code.csv",
 }
 TRACE_WORKLOADS = tuple(KNOWN_TRACES)
+# The Mooncake prefix-sharing traces of `pagedkv cluster` (--workload mooncake-conversation), by
+# path in a traces folder (JSONL: timestamp, lengths and chained prefix-block ids).
+PREFIX_TRACES = {
+    "mooncake-conversation": "mooncake/conversation_trace.jsonl",
+    "mooncake-synthetic": "mooncake/synthetic_trace.jsonl",
+}
 WORKLOAD_CHOICES = SYNTHETIC_WORKLOADS + TRACE_WORKLOADS
 
 

@@ -1,11 +1,15 @@
-"""Request traces in the Azure LLM inference format: ``TIMESTAMP,ContextTokens,GeneratedTokens``.
+"""Request traces: the Azure LLM inference format (``TIMESTAMP,ContextTokens,GeneratedTokens``,
+read into a `Workload`) and the Mooncake prefix-sharing format (JSONL with chained prefix-block
+ids, read into `TraceRequest` records for `pagedkv.sim.cluster`).
 
-``TIMESTAMP`` is ``YYYY-MM-DD HH:MM:SS[.fffffff]`` (any number of fractional digits) or a plain
-number of seconds; arrivals are returned relative to the first row. Every problem is reported as a
-`TraceError` naming the file and the 1-based line.
+An Azure ``TIMESTAMP`` is ``YYYY-MM-DD HH:MM:SS[.fffffff]`` (any number of fractional digits) or a
+plain number of seconds; arrivals are returned relative to the first row. Every problem is
+reported as a `TraceError` naming the file and the 1-based line.
 
-The two Azure traces (CC-BY 4.0) ship gzip-compressed inside the package (``pagedkv/sim/data``,
-attribution in ``TRACES.md`` there), so ``--workload azure-conv`` works after ``pip install``.
+The two Azure traces (CC-BY 4.0) and the two Mooncake traces (Apache-2.0) ship gzip-compressed
+inside the package (``pagedkv/sim/data``, attribution in ``TRACES.md`` there, the Apache license
+in ``data/mooncake``), so ``--workload azure-conv`` and ``mooncake-conversation`` work after
+``pip install``.
 ``$PAGEDKV_TRACES``, or a ``shared/traces`` folder next to a checkout, overrides those copies.
 A trace file may itself be gzip-compressed (a name ending in ``.gz``).
 """
@@ -15,25 +19,32 @@ from __future__ import annotations
 import datetime as _dt
 import gzip
 import io
+import json
 import math
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.sim.engine import Workload
-from pagedkv.sim.names import KNOWN_TRACES
+from pagedkv.sim.names import KNOWN_TRACES, PREFIX_TRACES
 
 __all__ = [
     "TraceError",
     "TraceNotFoundError",
     "TRACE_COLUMNS",
     "KNOWN_TRACES",
+    "PREFIX_TRACES",
     "AZURE_ATTRIBUTION",
+    "MOONCAKE_ATTRIBUTION",
     "BUNDLED_TRACES_DIR",
     "read_azure_csv",
+    "TRACE_BLOCK_TOKENS",
+    "TraceRequest",
+    "read_mooncake_jsonl",
     "traces_dir",
     "known_trace_path",
     "is_azure_trace",
@@ -43,6 +54,8 @@ TRACE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 
 # The Azure traces are CC-BY 4.0: results computed from them carry this attribution.
 AZURE_ATTRIBUTION = "Data: Azure LLM inference trace 2023, Azure Public Dataset, Microsoft (CC-BY 4.0)"
+# The Mooncake traces are Apache-2.0; their release asks for this attribution.
+MOONCAKE_ATTRIBUTION = "Data: Mooncake trace release, Moonshot AI (Apache-2.0)"
 # The copies inside the package, gzip-compressed (``<file name>.gz``).
 BUNDLED_TRACES_DIR = Path(__file__).resolve().parent / "data"
 
@@ -258,17 +271,19 @@ def traces_dir() -> Path:
 
 
 def known_trace_path(short_name: str) -> Path:
-    """Path of one of `KNOWN_TRACES` (``azure-conv``, ``azure-code``).
+    """Path of one of `KNOWN_TRACES` (``azure-conv``, ``azure-code``) or `PREFIX_TRACES`
+    (``mooncake-conversation``, ``mooncake-synthetic``).
 
     ``$PAGEDKV_TRACES`` is authoritative when set: the file (or its ``.gz``) must be there.
     Otherwise a checkout's ``shared/traces`` copy is used when present, else the copy bundled
     in the package.
     """
-    if short_name not in KNOWN_TRACES:
+    file_names = {**KNOWN_TRACES, **PREFIX_TRACES}
+    if short_name not in file_names:
         raise InvalidArgumentError(
-            f"unknown trace {_quote(short_name)}: expected one of {', '.join(KNOWN_TRACES)}"
+            f"unknown trace {_quote(short_name)}: expected one of {', '.join(file_names)}"
         )
-    file_name = KNOWN_TRACES[short_name]
+    file_name = file_names[short_name]
     folders: list[Path] = []
     try:
         folders.append(traces_dir())
@@ -289,3 +304,115 @@ def known_trace_path(short_name: str) -> Path:
 def is_azure_trace(path: str | os.PathLike) -> bool:
     """Whether ``path`` names one of the Azure traces (whose results carry `AZURE_ATTRIBUTION`)."""
     return Path(path).name.startswith("azure_llm_")
+
+
+# -- the Mooncake format: prefix-block ids per request ---------------------------------------------
+TRACE_BLOCK_TOKENS = 512
+"""Tokens per Mooncake trace block (``hash_ids`` entry)."""
+MAX_HASH_ID = 2**22
+"""Hash ids lie in ``[0, MAX_HASH_ID)``: ``id * 512 + 511`` stays a uint32 token id."""
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    """One request of a prefix-sharing trace: arrival (s), prompt length, output length and its
+    chained prefix-block ids (``TRACE_BLOCK_TOKENS`` tokens each, the last one possibly partial).
+
+    Not the engine's `pagedkv.engine.request.Request` (token ids and sampling state): this one
+    carries lengths and block ids only, what the cluster simulator replays."""
+
+    arrival_s: float
+    input_tokens: int
+    output_tokens: int
+    hash_ids: tuple[int, ...]
+
+
+def _json_int(row: dict, key: str) -> int:
+    value = row[key]
+    # JSON has one number type: 7.0 or 1e400 (a float, inf) is not a token count.
+    if type(value) is not int:
+        raise ValueError(f"{key} must be an integer, got {_quote(json.dumps(value)[:200])}")
+    return value
+
+
+def _mooncake_request(line: str) -> TraceRequest:
+    """One JSONL line as a `TraceRequest`; ValueError (with the reason) when it is not one."""
+    try:
+        row = json.loads(line)
+    except RecursionError:  # a deeply nested line ([[[[...]]]]): not a trace row
+        raise ValueError("nested too deeply to be a trace row") from None
+    except json.JSONDecodeError as error:
+        raise ValueError(f"not JSON ({error.msg} at column {error.colno})") from None
+    except ValueError:  # an integer of more than 4,300 digits (Python's int-from-str limit)
+        raise ValueError("a number with too many digits") from None
+    if not isinstance(row, dict):
+        raise ValueError("expected a JSON object")
+    missing = [k for k in ("timestamp", "input_length", "output_length", "hash_ids") if k not in row]
+    if missing:
+        raise ValueError(f"missing {', '.join(missing)}")
+    stamp = row["timestamp"]
+    if type(stamp) not in (int, float):
+        raise ValueError(f"timestamp must be a number of milliseconds, got {_quote(str(stamp))}")
+    try:
+        arrival_s = float(stamp) / 1000.0
+    except OverflowError:  # an integer beyond a float (10**400)
+        raise ValueError("timestamp out of range") from None
+    if not (math.isfinite(arrival_s) and abs(arrival_s) <= MAX_TRACE_SPAN_S):
+        raise ValueError(f"timestamp out of range (at most {MAX_TRACE_SPAN_S * 1000:.3g} ms)")
+    input_tokens = _json_int(row, "input_length")
+    output_tokens = _json_int(row, "output_length")
+    if not (1 <= input_tokens <= MAX_TRACE_TOKENS and 0 <= output_tokens <= MAX_TRACE_TOKENS):
+        raise ValueError(
+            f"needs 1 <= input_length <= {MAX_TRACE_TOKENS} and 0 <= output_length <= {MAX_TRACE_TOKENS}"
+        )
+    ids = row["hash_ids"]
+    if not isinstance(ids, list) or any(type(h) is not int or not 0 <= h < MAX_HASH_ID for h in ids):
+        raise ValueError("hash_ids must be a list of integers in [0, 2**22)")
+    if len(ids) != -(-input_tokens // TRACE_BLOCK_TOKENS):
+        raise ValueError(
+            f"{len(ids)} hash ids for input_length {input_tokens}: needs one per {TRACE_BLOCK_TOKENS} tokens"
+        )
+    return TraceRequest(arrival_s, input_tokens, output_tokens, tuple(ids))
+
+
+def read_mooncake_jsonl(path: str | os.PathLike) -> list[TraceRequest]:
+    """A Mooncake-format trace (JSONL: ``timestamp`` in ms, ``input_length``, ``output_length``,
+    ``hash_ids``), in arrival order (a stable sort keeps the file's order among equal times).
+
+    A name ending in ``.gz`` is read through gzip. Every problem is a `TraceError` naming the file
+    and the line: a line that is not a JSON object, not UTF-8, nested too deeply, a length that is
+    not an integer or out of range, a timestamp that is not a finite number, or a ``hash_ids`` list
+    whose length does not match ``input_length`` (one id per 512 tokens, the last partial).
+    """
+    file_path = Path(path)
+    if not file_path.is_file():
+        kind = "is a directory, not a file" if file_path.is_dir() else "does not exist"
+        raise TraceNotFoundError(f"trace file {str(file_path)!r} {kind}")
+    requests: list[TraceRequest] = []
+    try:
+        with _open_lines(file_path) as handle:
+            for line_number, raw_bytes in enumerate(handle, start=1):
+                where = f"{file_path}:{line_number}"
+                try:
+                    line = raw_bytes.decode("utf-8-sig" if line_number == 1 else "utf-8")
+                except UnicodeDecodeError as error:
+                    raise TraceError(
+                        f"{where}: not UTF-8 text ({error.reason} at byte {error.start})"
+                    ) from None
+                if not line.strip():
+                    continue
+                try:
+                    requests.append(_mooncake_request(line))
+                except ValueError as error:
+                    raise TraceError(f"{where}: not a Mooncake trace line: {error}") from None
+    except (OSError, EOFError) as error:  # unreadable, or a corrupt or truncated .gz
+        raise TraceError(f"{file_path}: cannot read the trace ({error})") from None
+    if not requests:
+        raise TraceError(f"{file_path}: no requests")
+    requests.sort(key=lambda r: r.arrival_s)
+    span_s = requests[-1].arrival_s - requests[0].arrival_s
+    if not span_s <= MAX_TRACE_SPAN_S:
+        raise TraceError(
+            f"{file_path}: arrivals span {span_s:.3g} s; a trace may span at most {MAX_TRACE_SPAN_S:.3g} s"
+        )
+    return requests

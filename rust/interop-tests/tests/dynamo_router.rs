@@ -27,6 +27,9 @@ impl Replica {
             num_blocks,
             block_size: BLOCK_SIZE,
             enable_prefix_caching: true,
+            // Events are opt-in: without this the manager records nothing and Dynamo's index
+            // stays empty (the test's predictions then read 0 blocks on every replica).
+            enable_kv_events: true,
             ..Default::default()
         })
         .unwrap();

@@ -11,7 +11,9 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
-use pagedkv::{BlockPool, BlockTable, KvCacheManager, ManagerConfig};
+use pagedkv::{
+    BlockPool, BlockTable, KvCacheManager, ManagerConfig, MAX_NUM_BLOCKS, MAX_NUM_SLOTS,
+};
 use proptest::prelude::*;
 
 #[derive(Debug, Clone)]
@@ -317,18 +319,37 @@ proptest! {
             enable_kv_events,
         };
         let result = catch_unwind(|| {
+            let mut created = [false; 3];
             if let Ok(mut kv) = KvCacheManager::new(config.clone()) {
                 kv.check_invariants().unwrap();
+                created[0] = true;
             }
             if let Ok(pool) = BlockPool::new(num_blocks, block_size) {
                 pool.check_invariants().unwrap();
                 pool.check_invariants_quiescent().unwrap();
+                created[1] = true;
             }
             let shared = Arc::new(BlockPool::new(4, 4).unwrap());
             if let Ok(mut kv) = KvCacheManager::with_pool(shared, config.clone()) {
                 kv.check_invariants().unwrap();
+                created[2] = true;
             }
+            created
         });
         prop_assert!(result.is_ok(), "{:?} panicked", config);
+        // Refusing is right only where the documented geometry rules fail: a constructor that
+        // refused every valid config would pass the "no panic" check alone.
+        let geometry = |blocks: usize, size: usize| {
+            (1..=MAX_NUM_BLOCKS).contains(&blocks)
+                && size >= 1
+                && blocks.checked_mul(size).is_some_and(|slots| slots <= MAX_NUM_SLOTS)
+        };
+        let host = |size: usize| num_host_blocks == 0 || geometry(num_host_blocks, size);
+        let expected = [
+            geometry(num_blocks, block_size) && host(block_size),
+            geometry(num_blocks, block_size),
+            host(4),
+        ];
+        prop_assert_eq!(result.unwrap(), expected, "{:?}", config);
     }
 }
