@@ -204,23 +204,36 @@ def test_lifecycle_and_argument_checks() -> None:
     pub.close()  # idempotent
     with pytest.raises(RuntimeError):
         pub.publish([])
-    for kwargs in ({"buffer_steps": 0}, {"max_queue_batches": 0}, {"hwm": -1}, {"data_parallel_rank": True}):
-        with pytest.raises(ValueError):
+    for kwargs in (
+        {"buffer_steps": 0},
+        {"max_queue_batches": 0},
+        {"hwm": -1},
+        {"hwm": 1 << 40},  # ZMQ's options are C ints: was an OverflowError
+        {"data_parallel_rank": True},
+        {"subscriber_buffer_bytes": 0},
+        {"topic": "kv@\ud800"},  # a lone surrogate: was a UnicodeEncodeError
+    ):
+        with pytest.raises(pagedkv.InvalidArgumentError):
             ZmqEventPublisher("tcp://127.0.0.1:*", **kwargs)  # type: ignore[arg-type]
-    with pytest.raises(ValueError):
+    with pytest.raises(pagedkv.InvalidArgumentError):
         ZmqEventPublisher("")
-    with pytest.raises(TypeError):
+    with pytest.raises(pagedkv.InvalidArgumentError) as caught:
         ZmqEventPublisher("tcp://127.0.0.1:*", topic=b"kv")  # type: ignore[arg-type]
-    with pytest.raises(zmq.ZMQError):
-        ZmqEventPublisher("nonsense://x")
+    assert isinstance(caught.value, TypeError)  # as before
+    for endpoint in ("nonsense://x", "tcp://nonsense", "tcp://*:nonsense"):  # were ZMQErrors
+        with pytest.raises(pagedkv.InvalidArgumentError, match="endpoint"):
+            ZmqEventPublisher(endpoint)
+    with pytest.raises(pagedkv.InvalidArgumentError, match="endpoint"):
+        ZmqEventPublisher("tcp://127.0.0.1:*", replay_endpoint="nonsense://x")
 
 
-def test_bad_events_are_counted_not_fatal() -> None:
+def test_bad_events_raise_on_the_callers_thread() -> None:
     with ZmqEventPublisher("tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*") as pub:
-        pub.publish([object()])  # type: ignore[list-item]
+        with pytest.raises(pagedkv.InvalidArgumentError, match=r"events\[0\]"):
+            pub.publish([object()])  # type: ignore[list-item]
         pub.publish([])
         assert pub.flush()
-        assert pub.failed_batches == 1 and isinstance(pub.last_error, TypeError)
+        assert pub.failed_batches == 0 and pub.last_error is None
         assert pub.published_batches == 1
 
 
