@@ -62,8 +62,9 @@ __all__ = ["ZmqEventPublisher", "END_SEQ", "MAX_PENDING_REPLAYS", "SUBSCRIBER_BU
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 """The sequence frame that ends a replay answer."""
 
-MAX_PENDING_REPLAYS = 64
-"""Replay requests being answered at once; later ones wait in the ROUTER socket's queue."""
+MAX_PENDING_REPLAYS = 1024
+"""Replay requests being answered at once (round robin, ~100 bytes each); later ones wait in the
+ROUTER socket's queue (its receive high-water mark)."""
 
 SUBSCRIBER_BUFFER_BYTES = 64 << 20
 """Default bound on what one subscriber that never reads pins in the publisher (64 MiB)."""
