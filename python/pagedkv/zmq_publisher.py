@@ -79,11 +79,10 @@ def _binds(endpoint: str) -> bool:
     return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
 
 
-def _open(context: zmq.Context[Any], kind: int, endpoint: str, hwm: int | None) -> zmq.Socket[Any]:
+def _open(context: zmq.Context[Any], kind: int, endpoint: str, send_hwm: int) -> zmq.Socket[Any]:
     socket = context.socket(kind)
     try:
-        if hwm is not None:
-            socket.set_hwm(hwm)
+        socket.setsockopt(zmq.SNDHWM, send_hwm)  # (a ROUTER's receive side keeps ZMQ's default)
         if _binds(endpoint):
             socket.bind(endpoint)
         else:
@@ -92,6 +91,13 @@ def _open(context: zmq.Context[Any], kind: int, endpoint: str, hwm: int | None) 
         socket.close(linger=0)
         raise
     return socket
+
+
+def _seconds(timeout_s: Any) -> float:
+    """A timeout in seconds, clamped to [0, 1e9]; anything else is an InvalidArgumentError."""
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or timeout_s != timeout_s:
+        raise InvalidArgumentError(f"timeout_s must be a number of seconds, got {timeout_s!r}")
+    return float(min(max(timeout_s, 0), 10**9))
 
 
 @dataclass
@@ -227,7 +233,7 @@ class ZmqEventPublisher:
 
     def flush(self, timeout_s: float = 5.0) -> bool:
         """Waits until every queued batch has been sent (or failed); False on timeout."""
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + _seconds(timeout_s)
         with self._queue.all_tasks_done:
             while self._queue.unfinished_tasks:
                 remaining = deadline - time.monotonic()
@@ -259,11 +265,12 @@ class ZmqEventPublisher:
     def close(self, timeout_s: float = 5.0) -> None:
         """Sends what is queued (up to ``timeout_s``; the rest is dropped and counted), stops the
         thread and closes the sockets: when it returns, the endpoints are released. Idempotent."""
+        wait_s = _seconds(timeout_s)
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-        self._stop_deadline = time.monotonic() + max(0.0, float(timeout_s))
+        self._stop_deadline = time.monotonic() + wait_s
         self._stop.set()
         # Each step of the thread is one non-blocking send, so it sees the stop promptly.
         self._thread.join()
@@ -338,8 +345,8 @@ class ZmqEventPublisher:
         self._largest_message_bytes = message_bytes
         hwm = self._hwm(message_bytes)
         for socket in (self._pub, self._replay):
-            if socket is not None and socket.get_hwm() != hwm:
-                socket.set_hwm(hwm)
+            if socket is not None and socket.getsockopt(zmq.SNDHWM) != hwm:
+                socket.setsockopt(zmq.SNDHWM, hwm)  # ZMQ >= 4.2 applies it to connected peers too
 
     def _drop_queued(self) -> None:
         while True:

@@ -200,7 +200,13 @@ def test_lifecycle_and_argument_checks() -> None:
     pub = ZmqEventPublisher("tcp://127.0.0.1:*")
     assert pub.replay_endpoint is None
     pub.publish([])
-    pub.close()
+    for timeout in ("1", float("nan"), None, True):
+        with pytest.raises(pagedkv.InvalidArgumentError, match="timeout_s"):
+            pub.flush(timeout)  # type: ignore[arg-type]
+        with pytest.raises(pagedkv.InvalidArgumentError, match="timeout_s"):
+            pub.close(timeout)  # type: ignore[arg-type]
+    assert pub.flush(10**400)
+    pub.close(10**400)
     pub.close()  # idempotent
     with pytest.raises(RuntimeError):
         pub.publish([])

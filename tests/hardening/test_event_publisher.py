@@ -172,9 +172,11 @@ def test_the_byte_bound_sets_the_high_water_mark_from_the_largest_message() -> N
         for size, hwm in ((1000, (1 << 20) // 1008), (64 << 10, (1 << 20) // ((64 << 10) + 8)), (100, 15)):
             pub.drain(FakeManager(b"\x00" * size))
             assert pub.flush()
-            assert pub._pub.get_hwm() == hwm and pub._replay.get_hwm() == hwm  # never raised again
+            assert (
+                pub._pub.getsockopt(zmq.SNDHWM) == hwm and pub._replay.getsockopt(zmq.SNDHWM) == hwm
+            )  # never raised again
         pub.drain(FakeManager(b"\x00" * (2 << 20)))  # larger than the whole bound: one message
-        assert pub.flush() and pub._pub.get_hwm() == 1
+        assert pub.flush() and pub._pub.getsockopt(zmq.SNDHWM) == 1
 
 
 def port(endpoint: str) -> int:
