@@ -53,6 +53,7 @@ from typing import Any
 import zmq
 
 from pagedkv.errors import InvalidArgumentError, InvalidArgumentTypeError
+from pagedkv.event_wire import encode_batch
 
 KvEvent = Any
 """A ``pagedkv.events`` event object (typed loosely here: pagedkv.events imports this module)."""
@@ -212,8 +213,6 @@ class ZmqEventPublisher:
         queue was full and the batch was dropped. A bad event raises the typed error
         ``pagedkv.events.encode_batch`` raises, and nothing is queued. Raises RuntimeError after
         ``close()``."""
-        from pagedkv.events import encode_batch
-
         with self._lock:
             if self._closed:
                 raise RuntimeError("ZmqEventPublisher is closed")
