@@ -13,6 +13,7 @@ import time
 from collections.abc import Collection, Iterable
 from typing import Any
 
+from pagedkv import _core
 from pagedkv.errors import InvalidArgumentError, InvalidArgumentTypeError, PagedKvError
 from pagedkv.event_types import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 
@@ -41,8 +42,6 @@ def encode_batch(
     exception that is not an ``Exception`` (``SystemExit``, ``KeyboardInterrupt``) or a
     ``MemoryError`` raised by the caller's own ``__index__`` propagates unchanged.
     """
-    from pagedkv import _core
-
     stamp = _timestamp(ts)
     rank = _rank(data_parallel_rank)
     raw = _flag("raw_hashes", raw_hashes)
@@ -82,7 +81,9 @@ def _opt_int(value: Any) -> int | None:
 
 
 def _ints(value: Any) -> list[int]:
-    if isinstance(value, (str, bytes, bytearray)) or not isinstance(value, Collection):
+    if type(value) is not list and (
+        isinstance(value, (str, bytes, bytearray)) or not isinstance(value, Collection)
+    ):
         raise TypeError(f"expected a list of ints, not {type(value).__name__}")
     return list(map(operator.index, value))  # C speed: ~30 ns an id
 
@@ -129,35 +130,42 @@ def _extra_keys(value: Any) -> list[tuple[Any, ...] | None] | None:
     return keys
 
 
-def _field(event: Any, name: str, convert: Any) -> Any:
-    """``convert(event.name)``; a failure (other than one that must propagate) names the field."""
+def _plain_event(event: Any) -> KvEvent:
+    """``event`` rebuilt from builtin values (``AllBlocksCleared`` has no fields: itself). A failure
+    (other than one that must propagate) names the field: ``field`` tracks the one being read."""
+    field = ""
     try:
-        return convert(getattr(event, name))
+        if isinstance(event, BlockStored):
+            field = "block_hashes"
+            block_hashes = _ints(event.block_hashes)
+            field = "parent_block_hash"
+            parent = _opt_int(event.parent_block_hash)
+            field = "token_ids"
+            token_ids = _ints(event.token_ids)
+            field = "block_size"
+            block_size = operator.index(event.block_size)
+            field = "lora_id"
+            lora_id = _opt_int(event.lora_id)
+            field = "medium"
+            medium = _opt_str(event.medium)
+            field = "lora_name"
+            lora_name = _opt_str(event.lora_name)
+            field = "extra_keys"
+            extra_keys = _extra_keys(event.extra_keys)
+            return BlockStored(
+                block_hashes, parent, token_ids, block_size, lora_id, medium, lora_name, extra_keys
+            )
+        if isinstance(event, BlockRemoved):
+            field = "block_hashes"
+            block_hashes = _ints(event.block_hashes)
+            field = "medium"
+            return BlockRemoved(block_hashes, _opt_str(event.medium))
     except MemoryError:
         raise
     except TypeError as error:
-        raise TypeError(f"{name}: {error}") from error
+        raise TypeError(f"{field}: {error}") from error
     except Exception as error:
-        raise ValueError(f"{name}: {error}") from error
-
-
-def _plain_event(event: Any) -> KvEvent:
-    """``event`` rebuilt from builtin values (``AllBlocksCleared`` has no fields: itself)."""
-    if isinstance(event, BlockStored):
-        return BlockStored(
-            block_hashes=_field(event, "block_hashes", _ints),
-            parent_block_hash=_field(event, "parent_block_hash", _opt_int),
-            token_ids=_field(event, "token_ids", _ints),
-            block_size=_field(event, "block_size", operator.index),
-            lora_id=_field(event, "lora_id", _opt_int),
-            medium=_field(event, "medium", _opt_str),
-            lora_name=_field(event, "lora_name", _opt_str),
-            extra_keys=_field(event, "extra_keys", _extra_keys),
-        )
-    if isinstance(event, BlockRemoved):
-        return BlockRemoved(
-            block_hashes=_field(event, "block_hashes", _ints), medium=_field(event, "medium", _opt_str)
-        )
+        raise ValueError(f"{field}: {error}") from error
     if isinstance(event, AllBlocksCleared):
         return event
     raise TypeError(
