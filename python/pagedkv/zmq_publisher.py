@@ -31,8 +31,9 @@ Bounds (docs/events.md):
 * the thread survives every failure: a send that raises is counted in ``failed_batches`` and kept
   in ``last_error``;
 * ``close(timeout_s)`` sends what is queued until ``timeout_s`` passes, then drops the rest (counted
-  in ``dropped_batches``); the thread closes the sockets before ``close`` returns, so the ports
-  are free again even when it timed out.
+  in ``dropped_batches``); the thread unbinds every bound endpoint, waits until ZMQ has closed
+  its listener, and closes the sockets before ``close`` returns, so the addresses can be bound
+  again at once, also when it timed out.
 
 Endpoints follow vLLM's rule: an address with ``*`` or ``::`` or an ``ipc://`` / ``inproc://``
 address is bound, any other is connected to. ``tcp://127.0.0.1:*`` binds a free port;
