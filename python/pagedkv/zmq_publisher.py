@@ -79,6 +79,9 @@ _SEQ_BYTES = 8
 _RELEASE_WAIT_MS = 1000
 """How long closing waits for ZMQ's I/O thread to close a listening socket."""
 
+_MAX_HWM = 2**31 - 1
+"""ZMQ's high-water marks are C ints."""
+
 
 def _binds(endpoint: str) -> bool:
     return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
@@ -177,7 +180,7 @@ class ZmqEventPublisher:
                 raise InvalidArgumentError(f"{name} must be an int >= {least}, got {value!r}")
         # ZMQ's options are C ints; data_parallel_rank goes out as a 64-bit int.
         for name, value, most in (
-            ("hwm", hwm, 2**31 - 1),
+            ("hwm", hwm, _MAX_HWM),
             ("data_parallel_rank", data_parallel_rank, 2**63 - 1),
         ):
             if value > most:
@@ -208,7 +211,7 @@ class ZmqEventPublisher:
                 self._replay = _open(self._context, zmq.ROUTER, replay_endpoint, self._hwm(0))
                 self.replay_endpoint = self._replay.getsockopt_string(zmq.LAST_ENDPOINT) or replay_endpoint
                 self._replay_bound = self.replay_endpoint if _binds(replay_endpoint) else None
-        except zmq.ZMQError as error:
+        except (zmq.ZMQError, ValueError) as error:  # ValueError: UnicodeEncodeError of an address
             self._close_sockets()
             raise InvalidArgumentError(f"ZMQ refused the endpoint: {error}") from error
         except BaseException:
@@ -235,7 +238,7 @@ class ZmqEventPublisher:
     def _hwm(self, message_bytes: int) -> int:
         """The send high-water mark (messages) that keeps a non-reading subscriber under the byte
         bound when no message is larger than ``message_bytes``."""
-        by_bytes = max(1, self._subscriber_buffer_bytes // max(1, message_bytes))
+        by_bytes = min(max(1, self._subscriber_buffer_bytes // max(1, message_bytes)), _MAX_HWM)
         return by_bytes if self._hwm_cap == 0 else min(self._hwm_cap, by_bytes)
 
     # -- the caller's side: never blocks ----------------------------------------------------------

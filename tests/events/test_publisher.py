@@ -226,11 +226,15 @@ def test_lifecycle_and_argument_checks() -> None:
     with pytest.raises(pagedkv.InvalidArgumentError) as caught:
         ZmqEventPublisher("tcp://127.0.0.1:*", topic=b"kv")  # type: ignore[arg-type]
     assert isinstance(caught.value, TypeError)  # as before
-    for endpoint in ("nonsense://x", "tcp://nonsense", "tcp://*:nonsense"):  # were ZMQErrors
+    # ZMQErrors, and UnicodeEncodeErrors for the lone surrogates, before.
+    for endpoint in ("nonsense://x", "tcp://nonsense", "tcp://*:nonsense", "tcp://\ud800:*", "inproc://\x00"):
         with pytest.raises(pagedkv.InvalidArgumentError, match="endpoint"):
             ZmqEventPublisher(endpoint)
-    with pytest.raises(pagedkv.InvalidArgumentError, match="endpoint"):
-        ZmqEventPublisher("tcp://127.0.0.1:*", replay_endpoint="nonsense://x")
+    for replay in ("nonsense://x", "tcp://\ud800:*"):
+        with pytest.raises(pagedkv.InvalidArgumentError, match="endpoint"):
+            ZmqEventPublisher("tcp://127.0.0.1:*", replay_endpoint=replay)
+    # A byte budget whose high-water mark would overflow ZMQ's C int (an OverflowError before).
+    ZmqEventPublisher("tcp://127.0.0.1:*", hwm=0, subscriber_buffer_bytes=1 << 40).close()
 
 
 def test_bad_events_raise_on_the_callers_thread() -> None:
