@@ -85,7 +85,7 @@ def _ints(value: Any) -> list[int]:
         isinstance(value, (str, bytes, bytearray)) or not isinstance(value, Collection)
     ):
         raise TypeError(f"expected a list of ints, not {type(value).__name__}")
-    return list(map(operator.index, value))  # C speed: ~30 ns an id
+    return list(map(operator.index, value))  # no Python frame per id
 
 
 def _opt_str(value: Any) -> str | None:
