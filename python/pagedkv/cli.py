@@ -7,6 +7,7 @@ Every command prints tables; '--json FILE' writes its numbers and '--plot FILE' 
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import sys
 from collections.abc import Callable
@@ -69,9 +70,29 @@ def _silence_stdout() -> None:
         pass
 
 
+def _stdout_closed() -> bool:
+    """Whether standard output was closed when we started (``pagedkv demo >&-``): Python then sets
+    ``sys.stdout`` to None and every ``print`` silently does nothing. A stream without a file
+    descriptor (captured in tests) counts as open."""
+    stream = sys.stdout
+    if stream is None:
+        return True
+    try:
+        os.fstat(stream.fileno())
+    except (AttributeError, ValueError, io.UnsupportedOperation):
+        return False
+    except OSError:
+        return True
+    return False
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run ``pagedkv`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status: 0 on
-    success, 2 on a usage error or a refused input (one line on stderr, no traceback)."""
+    success, 2 on a usage error, a refused input or an unusable output (one line on stderr, no
+    traceback)."""
+    if _stdout_closed():  # every command prints its results: refuse before running for nothing
+        print("pagedkv: error: standard output is closed", file=sys.stderr)
+        return 2
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

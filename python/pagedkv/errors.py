@@ -12,6 +12,7 @@ __all__ = [
     "UnknownSequenceError",
     "SequenceExistsError",
     "InvalidArgumentError",
+    "InvalidArgumentTypeError",
     "SequenceSwappedOutError",
     "InvariantViolation",
     "CudaUnavailableError",
@@ -40,6 +41,11 @@ class SequenceExistsError(PagedKvError):
 
 class InvalidArgumentError(PagedKvError, ValueError):
     """Malformed input, including a request that can never fit the pool."""
+
+
+class InvalidArgumentTypeError(InvalidArgumentError, TypeError):
+    """An argument of the wrong type. Also a ``TypeError``: the calls that raise it (the event
+    encoder and publisher) raised a bare ``TypeError`` before they raised pagedkv errors."""
 
 
 class SequenceSwappedOutError(PagedKvError):

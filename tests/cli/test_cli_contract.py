@@ -120,6 +120,8 @@ def test_package_namespace_holds_no_annotations_import():
         "commands",
         "engine",
         "errors",
+        "event_types",
+        "event_wire",
         "events",
         "kernels",
         "models",

@@ -200,27 +200,50 @@ def test_lifecycle_and_argument_checks() -> None:
     pub = ZmqEventPublisher("tcp://127.0.0.1:*")
     assert pub.replay_endpoint is None
     pub.publish([])
-    pub.close()
+    for timeout in ("1", float("nan"), None, True):
+        with pytest.raises(pagedkv.InvalidArgumentError, match="timeout_s"):
+            pub.flush(timeout)  # type: ignore[arg-type]
+        with pytest.raises(pagedkv.InvalidArgumentError, match="timeout_s"):
+            pub.close(timeout)  # type: ignore[arg-type]
+    assert pub.flush(10**400)
+    pub.close(10**400)
     pub.close()  # idempotent
     with pytest.raises(RuntimeError):
         pub.publish([])
-    for kwargs in ({"buffer_steps": 0}, {"max_queue_batches": 0}, {"hwm": -1}, {"data_parallel_rank": True}):
-        with pytest.raises(ValueError):
+    for kwargs in (
+        {"buffer_steps": 0},
+        {"max_queue_batches": 0},
+        {"hwm": -1},
+        {"hwm": 1 << 40},  # ZMQ's options are C ints: was an OverflowError
+        {"data_parallel_rank": True},
+        {"subscriber_buffer_bytes": 0},
+        {"topic": "kv@\ud800"},  # a lone surrogate: was a UnicodeEncodeError
+    ):
+        with pytest.raises(pagedkv.InvalidArgumentError):
             ZmqEventPublisher("tcp://127.0.0.1:*", **kwargs)  # type: ignore[arg-type]
-    with pytest.raises(ValueError):
+    with pytest.raises(pagedkv.InvalidArgumentError):
         ZmqEventPublisher("")
-    with pytest.raises(TypeError):
+    with pytest.raises(pagedkv.InvalidArgumentError) as caught:
         ZmqEventPublisher("tcp://127.0.0.1:*", topic=b"kv")  # type: ignore[arg-type]
-    with pytest.raises(zmq.ZMQError):
-        ZmqEventPublisher("nonsense://x")
+    assert isinstance(caught.value, TypeError)  # as before
+    # ZMQErrors, and UnicodeEncodeErrors for the lone surrogates, before.
+    for endpoint in ("nonsense://x", "tcp://nonsense", "tcp://*:nonsense", "tcp://\ud800:*", "inproc://\x00"):
+        with pytest.raises(pagedkv.InvalidArgumentError, match="endpoint"):
+            ZmqEventPublisher(endpoint)
+    for replay in ("nonsense://x", "tcp://\ud800:*"):
+        with pytest.raises(pagedkv.InvalidArgumentError, match="endpoint"):
+            ZmqEventPublisher("tcp://127.0.0.1:*", replay_endpoint=replay)
+    # A byte budget whose high-water mark would overflow ZMQ's C int (an OverflowError before).
+    ZmqEventPublisher("tcp://127.0.0.1:*", hwm=0, subscriber_buffer_bytes=1 << 40).close()
 
 
-def test_bad_events_are_counted_not_fatal() -> None:
+def test_bad_events_raise_on_the_callers_thread() -> None:
     with ZmqEventPublisher("tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*") as pub:
-        pub.publish([object()])  # type: ignore[list-item]
+        with pytest.raises(pagedkv.InvalidArgumentError, match=r"events\[0\]"):
+            pub.publish([object()])  # type: ignore[list-item]
         pub.publish([])
         assert pub.flush()
-        assert pub.failed_batches == 1 and isinstance(pub.last_error, TypeError)
+        assert pub.failed_batches == 0 and pub.last_error is None
         assert pub.published_batches == 1
 
 

@@ -5,10 +5,11 @@ those structs gives byte-for-byte the same payload."""
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pagedkv
 import pytest
+from pagedkv.errors import InvalidArgumentError, InvalidArgumentTypeError
 from pagedkv.events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, encode_batch
 
 msgspec = pytest.importorskip("msgspec")
@@ -181,40 +182,135 @@ def test_engine_events_round_trip_exactly_with_take_events() -> None:
     assert stored.token_ids == list(range(8)) and stored.block_size == 4 and stored.medium == "GPU"
 
 
+class Index:
+    """An id whose ``__index__`` raises ``error`` (the same object every time)."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def __index__(self) -> int:
+        raise self.error
+
+
 @pytest.mark.parametrize(
     ("events", "error", "match"),
     [
-        ([object()], TypeError, r"events\[0\]"),
-        ([AllBlocksCleared(), BlockRemoved(block_hashes=[-1])], OverflowError, r"events\[1\]"),
-        ([BlockRemoved(block_hashes=[1 << 128])], OverflowError, r"events\[0\]"),
-        ([BlockRemoved(block_hashes=["1"])], TypeError, r"events\[0\]"),  # type: ignore[list-item]
+        ([object()], InvalidArgumentTypeError, r"events\[0\]"),
+        ([AllBlocksCleared(), BlockRemoved(block_hashes=[-1])], InvalidArgumentError, r"events\[1\]"),
+        ([BlockRemoved(block_hashes=[1 << 128])], InvalidArgumentError, r"events\[0\]"),
+        ([BlockRemoved(block_hashes=["1"])], InvalidArgumentTypeError, r"events\[0\]: block_hashes"),  # type: ignore[list-item]
         (
             [
                 BlockStored(
                     block_hashes=[1], parent_block_hash=None, token_ids=[1], block_size=1, extra_keys=[({},)]
                 )
             ],
-            TypeError,
+            InvalidArgumentTypeError,
             "extra_keys",
         ),
         (
             [BlockStored(block_hashes=[1], parent_block_hash=None, token_ids=[-1], block_size=1)],
-            OverflowError,
+            InvalidArgumentError,
             r"events\[0\]",
         ),
+        ([BlockRemoved(block_hashes=[1], medium="GPU\ud800")], InvalidArgumentError, r"events\[0\]: medium"),
+        (
+            [
+                BlockStored(
+                    block_hashes=[1], parent_block_hash=None, token_ids=[1], block_size=1, lora_name="\udfff"
+                )
+            ],
+            InvalidArgumentError,
+            "lora_name",
+        ),
+        ([BlockRemoved(block_hashes=[Index(ValueError("bad id"))])], InvalidArgumentError, "bad id"),  # type: ignore[list-item]
+        ([BlockRemoved(block_hashes=5)], InvalidArgumentTypeError, "block_hashes"),  # type: ignore[arg-type]
     ],
 )
 def test_bad_events_raise_typed_errors(events: list[KvEvent], error: type[Exception], match: str) -> None:
-    with pytest.raises(error, match=match):
+    """Every refusal is a pagedkv error; the wrong-type ones stay TypeErrors (as before)."""
+    with pytest.raises(error, match=match) as caught:
         encode_batch(events, ts=0.0)
+    assert isinstance(caught.value, pagedkv.PagedKvError)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda bad: BlockRemoved(block_hashes=[1, bad]),
+        lambda bad: BlockStored(block_hashes=[1], parent_block_hash=bad, token_ids=[1], block_size=1),
+        lambda bad: BlockStored(block_hashes=[1], parent_block_hash=None, token_ids=[1, bad], block_size=1),
+        lambda bad: BlockStored(block_hashes=[1], parent_block_hash=None, token_ids=[1], block_size=bad),
+        lambda bad: BlockStored(
+            block_hashes=[1], parent_block_hash=None, token_ids=[1], block_size=1, lora_id=bad
+        ),
+    ],
+)
+@pytest.mark.parametrize("error", [SystemExit(3), KeyboardInterrupt(), MemoryError()])
+def test_exceptions_that_must_propagate_come_back_as_the_same_object(
+    make: Callable[[object], KvEvent], error: BaseException
+) -> None:
+    """docs/security.md guarantee 5: SystemExit(3) raised in the caller's __index__ keeps exit
+    status 3 (the bindings used to re-create it as SystemExit("events[0]: 3"), status 1)."""
+    with pytest.raises(type(error)) as caught:
+        encode_batch([AllBlocksCleared(), make(Index(error))], ts=0.0)
+    assert caught.value is error
+    if isinstance(error, SystemExit):
+        assert caught.value.code == 3
+
+
+def test_subclassed_fields_encode_as_their_builtin_values() -> None:
+    """int / str / bytes / float subclasses and __index__ objects encode as the plain values."""
+
+    class Id(int):
+        pass
+
+    class Name(str):
+        def encode(self, *args: object, **kwargs: object) -> bytes:  # never consulted
+            raise AssertionError("the encoder must not call a subclass's encode")
+
+    class Ix:
+        def __index__(self) -> int:
+            return 7
+
+    plain = BlockStored(
+        block_hashes=[7],
+        parent_block_hash=None,
+        token_ids=[7, 7],
+        block_size=7,
+        medium="GPU",
+        extra_keys=[(7, "GPU", b"k", 1.5, True, None)],
+    )
+    odd = BlockStored(
+        block_hashes=[Id(7)],
+        parent_block_hash=None,
+        token_ids=(Ix(), Id(7)),
+        block_size=Ix(),  # type: ignore[arg-type]
+        medium=Name("GPU"),
+        extra_keys=[(Id(7), Name("GPU"), b"k", 1.5, True, None)],
+    )
+    assert encode_batch([odd], ts=1.0) == encode_batch([plain], ts=1.0)
 
 
 def test_bad_arguments() -> None:
-    with pytest.raises(TypeError):
+    """Typed pagedkv errors, still TypeErrors where they were (issue 30: encode_batch raised a
+    bare TypeError)."""
+    with pytest.raises(InvalidArgumentTypeError):
         encode_batch([], ts=0.0, data_parallel_rank=True)
-    with pytest.raises(TypeError):
+    with pytest.raises(InvalidArgumentTypeError):
         encode_batch([], ts=0.0, data_parallel_rank="0")  # type: ignore[arg-type]
-    with pytest.raises(TypeError):
+    with pytest.raises(InvalidArgumentError, match="64 bits"):
+        encode_batch([], ts=0.0, data_parallel_rank=1 << 63)
+    with pytest.raises(InvalidArgumentTypeError):
         encode_batch(5)  # type: ignore[arg-type]
-    with pytest.raises((TypeError, ValueError)):
+    with pytest.raises(InvalidArgumentTypeError):
         encode_batch([], ts="now")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="ts"):
+        encode_batch([], ts=10**400)
+
+    def failing() -> Iterator[KvEvent]:
+        yield AllBlocksCleared()
+        raise ValueError("the caller's iterator broke")
+
+    with pytest.raises(InvalidArgumentError, match="iterator broke"):
+        encode_batch(failing())

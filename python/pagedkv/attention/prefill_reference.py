@@ -19,6 +19,7 @@ import numpy as np
 
 from pagedkv.attention import prefill_validation as pval
 from pagedkv.attention.dtypes import compute_dtype, from_compute, to_compute
+from pagedkv.errors import InvalidArgumentError
 
 # Score elements held at once (per chunk of query rows): bounds the reference's memory on long
 # prompts, e.g. 8K queries x 8K keys x 32 heads would otherwise be an 8 GiB score tensor.
@@ -72,6 +73,27 @@ def gather_rows(cache: np.ndarray, blocks: np.ndarray, seq_len: int, kind: str) 
     return out
 
 
+def check_within_cache(seq_lens: np.ndarray, num_blocks: int, block_size: int) -> None:
+    """Refuses a sequence longer than the caches hold (``num_blocks * block_size`` tokens).
+
+    The kernels stream a sequence's keys block by block and hold no copy of them; this reference
+    gathers each sequence's history into one contiguous array (``gather_rows``), so a table that
+    repeats a block would size that copy from the table instead of the cache (a 4 MiB table
+    repeating block 0 against a 128 KiB cache asked for 64 GiB) and loop over every repeat. A
+    sequence of distinct positions cannot be longer than the cache; with this bound the copies
+    are at most the caches' size (in the accumulation type) and the work at most q rows x that.
+    """
+    capacity = num_blocks * block_size
+    too_long = np.flatnonzero(seq_lens.astype(np.int64) > capacity)
+    if too_long.size:
+        b = int(too_long[0])
+        raise InvalidArgumentError(
+            f"sequence {b} has seq_len {int(seq_lens[b])}, more tokens than the caches hold "
+            f"({num_blocks} blocks x block_size {block_size}); its table repeats blocks, which the "
+            "NumPy reference (a contiguous copy per sequence) refuses"
+        )
+
+
 def paged_prefill_attention(
     q: object,
     k_cache: object,
@@ -86,6 +108,7 @@ def paged_prefill_attention(
         q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, causal, backend="numpy"
     )
     shape = args.shape
+    check_within_cache(args.seq_lens, shape.num_blocks, shape.block_size)
     out = np.empty(args.q.shape, dtype=args.q.dtype)
     per_row = max(1, shape.num_q_heads)
     for b in range(shape.num_seqs):
