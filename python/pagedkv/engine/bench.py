@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from pagedkv.engine.llm_engine import EngineConfig, LLMEngine
+from pagedkv.engine.config import EngineConfig
+from pagedkv.engine.llm_engine import LLMEngine
 from pagedkv.engine.params import SamplingParams
 from pagedkv.models import LoadedModel
 

@@ -6,9 +6,10 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from pagedkv.engine.llm_engine import EngineConfig, LLMEngine
+from pagedkv.engine.config import EngineConfig
+from pagedkv.engine.llm_engine import LLMEngine
+from pagedkv.engine.outputs import RequestOutput, StreamEvent
 from pagedkv.engine.params import SamplingParams
-from pagedkv.engine.request import RequestOutput, StreamEvent
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.models import LoadedModel, load_model
 
