@@ -63,9 +63,9 @@ def test_scheduling_variations_give_identical_greedy_tokens(smollm):
     # A pool so small that decoding must preempt: by recompute, then by swap to the host tier.
     tight = {"num_blocks": 5, "block_size": 4, "admission_watermark_blocks": 0}
     recompute, eng = _run(smollm, PROMPTS, **tight, preemption="recompute")
-    assert recompute == base and eng.stats.preemptions_recompute > 0
+    assert recompute == base and eng.stats.recompute_preemptions > 0
     swap, eng = _run(smollm, PROMPTS, **tight, num_host_blocks=16, preemption="swap")
-    assert swap == base and eng.stats.preemptions_swap > 0
+    assert swap == base and eng.stats.swap_preemptions > 0
     alone = [_run(smollm, [p], num_blocks=64, block_size=4)[0][0] for p in PROMPTS[:2]]
     assert alone == base[:2]
 

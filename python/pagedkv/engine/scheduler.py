@@ -235,11 +235,11 @@ class Scheduler:
                 self.running.remove(seq)
                 seq.status = SeqStatus.SWAPPED
                 self.swapped.append(seq)
-                self.stats.preemptions_swap += 1
+                self.stats.swap_preemptions += 1
                 return
         self.kv.free(seq.seq_id)
         self.running.remove(seq)
         seq.status = SeqStatus.WAITING
         seq.num_in_kv = seq.num_computed = 0
         self.waiting.appendleft(seq)
-        self.stats.preemptions_recompute += 1
+        self.stats.recompute_preemptions += 1

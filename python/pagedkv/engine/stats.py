@@ -17,8 +17,8 @@ class EngineStats:
     generated_tokens: int = 0
     prefix_hit_tokens: int = 0
     deferred_admissions: int = 0
-    preemptions_recompute: int = 0
-    preemptions_swap: int = 0
+    recompute_preemptions: int = 0
+    swap_preemptions: int = 0
     cow_copies: int = 0
     batch_sizes: list[int] = field(default_factory=list)  # sequences per forward pass
     blocks_in_use: list[int] = field(default_factory=list)
@@ -31,8 +31,8 @@ class EngineStats:
             "generated_tokens": self.generated_tokens,
             "prefix_hit_tokens": self.prefix_hit_tokens,
             "deferred_admissions": self.deferred_admissions,
-            "preemptions_recompute": self.preemptions_recompute,
-            "preemptions_swap": self.preemptions_swap,
+            "recompute_preemptions": self.recompute_preemptions,
+            "swap_preemptions": self.swap_preemptions,
             "cow_copies": self.cow_copies,
             "mean_batch": float(np.mean(self.batch_sizes)) if self.batch_sizes else 0.0,
             "mean_blocks_in_use": float(np.mean(self.blocks_in_use)) if self.blocks_in_use else 0.0,
