@@ -145,3 +145,24 @@ def test_cli_generate_streams_and_refuses_a_bad_model_path(smollm, capsys, tmp_p
     assert "Paris" in capsys.readouterr().out
     assert main(["generate", "Hi", "--model", str(tmp_path / "missing.gguf")]) == 2
     assert "not found" in capsys.readouterr().err
+
+
+def test_deferred_admission_leaves_no_stale_block_trusted(smollm):
+    """Issue 28, item 1: A and B share 2 prompt blocks; B is admitted while A is still prefilling
+    them, so its admission is deferred, and the deferral freed B's fresh blocks after
+    add_sequence had indexed them under B's hashes while they still held W's complete K/V. B's
+    retried admission then trusted W's K/V as its own: [73, 49, 30, 824] instead of the
+    [58, 53, 50, 58] it generates alone."""
+    from pagedkv.engine import LLM, SamplingParams
+
+    sp = SamplingParams(max_tokens=4)
+    w = list(range(100, 156))
+    a = list(range(10, 18)) + list(range(30, 38))
+    b = list(range(10, 18)) + list(range(50, 58))
+    llm = LLM(smollm, num_blocks=16, block_size=4, max_num_batched_tokens=4)
+    together = llm.generate([w, a, b], sp)
+    assert llm.last_engine.stats.deferred_admissions > 0
+    llm.last_engine.kv.check_invariants()
+    alone = LLM(smollm, num_blocks=64, block_size=4).generate([b], sp)[0]
+    assert alone.outputs[0].token_ids == [58, 53, 50, 58]
+    assert together[2].outputs[0].token_ids == alone.outputs[0].token_ids

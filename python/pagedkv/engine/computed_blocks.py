@@ -43,6 +43,7 @@ class ComputedBlocks:
             self._complete[table[start // bs : full]] = True
 
     def copied(self, copy_ops: np.ndarray) -> None:
-        """Copy-on-write copies (src, dst) were executed."""
-        for src, dst in copy_ops.tolist():
-            self._complete[dst] = self._complete[src]
+        """Copy-on-write copies (src, dst) were executed: a copy is made on an append, so its
+        destination holds a token whose K/V the coming pass computes (the pass marks it)."""
+        if len(copy_ops):
+            self._complete[copy_ops[:, 1]] = False

@@ -110,7 +110,10 @@ class Scheduler:
             self.swapped.remove(seq)
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
-            self.computed.mark_computed(self.kv.block_table(seq.seq_id), 0, seq.num_computed)
+            # Fresh device blocks: complete up to what the sequence had computed, stale after it.
+            table = self.kv.block_table(seq.seq_id)
+            self.computed.invalidate(table[seq.num_computed // self.config.block_size :])
+            self.computed.mark_computed(table, 0, seq.num_computed)
 
     def _append_decode_tokens(self) -> None:
         while True:
@@ -127,8 +130,9 @@ class Scheduler:
                 continue
             for s in decoding:
                 s.num_in_kv += 1
-                if (s.num_in_kv - 1) % self.config.block_size == 0:  # a fresh block
-                    self.computed.invalidate(self.kv.block_table(s.seq_id)[-1:])
+                # The last block now holds a token whose K/V the next pass computes; it is fresh,
+                # or a copy-on-write copy the manager may already have indexed when it filled up.
+                self.computed.invalidate(self.kv.block_table(s.seq_id)[-1:])
             return
 
     def _reserved_slots(self) -> int:
@@ -156,14 +160,19 @@ class Scheduler:
             except OutOfBlocksError:
                 return
             table = self.kv.block_table(seq.seq_id)
-            trusted = self.computed.trusted_blocks(table, hit // c.block_size)
-            stale = table[trusted : hit // c.block_size]
+            hit_blocks = hit // c.block_size
+            # The blocks past the hit are fresh: whatever they held belongs to their previous
+            # owner. add_sequence has already indexed the full ones under this prompt's hashes, so
+            # they must be marked incomplete now, before a deferral frees them into the cache.
+            self.computed.invalidate(table[hit_blocks:])
+            trusted = self.computed.trusted_blocks(table, hit_blocks)
+            stale = table[trusted:hit_blocks]
             if any(self.kv.refcount(int(b)) > 1 for b in stale):
                 # Another live sequence is still computing these blocks: come back next step.
                 self.kv.free(seq.seq_id)
                 self.stats.deferred_admissions += 1
                 return
-            self.computed.invalidate(table[trusted:])  # fresh blocks and stale revived ones
+            self.computed.invalidate(stale)  # revived incomplete blocks: recomputed in place
             self.waiting.popleft()
             seq.num_in_kv = len(seq.token_ids)
             seq.num_computed = min(trusted * c.block_size, seq.num_in_kv - 1)  # the last row gives logits
