@@ -18,11 +18,12 @@ from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.model_runner import ModelRunner
 from pagedkv.engine.outputs import CompletionOutput, RequestOutput, StreamEvent
 from pagedkv.engine.params import SamplingParams
+from pagedkv.engine.prompts import prompt_token_ids
 from pagedkv.engine.sampling import sample_token
 from pagedkv.engine.scheduler import Scheduler
-from pagedkv.engine.sequence import Request, Sequence
+from pagedkv.engine.sequence import Request, SeqStatus, Sequence
 from pagedkv.engine.stats import EngineStats
-from pagedkv.errors import InvalidArgumentError
+from pagedkv.errors import InvalidArgumentError, InvariantViolation
 from pagedkv.models import LoadedModel
 
 __all__ = ["EngineConfig", "EngineStats", "LLMEngine"]
@@ -32,16 +33,22 @@ class LLMEngine:
     def __init__(self, model: LoadedModel, config: EngineConfig | None = None) -> None:
         self.model = model
         self.config = c = config or EngineConfig()
+        if not isinstance(c, EngineConfig):
+            raise InvalidArgumentError(f"config must be an EngineConfig, got {type(c).__name__}")
         self.max_model_len = min(c.max_model_len or model.config.max_model_len, model.config.max_model_len)
-        if c.preemption == "swap" and c.num_host_blocks <= 0:
-            raise InvalidArgumentError("preemption='swap' needs num_host_blocks > 0")
+        if c.reservation == "contiguous" and self.max_model_len > c.num_blocks * c.block_size:
+            # No request could ever reserve its slots: the engine would admit nothing, forever.
+            raise InvalidArgumentError(
+                f"reservation='contiguous' reserves max_model_len = {self.max_model_len} slots per "
+                f"sequence; the pool has {c.num_blocks} x {c.block_size} = {c.num_blocks * c.block_size}"
+            )
+        self.runner = ModelRunner(model, c)  # first: it refuses a K/V store larger than memory
         self.kv = pagedkv.KvCacheManager(
             num_blocks=c.num_blocks,
             block_size=c.block_size,
             enable_prefix_caching=c.enable_prefix_caching,
             num_host_blocks=c.num_host_blocks,
         )
-        self.runner = ModelRunner(model, c)
         self.store = self.runner.store
         self.stats = EngineStats()
         self.scheduler = Scheduler(c, self.max_model_len, self.kv, self.store, self.stats)
@@ -49,6 +56,7 @@ class LLMEngine:
         self._next_seq_id = 0
         self._next_request_id = 0
         self._events: list[StreamEvent] = []
+        self._idle_steps = 0
 
     # ---- requests -------------------------------------------------------------------------
 
@@ -56,10 +64,13 @@ class LLMEngine:
         self, prompt_ids: list[int], params: SamplingParams, request_id: int | None = None
     ) -> int:
         """Queue a request; InvalidArgumentError (nothing queued) if it can never run here."""
-        ids = [int(t) for t in prompt_ids]
-        vocab = self.model.config.vocab_size
-        if not ids or any(t < 0 or t >= vocab for t in ids):
-            raise InvalidArgumentError(f"a prompt must be 1 or more token ids in [0, {vocab})")
+        ids = prompt_token_ids(prompt_ids, self.model.config.vocab_size)
+        if not isinstance(params, SamplingParams):
+            raise InvalidArgumentError(f"params must be SamplingParams, got {type(params).__name__}")
+        if request_id is not None and (
+            isinstance(request_id, bool) or not isinstance(request_id, int) or not 0 <= request_id < 2**63
+        ):
+            raise InvalidArgumentError(f"request_id must be an integer in [0, 2**63), got {request_id!r}")
         if len(ids) >= self.max_model_len:
             raise InvalidArgumentError(
                 f"the prompt has {len(ids)} tokens; the model's context holds {self.max_model_len} "
@@ -112,6 +123,7 @@ class LLMEngine:
             ttft_s=None if r.first_token_s is None else r.first_token_s - r.arrival_s,
             tpot_s=float(np.mean(tpots)) if tpots else None,
             num_cached_tokens=r.cached_tokens,
+            error=r.error,
         )
 
     # ---- one step -------------------------------------------------------------------------
@@ -120,6 +132,10 @@ class LLMEngine:
         """Schedule, run one forward pass, sample; returns the tokens produced by this step."""
         self._events = []
         batch = self.scheduler.schedule()
+        now = time.perf_counter()
+        while self.scheduler.failed:
+            seq, error = self.scheduler.failed.pop()
+            self._fail(seq.request, error, now)
         if batch.rows:
             samples = self.runner.execute(self.kv, batch)
             self.stats.batch_sizes.append(len(batch.rows))
@@ -127,10 +143,43 @@ class LLMEngine:
             self.scheduler.computed_rows(batch.rows)
             now = time.perf_counter()
             for row, logits in samples:
-                for seq in self._fork(row.seq):
-                    self._sample(seq, logits, now)
+                if row.seq.request.error is not None:
+                    continue  # a sibling sample failed earlier in this step
+                try:
+                    for seq in self._fork(row.seq):
+                        self._sample(seq, logits, now)
+                except Exception as error:  # noqa: BLE001 - one request's failure, not the batch's
+                    self._fail(row.seq.request, error, now)
+            self._idle_steps = 0
+        elif self.has_unfinished():
+            # A step without a row changes nothing the next step depends on once nothing runs
+            # (the first may still swap out the last running sequence): a second one in a row
+            # would repeat forever. Validated configurations and requests never get here.
+            self._idle_steps += 1
+            if self._idle_steps > 2:
+                raise InvariantViolation(
+                    f"the engine made no progress for {self._idle_steps} steps with "
+                    f"{len(self.scheduler.waiting)} waiting and {len(self.scheduler.swapped)} swapped "
+                    "sequences: a pagedkv bug, please report it"
+                )
         self.stats.steps += 1
         return self._events
+
+    def _fail(self, request: Request, error: Exception, now: float) -> None:
+        """Finish every unfinished sample of ``request`` with finish_reason "error" and free its
+        blocks; the other requests of the batch go on."""
+        request.error = f"{type(error).__name__}: {error}"
+        request.forked = True  # no more samples will be made
+        request.finish_s = now
+        self.stats.failed_requests += 1
+        for seq in request.sequences:
+            if seq.status is SeqStatus.FINISHED:
+                continue
+            self.scheduler.abort(seq)
+            seq.finish_reason = "error"
+            self._events.append(
+                StreamEvent(request.request_id, seq.index, -1, "", True, "error", request.error)
+            )
 
     def _fork(self, seq: Sequence) -> list[Sequence]:
         request = seq.request
@@ -138,8 +187,8 @@ class LLMEngine:
             return [seq]
         request.forked = True
         children = [self._new_sequence(request, i, list(seq.token_ids)) for i in range(1, request.params.n)]
+        request.sequences.extend(children)  # first: a failing fork then aborts every one of them
         self.scheduler.fork(seq, children)
-        request.sequences.extend(children)
         return list(request.sequences)
 
     def _sample(self, seq: Sequence, logits: np.ndarray, now: float) -> None:
@@ -157,7 +206,7 @@ class LLMEngine:
         text = tok.decode(seq.output_ids, skip_special_tokens=True)
         if text.endswith("\ufffd") and reason is None:
             text = seq.text  # an incomplete UTF-8 sequence: wait for the next token
-        for stop in params.stop:
+        for stop in params.stop or ():
             at = text.find(stop)
             if at >= 0:
                 text, reason = text[:at], "stop"

@@ -8,12 +8,15 @@ tokens (the sampling rows).
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 import pagedkv
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.kv_store import PagedKvStore
 from pagedkv.engine.scheduler import Row, ScheduledBatch
+from pagedkv.errors import InvalidArgumentError
 from pagedkv.models import LoadedModel
 
 __all__ = ["ModelRunner"]
@@ -22,7 +25,20 @@ __all__ = ["ModelRunner"]
 class ModelRunner:
     def __init__(self, model: LoadedModel, config: EngineConfig) -> None:
         self.model = model
-        self.store = PagedKvStore(model.config, config.num_blocks, config.block_size, config.num_host_blocks)
+        c = config
+        kv_bytes = model.config.kv_bytes_per_token_fp32 * c.block_size * (c.num_blocks + c.num_host_blocks)
+        memory = _physical_memory_bytes()
+        if memory is not None and kv_bytes > memory:
+            raise InvalidArgumentError(
+                f"{c.num_blocks} + {c.num_host_blocks} host blocks of {c.block_size} tokens need "
+                f"{kv_bytes / 2**30:,.1f} GiB of K/V; this machine has {memory / 2**30:,.1f} GiB"
+            )
+        try:
+            self.store = PagedKvStore(model.config, c.num_blocks, c.block_size, c.num_host_blocks)
+        except MemoryError as error:
+            raise InvalidArgumentError(
+                f"cannot allocate {kv_bytes / 2**30:,.1f} GiB of K/V for the engine's pool"
+            ) from error
 
     def execute(self, kv: pagedkv.KvCacheManager, batch: ScheduledBatch) -> list[tuple[Row, np.ndarray]]:
         """Run the batch; (row, logits) for each sampling row, in row order."""
@@ -38,3 +54,11 @@ class ModelRunner:
         sampling = [i for i, r in enumerate(rows) if r.samples]
         logits = self.model.model.forward(tokens, positions, self.store, ends[sampling])
         return [(rows[i], logits[k]) for k, i in enumerate(sampling)]
+
+
+def _physical_memory_bytes() -> int | None:
+    """The machine's RAM, where the OS says (None elsewhere: the allocation itself then decides)."""
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, OSError, ValueError):
+        return None

@@ -9,7 +9,10 @@ __all__ = ["CompletionOutput", "RequestOutput", "StreamEvent"]
 
 @dataclass(frozen=True)
 class StreamEvent:
-    """One new token of one sample (``text`` is the newly decodable text, possibly empty)."""
+    """One new token of one sample (``text`` is the newly decodable text, possibly empty).
+
+    A request that failed inside a step ends each of its unfinished samples with one event of
+    ``finish_reason="error"``, ``token_id=-1`` (no token) and the failure in ``error``."""
 
     request_id: int
     index: int
@@ -17,6 +20,7 @@ class StreamEvent:
     text: str
     finished: bool
     finish_reason: str | None
+    error: str | None = None
 
 
 @dataclass
@@ -36,3 +40,4 @@ class RequestOutput:
     ttft_s: float | None  # arrival to first token
     tpot_s: float | None  # mean time per output token after the first
     num_cached_tokens: int
+    error: str | None = None  # why the request failed inside a step (finish_reason "error")

@@ -80,6 +80,9 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.swapped: list[Sequence] = []
         self._admissions = 0
+        # Sequences whose admission failed for a reason of their own (not a lack of blocks): the
+        # engine finishes their requests with an error status.
+        self.failed: list[tuple[Sequence, Exception]] = []
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -159,6 +162,10 @@ class Scheduler:
                 hit = self.kv.add_sequence(seq.seq_id, np.array(seq.token_ids, dtype=np.int64))
             except OutOfBlocksError:
                 return
+            except pagedkv.PagedKvError as error:
+                self.waiting.popleft()
+                self.failed.append((seq, error))
+                continue
             table = self.kv.block_table(seq.seq_id)
             hit_blocks = hit // c.block_size
             # The blocks past the hit are fresh: whatever they held belongs to their previous
@@ -232,6 +239,16 @@ class Scheduler:
         seq.status = SeqStatus.FINISHED
         self.kv.free(seq.seq_id)
         self.running.remove(seq)
+
+    def abort(self, seq: Sequence) -> None:
+        """Finish ``seq`` wherever it is (waiting, running, swapped, or a fork child not yet in
+        any queue), releasing whatever blocks it holds."""
+        for queue in (self.running, self.swapped, self.waiting):
+            if seq in queue:
+                queue.remove(seq)
+        if seq.seq_id in self.kv:
+            self.kv.free(seq.seq_id)
+        seq.status = SeqStatus.FINISHED
 
     def preempt(self, seq: Sequence) -> None:
         if self.config.preemption == "swap":

@@ -30,6 +30,7 @@ class Request:
     finish_s: float | None = None
     forked: bool = False  # the n samples exist (forked off sample 0 after its prefill)
     cached_tokens: int = 0  # prompt tokens served by the prefix cache at admission
+    error: str | None = None  # set when the request failed inside a step
 
     @property
     def finished(self) -> bool:

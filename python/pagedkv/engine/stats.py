@@ -20,6 +20,7 @@ class EngineStats:
     recompute_preemptions: int = 0
     swap_preemptions: int = 0
     cow_copies: int = 0
+    failed_requests: int = 0  # finished with finish_reason "error"
     batch_sizes: list[int] = field(default_factory=list)  # sequences per forward pass
     blocks_in_use: list[int] = field(default_factory=list)
 
@@ -34,6 +35,7 @@ class EngineStats:
             "recompute_preemptions": self.recompute_preemptions,
             "swap_preemptions": self.swap_preemptions,
             "cow_copies": self.cow_copies,
+            "failed_requests": self.failed_requests,
             "mean_batch": float(np.mean(self.batch_sizes)) if self.batch_sizes else 0.0,
             "mean_blocks_in_use": float(np.mean(self.blocks_in_use)) if self.blocks_in_use else 0.0,
             "max_blocks_in_use": max(self.blocks_in_use, default=0),
