@@ -40,7 +40,7 @@ def test_throughput_checkpoints_after_each_engine(smollm, tmp_path):
 
 
 def test_bench_engine_refuses_bad_options_in_one_line(smollm, capsys):
-    """Issue 28, items 4 and minor: each is one line on stderr and exit status 2, before any
+    """Bad options: each is one line on stderr and exit status 2, before any
     engine runs (the pool too large for memory after the model's cached load, seconds)."""
     from pagedkv.cli import main
 

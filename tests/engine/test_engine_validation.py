@@ -1,4 +1,4 @@
-"""Issue 28, items 4 and 5 and the engine's minor items: configurations, sampling parameters and
+"""Hostile and unlucky input to the engine: configurations, sampling parameters and
 prompts are checked when they are made (``InvalidArgumentError``), every accepted configuration
 runs to completion, and a request that still fails inside a step finishes with an error status
 while the rest of the batch goes on. On the tiny random-weight llama (tests/engine/tiny_llama.py)
@@ -150,7 +150,7 @@ def test_every_accepted_configuration_runs_to_completion(tiny):
     assert accepted > 200 and ran > 100, (accepted, ran)
 
 
-def test_refused_configurations_of_the_issue(tiny):
+def test_the_configurations_that_spun_forever_are_refused(tiny):
     from pagedkv.engine import EngineConfig, LLMEngine
 
     for options in ({"max_num_seqs": 0}, {"max_num_batched_tokens": 0}, {"preemption": "bogus"}):

@@ -148,10 +148,10 @@ def test_cli_generate_streams_and_refuses_a_bad_model_path(smollm, capsys, tmp_p
 
 
 def test_deferred_admission_leaves_no_stale_block_trusted(smollm):
-    """Issue 28, item 1: A and B share 2 prompt blocks; B is admitted while A is still prefilling
-    them, so its admission is deferred, and the deferral freed B's fresh blocks after
-    add_sequence had indexed them under B's hashes while they still held W's complete K/V. B's
-    retried admission then trusted W's K/V as its own: [73, 49, 30, 824] instead of the
+    """Wrong tokens with prefix caching: A and B share 2 prompt blocks; B is admitted while A is
+    still prefilling them, so its admission is deferred, and the deferral freed B's fresh blocks
+    after add_sequence had indexed them under B's hashes while they still held W's complete K/V.
+    B's retried admission then trusted W's K/V as its own: [73, 49, 30, 824] instead of the
     [58, 53, 50, 58] it generates alone."""
     from pagedkv.engine import LLM, SamplingParams
 

@@ -106,8 +106,7 @@ def check_benchmark(
         )
     if max_prompt >= max_model_len:
         raise InvalidArgumentError(
-            f"max_prompt = {max_prompt} leaves no room for an output in "
-            f"max_model_len = {max_model_len}"
+            f"max_prompt = {max_prompt} leaves no room for an output in max_model_len = {max_model_len}"
         )
     # The n4 and system sections use fixed prompts: 4 samples of 64 + 8 tokens sharing the full
     # prompt blocks, and 104 + 4 tokens.
@@ -118,8 +117,7 @@ def check_benchmark(
     ):
         if section in sections and blocks > num_blocks:
             raise InvalidArgumentError(
-                f"the {section} section needs {blocks} blocks of {block_size}; "
-                f"num_blocks is {num_blocks}"
+                f"the {section} section needs {blocks} blocks of {block_size}; num_blocks is {num_blocks}"
             )
 
 
