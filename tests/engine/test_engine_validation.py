@@ -335,3 +335,37 @@ def test_every_stall_is_reported_not_spun(tiny):
     with pytest.raises(pagedkv.InvariantViolation, match="no progress"):
         for _ in range(10):
             engine.step()
+
+
+def test_a_request_the_allocator_refuses_at_admission_fails_alone(tiny):
+    """An admission that fails for a reason of the request's own (a typed allocator error other
+    than a lack of blocks, forced here through a proxy) finishes that request with an error; the
+    others run as they run alone."""
+    from pagedkv.engine import EngineConfig, LLMEngine, SamplingParams
+
+    class RefusingKv:
+        def __init__(self, kv, refused_seq_id):
+            self._kv, self._refused = kv, refused_seq_id
+
+        def add_sequence(self, seq_id, tokens):
+            if seq_id == self._refused:
+                raise InvalidArgumentError("refused by the test")
+            return self._kv.add_sequence(seq_id, tokens)
+
+        def __contains__(self, seq_id):
+            return seq_id in self._kv
+
+        def __getattr__(self, name):
+            return getattr(self._kv, name)
+
+    params = SamplingParams(max_tokens=4)
+    expected = [_alone(tiny, p, params) for p in PROMPTS]
+    engine = LLMEngine(tiny, EngineConfig(num_blocks=32, block_size=2))
+    rids = [engine.add_request(p, params) for p in PROMPTS]
+    bad = engine.add_request(PROMPTS[1], SamplingParams(n=2, max_tokens=4))
+    engine.scheduler.kv = RefusingKv(engine.kv, engine.requests[bad].sequences[0].seq_id)
+    _drain(engine)
+    assert [[c.token_ids for c in engine.output(r).outputs] for r in rids] == expected
+    out = engine.output(bad)
+    assert [c.finish_reason for c in out.outputs] == ["error"]
+    assert out.error == "InvalidArgumentError: refused by the test"
