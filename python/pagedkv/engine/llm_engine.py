@@ -16,13 +16,14 @@ import numpy as np
 import pagedkv
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.model_runner import ModelRunner
-from pagedkv.engine.outputs import CompletionOutput, RequestOutput, StreamEvent
+from pagedkv.engine.outputs import RequestOutput, StreamEvent, request_output
 from pagedkv.engine.params import SamplingParams
 from pagedkv.engine.prompts import prompt_token_ids
 from pagedkv.engine.sampling import sample_token
 from pagedkv.engine.scheduler import Scheduler
 from pagedkv.engine.sequence import Request, SeqStatus, Sequence
 from pagedkv.engine.stats import EngineStats
+from pagedkv.engine.stop_checker import record_token
 from pagedkv.errors import InvalidArgumentError, InvariantViolation
 from pagedkv.models import LoadedModel
 
@@ -32,7 +33,7 @@ __all__ = ["EngineConfig", "EngineStats", "LLMEngine"]
 class LLMEngine:
     def __init__(self, model: LoadedModel, config: EngineConfig | None = None) -> None:
         self.model = model
-        self.config = c = config or EngineConfig()
+        self.config = c = EngineConfig() if config is None else config
         if not isinstance(c, EngineConfig):
             raise InvalidArgumentError(f"config must be an EngineConfig, got {type(c).__name__}")
         self.max_model_len = min(c.max_model_len or model.config.max_model_len, model.config.max_model_len)
@@ -71,20 +72,7 @@ class LLMEngine:
             isinstance(request_id, bool) or not isinstance(request_id, int) or not 0 <= request_id < 2**63
         ):
             raise InvalidArgumentError(f"request_id must be an integer in [0, 2**63), got {request_id!r}")
-        if len(ids) >= self.max_model_len:
-            raise InvalidArgumentError(
-                f"the prompt has {len(ids)} tokens; the model's context holds {self.max_model_len} "
-                "(prompt plus at least one generated token)"
-            )
-        bs = self.config.block_size
-        total = min(len(ids) + params.max_tokens, self.max_model_len)
-        shared = len(ids) // bs  # full prompt blocks the n samples share
-        needed = shared + params.n * (-(-(total - shared * bs) // bs))
-        if needed > self.config.num_blocks:
-            raise InvalidArgumentError(
-                f"n={params.n} samples of {total} tokens need {needed} blocks at most; the pool has "
-                f"{self.config.num_blocks}"
-            )
+        self.scheduler.check_fits(len(ids), params)
         if request_id is None:
             request_id = self._next_request_id
         if request_id in self.requests:
@@ -107,24 +95,7 @@ class LLMEngine:
         return self.scheduler.has_unfinished()
 
     def output(self, request_id: int) -> RequestOutput:
-        r = self.requests[request_id]
-        tpots = [
-            (s.token_times_s[-1] - s.token_times_s[0]) / (len(s.token_times_s) - 1)
-            for s in r.sequences
-            if len(s.token_times_s) > 1
-        ]
-        return RequestOutput(
-            request_id=r.request_id,
-            prompt=None,
-            prompt_token_ids=r.prompt_ids,
-            outputs=[
-                CompletionOutput(s.index, s.text, list(s.output_ids), s.finish_reason) for s in r.sequences
-            ],
-            ttft_s=None if r.first_token_s is None else r.first_token_s - r.arrival_s,
-            tpot_s=float(np.mean(tpots)) if tpots else None,
-            num_cached_tokens=r.cached_tokens,
-            error=r.error,
-        )
+        return request_output(self.requests[request_id])
 
     # ---- one step -------------------------------------------------------------------------
 
@@ -192,33 +163,13 @@ class LLMEngine:
         return list(request.sequences)
 
     def _sample(self, seq: Sequence, logits: np.ndarray, now: float) -> None:
-        params = seq.request.params
-        token = sample_token(logits, params, seq.rng)
-        tok = self.model.tokenizer
-        seq.output_ids.append(token)
+        token = sample_token(logits, seq.request.params, seq.rng)
+        delta, reason = record_token(seq, token, self.model.tokenizer, self.max_model_len)
         seq.token_times_s.append(now)
         self.stats.generated_tokens += 1
         if seq.request.first_token_s is None:
             seq.request.first_token_s = now
-        reason = None
-        if not params.ignore_eos and token in tok.stop_token_ids:
-            reason = "stop"
-        text = tok.decode(seq.output_ids, skip_special_tokens=True)
-        if text.endswith("\ufffd") and reason is None:
-            text = seq.text  # an incomplete UTF-8 sequence: wait for the next token
-        for stop in params.stop or ():
-            at = text.find(stop)
-            if at >= 0:
-                text, reason = text[:at], "stop"
-        delta = text[len(seq.text) :] if text.startswith(seq.text) else text
-        seq.text = text
-        if reason is None and (
-            len(seq.output_ids) >= params.max_tokens or len(seq.token_ids) + 1 >= self.max_model_len
-        ):
-            reason = "length"
-        if reason is None:
-            seq.token_ids.append(token)
-        else:
+        if reason is not None:
             seq.finish_reason = reason
             self.scheduler.finish(seq)
             if seq.request.finished:

@@ -30,9 +30,10 @@ import pagedkv
 from pagedkv.engine.computed_blocks import ComputedBlocks
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.kv_store import PagedKvStore
+from pagedkv.engine.params import SamplingParams
 from pagedkv.engine.sequence import SeqStatus, Sequence
 from pagedkv.engine.stats import EngineStats
-from pagedkv.errors import OutOfBlocksError
+from pagedkv.errors import InvalidArgumentError, OutOfBlocksError
 
 __all__ = ["Row", "ScheduledBatch", "Scheduler"]
 
@@ -83,6 +84,25 @@ class Scheduler:
         # Sequences whose admission failed for a reason of their own (not a lack of blocks): the
         # engine finishes their requests with an error status.
         self.failed: list[tuple[Sequence, Exception]] = []
+
+    def check_fits(self, num_prompt_tokens: int, params: SamplingParams) -> None:
+        """InvalidArgumentError unless a request can run here alone: its prompt leaves room in
+        the context and its n samples at full length fit the pool (sharing the full prompt
+        blocks), so that admission can never wait for it forever."""
+        if num_prompt_tokens >= self.max_model_len:
+            raise InvalidArgumentError(
+                f"the prompt has {num_prompt_tokens} tokens; the model's context holds "
+                f"{self.max_model_len} (prompt plus at least one generated token)"
+            )
+        bs = self.config.block_size
+        total = min(num_prompt_tokens + params.max_tokens, self.max_model_len)
+        shared = num_prompt_tokens // bs  # full prompt blocks the n samples share
+        needed = shared + params.n * (-(-(total - shared * bs) // bs))
+        if needed > self.config.num_blocks:
+            raise InvalidArgumentError(
+                f"n={params.n} samples of {total} tokens need {needed} blocks at most; the pool has "
+                f"{self.config.num_blocks}"
+            )
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
