@@ -145,6 +145,11 @@ def test_cli_generate_streams_and_refuses_a_bad_model_path(smollm, capsys, tmp_p
     assert "Paris" in capsys.readouterr().out
     assert main(["generate", "Hi", "--model", str(tmp_path / "missing.gguf")]) == 2
     assert "not found" in capsys.readouterr().err
+    for bad in (["--temperature", "nan"], ["--top-k", "-1"], ["--top-p", "0"], ["--seed", "-1"]):
+        # Refused before the model (here a missing file) is even looked at.
+        assert main(["generate", "Hi", "--model", str(tmp_path / "missing.gguf"), *bad]) == 2
+        err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+        assert len(err) == 1 and "not found" not in err[0], (bad, err)
 
 
 def test_deferred_admission_leaves_no_stale_block_trusted(smollm):

@@ -57,8 +57,7 @@ def _generate(args: Any) -> int:
 
     from pagedkv.engine import LLM, SamplingParams
 
-    llm = LLM(args.model, num_blocks=1024, block_size=16)
-    params = SamplingParams(
+    params = SamplingParams(  # checked before the model loads: a bad option fails at once
         n=args.n,
         temperature=args.temperature,
         top_k=args.top_k,
@@ -67,6 +66,7 @@ def _generate(args: Any) -> int:
         seed=args.seed,
         stop=tuple(args.stop),
     )
+    llm = LLM(args.model, num_blocks=1024, block_size=16)
     start = time.perf_counter()
     texts = [""] * args.n
     tokens = 0
