@@ -132,12 +132,14 @@ def test_every_accepted_configuration_runs_to_completion(tiny):
     rng = np.random.default_rng(28)
     chosen = [grid[i] for i in rng.choice(len(grid), size=500, replace=False)]
     accepted = ran = 0
+    seen: set[tuple[str, object]] = set()
     for options in chosen:
         try:
             engine = LLMEngine(tiny, EngineConfig(**options))
         except InvalidArgumentError:
             continue
         accepted += 1
+        seen.update(options.items())
         for prompt, n in zip(PROMPTS, (2, 1, 3), strict=True):
             try:
                 engine.add_request(prompt, SamplingParams(n=n, max_tokens=4, ignore_eos=True))
@@ -148,6 +150,8 @@ def test_every_accepted_configuration_runs_to_completion(tiny):
         for rid in engine.requests:
             assert all(c.finish_reason == "length" for c in engine.output(rid).outputs)
     assert accepted > 200 and ran > 100, (accepted, ran)
+    # Every edge value of every knob ran in some accepted configuration.
+    assert {pair for options in grid for pair in options.items()} == seen
 
 
 def test_the_configurations_that_spun_forever_are_refused(tiny):
