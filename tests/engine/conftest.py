@@ -22,3 +22,11 @@ def smollm():
         return load_model()
     except ModelLoadError as error:
         pytest.skip(f"default model not installed: {error}")
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    """A 2-layer random-weight llama (tests/engine/tiny_llama.py): no model files needed."""
+    from tiny_llama import tiny_model
+
+    return tiny_model()

@@ -37,3 +37,23 @@ def test_throughput_checkpoints_after_each_engine(smollm, tmp_path):
     path = tmp_path / "bench.json"
     write_json(str(path), saved[0])  # what --json writes after the paged half
     assert json.loads(path.read_text())["throughput"]["paged"]["requests"] == 3
+
+
+def test_bench_engine_refuses_bad_options_in_one_line(smollm, capsys):
+    """Bad options: each is one line on stderr and exit status 2, before any
+    engine runs (the pool too large for memory after the model's cached load, seconds)."""
+    from pagedkv.cli import main
+
+    for argv in (
+        ["--seed", "-1"],
+        ["--requests", str(2**40)],
+        ["--num-blocks", str(2**24)],  # 11,520 GiB of K/V for this model
+        ["--num-blocks", str(2**24 + 1)],
+        ["--block-size", str(2**40)],
+        ["--max-model-len", "100000"],  # the contiguous engine could admit nothing
+        ["--max-prompt", "300"],  # no room for an output in max_model_len 256
+        ["--block-size", "1", "--sections", "n4"],
+    ):
+        assert main(["bench-engine", *argv]) == 2, argv
+        err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+        assert len(err) == 1 and err[0].startswith("pagedkv bench-engine: error:"), (argv, err)

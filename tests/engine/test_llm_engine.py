@@ -63,9 +63,9 @@ def test_scheduling_variations_give_identical_greedy_tokens(smollm):
     # A pool so small that decoding must preempt: by recompute, then by swap to the host tier.
     tight = {"num_blocks": 5, "block_size": 4, "admission_watermark_blocks": 0}
     recompute, eng = _run(smollm, PROMPTS, **tight, preemption="recompute")
-    assert recompute == base and eng.stats.preemptions_recompute > 0
+    assert recompute == base and eng.stats.recompute_preemptions > 0
     swap, eng = _run(smollm, PROMPTS, **tight, num_host_blocks=16, preemption="swap")
-    assert swap == base and eng.stats.preemptions_swap > 0
+    assert swap == base and eng.stats.swap_preemptions > 0
     alone = [_run(smollm, [p], num_blocks=64, block_size=4)[0][0] for p in PROMPTS[:2]]
     assert alone == base[:2]
 
@@ -173,3 +173,29 @@ def test_cli_generate_streams_and_refuses_a_bad_model_path(smollm, capsys, tmp_p
     assert "Paris" in "".join(text for kind, text in timeline if kind == "write")
     assert main(["generate", "Hi", "--model", str(tmp_path / "missing.gguf")]) == 2
     assert "not found" in capsys.readouterr().err
+    for bad in (["--temperature", "nan"], ["--top-k", "-1"], ["--top-p", "0"], ["--seed", "-1"]):
+        # Refused before the model (here a missing file) is even looked at.
+        assert main(["generate", "Hi", "--model", str(tmp_path / "missing.gguf"), *bad]) == 2
+        err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+        assert len(err) == 1 and "not found" not in err[0], (bad, err)
+
+
+def test_deferred_admission_leaves_no_stale_block_trusted(smollm):
+    """Wrong tokens with prefix caching: A and B share 2 prompt blocks; B is admitted while A is
+    still prefilling them, so its admission is deferred, and the deferral freed B's fresh blocks
+    after add_sequence had indexed them under B's hashes while they still held W's complete K/V.
+    B's retried admission then trusted W's K/V as its own: [73, 49, 30, 824] instead of the
+    [58, 53, 50, 58] it generates alone."""
+    from pagedkv.engine import LLM, SamplingParams
+
+    sp = SamplingParams(max_tokens=4)
+    w = list(range(100, 156))
+    a = list(range(10, 18)) + list(range(30, 38))
+    b = list(range(10, 18)) + list(range(50, 58))
+    llm = LLM(smollm, num_blocks=16, block_size=4, max_num_batched_tokens=4)
+    together = llm.generate([w, a, b], sp)
+    assert llm.last_engine.stats.deferred_admissions > 0
+    llm.last_engine.kv.check_invariants()
+    alone = LLM(smollm, num_blocks=64, block_size=4).generate([b], sp)[0]
+    assert alone.outputs[0].token_ids == [58, 53, 50, 58]
+    assert together[2].outputs[0].token_ids == alone.outputs[0].token_ids

@@ -23,7 +23,7 @@ def register(subparsers: Any) -> None:
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     gen.add_argument("--top-k", type=int, default=0)
     gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--seed", type=cli_args.seed, default=None)
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     gen.add_argument("--stats", action="store_true", help="print TTFT, tokens/s and KV use to stderr")
@@ -35,13 +35,15 @@ def register(subparsers: Any) -> None:
     )
     bench.add_argument("--model", default=None)
     bench.add_argument("--json", metavar="FILE", default=None, help="write the numbers as one JSON object")
-    bench.add_argument("--requests", type=cli_args.positive_int, default=200)
-    bench.add_argument("--num-blocks", type=cli_args.positive_int, default=64)
-    bench.add_argument("--block-size", type=cli_args.positive_int, default=16)
-    bench.add_argument("--max-model-len", type=cli_args.positive_int, default=256)
-    bench.add_argument("--max-prompt", type=cli_args.positive_int, default=96)
-    bench.add_argument("--max-output", type=cli_args.positive_int, default=48)
-    bench.add_argument("--seed", type=int, default=0)
+    # Bounds that need no model; check_benchmark refuses the rest before the model loads, and
+    # the engine refuses a pool larger than this machine's memory.
+    bench.add_argument("--requests", type=cli_args.bounded_int(1, 100_000), default=200)
+    bench.add_argument("--num-blocks", type=cli_args.bounded_int(1, 1 << 24), default=64)
+    bench.add_argument("--block-size", type=cli_args.bounded_int(1, 1 << 16), default=16)
+    bench.add_argument("--max-model-len", type=cli_args.bounded_int(2, 1 << 24), default=256)
+    bench.add_argument("--max-prompt", type=cli_args.bounded_int(4, 1 << 24), default=96)
+    bench.add_argument("--max-output", type=cli_args.bounded_int(2, 1 << 24), default=48)
+    bench.add_argument("--seed", type=cli_args.seed, default=0)
     bench.add_argument(
         "--sections",
         default="throughput,decode,n4,system",
@@ -55,8 +57,7 @@ def _generate(args: Any) -> int:
 
     from pagedkv.engine import LLM, SamplingParams
 
-    llm = LLM(args.model, num_blocks=1024, block_size=16)
-    params = SamplingParams(
+    params = SamplingParams(  # checked before the model loads: a bad option fails at once
         n=args.n,
         temperature=args.temperature,
         top_k=args.top_k,
@@ -65,6 +66,7 @@ def _generate(args: Any) -> int:
         seed=args.seed,
         stop=tuple(args.stop),
     )
+    llm = LLM(args.model, num_blocks=1024, block_size=16)
     start = time.perf_counter()
     texts = [""] * args.n
     tokens = 0
@@ -91,13 +93,23 @@ def _generate(args: Any) -> int:
 
 
 def _bench(args: Any) -> int:
-    from pagedkv.engine.bench import SECTIONS, run_benchmark
+    from pagedkv.engine.bench import SECTIONS, check_benchmark, run_benchmark
     from pagedkv.models import load_model
 
     sections = tuple(args.sections.split(","))
     unknown = [s for s in sections if s not in SECTIONS]
     if unknown:
         raise cli_args.CliError(f"unknown --sections {','.join(unknown)}: choose from {','.join(SECTIONS)}")
+    check_benchmark(
+        num_requests=args.requests,
+        num_blocks=args.num_blocks,
+        block_size=args.block_size,
+        max_model_len=args.max_model_len,
+        max_prompt=args.max_prompt,
+        max_output=args.max_output,
+        seed=args.seed,
+        sections=sections,
+    )
     result = run_benchmark(
         load_model(args.model),
         num_requests=args.requests,

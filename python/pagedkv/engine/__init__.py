@@ -7,10 +7,12 @@ runs a GGUF llama model (SmolLM2-135M-Instruct by default) through ``KvCacheMana
 
 from __future__ import annotations
 
+from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.llm import LLM
-from pagedkv.engine.llm_engine import EngineConfig, EngineStats, LLMEngine
+from pagedkv.engine.llm_engine import LLMEngine
+from pagedkv.engine.outputs import CompletionOutput, RequestOutput, StreamEvent
 from pagedkv.engine.params import SamplingParams
-from pagedkv.engine.request import CompletionOutput, RequestOutput, StreamEvent
+from pagedkv.engine.stats import EngineStats
 
 __all__ = [
     "LLM",

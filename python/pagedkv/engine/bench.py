@@ -19,13 +19,18 @@ from typing import Any
 
 import numpy as np
 
-from pagedkv.engine.llm_engine import EngineConfig, LLMEngine
+from pagedkv.engine.config import EngineConfig
+from pagedkv.engine.llm_engine import LLMEngine
 from pagedkv.engine.params import SamplingParams
+from pagedkv.errors import InvalidArgumentError
 from pagedkv.models import LoadedModel
 
-__all__ = ["SECTIONS", "run_benchmark", "sharegpt_like"]
+__all__ = ["MAX_BENCH_REQUESTS", "SECTIONS", "check_benchmark", "run_benchmark", "sharegpt_like"]
 
 SECTIONS = ("throughput", "decode", "n4", "system")
+# Each request is real model compute (seconds of CPU): far more than any useful run, and small
+# enough that the workload's token lists fit in memory.
+MAX_BENCH_REQUESTS = 100_000
 
 
 def sharegpt_like(
@@ -67,6 +72,55 @@ def _drive(
     }
 
 
+def check_benchmark(
+    *,
+    num_requests: int,
+    num_blocks: int,
+    block_size: int,
+    max_model_len: int,
+    max_prompt: int,
+    max_output: int,
+    seed: int,
+    sections: tuple[str, ...] = SECTIONS,
+) -> None:
+    """InvalidArgumentError unless every engine the benchmark builds accepts its configuration and
+    every request of its workload fits: checked before the model is loaded, so that a bad option
+    is refused at once rather than after minutes of compute."""
+    for name, value, low, high in (
+        ("requests", num_requests, 1, MAX_BENCH_REQUESTS),
+        ("max_prompt", max_prompt, 4, None),
+        ("max_output", max_output, 2, None),
+        ("seed", seed, 0, 2**64 - 1),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low or (high and value > high):
+            bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+            raise InvalidArgumentError(f"{name} must be an integer {bound}, got {value!r}")
+    # The throughput section's two engines (the others use the same pool or a larger one).
+    EngineConfig(
+        num_blocks=num_blocks, block_size=block_size, max_model_len=max_model_len, reservation="contiguous"
+    )
+    if "throughput" in sections and max_model_len > num_blocks * block_size:
+        raise InvalidArgumentError(
+            f"the contiguous engine reserves max_model_len = {max_model_len} slots per "
+            f"request; the pool has {num_blocks} x {block_size} = {num_blocks * block_size}"
+        )
+    if max_prompt >= max_model_len:
+        raise InvalidArgumentError(
+            f"max_prompt = {max_prompt} leaves no room for an output in max_model_len = {max_model_len}"
+        )
+    # The n4 and system sections use fixed prompts: 4 samples of 64 + 8 tokens sharing the full
+    # prompt blocks, and 104 + 4 tokens.
+    shared = 64 // block_size
+    for section, blocks in (
+        ("n4", shared + 4 * -(-(72 - shared * block_size) // block_size)),
+        ("system", -(-108 // block_size)),
+    ):
+        if section in sections and blocks > num_blocks:
+            raise InvalidArgumentError(
+                f"the {section} section needs {blocks} blocks of {block_size}; num_blocks is {num_blocks}"
+            )
+
+
 def run_benchmark(
     model: LoadedModel,
     *,
@@ -84,6 +138,16 @@ def run_benchmark(
 ) -> dict[str, Any]:
     """Run ``sections``; ``checkpoint(result)``, when given, is called with the numbers so far
     after every engine run, so that a long run interrupted late still leaves its finished parts."""
+    check_benchmark(
+        num_requests=num_requests,
+        num_blocks=num_blocks,
+        block_size=block_size,
+        max_model_len=max_model_len,
+        max_prompt=max_prompt,
+        max_output=max_output,
+        seed=seed,
+        sections=sections,
+    )
     say = progress or (lambda _msg: None)
     save = checkpoint or (lambda _result: None)
     vocab = model.config.vocab_size

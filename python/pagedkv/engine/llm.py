@@ -6,15 +6,19 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from pagedkv.engine.llm_engine import EngineConfig, LLMEngine
+import numpy as np
+
+from pagedkv.engine.config import EngineConfig
+from pagedkv.engine.llm_engine import LLMEngine
+from pagedkv.engine.outputs import RequestOutput, StreamEvent
 from pagedkv.engine.params import SamplingParams
-from pagedkv.engine.request import RequestOutput, StreamEvent
+from pagedkv.engine.prompts import prompt_token_ids
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.models import LoadedModel, load_model
 
 __all__ = ["LLM"]
 
-Prompt = str | list[int]
+Prompt = str | list[int] | np.ndarray
 
 
 class LLM:
@@ -25,7 +29,10 @@ class LLM:
         self, model: str | os.PathLike[str] | LoadedModel | None = None, **engine_options: Any
     ) -> None:
         self.model = model if isinstance(model, LoadedModel) else load_model(model)
-        self.engine_config = EngineConfig(**engine_options)
+        try:
+            self.engine_config = EngineConfig(**engine_options)
+        except TypeError as error:  # an unknown keyword
+            raise InvalidArgumentError(f"LLM: {error}") from error
         self.tokenizer = self.model.tokenizer
 
     def _encode(self, prompt: Prompt, chat: bool) -> list[int]:
@@ -36,16 +43,23 @@ class LLM:
             return self.tokenizer.encode(text)
         if chat:
             raise InvalidArgumentError("use_chat_template needs text prompts")
-        return [int(t) for t in prompt]
+        return prompt_token_ids(prompt, self.model.config.vocab_size)
 
     def _start(
         self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | None, chat: bool
     ) -> tuple[LLMEngine, list[int], list[Prompt]]:
-        if isinstance(prompts, str) or (
-            isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
+        if isinstance(prompts, (str, np.ndarray)) or (
+            isinstance(prompts, (list, tuple))
+            and prompts
+            and not isinstance(prompts[0], (str, list, tuple, np.ndarray))
         ):
-            prompts = [prompts]
-        batch = list(prompts)
+            batch: list[Any] = [prompts]  # one prompt: text, or token ids (checked by prompt_token_ids)
+        elif isinstance(prompts, (list, tuple)):
+            batch = list(prompts)
+        else:
+            raise InvalidArgumentError(
+                f"prompts must be a prompt or a list of prompts, got {type(prompts).__name__}"
+            )
         params = params or SamplingParams()
         encoded = [self._encode(p, chat) for p in batch]  # every prompt checked before anything runs
         engine = LLMEngine(self.model, self.engine_config)

@@ -10,15 +10,19 @@ __all__ = ["sample_token"]
 
 
 def sample_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
-    """Greedy argmax at temperature 0; otherwise temperature, top-k, top-p, then one draw."""
+    """Greedy argmax at temperature 0; otherwise temperature, top-k, top-p, then one draw.
+
+    The logits are shifted by their maximum before they are divided by the temperature: every
+    scaled value is then <= 0 and the top one exactly 0, so that a temperature as small as
+    5e-324 gives -inf (probability 0) to the others instead of inf - inf = NaN."""
     if params.greedy:
         return int(np.argmax(logits))
-    scaled = logits.astype(np.float64) / params.temperature
-    order = np.argsort(-scaled, kind="stable")
+    order = np.argsort(-logits.astype(np.float64), kind="stable")
     if params.top_k:
         order = order[: params.top_k]
-    kept = scaled[order]
-    probs = np.exp(kept - kept[0])
+    kept = logits[order].astype(np.float64)
+    with np.errstate(over="ignore", divide="ignore"):
+        probs = np.exp((kept - kept[0]) / params.temperature)
     probs /= probs.sum()
     if params.top_p < 1.0:
         # The smallest prefix whose mass reaches top_p (always at least the top token).

@@ -1,4 +1,4 @@
-"""Requests, their sequences (one per sample) and what the engine reports about them."""
+"""A request and its sequences (one per sample): the state the scheduler moves between queues."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 
 from pagedkv.engine.params import SamplingParams
 
-__all__ = ["CompletionOutput", "Request", "RequestOutput", "Sequence", "SeqStatus", "StreamEvent"]
+__all__ = ["Request", "Sequence", "SeqStatus"]
 
 
 class SeqStatus(enum.Enum):
@@ -30,6 +30,7 @@ class Request:
     finish_s: float | None = None
     forked: bool = False  # the n samples exist (forked off sample 0 after its prefill)
     cached_tokens: int = 0  # prompt tokens served by the prefix cache at admission
+    error: str | None = None  # set when the request failed inside a step
 
     @property
     def finished(self) -> bool:
@@ -54,34 +55,3 @@ class Sequence:
     text: str = ""
     finish_reason: str | None = None
     token_times_s: list[float] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class StreamEvent:
-    """One new token of one sample (``text`` is the newly decodable text, possibly empty)."""
-
-    request_id: int
-    index: int
-    token_id: int
-    text: str
-    finished: bool
-    finish_reason: str | None
-
-
-@dataclass
-class CompletionOutput:
-    index: int
-    text: str
-    token_ids: list[int]
-    finish_reason: str | None
-
-
-@dataclass
-class RequestOutput:
-    request_id: int
-    prompt: str | None
-    prompt_token_ids: list[int]
-    outputs: list[CompletionOutput]
-    ttft_s: float | None  # arrival to first token
-    tpot_s: float | None  # mean time per output token after the first
-    num_cached_tokens: int

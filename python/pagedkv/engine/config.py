@@ -1,0 +1,79 @@
+"""EngineConfig: the pool, the scheduler's knobs and the reservation policy of one engine.
+
+Every field is checked when the config is made (``InvalidArgumentError`` naming the field), so that
+an engine built from it can always make progress: a knob of zero, an unknown policy string or a
+block count the allocator refuses never reaches the scheduler. The checks that need the model
+(``max_model_len`` against a contiguous reservation, the K/V memory) are made by ``LLMEngine``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pagedkv.errors import InvalidArgumentError
+
+__all__ = ["MAX_NUM_BLOCKS", "MAX_NUM_SLOTS", "PREEMPTION_MODES", "RESERVATIONS", "EngineConfig"]
+
+PREEMPTION_MODES = ("recompute", "swap")
+RESERVATIONS = ("paged", "contiguous")
+MAX_NUM_BLOCKS = 1 << 24  # the allocator's limit: block ids fit in 24 bits
+MAX_NUM_SLOTS = 2**31 - 1  # num_blocks * block_size: every slot index fits the int32 tables
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    num_blocks: int = 512
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    num_host_blocks: int = 0
+    preemption: Literal["recompute", "swap"] = "recompute"
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 256  # rows per forward pass (decode rows + prefill chunks)
+    enable_chunked_prefill: bool = True
+    # "paged": blocks on demand. "contiguous": also admit only while every running sequence can
+    # reserve max_model_len slots (the contiguous-reservation baseline on the same KV memory).
+    reservation: Literal["paged", "contiguous"] = "paged"
+    max_model_len: int | None = None  # default: the model's context length
+    # Free blocks an admission must leave for the running sequences' next appends (default: 1% of
+    # the pool), so that admitting does not force an immediate preemption.
+    admission_watermark_blocks: int | None = None
+
+    def __post_init__(self) -> None:
+        _integer("num_blocks", self.num_blocks, 1, MAX_NUM_BLOCKS)
+        _integer("block_size", self.block_size, 1, MAX_NUM_SLOTS)
+        _integer("num_host_blocks", self.num_host_blocks, 0, MAX_NUM_BLOCKS)
+        for name, blocks in (("num_blocks", self.num_blocks), ("num_host_blocks", self.num_host_blocks)):
+            if blocks * self.block_size > MAX_NUM_SLOTS:
+                raise InvalidArgumentError(
+                    f"EngineConfig: {name} * block_size = {blocks * self.block_size} exceeds the "
+                    f"{MAX_NUM_SLOTS} token slots a pool may have"
+                )
+        _integer("max_num_seqs", self.max_num_seqs, 1, None)
+        _integer("max_num_batched_tokens", self.max_num_batched_tokens, 1, None)
+        if self.max_model_len is not None:
+            # A prompt of one token and one generated token.
+            _integer("max_model_len", self.max_model_len, 2, None)
+        if self.admission_watermark_blocks is not None:
+            # It applies only while some sequence runs, so even the whole pool lets the first in.
+            _integer("admission_watermark_blocks", self.admission_watermark_blocks, 0, self.num_blocks)
+        for name in ("enable_prefix_caching", "enable_chunked_prefill"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidArgumentError(f"EngineConfig.{name} must be a bool, got {getattr(self, name)!r}")
+        _choice("preemption", self.preemption, PREEMPTION_MODES)
+        _choice("reservation", self.reservation, RESERVATIONS)
+        if self.preemption == "swap" and self.num_host_blocks == 0:
+            raise InvalidArgumentError("EngineConfig: preemption='swap' needs num_host_blocks > 0")
+
+
+def _integer(name: str, value: object, low: int, high: int | None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgumentError(f"EngineConfig.{name} must be an integer, got {value!r}")
+    if value < low or (high is not None and value > high):
+        bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise InvalidArgumentError(f"EngineConfig.{name} must be {bound}, got {value}")
+
+
+def _choice(name: str, value: object, choices: tuple[str, ...]) -> None:
+    if not isinstance(value, str) or value not in choices:
+        raise InvalidArgumentError(f"EngineConfig.{name} must be one of {', '.join(choices)}; got {value!r}")

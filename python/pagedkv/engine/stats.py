@@ -1,0 +1,42 @@
+"""EngineStats: what one engine did, counted per step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = ["EngineStats"]
+
+
+@dataclass
+class EngineStats:
+    steps: int = 0
+    prefill_tokens: int = 0  # tokens whose K/V were computed as prefill
+    decode_tokens: int = 0
+    generated_tokens: int = 0
+    prefix_hit_tokens: int = 0
+    deferred_admissions: int = 0
+    recompute_preemptions: int = 0
+    swap_preemptions: int = 0
+    cow_copies: int = 0
+    failed_requests: int = 0  # finished with finish_reason "error"
+    batch_sizes: list[int] = field(default_factory=list)  # sequences per forward pass
+    blocks_in_use: list[int] = field(default_factory=list)
+
+    def summary(self) -> dict[str, float]:
+        return {
+            "steps": self.steps,
+            "prefill_tokens": self.prefill_tokens,
+            "decode_tokens": self.decode_tokens,
+            "generated_tokens": self.generated_tokens,
+            "prefix_hit_tokens": self.prefix_hit_tokens,
+            "deferred_admissions": self.deferred_admissions,
+            "recompute_preemptions": self.recompute_preemptions,
+            "swap_preemptions": self.swap_preemptions,
+            "cow_copies": self.cow_copies,
+            "failed_requests": self.failed_requests,
+            "mean_batch": float(np.mean(self.batch_sizes)) if self.batch_sizes else 0.0,
+            "mean_blocks_in_use": float(np.mean(self.blocks_in_use)) if self.blocks_in_use else 0.0,
+            "max_blocks_in_use": max(self.blocks_in_use, default=0),
+        }
