@@ -271,7 +271,13 @@ impl KvCacheManager {
         block_hashes.truncate(num_indexed);
         debug_assert_eq!(block_hashes.len(), num_indexed);
         if events_on && run_start < num_indexed {
-            let event = stored_run(&block_hashes, run_start..num_indexed, token_ids, bs, extra_key);
+            let event = stored_run(
+                &block_hashes,
+                run_start..num_indexed,
+                token_ids,
+                bs,
+                extra_key,
+            );
             prefix.events.push(event);
         }
 

@@ -133,7 +133,13 @@ impl KvCacheManager {
     fn plan_growth(&self, seq_id: SeqId, num_tokens: usize) -> Result<GrowthPlan> {
         let seq = self.resident(seq_id)?;
         Self::check_computed(seq_id, seq)?;
-        growth_plan(&seq.table, num_tokens, &self.pool, self.prefix.as_ref(), None)
+        growth_plan(
+            &seq.table,
+            num_tokens,
+            &self.pool,
+            self.prefix.as_ref(),
+            None,
+        )
     }
 
     /// Applies a validated plan to the sequence in `row` of `seqs` with blocks drawn from `supply`

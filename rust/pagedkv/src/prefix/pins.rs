@@ -54,7 +54,11 @@ impl Pins {
     /// Takes every pin: all their blocks, one entry per reference they held.
     pub(crate) fn take_all(&mut self) -> Vec<BlockId> {
         self.counts.clear();
-        self.by_prompt.drain().flat_map(|(_, p)| p).flatten().collect()
+        self.by_prompt
+            .drain()
+            .flat_map(|(_, p)| p)
+            .flatten()
+            .collect()
     }
 
     /// Distinct pinned blocks.
