@@ -1,4 +1,4 @@
-"""Hostile input to the scheduler-facing calls (issue 29): ``add_sequence(num_scheduled=)``,
+"""Hostile input to the scheduler-facing calls: ``add_sequence(num_scheduled=)``,
 ``advance_computed``, ``num_computed_tokens``, ``match_prefix``, ``truncate``,
 ``pin_prefix`` / ``unpin_prefix``. Floats, bools, negative and huge numbers, unknown ids,
 wrong types: each raises a typed ``pagedkv`` error and changes nothing (docs/design.md,
