@@ -69,9 +69,11 @@ class KvCacheManager:
         *,
         num_tokens: int | None = None,
         extra_key: str | bytes | int | np.integer | None = None,
+        num_scheduled: int | None = None,
     ) -> int:
         """Admits a prompt (``token_ids`` ``[n]``, or only ``num_tokens``: never hashed);
-        returns how many of its tokens were served from the prefix cache."""
+        returns how many of its tokens were served from the prefix cache. ``num_scheduled``:
+        how many of the new (non-hit) tokens the next pass computes (``None``: all)."""
     def append_tokens(
         self, seq_id: int, token_ids: _TokenIds | None = None, *, num_tokens: int | None = None
     ) -> None:
@@ -88,6 +90,24 @@ class KvCacheManager:
     def block_table(self, seq_id: int) -> npt.NDArray[np.int32]:
         """int32 ``[num_blocks_of_seq]``, a fresh array."""
     def num_tokens(self, seq_id: int) -> int: ...
+    def advance_computed(self, seq_ids: _SeqIds, num_tokens: int) -> None:
+        """Schedules the next ``num_tokens`` tokens of each sequence (chunked prefill), all or
+        none; full blocks enter the prefix index once computed."""
+    def num_computed_tokens(self, seq_id: int) -> int: ...
+    def match_prefix(
+        self, tokens: _TokenIds, *, extra_key: str | bytes | int | np.integer | None = None
+    ) -> int:
+        """The hit ``add_sequence`` would return now; no side effect at all."""
+    def truncate(self, seq_id: int, num_tokens: int) -> None:
+        """Keeps the first ``num_tokens`` tokens (rollback of rejected draft tokens)."""
+    def pin_prefix(
+        self, tokens: _TokenIds, *, extra_key: str | bytes | int | np.integer | None = None
+    ) -> int:
+        """Pins the cached blocks of the longest cached prefix; returns the tokens pinned."""
+    def unpin_prefix(
+        self, tokens: _TokenIds, *, extra_key: str | bytes | int | np.integer | None = None
+    ) -> None:
+        """Releases the most recent pin of ``tokens`` (``InvalidArgumentError`` if none)."""
     def batch_block_tables(self, seq_ids: _SeqIds) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]:
         """(int32 ``[B, max_blocks]`` padded with -1, int32 ``[B]`` lengths in tokens)."""
     def csr_page_table(

@@ -17,7 +17,7 @@ def snapshot(kv: pagedkv.KvCacheManager, seq_ids: Iterable[int]) -> dict[str, An
         if seq_id in kv:
             swapped = kv.num_host_blocks > 0 and kv.is_swapped_out(seq_id)
             table = None if swapped else kv.block_table(seq_id).tolist()
-            tables[seq_id] = (table, kv.num_tokens(seq_id), swapped)
+            tables[seq_id] = (table, kv.num_tokens(seq_id), kv.num_computed_tokens(seq_id), swapped)
     return {
         "tables": tables,
         "num_sequences": kv.num_sequences,

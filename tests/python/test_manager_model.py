@@ -1,15 +1,19 @@
 """Model-based tests (hypothesis.stateful), mirroring the Rust proptest model test.
 
 Random add / append / batch append / fork / free / batch free sequences (with copy-on-write),
-then prefix-cache hits and evictions, then swap_out / swap_in, run against two references:
+chunked prefill (``num_scheduled`` / ``advance_computed``), ``truncate``, ``match_prefix`` and
+pinned prefixes, then prefix-cache hits and evictions, then swap_out / swap_in, run against two
+references:
 
 * a block model: every sequence's table as abstract block ids with refcounts, predicting the
   exact number of device (and host) blocks in use, which operations fail and with which error,
   and the sharing structure of the physical tables (same abstract block <=> same physical one);
 * a data plane: the content of every physical device and host block slot, written through the
   manager's slot mapping, with copy-on-write and swap copies executed as a data plane would.
-  Every sequence must read back exactly its own tokens; a prefix hit must serve exactly the
-  prompt's tokens from the same namespace (extra_key); no write may land in a shared block.
+  Every sequence must read back exactly its own computed tokens (a pass writes a chunk's K/V
+  when it is scheduled); a prefix hit must serve exactly the prompt's tokens from the same
+  namespace (extra_key), so a hit on a block not yet computed fails; no write may land in a
+  shared block.
 
 ``check_invariants()`` runs after every step, and a failed operation must change nothing.
 """
@@ -68,6 +72,8 @@ class ManagerMachine(RuleBasedStateMachine):
         self.host_content: dict[int, list[Cell | None]] = {}  # host block -> slots
         self.hit_tokens_total = 0
         self.history: list[list[int]] = []  # prompts seen, reused to provoke prefix hits
+        self.computed: dict[int, int] = {}  # seq -> its computed watermark
+        self.pins: list[tuple[list[int], Any, int]] = []  # (prompt, extra_key, tokens pinned)
 
     @initialize(block_size=st.sampled_from([1, 2, 3, 4]))
     def setup(self, block_size: int) -> None:
@@ -82,6 +88,13 @@ class ManagerMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------------ model helpers
     def resident(self) -> list[int]:
         return sorted(self.abstract)
+
+    def ready(self) -> list[int]:
+        """Resident sequences done prefilling (they may grow and fork)."""
+        return [s for s in sorted(self.abstract) if self.computed[s] == len(self.tokens[s])]
+
+    def prefilling(self) -> list[int]:
+        return [s for s in sorted(self.abstract) if self.computed[s] < len(self.tokens[s])]
 
     def live(self) -> list[int]:
         return sorted(set(self.abstract) | set(self.swapped))
@@ -110,6 +123,7 @@ class ManagerMachine(RuleBasedStateMachine):
             del self.host_physical[block]
 
     def append_need(self, seq_id: int, count: int) -> int:
+        # (Without prefix caching no block is indexed, so only sharing makes a copy.)
         n = len(self.tokens[seq_id])
         table = self.abstract[seq_id]
         copy = count > 0 and n % self.block_size != 0 and self.abstract_refs[table[-1]] > 1
@@ -134,16 +148,22 @@ class ManagerMachine(RuleBasedStateMachine):
                 return abstract
         return self.new_abstract()
 
-    def write(self, seq_id: int, first: int) -> None:
-        """Runs pending copies, then writes the sequence's tokens from position `first` on
-        through the manager's slot mapping, checking each written block is unshared."""
+    def write(self, seq_id: int, first: int, end: int | None = None) -> None:
+        """Runs pending copies, then writes the sequence's tokens at positions `first..end`
+        (default: to its end, through the manager's slot mapping; else through its block
+        table), checking each written block is unshared."""
         self.run_copy_ops()
         tokens = self.tokens[seq_id]
-        count = len(tokens) - first
-        if count == 0:
-            return
-        slots = self.kv.slot_mapping([seq_id], count).tolist()
-        for position, slot in zip(range(first, len(tokens)), slots, strict=True):
+        if end is None or end == len(tokens):
+            end = len(tokens)
+            count = end - first
+            slots = self.kv.slot_mapping([seq_id], count).tolist() if count else []
+        else:
+            table = self.kv.block_table(seq_id).tolist()
+            slots = [
+                table[p // self.block_size] * self.block_size + p % self.block_size for p in range(first, end)
+            ]
+        for position, slot in zip(range(first, end), slots, strict=True):
             block, offset = divmod(slot, self.block_size)
             assert self.kv.refcount(block) == 1, f"write into shared block {block}"
             cells = self.content.setdefault(block, [None] * self.block_size)
@@ -153,7 +173,7 @@ class ManagerMachine(RuleBasedStateMachine):
         ops = self.kv.take_copy_ops()
         assert ops.shape[1:] == (2,)
         for src, dst in ops.tolist():
-            self.content[dst] = list(self.content[src])
+            self.content[dst] = list(self.content.get(src, [None] * self.block_size))
 
     def call_changing_nothing_on(self, errors: Any, op: Any) -> Any:
         """Runs `op`; if it raises one of `errors`, asserts nothing changed and returns the
@@ -175,9 +195,12 @@ class ManagerMachine(RuleBasedStateMachine):
         num_tokens=st.integers(0, 14),
         with_ids=st.booleans(),
         extra_key=st.sampled_from([None, None, "a", b"b"]),
+        num_scheduled=st.one_of(st.none(), st.integers(0, 8)),
         data=st.data(),
     )
-    def add(self, num_tokens: int, with_ids: bool, extra_key: Any, data: st.DataObject) -> None:
+    def add(
+        self, num_tokens: int, with_ids: bool, extra_key: Any, num_scheduled: int | None, data: st.DataObject
+    ) -> None:
         seq_id = next(self.next_id)
         prompt = data.draw(st.lists(st.integers(0, VOCAB - 1), min_size=num_tokens, max_size=num_tokens))
         if self.history and data.draw(st.integers(0, 3)) > 0:
@@ -191,9 +214,17 @@ class ManagerMachine(RuleBasedStateMachine):
         needed = ceil_div(num_tokens, self.block_size)
         free = self.model_free()
         if with_ids:
-            call = lambda: self.kv.add_sequence(seq_id, prompt, extra_key=extra_key)  # noqa: E731
+            call = lambda: self.kv.add_sequence(  # noqa: E731
+                seq_id, prompt, extra_key=extra_key, num_scheduled=num_scheduled
+            )
+            # The hit the admission will take, read first without any side effect.
+            before = snapshot(self.kv, self.live())
+            matched = self.kv.match_prefix(prompt, extra_key=extra_key)
+            assert snapshot(self.kv, self.live()) == before
         else:
-            call = lambda: self.kv.add_sequence(seq_id, num_tokens=num_tokens)  # noqa: E731
+            call = lambda: self.kv.add_sequence(  # noqa: E731
+                seq_id, num_tokens=num_tokens, num_scheduled=num_scheduled
+            )
         if needed > NUM_BLOCKS:
             self.expect_failure(InvalidArgumentError, call)
             return
@@ -207,6 +238,8 @@ class ManagerMachine(RuleBasedStateMachine):
             event("failed cleanly: OutOfBlocksError (cache-aware)")
             return
         hit = outcome[1]
+        if with_ids:
+            assert hit == matched
         if hit:
             event("prefix hit")
         if self.kv.stats()["evictions"] > evictions:
@@ -227,12 +260,90 @@ class ManagerMachine(RuleBasedStateMachine):
             self.abstract_of_physical(table[index]) if index < hit // self.block_size else self.new_abstract()
             for index in range(needed)
         ]
-        self.write(seq_id, hit)
+        computed = num_tokens if num_scheduled is None else hit + min(num_scheduled, num_tokens - hit)
+        assert self.kv.num_computed_tokens(seq_id) == computed
+        if computed < num_tokens:
+            event("chunked prefill")
+        self.computed[seq_id] = computed
+        self.write(seq_id, hit, computed)
+
+    @precondition(lambda self: self.prefilling())
+    @rule(data=st.data())
+    def advance_computed(self, data: st.DataObject) -> None:
+        seqs = data.draw(st.lists(st.sampled_from(self.prefilling()), min_size=1, max_size=3, unique=True))
+        left = min(len(self.tokens[s]) - self.computed[s] for s in seqs)
+        count = data.draw(st.integers(0, left + 1))
+        call = lambda: self.kv.advance_computed(seqs, count)  # noqa: E731
+        if count > left:
+            self.expect_failure(InvalidArgumentError, call)
+            return
+        call()
+        for seq_id in seqs:
+            first = self.computed[seq_id]
+            self.computed[seq_id] += count
+            self.write(seq_id, first, self.computed[seq_id])
+            assert self.kv.num_computed_tokens(seq_id) == self.computed[seq_id]
+
+    @precondition(lambda self: self.prefilling())
+    @rule(data=st.data())
+    def prefilling_sequences_refuse_growth(self, data: st.DataObject) -> None:
+        seq_id = data.draw(st.sampled_from(self.prefilling()))
+        self.expect_failure(InvalidArgumentError, lambda: self.kv.append_tokens(seq_id, [1]))
+        self.expect_failure(InvalidArgumentError, lambda: self.kv.append_tokens_batch([seq_id]))
+        self.expect_failure(InvalidArgumentError, lambda: self.kv.fork(seq_id, UNKNOWN))
+        assert not self.kv.can_append(seq_id, 1)
 
     @precondition(lambda self: self.abstract)
+    @rule(data=st.data())
+    def truncate(self, data: st.DataObject) -> None:
+        seq_id = data.draw(st.sampled_from(self.resident()))
+        n = len(self.tokens[seq_id])
+        keep = data.draw(st.integers(0, n + 2))
+        call = lambda: self.kv.truncate(seq_id, keep)  # noqa: E731
+        if keep > n:
+            self.expect_failure(InvalidArgumentError, call)
+            return
+        call()
+        event("truncate")
+        # The data stay where they are: only the table, the refcounts and the watermark move.
+        table = self.abstract[seq_id]
+        for block in table[ceil_div(keep, self.block_size) :]:
+            self.drop_abstract(block)
+        del table[ceil_div(keep, self.block_size) :]
+        del self.tokens[seq_id][keep:]
+        self.computed[seq_id] = min(self.computed[seq_id], keep)
+        assert self.kv.num_computed_tokens(seq_id) == self.computed[seq_id]
+
+    @precondition(lambda self: self.history)
+    @rule(data=st.data(), extra_key=st.sampled_from([None, None, "a"]))
+    def pin_prefix(self, data: st.DataObject, extra_key: Any) -> None:
+        base = data.draw(st.sampled_from(self.history[-6:]))
+        prompt = base[: data.draw(st.integers(0, len(base)))]
+        pinned = self.kv.pin_prefix(prompt, extra_key=extra_key)
+        full = len(prompt) // self.block_size * self.block_size
+        assert pinned % self.block_size == 0 and pinned <= full
+        assert pinned >= self.kv.match_prefix(prompt, extra_key=extra_key)
+        if not self.prefix_caching:
+            assert pinned == 0
+        if pinned:
+            event("pinned")
+            self.pins.append((prompt, extra_key, pinned))
+
+    @rule(data=st.data())
+    def unpin_prefix(self, data: st.DataObject) -> None:
+        if not self.pins or data.draw(st.integers(0, 3)) == 0:
+            # Something never pinned (a token outside the vocabulary): refused, no change.
+            prompt = [VOCAB] * (self.block_size + 1)
+            self.expect_failure(InvalidArgumentError, lambda: self.kv.unpin_prefix(prompt))
+            return
+        index = data.draw(st.integers(0, len(self.pins) - 1))
+        prompt, extra_key, _ = self.pins.pop(index)
+        self.kv.unpin_prefix(prompt, extra_key=extra_key)
+
+    @precondition(lambda self: self.ready())
     @rule(data=st.data(), count=st.integers(0, 6), with_ids=st.booleans())
     def append(self, data: st.DataObject, count: int, with_ids: bool) -> None:
-        seq_id = data.draw(st.sampled_from(self.resident()))
+        seq_id = data.draw(st.sampled_from(self.ready()))
         new = data.draw(st.lists(st.integers(0, VOCAB - 1), min_size=count, max_size=count))
         if with_ids:
             call = lambda: self.kv.append_tokens(seq_id, new)  # noqa: E731
@@ -255,12 +366,13 @@ class ManagerMachine(RuleBasedStateMachine):
         first = len(self.tokens[seq_id])
         self.model_append(seq_id, count)
         self.tokens[seq_id].extend(new)
+        self.computed[seq_id] = len(self.tokens[seq_id])  # appended tokens are computed
         self.write(seq_id, first)
 
-    @precondition(lambda self: self.abstract)
+    @precondition(lambda self: self.ready())
     @rule(data=st.data(), count=st.integers(1, 3))
     def append_batch(self, data: st.DataObject, count: int) -> None:
-        seqs = data.draw(st.lists(st.sampled_from(self.resident()), min_size=1, max_size=4, unique=True))
+        seqs = data.draw(st.lists(st.sampled_from(self.ready()), min_size=1, max_size=4, unique=True))
         new = data.draw(
             st.lists(st.integers(0, VOCAB - 1), min_size=count * len(seqs), max_size=count * len(seqs))
         )
@@ -288,18 +400,21 @@ class ManagerMachine(RuleBasedStateMachine):
         firsts = {s: len(self.tokens[s]) for s in seqs}
         for index, seq_id in enumerate(seqs):
             self.tokens[seq_id].extend(new[index * count : (index + 1) * count])
+            self.computed[seq_id] = len(self.tokens[seq_id])
         self.run_copy_ops()
         for seq_id in seqs:
             self.write(seq_id, firsts[seq_id])
 
-    @precondition(lambda self: self.abstract)
+    @precondition(lambda self: self.ready())
     @rule(data=st.data())
     def fork(self, data: st.DataObject) -> None:
-        parent = data.draw(st.sampled_from(self.resident()))
+        parent = data.draw(st.sampled_from(self.ready()))
         child = next(self.next_id)
         self.kv.fork(parent, child)
         assert self.kv.block_table(child).tolist() == self.kv.block_table(parent).tolist()
         self.tokens[child] = list(self.tokens[parent])
+        self.computed[child] = self.computed[parent]
+        assert self.kv.num_computed_tokens(child) == self.computed[child]
         self.namespace[child] = self.namespace[parent]
         self.abstract[child] = list(self.abstract[parent])
         for block in self.abstract[child]:
@@ -318,6 +433,7 @@ class ManagerMachine(RuleBasedStateMachine):
         for block in self.swapped.pop(seq_id, []):
             self.drop_host(block)
         del self.tokens[seq_id]
+        del self.computed[seq_id]
         del self.namespace[seq_id]
 
     @precondition(lambda self: len(self.live()) >= 2)
@@ -354,24 +470,38 @@ class ManagerMachine(RuleBasedStateMachine):
             table = self.kv.block_table(seq_id).tolist()
             tokens = self.tokens[seq_id]
             assert self.kv.num_tokens(seq_id) == len(tokens)
+            assert self.kv.num_computed_tokens(seq_id) == self.computed[seq_id]
             assert len(table) == ceil_div(len(tokens), self.block_size)
             for abstract, block in zip(self.abstract[seq_id], table, strict=True):
                 assert physical_of.setdefault(abstract, block) == block  # same <=> same
-            for position, token in enumerate(tokens):
+            for position, token in enumerate(tokens[: self.computed[seq_id]]):
                 block, offset = divmod(position, self.block_size)
                 cell = self.content[table[block]][offset]
                 assert cell == (token, self.namespace[seq_id]), (seq_id, position)
         assert len(set(physical_of.values())) == len(physical_of)
+        # Pins hold references the block model does not name (pin_prefix returns no block ids):
+        # with pins the counts are bounds, without them exact.
         for abstract, block in physical_of.items():
-            assert self.kv.refcount(block) == self.abstract_refs[abstract]
-        assert stats["num_blocks_in_use"] == self.device_in_use()
+            if self.pins:
+                assert self.kv.refcount(block) >= self.abstract_refs[abstract]
+            else:
+                assert self.kv.refcount(block) == self.abstract_refs[abstract]
+        if self.pins:
+            assert stats["num_blocks_in_use"] >= self.device_in_use()
+            assert stats["num_pinned_blocks"] > 0
+        else:
+            assert stats["num_blocks_in_use"] == self.device_in_use()
+            assert stats["num_pinned_blocks"] == 0
+        for prompt, extra_key, pinned in self.pins:
+            # A pinned prefix is never evicted: it stays a hit.
+            assert self.kv.match_prefix(prompt[:pinned] + [0], extra_key=extra_key) >= pinned
         if not self.prefix_caching:
             assert self.kv.num_free_blocks == NUM_BLOCKS - self.device_in_use()
             assert stats["num_cached_blocks"] == 0
         for seq_id, host_table in self.swapped.items():
             assert self.kv.is_swapped_out(seq_id)
             assert self.kv.num_tokens(seq_id) == len(self.tokens[seq_id])
-            for position, token in enumerate(self.tokens[seq_id]):
+            for position, token in enumerate(self.tokens[seq_id][: self.computed[seq_id]]):
                 block, offset = divmod(position, self.block_size)
                 host = self.host_physical[host_table[block]]
                 assert self.host_content[host][offset] == (token, self.namespace[seq_id])
@@ -420,7 +550,8 @@ class SwapMachine(ManagerMachine):
         host_of_device = dict(ops.tolist())
         assert len(set(host_of_device.values())) == len(group_blocks)
         for device, host in host_of_device.items():
-            self.host_content[host] = list(self.content[device])
+            # (A block not yet computed, of a prefilling sequence, was never written.)
+            self.host_content[host] = list(self.content.get(device, [None] * self.block_size))
         host_abstract = {}
         for a in sorted(group_blocks):
             h = next(self.next_abstract)

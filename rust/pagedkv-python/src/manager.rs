@@ -285,8 +285,9 @@ impl PyKvCacheManager {
     ///
     /// `token_ids`: `[num_tokens]` ints (list/tuple/range or 1-D integer array), or pass only
     /// `num_tokens` (such a prompt is never hashed). `extra_key` (str | bytes | int) isolates
-    /// prefix-cache namespaces (cache salt, adapter id).
-    #[pyo3(signature = (seq_id, token_ids=None, *, num_tokens=None, extra_key=None))]
+    /// prefix-cache namespaces (cache salt, adapter id). `num_scheduled`: how many of the new
+    /// (non-hit) tokens the next pass computes (chunked prefill; `None` = all).
+    #[pyo3(signature = (seq_id, token_ids=None, *, num_tokens=None, extra_key=None, num_scheduled=None))]
     fn add_sequence(
         &self,
         py: Python<'_>,
@@ -294,7 +295,9 @@ impl PyKvCacheManager {
         token_ids: Option<Bound<'_, PyAny>>,
         num_tokens: Option<CountArg>,
         extra_key: Option<ExtraKey>,
+        num_scheduled: Option<CountArg>,
     ) -> PyResult<usize> {
+        let scheduled = num_scheduled.map_or(usize::MAX, |n| n.0);
         match token_ids {
             Some(token_ids) => {
                 let token_ids = self.token_ids(&token_ids)?;
@@ -302,7 +305,9 @@ impl PyKvCacheManager {
                 check_token_count(py, ids.len(), num_tokens)?;
                 let heavy = ids.len() >= DETACH_MIN_PROMPT_TOKENS;
                 let key = extra_key.as_ref().map(|key| key.0.as_slice());
-                self.run(py, heavy, |kv| kv.add_sequence(seq_id.0, ids, key))
+                self.run(py, heavy, |kv| {
+                    kv.add_sequence_scheduled(seq_id.0, ids, key, scheduled)
+                })
             }
             None => {
                 if extra_key.is_some() {
@@ -313,7 +318,9 @@ impl PyKvCacheManager {
                     ));
                 }
                 let count = num_tokens.map_or(0, |n| n.0);
-                self.run(py, false, |kv| kv.add_sequence_len(seq_id.0, count))
+                self.run(py, false, |kv| {
+                    kv.add_sequence_len_scheduled(seq_id.0, count, scheduled)
+                })
             }
         }
     }
@@ -421,6 +428,77 @@ impl PyKvCacheManager {
                 .collect())
         })?;
         Ok(PyArray1::from_vec(py, table))
+    }
+
+    /// Schedules the next `num_tokens` tokens of each of `seq_ids` (`[B]`): their blocks
+    /// enter the prefix index once wholly computed. All or none.
+    fn advance_computed(
+        &self,
+        py: Python<'_>,
+        seq_ids: Bound<'_, PyAny>,
+        num_tokens: CountArg,
+    ) -> PyResult<()> {
+        let seq_ids = self.seq_ids(py, &seq_ids)?;
+        let seqs = seq_ids.0.as_slice();
+        self.run(py, seqs.len() >= DETACH_MIN_BATCH, |kv| {
+            kv.advance_computed(seqs, num_tokens.0)
+        })
+    }
+
+    /// Tokens of the sequence whose K/V exist by the end of the pass that scheduled them.
+    fn num_computed_tokens(&self, py: Python<'_>, seq_id: SeqIdArg) -> PyResult<usize> {
+        self.run(py, false, |kv| kv.num_computed_tokens(seq_id.0))
+    }
+
+    /// The hit `add_sequence` would return for `tokens` now; changes nothing.
+    #[pyo3(signature = (tokens, *, extra_key=None))]
+    fn match_prefix(
+        &self,
+        py: Python<'_>,
+        tokens: Bound<'_, PyAny>,
+        extra_key: Option<ExtraKey>,
+    ) -> PyResult<usize> {
+        let token_ids = self.token_ids(&tokens)?;
+        let ids = token_ids.as_slice();
+        let key = extra_key.as_ref().map(|key| key.0.as_slice());
+        let heavy = ids.len() >= DETACH_MIN_PROMPT_TOKENS;
+        self.run(py, heavy, |kv| kv.match_prefix(ids, key))
+    }
+
+    /// Keeps the first `num_tokens` tokens of the sequence (rollback of rejected drafts).
+    fn truncate(&self, py: Python<'_>, seq_id: SeqIdArg, num_tokens: CountArg) -> PyResult<()> {
+        self.run(py, false, |kv| kv.truncate(seq_id.0, num_tokens.0))
+    }
+
+    /// Pins the cached blocks of the longest cached prefix of `tokens`; returns the tokens
+    /// pinned (0: nothing pinned, no pin recorded).
+    #[pyo3(signature = (tokens, *, extra_key=None))]
+    fn pin_prefix(
+        &self,
+        py: Python<'_>,
+        tokens: Bound<'_, PyAny>,
+        extra_key: Option<ExtraKey>,
+    ) -> PyResult<usize> {
+        let token_ids = self.token_ids(&tokens)?;
+        let ids = token_ids.as_slice();
+        let key = extra_key.as_ref().map(|key| key.0.as_slice());
+        let heavy = ids.len() >= DETACH_MIN_PROMPT_TOKENS;
+        self.run(py, heavy, |kv| kv.pin_prefix(ids, key))
+    }
+
+    /// Releases the most recent pin of `tokens`; `InvalidArgumentError` when there is none.
+    #[pyo3(signature = (tokens, *, extra_key=None))]
+    fn unpin_prefix(
+        &self,
+        py: Python<'_>,
+        tokens: Bound<'_, PyAny>,
+        extra_key: Option<ExtraKey>,
+    ) -> PyResult<()> {
+        let token_ids = self.token_ids(&tokens)?;
+        let ids = token_ids.as_slice();
+        let key = extra_key.as_ref().map(|key| key.0.as_slice());
+        let heavy = ids.len() >= DETACH_MIN_PROMPT_TOKENS;
+        self.run(py, heavy, |kv| kv.unpin_prefix(ids, key))
     }
 
     /// Tokens the sequence holds.

@@ -24,6 +24,7 @@ pub fn stats_to_dict<'py>(py: Python<'py>, stats: &pagedkv::Stats) -> PyResult<B
         prefix_hit_tokens,
         prefix_hit_rate,
         blocks_evicted,
+        num_pinned_blocks,
         events_dropped,
         event_queue_bytes,
         copy_ops_elided,
@@ -48,6 +49,7 @@ pub fn stats_to_dict<'py>(py: Python<'py>, stats: &pagedkv::Stats) -> PyResult<B
     dict.set_item("prefix_hit_tokens", prefix_hit_tokens)?;
     dict.set_item("prefix_hit_rate", prefix_hit_rate)?;
     dict.set_item("evictions", blocks_evicted)?;
+    dict.set_item("num_pinned_blocks", num_pinned_blocks)?;
     dict.set_item("events_dropped", events_dropped)?;
     dict.set_item("event_queue_bytes", event_queue_bytes)?;
     dict.set_item("copy_ops_elided", copy_ops_elided)?;

@@ -22,7 +22,7 @@ pub struct Stats {
     pub num_blocks: usize,
     /// Token slots per block.
     pub block_size: usize,
-    /// Distinct device blocks referenced by this manager's sequences (refcount > 0).
+    /// Distinct device blocks referenced by this manager's sequences or pins (refcount > 0).
     pub num_blocks_in_use: usize,
     /// This manager's cached-evictable blocks (refcount 0, still indexed by the prefix cache).
     pub num_cached_blocks: usize,
@@ -46,6 +46,8 @@ pub struct Stats {
     pub prefix_hit_rate: f64,
     /// Cached blocks evicted to satisfy allocations, lifetime.
     pub blocks_evicted: u64,
+    /// Distinct blocks held by `pin_prefix` pins (in use, never evicted).
+    pub num_pinned_blocks: usize,
     /// KV events dropped because the bounded event queue was full, lifetime.
     pub events_dropped: u64,
     /// Memory held by undrained KV events, in bytes (bounded; see `take_events`).

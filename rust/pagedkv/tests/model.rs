@@ -1,6 +1,7 @@
 //! Model-based test: random operation sequences (add / append / batch append / fork / free /
-//! copy-on-write, prefix hits and evictions, swap-out / swap-in, cache reset) against a tiny
-//! reference model, with `check_invariants()` and a structural comparison after every step.
+//! copy-on-write, prefix hits and evictions, swap-out / swap-in, cache reset, chunked prefill
+//! with the computed watermark, match_prefix, truncate, pin / unpin) against a tiny reference
+//! model, with `check_invariants()` and a structural comparison after every step.
 //!
 //! The model tracks each sequence's token count and blocks as abstract ids with refcounts, the
 //! prefix index keyed by the exact (extra key, full token prefix), the LRU of cached blocks,
@@ -40,6 +41,35 @@ enum Op {
     SwapOut(Vec<u64>),
     SwapIn(Vec<u64>),
     Reset,
+    AddLenScheduled(u64, usize, usize),
+    AddScheduled {
+        id: u64,
+        prompt: usize,
+        len: usize,
+        extra: Option<u8>,
+        scheduled: usize,
+    },
+    Advance(Vec<u64>, usize),
+    Truncate(u64, usize),
+    Match {
+        prompt: usize,
+        len: usize,
+        extra: Option<u8>,
+    },
+    Pin {
+        prompt: usize,
+        len: usize,
+        extra: Option<u8>,
+    },
+    Unpin {
+        prompt: usize,
+        len: usize,
+        extra: Option<u8>,
+    },
+}
+
+fn extra() -> impl Strategy<Value = Option<u8>> {
+    prop_oneof![4 => Just(None), 1 => (0u8..2).prop_map(Some)]
 }
 
 fn count() -> impl Strategy<Value = usize> {
@@ -69,6 +99,14 @@ fn op() -> impl Strategy<Value = Op> {
         2 => ids(3).prop_map(Op::SwapOut),
         2 => ids(3).prop_map(Op::SwapIn),
         1 => Just(Op::Reset),
+        1 => (id(), count(), 0usize..12).prop_map(|(i, n, k)| Op::AddLenScheduled(i, n, k)),
+        4 => (id(), 0usize..3, 0usize..20, extra(), prop_oneof![0usize..10, Just(usize::MAX)])
+            .prop_map(|(id, prompt, len, extra, scheduled)| Op::AddScheduled { id, prompt, len, extra, scheduled }),
+        4 => (ids(3), prop_oneof![4 => 0usize..6, 1 => Just(usize::MAX)]).prop_map(|(ids, n)| Op::Advance(ids, n)),
+        4 => (id(), 0usize..24).prop_map(|(i, n)| Op::Truncate(i, n)),
+        2 => (0usize..3, 0usize..20, extra()).prop_map(|(prompt, len, extra)| Op::Match { prompt, len, extra }),
+        2 => (0usize..3, 0usize..12, extra()).prop_map(|(prompt, len, extra)| Op::Pin { prompt, len, extra }),
+        2 => (0usize..3, 0usize..12, extra()).prop_map(|(prompt, len, extra)| Op::Unpin { prompt, len, extra }),
     ]
 }
 
@@ -99,6 +137,8 @@ struct MSeq {
     /// All token ids while known and caching is on.
     tokens: Option<Vec<u32>>,
     extra: Option<u8>,
+    /// Tokens computed (the watermark; blocks wholly below it are indexed).
+    computed: usize,
 }
 
 #[derive(Debug)]
@@ -120,6 +160,10 @@ struct Model {
     pending_copies: Vec<(MBlock, MBlock)>,
     evictions: u64,
     hit_tokens: u64,
+    /// Pins by (extra key, the prompt's full-block tokens): the blocks each pin holds.
+    pins: HashMap<Key, Vec<Vec<MBlock>>>,
+    /// Pins per block (each holds a reference, counted in `refcounts`).
+    pin_counts: HashMap<MBlock, u32>,
 }
 
 #[derive(Debug, PartialEq)]
@@ -234,6 +278,7 @@ impl Model {
         tokens: Option<Vec<u32>>,
         n: usize,
         extra: Option<u8>,
+        scheduled: usize,
     ) -> Result<usize, Kind> {
         if self.seqs.contains_key(&id) {
             return Err(Kind::Exists(id));
@@ -244,15 +289,10 @@ impl Model {
         }
         let bs = self.block_size;
         let tokens = tokens.filter(|_| self.caching);
-        let mut hits = Vec::new();
-        if let Some(t) = &tokens {
-            for i in 0..n.saturating_sub(1) / bs {
-                match self.index.get(&(extra, t[..(i + 1) * bs].to_vec())) {
-                    Some(copies) => hits.push(copies[0]),
-                    None => break,
-                }
-            }
-        }
+        let hits = match &tokens {
+            Some(t) => self.walk(t, extra, n.saturating_sub(1) / bs),
+            None => Vec::new(),
+        };
         let revive = hits.iter().filter(|m| self.cached.contains(m)).count();
         let new = nb - hits.len();
         if new > self.pool_free() + self.cached.len() - revive {
@@ -268,8 +308,10 @@ impl Model {
         }
         let mut blocks = hits.clone();
         blocks.extend(self.alloc_fresh(new));
+        let hit = hits.len() * bs;
+        let computed = hit + scheduled.min(n - hit);
         if let Some(t) = &tokens {
-            for i in hits.len()..n / bs {
+            for i in hits.len()..computed / bs {
                 self.register(blocks[i], (extra, t[..(i + 1) * bs].to_vec()));
             }
         }
@@ -282,9 +324,156 @@ impl Model {
                 swapped: false,
                 tokens,
                 extra,
+                computed,
             },
         );
         Ok(hits.len() * bs)
+    }
+
+    /// The chain of cached blocks (first copies) over `t`'s first `max_blocks` blocks.
+    fn walk(&self, t: &[u32], extra: Option<u8>, max_blocks: usize) -> Vec<MBlock> {
+        let bs = self.block_size;
+        let mut hits = Vec::new();
+        for i in 0..max_blocks.min(t.len() / bs) {
+            match self.index.get(&(extra, t[..(i + 1) * bs].to_vec())) {
+                Some(copies) => hits.push(copies[0]),
+                None => break,
+            }
+        }
+        hits
+    }
+
+    fn match_prefix(&self, t: &[u32], extra: Option<u8>) -> usize {
+        if !self.caching {
+            return 0;
+        }
+        self.walk(t, extra, t.len().saturating_sub(1) / self.block_size)
+            .len()
+            * self.block_size
+    }
+
+    fn unindex(&mut self, b: MBlock) {
+        if let Some(key) = self.key_of.remove(&b) {
+            let copies = self.index.get_mut(&key).unwrap();
+            copies.retain(|&c| c != b);
+            if copies.is_empty() {
+                self.index.remove(&key);
+            }
+        }
+    }
+
+    fn advance(&mut self, ids: &[u64], n: usize) -> Result<(), Kind> {
+        distinct(ids)?;
+        for &id in ids {
+            let s = self.resident(id)?;
+            if n > s.num_tokens - s.computed {
+                return Err(Kind::Invalid);
+            }
+        }
+        let bs = self.block_size;
+        for &id in ids {
+            let mut s = self.seqs.remove(&id).unwrap();
+            let old = s.computed;
+            s.computed += n;
+            if let Some(t) = &s.tokens {
+                for i in old / bs..s.computed / bs {
+                    self.register(s.blocks[i], (s.extra, t[..(i + 1) * bs].to_vec()));
+                }
+            }
+            self.seqs.insert(id, s);
+        }
+        Ok(())
+    }
+
+    fn truncate(&mut self, id: u64, n: usize) -> Result<(), Kind> {
+        let s = self.resident(id)?;
+        if n > s.num_tokens {
+            return Err(Kind::Invalid);
+        }
+        if n == s.num_tokens {
+            return Ok(());
+        }
+        let bs = self.block_size;
+        let mut s = self.seqs.remove(&id).unwrap();
+        let computed = s.computed.min(n);
+        if let Some(t) = &s.tokens {
+            let (old_h, new_h) = (s.computed / bs, computed / bs);
+            let recoverable = new_h == old_h
+                || n % bs == 0
+                || self.key_of.get(&s.blocks[new_h])
+                    == Some(&(s.extra, t[..(new_h + 1) * bs].to_vec()));
+            if recoverable {
+                s.tokens.as_mut().unwrap().truncate(n);
+            } else {
+                s.tokens = None;
+            }
+        }
+        let keep = self.blocks_for(n);
+        let tail = s.blocks.split_off(keep);
+        let kept_partial = (n % bs != 0).then(|| s.blocks[keep - 1]);
+        for &b in tail.iter().rev().chain(kept_partial.iter()) {
+            if self.key_of.contains_key(&b) && self.refcounts[&b] == 1 {
+                self.unindex(b);
+            }
+        }
+        for &b in tail.iter().rev() {
+            self.release(b);
+        }
+        s.num_tokens = n;
+        s.computed = computed;
+        self.seqs.insert(id, s);
+        Ok(())
+    }
+
+    fn pin_key(&self, t: &[u32], extra: Option<u8>) -> Key {
+        (
+            extra,
+            t[..t.len() / self.block_size * self.block_size].to_vec(),
+        )
+    }
+
+    fn pin(&mut self, t: &[u32], extra: Option<u8>) -> usize {
+        if !self.caching {
+            return 0;
+        }
+        let hits = self.walk(t, extra, usize::MAX);
+        if hits.is_empty() {
+            return 0;
+        }
+        for &b in &hits {
+            if let Some(pos) = self.cached.iter().position(|&c| c == b) {
+                self.cached.remove(pos);
+                self.refcounts.insert(b, 1);
+            } else {
+                *self.refcounts.get_mut(&b).unwrap() += 1;
+            }
+            *self.pin_counts.entry(b).or_insert(0) += 1;
+        }
+        let n = hits.len() * self.block_size;
+        let key = self.pin_key(t, extra);
+        self.pins.entry(key).or_default().push(hits);
+        n
+    }
+
+    fn unpin(&mut self, t: &[u32], extra: Option<u8>) -> Result<(), Kind> {
+        if !self.caching || t.len() < self.block_size {
+            return Err(Kind::Invalid);
+        }
+        let key = self.pin_key(t, extra);
+        let pins = self.pins.get_mut(&key).ok_or(Kind::Invalid)?;
+        let blocks = pins.pop().unwrap();
+        if pins.is_empty() {
+            self.pins.remove(&key);
+        }
+        for &b in blocks.iter().rev() {
+            let c = self.pin_counts.get_mut(&b).unwrap();
+            *c -= 1;
+            if *c == 0 {
+                self.pin_counts.remove(&b);
+            }
+            self.release(b);
+        }
+        Ok(())
     }
 
     /// Blocks an append needs; `released` counts CoW references dropped earlier in a batch.
@@ -295,6 +484,9 @@ impl Model {
         released: &mut HashMap<MBlock, u32>,
     ) -> Result<(usize, bool), Kind> {
         let s = self.resident(id)?;
+        if s.computed < s.num_tokens {
+            return Err(Kind::Invalid);
+        }
         let new_len = s.num_tokens.checked_add(n).ok_or(Kind::Invalid)?;
         let nb = self.blocks_for(new_len);
         if nb > self.num_blocks {
@@ -307,6 +499,9 @@ impl Model {
             let r = released.entry(last).or_insert(0);
             if self.refcounts[&last] - *r > 1 {
                 *r += 1;
+                cow = true;
+            } else if self.key_of.contains_key(&last) {
+                // An indexed partial block (left by a truncate) is never written in place.
                 cow = true;
             }
         }
@@ -331,6 +526,7 @@ impl Model {
             src = Some(old);
         }
         s.num_tokens += n;
+        s.computed = s.num_tokens;
         while s.blocks.len() < self.blocks_for(s.num_tokens) {
             s.blocks.push(supply.next().unwrap());
         }
@@ -400,6 +596,9 @@ impl Model {
         let parent = self.resident(p)?.clone();
         if self.seqs.contains_key(&c) {
             return Err(Kind::Exists(c));
+        }
+        if parent.computed < parent.num_tokens {
+            return Err(Kind::Invalid);
         }
         for b in &parent.blocks {
             *self.refcounts.get_mut(b).unwrap() += 1;
@@ -570,6 +769,7 @@ fn compare(kv: &mut KvCacheManager, model: &Model, names: &mut Names) {
     assert_eq!(stats.num_cached_blocks, model.cached.len());
     assert_eq!(stats.blocks_evicted, model.evictions);
     assert_eq!(stats.prefix_hit_tokens, model.hit_tokens);
+    assert_eq!(stats.num_pinned_blocks, model.pin_counts.len());
     assert_eq!(kv.num_free_host_blocks(), model.host_free());
     names
         .device
@@ -577,6 +777,11 @@ fn compare(kv: &mut KvCacheManager, model: &Model, names: &mut Names) {
     names.host.retain(|m, _| model.host_refs.contains_key(m));
     for (&id, s) in &model.seqs {
         assert_eq!(kv.num_tokens(id).unwrap(), s.num_tokens, "seq {id} tokens");
+        assert_eq!(
+            kv.num_computed_tokens(id).unwrap(),
+            s.computed,
+            "seq {id} computed"
+        );
         assert_eq!(kv.is_swapped_out(id).unwrap(), s.swapped);
         if s.swapped {
             let table = kv.host_block_table(id).unwrap();
@@ -637,6 +842,7 @@ fn run(num_blocks: usize, block_size: usize, caching: bool, num_host: usize, ops
         num_blocks,
         block_size,
         enable_prefix_caching: caching,
+        enable_kv_events: caching,
         num_host_blocks: num_host,
         hash_seed: 99,
         ..Default::default()
@@ -657,12 +863,70 @@ fn run(num_blocks: usize, block_size: usize, caching: bool, num_host: usize, ops
         pending_copies: Vec::new(),
         evictions: 0,
         hit_tokens: 0,
+        pins: HashMap::new(),
+        pin_counts: HashMap::new(),
     };
     let mut names = Names::default();
     for op in ops {
         let len_of = |kv: &KvCacheManager, id: u64| kv.num_tokens(id).unwrap_or(0);
         let (got, want): (Result<usize, Error>, Result<usize, Kind>) = match &op {
-            Op::Add(i, n) => (kv.add_sequence_len(*i, *n), model.add(*i, None, *n, None)),
+            Op::Add(i, n) => (
+                kv.add_sequence_len(*i, *n),
+                model.add(*i, None, *n, None, usize::MAX),
+            ),
+            Op::AddLenScheduled(i, n, k) => (
+                kv.add_sequence_len_scheduled(*i, *n, *k),
+                model.add(*i, None, *n, None, *k),
+            ),
+            Op::AddScheduled {
+                id,
+                prompt,
+                len,
+                extra,
+                scheduled,
+            } => {
+                let tokens = prompt_tokens(*prompt, *len);
+                let extra_bytes = extra.map(|e| vec![e; 3]);
+                (
+                    kv.add_sequence_scheduled(*id, &tokens, extra_bytes.as_deref(), *scheduled),
+                    model.add(*id, Some(tokens.clone()), *len, *extra, *scheduled),
+                )
+            }
+            Op::Advance(ids, n) => (
+                kv.advance_computed(ids, *n).map(|_| 0),
+                model.advance(ids, *n).map(|_| 0),
+            ),
+            Op::Truncate(i, n) => (
+                kv.truncate(*i, *n).map(|_| 0),
+                model.truncate(*i, *n).map(|_| 0),
+            ),
+            Op::Match { prompt, len, extra } => {
+                let tokens = prompt_tokens(*prompt, *len);
+                let extra_bytes = extra.map(|e| vec![e; 3]);
+                kv.take_events();
+                let (stats, cached) = (kv.stats(), kv.cached_blocks());
+                let got = kv.match_prefix(&tokens, extra_bytes.as_deref());
+                assert_eq!(kv.stats(), stats, "match_prefix changed the stats");
+                assert_eq!(kv.cached_blocks(), cached, "match_prefix changed the LRU");
+                assert!(kv.take_events().is_empty(), "match_prefix recorded events");
+                (got, Ok(model.match_prefix(&tokens, *extra)))
+            }
+            Op::Pin { prompt, len, extra } => {
+                let tokens = prompt_tokens(*prompt, *len);
+                let extra_bytes = extra.map(|e| vec![e; 3]);
+                (
+                    kv.pin_prefix(&tokens, extra_bytes.as_deref()),
+                    Ok(model.pin(&tokens, *extra)),
+                )
+            }
+            Op::Unpin { prompt, len, extra } => {
+                let tokens = prompt_tokens(*prompt, *len);
+                let extra_bytes = extra.map(|e| vec![e; 3]);
+                (
+                    kv.unpin_prefix(&tokens, extra_bytes.as_deref()).map(|_| 0),
+                    model.unpin(&tokens, *extra).map(|_| 0),
+                )
+            }
             Op::AddPrompt {
                 id,
                 prompt,
@@ -673,7 +937,7 @@ fn run(num_blocks: usize, block_size: usize, caching: bool, num_host: usize, ops
                 let extra_bytes = extra.map(|e| vec![e; 3]);
                 (
                     kv.add_sequence(*id, &tokens, extra_bytes.as_deref()),
-                    model.add(*id, Some(tokens.clone()), *len, *extra),
+                    model.add(*id, Some(tokens.clone()), *len, *extra, usize::MAX),
                 )
             }
             Op::Append(i, n) => (

@@ -50,6 +50,18 @@ enum Op {
     PoolRelease(u32),
     PoolRefcount(u32),
     TableMath(usize, usize),
+    AddSequenceScheduled(u64, Vec<u32>, Option<Vec<u8>>, usize),
+    AddSequenceLenScheduled(u64, usize, usize),
+    AdvanceComputed(Vec<u64>, usize),
+    NumComputedTokens(u64),
+    MatchPrefix(Vec<u32>, Option<Vec<u8>>),
+    Truncate(u64, usize),
+    PinPrefix(Vec<u32>, Option<Vec<u8>>),
+    UnpinPrefix(Vec<u32>, Option<Vec<u8>>),
+}
+
+fn extra_key() -> impl Strategy<Value = Option<Vec<u8>>> {
+    prop::option::of(prop::collection::vec(any::<u8>(), 0..3))
 }
 
 fn seq_id() -> impl Strategy<Value = u64> {
@@ -116,6 +128,15 @@ fn op() -> impl Strategy<Value = Op> {
         1 => block_id().prop_map(Op::PoolRelease),
         1 => block_id().prop_map(Op::PoolRefcount),
         1 => (count(), count()).prop_map(|(a, b)| Op::TableMath(a, b)),
+        3 => (seq_id(), tokens(), extra_key(), count())
+            .prop_map(|(s, t, k, n)| Op::AddSequenceScheduled(s, t, k, n)),
+        1 => (seq_id(), count(), count()).prop_map(|(s, n, k)| Op::AddSequenceLenScheduled(s, n, k)),
+        3 => (seq_ids(), count()).prop_map(|(s, n)| Op::AdvanceComputed(s, n)),
+        1 => seq_id().prop_map(Op::NumComputedTokens),
+        2 => (tokens(), extra_key()).prop_map(|(t, k)| Op::MatchPrefix(t, k)),
+        3 => (seq_id(), count()).prop_map(|(s, n)| Op::Truncate(s, n)),
+        2 => (tokens(), extra_key()).prop_map(|(t, k)| Op::PinPrefix(t, k)),
+        2 => (tokens(), extra_key()).prop_map(|(t, k)| Op::UnpinPrefix(t, k)),
     ]
 }
 
@@ -125,7 +146,14 @@ fn snapshot(kv: &KvCacheManager) -> String {
     ids.sort_unstable();
     let tables: Vec<_> = ids
         .iter()
-        .map(|&id| (id, kv.table(id).ok().cloned(), kv.is_swapped_out(id).ok()))
+        .map(|&id| {
+            (
+                id,
+                kv.table(id).ok().cloned(),
+                kv.is_swapped_out(id).ok(),
+                kv.num_computed_tokens(id).ok(),
+            )
+        })
         .collect();
     let refcounts: Vec<_> = (0..kv.num_blocks() as u32)
         .map(|b| kv.refcount(b).ok())
@@ -229,6 +257,22 @@ fn apply(kv: &mut KvCacheManager, op: &Op, side_pool: &BlockPool) -> bool {
             let _ = (kv.pool().refcount(*b), side_pool.refcount(*b));
             false
         }
+        Op::AddSequenceScheduled(s, t, k, n) => {
+            kv.add_sequence_scheduled(*s, t, k.as_deref(), *n).is_err()
+        }
+        Op::AddSequenceLenScheduled(s, n, k) => kv.add_sequence_len_scheduled(*s, *n, *k).is_err(),
+        Op::AdvanceComputed(s, n) => kv.advance_computed(s, *n).is_err(),
+        Op::NumComputedTokens(s) => kv.num_computed_tokens(*s).is_err(),
+        Op::MatchPrefix(t, k) => {
+            // A pure query: the state must not change even when it succeeds.
+            let before = snapshot(kv);
+            let _ = kv.match_prefix(t, k.as_deref());
+            assert_eq!(before, snapshot(kv), "match_prefix changed the state");
+            false
+        }
+        Op::Truncate(s, n) => kv.truncate(*s, *n).is_err(),
+        Op::PinPrefix(t, k) => kv.pin_prefix(t, k.as_deref()).is_err(),
+        Op::UnpinPrefix(t, k) => kv.unpin_prefix(t, k.as_deref()).is_err(),
         Op::TableMath(n, bs) => {
             let _ = BlockTable::blocks_for_tokens(*n, *bs);
             if let Ok(table) = kv.table(0) {
@@ -300,8 +344,11 @@ proptest! {
             kv.reset_prefix_cache();
             prop_assert!(kv.check_invariants().is_ok());
         }
-        prop_assert_eq!(kvs[0].pool().num_free_blocks(), 14);
-        prop_assert_eq!(kvs[2].pool().num_free_blocks(), 10);
+        // Pins outlive frees and resets; dropping the managers releases them too.
+        let pools: Vec<Arc<BlockPool>> = kvs.iter().map(|kv| Arc::clone(kv.pool())).collect();
+        drop(kvs);
+        prop_assert_eq!(pools[0].num_free_blocks(), 14);
+        prop_assert_eq!(pools[2].num_free_blocks(), 10);
     }
 
     #[test]

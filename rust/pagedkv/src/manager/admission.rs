@@ -5,9 +5,11 @@ use std::sync::Arc;
 
 use super::{KvCacheManager, SeqHashing, Sequence};
 use crate::error::{invalid, Error, Result};
+use crate::pool::BlockPool;
 use crate::prefix::events::{block_stored, KvEvent};
-use crate::prefix::hash::BlockHash;
+use crate::prefix::hash::{BlockHash, ChainHasher};
 use crate::prefix::index::Entered;
+use crate::prefix::PrefixCache;
 use crate::table::BlockTable;
 use crate::{BlockId, SeqId, TokenId};
 
@@ -31,11 +33,80 @@ impl KvCacheManager {
         token_ids: &[TokenId],
         extra_key: Option<&[u8]>,
     ) -> Result<usize> {
+        self.add_sequence_scheduled(seq_id, token_ids, extra_key, usize::MAX)
+    }
+
+    /// [`Self::add_sequence`] for chunked prefill: of the prompt's tokens the cache does not
+    /// serve, the caller computes only the first `num_scheduled` in its next pass (a budget:
+    /// more than there are schedules them all). The sequence's computed watermark
+    /// ([`Self::num_computed_tokens`]) is the hit plus those; its later blocks enter the prefix
+    /// index only as [`Self::advance_computed`] covers them, so no admission ever hits a block
+    /// whose K/V are not written yet. `add_sequence` is this with every token scheduled.
+    ///
+    /// ```
+    /// use pagedkv::{KvCacheManager, ManagerConfig};
+    /// let mut kv = KvCacheManager::new(ManagerConfig {
+    ///     num_blocks: 8, block_size: 2, enable_prefix_caching: true, ..Default::default()
+    /// })?;
+    /// let prompt = [1, 2, 3, 4, 5, 6, 7];
+    /// assert_eq!(kv.add_sequence_scheduled(1, &prompt, None, 3)?, 0);   // chunk 1: 3 tokens
+    /// assert_eq!(kv.num_computed_tokens(1)?, 3);
+    /// assert_eq!(kv.match_prefix(&prompt, None)?, 2);     // only block 0 is computed
+    /// kv.advance_computed(&[1], 4)?;                      // chunk 2: the rest
+    /// assert_eq!(kv.match_prefix(&prompt, None)?, 6);
+    /// # Ok::<(), pagedkv::Error>(())
+    /// ```
+    pub fn add_sequence_scheduled(
+        &mut self,
+        seq_id: SeqId,
+        token_ids: &[TokenId],
+        extra_key: Option<&[u8]>,
+        num_scheduled: usize,
+    ) -> Result<usize> {
         if self.prefix.is_some() {
-            self.admit_cached(seq_id, token_ids, extra_key)
+            self.admit_cached(seq_id, token_ids, extra_key, num_scheduled)
         } else {
-            self.admit(seq_id, token_ids.len())
+            self.admit(seq_id, token_ids.len(), num_scheduled)
         }
+    }
+
+    /// The hit [`Self::add_sequence`] would return for this prompt now, with no side effect:
+    /// no stats, no eviction-order change, no events, no block taken. (When the admission
+    /// itself would fail, e.g. for want of blocks, this is the hit it would have had.) Walks
+    /// the same chain of cached blocks as admission, read-only. 0 without prefix caching.
+    ///
+    /// ```
+    /// use pagedkv::{KvCacheManager, ManagerConfig};
+    /// let mut kv = KvCacheManager::new(ManagerConfig {
+    ///     num_blocks: 8, block_size: 2, enable_prefix_caching: true, ..Default::default()
+    /// })?;
+    /// kv.add_sequence(1, &[1, 2, 3, 4, 5], None)?;
+    /// let before = kv.stats();
+    /// assert_eq!(kv.match_prefix(&[1, 2, 3, 4, 9], None)?, 4);
+    /// assert_eq!(kv.match_prefix(&[1, 2, 3, 4], None)?, 2);   // the last token is computed
+    /// assert_eq!(kv.stats(), before);
+    /// assert_eq!(kv.add_sequence(2, &[1, 2, 3, 4, 9], None)?, 4);
+    /// # Ok::<(), pagedkv::Error>(())
+    /// ```
+    pub fn match_prefix(&self, token_ids: &[TokenId], extra_key: Option<&[u8]>) -> Result<usize> {
+        let Some(prefix) = self.prefix.as_ref() else {
+            return Ok(0);
+        };
+        let bs = self.block_size;
+        let max_hits = token_ids.len().saturating_sub(1) / bs;
+        let mut block_hashes = Vec::with_capacity(max_hits + 1);
+        let mut block_ids = Vec::with_capacity(max_hits);
+        let mut chain = prefix.hasher.chain(bs, extra_key);
+        let walk = HitWalk {
+            prefix,
+            pool: &self.pool,
+            block_size: bs,
+            token_ids,
+            extra_key,
+            max_blocks: max_hits,
+        };
+        walk.run(&mut chain, &mut block_hashes, &mut block_ids)?;
+        Ok(block_ids.len() * bs)
     }
 
     /// Admits a sequence of `num_tokens` tokens whose ids are unknown (never prefix-cached).
@@ -49,11 +120,22 @@ impl KvCacheManager {
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn add_sequence_len(&mut self, seq_id: SeqId, num_tokens: usize) -> Result<usize> {
-        self.admit(seq_id, num_tokens)
+        self.admit(seq_id, num_tokens, usize::MAX)
+    }
+
+    /// [`Self::add_sequence_len`] with only the first `num_scheduled` tokens computed in the
+    /// caller's next pass (see [`Self::add_sequence_scheduled`]).
+    pub fn add_sequence_len_scheduled(
+        &mut self,
+        seq_id: SeqId,
+        num_tokens: usize,
+        num_scheduled: usize,
+    ) -> Result<usize> {
+        self.admit(seq_id, num_tokens, num_scheduled)
     }
 
     /// Admission without token ids or without prefix caching: fresh blocks only.
-    fn admit(&mut self, seq_id: SeqId, num_tokens: usize) -> Result<usize> {
+    fn admit(&mut self, seq_id: SeqId, num_tokens: usize, num_scheduled: usize) -> Result<usize> {
         if self.seqs.contains_key(&seq_id) {
             return Err(Error::SequenceExists(seq_id));
         }
@@ -70,6 +152,7 @@ impl KvCacheManager {
                 table,
                 swapped: false,
                 hashing: None,
+                num_computed: num_scheduled.min(num_tokens),
             },
         );
         Ok(0)
@@ -82,6 +165,7 @@ impl KvCacheManager {
         seq_id: SeqId,
         token_ids: &[TokenId],
         extra_key: Option<&[u8]>,
+        num_scheduled: usize,
     ) -> Result<usize> {
         if self.seqs.contains_key(&seq_id) {
             return Err(Error::SequenceExists(seq_id));
@@ -99,9 +183,160 @@ impl KvCacheManager {
         // The hits go straight into the table (`block_ids[..num_hits]`): no separate list.
         let mut block_hashes = Vec::with_capacity(num_full);
         let mut block_ids: Vec<BlockId> = Vec::with_capacity(total_blocks);
-        let mut num_revive = 0usize;
         let mut chain = prefix.hasher.chain(bs, extra_key);
-        for chunk in token_ids.chunks_exact(bs).take(max_hits) {
+        let walk = HitWalk {
+            prefix,
+            pool: &self.pool,
+            block_size: bs,
+            token_ids,
+            extra_key,
+            max_blocks: max_hits,
+        };
+        let num_revive = walk.run(&mut chain, &mut block_hashes, &mut block_ids)?;
+        let num_hits = block_ids.len();
+        // Of the new blocks, only those the caller computes in its next pass are indexed now
+        // (the computed watermark); `advance_computed` indexes the rest.
+        let num_computed = num_hits * bs + num_scheduled.min(num_tokens - num_hits * bs);
+        let num_indexed = num_computed / bs;
+        // Only the first new block can need a map entry: each later one is chained to the
+        // block before it (prefix/index.rs, "Chained blocks"). Its hash is known when a lookup
+        // missed it; the other new blocks are hashed as they are entered (step 3).
+        if num_indexed > num_hits {
+            prefix.prefetch_register_slots(block_hashes.get(num_hits..num_hits + 1).unwrap_or(&[]));
+        }
+
+        // 2. Reserve the new blocks; the cached hits are pinned so no eviction can take them.
+        let fresh = self.reserve_fresh(total_blocks - num_hits, num_revive, &mut block_ids)?;
+
+        // 3. Commit (infallible from here): hits first, then evictions for the new blocks.
+        for &b in &block_ids[..num_hits] {
+            let cached = self.prefix.as_ref().is_some_and(|p| p.is_cached(b));
+            if cached {
+                self.revive_cached(b);
+            } else {
+                // Cannot fail: `b` is in use and its refcount was checked above.
+                let shared = self.share(b);
+                debug_assert!(shared.is_ok(), "share of a hit block failed: {shared:?}");
+            }
+        }
+        self.complete_fresh(fresh, &mut block_ids);
+        let prefix = self.prefix.as_mut().expect("prefix caching on");
+        prefix.query_tokens += num_tokens as u64;
+        prefix.hit_tokens += (num_hits * bs) as u64;
+
+        let extra: Option<Arc<[u8]>> = extra_key.map(Arc::from);
+        prefix.prefetch_register_records(&block_ids[num_hits..num_indexed]);
+        // The blocks after the first one the index takes as new content are chained to it, in
+        // one run (prefix/index.rs, "Chained blocks"); the ones before (copies of indexed
+        // content, or refused) are entered one at a time. Each new block is hashed here, as it
+        // is entered, unless the lookup above hashed it. One `BlockStored` per run of
+        // consecutive blocks the index took (all of them, unless it refused one: a hash naming
+        // other content), built from the run's slices at its end; with events off,
+        // registering is the index alone.
+        let events_on = prefix.events.enabled();
+        let mut run_start = num_hits;
+        for i in num_hits..num_indexed {
+            let parent = i.checked_sub(1).map(|p| block_hashes[p]);
+            let chunk = &token_ids[i * bs..(i + 1) * bs];
+            if block_hashes.len() == i {
+                block_hashes.push(chain.hash(parent, chunk));
+            }
+            let entered = prefix.register(
+                block_ids[i],
+                block_hashes[i],
+                parent,
+                i.checked_sub(1).map(|p| block_ids[p]),
+                chunk,
+                &extra,
+            );
+            if entered == Entered::New {
+                prefix.register_chained_run(
+                    &block_ids[i..num_indexed],
+                    &mut chain,
+                    &mut block_hashes,
+                    &token_ids[(i + 1) * bs..num_indexed * bs],
+                    &extra,
+                );
+                break;
+            }
+            if !entered.is_entered() {
+                if events_on && run_start < i {
+                    let event = stored_run(&block_hashes, run_start..i, token_ids, bs, extra_key);
+                    prefix.events.push(event);
+                }
+                run_start = i + 1;
+            }
+        }
+        // A lookup that missed hashed the first new block, which may lie past the watermark.
+        block_hashes.truncate(num_indexed);
+        debug_assert_eq!(block_hashes.len(), num_indexed);
+        if events_on && run_start < num_indexed {
+            let event = stored_run(
+                &block_hashes,
+                run_start..num_indexed,
+                token_ids,
+                bs,
+                extra_key,
+            );
+            prefix.events.push(event);
+        }
+
+        let hashing = SeqHashing {
+            extra_key: extra,
+            block_hashes,
+            pending_tokens: token_ids[num_indexed * bs..].to_vec(),
+        };
+        let table = BlockTable {
+            block_ids,
+            num_tokens,
+        };
+        self.seqs.insert(
+            seq_id,
+            Sequence {
+                table,
+                swapped: false,
+                hashing: Some(hashing),
+                num_computed,
+            },
+        );
+        Ok(num_hits * bs)
+    }
+}
+
+/// The read-only walk of a prompt's hit chain, shared by admission, `match_prefix` and
+/// `pin_prefix` so that all three see the same hit.
+pub(super) struct HitWalk<'a> {
+    pub(super) prefix: &'a PrefixCache,
+    pub(super) pool: &'a BlockPool,
+    pub(super) block_size: usize,
+    pub(super) token_ids: &'a [TokenId],
+    pub(super) extra_key: Option<&'a [u8]>,
+    /// Blocks the hit may cover at most.
+    pub(super) max_blocks: usize,
+}
+
+impl HitWalk<'_> {
+    /// Collects the verified hit chain (no mutation) into `block_ids`, and the hashes of its
+    /// blocks into `block_hashes` (plus the hash of the block a lookup missed, which starts
+    /// the rest). A block whose parent is a hit is first looked for through the parent
+    /// block's child hint, which needs no hashing (on a shared system prompt, all but the
+    /// first block); otherwise it is hashed and looked up. Returns how many hits are
+    /// cached-evictable (refcount 0); InvalidArgument when an in-use hit's refcount would
+    /// overflow.
+    #[inline(always)]
+    pub(super) fn run(
+        &self,
+        chain: &mut ChainHasher,
+        block_hashes: &mut Vec<BlockHash>,
+        block_ids: &mut Vec<BlockId>,
+    ) -> Result<usize> {
+        let (prefix, extra_key) = (self.prefix, self.extra_key);
+        let mut num_revive = 0usize;
+        for chunk in self
+            .token_ids
+            .chunks_exact(self.block_size)
+            .take(self.max_blocks)
+        {
             let parent = block_hashes.last().copied();
             let hinted = match (block_ids.last(), parent) {
                 (Some(&pb), Some(ph)) => prefix.lookup_child(pb, ph, chunk, extra_key),
@@ -126,98 +361,7 @@ impl KvCacheManager {
             block_ids.push(b);
             block_hashes.push(h);
         }
-        let num_hits = block_ids.len();
-        // Only the first new block can need a map entry: each later one is chained to the
-        // block before it (prefix/index.rs, "Chained blocks"). Its hash is known when a lookup
-        // missed it; the other new blocks are hashed as they are entered (step 3).
-        prefix.prefetch_register_slots(block_hashes.get(num_hits..num_hits + 1).unwrap_or(&[]));
-
-        // 2. Reserve the new blocks; the cached hits are pinned so no eviction can take them.
-        let fresh = self.reserve_fresh(total_blocks - num_hits, num_revive, &mut block_ids)?;
-
-        // 3. Commit (infallible from here): hits first, then evictions for the new blocks.
-        for &b in &block_ids[..num_hits] {
-            let cached = self.prefix.as_ref().is_some_and(|p| p.is_cached(b));
-            if cached {
-                self.revive_cached(b);
-            } else {
-                // Cannot fail: `b` is in use and its refcount was checked above.
-                let shared = self.share(b);
-                debug_assert!(shared.is_ok(), "share of a hit block failed: {shared:?}");
-            }
-        }
-        self.complete_fresh(fresh, &mut block_ids);
-        let prefix = self.prefix.as_mut().expect("prefix caching on");
-        prefix.query_tokens += num_tokens as u64;
-        prefix.hit_tokens += (num_hits * bs) as u64;
-
-        let extra: Option<Arc<[u8]>> = extra_key.map(Arc::from);
-        prefix.prefetch_register_records(&block_ids[num_hits..num_full]);
-        // The blocks after the first one the index takes as new content are chained to it, in
-        // one run (prefix/index.rs, "Chained blocks"); the ones before (copies of indexed
-        // content, or refused) are entered one at a time. Each new block is hashed here, as it
-        // is entered, unless the lookup above hashed it. One `BlockStored` per run of
-        // consecutive blocks the index took (all of them, unless it refused one: a hash naming
-        // other content), built from the run's slices at its end; with events off,
-        // registering is the index alone.
-        let events_on = prefix.events.enabled();
-        let mut run_start = num_hits;
-        for i in num_hits..num_full {
-            let parent = i.checked_sub(1).map(|p| block_hashes[p]);
-            let chunk = &token_ids[i * bs..(i + 1) * bs];
-            if block_hashes.len() == i {
-                block_hashes.push(chain.hash(parent, chunk));
-            }
-            let entered = prefix.register(
-                block_ids[i],
-                block_hashes[i],
-                parent,
-                i.checked_sub(1).map(|p| block_ids[p]),
-                chunk,
-                &extra,
-            );
-            if entered == Entered::New {
-                prefix.register_chained_run(
-                    &block_ids[i..num_full],
-                    &mut chain,
-                    &mut block_hashes,
-                    &token_ids[(i + 1) * bs..num_full * bs],
-                    &extra,
-                );
-                break;
-            }
-            if !entered.is_entered() {
-                if events_on && run_start < i {
-                    let event = stored_run(&block_hashes, run_start..i, token_ids, bs, extra_key);
-                    prefix.events.push(event);
-                }
-                run_start = i + 1;
-            }
-        }
-        debug_assert_eq!(block_hashes.len(), num_full);
-        if events_on && run_start < num_full {
-            let event = stored_run(&block_hashes, run_start..num_full, token_ids, bs, extra_key);
-            prefix.events.push(event);
-        }
-
-        let hashing = SeqHashing {
-            extra_key: extra,
-            block_hashes,
-            partial_tokens: token_ids[num_full * bs..].to_vec(),
-        };
-        let table = BlockTable {
-            block_ids,
-            num_tokens,
-        };
-        self.seqs.insert(
-            seq_id,
-            Sequence {
-                table,
-                swapped: false,
-                hashing: Some(hashing),
-            },
-        );
-        Ok(num_hits * bs)
+        Ok(num_revive)
     }
 }
 

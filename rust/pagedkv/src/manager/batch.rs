@@ -82,7 +82,7 @@ impl KvCacheManager {
             self.check_distinct(seq_ids)?;
             // Still validate the ids: a step naming an unknown sequence is a caller bug.
             for &id in seq_ids {
-                self.resident(id)?;
+                Self::check_computed(id, self.resident(id)?)?;
             }
             return Ok(());
         }
@@ -129,12 +129,16 @@ impl KvCacheManager {
             if seq.swapped {
                 return Err(self.batch_error(seq_ids, Error::SequenceSwappedOut(id)));
             }
+            if let Err(e) = Self::check_computed(id, seq) {
+                return Err(self.batch_error(seq_ids, e));
+            }
             // Copy-on-write of a block shared by two batch members happens only for the first
             // one to append; afterwards the other holds the last reference and writes in place.
             let plan = match growth_plan(
                 &seq.table,
                 num_tokens,
                 &self.pool,
+                self.prefix.as_ref(),
                 Some(&mut batch.cow_releases),
             ) {
                 Ok(plan) => plan,

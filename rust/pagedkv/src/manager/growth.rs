@@ -7,6 +7,7 @@ use super::prefix::record_tokens;
 use super::{blocks_fitting, KvCacheManager};
 use crate::error::{Error, Result};
 use crate::pool::BlockPool;
+use crate::prefix::PrefixCache;
 use crate::table::BlockTable;
 use crate::{BlockId, SeqId, TokenId};
 
@@ -69,7 +70,9 @@ impl KvCacheManager {
         if seq.swapped {
             return Err(Error::SequenceSwappedOut(seq_id));
         }
-        // Hot path: room in a private last block.
+        Self::check_computed(seq_id, seq)?;
+        // Hot path: room in a private last block (not indexed: only a truncate leaves a
+        // partial block indexed, and its next write copies it).
         if num_tokens <= seq.table.free_slots(block_size) {
             if num_tokens == 0 {
                 return Ok(());
@@ -79,15 +82,23 @@ impl KvCacheManager {
                 .block_ids
                 .last()
                 .expect("free slots imply a last block");
-            if self.pool.refcount(last)? == 1 {
+            let indexed = self.prefix.as_ref().is_some_and(|p| p.is_indexed(last));
+            if self.pool.refcount(last)? == 1 && !indexed {
                 seq.table.num_tokens += num_tokens;
+                seq.num_computed = seq.table.num_tokens;
                 if let Some(prefix) = self.prefix.as_mut() {
                     record_tokens(prefix, seq, block_size, token_ids);
                 }
                 return Ok(());
             }
         }
-        let plan = growth_plan(&self.seqs.at(row).table, num_tokens, &self.pool, None)?;
+        let plan = growth_plan(
+            &self.seqs.at(row).table,
+            num_tokens,
+            &self.pool,
+            self.prefix.as_ref(),
+            None,
+        )?;
         self.scratch.clear();
         let mut fresh = std::mem::take(&mut self.scratch);
         let result = self.allocate_fresh(plan.needed_blocks, &mut fresh);
@@ -120,7 +131,15 @@ impl KvCacheManager {
 
     /// Validates growth of `seq_id` by `num_tokens` and counts the fresh blocks it needs.
     fn plan_growth(&self, seq_id: SeqId, num_tokens: usize) -> Result<GrowthPlan> {
-        growth_plan(&self.resident(seq_id)?.table, num_tokens, &self.pool, None)
+        let seq = self.resident(seq_id)?;
+        Self::check_computed(seq_id, seq)?;
+        growth_plan(
+            &seq.table,
+            num_tokens,
+            &self.pool,
+            self.prefix.as_ref(),
+            None,
+        )
     }
 
     /// Applies a validated plan to the sequence in `row` of `seqs` with blocks drawn from `supply`
@@ -154,6 +173,7 @@ impl KvCacheManager {
                 .push(supply.next().expect("planned block"));
         }
         seq.table.num_tokens = new_len;
+        seq.num_computed = new_len;
         if let Some(prefix) = self.prefix.as_mut() {
             record_tokens(prefix, seq, block_size, token_ids);
         }
@@ -164,12 +184,15 @@ impl KvCacheManager {
 }
 
 /// Validates growth of `table` by `num_tokens` tokens and counts the fresh blocks it needs.
-/// `cow_releases` tracks references already dropped by earlier members of a batch.
+/// `cow_releases` tracks references already dropped by earlier members of a batch. A partial
+/// last block is copied before it is written when it is shared, or when it is indexed (a
+/// truncate cut into a block others held: its content stays hittable).
 #[inline]
 pub(super) fn growth_plan(
     table: &BlockTable,
     num_tokens: usize,
     pool: &BlockPool,
+    prefix: Option<&PrefixCache>,
     cow_releases: Option<&mut FxHashMap<BlockId, u32>>,
 ) -> Result<GrowthPlan> {
     let free_slots = table.free_slots(pool.block_size());
@@ -200,7 +223,7 @@ pub(super) fn growth_plan(
                 }
             }
         }
-        if refs > 1 {
+        if refs > 1 || prefix.is_some_and(|p| p.is_indexed(last)) {
             copy_on_write = true;
             needed_blocks += 1;
         }

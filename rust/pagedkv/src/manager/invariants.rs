@@ -46,9 +46,15 @@ impl KvCacheManager {
                     t.num_tokens
                 ));
             }
+            if seq.num_computed > t.num_tokens {
+                return fail(format!(
+                    "sequence {id}: {} tokens computed of {}",
+                    seq.num_computed, t.num_tokens
+                ));
+            }
             if let Some(h) = &seq.hashing {
-                if h.block_hashes.len() != t.num_tokens / bs
-                    || h.partial_tokens.len() != t.num_tokens % bs
+                if h.block_hashes.len() != seq.num_computed / bs
+                    || h.pending_tokens.len() + h.block_hashes.len() * bs != t.num_tokens
                 {
                     return fail(format!(
                         "sequence {id}: hashing state out of step with its length"
@@ -77,8 +83,16 @@ impl KvCacheManager {
                 }
                 if let Some(p) = &self.prefix {
                     if p.is_indexed(b) {
-                        if (i + 1) * bs > t.num_tokens {
-                            return fail(format!("sequence {id}: partial block {b} is indexed"));
+                        // Indexed blocks lie below the watermark, except the partial last
+                        // block a truncate left shared, of a computed sequence (its next write
+                        // copies it).
+                        let last = i + 1 == t.block_ids.len();
+                        let done = seq.num_computed == t.num_tokens;
+                        if (i + 1) * bs > seq.num_computed && !(last && done) {
+                            return fail(format!(
+                                "sequence {id}: block {b} is indexed past the {} computed tokens",
+                                seq.num_computed
+                            ));
                         }
                         let recorded = seq.hashing.as_ref().and_then(|h| h.block_hashes.get(i));
                         if let Some(&h) = recorded {
@@ -98,10 +112,17 @@ impl KvCacheManager {
                 self.num_swapped
             ));
         }
+        if let Some(p) = &self.prefix {
+            for (b, n) in p.pins.iter() {
+                *refs.entry(b).or_insert(0) += n;
+            }
+        }
         for (&b, &n) in &refs {
             let rc = self.pool.refcount(b)?;
             if rc != n {
-                return fail(format!("block {b}: refcount {rc} but {n} table references"));
+                return fail(format!(
+                    "block {b}: refcount {rc} but {n} table and pin references"
+                ));
             }
         }
         if refs.len() != self.num_blocks_in_use {

@@ -22,6 +22,9 @@ impl KvCacheManager {
         if self.seqs.contains_key(&child_id) {
             return Err(Error::SequenceExists(child_id));
         }
+        // A prefilling parent would share blocks both would write (docs/design.md, Computed
+        // watermark); the child copies the watermark, which is then the parent's length.
+        Self::check_computed(parent_id, parent)?;
         let child = parent.clone();
         for (i, &b) in child.table.block_ids.iter().enumerate() {
             if let Err(e) = self.share(b) {

@@ -20,14 +20,17 @@
 
 mod admission;
 mod batch;
+mod computed;
 mod config;
 mod copy_queue;
 mod csr;
 mod growth;
 mod invariants;
 mod lifecycle;
+mod pins;
 mod prefix;
 mod queries;
+mod rollback;
 mod swap;
 mod transitions;
 
@@ -57,6 +60,10 @@ struct Sequence {
     swapped: bool,
     /// Prefix-cache hashing state; `None` when caching is off or some token ids are unknown.
     hashing: Option<SeqHashing>,
+    /// Tokens whose K/V are written by the end of the pass that schedules them (vLLM's
+    /// `num_computed_tokens`; `<= table.num_tokens`). Only blocks wholly below it are indexed
+    /// (docs/design.md, Computed watermark).
+    num_computed: usize,
 }
 
 /// What a sequence needs to hash its blocks as they fill.
@@ -64,10 +71,12 @@ struct Sequence {
 struct SeqHashing {
     /// Salt / adapter id / multimodal hash mixed into every block hash.
     extra_key: Option<Arc<[u8]>>,
-    /// Hash of each full block, in order (len == num_tokens / block_size).
+    /// Hash of each full, computed block, in order (len == num_computed / block_size).
     block_hashes: Vec<BlockHash>,
-    /// Token ids of the partial last block (len == num_tokens % block_size).
-    partial_tokens: Vec<TokenId>,
+    /// Token ids after the hashed blocks (len == num_tokens - block_hashes.len() *
+    /// block_size): the partial last block, plus the scheduled-but-not-computed blocks of a
+    /// sequence still prefilling.
+    pending_tokens: Vec<TokenId>,
 }
 
 /// Lifetime counters; each name says its unit.
@@ -239,6 +248,19 @@ impl KvCacheManager {
         blocks_fitting(num_tokens, &self.pool)
     }
 
+    /// InvalidArgument when the sequence is still prefilling (some scheduled tokens are not
+    /// computed): growing or forking it would write or share blocks whose K/V do not exist.
+    fn check_computed(seq_id: SeqId, seq: &Sequence) -> Result<()> {
+        if seq.num_computed < seq.table.num_tokens {
+            return invalid(format!(
+                "sequence {seq_id} is still prefilling ({} of {} tokens computed): \
+                 advance_computed to its length first",
+                seq.num_computed, seq.table.num_tokens
+            ));
+        }
+        Ok(())
+    }
+
     /// InvalidArgument when an id appears twice in `seq_ids`.
     fn check_distinct(&self, seq_ids: &[SeqId]) -> Result<()> {
         if seq_ids.len() > 1 {
@@ -258,6 +280,7 @@ impl Drop for KvCacheManager {
     /// Returns every block this manager holds (in use or cached) to the pool, so a shared
     /// pool outlives it intact.
     fn drop(&mut self) {
+        self.unpin_all();
         let ids: Vec<SeqId> = self.seqs.keys().copied().collect();
         for id in ids {
             let _ = self.free(id);

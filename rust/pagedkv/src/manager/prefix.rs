@@ -128,15 +128,15 @@ pub(super) fn record_tokens(
         return;
     };
     while !tokens.is_empty() {
-        let take = tokens.len().min(block_size - h.partial_tokens.len());
-        h.partial_tokens.extend_from_slice(&tokens[..take]);
+        let take = tokens.len().min(block_size - h.pending_tokens.len());
+        h.pending_tokens.extend_from_slice(&tokens[..take]);
         tokens = &tokens[take..];
-        if h.partial_tokens.len() == block_size {
+        if h.pending_tokens.len() == block_size {
             let i = h.block_hashes.len();
             let parent = h.block_hashes.last().copied();
             let hash = prefix
                 .hasher
-                .hash_block(parent, &h.partial_tokens, h.extra_key.as_deref());
+                .hash_block(parent, &h.pending_tokens, h.extra_key.as_deref());
             let b = seq.table.block_ids[i];
             let parent_block = i.checked_sub(1).map(|p| seq.table.block_ids[p]);
             // Never chained: the content a decode step fills may be indexed elsewhere already.
@@ -146,7 +146,7 @@ pub(super) fn record_tokens(
                     hash,
                     parent,
                     parent_block,
-                    &h.partial_tokens,
+                    &h.pending_tokens,
                     &h.extra_key,
                 )
                 .is_entered();
@@ -155,14 +155,14 @@ pub(super) fn record_tokens(
                 let event = block_stored(
                     &[hash],
                     parent,
-                    &h.partial_tokens,
+                    &h.pending_tokens,
                     block_size,
                     h.extra_key.as_deref(),
                 );
                 prefix.events.push(event);
             }
             h.block_hashes.push(hash);
-            h.partial_tokens.clear();
+            h.pending_tokens.clear();
         }
     }
 }

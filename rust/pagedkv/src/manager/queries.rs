@@ -193,6 +193,7 @@ impl KvCacheManager {
                 p.hit_tokens as f64 / p.query_tokens as f64
             };
             s.blocks_evicted = p.blocks_evicted;
+            s.num_pinned_blocks = p.pins.num_pinned_blocks();
             s.events_dropped = p.events.dropped;
             s.event_queue_bytes = p.events.bytes();
         }

@@ -223,6 +223,11 @@ impl BlockIndex {
         self.hash_of(b) == Some(hash)
     }
 
+    /// The token ids block `b` holds, if it is indexed under exactly `hash`.
+    pub(crate) fn tokens_if_holds(&self, b: BlockId, hash: BlockHash) -> Option<&[TokenId]> {
+        self.holds(b, hash).then(|| self.tokens_of(b))
+    }
+
     /// The block holding exactly this content (same hash, parent, extra key and tokens).
     #[inline]
     pub(crate) fn lookup(

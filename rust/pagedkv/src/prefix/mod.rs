@@ -15,6 +15,7 @@ pub(crate) mod hash;
 pub(crate) mod hash_slots;
 pub(crate) mod index;
 pub(crate) mod lru;
+pub(crate) mod pins;
 
 use std::sync::Arc;
 
@@ -22,6 +23,7 @@ use self::events::{DrainedEvents, EventQueue, KvEvent};
 use self::hash::{BlockHash, BlockHasher, ChainHasher};
 use self::index::{BlockIndex, Entered};
 use self::lru::Lru;
+use self::pins::Pins;
 use crate::pool::BlockPool;
 use crate::{BlockId, TokenId};
 
@@ -43,6 +45,8 @@ pub(crate) struct PrefixCache {
     pub(crate) hit_tokens: u64,
     /// Cached blocks evicted for reuse, lifetime.
     pub(crate) blocks_evicted: u64,
+    /// Pinned prefixes (each pinned block holds a reference per pin).
+    pub(crate) pins: Pins,
 }
 
 impl PrefixCache {
@@ -62,6 +66,7 @@ impl PrefixCache {
             query_tokens: 0,
             hit_tokens: 0,
             blocks_evicted: 0,
+            pins: Pins::default(),
         }
     }
 
@@ -233,6 +238,19 @@ impl PrefixCache {
         self.blocks_evicted += 1;
     }
 
+    /// Takes in-use block `b` out of the index (a `BlockRemoved` if it was indexed): its
+    /// content is about to be overwritten or was rolled back (`truncate`). Not an eviction.
+    pub(crate) fn unindex_in_use(&mut self, b: BlockId) {
+        if let Some(h) = self.index.remove(b) {
+            self.events.push_removed(h);
+        }
+    }
+
+    /// The token ids block `b` holds, if it is indexed under exactly `hash`.
+    pub(crate) fn tokens_if_holds(&self, b: BlockId, hash: BlockHash) -> Option<&[TokenId]> {
+        self.index.tokens_if_holds(b, hash)
+    }
+
     /// Returns every cached block to the pool and empties the index (`AllBlocksCleared`). The
     /// caller guarantees no indexed block is in use.
     pub(crate) fn reset(&mut self, pool: &BlockPool) {
@@ -260,6 +278,19 @@ impl PrefixCache {
     pub(crate) fn check(&self, refcount: impl Fn(BlockId) -> u32) -> Result<(), String> {
         self.index.check(&self.hasher)?;
         self.lru.check()?;
+        self.pins.check()?;
+        for (b, n) in self.pins.iter() {
+            if !self.index.is_indexed(b) {
+                return Err(format!("pinned block {b} is not indexed"));
+            }
+            if self.lru.contains(b) {
+                return Err(format!("pinned block {b} is cached-evictable"));
+            }
+            let rc = refcount(b);
+            if rc < n {
+                return Err(format!("block {b}: {n} pins but refcount {rc}"));
+            }
+        }
         for b in self.lru.order() {
             if !self.index.is_indexed(b) {
                 return Err(format!("cached block {b} is not indexed"));
