@@ -293,7 +293,7 @@ def test_subclassed_fields_encode_as_their_builtin_values() -> None:
 
 
 def test_bad_arguments() -> None:
-    """Typed pagedkv errors, still TypeErrors where they were (issue 30: encode_batch raised a
+    """Typed pagedkv errors, still TypeErrors where they were (encode_batch raised a
     bare TypeError)."""
     with pytest.raises(InvalidArgumentTypeError):
         encode_batch([], ts=0.0, data_parallel_rank=True)

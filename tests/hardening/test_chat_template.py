@@ -41,7 +41,7 @@ vm = [int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswit
 resource.setrlimit(resource.RLIMIT_AS, (vm + (768 << 20), resource.RLIM_INFINITY))
 """
 
-# Issue 28 item 3 and the other ways a template can run away: each must be a ChatTemplateError.
+# The nested-range template and the other ways a template can run away: each must be a ChatTemplateError.
 HOSTILE = {
     "nested range loops (the issue's)": (
         "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"

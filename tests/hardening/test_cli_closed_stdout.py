@@ -1,4 +1,4 @@
-"""Issue 28, minor: every CLI command with standard output closed (``pagedkv demo >&-``).
+"""Every CLI command with standard output closed (``pagedkv demo >&-``).
 
 Python starts with ``sys.stdout = None`` then; every ``print`` silently did nothing, the command
 ran to the end and died on ``sys.stdout.flush()`` with an AttributeError traceback (exit 1). Now:

@@ -1,4 +1,4 @@
-"""Issue 28, severe item 6: the ZMQ event publisher under hostile and unlucky use.
+"""Hardening: the ZMQ event publisher under hostile and unlucky use.
 
 Each test failed on the publisher before the fix: a bad event killed its thread while ``publish``
 kept returning True; 200 unanswered replay requests held up the live stream for seconds (every

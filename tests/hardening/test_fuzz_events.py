@@ -1,4 +1,4 @@
-"""Issue 28: the fuzz harness extended to the KV-event encoder and publisher.
+"""The fuzz harness extended to the KV-event encoder and publisher.
 
 Events whose fields are junk of any type (huge and negative ints, floats, bools, lone surrogates,
 bytes, nested lists, NumPy scalars, objects whose ``__index__`` raises or returns junk) must give

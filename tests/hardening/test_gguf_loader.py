@@ -56,7 +56,7 @@ def tiny(tmp_path_factory):
 
 
 def test_lying_counts_fail_fast_without_allocating(tiny, tmp_path):
-    """Issue 28 item 2: each of these hung the old loader (growing memory) or leaked an
+    """Each of these hung the old loader (growing memory) or leaked an
     IndexError; each is now a ModelLoadError of its own, with no MemoryError behind it and no
     measurable memory growth."""
     base = tiny.read_bytes()
@@ -133,7 +133,7 @@ def test_tiny_model_loads_and_dequantizes(tiny):
     np.testing.assert_allclose(model.model.weights.token_embedding, embedding, atol=0.01)  # Q8_0
 
 
-# Loader minors (issue 28): each was a traceback, a silent mis-load or a model with no layers.
+# Loader minors: each was a traceback, a silent mis-load or a model with no layers.
 MINOR_CASES = {
     "string where a number belongs": (
         {"metadata": {"llama.block_count": ("thirty", "STRING")}},

@@ -1,4 +1,4 @@
-"""Issue 28, medium: the NumPy prefill reference sized a temporary from the block table.
+"""Hardening: the NumPy prefill reference sized a temporary from the block table.
 
 A 4 MiB table repeating block 0 against a 128 KiB cache made ``gather_rows`` ask for a copy of
 16M tokens (gigabytes) and loop over a million blocks. The reference now refuses a sequence
