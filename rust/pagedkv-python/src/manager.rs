@@ -350,8 +350,9 @@ impl PyKvCacheManager {
         }
     }
 
-    /// Whether `num_tokens` more tokens fit now (False when short of blocks or when they could
-    /// never fit; a swapped-out sequence raises `SequenceSwappedOutError`).
+    /// Whether `num_tokens` more tokens fit now (False when short of blocks, when they could
+    /// never fit, or while the sequence is still prefilling; a swapped-out sequence raises
+    /// `SequenceSwappedOutError`).
     #[pyo3(signature = (seq_id, num_tokens=CountArg(1)), text_signature = "(self, seq_id, num_tokens=1)")]
     fn can_append(&self, py: Python<'_>, seq_id: SeqIdArg, num_tokens: CountArg) -> PyResult<bool> {
         self.run(py, false, |kv| kv.can_append(seq_id.0, num_tokens.0))

@@ -87,6 +87,27 @@ fn scenario_prefix_admit(kv: &mut KvCacheManager, iters: u64) -> u64 {
     iters
 }
 
+/// The hit walk alone: a 1,025-token prompt whose 64 full blocks (a 1,024-token system
+/// prompt) are cached, looked up with `match_prefix` (`lookup_only`) or admitted and freed
+/// (one new block for the last token). Units: look-ups or admissions.
+#[inline(never)]
+fn scenario_prefix_hit(kv: &mut KvCacheManager, iters: u64, lookup_only: bool) -> u64 {
+    let mut prompt: Vec<u32> = (0..1025).map(|j| 1_000_000 + j).collect();
+    kv.add_sequence(u64::MAX, &prompt, None).unwrap();
+    kv.free(u64::MAX).unwrap();
+    for i in 0..iters {
+        prompt[1024] = i as u32;
+        if lookup_only {
+            black_box(kv.match_prefix(black_box(&prompt), None).unwrap());
+        } else {
+            kv.add_sequence(black_box(i), black_box(&prompt), None)
+                .unwrap();
+            kv.free(black_box(i)).unwrap();
+        }
+    }
+    iters
+}
+
 /// The peer benchmark's W2 prefix-sharing workload in Rust (one admission = one request):
 /// 16 system prompts of 1,024 tokens (64 full blocks each), a unique suffix of 100..=500
 /// tokens, admission batches of 8, at most 256 requests resident (the oldest freed first),
@@ -248,6 +269,16 @@ fn main() {
             let units = scenario_prefix_miss(&mut kv, iters);
             black_box(kv.take_events());
             units
+        }
+        "prefix_match" | "prefix_hit_admit" => {
+            let mut kv = KvCacheManager::new(ManagerConfig {
+                num_blocks: 4096,
+                block_size: 16,
+                enable_prefix_caching: true,
+                ..Default::default()
+            })
+            .unwrap();
+            scenario_prefix_hit(&mut kv, iters, scenario == "prefix_match")
         }
         "op_mix" => scenario_op_mix(iters),
         other => {

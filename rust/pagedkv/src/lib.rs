@@ -4,7 +4,10 @@
 //! lock-free free list and atomic refcounts. A [`KvCacheManager`] keeps each sequence's
 //! [`BlockTable`] on top of a pool, with fork (sharing) and copy-on-write. Several managers can
 //! share one pool, one per thread. docs/design.md, Invariants, states what every operation
-//! keeps.
+//! keeps. For a scheduler: chunked prefill with a computed watermark
+//! ([`KvCacheManager::add_sequence_scheduled`], [`KvCacheManager::advance_computed`]), prefix
+//! look-up without admission ([`KvCacheManager::match_prefix`]), rollback of draft tokens
+//! ([`KvCacheManager::truncate`]) and pinned prefixes ([`KvCacheManager::pin_prefix`]).
 //!
 //! One concept per module: `pool` (blocks and refcounts), `table` (one sequence's blocks),
 //! `prefix` (block hashes, the cached-block index and its LRU, KV events), `host` (the swap

@@ -51,6 +51,8 @@ enum Op {
     },
     Advance(Vec<u64>, usize),
     Truncate(u64, usize),
+    /// Truncate to the sequence's length minus this many tokens (a rollback of drafts).
+    TruncateBack(u64, usize),
     Match {
         prompt: usize,
         len: usize,
@@ -103,7 +105,8 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (id(), 0usize..3, 0usize..20, extra(), prop_oneof![0usize..10, Just(usize::MAX)])
             .prop_map(|(id, prompt, len, extra, scheduled)| Op::AddScheduled { id, prompt, len, extra, scheduled }),
         4 => (ids(3), prop_oneof![4 => 0usize..6, 1 => Just(usize::MAX)]).prop_map(|(ids, n)| Op::Advance(ids, n)),
-        4 => (id(), 0usize..24).prop_map(|(i, n)| Op::Truncate(i, n)),
+        2 => (id(), 0usize..24).prop_map(|(i, n)| Op::Truncate(i, n)),
+        4 => (id(), 0usize..5).prop_map(|(i, n)| Op::TruncateBack(i, n)),
         2 => (0usize..3, 0usize..20, extra()).prop_map(|(prompt, len, extra)| Op::Match { prompt, len, extra }),
         2 => (0usize..3, 0usize..12, extra()).prop_map(|(prompt, len, extra)| Op::Pin { prompt, len, extra }),
         2 => (0usize..3, 0usize..12, extra()).prop_map(|(prompt, len, extra)| Op::Unpin { prompt, len, extra }),
@@ -900,6 +903,13 @@ fn run(num_blocks: usize, block_size: usize, caching: bool, num_host: usize, ops
                 kv.truncate(*i, *n).map(|_| 0),
                 model.truncate(*i, *n).map(|_| 0),
             ),
+            Op::TruncateBack(i, back) => {
+                let n = len_of(&kv, *i).saturating_sub(*back);
+                (
+                    kv.truncate(*i, n).map(|_| 0),
+                    model.truncate(*i, n).map(|_| 0),
+                )
+            }
             Op::Match { prompt, len, extra } => {
                 let tokens = prompt_tokens(*prompt, *len);
                 let extra_bytes = extra.map(|e| vec![e; 3]);

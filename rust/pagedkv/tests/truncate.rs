@@ -128,3 +128,24 @@ fn bad_truncates_are_typed_and_change_nothing() {
     assert_eq!(kv.block_table(1).unwrap().len(), 2);
     kv.check_invariants().unwrap();
 }
+
+#[test]
+fn a_batch_append_copies_an_indexed_partial_block_too() {
+    let mut kv = cached(8, 4);
+    kv.add_sequence(1, &[1, 2, 3, 4, 5, 6, 7, 8, 9], None)
+        .unwrap();
+    kv.fork(1, 2).unwrap();
+    kv.add_sequence(3, &[7], None).unwrap();
+    let kept = kv.block_table(1).unwrap()[1];
+    kv.truncate(1, 6).unwrap();
+    kv.free(2).unwrap(); // block `kept` is sequence 1's alone now, and still indexed
+    assert_eq!(kv.refcount(kept).unwrap(), 1);
+    kv.append_tokens_batch(&[1, 3], &[0, 0], 1).unwrap();
+    assert_eq!(kv.take_copy_ops().len(), 1);
+    assert_ne!(kv.block_table(1).unwrap()[1], kept);
+    assert_eq!(
+        kv.match_prefix(&[1, 2, 3, 4, 5, 6, 7, 8, 9], None).unwrap(),
+        8
+    );
+    kv.check_invariants().unwrap();
+}

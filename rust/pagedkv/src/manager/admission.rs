@@ -323,7 +323,11 @@ impl HitWalk<'_> {
     /// first block); otherwise it is hashed and looked up. Returns how many hits are
     /// cached-evictable (refcount 0); InvalidArgument when an in-use hit's refcount would
     /// overflow.
-    #[inline(always)]
+    ///
+    /// One out-of-line copy for all three callers: inlined into each, the hint and hash
+    /// look-ups inside were inlined differently in admission depending on the other callers
+    /// (callgrind: W2 admission +8 % once `match_prefix` was called in the same binary).
+    #[inline(never)]
     pub(super) fn run(
         &self,
         chain: &mut ChainHasher,

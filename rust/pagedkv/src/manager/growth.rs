@@ -110,7 +110,7 @@ impl KvCacheManager {
     }
 
     /// Whether `num_tokens` more tokens could be appended to the sequence right now.
-    /// A count that can never fit the pool answers `false`.
+    /// A count that can never fit the pool, or a sequence still prefilling, answers `false`.
     ///
     /// ```
     /// use pagedkv::{KvCacheManager, ManagerConfig};

@@ -250,13 +250,10 @@ impl KvCacheManager {
 
     /// InvalidArgument when the sequence is still prefilling (some scheduled tokens are not
     /// computed): growing or forking it would write or share blocks whose K/V do not exist.
+    #[inline(always)]
     fn check_computed(seq_id: SeqId, seq: &Sequence) -> Result<()> {
         if seq.num_computed < seq.table.num_tokens {
-            return invalid(format!(
-                "sequence {seq_id} is still prefilling ({} of {} tokens computed): \
-                 advance_computed to its length first",
-                seq.num_computed, seq.table.num_tokens
-            ));
+            return Err(still_prefilling(seq_id, seq));
         }
         Ok(())
     }
@@ -289,6 +286,17 @@ impl Drop for KvCacheManager {
             prefix.reset(&self.pool);
         }
     }
+}
+
+/// The error of growing or forking a sequence that is still prefilling (off the hot path).
+#[cold]
+#[inline(never)]
+fn still_prefilling(seq_id: SeqId, seq: &Sequence) -> Error {
+    Error::InvalidArgument(format!(
+        "sequence {seq_id} is still prefilling ({} of {} tokens computed): \
+         advance_computed to its length first",
+        seq.num_computed, seq.table.num_tokens
+    ))
 }
 
 /// Blocks needed for `num_tokens`, or InvalidArgument when no table that long can fit `pool`.
