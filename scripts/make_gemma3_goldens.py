@@ -43,9 +43,9 @@ CHAT = [
 LONG = (
     "Here is a list of facts, one per line.\n"
     + "".join(
-        f"Fact {i}: the number {i} squared is {i * i}, and {i} plus {i} is {2 * i}.\n" for i in range(1, 76)
+        f"Fact {i}: the number {i} squared is {i * i}, and {i} plus {i} is {2 * i}.\n" for i in range(1, 53)
     )
-    + "Fact 76:"
+    + "Fact 53:"
 )
 TOKENIZER_TEXTS = [
     "Hello world",
