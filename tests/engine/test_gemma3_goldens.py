@@ -4,7 +4,7 @@ and for tokenizer-only texts, and teacher-forced logits on llama.cpp's own greed
 on prompts that include one over 1,500 tokens, so that the 512-token window of the local layers
 decides the logits.
 
-Target (issue 31): at every step our greedy token is llama.cpp's argmax, or lies within
+Target: at every step our greedy token is llama.cpp's argmax, or lies within
 ARGMAX_MARGIN logits of it by llama.cpp's own logits (llama.cpp multiplies the K-quant weights by
 8-bit-quantized activations and keeps K/V in fp16; we compute in fp32, so near ties may flip).
 MAX_LOGIT_DIFF bounds the difference on llama.cpp's top-5 ids. Skipped where the model package is
