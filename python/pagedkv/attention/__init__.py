@@ -23,6 +23,7 @@ from pagedkv.attention import kernel_launch, reference
 from pagedkv.attention import validation as val
 from pagedkv.attention.prefill import paged_prefill_attention
 from pagedkv.attention.runners import CudaRunner, get_runner
+from pagedkv.attention.window import check_window
 from pagedkv.attention.workspace import DecodePlan, DecodeWorkspace
 from pagedkv.errors import InvalidArgumentError
 
@@ -65,6 +66,7 @@ def paged_attention(
     backend: str = "numpy",
     num_splits: int | None = None,
     use_tensor_cores: bool | None = None,
+    window: int | None = None,
 ) -> Any:
     """Decode attention: each sequence's query token over its paged history.
 
@@ -84,6 +86,11 @@ def paged_attention(
     sizes outside 64/128/256); False always runs the CUDA-core kernel (e.g. to A/B the two).
     Checked (True, False or None; NumPy bools accepted) on every backend; the NumPy reference
     ignores it.
+    window: sliding-window attention, inclusive as in Gemma / Hugging Face: the query (at position
+    seq_len - 1) sees the keys at positions [seq_len - window, seq_len - 1], i.e. the last
+    ``window`` keys (None: all). Blocks wholly before the window are never read and their table
+    entries may be -1 (released by a sliding-window KV group). backend='numpy' only for now;
+    other backends raise InvalidArgumentError when given a window.
     """
     q, k_cache, v_cache, block_tables, seq_lens = (
         val.unwrap_ndarray_subclass(n, x)
@@ -97,8 +104,9 @@ def paged_attention(
     )
     splits = val.check_num_splits(num_splits)  # checked on every backend, used by the kernels
     tensor_cores = val.check_use_tensor_cores(use_tensor_cores)  # likewise
-    if val.check_backend(backend) == "numpy":
-        return reference.paged_attention(q, k_cache, v_cache, block_tables, seq_lens, scale)
+    window = check_window(window, val.check_backend(backend))
+    if backend == "numpy":
+        return reference.paged_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, window)
     shape = val.check_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, backend)
     val.check_tensor_core_choice(tensor_cores, shape.kind, shape.head_dim, shape.group)
     shape = dataclasses.replace(shape, use_tensor_cores=tensor_cores)

@@ -15,6 +15,7 @@ from pagedkv.attention import prefill_launch, prefill_reference
 from pagedkv.attention import prefill_validation as pval
 from pagedkv.attention import validation as val
 from pagedkv.attention.runners import get_runner
+from pagedkv.attention.window import check_window
 from pagedkv.errors import InvalidArgumentError
 
 
@@ -30,6 +31,7 @@ def paged_prefill_attention(
     causal: bool = True,
     backend: str = "numpy",
     num_splits: int | None = None,
+    window: int | None = None,
 ) -> Any:
     """Causal multi-query attention of each sequence's new tokens over its paged context.
 
@@ -53,10 +55,16 @@ def paged_prefill_attention(
     num_splits (kernel backends): cut each work tile's keys into at most this many splits merged
     afterwards (split-KV); default: chosen from the device's size so that decode-heavy batches
     over long contexts still fill the GPU.
+    window: sliding-window attention (needs ``causal``), inclusive as in Gemma / Hugging Face: the
+    query at position p sees the keys at positions [p - window + 1, p], clipped at 0 (None: all of
+    0..p). Blocks wholly before the window of a sequence's first query are never read and their
+    table entries may be -1 (released by a sliding-window KV group). backend='numpy' only for
+    now; other backends raise InvalidArgumentError when given a window.
     """
-    if val.check_backend(backend) == "numpy":
+    window = check_window(window, val.check_backend(backend))
+    if backend == "numpy":
         return prefill_reference.paged_prefill_attention(
-            q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, causal
+            q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, causal, window
         )
     args = pval.check_paged_prefill(
         q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, causal, backend

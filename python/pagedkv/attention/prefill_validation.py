@@ -181,9 +181,18 @@ def _csr_table(csr: Any, seq_lens: np.ndarray, block_size: int, backend: str) ->
     return PageTable(indices, indptr[:-1].astype(np.int64), layout="csr")
 
 
-def _check_block_ids(table: PageTable, seq_lens: np.ndarray, block_size: int, num_blocks: int) -> None:
-    """Every table entry a sequence uses names a block of the cache."""
-    needed = (seq_lens.astype(np.int64) + block_size - 1) // block_size
+def _check_block_ids(
+    table: PageTable,
+    seq_lens: np.ndarray,
+    block_size: int,
+    num_blocks: int,
+    first_blocks: np.ndarray | None = None,
+) -> None:
+    """Every table entry a sequence uses (its blocks from ``first_blocks[i]`` on, when given: a
+    sliding window never reads the ones before) names a block of the cache."""
+    end = (seq_lens.astype(np.int64) + block_size - 1) // block_size
+    first = np.zeros_like(end) if first_blocks is None else np.minimum(first_blocks, end)
+    needed = end - first
     total = int(needed.sum())
     if total == 0:
         return
@@ -192,6 +201,7 @@ def _check_block_ids(table: PageTable, seq_lens: np.ndarray, block_size: int, nu
     # Positions of every used entry: row_start[i] + 0..needed[i]-1, built without a Python loop.
     rows = np.repeat(np.arange(needed.shape[0]), needed)
     within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(needed) - needed, needed)
+    within += first[rows]
     used = table.indices[table.row_start[rows] + within]
     bad = np.flatnonzero((used < 0) | (used >= num_blocks))
     if bad.size:
@@ -212,8 +222,11 @@ def check_paged_prefill(
     scale: Any,
     causal: Any,
     backend: str,
+    window: int | None = None,
 ) -> PrefillArgs:
-    """Validates a paged prefill call (either table layout) and returns its normalised arguments."""
+    """Validates a paged prefill call (either table layout) and returns its normalised arguments.
+    ``window``: an already checked sliding window (``attention.window``); the blocks wholly before
+    the window of a sequence's first query are never read, so their entries may be -1."""
     val.check_backend(backend)
     if not isinstance(causal, (bool, np.bool_)):
         raise InvalidArgumentError(f"causal must be a bool, got {type(causal).__name__}")
@@ -264,7 +277,15 @@ def check_paged_prefill(
         table = _csr_table(block_tables, lens, block_size, backend)
     else:
         table = _padded_table(block_tables, lens, block_size, backend)
-    _check_block_ids(table, lens, block_size, num_blocks)
+    first_blocks = None
+    if window is not None:
+        if not causal:
+            raise InvalidArgumentError("window= needs causal=True (a window counts back from each query)")
+        # A sequence's earliest query, at seq_len - q_len, sees keys from seq_len - q_len - window + 1
+        # on; a sequence without queries reads nothing.
+        earliest = np.maximum(lens.astype(np.int64) - q_lens - (window - 1), 0)
+        first_blocks = np.where(q_lens > 0, earliest // block_size, np.iinfo(np.int64).max)
+    _check_block_ids(table, lens, block_size, num_blocks, first_blocks)
 
     if backend != "numpy":
         for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):

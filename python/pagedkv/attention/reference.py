@@ -18,6 +18,7 @@ import numpy as np
 from pagedkv.attention import copy_planning
 from pagedkv.attention import validation as val
 from pagedkv.attention.dtypes import compute_dtype, from_compute, to_compute
+from pagedkv.attention.prefill_reference import check_within_cache
 
 
 def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -> np.ndarray:
@@ -61,14 +62,18 @@ def contiguous_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: flo
     return from_compute(out, shape.kind, q.dtype)
 
 
-def gather_sequence(cache: np.ndarray, table_row: np.ndarray, seq_len: int, kind: str) -> np.ndarray:
-    """One sequence's history [seq_len, num_kv_heads, head_dim] copied block by block out of
-    ``cache`` [num_blocks, block_size, num_kv_heads, head_dim] through ``table_row`` [max_blocks]."""
+def gather_sequence(
+    cache: np.ndarray, table_row: np.ndarray, seq_len: int, kind: str, start: int = 0
+) -> np.ndarray:
+    """Positions ``start .. seq_len - 1`` of one sequence's history [seq_len - start, num_kv_heads,
+    head_dim] copied block by block out of ``cache`` [num_blocks, block_size, num_kv_heads,
+    head_dim] through ``table_row`` [max_blocks]; the blocks before ``start``'s are never read."""
     block_size = cache.shape[1]
-    out = np.empty((seq_len, *cache.shape[2:]), dtype=compute_dtype(kind))
-    for i in range(-(-seq_len // block_size)):
-        n = min(block_size, seq_len - i * block_size)
-        out[i * block_size : i * block_size + n] = to_compute(cache[int(table_row[i]), :n], kind)
+    out = np.empty((seq_len - start, *cache.shape[2:]), dtype=compute_dtype(kind))
+    for i in range(start // block_size, -(-seq_len // block_size)):
+        lo, hi = max(start, i * block_size), min(seq_len, (i + 1) * block_size)
+        block = cache[int(table_row[i]), lo - i * block_size : hi - i * block_size]
+        out[lo - start : hi - start] = to_compute(block, kind)
     return out
 
 
@@ -79,13 +84,21 @@ def paged_attention(
     block_tables: np.ndarray,
     seq_lens: np.ndarray,
     scale: float | None,
+    window: int | None = None,
 ) -> np.ndarray:
-    shape = val.check_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, backend="numpy")
+    """With a sliding ``window`` the query (at position seq_len - 1) attends to the last
+    ``window`` keys only: the same ``attend`` over the gathered window, so the result equals
+    ``contiguous_attention`` over ``k[seq_len - window:]`` bit for bit."""
+    shape = val.check_paged_attention(
+        q, k_cache, v_cache, block_tables, seq_lens, scale, backend="numpy", window=window
+    )
     out = np.empty(q.shape, dtype=q.dtype)
     for b in range(shape.num_seqs):
         n = int(seq_lens[b])
-        k = gather_sequence(k_cache, block_tables[b], n, shape.kind)
-        v = gather_sequence(v_cache, block_tables[b], n, shape.kind)
+        start = 0 if window is None else max(0, n - window)
+        check_within_cache(b, n - start, k_cache.shape[0], k_cache.shape[1])
+        k = gather_sequence(k_cache, block_tables[b], n, shape.kind, start)
+        v = gather_sequence(v_cache, block_tables[b], n, shape.kind, start)
         qb = np.array(to_compute(q[b], shape.kind), order="C")
         out[b] = from_compute(attend(qb, k, v, shape.scale), shape.kind, q.dtype)
     return out

@@ -218,9 +218,19 @@ def _int(x: Any) -> int:
 
 
 def check_paged_attention(
-    q: Any, k_cache: Any, v_cache: Any, block_tables: Any, seq_lens: Any, scale: Any, backend: str
+    q: Any,
+    k_cache: Any,
+    v_cache: Any,
+    block_tables: Any,
+    seq_lens: Any,
+    scale: Any,
+    backend: str,
+    window: int | None = None,
 ) -> AttentionShape:
     """Validates a paged decode-attention call and returns its sizes (``max_seq_len`` included).
+
+    With a sliding ``window`` (already checked, see ``attention.window``) the table entries of
+    blocks wholly before the window are never read and may be -1.
 
     backend='cuda' takes block_tables and seq_lens as NumPy arrays (the host metadata the caller
     already has, e.g. from ``KvCacheManager.batch_block_tables``: checked on the host, no
@@ -232,7 +242,7 @@ def check_paged_attention(
     if is_cupy_array(block_tables):
         max_seq_len = check_decode_metadata_on_device(block_tables, seq_lens, shape, backend)
     else:
-        max_seq_len = check_decode_metadata(block_tables, seq_lens, shape, backend)
+        max_seq_len = check_decode_metadata(block_tables, seq_lens, shape, backend, window)
     return dataclasses.replace(shape, max_seq_len=max_seq_len)
 
 
@@ -297,11 +307,14 @@ def check_decode_arrays(
     )
 
 
-def check_decode_metadata(block_tables: Any, seq_lens: Any, shape: AttentionShape, backend: str) -> int:
+def check_decode_metadata(
+    block_tables: Any, seq_lens: Any, shape: AttentionShape, backend: str, window: int | None = None
+) -> int:
     """Checks host (NumPy) block tables and lengths against the caches; returns max_seq_len.
 
-    Only the used part of each table row (ceil(seq_len / block_size) entries) must hold block ids
-    in [0, num_blocks); padding past it is never read. Reads host memory only.
+    Only the used part of each table row (ceil(seq_len / block_size) entries, less the blocks
+    wholly before a sliding ``window``) must hold block ids in [0, num_blocks); padding past it is
+    never read. Reads host memory only.
     """
     if not isinstance(block_tables, np.ndarray) or not isinstance(seq_lens, np.ndarray):
         raise InvalidArgumentError("block_tables and seq_lens must be NumPy arrays (host metadata)")
@@ -315,8 +328,11 @@ def check_decode_metadata(block_tables: Any, seq_lens: Any, shape: AttentionShap
         )
     if num_seqs == 0:
         return 0
+    first_blocks = None
+    if window is not None:  # the query at position seq_len - 1 sees keys from seq_len - window on
+        first_blocks = np.maximum(seq_lens.astype(np.int64) - window, 0) // shape.block_size
     return _check_lengths_and_tables(
-        np, block_tables, seq_lens, shape, backend, int(seq_lens.min()), int(seq_lens.max())
+        np, block_tables, seq_lens, shape, backend, int(seq_lens.min()), int(seq_lens.max()), first_blocks
     )
 
 
@@ -334,11 +350,18 @@ def check_decode_metadata_on_device(
 
 
 def _check_lengths_and_tables(
-    xp: Any, block_tables: Any, seq_lens: Any, shape: AttentionShape, backend: str, low: int, high: int
+    xp: Any,
+    block_tables: Any,
+    seq_lens: Any,
+    shape: AttentionShape,
+    backend: str,
+    low: int,
+    high: int,
+    first_blocks: Any = None,
 ) -> int:
     """The checks check_decode_metadata and its device twin share, on ``xp`` arrays whose lengths
     span [low, high]: lengths within the kernels' range and the tables' capacity, and every used
-    table entry a block id. Returns high (the max_seq_len)."""
+    table entry (from ``first_blocks[b]`` on when given) a block id. Returns high (the max_seq_len)."""
     max_blocks = int(block_tables.shape[1])
     block_size = shape.block_size
     if backend != "numpy" and high > MAX_KERNEL_SEQ_LEN:
@@ -355,6 +378,8 @@ def _check_lengths_and_tables(
     if max_blocks:
         used_blocks = (seq_lens.astype(np.int64) + block_size - 1) // block_size  # [num_seqs]
         used = xp.arange(max_blocks)[None, :] < used_blocks[:, None]
+        if first_blocks is not None:
+            used &= xp.arange(max_blocks)[None, :] >= first_blocks[:, None]
         bad = used & ((block_tables < 0) | (block_tables >= shape.num_blocks))
         if bool(bad.any()):
             b, i = (int(t) for t in xp.argwhere(bad)[0])

@@ -20,6 +20,7 @@ from pagedkv.attention import (
     write_kv,
 )
 from pagedkv.models.config import LlamaConfig
+from pagedkv.models.gemma3_config import Gemma3Config
 
 __all__ = ["ContiguousKvStore", "PagedKvStore"]
 
@@ -29,7 +30,7 @@ class PagedKvStore:
     host tier's ``[num_host_blocks, ...]`` arrays for swap."""
 
     def __init__(
-        self, config: LlamaConfig, num_blocks: int, block_size: int, num_host_blocks: int = 0
+        self, config: LlamaConfig | Gemma3Config, num_blocks: int, block_size: int, num_host_blocks: int = 0
     ) -> None:
         shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
         host_shape = (num_host_blocks, *shape[1:])
@@ -59,10 +60,13 @@ class PagedKvStore:
         self._ctx_lens = np.ascontiguousarray(ctx_lens, dtype=np.int32)
         self._q_lens = np.ascontiguousarray(q_lens, dtype=np.int32)
 
-    def attend(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    def attend(
+        self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, window: int | None = None
+    ) -> np.ndarray:
+        """``window``: the layer's sliding window (Gemma 3's local layers), None for full attention."""
         kc, vc = self.k_caches[layer], self.v_caches[layer]
         write_kv(k, v, kc, vc, self._slots)
-        return _paged_batch_attention(q, kc, vc, self._tables, self._ctx_lens, self._q_lens)
+        return _paged_batch_attention(q, kc, vc, self._tables, self._ctx_lens, self._q_lens, window)
 
     def copy(self, copy_ops: np.ndarray) -> None:
         """Copy-on-write copies (src, dst) from KvCacheManager.take_copy_ops, every layer."""
@@ -91,18 +95,19 @@ def _paged_batch_attention(
     tables: np.ndarray,
     ctx_lens: np.ndarray,
     q_lens: np.ndarray,
+    window: int | None = None,
 ) -> np.ndarray:
     """The whole mixed batch in one call: sequence b's q_lens[b] rows are its last positions of a
     ctx_lens[b]-token context (a decode row is a one-query sequence)."""
     query_start_loc = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
-    return paged_prefill_attention(q, k_cache, v_cache, tables, ctx_lens, query_start_loc)
+    return paged_prefill_attention(q, k_cache, v_cache, tables, ctx_lens, query_start_loc, window=window)
 
 
 class ContiguousKvStore:
     """One contiguous ``[max_len, num_kv_heads, head_dim]`` buffer per sequence and layer, attended
     with ``contiguous_attention`` one query at a time (the reference the paged engine must equal)."""
 
-    def __init__(self, config: LlamaConfig, max_len: int) -> None:
+    def __init__(self, config: LlamaConfig | Gemma3Config, max_len: int) -> None:
         self.config = config
         self.max_len = max_len
         self._k: dict[int, list[np.ndarray]] = {}
@@ -122,13 +127,16 @@ class ContiguousKvStore:
             for pos in range(ctx - q, ctx)
         ]
 
-    def attend(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    def attend(
+        self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, window: int | None = None
+    ) -> np.ndarray:
         for row, (sid, pos) in enumerate(self._rows):
             self._k[sid][layer][pos] = k[row]
             self._v[sid][layer][pos] = v[row]
         out = np.empty_like(q)
         for row, (sid, pos) in enumerate(self._rows):
+            lo = 0 if window is None else max(0, pos - window + 1)  # the window's keys, pos included
             out[row] = contiguous_attention(
-                q[row], self._k[sid][layer][: pos + 1], self._v[sid][layer][: pos + 1]
+                q[row], self._k[sid][layer][lo : pos + 1], self._v[sid][layer][lo : pos + 1]
             )
         return out

