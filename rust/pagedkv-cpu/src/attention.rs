@@ -131,6 +131,8 @@ fn first_key(rows: &SeqRows, p: &AttentionParams) -> usize {
 ///
 /// `q`, `out`: `[B, num_q_heads, head_dim]`; `tables` has B rows; `seq_lens[b] == 0` gives zeros.
 /// Every table entry the call reads is checked before anything runs.
+// The kernel's natural signature (tensors, shape, tables, lengths, params, output).
+#[allow(clippy::too_many_arguments)]
 pub fn paged_decode<T: KvElem>(
     q: &[T],
     k_cache: &[T],
@@ -165,6 +167,8 @@ pub fn paged_decode<T: KvElem>(
 /// sequence i's `q_len = qsl[i+1] - qsl[i]` queries are its last `q_len` of `seq_lens[i]` tokens.
 ///
 /// `q`, `out`: `[total_q, num_q_heads, head_dim]`, `total_q == qsl[B]`.
+// The kernel's natural signature (tensors, shape, tables, lengths, params, output).
+#[allow(clippy::too_many_arguments)]
 pub fn paged_prefill<T: KvElem>(
     q: &[T],
     k_cache: &[T],
@@ -294,8 +298,7 @@ fn run<T: KvElem>(
         group,
     };
     let work = |t: &Task| attend_tile(&ctx, t, &rows[t.seq]);
-    let results: Vec<Vec<f32>> = if pairs.saturating_mul(params.num_q_heads) < PARALLEL_MIN_PAIRS
-    {
+    let results: Vec<Vec<f32>> = if pairs.saturating_mul(params.num_q_heads) < PARALLEL_MIN_PAIRS {
         tasks.iter().map(work).collect()
     } else {
         tasks.par_iter().map(work).collect()

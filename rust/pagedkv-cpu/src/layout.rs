@@ -84,7 +84,9 @@ impl<'a> BlockTables<'a> {
     /// non-decreasing, `indptr[B] <= indices.len()`.
     pub fn csr(indptr: &[i32], indices: &'a [i32]) -> Result<Self> {
         if indptr.is_empty() {
-            return Err(CpuError::Shape("kv_indptr must have B + 1 >= 1 entries".into()));
+            return Err(CpuError::Shape(
+                "kv_indptr must have B + 1 >= 1 entries".into(),
+            ));
         }
         if indptr[0] != 0 {
             return Err(CpuError::Argument(format!(
@@ -181,9 +183,8 @@ impl<'a> BlockTables<'a> {
             )));
         }
         for (i, (&last, &len)) in last_page_len.iter().zip(seq_lens).enumerate() {
-            let len = usize::try_from(len).map_err(|_| {
-                CpuError::Argument(format!("seq_lens[{i}] = {len} is negative"))
-            })?;
+            let len = usize::try_from(len)
+                .map_err(|_| CpuError::Argument(format!("seq_lens[{i}] = {len} is negative")))?;
             let needed = len.div_ceil(block_size);
             if self.row_len[i] != needed {
                 return Err(CpuError::Argument(format!(
@@ -191,7 +192,11 @@ impl<'a> BlockTables<'a> {
                     self.row_len[i]
                 )));
             }
-            let expect = if len == 0 { 0 } else { (len - 1) % block_size + 1 };
+            let expect = if len == 0 {
+                0
+            } else {
+                (len - 1) % block_size + 1
+            };
             if i64::from(last) != expect as i64 {
                 return Err(CpuError::Argument(format!(
                     "kv_last_page_len[{i}] = {last} disagrees with seq_lens[{i}] = {len} \

@@ -20,5 +20,5 @@ pub use attention::{paged_decode, paged_prefill, AttentionParams};
 pub use cache_ops::{copy_blocks, swap_blocks, write_kv};
 pub use elem::KvElem;
 pub use error::{CpuError, Result};
-pub use layout::{BlockTables, CacheShape};
 pub use half::{bf16, f16};
+pub use layout::{BlockTables, CacheShape};

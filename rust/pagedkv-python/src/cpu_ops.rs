@@ -90,7 +90,10 @@ fn read<'py, S: Storage>(
     ndim: usize,
 ) -> PyResult<PyReadonlyArrayDyn<'py, S>> {
     let arr = x.cast::<PyArrayDyn<S>>().map_err(|_| {
-        invalid_argument(py, format!("{name} must share the dtype of the other tensors"))
+        invalid_argument(
+            py,
+            format!("{name} must share the dtype of the other tensors"),
+        )
     })?;
     if arr.ndim() != ndim {
         return Err(invalid_argument(
@@ -218,7 +221,9 @@ fn attention_t<'py, S: Storage>(
         .transpose()?;
     let tables = Tables::new(py, tables)?;
     let lens = slice(&seq_lens);
-    let table = tables.build(lens, cache.block_size).map_err(|e| err(py, e))?;
+    let table = tables
+        .build(lens, cache.block_size)
+        .map_err(|e| err(py, e))?;
     let scale = scale.unwrap_or(1.0 / (head_dim.max(1) as f64).sqrt());
     let params = AttentionParams {
         num_q_heads,
@@ -229,13 +234,17 @@ fn attention_t<'py, S: Storage>(
     let out = PyArrayDyn::<S>::zeros(py, &[num_tokens, num_q_heads, head_dim][..], false);
     {
         let mut out_rw = out.readwrite();
-        let out_s = S::view_mut(out_rw.as_slice_mut().map_err(|e| {
-            invalid_argument(py, format!("output: {e}"))
-        })?);
+        let out_s = S::view_mut(
+            out_rw
+                .as_slice_mut()
+                .map_err(|e| invalid_argument(py, format!("output: {e}")))?,
+        );
         let (qs, ks, vs) = (S::view(slice(&q)), S::view(slice(&k)), S::view(slice(&v)));
         let qsl_s = qsl.as_ref().map(slice);
         py.detach(|| match qsl_s {
-            Some(qsl_s) => cpu::paged_prefill(qs, ks, vs, cache, &table, lens, qsl_s, params, out_s),
+            Some(qsl_s) => {
+                cpu::paged_prefill(qs, ks, vs, cache, &table, lens, qsl_s, params, out_s)
+            }
             None => cpu::paged_decode(qs, ks, vs, cache, &table, lens, params, out_s),
         })
         .map_err(|e| err(py, e))?;
@@ -256,6 +265,7 @@ macro_rules! dispatch {
 /// Paged decode attention (see `pagedkv.attention.paged_attention`).
 #[pyfunction]
 #[pyo3(signature = (q, k_cache, v_cache, block_tables, seq_lens, scale=None, window=None))]
+#[allow(clippy::too_many_arguments)]
 fn cpu_paged_attention<'py>(
     py: Python<'py>,
     q: &Bound<'py, PyAny>,
@@ -270,7 +280,18 @@ fn cpu_paged_attention<'py>(
     dispatch!(
         py,
         k,
-        attention_t(py, q, k_cache, v_cache, block_tables, seq_lens, None, scale, true, window)
+        attention_t(
+            py,
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            seq_lens,
+            None,
+            scale,
+            true,
+            window
+        )
     )
 }
 
@@ -350,7 +371,10 @@ fn write<'py, S: Storage>(
     x: &Bound<'py, PyAny>,
 ) -> PyResult<numpy::PyReadwriteArrayDyn<'py, S>> {
     let arr = x.cast::<PyArrayDyn<S>>().map_err(|_| {
-        invalid_argument(py, format!("{name} must share the dtype of the other tensors"))
+        invalid_argument(
+            py,
+            format!("{name} must share the dtype of the other tensors"),
+        )
     })?;
     if arr.ndim() != 4 {
         return Err(invalid_argument(
@@ -404,7 +428,10 @@ fn copy_blocks_t<'py, S: Storage>(
     if ops.shape()[1] != 2 {
         return Err(invalid_argument(
             py,
-            format!("copy_ops must be [N, 2] (src, dst), got shape {:?}", ops.shape()),
+            format!(
+                "copy_ops must be [N, 2] (src, dst), got shape {:?}",
+                ops.shape()
+            ),
         ));
     }
     if k_caches.len() == 0 || k_caches.len() != v_caches.len() {
@@ -427,7 +454,10 @@ fn copy_blocks_t<'py, S: Storage>(
         if b.shape() != shape.as_slice() {
             return Err(invalid_argument(
                 py,
-                format!("cache {i} has shape {:?}, layer 0's is {shape:?}", b.shape()),
+                format!(
+                    "cache {i} has shape {:?}, layer 0's is {shape:?}",
+                    b.shape()
+                ),
             ));
         }
     }
@@ -466,7 +496,10 @@ fn swap_blocks_t<'py, S: Storage>(
     if m.shape()[1] != 2 {
         return Err(invalid_argument(
             py,
-            format!("mapping must be [N, 2] (src_block, dst_block), got shape {:?}", m.shape()),
+            format!(
+                "mapping must be [N, 2] (src_block, dst_block), got shape {:?}",
+                m.shape()
+            ),
         ));
     }
     let s = read::<S>(py, "src_cache", src, 4)?;
