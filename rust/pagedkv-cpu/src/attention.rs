@@ -320,6 +320,15 @@ fn run<T: KvElem>(
 
 /// The attention of one tile of one sequence's query rows, for one KV head's group of query
 /// heads: `[(r1 - r0) * group, head_dim]` fp32, rows in (query row, head) order.
+///
+/// Compiled several times (multiversion: AVX-512, AVX2+FMA, and the x86-64 baseline) and
+/// dispatched once per call on the CPU's features; the inlined `dot` / `add_scaled` loops are
+/// vectorised at each width.
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512vl+avx2+fma+f16c",
+    "x86_64+avx2+fma+f16c",
+    "aarch64+neon"
+))]
 fn attend_tile<T: KvElem>(ctx: &Ctx<'_, T>, t: &Task, rows: &SeqRows) -> Vec<f32> {
     let CacheShape {
         block_size: bs,
@@ -402,12 +411,10 @@ fn attend_tile<T: KvElem>(ctx: &Ctx<'_, T>, t: &Task, rows: &SeqRows) -> Vec<f32
                         *a *= corr;
                     }
                 }
-                let mut sum = 0.0f32;
                 for x in sj.iter_mut() {
                     *x = (*x - m_new).exp();
-                    sum += *x;
                 }
-                l[j] += sum;
+                l[j] += sj.iter().sum::<f32>();
             }
             // Values.
             for tok in t0..t1 {

@@ -1,10 +1,9 @@
 //! The two inner loops of attention, written so that LLVM vectorises them without `unsafe`:
 //! fp32 addition is not associative, so a plain `sum()` stays scalar; these loops keep `LANES`
-//! independent partial sums (one SIMD register's worth each at AVX-512, two at AVX2) which the
-//! compiler maps onto vector registers. docs/cpu_data_plane.md shows the checked assembly.
+//! independent partial sums which the compiler maps onto vector registers. docs/cpu_data_plane.md shows the checked assembly.
 
-/// Independent partial sums in `dot`.
-pub const LANES: usize = 16;
+/// Independent partial sums in `dot`: one AVX register, two SSE registers.
+pub const LANES: usize = 8;
 
 /// Dot product of two equal-length fp32 rows.
 #[inline]
@@ -13,26 +12,29 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     let n = a.len().min(b.len());
     let (a, b) = (&a[..n], &b[..n]);
     let mut acc = [0.0f32; LANES];
-    let mut ca = a.chunks_exact(LANES);
-    let mut cb = b.chunks_exact(LANES);
-    for (x, y) in (&mut ca).zip(&mut cb) {
+    let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        // Fixed-size chunks: no bounds checks, and LLVM keeps `acc` in vector registers.
+        let x: &[f32; LANES] = x.try_into().expect("chunks_exact");
+        let y: &[f32; LANES] = y.try_into().expect("chunks_exact");
         for i in 0..LANES {
             acc[i] += x[i] * y[i];
         }
     }
     let mut tail = 0.0f32;
-    for (x, y) in ca.remainder().iter().zip(cb.remainder()) {
+    for (x, y) in ra.iter().zip(rb) {
         tail += x * y;
     }
     // Pairwise reduction of the partial sums (fixed order: results do not depend on threads).
-    let mut width = LANES / 2;
-    while width > 0 {
-        for i in 0..width {
-            acc[i] += acc[i + width];
-        }
-        width /= 2;
-    }
-    acc[0] + tail
+    let s4 = [
+        acc[0] + acc[4],
+        acc[1] + acc[5],
+        acc[2] + acc[6],
+        acc[3] + acc[7],
+    ];
+    let s2 = [s4[0] + s4[2], s4[1] + s4[3]];
+    s2[0] + s2[1] + tail
 }
 
 /// `acc = acc * scale + p * v`, elementwise over equal-length rows.
