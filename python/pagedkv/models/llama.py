@@ -20,6 +20,7 @@ decode batch sizes is what bounds the step (docs/cpu_data_plane.md).
 
 from __future__ import annotations
 
+import os
 from typing import Protocol
 
 import numpy as np
@@ -27,7 +28,29 @@ import numpy as np
 from pagedkv.models.config import LlamaConfig
 from pagedkv.models.gguf_file import GgufModel
 
-__all__ = ["KvAttention", "LlamaModel", "rms_norm", "rotary_interleaved"]
+__all__ = ["KvAttention", "LlamaModel", "limit_blas_threads", "rms_norm", "rotary_interleaved"]
+
+# BLAS threads for the forward pass (benches/results/2026-12-03-cpu-data-plane.md): one thread,
+# because at decode batch sizes each product is a few hundred microseconds and OpenBLAS's
+# threads spin and wait on a busy machine (7.5 ms vs 0.12 ms for 1x576 @ 576x1536 with another
+# process on the second core); PAGEDKV_BLAS_THREADS overrides it, 0 leaves BLAS alone.
+DEFAULT_BLAS_THREADS = 1
+
+
+def limit_blas_threads(threads: int | None = None) -> bool:
+    """Sets the process's BLAS thread count (``threads``, else ``PAGEDKV_BLAS_THREADS``, else
+    ``DEFAULT_BLAS_THREADS``; 0 changes nothing) through threadpoolctl. Returns False, changing
+    nothing, when threadpoolctl is not installed."""
+    if threads is None:
+        threads = int(os.environ.get("PAGEDKV_BLAS_THREADS", DEFAULT_BLAS_THREADS))
+    if threads <= 0:
+        return False
+    try:
+        from threadpoolctl import threadpool_limits  # type: ignore[import-untyped, import-not-found, unused-ignore]
+    except ImportError:
+        return False
+    threadpool_limits(limits=threads, user_api="blas")
+    return True
 
 
 class KvAttention(Protocol):
@@ -69,6 +92,7 @@ class LlamaModel:
         self.config: LlamaConfig = gguf.config
         self.weights = gguf
         c = self.config
+        limit_blas_threads()
         self._wqkv = [_fused(layer.wq, layer.wk, layer.wv) for layer in gguf.layers]
         self._w_gate_up = [_fused(layer.w_gate, layer.w_up) for layer in gguf.layers]
         self._inv_freq = (
