@@ -20,21 +20,12 @@ import contextlib
 import json
 import os
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 from pagedkv.attention import paged_attention
-
-
-def best_of(fn: Callable[[], object], repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+from pagedkv.engine.bench_decode import best_of, drive_decode
 
 
 def kernel_row(
@@ -111,31 +102,6 @@ def blas_threads(n: int | None) -> Iterator[bool]:
         yield True
 
 
-def drive(model: Any, batch: int, plane: str, prompt_len: int, out_len: int) -> dict[str, float]:
-    from pagedkv.engine.llm_engine import EngineConfig, LLMEngine
-    from pagedkv.engine.params import SamplingParams
-
-    os.environ["PAGEDKV_DATA_PLANE"] = plane
-    rng = np.random.default_rng(batch)
-    config = EngineConfig(
-        num_blocks=max(64, batch * 4 + 4), block_size=16, max_num_seqs=batch, enable_prefix_caching=False
-    )
-    engine = LLMEngine(model, config)
-    for _ in range(batch):
-        prompt = rng.integers(100, model.config.vocab_size, size=prompt_len).tolist()
-        engine.add_request(prompt, SamplingParams(max_tokens=out_len, ignore_eos=True))
-    # Prefill every request first, then time decode steps only.
-    while engine.stats.generated_tokens < batch and engine.has_unfinished():
-        engine.step()
-    start_tokens = engine.stats.generated_tokens
-    wall, cpu = time.perf_counter(), time.process_time()
-    while engine.has_unfinished():
-        engine.step()
-    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    tokens = engine.stats.generated_tokens - start_tokens
-    return {"tokens": tokens, "tokens_per_s": tokens / wall, "tokens_per_cpu_s": tokens / max(cpu, 1e-9)}
-
-
 def engine_section(batches: tuple[int, ...], out_len: int) -> dict[str, Any]:
     from pagedkv.models import load_model
 
@@ -154,7 +120,8 @@ def engine_section(batches: tuple[int, ...], out_len: int) -> dict[str, Any]:
                 rows = {}
                 for batch in batches:
                     print(f"engine: {key} batch {batch}", file=sys.stderr, flush=True)
-                    rows[str(batch)] = drive(model, batch, plane, 16, out_len)
+                    os.environ["PAGEDKV_DATA_PLANE"] = plane
+                    rows[str(batch)] = drive_decode(model, batch, 16, out_len - 1)
                 result[key] = rows
     finally:
         if saved is None:
