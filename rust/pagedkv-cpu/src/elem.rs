@@ -26,12 +26,37 @@ impl KvElem for f32 {
     }
 }
 
+/// fp16 bits -> fp32, exact, branch-free (selects), so that a loop over a row vectorises inside
+/// the caller's multiversioned clone. `half`'s own conversion checks the CPU's features per call,
+/// which per 64-element row cost more than the conversion (perf: ~10 % of fp16 decode).
+#[inline(always)]
+pub fn f16_bits_to_f32(h: u16) -> f32 {
+    const SHIFTED_EXP: u32 = 0x7c00 << 13; // fp16's exponent field, moved to fp32's position
+    let magic = f32::from_bits(113 << 23);
+    let h = u32::from(h);
+    let mut o = (h & 0x7fff) << 13;
+    let exp = o & SHIFTED_EXP;
+    o += (127 - 15) << 23; // rebias the exponent
+    let inf_nan = o + ((128 - 16) << 23);
+    let subnormal = (f32::from_bits(o + (1 << 23)) - magic).to_bits();
+    let o = if exp == SHIFTED_EXP {
+        inf_nan
+    } else if exp == 0 {
+        subnormal
+    } else {
+        o
+    };
+    f32::from_bits(o | ((h & 0x8000) << 16))
+}
+
 impl KvElem for f16 {
     const NAME: &'static str = "float16";
-    #[inline]
+    #[inline(always)]
     fn widen<'a>(src: &'a [Self], scratch: &'a mut [f32]) -> &'a [f32] {
         let out = &mut scratch[..src.len()];
-        src.convert_to_f32_slice(out);
+        for (o, x) in out.iter_mut().zip(src) {
+            *o = f16_bits_to_f32(x.to_bits());
+        }
         out
     }
     #[inline]
@@ -42,10 +67,12 @@ impl KvElem for f16 {
 
 impl KvElem for bf16 {
     const NAME: &'static str = "bfloat16";
-    #[inline]
+    #[inline(always)]
     fn widen<'a>(src: &'a [Self], scratch: &'a mut [f32]) -> &'a [f32] {
         let out = &mut scratch[..src.len()];
-        src.convert_to_f32_slice(out);
+        for (o, x) in out.iter_mut().zip(src) {
+            *o = f32::from_bits(u32::from(x.to_bits()) << 16); // exact: bf16 is fp32's top half
+        }
         out
     }
     #[inline]
@@ -69,6 +96,18 @@ mod tests {
         let mut scratch = [0.0f32; 3];
         let wide = bf16::widen(&out, &mut scratch);
         assert_eq!(wide[0], 1.0);
+    }
+
+    #[test]
+    fn f16_widening_is_exact_on_every_bit_pattern() {
+        for bits in 0..=u16::MAX {
+            let (got, want) = (f16_bits_to_f32(bits), f16::from_bits(bits).to_f32());
+            if want.is_nan() {
+                assert!(got.is_nan(), "{bits:#06x}");
+            } else {
+                assert_eq!(got.to_bits(), want.to_bits(), "{bits:#06x}");
+            }
+        }
     }
 
     #[test]
