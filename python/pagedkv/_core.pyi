@@ -16,6 +16,11 @@ __all__ = [
     "BlockPool",
     "KvCacheManager",
     "__version__",
+    "cpu_copy_blocks",
+    "cpu_paged_attention",
+    "cpu_paged_prefill_attention",
+    "cpu_swap_blocks",
+    "cpu_write_kv",
     "encode_event_batch",
     "record_frames",
     "simulate",
@@ -205,3 +210,41 @@ def token_block_digests(
 # Private (tests): which reader lists of ids take, "cpython-3.10" / "cpython-3.12" (read in
 # place, the layout proved at import) or "api" (through the C API).
 def _int_list_reader() -> str: ...
+
+# The Rust CPU data plane (pagedkv-cpu), behind backend="cpu" (pagedkv.attention.cpu_backend).
+# dtypes: float32, float16, uint16 holding bfloat16 bits; caches C-contiguous, read or written in
+# place; every index checked before the first write (InvalidArgumentError); the GIL is released.
+def cpu_paged_attention(
+    q: npt.NDArray[Any],
+    k_cache: npt.NDArray[Any],
+    v_cache: npt.NDArray[Any],
+    block_tables: npt.NDArray[np.int32],
+    seq_lens: npt.NDArray[np.int32],
+    scale: float | None = None,
+    window: int | None = None,
+) -> npt.NDArray[Any]: ...
+def cpu_paged_prefill_attention(
+    q: npt.NDArray[Any],
+    k_cache: npt.NDArray[Any],
+    v_cache: npt.NDArray[Any],
+    block_tables: npt.NDArray[np.int32]
+    | tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]],
+    seq_lens: npt.NDArray[np.int32],
+    query_start_loc: npt.NDArray[np.int32],
+    scale: float | None = None,
+    causal: bool = True,
+    window: int | None = None,
+) -> npt.NDArray[Any]: ...
+def cpu_write_kv(
+    k: npt.NDArray[Any],
+    v: npt.NDArray[Any],
+    k_cache: npt.NDArray[Any],
+    v_cache: npt.NDArray[Any],
+    slot_mapping: npt.NDArray[np.int64],
+) -> None: ...
+def cpu_copy_blocks(
+    k_caches: list[npt.NDArray[Any]], v_caches: list[npt.NDArray[Any]], copy_ops: npt.NDArray[np.int32]
+) -> None: ...
+def cpu_swap_blocks(
+    src_cache: npt.NDArray[Any], dst_cache: npt.NDArray[Any], mapping: npt.NDArray[np.int32]
+) -> int: ...

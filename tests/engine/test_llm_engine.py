@@ -30,7 +30,7 @@ def test_paged_logits_bit_identical_to_contiguous_kv(smollm):
     model = smollm.model
     prompts = [smollm.tokenizer.encode(p) for p in PROMPTS[:2]]
     kv = pagedkv.KvCacheManager(num_blocks=16, block_size=4)
-    paged = PagedKvStore(c, 16, 4)
+    paged = PagedKvStore(c, 16, 4, backend="numpy")  # the bit-exact reference data plane
     contiguous = ContiguousKvStore(c, 32)
     for i, p in enumerate(prompts):
         kv.add_sequence(i, np.array(p))

@@ -6,6 +6,8 @@ Every function takes ``backend=``:
 - ``"cuda"``: the CUDA kernels in ``pagedkv/kernels/*.cu`` through CuPy (CuPy arrays in and out).
 - ``"emulated"``: the very same ``.cu`` sources compiled for the CPU with ``cuda_emu.h`` and run on
   NumPy arrays, so the real kernel code is tested on machines without a GPU.
+- ``"cpu"``: the Rust CPU data plane (``pagedkv.attention.cpu_backend``; fp32, fp16, bf16; threads
+  and SIMD; within a stated tolerance of the reference, docs/cpu_data_plane.md).
 
 Layouts (docs/design.md, KV layouts): caches ``[num_blocks, block_size, num_kv_heads, head_dim]``;
 decode query ``[num_seqs, num_q_heads, head_dim]`` with ``num_q_heads % num_kv_heads == 0``; query
@@ -19,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from pagedkv.attention import kernel_launch, reference
+from pagedkv.attention import cpu_backend, kernel_launch, reference
 from pagedkv.attention import validation as val
 from pagedkv.attention.prefill import paged_prefill_attention
 from pagedkv.attention.runners import CudaRunner, get_runner
@@ -49,6 +51,8 @@ def contiguous_attention(
     scale defaults to 1 / sqrt(head_dim).
     """
     q, k, v = (val.unwrap_ndarray_subclass(n, x) for n, x in (("q", q), ("k", k), ("v", v)))
+    if backend == "cpu":
+        return _cpu_contiguous_attention(q, k, v, scale)
     if val.check_backend(backend) == "numpy":
         return reference.contiguous_attention(q, k, v, scale)
     shape = val.check_contiguous_attention(q, k, v, scale, backend)
@@ -105,6 +109,10 @@ def paged_attention(
     splits = val.check_num_splits(num_splits)  # checked on every backend, used by the kernels
     tensor_cores = val.check_use_tensor_cores(use_tensor_cores)  # likewise
     window = check_window(window, val.check_backend(backend))
+    if backend == "cpu":
+        return cpu_backend.paged_attention(
+            q, k_cache, v_cache, block_tables, seq_lens, scale=scale, window=window
+        )
     if backend == "numpy":
         return reference.paged_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, window)
     shape = val.check_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, backend)
@@ -140,6 +148,9 @@ def write_kv(
             ("slot_mapping", slot_mapping),
         )
     )
+    if backend == "cpu":
+        cpu_backend.write_kv(k, v, k_cache, v_cache, slot_mapping)
+        return
     if val.check_backend(backend) == "numpy":
         reference.write_kv(k, v, k_cache, v_cache, slot_mapping)
         return
@@ -158,6 +169,9 @@ def copy_blocks(k_caches: Any, v_caches: Any, copy_ops: Any, *, backend: str = "
     k_caches = val.unwrap_ndarray_subclasses("k_caches", k_caches)
     v_caches = val.unwrap_ndarray_subclasses("v_caches", v_caches)
     copy_ops = val.unwrap_ndarray_subclass("copy_ops", copy_ops)
+    if backend == "cpu":
+        cpu_backend.copy_blocks(k_caches, v_caches, copy_ops)
+        return
     if val.check_backend(backend) == "numpy":
         reference.copy_blocks(k_caches, v_caches, copy_ops)
         return
@@ -178,6 +192,8 @@ def swap_blocks(src_cache: Any, dst_cache: Any, mapping: Any, *, backend: str = 
         val.unwrap_ndarray_subclass(n, x)
         for n, x in (("src_cache", src_cache), ("dst_cache", dst_cache), ("mapping", mapping))
     )
+    if backend == "cpu":
+        return cpu_backend.swap_blocks(src_cache, dst_cache, mapping)
     if val.check_backend(backend) == "numpy":
         return reference.swap_blocks(src_cache, dst_cache, mapping)
     val.check_swap_blocks(src_cache, dst_cache, mapping, backend)
@@ -189,3 +205,28 @@ def swap_blocks(src_cache: Any, dst_cache: Any, mapping: Any, *, backend: str = 
                     f"{name} is pageable host memory: allocate it with cupyx.empty_pinned"
                 )
     return kernel_launch.swap_blocks(runner, src_cache, dst_cache, mapping)
+
+
+def _cpu_contiguous_attention(q: Any, k: Any, v: Any, scale: float | None) -> Any:
+    """contiguous_attention on the CPU data plane: the history is one block of seq_len tokens."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, np.ndarray):
+            raise InvalidArgumentError(f"{name}: backend='cpu' takes NumPy arrays, got {type(x).__name__}")
+    if q.ndim != 2 or k.ndim != 3:
+        raise InvalidArgumentError(
+            f"q must be [num_q_heads, head_dim] and k [seq_len, num_kv_heads, head_dim], got "
+            f"{tuple(q.shape)} and {tuple(k.shape)}"
+        )
+    seq_len = int(k.shape[0])
+    if seq_len == 0:  # no block of size 0: an empty history attends to nothing (zeros)
+        val.check_contiguous_attention(q, k, v, scale, backend="numpy")
+        return np.zeros(q.shape, dtype=q.dtype)
+    out = cpu_backend.paged_attention(
+        q[None],
+        np.ascontiguousarray(k)[None],
+        np.ascontiguousarray(v)[None],
+        np.zeros((1, 1), np.int32),
+        np.array([seq_len], np.int32),
+        scale=scale,
+    )
+    return out[0]

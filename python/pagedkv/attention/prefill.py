@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from pagedkv.attention import prefill_launch, prefill_reference
+from pagedkv.attention import cpu_backend, prefill_launch, prefill_reference
 from pagedkv.attention import prefill_validation as pval
 from pagedkv.attention import validation as val
 from pagedkv.attention.runners import get_runner
@@ -49,7 +49,8 @@ def paged_prefill_attention(
     reads KV head ``h // (num_q_heads // num_kv_heads)``; scale defaults to 1 / sqrt(head_dim);
     accumulation in fp32 (fp64 for fp64). Returns [total_q, num_q_heads, head_dim] in q's dtype.
 
-    Backends: ``numpy`` (every dtype, the reference); ``cuda`` and ``emulated`` run the tensor-core
+    Backends: ``numpy`` (every dtype, the reference); ``cpu`` (the Rust CPU data plane: fp32,
+    fp16, bf16, every head size and block size); ``cuda`` and ``emulated`` run the tensor-core
     kernel ``kernels/paged_prefill.cu`` (fp16 and bf16, head_dim 64 or 128, block sizes 1/8/16/32;
     ``cuda`` takes CuPy tensors, the integer metadata may be NumPy or CuPy and is read on the host).
     num_splits (kernel backends): cut each work tile's keys into at most this many splits merged
@@ -62,6 +63,18 @@ def paged_prefill_attention(
     now; other backends raise InvalidArgumentError when given a window.
     """
     window = check_window(window, val.check_backend(backend))
+    if backend == "cpu":
+        return cpu_backend.paged_prefill_attention(
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            seq_lens,
+            query_start_loc,
+            scale=scale,
+            causal=causal,
+            window=window,
+        )
     if backend == "numpy":
         return prefill_reference.paged_prefill_attention(
             q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, causal, window

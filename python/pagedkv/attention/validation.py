@@ -21,7 +21,7 @@ from pagedkv.attention.dtypes import KERNEL_KINDS, REFERENCE_KINDS, kind_of
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.kernels import instances
 
-BACKENDS = ("numpy", "cuda", "emulated")
+BACKENDS = ("numpy", "cpu", "cuda", "emulated")
 MAX_KERNEL_SEQ_LEN = 1 << 30  # keeps the kernels' int token arithmetic (split ends, tile steps) in range
 
 

@@ -20,8 +20,8 @@ from pagedkv.errors import InvalidArgumentError
 
 __all__ = ["WINDOW_BACKENDS", "check_window", "first_visible_key"]
 
-# Backends that implement window= (the kernels skip no tiles yet; they refuse a window).
-WINDOW_BACKENDS = ("numpy",)
+# Backends that implement window= (the CUDA/emulated kernels skip no tiles yet; they refuse one).
+WINDOW_BACKENDS = ("numpy", "cpu")
 
 
 def check_window(window: Any, backend: str) -> int | None:
@@ -36,7 +36,7 @@ def check_window(window: Any, backend: str) -> int | None:
     if backend not in WINDOW_BACKENDS:
         raise InvalidArgumentError(
             f"window= (sliding-window attention) is not supported by backend={backend!r} yet: "
-            f"use backend='numpy'"
+            f"use backend='numpy' or 'cpu'"
         )
     return int(window)
 

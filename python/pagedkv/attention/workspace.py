@@ -101,7 +101,7 @@ class DecodeWorkspace:
         use_tensor_cores: bool | None = None,
     ) -> None:
         self.use_tensor_cores = val.check_use_tensor_cores(use_tensor_cores)
-        if val.check_backend(backend) == "numpy":
+        if val.check_backend(backend) in ("numpy", "cpu"):
             raise InvalidArgumentError("DecodeWorkspace runs kernels: backend must be 'cuda' or 'emulated'")
         self.num_blocks = _positive_int("num_blocks", num_blocks)
         self.block_size = _positive_int("block_size", block_size)

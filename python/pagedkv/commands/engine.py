@@ -110,8 +110,9 @@ def _bench(args: Any) -> int:
         seed=args.seed,
         sections=sections,
     )
+    model = load_model(args.model)
     result = run_benchmark(
-        load_model(args.model),
+        model,
         num_requests=args.requests,
         num_blocks=args.num_blocks,
         block_size=args.block_size,
@@ -123,7 +124,17 @@ def _bench(args: Any) -> int:
         progress=lambda msg: print(f"bench-engine: {msg}", file=sys.stderr, flush=True),
         checkpoint=(lambda partial: write_json(args.json, partial)) if args.json else None,
     )
+    if "decode" in sections:  # pagedkv at batch 1/8/32 beside llama.cpp and the kernel vs a copy
+        from pagedkv.engine.bench_decode import decode_comparison, print_decode_comparison
+        from pagedkv.models.locate import default_model_path
+
+        path = str(args.model or default_model_path())
+        result["decode_comparison"] = decode_comparison(
+            model, path, say=lambda msg: print(f"bench-engine: {msg}", file=sys.stderr, flush=True)
+        )
     _print(result)
+    if "decode_comparison" in result:
+        print_decode_comparison(result["decode_comparison"])
     if args.json:
         write_json(args.json, result)
     return 0

@@ -6,9 +6,16 @@ which rows belong to which sequence, where their keys/values go and how long eac
 context is after the pass. ``attend`` then writes the layer's new K/V and attends every row over
 its own history: one ``paged_prefill_attention`` call for the whole mixed batch (prefill chunks and
 decode rows, a decode row being a one-query sequence) on the paged caches.
+
+The data plane is ``backend="cpu"`` (the Rust kernels: threads, SIMD, the GIL released) unless
+``PAGEDKV_DATA_PLANE=numpy`` selects the NumPy reference (bit-exact, ~100x slower per layer
+call; for equivalence checks and before/after benchmarks). The caches are host NumPy arrays
+either way.
 """
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 
@@ -22,7 +29,17 @@ from pagedkv.attention import (
 from pagedkv.models.config import LlamaConfig
 from pagedkv.models.gemma3_config import Gemma3Config
 
-__all__ = ["ContiguousKvStore", "PagedKvStore"]
+__all__ = ["ContiguousKvStore", "PagedKvStore", "default_backend"]
+
+DATA_PLANES = ("cpu", "numpy")
+
+
+def default_backend() -> str:
+    """The engine's data plane: ``PAGEDKV_DATA_PLANE`` (cpu | numpy) when set, else ``cpu``."""
+    choice = os.environ.get("PAGEDKV_DATA_PLANE", "cpu") or "cpu"
+    if choice not in DATA_PLANES:
+        raise ValueError(f"PAGEDKV_DATA_PLANE must be one of {DATA_PLANES}, got {choice!r}")
+    return choice
 
 
 class PagedKvStore:
@@ -30,8 +47,16 @@ class PagedKvStore:
     host tier's ``[num_host_blocks, ...]`` arrays for swap."""
 
     def __init__(
-        self, config: LlamaConfig | Gemma3Config, num_blocks: int, block_size: int, num_host_blocks: int = 0
+        self,
+        config: LlamaConfig | Gemma3Config,
+        num_blocks: int,
+        block_size: int,
+        num_host_blocks: int = 0,
+        backend: str | None = None,
     ) -> None:
+        self.backend = default_backend() if backend is None else backend
+        if self.backend not in DATA_PLANES:
+            raise ValueError(f"backend must be one of {DATA_PLANES}, got {self.backend!r}")
         shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
         host_shape = (num_host_blocks, *shape[1:])
         self.block_size = block_size
@@ -43,6 +68,7 @@ class PagedKvStore:
         self._tables = np.zeros((0, 0), np.int32)
         self._ctx_lens = np.zeros(0, np.int32)
         self._q_lens = np.zeros(0, np.int32)
+        self._query_start_loc = np.zeros(1, np.int32)
 
     @property
     def kv_bytes(self) -> int:
@@ -51,56 +77,57 @@ class PagedKvStore:
     def set_batch(self, block_tables: np.ndarray, ctx_lens: np.ndarray, q_lens: np.ndarray) -> None:
         """Rows of sequence b are its positions ctx_lens[b] - q_lens[b] .. ctx_lens[b] - 1."""
         bs = self.block_size
-        slots = []
-        for table, ctx, q in zip(block_tables, ctx_lens.tolist(), q_lens.tolist(), strict=True):
-            positions = np.arange(ctx - q, ctx, dtype=np.int64)
-            slots.append(table[positions // bs].astype(np.int64) * bs + positions % bs)
-        self._slots = np.concatenate(slots) if slots else np.zeros(0, np.int64)
-        self._tables = np.ascontiguousarray(block_tables, dtype=np.int32)
+        tables = np.ascontiguousarray(block_tables, dtype=np.int32)
+        ctx = np.asarray(ctx_lens, dtype=np.int64)
+        q = np.asarray(q_lens, dtype=np.int64)
+        # Every row's (sequence, position) at once: one gather instead of a loop over sequences.
+        seq_of_row = np.repeat(np.arange(q.shape[0]), q)
+        starts = np.cumsum(q) - q
+        positions = (ctx - q)[seq_of_row] + np.arange(int(q.sum()), dtype=np.int64) - starts[seq_of_row]
+        blocks = tables[seq_of_row, positions // bs].astype(np.int64) if positions.size else positions
+        self._slots = np.ascontiguousarray(blocks * bs + positions % bs, dtype=np.int64)
+        self._tables = tables
         self._ctx_lens = np.ascontiguousarray(ctx_lens, dtype=np.int32)
         self._q_lens = np.ascontiguousarray(q_lens, dtype=np.int32)
+        self._query_start_loc = np.concatenate([[0], np.cumsum(q)]).astype(np.int32)
 
     def attend(
         self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, window: int | None = None
     ) -> np.ndarray:
         """``window``: the layer's sliding window (Gemma 3's local layers), None for full attention."""
         kc, vc = self.k_caches[layer], self.v_caches[layer]
-        write_kv(k, v, kc, vc, self._slots)
-        return _paged_batch_attention(q, kc, vc, self._tables, self._ctx_lens, self._q_lens, window)
+        write_kv(k, v, kc, vc, self._slots, backend=self.backend)
+        # The whole mixed batch in one call: sequence b's q_lens[b] rows are the last positions
+        # of its ctx_lens[b]-token context (a decode row is a one-query sequence).
+        return paged_prefill_attention(
+            q,
+            kc,
+            vc,
+            self._tables,
+            self._ctx_lens,
+            self._query_start_loc,
+            backend=self.backend,
+            window=window,
+        )
 
     def copy(self, copy_ops: np.ndarray) -> None:
         """Copy-on-write copies (src, dst) from KvCacheManager.take_copy_ops, every layer."""
         if len(copy_ops):
-            copy_blocks(self.k_caches, self.v_caches, copy_ops)
+            copy_blocks(self.k_caches, self.v_caches, copy_ops, backend=self.backend)
 
     def swap_out(self, mapping: np.ndarray) -> None:
         """(device_block, host_block) pairs from KvCacheManager.swap_out."""
         if len(mapping):
             for layer in range(len(self.k_caches)):
-                swap_blocks(self.k_caches[layer], self.host_k[layer], mapping)
-                swap_blocks(self.v_caches[layer], self.host_v[layer], mapping)
+                swap_blocks(self.k_caches[layer], self.host_k[layer], mapping, backend=self.backend)
+                swap_blocks(self.v_caches[layer], self.host_v[layer], mapping, backend=self.backend)
 
     def swap_in(self, mapping: np.ndarray) -> None:
         """(host_block, device_block) pairs from KvCacheManager.swap_in."""
         if len(mapping):
             for layer in range(len(self.k_caches)):
-                swap_blocks(self.host_k[layer], self.k_caches[layer], mapping)
-                swap_blocks(self.host_v[layer], self.v_caches[layer], mapping)
-
-
-def _paged_batch_attention(
-    q: np.ndarray,
-    k_cache: np.ndarray,
-    v_cache: np.ndarray,
-    tables: np.ndarray,
-    ctx_lens: np.ndarray,
-    q_lens: np.ndarray,
-    window: int | None = None,
-) -> np.ndarray:
-    """The whole mixed batch in one call: sequence b's q_lens[b] rows are its last positions of a
-    ctx_lens[b]-token context (a decode row is a one-query sequence)."""
-    query_start_loc = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
-    return paged_prefill_attention(q, k_cache, v_cache, tables, ctx_lens, query_start_loc, window=window)
+                swap_blocks(self.host_k[layer], self.k_caches[layer], mapping, backend=self.backend)
+                swap_blocks(self.host_v[layer], self.v_caches[layer], mapping, backend=self.backend)
 
 
 class ContiguousKvStore:

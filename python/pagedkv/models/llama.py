@@ -10,10 +10,17 @@ Rotary embedding: llama.cpp's converter permutes the Q/K projection rows of llam
 that a GGUF file rotates **adjacent pairs** (x[2i], x[2i+1]) by angle pos * base^(-2i/head_dim)
 (ggml's "normal" rope mode), not the rotate-half pairs (x[i], x[i + head_dim/2]) of the original
 checkpoint.
+
+Weights are laid out for the BLAS call they feed: each projection stays row-major ``[out, in]``
+(seen as its ``[in, out]`` transpose, so ``h @ w`` is one sgemm/sgemv reading whole rows), and the
+three attention projections and the two MLP input projections are fused into one matrix each
+(``[q | k | v]`` and ``[gate | up]``): one BLAS call per group instead of three and two, which at
+decode batch sizes is what bounds the step (docs/cpu_data_plane.md).
 """
 
 from __future__ import annotations
 
+import os
 from typing import Protocol
 
 import numpy as np
@@ -21,7 +28,29 @@ import numpy as np
 from pagedkv.models.config import LlamaConfig
 from pagedkv.models.gguf_file import GgufModel
 
-__all__ = ["KvAttention", "LlamaModel", "rms_norm", "rotary_interleaved"]
+__all__ = ["KvAttention", "LlamaModel", "limit_blas_threads", "rms_norm", "rotary_interleaved"]
+
+# BLAS threads for the forward pass (benches/results/2026-12-03-cpu-data-plane.md): one thread,
+# because at decode batch sizes each product is a few hundred microseconds and OpenBLAS's
+# threads spin and wait on a busy machine (7.5 ms vs 0.12 ms for 1x576 @ 576x1536 with another
+# process on the second core); PAGEDKV_BLAS_THREADS overrides it, 0 leaves BLAS alone.
+DEFAULT_BLAS_THREADS = 1
+
+
+def limit_blas_threads(threads: int | None = None) -> bool:
+    """Sets the process's BLAS thread count (``threads``, else ``PAGEDKV_BLAS_THREADS``, else
+    ``DEFAULT_BLAS_THREADS``; 0 changes nothing) through threadpoolctl. Returns False, changing
+    nothing, when threadpoolctl is not installed."""
+    if threads is None:
+        threads = int(os.environ.get("PAGEDKV_BLAS_THREADS", DEFAULT_BLAS_THREADS))
+    if threads <= 0:
+        return False
+    try:
+        from threadpoolctl import threadpool_limits  # type: ignore[import-untyped, import-not-found, unused-ignore]
+    except ImportError:
+        return False
+    threadpool_limits(limits=threads, user_api="blas")
+    return True
 
 
 class KvAttention(Protocol):
@@ -49,6 +78,13 @@ def rotary_interleaved(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.nd
     return out.reshape(t, h, d)
 
 
+def _fused(*weights: np.ndarray) -> np.ndarray:
+    """``[in, out_1 + out_2 + ...]``: the column blocks of several ``[in, out_i]`` projections, as
+    the transposed view of one row-major ``[sum out_i, in]`` matrix (the layout the GGUF file's
+    matrices already have, so BLAS reads whole rows)."""
+    return np.ascontiguousarray(np.concatenate([w.T for w in weights], axis=0), dtype=np.float32).T
+
+
 class LlamaModel:
     """fp32 weights of a llama GGUF model and its forward pass."""
 
@@ -56,6 +92,9 @@ class LlamaModel:
         self.config: LlamaConfig = gguf.config
         self.weights = gguf
         c = self.config
+        limit_blas_threads()
+        self._wqkv = [_fused(layer.wq, layer.wk, layer.wv) for layer in gguf.layers]
+        self._w_gate_up = [_fused(layer.w_gate, layer.w_up) for layer in gguf.layers]
         self._inv_freq = (
             1.0 / (np.float64(c.rope_base) ** (np.arange(0, c.head_dim, 2, dtype=np.float64) / c.head_dim))
         ).astype(np.float64)
@@ -80,15 +119,22 @@ class LlamaModel:
         t = token_ids.shape[0]
         cos, sin = self.rope_tables(np.asarray(positions, dtype=np.int64))
         x = w.token_embedding[token_ids]
+        q_width = c.num_q_heads * c.head_dim
+        kv_width = c.num_kv_heads * c.head_dim
+        d_ffn = self._w_gate_up[0].shape[1] // 2 if self._w_gate_up else 0
         for i, layer in enumerate(w.layers):
             h = rms_norm(x, layer.attn_norm, c.rms_eps)
-            q = rotary_interleaved((h @ layer.wq).reshape(t, c.num_q_heads, c.head_dim), cos, sin)
-            k = rotary_interleaved((h @ layer.wk).reshape(t, c.num_kv_heads, c.head_dim), cos, sin)
-            v = (h @ layer.wv).reshape(t, c.num_kv_heads, c.head_dim)
+            qkv = h @ self._wqkv[i]  # [t, q | k | v]: one BLAS call
+            q = rotary_interleaved(qkv[:, :q_width].reshape(t, c.num_q_heads, c.head_dim), cos, sin)
+            k = rotary_interleaved(
+                qkv[:, q_width : q_width + kv_width].reshape(t, c.num_kv_heads, c.head_dim), cos, sin
+            )
+            v = qkv[:, q_width + kv_width :].reshape(t, c.num_kv_heads, c.head_dim)
             attn = kv.attend(i, np.ascontiguousarray(q), np.ascontiguousarray(k), np.ascontiguousarray(v))
-            x = x + attn.reshape(t, c.num_q_heads * c.head_dim) @ layer.wo
+            x = x + attn.reshape(t, q_width) @ layer.wo
             h = rms_norm(x, layer.ffn_norm, c.rms_eps)
-            gate = h @ layer.w_gate
-            x = x + ((gate / (1.0 + np.exp(-gate))) * (h @ layer.w_up)) @ layer.w_down
+            gate_up = h @ self._w_gate_up[i]  # [t, gate | up]: one BLAS call
+            gate, up = gate_up[:, :d_ffn], gate_up[:, d_ffn:]
+            x = x + ((gate / (1.0 + np.exp(-gate))) * up) @ layer.w_down
         rows = x if logit_rows is None else x[np.asarray(logit_rows, dtype=np.int64)]
         return rms_norm(rows, w.output_norm, c.rms_eps) @ w.output

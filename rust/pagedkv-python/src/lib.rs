@@ -11,6 +11,7 @@ use pyo3::prelude::*;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod convert;
+mod cpu_ops;
 mod errors;
 mod event_digests;
 mod events;
@@ -30,5 +31,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     wire::register(m)?;
     event_digests::register(m)?;
     int_list::register(m)?;
+    cpu_ops::register(m)?;
     Ok(())
 }

@@ -1,0 +1,24 @@
+//! pagedkv's CPU data plane: paged decode and prefill attention, KV writes, block copies and
+//! tier swaps on plain slices laid out as `[num_blocks, block_size, num_kv_heads, head_dim]`.
+//!
+//! Pure Rust (the Python bindings convert NumPy arrays and release the GIL around these calls).
+//! fp32, fp16 and bf16 caches; arithmetic in fp32. Every index a call uses (block-table entries,
+//! slots, copy and swap block ids) is checked before anything is read or written: a bad argument
+//! is a [`CpuError`], never a panic or an out-of-bounds access. No `unsafe`.
+//! docs/cpu_data_plane.md describes the design and its measurements.
+
+#![forbid(unsafe_code)]
+
+pub mod attention;
+pub mod cache_ops;
+pub mod elem;
+pub mod error;
+pub mod layout;
+pub mod vector;
+
+pub use attention::{paged_decode, paged_prefill, AttentionParams};
+pub use cache_ops::{copy_blocks, swap_blocks, write_kv};
+pub use elem::KvElem;
+pub use error::{CpuError, Result};
+pub use half::{bf16, f16};
+pub use layout::{BlockTables, CacheShape};
