@@ -351,10 +351,10 @@ def test_a_request_the_allocator_refuses_at_admission_fails_alone(tiny):
         def __init__(self, kv, refused_seq_id):
             self._kv, self._refused = kv, refused_seq_id
 
-        def add_sequence(self, seq_id, tokens):
+        def add_sequence(self, seq_id, tokens, **kwargs):
             if seq_id == self._refused:
                 raise InvalidArgumentError("refused by the test")
-            return self._kv.add_sequence(seq_id, tokens)
+            return self._kv.add_sequence(seq_id, tokens, **kwargs)
 
         def __contains__(self, seq_id):
             return seq_id in self._kv
