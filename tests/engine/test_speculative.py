@@ -1,0 +1,47 @@
+"""Prompt-lookup speculative decoding: the drafts, and greedy outputs identical with and without
+speculation on SmolLM2 with prompts that repeat themselves (so that drafts are accepted)."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def test_drafts_continue_the_latest_longest_match():
+    from pagedkv.engine.ngram_proposer import propose_ngram_drafts
+
+    # The suffix [1, 2] occurred at 0 (followed by 3, 4) and at 4 (followed by 5, 6): the latest.
+    assert propose_ngram_drafts([1, 2, 3, 4, 1, 2, 5, 6, 9, 1, 2], 3) == [5, 6, 9]
+    # The longest suffix wins over a later shorter match: [7, 1, 2] at 0 beats [1, 2] at 5.
+    assert propose_ngram_drafts([7, 1, 2, 8, 9, 1, 2, 4, 7, 1, 2], 2) == [8, 9]
+    assert propose_ngram_drafts([1, 2, 3], 4) == []  # no earlier occurrence of any suffix
+    assert propose_ngram_drafts([5, 5], 4) == [5]  # only what the context holds
+    assert propose_ngram_drafts([1, 2, 1], 0) == []
+
+
+@pytest.mark.parametrize("budget", [256, 3])
+def test_greedy_outputs_are_identical_with_and_without_speculation(smollm, budget):
+    from pagedkv.engine import EngineConfig, LLMEngine, SamplingParams
+
+    tok = smollm.tokenizer
+    prompts = [
+        tok.encode("1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2,"),
+        tok.encode("the cat sat on the mat. the cat sat on the mat. the cat"),
+    ]
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+
+    def run(k: int) -> tuple[list[list[int]], dict]:
+        config = EngineConfig(num_blocks=64, block_size=4, speculative_ngram=k, max_num_batched_tokens=budget)
+        engine = LLMEngine(smollm, config)
+        ids = [engine.add_request(p, params) for p in prompts]
+        while engine.has_unfinished():
+            engine.step()
+            engine.kv.check_invariants()
+        assert engine.kv.num_free_blocks == config.num_blocks
+        return [engine.output(i).outputs[0].token_ids for i in ids], engine.stats.summary()
+
+    plain, plain_stats = run(0)
+    spec, stats = run(4)
+    assert spec == plain
+    assert stats["accepted_tokens"] > 0 and stats["tokens_per_pass"] > 1.0
+    assert stats["steps"] < plain_stats["steps"]
+    assert plain_stats["draft_tokens"] == 0 and plain_stats["tokens_per_pass"] == 1.0
