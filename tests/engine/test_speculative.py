@@ -45,3 +45,50 @@ def test_greedy_outputs_are_identical_with_and_without_speculation(smollm, budge
     assert stats["accepted_tokens"] > 0 and stats["tokens_per_pass"] > 1.0
     assert stats["steps"] < plain_stats["steps"]
     assert plain_stats["draft_tokens"] == 0 and plain_stats["tokens_per_pass"] == 1.0
+
+
+@pytest.mark.parametrize("preemption", ["swap", "recompute"])
+def test_a_sequence_preempted_after_its_append_drops_the_unwritten_tokens(tiny, preemption):
+    """Decoding sequences with different draft counts are appended group by group; when a later
+    group runs out of blocks, the most recent sequence is preempted, possibly one appended this
+    step (the schedule below, found by search, does it). Its appended tokens are "computed" in
+    the manager but no pass writes them: the scheduler truncates them before the preemption.
+    Without that the manager and the scheduler disagreed on the sequence's tokens and the engine
+    stopped making progress (InvariantViolation)."""
+    from pagedkv.engine import EngineConfig, LLMEngine, SamplingParams
+    from pagedkv.engine.scheduler import Scheduler
+
+    prompts = [[60, 60, 60], [19, 49, 19, 49, 19, 49, 19, 49, 19], [43, 45, 38, 43, 45, 38, 43, 45]]
+    params = SamplingParams(max_tokens=6)
+    config = EngineConfig(
+        num_blocks=17,
+        block_size=1,
+        enable_prefix_caching=False,
+        num_host_blocks=68,
+        preemption=preemption,
+        admission_watermark_blocks=0,
+        speculative_ngram=2,
+    )
+    appended_preemptions = []
+    preempt = Scheduler.preempt
+
+    def counting(self, seq):
+        appended_preemptions.append(seq.seq_id in self._appended)
+        preempt(self, seq)
+
+    engine = LLMEngine(tiny, config)
+    engine.scheduler.preempt = counting.__get__(engine.scheduler)
+    ids = [engine.add_request(p, params) for p in prompts]
+    for _ in range(200):
+        if not engine.has_unfinished():
+            break
+        engine.step()
+        engine.kv.check_invariants()
+    assert not engine.has_unfinished()
+    assert any(appended_preemptions)
+    plain = LLMEngine(tiny, EngineConfig(num_blocks=64, block_size=1))
+    expected = [plain.add_request(p, params) for p in prompts]
+    while plain.has_unfinished():
+        plain.step()
+    for got, want in zip(ids, expected, strict=True):
+        assert engine.output(got).outputs[0].token_ids == plain.output(want).outputs[0].token_ids
