@@ -26,6 +26,8 @@ def test_greedy_outputs_are_identical_with_and_without_speculation(smollm, budge
     prompts = [
         tok.encode("1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2,"),
         tok.encode("the cat sat on the mat. the cat sat on the mat. the cat"),
+        # Drafts here are accepted half of the time: the rejected ones are truncated.
+        tok.encode("def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a"),
     ]
     params = SamplingParams(max_tokens=12, ignore_eos=True)
 
@@ -42,7 +44,7 @@ def test_greedy_outputs_are_identical_with_and_without_speculation(smollm, budge
     plain, plain_stats = run(0)
     spec, stats = run(4)
     assert spec == plain
-    assert stats["accepted_tokens"] > 0 and stats["tokens_per_pass"] > 1.0
+    assert 0 < stats["accepted_tokens"] < stats["draft_tokens"] and stats["tokens_per_pass"] > 1.0
     assert stats["steps"] < plain_stats["steps"]
     assert plain_stats["draft_tokens"] == 0 and plain_stats["tokens_per_pass"] == 1.0
 
