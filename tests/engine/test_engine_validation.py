@@ -351,10 +351,10 @@ def test_a_request_the_allocator_refuses_at_admission_fails_alone(tiny):
         def __init__(self, kv, refused_seq_id):
             self._kv, self._refused = kv, refused_seq_id
 
-        def add_sequence(self, seq_id, tokens):
+        def add_sequence(self, seq_id, tokens, **kwargs):
             if seq_id == self._refused:
                 raise InvalidArgumentError("refused by the test")
-            return self._kv.add_sequence(seq_id, tokens)
+            return self._kv.add_sequence(seq_id, tokens, **kwargs)
 
         def __contains__(self, seq_id):
             return seq_id in self._kv
@@ -373,3 +373,30 @@ def test_a_request_the_allocator_refuses_at_admission_fails_alone(tiny):
     out = engine.output(bad)
     assert [c.finish_reason for c in out.outputs] == ["error"]
     assert out.error == "InvalidArgumentError: refused by the test"
+
+
+def test_a_failed_pass_fails_its_requests_and_leaves_no_unwritten_block_hittable(tiny):
+    """The watermark moves when a chunk is scheduled. A pass that raises wrote none of its K/V:
+    its requests fail, and their blocks leave the prefix index, so that a later request with the
+    same prefix computes it rather than attending over K/V that were never written (it would
+    hit 8 tokens of zeros and stale data)."""
+    from pagedkv.engine import EngineConfig, LLMEngine, SamplingParams
+
+    params = SamplingParams(max_tokens=4)
+    prompt = [5, 6, 7, 8, 9, 10, 11, 12, 13]
+    engine = LLMEngine(tiny, EngineConfig(num_blocks=32, block_size=4))
+    execute = engine.runner.execute
+
+    def failing(kv, batch):
+        engine.runner.execute = execute  # only this pass fails
+        raise RuntimeError("the device fell over")
+
+    engine.runner.execute = failing
+    failed = engine.add_request(prompt, params)
+    engine.step()
+    engine.kv.check_invariants()
+    assert engine.output(failed).error == "RuntimeError: the device fell over"
+    assert engine.kv.match_prefix(prompt) == 0
+    later = engine.add_request(prompt + [14], params)
+    _drain(engine)
+    assert [c.token_ids for c in engine.output(later).outputs] == _alone(tiny, prompt + [14], params)

@@ -45,6 +45,13 @@ def register(subparsers: Any) -> None:
     bench.add_argument("--max-output", type=cli_args.bounded_int(2, 1 << 24), default=48)
     bench.add_argument("--seed", type=cli_args.seed, default=0)
     bench.add_argument(
+        "--speculative-ngram",
+        metavar="K",
+        type=cli_args.bounded_int(0, 64),  # EngineConfig.MAX_SPECULATIVE_NGRAM (checked there too)
+        default=0,
+        help="prompt-lookup drafts per pass in the throughput engines (0 = off)",
+    )
+    bench.add_argument(
         "--sections",
         default="throughput,decode,n4,system",
         help="comma-separated subset of throughput,decode,n4,system",
@@ -109,6 +116,7 @@ def _bench(args: Any) -> int:
         max_output=args.max_output,
         seed=args.seed,
         sections=sections,
+        speculative_ngram=args.speculative_ngram,
     )
     model = load_model(args.model)
     result = run_benchmark(
@@ -121,6 +129,7 @@ def _bench(args: Any) -> int:
         max_output=args.max_output,
         seed=args.seed,
         sections=sections,
+        speculative_ngram=args.speculative_ngram,
         progress=lambda msg: print(f"bench-engine: {msg}", file=sys.stderr, flush=True),
         checkpoint=(lambda partial: write_json(args.json, partial)) if args.json else None,
     )
@@ -164,6 +173,11 @@ def _print_throughput(t: dict[str, Any]) -> None:
         print(
             f"{name:<12}{r['requests_per_s']:>9.3f}{r['tokens_per_s']:>9.2f}{r['tokens_per_cpu_s']:>11.2f}"
             f"{r['mean_batch']:>12.1f}{r['max_blocks_in_use']:>12d}"
+        )
+    if p["draft_tokens"]:
+        print(
+            f"speculative (paged): {p['acceptance_rate']:.1%} of {p['draft_tokens']} drafts accepted, "
+            f"{p['tokens_per_pass']:.2f} tokens per sequence per decode pass"
         )
     print(
         f"paged / contiguous: {t['tokens_per_cpu_s_ratio']:.2f}x tokens per CPU-second, "

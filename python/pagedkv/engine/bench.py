@@ -82,6 +82,7 @@ def check_benchmark(
     max_output: int,
     seed: int,
     sections: tuple[str, ...] = SECTIONS,
+    speculative_ngram: int = 0,
 ) -> None:
     """InvalidArgumentError unless every engine the benchmark builds accepts its configuration and
     every request of its workload fits: checked before the model is loaded, so that a bad option
@@ -97,7 +98,11 @@ def check_benchmark(
             raise InvalidArgumentError(f"{name} must be an integer {bound}, got {value!r}")
     # The throughput section's two engines (the others use the same pool or a larger one).
     EngineConfig(
-        num_blocks=num_blocks, block_size=block_size, max_model_len=max_model_len, reservation="contiguous"
+        num_blocks=num_blocks,
+        block_size=block_size,
+        max_model_len=max_model_len,
+        reservation="contiguous",
+        speculative_ngram=speculative_ngram,
     )
     if "throughput" in sections and max_model_len > num_blocks * block_size:
         raise InvalidArgumentError(
@@ -135,6 +140,7 @@ def run_benchmark(
     progress: Any = None,
     sections: tuple[str, ...] = ("throughput", "decode", "n4", "system"),
     checkpoint: Any = None,
+    speculative_ngram: int = 0,
 ) -> dict[str, Any]:
     """Run ``sections``; ``checkpoint(result)``, when given, is called with the numbers so far
     after every engine run, so that a long run interrupted late still leaves its finished parts."""
@@ -147,6 +153,7 @@ def run_benchmark(
         max_output=max_output,
         seed=seed,
         sections=sections,
+        speculative_ngram=speculative_ngram,
     )
     say = progress or (lambda _msg: None)
     save = checkpoint or (lambda _result: None)
@@ -156,6 +163,7 @@ def run_benchmark(
         "num_blocks": num_blocks,
         "block_size": block_size,
         "max_model_len": max_model_len,
+        "speculative_ngram": speculative_ngram,  # the throughput engines' drafts per pass
     }
     result: dict[str, Any] = {
         "workload": {

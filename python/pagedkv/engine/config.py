@@ -13,12 +13,22 @@ from typing import Literal
 
 from pagedkv.errors import InvalidArgumentError
 
-__all__ = ["MAX_NUM_BLOCKS", "MAX_NUM_SLOTS", "PREEMPTION_MODES", "RESERVATIONS", "EngineConfig"]
+__all__ = [
+    "MAX_NUM_BLOCKS",
+    "MAX_NUM_SLOTS",
+    "MAX_SPECULATIVE_NGRAM",
+    "PREEMPTION_MODES",
+    "RESERVATIONS",
+    "EngineConfig",
+]
 
 PREEMPTION_MODES = ("recompute", "swap")
 RESERVATIONS = ("paged", "contiguous")
 MAX_NUM_BLOCKS = 1 << 24  # the allocator's limit: block ids fit in 24 bits
 MAX_NUM_SLOTS = 2**31 - 1  # num_blocks * block_size: every slot index fits the int32 tables
+# Drafts per pass: past a few dozen the acceptance of prompt-lookup drafts is nil (vLLM caps its
+# num_speculative_tokens likewise); the bound keeps a typo from allocating a huge verify row.
+MAX_SPECULATIVE_NGRAM = 64
 
 
 @dataclass(frozen=True)
@@ -38,6 +48,9 @@ class EngineConfig:
     # Free blocks an admission must leave for the running sequences' next appends (default: 1% of
     # the pool), so that admitting does not force an immediate preemption.
     admission_watermark_blocks: int | None = None
+    # Prompt-lookup speculative decoding: up to this many draft tokens per greedy decoding
+    # sequence and pass, from n-gram matches in its own context (0: off).
+    speculative_ngram: int = 0
 
     def __post_init__(self) -> None:
         _integer("num_blocks", self.num_blocks, 1, MAX_NUM_BLOCKS)
@@ -51,6 +64,7 @@ class EngineConfig:
                 )
         _integer("max_num_seqs", self.max_num_seqs, 1, None)
         _integer("max_num_batched_tokens", self.max_num_batched_tokens, 1, None)
+        _integer("speculative_ngram", self.speculative_ngram, 0, MAX_SPECULATIVE_NGRAM)
         if self.max_model_len is not None:
             # A prompt of one token and one generated token.
             _integer("max_model_len", self.max_model_len, 2, None)

@@ -4,7 +4,8 @@ The engine composes three parts (the layout of nano-vllm's engine): the ``Schedu
 sequences hold blocks and which rows the next pass computes, the ``ModelRunner`` executes that pass
 on the paged store, and the engine itself turns the sampling rows' logits into tokens, forks
 ``n > 1`` requests after their prefill (sample 0 is forked into n sequences; the prompt blocks are
-shared, the partial last block is copied on each sample's first append) and finishes sequences.
+shared, the partial last block is copied on each sample's first append), verifies speculative
+drafts (``EngineConfig.speculative_ngram``) and finishes sequences.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pagedkv.engine.outputs import RequestOutput, StreamEvent, request_output
 from pagedkv.engine.params import SamplingParams
 from pagedkv.engine.prompts import prompt_token_ids
 from pagedkv.engine.sampling import sample_token
-from pagedkv.engine.scheduler import Scheduler
+from pagedkv.engine.scheduler import Row, Scheduler
 from pagedkv.engine.sequence import Request, SeqStatus, Sequence
 from pagedkv.engine.stats import EngineStats
 from pagedkv.engine.stop_checker import record_token
@@ -108,7 +109,15 @@ class LLMEngine:
             seq, error = self.scheduler.failed.pop()
             self._fail(seq.request, error, now)
         if batch.rows:
-            samples = self.runner.execute(self.kv, batch)
+            try:
+                samples = self.runner.execute(self.kv, batch)
+            except Exception as error:  # noqa: BLE001 - the batch's failure, not the engine's
+                # The watermark covers K/V this pass may not have written: release them before
+                # the requests fail, so that no later request hits them.
+                self.scheduler.rollback(batch.rows)
+                for request in {id(r.seq.request): r.seq.request for r in batch.rows}.values():
+                    self._fail(request, error, now)
+                samples = []
             self.stats.batch_sizes.append(len(batch.rows))
             self.stats.blocks_in_use.append(self.kv.num_blocks - self.kv.num_free_blocks)
             self.scheduler.computed_rows(batch.rows)
@@ -118,7 +127,7 @@ class LLMEngine:
                     continue  # a sibling sample failed earlier in this step
                 try:
                     for seq in self._fork(row.seq):
-                        self._sample(seq, logits, now)
+                        self._verify(seq, row, logits, now)
                 except Exception as error:  # noqa: BLE001 - one request's failure, not the batch's
                     self._fail(row.seq.request, error, now)
             self._idle_steps = 0
@@ -162,7 +171,29 @@ class LLMEngine:
         self.scheduler.fork(seq, children)
         return list(request.sequences)
 
-    def _sample(self, seq: Sequence, logits: np.ndarray, now: float) -> None:
+    def _verify(self, seq: Sequence, row: Row, logits: np.ndarray, now: float) -> None:
+        """Sample from the row's logits: one token, or for a speculative decode row the drafts
+        the model agrees with (the token it chooses at each position equals the next draft) and
+        then the token it chooses after the last accepted one; the rejected drafts are
+        truncated. Only greedy sequences get drafts, so that this equals decoding one token per
+        pass token for token."""
+        drafts = seq.draft_ids
+        accepted = generated = 0
+        for i in range(len(logits)):
+            token, finished = self._sample(seq, logits[i], now)
+            generated += 1
+            if finished or i == len(drafts) or token != drafts[i]:
+                break
+            accepted += 1
+        if row.decode:
+            self.stats.decode_passes += 1
+            self.stats.decode_generated += generated
+            self.stats.draft_tokens += len(drafts)
+            self.stats.accepted_tokens += accepted
+        self.scheduler.truncate_rejected(seq)
+
+    def _sample(self, seq: Sequence, logits: np.ndarray, now: float) -> tuple[int, bool]:
+        """(the token, whether it finished the sequence)."""
         token = sample_token(logits, seq.request.params, seq.rng)
         delta, reason = record_token(seq, token, self.model.tokenizer, self.max_model_len)
         seq.token_times_s.append(now)
@@ -177,3 +208,4 @@ class LLMEngine:
         self._events.append(
             StreamEvent(seq.request.request_id, seq.index, token, delta, reason is not None, reason)
         )
+        return token, reason is not None

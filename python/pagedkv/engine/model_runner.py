@@ -3,7 +3,8 @@
 It owns the per-layer caches (``PagedKvStore``), executes the batch's copy-on-write copies, lays
 the rows out as one flat batch of tokens (positions, block tables, context and query lengths) and
 runs ONE forward pass, asking the model for logits only at the rows that end a sequence's known
-tokens (the sampling rows).
+tokens (the sampling rows) and, for a speculative decode row, at every position that verifies a
+draft (the last sampled token and each draft but the last: k drafts need k + 1 logits rows).
 """
 
 from __future__ import annotations
@@ -41,19 +42,33 @@ class ModelRunner:
             ) from error
 
     def execute(self, kv: pagedkv.KvCacheManager, batch: ScheduledBatch) -> list[tuple[Row, np.ndarray]]:
-        """Run the batch; (row, logits) for each sampling row, in row order."""
+        """Run the batch; (row, logits ``[row.num_logits, vocab]``) for each sampling row, in row
+        order: the logits of the row's last ``num_logits`` positions."""
         rows = batch.rows
         self.store.copy(batch.copy_ops)
         tables, _ = kv.batch_block_tables([r.seq.seq_id for r in rows])
         ctx = np.array([r.end for r in rows], dtype=np.int32)
         q_lens = np.array([r.end - r.start for r in rows], dtype=np.int32)
         self.store.set_batch(tables, ctx, q_lens)
-        tokens = np.concatenate([np.asarray(r.seq.token_ids[r.start : r.end], dtype=np.int64) for r in rows])
+        tokens = np.concatenate([_row_tokens(r) for r in rows])
         positions = np.concatenate([np.arange(r.start, r.end, dtype=np.int64) for r in rows])
-        ends = np.cumsum(q_lens) - 1
+        ends = np.cumsum(q_lens)  # one past each row's last flat index
         sampling = [i for i, r in enumerate(rows) if r.samples]
-        logits = self.model.model.forward(tokens, positions, self.store, ends[sampling])
-        return [(rows[i], logits[k]) for k, i in enumerate(sampling)]
+        counts = [rows[i].num_logits for i in sampling]
+        wanted = [np.arange(ends[i] - n, ends[i]) for i, n in zip(sampling, counts, strict=True)]
+        flat = np.concatenate(wanted) if wanted else np.zeros(0, np.int64)
+        logits = self.model.model.forward(tokens, positions, self.store, flat)
+        offsets = np.concatenate([[0], np.cumsum(counts)]).astype(int)
+        return [(rows[i], logits[offsets[k] : offsets[k + 1]]) for k, i in enumerate(sampling)]
+
+
+def _row_tokens(row: Row) -> np.ndarray:
+    """The row's token ids: the sequence's known tokens, then its drafts."""
+    seq = row.seq
+    known = len(seq.token_ids)
+    head = seq.token_ids[row.start : min(row.end, known)]
+    tail = seq.draft_ids[max(row.start - known, 0) : max(row.end - known, 0)]
+    return np.asarray(head + tail, dtype=np.int64)
 
 
 def _physical_memory_bytes() -> int | None:

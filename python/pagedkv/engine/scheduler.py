@@ -6,17 +6,26 @@ recompute), ``running`` (blocks on the device) and ``swapped`` (blocks in the ho
 ``schedule()``:
 
 1. swaps back in the sequences preempted by swap (oldest first) while blocks allow;
-2. appends every decoding sequence's last sampled token (``append_tokens_batch``, one crossing),
-   preempting the most recently admitted sequence (recompute or swap) while blocks run short;
-3. admits waiting requests first-come-first-served while blocks allow: ``add_sequence`` returns the
-   prefix-cache hit, and only the uncached suffix is prefilled;
-4. spends the per-step token budget: one row per decoding sequence, then prefill chunks in
-   admission order (chunked prefill);
+2. appends every decoding sequence's last sampled token, and its speculative drafts
+   (``append_tokens_batch``), preempting the most recently admitted sequence (recompute or swap)
+   while blocks run short;
+3. spends the per-step token budget: one row per decoding sequence (plus its drafts), then the
+   next prefill chunk of each running sequence still prefilling, in admission order
+   (``advance_computed``);
+4. admits waiting requests first-come-first-served while blocks and budget allow: ``match_prefix``
+   gives the prefix-cache hit without side effects, and ``add_sequence(..., num_scheduled=chunk)``
+   schedules the first chunk of the uncached suffix;
 5. takes the manager's pending copy-on-write copies for the model runner to execute first.
 
-Prefix-cache hits are trusted only on computed blocks (``ComputedBlocks``): a hit is trusted up to
-the first incomplete block; an incomplete hit block that nobody else holds is recomputed in place,
-and one that another live sequence is still filling defers the admission to a later step.
+Which K/V exist is the manager's computed watermark (``num_computed_tokens``), never shadowed
+here. Like vLLM's scheduler, the watermark moves when a chunk is *scheduled*: the pass that
+computes it runs right after ``schedule()``, and attention writes each layer's K/V before reading
+it, so a request admitted in the same step may hit those blocks. That is sound only if every
+scheduled chunk is executed, hence: nothing is preempted after rows are planned (preemption
+happens in step 2, and a sequence preempted there first truncates the tokens appended for this
+step, so the watermark drops back to what earlier passes wrote), and a failed pass rolls its
+sequences back (``rollback``) before their requests fail. The manager caps every hit below the
+prompt's length, so the last prompt token is always computed and gives the first logits.
 """
 
 from __future__ import annotations
@@ -27,9 +36,9 @@ from dataclasses import dataclass
 import numpy as np
 
 import pagedkv
-from pagedkv.engine.computed_blocks import ComputedBlocks
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.kv_store import PagedKvStore
+from pagedkv.engine.ngram_proposer import propose_ngram_drafts
 from pagedkv.engine.params import SamplingParams
 from pagedkv.engine.sequence import SeqStatus, Sequence
 from pagedkv.engine.stats import EngineStats
@@ -40,20 +49,23 @@ __all__ = ["Row", "ScheduledBatch", "Scheduler"]
 
 @dataclass(frozen=True)
 class Row:
-    """Positions ``start..end`` of ``seq``'s tokens, computed by this pass."""
+    """Positions ``start..end`` of ``seq``'s tokens (``token_ids`` then ``draft_ids``), computed
+    by this pass. A decode row starts at the last sampled token and covers the drafts after it."""
 
     seq: Sequence
     start: int
     end: int
+    decode: bool = False
 
     @property
     def samples(self) -> bool:
-        """The row ends the sequence's known tokens: its last logits give the next token."""
-        return self.end == len(self.seq.token_ids)
+        """The row ends the sequence's known tokens: its logits give the next token(s)."""
+        return self.end == len(self.seq.token_ids) + len(self.seq.draft_ids)
 
     @property
-    def is_decode(self) -> bool:
-        return bool(self.seq.output_ids) and self.end - self.start == 1 and self.samples
+    def num_logits(self) -> int:
+        """Rows whose logits the engine needs: the last one, and one per draft before it."""
+        return 1 + len(self.seq.draft_ids) if self.decode else 1
 
 
 @dataclass(frozen=True)
@@ -76,7 +88,6 @@ class Scheduler:
         self.kv = kv
         self.store = store  # swap data moves happen when the manager decides them
         self.stats = stats
-        self.computed = ComputedBlocks(config.num_blocks, config.block_size)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.swapped: list[Sequence] = []
@@ -113,12 +124,14 @@ class Scheduler:
     # ---- one step -------------------------------------------------------------------------
 
     def schedule(self) -> ScheduledBatch:
+        self._appended: set[int] = set()  # seq ids whose append this step no pass has written yet
         self._swap_in()
         self._append_decode_tokens()
-        self._admit()
-        rows = self._plan_rows()
+        budget = self.config.max_num_batched_tokens
+        rows = self._plan_running(budget)
+        budget -= sum(r.end - r.start for r in rows)
+        self._admit(rows, budget)
         ops = self.kv.take_copy_ops() if rows else np.zeros((0, 2), np.int32)
-        self.computed.copied(ops)
         self.stats.cow_copies += len(ops)
         return ScheduledBatch(rows, ops)
 
@@ -133,35 +146,93 @@ class Scheduler:
             self.swapped.remove(seq)
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
-            # Fresh device blocks: complete up to what the sequence had computed, stale after it.
-            table = self.kv.block_table(seq.seq_id)
-            self.computed.invalidate(table[seq.num_computed // self.config.block_size :])
-            self.computed.mark_computed(table, 0, seq.num_computed)
+
+    def _needs_append(self, seq: Sequence) -> bool:
+        """A decoding sequence whose last sampled token is not in the manager yet."""
+        return bool(seq.output_ids) and self.kv.num_tokens(seq.seq_id) == len(seq.token_ids) - 1
 
     def _append_decode_tokens(self) -> None:
+        speculate = self.config.speculative_ngram > 0
         while True:
-            decoding = [s for s in self.running if s.output_ids and s.num_in_kv == len(s.token_ids) - 1]
+            decoding = sorted((s for s in self.running if self._needs_append(s)), key=lambda s: s.admitted)
             if not decoding:
                 return
+            for s in decoding:
+                s.draft_ids = []
+            if speculate:
+                self._propose(decoding)
+            groups: dict[int, list[Sequence]] = {}
+            for s in decoding:
+                groups.setdefault(len(s.draft_ids), []).append(s)
             try:
-                self.kv.append_tokens_batch(
-                    [s.seq_id for s in decoding],
-                    np.array([s.token_ids[-1] for s in decoding], dtype=np.int64),
-                )
+                for num_drafts, group in sorted(groups.items()):
+                    tokens = [t for s in group for t in (s.token_ids[-1], *s.draft_ids)]
+                    self.kv.append_tokens_batch(
+                        [s.seq_id for s in group], np.array(tokens, dtype=np.int64), num_tokens=1 + num_drafts
+                    )
+                    self._appended.update(s.seq_id for s in group)
             except OutOfBlocksError:
+                if speculate and any(s.draft_ids for s in decoding):
+                    speculate = False  # drafts never cost a preemption: retry without them
+                    continue
                 self.preempt(max(self.running, key=lambda s: s.admitted))
                 continue
-            for s in decoding:
-                s.num_in_kv += 1
-                # The last block now holds a token whose K/V the next pass computes; it is fresh,
-                # or a copy-on-write copy the manager may already have indexed when it filled up.
-                self.computed.invalidate(self.kv.block_table(s.seq_id)[-1:])
             return
+
+    def _propose(self, decoding: list[Sequence]) -> None:
+        """Prompt-lookup drafts for the greedy decoding sequences, within the token budget (one
+        row per decoding sequence comes first), the request's max_tokens and the context."""
+        budget = self.config.max_num_batched_tokens - len(decoding)
+        for s in decoding:
+            params = s.request.params
+            room = min(
+                self.config.speculative_ngram,
+                budget,
+                params.max_tokens - len(s.output_ids) - 1,  # the pass also samples one token
+                self.max_model_len - 1 - len(s.token_ids),
+            )
+            if room <= 0 or not params.greedy:
+                continue
+            s.draft_ids = propose_ngram_drafts(s.token_ids, room)
+            budget -= len(s.draft_ids)
+
+    def _plan_running(self, budget: int) -> list[Row]:
+        """Decode rows first (always: their tokens are appended), then the next prefill chunk of
+        each running sequence still prefilling, in admission order; chunks are scheduled in the
+        manager (``advance_computed``) as they are planned."""
+        rows = []
+        by_admission = sorted(self.running, key=lambda s: s.admitted)
+        for s in by_admission:
+            if s.seq_id in self._appended:
+                start = len(s.token_ids) - 1
+                rows.append(Row(s, start, start + 1 + len(s.draft_ids), decode=True))
+                budget -= 1 + len(s.draft_ids)
+        for s in by_admission:
+            computed = self.kv.num_computed_tokens(s.seq_id)
+            remaining = self.kv.num_tokens(s.seq_id) - computed
+            if remaining <= 0 or s.seq_id in self._appended:
+                continue
+            chunk = self._chunk(remaining, budget, bool(rows))
+            if chunk == 0:
+                break
+            self.kv.advance_computed([s.seq_id], chunk)
+            rows.append(Row(s, computed, computed + chunk))
+            budget -= chunk
+        return rows
+
+    def _chunk(self, remaining: int, budget: int, have_rows: bool) -> int:
+        """Tokens of a prefill to schedule now: all of them without chunked prefill (even past
+        the budget when nothing else runs, or it would never run), else what the budget allows."""
+        if budget <= 0:
+            return 0
+        if not self.config.enable_chunked_prefill:
+            return remaining if remaining <= budget or not have_rows else 0
+        return min(remaining, budget)
 
     def _reserved_slots(self) -> int:
         return self.max_model_len * (len(self.running) + len(self.swapped))
 
-    def _admit(self) -> None:
+    def _admit(self, rows: list[Row], budget: int) -> None:
         c = self.config
         if self.swapped:
             return  # sequences waiting to swap back in go first
@@ -178,80 +249,67 @@ class Scheduler:
             blocks = -(-len(seq.token_ids) // c.block_size) + (watermark if self.running else 0)
             if blocks > self.kv.num_free_blocks:
                 return
+            tokens = np.array(seq.token_ids, dtype=np.int64)
             try:
-                hit = self.kv.add_sequence(seq.seq_id, np.array(seq.token_ids, dtype=np.int64))
+                hit = self.kv.match_prefix(tokens) if c.enable_prefix_caching else 0
+                chunk = self._chunk(len(tokens) - hit, budget, bool(rows))
+                if chunk == 0:
+                    return
+                hit = self.kv.add_sequence(seq.seq_id, tokens, num_scheduled=chunk)
             except OutOfBlocksError:
                 return
             except pagedkv.PagedKvError as error:
                 self.waiting.popleft()
                 self.failed.append((seq, error))
                 continue
-            table = self.kv.block_table(seq.seq_id)
-            hit_blocks = hit // c.block_size
-            # The blocks past the hit are fresh: whatever they held belongs to their previous
-            # owner. add_sequence has already indexed the full ones under this prompt's hashes, so
-            # they must be marked incomplete now, before a deferral frees them into the cache.
-            self.computed.invalidate(table[hit_blocks:])
-            trusted = self.computed.trusted_blocks(table, hit_blocks)
-            stale = table[trusted:hit_blocks]
-            if any(self.kv.refcount(int(b)) > 1 for b in stale):
-                # Another live sequence is still computing these blocks: come back next step.
-                self.kv.free(seq.seq_id)
-                self.stats.deferred_admissions += 1
-                return
-            self.computed.invalidate(stale)  # revived incomplete blocks: recomputed in place
             self.waiting.popleft()
-            seq.num_in_kv = len(seq.token_ids)
-            seq.num_computed = min(trusted * c.block_size, seq.num_in_kv - 1)  # the last row gives logits
             seq.status = SeqStatus.RUNNING
             seq.admitted = self._next_admission()
             self.running.append(seq)
-            self.stats.prefix_hit_tokens += seq.num_computed
+            computed = self.kv.num_computed_tokens(seq.seq_id)
+            rows.append(Row(seq, hit, computed))
+            budget -= computed - hit
+            self.stats.prefix_hit_tokens += hit
             if seq.index == 0 and not seq.request.forked:
-                seq.request.cached_tokens = seq.num_computed
+                seq.request.cached_tokens = hit
 
     def _next_admission(self) -> int:
         self._admissions += 1
         return self._admissions - 1
-
-    def _plan_rows(self) -> list[Row]:
-        """This pass's rows, within the token budget: decode rows first, then prefill chunks."""
-        budget = self.config.max_num_batched_tokens
-        rows = []
-        for s in sorted(self.running, key=lambda s: s.admitted):
-            if s.output_ids and s.num_computed == s.num_in_kv - 1 == len(s.token_ids) - 1:
-                rows.append(Row(s, s.num_computed, s.num_in_kv))
-                budget -= 1
-        for s in sorted(self.running, key=lambda s: s.admitted):
-            remaining = s.num_in_kv - s.num_computed
-            if remaining <= 0 or (s.output_ids and remaining == 1 and s.num_in_kv == len(s.token_ids)):
-                continue
-            if budget <= 0:
-                break
-            chunk = remaining if not self.config.enable_chunked_prefill else min(remaining, budget)
-            if chunk > budget and rows:
-                break
-            rows.append(Row(s, s.num_computed, s.num_computed + chunk))
-            budget -= chunk
-        return rows
 
     # ---- after the forward pass -----------------------------------------------------------
 
     def computed_rows(self, rows: list[Row]) -> None:
         """The pass wrote the K/V of every row."""
         for row in rows:
-            if row.is_decode:
-                self.stats.decode_tokens += 1
+            if row.decode:
+                self.stats.decode_tokens += row.end - row.start
             else:
                 self.stats.prefill_tokens += row.end - row.start
-            row.seq.num_computed = row.end
-            self.computed.mark_computed(self.kv.block_table(row.seq.seq_id), row.start, row.end)
+        self._appended = set()
+
+    def rollback(self, rows: list[Row]) -> None:
+        """The pass failed: its K/V may be unwritten, yet the watermark covers them (and a request
+        admitted in this step may hold them as its hit). Releasing every block of the batch's
+        sequences tail first takes each block held by them alone out of the prefix index, so
+        that no later request hits it; the caller then fails their requests."""
+        for seq in {id(r.seq): r.seq for r in rows}.values():
+            if seq.seq_id in self.kv and not self.kv.is_swapped_out(seq.seq_id):
+                self.kv.truncate(seq.seq_id, 0)
+            seq.draft_ids = []
+        self._appended = set()
+
+    def truncate_rejected(self, seq: Sequence) -> None:
+        """After a speculative pass: drop the K/V of the rejected drafts (the manager holds every
+        token but the last sampled one)."""
+        if seq.status is SeqStatus.RUNNING and self.kv.num_tokens(seq.seq_id) > len(seq.token_ids) - 1:
+            self.kv.truncate(seq.seq_id, len(seq.token_ids) - 1)
+        seq.draft_ids = []
 
     def fork(self, parent: Sequence, children: list[Sequence]) -> None:
         """The samples 1..n-1 of ``parent``'s request share its blocks from now on."""
         for child in children:
             self.kv.fork(parent.seq_id, child.seq_id)
-            child.num_in_kv, child.num_computed = parent.num_in_kv, parent.num_computed
             child.status, child.admitted = SeqStatus.RUNNING, self._next_admission()
             self.running.append(child)
 
@@ -271,6 +329,13 @@ class Scheduler:
         seq.status = SeqStatus.FINISHED
 
     def preempt(self, seq: Sequence) -> None:
+        if seq.seq_id in self._appended:
+            # Its tokens appended this step are "computed" in the manager, but no pass will
+            # write them now: drop them, so that the watermark covers written K/V only (a block
+            # they filled leaves the prefix index) and the sequence decodes them again later.
+            self.kv.truncate(seq.seq_id, len(seq.token_ids) - 1)
+            self._appended.discard(seq.seq_id)
+        seq.draft_ids = []
         if self.config.preemption == "swap":
             try:
                 mapping = self.kv.swap_out([seq.seq_id])
@@ -286,6 +351,5 @@ class Scheduler:
         self.kv.free(seq.seq_id)
         self.running.remove(seq)
         seq.status = SeqStatus.WAITING
-        seq.num_in_kv = seq.num_computed = 0
         self.waiting.appendleft(seq)
         self.stats.recompute_preemptions += 1

@@ -39,8 +39,10 @@ class Request:
 
 @dataclass
 class Sequence:
-    """One sample. ``token_ids`` = prompt + generated; the KV manager holds the first
-    ``num_in_kv`` of them and the caches hold K/V of the first ``num_computed``."""
+    """One sample. ``token_ids`` = prompt + generated. How many of them the KV manager holds and
+    how many have K/V (its computed watermark) is the manager's state, asked of it, never
+    mirrored here. ``draft_ids``: the speculative tokens appended after ``token_ids`` for the
+    coming pass (empty outside a speculative step)."""
 
     seq_id: int
     request: Request
@@ -48,8 +50,7 @@ class Sequence:
     token_ids: list[int]
     rng: np.random.Generator
     status: SeqStatus = SeqStatus.WAITING
-    num_in_kv: int = 0
-    num_computed: int = 0
+    draft_ids: list[int] = field(default_factory=list)
     admitted: int = -1  # admission order (the most recent is preempted first)
     output_ids: list[int] = field(default_factory=list)
     text: str = ""

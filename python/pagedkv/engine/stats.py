@@ -16,7 +16,10 @@ class EngineStats:
     decode_tokens: int = 0
     generated_tokens: int = 0
     prefix_hit_tokens: int = 0
-    deferred_admissions: int = 0
+    draft_tokens: int = 0  # speculative drafts verified
+    accepted_tokens: int = 0  # drafts equal to the token the model chose
+    decode_passes: int = 0  # decode rows (one sequence in one pass, with or without drafts)
+    decode_generated: int = 0  # tokens sampled from decode rows
     recompute_preemptions: int = 0
     swap_preemptions: int = 0
     cow_copies: int = 0
@@ -31,7 +34,11 @@ class EngineStats:
             "decode_tokens": self.decode_tokens,
             "generated_tokens": self.generated_tokens,
             "prefix_hit_tokens": self.prefix_hit_tokens,
-            "deferred_admissions": self.deferred_admissions,
+            "draft_tokens": self.draft_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "acceptance_rate": self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0,
+            # Tokens one sequence gains per decode pass: 1 without speculation.
+            "tokens_per_pass": self.decode_generated / self.decode_passes if self.decode_passes else 0.0,
             "recompute_preemptions": self.recompute_preemptions,
             "swap_preemptions": self.swap_preemptions,
             "cow_copies": self.cow_copies,
