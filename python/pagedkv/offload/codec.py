@@ -1,0 +1,126 @@
+"""The entry codec: one stored block as a self-checking byte string, the same on disk and in
+Redis.
+
+Layout (little-endian), header then three variable parts::
+
+    magic  b"PKVO" | version u16 | kind u8 (0 bytes, 1 array) | ndim u8
+    | key_len u32 | meta_len u32 | payload_len u64 | checksum u64
+    | key | meta (array only: dtype string, then ndim u64 dims) | payload
+
+``checksum`` is XXH3-64 over the header (its checksum field zeroed), the key, the meta and the
+payload. A decoder serves an entry only if the magic and version match, the lengths add up to
+exactly the bytes it has, the checksum matches and the key is the key it asked for: a torn
+write (a crash mid-file), a flipped byte, a truncated value or a file from another key each
+decode to ``None``, a miss. XXH3 rather than CRC-32: ``zlib.crc32`` checks ~0.8 GB/s on this
+machine, XXH3-64 ~10 GB/s, and the check is on every load.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import TypeAlias
+
+import numpy as np
+import xxhash
+
+from pagedkv.errors import InvalidArgumentError, InvalidArgumentTypeError
+
+__all__ = [
+    "HEADER",
+    "MAGIC",
+    "VERSION",
+    "Payload",
+    "decode_entry",
+    "encode_entry",
+    "entry_size",
+]
+
+MAGIC = b"PKVO"
+VERSION = 1
+HEADER = struct.Struct("<4sHBBIIQQ")
+_CHECKSUM_OFFSET = HEADER.size - 8
+_KIND_BYTES = 0
+_KIND_ARRAY = 1
+_MAX_NDIM = 16
+# Plain numeric dtypes only: an object array is pointers, not data.
+_ARRAY_KINDS = "biufc"
+
+Payload: TypeAlias = bytes | np.ndarray
+"""What a store holds for a block: raw bytes, or a NumPy array (dtype and shape kept)."""
+
+
+def _checksum(parts: list[memoryview | bytes]) -> int:
+    h = xxhash.xxh3_64()
+    for part in parts:
+        h.update(part)
+    return h.intdigest()
+
+
+def encode_entry(key: bytes, payload: object) -> list[bytes | memoryview]:
+    """The entry for ``payload`` under ``key`` as a list of buffers (header + key + meta, then
+    the payload itself, not copied: a writer writes them in order)."""
+    if isinstance(payload, np.ndarray):
+        if payload.dtype.kind not in _ARRAY_KINDS or payload.dtype.fields is not None:
+            raise InvalidArgumentTypeError(f"a stored array has a plain numeric dtype, not {payload.dtype}")
+        if payload.ndim > _MAX_NDIM:
+            raise InvalidArgumentError(f"a stored array has at most {_MAX_NDIM} dimensions")
+        # Not np.ascontiguousarray: it turns a 0-d array into a 1-d one.
+        array = payload if payload.flags.c_contiguous else payload.copy(order="C")
+        dtype = array.dtype.str.encode("ascii")
+        meta = struct.pack("<B", len(dtype)) + dtype + struct.pack(f"<{array.ndim}Q", *array.shape)
+        body: bytes | memoryview = array.data.cast("B") if array.size else b""
+        kind, ndim = _KIND_ARRAY, array.ndim
+    elif isinstance(payload, (bytes, bytearray, memoryview)):
+        if isinstance(payload, memoryview) and not payload.c_contiguous:
+            raise InvalidArgumentError("a stored memoryview is C-contiguous")
+        body = payload if isinstance(payload, bytes) else memoryview(payload).cast("B")
+        meta, kind, ndim = b"", _KIND_BYTES, 0
+    else:
+        raise InvalidArgumentTypeError(
+            f"a block payload is bytes or a NumPy array, not {type(payload).__name__}"
+        )
+    body_len = len(body) if isinstance(body, bytes) else body.nbytes
+    header = HEADER.pack(MAGIC, VERSION, kind, ndim, len(key), len(meta), body_len, 0)
+    checksum = _checksum([header, key, meta, body])
+    header = header[:_CHECKSUM_OFFSET] + struct.pack("<Q", checksum)
+    return [header + key + meta, body]
+
+
+def entry_size(parts: list[bytes | memoryview]) -> int:
+    """Total bytes of an encoded entry."""
+    return sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
+
+
+def decode_entry(data: bytes | bytearray | memoryview, key: bytes) -> Payload | None:
+    """The payload stored in ``data`` for ``key``, or ``None`` if ``data`` is not a whole,
+    intact entry for that key. A ``bytes`` payload is copied out; an array is a view of
+    ``data`` when ``data`` is a writable buffer (a ``bytearray``), so a reader that reads into
+    a fresh ``bytearray`` gets the array without a second copy."""
+    view = memoryview(data).cast("B")
+    if view.nbytes < HEADER.size:
+        return None
+    magic, version, kind, ndim, key_len, meta_len, body_len, checksum = HEADER.unpack_from(view)
+    if magic != MAGIC or version != VERSION or kind not in (_KIND_BYTES, _KIND_ARRAY):
+        return None
+    key_end = HEADER.size + key_len
+    meta_end = key_end + meta_len
+    if meta_end + body_len != view.nbytes or ndim > _MAX_NDIM:
+        return None
+    if view[HEADER.size : key_end] != key:
+        return None
+    header = bytes(view[:_CHECKSUM_OFFSET]) + b"\0" * 8
+    if _checksum([header, view[HEADER.size :]]) != checksum:
+        return None
+    body = view[meta_end:]
+    if kind == _KIND_BYTES:
+        return bytes(body)
+    meta = bytes(view[key_end:meta_end])
+    try:
+        dtype_len = meta[0]
+        dtype = np.dtype(meta[1 : 1 + dtype_len].decode("ascii"))
+        shape = struct.unpack(f"<{ndim}Q", meta[1 + dtype_len :])
+        if dtype.kind not in _ARRAY_KINDS or dtype.fields is not None:
+            return None
+        return np.frombuffer(body, dtype=dtype).reshape(shape)
+    except (IndexError, ValueError, TypeError, struct.error, UnicodeDecodeError):
+        return None  # a checksummed entry with bad meta: written by something else
