@@ -1,14 +1,11 @@
-"""Shared pieces of the offload tests: a real ``redis-server`` on a free port, in a temp dir."""
+"""Shared pieces of the offload tests: a realistic block shape, a real ``redis-server``."""
 
 from __future__ import annotations
 
-import shutil
 import socket
 import subprocess
 import time
 from pathlib import Path
-
-import pytest
 
 # A realistic block: SmolLM2-135M, 30 layers x (K, V) x 16 tokens x 3 KV heads x 64 dims, fp32.
 SMOLLM2_BLOCK_SHAPE = (30, 2, 16, 3, 64)
@@ -70,17 +67,3 @@ class RedisServer:
             self.proc.kill()
             self.proc.wait()
         self.proc = None
-
-
-@pytest.fixture
-def redis_server(tmp_path):
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.skip("redis-server is not installed (Debian: apt-get install redis-server)")
-    pytest.importorskip("redis", reason="redis-py is not installed: pip install 'pagedkv[offload]'")
-    server = RedisServer(binary, tmp_path)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.kill()
