@@ -30,6 +30,7 @@ __all__ = [
     "MAGIC",
     "VERSION",
     "Payload",
+    "check_payload",
     "decode_entry",
     "encode_entry",
     "entry_size",
@@ -56,29 +57,38 @@ def _checksum(parts: list[memoryview | bytes]) -> int:
     return h.intdigest()
 
 
-def encode_entry(key: bytes, payload: object) -> list[bytes | memoryview]:
-    """The entry for ``payload`` under ``key`` as a list of buffers (header + key + meta, then
-    the payload itself, not copied: a writer writes them in order)."""
+def check_payload(payload: object) -> None:
+    """Raise the typed error ``encode_entry`` would raise for ``payload``, without encoding it
+    (cheap: a caller validates on its own thread and encodes on a worker's)."""
     if isinstance(payload, np.ndarray):
         if payload.dtype.kind not in _ARRAY_KINDS or payload.dtype.fields is not None:
             raise InvalidArgumentTypeError(f"a stored array has a plain numeric dtype, not {payload.dtype}")
         if payload.ndim > _MAX_NDIM:
             raise InvalidArgumentError(f"a stored array has at most {_MAX_NDIM} dimensions")
+    elif isinstance(payload, memoryview):
+        if not payload.c_contiguous:
+            raise InvalidArgumentError("a stored memoryview is C-contiguous")
+    elif not isinstance(payload, (bytes, bytearray)):
+        raise InvalidArgumentTypeError(
+            f"a block payload is bytes or a NumPy array, not {type(payload).__name__}"
+        )
+
+
+def encode_entry(key: bytes, payload: object) -> list[bytes | memoryview]:
+    """The entry for ``payload`` under ``key`` as a list of buffers (header + key + meta, then
+    the payload itself, not copied: a writer writes them in order)."""
+    check_payload(payload)
+    if isinstance(payload, np.ndarray):
         # Not np.ascontiguousarray: it turns a 0-d array into a 1-d one.
         array = payload if payload.flags.c_contiguous else payload.copy(order="C")
         dtype = array.dtype.str.encode("ascii")
         meta = struct.pack("<B", len(dtype)) + dtype + struct.pack(f"<{array.ndim}Q", *array.shape)
         body: bytes | memoryview = array.data.cast("B") if array.size else b""
         kind, ndim = _KIND_ARRAY, array.ndim
-    elif isinstance(payload, (bytes, bytearray, memoryview)):
-        if isinstance(payload, memoryview) and not payload.c_contiguous:
-            raise InvalidArgumentError("a stored memoryview is C-contiguous")
+    else:
+        assert isinstance(payload, (bytes, bytearray, memoryview))  # check_payload
         body = payload if isinstance(payload, bytes) else memoryview(payload).cast("B")
         meta, kind, ndim = b"", _KIND_BYTES, 0
-    else:
-        raise InvalidArgumentTypeError(
-            f"a block payload is bytes or a NumPy array, not {type(payload).__name__}"
-        )
     body_len = len(body) if isinstance(body, bytes) else body.nbytes
     header = HEADER.pack(MAGIC, VERSION, kind, ndim, len(key), len(meta), body_len, 0)
     checksum = _checksum([header, key, meta, body])

@@ -12,14 +12,15 @@ step.
 from __future__ import annotations
 
 import collections
+import math
 import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from pagedkv.errors import InvalidArgumentError, InvalidArgumentTypeError, PagedKvError
-from pagedkv.offload.codec import Payload
-from pagedkv.offload.keys import hash_to_int
+from pagedkv.errors import InvalidArgumentError, InvalidArgumentTypeError
+from pagedkv.offload.codec import Payload, check_payload
+from pagedkv.offload.keys import encode_key, hash_to_int
 from pagedkv.offload.store import BlockStore
 
 __all__ = ["OffloadWorker"]
@@ -37,8 +38,8 @@ class _Load:
 def _seconds(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InvalidArgumentTypeError(f"{name} is a number of seconds, not {type(value).__name__}")
-    if not value >= 0:
-        raise InvalidArgumentError(f"{name} is a non-negative number of seconds, got {value!r}")
+    if not (value >= 0 and math.isfinite(value)):
+        raise InvalidArgumentError(f"{name} is a finite, non-negative number of seconds: {value!r}")
     return float(value)
 
 
@@ -81,8 +82,11 @@ class OffloadWorker:
 
     def submit_put(self, block_hash: int | bytes, payload: Payload, *, extra_key: object = None) -> bool:
         """Queue a put; ``False`` if it was dropped (the queue is full, or the worker closed).
-        The payload is not copied: the caller hands it over and does not mutate it."""
+        The payload is not copied: the caller hands it over and does not mutate it. A wrong
+        hash, salt or payload type raises here, on the caller's thread."""
         value = hash_to_int(block_hash)
+        encode_key(value, extra_key)  # validates the salt
+        check_payload(payload)
         with self._cond:
             if self._closing or len(self._puts) >= self._max_puts:
                 self.dropped_puts += 1
@@ -98,6 +102,7 @@ class OffloadWorker:
         (keyed by the hash as an ``int``); a hash missing from the result is a miss."""
         deadline = _seconds("deadline_s", deadline_s)
         hashes = [hash_to_int(h) for h in block_hashes]
+        encode_key(0, extra_key)  # validates the salt
         request = _Load(hashes, extra_key)
         if not hashes:
             return {}
@@ -185,9 +190,6 @@ class OffloadWorker:
                 return
             try:
                 payload = self._store.get(value, extra_key=request.extra_key)
-            except PagedKvError as exc:  # a caller mistake (a bad salt): no result, counted
-                self._note_failure(exc)
-                payload = None
             except Exception as exc:  # noqa: BLE001 - the worker outlives any store bug
                 self._note_failure(exc)
                 payload = None
