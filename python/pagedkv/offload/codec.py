@@ -32,8 +32,10 @@ __all__ = [
     "Payload",
     "check_payload",
     "decode_entry",
+    "decode_parts",
     "encode_entry",
     "entry_size",
+    "head_size",
 ]
 
 MAGIC = b"PKVO"
@@ -101,12 +103,38 @@ def entry_size(parts: list[bytes | memoryview]) -> int:
     return sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
 
 
+def head_size(prefix: bytes | bytearray | memoryview) -> int | None:
+    """From an entry's first ``HEADER.size`` bytes, the size of its head (header, key and
+    meta: everything before the payload), or ``None`` if they are not a header. A reader of a
+    file reads the head, then the payload on its own (``decode_parts``: no copy of it)."""
+    if len(prefix) < HEADER.size:
+        return None
+    magic, version, _, _, key_len, meta_len, _, _ = HEADER.unpack_from(prefix)
+    if magic != MAGIC or version != VERSION:
+        return None
+    return int(HEADER.size + key_len + meta_len)
+
+
 def decode_entry(data: bytes | bytearray | memoryview, key: bytes) -> Payload | None:
     """The payload stored in ``data`` for ``key``, or ``None`` if ``data`` is not a whole,
-    intact entry for that key. A ``bytes`` payload is copied out; an array is a view of
-    ``data`` when ``data`` is a writable buffer (a ``bytearray``), so a reader that reads into
-    a fresh ``bytearray`` gets the array without a second copy."""
+    intact entry for that key (see ``decode_parts``)."""
     view = memoryview(data).cast("B")
+    head = head_size(view)
+    if head is None or head > view.nbytes:
+        return None
+    return decode_parts(view[:head], view[head:], key)
+
+
+def decode_parts(
+    head: bytes | bytearray | memoryview, body: bytes | bytearray | memoryview, key: bytes
+) -> Payload | None:
+    """The payload of the entry whose head (header, key, meta) is ``head`` and whose payload
+    bytes are ``body``, or ``None`` unless it is whole, intact and stored under ``key``. A
+    ``bytes`` payload is ``body`` itself when ``body`` is ``bytes`` (else a copy); an array is a
+    view of ``body`` (read-only when ``body`` is ``bytes``: a loader copies it to the device
+    anyway)."""
+    view = memoryview(head).cast("B")
+    body_view = memoryview(body).cast("B")
     if view.nbytes < HEADER.size:
         return None
     magic, version, kind, ndim, key_len, meta_len, body_len, checksum = HEADER.unpack_from(view)
@@ -114,16 +142,15 @@ def decode_entry(data: bytes | bytearray | memoryview, key: bytes) -> Payload | 
         return None
     key_end = HEADER.size + key_len
     meta_end = key_end + meta_len
-    if meta_end + body_len != view.nbytes or ndim > _MAX_NDIM:
+    if meta_end != view.nbytes or body_len != body_view.nbytes or ndim > _MAX_NDIM:
         return None
     if view[HEADER.size : key_end] != key:
         return None
     header = bytes(view[:_CHECKSUM_OFFSET]) + b"\0" * 8
-    if _checksum([header, view[HEADER.size :]]) != checksum:
+    if _checksum([header, view[HEADER.size :], body_view]) != checksum:
         return None
-    body = view[meta_end:]
     if kind == _KIND_BYTES:
-        return bytes(body)
+        return body if isinstance(body, bytes) else bytes(body_view)
     meta = bytes(view[key_end:meta_end])
     try:
         dtype_len = meta[0]
@@ -131,6 +158,6 @@ def decode_entry(data: bytes | bytearray | memoryview, key: bytes) -> Payload | 
         shape = struct.unpack(f"<{ndim}Q", meta[1 + dtype_len :])
         if dtype.kind not in _ARRAY_KINDS or dtype.fields is not None:
             return None
-        return np.frombuffer(body, dtype=dtype).reshape(shape)
+        return np.frombuffer(body_view, dtype=dtype).reshape(shape)
     except (IndexError, ValueError, TypeError, struct.error, UnicodeDecodeError):
         return None  # a checksummed entry with bad meta: written by something else

@@ -33,7 +33,14 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from pagedkv.errors import InvalidArgumentError, InvalidArgumentTypeError
-from pagedkv.offload.codec import Payload, decode_entry, encode_entry, entry_size
+from pagedkv.offload.codec import (
+    HEADER,
+    Payload,
+    decode_parts,
+    encode_entry,
+    entry_size,
+    head_size,
+)
 from pagedkv.offload.keys import encode_key
 from pagedkv.offload.store import StoreStats
 
@@ -156,14 +163,13 @@ class DiskStore:
                 return None
             self._index.move_to_end(stem)
         try:
-            data = self._read_file(self._dir / (stem + _SUFFIX))
+            payload = self._read_file(self._dir / (stem + _SUFFIX), key)
         except OSError as exc:  # evicted meanwhile, or the medium failed
             with self._lock:
                 self._stats.misses += 1
                 if not isinstance(exc, FileNotFoundError):
                     self._note_error(f"get failed: {exc!r}")
             return None
-        payload = decode_entry(data, key)
         with self._lock:
             if payload is None:
                 self._stats.corrupt_entries += 1
@@ -200,18 +206,20 @@ class DiskStore:
             os.close(fd)
 
     @staticmethod
-    def _read_file(path: Path) -> bytearray:
+    def _read_file(path: Path, key: bytes) -> Payload | None:
+        """Read and decode one entry: the header, then key and meta, then the payload into a
+        ``bytes`` of its own (so a bytes payload is handed out without a copy)."""
         with open(path, "rb", buffering=0) as f:
             size = os.fstat(f.fileno()).st_size
-            data = bytearray(size)  # read into a writable buffer: arrays decode as views of it
-            view = memoryview(data)
-            done = 0
-            while done < size:
-                n = f.readinto(view[done:])
-                if not n:
-                    break  # the file shrank under us: the decoder sees a short entry
-                done += n
-            return data if done == size else data[:done]
+            prefix = f.read(HEADER.size)
+            head = head_size(prefix)
+            if head is None or head > size:
+                return None
+            head_bytes = prefix + f.read(head - HEADER.size)
+            body = f.readall()  # sized by fstat: one read(2) into a fresh bytes, looped if short
+            if len(head_bytes) != head or len(body) != size - head:
+                return None  # the file changed under us: a short entry
+        return decode_parts(head_bytes, body, key)
 
     def _drop(self, stem: str) -> bool:
         """Remove ``stem`` from the index and the directory (lock held)."""
