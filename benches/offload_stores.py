@@ -6,10 +6,10 @@ Blocks are realistic SmolLM2-135M KV blocks: 30 layers x (K, V) x 16 tokens x 3 
 dims x fp32 = 737,280 bytes. Each round times, back to back:
 
 - ``open().read()``: reading plain files of the same sizes as the store's entry files (the
-  target: the DiskStore loads at >= 50 % of this, issue 33);
-- ``DiskStore.get``: bytes payloads and NumPy-array payloads (open, read into one buffer, check
-  length and XXH3 checksum and key, hand out the payload: an array is a view of the buffer,
-  bytes are one more copy);
+  target: the DiskStore loads at >= 50 % of this);
+- ``DiskStore.get``: bytes payloads and NumPy-array payloads (open, read the head, read the
+  payload into its own ``bytes``, check length, XXH3 checksum and key, hand the payload out
+  without a copy: an array is a read-only view of those bytes);
 - ``OffloadWorker.load`` over the DiskStore (the same gets on the worker thread, one call for
   all blocks);
 - ``RedisStore.get`` against a ``redis-server`` (one started on a free port, no persistence,
