@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from collections import OrderedDict
 from pathlib import Path
 
@@ -20,7 +21,11 @@ from hypothesis import strategies as st
 pytest.importorskip("xxhash", reason="pagedkv.offload needs the offload extra (xxhash)")
 
 from offload_helpers import SMOLLM2_BLOCK_SHAPE  # noqa: E402
-from pagedkv.errors import InvalidArgumentError, InvalidArgumentTypeError  # noqa: E402
+from pagedkv.errors import (  # noqa: E402
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    InvariantViolation,
+)
 from pagedkv.offload import BlockStore, DiskStore  # noqa: E402
 from pagedkv.offload.codec import HEADER  # noqa: E402
 
@@ -357,5 +362,52 @@ def test_disk_store_matches_an_lru_model(tmp_path_factory, ops):
             assert store.delete(h, extra_key=salt) == (k in model)
             model.pop(k, None)
         assert store.usage_bytes == used() <= capacity
-        assert sum(p.stat().st_size for p in entries(store)) == store.usage_bytes
         assert len(entries(store)) == len(store) == len(model)
+        store.check_invariants()
+
+
+def test_check_invariants_sees_a_stray_or_missing_file(tmp_path):
+    store = DiskStore(tmp_path, 1 << 20)
+    store.put(1, b"x")
+    store.check_invariants()
+    (tmp_path / ("0" * 40 + ".blk")).write_bytes(b"stray")
+    with pytest.raises(InvariantViolation):
+        store.check_invariants()
+    (tmp_path / ("0" * 40 + ".blk")).unlink()
+    entries(store)[0].unlink()
+    with pytest.raises(InvariantViolation):
+        store.check_invariants()
+
+
+def test_threads_sharing_a_store_keep_it_consistent(tmp_path):
+    # The worker thread and the step's thread share one store: interleaved puts, gets and
+    # deletes of overlapping keys never serve a wrong payload nor break the byte accounting.
+    store = DiskStore(tmp_path, 6 * entry_bytes(None, 2000))
+    errors: list[BaseException] = []
+
+    def payload(h: int) -> bytes:
+        return bytes([h]) * (1000 + 100 * h)
+
+    def hammer(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        try:
+            for _ in range(300):
+                h = int(rng.integers(0, 10))
+                op = rng.integers(0, 3)
+                if op == 0:
+                    assert store.put(h, payload(h))
+                elif op == 1:
+                    assert store.get(h) in (None, payload(h))
+                else:
+                    store.delete(h)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=hammer, args=(seed,)) for seed in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    store.check_invariants()
+    assert store.stats.corrupt_entries == 0

@@ -32,7 +32,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from pathlib import Path
 
-from pagedkv.errors import InvalidArgumentError, InvalidArgumentTypeError
+from pagedkv.errors import InvalidArgumentError, InvalidArgumentTypeError, InvariantViolation
 from pagedkv.offload.codec import (
     HEADER,
     Payload,
@@ -189,6 +189,25 @@ class DiskStore:
         stem = _file_stem(encode_key(block_hash, extra_key))
         with self._lock:
             return self._drop(stem)
+
+    def check_invariants(self) -> None:
+        """Raise ``InvariantViolation`` unless the index and the directory agree: usage is the
+        sum of the indexed entries, at most the capacity, and exactly the indexed entries are
+        in the directory with their indexed sizes (no temporary file between operations)."""
+        with self._lock:
+            if self._usage != sum(self._index.values()) or self._usage > self._capacity:
+                raise InvariantViolation(
+                    f"usage {self._usage} vs index {sum(self._index.values())}, capacity {self._capacity}"
+                )
+            on_disk = {}
+            with os.scandir(self._dir) as entries:
+                for entry in entries:
+                    if entry.name.endswith(_TMP_SUFFIX):
+                        raise InvariantViolation(f"temporary file left behind: {entry.name}")
+                    if entry.name.endswith(_SUFFIX):
+                        on_disk[entry.name[: -len(_SUFFIX)]] = entry.stat().st_size
+            if on_disk != dict(self._index):
+                raise InvariantViolation("the index and the directory's entry files differ")
 
     # -- internals -----------------------------------------------------------------------
 
