@@ -157,14 +157,26 @@ def main() -> None:
         }
         redis_lat: list[float] = []
         disk_lat: list[float] = []
-        for _ in range(args.rounds):
+
+        def time_plain() -> None:
             dt, n = _plain_read(plain)
             rows["plain"].append(n / dt)
+
+        def time_disk_bytes() -> None:
             dt, n, _ = _store_read(store, raw)
             rows["disk_bytes"].append(n / dt)
+
+        def time_disk_array() -> None:
             dt, n, lat = _store_read(store, arrays)
             rows["disk_array"].append(n / dt)
-            disk_lat += lat
+            disk_lat.extend(lat)
+
+        timed = [time_plain, time_disk_bytes, time_disk_array]
+        for round_index in range(args.rounds):
+            # Rotate the order each round: whichever runs first after the kept reads below
+            # inherits their memory state, and the order must not favour one path.
+            for k in range(len(timed)):
+                timed[(round_index + k) % len(timed)]()
             dt, n = _plain_read_kept(plain)
             rows["plain_kept"].append(n / dt)
             t0 = time.perf_counter()

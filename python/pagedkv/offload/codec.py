@@ -27,6 +27,7 @@ from pagedkv.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 __all__ = [
     "HEADER",
+    "MAX_META_BYTES",
     "MAGIC",
     "VERSION",
     "Payload",
@@ -45,6 +46,8 @@ _CHECKSUM_OFFSET = HEADER.size - 8
 _KIND_BYTES = 0
 _KIND_ARRAY = 1
 _MAX_NDIM = 16
+MAX_META_BYTES = 1 + 255 + 8 * _MAX_NDIM
+"""The most meta bytes an entry has: dtype string length (u8), the string, ``ndim`` dims."""
 # Plain numeric dtypes only: an object array is pointers, not data.
 _ARRAY_KINDS = "biufc"
 
