@@ -27,7 +27,8 @@ from pagedkv.errors import (  # noqa: E402
     InvariantViolation,
 )
 from pagedkv.offload import BlockStore, DiskStore  # noqa: E402
-from pagedkv.offload.codec import HEADER  # noqa: E402
+from pagedkv.offload.codec import HEADER, decode_entry, encode_entry  # noqa: E402
+from pagedkv.offload.keys import encode_key  # noqa: E402
 
 
 def entries(store: DiskStore) -> list[Path]:
@@ -411,3 +412,32 @@ def test_threads_sharing_a_store_keep_it_consistent(tmp_path):
     assert errors == []
     store.check_invariants()
     assert store.stats.corrupt_entries == 0
+
+
+# -- the codec against hostile bytes ----------------------------------------------------------
+
+
+@settings(max_examples=300)
+@given(data=st.binary(max_size=200))
+def test_random_bytes_never_decode(data):
+    assert decode_entry(data, encode_key(1)) is None
+
+
+@settings(max_examples=300)
+@given(
+    shape=st.lists(st.integers(0, 3), max_size=3),
+    dtype=st.sampled_from(["<f4", ">i2", "u1", "?", "<c8"]),
+    cut=st.integers(0, 400),
+    flips=st.lists(st.tuples(st.integers(0, 400), st.integers(1, 255)), max_size=3),
+)
+def test_a_damaged_entry_decodes_to_none_or_to_the_original(shape, dtype, cut, flips):
+    array = (np.arange(int(np.prod(shape)), dtype=np.int64) % 7).astype(dtype).reshape(shape)
+    key = encode_key(5, b"t")
+    data = bytearray(b"".join(bytes(p) for p in encode_entry(key, array)))
+    for offset, mask in flips:
+        data[offset % len(data)] ^= mask
+    data = data[: len(data) - cut % (len(data) + 1)] if cut % 2 else data
+    got = decode_entry(bytes(data), key)
+    if got is not None:  # only an undamaged entry decodes (a flip twice at one offset undoes)
+        assert isinstance(got, np.ndarray) and got.dtype == array.dtype
+        np.testing.assert_array_equal(got, array)
