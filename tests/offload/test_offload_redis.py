@@ -104,8 +104,13 @@ def test_caller_mistakes_are_typed_errors(redis_server):
         store.contains_many([1, -5])
     with pytest.raises(InvalidArgumentTypeError):
         RedisStore(1234)  # type: ignore[arg-type]
-    with pytest.raises(InvalidArgumentError):
-        RedisStore(redis_server.url, ttl_s=0)
+    for bad in (0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(InvalidArgumentError):
+            RedisStore(redis_server.url, ttl_s=bad)
+        with pytest.raises(InvalidArgumentError):
+            RedisStore(redis_server.url, timeout_s=bad)
+    with pytest.raises(InvalidArgumentTypeError):
+        RedisStore(redis_server.url, ttl_s="5")  # type: ignore[arg-type]
     with pytest.raises(InvalidArgumentError):
         RedisStore(redis_server.url, namespace="")
     with pytest.raises(InvalidArgumentError):

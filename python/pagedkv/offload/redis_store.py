@@ -15,6 +15,7 @@ server serves again without the caller doing anything. Socket timeouts are short
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -34,6 +35,13 @@ def _redis_module() -> Any:
     return redis
 
 
+def _check_seconds(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidArgumentTypeError(f"{name} is a number of seconds, not {type(value).__name__}")
+    if not (value > 0 and math.isfinite(value)):
+        raise InvalidArgumentError(f"{name} is a positive, finite number of seconds: {value!r}")
+
+
 class RedisStore:
     """A ``BlockStore`` on the Redis server at ``url`` (``redis://host:port/db``)."""
 
@@ -51,12 +59,9 @@ class RedisStore:
             namespace = namespace.encode("utf-8")
         if not isinstance(namespace, bytes) or not namespace:
             raise InvalidArgumentError("namespace is a non-empty str or bytes")
-        if ttl_s is not None and (
-            isinstance(ttl_s, bool) or not isinstance(ttl_s, (int, float)) or not ttl_s > 0
-        ):
-            raise InvalidArgumentError(f"ttl_s is a positive number of seconds or None: {ttl_s!r}")
-        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
-            raise InvalidArgumentError(f"timeout_s is a positive number of seconds: {timeout_s!r}")
+        if ttl_s is not None:
+            _check_seconds("ttl_s", ttl_s)
+        _check_seconds("timeout_s", timeout_s)
         redis = _redis_module()
         self._errors: tuple[type[BaseException], ...] = (redis.exceptions.RedisError, OSError)
         try:
