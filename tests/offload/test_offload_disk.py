@@ -244,6 +244,35 @@ def test_a_full_disk_is_a_failed_put_not_an_exception(tmp_path, monkeypatch):
     assert store.put(2, b"fine again") and store.get(2) == b"fine again"
 
 
+FILE_SIZE_LIMITED = textwrap.dedent(
+    """
+    import resource, signal, sys
+    from pagedkv.offload import DiskStore
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+    resource.setrlimit(resource.RLIMIT_FSIZE, (65536, 65536))
+    store = DiskStore(sys.argv[1], 1 << 24)
+    big = store.put(1, bytes(200_000))
+    small = store.put(2, b"fits")
+    print(big, small, store.get(1), store.get(2), store.stats.failed_puts,
+          sorted(p.suffix for p in store.path.iterdir()))
+    """
+)
+
+
+def test_a_real_write_error_from_the_kernel_is_a_failed_put(tmp_path):
+    # The kernel refusing a write mid-file (a per-process file size limit: EFBIG, the same
+    # path through os.write as ENOSPC on a full disk), without mocking os.write.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = subprocess.run(
+        [sys.executable, "-c", FILE_SIZE_LIMITED, str(tmp_path)],
+        capture_output=True,
+        env=env,
+        timeout=120,
+        check=True,
+    ).stdout.decode()
+    assert out.split() == ["False", "True", "None", "b'fits'", "1", "['.blk']"], out
+
+
 def test_a_vanished_directory_is_a_failed_put_and_a_miss(tmp_path):
     store = DiskStore(tmp_path / "d", 1 << 20)
     store.put(1, b"x")
