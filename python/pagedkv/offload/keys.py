@@ -1,0 +1,74 @@
+"""Store keys: a block's chained hash plus its salt (tenant, extra key), as one byte string.
+
+The prefix index hashes a full block to a 128-bit integer (``BlockHash = u128`` in
+``rust/pagedkv/src/prefix/hash.rs``; ``take_events()`` hands them out as Python ``int``). The
+hash already chains the extra key, but a store is shared (a disk directory, a Redis server), so
+the salt is also written into the key itself: two tenants can never address each other's
+entries, whatever their hashes are.
+"""
+
+from __future__ import annotations
+
+import operator
+import struct
+
+from pagedkv.errors import InvalidArgumentError, InvalidArgumentTypeError
+
+__all__ = ["HASH_BYTES", "MAX_EXTRA_KEY_BYTES", "encode_key", "hash_to_int"]
+
+HASH_BYTES = 16
+"""Width of a block hash: XXH3-128."""
+
+MAX_EXTRA_KEY_BYTES = 4096
+"""A salt longer than this is a caller mistake, not a tenant name (keys stay small in Redis)."""
+
+_KEY_VERSION = 1
+
+
+def hash_to_int(block_hash: object) -> int:
+    """A block hash as the prefix index exposes it (an ``int`` in ``[0, 2**128)``, or its 16
+    little-endian bytes, as Rust's ``u128::to_le_bytes``) normalized to an ``int``."""
+    if isinstance(block_hash, (bytes, bytearray, memoryview)):
+        raw = bytes(block_hash)
+        if len(raw) != HASH_BYTES:
+            raise InvalidArgumentError(f"a block hash given as bytes has {HASH_BYTES} bytes, got {len(raw)}")
+        return int.from_bytes(raw, "little")
+    if isinstance(block_hash, bool):
+        raise InvalidArgumentTypeError("a block hash is an int or 16 bytes, not a bool")
+    try:
+        value = operator.index(block_hash)  # type: ignore[arg-type]
+    except TypeError:
+        raise InvalidArgumentTypeError(
+            f"a block hash is an int or 16 bytes, not {type(block_hash).__name__}"
+        ) from None
+    if not 0 <= value < 1 << (8 * HASH_BYTES):
+        raise InvalidArgumentError(f"a block hash is in [0, 2**128), got {value}")
+    return value
+
+
+def _extra_key_bytes(extra_key: object) -> bytes:
+    if extra_key is None:
+        return b""
+    if isinstance(extra_key, str):
+        raw = extra_key.encode("utf-8")
+    elif isinstance(extra_key, (bytes, bytearray, memoryview)):
+        raw = bytes(extra_key)
+    else:
+        raise InvalidArgumentTypeError(
+            f"an extra key (salt) is bytes, str or None, not {type(extra_key).__name__}"
+        )
+    if len(raw) > MAX_EXTRA_KEY_BYTES:
+        raise InvalidArgumentError(
+            f"an extra key (salt) has at most {MAX_EXTRA_KEY_BYTES} bytes, got {len(raw)}"
+        )
+    return raw
+
+
+def encode_key(block_hash: object, extra_key: object = None) -> bytes:
+    """The store key: version (1 byte) | hash (16 bytes LE) | salt tag (u32 LE: 0 no salt,
+    else length + 1) | salt bytes. The tag keeps ``None`` and ``b""`` apart, and the length
+    prefix keeps every (hash, salt) pair's encoding distinct."""
+    value = hash_to_int(block_hash)
+    salt = _extra_key_bytes(extra_key)
+    tag = 0 if extra_key is None else len(salt) + 1
+    return bytes((_KEY_VERSION,)) + value.to_bytes(HASH_BYTES, "little") + struct.pack("<I", tag) + salt

@@ -1,0 +1,213 @@
+"""``OffloadWorker``: store I/O off the step's critical path.
+
+One background thread owns the store calls. Puts are queued (a bounded queue: when it is full
+the put is dropped and counted, the step never waits for the disk or the network). Loads are
+served before queued puts, key by key, and ``load(..., deadline_s)`` returns whatever is ready
+by the deadline: a block not loaded in time is a miss (the caller recomputes it), and the
+worker skips the rest of an abandoned load. Any exception a store raises is caught, counted
+(``failures``, ``last_error``) and the worker keeps going: a broken store costs hits, never a
+step.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from pagedkv.errors import InvalidArgumentError, InvalidArgumentTypeError
+from pagedkv.offload.codec import Payload, check_payload
+from pagedkv.offload.keys import encode_key, hash_to_int
+from pagedkv.offload.store import BlockStore
+
+__all__ = ["OffloadWorker"]
+
+
+@dataclass
+class _Load:
+    hashes: list[int]
+    extra_key: object
+    results: dict[int, Payload] = field(default_factory=dict)
+    abandoned: bool = False
+    done: bool = False
+
+
+def _seconds(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidArgumentTypeError(f"{name} is a number of seconds, not {type(value).__name__}")
+    if not (value >= 0 and math.isfinite(value)):
+        raise InvalidArgumentError(f"{name} is a finite, non-negative number of seconds: {value!r}")
+    return float(value)
+
+
+class OffloadWorker:
+    """Runs ``store``'s puts and gets on a background thread (see the module docs)."""
+
+    def __init__(self, store: BlockStore, *, max_pending_puts: int = 64, name: str = "offload"):
+        if not isinstance(store, BlockStore):
+            raise InvalidArgumentTypeError(
+                f"store is a pagedkv.offload BlockStore, not {type(store).__name__}"
+            )
+        if isinstance(max_pending_puts, bool) or not isinstance(max_pending_puts, int):
+            raise InvalidArgumentTypeError("max_pending_puts is an int")
+        if max_pending_puts < 1:
+            raise InvalidArgumentError(f"max_pending_puts is positive, got {max_pending_puts}")
+        self._store = store
+        self._max_puts = max_pending_puts
+        self._cond = threading.Condition()
+        self._puts: collections.deque[tuple[int, Payload, object]] = collections.deque()
+        self._loads: collections.deque[_Load] = collections.deque()
+        self._closing = False
+        self._busy = False
+        self.completed_puts = 0
+        self.failed_puts = 0
+        self.dropped_puts = 0
+        self.late_loads = 0
+        self.failures = 0
+        self.last_error: str | None = None
+        self._thread = threading.Thread(target=self._run, name=f"pagedkv-{name}", daemon=True)
+        self._thread.start()
+
+    @property
+    def store(self) -> BlockStore:
+        return self._store
+
+    @property
+    def pending_puts(self) -> int:
+        with self._cond:
+            return len(self._puts)
+
+    def submit_put(self, block_hash: int | bytes, payload: Payload, *, extra_key: object = None) -> bool:
+        """Queue a put; ``False`` if it was dropped (the queue is full, or the worker closed).
+        The payload is not copied: the caller hands it over and does not mutate it. A wrong
+        hash, salt or payload type raises here, on the caller's thread."""
+        value = hash_to_int(block_hash)
+        encode_key(value, extra_key)  # validates the salt
+        check_payload(payload)
+        with self._cond:
+            if self._closing or len(self._puts) >= self._max_puts:
+                self.dropped_puts += 1
+                return False
+            self._puts.append((value, payload, extra_key))
+            self._cond.notify()
+        return True
+
+    def load(
+        self, block_hashes: Iterable[int | bytes], deadline_s: float, *, extra_key: object = None
+    ) -> dict[int, Payload]:
+        """The payloads of ``block_hashes`` the store returned within ``deadline_s`` seconds
+        (keyed by the hash as an ``int``); a hash missing from the result is a miss."""
+        deadline = _seconds("deadline_s", deadline_s)
+        hashes = [hash_to_int(h) for h in block_hashes]
+        encode_key(0, extra_key)  # validates the salt
+        request = _Load(hashes, extra_key)
+        if not hashes:
+            return {}
+        end = time.monotonic() + deadline
+        with self._cond:
+            if self._closing:
+                return {}
+            self._loads.append(request)
+            self._cond.notify_all()
+            while not request.done:
+                left = end - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            if not request.done:
+                request.abandoned = True
+                self.late_loads += 1
+            return dict(request.results)
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until every queued put has run; ``False`` if ``timeout_s`` passed first."""
+        end = time.monotonic() + _seconds("timeout_s", timeout_s)
+        with self._cond:
+            while self._puts or self._busy:
+                left = end - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
+    def close(self, timeout_s: float = 5.0, *, drain: bool = True) -> bool:
+        """Stop the worker: run the queued puts first (``drain``) or drop them, waiting at most
+        ``timeout_s``; puts still queued then are dropped. ``True`` if the thread stopped."""
+        timeout = _seconds("timeout_s", timeout_s)
+        end = time.monotonic() + timeout
+        if drain:
+            self.flush(timeout)
+        with self._cond:
+            self._closing = True
+            self.dropped_puts += len(self._puts)
+            self._puts.clear()
+            for request in self._loads:
+                request.abandoned = True
+            self._loads.clear()
+            self._cond.notify_all()
+        self._thread.join(max(0.0, end - time.monotonic()))
+        return not self._thread.is_alive()
+
+    def __enter__(self) -> OffloadWorker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the thread ----------------------------------------------------------------------
+
+    def _note_failure(self, exc: BaseException) -> None:
+        with self._cond:
+            self.failures += 1
+            self.last_error = f"{type(exc).__name__}: {exc}"
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._closing or self._loads or self._puts):
+                    self._cond.wait()
+                if self._closing:
+                    return
+                request = self._loads.popleft() if self._loads else None
+                put = None if request is not None else self._puts.popleft()
+                self._busy = True
+            try:
+                if request is not None:
+                    self._serve(request)
+                elif put is not None:
+                    self._put(*put)
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+
+    def _serve(self, request: _Load) -> None:
+        for value in request.hashes:
+            if request.abandoned:
+                return
+            try:
+                payload = self._store.get(value, extra_key=request.extra_key)
+            except Exception as exc:  # noqa: BLE001 - the worker outlives any store bug
+                self._note_failure(exc)
+                payload = None
+            if payload is not None:
+                with self._cond:
+                    request.results[value] = payload
+        with self._cond:
+            request.done = True
+            self._cond.notify_all()
+
+    def _put(self, value: int, payload: Payload, extra_key: object) -> None:
+        try:
+            stored = self._store.put(value, payload, extra_key=extra_key)
+        except Exception as exc:  # noqa: BLE001 - the worker outlives any store bug
+            self._note_failure(exc)
+            stored = False
+        with self._cond:
+            if stored:
+                self.completed_puts += 1
+            else:
+                self.failed_puts += 1
