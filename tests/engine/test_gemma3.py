@@ -83,7 +83,7 @@ def _run_both(model, prompts, steps):
 
     c = model.config
     kv = pagedkv.KvCacheManager(num_blocks=32, block_size=4)
-    paged = PagedKvStore(c, 32, 4)
+    paged = PagedKvStore(c, 32, 4, backend="numpy")  # the bit-exact reference data plane
     contiguous = ContiguousKvStore(c, 48)
     for i, p in enumerate(prompts):
         kv.add_sequence(i, np.array(p))

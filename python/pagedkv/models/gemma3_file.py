@@ -31,8 +31,8 @@ import numpy as np
 
 from pagedkv.models.errors import ModelLoadError, UnsupportedModelError
 from pagedkv.models.gemma3_config import Gemma3Config
-from pagedkv.models.gguf_file import dequantize
-from pagedkv.models.gguf_reader import TensorInfo, open_gguf
+from pagedkv.models.gguf_file import check_index, dequantize
+from pagedkv.models.gguf_reader import open_gguf
 from pagedkv.models.metadata import get_float, get_int, get_str
 from pagedkv.models.weight_cache import cache_entry_for, load_cached, store_cached
 
@@ -189,22 +189,6 @@ def expected_shapes(c: Gemma3Config) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _check_index(tensors: dict[str, TensorInfo], shapes: dict[str, tuple[int, ...]]) -> None:
-    if "output.weight" in tensors:
-        raise UnsupportedModelError("an untied output.weight is not supported for Gemma 3 (the file ties it)")
-    for name, shape in shapes.items():
-        info = tensors.get(name)
-        if info is None:
-            raise ModelLoadError(f"GGUF file lacks tensor {name!r}")
-        if info.type_name not in GEMMA3_TENSOR_TYPES:
-            raise UnsupportedModelError(
-                f"tensor {name!r} has unsupported type {info.type_name}: supported are "
-                f"{', '.join(GEMMA3_TENSOR_TYPES)}"
-            )
-        if info.shape != shape:
-            raise ModelLoadError(f"tensor {name!r} has shape {info.shape}, expected {shape}")
-
-
 def read_gemma3_gguf(path: str | os.PathLike[str], *, use_cache: bool = True) -> Gemma3File:
     """Load a Gemma 3 GGUF file: metadata, config and fp32 weights. ModelLoadError for an
     unreadable, truncated, inconsistent or incomplete file; UnsupportedModelError for another
@@ -213,7 +197,11 @@ def read_gemma3_gguf(path: str | os.PathLike[str], *, use_cache: bool = True) ->
     with open_gguf(path) as file:
         config = gemma3_config(file.metadata, set(file.tensors))
         shapes = expected_shapes(config)
-        _check_index(file.tensors, shapes)
+        if "output.weight" in file.tensors:
+            raise UnsupportedModelError(
+                "an untied output.weight is not supported for Gemma 3 (the file ties it)"
+            )
+        check_index(file.tensors, shapes, GEMMA3_TENSOR_TYPES)
         entry = cache_entry_for(file.path) if use_cache else None
         arrays = load_cached(entry, shapes)
         if arrays is None:

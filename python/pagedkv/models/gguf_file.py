@@ -26,7 +26,7 @@ from pagedkv.models.gguf_reader import GgufFile, TensorInfo, open_gguf
 from pagedkv.models.metadata import get_float, get_int, get_str
 from pagedkv.models.weight_cache import cache_entry_for, load_cached, store_cached
 
-__all__ = ["SUPPORTED_TENSOR_TYPES", "GgufModel", "LayerWeights", "dequantize", "read_gguf"]
+__all__ = ["SUPPORTED_TENSOR_TYPES", "GgufModel", "LayerWeights", "check_index", "dequantize", "read_gguf"]
 
 # Tensor types dequantized at load; anything else is refused by name.
 SUPPORTED_TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")
@@ -147,15 +147,21 @@ def expected_shapes(c: LlamaConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _check_index(tensors: dict[str, TensorInfo], shapes: dict[str, tuple[int, ...]]) -> None:
+def check_index(
+    tensors: dict[str, TensorInfo],
+    shapes: dict[str, tuple[int, ...]],
+    supported_types: tuple[str, ...] = SUPPORTED_TENSOR_TYPES,
+) -> None:
+    """Every tensor in ``shapes`` is in the file's index, of a supported type, with that shape
+    (checked before a byte of tensor data is read)."""
     for name, shape in shapes.items():
         info = tensors.get(name)
         if info is None:
             raise ModelLoadError(f"GGUF file lacks tensor {name!r}")
-        if info.type_name not in SUPPORTED_TENSOR_TYPES:
+        if info.type_name not in supported_types:
             raise UnsupportedModelError(
                 f"tensor {name!r} has unsupported type {info.type_name}: supported are "
-                f"{', '.join(SUPPORTED_TENSOR_TYPES)}"
+                f"{', '.join(supported_types)}"
             )
         if info.shape != shape:
             raise ModelLoadError(f"tensor {name!r} has shape {info.shape}, expected {shape}")
@@ -184,7 +190,7 @@ def read_gguf(path: str | os.PathLike[str], *, use_cache: bool = True) -> GgufMo
     with open_gguf(path) as file:
         config = _config(file.metadata, set(file.tensors))
         shapes = expected_shapes(config)
-        _check_index(file.tensors, shapes)
+        check_index(file.tensors, shapes)
         entry = cache_entry_for(file.path) if use_cache else None
         arrays = load_cached(entry, shapes)
         if arrays is None:
