@@ -95,6 +95,7 @@ def _plot(rows: list[dict[str, Any]], title: str, path: str, ideal: float | None
             ttft.plot(xs, [row["mean_ttft_s"] for row in mine], style, color=color, marker="o", label=label)
     if ideal is not None:
         hits.axhline(100 * ideal, color="k", linestyle=":", label="ideal (infinite cache)")
+        hits.set_ylim(0, 110 * max(ideal, *(row["token_hit_rate"] for row in rows)))
     for axis, label in ((hits, "token hit rate (%)"), (ttft, "mean TTFT (s, simulated)")):
         axis.set_xscale("log", base=2)
         axis.set_xlabel("replicas")
@@ -197,7 +198,8 @@ def _cmd_cluster(args: argparse.Namespace) -> int:
     if tier is not None:
         data["shared_tier"] = tier.__dict__
         data["ideal_token_hit_rate"] = ideal
-        title += f", shared tier {args.shared_tier} at {tier.load_gbps:g} Gb/s"
+        size = "unbounded" if tier.capacity_bytes is None else f"{tier.capacity_bytes / 1e9:,.6g} GB"
+        title += f", shared tier {size} at {tier.load_gbps:g} Gb/s"
     return finish(args, data, lambda path: _plot(rows, title, path, ideal))
 
 
