@@ -63,9 +63,10 @@ class EventIndex:
                 key_of_hash.clear()
         return removed
 
-    def apply_events(self, events: Iterable[Any]) -> None:
-        """Applies ``take_events()`` objects (digesting each stored block's ``token_ids``)."""
-        self.apply(event_digests(events))
+    def apply_events(self, events: Iterable[Any]) -> list[int]:
+        """Applies ``take_events()`` objects (digesting each stored block's ``token_ids``);
+        returns the keys ``BlockRemoved`` dropped, as ``apply`` does."""
+        return self.apply(event_digests(events))
 
     def match(self, keys: Sequence[int]) -> int:
         """Leading blocks of a request (its chained keys) this replica has announced."""
