@@ -272,8 +272,17 @@ def test_cli_refuses_bad_tier_options(
         ("unbounded", None),
     ],
 )
-def test_cli_reads_tier_sizes(tmp_path: Path, text: str, expected: int | None) -> None:
+def test_cli_reads_tier_sizes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, expected: int | None
+) -> None:
     out = tmp_path / "c.json"
     argv = ["cluster", "--workload", str(_tiny_trace(tmp_path)), "--replicas", "1", "--policy", "cost"]
     assert cli.main([*argv, "--shared-tier", text, "--json", str(out)]) == 0
-    assert json.loads(out.read_text())["shared_tier"]["capacity_bytes"] == expected
+    data = json.loads(out.read_text())
+    assert data["shared_tier"]["capacity_bytes"] == expected
+    # Rows tell the tier runs by `shared_tier`, not by their size (an unbounded one is None).
+    assert [(r["shared_tier"], r["shared_tier_bytes"]) for r in data["rows"]] == [
+        (False, None),
+        (True, expected),
+    ]
+    assert "shared tier against routing alone" in capsys.readouterr().out

@@ -80,11 +80,7 @@ def _plot(rows: list[dict[str, Any]], title: str, path: str, ideal: float | None
     for number, policy in enumerate(dict.fromkeys(row["policy"] for row in rows)):
         color = f"C{number}"
         for tier, style, suffix in ((False, "-", ""), (True, "--", " + shared tier")):
-            mine = [
-                row
-                for row in rows
-                if row["policy"] == policy and (row["shared_tier_bytes"] is not None) == tier
-            ]
+            mine = [row for row in rows if row["policy"] == policy and row["shared_tier"] == tier]
             if not mine:
                 continue
             xs = [row["replicas"] for row in mine]
@@ -138,7 +134,7 @@ def _cmd_cluster(args: argparse.Namespace) -> int:
         tier_rows = cluster.sweep(requests, args.replicas, policies, config, shared_tier=tier)
         rows = [row for policy in policies for row in (*rows, *tier_rows) if row["policy"] == policy]
     for policy in policies:
-        mine = [row for row in rows if row["policy"] == policy and row["shared_tier_bytes"] is None]
+        mine = [row for row in rows if row["policy"] == policy and not row["shared_tier"]]
         table = [
             [
                 row["replicas"],
@@ -159,7 +155,7 @@ def _cmd_cluster(args: argparse.Namespace) -> int:
             )
         )
         print()
-    alone = [row for row in rows if row["shared_tier_bytes"] is None]
+    alone = [row for row in rows if not row["shared_tier"]]
     baseline = {row["replicas"]: row for row in alone if row["policy"] == "round-robin"}
     if baseline and len(policies) > 1:
         table = []
@@ -220,11 +216,11 @@ def _tier_config(args: argparse.Namespace) -> Any:
 def _tier_table(rows: list[dict[str, Any]], ideal: float, workload: str) -> str:
     from pagedkv.sim import reports
 
-    alone = {(r["policy"], r["replicas"]): r for r in rows if r["shared_tier_bytes"] is None}
+    alone = {(r["policy"], r["replicas"]): r for r in rows if not r["shared_tier"]}
     table = []
     for row in rows:
         base = alone.get((row["policy"], row["replicas"]))
-        if row["shared_tier_bytes"] is None or base is None:
+        if not row["shared_tier"] or base is None:
             continue
         table.append(
             [

@@ -391,7 +391,8 @@ def simulate_cluster(
         "prefill_tokens_saved": saved,
         "local_hit_tokens": hit_tokens,
         "shared_hit_tokens": shared_tokens,
-        "shared_tier_bytes": None if shared_tier is None else shared_tier.capacity_bytes,
+        "shared_tier": shared_tier is not None,
+        "shared_tier_bytes": None if shared_tier is None else shared_tier.capacity_bytes,  # None: unbounded
         "shared_tier_loaded_bytes": 0 if tier is None else tier.loaded_blocks * tier.bytes_per_block,
         "shared_tier_evicted_blocks": 0 if tier is None else tier.evicted_blocks,
         "mean_load_s": float(np.mean(load_s)) if served else 0.0,
