@@ -63,15 +63,16 @@ def test_event_index_applies_stores_removals_and_clears() -> None:
     prompt = [1, 2, 3, 4, 5]
     keys = router_index.request_keys(np.asarray(prompt, dtype=np.uint32), 2)
     kv.add_sequence(1, prompt)
-    index.apply_events(kv.take_events())
+    assert index.apply_events(kv.take_events()) == []
     assert index.match(keys) == 2
     kv.free(1)
     kv.add_sequence(2, [9, 9, 9, 9, 9, 9])  # evicts both cached blocks
-    index.apply_events(kv.take_events())
+    # The removed keys are what a shared tier receives (`pagedkv.sim.shared_tier`).
+    assert sorted(index.apply_events(kv.take_events())) == sorted(keys)
     assert index.match(keys) == 0
     kv.free(2)
     assert kv.reset_prefix_cache()
-    index.apply_events(kv.take_events())
+    assert index.apply_events(kv.take_events()) == []  # a clear is not an eviction
     assert len(index) == 0
 
 

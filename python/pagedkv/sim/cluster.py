@@ -15,9 +15,16 @@ Time model (one replica): prefill runs one request at a time at ``prefill_tokens
 tokens the prefix cache did not cover; decode is batched and takes ``decode_s_per_token`` per
 output token after the first; a request holds its KV blocks (prompt + output) from the start of
 its prefill to its last token. A request that does not fit waits for running ones to finish.
-TTFT = queueing delay + prefill time. Events reach the router as soon as a replica admits a
-request (a replica's queue can make that earlier than the admission's simulated time: the router
-sees an optimistic, equally timely view under every cache-aware policy).
+TTFT = queueing delay + prefill time (+ the load from a shared tier, below). Events reach the
+router as soon as a replica admits a request (a replica's queue can make that earlier than the
+admission's simulated time: the router sees an optimistic, equally timely view under every
+cache-aware policy).
+
+Shared tier (optional, `pagedkv.sim.shared_tier`): the blocks each replica evicts (its
+``BlockRemoved`` events) go to one LRU store bounded in bytes (``block_size`` x the KV bytes of a
+token of ``costmodel.LLAMA3_8B`` per block); a request's prefix comes from its replica's cache,
+then from the tier (loaded, not prefilled: the load time precedes the prefill on the replica's
+prefill slot), then is computed. Routing ignores the tier (every replica reaches it alike).
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from pagedkv.errors import InvalidArgumentError
 from pagedkv.sim.costmodel import LLAMA3_8B
 from pagedkv.sim.names import PREFIX_TRACES
 from pagedkv.sim.router_index import EventIndex, request_keys
+from pagedkv.sim.shared_tier import SharedTier, SharedTierConfig
 from pagedkv.sim.traces import TRACE_BLOCK_TOKENS, TraceRequest, known_trace_path, read_mooncake_jsonl
 from pagedkv.sim.workloads import system_prompt
 
@@ -46,6 +54,7 @@ __all__ = [
     "WORKLOADS",
     "TraceRequest",
     "ClusterConfig",
+    "SharedTierConfig",
     "load_requests",
     "block_tokens",
     "ideal_hit_rate",
@@ -272,9 +281,11 @@ def simulate_cluster(
     policy: str,
     config: ClusterConfig = ClusterConfig(),
     *,
+    shared_tier: SharedTierConfig | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
-    """Routes and serves ``requests`` on ``replicas`` engines; returns one result row."""
+    """Routes and serves ``requests`` on ``replicas`` engines (with ``shared_tier``, a store
+    they all spill evicted blocks to and load prefixes from); returns one result row."""
     if policy not in POLICIES:
         raise InvalidArgumentError(f"unknown policy {policy!r}: one of {', '.join(POLICIES)}")
     if replicas < 1:
@@ -294,7 +305,9 @@ def simulate_cluster(
     # the blocks they hold per replica.
     active: list[list[tuple[float, int]]] = [[] for _ in range(replicas)]
     inflight_blocks = [0] * replicas
-    hit_tokens = prompt_tokens = rejected = predicted_tokens = 0
+    tier = None if shared_tier is None else SharedTier(shared_tier, bs * LLAMA3_8B.kv_bytes_per_token)
+    hit_tokens = prompt_tokens = rejected = predicted_tokens = shared_tokens = 0
+    load_s: list[float] = []
     queue_s: list[float] = []
     ttft_s: list[float] = []
     per_replica_requests = [0] * replicas
@@ -326,12 +339,20 @@ def simulate_cluster(
             cached = engine.kv.add_sequence(number, tokens)
             if request.output_tokens:
                 engine.kv.append_tokens(number, num_tokens=request.output_tokens)
-        indexes[target].apply(engine.kv.take_event_digests())
+        # The shared tier serves what follows the local hit before this request's own
+        # evictions reach it (the engine looks the prefix up before it allocates).
+        loaded, load = (0, 0.0)
+        if tier is not None and cached is not None:
+            loaded, load = tier.serve(keys, cached // bs, request.input_tokens, bs)
+        removed = indexes[target].apply(engine.kv.take_event_digests())
+        if tier is not None:
+            for key in removed:
+                tier.put(key)
         if cached is None:
             rejected += 1  # larger than the replica's whole pool
             continue
-        computed = request.input_tokens - cached
-        first_token = start + config.prefill_overhead_s + computed / config.prefill_tokens_per_s
+        computed = request.input_tokens - cached - loaded
+        first_token = start + config.prefill_overhead_s + load + computed / config.prefill_tokens_per_s
         finish = first_token + max(0, request.output_tokens - 1) * config.decode_s_per_token
         engine.prefill_free_s = first_token
         heapq.heappush(engine.running, (finish, number))
@@ -341,6 +362,8 @@ def simulate_cluster(
         engine.work_tokens += computed + request.output_tokens
         per_replica_requests[target] += 1
         hit_tokens += cached
+        shared_tokens += loaded
+        load_s.append(load)
         predicted_tokens += predicted * bs
         prompt_tokens += request.input_tokens
         queue_s.append(start - now)
@@ -349,6 +372,9 @@ def simulate_cluster(
             progress(number + 1)
     for engine in engines:
         engine.kv.check_invariants()
+    if tier is not None:
+        tier.check_invariants()
+    saved = hit_tokens + shared_tokens
     work = [e.work_tokens for e in engines]
     mean_work = sum(work) / replicas
     served = len(ttft_s)
@@ -357,10 +383,19 @@ def simulate_cluster(
         "replicas": replicas,
         "requests": served,
         "rejected_requests": rejected,
-        "token_hit_rate": hit_tokens / prompt_tokens if prompt_tokens else 0.0,
+        "token_hit_rate": saved / prompt_tokens if prompt_tokens else 0.0,
+        "local_hit_rate": hit_tokens / prompt_tokens if prompt_tokens else 0.0,
+        "shared_hit_rate": shared_tokens / prompt_tokens if prompt_tokens else 0.0,
         "prompt_tokens": prompt_tokens,
-        "prefill_tokens": prompt_tokens - hit_tokens,
-        "prefill_tokens_saved": hit_tokens,
+        "prefill_tokens": prompt_tokens - saved,
+        "prefill_tokens_saved": saved,
+        "local_hit_tokens": hit_tokens,
+        "shared_hit_tokens": shared_tokens,
+        "shared_tier": shared_tier is not None,
+        "shared_tier_bytes": None if shared_tier is None else shared_tier.capacity_bytes,  # None: unbounded
+        "shared_tier_loaded_bytes": 0 if tier is None else tier.loaded_blocks * tier.bytes_per_block,
+        "shared_tier_evicted_blocks": 0 if tier is None else tier.evicted_blocks,
+        "mean_load_s": float(np.mean(load_s)) if served else 0.0,
         "router_predicted_hit_tokens": predicted_tokens,
         "load_max_over_mean": max(work) / mean_work if mean_work else 1.0,
         "requests_max_over_mean": max(per_replica_requests) * replicas / served if served else 1.0,
@@ -376,13 +411,14 @@ def sweep(
     policies: Sequence[str],
     config: ClusterConfig = ClusterConfig(),
     *,
+    shared_tier: SharedTierConfig | None = None,
     on_row: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
     """One row per (policy, replicas), policies outermost."""
     rows = []
     for policy in policies:
         for n in replica_counts:
-            row = simulate_cluster(requests, n, policy, config)
+            row = simulate_cluster(requests, n, policy, config, shared_tier=shared_tier)
             rows.append(row)
             if on_row is not None:
                 on_row(row)

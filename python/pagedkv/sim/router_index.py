@@ -38,9 +38,11 @@ class EventIndex:
         self._keys: set[int] = set()
         self._key_of_hash: dict[int, int] = {}
 
-    def apply(self, events: Iterable[EventDigest]) -> None:
-        """Applies events in ``take_event_digests()`` form, oldest first."""
+    def apply(self, events: Iterable[EventDigest]) -> list[int]:
+        """Applies events in ``take_event_digests()`` form, oldest first; returns the keys
+        ``BlockRemoved`` dropped (what a shared tier receives, `pagedkv.sim.shared_tier`)."""
         keys, key_of_hash = self._keys, self._key_of_hash
+        removed: list[int] = []
         for kind, block_hashes, parent_hash, digests in events:
             if kind == "BlockStored":
                 parent = 0 if parent_hash is None else key_of_hash.get(parent_hash)
@@ -55,13 +57,16 @@ class EventIndex:
                     key = key_of_hash.pop(engine_hash, None)
                     if key is not None:
                         keys.discard(key)
+                        removed.append(key)
             elif kind == "AllBlocksCleared":
                 keys.clear()
                 key_of_hash.clear()
+        return removed
 
-    def apply_events(self, events: Iterable[Any]) -> None:
-        """Applies ``take_events()`` objects (digesting each stored block's ``token_ids``)."""
-        self.apply(event_digests(events))
+    def apply_events(self, events: Iterable[Any]) -> list[int]:
+        """Applies ``take_events()`` objects (digesting each stored block's ``token_ids``);
+        returns the keys ``BlockRemoved`` dropped, as ``apply`` does."""
+        return self.apply(event_digests(events))
 
     def match(self, keys: Sequence[int]) -> int:
         """Leading blocks of a request (its chained keys) this replica has announced."""
