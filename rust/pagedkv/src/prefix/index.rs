@@ -186,9 +186,8 @@ impl BlockIndex {
     }
 
     /// [`Self::stored_with`] on block `b`'s record `s`, already in hand. The token ids are
-    /// compared last: their slice is formed only when the rest matches. Always inlined: as a
-    /// call, [`Self::lookup_child`] (every hint of a hit walk) cost more instructions.
-    #[inline(always)]
+    /// compared last: their slice is formed only when the rest matches.
+    #[inline]
     fn record_stored_with(
         &self,
         s: &Stored,
