@@ -420,8 +420,8 @@ impl BlockIndex {
     /// The fields are stored one by one, in place. A whole `Stored` assigned at once was built
     /// on the stack and copied in 16-byte loads spanning two of its 8-byte stores, which
     /// cannot be forwarded: each such load waited until every older store had reached the
-    /// cache, the previous blocks' cold record and token lines included (perf: ~15 % of
-    /// all-miss admission's time on that one load).
+    /// cache, the previous blocks' cold record and token lines included (measured in
+    /// benches/results/2026-12-02-prefix-admission.md, "records written in place").
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     fn write_record(
