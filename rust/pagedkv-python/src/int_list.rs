@@ -1,12 +1,12 @@
 //! Direct reads of small exact `int`s from CPython's object memory: lists of token ids and
 //! sequence ids, and single id arguments.
 //!
-//! Why: through the stable ABI every list item costs two C calls, `PyList_GetItem` (~12
-//! instructions) and `PyLong_AsLongAndOverflow` (~24 for one 30-bit digit, more for two), plus
-//! our loop: callgrind measured ~54 instructions a one-digit item and ~91 a two-digit one (ids
-//! above 2**30, as the ~2e9 ids of a benchmark's system prompt), 110 K for a 1,324-token
-//! prompt, three times the whole Rust prefix admission (~35 K). A non-abi3 build makes the same
-//! two calls. Read in place: ~15 and ~21 instructions an item (26 K for that prompt).
+//! Why: through the stable ABI every list item costs two C calls, `PyList_GetItem` and
+//! `PyLong_AsLongAndOverflow` (dearer for ids above 2**30, which take two 30-bit digits, as the
+//! ~2e9 ids of a benchmark's system prompt do); for a long prompt those calls cost more than the
+//! whole Rust prefix admission. A non-abi3 build makes the same two calls. Read in place, an
+//! item costs a few loads. The counts are in benches/results/2026-12-02-prefix-admission.md
+//! ("Follow-up: direct list reader").
 //!
 //! The layouts read here are not part of the limited API, so none is assumed: at module import
 //! [`register`] picks a candidate from the running interpreter (CPython 3.10–3.14, GIL build,
@@ -248,8 +248,9 @@ pub fn fill_from_list<T: Copy>(
 }
 
 /// Appends `convert` of each item of `list` to the empty `out` (its capacity at least the
-/// list's length), as [`fill_from_list`] does, without zeroing the buffer first (a 1,324-token
-/// prompt's `resize` cost 5.3 K instructions under callgrind). False (and `out` still empty)
+/// list's length), as [`fill_from_list`] does, without zeroing the buffer first (zeroing was a
+/// measurable share of a call: benches/results/2026-12-02-prefix-admission.md, "Follow-up:
+/// direct list reader"). False (and `out` still empty)
 /// when the direct reader is off or an item does not qualify.
 #[inline]
 pub fn extend_from_list<T>(

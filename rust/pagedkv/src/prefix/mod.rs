@@ -276,7 +276,7 @@ impl PrefixCache {
     /// Verifies the index, the LRU and their agreement (docs/design.md, Invariants 2 and 5).
     /// `refcount(b)` reads the pool.
     pub(crate) fn check(&self, refcount: impl Fn(BlockId) -> u32) -> Result<(), String> {
-        self.index.check(&self.hasher)?;
+        self.index.check_invariants(&self.hasher)?;
         self.lru.check()?;
         self.pins.check()?;
         for (b, n) in self.pins.iter() {
