@@ -25,6 +25,7 @@ mod wire;
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<pool::PyBlockPool>()?;
+    m.add_class::<pool::PyBlockHandle>()?;
     m.add_class::<manager::PyKvCacheManager>()?;
     sim::register(m)?;
     wire::register(m)?;
