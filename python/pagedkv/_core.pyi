@@ -51,8 +51,11 @@ class BlockPool:
     @property
     def block_size(self) -> int: ...
     @property
-    def num_free_blocks(self) -> int:
+    def num_free_list_blocks(self) -> int:
         """Blocks on the pool's free list (managers' cached-evictable blocks not included)."""
+    @property
+    def num_free_blocks(self) -> int:
+        """``num_free_list_blocks`` under the name docs/design.md fixes for the pool."""
     def allocate(self, num_blocks: int) -> list[BlockHandle]:
         """Takes ``num_blocks`` blocks off the free list for the caller's own use; one handle
         (one reference) each. ``OutOfBlocksError`` when fewer are free."""
@@ -155,8 +158,15 @@ class KvCacheManager:
     def usage(self) -> float:
         """In-use blocks / num_blocks, in [0, 1]."""
     @property
+    def num_available_blocks(self) -> int:
+        """Allocatable now: pool free-list blocks + this manager's cached-evictable blocks."""
+    @property
+    def num_free_list_blocks(self) -> int:
+        """Blocks on the pool's free list (shared with other managers on the pool)."""
+    @property
     def num_free_blocks(self) -> int:
-        """Allocatable now: pool free blocks + this manager's cached-evictable blocks."""
+        """``num_available_blocks`` (free list + cached-evictable) under the name
+        docs/design.md fixes for the manager; not the pool's ``num_free_blocks``."""
     @property
     def num_free_host_blocks(self) -> int: ...
     @property

@@ -59,8 +59,14 @@ impl PyBlockPool {
 
     /// Blocks on the pool's free list now (cached-evictable blocks of managers not included).
     #[getter]
+    fn num_free_list_blocks(&self) -> usize {
+        self.inner.num_free_list_blocks()
+    }
+
+    /// `num_free_list_blocks` under the name the contract (DESIGN) fixes for the pool.
+    #[getter]
     fn num_free_blocks(&self) -> usize {
-        self.inner.num_free_blocks()
+        self.inner.num_free_list_blocks()
     }
 
     /// Takes `num_blocks` blocks off the free list for the caller's own use (managers' cached
@@ -113,10 +119,10 @@ impl PyBlockPool {
 
     fn __repr__(&self) -> String {
         format!(
-            "BlockPool(num_blocks={}, block_size={}, num_free_blocks={})",
+            "BlockPool(num_blocks={}, block_size={}, num_free_list_blocks={})",
             self.inner.num_blocks(),
             self.inner.block_size(),
-            self.inner.num_free_blocks()
+            self.inner.num_free_list_blocks()
         )
     }
 }

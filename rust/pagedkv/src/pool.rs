@@ -101,7 +101,7 @@ fn head_tag(word: u64) -> u32 {
 /// use pagedkv::BlockPool;
 /// let pool = BlockPool::new(8, 16)?;
 /// let blocks = pool.allocate(3)?;            // all-or-nothing
-/// assert_eq!(pool.num_free_blocks(), 5);
+/// assert_eq!(pool.num_free_list_blocks(), 5);
 /// let handles = blocks.iter().map(|&b| pool.handle(b)).collect::<Result<Vec<_>, _>>()?;
 /// pool.retain(handles[0])?;                  // a second holder now points at it
 /// assert_eq!(pool.refcount(blocks[0])?, 2);
@@ -109,7 +109,7 @@ fn head_tag(word: u64) -> u32 {
 /// for h in handles {
 ///     assert!(pool.release(h)?);             // back on the free list
 /// }
-/// assert_eq!(pool.num_free_blocks(), 8);
+/// assert_eq!(pool.num_free_list_blocks(), 8);
 /// pool.check_invariants_quiescent()?;
 /// # Ok::<(), pagedkv::Error>(())
 /// ```
@@ -142,7 +142,7 @@ impl fmt::Debug for BlockPool {
         f.debug_struct("BlockPool")
             .field("num_blocks", &self.num_blocks)
             .field("block_size", &self.block_size)
-            .field("num_free_blocks", &self.num_free_blocks())
+            .field("num_free_list_blocks", &self.num_free_list_blocks())
             .finish()
     }
 }
@@ -157,7 +157,7 @@ impl BlockPool {
     /// assert!(BlockPool::new(0, 16).is_err());
     /// assert!(BlockPool::new(16, 0).is_err());
     /// assert!(BlockPool::new(usize::MAX, 16).is_err());
-    /// assert_eq!(BlockPool::new(4, 16)?.num_free_blocks(), 4);
+    /// assert_eq!(BlockPool::new(4, 16)?.num_free_list_blocks(), 4);
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn new(num_blocks: usize, block_size: usize) -> Result<BlockPool> {
@@ -199,7 +199,7 @@ impl BlockPool {
     /// Blocks on the free list and not reserved (a snapshot when other threads are active).
     /// Excludes managers' cached-evictable blocks.
     #[inline]
-    pub fn num_free_blocks(&self) -> usize {
+    pub fn num_free_list_blocks(&self) -> usize {
         self.free_count.load(Ordering::Acquire)
     }
 
@@ -219,7 +219,7 @@ impl BlockPool {
     /// assert_eq!(pool.allocate(2)?, vec![0, 1]);
     /// assert!(matches!(pool.allocate(3), Err(Error::OutOfBlocks { needed_blocks: 3, available_blocks: 2, .. })));
     /// assert!(matches!(pool.allocate(5), Err(Error::InvalidArgument(_))));
-    /// assert_eq!(pool.num_free_blocks(), 2);
+    /// assert_eq!(pool.num_free_list_blocks(), 2);
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn allocate(&self, num_blocks: usize) -> Result<Vec<BlockId>> {
@@ -423,9 +423,9 @@ impl BlockPool {
     /// let h: Vec<_> = blocks.iter().map(|&b| pool.handle(b)).collect::<Result<_, _>>()?;
     /// pool.retain(h[1])?;
     /// assert_eq!(pool.release_all(h.iter().rev().copied())?, 2);   // h[1] still held
-    /// assert_eq!(pool.num_free_blocks(), 3);
+    /// assert_eq!(pool.num_free_list_blocks(), 3);
     /// assert_eq!(pool.release_all([h[1], h[1]]), Err(Error::DoubleFree(blocks[1])));
-    /// assert_eq!(pool.num_free_blocks(), 4);
+    /// assert_eq!(pool.num_free_list_blocks(), 4);
     /// pool.check_invariants_quiescent()?;
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
