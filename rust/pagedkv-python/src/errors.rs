@@ -1,6 +1,7 @@
 //! Error mapping: each core `pagedkv::Error` variant becomes its own Python class from
 //! `pagedkv.errors` (defined in Python so an error can also be a `KeyError` / `ValueError`).
 
+use pyo3::exceptions::{PyException, PyMemoryError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
@@ -163,4 +164,32 @@ pub fn invalid_argument(py: Python<'_>, message: String) -> PyErr {
 /// `InvariantViolation(message)`: a bindings-level bug (e.g. a manager poisoned by a panic).
 pub fn invariant_violation(py: Python<'_>, message: String) -> PyErr {
     raise(py, &INVARIANT_VIOLATION, message, &[])
+}
+
+// Error policy for argument conversion: which caller errors pass through unchanged.
+
+/// Whether an error raised by the caller's own code (an `__index__`, `__bool__` or `__str__`)
+/// must reach the caller unchanged instead of becoming an `InvalidArgumentError`: a
+/// `BaseException` that is not an `Exception` (`KeyboardInterrupt`, `SystemExit`,
+/// `GeneratorExit`) or a `MemoryError`. Turning Ctrl-C into "malformed input" would swallow it.
+pub fn must_propagate(py: Python<'_>, err: &PyErr) -> bool {
+    !err.is_instance_of::<PyException>(py) || err.is_instance_of::<PyMemoryError>(py)
+}
+
+/// `err` with the note PyO3 adds to a failed argument conversion ("while processing 'name'"),
+/// for arguments converted inside the method (whose bounds depend on the manager).
+pub fn with_arg_note(py: Python<'_>, name: &str, err: PyErr) -> PyErr {
+    let _ = err
+        .value(py)
+        .call_method1("add_note", (format!("while processing '{name}'"),));
+    err
+}
+
+/// `err` itself when it must propagate (see [`must_propagate`]), else `replacement()`.
+pub fn or_invalid(py: Python<'_>, err: PyErr, replacement: impl FnOnce() -> PyErr) -> PyErr {
+    if must_propagate(py, &err) {
+        err
+    } else {
+        replacement()
+    }
 }

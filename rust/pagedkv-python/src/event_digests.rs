@@ -18,8 +18,9 @@ use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 use pagedkv::KvEvent;
 
-use crate::convert::{ExtraKey, TokenIds};
 use crate::errors::invalid_argument;
+use crate::id_batches::TokenIds;
+use crate::scalars::ExtraKey;
 
 /// The most tokens `token_block_digests` reads (256 MiB of ids): refused unread beyond it.
 const MAX_DIGEST_TOKENS: usize = 1 << 26;

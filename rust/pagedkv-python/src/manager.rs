@@ -16,14 +16,14 @@ use pyo3::types::{PyBytes, PyDict, PyList};
 use pagedkv::wire::encode_drained_events;
 use pagedkv::{Error, KvCacheManager, ManagerConfig, PoolPeers};
 
-use crate::convert::{
-    batch_len, must_propagate, with_arg_note, BlockIdArg, CountArg, ExtraKey, FlagArg, SeedArg,
-    SeqIdArg, SeqIds, TokenIds,
+use crate::errors::{
+    invalid_argument, invariant_violation, must_propagate, to_pyerr, with_arg_note,
 };
-use crate::errors::{invalid_argument, invariant_violation, to_pyerr};
 use crate::event_digests::events_to_digests;
 use crate::events::events_to_python;
+use crate::id_batches::{batch_len, SeqIds, TokenIds};
 use crate::pool::{check_int32_block_count, PyBlockPool};
+use crate::scalars::{BlockIdArg, CountArg, ExtraKey, FlagArg, SeedArg, SeqIdArg};
 use crate::stats::stats_to_dict;
 use crate::wire::{batch_args, hash_format};
 

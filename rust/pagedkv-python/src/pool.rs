@@ -4,8 +4,8 @@ use std::sync::Arc;
 
 use pyo3::prelude::*;
 
-use crate::convert::{BlockIdArg, CountArg};
 use crate::errors::{invalid_argument, to_pyerr};
+use crate::scalars::{BlockIdArg, CountArg};
 
 /// Block ids leave the bindings as NumPy int32, so a pool (device or host) may hold at most
 /// `i32::MAX` blocks.
