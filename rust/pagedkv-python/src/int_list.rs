@@ -19,7 +19,9 @@
 //! list's item array must hold exactly the items `PyList_GetItem` returns, and every item must
 //! decode exactly as `PyLong_AsLongLong` reads it, or be reported "not fast" where it must be.
 //! Any failed check leaves the reader off ([`IntLayout::Api`]) and every list takes the C-API
-//! path; `_core._int_list_reader()` names the layout in use so that tests notice.
+//! path; `_core._int_list_reader()` names the layout in use so that tests notice. Setting
+//! `PAGEDKV_INT_LIST_READER=api` before import turns the direct reads off (the tests run the
+//! list-versus-tuple comparisons that way too, so the C-API path is checked on every platform).
 //!
 //! Why the reads are sound once the layout is proved: the GIL is held for the whole read
 //! (`Bound` proves it) and no Python code runs during it (only exact `int`s are decoded, and
@@ -489,6 +491,9 @@ fn prove<D: Digits>(py: Python<'_>) -> PyResult<Result<(), &'static str>> {
 /// Picks and proves the layout for the running interpreter; `Api` when anything fails (a
 /// Python error during the probe included: it is dropped, the reader simply stays off).
 fn select(py: Python<'_>) -> IntLayout {
+    if std::env::var_os("PAGEDKV_INT_LIST_READER").is_some_and(|v| v == "api") {
+        return IntLayout::Api;
+    }
     let proved = candidate(py).and_then(|candidate| {
         let Ok(layout) = candidate else {
             return Ok(IntLayout::Api);
