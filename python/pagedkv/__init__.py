@@ -1,13 +1,15 @@
 """pagedkv: a paged KV-cache allocator with PagedAttention kernels, a simulator and a visualizer."""
 
-from pagedkv._core import BlockPool, KvCacheManager, __version__
+from pagedkv._core import BlockHandle, BlockPool, KvCacheManager, __version__
 from pagedkv.errors import (
+    DoubleFreeError,
     InvalidArgumentError,
     InvariantViolation,
     OutOfBlocksError,
     PagedKvError,
     SequenceExistsError,
     SequenceSwappedOutError,
+    StaleHandleError,
     UnknownSequenceError,
 )
 from pagedkv.events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
@@ -20,7 +22,10 @@ __all__ = [
     "SequenceExistsError",
     "SequenceSwappedOutError",
     "InvalidArgumentError",
+    "DoubleFreeError",
+    "StaleHandleError",
     "InvariantViolation",
+    "BlockHandle",
     "BlockPool",
     "KvCacheManager",
     "BlockStored",

@@ -13,6 +13,7 @@ import numpy.typing as npt
 from pagedkv.events import AllBlocksCleared, BlockRemoved, BlockStored
 
 __all__ = [
+    "BlockHandle",
     "BlockPool",
     "KvCacheManager",
     "__version__",
@@ -33,6 +34,18 @@ _TokenIds: TypeAlias = list[int] | tuple[int, ...] | npt.NDArray[np.integer]
 _SeqIds: TypeAlias = list[int] | tuple[int, ...] | npt.NDArray[np.integer]
 
 @final
+class BlockHandle:
+    """One tenancy of a block of a ``BlockPool``, from ``BlockPool.allocate`` (not
+    constructible): the block id and the block's generation when it was allocated."""
+
+    @property
+    def block_id(self) -> int: ...
+    @property
+    def generation(self) -> int: ...
+    def __eq__(self, value: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+
+@final
 class BlockPool:
     """``num_blocks`` physical blocks of ``block_size`` token slots with atomic refcounts;
     lock-free and thread-safe, shareable by several ``KvCacheManager``s (one per thread)."""
@@ -43,8 +56,19 @@ class BlockPool:
     @property
     def block_size(self) -> int: ...
     @property
-    def num_free_blocks(self) -> int:
+    def num_free_list_blocks(self) -> int:
         """Blocks on the pool's free list (managers' cached-evictable blocks not included)."""
+    @property
+    def num_free_blocks(self) -> int:
+        """``num_free_list_blocks`` under the name docs/design.md fixes for the pool."""
+    def allocate(self, num_blocks: int) -> list[BlockHandle]:
+        """Takes ``num_blocks`` blocks off the free list for the caller's own use; one handle
+        (one reference) each. ``OutOfBlocksError`` when fewer are free."""
+    def retain(self, handle: BlockHandle) -> int:
+        """Adds a reference; returns the new refcount. ``StaleHandleError`` once freed."""
+    def release(self, handle: BlockHandle) -> bool:
+        """Drops a reference; ``True`` when the block was freed. ``DoubleFreeError`` when it is
+        already free, ``StaleHandleError`` when it was handed out again since."""
     def refcount(self, block_id: int) -> int: ...
     def check_invariants(self) -> None:
         """Raises ``InvariantViolation`` if the free list is inconsistent."""
@@ -139,8 +163,15 @@ class KvCacheManager:
     def usage(self) -> float:
         """In-use blocks / num_blocks, in [0, 1]."""
     @property
+    def num_available_blocks(self) -> int:
+        """Allocatable now: pool free-list blocks + this manager's cached-evictable blocks."""
+    @property
+    def num_free_list_blocks(self) -> int:
+        """Blocks on the pool's free list (shared with other managers on the pool)."""
+    @property
     def num_free_blocks(self) -> int:
-        """Allocatable now: pool free blocks + this manager's cached-evictable blocks."""
+        """``num_available_blocks`` (free list + cached-evictable) under the name
+        docs/design.md fixes for the manager; not the pool's ``num_free_blocks``."""
     @property
     def num_free_host_blocks(self) -> int: ...
     @property

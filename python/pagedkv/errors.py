@@ -13,6 +13,8 @@ __all__ = [
     "SequenceExistsError",
     "InvalidArgumentError",
     "InvalidArgumentTypeError",
+    "DoubleFreeError",
+    "StaleHandleError",
     "SequenceSwappedOutError",
     "InvariantViolation",
     "CudaUnavailableError",
@@ -46,6 +48,18 @@ class InvalidArgumentError(PagedKvError, ValueError):
 class InvalidArgumentTypeError(InvalidArgumentError, TypeError):
     """An argument of the wrong type. Also a ``TypeError``: the calls that raise it (the event
     encoder and publisher) raised a bare ``TypeError`` before they raised pagedkv errors."""
+
+
+class DoubleFreeError(InvalidArgumentError):
+    """A block was released more often than it was referenced: ``BlockPool.release`` of a
+    handle whose block is already free. Nothing changed. An ``InvalidArgumentError`` too (what
+    it was raised as before it had its own class)."""
+
+
+class StaleHandleError(InvalidArgumentError):
+    """A ``BlockHandle`` outlived its tenancy: its block was freed and handed out again since
+    the handle was taken, so the handle no longer owns a reference. Nothing changed (the new
+    tenant's reference is intact). An ``InvalidArgumentError`` too."""
 
 
 class SequenceSwappedOutError(PagedKvError):

@@ -7,9 +7,12 @@ these comparisons would only compare the C-API path with itself.
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -93,6 +96,40 @@ def live(kv: pagedkv.KvCacheManager, seq_ids: list[int]) -> dict[str, Any]:
     return snapshot(kv, [s for s in seq_ids if isinstance(s, int) and 0 <= s < 2**64])
 
 
+FORCED_API = os.environ.get("PAGEDKV_INT_LIST_READER") == "api"
+
+
+@pytest.mark.skipif(FORCED_API, reason="this run is the C-API one")
+def test_the_c_api_fallback_gives_the_same_answers() -> None:
+    """The same comparisons with the direct reader off (``PAGEDKV_INT_LIST_READER=api``): every
+    list then goes through the C-API path of the one reader, which must agree with tuples."""
+    here = Path(__file__).resolve().parent
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import pagedkv._core as c; assert c._int_list_reader() == 'api', c._int_list_reader()",
+        ],
+        env={**os.environ, "PAGEDKV_INT_LIST_READER": "api"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x"]
+        + [str(here / "test_int_list_reader.py"), str(here / "test_token_arrays.py")],
+        env={**os.environ, "PAGEDKV_INT_LIST_READER": "api"},
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=here,
+    )
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert " passed" in run.stdout and " failed" not in run.stdout
+
+
+@pytest.mark.skipif(FORCED_API, reason="the direct reader is off on purpose")
 def test_the_direct_reader_is_on() -> None:
     """The layout is proved on CPython 3.10-3.14 (GIL builds); 'api' there means the fast path
     silently turned off, or a probe value decoded wrongly."""

@@ -229,7 +229,35 @@ def test_stats_keys() -> None:
     ]:
         assert key in stats, key
     assert stats["num_blocks_in_use"] == 2 and stats["allocations"] == 2 and stats["forks"] == 1
-    assert stats["num_blocks_in_use"] + stats["num_cached_blocks"] + stats["num_free_blocks"] == 8
+    assert stats["num_blocks_in_use"] + stats["num_cached_blocks"] + stats["num_free_list_blocks"] == 8
+
+
+def test_one_name_per_quantity() -> None:
+    """Free list only (``num_free_list_blocks``) versus free + cached-evictable
+    (``num_available_blocks``), under the same name on the pool, the manager and in ``stats()``;
+    the names docs/design.md fixes stay as aliases of the quantity they always meant."""
+    pool = pagedkv.BlockPool(num_blocks=8, block_size=4)
+    kv = pagedkv.KvCacheManager(pool=pool, enable_prefix_caching=True)
+    kv.add_sequence(1, list(range(8)))  # two full blocks
+    kv.add_sequence(2, num_tokens=5)  # two blocks
+    kv.free(1)  # its two blocks stay cached-evictable
+    stats = kv.stats()
+    assert (stats["num_cached_blocks"], stats["num_blocks_in_use"]) == (2, 2)
+    assert kv.num_free_list_blocks == pool.num_free_list_blocks == stats["num_free_list_blocks"] == 4
+    assert kv.num_available_blocks == stats["num_available_blocks"] == 6
+    assert kv.num_free_blocks == kv.num_available_blocks  # DESIGN's name: free + cached
+    assert pool.num_free_blocks == pool.num_free_list_blocks  # DESIGN's name: free list
+    assert "num_free_blocks" not in stats  # it meant the free list here, the sum on kv
+    # The core's counter names, verbatim; DESIGN's three historical keys as aliases.
+    for alias, core in [
+        ("allocations", "blocks_allocated"),
+        ("frees", "blocks_freed"),
+        ("evictions", "blocks_evicted"),
+    ]:
+        assert stats[alias] == stats[core]
+    assert stats["blocks_allocated"] == 4 and stats["blocks_freed"] == 2
+    assert {"blocks_swapped_out", "blocks_swapped_in"} <= stats.keys()
+    assert not {"swap_out_blocks", "swap_in_blocks"} & stats.keys()
 
 
 def test_shared_pool() -> None:

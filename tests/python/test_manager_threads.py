@@ -116,7 +116,7 @@ def test_threads_racing_on_the_same_ids(prefix_caching: bool) -> None:
     run_threads(lambda i: worker_ops(kv, i, shared_ids=True), NUM_THREADS)
     kv.check_invariants()
     stats = kv.stats()
-    assert stats["num_blocks_in_use"] + stats["num_cached_blocks"] + stats["num_free_blocks"] == 2048
+    assert stats["num_blocks_in_use"] + stats["num_cached_blocks"] + stats["num_free_list_blocks"] == 2048
     for seq_id in range(64):
         if seq_id in kv:
             kv.free(seq_id)

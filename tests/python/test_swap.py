@@ -37,7 +37,7 @@ def test_round_trip_of_one_sequence() -> None:
     assert all(kv.refcount(b) == 0 for b in table)
     stats = kv.stats()
     assert stats["num_swapped_sequences"] == 1 and stats["num_host_blocks_in_use"] == 3
-    assert stats["swap_out_blocks"] == 3
+    assert stats["blocks_swapped_out"] == 3
     kv.check_invariants()
     back = kv.swap_in([1])
     assert back.dtype == np.int32 and back.shape == (3, 2)
@@ -47,7 +47,7 @@ def test_round_trip_of_one_sequence() -> None:
     # Logical block i comes back holding what it held before: old -> host -> new.
     assert new_table == [device_of[host_of[b]] for b in table]
     assert not kv.is_swapped_out(1) and kv.num_free_host_blocks == 32
-    assert kv.stats()["swap_in_blocks"] == 3
+    assert kv.stats()["blocks_swapped_in"] == 3
     kv.append_tokens(1, [1, 2, 3])
     assert kv.num_tokens(1) == 13
     kv.check_invariants()

@@ -1,5 +1,5 @@
 """Token ids as NumPy arrays: contiguous native uint32 / int32 arrays are read in place and
-int64 ones narrowed in one pass (rust/pagedkv-python/src/convert.rs, `TokenIds`); every layout
+int64 ones narrowed in one pass (rust/pagedkv-python/src/id_batches.rs, `TokenIds`); every layout
 and dtype must admit exactly what the same ids as a list admit, and refuse what a list refuses.
 """
 

@@ -1,5 +1,9 @@
-//! Direct reads of small exact `int`s from CPython's object memory: lists of token ids and
-//! sequence ids, and single id arguments.
+//! The one reader of Python ints the bindings have: lists of token ids and sequence ids, and
+//! single id arguments. Small exact `int`s are read directly from CPython's object memory when
+//! the layout was proved at import; every other exact `int` below 2**63 (and every one when the
+//! layout is not proved) is read through the C API (`PyList_GetItem` and
+//! `PyLong_AsLongAndOverflow`), item by item, in the same loop. Anything that is not an exact
+//! non-negative `int` stops the read; the caller's checked path then reports the error.
 //!
 //! Why: through the stable ABI every list item costs two C calls, `PyList_GetItem` and
 //! `PyLong_AsLongAndOverflow` (dearer for ids above 2**30, which take two 30-bit digits, as the
@@ -15,7 +19,9 @@
 //! list's item array must hold exactly the items `PyList_GetItem` returns, and every item must
 //! decode exactly as `PyLong_AsLongLong` reads it, or be reported "not fast" where it must be.
 //! Any failed check leaves the reader off ([`IntLayout::Api`]) and every list takes the C-API
-//! path; `_core._int_list_reader()` names the layout in use so that tests notice.
+//! path; `_core._int_list_reader()` names the layout in use so that tests notice. Setting
+//! `PAGEDKV_INT_LIST_READER=api` before import turns the direct reads off (the tests run the
+//! list-versus-tuple comparisons that way too, so the C-API path is checked on every platform).
 //!
 //! Why the reads are sound once the layout is proved: the GIL is held for the whole read
 //! (`Bound` proves it) and no Python code runs during it (only exact `int`s are decoded, and
@@ -105,10 +111,14 @@ trait Digits {
 /// `int` is a live int whose object holds at least `count` digits after its header.
 #[inline(always)]
 unsafe fn two_digit_value(int: *const ffi::PyObject, count: usize) -> u64 {
-    let digits = int.cast::<u8>().add(DIGITS_OFFSET).cast::<u32>();
-    let low = u64::from(digits.read());
+    // SAFETY: the digits start `DIGITS_OFFSET` bytes into the object (its basic size, proved
+    // at import), inside the allocation, 4-byte aligned as the object is.
+    let digits = unsafe { int.cast::<u8>().add(DIGITS_OFFSET) }.cast::<u32>();
+    // SAFETY: the object holds at least one digit (the caller's contract).
+    let low = u64::from(unsafe { digits.read() });
     if count == 2 {
-        low | u64::from(digits.add(1).read()) << DIGIT_BITS
+        // SAFETY: it holds two when `count == 2`.
+        low | u64::from(unsafe { digits.add(1).read() }) << DIGIT_BITS
     } else {
         low
     }
@@ -120,11 +130,13 @@ struct SignedCount;
 impl Digits for SignedCount {
     #[inline(always)]
     unsafe fn small_value(int: *const ffi::PyObject) -> Option<u64> {
-        let count = (*int.cast::<VarHeader>()).size_or_tag;
+        // SAFETY: `int` is a live int under this layout (the caller's contract): its header is
+        // a `VarHeader`.
+        let count = unsafe { (*int.cast::<VarHeader>()).size_or_tag };
         match count {
             0 => Some(0),
             // SAFETY: the object holds `count` digits.
-            1 | 2 => Some(two_digit_value(int, count as usize)),
+            1 | 2 => Some(unsafe { two_digit_value(int, count as usize) }),
             _ => None,
         }
     }
@@ -143,14 +155,16 @@ impl Tagged {
 impl Digits for Tagged {
     #[inline(always)]
     unsafe fn small_value(int: *const ffi::PyObject) -> Option<u64> {
-        let tag = (*int.cast::<VarHeader>()).size_or_tag as usize;
+        // SAFETY: `int` is a live int under this layout (the caller's contract): its header is
+        // a `VarHeader`.
+        let tag = unsafe { (*int.cast::<VarHeader>()).size_or_tag } as usize;
         let sign = tag & Tagged::SIGN_MASK;
         if sign != 0 {
             return (sign == Tagged::SIGN_ZERO).then_some(0);
         }
         match tag >> Tagged::NON_SIZE_BITS {
             // SAFETY: the object holds `count` digits.
-            count @ (1 | 2) => Some(two_digit_value(int, count)),
+            count @ (1 | 2) => Some(unsafe { two_digit_value(int, count) }),
             _ => None,
         }
     }
@@ -163,10 +177,12 @@ impl Digits for Tagged {
 /// on objects whose expected values are known); the GIL is held.
 #[inline(always)]
 unsafe fn small_int<D: Digits>(item: *mut ffi::PyObject) -> Option<u64> {
-    if (*item.cast::<VarHeader>()).ob_type != std::ptr::addr_of_mut!(ffi::PyLong_Type) {
+    // SAFETY: every live object of a GIL build starts with the refcount and type words.
+    if unsafe { (*item.cast::<VarHeader>()).ob_type } != std::ptr::addr_of_mut!(ffi::PyLong_Type) {
         return None;
     }
-    D::small_value(item)
+    // SAFETY: `item` is a live exact `int` (its type was just checked) under layout `D`.
+    unsafe { D::small_value(item) }
 }
 
 /// The first `len` item pointers of `list`, borrowed.
@@ -177,25 +193,69 @@ unsafe fn small_int<D: Digits>(item: *mut ffi::PyObject) -> Option<u64> {
 /// runs.
 #[inline(always)]
 unsafe fn list_items<'a>(list: &'a Bound<'_, PyList>, len: usize) -> &'a [*mut ffi::PyObject] {
-    let items = (*list.as_ptr().cast::<ListHeader>()).ob_item;
-    std::slice::from_raw_parts(items, len)
+    // SAFETY: the list layout was proved: a list object starts with a `ListHeader`.
+    let items = unsafe { (*list.as_ptr().cast::<ListHeader>()).ob_item };
+    // SAFETY: `ob_item` points at the list's `len` (>= 1) item slots, all initialized, which
+    // no one changes while the GIL is held and no Python code runs (the caller's contract).
+    unsafe { std::slice::from_raw_parts(items, len) }
 }
 
-/// The read loop for one layout: `out[i] = convert(items[i])` while every item qualifies.
-/// True when every slot of `out` was written.
+/// The C-API read of `item`: its value when it is an exact `int` in `[0, 2**63)` (`c_long`'s
+/// range where that is narrower), else `None`.
+///
+/// # Safety
+/// `item` is a live object and the GIL is held. Only an exact `int` is converted, which runs
+/// no Python code; the error a failed conversion may leave is cleared here.
+#[cold]
+unsafe fn api_int_value(item: *mut ffi::PyObject) -> Option<u64> {
+    // SAFETY: the caller's contract: `item` is live and the GIL held.
+    if unsafe { ffi::PyLong_CheckExact(item) } == 0 {
+        return None;
+    }
+    let mut overflow: std::os::raw::c_int = 0;
+    // SAFETY: as above; an exact `int`'s conversion runs no Python code.
+    let value = unsafe { ffi::PyLong_AsLongAndOverflow(item, &mut overflow) };
+    if value == -1 {
+        // SAFETY: GIL held; clearing a pending error (or none) is always allowed.
+        unsafe { ffi::PyErr_Clear() };
+    }
+    if overflow != 0 {
+        return None;
+    }
+    // `c_long` is 32-bit on Windows: widen explicitly.
+    #[allow(clippy::useless_conversion)]
+    u64::try_from(i64::from(value)).ok()
+}
+
+/// A C-API reader in place of a direct one, for items the direct read refuses.
+type Fallback = unsafe fn(*mut ffi::PyObject) -> Option<u64>;
+
+/// No fallback: the direct read alone (what the layout proof checks).
+///
+/// # Safety
+/// None needed; `unsafe` only to match [`Fallback`].
+unsafe fn no_fallback(_: *mut ffi::PyObject) -> Option<u64> {
+    None
+}
+
+/// The read loop for one layout: `out[i] = convert(items[i])` while every item qualifies,
+/// each read directly or, when the direct read refuses it, by `fallback`. True when every slot
+/// of `out` was written.
 #[inline(always)]
 fn fill_with<D: Digits, T>(
     items: &[*mut ffi::PyObject],
     out: &mut [MaybeUninit<T>],
     convert: impl Fn(u64) -> Option<T>,
+    fallback: Fallback,
 ) -> bool {
     if items.len() != out.len() {
         return false;
     }
     for (slot, &item) in out.iter_mut().zip(items) {
         // SAFETY: `item` is a live item of a list the caller holds, under the GIL, and `D` is
-        // the proved layout (or the one being probed).
-        let Some(value) = (unsafe { small_int::<D>(item) }).and_then(&convert) else {
+        // the proved layout (or the one being probed); `fallback` needs no more than that.
+        let value = unsafe { small_int::<D>(item).or_else(|| fallback(item)) };
+        let Some(value) = value.and_then(&convert) else {
             return false;
         };
         slot.write(value);
@@ -203,17 +263,37 @@ fn fill_with<D: Digits, T>(
     true
 }
 
-/// `fill_with` for the proved layout over `list`'s items; false when the reader is off.
+/// The read loop when no layout was proved: every item through the C API.
+fn fill_by_api<T>(
+    list: &Bound<'_, PyList>,
+    out: &mut [MaybeUninit<T>],
+    convert: impl Fn(u64) -> Option<T>,
+) -> bool {
+    for (index, slot) in out.iter_mut().enumerate() {
+        // SAFETY: GIL held (`list` proves it), `index < len` (the caller checked `out`'s
+        // length), and no Python code runs in this loop, so the borrowed item stays alive.
+        let item = unsafe { ffi::PyList_GetItem(list.as_ptr(), index as ffi::Py_ssize_t) };
+        if item.is_null() {
+            // SAFETY: GIL held; clears the IndexError.
+            unsafe { ffi::PyErr_Clear() };
+            return false;
+        }
+        // SAFETY: `item` is live, borrowed from the list; GIL held.
+        let Some(value) = (unsafe { api_int_value(item) }).and_then(&convert) else {
+            return false;
+        };
+        slot.write(value);
+    }
+    true
+}
+
+/// `fill_with` for the proved layout over `list`'s items, or `fill_by_api` when none was.
 #[inline(always)]
 fn fill_uninit<T>(
     list: &Bound<'_, PyList>,
     out: &mut [MaybeUninit<T>],
     convert: impl Fn(u64) -> Option<T>,
 ) -> bool {
-    let layout = layout();
-    if layout == IntLayout::Api {
-        return false;
-    }
     let len = list.len();
     if len != out.len() {
         return false;
@@ -221,18 +301,22 @@ fn fill_uninit<T>(
     if len == 0 {
         return true;
     }
+    let layout = layout();
+    if layout == IntLayout::Api {
+        return fill_by_api(list, out, convert);
+    }
     // SAFETY: the layout was proved at import, `len` is the list's length (>= 1), and the slice
     // lives only through the loop, which runs no Python code.
     let items = unsafe { list_items(list, len) };
     match layout {
-        IntLayout::SignedCount => fill_with::<SignedCount, T>(items, out, convert),
-        IntLayout::Tagged => fill_with::<Tagged, T>(items, out, convert),
+        IntLayout::SignedCount => fill_with::<SignedCount, T>(items, out, convert, api_int_value),
+        IntLayout::Tagged => fill_with::<Tagged, T>(items, out, convert, api_int_value),
         IntLayout::Api => false,
     }
 }
 
-/// Fills `out` (exactly `list`'s length) with `convert` of each item when the direct reader is
-/// on and every item is an exact `int` in `[0, 2**60)` that `convert` accepts. False otherwise
+/// Fills `out` (exactly `list`'s length) with `convert` of each item when every item is an
+/// exact `int` in `[0, 2**63)` that `convert` accepts. False otherwise
 /// (`out` then holds a prefix of the values): the caller reads the whole list again on its
 /// checked path, which reports the error.
 #[inline]
@@ -250,8 +334,7 @@ pub fn fill_from_list<T: Copy>(
 /// Appends `convert` of each item of `list` to the empty `out` (its capacity at least the
 /// list's length), as [`fill_from_list`] does, without zeroing the buffer first (zeroing was a
 /// measurable share of a call: benches/results/2026-12-02-prefix-admission.md, "Follow-up:
-/// direct list reader"). False (and `out` still empty)
-/// when the direct reader is off or an item does not qualify.
+/// direct list reader"). False (and `out` still empty) when an item does not qualify.
 #[inline]
 pub fn extend_from_list<T>(
     list: &Bound<'_, PyList>,
@@ -270,16 +353,20 @@ pub fn extend_from_list<T>(
     true
 }
 
-/// The value of `obj` when the direct reader is on and `obj` is an exact `int` in
-/// `[0, 2**60)` (one id argument: `free(seq_id)`, `append_tokens(seq_id, ...)`); `None`
-/// otherwise, and the caller converts it through the C API.
+/// The value of `obj` when it is an exact `int` in `[0, 2**63)` (one id argument:
+/// `free(seq_id)`, `append_tokens(seq_id, ...)`), read as a list item is; `None` otherwise,
+/// and the caller's checked path converts or refuses it.
 #[inline]
-pub fn small_exact_int(obj: &Bound<'_, PyAny>) -> Option<u64> {
+pub fn exact_int_value(obj: &Bound<'_, PyAny>) -> Option<u64> {
+    let item = obj.as_ptr();
     // SAFETY: `obj` is live and the GIL held (`Bound` proves both); the layout was proved.
-    match layout() {
-        IntLayout::SignedCount => unsafe { small_int::<SignedCount>(obj.as_ptr()) },
-        IntLayout::Tagged => unsafe { small_int::<Tagged>(obj.as_ptr()) },
-        IntLayout::Api => None,
+    unsafe {
+        match layout() {
+            IntLayout::SignedCount => small_int::<SignedCount>(item),
+            IntLayout::Tagged => small_int::<Tagged>(item),
+            IntLayout::Api => None,
+        }
+        .or_else(|| api_int_value(item))
     }
 }
 
@@ -341,7 +428,9 @@ fn expected_value(item: &Bound<'_, PyAny>) -> Option<u64> {
     // SAFETY: GIL held; an exact int's conversion runs no Python code; an overflow error is
     // cleared right away.
     let value = unsafe { ffi::PyLong_AsLongLong(item.as_ptr()) };
+    // SAFETY: GIL held; reading the error indicator has no other precondition.
     if value == -1 && unsafe { !ffi::PyErr_Occurred().is_null() } {
+        // SAFETY: GIL held; clears the overflow error just raised.
         unsafe { ffi::PyErr_Clear() };
         return None;
     }
@@ -381,18 +470,19 @@ fn prove<D: Digits>(py: Python<'_>) -> PyResult<Result<(), &'static str>> {
     let mut read = vec![MaybeUninit::new(u64::MAX); fast.len()];
     // SAFETY: as above, for `fast_list` (not empty: the probe has fast values).
     let fast_items = unsafe { list_items(&fast_list, fast.len()) };
-    let read_ok = fill_with::<D, u64>(fast_items, &mut read, Some);
+    let read_ok = fill_with::<D, u64>(fast_items, &mut read, Some, no_fallback);
     // SAFETY: every slot was initialized (to `u64::MAX`) before the loop overwrote some.
     if !read_ok
         || read
             .iter()
+            // SAFETY: every slot was initialized (to `u64::MAX`) before the loop.
             .map(|v| unsafe { v.assume_init() })
             .ne(fast.iter().copied())
     {
         return Ok(Err("the list loop reads differently"));
     }
     let mut all = vec![MaybeUninit::new(0_u64); len];
-    if fill_with::<D, u64>(&items, &mut all, Some) {
+    if fill_with::<D, u64>(&items, &mut all, Some, no_fallback) {
         return Ok(Err("the list loop accepts a value it must refuse"));
     }
     Ok(Ok(()))
@@ -401,6 +491,9 @@ fn prove<D: Digits>(py: Python<'_>) -> PyResult<Result<(), &'static str>> {
 /// Picks and proves the layout for the running interpreter; `Api` when anything fails (a
 /// Python error during the probe included: it is dropped, the reader simply stays off).
 fn select(py: Python<'_>) -> IntLayout {
+    if std::env::var_os("PAGEDKV_INT_LIST_READER").is_some_and(|v| v == "api") {
+        return IntLayout::Api;
+    }
     let proved = candidate(py).and_then(|candidate| {
         let Ok(layout) = candidate else {
             return Ok(IntLayout::Api);

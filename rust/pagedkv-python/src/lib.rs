@@ -3,6 +3,8 @@
 //! Module `pagedkv._core` (abi3, CPython >= 3.10). The exception classes live in Python
 //! (`pagedkv.errors`), the KV-event classes in `pagedkv.events`; both are imported once and
 //! cached. Tables leave as NumPy int32 arrays, slots as int64, copy ops as int32 `[N, 2]`.
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+
 use pyo3::prelude::*;
 
 /// Every Rust allocation of the extension (never one Python frees: NumPy arrays made from
@@ -10,14 +12,16 @@ use pyo3::prelude::*;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-mod convert;
+mod alloc_guard;
 mod cpu_ops;
 mod errors;
 mod event_digests;
 mod events;
+mod id_batches;
 mod int_list;
 mod manager;
 mod pool;
+mod scalars;
 mod sim;
 mod stats;
 mod wire;
@@ -26,6 +30,7 @@ mod wire;
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<pool::PyBlockPool>()?;
+    m.add_class::<pool::PyBlockHandle>()?;
     m.add_class::<manager::PyKvCacheManager>()?;
     sim::register(m)?;
     wire::register(m)?;

@@ -16,14 +16,14 @@ use pyo3::types::{PyBytes, PyDict, PyList};
 use pagedkv::wire::encode_drained_events;
 use pagedkv::{Error, KvCacheManager, ManagerConfig, PoolPeers};
 
-use crate::convert::{
-    batch_len, must_propagate, with_arg_note, BlockIdArg, CountArg, ExtraKey, FlagArg, SeedArg,
-    SeqIdArg, SeqIds, TokenIds,
+use crate::errors::{
+    invalid_argument, invariant_violation, must_propagate, to_pyerr, with_arg_note,
 };
-use crate::errors::{invalid_argument, invariant_violation, to_pyerr};
 use crate::event_digests::events_to_digests;
 use crate::events::events_to_python;
+use crate::id_batches::{batch_len, SeqIds, TokenIds};
 use crate::pool::{check_int32_block_count, PyBlockPool};
+use crate::scalars::{BlockIdArg, CountArg, ExtraKey, FlagArg, SeedArg, SeqIdArg};
 use crate::stats::stats_to_dict;
 use crate::wire::{batch_args, hash_format};
 
@@ -605,7 +605,21 @@ impl PyKvCacheManager {
         self.read(py, |kv| kv.usage())
     }
 
-    /// Blocks this manager can allocate now: pool free + its own cached-evictable blocks.
+    /// Blocks this manager can allocate now: the pool's free list + its own cached-evictable
+    /// blocks.
+    #[getter]
+    fn num_available_blocks(&self, py: Python<'_>) -> PyResult<usize> {
+        self.read(py, |kv| kv.num_available_blocks())
+    }
+
+    /// Blocks on the pool's free list (shared with the other managers on the pool).
+    #[getter]
+    fn num_free_list_blocks(&self, py: Python<'_>) -> PyResult<usize> {
+        self.read(py, |kv| kv.pool().num_free_list_blocks())
+    }
+
+    /// `num_available_blocks` under the name the contract (DESIGN) fixes for the manager; not
+    /// the pool's `num_free_blocks`, which is its free list only.
     #[getter]
     fn num_free_blocks(&self, py: Python<'_>) -> PyResult<usize> {
         self.read(py, |kv| kv.num_available_blocks())
@@ -729,11 +743,11 @@ impl PyKvCacheManager {
     }
 
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
-        let (num_sequences, num_free_blocks) =
+        let (num_sequences, num_available_blocks) =
             self.read(py, |kv| (kv.num_sequences(), kv.num_available_blocks()))?;
         Ok(format!(
             "KvCacheManager(num_blocks={}, block_size={}, enable_prefix_caching={}, \
-             num_host_blocks={}, num_sequences={num_sequences}, num_free_blocks={num_free_blocks})",
+             num_host_blocks={}, num_sequences={num_sequences}, num_available_blocks={num_available_blocks})",
             self.num_blocks,
             self.block_size,
             if self.enable_prefix_caching {

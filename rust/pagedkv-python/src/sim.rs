@@ -8,8 +8,10 @@ use pyo3::types::{PyDict, PyList};
 
 use pagedkv_sim::{self as sim, Frame, SimConfig, SimProgress, SimResult, Workload};
 
-use crate::convert::{or_invalid, try_vec, CountArg};
+use crate::alloc_guard::try_vec;
+use crate::errors::or_invalid;
 use crate::errors::{invalid_argument, to_pyerr};
+use crate::scalars::CountArg;
 
 /// Copies a 1-D array (`[R]`) of `T` (NumPy dtype `dtype_name`) out of `obj`.
 fn column<T: numpy::Element + Copy>(

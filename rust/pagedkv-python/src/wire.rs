@@ -11,8 +11,9 @@ use pyo3::types::{PyBool, PyBytes, PyFloat, PyInt, PyString, PyTuple, PyType};
 use pagedkv::wire::{encode_event_batch, ExtraKeyItem, HashFormat, WireEvent};
 use pagedkv::BlockHash;
 
-use crate::convert::{or_invalid, type_name};
+use crate::errors::or_invalid;
 use crate::errors::{invalid_argument, to_pyerr};
+use crate::scalars::type_name;
 
 static BLOCK_STORED: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static BLOCK_REMOVED: PyOnceLock<Py<PyType>> = PyOnceLock::new();

@@ -36,6 +36,7 @@ mod peers;
 mod pool;
 mod prefetch;
 mod prefix;
+pub mod router_digest;
 mod seqmap;
 pub mod splitmix64;
 mod stats;

@@ -101,7 +101,7 @@ fn head_tag(word: u64) -> u32 {
 /// use pagedkv::BlockPool;
 /// let pool = BlockPool::new(8, 16)?;
 /// let blocks = pool.allocate(3)?;            // all-or-nothing
-/// assert_eq!(pool.num_free_blocks(), 5);
+/// assert_eq!(pool.num_free_list_blocks(), 5);
 /// let handles = blocks.iter().map(|&b| pool.handle(b)).collect::<Result<Vec<_>, _>>()?;
 /// pool.retain(handles[0])?;                  // a second holder now points at it
 /// assert_eq!(pool.refcount(blocks[0])?, 2);
@@ -109,7 +109,7 @@ fn head_tag(word: u64) -> u32 {
 /// for h in handles {
 ///     assert!(pool.release(h)?);             // back on the free list
 /// }
-/// assert_eq!(pool.num_free_blocks(), 8);
+/// assert_eq!(pool.num_free_list_blocks(), 8);
 /// pool.check_invariants_quiescent()?;
 /// # Ok::<(), pagedkv::Error>(())
 /// ```
@@ -142,7 +142,7 @@ impl fmt::Debug for BlockPool {
         f.debug_struct("BlockPool")
             .field("num_blocks", &self.num_blocks)
             .field("block_size", &self.block_size)
-            .field("num_free_blocks", &self.num_free_blocks())
+            .field("num_free_list_blocks", &self.num_free_list_blocks())
             .finish()
     }
 }
@@ -157,7 +157,7 @@ impl BlockPool {
     /// assert!(BlockPool::new(0, 16).is_err());
     /// assert!(BlockPool::new(16, 0).is_err());
     /// assert!(BlockPool::new(usize::MAX, 16).is_err());
-    /// assert_eq!(BlockPool::new(4, 16)?.num_free_blocks(), 4);
+    /// assert_eq!(BlockPool::new(4, 16)?.num_free_list_blocks(), 4);
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn new(num_blocks: usize, block_size: usize) -> Result<BlockPool> {
@@ -199,7 +199,7 @@ impl BlockPool {
     /// Blocks on the free list and not reserved (a snapshot when other threads are active).
     /// Excludes managers' cached-evictable blocks.
     #[inline]
-    pub fn num_free_blocks(&self) -> usize {
+    pub fn num_free_list_blocks(&self) -> usize {
         self.free_count.load(Ordering::Acquire)
     }
 
@@ -219,7 +219,7 @@ impl BlockPool {
     /// assert_eq!(pool.allocate(2)?, vec![0, 1]);
     /// assert!(matches!(pool.allocate(3), Err(Error::OutOfBlocks { needed_blocks: 3, available_blocks: 2, .. })));
     /// assert!(matches!(pool.allocate(5), Err(Error::InvalidArgument(_))));
-    /// assert_eq!(pool.num_free_blocks(), 2);
+    /// assert_eq!(pool.num_free_list_blocks(), 2);
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn allocate(&self, num_blocks: usize) -> Result<Vec<BlockId>> {
@@ -296,34 +296,28 @@ impl BlockPool {
         }
         // Acquire: pairs with the AcqRel `fetch_add` after a push, so the pushed links are
         // visible to the pops this reservation licenses.
-        let mut cur = self.free_count.load(Ordering::Acquire);
-        let mut backoff = Backoff::new();
-        let take = loop {
-            if cur < min_blocks {
-                return Err(Error::OutOfBlocks {
-                    tier: Tier::Device,
-                    needed_blocks: min_blocks,
-                    available_blocks: cur,
-                });
-            }
-            let take = cur.min(max_blocks);
-            if take == 0 {
-                return Ok(0);
-            }
-            match self.free_count.compare_exchange_weak(
-                cur,
-                cur - take,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => break take,
-                Err(_) => {
-                    backoff.snooze();
-                    // Reload after the wait: the value the CAS saw is older than the spin.
-                    cur = self.free_count.load(Ordering::Acquire);
+        let reserved = cas_retry(
+            &*self.free_count,
+            Ordering::Acquire,
+            Ordering::AcqRel,
+            |cur| {
+                if cur < min_blocks {
+                    return Cas::Stop(Err(Error::OutOfBlocks {
+                        tier: Tier::Device,
+                        needed_blocks: min_blocks,
+                        available_blocks: cur,
+                    }));
                 }
-            }
-        };
+                match cur.min(max_blocks) {
+                    0 => Cas::Stop(Ok(0)),
+                    take => Cas::Swap(cur - take, Ok(take)),
+                }
+            },
+        );
+        let take = reserved?;
+        if take == 0 {
+            return Ok(0);
+        }
         self.pop_reserved(take, out);
         Ok(take)
     }
@@ -423,9 +417,9 @@ impl BlockPool {
     /// let h: Vec<_> = blocks.iter().map(|&b| pool.handle(b)).collect::<Result<_, _>>()?;
     /// pool.retain(h[1])?;
     /// assert_eq!(pool.release_all(h.iter().rev().copied())?, 2);   // h[1] still held
-    /// assert_eq!(pool.num_free_blocks(), 3);
+    /// assert_eq!(pool.num_free_list_blocks(), 3);
     /// assert_eq!(pool.release_all([h[1], h[1]]), Err(Error::DoubleFree(blocks[1])));
-    /// assert_eq!(pool.num_free_blocks(), 4);
+    /// assert_eq!(pool.num_free_list_blocks(), 4);
     /// pool.check_invariants_quiescent()?;
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
@@ -587,34 +581,22 @@ impl BlockPool {
     #[inline]
     fn increment(&self, block_id: BlockId, generation: Option<u32>) -> Result<u32> {
         let rc = self.ref_cell(block_id)?;
-        let mut cur = rc.load(Ordering::Relaxed);
-        let mut backoff = Backoff::new();
-        loop {
-            check_generation(block_id, cur, generation)?;
+        cas_retry(rc, Ordering::Relaxed, Ordering::AcqRel, |cur| {
+            if let Err(e) = check_generation(block_id, cur, generation) {
+                return Cas::Stop(Err(e));
+            }
             match refcount_of(cur) {
-                0 => {
-                    return match generation {
-                        Some(generation) => Err(Error::StaleHandle(BlockHandle {
-                            id: block_id,
-                            generation,
-                        })),
-                        None => {
-                            invalid(format!("block {block_id} is not in use; cannot retain it"))
-                        }
-                    }
-                }
-                u32::MAX => return invalid(format!("block {block_id} refcount would overflow")),
-                _ => {}
+                0 => Cas::Stop(match generation {
+                    Some(generation) => Err(Error::StaleHandle(BlockHandle {
+                        id: block_id,
+                        generation,
+                    })),
+                    None => invalid(format!("block {block_id} is not in use; cannot retain it")),
+                }),
+                u32::MAX => Cas::Stop(invalid(format!("block {block_id} refcount would overflow"))),
+                n => Cas::Swap(cur + 1, Ok(n + 1)),
             }
-            match rc.compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Relaxed) {
-                Ok(_) => return Ok(refcount_of(cur) + 1),
-                Err(_) => {
-                    backoff.snooze();
-                    // Reload after the wait: the value the CAS saw is older than the spin.
-                    cur = rc.load(Ordering::Relaxed);
-                }
-            }
-        }
+        })
     }
 
     /// Refcount -1, never below 0, on a block whose generation is `generation` (any, if
@@ -622,24 +604,17 @@ impl BlockPool {
     #[inline]
     fn decrement(&self, block_id: BlockId, generation: Option<u32>) -> Result<bool> {
         let rc = self.ref_cell(block_id)?;
-        let mut cur = rc.load(Ordering::Relaxed);
-        let mut backoff = Backoff::new();
-        loop {
-            check_generation(block_id, cur, generation)?;
-            if refcount_of(cur) == 0 {
-                return Err(Error::DoubleFree(block_id));
+        // AcqRel: every holder's accesses to the block happen-before the last release, and
+        // through the push and the next pop, before the next tenant's (as `Arc`'s drop).
+        cas_retry(rc, Ordering::Relaxed, Ordering::AcqRel, |cur| {
+            if let Err(e) = check_generation(block_id, cur, generation) {
+                return Cas::Stop(Err(e));
             }
-            // AcqRel: every holder's accesses to the block happen-before the last release,
-            // and through the push and the next pop, before the next tenant's (as `Arc`'s drop).
-            match rc.compare_exchange_weak(cur, cur - 1, Ordering::AcqRel, Ordering::Relaxed) {
-                Ok(_) => return Ok(refcount_of(cur) == 1),
-                Err(_) => {
-                    backoff.snooze();
-                    // Reload after the wait: the value the CAS saw is older than the spin.
-                    cur = rc.load(Ordering::Relaxed);
-                }
+            match refcount_of(cur) {
+                0 => Cas::Stop(Err(Error::DoubleFree(block_id))),
+                n => Cas::Swap(cur - 1, Ok(n == 1)),
             }
-        }
+        })
     }
 
     /// Starts the tenancy of a block just popped off the free stack: refcount 0 -> 1 and the
@@ -659,26 +634,18 @@ impl BlockPool {
     /// Reserves exactly `n` free blocks, or returns the free count seen when it could not.
     #[inline]
     fn reserve_exact(&self, n: usize) -> std::result::Result<(), usize> {
-        let mut cur = self.free_count.load(Ordering::Acquire);
-        let mut backoff = Backoff::new();
-        loop {
-            if cur < n {
-                return Err(cur);
-            }
-            match self.free_count.compare_exchange_weak(
-                cur,
-                cur - n,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => return Ok(()),
-                Err(_) => {
-                    backoff.snooze();
-                    // Reload after the wait: the value the CAS saw is older than the spin.
-                    cur = self.free_count.load(Ordering::Acquire);
+        cas_retry(
+            &*self.free_count,
+            Ordering::Acquire,
+            Ordering::AcqRel,
+            |cur| {
+                if cur < n {
+                    Cas::Stop(Err(cur))
+                } else {
+                    Cas::Swap(cur - n, Ok(()))
                 }
-            }
-        }
+            },
+        )
     }
 
     /// Pops `n` blocks (each refcount 0 -> 1), appending them to `out` top first; the caller
@@ -694,7 +661,8 @@ impl BlockPool {
     ///
     /// A walk reads a consistent chain whenever its CAS succeeds: an unchanged tag means no
     /// push or pop happened since the head was read, and a link of a block is only written
-    /// while the block is off the stack.
+    /// while the block is off the stack. (The one CAS loop not written with [`cas_retry`]: a
+    /// failure also shrinks the chunk and drops the walked ids, a success keeps its own head.)
     #[inline]
     fn pop_reserved(&self, n: usize, out: &mut Vec<BlockId>) {
         if n == 1 {
@@ -759,38 +727,21 @@ impl BlockPool {
     /// new block), without the buffer bookkeeping of the walk.
     #[inline]
     fn pop_one_reserved(&self) -> BlockId {
-        let mut head = self.head.load(Ordering::Acquire);
-        let mut backoff = Backoff::new();
-        loop {
+        let index = cas_retry(&*self.head, Ordering::Acquire, Ordering::AcqRel, |head| {
             let index = head_index(head);
             if index == NIL {
                 // Unreachable while `stack length >= free_count + reservations` holds; spinning
                 // (rather than failing half-way) keeps the allocation all-or-nothing regardless.
                 debug_assert!(false, "free stack empty under a reservation");
-                spin_hint();
-                head = self.head.load(Ordering::Acquire);
-                continue;
+                return Cas::Spin;
             }
             // A stale `next` (the block was popped and pushed again) is harmless: the tag moved,
-            // so the CAS below fails and we retry.
+            // so the CAS fails and we retry.
             let next = self.next[index as usize].load(Ordering::Relaxed);
-            match self.head.compare_exchange_weak(
-                head,
-                pack(head_tag(head).wrapping_add(1), next),
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => {
-                    self.start_tenancy(index);
-                    return index;
-                }
-                Err(_) => {
-                    backoff.snooze();
-                    // Reload after the wait: the value the CAS saw is older than the spin.
-                    head = self.head.load(Ordering::Acquire);
-                }
-            }
-        }
+            Cas::Swap(pack(head_tag(head).wrapping_add(1), next), index)
+        });
+        self.start_tenancy(index);
+        index
     }
 
     /// Pushes a refcount-0 block on the free stack, then makes it allocatable.
@@ -803,27 +754,13 @@ impl BlockPool {
     /// `next`) onto the free stack with one CAS, then makes them allocatable.
     #[inline]
     fn push_chain(&self, top: BlockId, bottom: BlockId, count: usize) {
-        let mut head = self.head.load(Ordering::Relaxed);
-        let mut backoff = Backoff::new();
-        loop {
+        cas_retry(&*self.head, Ordering::Relaxed, Ordering::AcqRel, |head| {
             // Release (like the refcount store on allocation): a concurrent checker that reads
             // this link or refcount also sees the pop that preceded it, so it notices the head
             // moved and discards its walk instead of reporting a torn snapshot.
             self.next[bottom as usize].store(head_index(head), Ordering::Release);
-            match self.head.compare_exchange_weak(
-                head,
-                pack(head_tag(head).wrapping_add(1), top),
-                Ordering::AcqRel,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => break,
-                Err(_) => {
-                    backoff.snooze();
-                    // Reload after the wait: the value the CAS saw is older than the spin.
-                    head = self.head.load(Ordering::Relaxed);
-                }
-            }
-        }
+            Cas::Swap(pack(head_tag(head).wrapping_add(1), top), ())
+        });
         // Only after the push: keeps `stack length >= free_count + reservations`.
         self.free_count.fetch_add(count, Ordering::AcqRel);
     }
@@ -863,3 +800,81 @@ pub(crate) fn validate_geometry(num_blocks: usize, block_size: usize, what: &str
 
 #[cfg(all(test, not(loom)))]
 mod tests;
+
+/// What one pass of [`cas_retry`] does with the value it read.
+enum Cas<V, R> {
+    /// Compare-exchange the value read for `V`; on success the loop returns `R`.
+    Swap(V, R),
+    /// Return `R` without writing.
+    Stop(R),
+    /// Reread after a spin hint, without a CAS (a snapshot that cannot be right yet).
+    Spin,
+}
+
+/// An atomic word [`cas_retry`] runs on (the std or loom types of `crate::sync`).
+trait CasWord {
+    type Value: Copy;
+    fn load(&self, order: Ordering) -> Self::Value;
+    fn compare_exchange_weak(
+        &self,
+        current: Self::Value,
+        new: Self::Value,
+        success: Ordering,
+        failure: Ordering,
+    ) -> std::result::Result<Self::Value, Self::Value>;
+}
+
+macro_rules! cas_word {
+    ($atomic:ty, $value:ty) => {
+        impl CasWord for $atomic {
+            type Value = $value;
+            #[inline(always)]
+            fn load(&self, order: Ordering) -> $value {
+                <$atomic>::load(self, order)
+            }
+            #[inline(always)]
+            fn compare_exchange_weak(
+                &self,
+                current: $value,
+                new: $value,
+                success: Ordering,
+                failure: Ordering,
+            ) -> std::result::Result<$value, $value> {
+                <$atomic>::compare_exchange_weak(self, current, new, success, failure)
+            }
+        }
+    };
+}
+cas_word!(AtomicU64, u64);
+cas_word!(AtomicUsize, usize);
+
+/// The pool's compare-exchange retry loop: reads `word` with `load` ordering, asks `step` what
+/// to do with the value, and on a failed CAS (`success` ordering on success, `load` on failure)
+/// waits a growing backoff and reads again, until a CAS succeeds or `step` stops. The reread
+/// after the wait matters: the value a failed CAS saw is older than the spin.
+#[inline(always)]
+fn cas_retry<W: CasWord, R>(
+    word: &W,
+    load: Ordering,
+    success: Ordering,
+    mut step: impl FnMut(W::Value) -> Cas<W::Value, R>,
+) -> R {
+    let mut cur = word.load(load);
+    let mut backoff = Backoff::new();
+    loop {
+        match step(cur) {
+            Cas::Stop(result) => return result,
+            Cas::Spin => {
+                spin_hint();
+                cur = word.load(load);
+            }
+            Cas::Swap(new, result) => match word.compare_exchange_weak(cur, new, success, load) {
+                Ok(_) => return result,
+                Err(_) => {
+                    backoff.snooze();
+                    cur = word.load(load);
+                }
+            },
+        }
+    }
+}

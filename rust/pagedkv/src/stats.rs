@@ -2,8 +2,8 @@
 
 /// A snapshot of one manager's state and lifetime counters. Counter names say their unit
 /// (`blocks_*` count blocks, `forks` and `cow_copies` count operations). The Python `stats()`
-/// dict keeps its historical keys for the renamed counters (`allocations`, `frees`,
-/// `evictions`, `swap_out_blocks`, `swap_in_blocks`); docs/design.md, Python API, lists them.
+/// dict has one key per field under the field's name (and three historical aliases;
+/// docs/design.md, Python API, lists them).
 ///
 /// ```
 /// use pagedkv::{KvCacheManager, ManagerConfig};
@@ -13,7 +13,8 @@
 /// kv.append_len(2, 1)?;                         // copy-on-write of the shared partial block
 /// let s = kv.stats();
 /// assert_eq!((s.num_blocks_in_use, s.blocks_allocated, s.cow_copies, s.forks), (3, 3, 1, 1));
-/// assert_eq!(s.num_blocks_in_use + s.num_cached_blocks + s.num_free_blocks, s.num_blocks);
+/// assert_eq!(s.num_blocks_in_use + s.num_cached_blocks + s.num_free_list_blocks, s.num_blocks);
+/// assert_eq!(s.num_available_blocks, kv.num_available_blocks());
 /// # Ok::<(), pagedkv::Error>(())
 /// ```
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -27,7 +28,10 @@ pub struct Stats {
     /// This manager's cached-evictable blocks (refcount 0, still indexed by the prefix cache).
     pub num_cached_blocks: usize,
     /// Blocks on the pool's free list (shared with other managers on the same pool).
-    pub num_free_blocks: usize,
+    pub num_free_list_blocks: usize,
+    /// Blocks this manager can allocate now: `num_free_list_blocks + num_cached_blocks`
+    /// ([`crate::KvCacheManager::num_available_blocks`]).
+    pub num_available_blocks: usize,
     /// Live sequences (device-resident and swapped out).
     pub num_sequences: usize,
     /// Blocks handed to this manager's sequences as fresh blocks (pool or evicted), lifetime.

@@ -40,7 +40,7 @@ fn two_threads_alloc_release() {
         for b in got {
             assert!(pool.release(pool.handle(b).unwrap()).unwrap());
         }
-        assert_eq!(pool.num_free_blocks(), 2);
+        assert_eq!(pool.num_free_list_blocks(), 2);
         pool.check_invariants_quiescent().unwrap();
     });
 }
@@ -62,7 +62,7 @@ fn aba_pop_against_pop_pop_push() {
         });
         t2.join().unwrap();
         let b = t1.join().unwrap();
-        assert_eq!(pool.num_free_blocks(), 2);
+        assert_eq!(pool.num_free_list_blocks(), 2);
         let rest = pool.allocate(2).unwrap();
         assert!(!rest.contains(&b), "block {b} both held and free");
         pool.check_invariants_quiescent().unwrap();
@@ -98,7 +98,7 @@ fn all_or_nothing_under_contention() {
         });
         let (a, b) = (t1.join().unwrap(), t2.join().unwrap());
         assert!(a || b, "at least one request must win");
-        assert_eq!(pool.num_free_blocks(), 2);
+        assert_eq!(pool.num_free_list_blocks(), 2);
         pool.check_invariants_quiescent().unwrap();
     });
 }
@@ -120,7 +120,7 @@ fn shared_block_refcount() {
         let freed: Vec<bool> = handles.into_iter().map(|h| h.join().unwrap()).collect();
         assert_eq!(freed.iter().filter(|&&f| f).count(), 1);
         assert_eq!(pool.release(b), Err(Error::DoubleFree(b.id())));
-        assert_eq!(pool.num_free_blocks(), 1);
+        assert_eq!(pool.num_free_list_blocks(), 1);
         pool.check_invariants_quiescent().unwrap();
     });
 }
@@ -146,7 +146,7 @@ fn concurrent_check_sees_no_false_violation() {
         let checker = thread::spawn(move || p.check_invariants().unwrap());
         worker.join().unwrap();
         checker.join().unwrap();
-        assert_eq!(pool.num_free_blocks(), 2);
+        assert_eq!(pool.num_free_list_blocks(), 2);
         pool.check_invariants_quiescent().unwrap();
     });
 }
@@ -175,7 +175,7 @@ fn three_threads_with_concurrent_check() {
             w.join().unwrap();
         }
         checker.join().unwrap();
-        assert_eq!(pool.num_free_blocks(), 2);
+        assert_eq!(pool.num_free_list_blocks(), 2);
         pool.check_invariants_quiescent().unwrap();
     });
 }
@@ -200,7 +200,7 @@ fn release_all_against_multi_block_allocate() {
         t1.join().unwrap();
         let got = t2.join().unwrap();
         assert_ne!(got[0], got[1]);
-        assert_eq!(pool.num_free_blocks(), 2);
+        assert_eq!(pool.num_free_list_blocks(), 2);
         pool.check_invariants_quiescent().unwrap();
         let rest = pool.allocate(2).unwrap();
         assert!(
@@ -349,7 +349,7 @@ fn stale_retain_racing_the_last_release_is_refused() {
             assert_eq!(pool.retain(h), Err(Error::StaleHandle(h)));
             assert!(pool.release(n).unwrap());
         }
-        assert_eq!(pool.num_free_blocks(), 1);
+        assert_eq!(pool.num_free_list_blocks(), 1);
         pool.check_invariants_quiescent().unwrap();
     });
 }
@@ -401,7 +401,7 @@ fn handle_generation_race_refuses_the_extra_release() {
             );
             assert!(pool.release(n).unwrap());
         }
-        assert_eq!(pool.num_free_blocks(), 1);
+        assert_eq!(pool.num_free_list_blocks(), 1);
         pool.check_invariants_quiescent().unwrap();
     });
 }
@@ -428,7 +428,7 @@ fn chunked_multi_pop_against_pop_pop_push() {
         churn.join().unwrap();
         let got = taker.join().unwrap();
         assert_ne!(got[0], got[1], "one block handed out twice");
-        assert_eq!(pool.num_free_blocks(), 2);
+        assert_eq!(pool.num_free_list_blocks(), 2);
         pool.check_invariants_quiescent().unwrap();
         let rest = pool.allocate(2).unwrap();
         assert!(
@@ -460,7 +460,7 @@ fn two_chain_pushes_against_a_multi_pop() {
         t2.join().unwrap();
         let got = t3.join().unwrap();
         let held = got.as_ref().map_or(0, Vec::len);
-        assert_eq!(pool.num_free_blocks(), 5 - held);
+        assert_eq!(pool.num_free_list_blocks(), 5 - held);
         pool.check_invariants_quiescent().unwrap();
         let rest = pool.allocate(5 - held).unwrap();
         if let Some(got) = got {
@@ -490,7 +490,10 @@ fn manager_with_one_cached_block() -> (
     kv.add_sequence(1, &[1], None).unwrap();
     let handle = pool.handle(kv.block_table(1).unwrap()[0]).unwrap();
     kv.free(1).unwrap(); // its block is now cached-evictable
-    assert_eq!((pool.num_free_blocks(), pool.num_cached_blocks()), (1, 1));
+    assert_eq!(
+        (pool.num_free_list_blocks(), pool.num_cached_blocks()),
+        (1, 1)
+    );
     (pool, kv, handle)
 }
 
@@ -518,7 +521,7 @@ fn prefix_manager_allocation_with_eviction_against_a_single_allocation() {
             assert!(pool.release(h).unwrap());
         }
         drop(kv);
-        assert_eq!(pool.num_free_blocks(), 2);
+        assert_eq!(pool.num_free_list_blocks(), 2);
         pool.check_invariants_quiescent().unwrap();
     });
 }

@@ -347,8 +347,8 @@ proptest! {
         // Pins outlive frees and resets; dropping the managers releases them too.
         let pools: Vec<Arc<BlockPool>> = kvs.iter().map(|kv| Arc::clone(kv.pool())).collect();
         drop(kvs);
-        prop_assert_eq!(pools[0].num_free_blocks(), 14);
-        prop_assert_eq!(pools[2].num_free_blocks(), 10);
+        prop_assert_eq!(pools[0].num_free_list_blocks(), 14);
+        prop_assert_eq!(pools[2].num_free_list_blocks(), 10);
     }
 
     #[test]

@@ -163,7 +163,7 @@ fn run(ops: &[Op]) {
                 "block {b}"
             );
         }
-        assert_eq!(pool.num_free_blocks(), model.free());
+        assert_eq!(pool.num_free_list_blocks(), model.free());
     }
 }
 

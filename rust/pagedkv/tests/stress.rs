@@ -127,7 +127,7 @@ fn eight_managers_one_pool_a_million_ops() {
         shortages > 0,
         "no manager ever ran short: the pool was not contended"
     );
-    assert_eq!(pool.num_free_blocks(), num_blocks);
+    assert_eq!(pool.num_free_list_blocks(), num_blocks);
     assert!(owned.iter().all(|o| !o.load(Ordering::Acquire)));
     pool.check_invariants_quiescent().unwrap();
 }
@@ -177,6 +177,6 @@ fn eight_threads_raw_pool_a_million_ops() {
     for h in handles {
         h.join().unwrap();
     }
-    assert_eq!(pool.num_free_blocks(), num_blocks);
+    assert_eq!(pool.num_free_list_blocks(), num_blocks);
     pool.check_invariants_quiescent().unwrap();
 }

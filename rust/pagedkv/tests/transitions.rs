@@ -308,8 +308,8 @@ fn dropping_a_manager_returns_its_blocks_to_a_shared_pool() {
         let mut kv = KvCacheManager::with_pool(pool.clone(), ManagerConfig::default()).unwrap();
         kv.add_sequence_len(1, 20).unwrap();
         kv.fork(1, 2).unwrap();
-        assert_eq!(pool.num_free_blocks(), 3);
+        assert_eq!(pool.num_free_list_blocks(), 3);
     }
-    assert_eq!(pool.num_free_blocks(), 8);
+    assert_eq!(pool.num_free_list_blocks(), 8);
     pool.check_invariants_quiescent().unwrap();
 }

@@ -140,7 +140,7 @@ impl KvCacheManager {
             }
             None => 0,
         };
-        let free = self.pool.num_free_blocks();
+        let free = self.pool.num_free_list_blocks();
         let total = self.num_blocks_in_use + cached + free;
         if (exclusive_pool && total != self.pool.num_blocks()) || total > self.pool.num_blocks() {
             return fail(format!(

@@ -187,7 +187,7 @@ impl KvCacheManager {
     /// let mut b = KvCacheManager::with_pool(pool.clone(), ManagerConfig::default())?;
     /// a.add_sequence_len(1, 32)?;
     /// b.add_sequence_len(1, 16)?;              // ids are per manager
-    /// assert_eq!(pool.num_free_blocks(), 61);
+    /// assert_eq!(pool.num_free_list_blocks(), 61);
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn with_pool(pool: Arc<BlockPool>, mut config: ManagerConfig) -> Result<Self> {

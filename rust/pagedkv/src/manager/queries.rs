@@ -142,9 +142,9 @@ impl KvCacheManager {
         self.block_size
     }
 
-    /// Blocks this manager could allocate now: the pool's free blocks plus its own
-    /// cached-evictable blocks (Python: `KvCacheManager.num_free_blocks`). The pool's
-    /// `num_free_blocks` counts its free list only.
+    /// Blocks this manager could allocate now: the pool's free-list blocks plus its own
+    /// cached-evictable blocks (Python: `KvCacheManager.num_available_blocks`, alias
+    /// `num_free_blocks`). The pool's `num_free_list_blocks` counts its free list only.
     ///
     /// ```
     /// use pagedkv::{KvCacheManager, ManagerConfig};
@@ -153,11 +153,11 @@ impl KvCacheManager {
     /// })?;
     /// kv.add_sequence(1, &[1, 2, 3], None)?;
     /// kv.free(1)?;                                   // the full block stays cached
-    /// assert_eq!((kv.num_available_blocks(), kv.pool().num_free_blocks()), (4, 3));
+    /// assert_eq!((kv.num_available_blocks(), kv.pool().num_free_list_blocks()), (4, 3));
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn num_available_blocks(&self) -> usize {
-        self.pool.num_free_blocks() + self.prefix.as_ref().map_or(0, PrefixCache::num_cached)
+        self.pool.num_free_list_blocks() + self.prefix.as_ref().map_or(0, PrefixCache::num_cached)
     }
 
     /// This manager's in-use blocks / `num_blocks`, in `[0, 1]`.
@@ -171,7 +171,8 @@ impl KvCacheManager {
             num_blocks: self.pool.num_blocks(),
             block_size: self.block_size,
             num_blocks_in_use: self.num_blocks_in_use,
-            num_free_blocks: self.pool.num_free_blocks(),
+            num_free_list_blocks: self.pool.num_free_list_blocks(),
+            num_available_blocks: self.pool.num_free_list_blocks(),
             num_sequences: self.seqs.len(),
             blocks_allocated: self.counters.blocks_allocated,
             blocks_freed: self.counters.blocks_freed,
@@ -185,6 +186,7 @@ impl KvCacheManager {
         };
         if let Some(p) = &self.prefix {
             s.num_cached_blocks = p.num_cached();
+            s.num_available_blocks = s.num_free_list_blocks + s.num_cached_blocks;
             s.prefix_query_tokens = p.query_tokens;
             s.prefix_hit_tokens = p.hit_tokens;
             s.prefix_hit_rate = if p.query_tokens == 0 {

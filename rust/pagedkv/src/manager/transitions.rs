@@ -63,8 +63,8 @@ impl KvCacheManager {
             needed_blocks: num_blocks + pinned_cached,
             available_blocks: pool_free + cached,
         };
-        if num_blocks > self.pool.num_free_blocks() + evictable {
-            return Err(shortage(self.pool.num_free_blocks()));
+        if num_blocks > self.pool.num_free_list_blocks() + evictable {
+            return Err(shortage(self.pool.num_free_list_blocks()));
         }
         // One step: at least what the cache cannot make up, at most everything. A refusal
         // takes nothing, so no block ever goes back (which would refuse other managers in
@@ -72,7 +72,7 @@ impl KvCacheManager {
         let got = self
             .pool
             .allocate_between(num_blocks.saturating_sub(evictable), num_blocks, out)
-            .map_err(|_| shortage(self.pool.num_free_blocks()))?;
+            .map_err(|_| shortage(self.pool.num_free_list_blocks()))?;
         Ok(FreshReservation {
             num_blocks,
             from_cache: num_blocks - got,

@@ -38,7 +38,7 @@ impl BlockPool {
 
     /// The exact pool invariants, valid only while no other thread is inside a pool operation:
     /// everything [`BlockPool::check_invariants`] checks, plus free-list length ==
-    /// `num_free_blocks()`, and the refcount-0 blocks are exactly the free ones plus the
+    /// `num_free_list_blocks()`, and the refcount-0 blocks are exactly the free ones plus the
     /// cached-evictable ones (in use + cached + free == num_blocks).
     ///
     /// ```

@@ -6,7 +6,7 @@ use super::*;
 fn fresh_pool_hands_out_ascending_ids() {
     let pool = BlockPool::new(4, 8).unwrap();
     assert_eq!(pool.allocate(4).unwrap(), vec![0, 1, 2, 3]);
-    assert_eq!(pool.num_free_blocks(), 0);
+    assert_eq!(pool.num_free_list_blocks(), 0);
     pool.check_invariants_quiescent().unwrap();
 }
 
@@ -24,7 +24,7 @@ fn out_of_blocks_changes_nothing() {
     pool.allocate(2).unwrap();
     let err = pool.allocate(2).unwrap_err();
     assert_eq!(err.blocks_short(), Some(1));
-    assert_eq!(pool.num_free_blocks(), 1);
+    assert_eq!(pool.num_free_list_blocks(), 1);
     pool.check_invariants_quiescent().unwrap();
 }
 
@@ -63,16 +63,16 @@ fn cached_transitions_keep_counts() {
     let b = pool.allocate(2).unwrap();
     assert!(pool.release_to_cache(b[0]).unwrap());
     assert_eq!(pool.num_cached_blocks(), 1);
-    assert_eq!(pool.num_free_blocks(), 1);
+    assert_eq!(pool.num_free_list_blocks(), 1);
     pool.check_invariants_quiescent().unwrap();
     pool.claim_cached(b[0]);
     assert_eq!(pool.refcount(b[0]).unwrap(), 1);
     pool.release_to_cache(b[0]).unwrap();
     pool.free_cached(b[0]);
-    assert_eq!(pool.num_free_blocks(), 2);
+    assert_eq!(pool.num_free_list_blocks(), 2);
     let mut out = Vec::new();
     assert_eq!(pool.allocate_between(0, 5, &mut out).unwrap(), 2);
-    assert_eq!(pool.num_free_blocks(), 0);
+    assert_eq!(pool.num_free_list_blocks(), 0);
     pool.check_invariants_quiescent().unwrap();
 }
 
@@ -101,7 +101,7 @@ fn allocate_between_takes_what_is_free_within_bounds() {
         Err(Error::InvalidArgument(_))
     ));
     assert_eq!(pool.allocate_between(1, 9, &mut out).unwrap(), 2);
-    assert_eq!(pool.num_free_blocks(), 0);
+    assert_eq!(pool.num_free_list_blocks(), 0);
     pool.check_invariants_quiescent().unwrap();
 }
 
@@ -202,6 +202,6 @@ fn release_all_stops_at_a_stale_handle_after_releasing_the_ones_before() {
         1,
         "the new tenant's reference is intact"
     );
-    assert_eq!(pool.num_free_blocks(), 2);
+    assert_eq!(pool.num_free_list_blocks(), 2);
     pool.check_invariants_quiescent().unwrap();
 }

@@ -26,8 +26,7 @@
 //! deployment where clients choose prompts and must not be able to collide two prefixes
 //! keeps its `hash_seed` secret and separates tenants with an extra key (cache salt).
 //!
-//! Admission hashes a prompt's blocks with one `ChainHasher` (as [`BlockHasher::hash_chain`]
-//! does): the message is built once and each block rewrites only its parent and token ids, so
+//! Admission hashes a prompt's blocks with one `ChainHasher`: the message is built once and each block rewrites only its parent and token ids, so
 //! nothing is allocated per block.
 
 use xxhash_rust::xxh3::xxh3_128_with_seed;
@@ -55,9 +54,6 @@ const STACK_MESSAGE_BYTES: usize = 256;
 /// assert_eq!(first, BlockHasher::new(42).hash_block(None, &[1, 2, 3, 4], None)); // reproducible
 /// assert_ne!(first, BlockHasher::new(43).hash_block(None, &[1, 2, 3, 4], None)); // keyed
 /// assert_ne!(first, h.hash_block(None, &[1, 2, 3, 4], Some(b"tenant-a")));      // salted
-/// let mut chain = Vec::new();
-/// h.hash_chain(None, &[1, 2, 3, 4, 5, 6, 7, 8, 9], 4, None, &mut chain);      // full blocks only
-/// assert_eq!(chain, vec![first, second]);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BlockHasher {
@@ -112,29 +108,6 @@ impl BlockHasher {
             .hash(parent, token_ids)
     }
 
-    /// Appends to `out` the hashes of every full `block_size`-token block of `token_ids`, in
-    /// order, the first chained to `parent`. The message is built once; each block rewrites
-    /// only its parent and token ids.
-    pub fn hash_chain(
-        &self,
-        mut parent: Option<BlockHash>,
-        token_ids: &[TokenId],
-        block_size: usize,
-        extra_key: Option<&[u8]>,
-        out: &mut Vec<BlockHash>,
-    ) {
-        if block_size == 0 || token_ids.len() < block_size {
-            return;
-        }
-        let mut chain = self.chain(block_size, extra_key);
-        out.reserve(token_ids.len() / block_size);
-        for chunk in token_ids.chunks_exact(block_size) {
-            let h = chain.hash(parent, chunk);
-            out.push(h);
-            parent = Some(h);
-        }
-    }
-
     /// A [`ChainHasher`] for the `block_size`-token blocks of a sequence with `extra_key`.
     #[inline]
     pub(crate) fn chain(&self, block_size: usize, extra_key: Option<&[u8]>) -> ChainHasher {
@@ -176,9 +149,8 @@ impl BlockHasher {
 }
 
 /// Hashes a sequence's blocks one at a time with one message buffer, built once (the extra
-/// key written once); each block rewrites only its parent and token ids. What
-/// [`BlockHasher::hash_chain`] runs on, and what admission hashes a missed prompt's blocks
-/// with as it enters them (each hash waits on its parent's, so computed there, next to the
+/// key written once); each block rewrites only its parent and token ids. What admission hashes
+/// a missed prompt's blocks with as it enters them (each hash waits on its parent's, so computed there, next to the
 /// index writes, the chain's latency overlaps their cache misses).
 pub(crate) struct ChainHasher {
     seed: u64,
@@ -250,15 +222,13 @@ mod tests {
         let long = vec![5u8; 300];
         for extra in [None, Some(&b"salt"[..]), Some(&long[..])] {
             let tokens: Vec<TokenId> = (0..50).collect();
-            let mut chain = Vec::new();
-            h.hash_chain(None, &tokens, 16, extra, &mut chain);
-            assert_eq!(chain.len(), 3);
+            let mut chain = h.chain(16, extra);
             let mut parent = None;
-            for (i, block) in tokens.chunks_exact(16).enumerate() {
+            for block in tokens.chunks_exact(16) {
                 let msg = BlockHasher::message_bytes(parent, block, extra);
                 let expected = xxh3_128_with_seed(&msg, 99);
                 assert_eq!(h.hash_block(parent, block, extra), expected);
-                assert_eq!(chain[i], expected);
+                assert_eq!(chain.hash(parent, block), expected);
                 parent = Some(expected);
             }
         }
