@@ -148,6 +148,17 @@ __global__ void __launch_bounds__(kPrefillThreads) paged_prefill_kernel(
   float m_run[2] = {neg_inf(), neg_inf()};  // running max (log2 domain) of rows lane_group, +8
   float l_run[2] = {0.f, 0.f};              // this lane's share of the running denominators
 
+  // Each row's visible keys [key_lo, key_hi]: from its window's first key (window) to the
+  // split's end and (causal) its own position; two compares per score in the loop.
+  int key_lo[2];
+  int key_hi[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int pos = first_pos + row_token[h];
+    key_lo[h] = windowed ? pos - window + 1 : 0;
+    key_hi[h] = causal ? min(kv_end - 1, pos) : kv_end - 1;
+  }
+
   if (kv_begin < kv_end) load_tile(kv_begin, 0);
   int buf = 0;
   for (int tile = kv_begin; tile < kv_end; tile += kKv) {
@@ -186,8 +197,7 @@ __global__ void __launch_bounds__(kPrefillThreads) paged_prefill_kernel(
       for (int i = 0; i < 4; ++i) {
         const int h = i >> 1;
         const int key = tile + j * 8 + 2 * tig + (i & 1);
-        const int pos = first_pos + row_token[h];
-        const bool visible = key < kv_end && (!causal || key <= pos) && (!windowed || key > pos - window);
+        const bool visible = key >= key_lo[h] && key <= key_hi[h];
         s[j][i] = visible ? s[j][i] * scale_log2 : neg_inf();
         tile_max[h] = fmaxf(tile_max[h], s[j][i]);
       }
