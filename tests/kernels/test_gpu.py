@@ -11,6 +11,8 @@ from pagedkv.attention import contiguous_attention, copy_blocks, paged_attention
 from pagedkv.kernels import instances
 
 from .conftest import KIND_DTYPES, assert_close, cupy_and_gpu_marks, make_problem, stable_seed, to_kind
+from .prefill_problems import make_prefill_problem
+from .window_problems import poison_before_window, release_out_of_window
 
 cupy, pytestmark = cupy_and_gpu_marks("backend='cuda' needs CuPy")
 
@@ -45,6 +47,30 @@ def test_cuda_core_decode_on_tensor_core_shapes(kind, group):
         for splits in (None, 1, 5):
             out = paged_attention(*_to_device(p), backend="cuda", num_splits=splits, use_tensor_cores=use)
             assert_close(cupy.asnumpy(out), expected, kind)
+
+
+@pytest.mark.parametrize("kind,head_dim,block_size,group", GRID)
+def test_windowed_decode_every_instance(kind, head_dim, block_size, group):
+    """window=: released blocks are NaN with table entry -1, the slots before the window NaN;
+    windows below a block, not a multiple of it, and above the context; host and device tables."""
+    for window in (3, 37, 1000):
+        rng = np.random.default_rng(stable_seed("window", kind, head_dim, block_size, group, window))
+        lens = [1, 77, 300, 16 * block_size]
+        p = make_prefill_problem(rng, kind, [n - 1 for n in lens], [1] * 4, 2, group, head_dim, block_size)
+        release_out_of_window(p, window)
+        pk = p.paged
+        expected = paged_attention(p.q, pk.k_cache, pk.v_cache, pk.block_tables, p.seq_lens, window=window)
+        poison_before_window(p, window)
+        q, k, v = (cupy.asarray(x) for x in (p.q, pk.k_cache, pk.v_cache))
+        for tables, lens_arg in (
+            (pk.block_tables, p.seq_lens),
+            (cupy.asarray(pk.block_tables), cupy.asarray(p.seq_lens)),
+        ):
+            for splits in (None, 1, 5):
+                out = paged_attention(
+                    q, k, v, tables, lens_arg, backend="cuda", num_splits=splits, window=window
+                )
+                assert_close(cupy.asnumpy(out), expected, kind)
 
 
 def test_long_context_auto_split():

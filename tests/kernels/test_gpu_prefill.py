@@ -11,6 +11,7 @@ from pagedkv.kernels import instances
 
 from .conftest import assert_close, cupy_and_gpu_marks, stable_seed
 from .prefill_problems import make_prefill_problem
+from .window_problems import poison_before_window, release_out_of_window
 
 cupy, pytestmark = cupy_and_gpu_marks("backend='cuda' needs CuPy")
 
@@ -30,6 +31,33 @@ def test_prefill_matches_reference_every_instance(kind, head_dim, block_size, gr
         cupy.asarray(q), cupy.asarray(k), cupy.asarray(v), tables, lens, qsl, backend="cuda"
     )
     assert_close(out.get(), paged_prefill_attention(q, k, v, tables, lens, qsl), kind)
+
+
+@pytest.mark.parametrize("kind,head_dim,block_size,group", GRID)
+@pytest.mark.parametrize("window", [3, 37, 1000])
+def test_windowed_prefill_every_instance(kind, head_dim, block_size, group, window):
+    """window=: released blocks NaN with table entry -1, the slots before the window NaN; both
+    table layouts, with and without split-KV."""
+    rng = np.random.default_rng(stable_seed("window", kind, head_dim, block_size, group, window))
+    p = make_prefill_problem(rng, kind, [0, 150, 300, 7], [70, 33, 1, 0], 2, group, head_dim, block_size)
+    release_out_of_window(p, window)
+    expected = paged_prefill_attention(*p.args(), window=window)
+    poison_before_window(p, window)
+    for layout in ("padded", "csr"):
+        q, k, v, tables, lens, qsl = p.args(layout)
+        for splits in (None, 4):
+            out = paged_prefill_attention(
+                cupy.asarray(q),
+                cupy.asarray(k),
+                cupy.asarray(v),
+                tables,
+                lens,
+                qsl,
+                backend="cuda",
+                num_splits=splits,
+                window=window,
+            )
+            assert_close(out.get(), expected, kind)
 
 
 def test_long_prompt_and_device_metadata():

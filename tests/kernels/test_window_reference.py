@@ -160,20 +160,3 @@ def test_a_window_needs_causal_attention():
     p = make_prefill_problem(np.random.default_rng(3), "float32", [3], [2], 1, 1, 16, 4)
     with pytest.raises(InvalidArgumentError, match="causal"):
         paged_prefill_attention(*p.args(), causal=False, window=4)
-
-
-@pytest.mark.parametrize("backend", ["emulated", "cuda"])
-def test_kernel_backends_refuse_a_window_until_they_implement_it(backend):
-    p = make_prefill_problem(np.random.default_rng(4), "float16", [3], [2], 1, 1, 64, 16)
-    with pytest.raises(InvalidArgumentError, match="window"):
-        paged_prefill_attention(*p.args(), window=4, backend=backend)
-    with pytest.raises(InvalidArgumentError, match="window"):
-        paged_attention(
-            p.q[1:],
-            p.paged.k_cache,
-            p.paged.v_cache,
-            p.paged.block_tables,
-            p.seq_lens,
-            window=4,
-            backend=backend,
-        )

@@ -57,7 +57,7 @@ int main() {
              dim3(pagedkv::kDecodeThreads), out.data(), split_out.data(), split_max.data(), split_sum.data(),
              static_cast<const f16*>(q.data()), static_cast<const f16*>(k_cache.data()),
              static_cast<const f16*>(v_cache.data()), static_cast<const int*>(tables),
-             static_cast<const int*>(lens), kHeads, kGroup, 3, 32, scale_log2))
+             static_cast<const int*>(lens), kHeads, kGroup, 3, 32, scale_log2, 0))
     return 1;
   if (launch(&pagedkv::merge_splits_kernel<f16, kDim>, dim3(kHeads * kGroup, 1), dim3(pagedkv::kMergeThreads),
              out.data(), static_cast<const float*>(split_out.data()), static_cast<const float*>(split_max.data()),

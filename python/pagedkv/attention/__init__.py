@@ -93,8 +93,8 @@ def paged_attention(
     window: sliding-window attention, inclusive as in Gemma / Hugging Face: the query (at position
     seq_len - 1) sees the keys at positions [seq_len - window, seq_len - 1], i.e. the last
     ``window`` keys (None: all). Blocks wholly before the window are never read and their table
-    entries may be -1 (released by a sliding-window KV group). backend='numpy' only for now;
-    other backends raise InvalidArgumentError when given a window.
+    entries may be -1 (released by a sliding-window KV group): the kernels start each
+    sequence's key loop at the window (docs/decode_kernel.md) and plan splits over it.
     """
     q, k_cache, v_cache, block_tables, seq_lens = (
         val.unwrap_ndarray_subclass(n, x)
@@ -115,7 +115,7 @@ def paged_attention(
         )
     if backend == "numpy":
         return reference.paged_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, window)
-    shape = val.check_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, backend)
+    shape = val.check_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, backend, window)
     val.check_tensor_core_choice(tensor_cores, shape.kind, shape.head_dim, shape.group)
     shape = dataclasses.replace(shape, use_tensor_cores=tensor_cores)
     return kernel_launch.paged_attention(
@@ -127,6 +127,7 @@ def paged_attention(
         seq_lens,
         shape,
         splits,
+        window,
     )
 
 

@@ -16,6 +16,7 @@ import numpy as np
 from pagedkv.attention import copy_planning, split_planning
 from pagedkv.attention import validation as val
 from pagedkv.attention.dtypes import nan_fill_value
+from pagedkv.attention.window import kernel_window
 from pagedkv.errors import InvariantViolation
 from pagedkv.kernels import instances
 from pagedkv.kernels.instances import Instance
@@ -94,16 +95,18 @@ def paged_attention(
     seq_lens: Any,
     shape: val.AttentionShape,
     num_splits: int | None = None,
+    window: int | None = None,
 ) -> Any:
     """One decode call with its own output and split buffers (see DecodeWorkspace for a call with
-    none). Host (NumPy) tables and lengths are uploaded; shape.max_seq_len comes from the host."""
+    none). Host (NumPy) tables and lengths are uploaded; shape.max_seq_len comes from the host.
+    window: sliding window (None: all keys); the splits cut only the visible keys."""
     out = _output(runner, tuple(q.shape), q.dtype, nan_fill_value(shape.kind))
     if shape.num_seqs == 0:
         return out
     tile = instances.tile_tokens(shape.kind, shape.head_dim)
     splits, tokens_per_split = choose_splits(
         shape.num_seqs * shape.num_kv_heads,
-        shape.max_seq_len,
+        split_planning.visible_tokens(shape.max_seq_len, window, tile),
         tile,
         runner.num_sms,
         num_splits,
@@ -131,6 +134,7 @@ def paged_attention(
         int(block_tables.shape[1]),
         splits,
         tokens_per_split,
+        window,
     )
     return out
 
@@ -148,6 +152,7 @@ def launch_decode(
     table_stride: int,
     splits: int,
     tokens_per_split: int,
+    window: int | None = None,
 ) -> None:
     """The decode launch (and the merge launch with more than one split): launches only, no
     allocation and no host access to device memory, so it may run under CUDA graph capture.
@@ -155,6 +160,9 @@ def launch_decode(
     block_tables: rows of table_stride int32 entries, the first num_seqs rows used;
     split_buffers: (split_out, split_max, split_sum) holding at least
     num_seqs * num_q_heads * splits * (head_dim, 1, 1) floats when splits > 1.
+    window: sliding window (None: none), passed to the kernel as a runtime argument (0: none), so
+    no instance is compiled per window; splits * tokens_per_split must cover the visible keys
+    (split_planning.visible_tokens).
     """
     split_out, split_max, split_sum = split_buffers
     instance = decode_instance(shape)
@@ -177,6 +185,7 @@ def launch_decode(
             np.int32(table_stride),
             np.int32(tokens_per_split),
             np.float32(shape.scale * LOG2E),
+            np.int32(kernel_window(window)),
         ],
     )
     if splits > 1:

@@ -59,8 +59,8 @@ def paged_prefill_attention(
     window: sliding-window attention (needs ``causal``), inclusive as in Gemma / Hugging Face: the
     query at position p sees the keys at positions [p - window + 1, p], clipped at 0 (None: all of
     0..p). Blocks wholly before the window of a sequence's first query are never read and their
-    table entries may be -1 (released by a sliding-window KV group). backend='numpy' only for
-    now; other backends raise InvalidArgumentError when given a window.
+    table entries may be -1 (released by a sliding-window KV group): the kernel starts each work
+    tile's key loop at its first row's window (docs/prefill.md).
     """
     window = check_window(window, val.check_backend(backend))
     if backend == "cpu":
@@ -80,7 +80,7 @@ def paged_prefill_attention(
             q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, causal, window
         )
     args = pval.check_paged_prefill(
-        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, causal, backend
+        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, causal, backend, window
     )
     if num_splits is not None and (
         isinstance(num_splits, bool) or not isinstance(num_splits, (int, np.integer)) or num_splits < 1
@@ -88,5 +88,5 @@ def paged_prefill_attention(
         raise InvalidArgumentError(f"num_splits must be a positive integer, got {num_splits!r}")
     prefill_launch.check_kernel_shape(args.shape)
     return prefill_launch.paged_prefill(
-        get_runner(backend), args, None if num_splits is None else int(num_splits)
+        get_runner(backend), args, None if num_splits is None else int(num_splits), window
     )

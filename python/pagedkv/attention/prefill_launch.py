@@ -24,6 +24,7 @@ import numpy as np
 from pagedkv.attention import prefill_validation as pval
 from pagedkv.attention.dtypes import nan_fill_value
 from pagedkv.attention.kernel_launch import LOG2E, Runner, _output
+from pagedkv.attention.window import first_visible_key, kernel_window
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.kernels import instances
 
@@ -72,16 +73,23 @@ def tile_kv_needed(
     tile_row0: np.ndarray,
     group: int,
     causal: bool,
+    window: int | None = None,
 ) -> np.ndarray:
     """Keys each work tile reads (int64 [num_tiles]): all of its sequence's, or (causal) up to the
-    position of the tile's last query row; the kernel computes the same bound."""
+    position of the tile's last query row, and (causal, with a sliding window) from its first
+    row's first visible key on; the kernel computes the same bounds."""
     seq = tile_seq.astype(np.int64)
     seq_len = seq_lens.astype(np.int64)[seq]
     if not causal:
         return seq_len
     q_len = np.diff(query_start_loc.astype(np.int64))[seq]
+    first_pos = seq_len - q_len
     last_token = np.minimum(q_len - 1, (tile_row0.astype(np.int64) + instances.PREFILL_ROWS - 1) // group)
-    return np.minimum(seq_len, seq_len - q_len + last_token + 1)
+    end = np.minimum(seq_len, first_pos + last_token + 1)
+    if window is None:
+        return end
+    first_key = first_visible_key(first_pos + tile_row0.astype(np.int64) // group, window)
+    return end - first_key
 
 
 def choose_split_tokens(
@@ -119,10 +127,15 @@ class PrefillPlan:
     merge_grid: tuple[int, int, int]
     merge_metadata: tuple[Any, ...]  # query_start_loc, merge_seq, merge_row0, merge_first, splits
     scalars: tuple[Any, ...]  # num_kv_heads, group, causal
+    window: int = 0  # the kernel's sliding window (0: none)
 
 
-def plan(runner: Runner, args: pval.PrefillArgs, num_splits: int | None = None) -> PrefillPlan | None:
-    """The launches for validated arguments, or None when there is no query row at all."""
+def plan(
+    runner: Runner, args: pval.PrefillArgs, num_splits: int | None = None, window: int | None = None
+) -> PrefillPlan | None:
+    """The launches for validated arguments, or None when there is no query row at all.
+    window (causal only, checked by validation): splits and dispatch order count only the keys
+    in each tile's window."""
     shape = args.shape
     check_kernel_shape(shape)
     base_seq, base_row0 = work_tiles(args.query_start_loc, shape.group)
@@ -132,7 +145,7 @@ def plan(runner: Runner, args: pval.PrefillArgs, num_splits: int | None = None) 
     if int(args.table.row_start.max(initial=0)) > pval.MAX_KERNEL_ENTRIES:
         raise InvalidArgumentError("the page table has more entries than int32 offsets address")
     kv_needed = tile_kv_needed(
-        args.query_start_loc, args.seq_lens, base_seq, base_row0, shape.group, shape.causal
+        args.query_start_loc, args.seq_lens, base_seq, base_row0, shape.group, shape.causal, window
     )
     tokens_per_split = choose_split_tokens(
         num_base * shape.num_kv_heads,
@@ -185,6 +198,7 @@ def plan(runner: Runner, args: pval.PrefillArgs, num_splits: int | None = None) 
         (int(merging.shape[0]), shape.num_kv_heads, 1),
         merge_metadata,
         (np.int32(shape.num_kv_heads), np.int32(shape.group), np.int32(1 if shape.causal else 0)),
+        kernel_window(window) if shape.causal else 0,
     )
 
 
@@ -218,6 +232,7 @@ def launch(runner: Runner, prefill_plan: PrefillPlan | None, args: pval.PrefillA
             causal,
             np.int32(prefill_plan.tokens_per_split),
             np.float32(shape.scale * LOG2E),
+            np.int32(prefill_plan.window),
         ],
     )
     if prefill_plan.num_partials:
@@ -230,5 +245,7 @@ def launch(runner: Runner, prefill_plan: PrefillPlan | None, args: pval.PrefillA
     return out
 
 
-def paged_prefill(runner: Runner, args: pval.PrefillArgs, num_splits: int | None = None) -> Any:
-    return launch(runner, plan(runner, args, num_splits), args)
+def paged_prefill(
+    runner: Runner, args: pval.PrefillArgs, num_splits: int | None = None, window: int | None = None
+) -> Any:
+    return launch(runner, plan(runner, args, num_splits, window), args)

@@ -25,6 +25,17 @@ MERGE_COST_TOKENS = 128  # the merge launch (~3 us on an H200) in token steps of
 SPLIT_MARGIN = 0.05  # take the fewest splits whose predicted cost is within 5 % of the cheapest
 
 
+def visible_tokens(max_seq_len: int, window: int | None, tile_tokens: int) -> int:
+    """The most keys one decode CTA row walks under a sliding ``window`` (None: all max_seq_len):
+    only the blocks in the window are visible, so splits are planned over them, not the whole
+    context. A kernel may start its key loop up to ``tile_tokens - 1`` keys early, at the first
+    visible key's block or tile (the tensor-core decode kernel does, masking those keys), so the
+    span it walks is at most window + tile_tokens - 1."""
+    if window is None or window <= 0:
+        return max_seq_len
+    return min(max_seq_len, window + tile_tokens - 1)
+
+
 @dataclass(frozen=True)
 class SmLimits:
     """Per-SM resources that bound how many CTAs are resident (one architecture)."""

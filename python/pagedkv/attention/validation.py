@@ -240,7 +240,7 @@ def check_paged_attention(
     if backend == "cuda" and is_cupy_array(block_tables) != is_cupy_array(seq_lens):
         raise InvalidArgumentError("block_tables and seq_lens must both be NumPy or both be CuPy arrays")
     if is_cupy_array(block_tables):
-        max_seq_len = check_decode_metadata_on_device(block_tables, seq_lens, shape, backend)
+        max_seq_len = check_decode_metadata_on_device(block_tables, seq_lens, shape, backend, window)
     else:
         max_seq_len = check_decode_metadata(block_tables, seq_lens, shape, backend, window)
     return dataclasses.replace(shape, max_seq_len=max_seq_len)
@@ -337,7 +337,7 @@ def check_decode_metadata(
 
 
 def check_decode_metadata_on_device(
-    block_tables: Any, seq_lens: Any, shape: AttentionShape, backend: str
+    block_tables: Any, seq_lens: Any, shape: AttentionShape, backend: str, window: int | None = None
 ) -> int:
     """check_decode_metadata for CuPy tables and lengths: the same checks run on the device and
     their verdicts come back to the host (several device-to-host syncs). Returns max_seq_len."""
@@ -346,7 +346,10 @@ def check_decode_metadata_on_device(
         return 0
     xp = _xp(block_tables)
     low, high = (int(v) for v in xp.stack([seq_lens.min(), seq_lens.max()]).get())
-    return _check_lengths_and_tables(xp, block_tables, seq_lens, shape, backend, low, high)
+    first_blocks = None
+    if window is not None:
+        first_blocks = xp.maximum(seq_lens.astype(np.int64) - window, 0) // shape.block_size
+    return _check_lengths_and_tables(xp, block_tables, seq_lens, shape, backend, low, high, first_blocks)
 
 
 def _check_lengths_and_tables(

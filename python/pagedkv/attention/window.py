@@ -18,10 +18,15 @@ import numpy as np
 
 from pagedkv.errors import InvalidArgumentError
 
-__all__ = ["WINDOW_BACKENDS", "check_window", "first_visible_key"]
+__all__ = ["WINDOW_BACKENDS", "check_window", "first_visible_key", "kernel_window"]
 
-# Backends that implement window= (the CUDA/emulated kernels skip no tiles yet; they refuse one).
-WINDOW_BACKENDS = ("numpy", "cpu")
+# The kernels' window argument is an int32; no kernel sequence is longer than this
+# (validation.MAX_KERNEL_SEQ_LEN), so a larger window means the same as this one.
+_KERNEL_WINDOW_CAP = 1 << 30
+
+# Backends that implement window= (every one; the kernels take it as a runtime argument and skip the keys
+# before each query's window).
+WINDOW_BACKENDS = ("numpy", "cpu", "cuda", "emulated")
 
 
 def check_window(window: Any, backend: str) -> int | None:
@@ -35,8 +40,7 @@ def check_window(window: Any, backend: str) -> int | None:
         raise InvalidArgumentError(f"window must be >= 1 (keys a query sees, itself included), got {window}")
     if backend not in WINDOW_BACKENDS:
         raise InvalidArgumentError(
-            f"window= (sliding-window attention) is not supported by backend={backend!r} yet: "
-            f"use backend='numpy' or 'cpu'"
+            f"window= (sliding-window attention) is not supported by backend={backend!r}"
         )
     return int(window)
 
@@ -48,3 +52,9 @@ def first_visible_key(positions: np.ndarray, window: int | None) -> np.ndarray:
     if window is None:
         return np.zeros_like(positions)
     return np.maximum(positions - (window - 1), 0)
+
+
+def kernel_window(window: int | None) -> int:
+    """The kernels' runtime ``window`` argument: 0 for no window, else the window capped at the
+    longest kernel sequence (so it fits an int32 and means the same)."""
+    return 0 if window is None else min(int(window), _KERNEL_WINDOW_CAP)

@@ -43,6 +43,10 @@ struct DecodeShape {
 // tokens [s * tokens_per_split, min((s + 1) * tokens_per_split, seq_lens[b])). With one split it
 // writes `out`; otherwise the normalized partial output, its max and its denominator per split.
 // GROUP >= group_size is the compile-time group; the heads past group_size are padding.
+// window > 0 (sliding-window attention, inclusive): the query at position seq_len - 1 sees keys
+// [first, seq_len) with first = max(0, seq_len - window) only, and the splits cut that span:
+// split s covers [first + s * tokens_per_split, ...). No key (nor its page-table entry, which may
+// be -1 for a released block) before `first` is ever read. window <= 0: no window.
 template <typename T, int HEAD_DIM, int BLOCK_SIZE, int GROUP>
 __global__ void __launch_bounds__(kDecodeThreads) paged_decode_kernel(
     T* __restrict__ out,                   // [num_seqs, num_q_heads, HEAD_DIM]
@@ -54,7 +58,8 @@ __global__ void __launch_bounds__(kDecodeThreads) paged_decode_kernel(
     const T* __restrict__ v_cache,         // [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM]
     const int* __restrict__ block_tables,  // [num_seqs, max_blocks_per_seq]
     const int* __restrict__ seq_lens,      // [num_seqs]
-    int num_kv_heads, int group_size, int max_blocks_per_seq, int tokens_per_split, float scale_log2) {
+    int num_kv_heads, int group_size, int max_blocks_per_seq, int tokens_per_split, float scale_log2,
+    int window) {
   using Shape = DecodeShape<T, HEAD_DIM>;
   constexpr int E = Shape::kElemsPerVec;
   constexpr int kTile = Shape::kTileTokens;
@@ -81,7 +86,9 @@ __global__ void __launch_bounds__(kDecodeThreads) paged_decode_kernel(
   const int num_q_heads = num_kv_heads * group_size;
 
   const int seq_len = load_scalar(seq_lens + seq);
-  const int begin = split * tokens_per_split;
+  // Tokens are gathered one row at a time, so the key loop starts at the first visible key itself.
+  const int first = window > 0 ? max(0, seq_len - window) : 0;
+  const int begin = first + split * tokens_per_split;
   const int end = min(seq_len, begin + tokens_per_split);
   const i64 slot_stride = static_cast<i64>(num_kv_heads) * HEAD_DIM;  // elements between slots
   const i64 head_offset = static_cast<i64>(kv_head) * HEAD_DIM;

@@ -53,6 +53,12 @@ struct MmaDecodeShape {
 
 // grid: (num_kv_heads, num_seqs, num_splits); block: kMmaDecodeThreads threads.
 // Arguments and outputs exactly as paged_decode_kernel's; group_size <= kMmaDecodeHeads.
+// window > 0: the visible keys are [first, seq_len), first = max(0, seq_len - window). The tiles
+// must start at a block boundary (or, for blocks longer than a tile, a tile boundary) for the
+// staged page-table entries, so the key loop starts at `base`, `first` rounded down to
+// min(BLOCK_SIZE, kTile): the first visible key's block. The rows of [base, first) are
+// zero-filled without a read and masked; no table entry before first's block is read (it may be
+// -1, a released block). Split s covers [base + s * tokens_per_split, ...).
 template <typename T, int HEAD_DIM, int BLOCK_SIZE>
 __global__ void __launch_bounds__(kMmaDecodeThreads) paged_decode_mma_kernel(
     T* __restrict__ out,                   // [num_seqs, num_q_heads, HEAD_DIM]
@@ -64,7 +70,8 @@ __global__ void __launch_bounds__(kMmaDecodeThreads) paged_decode_mma_kernel(
     const T* __restrict__ v_cache,         // [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM]
     const int* __restrict__ block_tables,  // [num_seqs, max_blocks_per_seq]
     const int* __restrict__ seq_lens,      // [num_seqs]
-    int num_kv_heads, int group_size, int max_blocks_per_seq, int tokens_per_split, float scale_log2) {
+    int num_kv_heads, int group_size, int max_blocks_per_seq, int tokens_per_split, float scale_log2,
+    int window) {
   using Shape = MmaDecodeShape<HEAD_DIM>;
   constexpr int kTile = Shape::kTile;
   constexpr int kRowHalves = PaddedRow<HEAD_DIM>::kHalves;
@@ -94,7 +101,10 @@ __global__ void __launch_bounds__(kMmaDecodeThreads) paged_decode_mma_kernel(
   const int score_dim0 = score_part * Shape::kScoreDimSteps * 16;
 
   const int seq_len = load_scalar(seq_lens + seq);
-  const int begin = split * tokens_per_split;
+  constexpr int kAlign = BLOCK_SIZE < kTile ? BLOCK_SIZE : kTile;
+  const int first = window > 0 ? max(0, seq_len - window) : 0;  // first visible key
+  const int base = first - first % kAlign;
+  const int begin = base + split * tokens_per_split;
   const int end = min(seq_len, begin + tokens_per_split);
   const unsigned int slot_bytes = static_cast<unsigned int>(num_kv_heads) * HEAD_DIM * sizeof(T);
   const T* k_head = k_cache + static_cast<i64>(kv_head) * HEAD_DIM;
@@ -117,7 +127,7 @@ __global__ void __launch_bounds__(kMmaDecodeThreads) paged_decode_mma_kernel(
              static_cast<unsigned int>(token) % BLOCK_SIZE;
     };
     gather_kv_tile_async<T, HEAD_DIM, kTile, kMmaDecodeThreads>(k_sm[buf], v_sm[buf], k_head, v_head, slot_bytes,
-                                                                 tile, end, tid, slot_of);
+                                                                 tile, first, end, tid, slot_of);
     cp_async_commit();
   };
   if (tid < kTableEntries) {
@@ -196,7 +206,7 @@ __global__ void __launch_bounds__(kMmaDecodeThreads) paged_decode_mma_kernel(
         float s = 0.f;
 #pragma unroll
         for (int w = 0; w < Shape::kScoreParts; ++w) s += score_sm[w][lane_group][token];
-        s = tile + token < end ? s * scale_log2 : neg_inf();
+        s = tile + token < end && tile + token >= first ? s * scale_log2 : neg_inf();
         p[kk][i] = s;
         tile_max = fmaxf(tile_max, s);
       }
@@ -204,7 +214,8 @@ __global__ void __launch_bounds__(kMmaDecodeThreads) paged_decode_mma_kernel(
     // The 4 lanes of a group hold the tile's tokens of one head between them.
     tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
     tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-    // The tile's first token is always valid, so m_new is finite.
+    // Every tile has a visible token (its first, or `first` itself in the first tile of split 0),
+    // so m_new is finite.
     const float m_new = fmaxf(m_run, tile_max);
     const float alpha = exp2f(m_run - m_new);
     m_run = m_new;

@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(kPrefillThreads) paged_prefill_kernel(
     const int* __restrict__ tile_partial,      // [num_work_tiles] partial slot, -1: write `out`
     float* __restrict__ split_out,             // [num_partials, num_kv_heads, kPrefillRows, HEAD_DIM]
     float* __restrict__ split_ml,              // [num_partials, num_kv_heads, kPrefillRows, 2]
-    int num_kv_heads, int group, int causal, int tokens_per_split, float scale_log2) {
+    int num_kv_heads, int group, int causal, int tokens_per_split, float scale_log2, int window) {
   using Shape = PrefillShape<HEAD_DIM>;
   constexpr int kKv = Shape::kKv;
   constexpr int kRowHalves = Shape::kRowHalves;
@@ -88,11 +88,15 @@ __global__ void __launch_bounds__(kPrefillThreads) paged_prefill_kernel(
   const T* k_head = k_cache + static_cast<i64>(kv_head) * HEAD_DIM;
   const T* v_head = v_cache + static_cast<i64>(kv_head) * HEAD_DIM;
 
-  // Keys this tile needs: all of them, or (causal) up to its last row's position; of those,
-  // this work tile's split [kv_begin, kv_end).
+  // Keys this tile needs: all of them, or (causal) up to its last row's position, and (causal with
+  // a sliding window > 0) from its first row's first visible key kv_first on; of those, this work
+  // tile's split [kv_begin, kv_end). Keys are gathered one row at a time, so the loop starts at
+  // kv_first itself: no key before it, nor its page-table entry (-1 for a released block), is read.
   const int last_token = min(q_len - 1, (row0 + kPrefillRows - 1) / group);
   const int kv_needed = causal ? min(seq_len, first_pos + last_token + 1) : seq_len;
-  const int kv_begin = tile_split[blockIdx.x] * tokens_per_split;
+  const bool windowed = causal && window > 0;
+  const int kv_first = windowed ? max(0, first_pos + row0 / group - window + 1) : 0;
+  const int kv_begin = kv_first + tile_split[blockIdx.x] * tokens_per_split;
   const int kv_end = min(kv_needed, kv_begin + tokens_per_split);
   const int partial = tile_partial[blockIdx.x];
 
@@ -131,7 +135,7 @@ __global__ void __launch_bounds__(kPrefillThreads) paged_prefill_kernel(
       return static_cast<unsigned int>(table[t / BLOCK_SIZE]) * BLOCK_SIZE + t % BLOCK_SIZE;
     };
     gather_kv_tile_async<T, HEAD_DIM, kKv, kPrefillThreads>(k_sm[buf], v_sm[buf], k_head, v_head, slot_bytes, tile,
-                                                            kv_end, tid, slot_of);
+                                                            tile, kv_end, tid, slot_of);
     cp_async_commit();
   };
 
@@ -143,6 +147,17 @@ __global__ void __launch_bounds__(kPrefillThreads) paged_prefill_kernel(
   }
   float m_run[2] = {neg_inf(), neg_inf()};  // running max (log2 domain) of rows lane_group, +8
   float l_run[2] = {0.f, 0.f};              // this lane's share of the running denominators
+
+  // Each row's visible keys [key_lo, key_hi]: from its window's first key (window) to the
+  // split's end and (causal) its own position; two compares per score in the loop.
+  int key_lo[2];
+  int key_hi[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int pos = first_pos + row_token[h];
+    key_lo[h] = windowed ? pos - window + 1 : 0;
+    key_hi[h] = causal ? min(kv_end - 1, pos) : kv_end - 1;
+  }
 
   if (kv_begin < kv_end) load_tile(kv_begin, 0);
   int buf = 0;
@@ -173,7 +188,8 @@ __global__ void __launch_bounds__(kPrefillThreads) paged_prefill_kernel(
       }
     }
 
-    // Scale into the log2 domain and mask keys past the context or (causal) past the row.
+    // Scale into the log2 domain and mask keys past the context, (causal) past the row, and
+    // (window) before the row's first visible key; the tile's later rows see fewer early keys.
     float tile_max[2] = {neg_inf(), neg_inf()};
 #pragma unroll
     for (int j = 0; j < Shape::kKeyTiles; ++j) {
@@ -181,7 +197,7 @@ __global__ void __launch_bounds__(kPrefillThreads) paged_prefill_kernel(
       for (int i = 0; i < 4; ++i) {
         const int h = i >> 1;
         const int key = tile + j * 8 + 2 * tig + (i & 1);
-        const bool visible = key < kv_end && (!causal || key <= first_pos + row_token[h]);
+        const bool visible = key >= key_lo[h] && key <= key_hi[h];
         s[j][i] = visible ? s[j][i] * scale_log2 : neg_inf();
         tile_max[h] = fmaxf(tile_max[h], s[j][i]);
       }
