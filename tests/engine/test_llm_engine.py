@@ -182,7 +182,7 @@ def test_cli_generate_streams_and_refuses_a_bad_model_path(smollm, capsys, tmp_p
 
 @pytest.mark.parametrize("budget", [4, 5])
 def test_deferred_admission_leaves_no_stale_block_trusted(smollm, budget):
-    """Wrong tokens with prefix caching (a hardening regression): A and B share 2 prompt blocks; B was admitted
+    """Wrong tokens with prefix caching: A and B share 2 prompt blocks; B was admitted
     while A was still prefilling them, and trusted K/V that were never written (or a previous
     owner's): [73, 49, 30, 824] instead of the [58, 53, 50, 58] it generates alone. On the
     computed-watermark contract B's hit covers only scheduled chunks; with a budget of 5, B is
