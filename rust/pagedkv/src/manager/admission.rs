@@ -326,7 +326,7 @@ impl HitWalk<'_> {
     ///
     /// One out-of-line copy for all three callers: inlined into each, the hint and hash
     /// look-ups inside were inlined differently in admission depending on the other callers
-    /// (callgrind: W2 admission +8 % once `match_prefix` was called in the same binary).
+    /// (callgrind: benches/results/2026-12-03-scheduler-contract.md).
     #[inline(never)]
     pub(super) fn run(
         &self,

@@ -18,9 +18,9 @@
 //! The queue holds a block removal as its hash alone (a 32-byte entry, no heap buffer) and
 //! builds its `KvEvent::BlockRemoved` only when drained. An admission that misses the cache
 //! evicts one cached block per new block, each a `BlockRemoved` of one hash: built eagerly,
-//! every one was a heap allocation and a 128-byte entry, which made recording events cost
-//! ~40 % of such an admission (callgrind, `prefix_miss_events`: 65.4 K instructions per
-//! request against 46.9 K with events off, a quarter of them in `malloc`).
+//! every one was a heap allocation and a 128-byte entry, which made recording events a large
+//! share of such an admission (callgrind, `prefix_miss_events` against events off, in
+//! benches/results/2026-12-01-prefix-admission.md and later files).
 
 use std::collections::VecDeque;
 

@@ -16,9 +16,9 @@
 //! `xxhash.xxh3_128_intdigest(message, seed=seed)` (the golden values below come from it).
 //!
 //! Why XXH3-128: hashing every full block of every prompt was most of prefix admission's
-//! instructions (a 1,324-token prompt is 82 blocks). Measured per 16-token block (callgrind,
-//! benches/README.md "Prefix admission"): SipHash-1-3-128 ~380 instructions, HighwayHash-128
-//! ~430, XXH3-128 ~150 including building the message. The guarantees kept: keyed by the
+//! instructions (a 1,324-token prompt is 82 blocks), and XXH3-128 costs less than half of
+//! SipHash-1-3-128 or HighwayHash-128 per 16-token block including building the message (the
+//! counts: benches/results/2026-12-01-prefix-admission.md). The guarantees kept: keyed by the
 //! seed, 128 bits (vLLM offers the same function as its `xxhash` prefix-caching hash), and
 //! every hit compares the block's token ids, parent hash and extra key
 //! (`prefix/index.rs`), so a colliding hash never serves another block's tokens. What is

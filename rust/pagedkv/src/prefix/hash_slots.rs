@@ -10,9 +10,10 @@
 //! the following entries of the cluster back (no tombstones), so probe lengths do not decay
 //! under the all-miss churn where every admitted block evicts a cached one.
 //!
-//! Why not std's `HashMap` (hashbrown) keyed by the hash: on all-miss prefix admission an
-//! insert cost ~138 instructions and a removal ~102 (callgrind, `prefix_miss`; group probing,
-//! control-byte mirroring, 32-byte buckets), for a table whose keys are already uniform keyed
+//! Why not std's `HashMap` (hashbrown) keyed by the hash: on all-miss prefix admission its
+//! inserts and removals were a large share of the cost (callgrind, `prefix_miss`, in
+//! benches/results/2026-12-02-prefix-admission.md; group probing, control-byte mirroring,
+//! 32-byte buckets), for a table whose keys are already uniform keyed
 //! hashes, whose size is fixed and whose every key is stored elsewhere. The home slot is the
 //! hash's low bits with no further mixing: the keyed hash spreads them (see `hash.rs` on
 //! keeping the seed secret where clients choose prompts).
