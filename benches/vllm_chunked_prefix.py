@@ -134,6 +134,8 @@ class VllmSide:
         self.num_blocks = num_blocks
         self.reserve_prompt = reserve_prompt
         self.reqs: dict[int, Any] = {}
+        self.revived = 0  # cached-evictable hit blocks the last admission took back
+        self.evictable_copies = 0  # of its hit blocks, those with two evictable copies
 
     def match(self, tokens: list[int]) -> int:
         req = self.request_cls("probe", tokens, self.params, None, block_hasher=self.hasher)
@@ -142,6 +144,9 @@ class VllmSide:
     def admit(self, rid: int, tokens: list[int], num_scheduled: int) -> int | None:
         req = self.request_cls(str(rid), tokens, self.params, None, block_hasher=self.hasher)
         blocks, hit, _ = self.mgr.get_computed_blocks(req)
+        # hit blocks no request holds are cached-evictable: admitting takes them back
+        self.revived = sum(b.ref_cnt == 0 for b in blocks.blocks[0])
+        self.evictable_copies = self._evictable_copies(blocks.blocks[0])
         chunk = min(num_scheduled, len(tokens) - hit)
         rest = len(tokens) - hit - chunk if self.reserve_prompt else 0
         out = self.mgr.allocate_slots(req, chunk, hit, blocks, num_lookahead_tokens=rest)
@@ -150,6 +155,17 @@ class VllmSide:
         req.num_computed_tokens = hit + chunk  # the pass ran
         self.reqs[rid] = req
         return int(hit)
+
+    def _evictable_copies(self, hit_blocks: list[Any]) -> int:
+        """Hit blocks whose content also sits on another cached-evictable block: which copy
+        a manager revives decides which one keeps its place in the eviction order."""
+        index = self.mgr.block_pool.cached_block_hash_to_block._cache
+        count = 0
+        for b in hit_blocks:
+            copies = index.get(b.block_hash)
+            if isinstance(copies, dict):
+                count += sum(c.ref_cnt == 0 for c in copies.values()) >= 2
+        return count
 
     def table(self, rid: int) -> list[int]:
         return list(self.mgr.get_block_ids(str(rid))[0])
@@ -225,6 +241,11 @@ def _hit_sharing(side: Any, rid: int, num_hit_blocks: int, running: dict[int, _R
     return [sorted(o for o, t in tables.items() if b in t) for b in hit_blocks]
 
 
+def _revived(side: Any, rid: int, num_hit_blocks: int, running: dict[int, _Running]) -> int:
+    """Hit blocks of ``rid`` no other running request holds: they were cached-evictable."""
+    return sum(not others for others in _hit_sharing(side, rid, num_hit_blocks, running))
+
+
 def run_schedule(seed: int, cfg: Config, vllm_side: Any = None, log: list[str] | None = None) -> Outcome:
     """Drives one randomized schedule through pagedkv and ``vllm_side`` (a ``VllmSide``; built
     here when ``None``). Returns the counts and every mismatch, described. Stops at the first
@@ -277,15 +298,32 @@ def run_schedule(seed: int, cfg: Config, vllm_side: Any = None, log: list[str] |
             if not prompt:
                 prompt = [rng.randrange(cfg.vocab)]
             num_scheduled = rng.randint(1, len(prompt))
+            in_use_before = ours.in_use(), theirs.in_use()
             predicted = ours.match(prompt)
             vllm_hit = theirs.match(prompt)
             got = ours.admit(next_rid, prompt, num_scheduled)
             got_vllm = theirs.admit(next_rid, prompt, num_scheduled)
+            if (got is None) != (got_vllm is None) and predicted == vllm_hit:
+                # Same hit length, same free blocks, yet one side fits: the hit takes a
+                # different number of cached-evictable blocks back, i.e. the two managers
+                # picked different copies of the same content (see below).
+                revived = ""
+                if got is not None:
+                    revived = f"pagedkv revives {_revived(ours, next_rid, got // bs, running)}, "
+                out.diverged = (
+                    f"seed {seed} step {step}: admission of {len(prompt)} tokens, hit {got} "
+                    f"on both, fits pagedkv={got is not None} vLLM={got_vllm is not None}: "
+                    f"{revived}vLLM revives {theirs.revived} cached-evictable hit blocks, "
+                    f"blocks in use before {in_use_before[0]} / {in_use_before[1]}"
+                )
+                return out
             if (got is None) != (got_vllm is None):
                 fail(
                     step,
                     f"admission of {len(prompt)} tokens fits pagedkv={got is not None}"
-                    f" vLLM={got_vllm is not None}",
+                    f" vLLM={got_vllm is not None} (hits {predicted} / {vllm_hit}, "
+                    f"{num_scheduled} scheduled, blocks in use {in_use_before[0]} / "
+                    f"{in_use_before[1]} before)",
                 )
                 return out
             if got is None:
@@ -301,8 +339,19 @@ def run_schedule(seed: int, cfg: Config, vllm_side: Any = None, log: list[str] |
                         f"hit of {len(prompt)} tokens: match_prefix {predicted}, "
                         f"add_sequence {got}, vLLM {got_vllm}",
                     )
+                    return out  # the pools differ from here
                 ours_sharing = _hit_sharing(ours, next_rid, got // bs, running)
                 theirs_sharing = _hit_sharing(theirs, next_rid, got // bs, running)
+                if got == got_vllm and ours_sharing == theirs_sharing and theirs.evictable_copies:
+                    # The same, one level down: two cached-evictable copies of a hit block;
+                    # each manager revives a different one, and the copy left behind holds a
+                    # different place in the eviction order on the two sides, so later
+                    # evictions (and the hits they allow) may differ. Stop here too.
+                    out.diverged = (
+                        f"seed {seed} step {step}: hit {got} of {len(prompt)} tokens; "
+                        f"{theirs.evictable_copies} hit blocks have two cached-evictable "
+                        "copies (which one is revived is each manager's choice)"
+                    )
                 if got == got_vllm and ours_sharing != theirs_sharing:
                     # Same hit, different physical copies: the same content sits on two
                     # blocks (two requests computed it independently, or a prompt's last
@@ -429,7 +478,15 @@ def main(argv: list[str] | None = None) -> int:
             f"{len(agg.mismatches)} mismatches, {len(diverged)} schedules stopped at a "
             f"copy-choice divergence ({time.perf_counter() - t0:.1f} s)"
         )
-        for d in diverged[:5]:
+        kinds = {
+            "held/evictable copy": sum("requests sharing it" in d for d in diverged),
+            "fit differs": sum("fits pagedkv" in d for d in diverged),
+            "two evictable copies": sum("two cached-evictable" in d for d in diverged),
+        }
+        steps_to_stop = sorted(int(d.split(" step ")[1].split(":")[0]) for d in diverged)
+        if diverged:
+            print(f"   stops by kind {kinds}; median step of a stop {steps_to_stop[len(steps_to_stop) // 2]}")
+        for d in diverged[:3]:
             print("   stopped:", d)
         for m in agg.mismatches[:20]:
             print("  ", m)
