@@ -1,0 +1,497 @@
+"""Differential run of pagedkv's prefix cache against vLLM v1's real ``KVCacheManager`` under
+chunked prefill: the same randomized schedules (prompts sharing prefixes admitted while others
+are still prefilling in chunks of random size, decode steps, frees, preemptions on a small pool)
+drive both managers, and every admission's hit and the blocks in use after every step are
+compared.
+
+    $VENV/bin/python benches/vllm_chunked_prefix.py [--schedules 200] [--steps 300] [--seed 0]
+
+``$VENV`` is the peer venv (vLLM 0.33's block manager on a CPU torch; see benches/README.md and
+the peer harness's setup script), with pagedkv importable (``PYTHONPATH=python`` and the built
+extension in ``python/pagedkv``). This module imports without vLLM: only ``VllmSide`` needs it,
+so ``tests/conformance/test_vllm_differential.py`` can import it and skip when vLLM is absent.
+
+What is compared, per admission:
+- pagedkv's ``match_prefix(prompt)`` (before admission), the hit ``add_sequence`` returns, and
+  vLLM's ``get_computed_blocks`` hit on the same state: all three equal;
+- an oracle independent of both managers: the hit covers only full blocks some request had
+  scheduled (computed) by then, i.e. no admission hits a block whose K/V do not exist;
+- whether the admission fits the pool (pagedkv ``OutOfBlocksError`` against vLLM's
+  ``allocate_slots`` returning ``None``);
+and after every step: blocks in use and every running request's ``num_computed_tokens``.
+
+The moment a chunk becomes hittable is the same on both sides: vLLM caches a chunk's full
+blocks in ``allocate_slots`` (when the chunk is scheduled), pagedkv in ``add_sequence(...,
+num_scheduled=k)`` / ``advance_computed``.
+
+Two allocation modes, because the managers reserve blocks differently:
+- ``reserve`` (default): pagedkv allocates the whole prompt at admission, so vLLM is given the
+  unscheduled rest of the prompt as ``num_lookahead_tokens`` (its speculative-decoding
+  reservation: allocated, never cached). Blocks in use must then be equal after every step,
+  evictions included, so a small pool tests eviction order too.
+- ``incremental``: vLLM allocates chunk by chunk as its scheduler does. pagedkv holds the
+  unscheduled tail of every prefilling prompt in addition, so the comparison is
+  ``pagedkv == vLLM + sum(ceil(len / B) - ceil(scheduled / B))``; the pool is large enough
+  that neither side evicts (eviction timing differs by construction in this mode).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import pagedkv
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class PagedkvSide:
+    """pagedkv's manager behind the calls the schedule makes."""
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        self.kv = pagedkv.KvCacheManager(
+            num_blocks=num_blocks, block_size=block_size, enable_prefix_caching=True
+        )
+
+    def match(self, tokens: list[int]) -> int:
+        return int(self.kv.match_prefix(tokens))
+
+    def admit(self, rid: int, tokens: list[int], num_scheduled: int) -> int | None:
+        try:
+            hit = int(self.kv.add_sequence(rid, tokens, num_scheduled=num_scheduled))
+        except pagedkv.OutOfBlocksError:
+            return None
+        return hit
+
+    def table(self, rid: int) -> list[int]:
+        return [int(b) for b in self.kv.block_table(rid)]
+
+    def schedule(self, rid: int, num_tokens: int) -> bool:
+        self.kv.advance_computed([rid], num_tokens)  # never allocates: the prompt is held
+        return True
+
+    def decode(self, rid: int, token: int) -> bool:
+        try:
+            self.kv.append_tokens(rid, [token])
+        except pagedkv.OutOfBlocksError:
+            return False
+        self.kv.take_copy_ops()
+        return True
+
+    def free(self, rid: int) -> None:
+        self.kv.free(rid)
+
+    def num_computed(self, rid: int) -> int:
+        return int(self.kv.num_computed_tokens(rid))
+
+    def in_use(self) -> int:
+        return int(self.kv.num_blocks - self.kv.num_free_blocks)
+
+    def check(self) -> None:
+        self.kv.check_invariants()
+
+
+class VllmSide:
+    """vLLM v1's ``KVCacheManager`` (one full-attention group; its ``BlockPool``), driven the
+    way its scheduler drives it: ``get_computed_blocks`` + ``allocate_slots`` at admission,
+    ``allocate_slots(req, n)`` per later chunk or decode token, ``num_computed_tokens`` moved
+    by the caller after each pass, ``free`` on finish or preemption."""
+
+    def __init__(self, num_blocks: int, block_size: int, reserve_prompt: bool) -> None:
+        import torch
+        from vllm.sampling_params import SamplingParams
+        from vllm.utils.hashing import get_hash_fn_by_name
+        from vllm.v1.core.kv_cache_manager import KVCacheManager
+        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+        from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+        from vllm.v1.request import Request
+
+        spec = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float16)
+        config = KVCacheConfig(
+            num_blocks=num_blocks + 1,  # block 0 is vLLM's null block
+            kv_cache_tensors=[],
+            kv_cache_groups=[KVCacheGroupSpec(["layer.0"], spec)],
+        )
+        self.max_model_len = 1 << 20
+        self.mgr = KVCacheManager(
+            config,
+            max_model_len=self.max_model_len,
+            scheduler_block_size=block_size,
+            hash_block_size=block_size,
+            enable_caching=True,
+        )
+        hash_fn = get_hash_fn_by_name("sha256")
+        init_none_hash(hash_fn)
+        self.hasher = get_request_block_hasher(block_size, hash_fn)
+        self.params = SamplingParams(max_tokens=self.max_model_len)
+        self.request_cls = Request
+        self.num_blocks = num_blocks
+        self.reserve_prompt = reserve_prompt
+        self.reqs: dict[int, Any] = {}
+        self.revived = 0  # cached-evictable hit blocks the last admission took back
+        self.evictable_copies = 0  # of its hit blocks, those with two evictable copies
+
+    def match(self, tokens: list[int]) -> int:
+        req = self.request_cls("probe", tokens, self.params, None, block_hasher=self.hasher)
+        return int(self.mgr.get_computed_blocks(req)[1])
+
+    def admit(self, rid: int, tokens: list[int], num_scheduled: int) -> int | None:
+        req = self.request_cls(str(rid), tokens, self.params, None, block_hasher=self.hasher)
+        blocks, hit, _ = self.mgr.get_computed_blocks(req)
+        # hit blocks no request holds are cached-evictable: admitting takes them back
+        self.revived = sum(b.ref_cnt == 0 for b in blocks.blocks[0])
+        self.evictable_copies = self._evictable_copies(blocks.blocks[0])
+        chunk = min(num_scheduled, len(tokens) - hit)
+        rest = len(tokens) - hit - chunk if self.reserve_prompt else 0
+        out = self.mgr.allocate_slots(req, chunk, hit, blocks, num_lookahead_tokens=rest)
+        if out is None:
+            return None
+        req.num_computed_tokens = hit + chunk  # the pass ran
+        self.reqs[rid] = req
+        return int(hit)
+
+    def _evictable_copies(self, hit_blocks: list[Any]) -> int:
+        """Hit blocks whose content also sits on another cached-evictable block: which copy
+        a manager revives decides which one keeps its place in the eviction order."""
+        index = self.mgr.block_pool.cached_block_hash_to_block._cache
+        count = 0
+        for b in hit_blocks:
+            copies = index.get(b.block_hash)
+            if isinstance(copies, dict):
+                count += sum(c.ref_cnt == 0 for c in copies.values()) >= 2
+        return count
+
+    def table(self, rid: int) -> list[int]:
+        return list(self.mgr.get_block_ids(str(rid))[0])
+
+    def schedule(self, rid: int, num_tokens: int) -> bool:
+        req = self.reqs[rid]
+        rest = req.num_tokens - req.num_computed_tokens - num_tokens
+        lookahead = rest if self.reserve_prompt else 0
+        if self.mgr.allocate_slots(req, num_tokens, num_lookahead_tokens=lookahead) is None:
+            return False
+        req.num_computed_tokens += num_tokens
+        return True
+
+    def decode(self, rid: int, token: int) -> bool:
+        req = self.reqs[rid]
+        req.append_output_token_ids(token)
+        if self.mgr.allocate_slots(req, 1) is None:
+            # vLLM's scheduler preempts the request (frees it) and never runs this token;
+            # the caller frees it on both sides.
+            return False
+        req.num_computed_tokens += 1
+        return True
+
+    def free(self, rid: int) -> None:
+        self.mgr.free(self.reqs.pop(rid))
+
+    def num_computed(self, rid: int) -> int:
+        return int(self.reqs[rid].num_computed_tokens)
+
+    def in_use(self) -> int:
+        return int(self.num_blocks - self.mgr.block_pool.get_num_free_blocks())
+
+
+@dataclass
+class Config:
+    """One schedule family: pool, block size, prompt shapes."""
+
+    num_blocks: int = 48
+    block_size: int = 4
+    steps: int = 200
+    num_prefixes: int = 3
+    prefix_tokens: int = 40
+    max_suffix: int = 24
+    vocab: int = 6  # small: decode tokens and suffixes collide, so generated blocks hit too
+    incremental: bool = False
+
+
+@dataclass
+class Outcome:
+    admissions: int = 0
+    hits: int = 0
+    hit_tokens: int = 0
+    ooms: int = 0
+    preemptions: int = 0
+    steps: int = 0
+    mismatches: list[str] = field(default_factory=list)
+    # the first explained divergence, after which the schedule stops (see run_schedule)
+    diverged: str = ""
+
+
+@dataclass
+class _Running:
+    tokens: list[int]
+    scheduled: int  # tokens scheduled so far (the computed watermark after the pass)
+
+
+def _hit_sharing(side: Any, rid: int, num_hit_blocks: int, running: dict[int, _Running]) -> list[list[int]]:
+    """For each hit block of ``rid``, the other running requests holding that physical block
+    (empty: the block was cached-evictable). Independent of block ids, so comparable across
+    managers."""
+    hit_blocks = side.table(rid)[:num_hit_blocks]
+    tables = {o: set(side.table(o)) for o in running if o != rid}
+    return [sorted(o for o, t in tables.items() if b in t) for b in hit_blocks]
+
+
+def _revived(side: Any, rid: int, num_hit_blocks: int, running: dict[int, _Running]) -> int:
+    """Hit blocks of ``rid`` no other running request holds: they were cached-evictable."""
+    return sum(not others for others in _hit_sharing(side, rid, num_hit_blocks, running))
+
+
+def run_schedule(seed: int, cfg: Config, vllm_side: Any = None, log: list[str] | None = None) -> Outcome:
+    """Drives one randomized schedule through pagedkv and ``vllm_side`` (a ``VllmSide``; built
+    here when ``None``). Returns the counts and every mismatch, described. Stops at the first
+    divergence that makes the two states incomparable (one side out of blocks, the other not)."""
+    rng = random.Random(seed)
+    ours = PagedkvSide(cfg.num_blocks, cfg.block_size)
+    theirs = vllm_side or VllmSide(cfg.num_blocks, cfg.block_size, not cfg.incremental)
+    bs = cfg.block_size
+    prefixes = [[rng.randrange(cfg.vocab) for _ in range(cfg.prefix_tokens)] for _ in range(cfg.num_prefixes)]
+    computed: set[tuple[int, ...]] = set()  # every block-aligned prefix some pass computed
+    running: dict[int, _Running] = {}
+    past_prompts: list[list[int]] = []
+    out = Outcome()
+    next_rid = 0
+
+    def note_computed(tokens: list[int], upto: int) -> None:
+        for end in range(bs, upto - upto % bs + 1, bs):
+            computed.add(tuple(tokens[:end]))
+
+    def expected_extra() -> int:
+        if not cfg.incremental:
+            return 0
+        return sum(
+            _cdiv(len(r.tokens), bs) - _cdiv(r.scheduled, bs)
+            for r in running.values()
+            if r.scheduled < len(r.tokens)
+        )
+
+    def fail(step: int, what: str) -> None:
+        out.mismatches.append(f"seed {seed} step {step}: {what}")
+
+    for step in range(cfg.steps):
+        out.steps = step + 1
+        detail = ""
+        prefilling = [rid for rid, r in running.items() if r.scheduled < len(r.tokens)]
+        decoding = [rid for rid, r in running.items() if r.scheduled == len(r.tokens)]
+        action = rng.choices(
+            ["admit", "chunk", "decode", "free"],
+            weights=[4, 4 if prefilling else 0, 3 if decoding else 0, 2 if running else 0],
+        )[0]
+        if action == "admit":
+            if past_prompts and rng.random() < 0.15:
+                prompt = list(rng.choice(past_prompts))  # exact repeat: the num_tokens-1 cap
+            else:
+                head = rng.choice(prefixes)[: rng.randrange(cfg.prefix_tokens + 1)]
+                suffix_len = rng.randrange(cfg.max_suffix + 1)
+                if rng.random() < 0.3:  # block-aligned prompt
+                    suffix_len += (-(len(head) + suffix_len)) % bs
+                prompt = head + [rng.randrange(cfg.vocab) for _ in range(suffix_len)]
+            if not prompt:
+                prompt = [rng.randrange(cfg.vocab)]
+            num_scheduled = rng.randint(1, len(prompt))
+            in_use_before = ours.in_use(), theirs.in_use()
+            predicted = ours.match(prompt)
+            vllm_hit = theirs.match(prompt)
+            got = ours.admit(next_rid, prompt, num_scheduled)
+            got_vllm = theirs.admit(next_rid, prompt, num_scheduled)
+            if (got is None) != (got_vllm is None) and predicted == vllm_hit:
+                # Same hit length, same free blocks, yet one side fits: the hit takes a
+                # different number of cached-evictable blocks back, i.e. the two managers
+                # picked different copies of the same content (see below).
+                revived = ""
+                if got is not None:
+                    revived = f"pagedkv revives {_revived(ours, next_rid, got // bs, running)}, "
+                out.diverged = (
+                    f"seed {seed} step {step}: admission of {len(prompt)} tokens, hit {got} "
+                    f"on both, fits pagedkv={got is not None} vLLM={got_vllm is not None}: "
+                    f"{revived}vLLM revives {theirs.revived} cached-evictable hit blocks, "
+                    f"blocks in use before {in_use_before[0]} / {in_use_before[1]}"
+                )
+                return out
+            if (got is None) != (got_vllm is None):
+                fail(
+                    step,
+                    f"admission of {len(prompt)} tokens fits pagedkv={got is not None}"
+                    f" vLLM={got_vllm is not None} (hits {predicted} / {vllm_hit}, "
+                    f"{num_scheduled} scheduled, blocks in use {in_use_before[0]} / "
+                    f"{in_use_before[1]} before)",
+                )
+                return out
+            if got is None:
+                out.ooms += 1
+                if predicted != vllm_hit:
+                    fail(step, f"match_prefix {predicted} != vLLM hit {vllm_hit} (refused)")
+            else:
+                out.admissions += 1
+                assert got_vllm is not None
+                if not predicted == got == got_vllm == vllm_hit:
+                    fail(
+                        step,
+                        f"hit of {len(prompt)} tokens: match_prefix {predicted}, "
+                        f"add_sequence {got}, vLLM {got_vllm}",
+                    )
+                    return out  # the pools differ from here
+                ours_sharing = _hit_sharing(ours, next_rid, got // bs, running)
+                theirs_sharing = _hit_sharing(theirs, next_rid, got // bs, running)
+                if got == got_vllm and ours_sharing == theirs_sharing and theirs.evictable_copies:
+                    # The same, one level down: two cached-evictable copies of a hit block;
+                    # each manager revives a different one, and the copy left behind holds a
+                    # different place in the eviction order on the two sides, so later
+                    # evictions (and the hits they allow) may differ. Stop here too.
+                    out.diverged = (
+                        f"seed {seed} step {step}: hit {got} of {len(prompt)} tokens; "
+                        f"{theirs.evictable_copies} hit blocks have two cached-evictable "
+                        "copies (which one is revived is each manager's choice)"
+                    )
+                if got == got_vllm and ours_sharing != theirs_sharing:
+                    # Same hit, different physical copies: the same content sits on two
+                    # blocks (two requests computed it independently, or a prompt's last
+                    # full block was recomputed). vLLM's BlockHashToBlockMap hands out the
+                    # oldest copy, pagedkv's index the newest, so the new request shares its
+                    # hit blocks with different requests on the two sides (or takes a
+                    # cached-evictable copy on one side and a held one on the other). From
+                    # here the pools differ block for block; the schedule stops there.
+                    out.diverged = (
+                        f"seed {seed} step {step}: hit {got} of {len(prompt)} tokens on "
+                        f"different copies (hit block -> requests sharing it: pagedkv "
+                        f"{ours_sharing}, vLLM {theirs_sharing})"
+                    )
+                if got and tuple(prompt[:got]) not in computed:
+                    fail(step, f"pagedkv hit {got} tokens covering uncomputed blocks")
+                if got_vllm and tuple(prompt[:got_vllm]) not in computed:
+                    fail(step, f"vLLM hit {got_vllm} tokens covering uncomputed blocks")
+                out.hits += got > 0
+                out.hit_tokens += got
+                upto = got + min(num_scheduled, len(prompt) - got)
+                running[next_rid] = _Running(prompt, upto)
+                detail = f"{next_rid} len {len(prompt)} hit {got} sched {upto}"
+                past_prompts.append(prompt)
+                note_computed(prompt, upto)
+            next_rid += 1
+        elif action == "chunk":
+            rid = rng.choice(prefilling)
+            r = running[rid]
+            n = rng.randint(1, len(r.tokens) - r.scheduled)
+            ours.schedule(rid, n)
+            if not theirs.schedule(rid, n):  # only in incremental mode: vLLM allocates here
+                fail(step, f"vLLM out of blocks scheduling a chunk of {n}")
+                return out
+            r.scheduled += n
+            note_computed(r.tokens, r.scheduled)
+            detail = f"{rid} +{n}"
+        elif action == "decode":
+            for rid in rng.sample(decoding, rng.randint(1, len(decoding))):
+                token = rng.randrange(cfg.vocab)
+                ok, ok_vllm = ours.decode(rid, token), theirs.decode(rid, token)
+                if ok != ok_vllm:
+                    fail(step, f"decode of {rid} fits pagedkv={ok} vLLM={ok_vllm}")
+                    return out
+                r = running[rid]
+                if not ok:  # preempted (recompute): freed on both sides
+                    out.preemptions += 1
+                    ours.free(rid)
+                    theirs.free(rid)
+                    del running[rid]
+                    continue
+                r.tokens = r.tokens + [token]
+                r.scheduled += 1
+                note_computed(r.tokens, r.scheduled)
+        else:
+            rid = rng.choice(sorted(running))
+            detail = f"{rid}"
+            ours.free(rid)
+            theirs.free(rid)
+            del running[rid]
+        ours.check()
+        if out.diverged:
+            return out
+        if log is not None:
+            log.append(
+                f"{step} {action} {detail} in use {ours.in_use()}/{theirs.in_use()} "
+                + " ".join(f"{k}:{len(r.tokens)}@{r.scheduled}" for k, r in running.items())
+            )
+        ours_in_use, theirs_in_use = ours.in_use(), theirs.in_use() + expected_extra()
+        if ours_in_use != theirs_in_use:
+            fail(
+                step,
+                f"after {action}: blocks in use pagedkv {ours_in_use}, "
+                f"vLLM {theirs_in_use} (with the expected difference)",
+            )
+        for rid, r in running.items():
+            a, b = ours.num_computed(rid), theirs.num_computed(rid)
+            if not a == b == r.scheduled:
+                fail(step, f"num_computed_tokens of {rid}: pagedkv {a}, vLLM {b}, schedule {r.scheduled}")
+    return out
+
+
+CONFIGS = {
+    "small-pool": Config(),
+    "tiny-pool": Config(num_blocks=24, prefix_tokens=30, max_suffix=16),
+    "block16": Config(num_blocks=40, block_size=16, prefix_tokens=160, max_suffix=80, vocab=50),
+    "incremental": Config(num_blocks=4096, steps=150, incremental=True),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--schedules", type=int, default=100, help="schedules per config")
+    ap.add_argument("--steps", type=int, default=None, help="override steps per schedule")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--configs", default=",".join(CONFIGS))
+    args = ap.parse_args(argv)
+    import vllm
+
+    print(f"pagedkv {pagedkv.__version__}, vLLM {vllm.__version__}")
+    total_mismatches = 0
+    for name in args.configs.split(","):
+        cfg = CONFIGS[name]
+        if args.steps is not None:
+            cfg = Config(**{**cfg.__dict__, "steps": args.steps})
+        agg = Outcome()
+        diverged: list[str] = []
+        t0 = time.perf_counter()
+        for i in range(args.schedules):
+            o = run_schedule(args.seed + i, cfg)
+            agg.admissions += o.admissions
+            agg.hits += o.hits
+            agg.hit_tokens += o.hit_tokens
+            agg.ooms += o.ooms
+            agg.preemptions += o.preemptions
+            agg.steps += o.steps
+            agg.mismatches += o.mismatches
+            if o.diverged:
+                diverged.append(o.diverged)
+        total_mismatches += len(agg.mismatches)
+        print(
+            f"{name}: {args.schedules} schedules, {agg.steps} steps, {agg.admissions} "
+            f"admissions ({agg.hits} with a hit, {agg.hit_tokens} hit tokens), {agg.ooms} "
+            f"refused for lack of blocks, {agg.preemptions} preemptions, "
+            f"{len(agg.mismatches)} mismatches, {len(diverged)} schedules stopped at a "
+            f"copy-choice divergence ({time.perf_counter() - t0:.1f} s)"
+        )
+        kinds = {
+            "held/evictable copy": sum("requests sharing it" in d for d in diverged),
+            "fit differs": sum("fits pagedkv" in d for d in diverged),
+            "two evictable copies": sum("two cached-evictable" in d for d in diverged),
+        }
+        steps_to_stop = sorted(int(d.split(" step ")[1].split(":")[0]) for d in diverged)
+        if diverged:
+            print(f"   stops by kind {kinds}; median step of a stop {steps_to_stop[len(steps_to_stop) // 2]}")
+        for d in diverged[:3]:
+            print("   stopped:", d)
+        for m in agg.mismatches[:20]:
+            print("  ", m)
+    return 1 if total_mismatches else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
