@@ -125,6 +125,7 @@ def test_package_namespace_holds_no_annotations_import():
         "events",
         "kernels",
         "models",
+        "offload",
         "sim",
         "viz",
         "zmq_publisher",
