@@ -23,6 +23,13 @@ _MAX_KEYS_SCANNED = 256
 _MAX_STRING_BYTES = 1 << 30
 
 
+_MAX_DEPTH = 4  # nested arrays, as the full reader (gguf_reader) allows
+
+
+def _remaining(handle: BinaryIO, file_size: int) -> int:
+    return file_size - handle.tell()
+
+
 def _read(handle: BinaryIO, fmt: str) -> int:
     size = struct.calcsize(fmt)
     data = handle.read(size)
@@ -31,28 +38,38 @@ def _read(handle: BinaryIO, fmt: str) -> int:
     return struct.unpack("<" + fmt, data)[0]
 
 
-def _string(handle: BinaryIO) -> bytes:
+def _string(handle: BinaryIO, file_size: int) -> bytes:
     n = _read(handle, "Q")
-    if n > _MAX_STRING_BYTES:
-        raise ModelLoadError(f"a GGUF string of {n} bytes: the file is corrupt")
-    data = handle.read(n)
-    if len(data) != n:
-        raise ModelLoadError("the GGUF header is truncated")
-    return data
+    if n > min(_MAX_STRING_BYTES, _remaining(handle, file_size)):  # checked before reading
+        raise ModelLoadError(f"a GGUF string of {n} bytes runs past the end of the file: it is corrupt")
+    return handle.read(n)
 
 
-def _skip_value(handle: BinaryIO, kind: int) -> None:
+def _skip(handle: BinaryIO, n_bytes: int, file_size: int) -> None:
+    if n_bytes > _remaining(handle, file_size):
+        raise ModelLoadError("a GGUF metadata value runs past the end of the file: it is corrupt")
+    handle.seek(n_bytes, os.SEEK_CUR)
+
+
+def _skip_value(handle: BinaryIO, kind: int, file_size: int, depth: int = 0) -> None:
+    """Skips one value; every size is checked against the bytes left in the file before any
+    seek or read (a lying count is an error, never a huge allocation or a loop of 2**62)."""
     if kind in _SCALARS:
-        handle.seek(struct.calcsize(_SCALARS[kind]), os.SEEK_CUR)
+        _skip(handle, struct.calcsize(_SCALARS[kind]), file_size)
     elif kind == _STRING:
-        _string(handle)
+        _skip(handle, _read(handle, "Q"), file_size)
     elif kind == _ARRAY:
+        if depth >= _MAX_DEPTH:
+            raise ModelLoadError(f"GGUF arrays nested deeper than {_MAX_DEPTH}: the file is corrupt")
         elem, count = _read(handle, "I"), _read(handle, "Q")
         if elem in _SCALARS:
-            handle.seek(struct.calcsize(_SCALARS[elem]) * count, os.SEEK_CUR)
-        else:
-            for _ in range(count):
-                _skip_value(handle, elem)
+            _skip(handle, struct.calcsize(_SCALARS[elem]) * count, file_size)
+            return
+        # A string or an array element takes at least its 8- or 12-byte header.
+        if count * 8 > _remaining(handle, file_size):
+            raise ModelLoadError(f"a GGUF array of {count} elements runs past the end of the file")
+        for _ in range(count):
+            _skip_value(handle, elem, file_size, depth + 1)
     else:
         raise ModelLoadError(f"unknown GGUF value type {kind}: the file is corrupt")
 
@@ -63,6 +80,7 @@ def gguf_architecture(path: str | os.PathLike[str]) -> str:
     path = Path(path)
     if not path.is_file():
         raise ModelLoadError(f"model file not found: {str(path)!r}")
+    file_size = path.stat().st_size
     with path.open("rb") as handle:
         if handle.read(4) != b"GGUF":
             raise ModelLoadError(f"{str(path)!r} is not a GGUF file (no GGUF magic)")
@@ -72,11 +90,11 @@ def gguf_architecture(path: str | os.PathLike[str]) -> str:
         _read(handle, "Q")  # tensor count
         num_keys = _read(handle, "Q")
         for _ in range(min(num_keys, _MAX_KEYS_SCANNED)):
-            key = _string(handle)
+            key = _string(handle, file_size)
             kind = _read(handle, "I")
             if key == b"general.architecture":
                 if kind != _STRING:
                     raise ModelLoadError("general.architecture is not a string")
-                return _string(handle).decode("utf-8", errors="replace")
-            _skip_value(handle, kind)
+                return _string(handle, file_size).decode("utf-8", errors="replace")
+            _skip_value(handle, kind, file_size)
     raise ModelLoadError(f"{str(path)!r} names no general.architecture")
