@@ -41,13 +41,15 @@ def _read(handle: BinaryIO, fmt: str) -> int:
 def _string(handle: BinaryIO, file_size: int) -> bytes:
     n = _read(handle, "Q")
     if n > min(_MAX_STRING_BYTES, _remaining(handle, file_size)):  # checked before reading
-        raise ModelLoadError(f"a GGUF string of {n} bytes runs past the end of the file: it is corrupt")
+        raise ModelLoadError(
+            f"the GGUF header is truncated or corrupt: a string of {n} bytes runs past the end"
+        )
     return handle.read(n)
 
 
 def _skip(handle: BinaryIO, n_bytes: int, file_size: int) -> None:
     if n_bytes > _remaining(handle, file_size):
-        raise ModelLoadError("a GGUF metadata value runs past the end of the file: it is corrupt")
+        raise ModelLoadError("the GGUF header is truncated or corrupt: a metadata value runs past the end")
     handle.seek(n_bytes, os.SEEK_CUR)
 
 
@@ -67,7 +69,9 @@ def _skip_value(handle: BinaryIO, kind: int, file_size: int, depth: int = 0) -> 
             return
         # A string or an array element takes at least its 8- or 12-byte header.
         if count * 8 > _remaining(handle, file_size):
-            raise ModelLoadError(f"a GGUF array of {count} elements runs past the end of the file")
+            raise ModelLoadError(
+                f"the GGUF header is truncated or corrupt: an array of {count} elements runs past the end"
+            )
         for _ in range(count):
             _skip_value(handle, elem, file_size, depth + 1)
     else:
