@@ -26,6 +26,7 @@ import json
 import sys
 
 import numpy as np
+from llamacpp_greedy import greedy_case
 
 STEPS = 24
 RAW = [
@@ -78,27 +79,17 @@ def main() -> int:
         return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(vocab,)).astype(np.float32).copy()
 
     prompts = [("raw", p) for p in RAW] + [("chat", chat_text(p)) for p in CHAT] + [("raw", LONG)]
-    cases = []
-    for kind, text in prompts:
-        ids = llm.tokenize(text.encode("utf-8"), add_bos=True, special=True)
-        llm.reset()
-        llm.eval(ids)
-        steps = []
-        for _ in range(STEPS):
-            logits = last_logits()
-            top = np.argsort(-logits)[:5]
-            steps.append({"top_ids": top.tolist(), "top_logits": logits[top].tolist()})
-            llm.eval([int(top[0])])
-        cases.append(
-            {
-                "kind": kind,
-                "text": text,
-                "prompt_ids": list(ids),
-                "greedy_ids": [s["top_ids"][0] for s in steps],
-                "steps": steps,
-            }
+    cases = [
+        greedy_case(
+            llm,
+            kind,
+            text,
+            llm.tokenize(text.encode("utf-8"), add_bos=True, special=True),
+            STEPS,
+            last_logits,
         )
-        print(f"{kind} prompt of {len(ids)} tokens: {llm.detokenize(cases[-1]['greedy_ids'])[:60]!r}")
+        for kind, text in prompts
+    ]
     tokenized = [
         {"text": t, "ids": list(llm.tokenize(t.encode("utf-8"), add_bos=True, special=True))}
         for t in TOKENIZER_TEXTS

@@ -21,6 +21,7 @@ import json
 import sys
 
 import numpy as np
+from llamacpp_greedy import greedy_case
 
 STEPS = 32
 RAW = [
@@ -61,27 +62,21 @@ def main() -> int:
     llm = Llama(model_path=model_path, n_ctx=2048, logits_all=True, n_threads=2, n_batch=512, verbose=False)
     template = llm.metadata["tokenizer.chat_template"]
     prompts = [("raw", p) for p in RAW] + [("chat", chat_text(template, p)) for p in CHAT] + [("raw", LONG)]
-    cases = []
-    for kind, text in prompts:
-        ids = llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
-        llm.reset()
-        llm.eval(ids)
-        steps = []
-        for _ in range(STEPS):
-            logits = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
-            top = np.argsort(-logits)[:5]
-            steps.append({"top_ids": top.tolist(), "top_logits": logits[top].tolist()})
-            llm.eval([int(top[0])])
-        cases.append(
-            {
-                "kind": kind,
-                "text": text,
-                "prompt_ids": list(ids),
-                "greedy_ids": [s["top_ids"][0] for s in steps],
-                "steps": steps,
-            }
+
+    def last_logits() -> np.ndarray:
+        return np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
+
+    cases = [
+        greedy_case(
+            llm,
+            kind,
+            text,
+            llm.tokenize(text.encode("utf-8"), add_bos=False, special=True),
+            STEPS,
+            last_logits,
         )
-        print(f"{kind} prompt of {len(ids)} tokens: {llm.detokenize(cases[-1]['greedy_ids'])[:60]!r}")
+        for kind, text in prompts
+    ]
     with open(out_path, "w", encoding="utf-8") as handle:
         json.dump({"model": model_path.rsplit("/", 1)[-1], "steps": STEPS, "cases": cases}, handle)
     return 0

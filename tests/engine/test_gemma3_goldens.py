@@ -13,44 +13,24 @@ not installed; slow (loading the model and 9 long forward passes take tens of se
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import numpy as np
 import pytest
+from llamacpp_golden_checks import (
+    DenseAttention,
+    check_engine_greedy_tokens,
+    load_goldens,
+    teacher_forced_logits,
+)
 
-GOLDENS = Path(__file__).resolve().parents[1] / "data" / "gemma3_goldens.json"
 ARGMAX_MARGIN = 0.5
 MAX_LOGIT_DIFF = 2.0
 
 pytestmark = pytest.mark.slow
 
 
-class _DenseWindowed:
-    """Dense causal attention for one sequence, restricted to the last ``window`` keys on local
-    layers (an independent path for the long prompt; the paged caches are checked against
-    contiguous KV bit for bit in test_gemma3.py)."""
-
-    def attend(self, layer, q, k, v, window=None):
-        t, hq, d = q.shape
-        group = hq // k.shape[1]
-        kr, vr = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
-        scores = (q.transpose(1, 0, 2) @ kr.transpose(1, 2, 0)) / np.sqrt(d)
-        pos = np.arange(t)
-        hidden = pos[None, :] > pos[:, None]
-        if window is not None:
-            hidden |= pos[None, :] <= pos[:, None] - window  # keys before p - window + 1
-        scores[:, hidden] = -np.inf
-        probs = np.exp(scores - scores.max(-1, keepdims=True))
-        probs /= probs.sum(-1, keepdims=True)
-        return (probs @ vr.transpose(1, 0, 2)).transpose(1, 0, 2).astype(np.float32)
-
-
 @pytest.fixture(scope="module")
 def goldens():
-    if not GOLDENS.is_file():
-        pytest.fail(f"{GOLDENS} is missing: run scripts/make_gemma3_goldens.py")
-    return json.loads(GOLDENS.read_text())
+    return load_goldens("gemma3_goldens.json", "scripts/make_gemma3_goldens.py")
 
 
 def test_goldens_cover_the_required_prompts(goldens):
@@ -72,14 +52,7 @@ def test_token_ids_equal_llamacpp(gemma3, goldens):
 
 @pytest.fixture(scope="module")
 def teacher_forced(gemma3, goldens):
-    """Our logits at every golden step: each prompt plus llama.cpp's greedy tokens in one pass."""
-    out = []
-    for case in goldens["cases"]:
-        prompt, greedy = case["prompt_ids"], case["greedy_ids"]
-        tokens = np.array(prompt + greedy[:-1])
-        rows = np.arange(len(prompt) - 1, len(tokens))
-        out.append(gemma3.model.forward(tokens, np.arange(len(tokens)), _DenseWindowed(), rows))
-    return out
+    return [teacher_forced_logits(gemma3.model, case, DenseAttention()) for case in goldens["cases"]]
 
 
 def test_teacher_forced_logits_match_llamacpp(goldens, teacher_forced):
@@ -109,12 +82,10 @@ def test_window_matters_on_the_long_prompt(gemma3, goldens, teacher_forced):
     case = goldens["cases"][index]
     tokens = np.array(case["prompt_ids"])
 
-    class _Full(_DenseWindowed):
-        def attend(self, layer, q, k, v, window=None):
-            return super().attend(layer, q, k, v, None)
-
     windowed = teacher_forced[index][0]
-    full = gemma3.model.forward(tokens, np.arange(len(tokens)), _Full(), [len(tokens) - 1])[0]
+    full = gemma3.model.forward(
+        tokens, np.arange(len(tokens)), DenseAttention(ignore_window=True), [len(tokens) - 1]
+    )[0]
     gold = case["steps"][0]
     err_windowed = np.max(np.abs(windowed[gold["top_ids"]] - gold["top_logits"]))
     err_full = np.max(np.abs(full[gold["top_ids"]] - gold["top_logits"]))
@@ -122,23 +93,4 @@ def test_window_matters_on_the_long_prompt(gemma3, goldens, teacher_forced):
 
 
 def test_engine_greedy_tokens_equal_llamacpp(gemma3, goldens):
-    """The paged engine end to end, free-running greedy on the short prompts (8 tokens each): equal
-    to llama.cpp's tokens up to a step where they differ, and there a near tie by llama.cpp's
-    logits (ours its second choice, within ARGMAX_MARGIN)."""
-    from pagedkv.engine import LLM, SamplingParams
-
-    cases = [c for c in goldens["cases"] if len(c["prompt_ids"]) < 64][:3]
-    llm = LLM(gemma3, num_blocks=64, block_size=16)
-    # The engine takes token ids as the prompt (BOS included: they are llama.cpp's ids).
-    outs = llm.generate([c["prompt_ids"] for c in cases], SamplingParams(max_tokens=8, ignore_eos=True))
-    exact = 0
-    for case, out in zip(cases, outs, strict=True):
-        ours = out.outputs[0].token_ids
-        for step, (token, gold) in enumerate(zip(ours, case["steps"][:8], strict=True)):
-            if token == gold["top_ids"][0]:
-                continue
-            gap = gold["top_logits"][0] - gold["top_logits"][1]
-            assert gap < ARGMAX_MARGIN and token == gold["top_ids"][1], (case["text"][:40], step, token, gold)
-            break  # past the flipped near tie the two continuations are different texts
-        exact += ours == case["greedy_ids"][:8]
-    assert exact >= 1
+    check_engine_greedy_tokens(gemma3, goldens, ARGMAX_MARGIN)
