@@ -31,7 +31,7 @@ import numpy as np
 
 from pagedkv.models.errors import ModelLoadError, UnsupportedModelError
 from pagedkv.models.gemma3_config import Gemma3Config
-from pagedkv.models.gguf_file import check_index, dequantize
+from pagedkv.models.gguf_file import check_index, decoder_shapes, dequantize
 from pagedkv.models.gguf_reader import open_gguf
 from pagedkv.models.metadata import get_float, get_int, get_str
 from pagedkv.models.weight_cache import cache_entry_for, load_cached, store_cached
@@ -166,27 +166,15 @@ _LAYER_TENSORS = (
 
 
 def expected_shapes(c: Gemma3Config) -> dict[str, tuple[int, ...]]:
-    """Every tensor the forward pass reads, with its row-major shape (matrices ``[out, in]``)."""
-    q_width, kv_width = c.num_q_heads * c.head_dim, c.num_kv_heads * c.head_dim
-    per_layer = {
-        "attn_norm": (c.d_model,),
-        "attn_q": (q_width, c.d_model),
-        "attn_k": (kv_width, c.d_model),
-        "attn_v": (kv_width, c.d_model),
+    """Every tensor the forward pass reads, with its row-major shape (matrices ``[out, in]``):
+    the llama set plus the QK-norms and the two post-norms (the output is tied)."""
+    extra = {
         "attn_q_norm": (c.head_dim,),
         "attn_k_norm": (c.head_dim,),
-        "attn_output": (c.d_model, q_width),
         "post_attention_norm": (c.d_model,),
-        "ffn_norm": (c.d_model,),
-        "ffn_gate": (c.d_ffn, c.d_model),
-        "ffn_up": (c.d_ffn, c.d_model),
-        "ffn_down": (c.d_model, c.d_ffn),
         "post_ffw_norm": (c.d_model,),
     }
-    shapes = {"token_embd.weight": (c.vocab_size, c.d_model), "output_norm.weight": (c.d_model,)}
-    for i in range(c.num_layers):
-        shapes.update({f"blk.{i}.{name}.weight": shape for name, shape in per_layer.items()})
-    return shapes
+    return decoder_shapes(c, extra)
 
 
 def read_gemma3_gguf(path: str | os.PathLike[str], *, use_cache: bool = True) -> Gemma3File:

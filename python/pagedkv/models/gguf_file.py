@@ -14,6 +14,7 @@ dequantizing again. Every shape is checked against the index before a byte of da
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -125,8 +126,12 @@ _LAYER_TENSORS = (
 )
 
 
-def expected_shapes(c: LlamaConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor the forward pass reads, with the row-major shape it must have."""
+def decoder_shapes(
+    c: LlamaConfig | Any, extra_per_layer: Mapping[str, tuple[int, ...]] | None = None, *, tied: bool = True
+) -> dict[str, tuple[int, ...]]:
+    """The tensors every llama-family decoder reads (row-major ``[out, in]``, norms ``[d_model]``),
+    plus ``extra_per_layer`` (Gemma's QK-norms and post-norms); ``c`` has the fields both configs
+    share (``num_layers``, ``d_model``, ``d_ffn``, heads, ``head_dim``, ``vocab_size``)."""
     q_width, kv_width = c.num_q_heads * c.head_dim, c.num_kv_heads * c.head_dim
     per_layer = {
         "attn_norm": (c.d_model,),
@@ -138,13 +143,19 @@ def expected_shapes(c: LlamaConfig) -> dict[str, tuple[int, ...]]:
         "ffn_gate": (c.d_ffn, c.d_model),
         "ffn_up": (c.d_ffn, c.d_model),
         "ffn_down": (c.d_model, c.d_ffn),
+        **(extra_per_layer or {}),
     }
     shapes = {"token_embd.weight": (c.vocab_size, c.d_model), "output_norm.weight": (c.d_model,)}
-    if not c.tied_embeddings:
+    if not tied:
         shapes["output.weight"] = (c.vocab_size, c.d_model)
     for i in range(c.num_layers):
         shapes.update({f"blk.{i}.{name}.weight": shape for name, shape in per_layer.items()})
     return shapes
+
+
+def expected_shapes(c: LlamaConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor the forward pass reads, with the row-major shape it must have."""
+    return decoder_shapes(c, tied=c.tied_embeddings)
 
 
 def check_index(
