@@ -194,3 +194,41 @@ def test_a_dead_or_restarted_redis_is_a_miss(tiny, redis_server):
     engine = _engine(tiny, offload=RedisStore(redis_server.url, timeout_s=0.5), offload_deadline_s=2.0)
     assert [t for t, _ in _run(engine, WORKLOAD)] == reference
     assert engine.close(timeout_s=30.0)
+
+
+# ---- the real model ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def smollm():
+    pytest.importorskip("gguf")
+    pytest.importorskip("tokenizers")
+    from pagedkv.models import ModelLoadError, load_model
+
+    try:
+        return load_model()
+    except ModelLoadError as error:
+        pytest.skip(f"default model not installed: {error}")
+
+
+def test_smollm2_llm_with_a_store_equals_no_offload(smollm, tmp_path):
+    """``LLM(offload=store)``: each ``generate`` runs a fresh engine, so the second call's hit
+    can only come from the store the first one wrote through (its prompt was evicted by the
+    next one in a 3-block pool)."""
+    from pagedkv.engine import LLM
+
+    prompt = list(range(1000, 1040))  # 40 tokens: 2 full blocks of 16 before the last token
+    other = list(range(2000, 2040))
+    options = {"num_blocks": 3, "max_num_seqs": 1}
+    params = SamplingParams(max_tokens=3)
+    plain = LLM(smollm, enable_prefix_caching=False, **options)
+    want = [out.outputs[0].token_ids for out in plain.generate([prompt, other], params)]
+    llm = LLM(
+        smollm, offload=DiskStore(tmp_path / "kv", capacity_bytes=1 << 26), offload_deadline_s=10.0, **options
+    )
+    first = llm.generate([prompt, other], params)
+    assert [out.outputs[0].token_ids for out in first] == want
+    (again,) = llm.generate([prompt], params)
+    assert again.outputs[0].token_ids == want[0]
+    assert again.num_cached_tokens == 32
+    assert llm.last_engine.stats.store_hit_tokens == 32
