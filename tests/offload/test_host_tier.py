@@ -141,3 +141,19 @@ def test_hits_from_the_host_return_the_kv_computed_for_their_tokens(seed):
             np.testing.assert_array_equal(got, _fingerprints(toks, s), err_msg=f"sequence {other}")
         kv.check_invariants()
     assert host_hits > 0, "the run never hit the host tier: it checked nothing about it"
+
+
+def test_offload_block_hash_names_what_each_host_block_holds():
+    kv = _manager()
+    kv.add_sequence(1, [1, 2, 3])
+    kv.free(1)
+    kv.add_sequence(2, [7, 8, 9, 10])
+    assert kv.take_offload_ops().tolist() == [[0, 0]]
+    assert kv.offload_block_hash(0) == kv.prefix_block_hashes([1, 2])[0]
+    assert kv.offload_block_hash(1) is None
+    for bad in (-1, 4, 2**40, 1.0, "0", None, True):
+        with pytest.raises(pagedkv.PagedKvError):
+            kv.offload_block_hash(bad)
+    with pytest.raises(pagedkv.PagedKvError):
+        pagedkv.KvCacheManager(4, 2, True).offload_block_hash(0)  # no tier
+    kv.check_invariants()
