@@ -59,11 +59,11 @@ enum Op {
 fn op() -> impl Strategy<Value = Op> {
     let id = 0u64..6;
     prop_oneof![
-        6 => (id.clone(), 0usize..3, 1usize..40, prop::option::of(0u8..2))
+        8 => (id.clone(), 0usize..3, 1usize..24, prop::option::of(0u8..2))
             .prop_map(|(id, prompt, len, extra)| Op::Add { id, prompt, len, extra }),
         2 => (id.clone(), 0u32..4).prop_map(|(id, t)| Op::Append(id, t)),
         1 => (id.clone(), id.clone()).prop_map(|(a, b)| Op::Fork(a, b)),
-        4 => id.clone().prop_map(Op::Free),
+        5 => id.clone().prop_map(Op::Free),
         4 => Just(Op::Step),
         1 => id.clone().prop_map(Op::SwapOut),
         1 => id.clone().prop_map(Op::SwapIn),
