@@ -232,3 +232,23 @@ def test_smollm2_llm_with_a_store_equals_no_offload(smollm, tmp_path):
     assert again.outputs[0].token_ids == want[0]
     assert again.num_cached_tokens == 32
     assert llm.last_engine.stats.store_hit_tokens == 32
+
+
+def test_waiting_prompts_are_prefetched_from_the_store(tiny, tmp_path):
+    """Two requests queued at once in a one-sequence engine: the second's store blocks are
+    prefetched while the first runs, and its admission takes them from the prefetch."""
+    reference = _reference(tiny)
+    store = DiskStore(tmp_path / "kv", capacity_bytes=1 << 24)
+    writer = _engine(tiny, offload=store)
+    _run(writer, WORKLOAD)
+    assert writer.close()
+    reader = _engine(tiny, offload=store, offload_deadline_s=5.0, max_num_seqs=1)
+    ids = [reader.add_request(p, SamplingParams(max_tokens=5)) for p in (FILLERS[0], WORKLOAD[-1])]
+    while reader.has_unfinished():
+        reader.step()
+    out = [reader.output(i) for i in ids]
+    assert out[1].outputs[0].token_ids == reference[-1]
+    assert out[1].num_cached_tokens == len(PREFIX)
+    assert reader.runner.tiers is not None
+    assert reader.runner.tiers.prefetched_blocks == len(PREFIX) // BS
+    reader.close()

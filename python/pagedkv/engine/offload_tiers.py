@@ -30,6 +30,7 @@ from pagedkv.attention import swap_blocks
 if TYPE_CHECKING:
     from pagedkv.engine.kv_store import PagedKvStore
     from pagedkv.offload import OffloadWorker
+    from pagedkv.offload.worker import Prefetch
 
 __all__ = ["OffloadTiers", "layout_identity", "model_fingerprint"]
 
@@ -82,6 +83,9 @@ class OffloadTiers:
 
             self.worker = OffloadWorker(block_store, name="engine-offload")  # type: ignore[arg-type]
         self.block_shape = (len(store.k_caches), 2, *store.k_caches[0].shape[1:]) if store.k_caches else (0,)
+        # seq_id -> (the hashes asked for, the prefetch): the first waiting prompts' blocks.
+        self._prefetched: dict[int, tuple[set[int], Prefetch]] = {}
+        self.prefetched_blocks = 0  # store hits a prefetch had loaded
         self.store_hit_blocks = 0
         self.store_misses = 0
         self.puts_submitted = 0
@@ -132,13 +136,44 @@ class OffloadTiers:
 
     # ---- store tier -----------------------------------------------------------------------
 
-    def lookup(self, block_hashes: list[int]) -> list[np.ndarray]:
-        """The payloads of the leading ``block_hashes`` the store returns within the deadline,
-        whole and of this engine's block shape; stops at the first miss."""
+    def prefetch(self, kv: Any, waiting: list[tuple[int, np.ndarray]]) -> None:
+        """Start loading the store blocks the first waiting prompts will look up (``(seq_id,
+        tokens)`` each, in queue order), so that their admission finds them loaded; prefetches
+        of sequences no longer among them are dropped (memory stays bounded)."""
+        if self.worker is None:
+            return
+        wanted = {seq_id for seq_id, _ in waiting}
+        for seq_id in [s for s in self._prefetched if s not in wanted]:
+            self._prefetched.pop(seq_id)[1].take(0.0)
+        bs = self.store.block_size
+        for seq_id, tokens in waiting:
+            if seq_id in self._prefetched:
+                continue
+            hit, last = kv.match_prefix(tokens), (len(tokens) - 1) // bs
+            hashes = kv.prefix_block_hashes(tokens)[hit // bs : last] if hit // bs < last else []
+            try:
+                self._prefetched[seq_id] = (
+                    set(hashes),
+                    self.worker.prefetch(hashes, extra_key=self.identity),
+                )
+            except Exception:  # noqa: BLE001 - a store failure is a miss, never an error in the step
+                continue
+
+    def lookup(self, block_hashes: list[int], seq_id: int | None = None) -> list[np.ndarray]:
+        """The payloads of the leading ``block_hashes`` the store returns within the deadline
+        (from ``seq_id``'s prefetch when it covers them), whole and of this engine's block
+        shape; stops at the first miss."""
+        pending = self._prefetched.pop(seq_id, None) if seq_id is not None else None
         if self.worker is None or not block_hashes:
             return []
         try:
-            found = self.worker.load(block_hashes, self.deadline_s, extra_key=self.identity)
+            if pending is not None and set(block_hashes) <= pending[0]:
+                found = pending[1].take(self.deadline_s)
+                self.prefetched_blocks += sum(h in found for h in block_hashes)
+            else:
+                if pending is not None:
+                    pending[1].take(0.0)
+                found = self.worker.load(block_hashes, self.deadline_s, extra_key=self.identity)
         except Exception:  # noqa: BLE001 - a store failure is a miss, never an error in the step
             found = {}
         out = []
@@ -166,4 +201,7 @@ class OffloadTiers:
         """Run the queued puts (at most ``timeout_s``) and stop the worker."""
         if self.worker is None:
             return True
+        for _, pending in self._prefetched.values():
+            pending.take(0.0)
+        self._prefetched.clear()
         return self.worker.close(timeout_s)

@@ -50,7 +50,10 @@ from pagedkv.engine.sequence import SeqStatus, Sequence
 from pagedkv.engine.stats import EngineStats
 from pagedkv.errors import InvalidArgumentError, OutOfBlocksError
 
-__all__ = ["Row", "ScheduledBatch", "Scheduler"]
+__all__ = ["PREFETCH_DEPTH", "Row", "ScheduledBatch", "Scheduler"]
+
+# Waiting prompts whose store blocks are prefetched (offload tiers): the next admissions.
+PREFETCH_DEPTH = 2
 
 
 @dataclass(frozen=True)
@@ -144,6 +147,12 @@ class Scheduler:
         rows = self._plan_running(budget)
         budget -= sum(r.end - r.start for r in rows)
         self._admit(rows, budget)
+        if self.tiers is not None and self.tiers.worker is not None:
+            # The next admissions' store blocks load while this step's pass runs.
+            waiting = [
+                (s.seq_id, np.array(s.token_ids, dtype=np.int64)) for s in list(self.waiting)[:PREFETCH_DEPTH]
+            ]
+            self.tiers.prefetch(self.kv, waiting)
         self._offload()
         ops = self.kv.take_copy_ops() if rows else np.zeros((0, 2), np.int32)
         self.stats.cow_copies += len(ops)
@@ -277,7 +286,7 @@ class Scheduler:
             tokens = np.array(seq.token_ids, dtype=np.int64)
             try:
                 hit = self.kv.match_prefix(tokens) if c.enable_prefix_caching else 0
-                stored = self._store_hits(tokens, hit)
+                stored = self._store_hits(seq.seq_id, tokens, hit, budget)
                 served = hit + len(stored) * c.block_size
                 chunk = self._chunk(len(tokens) - served, budget, bool(rows))
                 if chunk == 0:
@@ -308,17 +317,17 @@ class Scheduler:
             if seq.index == 0 and not seq.request.forked:
                 seq.request.cached_tokens = hit
 
-    def _store_hits(self, tokens: np.ndarray, hit: int) -> list[np.ndarray]:
+    def _store_hits(self, seq_id: int, tokens: np.ndarray, hit: int, budget: int) -> list[np.ndarray]:
         """The store's payloads of the prompt's blocks after the ``hit`` (device and host) up
         to the last full block before its last token (that one is always computed)."""
-        if self.tiers is None or self.tiers.worker is None:
-            return []
+        if self.tiers is None or self.tiers.worker is None or budget <= 0:
+            return []  # no budget: the request waits, and a look-up now would only cost time
         bs = self.config.block_size
         last = (len(tokens) - 1) // bs
         if hit // bs >= last:
             return []
         hashes = self.kv.prefix_block_hashes(tokens)[hit // bs : last]
-        return self.tiers.lookup(hashes)
+        return self.tiers.lookup(hashes, seq_id)
 
     def _next_admission(self) -> int:
         self._admissions += 1
