@@ -252,3 +252,52 @@ def test_waiting_prompts_are_prefetched_from_the_store(tiny, tmp_path):
     assert reader.runner.tiers is not None
     assert reader.runner.tiers.prefetched_blocks == len(PREFIX) // BS
     reader.close()
+
+
+def test_random_schedules_with_offload_tiers_equal_each_request_alone(tiny, tmp_path):
+    """The engine's randomized schedules (tests/engine/test_engine_randomized.py: preemption by
+    recompute and swap, chunked prefill, n > 1, speculation, tiny pools) with a host offload
+    tier, and in every other trial a DiskStore, where the trial runs a second time on a fresh
+    engine (which hits the blocks the first run wrote through): every request's tokens equal
+    running it alone."""
+    import dataclasses
+
+    import numpy as np
+    from test_engine_randomized import MAX_STEPS, _alone, _random_trial
+
+    rng = np.random.default_rng(33)
+    alone: dict = {}
+    loaded = store_hits = 0
+    for trial in range(60):
+        config, requests = _random_trial(rng, tiny, alone)
+        with_store = trial % 2 == 1
+        config = dataclasses.replace(
+            config,
+            enable_prefix_caching=True,
+            num_offload_blocks=int(rng.integers(1, 2 * config.num_blocks)),
+            offload=DiskStore(tmp_path / f"kv{trial}", capacity_bytes=1 << 22) if with_store else None,
+            offload_deadline_s=5.0,
+        )
+        for _ in range(2 if with_store else 1):
+            engine = LLMEngine(tiny, config)
+            ids: dict[int, int] = {}
+            step = 0
+            while len(ids) < len(requests) or engine.has_unfinished():
+                for i, (arrival, prompt, params) in enumerate(requests):
+                    if arrival == step:
+                        ids[i] = engine.add_request(prompt, params)
+                engine.step()
+                engine.kv.check_invariants()
+                step += 1
+                assert step < MAX_STEPS, f"no progress: {config}"
+            assert engine.close()
+            for i, (_, prompt, params) in enumerate(requests):
+                got = [c.token_ids for c in engine.output(ids[i]).outputs]
+                assert got == [_alone(tiny, prompt, params, alone, k) for k in range(params.n)], (
+                    trial,
+                    config,
+                    i,
+                )
+            loaded += engine.kv.stats()["blocks_loaded"]
+            store_hits += engine.stats.store_hit_tokens
+    assert loaded > 0 and store_hits > 0, (loaded, store_hits)
