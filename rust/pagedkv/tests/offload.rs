@@ -42,6 +42,15 @@ enum Op {
         len: usize,
         extra: Option<u8>,
     },
+    /// Chunked prefill: of the tokens no tier serves, only `scheduled` are computed now.
+    AddChunked {
+        id: u64,
+        prompt: usize,
+        len: usize,
+        extra: Option<u8>,
+        scheduled: usize,
+    },
+    Advance(u64, usize),
     Append(u64, u32),
     Fork(u64, u64),
     Free(u64),
@@ -61,6 +70,9 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         8 => (id.clone(), 0usize..3, 1usize..24, prop::option::of(0u8..2))
             .prop_map(|(id, prompt, len, extra)| Op::Add { id, prompt, len, extra }),
+        3 => (id.clone(), 0usize..3, 1usize..24, prop::option::of(0u8..2), 0usize..9)
+            .prop_map(|(id, prompt, len, extra, scheduled)| Op::AddChunked { id, prompt, len, extra, scheduled }),
+        3 => (id.clone(), 1usize..9).prop_map(|(id, n)| Op::Advance(id, n)),
         2 => (id.clone(), 0u32..4).prop_map(|(id, t)| Op::Append(id, t)),
         1 => (id.clone(), id.clone()).prop_map(|(a, b)| Op::Fork(a, b)),
         5 => id.clone().prop_map(Op::Free),
@@ -210,6 +222,52 @@ impl World {
                     }
                     (on, off) => assert_eq!(on.map(|_| ()), off.map(|_| ())),
                 }
+            }
+            Op::AddChunked {
+                id,
+                prompt: p,
+                len,
+                extra,
+                scheduled,
+            } => {
+                let tokens = prompt(p, len);
+                let key = extra_bytes(extra);
+                let key = key.as_ref().map(|k| &k[..]);
+                let expect = self.on.match_prefix(&tokens, key);
+                let on = self.on.add_sequence_scheduled(id, &tokens, key, scheduled);
+                // The twin computes the same tokens: what the tier served plus `scheduled`.
+                let twin_scheduled = match (&on, self.off.match_prefix(&tokens, key)) {
+                    (Ok(hit), Ok(hit_off)) => hit + scheduled - hit_off,
+                    _ => scheduled,
+                };
+                let off = self
+                    .off
+                    .add_sequence_scheduled(id, &tokens, key, twin_scheduled);
+                match (on, off) {
+                    (Ok(hit_on), Ok(hit_off)) => {
+                        assert!(hit_on >= hit_off, "{hit_on} < {hit_off}");
+                        assert_eq!(expect, Ok(hit_on), "match_prefix disagrees with admission");
+                        assert_eq!(
+                            self.on.num_computed_tokens(id),
+                            self.off.num_computed_tokens(id)
+                        );
+                        self.host_hit_tokens += hit_on - hit_off;
+                        self.seqs.insert(
+                            id,
+                            SeqModel {
+                                tokens,
+                                extra,
+                                written: hit_on,
+                                swapped: false,
+                            },
+                        );
+                    }
+                    (on, off) => assert_eq!(on.map(|_| ()), off.map(|_| ())),
+                }
+            }
+            Op::Advance(id, n) => {
+                let r = self.on.advance_computed(&[id], n);
+                assert_eq!(r, self.off.advance_computed(&[id], n));
             }
             Op::Append(id, t) => {
                 let r = self.on.append_tokens(id, &[t]);
