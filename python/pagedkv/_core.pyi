@@ -90,7 +90,11 @@ class KvCacheManager:
         hash_seed: int = 0,
         max_events: int | None = None,
         enable_kv_events: bool = False,
-    ) -> KvCacheManager: ...
+        num_offload_blocks: int = 0,
+    ) -> KvCacheManager:
+        """``num_offload_blocks`` > 0 adds the host offload tier: evicted prefix blocks keep
+        their content in host blocks and come back as hits (needs prefix caching; see
+        ``take_offload_ops`` / ``take_load_ops``)."""
     def add_sequence(
         self,
         seq_id: int,
@@ -148,6 +152,20 @@ class KvCacheManager:
         """int64 ``[B * num_new_tokens]``: slots of each sequence's last tokens."""
     def take_copy_ops(self) -> npt.NDArray[np.int32]:
         """int32 ``[N, 2]`` pending copy-on-write copies (src, dst); cleared by the call."""
+    def take_offload_ops(self) -> npt.NDArray[np.int32]:
+        """int32 ``[N, 2]`` pending offload ops (device_block, host_block) of the offload
+        tier; run them first, before copies, swaps, loads and the pass. Cleared by the call."""
+    def take_load_ops(self) -> npt.NDArray[np.int32]:
+        """int32 ``[N, 2]`` pending load ops (host_block, device_block): offload-tier hits,
+        run after the offload ops and before the pass. Cleared by the call."""
+    def offload_block_hash(self, host_block: int) -> int | None:
+        """The chained hash of what offload-tier host block ``host_block`` holds (None:
+        nothing); after running ``take_offload_ops`` in order, the key to write it through with."""
+    def prefix_block_hashes(
+        self, tokens: _TokenIds, *, extra_key: str | bytes | int | np.integer | None = None
+    ) -> list[int]:
+        """The chained 128-bit hash of each full block of ``tokens``, as the prefix index
+        and KV events key them; no side effect."""
     def refcount(self, block_id: int) -> int: ...
     @property
     def num_blocks(self) -> int: ...
@@ -155,6 +173,8 @@ class KvCacheManager:
     def block_size(self) -> int: ...
     @property
     def num_host_blocks(self) -> int: ...
+    @property
+    def num_offload_blocks(self) -> int: ...
     @property
     def enable_prefix_caching(self) -> bool: ...
     @property

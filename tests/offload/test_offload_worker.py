@@ -198,3 +198,27 @@ def test_caller_mistakes_are_typed_errors():
             worker.load([1], deadline_s=1.0, extra_key=[1])
         assert worker.load([], deadline_s=0) == {}
         assert worker.pending_puts == 0 and worker.failures == 0
+
+
+def test_a_prefetch_loads_while_the_caller_does_other_work():
+    store = ScriptedStore(slow=[2])
+    store.data = {(1, None): b"one", (2, None): b"two", (3, None): b"three"}
+    worker = OffloadWorker(store)
+    try:
+        pending = worker.prefetch([1, 2, 3])  # returns at once: key 2 is stuck
+        assert not pending.done
+        assert pending.take(0.05) == {1: b"one"}  # what arrived; the rest is abandoned
+        assert worker.late_loads == 1
+    finally:
+        store.release.set()
+    assert worker.flush(STUCK_S)
+    assert store.calls.count(("get", 3)) == 0  # abandoned before key 3
+    ready = worker.prefetch([3, 1])
+    assert ready.take(STUCK_S) == {3: b"three", 1: b"one"}
+    assert worker.prefetch([]).take(0.0) == {}
+    with pytest.raises(InvalidArgumentTypeError):
+        worker.prefetch([1.5])  # type: ignore[list-item]
+    with pytest.raises(InvalidArgumentError):
+        ready.take(float("nan"))
+    assert worker.close(STUCK_S)
+    assert worker.prefetch([1]).take(0.0) == {}  # closed: an empty result, no error

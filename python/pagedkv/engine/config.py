@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pagedkv.errors import InvalidArgumentError
+from pagedkv.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 __all__ = [
     "MAX_NUM_BLOCKS",
@@ -51,12 +51,26 @@ class EngineConfig:
     # Prompt-lookup speculative decoding: up to this many draft tokens per greedy decoding
     # sequence and pass, from n-gram matches in its own context (0: off).
     speculative_ngram: int = 0
+    # The host offload tier: evicted prefix blocks keep their K/V in this many host blocks and
+    # come back as hits (docs/offload.md). 0: none, unless ``offload`` is given (then as many
+    # as the device pool).
+    num_offload_blocks: int = 0
+    # A pagedkv.offload store (DiskStore, RedisStore) below the host tier: written through,
+    # read on admission after the device and host hits.
+    offload: object | None = None
+    # How long an admission waits for the store's blocks at most; later ones are misses.
+    offload_deadline_s: float = 0.05
 
     def __post_init__(self) -> None:
         _integer("num_blocks", self.num_blocks, 1, MAX_NUM_BLOCKS)
         _integer("block_size", self.block_size, 1, MAX_NUM_SLOTS)
         _integer("num_host_blocks", self.num_host_blocks, 0, MAX_NUM_BLOCKS)
-        for name, blocks in (("num_blocks", self.num_blocks), ("num_host_blocks", self.num_host_blocks)):
+        _integer("num_offload_blocks", self.num_offload_blocks, 0, MAX_NUM_BLOCKS)
+        for name, blocks in (
+            ("num_blocks", self.num_blocks),
+            ("num_host_blocks", self.num_host_blocks),
+            ("num_offload_blocks", self.num_offload_blocks),
+        ):
             if blocks * self.block_size > MAX_NUM_SLOTS:
                 raise InvalidArgumentError(
                     f"EngineConfig: {name} * block_size = {blocks * self.block_size} exceeds the "
@@ -76,8 +90,30 @@ class EngineConfig:
                 raise InvalidArgumentError(f"EngineConfig.{name} must be a bool, got {getattr(self, name)!r}")
         _choice("preemption", self.preemption, PREEMPTION_MODES)
         _choice("reservation", self.reservation, RESERVATIONS)
+        if self.offload is not None:
+            from pagedkv.offload.store import BlockStore  # only with a store: needs the offload extra
+
+            if not isinstance(self.offload, BlockStore):
+                raise InvalidArgumentTypeError(
+                    f"EngineConfig.offload must be a pagedkv.offload store, got {type(self.offload).__name__}"
+                )
+        deadline = self.offload_deadline_s
+        if isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or not 0 <= deadline <= 60:
+            raise InvalidArgumentError(
+                f"EngineConfig.offload_deadline_s must be in [0, 60] seconds, got {deadline!r}"
+            )
+        if self.offload_blocks and not self.enable_prefix_caching:
+            raise InvalidArgumentError("EngineConfig: offload tiers need enable_prefix_caching")
         if self.preemption == "swap" and self.num_host_blocks == 0:
             raise InvalidArgumentError("EngineConfig: preemption='swap' needs num_host_blocks > 0")
+
+    @property
+    def offload_blocks(self) -> int:
+        """Host blocks of the offload tier in effect (``num_offload_blocks``, or the device
+        pool's size when only a store is given)."""
+        if self.num_offload_blocks == 0 and self.offload is not None:
+            return self.num_blocks
+        return self.num_offload_blocks
 
 
 def _integer(name: str, value: object, low: int, high: int | None) -> None:

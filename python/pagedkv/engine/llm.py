@@ -81,8 +81,11 @@ class LLM:
     ) -> Iterator[StreamEvent]:
         """Each token as soon as a step produces it (request_id = the prompt's index)."""
         engine, _, _ = self._start(prompts, params, use_chat_template)
-        while engine.has_unfinished():
-            yield from engine.step()
+        try:
+            while engine.has_unfinished():
+                yield from engine.step()
+        finally:
+            engine.close()
 
     def generate(
         self,
@@ -93,8 +96,11 @@ class LLM:
     ) -> list[RequestOutput]:
         """Run every prompt to completion; one RequestOutput per prompt, in order."""
         engine, ids, batch = self._start(prompts, params, use_chat_template)
-        while engine.has_unfinished():
-            engine.step()
+        try:
+            while engine.has_unfinished():
+                engine.step()
+        finally:
+            engine.close()  # the offload store's queued writes, for the next engine on it
         self.last_engine = engine
         outputs = [engine.output(i) for i in ids]
         for out, prompt in zip(outputs, batch, strict=True):

@@ -50,10 +50,11 @@ class LLMEngine:
             block_size=c.block_size,
             enable_prefix_caching=c.enable_prefix_caching,
             num_host_blocks=c.num_host_blocks,
+            num_offload_blocks=c.offload_blocks,
         )
         self.store = self.runner.store
         self.stats = EngineStats()
-        self.scheduler = Scheduler(c, self.max_model_len, self.kv, self.store, self.stats)
+        self.scheduler = Scheduler(c, self.max_model_len, self.kv, self.store, self.stats, self.runner.tiers)
         self.requests: dict[int, Request] = {}
         self._next_seq_id = 0
         self._next_request_id = 0
@@ -94,6 +95,11 @@ class LLMEngine:
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
+
+    def close(self, timeout_s: float = 5.0) -> bool:
+        """Write the offload store's queued blocks (at most ``timeout_s``) and stop its worker;
+        ``True`` when nothing was left behind. A no-op without a store."""
+        return self.runner.tiers.close(timeout_s) if self.runner.tiers is not None else True
 
     def output(self, request_id: int) -> RequestOutput:
         return request_output(self.requests[request_id])

@@ -16,6 +16,7 @@ import numpy as np
 import pagedkv
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.kv_store import PagedKvStore
+from pagedkv.engine.offload_tiers import OffloadTiers, layout_identity, model_fingerprint
 from pagedkv.engine.scheduler import Row, ScheduledBatch
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.models import LoadedModel
@@ -27,11 +28,12 @@ class ModelRunner:
     def __init__(self, model: LoadedModel, config: EngineConfig) -> None:
         self.model = model
         c = config
-        kv_bytes = model.config.kv_bytes_per_token_fp32 * c.block_size * (c.num_blocks + c.num_host_blocks)
+        num_host = c.num_host_blocks + c.offload_blocks
+        kv_bytes = model.config.kv_bytes_per_token_fp32 * c.block_size * (c.num_blocks + num_host)
         memory = _physical_memory_bytes()
         if memory is not None and kv_bytes > memory:
             raise InvalidArgumentError(
-                f"{c.num_blocks} + {c.num_host_blocks} host blocks of {c.block_size} tokens need "
+                f"{c.num_blocks} + {num_host} host blocks of {c.block_size} tokens need "
                 f"{kv_bytes / 2**30:,.1f} GiB of K/V; this machine has {memory / 2**30:,.1f} GiB"
             )
         try:
@@ -40,12 +42,23 @@ class ModelRunner:
             raise InvalidArgumentError(
                 f"cannot allocate {kv_bytes / 2**30:,.1f} GiB of K/V for the engine's pool"
             ) from error
+        self.tiers: OffloadTiers | None = None
+        if c.offload_blocks:
+            cfg = model.config
+            identity = layout_identity(
+                model_fingerprint(model), cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, c.block_size
+            )
+            self.tiers = OffloadTiers(self.store, c.offload_blocks, c.offload, identity, c.offload_deadline_s)
 
     def execute(self, kv: pagedkv.KvCacheManager, batch: ScheduledBatch) -> list[tuple[Row, np.ndarray]]:
         """Run the batch; (row, logits ``[row.num_logits, vocab]``) for each sampling row, in row
         order: the logits of the row's last ``num_logits`` positions."""
         rows = batch.rows
         self.store.copy(batch.copy_ops)
+        if self.tiers is not None:
+            # After the copies (a copy may read a block a load then overwrites), before the pass.
+            self.tiers.load(batch.load_ops)
+            self.tiers.write(batch.store_writes)
         tables, _ = kv.batch_block_tables([r.seq.seq_id for r in rows])
         ctx = np.array([r.end for r in rows], dtype=np.int32)
         q_lens = np.array([r.end - r.start for r in rows], dtype=np.int32)

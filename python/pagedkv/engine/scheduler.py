@@ -17,6 +17,11 @@ recompute), ``running`` (blocks on the device) and ``swapped`` (blocks in the ho
    schedules the first chunk of the uncached suffix;
 5. takes the manager's pending copy-on-write copies for the model runner to execute first.
 
+With offload tiers (``EngineConfig.offload_blocks``, ``offload_tiers.py``) the offload ops a
+step records run as soon as they are recorded (after a swap-in, and before the copies), the
+load ops and the store's blocks of new admissions run in the model runner after the copies;
+admission looks the prompt's next blocks up in the store after the device and host hits.
+
 Which K/V exist is the manager's computed watermark (``num_computed_tokens``), never shadowed
 here. Like vLLM's scheduler, the watermark moves when a chunk is *scheduled*: the pass that
 computes it runs right after ``schedule()``, and attention writes each layer's K/V before reading
@@ -31,7 +36,7 @@ prompt's length, so the last prompt token is always computed and gives the first
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -39,12 +44,16 @@ import pagedkv
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.kv_store import PagedKvStore
 from pagedkv.engine.ngram_proposer import propose_ngram_drafts
+from pagedkv.engine.offload_tiers import OffloadTiers
 from pagedkv.engine.params import SamplingParams
 from pagedkv.engine.sequence import SeqStatus, Sequence
 from pagedkv.engine.stats import EngineStats
 from pagedkv.errors import InvalidArgumentError, OutOfBlocksError
 
-__all__ = ["Row", "ScheduledBatch", "Scheduler"]
+__all__ = ["PREFETCH_DEPTH", "Row", "ScheduledBatch", "Scheduler"]
+
+# Waiting prompts whose store blocks are prefetched (offload tiers): the next admissions.
+PREFETCH_DEPTH = 2
 
 
 @dataclass(frozen=True)
@@ -72,6 +81,10 @@ class Row:
 class ScheduledBatch:
     rows: list[Row]
     copy_ops: np.ndarray  # (src, dst) block copies to execute before the pass
+    # (host_block, device_block) offload-tier hits to load after the copies
+    load_ops: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), np.int32))
+    # (device_block, payload [layers, 2, block_size, heads, head_dim]) store hits, after the loads
+    store_writes: list[tuple[int, np.ndarray]] = field(default_factory=list)
 
 
 class Scheduler:
@@ -82,11 +95,14 @@ class Scheduler:
         kv: pagedkv.KvCacheManager,
         store: PagedKvStore,
         stats: EngineStats,
+        tiers: OffloadTiers | None = None,
     ) -> None:
         self.config = config
         self.max_model_len = max_model_len
         self.kv = kv
         self.store = store  # swap data moves happen when the manager decides them
+        self.tiers = tiers
+        self._store_writes: list[tuple[int, np.ndarray]] = []
         self.stats = stats
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -131,9 +147,26 @@ class Scheduler:
         rows = self._plan_running(budget)
         budget -= sum(r.end - r.start for r in rows)
         self._admit(rows, budget)
+        if self.tiers is not None and self.tiers.worker is not None:
+            # The next admissions' store blocks load while this step's pass runs.
+            waiting = [
+                (s.seq_id, np.array(s.token_ids, dtype=np.int64)) for s in list(self.waiting)[:PREFETCH_DEPTH]
+            ]
+            self.tiers.prefetch(self.kv, waiting)
+        self._offload()
         ops = self.kv.take_copy_ops() if rows else np.zeros((0, 2), np.int32)
         self.stats.cow_copies += len(ops)
-        return ScheduledBatch(rows, ops)
+        if self.tiers is None:
+            return ScheduledBatch(rows, ops)
+        loads = self.kv.take_load_ops()
+        writes, self._store_writes = self._store_writes, []
+        return ScheduledBatch(rows, ops, loads, writes)
+
+    def _offload(self) -> None:
+        """Run the offload ops recorded so far: before anything writes the device blocks they
+        read (a swap-in's copies, this step's copies, loads and pass)."""
+        if self.tiers is not None:
+            self.tiers.offload(self.kv)
 
     def _swap_in(self) -> None:
         while self.swapped:
@@ -142,6 +175,7 @@ class Scheduler:
                 mapping = self.kv.swap_in([seq.seq_id])
             except OutOfBlocksError:
                 return
+            self._offload()
             self.store.swap_in(mapping)
             self.swapped.remove(seq)
             seq.status = SeqStatus.RUNNING
@@ -252,10 +286,12 @@ class Scheduler:
             tokens = np.array(seq.token_ids, dtype=np.int64)
             try:
                 hit = self.kv.match_prefix(tokens) if c.enable_prefix_caching else 0
-                chunk = self._chunk(len(tokens) - hit, budget, bool(rows))
+                stored = self._store_hits(seq.seq_id, tokens, hit, budget)
+                served = hit + len(stored) * c.block_size
+                chunk = self._chunk(len(tokens) - served, budget, bool(rows))
                 if chunk == 0:
                     return
-                hit = self.kv.add_sequence(seq.seq_id, tokens, num_scheduled=chunk)
+                hit = self.kv.add_sequence(seq.seq_id, tokens, num_scheduled=served - hit + chunk)
             except OutOfBlocksError:
                 return
             except pagedkv.PagedKvError as error:
@@ -266,12 +302,32 @@ class Scheduler:
             seq.status = SeqStatus.RUNNING
             seq.admitted = self._next_admission()
             self.running.append(seq)
+            if stored:
+                table = self.kv.block_table(seq.seq_id)
+                first = hit // c.block_size
+                self._store_writes.extend(
+                    (int(table[first + i]), payload) for i, payload in enumerate(stored)
+                )
+                hit = served
+                self.stats.store_hit_tokens += len(stored) * c.block_size
             computed = self.kv.num_computed_tokens(seq.seq_id)
             rows.append(Row(seq, hit, computed))
             budget -= computed - hit
             self.stats.prefix_hit_tokens += hit
             if seq.index == 0 and not seq.request.forked:
                 seq.request.cached_tokens = hit
+
+    def _store_hits(self, seq_id: int, tokens: np.ndarray, hit: int, budget: int) -> list[np.ndarray]:
+        """The store's payloads of the prompt's blocks after the ``hit`` (device and host) up
+        to the last full block before its last token (that one is always computed)."""
+        if self.tiers is None or self.tiers.worker is None or budget <= 0:
+            return []  # no budget: the request waits, and a look-up now would only cost time
+        bs = self.config.block_size
+        last = (len(tokens) - 1) // bs
+        if hit // bs >= last:
+            return []
+        hashes = self.kv.prefix_block_hashes(tokens)[hit // bs : last]
+        return self.tiers.lookup(hashes, seq_id)
 
     def _next_admission(self) -> int:
         self._admissions += 1

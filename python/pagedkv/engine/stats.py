@@ -15,7 +15,8 @@ class EngineStats:
     prefill_tokens: int = 0  # tokens whose K/V were computed as prefill
     decode_tokens: int = 0
     generated_tokens: int = 0
-    prefix_hit_tokens: int = 0
+    prefix_hit_tokens: int = 0  # prompt tokens served from any tier (device, host, store)
+    store_hit_tokens: int = 0  # of those, from the offload store
     draft_tokens: int = 0  # speculative drafts verified
     accepted_tokens: int = 0  # drafts equal to the token the model chose
     decode_passes: int = 0  # decode rows (one sequence in one pass, with or without drafts)

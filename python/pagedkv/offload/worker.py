@@ -23,7 +23,7 @@ from pagedkv.offload.codec import Payload, check_payload
 from pagedkv.offload.keys import encode_key, hash_to_int
 from pagedkv.offload.store import BlockStore
 
-__all__ = ["OffloadWorker"]
+__all__ = ["OffloadWorker", "Prefetch"]
 
 
 @dataclass
@@ -33,6 +33,36 @@ class _Load:
     results: dict[int, Payload] = field(default_factory=dict)
     abandoned: bool = False
     done: bool = False
+
+
+class Prefetch:
+    """A load queued by ``OffloadWorker.prefetch``; ``take`` it once."""
+
+    def __init__(self, worker: OffloadWorker, request: _Load) -> None:
+        self._worker = worker
+        self._request = request
+
+    @property
+    def done(self) -> bool:
+        with self._worker._cond:
+            return self._request.done
+
+    def take(self, wait_s: float) -> dict[int, Payload]:
+        """The payloads loaded so far, after waiting at most ``wait_s`` seconds for the load to
+        finish (keyed by the hash as an ``int``; a hash missing is a miss). The rest of the
+        load is abandoned."""
+        end = time.monotonic() + _seconds("wait_s", wait_s)
+        cond, request = self._worker._cond, self._request
+        with cond:
+            while not request.done:
+                left = end - time.monotonic()
+                if left <= 0:
+                    break
+                cond.wait(left)
+            if not request.done:
+                request.abandoned = True
+                self._worker.late_loads += 1
+            return dict(request.results)
 
 
 def _seconds(name: str, value: object) -> float:
@@ -121,6 +151,21 @@ class OffloadWorker:
                 request.abandoned = True
                 self.late_loads += 1
             return dict(request.results)
+
+    def prefetch(self, block_hashes: Iterable[int | bytes], *, extra_key: object = None) -> Prefetch:
+        """Queue a load and return at once: ``Prefetch.take(wait_s)`` later returns what has
+        arrived (waiting at most ``wait_s`` for the rest). Like ``load``, it goes before queued
+        puts; a prefetch taken or dropped before it finishes stops where it is."""
+        hashes = [hash_to_int(h) for h in block_hashes]
+        encode_key(0, extra_key)  # validates the salt
+        request = _Load(hashes, extra_key)
+        with self._cond:
+            if self._closing or not hashes:
+                request.done = True
+            else:
+                self._loads.append(request)
+                self._cond.notify_all()
+        return Prefetch(self, request)
 
     def flush(self, timeout_s: float) -> bool:
         """Wait until every queued put has run; ``False`` if ``timeout_s`` passed first."""

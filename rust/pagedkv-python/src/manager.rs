@@ -65,7 +65,9 @@ fn failure_to_pyerr(py: Python<'_>, failure: Failure) -> PyErr {
 /// block pool, with optional prefix caching and a host swap tier.
 ///
 /// `KvCacheManager(num_blocks=1024, block_size=16, enable_prefix_caching=False,
-/// num_host_blocks=0, *, pool=None, hash_seed=0, max_events=65536, enable_kv_events=False)`.
+/// num_host_blocks=0, *, pool=None, hash_seed=0, max_events=65536, enable_kv_events=False,
+/// num_offload_blocks=0)`. `num_offload_blocks` > 0 adds the host offload tier (evicted prefix
+/// blocks come back as hits; needs prefix caching).
 /// With `pool` (a
 /// `BlockPool`), `num_blocks` and `block_size` come from the pool (given ones must agree).
 /// `hash_seed` keys the 128-bit block hashes; `max_events` bounds the KV-event queue (when
@@ -190,11 +192,12 @@ impl PyKvCacheManager {
     #[pyo3(signature = (
         num_blocks=None, block_size=None, enable_prefix_caching=FlagArg(false),
         num_host_blocks=CountArg(0), *, pool=None, hash_seed=SeedArg(0), max_events=None,
-        enable_kv_events=FlagArg(false)
+        enable_kv_events=FlagArg(false), num_offload_blocks=CountArg(0)
     ))]
     #[pyo3(
         text_signature = "(num_blocks=None, block_size=None, enable_prefix_caching=False, \
-        num_host_blocks=0, *, pool=None, hash_seed=0, max_events=None, enable_kv_events=False)"
+        num_host_blocks=0, *, pool=None, hash_seed=0, max_events=None, enable_kv_events=False, \
+        num_offload_blocks=0)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -207,6 +210,7 @@ impl PyKvCacheManager {
         hash_seed: SeedArg,
         max_events: Option<CountArg>,
         enable_kv_events: FlagArg,
+        num_offload_blocks: CountArg,
     ) -> PyResult<Self> {
         let defaults = ManagerConfig::default();
         let mut config = ManagerConfig {
@@ -214,6 +218,7 @@ impl PyKvCacheManager {
             block_size: block_size.map_or(defaults.block_size, |n| n.0),
             enable_prefix_caching: enable_prefix_caching.0,
             num_host_blocks: num_host_blocks.0,
+            num_offload_blocks: num_offload_blocks.0,
             hash_seed: hash_seed.0,
             enable_kv_events: enable_kv_events.0,
             ..defaults.clone()
@@ -222,6 +227,7 @@ impl PyKvCacheManager {
             config.max_events = max_events.0;
         }
         check_int32_block_count(py, "num_host_blocks", config.num_host_blocks)?;
+        check_int32_block_count(py, "num_offload_blocks", config.num_offload_blocks)?;
         let (manager, pool_object, peers) = match pool {
             Some(pool) => {
                 let pool = pool.cast_into::<PyBlockPool>().map_err(|e| {
@@ -562,6 +568,50 @@ impl PyKvCacheManager {
     fn take_copy_ops<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<i32>>> {
         let ops = self.read(py, |kv| kv.take_copy_ops())?;
         pairs_to_array(py, &ops)
+    }
+
+    /// int32 `[N, 2]` pending offload ops (device_block, host_block) of the offload tier:
+    /// evicted prefix blocks to keep; run them first, before copies, swaps, loads and the
+    /// forward pass. Cleared by the call.
+    fn take_offload_ops<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<i32>>> {
+        let ops = self.read(py, |kv| kv.take_offload_ops())?;
+        pairs_to_array(py, &ops)
+    }
+
+    /// int32 `[N, 2]` pending load ops (host_block, device_block): offload-tier hits to copy
+    /// into their fresh device blocks after the offload ops and before the forward pass.
+    /// Cleared by the call.
+    fn take_load_ops<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<i32>>> {
+        let ops = self.read(py, |kv| kv.take_load_ops())?;
+        pairs_to_array(py, &ops)
+    }
+
+    /// The chained 128-bit hash (a Python int) of each full block of `tokens`, as the prefix
+    /// index and KV events key them (`extra_key` mixed in); changes nothing.
+    #[pyo3(signature = (tokens, *, extra_key=None))]
+    fn prefix_block_hashes(
+        &self,
+        py: Python<'_>,
+        tokens: Bound<'_, PyAny>,
+        extra_key: Option<ExtraKey>,
+    ) -> PyResult<Vec<u128>> {
+        let token_ids = self.token_ids(&tokens)?;
+        let ids = token_ids.as_slice();
+        let key = extra_key.as_ref().map(|key| key.0.as_slice());
+        let heavy = ids.len() >= DETACH_MIN_PROMPT_TOKENS;
+        self.run(py, heavy, |kv| Ok(kv.prefix_block_hashes(ids, key)))
+    }
+
+    /// The chained hash (an int) of the content offload-tier host block `host_block` holds,
+    /// or None; `InvalidArgumentError` when it is not a block of the tier.
+    fn offload_block_hash(&self, py: Python<'_>, host_block: BlockIdArg) -> PyResult<Option<u128>> {
+        self.run(py, false, |kv| kv.offload_block_hash(host_block.0))
+    }
+
+    /// Host blocks of the offload tier (0: none).
+    #[getter]
+    fn num_offload_blocks(&self, py: Python<'_>) -> PyResult<usize> {
+        self.read(py, |kv| kv.num_offload_blocks())
     }
 
     /// Refcount of one physical block (0 when free or cached-evictable).

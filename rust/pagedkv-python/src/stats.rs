@@ -36,6 +36,11 @@ pub fn stats_to_dict<'py>(py: Python<'py>, stats: &pagedkv::Stats) -> PyResult<B
         num_swapped_sequences,
         blocks_swapped_out,
         blocks_swapped_in,
+        num_offload_blocks,
+        num_offloaded_blocks,
+        blocks_offloaded,
+        blocks_loaded,
+        offload_blocks_dropped,
     } = stats;
     dict.set_item("num_blocks", num_blocks)?;
     dict.set_item("block_size", block_size)?;
@@ -61,6 +66,11 @@ pub fn stats_to_dict<'py>(py: Python<'py>, stats: &pagedkv::Stats) -> PyResult<B
     dict.set_item("num_swapped_sequences", num_swapped_sequences)?;
     dict.set_item("blocks_swapped_out", blocks_swapped_out)?;
     dict.set_item("blocks_swapped_in", blocks_swapped_in)?;
+    dict.set_item("num_offload_blocks", num_offload_blocks)?;
+    dict.set_item("num_offloaded_blocks", num_offloaded_blocks)?;
+    dict.set_item("blocks_offloaded", blocks_offloaded)?;
+    dict.set_item("blocks_loaded", blocks_loaded)?;
+    dict.set_item("offload_blocks_dropped", offload_blocks_dropped)?;
     // The contract's (docs/design.md) names for three of the counters.
     dict.set_item("allocations", blocks_allocated)?;
     dict.set_item("frees", blocks_freed)?;

@@ -32,6 +32,7 @@
 mod error;
 mod host;
 mod manager;
+mod offload_tier;
 mod peers;
 mod pool;
 mod prefetch;

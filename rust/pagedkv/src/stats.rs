@@ -69,4 +69,14 @@ pub struct Stats {
     pub blocks_swapped_out: u64,
     /// Host blocks copied back to the device by swap-in, lifetime.
     pub blocks_swapped_in: u64,
+    /// Host blocks of the offload tier (0: none).
+    pub num_offload_blocks: usize,
+    /// Offload-tier host blocks holding an evicted prefix block's content.
+    pub num_offloaded_blocks: usize,
+    /// Offload ops recorded (evicted prefix blocks kept in the offload tier), lifetime.
+    pub blocks_offloaded: u64,
+    /// Load ops recorded (offload-tier hits loaded back), lifetime.
+    pub blocks_loaded: u64,
+    /// Offload-tier entries dropped to make room (least recently used first), lifetime.
+    pub offload_blocks_dropped: u64,
 }

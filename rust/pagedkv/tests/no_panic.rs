@@ -356,14 +356,15 @@ proptest! {
         num_blocks in count(),
         block_size in count(),
         num_host_blocks in prop_oneof![3 => 0usize..16, 1 => count()],
+        num_offload_blocks in prop_oneof![3 => 0usize..16, 1 => count()],
         max_events in count(),
         hash_seed in any::<u64>(),
         enable_prefix_caching in any::<bool>(),
         enable_kv_events in any::<bool>(),
     ) {
         let config = ManagerConfig {
-            num_blocks, block_size, enable_prefix_caching, num_host_blocks, hash_seed, max_events,
-            enable_kv_events,
+            num_blocks, block_size, enable_prefix_caching, num_host_blocks, num_offload_blocks,
+            hash_seed, max_events, enable_kv_events,
         };
         let result = catch_unwind(|| {
             let mut created = [false; 3];
@@ -392,10 +393,15 @@ proptest! {
                 && blocks.checked_mul(size).is_some_and(|slots| slots <= MAX_NUM_SLOTS)
         };
         let host = |size: usize| num_host_blocks == 0 || geometry(num_host_blocks, size);
+        // The offload tier keeps evicted prefix blocks: it needs prefix caching.
+        let offload = |size: usize| {
+            num_offload_blocks == 0
+                || (enable_prefix_caching && geometry(num_offload_blocks, size))
+        };
         let expected = [
-            geometry(num_blocks, block_size) && host(block_size),
+            geometry(num_blocks, block_size) && host(block_size) && offload(block_size),
             geometry(num_blocks, block_size),
-            host(4),
+            host(4) && offload(4),
         ];
         prop_assert_eq!(result.unwrap(), expected, "{:?}", config);
     }

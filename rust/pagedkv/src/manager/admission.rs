@@ -106,7 +106,16 @@ impl KvCacheManager {
             max_blocks: max_hits,
         };
         walk.run(&mut chain, &mut block_hashes, &mut block_ids)?;
-        Ok(block_ids.len() * bs)
+        let num_device = block_ids.len();
+        let mut host_hits = Vec::new();
+        self.host_hits(
+            &walk,
+            &mut chain,
+            &mut block_hashes,
+            num_device,
+            &mut host_hits,
+        );
+        Ok((num_device + host_hits.len()) * bs)
     }
 
     /// Admits a sequence of `num_tokens` tokens whose ids are unknown (never prefix-cached).
@@ -194,9 +203,20 @@ impl KvCacheManager {
         };
         let num_revive = walk.run(&mut chain, &mut block_hashes, &mut block_ids)?;
         let num_hits = block_ids.len();
+        // Hits in the offload tier continue the device chain: fresh blocks loaded from the
+        // host (`take_load_ops`), computed as soon as the caller has run the loads.
+        let mut host_hits = Vec::new();
+        self.host_hits(
+            &walk,
+            &mut chain,
+            &mut block_hashes,
+            num_hits,
+            &mut host_hits,
+        );
+        let num_served = num_hits + host_hits.len();
         // Of the new blocks, only those the caller computes in its next pass are indexed now
         // (the computed watermark); `advance_computed` indexes the rest.
-        let num_computed = num_hits * bs + num_scheduled.min(num_tokens - num_hits * bs);
+        let num_computed = num_served * bs + num_scheduled.min(num_tokens - num_served * bs);
         let num_indexed = num_computed / bs;
         // Only the first new block can need a map entry: each later one is chained to the
         // block before it (prefix/index.rs, "Chained blocks"). Its hash is known when a lookup
@@ -219,10 +239,14 @@ impl KvCacheManager {
                 debug_assert!(shared.is_ok(), "share of a hit block failed: {shared:?}");
             }
         }
+        // Host hits are pinned before the eviction below offloads into the tier, so that no
+        // offload reuses a host block this admission loads from.
+        self.pin_host_hits(&host_hits);
         self.complete_fresh(fresh, &mut block_ids);
+        self.record_loads(&host_hits, &block_ids[num_hits..num_served]);
         let prefix = self.prefix.as_mut().expect("prefix caching on");
         prefix.query_tokens += num_tokens as u64;
-        prefix.hit_tokens += (num_hits * bs) as u64;
+        prefix.hit_tokens += (num_served * bs) as u64;
 
         let extra: Option<Arc<[u8]>> = extra_key.map(Arc::from);
         prefix.prefetch_register_records(&block_ids[num_hits..num_indexed]);
@@ -250,6 +274,8 @@ impl KvCacheManager {
                 &extra,
             );
             if entered == Entered::New {
+                // Host hits hashed the blocks after this one already: the run rehashes them.
+                block_hashes.truncate(i + 1);
                 prefix.register_chained_run(
                     &block_ids[i..num_indexed],
                     &mut chain,
@@ -299,7 +325,7 @@ impl KvCacheManager {
                 num_computed,
             },
         );
-        Ok(num_hits * bs)
+        Ok(num_served * bs)
     }
 }
 

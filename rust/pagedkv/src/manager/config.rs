@@ -20,6 +20,10 @@ pub struct ManagerConfig {
     pub enable_prefix_caching: bool,
     /// Blocks in the host swap tier; 0 means no host tier (docs/design.md, Swap tier).
     pub num_host_blocks: usize,
+    /// Host blocks of the offload tier: evicted prefix blocks keep their content there and
+    /// come back as hits (docs/offload.md). 0, the default, means no offload tier; needs
+    /// `enable_prefix_caching`.
+    pub num_offload_blocks: usize,
     /// Seed of the keyed block hash (reproducible runs).
     pub hash_seed: u64,
     /// Capacity of the KV-event queue; when full, the oldest event is dropped and counted.
@@ -37,6 +41,7 @@ impl Default for ManagerConfig {
             block_size: 16,
             enable_prefix_caching: false,
             num_host_blocks: 0,
+            num_offload_blocks: 0,
             hash_seed: 0,
             max_events: 65_536,
             enable_kv_events: false,

@@ -186,6 +186,10 @@ impl KvCacheManager {
                 return fail(format!("copy op ({src}, {dst}) copies a block onto itself"));
             }
         }
+        if let Some(tier) = &self.offload {
+            tier.check(self.pool.num_blocks())
+                .map_err(Error::InvariantViolation)?;
+        }
         Ok(())
     }
 }

@@ -27,6 +27,7 @@ mod csr;
 mod growth;
 mod invariants;
 mod lifecycle;
+mod offload;
 mod pins;
 mod prefix;
 mod queries;
@@ -43,6 +44,7 @@ pub use self::config::ManagerConfig;
 pub use self::csr::CsrPageTable;
 use crate::error::{invalid, Error, Result};
 use crate::host::HostTier;
+use crate::offload_tier::OffloadTier;
 use crate::pool::BlockPool;
 use crate::prefix::hash::BlockHash;
 use crate::prefix::PrefixCache;
@@ -148,6 +150,8 @@ pub struct KvCacheManager {
     prefix: Option<PrefixCache>,
     /// The host swap tier (`num_host_blocks > 0`).
     host: Option<HostTier>,
+    /// The host offload tier of evicted prefix blocks (`num_offload_blocks > 0`).
+    offload: Option<OffloadTier>,
 }
 
 impl std::fmt::Debug for KvCacheManager {
@@ -207,6 +211,13 @@ impl KvCacheManager {
             0 => None,
             n => Some(HostTier::new(n, pool.block_size())?),
         };
+        let offload = match config.num_offload_blocks {
+            0 => None,
+            _ if !config.enable_prefix_caching => {
+                return invalid("num_offload_blocks needs enable_prefix_caching (the tier keeps evicted prefix blocks)");
+            }
+            n => Some(OffloadTier::new(n, pool.block_size())?),
+        };
         Ok(KvCacheManager {
             block_size: pool.block_size(),
             pool,
@@ -221,6 +232,7 @@ impl KvCacheManager {
             batch: BatchScratch::default(),
             prefix,
             host,
+            offload,
         })
     }
 

@@ -31,6 +31,9 @@ impl KvCacheManager {
         if let Some(prefix) = self.prefix.as_mut() {
             prefix.reset(&self.pool);
         }
+        if let Some(tier) = self.offload.as_mut() {
+            tier.clear();
+        }
         true
     }
 

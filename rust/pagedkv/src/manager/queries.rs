@@ -203,6 +203,13 @@ impl KvCacheManager {
             s.num_host_blocks = h.num_blocks();
             s.num_host_blocks_in_use = h.num_in_use();
         }
+        if let Some(t) = &self.offload {
+            s.num_offload_blocks = t.num_blocks();
+            s.num_offloaded_blocks = t.num_indexed();
+            s.blocks_offloaded = t.counters.blocks_offloaded;
+            s.blocks_loaded = t.counters.blocks_loaded;
+            s.offload_blocks_dropped = t.counters.blocks_dropped;
+        }
         s
     }
 }

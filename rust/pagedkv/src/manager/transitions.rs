@@ -88,7 +88,12 @@ impl KvCacheManager {
                 .prefix
                 .as_mut()
                 .expect("cache reservations imply a prefix cache");
-            prefix.evict_lru_into(reservation.from_cache, &self.pool, out);
+            prefix.evict_lru_into(
+                reservation.from_cache,
+                &self.pool,
+                out,
+                self.offload.as_mut(),
+            );
         }
         self.num_blocks_in_use += reservation.num_blocks;
         self.counters.blocks_allocated += reservation.num_blocks as u64;

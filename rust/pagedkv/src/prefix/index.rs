@@ -232,6 +232,19 @@ impl BlockIndex {
         self.hash_of(b) == Some(hash)
     }
 
+    /// What block `b` is indexed with (hash, parent, token ids, extra key), if it is: what the
+    /// offload tier keeps when the block is evicted.
+    pub(crate) fn content(&self, b: BlockId) -> Option<crate::offload_tier::Content<'_>> {
+        let hash = self.hash_of(b)?;
+        let s = &self.stored[b as usize];
+        Some(crate::offload_tier::Content {
+            hash,
+            parent: s.has_parent.then_some(s.parent),
+            token_ids: self.tokens_of(b),
+            extra_key: s.extra_key.as_ref(),
+        })
+    }
+
     /// The token ids block `b` holds, if it is indexed under exactly `hash`.
     pub(crate) fn tokens_if_holds(&self, b: BlockId, hash: BlockHash) -> Option<&[TokenId]> {
         self.holds(b, hash).then(|| self.tokens_of(b))

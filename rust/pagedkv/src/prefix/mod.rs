@@ -24,6 +24,7 @@ use self::hash::{BlockHash, BlockHasher, ChainHasher};
 use self::index::{BlockIndex, Entered};
 use self::lru::Lru;
 use self::pins::Pins;
+use crate::offload_tier::OffloadTier;
 use crate::pool::BlockPool;
 use crate::{BlockId, TokenId};
 
@@ -186,11 +187,22 @@ impl PrefixCache {
     /// with a map entry, are loaded in one pass before any is removed (`crate::prefetch`): the
     /// least recently used blocks are the coldest memory of the cache, and one at a time each
     /// removal waited on its own misses.
-    pub(crate) fn evict_lru_into(&mut self, n: usize, pool: &BlockPool, out: &mut Vec<BlockId>) {
+    ///
+    /// With an offload tier, each victim's content is kept there first (an offload op).
+    pub(crate) fn evict_lru_into(
+        &mut self,
+        n: usize,
+        pool: &BlockPool,
+        out: &mut Vec<BlockId>,
+        mut offload: Option<&mut OffloadTier>,
+    ) {
         let start = out.len();
         self.lru.pop_front_into(n, out);
         self.index.prefetch_removals(&out[start..]);
         for &b in &out[start..] {
+            if let (Some(tier), Some(content)) = (offload.as_deref_mut(), self.index.content(b)) {
+                tier.offload(b, content, &mut self.events);
+            }
             self.unindex(b);
         }
         pool.claim_cached_all(&out[start..]);
@@ -325,7 +337,7 @@ mod tests {
         c.revive_cached(1, &pool);
         assert_eq!(c.lru_order(), vec![0, 2]);
         let mut out = vec![];
-        c.evict_lru_into(1, &pool, &mut out);
+        c.evict_lru_into(1, &pool, &mut out, None);
         assert_eq!(out, vec![0]);
         assert_eq!(c.lru_order(), vec![2]);
         assert!(!c.is_indexed(0) && c.is_indexed(1));

@@ -1,0 +1,327 @@
+//! The offload tier: host blocks that keep the content of prefix blocks the device pool
+//! evicted, keyed by their chained hash, so that a later prompt with the same tokens loads them
+//! back instead of recomputing them (docs/offload.md, "The host offload tier").
+//!
+//! The tier holds no K/V itself: it decides which host block holds which content and records
+//! the copies the caller's data plane runs, `(device_block, host_block)` offload ops and
+//! `(host_block, device_block)` load ops. Its memory is separate from the swap tier's
+//! ([`crate::host::HostTier`]): swapped-out sequences must always find room, a cache may not.
+//!
+//! Every host block is in exactly one of three states:
+//!
+//! * **free** (on the free stack);
+//! * **indexed**: holds the content of one hash (`entries[h]` is `Some`, `map[hash] == h`);
+//!   it is in the LRU unless a pending load reads it (`pins[h] > 0`): a pinned block is never
+//!   reused, so a load always reads what it was planned to read;
+//! * **pinned, unindexed**: `reset` dropped its content while a load still reads it; it goes
+//!   back to the free stack when that load is handed to the caller.
+//!
+//! Ops are executed in the order they were recorded, offloads before loads (the caller drains
+//! both at the same point, `take_offload_ops` first): an offload reads a device block before
+//! anything overwrites it, and a load reads a host block that no later offload may reuse
+//! (pinned). A hash already held is never offloaded twice, so a device block that is the
+//! destination of a pending load, evicted again, records no op.
+
+use std::sync::Arc;
+
+use rustc_hash::FxHashMap;
+
+use crate::error::Result;
+use crate::pool::validate_geometry;
+use crate::prefix::events::{EventQueue, KvEvent};
+use crate::prefix::hash::BlockHash;
+use crate::prefix::lru::Lru;
+use crate::{BlockId, Tier, TokenId};
+
+/// The content one host block holds: what a device block was indexed with.
+#[derive(Debug, Clone)]
+struct Entry {
+    hash: BlockHash,
+    parent: Option<BlockHash>,
+    token_ids: Box<[TokenId]>,
+    extra_key: Option<Arc<[u8]>>,
+}
+
+/// What an evicted device block was indexed with (borrowed from the prefix index).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Content<'a> {
+    pub(crate) hash: BlockHash,
+    pub(crate) parent: Option<BlockHash>,
+    pub(crate) token_ids: &'a [TokenId],
+    pub(crate) extra_key: Option<&'a Arc<[u8]>>,
+}
+
+/// Lifetime counters of the tier, in blocks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct OffloadCounters {
+    /// Offload ops recorded (device block content kept in a host block).
+    pub(crate) blocks_offloaded: u64,
+    /// Load ops recorded (host hits loaded back into device blocks).
+    pub(crate) blocks_loaded: u64,
+    /// Host entries dropped to make room (least recently used first).
+    pub(crate) blocks_dropped: u64,
+    /// Evicted device blocks not kept because every host block was pinned by a pending load.
+    pub(crate) offloads_skipped: u64,
+}
+
+/// The host offload tier of one manager (see the module docs).
+#[derive(Debug)]
+pub(crate) struct OffloadTier {
+    block_size: usize,
+    /// Per host block: the content it holds, if indexed.
+    entries: Vec<Option<Entry>>,
+    /// Hash -> the host block holding it.
+    map: FxHashMap<BlockHash, BlockId>,
+    /// Indexed, unpinned host blocks, least recently used first.
+    lru: Lru,
+    /// Per host block: pending loads reading it.
+    pins: Vec<u32>,
+    /// Free host blocks (a stack).
+    free: Vec<BlockId>,
+    /// Recorded `(device_block, host_block)` copies, oldest first.
+    pending_offloads: Vec<(BlockId, BlockId)>,
+    /// Recorded `(host_block, device_block)` copies, oldest first.
+    pending_loads: Vec<(BlockId, BlockId)>,
+    pub(crate) counters: OffloadCounters,
+}
+
+impl OffloadTier {
+    /// A tier of `num_blocks` host blocks of `block_size` tokens (the device pool's size).
+    pub(crate) fn new(num_blocks: usize, block_size: usize) -> Result<Self> {
+        validate_geometry(num_blocks, block_size, "num_offload_blocks")?;
+        Ok(OffloadTier {
+            block_size,
+            entries: vec![None; num_blocks],
+            map: FxHashMap::default(),
+            lru: Lru::new(num_blocks),
+            pins: vec![0; num_blocks],
+            // Reversed so host block 0 is handed out first.
+            free: (0..num_blocks as BlockId).rev().collect(),
+            pending_offloads: Vec::new(),
+            pending_loads: Vec::new(),
+            counters: OffloadCounters::default(),
+        })
+    }
+
+    /// Host blocks in the tier.
+    pub(crate) fn num_blocks(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Host blocks holding content.
+    pub(crate) fn num_indexed(&self) -> usize {
+        self.map.len()
+    }
+
+    /// The hash host block `h` holds content for, if any (`None` also when out of range).
+    pub(crate) fn hash_of(&self, h: BlockId) -> Option<BlockHash> {
+        self.entries.get(h as usize)?.as_ref().map(|e| e.hash)
+    }
+
+    /// The host block holding exactly this content (hash, parent, token ids and extra key:
+    /// verified like a device hit, so a hash collision is a miss, never wrong K/V).
+    pub(crate) fn lookup(
+        &self,
+        hash: BlockHash,
+        parent: Option<BlockHash>,
+        token_ids: &[TokenId],
+        extra_key: Option<&[u8]>,
+    ) -> Option<BlockId> {
+        let &h = self.map.get(&hash)?;
+        let e = self.entries[h as usize].as_ref()?;
+        (e.parent == parent && &*e.token_ids == token_ids && e.extra_key.as_deref() == extra_key)
+            .then_some(h)
+    }
+
+    /// Keeps the content of evicted device block `device_block` (indexed as `content`): a host
+    /// block takes it (a free one, else the least recently used entry is dropped) and an
+    /// offload op is recorded. Content already held is only marked recently used; when every
+    /// host block is pinned by a pending load the content is not kept (counted).
+    pub(crate) fn offload(
+        &mut self,
+        device_block: BlockId,
+        content: Content<'_>,
+        events: &mut EventQueue,
+    ) {
+        if let Some(&h) = self.map.get(&content.hash) {
+            if self.lru.contains(h) {
+                self.lru.remove(h);
+                self.lru.push_back(h);
+            }
+            return;
+        }
+        let h = match self.free.pop() {
+            Some(h) => h,
+            None => match self.lru.pop_front() {
+                Some(h) => {
+                    self.unindex(h, events);
+                    self.counters.blocks_dropped += 1;
+                    h
+                }
+                None => {
+                    self.counters.offloads_skipped += 1;
+                    return;
+                }
+            },
+        };
+        let entry = Entry {
+            hash: content.hash,
+            parent: content.parent,
+            token_ids: content.token_ids.into(),
+            extra_key: content.extra_key.cloned(),
+        };
+        if events.enabled() {
+            events.push(KvEvent::BlockStored {
+                block_hashes: vec![entry.hash],
+                parent_block_hash: entry.parent,
+                token_ids: entry.token_ids.to_vec(),
+                block_size: self.block_size,
+                extra_key: entry.extra_key.as_deref().map(<[u8]>::to_vec),
+                medium: Tier::Host,
+            });
+        }
+        self.map.insert(entry.hash, h);
+        self.entries[h as usize] = Some(entry);
+        self.lru.push_back(h);
+        self.pending_offloads.push((device_block, h));
+        self.counters.blocks_offloaded += 1;
+    }
+
+    /// Takes indexed host block `h` out of the index (a `BlockRemoved` on the host tier).
+    fn unindex(&mut self, h: BlockId, events: &mut EventQueue) {
+        if let Some(e) = self.entries[h as usize].take() {
+            self.map.remove(&e.hash);
+            if events.enabled() {
+                events.push(KvEvent::BlockRemoved {
+                    block_hashes: vec![e.hash],
+                    medium: Tier::Host,
+                });
+            }
+        }
+    }
+
+    /// Pins host hit `h` for the load about to be recorded, so that no offload reuses it
+    /// before the caller has run that load.
+    pub(crate) fn pin(&mut self, h: BlockId) {
+        if self.pins[h as usize] == 0 && self.lru.contains(h) {
+            self.lru.remove(h);
+        }
+        self.pins[h as usize] += 1;
+    }
+
+    /// Records the load of pinned host block `h` into fresh device block `device_block`.
+    pub(crate) fn record_load(&mut self, h: BlockId, device_block: BlockId) {
+        debug_assert!(self.pins[h as usize] > 0);
+        self.pending_loads.push((h, device_block));
+        self.counters.blocks_loaded += 1;
+    }
+
+    /// Drains the recorded offload ops, oldest first.
+    pub(crate) fn take_offload_ops(&mut self) -> Vec<(BlockId, BlockId)> {
+        std::mem::take(&mut self.pending_offloads)
+    }
+
+    /// Drains the recorded load ops, oldest first, unpinning their host blocks (each becomes
+    /// the most recently used; one whose content `reset` dropped is free again).
+    pub(crate) fn take_load_ops(&mut self) -> Vec<(BlockId, BlockId)> {
+        let ops = std::mem::take(&mut self.pending_loads);
+        for &(h, _) in &ops {
+            let pins = &mut self.pins[h as usize];
+            *pins -= 1;
+            if *pins == 0 {
+                if self.entries[h as usize].is_some() {
+                    self.lru.push_back(h);
+                } else {
+                    self.free.push(h);
+                }
+            }
+        }
+        ops
+    }
+
+    /// Drops every entry (`reset_prefix_cache`; the caller records `AllBlocksCleared`). Pinned
+    /// blocks stay out of the free stack until their loads are drained.
+    pub(crate) fn clear(&mut self) {
+        while let Some(h) = self.lru.pop_front() {
+            self.entries[h as usize] = None;
+            self.free.push(h);
+        }
+        for e in &mut self.entries {
+            *e = None;
+        }
+        self.map.clear();
+    }
+
+    /// Verifies the three states of every host block (see the module docs) and that the
+    /// recorded ops name existing blocks.
+    pub(crate) fn check(&self, num_device_blocks: usize) -> std::result::Result<(), String> {
+        let n = self.entries.len();
+        self.lru.check()?;
+        let mut on_free = vec![false; n];
+        for &h in &self.free {
+            let i = h as usize;
+            if i >= n || std::mem::replace(&mut on_free[i], true) {
+                return Err(format!(
+                    "host offload block {h} is on the free stack twice or out of range"
+                ));
+            }
+            if self.entries[i].is_some() || self.pins[i] > 0 || self.lru.contains(h) {
+                return Err(format!(
+                    "host offload block {h} is both free and indexed or pinned"
+                ));
+            }
+        }
+        let mut pinned_by_loads = vec![0u32; n];
+        for &(h, d) in &self.pending_loads {
+            if h as usize >= n || d as usize >= num_device_blocks {
+                return Err(format!("load op ({h}, {d}) names a block out of range"));
+            }
+            pinned_by_loads[h as usize] += 1;
+        }
+        for &(d, h) in &self.pending_offloads {
+            if h as usize >= n || d as usize >= num_device_blocks {
+                return Err(format!("offload op ({d}, {h}) names a block out of range"));
+            }
+        }
+        for h in 0..n {
+            let id = h as BlockId;
+            if self.pins[h] != pinned_by_loads[h] {
+                return Err(format!(
+                    "host offload block {h}: {} pins but {} pending loads",
+                    self.pins[h], pinned_by_loads[h]
+                ));
+            }
+            match &self.entries[h] {
+                Some(e) => {
+                    if self.map.get(&e.hash) != Some(&id) {
+                        return Err(format!("host offload block {h} is not mapped by its hash"));
+                    }
+                    if e.token_ids.len() != self.block_size {
+                        return Err(format!("host offload block {h} holds a partial block"));
+                    }
+                    if self.lru.contains(id) == (self.pins[h] > 0) {
+                        return Err(format!(
+                            "host offload block {h}: in the LRU {} with {} pins",
+                            self.lru.contains(id),
+                            self.pins[h]
+                        ));
+                    }
+                }
+                None => {
+                    if self.lru.contains(id) {
+                        return Err(format!("host offload block {h} is in the LRU unindexed"));
+                    }
+                    if !on_free[h] && self.pins[h] == 0 {
+                        return Err(format!(
+                            "host offload block {h} is lost (not free, not indexed, not pinned)"
+                        ));
+                    }
+                }
+            }
+        }
+        if self.map.len() != self.entries.iter().filter(|e| e.is_some()).count() {
+            return Err("the host offload map names blocks that hold no entry".to_owned());
+        }
+        Ok(())
+    }
+}

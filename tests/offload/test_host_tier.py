@@ -1,0 +1,159 @@
+"""The host offload tier through the bindings: ``KvCacheManager(..., num_offload_blocks=N)``,
+``take_offload_ops`` / ``take_load_ops``, ``prefix_block_hashes``, hostile arguments, and a
+randomized run that moves real K/V arrays and checks every hit returns the K/V computed for its
+tokens."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pagedkv
+import pytest
+
+
+def _manager(num_blocks: int = 2, num_offload: int = 4, **kw: object) -> pagedkv.KvCacheManager:
+    return pagedkv.KvCacheManager(num_blocks, 2, True, num_offload_blocks=num_offload, **kw)
+
+
+def test_off_by_default():
+    kv = pagedkv.KvCacheManager(4, 2, True)
+    assert kv.num_offload_blocks == 0
+    assert kv.take_offload_ops().shape == (0, 2)
+    assert kv.take_load_ops().shape == (0, 2)
+    assert kv.stats()["num_offload_blocks"] == 0
+
+
+def test_an_evicted_block_comes_back_from_the_host():
+    kv = _manager(enable_kv_events=True)
+    kv.add_sequence(1, [1, 2, 3])
+    kv.free(1)
+    kv.add_sequence(2, [7, 8, 9, 10])
+    offloads = kv.take_offload_ops()
+    assert offloads.dtype == np.int32 and offloads.tolist() == [[0, 0]]
+    kv.free(2)
+    assert kv.match_prefix([1, 2, 5]) == 2
+    assert kv.add_sequence(3, [1, 2, 5]) == 2
+    loads = kv.take_load_ops()
+    assert loads.dtype == np.int32
+    assert loads.tolist() == [[0, int(kv.block_table(3)[0])]]
+    stats = kv.stats()
+    assert (stats["blocks_offloaded"], stats["blocks_loaded"]) == (3, 1)
+    assert stats["prefix_hit_tokens"] == 2
+    mediums = {(type(e).__name__, e.medium) for e in kv.take_events()}
+    assert ("BlockStored", "CPU") in mediums and ("BlockStored", "GPU") in mediums
+    kv.check_invariants()
+
+
+def test_prefix_block_hashes_key_the_events():
+    kv = pagedkv.KvCacheManager(8, 2, True, enable_kv_events=True)
+    hashes = kv.prefix_block_hashes([1, 2, 3, 4, 5], extra_key="tenant")
+    assert len(hashes) == 2 and all(isinstance(h, int) and 0 <= h < 2**128 for h in hashes)
+    assert hashes != kv.prefix_block_hashes([1, 2, 3, 4, 5])
+    assert kv.prefix_block_hashes(np.array([1, 2, 3, 4, 5]), extra_key="tenant") == hashes
+    kv.add_sequence(1, [1, 2, 3, 4, 5], extra_key="tenant")
+    (stored,) = kv.take_events()
+    assert list(stored.block_hashes) == hashes
+    # Without prefix caching: the same hasher and seed.
+    assert pagedkv.KvCacheManager(8, 2).prefix_block_hashes([1, 2, 3, 4, 5], extra_key="tenant") == hashes
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"num_offload_blocks": -1},
+        {"num_offload_blocks": 1.5},
+        {"num_offload_blocks": True},
+        {"num_offload_blocks": "3"},
+        {"num_offload_blocks": 2**40},
+        {"num_offload_blocks": 2**64},
+        {"num_offload_blocks": 4, "enable_prefix_caching": False},
+    ],
+)
+def test_hostile_configs_are_typed_errors(kwargs):
+    args = {"num_blocks": 4, "block_size": 2, "enable_prefix_caching": True, **kwargs}
+    with pytest.raises(pagedkv.PagedKvError):
+        pagedkv.KvCacheManager(**args)
+
+
+@pytest.mark.parametrize("tokens", [None, "abc", [1.5], [-1], [2**40], object()])
+def test_hostile_prefix_block_hashes_inputs(tokens):
+    kv = _manager()
+    with pytest.raises(pagedkv.PagedKvError):
+        kv.prefix_block_hashes(tokens)
+    kv.check_invariants()
+
+
+def _fingerprints(tokens: list[int], salt: int) -> np.ndarray:
+    """Per token, a value determined by the salt and every token up to it (the "K/V")."""
+    out = np.empty(len(tokens), np.float64)
+    h = salt * 1_000_003 + 7
+    for i, t in enumerate(tokens):
+        h = (h * 31 + t + 1) % (2**61 - 1)
+        out[i] = h
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_hits_from_the_host_return_the_kv_computed_for_their_tokens(seed):
+    """Random admissions and frees over a tiny pool and a tinier host tier; the data plane runs
+    the ops in the documented order (offloads, copies, loads) on real arrays, the "pass" writes
+    the tokens no tier served, and every computed token must hold its own K/V."""
+    rng = random.Random(seed)
+    bs, num_blocks, num_offload = 2, 9, 3
+    kv = pagedkv.KvCacheManager(num_blocks, bs, True, num_offload_blocks=num_offload)
+    device = np.full((num_blocks, bs), np.nan)
+    host = np.full((num_offload, bs), np.nan)
+    bases = [list(range(1, 16)), list(range(1, 5)) + list(range(50, 61)), list(range(90, 105))]
+    live: dict[int, tuple[list[int], int, int]] = {}  # seq -> (tokens, salt, hit)
+    host_hits = 0
+    for step in range(120):
+        if live and rng.random() < 0.45:
+            victim = rng.choice(sorted(live))
+            del live[victim]
+            kv.free(victim)
+            continue
+        seq = step + 1000
+        tokens = rng.choice(bases)[: rng.randint(1, 15)]
+        salt = rng.randint(0, 1)
+        expected = kv.match_prefix(tokens, extra_key=salt)
+        try:
+            hit = kv.add_sequence(seq, tokens, extra_key=salt)
+        except pagedkv.OutOfBlocksError:
+            continue
+        assert hit == expected
+        for d, h in kv.take_offload_ops():
+            host[h] = device[d]
+        for s, d in kv.take_copy_ops():
+            device[d] = device[s]
+        loads = kv.take_load_ops()
+        host_hits += len(loads)
+        for h, d in loads:
+            device[d] = host[h]
+        table = kv.block_table(seq)
+        want = _fingerprints(tokens, salt)
+        for p in range(hit, len(tokens)):  # the pass
+            device[table[p // bs], p % bs] = want[p]
+        live[seq] = (tokens, salt, hit)
+        for other, (toks, s, _) in live.items():
+            t = kv.block_table(other)
+            got = np.array([device[t[p // bs], p % bs] for p in range(len(toks))])
+            np.testing.assert_array_equal(got, _fingerprints(toks, s), err_msg=f"sequence {other}")
+        kv.check_invariants()
+    assert host_hits > 0, "the run never hit the host tier: it checked nothing about it"
+
+
+def test_offload_block_hash_names_what_each_host_block_holds():
+    kv = _manager()
+    kv.add_sequence(1, [1, 2, 3])
+    kv.free(1)
+    kv.add_sequence(2, [7, 8, 9, 10])
+    assert kv.take_offload_ops().tolist() == [[0, 0]]
+    assert kv.offload_block_hash(0) == kv.prefix_block_hashes([1, 2])[0]
+    assert kv.offload_block_hash(1) is None
+    for bad in (-1, 4, 2**40, 1.0, "0", None, True):
+        with pytest.raises(pagedkv.PagedKvError):
+            kv.offload_block_hash(bad)
+    with pytest.raises(pagedkv.PagedKvError):
+        pagedkv.KvCacheManager(4, 2, True).offload_block_hash(0)  # no tier
+    kv.check_invariants()
