@@ -108,7 +108,9 @@ class Scheduler:
         bs = self.config.block_size
         total = min(num_prompt_tokens + params.max_tokens, self.max_model_len)
         shared = num_prompt_tokens // bs  # full prompt blocks the n samples share
-        needed = shared + params.n * (-(-(total - shared * bs) // bs))
+        # Per KV group; a sliding-window group never holds more than a full-attention one (it
+        # holds the whole prompt while the prompt is admitted), so every group counts in full.
+        needed = self.store.layout.num_groups * (shared + params.n * (-(-(total - shared * bs) // bs)))
         if needed > self.config.num_blocks:
             raise InvalidArgumentError(
                 f"n={params.n} samples of {total} tokens need {needed} blocks at most; the pool has "
@@ -230,7 +232,8 @@ class Scheduler:
         return min(remaining, budget)
 
     def _reserved_slots(self) -> int:
-        return self.max_model_len * (len(self.running) + len(self.swapped))
+        """Slots the contiguous reservation holds: max_model_len per sequence in every KV group."""
+        return self.store.layout.num_groups * self.max_model_len * (len(self.running) + len(self.swapped))
 
     def _admit(self, rows: list[Row], budget: int) -> None:
         c = self.config
@@ -239,14 +242,16 @@ class Scheduler:
         while self.waiting and len(self.running) < c.max_num_seqs:
             seq = self.waiting[0]
             if c.reservation == "contiguous" and (
-                self._reserved_slots() + self.max_model_len > c.num_blocks * c.block_size
+                self._reserved_slots() + self.store.layout.num_groups * self.max_model_len
+                > c.num_blocks * c.block_size
             ):
                 return
             # Leave a small watermark so that admitting does not force the next append to preempt.
             watermark = c.admission_watermark_blocks
             if watermark is None:
                 watermark = max(1, c.num_blocks // 100)
-            blocks = -(-len(seq.token_ids) // c.block_size) + (watermark if self.running else 0)
+            # The manager's own count (every KV group's blocks for the prompt).
+            blocks = self.kv.blocks_needed_for_prompt(len(seq.token_ids)) + (watermark if self.running else 0)
             if blocks > self.kv.num_free_blocks:
                 return
             tokens = np.array(seq.token_ids, dtype=np.int64)
