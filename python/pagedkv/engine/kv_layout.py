@@ -30,7 +30,7 @@ from typing import Any
 
 from pagedkv.errors import InvalidArgumentError
 
-__all__ = ["KvLayout", "kv_layout", "layer_windows"]
+__all__ = ["KvLayout", "kv_layout", "layer_windows", "new_manager"]
 
 # vLLM's rule: one group size for every kind, the largest count if the counts are this close.
 _SAME_SIZE_RATIO = 1.25
@@ -121,3 +121,14 @@ def kv_layout(windows: Sequence[int | None], *, hybrid: bool = True) -> KvLayout
             group_windows.append(kind)
             group_layers.append(tuple(layers[start : start + size]))
     return KvLayout(tuple(group_windows), tuple(group_layers), size)
+
+
+def new_manager(layout: KvLayout, **options: Any) -> Any:
+    """A ``KvCacheManager`` with one block table per group of ``layout`` (``options``: its other
+    keywords); a one-full-group layout passes no ``kv_groups`` (the manager's default)."""
+    import pagedkv
+
+    groups = layout.manager_groups()
+    if groups is not None:
+        options["kv_groups"] = groups
+    return pagedkv.KvCacheManager(**options)

@@ -16,7 +16,7 @@ import numpy as np
 
 import pagedkv
 from pagedkv.engine.config import EngineConfig
-from pagedkv.engine.kv_layout import kv_layout, layer_windows
+from pagedkv.engine.kv_layout import kv_layout, layer_windows, new_manager
 from pagedkv.engine.model_runner import ModelRunner
 from pagedkv.engine.outputs import RequestOutput, StreamEvent, request_output
 from pagedkv.engine.params import SamplingParams
@@ -61,19 +61,16 @@ class LLMEngine:
         self._idle_steps = 0
 
     def _make_manager(self) -> pagedkv.KvCacheManager:
-        """The block manager: one block table per KV group of the runner's layout (the default
-        single full-attention group when the layout has one group)."""
+        """The block manager: one block table per KV group of the layout."""
         c = self.config
-        options: dict = {
-            "num_blocks": c.num_blocks,
-            "block_size": c.block_size,
-            "enable_prefix_caching": c.enable_prefix_caching,
-            "num_host_blocks": c.num_host_blocks,
-        }
-        groups = self.layout.manager_groups()
-        if groups is not None:
-            options["kv_groups"] = groups
-        return pagedkv.KvCacheManager(**options)
+        manager: pagedkv.KvCacheManager = new_manager(
+            self.layout,
+            num_blocks=c.num_blocks,
+            block_size=c.block_size,
+            enable_prefix_caching=c.enable_prefix_caching,
+            num_host_blocks=c.num_host_blocks,
+        )
+        return manager
 
     # ---- requests -------------------------------------------------------------------------
 
