@@ -105,17 +105,37 @@ class Scheduler:
                 f"the prompt has {num_prompt_tokens} tokens; the model's context holds "
                 f"{self.max_model_len} (prompt plus at least one generated token)"
             )
-        bs = self.config.block_size
         total = min(num_prompt_tokens + params.max_tokens, self.max_model_len)
-        shared = num_prompt_tokens // bs  # full prompt blocks the n samples share
-        # Per KV group; a sliding-window group never holds more than a full-attention one (it
-        # holds the whole prompt while the prompt is admitted), so every group counts in full.
-        needed = self.store.layout.num_groups * (shared + params.n * (-(-(total - shared * bs) // bs)))
+        needed = self.blocks_to_fit(num_prompt_tokens, params)
         if needed > self.config.num_blocks:
             raise InvalidArgumentError(
                 f"n={params.n} samples of {total} tokens need {needed} blocks at most; the pool has "
                 f"{self.config.num_blocks}"
             )
+
+    def blocks_to_fit(self, num_prompt_tokens: int, params: SamplingParams) -> int:
+        """The most blocks a request alone can hold at once, over every KV group.
+
+        A full-attention group: the shared full prompt blocks plus each sample's own blocks up
+        to its full length. A sliding-window group holds the whole prompt from admission until
+        it is computed (the manager allocates it in every group), then, per sample, the blocks
+        of the last ``window`` tokens before the watermark, one step's tokens after it (the
+        decode token and the drafts) and a partly released block at each end; at the fork, the
+        prompt blocks plus a copy-on-write block per sample. Never more than a full group."""
+        bs = self.config.block_size
+        total = min(num_prompt_tokens + params.max_tokens, self.max_model_len)
+        shared = num_prompt_tokens // bs  # full prompt blocks the n samples share
+        full = shared + params.n * (-(-(total - shared * bs) // bs))
+        prompt = -(-num_prompt_tokens // bs) + params.n
+        step = 1 + self.config.speculative_ngram
+        needed = 0
+        for window in self.store.layout.group_windows:
+            if window is None:
+                needed += full
+            else:
+                live = -(-(window + step) // bs) + 2
+                needed += min(full, max(prompt, params.n * live))
+        return needed
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
