@@ -14,8 +14,8 @@ step that computes position C - 1): the window release runs at each of those ste
 engine. Bytes in use are ``stats()["num_blocks_in_use"]`` times the bytes one block holds in
 the store's caches (``KvLayout.bytes_per_block``: K and V of the layers of one group, fp32).
 The admitted batch fills a pool of ``budget // bytes_per_block`` blocks with such sequences one
-after another while the manager's ``blocks_needed_for_prompt`` fits its free blocks (the
-scheduler's admission rule, without its watermark); the admission peak (every group holds the
+after another while the prompt's blocks in every group fit the free blocks (the scheduler's
+admission rule, without its watermark); the admission peak (every group holds the
 whole prompt until it is computed) is what limits the last one.
 """
 
@@ -88,7 +88,8 @@ def _one_layout(
 def _kv_budget_batch(layout: KvLayout, pool: int, block_size: int, context: int, vocab: int) -> int:
     kv = _manager(layout, pool, block_size)
     admitted = 0
-    while admitted < MAX_BATCH and kv.blocks_needed_for_prompt(context - 1) <= kv.num_free_blocks:
+    prompt_blocks = layout.num_groups * -(-(context - 1) // block_size)  # the scheduler's rule
+    while admitted < MAX_BATCH and prompt_blocks <= kv.num_free_blocks:
         try:
             _add_at_context(kv, admitted, context, vocab)
         except OutOfBlocksError:

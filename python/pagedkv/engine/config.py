@@ -58,7 +58,7 @@ class EngineConfig:
     # attention, so the tokens are the same, but every layer keeps its whole history. No effect
     # on a model without sliding-window layers. A block's bytes depend on the layout (its group
     # holds fewer layers when hybrid): num_blocks counts blocks, not bytes.
-    hybrid_kv: bool = False  # True once the core has KV groups (kv_groups=)
+    hybrid_kv: bool = True
 
     def __post_init__(self) -> None:
         _integer("num_blocks", self.num_blocks, 1, MAX_NUM_BLOCKS)

@@ -83,7 +83,7 @@ class KvLayout:
         import pagedkv
 
         return [
-            pagedkv.FullAttention() if w is None else pagedkv.SlidingWindow(window=w)  # type: ignore[attr-defined, unused-ignore]
+            pagedkv.FullAttention() if w is None else pagedkv.SlidingWindow(window=w)
             for w in self.group_windows
         ]
 

@@ -55,10 +55,7 @@ class ModelRunner:
         self.store.copy(batch.copy_ops)
         seq_ids = [r.seq.seq_id for r in rows]
         if self.layout.is_hybrid:
-            tables = [
-                kv.batch_block_tables(seq_ids, group=g)[0]  # type: ignore[call-arg, unused-ignore]
-                for g in range(self.layout.num_groups)
-            ]
+            tables = [kv.batch_block_tables(seq_ids, group=g)[0] for g in range(self.layout.num_groups)]
         else:
             tables = [kv.batch_block_tables(seq_ids)[0]]
         ctx = np.array([r.end for r in rows], dtype=np.int32)

@@ -114,28 +114,17 @@ class Scheduler:
             )
 
     def blocks_to_fit(self, num_prompt_tokens: int, params: SamplingParams) -> int:
-        """The most blocks a request alone can hold at once, over every KV group.
-
-        A full-attention group: the shared full prompt blocks plus each sample's own blocks up
-        to its full length. A sliding-window group holds the whole prompt from admission until
-        it is computed (the manager allocates it in every group), then, per sample, the blocks
-        of the last ``window`` tokens before the watermark, one step's tokens after it (the
-        decode token and the drafts) and a partly released block at each end; at the fork, the
-        prompt blocks plus a copy-on-write block per sample. Never more than a full group."""
+        """The blocks a request alone needs at most, over every KV group: the shared full prompt
+        blocks plus each sample's own blocks up to its full length, in every group. A
+        sliding-window group holds less once its window has passed (the prompt until it is
+        computed, then the window), but the manager refuses any sequence whose tokens could not
+        fit every group's table at once (InvalidArgumentError from an append), so the bound
+        counts every group in full: a request within it never meets that refusal."""
         bs = self.config.block_size
         total = min(num_prompt_tokens + params.max_tokens, self.max_model_len)
         shared = num_prompt_tokens // bs  # full prompt blocks the n samples share
         full = shared + params.n * (-(-(total - shared * bs) // bs))
-        prompt = -(-num_prompt_tokens // bs) + params.n
-        step = 1 + self.config.speculative_ngram
-        needed = 0
-        for window in self.store.layout.group_windows:
-            if window is None:
-                needed += full
-            else:
-                live = -(-(window + step) // bs) + 2
-                needed += min(full, max(prompt, params.n * live))
-        return needed
+        return self.store.layout.num_groups * full
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -270,8 +259,10 @@ class Scheduler:
             watermark = c.admission_watermark_blocks
             if watermark is None:
                 watermark = max(1, c.num_blocks // 100)
-            # The manager's own count (every KV group's blocks for the prompt).
-            blocks = self.kv.blocks_needed_for_prompt(len(seq.token_ids)) + (watermark if self.running else 0)
+            # The prompt's blocks in every KV group (the manager allocates the whole prompt in
+            # each; add_sequence is the exact check, all or nothing, and refuses what is short).
+            prompt_blocks = self.store.layout.num_groups * -(-len(seq.token_ids) // c.block_size)
+            blocks = prompt_blocks + (watermark if self.running else 0)
             if blocks > self.kv.num_free_blocks:
                 return
             tokens = np.array(seq.token_ids, dtype=np.int64)
