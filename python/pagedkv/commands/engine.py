@@ -86,7 +86,14 @@ def _generate(args: Any) -> int:
         seed=args.seed,
         stop=tuple(args.stop),
     )
-    llm = LLM(args.model, num_blocks=1024, block_size=16)
+    from pagedkv.engine.kv_layout import kv_layout, layer_windows
+    from pagedkv.models import load_model
+
+    model = load_model(args.model)
+    # The K/V bytes of 1024 blocks of every layer, whatever the layout: a hybrid layout's block
+    # holds fewer layers (Gemma 3: 3 of 18), so it gets proportionally more blocks.
+    layout = kv_layout(layer_windows(model.config))
+    llm = LLM(model, num_blocks=1024 * layout.num_layers // layout.layers_per_group, block_size=16)
     start = time.perf_counter()
     texts = [""] * args.n
     tokens = 0
