@@ -3,9 +3,8 @@ group= views with -1 at released positions, prefix hits every group can serve, a
 arguments (docs/design.md, Hybrid groups)."""
 
 import numpy as np
-import pytest
-
 import pagedkv
+import pytest
 from pagedkv import FullAttention, InvalidArgumentError, KvCacheManager, SlidingWindow
 
 
