@@ -95,9 +95,9 @@ fn prefill_hybrid_model_as_vllm() {
         12
     );
     assert_eq!(h.table(2, 0).unwrap().block_ids[..3], t[0][..3]);
-    for g in 1..3 {
+    for (g, tg) in t.iter().enumerate().skip(1) {
         let got = &h.table(2, g).unwrap().block_ids;
-        assert_eq!(got[..3], [NULL_BLOCK, t[g][1], t[g][2]]);
+        assert_eq!(got[..3], [NULL_BLOCK, tg[1], tg[2]]);
     }
     h.check_invariants().unwrap();
     // (evicted (group, block index) pairs, hit in tokens)
