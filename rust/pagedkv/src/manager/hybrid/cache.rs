@@ -75,6 +75,11 @@ impl GroupCache {
         self.records[b as usize].is_some()
     }
 
+    /// The group whose index holds block `b`, if indexed.
+    pub(super) fn group_of(&self, b: BlockId) -> Option<u32> {
+        self.records[b as usize].as_ref().map(|r| r.group)
+    }
+
     /// The block of group `group` holding exactly this content, if indexed.
     pub(super) fn lookup(
         &self,

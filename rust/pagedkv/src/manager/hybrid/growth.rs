@@ -144,7 +144,7 @@ impl Hybrid {
         let per_group = new_len.div_ceil(bs);
         if per_group
             .checked_mul(self.num_groups())
-            .is_none_or(|n| n > self.pool.num_blocks())
+            .map_or(true, |n| n > self.pool.num_blocks())
         {
             return invalid(format!(
                 "{new_len} tokens need {per_group} blocks in each of {} kv_groups, more than the \
@@ -264,8 +264,8 @@ impl Hybrid {
         let bs = self.block_size;
         let t = self.seqs[&seq_id].num_tokens();
         let new_blocks = (t + num_tokens).div_ceil(bs) - t.div_ceil(bs);
-        for g in 0..self.num_groups() {
-            if copies[g] {
+        for (g, &copy) in copies.iter().enumerate() {
+            if copy {
                 let last = *self.seqs[&seq_id].tables[g]
                     .block_ids
                     .last()
