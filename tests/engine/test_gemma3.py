@@ -155,6 +155,32 @@ def test_llm_generates_with_gemma3(gemma3):
         llm.last_engine.kv.check_invariants()
 
 
+def test_engine_on_hybrid_groups_crosses_the_window_with_the_all_full_tokens(gemma3):
+    """The engine end to end on the real weights with the window cut to 5 tokens and blocks of 4:
+    the hybrid layout releases the local groups' early blocks while it decodes, and generates
+    the tokens of the all-full layout (which keeps them; the window applies in both)."""
+    from pagedkv.engine import LLMEngine, SamplingParams
+    from pagedkv.engine.config import EngineConfig
+    from pagedkv.models import LoadedModel
+
+    model = LoadedModel(model=_small_window(gemma3, 5), tokenizer=gemma3.tokenizer)
+    prompt = gemma3.tokenizer.encode("The capital of France is Paris, and")
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    tokens, released = {}, 0
+    for hybrid in (True, False):
+        engine = LLMEngine(model, EngineConfig(num_blocks=64, block_size=4, hybrid_kv=hybrid))
+        rid = engine.add_request(prompt, params)
+        while engine.has_unfinished():
+            engine.step()
+            engine.kv.check_invariants()
+            for seq in engine.scheduler.running:
+                if hybrid:
+                    released = max(released, int((engine.kv.block_table(seq.seq_id, group=1) < 0).sum()))
+        tokens[hybrid] = engine.output(rid).outputs[0].token_ids
+    assert tokens[True] == tokens[False] and len(tokens[True]) == 6
+    assert released >= (len(prompt) + 4 - 5) // 4
+
+
 def test_missing_package_and_bad_files_are_typed_errors(tmp_path, monkeypatch):
     import sys
 

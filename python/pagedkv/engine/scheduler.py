@@ -109,8 +109,9 @@ class Scheduler:
         needed = self.blocks_to_fit(num_prompt_tokens, params)
         if needed > self.config.num_blocks:
             raise InvalidArgumentError(
-                f"n={params.n} samples of {total} tokens need {needed} blocks at most; the pool has "
-                f"{self.config.num_blocks}"
+                f"n={params.n} samples of {total} tokens need {needed} blocks at most"
+                + (f" over {groups} KV groups" if (groups := self.store.layout.num_groups) > 1 else "")
+                + f"; the pool has {self.config.num_blocks}"
             )
 
     def blocks_to_fit(self, num_prompt_tokens: int, params: SamplingParams) -> int:
