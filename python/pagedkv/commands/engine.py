@@ -256,4 +256,5 @@ def _print_memory(m: dict[str, Any]) -> None:
         print(
             f"{context:>8}{hc['kv_bytes_in_use'] / 2**20:>12.1f}{fc['kv_bytes_in_use'] / 2**20:>14.1f}"
             f"{ratio:>8.1%}{hc['batch_admitted']:>11d} vs {fc['batch_admitted']:<6d}"
+            + (" (capped)" if hc["batch_capped"] or fc["batch_capped"] else "")
         )

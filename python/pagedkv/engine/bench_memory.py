@@ -34,7 +34,7 @@ __all__ = ["DEFAULT_BUDGET_BYTES", "DEFAULT_CONTEXTS", "kv_memory"]
 DEFAULT_CONTEXTS = (2048, 8192)
 DEFAULT_BUDGET_BYTES = 2 << 30  # 2 GiB of K/V (fp32 caches)
 PREFILL_CHUNK = 512  # tokens per prefill step (the engine's max_num_batched_tokens in the bench)
-MAX_BATCH = 4096  # a bound on the admission loop (a budget admitting more is reported as such)
+MAX_BATCH = 4096  # a bound on the admission loop (a budget admitting more: "batch_capped")
 
 
 def _manager(layout: KvLayout, num_blocks: int, block_size: int) -> pagedkv.KvCacheManager:
@@ -81,6 +81,7 @@ def _one_layout(
             "kv_bytes_in_use": in_use * per_block,
             "budget_blocks": pool,
             "batch_admitted": batch,
+            "batch_capped": batch >= MAX_BATCH,  # the loop stopped at MAX_BATCH, not the budget
         }
     return out
 
