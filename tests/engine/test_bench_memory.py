@@ -35,3 +35,26 @@ def test_memory_section_counts_the_window_rule_on_the_tiny_hybrid_model(tiny_hyb
     assert m["ratio"]["6"] == 1.0
     assert m["ratio"]["100"] < 0.5
     assert h["contexts"]["100"]["batch_admitted"] > f["contexts"]["100"]["batch_admitted"]
+
+
+def test_memory_section_counts_what_the_engine_holds(tiny_hybrid):
+    """The section's replay (prompt of C - 1 tokens, then the first generated token appended)
+    holds the blocks the engine holds after its first decode step on the same prompt length,
+    in both layouts: it measures the engine's allocation, not a model of it."""
+    import numpy as np
+    from pagedkv.engine import EngineConfig, LLMEngine, SamplingParams
+    from pagedkv.engine.bench_memory import kv_memory
+
+    context = 40
+    m = kv_memory(tiny_hybrid.config, contexts=(context,), block_size=4, budget_bytes=1 << 20)
+    prompt = np.random.default_rng(0).integers(1, 96, size=context - 1).tolist()
+    for hybrid, key in ((True, "hybrid"), (False, "all_full")):
+        config = EngineConfig(num_blocks=128, block_size=4, max_num_batched_tokens=512, hybrid_kv=hybrid)
+        engine = LLMEngine(tiny_hybrid, config)
+        engine.add_request(prompt, SamplingParams(max_tokens=3, ignore_eos=True))
+        engine.step()  # the prefill and the first token
+        engine.step()  # the first decode step: the token appended, the window released
+        assert engine.kv.num_tokens(0) == context
+        in_use = engine.kv.stats()["num_blocks_in_use"]
+        assert in_use == m[key]["contexts"][str(context)]["blocks_in_use"], key
+        assert in_use * engine.store.bytes_per_block == m[key]["contexts"][str(context)]["kv_bytes_in_use"]

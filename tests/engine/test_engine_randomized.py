@@ -155,7 +155,8 @@ def test_random_schedules_equal_each_request_alone(kind, trials, tiny, tiny_hybr
 @pytest.mark.parametrize("seed", [1, 2])
 def test_tiny_model_tokens_depend_on_the_context(tiny, tiny_hybrid, kind, seed):
     """The check above can fail: on these models, the wrong history changes the greedy tokens
-    (for the hybrid model, a difference 5 tokens back: inside the window of 8)."""
+    (the two prompts differ in their first 8 tokens; for the hybrid model the first generated
+    token's window of 8 reaches 3 of them, and the global layers see all)."""
     from pagedkv.engine import SamplingParams
 
     model = tiny if kind == "llama" else tiny_hybrid
