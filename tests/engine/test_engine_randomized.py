@@ -1,8 +1,11 @@
-"""The engine under random schedules on a tiny random-weight llama (tests/engine/tiny_llama.py):
-preemption by recompute and by swap, prefix caching on and off, chunked and one-shot prefill,
-tiny pools, shared prefixes, n > 1, requests arriving while others run. Every request's greedy
-tokens must equal running it alone, ``check_invariants()`` holds after every step, and every
-block is free at the end.
+"""The engine under random schedules on a tiny random-weight llama (tests/engine/tiny_llama.py)
+and a tiny random-weight hybrid Gemma (tests/engine/tiny_hybrid.py: one full-attention and two
+sliding-window KV groups, window 8): preemption by recompute and by swap, prefix caching on and
+off, chunked and one-shot prefill, tiny pools, shared prefixes, n > 1, requests arriving while
+others run. Every request's greedy tokens must equal running it alone (for the hybrid model:
+alone with every layer's history kept, ``hybrid_kv=False``), ``check_invariants()`` holds
+after every step, and every block is free at the end; the hybrid schedules release
+out-of-window blocks (``-1`` in a sliding-window group's table) while sequences run.
 
 A seeded generator (not Hypothesis) keeps the schedules reproducible and the test at a few
 seconds; the totals asserted at the end show that the schedules reach every path above."""
@@ -16,24 +19,31 @@ import pytest
 from tiny_llama import VOCAB
 
 TRIALS = 250
+HYBRID_TRIALS = 150  # the hybrid model has 6 layers to the llama's 2
 MAX_STEPS = 3000  # far above any trial's need: a trial that runs past it has stopped progressing
 
 
-def _blocks_needed(prompt_len: int, max_tokens: int, n: int, block_size: int) -> int:
-    total = prompt_len + max_tokens
-    shared = prompt_len // block_size
-    return shared + n * -(-(total - shared * block_size) // block_size)
+def _blocks_needed(model, prompt_len: int, params, block_size: int) -> int:
+    """The engine's own bound (``Scheduler.blocks_to_fit``): pools this small must still run
+    every request, so a bound below what the manager can refuse or hold stalls or fails a trial."""
+    from pagedkv.engine import EngineConfig, LLMEngine
+
+    config = EngineConfig(num_blocks=1, block_size=block_size)
+    return LLMEngine(model, config).scheduler.blocks_to_fit(prompt_len, params)
 
 
 def _alone(model, prompt: list[int], params, cache: dict, index: int = 0) -> list[int]:
-    """Sample ``index`` of a request run alone: a single-sample request with seed ``seed + index``."""
+    """Sample ``index`` of a request run alone: a single-sample request with seed ``seed + index``,
+    every layer's K/V kept for the whole context (no KV group releases anything)."""
     from pagedkv.engine import EngineConfig, LLMEngine, SamplingParams
 
     seed = None if params.seed is None else params.seed + index
     single = SamplingParams(max_tokens=params.max_tokens, temperature=params.temperature, seed=seed)
     key = (tuple(prompt), single)
     if key not in cache:
-        engine = LLMEngine(model, EngineConfig(num_blocks=64, block_size=4, enable_prefix_caching=False))
+        engine = LLMEngine(
+            model, EngineConfig(num_blocks=64, block_size=4, enable_prefix_caching=False, hybrid_kv=False)
+        )
         rid = engine.add_request(prompt, single)
         while engine.has_unfinished():
             engine.step()
@@ -66,7 +76,7 @@ def _random_trial(rng: np.random.Generator, model, alone: dict):
             seed=int(rng.integers(1000)) if sampled else None,
         )
         requests.append((int(rng.integers(0, 6)), prompt, params))  # (arrival step, prompt, params)
-    need = max(_blocks_needed(len(p), s.max_tokens, s.n, bs) for _, p, s in requests)
+    need = max(_blocks_needed(model, len(p), s, bs) for _, p, s in requests)
     swap = rng.random() < 0.5
     num_blocks = need + int(rng.integers(0, 4))
     config = EngineConfig(
@@ -84,36 +94,55 @@ def _random_trial(rng: np.random.Generator, model, alone: dict):
     return config, requests
 
 
+def _released_positions(engine) -> int:
+    """Table entries the sliding-window groups have released (-1) over the running sequences."""
+    layout = engine.layout
+    released = 0
+    for g, window in enumerate(layout.group_windows):
+        if window is None:
+            continue
+        for seq in engine.scheduler.running:
+            released += int((engine.kv.block_table(seq.seq_id, group=g) < 0).sum())
+    return released
+
+
 def _run_trial(model, config, requests) -> tuple[dict[int, list[list[int]]], dict[str, float]]:
     from pagedkv.engine import LLMEngine
 
     engine = LLMEngine(model, config)
     ids: dict[int, int] = {}
     step = 0
+    released = 0
     while len(ids) < len(requests) or engine.has_unfinished():
         for i, (arrival, prompt, params) in enumerate(requests):
             if arrival == step:
                 ids[i] = engine.add_request(prompt, params)
         engine.step()
         engine.kv.check_invariants()
+        if engine.layout.is_hybrid:
+            released += _released_positions(engine)
         step += 1
         assert step < MAX_STEPS, f"no progress: {config}"
     assert len(engine.kv) == 0 and engine.kv.num_free_blocks == config.num_blocks
     outputs = {i: [c.token_ids for c in engine.output(rid).outputs] for i, rid in ids.items()}
-    return outputs, engine.stats.summary()
+    return outputs, {**engine.stats.summary(), "released_positions": released}
 
 
-def test_random_schedules_equal_each_request_alone(tiny):
+@pytest.mark.parametrize(("kind", "trials"), [("llama", TRIALS), ("hybrid", HYBRID_TRIALS)])
+def test_random_schedules_equal_each_request_alone(kind, trials, tiny, tiny_hybrid):
+    model = tiny if kind == "llama" else tiny_hybrid
     rng = np.random.default_rng(2026)
     alone: dict = {}
     totals: Counter[str] = Counter()
-    for trial in range(TRIALS):
-        config, requests = _random_trial(rng, tiny, alone)
-        outputs, summary = _run_trial(tiny, config, requests)
+    for trial in range(trials):
+        config, requests = _random_trial(rng, model, alone)
+        outputs, summary = _run_trial(model, config, requests)
         for i, (_, prompt, params) in enumerate(requests):
-            expected = [_alone(tiny, prompt, params, alone, k) for k in range(params.n)]
+            expected = [_alone(model, prompt, params, alone, k) for k in range(params.n)]
             assert outputs[i] == expected, (trial, config, i, requests)
         totals.update({k: v for k, v in summary.items() if isinstance(v, int)})
+    # The hybrid schedules released out-of-window blocks (and the llama ones had nothing to release).
+    assert (totals["released_positions"] > 0) == (kind == "hybrid"), totals
     # The schedules reach every path the test is about.
     for key in ("recompute_preemptions", "swap_preemptions", "prefix_hit_tokens"):
         assert totals[key] > 0, (key, totals)
@@ -122,14 +151,18 @@ def test_random_schedules_equal_each_request_alone(tiny):
     assert 0 < totals["accepted_tokens"] < totals["draft_tokens"]
 
 
+@pytest.mark.parametrize("kind", ["llama", "hybrid"])
 @pytest.mark.parametrize("seed", [1, 2])
-def test_tiny_model_tokens_depend_on_the_context(tiny, seed):
-    """The check above can fail: on this model, the wrong history changes the greedy tokens."""
+def test_tiny_model_tokens_depend_on_the_context(tiny, tiny_hybrid, kind, seed):
+    """The check above can fail: on these models, the wrong history changes the greedy tokens
+    (the two prompts differ in their first 8 tokens; for the hybrid model the first generated
+    token's window of 8 reaches 3 of them, and the global layers see all)."""
     from pagedkv.engine import SamplingParams
 
+    model = tiny if kind == "llama" else tiny_hybrid
     rng = np.random.default_rng(seed)
     suffix = rng.integers(1, VOCAB, size=4).tolist()
     params = SamplingParams(max_tokens=6)
-    a = _alone(tiny, rng.integers(1, VOCAB, size=8).tolist() + suffix, params, {})
-    b = _alone(tiny, rng.integers(1, VOCAB, size=8).tolist() + suffix, params, {})
+    a = _alone(model, rng.integers(1, VOCAB, size=8).tolist() + suffix, params, {})
+    b = _alone(model, rng.integers(1, VOCAB, size=8).tolist() + suffix, params, {})
     assert a != b

@@ -9,7 +9,6 @@ import math
 import struct
 
 import numpy as np
-import pagedkv
 import pytest
 from pagedkv.models.gemma3 import Gemma3Model, gelu_tanh, rotary_half
 
@@ -76,14 +75,19 @@ def _small_window(gemma3, window):
     return Gemma3Model(dataclasses.replace(weights, config=config))
 
 
-def _run_both(model, prompts, steps):
+def _run_both(model, prompts, steps, hybrid=False):
     """Two prefills then decode steps through paged caches and contiguous buffers; the logits of
-    every step from both."""
+    every step from both, and the most sliding-window table entries released (-1) at a step.
+    ``hybrid``: the engine's hybrid KV layout (one block table per group of layers; the
+    sliding-window groups release the blocks their window has passed)."""
+    from pagedkv.engine.kv_layout import kv_layout, layer_windows, new_manager
     from pagedkv.engine.kv_store import ContiguousKvStore, PagedKvStore
 
     c = model.config
-    kv = pagedkv.KvCacheManager(num_blocks=32, block_size=4)
-    paged = PagedKvStore(c, 32, 4, backend="numpy")  # the bit-exact reference data plane
+    layout = kv_layout(layer_windows(c), hybrid=hybrid)
+    num_blocks = 32 * layout.num_groups
+    kv = new_manager(layout, num_blocks=num_blocks, block_size=4)
+    paged = PagedKvStore(c, num_blocks, 4, backend="numpy", layout=layout)  # the bit-exact reference
     contiguous = ContiguousKvStore(c, 48)
     for i, p in enumerate(prompts):
         kv.add_sequence(i, np.array(p))
@@ -91,9 +95,14 @@ def _run_both(model, prompts, steps):
     tokens, lens = [list(p) for p in prompts], [len(p) for p in prompts]
     q_lens = list(lens)
     results = []
+    released = 0
     for _ in range(steps):
         ids = list(range(len(prompts)))
-        tables, _ = kv.batch_block_tables(ids)
+        if layout.is_hybrid:
+            tables = [kv.batch_block_tables(ids, group=g)[0] for g in range(layout.num_groups)]
+            released = max(released, sum(int((t < 0).sum()) for t in tables[1:]))
+        else:
+            tables = [kv.batch_block_tables(ids)[0]]
         paged.set_batch(tables, np.array(lens, np.int32), np.array(q_lens, np.int32))
         contiguous.set_batch(ids, lens, q_lens)
         flat = np.concatenate([t[n - q :] for t, n, q in zip(tokens, lens, q_lens, strict=True)])
@@ -104,36 +113,72 @@ def _run_both(model, prompts, steps):
         results.append((a, b))
         nxt = [int(np.argmax(row)) for row in a]
         kv.append_tokens_batch(ids, np.array(nxt))
+        kv.check_invariants()
         for t, n in zip(tokens, nxt, strict=True):
             t.append(n)
         lens = [n + 1 for n in lens]
         q_lens = [1] * len(prompts)
-    kv.check_invariants()
-    return results
+    return results, released
 
 
 def test_paged_logits_bit_identical_to_contiguous_kv_across_the_window(gemma3):
     """The real weights with the sliding window cut to 5 tokens, so that prefill rows and decode
-    steps cross it (block size 4): paged and contiguous logits are equal bit for bit, and differ
-    from those of the full-attention model (the window is in effect)."""
+    steps cross it (block size 4): paged and contiguous logits are equal bit for bit, with every
+    layer's blocks kept and with the hybrid layout (6 KV groups; the local groups' blocks
+    before the window released, -1 in their tables), and differ from those of the
+    full-attention model (the window is in effect)."""
     tok = gemma3.tokenizer
     prompts = [tok.encode("The capital of France is Paris, and"), tok.encode("1, 2, 3, 4,")]
     assert min(len(p) for p in prompts) > 5
-    windowed = _run_both(_small_window(gemma3, 5), prompts, 3)
+    model = _small_window(gemma3, 5)
+    windowed, _ = _run_both(model, prompts, 3)
     for a, b in windowed:
         assert np.array_equal(a, b)
-    wide = _run_both(_small_window(gemma3, 10_000), prompts[:1], 1)
+    hybrid, released = _run_both(model, prompts, 3, hybrid=True)
+    assert released > 0
+    for (a, _), (ha, hb) in zip(windowed, hybrid, strict=True):
+        assert np.array_equal(ha, hb) and np.array_equal(ha, a)
+    wide, _ = _run_both(_small_window(gemma3, 10_000), prompts[:1], 1)
     assert not np.array_equal(wide[0][0][0], windowed[0][0][0])
 
 
 def test_llm_generates_with_gemma3(gemma3):
-    """The paged engine end to end (the fixture is load_model("gemma3"), what LLM("gemma3") runs)."""
+    """The paged engine end to end (the fixture is load_model("gemma3"), what LLM("gemma3") runs),
+    on hybrid KV groups (the default) and with every layer's history kept: the same text."""
     from pagedkv.engine import LLM, SamplingParams
 
-    llm = LLM(gemma3, num_blocks=16, block_size=16)
-    out = llm.generate("The capital of France is", SamplingParams(max_tokens=7, ignore_eos=True))[0]
-    assert out.outputs[0].text == " the capital of the country of France"
-    llm.last_engine.kv.check_invariants()
+    for hybrid in (True, False):
+        llm = LLM(gemma3, num_blocks=16 * (6 if hybrid else 1), block_size=16, hybrid_kv=hybrid)
+        out = llm.generate("The capital of France is", SamplingParams(max_tokens=7, ignore_eos=True))[0]
+        assert out.outputs[0].text == " the capital of the country of France"
+        assert llm.last_engine.layout.num_groups == (6 if hybrid else 1)
+        llm.last_engine.kv.check_invariants()
+
+
+def test_engine_on_hybrid_groups_crosses_the_window_with_the_all_full_tokens(gemma3):
+    """The engine end to end on the real weights with the window cut to 5 tokens and blocks of 4:
+    the hybrid layout releases the local groups' early blocks while it decodes, and generates
+    the tokens of the all-full layout (which keeps them; the window applies in both)."""
+    from pagedkv.engine import LLMEngine, SamplingParams
+    from pagedkv.engine.config import EngineConfig
+    from pagedkv.models import LoadedModel
+
+    model = LoadedModel(model=_small_window(gemma3, 5), tokenizer=gemma3.tokenizer)
+    prompt = gemma3.tokenizer.encode("The capital of France is Paris, and")
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    tokens, released = {}, 0
+    for hybrid in (True, False):
+        engine = LLMEngine(model, EngineConfig(num_blocks=64, block_size=4, hybrid_kv=hybrid))
+        rid = engine.add_request(prompt, params)
+        while engine.has_unfinished():
+            engine.step()
+            engine.kv.check_invariants()
+            for seq in engine.scheduler.running:
+                if hybrid:
+                    released = max(released, int((engine.kv.block_table(seq.seq_id, group=1) < 0).sum()))
+        tokens[hybrid] = engine.output(rid).outputs[0].token_ids
+    assert tokens[True] == tokens[False] and len(tokens[True]) == 6
+    assert released >= (len(prompt) + 4 - 5) // 4
 
 
 def test_missing_package_and_bad_files_are_typed_errors(tmp_path, monkeypatch):

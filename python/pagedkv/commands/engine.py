@@ -54,7 +54,20 @@ def register(subparsers: Any) -> None:
     bench.add_argument(
         "--sections",
         default="throughput,decode,n4,system",
-        help="comma-separated subset of throughput,decode,n4,system",
+        help="comma-separated subset of throughput,decode,n4,system,memory (memory: KV bytes with "
+        "hybrid KV groups vs every layer full attention, e.g. --model gemma3 --sections memory)",
+    )
+    bench.add_argument(
+        "--contexts",
+        type=cli_args.positive_int_list,
+        default=[2048, 8192],
+        help="the memory section's context lengths in tokens (comma-separated)",
+    )
+    bench.add_argument(
+        "--kv-budget-mib",
+        type=cli_args.bounded_int(1, 1 << 30),
+        default=2048,
+        help="the memory section's KV budget (MiB of fp32 caches) for the admitted batch",
     )
     bench.set_defaults(handler=_bench)
 
@@ -73,7 +86,14 @@ def _generate(args: Any) -> int:
         seed=args.seed,
         stop=tuple(args.stop),
     )
-    llm = LLM(args.model, num_blocks=1024, block_size=16)
+    from pagedkv.engine.kv_layout import kv_layout, layer_windows
+    from pagedkv.models import load_model
+
+    model = load_model(args.model)
+    # The K/V bytes of 1024 blocks of every layer, whatever the layout: a hybrid layout's block
+    # holds fewer layers (Gemma 3: 3 of 18), so it gets proportionally more blocks.
+    layout = kv_layout(layer_windows(model.config))
+    llm = LLM(model, num_blocks=1024 * layout.num_layers // layout.layers_per_group, block_size=16)
     start = time.perf_counter()
     texts = [""] * args.n
     tokens = 0
@@ -107,6 +127,10 @@ def _bench(args: Any) -> int:
     unknown = [s for s in sections if s not in SECTIONS]
     if unknown:
         raise cli_args.CliError(f"unknown --sections {','.join(unknown)}: choose from {','.join(SECTIONS)}")
+    if "memory" in sections and min(args.contexts) < 2:
+        raise cli_args.CliError(
+            f"--contexts must be >= 2 tokens (a prompt and a generated token), got {args.contexts}"
+        )
     check_benchmark(
         num_requests=args.requests,
         num_blocks=args.num_blocks,
@@ -118,7 +142,10 @@ def _bench(args: Any) -> int:
         sections=sections,
         speculative_ngram=args.speculative_ngram,
     )
-    model = load_model(args.model)
+    if sections == ("memory",):
+        model: Any = _ConfigOnly(_header_config(args.model))  # the section reads no weight
+    else:
+        model = load_model(args.model)
     result = run_benchmark(
         model,
         num_requests=args.requests,
@@ -130,6 +157,8 @@ def _bench(args: Any) -> int:
         seed=args.seed,
         sections=sections,
         speculative_ngram=args.speculative_ngram,
+        memory_contexts=tuple(args.contexts),
+        kv_budget_bytes=args.kv_budget_mib << 20,
         progress=lambda msg: print(f"bench-engine: {msg}", file=sys.stderr, flush=True),
         checkpoint=(lambda partial: write_json(args.json, partial)) if args.json else None,
     )
@@ -149,6 +178,30 @@ def _bench(args: Any) -> int:
     return 0
 
 
+class _ConfigOnly:
+    """A model stand-in carrying only its config (the memory section needs nothing else)."""
+
+    def __init__(self, config: Any) -> None:
+        self.config = config
+
+
+def _header_config(model: str | None) -> Any:
+    """The config of the model ``load_model(model)`` would load, from the GGUF header alone for a
+    Gemma 3 file (seconds instead of loading 1 GB of fp32 weights); other models load."""
+    from pagedkv.models import load_model
+    from pagedkv.models.gemma3_file import read_gemma3_config
+    from pagedkv.models.gemma3_locate import GEMMA3_MODEL_NAME, gemma3_model_path
+    from pagedkv.models.gguf_arch import gguf_architecture
+    from pagedkv.models.locate import default_model_path
+
+    path = default_model_path() if model is None else model
+    if str(path) == GEMMA3_MODEL_NAME:
+        path = gemma3_model_path()
+    if gguf_architecture(path) == "gemma3":
+        return read_gemma3_config(path)
+    return load_model(path).config
+
+
 def _print(result: dict[str, Any]) -> None:
     if "throughput" in result:
         _print_throughput(result["throughput"])
@@ -164,6 +217,8 @@ def _print(result: dict[str, Any]) -> None:
             f"({sp['prefill_ratio']:.1f}x fewer), "
             f"mean TTFT {sp['mean_ttft_s_off']:.2f} -> {sp['mean_ttft_s_on']:.2f} s"
         )
+    if "memory" in result:
+        _print_memory(result["memory"])
 
 
 def _print_throughput(t: dict[str, Any]) -> None:
@@ -183,3 +238,23 @@ def _print_throughput(t: dict[str, Any]) -> None:
         f"paged / contiguous: {t['tokens_per_cpu_s_ratio']:.2f}x tokens per CPU-second, "
         f"{t['tokens_per_s_ratio']:.2f}x tokens/s, {t['mean_batch_ratio']:.2f}x mean batch"
     )
+
+
+def _print_memory(m: dict[str, Any]) -> None:
+    h, f = m["hybrid"], m["all_full"]
+    print(
+        f"KV memory (block size {m['block_size']}; hybrid: {len(h['kv_groups'])} groups of "
+        f"{h['layers_per_group']} layers, {h['bytes_per_block']:,} B/block; all full: "
+        f"{f['bytes_per_block']:,} B/block)"
+    )
+    budget = m["budget_bytes"] / 2**20
+    print(
+        f"{'context':>8}{'hybrid MiB':>12}{'all-full MiB':>14}{'ratio':>8}{f'batch @ {budget:,.0f} MiB':>22}"
+    )
+    for context, ratio in m["ratio"].items():
+        hc, fc = h["contexts"][context], f["contexts"][context]
+        print(
+            f"{context:>8}{hc['kv_bytes_in_use'] / 2**20:>12.1f}{fc['kv_bytes_in_use'] / 2**20:>14.1f}"
+            f"{ratio:>8.1%}{hc['batch_admitted']:>11d} vs {fc['batch_admitted']:<6d}"
+            + (" (capped)" if hc["batch_capped"] or fc["batch_capped"] else "")
+        )

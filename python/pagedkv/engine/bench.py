@@ -7,6 +7,9 @@
 2. Decode throughput at batch 1 / 8 / 32 (generated tokens per CPU-second).
 3. ``n = 4`` sampling: peak KV blocks with fork sharing against four independent requests.
 4. A shared system prompt with and without prefix caching: prefill tokens computed, mean TTFT.
+5. ``memory`` (not in the default run): KV bytes in use at long contexts with hybrid KV groups
+   against every layer full attention, and the batch a fixed KV budget admits
+   (``bench_memory.py``; for Gemma 3, ``--model gemma3 --sections memory``).
 
 CPU time is reported next to wall time because the machine may be shared: process CPU time is
 what this process actually computed.
@@ -19,15 +22,24 @@ from typing import Any
 
 import numpy as np
 
+from pagedkv.engine.bench_memory import DEFAULT_BUDGET_BYTES, DEFAULT_CONTEXTS, kv_memory
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.llm_engine import LLMEngine
 from pagedkv.engine.params import SamplingParams
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.models import LoadedModel
 
-__all__ = ["MAX_BENCH_REQUESTS", "SECTIONS", "check_benchmark", "run_benchmark", "sharegpt_like"]
+__all__ = [
+    "DEFAULT_SECTIONS",
+    "MAX_BENCH_REQUESTS",
+    "SECTIONS",
+    "check_benchmark",
+    "run_benchmark",
+    "sharegpt_like",
+]
 
-SECTIONS = ("throughput", "decode", "n4", "system")
+SECTIONS = ("throughput", "decode", "n4", "system", "memory")
+DEFAULT_SECTIONS = ("throughput", "decode", "n4", "system")
 # Each request is real model compute (seconds of CPU): far more than any useful run, and small
 # enough that the workload's token lists fit in memory.
 MAX_BENCH_REQUESTS = 100_000
@@ -138,9 +150,11 @@ def run_benchmark(
     seed: int = 0,
     decode_batches: tuple[int, ...] = (1, 8, 32),
     progress: Any = None,
-    sections: tuple[str, ...] = ("throughput", "decode", "n4", "system"),
+    sections: tuple[str, ...] = DEFAULT_SECTIONS,
     checkpoint: Any = None,
     speculative_ngram: int = 0,
+    memory_contexts: tuple[int, ...] = DEFAULT_CONTEXTS,
+    kv_budget_bytes: int = DEFAULT_BUDGET_BYTES,
 ) -> dict[str, Any]:
     """Run ``sections``; ``checkpoint(result)``, when given, is called with the numbers so far
     after every engine run, so that a long run interrupted late still leaves its finished parts."""
@@ -185,6 +199,12 @@ def run_benchmark(
         save(result)
     if "system" in sections:
         _system(model, num_blocks, block_size, seed, vocab, result, say)
+        save(result)
+    if "memory" in sections:
+        say("memory: hybrid KV groups vs every layer full attention")
+        result["memory"] = kv_memory(
+            model.config, contexts=memory_contexts, block_size=block_size, budget_bytes=kv_budget_bytes
+        )
         save(result)
     return result
 

@@ -60,6 +60,14 @@ class EngineConfig:
     offload: object | None = None
     # How long an admission waits for the store's blocks at most; later ones are misses.
     offload_deadline_s: float = 0.05
+    # Hybrid KV groups (engine/kv_layout.py): a model with sliding-window layers (Gemma 3) keeps
+    # one block table per group of layers, and the sliding-window groups release the blocks
+    # their window has passed (vLLM's hybrid KV-cache manager). False: one full-attention group
+    # of every layer (vLLM's --disable-hybrid-kv-cache-manager): the window still applies in
+    # attention, so the tokens are the same, but every layer keeps its whole history. No effect
+    # on a model without sliding-window layers. A block's bytes depend on the layout (its group
+    # holds fewer layers when hybrid): num_blocks counts blocks, not bytes.
+    hybrid_kv: bool = True
 
     def __post_init__(self) -> None:
         _integer("num_blocks", self.num_blocks, 1, MAX_NUM_BLOCKS)
@@ -85,7 +93,7 @@ class EngineConfig:
         if self.admission_watermark_blocks is not None:
             # It applies only while some sequence runs, so even the whole pool lets the first in.
             _integer("admission_watermark_blocks", self.admission_watermark_blocks, 0, self.num_blocks)
-        for name in ("enable_prefix_caching", "enable_chunked_prefill"):
+        for name in ("enable_prefix_caching", "enable_chunked_prefill", "hybrid_kv"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidArgumentError(f"EngineConfig.{name} must be a bool, got {getattr(self, name)!r}")
         _choice("preemption", self.preemption, PREEMPTION_MODES)

@@ -16,6 +16,7 @@ import numpy as np
 
 import pagedkv
 from pagedkv.engine.config import EngineConfig
+from pagedkv.engine.kv_layout import kv_layout, layer_windows, new_manager
 from pagedkv.engine.model_runner import ModelRunner
 from pagedkv.engine.outputs import RequestOutput, StreamEvent, request_output
 from pagedkv.engine.params import SamplingParams
@@ -38,20 +39,25 @@ class LLMEngine:
         if not isinstance(c, EngineConfig):
             raise InvalidArgumentError(f"config must be an EngineConfig, got {type(c).__name__}")
         self.max_model_len = min(c.max_model_len or model.config.max_model_len, model.config.max_model_len)
-        if c.reservation == "contiguous" and self.max_model_len > c.num_blocks * c.block_size:
+        self.layout = kv_layout(layer_windows(model.config), hybrid=c.hybrid_kv)
+        reserved = self.layout.num_groups * self.max_model_len  # slots of one sequence, every group
+        if c.reservation == "contiguous" and reserved > c.num_blocks * c.block_size:
             # No request could ever reserve its slots: the engine would admit nothing, forever.
             raise InvalidArgumentError(
                 f"reservation='contiguous' reserves max_model_len = {self.max_model_len} slots per "
-                f"sequence; the pool has {c.num_blocks} x {c.block_size} = {c.num_blocks * c.block_size}"
+                f"sequence and KV group ({self.layout.num_groups}); the pool has {c.num_blocks} x "
+                f"{c.block_size} = {c.num_blocks * c.block_size}"
             )
-        self.runner = ModelRunner(model, c)  # first: it refuses a K/V store larger than memory
-        self.kv = pagedkv.KvCacheManager(
-            num_blocks=c.num_blocks,
-            block_size=c.block_size,
-            enable_prefix_caching=c.enable_prefix_caching,
-            num_host_blocks=c.num_host_blocks,
-            num_offload_blocks=c.offload_blocks,
-        )
+        if c.offload_blocks and self.layout.is_hybrid:
+            # The offload tiers key a block by its tokens alone; the groups of a hybrid layout
+            # hold different layers for the same tokens (docs/offload.md, Limits).
+            raise InvalidArgumentError(
+                "offload needs one KV group: this model has sliding-window layers; pass "
+                "hybrid_kv=False to run it with offload"
+            )
+        # First: it refuses a K/V store larger than memory.
+        self.runner = ModelRunner(model, c, self.layout)
+        self.kv = self._make_manager()
         self.store = self.runner.store
         self.stats = EngineStats()
         self.scheduler = Scheduler(c, self.max_model_len, self.kv, self.store, self.stats, self.runner.tiers)
@@ -60,6 +66,19 @@ class LLMEngine:
         self._next_request_id = 0
         self._events: list[StreamEvent] = []
         self._idle_steps = 0
+
+    def _make_manager(self) -> pagedkv.KvCacheManager:
+        """The block manager: one block table per KV group of the layout."""
+        c = self.config
+        manager: pagedkv.KvCacheManager = new_manager(
+            self.layout,
+            num_blocks=c.num_blocks,
+            block_size=c.block_size,
+            enable_prefix_caching=c.enable_prefix_caching,
+            num_host_blocks=c.num_host_blocks,
+            num_offload_blocks=c.offload_blocks,
+        )
+        return manager
 
     # ---- requests -------------------------------------------------------------------------
 

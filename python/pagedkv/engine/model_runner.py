@@ -1,6 +1,7 @@
 """The model runner: executes one scheduled batch on the paged K/V store.
 
-It owns the per-layer caches (``PagedKvStore``), executes the batch's copy-on-write copies, lays
+It owns the paged caches (``PagedKvStore``, laid out by the model's ``KvLayout``: one block
+table per KV group of layers), executes the batch's copy-on-write copies, lays
 the rows out as one flat batch of tokens (positions, block tables, context and query lengths) and
 runs ONE forward pass, asking the model for logits only at the rows that end a sequence's known
 tokens (the sampling rows) and, for a speculative decode row, at every position that verifies a
@@ -15,6 +16,7 @@ import numpy as np
 
 import pagedkv
 from pagedkv.engine.config import EngineConfig
+from pagedkv.engine.kv_layout import KvLayout, kv_layout, layer_windows
 from pagedkv.engine.kv_store import PagedKvStore
 from pagedkv.engine.offload_tiers import OffloadTiers, layout_identity, model_fingerprint
 from pagedkv.engine.scheduler import Row, ScheduledBatch
@@ -25,11 +27,14 @@ __all__ = ["ModelRunner"]
 
 
 class ModelRunner:
-    def __init__(self, model: LoadedModel, config: EngineConfig) -> None:
+    def __init__(self, model: LoadedModel, config: EngineConfig, layout: KvLayout | None = None) -> None:
         self.model = model
         c = config
+        self.layout = kv_layout(layer_windows(model.config), hybrid=c.hybrid_kv) if layout is None else layout
+        m = model.config
+        per_block = self.layout.bytes_per_block(c.block_size, m.num_kv_heads, m.head_dim)
         num_host = c.num_host_blocks + c.offload_blocks
-        kv_bytes = model.config.kv_bytes_per_token_fp32 * c.block_size * (c.num_blocks + num_host)
+        kv_bytes = per_block * (c.num_blocks + num_host)
         memory = _physical_memory_bytes()
         if memory is not None and kv_bytes > memory:
             raise InvalidArgumentError(
@@ -37,7 +42,9 @@ class ModelRunner:
                 f"{kv_bytes / 2**30:,.1f} GiB of K/V; this machine has {memory / 2**30:,.1f} GiB"
             )
         try:
-            self.store = PagedKvStore(model.config, c.num_blocks, c.block_size, c.num_host_blocks)
+            self.store = PagedKvStore(
+                model.config, c.num_blocks, c.block_size, c.num_host_blocks, layout=self.layout
+            )
         except MemoryError as error:
             raise InvalidArgumentError(
                 f"cannot allocate {kv_bytes / 2**30:,.1f} GiB of K/V for the engine's pool"
@@ -59,7 +66,11 @@ class ModelRunner:
             # After the copies (a copy may read a block a load then overwrites), before the pass.
             self.tiers.load(batch.load_ops)
             self.tiers.write(batch.store_writes)
-        tables, _ = kv.batch_block_tables([r.seq.seq_id for r in rows])
+        seq_ids = [r.seq.seq_id for r in rows]
+        if self.layout.is_hybrid:
+            tables = [kv.batch_block_tables(seq_ids, group=g)[0] for g in range(self.layout.num_groups)]
+        else:
+            tables = [kv.batch_block_tables(seq_ids)[0]]
         ctx = np.array([r.end for r in rows], dtype=np.int32)
         q_lens = np.array([r.end - r.start for r in rows], dtype=np.int32)
         self.store.set_batch(tables, ctx, q_lens)

@@ -121,15 +121,27 @@ class Scheduler:
                 f"the prompt has {num_prompt_tokens} tokens; the model's context holds "
                 f"{self.max_model_len} (prompt plus at least one generated token)"
             )
+        total = min(num_prompt_tokens + params.max_tokens, self.max_model_len)
+        needed = self.blocks_to_fit(num_prompt_tokens, params)
+        if needed > self.config.num_blocks:
+            raise InvalidArgumentError(
+                f"n={params.n} samples of {total} tokens need {needed} blocks at most"
+                + (f" over {groups} KV groups" if (groups := self.store.layout.num_groups) > 1 else "")
+                + f"; the pool has {self.config.num_blocks}"
+            )
+
+    def blocks_to_fit(self, num_prompt_tokens: int, params: SamplingParams) -> int:
+        """The blocks a request alone needs at most, over every KV group: the shared full prompt
+        blocks plus each sample's own blocks up to its full length, in every group. A
+        sliding-window group holds less once its window has passed (the prompt until it is
+        computed, then the window), but the manager refuses any sequence whose tokens could not
+        fit every group's table at once (InvalidArgumentError from an append), so the bound
+        counts every group in full: a request within it never meets that refusal."""
         bs = self.config.block_size
         total = min(num_prompt_tokens + params.max_tokens, self.max_model_len)
         shared = num_prompt_tokens // bs  # full prompt blocks the n samples share
-        needed = shared + params.n * (-(-(total - shared * bs) // bs))
-        if needed > self.config.num_blocks:
-            raise InvalidArgumentError(
-                f"n={params.n} samples of {total} tokens need {needed} blocks at most; the pool has "
-                f"{self.config.num_blocks}"
-            )
+        full = shared + params.n * (-(-(total - shared * bs) // bs))
+        return self.store.layout.num_groups * full
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -264,7 +276,8 @@ class Scheduler:
         return min(remaining, budget)
 
     def _reserved_slots(self) -> int:
-        return self.max_model_len * (len(self.running) + len(self.swapped))
+        """Slots the contiguous reservation holds: max_model_len per sequence in every KV group."""
+        return self.store.layout.num_groups * self.max_model_len * (len(self.running) + len(self.swapped))
 
     def _admit(self, rows: list[Row], budget: int) -> None:
         c = self.config
@@ -273,14 +286,18 @@ class Scheduler:
         while self.waiting and len(self.running) < c.max_num_seqs:
             seq = self.waiting[0]
             if c.reservation == "contiguous" and (
-                self._reserved_slots() + self.max_model_len > c.num_blocks * c.block_size
+                self._reserved_slots() + self.store.layout.num_groups * self.max_model_len
+                > c.num_blocks * c.block_size
             ):
                 return
             # Leave a small watermark so that admitting does not force the next append to preempt.
             watermark = c.admission_watermark_blocks
             if watermark is None:
                 watermark = max(1, c.num_blocks // 100)
-            blocks = -(-len(seq.token_ids) // c.block_size) + (watermark if self.running else 0)
+            # The prompt's blocks in every KV group (the manager allocates the whole prompt in
+            # each; add_sequence is the exact check, all or nothing, and refuses what is short).
+            prompt_blocks = self.store.layout.num_groups * -(-len(seq.token_ids) // c.block_size)
+            blocks = prompt_blocks + (watermark if self.running else 0)
             if blocks > self.kv.num_free_blocks:
                 return
             tokens = np.array(seq.token_ids, dtype=np.int64)

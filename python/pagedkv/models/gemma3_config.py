@@ -41,5 +41,7 @@ class Gemma3Config:
 
     @property
     def kv_bytes_per_token_fp32(self) -> int:
-        """K and V of one token over all layers in fp32 (every layer keeps full tables for now)."""
+        """K and V of one token over all layers in fp32: what the all-full layout holds per token
+        (``hybrid_kv=False``); under hybrid KV groups the local layers keep only their window
+        (the engine sizes its caches by ``KvLayout.bytes_per_block``)."""
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * 4

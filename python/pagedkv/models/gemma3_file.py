@@ -36,7 +36,13 @@ from pagedkv.models.gguf_reader import open_gguf
 from pagedkv.models.metadata import get_float, get_int, get_str
 from pagedkv.models.weight_cache import cache_entry_for, load_cached, store_cached
 
-__all__ = ["GEMMA3_TENSOR_TYPES", "Gemma3File", "Gemma3LayerWeights", "read_gemma3_gguf"]
+__all__ = [
+    "GEMMA3_TENSOR_TYPES",
+    "Gemma3File",
+    "Gemma3LayerWeights",
+    "read_gemma3_config",
+    "read_gemma3_gguf",
+]
 
 GEMMA3_TENSOR_TYPES = (
     "F32",
@@ -175,6 +181,13 @@ def expected_shapes(c: Gemma3Config) -> dict[str, tuple[int, ...]]:
         "post_ffw_norm": (c.d_model,),
     }
     return decoder_shapes(c, extra)
+
+
+def read_gemma3_config(path: str | os.PathLike[str]) -> Gemma3Config:
+    """The hyperparameters of a Gemma 3 GGUF file from its header alone (no tensor is read):
+    what a KV-memory estimate needs. The same checks as ``read_gemma3_gguf`` on the metadata."""
+    with open_gguf(path) as file:
+        return gemma3_config(file.metadata, set(file.tensors))
 
 
 def read_gemma3_gguf(path: str | os.PathLike[str], *, use_cache: bool = True) -> Gemma3File:

@@ -364,7 +364,7 @@ proptest! {
     ) {
         let config = ManagerConfig {
             num_blocks, block_size, enable_prefix_caching, num_host_blocks, num_offload_blocks,
-            hash_seed, max_events, enable_kv_events,
+            hash_seed, max_events, enable_kv_events, ..Default::default()
         };
         let result = catch_unwind(|| {
             let mut created = [false; 3];

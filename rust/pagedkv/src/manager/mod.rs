@@ -24,7 +24,9 @@ mod computed;
 mod config;
 mod copy_queue;
 mod csr;
+mod groups;
 mod growth;
+mod hybrid;
 mod invariants;
 mod lifecycle;
 mod offload;
@@ -42,6 +44,8 @@ use rustc_hash::FxHashSet;
 use self::batch::BatchScratch;
 pub use self::config::ManagerConfig;
 pub use self::csr::CsrPageTable;
+pub use self::groups::{KvGroupSpec, MAX_KV_GROUPS, NULL_BLOCK};
+use self::hybrid::Hybrid;
 use crate::error::{invalid, Error, Result};
 use crate::host::HostTier;
 use crate::offload_tier::OffloadTier;
@@ -152,6 +156,10 @@ pub struct KvCacheManager {
     host: Option<HostTier>,
     /// The host offload tier of evicted prefix blocks (`num_offload_blocks > 0`).
     offload: Option<OffloadTier>,
+    /// The manager of several KV-cache groups (`kv_groups` other than the default single
+    /// full-attention group): every public operation is handed to it, and the fields above
+    /// stay empty (docs/design.md, Hybrid groups).
+    hybrid: Option<Box<Hybrid>>,
 }
 
 impl std::fmt::Debug for KvCacheManager {
@@ -197,7 +205,16 @@ impl KvCacheManager {
     pub fn with_pool(pool: Arc<BlockPool>, mut config: ManagerConfig) -> Result<Self> {
         config.num_blocks = pool.num_blocks();
         config.block_size = pool.block_size();
-        let copies_compact_at = copy_queue::initial_threshold(pool.num_blocks());
+        groups::validate_groups(&config.kv_groups)?;
+        if !groups::is_single_full(&config.kv_groups) {
+            if config.num_offload_blocks > 0 {
+                // The offload tier keys a block by its tokens alone; a hybrid manager's groups
+                // hold different layers for the same tokens (docs/offload.md, Limits).
+                return invalid("num_offload_blocks needs the single full-attention KV group");
+            }
+            let hybrid = Box::new(Hybrid::new(pool.clone(), &config)?);
+            return Ok(Self::assemble(pool, config, None, None, None, Some(hybrid)));
+        }
         let prefix = config.enable_prefix_caching.then(|| {
             PrefixCache::new(
                 pool.num_blocks(),
@@ -218,7 +235,20 @@ impl KvCacheManager {
             }
             n => Some(OffloadTier::new(n, pool.block_size())?),
         };
-        Ok(KvCacheManager {
+        Ok(Self::assemble(pool, config, prefix, host, offload, None))
+    }
+
+    /// The manager's fields from its parts.
+    fn assemble(
+        pool: Arc<BlockPool>,
+        config: ManagerConfig,
+        prefix: Option<PrefixCache>,
+        host: Option<HostTier>,
+        offload: Option<OffloadTier>,
+        hybrid: Option<Box<Hybrid>>,
+    ) -> Self {
+        let copies_compact_at = copy_queue::initial_threshold(pool.num_blocks());
+        KvCacheManager {
             block_size: pool.block_size(),
             pool,
             config,
@@ -233,7 +263,8 @@ impl KvCacheManager {
             prefix,
             host,
             offload,
-        })
+            hybrid,
+        }
     }
 
     /// The pool this manager allocates from.
@@ -244,6 +275,14 @@ impl KvCacheManager {
     /// The configuration in effect.
     pub fn config(&self) -> &ManagerConfig {
         &self.config
+    }
+
+    /// The host tier, whichever path owns it.
+    fn host_tier(&self) -> Option<&HostTier> {
+        match self.hybrid.as_deref() {
+            Some(h) => h.host(),
+            None => self.host.as_ref(),
+        }
     }
 
     /// The sequence, if it exists and is device-resident.
@@ -289,6 +328,10 @@ impl Drop for KvCacheManager {
     /// Returns every block this manager holds (in use or cached) to the pool, so a shared
     /// pool outlives it intact.
     fn drop(&mut self) {
+        if let Some(h) = self.hybrid.as_deref_mut() {
+            h.teardown();
+            return;
+        }
         self.unpin_all();
         let ids: Vec<SeqId> = self.seqs.keys().copied().collect();
         for id in ids {
