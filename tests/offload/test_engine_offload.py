@@ -301,3 +301,15 @@ def test_random_schedules_with_offload_tiers_equal_each_request_alone(tiny, tmp_
             loaded += engine.kv.stats()["blocks_loaded"]
             store_hits += engine.stats.store_hit_tokens
     assert loaded > 0 and store_hits > 0, (loaded, store_hits)
+
+
+def test_the_engine_refuses_offload_on_a_hybrid_layout():
+    from tiny_hybrid import tiny_hybrid_model  # tests/engine, on the path above
+
+    model = tiny_hybrid_model()
+    with pytest.raises(InvalidArgumentError, match="hybrid_kv=False"):
+        LLMEngine(model, EngineConfig(num_blocks=32, block_size=4, num_offload_blocks=8))
+    engine = LLMEngine(
+        model, EngineConfig(num_blocks=32, block_size=4, num_offload_blocks=8, hybrid_kv=False)
+    )
+    assert engine.kv.num_offload_blocks == 8

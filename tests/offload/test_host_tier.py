@@ -157,3 +157,13 @@ def test_offload_block_hash_names_what_each_host_block_holds():
     with pytest.raises(pagedkv.PagedKvError):
         pagedkv.KvCacheManager(4, 2, True).offload_block_hash(0)  # no tier
     kv.check_invariants()
+
+
+def test_offload_with_hybrid_kv_groups_is_refused():
+    """The tier keys a block by its tokens alone; a hybrid manager's groups hold different
+    layers for the same tokens, so the two are not combined (docs/offload.md, Limits)."""
+    groups = [pagedkv.FullAttention(), pagedkv.SlidingWindow(window=8)]
+    with pytest.raises(pagedkv.InvalidArgumentError, match="single full-attention"):
+        pagedkv.KvCacheManager(16, 4, True, num_offload_blocks=4, kv_groups=groups)
+    kv = pagedkv.KvCacheManager(16, 4, True, num_offload_blocks=4, kv_groups=[pagedkv.FullAttention()])
+    assert kv.num_offload_blocks == 4
