@@ -404,8 +404,9 @@ def test_random_schedules_with_offload_tiers_equal_each_request_alone(tiny, tmp_
     """The engine's randomized schedules (tests/engine/test_engine_randomized.py: preemption by
     recompute and swap, chunked prefill, n > 1, speculation, tiny pools) with a host offload
     tier, and in every other trial a DiskStore, where the trial runs a second time on a fresh
-    engine (which hits the blocks the first run wrote through): every request's tokens equal
-    running it alone."""
+    engine (which hits the blocks the first run stored): every request's tokens equal running
+    it alone. The store trials alternate the write policies: save-on-compute (blocks stored
+    right after their pass, drafts' blocks and n > 1 forks included) and save-on-evict."""
     import dataclasses
 
     import numpy as np
@@ -413,16 +414,20 @@ def test_random_schedules_with_offload_tiers_equal_each_request_alone(tiny, tmp_
 
     rng = np.random.default_rng(33)
     alone: dict = {}
-    loaded = store_hits = 0
+    loaded = 0
+    store_hits = {"compute": 0, "evict": 0}
+    saved_on_compute = 0
     for trial in range(60):
         config, requests = _random_trial(rng, tiny, alone)
         with_store = trial % 2 == 1
+        policy = "compute" if trial % 4 == 1 else "evict"
         config = dataclasses.replace(
             config,
             enable_prefix_caching=True,
             num_offload_blocks=int(rng.integers(1, 2 * config.num_blocks)),
             offload=DiskStore(tmp_path / f"kv{trial}", capacity_bytes=1 << 22) if with_store else None,
             offload_deadline_s=5.0,
+            offload_policy=policy,
         )
         for _ in range(2 if with_store else 1):
             engine = LLMEngine(tiny, config)
@@ -445,5 +450,11 @@ def test_random_schedules_with_offload_tiers_equal_each_request_alone(tiny, tmp_
                     i,
                 )
             loaded += engine.kv.stats()["blocks_loaded"]
-            store_hits += engine.stats.store_hit_tokens
-    assert loaded > 0 and store_hits > 0, (loaded, store_hits)
+            store_hits[policy] += engine.stats.store_hit_tokens
+            if engine.runner.tiers is not None:
+                saved_on_compute += engine.runner.tiers.blocks_saved_on_compute
+    assert loaded > 0 and min(store_hits.values()) > 0 and saved_on_compute > 0, (
+        loaded,
+        store_hits,
+        saved_on_compute,
+    )

@@ -195,10 +195,12 @@ class OffloadTiers:
         if not blocks:
             return
         ids = np.array(blocks, dtype=np.intp)
-        # [blocks, layers, 2, block_size, kv_heads, head_dim]: one gather per layer and K/V.
-        k = np.stack([cache[ids] for cache in self.store.k_caches], axis=1)
-        v = np.stack([cache[ids] for cache in self.store.v_caches], axis=1)
-        payloads = np.stack([k, v], axis=2)
+        # [blocks, layers, 2, block_size, kv_heads, head_dim]: one gather per layer and K/V,
+        # straight into the payloads (each block's payload is a contiguous slice).
+        payloads = np.empty((len(blocks), *self.block_shape), np.float32)
+        for layer, (k, v) in enumerate(zip(self.store.k_caches, self.store.v_caches, strict=True)):
+            np.take(k, ids, axis=0, out=payloads[:, layer, 0])
+            np.take(v, ids, axis=0, out=payloads[:, layer, 1])
         for block_hash, payload in zip(hashes, payloads, strict=True):
             if self._submit(block_hash, payload):
                 self.blocks_saved_on_compute += 1
