@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import collections
 import hashlib
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -38,11 +39,10 @@ from pagedkv.attention import swap_blocks
 
 if TYPE_CHECKING:
     from pagedkv.engine.kv_store import PagedKvStore
-    from pagedkv.engine.scheduler import Row
     from pagedkv.offload import OffloadWorker
     from pagedkv.offload.worker import Prefetch
 
-__all__ = ["SEEN_CAPACITY", "OffloadTiers", "layout_identity", "model_fingerprint"]
+__all__ = ["SEEN_CAPACITY", "ComputedRow", "OffloadTiers", "layout_identity", "model_fingerprint"]
 
 # Hashes remembered as queued or loaded (least recently used forgotten first): 65,536 x ~100
 # bytes of dict entry; a forgotten one costs a ``contains`` on the worker, never a second write.
@@ -71,6 +71,18 @@ def layout_identity(
     return (
         f"pagedkv-kv-v1|{model_name}|L{num_layers}|H{num_kv_heads}|D{head_dim}|B{block_size}|float32".encode()
     )
+
+
+class ComputedRow(Protocol):
+    """Positions ``start..end`` of ``seq``'s tokens a pass computed (the scheduler's ``Row``;
+    a protocol here, as the scheduler imports this module)."""
+
+    @property
+    def seq(self) -> Any: ...
+    @property
+    def start(self) -> int: ...
+    @property
+    def end(self) -> int: ...
 
 
 class OffloadTiers:
@@ -167,7 +179,7 @@ class OffloadTiers:
             )
             self._submit(block_hash, payload)
 
-    def save_computed(self, kv: Any, rows: list[Row]) -> None:
+    def save_computed(self, kv: Any, rows: Sequence[ComputedRow]) -> None:
         """Save-on-compute: queue every block the pass just completed (all its tokens computed,
         so the manager indexes it) that is not queued or stored yet. Runs right after the pass,
         before anything can write the blocks again (the next step's offloads, copies, loads).
