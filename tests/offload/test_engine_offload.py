@@ -262,6 +262,26 @@ def test_save_on_compute_writes_each_block_once(tiny, tmp_path):
     assert again_tiers.worker.skipped_puts == again_tiers.puts_submitted
 
 
+def test_the_seen_set_is_bounded_and_the_store_still_skips_what_it_holds(tiny, tmp_path, monkeypatch):
+    """With room for 2 hashes the set forgets the prefix's blocks before the fillers evict
+    them: the eviction queues them again, and the worker's ``contains`` skips each one, so the
+    store still writes each block once."""
+    from pagedkv.engine import offload_tiers
+
+    monkeypatch.setattr(offload_tiers, "SEEN_CAPACITY", 2)
+    reference = _reference(tiny)
+    store = DiskStore(tmp_path / "kv", capacity_bytes=1 << 24)
+    engine = _engine(tiny, offload=store)
+    assert [t for t, _ in _run(engine, WORKLOAD)] == reference
+    assert engine.close()
+    tiers = engine.runner.tiers
+    assert tiers is not None and tiers.worker is not None
+    assert len(tiers._seen) <= 2
+    assert tiers.worker.skipped_puts > 0
+    assert store.stats.puts == tiers.blocks_saved_on_compute == tiers.worker.completed_puts
+    assert tiers.puts_submitted == tiers.blocks_saved_on_compute + tiers.worker.skipped_puts
+
+
 class _StuckDiskStore(DiskStore):
     """A store whose puts block until ``release`` is set (a disk or a network that hangs)."""
 
