@@ -9,12 +9,14 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("xxhash", reason="pagedkv.offload needs the offload extra (xxhash)")
 
+from offload_helpers import free_port  # noqa: E402
 from pagedkv.engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
 from pagedkv.errors import InvalidArgumentError, InvalidArgumentTypeError  # noqa: E402
 from pagedkv.offload import DiskStore  # noqa: E402
@@ -131,6 +133,9 @@ def test_a_full_disk_is_a_miss(tiny, tmp_path):
         {"num_offload_blocks": 1.5},
         {"offload_deadline_s": float("nan")},
         {"offload_deadline_s": -1},
+        {"offload_policy": "never"},
+        {"offload_policy": None},
+        {"offload_policy": 1},
         {"num_offload_blocks": 4, "enable_prefix_caching": False},
     ],
 )
@@ -147,35 +152,196 @@ _WRITER = textwrap.dedent(
     sys.path.insert(0, {engine_tests!r})
     from tiny_llama import tiny_model
     from pagedkv.engine import EngineConfig, LLMEngine, SamplingParams
-    from pagedkv.offload import RedisStore
+    from pagedkv.offload import DiskStore, RedisStore
 
     engine = LLMEngine(tiny_model(), EngineConfig(
-        num_blocks=14, block_size={bs}, max_num_batched_tokens=64, offload=RedisStore({url!r})))
+        num_blocks={num_blocks}, block_size={bs}, max_num_batched_tokens=64, offload={store},
+        **{options!r}))
     for prompt in {prompts!r}:
         engine.add_request(prompt, SamplingParams(max_tokens=5))
         while engine.has_unfinished():
             engine.step()
+            engine.kv.check_invariants()
     assert engine.close(timeout_s=30.0)
+    print("offloaded", engine.kv.stats()["blocks_offloaded"])
     print("stored", engine.runner.tiers.puts_submitted)
     """
 )
 
 
-def test_engine_b_hits_the_prefix_engine_a_computed_in_another_process(tiny, redis_server):
-    from pagedkv.offload import RedisStore
-
+def _write_in_another_process(store: str, prompts, num_blocks: int = 14, **options) -> tuple[int, int]:
+    """Engine A in a subprocess: (blocks its host tier took from the device, puts it queued)."""
     script = _WRITER.format(
-        engine_tests=str(ENGINE_TESTS), bs=BS, url=redis_server.url, prompts=WORKLOAD[:-1]
+        engine_tests=str(ENGINE_TESTS),
+        bs=BS,
+        store=store,
+        prompts=prompts,
+        num_blocks=num_blocks,
+        options=options,
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert int(done.stdout.split()[-1]) > 0
+    counts = dict(line.split() for line in done.stdout.splitlines())
+    return int(counts["offloaded"]), int(counts["stored"])
+
+
+def test_engine_b_hits_the_prefix_engine_a_computed_in_another_process(tiny, redis_server):
+    from pagedkv.offload import RedisStore
+
+    offloaded, stored = _write_in_another_process(f"RedisStore({redis_server.url!r})", WORKLOAD[:-1])
+    assert offloaded > 0 and stored > 0
     reference = _reference(tiny)
     engine = _engine(tiny, offload=RedisStore(redis_server.url), offload_deadline_s=5.0)
     (tokens, cached), *_ = _run(engine, [WORKLOAD[-1]])
     assert tokens == reference[-1]
     assert cached == len(PREFIX)
     engine.close()
+
+
+@pytest.mark.parametrize("kind", ["redis", "disk"])
+@pytest.mark.parametrize("policy", ["compute", "evict"])
+def test_a_prefix_engine_a_never_evicted_reaches_engine_b(tiny, tmp_path, request, kind, policy):
+    """Engine A (another process) runs the prefix in a pool so large that nothing is evicted:
+    save-on-compute (the default) still puts its blocks in the shared store, and engine B hits
+    all of them with the tokens of computing them; save-on-evict leaves B nothing to hit."""
+    from pagedkv.offload import RedisStore
+
+    if kind == "redis":
+        url = request.getfixturevalue("redis_server").url
+        expression, reader_store = f"RedisStore({url!r})", RedisStore(url)
+    else:
+        path = str(tmp_path / "kv")
+        expression = f"DiskStore({path!r}, capacity_bytes=1 << 24)"
+        reader_store = None
+    options = {} if policy == "compute" else {"offload_policy": "evict"}
+    offloaded, stored = _write_in_another_process(expression, [WORKLOAD[0]], num_blocks=64, **options)
+    assert offloaded == 0, "engine A evicted: the test would not show save-on-compute"
+    if reader_store is None:
+        reader_store = DiskStore(tmp_path / "kv", capacity_bytes=1 << 24)
+    reference = _reference(tiny)
+    engine = _engine(tiny, offload=reader_store, offload_deadline_s=5.0, offload_policy=policy)
+    (tokens, cached), *_ = _run(engine, [WORKLOAD[-1]])
+    engine.kv.check_invariants()
+    assert tokens == reference[-1]
+    if policy == "compute":
+        # 6 prefix blocks, and the block the 5 decoded tokens filled after the prompt's 25th.
+        assert stored == len(PREFIX) // BS + 1
+        assert cached == len(PREFIX)
+        assert engine.stats.store_hit_tokens == len(PREFIX)
+    else:
+        assert stored == 0 and cached == 0
+    assert engine.close()
+
+
+def test_save_on_compute_writes_each_block_once(tiny, tmp_path):
+    """The evicting workload: every block is saved when computed, and neither the eviction
+    that later takes it to the host tier nor a second engine that hits it writes it again."""
+    reference = _reference(tiny)
+    store = DiskStore(tmp_path / "kv", capacity_bytes=1 << 24)
+    engine = _engine(tiny, offload=store)
+    assert [t for t, _ in _run(engine, WORKLOAD)] == reference
+    assert engine.close()
+    tiers = engine.runner.tiers
+    assert tiers is not None and tiers.worker is not None
+    assert engine.kv.stats()["blocks_offloaded"] > 0  # evictions happened ...
+    assert tiers.puts_repeated > 0  # ... and found their blocks already saved
+    assert tiers.blocks_saved_on_compute == tiers.puts_submitted > 0
+    assert store.stats.puts == tiers.worker.completed_puts == tiers.puts_submitted
+    assert tiers.worker.skipped_puts == 0 and tiers.puts_dropped == 0
+    puts = store.stats.puts
+    again = _engine(tiny, offload=store, offload_deadline_s=5.0)
+    assert [t for t, _ in _run(again, WORKLOAD)] == reference
+    assert again.close()
+    assert again.stats.store_hit_tokens > 0
+    again_tiers = again.runner.tiers
+    assert again_tiers is not None and again_tiers.worker is not None
+    # A block the second engine recomputed (the pool evicted it before it could hit) is in the
+    # store already: the worker's contains skips it.
+    assert store.stats.puts == puts
+    assert again_tiers.worker.completed_puts == 0
+    assert again_tiers.worker.skipped_puts == again_tiers.puts_submitted
+
+
+def test_the_seen_set_is_bounded_and_the_store_still_skips_what_it_holds(tiny, tmp_path, monkeypatch):
+    """With room for 2 hashes the set forgets the prefix's blocks before the fillers evict
+    them: the eviction queues them again, and the worker's ``contains`` skips each one, so the
+    store still writes each block once."""
+    from pagedkv.engine import offload_tiers
+
+    monkeypatch.setattr(offload_tiers, "SEEN_CAPACITY", 2)
+    reference = _reference(tiny)
+    store = DiskStore(tmp_path / "kv", capacity_bytes=1 << 24)
+    engine = _engine(tiny, offload=store)
+    assert [t for t, _ in _run(engine, WORKLOAD)] == reference
+    assert engine.close()
+    tiers = engine.runner.tiers
+    assert tiers is not None and tiers.worker is not None
+    assert len(tiers._seen) <= 2
+    assert tiers.worker.skipped_puts > 0
+    assert store.stats.puts == tiers.blocks_saved_on_compute == tiers.worker.completed_puts
+    assert tiers.puts_submitted == tiers.blocks_saved_on_compute + tiers.worker.skipped_puts
+
+
+class _StuckDiskStore(DiskStore):
+    """A store whose puts block until ``release`` is set (a disk or a network that hangs)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.release = threading.Event()
+
+    def put(self, block_hash, payload, *, extra_key=None):
+        self.release.wait(60.0)  # a step that waited for the store would hang here
+        return super().put(block_hash, payload, extra_key=extra_key)
+
+
+def test_a_full_save_queue_drops_saves_and_the_step_goes_on(tiny, tmp_path):
+    from pagedkv.offload import OffloadWorker
+
+    reference = _reference(tiny)
+    store = _StuckDiskStore(tmp_path / "kv", capacity_bytes=1 << 24)
+    engine = _engine(tiny, offload=store)
+    tiers = engine.runner.tiers
+    assert tiers is not None and tiers.worker is not None
+    tiers.worker.close()
+    tiers.worker = OffloadWorker(store, max_pending_puts=2)
+    assert [t for t, _ in _run(engine, WORKLOAD)] == reference
+    engine.kv.check_invariants()
+    assert not store.release.is_set()  # every step ran while the store hung
+    assert tiers.puts_dropped > 0 and tiers.worker.dropped_puts == tiers.puts_dropped
+    store.release.set()
+    assert engine.close(timeout_s=30.0)
+    assert store.stats.puts == tiers.puts_submitted <= 3  # the stuck put and the 2 queued
+
+
+class _BrokenDiskStore(DiskStore):
+    def put(self, block_hash, payload, *, extra_key=None):
+        raise RuntimeError("disk on fire")
+
+    def contains(self, block_hash, *, extra_key=None):
+        raise RuntimeError("disk on fire")
+
+
+def test_a_store_failing_during_saves_costs_no_step(tiny, tmp_path):
+    """Saves to a store whose calls raise, and to a Redis server that is not there: the same
+    tokens, no error in any step, every failure counted by the worker."""
+    reference = _reference(tiny)
+    stores = [_BrokenDiskStore(tmp_path / "kv", capacity_bytes=1 << 24)]
+    try:
+        from pagedkv.offload import RedisStore
+
+        stores.append(RedisStore(f"redis://127.0.0.1:{free_port()}/0", timeout_s=0.2))
+    except ImportError:
+        pass  # redis-py absent: the broken store still runs
+    for store in stores:
+        engine = _engine(tiny, offload=store, num_blocks=64)
+        assert [t for t, _ in _run(engine, WORKLOAD)] == reference
+        assert engine.close(timeout_s=30.0)
+        tiers = engine.runner.tiers
+        assert tiers is not None and tiers.worker is not None
+        assert tiers.puts_submitted > 0
+        assert tiers.worker.failed_puts == tiers.puts_submitted
+        assert tiers.worker.completed_puts == 0
+        assert tiers.worker.failures + store.stats.errors > 0
 
 
 def test_a_dead_or_restarted_redis_is_a_miss(tiny, redis_server):
@@ -258,8 +424,9 @@ def test_random_schedules_with_offload_tiers_equal_each_request_alone(tiny, tmp_
     """The engine's randomized schedules (tests/engine/test_engine_randomized.py: preemption by
     recompute and swap, chunked prefill, n > 1, speculation, tiny pools) with a host offload
     tier, and in every other trial a DiskStore, where the trial runs a second time on a fresh
-    engine (which hits the blocks the first run wrote through): every request's tokens equal
-    running it alone."""
+    engine (which hits the blocks the first run stored): every request's tokens equal running
+    it alone. The store trials alternate the write policies: save-on-compute (blocks stored
+    right after their pass, drafts' blocks and n > 1 forks included) and save-on-evict."""
     import dataclasses
 
     import numpy as np
@@ -267,16 +434,20 @@ def test_random_schedules_with_offload_tiers_equal_each_request_alone(tiny, tmp_
 
     rng = np.random.default_rng(33)
     alone: dict = {}
-    loaded = store_hits = 0
+    loaded = 0
+    store_hits = {"compute": 0, "evict": 0}
+    saved_on_compute = 0
     for trial in range(60):
         config, requests = _random_trial(rng, tiny, alone)
         with_store = trial % 2 == 1
+        policy = "compute" if trial % 4 == 1 else "evict"
         config = dataclasses.replace(
             config,
             enable_prefix_caching=True,
             num_offload_blocks=int(rng.integers(1, 2 * config.num_blocks)),
             offload=DiskStore(tmp_path / f"kv{trial}", capacity_bytes=1 << 22) if with_store else None,
             offload_deadline_s=5.0,
+            offload_policy=policy,
         )
         for _ in range(2 if with_store else 1):
             engine = LLMEngine(tiny, config)
@@ -299,8 +470,14 @@ def test_random_schedules_with_offload_tiers_equal_each_request_alone(tiny, tmp_
                     i,
                 )
             loaded += engine.kv.stats()["blocks_loaded"]
-            store_hits += engine.stats.store_hit_tokens
-    assert loaded > 0 and store_hits > 0, (loaded, store_hits)
+            store_hits[policy] += engine.stats.store_hit_tokens
+            if engine.runner.tiers is not None:
+                saved_on_compute += engine.runner.tiers.blocks_saved_on_compute
+    assert loaded > 0 and min(store_hits.values()) > 0 and saved_on_compute > 0, (
+        loaded,
+        store_hits,
+        saved_on_compute,
+    )
 
 
 def test_the_engine_refuses_offload_on_a_hybrid_layout():

@@ -127,6 +127,25 @@ def test_a_full_queue_drops_puts_instead_of_blocking():
     assert set(store.data) == {(0, None), (1, None), (2, None)}
 
 
+def test_a_put_if_absent_skips_what_the_store_holds():
+    """Another writer (a replica on a shared store) stored key 1 first: the worker asks the
+    store and does not rewrite it; an absent key (or another salt's) is written."""
+    store = ScriptedStore()
+    store.data[(1, b"t")] = b"theirs"
+    with OffloadWorker(store) as worker:
+        assert worker.submit_put(1, b"mine", extra_key=b"t", if_absent=True)
+        assert worker.submit_put(2, b"mine", extra_key=b"t", if_absent=True)
+        assert worker.submit_put(1, b"forced", extra_key=b"u", if_absent=True)  # another salt
+        assert worker.flush(STUCK_S)
+        assert store.data[(1, b"t")] == b"theirs" and store.data[(2, b"t")] == b"mine"
+        assert store.data[(1, b"u")] == b"forced"
+        assert ("put", 1) in store.calls and store.calls.count(("put", 1)) == 1
+        assert worker.skipped_puts == 1 and worker.completed_puts == 2
+        assert worker.submit_put(1, b"again", extra_key=b"t")  # without if_absent: rewritten
+        assert worker.flush(STUCK_S)
+        assert store.data[(1, b"t")] == b"again" and worker.skipped_puts == 1
+
+
 def test_loads_go_before_queued_puts():
     store = ScriptedStore(slow=[0])
     store.data[(9, None)] = b"nine"
@@ -196,6 +215,8 @@ def test_caller_mistakes_are_typed_errors():
             worker.submit_put(1, b"x", extra_key=7)
         with pytest.raises(InvalidArgumentTypeError):
             worker.load([1], deadline_s=1.0, extra_key=[1])
+        with pytest.raises(InvalidArgumentTypeError):
+            worker.submit_put(1, b"x", if_absent=1)  # type: ignore[arg-type]
         assert worker.load([], deadline_s=0) == {}
         assert worker.pending_puts == 0 and worker.failures == 0
 

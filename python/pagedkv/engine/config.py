@@ -17,6 +17,7 @@ __all__ = [
     "MAX_NUM_BLOCKS",
     "MAX_NUM_SLOTS",
     "MAX_SPECULATIVE_NGRAM",
+    "OFFLOAD_POLICIES",
     "PREEMPTION_MODES",
     "RESERVATIONS",
     "EngineConfig",
@@ -24,6 +25,7 @@ __all__ = [
 
 PREEMPTION_MODES = ("recompute", "swap")
 RESERVATIONS = ("paged", "contiguous")
+OFFLOAD_POLICIES = ("compute", "evict")
 MAX_NUM_BLOCKS = 1 << 24  # the allocator's limit: block ids fit in 24 bits
 MAX_NUM_SLOTS = 2**31 - 1  # num_blocks * block_size: every slot index fits the int32 tables
 # Drafts per pass: past a few dozen the acceptance of prompt-lookup drafts is nil (vLLM caps its
@@ -60,6 +62,10 @@ class EngineConfig:
     offload: object | None = None
     # How long an admission waits for the store's blocks at most; later ones are misses.
     offload_deadline_s: float = 0.05
+    # When a block goes to the store: "compute" once the pass that computed it has run (replicas
+    # sharing the store see a prefix at once; eviction still writes a block the queue dropped),
+    # "evict" only when the host tier takes it from the device (docs/offload.md).
+    offload_policy: Literal["compute", "evict"] = "compute"
     # Hybrid KV groups (engine/kv_layout.py): a model with sliding-window layers (Gemma 3) keeps
     # one block table per group of layers, and the sliding-window groups release the blocks
     # their window has passed (vLLM's hybrid KV-cache manager). False: one full-attention group
@@ -98,6 +104,7 @@ class EngineConfig:
                 raise InvalidArgumentError(f"EngineConfig.{name} must be a bool, got {getattr(self, name)!r}")
         _choice("preemption", self.preemption, PREEMPTION_MODES)
         _choice("reservation", self.reservation, RESERVATIONS)
+        _choice("offload_policy", self.offload_policy, OFFLOAD_POLICIES)
         if self.offload is not None:
             from pagedkv.offload.store import BlockStore  # only with a store: needs the offload extra
 

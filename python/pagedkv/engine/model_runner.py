@@ -55,7 +55,9 @@ class ModelRunner:
             identity = layout_identity(
                 model_fingerprint(model), cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, c.block_size
             )
-            self.tiers = OffloadTiers(self.store, c.offload_blocks, c.offload, identity, c.offload_deadline_s)
+            self.tiers = OffloadTiers(
+                self.store, c.offload_blocks, c.offload, identity, c.offload_deadline_s, c.offload_policy
+            )
 
     def execute(self, kv: pagedkv.KvCacheManager, batch: ScheduledBatch) -> list[tuple[Row, np.ndarray]]:
         """Run the batch; (row, logits ``[row.num_logits, vocab]``) for each sampling row, in row
@@ -82,6 +84,10 @@ class ModelRunner:
         wanted = [np.arange(ends[i] - n, ends[i]) for i, n in zip(sampling, counts, strict=True)]
         flat = np.concatenate(wanted) if wanted else np.zeros(0, np.int64)
         logits = self.model.model.forward(tokens, positions, self.store, flat)
+        if self.tiers is not None:
+            # Save-on-compute: the blocks this pass filled, copied before the next step's offload
+            # ops, copies and loads may write them (a failed pass saves nothing).
+            self.tiers.save_computed(kv, rows)
         offsets = np.concatenate([[0], np.cumsum(counts)]).astype(int)
         return [(rows[i], logits[offsets[k] : offsets[k + 1]]) for k, i in enumerate(sampling)]
 

@@ -88,13 +88,14 @@ class OffloadWorker:
         self._store = store
         self._max_puts = max_pending_puts
         self._cond = threading.Condition()
-        self._puts: collections.deque[tuple[int, Payload, object]] = collections.deque()
+        self._puts: collections.deque[tuple[int, Payload, object, bool]] = collections.deque()
         self._loads: collections.deque[_Load] = collections.deque()
         self._closing = False
         self._busy = False
         self.completed_puts = 0
         self.failed_puts = 0
         self.dropped_puts = 0
+        self.skipped_puts = 0  # ``if_absent`` puts the store already held
         self.late_loads = 0
         self.failures = 0
         self.last_error: str | None = None
@@ -110,10 +111,16 @@ class OffloadWorker:
         with self._cond:
             return len(self._puts)
 
-    def submit_put(self, block_hash: int | bytes, payload: Payload, *, extra_key: object = None) -> bool:
+    def submit_put(
+        self, block_hash: int | bytes, payload: Payload, *, extra_key: object = None, if_absent: bool = False
+    ) -> bool:
         """Queue a put; ``False`` if it was dropped (the queue is full, or the worker closed).
-        The payload is not copied: the caller hands it over and does not mutate it. A wrong
-        hash, salt or payload type raises here, on the caller's thread."""
+        The payload is not copied: the caller hands it over and does not mutate it. With
+        ``if_absent`` the worker first asks the store (``contains``, on its own thread) and skips
+        a key it holds (``skipped_puts``): a shared store another writer filled costs a lookup,
+        not a rewrite. A wrong hash, salt or payload type raises here, on the caller's thread."""
+        if not isinstance(if_absent, bool):
+            raise InvalidArgumentTypeError(f"if_absent is a bool, not {type(if_absent).__name__}")
         value = hash_to_int(block_hash)
         encode_key(value, extra_key)  # validates the salt
         check_payload(payload)
@@ -121,7 +128,7 @@ class OffloadWorker:
             if self._closing or len(self._puts) >= self._max_puts:
                 self.dropped_puts += 1
                 return False
-            self._puts.append((value, payload, extra_key))
+            self._puts.append((value, payload, extra_key, if_absent))
             self._cond.notify()
         return True
 
@@ -245,8 +252,12 @@ class OffloadWorker:
             request.done = True
             self._cond.notify_all()
 
-    def _put(self, value: int, payload: Payload, extra_key: object) -> None:
+    def _put(self, value: int, payload: Payload, extra_key: object, if_absent: bool) -> None:
         try:
+            if if_absent and self._store.contains(value, extra_key=extra_key):
+                with self._cond:
+                    self.skipped_puts += 1
+                return
             stored = self._store.put(value, payload, extra_key=extra_key)
         except Exception as exc:  # noqa: BLE001 - the worker outlives any store bug
             self._note_failure(exc)
