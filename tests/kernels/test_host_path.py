@@ -7,6 +7,8 @@ made no sync and computed the right answer.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pagedkv
 import pytest
@@ -15,6 +17,8 @@ from pagedkv.kernels import emulation, instances
 
 from . import fake_cupy
 from .conftest import assert_close, make_problem, needs_cxx
+from .prefill_problems import make_prefill_problem
+from .window_problems import poison_before_window, release_out_of_window
 
 pytestmark = needs_cxx
 
@@ -24,6 +28,7 @@ def built():
     names = [
         instances.decode_for("float16", 128, 16, 4),
         instances.decode_for("float16", 128, 16, 8),
+        instances.decode_for("float16", 128, 16, 1),  # CUDA cores (test_emulated_window builds it too)
         instances.merge("float16", 128),
     ]
     emulation.prebuild([(i.source, i.name) for i in names])
@@ -83,6 +88,7 @@ def _workspace(p, backend, **kw):
         max_blocks_per_seq=kw.pop("max_blocks_per_seq", 12),
         backend=backend,
         split_bytes=kw.pop("split_bytes", 1 << 20),
+        **kw,
     )
 
 
@@ -180,3 +186,144 @@ def test_workspace_rejects_bad_input():
             max_blocks_per_seq=1,
             backend="emulated",
         )
+
+
+# Sliding windows: DecodeWorkspace(window=W) against paged_attention(window=W) and the reference.
+
+
+def _windowed(seed, group, window, seq_lens=(70, 9, 40)):
+    """A decode batch (fp16, head_dim 128, block 16, one KV head) with what a sliding-window KV
+    group releases: blocks wholly before each window NaN, their table entries -1."""
+    p = make_prefill_problem(
+        np.random.default_rng(seed),
+        "float16",
+        [n - 1 for n in seq_lens],
+        [1] * len(seq_lens),
+        1,
+        group,
+        128,
+        16,
+    )
+    release_out_of_window(p, window)
+    return p
+
+
+def _windowed_workspace(p, backend, window, **kw):
+    return _workspace(p.paged, backend, window=window, max_blocks_per_seq=p.paged.block_tables.shape[1], **kw)
+
+
+def _decode(p, window, backend="numpy", **kw):
+    paged = p.paged
+    return paged_attention(
+        p.q,
+        paged.k_cache,
+        paged.v_cache,
+        paged.block_tables,
+        p.seq_lens,
+        window=window,
+        backend=backend,
+        **kw,
+    )
+
+
+@pytest.mark.parametrize(
+    ("group", "windows"),
+    [(4, (3, 37)), (1, (13, 500))],  # tensor cores; CUDA cores
+    ids=["tensor-cores", "cuda-cores"],
+)
+def test_workspace_window_matches_paged_attention_and_reference(group, windows):
+    """Windows below a block, not a multiple of it, above every context. Released blocks are NaN
+    with -1 entries, then every slot before each window is NaN too: a kernel that reads a key
+    before the window (or a -1 entry: the emulation's bounds check) fails."""
+    for window in windows:
+        p = _windowed(window, group, window)
+        ref = _decode(p, window)
+        poison_before_window(p, window)
+        ws = _windowed_workspace(p, "emulated", window)
+        for splits in (None, 2):
+            plan = ws.plan(p.paged.block_tables, p.seq_lens, num_splits=splits)
+            assert plan.window == window and plan.max_seq_len == 70
+            out = ws.run(p.q, p.paged.k_cache, p.paged.v_cache)
+            # The same kernel, splits and window as the per-call API: the same bits.
+            expected = _decode(p, window, "emulated", num_splits=plan.num_splits)
+            np.testing.assert_array_equal(out, expected)
+            assert_close(out, ref, "float16")
+
+
+def test_workspace_window_plans_splits_over_the_visible_keys_only():
+    """A 1000-token context under a 16-key window plans like 16 + tile - 1 keys: one split, where
+    the whole context splits on the emulated runner's 2 SMs (plan only: no launch)."""
+    p = _windowed(1, 4, 16, seq_lens=(1000,))
+    tables, lens = p.paged.block_tables, p.seq_lens
+    full = _workspace(p.paged, "emulated", max_blocks_per_seq=tables.shape[1])
+    full_plan = full.plan(
+        make_problem(np.random.default_rng(2), "float16", [1000], 1, 4, 128, 16).block_tables, lens
+    )
+    windowed = _windowed_workspace(p, "emulated", 16).plan(tables, lens)
+    tile = instances.tile_tokens("float16", 128)
+    assert full_plan.num_splits > 1 and windowed.num_splits == 1
+    assert windowed.tokens_per_split >= 16 + tile - 1 and windowed.tokens_per_split < 1000
+    # A forced split count cuts the visible keys, not the context.
+    forced = _windowed_workspace(p, "emulated", 16).plan(tables, lens, num_splits=2)
+    assert forced.num_splits == 2 and forced.tokens_per_split == tile
+
+
+def test_workspace_window_on_cuda_makes_no_sync(fake_cuda):
+    window = 20
+    p = _windowed(3, 4, window)
+    ref = _decode(p, window)
+    poison_before_window(p, window)
+    ws = _windowed_workspace(p, "cuda", window)
+    q, k, v = fake_cupy.to_device(p.q, p.paged.k_cache, p.paged.v_cache)
+    out = fake_cupy.FakeArray(np.empty_like(p.q))
+    ws.plan(p.paged.block_tables, p.seq_lens, num_splits=2)
+    fake_cupy.Counters.reset()
+    assert ws.run(q, k, v, out=out) is out
+    assert fake_cupy.Counters.allocations == 0 and fake_cupy.Counters.uploads == 0
+    assert_close(fake_cupy.to_host(out), ref, "float16")
+
+
+def test_workspace_window_validation():
+    window = 37  # seq 70: first visible key 33, so blocks 0-1 are released and block 2 is partly visible
+    p = _windowed(4, 4, window)
+    tables, lens = p.paged.block_tables, p.seq_lens
+    assert (tables[0, :2] == -1).all() and tables[0, 2] >= 0
+    ws = _windowed_workspace(p, "emulated", window)
+    ws.plan(tables, lens)  # -1 at released positions is accepted
+    # Without a window the same tables read the released blocks: refused.
+    with pytest.raises(pagedkv.InvalidArgumentError, match=r"block_tables\[0, 0\] = -1"):
+        _windowed_workspace(p, "emulated", None).plan(tables, lens)
+    # -1 in a block the window reads (partly or wholly) is refused, and the last plan stays.
+    before = ws.current_plan
+    for b, i in ((0, 2), (0, 4), (1, 0), (2, 1)):
+        bad = tables.copy()
+        bad[b, i] = -1
+        with pytest.raises(pagedkv.InvalidArgumentError, match=rf"block_tables\[{b}, {i}\] = -1"):
+            ws.plan(bad, lens)
+        assert ws.current_plan is before
+    # Windows as paged_attention takes them: a positive int or None; a window above any context
+    # (even one past int64) means all keys.
+    for bad_window, match in (
+        (0, ">= 1"),
+        (-1, ">= 1"),
+        (True, "positive int"),
+        (np.bool_(False), "positive int"),
+        (2.5, "positive int"),
+        ("3", "positive int"),
+    ):
+        with pytest.raises(pagedkv.InvalidArgumentError, match=match):
+            _windowed_workspace(p, "emulated", bad_window)
+        with pytest.raises(pagedkv.InvalidArgumentError, match=match):
+            _decode(p, bad_window)
+    full = make_problem(np.random.default_rng(5), "float16", [70, 9, 40], 1, 4, 128, 16)
+    unwindowed = _workspace(full, "emulated").plan(full.block_tables, full.seq_lens)
+    for huge in (71, 1 << 40, 2**70, np.int64(2**62)):
+        huge_ws = _workspace(full, "emulated", window=huge)
+        assert replace(huge_ws.plan(full.block_tables, full.seq_lens), window=None) == unwindowed
+        np.testing.assert_array_equal(
+            paged_attention(
+                full.q, full.k_cache, full.v_cache, full.block_tables, full.seq_lens, window=huge
+            ),
+            _reference(full),
+        )
+    assert_close(huge_ws.run(full.q, full.k_cache, full.v_cache), _reference(full), "float16")

@@ -23,6 +23,9 @@ __all__ = ["WINDOW_BACKENDS", "check_window", "first_visible_key", "kernel_windo
 # The kernels' window argument is an int32; no kernel sequence is longer than this
 # (validation.MAX_KERNEL_SEQ_LEN), so a larger window means the same as this one.
 _KERNEL_WINDOW_CAP = 1 << 30
+# Positions and lengths are int32, so a window of 2^31 keys already sees every key: a longer one is
+# clipped to it (int64 position arithmetic in the checks stays in range; 2**70 is not an error).
+_WINDOW_CLIP = 1 << 31
 
 # Backends that implement window= (every one; the kernels take it as a runtime argument and skip the keys
 # before each query's window).
@@ -30,8 +33,9 @@ WINDOW_BACKENDS = ("numpy", "cpu", "cuda", "emulated")
 
 
 def check_window(window: Any, backend: str) -> int | None:
-    """``window`` as an int >= 1 or None; InvalidArgumentError for anything else, or for a backend
-    that does not implement sliding-window attention."""
+    """``window`` as an int >= 1 or None (a window above 2^31 keys clipped to 2^31, which means the
+    same: all keys); InvalidArgumentError for anything else, or for a backend that does not
+    implement sliding-window attention."""
     if window is None:
         return None
     if isinstance(window, (bool, np.bool_)) or not isinstance(window, (int, np.integer)):
@@ -42,7 +46,7 @@ def check_window(window: Any, backend: str) -> int | None:
         raise InvalidArgumentError(
             f"window= (sliding-window attention) is not supported by backend={backend!r}"
         )
-    return int(window)
+    return min(int(window), _WINDOW_CLIP)
 
 
 def first_visible_key(positions: np.ndarray, window: int | None) -> np.ndarray:

@@ -19,6 +19,22 @@ arguments of the plan before the capture: it may be replayed after any later pla
 ``DecodePlan.graph_key`` (batch size, split count, tokens per split), and must be captured again
 otherwise. ``plan(..., num_splits=N)`` with a fixed N keeps the key stable while lengths grow
 within one split size.
+
+Sliding windows: ``DecodeWorkspace(..., window=W)`` fixes the window for the workspace's life, as
+``paged_attention(..., window=W)`` takes it per call (same semantics: the query sees its last W
+keys; None: all). The window is a constructor argument, not a plan argument, because
+- the kernel takes it as a scalar launch argument, which a captured graph freezes: a per-plan
+  window would have to join the graph key, and a graph replayed after a plan with another window
+  would silently attend over the old one; fixed per workspace, no replay can mix windows;
+- it belongs to a layer group, not to a step: the layers of one sliding-window KV group share one
+  window, one set of block tables (with -1 at released positions) and so one plan, while a full-
+  attention group of the same model has other tables and other splits. An engine holds one
+  workspace per KV group and plans each once per step (FlashInfer likewise plans one wrapper per
+  window size).
+``plan`` then accepts -1 table entries only for blocks wholly before each sequence's window (a
+sliding-window group releases those: they are never read), plans the splits over the visible
+keys only (``split_planning.visible_tokens``, as ``paged_attention`` does), and every run passes
+the window to the kernel.
 """
 
 from __future__ import annotations
@@ -32,6 +48,8 @@ from pagedkv.attention import kernel_launch
 from pagedkv.attention import validation as val
 from pagedkv.attention.dtypes import KERNEL_KINDS, kind_of, nan_fill_value
 from pagedkv.attention.runners import get_runner
+from pagedkv.attention.split_planning import visible_tokens
+from pagedkv.attention.window import check_window
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.kernels import instances
 from pagedkv.kernels.instances import Instance
@@ -47,7 +65,8 @@ class DecodePlan:
     num_seqs: int
     max_seq_len: int
     num_splits: int
-    tokens_per_split: int
+    tokens_per_split: int  # splits * tokens_per_split covers the visible keys (the window's, if any)
+    window: int | None = None  # the workspace's sliding window (None: all keys)
 
     @property
     def graph_key(self) -> tuple[int, int, int]:
@@ -82,7 +101,10 @@ class DecodeWorkspace:
     max_num_seqs, max_blocks_per_seq: the largest batch and table width ``plan`` accepts;
     split_bytes: room for split partial results (more splits than fit are not planned);
     use_tensor_cores: the decode kernel, as paged_attention's argument (None: the launcher's rule;
-    True: the tensor-core kernel, refused where it cannot run; False: the CUDA-core kernel).
+    True: the tensor-core kernel, refused where it cannot run; False: the CUDA-core kernel);
+    window: sliding window of every plan and run (None: all keys), an int >= 1 as
+    ``paged_attention``'s ``window=`` (bools, 0 and negatives are refused; a window longer than
+    any sequence means all keys). Fixed per workspace: see the module doc.
     """
 
     def __init__(
@@ -99,10 +121,12 @@ class DecodeWorkspace:
         backend: str = "cuda",
         split_bytes: int = DEFAULT_SPLIT_BYTES,
         use_tensor_cores: bool | None = None,
+        window: int | None = None,
     ) -> None:
         self.use_tensor_cores = val.check_use_tensor_cores(use_tensor_cores)
         if val.check_backend(backend) in ("numpy", "cpu"):
             raise InvalidArgumentError("DecodeWorkspace runs kernels: backend must be 'cuda' or 'emulated'")
+        self.window = check_window(window, backend)
         self.num_blocks = _positive_int("num_blocks", num_blocks)
         self.block_size = _positive_int("block_size", block_size)
         self.num_kv_heads = _positive_int("num_kv_heads", num_kv_heads)
@@ -168,7 +192,8 @@ class DecodeWorkspace:
         """Checks host metadata, picks the split count and queues the metadata's upload.
 
         block_tables: int32 [num_seqs, width <= max_blocks_per_seq] (entries past a sequence's
-        ceil(seq_len / block_size) blocks are ignored); seq_lens: int32 [num_seqs].
+        ceil(seq_len / block_size) blocks are ignored; with a window, so are the entries of blocks
+        wholly before it, which may be -1); seq_lens: int32 [num_seqs].
         """
         tables = _host_int32("block_tables", block_tables, 2)
         lens = _host_int32("seq_lens", seq_lens, 1)
@@ -181,11 +206,11 @@ class DecodeWorkspace:
         if num_splits is not None:
             num_splits = _positive_int("num_splits", num_splits)
         shape = self._shape(num_seqs, width, 1.0)
-        max_seq_len = val.check_decode_metadata(tables, lens, shape, self.backend)
+        max_seq_len = val.check_decode_metadata(tables, lens, shape, self.backend, self.window)
         tile = instances.tile_tokens(self.kind, self.head_dim)
         splits, tokens_per_split = kernel_launch.choose_splits(
             num_seqs * self.num_kv_heads,
-            max_seq_len,
+            visible_tokens(max_seq_len, self.window, tile),
             tile,
             self._runner.num_sms,
             num_splits,
@@ -210,7 +235,7 @@ class DecodeWorkspace:
         self._staging_tokens[slot] = self._runner.upload_async(
             self._lens[:num_seqs], staging[table_entries : table_entries + num_seqs]
         )
-        self._plan = DecodePlan(num_seqs, max_seq_len, splits, tokens_per_split)
+        self._plan = DecodePlan(num_seqs, max_seq_len, splits, tokens_per_split, self.window)
         part = num_seqs * self.num_q_heads * splits
         self._views = (
             self._tables[:num_seqs],
@@ -280,5 +305,6 @@ class DecodeWorkspace:
             self.max_blocks_per_seq,
             plan.num_splits,
             plan.tokens_per_split,
+            self.window,
         )
         return out
