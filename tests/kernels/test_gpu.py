@@ -12,7 +12,7 @@ from pagedkv.kernels import instances
 
 from .conftest import KIND_DTYPES, assert_close, cupy_and_gpu_marks, make_problem, stable_seed, to_kind
 from .prefill_problems import make_prefill_problem
-from .window_problems import poison_before_window, release_out_of_window
+from .window_problems import poison_before_window, release_decode_blocks, release_out_of_window
 
 cupy, pytestmark = cupy_and_gpu_marks("backend='cuda' needs CuPy")
 
@@ -71,6 +71,58 @@ def test_windowed_decode_every_instance(kind, head_dim, block_size, group):
                     q, k, v, tables, lens_arg, backend="cuda", num_splits=splits, window=window
                 )
                 assert_close(cupy.asnumpy(out), expected, kind)
+
+
+def test_windowed_workspace_replays_in_a_cuda_graph_as_blocks_are_released():
+    """DecodeWorkspace(window=): a 64-sequence step captured once, replayed after the next step's
+    plan, when lengths grew by 5 and the sliding-window group released the blocks that slid out
+    (NaN, -1); the window is the kernel's scalar argument, frozen in the graph with the workspace."""
+    from pagedkv.attention import DecodeWorkspace
+
+    window = 100
+    rng = np.random.default_rng(stable_seed("windowed-workspace"))
+    lens = [int(n) for n in rng.integers(6, 600, size=64)]
+    p = make_prefill_problem(rng, "bfloat16", [n - 1 for n in lens], [1] * 64, 2, 4, 128, 16)
+    pk = p.paged
+    later = p.seq_lens
+    earlier = (later - 5).astype(np.int32)
+    expected = [
+        paged_attention(p.q, pk.k_cache, pk.v_cache, pk.block_tables, n, window=window)
+        for n in (earlier, later)
+    ]
+    ws = DecodeWorkspace(
+        num_blocks=pk.k_cache.shape[0],
+        block_size=16,
+        num_kv_heads=2,
+        num_q_heads=8,
+        head_dim=128,
+        dtype=p.q.dtype,
+        max_num_seqs=64,
+        max_blocks_per_seq=pk.block_tables.shape[1],
+        backend="cuda",
+        window=window,
+    )
+    release_decode_blocks(p, earlier, window)
+    q, k, v = (cupy.asarray(x) for x in (p.q, pk.k_cache, pk.v_cache))
+    out = cupy.empty_like(q)
+    first = ws.plan(pk.block_tables, earlier, num_splits=3)
+    ws.run(q, k, v, out=out)  # loads the kernels outside the capture
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        ws.run(q, k, v, out=out)
+        graph = stream.end_capture()
+        out.fill(0)
+        graph.launch(stream)
+        stream.synchronize()
+        assert_close(cupy.asnumpy(out), expected[0], "bfloat16")
+        release_decode_blocks(p, later, window)
+        k.set(pk.k_cache)
+        v.set(pk.v_cache)
+        assert ws.plan(pk.block_tables, later, num_splits=3).graph_key == first.graph_key
+        graph.launch(stream)
+        stream.synchronize()
+        assert_close(cupy.asnumpy(out), expected[1], "bfloat16")
 
 
 def test_long_context_auto_split():

@@ -18,7 +18,7 @@ from pagedkv.kernels import emulation, instances
 from . import fake_cupy
 from .conftest import assert_close, make_problem, needs_cxx
 from .prefill_problems import make_prefill_problem
-from .window_problems import poison_before_window, release_out_of_window
+from .window_problems import poison_before_window, release_decode_blocks, release_out_of_window
 
 pytestmark = needs_cxx
 
@@ -248,6 +248,29 @@ def test_workspace_window_matches_paged_attention_and_reference(group, windows):
             expected = _decode(p, window, "emulated", num_splits=plan.num_splits)
             np.testing.assert_array_equal(out, expected)
             assert_close(out, ref, "float16")
+
+
+def test_workspace_window_replans_as_blocks_are_released():
+    """Two decode steps of one workspace, as an engine runs them: lengths grow by 5 tokens and the
+    sliding-window group releases the blocks that slid out in between (NaN, -1). The graph key
+    stays (fixed split count, the same visible span), so a captured run could be replayed."""
+    window = 20
+    p = _windowed(6, 4, 1000)  # nothing released yet (the window below is smaller)
+    tables, lens = p.paged.block_tables, p.seq_lens
+    earlier = (lens - 5).astype(np.int32)
+    kv = (p.paged.k_cache, p.paged.v_cache)
+    expected = [paged_attention(p.q, *kv, tables, n, window=window) for n in (earlier, lens)]
+    ws = _windowed_workspace(p, "emulated", window)
+    keys = []
+    for step, step_lens in enumerate((earlier, lens)):
+        release_decode_blocks(p, step_lens, window)
+        plan = ws.plan(tables, step_lens, num_splits=2)
+        keys.append(plan.graph_key)
+        assert_close(ws.run(p.q, *kv), expected[step], "float16")
+    assert keys[0] == keys[1]
+    # The earlier step's lengths now reach into released blocks: refused.
+    with pytest.raises(pagedkv.InvalidArgumentError, match="= -1"):
+        ws.plan(tables, earlier)
 
 
 def test_workspace_window_plans_splits_over_the_visible_keys_only():

@@ -38,3 +38,17 @@ def poison_before_window(p: PrefillProblem, window: int) -> None:
             if block >= 0:
                 p.paged.k_cache[block, pos % bs] = fill
                 p.paged.v_cache[block, pos % bs] = fill
+
+
+def release_decode_blocks(p: PrefillProblem, seq_lens, window: int) -> None:
+    """release_out_of_window for decode rows of lengths ``seq_lens`` (not p.seq_lens): the blocks
+    wholly before each row's window NaN and -1, e.g. a step before the one p's lengths describe."""
+    bs = p.paged.k_cache.shape[1]
+    fill = nan_fill_value(p.paged.kind)
+    for b, n in enumerate(seq_lens):
+        for i in range(max(0, int(n) - window) // bs):
+            block = p.paged.block_tables[b, i]
+            if block >= 0:
+                p.paged.k_cache[block] = fill
+                p.paged.v_cache[block] = fill
+                p.paged.block_tables[b, i] = -1
