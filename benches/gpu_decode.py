@@ -7,7 +7,8 @@
 Steps (each printed as it runs):
 1. Correctness: the cuda backend against the NumPy reference on small paged problems
    (fp16/bf16, group 1/4/8, forced and automatic splits; groups 4 and 8 on both decode kernels,
-   tensor cores and CUDA cores). A mismatch stops the run (exit 1).
+   tensor cores and CUDA cores), and one sliding-window step through DecodeWorkspace(window=)
+   with the blocks before each window released (-1, NaN). A mismatch stops the run (exit 1).
 2. Device-to-device copy bandwidth (cudaMemcpy of a large buffer): the practical ceiling.
 3. Sweep: batch {1, 8, 64} x context {1K, 4K, 16K} x group {1, 4, 8} x {fp16, bf16}, head_dim 128,
    block_size 16, 8 KV heads, random non-contiguous block tables. For each point:
@@ -63,6 +64,7 @@ GROUPS = (1, 4, 8)
 KINDS = ("float16", "bfloat16")
 HEAD_DIM = 128
 BLOCK_SIZE = 16
+WINDOW = 100  # the windowed DecodeWorkspace correctness case (Gemma-style sliding window)
 NUM_KV_HEADS = 8
 ITEMSIZE = 2
 H200_SMS = 132
@@ -211,6 +213,81 @@ def correctness(backend: str, xp: Any) -> list[str]:
             )
             if status != "ok":
                 failures.append(f"{kind} group={group} splits={splits}{path}: {err}")
+    return failures + windowed_workspace_correctness(backend, xp)
+
+
+def windowed_workspace_correctness(
+    backend: str, xp: Any, kinds: tuple[str, ...] = KINDS, window: int = WINDOW
+) -> list[str]:
+    """A sliding-window decode step through DecodeWorkspace(window=), the sweep's timed path, against
+    the NumPy reference: the blocks wholly before each sequence's window released (NaN, table
+    entry -1), as a sliding-window KV group leaves them. Returns failures. backend 'numpy' (the
+    dry run) has no workspace: paged_attention(window=) runs the same problem instead."""
+    from pagedkv.attention import DecodeWorkspace, paged_attention
+    from pagedkv.attention.dtypes import float32_to_bf16_bits, nan_fill_value, to_compute
+
+    failures = []
+    rng = np.random.default_rng(2)
+    lens, heads, group = [1, 100, 333, 700], 2, 4
+    path = "paged_attention" if backend == "numpy" else "workspace"
+    for kind in kinds:
+        blocks = sum(math.ceil(n / BLOCK_SIZE) for n in lens) + 2
+        tables = np.full((len(lens), math.ceil(max(lens) / BLOCK_SIZE)), -1, np.int32)
+        ids, pos = rng.permutation(blocks), 0
+        for b, n in enumerate(lens):
+            tables[b, : math.ceil(n / BLOCK_SIZE)] = ids[pos : pos + math.ceil(n / BLOCK_SIZE)]
+            pos += math.ceil(n / BLOCK_SIZE)
+        x = rng.standard_normal((len(lens), heads * group, HEAD_DIM)).astype(np.float32)
+        caches = rng.standard_normal((2, blocks, BLOCK_SIZE, heads, HEAD_DIM)).astype(np.float32)
+        if kind == "bfloat16":
+            q, k_cache, v_cache = (
+                float32_to_bf16_bits(x),
+                float32_to_bf16_bits(caches[0]),
+                float32_to_bf16_bits(caches[1]),
+            )
+        else:
+            q, k_cache, v_cache = (
+                x.astype(np.float16),
+                caches[0].astype(np.float16),
+                caches[1].astype(np.float16),
+            )
+        seq_lens = np.array(lens, np.int32)
+        expected = to_compute(paged_attention(q, k_cache, v_cache, tables, seq_lens, window=window), kind)
+        for b, n in enumerate(lens):  # release what slid out of the window
+            released = max(0, n - window) // BLOCK_SIZE
+            k_cache[tables[b, :released]] = nan_fill_value(kind)
+            v_cache[tables[b, :released]] = nan_fill_value(kind)
+            tables[b, :released] = -1
+        for splits in (None, 3):
+            if backend == "numpy":
+                out = paged_attention(q, k_cache, v_cache, tables, seq_lens, window=window, num_splits=splits)
+            else:
+                ws = DecodeWorkspace(
+                    num_blocks=blocks,
+                    block_size=BLOCK_SIZE,
+                    num_kv_heads=heads,
+                    num_q_heads=heads * group,
+                    head_dim=HEAD_DIM,
+                    dtype=q.dtype,
+                    max_num_seqs=len(lens),
+                    max_blocks_per_seq=tables.shape[1],
+                    backend=backend,
+                    split_bytes=1 << 20,
+                    window=window,
+                )
+                ws.plan(tables, seq_lens, num_splits=splits)
+                dq, dk, dv = (xp.asarray(a) for a in (q, k_cache, v_cache))
+                out = ws.run(dq, dk, dv, out=xp.empty_like(dq))
+            out = to_compute(out.get() if hasattr(out, "get") else out, kind)
+            tol = 2e-3 if kind == "float16" else 1.6e-2
+            err = float(np.max(np.abs(out - expected)))
+            status = "ok" if err <= tol and not np.isnan(out).any() else "FAIL"
+            print(
+                f"  correctness {kind:<8} group={group} splits={splits} window={window} {path}: "
+                f"max|err|={err:.2e} (tol {tol}) {status}"
+            )
+            if status != "ok":
+                failures.append(f"{kind} window={window} splits={splits} {path}: {err}")
     return failures
 
 

@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+
+from .conftest import needs_cxx
+
 BENCH = Path(__file__).resolve().parents[2] / "benches" / "gpu_decode.py"
 
 
@@ -29,6 +33,8 @@ def test_gpu_decode_dry_run():
     assert run.stdout.count("tensor cores (+ CUDA-core baseline)") == 36
     assert run.stdout.count(" cuda-core: max|err|=") == 12
     assert "group=1 splits=None cuda-core" not in run.stdout
+    # The windowed DecodeWorkspace case (2 kinds x 2 split settings; paged_attention on numpy).
+    assert run.stdout.count(" window=100 paged_attention: max|err|=") == 4
     # The device script's 8 minutes: the estimate (an upper one) of a full run fits the budget.
     est = re.search(
         r"estimated device time \(upper\): (\d+) s with these flags, (\d+) s with FlashInfer", run.stdout
@@ -53,3 +59,16 @@ def test_time_estimate_counts_the_cuda_core_baseline():
     # Two decode instances compiled at group 8 (tensor and CUDA cores), one at group 1.
     extra = gpu_decode.estimated_seconds([eight], True) - gpu_decode.estimated_seconds([one], True)
     assert extra >= gpu_decode.EST_MIN_TIMING_S + gpu_decode.EST_COMPILE_S - 1e-9
+
+
+@needs_cxx
+def test_windowed_workspace_correctness_case_runs_the_workspace():
+    """The device run's windowed DecodeWorkspace case, on the emulated backend (fp16 only: the
+    instances test_host_path builds): no failure, and a workspace that ignored its window would
+    read the released (-1) blocks."""
+    sys.path.insert(0, str(BENCH.parent))
+    try:
+        import gpu_decode
+    finally:
+        sys.path.remove(str(BENCH.parent))
+    assert gpu_decode.windowed_workspace_correctness("emulated", np, kinds=("float16",)) == []
