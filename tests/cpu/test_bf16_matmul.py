@@ -1,0 +1,157 @@
+"""The bf16-weight projection kernel (``pagedkv.models.bf16_weights``) against NumPy, and the llama
+model's bf16 mode against its fp32 mode.
+
+Tolerance: the kernel sums fp32 products in its own order, so each output is within
+``4 * k * 2^-24 * sum_i |x_i w_i|`` (plus 1e-30) of the exact product of the same bf16 weights;
+the check computes that product in float64. Hostile arguments raise ``InvalidArgumentError``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pagedkv.errors import InvalidArgumentError
+from pagedkv.models.bf16_weights import bf16_bits_to_f32, matmul_bf16, to_bf16_bits
+from pagedkv.models.config import LlamaConfig
+from pagedkv.models.gguf_file import GgufModel, LayerWeights
+from pagedkv.models.llama import LlamaModel
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 40), st.integers(0, 70), st.integers(0, 90), st.integers(0, 2**31))
+def test_matmul_matches_float64_reference(t: int, k: int, n: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((t, k)).astype(np.float32)
+    w = to_bf16_bits(rng.standard_normal((n, k)).astype(np.float32))
+    got = matmul_bf16(x, w)
+    wide = bf16_bits_to_f32(w).astype(np.float64)
+    want = x.astype(np.float64) @ wide.T
+    bound = 4 * max(k, 1) * 2.0**-24 * (np.abs(x.astype(np.float64)) @ np.abs(wide).T) + 1e-30
+    assert got.shape == (t, n) and got.dtype == np.float32
+    assert np.all(np.abs(got - want) <= bound)
+
+
+def test_a_row_does_not_depend_on_its_batch() -> None:
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((9, 37)).astype(np.float32)
+    w = to_bf16_bits(rng.standard_normal((50, 37)).astype(np.float32))
+    whole = matmul_bf16(x, w)
+    for i in range(9):
+        assert np.array_equal(matmul_bf16(x[i : i + 1], w)[0], whole[i])
+
+
+def test_to_bf16_bits_rounds_to_nearest_even() -> None:
+    one = np.float32(1.0).view(np.uint32)
+    cases = np.array(
+        [one + 0x8000, one + 0x8001, one + 0x18000, 0x7F7FFFFF, 0x7F800000, 0x7FC00001],
+        np.uint32,
+    ).view(np.float32)
+    bits = to_bf16_bits(cases)
+    # 1 + half an ulp -> 1 (even); just above -> 1 + ulp; 1 + 1.5 ulp -> 1 + 2 ulp (even);
+    # the largest fp32 rounds up to infinity; infinity and NaN stay.
+    assert bits[:5].tolist() == [0x3F80, 0x3F81, 0x3F82, 0x7F80, 0x7F80]
+    assert np.isnan(bf16_bits_to_f32(bits[5:]))[0]
+
+
+@pytest.mark.parametrize(
+    ("x", "w", "match"),
+    [
+        (np.ones((2, 3), np.float64), np.ones((4, 3), np.uint16), "float32"),
+        (np.ones((2, 3), np.float32), np.ones((4, 3), np.float32), "uint16"),
+        (np.ones((2, 3), np.float32), np.ones((4, 5), np.uint16), "last dimensions"),
+        (np.ones(3, np.float32), np.ones((4, 3), np.uint16), "2-D"),
+        (np.ones((2, 3), np.float32), np.ones((4, 3, 1), np.uint16), "2-D"),
+        (np.ones((2, 3), np.float32), np.ones((3, 4), np.uint16).T, "C-contiguous"),
+        ([[1.0, 2.0]], np.ones((4, 2), np.uint16), "float32"),
+    ],
+)
+def test_hostile_arguments_are_refused(x: object, w: object, match: str) -> None:
+    with pytest.raises(InvalidArgumentError, match=match):
+        matmul_bf16(x, w)  # type: ignore[arg-type]
+
+
+def _tiny_gguf() -> GgufModel:
+    """A 2-layer random llama (the shapes of tests/engine/tiny_llama.py, untied output)."""
+    c = LlamaConfig(
+        num_layers=2,
+        d_model=32,
+        d_ffn=64,
+        num_q_heads=4,
+        num_kv_heads=2,
+        head_dim=8,
+        vocab_size=64,
+        max_model_len=64,
+        rope_base=10000.0,
+        rms_eps=1e-5,
+        tied_embeddings=False,
+    )
+    rng = np.random.default_rng(0)
+
+    def w(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) / np.sqrt(shape[0])).astype(np.float32)
+
+    layers = [
+        LayerWeights(
+            attn_norm=np.ones(32, np.float32),
+            wq=w(32, 32) * 4,
+            wk=w(32, 16) * 4,
+            wv=w(32, 16),
+            wo=w(32, 32),
+            ffn_norm=np.ones(32, np.float32),
+            w_gate=w(32, 64),
+            w_up=w(32, 64),
+            w_down=w(64, 32),
+        )
+        for _ in range(2)
+    ]
+    return GgufModel(
+        path=Path("tiny.gguf"),
+        config=c,
+        metadata={},
+        token_embedding=rng.standard_normal((64, 32)).astype(np.float32),
+        layers=layers,
+        output_norm=np.ones(32, np.float32),
+        output=(rng.standard_normal((32, 64)) * 2).astype(np.float32),
+        tensor_types={},
+    )
+
+
+def test_llama_weight_modes_are_checked() -> None:
+    with pytest.raises(ValueError, match="weights"):
+        LlamaModel(_tiny_gguf(), weights="int3")
+
+
+def test_llama_bf16_mode_stays_close_to_fp32() -> None:
+    """The tiny llama's decode logits in bf16 mode against fp32 mode: equal greedy tokens, and
+    logits within 2 % of their range (bf16 weights: 2^-9 relative error per weight)."""
+    model = _tiny_gguf()
+    ref = LlamaModel(model, weights="fp32")
+    bf = LlamaModel(model, weights="bf16")
+
+    class Dense:
+        def __init__(self) -> None:
+            self.k: dict[int, np.ndarray] = {}
+            self.v: dict[int, np.ndarray] = {}
+
+        def attend(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+            kk = self.k[layer] = np.concatenate([self.k.get(layer, k[:0]), k])
+            vv = self.v[layer] = np.concatenate([self.v.get(layer, v[:0]), v])
+            group = q.shape[1] // kk.shape[1]
+            kr, vr = np.repeat(kk, group, axis=1), np.repeat(vv, group, axis=1)
+            s = np.einsum("thd,nhd->htn", q, kr) / np.sqrt(q.shape[2])
+            s = np.exp(s - s.max(-1, keepdims=True))
+            return np.einsum("htn,nhd->thd", s / s.sum(-1, keepdims=True), vr).astype(np.float32)
+
+    a, b = Dense(), Dense()
+    token = 3
+    for pos in range(12):
+        la = ref.forward(np.array([token]), np.array([pos]), a)[0]
+        lb = bf.forward(np.array([token]), np.array([pos]), b)[0]
+        assert not np.array_equal(la, lb)  # the bf16 kernel did run
+        assert np.max(np.abs(la - lb)) <= 0.02 * (la.max() - la.min())
+        assert int(np.argmax(la)) == int(np.argmax(lb))
+        token = int(np.argmax(la))
