@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pagedkv import _core
 from pagedkv.errors import InvalidArgumentError
-from pagedkv.models.bf16_weights import bf16_bits_to_f32, matmul_bf16, to_bf16_bits
+from pagedkv.models.bf16_weights import Bf16Weights, bf16_bits_to_f32, to_bf16_bits
 from pagedkv.models.config import LlamaConfig
 from pagedkv.models.gguf_file import GgufModel, LayerWeights
 from pagedkv.models.llama import LlamaModel
@@ -26,11 +27,11 @@ from pagedkv.models.llama import LlamaModel
 def test_matmul_matches_float64_reference(t: int, k: int, n: int, seed: int) -> None:
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((t, k)).astype(np.float32)
-    w = to_bf16_bits(rng.standard_normal((n, k)).astype(np.float32))
-    got = matmul_bf16(x, w)
-    wide = bf16_bits_to_f32(w).astype(np.float64)
-    want = x.astype(np.float64) @ wide.T
-    bound = 4 * max(k, 1) * 2.0**-24 * (np.abs(x.astype(np.float64)) @ np.abs(wide).T) + 1e-30
+    w = Bf16Weights(rng.standard_normal((k, n)).astype(np.float32))
+    got = w.matmul(x)
+    wide = w.to_f32().astype(np.float64)
+    want = x.astype(np.float64) @ wide
+    bound = 4 * max(k, 1) * 2.0**-24 * (np.abs(x.astype(np.float64)) @ np.abs(wide)) + 1e-30
     assert got.shape == (t, n) and got.dtype == np.float32
     assert np.all(np.abs(got - want) <= bound)
 
@@ -38,10 +39,15 @@ def test_matmul_matches_float64_reference(t: int, k: int, n: int, seed: int) -> 
 def test_a_row_does_not_depend_on_its_batch() -> None:
     rng = np.random.default_rng(1)
     x = rng.standard_normal((9, 37)).astype(np.float32)
-    w = to_bf16_bits(rng.standard_normal((50, 37)).astype(np.float32))
-    whole = matmul_bf16(x, w)
+    w = Bf16Weights(rng.standard_normal((37, 150)).astype(np.float32))
+    whole = w.matmul(x)
     for i in range(9):
-        assert np.array_equal(matmul_bf16(x[i : i + 1], w)[0], whole[i])
+        assert np.array_equal(w.matmul(x[i : i + 1])[0], whole[i])
+
+
+def test_panels_round_trip_the_rounded_weights() -> None:
+    w = np.random.default_rng(2).standard_normal((5, 70)).astype(np.float32)
+    assert np.array_equal(Bf16Weights(w).to_f32(), bf16_bits_to_f32(to_bf16_bits(w)))
 
 
 def test_to_bf16_bits_rounds_to_nearest_even() -> None:
@@ -57,21 +63,32 @@ def test_to_bf16_bits_rounds_to_nearest_even() -> None:
     assert np.isnan(bf16_bits_to_f32(bits[5:]))[0]
 
 
+_PANELS = np.zeros((1, 3, 64), np.uint16)  # n = 4 columns of a k = 3 matrix
+
+
 @pytest.mark.parametrize(
-    ("x", "w", "match"),
+    ("x", "w", "n", "match"),
     [
-        (np.ones((2, 3), np.float64), np.ones((4, 3), np.uint16), "float32"),
-        (np.ones((2, 3), np.float32), np.ones((4, 3), np.float32), "uint16"),
-        (np.ones((2, 3), np.float32), np.ones((4, 5), np.uint16), "last dimensions"),
-        (np.ones(3, np.float32), np.ones((4, 3), np.uint16), "2-D"),
-        (np.ones((2, 3), np.float32), np.ones((4, 3, 1), np.uint16), "2-D"),
-        (np.ones((2, 3), np.float32), np.ones((3, 4), np.uint16).T, "C-contiguous"),
-        ([[1.0, 2.0]], np.ones((4, 2), np.uint16), "float32"),
+        (np.ones((2, 3), np.float64), _PANELS, 4, "float32"),
+        (np.ones((2, 3), np.float32), _PANELS.astype(np.float32), 4, "uint16"),
+        (np.ones((2, 5), np.float32), _PANELS, 4, "panels"),
+        (np.ones((2, 3), np.float32), _PANELS, 65, "panels"),
+        (np.ones(3, np.float32), _PANELS, 4, "2-D"),
+        (np.ones((2, 3), np.float32), _PANELS[0], 4, "3-D"),
+        (np.ones((2, 3), np.float32), np.zeros((1, 64, 3), np.uint16).transpose(0, 2, 1), 4, "C-contiguous"),
+        ([[1.0, 2.0, 3.0]], _PANELS, 4, "float32"),
     ],
 )
-def test_hostile_arguments_are_refused(x: object, w: object, match: str) -> None:
+def test_hostile_arguments_are_refused(x: object, w: object, n: int, match: str) -> None:
     with pytest.raises(InvalidArgumentError, match=match):
-        matmul_bf16(x, w)  # type: ignore[arg-type]
+        _core.cpu_matmul_bf16(x, w, n)  # type: ignore[arg-type]
+
+
+def test_negative_width_and_bad_weights_are_refused() -> None:
+    with pytest.raises(OverflowError):
+        _core.cpu_matmul_bf16(np.ones((2, 3), np.float32), _PANELS, -1)
+    with pytest.raises(InvalidArgumentError, match="2-D"):
+        Bf16Weights(np.ones(3, np.float32))
 
 
 def _tiny_gguf() -> GgufModel:

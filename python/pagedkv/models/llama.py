@@ -18,7 +18,7 @@ three attention projections and the two MLP input projections are fused into one
 decode batch sizes is what bounds the step (docs/cpu_data_plane.md).
 
 Weight precision (``weights=``, else ``PAGEDKV_WEIGHTS``, else the default): ``"bf16"`` keeps the
-projections as bf16 ``[out, in]`` matrices multiplied by the Rust kernel (``bf16_weights``: half
+projections as bf16 matrices (in 64-column panels) multiplied by the Rust kernel (``bf16_weights``: half
 the bytes per step, both cores, the GIL released), the default with the CPU data plane;
 ``"fp32"`` keeps them fp32 for NumPy's BLAS, the default under ``PAGEDKV_DATA_PLANE=numpy`` (the
 bit-exact reference path, unchanged). Norms, rotary embedding, the embedding lookup and all
@@ -32,7 +32,7 @@ from typing import Protocol
 
 import numpy as np
 
-from pagedkv.models.bf16_weights import matmul_bf16, to_bf16_bits
+from pagedkv.models.bf16_weights import Bf16Weights
 from pagedkv.models.config import LlamaConfig
 from pagedkv.models.gguf_file import GgufModel
 
@@ -126,12 +126,11 @@ class _Projection:
     def __init__(self, weight_in_out: np.ndarray, dtype: str) -> None:
         self.out_features = int(weight_in_out.shape[1])
         self._fp32 = weight_in_out
-        # [out, in] row-major bits: the GGUF layout, one contiguous row per output.
-        self._bits = to_bf16_bits(weight_in_out.T) if dtype == "bf16" else None
+        self._bf16 = Bf16Weights(weight_in_out) if dtype == "bf16" else None
 
     def __call__(self, h: np.ndarray) -> np.ndarray:
-        if self._bits is not None and h.shape[0] <= BF16_MAX_TOKENS:
-            return matmul_bf16(h, self._bits)
+        if self._bf16 is not None and h.shape[0] <= BF16_MAX_TOKENS:
+            return self._bf16.matmul(h)
         return h @ self._fp32
 
 

@@ -1,10 +1,11 @@
 //! The bf16-weight projection kernel at SmolLM2-135M's shapes (k = 576, n = 1536 and the 49152-row
 //! output projection) for 1 and 32 tokens: GFLOP/s and weight GB/s, best of REPS:
-//! `cargo bench -p pagedkv-cpu --bench matmul [-- REPS]`.
+//! `cargo bench -p pagedkv-cpu --bench matmul [-- REPS [TOKENS]]`.
 
 use std::hint::black_box;
 use std::time::Instant;
 
+use pagedkv_cpu::matmul::to_panels;
 use pagedkv_cpu::{bf16, matmul_bf16};
 
 fn main() {
@@ -23,6 +24,7 @@ fn main() {
         let w: Vec<bf16> = (0..n * k)
             .map(|i| bf16::from_f32(((i * 31) % 101) as f32 / 101.0 - 0.5))
             .collect();
+        let w = to_panels(&w, k, n);
         let mut out = vec![0.0f32; t * n];
         let best = (0..reps)
             .map(|_| {

@@ -350,27 +350,34 @@ fn cpu_paged_prefill_attention<'py>(
     )
 }
 
-/// `x [t, k] @ w [n, k]ᵀ` with bf16 weights (uint16 bit patterns), fp32 out `[t, n]`: the
-/// model's projections (see `pagedkv.models.bf16_weights`).
+/// `x [t, k] @ W [k, n]` with bf16 weights in the kernel's panels (uint16 bit patterns
+/// `[ceil(n / 64), k, 64]`, columns past `n` ignored), fp32 out `[t, n]`: the model's projections
+/// (see `pagedkv.models.bf16_weights`).
 #[pyfunction]
 fn cpu_matmul_bf16<'py>(
     py: Python<'py>,
     x: &Bound<'py, PyAny>,
     w: &Bound<'py, PyAny>,
+    n: usize,
 ) -> PyResult<Bound<'py, PyAny>> {
     let x = array::<f32>(py, "x", x, 2, "a float32 NumPy array")?;
     let w = array::<u16>(
         py,
         "w",
         w,
-        2,
+        3,
         "a uint16 NumPy array (bfloat16 bit patterns)",
     )?;
-    let ((t, k), (n, kw)) = ((x.shape()[0], x.shape()[1]), (w.shape()[0], w.shape()[1]));
-    if k != kw {
+    let (t, k) = (x.shape()[0], x.shape()[1]);
+    let cols = cpu::matmul::COLS_PER_TASK;
+    let want = [n.div_ceil(cols), k, cols];
+    if w.shape() != want {
         return Err(invalid_argument(
             py,
-            format!("x is [{t}, {k}] but w is [{n}, {kw}]: their last dimensions must agree"),
+            format!(
+                "x is [{t}, {k}], so w must be {want:?} panels for n = {n}; got {:?}",
+                w.shape()
+            ),
         ));
     }
     let out = PyArrayDyn::<f32>::zeros(py, &[t, n][..], false);
