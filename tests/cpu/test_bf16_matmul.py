@@ -172,3 +172,20 @@ def test_llama_bf16_mode_stays_close_to_fp32() -> None:
         assert np.max(np.abs(la - lb)) <= 0.02 * (la.max() - la.min())
         assert int(np.argmax(la)) == int(np.argmax(lb))
         token = int(np.argmax(la))
+
+
+def test_llama_bf16_logits_do_not_depend_on_batch_size() -> None:
+    """A batch larger than any decode batch (12 rows) gives each row the logits it gets alone:
+    bf16 mode runs every batch size through the batch-independent kernel (the engine's promise
+    that a request's tokens equal running it alone rests on this)."""
+    model = LlamaModel(_tiny_gguf(), weights="bf16")
+
+    class Rows:  # each row attends to itself only: rows are independent sequences
+        def attend(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+            return np.repeat(v, q.shape[1] // v.shape[1], axis=1)
+
+    tokens, positions = np.arange(12) % 64, np.arange(12) % 5
+    whole = model.forward(tokens, positions, Rows())
+    for i in range(12):
+        alone = model.forward(tokens[i : i + 1], positions[i : i + 1], Rows())
+        assert np.array_equal(alone[0], whole[i])

@@ -17,17 +17,22 @@ three attention projections and the two MLP input projections are fused into one
 (``[q | k | v]`` and ``[gate | up]``): one BLAS call per group instead of three and two, which at
 decode batch sizes is what bounds the step (docs/cpu_data_plane.md).
 
-Weight precision (``weights=``, else ``PAGEDKV_WEIGHTS``, else the default): ``"bf16"`` keeps the
-projections as bf16 matrices (in 64-column panels) multiplied by the Rust kernel (``bf16_weights``: half
-the bytes per step, both cores, the GIL released), the default with the CPU data plane;
-``"fp32"`` keeps them fp32 for NumPy's BLAS, the default under ``PAGEDKV_DATA_PLANE=numpy`` (the
-bit-exact reference path, unchanged). Norms, rotary embedding, the embedding lookup and all
-activations are fp32 either way.
+Weight precision (``weights=``, else ``PAGEDKV_WEIGHTS``, else fp32): ``"fp32"`` keeps the
+projections fp32 for NumPy's BLAS (the default, and the bit-exact reference path under
+``PAGEDKV_DATA_PLANE=numpy``); ``"bf16"`` keeps them as bf16 matrices (in 64-column panels)
+multiplied by the Rust kernel (``bf16_weights``: half the bytes per step, both cores, the GIL
+released; 1.8x the fp32 path at decode batches of 1 and 8, 1.8x slower than OpenBLAS at 32 rows).
+In bf16 mode every batch size uses the kernel, whose per-row result does not depend on the
+batch, so the engine's promise that a request's tokens equal running it alone still holds;
+``PAGEDKV_BF16_MAX_TOKENS=N`` sends batches of more than N rows to BLAS on fp32 instead (faster
+prefills and large batches, but a row's logits then depend on its batch's size). Norms, rotary
+embedding, the embedding lookup and all activations are fp32 in every mode.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from typing import Protocol
 
 import numpy as np
@@ -47,16 +52,13 @@ __all__ = [
 ]
 
 WEIGHT_DTYPES = ("bf16", "fp32")
-# Rows up to which a bf16-mode projection uses the bf16 kernel (see _Projection).
-BF16_MAX_TOKENS = int(os.environ.get("PAGEDKV_BF16_MAX_TOKENS", "8"))
+# Rows up to which a bf16-mode projection uses the bf16 kernel (see _Projection); unset: all.
+BF16_MAX_TOKENS = int(os.environ.get("PAGEDKV_BF16_MAX_TOKENS", "0")) or sys.maxsize
 
 
 def default_weight_dtype() -> str:
-    """``PAGEDKV_WEIGHTS`` (bf16 | fp32) when set; else fp32 under ``PAGEDKV_DATA_PLANE=numpy``
-    (the reference path), bf16 otherwise."""
-    choice = os.environ.get("PAGEDKV_WEIGHTS", "")
-    if not choice:
-        return "fp32" if os.environ.get("PAGEDKV_DATA_PLANE", "") == "numpy" else "bf16"
+    """``PAGEDKV_WEIGHTS`` (bf16 | fp32) when set, else fp32."""
+    choice = os.environ.get("PAGEDKV_WEIGHTS", "") or "fp32"
     if choice not in WEIGHT_DTYPES:
         raise ValueError(f"PAGEDKV_WEIGHTS must be one of {WEIGHT_DTYPES}, got {choice!r}")
     return choice
@@ -118,10 +120,8 @@ def _fused(*weights: np.ndarray) -> np.ndarray:
 
 
 class _Projection:
-    """One projection ``h [t, in] -> [t, out]``. In bf16 mode a batch of at most
-    ``BF16_MAX_TOKENS`` rows multiplies the bf16 copy (the step streams the weights: half the
-    bytes), a larger one the fp32 matrix with BLAS (the step is compute-bound there and OpenBLAS's
-    sgemm is faster than the bf16 kernel: benches/results/2026-12-03-cpu-data-plane.md)."""
+    """One projection ``h [t, in] -> [t, out]``: in bf16 mode the bf16 panels for batches of at
+    most ``BF16_MAX_TOKENS`` rows (all, unless set), else the fp32 matrix with BLAS."""
 
     def __init__(self, weight_in_out: np.ndarray, dtype: str) -> None:
         self.out_features = int(weight_in_out.shape[1])
