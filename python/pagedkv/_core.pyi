@@ -20,6 +20,7 @@ __all__ = [
     "SlidingWindow",
     "__version__",
     "cpu_copy_blocks",
+    "cpu_matmul_bf16",
     "cpu_paged_attention",
     "cpu_paged_prefill_attention",
     "cpu_swap_blocks",
@@ -330,6 +331,9 @@ def cpu_write_kv(
 def cpu_copy_blocks(
     k_caches: list[npt.NDArray[Any]], v_caches: list[npt.NDArray[Any]], copy_ops: npt.NDArray[np.int32]
 ) -> None: ...
+def cpu_matmul_bf16(
+    x: npt.NDArray[np.float32], w: npt.NDArray[np.uint16], n: int
+) -> npt.NDArray[np.float32]: ...
 def cpu_swap_blocks(
     src_cache: npt.NDArray[Any], dst_cache: npt.NDArray[Any], mapping: npt.NDArray[np.int32]
 ) -> int: ...

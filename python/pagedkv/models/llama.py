@@ -16,19 +16,53 @@ Weights are laid out for the BLAS call they feed: each projection stays row-majo
 three attention projections and the two MLP input projections are fused into one matrix each
 (``[q | k | v]`` and ``[gate | up]``): one BLAS call per group instead of three and two, which at
 decode batch sizes is what bounds the step (docs/cpu_data_plane.md).
+
+Weight precision (``weights=``, else ``PAGEDKV_WEIGHTS``, else fp32): ``"fp32"`` keeps the
+projections fp32 for NumPy's BLAS (the default, and the bit-exact reference path under
+``PAGEDKV_DATA_PLANE=numpy``); ``"bf16"`` keeps them as bf16 matrices (in 64-column panels)
+multiplied by the Rust kernel (``bf16_weights``: half the bytes per step, both cores, the GIL
+released; 1.8x the fp32 path at decode batches of 1 and 8, 1.8x slower than OpenBLAS at 32 rows).
+In bf16 mode every batch size uses the kernel, whose per-row result does not depend on the
+batch, so the engine's promise that a request's tokens equal running it alone still holds;
+``PAGEDKV_BF16_MAX_TOKENS=N`` sends batches of more than N rows to BLAS on fp32 instead (faster
+prefills and large batches, but a row's logits then depend on its batch's size). Norms, rotary
+embedding, the embedding lookup and all activations are fp32 in every mode.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from typing import Protocol
 
 import numpy as np
 
+from pagedkv.models.bf16_weights import Bf16Weights
 from pagedkv.models.config import LlamaConfig
 from pagedkv.models.gguf_file import GgufModel
 
-__all__ = ["KvAttention", "LlamaModel", "limit_blas_threads", "rms_norm", "rotary_interleaved"]
+__all__ = [
+    "WEIGHT_DTYPES",
+    "KvAttention",
+    "LlamaModel",
+    "default_weight_dtype",
+    "limit_blas_threads",
+    "rms_norm",
+    "rotary_interleaved",
+]
+
+WEIGHT_DTYPES = ("bf16", "fp32")
+# Rows up to which a bf16-mode projection uses the bf16 kernel (see _Projection); unset: all.
+BF16_MAX_TOKENS = int(os.environ.get("PAGEDKV_BF16_MAX_TOKENS", "0")) or sys.maxsize
+
+
+def default_weight_dtype() -> str:
+    """``PAGEDKV_WEIGHTS`` (bf16 | fp32) when set, else fp32."""
+    choice = os.environ.get("PAGEDKV_WEIGHTS", "") or "fp32"
+    if choice not in WEIGHT_DTYPES:
+        raise ValueError(f"PAGEDKV_WEIGHTS must be one of {WEIGHT_DTYPES}, got {choice!r}")
+    return choice
+
 
 # BLAS threads for the forward pass (benches/results/2026-12-03-cpu-data-plane.md): one thread,
 # because at decode batch sizes each product is a few hundred microseconds and OpenBLAS's
@@ -85,16 +119,39 @@ def _fused(*weights: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(np.concatenate([w.T for w in weights], axis=0), dtype=np.float32).T
 
 
-class LlamaModel:
-    """fp32 weights of a llama GGUF model and its forward pass."""
+class _Projection:
+    """One projection ``h [t, in] -> [t, out]``: in bf16 mode the bf16 panels for batches of at
+    most ``BF16_MAX_TOKENS`` rows (all, unless set), else the fp32 matrix with BLAS."""
 
-    def __init__(self, gguf: GgufModel) -> None:
+    def __init__(self, weight_in_out: np.ndarray, dtype: str) -> None:
+        self.out_features = int(weight_in_out.shape[1])
+        self._fp32 = weight_in_out
+        self._bf16 = Bf16Weights(weight_in_out) if dtype == "bf16" else None
+
+    def __call__(self, h: np.ndarray) -> np.ndarray:
+        if self._bf16 is not None and h.shape[0] <= BF16_MAX_TOKENS:
+            return self._bf16.matmul(h)
+        return h @ self._fp32
+
+
+class LlamaModel:
+    """The weights of a llama GGUF model (projections in ``weights`` precision) and its forward
+    pass."""
+
+    def __init__(self, gguf: GgufModel, weights: str | None = None) -> None:
         self.config: LlamaConfig = gguf.config
         self.weights = gguf
+        self.weight_dtype = default_weight_dtype() if weights is None else weights
+        if self.weight_dtype not in WEIGHT_DTYPES:
+            raise ValueError(f"weights must be one of {WEIGHT_DTYPES}, got {self.weight_dtype!r}")
         c = self.config
         limit_blas_threads()
-        self._wqkv = [_fused(layer.wq, layer.wk, layer.wv) for layer in gguf.layers]
-        self._w_gate_up = [_fused(layer.w_gate, layer.w_up) for layer in gguf.layers]
+        d = self.weight_dtype
+        self._wqkv = [_Projection(_fused(layer.wq, layer.wk, layer.wv), d) for layer in gguf.layers]
+        self._wo = [_Projection(layer.wo, d) for layer in gguf.layers]
+        self._w_gate_up = [_Projection(_fused(layer.w_gate, layer.w_up), d) for layer in gguf.layers]
+        self._w_down = [_Projection(layer.w_down, d) for layer in gguf.layers]
+        self._output = _Projection(gguf.output, d)
         self._inv_freq = (
             1.0 / (np.float64(c.rope_base) ** (np.arange(0, c.head_dim, 2, dtype=np.float64) / c.head_dim))
         ).astype(np.float64)
@@ -121,20 +178,20 @@ class LlamaModel:
         x = w.token_embedding[token_ids]
         q_width = c.num_q_heads * c.head_dim
         kv_width = c.num_kv_heads * c.head_dim
-        d_ffn = self._w_gate_up[0].shape[1] // 2 if self._w_gate_up else 0
+        d_ffn = self._w_gate_up[0].out_features // 2 if self._w_gate_up else 0
         for i, layer in enumerate(w.layers):
             h = rms_norm(x, layer.attn_norm, c.rms_eps)
-            qkv = h @ self._wqkv[i]  # [t, q | k | v]: one BLAS call
+            qkv = self._wqkv[i](h)  # [t, q | k | v]: one product
             q = rotary_interleaved(qkv[:, :q_width].reshape(t, c.num_q_heads, c.head_dim), cos, sin)
             k = rotary_interleaved(
                 qkv[:, q_width : q_width + kv_width].reshape(t, c.num_kv_heads, c.head_dim), cos, sin
             )
             v = qkv[:, q_width + kv_width :].reshape(t, c.num_kv_heads, c.head_dim)
             attn = kv.attend(i, np.ascontiguousarray(q), np.ascontiguousarray(k), np.ascontiguousarray(v))
-            x = x + attn.reshape(t, q_width) @ layer.wo
+            x = x + self._wo[i](attn.reshape(t, q_width))
             h = rms_norm(x, layer.ffn_norm, c.rms_eps)
-            gate_up = h @ self._w_gate_up[i]  # [t, gate | up]: one BLAS call
+            gate_up = self._w_gate_up[i](h)  # [t, gate | up]: one product
             gate, up = gate_up[:, :d_ffn], gate_up[:, d_ffn:]
-            x = x + ((gate / (1.0 + np.exp(-gate))) * up) @ layer.w_down
+            x = x + self._w_down[i]((gate / (1.0 + np.exp(-gate))) * up)
         rows = x if logit_rows is None else x[np.asarray(logit_rows, dtype=np.int64)]
-        return rms_norm(rows, w.output_norm, c.rms_eps) @ w.output
+        return self._output(rms_norm(rows, w.output_norm, c.rms_eps))

@@ -14,6 +14,7 @@ pub mod cache_ops;
 pub mod elem;
 pub mod error;
 pub mod layout;
+pub mod matmul;
 pub mod vector;
 
 pub use attention::{paged_decode, paged_prefill, AttentionParams};
@@ -22,3 +23,4 @@ pub use elem::KvElem;
 pub use error::{CpuError, Result};
 pub use half::{bf16, f16};
 pub use layout::{BlockTables, CacheShape};
+pub use matmul::matmul_bf16;

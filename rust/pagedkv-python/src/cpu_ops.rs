@@ -82,19 +82,18 @@ fn kind(py: Python<'_>, name: &str, x: &Bound<'_, PyAny>) -> PyResult<&'static s
     }
 }
 
-/// `x` as a read-only C-contiguous array of `S` with its shape.
-fn read<'py, S: Storage>(
+/// `x` as a read-only C-contiguous `ndim`-D array of `T`: the one conversion every argument that
+/// is read goes through. `dtype` names what a wrong element type should have been.
+fn array<'py, T: Element>(
     py: Python<'py>,
     name: &str,
     x: &Bound<'py, PyAny>,
     ndim: usize,
-) -> PyResult<PyReadonlyArrayDyn<'py, S>> {
-    let arr = x.cast::<PyArrayDyn<S>>().map_err(|_| {
-        invalid_argument(
-            py,
-            format!("{name} must share the dtype of the other tensors"),
-        )
-    })?;
+    dtype: &str,
+) -> PyResult<PyReadonlyArrayDyn<'py, T>> {
+    let arr = x
+        .cast::<PyArrayDyn<T>>()
+        .map_err(|_| invalid_argument(py, format!("{name} must be {dtype}")))?;
     if arr.ndim() != ndim {
         return Err(invalid_argument(
             py,
@@ -108,6 +107,17 @@ fn read<'py, S: Storage>(
         .map_err(|e| invalid_argument(py, format!("{name}: {e}")))
 }
 
+/// A K/V tensor: its dtype must be the call's (the first tensor's, see [`kind`]).
+fn read<'py, S: Storage>(
+    py: Python<'py>,
+    name: &str,
+    x: &Bound<'py, PyAny>,
+    ndim: usize,
+) -> PyResult<PyReadonlyArrayDyn<'py, S>> {
+    array(py, name, x, ndim, "of the dtype of the other tensors")
+}
+
+/// Integer metadata (block tables, lengths, slots, copy ops).
 fn ints<'py, T: Element>(
     py: Python<'py>,
     name: &str,
@@ -115,20 +125,7 @@ fn ints<'py, T: Element>(
     ndim: usize,
     dtype: &str,
 ) -> PyResult<PyReadonlyArrayDyn<'py, T>> {
-    let arr = x
-        .cast::<PyArrayDyn<T>>()
-        .map_err(|_| invalid_argument(py, format!("{name} must be a {dtype} NumPy array")))?;
-    if arr.ndim() != ndim {
-        return Err(invalid_argument(
-            py,
-            format!("{name} must be {ndim}-D, got shape {:?}", arr.shape()),
-        ));
-    }
-    if !arr.is_c_contiguous() {
-        return Err(invalid_argument(py, format!("{name} must be C-contiguous")));
-    }
-    arr.try_readonly()
-        .map_err(|e| invalid_argument(py, format!("{name}: {e}")))
+    array(py, name, x, ndim, &format!("a {dtype} NumPy array"))
 }
 
 fn cache_shape(py: Python<'_>, k: &[usize], v: &[usize]) -> PyResult<CacheShape> {
@@ -262,6 +259,39 @@ macro_rules! dispatch {
     };
 }
 
+/// Both attention entry points: the cache dtype (from `q`) picks the monomorphised kernel.
+#[allow(clippy::too_many_arguments)]
+fn attention<'py>(
+    py: Python<'py>,
+    q: &Bound<'py, PyAny>,
+    k_cache: &Bound<'py, PyAny>,
+    v_cache: &Bound<'py, PyAny>,
+    tables: &Bound<'py, PyAny>,
+    seq_lens: &Bound<'py, PyAny>,
+    query_start_loc: Option<&Bound<'py, PyAny>>,
+    scale: Option<f64>,
+    causal: bool,
+    window: Option<usize>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let k = kind(py, "q", q)?;
+    dispatch!(
+        py,
+        k,
+        attention_t(
+            py,
+            q,
+            k_cache,
+            v_cache,
+            tables,
+            seq_lens,
+            query_start_loc,
+            scale,
+            causal,
+            window
+        )
+    )
+}
+
 /// Paged decode attention (see `pagedkv.attention.paged_attention`).
 #[pyfunction]
 #[pyo3(signature = (q, k_cache, v_cache, block_tables, seq_lens, scale=None, window=None))]
@@ -276,22 +306,17 @@ fn cpu_paged_attention<'py>(
     scale: Option<f64>,
     window: Option<usize>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let k = kind(py, "q", q)?;
-    dispatch!(
+    attention(
         py,
-        k,
-        attention_t(
-            py,
-            q,
-            k_cache,
-            v_cache,
-            block_tables,
-            seq_lens,
-            None,
-            scale,
-            true,
-            window
-        )
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        None,
+        scale,
+        true,
+        window,
     )
 }
 
@@ -311,23 +336,61 @@ fn cpu_paged_prefill_attention<'py>(
     causal: bool,
     window: Option<usize>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let k = kind(py, "q", q)?;
-    dispatch!(
+    attention(
         py,
-        k,
-        attention_t(
-            py,
-            q,
-            k_cache,
-            v_cache,
-            block_tables,
-            seq_lens,
-            Some(query_start_loc),
-            scale,
-            causal,
-            window
-        )
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        Some(query_start_loc),
+        scale,
+        causal,
+        window,
     )
+}
+
+/// `x [t, k] @ W [k, n]` with bf16 weights in the kernel's panels (uint16 bit patterns
+/// `[ceil(n / 64), k, 64]`, columns past `n` ignored), fp32 out `[t, n]`: the model's projections
+/// (see `pagedkv.models.bf16_weights`).
+#[pyfunction]
+fn cpu_matmul_bf16<'py>(
+    py: Python<'py>,
+    x: &Bound<'py, PyAny>,
+    w: &Bound<'py, PyAny>,
+    n: usize,
+) -> PyResult<Bound<'py, PyAny>> {
+    let x = array::<f32>(py, "x", x, 2, "a float32 NumPy array")?;
+    let w = array::<u16>(
+        py,
+        "w",
+        w,
+        3,
+        "a uint16 NumPy array (bfloat16 bit patterns)",
+    )?;
+    let (t, k) = (x.shape()[0], x.shape()[1]);
+    let cols = cpu::matmul::COLS_PER_TASK;
+    let want = [n.div_ceil(cols), k, cols];
+    if w.shape() != want {
+        return Err(invalid_argument(
+            py,
+            format!(
+                "x is [{t}, {k}], so w must be {want:?} panels for n = {n}; got {:?}",
+                w.shape()
+            ),
+        ));
+    }
+    let out = PyArrayDyn::<f32>::zeros(py, &[t, n][..], false);
+    {
+        let mut out_rw = out.readwrite();
+        let out_s = out_rw
+            .as_slice_mut()
+            .map_err(|e| invalid_argument(py, format!("output: {e}")))?;
+        let (xs, ws): (&[f32], &[bf16]) = (slice(&x), slice(&w).reinterpret_cast());
+        py.detach(|| cpu::matmul_bf16(xs, ws, t, k, n, out_s))
+            .map_err(|e| err(py, e))?;
+    }
+    Ok(out.into_any())
 }
 
 fn write_kv_t<'py, S: Storage>(
@@ -540,5 +603,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cpu_write_kv, m)?)?;
     m.add_function(wrap_pyfunction!(cpu_copy_blocks, m)?)?;
     m.add_function(wrap_pyfunction!(cpu_swap_blocks, m)?)?;
+    m.add_function(wrap_pyfunction!(cpu_matmul_bf16, m)?)?;
     Ok(())
 }
