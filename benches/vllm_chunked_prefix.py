@@ -95,9 +95,6 @@ class PagedkvSide:
             for g in range(self.num_groups)
         ]
 
-    def settle(self, rid: int) -> None:
-        """pagedkv releases out-of-window blocks as the watermark moves: nothing to do."""
-
     def schedule(self, rid: int, num_tokens: int) -> bool:
         self.kv.advance_computed([rid], num_tokens)  # never allocates: the prompt is held
         return True
@@ -215,14 +212,6 @@ class VllmSide:
         """Each group's block table; ``None`` for the null block (a released position)."""
         null = self.mgr.block_pool.null_block.block_id
         return [[None if b == null else b for b in t] for t in self.mgr.get_block_ids(str(rid))]
-
-    def settle(self, rid: int) -> None:
-        """Releases the request's out-of-window blocks now. vLLM does it lazily, at the start
-        of the request's next ``allocate_slots`` and from the ``num_computed_tokens`` before
-        that step's tokens, i.e. from the value the caller set after the last pass: the blocks
-        this call releases are exactly the ones that allocation would release first."""
-        req = self.reqs[rid]
-        self.mgr.remove_skipped_blocks(req.request_id, req.num_computed_tokens, req.num_prompt_tokens)
 
     def schedule(self, rid: int, num_tokens: int) -> bool:
         req = self.reqs[rid]
@@ -383,8 +372,6 @@ def run_schedule(seed: int, cfg: Config, vllm_side: Any = None, log: list[str] |
             vllm_hit = theirs.match(prompt)
             got = ours.admit(next_rid, prompt, num_scheduled)
             got_vllm = theirs.admit(next_rid, prompt, num_scheduled)
-            if hybrid and got_vllm is not None:
-                theirs.settle(next_rid)
             if (got is None) != (got_vllm is None) and predicted == vllm_hit:
                 # Same hit length, same free blocks, yet one side fits: the hit takes a
                 # different number of cached-evictable blocks back, i.e. the two managers
@@ -467,8 +454,6 @@ def run_schedule(seed: int, cfg: Config, vllm_side: Any = None, log: list[str] |
             if not theirs.schedule(rid, n):  # only in incremental mode: vLLM allocates here
                 fail(step, f"vLLM out of blocks scheduling a chunk of {n}")
                 return out
-            if hybrid:
-                theirs.settle(rid)
             r.scheduled += n
             note_computed(r.tokens, r.scheduled)
             detail = f"{rid} +{n}"
@@ -486,8 +471,6 @@ def run_schedule(seed: int, cfg: Config, vllm_side: Any = None, log: list[str] |
                     theirs.free(rid)
                     del running[rid]
                     continue
-                if hybrid:
-                    theirs.settle(rid)
                 r.tokens = r.tokens + [token]
                 r.scheduled += 1
                 note_computed(r.tokens, r.scheduled)

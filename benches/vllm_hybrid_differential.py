@@ -20,12 +20,15 @@ only computed blocks; admissions and decode steps fit on both sides alike; block
   before ``num_computed_tokens - W + 1``);
 - copy-choice divergences are detected over every group's hit blocks.
 
-When vLLM releases: lazily, at the start of a request's next ``allocate_slots``, from the
-``num_computed_tokens`` the last pass left. pagedkv releases as the watermark moves. The schedule
-therefore settles vLLM after every pass of a request (``KVCacheManager.remove_skipped_blocks``
-with that request's ``num_computed_tokens``): exactly the blocks that request's next allocation
-would release first, released when pagedkv releases them, so the two pools stay comparable
-block for block, eviction order included.
+When a window group releases, and why both sides must agree on it: vLLM frees out-of-window
+blocks at the start of ``allocate_slots`` (admission, each later chunk, each decode token), from
+the request's ``num_computed_tokens`` *before* the tokens that pass schedules, because the pass
+still reads the window of its first token: a pass scheduling positions ``[c, c+k)`` may drop
+only the blocks wholly before ``c - W + 1``. pagedkv's watermark already counts a pass's tokens
+when it is scheduled (``add_sequence(num_scheduled=)``, ``advance_computed``, ``append_tokens``),
+so the same rule applied to the moved watermark would free a block the pass is about to read.
+No settling is done on either side: after every step vLLM's tables are compared as its
+scheduler leaves them.
 """
 
 from __future__ import annotations
