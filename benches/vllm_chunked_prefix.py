@@ -559,6 +559,7 @@ def main(argv: list[str] | None = None, configs: dict[str, Config] | None = None
             cfg = Config(**{**cfg.__dict__, "steps": args.steps})
         agg = Outcome()
         diverged: list[str] = []
+        to_the_end = 0
         t0 = time.perf_counter()
         for i in range(args.schedules):
             o = run_schedule(args.seed + i, cfg)
@@ -572,13 +573,15 @@ def main(argv: list[str] | None = None, configs: dict[str, Config] | None = None
             agg.mismatches += o.mismatches
             if o.diverged:
                 diverged.append(o.diverged)
+            to_the_end += o.steps == cfg.steps and not o.diverged
         total_mismatches += len(agg.mismatches)
         print(
             f"{name}: {args.schedules} schedules, {agg.steps} steps, {agg.admissions} "
             f"admissions ({agg.hits} with a hit, {agg.hit_tokens} hit tokens), {agg.ooms} "
             f"refused for lack of blocks, {agg.preemptions} preemptions, "
             f"{len(agg.mismatches)} mismatches, {len(diverged)} schedules stopped at a "
-            f"copy-choice divergence ({time.perf_counter() - t0:.1f} s)"
+            f"copy-choice divergence, {to_the_end} ran all {cfg.steps} steps "
+            f"({time.perf_counter() - t0:.1f} s)"
         )
         if cfg.windows:
             print(
