@@ -46,7 +46,9 @@ mod table;
 pub mod wire;
 
 pub use error::{Error, Result, Tier};
-pub use manager::{CsrPageTable, KvCacheManager, ManagerConfig};
+pub use manager::{
+    CsrPageTable, KvCacheManager, KvGroupSpec, ManagerConfig, MAX_KV_GROUPS, NULL_BLOCK,
+};
 pub use peers::PoolPeers;
 pub use pool::{BlockHandle, BlockPool, MAX_NUM_BLOCKS, MAX_NUM_SLOTS};
 pub use prefix::events::{DrainedEvents, KvEvent};

@@ -363,7 +363,7 @@ proptest! {
     ) {
         let config = ManagerConfig {
             num_blocks, block_size, enable_prefix_caching, num_host_blocks, hash_seed, max_events,
-            enable_kv_events,
+            enable_kv_events, ..Default::default()
         };
         let result = catch_unwind(|| {
             let mut created = [false; 3];

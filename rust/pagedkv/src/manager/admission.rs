@@ -63,6 +63,15 @@ impl KvCacheManager {
         extra_key: Option<&[u8]>,
         num_scheduled: usize,
     ) -> Result<usize> {
+        if let Some(h) = self.hybrid.as_deref_mut() {
+            return h.add_sequence(
+                seq_id,
+                Some(token_ids),
+                token_ids.len(),
+                extra_key,
+                num_scheduled,
+            );
+        }
         if self.prefix.is_some() {
             self.admit_cached(seq_id, token_ids, extra_key, num_scheduled)
         } else {
@@ -89,6 +98,9 @@ impl KvCacheManager {
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn match_prefix(&self, token_ids: &[TokenId], extra_key: Option<&[u8]>) -> Result<usize> {
+        if let Some(h) = self.hybrid.as_deref() {
+            return h.match_prefix(token_ids, extra_key);
+        }
         let Some(prefix) = self.prefix.as_ref() else {
             return Ok(0);
         };
@@ -120,6 +132,9 @@ impl KvCacheManager {
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn add_sequence_len(&mut self, seq_id: SeqId, num_tokens: usize) -> Result<usize> {
+        if let Some(h) = self.hybrid.as_deref_mut() {
+            return h.add_sequence(seq_id, None, num_tokens, None, usize::MAX);
+        }
         self.admit(seq_id, num_tokens, usize::MAX)
     }
 
@@ -131,6 +146,9 @@ impl KvCacheManager {
         num_tokens: usize,
         num_scheduled: usize,
     ) -> Result<usize> {
+        if let Some(h) = self.hybrid.as_deref_mut() {
+            return h.add_sequence(seq_id, None, num_tokens, None, num_scheduled);
+        }
         self.admit(seq_id, num_tokens, num_scheduled)
     }
 

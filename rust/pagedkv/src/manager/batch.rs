@@ -78,6 +78,9 @@ impl KvCacheManager {
         num_tokens: usize,
         token_ids: Option<&[TokenId]>,
     ) -> Result<()> {
+        if let Some(h) = self.hybrid.as_deref_mut() {
+            return h.append_batch(seq_ids, num_tokens, token_ids);
+        }
         if num_tokens == 0 {
             self.check_distinct(seq_ids)?;
             // Still validate the ids: a step naming an unknown sequence is a caller bug.

@@ -23,6 +23,9 @@ impl KvCacheManager {
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn num_computed_tokens(&self, seq_id: SeqId) -> Result<usize> {
+        if let Some(h) = self.hybrid.as_deref() {
+            return h.num_computed_tokens(seq_id);
+        }
         self.seqs
             .get(&seq_id)
             .map(|s| s.num_computed)
@@ -47,6 +50,9 @@ impl KvCacheManager {
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn advance_computed(&mut self, seq_ids: &[SeqId], num_tokens: usize) -> Result<()> {
+        if let Some(h) = self.hybrid.as_deref_mut() {
+            return h.advance_computed(seq_ids, num_tokens);
+        }
         self.check_distinct(seq_ids)?;
         for &id in seq_ids {
             let s = self.resident(id)?;

@@ -1,5 +1,7 @@
 //! [`ManagerConfig`]: how to build a [`super::KvCacheManager`].
 
+use super::groups::KvGroupSpec;
+
 /// How to build a [`KvCacheManager`](crate::KvCacheManager).
 ///
 /// ```
@@ -28,6 +30,10 @@ pub struct ManagerConfig {
     /// `take_events`. Off by default, as in vLLM (`enable_kv_cache_events`): when off, no event
     /// is built, so admission pays nothing for them.
     pub enable_kv_events: bool,
+    /// The KV-cache groups, each with its own block table per sequence on the one pool
+    /// (docs/design.md, Hybrid groups). The default, one full-attention group, is the plain
+    /// single-table manager.
+    pub kv_groups: Vec<KvGroupSpec>,
 }
 
 impl Default for ManagerConfig {
@@ -40,6 +46,7 @@ impl Default for ManagerConfig {
             hash_seed: 0,
             max_events: 65_536,
             enable_kv_events: false,
+            kv_groups: vec![KvGroupSpec::FullAttention],
         }
     }
 }

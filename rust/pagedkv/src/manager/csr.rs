@@ -46,6 +46,9 @@ impl KvCacheManager {
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn csr_page_table(&self, seq_ids: &[SeqId]) -> Result<CsrPageTable> {
+        if let Some(h) = self.hybrid.as_deref() {
+            return h.csr_page_table(seq_ids, 0);
+        }
         // Plan: look every sequence up and size the output before building anything.
         let mut nnz: usize = 0;
         for &id in seq_ids {

@@ -35,6 +35,9 @@ impl KvCacheManager {
     /// ```
     #[inline]
     pub fn append_tokens(&mut self, seq_id: SeqId, token_ids: &[TokenId]) -> Result<()> {
+        if let Some(h) = self.hybrid.as_deref_mut() {
+            return h.append_batch(&[seq_id], token_ids.len(), Some(token_ids));
+        }
         self.append(seq_id, token_ids.len(), Some(token_ids))
     }
 
@@ -51,6 +54,9 @@ impl KvCacheManager {
     /// ```
     #[inline]
     pub fn append_len(&mut self, seq_id: SeqId, num_tokens: usize) -> Result<()> {
+        if let Some(h) = self.hybrid.as_deref_mut() {
+            return h.append_batch(&[seq_id], num_tokens, None);
+        }
         self.append(seq_id, num_tokens, None)
     }
 
@@ -122,6 +128,9 @@ impl KvCacheManager {
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn can_append(&self, seq_id: SeqId, num_tokens: usize) -> Result<bool> {
+        if let Some(h) = self.hybrid.as_deref() {
+            return h.can_append(seq_id, num_tokens);
+        }
         match self.plan_growth(seq_id, num_tokens) {
             Ok(plan) => Ok(plan.needed_blocks <= self.num_available_blocks()),
             Err(Error::InvalidArgument(_)) => Ok(false),

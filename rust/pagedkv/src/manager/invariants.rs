@@ -22,6 +22,9 @@ impl KvCacheManager {
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn check_invariants(&mut self) -> Result<()> {
+        if let Some(h) = self.hybrid.as_deref() {
+            return h.check_invariants();
+        }
         let fail = |msg: String| Err(Error::InvariantViolation(msg));
         // Exclusive only if no other `Arc` exists *and* nobody borrows this one: `&mut self`
         // rules out a `kv.pool()` borrow in use on another thread (a strong count of 1 alone

@@ -18,6 +18,9 @@ impl KvCacheManager {
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn fork(&mut self, parent_id: SeqId, child_id: SeqId) -> Result<()> {
+        if let Some(h) = self.hybrid.as_deref_mut() {
+            return h.fork(parent_id, child_id);
+        }
         let parent = self.resident(parent_id)?;
         if self.seqs.contains_key(&child_id) {
             return Err(Error::SequenceExists(child_id));
@@ -52,6 +55,9 @@ impl KvCacheManager {
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn free(&mut self, seq_id: SeqId) -> Result<()> {
+        if let Some(h) = self.hybrid.as_deref_mut() {
+            return h.free(seq_id);
+        }
         let seq = self
             .seqs
             .remove(&seq_id)
@@ -104,6 +110,9 @@ impl KvCacheManager {
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn free_batch(&mut self, seq_ids: &[SeqId]) -> Result<()> {
+        if let Some(h) = self.hybrid.as_deref_mut() {
+            return h.free_batch(seq_ids);
+        }
         self.check_distinct(seq_ids)?;
         for &id in seq_ids {
             if !self.seqs.contains_key(&id) {

@@ -24,7 +24,9 @@ mod computed;
 mod config;
 mod copy_queue;
 mod csr;
+mod groups;
 mod growth;
+mod hybrid;
 mod invariants;
 mod lifecycle;
 mod pins;
@@ -41,6 +43,8 @@ use rustc_hash::FxHashSet;
 use self::batch::BatchScratch;
 pub use self::config::ManagerConfig;
 pub use self::csr::CsrPageTable;
+pub use self::groups::{KvGroupSpec, MAX_KV_GROUPS, NULL_BLOCK};
+use self::hybrid::Hybrid;
 use crate::error::{invalid, Error, Result};
 use crate::host::HostTier;
 use crate::pool::BlockPool;
@@ -148,6 +152,10 @@ pub struct KvCacheManager {
     prefix: Option<PrefixCache>,
     /// The host swap tier (`num_host_blocks > 0`).
     host: Option<HostTier>,
+    /// The manager of several KV-cache groups (`kv_groups` other than the default single
+    /// full-attention group): every public operation is handed to it, and the fields above
+    /// stay empty (docs/design.md, Hybrid groups).
+    hybrid: Option<Box<Hybrid>>,
 }
 
 impl std::fmt::Debug for KvCacheManager {
@@ -193,7 +201,11 @@ impl KvCacheManager {
     pub fn with_pool(pool: Arc<BlockPool>, mut config: ManagerConfig) -> Result<Self> {
         config.num_blocks = pool.num_blocks();
         config.block_size = pool.block_size();
-        let copies_compact_at = copy_queue::initial_threshold(pool.num_blocks());
+        groups::validate_groups(&config.kv_groups)?;
+        if !groups::is_single_full(&config.kv_groups) {
+            let hybrid = Box::new(Hybrid::new(pool.clone(), &config)?);
+            return Ok(Self::assemble(pool, config, None, None, Some(hybrid)));
+        }
         let prefix = config.enable_prefix_caching.then(|| {
             PrefixCache::new(
                 pool.num_blocks(),
@@ -207,7 +219,19 @@ impl KvCacheManager {
             0 => None,
             n => Some(HostTier::new(n, pool.block_size())?),
         };
-        Ok(KvCacheManager {
+        Ok(Self::assemble(pool, config, prefix, host, None))
+    }
+
+    /// The manager's fields from its parts.
+    fn assemble(
+        pool: Arc<BlockPool>,
+        config: ManagerConfig,
+        prefix: Option<PrefixCache>,
+        host: Option<HostTier>,
+        hybrid: Option<Box<Hybrid>>,
+    ) -> Self {
+        let copies_compact_at = copy_queue::initial_threshold(pool.num_blocks());
+        KvCacheManager {
             block_size: pool.block_size(),
             pool,
             config,
@@ -221,7 +245,8 @@ impl KvCacheManager {
             batch: BatchScratch::default(),
             prefix,
             host,
-        })
+            hybrid,
+        }
     }
 
     /// The pool this manager allocates from.
@@ -232,6 +257,14 @@ impl KvCacheManager {
     /// The configuration in effect.
     pub fn config(&self) -> &ManagerConfig {
         &self.config
+    }
+
+    /// The host tier, whichever path owns it.
+    fn host_tier(&self) -> Option<&HostTier> {
+        match self.hybrid.as_deref() {
+            Some(h) => h.host(),
+            None => self.host.as_ref(),
+        }
     }
 
     /// The sequence, if it exists and is device-resident.
@@ -277,6 +310,10 @@ impl Drop for KvCacheManager {
     /// Returns every block this manager holds (in use or cached) to the pool, so a shared
     /// pool outlives it intact.
     fn drop(&mut self) {
+        if let Some(h) = self.hybrid.as_deref_mut() {
+            h.teardown();
+            return;
+        }
         self.unpin_all();
         let ids: Vec<SeqId> = self.seqs.keys().copied().collect();
         for id in ids {

@@ -32,6 +32,9 @@ impl KvCacheManager {
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn pin_prefix(&mut self, token_ids: &[TokenId], extra_key: Option<&[u8]>) -> Result<usize> {
+        if let Some(h) = self.hybrid.as_deref_mut() {
+            return h.pin_prefix(token_ids, extra_key);
+        }
         let Some(prefix) = self.prefix.as_ref() else {
             return Ok(0);
         };
@@ -90,6 +93,9 @@ impl KvCacheManager {
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn unpin_prefix(&mut self, token_ids: &[TokenId], extra_key: Option<&[u8]>) -> Result<()> {
+        if let Some(h) = self.hybrid.as_deref_mut() {
+            return h.unpin_prefix(token_ids, extra_key);
+        }
         let bs = self.block_size;
         let blocks = self
             .prefix

@@ -25,6 +25,9 @@ impl KvCacheManager {
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn reset_prefix_cache(&mut self) -> bool {
+        if let Some(h) = self.hybrid.as_deref_mut() {
+            return h.reset_prefix_cache();
+        }
         if self.num_blocks_in_use > 0 {
             return false;
         }
@@ -55,6 +58,9 @@ impl KvCacheManager {
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn evict_cached(&mut self, max_blocks: usize) -> usize {
+        if let Some(h) = self.hybrid.as_deref_mut() {
+            return h.evict_cached(max_blocks);
+        }
         let Some(prefix) = self.prefix.as_mut() else {
             return 0;
         };
@@ -88,6 +94,9 @@ impl KvCacheManager {
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn take_drained_events(&mut self) -> DrainedEvents {
+        if let Some(h) = self.hybrid.as_deref_mut() {
+            return h.take_drained_events();
+        }
         self.prefix
             .as_mut()
             .map_or_else(DrainedEvents::default, PrefixCache::take_drained_events)
@@ -106,6 +115,9 @@ impl KvCacheManager {
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn cached_blocks(&self) -> Vec<BlockId> {
+        if let Some(h) = self.hybrid.as_deref() {
+            return h.cached_blocks();
+        }
         self.prefix
             .as_ref()
             .map_or_else(Vec::new, PrefixCache::lru_order)

@@ -11,31 +11,48 @@ use crate::{BlockId, SeqId};
 impl KvCacheManager {
     /// Whether a sequence with this id is live.
     pub fn contains(&self, seq_id: SeqId) -> bool {
+        if let Some(h) = self.hybrid.as_deref() {
+            return h.contains(seq_id);
+        }
         self.seqs.contains_key(&seq_id)
     }
 
     /// Live sequences (resident and swapped out).
     pub fn num_sequences(&self) -> usize {
+        if let Some(h) = self.hybrid.as_deref() {
+            return h.num_sequences();
+        }
         self.seqs.len()
     }
 
     /// The ids of all live sequences (arbitrary order).
     pub fn seq_ids(&self) -> impl Iterator<Item = SeqId> + '_ {
-        self.seqs.keys().copied()
+        // A hybrid manager keeps its sequences in `hybrid`, and `seqs` is empty.
+        let hybrid = self.hybrid.iter().flat_map(|h| h.seq_ids());
+        self.seqs.keys().copied().chain(hybrid)
     }
 
     /// The physical block ids of a device-resident sequence, in logical order.
     pub fn block_table(&self, seq_id: SeqId) -> Result<&[BlockId]> {
+        if let Some(h) = self.hybrid.as_deref() {
+            return Ok(&h.table(seq_id, 0)?.block_ids);
+        }
         Ok(&self.resident(seq_id)?.table.block_ids)
     }
 
     /// The full [`BlockTable`] of a device-resident sequence.
     pub fn table(&self, seq_id: SeqId) -> Result<&BlockTable> {
+        if let Some(h) = self.hybrid.as_deref() {
+            return h.table(seq_id, 0);
+        }
         Ok(&self.resident(seq_id)?.table)
     }
 
     /// Tokens held by a sequence (resident or swapped out).
     pub fn num_tokens(&self, seq_id: SeqId) -> Result<usize> {
+        if let Some(h) = self.hybrid.as_deref() {
+            return h.num_tokens(seq_id);
+        }
         Ok(self
             .seqs
             .get(&seq_id)
@@ -64,6 +81,9 @@ impl KvCacheManager {
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn batch_block_tables(&self, seq_ids: &[SeqId]) -> Result<(Vec<i32>, usize, Vec<i32>)> {
+        if let Some(h) = self.hybrid.as_deref() {
+            return h.batch_block_tables(seq_ids, 0);
+        }
         let mut max_blocks = 0;
         for &id in seq_ids {
             max_blocks = max_blocks.max(self.resident(id)?.table.block_ids.len());
@@ -99,6 +119,9 @@ impl KvCacheManager {
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn slot_mapping(&self, seq_ids: &[SeqId], num_new_tokens: usize) -> Result<Vec<i64>> {
+        if let Some(h) = self.hybrid.as_deref() {
+            return h.slot_mapping(seq_ids, num_new_tokens, 0);
+        }
         for &id in seq_ids {
             let n = self.resident(id)?.table.num_tokens;
             if num_new_tokens > n {
@@ -124,6 +147,9 @@ impl KvCacheManager {
 
     /// Drains the pending copy-on-write copies `(src, dst)`, oldest first.
     pub fn take_copy_ops(&mut self) -> Vec<(BlockId, BlockId)> {
+        if let Some(h) = self.hybrid.as_deref_mut() {
+            return h.take_copy_ops();
+        }
         std::mem::take(&mut self.pending_copies)
     }
 
@@ -157,16 +183,25 @@ impl KvCacheManager {
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn num_available_blocks(&self) -> usize {
+        if let Some(h) = self.hybrid.as_deref() {
+            return h.num_available_blocks();
+        }
         self.pool.num_free_list_blocks() + self.prefix.as_ref().map_or(0, PrefixCache::num_cached)
     }
 
     /// This manager's in-use blocks / `num_blocks`, in `[0, 1]`.
     pub fn usage(&self) -> f64 {
+        if let Some(h) = self.hybrid.as_deref() {
+            return h.usage();
+        }
         self.num_blocks_in_use as f64 / self.pool.num_blocks() as f64
     }
 
     /// A snapshot of counters and occupancy.
     pub fn stats(&self) -> Stats {
+        if let Some(h) = self.hybrid.as_deref() {
+            return h.stats();
+        }
         let mut s = Stats {
             num_blocks: self.pool.num_blocks(),
             block_size: self.block_size,

@@ -35,6 +35,9 @@ impl KvCacheManager {
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn truncate(&mut self, seq_id: SeqId, num_tokens: usize) -> Result<()> {
+        if let Some(h) = self.hybrid.as_deref_mut() {
+            return h.truncate(seq_id, num_tokens);
+        }
         let bs = self.block_size;
         let row = self
             .seqs

@@ -39,6 +39,9 @@ impl KvCacheManager {
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn swap_out(&mut self, seq_ids: &[SeqId]) -> Result<Vec<(BlockId, BlockId)>> {
+        if let Some(h) = self.hybrid.as_deref_mut() {
+            return h.swap_out(seq_ids);
+        }
         if self.host.is_none() {
             return invalid("swap_out needs a host tier (num_host_blocks > 0)");
         }
@@ -97,6 +100,9 @@ impl KvCacheManager {
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn swap_in(&mut self, seq_ids: &[SeqId]) -> Result<Vec<(BlockId, BlockId)>> {
+        if let Some(h) = self.hybrid.as_deref_mut() {
+            return h.swap_in(seq_ids);
+        }
         if self.host.is_none() {
             return invalid("swap_in needs a host tier (num_host_blocks > 0)");
         }
@@ -153,6 +159,9 @@ impl KvCacheManager {
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn is_swapped_out(&self, seq_id: SeqId) -> Result<bool> {
+        if let Some(h) = self.hybrid.as_deref() {
+            return h.is_swapped_out(seq_id);
+        }
         Ok(self
             .seqs
             .get(&seq_id)
@@ -162,18 +171,17 @@ impl KvCacheManager {
 
     /// Free host blocks (0 without a host tier).
     pub fn num_free_host_blocks(&self) -> usize {
-        self.host.as_ref().map_or(0, HostTier::num_free)
+        self.host_tier().map_or(0, HostTier::num_free)
     }
 
     /// Host blocks in the tier (0 without a host tier).
     pub fn num_host_blocks(&self) -> usize {
-        self.host.as_ref().map_or(0, HostTier::num_blocks)
+        self.host_tier().map_or(0, HostTier::num_blocks)
     }
 
     /// The refcount of a host block.
     pub fn host_refcount(&self, host_block_id: BlockId) -> Result<u32> {
-        self.host
-            .as_ref()
+        self.host_tier()
             .and_then(|h| h.refcount(host_block_id))
             .ok_or_else(|| {
                 Error::InvalidArgument(format!("host block id {host_block_id} out of range"))
@@ -182,6 +190,9 @@ impl KvCacheManager {
 
     /// The host block ids of a swapped-out sequence, in logical order.
     pub fn host_block_table(&self, seq_id: SeqId) -> Result<&[BlockId]> {
+        if let Some(h) = self.hybrid.as_deref() {
+            return h.host_block_table(seq_id, 0);
+        }
         let seq = self
             .seqs
             .get(&seq_id)

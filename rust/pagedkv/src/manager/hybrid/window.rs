@@ -1,0 +1,163 @@
+//! The sliding-window rules (docs/design.md, Hybrid groups): which leading blocks a window
+//! group no longer needs, and the longest prefix hit every group can serve (vLLM's
+//! `SlidingWindowManager` and `HybridKVCacheCoordinator.find_longest_cache_hit`).
+
+use crate::manager::groups::KvGroupSpec;
+
+/// Leading blocks of a sequence with `num_computed` computed tokens that a window of `window`
+/// tokens no longer sees: every token of them lies before `num_computed - window + 1`, the
+/// first position the next query reads (vLLM's `remove_skipped_blocks`). 0 for full attention.
+#[inline]
+pub(super) fn skipped_blocks(spec: KvGroupSpec, num_computed: usize, block_size: usize) -> usize {
+    match spec {
+        KvGroupSpec::FullAttention => 0,
+        KvGroupSpec::SlidingWindow { window } => {
+            // window >= 1 (validated), so window - 1 cannot underflow.
+            num_computed.saturating_sub(window - 1) / block_size
+        }
+    }
+}
+
+/// Blocks a window group needs cached right before a hit point: those covering the last
+/// `window - 1` tokens (the query at the hit point sees itself and those), `cdiv(window - 1,
+/// block_size)`.
+#[inline]
+pub(super) fn contiguous_blocks_for_hit(window: usize, block_size: usize) -> usize {
+    (window - 1).div_ceil(block_size)
+}
+
+/// The longest hit, in blocks, `<= max_blocks`, that a window group can serve when
+/// `cached(i)` says whether its block `i` is cached: the end of the rightmost run of
+/// `contiguous` cached blocks, or a shorter run that starts at block 0. Scans right to left
+/// and stops at the first qualifying run, as vLLM does.
+pub(super) fn window_hit(
+    max_blocks: usize,
+    contiguous: usize,
+    mut cached: impl FnMut(usize) -> bool,
+) -> usize {
+    if contiguous == 0 {
+        // A window of one token needs no earlier block at all.
+        return max_blocks;
+    }
+    let mut run = 0;
+    for i in (0..max_blocks).rev() {
+        if cached(i) {
+            run += 1;
+            if run >= contiguous {
+                return i + run;
+            }
+        } else {
+            run = 0;
+        }
+    }
+    run
+}
+
+/// The longest hit, in blocks, every group can serve: full-attention groups bound it by their
+/// leading cached run, then each window group may shorten it, repeated until no group
+/// shortens it (a fixed point; each pass only shrinks it, so this ends).
+/// `cached(group, i)` says whether the group's block `i` is cached.
+pub(super) fn hybrid_hit(
+    specs: &[KvGroupSpec],
+    max_blocks: usize,
+    block_size: usize,
+    mut cached: impl FnMut(usize, usize) -> bool,
+) -> usize {
+    let mut hit = max_blocks;
+    for (g, spec) in specs.iter().enumerate() {
+        if *spec == KvGroupSpec::FullAttention {
+            hit = (0..hit).find(|&i| !cached(g, i)).unwrap_or(hit);
+        }
+    }
+    loop {
+        let before = hit;
+        for (g, spec) in specs.iter().enumerate() {
+            if let KvGroupSpec::SlidingWindow { window } = *spec {
+                let need = contiguous_blocks_for_hit(window, block_size);
+                hit = window_hit(hit, need, |i| cached(g, i));
+            }
+        }
+        if hit == before {
+            return hit;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// vLLM's `test_sliding_window_remove_skipped_blocks` (block size 2, window 4): blocks
+    /// nulled after 0, 4, 5, 6, 7 and 11 computed tokens.
+    #[test]
+    fn skipped_blocks_match_vllm() {
+        let w = KvGroupSpec::SlidingWindow { window: 4 };
+        let got: Vec<usize> = [0, 4, 5, 6, 7, 11]
+            .iter()
+            .map(|&n| skipped_blocks(w, n, 2))
+            .collect();
+        assert_eq!(got, vec![0, 0, 1, 1, 2, 4]);
+        assert_eq!(skipped_blocks(KvGroupSpec::FullAttention, 1000, 2), 0);
+        assert_eq!(
+            skipped_blocks(KvGroupSpec::SlidingWindow { window: 1 }, 4, 2),
+            2
+        );
+        assert_eq!(
+            skipped_blocks(
+                KvGroupSpec::SlidingWindow { window: usize::MAX },
+                1 << 40,
+                2
+            ),
+            0
+        );
+    }
+
+    /// vLLM's `test_sliding_window_possible_cached_prefix` (block size 2, window 4: two
+    /// contiguous blocks needed).
+    #[test]
+    fn window_hit_matches_vllm_cases() {
+        let (t, f) = (true, false);
+        let cases: &[(&[bool], usize)] = &[
+            (&[f], 0),
+            (&[t], 1),
+            (&[t, f], 1),
+            (&[t, t], 2),
+            (&[t, t, f], 2),
+            (&[t, t, t], 3),
+            (&[t, t, t, f], 3),
+            (&[t, t, f, t, f, f, t, t, f, t, t, t], 12),
+            (&[t, t, f, t, f, f, t, t, f, f, f], 8),
+            (&[t, t, f, t, f, f, t, t, f, t, f], 8),
+        ];
+        let need = contiguous_blocks_for_hit(4, 2);
+        assert_eq!(need, 2);
+        for &(cached, want) in cases {
+            assert_eq!(
+                window_hit(cached.len(), need, |i| cached[i]),
+                want,
+                "{cached:?}"
+            );
+        }
+    }
+
+    /// vLLM's `test_prefill_hybrid_model`: one full group and two window groups of two blocks
+    /// (block size 16, window 32), a 3-block hit, then blocks taken out of the cache.
+    #[test]
+    fn hybrid_hit_matches_vllm_prefill_hybrid_model() {
+        let specs = [
+            KvGroupSpec::FullAttention,
+            KvGroupSpec::SlidingWindow { window: 32 },
+            KvGroupSpec::SlidingWindow { window: 32 },
+        ];
+        let hit = |missing: &[(usize, usize)]| {
+            hybrid_hit(&specs, 3, 16, |g, i| !missing.contains(&(g, i)))
+        };
+        assert_eq!(hit(&[]), 3);
+        assert_eq!(hit(&[(1, 0)]), 3, "window block 0 is not needed");
+        assert_eq!(hit(&[(0, 0)]), 0, "full block 0 is");
+        for g in 0..3 {
+            assert_eq!(hit(&[(g, 2)]), 2, "any group's last block");
+        }
+        assert_eq!(hit(&[(0, 2), (1, 0)]), 0);
+    }
+}
