@@ -1,6 +1,6 @@
 """pagedkv: a paged KV-cache allocator with PagedAttention kernels, a simulator and a visualizer."""
 
-from pagedkv._core import BlockHandle, BlockPool, KvCacheManager, __version__
+from pagedkv._core import BlockHandle, BlockPool, FullAttention, KvCacheManager, SlidingWindow, __version__
 from pagedkv.errors import (
     DoubleFreeError,
     InvalidArgumentError,
@@ -28,6 +28,8 @@ __all__ = [
     "BlockHandle",
     "BlockPool",
     "KvCacheManager",
+    "FullAttention",
+    "SlidingWindow",
     "BlockStored",
     "BlockRemoved",
     "AllBlocksCleared",

@@ -15,7 +15,9 @@ from pagedkv.events import AllBlocksCleared, BlockRemoved, BlockStored
 __all__ = [
     "BlockHandle",
     "BlockPool",
+    "FullAttention",
     "KvCacheManager",
+    "SlidingWindow",
     "__version__",
     "cpu_copy_blocks",
     "cpu_paged_attention",
@@ -44,6 +46,28 @@ class BlockHandle:
     def generation(self) -> int: ...
     def __eq__(self, value: object, /) -> bool: ...
     def __hash__(self) -> int: ...
+
+@final
+class FullAttention:
+    """A KV-cache group of full-attention layers: the group keeps every block."""
+
+    def __new__(cls) -> FullAttention: ...
+    def __eq__(self, value: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+
+@final
+class SlidingWindow:
+    """A KV-cache group of sliding-window layers: each token sees itself and the ``window - 1``
+    tokens before it; blocks wholly before ``num_computed_tokens - window + 1`` are released
+    (``-1`` in the group's block tables). ``window >= 1``."""
+
+    def __new__(cls, window: int) -> SlidingWindow: ...
+    @property
+    def window(self) -> int: ...
+    def __eq__(self, value: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+
+_KvGroups: TypeAlias = list[FullAttention | SlidingWindow] | tuple[FullAttention | SlidingWindow, ...]
 
 @final
 class BlockPool:
@@ -90,7 +114,10 @@ class KvCacheManager:
         hash_seed: int = 0,
         max_events: int | None = None,
         enable_kv_events: bool = False,
-    ) -> KvCacheManager: ...
+        kv_groups: _KvGroups | None = None,
+    ) -> KvCacheManager:
+        """``kv_groups``: one block table per group and sequence, all on one pool (default: one
+        ``FullAttention()`` group, the plain manager); docs/design.md, Hybrid groups."""
     def add_sequence(
         self,
         seq_id: int,
@@ -116,8 +143,9 @@ class KvCacheManager:
     def free_batch(self, seq_ids: _SeqIds) -> None: ...
     def fork(self, parent_id: int, child_id: int) -> None: ...
     def free(self, seq_id: int) -> None: ...
-    def block_table(self, seq_id: int) -> npt.NDArray[np.int32]:
-        """int32 ``[num_blocks_of_seq]``, a fresh array."""
+    def block_table(self, seq_id: int, *, group: int = 0) -> npt.NDArray[np.int32]:
+        """int32 ``[num_blocks_of_seq]`` of KV-cache group ``group``, a fresh array; ``-1`` at a
+        position a sliding-window group released."""
     def num_tokens(self, seq_id: int) -> int: ...
     def advance_computed(self, seq_ids: _SeqIds, num_tokens: int) -> None:
         """Schedules the next ``num_tokens`` tokens of each sequence (chunked prefill), all or
@@ -137,15 +165,19 @@ class KvCacheManager:
         self, tokens: _TokenIds, *, extra_key: str | bytes | int | np.integer | None = None
     ) -> None:
         """Releases the most recent pin of ``tokens`` (``InvalidArgumentError`` if none)."""
-    def batch_block_tables(self, seq_ids: _SeqIds) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]:
-        """(int32 ``[B, max_blocks]`` padded with -1, int32 ``[B]`` lengths in tokens)."""
+    def batch_block_tables(
+        self, seq_ids: _SeqIds, *, group: int = 0
+    ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]:
+        """(int32 ``[B, max_blocks]`` padded with -1, int32 ``[B]`` lengths in tokens) of
+        group ``group``; released positions are -1 too."""
     def csr_page_table(
-        self, seq_ids: _SeqIds
+        self, seq_ids: _SeqIds, *, group: int = 0
     ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]]:
         """FlashInfer's paged-KV layout: (kv_indptr int32 ``[B + 1]``, kv_indices int32 ``[nnz]``,
         kv_last_page_len int32 ``[B]``: tokens in each sequence's last block, 0 when empty)."""
-    def slot_mapping(self, seq_ids: _SeqIds, num_new_tokens: int) -> npt.NDArray[np.int64]:
-        """int64 ``[B * num_new_tokens]``: slots of each sequence's last tokens."""
+    def slot_mapping(self, seq_ids: _SeqIds, num_new_tokens: int, *, group: int = 0) -> npt.NDArray[np.int64]:
+        """int64 ``[B * num_new_tokens]``: slots of each sequence's last tokens in group
+        ``group`` (-1 for a token at a released position)."""
     def take_copy_ops(self) -> npt.NDArray[np.int32]:
         """int32 ``[N, 2]`` pending copy-on-write copies (src, dst); cleared by the call."""
     def refcount(self, block_id: int) -> int: ...
@@ -157,6 +189,8 @@ class KvCacheManager:
     def num_host_blocks(self) -> int: ...
     @property
     def enable_prefix_caching(self) -> bool: ...
+    @property
+    def kv_groups(self) -> list[FullAttention | SlidingWindow]: ...
     @property
     def pool(self) -> BlockPool: ...
     @property

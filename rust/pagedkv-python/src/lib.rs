@@ -17,6 +17,7 @@ mod cpu_ops;
 mod errors;
 mod event_digests;
 mod events;
+mod groups;
 mod id_batches;
 mod int_list;
 mod manager;
@@ -32,6 +33,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<pool::PyBlockPool>()?;
     m.add_class::<pool::PyBlockHandle>()?;
     m.add_class::<manager::PyKvCacheManager>()?;
+    m.add_class::<groups::PyFullAttention>()?;
+    m.add_class::<groups::PySlidingWindow>()?;
     sim::register(m)?;
     wire::register(m)?;
     event_digests::register(m)?;

@@ -21,6 +21,7 @@ use crate::errors::{
 };
 use crate::event_digests::events_to_digests;
 use crate::events::events_to_python;
+use crate::groups::{groups_to_python, parse_kv_groups};
 use crate::id_batches::{batch_len, SeqIds, TokenIds};
 use crate::pool::{check_int32_block_count, PyBlockPool};
 use crate::scalars::{BlockIdArg, CountArg, ExtraKey, FlagArg, SeedArg, SeqIdArg};
@@ -180,6 +181,9 @@ fn pairs_to_array<'py>(
 /// Block ids are below `num_blocks <= i32::MAX` (checked at construction), so this is exact.
 #[inline]
 fn block_id_to_i32(block_id: u32) -> i32 {
+    if block_id == pagedkv::NULL_BLOCK {
+        return -1; // a position a sliding-window group released
+    }
     debug_assert!(block_id <= i32::MAX as u32);
     block_id as i32
 }
@@ -190,11 +194,12 @@ impl PyKvCacheManager {
     #[pyo3(signature = (
         num_blocks=None, block_size=None, enable_prefix_caching=FlagArg(false),
         num_host_blocks=CountArg(0), *, pool=None, hash_seed=SeedArg(0), max_events=None,
-        enable_kv_events=FlagArg(false)
+        enable_kv_events=FlagArg(false), kv_groups=None
     ))]
     #[pyo3(
         text_signature = "(num_blocks=None, block_size=None, enable_prefix_caching=False, \
-        num_host_blocks=0, *, pool=None, hash_seed=0, max_events=None, enable_kv_events=False)"
+        num_host_blocks=0, *, pool=None, hash_seed=0, max_events=None, enable_kv_events=False, \
+        kv_groups=None)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -207,8 +212,10 @@ impl PyKvCacheManager {
         hash_seed: SeedArg,
         max_events: Option<CountArg>,
         enable_kv_events: FlagArg,
+        kv_groups: Option<Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let defaults = ManagerConfig::default();
+        let kv_groups = parse_kv_groups(py, kv_groups.as_ref())?;
         let mut config = ManagerConfig {
             num_blocks: num_blocks.map_or(defaults.num_blocks, |n| n.0),
             block_size: block_size.map_or(defaults.block_size, |n| n.0),
@@ -220,6 +227,9 @@ impl PyKvCacheManager {
         };
         if let Some(max_events) = max_events {
             config.max_events = max_events.0;
+        }
+        if let Some(kv_groups) = kv_groups {
+            config.kv_groups = kv_groups;
         }
         check_int32_block_count(py, "num_host_blocks", config.num_host_blocks)?;
         let (manager, pool_object, peers) = match pool {
@@ -415,15 +425,18 @@ impl PyKvCacheManager {
         self.run(py, false, |kv| kv.free(seq_id.0))
     }
 
-    /// int32 `[num_blocks_of_seq]`: logical block i -> physical block id (a fresh array).
+    /// int32 `[num_blocks_of_seq]`: logical block i -> physical block id (a fresh array) of
+    /// KV-cache group `group`; -1 at a position a sliding-window group released.
+    #[pyo3(signature = (seq_id, *, group=CountArg(0)))]
     fn block_table<'py>(
         &self,
         py: Python<'py>,
         seq_id: SeqIdArg,
+        group: CountArg,
     ) -> PyResult<Bound<'py, PyArray1<i32>>> {
         let table: Vec<i32> = self.run(py, false, |kv| {
             Ok(kv
-                .block_table(seq_id.0)?
+                .block_table_group(seq_id.0, group.0)?
                 .iter()
                 .map(|&b| block_id_to_i32(b))
                 .collect())
@@ -508,16 +521,18 @@ impl PyKvCacheManager {
     }
 
     /// (int32 `[B, max_blocks]` tables padded with -1, int32 `[B]` sequence lengths in tokens).
+    #[pyo3(signature = (seq_ids, *, group=CountArg(0)))]
     fn batch_block_tables<'py>(
         &self,
         py: Python<'py>,
         seq_ids: Bound<'py, PyAny>,
+        group: CountArg,
     ) -> PyResult<TablesAndLens<'py>> {
         let seq_ids = self.seq_ids(py, &seq_ids)?;
         let seqs = seq_ids.0.as_slice();
         let (tables, max_blocks, seq_lens) =
             self.run(py, seqs.len() >= DETACH_MIN_BATCH, |kv| {
-                kv.batch_block_tables(seqs)
+                kv.batch_block_tables_group(seqs, group.0)
             })?;
         let tables = PyArray1::from_vec(py, tables).reshape([seqs.len(), max_blocks])?;
         Ok((tables, PyArray1::from_vec(py, seq_lens)))
@@ -525,15 +540,17 @@ impl PyKvCacheManager {
 
     /// FlashInfer's CSR page table of `seq_ids`: (int32 `[B + 1]` kv_indptr, int32 `[nnz]`
     /// kv_indices, int32 `[B]` kv_last_page_len).
+    #[pyo3(signature = (seq_ids, *, group=CountArg(0)))]
     fn csr_page_table<'py>(
         &self,
         py: Python<'py>,
         seq_ids: Bound<'py, PyAny>,
+        group: CountArg,
     ) -> PyResult<CsrArrays<'py>> {
         let seq_ids = self.seq_ids(py, &seq_ids)?;
         let seqs = seq_ids.0.as_slice();
         let csr = self.run(py, seqs.len() >= DETACH_MIN_BATCH, |kv| {
-            kv.csr_page_table(seqs)
+            kv.csr_page_table_group(seqs, group.0)
         })?;
         Ok((
             PyArray1::from_vec(py, csr.kv_indptr),
@@ -544,16 +561,18 @@ impl PyKvCacheManager {
 
     /// int64 `[B * num_new_tokens]`: KV slots (`block_id * block_size + offset`) of each
     /// sequence's last `num_new_tokens` tokens, sequence by sequence.
+    #[pyo3(signature = (seq_ids, num_new_tokens, *, group=CountArg(0)))]
     fn slot_mapping<'py>(
         &self,
         py: Python<'py>,
         seq_ids: Bound<'py, PyAny>,
         num_new_tokens: CountArg,
+        group: CountArg,
     ) -> PyResult<Bound<'py, PyArray1<i64>>> {
         let seq_ids = self.seq_ids(py, &seq_ids)?;
         let seqs = seq_ids.0.as_slice();
         let slots = self.run(py, seqs.len() >= DETACH_MIN_BATCH, |kv| {
-            kv.slot_mapping(seqs, num_new_tokens.0)
+            kv.slot_mapping_group(seqs, num_new_tokens.0, group.0)
         })?;
         Ok(PyArray1::from_vec(py, slots))
     }
@@ -585,6 +604,13 @@ impl PyKvCacheManager {
     #[getter]
     fn num_host_blocks(&self) -> usize {
         self.num_host_blocks
+    }
+
+    /// The KV-cache groups (`FullAttention` / `SlidingWindow` objects).
+    #[getter]
+    fn kv_groups(&self, py: Python<'_>) -> PyResult<Vec<Py<PyAny>>> {
+        let groups = self.read(py, |kv| kv.kv_groups().to_vec())?;
+        groups_to_python(py, &groups)
     }
 
     /// Whether full blocks are hashed and reused across requests.

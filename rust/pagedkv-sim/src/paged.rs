@@ -59,6 +59,7 @@ impl PagedMemory {
             // The simulator never reads KV events: record none.
             max_events: 0,
             enable_kv_events: false,
+            ..Default::default()
         })?;
         Ok(PagedMemory {
             kv,

@@ -179,9 +179,11 @@ impl GroupCache {
         for (&(g, h), &b) in &self.map {
             match self.records[b as usize].as_deref() {
                 Some(r) if r.group == g && r.hash == h => {}
-                _ => return Err(format!(
+                _ => {
+                    return Err(format!(
                     "hybrid index: map entry ({g}, {h:#x}) names block {b}, whose record differs"
-                )),
+                ))
+                }
             }
         }
         Ok(())

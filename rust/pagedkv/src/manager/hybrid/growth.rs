@@ -19,6 +19,9 @@ use crate::{BlockId, SeqId, TokenId};
 /// release drops first.
 struct GrowthPlan {
     fresh: usize,
+    /// Per group, whether the partial last block is copied before the write (decided once, at
+    /// planning: a batch that holds both sides of a fork copies for each, as planned).
+    copies: Vec<bool>,
     /// Per group, `(first, end)`: positions `first..end` are released (`first` is the first
     /// still-live position).
     release: Vec<(usize, usize)>,
@@ -150,17 +153,20 @@ impl Hybrid {
                 self.pool.num_blocks()
             ));
         }
-        let mut fresh = (per_group - t.div_ceil(bs)) * self.num_groups();
-        if num_tokens > 0 && t % bs != 0 {
-            for table in &seq.tables {
-                let last = *table.block_ids.last().expect("a partial block exists");
-                if self.needs_copy(last) {
-                    fresh += 1;
-                }
-            }
-        }
+        let copies: Vec<bool> = seq
+            .tables
+            .iter()
+            .map(|table| {
+                num_tokens > 0
+                    && t % bs != 0
+                    && self.needs_copy(*table.block_ids.last().expect("a partial block exists"))
+            })
+            .collect();
+        let fresh = (per_group - t.div_ceil(bs)) * self.num_groups()
+            + copies.iter().filter(|&&c| c).count();
         Ok(GrowthPlan {
             fresh,
+            copies,
             release: self.release_plan(seq_id),
         })
     }
@@ -234,9 +240,9 @@ impl Hybrid {
         // releases above stand (they are due at this watermark anyway) and nothing else moves.
         self.allocate_fresh(fresh, &mut blocks)?;
         let mut blocks = blocks.into_iter();
-        for (row, &id) in seq_ids.iter().enumerate() {
+        for (row, (id, plan)) in plans.iter().enumerate() {
             let row_tokens = token_ids.map(|t| &t[row * num_tokens..(row + 1) * num_tokens]);
-            self.grow(id, num_tokens, row_tokens, &mut blocks);
+            self.grow(*id, num_tokens, &plan.copies, row_tokens, &mut blocks);
         }
         debug_assert!(blocks.next().is_none());
         Ok(())
@@ -248,6 +254,7 @@ impl Hybrid {
         &mut self,
         seq_id: SeqId,
         num_tokens: usize,
+        copies: &[bool],
         token_ids: Option<&[TokenId]>,
         blocks: &mut impl Iterator<Item = BlockId>,
     ) {
@@ -258,12 +265,12 @@ impl Hybrid {
         let t = self.seqs[&seq_id].num_tokens();
         let new_blocks = (t + num_tokens).div_ceil(bs) - t.div_ceil(bs);
         for g in 0..self.num_groups() {
-            if t % bs != 0 {
+            if copies[g] {
                 let last = *self.seqs[&seq_id].tables[g]
                     .block_ids
                     .last()
                     .expect("partial");
-                if self.needs_copy(last) {
+                {
                     let dst = blocks.next().expect("planned");
                     *self.seqs.get_mut(&seq_id).expect("live").tables[g]
                         .block_ids
