@@ -41,14 +41,16 @@ def _tables(kv: pagedkv.KvCacheManager, seq_id: int, num_groups: int) -> list[li
 
 def _evict(kv: pagedkv.KvCacheManager, count: int) -> list[int]:
     """Evicts exactly ``count`` of ``kv``'s cached blocks, least recently used first, and
-    returns them in eviction order: a second manager on the same pool takes every free block
-    and then ``count`` more, which it can only reclaim from ``kv``'s cache."""
+    returns them in eviction order: a second manager on the same pool takes every free block,
+    then one block at a time, which it can only reclaim from ``kv``'s cache."""
     pool = kv.pool
-    num_free = pool.num_free_blocks
     peer = pagedkv.KvCacheManager(pool=pool)
-    peer.add_sequence(0, num_tokens=(num_free + count) * pool.block_size)
-    evicted = [int(b) for b in peer.block_table(0)][num_free:]  # free blocks go first
-    assert len(evicted) == count
+    if pool.num_free_blocks:
+        peer.add_sequence(0, num_tokens=pool.num_free_blocks * pool.block_size)
+    evicted = []
+    for seq_id in range(1, count + 1):
+        peer.add_sequence(seq_id, num_tokens=pool.block_size)
+        evicted.append(int(peer.block_table(seq_id)[0]))
     return evicted
 
 

@@ -36,12 +36,12 @@ from hypothesis import event, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from pagedkv import InvalidArgumentError, OutOfBlocksError, SequenceSwappedOutError
 
-NUM_BLOCKS = 48  # three groups of a 14-token prompt at block size 1 fit: no admission is ever invalid
+NUM_BLOCKS = 30  # small: evictions happen; a prompt whose tables never fit together is refused
 NUM_HOST_BLOCKS = 24
 VOCAB = 3  # a tiny vocabulary makes equal prefixes (prefix-cache hits) frequent
 MAX_PROMPT = 14
 
-SETTINGS = settings(max_examples=80, stateful_step_count=50, deadline=None)
+SETTINGS = settings(max_examples=60, stateful_step_count=40, deadline=None)
 
 Cell = tuple[int, Any, int]  # (token id, namespace, group) held by one KV slot
 
@@ -134,11 +134,26 @@ class HybridMachine(RuleBasedStateMachine):
     def prefilling(self) -> list[int]:
         return [s for s in self.resident() if self.computed[s] < len(self.tokens[s])]
 
+    def never_fits(self, num_tokens: int) -> bool:
+        """A sequence whose tables, one per group, could never fit the pool together is
+        refused (InvalidArgumentError), windows or not."""
+        return ceil_div(num_tokens, self.block_size) * self.num_groups > NUM_BLOCKS
+
     def tables(self, seq_id: int) -> list[list[int]]:
         return [self.kv.block_table(seq_id, group=g).tolist() for g in range(self.num_groups)]
 
+    def needs_no_blocks(self) -> bool:
+        """Every group is a window of one token: a hit at any point needs no cached key."""
+        return all(w == 1 for w in self.windows)
+
     def oracle_hit(self, prompt: list[int], extra_key: Any) -> int:
-        """The longest block-aligned prefix (at most len - 1 tokens) some pass computed."""
+        """The longest block-aligned prefix (at most len - 1 tokens) some pass computed: a hit
+        at L needs the full groups' blocks before L and each window group's blocks covering
+        ``[L - W + 1, L)``, the last of which is the block ending at L (unless W is 1), and a
+        computed block implies every block before it was computed. With windows of one token
+        only, nothing is needed: any point is a hit."""
+        if self.needs_no_blocks():
+            return max(len(prompt) - 1, 0) // self.block_size * self.block_size
         best = 0
         for end in range(self.block_size, len(prompt), self.block_size):
             if (extra_key, tuple(prompt[:end])) in self.computed_prefixes:
@@ -242,6 +257,9 @@ class HybridMachine(RuleBasedStateMachine):
                 seq_id, num_tokens=num_tokens, num_scheduled=num_scheduled
             )
         evictions = self.kv.stats()["evictions"]
+        if self.never_fits(num_tokens):
+            assert not isinstance(self.failed_cleanly(InvalidArgumentError, call), tuple)
+            return
         outcome = self.failed_cleanly(OutOfBlocksError, call)
         if not isinstance(outcome, tuple):
             return
@@ -258,6 +276,8 @@ class HybridMachine(RuleBasedStateMachine):
             assert hit == 0
         if hit:
             event("prefix hit")
+            if any(w is not None and released_blocks(hit, w, self.block_size) for w in self.windows):
+                event("prefix hit past a window")
         self.tokens[seq_id] = list(prompt) if with_ids else [0] * num_tokens
         self.namespace[seq_id] = extra_key if with_ids else ("bare", seq_id)
         self.computed[seq_id] = hit
@@ -296,10 +316,12 @@ class HybridMachine(RuleBasedStateMachine):
     def append(self, data: st.DataObject, count: int) -> None:
         seq_id = data.draw(st.sampled_from(self.ready()))
         new = data.draw(st.lists(st.integers(0, VOCAB - 1), min_size=count, max_size=count))
-        if len(self.tokens[seq_id]) + count > 3 * MAX_PROMPT:
-            return  # keep sequences within the pool
         evictions = self.kv.stats()["evictions"]
-        outcome = self.failed_cleanly(OutOfBlocksError, lambda: self.kv.append_tokens(seq_id, new))
+        call = lambda: self.kv.append_tokens(seq_id, new)  # noqa: E731
+        if self.never_fits(len(self.tokens[seq_id]) + count):
+            assert not isinstance(self.failed_cleanly(InvalidArgumentError, call), tuple)
+            return
+        outcome = self.failed_cleanly(OutOfBlocksError, call)
         if not isinstance(outcome, tuple):
             return
         self.note_evictions(evictions)
@@ -315,13 +337,14 @@ class HybridMachine(RuleBasedStateMachine):
     @rule(data=st.data(), count=st.integers(1, 2))
     def append_batch(self, data: st.DataObject, count: int) -> None:
         seqs = data.draw(st.lists(st.sampled_from(self.ready()), min_size=1, max_size=3, unique=True))
-        if any(len(self.tokens[s]) + count > 3 * MAX_PROMPT for s in seqs):
-            return
         new = data.draw(
             st.lists(st.integers(0, VOCAB - 1), min_size=count * len(seqs), max_size=count * len(seqs))
         )
         evictions = self.kv.stats()["evictions"]
         call = lambda: self.kv.append_tokens_batch(seqs, new, num_tokens=count)  # noqa: E731
+        if any(self.never_fits(len(self.tokens[s]) + count) for s in seqs):
+            assert not isinstance(self.failed_cleanly(InvalidArgumentError, call), tuple)
+            return
         outcome = self.failed_cleanly(OutOfBlocksError, call)
         if not isinstance(outcome, tuple):
             return
@@ -353,15 +376,18 @@ class HybridMachine(RuleBasedStateMachine):
         seq_id = data.draw(st.sampled_from(self.resident()))
         n = len(self.tokens[seq_id])
         keep = data.draw(st.integers(0, n))
-        # A rollback behind a window's released positions would leave the next pass (from
-        # min(computed, keep)) needing keys that are gone: refused, and only then.
-        next_start = min(self.computed[seq_id], keep)
+        # A rollback behind a window's released positions is refused, and only that: the
+        # next pass (at ``keep``; a prefilling sequence's watermark is already lower, and
+        # released nothing it would read) reads the window blocks before ``keep`` and writes
+        # into the kept partial block, which must all still be there.
+        kept_blocks = ceil_div(keep, self.block_size)
         needs_released = any(
-            w is not None and self.released[seq_id][g] * self.block_size > max(0, next_start - w + 1)
+            w is not None
+            and min(self.released[seq_id][g], kept_blocks) > released_blocks(keep, w, self.block_size)
             for g, w in enumerate(self.windows)
         )
         outcome = self.failed_cleanly(InvalidArgumentError, lambda: self.kv.truncate(seq_id, keep))
-        assert isinstance(outcome, tuple) != needs_released, (keep, next_start, self.released[seq_id])
+        assert isinstance(outcome, tuple) != needs_released, (keep, self.released[seq_id])
         if not isinstance(outcome, tuple):
             return
         event("truncate")
@@ -494,6 +520,8 @@ class HybridMachine(RuleBasedStateMachine):
                 assert len(table) == ceil_div(len(tokens), self.block_size)
                 released = [i for i, b in enumerate(table) if b < 0]
                 assert released == list(range(self.released[seq_id][g])), (seq_id, g, released)
+                if released:
+                    event("released positions")
                 for block in table:
                     if block < 0:
                         continue
@@ -509,7 +537,7 @@ class HybridMachine(RuleBasedStateMachine):
             else:
                 assert self.kv.refcount(block) == count
         if self.pins:
-            assert stats["num_pinned_blocks"] > 0
+            assert stats["num_pinned_blocks"] > 0 or self.needs_no_blocks()
             assert stats["num_blocks_in_use"] >= len(references)
         else:
             assert stats["num_pinned_blocks"] == 0
