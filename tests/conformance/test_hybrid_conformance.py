@@ -239,3 +239,37 @@ def test_sliding_window_remove_skipped_blocks() -> None:
         assert _tables(kv, 1, 2)[1][expected:] == original[expected:]
         kv.check_invariants()
     assert _evict(kv, 4) == [original[0], original[1], original[3], original[2]]
+
+
+def _cached_after_duplicate_prefill(kv: pagedkv.KvCacheManager) -> int:
+    """Two requests compute the same 9-token prompt independently (neither can hit the other:
+    both are admitted before either pass), then both are freed; returns the cached blocks."""
+    prompt = list(range(9))  # 2 full blocks of 4 and one token
+    kv.add_sequence(1, prompt, num_scheduled=0)
+    kv.add_sequence(2, prompt, num_scheduled=0)
+    kv.advance_computed([1, 2], 9)
+    kv.free(1)
+    kv.free(2)
+    kv.check_invariants()
+    return int(kv.stats()["num_cached_blocks"])
+
+
+def test_duplicate_content_is_cached_on_every_copy_single_group() -> None:
+    """vLLM's BlockHashToBlockMap keeps every copy of a content (``tests/v1/core/
+    test_prefix_caching.py::test_block_lookup_cache_multi_blocks_per_key``): 2 requests x 2
+    full blocks stay cached. The single-group manager does the same."""
+    kv = pagedkv.KvCacheManager(num_blocks=32, block_size=4, enable_prefix_caching=True)
+    assert _cached_after_duplicate_prefill(kv) == 4
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the hybrid index keeps one copy per content and group and frees the others uncached "
+    "(hybrid/cache.rs insert); vLLM caches all 8, so eviction orders, then hits, part "
+    "(benches/results/2026-12-03-vllm-hybrid-differential.md)",
+)
+def test_duplicate_content_is_cached_on_every_copy_hybrid() -> None:
+    """The same with a full-attention group and a window group: vLLM 0.33's hybrid manager
+    holds 2 requests x 2 groups x 2 full blocks = 8 cached blocks (measured in the peer venv)."""
+    kv = _manager(32, 4, [FULL, 8])
+    assert _cached_after_duplicate_prefill(kv) == 8
