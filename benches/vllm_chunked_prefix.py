@@ -475,6 +475,20 @@ def run_schedule(seed: int, cfg: Config, vllm_side: Any = None, log: list[str] |
                 r = running[rid]
                 if not ok:  # preempted (recompute): freed on both sides
                     out.preemptions += 1
+                    released = [
+                        sum(b is None for t in side.tables(rid) for b in t) for side in (ours, theirs)
+                    ]
+                    if hybrid and released[0] != released[1] and not out.diverged:
+                        # vLLM releases the window blocks due at this watermark before it
+                        # sizes the allocation, even when the allocation then fails; pagedkv's
+                        # failed append changes nothing. Freed right after, those blocks enter
+                        # the eviction order ahead of the request's other blocks in vLLM, and
+                        # in table order in pagedkv. Stop after this step.
+                        out.diverged = (
+                            f"seed {seed} step {step}: preemption of {rid}: vLLM's failed allocation "
+                            f"released window blocks first ({released[1]} released positions, "
+                            f"pagedkv {released[0]})"
+                        )
                     ours.free(rid)
                     theirs.free(rid)
                     del running[rid]
@@ -610,6 +624,7 @@ def main(argv: list[str] | None = None, configs: dict[str, Config] | None = None
             "fit differs": sum("fits pagedkv" in d for d in diverged),
             "two evictable copies": sum("two cached-evictable" in d for d in diverged),
             "duplicate copy (hybrid index keeps one)": sum("keeps one copy" in d for d in diverged),
+            "release in a failed allocation": sum("failed allocation" in d for d in diverged),
         }
         steps_to_stop = sorted(int(d.split(" step ")[1].split(":")[0]) for d in diverged)
         if diverged:
