@@ -29,6 +29,7 @@ struct GrowthPlan {
 
 impl Hybrid {
     /// See [`crate::KvCacheManager::num_computed_tokens`].
+    #[cold]
     pub(crate) fn num_computed_tokens(&self, seq_id: SeqId) -> Result<usize> {
         self.seqs
             .get(&seq_id)
@@ -196,6 +197,7 @@ impl Hybrid {
     }
 
     /// See [`crate::KvCacheManager::can_append`].
+    #[cold]
     pub(crate) fn can_append(&self, seq_id: SeqId, num_tokens: usize) -> Result<bool> {
         match self.plan_growth(seq_id, num_tokens) {
             Ok(plan) => {
@@ -211,6 +213,7 @@ impl Hybrid {
     /// Appends `num_tokens` tokens to each of `seq_ids` (row `i` of `token_ids` to
     /// `seq_ids[i]` when given), all or nothing over the batch and over the groups; only the
     /// window releases due at the current watermarks happen even when blocks run short.
+    #[cold]
     pub(crate) fn append_batch(
         &mut self,
         seq_ids: &[SeqId],
@@ -292,6 +295,7 @@ impl Hybrid {
 
     /// See [`crate::KvCacheManager::advance_computed`]; each sequence's window groups first
     /// release what its current watermark puts out of the window.
+    #[cold]
     pub(crate) fn advance_computed(&mut self, seq_ids: &[SeqId], num_tokens: usize) -> Result<()> {
         check_distinct(seq_ids)?;
         for &id in seq_ids {
