@@ -427,7 +427,7 @@ impl PyKvCacheManager {
 
     /// int32 `[num_blocks_of_seq]`: logical block i -> physical block id (a fresh array) of
     /// KV-cache group `group`; -1 at a position a sliding-window group released.
-    #[pyo3(signature = (seq_id, *, group=CountArg(0)))]
+    #[pyo3(signature = (seq_id, *, group=CountArg(0)), text_signature = "(self, seq_id, *, group=0)")]
     fn block_table<'py>(
         &self,
         py: Python<'py>,
@@ -521,7 +521,7 @@ impl PyKvCacheManager {
     }
 
     /// (int32 `[B, max_blocks]` tables padded with -1, int32 `[B]` sequence lengths in tokens).
-    #[pyo3(signature = (seq_ids, *, group=CountArg(0)))]
+    #[pyo3(signature = (seq_ids, *, group=CountArg(0)), text_signature = "(self, seq_ids, *, group=0)")]
     fn batch_block_tables<'py>(
         &self,
         py: Python<'py>,
@@ -540,7 +540,7 @@ impl PyKvCacheManager {
 
     /// FlashInfer's CSR page table of `seq_ids`: (int32 `[B + 1]` kv_indptr, int32 `[nnz]`
     /// kv_indices, int32 `[B]` kv_last_page_len).
-    #[pyo3(signature = (seq_ids, *, group=CountArg(0)))]
+    #[pyo3(signature = (seq_ids, *, group=CountArg(0)), text_signature = "(self, seq_ids, *, group=0)")]
     fn csr_page_table<'py>(
         &self,
         py: Python<'py>,
@@ -561,7 +561,7 @@ impl PyKvCacheManager {
 
     /// int64 `[B * num_new_tokens]`: KV slots (`block_id * block_size + offset`) of each
     /// sequence's last `num_new_tokens` tokens, sequence by sequence.
-    #[pyo3(signature = (seq_ids, num_new_tokens, *, group=CountArg(0)))]
+    #[pyo3(signature = (seq_ids, num_new_tokens, *, group=CountArg(0)), text_signature = "(self, seq_ids, num_new_tokens, *, group=0)")]
     fn slot_mapping<'py>(
         &self,
         py: Python<'py>,

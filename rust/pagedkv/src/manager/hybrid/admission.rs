@@ -88,6 +88,7 @@ impl Hybrid {
     }
 
     /// See [`crate::KvCacheManager::match_prefix`].
+    #[cold]
     pub(crate) fn match_prefix(
         &self,
         tokens: &[TokenId],
@@ -105,7 +106,7 @@ impl Hybrid {
     fn blocks_fitting(&self, num_tokens: usize) -> Result<usize> {
         let per_group = num_tokens.div_ceil(self.block_size);
         let total = per_group.checked_mul(self.num_groups());
-        if total.is_none_or(|t| t > self.pool.num_blocks()) {
+        if total.map_or(true, |t| t > self.pool.num_blocks()) {
             return invalid(format!(
                 "{num_tokens} tokens need {per_group} blocks in each of {} kv_groups, more than \
                  the pool's {} blocks of {} tokens",
@@ -119,6 +120,7 @@ impl Hybrid {
 
     /// Admits a sequence (see [`crate::KvCacheManager::add_sequence_scheduled`]); `tokens`
     /// `None` admits `num_tokens` unknown tokens (never prefix-cached).
+    #[cold]
     pub(crate) fn add_sequence(
         &mut self,
         seq_id: SeqId,

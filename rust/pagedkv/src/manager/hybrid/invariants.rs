@@ -73,6 +73,16 @@ impl Hybrid {
                         &mut refs
                     };
                     *map.entry(b).or_default() += 1;
+                    let indexed_in = self
+                        .cache
+                        .as_ref()
+                        .filter(|_| !seq.swapped)
+                        .and_then(|c| c.group_of(b));
+                    if indexed_in.is_some_and(|ig| ig as usize != g) {
+                        return Err(format!(
+                            "sequence {id} group {g}: block {b} is indexed for group {indexed_in:?}"
+                        ));
+                    }
                 }
             }
             if let (Some(tokens), Some(_)) = (seq.tokens.as_ref(), self.cache.as_ref()) {
