@@ -262,14 +262,9 @@ def test_duplicate_content_is_cached_on_every_copy_single_group() -> None:
     assert _cached_after_duplicate_prefill(kv) == 4
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the hybrid index keeps one copy per content and group and frees the others uncached "
-    "(hybrid/cache.rs insert); vLLM caches all 8, so eviction orders, then hits, part "
-    "(benches/results/2026-12-03-vllm-hybrid-differential.md)",
-)
 def test_duplicate_content_is_cached_on_every_copy_hybrid() -> None:
     """The same with a full-attention group and a window group: vLLM 0.33's hybrid manager
-    holds 2 requests x 2 groups x 2 full blocks = 8 cached blocks (measured in the peer venv)."""
+    holds 2 requests x 2 groups x 2 full blocks = 8 cached blocks (measured in the peer venv).
+    Fails on the hybrid index that kept one copy per content and group (4)."""
     kv = _manager(32, 4, [FULL, 8])
     assert _cached_after_duplicate_prefill(kv) == 8

@@ -41,7 +41,7 @@ NUM_HOST_BLOCKS = 24
 VOCAB = 3  # a tiny vocabulary makes equal prefixes (prefix-cache hits) frequent
 MAX_PROMPT = 14
 
-SETTINGS = settings(max_examples=60, stateful_step_count=40, deadline=None)
+SETTINGS = settings(max_examples=100, stateful_step_count=40, deadline=None)
 
 Cell = tuple[int, Any, int]  # (token id, namespace, group) held by one KV slot
 
@@ -216,6 +216,33 @@ class HybridMachine(RuleBasedStateMachine):
             event(f"failed cleanly: {type(err).__name__}")
             return err
 
+    def failed_growth(self, op: Any, seqs: list[int]) -> Any:
+        """Runs a growth (``append_tokens``, ``append_tokens_batch``); if it raises
+        OutOfBlocksError, the only change is vLLM's: each grown sequence's window groups
+        released what its watermark puts out of the window (vLLM frees them before sizing the
+        allocation and keeps them freed when it fails). Returns as ``failed_cleanly``."""
+        before = snapshot(self.kv, self.live(), self.num_groups)
+        try:
+            return ("ok", op())
+        except OutOfBlocksError as err:
+            after = snapshot(self.kv, self.live(), self.num_groups)
+            for seq_id in seqs:
+                self.start_pass(seq_id)
+            for seq_id, (tables, num_tokens, computed) in before["tables"].items():
+                assert after["tables"][seq_id][1:] == (num_tokens, computed)
+                if tables is None:
+                    continue
+                expected = [
+                    [-1 if seq_id in seqs and i < self.released[seq_id][g] else b for i, b in enumerate(t)]
+                    for g, t in enumerate(tables)
+                ]
+                assert after["tables"][seq_id][0] == expected, seq_id
+            released = after["tables"] != before["tables"]
+            event("failed growth released window blocks" if released else "failed cleanly: OutOfBlocksError")
+            if not released:
+                assert after == before
+            return err
+
     def note_evictions(self, before: int) -> None:
         if self.kv.stats()["evictions"] > before:
             event("eviction")
@@ -321,7 +348,7 @@ class HybridMachine(RuleBasedStateMachine):
         if self.never_fits(len(self.tokens[seq_id]) + count):
             assert not isinstance(self.failed_cleanly(InvalidArgumentError, call), tuple)
             return
-        outcome = self.failed_cleanly(OutOfBlocksError, call)
+        outcome = self.failed_growth(call, [seq_id])
         if not isinstance(outcome, tuple):
             return
         self.note_evictions(evictions)
@@ -345,7 +372,7 @@ class HybridMachine(RuleBasedStateMachine):
         if any(self.never_fits(len(self.tokens[s]) + count) for s in seqs):
             assert not isinstance(self.failed_cleanly(InvalidArgumentError, call), tuple)
             return
-        outcome = self.failed_cleanly(OutOfBlocksError, call)
+        outcome = self.failed_growth(call, seqs)
         if not isinstance(outcome, tuple):
             return
         self.note_evictions(evictions)
