@@ -6,9 +6,10 @@ of one block, windows that are not multiples of the block size, two windows at o
 chunked prefill, decode across window boundaries, frees, preemptions and evictions. Every
 admission's hit equals vLLM's ``get_computed_blocks`` hit and pagedkv's ``match_prefix``; blocks
 in use agree in total and per group, and every released table position (pagedkv ``-1``) is one
-vLLM's rule releases (its null block), after every step. A schedule stops, without failing,
-where the two managers hand out different physical copies of the same content (vLLM the oldest
-copy, pagedkv the newest: benches/results/2026-12-03-vllm-differential.md).
+vLLM's rule releases (its null block), after every step. A schedule would stop, without
+failing, where the two managers hand out different physical copies of the same content, or where
+vLLM's failed allocation released window blocks before a preemption (both classified by the
+script; neither occurs now that the hybrid index serves the oldest copy, as vLLM does).
 
 Needs vLLM 0.33's block manager importable (the peer venv, benches/README.md); skipped
 otherwise, which is the case in CI (vLLM and torch are not test dependencies). The results of
