@@ -11,6 +11,11 @@ the peer harness's setup script), with pagedkv importable (``PYTHONPATH=python``
 extension in ``python/pagedkv``). This module imports without vLLM: only ``VllmSide`` needs it,
 so ``tests/conformance/test_vllm_differential.py`` can import it and skip when vLLM is absent.
 
+The machinery here also drives hybrid managers (``Config.windows``: a full-attention group and
+sliding-window groups on one pool); ``benches/vllm_hybrid_differential.py`` runs those
+configurations and documents what is compared there. With ``windows`` empty (every
+configuration below) a schedule makes exactly the calls and random draws it always made.
+
 What is compared, per admission:
 - pagedkv's ``match_prefix(prompt)`` (before admission), the hit ``add_sequence`` returns, and
   vLLM's ``get_computed_blocks`` hit on the same state: all three equal;
@@ -51,12 +56,21 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+Windows = tuple[int | None, ...]  # one entry per KV group: None full attention, else the window
+
+
 class PagedkvSide:
     """pagedkv's manager behind the calls the schedule makes."""
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, windows: Windows = ()) -> None:
+        kwargs: dict[str, Any] = {}
+        if windows:
+            kwargs["kv_groups"] = [
+                pagedkv.FullAttention() if w is None else pagedkv.SlidingWindow(window=w) for w in windows
+            ]
+        self.num_groups = max(len(windows), 1)
         self.kv = pagedkv.KvCacheManager(
-            num_blocks=num_blocks, block_size=block_size, enable_prefix_caching=True
+            num_blocks=num_blocks, block_size=block_size, enable_prefix_caching=True, **kwargs
         )
 
     def match(self, tokens: list[int]) -> int:
@@ -71,6 +85,15 @@ class PagedkvSide:
 
     def table(self, rid: int) -> list[int]:
         return [int(b) for b in self.kv.block_table(rid)]
+
+    def tables(self, rid: int) -> list[list[int | None]]:
+        """Each group's block table; ``None`` where a window released the position (-1)."""
+        if self.num_groups == 1:
+            return [[int(b) for b in self.kv.block_table(rid)]]
+        return [
+            [None if b < 0 else int(b) for b in self.kv.block_table(rid, group=g).tolist()]
+            for g in range(self.num_groups)
+        ]
 
     def schedule(self, rid: int, num_tokens: int) -> bool:
         self.kv.advance_computed([rid], num_tokens)  # never allocates: the prompt is held
@@ -98,26 +121,40 @@ class PagedkvSide:
 
 
 class VllmSide:
-    """vLLM v1's ``KVCacheManager`` (one full-attention group; its ``BlockPool``), driven the
-    way its scheduler drives it: ``get_computed_blocks`` + ``allocate_slots`` at admission,
+    """vLLM v1's ``KVCacheManager`` (one full-attention group, or the hybrid coordinator over a
+    full-attention group and sliding-window groups; its ``BlockPool``), driven the way its
+    scheduler drives it: ``get_computed_blocks`` + ``allocate_slots`` at admission,
     ``allocate_slots(req, n)`` per later chunk or decode token, ``num_computed_tokens`` moved
     by the caller after each pass, ``free`` on finish or preemption."""
 
-    def __init__(self, num_blocks: int, block_size: int, reserve_prompt: bool) -> None:
+    def __init__(self, num_blocks: int, block_size: int, reserve_prompt: bool, windows: Windows = ()) -> None:
         import torch
         from vllm.sampling_params import SamplingParams
         from vllm.utils.hashing import get_hash_fn_by_name
         from vllm.v1.core.kv_cache_manager import KVCacheManager
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-        from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+        from vllm.v1.kv_cache_interface import (
+            FullAttentionSpec,
+            KVCacheConfig,
+            KVCacheGroupSpec,
+            SlidingWindowSpec,
+        )
         from vllm.v1.request import Request
 
-        spec = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float16)
+        def spec(window: int | None) -> Any:
+            shape = dict(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float16)
+            if window is None:
+                return FullAttentionSpec(**shape)
+            return SlidingWindowSpec(**shape, sliding_window=window)
+
         config = KVCacheConfig(
             num_blocks=num_blocks + 1,  # block 0 is vLLM's null block
             kv_cache_tensors=[],
-            kv_cache_groups=[KVCacheGroupSpec(["layer.0"], spec)],
+            kv_cache_groups=[
+                KVCacheGroupSpec([f"layer.{g}"], spec(w)) for g, w in enumerate(windows or (None,))
+            ],
         )
+        self.num_groups = len(config.kv_cache_groups)
         self.max_model_len = 1 << 20
         self.mgr = KVCacheManager(
             config,
@@ -145,8 +182,9 @@ class VllmSide:
         req = self.request_cls(str(rid), tokens, self.params, None, block_hasher=self.hasher)
         blocks, hit, _ = self.mgr.get_computed_blocks(req)
         # hit blocks no request holds are cached-evictable: admitting takes them back
-        self.revived = sum(b.ref_cnt == 0 for b in blocks.blocks[0])
-        self.evictable_copies = self._evictable_copies(blocks.blocks[0])
+        hit_blocks = [b for group in blocks.blocks for b in group if not b.is_null]
+        self.revived = sum(b.ref_cnt == 0 for b in hit_blocks)
+        self.evictable_copies = self._evictable_copies(hit_blocks)
         chunk = min(num_scheduled, len(tokens) - hit)
         rest = len(tokens) - hit - chunk if self.reserve_prompt else 0
         out = self.mgr.allocate_slots(req, chunk, hit, blocks, num_lookahead_tokens=rest)
@@ -169,6 +207,11 @@ class VllmSide:
 
     def table(self, rid: int) -> list[int]:
         return list(self.mgr.get_block_ids(str(rid))[0])
+
+    def tables(self, rid: int) -> list[list[int | None]]:
+        """Each group's block table; ``None`` for the null block (a released position)."""
+        null = self.mgr.block_pool.null_block.block_id
+        return [[None if b == null else b for b in t] for t in self.mgr.get_block_ids(str(rid))]
 
     def schedule(self, rid: int, num_tokens: int) -> bool:
         req = self.reqs[rid]
@@ -211,6 +254,7 @@ class Config:
     max_suffix: int = 24
     vocab: int = 6  # small: decode tokens and suffixes collide, so generated blocks hit too
     incremental: bool = False
+    windows: Windows = ()  # KV groups (None: full attention); empty: one full-attention group
 
 
 @dataclass
@@ -221,6 +265,7 @@ class Outcome:
     ooms: int = 0
     preemptions: int = 0
     steps: int = 0
+    released_positions: int = 0  # hybrid: out-of-window table positions, summed over steps
     mismatches: list[str] = field(default_factory=list)
     # the first explained divergence, after which the schedule stops (see run_schedule)
     diverged: str = ""
@@ -232,18 +277,40 @@ class _Running:
     scheduled: int  # tokens scheduled so far (the computed watermark after the pass)
 
 
-def _hit_sharing(side: Any, rid: int, num_hit_blocks: int, running: dict[int, _Running]) -> list[list[int]]:
-    """For each hit block of ``rid``, the other running requests holding that physical block
-    (empty: the block was cached-evictable). Independent of block ids, so comparable across
+def _hit_sharing(
+    side: Any, rid: int, num_hit_blocks: int, running: dict[int, _Running]
+) -> list[list[list[int] | None]]:
+    """Per group, for each hit block of ``rid``, the other running requests holding that
+    physical block in that group (empty: the block was cached-evictable; ``None``: the
+    position is out of the window, no block). Independent of block ids, so comparable across
     managers."""
-    hit_blocks = side.table(rid)[:num_hit_blocks]
-    tables = {o: set(side.table(o)) for o in running if o != rid}
-    return [sorted(o for o, t in tables.items() if b in t) for b in hit_blocks]
+    out: list[list[list[int] | None]] = []
+    others = {o: side.tables(o) for o in running if o != rid}
+    for g, table in enumerate(side.tables(rid)):
+        held = {o: set(t[g]) for o, t in others.items()}
+        out.append(
+            [
+                None if b is None else sorted(o for o, t in held.items() if b in t)
+                for b in table[:num_hit_blocks]
+            ]
+        )
+    return out
 
 
 def _revived(side: Any, rid: int, num_hit_blocks: int, running: dict[int, _Running]) -> int:
     """Hit blocks of ``rid`` no other running request holds: they were cached-evictable."""
-    return sum(not others for others in _hit_sharing(side, rid, num_hit_blocks, running))
+    return sum(others == [] for group in _hit_sharing(side, rid, num_hit_blocks, running) for others in group)
+
+
+def _group_state(side: Any, running: dict[int, _Running]) -> tuple[list[int], dict[int, list[list[bool]]]]:
+    """Per group the distinct blocks the running requests hold, and per request and group
+    which table positions are released (out of the window)."""
+    tables = {rid: side.tables(rid) for rid in running}
+    in_use = [
+        len({b for t in tables.values() for b in t[g] if b is not None}) for g in range(side.num_groups)
+    ]
+    released = {rid: [[b is None for b in t] for t in ts] for rid, ts in tables.items()}
+    return in_use, released
 
 
 def run_schedule(seed: int, cfg: Config, vllm_side: Any = None, log: list[str] | None = None) -> Outcome:
@@ -251,8 +318,9 @@ def run_schedule(seed: int, cfg: Config, vllm_side: Any = None, log: list[str] |
     here when ``None``). Returns the counts and every mismatch, described. Stops at the first
     divergence that makes the two states incomparable (one side out of blocks, the other not)."""
     rng = random.Random(seed)
-    ours = PagedkvSide(cfg.num_blocks, cfg.block_size)
-    theirs = vllm_side or VllmSide(cfg.num_blocks, cfg.block_size, not cfg.incremental)
+    ours = PagedkvSide(cfg.num_blocks, cfg.block_size, cfg.windows)
+    theirs = vllm_side or VllmSide(cfg.num_blocks, cfg.block_size, not cfg.incremental, cfg.windows)
+    hybrid = bool(cfg.windows)
     bs = cfg.block_size
     prefixes = [[rng.randrange(cfg.vocab) for _ in range(cfg.prefix_tokens)] for _ in range(cfg.num_prefixes)]
     computed: set[tuple[int, ...]] = set()  # every block-aligned prefix some pass computed
@@ -266,6 +334,7 @@ def run_schedule(seed: int, cfg: Config, vllm_side: Any = None, log: list[str] |
             computed.add(tuple(tokens[:end]))
 
     def expected_extra() -> int:
+        """Blocks per group pagedkv holds in addition (the incremental mode's prompt tails)."""
         if not cfg.incremental:
             return 0
         return sum(
@@ -342,7 +411,14 @@ def run_schedule(seed: int, cfg: Config, vllm_side: Any = None, log: list[str] |
                     return out  # the pools differ from here
                 ours_sharing = _hit_sharing(ours, next_rid, got // bs, running)
                 theirs_sharing = _hit_sharing(theirs, next_rid, got // bs, running)
-                if got == got_vllm and ours_sharing == theirs_sharing and theirs.evictable_copies:
+                # (The hybrid index serves the oldest copy, as vLLM does: no stop needed there;
+                # a different choice would still show in the sharing lists below.)
+                if (
+                    not hybrid
+                    and got == got_vllm
+                    and ours_sharing == theirs_sharing
+                    and theirs.evictable_copies
+                ):
                     # The same, one level down: two cached-evictable copies of a hit block;
                     # each manager revives a different one, and the copy left behind holds a
                     # different place in the eviction order on the two sides, so later
@@ -398,6 +474,20 @@ def run_schedule(seed: int, cfg: Config, vllm_side: Any = None, log: list[str] |
                 r = running[rid]
                 if not ok:  # preempted (recompute): freed on both sides
                     out.preemptions += 1
+                    released = [
+                        sum(b is None for t in side.tables(rid) for b in t) for side in (ours, theirs)
+                    ]
+                    if hybrid and released[0] != released[1] and not out.diverged:
+                        # vLLM releases the window blocks due at this watermark before it
+                        # sizes the allocation, even when the allocation then fails; pagedkv's
+                        # failed append changes nothing. Freed right after, those blocks enter
+                        # the eviction order ahead of the request's other blocks in vLLM, and
+                        # in table order in pagedkv. Stop after this step.
+                        out.diverged = (
+                            f"seed {seed} step {step}: preemption of {rid}: vLLM's failed allocation "
+                            f"released window blocks first ({released[1]} released positions, "
+                            f"pagedkv {released[0]})"
+                        )
                     ours.free(rid)
                     theirs.free(rid)
                     del running[rid]
@@ -419,18 +509,47 @@ def run_schedule(seed: int, cfg: Config, vllm_side: Any = None, log: list[str] |
                 f"{step} {action} {detail} in use {ours.in_use()}/{theirs.in_use()} "
                 + " ".join(f"{k}:{len(r.tokens)}@{r.scheduled}" for k, r in running.items())
             )
-        ours_in_use, theirs_in_use = ours.in_use(), theirs.in_use() + expected_extra()
+        ours_in_use, theirs_in_use = ours.in_use(), theirs.in_use() + ours.num_groups * expected_extra()
         if ours_in_use != theirs_in_use:
             fail(
                 step,
                 f"after {action}: blocks in use pagedkv {ours_in_use}, "
                 f"vLLM {theirs_in_use} (with the expected difference)",
             )
+        if hybrid:
+            diffs, released = _compare_groups(ours, theirs, running, expected_extra())
+            out.released_positions += released
+            for what in diffs:
+                fail(step, f"after {action}: {what}")
         for rid, r in running.items():
             a, b = ours.num_computed(rid), theirs.num_computed(rid)
             if not a == b == r.scheduled:
                 fail(step, f"num_computed_tokens of {rid}: pagedkv {a}, vLLM {b}, schedule {r.scheduled}")
     return out
+
+
+def _compare_groups(
+    ours: Any, theirs: Any, running: dict[int, _Running], extra: int
+) -> tuple[list[str], int]:
+    """Per group: distinct blocks in use, and for every running request which positions are
+    released (pagedkv -1, vLLM's null block). In the incremental mode vLLM's tables stop at
+    the scheduled tokens; pagedkv's tail beyond holds blocks (``extra`` per group). Returns
+    the differences, described, and the number of released positions (vLLM's side)."""
+    diffs: list[str] = []
+    ours_in_use, ours_released = _group_state(ours, running)
+    theirs_in_use, theirs_released = _group_state(theirs, running)
+    for g, (a, b) in enumerate(zip(ours_in_use, theirs_in_use, strict=True)):
+        if a != b + extra:
+            diffs.append(f"group {g}: blocks in use pagedkv {a}, vLLM {b} (+{extra} expected)")
+    for rid in running:
+        for g, (a_mask, b_mask) in enumerate(zip(ours_released[rid], theirs_released[rid], strict=True)):
+            if a_mask[: len(b_mask)] != b_mask or any(a_mask[len(b_mask) :]):
+                diffs.append(
+                    f"request {rid} group {g}: released positions pagedkv "
+                    f"{[i for i, r in enumerate(a_mask) if r]}, vLLM {[i for i, r in enumerate(b_mask) if r]}"
+                )
+    released = sum(sum(mask) for masks in theirs_released.values() for mask in masks)
+    return diffs, released
 
 
 CONFIGS = {
@@ -441,23 +560,27 @@ CONFIGS = {
 }
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None, configs: dict[str, Config] | None = None, doc: str = __doc__) -> int:
+    """Runs ``--schedules`` schedules of each configuration (``configs``: this module's
+    ``CONFIGS`` unless a caller passes its own) and prints the counts; exit 1 on a mismatch."""
+    configs = CONFIGS if configs is None else configs
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--schedules", type=int, default=100, help="schedules per config")
     ap.add_argument("--steps", type=int, default=None, help="override steps per schedule")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--configs", default=",".join(configs))
     args = ap.parse_args(argv)
     import vllm
 
     print(f"pagedkv {pagedkv.__version__}, vLLM {vllm.__version__}")
     total_mismatches = 0
     for name in args.configs.split(","):
-        cfg = CONFIGS[name]
+        cfg = configs[name]
         if args.steps is not None:
             cfg = Config(**{**cfg.__dict__, "steps": args.steps})
         agg = Outcome()
         diverged: list[str] = []
+        to_the_end = 0
         t0 = time.perf_counter()
         for i in range(args.schedules):
             o = run_schedule(args.seed + i, cfg)
@@ -467,21 +590,30 @@ def main(argv: list[str] | None = None) -> int:
             agg.ooms += o.ooms
             agg.preemptions += o.preemptions
             agg.steps += o.steps
+            agg.released_positions += o.released_positions
             agg.mismatches += o.mismatches
             if o.diverged:
                 diverged.append(o.diverged)
+            to_the_end += o.steps == cfg.steps and not o.diverged
         total_mismatches += len(agg.mismatches)
         print(
             f"{name}: {args.schedules} schedules, {agg.steps} steps, {agg.admissions} "
             f"admissions ({agg.hits} with a hit, {agg.hit_tokens} hit tokens), {agg.ooms} "
             f"refused for lack of blocks, {agg.preemptions} preemptions, "
             f"{len(agg.mismatches)} mismatches, {len(diverged)} schedules stopped at a "
-            f"copy-choice divergence ({time.perf_counter() - t0:.1f} s)"
+            f"copy-choice divergence, {to_the_end} ran all {cfg.steps} steps "
+            f"({time.perf_counter() - t0:.1f} s)"
         )
+        if cfg.windows:
+            print(
+                f"   groups {cfg.windows} (None: full attention), block {cfg.block_size}: "
+                f"{agg.released_positions} out-of-window positions compared (summed over steps)"
+            )
         kinds = {
             "held/evictable copy": sum("requests sharing it" in d for d in diverged),
             "fit differs": sum("fits pagedkv" in d for d in diverged),
             "two evictable copies": sum("two cached-evictable" in d for d in diverged),
+            "release in a failed allocation": sum("failed allocation" in d for d in diverged),
         }
         steps_to_stop = sorted(int(d.split(" step ")[1].split(":")[0]) for d in diverged)
         if diverged:

@@ -67,7 +67,8 @@ struct Model {
     caching: bool,
     seqs: BTreeMap<u64, MSeq>,
     blocks: HashMap<MBlock, MBlockState>,
-    index: HashMap<Key, MBlock>,
+    /// Every indexed copy, oldest first (the oldest serves hits).
+    index: HashMap<Key, Vec<MBlock>>,
     lru: Vec<MBlock>,
     next: MBlock,
     in_use: usize,
@@ -107,7 +108,9 @@ impl Model {
     }
 
     fn cached(&self, g: usize, tokens: &[u32], extra: Option<u8>, i: usize) -> Option<MBlock> {
-        self.index.get(&self.key(g, tokens, extra, i)).copied()
+        self.index
+            .get(&self.key(g, tokens, extra, i))
+            .and_then(|copies| copies.first().copied())
     }
 
     /// The declarative hit rule.
@@ -136,8 +139,7 @@ impl Model {
         if self.free_count() == 0 {
             let victim = self.lru.remove(0);
             let st = self.blocks.remove(&victim).expect("cached");
-            self.index
-                .remove(&st.key.expect("cached blocks are indexed"));
+            self.drop_copy(&st.key.expect("cached blocks are indexed"), victim);
         }
         self.next += 1;
         self.blocks
@@ -170,7 +172,15 @@ impl Model {
 
     fn unindex(&mut self, b: MBlock) {
         if let Some(k) = self.blocks.get_mut(&b).and_then(|s| s.key.take()) {
-            self.index.remove(&k);
+            self.drop_copy(&k, b);
+        }
+    }
+
+    fn drop_copy(&mut self, k: &Key, b: MBlock) {
+        let copies = self.index.get_mut(k).expect("indexed");
+        copies.retain(|&c| c != b);
+        if copies.is_empty() {
+            self.index.remove(k);
         }
     }
 
@@ -189,8 +199,8 @@ impl Model {
                     continue;
                 };
                 let k = self.key(g, &tokens, extra, i);
-                if self.blocks[&b].key.is_none() && !self.index.contains_key(&k) {
-                    self.index.insert(k.clone(), b);
+                if self.blocks[&b].key.is_none() {
+                    self.index.entry(k.clone()).or_default().push(b);
                     self.blocks.get_mut(&b).unwrap().key = Some(k);
                 }
             }
@@ -333,28 +343,17 @@ impl Model {
             plans.push((id, fresh, copies, self.release_plan(id)));
         }
         let fresh: usize = plans.iter().map(|p| p.1).sum();
-        let mut drops: HashMap<MBlock, u32> = HashMap::new();
+        // The window releases stand even when the blocks then run short.
         for (id, _, _, rel) in &plans {
-            for (g, &(first, end)) in rel.iter().enumerate() {
-                for b in &self.seqs[id].tables[g][first..end] {
-                    *drops.entry(b.unwrap()).or_default() += 1;
-                }
-            }
+            self.apply_release(*id, rel);
         }
-        let freed = drops
-            .iter()
-            .filter(|(b, n)| self.blocks[b].rc == **n)
-            .count();
-        let available = self.free_count() + self.lru.len() + freed;
+        let available = self.free_count() + self.lru.len();
         if fresh > available {
             return Err(Error::OutOfBlocks {
                 tier: pagedkv::Tier::Device,
                 needed_blocks: fresh,
                 available_blocks: available,
             });
-        }
-        for (id, _, _, rel) in &plans {
-            self.apply_release(*id, rel);
         }
         // The manager takes every fresh block before it writes any table: evictions first.
         let mut fresh_blocks: Vec<MBlock> = (0..fresh).map(|_| self.new_block()).collect();

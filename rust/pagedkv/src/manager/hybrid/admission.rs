@@ -88,6 +88,7 @@ impl Hybrid {
     }
 
     /// See [`crate::KvCacheManager::match_prefix`].
+    #[cold]
     pub(crate) fn match_prefix(
         &self,
         tokens: &[TokenId],
@@ -119,6 +120,7 @@ impl Hybrid {
 
     /// Admits a sequence (see [`crate::KvCacheManager::add_sequence_scheduled`]); `tokens`
     /// `None` admits `num_tokens` unknown tokens (never prefix-cached).
+    #[cold]
     pub(crate) fn add_sequence(
         &mut self,
         seq_id: SeqId,

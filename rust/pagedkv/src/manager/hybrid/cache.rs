@@ -36,13 +36,15 @@ pub(super) struct Pin {
 
 /// Index, LRU, events, pins and prefix counters of one hybrid manager.
 ///
-/// Invariants: `map[(g, h)] == b` iff `records[b]` is `Some` with group `g` and hash `h`;
+/// Invariants: `map[(g, h)]` holds `b` iff `records[b]` is `Some` with group `g` and hash `h`;
 /// every block in the LRU is indexed and has refcount 0; every indexed block outside the LRU
 /// is referenced by a table or a pin.
 #[derive(Debug)]
 pub(super) struct GroupCache {
     pub(super) hasher: BlockHasher,
-    map: FxHashMap<(u32, BlockHash), BlockId>,
+    /// Every indexed copy of a content, oldest first: the oldest serves hits, and a newer
+    /// copy takes over when it leaves (vLLM's `cached_block_hash_to_block`).
+    map: FxHashMap<(u32, BlockHash), Vec<BlockId>>,
     records: Vec<Option<Box<Record>>>,
     num_indexed: usize,
     pub(super) lru: Lru,
@@ -80,7 +82,7 @@ impl GroupCache {
         self.records[b as usize].as_ref().map(|r| r.group)
     }
 
-    /// The block of group `group` holding exactly this content, if indexed.
+    /// The oldest indexed block of group `group` holding exactly this content.
     pub(super) fn lookup(
         &self,
         group: u32,
@@ -89,15 +91,15 @@ impl GroupCache {
         tokens: &[TokenId],
         extra_key: Option<&[u8]>,
     ) -> Option<BlockId> {
-        let &b = self.map.get(&(group, hash))?;
-        let r = self.records[b as usize].as_deref()?;
-        (r.parent == parent && &*r.tokens == tokens && r.extra_key.as_deref() == extra_key)
-            .then_some(b)
+        self.map.get(&(group, hash))?.iter().copied().find(|&b| {
+            self.records[b as usize].as_deref().is_some_and(|r| {
+                r.parent == parent && &*r.tokens == tokens && r.extra_key.as_deref() == extra_key
+            })
+        })
     }
 
     /// Enters block `b` of `group` under `hash`; `false` (nothing changes) when `b` is
-    /// already indexed or another block of the group holds this hash (the first copy serves
-    /// hits; this one stays unindexed and is freed, not cached, when released).
+    /// already indexed. A copy of content already indexed is entered behind the older copies.
     pub(super) fn insert(
         &mut self,
         group: u32,
@@ -107,10 +109,10 @@ impl GroupCache {
         tokens: &[TokenId],
         extra_key: &Option<Arc<[u8]>>,
     ) -> bool {
-        if self.is_indexed(b) || self.map.contains_key(&(group, hash)) {
+        if self.is_indexed(b) {
             return false;
         }
-        self.map.insert((group, hash), b);
+        self.map.entry((group, hash)).or_default().push(b);
         self.records[b as usize] = Some(Box::new(Record {
             group,
             hash,
@@ -122,10 +124,20 @@ impl GroupCache {
         true
     }
 
+    /// Drops `b` from the copies of its content.
+    fn unmap(&mut self, r: &Record, b: BlockId) {
+        if let Some(copies) = self.map.get_mut(&(r.group, r.hash)) {
+            copies.retain(|&c| c != b);
+            if copies.is_empty() {
+                self.map.remove(&(r.group, r.hash));
+            }
+        }
+    }
+
     /// Takes `b` out of the index (a `BlockRemoved` of its hash); `None` if not indexed.
     pub(super) fn remove(&mut self, b: BlockId) -> Option<Box<Record>> {
         let r = self.records[b as usize].take()?;
-        self.map.remove(&(r.group, r.hash));
+        self.unmap(&r, b);
         self.num_indexed -= 1;
         self.events.push_removed(r.hash);
         Some(r)
@@ -134,7 +146,7 @@ impl GroupCache {
     /// Takes `b` out of the index without an event (a reset records `AllBlocksCleared`).
     pub(super) fn remove_silently(&mut self, b: BlockId) {
         if let Some(r) = self.records[b as usize].take() {
-            self.map.remove(&(r.group, r.hash));
+            self.unmap(&r, b);
             self.num_indexed -= 1;
         }
     }
@@ -174,20 +186,22 @@ impl GroupCache {
 
     /// Whether the map and the records agree (invariant of the struct).
     pub(super) fn check_map(&self) -> Result<(), String> {
-        if self.map.len() != self.num_indexed {
+        let mapped: usize = self.map.values().map(Vec::len).sum();
+        if mapped != self.num_indexed {
             return Err(format!(
-                "hybrid index: {} map entries for {} indexed blocks",
-                self.map.len(),
+                "hybrid index: {mapped} mapped blocks for {} indexed blocks",
                 self.num_indexed
             ));
         }
-        for (&(g, h), &b) in &self.map {
-            match self.records[b as usize].as_deref() {
-                Some(r) if r.group == g && r.hash == h => {}
-                _ => {
-                    return Err(format!(
-                    "hybrid index: map entry ({g}, {h:#x}) names block {b}, whose record differs"
-                ))
+        for (&(g, h), copies) in &self.map {
+            for &b in copies {
+                match self.records[b as usize].as_deref() {
+                    Some(r) if r.group == g && r.hash == h => {}
+                    _ => {
+                        return Err(format!(
+                            "hybrid index: map entry ({g}, {h:#x}) names block {b}, whose record differs"
+                        ))
+                    }
                 }
             }
         }

@@ -29,6 +29,7 @@ struct GrowthPlan {
 
 impl Hybrid {
     /// See [`crate::KvCacheManager::num_computed_tokens`].
+    #[cold]
     pub(crate) fn num_computed_tokens(&self, seq_id: SeqId) -> Result<usize> {
         self.seqs
             .get(&seq_id)
@@ -196,6 +197,7 @@ impl Hybrid {
     }
 
     /// See [`crate::KvCacheManager::can_append`].
+    #[cold]
     pub(crate) fn can_append(&self, seq_id: SeqId, num_tokens: usize) -> Result<bool> {
         match self.plan_growth(seq_id, num_tokens) {
             Ok(plan) => {
@@ -209,7 +211,9 @@ impl Hybrid {
     }
 
     /// Appends `num_tokens` tokens to each of `seq_ids` (row `i` of `token_ids` to
-    /// `seq_ids[i]` when given), all or nothing over the batch and over the groups.
+    /// `seq_ids[i]` when given), all or nothing over the batch and over the groups; only the
+    /// window releases due at the current watermarks happen even when blocks run short.
+    #[cold]
     pub(crate) fn append_batch(
         &mut self,
         seq_ids: &[SeqId],
@@ -222,22 +226,14 @@ impl Hybrid {
             plans.push((id, self.plan_growth(id, num_tokens)?));
         }
         let fresh: usize = plans.iter().map(|(_, p)| p.fresh).sum();
-        let freed = self.blocks_freed_by(&plans);
-        let available = self.num_available_blocks() + freed;
-        if fresh > available {
-            return Err(Error::OutOfBlocks {
-                tier: crate::Tier::Device,
-                needed_blocks: fresh,
-                available_blocks: available,
-            });
-        }
-        // Commit: the window releases first (they may be what makes room), then the blocks.
+        // The window releases come first, and stand even when the blocks then run short (as
+        // in vLLM, which frees out-of-window blocks before sizing an allocation): the
+        // released blocks are dead at this watermark whatever the append's outcome, and may
+        // be what makes room. Every id is validated by now.
         for (id, plan) in &plans {
             self.apply_release(*id, &plan.release);
         }
         let mut blocks = Vec::with_capacity(fresh);
-        // Cannot fail unless another manager on a shared pool took blocks meanwhile; then the
-        // releases above stand (they are due at this watermark anyway) and nothing else moves.
         self.allocate_fresh(fresh, &mut blocks)?;
         let mut blocks = blocks.into_iter();
         for (row, (id, plan)) in plans.iter().enumerate() {
@@ -299,6 +295,7 @@ impl Hybrid {
 
     /// See [`crate::KvCacheManager::advance_computed`]; each sequence's window groups first
     /// release what its current watermark puts out of the window.
+    #[cold]
     pub(crate) fn advance_computed(&mut self, seq_ids: &[SeqId], num_tokens: usize) -> Result<()> {
         check_distinct(seq_ids)?;
         for &id in seq_ids {

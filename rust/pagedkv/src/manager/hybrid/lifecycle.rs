@@ -12,6 +12,7 @@ use crate::{BlockId, SeqId, TokenId};
 impl Hybrid {
     /// See [`crate::KvCacheManager::fork`]: the child shares every live block of every group;
     /// released positions stay null in both.
+    #[cold]
     pub(crate) fn fork(&mut self, parent_id: SeqId, child_id: SeqId) -> Result<()> {
         let parent = self.resident(parent_id)?;
         if parent.num_computed < parent.num_tokens() {
@@ -40,6 +41,7 @@ impl Hybrid {
 
     /// See [`crate::KvCacheManager::free`]: every group's live blocks are released, group by
     /// group, each table tail first (vLLM's order).
+    #[cold]
     pub(crate) fn free(&mut self, seq_id: SeqId) -> Result<()> {
         let seq = self
             .seqs
@@ -64,6 +66,7 @@ impl Hybrid {
     }
 
     /// See [`crate::KvCacheManager::free_batch`] (all ids validated first).
+    #[cold]
     pub(crate) fn free_batch(&mut self, seq_ids: &[SeqId]) -> Result<()> {
         check_distinct(seq_ids)?;
         if let Some(&id) = seq_ids.iter().find(|id| !self.seqs.contains_key(id)) {
@@ -78,6 +81,7 @@ impl Hybrid {
     /// See [`crate::KvCacheManager::truncate`]. Refused (InvalidArgument, nothing changes)
     /// when a window group released a position the window at the new length would need:
     /// those K/V are gone.
+    #[cold]
     pub(crate) fn truncate(&mut self, seq_id: SeqId, num_tokens: usize) -> Result<()> {
         let bs = self.block_size;
         let seq = self.resident(seq_id)?;

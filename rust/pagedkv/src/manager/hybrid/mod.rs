@@ -9,6 +9,12 @@
 //! one LRU shared by the groups. Every operation validates and counts the fresh blocks it
 //! needs over all groups before it changes anything (all or nothing).
 //!
+//! The entry points the plain manager dispatches to are `#[cold]`, so the dispatch is a
+//! predicted-not-taken branch and the single-group code keeps its layout: callgrind counts of
+//! the `instructions` bench scenarios against the commit before groups were added were within
+//! 1 % (`append_batch_48` +0.04 %, `add_free` -0.7 %, `prefix_admit` -0.7 %, `op_mix` -0.2 %);
+//! without `#[cold]`, `append_batch_48` was +3 %.
+//!
 //! One file per concern: [`cache`] (index, LRU, events, pins), [`window`] (the window rules
 //! and the hit coordinator), [`admission`], [`growth`] (appends, computed watermark, window
 //! release), [`lifecycle`] (fork, free, truncate, pins), [`swap`], [`queries`],

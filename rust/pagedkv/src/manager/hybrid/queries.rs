@@ -34,6 +34,7 @@ impl Hybrid {
     }
 
     /// Group `group`'s table of a resident sequence.
+    #[cold]
     pub(crate) fn table(&self, seq_id: SeqId, group: usize) -> Result<&BlockTable> {
         self.check_group(group)?;
         Ok(&self.resident(seq_id)?.tables[group])
@@ -56,6 +57,7 @@ impl Hybrid {
     }
 
     /// See [`crate::KvCacheManager::batch_block_tables_group`].
+    #[cold]
     pub(crate) fn batch_block_tables(
         &self,
         seq_ids: &[SeqId],
@@ -85,6 +87,7 @@ impl Hybrid {
 
     /// See [`crate::KvCacheManager::slot_mapping_group`]: `-1` for a token whose position was
     /// released.
+    #[cold]
     pub(crate) fn slot_mapping(
         &self,
         seq_ids: &[SeqId],
@@ -122,6 +125,7 @@ impl Hybrid {
     }
 
     /// See [`crate::KvCacheManager::csr_page_table_group`]: released positions are `-1`.
+    #[cold]
     pub(crate) fn csr_page_table(&self, seq_ids: &[SeqId], group: usize) -> Result<CsrPageTable> {
         self.check_batch(seq_ids, group)?;
         let nnz: usize = seq_ids
@@ -162,6 +166,7 @@ impl Hybrid {
     }
 
     /// See [`crate::KvCacheManager::stats`]: `num_blocks_in_use` counts every group's blocks.
+    #[cold]
     pub(crate) fn stats(&self) -> Stats {
         let mut s = Stats {
             num_blocks: self.pool.num_blocks(),
