@@ -680,3 +680,49 @@ proptest! {
         run(groups, bs, num_blocks, caching, ops);
     }
 }
+
+#[test]
+fn bad_group_configs_and_group_indices_are_invalid_arguments() {
+    let config = |kv_groups: Vec<KvGroupSpec>| ManagerConfig {
+        num_blocks: 8,
+        block_size: 2,
+        kv_groups,
+        ..Default::default()
+    };
+    let invalid = |r: Result<KvCacheManager, Error>| matches!(r, Err(Error::InvalidArgument(_)));
+    assert!(invalid(KvCacheManager::new(config(vec![]))));
+    assert!(invalid(KvCacheManager::new(config(vec![
+        KvGroupSpec::SlidingWindow { window: 0 }
+    ]))));
+    assert!(invalid(KvCacheManager::new(config(vec![
+        KvGroupSpec::FullAttention;
+        pagedkv::MAX_KV_GROUPS + 1
+    ]))));
+    let huge = KvGroupSpec::SlidingWindow { window: usize::MAX };
+    for groups in [
+        vec![KvGroupSpec::FullAttention],
+        vec![KvGroupSpec::FullAttention, huge],
+    ] {
+        let n = groups.len();
+        let mut kv = KvCacheManager::new(config(groups)).unwrap();
+        assert_eq!(kv.kv_groups().len(), n);
+        kv.add_sequence(1, &[1, 2, 3], None).unwrap();
+        kv.append_tokens(1, &[4, 5]).unwrap();
+        assert!(kv.block_table_group(1, n - 1).is_ok());
+        for r in [
+            kv.block_table_group(1, n).map(|_| ()),
+            kv.batch_block_tables_group(&[1], n).map(|_| ()),
+            kv.slot_mapping_group(&[1], 1, n).map(|_| ()),
+            kv.csr_page_table_group(&[1], n).map(|_| ()),
+            kv.block_table_group(1, usize::MAX).map(|_| ()),
+        ] {
+            assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
+        }
+        // A huge window never releases anything.
+        assert!(!kv
+            .block_table_group(1, n - 1)
+            .unwrap()
+            .contains(&NULL_BLOCK));
+        kv.check_invariants().unwrap();
+    }
+}
