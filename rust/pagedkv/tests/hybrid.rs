@@ -1,6 +1,6 @@
 //! Model-based test of hybrid KV-cache groups (docs/design.md, Hybrid groups): random
 //! operation sequences (admission with prefix hits and chunked prefill, advance_computed,
-//! appends and batch appends, fork, free, truncate, match_prefix) on managers with full and
+//! appends and batch appends, fork, free, truncate, match_prefix, pins, cache reset) on managers with full and
 //! sliding-window groups, against a tiny reference model, with `check_invariants()` after every
 //! step.
 //!
@@ -39,6 +39,9 @@ enum Op {
     Free(u64),
     Truncate(u64, usize),
     Match(usize, usize),
+    Pin(usize, usize),
+    Unpin(usize, usize),
+    Reset,
     TakeCopyOps,
 }
 
@@ -72,6 +75,8 @@ struct Model {
     lru: Vec<MBlock>,
     next: MBlock,
     in_use: usize,
+    /// Pins, oldest first: (prompt's full-block tokens, blocks held).
+    pins: Vec<(Vec<u32>, Vec<MBlock>)>,
 }
 
 fn skipped(spec: KvGroupSpec, n: usize, bs: usize) -> usize {
@@ -443,6 +448,53 @@ impl Model {
         Ok(())
     }
 
+    fn pin(&mut self, tokens: &[u32]) -> usize {
+        let num_full = tokens.len() / self.bs;
+        let l = self.hit(tokens, None, num_full);
+        if l == 0 {
+            return 0;
+        }
+        let mut held = vec![];
+        for (g, &spec) in self.specs.iter().enumerate() {
+            let skip = skipped(spec, l * self.bs, self.bs);
+            for i in skip..l {
+                held.push(self.cached(g, tokens, None, i).unwrap());
+            }
+        }
+        for &b in &held {
+            self.take(b);
+        }
+        self.pins
+            .push((tokens[..num_full * self.bs].to_vec(), held));
+        l * self.bs
+    }
+
+    fn unpin(&mut self, tokens: &[u32]) -> Result<(), Error> {
+        let key = &tokens[..tokens.len() / self.bs * self.bs];
+        let pos = self
+            .pins
+            .iter()
+            .rposition(|(k, _)| !k.is_empty() && k == key)
+            .filter(|_| self.caching)
+            .ok_or(Error::InvalidArgument(String::new()))?;
+        let (_, held) = self.pins.remove(pos);
+        for &b in held.iter().rev() {
+            self.release(b);
+        }
+        Ok(())
+    }
+
+    fn reset(&mut self) -> bool {
+        if self.in_use > 0 {
+            return false;
+        }
+        for b in std::mem::take(&mut self.lru) {
+            self.blocks.remove(&b);
+        }
+        self.index.clear();
+        true
+    }
+
     fn truncate(&mut self, id: u64, n: usize) -> Result<(), Error> {
         let s = self.resident(id)?;
         if n > s.num_tokens {
@@ -539,6 +591,9 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         3 => id.clone().prop_map(Op::Free),
         2 => (id.clone(), 0usize..24).prop_map(|(i, n)| Op::Truncate(i, n)),
         1 => (0usize..4, 0usize..24).prop_map(|(p, n)| Op::Match(p, n)),
+        1 => (0usize..4, 0usize..24).prop_map(|(p, n)| Op::Pin(p, n)),
+        1 => (0usize..4, 0usize..24).prop_map(|(p, n)| Op::Unpin(p, n)),
+        1 => Just(Op::Reset),
         1 => Just(Op::TakeCopyOps),
     ]
 }
@@ -576,6 +631,7 @@ fn run(groups: Vec<KvGroupSpec>, bs: usize, num_blocks: usize, caching: bool, op
         lru: Vec::new(),
         next: 0,
         in_use: 0,
+        pins: Vec::new(),
     };
     let mut names = HashMap::new();
     let mut next_token = 100u32;
@@ -635,6 +691,18 @@ fn run(groups: Vec<KvGroupSpec>, bs: usize, num_blocks: usize, caching: bool, op
                 kv.truncate(*id, *n).map(|_| 0),
                 m.truncate(*id, *n).map(|_| 0),
             ),
+            Op::Pin(p, n) => {
+                let t = prompt(*p, *n);
+                (kv.pin_prefix(&t, None), Ok(m.pin(&t)))
+            }
+            Op::Unpin(p, n) => {
+                let t = prompt(*p, *n);
+                (kv.unpin_prefix(&t, None).map(|_| 0), m.unpin(&t).map(|_| 0))
+            }
+            Op::Reset => (
+                Ok(usize::from(kv.reset_prefix_cache())),
+                Ok(usize::from(m.reset())),
+            ),
             Op::Match(p, n) => {
                 let t = prompt(*p, *n);
                 (
@@ -662,8 +730,13 @@ fn run(groups: Vec<KvGroupSpec>, bs: usize, num_blocks: usize, caching: bool, op
     // Everything goes back to the pool.
     let ids: Vec<u64> = m.seqs.keys().copied().collect();
     kv.free_batch(&ids).unwrap();
+    for (key, _) in m.pins.iter().rev() {
+        kv.unpin_prefix(key, None).unwrap();
+    }
     kv.check_invariants().unwrap();
     assert_eq!(kv.stats().num_blocks_in_use, 0);
+    assert!(kv.reset_prefix_cache());
+    assert_eq!(kv.num_available_blocks(), num_blocks);
 }
 
 proptest! {
