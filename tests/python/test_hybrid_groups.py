@@ -169,6 +169,7 @@ def test_swap_moves_only_live_entries() -> None:
 
 def test_out_of_blocks_counts_every_group() -> None:
     kv = hybrid(window=4, num_blocks=6, block_size=2)
+    assert kv.blocks_needed_for_prompt(5) == 6
     kv.add_sequence(1, [1, 2, 3, 4, 5])  # 3 blocks in each group: the pool is full
     assert not kv.can_append(1, 2)
     with pytest.raises(pagedkv.OutOfBlocksError):

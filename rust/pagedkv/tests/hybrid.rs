@@ -1,8 +1,8 @@
 //! Model-based test of hybrid KV-cache groups (docs/design.md, Hybrid groups): random
 //! operation sequences (admission with prefix hits and chunked prefill, advance_computed,
-//! appends and batch appends, fork, free, truncate, match_prefix) on managers with full and
-//! sliding-window groups, against a tiny reference model, with `check_invariants()` after every
-//! step.
+//! appends and batch appends, fork, free, truncate, match_prefix, pins, cache reset) on
+//! managers with full and sliding-window groups, against a tiny reference model, with
+//! `check_invariants()` after every step. Swap is covered by `manager/hybrid/tests.rs`.
 //!
 //! The model keeps, per sequence and group, a table of abstract block ids (`None` at released
 //! positions), refcounts, a prefix index keyed by (group, extra key, full token prefix), the
@@ -18,9 +18,10 @@ use std::collections::{BTreeMap, HashMap};
 use pagedkv::{BlockId, Error, KvCacheManager, KvGroupSpec, ManagerConfig, NULL_BLOCK};
 use proptest::prelude::*;
 
-type MBlock = u64;
-/// (group, extra key, every token up to the block's end).
-type Key = (usize, Option<u8>, Vec<u32>);
+#[path = "hybrid/model.rs"]
+mod model;
+
+use model::{kind, prompt, MBlock, Model};
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -39,452 +40,10 @@ enum Op {
     Free(u64),
     Truncate(u64, usize),
     Match(usize, usize),
+    Pin(usize, usize),
+    Unpin(usize, usize),
+    Reset,
     TakeCopyOps,
-}
-
-#[derive(Debug, Clone)]
-struct MSeq {
-    tables: Vec<Vec<Option<MBlock>>>,
-    num_tokens: usize,
-    num_computed: usize,
-    tokens: Option<Vec<u32>>,
-    extra: Option<u8>,
-    /// Full blocks already offered to the index (`num_computed / bs` while tokens are known).
-    hashed: usize,
-}
-
-#[derive(Debug, Clone, Default)]
-struct MBlockState {
-    rc: u32,
-    key: Option<Key>,
-}
-
-#[derive(Debug)]
-struct Model {
-    specs: Vec<KvGroupSpec>,
-    bs: usize,
-    num_blocks: usize,
-    caching: bool,
-    seqs: BTreeMap<u64, MSeq>,
-    blocks: HashMap<MBlock, MBlockState>,
-    /// Every indexed copy, oldest first (the oldest serves hits).
-    index: HashMap<Key, Vec<MBlock>>,
-    lru: Vec<MBlock>,
-    next: MBlock,
-    in_use: usize,
-}
-
-fn skipped(spec: KvGroupSpec, n: usize, bs: usize) -> usize {
-    match spec {
-        KvGroupSpec::FullAttention => 0,
-        KvGroupSpec::SlidingWindow { window } => n.saturating_sub(window - 1) / bs,
-    }
-}
-
-/// The prompts: a few shared prefixes so that hits happen.
-fn prompt(p: usize, len: usize) -> Vec<u32> {
-    (0..len)
-        .map(|i| {
-            if i < 6 {
-                (p % 2) as u32
-            } else {
-                (p * 7 + i) as u32 % 3
-            }
-        })
-        .collect()
-}
-
-fn kind(e: &Error) -> std::mem::Discriminant<Error> {
-    std::mem::discriminant(e)
-}
-
-impl Model {
-    fn free_count(&self) -> usize {
-        self.num_blocks - self.in_use - self.lru.len()
-    }
-
-    fn key(&self, g: usize, tokens: &[u32], extra: Option<u8>, i: usize) -> Key {
-        (g, extra, tokens[..(i + 1) * self.bs].to_vec())
-    }
-
-    fn cached(&self, g: usize, tokens: &[u32], extra: Option<u8>, i: usize) -> Option<MBlock> {
-        self.index
-            .get(&self.key(g, tokens, extra, i))
-            .and_then(|copies| copies.first().copied())
-    }
-
-    /// The declarative hit rule.
-    fn hit(&self, tokens: &[u32], extra: Option<u8>, max: usize) -> usize {
-        if !self.caching {
-            return 0;
-        }
-        (0..=max)
-            .rev()
-            .find(|&l| {
-                self.specs.iter().enumerate().all(|(g, &spec)| {
-                    let from = match spec {
-                        KvGroupSpec::FullAttention => 0,
-                        KvGroupSpec::SlidingWindow { window } => {
-                            l.saturating_sub((window - 1).div_ceil(self.bs))
-                        }
-                    };
-                    (from..l).all(|i| self.cached(g, tokens, extra, i).is_some())
-                })
-            })
-            .unwrap_or(0)
-    }
-
-    fn new_block(&mut self) -> MBlock {
-        // Free blocks first, then the least recently used cached block (it loses its key).
-        if self.free_count() == 0 {
-            let victim = self.lru.remove(0);
-            let st = self.blocks.remove(&victim).expect("cached");
-            self.drop_copy(&st.key.expect("cached blocks are indexed"), victim);
-        }
-        self.next += 1;
-        self.blocks
-            .insert(self.next, MBlockState { rc: 1, key: None });
-        self.in_use += 1;
-        self.next
-    }
-
-    fn take(&mut self, b: MBlock) {
-        let st = self.blocks.get_mut(&b).expect("live");
-        if st.rc == 0 {
-            self.lru.retain(|&x| x != b);
-            self.in_use += 1;
-        }
-        st.rc += 1;
-    }
-
-    fn release(&mut self, b: MBlock) {
-        let st = self.blocks.get_mut(&b).expect("live");
-        st.rc -= 1;
-        if st.rc == 0 {
-            self.in_use -= 1;
-            if st.key.is_some() {
-                self.lru.push(b);
-            } else {
-                self.blocks.remove(&b);
-            }
-        }
-    }
-
-    fn unindex(&mut self, b: MBlock) {
-        if let Some(k) = self.blocks.get_mut(&b).and_then(|s| s.key.take()) {
-            self.drop_copy(&k, b);
-        }
-    }
-
-    fn drop_copy(&mut self, k: &Key, b: MBlock) {
-        let copies = self.index.get_mut(k).expect("indexed");
-        copies.retain(|&c| c != b);
-        if copies.is_empty() {
-            self.index.remove(k);
-        }
-    }
-
-    fn index_computed(&mut self, id: u64) {
-        if !self.caching {
-            return;
-        }
-        let s = &self.seqs[&id];
-        let Some(tokens) = s.tokens.clone() else {
-            return;
-        };
-        let (start, full, extra) = (s.hashed, s.num_computed / self.bs, s.extra);
-        for g in 0..self.specs.len() {
-            for i in start..full {
-                let Some(b) = self.seqs[&id].tables[g][i] else {
-                    continue;
-                };
-                let k = self.key(g, &tokens, extra, i);
-                if self.blocks[&b].key.is_none() {
-                    self.index.entry(k.clone()).or_default().push(b);
-                    self.blocks.get_mut(&b).unwrap().key = Some(k);
-                }
-            }
-        }
-        self.seqs.get_mut(&id).unwrap().hashed = start.max(full);
-    }
-
-    fn resident(&self, id: u64) -> Result<&MSeq, Error> {
-        self.seqs.get(&id).ok_or(Error::UnknownSequence(id))
-    }
-
-    fn add(
-        &mut self,
-        id: u64,
-        tokens: Option<Vec<u32>>,
-        n: usize,
-        extra: Option<u8>,
-        sched: usize,
-    ) -> Result<usize, Error> {
-        if self.seqs.contains_key(&id) {
-            return Err(Error::SequenceExists(id));
-        }
-        let g_count = self.specs.len();
-        let per_group = n.div_ceil(self.bs);
-        if per_group * g_count > self.num_blocks {
-            return Err(Error::InvalidArgument(String::new()));
-        }
-        let tokens = tokens.filter(|_| self.caching);
-        let l = match &tokens {
-            Some(t) => self.hit(t, extra, n.saturating_sub(1) / self.bs),
-            None => 0,
-        };
-        let mut hit_blocks = vec![];
-        for (g, &spec) in self.specs.iter().enumerate() {
-            let skip = skipped(spec, l * self.bs, self.bs);
-            hit_blocks.push(
-                (0..l)
-                    .map(|i| {
-                        (i >= skip)
-                            .then(|| self.cached(g, tokens.as_ref().unwrap(), extra, i).unwrap())
-                    })
-                    .collect::<Vec<_>>(),
-            );
-        }
-        let fresh = (per_group - l) * g_count;
-        let revived = hit_blocks
-            .iter()
-            .flatten()
-            .flatten()
-            .filter(|b| self.blocks[b].rc == 0)
-            .count();
-        let available = self.free_count() + self.lru.len();
-        if fresh + revived > available {
-            return Err(Error::OutOfBlocks {
-                tier: pagedkv::Tier::Device,
-                needed_blocks: fresh + revived,
-                available_blocks: available,
-            });
-        }
-        for &b in hit_blocks.iter().flatten().flatten() {
-            self.take(b);
-        }
-        let mut tables = hit_blocks;
-        for t in &mut tables {
-            for _ in l..per_group {
-                let b = self.new_block();
-                t.push(Some(b));
-            }
-        }
-        let hit_tokens = l * self.bs;
-        self.seqs.insert(
-            id,
-            MSeq {
-                tables,
-                num_tokens: n,
-                num_computed: hit_tokens + sched.min(n - hit_tokens),
-                tokens,
-                extra,
-                hashed: l,
-            },
-        );
-        self.index_computed(id);
-        Ok(hit_tokens)
-    }
-
-    /// Per group, the positions the current watermark releases.
-    fn release_plan(&self, id: u64) -> Vec<(usize, usize)> {
-        let s = &self.seqs[&id];
-        self.specs
-            .iter()
-            .zip(&s.tables)
-            .map(|(&spec, t)| {
-                let end = skipped(spec, s.num_computed, self.bs).min(t.len());
-                let first = t[..end]
-                    .iter()
-                    .rposition(Option::is_none)
-                    .map_or(0, |p| p + 1);
-                (first, end)
-            })
-            .collect()
-    }
-
-    fn apply_release(&mut self, id: u64, plan: &[(usize, usize)]) {
-        for (g, &(first, end)) in plan.iter().enumerate() {
-            for i in (first..end).rev() {
-                let b = self.seqs.get_mut(&id).unwrap().tables[g][i].take().unwrap();
-                self.release(b);
-            }
-        }
-    }
-
-    fn append(&mut self, ids: &[u64], k: usize, tokens: Option<&[u32]>) -> Result<(), Error> {
-        let mut seen = std::collections::HashSet::new();
-        if !ids.iter().all(|id| seen.insert(*id)) {
-            return Err(Error::InvalidArgument(String::new()));
-        }
-        let mut plans = vec![];
-        for &id in ids {
-            let s = self.resident(id)?;
-            if s.num_computed < s.num_tokens {
-                return Err(Error::InvalidArgument(String::new()));
-            }
-            let t = s.num_tokens;
-            let per_group = (t + k).div_ceil(self.bs);
-            if per_group * self.specs.len() > self.num_blocks {
-                return Err(Error::InvalidArgument(String::new()));
-            }
-            let copies: Vec<bool> = s
-                .tables
-                .iter()
-                .map(|tb| {
-                    k > 0 && t % self.bs != 0 && {
-                        let st = &self.blocks[&tb.last().unwrap().unwrap()];
-                        st.rc > 1 || st.key.is_some()
-                    }
-                })
-                .collect();
-            let fresh = (per_group - t.div_ceil(self.bs)) * self.specs.len()
-                + copies.iter().filter(|&&c| c).count();
-            plans.push((id, fresh, copies, self.release_plan(id)));
-        }
-        let fresh: usize = plans.iter().map(|p| p.1).sum();
-        // The window releases stand even when the blocks then run short.
-        for (id, _, _, rel) in &plans {
-            self.apply_release(*id, rel);
-        }
-        let available = self.free_count() + self.lru.len();
-        if fresh > available {
-            return Err(Error::OutOfBlocks {
-                tier: pagedkv::Tier::Device,
-                needed_blocks: fresh,
-                available_blocks: available,
-            });
-        }
-        // The manager takes every fresh block before it writes any table: evictions first.
-        let mut fresh_blocks: Vec<MBlock> = (0..fresh).map(|_| self.new_block()).collect();
-        fresh_blocks.reverse();
-        for (row, (id, _, copies, _)) in plans.iter().enumerate() {
-            if k == 0 {
-                continue;
-            }
-            let t = self.seqs[id].num_tokens;
-            let new_blocks = (t + k).div_ceil(self.bs) - t.div_ceil(self.bs);
-            for (g, &copy) in copies.iter().enumerate() {
-                if copy {
-                    let dst = fresh_blocks.pop().unwrap();
-                    let src = self.seqs.get_mut(id).unwrap().tables[g]
-                        .last_mut()
-                        .unwrap()
-                        .replace(dst)
-                        .unwrap();
-                    self.release(src);
-                }
-                for _ in 0..new_blocks {
-                    let b = fresh_blocks.pop().unwrap();
-                    self.seqs.get_mut(id).unwrap().tables[g].push(Some(b));
-                }
-            }
-            let s = self.seqs.get_mut(id).unwrap();
-            match (s.tokens.as_mut(), tokens) {
-                (Some(all), Some(new)) => all.extend_from_slice(&new[row * k..(row + 1) * k]),
-                _ => s.tokens = None,
-            }
-            s.num_tokens = t + k;
-            s.num_computed = t + k;
-            if s.tokens.is_none() {
-                s.hashed = 0;
-            }
-            self.index_computed(*id);
-        }
-        Ok(())
-    }
-
-    fn advance(&mut self, ids: &[u64], n: usize) -> Result<(), Error> {
-        let mut seen = std::collections::HashSet::new();
-        if !ids.iter().all(|id| seen.insert(*id)) {
-            return Err(Error::InvalidArgument(String::new()));
-        }
-        for &id in ids {
-            let s = self.resident(id)?;
-            if n > s.num_tokens - s.num_computed {
-                return Err(Error::InvalidArgument(String::new()));
-            }
-        }
-        if n == 0 {
-            return Ok(());
-        }
-        for &id in ids {
-            let plan = self.release_plan(id);
-            self.apply_release(id, &plan);
-            self.seqs.get_mut(&id).unwrap().num_computed += n;
-            self.index_computed(id);
-        }
-        Ok(())
-    }
-
-    fn fork(&mut self, parent: u64, child: u64) -> Result<(), Error> {
-        let p = self.resident(parent)?;
-        if p.num_computed < p.num_tokens {
-            return Err(Error::InvalidArgument(String::new()));
-        }
-        if self.seqs.contains_key(&child) {
-            return Err(Error::SequenceExists(child));
-        }
-        let c = p.clone();
-        for &b in c.tables.iter().flatten().flatten() {
-            self.take(b);
-        }
-        self.seqs.insert(child, c);
-        Ok(())
-    }
-
-    fn free(&mut self, id: u64) -> Result<(), Error> {
-        let s = self.seqs.remove(&id).ok_or(Error::UnknownSequence(id))?;
-        for t in &s.tables {
-            for &b in t.iter().rev().flatten() {
-                self.release(b);
-            }
-        }
-        Ok(())
-    }
-
-    fn truncate(&mut self, id: u64, n: usize) -> Result<(), Error> {
-        let s = self.resident(id)?;
-        if n > s.num_tokens {
-            return Err(Error::InvalidArgument(String::new()));
-        }
-        if n == s.num_tokens {
-            return Ok(());
-        }
-        let keep = n.div_ceil(self.bs);
-        for (&spec, t) in self.specs.iter().zip(&s.tables) {
-            let lo = skipped(spec, n, self.bs).min(keep);
-            if t[lo..keep].iter().any(Option::is_none) {
-                return Err(Error::InvalidArgument(String::new()));
-            }
-        }
-        for g in 0..self.specs.len() {
-            let dropped: Vec<Option<MBlock>> = self.seqs.get_mut(&id).unwrap().tables[g]
-                .drain(keep..)
-                .collect();
-            for b in dropped.into_iter().rev().flatten() {
-                if self.blocks[&b].rc == 1 {
-                    self.unindex(b);
-                }
-                self.release(b);
-            }
-            if n % self.bs != 0 {
-                let last = self.seqs[&id].tables[g].last().unwrap().unwrap();
-                if self.blocks[&last].rc == 1 {
-                    self.unindex(last);
-                }
-            }
-        }
-        let bs = self.bs;
-        let s = self.seqs.get_mut(&id).unwrap();
-        s.num_tokens = n;
-        s.num_computed = s.num_computed.min(n);
-        s.hashed = s.hashed.min(n / bs);
-        if let Some(t) = s.tokens.as_mut() {
-            t.truncate(n);
-        }
-        Ok(())
-    }
 }
 
 /// Checks the manager against the model: tables up to the renaming `names` (model block ->
@@ -539,6 +98,9 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         3 => id.clone().prop_map(Op::Free),
         2 => (id.clone(), 0usize..24).prop_map(|(i, n)| Op::Truncate(i, n)),
         1 => (0usize..4, 0usize..24).prop_map(|(p, n)| Op::Match(p, n)),
+        1 => (0usize..4, 0usize..24).prop_map(|(p, n)| Op::Pin(p, n)),
+        1 => (0usize..4, 0usize..24).prop_map(|(p, n)| Op::Unpin(p, n)),
+        1 => Just(Op::Reset),
         1 => Just(Op::TakeCopyOps),
     ]
 }
@@ -576,6 +138,7 @@ fn run(groups: Vec<KvGroupSpec>, bs: usize, num_blocks: usize, caching: bool, op
         lru: Vec::new(),
         next: 0,
         in_use: 0,
+        pins: Vec::new(),
     };
     let mut names = HashMap::new();
     let mut next_token = 100u32;
@@ -635,6 +198,18 @@ fn run(groups: Vec<KvGroupSpec>, bs: usize, num_blocks: usize, caching: bool, op
                 kv.truncate(*id, *n).map(|_| 0),
                 m.truncate(*id, *n).map(|_| 0),
             ),
+            Op::Pin(p, n) => {
+                let t = prompt(*p, *n);
+                (kv.pin_prefix(&t, None), Ok(m.pin(&t)))
+            }
+            Op::Unpin(p, n) => {
+                let t = prompt(*p, *n);
+                (kv.unpin_prefix(&t, None).map(|_| 0), m.unpin(&t).map(|_| 0))
+            }
+            Op::Reset => (
+                Ok(usize::from(kv.reset_prefix_cache())),
+                Ok(usize::from(m.reset())),
+            ),
             Op::Match(p, n) => {
                 let t = prompt(*p, *n);
                 (
@@ -662,8 +237,13 @@ fn run(groups: Vec<KvGroupSpec>, bs: usize, num_blocks: usize, caching: bool, op
     // Everything goes back to the pool.
     let ids: Vec<u64> = m.seqs.keys().copied().collect();
     kv.free_batch(&ids).unwrap();
+    for (key, _) in m.pins.iter().rev() {
+        kv.unpin_prefix(key, None).unwrap();
+    }
     kv.check_invariants().unwrap();
     assert_eq!(kv.stats().num_blocks_in_use, 0);
+    assert!(kv.reset_prefix_cache());
+    assert_eq!(kv.num_available_blocks(), num_blocks);
 }
 
 proptest! {
@@ -678,5 +258,51 @@ proptest! {
         ops in prop::collection::vec(op_strategy(), 1..60),
     ) {
         run(groups, bs, num_blocks, caching, ops);
+    }
+}
+
+#[test]
+fn bad_group_configs_and_group_indices_are_invalid_arguments() {
+    let config = |kv_groups: Vec<KvGroupSpec>| ManagerConfig {
+        num_blocks: 8,
+        block_size: 2,
+        kv_groups,
+        ..Default::default()
+    };
+    let invalid = |r: Result<KvCacheManager, Error>| matches!(r, Err(Error::InvalidArgument(_)));
+    assert!(invalid(KvCacheManager::new(config(vec![]))));
+    assert!(invalid(KvCacheManager::new(config(vec![
+        KvGroupSpec::SlidingWindow { window: 0 }
+    ]))));
+    assert!(invalid(KvCacheManager::new(config(vec![
+        KvGroupSpec::FullAttention;
+        pagedkv::MAX_KV_GROUPS + 1
+    ]))));
+    let huge = KvGroupSpec::SlidingWindow { window: usize::MAX };
+    for groups in [
+        vec![KvGroupSpec::FullAttention],
+        vec![KvGroupSpec::FullAttention, huge],
+    ] {
+        let n = groups.len();
+        let mut kv = KvCacheManager::new(config(groups)).unwrap();
+        assert_eq!(kv.kv_groups().len(), n);
+        kv.add_sequence(1, &[1, 2, 3], None).unwrap();
+        kv.append_tokens(1, &[4, 5]).unwrap();
+        assert!(kv.block_table_group(1, n - 1).is_ok());
+        for r in [
+            kv.block_table_group(1, n).map(|_| ()),
+            kv.batch_block_tables_group(&[1], n).map(|_| ()),
+            kv.slot_mapping_group(&[1], 1, n).map(|_| ()),
+            kv.csr_page_table_group(&[1], n).map(|_| ()),
+            kv.block_table_group(1, usize::MAX).map(|_| ()),
+        ] {
+            assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
+        }
+        // A huge window never releases anything.
+        assert!(!kv
+            .block_table_group(1, n - 1)
+            .unwrap()
+            .contains(&NULL_BLOCK));
+        kv.check_invariants().unwrap();
     }
 }

@@ -26,7 +26,7 @@ pub(super) fn initial_threshold(num_blocks: usize) -> usize {
 
 /// The pending-copy count at which the next compaction runs, `survivors` pairs having
 /// survived the last one.
-fn threshold(num_blocks: usize, survivors: usize) -> usize {
+pub(super) fn threshold(num_blocks: usize, survivors: usize) -> usize {
     num_blocks
         .saturating_mul(2)
         .max(survivors.saturating_mul(2))
@@ -65,7 +65,7 @@ impl KvCacheManager {
 
 /// The copies of `ops` (executed in order) whose effect on blocks marked in `live` survives,
 /// in order; `live` is consumed as scratch.
-fn compact(ops: &[(BlockId, BlockId)], mut live: Vec<bool>) -> Vec<(BlockId, BlockId)> {
+pub(super) fn compact(ops: &[(BlockId, BlockId)], mut live: Vec<bool>) -> Vec<(BlockId, BlockId)> {
     let mut kept = Vec::with_capacity(ops.len());
     for &(src, dst) in ops.iter().rev() {
         if live[dst as usize] {

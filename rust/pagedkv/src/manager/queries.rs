@@ -61,9 +61,14 @@ impl KvCacheManager {
             .num_tokens)
     }
 
-    /// `ceil(num_tokens / block_size)`: blocks a prompt needs, ignoring prefix-cache hits.
+    /// `ceil(num_tokens / block_size)` in each KV-cache group: blocks a prompt needs, ignoring
+    /// prefix-cache hits (saturating).
     pub fn blocks_needed_for_prompt(&self, num_tokens: usize) -> usize {
-        num_tokens.div_ceil(self.block_size)
+        let per_group = num_tokens.div_ceil(self.block_size);
+        match self.hybrid.as_deref() {
+            None => per_group,
+            Some(_) => per_group.saturating_mul(self.config.kv_groups.len()),
+        }
     }
 
     /// Block tables of `seq_ids` as one row-major `[B, max_blocks]` i32 matrix padded with -1,

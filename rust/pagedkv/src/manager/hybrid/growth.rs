@@ -272,8 +272,7 @@ impl Hybrid {
                         .block_ids
                         .last_mut()
                         .expect("partial") = dst;
-                    self.pending_copies.push((last, dst));
-                    self.counters.cow_copies += 1;
+                    self.record_copy(last, dst);
                     self.release(last);
                 }
             }

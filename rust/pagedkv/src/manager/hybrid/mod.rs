@@ -36,7 +36,7 @@ use std::sync::Arc;
 
 use self::cache::GroupCache;
 use super::groups::{KvGroupSpec, NULL_BLOCK};
-use super::{Counters, ManagerConfig};
+use super::{copy_queue, Counters, ManagerConfig};
 use crate::error::{Error, Result, Tier};
 use crate::host::HostTier;
 use crate::pool::BlockPool;
@@ -80,6 +80,8 @@ pub(crate) struct Hybrid {
     cache: Option<GroupCache>,
     host: Option<HostTier>,
     pending_copies: Vec<(BlockId, BlockId)>,
+    /// `pending_copies.len()` at which it is next compacted (`manager/copy_queue.rs`).
+    copies_compact_at: usize,
     counters: Counters,
     /// Distinct device blocks referenced by resident tables or pins.
     num_blocks_in_use: usize,
@@ -111,6 +113,7 @@ impl Hybrid {
             n => Some(HostTier::new(n, pool.block_size())?),
         };
         Ok(Hybrid {
+            copies_compact_at: copy_queue::initial_threshold(pool.num_blocks()),
             block_size: pool.block_size(),
             pool,
             specs: config.kv_groups.clone(),
@@ -267,6 +270,35 @@ impl Hybrid {
         for &b in blocks.iter().rev() {
             self.release(b);
         }
+    }
+
+    /// `copy_on_write` of a table's partial last block `src` into `dst`: records the copy,
+    /// compacting the queue by dead-copy elimination when a caller never drains it (the
+    /// plain manager's rule, `manager/copy_queue.rs`).
+    fn record_copy(&mut self, src: BlockId, dst: BlockId) {
+        self.pending_copies.push((src, dst));
+        self.counters.cow_copies += 1;
+        if self.pending_copies.len() < self.copies_compact_at {
+            return;
+        }
+        let mut live = vec![false; self.pool.num_blocks()];
+        for seq in self.seqs.values().filter(|s| !s.swapped) {
+            for &b in seq.tables.iter().flat_map(|t| &t.block_ids) {
+                if b != NULL_BLOCK {
+                    live[b as usize] = true;
+                }
+            }
+        }
+        if let Some(c) = self.cache.as_ref() {
+            for (b, slot) in live.iter_mut().enumerate() {
+                *slot |= c.is_indexed(b as BlockId);
+            }
+        }
+        let kept = copy_queue::compact(&self.pending_copies, live);
+        self.counters.copy_ops_elided += (self.pending_copies.len() - kept.len()) as u64;
+        self.pending_copies = kept;
+        self.copies_compact_at =
+            copy_queue::threshold(self.pool.num_blocks(), self.pending_copies.len());
     }
 
     /// Whether dropping one reference to `b` would bring it to refcount 0.

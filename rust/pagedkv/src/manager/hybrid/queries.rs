@@ -179,6 +179,7 @@ impl Hybrid {
             blocks_freed: self.counters.blocks_freed,
             cow_copies: self.counters.cow_copies,
             forks: self.counters.forks,
+            copy_ops_elided: self.counters.copy_ops_elided,
             num_swapped_sequences: self.num_swapped,
             blocks_swapped_out: self.counters.blocks_swapped_out,
             blocks_swapped_in: self.counters.blocks_swapped_in,

@@ -263,3 +263,24 @@ fn invariant_checker_catches_corruption() {
     h.seqs.get_mut(&1).unwrap().tables[0].block_ids[2] = g0;
     h.check_invariants().unwrap();
 }
+
+/// A caller that never drains `take_copy_ops` keeps bounded memory: dead copies (into blocks
+/// since freed) are eliminated, live ones kept.
+#[test]
+fn undrained_copies_stay_bounded() {
+    let groups = [
+        KvGroupSpec::FullAttention,
+        KvGroupSpec::SlidingWindow { window: 3 },
+    ];
+    let mut h = hybrid(&groups, 16, 2, false);
+    h.add_sequence(1, None, 3, None, usize::MAX).unwrap();
+    for i in 0..2000 {
+        h.fork(1, 2).unwrap();
+        h.append_batch(&[2], 1, None).unwrap(); // copy-on-write in both groups
+        h.free(2).unwrap();
+        assert!(h.pending_copies.len() <= 2 * 16 + 64 + 2, "step {i}");
+    }
+    assert_eq!(h.counters.cow_copies, 4000);
+    assert!(h.counters.copy_ops_elided > 3000);
+    h.check_invariants().unwrap();
+}
