@@ -1,7 +1,7 @@
 //! Read-only views: sequence lookups, block tables for kernels, slot mappings, copy ops,
 //! occupancy and stats.
 
-use super::KvCacheManager;
+use super::{check_distinct, KvCacheManager};
 use crate::error::{invalid, try_filled, try_with_capacity, Error, Result};
 use crate::prefix::PrefixCache;
 use crate::stats::Stats;
@@ -93,7 +93,7 @@ impl KvCacheManager {
         for &id in seq_ids {
             max_blocks = max_blocks.max(self.resident(id)?.table.block_ids.len());
         }
-        self.check_distinct(seq_ids)?;
+        check_distinct(seq_ids)?;
         let cells = seq_ids
             .len()
             .checked_mul(max_blocks)
@@ -135,7 +135,7 @@ impl KvCacheManager {
                 ));
             }
         }
-        self.check_distinct(seq_ids)?;
+        check_distinct(seq_ids)?;
         let len = seq_ids
             .len()
             .checked_mul(num_new_tokens)
@@ -214,26 +214,16 @@ impl KvCacheManager {
             num_free_list_blocks: self.pool.num_free_list_blocks(),
             num_available_blocks: self.pool.num_free_list_blocks(),
             num_sequences: self.seqs.len(),
-            blocks_allocated: self.counters.blocks_allocated,
-            blocks_freed: self.counters.blocks_freed,
-            cow_copies: self.counters.cow_copies,
-            forks: self.counters.forks,
             num_swapped_sequences: self.num_swapped,
-            blocks_swapped_out: self.counters.blocks_swapped_out,
-            blocks_swapped_in: self.counters.blocks_swapped_in,
-            copy_ops_elided: self.counters.copy_ops_elided,
             ..Stats::default()
         };
+        self.counters.write_to(&mut s);
         if let Some(p) = &self.prefix {
             s.num_cached_blocks = p.num_cached();
             s.num_available_blocks = s.num_free_list_blocks + s.num_cached_blocks;
             s.prefix_query_tokens = p.query_tokens;
             s.prefix_hit_tokens = p.hit_tokens;
-            s.prefix_hit_rate = if p.query_tokens == 0 {
-                0.0
-            } else {
-                p.hit_tokens as f64 / p.query_tokens as f64
-            };
+            s.prefix_hit_rate = hit_rate(p.query_tokens, p.hit_tokens);
             s.blocks_evicted = p.blocks_evicted;
             s.num_pinned_blocks = p.pins.num_pinned_blocks();
             s.events_dropped = p.events.dropped;
@@ -251,5 +241,15 @@ impl KvCacheManager {
             s.offload_blocks_dropped = t.counters.blocks_dropped;
         }
         s
+    }
+}
+
+/// Prefix hit tokens per query token; 0 rather than NaN before any query. Shared by both
+/// managers' stats.
+pub(super) fn hit_rate(query_tokens: u64, hit_tokens: u64) -> f64 {
+    if query_tokens == 0 {
+        0.0
+    } else {
+        hit_tokens as f64 / query_tokens as f64
     }
 }

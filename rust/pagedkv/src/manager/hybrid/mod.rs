@@ -36,7 +36,7 @@ use std::sync::Arc;
 
 use self::cache::GroupCache;
 use super::groups::{KvGroupSpec, NULL_BLOCK};
-use super::{copy_queue, Counters, ManagerConfig};
+use super::{copy_queue, new_host_tier, Counters, ManagerConfig};
 use crate::error::{Error, Result, Tier};
 use crate::host::HostTier;
 use crate::pool::BlockPool;
@@ -108,10 +108,7 @@ impl Hybrid {
                 config.max_events,
             )
         });
-        let host = match config.num_host_blocks {
-            0 => None,
-            n => Some(HostTier::new(n, pool.block_size())?),
-        };
+        let host = new_host_tier(config, pool.block_size())?;
         Ok(Hybrid {
             copies_compact_at: copy_queue::initial_threshold(pool.num_blocks()),
             block_size: pool.block_size(),
