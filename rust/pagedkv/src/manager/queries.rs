@@ -128,19 +128,10 @@ impl KvCacheManager {
             return h.slot_mapping(seq_ids, num_new_tokens, 0);
         }
         for &id in seq_ids {
-            let n = self.resident(id)?.table.num_tokens;
-            if num_new_tokens > n {
-                return invalid(format!(
-                    "sequence {id} holds {n} tokens, fewer than num_new_tokens={num_new_tokens}"
-                ));
-            }
+            check_new_tokens(id, self.resident(id)?.table.num_tokens, num_new_tokens)?;
         }
         check_distinct(seq_ids)?;
-        let len = seq_ids
-            .len()
-            .checked_mul(num_new_tokens)
-            .ok_or(Error::OutOfMemory { bytes: usize::MAX })?;
-        let mut slots = try_with_capacity(len)?;
+        let mut slots = slot_buffer(seq_ids.len(), num_new_tokens)?;
         for &id in seq_ids {
             let table = &self.seqs[&id].table;
             for pos in table.num_tokens - num_new_tokens..table.num_tokens {
@@ -252,4 +243,26 @@ pub(super) fn hit_rate(query_tokens: u64, hit_tokens: u64) -> f64 {
     } else {
         hit_tokens as f64 / query_tokens as f64
     }
+}
+
+/// InvalidArgument when sequence `id`, holding `num_tokens`, has fewer than the
+/// `num_new_tokens` a slot mapping asks for (both managers' `slot_mapping`).
+#[inline]
+pub(super) fn check_new_tokens(id: SeqId, num_tokens: usize, num_new_tokens: usize) -> Result<()> {
+    if num_new_tokens > num_tokens {
+        return invalid(format!(
+            "sequence {id} holds {num_tokens} tokens, fewer than num_new_tokens={num_new_tokens}"
+        ));
+    }
+    Ok(())
+}
+
+/// An empty slot mapping with room for `num_new_tokens` slots of each of `num_seqs`
+/// sequences; a product past `usize` is OutOfMemory, as a failed allocation is.
+#[inline]
+pub(super) fn slot_buffer(num_seqs: usize, num_new_tokens: usize) -> Result<Vec<i64>> {
+    let len = num_seqs
+        .checked_mul(num_new_tokens)
+        .ok_or(Error::OutOfMemory { bytes: usize::MAX })?;
+    try_with_capacity(len)
 }

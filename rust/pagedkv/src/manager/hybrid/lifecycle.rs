@@ -5,7 +5,7 @@ use super::window::skipped_blocks;
 use super::Hybrid;
 use crate::error::{invalid, Error, Result};
 use crate::manager::groups::NULL_BLOCK;
-use crate::manager::{check_distinct, still_prefilling};
+use crate::manager::{check_distinct, prefilling_error};
 use crate::prefix::events::{DrainedEvents, KvEvent};
 use crate::{BlockId, SeqId, TokenId};
 
@@ -16,7 +16,7 @@ impl Hybrid {
     pub(crate) fn fork(&mut self, parent_id: SeqId, child_id: SeqId) -> Result<()> {
         let parent = self.resident(parent_id)?;
         if parent.num_computed < parent.num_tokens() {
-            return Err(still_prefilling(
+            return Err(prefilling_error(
                 parent_id,
                 parent.num_computed,
                 parent.num_tokens(),

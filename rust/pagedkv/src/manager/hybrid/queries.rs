@@ -2,10 +2,10 @@
 //! `NULL_BLOCK`, `-1` in the i32/i64 views), slot mappings, CSR page tables, stats.
 
 use super::Hybrid;
-use crate::error::{invalid, try_filled, try_with_capacity, Error, Result};
+use crate::error::{try_filled, try_with_capacity, Error, Result};
 use crate::manager::check_distinct;
 use crate::manager::groups::NULL_BLOCK;
-use crate::manager::queries::hit_rate;
+use crate::manager::queries::{check_new_tokens, hit_rate, slot_buffer};
 use crate::manager::CsrPageTable;
 use crate::stats::Stats;
 use crate::table::BlockTable;
@@ -97,19 +97,10 @@ impl Hybrid {
     ) -> Result<Vec<i64>> {
         self.check_group(group)?;
         for &id in seq_ids {
-            let n = self.resident(id)?.num_tokens();
-            if num_new_tokens > n {
-                return invalid(format!(
-                    "sequence {id} holds {n} tokens, fewer than num_new_tokens={num_new_tokens}"
-                ));
-            }
+            check_new_tokens(id, self.resident(id)?.num_tokens(), num_new_tokens)?;
         }
         check_distinct(seq_ids)?;
-        let len = seq_ids
-            .len()
-            .checked_mul(num_new_tokens)
-            .ok_or(Error::OutOfMemory { bytes: usize::MAX })?;
-        let mut out = try_with_capacity(len)?;
+        let mut out = slot_buffer(seq_ids.len(), num_new_tokens)?;
         let bs = self.block_size;
         for id in seq_ids {
             let t = &self.seqs[id].tables[group];
