@@ -94,12 +94,7 @@ impl KvCacheManager {
             max_blocks = max_blocks.max(self.resident(id)?.table.block_ids.len());
         }
         check_distinct(seq_ids)?;
-        let cells = seq_ids
-            .len()
-            .checked_mul(max_blocks)
-            .ok_or(Error::OutOfMemory { bytes: usize::MAX })?;
-        let mut tables = try_filled(cells, -1i32)?;
-        let mut lens = try_with_capacity(seq_ids.len())?;
+        let (mut tables, mut lens) = padded_buffers(seq_ids.len(), max_blocks)?;
         for (row, &id) in seq_ids.iter().enumerate() {
             let table = &self.seqs[&id].table;
             let dst = &mut tables[row * max_blocks..row * max_blocks + table.block_ids.len()];
@@ -265,4 +260,15 @@ pub(super) fn slot_buffer(num_seqs: usize, num_new_tokens: usize) -> Result<Vec<
         .checked_mul(num_new_tokens)
         .ok_or(Error::OutOfMemory { bytes: usize::MAX })?;
     try_with_capacity(len)
+}
+
+/// The buffers of a padded `[num_seqs, max_blocks]` table view: every cell `-1` (padding, and
+/// in a hybrid group a released position) and room for each row's length. A product past
+/// `usize` is OutOfMemory, as a failed allocation is.
+#[inline]
+pub(super) fn padded_buffers(num_seqs: usize, max_blocks: usize) -> Result<(Vec<i32>, Vec<i32>)> {
+    let cells = num_seqs
+        .checked_mul(max_blocks)
+        .ok_or(Error::OutOfMemory { bytes: usize::MAX })?;
+    Ok((try_filled(cells, -1i32)?, try_with_capacity(num_seqs)?))
 }

@@ -2,10 +2,10 @@
 //! `NULL_BLOCK`, `-1` in the i32/i64 views), slot mappings, CSR page tables, stats.
 
 use super::Hybrid;
-use crate::error::{try_filled, try_with_capacity, Error, Result};
+use crate::error::{Error, Result};
 use crate::manager::check_distinct;
 use crate::manager::groups::NULL_BLOCK;
-use crate::manager::queries::{check_new_tokens, hit_rate, slot_buffer};
+use crate::manager::queries::{check_new_tokens, hit_rate, padded_buffers, slot_buffer};
 use crate::manager::CsrPageTable;
 use crate::stats::Stats;
 use crate::table::BlockTable;
@@ -70,12 +70,7 @@ impl Hybrid {
             .map(|id| self.seqs[id].tables[group].block_ids.len())
             .max()
             .unwrap_or(0);
-        let cells = seq_ids
-            .len()
-            .checked_mul(max_blocks)
-            .ok_or(Error::OutOfMemory { bytes: usize::MAX })?;
-        let mut tables = try_filled(cells, -1i32)?;
-        let mut lens = try_with_capacity(seq_ids.len())?;
+        let (mut tables, mut lens) = padded_buffers(seq_ids.len(), max_blocks)?;
         for (row, id) in seq_ids.iter().enumerate() {
             let t = &self.seqs[id].tables[group];
             for (cell, &b) in tables[row * max_blocks..].iter_mut().zip(&t.block_ids) {
