@@ -188,6 +188,31 @@ impl World {
         }
     }
 
+    /// Records an admission both managers accepted: the tier may only add hits, the hit must
+    /// be what `match_prefix` predicted, and the tokens past the hit are for the forward pass
+    /// to write.
+    fn admitted(
+        &mut self,
+        id: u64,
+        tokens: Vec<u32>,
+        extra: Option<u8>,
+        expect: Result<usize, Error>,
+        (hit_on, hit_off): (usize, usize),
+    ) {
+        assert!(hit_on >= hit_off, "{hit_on} < {hit_off}");
+        assert_eq!(expect, Ok(hit_on), "match_prefix disagrees with admission");
+        self.host_hit_tokens += hit_on - hit_off;
+        self.seqs.insert(
+            id,
+            SeqModel {
+                tokens,
+                extra,
+                written: hit_on,
+                swapped: false,
+            },
+        );
+    }
+
     fn apply(&mut self, op: &Op) {
         match *op {
             Op::Add {
@@ -207,18 +232,7 @@ impl World {
                     .add_sequence(id, &tokens, key.as_ref().map(|k| &k[..]));
                 match (on, off) {
                     (Ok(hit_on), Ok(hit_off)) => {
-                        assert!(hit_on >= hit_off, "{hit_on} < {hit_off}");
-                        assert_eq!(expect, Ok(hit_on), "match_prefix disagrees with admission");
-                        self.host_hit_tokens += hit_on - hit_off;
-                        self.seqs.insert(
-                            id,
-                            SeqModel {
-                                tokens,
-                                extra,
-                                written: hit_on,
-                                swapped: false,
-                            },
-                        );
+                        self.admitted(id, tokens, extra, expect, (hit_on, hit_off));
                     }
                     (on, off) => assert_eq!(on.map(|_| ()), off.map(|_| ())),
                 }
@@ -245,22 +259,11 @@ impl World {
                     .add_sequence_scheduled(id, &tokens, key, twin_scheduled);
                 match (on, off) {
                     (Ok(hit_on), Ok(hit_off)) => {
-                        assert!(hit_on >= hit_off, "{hit_on} < {hit_off}");
-                        assert_eq!(expect, Ok(hit_on), "match_prefix disagrees with admission");
                         assert_eq!(
                             self.on.num_computed_tokens(id),
                             self.off.num_computed_tokens(id)
                         );
-                        self.host_hit_tokens += hit_on - hit_off;
-                        self.seqs.insert(
-                            id,
-                            SeqModel {
-                                tokens,
-                                extra,
-                                written: hit_on,
-                                swapped: false,
-                            },
-                        );
+                        self.admitted(id, tokens, extra, expect, (hit_on, hit_off));
                     }
                     (on, off) => assert_eq!(on.map(|_| ()), off.map(|_| ())),
                 }

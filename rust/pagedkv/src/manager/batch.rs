@@ -4,7 +4,7 @@
 use rustc_hash::FxHashMap;
 
 use super::growth::{growth_plan, GrowthPlan};
-use super::KvCacheManager;
+use super::{check_distinct, KvCacheManager};
 use crate::error::{invalid, Error, Result};
 use crate::{BlockId, SeqId, TokenId};
 
@@ -82,7 +82,7 @@ impl KvCacheManager {
             return h.append_batch(seq_ids, num_tokens, token_ids);
         }
         if num_tokens == 0 {
-            self.check_distinct(seq_ids)?;
+            check_distinct(seq_ids)?;
             // Still validate the ids: a step naming an unknown sequence is a caller bug.
             for &id in seq_ids {
                 Self::check_computed(id, self.resident(id)?)?;
@@ -164,7 +164,7 @@ impl KvCacheManager {
     /// duplicate id anywhere in the batch takes precedence (it is checked first by contract).
     #[cold]
     fn batch_error(&self, seq_ids: &[SeqId], member_error: Error) -> Error {
-        match self.check_distinct(seq_ids) {
+        match check_distinct(seq_ids) {
             Err(duplicate) => duplicate,
             Ok(()) => member_error,
         }

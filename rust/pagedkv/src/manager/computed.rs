@@ -3,7 +3,7 @@
 
 use std::ops::Range;
 
-use super::{KvCacheManager, Sequence};
+use super::{check_distinct, KvCacheManager, Sequence};
 use crate::error::{invalid, Error, Result};
 use crate::prefix::events::block_stored;
 use crate::prefix::PrefixCache;
@@ -53,7 +53,7 @@ impl KvCacheManager {
         if let Some(h) = self.hybrid.as_deref_mut() {
             return h.advance_computed(seq_ids, num_tokens);
         }
-        self.check_distinct(seq_ids)?;
+        check_distinct(seq_ids)?;
         for &id in seq_ids {
             let s = self.resident(id)?;
             let left = s.table.num_tokens - s.num_computed;

@@ -7,7 +7,7 @@
 //! `BatchDecodeWithPagedKVCacheWrapper` take, so tables go to either library without conversion.
 //! docs/page_tables.md shows both layouts side by side.
 
-use super::KvCacheManager;
+use super::{check_distinct, KvCacheManager};
 use crate::error::{invalid, try_with_capacity, Result};
 use crate::SeqId;
 
@@ -25,6 +25,42 @@ pub struct CsrPageTable {
     pub kv_indices: Vec<i32>,
     /// `[B]`: tokens in each row's last block (0 for an empty sequence).
     pub kv_last_page_len: Vec<i32>,
+}
+
+impl CsrPageTable {
+    /// An empty table sized for `num_seqs` rows and `nnz` block ids, `kv_indptr` holding its
+    /// leading 0. Both managers size before building so that a table too large for `int32`
+    /// offsets, or an allocation failure, leaves nothing half-built.
+    #[inline]
+    pub(super) fn sized(num_seqs: usize, nnz: usize) -> Result<Self> {
+        if nnz > i32::MAX as usize {
+            return invalid(format!(
+                "the CSR page table would hold {nnz} block ids, more than int32 offsets address"
+            ));
+        }
+        let mut csr = CsrPageTable {
+            kv_indptr: try_with_capacity(num_seqs + 1)?,
+            kv_indices: try_with_capacity(nnz)?,
+            kv_last_page_len: try_with_capacity(num_seqs)?,
+        };
+        csr.kv_indptr.push(0);
+        Ok(csr)
+    }
+
+    /// Appends one row: its block-id entries and the fill of its last block. Infallible once
+    /// [`CsrPageTable::sized`] reserved room for every row.
+    #[inline]
+    pub(super) fn push_row(
+        &mut self,
+        entries: impl Iterator<Item = i32>,
+        num_tokens: usize,
+        block_size: usize,
+    ) {
+        self.kv_indices.extend(entries);
+        self.kv_indptr.push(self.kv_indices.len() as i32); // <= nnz <= i32::MAX
+        self.kv_last_page_len
+            .push(last_page_len(num_tokens, block_size));
+    }
 }
 
 impl KvCacheManager {
@@ -54,27 +90,17 @@ impl KvCacheManager {
         for &id in seq_ids {
             nnz += self.resident(id)?.table.block_ids.len();
         }
-        self.check_distinct(seq_ids)?;
-        if nnz > i32::MAX as usize {
-            return invalid(format!(
-                "the CSR page table would hold {nnz} block ids, more than int32 offsets address"
-            ));
-        }
-        let mut csr = CsrPageTable {
-            kv_indptr: try_with_capacity(seq_ids.len() + 1)?,
-            kv_indices: try_with_capacity(nnz)?,
-            kv_last_page_len: try_with_capacity(seq_ids.len())?,
-        };
+        check_distinct(seq_ids)?;
+        let mut csr = CsrPageTable::sized(seq_ids.len(), nnz)?;
         // Infallible from here.
-        csr.kv_indptr.push(0);
         for &id in seq_ids {
             let table = &self.seqs[&id].table;
             // Block ids < MAX_NUM_BLOCKS (2^24) fit in i32.
-            csr.kv_indices
-                .extend(table.block_ids.iter().map(|&b| b as i32));
-            csr.kv_indptr.push(csr.kv_indices.len() as i32); // <= nnz <= i32::MAX
-            csr.kv_last_page_len
-                .push(last_page_len(table.num_tokens, self.block_size));
+            csr.push_row(
+                table.block_ids.iter().map(|&b| b as i32),
+                table.num_tokens,
+                self.block_size,
+            );
         }
         Ok(csr)
     }

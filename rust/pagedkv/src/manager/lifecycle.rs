@@ -1,6 +1,6 @@
 //! Fork and free: sequences sharing every block of a parent, and sequences leaving.
 
-use super::KvCacheManager;
+use super::{check_distinct, KvCacheManager};
 use crate::error::{Error, Result};
 use crate::SeqId;
 
@@ -113,7 +113,7 @@ impl KvCacheManager {
         if let Some(h) = self.hybrid.as_deref_mut() {
             return h.free_batch(seq_ids);
         }
-        self.check_distinct(seq_ids)?;
+        check_distinct(seq_ids)?;
         for &id in seq_ids {
             if !self.seqs.contains_key(&id) {
                 return Err(Error::UnknownSequence(id));

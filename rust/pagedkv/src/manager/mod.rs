@@ -35,6 +35,7 @@ mod prefix;
 mod queries;
 mod rollback;
 mod swap;
+mod swap_plan;
 mod transitions;
 
 use std::sync::Arc;
@@ -53,6 +54,7 @@ use crate::pool::BlockPool;
 use crate::prefix::hash::BlockHash;
 use crate::prefix::PrefixCache;
 use crate::seqmap::SeqMap;
+use crate::stats::Stats;
 use crate::table::BlockTable;
 use crate::{BlockId, SeqId, TokenId};
 
@@ -102,6 +104,19 @@ struct Counters {
     blocks_swapped_in: u64,
     /// Pending copies dropped by dead-copy elimination (`copy_queue`).
     copy_ops_elided: u64,
+}
+
+impl Counters {
+    /// Copies the counters into their [`Stats`] fields (both managers keep the same ones).
+    fn write_to(&self, s: &mut Stats) {
+        s.blocks_allocated = self.blocks_allocated;
+        s.blocks_freed = self.blocks_freed;
+        s.cow_copies = self.cow_copies;
+        s.forks = self.forks;
+        s.blocks_swapped_out = self.blocks_swapped_out;
+        s.blocks_swapped_in = self.blocks_swapped_in;
+        s.copy_ops_elided = self.copy_ops_elided;
+    }
 }
 
 /// The KV-cache manager: sequences, their copy-on-write block tables, the prefix cache and
@@ -224,10 +239,7 @@ impl KvCacheManager {
                 config.max_events,
             )
         });
-        let host = match config.num_host_blocks {
-            0 => None,
-            n => Some(HostTier::new(n, pool.block_size())?),
-        };
+        let host = new_host_tier(&config, pool.block_size())?;
         let offload = match config.num_offload_blocks {
             0 => None,
             _ if !config.enable_prefix_caching => {
@@ -308,20 +320,30 @@ impl KvCacheManager {
         }
         Ok(())
     }
+}
 
-    /// InvalidArgument when an id appears twice in `seq_ids`.
-    fn check_distinct(&self, seq_ids: &[SeqId]) -> Result<()> {
-        if seq_ids.len() > 1 {
-            let mut seen = FxHashSet::default();
-            seen.reserve(seq_ids.len());
-            for &id in seq_ids {
-                if !seen.insert(id) {
-                    return invalid(format!("sequence id {id} appears twice in the batch"));
-                }
+/// The host swap tier `config` asks for (none for `num_host_blocks == 0`), shared by both
+/// managers' constructors.
+pub(super) fn new_host_tier(config: &ManagerConfig, block_size: usize) -> Result<Option<HostTier>> {
+    match config.num_host_blocks {
+        0 => Ok(None),
+        n => HostTier::new(n, block_size).map(Some),
+    }
+}
+
+/// InvalidArgument when an id appears twice in `seq_ids` (both managers' batch calls: a
+/// repeated id would apply one sequence's operation twice).
+pub(super) fn check_distinct(seq_ids: &[SeqId]) -> Result<()> {
+    if seq_ids.len() > 1 {
+        let mut seen = FxHashSet::default();
+        seen.reserve(seq_ids.len());
+        for &id in seq_ids {
+            if !seen.insert(id) {
+                return invalid(format!("sequence id {id} appears twice in the batch"));
             }
         }
-        Ok(())
     }
+    Ok(())
 }
 
 impl Drop for KvCacheManager {
@@ -343,14 +365,23 @@ impl Drop for KvCacheManager {
     }
 }
 
-/// The error of growing or forking a sequence that is still prefilling (off the hot path).
+/// The error of growing or forking a sequence that is still prefilling (off the hot path; it
+/// takes the sequence, as in the plain manager's inlined checks a reference costs the fewest
+/// instructions at the call site).
 #[cold]
 #[inline(never)]
 fn still_prefilling(seq_id: SeqId, seq: &Sequence) -> Error {
+    prefilling_error(seq_id, seq.num_computed, seq.table.num_tokens)
+}
+
+/// The error of growing or forking a sequence of which `num_computed` of `num_tokens` tokens
+/// are computed (both managers refuse with it).
+#[cold]
+#[inline(never)]
+pub(super) fn prefilling_error(seq_id: SeqId, num_computed: usize, num_tokens: usize) -> Error {
     Error::InvalidArgument(format!(
-        "sequence {seq_id} is still prefilling ({} of {} tokens computed): \
-         advance_computed to its length first",
-        seq.num_computed, seq.table.num_tokens
+        "sequence {seq_id} is still prefilling ({num_computed} of {num_tokens} tokens computed): \
+         advance_computed to its length first"
     ))
 }
 

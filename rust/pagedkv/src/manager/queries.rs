@@ -1,7 +1,7 @@
 //! Read-only views: sequence lookups, block tables for kernels, slot mappings, copy ops,
 //! occupancy and stats.
 
-use super::KvCacheManager;
+use super::{check_distinct, KvCacheManager};
 use crate::error::{invalid, try_filled, try_with_capacity, Error, Result};
 use crate::prefix::PrefixCache;
 use crate::stats::Stats;
@@ -93,13 +93,8 @@ impl KvCacheManager {
         for &id in seq_ids {
             max_blocks = max_blocks.max(self.resident(id)?.table.block_ids.len());
         }
-        self.check_distinct(seq_ids)?;
-        let cells = seq_ids
-            .len()
-            .checked_mul(max_blocks)
-            .ok_or(Error::OutOfMemory { bytes: usize::MAX })?;
-        let mut tables = try_filled(cells, -1i32)?;
-        let mut lens = try_with_capacity(seq_ids.len())?;
+        check_distinct(seq_ids)?;
+        let (mut tables, mut lens) = padded_buffers(seq_ids.len(), max_blocks)?;
         for (row, &id) in seq_ids.iter().enumerate() {
             let table = &self.seqs[&id].table;
             let dst = &mut tables[row * max_blocks..row * max_blocks + table.block_ids.len()];
@@ -128,19 +123,10 @@ impl KvCacheManager {
             return h.slot_mapping(seq_ids, num_new_tokens, 0);
         }
         for &id in seq_ids {
-            let n = self.resident(id)?.table.num_tokens;
-            if num_new_tokens > n {
-                return invalid(format!(
-                    "sequence {id} holds {n} tokens, fewer than num_new_tokens={num_new_tokens}"
-                ));
-            }
+            check_new_tokens(id, self.resident(id)?.table.num_tokens, num_new_tokens)?;
         }
-        self.check_distinct(seq_ids)?;
-        let len = seq_ids
-            .len()
-            .checked_mul(num_new_tokens)
-            .ok_or(Error::OutOfMemory { bytes: usize::MAX })?;
-        let mut slots = try_with_capacity(len)?;
+        check_distinct(seq_ids)?;
+        let mut slots = slot_buffer(seq_ids.len(), num_new_tokens)?;
         for &id in seq_ids {
             let table = &self.seqs[&id].table;
             for pos in table.num_tokens - num_new_tokens..table.num_tokens {
@@ -214,26 +200,16 @@ impl KvCacheManager {
             num_free_list_blocks: self.pool.num_free_list_blocks(),
             num_available_blocks: self.pool.num_free_list_blocks(),
             num_sequences: self.seqs.len(),
-            blocks_allocated: self.counters.blocks_allocated,
-            blocks_freed: self.counters.blocks_freed,
-            cow_copies: self.counters.cow_copies,
-            forks: self.counters.forks,
             num_swapped_sequences: self.num_swapped,
-            blocks_swapped_out: self.counters.blocks_swapped_out,
-            blocks_swapped_in: self.counters.blocks_swapped_in,
-            copy_ops_elided: self.counters.copy_ops_elided,
             ..Stats::default()
         };
+        self.counters.write_to(&mut s);
         if let Some(p) = &self.prefix {
             s.num_cached_blocks = p.num_cached();
             s.num_available_blocks = s.num_free_list_blocks + s.num_cached_blocks;
             s.prefix_query_tokens = p.query_tokens;
             s.prefix_hit_tokens = p.hit_tokens;
-            s.prefix_hit_rate = if p.query_tokens == 0 {
-                0.0
-            } else {
-                p.hit_tokens as f64 / p.query_tokens as f64
-            };
+            s.prefix_hit_rate = hit_rate(p.query_tokens, p.hit_tokens);
             s.blocks_evicted = p.blocks_evicted;
             s.num_pinned_blocks = p.pins.num_pinned_blocks();
             s.events_dropped = p.events.dropped;
@@ -252,4 +228,47 @@ impl KvCacheManager {
         }
         s
     }
+}
+
+/// Prefix hit tokens per query token; 0 rather than NaN before any query. Shared by both
+/// managers' stats.
+pub(super) fn hit_rate(query_tokens: u64, hit_tokens: u64) -> f64 {
+    if query_tokens == 0 {
+        0.0
+    } else {
+        hit_tokens as f64 / query_tokens as f64
+    }
+}
+
+/// InvalidArgument when sequence `id`, holding `num_tokens`, has fewer than the
+/// `num_new_tokens` a slot mapping asks for (both managers' `slot_mapping`).
+#[inline]
+pub(super) fn check_new_tokens(id: SeqId, num_tokens: usize, num_new_tokens: usize) -> Result<()> {
+    if num_new_tokens > num_tokens {
+        return invalid(format!(
+            "sequence {id} holds {num_tokens} tokens, fewer than num_new_tokens={num_new_tokens}"
+        ));
+    }
+    Ok(())
+}
+
+/// An empty slot mapping with room for `num_new_tokens` slots of each of `num_seqs`
+/// sequences; a product past `usize` is OutOfMemory, as a failed allocation is.
+#[inline]
+pub(super) fn slot_buffer(num_seqs: usize, num_new_tokens: usize) -> Result<Vec<i64>> {
+    let len = num_seqs
+        .checked_mul(num_new_tokens)
+        .ok_or(Error::OutOfMemory { bytes: usize::MAX })?;
+    try_with_capacity(len)
+}
+
+/// The buffers of a padded `[num_seqs, max_blocks]` table view: every cell `-1` (padding, and
+/// in a hybrid group a released position) and room for each row's length. A product past
+/// `usize` is OutOfMemory, as a failed allocation is.
+#[inline]
+pub(super) fn padded_buffers(num_seqs: usize, max_blocks: usize) -> Result<(Vec<i32>, Vec<i32>)> {
+    let cells = num_seqs
+        .checked_mul(max_blocks)
+        .ok_or(Error::OutOfMemory { bytes: usize::MAX })?;
+    Ok((try_filled(cells, -1i32)?, try_with_capacity(num_seqs)?))
 }

@@ -1,8 +1,7 @@
 //! The host swap tier: `swap_out` / `swap_in` of a sequence or fork group, and host queries.
 
-use rustc_hash::FxHashMap;
-
-use super::KvCacheManager;
+use super::swap_plan::{allocate_host, distinct_blocks, id_map};
+use super::{check_distinct, KvCacheManager};
 use crate::error::{invalid, Error, Result};
 use crate::host::HostTier;
 use crate::{BlockId, SeqId};
@@ -45,26 +44,14 @@ impl KvCacheManager {
         if self.host.is_none() {
             return invalid("swap_out needs a host tier (num_host_blocks > 0)");
         }
-        self.check_distinct(seq_ids)?;
+        check_distinct(seq_ids)?;
         for &id in seq_ids {
             self.resident(id)?;
         }
         let (blocks, refs) = self.group_blocks(seq_ids);
-        let host = self.host.as_mut().expect("checked");
-        if blocks.len() > host.num_blocks() {
-            return invalid(format!(
-                "the group holds {} distinct blocks, more than the host tier's {}",
-                blocks.len(),
-                host.num_blocks()
-            ));
-        }
-        let host_ids = host.allocate(&refs)?;
+        let host_ids = allocate_host(self.host.as_mut().expect("checked"), &blocks, &refs)?;
         // Commit (infallible from here).
-        let to_host: FxHashMap<BlockId, BlockId> = blocks
-            .iter()
-            .copied()
-            .zip(host_ids.iter().copied())
-            .collect();
+        let to_host = id_map(&blocks, &host_ids);
         for &id in seq_ids {
             let seq = self.seqs.get_mut(&id).expect("validated");
             let device_ids = std::mem::take(&mut seq.table.block_ids);
@@ -106,7 +93,7 @@ impl KvCacheManager {
         if self.host.is_none() {
             return invalid("swap_in needs a host tier (num_host_blocks > 0)");
         }
-        self.check_distinct(seq_ids)?;
+        check_distinct(seq_ids)?;
         for &id in seq_ids {
             let seq = self.seqs.get(&id).ok_or(Error::UnknownSequence(id))?;
             if !seq.swapped {
@@ -129,11 +116,7 @@ impl KvCacheManager {
                 let _ = self.pool.retain_id(d);
             }
         }
-        let to_device: FxHashMap<BlockId, BlockId> = host_blocks
-            .iter()
-            .copied()
-            .zip(device_ids.iter().copied())
-            .collect();
+        let to_device = id_map(&host_blocks, &device_ids);
         let host = self.host.as_mut().expect("checked");
         for &id in seq_ids {
             let seq = self.seqs.get_mut(&id).expect("validated");
@@ -206,21 +189,10 @@ impl KvCacheManager {
     /// Distinct blocks of the group's tables in first-appearance order, with how many of the
     /// group's table entries point at each.
     fn group_blocks(&self, seq_ids: &[SeqId]) -> (Vec<BlockId>, Vec<u32>) {
-        let mut position: FxHashMap<BlockId, usize> = FxHashMap::default();
-        let mut blocks = Vec::new();
-        let mut refs: Vec<u32> = Vec::new();
-        for id in seq_ids {
-            for &b in &self.seqs[id].table.block_ids {
-                match position.get(&b) {
-                    Some(&i) => refs[i] += 1,
-                    None => {
-                        position.insert(b, blocks.len());
-                        blocks.push(b);
-                        refs.push(1);
-                    }
-                }
-            }
-        }
-        (blocks, refs)
+        distinct_blocks(
+            seq_ids
+                .iter()
+                .flat_map(|id| self.seqs[id].table.block_ids.iter().copied()),
+        )
     }
 }

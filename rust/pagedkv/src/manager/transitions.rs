@@ -1,8 +1,9 @@
 //! The named state transitions, the only code that changes refcounts and block states
 //! (docs/design.md, Invariants): every operation is validation plus a sequence of these.
 
-use super::KvCacheManager;
+use super::{Counters, KvCacheManager};
 use crate::error::{Error, Result, Tier};
+use crate::pool::BlockPool;
 use crate::BlockId;
 
 /// Fresh blocks reserved by [`KvCacheManager::reserve_fresh`]: the pool's part is already in
@@ -179,29 +180,48 @@ impl KvCacheManager {
         self.prefix.as_ref().is_some_and(|p| p.is_indexed(b))
     }
 
-    /// The pool side of a release: refcount -1 on table block `b`; at 0 it is counted freed
-    /// and goes back on the pool's free list, unless `indexed` (it then stays this manager's,
-    /// cached-evictable; the caller queues it in the LRU). Returns whether it reached 0.
+    /// [`release_in_pool`] on this manager's pool and counters.
     #[inline(always)]
     fn release_in_pool(&mut self, b: BlockId, indexed: bool) -> bool {
-        let result = if indexed {
-            self.pool.release_to_cache_uncounted(b)
-        } else {
-            self.pool.release_id(b)
-        };
-        match result {
-            Ok(true) => {
-                self.num_blocks_in_use -= 1;
-                self.counters.blocks_freed += 1;
-                true
-            }
-            Ok(false) => false,
-            // Our tables hold a reference to `b`, so the pool cannot refuse; if it does, the
-            // refcount was corrupted elsewhere and check_invariants will report it.
-            Err(e) => {
-                debug_assert!(false, "release of table block {b} failed: {e}");
-                false
-            }
+        release_in_pool(
+            &self.pool,
+            &mut self.num_blocks_in_use,
+            &mut self.counters,
+            b,
+            indexed,
+        )
+    }
+}
+
+/// The pool side of a release, shared by both managers: refcount -1 on table block `b`; at 0
+/// it is counted freed and goes back on the pool's free list, unless `indexed` (it then stays
+/// the manager's, cached-evictable; the caller queues it in its LRU). Returns whether it
+/// reached 0. Inlined: it is on every free and truncate of the plain manager.
+#[inline(always)]
+pub(super) fn release_in_pool(
+    pool: &BlockPool,
+    num_blocks_in_use: &mut usize,
+    counters: &mut Counters,
+    b: BlockId,
+    indexed: bool,
+) -> bool {
+    let result = if indexed {
+        pool.release_to_cache_uncounted(b)
+    } else {
+        pool.release_id(b)
+    };
+    match result {
+        Ok(true) => {
+            *num_blocks_in_use -= 1;
+            counters.blocks_freed += 1;
+            true
+        }
+        Ok(false) => false,
+        // Our tables hold a reference to `b`, so the pool cannot refuse; if it does, the
+        // refcount was corrupted elsewhere and check_invariants will report it.
+        Err(e) => {
+            debug_assert!(false, "release of table block {b} failed: {e}");
+            false
         }
     }
 }

@@ -13,6 +13,7 @@ use super::window::skipped_blocks;
 use super::Hybrid;
 use crate::error::{invalid, Error, Result};
 use crate::manager::groups::NULL_BLOCK;
+use crate::manager::{check_distinct, prefilling_error};
 use crate::{BlockId, SeqId, TokenId};
 
 /// The blocks one growth needs: fresh blocks over all groups and the table entries the window
@@ -128,12 +129,7 @@ impl Hybrid {
     fn plan_growth(&self, seq_id: SeqId, num_tokens: usize) -> Result<GrowthPlan> {
         let seq = self.resident(seq_id)?;
         if seq.num_computed < seq.num_tokens() {
-            return invalid(format!(
-                "sequence {seq_id} is still prefilling ({} of {} tokens computed): \
-                 advance_computed to its length first",
-                seq.num_computed,
-                seq.num_tokens()
-            ));
+            return Err(prefilling_error(seq_id, seq.num_computed, seq.num_tokens()));
         }
         let t = seq.num_tokens();
         let new_len = t.checked_add(num_tokens).ok_or_else(|| {
@@ -316,15 +312,4 @@ impl Hybrid {
         }
         Ok(())
     }
-}
-
-/// InvalidArgument when an id appears twice.
-pub(super) fn check_distinct(seq_ids: &[SeqId]) -> Result<()> {
-    let mut seen = rustc_hash::FxHashSet::default();
-    for &id in seq_ids {
-        if !seen.insert(id) {
-            return invalid(format!("sequence id {id} appears twice in the batch"));
-        }
-    }
-    Ok(())
 }

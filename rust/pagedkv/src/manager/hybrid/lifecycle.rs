@@ -1,11 +1,11 @@
 //! Fork, free, truncate, pins and cache maintenance of a hybrid manager.
 
 use super::cache::Pin;
-use super::growth::check_distinct;
 use super::window::skipped_blocks;
 use super::Hybrid;
 use crate::error::{invalid, Error, Result};
 use crate::manager::groups::NULL_BLOCK;
+use crate::manager::{check_distinct, prefilling_error};
 use crate::prefix::events::{DrainedEvents, KvEvent};
 use crate::{BlockId, SeqId, TokenId};
 
@@ -16,11 +16,10 @@ impl Hybrid {
     pub(crate) fn fork(&mut self, parent_id: SeqId, child_id: SeqId) -> Result<()> {
         let parent = self.resident(parent_id)?;
         if parent.num_computed < parent.num_tokens() {
-            return invalid(format!(
-                "sequence {parent_id} is still prefilling ({} of {} tokens computed): \
-                 advance_computed to its length first",
+            return Err(prefilling_error(
+                parent_id,
                 parent.num_computed,
-                parent.num_tokens()
+                parent.num_tokens(),
             ));
         }
         if self.seqs.contains_key(&child_id) {

@@ -36,7 +36,8 @@ use std::sync::Arc;
 
 use self::cache::GroupCache;
 use super::groups::{KvGroupSpec, NULL_BLOCK};
-use super::{copy_queue, Counters, ManagerConfig};
+use super::transitions::release_in_pool;
+use super::{copy_queue, new_host_tier, Counters, ManagerConfig};
 use crate::error::{Error, Result, Tier};
 use crate::host::HostTier;
 use crate::pool::BlockPool;
@@ -108,10 +109,7 @@ impl Hybrid {
                 config.max_events,
             )
         });
-        let host = match config.num_host_blocks {
-            0 => None,
-            n => Some(HostTier::new(n, pool.block_size())?),
-        };
+        let host = new_host_tier(config, pool.block_size())?;
         Ok(Hybrid {
             copies_compact_at: copy_queue::initial_threshold(pool.num_blocks()),
             block_size: pool.block_size(),
@@ -245,22 +243,16 @@ impl Hybrid {
             return;
         }
         let indexed = self.cache.as_ref().is_some_and(|c| c.is_indexed(b));
-        let result = if indexed {
-            self.pool.release_to_cache_uncounted(b)
-        } else {
-            self.pool.release_id(b)
-        };
-        match result {
-            Ok(true) => {
-                self.num_blocks_in_use -= 1;
-                self.counters.blocks_freed += 1;
-                if indexed {
-                    self.cache.as_mut().expect("indexed").lru.push_back(b);
-                    self.pool.count_cached(1);
-                }
-            }
-            Ok(false) => {}
-            Err(e) => debug_assert!(false, "release of table block {b} failed: {e}"),
+        let freed = release_in_pool(
+            &self.pool,
+            &mut self.num_blocks_in_use,
+            &mut self.counters,
+            b,
+            indexed,
+        );
+        if freed && indexed {
+            self.cache.as_mut().expect("indexed").lru.push_back(b);
+            self.pool.count_cached(1);
         }
     }
 

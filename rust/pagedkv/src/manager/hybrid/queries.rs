@@ -1,10 +1,11 @@
 //! Read-only views of a hybrid manager: per-group block tables (released positions as
 //! `NULL_BLOCK`, `-1` in the i32/i64 views), slot mappings, CSR page tables, stats.
 
-use super::growth::check_distinct;
 use super::Hybrid;
-use crate::error::{invalid, try_filled, try_with_capacity, Error, Result};
+use crate::error::{Error, Result};
+use crate::manager::check_distinct;
 use crate::manager::groups::NULL_BLOCK;
+use crate::manager::queries::{check_new_tokens, hit_rate, padded_buffers, slot_buffer};
 use crate::manager::CsrPageTable;
 use crate::stats::Stats;
 use crate::table::BlockTable;
@@ -69,12 +70,7 @@ impl Hybrid {
             .map(|id| self.seqs[id].tables[group].block_ids.len())
             .max()
             .unwrap_or(0);
-        let cells = seq_ids
-            .len()
-            .checked_mul(max_blocks)
-            .ok_or(Error::OutOfMemory { bytes: usize::MAX })?;
-        let mut tables = try_filled(cells, -1i32)?;
-        let mut lens = try_with_capacity(seq_ids.len())?;
+        let (mut tables, mut lens) = padded_buffers(seq_ids.len(), max_blocks)?;
         for (row, id) in seq_ids.iter().enumerate() {
             let t = &self.seqs[id].tables[group];
             for (cell, &b) in tables[row * max_blocks..].iter_mut().zip(&t.block_ids) {
@@ -96,19 +92,10 @@ impl Hybrid {
     ) -> Result<Vec<i64>> {
         self.check_group(group)?;
         for &id in seq_ids {
-            let n = self.resident(id)?.num_tokens();
-            if num_new_tokens > n {
-                return invalid(format!(
-                    "sequence {id} holds {n} tokens, fewer than num_new_tokens={num_new_tokens}"
-                ));
-            }
+            check_new_tokens(id, self.resident(id)?.num_tokens(), num_new_tokens)?;
         }
         check_distinct(seq_ids)?;
-        let len = seq_ids
-            .len()
-            .checked_mul(num_new_tokens)
-            .ok_or(Error::OutOfMemory { bytes: usize::MAX })?;
-        let mut out = try_with_capacity(len)?;
+        let mut out = slot_buffer(seq_ids.len(), num_new_tokens)?;
         let bs = self.block_size;
         for id in seq_ids {
             let t = &self.seqs[id].tables[group];
@@ -132,27 +119,14 @@ impl Hybrid {
             .iter()
             .map(|id| self.seqs[id].tables[group].block_ids.len())
             .sum();
-        if nnz > i32::MAX as usize {
-            return invalid(format!(
-                "the CSR page table would hold {nnz} block ids, more than int32 offsets address"
-            ));
-        }
-        let mut csr = CsrPageTable {
-            kv_indptr: try_with_capacity(seq_ids.len() + 1)?,
-            kv_indices: try_with_capacity(nnz)?,
-            kv_last_page_len: try_with_capacity(seq_ids.len())?,
-        };
-        csr.kv_indptr.push(0);
+        let mut csr = CsrPageTable::sized(seq_ids.len(), nnz)?;
         for id in seq_ids {
             let t = &self.seqs[id].tables[group];
-            csr.kv_indices
-                .extend(t.block_ids.iter().map(|&b| entry_i32(b)));
-            csr.kv_indptr.push(csr.kv_indices.len() as i32);
-            csr.kv_last_page_len.push(if t.num_tokens == 0 {
-                0
-            } else {
-                ((t.num_tokens - 1) % self.block_size + 1) as i32
-            });
+            csr.push_row(
+                t.block_ids.iter().map(|&b| entry_i32(b)),
+                t.num_tokens,
+                self.block_size,
+            );
         }
         Ok(csr)
     }
@@ -175,26 +149,16 @@ impl Hybrid {
             num_free_list_blocks: self.pool.num_free_list_blocks(),
             num_available_blocks: self.num_available_blocks(),
             num_sequences: self.seqs.len(),
-            blocks_allocated: self.counters.blocks_allocated,
-            blocks_freed: self.counters.blocks_freed,
-            cow_copies: self.counters.cow_copies,
-            forks: self.counters.forks,
-            copy_ops_elided: self.counters.copy_ops_elided,
             num_swapped_sequences: self.num_swapped,
-            blocks_swapped_out: self.counters.blocks_swapped_out,
-            blocks_swapped_in: self.counters.blocks_swapped_in,
             num_pinned_blocks: self.num_pinned_blocks(),
             ..Stats::default()
         };
+        self.counters.write_to(&mut s);
         if let Some(c) = self.cache.as_ref() {
             s.num_cached_blocks = c.lru.len();
             s.prefix_query_tokens = c.query_tokens;
             s.prefix_hit_tokens = c.hit_tokens;
-            s.prefix_hit_rate = if c.query_tokens == 0 {
-                0.0
-            } else {
-                c.hit_tokens as f64 / c.query_tokens as f64
-            };
+            s.prefix_hit_rate = hit_rate(c.query_tokens, c.hit_tokens);
             s.blocks_evicted = c.blocks_evicted;
             s.events_dropped = c.events.dropped;
             s.event_queue_bytes = c.events.bytes();

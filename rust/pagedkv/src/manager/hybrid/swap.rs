@@ -1,36 +1,24 @@
 //! The host swap tier of a hybrid manager: only live entries move; released positions stay
 //! null on the host and when they come back.
 
-use rustc_hash::FxHashMap;
-
-use super::growth::check_distinct;
 use super::Hybrid;
 use crate::error::{invalid, Error, Result};
+use crate::manager::check_distinct;
 use crate::manager::groups::NULL_BLOCK;
+use crate::manager::swap_plan::{allocate_host, distinct_blocks, id_map};
 use crate::{BlockId, SeqId};
 
 impl Hybrid {
     /// Distinct live blocks of the sequences' tables (first-seen order) and how many of
-    /// their entries reference each.
+    /// their entries reference each; released (null) positions do not move.
     fn distinct_blocks(&self, seq_ids: &[SeqId]) -> (Vec<BlockId>, Vec<u32>) {
-        let mut index: FxHashMap<BlockId, usize> = FxHashMap::default();
-        let (mut blocks, mut refs) = (Vec::new(), Vec::new());
-        for id in seq_ids {
-            for t in &self.seqs[id].tables {
-                for &b in &t.block_ids {
-                    if b == NULL_BLOCK {
-                        continue;
-                    }
-                    let i = *index.entry(b).or_insert_with(|| {
-                        blocks.push(b);
-                        refs.push(0);
-                        blocks.len() - 1
-                    });
-                    refs[i] += 1;
-                }
-            }
-        }
-        (blocks, refs)
+        distinct_blocks(seq_ids.iter().flat_map(|id| {
+            self.seqs[id]
+                .tables
+                .iter()
+                .flat_map(|t| t.block_ids.iter().copied())
+                .filter(|&b| b != NULL_BLOCK)
+        }))
     }
 
     /// See [`crate::KvCacheManager::swap_out`].
@@ -43,21 +31,9 @@ impl Hybrid {
             self.resident(id)?;
         }
         let (blocks, refs) = self.distinct_blocks(seq_ids);
-        let host = self.host.as_mut().expect("checked");
-        if blocks.len() > host.num_blocks() {
-            return invalid(format!(
-                "the group holds {} distinct blocks, more than the host tier's {}",
-                blocks.len(),
-                host.num_blocks()
-            ));
-        }
-        let host_ids = host.allocate(&refs)?;
+        let host_ids = allocate_host(self.host.as_mut().expect("checked"), &blocks, &refs)?;
         // Commit (infallible from here).
-        let to_host: FxHashMap<BlockId, BlockId> = blocks
-            .iter()
-            .copied()
-            .zip(host_ids.iter().copied())
-            .collect();
+        let to_host = id_map(&blocks, &host_ids);
         for &id in seq_ids {
             let seq = self.seqs.get_mut(&id).expect("validated");
             seq.swapped = true;
@@ -106,11 +82,7 @@ impl Hybrid {
                 self.share(d);
             }
         }
-        let to_device: FxHashMap<BlockId, BlockId> = host_blocks
-            .iter()
-            .copied()
-            .zip(device.iter().copied())
-            .collect();
+        let to_device = id_map(&host_blocks, &device);
         let host = self.host.as_mut().expect("swapped implies a host tier");
         for &id in seq_ids {
             let seq = self.seqs.get_mut(&id).expect("validated");
