@@ -66,7 +66,10 @@ def _window_hit(cached: list[bool], need: int) -> int:
     only at a cached block, even with ``need`` 0 (a window of one token)."""
     run = 0
     for i in range(len(cached) - 1, -1, -1):
-        run = run + 1 if cached[i] else 0
+        if not cached[i]:
+            run = 0
+            continue
+        run += 1
         if run >= need:
             return i + run
     return run

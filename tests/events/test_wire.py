@@ -225,7 +225,11 @@ def test_hybrid_events_carry_their_group_as_vllm_group_idx(seed: int, raw: bool)
     assert {e.group_idx for e in stored} == {0, 1, 2}
     assert {e.group_idx for e in removed} == {0, 1, 2}
     # The same first block is stored once per group, each under its own group.
-    first = {e.group_idx for e in stored if e.parent_block_hash is None and e.block_hashes[0] == stored[0].block_hashes[0]}
+    first = {
+        e.group_idx
+        for e in stored
+        if e.parent_block_hash is None and e.block_hashes[0] == stored[0].block_hashes[0]
+    }
     assert first == {0, 1, 2}
     # On the wire: group 0 is written (it is not vLLM's default, None), as the last key.
     plain = msgspec.msgpack.decode(payload)
