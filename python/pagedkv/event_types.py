@@ -26,6 +26,8 @@ class BlockStored:
     ``token_ids`` holds ``len(block_hashes) * block_size`` ids, the stored blocks' tokens in order.
     ``extra_keys`` has one entry per block: ``(extra_key,)`` when the request carried an
     ``extra_key`` (as bytes), else ``None``; the whole field is ``None`` when no block had one.
+    ``group_idx`` is the KV-cache group of the blocks (vLLM's field): the group's index in a
+    hybrid manager (``kv_groups``), ``None`` for the plain manager (omitted on the wire).
     """
 
     block_hashes: list[int]
@@ -36,6 +38,7 @@ class BlockStored:
     medium: str | None = MEDIUM_GPU
     lora_name: str | None = None
     extra_keys: list[tuple[Any, ...] | None] | None = None
+    group_idx: int | None = None
 
     def __hash__(self) -> int:
         return hash(
@@ -48,19 +51,22 @@ class BlockStored:
                 self.medium,
                 self.lora_name,
                 tuple(self.extra_keys) if self.extra_keys else None,
+                self.group_idx,
             )
         )
 
 
 @dataclass(frozen=True)
 class BlockRemoved:
-    """Blocks whose content left the prefix index (evicted for reuse)."""
+    """Blocks whose content left the prefix index (evicted for reuse); ``group_idx`` as in
+    ``BlockStored``."""
 
     block_hashes: list[int]
     medium: str | None = MEDIUM_GPU
+    group_idx: int | None = None
 
     def __hash__(self) -> int:
-        return hash((tuple(self.block_hashes), self.medium))
+        return hash((tuple(self.block_hashes), self.medium, self.group_idx))
 
 
 @dataclass(frozen=True)

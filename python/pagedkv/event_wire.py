@@ -152,14 +152,26 @@ def _plain_event(event: Any) -> KvEvent:
             lora_name = _opt_str(event.lora_name)
             field = "extra_keys"
             extra_keys = _extra_keys(event.extra_keys)
+            field = "group_idx"
+            group_idx = _opt_int(event.group_idx)
             return BlockStored(
-                block_hashes, parent, token_ids, block_size, lora_id, medium, lora_name, extra_keys
+                block_hashes,
+                parent,
+                token_ids,
+                block_size,
+                lora_id,
+                medium,
+                lora_name,
+                extra_keys,
+                group_idx,
             )
         if isinstance(event, BlockRemoved):
             field = "block_hashes"
             block_hashes = _ints(event.block_hashes)
             field = "medium"
-            return BlockRemoved(block_hashes, _opt_str(event.medium))
+            medium = _opt_str(event.medium)
+            field = "group_idx"
+            return BlockRemoved(block_hashes, medium, _opt_int(event.group_idx))
     except MemoryError:
         raise
     except TypeError as error:

@@ -62,12 +62,14 @@ def _contiguous_for_hit(window: int, block_size: int) -> int:
 
 def _window_hit(cached: list[bool], need: int) -> int:
     """vLLM's ``SlidingWindowManager.find_longest_cache_hit`` in blocks: the rightmost run of
-    ``need`` cached blocks ends the hit; a shorter run reaching block 0 also counts."""
-    if need == 0:
-        return len(cached)
+    ``need`` cached blocks ends the hit; a shorter run reaching block 0 also counts. A hit ends
+    only at a cached block, even with ``need`` 0 (a window of one token)."""
     run = 0
     for i in range(len(cached) - 1, -1, -1):
-        run = run + 1 if cached[i] else 0
+        if not cached[i]:
+            run = 0
+            continue
+        run += 1
         if run >= need:
             return i + run
     return run
@@ -268,3 +270,24 @@ def test_duplicate_content_is_cached_on_every_copy_hybrid() -> None:
     Fails on the hybrid index that kept one copy per content and group (4)."""
     kv = _manager(32, 4, [FULL, 8])
     assert _cached_after_duplicate_prefill(kv) == 8
+
+
+@pytest.mark.parametrize("windows", [[1], [1, 1], [FULL, 1], [FULL, 4, 1]])
+def test_one_token_window_caches_nothing_and_serves_no_hit(windows: list[int | None]) -> None:
+    """A window of one token needs no cached block before a hit (``cdiv(W - 1, B)`` is 0), but
+    vLLM 0.33 caches none of its blocks (``SlidingWindowManager.reachable_block_mask`` keeps
+    the ``need`` blocks that end a hit's window: none) and its scan finds a hit only at a
+    cached block, so such a group serves 0 and so does the hybrid manager, however much the
+    other groups cache. Fails on the rule that served any prefix through such a window."""
+    kv = _manager(64, 4, windows)
+    prompt = list(range(13))  # 3 full blocks of 4 and one token
+    assert kv.add_sequence(1, prompt) == 0
+    kv.free(1)
+    kv.check_invariants()
+    # only the groups other than the one-token windows cache their 3 full blocks
+    assert kv.stats()["num_cached_blocks"] == 3 * sum(w != 1 for w in windows)
+    assert kv.match_prefix(prompt) == 0
+    assert kv.add_sequence(2, prompt) == 0
+    kv.check_invariants()
+    assert _window_hit([True, True, False], 0) == 2
+    assert _window_hit([False, False], 0) == 0

@@ -34,9 +34,12 @@ def as_vllm(event: KvEvent, raw: bool = False) -> Stored | Removed | Cleared:
             medium=event.medium,
             lora_name=event.lora_name,
             extra_keys=event.extra_keys,
+            group_idx=event.group_idx,
         )
     if isinstance(event, BlockRemoved):
-        return Removed(block_hashes=[wire(h) for h in event.block_hashes], medium=event.medium)
+        return Removed(
+            block_hashes=[wire(h) for h in event.block_hashes], medium=event.medium, group_idx=event.group_idx
+        )
     return Cleared()
 
 
@@ -180,6 +183,68 @@ def test_engine_events_round_trip_exactly_with_take_events() -> None:
     (stored,) = decoded.events
     assert [int.from_bytes(h, "big") for h in stored.block_hashes] == events[0].block_hashes
     assert stored.token_ids == list(range(8)) and stored.block_size == 4 and stored.medium == "GPU"
+
+
+def hybrid_workload_events(seed: int) -> list[KvEvent]:
+    """Stores and evictions of a hybrid manager (a full group and two window groups) whose pool
+    is small enough that admissions evict cached blocks of every group."""
+    rng = random.Random(seed)
+    groups = [pagedkv.FullAttention(), pagedkv.SlidingWindow(window=4), pagedkv.SlidingWindow(window=9)]
+    kv = pagedkv.KvCacheManager(
+        num_blocks=30, block_size=4, enable_prefix_caching=True, enable_kv_events=True, kv_groups=groups
+    )
+    prefixes = [[rng.randrange(50_000) for _ in range(12)] for _ in range(4)]
+    events: list[KvEvent] = []
+    for seq in range(30):
+        prompt = rng.choice(prefixes) + [rng.randrange(50_000) for _ in range(rng.randrange(0, 9))]
+        try:
+            kv.add_sequence(seq, prompt)
+        except pagedkv.OutOfBlocksError:
+            pass
+        else:
+            kv.free(seq)
+        events.extend(kv.take_events())
+    return events
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("raw", [False, True])
+def test_hybrid_events_carry_their_group_as_vllm_group_idx(seed: int, raw: bool) -> None:
+    """A hybrid manager stores and evicts the same hash once per group; each event carries its
+    group in vLLM's ``group_idx`` (written, 0 included, after the other fields), which vLLM's
+    structs decode, and msgspec encodes the same structs to the same bytes. Fails on the events
+    without a group (every ``group_idx`` None, a router cannot tell the groups apart)."""
+    events = hybrid_workload_events(seed)
+    payload = encode_batch(events, ts=7.0, data_parallel_rank=0, raw_hashes=raw)
+    batch = DECODER.decode(payload)
+    expected = [as_vllm(e, raw) for e in events]
+    assert batch.events == expected
+    assert ENCODER.encode(Batch(ts=7.0, events=expected, data_parallel_rank=0)) == payload
+    stored = [e for e in batch.events if isinstance(e, Stored)]
+    removed = [e for e in batch.events if isinstance(e, Removed)]
+    assert {e.group_idx for e in stored} == {0, 1, 2}
+    assert {e.group_idx for e in removed} == {0, 1, 2}
+    # The same first block is stored once per group, each under its own group.
+    first = {
+        e.group_idx
+        for e in stored
+        if e.parent_block_hash is None and e.block_hashes[0] == stored[0].block_hashes[0]
+    }
+    assert first == {0, 1, 2}
+    # On the wire: group 0 is written (it is not vLLM's default, None), as the last key.
+    plain = msgspec.msgpack.decode(payload)
+    for event in plain[1]:
+        assert list(event)[-1] == "group_idx"
+    assert any(event["group_idx"] == 0 for event in plain[1])
+
+
+def test_plain_manager_events_have_no_group_and_the_same_bytes() -> None:
+    """The plain manager's events have ``group_idx`` None, omitted on the wire: the bytes of the
+    schema without the field."""
+    events = workload_events(0)
+    assert all(e.group_idx is None for e in events if not isinstance(e, AllBlocksCleared))
+    plain = msgspec.msgpack.decode(encode_batch(events, ts=1.0, data_parallel_rank=0))
+    assert all("group_idx" not in event for event in plain[1])
 
 
 class Index:

@@ -142,18 +142,19 @@ class HybridMachine(RuleBasedStateMachine):
     def tables(self, seq_id: int) -> list[list[int]]:
         return [self.kv.block_table(seq_id, group=g).tolist() for g in range(self.num_groups)]
 
-    def needs_no_blocks(self) -> bool:
-        """Every group is a window of one token: a hit at any point needs no cached key."""
-        return all(w == 1 for w in self.windows)
+    def has_one_token_window(self) -> bool:
+        """Some group is a window of one token: it caches no block and so serves no hit (as in
+        vLLM, whose reachability mask caches none and whose scan hits only at a cached block)."""
+        return any(w == 1 for w in self.windows)
 
     def oracle_hit(self, prompt: list[int], extra_key: Any) -> int:
         """The longest block-aligned prefix (at most len - 1 tokens) some pass computed: a hit
         at L needs the full groups' blocks before L and each window group's blocks covering
-        ``[L - W + 1, L)``, the last of which is the block ending at L (unless W is 1), and a
-        computed block implies every block before it was computed. With windows of one token
-        only, nothing is needed: any point is a hit."""
-        if self.needs_no_blocks():
-            return max(len(prompt) - 1, 0) // self.block_size * self.block_size
+        ``[L - W + 1, L)``, the last of which is the block ending at L, and a
+        computed block implies every block before it was computed. A window of one token
+        caches nothing, so with one there is no hit."""
+        if self.has_one_token_window():
+            return 0
         best = 0
         for end in range(self.block_size, len(prompt), self.block_size):
             if (extra_key, tuple(prompt[:end])) in self.computed_prefixes:
@@ -564,7 +565,7 @@ class HybridMachine(RuleBasedStateMachine):
             else:
                 assert self.kv.refcount(block) == count
         if self.pins:
-            assert stats["num_pinned_blocks"] > 0 or self.needs_no_blocks()
+            assert stats["num_pinned_blocks"] > 0
             assert stats["num_blocks_in_use"] >= len(references)
         else:
             assert stats["num_pinned_blocks"] == 0

@@ -73,6 +73,7 @@ pub fn events_to_python<'py>(
                 block_size,
                 extra_key,
                 medium: tier,
+                group_idx,
             } => {
                 let num_stored = block_hashes.len();
                 let extra_keys = match extra_key {
@@ -103,12 +104,17 @@ pub fn events_to_python<'py>(
                     (intern!(py, "medium"), medium(py, tier).into_any()),
                     (intern!(py, "lora_name"), none.clone()),
                     (intern!(py, "extra_keys"), extra_keys),
+                    (
+                        intern!(py, "group_idx"),
+                        group_idx.into_pyobject(py)?.into_any(),
+                    ),
                 ];
                 instance(py, stored, &fields)?
             }
             KvEvent::BlockRemoved {
                 block_hashes,
                 medium: tier,
+                group_idx,
             } => {
                 let fields = [
                     (
@@ -116,6 +122,10 @@ pub fn events_to_python<'py>(
                         block_hashes.into_pyobject(py)?.into_any(),
                     ),
                     (intern!(py, "medium"), medium(py, tier).into_any()),
+                    (
+                        intern!(py, "group_idx"),
+                        group_idx.into_pyobject(py)?.into_any(),
+                    ),
                 ];
                 instance(py, removed, &fields)?
             }

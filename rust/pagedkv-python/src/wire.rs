@@ -138,6 +138,7 @@ fn stored_event(event: &Bound<'_, PyAny>) -> PyResult<WireEvent> {
         medium: opt_str(event, "medium")?,
         lora_name: opt_str(event, "lora_name")?,
         extra_keys,
+        group_idx: event.getattr("group_idx")?.extract()?,
     })
 }
 
@@ -145,6 +146,7 @@ fn removed_event(event: &Bound<'_, PyAny>) -> PyResult<WireEvent> {
     Ok(WireEvent::BlockRemoved {
         block_hashes: hashes(event)?,
         medium: opt_str(event, "medium")?,
+        group_idx: event.getattr("group_idx")?.extract()?,
     })
 }
 

@@ -178,6 +178,7 @@ impl OffloadTier {
                 block_size: self.block_size,
                 extra_key: entry.extra_key.as_deref().map(<[u8]>::to_vec),
                 medium: Tier::Host,
+                group_idx: None,
             });
         }
         self.map.insert(entry.hash, h);
@@ -195,6 +196,7 @@ impl OffloadTier {
                 events.push(KvEvent::BlockRemoved {
                     block_hashes: vec![e.hash],
                     medium: Tier::Host,
+                    group_idx: None,
                 });
             }
         }

@@ -12,7 +12,9 @@
 //! * each event is a msgpack **map** whose first key is `"type"` (msgspec's tagged union:
 //!   `"BlockStored"`, `"BlockRemoved"`, `"AllBlocksCleared"`), then the fields in declaration
 //!   order; fields without a default (`lora_id`, `medium`, `lora_name`) are always written
-//!   (nil when unset), fields with a default (`extra_keys`) only when set (`omit_defaults`);
+//!   (nil when unset), fields with a default (`extra_keys`, `group_idx`) only when set
+//!   (`omit_defaults`): a hybrid manager's events carry their KV-cache group as `group_idx`
+//!   (written, 0 included), the plain manager's have none (omitted, the bytes as before);
 //! * integers take msgpack's shortest form and `ts` is a float64, as msgspec writes them;
 //! * block hashes are unsigned 64-bit ints holding the low 64 bits of pagedkv's 128-bit
 //!   hashes (vLLM's default, `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES`: the last 8 bytes of the
@@ -89,6 +91,8 @@ pub enum WireEvent {
         lora_name: Option<String>,
         /// One entry per stored block; omitted from the map when `None`.
         extra_keys: Option<Vec<Option<Vec<ExtraKeyItem>>>>,
+        /// KV-cache group (vLLM's `group_idx`); omitted from the map when `None`.
+        group_idx: Option<i64>,
     },
     /// vLLM's `BlockRemoved`.
     BlockRemoved {
@@ -96,6 +100,8 @@ pub enum WireEvent {
         block_hashes: Vec<BlockHash>,
         /// `"GPU"` / `"CPU"` (written, nil when unset).
         medium: Option<String>,
+        /// KV-cache group (vLLM's `group_idx`); omitted from the map when `None`.
+        group_idx: Option<i64>,
     },
     /// vLLM's `AllBlocksCleared`.
     AllBlocksCleared,
@@ -119,6 +125,7 @@ impl From<&KvEvent> for WireEvent {
                 block_size,
                 extra_key,
                 medium,
+                group_idx,
             } => WireEvent::BlockStored {
                 block_hashes: block_hashes.clone(),
                 parent_block_hash: *parent_block_hash,
@@ -132,13 +139,16 @@ impl From<&KvEvent> for WireEvent {
                 extra_keys: extra_key.as_ref().map(|key| {
                     vec![Some(vec![ExtraKeyItem::Bytes(key.clone())]); block_hashes.len()]
                 }),
+                group_idx: group_idx.map(i64::from),
             },
             KvEvent::BlockRemoved {
                 block_hashes,
                 medium,
+                group_idx,
             } => WireEvent::BlockRemoved {
                 block_hashes: block_hashes.clone(),
                 medium: Some(medium_name(*medium).to_owned()),
+                group_idx: group_idx.map(i64::from),
             },
             KvEvent::AllBlocksCleared => WireEvent::AllBlocksCleared,
         }
@@ -189,9 +199,13 @@ pub fn encode_drained_events(
         ts,
         data_parallel_rank,
         |out, event| match event {
-            QueuedRef::DeviceRemoval(hash) => {
-                write_removed(out, &[hash], Some(medium_name(Tier::Device)), hashes)
-            }
+            QueuedRef::DeviceRemoval(hash, group_idx) => write_removed(
+                out,
+                &[hash],
+                Some(medium_name(Tier::Device)),
+                group_idx.map(i64::from),
+                hashes,
+            ),
             QueuedRef::Event(event) => write_kv_event(out, event, hashes),
         },
     )
@@ -204,7 +218,14 @@ fn write_kv_event(out: &mut Vec<u8>, event: &KvEvent, hashes: HashFormat) -> Res
         KvEvent::BlockRemoved {
             block_hashes,
             medium,
-        } => write_removed(out, block_hashes, Some(medium_name(*medium)), hashes),
+            group_idx,
+        } => write_removed(
+            out,
+            block_hashes,
+            Some(medium_name(*medium)),
+            group_idx.map(i64::from),
+            hashes,
+        ),
         other => write_event(out, &WireEvent::from(other), hashes),
     }
 }
@@ -241,8 +262,9 @@ fn write_event(out: &mut Vec<u8>, event: &WireEvent, hashes: HashFormat) -> Resu
             medium,
             lora_name,
             extra_keys,
+            group_idx,
         } => {
-            let num_fields = 8 + u32::from(extra_keys.is_some());
+            let num_fields = 8 + u32::from(extra_keys.is_some()) + u32::from(group_idx.is_some());
             encode::write_map_len(out, num_fields).map_err(io_error)?;
             write_str(out, "type")?;
             write_str(out, "BlockStored")?;
@@ -284,11 +306,16 @@ fn write_event(out: &mut Vec<u8>, event: &WireEvent, hashes: HashFormat) -> Resu
                     }
                 }
             }
+            if let Some(group) = group_idx {
+                write_str(out, "group_idx")?;
+                write_int(out, *group)?;
+            }
         }
         WireEvent::BlockRemoved {
             block_hashes,
             medium,
-        } => write_removed(out, block_hashes, medium.as_deref(), hashes)?,
+            group_idx,
+        } => write_removed(out, block_hashes, medium.as_deref(), *group_idx, hashes)?,
         WireEvent::AllBlocksCleared => {
             encode::write_map_len(out, 1).map_err(io_error)?;
             write_str(out, "type")?;
@@ -302,15 +329,21 @@ fn write_removed(
     out: &mut Vec<u8>,
     block_hashes: &[BlockHash],
     medium: Option<&str>,
+    group_idx: Option<i64>,
     hashes: HashFormat,
 ) -> Result<()> {
-    encode::write_map_len(out, 3).map_err(io_error)?;
+    encode::write_map_len(out, 3 + u32::from(group_idx.is_some())).map_err(io_error)?;
     write_str(out, "type")?;
     write_str(out, "BlockRemoved")?;
     write_str(out, "block_hashes")?;
     write_hashes(out, block_hashes, hashes)?;
     write_str(out, "medium")?;
-    write_opt_str(out, medium)
+    write_opt_str(out, medium)?;
+    if let Some(group) = group_idx {
+        write_str(out, "group_idx")?;
+        write_int(out, group)?;
+    }
+    Ok(())
 }
 
 fn write_hashes(out: &mut Vec<u8>, block_hashes: &[BlockHash], hashes: HashFormat) -> Result<()> {
@@ -409,16 +442,34 @@ mod tests {
                 block_size: 2,
                 extra_key: Some(b"salt".to_vec()),
                 medium: Tier::Device,
+                group_idx: None,
             },
             KvEvent::BlockRemoved {
                 block_hashes: vec![u128::MAX],
                 medium: Tier::Device,
+                group_idx: None,
             },
             KvEvent::BlockRemoved {
                 block_hashes: vec![5, 6],
                 medium: Tier::Host,
+                group_idx: None,
             },
             KvEvent::AllBlocksCleared,
+            // A hybrid manager's events, of groups 0 and 3.
+            KvEvent::BlockStored {
+                block_hashes: vec![8],
+                parent_block_hash: None,
+                token_ids: vec![5, 6],
+                block_size: 2,
+                extra_key: None,
+                medium: Tier::Device,
+                group_idx: Some(0),
+            },
+            KvEvent::BlockRemoved {
+                block_hashes: vec![8],
+                medium: Tier::Device,
+                group_idx: Some(3),
+            },
         ];
         let wire: Vec<WireEvent> = events.iter().map(WireEvent::from).collect();
         // The same events through the queue: the device removal is held as its hash alone.
@@ -427,13 +478,17 @@ mod tests {
             queue.push(event.clone());
         }
         queue.push_removed(9);
+        queue.push_removed_in_group(9, Some(1));
         let drained = queue.take_drained();
-        assert_eq!(drained.len(), events.len() + 1);
+        assert_eq!(drained.len(), events.len() + 2);
         let mut all = events.clone();
-        all.push(KvEvent::BlockRemoved {
-            block_hashes: vec![9],
-            medium: Tier::Device,
-        });
+        for group_idx in [None, Some(1)] {
+            all.push(KvEvent::BlockRemoved {
+                block_hashes: vec![9],
+                medium: Tier::Device,
+                group_idx,
+            });
+        }
         for hashes in [HashFormat::U64, HashFormat::Bytes] {
             for rank in [None, Some(-2)] {
                 assert_eq!(
@@ -478,6 +533,7 @@ mod tests {
         let removed = WireEvent::BlockRemoved {
             block_hashes: vec![hash],
             medium: None,
+            group_idx: None,
         };
         let ints =
             encode_event_batch(std::slice::from_ref(&removed), 0.0, None, HashFormat::U64).unwrap();
@@ -500,6 +556,7 @@ mod tests {
             block_size: 1,
             extra_key: None,
             medium: Tier::Device,
+            group_idx: None,
         };
         let bytes = encode_kv_events(&[event], 1.0, Some(0), HashFormat::U64).unwrap();
         let mut expected = vec![0x93, 0xcb];
@@ -517,6 +574,47 @@ mod tests {
         assert_eq!(bytes, expected);
     }
 
+    /// A hybrid manager's events carry `group_idx` after the other fields (vLLM's
+    /// declaration order), group 0 included: it is not vLLM's default (`None`).
+    #[test]
+    fn group_idx_is_written_last_when_set() {
+        let stored = KvEvent::BlockStored {
+            block_hashes: vec![1],
+            parent_block_hash: None,
+            token_ids: vec![2],
+            block_size: 1,
+            extra_key: Some(vec![7]),
+            medium: Tier::Device,
+            group_idx: Some(0),
+        };
+        let removed = KvEvent::BlockRemoved {
+            block_hashes: vec![1],
+            medium: Tier::Device,
+            group_idx: Some(200),
+        };
+        let bytes = encode_kv_events(&[stored, removed], 1.0, Some(0), HashFormat::U64).unwrap();
+        let mut expected = vec![0x93, 0xcb];
+        expected.extend_from_slice(&1.0f64.to_be_bytes());
+        expected.extend_from_slice(&[0x92, 0x8a]);
+        expected.extend_from_slice(b"\xa4type\xabBlockStored");
+        expected.extend_from_slice(b"\xacblock_hashes\x91\x01");
+        expected.extend_from_slice(b"\xb1parent_block_hash\xc0");
+        expected.extend_from_slice(b"\xa9token_ids\x91\x02");
+        expected.extend_from_slice(b"\xaablock_size\x01");
+        expected.extend_from_slice(b"\xa7lora_id\xc0");
+        expected.extend_from_slice(b"\xa6medium\xa3GPU");
+        expected.extend_from_slice(b"\xa9lora_name\xc0");
+        expected.extend_from_slice(b"\xaaextra_keys\x91\x91\xc4\x01\x07");
+        expected.extend_from_slice(b"\xa9group_idx\x00");
+        expected.push(0x84);
+        expected.extend_from_slice(b"\xa4type\xacBlockRemoved");
+        expected.extend_from_slice(b"\xacblock_hashes\x91\x01");
+        expected.extend_from_slice(b"\xa6medium\xa3GPU");
+        expected.extend_from_slice(b"\xa9group_idx\xcc\xc8");
+        expected.push(0x00);
+        assert_eq!(bytes, expected);
+    }
+
     #[test]
     fn extra_key_goes_on_every_block_as_bytes() {
         let event = KvEvent::BlockStored {
@@ -526,6 +624,7 @@ mod tests {
             block_size: 1,
             extra_key: Some(b"salt".to_vec()),
             medium: Tier::Device,
+            group_idx: None,
         };
         let bytes = encode_kv_events(&[event], 1.0, Some(0), HashFormat::U64).unwrap();
         let tail = b"\xaaextra_keys\x92\x91\xc4\x04salt\x91\xc4\x04salt\x00";

@@ -265,10 +265,12 @@ fn event_sequence_store_evict_store_reset() {
         block_size: 2,
         extra_key: None,
         medium: Tier::Device,
+        group_idx: None,
     };
     let removed = |hash| KvEvent::BlockRemoved {
         block_hashes: vec![hash],
         medium: Tier::Device,
+        group_idx: None,
     };
     assert_eq!(
         kv.take_events(),

@@ -61,6 +61,10 @@ pub enum KvEvent {
         extra_key: Option<Vec<u8>>,
         /// Where the blocks live (vLLM's `medium`; always the device tier here).
         medium: Tier,
+        /// The KV-cache group the blocks belong to (vLLM's `group_idx`): the group's index in
+        /// a hybrid manager (`ManagerConfig::kv_groups`), `None` for the plain manager's one
+        /// group (omitted on the wire, as vLLM omits its default).
+        group_idx: Option<u32>,
     },
     /// Blocks were evicted from the index (their content is gone).
     BlockRemoved {
@@ -68,6 +72,8 @@ pub enum KvEvent {
         block_hashes: Vec<BlockHash>,
         /// Where the blocks lived.
         medium: Tier,
+        /// The KV-cache group the blocks belonged to (vLLM's `group_idx`; see `BlockStored`).
+        group_idx: Option<u32>,
     },
     /// The whole index was cleared (`reset_prefix_cache`).
     AllBlocksCleared,
@@ -78,11 +84,11 @@ pub enum KvEvent {
 pub(crate) const MAX_EVENT_BYTES: usize = 64 << 20;
 
 /// One event as the queue holds it (see the module docs): a removal of one device block is
-/// its hash; any other event is boxed, so that every entry stays small.
+/// its hash and group; any other event is boxed, so that every entry stays small.
 #[derive(Debug)]
 enum Queued {
-    /// `KvEvent::BlockRemoved` of this one hash, on the device tier.
-    Removed(BlockHash),
+    /// `KvEvent::BlockRemoved` of this one hash, on the device tier, in this group.
+    Removed(BlockHash, Option<u32>),
     Event(Box<KvEvent>),
 }
 
@@ -95,7 +101,8 @@ impl Queued {
             KvEvent::BlockRemoved {
                 block_hashes,
                 medium: Tier::Device,
-            } if block_hashes.len() == 1 => Queued::Removed(block_hashes[0]),
+                group_idx,
+            } if block_hashes.len() == 1 => Queued::Removed(block_hashes[0], group_idx),
             event => Queued::Event(Box::new(event)),
         }
     }
@@ -103,7 +110,7 @@ impl Queued {
     /// The memory the entry holds: itself plus what it owns on the heap, at capacity.
     fn bytes(&self) -> usize {
         let owned = match self {
-            Queued::Removed(_) => 0,
+            Queued::Removed(..) => 0,
             Queued::Event(event) => event_bytes(event),
         };
         std::mem::size_of::<Queued>() + owned
@@ -111,9 +118,10 @@ impl Queued {
 
     fn into_event(self) -> KvEvent {
         match self {
-            Queued::Removed(hash) => KvEvent::BlockRemoved {
+            Queued::Removed(hash, group_idx) => KvEvent::BlockRemoved {
                 block_hashes: vec![hash],
                 medium: Tier::Device,
+                group_idx,
             },
             Queued::Event(event) => *event,
         }
@@ -122,7 +130,7 @@ impl Queued {
     #[cfg(feature = "wire")]
     fn view(&self) -> QueuedRef<'_> {
         match self {
-            Queued::Removed(hash) => QueuedRef::DeviceRemoval(*hash),
+            Queued::Removed(hash, group_idx) => QueuedRef::DeviceRemoval(*hash, *group_idx),
             Queued::Event(event) => QueuedRef::Event(event),
         }
     }
@@ -132,8 +140,8 @@ impl Queued {
 #[cfg(feature = "wire")]
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum QueuedRef<'a> {
-    /// `KvEvent::BlockRemoved` of this one hash, on the device tier.
-    DeviceRemoval(BlockHash),
+    /// `KvEvent::BlockRemoved` of this one hash, on the device tier, in this group.
+    DeviceRemoval(BlockHash, Option<u32>),
     Event(&'a KvEvent),
 }
 
@@ -238,8 +246,14 @@ impl EventQueue {
     /// building the event.
     #[inline]
     pub(crate) fn push_removed(&mut self, hash: BlockHash) {
+        self.push_removed_in_group(hash, None);
+    }
+
+    /// [`EventQueue::push_removed`] of a hybrid manager's block of KV-cache group `group_idx`.
+    #[inline]
+    pub(crate) fn push_removed_in_group(&mut self, hash: BlockHash, group_idx: Option<u32>) {
         if self.enabled {
-            self.enqueue(Queued::Removed(hash));
+            self.enqueue(Queued::Removed(hash, group_idx));
         }
     }
 
@@ -297,6 +311,7 @@ pub(crate) fn block_stored(
         block_size,
         extra_key: extra_key.map(<[u8]>::to_vec),
         medium: Tier::Device,
+        group_idx: None,
     }
 }
 
@@ -311,6 +326,7 @@ mod tests {
             q.push(KvEvent::BlockRemoved {
                 block_hashes: vec![i],
                 medium: Tier::Device,
+                group_idx: None,
             });
         }
         assert_eq!(q.dropped, 1);
@@ -335,14 +351,17 @@ mod tests {
         q.push(KvEvent::BlockRemoved {
             block_hashes: vec![6],
             medium: Tier::Device,
+            group_idx: None,
         });
         let two = KvEvent::BlockRemoved {
             block_hashes: vec![7, 8],
             medium: Tier::Device,
+            group_idx: None,
         };
         let host = KvEvent::BlockRemoved {
             block_hashes: vec![9],
             medium: Tier::Host,
+            group_idx: None,
         };
         q.push(two.clone());
         q.push(host.clone());
@@ -356,6 +375,7 @@ mod tests {
         let removed = |h: BlockHash| KvEvent::BlockRemoved {
             block_hashes: vec![h],
             medium: Tier::Device,
+            group_idx: None,
         };
         assert_eq!(
             q.take(),
@@ -395,6 +415,7 @@ mod tests {
             block_size: 16,
             extra_key: None,
             medium: Tier::Device,
+            group_idx: None,
         }
     }
 
@@ -439,6 +460,7 @@ mod tests {
                 block_size: 2,
                 extra_key: Some(b"k".to_vec()),
                 medium: Tier::Device,
+                group_idx: None,
             }
         );
     }

@@ -95,8 +95,10 @@ impl Model {
                 self.specs.iter().enumerate().all(|(g, &spec)| {
                     let from = match spec {
                         KvGroupSpec::FullAttention => 0,
+                        // A hit ends at a cached block of every window group, even a
+                        // window of one token that needs none before it (vLLM's scan).
                         KvGroupSpec::SlidingWindow { window } => {
-                            l.saturating_sub((window - 1).div_ceil(self.bs))
+                            l.saturating_sub((window - 1).div_ceil(self.bs).max(1))
                         }
                     };
                     (from..l).all(|i| self.cached(g, tokens, extra, i).is_some())
@@ -165,6 +167,10 @@ impl Model {
         };
         let (start, full, extra) = (s.hashed, s.num_computed / self.bs, s.extra);
         for g in 0..self.specs.len() {
+            // A window of one token caches no block (vLLM's reachability mask).
+            if self.specs[g] == (KvGroupSpec::SlidingWindow { window: 1 }) {
+                continue;
+            }
             for i in start..full {
                 let Some(b) = self.seqs[&id].tables[g][i] else {
                     continue;

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use rustc_hash::FxHashMap;
 
 use crate::pool::BlockPool;
-use crate::prefix::events::{block_stored, EventQueue};
+use crate::prefix::events::{block_stored, EventQueue, KvEvent};
 use crate::prefix::hash::{BlockHash, BlockHasher};
 use crate::prefix::lru::Lru;
 use crate::{BlockId, TokenId};
@@ -139,7 +139,7 @@ impl GroupCache {
         let r = self.records[b as usize].take()?;
         self.unmap(&r, b);
         self.num_indexed -= 1;
-        self.events.push_removed(r.hash);
+        self.events.push_removed_in_group(r.hash, Some(r.group));
         Some(r)
     }
 
@@ -151,9 +151,10 @@ impl GroupCache {
         }
     }
 
-    /// Records one `BlockStored` for a run of blocks of one group entered in chain order.
+    /// Records one `BlockStored` for a run of blocks of `group` entered in chain order.
     pub(super) fn stored(
         &mut self,
+        group: u32,
         hashes: &[BlockHash],
         parent: Option<BlockHash>,
         tokens: &[TokenId],
@@ -161,8 +162,11 @@ impl GroupCache {
         extra_key: Option<&[u8]>,
     ) {
         if self.events.enabled() && !hashes.is_empty() {
-            self.events
-                .push(block_stored(hashes, parent, tokens, block_size, extra_key));
+            let mut event = block_stored(hashes, parent, tokens, block_size, extra_key);
+            if let KvEvent::BlockStored { group_idx, .. } = &mut event {
+                *group_idx = Some(group);
+            }
+            self.events.push(event);
         }
     }
 

@@ -9,7 +9,7 @@
 
 use rustc_hash::FxHashMap;
 
-use super::window::skipped_blocks;
+use super::window::{caches_blocks, skipped_blocks};
 use super::Hybrid;
 use crate::error::{invalid, Error, Result};
 use crate::manager::groups::NULL_BLOCK;
@@ -97,6 +97,9 @@ impl Hybrid {
                 .push(chain.hash(parent, &tokens[i * bs..(i + 1) * bs]));
         }
         for (g, table) in seq.tables.iter().enumerate() {
+            if !caches_blocks(self.specs[g], bs) {
+                continue;
+            }
             let mut run_start = None;
             for i in start..=full {
                 let entered = i < full && {
@@ -111,6 +114,7 @@ impl Hybrid {
                     (false, Some(s)) => {
                         let parent = s.checked_sub(1).map(|p| seq.hashes[p]);
                         cache.stored(
+                            g as u32,
                             &seq.hashes[s..i],
                             parent,
                             &tokens[s * bs..i * bs],

@@ -195,19 +195,48 @@ fn events_are_recorded_per_group() {
     h.add_sequence(1, Some(&[1, 2, 3, 4, 5]), 5, None, usize::MAX)
         .unwrap();
     let events = h.take_drained_events().into_events();
-    let stored: Vec<&Vec<u128>> = events
+    let stored: Vec<(&Vec<u128>, Option<u32>)> = events
         .iter()
         .map(|e| match e {
-            KvEvent::BlockStored { block_hashes, .. } => block_hashes,
+            KvEvent::BlockStored {
+                block_hashes,
+                group_idx,
+                ..
+            } => (block_hashes, *group_idx),
             other => panic!("{other:?}"),
         })
         .collect();
     assert_eq!(stored.len(), 2, "one run per group");
     assert_eq!(
-        stored[0], stored[1],
+        stored[0].0, stored[1].0,
         "the same content hashes in both groups"
     );
-    assert_eq!(stored[0].len(), 2);
+    assert_eq!(stored[0].0.len(), 2);
+    // vLLM's group_idx tells the two apart.
+    assert_eq!((stored[0].1, stored[1].1), (Some(0), Some(1)));
+    // Evicting them: one removal per group's block, each with its group.
+    h.free(1).unwrap();
+    assert_eq!(h.evict_cached(16), 4);
+    let mut removed: Vec<(u128, Option<u32>)> = h
+        .take_drained_events()
+        .into_events()
+        .into_iter()
+        .flat_map(|e| match e {
+            KvEvent::BlockRemoved {
+                block_hashes,
+                group_idx,
+                ..
+            } => block_hashes.into_iter().map(move |b| (b, group_idx)),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    removed.sort();
+    let mut want: Vec<(u128, Option<u32>)> = stored
+        .iter()
+        .flat_map(|(hashes, g)| hashes.iter().map(move |&b| (b, *g)))
+        .collect();
+    want.sort();
+    assert_eq!(removed, want);
 }
 
 #[test]

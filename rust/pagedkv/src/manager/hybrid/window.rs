@@ -26,19 +26,31 @@ pub(super) fn contiguous_blocks_for_hit(window: usize, block_size: usize) -> usi
     (window - 1).div_ceil(block_size)
 }
 
+/// Whether a window group's blocks enter the prefix index: not for a window of one token,
+/// whose hit needs no cached block ([`contiguous_blocks_for_hit`] is 0). vLLM's
+/// `SlidingWindowManager.reachable_block_mask` keeps only the `need` blocks that end a hit's
+/// window, none when `need` is 0, so such a group caches nothing (and records no events).
+#[inline]
+pub(super) fn caches_blocks(spec: KvGroupSpec, block_size: usize) -> bool {
+    match spec {
+        KvGroupSpec::FullAttention => true,
+        KvGroupSpec::SlidingWindow { window } => contiguous_blocks_for_hit(window, block_size) > 0,
+    }
+}
+
 /// The longest hit, in blocks, `<= max_blocks`, that a window group can serve when
 /// `cached(i)` says whether its block `i` is cached: the end of the rightmost run of
 /// `contiguous` cached blocks, or a shorter run that starts at block 0. Scans right to left
 /// and stops at the first qualifying run, as vLLM does.
+///
+/// A hit is only ever found at a cached block, as in vLLM's scan: with `contiguous` 0 (a
+/// window of one token) it is the end of the rightmost cached block, and since such a group
+/// caches none ([`caches_blocks`]) its hit, and so the hybrid hit, is 0, as vLLM's is.
 pub(super) fn window_hit(
     max_blocks: usize,
     contiguous: usize,
     mut cached: impl FnMut(usize) -> bool,
 ) -> usize {
-    if contiguous == 0 {
-        // A window of one token needs no earlier block at all.
-        return max_blocks;
-    }
     let mut run = 0;
     for i in (0..max_blocks).rev() {
         if cached(i) {
@@ -138,6 +150,26 @@ mod tests {
                 "{cached:?}"
             );
         }
+    }
+
+    /// A window of one token (`need` 0): vLLM's scan still finds a hit only at a cached
+    /// block, so the group serves the end of its rightmost cached block, and its blocks are
+    /// never cached, so it serves 0 and bounds the hybrid hit to 0.
+    #[test]
+    fn one_token_window_hits_only_at_a_cached_block() {
+        let w1 = KvGroupSpec::SlidingWindow { window: 1 };
+        assert_eq!(contiguous_blocks_for_hit(1, 4), 0);
+        assert!(!caches_blocks(w1, 4));
+        assert!(caches_blocks(KvGroupSpec::SlidingWindow { window: 2 }, 4));
+        assert!(caches_blocks(KvGroupSpec::FullAttention, 4));
+        assert_eq!(window_hit(5, 0, |_| false), 0);
+        assert_eq!(window_hit(5, 0, |i| i == 2), 3);
+        assert_eq!(window_hit(5, 0, |_| true), 5);
+        // Only windows of one token, nothing cached: no hit (pagedkv served 5 before).
+        assert_eq!(hybrid_hit(&[w1, w1], 5, 4, |_, _| false), 0);
+        // A full group with every block cached and a window of one token: no hit.
+        let specs = [KvGroupSpec::FullAttention, w1];
+        assert_eq!(hybrid_hit(&specs, 5, 4, |g, _| g == 0), 0);
     }
 
     /// vLLM's `test_prefill_hybrid_model`: one full group and two window groups of two blocks
