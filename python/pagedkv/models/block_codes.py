@@ -104,8 +104,9 @@ class BlockCodes:
         rows, cols = self.codes.shape
         n_blocks = cols // self.block
         values = self.codes.reshape(rows, n_blocks, self.block).astype(np.float32)
-        values *= self.scales[:, :, None]
-        values += self.offsets[:, :, None]
+        with np.errstate(invalid="ignore"):  # an inf scale times code 0 is NaN, as in the reference
+            values *= self.scales[:, :, None]
+            values += self.offsets[:, :, None]
         return values.reshape(rows, cols)
 
     def split_blocks(self, block: int) -> BlockCodes:
@@ -280,7 +281,8 @@ def block_codes(raw: np.ndarray, type_name: str, shape: tuple[int, int]) -> Bloc
         raise ModelLoadError(
             f"{type_name} tensor of shape {shape} needs {n_blocks * block_bytes} bytes, got {raw.size}"
         )
-    codes, scales, offsets = decode(raw.reshape(n_blocks, block_bytes))
+    with np.errstate(invalid="ignore"):  # inf * 0 in a sub-block scale is NaN, as in the reference
+        codes, scales, offsets = decode(raw.reshape(n_blocks, block_bytes))
     return BlockCodes(
         codes=np.ascontiguousarray(codes.view(np.int8).reshape(rows, cols)),
         scales=np.ascontiguousarray(scales, dtype=np.float32).reshape(rows, cols // block),
