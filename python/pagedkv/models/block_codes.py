@@ -35,10 +35,10 @@ Why this is exact:
   positive code, or ``d = +0`` times a negative one) into ``+0.0``.
 - ``scale * code`` is exact in fp32, so a kernel's single-rounding ``fma`` gives the same value as
   NumPy's product-then-sum: an fp16 significand has 11 bits, a sub-block scale at most 7
-  (``|sc8| <= 128``), a code at most 5 (``|code| <= 32``; Q8_0's 8 bits meet an 11-bit ``d``):
-  at most 23 significant bits, and the magnitudes (``65504 * 128 * 32 < 2**28``, smallest
-  nonzero ``2**-24``) stay far inside fp32's normal range. Infinities and NaN in ``d`` propagate
-  the same way in both forms (``inf * 0`` is NaN in each).
+  (``|sc8| <= 128``) and then a code at most 5 (``|code| <= 32``), or no sub-block scale and a
+  7-bit code (Q8_0): at most 23 significant bits, and the magnitudes (``65504 * 128 * 32 <
+  2**28``, smallest nonzero ``2**-24``) stay far inside fp32's normal range. Infinities and NaN
+  in ``d`` propagate the same way in both forms (``inf * 0`` is NaN in each).
 
 Not block codes (``block_codes`` returns ``None``; the caller keeps fp32 for them): F32, F16,
 BF16 (plain floats), and every other GGUF type: the IQ* and MXFP4/NVFP4 families decode through
