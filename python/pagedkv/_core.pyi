@@ -21,6 +21,7 @@ __all__ = [
     "__version__",
     "cpu_copy_blocks",
     "cpu_matmul_bf16",
+    "cpu_matmul_blocks",
     "cpu_paged_attention",
     "cpu_paged_prefill_attention",
     "cpu_swap_blocks",
@@ -334,6 +335,14 @@ def cpu_copy_blocks(
 ) -> None: ...
 def cpu_matmul_bf16(
     x: npt.NDArray[np.float32], w: npt.NDArray[np.uint16], n: int
+) -> npt.NDArray[np.float32]: ...
+def cpu_matmul_blocks(
+    x: npt.NDArray[np.float32],
+    codes: npt.NDArray[np.int8],
+    scales: npt.NDArray[np.float32],
+    offsets: npt.NDArray[np.float32],
+    n: int,
+    block: int,
 ) -> npt.NDArray[np.float32]: ...
 def cpu_swap_blocks(
     src_cache: npt.NDArray[Any], dst_cache: npt.NDArray[Any], mapping: npt.NDArray[np.int32]

@@ -21,6 +21,8 @@ from pagedkv.models.config import LlamaConfig
 from pagedkv.models.gguf_file import GgufModel, LayerWeights
 from pagedkv.models.llama import LlamaModel
 
+from cpu.dense_attention import DenseAttention
+
 
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 40), st.integers(0, 70), st.integers(0, 90), st.integers(0, 2**31))
@@ -149,21 +151,7 @@ def test_llama_bf16_mode_stays_close_to_fp32() -> None:
     ref = LlamaModel(model, weights="fp32")
     bf = LlamaModel(model, weights="bf16")
 
-    class Dense:
-        def __init__(self) -> None:
-            self.k: dict[int, np.ndarray] = {}
-            self.v: dict[int, np.ndarray] = {}
-
-        def attend(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
-            kk = self.k[layer] = np.concatenate([self.k.get(layer, k[:0]), k])
-            vv = self.v[layer] = np.concatenate([self.v.get(layer, v[:0]), v])
-            group = q.shape[1] // kk.shape[1]
-            kr, vr = np.repeat(kk, group, axis=1), np.repeat(vv, group, axis=1)
-            s = np.einsum("thd,nhd->htn", q, kr) / np.sqrt(q.shape[2])
-            s = np.exp(s - s.max(-1, keepdims=True))
-            return np.einsum("htn,nhd->thd", s / s.sum(-1, keepdims=True), vr).astype(np.float32)
-
-    a, b = Dense(), Dense()
+    a, b = DenseAttention(), DenseAttention()
     token = 3
     for pos in range(12):
         la = ref.forward(np.array([token]), np.array([pos]), a)[0]

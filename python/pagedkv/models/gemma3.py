@@ -26,6 +26,8 @@ import numpy as np
 
 from pagedkv.models.gemma3_config import Gemma3Config
 from pagedkv.models.gemma3_file import Gemma3File
+from pagedkv.models.llama import limit_blas_threads
+from pagedkv.models.projection import WEIGHT_DTYPES, ProjectionBuilder, default_weight_dtype
 
 __all__ = ["Gemma3Model", "WindowedKvAttention", "gelu_tanh", "rms_norm", "rotary_half"]
 
@@ -62,12 +64,29 @@ def rotary_half(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
 
 
 class Gemma3Model:
-    """fp32 weights of a Gemma 3 GGUF model and its forward pass."""
+    """The weights of a Gemma 3 GGUF model (projections in ``weight_dtype`` precision, see
+    ``projection``: the file's block codes by default) and its forward pass."""
 
-    def __init__(self, weights: Gemma3File) -> None:
+    def __init__(self, weights: Gemma3File, weight_dtype: str | None = None) -> None:
         self.config: Gemma3Config = weights.config
         self.weights = weights
+        self.weight_dtype = default_weight_dtype() if weight_dtype is None else weight_dtype
+        if self.weight_dtype not in WEIGHT_DTYPES:
+            raise ValueError(f"weight_dtype must be one of {WEIGHT_DTYPES}, got {self.weight_dtype!r}")
         c = self.config
+        limit_blas_threads()
+        proj = ProjectionBuilder(self.weight_dtype, weights.path, weights.block_codes)
+        self._wqkv, self._wo, self._w_gate_up, self._w_down = [], [], [], []
+        for i, layer in enumerate(weights.layers):
+            blk = f"blk.{i}."
+            qkv = (blk + "attn_q.weight", blk + "attn_k.weight", blk + "attn_v.weight")
+            self._wqkv.append(proj(qkv, layer.wq, layer.wk, layer.wv))
+            self._wo.append(proj([blk + "attn_output.weight"], layer.wo))
+            self._w_gate_up.append(
+                proj([blk + "ffn_gate.weight", blk + "ffn_up.weight"], layer.w_gate, layer.w_up)
+            )
+            self._w_down.append(proj([blk + "ffn_down.weight"], layer.w_down))
+        self._output = proj(["token_embd.weight"], weights.token_embedding.T)
         exponents = np.arange(0, c.head_dim, 2, dtype=np.float64) / c.head_dim
         self._inv_freq_local = 1.0 / np.float64(c.rope_base_local) ** exponents
         self._inv_freq_global = c.rope_scale_global / np.float64(c.rope_base_global) ** exponents
@@ -100,9 +119,15 @@ class Gemma3Model:
         for i, layer in enumerate(w.layers):
             cos, sin = tables[c.is_local(i)]
             h = rms_norm(x, layer.attn_norm, c.rms_eps)
-            q = rms_norm((h @ layer.wq).reshape(t, c.num_q_heads, c.head_dim), layer.q_norm, c.rms_eps)
-            k = rms_norm((h @ layer.wk).reshape(t, c.num_kv_heads, c.head_dim), layer.k_norm, c.rms_eps)
-            v = (h @ layer.wv).reshape(t, c.num_kv_heads, c.head_dim)
+            qkv = self._wqkv[i](h)  # [t, q | k | v]: one product
+            q_width, kv_width = c.num_q_heads * c.head_dim, c.num_kv_heads * c.head_dim
+            q = rms_norm(qkv[:, :q_width].reshape(t, c.num_q_heads, c.head_dim), layer.q_norm, c.rms_eps)
+            k = rms_norm(
+                qkv[:, q_width : q_width + kv_width].reshape(t, c.num_kv_heads, c.head_dim),
+                layer.k_norm,
+                c.rms_eps,
+            )
+            v = qkv[:, q_width + kv_width :].reshape(t, c.num_kv_heads, c.head_dim)
             q = rotary_half(q, cos, sin)
             if self._q_scale != 1.0:
                 q = q * self._q_scale
@@ -114,10 +139,12 @@ class Gemma3Model:
                 np.ascontiguousarray(v, dtype=np.float32),
                 window=c.window(i),
             )
-            out = attn.reshape(t, c.num_q_heads * c.head_dim) @ layer.wo
+            out = self._wo[i](attn.reshape(t, c.num_q_heads * c.head_dim))
             x = x + rms_norm(out, layer.post_attn_norm, c.rms_eps)
             h = rms_norm(x, layer.ffn_norm, c.rms_eps)
-            ffn = (gelu_tanh(h @ layer.w_gate) * (h @ layer.w_up)) @ layer.w_down
+            gate_up = self._w_gate_up[i](h)  # [t, gate | up]: one product
+            d_ffn = gate_up.shape[1] // 2
+            ffn = self._w_down[i](gelu_tanh(gate_up[:, :d_ffn]) * gate_up[:, d_ffn:])
             x = x + rms_norm(ffn, layer.post_ffn_norm, c.rms_eps)
         rows = x if logit_rows is None else x[np.asarray(logit_rows, dtype=np.int64)]
-        return rms_norm(rows, w.output_norm, c.rms_eps) @ w.token_embedding.T
+        return self._output(rms_norm(rows, w.output_norm, c.rms_eps))

@@ -23,12 +23,13 @@ forward pass is ``x @ W``. Dequantized arrays are cached on disk (``weight_cache
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from pagedkv.models.block_codes import BlockCodes
 from pagedkv.models.errors import ModelLoadError, UnsupportedModelError
 from pagedkv.models.gemma3_config import Gemma3Config
 from pagedkv.models.gguf_file import check_index, decoder_shapes, dequantize
@@ -95,6 +96,8 @@ class Gemma3File:
     layers: list[Gemma3LayerWeights]
     output_norm: np.ndarray  # [d_model]
     tensor_types: dict[str, str]
+    # Block-quantized matrices as 8-bit codes for a model built in memory (see GgufModel).
+    block_codes: dict[str, BlockCodes] = field(default_factory=dict)
 
 
 def gemma3_config(metadata: dict[str, Any], tensor_names: set[str]) -> Gemma3Config:

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from pagedkv.models.block_codes import BlockCodes
 from pagedkv.models.config import LlamaConfig
 from pagedkv.models.errors import ModelLoadError, UnsupportedModelError
 from pagedkv.models.gguf_reader import GgufFile, TensorInfo, open_gguf
@@ -61,6 +62,9 @@ class GgufModel:
     output_norm: np.ndarray  # [d_model]
     output: np.ndarray  # [d_model, vocab] (the embedding's transpose when tied)
     tensor_types: dict[str, str]  # tensor name -> GGML type name as stored
+    # Block-quantized matrices as 8-bit codes (tensor name -> codes), for a model built in memory;
+    # empty for a model read from a file (``LlamaModel`` reads the codes from ``path`` itself).
+    block_codes: dict[str, BlockCodes] = field(default_factory=dict)
 
 
 def _config(metadata: dict[str, Any], tensor_names: set[str]) -> LlamaConfig:

@@ -17,29 +17,22 @@ three attention projections and the two MLP input projections are fused into one
 (``[q | k | v]`` and ``[gate | up]``): one BLAS call per group instead of three and two, which at
 decode batch sizes is what bounds the step (docs/cpu_data_plane.md).
 
-Weight precision (``weights=``, else ``PAGEDKV_WEIGHTS``, else fp32): ``"fp32"`` keeps the
-projections fp32 for NumPy's BLAS (the default, and the bit-exact reference path under
-``PAGEDKV_DATA_PLANE=numpy``); ``"bf16"`` keeps them as bf16 matrices (in 64-column panels)
-multiplied by the Rust kernel (``bf16_weights``: half the bytes per step, both cores, the GIL
-released; 1.8x the fp32 path at decode batches of 1 and 8, 1.8x slower than OpenBLAS at 32 rows).
-In bf16 mode every batch size uses the kernel, whose per-row result does not depend on the
-batch, so the engine's promise that a request's tokens equal running it alone still holds;
-``PAGEDKV_BF16_MAX_TOKENS=N`` sends batches of more than N rows to BLAS on fp32 instead (faster
-prefills and large batches, but a row's logits then depend on its batch's size). Norms, rotary
-embedding, the embedding lookup and all activations are fp32 in every mode.
+Weight precision (``weights=``, else ``PAGEDKV_WEIGHTS``, else ``quantized``): see
+``projection`` (the file's 8-bit block codes through the Rust kernel by default, bit-identical
+weights; ``fp32`` for NumPy's BLAS, the reference; ``bf16``). Norms, rotary embedding, the
+embedding lookup and all activations are fp32 in every mode.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from typing import Protocol
 
 import numpy as np
 
-from pagedkv.models.bf16_weights import Bf16Weights
 from pagedkv.models.config import LlamaConfig
 from pagedkv.models.gguf_file import GgufModel
+from pagedkv.models.projection import WEIGHT_DTYPES, ProjectionBuilder, default_weight_dtype
 
 __all__ = [
     "WEIGHT_DTYPES",
@@ -50,19 +43,6 @@ __all__ = [
     "rms_norm",
     "rotary_interleaved",
 ]
-
-WEIGHT_DTYPES = ("bf16", "fp32")
-# Rows up to which a bf16-mode projection uses the bf16 kernel (see _Projection); unset: all.
-BF16_MAX_TOKENS = int(os.environ.get("PAGEDKV_BF16_MAX_TOKENS", "0")) or sys.maxsize
-
-
-def default_weight_dtype() -> str:
-    """``PAGEDKV_WEIGHTS`` (bf16 | fp32) when set, else fp32."""
-    choice = os.environ.get("PAGEDKV_WEIGHTS", "") or "fp32"
-    if choice not in WEIGHT_DTYPES:
-        raise ValueError(f"PAGEDKV_WEIGHTS must be one of {WEIGHT_DTYPES}, got {choice!r}")
-    return choice
-
 
 # BLAS threads for the forward pass (benches/results/2026-12-03-cpu-data-plane.md): one thread,
 # because at decode batch sizes each product is a few hundred microseconds and OpenBLAS's
@@ -112,28 +92,6 @@ def rotary_interleaved(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.nd
     return out.reshape(t, h, d)
 
 
-def _fused(*weights: np.ndarray) -> np.ndarray:
-    """``[in, out_1 + out_2 + ...]``: the column blocks of several ``[in, out_i]`` projections, as
-    the transposed view of one row-major ``[sum out_i, in]`` matrix (the layout the GGUF file's
-    matrices already have, so BLAS reads whole rows)."""
-    return np.ascontiguousarray(np.concatenate([w.T for w in weights], axis=0), dtype=np.float32).T
-
-
-class _Projection:
-    """One projection ``h [t, in] -> [t, out]``: in bf16 mode the bf16 panels for batches of at
-    most ``BF16_MAX_TOKENS`` rows (all, unless set), else the fp32 matrix with BLAS."""
-
-    def __init__(self, weight_in_out: np.ndarray, dtype: str) -> None:
-        self.out_features = int(weight_in_out.shape[1])
-        self._fp32 = weight_in_out
-        self._bf16 = Bf16Weights(weight_in_out) if dtype == "bf16" else None
-
-    def __call__(self, h: np.ndarray) -> np.ndarray:
-        if self._bf16 is not None and h.shape[0] <= BF16_MAX_TOKENS:
-            return self._bf16.matmul(h)
-        return h @ self._fp32
-
-
 class LlamaModel:
     """The weights of a llama GGUF model (projections in ``weights`` precision) and its forward
     pass."""
@@ -146,12 +104,19 @@ class LlamaModel:
             raise ValueError(f"weights must be one of {WEIGHT_DTYPES}, got {self.weight_dtype!r}")
         c = self.config
         limit_blas_threads()
-        d = self.weight_dtype
-        self._wqkv = [_Projection(_fused(layer.wq, layer.wk, layer.wv), d) for layer in gguf.layers]
-        self._wo = [_Projection(layer.wo, d) for layer in gguf.layers]
-        self._w_gate_up = [_Projection(_fused(layer.w_gate, layer.w_up), d) for layer in gguf.layers]
-        self._w_down = [_Projection(layer.w_down, d) for layer in gguf.layers]
-        self._output = _Projection(gguf.output, d)
+        proj = ProjectionBuilder(self.weight_dtype, gguf.path, gguf.block_codes)
+        self._wqkv, self._wo, self._w_gate_up, self._w_down = [], [], [], []
+        for i, layer in enumerate(gguf.layers):
+            blk = f"blk.{i}."
+            qkv = (blk + "attn_q.weight", blk + "attn_k.weight", blk + "attn_v.weight")
+            self._wqkv.append(proj(qkv, layer.wq, layer.wk, layer.wv))
+            self._wo.append(proj([blk + "attn_output.weight"], layer.wo))
+            self._w_gate_up.append(
+                proj([blk + "ffn_gate.weight", blk + "ffn_up.weight"], layer.w_gate, layer.w_up)
+            )
+            self._w_down.append(proj([blk + "ffn_down.weight"], layer.w_down))
+        output = "token_embd.weight" if self.config.tied_embeddings else "output.weight"
+        self._output = proj([output], gguf.output)
         self._inv_freq = (
             1.0 / (np.float64(c.rope_base) ** (np.arange(0, c.head_dim, 2, dtype=np.float64) / c.head_dim))
         ).astype(np.float64)

@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 
 pub mod attention;
+pub mod block_matmul;
 pub mod cache_ops;
 pub mod elem;
 pub mod error;
@@ -18,6 +19,7 @@ pub mod matmul;
 pub mod vector;
 
 pub use attention::{paged_decode, paged_prefill, AttentionParams};
+pub use block_matmul::{matmul_blocks, BlockWeights};
 pub use cache_ops::{copy_blocks, swap_blocks, write_kv};
 pub use elem::KvElem;
 pub use error::{CpuError, Result};

@@ -393,6 +393,67 @@ fn cpu_matmul_bf16<'py>(
     Ok(out.into_any())
 }
 
+/// `x [t, k] @ W [k, n]` with block-quantized weights in the kernel's panels: int8 codes
+/// `[ceil(n / 16), k, 16]` and fp32 scales and offsets `[ceil(n / 16), k / block, 16]`, the weight
+/// being `fma(scale, code, offset)` (see `pagedkv.models.block_weights`); fp32 out `[t, n]`.
+#[pyfunction]
+fn cpu_matmul_blocks<'py>(
+    py: Python<'py>,
+    x: &Bound<'py, PyAny>,
+    codes: &Bound<'py, PyAny>,
+    scales: &Bound<'py, PyAny>,
+    offsets: &Bound<'py, PyAny>,
+    n: usize,
+    block: usize,
+) -> PyResult<Bound<'py, PyAny>> {
+    let x = array::<f32>(py, "x", x, 2, "a float32 NumPy array")?;
+    let codes = array::<i8>(py, "codes", codes, 3, "an int8 NumPy array")?;
+    let scales = array::<f32>(py, "scales", scales, 3, "a float32 NumPy array")?;
+    let offsets = array::<f32>(py, "offsets", offsets, 3, "a float32 NumPy array")?;
+    let (t, k) = (x.shape()[0], x.shape()[1]);
+    let cols = cpu::block_matmul::PANEL_COLS;
+    if block == 0 || k % block != 0 {
+        return Err(invalid_argument(
+            py,
+            format!("block must be positive and divide x's width {k}, got {block}"),
+        ));
+    }
+    let panels = n.div_ceil(cols);
+    let (want_codes, want_scales) = ([panels, k, cols], [panels, k / block, cols]);
+    if codes.shape() != want_codes || scales.shape() != want_scales || offsets.shape() != want_scales
+    {
+        return Err(invalid_argument(
+            py,
+            format!(
+                "x is [{t}, {k}], so for n = {n} in blocks of {block} codes must be {want_codes:?} \
+                 and scales, offsets {want_scales:?}; got {:?}, {:?}, {:?}",
+                codes.shape(),
+                scales.shape(),
+                offsets.shape()
+            ),
+        ));
+    }
+    let out = PyArrayDyn::<f32>::zeros(py, &[t, n][..], false);
+    {
+        let mut out_rw = out.readwrite();
+        let out_s = out_rw
+            .as_slice_mut()
+            .map_err(|e| invalid_argument(py, format!("output: {e}")))?;
+        let w = cpu::BlockWeights {
+            codes: slice(&codes),
+            scales: slice(&scales),
+            offsets: slice(&offsets),
+            in_features: k,
+            out_features: n,
+            block,
+        };
+        let xs = slice(&x);
+        py.detach(|| cpu::matmul_blocks(xs, w, t, out_s))
+            .map_err(|e| err(py, e))?;
+    }
+    Ok(out.into_any())
+}
+
 fn write_kv_t<'py, S: Storage>(
     py: Python<'py>,
     k: &Bound<'py, PyAny>,
@@ -604,5 +665,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cpu_copy_blocks, m)?)?;
     m.add_function(wrap_pyfunction!(cpu_swap_blocks, m)?)?;
     m.add_function(wrap_pyfunction!(cpu_matmul_bf16, m)?)?;
+    m.add_function(wrap_pyfunction!(cpu_matmul_blocks, m)?)?;
     Ok(())
 }

@@ -1,0 +1,82 @@
+"""A projection's weights kept as the GGUF file's block-quantized codes, and their product with
+fp32 activations (the Rust kernel ``_core.cpu_matmul_blocks``).
+
+Every block type the models load is ``scale * code + offset`` per block of 16 or 32 inputs, with
+``scale * code`` exact in fp32 (``block_codes``), so the kernel's ``fma(scale, code, offset)``
+rebuilds the fp32 dequantized weight **bit for bit** while reading one byte per weight instead of
+four. The kernel sums each output in input order with fused multiply-adds, tile by tile over
+4 rows x 16 columns, on both cores with the GIL released; a row's result does not depend on its
+batch (docs/cpu_data_plane.md has the design and the measurements).
+
+``BlockWeights.from_codes(*parts)`` fuses several ``[out_i, in]`` matrices (the QKV or gate/up
+groups) into one ``[in, sum out_i]`` product; matrices with different block sizes are re-expressed
+in the smallest (scales repeated), which changes no weight.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pagedkv import _core
+from pagedkv.errors import InvalidArgumentError
+from pagedkv.models.block_codes import BlockCodes
+
+__all__ = ["PANEL_COLS", "BlockWeights"]
+
+PANEL_COLS = 16  # output columns per panel (the kernel's register tile)
+
+
+class BlockWeights:
+    """An ``[in, out]`` projection as the kernel's panels of codes, scales and offsets."""
+
+    def __init__(self, codes: BlockCodes) -> None:
+        n, k = codes.codes.shape
+        panels = -(-n // PANEL_COLS)
+        pad = panels * PANEL_COLS - n
+        nb = k // codes.block
+        c = np.pad(codes.codes, ((0, pad), (0, 0)))
+        s = np.pad(codes.scales, ((0, pad), (0, 0)))
+        o = np.pad(codes.offsets, ((0, pad), (0, 0)))
+        self.in_features, self.out_features, self.block = int(k), int(n), int(codes.block)
+        # [panels, k, 16] and [panels, k / block, 16]: a panel's codes stream in input order.
+        self.codes = np.ascontiguousarray(c.reshape(panels, PANEL_COLS, k).transpose(0, 2, 1))
+        self.scales = np.ascontiguousarray(s.reshape(panels, PANEL_COLS, nb).transpose(0, 2, 1), np.float32)
+        self.offsets = np.ascontiguousarray(o.reshape(panels, PANEL_COLS, nb).transpose(0, 2, 1), np.float32)
+
+    @classmethod
+    def from_codes(cls, *parts: BlockCodes) -> BlockWeights:
+        """One projection of the parts' output features side by side (in order)."""
+        if not parts:
+            raise InvalidArgumentError("BlockWeights.from_codes needs at least one matrix")
+        if len({p.codes.shape[1] for p in parts}) != 1:
+            raise InvalidArgumentError(f"fused matrices differ in width: {[p.codes.shape for p in parts]}")
+        block = min(p.block for p in parts)
+        same = [p if p.block == block else p.split_blocks(block) for p in parts]
+        return cls(
+            BlockCodes(
+                codes=np.concatenate([p.codes for p in same]),
+                scales=np.concatenate([p.scales for p in same]),
+                offsets=np.concatenate([p.offsets for p in same]),
+                block=block,
+            )
+        )
+
+    def matmul(self, x: np.ndarray) -> np.ndarray:
+        """``x [t, in]`` (float32) @ the weights: fp32 ``[t, out]``. A wrong dtype, rank or width
+        raises ``InvalidArgumentError``."""
+        if isinstance(x, np.ndarray) and not x.flags.c_contiguous:
+            x = np.ascontiguousarray(x)
+        return _core.cpu_matmul_blocks(
+            x, self.codes, self.scales, self.offsets, self.out_features, self.block
+        )
+
+    def to_f32(self) -> np.ndarray:
+        """The weights as fp32 ``[in, out]``, computed as the kernel does (bit-equal to the file's
+        fp32 dequantization)."""
+        k = self.in_features
+        scales = np.repeat(self.scales, self.block, axis=1)  # [panels, k, 16]
+        offsets = np.repeat(self.offsets, self.block, axis=1)
+        w = scales * self.codes.astype(np.float32) + offsets
+        return np.ascontiguousarray(
+            w.transpose(1, 0, 2).reshape(k, w.shape[0] * PANEL_COLS)[:, : self.out_features]
+        )

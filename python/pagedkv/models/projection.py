@@ -1,0 +1,125 @@
+"""One projection of a model, ``h [t, in] -> [t, out]``, in the weight mode the model runs.
+
+Modes (``weights=``, else ``PAGEDKV_WEIGHTS``, else ``quantized``):
+
+- ``"quantized"`` (the default): the GGUF file's block-quantized weights kept as 8-bit codes with
+  a per-block scale and offset and multiplied by the Rust kernel (``block_weights``): the weights
+  are bit-identical to the fp32 dequantization, read at one byte per weight, on both cores with
+  the GIL released, and a row's result does not depend on its batch. A matrix the file stores
+  unquantized (F32/F16/BF16), or a model built in memory, falls back to ``fp32``.
+- ``"fp32"``: the dequantized fp32 matrix with NumPy's BLAS (the reference the others are
+  compared with).
+- ``"bf16"``: the weights rounded to bf16 (``bf16_weights``), every batch size through its
+  kernel; ``PAGEDKV_BF16_MAX_TOKENS=N`` sends batches of more than N rows to fp32 BLAS instead
+  (a row's logits then depend on its batch's size).
+
+docs/cpu_data_plane.md gives the measurements behind the default.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+
+from pagedkv.models.bf16_weights import Bf16Weights
+from pagedkv.models.block_codes import BlockCodes, tensor_block_codes
+from pagedkv.models.block_weights import BlockWeights
+from pagedkv.models.gguf_reader import open_gguf
+
+__all__ = [
+    "BF16_MAX_TOKENS",
+    "WEIGHT_DTYPES",
+    "Projection",
+    "ProjectionBuilder",
+    "default_weight_dtype",
+    "file_block_codes",
+    "fused",
+]
+
+WEIGHT_DTYPES = ("quantized", "bf16", "fp32")
+# Rows up to which a bf16-mode projection uses the bf16 kernel; unset: all.
+BF16_MAX_TOKENS = int(os.environ.get("PAGEDKV_BF16_MAX_TOKENS", "0")) or sys.maxsize
+
+
+def default_weight_dtype() -> str:
+    """``PAGEDKV_WEIGHTS`` (quantized | bf16 | fp32) when set, else quantized."""
+    choice = os.environ.get("PAGEDKV_WEIGHTS", "") or "quantized"
+    if choice not in WEIGHT_DTYPES:
+        raise ValueError(f"PAGEDKV_WEIGHTS must be one of {WEIGHT_DTYPES}, got {choice!r}")
+    return choice
+
+
+class Projection:
+    """``h @ W`` for one (possibly fused) weight matrix, through the mode's kernel.
+
+    ``fp32`` builds the fp32 ``[in, out]`` matrix; it is only called when the mode needs it
+    (``quantized`` with every part's ``codes`` present never materialises it)."""
+
+    def __init__(
+        self, mode: str, fp32: Callable[[], np.ndarray], codes: Sequence[BlockCodes | None] = ()
+    ) -> None:
+        self._blocks: BlockWeights | None = None
+        self._bf16: Bf16Weights | None = None
+        self._fp32: np.ndarray | None = None
+        if mode == "quantized" and codes and all(c is not None for c in codes):
+            self._blocks = BlockWeights.from_codes(*[c for c in codes if c is not None])
+            self.out_features = self._blocks.out_features
+            return
+        self._fp32 = fp32()
+        self.out_features = int(self._fp32.shape[1])
+        if mode == "bf16":
+            self._bf16 = Bf16Weights(self._fp32)
+
+    @property
+    def kernel(self) -> str:
+        """Which kernel runs: ``"blocks"``, ``"bf16"`` or ``"blas"``."""
+        return "blocks" if self._blocks is not None else "bf16" if self._bf16 is not None else "blas"
+
+    def __call__(self, h: np.ndarray) -> np.ndarray:
+        if self._blocks is not None:
+            return self._blocks.matmul(h)
+        if self._bf16 is not None and h.shape[0] <= BF16_MAX_TOKENS:
+            return self._bf16.matmul(h)
+        assert self._fp32 is not None
+        return h @ self._fp32
+
+
+def fused(*weights: np.ndarray) -> np.ndarray:
+    """``[in, out_1 + out_2 + ...]``: the column blocks of several ``[in, out_i]`` projections, as
+    the transposed view of one row-major ``[sum out_i, in]`` matrix (the layout the GGUF file's
+    matrices already have, so BLAS reads whole rows)."""
+    return np.ascontiguousarray(np.concatenate([w.T for w in weights], axis=0), dtype=np.float32).T
+
+
+def file_block_codes(path: Path) -> dict[str, BlockCodes | None]:
+    """The block codes of every matrix of a GGUF file (None for one that is not block-quantized);
+    empty when the file is gone."""
+    if not path.is_file():
+        return {}
+    with open_gguf(path) as file:
+        return {
+            name: tensor_block_codes(file, info)
+            for name, info in file.tensors.items()
+            if len(info.shape) == 2
+        }
+
+
+class ProjectionBuilder:
+    """Builds a model's projections in one weight mode: ``builder(names, *fp32_in_out)`` fuses the
+    named matrices (their codes from ``block_codes``, else from the file at ``path`` in
+    ``quantized`` mode) or, without codes for all of them, their fp32 ``[in, out]`` matrices."""
+
+    def __init__(self, mode: str, path: Path, block_codes: Mapping[str, BlockCodes]) -> None:
+        self.mode = mode
+        self._codes: Mapping[str, BlockCodes | None] = {}
+        if mode == "quantized":
+            self._codes = dict(block_codes) if block_codes else file_block_codes(path)
+
+    def __call__(self, names: Sequence[str], *weights: np.ndarray) -> Projection:
+        fp32 = partial(fused, *weights) if len(weights) > 1 else partial(np.asarray, weights[0])
+        return Projection(self.mode, fp32, [self._codes.get(n) for n in names])

@@ -1,0 +1,52 @@
+//! The block-quantized projection kernel at SmolLM2-135M's shapes (k = 576 into the fused QKV
+//! 960, the fused gate/up 3072, k = 1536 into 576, and the 49152-row output projection) for 1, 8
+//! and 32 tokens: GFLOP/s and code GB/s, best of REPS:
+//! `cargo bench -p pagedkv-cpu --bench block_matmul [-- REPS]`.
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use pagedkv_cpu::block_matmul::to_panels;
+use pagedkv_cpu::{matmul_blocks, BlockWeights};
+
+fn main() {
+    let reps: usize = std::env::args()
+        .skip(1)
+        .find(|a| !a.starts_with('-'))
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(5);
+    let block = 32;
+    for &(k, n) in &[(576usize, 960usize), (576, 3072), (1536, 576), (576, 49152)] {
+        let nb = k / block;
+        let codes: Vec<i8> = (0..n * k).map(|i| ((i * 31) % 16) as i8).collect();
+        let scales: Vec<f32> = (0..n * nb).map(|i| (i % 7) as f32 / 700.0).collect();
+        let offsets: Vec<f32> = (0..n * nb).map(|i| (i % 5) as f32 / -500.0).collect();
+        let (c, s, o) = to_panels(&codes, &scales, &offsets, k, n, block);
+        let w = BlockWeights {
+            codes: &c,
+            scales: &s,
+            offsets: &o,
+            in_features: k,
+            out_features: n,
+            block,
+        };
+        for t in [1usize, 8, 32] {
+            let x: Vec<f32> = (0..t * k).map(|i| (i % 17) as f32 / 17.0).collect();
+            let mut out = vec![0.0f32; t * n];
+            let best = (0..reps)
+                .map(|_| {
+                    let start = Instant::now();
+                    matmul_blocks(&x, w, t, &mut out).unwrap();
+                    black_box(&out);
+                    start.elapsed().as_secs_f64()
+                })
+                .fold(f64::INFINITY, f64::min);
+            println!(
+                "t={t:>2} k={k:>4} n={n:>5}: {:8.3} ms  {:6.1} GFLOP/s  {:5.2} GB/s of codes",
+                best * 1e3,
+                2.0 * (t * k * n) as f64 / best / 1e9,
+                (k * n) as f64 / best / 1e9
+            );
+        }
+    }
+}
