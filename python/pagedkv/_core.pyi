@@ -338,11 +338,12 @@ def cpu_matmul_bf16(
 ) -> npt.NDArray[np.float32]: ...
 def cpu_matmul_blocks(
     x: npt.NDArray[np.float32],
-    codes: npt.NDArray[np.int8],
+    codes: npt.NDArray[np.uint8],
     scales: npt.NDArray[np.float32],
     offsets: npt.NDArray[np.float32],
     n: int,
     block: int,
+    code_format: str,
 ) -> npt.NDArray[np.float32]: ...
 def cpu_swap_blocks(
     src_cache: npt.NDArray[Any], dst_cache: npt.NDArray[Any], mapping: npt.NDArray[np.int32]

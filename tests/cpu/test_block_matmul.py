@@ -20,30 +20,36 @@ from pagedkv.models.block_weights import PANEL_COLS, BlockWeights
 
 from cpu.dense_attention import DenseAttention
 
+_CODE_RANGES = {"i8": (-128, 128), "u4": (0, 16), "i4": (-8, 8)}
 
-def _codes(n: int, k: int, block: int, seed: int, offsets: bool = True) -> BlockCodes:
+
+def _codes(n: int, k: int, block: int, seed: int, offsets: bool = True, fmt: str = "i8") -> BlockCodes:
     rng = np.random.default_rng(seed)
     nb = k // block
     return BlockCodes(
-        codes=rng.integers(-128, 128, size=(n, k)).astype(np.int8),
+        codes=rng.integers(*_CODE_RANGES[fmt], size=(n, k)).astype(np.int8),
         scales=(rng.standard_normal((n, nb)) / 64).astype(np.float16).astype(np.float32),
         offsets=(rng.standard_normal((n, nb)) / 8 * offsets).astype(np.float16).astype(np.float32),
         block=block,
     )
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(
     st.integers(0, 13),
     st.integers(0, 5),
     st.sampled_from([16, 32]),
     st.integers(1, 70),
+    st.sampled_from(sorted(_CODE_RANGES)),
     st.integers(0, 2**31),
 )
-def test_matmul_matches_float64_reference(t: int, blocks: int, block: int, n: int, seed: int) -> None:
+def test_matmul_matches_float64_reference(
+    t: int, blocks: int, block: int, n: int, fmt: str, seed: int
+) -> None:
     k = blocks * block
-    codes = _codes(n, k, block, seed)
+    codes = _codes(n, k, block, seed, fmt=fmt)
     w = BlockWeights(codes)
+    assert w.code_format == fmt or k == 0
     x = np.random.default_rng(seed + 1).standard_normal((t, k)).astype(np.float32)
     got = w.matmul(x)
     wide = w.to_f32().astype(np.float64)
@@ -61,21 +67,24 @@ def test_weights_are_the_fp32_dequantization_bit_for_bit() -> None:
     assert np.array_equal(BlockWeights(codes).to_f32().view(np.uint32), dense.T.view(np.uint32))
 
 
-def test_each_output_is_the_in_order_fma_chain() -> None:
+@pytest.mark.parametrize("fmt", sorted(_CODE_RANGES))
+@pytest.mark.parametrize("t", [3, 6, 11])  # the register path (up to 4 rows) and the panel path
+def test_each_output_is_the_in_order_fma_chain(fmt: str, t: int) -> None:
     """The kernel's arithmetic exactly: acc = fma(x_i, w_i, acc) for i in order (emulated in
     float64, which holds each fp32 product exactly, rounding the sum to fp32 at every step)."""
-    codes = _codes(19, 64, 16, 5)
+    codes = _codes(19, 64, 16, 5, fmt=fmt)
     w = BlockWeights(codes)
-    x = np.random.default_rng(6).standard_normal((6, 64)).astype(np.float32)
+    x = np.random.default_rng(6).standard_normal((t, 64)).astype(np.float32)
     wide = w.to_f32().astype(np.float64)
-    acc = np.zeros((6, 19), np.float32)
+    acc = np.zeros((t, 19), np.float32)
     for i in range(64):
         acc = (acc.astype(np.float64) + x[:, i : i + 1].astype(np.float64) * wide[i]).astype(np.float32)
     assert np.array_equal(w.matmul(x).view(np.uint32), acc.view(np.uint32))
 
 
-def test_a_row_does_not_depend_on_its_batch() -> None:
-    w = BlockWeights(_codes(150, 96, 32, 1))
+@pytest.mark.parametrize("fmt", sorted(_CODE_RANGES))
+def test_a_row_does_not_depend_on_its_batch(fmt: str) -> None:
+    w = BlockWeights(_codes(150, 96, 32, 1, fmt=fmt))
     x = np.random.default_rng(1).standard_normal((11, 96)).astype(np.float32)
     whole = w.matmul(x)
     for i in range(11):
@@ -111,20 +120,25 @@ _X = np.ones((2, 32), np.float32)
 @pytest.mark.parametrize(
     ("args", "match"),
     [
-        ((_X.astype(np.float64), _C, _S, _O, 4, 32), "float32"),
-        (([[1.0] * 32], _C, _S, _O, 4, 32), "float32"),
-        ((_X, _C.astype(np.uint8), _S, _O, 4, 32), "int8"),
-        ((_X, _C, _S.astype(np.float16), _O, 4, 32), "float32"),
-        ((_X, _C, _S, _O.astype(np.float64), 4, 32), "float32"),
-        ((_X[0], _C, _S, _O, 4, 32), "2-D"),
-        ((_X, _C[0], _S, _O, 4, 32), "3-D"),
-        ((_X, _C, _S, _O, 4, 0), "block"),
-        ((_X, _C, _S, _O, 4, 5), "block"),
-        ((_X, _C, _S, _O, 4, 16), "scales"),
-        ((_X, _C, _S, _O, PANEL_COLS + 1, 32), "codes must be"),
-        ((np.ones((2, 64), np.float32), _C, _S, _O, 4, 32), "codes must be"),
-        ((_X, _C, _S, _O[:, :0], 4, 32), "offsets"),
-        ((_X, np.ascontiguousarray(_C.transpose(0, 2, 1)).transpose(0, 2, 1), _S, _O, 4, 32), "C-contiguous"),
+        ((_X.astype(np.float64), _C, _S, _O, 4, 32, "i8"), "float32"),
+        (([[1.0] * 32], _C, _S, _O, 4, 32, "i8"), "float32"),
+        ((_X, _C.view(np.int8), _S, _O, 4, 32, "i8"), "uint8"),
+        ((_X, _C, _S.astype(np.float16), _O, 4, 32, "i8"), "float32"),
+        ((_X, _C, _S, _O.astype(np.float64), 4, 32, "i8"), "float32"),
+        ((_X[0], _C, _S, _O, 4, 32, "i8"), "2-D"),
+        ((_X, _C[0], _S, _O, 4, 32, "i8"), "3-D"),
+        ((_X, _C, _S, _O, 4, 0, "i8"), "block"),
+        ((_X, _C, _S, _O, 4, 5, "i8"), "block"),
+        ((_X, _C, _S, _O, 4, 16, "i8"), "scales"),
+        ((_X, _C, _S, _O, PANEL_COLS + 1, 32, "i8"), "codes must be"),
+        ((np.ones((2, 64), np.float32), _C, _S, _O, 4, 32, "i8"), "codes must be"),
+        ((_X, _C, _S, _O[:, :0], 4, 32, "i8"), "offsets"),
+        ((_X, _C, _S, _O, 4, 32, "u4"), "codes must be"),  # 16-byte rows given as 4-bit codes
+        ((_X, _C, _S, _O, 4, 32, "q4"), "code_format"),
+        (
+            (_X, np.ascontiguousarray(_C.transpose(0, 2, 1)).transpose(0, 2, 1), _S, _O, 4, 32, "i8"),
+            "C-contiguous",
+        ),
     ],
 )
 def test_hostile_arguments_are_refused(args: tuple[object, ...], match: str) -> None:
@@ -134,9 +148,9 @@ def test_hostile_arguments_are_refused(args: tuple[object, ...], match: str) -> 
 
 def test_negative_sizes_are_refused() -> None:
     with pytest.raises(OverflowError):
-        _core.cpu_matmul_blocks(_X, _C, _S, _O, -1, 32)
+        _core.cpu_matmul_blocks(_X, _C, _S, _O, -1, 32, "i8")
     with pytest.raises(OverflowError):
-        _core.cpu_matmul_blocks(_X, _C, _S, _O, 4, -32)
+        _core.cpu_matmul_blocks(_X, _C, _S, _O, 4, -32, "i8")
 
 
 def test_empty_batches_and_widths() -> None:

@@ -33,6 +33,15 @@ def tiny():
 
 
 @pytest.fixture(scope="session")
+def tiny_fp32():
+    """The tiny llama with its unquantized fp32 weights (BLAS), for tests whose schedules were
+    searched against those weights' greedy tokens."""
+    from tiny_llama import tiny_model
+
+    return tiny_model(quantized=False)
+
+
+@pytest.fixture(scope="session")
 def tiny_hybrid():
     """A 6-layer random-weight Gemma 3 with a window of 8 (tests/engine/tiny_hybrid.py): one
     full-attention and two sliding-window KV groups."""

@@ -50,7 +50,7 @@ def test_greedy_outputs_are_identical_with_and_without_speculation(smollm, budge
 
 
 @pytest.mark.parametrize("preemption", ["swap", "recompute"])
-def test_a_sequence_preempted_after_its_append_drops_the_unwritten_tokens(tiny, preemption):
+def test_a_sequence_preempted_after_its_append_drops_the_unwritten_tokens(tiny_fp32, preemption):
     """Decoding sequences with different draft counts are appended group by group; when a later
     group runs out of blocks, the most recent sequence is preempted, possibly one appended this
     step (the schedule below, found by search, does it). Its appended tokens are "computed" in
@@ -78,7 +78,7 @@ def test_a_sequence_preempted_after_its_append_drops_the_unwritten_tokens(tiny, 
         appended_preemptions.append(seq.seq_id in self._appended)
         preempt(self, seq)
 
-    engine = LLMEngine(tiny, config)
+    engine = LLMEngine(tiny_fp32, config)
     engine.scheduler.preempt = counting.__get__(engine.scheduler)
     ids = [engine.add_request(p, params) for p in prompts]
     for _ in range(200):
@@ -88,7 +88,7 @@ def test_a_sequence_preempted_after_its_append_drops_the_unwritten_tokens(tiny, 
         engine.kv.check_invariants()
     assert not engine.has_unfinished()
     assert any(appended_preemptions)
-    plain = LLMEngine(tiny, EngineConfig(num_blocks=64, block_size=1))
+    plain = LLMEngine(tiny_fp32, EngineConfig(num_blocks=64, block_size=1))
     expected = [plain.add_request(p, params) for p in prompts]
     while plain.has_unfinished():
         plain.step()

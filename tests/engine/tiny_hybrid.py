@@ -8,9 +8,11 @@ QK-norm weights of 3), so attending over a wrong or released block changes them.
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 from tiny_llama import VOCAB, TinyTokenizer
+from tiny_quantized import quantize_layers, quantize_matrix
 
 WINDOW = 8
 PATTERN = 3  # layer i is global iff (i + 1) % PATTERN == 0
@@ -63,14 +65,19 @@ def tiny_hybrid_model(seed: int = 0, max_model_len: int = 256, window: int = WIN
         )
         for _ in range(c.num_layers)
     ]
+    codes = quantize_layers(layers)
+    # RMS 1 after the embedding scale sqrt(d_model); held [d, vocab], the tied output's [in, out].
+    embedding = (rng.standard_normal((VOCAB, c.d_model)) / np.sqrt(c.d_model)).astype(np.float32)
+    holder = SimpleNamespace(output=embedding.T)
+    quantize_matrix(holder, "output", "token_embd.weight", codes)
     weights = Gemma3File(
         path=Path("tiny-random-gemma3.gguf"),
         config=c,
         metadata={},
-        # RMS 1 after the embedding scale sqrt(d_model).
-        token_embedding=(rng.standard_normal((VOCAB, c.d_model)) / np.sqrt(c.d_model)).astype(np.float32),
+        token_embedding=np.ascontiguousarray(holder.output.T),
         layers=layers,
         output_norm=norm(c.d_model, 16.0),
         tensor_types={},
+        block_codes=codes,
     )
     return LoadedModel(model=Gemma3Model(weights), tokenizer=TinyTokenizer())  # type: ignore[arg-type]

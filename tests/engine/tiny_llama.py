@@ -3,13 +3,18 @@ need many engine steps: every forward pass costs well under a millisecond, and i
 depend on every position's K/V, so a sequence attending over the wrong blocks changes its tokens.
 
 The tokenizer decodes each id to one printable character (id 0 is the end-of-generation token),
-so stop strings work as with a real model."""
+so stop strings work as with a real model. Its matrices are Q8_0-quantized in memory
+(``tiny_quantized``): the default weight mode runs them on the block kernel. ``quantized=False``
+keeps the original fp32 weights (on BLAS), for tests whose schedules were searched for against
+those weights' tokens."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
+from tiny_quantized import quantize_layers, quantize_matrix
 
 VOCAB = 96
 EOS = 0
@@ -26,7 +31,7 @@ class TinyTokenizer:
         return "".join(chr(32 + i) for i in ids if not (skip_special_tokens and i == EOS))
 
 
-def tiny_model(seed: int = 0, max_model_len: int = 256):
+def tiny_model(seed: int = 0, max_model_len: int = 256, quantized: bool = True):
     from pagedkv.models import LlamaConfig, LlamaModel, LoadedModel
     from pagedkv.models.gguf_file import GgufModel, LayerWeights
 
@@ -62,14 +67,20 @@ def tiny_model(seed: int = 0, max_model_len: int = 256):
         )
         for _ in range(c.num_layers)
     ]
+    embedding = rng.standard_normal((VOCAB, c.d_model)).astype(np.float32)  # drawn first, as always
+    holder = SimpleNamespace(output=(rng.standard_normal((c.d_model, VOCAB)) * 2).astype(np.float32))
+    codes = quantize_layers(layers) if quantized else {}
+    if quantized:
+        quantize_matrix(holder, "output", "output.weight", codes)
     gguf = GgufModel(
         path=Path("tiny-random-llama.gguf"),
         config=c,
         metadata={},
-        token_embedding=rng.standard_normal((VOCAB, c.d_model)).astype(np.float32),
+        token_embedding=embedding,
         layers=layers,
         output_norm=np.ones(c.d_model, np.float32),
-        output=(rng.standard_normal((c.d_model, VOCAB)) * 2).astype(np.float32),
+        output=holder.output,
         tensor_types={},
+        block_codes=codes,
     )
     return LoadedModel(model=LlamaModel(gguf), tokenizer=TinyTokenizer())  # type: ignore[arg-type]

@@ -10,8 +10,9 @@
 3. The CPU paged decode attention kernel's bytes/s of K/V read (batch 32, 2 K context, 8 query /
    2 KV heads of 64, fp32) beside ``np.copyto`` of the same bytes.
 
-pagedkv computes in fp32 from dequantized weights where llama.cpp reads the file's quantized
-weights directly: at batch 1 pagedkv streams ~4-8x more weight bytes per token.
+pagedkv's default weight mode reads the file's quantized weights as 8-bit codes (one byte per
+weight, the exact dequantized values, fp32 arithmetic); llama.cpp reads the 4-bit blocks
+themselves and quantizes activations to 8 bits: at batch 1 pagedkv streams ~2x its weight bytes.
 """
 
 from __future__ import annotations
@@ -141,7 +142,7 @@ def decode_comparison(
 ) -> dict[str, Any]:
     """The three measurements of the module docstring, with ratios to llama.cpp when it ran."""
     say = say or (lambda _msg: None)
-    result: dict[str, Any] = {"pagedkv": {}}
+    result: dict[str, Any] = {"pagedkv": {}, "weights": getattr(model.model, "weight_dtype", "fp32")}
     for batch in batches:
         say(f"decode comparison: pagedkv at batch {batch}")
         result["pagedkv"][str(batch)] = drive_decode(model, batch)
@@ -164,6 +165,7 @@ def decode_comparison(
 
 def print_decode_comparison(result: dict[str, Any]) -> None:
     llama = result["llama_cpp"]
+    print(f"pagedkv weights: {result.get('weights', 'fp32')} (PAGEDKV_WEIGHTS; docs/cpu_data_plane.md)")
     for batch, r in result["pagedkv"].items():
         ratio = result.get("ratio_to_llama_cpp", {}).get(batch)
         vs = f" = {ratio:.2f}x llama.cpp's single stream" if ratio is not None else ""

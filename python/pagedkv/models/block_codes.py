@@ -61,7 +61,7 @@ from pagedkv.models.errors import ModelLoadError
 if TYPE_CHECKING:
     from pagedkv.models.gguf_reader import GgufFile, TensorInfo
 
-__all__ = ["BLOCK_CODE_TYPES", "BlockCodes", "block_codes", "tensor_block_codes"]
+__all__ = ["BLOCK_CODE_TYPES", "BlockCodes", "block_codes", "quantize_q8", "tensor_block_codes"]
 
 # (codes, scales, offsets) of n file blocks: codes [n, elements] int8 (or uint8 below 128, viewed
 # as int8), scales and offsets [n, elements // code block] fp32.
@@ -303,3 +303,20 @@ def tensor_block_codes(file: GgufFile, info: TensorInfo) -> BlockCodes | None:
         return block_codes(file.tensor_bytes(info), info.type_name, (shape[0], shape[1]))
     except ModelLoadError as error:
         raise ModelLoadError(f"tensor {info.name!r}: {error}") from error
+
+
+def quantize_q8(weight_out_in: np.ndarray, block: int = 32) -> BlockCodes:
+    """An fp32 ``[rows, in_features]`` matrix quantized as Q8_0 does (symmetric 8-bit codes,
+    ``scale = max|w| / 127`` per block of ``block`` inputs, round to nearest, offset ``-0.0``):
+    for models built in memory (tests, random-weight models) to run on the block kernel. Their
+    fp32 weights should then be ``quantize_q8(w).dequantize()``, so both weight modes hold the
+    same values."""
+    w = np.asarray(weight_out_in, dtype=np.float32)
+    if w.ndim != 2 or block < 1 or w.shape[1] % block:
+        raise InvalidArgumentError(f"cannot quantize shape {w.shape} in blocks of {block}")
+    rows, cols = w.shape
+    blocks = w.reshape(rows, cols // block, block)
+    scales = (np.abs(blocks).max(axis=2) / np.float32(127)).astype(np.float32)
+    safe = np.where(scales == 0, np.float32(1), scales)
+    codes = np.clip(np.rint(blocks / safe[:, :, None]), -127, 127).astype(np.int8)
+    return BlockCodes(codes.reshape(rows, cols), scales, np.full_like(scales, -0.0), block)

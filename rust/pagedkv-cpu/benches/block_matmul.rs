@@ -1,12 +1,13 @@
 //! The block-quantized projection kernel at SmolLM2-135M's shapes (k = 576 into the fused QKV
 //! 960, the fused gate/up 3072, k = 1536 into 576, and the 49152-row output projection) for 1, 8
-//! and 32 tokens: GFLOP/s and code GB/s, best of REPS:
+//! and 32 tokens, SmolLM2's formats (4-bit codes for the Q4_1 layers, int8 for the Q8_0 output):
+//! GFLOP/s and code GB/s, best of REPS:
 //! `cargo bench -p pagedkv-cpu --bench block_matmul [-- REPS]`.
 
 use std::hint::black_box;
 use std::time::Instant;
 
-use pagedkv_cpu::block_matmul::to_panels;
+use pagedkv_cpu::block_matmul::{to_panels, CodeFormat};
 use pagedkv_cpu::{matmul_blocks, BlockWeights};
 
 fn main() {
@@ -16,14 +17,20 @@ fn main() {
         .and_then(|a| a.parse().ok())
         .unwrap_or(5);
     let block = 32;
-    for &(k, n) in &[(576usize, 960usize), (576, 3072), (1536, 576), (576, 49152)] {
+    for &(k, n, format) in &[
+        (576usize, 960usize, CodeFormat::U4),
+        (576, 3072, CodeFormat::U4),
+        (1536, 576, CodeFormat::U4),
+        (576, 49152, CodeFormat::I8),
+    ] {
         let nb = k / block;
         let codes: Vec<i8> = (0..n * k).map(|i| ((i * 31) % 16) as i8).collect();
         let scales: Vec<f32> = (0..n * nb).map(|i| (i % 7) as f32 / 700.0).collect();
         let offsets: Vec<f32> = (0..n * nb).map(|i| (i % 5) as f32 / -500.0).collect();
-        let (c, s, o) = to_panels(&codes, &scales, &offsets, k, n, block);
+        let (c, s, o) = to_panels(&codes, &scales, &offsets, k, n, block, format);
         let w = BlockWeights {
             codes: &c,
+            format,
             scales: &s,
             offsets: &o,
             in_features: k,
@@ -42,10 +49,10 @@ fn main() {
                 })
                 .fold(f64::INFINITY, f64::min);
             println!(
-                "t={t:>2} k={k:>4} n={n:>5}: {:8.3} ms  {:6.1} GFLOP/s  {:5.2} GB/s of codes",
+                "t={t:>2} k={k:>4} n={n:>5} {format:?}: {:8.3} ms  {:6.1} GFLOP/s  {:5.2} GB/s of codes",
                 best * 1e3,
                 2.0 * (t * k * n) as f64 / best / 1e9,
-                (k * n) as f64 / best / 1e9
+                (k * n * format.row_bytes() / 16) as f64 / best / 1e9
             );
         }
     }

@@ -8,8 +8,10 @@
 //! of their bytes; a decode step streams every weight once, so bytes bound batch 1, and the
 //! register-blocked tile below makes batch 32 bound by fused multiply-adds instead of loads.
 //!
-//! Layout: panels of [`PANEL_COLS`] output columns; panel `p` holds `codes[p][i][c]` (`[k, 16]`
-//! int8, contiguous, so a panel streams in order) and `scales[p][b][c]`, `offsets[p][b][c]`
+//! Layout: panels of [`PANEL_COLS`] output columns; panel `p` holds the codes of its `[k, 16]`
+//! weights (contiguous, so a panel streams in order: one row of [`CodeFormat::row_bytes`] bytes
+//! per input feature — 16 int8 codes, or 16 4-bit codes packed two per byte for the 4-bit types,
+//! which halves the bytes batch 1 streams) and `scales[p][b][c]`, `offsets[p][b][c]`
 //! (`[k / block, 16]` fp32). Columns past `n` are zero.
 //!
 //! Arithmetic: each output is `acc = fma(x[j, i], w[i, c], acc)` for `i` in order from zero, the
@@ -27,16 +29,45 @@ use crate::error::{CpuError, Result};
 
 /// Output columns per panel: two AVX2 registers of fp32 sums per row.
 pub const PANEL_COLS: usize = 16;
-/// Rows sharing one dequantized weight vector (the register budget above).
+/// Rows sharing one weight vector dequantized in registers (the register budget above).
 pub const ROWS_PER_TILE: usize = 4;
+/// From this many rows a panel is dequantized once into a buffer and tiles of [`WIDE_TILE`] rows
+/// run on fp32 weights (the dequantization is then shared by every row of the batch).
+const WIDE_MIN_ROWS: usize = 5;
+/// Rows per tile on a dequantized panel: 12 accumulator registers.
+const WIDE_TILE: usize = 6;
 /// Below this many multiply-adds a call runs on the calling thread (no rayon hand-off); above,
 /// each task gets at least this many (tiny tasks cost more to hand over than to run).
 const TASK_MIN_MACS: usize = 1 << 16;
 
+/// How a panel row stores the 16 codes of one input feature.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CodeFormat {
+    /// One signed byte per code (any code in -128..=127: Q8_0, Q5_x, Q6_K, ...).
+    I8,
+    /// Two unsigned 4-bit codes per byte (codes 0..=15: Q4_1, Q4_K): byte `c` holds column `c`
+    /// in its low nibble and column `c + 8` in its high one.
+    U4,
+    /// Two signed (two's complement) 4-bit codes per byte (codes -8..=7: Q4_0), packed as `U4`.
+    I4,
+}
+
+impl CodeFormat {
+    /// Bytes per panel row (one input feature's 16 codes).
+    pub const fn row_bytes(self) -> usize {
+        match self {
+            CodeFormat::I8 => PANEL_COLS,
+            CodeFormat::U4 | CodeFormat::I4 => PANEL_COLS / 2,
+        }
+    }
+}
+
 /// Borrowed block-quantized weights in the panel layout of the module docs.
 #[derive(Clone, Copy, Debug)]
 pub struct BlockWeights<'a> {
-    pub codes: &'a [i8],
+    /// Panel rows of `format.row_bytes()` bytes (int8 codes as their byte patterns).
+    pub codes: &'a [u8],
+    pub format: CodeFormat,
     pub scales: &'a [f32],
     pub offsets: &'a [f32],
     /// Input features `k` (a multiple of `block`).
@@ -57,7 +88,10 @@ impl BlockWeights<'_> {
             )));
         }
         let cols = n.div_ceil(PANEL_COLS).checked_mul(PANEL_COLS);
-        let want_codes = cols.and_then(|c| c.checked_mul(k));
+        let want_codes = n
+            .div_ceil(PANEL_COLS)
+            .checked_mul(self.format.row_bytes())
+            .and_then(|c| c.checked_mul(k));
         let want_scales = cols.map(|c| c * (k / block));
         if want_codes != Some(self.codes.len())
             || want_scales != Some(self.scales.len())
@@ -99,28 +133,13 @@ pub fn matmul_blocks(x: &[f32], w: BlockWeights<'_>, t: usize, out: &mut [f32]) 
         out.fill(0.0);
         return Ok(());
     }
-    let xt = tile_rows(x, t, k);
-    let nb = k / w.block;
-    let per_panel = t * PANEL_COLS;
-    let panels = n.div_ceil(PANEL_COLS);
-    let mut cols_out = vec![0.0f32; panels * per_panel];
-    let work = |(p, dst): (usize, &mut [f32])| {
-        let codes = &w.codes[p * k * PANEL_COLS..(p + 1) * k * PANEL_COLS];
-        let scales = &w.scales[p * nb * PANEL_COLS..(p + 1) * nb * PANEL_COLS];
-        let offsets = &w.offsets[p * nb * PANEL_COLS..(p + 1) * nb * PANEL_COLS];
-        panel_product(&xt, t, k, w.block, codes, scales, offsets, dst);
-    };
-    let macs_per_panel = k * PANEL_COLS * t;
-    if macs_per_panel.saturating_mul(panels) < TASK_MIN_MACS {
-        cols_out.chunks_mut(per_panel).enumerate().for_each(work);
-    } else {
-        let min_panels = TASK_MIN_MACS.div_ceil(macs_per_panel).max(1);
-        cols_out
-            .par_chunks_mut(per_panel)
-            .enumerate()
-            .with_min_len(min_panels)
-            .for_each(work);
+    let mut cols_out = vec![0.0f32; n.div_ceil(PANEL_COLS) * t * PANEL_COLS];
+    match w.format {
+        CodeFormat::I8 => panels_into::<I8Row>(x, w, t, &mut cols_out),
+        CodeFormat::U4 => panels_into::<U4Row>(x, w, t, &mut cols_out),
+        CodeFormat::I4 => panels_into::<I4Row>(x, w, t, &mut cols_out),
     }
+    let per_panel = t * PANEL_COLS;
     for (p, block) in cols_out.chunks_exact(per_panel).enumerate() {
         let c0 = p * PANEL_COLS;
         let cols = PANEL_COLS.min(n - c0);
@@ -131,12 +150,121 @@ pub fn matmul_blocks(x: &[f32], w: BlockWeights<'_>, t: usize, out: &mut [f32]) 
     Ok(())
 }
 
-/// `x [t, k]` regrouped as `[t / 4, k]` tiles of 4 rows side by side (`[f32; 4]` per input
-/// feature), the last tile zero-padded: the tile kernel then reads one short array per step.
-fn tile_rows(x: &[f32], t: usize, k: usize) -> Vec<[f32; ROWS_PER_TILE]> {
-    let mut xt = vec![[0.0f32; ROWS_PER_TILE]; t.div_ceil(ROWS_PER_TILE) * k];
+/// Every panel's `[t, 16]` block of the product into `cols_out` (panel-major), rayon over
+/// panels: the small-batch or the wide path (module docs).
+fn panels_into<F: CodeRow>(x: &[f32], w: BlockWeights<'_>, t: usize, cols_out: &mut [f32]) {
+    let (k, nb) = (w.in_features, w.in_features / w.block);
+    let per_panel = t * PANEL_COLS;
+    let panels = cols_out.len() / per_panel;
+    let panel = |p: usize| Panel {
+        codes: &w.codes[p * k * F::BYTES..(p + 1) * k * F::BYTES],
+        scales: &w.scales[p * nb * PANEL_COLS..(p + 1) * nb * PANEL_COLS],
+        offsets: &w.offsets[p * nb * PANEL_COLS..(p + 1) * nb * PANEL_COLS],
+        block: w.block,
+    };
+    let macs_per_panel = k * PANEL_COLS * t;
+    let serial = macs_per_panel.saturating_mul(panels) < TASK_MIN_MACS;
+    let min_panels = TASK_MIN_MACS.div_ceil(macs_per_panel).max(1);
+    if t < WIDE_MIN_ROWS {
+        let xt = tile_rows::<ROWS_PER_TILE>(x, t, k);
+        let work = |(p, dst): (usize, &mut [f32])| fused_panel::<F>(&xt, t, k, panel(p), dst);
+        if serial {
+            cols_out.chunks_mut(per_panel).enumerate().for_each(work);
+        } else {
+            cols_out
+                .par_chunks_mut(per_panel)
+                .enumerate()
+                .with_min_len(min_panels)
+                .for_each(work);
+        }
+    } else {
+        let xt = tile_rows::<WIDE_TILE>(x, t, k);
+        let scratch = || vec![[0.0f32; PANEL_COLS]; k];
+        let work = |wbuf: &mut Vec<[f32; PANEL_COLS]>, (p, dst): (usize, &mut [f32])| {
+            wide_panel::<F>(&xt, t, k, panel(p), wbuf, dst)
+        };
+        if serial {
+            let mut wbuf = scratch();
+            for item in cols_out.chunks_mut(per_panel).enumerate() {
+                work(&mut wbuf, item);
+            }
+        } else {
+            cols_out
+                .par_chunks_mut(per_panel)
+                .enumerate()
+                .with_min_len(min_panels)
+                .for_each_init(scratch, work);
+        }
+    }
+}
+
+/// One panel row's 16 codes widened to fp32 (exact), per [`CodeFormat`].
+trait CodeRow {
+    const BYTES: usize;
+    fn widen(row: &[u8]) -> [f32; PANEL_COLS];
+}
+
+struct I8Row;
+struct U4Row;
+struct I4Row;
+
+impl CodeRow for I8Row {
+    const BYTES: usize = PANEL_COLS;
+    #[inline(always)]
+    fn widen(row: &[u8]) -> [f32; PANEL_COLS] {
+        let row: &[u8; PANEL_COLS] = row.try_into().expect("a row of 16 codes");
+        let mut q = [0.0f32; PANEL_COLS];
+        for c in 0..PANEL_COLS {
+            q[c] = f32::from(row[c] as i8);
+        }
+        q
+    }
+}
+
+impl CodeRow for U4Row {
+    const BYTES: usize = PANEL_COLS / 2;
+    #[inline(always)]
+    fn widen(row: &[u8]) -> [f32; PANEL_COLS] {
+        let row: &[u8; PANEL_COLS / 2] = row.try_into().expect("a row of 8 bytes");
+        let mut q = [0.0f32; PANEL_COLS];
+        for c in 0..PANEL_COLS / 2 {
+            q[c] = f32::from(row[c] & 15);
+            q[c + PANEL_COLS / 2] = f32::from(row[c] >> 4);
+        }
+        q
+    }
+}
+
+impl CodeRow for I4Row {
+    const BYTES: usize = PANEL_COLS / 2;
+    #[inline(always)]
+    fn widen(row: &[u8]) -> [f32; PANEL_COLS] {
+        let row: &[u8; PANEL_COLS / 2] = row.try_into().expect("a row of 8 bytes");
+        let mut q = [0.0f32; PANEL_COLS];
+        for c in 0..PANEL_COLS / 2 {
+            // Arithmetic shifts of the byte sign-extend each nibble.
+            q[c] = f32::from(((row[c] << 4) as i8) >> 4);
+            q[c + PANEL_COLS / 2] = f32::from((row[c] as i8) >> 4);
+        }
+        q
+    }
+}
+
+/// One panel's borrowed codes, scales and offsets.
+#[derive(Clone, Copy)]
+struct Panel<'a> {
+    codes: &'a [u8],
+    scales: &'a [f32],
+    offsets: &'a [f32],
+    block: usize,
+}
+
+/// `x [t, k]` regrouped as `[t / R, k]` tiles of `R` rows side by side (`[f32; R]` per input
+/// feature), the last tile zero-padded: the tile kernels then read one short array per step.
+fn tile_rows<const R: usize>(x: &[f32], t: usize, k: usize) -> Vec<[f32; R]> {
+    let mut xt = vec![[0.0f32; R]; t.div_ceil(R) * k];
     for (j, row) in x.chunks_exact(k).enumerate() {
-        let (tile, r) = (j / ROWS_PER_TILE, j % ROWS_PER_TILE);
+        let (tile, r) = (j / R, j % R);
         for (dst, &v) in xt[tile * k..(tile + 1) * k].iter_mut().zip(row) {
             dst[r] = v;
         }
@@ -144,30 +272,42 @@ fn tile_rows(x: &[f32], t: usize, k: usize) -> Vec<[f32; ROWS_PER_TILE]> {
     xt
 }
 
-/// One panel for every row: `dst[j][c]` (`[t, 16]`), tile by tile.
+/// The 16 weights of one input feature: `fma(scale, code, offset)` (exact: see the module docs).
+#[inline(always)]
+fn dequantize(
+    s: &[f32; PANEL_COLS],
+    q: [f32; PANEL_COLS],
+    o: &[f32; PANEL_COLS],
+) -> [f32; PANEL_COLS] {
+    let mut w = [0.0f32; PANEL_COLS];
+    for c in 0..PANEL_COLS {
+        w[c] = s[c].mul_add(q[c], o[c]);
+    }
+    w
+}
+
+/// Small batches (up to 4 rows): one panel for every row, the weights dequantized in registers
+/// and used at once (`dst` is `[t, 16]`).
 #[multiversion::multiversion(targets(
     "x86_64+avx512f+avx512bw+avx512vl+avx2+fma+f16c",
     "x86_64+avx2+fma+f16c",
     "aarch64+neon"
 ))]
-#[allow(clippy::too_many_arguments)]
-fn panel_product(
+fn fused_panel<'a, F: CodeRow>(
     xt: &[[f32; ROWS_PER_TILE]],
     t: usize,
     k: usize,
-    block: usize,
-    codes: &[i8],
-    scales: &[f32],
-    offsets: &[f32],
+    w: Panel<'a>,
     dst: &mut [f32],
 ) {
     for (tile, rows_out) in dst.chunks_mut(ROWS_PER_TILE * PANEL_COLS).enumerate() {
         let x = &xt[tile * k..(tile + 1) * k];
-        let acc = match (t - tile * ROWS_PER_TILE).min(ROWS_PER_TILE) {
-            4 => tile_product::<4>(x, block, codes, scales, offsets),
-            3 => tile_product::<3>(x, block, codes, scales, offsets),
-            2 => tile_product::<2>(x, block, codes, scales, offsets),
-            _ => tile_product::<1>(x, block, codes, scales, offsets),
+        let rows = (t - tile * ROWS_PER_TILE).min(ROWS_PER_TILE);
+        let acc = match rows {
+            4 => fused_tile::<F, 4>(x, w),
+            3 => fused_tile::<F, 3>(x, w),
+            2 => fused_tile::<F, 2>(x, w),
+            _ => fused_tile::<F, 1>(x, w),
         };
         for (dst_row, acc_row) in rows_out.chunks_exact_mut(PANEL_COLS).zip(&acc) {
             dst_row.copy_from_slice(acc_row);
@@ -175,31 +315,29 @@ fn panel_product(
     }
 }
 
-/// `R` rows (of a tile) times one panel: per input feature the 16 weights are dequantized once
-/// (`fma(scale, code, offset)`, exact as the module docs say) and fused into `R` rows of sums.
-/// Constant trip counts so that LLVM keeps `acc` in registers and vectorises the 16 columns.
+/// `R` rows (of a 4-row tile) times one panel: per input feature the 16 weights are dequantized
+/// once and fused into `R` rows of sums: 8 accumulator registers, the block's scales and
+/// offsets and the weights, 15 of AVX2's 16. Constant trip counts, so that LLVM keeps `acc` in
+/// registers and vectorises the 16 columns.
 #[inline(always)]
-fn tile_product<const R: usize>(
+fn fused_tile<F: CodeRow, const R: usize>(
     x: &[[f32; ROWS_PER_TILE]],
-    block: usize,
-    codes: &[i8],
-    scales: &[f32],
-    offsets: &[f32],
+    w: Panel<'_>,
 ) -> [[f32; PANEL_COLS]; ROWS_PER_TILE] {
     let mut acc = [[0.0f32; PANEL_COLS]; R];
     let blocks = x
-        .chunks_exact(block)
-        .zip(codes.chunks_exact(block * PANEL_COLS))
-        .zip(scales.chunks_exact(PANEL_COLS).zip(offsets.chunks_exact(PANEL_COLS)));
+        .chunks_exact(w.block)
+        .zip(w.codes.chunks_exact(w.block * F::BYTES))
+        .zip(
+            w.scales
+                .chunks_exact(PANEL_COLS)
+                .zip(w.offsets.chunks_exact(PANEL_COLS)),
+        );
     for ((xb, qb), (s, o)) in blocks {
         let s: &[f32; PANEL_COLS] = s.try_into().expect("PANEL_COLS scales");
         let o: &[f32; PANEL_COLS] = o.try_into().expect("PANEL_COLS offsets");
-        for (xv, q) in xb.iter().zip(qb.chunks_exact(PANEL_COLS)) {
-            let q: &[i8; PANEL_COLS] = q.try_into().expect("PANEL_COLS codes");
-            let mut w = [0.0f32; PANEL_COLS];
-            for c in 0..PANEL_COLS {
-                w[c] = s[c].mul_add(f32::from(q[c]), o[c]);
-            }
+        for (xv, q) in xb.iter().zip(qb.chunks_exact(F::BYTES)) {
+            let w = dequantize(s, F::widen(q), o);
             for r in 0..R {
                 for c in 0..PANEL_COLS {
                     acc[r][c] = xv[r].mul_add(w[c], acc[r][c]);
@@ -212,9 +350,76 @@ fn tile_product<const R: usize>(
     out
 }
 
+/// Larger batches: the panel is dequantized once into `wbuf` (`[k, 16]` fp32, the same values
+/// the fused path computes), then tiles of 6 rows run on plain fp32 weights: 12 accumulator
+/// registers, 2 weight registers and a broadcast, 12 fused multiply-adds per 8 loads.
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512vl+avx2+fma+f16c",
+    "x86_64+avx2+fma+f16c",
+    "aarch64+neon"
+))]
+fn wide_panel<'a, F: CodeRow>(
+    xt: &[[f32; WIDE_TILE]],
+    t: usize,
+    k: usize,
+    w: Panel<'a>,
+    wbuf: &mut [[f32; PANEL_COLS]],
+    dst: &mut [f32],
+) {
+    let rows_of_block = w.codes.chunks_exact(w.block * F::BYTES);
+    let scales = w
+        .scales
+        .chunks_exact(PANEL_COLS)
+        .zip(w.offsets.chunks_exact(PANEL_COLS));
+    for ((wb, qb), (s, o)) in wbuf
+        .chunks_exact_mut(w.block)
+        .zip(rows_of_block)
+        .zip(scales)
+    {
+        let s: &[f32; PANEL_COLS] = s.try_into().expect("PANEL_COLS scales");
+        let o: &[f32; PANEL_COLS] = o.try_into().expect("PANEL_COLS offsets");
+        for (wr, q) in wb.iter_mut().zip(qb.chunks_exact(F::BYTES)) {
+            *wr = dequantize(s, F::widen(q), o);
+        }
+    }
+    for (tile, rows_out) in dst.chunks_mut(WIDE_TILE * PANEL_COLS).enumerate() {
+        let x = &xt[tile * k..(tile + 1) * k];
+        let acc = match (t - tile * WIDE_TILE).min(WIDE_TILE) {
+            6 => wide_tile::<6>(x, wbuf),
+            5 => wide_tile::<5>(x, wbuf),
+            4 => wide_tile::<4>(x, wbuf),
+            3 => wide_tile::<3>(x, wbuf),
+            2 => wide_tile::<2>(x, wbuf),
+            _ => wide_tile::<1>(x, wbuf),
+        };
+        for (dst_row, acc_row) in rows_out.chunks_exact_mut(PANEL_COLS).zip(&acc) {
+            dst_row.copy_from_slice(acc_row);
+        }
+    }
+}
+
+#[inline(always)]
+fn wide_tile<const R: usize>(
+    x: &[[f32; WIDE_TILE]],
+    wbuf: &[[f32; PANEL_COLS]],
+) -> [[f32; PANEL_COLS]; WIDE_TILE] {
+    let mut acc = [[0.0f32; PANEL_COLS]; R];
+    for (xv, w) in x.iter().zip(wbuf) {
+        for r in 0..R {
+            for c in 0..PANEL_COLS {
+                acc[r][c] = xv[r].mul_add(w[c], acc[r][c]);
+            }
+        }
+    }
+    let mut out = [[0.0f32; PANEL_COLS]; WIDE_TILE];
+    out[..R].copy_from_slice(&acc);
+    out
+}
+
 /// Row-major `[n, k]` codes and `[n, k / block]` scales/offsets (the file's order: one output
-/// feature per row) as the kernel's panels: `(codes, scales, offsets)`, columns past `n` zero.
-/// The caller has checked the lengths (`n * k`, `n * (k / block)`).
+/// feature per row) as the kernel's panels in `format`: `(codes, scales, offsets)`, columns past
+/// `n` zero. The caller has checked the lengths (`n * k`, `n * (k / block)`) and that every code
+/// fits the format (a 4-bit format keeps a code's low 4 bits).
 pub fn to_panels(
     codes: &[i8],
     scales: &[f32],
@@ -222,15 +427,24 @@ pub fn to_panels(
     k: usize,
     n: usize,
     block: usize,
-) -> (Vec<i8>, Vec<f32>, Vec<f32>) {
-    let (panels, nb) = (n.div_ceil(PANEL_COLS), k / block);
-    let mut pc = vec![0i8; panels * k * PANEL_COLS];
+    format: CodeFormat,
+) -> (Vec<u8>, Vec<f32>, Vec<f32>) {
+    let (panels, nb, row) = (n.div_ceil(PANEL_COLS), k / block, format.row_bytes());
+    let mut pc = vec![0u8; panels * k * row];
     let mut ps = vec![0.0f32; panels * nb * PANEL_COLS];
     let mut po = vec![0.0f32; panels * nb * PANEL_COLS];
     for r in 0..n {
         let (p, c) = (r / PANEL_COLS, r % PANEL_COLS);
         for i in 0..k {
-            pc[(p * k + i) * PANEL_COLS + c] = codes[r * k + i];
+            let code = codes[r * k + i] as u8;
+            let at = (p * k + i) * row;
+            match format {
+                CodeFormat::I8 => pc[at + c] = code,
+                CodeFormat::U4 | CodeFormat::I4 => {
+                    let half = PANEL_COLS / 2;
+                    pc[at + c % half] |= (code & 15) << (4 * (c / half));
+                }
+            }
         }
         for b in 0..nb {
             ps[(p * nb + b) * PANEL_COLS + c] = scales[r * nb + b];
@@ -251,14 +465,26 @@ mod tests {
         k: usize,
         n: usize,
         block: usize,
+        format: CodeFormat,
     }
+
+    const FORMATS: [CodeFormat; 3] = [CodeFormat::I8, CodeFormat::U4, CodeFormat::I4];
 
     impl Case {
         fn new(k: usize, n: usize, block: usize, seed: usize) -> Self {
+            Self::with_format(k, n, block, seed, CodeFormat::I8)
+        }
+
+        fn with_format(k: usize, n: usize, block: usize, seed: usize, format: CodeFormat) -> Self {
             let nb = k / block;
+            let (lo, span) = match format {
+                CodeFormat::I8 => (-125, 251),
+                CodeFormat::U4 => (0, 16),
+                CodeFormat::I4 => (-8, 16),
+            };
             Case {
                 codes: (0..n * k)
-                    .map(|i| (((i * 53 + seed) % 251) as i32 - 125) as i8)
+                    .map(|i| (((i * 53 + seed) % span) as i32 + lo) as i8)
                     .collect(),
                 scales: (0..n * nb)
                     .map(|i| ((i * 7 + seed) % 13) as f32 / 1024.0 + 1.0 / 4096.0)
@@ -269,6 +495,7 @@ mod tests {
                 k,
                 n,
                 block,
+                format,
             }
         }
 
@@ -286,9 +513,11 @@ mod tests {
                 self.k,
                 self.n,
                 self.block,
+                self.format,
             );
             let w = BlockWeights {
                 codes: &c,
+                format: self.format,
                 scales: &s,
                 offsets: &o,
                 in_features: self.k,
@@ -338,39 +567,58 @@ mod tests {
 
     #[test]
     fn the_sum_is_the_in_order_fma_chain_of_the_exact_weights() {
-        let (t, k, n, block) = (6, 64, 19, 32);
-        let case = Case::new(k, n, block, 3);
-        let x = x_rows(t, k);
-        let out = case.run(&x, t);
-        for j in 0..t {
-            for r in 0..n {
-                let mut acc = 0.0f32;
-                for i in 0..k {
-                    acc = x[j * k + i].mul_add(case.weight(r, i), acc);
+        // Both paths (up to 4 rows: in registers; 5 and more: a dequantized panel) and every
+        // code format.
+        for (format, t) in FORMATS.into_iter().flat_map(|f| [(f, 3), (f, 6), (f, 13)]) {
+            let (k, n, block) = (64, 19, 32);
+            let case = Case::with_format(k, n, block, 3, format);
+            let x = x_rows(t, k);
+            let out = case.run(&x, t);
+            for j in 0..t {
+                for r in 0..n {
+                    let mut acc = 0.0f32;
+                    for i in 0..k {
+                        acc = x[j * k + i].mul_add(case.weight(r, i), acc);
+                    }
+                    assert_eq!(
+                        out[j * n + r].to_bits(),
+                        acc.to_bits(),
+                        "{format:?} t={t} [{j}, {r}]"
+                    );
                 }
-                assert_eq!(out[j * n + r].to_bits(), acc.to_bits(), "[{j}, {r}]");
             }
         }
     }
 
     #[test]
     fn a_token_result_does_not_depend_on_its_batch() {
-        let (k, n) = (64, 40);
-        let case = Case::new(k, n, 16, 1);
-        let x = x_rows(7, k);
-        let all = case.run(&x, 7);
-        for j in 0..7 {
-            let one = case.run(&x[j * k..(j + 1) * k], 1);
-            assert_eq!(one, all[j * n..(j + 1) * n], "row {j}");
+        for format in FORMATS {
+            let (k, n) = (64, 40);
+            let case = Case::with_format(k, n, 16, 1, format);
+            let x = x_rows(13, k);
+            let all = case.run(&x, 13);
+            for j in 0..13 {
+                let one = case.run(&x[j * k..(j + 1) * k], 1);
+                assert_eq!(one, all[j * n..(j + 1) * n], "{format:?} row {j}");
+            }
         }
     }
 
     #[test]
     fn bad_shapes_are_refused_before_writing() {
         let case = Case::new(32, 16, 32, 0);
-        let (c, s, o) = to_panels(&case.codes, &case.scales, &case.offsets, 32, 16, 32);
+        let (c, s, o) = to_panels(
+            &case.codes,
+            &case.scales,
+            &case.offsets,
+            32,
+            16,
+            32,
+            CodeFormat::I8,
+        );
         let w = BlockWeights {
             codes: &c,
+            format: CodeFormat::I8,
             scales: &s,
             offsets: &o,
             in_features: 32,

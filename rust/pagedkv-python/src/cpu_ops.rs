@@ -393,10 +393,13 @@ fn cpu_matmul_bf16<'py>(
     Ok(out.into_any())
 }
 
-/// `x [t, k] @ W [k, n]` with block-quantized weights in the kernel's panels: int8 codes
-/// `[ceil(n / 16), k, 16]` and fp32 scales and offsets `[ceil(n / 16), k / block, 16]`, the weight
-/// being `fma(scale, code, offset)` (see `pagedkv.models.block_weights`); fp32 out `[t, n]`.
+/// `x [t, k] @ W [k, n]` with block-quantized weights in the kernel's panels: codes as bytes
+/// `[ceil(n / 16), k, row]` (`code_format` "i8": 16 int8 codes per row; "u4" / "i4": 16 unsigned /
+/// signed 4-bit codes packed two per byte, row = 8) and fp32 scales and offsets
+/// `[ceil(n / 16), k / block, 16]`, the weight being `fma(scale, code, offset)` (see
+/// `pagedkv.models.block_weights`); fp32 out `[t, n]`.
 #[pyfunction]
+#[allow(clippy::too_many_arguments)]
 fn cpu_matmul_blocks<'py>(
     py: Python<'py>,
     x: &Bound<'py, PyAny>,
@@ -405,9 +408,21 @@ fn cpu_matmul_blocks<'py>(
     offsets: &Bound<'py, PyAny>,
     n: usize,
     block: usize,
+    code_format: &str,
 ) -> PyResult<Bound<'py, PyAny>> {
+    let format = match code_format {
+        "i8" => cpu::block_matmul::CodeFormat::I8,
+        "u4" => cpu::block_matmul::CodeFormat::U4,
+        "i4" => cpu::block_matmul::CodeFormat::I4,
+        other => {
+            return Err(invalid_argument(
+                py,
+                format!("code_format must be 'i8', 'u4' or 'i4', got {other:?}"),
+            ))
+        }
+    };
     let x = array::<f32>(py, "x", x, 2, "a float32 NumPy array")?;
-    let codes = array::<i8>(py, "codes", codes, 3, "an int8 NumPy array")?;
+    let codes = array::<u8>(py, "codes", codes, 3, "a uint8 NumPy array (code bytes)")?;
     let scales = array::<f32>(py, "scales", scales, 3, "a float32 NumPy array")?;
     let offsets = array::<f32>(py, "offsets", offsets, 3, "a float32 NumPy array")?;
     let (t, k) = (x.shape()[0], x.shape()[1]);
@@ -419,8 +434,10 @@ fn cpu_matmul_blocks<'py>(
         ));
     }
     let panels = n.div_ceil(cols);
-    let (want_codes, want_scales) = ([panels, k, cols], [panels, k / block, cols]);
-    if codes.shape() != want_codes || scales.shape() != want_scales || offsets.shape() != want_scales
+    let (want_codes, want_scales) = ([panels, k, format.row_bytes()], [panels, k / block, cols]);
+    if codes.shape() != want_codes
+        || scales.shape() != want_scales
+        || offsets.shape() != want_scales
     {
         return Err(invalid_argument(
             py,
@@ -441,6 +458,7 @@ fn cpu_matmul_blocks<'py>(
             .map_err(|e| invalid_argument(py, format!("output: {e}")))?;
         let w = cpu::BlockWeights {
             codes: slice(&codes),
+            format,
             scales: slice(&scales),
             offsets: slice(&offsets),
             in_features: k,
