@@ -32,18 +32,6 @@ const PARALLEL_MIN_ELEMS: usize = 1 << 16;
 /// Output elements per rayon task (whole rows; at least one row).
 const TASK_ELEMS: usize = 1 << 14;
 
-/// The targets the loops are compiled for (runtime dispatch), as in the matmul kernels.
-macro_rules! simd_targets {
-    ($item:item) => {
-        #[multiversion::multiversion(targets(
-            "x86_64+avx512f+avx512bw+avx512vl+avx2+fma+f16c",
-            "x86_64+avx2+fma+f16c",
-            "aarch64+neon"
-        ))]
-        $item
-    };
-}
-
 fn product(a: usize, b: usize, what: &str) -> Result<usize> {
     a.checked_mul(b)
         .ok_or_else(|| CpuError::Shape(format!("{what}: {a} x {b} overflows")))
@@ -224,16 +212,26 @@ pub fn rope_interleaved(
     Ok(())
 }
 
-simd_targets! {
+// The row loops below are compiled for AVX-512, AVX2+FMA and NEON as well as the baseline and
+// dispatched on the CPU's features at run time, as the matmul kernels are.
+
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512vl+avx2+fma+f16c",
+    "x86_64+avx2+fma+f16c",
+    "aarch64+neon"
+))]
 fn rms_norm_rows(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     let d = weight.len();
     for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
         normalize(xr, weight, eps, or);
     }
 }
-}
 
-simd_targets! {
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512vl+avx2+fma+f16c",
+    "x86_64+avx2+fma+f16c",
+    "aarch64+neon"
+))]
 fn add_rms_norm_rows(
     x: &[f32],
     delta: &[f32],
@@ -254,7 +252,6 @@ fn add_rms_norm_rows(
         normalize(xo, weight, eps, no);
     }
 }
-}
 
 /// One row's RMS norm, in NumPy's order of operations; the sum of squares is [`dot`]'s fixed
 /// 8-lane order.
@@ -266,7 +263,11 @@ fn normalize(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
-simd_targets! {
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512vl+avx2+fma+f16c",
+    "x86_64+avx2+fma+f16c",
+    "aarch64+neon"
+))]
 fn silu_mul_rows(gate_up: &[f32], f: usize, out: &mut [f32]) {
     for (gu, o) in gate_up.chunks_exact(2 * f).zip(out.chunks_exact_mut(f)) {
         let (gate, up) = gu.split_at(f);
@@ -275,7 +276,6 @@ fn silu_mul_rows(gate_up: &[f32], f: usize, out: &mut [f32]) {
         }
     }
 }
-}
 
 /// `silu(g) * u` in NumPy's order of operations.
 #[inline(always)]
@@ -283,7 +283,11 @@ fn silu_times(g: f32, u: f32) -> f32 {
     g / (1.0 + exp(-g)) * u
 }
 
-simd_targets! {
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512vl+avx2+fma+f16c",
+    "x86_64+avx2+fma+f16c",
+    "aarch64+neon"
+))]
 fn rope_rows(
     x: &[f32],
     cos: &[f32],
@@ -300,9 +304,14 @@ fn rope_rows(
         .zip(out.chunks_exact_mut(out_row))
         .zip(cos.chunks_exact(half).zip(sin.chunks_exact(half)));
     for ((xr, or), (c, s)) in tokens {
-        let heads = xr[first..first + out_row].chunks_exact(hd).zip(or.chunks_exact_mut(hd));
+        let heads = xr[first..first + out_row]
+            .chunks_exact(hd)
+            .zip(or.chunks_exact_mut(hd));
         for (xh, oh) in heads {
-            let pairs = xh.chunks_exact(2).zip(oh.chunks_exact_mut(2)).zip(c.iter().zip(s));
+            let pairs = xh
+                .chunks_exact(2)
+                .zip(oh.chunks_exact_mut(2))
+                .zip(c.iter().zip(s));
             for ((p, o), (c, s)) in pairs {
                 let (x0, x1) = (p[0], p[1]);
                 o[0] = x0 * c - x1 * s;
@@ -310,7 +319,6 @@ fn rope_rows(
             }
         }
     }
-}
 }
 
 /// `1.5 * 2^23`: adding it rounds `|v| < 2^22` to an integer held in the low mantissa bits.
