@@ -19,11 +19,15 @@ __all__ = [
     "KvCacheManager",
     "SlidingWindow",
     "__version__",
+    "cpu_add_rms_norm",
     "cpu_copy_blocks",
     "cpu_matmul_bf16",
     "cpu_matmul_blocks",
     "cpu_paged_attention",
     "cpu_paged_prefill_attention",
+    "cpu_rms_norm",
+    "cpu_rope_interleaved",
+    "cpu_silu_mul",
     "cpu_swap_blocks",
     "cpu_write_kv",
     "encode_event_batch",
@@ -344,6 +348,20 @@ def cpu_matmul_blocks(
     n: int,
     block: int,
     code_format: str,
+) -> npt.NDArray[np.float32]: ...
+def cpu_rms_norm(
+    x: npt.NDArray[np.float32], weight: npt.NDArray[np.float32], eps: float
+) -> npt.NDArray[np.float32]: ...
+def cpu_add_rms_norm(
+    x: npt.NDArray[np.float32], delta: npt.NDArray[np.float32], weight: npt.NDArray[np.float32], eps: float
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]: ...
+def cpu_silu_mul(gate_up: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]: ...
+def cpu_rope_interleaved(
+    x: npt.NDArray[np.float32],
+    cos: npt.NDArray[np.float32],
+    sin: npt.NDArray[np.float32],
+    first_head: int = 0,
+    num_heads: int | None = None,
 ) -> npt.NDArray[np.float32]: ...
 def cpu_swap_blocks(
     src_cache: npt.NDArray[Any], dst_cache: npt.NDArray[Any], mapping: npt.NDArray[np.int32]

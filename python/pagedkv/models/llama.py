@@ -21,6 +21,13 @@ Weight precision (``weights=``, else ``PAGEDKV_WEIGHTS``, else ``quantized``): s
 ``projection`` (the file's 8-bit block codes through the Rust kernel by default, bit-identical
 weights; ``fp32`` for NumPy's BLAS, the reference; ``bf16``). Norms, rotary embedding, the
 embedding lookup and all activations are fp32 in every mode.
+
+Elementwise work: in the ``quantized`` mode the norms (each fused with the residual add before
+it), the rotary embedding and the SiLU gate run as fused Rust ops (``_core.cpu_rms_norm``,
+``cpu_add_rms_norm``, ``cpu_rope_interleaved``, ``cpu_silu_mul``: one pass per op instead of ~40
+NumPy calls and their temporaries per layer); rope is bit-identical to ``rotary_interleaved``, the
+norms and SiLU agree with the NumPy functions here within a few ulp (docs/cpu_data_plane.md). The
+other modes keep the NumPy functions below, the reference.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from typing import Protocol
 
 import numpy as np
 
+from pagedkv import _core
 from pagedkv.models.config import LlamaConfig
 from pagedkv.models.gguf_file import GgufModel
 from pagedkv.models.projection import WEIGHT_DTYPES, ProjectionBuilder, default_weight_dtype
@@ -136,6 +144,8 @@ class LlamaModel:
 
         token_ids, positions: int [T]; ``kv`` knows which sequence each row belongs to.
         """
+        if self.weight_dtype == "quantized":
+            return self._forward_fused(token_ids, positions, kv, logit_rows)
         c, w = self.config, self.weights
         token_ids = np.asarray(token_ids, dtype=np.int64)
         t = token_ids.shape[0]
@@ -160,3 +170,42 @@ class LlamaModel:
             x = x + self._w_down[i]((gate / (1.0 + np.exp(-gate))) * up)
         rows = x if logit_rows is None else x[np.asarray(logit_rows, dtype=np.int64)]
         return self._output(rms_norm(rows, w.output_norm, c.rms_eps))
+
+    def _forward_fused(
+        self,
+        token_ids: np.ndarray,
+        positions: np.ndarray,
+        kv: KvAttention,
+        logit_rows: np.ndarray | None,
+    ) -> np.ndarray:
+        """``forward`` with the elementwise work in fused Rust ops: each residual add is done
+        together with the norm that follows it (the last one with the output norm, on the logit
+        rows only), and q and k are rotated straight out of the fused q|k|v product into
+        contiguous arrays."""
+        c, w = self.config, self.weights
+        token_ids = np.asarray(token_ids, dtype=np.int64)
+        t = token_ids.shape[0]
+        cos, sin = self.rope_tables(np.asarray(positions, dtype=np.int64))
+        x = np.ascontiguousarray(w.token_embedding[token_ids], dtype=np.float32)
+        nq, nkv, hd, eps = c.num_q_heads, c.num_kv_heads, c.head_dim, c.rms_eps
+        delta: np.ndarray | None = None  # the residual update not yet added to x
+        for i, layer in enumerate(w.layers):
+            if delta is None:
+                h = _core.cpu_rms_norm(x, layer.attn_norm, eps)
+            else:
+                x, h = _core.cpu_add_rms_norm(x, delta, layer.attn_norm, eps)
+            qkv = self._wqkv[i](h).reshape(t, nq + 2 * nkv, hd)  # [t, q | k | v heads]
+            q = _core.cpu_rope_interleaved(qkv, cos, sin, 0, nq)
+            k = _core.cpu_rope_interleaved(qkv, cos, sin, nq, nkv)
+            attn = kv.attend(i, q, k, np.ascontiguousarray(qkv[:, nq + nkv :]))
+            x, h = _core.cpu_add_rms_norm(x, self._wo[i](attn.reshape(t, nq * hd)), layer.ffn_norm, eps)
+            delta = self._w_down[i](_core.cpu_silu_mul(self._w_gate_up[i](h)))
+        if logit_rows is not None:
+            rows = np.asarray(logit_rows, dtype=np.int64)
+            x = x[rows]
+            delta = None if delta is None else delta[rows]
+        if delta is None:
+            h = _core.cpu_rms_norm(x, w.output_norm, eps)
+        else:
+            _, h = _core.cpu_add_rms_norm(x, delta, w.output_norm, eps)
+        return self._output(h)
