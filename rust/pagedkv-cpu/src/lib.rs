@@ -14,6 +14,7 @@ pub mod block_matmul;
 pub mod cache_ops;
 pub mod elem;
 pub mod error;
+pub mod exp;
 pub mod layout;
 pub mod matmul;
 pub mod vector;
