@@ -36,6 +36,8 @@ struct Case {
     seqs: Vec<(usize, usize)>, // (seq_len, q_len)
     window: Option<usize>,
     seed: u64,
+    /// Multiplies the queries: larger scores, sharper softmaxes, larger rescales between chunks.
+    q_gain: f64,
 }
 
 fn case() -> impl Strategy<Value = Case> {
@@ -56,6 +58,34 @@ fn case() -> impl Strategy<Value = Case> {
             seqs: raw.into_iter().map(|(s, q)| (s, q.min(s))).collect(),
             window,
             seed,
+            q_gain: 1.0,
+        })
+}
+
+/// Contexts long enough that the kernel's score buffer (`SCORE_BUF`) splits a task's keys into
+/// several chunks (prefill tiles of up to 16 rows x 8 heads: one to a few blocks per chunk;
+/// decode rows of 8 heads past 1024 keys), with windows that cut blocks and leave some rows of a
+/// tile nothing to see in a chunk, and sharper softmaxes.
+fn long_case() -> impl Strategy<Value = Case> {
+    (
+        prop::sample::select(vec![1usize, 4, 16]),
+        1usize..=2,
+        prop::sample::select(vec![1usize, 3, 8]),
+        prop::sample::select(vec![16usize, 64]),
+        prop::collection::vec((64usize..1100, 0usize..24), 1..3),
+        prop::option::of(1usize..600),
+        any::<u64>(),
+        prop::sample::select(vec![1.0f64, 4.0]),
+    )
+        .prop_map(|(bs, nkv, group, hd, raw, window, seed, q_gain)| Case {
+            block_size: bs,
+            num_kv_heads: nkv,
+            group,
+            head_dim: hd,
+            seqs: raw.into_iter().map(|(s, q)| (s, q.min(s))).collect(),
+            window,
+            seed,
+            q_gain,
         })
 }
 
@@ -145,7 +175,9 @@ fn run_case<T: KvElem>(
     } else {
         q_lens.iter().sum()
     };
-    let qv: Vec<f64> = (0..total_q * nqh * hd).map(|_| rng.next()).collect();
+    let qv: Vec<f64> = (0..total_q * nqh * hd)
+        .map(|_| rng.next() * c.q_gain)
+        .collect();
     let q: Vec<T> = qv.iter().map(|x| from(*x as f32)).collect();
     let mut out = vec![nan; q.len()];
     let lens: Vec<i32> = c.seqs.iter().map(|s| s.0 as i32).collect();
@@ -216,6 +248,20 @@ proptest! {
         prop_assert!(e16 < 1.0 / 1024.0, "fp16 max error {e16}");
         let eb = run_case::<bf16>(&c, true, bf16::from_f32, |x| x.to_f64());
         prop_assert!(eb < 1.0 / 128.0, "bf16 max error {eb}");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(12))]
+
+    #[test]
+    fn long_contexts_split_into_chunks_match_naive(c in long_case()) {
+        let err = run_case::<f32>(&c, false, |x| x, |x| x as f64);
+        prop_assert!(err < 2e-5, "prefill max error {err}");
+        let err = run_case::<f32>(&c, true, |x| x, |x| x as f64);
+        prop_assert!(err < 2e-5, "decode max error {err}");
+        let e16 = run_case::<f16>(&c, true, f16::from_f32, |x| x.to_f64());
+        prop_assert!(e16 < 1.0 / 1024.0, "fp16 decode max error {e16}");
     }
 }
 
