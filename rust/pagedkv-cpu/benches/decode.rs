@@ -1,6 +1,6 @@
 //! Decode attention at the target shape (batch 32, 2 K context, 8 query / 2 KV heads of
 //! 64, block 16) beside a plain copy of the same K/V bytes, fp32 and fp16, in one run:
-//! `cargo bench -p pagedkv-cpu --bench decode [-- REPS [CONTEXT]]`. Prints GB/s of K/V read and the ratio to copy.
+//! `cargo bench -p pagedkv-cpu --bench decode [-- REPS [CONTEXT | smol]]`. Prints GB/s of K/V read and the ratio to copy.
 //! Then decode at SmolLM2's shapes (9 query / 3 KV heads of 64, block 16, fp32) over the short
 //! contexts an engine decoding many requests sees: batch 32 x 40 / 200 / 2048 and batch 1 x 40,
 //! in ns per (sequence, KV head, key). `RAYON_NUM_THREADS` sets the threads.
@@ -132,15 +132,22 @@ fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(10);
     // A second argument shortens the context (e.g. 128 for callgrind's instruction counts).
-    let ctx = std::env::args()
-        .nth(2)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(2048);
-    run::<f32>("fp32", |x| x, reps, ctx);
-    run::<f16>("fp16", f16::from_f32, reps, ctx);
+    // `smol` instead of a context runs only the SmolLM2 table (for perf).
+    let arg = std::env::args().nth(2);
+    if arg.as_deref() != Some("smol") {
+        let ctx = arg.and_then(|s| s.parse().ok()).unwrap_or(2048);
+        run::<f32>("fp32", |x| x, reps, ctx);
+        run::<f16>("fp16", f16::from_f32, reps, ctx);
+    }
     let threads = rayon::current_num_threads();
     println!("SmolLM2 decode, {threads} thread(s):");
+    let only: Option<usize> = std::env::var("SMOL_CONTEXT")
+        .ok()
+        .and_then(|s| s.parse().ok());
     for (batch, ctx) in [(32, 40), (32, 200), (32, 2048), (1, 40)] {
+        if only.is_some_and(|c| c != ctx) {
+            continue;
+        }
         smol(batch, ctx, reps.max(20));
     }
 }

@@ -17,7 +17,7 @@ use crate::elem::KvElem;
 use crate::error::{CpuError, Result};
 use crate::exp::{exp, exp_shifted_in_place};
 use crate::layout::{BlockTables, CacheShape};
-use crate::vector::{add_scaled, add_scaled4, dot, dot4, sum};
+use crate::vector::{add_scaled, add_scaled4, dot, dot4, max, sum};
 
 /// Query rows per task in prefill: enough tasks for 2+ cores on one long prompt, and each K/V
 /// row read once per tile instead of once per query.
@@ -502,7 +502,7 @@ fn attend_tile<T: KvElem>(
         let n = c1 - c0;
         for j in 0..nq {
             let sj = &mut s[j * chunk..j * chunk + n];
-            let bm = sj.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let bm = max(sj);
             if bm == f32::NEG_INFINITY {
                 continue;
             }

@@ -6,7 +6,7 @@
 pub const LANES: usize = 8;
 
 /// Dot product of two equal-length fp32 rows.
-#[inline]
+#[inline(always)]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     debug_assert_eq!(a.len(), b.len());
     let n = a.len().min(b.len());
@@ -43,41 +43,14 @@ fn reduce(acc: [f32; LANES], tail: f32) -> f32 {
     s2[0] + s2[1] + tail
 }
 
-/// `[dot(q, k[0]), .., dot(q, k[3])]`, bit for bit, with the query loaded once per chunk and
-/// four independent accumulator chains (one `dot` is a single dependent chain of `len / LANES`
-/// vector adds, which leaves the FP units idle at head dims of 64).
+/// `[dot(q, k[0]), .., dot(q, k[3])]`: four independent dependency chains that the CPU overlaps
+/// (a single `dot` is one chain of `len / LANES` vector adds). Written as four `dot` calls, not
+/// one loop over four accumulators, which LLVM's SLP vectoriser transposed into 128-bit shuffles
+/// and stack spills (perf annotate).
 // Always inlined: a call would run the baseline build, not the caller's multiversioned one.
 #[inline(always)]
 pub fn dot4(q: &[f32], k: [&[f32]; 4]) -> [f32; 4] {
-    let n = k.iter().fold(q.len(), |n, r| n.min(r.len()));
-    let q = &q[..n];
-    let [k0, k1, k2, k3] = k.map(|r| &r[..n]);
-    let mut acc = [[0.0f32; LANES]; 4];
-    let chunks = q
-        .chunks_exact(LANES)
-        .zip(k0.chunks_exact(LANES))
-        .zip(k1.chunks_exact(LANES))
-        .zip(k2.chunks_exact(LANES))
-        .zip(k3.chunks_exact(LANES));
-    for ((((x, a), b), c), d) in chunks {
-        let x: &[f32; LANES] = x.try_into().expect("chunks_exact");
-        let rows: [&[f32; LANES]; 4] = [a, b, c, d].map(|r| r.try_into().expect("chunks_exact"));
-        for (acc, row) in acc.iter_mut().zip(rows) {
-            for i in 0..LANES {
-                acc[i] += x[i] * row[i];
-            }
-        }
-    }
-    let t0 = n - n % LANES;
-    let mut out = [0.0f32; 4];
-    for (o, (acc, row)) in out.iter_mut().zip(acc.iter().zip([k0, k1, k2, k3])) {
-        let mut tail = 0.0f32;
-        for (x, y) in q[t0..].iter().zip(&row[t0..]) {
-            tail += x * y;
-        }
-        *o = reduce(*acc, tail);
-    }
-    out
+    [dot(q, k[0]), dot(q, k[1]), dot(q, k[2]), dot(q, k[3])]
 }
 
 /// `acc += p[0] * v[0] + .. + p[3] * v[3]`, added left to right, so bit for bit four
@@ -91,6 +64,27 @@ pub fn add_scaled4(acc: &mut [f32], p: [f32; 4], v: [&[f32]; 4]) {
     for ((((a, x0), x1), x2), x3) in rows {
         *a = *a + p[0] * x0 + p[1] * x1 + p[2] * x2 + p[3] * x3;
     }
+}
+
+/// Largest element of a row, NaN ignored (`f32::max`); `-inf` for an empty or all-NaN row.
+/// `LANES` partial maxima: exact in any order, and vectorised, unlike a scalar fold.
+// Always inlined: a call would run the baseline build, not the caller's multiversioned one.
+#[inline(always)]
+pub fn max(a: &[f32]) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; LANES];
+    let chunks = a.chunks_exact(LANES);
+    let tail = chunks
+        .remainder()
+        .iter()
+        .copied()
+        .fold(f32::NEG_INFINITY, f32::max);
+    for x in chunks {
+        let x: &[f32; LANES] = x.try_into().expect("chunks_exact");
+        for i in 0..LANES {
+            acc[i] = acc[i].max(x[i]);
+        }
+    }
+    acc.iter().copied().fold(tail, f32::max)
 }
 
 /// Sum of a row with `LANES` partial sums (vectorised) and a fixed reduction order.
@@ -161,9 +155,23 @@ mod tests {
                 b.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
                 "n={n}"
             );
+            let want_max = q.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            assert_eq!(max(&q), want_max, "n={n}");
             let want_sum: f64 = q.iter().map(|&x| f64::from(x)).sum();
             assert!((f64::from(sum(&q)) - want_sum).abs() < 1e-4, "n={n}");
         }
+    }
+
+    #[test]
+    fn max_ignores_nan_and_handles_empty_rows() {
+        assert_eq!(max(&[]), f32::NEG_INFINITY);
+        assert_eq!(max(&[f32::NAN; 11]), f32::NEG_INFINITY);
+        let mut row = vec![f32::NEG_INFINITY; 19];
+        row[3] = f32::NAN;
+        row[17] = -4.0;
+        assert_eq!(max(&row), -4.0);
+        row[9] = 2.0;
+        assert_eq!(max(&row), 2.0);
     }
 
     #[test]
