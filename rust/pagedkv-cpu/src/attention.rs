@@ -1,6 +1,7 @@
 //! Paged decode and prefill attention over `[num_blocks, block_size, num_kv_heads, head_dim]`
-//! caches, one softmax pass per (sequence, KV head, tile of query rows): two-pass when the
-//! tile's scores fit a buffer, online across buffer-sized chunks of keys otherwise.
+//! caches, one softmax pass per (sequence, KV head, tile of query rows): two-pass within each
+//! chunk of [`KEY_CHUNK`] keys (every score, one maximum, one vectorised `exp` pass), online
+//! (one rescale) across chunks.
 //!
 //! A task reads each of its keys and values once per chunk and serves every query of the tile and
 //! every query head of its KV head's group (GQA) from it, so K/V traffic is one pass per KV head
@@ -27,9 +28,13 @@ pub const PREFILL_TILE_ROWS: usize = 16;
 /// costs more than the work.
 const PARALLEL_MIN_PAIRS: usize = 1 << 14;
 
-/// Scores a task buffers at once (fp32, 32 KiB: L1/L2-resident). A decode row's group of query
-/// heads scores up to `SCORE_BUF / group` keys in one chunk, so its softmax is two-pass.
-pub const SCORE_BUF: usize = 8192;
+/// Keys per softmax chunk. Chunks are aligned to absolute key positions (`[c * KEY_CHUNK,
+/// (c + 1) * KEY_CHUNK)`), never to a tile's first key, so a row's arithmetic (which scores are
+/// summed together, in which lanes, and when its accumulator is rescaled) depends on the row
+/// alone: the same row gives the same bits as a decode row, in any prefill tile, in any batch.
+/// 256 keys: the exp and sum passes run long vectors, a task's scores stay in L1/L2
+/// (`tile rows x group x 256` floats), and the per-chunk rescale is amortised.
+pub const KEY_CHUNK: usize = 256;
 
 /// A parallel unit of work runs consecutive tasks until it has at least this many (query head x
 /// key) pairs (one task at long contexts, several short decode rows otherwise).
@@ -373,10 +378,9 @@ fn fill(v: &mut Vec<f32>, n: usize, x: f32) {
 /// The attention of one tile of one sequence's query rows, for one KV head's group of query
 /// heads, appended to `out`: `[(r1 - r0) * group, head_dim]` fp32, rows in (query row, head) order.
 ///
-/// Keys go in chunks of whole blocks whose scores fit [`SCORE_BUF`]; a decode row up to
-/// thousands of keys is one chunk, so its softmax is exact two-pass (every score, one maximum,
-/// one vectorised `exp` pass, then the values). Longer rows and prefill tiles rescale their
-/// accumulators once per chunk (online softmax). Keys are scored and values accumulated four at a
+/// Keys go in chunks of [`KEY_CHUNK`] (absolute positions); within a chunk the softmax is
+/// two-pass (every score, one maximum, one vectorised `exp` pass, then the values), across chunks
+/// online (one rescale of the accumulators per chunk). Keys are scored and values accumulated four at a
 /// time (`dot4`, `add_scaled4`: each K/V row loaded once per chunk for the whole group and tile).
 ///
 /// Compiled several times (multiversion: AVX-512, AVX2+FMA, and the x86-64 baseline) and
@@ -431,9 +435,7 @@ fn attend_tile<T: KvElem>(
     fill(&mut sc.acc, nq * hd, 0.0);
     fill(&mut sc.m, nq, f32::NEG_INFINITY);
     fill(&mut sc.l, nq, 0.0);
-    // Keys per chunk: whole blocks, as many as SCORE_BUF scores allow (at least one block).
-    let chunk_blocks = (SCORE_BUF / (nq * bs)).max(1);
-    let chunk = chunk_blocks * bs;
+    let chunk = KEY_CHUNK;
     if sc.s.len() < nq * chunk {
         sc.s.resize(nq * chunk, 0.0);
     }
@@ -446,13 +448,12 @@ fn attend_tile<T: KvElem>(
     let row_of = |blk: usize, tok: usize| {
         (ctx.tables.block(t.seq, blk) * bs + tok - blk * bs) * token_elems + t.kv_head * hd
     };
-    let first_blk = klo / bs;
-    let end_blk = khi.div_ceil(bs);
-    let mut cb = first_blk;
-    while khi > klo && cb < end_blk {
-        let ce = (cb + chunk_blocks).min(end_blk);
-        let c0 = (cb * bs).max(klo);
-        let c1 = (ce * bs).min(khi);
+    let mut cs = klo / chunk * chunk;
+    while khi > klo && cs < khi {
+        // This chunk's keys [c0, c1) and blocks [cb, ce); scores at s[j * chunk + tok - cs].
+        let c0 = cs.max(klo);
+        let c1 = (cs + chunk).min(khi);
+        let (cb, ce) = (c0 / bs, c1.div_ceil(bs));
         // Scores of every (query, key) of the chunk; -inf where the query must not see the key.
         for blk in cb..ce {
             let t0 = (blk * bs).max(c0);
@@ -469,7 +470,7 @@ fn attend_tile<T: KvElem>(
                     for g in 0..group {
                         let j = i * group + g;
                         let d = dot4(&qb[j * hd..(j + 1) * hd], k4);
-                        let dst = &mut s[j * chunk + tok - c0..][..4];
+                        let dst = &mut s[j * chunk + tok - cs..][..4];
                         for (e, (o, x)) in dst.iter_mut().zip(d).enumerate() {
                             let visible = tok + e >= lo && tok + e < hi;
                             *o = if visible {
@@ -488,7 +489,7 @@ fn attend_tile<T: KvElem>(
                     let visible = tok >= lo && tok < hi;
                     for g in 0..group {
                         let j = i * group + g;
-                        s[j * chunk + tok - c0] = if visible {
+                        s[j * chunk + tok - cs] = if visible {
                             dot(&qb[j * hd..(j + 1) * hd], key) * p.scale
                         } else {
                             f32::NEG_INFINITY
@@ -499,9 +500,14 @@ fn attend_tile<T: KvElem>(
             }
         }
         // Softmax over the chunk: new maxima, rescaled accumulators, probabilities in place.
-        let n = c1 - c0;
         for j in 0..nq {
-            let sj = &mut s[j * chunk..j * chunk + n];
+            // Only the row's own visible keys of the chunk: a function of the row, not the tile.
+            let (lo, hi) = bounds[j / group];
+            let (r0, r1) = (lo.max(c0), hi.min(c1));
+            if r0 >= r1 {
+                continue;
+            }
+            let sj = &mut s[j * chunk + r0 - cs..j * chunk + r1 - cs];
             let bm = max(sj);
             if bm == f32::NEG_INFINITY {
                 continue;
@@ -534,7 +540,7 @@ fn attend_tile<T: KvElem>(
                     let all = tok >= lo && tok + 4 <= hi;
                     for g in 0..group {
                         let j = i * group + g;
-                        let pj = &s[j * chunk + tok - c0..][..4];
+                        let pj = &s[j * chunk + tok - cs..][..4];
                         let aj = &mut acc[j * hd..(j + 1) * hd];
                         if all {
                             add_scaled4(aj, [pj[0], pj[1], pj[2], pj[3]], v4);
@@ -559,7 +565,7 @@ fn attend_tile<T: KvElem>(
                         let j = i * group + g;
                         add_scaled(
                             &mut acc[j * hd..(j + 1) * hd],
-                            s[j * chunk + tok - c0],
+                            s[j * chunk + tok - cs],
                             value,
                         );
                     }
@@ -567,7 +573,7 @@ fn attend_tile<T: KvElem>(
                 tok += 1;
             }
         }
-        cb = ce;
+        cs += chunk;
     }
     for j in 0..nq {
         let inv = if l[j] > 0.0 { 1.0 / l[j] } else { 0.0 };

@@ -355,3 +355,109 @@ fn out_of_range_and_negative_entries_are_typed_errors() {
     };
     assert!(pre(&[2], &[0, 2], nc, &mut out2).is_err());
 }
+
+/// Every prefill row, bit for bit, equals the same query run as a decode row (alone and beside
+/// another sequence) over the same prefix: a row's result does not depend on its tile, its
+/// position in the tile, the window's start for the tile's first row, or the batch (the engine's
+/// greedy output relies on it under chunked prefill, preemption and batching).
+fn rows_match_decode(
+    bs: usize,
+    group: usize,
+    seq_len: usize,
+    q_len: usize,
+    window: Option<usize>,
+    seed: u64,
+) {
+    let (nkv, hd) = (2usize, 64usize);
+    let nqh = nkv * group;
+    let nblk = seq_len.div_ceil(bs);
+    let shape = CacheShape {
+        num_blocks: nblk + 1,
+        block_size: bs,
+        num_kv_heads: nkv,
+        head_dim: hd,
+    };
+    let mut rng = Rng(seed);
+    let n = shape.elems().unwrap();
+    let kc: Vec<f32> = (0..n).map(|_| rng.next() as f32).collect();
+    let vc: Vec<f32> = (0..n).map(|_| rng.next() as f32).collect();
+    // Blocks in reverse order; the spare block 0 is the second sequence's.
+    let table: Vec<i32> = (0..nblk).map(|j| (nblk - j) as i32).collect();
+    let tables = BlockTables::padded(&table, 1, nblk).unwrap();
+    let q: Vec<f32> = (0..q_len * nqh * hd)
+        .map(|_| (rng.next() * 3.0) as f32)
+        .collect();
+    let params = AttentionParams {
+        num_q_heads: nqh,
+        scale: 0.125,
+        causal: true,
+        window,
+    };
+    let mut out = vec![0.0f32; q.len()];
+    let qsl = [0, q_len as i32];
+    paged_prefill(
+        &q,
+        &kc,
+        &vc,
+        shape,
+        &tables,
+        &[seq_len as i32],
+        &qsl,
+        params,
+        &mut out,
+    )
+    .unwrap();
+    let row = nqh * hd;
+    let mut pair = table.clone();
+    pair.extend(std::iter::once(0).chain(std::iter::repeat(-1).take(nblk - 1)));
+    let pair_tables = BlockTables::padded(&pair, 2, nblk).unwrap();
+    for r in 0..q_len {
+        let len = (seq_len - q_len + r + 1) as i32;
+        let qr = &q[r * row..(r + 1) * row];
+        let mut one = vec![0.0f32; row];
+        paged_decode(qr, &kc, &vc, shape, &tables, &[len], params, &mut one).unwrap();
+        let mut q2 = qr.to_vec();
+        q2.extend_from_slice(qr);
+        let mut two = vec![0.0f32; 2 * row];
+        let other = bs.min(5) as i32;
+        paged_decode(
+            &q2,
+            &kc,
+            &vc,
+            shape,
+            &pair_tables,
+            &[len, other],
+            params,
+            &mut two,
+        )
+        .unwrap();
+        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        let want = bits(&out[r * row..(r + 1) * row]);
+        assert_eq!(
+            bits(&one),
+            want,
+            "row {r}: decode alone differs from its prefill tile"
+        );
+        assert_eq!(
+            bits(&two[..row]),
+            want,
+            "row {r}: decode in a batch differs"
+        );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(8))]
+
+    #[test]
+    fn a_rows_bits_do_not_depend_on_its_tile_or_batch(
+        bs in prop::sample::select(vec![4usize, 16]),
+        group in prop::sample::select(vec![1usize, 3]),
+        seq_len in 200usize..900,
+        q_len in 1usize..40,
+        window in prop::option::of(1usize..500),
+        seed in any::<u64>(),
+    ) {
+        rows_match_decode(bs, group, seq_len, q_len.min(seq_len), window, seed);
+    }
+}
