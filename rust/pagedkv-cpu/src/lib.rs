@@ -15,6 +15,7 @@ pub mod cache_ops;
 pub mod elem;
 pub mod elementwise;
 pub mod error;
+pub mod exp;
 pub mod layout;
 pub mod matmul;
 pub mod vector;

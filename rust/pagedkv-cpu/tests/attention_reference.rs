@@ -36,6 +36,8 @@ struct Case {
     seqs: Vec<(usize, usize)>, // (seq_len, q_len)
     window: Option<usize>,
     seed: u64,
+    /// Multiplies the queries: larger scores, sharper softmaxes, larger rescales between chunks.
+    q_gain: f64,
 }
 
 fn case() -> impl Strategy<Value = Case> {
@@ -56,6 +58,34 @@ fn case() -> impl Strategy<Value = Case> {
             seqs: raw.into_iter().map(|(s, q)| (s, q.min(s))).collect(),
             window,
             seed,
+            q_gain: 1.0,
+        })
+}
+
+/// Contexts long enough that the kernel's score buffer (`SCORE_BUF`) splits a task's keys into
+/// several chunks (prefill tiles of up to 16 rows x 8 heads: one to a few blocks per chunk;
+/// decode rows of 8 heads past 1024 keys), with windows that cut blocks and leave some rows of a
+/// tile nothing to see in a chunk, and sharper softmaxes.
+fn long_case() -> impl Strategy<Value = Case> {
+    (
+        prop::sample::select(vec![1usize, 4, 16]),
+        1usize..=2,
+        prop::sample::select(vec![1usize, 3, 8]),
+        prop::sample::select(vec![16usize, 64]),
+        prop::collection::vec((64usize..1100, 0usize..24), 1..3),
+        prop::option::of(1usize..600),
+        any::<u64>(),
+        prop::sample::select(vec![1.0f64, 4.0]),
+    )
+        .prop_map(|(bs, nkv, group, hd, raw, window, seed, q_gain)| Case {
+            block_size: bs,
+            num_kv_heads: nkv,
+            group,
+            head_dim: hd,
+            seqs: raw.into_iter().map(|(s, q)| (s, q.min(s))).collect(),
+            window,
+            seed,
+            q_gain,
         })
 }
 
@@ -145,7 +175,9 @@ fn run_case<T: KvElem>(
     } else {
         q_lens.iter().sum()
     };
-    let qv: Vec<f64> = (0..total_q * nqh * hd).map(|_| rng.next()).collect();
+    let qv: Vec<f64> = (0..total_q * nqh * hd)
+        .map(|_| rng.next() * c.q_gain)
+        .collect();
     let q: Vec<T> = qv.iter().map(|x| from(*x as f32)).collect();
     let mut out = vec![nan; q.len()];
     let lens: Vec<i32> = c.seqs.iter().map(|s| s.0 as i32).collect();
@@ -216,6 +248,20 @@ proptest! {
         prop_assert!(e16 < 1.0 / 1024.0, "fp16 max error {e16}");
         let eb = run_case::<bf16>(&c, true, bf16::from_f32, |x| x.to_f64());
         prop_assert!(eb < 1.0 / 128.0, "bf16 max error {eb}");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(12))]
+
+    #[test]
+    fn long_contexts_split_into_chunks_match_naive(c in long_case()) {
+        let err = run_case::<f32>(&c, false, |x| x, |x| x as f64);
+        prop_assert!(err < 2e-5, "prefill max error {err}");
+        let err = run_case::<f32>(&c, true, |x| x, |x| x as f64);
+        prop_assert!(err < 2e-5, "decode max error {err}");
+        let e16 = run_case::<f16>(&c, true, f16::from_f32, |x| x.to_f64());
+        prop_assert!(e16 < 1.0 / 1024.0, "fp16 decode max error {e16}");
     }
 }
 
@@ -308,4 +354,110 @@ fn out_of_range_and_negative_entries_are_typed_errors() {
         ..params
     };
     assert!(pre(&[2], &[0, 2], nc, &mut out2).is_err());
+}
+
+/// Every prefill row, bit for bit, equals the same query run as a decode row (alone and beside
+/// another sequence) over the same prefix: a row's result does not depend on its tile, its
+/// position in the tile, the window's start for the tile's first row, or the batch (the engine's
+/// greedy output relies on it under chunked prefill, preemption and batching).
+fn rows_match_decode(
+    bs: usize,
+    group: usize,
+    seq_len: usize,
+    q_len: usize,
+    window: Option<usize>,
+    seed: u64,
+) {
+    let (nkv, hd) = (2usize, 64usize);
+    let nqh = nkv * group;
+    let nblk = seq_len.div_ceil(bs);
+    let shape = CacheShape {
+        num_blocks: nblk + 1,
+        block_size: bs,
+        num_kv_heads: nkv,
+        head_dim: hd,
+    };
+    let mut rng = Rng(seed);
+    let n = shape.elems().unwrap();
+    let kc: Vec<f32> = (0..n).map(|_| rng.next() as f32).collect();
+    let vc: Vec<f32> = (0..n).map(|_| rng.next() as f32).collect();
+    // Blocks in reverse order; the spare block 0 is the second sequence's.
+    let table: Vec<i32> = (0..nblk).map(|j| (nblk - j) as i32).collect();
+    let tables = BlockTables::padded(&table, 1, nblk).unwrap();
+    let q: Vec<f32> = (0..q_len * nqh * hd)
+        .map(|_| (rng.next() * 3.0) as f32)
+        .collect();
+    let params = AttentionParams {
+        num_q_heads: nqh,
+        scale: 0.125,
+        causal: true,
+        window,
+    };
+    let mut out = vec![0.0f32; q.len()];
+    let qsl = [0, q_len as i32];
+    paged_prefill(
+        &q,
+        &kc,
+        &vc,
+        shape,
+        &tables,
+        &[seq_len as i32],
+        &qsl,
+        params,
+        &mut out,
+    )
+    .unwrap();
+    let row = nqh * hd;
+    let mut pair = table.clone();
+    pair.extend(std::iter::once(0).chain(std::iter::repeat(-1).take(nblk - 1)));
+    let pair_tables = BlockTables::padded(&pair, 2, nblk).unwrap();
+    for r in 0..q_len {
+        let len = (seq_len - q_len + r + 1) as i32;
+        let qr = &q[r * row..(r + 1) * row];
+        let mut one = vec![0.0f32; row];
+        paged_decode(qr, &kc, &vc, shape, &tables, &[len], params, &mut one).unwrap();
+        let mut q2 = qr.to_vec();
+        q2.extend_from_slice(qr);
+        let mut two = vec![0.0f32; 2 * row];
+        let other = bs.min(5) as i32;
+        paged_decode(
+            &q2,
+            &kc,
+            &vc,
+            shape,
+            &pair_tables,
+            &[len, other],
+            params,
+            &mut two,
+        )
+        .unwrap();
+        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        let want = bits(&out[r * row..(r + 1) * row]);
+        assert_eq!(
+            bits(&one),
+            want,
+            "row {r}: decode alone differs from its prefill tile"
+        );
+        assert_eq!(
+            bits(&two[..row]),
+            want,
+            "row {r}: decode in a batch differs"
+        );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(8))]
+
+    #[test]
+    fn a_rows_bits_do_not_depend_on_its_tile_or_batch(
+        bs in prop::sample::select(vec![4usize, 16]),
+        group in prop::sample::select(vec![1usize, 3]),
+        seq_len in 200usize..900,
+        q_len in 1usize..40,
+        window in prop::option::of(1usize..500),
+        seed in any::<u64>(),
+    ) {
+        rows_match_decode(bs, group, seq_len, q_len.min(seq_len), window, seed);
+    }
 }
