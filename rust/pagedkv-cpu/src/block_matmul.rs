@@ -138,32 +138,48 @@ pub fn matmul_blocks(x: &[f32], w: BlockWeights<'_>, t: usize, out: &mut [f32]) 
     }
     // Long batches (prefill) in chunks of rows, so that a chunk's activations stay in the L2
     // cache while every panel of the matrix passes over them; a row's arithmetic is unchanged.
-    let mut cols_out = vec![0.0f32; n.div_ceil(PANEL_COLS) * t.min(ROW_CHUNK) * PANEL_COLS];
     for (xc, oc) in x.chunks(ROW_CHUNK * k).zip(out.chunks_mut(ROW_CHUNK * n)) {
         let rows = xc.len() / k;
-        let cols_out = &mut cols_out[..n.div_ceil(PANEL_COLS) * rows * PANEL_COLS];
         match w.format {
-            CodeFormat::I8 => panels_into::<I8Row>(xc, w, rows, cols_out),
-            CodeFormat::U4 => panels_into::<U4Row>(xc, w, rows, cols_out),
-            CodeFormat::I4 => panels_into::<I4Row>(xc, w, rows, cols_out),
-        }
-        for (p, block) in cols_out.chunks_exact(rows * PANEL_COLS).enumerate() {
-            let c0 = p * PANEL_COLS;
-            let cols = PANEL_COLS.min(n - c0);
-            for (j, src) in block.chunks_exact(PANEL_COLS).enumerate() {
-                oc[j * n + c0..j * n + c0 + cols].copy_from_slice(&src[..cols]);
-            }
+            CodeFormat::I8 => panels_into::<I8Row>(xc, w, rows, oc),
+            CodeFormat::U4 => panels_into::<U4Row>(xc, w, rows, oc),
+            CodeFormat::I4 => panels_into::<I4Row>(xc, w, rows, oc),
         }
     }
     Ok(())
 }
 
-/// Every panel's `[t, 16]` block of the product into `cols_out` (panel-major), rayon over
-/// panels: the small-batch or the wide path (module docs).
-fn panels_into<F: CodeRow>(x: &[f32], w: BlockWeights<'_>, t: usize, cols_out: &mut [f32]) {
-    let (k, nb) = (w.in_features, w.in_features / w.block);
-    let per_panel = t * PANEL_COLS;
-    let panels = cols_out.len() / per_panel;
+/// A rayon task: a run of consecutive panels and, for each row of the batch, the slice of `out`
+/// holding those panels' columns (disjoint from every other task's).
+struct Task<'o> {
+    first_panel: usize,
+    rows: Vec<&'o mut [f32]>,
+}
+
+/// `out [t, n]` cut into tasks of `panels_per_task` panels: each row split at the tasks' column
+/// boundaries, so that tasks write their results in place.
+fn tasks_over(out: &mut [f32], t: usize, n: usize, panels_per_task: usize) -> Vec<Task<'_>> {
+    let cols = panels_per_task * PANEL_COLS;
+    let mut tasks: Vec<Task<'_>> = (0..n.div_ceil(cols))
+        .map(|i| Task {
+            first_panel: i * panels_per_task,
+            rows: Vec::with_capacity(t),
+        })
+        .collect();
+    for row in out.chunks_mut(n) {
+        for (task, part) in tasks.iter_mut().zip(row.chunks_mut(cols)) {
+            task.rows.push(part);
+        }
+    }
+    tasks
+}
+
+/// The product of every panel with `x [t, k]`, written into `out [t, n]`: rayon over runs of
+/// panels (each at least `TASK_MIN_MACS` of work, at most ~16 runs per thread), the small-batch
+/// or the wide path (module docs) per panel into a `[t, 16]` buffer, then copied into place.
+fn panels_into<F: CodeRow>(x: &[f32], w: BlockWeights<'_>, t: usize, out: &mut [f32]) {
+    let (k, n, nb) = (w.in_features, w.out_features, w.in_features / w.block);
+    let panels = n.div_ceil(PANEL_COLS);
     let panel = |p: usize| Panel {
         codes: &w.codes[p * k * F::BYTES..(p + 1) * k * F::BYTES],
         scales: &w.scales[p * nb * PANEL_COLS..(p + 1) * nb * PANEL_COLS],
@@ -172,37 +188,52 @@ fn panels_into<F: CodeRow>(x: &[f32], w: BlockWeights<'_>, t: usize, cols_out: &
     };
     let macs_per_panel = k * PANEL_COLS * t;
     let serial = macs_per_panel.saturating_mul(panels) < TASK_MIN_MACS;
-    let min_panels = TASK_MIN_MACS.div_ceil(macs_per_panel).max(1);
-    if t < WIDE_MIN_ROWS {
-        let xt = tile_rows::<ROWS_PER_TILE>(x, t, k);
-        let work = |(p, dst): (usize, &mut [f32])| fused_panel::<F>(&xt, t, k, panel(p), dst);
-        if serial {
-            cols_out.chunks_mut(per_panel).enumerate().for_each(work);
-        } else {
-            cols_out
-                .par_chunks_mut(per_panel)
-                .enumerate()
-                .with_min_len(min_panels)
-                .for_each(work);
-        }
+    let per_task = if serial {
+        panels
     } else {
-        let xt = tile_rows::<WIDE_TILE>(x, t, k);
-        let scratch = || vec![[0.0f32; PANEL_COLS]; k];
-        let work = |wbuf: &mut Vec<[f32; PANEL_COLS]>, (p, dst): (usize, &mut [f32])| {
-            wide_panel::<F>(&xt, t, k, panel(p), wbuf, dst)
-        };
-        if serial {
-            let mut wbuf = scratch();
-            for item in cols_out.chunks_mut(per_panel).enumerate() {
-                work(&mut wbuf, item);
-            }
+        let most_tasks = 16 * rayon::current_num_threads().max(1);
+        TASK_MIN_MACS
+            .div_ceil(macs_per_panel)
+            .max(panels.div_ceil(most_tasks))
+            .max(1)
+    };
+    let wide = t >= WIDE_MIN_ROWS;
+    let xt4 = if wide {
+        Vec::new()
+    } else {
+        tile_rows::<ROWS_PER_TILE>(x, t, k)
+    };
+    let xt6 = if wide {
+        tile_rows::<WIDE_TILE>(x, t, k)
+    } else {
+        Vec::new()
+    };
+    let run = |task: Task<'_>| {
+        let mut dst = vec![0.0f32; t * PANEL_COLS];
+        let mut wbuf = if wide {
+            vec![[0.0f32; PANEL_COLS]; k]
         } else {
-            cols_out
-                .par_chunks_mut(per_panel)
-                .enumerate()
-                .with_min_len(min_panels)
-                .for_each_init(scratch, work);
+            Vec::new()
+        };
+        let mut rows = task.rows;
+        for p in task.first_panel..(task.first_panel + per_task).min(panels) {
+            if wide {
+                wide_panel::<F>(&xt6, t, k, panel(p), &mut wbuf, &mut dst);
+            } else {
+                fused_panel::<F>(&xt4, t, k, panel(p), &mut dst);
+            }
+            let c0 = (p - task.first_panel) * PANEL_COLS;
+            for (row, src) in rows.iter_mut().zip(dst.chunks_exact(PANEL_COLS)) {
+                let cols = PANEL_COLS.min(row.len() - c0);
+                row[c0..c0 + cols].copy_from_slice(&src[..cols]);
+            }
         }
+    };
+    let tasks = tasks_over(out, t, n, per_task);
+    if serial {
+        tasks.into_iter().for_each(run);
+    } else {
+        tasks.into_par_iter().for_each(run);
     }
 }
 
