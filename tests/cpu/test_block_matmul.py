@@ -19,6 +19,7 @@ from pagedkv.models.block_codes import BlockCodes
 from pagedkv.models.block_weights import PANEL_COLS, BlockWeights
 
 from cpu.dense_attention import DenseAttention
+from cpu.smollm2_models import smollm2_and_fp32_twin
 
 _CODE_RANGES = {"i8": (-128, 128), "u4": (0, 16), "i4": (-8, 8)}
 
@@ -163,19 +164,12 @@ def test_smollm2_runs_on_its_file_codes_and_matches_fp32() -> None:
     """The real model's default mode: every projection on the block kernel, the same greedy
     tokens as the fp32 (BLAS) mode and logits within 1e-4 of their range over a prefill of 9
     tokens and 6 decode steps (the weights are equal; only the summation order differs)."""
-    pytest.importorskip("gguf")
-    from pagedkv.models import ModelLoadError, load_model
     from pagedkv.models.llama import LlamaModel
 
-    try:
-        loaded = load_model()
-    except ModelLoadError as error:
-        pytest.skip(f"default model not installed: {error}")
-    model = loaded.model
+    model, ref = smollm2_and_fp32_twin()
     assert isinstance(model, LlamaModel) and model.weight_dtype == "quantized"
     projections = [*model._wqkv, *model._wo, *model._w_gate_up, *model._w_down, model._output]
     assert {p.kernel for p in projections} == {"blocks"}
-    ref = LlamaModel(model.weights, weights="fp32")
     a, b = DenseAttention(), DenseAttention()
     tokens, pos = np.array([1, 504, 3458, 314, 260, 4371, 282, 4649, 30]), np.arange(9)
     for _ in range(7):

@@ -19,6 +19,7 @@ from pagedkv.errors import InvalidArgumentError
 from pagedkv.models.llama import rms_norm, rotary_interleaved
 
 from cpu.dense_attention import DenseAttention
+from cpu.smollm2_models import smollm2_and_fp32_twin
 
 _EPS = 1e-5
 
@@ -180,17 +181,10 @@ def test_smollm2_batched_decode_on_the_fused_ops_matches_fp32() -> None:
     """The quantized mode (fused ops) against the fp32 mode (the NumPy reference) on a batch of
     three sequences at different positions, with and without ``logit_rows``: logits within 1e-4
     of their range, the same greedy tokens (the tolerance of test_block_matmul's model test)."""
-    pytest.importorskip("gguf")
-    from pagedkv.models import ModelLoadError, load_model
     from pagedkv.models.llama import LlamaModel
 
-    try:
-        loaded = load_model()
-    except ModelLoadError as error:
-        pytest.skip(f"default model not installed: {error}")
-    model = loaded.model
+    model, ref = smollm2_and_fp32_twin()
     assert isinstance(model, LlamaModel) and model.weight_dtype == "quantized"
-    ref = LlamaModel(model.weights, weights="fp32")
     prompts = [np.array([1, 504, 3458, 314]), np.array([260, 4371]), np.array([282, 4649, 30, 1, 504])]
     caches = [(DenseAttention(), DenseAttention()) for _ in prompts]
     last = []

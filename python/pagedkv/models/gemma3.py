@@ -76,16 +76,7 @@ class Gemma3Model:
         c = self.config
         limit_blas_threads()
         proj = ProjectionBuilder(self.weight_dtype, weights.path, weights.block_codes)
-        self._wqkv, self._wo, self._w_gate_up, self._w_down = [], [], [], []
-        for i, layer in enumerate(weights.layers):
-            blk = f"blk.{i}."
-            qkv = (blk + "attn_q.weight", blk + "attn_k.weight", blk + "attn_v.weight")
-            self._wqkv.append(proj(qkv, layer.wq, layer.wk, layer.wv))
-            self._wo.append(proj([blk + "attn_output.weight"], layer.wo))
-            self._w_gate_up.append(
-                proj([blk + "ffn_gate.weight", blk + "ffn_up.weight"], layer.w_gate, layer.w_up)
-            )
-            self._w_down.append(proj([blk + "ffn_down.weight"], layer.w_down))
+        self._wqkv, self._wo, self._w_gate_up, self._w_down = proj.decoder_layers(weights.layers)
         self._output = proj(["token_embd.weight"], weights.token_embedding.T)
         exponents = np.arange(0, c.head_dim, 2, dtype=np.float64) / c.head_dim
         self._inv_freq_local = 1.0 / np.float64(c.rope_base_local) ** exponents

@@ -113,16 +113,7 @@ class LlamaModel:
         c = self.config
         limit_blas_threads()
         proj = ProjectionBuilder(self.weight_dtype, gguf.path, gguf.block_codes)
-        self._wqkv, self._wo, self._w_gate_up, self._w_down = [], [], [], []
-        for i, layer in enumerate(gguf.layers):
-            blk = f"blk.{i}."
-            qkv = (blk + "attn_q.weight", blk + "attn_k.weight", blk + "attn_v.weight")
-            self._wqkv.append(proj(qkv, layer.wq, layer.wk, layer.wv))
-            self._wo.append(proj([blk + "attn_output.weight"], layer.wo))
-            self._w_gate_up.append(
-                proj([blk + "ffn_gate.weight", blk + "ffn_up.weight"], layer.w_gate, layer.w_up)
-            )
-            self._w_down.append(proj([blk + "ffn_down.weight"], layer.w_down))
+        self._wqkv, self._wo, self._w_gate_up, self._w_down = proj.decoder_layers(gguf.layers)
         output = "token_embd.weight" if self.config.tied_embeddings else "output.weight"
         self._output = proj([output], gguf.output)
         self._inv_freq = (

@@ -23,6 +23,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -109,6 +110,18 @@ def file_block_codes(path: Path) -> dict[str, BlockCodes | None]:
         }
 
 
+class DecoderLayer(Protocol):
+    """The ``[in, out]`` matrices of one transformer block (llama's and Gemma 3's layer weights)."""
+
+    wq: np.ndarray
+    wk: np.ndarray
+    wv: np.ndarray
+    wo: np.ndarray
+    w_gate: np.ndarray
+    w_up: np.ndarray
+    w_down: np.ndarray
+
+
 class ProjectionBuilder:
     """Builds a model's projections in one weight mode: ``builder(names, *fp32_in_out)`` fuses the
     named matrices (their codes from ``block_codes``, else from the file at ``path`` in
@@ -119,6 +132,21 @@ class ProjectionBuilder:
         self._codes: Mapping[str, BlockCodes | None] = {}
         if mode == "quantized":
             self._codes = dict(block_codes) if block_codes else file_block_codes(path)
+
+    def decoder_layers(
+        self, layers: Sequence[DecoderLayer]
+    ) -> tuple[list[Projection], list[Projection], list[Projection], list[Projection]]:
+        """Each layer's fused ``[q | k | v]``, output, fused ``[gate | up]`` and down projections
+        (the GGUF tensor names of layer ``i`` are ``blk.{i}.attn_q.weight`` and so on)."""
+        qkv, wo, gate_up, down = [], [], [], []
+        for i, layer in enumerate(layers):
+            blk = f"blk.{i}."
+            names = (blk + "attn_q.weight", blk + "attn_k.weight", blk + "attn_v.weight")
+            qkv.append(self(names, layer.wq, layer.wk, layer.wv))
+            wo.append(self([blk + "attn_output.weight"], layer.wo))
+            gate_up.append(self([blk + "ffn_gate.weight", blk + "ffn_up.weight"], layer.w_gate, layer.w_up))
+            down.append(self([blk + "ffn_down.weight"], layer.w_down))
+        return qkv, wo, gate_up, down
 
     def __call__(self, names: Sequence[str], *weights: np.ndarray) -> Projection:
         fp32 = partial(fused, *weights) if len(weights) > 1 else partial(np.asarray, weights[0])
