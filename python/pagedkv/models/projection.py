@@ -2,11 +2,12 @@
 
 Modes (``weights=``, else ``PAGEDKV_WEIGHTS``, else ``quantized``):
 
-- ``"quantized"`` (the default): the GGUF file's block-quantized weights kept as 8-bit codes with
-  a per-block scale and offset and multiplied by the Rust kernel (``block_weights``): the weights
-  are bit-identical to the fp32 dequantization, read at one byte per weight, on both cores with
-  the GIL released, and a row's result does not depend on its batch. A matrix the file stores
-  unquantized (F32/F16/BF16), or a model built in memory, falls back to ``fp32``.
+- ``"quantized"`` (the default): the GGUF file's block-quantized weights kept as 8-bit codes (two
+  4-bit codes per byte where they fit) with a per-block scale and offset, multiplied by the Rust
+  kernel (``block_weights``): the weights are bit-identical to the fp32 dequantization, on both
+  cores with the GIL released, and a row's result does not depend on its batch. A matrix the
+  file stores unquantized (F32/F16/BF16), or a model built in memory without ``block_codes``,
+  falls back to ``fp32``.
 - ``"fp32"``: the dequantized fp32 matrix with NumPy's BLAS (the reference the others are
   compared with).
 - ``"bf16"``: the weights rounded to bf16 (``bf16_weights``), every batch size through its
