@@ -23,6 +23,7 @@ __all__ = [
     "cpu_copy_blocks",
     "cpu_matmul_bf16",
     "cpu_matmul_blocks",
+    "cpu_matmul_dot",
     "cpu_paged_attention",
     "cpu_paged_prefill_attention",
     "cpu_rms_norm",
@@ -341,6 +342,15 @@ def cpu_matmul_bf16(
     x: npt.NDArray[np.float32], w: npt.NDArray[np.uint16], n: int
 ) -> npt.NDArray[np.float32]: ...
 def cpu_matmul_blocks(
+    x: npt.NDArray[np.float32],
+    codes: npt.NDArray[np.uint8],
+    scales: npt.NDArray[np.float32],
+    offsets: npt.NDArray[np.float32],
+    n: int,
+    block: int,
+    code_format: str,
+) -> npt.NDArray[np.float32]: ...
+def cpu_matmul_dot(
     x: npt.NDArray[np.float32],
     codes: npt.NDArray[np.uint8],
     scales: npt.NDArray[np.float32],

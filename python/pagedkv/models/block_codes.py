@@ -125,6 +125,23 @@ class BlockCodes:
             block=block,
         )
 
+    @classmethod
+    def stack(cls, *parts: BlockCodes) -> BlockCodes:
+        """The parts' rows one after another (a fused QKV or gate/up matrix); parts with different
+        block sizes are re-expressed in the smallest (``split_blocks``), which changes no value."""
+        if not parts:
+            raise InvalidArgumentError("BlockCodes.stack needs at least one matrix")
+        if len({p.codes.shape[1] for p in parts}) != 1:
+            raise InvalidArgumentError(f"stacked matrices differ in width: {[p.codes.shape for p in parts]}")
+        block = min(p.block for p in parts)
+        same = [p.split_blocks(block) for p in parts]
+        return cls(
+            codes=np.concatenate([p.codes for p in same]),
+            scales=np.concatenate([p.scales for p in same]),
+            offsets=np.concatenate([p.offsets for p in same]),
+            block=block,
+        )
+
 
 def _f16(blocks: np.ndarray, start: int) -> np.ndarray:
     """The little-endian fp16 at byte ``start`` of each block, widened to fp32: ``[n, 1]``."""

@@ -19,10 +19,9 @@ from __future__ import annotations
 import numpy as np
 
 from pagedkv import _core
-from pagedkv.errors import InvalidArgumentError
 from pagedkv.models.block_codes import BlockCodes
 
-__all__ = ["CODE_FORMATS", "PANEL_COLS", "BlockWeights", "code_format"]
+__all__ = ["CODE_FORMATS", "PANEL_COLS", "BlockWeights", "code_format", "panel_scales"]
 
 PANEL_COLS = 16  # output columns per panel (the kernel's register tile)
 # How a panel row holds its 16 codes: name -> (bytes per row, smallest code, largest code).
@@ -40,17 +39,25 @@ def code_format(codes: np.ndarray) -> str:
     return "i8"
 
 
+def panel_scales(codes: BlockCodes) -> tuple[np.ndarray, np.ndarray]:
+    """The scales and offsets as float32 ``[panels, k / block, 16]`` (columns past ``n`` zero): the
+    layout both kernels read."""
+    n, k = codes.codes.shape
+    panels, nb = -(-n // PANEL_COLS), k // codes.block
+    pad = ((0, panels * PANEL_COLS - n), (0, 0))
+    return tuple(  # type: ignore[return-value]
+        np.ascontiguousarray(np.pad(a, pad).reshape(panels, PANEL_COLS, nb).transpose(0, 2, 1), np.float32)
+        for a in (codes.scales, codes.offsets)
+    )
+
+
 class BlockWeights:
     """An ``[in, out]`` projection as the kernel's panels of codes, scales and offsets."""
 
     def __init__(self, codes: BlockCodes) -> None:
         n, k = codes.codes.shape
         panels = -(-n // PANEL_COLS)
-        pad = panels * PANEL_COLS - n
-        nb = k // codes.block
-        c = np.pad(codes.codes, ((0, pad), (0, 0)))
-        s = np.pad(codes.scales, ((0, pad), (0, 0)))
-        o = np.pad(codes.offsets, ((0, pad), (0, 0)))
+        c = np.pad(codes.codes, ((0, panels * PANEL_COLS - n), (0, 0)))
         self.in_features, self.out_features, self.block = int(k), int(n), int(codes.block)
         self.code_format = code_format(codes.codes)
         # [panels, k, 16] and [panels, k / block, 16]: a panel's codes stream in input order.
@@ -61,26 +68,12 @@ class BlockWeights:
             nibbles = rows.view(np.uint8) & np.uint8(15)
             half = PANEL_COLS // 2
             self.codes = np.ascontiguousarray(nibbles[..., :half] | (nibbles[..., half:] << np.uint8(4)))
-        self.scales = np.ascontiguousarray(s.reshape(panels, PANEL_COLS, nb).transpose(0, 2, 1), np.float32)
-        self.offsets = np.ascontiguousarray(o.reshape(panels, PANEL_COLS, nb).transpose(0, 2, 1), np.float32)
+        self.scales, self.offsets = panel_scales(codes)
 
     @classmethod
     def from_codes(cls, *parts: BlockCodes) -> BlockWeights:
         """One projection of the parts' output features side by side (in order)."""
-        if not parts:
-            raise InvalidArgumentError("BlockWeights.from_codes needs at least one matrix")
-        if len({p.codes.shape[1] for p in parts}) != 1:
-            raise InvalidArgumentError(f"fused matrices differ in width: {[p.codes.shape for p in parts]}")
-        block = min(p.block for p in parts)
-        same = [p if p.block == block else p.split_blocks(block) for p in parts]
-        return cls(
-            BlockCodes(
-                codes=np.concatenate([p.codes for p in same]),
-                scales=np.concatenate([p.scales for p in same]),
-                offsets=np.concatenate([p.offsets for p in same]),
-                block=block,
-            )
-        )
+        return cls(BlockCodes.stack(*parts))
 
     def matmul(self, x: np.ndarray) -> np.ndarray:
         """``x [t, in]`` (float32) @ the weights: fp32 ``[t, out]``. A wrong dtype, rank or width

@@ -135,7 +135,7 @@ class LlamaModel:
 
         token_ids, positions: int [T]; ``kv`` knows which sequence each row belongs to.
         """
-        if self.weight_dtype == "quantized":
+        if self.weight_dtype in ("quantized", "int8"):
             return self._forward_fused(token_ids, positions, kv, logit_rows)
         c, w = self.config, self.weights
         token_ids = np.asarray(token_ids, dtype=np.int64)

@@ -1,14 +1,16 @@
 //! The block-quantized projection kernel at SmolLM2-135M's shapes (k = 576 into the fused QKV
 //! 960, the fused gate/up 3072, k = 1536 into 576, and the 49152-row output projection) for 1, 8
 //! and 32 tokens, SmolLM2's formats (4-bit codes for the Q4_1 layers, int8 for the Q8_0 output):
-//! GFLOP/s and code GB/s, best of REPS:
+//! GFLOP/s and code GB/s, best of REPS, for fp32 activations (`matmul_blocks`) and, on the
+//! line below, 8-bit activations with integer dot products (`matmul_dot`, the `int8` mode):
 //! `cargo bench -p pagedkv-cpu --bench block_matmul [-- REPS]`.
 
 use std::hint::black_box;
 use std::time::Instant;
 
 use pagedkv_cpu::block_matmul::{to_panels, CodeFormat};
-use pagedkv_cpu::{matmul_blocks, BlockWeights};
+use pagedkv_cpu::dot_matmul::to_dot_panels;
+use pagedkv_cpu::{matmul_blocks, matmul_dot, BlockWeights, DotWeights};
 
 fn main() {
     let reps: usize = std::env::args()
@@ -37,23 +39,39 @@ fn main() {
             out_features: n,
             block,
         };
+        let (dc, ds, dof) = to_dot_panels(&codes, &scales, &offsets, k, n, block, format);
+        let dw = DotWeights {
+            codes: &dc,
+            format,
+            scales: &ds,
+            offsets: &dof,
+            in_features: k,
+            out_features: n,
+            block,
+        };
         for t in [1usize, 8, 32] {
             let x: Vec<f32> = (0..t * k).map(|i| (i % 17) as f32 / 17.0).collect();
             let mut out = vec![0.0f32; t * n];
-            let best = (0..reps)
-                .map(|_| {
-                    let start = Instant::now();
-                    matmul_blocks(&x, w, t, &mut out).unwrap();
-                    black_box(&out);
-                    start.elapsed().as_secs_f64()
-                })
-                .fold(f64::INFINITY, f64::min);
-            println!(
-                "t={t:>2} k={k:>4} n={n:>5} {format:?}: {:8.3} ms  {:6.1} GFLOP/s  {:5.2} GB/s of codes",
-                best * 1e3,
-                2.0 * (t * k * n) as f64 / best / 1e9,
-                (k * n * format.row_bytes() / 16) as f64 / best / 1e9
-            );
+            let mut best = |f: &mut dyn FnMut(&mut [f32])| {
+                (0..reps)
+                    .map(|_| {
+                        let start = Instant::now();
+                        f(&mut out);
+                        black_box(&out);
+                        start.elapsed().as_secs_f64()
+                    })
+                    .fold(f64::INFINITY, f64::min)
+            };
+            let fp32 = best(&mut |o| matmul_blocks(&x, w, t, o).unwrap());
+            let int8 = best(&mut |o| matmul_dot(&x, dw, t, o).unwrap());
+            for (name, secs) in [("fp32", fp32), ("int8", int8)] {
+                println!(
+                    "t={t:>2} k={k:>4} n={n:>5} {format:?} {name}: {:8.3} ms  {:6.1} GFLOP/s  {:5.2} GB/s of codes",
+                    secs * 1e3,
+                    2.0 * (t * k * n) as f64 / secs / 1e9,
+                    (k * n * format.row_bytes() / 16) as f64 / secs / 1e9
+                );
+            }
         }
     }
 }

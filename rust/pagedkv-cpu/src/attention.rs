@@ -85,7 +85,7 @@ struct Ctx<'a, T> {
 }
 
 fn check_params(p: &AttentionParams, cache: &CacheShape) -> Result<usize> {
-    if p.num_q_heads == 0 || p.num_q_heads % cache.num_kv_heads != 0 {
+    if p.num_q_heads == 0 || !p.num_q_heads.is_multiple_of(cache.num_kv_heads) {
         return Err(CpuError::Shape(format!(
             "num_q_heads {} is not a positive multiple of num_kv_heads {}",
             p.num_q_heads, cache.num_kv_heads

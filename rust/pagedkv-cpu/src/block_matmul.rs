@@ -38,7 +38,7 @@ const WIDE_MIN_ROWS: usize = 5;
 const WIDE_TILE: usize = 6;
 /// Rows per pass over the panels (a multiple of [`WIDE_TILE`]): 96 rows of 576 (1536) inputs are
 /// 221 (590) KB of activations, about one core's L2.
-const ROW_CHUNK: usize = 96;
+pub(crate) const ROW_CHUNK: usize = 96;
 /// Below this many multiply-adds a call runs on the calling thread (no rayon hand-off); above,
 /// each task gets at least this many (tiny tasks cost more to hand over than to run).
 const TASK_MIN_MACS: usize = 1 << 16;
@@ -174,18 +174,20 @@ fn tasks_over(out: &mut [f32], t: usize, n: usize, panels_per_task: usize) -> Ve
     tasks
 }
 
-/// The product of every panel with `x [t, k]`, written into `out [t, n]`: rayon over runs of
-/// panels (each at least `TASK_MIN_MACS` of work, at most ~16 runs per thread), the small-batch
-/// or the wide path (module docs) per panel into a `[t, 16]` buffer, then copied into place.
-fn panels_into<F: CodeRow>(x: &[f32], w: BlockWeights<'_>, t: usize, out: &mut [f32]) {
-    let (k, n, nb) = (w.in_features, w.out_features, w.in_features / w.block);
+/// Every panel of an `[k, n]` product with `t` rows, written into `out [t, n]`: rayon over runs
+/// of panels (each at least `TASK_MIN_MACS` of work, at most ~16 runs per thread; one run on the
+/// calling thread below that). Each task makes its `scratch()` once, and `panel(p, scratch, dst)`
+/// fills `dst` (`[t, 16]`) with panel `p`'s columns, which are then copied into place. Shared by
+/// both kernels (fp32 activations here, 8-bit activations in `dot_matmul`).
+pub(crate) fn panel_tasks<S>(
+    out: &mut [f32],
+    t: usize,
+    k: usize,
+    n: usize,
+    scratch: impl Fn() -> S + Sync,
+    panel: impl Fn(usize, &mut S, &mut [f32]) + Sync,
+) {
     let panels = n.div_ceil(PANEL_COLS);
-    let panel = |p: usize| Panel {
-        codes: &w.codes[p * k * F::BYTES..(p + 1) * k * F::BYTES],
-        scales: &w.scales[p * nb * PANEL_COLS..(p + 1) * nb * PANEL_COLS],
-        offsets: &w.offsets[p * nb * PANEL_COLS..(p + 1) * nb * PANEL_COLS],
-        block: w.block,
-    };
     let macs_per_panel = k * PANEL_COLS * t;
     let serial = macs_per_panel.saturating_mul(panels) < TASK_MIN_MACS;
     let per_task = if serial {
@@ -197,31 +199,12 @@ fn panels_into<F: CodeRow>(x: &[f32], w: BlockWeights<'_>, t: usize, out: &mut [
             .max(panels.div_ceil(most_tasks))
             .max(1)
     };
-    let wide = t >= WIDE_MIN_ROWS;
-    let xt4 = if wide {
-        Vec::new()
-    } else {
-        tile_rows::<ROWS_PER_TILE>(x, t, k)
-    };
-    let xt6 = if wide {
-        tile_rows::<WIDE_TILE>(x, t, k)
-    } else {
-        Vec::new()
-    };
     let run = |task: Task<'_>| {
         let mut dst = vec![0.0f32; t * PANEL_COLS];
-        let mut wbuf = if wide {
-            vec![[0.0f32; PANEL_COLS]; k]
-        } else {
-            Vec::new()
-        };
+        let mut state = scratch();
         let mut rows = task.rows;
         for p in task.first_panel..(task.first_panel + per_task).min(panels) {
-            if wide {
-                wide_panel::<F>(&xt6, t, k, panel(p), &mut wbuf, &mut dst);
-            } else {
-                fused_panel::<F>(&xt4, t, k, panel(p), &mut dst);
-            }
+            panel(p, &mut state, &mut dst);
             let c0 = (p - task.first_panel) * PANEL_COLS;
             for (row, src) in rows.iter_mut().zip(dst.chunks_exact(PANEL_COLS)) {
                 let cols = PANEL_COLS.min(row.len() - c0);
@@ -235,6 +218,43 @@ fn panels_into<F: CodeRow>(x: &[f32], w: BlockWeights<'_>, t: usize, out: &mut [
     } else {
         tasks.into_par_iter().for_each(run);
     }
+}
+
+/// The product of every panel with `x [t, k]`, written into `out [t, n]` (`panel_tasks`): the
+/// small-batch or the wide path (module docs) per panel.
+fn panels_into<F: CodeRow>(x: &[f32], w: BlockWeights<'_>, t: usize, out: &mut [f32]) {
+    let (k, n, nb) = (w.in_features, w.out_features, w.in_features / w.block);
+    let panel = |p: usize| Panel {
+        codes: &w.codes[p * k * F::BYTES..(p + 1) * k * F::BYTES],
+        scales: &w.scales[p * nb * PANEL_COLS..(p + 1) * nb * PANEL_COLS],
+        offsets: &w.offsets[p * nb * PANEL_COLS..(p + 1) * nb * PANEL_COLS],
+        block: w.block,
+    };
+    let wide = t >= WIDE_MIN_ROWS;
+    let xt4 = if wide {
+        Vec::new()
+    } else {
+        tile_rows::<ROWS_PER_TILE>(x, t, k)
+    };
+    let xt6 = if wide {
+        tile_rows::<WIDE_TILE>(x, t, k)
+    } else {
+        Vec::new()
+    };
+    let scratch = || {
+        if wide {
+            vec![[0.0f32; PANEL_COLS]; k]
+        } else {
+            Vec::new()
+        }
+    };
+    panel_tasks(out, t, k, n, scratch, |p, wbuf, dst| {
+        if wide {
+            wide_panel::<F>(&xt6, t, k, panel(p), wbuf, dst);
+        } else {
+            fused_panel::<F>(&xt4, t, k, panel(p), dst);
+        }
+    });
 }
 
 /// One panel row's 16 codes widened to fp32 (exact), per [`CodeFormat`].

@@ -70,7 +70,7 @@ pub fn copy_blocks<T: Copy>(
     for (i, c) in caches.iter().enumerate() {
         cache.check_len(&format!("caches[{i}]"), c.len())?;
     }
-    if copy_ops.len() % 2 != 0 {
+    if !copy_ops.len().is_multiple_of(2) {
         return Err(CpuError::Shape("copy_ops must be [N, 2] (src, dst)".into()));
     }
     for (i, &id) in copy_ops.iter().enumerate() {
@@ -105,14 +105,17 @@ pub fn swap_blocks<T: Copy>(
     block_elems: usize,
     mapping: &[i32],
 ) -> Result<usize> {
-    if block_elems == 0 || src.len() % block_elems != 0 || dst.len() % block_elems != 0 {
+    if block_elems == 0
+        || !src.len().is_multiple_of(block_elems)
+        || !dst.len().is_multiple_of(block_elems)
+    {
         return Err(CpuError::Shape(format!(
             "caches of {} and {} elements are not whole blocks of {block_elems}",
             src.len(),
             dst.len()
         )));
     }
-    if mapping.len() % 2 != 0 {
+    if !mapping.len().is_multiple_of(2) {
         return Err(CpuError::Shape(
             "mapping must be [N, 2] (src_block, dst_block)".into(),
         ));

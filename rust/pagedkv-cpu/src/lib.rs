@@ -4,14 +4,19 @@
 //! Pure Rust (the Python bindings convert NumPy arrays and release the GIL around these calls).
 //! fp32, fp16 and bf16 caches; arithmetic in fp32. Every index a call uses (block-table entries,
 //! slots, copy and swap block ids) is checked before anything is read or written: a bad argument
-//! is a [`CpuError`], never a panic or an out-of-bounds access. No `unsafe`.
+//! is a [`CpuError`], never a panic or an out-of-bounds access. `unsafe` is denied everywhere but
+//! `dot_vnni` (AVX-512 VNNI intrinsics: vector loads from fixed-size arrays, and a call made after
+//! the run-time feature check).
 //! docs/cpu_data_plane.md describes the design and its measurements.
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 pub mod attention;
 pub mod block_matmul;
 pub mod cache_ops;
+pub mod dot_matmul;
+#[cfg(target_arch = "x86_64")]
+mod dot_vnni;
 pub mod elem;
 pub mod elementwise;
 pub mod error;
@@ -23,6 +28,7 @@ pub mod vector;
 pub use attention::{paged_decode, paged_prefill, AttentionParams};
 pub use block_matmul::{matmul_blocks, BlockWeights};
 pub use cache_ops::{copy_blocks, swap_blocks, write_kv};
+pub use dot_matmul::{matmul_dot, DotWeights};
 pub use elem::KvElem;
 pub use elementwise::{add_rms_norm, rms_norm, rope_interleaved, silu_mul, RopeShape};
 pub use error::{CpuError, Result};

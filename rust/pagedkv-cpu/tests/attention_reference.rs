@@ -409,7 +409,7 @@ fn rows_match_decode(
     .unwrap();
     let row = nqh * hd;
     let mut pair = table.clone();
-    pair.extend(std::iter::once(0).chain(std::iter::repeat(-1).take(nblk - 1)));
+    pair.extend(std::iter::once(0).chain(std::iter::repeat_n(-1, nblk - 1)));
     let pair_tables = BlockTables::padded(&pair, 2, nblk).unwrap();
     for r in 0..q_len {
         let len = (seq_len - q_len + r + 1) as i32;

@@ -55,7 +55,7 @@ impl Storage for u16 {
     }
 }
 
-fn err(py: Python<'_>, e: cpu::CpuError) -> PyErr {
+pub(crate) fn err(py: Python<'_>, e: cpu::CpuError) -> PyErr {
     invalid_argument(py, e.to_string())
 }
 
@@ -84,7 +84,7 @@ fn kind(py: Python<'_>, name: &str, x: &Bound<'_, PyAny>) -> PyResult<&'static s
 
 /// `x` as a read-only C-contiguous `ndim`-D array of `T`: the one conversion every argument that
 /// is read goes through. `dtype` names what a wrong element type should have been.
-fn array<'py, T: Element>(
+pub(crate) fn array<'py, T: Element>(
     py: Python<'py>,
     name: &str,
     x: &Bound<'py, PyAny>,
@@ -184,7 +184,7 @@ impl<'py> Tables<'py> {
 }
 
 /// The slice of a C-contiguous array (contiguity was checked when it was borrowed).
-fn slice<'a, T: Element>(a: &'a PyReadonlyArrayDyn<'_, T>) -> &'a [T] {
+pub(crate) fn slice<'a, T: Element>(a: &'a PyReadonlyArrayDyn<'_, T>) -> &'a [T] {
     a.as_slice().unwrap_or(&[])
 }
 
@@ -388,85 +388,6 @@ fn cpu_matmul_bf16<'py>(
             .map_err(|e| invalid_argument(py, format!("output: {e}")))?;
         let (xs, ws): (&[f32], &[bf16]) = (slice(&x), slice(&w).reinterpret_cast());
         py.detach(|| cpu::matmul_bf16(xs, ws, t, k, n, out_s))
-            .map_err(|e| err(py, e))?;
-    }
-    Ok(out.into_any())
-}
-
-/// `x [t, k] @ W [k, n]` with block-quantized weights in the kernel's panels: codes as bytes
-/// `[ceil(n / 16), k, row]` (`code_format` "i8": 16 int8 codes per row; "u4" / "i4": 16 unsigned /
-/// signed 4-bit codes packed two per byte, row = 8) and fp32 scales and offsets
-/// `[ceil(n / 16), k / block, 16]`, the weight being `fma(scale, code, offset)` (see
-/// `pagedkv.models.block_weights`); fp32 out `[t, n]`.
-#[pyfunction]
-#[allow(clippy::too_many_arguments)]
-fn cpu_matmul_blocks<'py>(
-    py: Python<'py>,
-    x: &Bound<'py, PyAny>,
-    codes: &Bound<'py, PyAny>,
-    scales: &Bound<'py, PyAny>,
-    offsets: &Bound<'py, PyAny>,
-    n: usize,
-    block: usize,
-    code_format: &str,
-) -> PyResult<Bound<'py, PyAny>> {
-    let format = match code_format {
-        "i8" => cpu::block_matmul::CodeFormat::I8,
-        "u4" => cpu::block_matmul::CodeFormat::U4,
-        "i4" => cpu::block_matmul::CodeFormat::I4,
-        other => {
-            return Err(invalid_argument(
-                py,
-                format!("code_format must be 'i8', 'u4' or 'i4', got {other:?}"),
-            ))
-        }
-    };
-    let x = array::<f32>(py, "x", x, 2, "a float32 NumPy array")?;
-    let codes = array::<u8>(py, "codes", codes, 3, "a uint8 NumPy array (code bytes)")?;
-    let scales = array::<f32>(py, "scales", scales, 3, "a float32 NumPy array")?;
-    let offsets = array::<f32>(py, "offsets", offsets, 3, "a float32 NumPy array")?;
-    let (t, k) = (x.shape()[0], x.shape()[1]);
-    let cols = cpu::block_matmul::PANEL_COLS;
-    if block == 0 || k % block != 0 {
-        return Err(invalid_argument(
-            py,
-            format!("block must be positive and divide x's width {k}, got {block}"),
-        ));
-    }
-    let panels = n.div_ceil(cols);
-    let (want_codes, want_scales) = ([panels, k, format.row_bytes()], [panels, k / block, cols]);
-    if codes.shape() != want_codes
-        || scales.shape() != want_scales
-        || offsets.shape() != want_scales
-    {
-        return Err(invalid_argument(
-            py,
-            format!(
-                "x is [{t}, {k}], so for n = {n} in blocks of {block} codes must be {want_codes:?} \
-                 and scales, offsets {want_scales:?}; got {:?}, {:?}, {:?}",
-                codes.shape(),
-                scales.shape(),
-                offsets.shape()
-            ),
-        ));
-    }
-    let out = PyArrayDyn::<f32>::zeros(py, &[t, n][..], false);
-    {
-        let mut out_rw = out.readwrite();
-        let out_s = out_rw
-            .as_slice_mut()
-            .map_err(|e| invalid_argument(py, format!("output: {e}")))?;
-        let w = cpu::BlockWeights {
-            codes: slice(&codes),
-            format,
-            scales: slice(&scales),
-            offsets: slice(&offsets),
-            in_features: k,
-            out_features: n,
-            block,
-        };
-        let xs = slice(&x);
-        py.detach(|| cpu::matmul_blocks(xs, w, t, out_s))
             .map_err(|e| err(py, e))?;
     }
     Ok(out.into_any())
@@ -841,7 +762,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cpu_copy_blocks, m)?)?;
     m.add_function(wrap_pyfunction!(cpu_swap_blocks, m)?)?;
     m.add_function(wrap_pyfunction!(cpu_matmul_bf16, m)?)?;
-    m.add_function(wrap_pyfunction!(cpu_matmul_blocks, m)?)?;
     m.add_function(wrap_pyfunction!(cpu_rms_norm, m)?)?;
     m.add_function(wrap_pyfunction!(cpu_add_rms_norm, m)?)?;
     m.add_function(wrap_pyfunction!(cpu_silu_mul, m)?)?;

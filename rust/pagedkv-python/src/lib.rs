@@ -22,6 +22,7 @@ mod id_batches;
 mod int_list;
 mod manager;
 mod pool;
+mod quantized_matmul;
 mod scalars;
 mod sim;
 mod stats;
@@ -40,5 +41,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     event_digests::register(m)?;
     int_list::register(m)?;
     cpu_ops::register(m)?;
+    quantized_matmul::register(m)?;
     Ok(())
 }
