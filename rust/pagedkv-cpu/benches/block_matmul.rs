@@ -2,14 +2,15 @@
 //! 960, the fused gate/up 3072, k = 1536 into 576, and the 49152-row output projection) for 1, 8
 //! and 32 tokens, SmolLM2's formats (4-bit codes for the Q4_1 layers, int8 for the Q8_0 output):
 //! GFLOP/s and code GB/s, best of REPS, for fp32 activations (`matmul_blocks`) and, on the
-//! line below, 8-bit activations with integer dot products (`matmul_dot`, the `int8` mode):
+//! lines below, 8-bit activations with integer dot products (`matmul_dot`, the `int8` mode, on
+//! the CPU's fastest tile, then on its other SIMD tiles):
 //! `cargo bench -p pagedkv-cpu --bench block_matmul [-- REPS]`.
 
 use std::hint::black_box;
 use std::time::Instant;
 
 use pagedkv_cpu::block_matmul::{to_panels, CodeFormat};
-use pagedkv_cpu::dot_matmul::to_dot_panels;
+use pagedkv_cpu::dot_matmul::{matmul_dot_with, to_dot_panels, Isa};
 use pagedkv_cpu::{matmul_blocks, matmul_dot, BlockWeights, DotWeights};
 
 fn main() {
@@ -64,7 +65,17 @@ fn main() {
             };
             let fp32 = best(&mut |o| matmul_blocks(&x, w, t, o).unwrap());
             let int8 = best(&mut |o| matmul_dot(&x, dw, t, o).unwrap());
-            for (name, secs) in [("fp32", fp32), ("int8", int8)] {
+            let mut rows = vec![
+                ("fp32".to_string(), fp32),
+                (format!("int8 {:?}", Isa::detect()), int8),
+            ];
+            for isa in Isa::all_available() {
+                if isa != Isa::detect() && isa != Isa::Portable {
+                    let secs = best(&mut |o| matmul_dot_with(&x, dw, t, o, isa).unwrap());
+                    rows.push((format!("int8 {isa:?}"), secs));
+                }
+            }
+            for (name, secs) in rows {
                 println!(
                     "t={t:>2} k={k:>4} n={n:>5} {format:?} {name}: {:8.3} ms  {:6.1} GFLOP/s  {:5.2} GB/s of codes",
                     secs * 1e3,

@@ -15,7 +15,7 @@
 //! `sum_i e_i * scale * code_i`, and the codes are not centred (Q4_1's run 0..15 around an offset
 //! near `-8 * scale`), which measured twice the error on SmolLM2's layers. One rounding of each
 //! activation to 8 bits buys 4x the multiply-adds per instruction (`vpdpbusd`,
-//! [`crate::dot_vnni`]). Results do not depend on the batch, the tile a row
+//! `dot_vnni`; `vpmaddubsw` on AVX2, `dot_avx2`). Results do not depend on the batch, the tile a row
 //! lands in, the thread count or the instruction set: the portable path here and the AVX-512 VNNI
 //! path compute the same integers and the same fp32 operations in the same order, so they agree
 //! bit for bit (tested).
@@ -119,31 +119,62 @@ pub fn matmul_dot(x: &[f32], w: DotWeights<'_>, t: usize, out: &mut [f32]) -> Re
     matmul_dot_with(x, w, t, out, Isa::detect())
 }
 
-/// Which tile runs: the AVX-512 VNNI one where the CPU has it, else the portable one.
+/// Which tile runs: the AVX-512 VNNI one where the CPU has it, else the AVX2 one, else the
+/// portable one. All three give the same bits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Isa {
+pub enum Isa {
     Portable,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
     #[cfg(target_arch = "x86_64")]
     Vnni,
 }
 
 impl Isa {
-    fn detect() -> Self {
+    /// The fastest tile this CPU runs.
+    pub fn detect() -> Self {
         #[cfg(target_arch = "x86_64")]
-        if crate::dot_vnni::available() {
-            return Isa::Vnni;
+        {
+            if crate::dot_vnni::available() {
+                return Isa::Vnni;
+            }
+            if crate::dot_avx2::available() {
+                return Isa::Avx2;
+            }
         }
         Isa::Portable
     }
+
+    /// Every tile this CPU can run (the tests compare them).
+    pub fn all_available() -> Vec<Self> {
+        let mut isas = vec![Isa::Portable];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if crate::dot_avx2::available() {
+                isas.push(Isa::Avx2);
+            }
+            if crate::dot_vnni::available() {
+                isas.push(Isa::Vnni);
+            }
+        }
+        isas
+    }
 }
 
-pub(crate) fn matmul_dot_with(
+/// [`matmul_dot`] on a given tile (benchmarks and tests compare them); a tile this CPU cannot run
+/// is a [`CpuError::Argument`].
+pub fn matmul_dot_with(
     x: &[f32],
     w: DotWeights<'_>,
     t: usize,
     out: &mut [f32],
     isa: Isa,
 ) -> Result<()> {
+    if !Isa::all_available().contains(&isa) {
+        return Err(CpuError::Argument(format!(
+            "this CPU cannot run the {isa:?} tile"
+        )));
+    }
     w.check()?;
     let (k, n) = (w.in_features, w.out_features);
     let x_len = t.checked_mul(k);
@@ -270,6 +301,8 @@ fn dot_panel(q: &QuantRows, w: DotPanel<'_>, isa: Isa, dst: &mut [f32]) {
         match isa {
             #[cfg(target_arch = "x86_64")]
             Isa::Vnni => crate::dot_vnni::tile(q, row0, w, rows_out),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => crate::dot_avx2::tile(q, row0, w, rows_out),
             Isa::Portable => portable_tile(q, row0, w, rows_out),
         }
     }
@@ -500,14 +533,15 @@ mod tests {
         let has = std::arch::is_x86_feature_detected!("avx512vnni")
             && std::arch::is_x86_feature_detected!("avx512bw");
         assert_eq!(Isa::detect() == Isa::Vnni, has);
+        assert_eq!(
+            Isa::all_available().contains(&Isa::Avx2),
+            std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+        );
     }
 
     fn isas() -> Vec<Isa> {
-        let mut isas = vec![Isa::Portable];
-        if Isa::detect() != Isa::Portable {
-            isas.push(Isa::detect());
-        }
-        isas
+        Isa::all_available()
     }
 
     #[test]

@@ -5,8 +5,8 @@
 //! fp32, fp16 and bf16 caches; arithmetic in fp32. Every index a call uses (block-table entries,
 //! slots, copy and swap block ids) is checked before anything is read or written: a bad argument
 //! is a [`CpuError`], never a panic or an out-of-bounds access. `unsafe` is denied everywhere but
-//! `dot_vnni` (AVX-512 VNNI intrinsics: vector loads from fixed-size arrays, and a call made after
-//! the run-time feature check).
+//! `dot_vnni` and `dot_avx2` (SIMD intrinsics: vector loads and stores on fixed-size arrays, and a
+//! call made after the run-time feature check).
 //! docs/cpu_data_plane.md describes the design and its measurements.
 
 #![deny(unsafe_code)]
@@ -14,6 +14,8 @@
 pub mod attention;
 pub mod block_matmul;
 pub mod cache_ops;
+#[cfg(target_arch = "x86_64")]
+mod dot_avx2;
 pub mod dot_matmul;
 #[cfg(target_arch = "x86_64")]
 mod dot_vnni;
