@@ -1,5 +1,6 @@
-"""SmolLM2 in its default weight mode and in the fp32 reference mode, loaded once per test process
-(skips the test when the model or the ``model`` extra is absent)."""
+"""SmolLM2 in the ``quantized`` weight mode (the file's codes, fp32 arithmetic) and in the fp32
+reference mode, loaded once per test process (skips the test when the model or the ``model``
+extra is absent)."""
 
 from __future__ import annotations
 
@@ -18,11 +19,12 @@ def _load() -> tuple[Any, Any] | str:
         loaded = load_model()
     except ModelLoadError as error:
         return f"default model not installed: {error}"
-    return loaded.model, LlamaModel(loaded.model.weights, weights="fp32")
+    weights = loaded.model.weights
+    return LlamaModel(weights, weights="quantized"), LlamaModel(weights, weights="fp32")
 
 
 def smollm2_and_fp32_twin() -> tuple[Any, Any]:
-    """``(model in the default mode, the same weights in fp32 mode)``."""
+    """``(model in quantized mode, the same weights in fp32 mode)``."""
     pytest.importorskip("gguf")
     pair = _load()
     if isinstance(pair, str):

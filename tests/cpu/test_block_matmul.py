@@ -15,24 +15,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pagedkv import _core
 from pagedkv.errors import InvalidArgumentError
-from pagedkv.models.block_codes import BlockCodes
 from pagedkv.models.block_weights import PANEL_COLS, BlockWeights
 
+from cpu.block_codes_cases import CODE_RANGES, random_codes
 from cpu.dense_attention import DenseAttention
 from cpu.smollm2_models import smollm2_and_fp32_twin
 
-_CODE_RANGES = {"i8": (-128, 128), "u4": (0, 16), "i4": (-8, 8)}
-
-
-def _codes(n: int, k: int, block: int, seed: int, offsets: bool = True, fmt: str = "i8") -> BlockCodes:
-    rng = np.random.default_rng(seed)
-    nb = k // block
-    return BlockCodes(
-        codes=rng.integers(*_CODE_RANGES[fmt], size=(n, k)).astype(np.int8),
-        scales=(rng.standard_normal((n, nb)) / 64).astype(np.float16).astype(np.float32),
-        offsets=(rng.standard_normal((n, nb)) / 8 * offsets).astype(np.float16).astype(np.float32),
-        block=block,
-    )
+_CODE_RANGES = CODE_RANGES
+_codes = random_codes
 
 
 @settings(max_examples=120, deadline=None)

@@ -19,21 +19,15 @@ from pagedkv.errors import InvalidArgumentError
 from pagedkv.models.block_codes import BlockCodes
 from pagedkv.models.dot_weights import DotWeights
 
+from cpu.block_codes_cases import CODE_RANGES, random_codes
 from cpu.dense_attention import DenseAttention
 from cpu.smollm2_models import smollm2_and_fp32_twin
 
-_CODE_RANGES = {"i8": (-128, 128), "u4": (0, 16), "i4": (-8, 8)}
+_CODE_RANGES = CODE_RANGES
 
 
 def _codes(n: int, k: int, block: int, seed: int, fmt: str = "u4") -> BlockCodes:
-    rng = np.random.default_rng(seed)
-    nb = k // block
-    return BlockCodes(
-        codes=rng.integers(*_CODE_RANGES[fmt], size=(n, k)).astype(np.int8),
-        scales=(rng.standard_normal((n, nb)) / 64).astype(np.float16).astype(np.float32),
-        offsets=(rng.standard_normal((n, nb)) / 8).astype(np.float16).astype(np.float32),
-        block=block,
-    )
+    return random_codes(n, k, block, seed, fmt)
 
 
 def _formula(codes: BlockCodes, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -169,8 +163,8 @@ def test_smollm2_in_int8_mode_follows_the_fp32_model() -> None:
     model's (a wrong code layout is off by more than the range) and pick the same token."""
     from pagedkv.models.llama import LlamaModel
 
-    default, ref = smollm2_and_fp32_twin()
-    model = LlamaModel(default.weights, weights="int8")
+    quantized, ref = smollm2_and_fp32_twin()
+    model = LlamaModel(quantized.weights, weights="int8")
     projections = [*model._wqkv, *model._wo, *model._w_gate_up, *model._w_down, model._output]
     assert {p.kernel for p in projections} == {"dot"}
     a, b = DenseAttention(), DenseAttention()

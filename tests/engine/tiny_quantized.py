@@ -1,8 +1,8 @@
-"""Tiny random models on the block kernel: each ``[in, out]`` matrix is quantized as Q8_0 does
+"""Tiny random models on the quantized kernels: each ``[in, out]`` matrix is quantized as Q8_0 does
 (``quantize_q8``) and replaced by its dequantized values, and its codes are handed to the model,
-so the default ``quantized`` weight mode runs them through ``cpu_matmul_blocks`` with the same
-weights the ``fp32`` mode multiplies (the engine's "batched equals alone" tests then exercise
-the kernel the real models use)."""
+so the default ``int8`` weight mode runs them through ``cpu_matmul_dot`` (and ``quantized``
+through ``cpu_matmul_blocks``) on the same weights the ``fp32`` mode multiplies (the engine's
+"batched equals alone" tests then exercise the kernel the real models use)."""
 
 from __future__ import annotations
 

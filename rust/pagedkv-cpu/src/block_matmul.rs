@@ -120,20 +120,7 @@ impl BlockWeights<'_> {
 pub fn matmul_blocks(x: &[f32], w: BlockWeights<'_>, t: usize, out: &mut [f32]) -> Result<()> {
     w.check()?;
     let (k, n) = (w.in_features, w.out_features);
-    let x_len = t.checked_mul(k);
-    let out_len = t.checked_mul(n);
-    if x_len != Some(x.len()) || out_len != Some(out.len()) {
-        return Err(CpuError::Shape(format!(
-            "matmul: x has {} elements and out {}; [t={t}, k={k}] @ [k={k}, n={n}] needs {x_len:?} and {out_len:?}",
-            x.len(),
-            out.len()
-        )));
-    }
-    if out.is_empty() {
-        return Ok(());
-    }
-    if k == 0 {
-        out.fill(0.0);
+    if !has_work(x, t, k, n, out)? {
         return Ok(());
     }
     // Long batches (prefill) in chunks of rows, so that a chunk's activations stay in the L2
@@ -147,6 +134,25 @@ pub fn matmul_blocks(x: &[f32], w: BlockWeights<'_>, t: usize, out: &mut [f32]) 
         }
     }
     Ok(())
+}
+
+/// The activations' and the output's lengths checked against `[t, k] @ [k, n]` (a mismatch is a
+/// [`CpuError::Shape`], nothing written); `false` when there is nothing to multiply (no output,
+/// or `k = 0`: the output is then zero). Shared by both projection kernels.
+pub(crate) fn has_work(x: &[f32], t: usize, k: usize, n: usize, out: &mut [f32]) -> Result<bool> {
+    let x_len = t.checked_mul(k);
+    let out_len = t.checked_mul(n);
+    if x_len != Some(x.len()) || out_len != Some(out.len()) {
+        return Err(CpuError::Shape(format!(
+            "matmul: x has {} elements and out {}; [t={t}, k={k}] @ [k={k}, n={n}] needs {x_len:?} and {out_len:?}",
+            x.len(),
+            out.len()
+        )));
+    }
+    if k == 0 {
+        out.fill(0.0);
+    }
+    Ok(!out.is_empty() && k > 0)
 }
 
 /// A rayon task: a run of consecutive panels and, for each row of the batch, the slice of `out`

@@ -27,7 +27,7 @@
 //! [`CodeFormat::I4`]). The bias makes every code unsigned, as `vpdpbusd` wants its first operand;
 //! each block subtracts `bias * sum(a)` back (exact). Scales and offsets: `[panels, k / block, 16]`.
 
-use crate::block_matmul::{panel_tasks, CodeFormat, PANEL_COLS, ROW_CHUNK};
+use crate::block_matmul::{has_work, panel_tasks, CodeFormat, PANEL_COLS, ROW_CHUNK};
 use crate::error::{CpuError, Result};
 
 /// Bytes of one group of codes: 16 columns x 4 inputs (one 512-bit register).
@@ -177,20 +177,7 @@ pub fn matmul_dot_with(
     }
     w.check()?;
     let (k, n) = (w.in_features, w.out_features);
-    let x_len = t.checked_mul(k);
-    let out_len = t.checked_mul(n);
-    if x_len != Some(x.len()) || out_len != Some(out.len()) {
-        return Err(CpuError::Shape(format!(
-            "matmul: x has {} elements and out {}; [t={t}, k={k}] @ [k={k}, n={n}] needs {x_len:?} and {out_len:?}",
-            x.len(),
-            out.len()
-        )));
-    }
-    if out.is_empty() {
-        return Ok(());
-    }
-    if k == 0 {
-        out.fill(0.0);
+    if !has_work(x, t, k, n, out)? {
         return Ok(());
     }
     let nb = k / w.block;
