@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from pagedkv import _core
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.models.block_codes import BlockCodes
+from pagedkv.models.block_weights import BlockWeights
 from pagedkv.models.dot_weights import DotWeights
 
 from cpu.block_codes_cases import CODE_RANGES, random_codes
@@ -149,6 +150,20 @@ def test_blocks_the_kernel_cannot_sum_exactly_are_refused() -> None:
         DotWeights(_codes(4, 36, 4, 0, "u4"))
     with pytest.raises(InvalidArgumentError, match="at most 256"):
         DotWeights(_codes(4, 512, 512, 0, "i8"))
+
+
+def test_int8_projections_keep_blocks_the_kernel_cannot_take_on_the_exact_kernel() -> None:
+    from pagedkv.models.projection import Projection
+
+    def unused() -> np.ndarray:
+        raise AssertionError("the fp32 matrix must not be built")
+
+    odd = _codes(5, 36, 4, 1, "u4")  # blocks of 4: not whole 8-input groups of 4-bit codes
+    x = np.random.default_rng(2).standard_normal((3, 36)).astype(np.float32)
+    proj = Projection("int8", unused, [odd])
+    assert proj.kernel == "blocks" and DotWeights.fits(odd) is False
+    assert np.array_equal(proj(x), BlockWeights(odd).matmul(x))
+    assert Projection("int8", unused, [_codes(5, 64, 32, 1)]).kernel == "dot"
 
 
 def test_empty_batches_and_widths() -> None:

@@ -35,11 +35,16 @@ MAX_BLOCK = 256  # a block's integer sum stays exact in fp32 (the kernel's bound
 class DotWeights:
     """An ``[in, out]`` projection in the dot layout (module docs)."""
 
+    @staticmethod
+    def fits(codes: BlockCodes) -> bool:
+        """Whether the kernel takes these codes: blocks of whole groups, at most ``MAX_BLOCK``."""
+        return codes.block % GROUP_INPUTS[code_format(codes.codes)] == 0 and codes.block <= MAX_BLOCK
+
     def __init__(self, codes: BlockCodes) -> None:
         n, k = codes.codes.shape
         fmt = code_format(codes.codes)
         group = GROUP_INPUTS[fmt]
-        if codes.block % group or codes.block > MAX_BLOCK:
+        if not self.fits(codes):
             raise InvalidArgumentError(
                 f"the int8 kernel needs blocks that are a multiple of {group} and at most {MAX_BLOCK} "
                 f"for {fmt!r} codes, got {codes.block}"

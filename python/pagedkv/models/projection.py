@@ -6,7 +6,8 @@ Modes (``weights=``, else ``PAGEDKV_WEIGHTS``, else ``int8``):
   each row's activations quantized to 8 bits per block and multiplied with integer dot products
   (``dot_weights``): llama.cpp's arithmetic for quantized matrices, 2-3x the fp32 kernel's speed
   at batch 8-32, the same bits on every x86 CPU (AVX-512 VNNI, AVX2 and portable tiles agree),
-  a row's result independent of its batch. Falls back to ``fp32`` as ``quantized`` does.
+  a row's result independent of its batch. Falls back to ``fp32`` as ``quantized`` does, and to
+  ``quantized`` for a block size the kernel cannot sum exactly (none of the GGUF types).
 - ``"quantized"``: the GGUF file's block-quantized weights kept as 8-bit codes (two
   4-bit codes per byte where they fit) with a per-block scale and offset, multiplied by the Rust
   kernel (``block_weights``): the weights are bit-identical to the fp32 dequantization, on both
@@ -75,10 +76,11 @@ class Projection:
         self._bf16: Bf16Weights | None = None
         self._fp32: np.ndarray | None = None
         if mode in ("quantized", "int8") and codes and all(c is not None for c in codes):
-            parts = [c for c in codes if c is not None]
-            self._blocks = (
-                BlockWeights.from_codes(*parts) if mode == "quantized" else DotWeights.from_codes(*parts)
-            )
+            stacked = BlockCodes.stack(*[c for c in codes if c is not None])
+            # A block the int8 kernel cannot sum exactly (over 256 inputs, or not whole groups;
+            # no GGUF type has one) keeps the file's codes in the fp32-arithmetic kernel.
+            dot = mode == "int8" and DotWeights.fits(stacked)
+            self._blocks = DotWeights(stacked) if dot else BlockWeights(stacked)
             self.out_features = self._blocks.out_features
             return
         self._fp32 = fp32()
