@@ -380,22 +380,13 @@ fn cpu_matmul_bf16<'py>(
             ),
         ));
     }
-    let out = PyArrayDyn::<f32>::zeros(py, &[t, n][..], false);
-    {
-        let mut out_rw = out.readwrite();
-        let out_s = out_rw
-            .as_slice_mut()
-            .map_err(|e| invalid_argument(py, format!("output: {e}")))?;
-        let (xs, ws): (&[f32], &[bf16]) = (slice(&x), slice(&w).reinterpret_cast());
-        py.detach(|| cpu::matmul_bf16(xs, ws, t, k, n, out_s))
-            .map_err(|e| err(py, e))?;
-    }
-    Ok(out.into_any())
+    let (xs, ws): (&[f32], &[bf16]) = (slice(&x), slice(&w).reinterpret_cast());
+    new_f32(py, &[t, n], |out| cpu::matmul_bf16(xs, ws, t, k, n, out))
 }
 
 /// A new fp32 array of `shape` and the result of `fill` on its elements, computed with the GIL
 /// released.
-fn new_f32<'py>(
+pub(crate) fn new_f32<'py>(
     py: Python<'py>,
     shape: &[usize],
     fill: impl FnOnce(&mut [f32]) -> cpu::Result<()> + Send,

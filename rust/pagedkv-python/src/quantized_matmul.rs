@@ -4,13 +4,13 @@
 //! by `pagedkv.models.block_weights` / `dot_weights`; every shape is checked before the GIL is
 //! released and the kernel runs.
 
-use numpy::{PyArrayDyn, PyArrayMethods, PyUntypedArrayMethods};
+use numpy::PyUntypedArrayMethods;
 use pagedkv_cpu::block_matmul::{CodeFormat, PANEL_COLS};
 use pagedkv_cpu::dot_matmul::GROUP_BYTES;
 use pagedkv_cpu::{self as cpu};
 use pyo3::prelude::*;
 
-use crate::cpu_ops::{array, err, slice};
+use crate::cpu_ops::{array, new_f32, slice};
 use crate::errors::invalid_argument;
 
 fn code_format(py: Python<'_>, name: &str) -> PyResult<CodeFormat> {
@@ -78,24 +78,6 @@ fn operands<'py>(
     Ok((x, codes, scales, offsets, t, k))
 }
 
-/// A new fp32 `[t, n]` array filled by `kernel(out)` with the GIL released.
-fn run<'py>(
-    py: Python<'py>,
-    t: usize,
-    n: usize,
-    kernel: impl FnOnce(&mut [f32]) -> cpu::Result<()> + Send,
-) -> PyResult<Bound<'py, PyAny>> {
-    let out = PyArrayDyn::<f32>::zeros(py, &[t, n][..], false);
-    {
-        let mut out_rw = out.readwrite();
-        let out_s = out_rw
-            .as_slice_mut()
-            .map_err(|e| invalid_argument(py, format!("output: {e}")))?;
-        py.detach(|| kernel(out_s)).map_err(|e| err(py, e))?;
-    }
-    Ok(out.into_any())
-}
-
 /// `x [t, k] @ W [k, n]` with block-quantized weights in the kernel's panels: codes as bytes
 /// `[ceil(n / 16), k, row]` (`code_format` "i8": 16 int8 codes per row; "u4" / "i4": 16 unsigned /
 /// signed 4-bit codes packed two per byte, row = 8) and fp32 scales and offsets
@@ -128,7 +110,7 @@ fn cpu_matmul_blocks<'py>(
         block,
     };
     let xs = slice(&x);
-    run(py, t, n, |out| cpu::matmul_blocks(xs, w, t, out))
+    new_f32(py, &[t, n], |out| cpu::matmul_blocks(xs, w, t, out))
 }
 
 /// `x [t, k] @ W [k, n]` with each row's activations quantized to 8 bits per block of `block`
@@ -173,7 +155,7 @@ fn cpu_matmul_dot<'py>(
         block,
     };
     let xs = slice(&x);
-    run(py, t, n, |out| cpu::matmul_dot(xs, w, t, out))
+    new_f32(py, &[t, n], |out| cpu::matmul_dot(xs, w, t, out))
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
