@@ -84,35 +84,72 @@ pub struct BlockWeights<'a> {
 impl BlockWeights<'_> {
     /// Every length and the block size checked, before any work.
     fn check(&self) -> Result<()> {
-        let (k, n, block) = (self.in_features, self.out_features, self.block);
+        let (k, block) = (self.in_features, self.block);
         if block == 0 || k % block != 0 {
             return Err(CpuError::Shape(format!(
                 "block weights: block {block} must be positive and divide in_features {k}"
             )));
         }
-        let cols = n.div_ceil(PANEL_COLS).checked_mul(PANEL_COLS);
-        let want_codes = n
-            .div_ceil(PANEL_COLS)
-            .checked_mul(self.format.row_bytes())
-            .and_then(|c| c.checked_mul(k));
-        let want_scales = cols.map(|c| c * (k / block));
-        if want_codes != Some(self.codes.len())
-            || want_scales != Some(self.scales.len())
-            || want_scales != Some(self.offsets.len())
-        {
-            return Err(CpuError::Shape(format!(
-                "block weights [k={k}, n={n}] in blocks of {block}: codes have {}, scales {}, \
-                 offsets {} elements; the panels need {:?}, {:?}, {:?}",
-                self.codes.len(),
-                self.scales.len(),
-                self.offsets.len(),
-                want_codes,
-                want_scales,
-                want_scales
-            )));
-        }
-        Ok(())
+        check_panel_lengths(
+            "block weights",
+            [self.codes.len(), self.scales.len(), self.offsets.len()],
+            self.format,
+            k,
+            self.out_features,
+            block,
+        )
     }
+}
+
+/// The lengths of `[codes, scales, offsets]` against `k x n` weights in blocks of `block` (which
+/// divides `k`): `k * format.row_bytes()` code bytes and `k / block * 16` scales and offsets per
+/// panel of 16 columns. Both kernels' layouts hold the same number of bytes (the dot layout's
+/// groups of 4 or 8 inputs are 64 bytes), so both check here.
+pub(crate) fn check_panel_lengths(
+    name: &str,
+    lengths: [usize; 3],
+    format: CodeFormat,
+    k: usize,
+    n: usize,
+    block: usize,
+) -> Result<()> {
+    let panels = n.div_ceil(PANEL_COLS);
+    let want_codes = panels
+        .checked_mul(format.row_bytes())
+        .and_then(|c| c.checked_mul(k));
+    let want_scales = panels
+        .checked_mul(k / block)
+        .and_then(|b| b.checked_mul(PANEL_COLS));
+    let [codes, scales, offsets] = lengths;
+    if want_codes != Some(codes) || want_scales != Some(scales) || want_scales != Some(offsets) {
+        return Err(CpuError::Shape(format!(
+            "{name} [k={k}, n={n}] in blocks of {block}: codes have {codes}, scales {scales}, \
+             offsets {offsets} elements; the panels need {want_codes:?}, {want_scales:?}, \
+             {want_scales:?}"
+        )));
+    }
+    Ok(())
+}
+
+/// Row-major `[n, nb]` scales and offsets (the file's order) as `[panels, nb, 16]`, columns past
+/// `n` zero: the layout both kernels read.
+pub(crate) fn panel_scales(
+    scales: &[f32],
+    offsets: &[f32],
+    n: usize,
+    nb: usize,
+) -> (Vec<f32>, Vec<f32>) {
+    let panels = n.div_ceil(PANEL_COLS);
+    let mut ps = vec![0.0f32; panels * nb * PANEL_COLS];
+    let mut po = vec![0.0f32; panels * nb * PANEL_COLS];
+    for r in 0..n {
+        let (p, c) = (r / PANEL_COLS, r % PANEL_COLS);
+        for b in 0..nb {
+            ps[(p * nb + b) * PANEL_COLS + c] = scales[r * nb + b];
+            po[(p * nb + b) * PANEL_COLS + c] = offsets[r * nb + b];
+        }
+    }
+    (ps, po)
 }
 
 /// `out[t, n] = x[t, k] @ w` (`x`, `out` row-major). Lengths are checked first: a mismatch is a
@@ -494,10 +531,8 @@ pub fn to_panels(
     block: usize,
     format: CodeFormat,
 ) -> (Vec<u8>, Vec<f32>, Vec<f32>) {
-    let (panels, nb, row) = (n.div_ceil(PANEL_COLS), k / block, format.row_bytes());
+    let (panels, row) = (n.div_ceil(PANEL_COLS), format.row_bytes());
     let mut pc = vec![0u8; panels * k * row];
-    let mut ps = vec![0.0f32; panels * nb * PANEL_COLS];
-    let mut po = vec![0.0f32; panels * nb * PANEL_COLS];
     for r in 0..n {
         let (p, c) = (r / PANEL_COLS, r % PANEL_COLS);
         for i in 0..k {
@@ -511,11 +546,8 @@ pub fn to_panels(
                 }
             }
         }
-        for b in 0..nb {
-            ps[(p * nb + b) * PANEL_COLS + c] = scales[r * nb + b];
-            po[(p * nb + b) * PANEL_COLS + c] = offsets[r * nb + b];
-        }
     }
+    let (ps, po) = panel_scales(scales, offsets, n, k / block);
     (pc, ps, po)
 }
 

@@ -13,12 +13,13 @@
 //! `sum_i e_i * w_i` for the rounding errors `e_i` (at most `dx / 2`). The exact fp32 sum of `x`
 //! in the offset term would look more accurate and is not: the error would become
 //! `sum_i e_i * scale * code_i`, and the codes are not centred (Q4_1's run 0..15 around an offset
-//! near `-8 * scale`), which measured twice the error on SmolLM2's layers. One rounding of each
+//! near `-8 * scale`), which measured twice the error on three of SmolLM2's matrices (random
+//! activations with outlier channels). One rounding of each
 //! activation to 8 bits buys 4x the multiply-adds per instruction (`vpdpbusd`,
 //! `dot_vnni`; `vpmaddubsw` on AVX2, `dot_avx2`). Results do not depend on the batch, the tile a row
-//! lands in, the thread count or the instruction set: the portable path here and the AVX-512 VNNI
-//! path compute the same integers and the same fp32 operations in the same order, so they agree
-//! bit for bit (tested).
+//! lands in, the thread count or the instruction set: the portable path here, the AVX2 and the
+//! AVX-512 VNNI tiles compute the same integers and the same fp32 operations in the same order,
+//! so they agree bit for bit (tested).
 //!
 //! Layout ([`to_dot_panels`]): panels of 16 output columns, as `block_matmul`; inside a panel, 64
 //! bytes per group of inputs, byte `4 * c + j` for column `c`: one unsigned byte per code for
@@ -27,7 +28,9 @@
 //! [`CodeFormat::I4`]). The bias makes every code unsigned, as `vpdpbusd` wants its first operand;
 //! each block subtracts `bias * sum(a)` back (exact). Scales and offsets: `[panels, k / block, 16]`.
 
-use crate::block_matmul::{has_work, panel_tasks, CodeFormat, PANEL_COLS, ROW_CHUNK};
+use crate::block_matmul::{
+    check_panel_lengths, has_work, panel_scales, panel_tasks, CodeFormat, PANEL_COLS, ROW_CHUNK,
+};
 use crate::error::{CpuError, Result};
 
 /// Bytes of one group of codes: 16 columns x 4 inputs (one 512-bit register).
@@ -80,7 +83,7 @@ pub struct DotWeights<'a> {
 impl DotWeights<'_> {
     /// Every length and the block size checked, before any work.
     fn check(&self) -> Result<()> {
-        let (k, n, block) = (self.in_features, self.out_features, self.block);
+        let (k, block) = (self.in_features, self.block);
         let group = self.format.dot_group_inputs();
         if block == 0 || block % group != 0 || block > MAX_BLOCK || k % block != 0 {
             return Err(CpuError::Shape(format!(
@@ -89,27 +92,14 @@ impl DotWeights<'_> {
                 self.format
             )));
         }
-        let panels = n.div_ceil(PANEL_COLS);
-        let want_codes = panels
-            .checked_mul(k / group)
-            .and_then(|g| g.checked_mul(GROUP_BYTES));
-        let want_scales = panels
-            .checked_mul(k / block)
-            .and_then(|b| b.checked_mul(PANEL_COLS));
-        if want_codes != Some(self.codes.len())
-            || want_scales != Some(self.scales.len())
-            || want_scales != Some(self.offsets.len())
-        {
-            return Err(CpuError::Shape(format!(
-                "dot weights [k={k}, n={n}] in blocks of {block}: codes have {}, scales {}, \
-                 offsets {} elements; the panels need {want_codes:?}, {want_scales:?}, \
-                 {want_scales:?}",
-                self.codes.len(),
-                self.scales.len(),
-                self.offsets.len(),
-            )));
-        }
-        Ok(())
+        check_panel_lengths(
+            "dot weights",
+            [self.codes.len(), self.scales.len(), self.offsets.len()],
+            self.format,
+            k,
+            self.out_features,
+            block,
+        )
     }
 }
 
@@ -145,19 +135,27 @@ impl Isa {
         Isa::Portable
     }
 
+    /// Whether this CPU runs the tile.
+    pub fn runs_here(self) -> bool {
+        match self {
+            Isa::Portable => true,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => crate::dot_avx2::available(),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Vnni => crate::dot_vnni::available(),
+        }
+    }
+
     /// Every tile this CPU can run (the tests compare them).
     pub fn all_available() -> Vec<Self> {
-        let mut isas = vec![Isa::Portable];
-        #[cfg(target_arch = "x86_64")]
-        {
-            if crate::dot_avx2::available() {
-                isas.push(Isa::Avx2);
-            }
-            if crate::dot_vnni::available() {
-                isas.push(Isa::Vnni);
-            }
-        }
-        isas
+        let every = [
+            Isa::Portable,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Vnni,
+        ];
+        every.into_iter().filter(|isa| isa.runs_here()).collect()
     }
 }
 
@@ -170,7 +168,7 @@ pub fn matmul_dot_with(
     out: &mut [f32],
     isa: Isa,
 ) -> Result<()> {
-    if !Isa::all_available().contains(&isa) {
+    if !isa.runs_here() {
         return Err(CpuError::Argument(format!(
             "this CPU cannot run the {isa:?} tile"
         )));
@@ -368,13 +366,11 @@ pub fn to_dot_panels(
     block: usize,
     format: CodeFormat,
 ) -> (Vec<u8>, Vec<f32>, Vec<f32>) {
-    let (panels, nb) = (n.div_ceil(PANEL_COLS), k / block);
+    let panels = n.div_ceil(PANEL_COLS);
     let group = format.dot_group_inputs();
     let panel_bytes = k / group * GROUP_BYTES;
     let bias = format.dot_bias();
     let mut pc = vec![0u8; panels * panel_bytes];
-    let mut ps = vec![0.0f32; panels * nb * PANEL_COLS];
-    let mut po = vec![0.0f32; panels * nb * PANEL_COLS];
     for p in 0..panels {
         // Padding columns hold the biased zero code, so their sums are exactly 0 like the rest.
         for i in 0..k {
@@ -395,13 +391,7 @@ pub fn to_dot_panels(
             }
         }
     }
-    for r in 0..n {
-        let (p, c) = (r / PANEL_COLS, r % PANEL_COLS);
-        for b in 0..nb {
-            ps[(p * nb + b) * PANEL_COLS + c] = scales[r * nb + b];
-            po[(p * nb + b) * PANEL_COLS + c] = offsets[r * nb + b];
-        }
-    }
+    let (ps, po) = panel_scales(scales, offsets, n, k / block);
     (pc, ps, po)
 }
 
