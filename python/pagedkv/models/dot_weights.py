@@ -44,7 +44,7 @@ class DotWeights:
         n, k = codes.codes.shape
         fmt = code_format(codes.codes)
         group = GROUP_INPUTS[fmt]
-        if not self.fits(codes):
+        if codes.block % group or codes.block > MAX_BLOCK:  # ``fits``, on the format found here
             raise InvalidArgumentError(
                 f"the int8 kernel needs blocks that are a multiple of {group} and at most {MAX_BLOCK} "
                 f"for {fmt!r} codes, got {codes.block}"

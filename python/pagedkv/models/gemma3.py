@@ -27,7 +27,7 @@ import numpy as np
 from pagedkv.models.gemma3_config import Gemma3Config
 from pagedkv.models.gemma3_file import Gemma3File
 from pagedkv.models.llama import limit_blas_threads
-from pagedkv.models.projection import WEIGHT_DTYPES, ProjectionBuilder, default_weight_dtype
+from pagedkv.models.projection import ProjectionBuilder, weight_mode
 
 __all__ = ["Gemma3Model", "WindowedKvAttention", "gelu_tanh", "rms_norm", "rotary_half"]
 
@@ -70,9 +70,7 @@ class Gemma3Model:
     def __init__(self, weights: Gemma3File, weight_dtype: str | None = None) -> None:
         self.config: Gemma3Config = weights.config
         self.weights = weights
-        self.weight_dtype = default_weight_dtype() if weight_dtype is None else weight_dtype
-        if self.weight_dtype not in WEIGHT_DTYPES:
-            raise ValueError(f"weight_dtype must be one of {WEIGHT_DTYPES}, got {self.weight_dtype!r}")
+        self.weight_dtype = weight_mode(weight_dtype, "weight_dtype")
         c = self.config
         limit_blas_threads()
         proj = ProjectionBuilder(self.weight_dtype, weights.path, weights.block_codes)

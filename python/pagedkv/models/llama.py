@@ -17,12 +17,13 @@ three attention projections and the two MLP input projections are fused into one
 (``[q | k | v]`` and ``[gate | up]``): one BLAS call per group instead of three and two, which at
 decode batch sizes is what bounds the step (docs/cpu_data_plane.md).
 
-Weight precision (``weights=``, else ``PAGEDKV_WEIGHTS``, else ``quantized``): see
-``projection`` (the file's 8-bit block codes through the Rust kernel by default, bit-identical
-weights; ``fp32`` for NumPy's BLAS, the reference; ``bf16``). Norms, rotary embedding, the
-embedding lookup and all activations are fp32 in every mode.
+Weight precision (``weights=``, else ``PAGEDKV_WEIGHTS``, else ``int8``): see ``projection``
+(by default the file's block codes times activations quantized to 8 bits per block, in integer
+dot products; ``quantized`` keeps the exact weights in fp32 arithmetic; ``fp32`` for NumPy's
+BLAS, the reference; ``bf16``). Norms, rotary embedding, the embedding lookup and all
+activations outside the projections are fp32 in every mode.
 
-Elementwise work: in the ``quantized`` mode the norms (each fused with the residual add before
+Elementwise work: in the ``int8`` and ``quantized`` modes the norms (each fused with the residual add before
 it), the rotary embedding and the SiLU gate run as fused Rust ops (``_core.cpu_rms_norm``,
 ``cpu_add_rms_norm``, ``cpu_rope_interleaved``, ``cpu_silu_mul``: one pass per op instead of ~40
 NumPy calls and their temporaries per layer); rope is bit-identical to ``rotary_interleaved``, the
@@ -40,7 +41,7 @@ import numpy as np
 from pagedkv import _core
 from pagedkv.models.config import LlamaConfig
 from pagedkv.models.gguf_file import GgufModel
-from pagedkv.models.projection import WEIGHT_DTYPES, ProjectionBuilder, default_weight_dtype
+from pagedkv.models.projection import WEIGHT_DTYPES, ProjectionBuilder, default_weight_dtype, weight_mode
 
 __all__ = [
     "WEIGHT_DTYPES",
@@ -107,9 +108,7 @@ class LlamaModel:
     def __init__(self, gguf: GgufModel, weights: str | None = None) -> None:
         self.config: LlamaConfig = gguf.config
         self.weights = gguf
-        self.weight_dtype = default_weight_dtype() if weights is None else weights
-        if self.weight_dtype not in WEIGHT_DTYPES:
-            raise ValueError(f"weights must be one of {WEIGHT_DTYPES}, got {self.weight_dtype!r}")
+        self.weight_dtype = weight_mode(weights, "weights")
         c = self.config
         limit_blas_threads()
         proj = ProjectionBuilder(self.weight_dtype, gguf.path, gguf.block_codes)

@@ -48,6 +48,7 @@ __all__ = [
     "default_weight_dtype",
     "file_block_codes",
     "fused",
+    "weight_mode",
 ]
 
 WEIGHT_DTYPES = ("int8", "quantized", "bf16", "fp32")
@@ -57,9 +58,16 @@ BF16_MAX_TOKENS = int(os.environ.get("PAGEDKV_BF16_MAX_TOKENS", "0")) or sys.max
 
 def default_weight_dtype() -> str:
     """``PAGEDKV_WEIGHTS`` (int8 | quantized | bf16 | fp32) when set, else int8."""
-    choice = os.environ.get("PAGEDKV_WEIGHTS", "") or "int8"
+    return weight_mode(None, "weights")
+
+
+def weight_mode(choice: str | None, argument: str) -> str:
+    """``choice`` when it is one of ``WEIGHT_DTYPES``, else ``PAGEDKV_WEIGHTS`` or int8 when it is
+    None; any other value is a ``ValueError`` naming ``argument`` (the models' keyword)."""
+    if choice is None:
+        choice, argument = os.environ.get("PAGEDKV_WEIGHTS", "") or "int8", "PAGEDKV_WEIGHTS"
     if choice not in WEIGHT_DTYPES:
-        raise ValueError(f"PAGEDKV_WEIGHTS must be one of {WEIGHT_DTYPES}, got {choice!r}")
+        raise ValueError(f"{argument} must be one of {WEIGHT_DTYPES}, got {choice!r}")
     return choice
 
 
