@@ -20,50 +20,89 @@ fn best<F: FnMut()>(mut f: F, reps: usize) -> f64 {
         .fold(f64::INFINITY, f64::min)
 }
 
+/// A decode problem: `batch` sequences of `ctx` tokens, `nq` query / `nkv` KV heads of 64, blocks
+/// of 16 scattered over the cache by a permutation.
+struct Problem<T> {
+    shape: CacheShape,
+    k: Vec<T>,
+    v: Vec<T>,
+    q: Vec<T>,
+    table: Vec<i32>,
+    per_seq: usize,
+    lens: Vec<i32>,
+    params: AttentionParams,
+}
+
+impl<T: KvElem + Default> Problem<T> {
+    fn new(batch: usize, ctx: usize, nq: usize, nkv: usize, from: fn(f32) -> T) -> Self {
+        let (hd, bs) = (64usize, 16usize);
+        let per_seq = ctx.div_ceil(bs);
+        let shape = CacheShape {
+            num_blocks: batch * per_seq,
+            block_size: bs,
+            num_kv_heads: nkv,
+            head_dim: hd,
+        };
+        let n = shape.elems().unwrap();
+        let table: Vec<i32> = (0..batch * per_seq)
+            .map(|i| ((i * 40503) % (batch * per_seq)) as i32)
+            .collect();
+        Problem {
+            shape,
+            k: (0..n)
+                .map(|i| from(((i * 7919) % 1000) as f32 / 1000.0 - 0.5))
+                .collect(),
+            v: (0..n)
+                .map(|i| from(((i * 104729) % 1000) as f32 / 1000.0 - 0.5))
+                .collect(),
+            q: (0..batch * nq * hd)
+                .map(|i| from((i % 13) as f32 / 13.0))
+                .collect(),
+            table,
+            per_seq,
+            lens: vec![ctx as i32; batch],
+            params: AttentionParams {
+                num_q_heads: nq,
+                scale: 0.125,
+                causal: true,
+                window: None,
+            },
+        }
+    }
+
+    /// Best seconds of one `paged_decode` call over `reps`.
+    fn time_decode(&self, reps: usize) -> f64 {
+        let mut out = vec![T::default(); self.q.len()];
+        let tables = BlockTables::padded(&self.table, self.lens.len(), self.per_seq).unwrap();
+        best(
+            || {
+                paged_decode(
+                    &self.q,
+                    &self.k,
+                    &self.v,
+                    self.shape,
+                    &tables,
+                    &self.lens,
+                    self.params,
+                    &mut out,
+                )
+                .unwrap();
+                black_box(&out);
+            },
+            reps,
+        )
+    }
+}
+
 fn run<T: KvElem + Default>(name: &str, from: fn(f32) -> T, reps: usize, ctx: usize) {
-    let (batch, nq, nkv, hd, bs) = (32usize, 8usize, 2usize, 64usize, 16usize);
-    let per_seq = ctx / bs;
-    let shape = CacheShape {
-        num_blocks: batch * per_seq,
-        block_size: bs,
-        num_kv_heads: nkv,
-        head_dim: hd,
-    };
-    let n = shape.elems().unwrap();
-    let k: Vec<T> = (0..n)
-        .map(|i| from(((i * 7919) % 1000) as f32 / 1000.0 - 0.5))
-        .collect();
-    let v: Vec<T> = (0..n)
-        .map(|i| from(((i * 104729) % 1000) as f32 / 1000.0 - 0.5))
-        .collect();
-    let q: Vec<T> = (0..batch * nq * hd)
-        .map(|i| from((i % 13) as f32 / 13.0))
-        .collect();
-    // A scattered permutation of the blocks.
-    let table: Vec<i32> = (0..batch * per_seq)
-        .map(|i| ((i * 40503) % (batch * per_seq)) as i32)
-        .collect();
-    let tables = BlockTables::padded(&table, batch, per_seq).unwrap();
-    let lens = vec![ctx as i32; batch];
-    let params = AttentionParams {
-        num_q_heads: nq,
-        scale: 0.125,
-        causal: true,
-        window: None,
-    };
-    let mut out = vec![T::default(); q.len()];
-    let attn = best(
-        || {
-            paged_decode(&q, &k, &v, shape, &tables, &lens, params, &mut out).unwrap();
-            black_box(&out);
-        },
-        reps,
-    );
+    let p = Problem::new(32, ctx, 8, 2, from);
+    let attn = p.time_decode(reps);
+    let n = p.k.len();
     let (mut dk, mut dv) = (vec![T::default(); n], vec![T::default(); n]);
     let copy = best(
         || {
-            dk.copy_from_slice(black_box(&k));
-            dv.copy_from_slice(black_box(&v));
+            dk.copy_from_slice(black_box(&p.k));
+            dv.copy_from_slice(black_box(&p.v));
             black_box((&dk, &dv));
         },
         reps,
@@ -79,45 +118,10 @@ fn run<T: KvElem + Default>(name: &str, from: fn(f32) -> T, reps: usize, ctx: us
     );
 }
 
-/// Scattered K/V cache and tables for `batch` sequences of `ctx` tokens (SmolLM2 shapes).
+/// Decode over `batch` sequences of `ctx` tokens at SmolLM2's shapes (9 query / 3 KV heads), fp32.
 fn smol(batch: usize, ctx: usize, reps: usize) -> f64 {
-    let (nq, nkv, hd, bs) = (9usize, 3usize, 64usize, 16usize);
-    let per_seq = ctx.div_ceil(bs);
-    let shape = CacheShape {
-        num_blocks: batch * per_seq,
-        block_size: bs,
-        num_kv_heads: nkv,
-        head_dim: hd,
-    };
-    let n = shape.elems().unwrap();
-    let k: Vec<f32> = (0..n)
-        .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
-        .collect();
-    let v: Vec<f32> = (0..n)
-        .map(|i| ((i * 104729) % 1000) as f32 / 1000.0 - 0.5)
-        .collect();
-    let q: Vec<f32> = (0..batch * nq * hd)
-        .map(|i| (i % 13) as f32 / 13.0)
-        .collect();
-    let table: Vec<i32> = (0..batch * per_seq)
-        .map(|i| ((i * 40503) % (batch * per_seq)) as i32)
-        .collect();
-    let tables = BlockTables::padded(&table, batch, per_seq).unwrap();
-    let lens = vec![ctx as i32; batch];
-    let params = AttentionParams {
-        num_q_heads: nq,
-        scale: 0.125,
-        causal: true,
-        window: None,
-    };
-    let mut out = vec![0.0f32; q.len()];
-    let t = best(
-        || {
-            paged_decode(&q, &k, &v, shape, &tables, &lens, params, &mut out).unwrap();
-            black_box(&out);
-        },
-        reps,
-    );
+    let nkv = 3;
+    let t = Problem::new(batch, ctx, 9, nkv, |x| x).time_decode(reps);
     let per_key = t * 1e9 / (batch * nkv * ctx) as f64;
     println!(
         "smollm2 fp32 batch {batch:>2} x context {ctx:>4}: {:>9.1} us per call, {per_key:>6.1} ns per (sequence, KV head, key)",

@@ -62,10 +62,10 @@ fn case() -> impl Strategy<Value = Case> {
         })
 }
 
-/// Contexts long enough that the kernel's score buffer (`SCORE_BUF`) splits a task's keys into
-/// several chunks (prefill tiles of up to 16 rows x 8 heads: one to a few blocks per chunk;
-/// decode rows of 8 heads past 1024 keys), with windows that cut blocks and leave some rows of a
-/// tile nothing to see in a chunk, and sharper softmaxes.
+/// Contexts long enough that the kernel's softmax chunks (`KEY_CHUNK`: 256 keys at absolute
+/// positions, for prefill tiles and decode rows alike) split a task's keys into several chunks,
+/// with windows that cut blocks and leave some rows of a tile nothing to see in a chunk, and
+/// sharper softmaxes.
 fn long_case() -> impl Strategy<Value = Case> {
     (
         prop::sample::select(vec![1usize, 4, 16]),
