@@ -184,10 +184,12 @@ def test_cli_generate_streams_and_refuses_a_bad_model_path(smollm, capsys, tmp_p
 def test_deferred_admission_leaves_no_stale_block_trusted(smollm, budget):
     """Wrong tokens with prefix caching: A and B share 2 prompt blocks; B was admitted
     while A was still prefilling them, and trusted K/V that were never written (or a previous
-    owner's): [73, 49, 30, 824] instead of the [58, 53, 50, 58] it generated alone (in the
-    ``quantized`` weight mode of the time; [58, 50, 30, 198] in today's default ``int8``). On the
-    computed-watermark contract B's hit covers only scheduled chunks; with a budget of 5, B is
-    admitted in the very pass that computes A's last chunk and hits it (same-pass hit)."""
+    owner's): [73, 49, 30, 824] instead of the [58, 53, 50, 58] it generated alone. This prompt
+    is a near-tie, so the pin follows the arithmetic: [58, 53, 50, 58] today (int8 weights, the
+    CPU attention's 16-lane scores; also what fp32 weights on the NumPy reference give), [58, 50,
+    30, 198] under the 8-lane scores before. On the computed-watermark contract B's hit covers
+    only scheduled chunks; with a budget of 5, B is admitted in the very pass that computes A's
+    last chunk and hits it (same-pass hit)."""
     from pagedkv.engine import LLM, SamplingParams
 
     sp = SamplingParams(max_tokens=4)
@@ -199,5 +201,5 @@ def test_deferred_admission_leaves_no_stale_block_trusted(smollm, budget):
     llm.last_engine.kv.check_invariants()
     assert together[2].outputs[0].token_ids and llm.last_engine.stats.prefix_hit_tokens == 8
     alone = LLM(smollm, num_blocks=64, block_size=4).generate([b], sp)[0]
-    assert alone.outputs[0].token_ids == [58, 50, 30, 198]
+    assert alone.outputs[0].token_ids == [58, 53, 50, 58]
     assert together[2].outputs[0].token_ids == alone.outputs[0].token_ids

@@ -1,24 +1,26 @@
 //! Paged decode and prefill attention over `[num_blocks, block_size, num_kv_heads, head_dim]`
-//! caches, one softmax pass per (sequence, KV head, tile of query rows): two-pass within each
-//! chunk of [`KEY_CHUNK`] keys (every score, one maximum, one vectorised `exp` pass), online
-//! (one rescale) across chunks.
+//! caches, one softmax pass per (sequence, tile of query rows, KV head or all KV heads): two-pass
+//! within each chunk of [`KEY_CHUNK`] keys (every score, one maximum, one vectorised `exp` pass),
+//! online (one rescale) across chunks.
 //!
 //! A task reads each of its keys and values once per chunk and serves every query of the tile and
-//! every query head of its KV head's group (GQA) from it, so K/V traffic is one pass per KV head
-//! per tile. Within a chunk, the scores of all the task's queries come first (`dot4`: four keys
-//! per pass), then one max per query, one rescale of its accumulator, one vectorised `exp` pass,
-//! and the value pass (`add_scaled4`).
+//! every query head of its KV heads' groups (GQA) from it, so K/V traffic is one pass per tile.
+//! With enough tiles to fill the threads a task takes every KV head, so it reads a block's token
+//! rows whole, in address order. Within a chunk, the scores of all the task's queries come first
+//! (`Simd::dot4_rows`: four keys per pass, on AVX-512 with intrinsics), then one max per query,
+//! one rescale of its accumulator, one vectorised `exp` pass, and the value pass (`add_scaled4`).
 //! Keys a query must not see are skipped, never multiplied by zero, so NaN or garbage in a slot
 //! outside a query's range cannot leak in; slots past `seq_len` and blocks wholly before a
 //! window are never read at all.
 
 use rayon::prelude::*;
 
+use crate::attention_simd::{dot, Simd};
 use crate::elem::KvElem;
 use crate::error::{CpuError, Result};
 use crate::exp::{exp, exp_shifted_in_place};
 use crate::layout::{BlockTables, CacheShape};
-use crate::vector::{add_scaled, add_scaled4, dot, dot4, max, sum};
+use crate::vector::{add_scaled, max, sum};
 
 /// Query rows per task in prefill: enough tasks for 2+ cores on one long prompt, and each K/V
 /// row read once per tile instead of once per query.
@@ -35,6 +37,9 @@ const PARALLEL_MIN_PAIRS: usize = 1 << 14;
 /// 256 keys: the exp and sum passes run long vectors, a task's scores stay in L1/L2
 /// (`tile rows x group x 256` floats), and the per-chunk rescale is amortised.
 pub const KEY_CHUNK: usize = 256;
+
+/// Tasks take every KV head of their rows when there are at least this many row tiles per thread.
+const WHOLE_ROW_TASKS_PER_THREAD: usize = 2;
 
 /// A parallel unit of work runs consecutive tasks until it has at least this many (query head x
 /// key) pairs (one task at long contexts, several short decode rows otherwise).
@@ -65,11 +70,12 @@ struct SeqRows {
     zero_row: bool,
 }
 
-/// One unit of parallel work.
+/// One unit of parallel work: query rows `r0..r1` of sequence `seq`, against KV heads `h0..h1`.
 #[derive(Debug, Clone, Copy)]
 struct Task {
     seq: usize,
-    kv_head: usize,
+    h0: usize,
+    h1: usize,
     r0: usize,
     r1: usize,
 }
@@ -82,6 +88,7 @@ struct Ctx<'a, T> {
     tables: &'a BlockTables<'a>,
     params: AttentionParams,
     group: usize,
+    simd: Simd,
 }
 
 fn check_params(p: &AttentionParams, cache: &CacheShape) -> Result<usize> {
@@ -288,15 +295,31 @@ fn run<T: KvElem>(
             &mut out[r.q0 * row_elems..(r.q0 + 1) * row_elems],
         );
     }
+    // A task takes every KV head of its rows when there are tiles enough to keep every thread
+    // busy: it then reads each cache block's token rows whole (one contiguous run per block),
+    // where one task per KV head reads every other run of `head_dim` elements and another task
+    // the rest, later (measured 9.3-9.9 against 12.6 GB/s for the reads alone, 2 threads,
+    // docs/cpu_data_plane.md). With few tiles (batch-1 decode), one task per KV head.
+    let tiles: usize = rows
+        .iter()
+        .map(|r| r.q_len.div_ceil(PREFILL_TILE_ROWS))
+        .sum();
+    let heads_per_task = if tiles >= WHOLE_ROW_TASKS_PER_THREAD * rayon::current_num_threads() {
+        cache.num_kv_heads
+    } else {
+        1
+    };
     let mut tasks = Vec::new();
     for (seq, r) in rows.iter().enumerate() {
-        for kv_head in 0..cache.num_kv_heads {
+        for h0 in (0..cache.num_kv_heads).step_by(heads_per_task) {
+            let h1 = (h0 + heads_per_task).min(cache.num_kv_heads);
             let mut r0 = 0;
             while r0 < r.q_len {
                 let r1 = (r0 + PREFILL_TILE_ROWS).min(r.q_len);
                 tasks.push(Task {
                     seq,
-                    kv_head,
+                    h0,
+                    h1,
                     r0,
                     r1,
                 });
@@ -311,7 +334,7 @@ fn run<T: KvElem>(
     let (mut start, mut work) = (0, 0usize);
     for (i, t) in tasks.iter().enumerate() {
         let r = &rows[t.seq];
-        work += (t.r1 - t.r0) * r.seq_len * group;
+        work += (t.r1 - t.r0) * r.seq_len * group * (t.h1 - t.h0);
         if work >= RUN_MIN_PAIRS || i + 1 == tasks.len() {
             runs.push(start..i + 1);
             (start, work) = (i + 1, 0);
@@ -325,6 +348,7 @@ fn run<T: KvElem>(
         tables,
         params,
         group,
+        simd: Simd::detect(),
     };
     let work = |run: &std::ops::Range<usize>| {
         let mut scratch = Scratch::default();
@@ -339,18 +363,20 @@ fn run<T: KvElem>(
     } else {
         runs.par_iter().map(work).collect()
     };
-    let hd = cache.head_dim;
-    let tile = group * hd;
-    let mut res = results.iter().flat_map(|r| r.chunks_exact(tile));
+    let head_elems = group * cache.head_dim;
+    // Each task appended its rows in order, runs in task order.
+    let res = results.concat();
+    let mut at = 0;
     for t in &tasks {
         let r = &rows[t.seq];
+        let tile = (t.h1 - t.h0) * head_elems;
         for row in t.r0..t.r1 {
-            let token = r.q0 + row;
-            let base = token * row_elems + t.kv_head * tile;
-            let src = res.next().ok_or_else(|| {
+            let base = (r.q0 + row) * row_elems + t.h0 * head_elems;
+            let src = res.get(at..at + tile).ok_or_else(|| {
                 CpuError::Shape("attention produced fewer rows than its tasks".into())
             })?;
             T::narrow(src, &mut out[base..base + tile]);
+            at += tile;
         }
     }
     Ok(())
@@ -367,6 +393,8 @@ struct Scratch {
     s: Vec<f32>,
     kv: [Vec<f32>; 4],
     widen: Vec<f32>,
+    /// One KV head's group of queries times four keys (`Simd::dot4_rows`, `add_scaled4_rows`).
+    d: Vec<[f32; 4]>,
 }
 
 /// Resizes `v` to `n` elements, all `x`.
@@ -375,13 +403,15 @@ fn fill(v: &mut Vec<f32>, n: usize, x: f32) {
     v.resize(n, x);
 }
 
-/// The attention of one tile of one sequence's query rows, for one KV head's group of query
-/// heads, appended to `out`: `[(r1 - r0) * group, head_dim]` fp32, rows in (query row, head) order.
+/// The attention of one tile of one sequence's query rows, for KV heads `h0..h1` and their
+/// query heads, appended to `out`: `[(r1 - r0) * (h1 - h0) * group, head_dim]` fp32, rows in
+/// (query row, query head) order.
 ///
 /// Keys go in chunks of [`KEY_CHUNK`] (absolute positions); within a chunk the softmax is
 /// two-pass (every score, one maximum, one vectorised `exp` pass, then the values), across chunks
-/// online (one rescale of the accumulators per chunk). Keys are scored and values accumulated four at a
-/// time (`dot4`, `add_scaled4`: each K/V row loaded once per chunk for the whole group and tile).
+/// online (one rescale of the accumulators per chunk). Keys are scored and values accumulated four
+/// at a time, a token's rows of every KV head of the task one after another (`Simd::dot4_rows`,
+/// `add_scaled4`: each K/V row loaded once per chunk for every query that reads it).
 ///
 /// Compiled several times (multiversion: AVX-512, AVX2+FMA, and the x86-64 baseline) and
 /// dispatched once per call on the CPU's features; the inlined loops are vectorised at each width.
@@ -406,7 +436,9 @@ fn attend_tile<T: KvElem>(
     let p = &ctx.params;
     let group = ctx.group;
     let nrows = t.r1 - t.r0;
-    let nq = nrows * group;
+    // Query heads per row in this task, and queries (row x query head) in all.
+    let hg = (t.h1 - t.h0) * group;
+    let nq = nrows * hg;
     let first_pos = rows.seq_len - rows.q_len;
     // Visible key range [lo, hi) of each query row of the tile.
     sc.bounds.clear();
@@ -420,16 +452,16 @@ fn attend_tile<T: KvElem>(
     let klo = bounds.iter().map(|b| b.0).min().unwrap_or(0);
     let khi = bounds.iter().map(|b| b.1).max().unwrap_or(0);
 
-    // Queries of the tile in fp32 (scale applies to the dot).
+    // Queries of the tile in fp32 (scale applies to the dot): query j = i * hg + (h - h0) * group
+    // + g is row i's query head h * group + g, so one KV head's queries of a row are contiguous.
     sc.q.clear();
     sc.widen.resize(hd, 0.0);
     let qrow = p.num_q_heads * hd;
     for r in t.r0..t.r1 {
-        let base = (rows.q0 + r) * qrow + t.kv_head * group * hd;
-        let src = &ctx.q[base..base + group * hd];
-        for g in 0..group {
-            let row = T::widen(&src[g * hd..(g + 1) * hd], &mut sc.widen);
-            sc.q.extend_from_slice(row);
+        let base = (rows.q0 + r) * qrow + t.h0 * group * hd;
+        let src = &ctx.q[base..base + hg * hd];
+        for row in src.chunks_exact(hd) {
+            sc.q.extend_from_slice(T::widen(row, &mut sc.widen));
         }
     }
     fill(&mut sc.acc, nq * hd, 0.0);
@@ -439,15 +471,25 @@ fn attend_tile<T: KvElem>(
     if sc.s.len() < nq * chunk {
         sc.s.resize(nq * chunk, 0.0);
     }
+    sc.d.resize(group, [0.0; 4]);
     for buf in sc.kv.iter_mut() {
         buf.resize(hd, 0.0);
     }
-    let (qb, acc, m, l, s) = (&sc.q, &mut sc.acc, &mut sc.m, &mut sc.l, &mut sc.s);
+    let (qb, acc, m, l, s, d) = (
+        &sc.q,
+        &mut sc.acc,
+        &mut sc.m,
+        &mut sc.l,
+        &mut sc.s,
+        &mut sc.d,
+    );
     let [kb0, kb1, kb2, kb3] = &mut sc.kv;
     let token_elems = nkv * hd;
-    let row_of = |blk: usize, tok: usize| {
-        (ctx.tables.block(t.seq, blk) * bs + tok - blk * bs) * token_elems + t.kv_head * hd
-    };
+    let block_elems = bs * token_elems;
+    // Where logical block `blk`'s rows start in a cache (one table look-up per block and pass).
+    let block_at = |blk: usize| ctx.tables.block(t.seq, blk) * block_elems;
+    // Where the row of token `b` (its offset in the block) and KV head `h` starts in the block.
+    let row_at = |b: usize, h: usize| b * token_elems + h * hd;
     let mut cs = klo / chunk * chunk;
     while khi > klo && cs < khi {
         // This chunk's keys [c0, c1) and blocks [cb, ce); scores at s[j * chunk + tok - cs].
@@ -458,42 +500,57 @@ fn attend_tile<T: KvElem>(
         for blk in cb..ce {
             let t0 = (blk * bs).max(c0);
             let t1 = ((blk + 1) * bs).min(c1);
+            let kblk = &ctx.k[block_at(blk)..][..block_elems];
             let mut tok = t0;
             while tok + 4 <= t1 {
-                let k4 = [
-                    T::widen(&ctx.k[row_of(blk, tok)..][..hd], kb0),
-                    T::widen(&ctx.k[row_of(blk, tok + 1)..][..hd], kb1),
-                    T::widen(&ctx.k[row_of(blk, tok + 2)..][..hd], kb2),
-                    T::widen(&ctx.k[row_of(blk, tok + 3)..][..hd], kb3),
-                ];
-                for (i, &(lo, hi)) in bounds.iter().enumerate() {
-                    for g in 0..group {
-                        let j = i * group + g;
-                        let d = dot4(&qb[j * hd..(j + 1) * hd], k4);
-                        let dst = &mut s[j * chunk + tok - cs..][..4];
-                        for (e, (o, x)) in dst.iter_mut().zip(d).enumerate() {
-                            let visible = tok + e >= lo && tok + e < hi;
-                            *o = if visible {
-                                x * p.scale
-                            } else {
-                                f32::NEG_INFINITY
-                            };
+                let b = tok - blk * bs;
+                for h in t.h0..t.h1 {
+                    let k4 = [
+                        T::widen(&kblk[row_at(b, h)..][..hd], kb0),
+                        T::widen(&kblk[row_at(b + 1, h)..][..hd], kb1),
+                        T::widen(&kblk[row_at(b + 2, h)..][..hd], kb2),
+                        T::widen(&kblk[row_at(b + 3, h)..][..hd], kb3),
+                    ];
+                    let hq = (h - t.h0) * group;
+                    for (i, &(lo, hi)) in bounds.iter().enumerate() {
+                        let j0 = i * hg + hq;
+                        ctx.simd.dot4_rows(&qb[j0 * hd..(j0 + group) * hd], k4, d);
+                        let all = tok >= lo && tok + 4 <= hi;
+                        for (g, dg) in d.iter().enumerate() {
+                            let dst = &mut s[(j0 + g) * chunk + tok - cs..][..4];
+                            if all {
+                                for (o, x) in dst.iter_mut().zip(dg) {
+                                    *o = x * p.scale;
+                                }
+                                continue;
+                            }
+                            for (e, (o, x)) in dst.iter_mut().zip(dg).enumerate() {
+                                let visible = tok + e >= lo && tok + e < hi;
+                                *o = if visible {
+                                    x * p.scale
+                                } else {
+                                    f32::NEG_INFINITY
+                                };
+                            }
                         }
                     }
                 }
                 tok += 4;
             }
             while tok < t1 {
-                let key = T::widen(&ctx.k[row_of(blk, tok)..][..hd], kb0);
-                for (i, &(lo, hi)) in bounds.iter().enumerate() {
-                    let visible = tok >= lo && tok < hi;
-                    for g in 0..group {
-                        let j = i * group + g;
-                        s[j * chunk + tok - cs] = if visible {
-                            dot(&qb[j * hd..(j + 1) * hd], key) * p.scale
-                        } else {
-                            f32::NEG_INFINITY
-                        };
+                for h in t.h0..t.h1 {
+                    let key = T::widen(&kblk[row_at(tok - blk * bs, h)..][..hd], kb0);
+                    let hq = (h - t.h0) * group;
+                    for (i, &(lo, hi)) in bounds.iter().enumerate() {
+                        let visible = tok >= lo && tok < hi;
+                        for g in 0..group {
+                            let j = i * hg + hq + g;
+                            s[j * chunk + tok - cs] = if visible {
+                                dot(&qb[j * hd..(j + 1) * hd], key) * p.scale
+                            } else {
+                                f32::NEG_INFINITY
+                            };
+                        }
                     }
                 }
                 tok += 1;
@@ -502,7 +559,7 @@ fn attend_tile<T: KvElem>(
         // Softmax over the chunk: new maxima, rescaled accumulators, probabilities in place.
         for j in 0..nq {
             // Only the row's own visible keys of the chunk: a function of the row, not the tile.
-            let (lo, hi) = bounds[j / group];
+            let (lo, hi) = bounds[j / hg];
             let (r0, r1) = (lo.max(c0), hi.min(c1));
             if r0 >= r1 {
                 continue;
@@ -528,23 +585,33 @@ fn attend_tile<T: KvElem>(
         for blk in cb..ce {
             let t0 = (blk * bs).max(c0);
             let t1 = ((blk + 1) * bs).min(c1);
+            let vblk = &ctx.v[block_at(blk)..][..block_elems];
             let mut tok = t0;
             while tok + 4 <= t1 {
-                let v4 = [
-                    T::widen(&ctx.v[row_of(blk, tok)..][..hd], kb0),
-                    T::widen(&ctx.v[row_of(blk, tok + 1)..][..hd], kb1),
-                    T::widen(&ctx.v[row_of(blk, tok + 2)..][..hd], kb2),
-                    T::widen(&ctx.v[row_of(blk, tok + 3)..][..hd], kb3),
-                ];
-                for (i, &(lo, hi)) in bounds.iter().enumerate() {
-                    let all = tok >= lo && tok + 4 <= hi;
-                    for g in 0..group {
-                        let j = i * group + g;
-                        let pj = &s[j * chunk + tok - cs..][..4];
-                        let aj = &mut acc[j * hd..(j + 1) * hd];
-                        if all {
-                            add_scaled4(aj, [pj[0], pj[1], pj[2], pj[3]], v4);
-                        } else {
+                let b = tok - blk * bs;
+                for h in t.h0..t.h1 {
+                    let v4 = [
+                        T::widen(&vblk[row_at(b, h)..][..hd], kb0),
+                        T::widen(&vblk[row_at(b + 1, h)..][..hd], kb1),
+                        T::widen(&vblk[row_at(b + 2, h)..][..hd], kb2),
+                        T::widen(&vblk[row_at(b + 3, h)..][..hd], kb3),
+                    ];
+                    let hq = (h - t.h0) * group;
+                    for (i, &(lo, hi)) in bounds.iter().enumerate() {
+                        let j0 = i * hg + hq;
+                        if tok >= lo && tok + 4 <= hi {
+                            // The row sees all four keys: its group's rows in one call.
+                            for (g, dg) in d.iter_mut().enumerate() {
+                                let pj = &s[(j0 + g) * chunk + tok - cs..][..4];
+                                *dg = [pj[0], pj[1], pj[2], pj[3]];
+                            }
+                            let rows = &mut acc[j0 * hd..(j0 + group) * hd];
+                            ctx.simd.add_scaled4_rows(rows, d, v4);
+                            continue;
+                        }
+                        for j in j0..j0 + group {
+                            let pj = &s[j * chunk + tok - cs..][..4];
+                            let aj = &mut acc[j * hd..(j + 1) * hd];
                             for e in 0..4 {
                                 if tok + e >= lo && tok + e < hi {
                                     add_scaled(aj, pj[e], v4[e]);
@@ -556,18 +623,20 @@ fn attend_tile<T: KvElem>(
                 tok += 4;
             }
             while tok < t1 {
-                let value = T::widen(&ctx.v[row_of(blk, tok)..][..hd], kb0);
-                for (i, &(lo, hi)) in bounds.iter().enumerate() {
-                    if tok < lo || tok >= hi {
-                        continue;
-                    }
-                    for g in 0..group {
-                        let j = i * group + g;
-                        add_scaled(
-                            &mut acc[j * hd..(j + 1) * hd],
-                            s[j * chunk + tok - cs],
-                            value,
-                        );
+                for h in t.h0..t.h1 {
+                    let value = T::widen(&vblk[row_at(tok - blk * bs, h)..][..hd], kb0);
+                    let hq = (h - t.h0) * group;
+                    for (i, &(lo, hi)) in bounds.iter().enumerate() {
+                        if tok < lo || tok >= hi {
+                            continue;
+                        }
+                        for j in i * hg + hq..i * hg + hq + group {
+                            add_scaled(
+                                &mut acc[j * hd..(j + 1) * hd],
+                                s[j * chunk + tok - cs],
+                                value,
+                            );
+                        }
                     }
                 }
                 tok += 1;

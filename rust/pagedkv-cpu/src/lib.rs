@@ -5,13 +5,18 @@
 //! fp32, fp16 and bf16 caches; arithmetic in fp32. Every index a call uses (block-table entries,
 //! slots, copy and swap block ids) is checked before anything is read or written: a bad argument
 //! is a [`CpuError`], never a panic or an out-of-bounds access. `unsafe` is denied everywhere but
-//! `dot_vnni` and `dot_avx2` (SIMD intrinsics: vector loads and stores on fixed-size arrays, and a
-//! call made after the run-time feature check).
+//! `dot_vnni`, `dot_avx2`, `attention_avx2` and `attention_avx512` (SIMD intrinsics: vector loads and stores on
+//! fixed-size arrays, and a call made after the run-time feature check).
 //! docs/cpu_data_plane.md describes the design and its measurements.
 
 #![deny(unsafe_code)]
 
 pub mod attention;
+#[cfg(target_arch = "x86_64")]
+mod attention_avx2;
+#[cfg(target_arch = "x86_64")]
+mod attention_avx512;
+mod attention_simd;
 pub mod block_matmul;
 pub mod cache_ops;
 #[cfg(target_arch = "x86_64")]

@@ -1,6 +1,8 @@
-//! The two inner loops of attention, written so that LLVM vectorises them without `unsafe`:
-//! fp32 addition is not associative, so a plain `sum()` stays scalar; these loops keep `LANES`
-//! independent partial sums which the compiler maps onto vector registers. docs/cpu_data_plane.md shows the checked assembly.
+//! Row loops of attention's softmax and value pass and of the RMS norm, written so that LLVM
+//! vectorises them without `unsafe`: fp32 addition is not associative, so a plain `sum()` stays
+//! scalar; these loops keep `LANES` independent partial sums which the compiler maps onto vector
+//! registers. docs/cpu_data_plane.md shows the checked assembly. (Attention's q.k products have
+//! their own arithmetic and SIMD paths: `attention_simd`.)
 
 /// Independent partial sums in `dot`: one AVX register, two SSE registers.
 pub const LANES: usize = 8;
@@ -30,7 +32,7 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// The fixed pairwise reduction of `LANES` partial sums plus a tail (results do not depend on
-/// threads, and `dot4` gives bit for bit what four `dot` calls give).
+/// threads).
 #[inline(always)]
 fn reduce(acc: [f32; LANES], tail: f32) -> f32 {
     let s4 = [
@@ -41,16 +43,6 @@ fn reduce(acc: [f32; LANES], tail: f32) -> f32 {
     ];
     let s2 = [s4[0] + s4[2], s4[1] + s4[3]];
     s2[0] + s2[1] + tail
-}
-
-/// `[dot(q, k[0]), .., dot(q, k[3])]`: four independent dependency chains that the CPU overlaps
-/// (a single `dot` is one chain of `len / LANES` vector adds). Written as four `dot` calls, not
-/// one loop over four accumulators, which LLVM's SLP vectoriser transposed into 128-bit shuffles
-/// and stack spills (perf annotate).
-// Always inlined: a call would run the baseline build, not the caller's multiversioned one.
-#[inline(always)]
-pub fn dot4(q: &[f32], k: [&[f32]; 4]) -> [f32; 4] {
-    [dot(q, k[0]), dot(q, k[1]), dot(q, k[2]), dot(q, k[3])]
 }
 
 /// `acc += p[0] * v[0] + .. + p[3] * v[3]`, added left to right, so bit for bit four
@@ -136,14 +128,12 @@ mod tests {
     }
 
     #[test]
-    fn dot4_and_add_scaled4_are_bit_for_bit_the_single_row_loops() {
+    fn add_scaled4_is_bit_for_bit_the_single_row_loop() {
         for n in [0usize, 1, 7, 8, 9, 33, 64, 70] {
             let row = |s: f32| -> Vec<f32> { (0..n).map(|i| (i as f32 * s).sin() * 3.0).collect() };
             let q = row(0.37);
             let ks = [row(0.11), row(0.5), row(1.3), row(-0.7)];
             let k = [&ks[0][..], &ks[1][..], &ks[2][..], &ks[3][..]];
-            let want = k.map(|r| dot(&q, r).to_bits());
-            assert_eq!(dot4(&q, k).map(f32::to_bits), want, "n={n}");
             let p = [0.3f32, -1.7, 2.5e-3, 11.0];
             let (mut a, mut b) = (row(0.9), row(0.9));
             add_scaled4(&mut a, p, k);

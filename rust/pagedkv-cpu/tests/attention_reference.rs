@@ -359,7 +359,8 @@ fn out_of_range_and_negative_entries_are_typed_errors() {
 /// Every prefill row, bit for bit, equals the same query run as a decode row (alone and beside
 /// another sequence) over the same prefix: a row's result does not depend on its tile, its
 /// position in the tile, the window's start for the tile's first row, or the batch (the engine's
-/// greedy output relies on it under chunked prefill, preemption and batching).
+/// greedy output relies on it under chunked prefill, preemption and batching), nor on whether its
+/// task took one KV head or all of them (rayon pools of 1 and 8 threads choose either layout).
 fn rows_match_decode(
     bs: usize,
     group: usize,
@@ -393,20 +394,40 @@ fn rows_match_decode(
         causal: true,
         window,
     };
-    let mut out = vec![0.0f32; q.len()];
+    // One thread: a task takes every KV head once there are 2 row tiles (q_len > 16) or 2
+    // decode rows; 8 threads: one head per task for every call here.
+    let pool = |threads| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap()
+    };
+    let (whole_rows, per_head) = (pool(1), pool(8));
     let qsl = [0, q_len as i32];
-    paged_prefill(
-        &q,
-        &kc,
-        &vc,
-        shape,
-        &tables,
-        &[seq_len as i32],
-        &qsl,
-        params,
-        &mut out,
-    )
-    .unwrap();
+    let prefill = |out: &mut [f32]| {
+        paged_prefill(
+            &q,
+            &kc,
+            &vc,
+            shape,
+            &tables,
+            &[seq_len as i32],
+            &qsl,
+            params,
+            out,
+        )
+        .unwrap()
+    };
+    let mut out = vec![0.0f32; q.len()];
+    per_head.install(|| prefill(&mut out));
+    let mut out_whole = vec![0.0f32; q.len()];
+    whole_rows.install(|| prefill(&mut out_whole));
+    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    assert_eq!(
+        bits(&out_whole),
+        bits(&out),
+        "prefill: tasks over all KV heads differ from tasks per KV head"
+    );
     let row = nqh * hd;
     let mut pair = table.clone();
     pair.extend(std::iter::once(0).chain(std::iter::repeat_n(-1, nblk - 1)));
@@ -420,18 +441,20 @@ fn rows_match_decode(
         q2.extend_from_slice(qr);
         let mut two = vec![0.0f32; 2 * row];
         let other = bs.min(5) as i32;
-        paged_decode(
-            &q2,
-            &kc,
-            &vc,
-            shape,
-            &pair_tables,
-            &[len, other],
-            params,
-            &mut two,
-        )
-        .unwrap();
-        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        whole_rows
+            .install(|| {
+                paged_decode(
+                    &q2,
+                    &kc,
+                    &vc,
+                    shape,
+                    &pair_tables,
+                    &[len, other],
+                    params,
+                    &mut two,
+                )
+            })
+            .unwrap();
         let want = bits(&out[r * row..(r + 1) * row]);
         assert_eq!(
             bits(&one),
