@@ -487,7 +487,7 @@ fn attend_tile<T: KvElem>(
         &mut sc.s,
         &mut sc.d,
     );
-    let [kb0, kb1, kb2, kb3] = &mut sc.kv;
+    let bufs = &mut sc.kv;
     let token_elems = nkv * hd;
     let block_elems = bs * token_elems;
     // Where logical block `blk`'s rows start in a cache (one table look-up per block and pass).
@@ -519,12 +519,7 @@ fn attend_tile<T: KvElem>(
             while tok + 4 <= t1 {
                 let b = tok - blk * bs;
                 for h in t.h0..t.h1 {
-                    let k4 = [
-                        T::widen(&kblk[row_at(b, h)..][..hd], kb0),
-                        T::widen(&kblk[row_at(b + 1, h)..][..hd], kb1),
-                        T::widen(&kblk[row_at(b + 2, h)..][..hd], kb2),
-                        T::widen(&kblk[row_at(b + 3, h)..][..hd], kb3),
-                    ];
+                    let k4 = widen4(kblk, row_at(b, h), token_elems, hd, bufs);
                     let hq = (h - t.h0) * group;
                     for (i, &(lo, hi)) in bounds.iter().enumerate() {
                         let j0 = i * hg + hq;
@@ -553,7 +548,7 @@ fn attend_tile<T: KvElem>(
             }
             while tok < t1 {
                 for h in t.h0..t.h1 {
-                    let key = T::widen(&kblk[row_at(tok - blk * bs, h)..][..hd], kb0);
+                    let key = T::widen(&kblk[row_at(tok - blk * bs, h)..][..hd], &mut bufs[0]);
                     let hq = (h - t.h0) * group;
                     for (i, &(lo, hi)) in bounds.iter().enumerate() {
                         let visible = tok >= lo && tok < hi;
@@ -604,12 +599,7 @@ fn attend_tile<T: KvElem>(
             while tok + 4 <= t1 {
                 let b = tok - blk * bs;
                 for h in t.h0..t.h1 {
-                    let v4 = [
-                        T::widen(&vblk[row_at(b, h)..][..hd], kb0),
-                        T::widen(&vblk[row_at(b + 1, h)..][..hd], kb1),
-                        T::widen(&vblk[row_at(b + 2, h)..][..hd], kb2),
-                        T::widen(&vblk[row_at(b + 3, h)..][..hd], kb3),
-                    ];
+                    let v4 = widen4(vblk, row_at(b, h), token_elems, hd, bufs);
                     let hq = (h - t.h0) * group;
                     for (i, &(lo, hi)) in bounds.iter().enumerate() {
                         let j0 = i * hg + hq;
@@ -638,7 +628,7 @@ fn attend_tile<T: KvElem>(
             }
             while tok < t1 {
                 for h in t.h0..t.h1 {
-                    let value = T::widen(&vblk[row_at(tok - blk * bs, h)..][..hd], kb0);
+                    let value = T::widen(&vblk[row_at(tok - blk * bs, h)..][..hd], &mut bufs[0]);
                     let hq = (h - t.h0) * group;
                     for (i, &(lo, hi)) in bounds.iter().enumerate() {
                         if tok < lo || tok >= hi {
@@ -667,6 +657,25 @@ fn attend_tile<T: KvElem>(
     // The touched values feed nothing; kept alive so that their loads stay.
     std::hint::black_box(touched);
     out.extend_from_slice(acc);
+}
+
+/// Four consecutive tokens' rows of one KV head in fp32: `len` elements from `at`, `at + stride`,
+/// `at + 2 stride`, `at + 3 stride` of a block's rows (fp32 rows are returned in place).
+#[inline(always)]
+fn widen4<'a, T: KvElem>(
+    rows: &'a [T],
+    at: usize,
+    stride: usize,
+    len: usize,
+    bufs: &'a mut [Vec<f32>; 4],
+) -> [&'a [f32]; 4] {
+    let [b0, b1, b2, b3] = bufs;
+    [
+        T::widen(&rows[at..][..len], b0),
+        T::widen(&rows[at + stride..][..len], b1),
+        T::widen(&rows[at + 2 * stride..][..len], b2),
+        T::widen(&rows[at + 3 * stride..][..len], b3),
+    ]
 }
 
 /// Reads block `blk`'s K and V rows of the task's KV heads for its keys in `[klo, khi)`
