@@ -684,6 +684,7 @@ fn widen4<'a, T: KvElem>(
 /// Never inlined: inside the AVX2 and AVX-512 builds of `attend_tile` LLVM turned the strided
 /// loads into `vpgatherdd` gathers, which measured no gain; compiled on its own it keeps one
 /// scalar load per line.
+#[inline(never)]
 fn touch_block<T: KvElem>(ctx: &Ctx<'_, T>, t: &Task, blk: usize, klo: usize, khi: usize) -> u32 {
     let CacheShape {
         block_size: bs,

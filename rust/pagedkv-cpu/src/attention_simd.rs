@@ -59,7 +59,8 @@ pub fn dot(q: &[f32], k: &[f32]) -> f32 {
     reduce(acc)
 }
 
-/// Which [`dot4`] runs: the plain loop or an intrinsic path the CPU has, all with the same bits.
+/// Which implementation of the two inner loops runs: the plain loops or an intrinsic path the CPU
+/// has, all with the same bits.
 #[derive(Debug, Clone, Copy)]
 pub enum Simd {
     /// The plain loop, vectorised by the caller's multiversioned build.
@@ -181,12 +182,12 @@ mod tests {
             let k = [&ks[0][..], &ks[1][..], &ks[2][..], &ks[3][..]];
             let want = k.map(|r| dot(&q, r).to_bits());
             assert_eq!(dot4(&q, k).map(f32::to_bits), want, "n={n}");
-            for scorer in Simd::available() {
+            for simd in Simd::available() {
                 let mut out = [[0.0f32; 4]; 3];
                 let qs = [q.clone(), q.clone(), q.clone()].concat();
-                scorer.dot4_rows(&qs, k, &mut out);
+                simd.dot4_rows(&qs, k, &mut out);
                 for o in out {
-                    assert_eq!(o.map(f32::to_bits), want, "{scorer:?} n={n}");
+                    assert_eq!(o.map(f32::to_bits), want, "{simd:?} n={n}");
                 }
             }
         }
@@ -220,6 +221,38 @@ mod tests {
                 let bits = |x: &[f32]| x.iter().map(|y| y.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&got), bits(&want), "{simd:?} n={n}");
             }
+            // Infinities, NaN, extremes and subnormals in the values and the accumulators.
+            if n == 0 {
+                continue;
+            }
+            let specials = [
+                f32::INFINITY,
+                f32::NEG_INFINITY,
+                f32::NAN,
+                f32::MAX,
+                1e-45,
+                -0.0,
+            ];
+            for (i, &x) in specials.iter().enumerate() {
+                let mut vs = vs.clone();
+                vs[i % 4][(i * 5) % n] = x;
+                let v = [&vs[0][..], &vs[1][..], &vs[2][..], &vs[3][..]];
+                let mut start = start.clone();
+                let at = (i * 11) % start.len();
+                start[at] = -x;
+                let mut want = start.clone();
+                for (a, pj) in want.chunks_exact_mut(n).zip(&p) {
+                    add_scaled4(a, *pj, v);
+                }
+                for simd in Simd::available() {
+                    let mut got = start.clone();
+                    simd.add_scaled4_rows(&mut got, &p, v);
+                    for (g, w) in got.iter().zip(&want) {
+                        let ok = g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan());
+                        assert!(ok, "{simd:?} n={n} x={x}: {g} vs {w}");
+                    }
+                }
+            }
         }
     }
 
@@ -244,10 +277,10 @@ mod tests {
                 k[(i * 3) % n] = -x;
                 let ks = [&k[..], &q[..], &k[..], &q[..]];
                 let want = ks.map(|r| dot(&q, r));
-                for scorer in Simd::available() {
+                for simd in Simd::available() {
                     let mut out = [[0.0f32; 4]; 1];
-                    scorer.dot4_rows(&q, ks, &mut out);
-                    assert!(same(out[0], want), "{scorer:?} n={n} x={x}");
+                    simd.dot4_rows(&q, ks, &mut out);
+                    assert!(same(out[0], want), "{simd:?} n={n} x={x}");
                 }
             }
         }
