@@ -368,19 +368,20 @@ fn run<T: KvElem>(
         runs.par_iter().map(work).collect()
     };
     let head_elems = group * cache.head_dim;
-    // Each task appended its rows in order, runs in task order.
-    let res = results.concat();
-    let mut at = 0;
-    for t in &tasks {
-        let r = &rows[t.seq];
-        let tile = (t.h1 - t.h0) * head_elems;
-        for row in t.r0..t.r1 {
-            let base = (r.q0 + row) * row_elems + t.h0 * head_elems;
-            let src = res.get(at..at + tile).ok_or_else(|| {
-                CpuError::Shape("attention produced fewer rows than its tasks".into())
-            })?;
-            T::narrow(src, &mut out[base..base + tile]);
-            at += tile;
+    // Each run's result holds its tasks' rows, in task order.
+    for (run, res) in runs.iter().zip(&results) {
+        let mut at = 0;
+        for t in &tasks[run.clone()] {
+            let r = &rows[t.seq];
+            let tile = (t.h1 - t.h0) * head_elems;
+            for row in t.r0..t.r1 {
+                let base = (r.q0 + row) * row_elems + t.h0 * head_elems;
+                let src = res.get(at..at + tile).ok_or_else(|| {
+                    CpuError::Shape("attention produced fewer rows than its tasks".into())
+                })?;
+                T::narrow(src, &mut out[base..base + tile]);
+                at += tile;
+            }
         }
     }
     Ok(())
