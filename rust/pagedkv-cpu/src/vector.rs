@@ -95,15 +95,6 @@ pub fn sum(a: &[f32]) -> f32 {
     reduce(acc, tail)
 }
 
-/// `acc = acc * scale + p * v`, elementwise over equal-length rows.
-#[inline]
-pub fn scale_add(acc: &mut [f32], scale: f32, p: f32, v: &[f32]) {
-    debug_assert_eq!(acc.len(), v.len());
-    for (a, x) in acc.iter_mut().zip(v) {
-        *a = *a * scale + p * x;
-    }
-}
-
 /// `acc += p * v`, elementwise over equal-length rows.
 #[inline]
 pub fn add_scaled(acc: &mut [f32], p: f32, v: &[f32]) {
@@ -165,10 +156,8 @@ mod tests {
     }
 
     #[test]
-    fn scale_add_and_add_scaled() {
-        let mut acc = vec![1.0f32, 2.0, 3.0];
-        scale_add(&mut acc, 0.5, 2.0, &[1.0, 1.0, 1.0]);
-        assert_eq!(acc, vec![2.5, 3.0, 3.5]);
+    fn add_scaled_adds_p_times_v() {
+        let mut acc = vec![2.5f32, 3.0, 3.5];
         add_scaled(&mut acc, -1.0, &[0.5, 0.0, 0.5]);
         assert_eq!(acc, vec![2.0, 3.0, 3.0]);
     }
