@@ -2,7 +2,8 @@
 # Installs pagedkv with its test extras into a dedicated venv (.venv-test, rebuilt each run; your
 # own .venv is left alone) and runs every gate and test: formatting and lints (cargo fmt, clippy,
 # ruff), types (mypy), the Rust workspace (cargo test), the Dynamo interop proof (its own cargo
-# workspace, scripts/interop.sh) and the Python suite (pytest) against the installed wheel. Prints the runtime of each stage and the total.
+# workspace, scripts/interop.sh), the Python suite (pytest) against the installed wheel, and the
+# vLLM stage (scripts/vllm/stage.sh: the tests that need vLLM 0.33 itself). Prints the runtime of each stage and the total.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=.venv-test
@@ -54,5 +55,10 @@ scripts/interop.sh
 
 stage "pytest"
 python -m pytest -q
+
+stage "vLLM (differentials against vLLM 0.33's manager and scheduler; vLLM's own scheduler tests)"
+# The tests that need vLLM itself run in a vLLM venv cached outside the clone (built once per
+# machine by scripts/vllm/env.sh), against the pagedkv installed above.
+bash scripts/vllm/stage.sh
 stage "done"
 echo "scripts/test.sh passed in $((SECONDS - start_s)) s"

@@ -9,7 +9,7 @@ two managers hand out different physical copies of the same content (vLLM the ol
 pagedkv the newest: explained in the results file); the hits up to there were compared.
 
 Needs vLLM 0.33's block manager importable (the peer venv, benches/README.md); skipped
-otherwise, which is the case in CI (vLLM and torch are not test dependencies). The results of
+otherwise; the test command runs it in its vLLM stage (scripts/vllm/stage.sh). The results of
 the full run are in benches/results/2026-12-03-vllm-differential.md.
 """
 
@@ -51,7 +51,8 @@ def test_script_imports_without_vllm() -> None:
 
 @pytest.mark.skipif(
     not _vllm_available(),
-    reason="vLLM 0.33's KVCacheManager (and torch) not importable: run in the peer venv",
+    reason="vLLM 0.33's KVCacheManager (and torch) not importable: "
+    "runs in the vLLM stage (scripts/vllm/stage.sh)",
 )
 @pytest.mark.parametrize("config", ["small-pool", "tiny-pool", "block16", "incremental"])
 def test_hits_and_blocks_in_use_equal_vllm(config: str) -> None:
