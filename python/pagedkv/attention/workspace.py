@@ -1,4 +1,4 @@
-"""DecodeWorkspace: decode steps with every buffer allocated once, launchable under a CUDA graph.
+"""DecodeWorkspace: decode steps with every buffer allocated once, built for CUDA graph capture.
 
 Why: ``paged_attention(backend="cuda")`` allocates its output and split buffers per call and,
 given CuPy tables, validates them on the device (device-to-host syncs). An engine's decode step
