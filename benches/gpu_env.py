@@ -8,17 +8,18 @@ line printed says what is missing, in one line): NumPy, pytest and hypothesis, p
 from this checkout's ``python/`` (not some installed copy), and -- unless --dry-run -- a CUDA
 driver, CuPy seeing a device, and libnvrtc compiling a kernel for that device's architecture.
 Reported, not required: the prebuilt extension ``pagedkv._core`` (no kernel stage needs it:
-pagedkv loads it on first use), pytest-xdist (the tests run in parallel with it), PyTorch with
-CUDA and its flash SDPA backend (the dense baselines), FlashInfer, and compute-sanitizer (the
-memcheck stage). ``arch`` (e.g. ``sm_90``) is what the precompile stage compiles for, ``gpu`` the
-device's peaks from benches/gpu_specs.py (None where the table does not list it: the benchmarks
-then measure them).
+pagedkv loads it on first use), and the installed versions of pytest-xdist (the tests run in
+parallel with it), PyTorch (the baselines; not imported here: the benchmarks say what it can do)
+and FlashInfer, and compute-sanitizer (the memcheck stage). ``arch`` (e.g. ``sm_90``) is what
+the precompile stage compiles for, ``gpu`` the device's peaks from benches/gpu_specs.py (None
+where the table does not list it: the benchmarks then measure them).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import json
 import os
 import platform
@@ -39,6 +40,15 @@ def _version(module: str) -> str | None:
     try:
         return str(getattr(importlib.import_module(module), "__version__", "present"))
     except Exception:  # ImportError, or a broken install raising anything at import
+        return None
+
+
+def _installed(distribution: str) -> str | None:
+    """An optional package's installed version, without importing it (importing PyTorch takes
+    seconds on a cold machine; the benchmarks that use it report what it can do)."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
         return None
 
 
@@ -92,8 +102,12 @@ def check(dry_run: bool) -> tuple[dict[str, Any], list[str]]:
         facts[module] = _version(module)
         if facts[module] is None:
             problems.append(f"{module} is not importable")
-    for module in ("xdist", "flashinfer"):
-        facts[module] = _version(module)
+    for key, distribution in (
+        ("xdist", "pytest-xdist"),
+        ("flashinfer", "flashinfer-python"),
+        ("torch", "torch"),
+    ):
+        facts[key] = _installed(distribution)
     try:
         import pagedkv
 
@@ -146,14 +160,6 @@ def check(dry_run: bool) -> tuple[dict[str, Any], list[str]]:
             problems.append(
                 f"NVRTC for {facts['arch']}: {type(error).__name__}: {str(error).splitlines()[0]}"
             )
-    try:
-        import torch
-
-        facts["torch"] = torch.__version__
-        facts["torch_cuda"] = bool(torch.cuda.is_available())
-        facts["torch_flash_sdpa"] = bool(torch.backends.cuda.is_flash_attention_available())
-    except Exception:
-        facts.setdefault("torch", None)
     facts["compute_sanitizer"] = find_sanitizer()
     return facts, problems
 

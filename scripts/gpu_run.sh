@@ -15,10 +15,10 @@
 # comes: Python runs unbuffered). The stages' own files live in a scratch folder outside DIR.
 #
 # Stages (limit in seconds):
-#   setup 20       benches/gpu_env.py: driver, CuPy + device, NVRTC compiling for its sm_XY, pytest,
+#   setup 30       benches/gpu_env.py: driver, CuPy + device, NVRTC compiling for its sm_XY, pytest,
 #                  the GPU's peaks (benches/gpu_specs.py); fails fast: one line, later stages skipped
-#   precompile 60  every kernel instance into the cubin cache, in parallel (pagedkv.kernels.precompile)
-#   probes 40      the mma/ldmatrix/cp.async layout probes (tests/kernels/test_gpu_mma.py) first:
+#   precompile 55  every kernel instance into the cubin cache, in parallel (pagedkv.kernels.precompile)
+#   probes 35      the mma/ldmatrix/cp.async layout probes (tests/kernels/test_gpu_mma.py) first:
 #                  if a fragment layout is wrong, everything after is explained by it
 #   gpu-tests 90   the other gpu tests (test_gpu.py, test_gpu_prefill.py), with xdist if present
 #   sanitizer 50   compute-sanitizer memcheck over benches/gpu_sanitize.py (small decode + prefill
@@ -130,9 +130,9 @@ skip() {
 }
 
 if [ "$DRY_RUN" = 1 ]; then
-    stage setup 20 "dry run: GPU pieces optional" "$PY" benches/gpu_env.py --dry-run --out "$WORK/setup.json"
+    stage setup 30 "dry run: GPU pieces optional" "$PY" benches/gpu_env.py --dry-run --out "$WORK/setup.json"
 else
-    stage setup 20 "" "$PY" benches/gpu_env.py --out "$WORK/setup.json"
+    stage setup 30 "" "$PY" benches/gpu_env.py --out "$WORK/setup.json"
 fi
 if [ "$STAGE_RC" != 0 ]; then
     # Fail fast: without a driver, CuPy or NVRTC every later stage would fail the same way.
@@ -142,8 +142,8 @@ else
     ARCH=$("$PY" -c "import json, sys; print(json.load(open(sys.argv[1]))['arch'])" "$WORK/setup.json" 2>/dev/null || echo sm_90)
     SANITIZER=$("$PY" -c "import json, sys; print(json.load(open(sys.argv[1]))['compute_sanitizer'] or '')" "$WORK/setup.json" 2>/dev/null || true)
     if [ "$DRY_RUN" = 1 ]; then
-        stage precompile 60 "dry run: lists the instances" "$PY" -m pagedkv.kernels.precompile --dry-run --jobs "$JOBS"
-        stage probes 40 "dry run: collected, not run" "${PYTEST[@]}" --collect-only -m gpu \
+        stage precompile 55 "dry run: lists the instances" "$PY" -m pagedkv.kernels.precompile --dry-run --jobs "$JOBS"
+        stage probes 35 "dry run: collected, not run" "${PYTEST[@]}" --collect-only -m gpu \
             tests/kernels/test_gpu_mma.py --junitxml="$WORK/probes.xml"
         stage gpu-tests 90 "dry run: collected, not run" "${PYTEST[@]}" --collect-only -m gpu \
             tests/kernels/test_gpu.py tests/kernels/test_gpu_prefill.py --junitxml="$WORK/gpu-tests.xml"
@@ -154,10 +154,10 @@ else
         stage prefill 65 "dry run: accounting, correctness on NumPy" "$PY" benches/gpu_prefill.py \
             --dry-run --budget-s 45 --backend numpy --out "$WORK/prefill.json"
     else
-        stage precompile 60 "$ARCH, $JOBS threads" "$PY" -m pagedkv.kernels.precompile --arch "$ARCH" --jobs "$JOBS"
+        stage precompile 55 "$ARCH, $JOBS threads" "$PY" -m pagedkv.kernels.precompile --arch "$ARCH" --jobs "$JOBS"
         XDIST=()
         "$PY" -c "import xdist" 2>/dev/null && XDIST=(-n 4)
-        stage probes 40 "" "${PYTEST[@]}" -m gpu tests/kernels/test_gpu_mma.py --junitxml="$WORK/probes.xml"
+        stage probes 35 "" "${PYTEST[@]}" -m gpu tests/kernels/test_gpu_mma.py --junitxml="$WORK/probes.xml"
         stage gpu-tests 90 "${XDIST[*]}" "${PYTEST[@]}" -m gpu "${XDIST[@]}" tests/kernels/test_gpu.py \
             tests/kernels/test_gpu_prefill.py --junitxml="$WORK/gpu-tests.xml"
         if [ -n "$SANITIZER" ]; then

@@ -9,7 +9,7 @@ a machine with an older C library. The names and objects are the same either way
 the first use of one of its names raises ImportError with the loader's reason.
 """
 
-from typing import TYPE_CHECKING, Any
+import typing as _typing
 
 from pagedkv.errors import (
     DoubleFreeError,
@@ -24,7 +24,7 @@ from pagedkv.errors import (
 )
 from pagedkv.event_types import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 
-if TYPE_CHECKING:  # what type checkers see; at run time __getattr__ below supplies these names
+if _typing.TYPE_CHECKING:  # what type checkers see; at run time __getattr__ below supplies these names
     from pagedkv._core import (
         BlockHandle,
         BlockPool,
@@ -61,7 +61,7 @@ _CORE_NAMES = frozenset(
 )
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _typing.Any:
     if name not in _CORE_NAMES:
         raise AttributeError(f"module 'pagedkv' has no attribute {name!r}")
     try:
