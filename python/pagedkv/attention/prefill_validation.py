@@ -113,6 +113,8 @@ def _check_tensors(q: Any, k_cache: Any, v_cache: Any, backend: str) -> tuple[An
         raise InvalidArgumentError(
             f"q, k_cache and v_cache must share one dtype, got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}"
         )
+    if backend != "numpy":
+        val.check_slot_count(int(k_cache.shape[0]), int(k_cache.shape[1]))
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         val._require_contiguous(name, x)
     return q, k_cache, v_cache, kind

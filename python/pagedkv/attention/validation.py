@@ -23,6 +23,9 @@ from pagedkv.kernels import instances
 
 BACKENDS = ("numpy", "cpu", "cuda", "emulated")
 MAX_KERNEL_SEQ_LEN = 1 << 30  # keeps the kernels' int token arithmetic (split ends, tile steps) in range
+# The tensor-core kernels (decode and prefill) number a token's cache slot (block id * block_size +
+# offset) in 32 unsigned bits (kv_tile_gather.h): a cache of 2**32 slots or more would wrap.
+MAX_KERNEL_SLOTS = 1 << 32
 
 
 @dataclass(frozen=True)
@@ -198,6 +201,38 @@ def _scale(scale: Any, head_dim: int) -> float:
     return value
 
 
+def check_slot_count(num_blocks: int, block_size: int) -> None:
+    """A cache the kernels can address: ``num_blocks * block_size < 2**32`` (MAX_KERNEL_SLOTS).
+    Shapes only, so it runs before anything is read or allocated."""
+    if num_blocks * block_size >= MAX_KERNEL_SLOTS:
+        raise InvalidArgumentError(
+            f"a cache of {num_blocks} blocks x {block_size} tokens has {num_blocks * block_size} slots: "
+            f"the kernels address at most 2**32 - 1 (32-bit slot numbers)"
+        )
+
+
+def _address_range(x: Any) -> tuple[int, int]:
+    start = _data_address(x)
+    return start, start + int(x.nbytes)
+
+
+def check_no_overlap(name: str, out: Any, inputs: dict[str, Any]) -> None:
+    """An output a kernel writes must not share memory with an array the same launch reads: the
+    kernel would read values it (or another thread block) already overwrote. C-contiguous arrays
+    of one kind (all NumPy or all CuPy) are compared by address range (metadata only)."""
+    o0, o1 = _address_range(out)
+    if o0 == o1:
+        return
+    for other_name, x in inputs.items():
+        if is_cupy_array(x) != is_cupy_array(out):
+            continue  # host and device memory never overlap
+        a0, a1 = _address_range(x)
+        if a0 < o1 and o0 < a1:
+            raise InvalidArgumentError(
+                f"{name} overlaps {other_name} in memory: pass a separate output array"
+            )
+
+
 def check_kernel_sizes(head_dim: int, block_size: int, group: int) -> None:
     if head_dim not in instances.HEAD_DIMS:
         raise InvalidArgumentError(
@@ -277,6 +312,8 @@ def check_decode_arrays(
             f"num_q_heads {num_q_heads} is not a multiple of num_kv_heads {num_kv_heads}"
         )
     group = num_q_heads // num_kv_heads
+    if backend != "numpy":
+        check_slot_count(num_blocks, block_size)
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         _require_contiguous(name, x)
     _require_int("block_tables", block_tables, np.int32, 2)
