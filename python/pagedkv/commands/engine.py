@@ -120,7 +120,7 @@ def _generate(args: Any) -> int:
 
 
 def _bench(args: Any) -> int:
-    from pagedkv.engine.bench import SECTIONS, check_benchmark, run_benchmark
+    from pagedkv.benchmarks.engine import SECTIONS, check_benchmark, run_benchmark
     from pagedkv.models import load_model
 
     sections = tuple(args.sections.split(","))
@@ -163,7 +163,7 @@ def _bench(args: Any) -> int:
         checkpoint=(lambda partial: write_json(args.json, partial)) if args.json else None,
     )
     if "decode" in sections:  # pagedkv at batch 1/8/32 beside llama.cpp and the kernel vs a copy
-        from pagedkv.engine.bench_decode import decode_comparison, print_decode_comparison
+        from pagedkv.benchmarks.decode import decode_comparison, print_decode_comparison
         from pagedkv.models.locate import default_model_path
 
         path = str(args.model or default_model_path())

@@ -166,6 +166,13 @@ class PagedKvStore:
         if len(copy_ops):
             copy_blocks(self.k_caches, self.v_caches, copy_ops, backend=self.backend)
 
+    def write_block(self, block: int, payload: np.ndarray) -> None:
+        """Write device block ``block`` whole from a store payload ``[tensors, 2, block_size,
+        num_kv_heads, head_dim]`` (tensor i's K, then V)."""
+        for index in range(len(self.k_caches)):
+            self.k_caches[index][block] = payload[index, 0]
+            self.v_caches[index][block] = payload[index, 1]
+
     def swap_out(self, mapping: np.ndarray) -> None:
         """(device_block, host_block) pairs from KvCacheManager.swap_out."""
         if len(mapping):
