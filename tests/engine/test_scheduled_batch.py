@@ -32,7 +32,7 @@ def _engine(tiny, tmp_path, **options):
         max_num_batched_tokens=32,
         num_host_blocks=40,
         preemption="swap",
-        num_offload_blocks=32,
+        num_host_cache_blocks=32,
         offload=store,
         offload_deadline_s=5.0,
         **options,

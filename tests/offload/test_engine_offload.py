@@ -1,4 +1,4 @@
-"""The engine with offload tiers: ``EngineConfig(num_offload_blocks=N)`` (host tier) and
+"""The engine with offload tiers: ``EngineConfig(num_host_cache_blocks=N)`` (host tier) and
 ``EngineConfig(offload=store)`` (a ``pagedkv.offload`` store below it). Greedy tokens with
 offload on equal offload off under pools small enough to evict; prefixes come back from the
 host tier and from a store another engine (another process, for Redis) wrote; and every store
@@ -64,7 +64,7 @@ def _reference(model):
 def test_host_tier_serves_the_evicted_prefix_with_the_same_tokens(tiny):
     reference = _reference(tiny)
     off = _run(_engine(tiny), WORKLOAD)
-    engine = _engine(tiny, num_offload_blocks=32)
+    engine = _engine(tiny, num_host_cache_blocks=32)
     on = _run(engine, WORKLOAD)
     assert [t for t, _ in on] == [t for t, _ in off] == reference
     assert off[-1][1] < len(PREFIX), "the pool kept the prefix: the test would not evict"
@@ -117,7 +117,7 @@ def test_a_damaged_store_is_a_miss(tiny, tmp_path, how):
 def test_a_full_disk_is_a_miss(tiny, tmp_path):
     reference = _reference(tiny)
     store = DiskStore(tmp_path / "kv", capacity_bytes=100)  # smaller than any block
-    engine = _engine(tiny, offload=store, num_offload_blocks=1)
+    engine = _engine(tiny, offload=store, num_host_cache_blocks=1)
     assert [t for t, _ in _run(engine, WORKLOAD)] == reference
     assert engine.close()
     assert store.usage_bytes == 0
@@ -129,14 +129,14 @@ def test_a_full_disk_is_a_miss(tiny, tmp_path):
     [
         {"offload": object()},
         {"offload": "redis://x"},
-        {"num_offload_blocks": -1},
-        {"num_offload_blocks": 1.5},
+        {"num_host_cache_blocks": -1},
+        {"num_host_cache_blocks": 1.5},
         {"offload_deadline_s": float("nan")},
         {"offload_deadline_s": -1},
         {"offload_policy": "never"},
         {"offload_policy": None},
         {"offload_policy": 1},
-        {"num_offload_blocks": 4, "enable_prefix_caching": False},
+        {"num_host_cache_blocks": 4, "enable_prefix_caching": False},
     ],
 )
 def test_hostile_offload_options_are_typed_errors(options):
@@ -445,7 +445,7 @@ def test_random_schedules_with_offload_tiers_equal_each_request_alone(tiny, tmp_
         config = dataclasses.replace(
             config,
             enable_prefix_caching=True,
-            num_offload_blocks=int(rng.integers(1, 2 * config.num_blocks)),
+            num_host_cache_blocks=int(rng.integers(1, 2 * config.num_blocks)),
             offload=DiskStore(tmp_path / f"kv{trial}", capacity_bytes=1 << 22) if with_store else None,
             offload_deadline_s=5.0,
             offload_policy=policy,
@@ -486,8 +486,32 @@ def test_the_engine_refuses_offload_on_a_hybrid_layout():
 
     model = tiny_hybrid_model()
     with pytest.raises(InvalidArgumentError, match="hybrid_kv=False"):
-        LLMEngine(model, EngineConfig(num_blocks=32, block_size=4, num_offload_blocks=8))
+        LLMEngine(model, EngineConfig(num_blocks=32, block_size=4, num_host_cache_blocks=8))
     engine = LLMEngine(
-        model, EngineConfig(num_blocks=32, block_size=4, num_offload_blocks=8, hybrid_kv=False)
+        model, EngineConfig(num_blocks=32, block_size=4, num_host_cache_blocks=8, hybrid_kv=False)
     )
-    assert engine.kv.num_offload_blocks == 8
+    assert engine.kv.num_host_cache_blocks == 8
+
+
+def test_num_offload_blocks_is_the_deprecated_name_of_num_host_cache_blocks(tmp_path):
+    import dataclasses
+    import warnings
+
+    with pytest.warns(DeprecationWarning, match="num_host_cache_blocks"):
+        config = EngineConfig(num_blocks=16, num_offload_blocks=8)
+    assert config.num_host_cache_blocks == 8
+    with pytest.warns(DeprecationWarning, match="num_host_cache_blocks"):
+        assert config.num_offload_blocks == 8
+    with pytest.warns(DeprecationWarning, match="num_host_cache_blocks"):
+        assert config.offload_blocks == 8
+    assert "num_offload_blocks" not in repr(config)
+    with pytest.warns(DeprecationWarning), pytest.raises(InvalidArgumentError, match="disagrees"):
+        EngineConfig(num_offload_blocks=8, num_host_cache_blocks=4)
+    # One field holds the size in effect: a store alone gets a host cache of the pool's size.
+    store = DiskStore(tmp_path / "kv", capacity_bytes=1 << 20)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with_store = EngineConfig(num_blocks=16, offload=store)
+        assert with_store.num_host_cache_blocks == 16
+        assert dataclasses.replace(with_store, max_num_seqs=2).num_host_cache_blocks == 16
+        assert dataclasses.replace(with_store, num_host_cache_blocks=4).num_host_cache_blocks == 4

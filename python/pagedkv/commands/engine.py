@@ -164,7 +164,7 @@ def _bench(args: Any) -> int:
     )
     if "decode" in sections:  # pagedkv at batch 1/8/32 beside llama.cpp and the kernel vs a copy
         from pagedkv.benchmarks.decode import decode_comparison, print_decode_comparison
-        from pagedkv.models.locate import default_model_path
+        from pagedkv.models.llama.locate import default_model_path
 
         path = str(args.model or default_model_path())
         result["decode_comparison"] = decode_comparison(
@@ -189,10 +189,10 @@ def _header_config(model: str | None) -> Any:
     """The config of the model ``load_model(model)`` would load, from the GGUF header alone for a
     Gemma 3 file (seconds instead of loading 1 GB of fp32 weights); other models load."""
     from pagedkv.models import load_model
-    from pagedkv.models.gemma3_file import read_gemma3_config
-    from pagedkv.models.gemma3_locate import GEMMA3_MODEL_NAME, gemma3_model_path
+    from pagedkv.models.gemma3.file import read_gemma3_config
+    from pagedkv.models.gemma3.locate import GEMMA3_MODEL_NAME, gemma3_model_path
     from pagedkv.models.gguf_arch import gguf_architecture
-    from pagedkv.models.locate import default_model_path
+    from pagedkv.models.llama.locate import default_model_path
 
     path = default_model_path() if model is None else model
     if str(path) == GEMMA3_MODEL_NAME:

@@ -1,4 +1,4 @@
-"""HostCache: the K/V arrays of the manager's host cache (``EngineConfig.num_offload_blocks``).
+"""HostCache: the K/V arrays of the manager's host cache (``EngineConfig.num_host_cache_blocks``).
 
 The manager decides (docs/offload.md): an evicted prefix block is kept in a host-cache block
 (an ``Offload`` op of the plan), and a later prompt's hit on it gets a fresh device block (a

@@ -55,8 +55,8 @@ class LLMEngine:
                 f"sequence and KV group ({self.layout.num_groups}); the pool has {c.num_blocks} x "
                 f"{c.block_size} = {c.num_blocks * c.block_size}"
             )
-        if c.offload_blocks and self.layout.is_hybrid:
-            # The offload tiers key a block by its tokens alone; the groups of a hybrid layout
+        if c.num_host_cache_blocks and self.layout.is_hybrid:
+            # The host cache and the store key a block by its tokens alone; the groups of a hybrid layout
             # hold different layers for the same tokens (docs/offload.md, Limits).
             raise InvalidArgumentError(
                 "offload needs one KV group: this model has sliding-window layers; pass "
@@ -101,7 +101,7 @@ class LLMEngine:
             block_size=c.block_size,
             enable_prefix_caching=c.enable_prefix_caching,
             num_host_blocks=c.num_host_blocks,
-            num_offload_blocks=c.offload_blocks,
+            num_host_cache_blocks=c.num_host_cache_blocks,
         )
         return manager
 

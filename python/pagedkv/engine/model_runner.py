@@ -61,7 +61,7 @@ class ModelRunner:
         self.layout = kv_layout(layer_windows(model.config), hybrid=c.hybrid_kv) if layout is None else layout
         m = model.config
         per_block = self.layout.bytes_per_block(c.block_size, m.num_kv_heads, m.head_dim)
-        num_host = c.num_host_blocks + c.offload_blocks
+        num_host = c.num_host_blocks + c.num_host_cache_blocks
         kv_bytes = per_block * (c.num_blocks + num_host)
         memory = _physical_memory_bytes()
         if memory is not None and kv_bytes > memory:
@@ -73,7 +73,9 @@ class ModelRunner:
             self.store = PagedKvStore(
                 model.config, c.num_blocks, c.block_size, c.num_host_blocks, layout=self.layout
             )
-            self.host_cache = HostCache(self.store, c.offload_blocks) if c.offload_blocks else None
+            self.host_cache = (
+                HostCache(self.store, c.num_host_cache_blocks) if c.num_host_cache_blocks else None
+            )
         except MemoryError as error:
             raise InvalidArgumentError(
                 f"cannot allocate {kv_bytes / 2**30:,.1f} GiB of K/V for the engine's pool"

@@ -173,7 +173,7 @@ class Scheduler:
         self.stats.cow_copies += len(copies)
         if len(copies):
             self._ops.append(CopyBlocks(copies))
-        if self.config.offload_blocks:
+        if self.config.num_host_cache_blocks:
             loads = self.kv.take_load_ops()
             if len(loads):
                 self._ops.append(Load(loads))
@@ -194,7 +194,7 @@ class Scheduler:
     def _take_offloads(self) -> None:
         """The offload ops recorded so far, as one op: planned before anything writes the
         device blocks they read (a swap-in's copies, this step's copies, loads and pass)."""
-        if not self.config.offload_blocks:
+        if not self.config.num_host_cache_blocks:
             return
         recorded = self.kv.take_offload_ops()
         if not len(recorded):
