@@ -62,8 +62,9 @@ class EngineConfig:
     # The store (a pagedkv.offload DiskStore, RedisStore) below the host cache: written
     # through, read on admission after the device and host-cache hits.
     offload: object | None = None
-    # How long an admission waits for the store's blocks at most; later ones are misses.
-    offload_deadline_s: float = 0.05
+    # How long an admission waits for the store's blocks at most; later ones are misses. None:
+    # follow the store's measured latency (engine/store_lookup.py, docs/offload.md).
+    offload_deadline_s: float | None = None
     # When a block goes to the store: "compute" once the pass that computed it has run (replicas
     # sharing the store see a prefix at once; eviction still writes a block the queue dropped),
     # "evict" only when the host cache takes it from the device (docs/offload.md).
@@ -115,9 +116,12 @@ class EngineConfig:
                     f"EngineConfig.offload must be a pagedkv.offload store, got {type(self.offload).__name__}"
                 )
         deadline = self.offload_deadline_s
-        if isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or not 0 <= deadline <= 60:
+        if deadline is not None and (
+            isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or not 0 <= deadline <= 60
+        ):
             raise InvalidArgumentError(
-                f"EngineConfig.offload_deadline_s must be in [0, 60] seconds, got {deadline!r}"
+                "EngineConfig.offload_deadline_s must be None (adaptive) or in [0, 60] seconds, "
+                f"got {deadline!r}"
             )
         if self.num_host_cache_blocks == 0 and self.offload is not None:
             object.__setattr__(self, "num_host_cache_blocks", self.num_blocks)

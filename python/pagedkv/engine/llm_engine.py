@@ -28,6 +28,7 @@ from pagedkv.engine.scheduler import Scheduler
 from pagedkv.engine.sequence import Request, SeqStatus, Sequence
 from pagedkv.engine.stats import EngineStats
 from pagedkv.engine.stop_checker import record_token
+from pagedkv.engine.store_flush import flush_at_exit
 from pagedkv.engine.store_identity import store_identity
 from pagedkv.engine.store_lookup import StoreLookup
 from pagedkv.errors import InvalidArgumentError, InvariantViolation
@@ -69,6 +70,7 @@ class LLMEngine:
 
             identity = store_identity(model, c.block_size)
             self.store_worker = OffloadWorker(c.offload, name="engine-offload")  # type: ignore[arg-type]
+            flush_at_exit(self.store_worker)  # its queued puts, if the caller never closes
         try:
             # First: it refuses a K/V store larger than memory.
             self.runner = ModelRunner(model, c, self.layout, self.store_worker, identity)
@@ -147,7 +149,20 @@ class LLMEngine:
             return True
         if self.store_lookup is not None:
             self.store_lookup.close()
-        return self.store_worker.close(timeout_s)
+        dropped = self.store_worker.dropped_puts
+        stopped = self.store_worker.close(timeout_s)
+        self._count_store()
+        return stopped and self.store_worker.dropped_puts == dropped
+
+    def _count_store(self) -> None:
+        """The store's counters into ``stats`` (the worker counts on its own thread)."""
+        worker, lookup = self.store_worker, self.store_lookup
+        if worker is None or lookup is None:
+            return
+        self.stats.store_deadline_misses = lookup.deadline_misses
+        self.stats.store_puts_written = worker.completed_puts
+        self.stats.store_puts_dropped = worker.dropped_puts
+        self.stats.store_puts_failed = worker.failed_puts
 
     def output(self, request_id: int) -> RequestOutput:
         return request_output(self.requests[request_id])
@@ -201,6 +216,7 @@ class LLMEngine:
                     "sequences: a pagedkv bug, please report it"
                 )
         self.stats.steps += 1
+        self._count_store()
         return self._events
 
     def _fail(self, request: Request, error: Exception, now: float) -> None:
