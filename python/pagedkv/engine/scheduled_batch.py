@@ -137,9 +137,3 @@ class ScheduledBatch:
     block_tables: list[np.ndarray] = field(default_factory=list)
     ops: list[DataOp] = field(default_factory=list)
     save: SaveComputed | None = None
-
-    @property
-    def copy_ops(self) -> np.ndarray:
-        """Every copy-on-write copy of the batch, int32 ``[N, 2]``."""
-        found = [op.ops for op in self.ops if isinstance(op, CopyBlocks)]
-        return np.concatenate(found) if found else np.zeros((0, 2), np.int32)
