@@ -121,14 +121,16 @@ class KvCacheManager:
         hash_seed: int = 0,
         max_events: int | None = None,
         enable_kv_events: bool = False,
-        num_offload_blocks: int = 0,
+        num_host_cache_blocks: int = 0,
         kv_groups: _KvGroups | None = None,
+        num_offload_blocks: int | None = None,
     ) -> KvCacheManager:
-        """``num_offload_blocks`` > 0 adds the host offload tier: evicted prefix blocks keep
-        their content in host blocks and come back as hits (needs prefix caching and one KV
-        group; see ``take_offload_ops`` / ``take_load_ops``). ``kv_groups``: one block table per
-        group and sequence, all on one pool (default: one ``FullAttention()`` group, the plain
-        manager); docs/design.md, Hybrid groups."""
+        """``num_host_cache_blocks`` > 0 adds the host cache: evicted prefix blocks keep their
+        content in host blocks and come back as hits (needs prefix caching and one KV group; see
+        ``take_offload_ops`` / ``take_load_ops``); ``num_offload_blocks`` is its deprecated
+        alias (a ``DeprecationWarning``). ``kv_groups``: one block table per group and sequence,
+        all on one pool (default: one ``FullAttention()`` group, the plain manager);
+        docs/design.md, Hybrid groups."""
     def add_sequence(
         self,
         seq_id: int,
@@ -192,13 +194,14 @@ class KvCacheManager:
     def take_copy_ops(self) -> npt.NDArray[np.int32]:
         """int32 ``[N, 2]`` pending copy-on-write copies (src, dst); cleared by the call."""
     def take_offload_ops(self) -> npt.NDArray[np.int32]:
-        """int32 ``[N, 2]`` pending offload ops (device_block, host_block) of the offload
-        tier; run them first, before copies, swaps, loads and the pass. Cleared by the call."""
+        """int32 ``[N, 2]`` pending offload ops (device_block, host_block): device blocks the
+        host cache keeps; run them first, before copies, swaps, loads and the pass. Cleared by
+        the call."""
     def take_load_ops(self) -> npt.NDArray[np.int32]:
-        """int32 ``[N, 2]`` pending load ops (host_block, device_block): offload-tier hits,
-        run after the offload ops and before the pass. Cleared by the call."""
+        """int32 ``[N, 2]`` pending load ops (host_block, device_block): host-cache hits, run
+        after the offload ops and before the pass. Cleared by the call."""
     def offload_block_hash(self, host_block: int) -> int | None:
-        """The chained hash of what offload-tier host block ``host_block`` holds (None:
+        """The chained hash of what host-cache block ``host_block`` holds (None:
         nothing); after running ``take_offload_ops`` in order, the key to write it through with."""
     def prefix_block_hashes(
         self, tokens: _TokenIds, *, extra_key: str | bytes | int | np.integer | None = None
@@ -213,7 +216,10 @@ class KvCacheManager:
     @property
     def num_host_blocks(self) -> int: ...
     @property
-    def num_offload_blocks(self) -> int: ...
+    def num_host_cache_blocks(self) -> int: ...
+    @property
+    def num_offload_blocks(self) -> int:
+        """The deprecated name of ``num_host_cache_blocks``."""
     @property
     def enable_prefix_caching(self) -> bool: ...
     @property

@@ -84,7 +84,7 @@ def _ints(value: Any) -> list[int]:
     if type(value) is not list and (
         isinstance(value, (str, bytes, bytearray)) or not isinstance(value, Collection)
     ):
-        raise TypeError(f"expected a list of ints, not {type(value).__name__}")
+        raise InvalidArgumentTypeError(f"expected a list of ints, not {type(value).__name__}")
     return list(map(operator.index, value))  # no Python frame per id
 
 
@@ -92,11 +92,11 @@ def _opt_str(value: Any) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str):
-        raise TypeError(f"expected a str or None, not {type(value).__name__}")
+        raise InvalidArgumentTypeError(f"expected a str or None, not {type(value).__name__}")
     try:
         encoded = str.encode(value, "utf-8")  # the unbound method: a str subclass cannot hook it
     except UnicodeEncodeError as error:
-        raise ValueError(f"not valid UTF-8 ({error.reason} at index {error.start})") from None
+        raise InvalidArgumentError(f"not valid UTF-8 ({error.reason} at index {error.start})") from None
     return value if type(value) is str else encoded.decode("utf-8")
 
 
@@ -112,7 +112,7 @@ def _extra_item(item: Any) -> Any:
         return _opt_str(item)
     if isinstance(item, bytes):
         return item if type(item) is bytes else bytes(memoryview(item))
-    raise TypeError(
+    raise InvalidArgumentTypeError(
         f"an extra_keys item must be None, bool, int, float, str or bytes, not {type(item).__name__}"
     )
 
@@ -121,11 +121,13 @@ def _extra_keys(value: Any) -> list[tuple[Any, ...] | None] | None:
     if value is None:
         return None
     if isinstance(value, (str, bytes, bytearray)) or not isinstance(value, Collection):
-        raise TypeError(f"extra_keys must be a list or None, not {type(value).__name__}")
+        raise InvalidArgumentTypeError(f"extra_keys must be a list or None, not {type(value).__name__}")
     keys: list[tuple[Any, ...] | None] = []
     for block in value:
         if block is not None and not isinstance(block, tuple):
-            raise TypeError(f"an extra_keys entry must be a tuple or None, not {type(block).__name__}")
+            raise InvalidArgumentTypeError(
+                f"an extra_keys entry must be a tuple or None, not {type(block).__name__}"
+            )
         keys.append(None if block is None else tuple(_extra_item(item) for item in block))
     return keys
 
@@ -175,20 +177,22 @@ def _plain_event(event: Any) -> KvEvent:
     except MemoryError:
         raise
     except TypeError as error:
-        raise TypeError(f"{field}: {error}") from error
+        raise InvalidArgumentTypeError(f"{field}: {error}") from error
     except Exception as error:
-        raise ValueError(f"{field}: {error}") from error
+        raise InvalidArgumentError(f"{field}: {error}") from error
     if isinstance(event, AllBlocksCleared):
         return event
-    raise TypeError(
+    raise InvalidArgumentTypeError(
         f"is a {type(event).__name__}, not a pagedkv.events BlockStored / BlockRemoved / AllBlocksCleared"
     )
 
 
 def _plain_events(events: Any) -> list[KvEvent]:
+    if isinstance(events, (str, bytes, bytearray)):
+        raise InvalidArgumentTypeError(
+            f"events: events must be an iterable of events, not {type(events).__name__}"
+        )
     try:
-        if isinstance(events, (str, bytes, bytearray)):
-            raise TypeError(f"events must be an iterable of events, not {type(events).__name__}")
         items = list(events)
     except MemoryError:
         raise
@@ -200,6 +204,8 @@ def _plain_events(events: Any) -> list[KvEvent]:
             plain.append(_plain_event(event))
         except MemoryError:
             raise
+        except InvalidArgumentError as error:  # _plain_event's own, naming the field: add the index
+            raise type(error)(f"events[{index}]: {error}") from error
         except Exception as error:
             raise _refuse(f"events[{index}]", error) from error
     return plain

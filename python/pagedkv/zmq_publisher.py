@@ -53,7 +53,7 @@ from typing import Any
 
 import zmq
 
-from pagedkv.errors import InvalidArgumentError, InvalidArgumentTypeError
+from pagedkv.errors import ClosedError, InvalidArgumentError, InvalidArgumentTypeError
 from pagedkv.event_wire import encode_batch
 
 KvEvent = Any
@@ -249,14 +249,14 @@ class ZmqEventPublisher:
         ``close()``."""
         with self._lock:
             if self._closed:
-                raise RuntimeError("ZmqEventPublisher is closed")
+                raise ClosedError("ZmqEventPublisher is closed")
         return self._enqueue(encode_batch(events, time.time(), self._data_parallel_rank))
 
     def _enqueue(self, payload: bytes) -> bool:
         """Queues an encoded payload; False when the queue was full."""
         with self._lock:
             if self._closed:
-                raise RuntimeError("ZmqEventPublisher is closed")
+                raise ClosedError("ZmqEventPublisher is closed")
             try:
                 self._queue.put_nowait(payload)
             except queue.Full:
@@ -289,7 +289,7 @@ class ZmqEventPublisher:
             return len(events)
         with self._lock:
             if self._closed:  # checked before draining: closed, the events stay in `kv`
-                raise RuntimeError("ZmqEventPublisher is closed")
+                raise ClosedError("ZmqEventPublisher is closed")
         count, payload = take_batch(time.time(), self._data_parallel_rank)
         if count:
             self._enqueue(payload)

@@ -116,6 +116,7 @@ def test_package_namespace_holds_no_annotations_import():
     public = {name for name in dir(pagedkv) if not name.startswith("_")}
     subpackages = {
         "attention",
+        "benchmarks",
         "cli",
         "commands",
         "engine",

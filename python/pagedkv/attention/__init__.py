@@ -181,7 +181,7 @@ def copy_blocks(k_caches: Any, v_caches: Any, copy_ops: Any, *, backend: str = "
 
 
 def swap_blocks(src_cache: Any, dst_cache: Any, mapping: Any, *, backend: str = "numpy") -> int:
-    """Copies blocks between two caches of one block shape (e.g. device <-> host tier).
+    """Copies blocks between two caches of one block shape (e.g. device <-> swap tier).
 
     src_cache, dst_cache: [num_blocks_src|dst, block_size, num_kv_heads, head_dim];
     mapping: int32 [N, 2] (src_block, dst_block), e.g. from KvCacheManager.swap_out/swap_in.

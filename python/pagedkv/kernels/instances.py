@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pagedkv.errors import InvalidArgumentError
+
 ATTENTION_SOURCE = "paged_attention.cu"
 CACHE_OPS_SOURCE = "cache_ops.cu"
 PREFILL_SOURCE = "paged_prefill.cu"
@@ -60,7 +62,7 @@ def group_instance(group_size: int) -> int:
     for g in GROUP_INSTANCES:
         if group_size <= g:
             return g
-    raise ValueError(f"group size {group_size} exceeds the largest compiled group {MAX_GROUP}")
+    raise InvalidArgumentError(f"group size {group_size} exceeds the largest compiled group {MAX_GROUP}")
 
 
 def tile_tokens(kind: str, head_dim: int) -> int:
@@ -100,13 +102,15 @@ def decode_for(
     """The decode instance the launcher runs for this call.
 
     use_tensor_cores: None follows the rule above (``uses_tensor_cores``); True asks for the
-    tensor-core kernel (ValueError where it cannot run: fp32, a group outside 3..8, an unsupported
+    tensor-core kernel (InvalidArgumentError where it cannot run: fp32, a group outside 3..8, an unsupported
     head size; callers check first and raise a typed error); False always runs the CUDA-core kernel,
     e.g. to measure one path against the other in the same process.
     """
     tensor_cores = uses_tensor_cores(kind, head_dim, group_size)
     if use_tensor_cores is True and not tensor_cores:
-        raise ValueError(f"no tensor-core decode kernel for {kind}, head_dim {head_dim}, group {group_size}")
+        raise InvalidArgumentError(
+            f"no tensor-core decode kernel for {kind}, head_dim {head_dim}, group {group_size}"
+        )
     if tensor_cores and use_tensor_cores is not False:
         return decode_mma(kind, head_dim, block_size)
     return decode(kind, head_dim, block_size, group_instance(group_size))

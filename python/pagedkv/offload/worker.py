@@ -23,7 +23,10 @@ from pagedkv.offload.codec import Payload, check_payload
 from pagedkv.offload.keys import encode_key, hash_to_int
 from pagedkv.offload.store import BlockStore
 
-__all__ = ["OffloadWorker", "Prefetch"]
+__all__ = ["LATENCY_EWMA_WEIGHT", "OffloadWorker", "Prefetch"]
+
+# The weight of the newest get in ``OffloadWorker.get_latency_s``: about the last ten gets count.
+LATENCY_EWMA_WEIGHT = 0.2
 
 
 @dataclass
@@ -31,6 +34,7 @@ class _Load:
     hashes: list[int]
     extra_key: object
     results: dict[int, Payload] = field(default_factory=dict)
+    served: int = 0  # gets finished (answered or raised)
     abandoned: bool = False
     done: bool = False
 
@@ -63,6 +67,26 @@ class Prefetch:
                 request.abandoned = True
                 self._worker.late_loads += 1
             return dict(request.results)
+
+    def wait(self, wait_s: float) -> int:
+        """Wait at most ``wait_s`` seconds for the load to finish or its next get to finish;
+        the number of its gets finished so far. Abandons nothing (``take`` still ends it)."""
+        end = time.monotonic() + _seconds("wait_s", wait_s)
+        cond, request = self._worker._cond, self._request
+        with cond:
+            served = request.served
+            while not request.done and request.served == served:
+                left = end - time.monotonic()
+                if left <= 0:
+                    break
+                cond.wait(left)
+            return request.served
+
+    @property
+    def abandoned(self) -> bool:
+        """``take`` ended the load before it finished (the deadline passed)."""
+        with self._worker._cond:
+            return self._request.abandoned
 
 
 def _seconds(name: str, value: object) -> float:
@@ -97,6 +121,9 @@ class OffloadWorker:
         self.dropped_puts = 0
         self.skipped_puts = 0  # ``if_absent`` puts the store already held
         self.late_loads = 0
+        # Seconds one ``get`` the store answered took (hit or miss; a raising get is not an
+        # answer), an exponential moving average over the recent ones; None before the first.
+        self.get_latency_s: float | None = None
         self.failures = 0
         self.last_error: str | None = None
         self._thread = threading.Thread(target=self._run, name=f"pagedkv-{name}", daemon=True)
@@ -211,6 +238,11 @@ class OffloadWorker:
 
     # -- the thread ----------------------------------------------------------------------
 
+    def _note_latency(self, seconds: float) -> None:
+        with self._cond:
+            last = self.get_latency_s
+            self.get_latency_s = seconds if last is None else last + LATENCY_EWMA_WEIGHT * (seconds - last)
+
     def _note_failure(self, exc: BaseException) -> None:
         with self._cond:
             self.failures += 1
@@ -240,14 +272,19 @@ class OffloadWorker:
         for value in request.hashes:
             if request.abandoned:
                 return
+            start = time.monotonic()
             try:
                 payload = self._store.get(value, extra_key=request.extra_key)
             except Exception as exc:  # noqa: BLE001 - the worker outlives any store bug
                 self._note_failure(exc)
                 payload = None
-            if payload is not None:
-                with self._cond:
+            else:
+                self._note_latency(time.monotonic() - start)
+            with self._cond:
+                request.served += 1
+                if payload is not None:
                     request.results[value] = payload
+                self._cond.notify_all()  # ``Prefetch.wait`` counts the gets as they finish
         with self._cond:
             request.done = True
             self._cond.notify_all()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pagedkv.models.errors import ModelLoadError
+from pagedkv.errors import ModelLoadError
 
 __all__ = ["GEMMA3_MODEL_NAME", "GEMMA3_PACKAGE", "gemma3_model_path"]
 

@@ -29,11 +29,11 @@ from typing import Any
 
 import numpy as np
 
+from pagedkv.errors import ModelLoadError, UnsupportedModelError
 from pagedkv.models.block_codes import BlockCodes
-from pagedkv.models.errors import ModelLoadError, UnsupportedModelError
-from pagedkv.models.gemma3_config import Gemma3Config
-from pagedkv.models.gguf_file import check_index, decoder_shapes, dequantize
+from pagedkv.models.gemma3.config import Gemma3Config
 from pagedkv.models.gguf_reader import open_gguf
+from pagedkv.models.gguf_tensors import check_index, decoder_shapes, dequantize
 from pagedkv.models.metadata import get_float, get_int, get_str
 from pagedkv.models.weight_cache import cache_entry_for, load_cached, store_cached
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pagedkv.models.errors import ModelLoadError, UnsupportedModelError
+from pagedkv.errors import ModelLoadError, UnsupportedModelError
 
 __all__ = ["GEMMA_CHAT_TEMPLATE", "Gemma3Tokenizer"]
 

@@ -11,7 +11,7 @@ import importlib.metadata
 import importlib.util
 from pathlib import Path
 
-from pagedkv.models.errors import ModelLoadError
+from pagedkv.errors import ModelLoadError
 
 __all__ = ["DEFAULT_MODEL_PACKAGE", "DEFAULT_MODEL_FILE", "default_model_path"]
 

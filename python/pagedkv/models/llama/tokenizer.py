@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pagedkv.errors import ModelLoadError, UnsupportedModelError
 from pagedkv.models.chat_template import render_chat_template
-from pagedkv.models.errors import ModelLoadError, UnsupportedModelError
 
 __all__ = ["GgufTokenizer", "SUPPORTED_PRE_TOKENIZERS"]
 

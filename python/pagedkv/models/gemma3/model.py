@@ -24,9 +24,9 @@ from typing import Protocol
 
 import numpy as np
 
-from pagedkv.models.gemma3_config import Gemma3Config
-from pagedkv.models.gemma3_file import Gemma3File
-from pagedkv.models.llama import limit_blas_threads
+from pagedkv.models.blas_threads import limit_blas_threads
+from pagedkv.models.gemma3.config import Gemma3Config
+from pagedkv.models.gemma3.file import Gemma3File
 from pagedkv.models.projection import ProjectionBuilder, weight_mode
 
 __all__ = ["Gemma3Model", "WindowedKvAttention", "gelu_tanh", "rms_norm", "rotary_half"]

@@ -9,7 +9,7 @@
 4. A shared system prompt with and without prefix caching: prefill tokens computed, mean TTFT.
 5. ``memory`` (not in the default run): KV bytes in use at long contexts with hybrid KV groups
    against every layer full attention, and the batch a fixed KV budget admits
-   (``bench_memory.py``; for Gemma 3, ``--model gemma3 --sections memory``).
+   (``benchmarks/memory.py``; for Gemma 3, ``--model gemma3 --sections memory``).
 
 CPU time is reported next to wall time because the machine may be shared: process CPU time is
 what this process actually computed.
@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from pagedkv.engine.bench_memory import DEFAULT_BUDGET_BYTES, DEFAULT_CONTEXTS, kv_memory
+from pagedkv.benchmarks.memory import DEFAULT_BUDGET_BYTES, DEFAULT_CONTEXTS, kv_memory
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.llm_engine import LLMEngine
 from pagedkv.engine.params import SamplingParams

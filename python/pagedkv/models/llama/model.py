@@ -33,14 +33,14 @@ other modes keep the NumPy functions below, the reference.
 
 from __future__ import annotations
 
-import os
 from typing import Protocol
 
 import numpy as np
 
 from pagedkv import _core
-from pagedkv.models.config import LlamaConfig
-from pagedkv.models.gguf_file import GgufModel
+from pagedkv.models.blas_threads import limit_blas_threads
+from pagedkv.models.llama.config import LlamaConfig
+from pagedkv.models.llama.file import GgufModel
 from pagedkv.models.projection import WEIGHT_DTYPES, ProjectionBuilder, default_weight_dtype, weight_mode
 
 __all__ = [
@@ -48,32 +48,9 @@ __all__ = [
     "KvAttention",
     "LlamaModel",
     "default_weight_dtype",
-    "limit_blas_threads",
     "rms_norm",
     "rotary_interleaved",
 ]
-
-# BLAS threads for the forward pass (benches/results/2026-12-03-cpu-data-plane.md): one thread,
-# because at decode batch sizes each product is a few hundred microseconds and OpenBLAS's
-# threads spin and wait on a busy machine (7.5 ms vs 0.12 ms for 1x576 @ 576x1536 with another
-# process on the second core); PAGEDKV_BLAS_THREADS overrides it, 0 leaves BLAS alone.
-DEFAULT_BLAS_THREADS = 1
-
-
-def limit_blas_threads(threads: int | None = None) -> bool:
-    """Sets the process's BLAS thread count (``threads``, else ``PAGEDKV_BLAS_THREADS``, else
-    ``DEFAULT_BLAS_THREADS``; 0 changes nothing) through threadpoolctl. Returns False, changing
-    nothing, when threadpoolctl is not installed."""
-    if threads is None:
-        threads = int(os.environ.get("PAGEDKV_BLAS_THREADS", DEFAULT_BLAS_THREADS))
-    if threads <= 0:
-        return False
-    try:
-        from threadpoolctl import threadpool_limits  # type: ignore[import-untyped, import-not-found, unused-ignore]
-    except ImportError:
-        return False
-    threadpool_limits(limits=threads, user_api="blas")
-    return True
 
 
 class KvAttention(Protocol):
