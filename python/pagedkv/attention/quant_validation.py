@@ -103,13 +103,15 @@ def check_quant_pair(k_cache: Any, v_cache: Any, backend: str, *, writable: bool
         )
     if k_cache.role != "key" or v_cache.role != "value":
         raise InvalidArgumentError(
-            f"k_cache must have role 'key' and v_cache role 'value', got {k_cache.role!r} and {v_cache.role!r}"
+            "k_cache must have role 'key' and v_cache role 'value', got "
+            f"{k_cache.role!r} and {v_cache.role!r}"
         )
     geometry = ("kv_cache_dtype", "block_size", "num_kv_heads", "head_dim")
     for field in geometry:
         if getattr(k_cache, field) != getattr(v_cache, field):
             raise InvalidArgumentError(
-                f"k_cache and v_cache differ in {field}: {getattr(k_cache, field)!r} vs {getattr(v_cache, field)!r}"
+                f"k_cache and v_cache differ in {field}: "
+                f"{getattr(k_cache, field)!r} vs {getattr(v_cache, field)!r}"
             )
     for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
         _check_bytes(f"{name}.data", c.data, c.layout, backend)
@@ -228,7 +230,8 @@ def check_quant_decode(
     lens = pval.host_int_array("seq_lens", seq_lens, 1, backend)
     if int(tables.shape[0]) != num_seqs or int(lens.shape[0]) != num_seqs:
         raise InvalidArgumentError(
-            f"block_tables {tuple(tables.shape)} and seq_lens {tuple(lens.shape)} must have num_seqs = {num_seqs} rows"
+            f"block_tables {tuple(tables.shape)} and seq_lens {tuple(lens.shape)} must have "
+            f"num_seqs = {num_seqs} rows"
         )
     shape = val.AttentionShape(
         num_seqs,
@@ -347,8 +350,11 @@ def plan_seals(
             raise InvalidArgumentError(f"two blocks of one write are {what} one residual slot")
     seal_idx = np.flatnonzero(fills)
     seal_rows = np.full((seal_idx.size, block_size), -1, dtype=np.int32)
-    for n, i in enumerate(seal_idx.tolist()):
-        seal_rows[n, offsets[starts[i] : ends[i]]] = rows[starts[i] : ends[i]]
+    seal_of_block = np.full(starts.size, -1, dtype=np.int64)
+    seal_of_block[seal_idx] = np.arange(seal_idx.size)
+    seal_of_token = seal_of_block[block_of_token]
+    sealed = seal_of_token >= 0
+    seal_rows[seal_of_token[sealed], offsets[sealed]] = rows[sealed]
     residual_mapping = np.full(num_tokens, -1, dtype=np.int64)
     parked = parks[block_of_token]
     residual_mapping[rows[parked]] = res[parked] * block_size + offsets[parked]
@@ -382,7 +388,8 @@ def check_quant_write(
             val._require_aligned(name, x)
     if tuple(v.shape) != tuple(k.shape) or v.dtype != k.dtype:
         raise InvalidArgumentError(
-            f"k and v must have one shape and dtype, got {k.dtype} {tuple(k.shape)} and {v.dtype} {tuple(v.shape)}"
+            f"k and v must have one shape and dtype, got {k.dtype} {tuple(k.shape)} and "
+            f"{v.dtype} {tuple(v.shape)}"
         )
     _check_model_kind(pair, "k", kind)
     if pair.k.residual is not None and k.dtype != pair.k.residual.dtype:
@@ -425,7 +432,8 @@ def _check_layer_lists(k_caches: Any, v_caches: Any) -> None:
         raise InvalidArgumentError("k_caches and v_caches must be lists (one cache per layer)")
     if len(k_caches) == 0 or len(k_caches) != len(v_caches):
         raise InvalidArgumentError(
-            f"k_caches ({len(k_caches)}) and v_caches ({len(v_caches)}) must list the same layers, at least one"
+            f"k_caches ({len(k_caches)}) and v_caches ({len(v_caches)}) must list the same layers, "
+            "at least one"
         )
 
 
@@ -468,14 +476,16 @@ def check_quant_swap(src_cache: Any, dst_cache: Any, mapping: Any, backend: str)
     for field in same:
         if getattr(src_cache, field) != getattr(dst_cache, field):
             raise InvalidArgumentError(
-                f"src_cache and dst_cache differ in {field}: {getattr(src_cache, field)!r} vs {getattr(dst_cache, field)!r}"
+                f"src_cache and dst_cache differ in {field}: "
+                f"{getattr(src_cache, field)!r} vs {getattr(dst_cache, field)!r}"
             )
     for name, c in (("src_cache", src_cache), ("dst_cache", dst_cache)):
         data = c.data
         ok = (val.is_cupy_array(data) or isinstance(data, np.ndarray)) and data.dtype == np.uint8
         if not ok or data.ndim != 2 or int(data.shape[1]) != c.layout.block_bytes:
             raise InvalidArgumentError(
-                f"{name}.data must be uint8 [num_blocks, {c.layout.block_bytes}], got {getattr(data, 'dtype', '?')} "
+                f"{name}.data must be uint8 [num_blocks, {c.layout.block_bytes}], got "
+                f"{getattr(data, 'dtype', '?')} "
                 f"{tuple(getattr(data, 'shape', ()))}"
             )
     val.check_swap_bytes(src_cache.data, dst_cache.data, mapping, backend)

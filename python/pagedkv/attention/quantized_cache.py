@@ -47,7 +47,8 @@ class QuantizedKvCache:
     def __post_init__(self) -> None:
         if self.kv_cache_dtype not in QUANTIZED_DTYPES:
             raise InvalidArgumentError(
-                f"QuantizedKvCache.kv_cache_dtype must be one of {QUANTIZED_DTYPES}, got {self.kv_cache_dtype!r}"
+                f"QuantizedKvCache.kv_cache_dtype must be one of {QUANTIZED_DTYPES}, "
+                f"got {self.kv_cache_dtype!r}"
             )
         layout = block_layout(
             self.kv_cache_dtype, self.role, self.block_size, self.num_kv_heads, self.head_dim

@@ -89,7 +89,7 @@ def float32_to_e4m3(x: np.ndarray) -> np.ndarray:
 def e8m0_to_float32(scales: np.ndarray) -> np.ndarray:
     """uint8 E8M0 bytes -> float32 2^(b - 127) (byte 0 gives the subnormal 2^-127); 0xFF -> NaN."""
     b = np.asarray(scales, dtype=np.uint8).astype(np.int32)
-    out = np.ldexp(np.float32(1.0), b - 127).astype(np.float32)
+    out = np.ldexp(np.float32(1.0), np.minimum(b, 254) - 127).astype(np.float32)
     return np.where(b == E8M0_NAN, np.float32(np.nan), out).astype(np.float32)
 
 

@@ -153,7 +153,8 @@ def quant_attention(kv_cache_dtype: str, kind: str, head_dim: int) -> Instance:
     """Decode and prefill attention on a quantized cache (any block size, any group up to 8)."""
     return Instance(
         QUANT_ATTENTION_SOURCE,
-        f"pagedkv::paged_attention_quant_kernel<{KERNEL_TYPES[kind]}, {QUANT_FORMATS[kv_cache_dtype]}, {head_dim}>",
+        "pagedkv::paged_attention_quant_kernel"
+        f"<{KERNEL_TYPES[kind]}, {QUANT_FORMATS[kv_cache_dtype]}, {head_dim}>",
     )
 
 

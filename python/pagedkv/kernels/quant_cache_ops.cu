@@ -210,6 +210,14 @@ __global__ void __launch_bounds__(kSealThreads) seal_int4_kernel(
     const unsigned int bits = side_sm[tid / 2];
     store_scalar(block + side_offset + static_cast<i64>(head) * 6 + tid, static_cast<unsigned char>((tid & 1) ? bits >> 8 : bits & 0xffu));
   }
+  // The padding after the side parameters is zero, as the reference writes it (a sealed block's
+  // bytes are a function of its tokens alone). Head 0's thread block writes it.
+  if (head == 0) {
+    const i64 block_bytes = is_key ? k_block_bytes : v_block_bytes;
+    for (i64 i = side_offset + static_cast<i64>(num_kv_heads) * 6 + tid; i < block_bytes; i += kSealThreads) {
+      store_scalar(block + i, static_cast<unsigned char>(0));
+    }
+  }
 }
 
 }  // namespace pagedkv
