@@ -105,7 +105,8 @@ def _check_int4(x: np.ndarray) -> None:
     level = meta & 0xF
     bound = 1.25 * (r + cstep / 2) / 15 * (1 + 1e-6) + 1e-37
     assert ((half <= bound) | (level == 15)).all()
-    assert (np.abs(chat - (mn.astype(np.float64) + mx) / 2) <= r + cstep).all()
+    # the center is computed in float32 (min/2 + max/2): subnormal halves round, hence the 1e-37
+    assert (np.abs(chat - (mn.astype(np.float64) + mx) / 2) <= r + cstep + 1e-37).all()
 
 
 @settings(max_examples=150, deadline=None)

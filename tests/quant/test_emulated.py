@@ -166,3 +166,58 @@ def test_decode_workspace_refuses_quantized_caches():
     q = np.zeros((3, 2, 64), np.float32)
     with pytest.raises(InvalidArgumentError, match="quantized"):
         ws.run(q, p.k_cache, p.v_cache)
+
+
+@pytest.mark.parametrize("case", [CASES[2], CASES[4]], ids=[IDS[2], IDS[4]])
+def test_the_cuda_backend_path_runs_the_same_launches_without_a_sync(monkeypatch, case):
+    """backend='cuda' on a CuPy stand-in whose arrays refuse every device-to-host read
+    (tests/kernels/fake_cupy.py), the kernels running in the emulation: the launcher's uploads
+    and arguments are the GPU's, host metadata costs no sync, and the results equal the
+    reference's (bytes) and the emulated backend's (attention)."""
+    from kernels import fake_cupy
+    from pagedkv.attention import QuantizedKvCache, runners
+
+    monkeypatch.setattr(runners, "_cuda", fake_cupy.FakeCudaRunner())
+    dtype, kind, dim, bs, heads, group, lens, window = case
+    ref = _pair(case, "numpy")
+    host_k, host_v = empty_pair(dtype, kind, ref.k_cache.num_blocks, bs, heads, dim, len(lens))
+    dev = []
+    for c in (host_k, host_v):
+        data = fake_cupy.to_device(c.data)[0]
+        residual = fake_cupy.to_device(c.residual)[0] if c.residual is not None else None
+        dev.append(QuantizedKvCache(data, dtype, c.role, bs, heads, dim, residual))
+    for b, n in enumerate(lens):  # whole sequences, one write each, on both
+        pos = np.arange(n)
+        slots = ref.block_tables[b][pos // bs].astype(np.int64) * bs + pos % bs
+        res = np.full(n, b, np.int32) if dtype == "int4" else None
+        write_kv(ref.keys[b], ref.values[b], host_k, host_v, slots, residual_slots=res)
+        k, v = fake_cupy.to_device(ref.keys[b], ref.values[b])
+        write_kv(k, v, dev[0], dev[1], slots, backend="cuda", residual_slots=res)
+    for a, b in ((host_k, dev[0]), (host_v, dev[1])):
+        np.testing.assert_array_equal(fake_cupy.to_host(b.data), a.data)
+    q = to_kind(np.random.default_rng(2).standard_normal((len(lens), heads * group, dim)), kind)
+    fake_cupy.Counters.reset()
+    out = paged_attention(
+        fake_cupy.to_device(q)[0],
+        dev[0],
+        dev[1],
+        ref.block_tables,
+        ref.seq_lens,
+        window=window,
+        residual_slots=ref.residual_slots,
+        backend="cuda",
+        num_splits=2,
+    )
+    assert fake_cupy.Counters.launches == 2  # the quantized kernel and the merge
+    emulated = paged_attention(
+        q,
+        host_k,
+        host_v,
+        ref.block_tables,
+        ref.seq_lens,
+        window=window,
+        residual_slots=ref.residual_slots,
+        backend="emulated",
+        num_splits=2,
+    )
+    _close(fake_cupy.to_host(out), emulated, kind)
