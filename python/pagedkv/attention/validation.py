@@ -582,6 +582,16 @@ def check_copy_blocks(k_caches: Any, v_caches: Any, copy_ops: Any, backend: str)
 def check_swap_blocks(src_cache: Any, dst_cache: Any, mapping: Any, backend: str) -> str:
     """Validates a swap_blocks call; returns the KV kind. With backend='cuda' either cache may be a
     CuPy array or a NumPy array in pinned host memory (not both NumPy)."""
+    return _check_swap(src_cache, dst_cache, mapping, backend, ndim=4)
+
+
+def check_swap_bytes(src: Any, dst: Any, mapping: Any, backend: str) -> None:
+    """``check_swap_blocks`` for two uint8 ``[num_blocks, block_bytes]`` arrays (the blocks of two
+    quantized caches): the same checks but on byte rows instead of a KV dtype."""
+    _check_swap(src, dst, mapping, backend, ndim=2)
+
+
+def _check_swap(src_cache: Any, dst_cache: Any, mapping: Any, backend: str, ndim: int) -> str:
     check_backend(backend)
     for name, x in (("src_cache", src_cache), ("dst_cache", dst_cache)):
         if backend == "cuda":
@@ -589,10 +599,13 @@ def check_swap_blocks(src_cache: Any, dst_cache: Any, mapping: Any, backend: str
                 raise InvalidArgumentError(f"{name} must be a CuPy array or a pinned NumPy array")
         else:
             _require_array(name, x, backend)
-        if x.ndim != 4:
-            raise InvalidArgumentError(
-                f"{name} must be [num_blocks, block_size, num_kv_heads, head_dim], got shape {tuple(x.shape)}"
+        if x.ndim != ndim:
+            want = (
+                "[num_blocks, block_size, num_kv_heads, head_dim]"
+                if ndim == 4
+                else "[num_blocks, block_bytes]"
             )
+            raise InvalidArgumentError(f"{name} must be {want}, got shape {tuple(x.shape)}")
         _require_contiguous(name, x)
     if backend == "cuda" and not (is_cupy_array(src_cache) or is_cupy_array(dst_cache)):
         raise InvalidArgumentError(
@@ -603,7 +616,7 @@ def check_swap_blocks(src_cache: Any, dst_cache: Any, mapping: Any, backend: str
             f"src_cache {tuple(src_cache.shape)} {src_cache.dtype} and dst_cache {tuple(dst_cache.shape)} "
             f"{dst_cache.dtype} must have the same block shape and dtype"
         )
-    kind = _kind("src_cache", src_cache, backend)
+    kind = _kind("src_cache", src_cache, backend) if ndim == 4 else "bytes"
     _require_writable("dst_cache", dst_cache)
     if is_cupy_array(src_cache) == is_cupy_array(dst_cache):
         a0, b0 = _data_address(src_cache), _data_address(dst_cache)

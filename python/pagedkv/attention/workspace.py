@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from pagedkv.attention import kernel_launch
+from pagedkv.attention import quant_validation as qval
 from pagedkv.attention import validation as val
 from pagedkv.attention.dtypes import KERNEL_KINDS, kind_of, nan_fill_value
 from pagedkv.attention.runners import get_runner
@@ -273,6 +274,10 @@ class DecodeWorkspace:
         if plan is None:
             raise InvalidArgumentError("DecodeWorkspace.run before plan")
         tables, lens, split_out, split_max, split_sum = self._views
+        if qval.is_quantized(k_cache, v_cache):
+            raise InvalidArgumentError(
+                "DecodeWorkspace does not run quantized caches (QuantizedKvCache) yet: use paged_attention"
+            )
         if getattr(q, "ndim", 0) == 3 and int(q.shape[0]) != plan.num_seqs:
             raise InvalidArgumentError(f"q has {int(q.shape[0])} sequences, the plan {plan.num_seqs}")
         shape = val.check_decode_arrays(q, k_cache, v_cache, tables, lens, scale, self.backend)

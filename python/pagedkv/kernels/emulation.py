@@ -26,7 +26,7 @@ import numpy as np
 from pagedkv.errors import EmulationBuildError, InvalidArgumentTypeError, KernelLaunchError
 from pagedkv.kernels import KERNEL_DIR, build_cache_dir
 
-HEADERS = ("cuda_emu.h", "cuda_emu_mma.h", "kv_tile_gather.h", "kv_types.h", "mma_sm80.h")
+HEADERS = ("cuda_emu.h", "cuda_emu_mma.h", "kv_quant.h", "kv_tile_gather.h", "kv_types.h", "mma_sm80.h")
 CXX_FLAGS = (
     "-std=c++20",
     "-O2",

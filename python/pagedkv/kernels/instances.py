@@ -14,6 +14,8 @@ ATTENTION_SOURCE = "paged_attention.cu"
 CACHE_OPS_SOURCE = "cache_ops.cu"
 PREFILL_SOURCE = "paged_prefill.cu"
 DECODE_MMA_SOURCE = "paged_decode_mma.cu"
+QUANT_ATTENTION_SOURCE = "paged_attention_quant.cu"
+QUANT_CACHE_OPS_SOURCE = "quant_cache_ops.cu"
 
 # Element type name (as pagedkv names KV dtypes) -> C++ storage type in kv_types.h.
 KERNEL_TYPES = {"float32": "float", "float16": "pagedkv::f16", "bfloat16": "pagedkv::bf16"}
@@ -42,6 +44,19 @@ DECODE_MMA_KINDS = ("float16", "bfloat16")
 DECODE_MMA_GROUPS = (4, 8)
 DECODE_MMA_HEAD_DIMS = (64, 128, 256)
 DECODE_MMA_THREADS = 128  # kMmaDecodeThreads
+
+
+# Quantized caches (kv_cache_dtype -> format traits in kv_quant.h); the query / output / int4
+# residual element type is one of KERNEL_TYPES, the block size a runtime argument.
+QUANT_FORMATS = {"int8": "pagedkv::QuantInt8", "fp8_e4m3": "pagedkv::QuantFp8", "int4": "pagedkv::QuantInt4"}
+QUANT_THREADS = 128  # kQuantThreads, kQuantizeThreads, kSealThreads
+QUANT_ROWS = 16  # kQuantRows: packed (token, query head) rows per thread block
+QUANT_HEADS_PER_CTA = 4  # quantize_kv_kernel: a warp per head
+
+
+def quant_tile_tokens(head_dim: int) -> int:
+    """Keys per K/V tile of the quantized attention kernel (QuantShape::kTile)."""
+    return 2048 // head_dim
 
 
 def prefill_kv_tile(head_dim: int) -> int:
@@ -138,8 +153,32 @@ def merge_prefill(kind: str, head_dim: int) -> Instance:
     return Instance(PREFILL_SOURCE, f"pagedkv::merge_prefill_splits_kernel<{KERNEL_TYPES[kind]}, {head_dim}>")
 
 
+def quant_attention(kv_cache_dtype: str, kind: str, head_dim: int) -> Instance:
+    """Decode and prefill attention on a quantized cache (any block size, any group up to 8)."""
+    return Instance(
+        QUANT_ATTENTION_SOURCE,
+        "pagedkv::paged_attention_quant_kernel"
+        f"<{KERNEL_TYPES[kind]}, {QUANT_FORMATS[kv_cache_dtype]}, {head_dim}>",
+    )
+
+
+def quantize_kv(kv_cache_dtype: str, kind: str, head_dim: int) -> Instance:
+    """The write of an 8-bit cache (int8, fp8_e4m3): each token's heads quantized into its slot."""
+    return Instance(
+        QUANT_CACHE_OPS_SOURCE,
+        f"pagedkv::quantize_kv_kernel<{KERNEL_TYPES[kind]}, {QUANT_FORMATS[kv_cache_dtype]}, {head_dim}>",
+    )
+
+
+def seal_int4(kind: str, head_dim: int) -> Instance:
+    """The seal of int4 blocks that fill (residual and new tokens quantized as a whole)."""
+    return Instance(QUANT_CACHE_OPS_SOURCE, f"pagedkv::seal_int4_kernel<{KERNEL_TYPES[kind]}, {head_dim}>")
+
+
 def threads_per_cta(instance: Instance) -> int:
     """The block size an instance is launched with."""
+    if instance.source in (QUANT_ATTENTION_SOURCE, QUANT_CACHE_OPS_SOURCE):
+        return QUANT_THREADS
     if "paged_decode_kernel" in instance.name:
         return DECODE_THREADS
     if "paged_decode_mma_kernel" in instance.name:
@@ -171,4 +210,18 @@ def all_instances() -> list[Instance]:
             for block_size in BLOCK_SIZES:
                 out.append(prefill(kind, head_dim, block_size))
             out.append(merge_prefill(kind, head_dim))
+    out.extend(quant_instances())
+    return out
+
+
+def quant_instances() -> list[Instance]:
+    """Every instance of the quantized-cache kernels (the merge they share is merge())."""
+    out: list[Instance] = []
+    for kind in KERNEL_TYPES:
+        for head_dim in HEAD_DIMS:
+            for dtype in QUANT_FORMATS:
+                out.append(quant_attention(dtype, kind, head_dim))
+                if dtype != "int4":
+                    out.append(quantize_kv(dtype, kind, head_dim))
+            out.append(seal_int4(kind, head_dim))
     return out

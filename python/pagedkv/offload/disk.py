@@ -119,8 +119,15 @@ class DiskStore:
     def __len__(self) -> int:
         return len(self._index)
 
-    def put(self, block_hash: int | bytes, payload: Payload, *, extra_key: object = None) -> bool:
-        key = encode_key(block_hash, extra_key)
+    def put(
+        self,
+        block_hash: int | bytes,
+        payload: Payload,
+        *,
+        extra_key: object = None,
+        kv_cache_dtype: str | None = None,
+    ) -> bool:
+        key = encode_key(block_hash, extra_key, kv_cache_dtype)
         parts = encode_entry(key, payload)
         size = entry_size(parts)
         stem = _file_stem(key)
@@ -155,8 +162,10 @@ class DiskStore:
             self._stats.puts += 1
         return True
 
-    def get(self, block_hash: int | bytes, *, extra_key: object = None) -> Payload | None:
-        key = encode_key(block_hash, extra_key)
+    def get(
+        self, block_hash: int | bytes, *, extra_key: object = None, kv_cache_dtype: str | None = None
+    ) -> Payload | None:
+        key = encode_key(block_hash, extra_key, kv_cache_dtype)
         stem = _file_stem(key)
         with self._lock:
             if stem not in self._index:
@@ -180,14 +189,24 @@ class DiskStore:
                 self._stats.hits += 1
         return payload
 
-    def contains(self, block_hash: int | bytes, *, extra_key: object = None) -> bool:
-        return _file_stem(encode_key(block_hash, extra_key)) in self._index
+    def contains(
+        self, block_hash: int | bytes, *, extra_key: object = None, kv_cache_dtype: str | None = None
+    ) -> bool:
+        return _file_stem(encode_key(block_hash, extra_key, kv_cache_dtype)) in self._index
 
-    def contains_many(self, block_hashes: Iterable[int | bytes], *, extra_key: object = None) -> list[bool]:
-        return [self.contains(h, extra_key=extra_key) for h in block_hashes]
+    def contains_many(
+        self,
+        block_hashes: Iterable[int | bytes],
+        *,
+        extra_key: object = None,
+        kv_cache_dtype: str | None = None,
+    ) -> list[bool]:
+        return [self.contains(h, extra_key=extra_key, kv_cache_dtype=kv_cache_dtype) for h in block_hashes]
 
-    def delete(self, block_hash: int | bytes, *, extra_key: object = None) -> bool:
-        stem = _file_stem(encode_key(block_hash, extra_key))
+    def delete(
+        self, block_hash: int | bytes, *, extra_key: object = None, kv_cache_dtype: str | None = None
+    ) -> bool:
+        stem = _file_stem(encode_key(block_hash, extra_key, kv_cache_dtype))
         with self._lock:
             return self._drop(stem)
 

@@ -76,8 +76,10 @@ class RedisStore:
         self._stats = StoreStats()
         self._usage = 0
 
-    def _key(self, block_hash: int | bytes, extra_key: object) -> tuple[bytes, bytes]:
-        key = encode_key(block_hash, extra_key)
+    def _key(
+        self, block_hash: int | bytes, extra_key: object, kv_cache_dtype: object = None
+    ) -> tuple[bytes, bytes]:
+        key = encode_key(block_hash, extra_key, kv_cache_dtype)
         return key, self._prefix + key
 
     def _error(self, what: str, exc: BaseException) -> None:
@@ -105,8 +107,15 @@ class RedisStore:
     def stats(self) -> StoreStats:
         return self._stats
 
-    def put(self, block_hash: int | bytes, payload: Payload, *, extra_key: object = None) -> bool:
-        key, redis_key = self._key(block_hash, extra_key)
+    def put(
+        self,
+        block_hash: int | bytes,
+        payload: Payload,
+        *,
+        extra_key: object = None,
+        kv_cache_dtype: str | None = None,
+    ) -> bool:
+        key, redis_key = self._key(block_hash, extra_key, kv_cache_dtype)
         parts = encode_entry(key, payload)
         value = b"".join(parts)
         try:
@@ -119,8 +128,10 @@ class RedisStore:
         self._usage += entry_size(parts)
         return True
 
-    def get(self, block_hash: int | bytes, *, extra_key: object = None) -> Payload | None:
-        key, redis_key = self._key(block_hash, extra_key)
+    def get(
+        self, block_hash: int | bytes, *, extra_key: object = None, kv_cache_dtype: str | None = None
+    ) -> Payload | None:
+        key, redis_key = self._key(block_hash, extra_key, kv_cache_dtype)
         try:
             value = self._client.get(redis_key)
         except self._errors as exc:
@@ -139,11 +150,19 @@ class RedisStore:
         self._stats.hits += 1
         return payload
 
-    def contains(self, block_hash: int | bytes, *, extra_key: object = None) -> bool:
-        return self.contains_many([block_hash], extra_key=extra_key)[0]
+    def contains(
+        self, block_hash: int | bytes, *, extra_key: object = None, kv_cache_dtype: str | None = None
+    ) -> bool:
+        return self.contains_many([block_hash], extra_key=extra_key, kv_cache_dtype=kv_cache_dtype)[0]
 
-    def contains_many(self, block_hashes: Iterable[int | bytes], *, extra_key: object = None) -> list[bool]:
-        redis_keys = [self._key(h, extra_key)[1] for h in block_hashes]
+    def contains_many(
+        self,
+        block_hashes: Iterable[int | bytes],
+        *,
+        extra_key: object = None,
+        kv_cache_dtype: str | None = None,
+    ) -> list[bool]:
+        redis_keys = [self._key(h, extra_key, kv_cache_dtype)[1] for h in block_hashes]
         if not redis_keys:
             return []
         try:
@@ -155,8 +174,10 @@ class RedisStore:
             self._error("contains", exc)
             return [False] * len(redis_keys)
 
-    def delete(self, block_hash: int | bytes, *, extra_key: object = None) -> bool:
-        return self._delete_key(self._key(block_hash, extra_key)[1])
+    def delete(
+        self, block_hash: int | bytes, *, extra_key: object = None, kv_cache_dtype: str | None = None
+    ) -> bool:
+        return self._delete_key(self._key(block_hash, extra_key, kv_cache_dtype)[1])
 
     def _delete_key(self, redis_key: bytes) -> bool:
         try:

@@ -33,6 +33,7 @@ LATENCY_EWMA_WEIGHT = 0.2
 class _Load:
     hashes: list[int]
     extra_key: object
+    kv_cache_dtype: str | None
     results: dict[int, Payload] = field(default_factory=dict)
     served: int = 0  # gets finished (answered or raised)
     abandoned: bool = False
@@ -89,6 +90,12 @@ class Prefetch:
             return self._request.abandoned
 
 
+def _dtype_kw(kv_cache_dtype: str | None) -> dict[str, str]:
+    """The dtype keyword of a store call, passed only when set: a store written before quantized
+    caches (no such keyword) keeps serving unquantized blocks."""
+    return {} if kv_cache_dtype is None else {"kv_cache_dtype": kv_cache_dtype}
+
+
 def _seconds(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InvalidArgumentTypeError(f"{name} is a number of seconds, not {type(value).__name__}")
@@ -112,7 +119,7 @@ class OffloadWorker:
         self._store = store
         self._max_puts = max_pending_puts
         self._cond = threading.Condition()
-        self._puts: collections.deque[tuple[int, Payload, object, bool]] = collections.deque()
+        self._puts: collections.deque[tuple[int, Payload, object, bool, str | None]] = collections.deque()
         self._loads: collections.deque[_Load] = collections.deque()
         self._closing = False
         self._busy = False
@@ -139,35 +146,47 @@ class OffloadWorker:
             return len(self._puts)
 
     def submit_put(
-        self, block_hash: int | bytes, payload: Payload, *, extra_key: object = None, if_absent: bool = False
+        self,
+        block_hash: int | bytes,
+        payload: Payload,
+        *,
+        extra_key: object = None,
+        if_absent: bool = False,
+        kv_cache_dtype: str | None = None,
     ) -> bool:
         """Queue a put; ``False`` if it was dropped (the queue is full, or the worker closed).
         The payload is not copied: the caller hands it over and does not mutate it. With
         ``if_absent`` the worker first asks the store (``contains``, on its own thread) and skips
         a key it holds (``skipped_puts``): a shared store another writer filled costs a lookup,
-        not a rewrite. A wrong hash, salt or payload type raises here, on the caller's thread."""
+        not a rewrite. A wrong hash, salt, dtype or payload type raises here, on the caller's
+        thread. ``kv_cache_dtype``: the cache's dtype, part of the key (None: unquantized)."""
         if not isinstance(if_absent, bool):
             raise InvalidArgumentTypeError(f"if_absent is a bool, not {type(if_absent).__name__}")
         value = hash_to_int(block_hash)
-        encode_key(value, extra_key)  # validates the salt
+        encode_key(value, extra_key, kv_cache_dtype)  # validates the salt and the dtype
         check_payload(payload)
         with self._cond:
             if self._closing or len(self._puts) >= self._max_puts:
                 self.dropped_puts += 1
                 return False
-            self._puts.append((value, payload, extra_key, if_absent))
+            self._puts.append((value, payload, extra_key, if_absent, kv_cache_dtype))
             self._cond.notify()
         return True
 
     def load(
-        self, block_hashes: Iterable[int | bytes], deadline_s: float, *, extra_key: object = None
+        self,
+        block_hashes: Iterable[int | bytes],
+        deadline_s: float,
+        *,
+        extra_key: object = None,
+        kv_cache_dtype: str | None = None,
     ) -> dict[int, Payload]:
         """The payloads of ``block_hashes`` the store returned within ``deadline_s`` seconds
         (keyed by the hash as an ``int``); a hash missing from the result is a miss."""
         deadline = _seconds("deadline_s", deadline_s)
         hashes = [hash_to_int(h) for h in block_hashes]
-        encode_key(0, extra_key)  # validates the salt
-        request = _Load(hashes, extra_key)
+        encode_key(0, extra_key, kv_cache_dtype)  # validates the salt and the dtype
+        request = _Load(hashes, extra_key, kv_cache_dtype)
         if not hashes:
             return {}
         end = time.monotonic() + deadline
@@ -186,13 +205,19 @@ class OffloadWorker:
                 self.late_loads += 1
             return dict(request.results)
 
-    def prefetch(self, block_hashes: Iterable[int | bytes], *, extra_key: object = None) -> Prefetch:
+    def prefetch(
+        self,
+        block_hashes: Iterable[int | bytes],
+        *,
+        extra_key: object = None,
+        kv_cache_dtype: str | None = None,
+    ) -> Prefetch:
         """Queue a load and return at once: ``Prefetch.take(wait_s)`` later returns what has
         arrived (waiting at most ``wait_s`` for the rest). Like ``load``, it goes before queued
         puts; a prefetch taken or dropped before it finishes stops where it is."""
         hashes = [hash_to_int(h) for h in block_hashes]
-        encode_key(0, extra_key)  # validates the salt
-        request = _Load(hashes, extra_key)
+        encode_key(0, extra_key, kv_cache_dtype)  # validates the salt and the dtype
+        request = _Load(hashes, extra_key, kv_cache_dtype)
         with self._cond:
             if self._closing or not hashes:
                 request.done = True
@@ -274,7 +299,9 @@ class OffloadWorker:
                 return
             start = time.monotonic()
             try:
-                payload = self._store.get(value, extra_key=request.extra_key)
+                payload = self._store.get(
+                    value, extra_key=request.extra_key, **_dtype_kw(request.kv_cache_dtype)
+                )
             except Exception as exc:  # noqa: BLE001 - the worker outlives any store bug
                 self._note_failure(exc)
                 payload = None
@@ -289,13 +316,16 @@ class OffloadWorker:
             request.done = True
             self._cond.notify_all()
 
-    def _put(self, value: int, payload: Payload, extra_key: object, if_absent: bool) -> None:
+    def _put(
+        self, value: int, payload: Payload, extra_key: object, if_absent: bool, kv_cache_dtype: str | None
+    ) -> None:
+        dtype = _dtype_kw(kv_cache_dtype)
         try:
-            if if_absent and self._store.contains(value, extra_key=extra_key):
+            if if_absent and self._store.contains(value, extra_key=extra_key, **dtype):
                 with self._cond:
                     self.skipped_puts += 1
                 return
-            stored = self._store.put(value, payload, extra_key=extra_key)
+            stored = self._store.put(value, payload, extra_key=extra_key, **dtype)
         except Exception as exc:  # noqa: BLE001 - the worker outlives any store bug
             self._note_failure(exc)
             stored = False
