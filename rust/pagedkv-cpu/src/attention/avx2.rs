@@ -1,4 +1,4 @@
-//! Attention's inner loops on AVX2, the same bits as the plain loops (`attention_simd` docs).
+//! Attention's inner loops on AVX2, the same bits as the plain loops (`simd` docs).
 //! Scores, four keys at once: a key's 16 partial-sum lanes are two 8-lane registers (`vmulps` +
 //! `vaddps` per chunk of 16), the first tree level adds them, and the other three run for the
 //! four keys together (two keys per register after the second level, four after the third),
@@ -19,7 +19,7 @@ use std::arch::x86_64::{
 };
 use std::sync::OnceLock;
 
-use crate::attention_simd::LANES;
+use super::portable::LANES;
 
 /// Lanes of one AVX2 register: half of a key's partial sums.
 const HALF: usize = LANES / 2;
@@ -43,7 +43,7 @@ impl Avx2 {
         unsafe { add_scaled4_rows(acc, p, v) }
     }
 
-    /// `out[j] = dot4(q_j, k)` for consecutive query rows, bit for bit `attention_simd::dot4`.
+    /// `out[j] = dot4(q_j, k)` for consecutive query rows, bit for bit `portable::dot4`.
     #[inline(always)]
     pub(crate) fn dot4_rows(self, q: &[f32], k: [&[f32]; 4], out: &mut [[f32; 4]]) {
         // SAFETY: `self` exists only where `detect` saw AVX2.
