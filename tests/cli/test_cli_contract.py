@@ -120,15 +120,12 @@ def test_package_namespace_holds_no_annotations_import():
         "commands",
         "engine",
         "errors",
-        "event_types",
-        "event_wire",
         "events",
         "kernels",
         "models",
         "offload",
         "sim",
         "viz",
-        "zmq_publisher",
     }
     assert public - subpackages == set(pagedkv.__all__) - {"__version__"}
 

@@ -63,12 +63,11 @@ use std::fmt;
 mod handle;
 mod invariants;
 
-pub use handle::BlockHandle;
 use handle::{generation_of, next_tenancy, refcount_of};
 
 use crate::error::{invalid, Error, Result, Tier};
 use crate::sync::{spin_hint, AtomicU32, AtomicU64, AtomicUsize, Backoff, CachePadded, Ordering};
-use crate::BlockId;
+use crate::types::{BlockHandle, BlockId};
 
 /// The largest `num_blocks` a pool accepts (2^24 blocks; metadata is 8 bytes per block).
 pub const MAX_NUM_BLOCKS: usize = 1 << 24;
@@ -342,10 +341,7 @@ impl BlockPool {
                 "block {block_id} is not in use; there is no tenancy to take a handle to"
             ));
         }
-        Ok(BlockHandle {
-            id: block_id,
-            generation: generation_of(word),
-        })
+        Ok(BlockHandle::new(block_id, generation_of(word)))
     }
 
     /// Adds one reference to the block `handle` names and returns the new refcount. A handle
@@ -363,7 +359,7 @@ impl BlockPool {
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn retain(&self, handle: BlockHandle) -> Result<u32> {
-        self.increment(handle.id, Some(handle.generation))
+        self.increment(handle.id(), Some(handle.generation()))
     }
 
     /// Adds one reference to in-use block `block_id` without a generation check (the managers,
@@ -386,7 +382,7 @@ impl BlockPool {
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn release(&self, handle: BlockHandle) -> Result<bool> {
-        self.release_checked(handle.id, Some(handle.generation))
+        self.release_checked(handle.id(), Some(handle.generation()))
     }
 
     /// Drops one reference to `block_id` without a generation check (the managers).
@@ -425,7 +421,7 @@ impl BlockPool {
     /// ```
     pub fn release_all(&self, handles: impl IntoIterator<Item = BlockHandle>) -> Result<usize> {
         let mut freed = 0;
-        let items = handles.into_iter().map(|h| (h.id, Some(h.generation)));
+        let items = handles.into_iter().map(|h| (h.id(), Some(h.generation())));
         self.release_chain_checked(items, &mut freed)
             .map(|()| freed)
     }
@@ -587,10 +583,9 @@ impl BlockPool {
             }
             match refcount_of(cur) {
                 0 => Cas::Stop(match generation {
-                    Some(generation) => Err(Error::StaleHandle(BlockHandle {
-                        id: block_id,
-                        generation,
-                    })),
+                    Some(generation) => {
+                        Err(Error::StaleHandle(BlockHandle::new(block_id, generation)))
+                    }
                     None => invalid(format!("block {block_id} is not in use; cannot retain it")),
                 }),
                 u32::MAX => Cas::Stop(invalid(format!("block {block_id} refcount would overflow"))),
@@ -772,10 +767,9 @@ impl BlockPool {
 #[inline]
 fn check_generation(block_id: BlockId, word: u64, expected: Option<u32>) -> Result<()> {
     match expected {
-        Some(g) if g != generation_of(word) => Err(Error::StaleHandle(BlockHandle {
-            id: block_id,
-            generation: g,
-        })),
+        Some(g) if g != generation_of(word) => {
+            Err(Error::StaleHandle(BlockHandle::new(block_id, g)))
+        }
         _ => Ok(()),
     }
 }

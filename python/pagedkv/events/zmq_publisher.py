@@ -54,10 +54,11 @@ from typing import Any
 import zmq
 
 from pagedkv.errors import InvalidArgumentError, InvalidArgumentTypeError
-from pagedkv.event_wire import encode_batch
+from pagedkv.events.wire import encode_batch
 
 KvEvent = Any
-"""A ``pagedkv.events`` event object (typed loosely here: pagedkv.events imports this module)."""
+"""A ``pagedkv.events`` event object (typed loosely here: the package ``pagedkv.events`` imports
+this module)."""
 
 __all__ = ["ZmqEventPublisher", "END_SEQ", "MAX_PENDING_REPLAYS", "SUBSCRIBER_BUFFER_BYTES"]
 
