@@ -33,8 +33,9 @@
 //! Every failed CAS waits a bounded, doubling number of spin hints (`sync::Backoff`)
 //! before retrying, and `head` and `free_count` each sit on their own 128-byte line, away from
 //! the read-only fields every operation reads. Without them two threads hammering the pool
-//! bounced the shared line on every retry and lost to a `Mutex<Vec<u32>>` free list by 3-4x;
-//! with them they beat it (see `benches/README.md`). The uncontended path is unchanged.
+//! bounced the shared line on every retry and lost to a `Mutex<Vec<u32>>` free list; with them
+//! they beat it (the criterion bench against that baseline: `benches/README.md`). The
+//! uncontended path is unchanged.
 //!
 //! # Refcounts
 //!

@@ -1,8 +1,9 @@
 //! Attention's inner loops on AVX2, the same bits as the plain loops (`simd` docs).
 //! Scores, four keys at once: a key's 16 partial-sum lanes are two 8-lane registers (`vmulps` +
 //! `vaddps` per chunk of 16), the first tree level adds them, and the other three run for the
-//! four keys together (two keys per register after the second level, four after the third),
-//! about 4 instructions per score where the plain loop's reduction took ~40. Values: a group's
+//! four keys together (two keys per register after the second level, four after the third):
+//! a few instructions per score, a fraction of the plain loop's scalar reduction
+//! (docs/cpu_data_plane.md, How it is built). Values: a group's
 //! accumulator rows in one call, 8 elements per register, the four probabilities of a row
 //! broadcast once.
 //!

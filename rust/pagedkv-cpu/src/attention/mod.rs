@@ -255,8 +255,9 @@ fn run<T: KvElem>(
     // A task takes every KV head of its rows when there are tiles enough to keep every thread
     // busy: it then reads each cache block's token rows whole (one contiguous run per block),
     // where one task per KV head reads every other run of `head_dim` elements and another task
-    // the rest, later (measured 9.3-9.9 against 12.6 GB/s for the reads alone, 2 threads,
-    // docs/cpu_data_plane.md). With few tiles (batch-1 decode), one task per KV head.
+    // the rest, later (the reads alone are faster in whole rows:
+    // benches/results/2026-12-03-cpu-attention.md, "Where each step came from"). With few tiles
+    // (batch-1 decode), one task per KV head.
     let tiles: usize = rows
         .iter()
         .map(|r| r.q_len.div_ceil(PREFILL_TILE_ROWS))

@@ -13,10 +13,10 @@
 //! (`avx512`): four keys against one query with the four reduction trees interleaved in
 //! registers, and the value rows of one KV head's group of queries in one call. Intrinsics because
 //! the compiler's own code was far off: LLVM vectorised the plain 8-lane dot of the previous
-//! version into 2-float `xmm` operations inside the AVX-512 build (perf annotate: ~100 vector
-//! instructions per score), the plain 16-lane reduction costs ~40 scalar instructions per score on
-//! AVX2, and each plain value call ~80 instructions of set-up and run-time alias checks around a
-//! 48-instruction loop (callgrind).
+//! version into 2-float `xmm` operations inside the AVX-512 build, the plain 16-lane reduction
+//! runs scalar on AVX2, and each plain value call spends more instructions on set-up and run-time
+//! alias checks than on its loop (perf annotate and callgrind: docs/cpu_data_plane.md, How it is
+//! built; benches/results/2026-12-03-cpu-attention.md, "Where each step came from").
 
 #[cfg(target_arch = "x86_64")]
 use super::avx2::Avx2;

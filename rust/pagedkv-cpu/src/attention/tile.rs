@@ -525,8 +525,9 @@ fn widen4<'a, T: KvElem>(
 /// (`touch_lines`): the caller's table entries for these blocks were checked.
 ///
 /// Never inlined: inside the AVX2 and AVX-512 builds of `attend_tile` LLVM turned the strided
-/// loads into `vpgatherdd` gathers, which measured no gain; compiled on its own it keeps one
-/// scalar load per line.
+/// loads into `vpgatherdd` gathers, which measured no gain
+/// (benches/results/2026-12-03-cpu-attention.md, "Tried, measured, not kept"); compiled on its
+/// own it keeps one scalar load per line.
 #[inline(never)]
 fn touch_block<T: KvElem>(ctx: &Ctx<'_, T>, t: &Task, blk: usize, klo: usize, khi: usize) -> u32 {
     let CacheShape {
@@ -551,8 +552,8 @@ fn touch_block<T: KvElem>(ctx: &Ctx<'_, T>, t: &Task, blk: usize, klo: usize, kh
 /// no long dependency chain): a read-ahead of the next blocks of a paged cache. Scattered blocks
 /// defeat the hardware prefetcher at every block start; `prefetcht0` one or two blocks ahead
 /// measured no gain on this VM (a software prefetch that misses the TLB may be dropped), while
-/// these loads took batch 32 x 2 K decode from 7.9-8.3 to 6.4-6.6 ms (medians of 10-12
-/// alternated runs; docs/cpu_data_plane.md), at 6 % more instructions.
+/// these loads made batch-32 decode faster at every context tried, for a few percent more
+/// instructions (benches/results/2026-12-03-cpu-attention.md, "Where each step came from").
 #[inline(always)]
 fn touch_lines<T: KvElem>(rows: &[T]) -> u32 {
     let step = (64 / std::mem::size_of::<T>()).max(1);

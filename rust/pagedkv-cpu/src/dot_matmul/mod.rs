@@ -13,12 +13,13 @@
 //! `sum_i e_i * w_i` for the rounding errors `e_i` (at most `dx / 2`). The exact fp32 sum of `x`
 //! in the offset term would look more accurate and is not: the error would become
 //! `sum_i e_i * scale * code_i`, and the codes are not centred (Q4_1's run 0..15 around an offset
-//! near `-8 * scale`), which measured twice the error on three of SmolLM2's matrices (random
-//! activations with outlier channels). One rounding of each activation to 8 bits buys 4x the
-//! multiply-adds per instruction (`vpdpbusd`, `vnni`; `vpmaddubsw` on AVX2, `avx2`). Results do
-//! not depend on the batch, the tile a row lands in, the thread count or the instruction set:
-//! the portable tile (`portable`), the AVX2 and the AVX-512 VNNI tiles compute the same integers
-//! and the same fp32 operations in the same order, so they agree bit for bit (tested).
+//! near `-8 * scale`), which measured about twice the error on three of SmolLM2's matrices
+//! (random activations with outlier channels; docs/cpu_data_plane.md, 8-bit activations). One
+//! rounding of each activation to 8 bits buys 4x the multiply-adds per instruction (`vpdpbusd`,
+//! `vnni`; `vpmaddubsw` on AVX2, `avx2`). Results do not depend on the batch, the tile a row
+//! lands in, the thread count or the instruction set: the portable tile (`portable`), the AVX2
+//! and the AVX-512 VNNI tiles compute the same integers and the same fp32 operations in the same
+//! order, so they agree bit for bit (tested).
 //!
 //! Layout ([`to_dot_panels`]): panels of 16 output columns, as `block_matmul`; inside a panel, 64
 //! bytes per group of inputs, byte `4 * c + j` for column `c`: one unsigned byte per code for
