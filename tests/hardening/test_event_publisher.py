@@ -20,7 +20,7 @@ zmq = pytest.importorskip("zmq")
 
 LOOPBACK = "tcp://127.0.0.1:*"
 HANG_GUARD_MS = 10_000  # only a guard against hanging; nothing asserts a duration
-SUBSCRIBER_BUFFER_BYTES = 64 << 20  # the publisher's default bound (pagedkv.zmq_publisher)
+SUBSCRIBER_BUFFER_BYTES = 64 << 20  # the publisher's default bound (pagedkv.events.zmq_publisher)
 
 
 class Index:

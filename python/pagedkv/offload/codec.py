@@ -11,8 +11,8 @@ Layout (little-endian), header then three variable parts::
 payload. A decoder serves an entry only if the magic and version match, the lengths add up to
 exactly the bytes it has, the checksum matches and the key is the key it asked for: a torn
 write (a crash mid-file), a flipped byte, a truncated value or a file from another key each
-decode to ``None``, a miss. XXH3 rather than CRC-32: ``zlib.crc32`` checks ~0.8 GB/s on this
-machine, XXH3-64 ~10 GB/s, and the check is on every load.
+decode to ``None``, a miss. XXH3 rather than CRC-32: ``zlib.crc32`` checks many times slower
+than XXH3-64 (benches/results/2026-12-06-comment-numbers.md), and the check is on every load.
 """
 
 from __future__ import annotations

@@ -812,8 +812,9 @@ impl PyKvCacheManager {
     /// Drains the same KV events as `take_events` straight into one vLLM `EventBatch`: the
     /// bytes `pagedkv.events.encode_batch(kv.take_events(), ts, data_parallel_rank,
     /// raw_hashes=raw_hashes)` returns, without an event object per event (a publisher's hot
-    /// path: building the objects and reading them back cost 3.5-6.3 us per event, this
-    /// 0.14-0.15). Returns `(number of events, payload)`.
+    /// path: building the objects and reading them back costs many times this path per event,
+    /// benches/results/2026-12-02-prefix-admission.md, "Follow-up: events, eviction, the
+    /// benchmark itself"). Returns `(number of events, payload)`.
     #[pyo3(signature = (ts, data_parallel_rank=None, raw_hashes=FlagArg(false)))]
     #[pyo3(text_signature = "($self, ts, data_parallel_rank=None, raw_hashes=False)")]
     fn take_event_batch<'py>(

@@ -54,10 +54,11 @@ from typing import Any
 import zmq
 
 from pagedkv.errors import ClosedError, InvalidArgumentError, InvalidArgumentTypeError
-from pagedkv.event_wire import encode_batch
+from pagedkv.events.wire import encode_batch
 
 KvEvent = Any
-"""A ``pagedkv.events`` event object (typed loosely here: pagedkv.events imports this module)."""
+"""A ``pagedkv.events`` event object (typed loosely here: the package ``pagedkv.events`` imports
+this module)."""
 
 __all__ = ["ZmqEventPublisher", "END_SEQ", "MAX_PENDING_REPLAYS", "SUBSCRIBER_BUFFER_BYTES"]
 
@@ -279,8 +280,9 @@ class ZmqEventPublisher:
         """Publishes ``kv.take_events()`` as one batch when there are any; returns how many.
 
         A ``pagedkv.KvCacheManager`` drains and encodes them in one call (``take_event_batch``:
-        the same bytes, without building an event object per event, ~2 us each); any other
-        object with a ``take_events()`` goes through ``publish``."""
+        the same bytes, without building an event object per event:
+        benches/results/2026-12-02-prefix-admission.md, "Follow-up: events, eviction, the
+        benchmark itself"); any other object with a ``take_events()`` goes through ``publish``."""
         take_batch = getattr(kv, "take_event_batch", None)
         if take_batch is None:
             events = kv.take_events()

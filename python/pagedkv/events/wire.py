@@ -1,5 +1,5 @@
 """``encode_batch``: a list of KV events -> the bytes vLLM publishes over ZMQ (one ``EventBatch``,
-docs/events.md). Re-exported by ``pagedkv.events``; ``pagedkv.zmq_publisher`` encodes with it.
+docs/events.md). Re-exported by ``pagedkv.events``; ``pagedkv.events.zmq_publisher`` encodes with it.
 
 The encoder itself is the Rust core's (``pagedkv._core.encode_event_batch``); this module reads the
 caller's events into builtin values first, so that none of the caller's code runs inside it.
@@ -15,7 +15,7 @@ from typing import Any
 
 from pagedkv import _core
 from pagedkv.errors import InvalidArgumentError, InvalidArgumentTypeError, PagedKvError
-from pagedkv.event_types import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
+from pagedkv.events.types import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 
 __all__ = ["encode_batch"]
 
