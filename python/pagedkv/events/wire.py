@@ -13,7 +13,6 @@ import time
 from collections.abc import Collection, Iterable
 from typing import Any
 
-from pagedkv import _core
 from pagedkv.errors import InvalidArgumentError, InvalidArgumentTypeError, PagedKvError
 from pagedkv.events.types import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 
@@ -46,6 +45,10 @@ def encode_batch(
     rank = _rank(data_parallel_rank)
     raw = _flag("raw_hashes", raw_hashes)
     plain = _plain_events(events)
+    # Imported here, not at the top: `import pagedkv` (which imports the event types through this
+    # package) must not load the extension (docs/design.md, the lazy `_core`).
+    from pagedkv import _core
+
     try:
         # Every field is now a builtin value: no caller code runs inside the encoder, so what it
         # can still refuse is a value out of the wire's range (a negative or > 64-bit integer).
