@@ -13,16 +13,33 @@ from __future__ import annotations
 
 from typing import Any
 
+from pagedkv.errors import InvalidArgumentError
 from pagedkv.models.chat_template import render_chat_template
 from pagedkv.models.errors import ModelLoadError, UnsupportedModelError
 
-__all__ = ["GgufTokenizer", "SUPPORTED_PRE_TOKENIZERS"]
+__all__ = ["GgufTokenizer", "SUPPORTED_PRE_TOKENIZERS", "checked_text"]
 
 # tokenizer.ggml.pre values whose regexes match GPT-2's byte-level split (after an optional digit
 # split): llama.cpp's LLAMA_VOCAB_PRE_TYPE_GPT2 and _SMOLLM.
 _DIGIT_SPLIT = {"smollm": True, "gpt2": False, "default": False}
 SUPPORTED_PRE_TOKENIZERS = tuple(_DIGIT_SPLIT)
 _CONTROL, _USER_DEFINED = 3, 4
+
+
+def checked_text(text: object) -> str:
+    """``text`` if a tokenizer can take it, else ``InvalidArgumentError``: a ``str`` that is
+    valid Unicode. ``tokenizers`` raises a bare ``TypeError`` ("TextInputSequence must be str")
+    for a non-``str`` and for a lone surrogate (``"\\ud800"``: no UTF-8 encodes it)."""
+    if not isinstance(text, str):
+        raise InvalidArgumentError(f"text to tokenize is a str, not {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidArgumentError(
+            f"text to tokenize is valid Unicode; position {exc.start} holds a lone surrogate "
+            f"{text[exc.start]!r}"
+        ) from None
+    return text
 
 
 def _vocabulary(metadata: dict[str, Any]) -> tuple[list[str], list[tuple[str, str]], list[int]]:
@@ -134,7 +151,7 @@ class GgufTokenizer:
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``; control tokens written in the text are parsed as such; BOS is
         prepended only when the file says ``add_bos_token``."""
-        ids = self._tokenizer.encode(text, add_special_tokens=False).ids
+        ids = self._tokenizer.encode(checked_text(text), add_special_tokens=False).ids
         return [self.bos_token_id, *ids] if self.add_bos else list(ids)
 
     def decode(self, ids: list[int], *, skip_special_tokens: bool = False) -> str:
