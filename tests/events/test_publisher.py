@@ -5,6 +5,7 @@ gap after a subscriber restart recovered through the ROUTER replay socket."""
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pagedkv
 import pytest
@@ -193,6 +194,64 @@ def test_malformed_replay_request_gets_the_end_marker_and_the_publisher_keeps_go
         pub.publish([])
         sub = Subscriber(pub, topic="")
         assert [s for s, _ in sub.replay(0)][:1] == [0]
+        sub.close()
+
+
+class HeldPublisher(ZmqEventPublisher):
+    """Sends no live batch until its thread has read a replay request, so every batch published
+    before the request is still queued when the request is read: the schedule a busy machine
+    produced now and then (the malformed-request test above failed under load), made certain."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.holding = True  # read by the thread that super().__init__ starts
+        super().__init__(*args, **kwargs)
+
+    def _step(self) -> bool:
+        if not self.holding or self._stop.is_set():
+            return super()._step()
+        assert self._replay is not None
+        self._replay.poll(10)  # the thread's own socket: waits for a request, not a duration
+        self._accept_replays()
+        self.holding = not self._replays
+        return True
+
+
+class FailingFirstSend:
+    """The publisher's PUB socket, whose first send raises (the batch gets no sequence number)."""
+
+    def __init__(self, socket: Any) -> None:
+        self.socket, self.failed = socket, False
+
+    def send_multipart(self, *args: Any, **kwargs: Any) -> Any:
+        if not self.failed:
+            self.failed = True
+            raise zmq.ZMQError(zmq.ENOTSOCK)
+        return self.socket.send_multipart(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.socket, name)
+
+
+def test_a_replay_includes_every_batch_published_before_the_request() -> None:
+    with HeldPublisher("tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*") as pub:
+        for _ in range(3):
+            pub.publish([])
+        sub = Subscriber(pub, topic="")
+        # Queued, not yet sent when the request was read: they are sent live, then replayed.
+        assert [s for s, _ in sub.replay(0)] == [0, 1, 2]
+        assert [s for s, _ in sub.replay(1)] == [1, 2]
+        assert pub.flush() and pub.published_batches == 3
+        sub.close()
+
+
+def test_a_replay_counting_a_batch_whose_send_failed_still_ends() -> None:
+    with HeldPublisher("tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*") as pub:
+        pub._pub = FailingFirstSend(pub._pub)  # type: ignore[assignment]
+        pub.publish([])  # its send fails: no sequence number
+        pub.publish([])  # sequence number 0
+        sub = Subscriber(pub, topic="")
+        assert [s for s, _ in sub.replay(0)] == [0]  # and the end marker, not a wait for seq 1
+        assert pub.failed_batches == 1 and pub.published_batches == 1
         sub.close()
 
 
