@@ -72,7 +72,7 @@ class Prefetch:
     def wait(self, wait_s: float) -> int:
         """Wait at most ``wait_s`` seconds for the load to finish or its next get to finish;
         the number of its gets finished so far. Abandons nothing (``take`` still ends it)."""
-        end = time.monotonic() + _seconds("wait_s", wait_s)
+        end = time.monotonic() + seconds("wait_s", wait_s)
         cond, request = self._worker._cond, self._request
         with cond:
             served = request.served
@@ -255,10 +255,10 @@ class OffloadWorker:
 
     # -- the thread ----------------------------------------------------------------------
 
-    def _note_latency(self, seconds: float) -> None:
+    def _note_latency(self, took_s: float) -> None:
         with self._cond:
             last = self.get_latency_s
-            self.get_latency_s = seconds if last is None else last + LATENCY_EWMA_WEIGHT * (seconds - last)
+            self.get_latency_s = took_s if last is None else last + LATENCY_EWMA_WEIGHT * (took_s - last)
 
     def _note_failure(self, exc: BaseException) -> None:
         with self._cond:

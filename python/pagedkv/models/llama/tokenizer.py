@@ -14,8 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from pagedkv.errors import ModelLoadError, UnsupportedModelError
-from pagedkv.models.text import checked_text
 from pagedkv.models.chat_template import render_chat_template
+from pagedkv.models.text import checked_text
 
 __all__ = ["GgufTokenizer", "SUPPORTED_PRE_TOKENIZERS"]
 
