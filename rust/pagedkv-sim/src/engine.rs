@@ -486,8 +486,7 @@ impl<'a> Engine<'a> {
             let Some(cost) = memory.try_admit(group, &mut self.next_seq_id, alone)? else {
                 return Ok(());
             };
-            let group = policy.admitted(request, cost.hit_tokens)?;
-            policy.sync(memory)?;
+            let group = policy.admitted(memory, request, cost.hit_tokens)?;
             self.record_admission(group, cost);
         }
         Ok(())

@@ -71,8 +71,14 @@ impl PolicyWaiting {
             .ok_or_else(|| Error::InvariantViolation(format!("request {request} is not waiting")))
     }
 
-    /// `request` was admitted with `hit_tokens` from the cache: it leaves the queue.
-    pub fn admitted(&mut self, request: usize, hit_tokens: usize) -> Result<Group> {
+    /// `request` was admitted with `hit_tokens` from the cache: it leaves the queue, and the
+    /// events of its admission reach the index.
+    pub fn admitted(
+        &mut self,
+        memory: &mut dyn KvMemory,
+        request: usize,
+        hit_tokens: usize,
+    ) -> Result<Group> {
         let predicted = self.predicted_hit_tokens(request);
         if hit_tokens != predicted {
             return Err(Error::InvariantViolation(format!(
@@ -80,6 +86,7 @@ impl PolicyWaiting {
             )));
         }
         self.queue.admitted(request as u64)?;
+        self.sync(memory)?;
         self.groups[request].take().ok_or_else(|| {
             Error::InvariantViolation(format!("request {request} was admitted twice"))
         })

@@ -18,7 +18,7 @@ use pagedkv::{BlockHash, Error, Result};
 use rustc_hash::FxHasher;
 
 use super::lists::{drain_into, push_back, unlink, Chain, Link, Links, List, Slot, NO_SLOT};
-use super::trie::{Node, NodeId, Trie, NOBODY, ROOT};
+use super::trie::{NodeId, Trie, NOBODY, ROOT};
 
 /// One waiting request.
 #[derive(Debug, Clone)]
@@ -82,14 +82,21 @@ pub(crate) struct WaitingIndex {
     children: Vec<NodeId>,
     scratch: Vec<Slot>,
     /// The chain of the last admitted request: the depth-first walk resumes at its deepest block
-    /// that a waiting request's chain contains.
+    /// that a waiting request's chain contains (kept only when `track_cursor`).
     cursor: Vec<BlockHash>,
+    /// Whether the depth-first walk is used (only it reads `cursor`).
+    track_cursor: bool,
+    /// The last blocks of removed requests' chains, collected (with their unneeded ancestors)
+    /// only at the next push or removal: an admission's own blocks are stored by then, so they
+    /// stay as cached nodes instead of being dropped and entered again.
+    pending_collect: Vec<BlockHash>,
     /// Blocks evicted while reachable and on some waiting request's chain (hits lost).
     pub evicted_wanted_blocks: u64,
 }
 
 impl WaitingIndex {
-    pub fn new() -> WaitingIndex {
+    /// An empty index; `track_cursor`: keep what the depth-first walk needs.
+    pub fn new(track_cursor: bool) -> WaitingIndex {
         WaitingIndex {
             trie: Trie::new(),
             requests: Requests::default(),
@@ -100,6 +107,8 @@ impl WaitingIndex {
             children: Vec::new(),
             scratch: Vec::new(),
             cursor: Vec::new(),
+            track_cursor,
+            pending_collect: Vec::new(),
             evicted_wanted_blocks: 0,
         }
     }
@@ -128,25 +137,32 @@ impl WaitingIndex {
                 "request {id} is already waiting"
             )));
         }
+        self.collect_pending();
         let trie = &mut self.trie;
-        let mut parent = ROOT;
-        let path: Box<[NodeId]> = block_hashes
-            .iter()
-            .map(|&h| {
-                parent = trie.get_or_insert(h, parent);
-                parent
-            })
-            .collect();
-        // A new request is the youngest: it is the oldest only where nobody waited before.
-        let join = |node: &mut Node| {
-            node.weight += 1;
-            if node.weight == 1 {
-                node.oldest = rank;
+        // The blocks that have nodes are a prefix of the chain: find its end by binary search,
+        // take those nodes from the deepest one's ancestors, and add the rest.
+        let known = block_hashes.partition_point(|h| trie.get(*h).is_some());
+        let mut path: Box<[NodeId]> = vec![ROOT; block_hashes.len()].into_boxed_slice();
+        if known > 0 {
+            let mut n = trie.get(block_hashes[known - 1]).expect("found above");
+            for slot in path[..known].iter_mut().rev() {
+                *slot = n;
+                n = trie.node(n).parent;
             }
-        };
-        join(trie.node_mut(ROOT));
-        for &n in path.iter() {
-            trie.update(n, join);
+            debug_assert_eq!(n, ROOT, "chained hashes name whole prefixes");
+        }
+        let mut parent = if known > 0 { path[known - 1] } else { ROOT };
+        for (slot, &h) in path[known..].iter_mut().zip(&block_hashes[known..]) {
+            parent = trie.insert_new(h, parent);
+            *slot = parent;
+        }
+        // A new request is the youngest: it is the oldest only where nobody waited, which is
+        // the deep end of its path.
+        for &n in path.iter().rev().chain(std::iter::once(&ROOT)) {
+            if trie.node(n).oldest != NOBODY {
+                break;
+            }
+            trie.update(n, |node| node.oldest = rank);
         }
         let matched = path.iter().take_while(|&&n| trie.node(n).reachable).count() as u32;
         let request = Request {
@@ -191,9 +207,10 @@ impl WaitingIndex {
     /// Removes request `id` (`admitted`, or dropped); returns its rank, or `None` if it was not
     /// waiting. The depth-first walk resumes next to the last admitted request.
     pub fn remove(&mut self, id: u64, admitted: bool) -> Option<u64> {
+        self.collect_pending();
         let slot = self.by_id.remove(&id)?;
         let r = &self.requests.0[slot as usize];
-        if admitted {
+        if admitted && self.track_cursor {
             self.cursor.clear();
             self.cursor
                 .extend(r.path.iter().map(|&n| self.trie.node(n).hash));
@@ -216,10 +233,6 @@ impl WaitingIndex {
             Chain::Ender,
         );
         self.lpm.remove(&(Reverse(score), rank, slot));
-        self.trie.node_mut(ROOT).weight -= 1;
-        for &n in path.iter() {
-            self.trie.update(n, |node| node.weight -= 1);
-        }
         // Where it was the oldest, the next oldest is the oldest below or ending at the node,
         // deepest first so that each node reads its children's new values.
         for &n in path.iter().rev().chain(std::iter::once(&ROOT)) {
@@ -237,10 +250,19 @@ impl WaitingIndex {
         }
         // Collecting the last node climbs through every ancestor left unneeded.
         if let Some(&deepest) = path.last() {
-            self.trie.collect(deepest);
+            self.pending_collect.push(self.trie.node(deepest).hash);
         }
         self.free.push(slot);
         Some(rank)
+    }
+
+    /// Collects the nodes left by removals (see `pending_collect`).
+    fn collect_pending(&mut self) {
+        for h in std::mem::take(&mut self.pending_collect) {
+            if let Some(n) = self.trie.get(h) {
+                self.trie.collect(n);
+            }
+        }
     }
 
     /// The rank of waiting request `id`.
@@ -271,12 +293,12 @@ impl WaitingIndex {
     /// the earliest request ending here, else into the heaviest child.
     pub fn depth_first(&self) -> Option<(u64, u64)> {
         let trie = &self.trie;
-        if trie.node(ROOT).weight == 0 {
+        if trie.node(ROOT).oldest == NOBODY {
             return None;
         }
-        // Blocks of the cursor's chain some waiting request shares form a prefix of it (a node's
-        // weight counts the requests below it): binary search for its end.
-        let shared = |h: &BlockHash| trie.get(*h).is_some_and(|n| trie.node(n).weight > 0);
+        // Blocks of the cursor's chain some waiting request shares form a prefix of it (whoever
+        // waits through a node waits through its ancestors): binary search for its end.
+        let shared = |h: &BlockHash| trie.get(*h).is_some_and(|n| trie.node(n).oldest != NOBODY);
         let depth = self.cursor.partition_point(shared);
         let mut at = match depth {
             0 => ROOT,
@@ -294,7 +316,7 @@ impl WaitingIndex {
                         let r = &self.requests.0[enders.head as usize];
                         return Some((r.id, r.rank));
                     }
-                    // Weight > 0 and nobody ends here: some child carries the weight.
+                    // Someone waits through here and nobody ends here: below a child.
                     at = best?;
                 }
             }
@@ -346,7 +368,7 @@ impl WaitingIndex {
         }
         node.cached = false;
         let was_reachable = node.reachable;
-        if was_reachable && node.weight > 0 {
+        if was_reachable && node.oldest != NOBODY {
             self.evicted_wanted_blocks += 1;
         }
         if was_reachable {
@@ -370,7 +392,7 @@ impl WaitingIndex {
             .collect();
         waiting.sort_by_key(|w| w.1);
         let (wanted, cursor) = (self.evicted_wanted_blocks, std::mem::take(&mut self.cursor));
-        *self = WaitingIndex::new();
+        *self = WaitingIndex::new(self.track_cursor);
         self.evicted_wanted_blocks = wanted;
         self.cursor = cursor;
         for (id, rank, hashes, cap) in waiting {
@@ -469,14 +491,12 @@ impl WaitingIndex {
 
     /// Checks every invariant of the index and its trie (slow; for tests).
     pub fn check(&self) -> std::result::Result<(), String> {
-        let mut ending: HashMap<NodeId, u32> = HashMap::new();
         let mut keys = BTreeSet::new();
         for (&id, &slot) in &self.by_id {
             let r = &self.requests.0[slot as usize];
             if r.id != id {
                 return Err(format!("slot {slot} holds request {} under id {id}", r.id));
             }
-            *ending.entry(r.last_node()).or_default() += 1;
             let reachable = r
                 .path
                 .iter()
@@ -528,10 +548,15 @@ impl WaitingIndex {
             let at = oldest_ending.entry(r.last_node()).or_insert(NOBODY);
             *at = (*at).min(r.rank);
         }
-        self.trie
-            .check(&|n| ending.get(&n).copied().unwrap_or(0), &|n| {
-                oldest_ending.get(&n).copied().unwrap_or(NOBODY)
-            })
+        let pending: Vec<NodeId> = self
+            .pending_collect
+            .iter()
+            .filter_map(|&h| self.trie.get(h))
+            .collect();
+        self.trie.check(
+            &|n| oldest_ending.get(&n).copied().unwrap_or(NOBODY),
+            &|n| pending.contains(&n),
+        )
     }
 
     fn member(&self, list: List, chain: Chain, slot: Slot) -> bool {

@@ -78,7 +78,7 @@ impl CacheAwareQueue {
         CacheAwareQueue {
             policy,
             aging_bound: aging_bound as u64,
-            index: WaitingIndex::new(),
+            index: WaitingIndex::new(policy == Scheduling::Dfs),
             clock: AgingClock::default(),
             arrivals: VecDeque::new(),
             next_rank: 0,
@@ -181,7 +181,9 @@ impl CacheAwareQueue {
     }
 
     /// Request `id` was admitted: it leaves the queue. A request that is not waiting is
-    /// `InvalidArgument`, changing nothing.
+    /// `InvalidArgument`, changing nothing. Feed the admission's KV events before the next
+    /// [`CacheAwareQueue::push`] or `admitted`: the index then keeps the request's newly cached
+    /// blocks instead of dropping its nodes and entering them again (correct either way).
     pub fn admitted(&mut self, id: u64) -> Result<()> {
         let rank = self
             .index

@@ -10,7 +10,7 @@
 //! changes only where an event lands and is pushed down the cached subtree from there, so an
 //! event costs the nodes whose answer changes, not a pass over the queue.
 //!
-//! The trie also keeps, per node, how many waiting requests pass through it (`weight`) and its
+//! The trie also keeps, per node, the oldest waiting request through it (`oldest`) and its
 //! children ordered for the depth-first policy (`dfs_key`); the requests themselves (which node
 //! each waits at) live in `index.rs`. docs/scheduling.md describes the whole index.
 
@@ -69,9 +69,8 @@ pub(crate) struct Node {
     pub parent: NodeId,
     /// Blocks from the root (the root is 0, a prompt's first block 1).
     pub depth: u32,
-    /// Waiting requests whose chain passes through this node (those ending here included).
-    pub weight: u32,
-    /// The smallest arrival rank among them ([`NOBODY`] when `weight` is 0).
+    /// The smallest arrival rank among the waiting requests whose chain passes through this
+    /// node (those ending here included); [`NOBODY`] when there are none.
     pub oldest: u64,
     /// Copies of the block the prefix cache holds (stored minus evicted; the root: 1).
     pub copies: u32,
@@ -100,7 +99,6 @@ impl Node {
             hash,
             parent,
             depth,
-            weight: 0,
             oldest: NOBODY,
             copies: 0,
             cached: false,
@@ -120,9 +118,11 @@ impl Node {
 /// The nodes and the hash map onto them.
 ///
 /// Invariants (checked by [`Trie::check`]): every live non-root node is in `map` under its hash
-/// and in its parent's child list; `reachable == cached && parent.reachable`; `weight` of a node
-/// is the sum of its children's weights plus the requests ending there; a node with weight 0,
-/// not cached and without children is not live (it is collected as soon as that happens).
+/// and in its parent's child list; `reachable == cached && parent.reachable`; `oldest` of a node
+/// is the smallest of its children's and of the ranks of the requests ending there; a node nobody
+/// waits through, not cached and without children is not live (it is collected as soon as that
+/// happens). So every ancestor of a live node is live: along a chain, the blocks that have nodes
+/// are a prefix of it.
 #[derive(Debug)]
 pub(crate) struct Trie {
     pub nodes: Vec<Node>,
@@ -162,12 +162,18 @@ impl Trie {
         self.map.get(&hash).copied()
     }
 
-    /// The node of `hash`, created (not cached, weight 0) under `parent` when absent.
+    /// The node of `hash`, created (not cached, nobody waiting) under `parent` when absent.
     pub fn get_or_insert(&mut self, hash: BlockHash, parent: NodeId) -> NodeId {
         if let Some(&n) = self.map.get(&hash) {
             debug_assert_eq!(self.node(n).parent, parent, "one hash, two parents");
             return n;
         }
+        self.insert_new(hash, parent)
+    }
+
+    /// A new node for `hash` (not in the trie) under `parent`.
+    pub fn insert_new(&mut self, hash: BlockHash, parent: NodeId) -> NodeId {
+        debug_assert!(!self.map.contains_key(&hash));
         let depth = self.node(parent).depth + 1;
         let node = Node::new(hash, parent, depth);
         let n = match self.free.pop() {
@@ -189,7 +195,12 @@ impl Trie {
     #[inline]
     pub fn dfs_key(&self, n: NodeId) -> DfsKey {
         let node = self.node(n);
-        (node.weight > 0, node.reachable, Reverse(node.oldest), n)
+        (
+            node.oldest != NOBODY,
+            node.reachable,
+            Reverse(node.oldest),
+            n,
+        )
     }
 
     /// The smallest `oldest` among `n`'s children ([`NOBODY`] when nobody waits below them).
@@ -213,7 +224,7 @@ impl Trie {
         }
     }
 
-    /// Changes node `n`'s weight or reachability through `change`, keeping its parent's child
+    /// Changes node `n`'s `oldest` or reachability through `change`, keeping its parent's child
     /// order.
     #[inline]
     pub fn update(&mut self, n: NodeId, change: impl FnOnce(&mut Node)) {
@@ -254,12 +265,12 @@ impl Trie {
         }
     }
 
-    /// Collects node `n` and then each ancestor left with no reason to exist (weight 0, not
+    /// Collects node `n` and then each ancestor left with no reason to exist (nobody waiting, not
     /// cached, no children).
     pub fn collect(&mut self, mut n: NodeId) {
         while n != ROOT {
             let node = self.node(n);
-            if node.weight > 0 || node.cached || node.num_children > 0 {
+            if node.oldest != NOBODY || node.cached || node.num_children > 0 {
                 return;
             }
             let (parent, hash) = (node.parent, node.hash);
@@ -321,10 +332,12 @@ impl Trie {
     }
 
     /// Checks the invariants of the struct docs (slow; for tests).
+    /// `awaiting_collection`: nodes that may be unneeded until collected (whose descendants
+    /// may be too).
     pub fn check(
         &self,
-        ending_here: &dyn Fn(NodeId) -> u32,
         oldest_ending_here: &dyn Fn(NodeId) -> u64,
+        awaiting_collection: &dyn Fn(NodeId) -> bool,
     ) -> Result<(), String> {
         let mut live = 0;
         for (i, node) in self.nodes.iter().enumerate() {
@@ -353,7 +366,11 @@ impl Trie {
                         node.reachable, node.cached, parent.reachable
                     ));
                 }
-                if node.weight == 0 && !node.cached && node.num_children == 0 {
+                if node.oldest == NOBODY
+                    && !node.cached
+                    && node.num_children == 0
+                    && !awaiting_collection(n)
+                {
                     return Err(format!("node {n} should have been collected"));
                 }
             }
@@ -363,14 +380,6 @@ impl Trie {
                     "node {n} counts {} children, has {}",
                     node.num_children,
                     children.len()
-                ));
-            }
-            let weight: u32 =
-                children.iter().map(|&c| self.node(c).weight).sum::<u32>() + ending_here(n);
-            if weight != node.weight {
-                return Err(format!(
-                    "node {n} has weight {} but its subtree holds {weight}",
-                    node.weight
                 ));
             }
             let oldest = children
