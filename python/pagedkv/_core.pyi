@@ -277,6 +277,10 @@ def simulate(
     prefix_tokens: npt.NDArray[np.int64] | None,
     config: dict[str, object],
     progress: Callable[[int, int, int], object] | None = None,
+    *,
+    block_tokens: int | None = None,
+    block_offsets: npt.NDArray[np.int64] | None = None,
+    block_ids: npt.NDArray[np.int64] | None = None,
 ) -> dict[str, Any]: ...
 def record_frames(
     prompt_tokens: npt.NDArray[np.int64],
@@ -288,6 +292,10 @@ def record_frames(
     prefix_tokens: npt.NDArray[np.int64] | None,
     config: dict[str, object],
     max_steps: int,
+    *,
+    block_tokens: int | None = None,
+    block_offsets: npt.NDArray[np.int64] | None = None,
+    block_ids: npt.NDArray[np.int64] | None = None,
 ) -> dict[str, Any]: ...
 def encode_event_batch(
     events: list[Any], ts: float, data_parallel_rank: int | None = None, raw_hashes: bool = False
