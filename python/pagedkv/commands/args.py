@@ -270,10 +270,10 @@ def engine_options(*, allocator: bool = True, block_size: bool = True, preemptio
     group.add_argument(
         "--aging-bound",
         type=non_negative_int,
-        default=1024,
+        default=2048,
         metavar="N",
         help="lpm/dfs: at most N admissions may pass over a waiting request (0: first come, first "
-        "served; default 1024)",
+        "served; default 2048)",
     )
     group.add_argument("--max-steps", type=positive_int, default=None, help="stop after this many steps")
     return parent

@@ -125,7 +125,7 @@ def build_config(
     seed: int = 0,
     max_steps: int | None = None,
     scheduling: str = "fcfs",
-    aging_bound: int = 1024,
+    aging_bound: int = 2048,
 ) -> SimConfig:
     """The `SimConfig` to replay ``workload`` with.
 

@@ -127,7 +127,7 @@ class SimConfig:
     # allocator with prefix caching and no host tier).
     scheduling: str = "fcfs"
     # Most admissions that may pass over a waiting request under "lpm" and "dfs" (0: FCFS).
-    aging_bound: int = 1024
+    aging_bound: int = 2048
 
 
 @dataclass

@@ -129,7 +129,7 @@ string_enum!(Preemption, "preemption", { "recompute" => Recompute, "swap" => Swa
 string_enum!(Scheduling, "scheduling", { "fcfs" => Fcfs, "lpm" => Lpm, "dfs" => Dfs });
 
 /// Default [`SimConfig::aging_bound`]: admissions that may pass over a waiting request.
-pub const DEFAULT_AGING_BOUND: usize = 1024;
+pub const DEFAULT_AGING_BOUND: usize = 2048;
 
 /// Settings of one simulation run (field names and defaults match the Python `SimConfig`).
 ///
