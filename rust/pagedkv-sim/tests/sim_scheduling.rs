@@ -180,9 +180,11 @@ proptest! {
 
 #[test]
 fn a_zero_aging_bound_is_first_come_first_served() {
+    let mut preemptions = 0;
     for seed in 0..6 {
         let w = conversations(seed, 60, 3);
         let fcfs = simulate(&w, &config(Scheduling::Fcfs, 400, 4)).unwrap();
+        preemptions += fcfs.preemptions;
         for scheduling in [Scheduling::Lpm, Scheduling::Dfs] {
             let c = SimConfig {
                 aging_bound: 0,
@@ -195,8 +197,11 @@ fn a_zero_aging_bound_is_first_come_first_served() {
             assert_eq!(r.steps, fcfs.steps);
             assert_eq!(r.latency_s, fcfs.latency_s);
             assert_eq!(r.max_passed_over, 0);
+            assert_eq!(r.preemptions, fcfs.preemptions);
         }
     }
+    // Recomputed requests come back ahead of the waiting ones in both.
+    assert!(preemptions > 0, "the runs should include preemptions");
 }
 
 /// Eight system prompts, requests cycling through them, a pool that holds about two of them
