@@ -343,6 +343,9 @@ impl KvCacheManager {
                 num_computed,
             },
         );
+        if !host_hits.is_empty() {
+            self.bound_pending_loads();
+        }
         Ok(num_served * bs)
     }
 }
