@@ -2,7 +2,7 @@
 over a buffer at an odd offset), strided, strides that are not whole items, the other byte order,
 read-only. Each is read as the same values (the result equals the NumPy backend's, or the same
 call with a list), or refused with ``InvalidArgumentError``; never read as empty or from the
-wrong offsets (issue 39, item 1: ``swap_blocks(..., backend="cpu")`` with a misaligned mapping
+wrong offsets (``swap_blocks(..., backend="cpu")`` with a misaligned mapping
 returned 0 and moved nothing). docs/security.md lists the guarantee.
 """
 
@@ -174,7 +174,7 @@ def test_copy_blocks_reads_every_layout(name: str, kind: str) -> None:
 @pytest.mark.parametrize("kind", LAYOUTS)
 @pytest.mark.parametrize("name", ["mapping", "src_cache", "dst_cache"])
 def test_swap_blocks_reads_every_layout(name: str, kind: str) -> None:
-    """The issue's case: a misaligned (src, dst) array made the CPU backend move nothing."""
+    """A misaligned (src, dst) array once made the CPU backend move nothing."""
     rng = np.random.default_rng(6)
     args = {
         "src_cache": rng.standard_normal((4, 2, 1, 4)).astype(np.float32),

@@ -1,15 +1,14 @@
-"""Memory stays bounded when the offload tier's op queues are never drained (issue 39, item 2).
+"""Memory stays bounded when the offload tier's op queues are never drained.
 
 10^6 admit + free cycles on 8 device blocks over a 16-block offload tier, half of them new
 prompts (their blocks are offloaded when evicted) and half two prompts the tier serves (loads),
 ``take_offload_ops`` / ``take_load_ops`` never called: ~5 ops a cycle, which before dead-op
-elimination stayed queued (+39 MiB of address space and resident memory for this run; the issue
-measured +48 MiB for 10^6 admissions). The child runs under an address-space limit 16 MiB above
-its size after a warm-up, so a queue that grew would fail an allocation and kill it, and it
-reports its resident peak's growth. mimalloc (the extension's allocator) reserves a 1 GiB arena
-up front by default, inside which growth does not move the address-space size, so the child runs
-with ``MIMALLOC_ARENA_RESERVE=0``. (The Rust side's length bound is
-`rust/pagedkv/tests/offload.rs::undrained_offload_and_load_queues_stay_bounded`.)
+elimination stayed queued (+39 MiB of address space and resident memory for this run). The
+child runs under an address-space limit 16 MiB above its size after a warm-up, so a queue that
+grew would fail an allocation and kill it, and it reports its resident peak's growth. mimalloc
+(the extension's allocator) reserves a 1 GiB arena up front by default, inside which growth does
+not move the address-space size, so the child runs with ``MIMALLOC_ARENA_RESERVE=0``. (The Rust
+side's length bound is `rust/pagedkv/tests/offload.rs::undrained_offload_and_load_queues_stay_bounded`.)
 """
 
 from __future__ import annotations
