@@ -13,6 +13,7 @@ use pyo3::prelude::*;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod alloc_guard;
+mod arrays;
 mod cpu_ops;
 mod errors;
 mod event_digests;

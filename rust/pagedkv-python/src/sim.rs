@@ -13,13 +13,14 @@ use crate::errors::or_invalid;
 use crate::errors::{invalid_argument, to_pyerr};
 use crate::scalars::CountArg;
 
-/// Copies a 1-D array (`[R]`) of `T` (NumPy dtype `dtype_name`) out of `obj`.
+/// Copies a 1-D array (`[R]`) of `T` (NumPy dtype `dtype_name`, either byte order, any
+/// alignment and strides) out of `obj`.
 fn column<T: numpy::Element + Copy>(
     obj: &Bound<'_, PyAny>,
     name: &str,
     dtype_name: &str,
 ) -> PyResult<Vec<T>> {
-    let array = obj.cast::<PyArray1<T>>().map_err(|_| {
+    let wrong = || {
         invalid_argument(
             obj.py(),
             format!(
@@ -27,7 +28,13 @@ fn column<T: numpy::Element + Copy>(
                 describe(obj)
             ),
         )
-    })?;
+    };
+    let untyped = obj.cast::<numpy::PyUntypedArray>().map_err(|_| wrong())?;
+    // An array that cannot be read in place (misaligned, strides that are not whole items,
+    // the other byte order) is read from a native copy (`arrays.rs`); the copy's dtype is then
+    // checked like the array's.
+    let behaved = crate::arrays::behaved(untyped, false)?;
+    let array = behaved.cast::<PyArray1<T>>().map_err(|_| wrong())?;
     let readonly = array
         .try_readonly()
         .map_err(|e| invalid_argument(obj.py(), format!("{name}: {e}")))?;
