@@ -39,7 +39,9 @@ def _pair(seed, dtype, kind, lens, heads, dim, bs, backend, scale=1.0):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize(("bs", "heads", "dim", "scale"), [(16, 2, 64, 1.0), (8, 1, 128, 1e-3), (1, 3, 32, 300.0)])
+@pytest.mark.parametrize(
+    ("bs", "heads", "dim", "scale"), [(16, 2, 64, 1.0), (8, 1, 128, 1e-3), (1, 3, 32, 300.0)]
+)
 def test_writes_are_the_reference_bytes(dtype, kind, bs, heads, dim, scale):
     lens = [0, 1, 17, 40, 33]
     ref = _pair(21, dtype, kind, lens, heads, dim, bs, "numpy", scale)
@@ -48,7 +50,10 @@ def test_writes_are_the_reference_bytes(dtype, kind, bs, heads, dim, scale):
     np.testing.assert_array_equal(cpu.v_cache.data, ref.v_cache.data)
     if dtype == "int4":
         # Residual rows (NaN where never written): equal bit patterns.
-        for a, b in ((cpu.k_cache.residual, ref.k_cache.residual), (cpu.v_cache.residual, ref.v_cache.residual)):
+        for a, b in (
+            (cpu.k_cache.residual, ref.k_cache.residual),
+            (cpu.v_cache.residual, ref.v_cache.residual),
+        ):
             np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
 
 
@@ -97,14 +102,21 @@ def _close_to_reference(got, want, kind):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
     ("kind", "bs", "heads", "group", "window"),
-    [("float32", 16, 2, 1, None), ("float16", 8, 1, 4, None), ("bfloat16", 16, 2, 3, 20), ("float32", 1, 1, 2, 7)],
+    [
+        ("float32", 16, 2, 1, None),
+        ("float16", 8, 1, 4, None),
+        ("bfloat16", 16, 2, 3, 20),
+        ("float32", 1, 1, 2, 7),
+    ],
 )
 def test_decode(dtype, kind, bs, heads, group, window):
     lens = [0, 1, 37, 48, 15, 300]
     p = _pair(7, dtype, kind, lens, heads, 64, bs, "cpu")
     q = _query(8, len(lens), heads * group, 64, kind)
     args = (p.block_tables, p.seq_lens)
-    out = paged_attention(q, p.k_cache, p.v_cache, *args, window=window, residual_slots=p.residual_slots, backend="cpu")
+    out = paged_attention(
+        q, p.k_cache, p.v_cache, *args, window=window, residual_slots=p.residual_slots, backend="cpu"
+    )
     plain = _plain_cpu_on_dequantized(
         p, q, kind, lambda q32, kd, vd: paged_attention(q32, kd, vd, *args, window=window, backend="cpu")
     )
@@ -184,9 +196,13 @@ def test_mismatched_caches_are_refused():
         paged_attention(q, k4, v4, tables, lens, residual_slots=np.zeros(1, np.int32), backend="cpu")
     k = np.ones((3, 1, 64), np.float32)
     with pytest.raises(InvalidArgumentError):  # float32 keys into a float16 residual
-        write_kv(k, k, k4, v4, np.arange(3, dtype=np.int64), residual_slots=np.zeros(3, np.int32), backend="cpu")
+        write_kv(
+            k, k, k4, v4, np.arange(3, dtype=np.int64), residual_slots=np.zeros(3, np.int32), backend="cpu"
+        )
     with pytest.raises(InvalidArgumentError):  # one array as both caches
         write_kv(k, k, kc, kc, np.arange(3, dtype=np.int64), backend="cpu")
-    bad = QuantizedKvCache(kc.data.reshape(-1)[: 4 * 512].reshape(4, 512), "int8", "key", 8, 1, 64)  # not 528-byte rows
+    bad = QuantizedKvCache(
+        kc.data.reshape(-1)[: 4 * 512].reshape(4, 512), "int8", "key", 8, 1, 64
+    )  # not 528-byte rows
     with pytest.raises(InvalidArgumentError):
         paged_attention(q, bad, vc, tables, lens, backend="cpu")

@@ -126,9 +126,10 @@ def paged_attention(
     entries may be -1 (released by a sliding-window KV group): the kernels start each
     sequence's key loop at the window (docs/decode_kernel.md) and plan splits over it.
     Quantized caches (``QuantizedKvCache``, every backend): keys and values are dequantized as
-    they are read; tables and lengths are host (NumPy) arrays on every backend; use_tensor_cores=True is refused
-    (no tensor-core kernel for them). residual_slots (int4 only): int32 [num_seqs], each
-    sequence's residual slot (read where its last block is open: seq_len % block_size != 0).
+    they are read; tables and lengths are host (NumPy) arrays on every backend;
+    use_tensor_cores=True is refused (no tensor-core kernel for them). residual_slots (int4
+    only): int32 [num_seqs], each sequence's residual slot (read where its last block is open:
+    seq_len % block_size != 0).
     """
     q, k_cache, v_cache, block_tables, seq_lens = (
         val.unwrap_ndarray_subclass(n, x)
@@ -320,7 +321,14 @@ def _quant_paged_attention(
         )
     if backend == "cpu":
         return cpu_quant_backend.paged_attention(
-            q, k_cache, v_cache, block_tables, seq_lens, scale=scale, window=window, residual_slots=residual_slots
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            seq_lens,
+            scale=scale,
+            window=window,
+            residual_slots=residual_slots,
         )
     pair, shape, slots, lens = qval.check_quant_decode(
         q, k_cache, v_cache, block_tables, seq_lens, scale, backend, window, residual_slots

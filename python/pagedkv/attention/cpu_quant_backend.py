@@ -166,7 +166,8 @@ def copy_blocks(k_caches: Any, v_caches: Any, copy_ops: Any) -> None:
         raise InvalidArgumentError("k_caches and v_caches must be lists (one cache per layer)")
     if len(k_caches) == 0 or len(k_caches) != len(v_caches):
         raise InvalidArgumentError(
-            f"k_caches ({len(k_caches)}) and v_caches ({len(v_caches)}) must list the same layers, at least one"
+            f"k_caches ({len(k_caches)}) and v_caches ({len(v_caches)}) must list the same layers, "
+            "at least one"
         )
     for i, (k, v) in enumerate(zip(k_caches, v_caches, strict=True)):
         _cache(f"k_caches[{i}]", k)

@@ -26,7 +26,7 @@ pub struct QuantCacheMut<'a, R> {
 }
 
 fn check(name: &str, layout: &QuantLayout, data_len: usize, residual_len: usize) -> Result<()> {
-    if data_len % layout.block_bytes != 0 {
+    if !data_len.is_multiple_of(layout.block_bytes) {
         return Err(CpuError::Shape(format!(
             "{name}: {data_len} bytes are not whole blocks of {} (the {} {:?} layout)",
             layout.block_bytes,
@@ -41,7 +41,7 @@ fn check(name: &str, layout: &QuantLayout, data_len: usize, residual_len: usize)
             layout.format.name()
         )));
     }
-    if layout.has_residual() && residual_len % slot != 0 {
+    if layout.has_residual() && !residual_len.is_multiple_of(slot) {
         return Err(CpuError::Shape(format!(
             "{name}: the residual's {residual_len} elements are not whole slots of [{}, {}, {}]",
             layout.block_size, layout.num_kv_heads, layout.head_dim

@@ -238,8 +238,8 @@ pub fn int4_encode_set(
 ) -> Int4Side {
     let finite = (0..groups).all(|g| (0..n).all(|i| x(g, i).is_finite()));
     if !finite {
-        for g in 0..groups {
-            meta[g] = 0;
+        for (g, m) in meta.iter_mut().enumerate().take(groups) {
+            *m = 0;
             for i in 0..n {
                 code(g, i, 0);
             }
@@ -293,7 +293,7 @@ pub fn int4_encode_set(
         }
     }
     let unit = bf16_to_f32(unit_bits);
-    for g in 0..groups {
+    for (g, m) in meta.iter_mut().enumerate().take(groups) {
         let need = s.need[g];
         // The smallest level that covers (the levels decrease with k); level 0 otherwise.
         let k = (0..16)
@@ -311,7 +311,7 @@ pub fn int4_encode_set(
             };
             code(g, i, q);
         }
-        meta[g] = ((s.j[g] as u8) << 4) | k as u8;
+        *m = ((s.j[g] as u8) << 4) | k as u8;
     }
     Int4Side {
         bits: [lo_bits, cstep_bits, unit_bits],

@@ -117,7 +117,7 @@ impl QuantLayout {
         let rows = block_size * num_kv_heads;
         let (codes, meta, side_offset, side) = match format {
             QuantFormat::Int4 => {
-                if head_dim % 2 != 0 {
+                if !head_dim.is_multiple_of(2) {
                     return Err(CpuError::Shape(format!(
                         "an int4 cache packs two channels a byte: head_dim must be even, got {head_dim}"
                     )));

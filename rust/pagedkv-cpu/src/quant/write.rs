@@ -83,7 +83,7 @@ fn plan_seals(
     for r in &runs {
         let fills = r.first_off + r.len == block_size;
         let reads = fills && r.first_off > 0;
-        if !(reads || !fills) {
+        if fills && !reads {
             continue; // a whole block: no residual involved
         }
         if r.slot < 0 || r.slot as usize >= num_residual_slots {
@@ -287,7 +287,7 @@ pub(crate) fn encode_int4_block(
                     hd,
                     |b, d| tokens[at(b, h, d)],
                     &mut group_meta,
-                    |b, d, q| put(b, d, q),
+                    &mut put,
                     scratch,
                 );
                 for (b, &m) in group_meta.iter().enumerate() {
