@@ -43,12 +43,11 @@ def _engine(tiny, tmp_path, **options):
 
 def _kv_holders(engine) -> tuple[list[np.ndarray], tuple[type, ...]]:
     """The runner's K/V arrays, and the types that hold or move them."""
+    from pagedkv.attention import QuantizedKvCache
     from pagedkv.engine.host_cache import HostCache
     from pagedkv.engine.kv_store import PagedKvStore
     from pagedkv.engine.model_runner import ModelRunner
     from pagedkv.engine.store_saves import StoreSaves
-
-    from pagedkv.attention import QuantizedKvCache
 
     store, cache = engine.runner.store, engine.runner.host_cache
     caches = [*store.k_caches, *store.v_caches, *store.host_k, *store.host_v]
