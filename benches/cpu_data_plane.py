@@ -3,11 +3,15 @@
 1. ``kernel``: paged decode attention at batch 32, 2 K context, 8 query / 2 KV heads of 64,
    block 16 (the issue's target shape), fp32 and fp16: bytes/s of the K/V it reads beside
    ``np.copyto`` of the same bytes; and the NumPy reference against the kernel at a smaller shape.
-2. ``engine``: the SmolLM2 engine's aggregate decode throughput at batch 1 / 8 / 32 (16-token
+2. ``quant``: the same decode over quantized caches (int8, fp8_e4m3, int4; fp16 queries) written
+   from the fp16 run's keys and values, each timed in alternating rounds with the fp16 cache:
+   ``fp16_over_quant`` > 1 means the quantized cache decodes faster (it reads half or less of the
+   bytes; docs/quantized_kv.md).
+3. ``engine``: the SmolLM2 engine's aggregate decode throughput at batch 1 / 8 / 32 (16-token
    prompts, greedy, ignore_eos) on the NumPy data plane and on the CPU data plane, with
    OpenBLAS limited to 1 and to 2 threads (threadpoolctl; skipped with a note without it).
 
-    python benches/cpu_data_plane.py [--sections kernel,engine] [--out results.json]
+    python benches/cpu_data_plane.py [--sections kernel,quant,engine] [--out results.json]
 
 Ratios come from one run; the machine may be shared, so each engine row also reports tokens per
 CPU-second (process time).
@@ -24,7 +28,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-from pagedkv.attention import paged_attention
+from pagedkv.attention import QuantizedKvCache, paged_attention, write_kv
 from pagedkv.benchmarks.decode import best_of, drive_decode
 
 
@@ -91,6 +95,60 @@ def kernel_section(repeats: int) -> dict[str, Any]:
     return out
 
 
+def quant_section(repeats: int, rounds: int = 5) -> dict[str, Any]:
+    """Decode at the kernel section's shape over quantized caches beside the fp16 cache: the best
+    of ``repeats`` calls each, in ``rounds`` alternating rounds (the best of all rounds kept)."""
+    rng = np.random.default_rng(0)
+    batch, ctx, nq, nkv, hd, bs = 32, 2048, 8, 2, 64, 16
+    num_blocks = batch * ctx // bs
+    tables = rng.permutation(num_blocks).astype(np.int32).reshape(batch, ctx // bs)
+    lens = np.full(batch, ctx, np.int32)
+    k = rng.standard_normal((num_blocks, bs, nkv, hd)).astype(np.float16)
+    v = rng.standard_normal((num_blocks, bs, nkv, hd)).astype(np.float16)
+    q = rng.standard_normal((batch, nq, hd)).astype(np.float16)
+    slots = np.arange(num_blocks * bs, dtype=np.int64)
+    out: dict[str, Any] = {
+        "shape": {"batch": batch, "context": ctx, "q_heads": nq, "kv_heads": nkv, "head_dim": hd}
+    }
+    for dtype in ("int8", "fp8_e4m3", "int4"):
+        caches = [
+            QuantizedKvCache.empty(dtype, role, num_blocks, bs, nkv, hd, num_residual_slots=1)
+            for role in ("key", "value")
+        ]
+        residual = np.zeros(len(slots), np.int32) if dtype == "int4" else None
+        flat = (num_blocks * bs, nkv, hd)
+        write_kv(k.reshape(flat), v.reshape(flat), *caches, slots, residual_slots=residual, backend="cpu")
+        seq_slots = np.full(batch, -1, np.int32) if dtype == "int4" else None  # every block sealed
+        plain_s = quant_s = float("inf")
+        for _ in range(rounds):
+            plain_s = min(
+                plain_s, best_of(lambda: paged_attention(q, k, v, tables, lens, backend="cpu"), repeats)
+            )
+            quant_s = min(
+                quant_s,
+                best_of(
+                    lambda caches=caches, seq_slots=seq_slots: paged_attention(
+                        q, *caches, tables, lens, residual_slots=seq_slots, backend="cpu"
+                    ),
+                    repeats,
+                ),
+            )
+        kv_bytes = sum(int(c.data.nbytes) for c in caches)
+        out[dtype] = {
+            "kv_bytes": kv_bytes,
+            "fp16_kv_bytes": int(k.nbytes + v.nbytes),
+            "attention_ms": quant_s * 1e3,
+            "fp16_attention_ms": plain_s * 1e3,
+            "fp16_over_quant": plain_s / quant_s,
+        }
+        print(
+            f"quant: {dtype}: {quant_s * 1e3:.2f} ms, fp16 {plain_s * 1e3:.2f} ms",
+            file=sys.stderr,
+            flush=True,
+        )
+    return out
+
+
 @contextlib.contextmanager
 def blas_threads(n: int | None) -> Iterator[bool]:
     try:
@@ -144,6 +202,9 @@ def main() -> None:
     if "kernel" in sections:
         result["kernel"] = kernel_section(args.repeats)
         print(json.dumps(result["kernel"], indent=1), flush=True)
+    if "quant" in sections:
+        result["quant"] = quant_section(args.repeats)
+        print(json.dumps(result["quant"], indent=1), flush=True)
     if "engine" in sections:
         batches = tuple(int(b) for b in args.batches.split(","))
         result["engine"] = engine_section(batches, args.out_tokens)

@@ -17,14 +17,16 @@
 # Stages (limit in seconds):
 #   setup 30       benches/gpu_env.py: driver, CuPy + device, NVRTC compiling for its sm_XY, pytest,
 #                  the GPU's peaks (benches/gpu_specs.py); fails fast: one line, later stages skipped
-#   precompile 55  every kernel instance into the cubin cache, in parallel (pagedkv.kernels.precompile)
+#   precompile 80  every kernel instance into the cubin cache, in parallel (pagedkv.kernels.precompile;
+#                  261 instances with the quantized-cache kernels)
 #   probes 35      the mma/ldmatrix/cp.async layout probes (tests/kernels/test_gpu_mma.py) first:
 #                  if a fragment layout is wrong, everything after is explained by it
-#   gpu-tests 90   the other gpu tests (test_gpu.py, test_gpu_prefill.py), with xdist if present
-#   sanitizer 50   compute-sanitizer memcheck over benches/gpu_sanitize.py (small decode + prefill
+#   gpu-tests 110  the other gpu tests (test_gpu.py, test_gpu_prefill.py, tests/quant/test_gpu_quant.py),
+#                  with xdist if present
+#   sanitizer 45   compute-sanitizer memcheck over benches/gpu_sanitize.py (small decode + prefill
 #                  cases checked against the reference); skipped, saying so, without the tool
-#   decode 115     benches/gpu_decode.py --kernel-only, dense baseline beside it (JSON per point)
-#   prefill 65     benches/gpu_prefill.py, SDPA flash as the baseline without FlashInfer (JSON per point)
+#   decode 95      benches/gpu_decode.py --kernel-only, dense baseline beside it (JSON per point)
+#   prefill 55     benches/gpu_prefill.py, SDPA flash as the baseline without FlashInfer (JSON per point)
 #
 # The extension pagedkv._core is not needed (no kernel stage uses it; pagedkv loads it on first
 # use); runs with PYTHONPATH=python. docs/decode_kernel.md section 5 has the details.
@@ -82,7 +84,7 @@ say() { printf '%s\n' "$*" | tee -a "$LOG"; }
 for f in benches/gpu_env.py benches/gpu_specs.py benches/gpu_results.py benches/gpu_decode.py \
     benches/gpu_dense_decode.py benches/gpu_prefill.py benches/gpu_timing.py benches/gpu_sanitize.py \
     tests/kernels/test_gpu_mma.py tests/kernels/test_gpu.py tests/kernels/test_gpu_prefill.py \
-    python/pagedkv/kernels/precompile.py; do
+    tests/quant/test_gpu_quant.py python/pagedkv/kernels/precompile.py; do
     [ -f "$f" ] || { echo "gpu_run.sh: $f is missing" >&2; exit 2; }
 done
 
@@ -142,34 +144,35 @@ else
     ARCH=$("$PY" -c "import json, sys; print(json.load(open(sys.argv[1]))['arch'])" "$WORK/setup.json" 2>/dev/null || echo sm_90)
     SANITIZER=$("$PY" -c "import json, sys; print(json.load(open(sys.argv[1]))['compute_sanitizer'] or '')" "$WORK/setup.json" 2>/dev/null || true)
     if [ "$DRY_RUN" = 1 ]; then
-        stage precompile 55 "dry run: lists the instances" "$PY" -m pagedkv.kernels.precompile --dry-run --jobs "$JOBS"
+        stage precompile 80 "dry run: lists the instances" "$PY" -m pagedkv.kernels.precompile --dry-run --jobs "$JOBS"
         stage probes 35 "dry run: collected, not run" "${PYTEST[@]}" --collect-only -m gpu \
             tests/kernels/test_gpu_mma.py --junitxml="$WORK/probes.xml"
-        stage gpu-tests 90 "dry run: collected, not run" "${PYTEST[@]}" --collect-only -m gpu \
-            tests/kernels/test_gpu.py tests/kernels/test_gpu_prefill.py --junitxml="$WORK/gpu-tests.xml"
-        stage sanitizer 50 "dry run: the cases on the NumPy reference, compute-sanitizer not run" \
+        stage gpu-tests 110 "dry run: collected, not run" "${PYTEST[@]}" --collect-only -m gpu \
+            tests/kernels/test_gpu.py tests/kernels/test_gpu_prefill.py tests/quant/test_gpu_quant.py \
+            --junitxml="$WORK/gpu-tests.xml"
+        stage sanitizer 45 "dry run: the cases on the NumPy reference, compute-sanitizer not run" \
             "$PY" benches/gpu_sanitize.py --backend numpy --out "$WORK/sanitizer.json"
-        stage decode 115 "dry run: plans, accounting, correctness on NumPy" "$PY" benches/gpu_decode.py \
-            --dry-run --kernel-only --budget-s 85 --backend numpy --out "$WORK/decode.json"
-        stage prefill 65 "dry run: accounting, correctness on NumPy" "$PY" benches/gpu_prefill.py \
-            --dry-run --budget-s 45 --backend numpy --out "$WORK/prefill.json"
+        stage decode 95 "dry run: plans, accounting, correctness on NumPy" "$PY" benches/gpu_decode.py \
+            --dry-run --kernel-only --budget-s 68 --backend numpy --out "$WORK/decode.json"
+        stage prefill 55 "dry run: accounting, correctness on NumPy" "$PY" benches/gpu_prefill.py \
+            --dry-run --budget-s 36 --backend numpy --out "$WORK/prefill.json"
     else
-        stage precompile 55 "$ARCH, $JOBS threads" "$PY" -m pagedkv.kernels.precompile --arch "$ARCH" --jobs "$JOBS"
+        stage precompile 80 "$ARCH, $JOBS threads" "$PY" -m pagedkv.kernels.precompile --arch "$ARCH" --jobs "$JOBS"
         XDIST=()
         "$PY" -c "import xdist" 2>/dev/null && XDIST=(-n 4)
         stage probes 35 "" "${PYTEST[@]}" -m gpu tests/kernels/test_gpu_mma.py --junitxml="$WORK/probes.xml"
-        stage gpu-tests 90 "${XDIST[*]}" "${PYTEST[@]}" -m gpu "${XDIST[@]}" tests/kernels/test_gpu.py \
-            tests/kernels/test_gpu_prefill.py --junitxml="$WORK/gpu-tests.xml"
+        stage gpu-tests 110 "${XDIST[*]}" "${PYTEST[@]}" -m gpu "${XDIST[@]}" tests/kernels/test_gpu.py \
+            tests/kernels/test_gpu_prefill.py tests/quant/test_gpu_quant.py --junitxml="$WORK/gpu-tests.xml"
         if [ -n "$SANITIZER" ]; then
             export PAGEDKV_SANITIZER_TOOL=memcheck
-            stage sanitizer 50 "compute-sanitizer memcheck" "$SANITIZER" --tool memcheck \
+            stage sanitizer 45 "compute-sanitizer memcheck" "$SANITIZER" --tool memcheck \
                 --error-exitcode 86 --print-limit 20 "$PY" benches/gpu_sanitize.py --out "$WORK/sanitizer.json"
             unset PAGEDKV_SANITIZER_TOOL
         else
             skip sanitizer "compute-sanitizer not found (PATH, /usr/local/cuda/bin): no memcheck this run"
         fi
-        stage decode 115 "" "$PY" benches/gpu_decode.py --kernel-only --budget-s 85 --out "$WORK/decode.json"
-        stage prefill 65 "" "$PY" benches/gpu_prefill.py --budget-s 45 --out "$WORK/prefill.json"
+        stage decode 95 "" "$PY" benches/gpu_decode.py --kernel-only --budget-s 68 --out "$WORK/decode.json"
+        stage prefill 55 "" "$PY" benches/gpu_prefill.py --budget-s 36 --out "$WORK/prefill.json"
     fi
 fi
 

@@ -21,15 +21,20 @@ __all__ = [
     "SlidingWindow",
     "__version__",
     "cpu_add_rms_norm",
+    "cpu_copy_block_bytes",
     "cpu_copy_blocks",
     "cpu_matmul_bf16",
     "cpu_matmul_blocks",
     "cpu_matmul_dot",
     "cpu_paged_attention",
     "cpu_paged_prefill_attention",
+    "cpu_quant_paged_attention",
+    "cpu_quant_paged_prefill_attention",
+    "cpu_quant_write_kv",
     "cpu_rms_norm",
     "cpu_rope_interleaved",
     "cpu_silu_mul",
+    "cpu_swap_block_bytes",
     "cpu_swap_blocks",
     "cpu_write_kv",
     "encode_event_batch",
@@ -379,6 +384,46 @@ def cpu_write_kv(
 def cpu_copy_blocks(
     k_caches: list[npt.NDArray[Any]], v_caches: list[npt.NDArray[Any]], copy_ops: npt.NDArray[np.int32]
 ) -> None: ...
+
+# A quantized cache as the bindings take it: (data uint8 [num_blocks, block_bytes], residual
+# [num_residual_slots, block_size, num_kv_heads, head_dim] or None, kv_cache_dtype, role,
+# block_size, num_kv_heads, head_dim).
+_QuantCache: TypeAlias = tuple[npt.NDArray[np.uint8], npt.NDArray[Any] | None, str, str, int, int, int]
+
+def cpu_quant_paged_attention(
+    q: npt.NDArray[Any],
+    k_cache: _QuantCache,
+    v_cache: _QuantCache,
+    block_tables: npt.NDArray[np.int32],
+    seq_lens: npt.NDArray[np.int32],
+    residual_slots: npt.NDArray[np.int32] | None = None,
+    scale: float | None = None,
+    window: int | None = None,
+) -> npt.NDArray[Any]: ...
+def cpu_quant_paged_prefill_attention(
+    q: npt.NDArray[Any],
+    k_cache: _QuantCache,
+    v_cache: _QuantCache,
+    block_tables: npt.NDArray[np.int32] | tuple[npt.NDArray[np.int32], ...],
+    seq_lens: npt.NDArray[np.int32],
+    query_start_loc: npt.NDArray[np.int32],
+    residual_slots: npt.NDArray[np.int32] | None = None,
+    scale: float | None = None,
+    causal: bool = True,
+    window: int | None = None,
+) -> npt.NDArray[Any]: ...
+def cpu_quant_write_kv(
+    k: npt.NDArray[Any],
+    v: npt.NDArray[Any],
+    k_cache: _QuantCache,
+    v_cache: _QuantCache,
+    slot_mapping: npt.NDArray[np.int64],
+    residual_slots: npt.NDArray[np.int32] | None = None,
+) -> None: ...
+def cpu_copy_block_bytes(caches: list[npt.NDArray[np.uint8]], copy_ops: npt.NDArray[np.int32]) -> None: ...
+def cpu_swap_block_bytes(
+    src: npt.NDArray[np.uint8], dst: npt.NDArray[np.uint8], mapping: npt.NDArray[np.int32]
+) -> int: ...
 def cpu_matmul_bf16(
     x: npt.NDArray[np.float32], w: npt.NDArray[np.uint16], n: int
 ) -> npt.NDArray[np.float32]: ...

@@ -58,3 +58,39 @@ def test_memory_section_counts_what_the_engine_holds(tiny_hybrid):
         in_use = engine.kv.stats()["num_blocks_in_use"]
         assert in_use == m[key]["contexts"][str(context)]["blocks_in_use"], key
         assert in_use * engine.store.bytes_per_block == m[key]["contexts"][str(context)]["kv_bytes_in_use"]
+
+
+def test_dtype_batches_are_the_budget_arithmetic_on_a_one_group_model(tiny):
+    """Per kv_cache_dtype: a plain or 8-bit pool admits ``blocks // blocks_per_sequence``; int4
+    admits the largest n whose pool, after n residual slots, holds n sequences."""
+    from pagedkv.benchmarks.memory import kv_memory
+    from pagedkv.engine.kv_budget import pool_block_bytes, residual_bytes_per_sequence
+    from pagedkv.engine.kv_layout import kv_layout, layer_windows
+
+    c, bs, context = tiny.config, 4, 30
+    layout = kv_layout(layer_windows(c))
+    budget = 300_000
+    m = kv_memory(c, contexts=(context,), block_size=bs, budget_bytes=budget)
+    per_seq_blocks = -(-context // bs)
+    for dtype, d in m["dtypes"].items():
+        per_block = pool_block_bytes(layout, bs, c.num_kv_heads, c.head_dim, dtype)
+        residual = residual_bytes_per_sequence(layout, bs, c.num_kv_heads, c.head_dim, dtype)
+        assert d["bytes_per_block"] == per_block and d["residual_bytes_per_sequence"] == residual
+        want = max(n for n in range(1000) if ((budget - n * residual) // per_block) // per_seq_blocks >= n)
+        assert d["contexts"][str(context)]["batch_admitted"] == want, dtype
+    ratios = {d: v["contexts"][str(context)]["vs_float16"] for d, v in m["dtypes"].items()}
+    # head_dim 8: the scales and group bytes weigh more than at 64, still well below 16 bits.
+    assert ratios["float16"] == 1.0 and ratios["int8"] == ratios["fp8_e4m3"] > 1.5
+    assert ratios["int4"] > 1.5
+
+
+def test_quantized_caches_meet_the_capacity_goals_on_smollm2(smollm):
+    """The issue's goals at a 2 GiB budget, 2 K and 8 K contexts, the engine's admission replayed:
+    8-bit >= 1.95x and int4 >= 3.5x the sequences of the float16 cache."""
+    from pagedkv.benchmarks.memory import kv_memory
+
+    m = kv_memory(smollm.config, contexts=(2048, 8192), budget_bytes=2 << 30)
+    for context in ("2048", "8192"):
+        rows = {d: v["contexts"][context] for d, v in m["dtypes"].items()}
+        assert rows["int8"]["vs_float16"] >= 1.95 and rows["fp8_e4m3"]["vs_float16"] >= 1.95
+        assert rows["int4"]["vs_float16"] >= 3.5

@@ -8,11 +8,22 @@ after every step, and every block is free at the end; the hybrid schedules relea
 out-of-window blocks (``-1`` in a sliding-window group's table) while sequences run.
 
 A seeded generator (not Hypothesis) keeps the schedules reproducible and the test at a few
-seconds; the totals asserted at the end show that the schedules reach every path above."""
+seconds; the totals asserted at the end show that the schedules reach every path above.
+
+Quantized caches (``kv_cache_dtype``) run the same trials: int8 and fp8 quantize each token on
+its own, so every schedule still equals each request alone. An int4 block is quantized when it
+fills, and a token's attention reads its own block from the residual until then, so its result
+depends on when blocks seal: the same for every schedule only without chunked prefill, prefix
+hits (a hit block was computed in another request's chunks), recompute preemption (a prefill
+recomputes what decode steps computed) and rejected drafts (a reopened block returns
+dequantized); its trials exclude those and keep batching, swap preemption, forks and tiny
+pools, at the trial's block size. ``test_int4_random_schedules_run_to_completion`` runs int4
+through every path without comparing tokens (docs/quantized_kv.md, "int4 and the schedule")."""
 
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -32,18 +43,25 @@ def _blocks_needed(model, prompt_len: int, params, block_size: int) -> int:
     return LLMEngine(model, config).scheduler.blocks_to_fit(prompt_len, params)
 
 
-def _alone(model, prompt: list[int], params, cache: dict, index: int = 0) -> list[int]:
+def _alone(
+    model, prompt: list[int], params, cache: dict, index: int = 0, kv_cache_dtype=None, block_size=4
+) -> list[int]:
     """Sample ``index`` of a request run alone: a single-sample request with seed ``seed + index``,
     every layer's K/V kept for the whole context (no KV group releases anything)."""
     from pagedkv.engine import EngineConfig, LLMEngine, SamplingParams
 
     seed = None if params.seed is None else params.seed + index
     single = SamplingParams(max_tokens=params.max_tokens, temperature=params.temperature, seed=seed)
-    key = (tuple(prompt), single)
+    key = (tuple(prompt), single, kv_cache_dtype, block_size)
     if key not in cache:
-        engine = LLMEngine(
-            model, EngineConfig(num_blocks=64, block_size=4, enable_prefix_caching=False, hybrid_kv=False)
+        config = EngineConfig(
+            num_blocks=64 * 4 // block_size,
+            block_size=block_size,
+            enable_prefix_caching=False,
+            hybrid_kv=False,
+            kv_cache_dtype=kv_cache_dtype,
         )
+        engine = LLMEngine(model, config)
         rid = engine.add_request(prompt, single)
         while engine.has_unfinished():
             engine.step()
@@ -51,10 +69,13 @@ def _alone(model, prompt: list[int], params, cache: dict, index: int = 0) -> lis
     return cache[key]
 
 
-def _random_trial(rng: np.random.Generator, model, alone: dict):
+def _random_trial(rng: np.random.Generator, model, alone: dict, kv_cache_dtype=None, exact_int4=False):
+    """A random config and requests; ``exact_int4``: only schedules under which an int4 cache
+    gives each request's tokens alone (module docs)."""
     from pagedkv.engine import EngineConfig, SamplingParams
 
     bs = int(rng.choice([1, 2, 3, 4]))
+    alone_bs = bs if kv_cache_dtype == "int4" else 4
     prefixes = [rng.integers(1, VOCAB, size=int(rng.integers(1, 13))).tolist() for _ in range(2)]
     requests: list[tuple[int, list[int], SamplingParams]] = []
     for _ in range(int(rng.integers(1, 7))):
@@ -62,7 +83,7 @@ def _random_trial(rng: np.random.Generator, model, alone: dict):
             # A follow-up turn: an earlier prompt and its answer, so that the prefix cache is hit on
             # blocks filled by decoding (and by copy-on-write copies when that request has n > 1).
             _, earlier, params = requests[int(rng.integers(len(requests)))]
-            prompt = earlier + _alone(model, earlier, params, alone)
+            prompt = earlier + _alone(model, earlier, params, alone, 0, kv_cache_dtype, alone_bs)
         else:
             prompt = prefixes[int(rng.integers(2))] if rng.random() < 0.7 else []
         prompt = prompt + rng.integers(1, VOCAB, size=int(rng.integers(0 if prompt else 1, 8))).tolist()
@@ -90,7 +111,22 @@ def _random_trial(rng: np.random.Generator, model, alone: dict):
         enable_chunked_prefill=bool(rng.random() < 0.7),
         admission_watermark_blocks=[None, 0, 1][int(rng.integers(3))],
         speculative_ngram=[0, 0, 2, 5][int(rng.integers(4))],
+        kv_cache_dtype=kv_cache_dtype,
     )
+    if kv_cache_dtype == "int4":
+        # A request's samples hold residual slots at once.
+        max_n = max(p.n for _, _, p in requests)
+        config = replace(config, max_num_seqs=max(config.max_num_seqs, max_n))
+    if exact_int4:
+        # Swap preemption only, with host blocks enough that a swap never falls back to recompute.
+        config = replace(
+            config,
+            enable_prefix_caching=False,
+            enable_chunked_prefill=False,
+            speculative_ngram=0,
+            preemption="swap",
+            num_host_blocks=2 * num_blocks * max(p.n for _, _, p in requests),
+        )
     return config, requests
 
 
@@ -110,6 +146,7 @@ def _run_trial(model, config, requests) -> tuple[dict[int, list[list[int]]], dic
     from pagedkv.engine import LLMEngine
 
     engine = LLMEngine(model, config)
+    slots = [s for s in (engine.scheduler.slots, engine.scheduler.host_slots) if s is not None]
     ids: dict[int, int] = {}
     step = 0
     released = 0
@@ -119,36 +156,84 @@ def _run_trial(model, config, requests) -> tuple[dict[int, list[list[int]]], dic
                 ids[i] = engine.add_request(prompt, params)
         engine.step()
         engine.kv.check_invariants()
+        for s in slots:
+            s.check()
         if engine.layout.is_hybrid:
             released += _released_positions(engine)
         step += 1
         assert step < MAX_STEPS, f"no progress: {config}"
     assert len(engine.kv) == 0 and engine.kv.num_free_blocks == config.num_blocks
+    assert all(s.num_free == s.num_slots for s in slots)  # every residual slot released
+    assert engine.stats.failed_requests == 0
     outputs = {i: [c.token_ids for c in engine.output(rid).outputs] for i, rid in ids.items()}
     return outputs, {**engine.stats.summary(), "released_positions": released}
 
 
-@pytest.mark.parametrize(("kind", "trials"), [("llama", TRIALS), ("hybrid", HYBRID_TRIALS)])
-def test_random_schedules_equal_each_request_alone(kind, trials, tiny, tiny_hybrid):
+@pytest.mark.parametrize(
+    ("kind", "trials", "kv_cache_dtype"),
+    [
+        ("llama", TRIALS, None),
+        ("hybrid", HYBRID_TRIALS, None),
+        ("llama", 200, "int8"),
+        ("hybrid", 80, "int8"),
+        ("llama", 120, "fp8_e4m3"),
+        ("llama", 100, "int4"),
+        ("hybrid", 50, "int4"),
+    ],
+)
+def test_random_schedules_equal_each_request_alone(kind, trials, kv_cache_dtype, tiny, tiny_hybrid):
     model = tiny if kind == "llama" else tiny_hybrid
     rng = np.random.default_rng(2026)
     alone: dict = {}
     totals: Counter[str] = Counter()
+    exact_int4 = kv_cache_dtype == "int4"
     for trial in range(trials):
-        config, requests = _random_trial(rng, model, alone)
+        config, requests = _random_trial(rng, model, alone, kv_cache_dtype, exact_int4)
         outputs, summary = _run_trial(model, config, requests)
         for i, (_, prompt, params) in enumerate(requests):
-            expected = [_alone(model, prompt, params, alone, k) for k in range(params.n)]
+            expected = [
+                _alone(
+                    model, prompt, params, alone, k, kv_cache_dtype, config.block_size if exact_int4 else 4
+                )
+                for k in range(params.n)
+            ]
             assert outputs[i] == expected, (trial, config, i, requests)
         totals.update({k: v for k, v in summary.items() if isinstance(v, int)})
     # The hybrid schedules released out-of-window blocks (and the llama ones had nothing to release).
     assert (totals["released_positions"] > 0) == (kind == "hybrid"), totals
     # The schedules reach every path the test is about.
-    for key in ("recompute_preemptions", "swap_preemptions", "prefix_hit_tokens"):
+    paths = (
+        ("swap_preemptions",)
+        if exact_int4
+        else ("recompute_preemptions", "swap_preemptions", "prefix_hit_tokens")
+    )
+    for key in paths:
         assert totals[key] > 0, (key, totals)
     assert totals["cow_copies"] > 0
-    # Speculation ran, drafts were accepted and rejected (truncated).
+    if not exact_int4:
+        # Speculation ran, drafts were accepted and rejected (truncated).
+        assert 0 < totals["accepted_tokens"] < totals["draft_tokens"]
+
+
+@pytest.mark.parametrize("kind", ["llama", "hybrid"])
+def test_int4_random_schedules_run_to_completion(kind, tiny, tiny_hybrid):
+    """int4 through every path (chunked prefill, prefix hits, recompute and swap preemption,
+    speculation with rejected drafts reopening sealed blocks, forks): invariants after every
+    step, every residual slot released at the end, every request finished without an error."""
+    model = tiny if kind == "llama" else tiny_hybrid
+    rng = np.random.default_rng(43)
+    totals: Counter[str] = Counter()
+    for _ in range(80 if kind == "llama" else 40):
+        config, requests = _random_trial(rng, model, {}, "int4")
+        outputs, summary = _run_trial(model, config, requests)
+        for i, (_, _, params) in enumerate(requests):
+            assert len(outputs[i]) == params.n and all(1 <= len(t) <= params.max_tokens for t in outputs[i])
+        totals.update({k: v for k, v in summary.items() if isinstance(v, int)})
+    for key in ("recompute_preemptions", "swap_preemptions", "prefix_hit_tokens", "cow_copies"):
+        assert totals[key] > 0, (key, totals)
     assert 0 < totals["accepted_tokens"] < totals["draft_tokens"]
+    if kind == "llama":
+        assert totals["residual_reopens"] > 0, totals
 
 
 @pytest.mark.parametrize("kind", ["llama", "hybrid"])

@@ -19,6 +19,7 @@ pytest.importorskip("xxhash", reason="the store needs the offload extra (xxhash)
 
 PREFIX = [(7 * i + 3) % 90 + 1 for i in range(24)]
 PROMPTS = [PREFIX + [5], *[[(11 * i + j) % 90 + 1 for i in range(30)] for j in range(1, 4)], PREFIX + [9, 9]]
+REPETITIVE = [[7, 8, 9, 10, 11] * 4 + [7], [3, 4, 5] * 5, [20, 21, 22, 23, 24, 25] * 3]
 
 
 def _engine(tiny, tmp_path, **options):
@@ -42,15 +43,23 @@ def _engine(tiny, tmp_path, **options):
 
 def _kv_holders(engine) -> tuple[list[np.ndarray], tuple[type, ...]]:
     """The runner's K/V arrays, and the types that hold or move them."""
+    from pagedkv.attention import QuantizedKvCache
     from pagedkv.engine.host_cache import HostCache
     from pagedkv.engine.kv_store import PagedKvStore
     from pagedkv.engine.model_runner import ModelRunner
     from pagedkv.engine.store_saves import StoreSaves
 
     store, cache = engine.runner.store, engine.runner.host_cache
-    arrays = [*store.k_caches, *store.v_caches, *store.host_k, *store.host_v]
-    arrays += [*cache.host_k, *cache.host_v]
-    return arrays, (PagedKvStore, HostCache, StoreSaves, ModelRunner)
+    caches = [*store.k_caches, *store.v_caches, *store.host_k, *store.host_v]
+    caches += [*cache.host_k, *cache.host_v]
+    arrays = []
+    for c in caches:  # a quantized cache's blocks and residual slots
+        arrays += (
+            [c.data, *([] if c.residual is None else [c.residual])]
+            if isinstance(c, QuantizedKvCache)
+            else [c]
+        )
+    return arrays, (PagedKvStore, HostCache, StoreSaves, ModelRunner, QuantizedKvCache)
 
 
 def _reachable(root: object, stop: tuple[type, ...]) -> list[object]:
@@ -85,20 +94,23 @@ def _check_scheduler_holds_no_kv(engine) -> None:
 def _order(op) -> int:
     from pagedkv.engine import scheduled_batch as sb
 
-    # Swaps and the offloads before each swap-in come as decided, then the step's last
-    # offloads; copies, loads and store hits follow every offload.
-    return {sb.SwapIn: 0, sb.SwapOut: 0, sb.Offload: 0, sb.CopyBlocks: 1, sb.Load: 2, sb.StoreHits: 3}[
-        type(op)
-    ]
+    # The residual moves decided between steps come first; swaps and the offloads before each
+    # swap-in come as decided, then the step's last offloads; copies, loads and store hits
+    # follow every offload.
+    order = {sb.CopyResidual: -1, sb.ReopenBlock: -1, sb.SwapIn: 0, sb.SwapOut: 0, sb.Offload: 0}
+    return {**order, sb.CopyBlocks: 1, sb.Load: 2, sb.StoreHits: 3}[type(op)]
 
 
-def test_each_step_plans_its_moves_in_order_and_the_scheduler_holds_no_kv(tiny, tmp_path):
+@pytest.mark.parametrize("kv_cache_dtype", [None, "int4"])
+def test_each_step_plans_its_moves_in_order_and_the_scheduler_holds_no_kv(tiny, tmp_path, kv_cache_dtype):
     from pagedkv.engine import SamplingParams
 
+    int4 = kv_cache_dtype == "int4"
+    options = {"kv_cache_dtype": kv_cache_dtype, "speculative_ngram": 4} if int4 else {}
     seen_ops: set[str] = set()
     for policy in ("compute", "evict"):
         for round_ in range(2):  # the second engine hits the store the first one filled
-            engine = _engine(tiny, tmp_path, offload_policy=policy)
+            engine = _engine(tiny, tmp_path / str(kv_cache_dtype), offload_policy=policy, **options)
             schedule = engine.scheduler.schedule
             batches = []
 
@@ -108,8 +120,15 @@ def test_each_step_plans_its_moves_in_order_and_the_scheduler_holds_no_kv(tiny, 
                 return batch
 
             engine.scheduler.schedule = recording
-            for i, prompt in enumerate(PROMPTS):
-                engine.add_request(prompt, SamplingParams(max_tokens=6, n=1 + i % 2, temperature=0.7, seed=i))
+            # int4: greedy repetitive prompts draft (rejected drafts reopen blocks), sampled
+            # requests fork.
+            prompts = PROMPTS + (REPETITIVE if int4 else [])
+            for i, prompt in enumerate(prompts):
+                temperature = 0.0 if int4 and (i % 2 == 0 or prompt in REPETITIVE) else 0.7
+                params = SamplingParams(
+                    max_tokens=12 if int4 else 6, n=1 + i % 2, temperature=temperature, seed=i
+                )
+                engine.add_request(prompt, params)
                 engine.step()
                 _check_scheduler_holds_no_kv(engine)
             while engine.has_unfinished():
@@ -128,15 +147,8 @@ def test_each_step_plans_its_moves_in_order_and_the_scheduler_holds_no_kv(tiny, 
                     seen_ops.add("SaveComputed")
             del round_
     # The schedules reached every kind of move.
-    assert seen_ops == {
-        "SwapOut",
-        "SwapIn",
-        "Offload",
-        "CopyBlocks",
-        "Load",
-        "StoreHits",
-        "SaveComputed",
-    }, seen_ops
+    expected = {"SwapOut", "SwapIn", "Offload", "CopyBlocks", "Load", "StoreHits", "SaveComputed"}
+    assert seen_ops == (expected | {"CopyResidual", "ReopenBlock"} if int4 else expected), seen_ops
 
 
 def test_the_runner_executes_a_plan_without_the_scheduler(tiny):

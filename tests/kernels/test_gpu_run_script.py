@@ -167,10 +167,11 @@ def test_the_device_branch_gives_each_stage_its_arguments(tmp_path: Path) -> Non
         "stand-in argv: benches/gpu_env.py --out ",
         "stand-in argv: -m pagedkv.kernels.precompile --arch sm_90 --jobs 16",
         "-m pytest -q -p no:cacheprovider -o addopts=-ra -m gpu tests/kernels/test_gpu_mma.py --junitxml=",
-        "tests/kernels/test_gpu.py tests/kernels/test_gpu_prefill.py --junitxml=",
+        "tests/kernels/test_gpu.py tests/kernels/test_gpu_prefill.py"
+        " tests/quant/test_gpu_quant.py --junitxml=",
         "sanitizer argv: --tool memcheck --error-exitcode 86 --print-limit 20 ",
-        "stand-in argv: benches/gpu_decode.py --kernel-only --budget-s 85 --out ",
-        "stand-in argv: benches/gpu_prefill.py --budget-s 45 --out ",
+        "stand-in argv: benches/gpu_decode.py --kernel-only --budget-s 68 --out ",
+        "stand-in argv: benches/gpu_prefill.py --budget-s 36 --out ",
     ]
     for text in expected:
         assert text in log, text

@@ -92,6 +92,34 @@ def test_a_store_written_by_one_engine_serves_another(tiny, tmp_path):
     reader.close()
 
 
+@pytest.mark.parametrize("dtype", ["int8", "int4"])
+def test_quantized_blocks_go_through_the_host_tier_and_the_store_as_bytes(tiny, tmp_path, dtype):
+    """A quantized engine's blocks (codes and scales) through the host tier and the store give
+    the tokens of recomputing them; the store serves them only to an engine of the same dtype
+    (its key carries the dtype and the layout identity names it)."""
+    reference = [
+        t for t, _ in _run(_engine(tiny, enable_prefix_caching=False, kv_cache_dtype=dtype), WORKLOAD)
+    ]
+    host = _engine(tiny, num_host_cache_blocks=32, kv_cache_dtype=dtype)
+    on = _run(host, WORKLOAD)
+    assert [t for t, _ in on] == reference and on[-1][1] == len(PREFIX)
+    assert host.kv.stats()["blocks_loaded"] > 0
+    store = DiskStore(tmp_path / "kv", capacity_bytes=1 << 24)
+    writer = _engine(tiny, offload=store, offload_deadline_s=5.0, kv_cache_dtype=dtype)
+    assert [t for t, _ in _run(writer, WORKLOAD)] == reference
+    assert writer.close() and store.usage_bytes > 0
+    reader = _engine(tiny, offload=store, offload_deadline_s=5.0, kv_cache_dtype=dtype)
+    (tokens, cached), *_ = _run(reader, [WORKLOAD[-1]])
+    assert tokens == reference[-1] and cached == len(PREFIX)
+    assert reader.stats.store_hit_tokens == len(PREFIX)
+    reader.close()
+    for other in (None, "fp8_e4m3" if dtype == "int8" else "int8"):
+        stranger = _engine(tiny, offload=store, offload_deadline_s=5.0, kv_cache_dtype=other)
+        (_, cached), *_ = _run(stranger, [WORKLOAD[-1]])
+        assert cached == 0 and stranger.stats.store_hit_tokens == 0
+        stranger.close()
+
+
 def _corrupt_every_entry(directory: Path, how: str) -> int:
     files = sorted(directory.glob("*.blk"))
     for f in files:

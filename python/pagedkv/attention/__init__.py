@@ -26,7 +26,14 @@ from typing import Any
 
 import numpy as np
 
-from pagedkv.attention import cpu_backend, kernel_launch, quant_launch, quant_reference, reference
+from pagedkv.attention import (
+    cpu_backend,
+    cpu_quant_backend,
+    kernel_launch,
+    quant_launch,
+    quant_reference,
+    reference,
+)
 from pagedkv.attention import quant_validation as qval
 from pagedkv.attention import validation as val
 from pagedkv.attention.kv_cache_dtype import (
@@ -118,10 +125,11 @@ def paged_attention(
     ``window`` keys (None: all). Blocks wholly before the window are never read and their table
     entries may be -1 (released by a sliding-window KV group): the kernels start each
     sequence's key loop at the window (docs/decode_kernel.md) and plan splits over it.
-    Quantized caches (``QuantizedKvCache``): keys and values are dequantized as they are read;
-    tables and lengths are host (NumPy) arrays on every backend; use_tensor_cores=True is refused
-    (no tensor-core kernel for them). residual_slots (int4 only): int32 [num_seqs], each
-    sequence's residual slot (read where its last block is open: seq_len % block_size != 0).
+    Quantized caches (``QuantizedKvCache``, every backend): keys and values are dequantized as
+    they are read; tables and lengths are host (NumPy) arrays on every backend;
+    use_tensor_cores=True is refused (no tensor-core kernel for them). residual_slots (int4
+    only): int32 [num_seqs], each sequence's residual slot (read where its last block is open:
+    seq_len % block_size != 0).
     """
     q, k_cache, v_cache, block_tables, seq_lens = (
         val.unwrap_ndarray_subclass(n, x)
@@ -231,7 +239,8 @@ def copy_blocks(k_caches: Any, v_caches: Any, copy_ops: Any, *, backend: str = "
     copy_ops = val.unwrap_ndarray_subclass("copy_ops", copy_ops)
     if qval.is_quantized(k_caches, v_caches):
         if val.check_backend(backend) == "cpu":
-            qval.refuse_cpu(k_caches, v_caches)
+            cpu_quant_backend.copy_blocks(k_caches, v_caches, copy_ops)
+            return
         if backend == "numpy":
             quant_reference.copy_blocks(k_caches, v_caches, copy_ops)
             return
@@ -263,7 +272,7 @@ def swap_blocks(src_cache: Any, dst_cache: Any, mapping: Any, *, backend: str = 
     )
     quantized = qval.is_quantized(src_cache, dst_cache)
     if quantized and val.check_backend(backend) == "cpu":
-        qval.refuse_cpu(src_cache, dst_cache)
+        return cpu_quant_backend.swap_blocks(src_cache, dst_cache, mapping)
     if backend == "cpu":
         return cpu_backend.swap_blocks(src_cache, dst_cache, mapping)
     if val.check_backend(backend) == "numpy":
@@ -300,9 +309,8 @@ def _quant_paged_attention(
     window: int | None,
     residual_slots: Any,
 ) -> Any:
-    """paged_attention on QuantizedKvCache caches (numpy reference or the quantized kernel)."""
-    if backend == "cpu":
-        qval.refuse_cpu(k_cache, v_cache)
+    """paged_attention on QuantizedKvCache caches (the NumPy reference, the CPU data plane or the
+    quantized kernel)."""
     if tensor_cores is True:
         raise InvalidArgumentError(
             "use_tensor_cores=True: quantized caches run the CUDA-core quantized kernel; pass None or False"
@@ -310,6 +318,17 @@ def _quant_paged_attention(
     if backend == "numpy":
         return quant_reference.paged_attention(
             q, k_cache, v_cache, block_tables, seq_lens, scale, window, residual_slots
+        )
+    if backend == "cpu":
+        return cpu_quant_backend.paged_attention(
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            seq_lens,
+            scale=scale,
+            window=window,
+            residual_slots=residual_slots,
         )
     pair, shape, slots, lens = qval.check_quant_decode(
         q, k_cache, v_cache, block_tables, seq_lens, scale, backend, window, residual_slots
@@ -324,7 +343,8 @@ def _quant_write_kv(
     k: Any, v: Any, k_cache: Any, v_cache: Any, slot_mapping: Any, backend: str, residual_slots: Any
 ) -> None:
     if val.check_backend(backend) == "cpu":
-        qval.refuse_cpu(k_cache, v_cache)
+        cpu_quant_backend.write_kv(k, v, k_cache, v_cache, slot_mapping, residual_slots)
+        return
     if backend == "numpy":
         quant_reference.write_kv(k, v, k_cache, v_cache, slot_mapping, residual_slots)
         return

@@ -11,7 +11,14 @@ from typing import Any
 
 import numpy as np
 
-from pagedkv.attention import cpu_backend, prefill_launch, prefill_reference, quant_launch, quant_reference
+from pagedkv.attention import (
+    cpu_backend,
+    cpu_quant_backend,
+    prefill_launch,
+    prefill_reference,
+    quant_launch,
+    quant_reference,
+)
 from pagedkv.attention import prefill_validation as pval
 from pagedkv.attention import quant_validation as qval
 from pagedkv.attention import validation as val
@@ -63,14 +70,25 @@ def paged_prefill_attention(
     0..p). Blocks wholly before the window of a sequence's first query are never read and their
     table entries may be -1 (released by a sliding-window KV group): the kernel starts each work
     tile's key loop at its first row's window (docs/prefill.md).
-    Quantized caches (``QuantizedKvCache``, docs/quantized_kv.md): numpy, cuda and emulated
-    backends, every element type of q, head_dim 64/128/256 on the kernel backends;
+    Quantized caches (``QuantizedKvCache``, docs/quantized_kv.md): every backend, every element
+    type of q (fp32, fp16, bf16; fp64 on numpy), head_dim 64/128/256 on the kernel backends;
     residual_slots (int4 only): int32 [B], each sequence's residual slot.
     """
     window = check_window(window, val.check_backend(backend))
     if qval.is_quantized(k_cache, v_cache):
         if backend == "cpu":
-            qval.refuse_cpu(k_cache, v_cache)
+            return cpu_quant_backend.paged_prefill_attention(
+                q,
+                k_cache,
+                v_cache,
+                block_tables,
+                seq_lens,
+                query_start_loc,
+                scale=scale,
+                causal=causal,
+                window=window,
+                residual_slots=residual_slots,
+            )
         if backend == "numpy":
             return quant_reference.paged_prefill_attention(
                 q,

@@ -33,7 +33,6 @@ __all__ = [
     "check_quant_write",
     "is_quantized",
     "plan_seals",
-    "refuse_cpu",
 ]
 
 
@@ -45,23 +44,6 @@ def is_quantized(*caches: Any) -> bool:
         if isinstance(c, (list, tuple)) and any(isinstance(x, QuantizedKvCache) for x in c):
             return True
     return False
-
-
-def _dtype_of(*caches: Any) -> str:
-    for c in caches:
-        for x in c if isinstance(c, (list, tuple)) else (c,):
-            if isinstance(x, QuantizedKvCache):
-                return x.kv_cache_dtype
-    return "?"
-
-
-def refuse_cpu(*caches: Any) -> None:
-    """backend='cpu' has no quantized data plane yet: a typed error naming the dtype, never a
-    silent fallback."""
-    raise InvalidArgumentError(
-        f"backend='cpu' does not run kv_cache_dtype={_dtype_of(*caches)!r} caches yet: "
-        "use backend='numpy', 'emulated' or 'cuda'"
-    )
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,9 @@
 2. Decode throughput at batch 1 / 8 / 32 (generated tokens per CPU-second).
 3. ``n = 4`` sampling: peak KV blocks with fork sharing against four independent requests.
 4. A shared system prompt with and without prefix caching: prefill tokens computed, mean TTFT.
-5. ``memory`` (not in the default run): KV bytes in use at long contexts with hybrid KV groups
-   against every layer full attention, and the batch a fixed KV budget admits
+5. ``memory`` (not in the default run): sequences a fixed KV budget admits per ``kv_cache_dtype``
+   (float16, int8, fp8_e4m3, int4: docs/quantized_kv.md), and KV bytes in use at long contexts
+   with hybrid KV groups against every layer full attention, and the batch a fixed KV budget admits
    (``benchmarks/memory.py``; for Gemma 3, ``--model gemma3 --sections memory``).
 
 CPU time is reported next to wall time because the machine may be shared: process CPU time is
@@ -22,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from pagedkv.benchmarks.memory import DEFAULT_BUDGET_BYTES, DEFAULT_CONTEXTS, kv_memory
+from pagedkv.benchmarks.memory import DEFAULT_BUDGET_BYTES, DEFAULT_CONTEXTS, DEFAULT_DTYPES, kv_memory
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.llm_engine import LLMEngine
 from pagedkv.engine.params import SamplingParams
@@ -155,6 +156,7 @@ def run_benchmark(
     speculative_ngram: int = 0,
     memory_contexts: tuple[int, ...] = DEFAULT_CONTEXTS,
     kv_budget_bytes: int = DEFAULT_BUDGET_BYTES,
+    kv_cache_dtypes: tuple[str, ...] = DEFAULT_DTYPES,
 ) -> dict[str, Any]:
     """Run ``sections``; ``checkpoint(result)``, when given, is called with the numbers so far
     after every engine run, so that a long run interrupted late still leaves its finished parts."""
@@ -201,9 +203,13 @@ def run_benchmark(
         _system(model, num_blocks, block_size, seed, vocab, result, say)
         save(result)
     if "memory" in sections:
-        say("memory: hybrid KV groups vs every layer full attention")
+        say("memory: hybrid KV groups vs every layer full attention; sequences per kv_cache_dtype")
         result["memory"] = kv_memory(
-            model.config, contexts=memory_contexts, block_size=block_size, budget_bytes=kv_budget_bytes
+            model.config,
+            contexts=memory_contexts,
+            block_size=block_size,
+            budget_bytes=kv_budget_bytes,
+            kv_cache_dtypes=kv_cache_dtypes,
         )
         save(result)
     return result

@@ -70,8 +70,9 @@ def register(subparsers: Any) -> None:
     bench.add_argument(
         "--sections",
         default="throughput,decode,n4,system",
-        help="comma-separated subset of throughput,decode,n4,system,memory (memory: KV bytes with "
-        "hybrid KV groups vs every layer full attention, e.g. --model gemma3 --sections memory)",
+        help="comma-separated subset of throughput,decode,n4,system,memory (memory: sequences a KV "
+        "budget admits per kv_cache_dtype, and KV bytes with hybrid KV groups vs every layer full "
+        "attention, e.g. --model gemma3 --sections memory)",
     )
     bench.add_argument(
         "--contexts",
@@ -83,7 +84,12 @@ def register(subparsers: Any) -> None:
         "--kv-budget-mib",
         type=cli_args.bounded_int(1, 1 << 30),
         default=2048,
-        help="the memory section's KV budget (MiB of fp32 caches) for the admitted batch",
+        help="the memory section's KV budget (MiB) for the admitted batch",
+    )
+    bench.add_argument(
+        "--kv-cache-dtypes",
+        default="float16,int8,fp8_e4m3,int4",
+        help="the memory section's kv_cache_dtypes, comma-separated (the first is the ratios' baseline)",
     )
     bench.set_defaults(handler=_bench)
 
@@ -172,6 +178,13 @@ def _bench(args: Any) -> int:
         raise cli_args.CliError(
             f"--contexts must be >= 2 tokens (a prompt and a generated token), got {args.contexts}"
         )
+    from pagedkv.engine.kv_budget import ENGINE_KV_CACHE_DTYPES
+
+    dtypes = tuple(args.kv_cache_dtypes.split(","))
+    if not all(d in ENGINE_KV_CACHE_DTYPES for d in dtypes):
+        raise cli_args.CliError(
+            f"--kv-cache-dtypes: choose from {','.join(ENGINE_KV_CACHE_DTYPES)}, got {args.kv_cache_dtypes}"
+        )
     check_benchmark(
         num_requests=args.requests,
         num_blocks=args.num_blocks,
@@ -200,6 +213,7 @@ def _bench(args: Any) -> int:
         speculative_ngram=args.speculative_ngram,
         memory_contexts=tuple(args.contexts),
         kv_budget_bytes=args.kv_budget_mib << 20,
+        kv_cache_dtypes=dtypes,
         progress=lambda msg: print(f"bench-engine: {msg}", file=sys.stderr, flush=True),
         checkpoint=(lambda partial: write_json(args.json, partial)) if args.json else None,
     )
@@ -299,3 +313,19 @@ def _print_memory(m: dict[str, Any]) -> None:
             f"{ratio:>8.1%}{hc['batch_admitted']:>11d} vs {fc['batch_admitted']:<6d}"
             + (" (capped)" if hc["batch_capped"] or fc["batch_capped"] else "")
         )
+    dtypes = m["dtypes"]
+    base = next(iter(dtypes))
+    print(
+        f"Sequences admitted at {budget:,.0f} MiB of K/V by kv_cache_dtype "
+        f"(engine layout, block {m['block_size']}):"
+    )
+    print(
+        f"{'dtype':>10}{'B/block':>10}{'residual B/seq':>16}" + "".join(f"{f'@ {c}':>18}" for c in m["ratio"])
+    )
+    for dtype, d in dtypes.items():
+        cells = "".join(
+            f"{d['contexts'][c]['batch_admitted']:>8d} ({d['contexts'][c][f'vs_{base}'] or 0:.2f}x)"
+            + ("+" if d["contexts"][c]["batch_capped"] else " ")
+            for c in m["ratio"]
+        )
+        print(f"{dtype:>10}{d['bytes_per_block']:>10,}{d['residual_bytes_per_sequence']:>16,}{cells}")

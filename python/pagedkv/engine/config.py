@@ -13,6 +13,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from pagedkv.engine.kv_budget import check_engine_kv_cache_dtype
 from pagedkv.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 __all__ = [
@@ -77,6 +78,12 @@ class EngineConfig:
     # on a model without sliding-window layers. A block's bytes depend on the layout (its group
     # holds fewer layers when hybrid): num_blocks counts blocks, not bytes.
     hybrid_kv: bool = True
+    # The K/V cache's storage (engine/kv_budget.py, docs/quantized_kv.md): None is the fp32
+    # cache; "float16" / "bfloat16" a 16-bit one; "int8" / "fp8_e4m3" 8-bit codes with a scale
+    # byte per (token, head); "int4" KIVI-style codes with each running sequence's open block in
+    # a float16 residual slot (max_num_seqs slots, outside the pool). A block of a quantized
+    # cache costs fewer bytes: num_blocks still counts blocks.
+    kv_cache_dtype: str | None = None
 
     def __post_init__(self) -> None:
         _integer("num_blocks", self.num_blocks, 1, MAX_NUM_BLOCKS)
@@ -105,6 +112,7 @@ class EngineConfig:
         for name in ("enable_prefix_caching", "enable_chunked_prefill", "hybrid_kv"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidArgumentError(f"EngineConfig.{name} must be a bool, got {getattr(self, name)!r}")
+        check_engine_kv_cache_dtype(self.kv_cache_dtype)
         _choice("preemption", self.preemption, PREEMPTION_MODES)
         _choice("reservation", self.reservation, RESERVATIONS)
         _choice("offload_policy", self.offload_policy, OFFLOAD_POLICIES)
@@ -131,6 +139,11 @@ class EngineConfig:
             )
         if self.preemption == "swap" and self.num_host_blocks == 0:
             raise InvalidArgumentError("EngineConfig: preemption='swap' needs num_host_blocks > 0")
+
+    @property
+    def cache_dtype(self) -> str:
+        """``kv_cache_dtype`` with the default resolved (``"float32"``)."""
+        return check_engine_kv_cache_dtype(self.kv_cache_dtype)
 
     @property
     def offload_blocks(self) -> int:

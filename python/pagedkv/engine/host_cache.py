@@ -12,20 +12,25 @@ from __future__ import annotations
 import numpy as np
 
 from pagedkv.attention import swap_blocks
-from pagedkv.engine.kv_store import PagedKvStore
+from pagedkv.engine.kv_store import PagedKvStore, block_payloads, new_caches
 
 __all__ = ["HostCache"]
 
 
 class HostCache:
-    """Host arrays ``[num_blocks, block_size, num_kv_heads, head_dim]`` (fp32) per K/V tensor
-    of ``caches``, K and V."""
+    """Host caches ``[num_blocks, block_size, num_kv_heads, head_dim]`` per K/V tensor of
+    ``caches``, K and V, in the device caches' dtype (a quantized block moves as its bytes; only
+    full, sealed blocks ever come here, so an int4 host cache needs no residual)."""
 
     def __init__(self, caches: PagedKvStore, num_blocks: int) -> None:
         self.caches = caches
-        shape = (num_blocks, *caches.k_caches[0].shape[1:]) if caches.k_caches else (0,)
-        self.host_k = [np.zeros(shape, np.float32) for _ in caches.k_caches]
-        self.host_v = [np.zeros(shape, np.float32) for _ in caches.v_caches]
+        if caches.k_caches:
+            shape = (num_blocks, caches.block_size, caches.num_kv_heads, caches.head_dim)
+            dtype, count = caches.kv_cache_dtype, len(caches.k_caches)
+            self.host_k = new_caches(dtype, "key", count, shape)
+            self.host_v = new_caches(dtype, "value", count, shape)
+        else:
+            self.host_k, self.host_v = [], []
 
     def offload(self, ops: np.ndarray) -> None:
         """Device -> host copies (device_block, host_block), every tensor; one op per host
@@ -44,11 +49,5 @@ class HostCache:
                 swap_blocks(self.host_v[layer], self.caches.v_caches[layer], ops, backend=backend)
 
     def payload(self, host_block: int) -> np.ndarray:
-        """A copy of what ``host_block`` holds, as a store payload ``[layers, 2, block_size,
-        heads, head_dim]``."""
-        return np.stack(
-            [
-                np.stack([self.host_k[layer][host_block], self.host_v[layer][host_block]])
-                for layer in range(len(self.host_k))
-            ]
-        )
+        """A copy of what ``host_block`` holds, as a store payload (``kv_store.block_payloads``)."""
+        return block_payloads(self.host_k, self.host_v, np.array([host_block]))[0]

@@ -17,11 +17,13 @@ import numpy as np
 
 import pagedkv
 from pagedkv.engine.config import EngineConfig
+from pagedkv.engine.kv_budget import residual_slot_counts, store_key_dtype
 from pagedkv.engine.kv_layout import kv_layout, layer_windows, new_manager
 from pagedkv.engine.model_runner import ModelRunner
 from pagedkv.engine.outputs import RequestOutput, StreamEvent, request_output
 from pagedkv.engine.params import SamplingParams
 from pagedkv.engine.prompts import prompt_token_ids
+from pagedkv.engine.residual_slots import ResidualSlots
 from pagedkv.engine.sampling import sample_token
 from pagedkv.engine.scheduled_batch import Row
 from pagedkv.engine.scheduler import Scheduler
@@ -68,7 +70,7 @@ class LLMEngine:
         if c.offload is not None:
             from pagedkv.offload import OffloadWorker  # only with a store: needs the offload extra
 
-            identity = store_identity(model, c.block_size)
+            identity = store_identity(model, c.block_size, c.cache_dtype)
             self.store_worker = OffloadWorker(c.offload, name="engine-offload")  # type: ignore[arg-type]
             flush_at_exit(self.store_worker)  # its queued puts, if the caller never closes
         try:
@@ -83,11 +85,20 @@ class LLMEngine:
         self.stats = EngineStats()
         lookup = None
         if self.store_worker is not None:
-            m = model.config
-            block_shape = (self.layout.layers_per_group, 2, c.block_size, m.num_kv_heads, m.head_dim)
-            lookup = StoreLookup(self.store_worker, identity, block_shape, c.block_size, c.offload_deadline_s)
+            payload_dtype, payload_shape = self.store.payload_spec
+            lookup = StoreLookup(
+                self.store_worker,
+                identity,
+                payload_shape,
+                c.block_size,
+                c.offload_deadline_s,
+                block_dtype=payload_dtype,
+                kv_cache_dtype=store_key_dtype(c.cache_dtype),
+            )
         self.store_lookup = lookup
-        self.scheduler = Scheduler(c, self.max_model_len, self.kv, self.layout, self.stats, lookup)
+        slots, host_slots = residual_slot_counts(c.cache_dtype, c.max_num_seqs, c.num_host_blocks)
+        residual = (ResidualSlots(slots), ResidualSlots(host_slots)) if slots else None
+        self.scheduler = Scheduler(c, self.max_model_len, self.kv, self.layout, self.stats, lookup, residual)
         self.requests: dict[int, Request] = {}
         self._next_seq_id = 0
         self._next_request_id = 0

@@ -21,13 +21,21 @@ import numpy as np
 
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.host_cache import HostCache
+from pagedkv.engine.kv_budget import (
+    pool_block_bytes,
+    residual_bytes_per_sequence,
+    residual_slot_counts,
+    store_key_dtype,
+)
 from pagedkv.engine.kv_layout import KvLayout, kv_layout, layer_windows
 from pagedkv.engine.kv_store import PagedKvStore
 from pagedkv.engine.scheduled_batch import (
     CopyBlocks,
+    CopyResidual,
     DataOp,
     Load,
     Offload,
+    ReopenBlock,
     Row,
     ScheduledBatch,
     StoreHits,
@@ -60,9 +68,12 @@ class ModelRunner:
         c = config
         self.layout = kv_layout(layer_windows(model.config), hybrid=c.hybrid_kv) if layout is None else layout
         m = model.config
-        per_block = self.layout.bytes_per_block(c.block_size, m.num_kv_heads, m.head_dim)
+        dtype = c.cache_dtype
+        per_block = pool_block_bytes(self.layout, c.block_size, m.num_kv_heads, m.head_dim, dtype)
         num_host = c.num_host_blocks + c.num_host_cache_blocks
-        kv_bytes = per_block * (c.num_blocks + num_host)
+        slots, host_slots = residual_slot_counts(dtype, c.max_num_seqs, c.num_host_blocks)
+        per_seq = residual_bytes_per_sequence(self.layout, c.block_size, m.num_kv_heads, m.head_dim, dtype)
+        kv_bytes = per_block * (c.num_blocks + num_host) + per_seq * (slots + host_slots)
         memory = _physical_memory_bytes()
         if memory is not None and kv_bytes > memory:
             raise InvalidArgumentError(
@@ -71,7 +82,14 @@ class ModelRunner:
             )
         try:
             self.store = PagedKvStore(
-                model.config, c.num_blocks, c.block_size, c.num_host_blocks, layout=self.layout
+                model.config,
+                c.num_blocks,
+                c.block_size,
+                c.num_host_blocks,
+                layout=self.layout,
+                kv_cache_dtype=dtype,
+                num_residual_slots=slots,
+                num_host_residual_slots=host_slots,
             )
             self.host_cache = (
                 HostCache(self.store, c.num_host_cache_blocks) if c.num_host_cache_blocks else None
@@ -81,7 +99,9 @@ class ModelRunner:
                 f"cannot allocate {kv_bytes / 2**30:,.1f} GiB of K/V for the engine's pool"
             ) from error
         self.saves = (
-            StoreSaves(store_worker, store_identity, self.store) if store_worker is not None else None
+            StoreSaves(store_worker, store_identity, self.store, store_key_dtype(dtype))
+            if store_worker is not None
+            else None
         )
 
     def execute(self, batch: ScheduledBatch) -> list[tuple[Row, np.ndarray]]:
@@ -95,7 +115,7 @@ class ModelRunner:
             return []
         ctx = np.array([r.end for r in rows], dtype=np.int32)
         q_lens = np.array([r.end - r.start for r in rows], dtype=np.int32)
-        self.store.set_batch(batch.block_tables, ctx, q_lens)
+        self.store.set_batch(batch.block_tables, ctx, q_lens, batch.residual_slots)
         tokens = np.concatenate([_row_tokens(r) for r in rows])
         positions = np.concatenate([np.arange(r.start, r.end, dtype=np.int64) for r in rows])
         ends = np.cumsum(q_lens)  # one past each row's last flat index
@@ -113,9 +133,13 @@ class ModelRunner:
 
     def _move(self, op: DataOp) -> None:
         if isinstance(op, SwapOut):
-            self.store.swap_out(op.mapping)
+            self.store.swap_out(op.mapping, op.residual)
         elif isinstance(op, SwapIn):
-            self.store.swap_in(op.mapping)
+            self.store.swap_in(op.mapping, op.residual)
+        elif isinstance(op, CopyResidual):
+            self.store.copy_residual(op.pairs)
+        elif isinstance(op, ReopenBlock):
+            self.store.reopen(op.slot, op.num_tokens, op.blocks)
         elif isinstance(op, CopyBlocks):
             self.store.copy(op.ops)
         elif isinstance(op, Offload):

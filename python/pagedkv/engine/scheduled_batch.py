@@ -5,6 +5,9 @@ runner moves data (it holds the K/V arrays and never sees the scheduler). Betwee
 this plan: the rows the forward pass computes, their block tables, and every data move of the
 step as an op, in the order the runner must run them (docs/engine.md, "One step"):
 
+0. the residual moves recorded since the last plan (an int4 cache: ``CopyResidual`` for the
+   samples a request forked into after its prefill, ``ReopenBlock`` for a sealed block a
+   rejected draft's truncation reopened), before anything this step may reuse their slots for;
 1. the moves the scheduler recorded while it planned, in recording order: before each swap-in
    the offload ops recorded so far (``Offload``: device blocks the host cache keeps; each
    reads a device block before its new owner writes it), the swap-in itself (``SwapIn``),
@@ -30,9 +33,11 @@ from pagedkv.engine.sequence import Sequence
 
 __all__ = [
     "CopyBlocks",
+    "CopyResidual",
     "DataOp",
     "Load",
     "Offload",
+    "ReopenBlock",
     "Row",
     "SaveComputed",
     "ScheduledBatch",
@@ -63,19 +68,45 @@ class Row:
         return 1 + len(self.seq.draft_ids) if self.decode else 1
 
 
+_NO_PAIRS = np.zeros((0, 2), np.int32)
+
+
 @dataclass(frozen=True)
 class SwapOut:
     """int32 ``[N, 2]`` (device_block, host_block) from ``KvCacheManager.swap_out``: device ->
-    swap tier, every K/V tensor."""
+    swap tier, every K/V tensor. ``residual``: int32 ``[M, 2]`` (device slot, host slot) of an
+    int4 cache's residual slots (a sequence's slot moves with its blocks)."""
 
     mapping: np.ndarray
+    residual: np.ndarray = field(default_factory=lambda: _NO_PAIRS)
 
 
 @dataclass(frozen=True)
 class SwapIn:
-    """int32 ``[N, 2]`` (host_block, device_block) from ``KvCacheManager.swap_in``."""
+    """int32 ``[N, 2]`` (host_block, device_block) from ``KvCacheManager.swap_in``;
+    ``residual``: int32 ``[M, 2]`` (host slot, device slot)."""
 
     mapping: np.ndarray
+    residual: np.ndarray = field(default_factory=lambda: _NO_PAIRS)
+
+
+@dataclass(frozen=True)
+class CopyResidual:
+    """int32 ``[N, 2]`` (parent's slot, child's slot): a forked sample's copy of its parent's
+    residual slot (its open block's tokens), every KV group and K/V tensor."""
+
+    pairs: np.ndarray
+
+
+@dataclass(frozen=True)
+class ReopenBlock:
+    """A truncation cut into a sealed int4 block (a rejected draft had filled it): its first
+    ``num_tokens`` tokens, dequantized, go back into residual ``slot``. ``blocks[g]``: the
+    block in KV group g's table."""
+
+    slot: int
+    num_tokens: int
+    blocks: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -114,7 +145,7 @@ class StoreHits:
     blocks: tuple[tuple[int, int, np.ndarray], ...]
 
 
-DataOp = SwapOut | SwapIn | Offload | CopyBlocks | Load | StoreHits
+DataOp = SwapOut | SwapIn | Offload | CopyBlocks | Load | StoreHits | CopyResidual | ReopenBlock
 
 
 @dataclass(frozen=True)
@@ -131,9 +162,12 @@ class SaveComputed:
 class ScheduledBatch:
     """One step: ``ops`` run in order, then the pass over ``rows`` (none: the step only moves
     data), then ``save``. ``block_tables``: one int32 ``[len(rows), max_blocks]`` table per KV
-    group, row order (``-1`` pads, and marks a block a sliding-window group released)."""
+    group, row order (``-1`` pads, and marks a block a sliding-window group released).
+    ``residual_slots``: an int4 cache's int32 ``[len(rows)]`` residual slot of each row's
+    sequence (None for every other dtype)."""
 
     rows: list[Row]
     block_tables: list[np.ndarray] = field(default_factory=list)
     ops: list[DataOp] = field(default_factory=list)
     save: SaveComputed | None = None
+    residual_slots: np.ndarray | None = None

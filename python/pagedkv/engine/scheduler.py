@@ -22,6 +22,13 @@ recompute), ``running`` (blocks on the device) and ``swapped`` (blocks in the sw
    copy-on-write copies, the host-cache loads, the store hits, and after the pass the blocks
    to save to the store.
 
+An int4 cache keeps each running sequence's open block in a residual slot (``ResidualSlots``):
+the scheduler hands those out with the blocks (one on admission, plus one reserved per further
+sample of the request; the parent's copied into a reserved one on fork; released on finish and
+recompute preemption; moved to a host slot and back with a swap) and reopens a sealed block that
+a rejected draft's truncation cut into. Those moves are ops of the plan too; the ones decided
+between steps (forks and truncations happen while the engine samples) run first in the next.
+
 The scheduler talks to the block manager and to the store's look-ups (``StoreLookup``: a
 store hit decides how much of a prompt is computed, so it is planned here; its blocks travel in
 the plan); it holds no K/V array and moves none: every data move is an op of the plan, run by
@@ -51,11 +58,14 @@ from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.kv_layout import KvLayout
 from pagedkv.engine.ngram_proposer import propose_ngram_drafts
 from pagedkv.engine.params import SamplingParams
+from pagedkv.engine.residual_slots import ResidualSlots
 from pagedkv.engine.scheduled_batch import (
     CopyBlocks,
+    CopyResidual,
     DataOp,
     Load,
     Offload,
+    ReopenBlock,
     Row,
     SaveComputed,
     ScheduledBatch,
@@ -85,7 +95,8 @@ class _Admission:
 class Scheduler:
     """Plans each step on ``kv`` (the block manager): it holds no K/V, and moves none
     (``ScheduledBatch`` carries the moves to the model runner). ``layout``: the KV groups
-    (metadata only); ``store``: the store's look-ups, when the engine has a store."""
+    (metadata only); ``store``: the store's look-ups, when the engine has a store;
+    ``residual``: an int4 cache's device and host residual slots."""
 
     def __init__(
         self,
@@ -95,6 +106,7 @@ class Scheduler:
         layout: KvLayout,
         stats: EngineStats,
         store: StoreLookup | None = None,
+        residual: tuple[ResidualSlots, ResidualSlots] | None = None,
     ) -> None:
         self.config = config
         self.max_model_len = max_model_len
@@ -113,6 +125,11 @@ class Scheduler:
         self._ops: list[DataOp] = []
         self._store_hits: list[tuple[int, int, np.ndarray]] = []
         self._appended: set[int] = set()  # seq ids whose append this step no pass has written yet
+        self.slots: ResidualSlots | None = residual[0] if residual is not None else None
+        self.host_slots: ResidualSlots | None = residual[1] if residual is not None else None
+        # Residual moves decided between steps (forks, reopened blocks): the next plan's first ops.
+        self._pending: list[DataOp] = []
+        self._swap_reserve: dict[int, int] = {}  # a swapped-out sequence's reserved slots
 
     def check_fits(self, num_prompt_tokens: int, params: SamplingParams) -> None:
         """InvalidArgumentError unless a request can run here alone: its prompt leaves room in
@@ -124,6 +141,11 @@ class Scheduler:
                 f"{self.max_model_len} (prompt plus at least one generated token)"
             )
         total = min(num_prompt_tokens + params.max_tokens, self.max_model_len)
+        if self.slots is not None and params.n > self.slots.num_slots:
+            raise InvalidArgumentError(
+                f"n={params.n} samples need as many int4 residual slots at once; the engine has "
+                f"max_num_seqs = {self.slots.num_slots}"
+            )
         needed = self.blocks_to_fit(num_prompt_tokens, params)
         if needed > self.config.num_blocks:
             raise InvalidArgumentError(
@@ -154,7 +176,7 @@ class Scheduler:
     # ---- one step -------------------------------------------------------------------------
 
     def schedule(self) -> ScheduledBatch:
-        self._ops, self._store_hits = [], []
+        self._ops, self._store_hits, self._pending = self._pending, [], []
         self._appended = set()
         self._swap_in()
         self._append_decode_tokens()
@@ -180,7 +202,20 @@ class Scheduler:
         if self._store_hits:
             self._ops.append(StoreHits(tuple(self._store_hits)))
         ops, self._ops, self._store_hits = self._ops, [], []
-        return ScheduledBatch(rows, self._block_tables(rows), ops, self._plan_saves(rows))
+        return ScheduledBatch(
+            rows, self._block_tables(rows), ops, self._plan_saves(rows), self._row_slots(rows)
+        )
+
+    def _row_slots(self, rows: list[Row]) -> np.ndarray | None:
+        """Each row's sequence's residual slot (an int4 cache), row order."""
+        if self.slots is None:
+            return None
+        return np.array([self.slots.slot(r.seq.seq_id) for r in rows], dtype=np.int32)
+
+    def _slots_needed(self, seq: Sequence) -> int:
+        """Residual slots an admission takes: one, and one per sample the request still forks."""
+        request = seq.request
+        return request.params.n if seq.index == 0 and not request.forked else 1
 
     def _block_tables(self, rows: list[Row]) -> list[np.ndarray]:
         """The rows' block tables, one per KV group."""
@@ -231,13 +266,22 @@ class Scheduler:
     def _swap_in(self) -> None:
         while self.swapped:
             seq = min(self.swapped, key=lambda s: s.admitted)
+            need = 1 + self._swap_reserve.get(seq.seq_id, 0)
+            if self.slots is not None and not self.slots.can_take(need):
+                return
             try:
                 mapping = self.kv.swap_in([seq.seq_id])
             except OutOfBlocksError:
                 return
             self._take_offloads()  # they read device blocks the swap-in writes
-            if len(mapping):
-                self._ops.append(SwapIn(mapping))
+            residual = np.zeros((0, 2), np.int32)
+            if self.slots is not None and self.host_slots is not None:
+                device = self.slots.take(seq.seq_id, reserve=self._swap_reserve.pop(seq.seq_id, 0))
+                host = self.host_slots.slot(seq.seq_id)
+                self.host_slots.release(seq.seq_id)
+                residual = np.array([[host, device]], np.int32)
+            if len(mapping) or len(residual):
+                self._ops.append(SwapIn(mapping, residual))
             self.swapped.remove(seq)
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
@@ -338,6 +382,9 @@ class Scheduler:
             seq = self.waiting[0]
             if not self._has_room(seq):
                 return
+            slots = self._slots_needed(seq)
+            if self.slots is not None and not self.slots.can_take(slots):
+                return
             tokens = np.array(seq.token_ids, dtype=np.int64)
             try:
                 admission = self._plan_admission(seq, tokens, budget, bool(rows))
@@ -354,6 +401,8 @@ class Scheduler:
                 self.failed.append((seq, error))
                 continue
             self._start_running(seq)
+            if self.slots is not None:
+                self.slots.take(seq.seq_id, reserve=slots - 1)
             hit = self._place_store_hits(seq, hit, admission.stored)
             row = self._first_row(seq, hit)
             rows.append(row)
@@ -462,20 +511,52 @@ class Scheduler:
     def truncate_rejected(self, seq: Sequence) -> None:
         """After a speculative pass: drop the K/V of the rejected drafts (the manager holds every
         token but the last sampled one)."""
-        if seq.status is SeqStatus.RUNNING and self.kv.num_tokens(seq.seq_id) > len(seq.token_ids) - 1:
-            self.kv.truncate(seq.seq_id, len(seq.token_ids) - 1)
+        keep = len(seq.token_ids) - 1
+        if seq.status is SeqStatus.RUNNING and self.kv.num_tokens(seq.seq_id) > keep:
+            self._reopen(seq, self.kv.num_tokens(seq.seq_id), keep)
+            self.kv.truncate(seq.seq_id, keep)
         seq.draft_ids = []
 
+    def _reopen(self, seq: Sequence, written: int, keep: int) -> None:
+        """int4: a truncation from ``written`` (every token's K/V written) to ``keep`` tokens that
+        cuts into a block the writes sealed reopens it: its kept tokens go back to the residual
+        slot (docs/quantized_kv.md, "Truncation")."""
+        bs = self.config.block_size
+        block, count = divmod(keep, bs)
+        if self.slots is None or count == 0 or written < (block + 1) * bs:
+            return  # no residual, a block boundary, or the block is still open
+        if self.num_groups > 1:
+            tables = [self.kv.block_table(seq.seq_id, group=g) for g in range(self.num_groups)]
+        else:
+            tables = [self.kv.block_table(seq.seq_id)]
+        blocks = tuple(int(t[block]) for t in tables)
+        self._pending.append(ReopenBlock(self.slots.slot(seq.seq_id), count, blocks))
+        self.stats.residual_reopens += 1
+
     def fork(self, parent: Sequence, children: list[Sequence]) -> None:
-        """The samples 1..n-1 of ``parent``'s request share its blocks from now on."""
+        """The samples 1..n-1 of ``parent``'s request share its blocks from now on (an int4
+        cache: each gets a copy of the parent's residual slot, in the next plan)."""
+        pairs = []
         for child in children:
             self.kv.fork(parent.seq_id, child.seq_id)
+            if self.slots is not None:
+                pairs.append(self.slots.fork(parent.seq_id, child.seq_id))
             child.status, child.admitted = SeqStatus.RUNNING, self._next_admission()
             self.running.append(child)
+        if pairs:
+            self._pending.append(CopyResidual(np.array(pairs, np.int32)))
+
+    def _release_slots(self, seq: Sequence) -> None:
+        """Whatever residual slots ``seq`` holds, device and host."""
+        for slots in (self.slots, self.host_slots):
+            if slots is not None:
+                slots.release(seq.seq_id)
+        self._swap_reserve.pop(seq.seq_id, None)
 
     def finish(self, seq: Sequence) -> None:
         seq.status = SeqStatus.FINISHED
         self.kv.free(seq.seq_id)
+        self._release_slots(seq)
         self.running.remove(seq)
 
     def abort(self, seq: Sequence) -> None:
@@ -486,6 +567,7 @@ class Scheduler:
                 queue.remove(seq)
         if seq.seq_id in self.kv:
             self.kv.free(seq.seq_id)
+        self._release_slots(seq)
         seq.status = SeqStatus.FINISHED
 
     def preempt(self, seq: Sequence) -> None:
@@ -496,21 +578,36 @@ class Scheduler:
             self.kv.truncate(seq.seq_id, len(seq.token_ids) - 1)
             self._appended.discard(seq.seq_id)
         seq.draft_ids = []
-        if self.config.preemption == "swap":
+        host_slot_free = self.host_slots is None or self.host_slots.can_take(1)
+        if self.config.preemption == "swap" and host_slot_free:
             try:
                 mapping = self.kv.swap_out([seq.seq_id])
             except pagedkv.PagedKvError:
                 mapping = None
             if mapping is not None:
-                if len(mapping):
-                    self._ops.append(SwapOut(mapping))  # before anything writes those blocks again
+                residual = self._swap_out_residual(seq)
+                if len(mapping) or len(residual):
+                    # Before anything writes those blocks (or that slot) again.
+                    self._ops.append(SwapOut(mapping, residual))
                 self.running.remove(seq)
                 seq.status = SeqStatus.SWAPPED
                 self.swapped.append(seq)
                 self.stats.swap_preemptions += 1
                 return
         self.kv.free(seq.seq_id)
+        self._release_slots(seq)
         self.running.remove(seq)
         seq.status = SeqStatus.WAITING
         self.waiting.appendleft(seq)
         self.stats.recompute_preemptions += 1
+
+    def _swap_out_residual(self, seq: Sequence) -> np.ndarray:
+        """An int4 cache: ``seq``'s residual slot goes to a host slot (its reservations are
+        released and taken again on swap-in); (device slot, host slot)."""
+        if self.slots is None or self.host_slots is None:
+            return np.zeros((0, 2), np.int32)
+        device = self.slots.slot(seq.seq_id)
+        self._swap_reserve[seq.seq_id] = self.slots.reserved(seq.seq_id)
+        self.slots.release(seq.seq_id)
+        host = self.host_slots.take(seq.seq_id)
+        return np.array([[device, host]], np.int32)

@@ -30,6 +30,8 @@ class EngineStats:
     recompute_preemptions: int = 0
     swap_preemptions: int = 0
     cow_copies: int = 0
+    # int4: sealed blocks a rejected draft's truncation cut into, reopened into residual slots.
+    residual_reopens: int = 0
     failed_requests: int = 0  # finished with finish_reason "error"
     batch_sizes: list[int] = field(default_factory=list)  # sequences per forward pass
     blocks_in_use: list[int] = field(default_factory=list)
@@ -54,6 +56,7 @@ class EngineStats:
             "recompute_preemptions": self.recompute_preemptions,
             "swap_preemptions": self.swap_preemptions,
             "cow_copies": self.cow_copies,
+            "residual_reopens": self.residual_reopens,
             "failed_requests": self.failed_requests,
             "mean_batch": float(np.mean(self.batch_sizes)) if self.batch_sizes else 0.0,
             "mean_blocks_in_use": float(np.mean(self.blocks_in_use)) if self.blocks_in_use else 0.0,

@@ -31,17 +31,24 @@ def model_fingerprint(model: Any) -> str:
 
 
 def layout_identity(
-    model_name: str, num_layers: int, num_kv_heads: int, head_dim: int, block_size: int
+    model_name: str,
+    num_layers: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    kv_cache_dtype: str = "float32",
 ) -> bytes:
-    """The salt of the engine's store keys: what must agree for a stored block to be usable."""
+    """The salt of the engine's store keys: what must agree for a stored block to be usable
+    (the fp32 cache's salt is the one engines wrote before other dtypes existed)."""
     return (
-        f"pagedkv-kv-v1|{model_name}|L{num_layers}|H{num_kv_heads}|D{head_dim}|B{block_size}|float32".encode()
+        f"pagedkv-kv-v1|{model_name}|L{num_layers}|H{num_kv_heads}|D{head_dim}|B{block_size}|"
+        f"{kv_cache_dtype}".encode()
     )
 
 
-def store_identity(model: Any, block_size: int) -> bytes:
+def store_identity(model: Any, block_size: int, kv_cache_dtype: str = "float32") -> bytes:
     """``layout_identity`` of a loaded model's engine."""
     cfg = model.config
     return layout_identity(
-        model_fingerprint(model), cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, block_size
+        model_fingerprint(model), cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, block_size, kv_cache_dtype
     )

@@ -52,9 +52,10 @@ MAX_DEADLINE_S = 2.0
 
 class StoreLookup:
     """Store look-ups and prefetches through ``worker``, keyed by the engine's layout
-    ``identity`` (the salt); a hit is a float32 payload of ``block_shape`` (``[layers, 2,
-    block_size, kv_heads, head_dim]``). ``deadline_s``: a fixed deadline per look-up, or None
-    for the adaptive one (module docs)."""
+    ``identity`` (the salt) and a quantized cache's ``kv_cache_dtype``; a hit is a payload of
+    ``block_dtype`` and ``block_shape`` (``kv_store.block_payloads``: ``[layers, 2, block_size,
+    kv_heads, head_dim]`` for a plain cache). ``deadline_s``: a fixed deadline per look-up, or
+    None for the adaptive one (module docs)."""
 
     def __init__(
         self,
@@ -63,10 +64,15 @@ class StoreLookup:
         block_shape: tuple[int, ...],
         block_size: int,
         deadline_s: float | None = None,
+        *,
+        block_dtype: Any = np.float32,
+        kv_cache_dtype: str | None = None,
     ) -> None:
         self.worker = worker
         self.identity = identity
         self.block_shape = block_shape
+        self.block_dtype = np.dtype(block_dtype)
+        self.kv_cache_dtype = kv_cache_dtype
         self.block_size = block_size
         self.deadline_s = deadline_s
         # seq_id -> (the hashes asked for, the prefetch): the first waiting prompts' blocks.
@@ -93,7 +99,7 @@ class StoreLookup:
             try:
                 self._prefetched[seq_id] = (
                     set(hashes),
-                    self.worker.prefetch(hashes, extra_key=self.identity),
+                    self.worker.prefetch(hashes, extra_key=self.identity, kv_cache_dtype=self.kv_cache_dtype),
                 )
             except Exception:  # noqa: BLE001 - a store failure is a miss, never an error in the step
                 continue
@@ -112,7 +118,9 @@ class StoreLookup:
             else:
                 if pending is not None:
                     pending[1].take(0.0)
-                load = self.worker.prefetch(block_hashes, extra_key=self.identity)
+                load = self.worker.prefetch(
+                    block_hashes, extra_key=self.identity, kv_cache_dtype=self.kv_cache_dtype
+                )
                 found = self._collect(load, len(block_hashes))
         except Exception:  # noqa: BLE001 - a store failure is a miss, never an error in the step
             found = {}
@@ -121,7 +129,7 @@ class StoreLookup:
             payload = found.get(h)
             if not (
                 isinstance(payload, np.ndarray)
-                and payload.dtype == np.float32
+                and payload.dtype == self.block_dtype
                 and payload.shape == self.block_shape
             ):
                 break

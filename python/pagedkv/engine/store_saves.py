@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pagedkv.engine.kv_store import PagedKvStore
+from pagedkv.engine.kv_store import PagedKvStore, block_payloads
 
 if TYPE_CHECKING:
     from pagedkv.offload import OffloadWorker
@@ -34,16 +34,16 @@ SEEN_CAPACITY = 1 << 16
 
 
 class StoreSaves:
-    """Queues puts of ``caches``' blocks on ``worker`` (salt: ``identity``)."""
+    """Queues puts of ``caches``' blocks on ``worker`` (salt: ``identity``; a quantized cache's
+    ``kv_cache_dtype`` in the key too)."""
 
-    def __init__(self, worker: OffloadWorker, identity: bytes, caches: PagedKvStore) -> None:
+    def __init__(
+        self, worker: OffloadWorker, identity: bytes, caches: PagedKvStore, kv_cache_dtype: str | None = None
+    ) -> None:
         self.worker = worker
         self.identity = identity
         self.caches = caches
-        # [layers, 2, block_size, kv_heads, head_dim]: one block of every tensor, K and V.
-        self.block_shape = (
-            (len(caches.k_caches), 2, *caches.k_caches[0].shape[1:]) if caches.k_caches else (0,)
-        )
+        self.kv_cache_dtype = kv_cache_dtype
         self.puts_submitted = 0  # blocks queued on the worker
         self.puts_dropped = 0  # refused by a full (or closed) worker queue: the step went on
         self.puts_repeated = 0  # skipped: already queued or loaded (the seen-set)
@@ -68,7 +68,13 @@ class StoreSaves:
     def submit(self, block_hash: int, payload: np.ndarray) -> bool:
         """Queue one put (a copy the caller made); never raises, never waits."""
         try:
-            queued = self.worker.submit_put(block_hash, payload, extra_key=self.identity, if_absent=True)
+            queued = self.worker.submit_put(
+                block_hash,
+                payload,
+                extra_key=self.identity,
+                if_absent=True,
+                kv_cache_dtype=self.kv_cache_dtype,
+            )
         except Exception:  # noqa: BLE001 - a store put never fails the step
             queued = False
         if queued:
@@ -94,12 +100,9 @@ class StoreSaves:
         if not picked:
             return
         ids = np.array([b for b, _ in picked], dtype=np.intp)
-        # [blocks, layers, 2, block_size, kv_heads, head_dim]: one gather per layer and K/V,
-        # straight into the payloads (each block's payload is a contiguous slice).
-        payloads = np.empty((len(picked), *self.block_shape), np.float32)
-        for layer, (k, v) in enumerate(zip(self.caches.k_caches, self.caches.v_caches, strict=True)):
-            np.take(k, ids, axis=0, out=payloads[:, layer, 0])
-            np.take(v, ids, axis=0, out=payloads[:, layer, 1])
+        # One gather per tensor and K/V, straight into the payloads (each block's payload is a
+        # contiguous slice).
+        payloads = block_payloads(self.caches.k_caches, self.caches.v_caches, ids)
         for (_, block_hash), payload in zip(picked, payloads, strict=True):
             if self.submit(block_hash, payload):
                 self.blocks_saved_on_compute += 1

@@ -4,11 +4,17 @@
 //! Then decode at SmolLM2's shapes (9 query / 3 KV heads of 64, block 16, fp32) over the short
 //! contexts an engine decoding many requests sees: batch 32 x 40 / 200 / 2048 and batch 1 x 40,
 //! in ns per (sequence, KV head, key). `RAYON_NUM_THREADS` sets the threads.
+//! Then the quantized caches (int8, fp8 e4m3, int4 with fp16 residuals) at the first shape,
+//! written from the fp16 run's keys and values, each timed alternately with fp16 and reported as
+//! a ratio to it (`cargo bench -p pagedkv-cpu --bench decode -- REPS quant` runs only those).
 
 use std::hint::black_box;
 use std::time::Instant;
 
-use pagedkv_cpu::{f16, paged_decode, AttentionParams, BlockTables, CacheShape, KvElem};
+use pagedkv_cpu::{
+    f16, paged_decode, paged_decode_quant, write_kv_quant, AttentionParams, BlockTables,
+    CacheShape, KvElem, QuantCache, QuantCacheMut, QuantFormat, QuantLayout, Role,
+};
 
 fn best<F: FnMut()>(mut f: F, reps: usize) -> f64 {
     (0..reps)
@@ -130,11 +136,100 @@ fn smol(batch: usize, ctx: usize, reps: usize) -> f64 {
     per_key
 }
 
+/// A quantized copy of an fp16 problem's caches (every block sealed: the contexts are whole
+/// blocks, so an int4 cache reads no residual).
+struct QuantProblem {
+    k: (QuantLayout, Vec<u8>, Vec<f16>),
+    v: (QuantLayout, Vec<u8>, Vec<f16>),
+}
+
+impl QuantProblem {
+    fn new(p: &Problem<f16>, format: QuantFormat) -> Self {
+        let s = p.shape;
+        let mk = |role| {
+            let l =
+                QuantLayout::new(format, role, s.block_size, s.num_kv_heads, s.head_dim).unwrap();
+            let residual = if l.has_residual() {
+                vec![f16::ZERO; s.block_size * s.token_elems()]
+            } else {
+                Vec::new()
+            };
+            (l, vec![0u8; s.num_blocks * l.block_bytes], residual)
+        };
+        let (mut k, mut v) = (mk(Role::Key), mk(Role::Value));
+        // Whole blocks, one write each: every block sealed at once.
+        let te = s.token_elems();
+        let per_block = s.block_size * te;
+        for b in 0..s.num_blocks {
+            let slots: Vec<i64> = (0..s.block_size)
+                .map(|o| (b * s.block_size + o) as i64)
+                .collect();
+            let res = vec![0i32; s.block_size];
+            let kc = QuantCacheMut::new("k", k.0, &mut k.1, &mut k.2).unwrap();
+            let vc = QuantCacheMut::new("v", v.0, &mut v.1, &mut v.2).unwrap();
+            let rows = b * per_block..(b + 1) * per_block;
+            let slots_res = k.0.has_residual().then_some(&res[..]);
+            write_kv_quant(&p.k[rows.clone()], &p.v[rows], kc, vc, &slots, slots_res).unwrap();
+        }
+        QuantProblem { k, v }
+    }
+
+    fn time_decode(&self, p: &Problem<f16>, reps: usize) -> f64 {
+        let mut out = vec![f16::ZERO; p.q.len()];
+        let tables = BlockTables::padded(&p.table, p.lens.len(), p.per_seq).unwrap();
+        let slots = vec![-1i32; p.lens.len()];
+        let res = self.k.0.has_residual().then_some(&slots[..]);
+        let kq = QuantCache::new("k", self.k.0, &self.k.1, &self.k.2).unwrap();
+        let vq = QuantCache::new("v", self.v.0, &self.v.1, &self.v.2).unwrap();
+        best(
+            || {
+                paged_decode_quant(&p.q, kq, vq, &tables, &p.lens, res, p.params, &mut out)
+                    .unwrap();
+                black_box(&out);
+            },
+            reps,
+        )
+    }
+}
+
+/// Quantized decode beside fp16 at the first shape: best of `reps` each, in alternating rounds.
+fn quant(reps: usize, ctx: usize) {
+    let p = Problem::new(32, ctx, 8, 2, f16::from_f32);
+    let rounds = 5;
+    for format in [QuantFormat::Int8, QuantFormat::Fp8E4m3, QuantFormat::Int4] {
+        let qp = QuantProblem::new(&p, format);
+        let (mut plain, mut quant) = (f64::INFINITY, f64::INFINITY);
+        for _ in 0..rounds {
+            plain = plain.min(p.time_decode(reps));
+            quant = quant.min(qp.time_decode(&p, reps));
+        }
+        let bytes = (qp.k.1.len() + qp.v.1.len()) as f64;
+        println!(
+            "{:>8}: attention {:.2} ms ({:.2} GB/s of its {:.1} MB), fp16 {:.2} ms: fp16 time / {} time = {:.2}",
+            format.name(),
+            quant * 1e3,
+            bytes / quant / 1e9,
+            bytes / 1e6,
+            plain * 1e3,
+            format.name(),
+            plain / quant
+        );
+    }
+}
+
 fn main() {
     let reps = std::env::args()
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or(10);
+    if std::env::args().nth(2).as_deref() == Some("quant") {
+        let ctx = std::env::args()
+            .nth(3)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(2048);
+        quant(reps, ctx);
+        return;
+    }
     // A second argument shortens the context (e.g. 128 for callgrind's instruction counts).
     // `smol` instead of a context runs only the SmolLM2 table (for perf).
     let arg = std::env::args().nth(2);
@@ -154,4 +249,6 @@ fn main() {
         }
         smol(batch, ctx, reps.max(20));
     }
+    println!("Quantized caches, batch 32 x 2 K (8 query / 2 KV heads of 64, block 16):");
+    quant(reps, 2048);
 }

@@ -20,7 +20,7 @@ use crate::arrays::require_aligned;
 use crate::errors::invalid_argument;
 
 /// A NumPy element type and the cache element it stores.
-trait Storage: Element + Copy + Send + Sync {
+pub(crate) trait Storage: Element + Copy + Send + Sync {
     type Elem: KvElem;
     fn view(s: &[Self]) -> &[Self::Elem];
     fn view_mut(s: &mut [Self]) -> &mut [Self::Elem];
@@ -62,7 +62,7 @@ pub(crate) fn err(py: Python<'_>, e: cpu::CpuError) -> PyErr {
 }
 
 /// The dtype of a cache or query array: "f32" | "f16" | "bf16".
-fn kind(py: Python<'_>, name: &str, x: &Bound<'_, PyAny>) -> PyResult<&'static str> {
+pub(crate) fn kind(py: Python<'_>, name: &str, x: &Bound<'_, PyAny>) -> PyResult<&'static str> {
     let arr = x
         .cast::<PyUntypedArray>()
         .map_err(|_| invalid_argument(py, format!("{name} must be a NumPy array")))?;
@@ -111,7 +111,7 @@ pub(crate) fn array<'py, T: Element>(
 }
 
 /// A K/V tensor: its dtype must be the call's (the first tensor's, see [`kind`]).
-fn read<'py, S: Storage>(
+pub(crate) fn read<'py, S: Storage>(
     py: Python<'py>,
     name: &str,
     x: &Bound<'py, PyAny>,
@@ -121,7 +121,7 @@ fn read<'py, S: Storage>(
 }
 
 /// Integer metadata (block tables, lengths, slots, copy ops).
-fn ints<'py, T: Element>(
+pub(crate) fn ints<'py, T: Element>(
     py: Python<'py>,
     name: &str,
     x: &Bound<'py, PyAny>,
@@ -148,13 +148,13 @@ fn cache_shape(py: Python<'_>, k: &[usize], v: &[usize]) -> PyResult<CacheShape>
 
 /// The block tables argument: a padded int32 `[B, max_blocks]` array or a CSR tuple
 /// `(kv_indptr, kv_indices, kv_last_page_len)`.
-enum Tables<'py> {
+pub(crate) enum Tables<'py> {
     Padded(PyReadonlyArrayDyn<'py, i32>),
     Csr([PyReadonlyArrayDyn<'py, i32>; 3]),
 }
 
 impl<'py> Tables<'py> {
-    fn new(py: Python<'py>, x: &Bound<'py, PyAny>) -> PyResult<Self> {
+    pub(crate) fn new(py: Python<'py>, x: &Bound<'py, PyAny>) -> PyResult<Self> {
         if let Ok(t) = x.cast::<PyTuple>() {
             if t.len() != 3 {
                 return Err(invalid_argument(
@@ -171,7 +171,7 @@ impl<'py> Tables<'py> {
         Ok(Tables::Padded(ints(py, "block_tables", x, 2, "int32")?))
     }
 
-    fn build(
+    pub(crate) fn build(
         &self,
         py: Python<'_>,
         seq_lens: &[i32],
@@ -622,7 +622,7 @@ fn write<'py, S: Storage>(
     })
 }
 
-fn mut_slice<'a, S: Element>(
+pub(crate) fn mut_slice<'a, S: Element>(
     py: Python<'_>,
     a: &'a mut numpy::PyReadwriteArrayDyn<'_, S>,
 ) -> PyResult<&'a mut [S]> {

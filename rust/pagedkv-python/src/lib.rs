@@ -15,6 +15,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 mod alloc_guard;
 mod arrays;
 mod cpu_ops;
+mod cpu_quant_ops;
 mod errors;
 mod event_digests;
 mod events;
@@ -44,6 +45,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     event_digests::register(m)?;
     int_list::register(m)?;
     cpu_ops::register(m)?;
+    cpu_quant_ops::register(m)?;
     quantized_matmul::register(m)?;
     Ok(())
 }

@@ -20,11 +20,15 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 mod portable;
+mod quant_source;
 mod simd;
+mod source;
 mod task;
 mod tile;
 
+pub use self::quant_source::{paged_decode_quant, paged_prefill_quant};
 use self::simd::Simd;
+use self::source::{KvSource, PlainRows};
 pub use self::task::AttentionParams;
 use self::task::{Ctx, SeqRows, Task};
 pub use self::tile::KEY_CHUNK;
@@ -73,17 +77,14 @@ fn check_params(p: &AttentionParams, cache: &CacheShape) -> Result<usize> {
     Ok(p.num_q_heads / cache.num_kv_heads)
 }
 
-fn check_arrays<T>(
+/// `q` and `out` hold `[num_tokens, num_q_heads, head_dim]`.
+fn check_queries<T>(
     q: &[T],
-    k: &[T],
-    v: &[T],
     out: &[T],
     cache: &CacheShape,
     num_tokens: usize,
     p: &AttentionParams,
 ) -> Result<()> {
-    cache.check_len("k_cache", k.len())?;
-    cache.check_len("v_cache", v.len())?;
     let want = num_tokens
         .checked_mul(p.num_q_heads * cache.head_dim)
         .ok_or_else(|| CpuError::Shape("q shape overflows usize".into()))?;
@@ -127,8 +128,16 @@ pub fn paged_decode<T: KvElem>(
         causal: true,
         ..params
     };
-    let b = seq_lens.len();
-    let mut rows = Vec::with_capacity(b);
+    let rows = decode_rows(seq_lens)?;
+    let k = PlainRows::new("k_cache", k_cache, cache)?;
+    let v = PlainRows::new("v_cache", v_cache, cache)?;
+    run(q, &k, &v, cache, tables, &rows, seq_lens.len(), params, out)
+}
+
+/// One decode row per sequence: its last token queries its `seq_lens[b]` keys (none for an
+/// empty sequence, whose output row is zeros).
+fn decode_rows(seq_lens: &[i32]) -> Result<Vec<SeqRows>> {
+    let mut rows = Vec::with_capacity(seq_lens.len());
     for (i, &len) in seq_lens.iter().enumerate() {
         let seq_len = usize::try_from(len)
             .map_err(|_| CpuError::Argument(format!("seq_lens[{i}] = {len} is negative")))?;
@@ -140,7 +149,7 @@ pub fn paged_decode<T: KvElem>(
             zero_row: seq_len == 0,
         });
     }
-    run(q, k_cache, v_cache, cache, tables, &rows, b, params, out)
+    Ok(rows)
 }
 
 /// Paged prefill attention over a CSR batch of query rows (`query_start_loc`, B + 1 entries):
@@ -160,6 +169,15 @@ pub fn paged_prefill<T: KvElem>(
     params: AttentionParams,
     out: &mut [T],
 ) -> Result<()> {
+    let (rows, total_q) = prefill_rows(seq_lens, query_start_loc)?;
+    let k = PlainRows::new("k_cache", k_cache, cache)?;
+    let v = PlainRows::new("v_cache", v_cache, cache)?;
+    run(q, &k, &v, cache, tables, &rows, total_q, params, out)
+}
+
+/// Sequence i's `query_start_loc[i+1] - query_start_loc[i]` queries, its last positions; the
+/// rows and the total number of queries.
+fn prefill_rows(seq_lens: &[i32], query_start_loc: &[i32]) -> Result<(Vec<SeqRows>, usize)> {
     let b = seq_lens.len();
     if query_start_loc.len() != b + 1 {
         return Err(CpuError::Shape(format!(
@@ -198,17 +216,16 @@ pub fn paged_prefill<T: KvElem>(
             zero_row: false,
         });
     }
-    let total_q = query_start_loc[b] as usize;
-    run(
-        q, k_cache, v_cache, cache, tables, &rows, total_q, params, out,
-    )
+    Ok((rows, query_start_loc[b] as usize))
 }
 
+/// Every query row of `rows` against its keys in `k` and `v` (sources of a cache of `cache`'s
+/// shape), into `out`.
 #[allow(clippy::too_many_arguments)]
-fn run<T: KvElem>(
+fn run<T: KvElem, S: KvSource>(
     q: &[T],
-    k: &[T],
-    v: &[T],
+    k: &S,
+    v: &S,
     cache: CacheShape,
     tables: &BlockTables<'_>,
     rows: &[SeqRows],
@@ -217,7 +234,7 @@ fn run<T: KvElem>(
     out: &mut [T],
 ) -> Result<()> {
     let group = check_params(&params, &cache)?;
-    check_arrays(q, k, v, out, &cache, num_tokens, &params)?;
+    check_queries(q, out, &cache, num_tokens, &params)?;
     if tables.num_rows() != rows.len() {
         return Err(CpuError::Shape(format!(
             "block tables have {} rows for {} sequences",

@@ -43,12 +43,12 @@ pub(super) struct Task {
     pub(super) r1: usize,
 }
 
-/// What every task of a call reads: the call's arrays, shapes and parameters, and the inner
-/// loops' path (chosen once per call).
-pub(super) struct Ctx<'a, T> {
+/// What every task of a call reads: the queries, the key and value sources (`source`), shapes
+/// and parameters, and the inner loops' path (chosen once per call).
+pub(super) struct Ctx<'a, T, S> {
     pub(super) q: &'a [T],
-    pub(super) k: &'a [T],
-    pub(super) v: &'a [T],
+    pub(super) k: &'a S,
+    pub(super) v: &'a S,
     pub(super) cache: CacheShape,
     pub(super) tables: &'a BlockTables<'a>,
     pub(super) params: AttentionParams,

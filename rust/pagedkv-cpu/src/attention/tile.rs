@@ -2,6 +2,7 @@
 //! range of KV heads and their query heads, in named steps (`attend_tile` lists them).
 
 use super::portable::dot;
+use super::source::{KvSource, SourceScratch};
 use super::task::{Ctx, SeqRows, Task};
 use crate::elem::KvElem;
 use crate::exp::{exp, exp_shifted_in_place};
@@ -33,6 +34,8 @@ pub(super) struct Scratch {
     widen: Vec<f32>,
     /// One KV head's group of queries times four keys (`Simd::dot4_rows`, `add_scaled4_rows`).
     d: Vec<[f32; 4]>,
+    /// The sources' buffers (a quantized cache's dequantized block).
+    src: SourceScratch,
 }
 
 /// Resizes `v` to `n` elements, all `x`.
@@ -56,13 +59,11 @@ struct TileDims {
     nq: usize,
     /// Elements of one token's rows, all KV heads (`num_kv_heads * hd`).
     token_elems: usize,
-    /// Elements of one cache block (`bs * token_elems`).
-    block_elems: usize,
 }
 
 impl TileDims {
     #[inline(always)]
-    fn new<T>(ctx: &Ctx<'_, T>, t: &Task) -> Self {
+    fn new<T, S>(ctx: &Ctx<'_, T, S>, t: &Task) -> Self {
         let CacheShape {
             block_size: bs,
             num_kv_heads: nkv,
@@ -79,7 +80,6 @@ impl TileDims {
             hg,
             nq: (t.r1 - t.r0) * hg,
             token_elems,
-            block_elems: bs * token_elems,
         }
     }
 
@@ -129,8 +129,8 @@ impl KeyChunk {
     "x86_64+avx2+fma+f16c",
     "aarch64+neon"
 ))]
-pub(super) fn attend_tile<T: KvElem>(
-    ctx: &Ctx<'_, T>,
+pub(super) fn attend_tile<T: KvElem, S: KvSource>(
+    ctx: &Ctx<'_, T, S>,
     t: &Task,
     rows: &SeqRows,
     sc: &mut Scratch,
@@ -140,13 +140,14 @@ pub(super) fn attend_tile<T: KvElem>(
     let (klo, khi) = visible_bounds(ctx, t, rows, &mut sc.bounds);
     widen_queries(ctx, t, rows, &dims, &mut sc.q, &mut sc.widen);
     reset_accumulators(sc, &dims);
-    let (qb, acc, m, l, s, d) = (
+    let (qb, acc, m, l, s, d, src) = (
         &sc.q,
         &mut sc.acc,
         &mut sc.m,
         &mut sc.l,
         &mut sc.s,
         &mut sc.d,
+        &mut sc.src,
     );
     let bufs = &mut sc.kv;
     let bounds = &sc.bounds;
@@ -163,9 +164,11 @@ pub(super) fn attend_tile<T: KvElem>(
             cb: c0 / dims.bs,
             ce: c1.div_ceil(dims.bs),
         };
-        score_chunk(ctx, t, &dims, &keys, bounds, qb, s, d, bufs, &mut ahead);
+        score_chunk(
+            ctx, t, &dims, &keys, bounds, qb, s, d, bufs, src, &mut ahead,
+        );
         softmax_chunk(&dims, &keys, bounds, s, m, l, acc);
-        add_values_chunk(ctx, t, &dims, &keys, bounds, s, acc, d, bufs);
+        add_values_chunk(ctx, t, &dims, &keys, bounds, s, acc, d, bufs, src);
         cs += chunk;
     }
     normalize(&dims, l, acc);
@@ -177,8 +180,8 @@ pub(super) fn attend_tile<T: KvElem>(
 /// Step 1: the visible key range `[lo, hi)` of each query row of the tile into `bounds`, and
 /// their union `(klo, khi)`.
 #[inline(always)]
-fn visible_bounds<T>(
-    ctx: &Ctx<'_, T>,
+fn visible_bounds<T, S>(
+    ctx: &Ctx<'_, T, S>,
     t: &Task,
     rows: &SeqRows,
     bounds: &mut Vec<(usize, usize)>,
@@ -201,8 +204,8 @@ fn visible_bounds<T>(
 /// group + g is row i's query head h * group + g, so one KV head's queries of a row are
 /// contiguous.
 #[inline(always)]
-fn widen_queries<T: KvElem>(
-    ctx: &Ctx<'_, T>,
+fn widen_queries<T: KvElem, S>(
+    ctx: &Ctx<'_, T, S>,
     t: &Task,
     rows: &SeqRows,
     dims: &TileDims,
@@ -253,7 +256,13 @@ struct ReadAhead {
 impl ReadAhead {
     /// Reads the task's first `ahead` blocks.
     #[inline(always)]
-    fn start<T: KvElem>(ctx: &Ctx<'_, T>, t: &Task, bs: usize, klo: usize, khi: usize) -> Self {
+    fn start<T, S: KvSource>(
+        ctx: &Ctx<'_, T, S>,
+        t: &Task,
+        bs: usize,
+        klo: usize,
+        khi: usize,
+    ) -> Self {
         let (first_blk, end_blk) = (klo / bs, khi.div_ceil(bs));
         let ahead = TOUCH_AHEAD_TOKENS.div_ceil(bs);
         let mut touched = 0u32;
@@ -271,7 +280,7 @@ impl ReadAhead {
 
     /// Reads the block `ahead` blocks past `blk`, if the task has one.
     #[inline(always)]
-    fn past<T: KvElem>(&mut self, ctx: &Ctx<'_, T>, t: &Task, blk: usize) {
+    fn past<T, S: KvSource>(&mut self, ctx: &Ctx<'_, T, S>, t: &Task, blk: usize) {
         if blk + self.ahead < self.end_blk {
             self.touched |= touch_block(ctx, t, blk + self.ahead, self.klo, self.khi);
         }
@@ -284,8 +293,8 @@ impl ReadAhead {
 // The tile's state, borrowed field by field (one struct would borrow all of it at once).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn score_chunk<T: KvElem>(
-    ctx: &Ctx<'_, T>,
+fn score_chunk<T, S: KvSource>(
+    ctx: &Ctx<'_, T, S>,
     t: &Task,
     dims: &TileDims,
     keys: &KeyChunk,
@@ -294,6 +303,7 @@ fn score_chunk<T: KvElem>(
     s: &mut [f32],
     d: &mut [[f32; 4]],
     bufs: &mut [Vec<f32>; 4],
+    src: &mut SourceScratch,
     ahead: &mut ReadAhead,
 ) {
     let TileDims {
@@ -302,7 +312,6 @@ fn score_chunk<T: KvElem>(
         group,
         hg,
         token_elems,
-        block_elems,
         ..
     } = *dims;
     let (chunk, cs) = (KEY_CHUNK, keys.cs);
@@ -310,7 +319,9 @@ fn score_chunk<T: KvElem>(
     for blk in keys.cb..keys.ce {
         ahead.past(ctx, t, blk);
         let (t0, t1) = keys.tokens_of(blk, bs);
-        let kblk = &ctx.k[block_at(ctx, t, blk, block_elems)..][..block_elems];
+        let id = ctx.tables.block(t.seq, blk);
+        let rows = t0 - blk * bs..t1 - blk * bs;
+        let kblk = ctx.k.block(t.seq, blk, id, t.h0..t.h1, rows, src);
         let mut tok = t0;
         while tok + 4 <= t1 {
             let b = tok - blk * bs;
@@ -344,7 +355,8 @@ fn score_chunk<T: KvElem>(
         }
         while tok < t1 {
             for h in t.h0..t.h1 {
-                let key = T::widen(&kblk[dims.row_at(tok - blk * bs, h)..][..hd], &mut bufs[0]);
+                let key =
+                    S::Elem::widen(&kblk[dims.row_at(tok - blk * bs, h)..][..hd], &mut bufs[0]);
                 let hq = (h - t.h0) * group;
                 for (i, &(lo, hi)) in bounds.iter().enumerate() {
                     let visible = tok >= lo && tok < hi;
@@ -407,8 +419,8 @@ fn softmax_chunk(
 // The tile's state, borrowed field by field (one struct would borrow all of it at once).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn add_values_chunk<T: KvElem>(
-    ctx: &Ctx<'_, T>,
+fn add_values_chunk<T, S: KvSource>(
+    ctx: &Ctx<'_, T, S>,
     t: &Task,
     dims: &TileDims,
     keys: &KeyChunk,
@@ -417,6 +429,7 @@ fn add_values_chunk<T: KvElem>(
     acc: &mut [f32],
     d: &mut [[f32; 4]],
     bufs: &mut [Vec<f32>; 4],
+    src: &mut SourceScratch,
 ) {
     let TileDims {
         bs,
@@ -424,13 +437,20 @@ fn add_values_chunk<T: KvElem>(
         group,
         hg,
         token_elems,
-        block_elems,
         ..
     } = *dims;
     let (chunk, cs) = (KEY_CHUNK, keys.cs);
     for blk in keys.cb..keys.ce {
         let (t0, t1) = keys.tokens_of(blk, bs);
-        let vblk = &ctx.v[block_at(ctx, t, blk, block_elems)..][..block_elems];
+        let id = ctx.tables.block(t.seq, blk);
+        let vblk = ctx.v.block(
+            t.seq,
+            blk,
+            id,
+            t.h0..t.h1,
+            t0 - blk * bs..t1 - blk * bs,
+            src,
+        );
         let mut tok = t0;
         while tok + 4 <= t1 {
             let b = tok - blk * bs;
@@ -464,7 +484,8 @@ fn add_values_chunk<T: KvElem>(
         }
         while tok < t1 {
             for h in t.h0..t.h1 {
-                let value = T::widen(&vblk[dims.row_at(tok - blk * bs, h)..][..hd], &mut bufs[0]);
+                let value =
+                    S::Elem::widen(&vblk[dims.row_at(tok - blk * bs, h)..][..hd], &mut bufs[0]);
                 let hq = (h - t.h0) * group;
                 for (i, &(lo, hi)) in bounds.iter().enumerate() {
                     if tok < lo || tok >= hi {
@@ -496,12 +517,6 @@ fn normalize(dims: &TileDims, l: &[f32], acc: &mut [f32]) {
     }
 }
 
-/// Where logical block `blk`'s rows start in a cache (one table look-up per block and pass).
-#[inline(always)]
-fn block_at<T>(ctx: &Ctx<'_, T>, t: &Task, blk: usize, block_elems: usize) -> usize {
-    ctx.tables.block(t.seq, blk) * block_elems
-}
-
 /// Four consecutive tokens' rows of one KV head in fp32: `len` elements from `at`, `at + stride`,
 /// `at + 2 stride`, `at + 3 stride` of a block's rows (fp32 rows are returned in place).
 #[inline(always)]
@@ -522,50 +537,25 @@ fn widen4<'a, T: KvElem>(
 }
 
 /// Reads block `blk`'s K and V rows of the task's KV heads for its keys in `[klo, khi)`
-/// (`touch_lines`): the caller's table entries for these blocks were checked.
+/// (`KvSource::touch`): the caller's table entries for these blocks were checked.
 ///
 /// Never inlined: inside the AVX2 and AVX-512 builds of `attend_tile` LLVM turned the strided
 /// loads into `vpgatherdd` gathers, which measured no gain
 /// (benches/results/2026-12-03-cpu-attention.md, "Tried, measured, not kept"); compiled on its
 /// own it keeps one scalar load per line.
 #[inline(never)]
-fn touch_block<T: KvElem>(ctx: &Ctx<'_, T>, t: &Task, blk: usize, klo: usize, khi: usize) -> u32 {
-    let CacheShape {
-        block_size: bs,
-        num_kv_heads: nkv,
-        head_dim: hd,
-        ..
-    } = ctx.cache;
-    let token_elems = nkv * hd;
-    let first = ctx.tables.block(t.seq, blk) * bs;
+fn touch_block<T, S: KvSource>(
+    ctx: &Ctx<'_, T, S>,
+    t: &Task,
+    blk: usize,
+    klo: usize,
+    khi: usize,
+) -> u32 {
+    let bs = ctx.cache.block_size;
+    let id = ctx.tables.block(t.seq, blk);
     let (t0, t1) = ((blk * bs).max(klo), ((blk + 1) * bs).min(khi));
-    let row = |tok: usize| (first + tok - blk * bs) * token_elems;
-    let mut bits = 0;
-    for tok in t0..t1 {
-        let (r0, r1) = (row(tok) + t.h0 * hd, row(tok) + t.h1 * hd);
-        bits |= touch_lines(&ctx.k[r0..r1]) | touch_lines(&ctx.v[r0..r1]);
-    }
-    bits
-}
-
-/// One plain load per 64-byte cache line of `rows`, the values' bits OR-ed (one cycle per line,
-/// no long dependency chain): a read-ahead of the next blocks of a paged cache. Scattered blocks
-/// defeat the hardware prefetcher at every block start; `prefetcht0` one or two blocks ahead
-/// measured no gain on this VM (a software prefetch that misses the TLB may be dropped), while
-/// these loads made batch-32 decode faster at every context tried, for a few percent more
-/// instructions (benches/results/2026-12-03-cpu-attention.md, "Where each step came from").
-#[inline(always)]
-fn touch_lines<T: KvElem>(rows: &[T]) -> u32 {
-    let step = (64 / std::mem::size_of::<T>()).max(1);
-    let mut one = [0.0f32; 1];
-    let mut bits = 0;
-    let lines = rows.chunks_exact(step);
-    let last = lines.remainder().first();
-    for line in lines {
-        bits |= T::widen(&line[..1], &mut one)[0].to_bits();
-    }
-    if let Some(x) = last {
-        bits |= T::widen(std::slice::from_ref(x), &mut one)[0].to_bits();
-    }
-    bits
+    let rows = t0 - blk * bs..t1 - blk * bs;
+    let heads = t.h0..t.h1;
+    ctx.k.touch(t.seq, blk, id, heads.clone(), rows.clone())
+        | ctx.v.touch(t.seq, blk, id, heads, rows)
 }

@@ -1,0 +1,113 @@
+"""Quality of the quantized KV caches on real models: perplexity and greedy agreement of
+SmolLM2-135M and Gemma 3 270M over tests/data/web_exodus_1_6.txt (a public-domain text of about
+5 K tokens; tests/data/README.md), every token scored by a decode step that reads the cache
+(``pagedkv.benchmarks.kv_quality``), each dtype against the float16 cache.
+
+    python benches/quant_quality.py [--models smollm2,gemma3] [--dtypes float32,float16,int8,fp8_e4m3,int4]
+                                    [--tokens N] [--out results.json]
+
+``--fallback`` also scores int8 with the fallback scale phase 1 documents (a one-byte scale with
+2 mantissa bits, E6M2-like, its range limits ignored), emulated: each K/V row is quantized and
+dequantized in NumPy and the values stored in an fp32 cache read by the same kernels (attention
+on a quantized cache is, bit for bit, attention on its dequantized values; docs/quantized_kv.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pagedkv.attention.dtypes import to_compute
+from pagedkv.benchmarks.kv_quality import TextScore, compare, score_text
+from pagedkv.engine.kv_store import PagedKvStore
+from pagedkv.models import load_model
+
+TEXT = Path(__file__).resolve().parents[1] / "tests" / "data" / "web_exodus_1_6.txt"
+MODELS = {"smollm2": None, "gemma3": "gemma3"}
+
+
+def e6m2_int8(x: np.ndarray) -> np.ndarray:
+    """int8 codes with a per-row scale of 2 mantissa bits (the smallest ``m * 2^e``, m in
+    {1, 1.25, 1.5, 1.75}, with ``amax <= 127 * scale``), quantized and dequantized (fp32)."""
+    x = np.asarray(x, dtype=np.float32)
+    amax = np.abs(x).max(axis=-1, keepdims=True).astype(np.float64)
+    need = np.maximum(amax / 127.0, np.finfo(np.float32).tiny)
+    e = np.floor(np.log2(need))
+    scale = np.full_like(need, np.inf)
+    for m in (1.0, 1.25, 1.5, 1.75, 2.0):
+        cand = m * np.exp2(e)
+        scale = np.where((cand >= need) & (cand < scale), cand, scale)
+    scale = scale.astype(np.float32)
+    codes = np.clip(np.rint(x / scale), -127, 127)
+    return (codes * scale).astype(np.float32)
+
+
+class FallbackStore(PagedKvStore):
+    """An fp32 cache holding the int8-with-E6M2-scale values of each written K/V row; queries,
+    keys and values rounded to float16 first, as the quantized caches' attention takes them."""
+
+    def attend(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, window: int | None = None):
+        def f16(x: np.ndarray) -> np.ndarray:
+            return to_compute(np.asarray(x, np.float16), "float16").astype(np.float32)
+
+        return super().attend(layer, f16(q), e6m2_int8(f16(k)), e6m2_int8(f16(v)), window)
+
+
+def score_fallback(model: Any, ids: list[int]) -> TextScore:
+    import pagedkv.benchmarks.kv_quality as kvq
+
+    original = kvq.PagedKvStore
+    kvq.PagedKvStore = FallbackStore  # type: ignore[misc]
+    try:
+        run = score_text(model, ids, "float32")
+    finally:
+        kvq.PagedKvStore = original  # type: ignore[misc]
+    return TextScore("int8_e6m2_scale (emulated)", run.nll, run.greedy, run.seconds)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--models", default="smollm2,gemma3")
+    parser.add_argument("--dtypes", default="float16,float32,int8,fp8_e4m3,int4")
+    parser.add_argument("--tokens", type=int, default=0, help="score only the first N tokens (0: all)")
+    parser.add_argument("--fallback", action="store_true")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    dtypes = args.dtypes.split(",")
+    if dtypes[0] != "float16":
+        dtypes = ["float16", *[d for d in dtypes if d != "float16"]]
+    text = TEXT.read_text(encoding="utf-8")
+    out: dict[str, Any] = {"text": TEXT.name, "models": {}}
+    for name in args.models.split(","):
+        model = load_model(MODELS[name])
+        ids = model.tokenizer.encode(text)
+        if args.tokens:
+            ids = ids[: args.tokens]
+        say = lambda msg, name=name: print(f"{name}: {msg}", file=sys.stderr, flush=True)  # noqa: E731
+        runs = {}
+        for dtype in dtypes:
+            runs[dtype] = score_text(model, ids, dtype, progress=say)
+            say(f"{dtype}: perplexity {runs[dtype].perplexity:.4f} ({runs[dtype].seconds:.0f} s)")
+        if args.fallback:
+            runs["int8_e6m2_scale"] = score_fallback(model, ids)
+            say(f"int8_e6m2_scale: perplexity {runs['int8_e6m2_scale'].perplexity:.4f}")
+        base = runs["float16"]
+        out["models"][name] = {"tokens": len(ids), "rows": {d: compare(r, base) for d, r in runs.items()}}
+        for d, row in out["models"][name]["rows"].items():
+            print(
+                f"{name:>8} {d:>16}: perplexity {row['perplexity']:.4f} ({row['perplexity_change']:+.3%} vs "
+                f"float16), greedy agreement {row['greedy_agreement']:.2%}"
+            )
+        if args.out:
+            Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,500 @@
+//! Bindings of the CPU data plane's quantized caches (`pagedkv_cpu::quant`): conversion only.
+//! A quantized cache arrives as the tuple `(data, residual, kv_cache_dtype, role, block_size,
+//! num_kv_heads, head_dim)` that `pagedkv.attention.cpu_backend` builds from a
+//! `QuantizedKvCache`: `data` uint8 `[num_blocks, block_bytes]`, `residual` (int4; None
+//! otherwise) `[num_residual_slots, block_size, num_kv_heads, head_dim]` in the queries' (or the
+//! written keys') dtype. Every check that guards memory runs in the crate (or, for array shapes,
+//! here) before anything is written; the kernels run with the GIL released.
+
+use numpy::{
+    PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyReadwriteArrayDyn, PyUntypedArrayMethods,
+};
+use pagedkv_cpu::{
+    self as cpu, f16, AttentionParams, CacheShape, QuantCache, QuantCacheMut, QuantFormat,
+    QuantLayout, Role,
+};
+use pyo3::prelude::*;
+use pyo3::types::{PyList, PyTuple};
+
+use crate::cpu_ops::{array, err, ints, kind, mut_slice, read, slice, Storage, Tables};
+use crate::errors::invalid_argument;
+
+/// The layout a cache tuple names (items 2..7).
+fn layout(py: Python<'_>, name: &str, t: &Bound<'_, PyTuple>) -> PyResult<QuantLayout> {
+    if t.len() != 7 {
+        return Err(invalid_argument(
+            py,
+            format!("{name}: a quantized cache is (data, residual, kv_cache_dtype, role, block_size, num_kv_heads, head_dim)"),
+        ));
+    }
+    let format: String = t.get_item(2)?.extract()?;
+    let role: String = t.get_item(3)?.extract()?;
+    let dims: [usize; 3] = [
+        t.get_item(4)?.extract()?,
+        t.get_item(5)?.extract()?,
+        t.get_item(6)?.extract()?,
+    ];
+    let format = QuantFormat::parse(&format).map_err(|e| err(py, e))?;
+    let role = Role::parse(&role).map_err(|e| err(py, e))?;
+    QuantLayout::new(format, role, dims[0], dims[1], dims[2]).map_err(|e| err(py, e))
+}
+
+/// `data` must be `[num_blocks, block_bytes]` of the layout.
+fn check_rows(py: Python<'_>, name: &str, shape: &[usize], layout: &QuantLayout) -> PyResult<()> {
+    if shape.len() != 2 || shape[1] != layout.block_bytes {
+        return Err(invalid_argument(
+            py,
+            format!(
+                "{name} must be uint8 [num_blocks, {}] (the {} {:?} layout), got shape {shape:?}",
+                layout.block_bytes,
+                layout.format.name(),
+                layout.role
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A read cache tuple: its layout, bytes and residual (None: an empty one).
+struct ReadCache<'py, S: Storage> {
+    layout: QuantLayout,
+    data: PyReadonlyArrayDyn<'py, u8>,
+    residual: Option<PyReadonlyArrayDyn<'py, S>>,
+}
+
+fn read_cache<'py, S: Storage>(
+    py: Python<'py>,
+    name: &str,
+    x: &Bound<'py, PyAny>,
+) -> PyResult<ReadCache<'py, S>> {
+    let t = x
+        .cast::<PyTuple>()
+        .map_err(|_| invalid_argument(py, format!("{name} must be a quantized cache tuple")))?;
+    let layout = layout(py, name, t)?;
+    let data = array::<u8>(
+        py,
+        &format!("{name}.data"),
+        &t.get_item(0)?,
+        2,
+        "a uint8 NumPy array",
+    )?;
+    check_rows(py, &format!("{name}.data"), data.shape(), &layout)?;
+    let res = t.get_item(1)?;
+    let residual = if res.is_none() {
+        None
+    } else {
+        Some(read::<S>(py, &format!("{name}.residual"), &res, 4)?)
+    };
+    Ok(ReadCache {
+        layout,
+        data,
+        residual,
+    })
+}
+
+impl<'py, S: Storage> ReadCache<'py, S> {
+    fn view(&self, py: Python<'_>, name: &str) -> PyResult<QuantCache<'_, S::Elem>> {
+        let residual = self
+            .residual
+            .as_ref()
+            .map_or(Ok(&[][..]), |r| slice(r).map(S::view))?;
+        QuantCache::new(name, self.layout, slice(&self.data)?, residual).map_err(|e| err(py, e))
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn attention_t<'py, S: Storage>(
+    py: Python<'py>,
+    q: &Bound<'py, PyAny>,
+    k_cache: &Bound<'py, PyAny>,
+    v_cache: &Bound<'py, PyAny>,
+    tables: &Bound<'py, PyAny>,
+    seq_lens: &Bound<'py, PyAny>,
+    query_start_loc: Option<&Bound<'py, PyAny>>,
+    residual_slots: Option<&Bound<'py, PyAny>>,
+    scale: Option<f64>,
+    causal: bool,
+    window: Option<usize>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let q = read::<S>(py, "q", q, 3)?;
+    let k = read_cache::<S>(py, "k_cache", k_cache)?;
+    let v = read_cache::<S>(py, "v_cache", v_cache)?;
+    let (num_tokens, num_q_heads, head_dim) = (q.shape()[0], q.shape()[1], q.shape()[2]);
+    if head_dim != k.layout.head_dim {
+        return Err(invalid_argument(
+            py,
+            format!(
+                "q head_dim {head_dim} != cache head_dim {}",
+                k.layout.head_dim
+            ),
+        ));
+    }
+    let seq_lens = ints::<i32>(py, "seq_lens", seq_lens, 1, "int32")?;
+    let qsl = query_start_loc
+        .map(|x| ints::<i32>(py, "query_start_loc", x, 1, "int32"))
+        .transpose()?;
+    let slots = residual_slots
+        .map(|x| ints::<i32>(py, "residual_slots", x, 1, "int32"))
+        .transpose()?;
+    let tables = Tables::new(py, tables)?;
+    let lens = slice(&seq_lens)?;
+    let table = tables.build(py, lens, k.layout.block_size)?;
+    let scale = scale.unwrap_or(1.0 / (head_dim.max(1) as f64).sqrt());
+    let params = AttentionParams {
+        num_q_heads,
+        scale: scale as f32,
+        causal,
+        window,
+    };
+    let (kq, vq) = (k.view(py, "k_cache")?, v.view(py, "v_cache")?);
+    let out = PyArrayDyn::<S>::zeros(py, &[num_tokens, num_q_heads, head_dim][..], false);
+    {
+        let mut out_rw = out.readwrite();
+        let out_s = S::view_mut(
+            out_rw
+                .as_slice_mut()
+                .map_err(|e| invalid_argument(py, format!("output: {e}")))?,
+        );
+        let qs = S::view(slice(&q)?);
+        let qsl_s = qsl.as_ref().map(slice).transpose()?;
+        let slots_s = slots.as_ref().map(slice).transpose()?;
+        py.detach(|| match qsl_s {
+            Some(qsl_s) => {
+                cpu::paged_prefill_quant(qs, kq, vq, &table, lens, qsl_s, slots_s, params, out_s)
+            }
+            None => cpu::paged_decode_quant(qs, kq, vq, &table, lens, slots_s, params, out_s),
+        })
+        .map_err(|e| err(py, e))?;
+    }
+    Ok(out.into_any())
+}
+
+macro_rules! dispatch {
+    ($kind:expr, $f:ident ( $($arg:expr),* )) => {
+        match $kind {
+            "f32" => $f::<f32>($($arg),*),
+            "f16" => $f::<f16>($($arg),*),
+            _ => $f::<u16>($($arg),*),
+        }
+    };
+}
+
+/// Paged decode attention on quantized caches (see `pagedkv.attention.paged_attention`).
+#[pyfunction]
+#[pyo3(signature = (q, k_cache, v_cache, block_tables, seq_lens, residual_slots=None, scale=None, window=None))]
+#[allow(clippy::too_many_arguments)]
+fn cpu_quant_paged_attention<'py>(
+    py: Python<'py>,
+    q: &Bound<'py, PyAny>,
+    k_cache: &Bound<'py, PyAny>,
+    v_cache: &Bound<'py, PyAny>,
+    block_tables: &Bound<'py, PyAny>,
+    seq_lens: &Bound<'py, PyAny>,
+    residual_slots: Option<&Bound<'py, PyAny>>,
+    scale: Option<f64>,
+    window: Option<usize>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let kd = kind(py, "q", q)?;
+    dispatch!(
+        kd,
+        attention_t(
+            py,
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            seq_lens,
+            None,
+            residual_slots,
+            scale,
+            true,
+            window
+        )
+    )
+}
+
+/// Paged prefill attention on quantized caches (see `pagedkv.attention.paged_prefill_attention`).
+#[pyfunction]
+#[pyo3(signature = (q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, residual_slots=None, scale=None, causal=true, window=None))]
+#[allow(clippy::too_many_arguments)]
+fn cpu_quant_paged_prefill_attention<'py>(
+    py: Python<'py>,
+    q: &Bound<'py, PyAny>,
+    k_cache: &Bound<'py, PyAny>,
+    v_cache: &Bound<'py, PyAny>,
+    block_tables: &Bound<'py, PyAny>,
+    seq_lens: &Bound<'py, PyAny>,
+    query_start_loc: &Bound<'py, PyAny>,
+    residual_slots: Option<&Bound<'py, PyAny>>,
+    scale: Option<f64>,
+    causal: bool,
+    window: Option<usize>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let kd = kind(py, "q", q)?;
+    dispatch!(
+        kd,
+        attention_t(
+            py,
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            seq_lens,
+            Some(query_start_loc),
+            residual_slots,
+            scale,
+            causal,
+            window
+        )
+    )
+}
+
+/// A writable C-contiguous array of `T` with `ndim` dimensions, borrowed exclusively (NumPy's
+/// borrow tracking refuses one array passed twice).
+fn writable<'py, T: numpy::Element>(
+    py: Python<'py>,
+    name: &str,
+    x: &Bound<'py, PyAny>,
+    ndim: usize,
+    dtype: &str,
+) -> PyResult<PyReadwriteArrayDyn<'py, T>> {
+    let arr = x
+        .cast::<PyArrayDyn<T>>()
+        .map_err(|_| invalid_argument(py, format!("{name} must be {dtype}")))?;
+    if arr.ndim() != ndim {
+        return Err(invalid_argument(
+            py,
+            format!("{name} must be {ndim}-D, got shape {:?}", arr.shape()),
+        ));
+    }
+    if !arr.is_c_contiguous() {
+        return Err(invalid_argument(py, format!("{name} must be C-contiguous")));
+    }
+    arr.try_readwrite().map_err(|e| {
+        invalid_argument(
+            py,
+            format!("{name} is read-only or borrowed twice (one array passed as two caches?): {e}"),
+        )
+    })
+}
+
+/// A written cache tuple: its layout, bytes and residual.
+struct WriteCache<'py, S: Storage> {
+    layout: QuantLayout,
+    data: PyReadwriteArrayDyn<'py, u8>,
+    residual: Option<PyReadwriteArrayDyn<'py, S>>,
+}
+
+fn write_cache<'py, S: Storage>(
+    py: Python<'py>,
+    name: &str,
+    x: &Bound<'py, PyAny>,
+) -> PyResult<WriteCache<'py, S>> {
+    let t = x
+        .cast::<PyTuple>()
+        .map_err(|_| invalid_argument(py, format!("{name} must be a quantized cache tuple")))?;
+    let layout = layout(py, name, t)?;
+    let data = writable::<u8>(
+        py,
+        &format!("{name}.data"),
+        &t.get_item(0)?,
+        2,
+        "a uint8 NumPy array",
+    )?;
+    check_rows(py, &format!("{name}.data"), data.shape(), &layout)?;
+    let res = t.get_item(1)?;
+    let residual = if res.is_none() {
+        None
+    } else {
+        Some(writable::<S>(
+            py,
+            &format!("{name}.residual"),
+            &res,
+            4,
+            "of the dtype of the keys and values written",
+        )?)
+    };
+    Ok(WriteCache {
+        layout,
+        data,
+        residual,
+    })
+}
+
+impl<'py, S: Storage> WriteCache<'py, S> {
+    fn view(&mut self, py: Python<'_>, name: &str) -> PyResult<QuantCacheMut<'_, S::Elem>> {
+        let residual = match self.residual.as_mut() {
+            Some(r) => S::view_mut(mut_slice(py, r)?),
+            None => &mut [][..],
+        };
+        let data = mut_slice(py, &mut self.data)?;
+        QuantCacheMut::new(name, self.layout, data, residual).map_err(|e| err(py, e))
+    }
+}
+
+fn write_t<'py, S: Storage>(
+    py: Python<'py>,
+    k: &Bound<'py, PyAny>,
+    v: &Bound<'py, PyAny>,
+    k_cache: &Bound<'py, PyAny>,
+    v_cache: &Bound<'py, PyAny>,
+    slot_mapping: &Bound<'py, PyAny>,
+    residual_slots: Option<&Bound<'py, PyAny>>,
+) -> PyResult<()> {
+    let k = read::<S>(py, "k", k, 3)?;
+    let v = read::<S>(py, "v", v, 3)?;
+    let slots = ints::<i64>(py, "slot_mapping", slot_mapping, 1, "int64")?;
+    let res = residual_slots
+        .map(|x| ints::<i32>(py, "residual_slots", x, 1, "int32"))
+        .transpose()?;
+    let mut kc = write_cache::<S>(py, "k_cache", k_cache)?;
+    let mut vc = write_cache::<S>(py, "v_cache", v_cache)?;
+    let want = [kc.layout.num_kv_heads, kc.layout.head_dim];
+    if k.shape() != v.shape() || k.shape()[1..] != want {
+        return Err(invalid_argument(
+            py,
+            format!(
+                "k {:?} and v {:?} must be [num_tokens, {}, {}]",
+                k.shape(),
+                v.shape(),
+                want[0],
+                want[1]
+            ),
+        ));
+    }
+    let (ks, vs, ss) = (S::view(slice(&k)?), S::view(slice(&v)?), slice(&slots)?);
+    let rs = res.as_ref().map(slice).transpose()?;
+    let (kq, vq) = (kc.view(py, "k_cache")?, vc.view(py, "v_cache")?);
+    py.detach(|| cpu::write_kv_quant(ks, vs, kq, vq, ss, rs))
+        .map_err(|e| err(py, e))
+}
+
+/// Quantizes new tokens' K/V into their slots (see `pagedkv.attention.write_kv`).
+#[pyfunction]
+#[pyo3(signature = (k, v, k_cache, v_cache, slot_mapping, residual_slots=None))]
+fn cpu_quant_write_kv<'py>(
+    py: Python<'py>,
+    k: &Bound<'py, PyAny>,
+    v: &Bound<'py, PyAny>,
+    k_cache: &Bound<'py, PyAny>,
+    v_cache: &Bound<'py, PyAny>,
+    slot_mapping: &Bound<'py, PyAny>,
+    residual_slots: Option<&Bound<'py, PyAny>>,
+) -> PyResult<()> {
+    let kd = kind(py, "k", k)?;
+    dispatch!(
+        kd,
+        write_t(py, k, v, k_cache, v_cache, slot_mapping, residual_slots)
+    )
+}
+
+/// Block copies on byte rows (`[num_blocks, block_bytes]` uint8 arrays of one shape): quantized
+/// blocks move as they are (see `pagedkv.attention.copy_blocks`).
+#[pyfunction]
+fn cpu_copy_block_bytes<'py>(
+    py: Python<'py>,
+    caches: &Bound<'py, PyList>,
+    copy_ops: &Bound<'py, PyAny>,
+) -> PyResult<()> {
+    let ops = ints::<i32>(py, "copy_ops", copy_ops, 2, "int32")?;
+    if ops.shape()[1] != 2 {
+        return Err(invalid_argument(
+            py,
+            format!(
+                "copy_ops must be [N, 2] (src, dst), got shape {:?}",
+                ops.shape()
+            ),
+        ));
+    }
+    let mut borrows = Vec::with_capacity(caches.len());
+    for (i, x) in caches.iter().enumerate() {
+        borrows.push(writable::<u8>(
+            py,
+            &format!("caches[{i}]"),
+            &x,
+            2,
+            "a uint8 NumPy array",
+        )?);
+    }
+    let Some(first) = borrows.first() else {
+        return Err(invalid_argument(
+            py,
+            "copy_blocks needs at least one cache".into(),
+        ));
+    };
+    let shape = first.shape().to_vec();
+    if let Some((i, b)) = borrows
+        .iter()
+        .enumerate()
+        .find(|(_, b)| b.shape() != shape.as_slice())
+    {
+        return Err(invalid_argument(
+            py,
+            format!(
+                "cache {i} has shape {:?}, cache 0's is {shape:?}",
+                b.shape()
+            ),
+        ));
+    }
+    let cache = CacheShape {
+        num_blocks: shape[0],
+        block_size: 1,
+        num_kv_heads: 1,
+        head_dim: shape[1],
+    };
+    let mut slices: Vec<&mut [u8]> = Vec::with_capacity(borrows.len());
+    for b in borrows.iter_mut() {
+        slices.push(mut_slice(py, b)?);
+    }
+    let ops_s = slice(&ops)?;
+    py.detach(|| cpu::copy_blocks(&mut slices, cache, ops_s))
+        .map_err(|e| err(py, e))
+}
+
+/// Block swaps between two byte-row caches of one row length (see `pagedkv.attention.swap_blocks`);
+/// returns the number of copies.
+#[pyfunction]
+fn cpu_swap_block_bytes<'py>(
+    py: Python<'py>,
+    src: &Bound<'py, PyAny>,
+    dst: &Bound<'py, PyAny>,
+    mapping: &Bound<'py, PyAny>,
+) -> PyResult<usize> {
+    let m = ints::<i32>(py, "mapping", mapping, 2, "int32")?;
+    if m.shape()[1] != 2 {
+        return Err(invalid_argument(
+            py,
+            format!(
+                "mapping must be [N, 2] (src_block, dst_block), got shape {:?}",
+                m.shape()
+            ),
+        ));
+    }
+    let s = array::<u8>(py, "src_cache", src, 2, "a uint8 NumPy array")?;
+    let mut d = writable::<u8>(py, "dst_cache", dst, 2, "a uint8 NumPy array")?;
+    if s.shape()[1] != d.shape()[1] {
+        return Err(invalid_argument(
+            py,
+            format!(
+                "src_cache {:?} and dst_cache {:?} must have one row length",
+                s.shape(),
+                d.shape()
+            ),
+        ));
+    }
+    let row = s.shape()[1];
+    let (ss, ms) = (slice(&s)?, slice(&m)?);
+    let ds = mut_slice(py, &mut d)?;
+    py.detach(|| cpu::swap_blocks(ss, ds, row, ms))
+        .map_err(|e| err(py, e))
+}
+
+/// Registers the quantized CPU data-plane functions on `_core`.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(cpu_quant_paged_attention, m)?)?;
+    m.add_function(wrap_pyfunction!(cpu_quant_paged_prefill_attention, m)?)?;
+    m.add_function(wrap_pyfunction!(cpu_quant_write_kv, m)?)?;
+    m.add_function(wrap_pyfunction!(cpu_copy_block_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(cpu_swap_block_bytes, m)?)?;
+    Ok(())
+}
