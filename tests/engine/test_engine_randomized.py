@@ -142,11 +142,44 @@ def _released_positions(engine) -> int:
     return released
 
 
+def _with_scheduling(config, trial: int):
+    """The trial's admission order (engine/waiting_order.py), from a generator of its own so that
+    the schedules above stay those of every earlier version of this test: with prefix caching,
+    one of the three policies and a small aging bound (forced admissions happen)."""
+    if not config.enable_prefix_caching:
+        return config
+    rng = np.random.default_rng(10_000 + trial)
+    policy = ("fcfs", "lpm", "dfs")[int(rng.integers(3))]
+    return replace(config, scheduling=policy, aging_bound=int(rng.integers(0, 4)))
+
+
+def _check_aging(engine) -> list[int]:
+    """Logs the arrival rank of every admission and checks the aging bound by its definition:
+    a new request's first admission comes after at most ``aging_bound`` admissions of younger
+    requests (docs/scheduling.md). Returns the log."""
+    order = engine.scheduler.order
+    log: list[int] = []
+    if order.queue is None:
+        return log
+    admitted = order.admitted
+
+    def checked(seq) -> None:
+        if seq.seq_id in order._queued:
+            passes = sum(rank > seq.queue_rank for rank in log)
+            assert passes <= engine.config.aging_bound, (passes, engine.config)
+        log.append(seq.queue_rank)
+        admitted(seq)
+
+    order.admitted = checked
+    return log
+
+
 def _run_trial(model, config, requests) -> tuple[dict[int, list[list[int]]], dict[str, float]]:
     from pagedkv.engine import LLMEngine
 
     engine = LLMEngine(model, config)
     slots = [s for s in (engine.scheduler.slots, engine.scheduler.host_slots) if s is not None]
+    log = _check_aging(engine)
     ids: dict[int, int] = {}
     step = 0
     released = 0
@@ -166,7 +199,12 @@ def _run_trial(model, config, requests) -> tuple[dict[int, list[list[int]]], dic
     assert all(s.num_free == s.num_slots for s in slots)  # every residual slot released
     assert engine.stats.failed_requests == 0
     outputs = {i: [c.token_ids for c in engine.output(rid).outputs] for i, rid in ids.items()}
-    return outputs, {**engine.stats.summary(), "released_positions": released}
+    # Admissions out of arrival order (a cache-aware choice, or a preempted request back first).
+    reordered = sum(a > b for a, b in zip(log, log[1:], strict=False))
+    summary = {**engine.stats.summary(), "released_positions": released, "reordered": reordered}
+    if config.scheduling != "fcfs":
+        summary[f"admissions_{config.scheduling}"] = len(log)
+    return outputs, summary
 
 
 @pytest.mark.parametrize(
@@ -189,6 +227,7 @@ def test_random_schedules_equal_each_request_alone(kind, trials, kv_cache_dtype,
     exact_int4 = kv_cache_dtype == "int4"
     for trial in range(trials):
         config, requests = _random_trial(rng, model, alone, kv_cache_dtype, exact_int4)
+        config = _with_scheduling(config, trial)
         outputs, summary = _run_trial(model, config, requests)
         for i, (_, prompt, params) in enumerate(requests):
             expected = [
@@ -213,6 +252,10 @@ def test_random_schedules_equal_each_request_alone(kind, trials, kv_cache_dtype,
     if not exact_int4:
         # Speculation ran, drafts were accepted and rejected (truncated).
         assert 0 < totals["accepted_tokens"] < totals["draft_tokens"]
+    if kv_cache_dtype is None:
+        # Every admission order ran, reordered admissions and hit its aging bound.
+        assert totals["admissions_lpm"] > 0 and totals["admissions_dfs"] > 0, totals
+        assert totals["reordered"] > 0 and totals["forced_admissions"] > 0, totals
 
 
 @pytest.mark.parametrize("kind", ["llama", "hybrid"])

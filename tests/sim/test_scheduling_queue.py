@@ -18,8 +18,11 @@ def _prompt(rng: random.Random, request_id: int) -> list[int]:
     return shared + [10_000 + 100 * request_id + j for j in range(rng.randrange(1, 6))]
 
 
+@pytest.mark.parametrize("feed", ["objects", "manager"])
 @pytest.mark.parametrize("policy", ["lpm", "dfs"])
-def test_queue_follows_the_manager(policy):
+def test_queue_follows_the_manager(policy, feed):
+    """``feed``: the events as objects (``apply_events(kv.take_events())``) or drained in Rust
+    (``apply_manager_events(kv)``, the engine's path)."""
     rng = random.Random(44)
     kv = KvCacheManager(num_blocks=24, block_size=BS, enable_prefix_caching=True, enable_kv_events=True)
     queue = CacheAwareQueue(policy, aging_bound=6)
@@ -42,7 +45,11 @@ def test_queue_follows_the_manager(policy):
         queue.admitted(choice)
         del prompts[choice]
         running.append(choice)
-        queue.apply_events(kv.take_events())
+        if feed == "objects":
+            queue.apply_events(kv.take_events())
+        else:
+            queue.apply_manager_events(kv)
+            assert kv.take_events() == []
         queue.check_invariants()
         for i, p in prompts.items():
             assert queue.hit_blocks(i) * BS == kv.match_prefix(p)
@@ -70,3 +77,5 @@ def test_bad_input_is_refused():
         queue.apply_events(None)
     assert queue.peek() == 1 and queue.remove(1) and not queue.remove(1)
     assert "CacheAwareQueue" in repr(queue)
+    with pytest.raises(InvalidArgumentError, match="KvCacheManager"):
+        queue.apply_manager_events([])

@@ -11,6 +11,9 @@
    (float16, int8, fp8_e4m3, int4: docs/quantized_kv.md), and KV bytes in use at long contexts
    with hybrid KV groups against every layer full attention, and the batch a fixed KV budget admits
    (``benchmarks/memory.py``; for Gemma 3, ``--model gemma3 --sections memory``).
+6. ``scheduling`` (not in the default run): a shared-prefix workload admitted in fcfs, lpm and
+   dfs order (``benchmarks/scheduling.py``): throughput and prompt tokens computed, as ratios to
+   FCFS from the same run.
 
 CPU time is reported next to wall time because the machine may be shared: process CPU time is
 what this process actually computed.
@@ -39,7 +42,7 @@ __all__ = [
     "sharegpt_like",
 ]
 
-SECTIONS = ("throughput", "decode", "n4", "system", "memory")
+SECTIONS = ("throughput", "decode", "n4", "system", "memory", "scheduling")
 DEFAULT_SECTIONS = ("throughput", "decode", "n4", "system")
 # Each request is real model compute (seconds of CPU): far more than any useful run, and small
 # enough that the workload's token lists fit in memory.
@@ -211,6 +214,11 @@ def run_benchmark(
             budget_bytes=kv_budget_bytes,
             kv_cache_dtypes=kv_cache_dtypes,
         )
+        save(result)
+    if "scheduling" in sections:
+        from pagedkv.benchmarks.scheduling import run_scheduling
+
+        result["scheduling"] = run_scheduling(model, seed=seed, block_size=block_size, say=say)
         save(result)
     return result
 

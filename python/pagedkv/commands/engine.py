@@ -70,9 +70,10 @@ def register(subparsers: Any) -> None:
     bench.add_argument(
         "--sections",
         default="throughput,decode,n4,system",
-        help="comma-separated subset of throughput,decode,n4,system,memory (memory: sequences a KV "
-        "budget admits per kv_cache_dtype, and KV bytes with hybrid KV groups vs every layer full "
-        "attention, e.g. --model gemma3 --sections memory)",
+        help="comma-separated subset of throughput,decode,n4,system,memory,scheduling (memory: "
+        "sequences a KV budget admits per kv_cache_dtype, and KV bytes with hybrid KV groups vs "
+        "every layer full attention, e.g. --model gemma3 --sections memory; scheduling: a "
+        "shared-prefix workload under fcfs, lpm and dfs, docs/scheduling.md)",
     )
     bench.add_argument(
         "--contexts",

@@ -23,12 +23,14 @@ __all__ = [
     "OFFLOAD_POLICIES",
     "PREEMPTION_MODES",
     "RESERVATIONS",
+    "SCHEDULING_POLICIES",
     "EngineConfig",
 ]
 
 PREEMPTION_MODES = ("recompute", "swap")
 RESERVATIONS = ("paged", "contiguous")
 OFFLOAD_POLICIES = ("compute", "evict")
+SCHEDULING_POLICIES = ("fcfs", "lpm", "dfs")
 MAX_NUM_BLOCKS = 1 << 24  # the allocator's limit: block ids fit in 24 bits
 MAX_NUM_SLOTS = 2**31 - 1  # num_blocks * block_size: every slot index fits the int32 tables
 # Drafts per pass: past a few dozen the acceptance of prompt-lookup drafts is nil (vLLM caps its
@@ -84,6 +86,14 @@ class EngineConfig:
     # a float16 residual slot (max_num_seqs slots, outside the pool). A block of a quantized
     # cache costs fewer bytes: num_blocks still counts blocks.
     kv_cache_dtype: str | None = None
+    # The order in which waiting requests are admitted (docs/scheduling.md): "fcfs" first come,
+    # first served; "lpm" the request the prefix cache would serve most of now; "dfs" requests
+    # sharing a prefix together, depth first over their block chains. Requests preempted by
+    # recompute come back first under every policy, unless that breaks the aging bound.
+    scheduling: Literal["fcfs", "lpm", "dfs"] = "fcfs"
+    # lpm/dfs: no waiting request is passed over by more than this many admissions (0: the same
+    # order as fcfs).
+    aging_bound: int = 2048
 
     def __post_init__(self) -> None:
         _integer("num_blocks", self.num_blocks, 1, MAX_NUM_BLOCKS)
@@ -116,6 +126,13 @@ class EngineConfig:
         _choice("preemption", self.preemption, PREEMPTION_MODES)
         _choice("reservation", self.reservation, RESERVATIONS)
         _choice("offload_policy", self.offload_policy, OFFLOAD_POLICIES)
+        _choice("scheduling", self.scheduling, SCHEDULING_POLICIES)
+        _integer("aging_bound", self.aging_bound, 0, 2**63 - 1)
+        if self.scheduling != "fcfs" and not self.enable_prefix_caching:
+            raise InvalidArgumentError(
+                f"EngineConfig: scheduling={self.scheduling!r} orders by the prefix cache; it needs "
+                "enable_prefix_caching"
+            )
         if self.offload is not None:
             from pagedkv.offload.store import BlockStore  # only with a store: needs the offload extra
 

@@ -115,8 +115,19 @@ class LLMEngine:
             enable_prefix_caching=c.enable_prefix_caching,
             num_host_blocks=c.num_host_blocks,
             num_host_cache_blocks=c.num_host_cache_blocks,
+            **self._event_options(),
         )
         return manager
+
+    def _event_options(self) -> dict[str, int | bool]:
+        """A cache-aware admission order follows the manager's KV events (engine/waiting_order.py),
+        drained every step: the queue holds one step's, at most a store and a removal per block
+        and KV group per admission (a dropped event would leave the order's index stale)."""
+        c = self.config
+        if c.scheduling == "fcfs":
+            return {}
+        per_step = 2 * c.num_blocks * self.layout.num_groups * (c.max_num_seqs + 1)
+        return {"enable_kv_events": True, "max_events": max(65_536, per_step)}
 
     # ---- requests -------------------------------------------------------------------------
 

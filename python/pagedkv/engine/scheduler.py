@@ -12,7 +12,9 @@ recompute), ``running`` (blocks on the device) and ``swapped`` (blocks in the sw
 3. spends the per-step token budget: one row per decoding sequence (plus its drafts), then the
    next prefill chunk of each running sequence still prefilling, in admission order
    (``advance_computed``);
-4. admits waiting requests first-come-first-served while blocks and budget allow: ``match_prefix``
+4. admits waiting requests in the order of ``EngineConfig.scheduling`` (``waiting_order.py``:
+   first come first served, or cache-aware with an aging bound) while blocks and budget allow:
+   ``match_prefix``
    gives the prefix-cache hit without side effects, and ``add_sequence(..., num_scheduled=chunk)``
    schedules the first chunk of the uncached suffix;
 5. takes the manager's pending data moves and returns the plan, a ``ScheduledBatch``: the rows,
@@ -76,6 +78,7 @@ from pagedkv.engine.scheduled_batch import (
 from pagedkv.engine.sequence import SeqStatus, Sequence
 from pagedkv.engine.stats import EngineStats
 from pagedkv.engine.store_lookup import PREFETCH_DEPTH, StoreLookup
+from pagedkv.engine.waiting_order import WaitingOrder
 from pagedkv.errors import InvalidArgumentError, OutOfBlocksError
 
 __all__ = ["Scheduler"]
@@ -115,6 +118,7 @@ class Scheduler:
         self.store = store
         self.stats = stats
         self.waiting: deque[Sequence] = deque()
+        self.order = WaitingOrder(config, kv)
         self.running: list[Sequence] = []
         self.swapped: list[Sequence] = []
         self._admissions = 0
@@ -169,6 +173,7 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
+        self.order.add(seq)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
@@ -371,15 +376,23 @@ class Scheduler:
     # ---- admission ------------------------------------------------------------------------
 
     def _admit(self, rows: list[Row], budget: int) -> None:
-        """Admit waiting requests first-come-first-served while sequences, blocks and the
-        token budget allow, each in named steps: room for it (``_has_room``), what serves its
+        """Admit waiting requests in the configured order (``WaitingOrder``; the request due
+        next blocks the rest when it does not fit, as FCFS's head does) while sequences, blocks
+        and the token budget allow, each in named steps: room for it (``_has_room``), what serves its
         prompt and what the pass computes (``_plan_admission``), the manager's all-or-nothing
         ``add_sequence``, then the running queue (``_start_running``), its store hits
         (``_place_store_hits``) and its first row (``_first_row``)."""
+        self.order.sync()
         if self.swapped:
             return  # sequences waiting to swap back in go first
+        try:
+            self._admit_in_order(rows, budget)
+        finally:
+            self.order.record(self.stats)
+
+    def _admit_in_order(self, rows: list[Row], budget: int) -> None:
         while self.waiting and len(self.running) < self.config.max_num_seqs:
-            seq = self.waiting[0]
+            seq = self.order.next(self.waiting)
             if not self._has_room(seq):
                 return
             slots = self._slots_needed(seq)
@@ -397,12 +410,14 @@ class Scheduler:
             except OutOfBlocksError:
                 return
             except pagedkv.PagedKvError as error:
-                self.waiting.popleft()
+                self.waiting.remove(seq)
+                self.order.removed(seq)
                 self.failed.append((seq, error))
                 continue
             self._start_running(seq)
             if self.slots is not None:
                 self.slots.take(seq.seq_id, reserve=slots - 1)
+            self.order.admitted(seq)
             hit = self._place_store_hits(seq, hit, admission.stored)
             row = self._first_row(seq, hit)
             rows.append(row)
@@ -456,7 +471,10 @@ class Scheduler:
         return self.store.lookup(hashes, seq_id)
 
     def _start_running(self, seq: Sequence) -> None:
-        self.waiting.popleft()
+        if self.waiting[0] is seq:
+            self.waiting.popleft()
+        else:
+            self.waiting.remove(seq)
         seq.status = SeqStatus.RUNNING
         seq.admitted = self._next_admission()
         self.running.append(seq)
@@ -542,6 +560,7 @@ class Scheduler:
             if self.slots is not None:
                 pairs.append(self.slots.fork(parent.seq_id, child.seq_id))
             child.status, child.admitted = SeqStatus.RUNNING, self._next_admission()
+            child.queue_rank = parent.queue_rank
             self.running.append(child)
         if pairs:
             self._pending.append(CopyResidual(np.array(pairs, np.int32)))
@@ -565,6 +584,7 @@ class Scheduler:
         for queue in (self.running, self.swapped, self.waiting):
             if seq in queue:
                 queue.remove(seq)
+        self.order.removed(seq)
         if seq.seq_id in self.kv:
             self.kv.free(seq.seq_id)
         self._release_slots(seq)

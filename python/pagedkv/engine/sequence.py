@@ -52,6 +52,7 @@ class Sequence:
     status: SeqStatus = SeqStatus.WAITING
     draft_ids: list[int] = field(default_factory=list)
     admitted: int = -1  # admission order (the most recent is preempted first)
+    queue_rank: int = -1  # arrival rank in the cache-aware queue (engine/waiting_order.py)
     output_ids: list[int] = field(default_factory=list)
     text: str = ""
     finish_reason: str | None = None

@@ -33,6 +33,12 @@ class EngineStats:
     # int4: sealed blocks a rejected draft's truncation cut into, reopened into residual slots.
     residual_reopens: int = 0
     failed_requests: int = 0  # finished with finish_reason "error"
+    # The cache-aware admission order (EngineConfig.scheduling): at most ``aging_bound``
+    # admissions pass over a waiting request (0 under fcfs: none does); the most any did; the
+    # admissions of a request because it had reached the bound.
+    aging_bound: int = 0
+    max_passed_over: int = 0
+    forced_admissions: int = 0
     batch_sizes: list[int] = field(default_factory=list)  # sequences per forward pass
     blocks_in_use: list[int] = field(default_factory=list)
 
@@ -58,6 +64,9 @@ class EngineStats:
             "cow_copies": self.cow_copies,
             "residual_reopens": self.residual_reopens,
             "failed_requests": self.failed_requests,
+            "aging_bound": self.aging_bound,
+            "max_passed_over": self.max_passed_over,
+            "forced_admissions": self.forced_admissions,
             "mean_batch": float(np.mean(self.batch_sizes)) if self.batch_sizes else 0.0,
             "mean_blocks_in_use": float(np.mean(self.blocks_in_use)) if self.blocks_in_use else 0.0,
             "max_blocks_in_use": max(self.blocks_in_use, default=0),

@@ -151,7 +151,11 @@ impl PyKvCacheManager {
 
     /// Runs an infallible read on the locked manager.
     #[inline]
-    fn read<T>(&self, py: Python<'_>, op: impl FnOnce(&mut KvCacheManager) -> T) -> PyResult<T> {
+    pub(crate) fn read<T>(
+        &self,
+        py: Python<'_>,
+        op: impl FnOnce(&mut KvCacheManager) -> T,
+    ) -> PyResult<T> {
         let mut guard = self
             .lock()
             .map_err(|failure| failure_to_pyerr(py, failure))?;

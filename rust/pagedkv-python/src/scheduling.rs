@@ -8,6 +8,7 @@ use pagedkv::{BlockHash, KvEvent, Tier};
 use pagedkv_sim::{CacheAwareQueue, Scheduling};
 
 use crate::errors::{invalid_argument, or_invalid, to_pyerr};
+use crate::manager::PyKvCacheManager;
 use crate::scalars::{type_name, CountArg, SeqIdArg};
 
 /// A waiting queue ordered by a scheduling policy over a `KvCacheManager`'s prefix cache.
@@ -182,6 +183,35 @@ impl PyCacheAwareQueue {
             }
         }
         Ok(())
+    }
+
+    /// Drains `kv`'s KV events straight into the queue, as `apply_events(kv.take_events())`
+    /// does but without an event object per event (an engine's per-step path); returns how many
+    /// were applied. A hybrid manager's events of group 0 only: each group stores and removes
+    /// its own copies, and the queue follows one chain of blocks (group 0 holds full-attention
+    /// layers, the one kind that keeps a whole prefix). `kv` needs `enable_kv_events=True`.
+    fn apply_manager_events(&mut self, py: Python<'_>, kv: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let kv = kv.cast::<PyKvCacheManager>().map_err(|_| {
+            invalid_argument(
+                py,
+                format!("kv must be a pagedkv.KvCacheManager, got {}", type_name(kv)),
+            )
+        })?;
+        let events = kv.get().read(py, |kv| kv.take_events())?;
+        let mut applied = 0;
+        for e in &events {
+            let group = match e {
+                KvEvent::BlockStored { group_idx, .. }
+                | KvEvent::BlockRemoved { group_idx, .. } => *group_idx,
+                _ => None,
+            };
+            if group.unwrap_or(0) != 0 {
+                continue;
+            }
+            self.inner.apply(e).map_err(|err| to_pyerr(py, err))?;
+            applied += 1;
+        }
+        Ok(applied)
     }
 
     /// `admissions`, `max_passed_over`, `forced_admissions`, `evicted_wanted_blocks`.

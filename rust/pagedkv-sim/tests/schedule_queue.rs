@@ -341,3 +341,90 @@ fn aging_bound_admits_a_cold_request_under_a_stream_of_hot_ones() {
         }
     }
 }
+
+fn stored(parent: Option<pagedkv::BlockHash>, hashes: &[pagedkv::BlockHash]) -> pagedkv::KvEvent {
+    pagedkv::KvEvent::BlockStored {
+        block_hashes: hashes.to_vec(),
+        parent_block_hash: parent,
+        token_ids: vec![0; hashes.len() * BS],
+        block_size: BS,
+        extra_key: None,
+        medium: pagedkv::Tier::Device,
+        group_idx: None,
+    }
+}
+
+fn removed(hashes: &[pagedkv::BlockHash]) -> pagedkv::KvEvent {
+    pagedkv::KvEvent::BlockRemoved {
+        block_hashes: hashes.to_vec(),
+        medium: pagedkv::Tier::Device,
+        group_idx: None,
+    }
+}
+
+/// One indexed copy per content (docs/events.md): a block can be reported stored after a parent
+/// whose content was never reported stored, or has been removed since. Such a block is no hit
+/// until its parent is stored, and then it is one, whether the parent's node comes from a
+/// waiting request's chain or from the store itself; removing it before is no error.
+#[test]
+fn blocks_stored_after_an_unknown_parent_become_hits_with_it() {
+    let kv = KvCacheManager::new(ManagerConfig {
+        num_blocks: 16,
+        block_size: BS,
+        enable_prefix_caching: true,
+        ..Default::default()
+    })
+    .unwrap();
+    let tokens: Vec<TokenId> = (1..=9).collect(); // four full blocks, one token more
+    let h = kv.prefix_block_hashes(&tokens, None);
+    for policy in [Scheduling::Lpm, Scheduling::Dfs] {
+        // The parent's node comes from a request pushed after the orphans were stored.
+        let mut queue = CacheAwareQueue::new(policy, 8);
+        queue.apply(&stored(Some(h[0]), &h[1..3])).unwrap();
+        queue.check_invariants().unwrap();
+        queue.push(0, &h, 4).unwrap();
+        queue.check_invariants().unwrap();
+        assert_eq!(
+            queue.hit_blocks(0),
+            Some(0),
+            "{policy}: block 0 is not cached"
+        );
+        queue.apply(&stored(None, &h[..1])).unwrap();
+        queue.check_invariants().unwrap();
+        assert_eq!(
+            queue.hit_blocks(0),
+            Some(3),
+            "{policy}: blocks 0-2 are cached"
+        );
+
+        // The parent's node comes from its own store; a request pushed later hits through it.
+        let mut queue = CacheAwareQueue::new(policy, 8);
+        queue.apply(&stored(Some(h[1]), &h[2..4])).unwrap();
+        queue.apply(&stored(Some(h[0]), &h[1..2])).unwrap();
+        queue.apply(&stored(None, &h[..1])).unwrap();
+        queue.check_invariants().unwrap();
+        queue.push(0, &h, 4).unwrap();
+        queue.check_invariants().unwrap();
+        assert_eq!(
+            queue.hit_blocks(0),
+            Some(4),
+            "{policy}: the whole chain is cached"
+        );
+
+        // An orphan removed before its parent came is gone when the parent comes.
+        let mut queue = CacheAwareQueue::new(policy, 8);
+        queue.apply(&stored(Some(h[0]), &h[1..3])).unwrap();
+        queue.apply(&removed(&h[2..3])).unwrap();
+        queue.check_invariants().unwrap();
+        queue.apply(&stored(None, &h[..1])).unwrap();
+        queue.push(0, &h, 4).unwrap();
+        queue.check_invariants().unwrap();
+        assert_eq!(
+            queue.hit_blocks(0),
+            Some(2),
+            "{policy}: block 2 was removed"
+        );
+        // A block nobody ever reported stored is still an error: the caller missed events.
+        assert!(queue.apply(&removed(&[h[3] ^ 1])).is_err());
+    }
+}

@@ -18,6 +18,7 @@ use pagedkv::{BlockHash, Error, Result};
 use rustc_hash::FxHasher;
 
 use super::lists::{drain_into, push_back, unlink, Chain, Link, Links, List, Slot, NO_SLOT};
+use super::orphans::Orphans;
 use super::trie::{NodeId, Trie, NOBODY, ROOT};
 
 /// One waiting request.
@@ -90,6 +91,10 @@ pub(crate) struct WaitingIndex {
     /// only at the next push or removal: an admission's own blocks are stored by then, so they
     /// stay as cached nodes instead of being dropped and entered again.
     pending_collect: Vec<BlockHash>,
+    /// Cached blocks whose parent has no node (`orphans.rs`): they become nodes with it.
+    orphans: Orphans,
+    /// Reused buffer of [`WaitingIndex::adopt`].
+    adopting: Vec<NodeId>,
     /// Blocks evicted while reachable and on some waiting request's chain (hits lost).
     pub evicted_wanted_blocks: u64,
 }
@@ -109,6 +114,8 @@ impl WaitingIndex {
             cursor: Vec::new(),
             track_cursor,
             pending_collect: Vec::new(),
+            orphans: Orphans::default(),
+            adopting: Vec::new(),
             evicted_wanted_blocks: 0,
         }
     }
@@ -118,9 +125,10 @@ impl WaitingIndex {
         self.by_id.len()
     }
 
-    /// Nodes of the trie (waiting chains and cached blocks), for memory accounting.
+    /// Nodes of the trie (waiting chains and cached blocks) and cached blocks waiting for their
+    /// parent's node, for memory accounting.
     pub fn num_nodes(&self) -> usize {
-        self.trie.len()
+        self.trie.len() + self.orphans.len()
     }
 
     /// Adds request `id` (new) of arrival `rank` whose prompt's full blocks have the chained
@@ -138,24 +146,32 @@ impl WaitingIndex {
             )));
         }
         self.collect_pending();
-        let trie = &mut self.trie;
         // The blocks that have nodes are a prefix of the chain: find its end by binary search,
         // take those nodes from the deepest one's ancestors, and add the rest.
-        let known = block_hashes.partition_point(|h| trie.get(*h).is_some());
+        let known = block_hashes.partition_point(|h| self.trie.get(*h).is_some());
         let mut path: Box<[NodeId]> = vec![ROOT; block_hashes.len()].into_boxed_slice();
         if known > 0 {
-            let mut n = trie.get(block_hashes[known - 1]).expect("found above");
+            let mut n = self.trie.get(block_hashes[known - 1]).expect("found above");
             for slot in path[..known].iter_mut().rev() {
                 *slot = n;
-                n = trie.node(n).parent;
+                n = self.trie.node(n).parent;
             }
             debug_assert_eq!(n, ROOT, "chained hashes name whole prefixes");
         }
         let mut parent = if known > 0 { path[known - 1] } else { ROOT };
         for (slot, &h) in path[known..].iter_mut().zip(&block_hashes[known..]) {
-            parent = trie.insert_new(h, parent);
+            // A new node adopts the orphans below it, which may be the chain's next blocks.
+            parent = match self.trie.get(h) {
+                Some(n) => n,
+                None => {
+                    let n = self.trie.insert_new(h, parent);
+                    self.adopt(n);
+                    n
+                }
+            };
             *slot = parent;
         }
+        let trie = &mut self.trie;
         // A new request is the youngest: it is the oldest only where nobody waited, which is
         // the deep end of its path.
         for &n in path.iter().rev().chain(std::iter::once(&ROOT)) {
@@ -324,38 +340,75 @@ impl WaitingIndex {
     }
 
     /// Blocks `block_hashes` (a chain, after `parent` or from the root) entered the prefix
-    /// cache. A parent the index never saw is an error: the caller missed events.
-    pub fn stored(&mut self, parent: Option<BlockHash>, block_hashes: &[BlockHash]) -> Result<()> {
+    /// cache. The parent need not be cached nor ever have been (one copy per content,
+    /// docs/events.md): blocks after a parent without a node wait as orphans until it gets one.
+    pub fn stored(&mut self, parent: Option<BlockHash>, block_hashes: &[BlockHash]) {
         let mut at = match parent {
-            None => ROOT,
-            Some(h) => self.trie.get(h).ok_or_else(|| {
-                Error::InvariantViolation(format!(
-                    "stored blocks follow block {h:#x}, which the scheduling index never saw stored"
-                ))
-            })?,
+            None => Some(ROOT),
+            Some(h) => self.trie.get(h),
         };
+        let mut before = parent;
         for &h in block_hashes {
-            let n = self.trie.get_or_insert(h, at);
+            let Some(p) = at else {
+                self.orphans
+                    .store(before.expect("only a named parent can lack a node"), h);
+                before = Some(h);
+                continue;
+            };
+            let (n, new) = match self.trie.get(h) {
+                Some(n) => (n, false),
+                None => (self.trie.insert_new(h, p), true),
+            };
+            debug_assert_eq!(self.trie.node(n).parent, p, "one hash, two parents");
             let node = self.trie.node_mut(n);
             node.copies += 1;
             if !node.cached {
                 node.cached = true;
-                if self.trie.node(at).reachable {
+                if self.trie.node(p).reachable {
                     self.make_reachable(n);
                 }
             }
-            at = n;
+            if new {
+                self.adopt(n);
+            }
+            at = Some(n);
+            before = Some(h);
         }
-        Ok(())
     }
 
-    /// Block `hash` left the prefix cache.
+    /// Node `n` was just made: the orphans waiting for it, and theirs below them, become its
+    /// cached descendants (reachable where it is).
+    fn adopt(&mut self, n: NodeId) {
+        if self.orphans.is_empty() {
+            return;
+        }
+        self.adopting.clear();
+        self.adopting.push(n);
+        while let Some(p) = self.adopting.pop() {
+            let reachable = self.trie.node(p).reachable;
+            for (h, copies) in self.orphans.take_children(self.trie.node(p).hash) {
+                let c = self.trie.insert_new(h, p);
+                self.trie.update(c, |node| {
+                    node.copies = copies;
+                    node.cached = true;
+                    node.reachable = reachable;
+                });
+                self.adopting.push(c);
+            }
+        }
+    }
+
+    /// Block `hash` left the prefix cache. A block never reported stored is an error: the
+    /// caller missed events.
     pub fn removed(&mut self, hash: BlockHash) -> Result<()> {
-        let n = self.trie.get(hash).ok_or_else(|| {
-            Error::InvariantViolation(format!(
+        let Some(n) = self.trie.get(hash) else {
+            if self.orphans.remove(hash) {
+                return Ok(()); // nobody could hit it
+            }
+            return Err(Error::InvariantViolation(format!(
                 "block {hash:#x} was evicted but the scheduling index never saw it stored"
-            ))
-        })?;
+            )));
+        };
         let node = self.trie.node_mut(n);
         if node.copies == 0 {
             return Err(Error::InvariantViolation(format!(
@@ -553,6 +606,7 @@ impl WaitingIndex {
             .iter()
             .filter_map(|&h| self.trie.get(h))
             .collect();
+        self.orphans.check(&|h| self.trie.get(h).is_some())?;
         self.trie.check(
             &|n| oldest_ending.get(&n).copied().unwrap_or(NOBODY),
             &|n| pending.contains(&n),

@@ -13,6 +13,7 @@
 mod aging;
 mod index;
 mod lists;
+mod orphans;
 mod queue;
 mod trie;
 

@@ -233,7 +233,10 @@ impl CacheAwareQueue {
                 parent_block_hash,
                 medium: Tier::Device,
                 ..
-            } => self.index.stored(*parent_block_hash, block_hashes),
+            } => {
+                self.index.stored(*parent_block_hash, block_hashes);
+                Ok(())
+            }
             KvEvent::BlockRemoved {
                 block_hashes,
                 medium: Tier::Device,

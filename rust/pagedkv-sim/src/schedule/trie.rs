@@ -3,8 +3,8 @@
 //!
 //! Chained hashes name whole prefixes, so the nodes form a tree: a node's parent is the block
 //! before it in every chain that contains it. Each node knows how many copies of its block the
-//! prefix cache holds (`copies`, from the allocator's KV events: two sequences that computed the
-//! same block are indexed, stored and evicted separately), hence whether it is cached, and
+//! prefix cache holds (`copies`, stored minus removed in the allocator's KV events: the plain
+//! manager reports one copy per content, a hybrid one every copy), hence whether it is cached, and
 //! whether every block from the root to it
 //! is cached (`reachable`): exactly the blocks a request through it would hit now. Reachability
 //! changes only where an event lands and is pushed down the cached subtree from there, so an
@@ -160,15 +160,6 @@ impl Trie {
 
     pub fn get(&self, hash: BlockHash) -> Option<NodeId> {
         self.map.get(&hash).copied()
-    }
-
-    /// The node of `hash`, created (not cached, nobody waiting) under `parent` when absent.
-    pub fn get_or_insert(&mut self, hash: BlockHash, parent: NodeId) -> NodeId {
-        if let Some(&n) = self.map.get(&hash) {
-            debug_assert_eq!(self.node(n).parent, parent, "one hash, two parents");
-            return n;
-        }
-        self.insert_new(hash, parent)
     }
 
     /// A new node for `hash` (not in the trie) under `parent`.
