@@ -31,17 +31,36 @@ from transfer_procs import (
 
 CTX = multiprocessing.get_context("spawn")
 NUM_BLOCKS = 48
-# Big enough that a read takes a while (256 MiB: 4 regions of 4096 blocks of 16 KiB, read
-# without merging, ``slow_destination``), so a process killed 10 ms into the read dies while it
-# is in flight; should a read ever finish first, the tests fail saying so (never pass vacuously).
-BIG = {"layers": 2, "kv_heads": 4, "head_dim": 64, "block_size": 16}
-BIG_BLOCKS = 4096
+# Big enough that a read takes a while: 256 MiB in 65,536 rows of 4 KiB (4 regions of 16,384
+# blocks) read one descriptor per row (``slow_destination``: nothing merges), several times the
+# 10 ms after which a process is killed; should a read ever finish first, the tests fail saying
+# so (never pass vacuously).
+BIG = {"layers": 2, "kv_heads": 1, "head_dim": 64, "block_size": 16}
+BIG_BLOCKS = 16384
 KILL_AFTER_S = 0.01
 
 
+# SmolLM2's block: 60 rows of 12 KiB.
+SMOLLM2_BLOCK_NBYTES = (
+    2 * SMOLLM2["layers"] * SMOLLM2["block_size"] * SMOLLM2["kv_heads"] * SMOLLM2["head_dim"] * 4
+)
+
+
+@pytest.fixture(params=[0, 16], ids=["rows", "staged"])
+def staging_blocks(request):
+    """Arena sizes (in blocks) of both sides: 0 reads row by row, 16 stages."""
+    return request.param
+
+
 @pytest.fixture
-def prefill():
-    proc, conn, port = start_prefill(CTX, num_blocks=NUM_BLOCKS, shape=SMOLLM2, lease_s=30.0)
+def prefill(staging_blocks):
+    proc, conn, port = start_prefill(
+        CTX,
+        num_blocks=NUM_BLOCKS,
+        shape=SMOLLM2,
+        lease_s=30.0,
+        staging_bytes=staging_blocks * SMOLLM2_BLOCK_NBYTES,
+    )
     yield conn
     if proc.is_alive():
         call(conn, "stop")
@@ -58,8 +77,8 @@ def decode_side(num_blocks: int = NUM_BLOCKS, shape: dict[str, int] = SMOLLM2, *
     return kv, list(regions.arrays), TransferSink(regions, engine_id="decode", **options)
 
 
-def test_smollm2_blocks_move_bit_exactly_and_held_blocks_are_skipped(prefill):
-    kv, arrays, sink = decode_side()
+def test_smollm2_blocks_move_bit_exactly_and_held_blocks_are_skipped(prefill, staging_blocks):
+    kv, arrays, sink = decode_side(staging_bytes=staging_blocks * SMOLLM2_BLOCK_NBYTES)
     with sink:
         # Request 1: 5 blocks (the last one holds 3 tokens), nothing held on the decode side.
         tokens = list(range(1, 68))
@@ -70,6 +89,7 @@ def test_smollm2_blocks_move_bit_exactly_and_held_blocks_are_skipped(prefill):
         result = sink.wait(sink.start(params, dst, skip=skip))
         assert result.ok and result.blocks_read == 5 and result.blocks_skipped == 0
         assert result.num_valid_tokens == 67 and result.failed_block_ids == ((),)
+        assert bool(params.staged_addr) == bool(staging_blocks) == (result.copy_s > 0)
         assert all(blocks_hold(arrays, tokens, dst[0], 0))
         kv.advance_computed([1], 67)
 
@@ -100,8 +120,8 @@ def test_smollm2_blocks_move_bit_exactly_and_held_blocks_are_skipped(prefill):
     assert status["free_blocks"] == NUM_BLOCKS and status["late"] == 0
 
 
-def test_a_corrupted_block_is_reported_and_the_rest_arrive(prefill):
-    kv, arrays, sink = decode_side()
+def test_a_corrupted_block_is_reported_and_the_rest_arrive(prefill, staging_blocks):
+    kv, arrays, sink = decode_side(staging_bytes=staging_blocks * SMOLLM2_BLOCK_NBYTES)
     with sink:
         tokens = list(range(100, 180))  # 5 full blocks
         params = KvTransferParams.from_dict(call(prefill, "offer", "c1", tokens))
@@ -166,6 +186,19 @@ def test_the_prefill_process_killed_mid_transfer():
         assert sorted(result.failed_block_ids[0]) == list(range(BIG_BLOCKS))
         assert sink.get_block_ids_with_load_errors() == set(range(BIG_BLOCKS))
         assert sink.num_in_flight == 0
+        # The engine restarts (same engine id, a new incarnation): the same sink reads from it.
+        proc2, conn2, _ = start_prefill(CTX, num_blocks=8, shape=BIG)
+        try:
+            small = list(range(5, 5 + 40))
+            params2 = KvTransferParams.from_dict(call(conn2, "offer", "again", small))
+            assert params2.engine_id == "prefill" and params2.instance != params["remote_instance"]
+            kv.add_sequence(1, small, num_scheduled=0)
+            dst2, skip2 = destination_block_ids(kv, 1, params2, 0)
+            again = sink.wait(sink.start(params2, dst2, skip=skip2))
+            assert again.ok and all(blocks_hold(arrays, small, dst2[0], 0))
+        finally:
+            call(conn2, "stop")
+            proc2.join(30)
 
 
 def test_the_decode_process_killed_mid_transfer_leaks_nothing():

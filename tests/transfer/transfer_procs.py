@@ -74,13 +74,20 @@ def blocks_hold(regions: list[np.ndarray], tokens: list[int], table: list[int], 
 
 
 def prefill_server(
-    conn: Any, port: int, num_blocks: int, shape: dict[str, int], lease_s: float, prefix_caching: bool
+    conn: Any,
+    port: int,
+    num_blocks: int,
+    shape: dict[str, int],
+    lease_s: float,
+    prefix_caching: bool,
+    staging_bytes: int = 0,
 ) -> None:
     """A prefill instance: a KvCacheManager, caches, a TransferSource on ``port``. Commands over
     ``conn`` (one reply each): ("offer", request_id, tokens[, write]) -> params dict (``write``
     False: the blocks keep what they hold, for a test about time, not bytes); ("corrupt",
-    request_id, position, region) flips a byte of that block; ("reuse",) takes every free block
-    for a new sequence and fills it with other contents; ("status",) -> dict; ("stop",)."""
+    request_id, position, region) flips a byte of that block (of its staged copy if staged);
+    ("reuse",) takes every free block for a new sequence and fills it with other contents;
+    ("status",) -> dict; ("stop",)."""
     import pagedkv
     from pagedkv.transfer import KvRegions, TransferSource, source_block_ids
 
@@ -98,7 +105,12 @@ def prefill_server(
         freed.append(request_id)
 
     source = TransferSource(
-        regions, engine_id="prefill", free_request=free_request, port=port, lease_s=lease_s
+        regions,
+        engine_id="prefill",
+        free_request=free_request,
+        port=port,
+        lease_s=lease_s,
+        staging_bytes=staging_bytes,
     )
     offered: dict[str, Any] = {}
     next_seq = 0
@@ -120,8 +132,14 @@ def prefill_server(
             conn.send(params.to_dict())
         elif command == "corrupt":
             request_id, position, region = args
-            block = offered[request_id].block_ids[0][position]
-            arrays[region][block].view(np.uint8).reshape(-1)[7] ^= 0x10
+            params = offered[request_id]
+            block = params.block_ids[0][position]
+            if params.staged_addr:  # the staged copy is what a decode side reads
+                column = sum(spec.block_nbytes for spec in regions.specs[:region])
+                at = params.staged_addr - source._arena.address + position * regions.block_nbytes + column
+                source._arena.array[at + 7] ^= 0x10
+            else:
+                arrays[region][block].view(np.uint8).reshape(-1)[7] ^= 0x10
             conn.send(block)
         elif command == "reuse":
             next_seq += 1
@@ -151,13 +169,21 @@ def prefill_server(
 
 
 def start_prefill(
-    ctx: Any, *, num_blocks: int, shape: dict[str, int], lease_s: float = 30.0, prefix_caching: bool = True
+    ctx: Any,
+    *,
+    num_blocks: int,
+    shape: dict[str, int],
+    lease_s: float = 30.0,
+    prefix_caching: bool = True,
+    staging_bytes: int = 0,
 ) -> tuple[Any, Any, int]:
     """(process, connection, port) of a running prefill server."""
     parent, child = ctx.Pipe()
     port = free_port()
     proc = ctx.Process(
-        target=prefill_server, args=(child, port, num_blocks, shape, lease_s, prefix_caching), daemon=True
+        target=prefill_server,
+        args=(child, port, num_blocks, shape, lease_s, prefix_caching, staging_bytes),
+        daemon=True,
     )
     proc.start()
     if not parent.poll(120):

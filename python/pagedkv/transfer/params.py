@@ -79,7 +79,9 @@ class KvTransferParams:
     positions) and the XXH3-64 of each block's bytes over every cache region
     (``pagedkv.transfer.checksum``); layout_addr, layout_nbytes: the handshake page (the
     prefill's cache layout, read once per peer); lease_s: how long the prefill side holds the
-    blocks without a renewal.
+    blocks without a renewal; staged_addr, staged_nbytes: where a block-major copy of the
+    blocks lies (all groups in order, one row of ``staged_nbytes / num_blocks`` bytes each), or
+    0, 0 (``pagedkv.transfer.staging``).
     """
 
     engine_id: str
@@ -94,6 +96,8 @@ class KvTransferParams:
     layout_addr: int
     layout_nbytes: int
     lease_s: float
+    staged_addr: int = 0
+    staged_nbytes: int = 0
 
     def __post_init__(self) -> None:
         for key in ("engine_id", "instance", "request_id", "host"):
@@ -109,6 +113,12 @@ class KvTransferParams:
                 f"kv_transfer_params['lease_s'] must be a positive number, got {lease!r}"
             )
         object.__setattr__(self, "lease_s", float(lease))
+        _int(self.staged_addr, "staged_addr", 0, _MAX_U64)
+        _int(self.staged_nbytes, "staged_nbytes", 0, _MAX_U64)
+        if (self.staged_addr == 0) != (self.staged_nbytes == 0):
+            raise InvalidArgumentError(
+                "kv_transfer_params: staged_addr and staged_nbytes are both 0 or both set"
+            )
         block_ids = _groups(self.block_ids, "block_ids", _MAX_BLOCK_ID)
         checksums = _groups(self.checksums, "checksums", _MAX_U64)
         object.__setattr__(self, "block_ids", block_ids)
@@ -122,6 +132,8 @@ class KvTransferParams:
             )
         if len({b for g in block_ids for b in g}) != total:
             raise InvalidArgumentError("kv_transfer_params: a block id appears twice")
+        if self.staged_nbytes and (total == 0 or self.staged_nbytes % total):
+            raise InvalidArgumentError("kv_transfer_params: staged_nbytes is not a whole number of blocks")
         for g, ids in enumerate(block_ids):
             if len(ids) > self.num_logical_blocks:
                 raise InvalidArgumentError(
@@ -170,6 +182,8 @@ class KvTransferParams:
             "remote_layout_addr": self.layout_addr,
             "remote_layout_nbytes": self.layout_nbytes,
             "remote_lease_s": self.lease_s,
+            "remote_staged_addr": self.staged_addr,
+            "remote_staged_nbytes": self.staged_nbytes,
         }
 
     @classmethod
@@ -196,6 +210,8 @@ class KvTransferParams:
             "layout_addr": "remote_layout_addr",
             "layout_nbytes": "remote_layout_nbytes",
             "lease_s": "remote_lease_s",
+            "staged_addr": "remote_staged_addr",
+            "staged_nbytes": "remote_staged_nbytes",
         }
         missing = [key for key in fields.values() if key not in params]
         if missing:

@@ -35,7 +35,8 @@ class ReadPlan:
     """The reads of one request, one entry per block read (all groups, in group order).
 
     src / dst: the peer's and our block ids; checksums: the peer's XXH3-64 of each; group and
-    position: the KV group and logical block position of each; num_skipped: positions skipped."""
+    position: the KV group and logical block position of each; index: its place in the params'
+    blocks over all groups in order (its row in a staged copy); num_skipped: positions skipped."""
 
     params: KvTransferParams
     src: np.ndarray
@@ -43,6 +44,7 @@ class ReadPlan:
     checksums: np.ndarray
     group: np.ndarray
     position: np.ndarray
+    index: np.ndarray
     num_skipped: int
 
     @classmethod
@@ -62,8 +64,9 @@ class ReadPlan:
             )
         if skip is not None and (not isinstance(skip, Sequence) or len(skip) != groups):
             raise InvalidArgumentError(f"skip is None or a list of positions for each of the {groups} groups")
-        src, dst, sums, group, position = [], [], [], [], []
+        src, dst, sums, group, position, index = [], [], [], [], [], []
         num_skipped = 0
+        start = 0
         for g in range(groups):
             want = _ids(dst_block_ids[g], f"dst_block_ids[{g}]")
             n = len(params.block_ids[g])
@@ -89,6 +92,8 @@ class ReadPlan:
             sums.append(np.asarray(params.checksums[g], dtype=np.uint64)[keep])
             group.append(np.full(read.shape[0], g, dtype=np.int64))
             position.append(params.first_position(g) + np.flatnonzero(keep))
+            index.append(start + np.flatnonzero(keep))
+            start += n
         all_dst = np.concatenate(dst)
         if np.unique(all_dst).shape[0] != all_dst.shape[0]:
             raise InvalidArgumentError("dst_block_ids names a destination block twice")
@@ -99,6 +104,7 @@ class ReadPlan:
             np.concatenate(sums),
             np.concatenate(group),
             np.concatenate(position).astype(np.int64),
+            np.concatenate(index).astype(np.int64),
             num_skipped,
         )
 

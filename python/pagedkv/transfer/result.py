@@ -17,7 +17,8 @@ class TransferResult:
     failed_block_ids: per KV group, the decode side's blocks that did not arrive intact (never
     to be attended over: recompute them); num_valid_tokens: tokens from the start whose KV the
     decode side now holds in every group (``ReadPlan.num_valid_tokens``); error: why blocks
-    failed (None when none did); read_s / verify_s: the transport's time and the checksums'."""
+    failed (None when none did); read_s / verify_s / copy_s: the transport's time, the
+    checksums' and (staged reads) the copy out of the staging range's."""
 
     request_id: str
     remote_request_id: str
@@ -29,6 +30,7 @@ class TransferResult:
     error: TransferError | None = None
     read_s: float = 0.0
     verify_s: float = 0.0
+    copy_s: float = 0.0
 
     @property
     def ok(self) -> bool:

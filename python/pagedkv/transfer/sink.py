@@ -3,8 +3,9 @@
 ``start`` takes a request's params and where its blocks go: it completes the handshake with the
 prefill instance (once per peer, then cached), posts one NIXL READ for every block of every
 region and group the decode side lacks (one descriptor per block row, NIXL merging runs of
-consecutive ids) with the ``done`` notification attached (NIXL delivers it once the data has
-been read), and returns. ``poll`` finishes what has completed: it recomputes each block's
+consecutive ids; or, for a request the prefill side staged, a few reads of its block-major copy
+into our own staging arena) with the ``done`` notification attached (NIXL delivers it once the
+data has been read), and returns. ``poll`` finishes what has completed: it recomputes each block's
 checksum over the rows received and returns a ``TransferResult`` per request; a block whose sum
 differs, or every block of a read that failed or ran past ``timeout_s``, is reported failed
 (``failed_block_ids``, and ``get_block_ids_with_load_errors``, vLLM's meaning) so the engine
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import xxhash
 
 from pagedkv.errors import InvalidArgumentError, TransferError
 from pagedkv.transfer.checksum import block_checksum
@@ -34,7 +36,8 @@ from pagedkv.transfer.peer import PageBuffer, Peer, forget_peer, handshake
 from pagedkv.transfer.read_plan import ReadPlan
 from pagedkv.transfer.regions import KvRegions
 from pagedkv.transfer.result import TransferResult
-from pagedkv.transfer.transport import new_agent, nixl_failures
+from pagedkv.transfer.staging import StagingArena, unpack_blocks
+from pagedkv.transfer.transport import Progress, new_agent, nixl_failures
 
 __all__ = ["TransferSink"]
 
@@ -48,6 +51,7 @@ class _Read:
     state: str
     started: float
     deadline: float
+    staging: int | None = None  # the offset of its range in our staging arena (staged reads)
     error: TransferError | None = None  # set once the read has failed; kept until released
 
 
@@ -57,7 +61,10 @@ class TransferSink:
     regions: the caches the blocks are read into (same regions, row sizes and dtypes as the
     prefill side's); engine_id: this engine's name; timeout_s: how long one read may take before
     it is given up; handshake_timeout_s: how long a peer's metadata and handshake page may take;
-    num_threads: NIXL backend threads (see the module docstring). One thread drives it.
+    num_threads: NIXL backend threads (see the module docstring); staging_bytes: a staging
+    arena of this many bytes (0: none): a request the prefill side staged is read into it in a
+    few large reads, checked there, and only its intact blocks are copied into the caches (when
+    it does not fit, or was not staged, its blocks are read row by row). One thread drives it.
     """
 
     def __init__(
@@ -68,6 +75,7 @@ class TransferSink:
         timeout_s: float = 30.0,
         handshake_timeout_s: float = 5.0,
         num_threads: int = 0,
+        staging_bytes: int = 0,
     ) -> None:
         if not isinstance(regions, KvRegions):
             raise InvalidArgumentError(f"regions must be a KvRegions, got {type(regions).__name__}")
@@ -85,6 +93,13 @@ class TransferSink:
             self._registered = self._agent.register_memory(regions.registrations(), "DRAM")
             self._local = self._agent.prep_xfer_dlist("NIXL_INIT_AGENT", regions.descriptors(), "DRAM")
         self._page = PageBuffer(self._agent)
+        self._progress = Progress(self._agent, keep_notifications=False)  # a decode side gets none
+        self._arena = StagingArena(staging_bytes) if staging_bytes else None
+        if self._arena is not None:
+            with nixl_failures("registering the staging arena with NIXL"):
+                self._arena_registration = self._agent.register_memory(
+                    [(self._arena.address, self._arena.nbytes, 0, "")], "DRAM"
+                )
         self._peers: dict[str, Peer] = {}
         self._reads: dict[str, _Read] = {}
         self._finished: dict[str, TransferResult] = {}
@@ -154,7 +169,6 @@ class TransferSink:
             raise InvalidArgumentError(f"request_id must be a non-empty str, got {rid!r}")
         if rid in self._reads or rid in self._finished:
             raise InvalidArgumentError(f"request {rid!r} is already being read")
-        now = time.monotonic()
         try:
             peer = self._peer(params, abandon=True)
         except TransferError as unreachable:
@@ -172,28 +186,58 @@ class TransferSink:
             self._notify(peer, "abandon", [params.request_id])
             self._finish(rid, plan, np.ones(plan.num_reads, dtype=bool), error)
             return rid
-        local, remote = plan.descriptor_indices(
-            len(self.regions.specs), self.regions.num_blocks, layout.num_blocks
-        )
+        staging = self._stage(plan)
+        now = time.monotonic()
         handle = None
         try:
             with nixl_failures(f"reading {params.request_id} from {peer.agent_name}"):
-                handle = self._agent.make_prepped_xfer(
-                    "READ",
-                    self._local,
-                    local,
-                    peer.descriptors,
-                    remote,
-                    notif_msg=encode_notification("done", [params.request_id]),
-                )
+                notification = encode_notification("done", [params.request_id])
+                if staging is None:
+                    local, remote = plan.descriptor_indices(
+                        len(self.regions.specs), self.regions.num_blocks, layout.num_blocks
+                    )
+                    handle = self._agent.make_prepped_xfer(
+                        "READ", self._local, local, peer.descriptors, remote, notif_msg=notification
+                    )
+                else:
+                    local_rows, remote_rows = self._staged_descriptors(plan, staging)
+                    handle = self._agent.initialize_xfer(
+                        "READ",
+                        self._agent.get_xfer_descs(local_rows, "DRAM"),
+                        self._agent.get_xfer_descs(remote_rows, "DRAM"),
+                        peer.agent_name,
+                        notification,
+                    )
                 state = self._agent.transfer(handle)
         except TransferError as refused:
-            read = _Read(rid, plan, peer, handle, "ERR", now, now + self.timeout_s, refused)
+            read = _Read(rid, plan, peer, handle, "ERR", now, now + self.timeout_s, staging, refused)
         else:
-            read = _Read(rid, plan, peer, handle, state, now, now + self.timeout_s)
+            read = _Read(rid, plan, peer, handle, state, now, now + self.timeout_s, staging)
         self._reads[rid] = read
         self._advance(read)
         return rid
+
+    def _stage(self, plan: ReadPlan) -> int | None:
+        """A range of our arena for a staged read of ``plan``, or None (read row by row): the
+        prefill side did not stage, its staged rows are not our blocks' size, or no room."""
+        params = plan.params
+        bn = self.regions.block_nbytes
+        if self._arena is None or not params.staged_addr or params.staged_nbytes != params.num_blocks * bn:
+            return None
+        return self._arena.allocate(plan.num_reads * bn)
+
+    def _staged_descriptors(self, plan: ReadPlan, offset: int) -> tuple[np.ndarray, np.ndarray]:
+        """(local, remote) uint64 ``[num_reads, 3]``: read ``i`` is row ``plan.index[i]`` of the
+        peer's staged copy into row ``i`` of our range (neighbours on both sides: NIXL merges
+        every run the skipped positions leave into one read)."""
+        assert self._arena is not None
+        bn = self.regions.block_nbytes
+        local = np.zeros((plan.num_reads, 3), dtype=np.uint64)
+        local[:, 0] = self._arena.address + offset + bn * np.arange(plan.num_reads, dtype=np.uint64)
+        local[:, 1] = bn
+        remote = local.copy()
+        remote[:, 0] = plan.params.staged_addr + bn * plan.index.astype(np.uint64)
+        return local, remote
 
     def poll(self) -> list[TransferResult]:
         """Finish every read that completed, failed or timed out; returns their results (and
@@ -265,11 +309,14 @@ class TransferSink:
         for peer in list(self._peers.values()):
             forget_peer(self._agent, peer.agent_name, peer.descriptors)
         self._peers.clear()
+        self._progress.stop()
         agent, self._agent = self._agent, None
         try:
             self._local.release()
             agent.deregister_memory(self._registered)
             agent.deregister_memory(self._page.registration)
+            if self._arena is not None:
+                agent.deregister_memory(self._arena_registration)
         except Exception:  # NIXL's own classes: the agent goes away regardless
             pass
         del agent
@@ -306,23 +353,47 @@ class TransferSink:
         del self._reads[read.request_id]
         plan = read.plan
         if read.error is not None:
+            self._release_staging(read)
             self._notify(read.peer, "abandon", [plan.params.request_id])
             self._forget(read.peer)  # it may be dead: the next request handshakes anew
             self._finish(read.request_id, plan, np.ones(plan.num_reads, dtype=bool), read.error, read_s)
             return
         verify_start = time.monotonic()
-        arrays = self.regions.arrays
-        sums = np.fromiter(
-            (block_checksum(arrays, int(b)) for b in plan.dst), dtype=np.uint64, count=plan.num_reads
-        )
-        failed = sums != plan.checksums
+        copy_s = 0.0
+        if read.staging is None:
+            arrays = self.regions.arrays
+            sums = np.fromiter(
+                (block_checksum(arrays, int(b)) for b in plan.dst), dtype=np.uint64, count=plan.num_reads
+            )
+            failed = sums != plan.checksums
+            verify_s = time.monotonic() - verify_start
+        else:
+            assert self._arena is not None
+            bn = self.regions.block_nbytes
+            rows = self._arena.array[read.staging : read.staging + plan.num_reads * bn].reshape(-1, bn)
+            sums = np.fromiter((xxhash.xxh3_64_intdigest(r.data) for r in rows), np.uint64, plan.num_reads)
+            failed = sums != plan.checksums
+            verify_s = time.monotonic() - verify_start
+            if failed.any():  # a block that failed never reaches the caches
+                rows, dst = rows[~failed], plan.dst[~failed]
+            else:  # no temporary copy: a large one costs page faults (and compaction) here
+                dst = plan.dst
+            unpack_blocks(rows, self.regions.arrays, dst)
+            copy_s = time.monotonic() - verify_start - verify_s
+            self._release_staging(read)
         mismatch = None
         if failed.any():
             mismatch = TransferError(
                 f"{int(failed.sum())} of {plan.num_reads} blocks read from {read.peer.agent_name} "
                 "do not match their checksums"
             )
-        self._finish(read.request_id, plan, failed, mismatch, read_s, time.monotonic() - verify_start)
+        self._finish(read.request_id, plan, failed, mismatch, read_s, verify_s, copy_s)
+
+    def _release_staging(self, read: _Read) -> None:
+        if read.staging is not None:
+            assert self._arena is not None
+            self._arena.release(read.staging)
+            read.staging = None
 
     def _finish(
         self,
@@ -332,6 +403,7 @@ class TransferSink:
         error: TransferError | None,
         read_s: float = 0.0,
         verify_s: float = 0.0,
+        copy_s: float = 0.0,
     ) -> None:
         failed_ids = plan.failed_by_group(failed)
         self._load_errors.update(b for g in failed_ids for b in g)
@@ -350,6 +422,7 @@ class TransferSink:
             error=error,
             read_s=read_s,
             verify_s=verify_s,
+            copy_s=copy_s,
         )
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import xxhash
 
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.transfer.checksum import block_checksums
@@ -26,7 +27,8 @@ from pagedkv.transfer.leases import PendingSends
 from pagedkv.transfer.messages import decode_notification
 from pagedkv.transfer.params import KvTransferParams
 from pagedkv.transfer.regions import KvRegions
-from pagedkv.transfer.transport import new_agent, nixl_failures
+from pagedkv.transfer.staging import StagingArena, pack_blocks
+from pagedkv.transfer.transport import Progress, new_agent, nixl_failures
 
 __all__ = ["Released", "TransferSource"]
 
@@ -48,7 +50,10 @@ class TransferSource:
     listener's port, which the decode side connects to (``host`` is the address the params
     advertise for it); lease_s: how long blocks wait for a decode side without a renewal;
     clock: the lease clock (seconds, monotonic); num_threads: NIXL backend threads (0 is fine
-    here: the prefill side posts no transfers).
+    here: the prefill side posts no transfers); staging_bytes: a staging arena of this many
+    bytes (0: none): ``offer`` copies a request's blocks into it block-major when they fit, so
+    a decode side with an arena of its own reads them in a few large reads instead of one per
+    block row (docs/transfer.md, Staged reads). The range is given back with the blocks.
     """
 
     def __init__(
@@ -62,6 +67,7 @@ class TransferSource:
         lease_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
         num_threads: int = 0,
+        staging_bytes: int = 0,
     ) -> None:
         if not isinstance(regions, KvRegions):
             raise InvalidArgumentError(f"regions must be a KvRegions, got {type(regions).__name__}")
@@ -72,18 +78,22 @@ class TransferSource:
         self.host = host
         self.port = port
         self.instance = secrets.token_hex(8)
-        self._pending = PendingSends(free_request, lease_s=lease_s, clock=clock)
+        self._free_request = free_request
+        self._pending = PendingSends(self._release, lease_s=lease_s, clock=clock)
+        self._arena = StagingArena(staging_bytes) if staging_bytes else None
+        self._staged: dict[str, int] = {}  # request id -> its staging range's offset
         # Validates the engine id, host and lease the way every params will carry them.
         KvTransferParams(
             engine_id, self.instance, "-", host, port, 0, regions.block_size, ((),), ((),), 1, 1, lease_s
         )
         self._page = np.frombuffer(regions.layout_page(engine_id, self.instance), dtype=np.uint8).copy()
         self._agent: Any = new_agent(f"{engine_id}#{self.instance}", port=port, num_threads=num_threads)
+        memory = [*regions.registrations(), (int(self._page.ctypes.data), int(self._page.nbytes), 0, "")]
+        if self._arena is not None:
+            memory.append((self._arena.address, self._arena.nbytes, 0, ""))
         with nixl_failures("registering the caches with NIXL"):
-            self._registered = self._agent.register_memory(
-                [*regions.registrations(), (int(self._page.ctypes.data), int(self._page.nbytes), 0, "")],
-                "DRAM",
-            )
+            self._registered = self._agent.register_memory(memory, "DRAM")
+        self._progress = Progress(self._agent)
         self.requests_offered = 0
         self.blocks_offered = 0
         self.bad_notifications = 0
@@ -118,32 +128,65 @@ class TransferSource:
             # Every group's list ends at the last, unfilled block: drop it everywhere.
             num_tokens -= num_tokens % bs
             groups = [ids[:-1] for ids in groups]
-        checksums = [block_checksums(self.regions.arrays, ids) for ids in groups]
-        params = KvTransferParams(
-            engine_id=self.engine_id,
-            instance=self.instance,
-            request_id=request_id,
-            host=self.host,
-            port=self.port,
-            num_tokens=num_tokens,
-            block_size=bs,
-            block_ids=tuple(tuple(ids) for ids in groups),
-            checksums=tuple(tuple(s) for s in checksums),
-            layout_addr=int(self._page.ctypes.data),
-            layout_nbytes=int(self._page.nbytes),
-            lease_s=self._pending.lease_s,
+        all_ids = np.asarray([b for ids in groups for b in ids], dtype=np.int64)
+        block_nbytes = self.regions.block_nbytes
+        offset = (
+            None
+            if self._arena is None or not all_ids.size
+            else self._arena.allocate(all_ids.size * block_nbytes)
         )
-        self._pending.add(request_id)
+        try:
+            if offset is None:
+                sums = block_checksums(self.regions.arrays, all_ids)
+                staged_addr = staged_nbytes = 0
+            else:
+                assert self._arena is not None
+                staged_nbytes = int(all_ids.size) * block_nbytes
+                staged = self._arena.array[offset : offset + staged_nbytes].reshape(-1, block_nbytes)
+                pack_blocks(self.regions.arrays, all_ids, staged)
+                sums = [xxhash.xxh3_64_intdigest(row.data) for row in staged]  # = block_checksums
+                staged_addr = self._arena.address + offset
+            cuts = np.cumsum([0, *map(len, groups)])
+            params = KvTransferParams(
+                engine_id=self.engine_id,
+                instance=self.instance,
+                request_id=request_id,
+                host=self.host,
+                port=self.port,
+                num_tokens=num_tokens,
+                block_size=bs,
+                block_ids=tuple(tuple(ids) for ids in groups),
+                checksums=tuple(tuple(sums[a:b]) for a, b in zip(cuts, cuts[1:], strict=False)),
+                layout_addr=int(self._page.ctypes.data),
+                layout_nbytes=int(self._page.nbytes),
+                lease_s=self._pending.lease_s,
+                staged_addr=staged_addr,
+                staged_nbytes=staged_nbytes,
+            )
+            self._pending.add(request_id)
+        except BaseException:
+            if offset is not None:
+                assert self._arena is not None
+                self._arena.release(offset)
+            raise
+        if offset is not None:
+            self._staged[request_id] = offset
         self.requests_offered += 1
         self.blocks_offered += params.num_blocks
         return params
+
+    def _release(self, request_id: str) -> None:
+        offset = self._staged.pop(request_id, None)
+        if offset is not None:
+            assert self._arena is not None
+            self._arena.release(offset)
+        self._free_request(request_id)
 
     def poll(self) -> Released:
         """Take the decode sides' notifications (free on ``done``/``abandon``, extend on
         ``renew``; anything else is counted in ``bad_notifications``) and free the requests
         whose lease ran out."""
-        with nixl_failures("reading NIXL notifications"):
-            notifications = self._agent.get_new_notifs()
+        notifications = self._progress.take_notifications()
         completed: list[str] = []
         for messages in notifications.values():
             for message in messages:
@@ -170,6 +213,7 @@ class TransferSource:
         try:
             self._pending.release_all()
         finally:
+            self._progress.stop()
             agent, self._agent = self._agent, None
             try:
                 agent.deregister_memory(self._registered)

@@ -16,13 +16,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from pagedkv.errors import TransferError, TransportUnavailableError
 
-__all__ = ["load_nixl", "new_agent", "nixl_failures", "wait_until"]
+__all__ = ["Progress", "load_nixl", "new_agent", "nixl_failures", "wait_until"]
 
 
 def load_nixl() -> Any:
@@ -52,11 +53,16 @@ def nixl_failures(what: str) -> Iterator[None]:
 
 def new_agent(name: str, *, port: int, num_threads: int = 0) -> Any:
     """A NIXL agent with the UCX backend and its metadata listener on ``port`` (0: any free
-    port). ``num_threads`` > 0 gives the backend worker threads, so posting a transfer returns
-    at once instead of copying in the caller's thread (docs/transfer.md, The transport)."""
+    port), without NIXL's own progress thread (it polls without pause: most of a core per
+    agent, measured; ``Progress`` drives the agent instead). ``num_threads`` > 0 gives the
+    backend worker threads (docs/transfer.md, The transport)."""
     api = load_nixl()
     config = api.nixl_agent_config(
-        enable_listen_thread=True, listen_port=port, backends=["UCX"], num_threads=num_threads
+        enable_prog_thread=False,
+        enable_listen_thread=True,
+        listen_port=port,
+        backends=["UCX"],
+        num_threads=num_threads,
     )
     with nixl_failures(f"creating NIXL agent {name!r} listening on port {port}"):
         agent = api.nixl_agent(name, config)
@@ -72,3 +78,48 @@ def wait_until(done: Callable[[], bool], timeout_s: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise TransferError(f"{what}: no answer within {timeout_s} s")
         time.sleep(0.001)
+
+
+class Progress:
+    """Drives an agent's transport from a daemon thread every ``interval_s``: a peer's
+    connection set-up and reads of our memory need our side to answer, whenever the owner
+    next calls in. Each round takes the notifications that arrived (``take_notifications``
+    hands them over; with ``keep_notifications`` False they are dropped: a side that expects
+    none). One lock serialises the rounds with the owner's calls that touch notifications."""
+
+    def __init__(self, agent: Any, *, interval_s: float = 0.001, keep_notifications: bool = True) -> None:
+        self._agent = agent
+        self._interval_s = interval_s
+        self._keep = keep_notifications
+        self.lock = threading.Lock()
+        self._stop = threading.Event()
+        self.failures = 0
+        self._thread = threading.Thread(target=self._run, name="pagedkv-transfer-progress", daemon=True)
+        self._thread.start()
+
+    def _round(self) -> None:
+        if self._keep:
+            self._agent.update_notifs()  # progresses the worker; appends to agent.notifs
+        else:
+            self._agent.get_new_notifs()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            try:
+                with self.lock:
+                    self._round()
+            except Exception:  # NIXL's own classes: counted; the owner's next call reports it
+                self.failures += 1
+
+    def take_notifications(self) -> dict[str, list[bytes]]:
+        """Every notification that arrived since the last call, by sender."""
+        with self.lock, nixl_failures("reading NIXL notifications"):
+            self._agent.update_notifs()
+            notifications: dict[str, list[bytes]] = self._agent.notifs
+            self._agent.notifs = {}
+        return notifications
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
