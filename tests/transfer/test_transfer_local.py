@@ -284,3 +284,47 @@ def test_a_busy_port_and_a_missing_transport_are_typed_errors(monkeypatch):
         load_nixl()
     with pytest.raises(InvalidArgumentError, match="port"):
         TransferSource(p_regions, engine_id="x", free_request=lambda r: None, port=0)
+
+
+def test_a_read_past_its_timeout_is_given_up_and_reported():
+    """65,536 rows of 1 KiB read without merging on a backend thread (``num_threads=1``: the
+    post returns at once) against a 1 ms timeout: the read is given up (the prefill side told
+    at once: ``abandon``), never cancelled (cancelling, then destroying the agent, aborted the
+    process inside UCX), and reported when it ends, every block failed. Run repeatedly: the
+    agents of each run are destroyed at its end."""
+    num_blocks = 16384
+    shape = (num_blocks, 16, 1, 16)
+    p_regions = KvRegions([np.ones(shape, np.float32) for _ in range(4)], block_size=16)
+    d_regions = KvRegions([np.zeros(shape, np.float32) for _ in range(4)], block_size=16)
+    for _ in range(8):
+        freed: list[str] = []
+        with (
+            TransferSource(p_regions, engine_id="p", free_request=freed.append, port=free_port()) as source,
+            TransferSink(d_regions, engine_id="d", num_threads=1, timeout_s=0.001) as sink,
+        ):
+            params = source.offer("slow", [list(range(num_blocks))], num_blocks * 16)
+            sink.connect(params)
+            result = sink.wait(sink.start(params, [list(range(num_blocks))[::-1]]), timeout_s=60)
+            assert not result.ok and "ran past 0.001 s" in str(result.error)
+            assert result.blocks_read == 0 and len(result.failed_block_ids[0]) == num_blocks
+            assert sink.num_in_flight == 0
+            assert poll_until(source, lambda r: r == ["slow"]) == ["slow"] and freed == ["slow"]
+
+
+def test_agents_run_without_nixls_spinning_progress_thread(monkeypatch):
+    """NIXL's own progress thread polls without pause (most of a core per idle agent,
+    benches/results/2026-12-06-transfer.md); pagedkv's agents turn it off and are driven by
+    ``transport.Progress`` instead."""
+    from pagedkv.transfer.transport import new_agent
+
+    api = load_nixl()
+    seen: dict = {}
+    real = api.nixl_agent_config
+
+    def spy(**kwargs):
+        seen.update(kwargs)
+        return real(**kwargs)
+
+    monkeypatch.setattr(api, "nixl_agent_config", spy)
+    new_agent("spy", port=0)
+    assert seen["enable_prog_thread"] is False and seen["enable_listen_thread"] is True

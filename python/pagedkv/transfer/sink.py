@@ -19,6 +19,7 @@ returns at once and ``poll`` finds the read done later.
 
 from __future__ import annotations
 
+import ctypes
 import secrets
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -53,6 +54,7 @@ class _Read:
     deadline: float
     staging: int | None = None  # the offset of its range in our staging arena (staged reads)
     error: TransferError | None = None  # set once the read has failed; kept until released
+    abandoned: bool = False  # the prefill side was told (the read ran past its timeout)
 
 
 class TransferSink:
@@ -293,18 +295,21 @@ class TransferSink:
         return errors
 
     def close(self) -> None:
-        """Cancel what is in flight and drop every peer and the agent. Idempotent; a read that
-        cannot be cancelled keeps the agent (and so the registered caches) alive until the
-        process ends rather than letting it write into memory given back."""
+        """Wait (up to ``timeout_s``) for the reads in flight to end, then drop every peer and
+        the agent. Idempotent. A read still in flight after that keeps this sink, its agent and
+        its registered caches alive for the process's life (the agent is never destroyed:
+        destroying it could land the read in memory given back, or abort in NIXL)."""
         if self._agent is None:
             return
-        for read in self._reads.values():
-            if read.handle is not None:
-                try:
-                    read.handle.release()
-                except Exception:  # an active read NIXL cannot cancel: keep everything alive
-                    _KEEP_ALIVE.append(self)
-                    return
+        deadline = time.monotonic() + self.timeout_s
+        while self._reads and time.monotonic() < deadline:
+            for read in list(self._reads.values()):
+                self._advance(read)
+            time.sleep(0.001)
+        if self._reads:
+            _KEEP_ALIVE.append(self)
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(self._agent))  # never deallocated
+            return
         self._reads.clear()
         for peer in list(self._peers.values()):
             forget_peer(self._agent, peer.agent_name, peer.descriptors)
@@ -329,32 +334,43 @@ class TransferSink:
 
     # -- finishing a read ----------------------------------------------------------------
     def _advance(self, read: _Read) -> None:
-        if read.error is None and read.state == "PROC":
+        """Finish ``read`` if the transport is done with it. A read is never cancelled: NIXL's
+        UCX backend can abort the process when an agent whose read was cancelled is destroyed
+        (measured with backend threads, docs/transfer.md, Failure handling), and a read that
+        might still write must keep its destination blocks anyway. Past ``timeout_s`` the read
+        is given up (its blocks will be reported failed, the prefill side is told at once) and
+        reported when the transport lets go of it (it ends, or errors: a dead peer is detected)."""
+        if read.state == "PROC":
             try:
                 with nixl_failures(f"reading {read.plan.params.request_id} from {read.peer.agent_name}"):
                     read.state = self._agent.check_xfer_state(read.handle)
             except TransferError as failure:
-                read.error = failure
-            if read.state == "PROC" and time.monotonic() > read.deadline:
-                read.error = TransferError(
-                    f"the read from {read.peer.agent_name} ran past {self.timeout_s} s"
-                )
+                read.error = read.error or failure
+                read.state = "ERR"
+            if read.state == "PROC":
+                if read.error is None and time.monotonic() > read.deadline:
+                    read.error = TransferError(
+                        f"the read from {read.peer.agent_name} ran past {self.timeout_s} s"
+                    )
+                    self._notify(read.peer, "abandon", [read.plan.params.request_id])
+                    read.abandoned = True
+                return
         if read.error is None and read.state == "ERR":
             read.error = TransferError(f"the transport failed reading from {read.peer.agent_name}")
-        if read.error is None and read.state != "DONE":
-            return
         if read.handle is not None:
             try:
-                read.handle.release()  # cancels a read still in flight
-            except Exception:  # NIXL could not cancel it: it may still write, so wait
-                return
+                with nixl_failures("releasing a finished read"):
+                    read.handle.release()
+            except TransferError:
+                return  # not let go yet: try again at the next poll
             read.handle = None
         read_s = time.monotonic() - read.started
         del self._reads[read.request_id]
         plan = read.plan
         if read.error is not None:
             self._release_staging(read)
-            self._notify(read.peer, "abandon", [plan.params.request_id])
+            if not read.abandoned:
+                self._notify(read.peer, "abandon", [plan.params.request_id])
             self._forget(read.peer)  # it may be dead: the next request handshakes anew
             self._finish(read.request_id, plan, np.ones(plan.num_reads, dtype=bool), read.error, read_s)
             return
@@ -427,5 +443,5 @@ class TransferSink:
 
 
 _KEEP_ALIVE: list[TransferSink] = []
-"""Sinks closed with a read NIXL could not cancel: kept (with their caches) for the process's
-life so the read never lands in freed memory."""
+"""Sinks closed with a read still in flight: kept (with their caches) for the process's life so
+the read never lands in freed memory."""
