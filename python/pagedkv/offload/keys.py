@@ -59,7 +59,10 @@ def _extra_key_bytes(extra_key: object) -> bytes:
     if extra_key is None:
         return b""
     if isinstance(extra_key, str):
-        raw = extra_key.encode("utf-8")
+        try:
+            raw = extra_key.encode("utf-8")
+        except UnicodeEncodeError as exc:  # a lone surrogate: no UTF-8 for it
+            raise InvalidArgumentError(f"an extra key (salt) is valid Unicode text ({exc.reason})") from None
     elif isinstance(extra_key, (bytes, bytearray, memoryview)):
         raw = bytes(extra_key)
     else:

@@ -12,7 +12,6 @@ step.
 from __future__ import annotations
 
 import collections
-import math
 import threading
 import time
 from collections.abc import Iterable
@@ -21,6 +20,7 @@ from dataclasses import dataclass, field
 from pagedkv.errors import InvalidArgumentError, InvalidArgumentTypeError
 from pagedkv.offload.codec import Payload, check_payload
 from pagedkv.offload.keys import encode_key, hash_to_int
+from pagedkv.offload.seconds import seconds
 from pagedkv.offload.store import BlockStore
 
 __all__ = ["LATENCY_EWMA_WEIGHT", "OffloadWorker", "Prefetch"]
@@ -56,7 +56,7 @@ class Prefetch:
         """The payloads loaded so far, after waiting at most ``wait_s`` seconds for the load to
         finish (keyed by the hash as an ``int``; a hash missing is a miss). The rest of the
         load is abandoned."""
-        end = time.monotonic() + _seconds("wait_s", wait_s)
+        end = time.monotonic() + seconds("wait_s", wait_s)
         cond, request = self._worker._cond, self._request
         with cond:
             while not request.done:
@@ -72,7 +72,7 @@ class Prefetch:
     def wait(self, wait_s: float) -> int:
         """Wait at most ``wait_s`` seconds for the load to finish or its next get to finish;
         the number of its gets finished so far. Abandons nothing (``take`` still ends it)."""
-        end = time.monotonic() + _seconds("wait_s", wait_s)
+        end = time.monotonic() + seconds("wait_s", wait_s)
         cond, request = self._worker._cond, self._request
         with cond:
             served = request.served
@@ -94,14 +94,6 @@ def _dtype_kw(kv_cache_dtype: str | None) -> dict[str, str]:
     """The dtype keyword of a store call, passed only when set: a store written before quantized
     caches (no such keyword) keeps serving unquantized blocks."""
     return {} if kv_cache_dtype is None else {"kv_cache_dtype": kv_cache_dtype}
-
-
-def _seconds(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidArgumentTypeError(f"{name} is a number of seconds, not {type(value).__name__}")
-    if not (value >= 0 and math.isfinite(value)):
-        raise InvalidArgumentError(f"{name} is a finite, non-negative number of seconds: {value!r}")
-    return float(value)
 
 
 class OffloadWorker:
@@ -183,7 +175,7 @@ class OffloadWorker:
     ) -> dict[int, Payload]:
         """The payloads of ``block_hashes`` the store returned within ``deadline_s`` seconds
         (keyed by the hash as an ``int``); a hash missing from the result is a miss."""
-        deadline = _seconds("deadline_s", deadline_s)
+        deadline = seconds("deadline_s", deadline_s)
         hashes = [hash_to_int(h) for h in block_hashes]
         encode_key(0, extra_key, kv_cache_dtype)  # validates the salt and the dtype
         request = _Load(hashes, extra_key, kv_cache_dtype)
@@ -228,7 +220,7 @@ class OffloadWorker:
 
     def flush(self, timeout_s: float) -> bool:
         """Wait until every queued put has run; ``False`` if ``timeout_s`` passed first."""
-        end = time.monotonic() + _seconds("timeout_s", timeout_s)
+        end = time.monotonic() + seconds("timeout_s", timeout_s)
         with self._cond:
             while self._puts or self._busy:
                 left = end - time.monotonic()
@@ -240,7 +232,7 @@ class OffloadWorker:
     def close(self, timeout_s: float = 5.0, *, drain: bool = True) -> bool:
         """Stop the worker: run the queued puts first (``drain``) or drop them, waiting at most
         ``timeout_s``; puts still queued then are dropped. ``True`` if the thread stopped."""
-        timeout = _seconds("timeout_s", timeout_s)
+        timeout = seconds("timeout_s", timeout_s)
         end = time.monotonic() + timeout
         if drain:
             self.flush(timeout)
@@ -263,10 +255,10 @@ class OffloadWorker:
 
     # -- the thread ----------------------------------------------------------------------
 
-    def _note_latency(self, seconds: float) -> None:
+    def _note_latency(self, took_s: float) -> None:
         with self._cond:
             last = self.get_latency_s
-            self.get_latency_s = seconds if last is None else last + LATENCY_EWMA_WEIGHT * (seconds - last)
+            self.get_latency_s = took_s if last is None else last + LATENCY_EWMA_WEIGHT * (took_s - last)
 
     def _note_failure(self, exc: BaseException) -> None:
         with self._cond:

@@ -13,6 +13,7 @@ use pyo3::prelude::*;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod alloc_guard;
+mod arrays;
 mod cpu_ops;
 mod errors;
 mod event_digests;
@@ -24,6 +25,7 @@ mod manager;
 mod pool;
 mod quantized_matmul;
 mod scalars;
+mod scheduling;
 mod sim;
 mod stats;
 mod wire;
@@ -36,6 +38,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<manager::PyKvCacheManager>()?;
     m.add_class::<groups::PyFullAttention>()?;
     m.add_class::<groups::PySlidingWindow>()?;
+    m.add_class::<scheduling::PyCacheAwareQueue>()?;
     sim::register(m)?;
     wire::register(m)?;
     event_digests::register(m)?;

@@ -349,7 +349,7 @@ impl PyKvCacheManager {
         match token_ids {
             Some(token_ids) => {
                 let token_ids = self.token_ids(&token_ids)?;
-                let ids = token_ids.as_slice();
+                let ids = token_ids.as_slice()?;
                 check_token_count(py, ids.len(), num_tokens)?;
                 let heavy = ids.len() >= DETACH_MIN_PROMPT_TOKENS;
                 let key = extra_key.as_ref().map(|key| key.0.as_slice());
@@ -386,7 +386,7 @@ impl PyKvCacheManager {
         match token_ids {
             Some(token_ids) => {
                 let token_ids = self.token_ids(&token_ids)?;
-                let ids = token_ids.as_slice();
+                let ids = token_ids.as_slice()?;
                 check_token_count(py, ids.len(), num_tokens)?;
                 let heavy = ids.len() >= DETACH_MIN_PROMPT_TOKENS;
                 self.run(py, heavy, |kv| kv.append_tokens(seq_id.0, ids))
@@ -425,7 +425,7 @@ impl PyKvCacheManager {
         match token_ids {
             Some(token_ids) => {
                 let token_ids = self.token_ids(&token_ids)?;
-                let ids = token_ids.as_slice();
+                let ids = token_ids.as_slice()?;
                 let expected = seqs.len().checked_mul(num_tokens.0);
                 if expected != Some(ids.len()) {
                     return Err(invalid_argument(
@@ -511,7 +511,7 @@ impl PyKvCacheManager {
         extra_key: Option<ExtraKey>,
     ) -> PyResult<usize> {
         let token_ids = self.token_ids(&tokens)?;
-        let ids = token_ids.as_slice();
+        let ids = token_ids.as_slice()?;
         let key = extra_key.as_ref().map(|key| key.0.as_slice());
         let heavy = ids.len() >= DETACH_MIN_PROMPT_TOKENS;
         self.run(py, heavy, |kv| kv.match_prefix(ids, key))
@@ -532,7 +532,7 @@ impl PyKvCacheManager {
         extra_key: Option<ExtraKey>,
     ) -> PyResult<usize> {
         let token_ids = self.token_ids(&tokens)?;
-        let ids = token_ids.as_slice();
+        let ids = token_ids.as_slice()?;
         let key = extra_key.as_ref().map(|key| key.0.as_slice());
         let heavy = ids.len() >= DETACH_MIN_PROMPT_TOKENS;
         self.run(py, heavy, |kv| kv.pin_prefix(ids, key))
@@ -547,7 +547,7 @@ impl PyKvCacheManager {
         extra_key: Option<ExtraKey>,
     ) -> PyResult<()> {
         let token_ids = self.token_ids(&tokens)?;
-        let ids = token_ids.as_slice();
+        let ids = token_ids.as_slice()?;
         let key = extra_key.as_ref().map(|key| key.0.as_slice());
         let heavy = ids.len() >= DETACH_MIN_PROMPT_TOKENS;
         self.run(py, heavy, |kv| kv.unpin_prefix(ids, key))
@@ -647,7 +647,7 @@ impl PyKvCacheManager {
         extra_key: Option<ExtraKey>,
     ) -> PyResult<Vec<u128>> {
         let token_ids = self.token_ids(&tokens)?;
-        let ids = token_ids.as_slice();
+        let ids = token_ids.as_slice()?;
         let key = extra_key.as_ref().map(|key| key.0.as_slice());
         let heavy = ids.len() >= DETACH_MIN_PROMPT_TOKENS;
         self.run(py, heavy, |kv| Ok(kv.prefix_block_hashes(ids, key)))
@@ -812,8 +812,9 @@ impl PyKvCacheManager {
     /// Drains the same KV events as `take_events` straight into one vLLM `EventBatch`: the
     /// bytes `pagedkv.events.encode_batch(kv.take_events(), ts, data_parallel_rank,
     /// raw_hashes=raw_hashes)` returns, without an event object per event (a publisher's hot
-    /// path: building the objects and reading them back cost 3.5-6.3 us per event, this
-    /// 0.14-0.15). Returns `(number of events, payload)`.
+    /// path: building the objects and reading them back costs many times this path per event,
+    /// benches/results/2026-12-02-prefix-admission.md, "Follow-up: events, eviction, the
+    /// benchmark itself"). Returns `(number of events, payload)`.
     #[pyo3(signature = (ts, data_parallel_rank=None, raw_hashes=FlagArg(false)))]
     #[pyo3(text_signature = "($self, ts, data_parallel_rank=None, raw_hashes=False)")]
     fn take_event_batch<'py>(

@@ -79,4 +79,8 @@ pub struct Stats {
     pub blocks_loaded: u64,
     /// Offload-tier entries dropped to make room (least recently used first), lifetime.
     pub offload_blocks_dropped: u64,
+    /// Pending offload and load ops whose copies could no longer be observed (a later op
+    /// writes the same block, or nothing holds it any more) dropped to bound the queues of a
+    /// caller that does not drain them, lifetime.
+    pub offload_ops_elided: u64,
 }

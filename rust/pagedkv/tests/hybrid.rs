@@ -15,13 +15,15 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use pagedkv::{BlockId, Error, KvCacheManager, KvGroupSpec, ManagerConfig, NULL_BLOCK};
+use pagedkv::{
+    BlockHash, BlockId, Error, KvCacheManager, KvEvent, KvGroupSpec, ManagerConfig, NULL_BLOCK,
+};
 use proptest::prelude::*;
 
 #[path = "hybrid/model.rs"]
 mod model;
 
-use model::{kind, prompt, MBlock, Model};
+use model::{hit_rule, kind, prompt, MBlock, Model};
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -142,6 +144,7 @@ fn run(groups: Vec<KvGroupSpec>, bs: usize, num_blocks: usize, caching: bool, op
     };
     let mut names = HashMap::new();
     let mut next_token = 100u32;
+    let mut stored: HashMap<(Option<u32>, BlockHash), u32> = HashMap::new();
     for op in ops {
         let (got, want): (Result<usize, Error>, Result<usize, Error>) = match &op {
             Op::Add {
@@ -233,6 +236,7 @@ fn run(groups: Vec<KvGroupSpec>, bs: usize, num_blocks: usize, caching: bool, op
             _ => panic!("{op:?}: manager {got:?}, model {want:?}"),
         }
         compare(&mut kv, &m, &mut names);
+        check_replay(&mut kv, &mut stored, bs);
     }
     // Everything goes back to the pool.
     let ids: Vec<u64> = m.seqs.keys().copied().collect();
@@ -244,6 +248,63 @@ fn run(groups: Vec<KvGroupSpec>, bs: usize, num_blocks: usize, caching: bool, op
     assert_eq!(kv.stats().num_blocks_in_use, 0);
     assert!(kv.reset_prefix_cache());
     assert_eq!(kv.num_available_blocks(), num_blocks);
+}
+
+/// The event-replay check: an index rebuilt only from the KV events, each copy of a content
+/// counted (the hybrid index keeps every copy and reports each, as vLLM does), predicts every
+/// `match_prefix` through the same declarative hit rule: a hit is never shorter (nor longer)
+/// than what the events say each group holds.
+fn check_replay(
+    kv: &mut KvCacheManager,
+    stored: &mut HashMap<(Option<u32>, BlockHash), u32>,
+    bs: usize,
+) {
+    for event in kv.take_events() {
+        match event {
+            KvEvent::BlockStored {
+                block_hashes,
+                group_idx,
+                ..
+            } => {
+                for h in block_hashes {
+                    *stored.entry((group_idx, h)).or_insert(0) += 1;
+                }
+            }
+            KvEvent::BlockRemoved {
+                block_hashes,
+                group_idx,
+                ..
+            } => {
+                for h in block_hashes {
+                    let n = stored
+                        .get_mut(&(group_idx, h))
+                        .expect("removed but not stored");
+                    *n -= 1;
+                    if *n == 0 {
+                        stored.remove(&(group_idx, h));
+                    }
+                }
+            }
+            KvEvent::AllBlocksCleared => stored.clear(),
+        }
+    }
+    if !kv.config().enable_prefix_caching {
+        return;
+    }
+    let specs = kv.kv_groups().to_vec();
+    for p in 0..4 {
+        let t = prompt(p, 24);
+        let hashes = kv.prefix_block_hashes(&t, None);
+        let max = (t.len() - 1) / bs;
+        let predicted = hit_rule(&specs, bs, max, |g, i| {
+            stored.contains_key(&(Some(g as u32), hashes[i]))
+        });
+        assert_eq!(
+            kv.match_prefix(&t, None),
+            Ok(predicted * bs),
+            "prompt {p}: the hit differs from what the events say is stored"
+        );
+    }
 }
 
 proptest! {

@@ -4,11 +4,12 @@
 //! model, with `check_invariants()` and a structural comparison after every step.
 //!
 //! The model tracks each sequence's token count and blocks as abstract ids with refcounts, the
-//! prefix index keyed by the exact (extra key, full token prefix), the LRU of cached blocks,
-//! and the host tier. After each step the manager's tables must match the model's up to a
-//! renaming of blocks (a bijection model block <-> physical block, kept across steps), the
-//! refcounts, cached-block order and host tables must agree, and every error must be the one
-//! the model predicts (same variant, same numbers).
+//! prefix index keyed by the exact (extra key, full token prefix), one block per content, the
+//! LRU of cached blocks, and the host tier. After each step the manager's tables must match the
+//! model's up to a renaming of blocks (a bijection model block <-> physical block, kept across
+//! steps), the refcounts, cached-block order and host tables must agree, and every error must be
+//! the one the model predicts (same variant, same numbers). An index rebuilt only from the KV
+//! events (`model/replay.rs`) must predict `match_prefix` for every base prompt after every step.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -130,8 +131,11 @@ fn next_tokens(len: usize, n: usize) -> Vec<u32> {
 
 #[path = "model/reference.rs"]
 mod reference;
+#[path = "model/replay.rs"]
+mod replay;
 
 use reference::{kind, Kind, MBlock, Model};
+use replay::Replay;
 
 /// Keeps the model-block <-> physical-block renaming consistent across steps.
 #[derive(Default)]
@@ -262,6 +266,7 @@ fn run(num_blocks: usize, block_size: usize, caching: bool, num_host: usize, ops
         pin_counts: HashMap::new(),
     };
     let mut names = Names::default();
+    let mut replay = Replay::default();
     for op in ops {
         let len_of = |kv: &KvCacheManager, id: u64| kv.num_tokens(id).unwrap_or(0);
         let (got, want): (Result<usize, Error>, Result<usize, Kind>) = match &op {
@@ -305,7 +310,7 @@ fn run(num_blocks: usize, block_size: usize, caching: bool, num_host: usize, ops
             Op::Match { prompt, len, extra } => {
                 let tokens = prompt_tokens(*prompt, *len);
                 let extra_bytes = extra.map(|e| vec![e; 3]);
-                kv.take_events();
+                replay.apply(kv.take_events());
                 let (stats, cached) = (kv.stats(), kv.cached_blocks());
                 let got = kv.match_prefix(&tokens, extra_bytes.as_deref());
                 assert_eq!(kv.stats(), stats, "match_prefix changed the stats");
@@ -419,6 +424,26 @@ fn run(num_blocks: usize, block_size: usize, caching: bool, num_host: usize, ops
             _ => panic!("{op:?}: manager {got:?}, model {want:?}"),
         }
         compare(&mut kv, &model, &mut names);
+        replay.apply(kv.take_events());
+        check_replay(&kv, &replay, block_size);
+    }
+}
+
+/// The hit an index rebuilt from the events predicts for each base prompt (40 tokens, each
+/// extra key) is what `match_prefix` returns.
+fn check_replay(kv: &KvCacheManager, replay: &Replay, block_size: usize) {
+    for prompt in 0..3 {
+        for extra in [None, Some(0u8), Some(1)] {
+            let tokens = prompt_tokens(prompt, 40);
+            let key = extra.map(|e| vec![e; 3]);
+            let hashes = kv.prefix_block_hashes(&tokens, key.as_deref());
+            let predicted = replay.predict(&hashes, (tokens.len() - 1) / block_size) * block_size;
+            assert_eq!(
+                kv.match_prefix(&tokens, key.as_deref()),
+                Ok(predicted),
+                "prompt {prompt}, extra {extra:?}: the hit differs from what the events say is stored"
+            );
+        }
     }
 }
 
@@ -427,11 +452,13 @@ proptest! {
 
     #[test]
     fn manager_matches_model(
-        num_blocks in 1usize..12,
+        // Small pools evict all the time; larger ones keep chains cached long enough for a
+        // truncate or an eviction to cut one in its middle (where a hit was once lost).
+        num_blocks in prop_oneof![1usize..12, 12usize..40],
         block_size in 1usize..5,
         caching in any::<bool>(),
         num_host in prop_oneof![Just(0usize), 1usize..12],
-        ops in prop::collection::vec(op(), 1..60),
+        ops in prop::collection::vec(op(), 1..80),
     ) {
         run(num_blocks, block_size, caching, num_host, ops);
     }

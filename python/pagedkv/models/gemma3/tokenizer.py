@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from pagedkv.errors import ModelLoadError, UnsupportedModelError
+from pagedkv.models.text import checked_text
 
 __all__ = ["GEMMA_CHAT_TEMPLATE", "Gemma3Tokenizer"]
 
@@ -121,7 +122,7 @@ class Gemma3Tokenizer:
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``; control tokens written in the text are parsed as such; BOS is
         prepended when the file says ``add_bos_token``."""
-        ids = self._tokenizer.encode(text, add_special_tokens=False).ids
+        ids = self._tokenizer.encode(checked_text(text), add_special_tokens=False).ids
         return [self.bos_token_id, *ids] if self.add_bos else list(ids)
 
     def decode(self, ids: list[int], *, skip_special_tokens: bool = False) -> str:

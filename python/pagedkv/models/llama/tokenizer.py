@@ -15,6 +15,7 @@ from typing import Any
 
 from pagedkv.errors import ModelLoadError, UnsupportedModelError
 from pagedkv.models.chat_template import render_chat_template
+from pagedkv.models.text import checked_text
 
 __all__ = ["GgufTokenizer", "SUPPORTED_PRE_TOKENIZERS"]
 
@@ -134,7 +135,7 @@ class GgufTokenizer:
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``; control tokens written in the text are parsed as such; BOS is
         prepended only when the file says ``add_bos_token``."""
-        ids = self._tokenizer.encode(text, add_special_tokens=False).ids
+        ids = self._tokenizer.encode(checked_text(text), add_special_tokens=False).ids
         return [self.bos_token_id, *ids] if self.add_bos else list(ids)
 
     def decode(self, ids: list[int], *, skip_special_tokens: bool = False) -> str:

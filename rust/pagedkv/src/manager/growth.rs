@@ -93,7 +93,7 @@ impl KvCacheManager {
                 seq.table.num_tokens += num_tokens;
                 seq.num_computed = seq.table.num_tokens;
                 if let Some(prefix) = self.prefix.as_mut() {
-                    record_tokens(prefix, seq, block_size, token_ids);
+                    record_tokens(prefix, &self.pool, seq, block_size, token_ids);
                 }
                 return Ok(());
             }
@@ -184,7 +184,7 @@ impl KvCacheManager {
         seq.table.num_tokens = new_len;
         seq.num_computed = new_len;
         if let Some(prefix) = self.prefix.as_mut() {
-            record_tokens(prefix, seq, block_size, token_ids);
+            record_tokens(prefix, &self.pool, seq, block_size, token_ids);
         }
         if let Some((src, dst)) = copied {
             self.copy_on_write(src, dst);

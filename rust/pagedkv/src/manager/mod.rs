@@ -245,7 +245,7 @@ impl KvCacheManager {
             _ if !config.enable_prefix_caching => {
                 return invalid("num_offload_blocks needs enable_prefix_caching (the tier keeps evicted prefix blocks)");
             }
-            n => Some(OffloadTier::new(n, pool.block_size())?),
+            n => Some(OffloadTier::new(n, pool.block_size(), pool.num_blocks())?),
         };
         Ok(Self::assemble(pool, config, prefix, host, offload, None))
     }

@@ -1,6 +1,7 @@
 //! Prefix-cache integration: reset, events, the LRU view, and hashing of appended tokens.
 
 use super::{KvCacheManager, Sequence};
+use crate::pool::BlockPool;
 use crate::prefix::events::{block_stored, DrainedEvents, KvEvent};
 use crate::prefix::PrefixCache;
 use crate::{BlockId, TokenId};
@@ -131,6 +132,7 @@ impl KvCacheManager {
 /// prefix index. Unknown tokens (`None`) end hashing for the sequence.
 pub(super) fn record_tokens(
     prefix: &mut PrefixCache,
+    pool: &BlockPool,
     seq: &mut Sequence,
     block_size: usize,
     token_ids: Option<&[TokenId]>,
@@ -161,10 +163,12 @@ pub(super) fn record_tokens(
                     hash,
                     parent,
                     parent_block,
+                    &h.block_hashes,
                     &h.pending_tokens,
                     &h.extra_key,
+                    pool,
                 )
-                .is_entered();
+                .is_new();
             if entered && prefix.events.enabled() {
                 // One event per filled block, as each block fills.
                 let event = block_stored(

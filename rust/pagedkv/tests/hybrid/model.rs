@@ -65,6 +65,32 @@ pub fn prompt(p: usize, len: usize) -> Vec<u32> {
         .collect()
 }
 
+/// The declarative hit rule over `cached(group, block)`: the longest prefix of at most `max`
+/// blocks that every group can serve (shared with the event-replay check of `tests/hybrid.rs`).
+pub fn hit_rule(
+    specs: &[KvGroupSpec],
+    bs: usize,
+    max: usize,
+    cached: impl Fn(usize, usize) -> bool,
+) -> usize {
+    (0..=max)
+        .rev()
+        .find(|&l| {
+            specs.iter().enumerate().all(|(g, &spec)| {
+                let from = match spec {
+                    KvGroupSpec::FullAttention => 0,
+                    // A hit ends at a cached block of every window group, even a window of one
+                    // token that needs none before it (vLLM's scan).
+                    KvGroupSpec::SlidingWindow { window } => {
+                        l.saturating_sub((window - 1).div_ceil(bs).max(1))
+                    }
+                };
+                (from..l).all(|i| cached(g, i))
+            })
+        })
+        .unwrap_or(0)
+}
+
 pub fn kind(e: &Error) -> std::mem::Discriminant<Error> {
     std::mem::discriminant(e)
 }
@@ -89,22 +115,9 @@ impl Model {
         if !self.caching {
             return 0;
         }
-        (0..=max)
-            .rev()
-            .find(|&l| {
-                self.specs.iter().enumerate().all(|(g, &spec)| {
-                    let from = match spec {
-                        KvGroupSpec::FullAttention => 0,
-                        // A hit ends at a cached block of every window group, even a
-                        // window of one token that needs none before it (vLLM's scan).
-                        KvGroupSpec::SlidingWindow { window } => {
-                            l.saturating_sub((window - 1).div_ceil(self.bs).max(1))
-                        }
-                    };
-                    (from..l).all(|i| self.cached(g, tokens, extra, i).is_some())
-                })
-            })
-            .unwrap_or(0)
+        hit_rule(&self.specs, self.bs, max, |g, i| {
+            self.cached(g, tokens, extra, i).is_some()
+        })
     }
 
     pub fn new_block(&mut self) -> MBlock {

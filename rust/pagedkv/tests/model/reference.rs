@@ -33,9 +33,10 @@ pub struct Model {
     pub refcounts: HashMap<MBlock, u32>,
     /// Cached-evictable blocks, least recently used first.
     pub cached: Vec<MBlock>,
-    /// Every block holding a content, the most recently registered first (the one a hit
-    /// takes): the same content may sit on several blocks.
-    pub index: HashMap<Key, Vec<MBlock>>,
+    /// The one block holding each indexed content (one copy per content: a block computing
+    /// content indexed on a block in use stays private; one computing content indexed on a
+    /// cached block replaces it, and the cached block goes back to the free pool).
+    pub index: HashMap<Key, MBlock>,
     pub key_of: HashMap<MBlock, Key>,
     pub host_refs: HashMap<MBlock, u32>,
     pub next_block: MBlock,
@@ -113,11 +114,7 @@ impl Model {
             if i >= from_pool {
                 let victim = self.cached.remove(0);
                 let key = self.key_of.remove(&victim).unwrap();
-                let copies = self.index.get_mut(&key).unwrap();
-                copies.retain(|&c| c != victim);
-                if copies.is_empty() {
-                    self.index.remove(&key);
-                }
+                self.index.remove(&key);
                 self.evictions += 1;
             }
             let b = self.new_block();
@@ -142,7 +139,18 @@ impl Model {
         if self.key_of.contains_key(&b) {
             return;
         }
-        self.index.entry(key.clone()).or_default().insert(0, b);
+        match self.index.get(&key).copied() {
+            // In use: `b` stays a private block.
+            Some(x) if self.refcounts.contains_key(&x) => return,
+            // Cached: `b` takes its place; it goes back to the free pool.
+            Some(x) => {
+                let pos = self.cached.iter().position(|&c| c == x).unwrap();
+                self.cached.remove(pos);
+                self.key_of.remove(&x);
+            }
+            None => {}
+        }
+        self.index.insert(key.clone(), b);
         self.key_of.insert(b, key);
     }
 
@@ -212,13 +220,13 @@ impl Model {
         Ok(hits.len() * bs)
     }
 
-    /// The chain of cached blocks (first copies) over `t`'s first `max_blocks` blocks.
+    /// The chain of cached blocks over `t`'s first `max_blocks` blocks.
     pub fn walk(&self, t: &[u32], extra: Option<u8>, max_blocks: usize) -> Vec<MBlock> {
         let bs = self.block_size;
         let mut hits = Vec::new();
         for i in 0..max_blocks.min(t.len() / bs) {
             match self.index.get(&(extra, t[..(i + 1) * bs].to_vec())) {
-                Some(copies) => hits.push(copies[0]),
+                Some(&b) => hits.push(b),
                 None => break,
             }
         }
@@ -236,11 +244,7 @@ impl Model {
 
     pub fn unindex(&mut self, b: MBlock) {
         if let Some(key) = self.key_of.remove(&b) {
-            let copies = self.index.get_mut(&key).unwrap();
-            copies.retain(|&c| c != b);
-            if copies.is_empty() {
-                self.index.remove(&key);
-            }
+            self.index.remove(&key);
         }
     }
 

@@ -10,7 +10,7 @@
 //! portable tile's operations in the same order (`dot_matmul` module docs): the paths agree bit
 //! for bit.
 //!
-//! `unsafe` as in `dot_vnni`: vector loads and stores from fixed-size array references, and the
+//! `unsafe` as in `vnni`: vector loads and stores from fixed-size array references, and the
 //! call into the `#[target_feature]` function after the run-time feature check.
 
 #![allow(unsafe_code)]
@@ -24,8 +24,8 @@ use std::arch::x86_64::{
 };
 use std::sync::OnceLock;
 
+use super::operands::{DotPanel, QuantRows, GROUP_BYTES};
 use crate::block_matmul::{CodeFormat, PANEL_COLS};
-use crate::dot_matmul::{DotPanel, QuantRows, GROUP_BYTES};
 
 /// Rows per AVX2 tile: 8 integer accumulators of 8 lanes (two per row), the fp32 ones beside.
 const ROWS: usize = 4;

@@ -1,5 +1,5 @@
 """``encode_batch``: a list of KV events -> the bytes vLLM publishes over ZMQ (one ``EventBatch``,
-docs/events.md). Re-exported by ``pagedkv.events``; ``pagedkv.zmq_publisher`` encodes with it.
+docs/events.md). Re-exported by ``pagedkv.events``; ``pagedkv.events.zmq_publisher`` encodes with it.
 
 The encoder itself is the Rust core's (``pagedkv._core.encode_event_batch``); this module reads the
 caller's events into builtin values first, so that none of the caller's code runs inside it.
@@ -13,9 +13,8 @@ import time
 from collections.abc import Collection, Iterable
 from typing import Any
 
-from pagedkv import _core
 from pagedkv.errors import InvalidArgumentError, InvalidArgumentTypeError, PagedKvError
-from pagedkv.event_types import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
+from pagedkv.events.types import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 
 __all__ = ["encode_batch"]
 
@@ -46,6 +45,10 @@ def encode_batch(
     rank = _rank(data_parallel_rank)
     raw = _flag("raw_hashes", raw_hashes)
     plain = _plain_events(events)
+    # Imported here, not at the top: `import pagedkv` (which imports the event types through this
+    # package) must not load the extension (see docs/design.md on loading the extension on first use).
+    from pagedkv import _core
+
     try:
         # Every field is now a builtin value: no caller code runs inside the encoder, so what it
         # can still refuse is a value out of the wire's range (a negative or > 64-bit integer).

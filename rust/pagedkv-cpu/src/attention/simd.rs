@@ -9,55 +9,21 @@
 //!   (`vector::add_scaled4`, bit for bit four `add_scaled` calls).
 //!
 //! Three implementations behind [`Simd`], picked once per kernel call: plain Rust (vectorised by
-//! the caller's multiversioned build) and intrinsics on AVX2 (`attention_avx2`) and AVX-512
-//! (`attention_avx512`): four keys against one query with the four reduction trees interleaved in
+//! the caller's multiversioned build, `portable`) and intrinsics on AVX2 (`avx2`) and AVX-512
+//! (`avx512`): four keys against one query with the four reduction trees interleaved in
 //! registers, and the value rows of one KV head's group of queries in one call. Intrinsics because
 //! the compiler's own code was far off: LLVM vectorised the plain 8-lane dot of the previous
-//! version into 2-float `xmm` operations inside the AVX-512 build (perf annotate: ~100 vector
-//! instructions per score), the plain 16-lane reduction costs ~40 scalar instructions per score on
-//! AVX2, and each plain value call ~80 instructions of set-up and run-time alias checks around a
-//! 48-instruction loop (callgrind).
+//! version into 2-float `xmm` operations inside the AVX-512 build, the plain 16-lane reduction
+//! runs scalar on AVX2, and each plain value call spends more instructions on set-up and run-time
+//! alias checks than on its loop (perf annotate and callgrind: docs/cpu_data_plane.md, How it is
+//! built; benches/results/2026-12-03-cpu-attention.md, "Where each step came from").
 
 #[cfg(target_arch = "x86_64")]
-use crate::attention_avx2::Avx2;
+use super::avx2::Avx2;
 #[cfg(target_arch = "x86_64")]
-use crate::attention_avx512::Avx512;
+use super::avx512::Avx512;
+use super::portable::dot4;
 use crate::vector::add_scaled4;
-
-/// Lanes of the partial sums.
-pub const LANES: usize = 16;
-
-/// The fixed reduction tree of the module docs.
-#[inline(always)]
-pub fn reduce(p: [f32; LANES]) -> f32 {
-    let s: [f32; 8] = std::array::from_fn(|l| p[l] + p[l + 8]);
-    let t: [f32; 4] = std::array::from_fn(|l| s[l] + s[l + 4]);
-    let u = [t[0] + t[2], t[1] + t[3]];
-    u[0] + u[1]
-}
-
-/// `q . k` with the module's arithmetic (rows of equal length).
-#[inline(always)]
-pub fn dot(q: &[f32], k: &[f32]) -> f32 {
-    debug_assert_eq!(q.len(), k.len());
-    let n = q.len().min(k.len());
-    let (q, k) = (&q[..n], &k[..n]);
-    let mut acc = [0.0f32; LANES];
-    let (cq, ck) = (q.chunks_exact(LANES), k.chunks_exact(LANES));
-    let (rq, rk) = (cq.remainder(), ck.remainder());
-    for (x, y) in cq.zip(ck) {
-        // Fixed-size chunks: no bounds checks, and LLVM keeps `acc` in vector registers.
-        let x: &[f32; LANES] = x.try_into().expect("chunks_exact");
-        let y: &[f32; LANES] = y.try_into().expect("chunks_exact");
-        for l in 0..LANES {
-            acc[l] += x[l] * y[l];
-        }
-    }
-    for (l, (x, y)) in rq.iter().zip(rk).enumerate() {
-        acc[l] += x * y;
-    }
-    reduce(acc)
-}
 
 /// Which implementation of the two inner loops runs: the plain loops or an intrinsic path the CPU
 /// has, all with the same bits.
@@ -66,10 +32,10 @@ pub enum Simd {
     /// The plain loop, vectorised by the caller's multiversioned build.
     Portable,
     #[cfg(target_arch = "x86_64")]
-    /// `attention_avx2`.
+    /// `avx2`.
     Avx2(Avx2),
     #[cfg(target_arch = "x86_64")]
-    /// `attention_avx512`.
+    /// `avx512`.
     Avx512(Avx512),
 }
 
@@ -139,16 +105,10 @@ impl Simd {
     }
 }
 
-/// `[dot(q, k[0]), .., dot(q, k[3])]` in plain Rust.
-// Always inlined: a call would run the baseline build, not the caller's multiversioned one.
-#[inline(always)]
-pub fn dot4(q: &[f32], k: [&[f32]; 4]) -> [f32; 4] {
-    [dot(q, k[0]), dot(q, k[1]), dot(q, k[2]), dot(q, k[3])]
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::attention::portable::{dot, LANES};
 
     fn row(n: usize, s: f32) -> Vec<f32> {
         (0..n).map(|i| (i as f32 * s).sin() * 3.0).collect()

@@ -8,8 +8,9 @@ them unchanged. Block hashes are Python ``int``s (the core's 128-bit keyed chain
 
 ``encode_batch`` turns a list of them into the bytes vLLM publishes over ZMQ (one ``EventBatch``,
 docs/events.md); ``ZmqEventPublisher`` (extra ``events``: pyzmq) publishes them as vLLM does.
-This module is the public face: the types live in ``pagedkv.event_types``, the encoder in
-``pagedkv.event_wire`` (which the publisher imports: no import cycle).
+This package's ``__init__`` is the public face: the types live in ``pagedkv.events.types``, the
+encoder in ``pagedkv.events.wire`` and the publisher in ``pagedkv.events.zmq_publisher`` (which
+imports the encoder module, never this package: no import cycle).
 """
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from pagedkv.errors import InvalidArgumentTypeError
-from pagedkv.event_types import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
-from pagedkv.event_wire import encode_batch
+from pagedkv.events.types import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
+from pagedkv.events.wire import encode_batch
 
 if TYPE_CHECKING:  # pyzmq is the optional extra `events`; the publisher imports it lazily
-    from pagedkv.zmq_publisher import ZmqEventPublisher
+    from pagedkv.events.zmq_publisher import ZmqEventPublisher
 
 __all__ = [
     "MEDIUM_GPU",
@@ -38,7 +39,7 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     # The publisher needs pyzmq (extra `events`); importing pagedkv.events must not.
     if name == "ZmqEventPublisher":
-        from pagedkv.zmq_publisher import ZmqEventPublisher
+        from pagedkv.events.zmq_publisher import ZmqEventPublisher
 
         return ZmqEventPublisher
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,27 +1,18 @@
-//! The one reader of Python ints the bindings have: lists of token ids and sequence ids, and
-//! single id arguments. Small exact `int`s are read directly from CPython's object memory when
-//! the layout was proved at import; every other exact `int` below 2**63 (and every one when the
-//! layout is not proved) is read through the C API (`PyList_GetItem` and
-//! `PyLong_AsLongAndOverflow`), item by item, in the same loop. Anything that is not an exact
-//! non-negative `int` stops the read; the caller's checked path then reports the error.
-//!
-//! Why: through the stable ABI every list item costs two C calls, `PyList_GetItem` and
-//! `PyLong_AsLongAndOverflow` (dearer for ids above 2**30, which take two 30-bit digits, as the
-//! ~2e9 ids of a benchmark's system prompt do); for a long prompt those calls cost more than the
-//! whole Rust prefix admission. A non-abi3 build makes the same two calls. Read in place, an
-//! item costs a few loads. The counts are in benches/results/2026-12-02-prefix-admission.md
-//! ("Follow-up: direct list reader").
+//! The direct path of the int reader (cargo feature `direct-int-reader`; `mod.rs` says why):
+//! small exact `int`s read from CPython's object memory once the layout was proved at import,
+//! every other exact `int` below 2**63 through the C API ([`api`]) in the same loop.
 //!
 //! The layouts read here are not part of the limited API, so none is assumed: at module import
-//! [`register`] picks a candidate from the running interpreter (CPython 3.10–3.14, GIL build,
-//! 30-bit digits in 4 bytes, `int`/`list` basic sizes as the layout says) and then PROVES it on
-//! a list of probe values (every digit-count boundary, negatives, huge ints, bools, floats): the
-//! list's item array must hold exactly the items `PyList_GetItem` returns, and every item must
-//! decode exactly as `PyLong_AsLongLong` reads it, or be reported "not fast" where it must be.
-//! Any failed check leaves the reader off ([`IntLayout::Api`]) and every list takes the C-API
-//! path; `_core._int_list_reader()` names the layout in use so that tests notice. Setting
-//! `PAGEDKV_INT_LIST_READER=api` before import turns the direct reads off (the tests run the
-//! list-versus-tuple comparisons that way too, so the C-API path is checked on every platform).
+//! [`prove_layout`] picks a candidate from the running interpreter (CPython 3.10–3.14, GIL
+//! build, 30-bit digits in 4 bytes, `int`/`list` basic sizes as the layout says) and then PROVES
+//! it on a list of probe values (every digit-count boundary, negatives, huge ints, bools,
+//! floats): the list's item array must hold exactly the items `PyList_GetItem` returns, and
+//! every item must decode exactly as `PyLong_AsLongLong` reads it, or be reported "not fast"
+//! where it must be. Any failed check leaves the reader off ([`IntLayout::Api`]) and every list
+//! takes the C-API path; `_core._int_list_reader()` names the layout in use so that tests
+//! notice. Setting `PAGEDKV_INT_LIST_READER=api` before import turns the direct reads off (the
+//! tests run the list-versus-tuple comparisons that way too, so the C-API path is checked on
+//! every platform).
 //!
 //! Why the reads are sound once the layout is proved: the GIL is held for the whole read
 //! (`Bound` proves it) and no Python code runs during it (only exact `int`s are decoded, and
@@ -39,6 +30,8 @@ use std::sync::OnceLock;
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::PyList;
+
+use super::api;
 
 /// The object layout the direct reader decodes, or `Api` when it is off.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -200,33 +193,6 @@ unsafe fn list_items<'a>(list: &'a Bound<'_, PyList>, len: usize) -> &'a [*mut f
     unsafe { std::slice::from_raw_parts(items, len) }
 }
 
-/// The C-API read of `item`: its value when it is an exact `int` in `[0, 2**63)` (`c_long`'s
-/// range where that is narrower), else `None`.
-///
-/// # Safety
-/// `item` is a live object and the GIL is held. Only an exact `int` is converted, which runs
-/// no Python code; the error a failed conversion may leave is cleared here.
-#[cold]
-unsafe fn api_int_value(item: *mut ffi::PyObject) -> Option<u64> {
-    // SAFETY: the caller's contract: `item` is live and the GIL held.
-    if unsafe { ffi::PyLong_CheckExact(item) } == 0 {
-        return None;
-    }
-    let mut overflow: std::os::raw::c_int = 0;
-    // SAFETY: as above; an exact `int`'s conversion runs no Python code.
-    let value = unsafe { ffi::PyLong_AsLongAndOverflow(item, &mut overflow) };
-    if value == -1 {
-        // SAFETY: GIL held; clearing a pending error (or none) is always allowed.
-        unsafe { ffi::PyErr_Clear() };
-    }
-    if overflow != 0 {
-        return None;
-    }
-    // `c_long` is 32-bit on Windows: widen explicitly.
-    #[allow(clippy::useless_conversion)]
-    u64::try_from(i64::from(value)).ok()
-}
-
 /// A C-API reader in place of a direct one, for items the direct read refuses.
 type Fallback = unsafe fn(*mut ffi::PyObject) -> Option<u64>;
 
@@ -263,101 +229,37 @@ fn fill_with<D: Digits, T>(
     true
 }
 
-/// The read loop when no layout was proved: every item through the C API.
-fn fill_by_api<T>(
-    list: &Bound<'_, PyList>,
-    out: &mut [MaybeUninit<T>],
-    convert: impl Fn(u64) -> Option<T>,
-) -> bool {
-    for (index, slot) in out.iter_mut().enumerate() {
-        // SAFETY: GIL held (`list` proves it), `index < len` (the caller checked `out`'s
-        // length), and no Python code runs in this loop, so the borrowed item stays alive.
-        let item = unsafe { ffi::PyList_GetItem(list.as_ptr(), index as ffi::Py_ssize_t) };
-        if item.is_null() {
-            // SAFETY: GIL held; clears the IndexError.
-            unsafe { ffi::PyErr_Clear() };
-            return false;
-        }
-        // SAFETY: `item` is live, borrowed from the list; GIL held.
-        let Some(value) = (unsafe { api_int_value(item) }).and_then(&convert) else {
-            return false;
-        };
-        slot.write(value);
-    }
-    true
-}
-
-/// `fill_with` for the proved layout over `list`'s items, or `fill_by_api` when none was.
+/// [`fill_with`] over `list`'s items for the proved layout, the C API reading the items the
+/// direct read refuses; `None` when no layout was proved (the caller reads through the C API).
+///
+/// # Safety
+/// `out.len()` is `list.len()` and at least 1.
 #[inline(always)]
-fn fill_uninit<T>(
+pub(super) unsafe fn fill<T>(
     list: &Bound<'_, PyList>,
     out: &mut [MaybeUninit<T>],
     convert: impl Fn(u64) -> Option<T>,
-) -> bool {
-    let len = list.len();
-    if len != out.len() {
-        return false;
-    }
-    if len == 0 {
-        return true;
-    }
+) -> Option<bool> {
     let layout = layout();
     if layout == IntLayout::Api {
-        return fill_by_api(list, out, convert);
+        return None;
     }
-    // SAFETY: the layout was proved at import, `len` is the list's length (>= 1), and the slice
-    // lives only through the loop, which runs no Python code.
+    let len = out.len();
+    debug_assert!(len >= 1 && len == list.len());
+    // SAFETY: the layout was proved at import, `len` is the list's length (>= 1: the caller's
+    // contract), and the slice lives only through the loop, which runs no Python code.
     let items = unsafe { list_items(list, len) };
-    match layout {
-        IntLayout::SignedCount => fill_with::<SignedCount, T>(items, out, convert, api_int_value),
-        IntLayout::Tagged => fill_with::<Tagged, T>(items, out, convert, api_int_value),
+    Some(match layout {
+        IntLayout::SignedCount => fill_with::<SignedCount, T>(items, out, convert, api::int_value),
+        IntLayout::Tagged => fill_with::<Tagged, T>(items, out, convert, api::int_value),
         IntLayout::Api => false,
-    }
+    })
 }
 
-/// Fills `out` (exactly `list`'s length) with `convert` of each item when every item is an
-/// exact `int` in `[0, 2**63)` that `convert` accepts. False otherwise
-/// (`out` then holds a prefix of the values): the caller reads the whole list again on its
-/// checked path, which reports the error.
-#[inline]
-pub fn fill_from_list<T: Copy>(
-    list: &Bound<'_, PyList>,
-    out: &mut [T],
-    convert: impl Fn(u64) -> Option<T>,
-) -> bool {
-    // SAFETY: `MaybeUninit<T>` has `T`'s layout, and the loop only ever writes initialized
-    // values (`T: Copy`: nothing is dropped by overwriting), so `out` stays initialized.
-    let out = unsafe { &mut *(std::ptr::from_mut::<[T]>(out) as *mut [MaybeUninit<T>]) };
-    fill_uninit(list, out, convert)
-}
-
-/// Appends `convert` of each item of `list` to the empty `out` (its capacity at least the
-/// list's length), as [`fill_from_list`] does, without zeroing the buffer first (zeroing was a
-/// measurable share of a call: benches/results/2026-12-02-prefix-admission.md, "Follow-up:
-/// direct list reader"). False (and `out` still empty) when an item does not qualify.
-#[inline]
-pub fn extend_from_list<T>(
-    list: &Bound<'_, PyList>,
-    out: &mut Vec<T>,
-    convert: impl Fn(u64) -> Option<T>,
-) -> bool {
-    let len = list.len();
-    if !out.is_empty() || out.capacity() < len {
-        return false;
-    }
-    if !fill_uninit(list, &mut out.spare_capacity_mut()[..len], convert) {
-        return false;
-    }
-    // SAFETY: `fill_uninit` returned true: it wrote every one of the first `len` slots.
-    unsafe { out.set_len(len) };
-    true
-}
-
-/// The value of `obj` when it is an exact `int` in `[0, 2**63)` (one id argument:
-/// `free(seq_id)`, `append_tokens(seq_id, ...)`), read as a list item is; `None` otherwise,
-/// and the caller's checked path converts or refuses it.
-#[inline]
-pub fn exact_int_value(obj: &Bound<'_, PyAny>) -> Option<u64> {
+/// The value of `obj` read in place when it is an exact `int` in `[0, 2**60)` and a layout was
+/// proved; `None` otherwise (the caller asks the C API).
+#[inline(always)]
+pub(super) fn exact_int_value(obj: &Bound<'_, PyAny>) -> Option<u64> {
     let item = obj.as_ptr();
     // SAFETY: `obj` is live and the GIL held (`Bound` proves both); the layout was proved.
     unsafe {
@@ -366,7 +268,6 @@ pub fn exact_int_value(obj: &Bound<'_, PyAny>) -> Option<u64> {
             IntLayout::Tagged => small_int::<Tagged>(item),
             IntLayout::Api => None,
         }
-        .or_else(|| api_int_value(item))
     }
 }
 
@@ -512,16 +413,13 @@ fn select(py: Python<'_>) -> IntLayout {
     proved.unwrap_or(IntLayout::Api)
 }
 
-/// The name of the list reader in use: `'cpython-3.10'`, `'cpython-3.12'` or `'api'` (off).
-/// Private: tests assert the fast reader did not silently turn off.
-#[pyfunction]
-fn _int_list_reader() -> &'static str {
-    layout().name()
+/// Proves the layout for the running interpreter, once per process (the module's import).
+pub(super) fn prove_layout(py: Python<'_>) {
+    LAYOUT.get_or_init(|| select(py));
 }
 
-/// Proves the layout (once per process) and registers `_int_list_reader` (set as an
-/// attribute: `add_function` would also list the private name in `__all__`).
-pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    LAYOUT.get_or_init(|| select(m.py()));
-    m.setattr("_int_list_reader", wrap_pyfunction!(_int_list_reader, m)?)
+/// The name of the layout in use: `'cpython-3.10'`, `'cpython-3.12'`, or `'api'` when none was
+/// proved or the reader was turned off.
+pub(super) fn layout_name() -> &'static str {
+    layout().name()
 }

@@ -1,8 +1,9 @@
-//! Attention's inner loops on AVX2, the same bits as the plain loops (`attention_simd` docs).
+//! Attention's inner loops on AVX2, the same bits as the plain loops (`simd` docs).
 //! Scores, four keys at once: a key's 16 partial-sum lanes are two 8-lane registers (`vmulps` +
 //! `vaddps` per chunk of 16), the first tree level adds them, and the other three run for the
-//! four keys together (two keys per register after the second level, four after the third),
-//! about 4 instructions per score where the plain loop's reduction took ~40. Values: a group's
+//! four keys together (two keys per register after the second level, four after the third):
+//! a few instructions per score, a fraction of the plain loop's scalar reduction
+//! (docs/cpu_data_plane.md, How it is built). Values: a group's
 //! accumulator rows in one call, 8 elements per register, the four probabilities of a row
 //! broadcast once.
 //!
@@ -19,7 +20,7 @@ use std::arch::x86_64::{
 };
 use std::sync::OnceLock;
 
-use crate::attention_simd::LANES;
+use super::portable::LANES;
 
 /// Lanes of one AVX2 register: half of a key's partial sums.
 const HALF: usize = LANES / 2;
@@ -43,7 +44,7 @@ impl Avx2 {
         unsafe { add_scaled4_rows(acc, p, v) }
     }
 
-    /// `out[j] = dot4(q_j, k)` for consecutive query rows, bit for bit `attention_simd::dot4`.
+    /// `out[j] = dot4(q_j, k)` for consecutive query rows, bit for bit `portable::dot4`.
     #[inline(always)]
     pub(crate) fn dot4_rows(self, q: &[f32], k: [&[f32]; 4], out: &mut [[f32; 4]]) {
         // SAFETY: `self` exists only where `detect` saw AVX2.

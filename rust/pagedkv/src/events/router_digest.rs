@@ -13,8 +13,8 @@
 
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
-use crate::error::invalid;
-use crate::{KvEvent, Result};
+use crate::error::{invalid, Result};
+use crate::prefix::events::KvEvent;
 
 /// One digest per full block of `tokens` (a trailing partial block is skipped). A
 /// `block_size` of 0: [`crate::Error::InvalidArgument`].

@@ -8,7 +8,8 @@ Wire protocol (vLLM's ``ZmqEventPublisher``, docs/events.md):
 * an optional ROUTER socket (``replay_endpoint``) serves the last ``buffer_steps`` batches: a
   request ``[identity, b"", start_seq]`` (8 bytes big-endian) is answered with one
   ``[identity, b"", seq, payload]`` per buffered batch whose ``seq >= start_seq``, then the end
-  marker ``[identity, b"", seq = -1 (8 bytes, signed), b""]``.
+  marker ``[identity, b"", seq = -1 (8 bytes, signed), b""]``. Every batch ``publish`` queued
+  before the request arrived is in the answer, also one the thread had not sent yet.
 
 ``publish`` encodes on the caller's thread (a bad event raises a typed pagedkv error there and
 nothing is queued), then hands the payload to a bounded queue without blocking. One background
@@ -54,10 +55,11 @@ from typing import Any
 import zmq
 
 from pagedkv.errors import ClosedError, InvalidArgumentError, InvalidArgumentTypeError
-from pagedkv.event_wire import encode_batch
+from pagedkv.events.wire import encode_batch
 
 KvEvent = Any
-"""A ``pagedkv.events`` event object (typed loosely here: pagedkv.events imports this module)."""
+"""A ``pagedkv.events`` event object (typed loosely here: the package ``pagedkv.events`` imports
+this module)."""
 
 __all__ = ["ZmqEventPublisher", "END_SEQ", "MAX_PENDING_REPLAYS", "SUBSCRIBER_BUFFER_BYTES"]
 
@@ -279,8 +281,9 @@ class ZmqEventPublisher:
         """Publishes ``kv.take_events()`` as one batch when there are any; returns how many.
 
         A ``pagedkv.KvCacheManager`` drains and encodes them in one call (``take_event_batch``:
-        the same bytes, without building an event object per event, ~2 us each); any other
-        object with a ``take_events()`` goes through ``publish``."""
+        the same bytes, without building an event object per event:
+        benches/results/2026-12-02-prefix-admission.md, "Follow-up: events, eviction, the
+        benchmark itself"); any other object with a ``take_events()`` goes through ``publish``."""
         take_batch = getattr(kv, "take_event_batch", None)
         if take_batch is None:
             events = kv.take_events()
@@ -409,19 +412,30 @@ class ZmqEventPublisher:
                     replay.send_multipart((frames[0], b"", END_SEQ, b""), zmq.NOBLOCK)
                 continue
             start_seq = int.from_bytes(frames[2], "big", signed=True)
-            # The answer covers what was published when it was asked for, no later batch: a
-            # reader that is also subscribed gets those live.
-            self._replays.append(_Replay(frames[0], start_seq, self.published_batches))
+            # The answer covers every batch published before the request was read: those sent,
+            # and those still queued (``publish`` returned, so they are in the queue; they get
+            # their sequence numbers as they are sent, ahead of this answer's end). A batch
+            # published meanwhile may be in it too; a reader that is also subscribed gets it
+            # live as well and keeps one copy by its sequence number.
+            end_seq = self.published_batches + self._queue.qsize()
+            self._replays.append(_Replay(frames[0], start_seq, end_seq))
 
     def _serve_one_replay(self) -> None:
         """Sends the next message of the oldest pending answer (round robin among them)."""
         if not self._replays or self._replay is None:
             return
         job = self._replays.popleft()
-        oldest = self._buffer[0][0] if self._buffer else job.end_seq
+        published = self.published_batches
+        if job.end_seq > published and self._queue.empty():
+            # Batches counted at the request that never got a number: their sends failed.
+            job.end_seq = published
+        oldest = self._buffer[0][0] if self._buffer else published
         job.next_seq = max(job.next_seq, oldest)  # batches evicted meanwhile are gone
         if job.next_seq >= job.end_seq:
             self._replay.send_multipart((job.identity, b"", END_SEQ, b""), zmq.NOBLOCK)
+            return
+        if job.next_seq >= published:  # its next batch is still queued: the live send goes first
+            self._replays.append(job)
             return
         seq, payload = self._buffer[job.next_seq - oldest]
         self._replay.send_multipart(

@@ -5,7 +5,7 @@
 //! each block the integer sums become fp32 with exactly the portable tile's operations, in the
 //! same order (`dot_matmul` module docs), so the two paths agree bit for bit.
 //!
-//! The crate's only `unsafe`: the unaligned vector loads and stores (each from a fixed-size array
+//! The `unsafe` here: the unaligned vector loads and stores (each from a fixed-size array
 //! reference, so in bounds by type) and the call into the `#[target_feature]` function, made only
 //! after the CPU reported the features at run time.
 
@@ -19,8 +19,8 @@ use std::arch::x86_64::{
 };
 use std::sync::OnceLock;
 
+use super::operands::{DotPanel, QuantRows, DOT_TILE, GROUP_BYTES};
 use crate::block_matmul::{CodeFormat, PANEL_COLS};
-use crate::dot_matmul::{DotPanel, QuantRows, DOT_TILE, GROUP_BYTES};
 
 /// Whether this CPU runs the tile (AVX-512 F, BW and VNNI), checked once.
 pub(crate) fn available() -> bool {

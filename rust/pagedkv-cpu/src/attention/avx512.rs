@@ -1,4 +1,4 @@
-//! Attention's inner loops on AVX-512, the same bits as the plain loops (`attention_simd` docs).
+//! Attention's inner loops on AVX-512, the same bits as the plain loops (`simd` docs).
 //! Scores, four keys at once: per key one 16-lane partial-sum register (`vmulps` + `vaddps` per
 //! chunk of 16), then the four reduction trees run together — each level adds the upper half of
 //! every live lane group to its lower half, with the four keys packed side by side in one register
@@ -19,7 +19,7 @@ use std::arch::x86_64::{
 };
 use std::sync::OnceLock;
 
-use crate::attention_simd::LANES;
+use super::portable::LANES;
 
 /// Proof that this CPU has AVX-512 F: the only way to reach the intrinsic code.
 #[derive(Debug, Clone, Copy)]
@@ -40,7 +40,7 @@ impl Avx512 {
         unsafe { add_scaled4_rows(acc, p, v) }
     }
 
-    /// `out[j] = dot4(q_j, k)` for consecutive query rows, bit for bit `attention_simd::dot4`.
+    /// `out[j] = dot4(q_j, k)` for consecutive query rows, bit for bit `portable::dot4`.
     #[inline(always)]
     pub(crate) fn dot4_rows(self, q: &[f32], k: [&[f32]; 4], out: &mut [[f32; 4]]) {
         // SAFETY: `self` exists only where `detect` saw AVX-512 F.

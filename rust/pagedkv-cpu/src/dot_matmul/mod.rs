@@ -13,13 +13,13 @@
 //! `sum_i e_i * w_i` for the rounding errors `e_i` (at most `dx / 2`). The exact fp32 sum of `x`
 //! in the offset term would look more accurate and is not: the error would become
 //! `sum_i e_i * scale * code_i`, and the codes are not centred (Q4_1's run 0..15 around an offset
-//! near `-8 * scale`), which measured twice the error on three of SmolLM2's matrices (random
-//! activations with outlier channels). One rounding of each
-//! activation to 8 bits buys 4x the multiply-adds per instruction (`vpdpbusd`,
-//! `dot_vnni`; `vpmaddubsw` on AVX2, `dot_avx2`). Results do not depend on the batch, the tile a row
-//! lands in, the thread count or the instruction set: the portable path here, the AVX2 and the
-//! AVX-512 VNNI tiles compute the same integers and the same fp32 operations in the same order,
-//! so they agree bit for bit (tested).
+//! near `-8 * scale`), which measured about twice the error on three of SmolLM2's matrices
+//! (random activations with outlier channels; docs/cpu_data_plane.md, 8-bit activations). One
+//! rounding of each activation to 8 bits buys 4x the multiply-adds per instruction (`vpdpbusd`,
+//! `vnni`; `vpmaddubsw` on AVX2, `avx2`). Results do not depend on the batch, the tile a row
+//! lands in, the thread count or the instruction set: the portable tile (`portable`), the AVX2
+//! and the AVX-512 VNNI tiles compute the same integers and the same fp32 operations in the same
+//! order, so they agree bit for bit (tested).
 //!
 //! Layout ([`to_dot_panels`]): panels of 16 output columns, as `block_matmul`; inside a panel, 64
 //! bytes per group of inputs, byte `4 * c + j` for column `c`: one unsigned byte per code for
@@ -28,21 +28,24 @@
 //! [`CodeFormat::I4`]). The bias makes every code unsigned, as `vpdpbusd` wants its first operand;
 //! each block subtracts `bias * sum(a)` back (exact). Scales and offsets: `[panels, k / block, 16]`.
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+mod operands;
+mod portable;
+#[cfg(target_arch = "x86_64")]
+mod vnni;
+
+use self::operands::{DotPanel, QuantRows};
+pub use self::operands::{DOT_TILE, GROUP_BYTES};
+use self::portable::portable_tile;
 use crate::block_matmul::{
     check_panel_lengths, has_work, panel_scales, panel_tasks, CodeFormat, PANEL_COLS, ROW_CHUNK,
 };
 use crate::error::{CpuError, Result};
 
-/// Bytes of one group of codes: 16 columns x 4 inputs (one 512-bit register).
-pub const GROUP_BYTES: usize = 64;
-/// Rows per register tile: 8 integer and 8 fp32 accumulators of 16 lanes.
-pub const DOT_TILE: usize = 8;
 /// The largest block: `MAX_BLOCK * 255 * 127` stays below 2^24, so a block's integer sum is exact
 /// as an f32.
 pub const MAX_BLOCK: usize = 256;
-/// The activation codes' range is -ACT_MAX..=ACT_MAX (symmetric, as llama.cpp's Q8_0).
-const ACT_MAX: f32 = 127.0;
-
 impl CodeFormat {
     /// Inputs whose codes one 64-byte group holds: 4, or 8 for the formats packed two per byte.
     pub const fn dot_group_inputs(self) -> usize {
@@ -125,10 +128,10 @@ impl Isa {
     pub fn detect() -> Self {
         #[cfg(target_arch = "x86_64")]
         {
-            if crate::dot_vnni::available() {
+            if vnni::available() {
                 return Isa::Vnni;
             }
-            if crate::dot_avx2::available() {
+            if avx2::available() {
                 return Isa::Avx2;
             }
         }
@@ -140,9 +143,9 @@ impl Isa {
         match self {
             Isa::Portable => true,
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => crate::dot_avx2::available(),
+            Isa::Avx2 => avx2::available(),
             #[cfg(target_arch = "x86_64")]
-            Isa::Vnni => crate::dot_vnni::available(),
+            Isa::Vnni => vnni::available(),
         }
     }
 
@@ -204,153 +207,17 @@ pub fn matmul_dot_with(
     Ok(())
 }
 
-/// One panel's borrowed codes, scales and offsets (dot layout).
-#[derive(Clone, Copy)]
-pub(crate) struct DotPanel<'a> {
-    pub(crate) codes: &'a [u8],
-    pub(crate) scales: &'a [f32],
-    pub(crate) offsets: &'a [f32],
-    pub(crate) block: usize,
-    pub(crate) format: CodeFormat,
-}
-
-/// A chunk of rows' activations quantized per block (module docs).
-pub(crate) struct QuantRows {
-    /// `[t, k / 4]`: the codes of inputs `4g..4g + 4` of a row as one little-endian word (what
-    /// `vpdpbusd` broadcasts).
-    pub(crate) words: Vec<i32>,
-    /// `[t, nb]`: the activation step of each block.
-    pub(crate) dx: Vec<f32>,
-    /// `[t, nb]`: the sum of each block's quantized activations, `dx * sum(a)`.
-    pub(crate) xsum: Vec<f32>,
-    /// `[t, nb]`: `bias * sum(a)` over the block (what the biased codes add).
-    pub(crate) bias_sum: Vec<i32>,
-    pub(crate) k: usize,
-    pub(crate) nb: usize,
-}
-
-impl QuantRows {
-    /// `x [t, k]`'s rows in blocks of `block` (which divides `k` and is a multiple of 4). A block
-    /// of zeros has step 0 and codes 0; a NaN or an infinity makes the block's step NaN, so every
-    /// output of that row is NaN.
-    pub(crate) fn new(x: &[f32], t: usize, k: usize, block: usize, bias: i32) -> Self {
-        let nb = k / block;
-        let mut q = QuantRows {
-            words: vec![0; t * k / 4],
-            dx: vec![0.0; t * nb],
-            xsum: vec![0.0; t * nb],
-            bias_sum: vec![0; t * nb],
-            k,
-            nb,
-        };
-        for (r, row) in x.chunks_exact(k).enumerate() {
-            for (b, xb) in row.chunks_exact(block).enumerate() {
-                let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-                let inv = if amax > 0.0 && amax.is_finite() {
-                    ACT_MAX / amax
-                } else {
-                    0.0
-                };
-                let mut code_sum = 0i32;
-                let words = &mut q.words[(r * k + b * block) / 4..(r * k + (b + 1) * block) / 4];
-                for (word, x4) in words.iter_mut().zip(xb.chunks_exact(4)) {
-                    let mut bytes = [0u8; 4];
-                    for (byte, &v) in bytes.iter_mut().zip(x4) {
-                        // `as` saturates and maps NaN to 0; the clamp keeps -128 out.
-                        let a = ((v * inv).round() as i32).clamp(-127, 127);
-                        code_sum += a;
-                        *byte = a as i8 as u8;
-                    }
-                    *word = i32::from_le_bytes(bytes);
-                }
-                // A NaN or an infinity has no code: the block's step becomes NaN, and with it
-                // every output of the row (`max` would have skipped a NaN).
-                let dx = if xb.iter().all(|v| v.is_finite()) {
-                    amax / ACT_MAX
-                } else {
-                    f32::NAN
-                };
-                q.dx[r * nb + b] = dx;
-                q.xsum[r * nb + b] = dx * code_sum as f32;
-                q.bias_sum[r * nb + b] = bias * code_sum;
-            }
-        }
-        q
-    }
-}
-
 /// Panel `w` times every row of `q`, into `dst` (`[t, 16]`): tiles of [`DOT_TILE`] rows.
 fn dot_panel(q: &QuantRows, w: DotPanel<'_>, isa: Isa, dst: &mut [f32]) {
     for (tile, rows_out) in dst.chunks_mut(DOT_TILE * PANEL_COLS).enumerate() {
         let row0 = tile * DOT_TILE;
         match isa {
             #[cfg(target_arch = "x86_64")]
-            Isa::Vnni => crate::dot_vnni::tile(q, row0, w, rows_out),
+            Isa::Vnni => vnni::tile(q, row0, w, rows_out),
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => crate::dot_avx2::tile(q, row0, w, rows_out),
+            Isa::Avx2 => avx2::tile(q, row0, w, rows_out),
             Isa::Portable => portable_tile(q, row0, w, rows_out),
         }
-    }
-}
-
-/// The 16 columns x 4 inputs of group `g` of a panel as unsigned codes, byte `4c + j` (for the
-/// 4-bit formats, the low or the high nibbles of the pair's 64 bytes).
-#[inline(always)]
-fn group_codes(w: &DotPanel<'_>, g: usize) -> [u8; GROUP_BYTES] {
-    let mut out = [0u8; GROUP_BYTES];
-    match w.format {
-        CodeFormat::I8 => out.copy_from_slice(&w.codes[g * GROUP_BYTES..(g + 1) * GROUP_BYTES]),
-        CodeFormat::U4 | CodeFormat::I4 => {
-            let pair = &w.codes[(g / 2) * GROUP_BYTES..(g / 2 + 1) * GROUP_BYTES];
-            let shift = 4 * (g % 2);
-            for (o, &b) in out.iter_mut().zip(pair) {
-                *o = (b >> shift) & 15;
-            }
-        }
-    }
-    out
-}
-
-/// The portable tile (any CPU): the module's sums in plain integer and fp32 arithmetic. `out` is
-/// the tile's `[rows, 16]`, `rows <= DOT_TILE`.
-#[multiversion::multiversion(targets(
-    "x86_64+avx512f+avx512bw+avx512vl+avx2+fma+f16c",
-    "x86_64+avx2+fma+f16c",
-    "aarch64+neon"
-))]
-fn portable_tile<'a>(q: &QuantRows, row0: usize, w: DotPanel<'a>, out: &mut [f32]) {
-    let (k, nb) = (q.k, q.nb);
-    let groups_per_block = w.block / 4;
-    for (r, out_row) in out.chunks_exact_mut(PANEL_COLS).enumerate() {
-        let row = row0 + r;
-        let words = &q.words[row * k / 4..(row + 1) * k / 4];
-        let mut acc = [0.0f32; PANEL_COLS];
-        for b in 0..nb {
-            let mut isum = [0i32; PANEL_COLS];
-            let first = b * groups_per_block;
-            for (g, word) in (first..).zip(&words[first..first + groups_per_block]) {
-                let codes = group_codes(&w, g);
-                let a = word.to_le_bytes().map(|v| i32::from(v as i8));
-                for (c, s) in isum.iter_mut().enumerate() {
-                    for (j, &aj) in a.iter().enumerate() {
-                        *s += i32::from(codes[4 * c + j]) * aj;
-                    }
-                }
-            }
-            let (dx, xsum, bias_sum) = (
-                q.dx[row * nb + b],
-                q.xsum[row * nb + b],
-                q.bias_sum[row * nb + b],
-            );
-            let s = &w.scales[b * PANEL_COLS..(b + 1) * PANEL_COLS];
-            let o = &w.offsets[b * PANEL_COLS..(b + 1) * PANEL_COLS];
-            for c in 0..PANEL_COLS {
-                let step = s[c] * dx;
-                acc[c] = step.mul_add((isum[c] - bias_sum) as f32, acc[c]);
-                acc[c] = o[c].mul_add(xsum, acc[c]);
-            }
-        }
-        out_row.copy_from_slice(&acc);
     }
 }
 

@@ -37,8 +37,10 @@
 
 use rmp::encode;
 
-use crate::prefix::events::QueuedRef;
-use crate::{BlockHash, DrainedEvents, Error, KvEvent, Result, Tier, TokenId};
+use crate::error::{Error, Result, Tier};
+use crate::prefix::events::{DrainedEvents, KvEvent, QueuedRef};
+use crate::prefix::hash::BlockHash;
+use crate::types::TokenId;
 
 /// How block hashes go on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
