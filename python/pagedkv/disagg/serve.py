@@ -48,7 +48,7 @@ def serve_prompts(
     from pagedkv.engine.prompts import prompt_token_ids
     from pagedkv.models import load_model
 
-    sampling = {"max_tokens": max_tokens}
+    sampling: dict[str, Any] = {"max_tokens": max_tokens}
     params = SamplingParams(**sampling)  # checked before anything starts
     loaded = load_model(model)
     ids = [
