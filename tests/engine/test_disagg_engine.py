@@ -176,6 +176,12 @@ def test_hybrid_groups_tokens_equal_one_instance(tiny_hybrid, chunk):
             rid = d.add_request(prompt, GREEDY, kv_transfer_params=params)
             expected = single(tiny_hybrid, prompt, EngineConfig(**config))
             assert run(d, rid).outputs[0].token_ids == expected
+        # A later request sharing a shorter prefix hits the decode side's cache: the window
+        # groups' blocks it attends over must hold real K/V, never positions nobody sent.
+        shorter = base[:12] + [50, 51, 52, 53, 54]
+        rid = d.add_request(shorter, GREEDY)
+        assert run(d, rid).num_cached_tokens > 0
+        assert d.output(rid).outputs[0].token_ids == single(tiny_hybrid, shorter, EngineConfig(**config))
         assert drain(p) == 0 and p.leaked_blocks == 0
         assert not d.transfer_errors
         records = [d.transfers[0], d.transfers[1]]
