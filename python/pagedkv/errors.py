@@ -7,7 +7,8 @@ The package raises no bare ``ValueError`` or ``RuntimeError``: each refusal is o
 
 Groups: the allocator's (the Rust core's ``Error`` variants, one class each), the data plane's
 (CUDA, NVRTC, the emulation harness), the models' (loading a GGUF file, its chat template),
-the simulator's (traces, plots), the command line's, and the events' (a closed publisher).
+the simulator's (traces, plots), the command line's, the events' (a closed publisher), and KV
+transfer's between instances (``pagedkv.transfer``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ __all__ = [
     "PlotUnavailableError",
     "CliError",
     "ClosedError",
+    "TransferError",
+    "TransportUnavailableError",
 ]
 
 
@@ -146,3 +149,15 @@ class CliError(PagedKvError):
 class ClosedError(PagedKvError, RuntimeError):
     """The object was closed (an event publisher): nothing more goes through it. Also a
     ``RuntimeError``, what it was raised as before it had its own class."""
+
+
+class TransferError(PagedKvError):
+    """A KV transfer between instances failed (``pagedkv.transfer``): the peer is unreachable or
+    died, its cache layout does not match, the transport reported an error, the transfer ran
+    past its deadline, or a block arrived with a checksum that does not match. The blocks it
+    names are reported failed (to be recomputed), never used."""
+
+
+class TransportUnavailableError(TransferError, ImportError):
+    """The KV transfer transport (NIXL) is not installed: ``pip install 'pagedkv[transfer]'``.
+    Also an ``ImportError``."""

@@ -119,6 +119,7 @@ def test_package_namespace_holds_no_annotations_import():
         "benchmarks",
         "cli",
         "commands",
+        "disagg",
         "engine",
         "errors",
         "events",
@@ -126,6 +127,7 @@ def test_package_namespace_holds_no_annotations_import():
         "models",
         "offload",
         "sim",
+        "transfer",
         "viz",
     }
     assert public - subpackages == set(pagedkv.__all__) - {"__version__"}

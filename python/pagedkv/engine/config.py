@@ -20,17 +20,20 @@ __all__ = [
     "MAX_NUM_BLOCKS",
     "MAX_NUM_SLOTS",
     "MAX_SPECULATIVE_NGRAM",
+    "KV_ROLES",
     "OFFLOAD_POLICIES",
     "PREEMPTION_MODES",
     "RESERVATIONS",
     "SCHEDULING_POLICIES",
     "EngineConfig",
+    "peer_address",
 ]
 
 PREEMPTION_MODES = ("recompute", "swap")
 RESERVATIONS = ("paged", "contiguous")
 OFFLOAD_POLICIES = ("compute", "evict")
 SCHEDULING_POLICIES = ("fcfs", "lpm", "dfs")
+KV_ROLES = ("prefill", "decode")
 MAX_NUM_BLOCKS = 1 << 24  # the allocator's limit: block ids fit in 24 bits
 MAX_NUM_SLOTS = 2**31 - 1  # num_blocks * block_size: every slot index fits the int32 tables
 # Drafts per pass: past a few dozen the acceptance of prompt-lookup drafts is nil (vLLM caps its
@@ -94,6 +97,12 @@ class EngineConfig:
     # lpm/dfs: no waiting request is passed over by more than this many admissions (0: the same
     # order as fcfs).
     aging_bound: int = 2048
+    # Disaggregated serving (docs/transfer.md, The engine): "prefill" computes prompts and hands
+    # their K/V out over NIXL (its listener at kv_peer, "host:port"; default an ephemeral port on
+    # 127.0.0.1); "decode" reads them in before generating (kv_peer: the one prefill instance it
+    # reads from, "host:port"; default any the requests' params name). None: a single instance.
+    kv_role: Literal["prefill", "decode"] | None = None
+    kv_peer: str | None = None
 
     def __post_init__(self) -> None:
         _integer("num_blocks", self.num_blocks, 1, MAX_NUM_BLOCKS)
@@ -154,6 +163,12 @@ class EngineConfig:
             raise InvalidArgumentError(
                 "EngineConfig: the host cache and the store need enable_prefix_caching"
             )
+        if self.kv_role is not None:
+            _choice("kv_role", self.kv_role, KV_ROLES)
+        if self.kv_peer is not None:
+            if self.kv_role is None:
+                raise InvalidArgumentError("EngineConfig: kv_peer needs a kv_role")
+            peer_address(self.kv_peer)
         if self.preemption == "swap" and self.num_host_blocks == 0:
             raise InvalidArgumentError("EngineConfig: preemption='swap' needs num_host_blocks > 0")
 
@@ -171,6 +186,19 @@ class EngineConfig:
             stacklevel=2,
         )
         return self.num_host_cache_blocks
+
+
+def peer_address(peer: object) -> tuple[str, int]:
+    """``"host:port"`` as (host, port); ``InvalidArgumentError`` unless the host is a non-empty
+    printable ASCII name of at most 253 characters and the port in [0, 65535]."""
+    if not isinstance(peer, str) or peer.count(":") != 1:
+        raise InvalidArgumentError(f"EngineConfig.kv_peer must be 'host:port', got {peer!r}")
+    host, port = peer.split(":")
+    if not host or len(host) > 253 or not host.isascii() or not host.isprintable() or " " in host:
+        raise InvalidArgumentError(f"EngineConfig.kv_peer's host must be a printable name, got {host!r}")
+    if not port.isdigit() or not port.isascii() or len(port) > 5 or int(port) > 65535:
+        raise InvalidArgumentError(f"EngineConfig.kv_peer's port must be in [0, 65535], got {port!r}")
+    return host, int(port)
 
 
 def _integer(name: str, value: object, low: int, high: int | None) -> None:

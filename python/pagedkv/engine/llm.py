@@ -4,7 +4,11 @@ Each ``generate`` or ``stream`` runs a fresh ``LLMEngine`` and closes it at its 
 writes the store's queued blocks (``EngineConfig(offload=store)``). ``LLM.close()`` (or ``with
 LLM(...) as llm:``) closes what is still open: the engine of a ``stream`` abandoned before its
 end. Whatever is still queued when the interpreter exits is written by an ``atexit`` hook
-(``engine/store_flush.py``)."""
+(``engine/store_flush.py``).
+
+With ``kv_role`` (disaggregated serving, docs/transfer.md) the ``LLM`` keeps one engine for its
+life instead: a prefill engine's blocks wait in its caches for the decode side, and a decode
+engine's prefix cache keeps what it read. ``close()`` closes it."""
 
 from __future__ import annotations
 
@@ -44,6 +48,7 @@ class LLM:
         self.tokenizer = self.model.tokenizer
         self.last_engine: LLMEngine | None = None  # the latest generate's or stream's engine
         self._open: list[LLMEngine] = []  # engines not closed yet (a stream in progress)
+        self.kv_engine: LLMEngine | None = None  # the one engine of a kv_role, made on first use
 
     def __enter__(self) -> LLM:
         return self
@@ -61,7 +66,19 @@ class LLM:
         blocks are written, within ``timeout_s`` each. ``True`` when nothing was left behind.
         The ``LLM`` stays usable: each later call runs a fresh engine."""
         engines, self._open = self._open, []
+        if self.kv_engine is not None:
+            engines.append(self.kv_engine)
+            self.kv_engine = None
         return all([engine.close(timeout_s) for engine in engines])
+
+    def _engine(self) -> LLMEngine:
+        if self.engine_config.kv_role is None:
+            return LLMEngine(self.model, self.engine_config)
+        if self.kv_engine is None:
+            from pagedkv.disagg import make_engine  # needs the transfer extra
+
+            self.kv_engine = make_engine(self.model, self.engine_config)
+        return self.kv_engine
 
     def _encode(self, prompt: Prompt, chat: bool) -> list[int]:
         if isinstance(prompt, str):
@@ -74,7 +91,11 @@ class LLM:
         return prompt_token_ids(prompt, self.model.config.vocab_size)
 
     def _start(
-        self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | None, chat: bool
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        params: SamplingParams | None,
+        chat: bool,
+        kv_transfer_params: Sequence[Any] | None = None,
     ) -> tuple[LLMEngine, list[int], list[Prompt]]:
         if isinstance(prompts, (str, np.ndarray)) or (
             isinstance(prompts, (list, tuple))
@@ -90,19 +111,33 @@ class LLM:
             )
         params = params or SamplingParams()
         encoded = [self._encode(p, chat) for p in batch]  # every prompt checked before anything runs
-        engine = LLMEngine(self.model, self.engine_config)
+        if kv_transfer_params is not None and (
+            self.engine_config.kv_role != "decode"
+            or not isinstance(kv_transfer_params, (list, tuple))
+            or len(kv_transfer_params) != len(batch)
+        ):
+            raise InvalidArgumentError(
+                "kv_transfer_params needs kv_role='decode' and one entry (params or None) per prompt"
+            )
+        engine = self._engine()
         self.last_engine = engine
-        self._open.append(engine)
+        if engine is not self.kv_engine:
+            self._open.append(engine)
         ids = []
         try:
-            for tokens in encoded:
-                ids.append(engine.add_request(tokens, params))
+            for i, tokens in enumerate(encoded):
+                if kv_transfer_params is None:
+                    ids.append(engine.add_request(tokens, params))
+                else:
+                    ids.append(engine.add_request(tokens, params, kv_transfer_params=kv_transfer_params[i]))  # type: ignore[call-arg]
         except BaseException:
             self._close(engine)
             raise
         return engine, ids, batch
 
     def _close(self, engine: LLMEngine) -> None:
+        if engine is self.kv_engine:
+            return  # it lives as long as the LLM (its blocks wait for the decode side)
         if engine in self._open:
             self._open.remove(engine)
         engine.close()  # the store's queued writes, for the next engine on it
@@ -128,15 +163,23 @@ class LLM:
         params: SamplingParams | None = None,
         *,
         use_chat_template: bool = False,
+        kv_transfer_params: Sequence[Any] | None = None,
     ) -> list[RequestOutput]:
-        """Run every prompt to completion; one RequestOutput per prompt, in order."""
-        engine, ids, batch = self._start(prompts, params, use_chat_template)
+        """Run every prompt to completion; one RequestOutput per prompt, in order. With
+        ``kv_role="prefill"`` each output carries ``kv_transfer_params`` (its first token is the
+        prefill's own sample; the decode side samples every token it keeps); with
+        ``kv_role="decode"``, ``kv_transfer_params`` (one per prompt: a prefill output's, or None)
+        say where each prompt's K/V are read from."""
+        engine, ids, batch = self._start(prompts, params, use_chat_template, kv_transfer_params)
         try:
             while engine.has_unfinished():
                 engine.step()
         finally:
             self._close(engine)
         outputs = [engine.output(i) for i in ids]
+        offered = getattr(engine, "offered", None)
         for out, prompt in zip(outputs, batch, strict=True):
             out.prompt = prompt if isinstance(prompt, str) else None
+            if offered is not None:
+                out.kv_transfer_params = offered.pop(out.request_id, None)
         return outputs

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -45,6 +46,8 @@ class RequestOutput:
     tpot_s: float | None  # mean time per output token after the first
     num_cached_tokens: int
     error: str | None = None  # why the request failed inside a step (finish_reason "error")
+    # kv_role="prefill": the params the decode side reads the prompt's K/V with (JSON-safe).
+    kv_transfer_params: dict[str, Any] | None = None
 
 
 def request_output(r: Request) -> RequestOutput:
