@@ -133,6 +133,36 @@ def test_ratios_are_taken_within_each_run_against_the_faster_setting() -> None:
     json.dumps(result)  # the bench writes it as is
 
 
+def test_per_cpu_second_ratios_take_their_own_faster_setting(capsys: pytest.CaptureFixture[str]) -> None:
+    """By wall time llama.cpp's 2 threads win; by CPU time (its threads spin) 1 thread does."""
+    run = {
+        "pagedkv": {"32": {"tokens_per_s": 300.0, "tokens_per_cpu_s": 320.0}},
+        "llama_cpp_single": [
+            {"threads": 1, "tokens_per_s": 40.0, "tokens_per_cpu_s": 80.0},
+            {"threads": 2, "tokens_per_s": 60.0, "tokens_per_cpu_s": 35.0},
+        ],
+        "llama_cpp_batched": [
+            {"threads": 1, "batches": {"32": {"tokens_per_s": 100.0, "tokens_per_cpu_s": 200.0}}},
+            {"threads": 2, "batches": {"32": {"tokens_per_s": 150.0, "tokens_per_cpu_s": 90.0}}},
+        ],
+    }
+    result = decode_report.summarize_runs([run])
+    assert result["ratio_to_llama_cpp"] == {"32": 5.0} and result["ratio_to_llama_cpp_batched"] == {"32": 2.0}
+    cpu = result["per_cpu_s"]
+    assert cpu["ratio_to_llama_cpp"] == {"32": 4.0} and cpu["ratio_to_llama_cpp_batched"] == {"32": 1.6}
+    assert cpu["llama_cpp_batched_over_single"] == {"32": 2.5}
+    assert result["runs"][0]["per_cpu_s"]["ratio_to_llama_cpp_batched"] == {"32": 1.6}
+    assert result["pagedkv"]["32"] == {"tokens_per_s": 300.0, "tokens_per_cpu_s": 320.0}
+    assert result["llama_cpp"] == {
+        "tokens_per_s": 60.0,
+        "tokens_per_cpu_s": 35.0,
+        "threads": 2,
+    }  # the wall-faster
+    decode_report.print_decode_comparison(result | {"attention_kernel": KERNEL, "threads": 2})
+    out = capsys.readouterr().out
+    assert "    per CPU-second: 4.00x single [4.00-4.00], 1.60x batched at 32 [1.60-1.60]\n" in out
+
+
 def test_summary_without_llama_cpp_keeps_the_notes(capsys: pytest.CaptureFixture[str]) -> None:
     result = decode_report.summarize_runs([_run([10, 50, 90], [None, None], [None, None])] * 2)
     assert result["llama_cpp"] == {"skipped": "no"} and result["llama_cpp_batched"] == {"skipped": "no"}
