@@ -53,6 +53,7 @@ def test_bench_engine_refuses_bad_options_in_one_line(smollm, capsys):
         ["--max-model-len", "100000"],  # the contiguous engine could admit nothing
         ["--max-prompt", "300"],  # no room for an output in max_model_len 256
         ["--block-size", "1", "--sections", "n4"],
+        ["--decode-runs", "0"],
     ):
         assert main(["bench-engine", *argv]) == 2, argv
         err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]

@@ -2,8 +2,10 @@
 
 - ``engine``: the sections (throughput, decode, ``n = 4`` sharing, a shared system prompt,
   memory), ratios from one run;
-- ``decode``: pagedkv's decode beside llama.cpp's single stream and the attention kernel beside
-  a copy (``--sections decode``);
+- ``decode``: pagedkv's decode beside llama.cpp's single stream and its batched decode, several
+  runs alternating, and the attention kernel beside a copy (``--sections decode``);
+  ``decode_report``: its ratios and printout; ``llama_cpp_baseline``: llama.cpp's rates from a
+  subprocess running ``llama_cpp_runner``;
 - ``memory``: KV bytes with hybrid KV groups against every layer full attention
   (``--sections memory``).
 

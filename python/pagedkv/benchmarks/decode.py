@@ -1,14 +1,21 @@
-"""The decode comparison of ``pagedkv bench-engine --sections decode``: one run, three numbers.
+"""The decode comparison of ``pagedkv bench-engine --sections decode``: one process, several runs.
+
+Each run measures, back to back (the order alternating between runs):
 
 1. pagedkv's aggregate decode tokens/s at batch 1 / 8 / 32 (16-token prompts, greedy, the
-   default data plane), timed over decode steps only (the prefills run first).
-2. llama.cpp's single stream on the same GGUF file, greedy, with 1 thread and with
-   ``os.cpu_count()`` threads (on a busy machine its spinning threads collapse at 2: the ratios
-   use its faster setting), when ``llama_cpp`` imports in the interpreter
-   ``PAGEDKV_LLAMA_PYTHON`` names (default: this one); it runs in a subprocess so that its
-   threads and ours never share a process. Skipped with a note otherwise.
-3. The CPU paged decode attention kernel's bytes/s of K/V read (batch 32, 2 K context, 8 query /
-   2 KV heads of 64, fp32) beside ``np.copyto`` of the same bytes.
+   default data plane), timed over decode steps only (the prefills run first);
+2. llama.cpp's single stream on the same GGUF file (llama-cpp-python's ``Llama.generate``,
+   greedy, 64 tokens) and
+3. llama.cpp's batched decode through its batch API at the same batch sizes (one sequence per
+   ``seq_id``, each with its own prompt and KV, one token per sequence per ``llama_decode``: how
+   llama.cpp's ``examples/batched`` and server decode), timed like pagedkv's,
+
+both with 1 thread and with the engine's thread count (on a busy machine llama.cpp's spinning
+threads collapse at 2: each ratio uses its faster setting in that run), when ``llama_cpp``
+imports in the interpreter ``PAGEDKV_LLAMA_PYTHON`` names (``llama_cpp_baseline``); skipped with a
+note otherwise. ``decode_report`` takes the ratios within each run and their medians over the runs.
+Once, after the runs: the CPU paged decode attention kernel's bytes/s of K/V read (batch 32, 2 K
+context, 8 query / 2 KV heads of 64, fp32) beside ``np.copyto`` of the same bytes.
 
 pagedkv's default weight mode (``int8``) reads the file's codes (4-bit ones packed two per
 byte) with an fp32 scale and offset per block and quantizes activations to 8 bits, as llama.cpp
@@ -18,10 +25,6 @@ does with the file's blocks themselves: at batch 1 pagedkv streams ~1.2x llama.c
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -29,26 +32,16 @@ from typing import Any
 import numpy as np
 
 from pagedkv.attention import paged_attention
+from pagedkv.benchmarks.decode_report import print_decode_comparison, summarize_runs
+from pagedkv.benchmarks.llama_cpp_baseline import engine_threads, llama_cpp_batch_api, llama_cpp_single_stream
 from pagedkv.engine.llm_engine import EngineConfig, LLMEngine
 from pagedkv.engine.params import SamplingParams
 from pagedkv.models import LoadedModel
 
 __all__ = ["best_of", "decode_comparison", "drive_decode", "kernel_vs_copy", "print_decode_comparison"]
 
-# Runs in the llama.cpp interpreter: argv = model path, threads, prompt token count, decode tokens.
-_LLAMA_SCRIPT = """
-import json, sys, time
-from llama_cpp import Llama
-path, threads, n_prompt, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-llm = Llama(model_path=path, n_threads=threads, n_threads_batch=threads, n_ctx=512, verbose=False)
-tokens = list(range(100, 100 + n_prompt))
-gen = llm.generate(tokens, top_k=1, temp=0.0)
-next(gen)  # the prefill and the first token
-start = time.perf_counter()
-for _, _tok in zip(range(n), gen):
-    pass
-print(json.dumps({"tokens": n, "tokens_per_s": n / (time.perf_counter() - start), "threads": threads}))
-"""
+PROMPT_TOKENS = 16  # each request's prompt, pagedkv's and llama.cpp's batched
+DECODE_TOKENS = 16  # timed decode steps after the prefill's first token, pagedkv's and llama.cpp's batched
 
 
 def best_of(fn: Callable[[], object], repeats: int) -> float:
@@ -98,7 +91,7 @@ def kernel_vs_copy(
 
 
 def drive_decode(
-    model: LoadedModel, batch: int, prompt_len: int = 16, decode_tokens: int = 16
+    model: LoadedModel, batch: int, prompt_len: int = PROMPT_TOKENS, decode_tokens: int = DECODE_TOKENS
 ) -> dict[str, float]:
     """``batch`` greedy requests; tokens/s (wall and process CPU) over their decode steps only."""
     rng = np.random.default_rng(batch)
@@ -120,65 +113,63 @@ def drive_decode(
     return {"tokens": tokens, "tokens_per_s": tokens / wall, "tokens_per_cpu_s": tokens / max(cpu, 1e-9)}
 
 
-def llama_cpp_single_stream(model_path: str, threads: int, decode_tokens: int = 64) -> dict[str, Any]:
-    """llama.cpp's greedy single-stream decode rate in a subprocess, or a note why it did not run."""
-    python = os.environ.get("PAGEDKV_LLAMA_PYTHON", sys.executable)
-    try:
-        done = subprocess.run(
-            [python, "-c", _LLAMA_SCRIPT, model_path, str(threads), "16", str(decode_tokens)],
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return {"skipped": f"llama.cpp did not run ({python}): {exc}"}
-    if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["?"])[-1]
-        return {"skipped": f"llama_cpp does not run in {python} (set PAGEDKV_LLAMA_PYTHON): {last}"}
-    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+def _pagedkv_rates(
+    model: LoadedModel, batches: tuple[int, ...], say: Callable[[str], None]
+) -> dict[str, Any]:
+    rates = {}
+    for batch in batches:
+        say(f"pagedkv at batch {batch}")
+        rates[str(batch)] = drive_decode(model, batch)
+    return rates
+
+
+def _llama_cpp_rates(
+    model_path: str, settings: list[int], batches: tuple[int, ...], say: Callable[[str], None]
+) -> dict[str, Any]:
+    single, batched = [], []
+    for threads in settings:
+        say(f"llama.cpp single stream, {threads} thread(s)")
+        single.append(llama_cpp_single_stream(model_path, threads))
+    for threads in settings:
+        say(f"llama.cpp batched at {'/'.join(map(str, batches))} sequences, {threads} thread(s)")
+        batched.append(llama_cpp_batch_api(model_path, threads, batches, PROMPT_TOKENS, DECODE_TOKENS))
+    return {"llama_cpp_single": single, "llama_cpp_batched": batched}
 
 
 def decode_comparison(
-    model: LoadedModel, model_path: str, batches: tuple[int, ...] = (1, 8, 32), say: Any = None
+    model: LoadedModel,
+    model_path: str,
+    batches: tuple[int, ...] = (1, 8, 32),
+    runs: int = 3,
+    say: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """The three measurements of the module docstring, with ratios to llama.cpp when it ran."""
-    say = say or (lambda _msg: None)
-    result: dict[str, Any] = {"pagedkv": {}, "weights": getattr(model.model, "weight_dtype", "fp32")}
-    for batch in batches:
-        say(f"decode comparison: pagedkv at batch {batch}")
-        result["pagedkv"][str(batch)] = drive_decode(model, batch)
-    runs = []
-    for threads in sorted({1, os.cpu_count() or 1}):
-        say(f"decode comparison: llama.cpp single stream, {threads} threads")
-        runs.append(llama_cpp_single_stream(model_path, threads))
-    ran = [r for r in runs if "tokens_per_s" in r]
-    llama = max(ran, key=lambda r: r["tokens_per_s"]) if ran else runs[-1]
-    result["llama_cpp"] = llama
-    result["llama_cpp_runs"] = runs
-    if "tokens_per_s" in llama:
-        result["ratio_to_llama_cpp"] = {
-            b: r["tokens_per_s"] / llama["tokens_per_s"] for b, r in result["pagedkv"].items()
-        }
-    say("decode comparison: attention kernel vs copy")
+    """The measurements of the module docstring: ``runs`` runs, summarized by
+    ``decode_report.summarize_runs`` (the runs themselves under ``"runs"``), and the kernel row."""
+    tell = say or (lambda _msg: None)
+    threads = engine_threads()
+    settings = sorted({1, threads})
+    measured: list[dict[str, Any]] = []
+    for i in range(runs):
+
+        def step(msg: str, i: int = i) -> None:
+            tell(f"decode comparison run {i + 1}/{runs}: {msg}")
+
+        run: dict[str, Any] = {}
+        llama_cpp_ran = not measured or any(
+            "skipped" not in r for r in measured[0]["llama_cpp_single"] + measured[0]["llama_cpp_batched"]
+        )
+        if i % 2:  # llama.cpp first in every second run, so that neither side always runs first
+            run |= _llama_cpp_rates(model_path, settings, batches, step) if llama_cpp_ran else {}
+            run["pagedkv"] = _pagedkv_rates(model, batches, step)
+        else:
+            run["pagedkv"] = _pagedkv_rates(model, batches, step)
+            run |= _llama_cpp_rates(model_path, settings, batches, step) if llama_cpp_ran else {}
+        if not llama_cpp_ran:  # it did not run in the first run: its notes, not another try
+            run |= {key: measured[0][key] for key in ("llama_cpp_single", "llama_cpp_batched")}
+        measured.append(run)
+    result = summarize_runs(measured)
+    result["weights"] = getattr(model.model, "weight_dtype", "fp32")
+    result["threads"] = threads
+    tell("decode comparison: attention kernel vs copy")
     result["attention_kernel"] = kernel_vs_copy()
     return result
-
-
-def print_decode_comparison(result: dict[str, Any]) -> None:
-    llama = result["llama_cpp"]
-    print(f"pagedkv weights: {result.get('weights', 'fp32')} (PAGEDKV_WEIGHTS; docs/cpu_data_plane.md)")
-    for batch, r in result["pagedkv"].items():
-        ratio = result.get("ratio_to_llama_cpp", {}).get(batch)
-        vs = f" = {ratio:.2f}x llama.cpp's single stream" if ratio is not None else ""
-        print(f"pagedkv decode batch {batch:>3}: {r['tokens_per_s']:.1f} tok/s{vs}")
-    if "tokens_per_s" in llama:
-        for r in result.get("llama_cpp_runs", [llama]):
-            if "tokens_per_s" in r:
-                print(f"llama.cpp single stream ({r['threads']} threads): {r['tokens_per_s']:.1f} tok/s")
-    else:
-        print(f"llama.cpp: {llama['skipped']}")
-    k = result["attention_kernel"]
-    print(
-        f"attention kernel: {k['attention_gb_per_s']:.2f} GB/s of K/V vs copy {k['copy_gb_per_s']:.2f} GB/s "
-        f"({k['attention_over_copy']:.2f}x)"
-    )

@@ -76,6 +76,12 @@ def register(subparsers: Any) -> None:
         "shared-prefix workload under fcfs, lpm and dfs, docs/scheduling.md)",
     )
     bench.add_argument(
+        "--decode-runs",
+        type=cli_args.bounded_int(1, 100),
+        default=3,
+        help="the decode section's runs, pagedkv and llama.cpp alternating (ratios within each run)",
+    )
+    bench.add_argument(
         "--contexts",
         type=cli_args.positive_int_list,
         default=[2048, 8192],
@@ -218,13 +224,16 @@ def _bench(args: Any) -> int:
         progress=lambda msg: print(f"bench-engine: {msg}", file=sys.stderr, flush=True),
         checkpoint=(lambda partial: write_json(args.json, partial)) if args.json else None,
     )
-    if "decode" in sections:  # pagedkv at batch 1/8/32 beside llama.cpp and the kernel vs a copy
+    if "decode" in sections:  # pagedkv at batch 1/8/32 beside llama.cpp (single, batched), kernel vs copy
         from pagedkv.benchmarks.decode import decode_comparison, print_decode_comparison
         from pagedkv.models.llama.locate import default_model_path
 
         path = str(args.model or default_model_path())
         result["decode_comparison"] = decode_comparison(
-            model, path, say=lambda msg: print(f"bench-engine: {msg}", file=sys.stderr, flush=True)
+            model,
+            path,
+            runs=args.decode_runs,
+            say=lambda msg: print(f"bench-engine: {msg}", file=sys.stderr, flush=True),
         )
     _print(result)
     if "decode_comparison" in result:
