@@ -206,3 +206,14 @@ def test_mismatched_caches_are_refused():
     )  # not 528-byte rows
     with pytest.raises(InvalidArgumentError):
         paged_attention(q, bad, vc, tables, lens, backend="cpu")
+
+
+def test_a_refused_copy_copies_nothing():
+    """Keys and values go to Rust in one call: a value cache refused (here: fewer blocks than the
+    copy names) leaves the key cache as it was, never the keys copied and the values refused."""
+    k = QuantizedKvCache.empty("int4", "key", 4, 8, 1, 64, num_residual_slots=1)
+    v = QuantizedKvCache.empty("int4", "value", 2, 8, 1, 64, num_residual_slots=1)
+    k.data[0] = 7
+    with pytest.raises(InvalidArgumentError):
+        copy_blocks([k], [v], np.array([[0, 3]], np.int32), backend="cpu")
+    assert not k.data[1:].any()

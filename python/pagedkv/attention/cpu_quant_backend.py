@@ -177,8 +177,9 @@ def copy_blocks(k_caches: Any, v_caches: Any, copy_ops: Any) -> None:
         _same_geometry(f"layer {i}'s caches and layer 0's", k, k_caches[0], _GEOMETRY)
         _same_geometry(f"layer {i}'s key and value caches", k, v, _GEOMETRY)
     ops = _input("copy_ops", copy_ops)
-    _core.cpu_copy_block_bytes([k.data for k in k_caches], ops)
-    _core.cpu_copy_block_bytes([v.data for v in v_caches], ops)
+    # One call for keys and values (their rows differ in length for int4): a cache refused there
+    # is refused before any block is copied.
+    _core.cpu_copy_block_bytes([k.data for k in k_caches] + [v.data for v in v_caches], ops)
 
 
 def swap_blocks(src_cache: Any, dst_cache: Any, mapping: Any) -> int:

@@ -16,6 +16,7 @@ use pagedkv_cpu::{
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
+use crate::arrays::require_aligned;
 use crate::cpu_ops::{array, err, ints, kind, mut_slice, read, slice, Storage, Tables};
 use crate::errors::invalid_argument;
 
@@ -270,6 +271,7 @@ fn writable<'py, T: numpy::Element>(
     if !arr.is_c_contiguous() {
         return Err(invalid_argument(py, format!("{name} must be C-contiguous")));
     }
+    require_aligned(py, name, arr.as_untyped())?;
     arr.try_readwrite().map_err(|e| {
         invalid_argument(
             py,
@@ -388,8 +390,11 @@ fn cpu_quant_write_kv<'py>(
     )
 }
 
-/// Block copies on byte rows (`[num_blocks, block_bytes]` uint8 arrays of one shape): quantized
-/// blocks move as they are (see `pagedkv.attention.copy_blocks`).
+/// Block copies on byte rows (`[num_blocks, block_bytes]` uint8 arrays of one `num_blocks`; the
+/// row length may differ, as an int4 key cache's does from its value cache's): quantized blocks
+/// move as they are (see `pagedkv.attention.copy_blocks`). One call for every cache of every
+/// layer, so a refusal (an array not writable in place, a bad block id) comes before any copy:
+/// never the keys copied and the values refused.
 #[pyfunction]
 fn cpu_copy_block_bytes<'py>(
     py: Python<'py>,
@@ -422,33 +427,45 @@ fn cpu_copy_block_bytes<'py>(
             "copy_blocks needs at least one cache".into(),
         ));
     };
-    let shape = first.shape().to_vec();
+    let num_blocks = first.shape()[0];
     if let Some((i, b)) = borrows
         .iter()
         .enumerate()
-        .find(|(_, b)| b.shape() != shape.as_slice())
+        .find(|(_, b)| b.shape()[0] != num_blocks)
     {
         return Err(invalid_argument(
             py,
             format!(
-                "cache {i} has shape {:?}, cache 0's is {shape:?}",
-                b.shape()
+                "cache {i} has {} blocks, cache 0 has {num_blocks}",
+                b.shape()[0]
             ),
         ));
     }
-    let cache = CacheShape {
-        num_blocks: shape[0],
+    let shape = |row: usize| CacheShape {
+        num_blocks,
         block_size: 1,
         num_kv_heads: 1,
-        head_dim: shape[1],
+        head_dim: row,
     };
-    let mut slices: Vec<&mut [u8]> = Vec::with_capacity(borrows.len());
+    let mut caches: Vec<(usize, &mut [u8])> = Vec::with_capacity(borrows.len());
     for b in borrows.iter_mut() {
-        slices.push(mut_slice(py, b)?);
+        let row = b.shape()[1];
+        caches.push((row, mut_slice(py, b)?));
     }
     let ops_s = slice(&ops)?;
-    py.detach(|| cpu::copy_blocks(&mut slices, cache, ops_s))
-        .map_err(|e| err(py, e))
+    py.detach(|| {
+        // Every check first (each cache's shape, then the ops against `num_blocks`, with no
+        // cache), so none of the per-cache copies below can fail after another one ran.
+        for (i, (row, c)) in caches.iter().enumerate() {
+            shape(*row).check_len(&format!("caches[{i}]"), c.len())?;
+        }
+        cpu::copy_blocks::<u8>(&mut [], shape(1), ops_s)?;
+        for (row, c) in caches.iter_mut() {
+            cpu::copy_blocks(&mut [&mut **c], shape(*row), ops_s)?;
+        }
+        Ok(())
+    })
+    .map_err(|e| err(py, e))
 }
 
 /// Block swaps between two byte-row caches of one row length (see `pagedkv.attention.swap_blocks`);
