@@ -1,6 +1,14 @@
 """pagedkv: a paged KV-cache allocator with PagedAttention kernels, a simulator and a visualizer."""
 
-from pagedkv._core import BlockHandle, BlockPool, FullAttention, KvCacheManager, SlidingWindow, __version__
+from pagedkv._core import (
+    BlockHandle,
+    BlockPool,
+    FullAttention,
+    KvCacheManager,
+    SlidingWindow,
+    __version__,
+    reduce_block_hash,
+)
 from pagedkv.errors import (
     DoubleFreeError,
     InvalidArgumentError,
@@ -30,6 +38,7 @@ __all__ = [
     "KvCacheManager",
     "FullAttention",
     "SlidingWindow",
+    "reduce_block_hash",
     "BlockStored",
     "BlockRemoved",
     "AllBlocksCleared",

@@ -13,6 +13,8 @@ use pyo3::prelude::*;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod alloc_guard;
+mod block_keys;
+mod chunks;
 mod cpu_ops;
 mod errors;
 mod event_digests;
@@ -40,6 +42,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     wire::register(m)?;
     event_digests::register(m)?;
     int_list::register(m)?;
+    block_keys::register(m)?;
     cpu_ops::register(m)?;
     quantized_matmul::register(m)?;
     Ok(())

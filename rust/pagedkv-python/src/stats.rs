@@ -41,6 +41,7 @@ pub fn stats_to_dict<'py>(py: Python<'py>, stats: &pagedkv::Stats) -> PyResult<B
         blocks_offloaded,
         blocks_loaded,
         offload_blocks_dropped,
+        num_reserved_blocks,
     } = stats;
     dict.set_item("num_blocks", num_blocks)?;
     dict.set_item("block_size", block_size)?;
@@ -71,6 +72,7 @@ pub fn stats_to_dict<'py>(py: Python<'py>, stats: &pagedkv::Stats) -> PyResult<B
     dict.set_item("blocks_offloaded", blocks_offloaded)?;
     dict.set_item("blocks_loaded", blocks_loaded)?;
     dict.set_item("offload_blocks_dropped", offload_blocks_dropped)?;
+    dict.set_item("num_reserved_blocks", num_reserved_blocks)?;
     // The contract's (docs/design.md) names for three of the counters.
     dict.set_item("allocations", blocks_allocated)?;
     dict.set_item("frees", blocks_freed)?;

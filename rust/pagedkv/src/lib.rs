@@ -48,12 +48,13 @@ pub mod wire;
 
 pub use error::{Error, Result, Tier};
 pub use manager::{
-    CsrPageTable, KvCacheManager, KvGroupSpec, ManagerConfig, MAX_KV_GROUPS, NULL_BLOCK,
+    AdmitOptions, CsrPageTable, KvCacheManager, KvGroupSpec, ManagerConfig, NewBlockIds, Prompt,
+    SlotOptions, MAX_KV_GROUPS, NULL_BLOCK,
 };
 pub use peers::PoolPeers;
 pub use pool::{BlockHandle, BlockPool, MAX_NUM_BLOCKS, MAX_NUM_SLOTS};
 pub use prefix::events::{DrainedEvents, KvEvent};
-pub use prefix::hash::{BlockHash, BlockHasher};
+pub use prefix::hash::{reduce_block_hash, BlockHash, BlockHasher};
 pub use stats::Stats;
 pub use table::BlockTable;
 

@@ -36,10 +36,20 @@ use crate::{BlockId, Tier, TokenId};
 /// The content one host block holds: what a device block was indexed with.
 #[derive(Debug, Clone)]
 struct Entry {
+    /// The device index's key (`prefix::hash::group_key` of the content hash).
     hash: BlockHash,
     parent: Option<BlockHash>,
     token_ids: Box<[TokenId]>,
     extra_key: Option<Arc<[u8]>>,
+    /// The KV-cache group of a manager of several groups (events carry it), `None` otherwise.
+    group_idx: Option<u32>,
+}
+
+impl Entry {
+    /// The content hash (what events carry): the key less its group's mix.
+    fn content_hash(&self) -> BlockHash {
+        crate::prefix::hash::content_hash(self.group_idx.unwrap_or(0), self.hash)
+    }
 }
 
 /// What an evicted device block was indexed with (borrowed from the prefix index).
@@ -49,6 +59,8 @@ pub(crate) struct Content<'a> {
     pub(crate) parent: Option<BlockHash>,
     pub(crate) token_ids: &'a [TokenId],
     pub(crate) extra_key: Option<&'a Arc<[u8]>>,
+    /// The block's KV-cache group in a manager of several groups, `None` otherwise.
+    pub(crate) group_idx: Option<u32>,
 }
 
 /// Lifetime counters of the tier, in blocks.
@@ -133,6 +145,21 @@ impl OffloadTier {
             .then_some(h)
     }
 
+    /// [`Self::lookup`] of a block of KV-cache group `group` under its group key `key`: the
+    /// entry's group must match too.
+    pub(crate) fn lookup_in_group(
+        &self,
+        key: BlockHash,
+        group: u32,
+        parent: Option<BlockHash>,
+        token_ids: &[TokenId],
+        extra_key: Option<&[u8]>,
+    ) -> Option<BlockId> {
+        let h = self.lookup(key, parent, token_ids, extra_key)?;
+        let entry = self.entries[h as usize].as_ref()?;
+        (entry.group_idx.unwrap_or(0) == group).then_some(h)
+    }
+
     /// Keeps the content of evicted device block `device_block` (indexed as `content`): a host
     /// block takes it (a free one, else the least recently used entry is dropped) and an
     /// offload op is recorded. Content already held is only marked recently used; when every
@@ -169,16 +196,17 @@ impl OffloadTier {
             parent: content.parent,
             token_ids: content.token_ids.into(),
             extra_key: content.extra_key.cloned(),
+            group_idx: content.group_idx,
         };
         if events.enabled() {
             events.push(KvEvent::BlockStored {
-                block_hashes: vec![entry.hash],
+                block_hashes: vec![entry.content_hash()],
                 parent_block_hash: entry.parent,
                 token_ids: entry.token_ids.to_vec(),
                 block_size: self.block_size,
                 extra_key: entry.extra_key.as_deref().map(<[u8]>::to_vec),
                 medium: Tier::Host,
-                group_idx: None,
+                group_idx: entry.group_idx,
             });
         }
         self.map.insert(entry.hash, h);
@@ -194,9 +222,9 @@ impl OffloadTier {
             self.map.remove(&e.hash);
             if events.enabled() {
                 events.push(KvEvent::BlockRemoved {
-                    block_hashes: vec![e.hash],
+                    block_hashes: vec![e.content_hash()],
                     medium: Tier::Host,
-                    group_idx: None,
+                    group_idx: e.group_idx,
                 });
             }
         }

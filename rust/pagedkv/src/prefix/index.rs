@@ -34,7 +34,7 @@
 
 use std::sync::Arc;
 
-use super::hash::{BlockHash, BlockHasher};
+use super::hash::{group_key, BlockHash, BlockHasher};
 use super::hash_slots::{HashSlots, Probe};
 use crate::prefetch::touch_all;
 use crate::{BlockId, TokenId};
@@ -64,6 +64,13 @@ struct Stored {
     /// The block whose child hint alone reaches this block, while it is chained (no map
     /// entry; see the module docs); `NO_BLOCK` otherwise.
     chained_to: BlockId,
+    /// The KV-cache group the block belongs to: `hash` is its content hash keyed by the group
+    /// (`prefix::hash::group_key`; 0 for a single-group manager). Set by
+    /// [`BlockIndex::set_origin`] after the block is entered, reset to 0 by every entry.
+    group: u8,
+    /// Whether `hash` is the caller's (`block_hashes` of an admission): not recomputed from
+    /// the tokens by [`BlockIndex::check_invariants`].
+    caller_hash: bool,
 }
 
 // The record fits the one cache line it is aligned to.
@@ -116,6 +123,8 @@ impl Default for Stored {
             has_parent: false,
             visible: false,
             chained_to: NO_BLOCK,
+            group: 0,
+            caller_hash: false,
         }
     }
 }
@@ -232,6 +241,23 @@ impl BlockIndex {
         self.hash_of(b) == Some(hash)
     }
 
+    /// Records, for block `b` just entered, the KV-cache group its key belongs to and whether
+    /// the key is a caller's hash (docs/design.md, KV groups). Entries start at group 0 with a
+    /// computed hash, so a single-group manager never calls this.
+    #[inline]
+    pub(crate) fn set_origin(&mut self, b: BlockId, group: u32, caller_hash: bool) {
+        debug_assert!(self.is_indexed(b) && group < 256);
+        let s = &mut self.stored[b as usize];
+        s.group = group as u8;
+        s.caller_hash = caller_hash;
+    }
+
+    /// The KV-cache group of indexed block `b` (meaningful while it is indexed).
+    #[inline]
+    pub(crate) fn group_of(&self, b: BlockId) -> u32 {
+        u32::from(self.stored[b as usize].group)
+    }
+
     /// What block `b` is indexed with (hash, parent, token ids, extra key), if it is: what the
     /// offload tier keeps when the block is evicted.
     pub(crate) fn content(&self, b: BlockId) -> Option<crate::offload_tier::Content<'_>> {
@@ -242,6 +268,7 @@ impl BlockIndex {
             parent: s.has_parent.then_some(s.parent),
             token_ids: self.tokens_of(b),
             extra_key: s.extra_key.as_ref(),
+            group_idx: None,
         })
     }
 
@@ -271,7 +298,8 @@ impl BlockIndex {
     /// token ids, which determine its hash (so the hash is known without computing it).
     /// Returns the first copy of that content, as [`BlockIndex::lookup`] would, and its hash.
     /// `None` when the hint is missing or stale (the caller then hashes and looks up).
-    #[inline]
+    /// Always inlined (see `PrefixCache::lookup_child`).
+    #[inline(always)]
     pub(crate) fn lookup_child(
         &self,
         parent_block: BlockId,
@@ -458,6 +486,8 @@ impl BlockIndex {
         s.child = NO_BLOCK;
         s.visible = true;
         s.chained_to = chained_to.unwrap_or(NO_BLOCK);
+        s.group = 0;
+        s.caller_hash = false;
         let at = b as usize * self.block_size;
         self.tokens[at..at + self.block_size].copy_from_slice(token_ids);
     }
@@ -654,11 +684,15 @@ impl BlockIndex {
         Ok(())
     }
 
-    /// Invariant 2 for block `b` (`what` names its kind in the error).
+    /// Invariant 2 for block `b` (`what` names its kind in the error): its key is its group's
+    /// key of the hash of what it was stored with, unless the caller supplied the hash.
     fn check_hash(&self, hasher: &BlockHasher, b: BlockId, what: &str) -> Result<(), String> {
         let s = &self.stored[b as usize];
+        if s.caller_hash {
+            return Ok(());
+        }
         let recomputed = hasher.hash_block(s.parent(), self.tokens_of(b), s.extra_key.as_deref());
-        if recomputed != s.hash {
+        if group_key(u32::from(s.group), recomputed) != s.hash {
             return Err(format!("{what} block {b}: hash does not match its tokens"));
         }
         Ok(())
