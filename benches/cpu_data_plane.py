@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 from pagedkv.attention import paged_attention
-from pagedkv.engine.bench_decode import best_of, drive_decode
+from pagedkv.benchmarks.decode import best_of, drive_decode
 
 
 def kernel_row(

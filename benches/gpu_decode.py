@@ -1,27 +1,33 @@
 """GPU decode-attention benchmark: correctness, copy bandwidth, and a bandwidth sweep, in one run.
 
-    python benches/gpu_decode.py --out benches/results/h200_decode.json
-    python benches/gpu_decode.py --kernel-only --out $OUT/h200_decode.json   # kernel times only
+    python benches/gpu_decode.py --out results/decode.json
+    python benches/gpu_decode.py --kernel-only --out results/decode.json   # kernel times only
     python benches/gpu_decode.py --dry-run          # no GPU: checks the sweep, accounting, plans
 
 Steps (each printed as it runs):
 1. Correctness: the cuda backend against the NumPy reference on small paged problems
    (fp16/bf16, group 1/4/8, forced and automatic splits; groups 4 and 8 on both decode kernels,
    tensor cores and CUDA cores), and one sliding-window step through DecodeWorkspace(window=)
-   with the blocks before each window released (-1, NaN). A mismatch stops the run (exit 1).
-2. Device-to-device copy bandwidth (cudaMemcpy of a large buffer): the practical ceiling.
+   with the blocks before each window released (-1, NaN); then the dense baseline (below) on a
+   small problem. A mismatch stops the run (exit 1).
+2. Device-to-device copy bandwidth (cudaMemcpy of a large buffer): the practical ceiling. The
+   device's peak comes from benches/gpu_specs.py (a table of datasheet figures by device name);
+   a GPU the table does not list is reported against this measured copy instead.
 3. Sweep: batch {1, 8, 64} x context {1K, 4K, 16K} x group {1, 4, 8} x {fp16, bf16}, head_dim 128,
    block_size 16, 8 KV heads, random non-contiguous block tables. For each point:
    - kernel time: back-to-back DecodeWorkspace.run launches on preallocated buffers (no host
      work in the timed region), CUDA events around each launch, L2 flushed before every
      iteration (a write over twice the L2 size), median; achieved GB/s over the bytes a launch
      must read (K and V of every token, plus q and the output), % of the measured copy bandwidth
-     and % of 4.8 TB/s (H200 HBM3e peak);
+     and % of the device's peak (column `%peak`);
    - the planned splits, the CTAs per SM the occupancy API reports and the grid's waves;
    - where the launcher picks the tensor-core kernel (fp16/bf16, group >= 3), the CUDA-core kernel
      on the same buffers and plan too (DecodeWorkspace(use_tensor_cores=False)): its time
      (column `CC us`) and the ratio of kernel times tensor cores / CUDA cores (`TC/CC`, < 1 when
      the tensor-core path is faster), both from the same run;
+   - the dense baseline (gpu_dense_decode.py): the same shapes over a contiguous, unpaged cache
+     through PyTorch's scaled_dot_product_attention (else a matmul form in PyTorch or CuPy), timed
+     the same way: its time (`dense us`) and dense time / ours (`dn/us`, > 1: ours is faster);
    - unless --kernel-only: the full paged_attention call (host validation, upload, allocation,
      launches) as wall time per synchronized call, reported as overhead over the kernel time;
      where FlashInfer imports, its BatchDecodeWithPagedKVCacheWrapper on the very same caches.
@@ -31,7 +37,8 @@ Everything is seeded (NumPy and CuPy generators). --out writes JSON after every 
 table as text next to it, FILE.txt), so a run cut short still leaves its results; --budget-s stops
 the sweep early (default 420 s, so the whole device script stays under 8 minutes). --dry-run prints
 an upper estimate of the device time (estimated_seconds: each timing's iterations at a pessimistic
-50 % of peak bandwidth, setup, compiles) next to the budget.
+50 % of the expected GPU's peak bandwidth, setup, compiles) next to the budget, checks the dense
+baseline's matmul form on the CPU, and writes --out with every point's plan.
 
 On a lent GPU machine without a Rust toolchain: `scripts/gpu_run.sh` (docs/decode_kernel.md §5:
 build the extension on a CPU machine, carry `python/pagedkv/_core.abi3.so`).
@@ -55,9 +62,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from gpu_dense_decode import DenseDecode
+from gpu_dense_decode import check as dense_check
+from gpu_specs import NOMINAL, GpuSpec, describe, lookup, measured
 from gpu_timing import random_values, time_kernel
 
-PEAK_BYTES_PER_S = 4.8e12
 BATCHES = (1, 8, 64)
 CONTEXTS = (1024, 4096, 16384)
 GROUPS = (1, 4, 8)
@@ -67,7 +76,6 @@ BLOCK_SIZE = 16
 WINDOW = 100  # the windowed DecodeWorkspace correctness case (Gemma-style sliding window)
 NUM_KV_HEADS = 8
 ITEMSIZE = 2
-H200_SMS = 132
 # (kind, batch, context, group) points whose num_splits is swept, and the counts tried.
 SPLIT_SWEEP = (("bfloat16", 1, 16384, 8), ("bfloat16", 8, 4096, 8), ("float16", 1, 1024, 1))
 SPLIT_COUNTS = (1, 2, 4, 8, 16, 32)
@@ -127,6 +135,12 @@ class Result:
     baseline_time_us: float | None = None
     baseline_gb_per_s: float | None = None
     tc_over_cuda_core: float | None = None  # kernel time ratio, tensor cores / CUDA cores
+    # The dense baseline on a contiguous cache of the same shapes (gpu_dense_decode.py).
+    dense_backend: str = ""
+    dense_time_us: float | None = None
+    dense_gb_per_s: float | None = None
+    dense_over_ours: float | None = None  # > 1: the paged kernel is faster
+    dense_note: str = ""
 
 
 def sweep() -> list[SweepPoint]:
@@ -136,7 +150,8 @@ def sweep() -> list[SweepPoint]:
 
 
 def target_pct(point: SweepPoint) -> float | None:
-    """The issue's targets: >= 80 % of 4.8 TB/s at >= 0.5 GB of KV for group <= 4, >= 65 % at group 8."""
+    """The targets, in % of the device's peak bandwidth: >= 80 % at >= 0.5 GB of KV for group <= 4,
+    >= 65 % at group 8."""
     if point.kv_bytes < 0.5e9:
         return None
     return 80.0 if point.group <= 4 else 65.0
@@ -369,7 +384,7 @@ def kernel_path(point: SweepPoint) -> str:
 
 
 # estimated_seconds' model: pessimistic on purpose (it is checked against the budget).
-EST_BANDWIDTH = 0.5 * PEAK_BYTES_PER_S  # a launch's bytes at half the peak
+EST_BANDWIDTH = 0.5 * (NOMINAL.peak_bytes_per_s or 1e12)  # a launch's bytes at half the expected peak
 EST_FLUSH_S = 100e-6  # the L2 flush (2 x 50 MB written) and its host round trip
 EST_HOST_S = 100e-6  # per timed iteration: event record/synchronize, Python
 EST_MIN_TIMING_S = 0.2  # time_kernel's min_seconds
@@ -380,7 +395,8 @@ EST_FIXED_S = 30.0  # imports, device query, correctness step (its compiles coun
 
 def estimated_seconds(points: list[SweepPoint], kernel_only: bool, flashinfer: bool = True) -> float:
     """An upper estimate of a run's device time: every timing's iterations (time_kernel: at least
-    20 and 0.2 s; time_call: 23), setup per point, one compile per decode/merge instance."""
+    20 and 0.2 s; time_call: 23), setup per point (the dense baseline's tensors included), the
+    dense baseline's timing, one compile per decode/merge instance."""
     from pagedkv.kernels import instances
 
     def timing(p: SweepPoint, min_iters: int = 20) -> float:
@@ -390,7 +406,7 @@ def estimated_seconds(points: list[SweepPoint], kernel_only: bool, flashinfer: b
     total = EST_FIXED_S
     compiled: set[str] = set()
     for p in points:
-        total += EST_SETUP_S + timing(p)
+        total += 2 * EST_SETUP_S + 2 * timing(p)  # ours, and the dense baseline
         for use in (None, False) if has_cuda_core_baseline(p.kind, p.head_dim, p.group) else (None,):
             compiled.add(instances.decode_for(p.kind, p.head_dim, p.block_size, p.group, use).name)
             if use is False:
@@ -502,6 +518,8 @@ def run_sweep(args: argparse.Namespace) -> int:
     print(f"device: {name}, {num_sms} SMs, CuPy {cupy.__version__}", flush=True)
     print("1. correctness (cuda backend vs NumPy reference)", flush=True)
     failures = correctness("cuda", cupy)
+    dense = DenseDecode(cupy)
+    failures += dense_correctness(dense, None)
     if failures:
         print("correctness FAILED:", failures)
         return 1
@@ -510,7 +528,10 @@ def run_sweep(args: argparse.Namespace) -> int:
         print(f"   note: {runner.fallback_reason}")
     print("2. device-to-device copy bandwidth", flush=True)
     copy_bw = copy_bandwidth(cupy)
-    print(f"  {copy_bw / 1e9:.0f} GB/s (read + write), {100 * copy_bw / PEAK_BYTES_PER_S:.1f} % of 4.8 TB/s")
+    spec: GpuSpec = lookup(name) or measured(name, num_sms, copy_bw)
+    peak = spec.peak_bytes_per_s or copy_bw
+    print(f"  {copy_bw / 1e9:.0f} GB/s (read + write), {100 * copy_bw / peak:.1f} % of the peak")
+    print(f"   peak: {describe(spec)}")
     flush = L2Flush(cupy)
     print(f"   L2 flushed before every timed launch ({flush.bytes >> 20} MiB written)")
     flash = None
@@ -523,8 +544,8 @@ def run_sweep(args: argparse.Namespace) -> int:
     print("3. sweep", flush=True)
     header = (
         f"{'kind':<8} {'batch':>5} {'ctx':>6} {'grp':>3} {'KV GB':>7} {'splits':>6} {'cta/SM':>6} "
-        f"{'waves':>5} {'us':>9} {'GB/s':>7} {'%copy':>6} {'%4.8T':>6} {'target':>6} {'CC us':>9} "
-        f"{'TC/CC':>5} {'API us':>8} {'FI us':>9} {'FI GB/s':>7} path"
+        f"{'waves':>5} {'us':>9} {'GB/s':>7} {'%copy':>6} {'%peak':>6} {'target':>6} {'CC us':>9} "
+        f"{'TC/CC':>5} {'dense us':>9} {'dn/us':>5} {'API us':>8} {'FI us':>9} {'FI GB/s':>7} path"
     )
     print(header)
     lines = [header]
@@ -534,7 +555,9 @@ def run_sweep(args: argparse.Namespace) -> int:
         "device": name,
         "num_sms": num_sms,
         "copy_bandwidth_gb_per_s": copy_bw / 1e9,
-        "peak_gb_per_s": PEAK_BYTES_PER_S / 1e9,
+        "gpu": asdict(spec),
+        "peak_gb_per_s": peak / 1e9,
+        "dense_baseline": f"{dense.backend} {dense.version}".strip(),
         "l2_flush_bytes": flush.bytes,
         "kernel_only": bool(args.kernel_only),
         "python": platform.python_version(),
@@ -570,7 +593,7 @@ def run_sweep(args: argparse.Namespace) -> int:
             seconds * 1e6,
             gbs / 1e9,
             100 * gbs / copy_bw,
-            100 * gbs / PEAK_BYTES_PER_S,
+            100 * gbs / peak,
             plan.num_splits,
             ctas_per_sm=ctas,
             waves=waves,
@@ -610,6 +633,17 @@ def run_sweep(args: argparse.Namespace) -> int:
                 r.flashinfer_time_us, r.flashinfer_gb_per_s = fs * 1e6, p.io_bytes / fs / 1e9
             except Exception as exc:
                 r.flashinfer_note = f"{type(exc).__name__}: {exc}"[:200]
+        try:  # the dense baseline: its own contiguous tensors of the same shapes
+            run_dense, r.dense_backend = dense.prepare(
+                p.kind, p.batch, p.num_kv_heads, p.group, p.context, p.head_dim
+            )
+            dense_s = time_kernel(cupy, run_dense, flush)
+            r.dense_time_us, r.dense_gb_per_s = dense_s * 1e6, p.io_bytes / dense_s / 1e9
+            r.dense_over_ours = dense_s / seconds
+            del run_dense
+        except Exception as exc:  # out of memory, a refused shape: recorded, the sweep goes on
+            r.dense_note = f"{type(exc).__name__}: {exc}"[:200]
+        dense.release()
         met = (
             ""
             if r.target_pct is None
@@ -620,10 +654,13 @@ def run_sweep(args: argparse.Namespace) -> int:
         fi_gbs = "-" if r.flashinfer_gb_per_s is None else f"{r.flashinfer_gb_per_s:7.0f}"
         cc_us = "-" if r.baseline_time_us is None else f"{r.baseline_time_us:9.1f}"
         ratio = "-" if r.tc_over_cuda_core is None else f"{r.tc_over_cuda_core:5.2f}"
+        dn_us = "-" if r.dense_time_us is None else f"{r.dense_time_us:9.1f}"
+        dn_ratio = "-" if r.dense_over_ours is None else f"{r.dense_over_ours:5.2f}"
         line = (
             f"{p.kind:<8} {p.batch:>5} {p.context:>6} {p.group:>3} {r.kv_gb:>7.3f} {plan.num_splits:>6} "
             f"{ctas:>6} {waves:>5} {r.time_us:>9.1f} {r.gb_per_s:>7.0f} {r.pct_of_copy:>6.1f} "
-            f"{r.pct_of_peak:>6.1f} {met:>6} {cc_us:>9} {ratio:>5} {api_us:>8} {fi_us:>9} {fi_gbs:>7} "
+            f"{r.pct_of_peak:>6.1f} {met:>6} {cc_us:>9} {ratio:>5} {dn_us:>9} {dn_ratio:>5} {api_us:>8} "
+            f"{fi_us:>9} {fi_gbs:>7} "
             f"{'tc' if 'mma' in r.kernel else 'cuda'}"
         )
         print(line, flush=True)
@@ -642,31 +679,60 @@ def run_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def dense_correctness(dense: DenseDecode | None, xp: Any) -> list[str]:
+    """The dense baseline against the NumPy reference on a small problem (dense None, xp numpy:
+    its matmul form on the CPU); returns failures."""
+    failures = []
+    for kind in KINDS:
+        backend, err, tol = dense_check(kind, dense, xp)
+        status = "ok" if err <= tol else "FAIL"
+        print(f"  correctness {kind:<8} dense baseline ({backend}): max|err|={err:.2e} (tol {tol}) {status}")
+        if status != "ok":
+            failures.append(f"{kind} dense baseline {backend}: {err}")
+    return failures
+
+
 def dry_run(args: argparse.Namespace) -> int:
-    """No GPU: validate the sweep, the byte accounting and the correctness harness on the CPU."""
+    """No GPU: validate the sweep, the byte accounting and the correctness harness on the CPU,
+    against the GPU the device script expects (gpu_specs.NOMINAL)."""
+    spec = NOMINAL
+    num_sms = spec.num_sms or 132
     points = sweep()
     check_accounting([p for p in points if p.batch * p.context <= 8 * 16384])
+    rows = []
     for p in points:
-        one, one_waves = planned(p, H200_SMS, 1)
-        two, two_waves = planned(p, H200_SMS, 2)
+        one, one_waves = planned(p, num_sms, 1)
+        two, two_waves = planned(p, num_sms, 2)
         print(
             f"{p.kind:<8} batch={p.batch:>2} ctx={p.context:>5} group={p.group} "
             f"KV={p.kv_bytes / 1e9:7.3f} GB target={target_pct(p)} "
-            f"H200 plan: {one} splits/{one_waves} waves at 1 CTA/SM, {two}/{two_waves} at 2; "
+            f"{spec.name} plan: {one} splits/{one_waves} waves at 1 CTA/SM, {two}/{two_waves} at 2; "
             f"{kernel_path(p)}"
         )
+        rows.append({"point": asdict(p), "splits_at_1_cta_per_sm": one, "splits_at_2_ctas_per_sm": two})
     print(f"{len(points)} sweep points; byte accounting checked")
     est = estimated_seconds(points, args.kernel_only)
     full = estimated_seconds(points, False)
     print(
-        f"estimated device time (upper): {est:.0f} s with these flags, {full:.0f} s with FlashInfer "
-        f"and API timing; --budget-s {args.budget_s:.0f}"
+        f"estimated device time (upper, {spec.name}): {est:.0f} s with these flags, {full:.0f} s "
+        f"with FlashInfer and API timing; --budget-s {args.budget_s:.0f}"
     )
+    failures = []
     if args.backend != "none":
-        failures = correctness(args.backend, np)
-        if failures:
-            print("correctness FAILED:", failures)
-            return 1
+        failures = correctness(args.backend, np) + dense_correctness(None, np)
+    payload = {
+        "dry_run": True,
+        "gpu": asdict(spec),
+        "estimated_seconds": est,
+        "budget_s": args.budget_s,
+        "plans": rows,
+        "correctness_failures": failures,
+        "complete": True,
+    }
+    write_results(Path(args.out) if args.out else None, payload, [f"{len(points)} sweep points (dry run)"])
+    if failures:
+        print("correctness FAILED:", failures)
+        return 1
     return 0
 
 

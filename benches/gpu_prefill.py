@@ -1,6 +1,6 @@
 """GPU paged-prefill benchmark: correctness first, then TFLOP/s over a sweep, in one run.
 
-    python benches/gpu_prefill.py --out benches/results/h200_prefill.json
+    python benches/gpu_prefill.py --out results/prefill.json
     python benches/gpu_prefill.py --dry-run --backend numpy   # no GPU: accounting + harness
 
 Steps (each printed as it runs):
@@ -12,7 +12,9 @@ Steps (each printed as it runs):
    A prompt of length L with cached fraction f has L * f tokens already in the cache and
    L * (1 - f) new query tokens. For each point: median kernel time (CUDA events), TFLOP/s over
    the causal FLOPs (4 * head_dim per visible (query, key) pair per query head: QK^T and PV),
-   % of the H200's dense fp16/bf16 tensor-core peak (989 TFLOP/s), and a baseline on the same
+   % of the device's dense fp16/bf16 tensor-core peak (benches/gpu_specs.py: a table of datasheet
+   figures by device name; a GPU it does not list is reported against a cuBLAS fp16 matrix
+   product measured in the same run), and a baseline on the same
    shapes: FlashInfer's BatchPrefillWithPagedKVCacheWrapper on the very same caches and CSR
    tables where it imports, else PyTorch's scaled_dot_product_attention forced onto its flash
    backend (FlashAttention-2) on contiguous, unpaged copies of the same sizes (causal,
@@ -41,9 +43,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from gpu_specs import NOMINAL, GpuSpec, describe, lookup, measured
 from gpu_timing import random_values, time_kernel
 
-PEAK_FLOPS = 989e12  # H200 SXM dense fp16/bf16 tensor-core peak
 PROMPTS = (512, 2048, 8192)
 BATCHES = (1, 8)
 CACHED_FRACTIONS = (0.0, 0.5)
@@ -295,6 +297,13 @@ def write_results(out: Path | None, payload: dict, lines: list[str]) -> None:
         os.replace(tmp, path)
 
 
+def gemm_flops(cupy: Any, n: int = 8192) -> float:
+    """FLOP/s of an n x n x n fp16 matrix product through CuPy (cuBLAS): the measured peak of a
+    GPU gpu_specs does not list."""
+    a, b = (cupy.random.standard_normal((n, n), dtype=cupy.float32).astype(cupy.float16) for _ in range(2))
+    return 2 * n**3 / time_kernel(cupy, lambda: cupy.matmul(a, b), min_iters=5)
+
+
 def run_sweep(args: argparse.Namespace) -> int:
     import cupy
     from pagedkv.attention import prefill_launch
@@ -307,8 +316,18 @@ def run_sweep(args: argparse.Namespace) -> int:
     device = cupy.cuda.Device()
     props = cupy.cuda.runtime.getDeviceProperties(device.id)
     name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
-    print(f"device: {name}, {device.attributes['MultiProcessorCount']} SMs, CuPy {cupy.__version__}")
-    meta: dict[str, Any] = {"device": name, "python": platform.python_version(), "cupy": cupy.__version__}
+    num_sms = int(device.attributes["MultiProcessorCount"])
+    print(f"device: {name}, {num_sms} SMs, CuPy {cupy.__version__}")
+    spec: GpuSpec = lookup(name) or measured(name, num_sms, None, gemm_flops(cupy))
+    cupy.get_default_memory_pool().free_all_blocks()
+    peak_flops = spec.peak_flops or 1.0
+    print(f"   peak: {describe(spec)}")
+    meta: dict[str, Any] = {
+        "device": name,
+        "gpu": asdict(spec),
+        "python": platform.python_version(),
+        "cupy": cupy.__version__,
+    }
     payload: dict[str, Any] = {"meta": meta, "rows": [], "complete": False}
     lines: list[str] = []
     print("1. correctness (cuda backend vs NumPy reference)")
@@ -355,7 +374,7 @@ def run_sweep(args: argparse.Namespace) -> int:
         launch_plan = prefill_launch.plan(runner, checked, None)
         t = time_kernel(cupy, lambda lp=launch_plan, c=checked: prefill_launch.launch(runner, lp, c))
         row: dict[str, Any] = {**asdict(point), "seconds": t, "tflops": point.flops / t / 1e12}
-        row["pct_peak"] = 100 * point.flops / t / PEAK_FLOPS
+        row["pct_peak"] = 100 * point.flops / t / peak_flops
         base_text = f"{'-':>9} {'-':>7}"
         if baseline is not None:
             try:
@@ -397,7 +416,9 @@ def dry_run(args: argparse.Namespace) -> int:
     print(f"{len(points)} sweep points; FLOP accounting checked")
     # The result files the device run writes, with the points it would measure (checks --out).
     out = Path(args.out) if args.out else None
-    payload = {"meta": {"dry_run": True}, "rows": [asdict(p) for p in points], "complete": True}
+    meta = {"dry_run": True, "gpu": asdict(NOMINAL)}
+    print(f"peaks of the expected GPU: {describe(NOMINAL)}")
+    payload = {"meta": meta, "rows": [asdict(p) for p in points], "complete": True}
     write_results(out, payload, [f"{len(points)} sweep points (dry run)"])
     failures = correctness(args.backend, np) if args.backend != "none" else []
     if failures:

@@ -15,7 +15,7 @@ The pool holds every sequence (nothing is evicted: "evict" writes nothing, the c
 is the host tier's bookkeeping). Each round runs the three engines in a rotated order, each on
 its own empty store; a ratio is the median of the per-round ratios to "no offload" (the
 machine is shared: read the ratios). ``save_s`` is the time the step spent in
-``OffloadTiers.save_computed`` (the copies out of the device caches and the queueing); the
+``StoreSaves.save_computed`` (the copies out of the device caches and the queueing); the
 worker thread's writes run beside the step and cost wall time only through the shared cores.
 """
 
@@ -45,18 +45,18 @@ def _run(model: Any, policy: str, work: list[tuple[list[int], int]], directory: 
         num_blocks=blocks, block_size=16, max_num_seqs=64, max_num_batched_tokens=512, **options
     )
     engine = LLMEngine(model, config)
-    tiers = engine.runner.tiers
+    saves = engine.runner.saves
     save_s = 0.0
-    if tiers is not None:
-        inner = tiers.save_computed
+    if saves is not None:
+        inner = saves.save_computed
 
-        def timed(kv: Any, rows: Any) -> None:
+        def timed(blocks: Any, hashes: Any) -> None:
             nonlocal save_s
             start = time.perf_counter()
-            inner(kv, rows)
+            inner(blocks, hashes)
             save_s += time.perf_counter() - start
 
-        tiers.save_computed = timed  # type: ignore[method-assign]
+        saves.save_computed = timed  # type: ignore[method-assign]
     for prompt, out in work:
         engine.add_request(prompt, SamplingParams(max_tokens=out, ignore_eos=True))
     wall = time.perf_counter()
@@ -71,8 +71,8 @@ def _run(model: Any, policy: str, work: list[tuple[list[int], int]], directory: 
         "prompt_tokens_per_s": prompt_tokens / wall,
         "generated_tokens_per_s": generated / wall,
         "save_s": save_s,
-        "saved": float(tiers.blocks_saved_on_compute if tiers else 0),
-        "dropped": float(tiers.puts_dropped if tiers else 0),
+        "saved": float(saves.blocks_saved_on_compute if saves else 0),
+        "dropped": float(saves.puts_dropped if saves else 0),
     }
 
 

@@ -3,13 +3,14 @@
     python benches/offload_tiers.py [--blocks 64] [--rounds 9] [--redis-url URL]
 
 What an admission pays to bring back a prefix, per tier, through the engine's own code
-(``pagedkv.engine.offload_tiers.OffloadTiers``), on SmolLM2-135M blocks (30 layers x (K, V) x
-16 tokens x 3 KV heads x 64 dims x fp32 = 737,280 bytes):
+(``pagedkv.engine``: ``HostCache``, ``StoreLookup``, ``PagedKvStore.write_block``), on
+SmolLM2-135M blocks (30 layers x (K, V) x 16 tokens x 3 KV heads x 64 dims x fp32 = 737,280
+bytes):
 
-- host tier: ``OffloadTiers.load`` of the load ops (host -> device copies, every layer)
+- host cache: ``HostCache.load`` of the load ops (host -> device copies, every layer)
   against one ``np.copyto`` of the same bytes;
-- disk store: ``OffloadTiers.lookup`` (``OffloadWorker.load`` over a ``DiskStore``, checksum
-  and shape checks) then ``OffloadTiers.write`` into the device caches, against
+- disk store: ``StoreLookup.lookup`` (``OffloadWorker.load`` over a ``DiskStore``, checksum
+  and shape checks) then ``PagedKvStore.write_block`` into the device caches, against
   ``open().read()`` of files of the entry files' sizes, keeping every block (as a load does);
 - Redis store: the same path over a ``RedisStore`` (a ``redis-server`` started on a free port
   unless ``--redis-url`` names one): bytes/s, and the latency of one-block look-ups (p50, p99).
@@ -31,18 +32,23 @@ from types import SimpleNamespace
 
 import numpy as np
 from offload_stores import _start_redis  # the same throwaway server as the store bench
+from pagedkv.engine.host_cache import HostCache
 from pagedkv.engine.kv_store import PagedKvStore
-from pagedkv.engine.offload_tiers import OffloadTiers
-from pagedkv.offload import DiskStore, RedisStore
+from pagedkv.engine.store_lookup import StoreLookup
+from pagedkv.offload import DiskStore, OffloadWorker, RedisStore
 
 LAYERS, BLOCK_SIZE, HEADS, HEAD_DIM = 30, 16, 3, 64
 IDENTITY = b"bench"
 
 
-def _tiers(num_blocks: int, store: object | None) -> OffloadTiers:
+def _caches(num_blocks: int) -> PagedKvStore:
     config = SimpleNamespace(num_layers=LAYERS, num_kv_heads=HEADS, head_dim=HEAD_DIM)
-    kv = PagedKvStore(config, num_blocks, BLOCK_SIZE)  # type: ignore[arg-type]
-    return OffloadTiers(kv, num_blocks, store, IDENTITY, deadline_s=60.0)
+    return PagedKvStore(config, num_blocks, BLOCK_SIZE)  # type: ignore[arg-type]
+
+
+def _lookup(store: DiskStore | RedisStore) -> StoreLookup:
+    shape = (LAYERS, 2, BLOCK_SIZE, HEADS, HEAD_DIM)
+    return StoreLookup(OffloadWorker(store), IDENTITY, shape, BLOCK_SIZE, deadline_s=60.0)
 
 
 def _fill(store: DiskStore | RedisStore, n: int, rng: np.random.Generator) -> list[int]:
@@ -53,12 +59,13 @@ def _fill(store: DiskStore | RedisStore, n: int, rng: np.random.Generator) -> li
     return hashes
 
 
-def _admission(tiers: OffloadTiers, hashes: list[int]) -> int:
+def _admission(lookup: StoreLookup, caches: PagedKvStore, hashes: list[int]) -> int:
     """A store hit of every block: look-up, then the writes into fresh device blocks."""
-    found = tiers.lookup(hashes)
+    found = lookup.lookup(hashes)
     assert len(found) == len(hashes), "a bench block missed"
-    tiers.write(list(enumerate(found)))
-    return sum(p.nbytes for p in found)
+    for block, (_, payload) in enumerate(found):
+        caches.write_block(block, payload)
+    return sum(p.nbytes for _, p in found)
 
 
 def _plain_kept(paths: list[Path]) -> int:
@@ -95,23 +102,24 @@ def main() -> None:
         redis = RedisStore(url, timeout_s=5.0) if url else None
         redis_hashes = _fill(redis, n, rng) if redis is not None else []
 
-        host = _tiers(n, None)
+        host = HostCache(_caches(n), n)
         for layer in range(LAYERS):
             host.host_k[layer][:] = rng.standard_normal(host.host_k[layer].shape, dtype=np.float32)
             host.host_v[layer][:] = rng.standard_normal(host.host_v[layer].shape, dtype=np.float32)
         loads = np.stack([np.arange(n), np.arange(n)], axis=1).astype(np.int32)
         src = np.stack([np.stack([host.host_k[i], host.host_v[i]]) for i in range(LAYERS)])
         dst = np.empty_like(src)
-        disk_tiers, redis_tiers = _tiers(n, disk), (_tiers(n, redis) if redis else None)
+        device = _caches(n)
+        disk_lookup, redis_lookup = _lookup(disk), (_lookup(redis) if redis else None)
 
         paths_timed = {
             "memcpy": lambda: (np.copyto(dst, src), dst.nbytes)[1],
             "host": lambda: (host.load(loads), src.nbytes)[1],
             "plain": lambda: _plain_kept(plain),
-            "disk": lambda: _admission(disk_tiers, disk_hashes),
+            "disk": lambda: _admission(disk_lookup, device, disk_hashes),
         }
-        if redis_tiers is not None:
-            paths_timed["redis"] = lambda: _admission(redis_tiers, redis_hashes)
+        if redis_lookup is not None:
+            paths_timed["redis"] = lambda: _admission(redis_lookup, device, redis_hashes)
         rates: dict[str, list[float]] = {k: [] for k in paths_timed}
         order = list(paths_timed)
         for r in range(args.rounds):
@@ -120,14 +128,15 @@ def main() -> None:
                 nbytes = paths_timed[name]()
                 rates[name].append(nbytes / (time.perf_counter() - t0))
         latencies: list[float] = []
-        if redis_tiers is not None:
+        if redis_lookup is not None:
             for h in redis_hashes * 2:
                 t0 = time.perf_counter()
-                assert len(redis_tiers.lookup([h])) == 1
+                assert len(redis_lookup.lookup([h])) == 1
                 latencies.append(time.perf_counter() - t0)
-        for t in (disk_tiers, redis_tiers):
-            if t is not None:
-                t.close()
+        for lookup in (disk_lookup, redis_lookup):
+            if lookup is not None:
+                lookup.close()
+                lookup.worker.close()
         if server is not None:
             server.kill()
             server.wait()
@@ -146,7 +155,7 @@ def main() -> None:
     print("| path | median GB/s | ratio (median of per-round ratios) |")
     print("|---|---:|---:|")
     row("`np.copyto` of the same bytes", "memcpy", "memcpy", "")
-    row("host tier: `OffloadTiers.load`", "host", "memcpy", "of copyto")
+    row("host cache: `HostCache.load`", "host", "memcpy", "of copyto")
     row("`open().read()` of the entry sizes, kept", "plain", "plain", "")
     row("disk store: `lookup` + `write`", "disk", "plain", "of reads")
     if "redis" in rates:

@@ -13,8 +13,9 @@ admission), each also as the median of its per-round ratios. Wall time on a shar
 read the ratios.
 
 Which prompts a ratio is read on matters: the pre-built prompts cycle through 1,000 lists
-whose int objects (~42 MB) are cold in the CPU caches, so reading one costs the same ~3 us
-with caching on or off and narrows the all-miss ratio; fresh lists and int32 arrays show the
+whose int objects are cold in the CPU caches, so reading one costs the same with caching on or
+off and narrows the all-miss ratio (benches/results/2026-12-02-prefix-admission.md, "Follow-up:
+direct list reader"); fresh lists and int32 arrays show the
 caching work against a cheaper read.
 """
 

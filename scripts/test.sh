@@ -2,7 +2,10 @@
 # Installs pagedkv with its test extras into a dedicated venv (.venv-test, rebuilt each run; your
 # own .venv is left alone) and runs every gate and test: formatting and lints (cargo fmt, clippy,
 # ruff), types (mypy), the Rust workspace (cargo test), the Dynamo interop proof (its own cargo
-# workspace, scripts/interop.sh) and the Python suite (pytest) against the installed wheel. Prints the runtime of each stage and the total.
+# workspace, scripts/interop.sh), the Python suite (pytest) against the installed wheel, the
+# int-list reader's tests against the bindings built without it, and the vLLM stage
+# (scripts/vllm/stage.sh: the tests that need vLLM 0.33 itself). Prints the runtime of each stage
+# and the total.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=.venv-test
@@ -35,6 +38,8 @@ cargo fmt --all --check
 cargo clippy --workspace --all-targets -- -D warnings
 # The core crate alone, without the `wire` feature the bindings turn on for the workspace build.
 cargo clippy -p pagedkv --all-targets -- -D warnings
+# The bindings without their default `direct-int-reader` feature (the C-API-only build tested below).
+cargo clippy -p pagedkv-python --all-targets --no-default-features -- -D warnings
 ruff format --check .
 ruff check .
 stage "mypy"
@@ -59,5 +64,25 @@ scripts/interop.sh
 
 stage "pytest"
 python -m pytest -q
+
+stage "pytest on the bindings built without the direct int reader"
+# rust/pagedkv-python's default feature `direct-int-reader` (in the wheel tested above) reads
+# lists of ids from CPython's object memory; a build without it reads every list through the C
+# API. That build must be the C-API one, and the list-versus-tuple tests must pass on it too.
+python -m pip install -q 'maturin>=1.5,<2'
+API_ONLY=target/api-only-bindings
+rm -rf "$API_ONLY"
+maturin build --quiet --release --no-default-features --out "$API_ONLY/wheel"
+python -m zipfile -e "$API_ONLY"/wheel/pagedkv-*.whl "$API_ONLY/site"
+PYTHONPATH="$API_ONLY/site" python -c \
+    "import pagedkv._core as c; assert c._int_list_reader() == 'api', c._int_list_reader()"
+PYTHONPATH="$API_ONLY/site" PAGEDKV_INT_LIST_READER=api python -m pytest -q -p no:cacheprovider \
+    tests/python/test_int_list_reader.py tests/python/test_token_arrays.py \
+    tests/python/test_manager_api.py
+
+stage "vLLM (differentials against vLLM 0.33's manager and scheduler; vLLM's own scheduler tests)"
+# The tests that need vLLM itself run in a vLLM venv cached outside the clone (built once per
+# machine by scripts/vllm/env.sh), against the pagedkv installed above.
+bash scripts/vllm/stage.sh
 stage "done"
 echo "scripts/test.sh passed in $((SECONDS - start_s)) s"

@@ -63,6 +63,7 @@ class FullAttention:
     def __new__(cls) -> FullAttention: ...
     def __eq__(self, value: object, /) -> bool: ...
     def __hash__(self) -> int: ...
+    def __reduce__(self) -> tuple[type[FullAttention], tuple[()]]: ...
 
 @final
 class SlidingWindow:
@@ -75,6 +76,7 @@ class SlidingWindow:
     def window(self) -> int: ...
     def __eq__(self, value: object, /) -> bool: ...
     def __hash__(self) -> int: ...
+    def __reduce__(self) -> tuple[type[SlidingWindow], tuple[int]]: ...
 
 _KvGroups: TypeAlias = list[FullAttention | SlidingWindow] | tuple[FullAttention | SlidingWindow, ...]
 
@@ -123,23 +125,25 @@ class KvCacheManager:
         hash_seed: int = 0,
         max_events: int | None = None,
         enable_kv_events: bool = False,
-        num_offload_blocks: int = 0,
+        num_host_cache_blocks: int = 0,
         kv_groups: _KvGroups | None = None,
+        num_offload_blocks: int | None = None,
         max_model_len: int | None = None,
         max_in_flight_tokens: int | None = None,
         watermark_blocks: int = 0,
         null_block: int = -1,
         record_new_block_ids: bool = False,
     ) -> KvCacheManager:
-        """``num_offload_blocks`` > 0 adds the host offload tier: evicted prefix blocks keep
-        their content in host blocks and come back as hits (needs prefix caching; see
-        ``take_offload_ops`` / ``take_load_ops``). ``kv_groups``: one block table per group and
-        sequence, all on one pool (default: one ``FullAttention()`` group); docs/design.md, KV
-        groups. Per-chunk allocation (docs/design.md, Per-chunk allocation): ``max_model_len``
-        (default unbounded), ``max_in_flight_tokens`` (default ``max_model_len``) and
-        ``watermark_blocks`` are vLLM's admission limits; ``null_block=0`` reserves block 0 as
-        vLLM's null block (released positions then show 0); ``record_new_block_ids`` keeps the
-        log ``take_new_block_ids`` drains."""
+        """``num_host_cache_blocks`` > 0 adds the host cache: evicted prefix blocks keep their
+        content in host blocks and come back as hits (needs prefix caching; see
+        ``take_offload_ops`` / ``take_load_ops``); ``num_offload_blocks`` is its deprecated
+        alias (a ``DeprecationWarning``). ``kv_groups``: one block table per group and sequence,
+        all on one pool (default: one ``FullAttention()`` group); docs/design.md, KV groups.
+        Per-chunk allocation (docs/design.md, Per-chunk allocation): ``max_model_len`` (default
+        unbounded), ``max_in_flight_tokens`` (default ``max_model_len``) and ``watermark_blocks``
+        are vLLM's admission limits; ``null_block=0`` reserves block 0 as vLLM's null block
+        (released positions then show 0); ``record_new_block_ids`` keeps the log
+        ``take_new_block_ids`` drains."""
     def add_sequence(
         self,
         seq_id: int,
@@ -258,13 +262,14 @@ class KvCacheManager:
     def take_copy_ops(self) -> npt.NDArray[np.int32]:
         """int32 ``[N, 2]`` pending copy-on-write copies (src, dst); cleared by the call."""
     def take_offload_ops(self) -> npt.NDArray[np.int32]:
-        """int32 ``[N, 2]`` pending offload ops (device_block, host_block) of the offload
-        tier; run them first, before copies, swaps, loads and the pass. Cleared by the call."""
+        """int32 ``[N, 2]`` pending offload ops (device_block, host_block): device blocks the
+        host cache keeps; run them first, before copies, swaps, loads and the pass. Cleared by
+        the call."""
     def take_load_ops(self) -> npt.NDArray[np.int32]:
-        """int32 ``[N, 2]`` pending load ops (host_block, device_block): offload-tier hits,
-        run after the offload ops and before the pass. Cleared by the call."""
+        """int32 ``[N, 2]`` pending load ops (host_block, device_block): host-cache hits, run
+        after the offload ops and before the pass. Cleared by the call."""
     def offload_block_hash(self, host_block: int) -> int | None:
-        """The chained hash of what offload-tier host block ``host_block`` holds (None:
+        """The chained hash of what host-cache block ``host_block`` holds (None:
         nothing); after running ``take_offload_ops`` in order, the key to write it through with."""
     def prefix_block_hashes(
         self, tokens: _TokenIds, *, extra_key: str | bytes | int | np.integer | None = None
@@ -279,7 +284,10 @@ class KvCacheManager:
     @property
     def num_host_blocks(self) -> int: ...
     @property
-    def num_offload_blocks(self) -> int: ...
+    def num_host_cache_blocks(self) -> int: ...
+    @property
+    def num_offload_blocks(self) -> int:
+        """The deprecated name of ``num_host_cache_blocks``."""
     @property
     def enable_prefix_caching(self) -> bool: ...
     @property

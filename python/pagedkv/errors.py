@@ -1,7 +1,13 @@
-"""The pagedkv exception hierarchy.
+"""The pagedkv exception hierarchy: every exception class pagedkv defines lives here.
 
 Defined in Python (not in the extension) so that an error can be both a ``PagedKvError`` and
 the built-in it refines (``KeyError``, ``ValueError``); the Rust bindings raise these classes.
+The package raises no bare ``ValueError`` or ``RuntimeError``: each refusal is one of these
+(``tests/python/test_errors_module.py`` checks both).
+
+Groups: the allocator's (the Rust core's ``Error`` variants, one class each), the data plane's
+(CUDA, NVRTC, the emulation harness), the models' (loading a GGUF file, its chat template),
+the simulator's (traces, plots), the command line's, and the events' (a closed publisher).
 """
 
 from __future__ import annotations
@@ -19,6 +25,18 @@ __all__ = [
     "InvariantViolation",
     "CudaUnavailableError",
     "KernelCompileError",
+    "NvrtcUnavailable",
+    "NvrtcCompileError",
+    "EmulationBuildError",
+    "KernelLaunchError",
+    "ModelLoadError",
+    "UnsupportedModelError",
+    "ChatTemplateError",
+    "TraceError",
+    "TraceNotFoundError",
+    "PlotUnavailableError",
+    "CliError",
+    "ClosedError",
 ]
 
 
@@ -27,7 +45,7 @@ class PagedKvError(Exception):
 
 
 class OutOfBlocksError(PagedKvError):
-    """Not enough free blocks now (device tier, or host tier on swap-out): retry later."""
+    """Not enough free blocks now (device tier, or swap tier on swap-out): retry later."""
 
 
 class UnknownSequenceError(PagedKvError, KeyError):
@@ -63,11 +81,12 @@ class StaleHandleError(InvalidArgumentError):
 
 
 class SequenceSwappedOutError(PagedKvError):
-    """The sequence is swapped out to the host tier; swap it in before appending or forking."""
+    """The sequence is swapped out to the swap tier; swap it in before appending or forking."""
 
 
 class InvariantViolation(PagedKvError):
-    """An allocator invariant does not hold. This is a pagedkv bug: please report it."""
+    """An invariant of pagedkv does not hold (the allocator's, the engine's, or the package's own
+    files'). This is a pagedkv bug: please report it."""
 
 
 class CudaUnavailableError(PagedKvError):
@@ -76,3 +95,54 @@ class CudaUnavailableError(PagedKvError):
 
 class KernelCompileError(PagedKvError):
     """The CUDA compiler rejected a kernel source; the message carries the compiler log."""
+
+
+class NvrtcUnavailable(CudaUnavailableError):
+    """libnvrtc was not found (install nvidia-cuda-nvrtc)."""
+
+
+class NvrtcCompileError(KernelCompileError):
+    """NVRTC rejected a kernel source; the message carries the compiler log."""
+
+
+class EmulationBuildError(PagedKvError):
+    """The emulated backend could not build a kernel (no C++ compiler, or a compile error)."""
+
+
+class KernelLaunchError(PagedKvError):
+    """An emulated launch failed inside the harness (deadlock, bad launch shape)."""
+
+
+class ModelLoadError(PagedKvError):
+    """The model file cannot be read: missing, not GGUF, truncated, or missing a required key."""
+
+
+class UnsupportedModelError(InvalidArgumentError):
+    """The GGUF file is valid but names an architecture or tensor type that is not supported."""
+
+
+class ChatTemplateError(PagedKvError):
+    """The model's chat template cannot render these messages: a syntax error, an undefined
+    value, a sandbox violation, ``raise_exception`` called by the template, or a render past its
+    time, loop or size budget (``pagedkv.models.chat_template``)."""
+
+
+class TraceError(InvalidArgumentError):
+    """A trace file is malformed; the message names the file and the line."""
+
+
+class TraceNotFoundError(TraceError, FileNotFoundError):
+    """The trace file (or the folder of the shared traces) does not exist."""
+
+
+class PlotUnavailableError(PagedKvError, ImportError):
+    """matplotlib is not installed (``pip install matplotlib``)."""
+
+
+class CliError(PagedKvError):
+    """A bad combination of command-line options (the message says which)."""
+
+
+class ClosedError(PagedKvError, RuntimeError):
+    """The object was closed (an event publisher): nothing more goes through it. Also a
+    ``RuntimeError``, what it was raised as before it had its own class."""

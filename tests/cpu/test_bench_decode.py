@@ -4,7 +4,7 @@ is a note, not a failure; the kernel-vs-copy row measures what it says."""
 from __future__ import annotations
 
 import pytest
-from pagedkv.engine import bench_decode
+from pagedkv.benchmarks import decode as bench_decode
 
 
 def test_missing_llama_cpp_is_a_note(monkeypatch: pytest.MonkeyPatch, tmp_path: object) -> None:

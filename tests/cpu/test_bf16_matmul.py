@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 from pagedkv import _core
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.models.bf16_weights import Bf16Weights, bf16_bits_to_f32, to_bf16_bits
-from pagedkv.models.config import LlamaConfig
-from pagedkv.models.gguf_file import GgufModel, LayerWeights
 from pagedkv.models.llama import LlamaModel
+from pagedkv.models.llama.config import LlamaConfig
+from pagedkv.models.llama.file import GgufModel, LayerWeights
 
 from cpu.dense_attention import DenseAttention
 

@@ -11,8 +11,8 @@ import numpy as np
 
 
 def test_throughput_checkpoints_after_each_engine(smollm, tmp_path):
+    from pagedkv.benchmarks.engine import run_benchmark
     from pagedkv.commands.output import write_json
-    from pagedkv.engine.bench import run_benchmark
 
     saved: list[dict] = []
     result = run_benchmark(

@@ -15,7 +15,7 @@ def _expected_blocks(context: int, block_size: int, windows) -> int:
 
 
 def test_memory_section_counts_the_window_rule_on_the_tiny_hybrid_model(tiny_hybrid):
-    from pagedkv.engine.bench_memory import kv_memory
+    from pagedkv.benchmarks.memory import kv_memory
 
     c = tiny_hybrid.config  # 2 global + 4 local layers of window 8: 3 groups of 2 layers
     budget = 256 * 2 * 2 * 4 * 2 * 8 * 4  # 256 hybrid blocks of 4 tokens (2 layers, 2 heads of 8)
@@ -42,8 +42,8 @@ def test_memory_section_counts_what_the_engine_holds(tiny_hybrid):
     holds the blocks the engine holds after its first decode step on the same prompt length,
     in both layouts: it measures the engine's allocation, not a model of it."""
     import numpy as np
+    from pagedkv.benchmarks.memory import kv_memory
     from pagedkv.engine import EngineConfig, LLMEngine, SamplingParams
-    from pagedkv.engine.bench_memory import kv_memory
 
     context = 40
     m = kv_memory(tiny_hybrid.config, contexts=(context,), block_size=4, budget_bytes=1 << 20)

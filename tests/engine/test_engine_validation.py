@@ -387,7 +387,7 @@ def test_a_failed_pass_fails_its_requests_and_leaves_no_unwritten_block_hittable
     engine = LLMEngine(tiny, EngineConfig(num_blocks=32, block_size=4))
     execute = engine.runner.execute
 
-    def failing(kv, batch):
+    def failing(batch):
         engine.runner.execute = execute  # only this pass fails
         raise RuntimeError("the device fell over")
 

@@ -20,7 +20,7 @@ PATTERN = 3  # layer i is global iff (i + 1) % PATTERN == 0
 
 def tiny_hybrid_model(seed: int = 0, max_model_len: int = 256, window: int = WINDOW):
     from pagedkv.models import Gemma3Config, Gemma3Model, LoadedModel
-    from pagedkv.models.gemma3_file import Gemma3File, Gemma3LayerWeights
+    from pagedkv.models.gemma3.file import Gemma3File, Gemma3LayerWeights
 
     c = Gemma3Config(
         num_layers=6,

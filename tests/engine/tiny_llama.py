@@ -33,7 +33,7 @@ class TinyTokenizer:
 
 def tiny_model(seed: int = 0, max_model_len: int = 256, quantized: bool = True):
     from pagedkv.models import LlamaConfig, LlamaModel, LoadedModel
-    from pagedkv.models.gguf_file import GgufModel, LayerWeights
+    from pagedkv.models.llama.file import GgufModel, LayerWeights
 
     c = LlamaConfig(
         num_layers=2,

@@ -17,7 +17,7 @@ from vllm_kv_events_schema import DECODER, Removed, Stored  # noqa: E402
 def _drive(drain) -> None:
     rng = random.Random(5)
     kv = pagedkv.KvCacheManager(
-        num_blocks=8, block_size=4, enable_prefix_caching=True, enable_kv_events=True, num_offload_blocks=3
+        num_blocks=8, block_size=4, enable_prefix_caching=True, enable_kv_events=True, num_host_cache_blocks=3
     )
     prefixes = [[rng.randrange(50_000) for _ in range(8)] for _ in range(4)]
     for seq in range(30):

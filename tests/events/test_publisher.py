@@ -5,6 +5,7 @@ gap after a subscriber restart recovered through the ROUTER replay socket."""
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pagedkv
 import pytest
@@ -15,7 +16,8 @@ pytest.importorskip("msgspec")
 from vllm_kv_events_schema import DECODER, Batch  # noqa: E402
 
 TOPIC = "kv@pod-0@tiny-model"
-TIMEOUT_MS = 10_000
+TIMEOUT_MS = 60_000  # only a guard against hanging: every wait ends when its message arrives
+TIMEOUT_S = TIMEOUT_MS / 1000
 
 
 class Subscriber:
@@ -44,7 +46,7 @@ class Subscriber:
             if self.sub.poll(50):
                 seq = self.recv()[0]
                 break
-        assert self.pub.flush()  # every batch join queued has been sent
+        assert self.pub.flush(TIMEOUT_S)  # every batch join queued has been sent
         last = self.pub.published_batches - 1
         while seq < last:  # PUB keeps order: everything after the first received arrives
             seq = self.recv()[0]
@@ -157,7 +159,7 @@ def test_restarted_subscriber_recovers_the_gap_by_replay() -> None:
         sub.close()  # the router restarts; the engine keeps publishing
         for _ in range(150):
             pub.drain(next(steps))
-        assert pub.flush()
+        assert pub.flush(TIMEOUT_S)
         sub = Subscriber(pub)
         live_from = sub.join()
         assert live_from > last_seen + 1  # the restarted subscriber sees a gap...
@@ -174,7 +176,7 @@ def test_replay_buffer_is_bounded() -> None:
     with ZmqEventPublisher(endpoint, replay_endpoint="tcp://127.0.0.1:*", buffer_steps=5) as pub:
         for _ in range(12):
             pub.publish([BlockStored(block_hashes=[1], parent_block_hash=None, token_ids=[1], block_size=1)])
-        assert pub.flush() and pub.published_batches == 12
+        assert pub.flush(TIMEOUT_S) and pub.published_batches == 12
         sub = Subscriber(pub, topic="")
         assert [s for s, _ in sub.replay(0)] == [7, 8, 9, 10, 11]
         assert [s for s, _ in sub.replay(10)] == [10, 11]
@@ -193,6 +195,64 @@ def test_malformed_replay_request_gets_the_end_marker_and_the_publisher_keeps_go
         pub.publish([])
         sub = Subscriber(pub, topic="")
         assert [s for s, _ in sub.replay(0)][:1] == [0]
+        sub.close()
+
+
+class HeldPublisher(ZmqEventPublisher):
+    """Sends no live batch until its thread has read a replay request, so every batch published
+    before the request is still queued when the request is read: the schedule a busy machine
+    produced now and then (the malformed-request test above failed under load), made certain."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.holding = True  # read by the thread that super().__init__ starts
+        super().__init__(*args, **kwargs)
+
+    def _step(self) -> bool:
+        if not self.holding or self._stop.is_set():
+            return super()._step()
+        assert self._replay is not None
+        self._replay.poll(10)  # the thread's own socket: waits for a request, not a duration
+        self._accept_replays()
+        self.holding = not self._replays
+        return True
+
+
+class FailingFirstSend:
+    """The publisher's PUB socket, whose first send raises (the batch gets no sequence number)."""
+
+    def __init__(self, socket: Any) -> None:
+        self.socket, self.failed = socket, False
+
+    def send_multipart(self, *args: Any, **kwargs: Any) -> Any:
+        if not self.failed:
+            self.failed = True
+            raise zmq.ZMQError(zmq.ENOTSOCK)
+        return self.socket.send_multipart(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.socket, name)
+
+
+def test_a_replay_includes_every_batch_published_before_the_request() -> None:
+    with HeldPublisher("tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*") as pub:
+        for _ in range(3):
+            pub.publish([])
+        sub = Subscriber(pub, topic="")
+        # Queued, not yet sent when the request was read: they are sent live, then replayed.
+        assert [s for s, _ in sub.replay(0)] == [0, 1, 2]
+        assert [s for s, _ in sub.replay(1)] == [1, 2]
+        assert pub.flush(TIMEOUT_S) and pub.published_batches == 3
+        sub.close()
+
+
+def test_a_replay_counting_a_batch_whose_send_failed_still_ends() -> None:
+    with HeldPublisher("tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*") as pub:
+        pub._pub = FailingFirstSend(pub._pub)  # type: ignore[assignment]
+        pub.publish([])  # its send fails: no sequence number
+        pub.publish([])  # sequence number 0
+        sub = Subscriber(pub, topic="")
+        assert [s for s, _ in sub.replay(0)] == [0]  # and the end marker, not a wait for seq 1
+        assert pub.failed_batches == 1 and pub.published_batches == 1
         sub.close()
 
 
@@ -242,7 +302,7 @@ def test_bad_events_raise_on_the_callers_thread() -> None:
         with pytest.raises(pagedkv.InvalidArgumentError, match=r"events\[0\]"):
             pub.publish([object()])  # type: ignore[list-item]
         pub.publish([])
-        assert pub.flush()
+        assert pub.flush(TIMEOUT_S)
         assert pub.failed_batches == 0 and pub.last_error is None
         assert pub.published_batches == 1
 

@@ -118,5 +118,5 @@ def test_the_publisher_refuses_junk_on_the_caller_and_keeps_order(batches: list[
             except pagedkv.PagedKvError:
                 continue
             sent += 1
-        assert pub.flush()
+        assert pub.flush(60.0)  # a hang guard: flush returns once the batches are sent
         assert (pub.published_batches, pub.failed_batches, pub.last_error) == (sent, 0, None)

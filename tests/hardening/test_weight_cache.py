@@ -13,8 +13,9 @@ from tiny_gguf import write_tiny_llama
 pytest.importorskip("gguf")
 pytest.importorskip("tokenizers")
 
-from pagedkv.models import gguf_file, load_model, weight_cache  # noqa: E402
-from pagedkv.models.gguf_file import read_gguf  # noqa: E402
+from pagedkv.models import load_model, weight_cache  # noqa: E402
+from pagedkv.models.llama import file as gguf_file  # noqa: E402
+from pagedkv.models.llama.file import read_gguf  # noqa: E402
 
 
 @pytest.fixture

@@ -25,9 +25,14 @@ def test_gpu_decode_dry_run():
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "54 sweep points; byte accounting checked" in run.stdout
     assert "FAIL" not in run.stdout
-    # The split planner's H200 choices are printed per point (docs/decode_kernel.md's examples among them).
-    assert "batch= 8 ctx= 4096 group=8 KV=  0.134 GB target=None H200 plan: 2 splits/1 waves" in run.stdout
-    assert "batch= 1 ctx= 1024 group=1 KV=  0.004 GB target=None H200 plan: 8 splits/1 waves" in run.stdout
+    # The split planner's choices on the expected GPU (gpu_specs.NOMINAL: 132 SMs) are printed per
+    # point (docs/decode_kernel.md's examples among them).
+    assert (
+        "batch= 8 ctx= 4096 group=8 KV=  0.134 GB target=None H100 SXM plan: 2 splits/1 waves" in run.stdout
+    )
+    assert (
+        "batch= 1 ctx= 1024 group=1 KV=  0.004 GB target=None H100 SXM plan: 8 splits/1 waves" in run.stdout
+    )
     # Every group 4/8 point times the CUDA-core kernel beside the tensor-core one, and the
     # correctness step checks both kernels there (2 kinds x 2 groups x 3 split settings).
     assert run.stdout.count("tensor cores (+ CUDA-core baseline)") == 36
@@ -35,9 +40,12 @@ def test_gpu_decode_dry_run():
     assert "group=1 splits=None cuda-core" not in run.stdout
     # The windowed DecodeWorkspace case (2 kinds x 2 split settings; paged_attention on numpy).
     assert run.stdout.count(" window=100 paged_attention: max|err|=") == 4
+    # The dense decode baseline's matmul form, checked against the reference on the CPU.
+    assert run.stdout.count("dense baseline (numpy-matmul): max|err|=") == 2
     # The device script's 8 minutes: the estimate (an upper one) of a full run fits the budget.
     est = re.search(
-        r"estimated device time \(upper\): (\d+) s with these flags, (\d+) s with FlashInfer", run.stdout
+        r"estimated device time \(upper, H100 SXM\): (\d+) s with these flags, (\d+) s with FlashInfer",
+        run.stdout,
     )
     assert est is not None, run.stdout[-2000:]
     kernel_only, full = int(est.group(1)), int(est.group(2))
@@ -45,8 +53,9 @@ def test_gpu_decode_dry_run():
 
 
 def test_time_estimate_counts_the_cuda_core_baseline():
-    """The estimate grows with the baseline timings: a point with the baseline costs more than
-    the same point at group 1 (no baseline), by at least one timing's 0.2 s."""
+    """The estimate grows with the CUDA-core baseline's timing: a point with it costs more than the
+    same point at group 1 (no CUDA-core baseline; both have the dense one), by at least one
+    timing's 0.2 s."""
     sys.path.insert(0, str(BENCH.parent))
     try:
         import gpu_decode

@@ -1,4 +1,4 @@
-"""The engine with offload tiers: ``EngineConfig(num_offload_blocks=N)`` (host tier) and
+"""The engine with offload tiers: ``EngineConfig(num_host_cache_blocks=N)`` (host tier) and
 ``EngineConfig(offload=store)`` (a ``pagedkv.offload`` store below it). Greedy tokens with
 offload on equal offload off under pools small enough to evict; prefixes come back from the
 host tier and from a store another engine (another process, for Redis) wrote; and every store
@@ -26,6 +26,10 @@ sys.path.insert(0, str(ENGINE_TESTS))
 from tiny_llama import tiny_model  # noqa: E402
 
 BS = 4
+# The deadline of a reader whose hits a test counts: a load returns as soon as the store has
+# answered, so this is only a guard (the most EngineConfig takes); a tight deadline made those
+# counts depend on how busy the machine was.
+LOAD_GUARD_S = 60.0
 PREFIX = [(7 * i + 3) % 90 + 1 for i in range(24)]  # 6 full blocks
 FILLERS = [[(11 * i + j) % 90 + 1 for i in range(30)] for j in range(1, 4)]
 
@@ -64,7 +68,7 @@ def _reference(model):
 def test_host_tier_serves_the_evicted_prefix_with_the_same_tokens(tiny):
     reference = _reference(tiny)
     off = _run(_engine(tiny), WORKLOAD)
-    engine = _engine(tiny, num_offload_blocks=32)
+    engine = _engine(tiny, num_host_cache_blocks=32)
     on = _run(engine, WORKLOAD)
     assert [t for t, _ in on] == [t for t, _ in off] == reference
     assert off[-1][1] < len(PREFIX), "the pool kept the prefix: the test would not evict"
@@ -76,11 +80,11 @@ def test_host_tier_serves_the_evicted_prefix_with_the_same_tokens(tiny):
 def test_a_store_written_by_one_engine_serves_another(tiny, tmp_path):
     reference = _reference(tiny)
     store = DiskStore(tmp_path / "kv", capacity_bytes=1 << 24)
-    writer = _engine(tiny, offload=store, offload_deadline_s=5.0)
+    writer = _engine(tiny, offload=store, offload_deadline_s=LOAD_GUARD_S)
     assert [t for t, _ in _run(writer, WORKLOAD)] == reference
     assert writer.close()
     assert store.usage_bytes > 0
-    reader = _engine(tiny, offload=store, offload_deadline_s=5.0)
+    reader = _engine(tiny, offload=store, offload_deadline_s=LOAD_GUARD_S)
     (tokens, cached), *_ = _run(reader, [WORKLOAD[-1]])
     assert tokens == reference[-1]
     assert cached == len(PREFIX)
@@ -107,7 +111,9 @@ def test_a_damaged_store_is_a_miss(tiny, tmp_path, how):
     _run(writer, WORKLOAD)
     assert writer.close()
     assert _corrupt_every_entry(tmp_path / "kv", how) > 0
-    reader = _engine(tiny, offload=DiskStore(tmp_path / "kv", capacity_bytes=1 << 24), offload_deadline_s=5.0)
+    reader = _engine(
+        tiny, offload=DiskStore(tmp_path / "kv", capacity_bytes=1 << 24), offload_deadline_s=LOAD_GUARD_S
+    )
     (tokens, cached), *_ = _run(reader, [WORKLOAD[-1]])
     assert tokens == reference[-1]
     assert cached == 0
@@ -117,7 +123,7 @@ def test_a_damaged_store_is_a_miss(tiny, tmp_path, how):
 def test_a_full_disk_is_a_miss(tiny, tmp_path):
     reference = _reference(tiny)
     store = DiskStore(tmp_path / "kv", capacity_bytes=100)  # smaller than any block
-    engine = _engine(tiny, offload=store, num_offload_blocks=1)
+    engine = _engine(tiny, offload=store, num_host_cache_blocks=1)
     assert [t for t, _ in _run(engine, WORKLOAD)] == reference
     assert engine.close()
     assert store.usage_bytes == 0
@@ -129,14 +135,14 @@ def test_a_full_disk_is_a_miss(tiny, tmp_path):
     [
         {"offload": object()},
         {"offload": "redis://x"},
-        {"num_offload_blocks": -1},
-        {"num_offload_blocks": 1.5},
+        {"num_host_cache_blocks": -1},
+        {"num_host_cache_blocks": 1.5},
         {"offload_deadline_s": float("nan")},
         {"offload_deadline_s": -1},
         {"offload_policy": "never"},
         {"offload_policy": None},
         {"offload_policy": 1},
-        {"num_offload_blocks": 4, "enable_prefix_caching": False},
+        {"num_host_cache_blocks": 4, "enable_prefix_caching": False},
     ],
 )
 def test_hostile_offload_options_are_typed_errors(options):
@@ -164,7 +170,7 @@ _WRITER = textwrap.dedent(
             engine.kv.check_invariants()
     assert engine.close(timeout_s=30.0)
     print("offloaded", engine.kv.stats()["blocks_offloaded"])
-    print("stored", engine.runner.tiers.puts_submitted)
+    print("stored", engine.runner.saves.puts_submitted)
     """
 )
 
@@ -191,7 +197,7 @@ def test_engine_b_hits_the_prefix_engine_a_computed_in_another_process(tiny, red
     offloaded, stored = _write_in_another_process(f"RedisStore({redis_server.url!r})", WORKLOAD[:-1])
     assert offloaded > 0 and stored > 0
     reference = _reference(tiny)
-    engine = _engine(tiny, offload=RedisStore(redis_server.url), offload_deadline_s=5.0)
+    engine = _engine(tiny, offload=RedisStore(redis_server.url), offload_deadline_s=LOAD_GUARD_S)
     (tokens, cached), *_ = _run(engine, [WORKLOAD[-1]])
     assert tokens == reference[-1]
     assert cached == len(PREFIX)
@@ -219,7 +225,7 @@ def test_a_prefix_engine_a_never_evicted_reaches_engine_b(tiny, tmp_path, reques
     if reader_store is None:
         reader_store = DiskStore(tmp_path / "kv", capacity_bytes=1 << 24)
     reference = _reference(tiny)
-    engine = _engine(tiny, offload=reader_store, offload_deadline_s=5.0, offload_policy=policy)
+    engine = _engine(tiny, offload=reader_store, offload_deadline_s=LOAD_GUARD_S, offload_policy=policy)
     (tokens, cached), *_ = _run(engine, [WORKLOAD[-1]])
     engine.kv.check_invariants()
     assert tokens == reference[-1]
@@ -241,45 +247,45 @@ def test_save_on_compute_writes_each_block_once(tiny, tmp_path):
     engine = _engine(tiny, offload=store)
     assert [t for t, _ in _run(engine, WORKLOAD)] == reference
     assert engine.close()
-    tiers = engine.runner.tiers
-    assert tiers is not None and tiers.worker is not None
+    saves = engine.runner.saves
+    assert saves is not None
     assert engine.kv.stats()["blocks_offloaded"] > 0  # evictions happened ...
-    assert tiers.puts_repeated > 0  # ... and found their blocks already saved
-    assert tiers.blocks_saved_on_compute == tiers.puts_submitted > 0
-    assert store.stats.puts == tiers.worker.completed_puts == tiers.puts_submitted
-    assert tiers.worker.skipped_puts == 0 and tiers.puts_dropped == 0
+    assert saves.puts_repeated > 0  # ... and found their blocks already saved
+    assert saves.blocks_saved_on_compute == saves.puts_submitted > 0
+    assert store.stats.puts == saves.worker.completed_puts == saves.puts_submitted
+    assert saves.worker.skipped_puts == 0 and saves.puts_dropped == 0
     puts = store.stats.puts
-    again = _engine(tiny, offload=store, offload_deadline_s=5.0)
+    again = _engine(tiny, offload=store, offload_deadline_s=LOAD_GUARD_S)
     assert [t for t, _ in _run(again, WORKLOAD)] == reference
     assert again.close()
     assert again.stats.store_hit_tokens > 0
-    again_tiers = again.runner.tiers
-    assert again_tiers is not None and again_tiers.worker is not None
+    again_saves = again.runner.saves
+    assert again_saves is not None
     # A block the second engine recomputed (the pool evicted it before it could hit) is in the
     # store already: the worker's contains skips it.
     assert store.stats.puts == puts
-    assert again_tiers.worker.completed_puts == 0
-    assert again_tiers.worker.skipped_puts == again_tiers.puts_submitted
+    assert again_saves.worker.completed_puts == 0
+    assert again_saves.worker.skipped_puts == again_saves.puts_submitted
 
 
 def test_the_seen_set_is_bounded_and_the_store_still_skips_what_it_holds(tiny, tmp_path, monkeypatch):
     """With room for 2 hashes the set forgets the prefix's blocks before the fillers evict
     them: the eviction queues them again, and the worker's ``contains`` skips each one, so the
     store still writes each block once."""
-    from pagedkv.engine import offload_tiers
+    from pagedkv.engine import store_saves
 
-    monkeypatch.setattr(offload_tiers, "SEEN_CAPACITY", 2)
+    monkeypatch.setattr(store_saves, "SEEN_CAPACITY", 2)
     reference = _reference(tiny)
     store = DiskStore(tmp_path / "kv", capacity_bytes=1 << 24)
     engine = _engine(tiny, offload=store)
     assert [t for t, _ in _run(engine, WORKLOAD)] == reference
     assert engine.close()
-    tiers = engine.runner.tiers
-    assert tiers is not None and tiers.worker is not None
-    assert len(tiers._seen) <= 2
-    assert tiers.worker.skipped_puts > 0
-    assert store.stats.puts == tiers.blocks_saved_on_compute == tiers.worker.completed_puts
-    assert tiers.puts_submitted == tiers.blocks_saved_on_compute + tiers.worker.skipped_puts
+    saves = engine.runner.saves
+    assert saves is not None
+    assert len(saves._seen) <= 2
+    assert saves.worker.skipped_puts > 0
+    assert store.stats.puts == saves.blocks_saved_on_compute == saves.worker.completed_puts
+    assert saves.puts_submitted == saves.blocks_saved_on_compute + saves.worker.skipped_puts
 
 
 class _StuckDiskStore(DiskStore):
@@ -300,17 +306,18 @@ def test_a_full_save_queue_drops_saves_and_the_step_goes_on(tiny, tmp_path):
     reference = _reference(tiny)
     store = _StuckDiskStore(tmp_path / "kv", capacity_bytes=1 << 24)
     engine = _engine(tiny, offload=store)
-    tiers = engine.runner.tiers
-    assert tiers is not None and tiers.worker is not None
-    tiers.worker.close()
-    tiers.worker = OffloadWorker(store, max_pending_puts=2)
+    saves = engine.runner.saves
+    assert saves is not None and engine.store_worker is not None and engine.store_lookup is not None
+    engine.store_worker.close()
+    # One worker serves the engine's look-ups and saves: replace it everywhere.
+    engine.store_worker = engine.store_lookup.worker = saves.worker = OffloadWorker(store, max_pending_puts=2)
     assert [t for t, _ in _run(engine, WORKLOAD)] == reference
     engine.kv.check_invariants()
     assert not store.release.is_set()  # every step ran while the store hung
-    assert tiers.puts_dropped > 0 and tiers.worker.dropped_puts == tiers.puts_dropped
+    assert saves.puts_dropped > 0 and saves.worker.dropped_puts == saves.puts_dropped
     store.release.set()
     assert engine.close(timeout_s=30.0)
-    assert store.stats.puts == tiers.puts_submitted <= 3  # the stuck put and the 2 queued
+    assert store.stats.puts == saves.puts_submitted <= 3  # the stuck put and the 2 queued
 
 
 class _BrokenDiskStore(DiskStore):
@@ -336,12 +343,12 @@ def test_a_store_failing_during_saves_costs_no_step(tiny, tmp_path):
         engine = _engine(tiny, offload=store, num_blocks=64)
         assert [t for t, _ in _run(engine, WORKLOAD)] == reference
         assert engine.close(timeout_s=30.0)
-        tiers = engine.runner.tiers
-        assert tiers is not None and tiers.worker is not None
-        assert tiers.puts_submitted > 0
-        assert tiers.worker.failed_puts == tiers.puts_submitted
-        assert tiers.worker.completed_puts == 0
-        assert tiers.worker.failures + store.stats.errors > 0
+        saves = engine.runner.saves
+        assert saves is not None
+        assert saves.puts_submitted > 0
+        assert saves.worker.failed_puts == saves.puts_submitted
+        assert saves.worker.completed_puts == 0
+        assert saves.worker.failures + store.stats.errors > 0
 
 
 def test_a_dead_or_restarted_redis_is_a_miss(tiny, redis_server):
@@ -390,7 +397,10 @@ def test_smollm2_llm_with_a_store_equals_no_offload(smollm, tmp_path):
     plain = LLM(smollm, enable_prefix_caching=False, **options)
     want = [out.outputs[0].token_ids for out in plain.generate([prompt, other], params)]
     llm = LLM(
-        smollm, offload=DiskStore(tmp_path / "kv", capacity_bytes=1 << 26), offload_deadline_s=10.0, **options
+        smollm,
+        offload=DiskStore(tmp_path / "kv", capacity_bytes=1 << 26),
+        offload_deadline_s=LOAD_GUARD_S,
+        **options,
     )
     first = llm.generate([prompt, other], params)
     assert [out.outputs[0].token_ids for out in first] == want
@@ -408,15 +418,15 @@ def test_waiting_prompts_are_prefetched_from_the_store(tiny, tmp_path):
     writer = _engine(tiny, offload=store)
     _run(writer, WORKLOAD)
     assert writer.close()
-    reader = _engine(tiny, offload=store, offload_deadline_s=5.0, max_num_seqs=1)
+    reader = _engine(tiny, offload=store, offload_deadline_s=LOAD_GUARD_S, max_num_seqs=1)
     ids = [reader.add_request(p, SamplingParams(max_tokens=5)) for p in (FILLERS[0], WORKLOAD[-1])]
     while reader.has_unfinished():
         reader.step()
     out = [reader.output(i) for i in ids]
     assert out[1].outputs[0].token_ids == reference[-1]
     assert out[1].num_cached_tokens == len(PREFIX)
-    assert reader.runner.tiers is not None
-    assert reader.runner.tiers.prefetched_blocks == len(PREFIX) // BS
+    assert reader.store_lookup is not None
+    assert reader.store_lookup.prefetched_blocks == len(PREFIX) // BS
     reader.close()
 
 
@@ -444,9 +454,9 @@ def test_random_schedules_with_offload_tiers_equal_each_request_alone(tiny, tmp_
         config = dataclasses.replace(
             config,
             enable_prefix_caching=True,
-            num_offload_blocks=int(rng.integers(1, 2 * config.num_blocks)),
+            num_host_cache_blocks=int(rng.integers(1, 2 * config.num_blocks)),
             offload=DiskStore(tmp_path / f"kv{trial}", capacity_bytes=1 << 22) if with_store else None,
-            offload_deadline_s=5.0,
+            offload_deadline_s=LOAD_GUARD_S,
             offload_policy=policy,
         )
         for _ in range(2 if with_store else 1):
@@ -471,8 +481,8 @@ def test_random_schedules_with_offload_tiers_equal_each_request_alone(tiny, tmp_
                 )
             loaded += engine.kv.stats()["blocks_loaded"]
             store_hits[policy] += engine.stats.store_hit_tokens
-            if engine.runner.tiers is not None:
-                saved_on_compute += engine.runner.tiers.blocks_saved_on_compute
+            if engine.runner.saves is not None:
+                saved_on_compute += engine.runner.saves.blocks_saved_on_compute
     assert loaded > 0 and min(store_hits.values()) > 0 and saved_on_compute > 0, (
         loaded,
         store_hits,
@@ -485,8 +495,32 @@ def test_the_engine_refuses_offload_on_a_hybrid_layout():
 
     model = tiny_hybrid_model()
     with pytest.raises(InvalidArgumentError, match="hybrid_kv=False"):
-        LLMEngine(model, EngineConfig(num_blocks=32, block_size=4, num_offload_blocks=8))
+        LLMEngine(model, EngineConfig(num_blocks=32, block_size=4, num_host_cache_blocks=8))
     engine = LLMEngine(
-        model, EngineConfig(num_blocks=32, block_size=4, num_offload_blocks=8, hybrid_kv=False)
+        model, EngineConfig(num_blocks=32, block_size=4, num_host_cache_blocks=8, hybrid_kv=False)
     )
-    assert engine.kv.num_offload_blocks == 8
+    assert engine.kv.num_host_cache_blocks == 8
+
+
+def test_num_offload_blocks_is_the_deprecated_name_of_num_host_cache_blocks(tmp_path):
+    import dataclasses
+    import warnings
+
+    with pytest.warns(DeprecationWarning, match="num_host_cache_blocks"):
+        config = EngineConfig(num_blocks=16, num_offload_blocks=8)
+    assert config.num_host_cache_blocks == 8
+    with pytest.warns(DeprecationWarning, match="num_host_cache_blocks"):
+        assert config.num_offload_blocks == 8
+    with pytest.warns(DeprecationWarning, match="num_host_cache_blocks"):
+        assert config.offload_blocks == 8
+    assert "num_offload_blocks" not in repr(config)
+    with pytest.warns(DeprecationWarning), pytest.raises(InvalidArgumentError, match="disagrees"):
+        EngineConfig(num_offload_blocks=8, num_host_cache_blocks=4)
+    # One field holds the size in effect: a store alone gets a host cache of the pool's size.
+    store = DiskStore(tmp_path / "kv", capacity_bytes=1 << 20)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with_store = EngineConfig(num_blocks=16, offload=store)
+        assert with_store.num_host_cache_blocks == 16
+        assert dataclasses.replace(with_store, max_num_seqs=2).num_host_cache_blocks == 16
+        assert dataclasses.replace(with_store, num_host_cache_blocks=4).num_host_cache_blocks == 4

@@ -1,4 +1,4 @@
-"""The host offload tier through the bindings: ``KvCacheManager(..., num_offload_blocks=N)``,
+"""The host cache through the bindings: ``KvCacheManager(..., num_host_cache_blocks=N)``,
 ``take_offload_ops`` / ``take_load_ops``, ``prefix_block_hashes``, hostile arguments, and a
 randomized run that moves real K/V arrays and checks every hit returns the K/V computed for its
 tokens."""
@@ -13,12 +13,12 @@ import pytest
 
 
 def _manager(num_blocks: int = 2, num_offload: int = 4, **kw: object) -> pagedkv.KvCacheManager:
-    return pagedkv.KvCacheManager(num_blocks, 2, True, num_offload_blocks=num_offload, **kw)
+    return pagedkv.KvCacheManager(num_blocks, 2, True, num_host_cache_blocks=num_offload, **kw)
 
 
 def test_off_by_default():
     kv = pagedkv.KvCacheManager(4, 2, True)
-    assert kv.num_offload_blocks == 0
+    assert kv.num_host_cache_blocks == 0
     assert kv.take_offload_ops().shape == (0, 2)
     assert kv.take_load_ops().shape == (0, 2)
     assert kv.stats()["num_offload_blocks"] == 0
@@ -61,13 +61,13 @@ def test_prefix_block_hashes_key_the_events():
 @pytest.mark.parametrize(
     "kwargs",
     [
-        {"num_offload_blocks": -1},
-        {"num_offload_blocks": 1.5},
-        {"num_offload_blocks": True},
-        {"num_offload_blocks": "3"},
-        {"num_offload_blocks": 2**40},
-        {"num_offload_blocks": 2**64},
-        {"num_offload_blocks": 4, "enable_prefix_caching": False},
+        {"num_host_cache_blocks": -1},
+        {"num_host_cache_blocks": 1.5},
+        {"num_host_cache_blocks": True},
+        {"num_host_cache_blocks": "3"},
+        {"num_host_cache_blocks": 2**40},
+        {"num_host_cache_blocks": 2**64},
+        {"num_host_cache_blocks": 4, "enable_prefix_caching": False},
     ],
 )
 def test_hostile_configs_are_typed_errors(kwargs):
@@ -101,7 +101,7 @@ def test_hits_from_the_host_return_the_kv_computed_for_their_tokens(seed):
     the tokens no tier served, and every computed token must hold its own K/V."""
     rng = random.Random(seed)
     bs, num_blocks, num_offload = 2, 9, 3
-    kv = pagedkv.KvCacheManager(num_blocks, bs, True, num_offload_blocks=num_offload)
+    kv = pagedkv.KvCacheManager(num_blocks, bs, True, num_host_cache_blocks=num_offload)
     device = np.full((num_blocks, bs), np.nan)
     host = np.full((num_offload, bs), np.nan)
     bases = [list(range(1, 16)), list(range(1, 5)) + list(range(50, 61)), list(range(90, 105))]
@@ -164,6 +164,14 @@ def test_offload_with_hybrid_kv_groups_is_refused():
     layers for the same tokens, so the two are not combined (docs/offload.md, Limits)."""
     groups = [pagedkv.FullAttention(), pagedkv.SlidingWindow(window=8)]
     with pytest.raises(pagedkv.InvalidArgumentError, match="single full-attention"):
-        pagedkv.KvCacheManager(16, 4, True, num_offload_blocks=4, kv_groups=groups)
-    kv = pagedkv.KvCacheManager(16, 4, True, num_offload_blocks=4, kv_groups=[pagedkv.FullAttention()])
-    assert kv.num_offload_blocks == 4
+        pagedkv.KvCacheManager(16, 4, True, num_host_cache_blocks=4, kv_groups=groups)
+    kv = pagedkv.KvCacheManager(16, 4, True, num_host_cache_blocks=4, kv_groups=[pagedkv.FullAttention()])
+    assert kv.num_host_cache_blocks == 4
+
+
+def test_num_offload_blocks_is_the_deprecated_name_of_num_host_cache_blocks():
+    with pytest.warns(DeprecationWarning, match="num_host_cache_blocks"):
+        kv = pagedkv.KvCacheManager(4, 2, True, num_offload_blocks=3)
+    assert kv.num_host_cache_blocks == kv.num_offload_blocks == kv.stats()["num_offload_blocks"] == 3
+    with pytest.warns(DeprecationWarning), pytest.raises(pagedkv.InvalidArgumentError, match="disagrees"):
+        pagedkv.KvCacheManager(4, 2, True, num_offload_blocks=3, num_host_cache_blocks=2)

@@ -15,6 +15,7 @@ import pytest
 
 pytest.importorskip("xxhash", reason="pagedkv.offload needs the offload extra (xxhash)")
 
+import pagedkv.offload.worker as worker_module  # noqa: E402
 from pagedkv.errors import InvalidArgumentError, InvalidArgumentTypeError  # noqa: E402
 from pagedkv.offload import DiskStore, OffloadWorker  # noqa: E402
 from pagedkv.offload.codec import Payload  # noqa: E402
@@ -80,10 +81,24 @@ def test_puts_run_in_the_background_and_loads_return_them(tmp_path):
         assert worker.completed_puts == 2 and worker.failures == 0
 
 
-def test_a_load_not_ready_by_its_deadline_is_a_miss_not_a_stall():
+class StuckStoreClock:
+    """The worker module's clock (its ``time``): still until the store is stuck, then past every
+    deadline. A load's deadline then passes exactly when the store is stuck, whatever the
+    machine's load: with the real clock, a busy machine could let 50 ms pass before the worker
+    fetched even the first key, and the load came back empty."""
+
+    def __init__(self, stuck: threading.Event) -> None:
+        self.stuck = stuck
+
+    def monotonic(self) -> float:
+        return 1e6 if self.stuck.is_set() else 0.0
+
+
+def test_a_load_not_ready_by_its_deadline_is_a_miss_not_a_stall(monkeypatch):
     store = ScriptedStore(slow=[2])
     store.data = {(1, None): b"one", (2, None): b"two", (3, None): b"three"}
     worker = OffloadWorker(store)
+    monkeypatch.setattr(worker_module, "time", StuckStoreClock(store.entered))
     try:
         got = worker.load([1, 2, 3], deadline_s=0.05)
         released = store.release.is_set()
@@ -92,6 +107,7 @@ def test_a_load_not_ready_by_its_deadline_is_a_miss_not_a_stall():
         assert worker.late_loads == 1
     finally:
         store.release.set()
+        monkeypatch.undo()
     # The abandoned load stops at the slow key: 3 is never fetched for it.
     assert worker.flush(STUCK_S)
     assert worker.load([3], deadline_s=STUCK_S) == {3: b"three"}
@@ -228,6 +244,9 @@ def test_a_prefetch_loads_while_the_caller_does_other_work():
     try:
         pending = worker.prefetch([1, 2, 3])  # returns at once: key 2 is stuck
         assert not pending.done
+        # Key 1 has arrived once the worker is stuck on key 2 (waiting for that, not for a
+        # duration: a busy machine may take longer than take's 50 ms to get there).
+        assert store.entered.wait(STUCK_S)
         assert pending.take(0.05) == {1: b"one"}  # what arrived; the rest is abandoned
         assert worker.late_loads == 1
     finally:

@@ -12,7 +12,7 @@ import pytest
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 # Pages whose python blocks form one runnable program.
-PAGES = ["embedding.md"]
+PAGES = ["embedding.md", "quantized_kv.md"]
 
 
 def python_blocks(page: str) -> list[str]:

@@ -2,6 +2,9 @@
 group= views with -1 at released positions, prefix hits every group can serve, and hostile
 arguments (docs/design.md, KV groups)."""
 
+import copy
+import pickle
+
 import numpy as np
 import pagedkv
 import pytest
@@ -25,6 +28,18 @@ def test_specs_are_small_frozen_values() -> None:
         SlidingWindow(window=7).window = 8  # type: ignore[misc]
     assert eval(repr(SlidingWindow(window=9)), vars(pagedkv)) == SlidingWindow(window=9)
     assert pagedkv.FullAttention is FullAttention and "SlidingWindow" in pagedkv.__all__
+
+
+@pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))
+def test_specs_pickle_and_copy_at_every_protocol(protocol: int) -> None:
+    # SlidingWindow raised TypeError ("cannot pickle") where FullAttention pickled: a spec list
+    # could not cross a process boundary (multiprocessing, a config sent to a worker).
+    groups = [FullAttention(), SlidingWindow(window=4096), SlidingWindow(window=1)]
+    restored = pickle.loads(pickle.dumps(groups, protocol))
+    assert restored == groups and [type(g) for g in restored] == [type(g) for g in groups]
+    assert copy.deepcopy(groups) == groups and copy.copy(groups[1]) == groups[1]
+    assert hybrid(window=4).kv_groups == pickle.loads(pickle.dumps(hybrid(window=4).kv_groups, protocol))
+    assert KvCacheManager(8, 2, kv_groups=restored).kv_groups == groups
 
 
 @pytest.mark.parametrize("window", [0, -1, 2**70, 3.0, True, "4", None])

@@ -1,8 +1,10 @@
 """Lists of ids are read straight from CPython's object memory once the layout is proved at
-import (rust/pagedkv-python/src/int_list.rs); tuples always take the C-API path. A list must
-give exactly what the same ids as a tuple give: tables, hit counts, and for bad input the same
-error type and message, with nothing changed. The reader must also be ON where it can be, or
-these comparisons would only compare the C-API path with itself.
+import (rust/pagedkv-python/src/int_list/direct.rs); tuples always take the C-API path. A list
+must give exactly what the same ids as a tuple give: tables, hit counts, and for bad input the
+same error type and message, with nothing changed. The reader must also be ON where it can be,
+or these comparisons would only compare the C-API path with itself. scripts/test.sh runs this
+file again on the bindings built without the cargo feature `direct-int-reader` (with
+``PAGEDKV_INT_LIST_READER=api``: there every list takes the C-API path).
 """
 
 from __future__ import annotations

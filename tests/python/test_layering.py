@@ -95,3 +95,55 @@ def test_the_library_never_imports_the_command_line():
 def test_the_cycle_finder_finds_a_cycle():
     assert _find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def _reaches(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every module ``start`` imports, directly or through others."""
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        for target in graph[todo.pop()]:
+            if target not in seen:
+                seen.add(target)
+                todo.append(target)
+    return seen
+
+
+# The engine's two halves (docs/engine.md, "One step"): the scheduler plans on the block
+# manager; the model runner holds the K/V arrays and moves data. Modules that hold or move K/V:
+KV_DATA_MODULES = (
+    "pagedkv.engine.kv_store",
+    "pagedkv.engine.host_cache",
+    "pagedkv.engine.store_saves",
+    "pagedkv.engine.model_runner",
+    "pagedkv.attention",
+    "pagedkv.models",
+)
+
+
+def test_the_model_runner_never_imports_the_scheduler():
+    graph = _import_graph()
+    assert "pagedkv.engine.scheduled_batch" in graph["pagedkv.engine.model_runner"]
+    reached = _reaches(graph, "pagedkv.engine.model_runner")
+    assert "pagedkv.engine.scheduler" not in reached
+    assert "pagedkv.engine.store_lookup" not in reached
+
+
+def test_the_scheduler_reaches_no_module_that_holds_or_moves_kv():
+    graph = _import_graph()
+    reached = _reaches(graph, "pagedkv.engine.scheduler")
+    assert "pagedkv.engine.scheduled_batch" in reached
+    touched = sorted(m for m in reached if m.startswith(KV_DATA_MODULES))
+    assert not touched, touched
+
+
+def test_the_reach_finder_follows_imports():
+    assert _reaches({"a": {"b"}, "b": {"c"}, "c": set()}, "a") == {"b", "c"}
+
+
+def test_the_engine_never_imports_its_benchmarks():
+    graph = _import_graph()
+    assert "pagedkv.benchmarks.engine" in graph["pagedkv.commands.engine"]
+    assert not [m for m in graph if m.startswith("pagedkv.engine.bench")]
+    for module in (m for m in graph if m.startswith("pagedkv.engine")):
+        assert not [t for t in _reaches(graph, module) if t.startswith("pagedkv.benchmarks")], module

@@ -10,6 +10,8 @@ import pytest
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.viz.serve import PageServer, serve_page
 
+HANG_GUARD_S = 60  # every wait below ends when its answer comes; this only bounds a hang
+
 
 def test_serves_the_page_on_loopback(tmp_path):
     page = tmp_path / "v.html"
@@ -17,12 +19,12 @@ def test_serves_the_page_on_loopback(tmp_path):
     (tmp_path / "secret.txt").write_text("no", encoding="utf-8")
     with PageServer(page) as server:
         assert server.url.startswith("http://127.0.0.1:")
-        with urllib.request.urlopen(server.url, timeout=5) as response:
+        with urllib.request.urlopen(server.url, timeout=HANG_GUARD_S) as response:
             assert response.read() == page.read_bytes()
             assert response.headers["Content-Type"].startswith("text/html")
         for path in ("secret.txt", "../secret.txt", "v.html"):
             with pytest.raises(urllib.error.HTTPError) as err:
-                urllib.request.urlopen(server.url + path, timeout=5)
+                urllib.request.urlopen(server.url + path, timeout=HANG_GUARD_S)
             assert err.value.code == 404
         url = server.url
     with pytest.raises(urllib.error.URLError):
@@ -40,7 +42,7 @@ def test_serve_page_prints_url_and_stops_after_duration(tmp_path):
         done.set()
 
     threading.Thread(target=run, daemon=True).start()
-    assert done.wait(10), "serve_page did not stop after duration_s"
+    assert done.wait(HANG_GUARD_S), "serve_page did not stop after duration_s"
     assert "http://127.0.0.1:" in lines[0]
 
 

@@ -9,6 +9,11 @@ Every function takes ``backend=``:
 - ``"cpu"``: the Rust CPU data plane (``pagedkv.attention.cpu_backend``; fp32, fp16, bf16; threads
   and SIMD; within a stated tolerance of the reference, docs/cpu_data_plane.md).
 
+Quantized caches: wherever a cache goes, a ``QuantizedKvCache`` (kv_cache_dtype "int8", "fp8_e4m3"
+or "int4"; docs/quantized_kv.md) may go instead, on the numpy, cuda and emulated backends
+(backend='cpu' raises InvalidArgumentError naming the dtype). Writes quantize, attention
+dequantizes; int4 caches also take ``residual_slots`` (each sequence's full-precision slot).
+
 Layouts (docs/design.md, KV layouts): caches ``[num_blocks, block_size, num_kv_heads, head_dim]``;
 decode query ``[num_seqs, num_q_heads, head_dim]`` with ``num_q_heads % num_kv_heads == 0``; query
 head h reads KV head ``h // (num_q_heads // num_kv_heads)``. bfloat16 tensors are uint16 arrays of bit
@@ -21,9 +26,19 @@ from typing import Any
 
 import numpy as np
 
-from pagedkv.attention import cpu_backend, kernel_launch, reference
+from pagedkv.attention import cpu_backend, kernel_launch, quant_launch, quant_reference, reference
+from pagedkv.attention import quant_validation as qval
 from pagedkv.attention import validation as val
+from pagedkv.attention.kv_cache_dtype import (
+    KV_CACHE_DTYPES,
+    block_bytes,
+    blocks_for_memory,
+    kv_block_bytes,
+    residual_bytes,
+    sequences_for_memory,
+)
 from pagedkv.attention.prefill import paged_prefill_attention
+from pagedkv.attention.quantized_cache import QuantizedKvCache
 from pagedkv.attention.runners import CudaRunner, get_runner
 from pagedkv.attention.window import check_window
 from pagedkv.attention.workspace import DecodePlan, DecodeWorkspace
@@ -38,6 +53,13 @@ __all__ = [
     "swap_blocks",
     "DecodeWorkspace",
     "DecodePlan",
+    "QuantizedKvCache",
+    "KV_CACHE_DTYPES",
+    "block_bytes",
+    "blocks_for_memory",
+    "kv_block_bytes",
+    "residual_bytes",
+    "sequences_for_memory",
 ]
 
 
@@ -71,6 +93,7 @@ def paged_attention(
     num_splits: int | None = None,
     use_tensor_cores: bool | None = None,
     window: int | None = None,
+    residual_slots: Any = None,
 ) -> Any:
     """Decode attention: each sequence's query token over its paged history.
 
@@ -95,6 +118,10 @@ def paged_attention(
     ``window`` keys (None: all). Blocks wholly before the window are never read and their table
     entries may be -1 (released by a sliding-window KV group): the kernels start each
     sequence's key loop at the window (docs/decode_kernel.md) and plan splits over it.
+    Quantized caches (``QuantizedKvCache``): keys and values are dequantized as they are read;
+    tables and lengths are host (NumPy) arrays on every backend; use_tensor_cores=True is refused
+    (no tensor-core kernel for them). residual_slots (int4 only): int32 [num_seqs], each
+    sequence's residual slot (read where its last block is open: seq_len % block_size != 0).
     """
     q, k_cache, v_cache, block_tables, seq_lens = (
         val.unwrap_ndarray_subclass(n, x)
@@ -109,6 +136,22 @@ def paged_attention(
     splits = val.check_num_splits(num_splits)  # checked on every backend, used by the kernels
     tensor_cores = val.check_use_tensor_cores(use_tensor_cores)  # likewise
     window = check_window(window, val.check_backend(backend))
+    if qval.is_quantized(k_cache, v_cache):
+        return _quant_paged_attention(
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            seq_lens,
+            scale,
+            backend,
+            splits,
+            tensor_cores,
+            window,
+            residual_slots,
+        )
+    if residual_slots is not None:
+        raise InvalidArgumentError("residual_slots is for int4 caches (QuantizedKvCache)")
     if backend == "cpu":
         return cpu_backend.paged_attention(
             q, k_cache, v_cache, block_tables, seq_lens, scale=scale, window=window
@@ -132,12 +175,23 @@ def paged_attention(
 
 
 def write_kv(
-    k: Any, v: Any, k_cache: Any, v_cache: Any, slot_mapping: Any, *, backend: str = "numpy"
+    k: Any,
+    v: Any,
+    k_cache: Any,
+    v_cache: Any,
+    slot_mapping: Any,
+    *,
+    backend: str = "numpy",
+    residual_slots: Any = None,
 ) -> None:
     """Writes new tokens' keys and values into their cache slots, in place.
 
     k, v: [num_tokens, num_kv_heads, head_dim]; slot_mapping: int64 [num_tokens], slot =
     block_id * block_size + offset, -1 skips a token; slots must be distinct.
+    Quantized caches quantize the tokens on the way in (slot_mapping may then be a NumPy array
+    on every backend). int4: residual_slots int32 [num_tokens], the residual slot of each token's
+    sequence; a block the write fills is sealed (quantized whole, its earlier tokens read from
+    that slot), a block it leaves open keeps the tokens in the slot (docs/quantized_kv.md).
     """
     k, v, k_cache, v_cache, slot_mapping = (
         val.unwrap_ndarray_subclass(n, x)
@@ -149,6 +203,11 @@ def write_kv(
             ("slot_mapping", slot_mapping),
         )
     )
+    if qval.is_quantized(k_cache, v_cache):
+        _quant_write_kv(k, v, k_cache, v_cache, slot_mapping, backend, residual_slots)
+        return
+    if residual_slots is not None:
+        raise InvalidArgumentError("residual_slots is for int4 caches (QuantizedKvCache)")
     if backend == "cpu":
         cpu_backend.write_kv(k, v, k_cache, v_cache, slot_mapping)
         return
@@ -170,6 +229,15 @@ def copy_blocks(k_caches: Any, v_caches: Any, copy_ops: Any, *, backend: str = "
     k_caches = val.unwrap_ndarray_subclasses("k_caches", k_caches)
     v_caches = val.unwrap_ndarray_subclasses("v_caches", v_caches)
     copy_ops = val.unwrap_ndarray_subclass("copy_ops", copy_ops)
+    if qval.is_quantized(k_caches, v_caches):
+        if val.check_backend(backend) == "cpu":
+            qval.refuse_cpu(k_caches, v_caches)
+        if backend == "numpy":
+            quant_reference.copy_blocks(k_caches, v_caches, copy_ops)
+            return
+        pairs, ops = qval.check_quant_copy(k_caches, v_caches, copy_ops, backend)
+        quant_launch.copy_blocks(get_runner(backend), pairs, ops)
+        return
     if backend == "cpu":
         cpu_backend.copy_blocks(k_caches, v_caches, copy_ops)
         return
@@ -181,7 +249,7 @@ def copy_blocks(k_caches: Any, v_caches: Any, copy_ops: Any, *, backend: str = "
 
 
 def swap_blocks(src_cache: Any, dst_cache: Any, mapping: Any, *, backend: str = "numpy") -> int:
-    """Copies blocks between two caches of one block shape (e.g. device <-> host tier).
+    """Copies blocks between two caches of one block shape (e.g. device <-> swap tier).
 
     src_cache, dst_cache: [num_blocks_src|dst, block_size, num_kv_heads, head_dim];
     mapping: int32 [N, 2] (src_block, dst_block), e.g. from KvCacheManager.swap_out/swap_in.
@@ -193,19 +261,77 @@ def swap_blocks(src_cache: Any, dst_cache: Any, mapping: Any, *, backend: str = 
         val.unwrap_ndarray_subclass(n, x)
         for n, x in (("src_cache", src_cache), ("dst_cache", dst_cache), ("mapping", mapping))
     )
+    quantized = qval.is_quantized(src_cache, dst_cache)
+    if quantized and val.check_backend(backend) == "cpu":
+        qval.refuse_cpu(src_cache, dst_cache)
     if backend == "cpu":
         return cpu_backend.swap_blocks(src_cache, dst_cache, mapping)
     if val.check_backend(backend) == "numpy":
+        if quantized:
+            return quant_reference.swap_blocks(src_cache, dst_cache, mapping)
         return reference.swap_blocks(src_cache, dst_cache, mapping)
-    val.check_swap_blocks(src_cache, dst_cache, mapping, backend)
+    if quantized:
+        qval.check_quant_swap(src_cache, dst_cache, mapping, backend)
+    else:
+        val.check_swap_blocks(src_cache, dst_cache, mapping, backend)
     runner = get_runner(backend)
     if isinstance(runner, CudaRunner):
         for name, x in (("src_cache", src_cache), ("dst_cache", dst_cache)):
-            if isinstance(x, np.ndarray) and not runner.is_pinned(x):
+            array = x.data if quantized else x
+            if isinstance(array, np.ndarray) and not runner.is_pinned(array):
                 raise InvalidArgumentError(
                     f"{name} is pageable host memory: allocate it with cupyx.empty_pinned"
                 )
+    if quantized:
+        return quant_launch.swap_blocks(runner, src_cache, dst_cache, mapping)
     return kernel_launch.swap_blocks(runner, src_cache, dst_cache, mapping)
+
+
+def _quant_paged_attention(
+    q: Any,
+    k_cache: Any,
+    v_cache: Any,
+    block_tables: Any,
+    seq_lens: Any,
+    scale: float | None,
+    backend: str,
+    splits: int | None,
+    tensor_cores: bool | None,
+    window: int | None,
+    residual_slots: Any,
+) -> Any:
+    """paged_attention on QuantizedKvCache caches (numpy reference or the quantized kernel)."""
+    if backend == "cpu":
+        qval.refuse_cpu(k_cache, v_cache)
+    if tensor_cores is True:
+        raise InvalidArgumentError(
+            "use_tensor_cores=True: quantized caches run the CUDA-core quantized kernel; pass None or False"
+        )
+    if backend == "numpy":
+        return quant_reference.paged_attention(
+            q, k_cache, v_cache, block_tables, seq_lens, scale, window, residual_slots
+        )
+    pair, shape, slots, lens = qval.check_quant_decode(
+        q, k_cache, v_cache, block_tables, seq_lens, scale, backend, window, residual_slots
+    )
+    tables = block_tables.get() if val.is_cupy_array(block_tables) else block_tables
+    return quant_launch.paged_attention(
+        get_runner(backend), q, pair, tables, lens, shape, slots, splits, window
+    )
+
+
+def _quant_write_kv(
+    k: Any, v: Any, k_cache: Any, v_cache: Any, slot_mapping: Any, backend: str, residual_slots: Any
+) -> None:
+    if val.check_backend(backend) == "cpu":
+        qval.refuse_cpu(k_cache, v_cache)
+    if backend == "numpy":
+        quant_reference.write_kv(k, v, k_cache, v_cache, slot_mapping, residual_slots)
+        return
+    pair, kind, plan, mapping = qval.check_quant_write(
+        k, v, k_cache, v_cache, slot_mapping, backend, residual_slots
+    )
+    quant_launch.write_kv(get_runner(backend), k, v, pair, mapping, kind, plan)
 
 
 def _cpu_contiguous_attention(q: Any, k: Any, v: Any, scale: float | None) -> Any:

@@ -7,6 +7,9 @@ refused. Every check that guards memory (shapes, dtypes, block ids, slots, copy 
 runs in Rust before the first write and raises ``InvalidArgumentError``; the kernels run with
 the GIL released. Results match the NumPy reference within the tolerance docs/cpu_data_plane.md
 states (fp32 accumulation in a different order; not bit-identical).
+
+The extension is imported by each function, not by this module: ``pagedkv.attention`` (which the
+GPU kernels' tests and benchmarks import) must load where the extension does not (pagedkv/__init__.py).
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ from typing import Any
 
 import numpy as np
 
-from pagedkv import _core
 from pagedkv.attention import validation as val
 from pagedkv.attention.window import check_window
 from pagedkv.errors import InvalidArgumentError
@@ -29,7 +31,8 @@ def _array(name: str, x: Any) -> np.ndarray:
 
 def _bits(x: np.ndarray) -> np.ndarray:
     """ml_dtypes bfloat16 arrays as their uint16 bit patterns (a view); others unchanged."""
-    # dtype.kind first: dtype.name costs ~20 us, and ml_dtypes' bfloat16 is the only 2-byte "V".
+    # dtype.kind first: dtype.name builds a string per call (benches/results/2026-12-06-comment-numbers.md),
+    # and ml_dtypes' bfloat16 is the only 2-byte "V".
     return x.view(np.uint16) if x.dtype.kind == "V" and x.dtype.name == "bfloat16" else x
 
 
@@ -63,6 +66,8 @@ def paged_attention(
 ) -> np.ndarray:
     """Paged decode attention (``pagedkv.attention.paged_attention``); ``window``: the query sees
     only its sequence's last ``window`` keys, and table entries wholly before them are not read."""
+    from pagedkv import _core
+
     q_in = _input("q", q)
     out = _core.cpu_paged_attention(
         q_in,
@@ -90,6 +95,8 @@ def paged_prefill_attention(
 ) -> np.ndarray:
     """Paged prefill attention (``pagedkv.attention.paged_prefill_attention``); ``block_tables``
     padded or the CSR triple; ``window`` as in ``paged_attention`` (needs ``causal``)."""
+    from pagedkv import _core
+
     q_in = _input("q", q)
     if isinstance(block_tables, tuple):
         tables: Any = tuple(
@@ -116,6 +123,8 @@ def paged_prefill_attention(
 
 def write_kv(k: Any, v: Any, k_cache: Any, v_cache: Any, slot_mapping: Any) -> None:
     """``pagedkv.attention.write_kv``: -1 skips a token; every slot checked before any write."""
+    from pagedkv import _core
+
     _core.cpu_write_kv(
         _input("k", k),
         _input("v", v),
@@ -127,6 +136,8 @@ def write_kv(k: Any, v: Any, k_cache: Any, v_cache: Any, slot_mapping: Any) -> N
 
 def copy_blocks(k_caches: Any, v_caches: Any, copy_ops: Any) -> None:
     """``pagedkv.attention.copy_blocks``: copies in order, every layer, ids checked first."""
+    from pagedkv import _core
+
     if not isinstance(k_caches, (list, tuple)) or not isinstance(v_caches, (list, tuple)):
         raise InvalidArgumentError("k_caches and v_caches must be lists (one cache per layer)")
     _core.cpu_copy_blocks(
@@ -138,6 +149,8 @@ def copy_blocks(k_caches: Any, v_caches: Any, copy_ops: Any) -> None:
 
 def swap_blocks(src_cache: Any, dst_cache: Any, mapping: Any) -> int:
     """``pagedkv.attention.swap_blocks``: returns the number of copies (runs of adjacent blocks)."""
+    from pagedkv import _core
+
     return int(
         _core.cpu_swap_blocks(
             _cache("src_cache", src_cache), _cache("dst_cache", dst_cache), _input("mapping", mapping)

@@ -17,7 +17,7 @@ from pagedkv.attention import copy_planning, split_planning
 from pagedkv.attention import validation as val
 from pagedkv.attention.dtypes import nan_fill_value
 from pagedkv.attention.window import kernel_window
-from pagedkv.errors import InvariantViolation
+from pagedkv.errors import InvalidArgumentError, InvariantViolation
 from pagedkv.kernels import instances
 from pagedkv.kernels.instances import Instance
 
@@ -139,6 +139,38 @@ def paged_attention(
     return out
 
 
+def check_decode_split(
+    shape: val.AttentionShape, splits: int, tokens_per_split: int, window: int | None = None
+) -> None:
+    """Refuses a decode split the kernels would get wrong, before the launch (host arithmetic only,
+    so it runs under graph capture too):
+
+    - tokens_per_split a positive multiple of min(block_size, tile): the tensor-core kernel stages
+      a tile's page-table entries assuming the tile starts at a block boundary (or at a tile
+      boundary inside a longer block); a split starting elsewhere reads the wrong blocks and
+      returns finite, wrong values (reproduced at head_dim 128, block 16, 40 tokens per split).
+      The split planner only makes whole tiles, which always satisfy this.
+    - 1 <= splits <= instances.MAX_SPLITS (the merge kernel's shared weights) and splits *
+      tokens_per_split covering the keys the longest sequence shows (split_planning.visible_tokens):
+      fewer would silently drop its last keys.
+    """
+    tile = instances.tile_tokens(shape.kind, shape.head_dim)
+    align = min(shape.block_size, tile)
+    if isinstance(tokens_per_split, bool) or tokens_per_split < 1 or tokens_per_split % align:
+        raise InvalidArgumentError(
+            f"tokens_per_split {tokens_per_split} must be a positive multiple of {align} "
+            f"(min of block_size {shape.block_size} and the {tile}-token tile)"
+        )
+    if not 1 <= splits <= instances.MAX_SPLITS:
+        raise InvalidArgumentError(f"num_splits {splits} must lie in [1, {instances.MAX_SPLITS}]")
+    visible = split_planning.visible_tokens(shape.max_seq_len, window, tile)
+    if splits * tokens_per_split < visible:
+        raise InvalidArgumentError(
+            f"{splits} splits of {tokens_per_split} tokens do not cover the {visible} keys of the longest "
+            "sequence"
+        )
+
+
 def launch_decode(
     runner: Runner,
     out: Any,
@@ -162,8 +194,10 @@ def launch_decode(
     num_seqs * num_q_heads * splits * (head_dim, 1, 1) floats when splits > 1.
     window: sliding window (None: none), passed to the kernel as a runtime argument (0: none), so
     no instance is compiled per window; splits * tokens_per_split must cover the visible keys
-    (split_planning.visible_tokens).
+    (split_planning.visible_tokens) and tokens_per_split be a multiple of min(block_size, tile):
+    check_decode_split refuses anything else with InvalidArgumentError.
     """
+    check_decode_split(shape, splits, tokens_per_split, window)
     split_out, split_max, split_sum = split_buffers
     instance = decode_instance(shape)
     runner.launch(

@@ -11,8 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from pagedkv.attention import cpu_backend, prefill_launch, prefill_reference
+from pagedkv.attention import cpu_backend, prefill_launch, prefill_reference, quant_launch, quant_reference
 from pagedkv.attention import prefill_validation as pval
+from pagedkv.attention import quant_validation as qval
 from pagedkv.attention import validation as val
 from pagedkv.attention.runners import get_runner
 from pagedkv.attention.window import check_window
@@ -32,6 +33,7 @@ def paged_prefill_attention(
     backend: str = "numpy",
     num_splits: int | None = None,
     window: int | None = None,
+    residual_slots: Any = None,
 ) -> Any:
     """Causal multi-query attention of each sequence's new tokens over its paged context.
 
@@ -61,8 +63,44 @@ def paged_prefill_attention(
     0..p). Blocks wholly before the window of a sequence's first query are never read and their
     table entries may be -1 (released by a sliding-window KV group): the kernel starts each work
     tile's key loop at its first row's window (docs/prefill.md).
+    Quantized caches (``QuantizedKvCache``, docs/quantized_kv.md): numpy, cuda and emulated
+    backends, every element type of q, head_dim 64/128/256 on the kernel backends;
+    residual_slots (int4 only): int32 [B], each sequence's residual slot.
     """
     window = check_window(window, val.check_backend(backend))
+    if qval.is_quantized(k_cache, v_cache):
+        if backend == "cpu":
+            qval.refuse_cpu(k_cache, v_cache)
+        if backend == "numpy":
+            return quant_reference.paged_prefill_attention(
+                q,
+                k_cache,
+                v_cache,
+                block_tables,
+                seq_lens,
+                query_start_loc,
+                scale,
+                causal,
+                window,
+                residual_slots,
+            )
+        pair, quant_args, slots = qval.check_quant_prefill(
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            seq_lens,
+            query_start_loc,
+            scale,
+            causal,
+            backend,
+            window,
+            residual_slots,
+        )
+        splits = val.check_num_splits(num_splits)
+        return quant_launch.paged_prefill(get_runner(backend), pair, quant_args, slots, splits, window)
+    if residual_slots is not None:
+        raise InvalidArgumentError("residual_slots is for int4 caches (QuantizedKvCache)")
     if backend == "cpu":
         return cpu_backend.paged_prefill_attention(
             q,

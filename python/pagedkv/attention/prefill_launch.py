@@ -33,14 +33,17 @@ from pagedkv.kernels import instances
 MIN_TOKENS_PER_SPLIT = 256
 
 
-def work_tiles(query_start_loc: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray]:
-    """(tile_seq, tile_row0), int32 [num_tiles]: each tile's sequence and first packed row."""
+def work_tiles(
+    query_start_loc: np.ndarray, group: int, rows: int = instances.PREFILL_ROWS
+) -> tuple[np.ndarray, np.ndarray]:
+    """(tile_seq, tile_row0), int32 [num_tiles]: each tile's sequence and first packed row
+    (``rows`` packed rows per tile: the prefill kernel's, or the quantized kernel's)."""
     q_lens = np.diff(query_start_loc.astype(np.int64))
-    tiles = ((q_lens * group + instances.PREFILL_ROWS - 1) // instances.PREFILL_ROWS).astype(np.int64)
+    tiles = ((q_lens * group + rows - 1) // rows).astype(np.int64)
     total = int(tiles.sum())
     tile_seq = np.repeat(np.arange(q_lens.shape[0], dtype=np.int64), tiles)
     first = np.repeat(np.cumsum(tiles) - tiles, tiles)
-    tile_row0 = (np.arange(total, dtype=np.int64) - first) * instances.PREFILL_ROWS
+    tile_row0 = (np.arange(total, dtype=np.int64) - first) * rows
     return tile_seq.astype(np.int32), tile_row0.astype(np.int32)
 
 
@@ -74,6 +77,7 @@ def tile_kv_needed(
     group: int,
     causal: bool,
     window: int | None = None,
+    rows: int = instances.PREFILL_ROWS,
 ) -> np.ndarray:
     """Keys each work tile reads (int64 [num_tiles]): all of its sequence's, or (causal) up to the
     position of the tile's last query row, and (causal, with a sliding window) from its first
@@ -84,7 +88,7 @@ def tile_kv_needed(
         return seq_len
     q_len = np.diff(query_start_loc.astype(np.int64))[seq]
     first_pos = seq_len - q_len
-    last_token = np.minimum(q_len - 1, (tile_row0.astype(np.int64) + instances.PREFILL_ROWS - 1) // group)
+    last_token = np.minimum(q_len - 1, (tile_row0.astype(np.int64) + rows - 1) // group)
     end = np.minimum(seq_len, first_pos + last_token + 1)
     if window is None:
         return end

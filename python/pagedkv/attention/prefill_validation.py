@@ -113,6 +113,8 @@ def _check_tensors(q: Any, k_cache: Any, v_cache: Any, backend: str) -> tuple[An
         raise InvalidArgumentError(
             f"q, k_cache and v_cache must share one dtype, got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}"
         )
+    if backend != "numpy":
+        val.check_slot_count(int(k_cache.shape[0]), int(k_cache.shape[1]))
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         val._require_contiguous(name, x)
     return q, k_cache, v_cache, kind
@@ -228,9 +230,48 @@ def check_paged_prefill(
     ``window``: an already checked sliding window (``attention.window``); the blocks wholly before
     the window of a sequence's first query are never read, so their entries may be -1."""
     val.check_backend(backend)
+    check_causal(causal)
+    q, k_cache, v_cache, kind = _check_tensors(q, k_cache, v_cache, backend)
+    aligned = [("q", q), ("k_cache", k_cache), ("v_cache", v_cache)]
+    return check_prefill_metadata(
+        q,
+        k_cache,
+        v_cache,
+        kind,
+        block_tables,
+        seq_lens,
+        query_start_loc,
+        scale,
+        causal,
+        backend,
+        window,
+        aligned,
+    )
+
+
+def check_causal(causal: Any) -> None:
     if not isinstance(causal, (bool, np.bool_)):
         raise InvalidArgumentError(f"causal must be a bool, got {type(causal).__name__}")
-    q, k_cache, v_cache, kind = _check_tensors(q, k_cache, v_cache, backend)
+
+
+def check_prefill_metadata(
+    q: Any,
+    k_cache: Any,
+    v_cache: Any,
+    kind: str,
+    block_tables: Any,
+    seq_lens: Any,
+    query_start_loc: Any,
+    scale: Any,
+    causal: Any,
+    backend: str,
+    window: int | None,
+    aligned: list[tuple[str, Any]],
+) -> PrefillArgs:
+    """The checks of ``check_paged_prefill`` after the tensors': q ``[total_q, num_q_heads,
+    head_dim]`` (checked: a plain array of a supported dtype) against the caches' logical shape
+    ``[num_blocks, block_size, num_kv_heads, head_dim]`` (an array's, or a ``QuantizedKvCache``'s),
+    the lengths, the page table and (kernel backends) the 16-byte alignment of ``aligned``."""
     total_q, num_q_heads, head_dim = (int(s) for s in q.shape)
     num_blocks, block_size, num_kv_heads, cache_head_dim = (int(s) for s in k_cache.shape)
     if cache_head_dim != head_dim:
@@ -288,7 +329,7 @@ def check_paged_prefill(
     _check_block_ids(table, lens, block_size, num_blocks, first_blocks)
 
     if backend != "numpy":
-        for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        for name, x in aligned:
             val._require_aligned(name, x)
         if num_seqs and int(lens.max()) > val.MAX_KERNEL_SEQ_LEN:
             raise InvalidArgumentError(

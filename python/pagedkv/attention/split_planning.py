@@ -19,9 +19,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+# The cost constants are predictions, not measurements (no GPU has timed these kernels yet;
+# docs/decode_kernel.md section 2): the device benchmark's num_splits sweep is to calibrate them.
 MIN_TOKENS_PER_SPLIT = 128  # below this the per-CTA and merge costs dominate the KV reads
 CTA_OVERHEAD_TOKENS = 32  # a CTA's fixed cost (q load, softmax state, partial write) in token steps
-MERGE_COST_TOKENS = 128  # the merge launch (~3 us on an H200) in token steps of one CTA
+MERGE_COST_TOKENS = 128  # the merge launch in token steps of one CTA (docs/decode_kernel.md, 2.)
 SPLIT_MARGIN = 0.05  # take the fewest splits whose predicted cost is within 5 % of the cheapest
 
 

@@ -23,6 +23,9 @@ from pagedkv.kernels import instances
 
 BACKENDS = ("numpy", "cpu", "cuda", "emulated")
 MAX_KERNEL_SEQ_LEN = 1 << 30  # keeps the kernels' int token arithmetic (split ends, tile steps) in range
+# The tensor-core kernels (decode and prefill) number a token's cache slot (block id * block_size +
+# offset) in 32 unsigned bits (kv_tile_gather.h): a cache of 2**32 slots or more would wrap.
+MAX_KERNEL_SLOTS = 1 << 32
 
 
 @dataclass(frozen=True)
@@ -198,6 +201,38 @@ def _scale(scale: Any, head_dim: int) -> float:
     return value
 
 
+def check_slot_count(num_blocks: int, block_size: int) -> None:
+    """A cache the kernels can address: ``num_blocks * block_size < 2**32`` (MAX_KERNEL_SLOTS).
+    Shapes only, so it runs before anything is read or allocated."""
+    if num_blocks * block_size >= MAX_KERNEL_SLOTS:
+        raise InvalidArgumentError(
+            f"a cache of {num_blocks} blocks x {block_size} tokens has {num_blocks * block_size} slots: "
+            f"the kernels address at most 2**32 - 1 (32-bit slot numbers)"
+        )
+
+
+def _address_range(x: Any) -> tuple[int, int]:
+    start = _data_address(x)
+    return start, start + int(x.nbytes)
+
+
+def check_no_overlap(name: str, out: Any, inputs: dict[str, Any]) -> None:
+    """An output a kernel writes must not share memory with an array the same launch reads: the
+    kernel would read values it (or another thread block) already overwrote. C-contiguous arrays
+    of one kind (all NumPy or all CuPy) are compared by address range (metadata only)."""
+    o0, o1 = _address_range(out)
+    if o0 == o1:
+        return
+    for other_name, x in inputs.items():
+        if is_cupy_array(x) != is_cupy_array(out):
+            continue  # host and device memory never overlap
+        a0, a1 = _address_range(x)
+        if a0 < o1 and o0 < a1:
+            raise InvalidArgumentError(
+                f"{name} overlaps {other_name} in memory: pass a separate output array"
+            )
+
+
 def check_kernel_sizes(head_dim: int, block_size: int, group: int) -> None:
     if head_dim not in instances.HEAD_DIMS:
         raise InvalidArgumentError(
@@ -277,6 +312,8 @@ def check_decode_arrays(
             f"num_q_heads {num_q_heads} is not a multiple of num_kv_heads {num_kv_heads}"
         )
     group = num_q_heads // num_kv_heads
+    if backend != "numpy":
+        check_slot_count(num_blocks, block_size)
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         _require_contiguous(name, x)
     _require_int("block_tables", block_tables, np.int32, 2)
@@ -545,6 +582,16 @@ def check_copy_blocks(k_caches: Any, v_caches: Any, copy_ops: Any, backend: str)
 def check_swap_blocks(src_cache: Any, dst_cache: Any, mapping: Any, backend: str) -> str:
     """Validates a swap_blocks call; returns the KV kind. With backend='cuda' either cache may be a
     CuPy array or a NumPy array in pinned host memory (not both NumPy)."""
+    return _check_swap(src_cache, dst_cache, mapping, backend, ndim=4)
+
+
+def check_swap_bytes(src: Any, dst: Any, mapping: Any, backend: str) -> None:
+    """``check_swap_blocks`` for two uint8 ``[num_blocks, block_bytes]`` arrays (the blocks of two
+    quantized caches): the same checks but on byte rows instead of a KV dtype."""
+    _check_swap(src, dst, mapping, backend, ndim=2)
+
+
+def _check_swap(src_cache: Any, dst_cache: Any, mapping: Any, backend: str, ndim: int) -> str:
     check_backend(backend)
     for name, x in (("src_cache", src_cache), ("dst_cache", dst_cache)):
         if backend == "cuda":
@@ -552,10 +599,13 @@ def check_swap_blocks(src_cache: Any, dst_cache: Any, mapping: Any, backend: str
                 raise InvalidArgumentError(f"{name} must be a CuPy array or a pinned NumPy array")
         else:
             _require_array(name, x, backend)
-        if x.ndim != 4:
-            raise InvalidArgumentError(
-                f"{name} must be [num_blocks, block_size, num_kv_heads, head_dim], got shape {tuple(x.shape)}"
+        if x.ndim != ndim:
+            want = (
+                "[num_blocks, block_size, num_kv_heads, head_dim]"
+                if ndim == 4
+                else "[num_blocks, block_bytes]"
             )
+            raise InvalidArgumentError(f"{name} must be {want}, got shape {tuple(x.shape)}")
         _require_contiguous(name, x)
     if backend == "cuda" and not (is_cupy_array(src_cache) or is_cupy_array(dst_cache)):
         raise InvalidArgumentError(
@@ -566,7 +616,7 @@ def check_swap_blocks(src_cache: Any, dst_cache: Any, mapping: Any, backend: str
             f"src_cache {tuple(src_cache.shape)} {src_cache.dtype} and dst_cache {tuple(dst_cache.shape)} "
             f"{dst_cache.dtype} must have the same block shape and dtype"
         )
-    kind = _kind("src_cache", src_cache, backend)
+    kind = _kind("src_cache", src_cache, backend) if ndim == 4 else "bytes"
     _require_writable("dst_cache", dst_cache)
     if is_cupy_array(src_cache) == is_cupy_array(dst_cache):
         a0, b0 = _data_address(src_cache), _data_address(dst_cache)

@@ -1,4 +1,4 @@
-"""DecodeWorkspace: decode steps with every buffer allocated once, launchable under a CUDA graph.
+"""DecodeWorkspace: decode steps with every buffer allocated once, built for CUDA graph capture.
 
 Why: ``paged_attention(backend="cuda")`` allocates its output and split buffers per call and,
 given CuPy tables, validates them on the device (device-to-host syncs). An engine's decode step
@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from pagedkv.attention import kernel_launch
+from pagedkv.attention import quant_validation as qval
 from pagedkv.attention import validation as val
 from pagedkv.attention.dtypes import KERNEL_KINDS, kind_of, nan_fill_value
 from pagedkv.attention.runners import get_runner
@@ -146,6 +147,7 @@ class DecodeWorkspace:
             raise InvalidArgumentError(f"dtype {np.dtype(dtype)} is not supported by the kernels")
         self.dtype = np.dtype(dtype)
         val.check_kernel_sizes(self.head_dim, self.block_size, self.num_q_heads // self.num_kv_heads)
+        val.check_slot_count(self.num_blocks, self.block_size)
         val.check_tensor_core_choice(
             self.use_tensor_cores, self.kind, self.head_dim, self.num_q_heads // self.num_kv_heads
         )
@@ -264,13 +266,18 @@ class DecodeWorkspace:
     def run(self, q: Any, k_cache: Any, v_cache: Any, *, out: Any = None, scale: float | None = None) -> Any:
         """Decode attention of the planned batch: q [num_seqs, num_q_heads, head_dim] -> out.
 
-        Pass ``out`` (same shape and dtype as q) to launch with no allocation at all, e.g. under
-        CUDA graph capture. Reads only array metadata on the host.
+        Pass ``out`` (same shape and dtype as q, sharing no memory with q or the caches) to launch
+        with no allocation at all, e.g. under CUDA graph capture. Reads only array metadata on
+        the host.
         """
         plan = self._plan
         if plan is None:
             raise InvalidArgumentError("DecodeWorkspace.run before plan")
         tables, lens, split_out, split_max, split_sum = self._views
+        if qval.is_quantized(k_cache, v_cache):
+            raise InvalidArgumentError(
+                "DecodeWorkspace does not run quantized caches (QuantizedKvCache) yet: use paged_attention"
+            )
         if getattr(q, "ndim", 0) == 3 and int(q.shape[0]) != plan.num_seqs:
             raise InvalidArgumentError(f"q has {int(q.shape[0])} sequences, the plan {plan.num_seqs}")
         shape = val.check_decode_arrays(q, k_cache, v_cache, tables, lens, scale, self.backend)
@@ -286,6 +293,7 @@ class DecodeWorkspace:
             out = self._runner.xp.empty(tuple(q.shape), dtype=q.dtype)
         else:
             val.check_output("out", out, q, self.backend)
+            val.check_no_overlap("out", out, {"q": q, "k_cache": k_cache, "v_cache": v_cache})
         if self._runner.poison:
             out.fill(nan_fill_value(self.kind))
             for buffer in (split_out, split_max, split_sum):

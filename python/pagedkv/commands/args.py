@@ -12,7 +12,7 @@ import math
 import re
 from typing import Any
 
-from pagedkv.errors import PagedKvError
+from pagedkv.errors import CliError
 from pagedkv.sim.names import ALLOCATORS, PLACEMENTS, PREEMPTIONS, SYNTHETIC_WORKLOADS, WORKLOAD_CHOICES
 
 __all__ = [
@@ -46,10 +46,6 @@ MAX_NUM_REQUESTS = 10_000_000
 MAX_COUNT = 2**40
 
 _DECIMAL = re.compile(r"[+-]?[0-9]+", re.ASCII)
-
-
-class CliError(PagedKvError):
-    """A bad combination of command-line options (the message says which)."""
 
 
 def parse_int(text: str) -> int:

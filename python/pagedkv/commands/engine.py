@@ -26,7 +26,23 @@ def register(subparsers: Any) -> None:
     gen.add_argument("--seed", type=cli_args.seed, default=None)
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    gen.add_argument("--stats", action="store_true", help="print TTFT, tokens/s and KV use to stderr")
+    gen.add_argument(
+        "--offload",
+        metavar="STORE",
+        default=None,
+        help="a store below the cache: redis://HOST:PORT/DB (shared by processes) or a directory",
+    )
+    gen.add_argument(
+        "--offload-capacity-mib",
+        type=cli_args.bounded_int(1, 1 << 30),
+        default=1024,
+        help="a directory store's capacity (MiB)",
+    )
+    gen.add_argument(
+        "--stats",
+        action="store_true",
+        help="print TTFT, tokens/s, prefix hits and, with --offload, the store's counters to stderr",
+    )
     gen.set_defaults(handler=_generate)
 
     bench = subparsers.add_parser(
@@ -89,11 +105,15 @@ def _generate(args: Any) -> int:
     from pagedkv.engine.kv_layout import kv_layout, layer_windows
     from pagedkv.models import load_model
 
+    store = _store(args.offload, args.offload_capacity_mib << 20) if args.offload else None
     model = load_model(args.model)
     # The K/V bytes of 1024 blocks of every layer, whatever the layout: a hybrid layout's block
     # holds fewer layers (Gemma 3: 3 of 18), so it gets proportionally more blocks.
     layout = kv_layout(layer_windows(model.config))
-    llm = LLM(model, num_blocks=1024 * layout.num_layers // layout.layers_per_group, block_size=16)
+    options: dict[str, Any] = {"offload": store} if store is not None else {}
+    if store is not None and layout.is_hybrid:
+        options["hybrid_kv"] = False  # the store needs one KV group (docs/offload.md, Limits)
+    llm = LLM(model, num_blocks=1024 * layout.num_layers // layout.layers_per_group, block_size=16, **options)
     start = time.perf_counter()
     texts = [""] * args.n
     tokens = 0
@@ -116,11 +136,32 @@ def _generate(args: Any) -> int:
             f"TTFT {first or 0:.2f} s, {tokens} tokens in {elapsed:.2f} s ({tokens / elapsed:.1f} tok/s)",
             file=sys.stderr,
         )
+        engine = llm.last_engine
+        if engine is not None:
+            s = engine.stats
+            print(f"prefix cache: {s.prefix_hit_tokens} prompt tokens served", file=sys.stderr)
+            if store is not None:
+                print(
+                    f"store: {s.store_hit_tokens} prompt tokens served, {s.store_deadline_misses} "
+                    f"look-ups past the deadline; {s.store_puts_written} blocks written, "
+                    f"{s.store_puts_dropped} dropped, {s.store_puts_failed} failed",
+                    file=sys.stderr,
+                )
     return 0
 
 
+def _store(spec: str, capacity_bytes: int) -> Any:
+    """A ``RedisStore`` for a ``redis://`` (or ``rediss://``, ``unix://``) URL, else a
+    ``DiskStore`` in the directory ``spec``."""
+    from pagedkv.offload import DiskStore, RedisStore
+
+    if spec.startswith(("redis://", "rediss://", "unix://")):
+        return RedisStore(spec)
+    return DiskStore(spec, capacity_bytes=capacity_bytes)
+
+
 def _bench(args: Any) -> int:
-    from pagedkv.engine.bench import SECTIONS, check_benchmark, run_benchmark
+    from pagedkv.benchmarks.engine import SECTIONS, check_benchmark, run_benchmark
     from pagedkv.models import load_model
 
     sections = tuple(args.sections.split(","))
@@ -163,8 +204,8 @@ def _bench(args: Any) -> int:
         checkpoint=(lambda partial: write_json(args.json, partial)) if args.json else None,
     )
     if "decode" in sections:  # pagedkv at batch 1/8/32 beside llama.cpp and the kernel vs a copy
-        from pagedkv.engine.bench_decode import decode_comparison, print_decode_comparison
-        from pagedkv.models.locate import default_model_path
+        from pagedkv.benchmarks.decode import decode_comparison, print_decode_comparison
+        from pagedkv.models.llama.locate import default_model_path
 
         path = str(args.model or default_model_path())
         result["decode_comparison"] = decode_comparison(
@@ -189,10 +230,10 @@ def _header_config(model: str | None) -> Any:
     """The config of the model ``load_model(model)`` would load, from the GGUF header alone for a
     Gemma 3 file (seconds instead of loading 1 GB of fp32 weights); other models load."""
     from pagedkv.models import load_model
-    from pagedkv.models.gemma3_file import read_gemma3_config
-    from pagedkv.models.gemma3_locate import GEMMA3_MODEL_NAME, gemma3_model_path
+    from pagedkv.models.gemma3.file import read_gemma3_config
+    from pagedkv.models.gemma3.locate import GEMMA3_MODEL_NAME, gemma3_model_path
     from pagedkv.models.gguf_arch import gguf_architecture
-    from pagedkv.models.locate import default_model_path
+    from pagedkv.models.llama.locate import default_model_path
 
     path = default_model_path() if model is None else model
     if str(path) == GEMMA3_MODEL_NAME:

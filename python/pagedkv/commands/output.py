@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pagedkv.commands.args import CliError
+from pagedkv.errors import InvalidArgumentTypeError
 
 __all__ = [
     "MATPLOTLIB_ADVICE",
@@ -84,7 +85,7 @@ def _json_default(value: Any) -> Any:
         return value.item()
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return dataclasses.asdict(value)
-    raise TypeError(f"cannot write {type(value).__name__} as JSON")
+    raise InvalidArgumentTypeError(f"cannot write {type(value).__name__} as JSON")
 
 
 def write_json(path: str, data: Any) -> None:

@@ -8,8 +8,10 @@ block count the allocator refuses never reaches the scheduler. The checks that n
 
 from __future__ import annotations
 
+import functools
+import warnings
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from pagedkv.errors import InvalidArgumentError, InvalidArgumentTypeError
 
@@ -53,18 +55,19 @@ class EngineConfig:
     # Prompt-lookup speculative decoding: up to this many draft tokens per greedy decoding
     # sequence and pass, from n-gram matches in its own context (0: off).
     speculative_ngram: int = 0
-    # The host offload tier: evicted prefix blocks keep their K/V in this many host blocks and
-    # come back as hits (docs/offload.md). 0: none, unless ``offload`` is given (then as many
-    # as the device pool).
-    num_offload_blocks: int = 0
-    # A pagedkv.offload store (DiskStore, RedisStore) below the host tier: written through,
-    # read on admission after the device and host hits.
+    # The host cache: evicted prefix blocks keep their K/V in this many host blocks and come
+    # back as hits (docs/offload.md). 0: none, unless ``offload`` is given: then as many as the
+    # device pool (the field holds the size in effect once the config is made).
+    num_host_cache_blocks: int = 0
+    # The store (a pagedkv.offload DiskStore, RedisStore) below the host cache: written
+    # through, read on admission after the device and host-cache hits.
     offload: object | None = None
-    # How long an admission waits for the store's blocks at most; later ones are misses.
-    offload_deadline_s: float = 0.05
+    # How long an admission waits for the store's blocks at most; later ones are misses. None:
+    # follow the store's measured latency (engine/store_lookup.py, docs/offload.md).
+    offload_deadline_s: float | None = None
     # When a block goes to the store: "compute" once the pass that computed it has run (replicas
     # sharing the store see a prefix at once; eviction still writes a block the queue dropped),
-    # "evict" only when the host tier takes it from the device (docs/offload.md).
+    # "evict" only when the host cache takes it from the device (docs/offload.md).
     offload_policy: Literal["compute", "evict"] = "compute"
     # Hybrid KV groups (engine/kv_layout.py): a model with sliding-window layers (Gemma 3) keeps
     # one block table per group of layers, and the sliding-window groups release the blocks
@@ -79,11 +82,11 @@ class EngineConfig:
         _integer("num_blocks", self.num_blocks, 1, MAX_NUM_BLOCKS)
         _integer("block_size", self.block_size, 1, MAX_NUM_SLOTS)
         _integer("num_host_blocks", self.num_host_blocks, 0, MAX_NUM_BLOCKS)
-        _integer("num_offload_blocks", self.num_offload_blocks, 0, MAX_NUM_BLOCKS)
+        _integer("num_host_cache_blocks", self.num_host_cache_blocks, 0, MAX_NUM_BLOCKS)
         for name, blocks in (
             ("num_blocks", self.num_blocks),
             ("num_host_blocks", self.num_host_blocks),
-            ("num_offload_blocks", self.num_offload_blocks),
+            ("num_host_cache_blocks", self.num_host_cache_blocks),
         ):
             if blocks * self.block_size > MAX_NUM_SLOTS:
                 raise InvalidArgumentError(
@@ -113,22 +116,31 @@ class EngineConfig:
                     f"EngineConfig.offload must be a pagedkv.offload store, got {type(self.offload).__name__}"
                 )
         deadline = self.offload_deadline_s
-        if isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or not 0 <= deadline <= 60:
+        if deadline is not None and (
+            isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or not 0 <= deadline <= 60
+        ):
             raise InvalidArgumentError(
-                f"EngineConfig.offload_deadline_s must be in [0, 60] seconds, got {deadline!r}"
+                "EngineConfig.offload_deadline_s must be None (adaptive) or in [0, 60] seconds, "
+                f"got {deadline!r}"
             )
-        if self.offload_blocks and not self.enable_prefix_caching:
-            raise InvalidArgumentError("EngineConfig: offload tiers need enable_prefix_caching")
+        if self.num_host_cache_blocks == 0 and self.offload is not None:
+            object.__setattr__(self, "num_host_cache_blocks", self.num_blocks)
+        if self.num_host_cache_blocks and not self.enable_prefix_caching:
+            raise InvalidArgumentError(
+                "EngineConfig: the host cache and the store need enable_prefix_caching"
+            )
         if self.preemption == "swap" and self.num_host_blocks == 0:
             raise InvalidArgumentError("EngineConfig: preemption='swap' needs num_host_blocks > 0")
 
     @property
     def offload_blocks(self) -> int:
-        """Host blocks of the offload tier in effect (``num_offload_blocks``, or the device
-        pool's size when only a store is given)."""
-        if self.num_offload_blocks == 0 and self.offload is not None:
-            return self.num_blocks
-        return self.num_offload_blocks
+        """Deprecated: ``num_host_cache_blocks`` (the size in effect)."""
+        warnings.warn(
+            "EngineConfig.offload_blocks is deprecated: use num_host_cache_blocks",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.num_host_cache_blocks
 
 
 def _integer(name: str, value: object, low: int, high: int | None) -> None:
@@ -142,3 +154,41 @@ def _integer(name: str, value: object, low: int, high: int | None) -> None:
 def _choice(name: str, value: object, choices: tuple[str, ...]) -> None:
     if not isinstance(value, str) or value not in choices:
         raise InvalidArgumentError(f"EngineConfig.{name} must be one of {', '.join(choices)}; got {value!r}")
+
+
+def _num_offload_blocks(config: EngineConfig) -> int:
+    """Deprecated: ``num_host_cache_blocks``."""
+    warnings.warn(
+        "EngineConfig.num_offload_blocks is deprecated: use num_host_cache_blocks",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return config.num_host_cache_blocks
+
+
+def _accept_num_offload_blocks(init: Any) -> Any:
+    """The generated ``__init__``, also taking ``num_offload_blocks``, the deprecated keyword of
+    ``num_host_cache_blocks`` (a ``DeprecationWarning``; both given must agree). Not a field:
+    ``dataclasses.replace`` and ``repr`` know one name."""
+
+    @functools.wraps(init)
+    def __init__(self: EngineConfig, *args: Any, num_offload_blocks: Any = None, **kwargs: Any) -> None:
+        if num_offload_blocks is not None:
+            warnings.warn(
+                "EngineConfig(num_offload_blocks=...) is deprecated: use num_host_cache_blocks",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            given = kwargs.setdefault("num_host_cache_blocks", num_offload_blocks)
+            if given is not num_offload_blocks and given != num_offload_blocks:
+                raise InvalidArgumentError(
+                    f"EngineConfig: num_host_cache_blocks={given!r} disagrees with "
+                    f"num_offload_blocks={num_offload_blocks!r} (its deprecated name)"
+                )
+        init(self, *args, **kwargs)
+
+    return __init__
+
+
+setattr(EngineConfig, "__init__", _accept_num_offload_blocks(EngineConfig.__init__))  # noqa: B010
+setattr(EngineConfig, "num_offload_blocks", property(_num_offload_blocks))  # noqa: B010

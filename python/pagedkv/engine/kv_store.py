@@ -32,8 +32,8 @@ from pagedkv.attention import (
 )
 from pagedkv.engine.kv_layout import KvLayout, kv_layout
 from pagedkv.errors import InvalidArgumentError
-from pagedkv.models.config import LlamaConfig
-from pagedkv.models.gemma3_config import Gemma3Config
+from pagedkv.models.gemma3.config import Gemma3Config
+from pagedkv.models.llama.config import LlamaConfig
 
 __all__ = ["ContiguousKvStore", "PagedKvStore", "default_backend"]
 
@@ -44,14 +44,14 @@ def default_backend() -> str:
     """The engine's data plane: ``PAGEDKV_DATA_PLANE`` (cpu | numpy) when set, else ``cpu``."""
     choice = os.environ.get("PAGEDKV_DATA_PLANE", "cpu") or "cpu"
     if choice not in DATA_PLANES:
-        raise ValueError(f"PAGEDKV_DATA_PLANE must be one of {DATA_PLANES}, got {choice!r}")
+        raise InvalidArgumentError(f"PAGEDKV_DATA_PLANE must be one of {DATA_PLANES}, got {choice!r}")
     return choice
 
 
 class PagedKvStore:
     """The K/V caches of a ``KvLayout``: ``layout.layers_per_group`` K tensors and as many V
     tensors ``[num_blocks, block_size, num_kv_heads, head_dim]`` (fp32), the i-th of each shared
-    by the i-th layer of every KV group, and the host tier's ``[num_host_blocks, ...]`` copies
+    by the i-th layer of every KV group, and the swap tier's ``[num_host_blocks, ...]`` copies
     for swap. Each layer reads and writes through its own group's block table. Without a layout:
     one full-attention group of every layer (a tensor pair per layer)."""
 
@@ -66,7 +66,7 @@ class PagedKvStore:
     ) -> None:
         self.backend = default_backend() if backend is None else backend
         if self.backend not in DATA_PLANES:
-            raise ValueError(f"backend must be one of {DATA_PLANES}, got {self.backend!r}")
+            raise InvalidArgumentError(f"backend must be one of {DATA_PLANES}, got {self.backend!r}")
         self.layout = kv_layout([None] * config.num_layers) if layout is None else layout
         if self.layout.num_layers != config.num_layers:
             raise InvalidArgumentError(
@@ -165,6 +165,13 @@ class PagedKvStore:
         """Copy-on-write copies (src, dst) from KvCacheManager.take_copy_ops (any group)."""
         if len(copy_ops):
             copy_blocks(self.k_caches, self.v_caches, copy_ops, backend=self.backend)
+
+    def write_block(self, block: int, payload: np.ndarray) -> None:
+        """Write device block ``block`` whole from a store payload ``[tensors, 2, block_size,
+        num_kv_heads, head_dim]`` (tensor i's K, then V)."""
+        for index in range(len(self.k_caches)):
+            self.k_caches[index][block] = payload[index, 0]
+            self.v_caches[index][block] = payload[index, 1]
 
     def swap_out(self, mapping: np.ndarray) -> None:
         """(device_block, host_block) pairs from KvCacheManager.swap_out."""

@@ -1,9 +1,16 @@
-"""The offline API, shaped like vLLM's: ``LLM(model=...).generate(prompts, SamplingParams(...))``."""
+"""The offline API, shaped like vLLM's: ``LLM(model=...).generate(prompts, SamplingParams(...))``.
+
+Each ``generate`` or ``stream`` runs a fresh ``LLMEngine`` and closes it at its end, which
+writes the store's queued blocks (``EngineConfig(offload=store)``). ``LLM.close()`` (or ``with
+LLM(...) as llm:``) closes what is still open: the engine of a ``stream`` abandoned before its
+end. Whatever is still queued when the interpreter exits is written by an ``atexit`` hook
+(``engine/store_flush.py``)."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
+from types import TracebackType
 from typing import Any
 
 import numpy as np
@@ -35,6 +42,26 @@ class LLM:
         except TypeError as error:  # an unknown keyword
             raise InvalidArgumentError(f"LLM: {error}") from error
         self.tokenizer = self.model.tokenizer
+        self.last_engine: LLMEngine | None = None  # the latest generate's or stream's engine
+        self._open: list[LLMEngine] = []  # engines not closed yet (a stream in progress)
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self, timeout_s: float = 5.0) -> bool:
+        """Close the engines still open (a stream not run to its end): their store's queued
+        blocks are written, within ``timeout_s`` each. ``True`` when nothing was left behind.
+        The ``LLM`` stays usable: each later call runs a fresh engine."""
+        engines, self._open = self._open, []
+        return all([engine.close(timeout_s) for engine in engines])
 
     def _encode(self, prompt: Prompt, chat: bool) -> list[int]:
         if isinstance(prompt, str):
@@ -64,13 +91,21 @@ class LLM:
         params = params or SamplingParams()
         encoded = [self._encode(p, chat) for p in batch]  # every prompt checked before anything runs
         engine = LLMEngine(self.model, self.engine_config)
+        self.last_engine = engine
+        self._open.append(engine)
         ids = []
         try:
             for tokens in encoded:
                 ids.append(engine.add_request(tokens, params))
-        except InvalidArgumentError:
+        except BaseException:
+            self._close(engine)
             raise
         return engine, ids, batch
+
+    def _close(self, engine: LLMEngine) -> None:
+        if engine in self._open:
+            self._open.remove(engine)
+        engine.close()  # the store's queued writes, for the next engine on it
 
     def stream(
         self,
@@ -85,7 +120,7 @@ class LLM:
             while engine.has_unfinished():
                 yield from engine.step()
         finally:
-            engine.close()
+            self._close(engine)
 
     def generate(
         self,
@@ -100,8 +135,7 @@ class LLM:
             while engine.has_unfinished():
                 engine.step()
         finally:
-            engine.close()  # the offload store's queued writes, for the next engine on it
-        self.last_engine = engine
+            self._close(engine)
         outputs = [engine.output(i) for i in ids]
         for out, prompt in zip(outputs, batch, strict=True):
             out.prompt = prompt if isinstance(prompt, str) else None

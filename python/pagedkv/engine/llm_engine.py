@@ -11,6 +11,7 @@ drafts (``EngineConfig.speculative_ngram``) and finishes sequences.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -22,12 +23,19 @@ from pagedkv.engine.outputs import RequestOutput, StreamEvent, request_output
 from pagedkv.engine.params import SamplingParams
 from pagedkv.engine.prompts import prompt_token_ids
 from pagedkv.engine.sampling import sample_token
-from pagedkv.engine.scheduler import Row, Scheduler
+from pagedkv.engine.scheduled_batch import Row
+from pagedkv.engine.scheduler import Scheduler
 from pagedkv.engine.sequence import Request, SeqStatus, Sequence
 from pagedkv.engine.stats import EngineStats
 from pagedkv.engine.stop_checker import record_token
+from pagedkv.engine.store_flush import flush_at_exit
+from pagedkv.engine.store_identity import store_identity
+from pagedkv.engine.store_lookup import StoreLookup
 from pagedkv.errors import InvalidArgumentError, InvariantViolation
 from pagedkv.models import LoadedModel
+
+if TYPE_CHECKING:
+    from pagedkv.offload import OffloadWorker
 
 __all__ = ["EngineConfig", "EngineStats", "LLMEngine"]
 
@@ -48,19 +56,38 @@ class LLMEngine:
                 f"sequence and KV group ({self.layout.num_groups}); the pool has {c.num_blocks} x "
                 f"{c.block_size} = {c.num_blocks * c.block_size}"
             )
-        if c.offload_blocks and self.layout.is_hybrid:
-            # The offload tiers key a block by its tokens alone; the groups of a hybrid layout
+        if c.num_host_cache_blocks and self.layout.is_hybrid:
+            # The host cache and the store key a block by its tokens alone; the groups of a hybrid layout
             # hold different layers for the same tokens (docs/offload.md, Limits).
             raise InvalidArgumentError(
                 "offload needs one KV group: this model has sliding-window layers; pass "
                 "hybrid_kv=False to run it with offload"
             )
-        # First: it refuses a K/V store larger than memory.
-        self.runner = ModelRunner(model, c, self.layout)
+        self.store_worker: OffloadWorker | None = None
+        identity = b""
+        if c.offload is not None:
+            from pagedkv.offload import OffloadWorker  # only with a store: needs the offload extra
+
+            identity = store_identity(model, c.block_size)
+            self.store_worker = OffloadWorker(c.offload, name="engine-offload")  # type: ignore[arg-type]
+            flush_at_exit(self.store_worker)  # its queued puts, if the caller never closes
+        try:
+            # First: it refuses a K/V store larger than memory.
+            self.runner = ModelRunner(model, c, self.layout, self.store_worker, identity)
+        except BaseException:
+            if self.store_worker is not None:
+                self.store_worker.close(0.0, drain=False)
+            raise
         self.kv = self._make_manager()
         self.store = self.runner.store
         self.stats = EngineStats()
-        self.scheduler = Scheduler(c, self.max_model_len, self.kv, self.store, self.stats, self.runner.tiers)
+        lookup = None
+        if self.store_worker is not None:
+            m = model.config
+            block_shape = (self.layout.layers_per_group, 2, c.block_size, m.num_kv_heads, m.head_dim)
+            lookup = StoreLookup(self.store_worker, identity, block_shape, c.block_size, c.offload_deadline_s)
+        self.store_lookup = lookup
+        self.scheduler = Scheduler(c, self.max_model_len, self.kv, self.layout, self.stats, lookup)
         self.requests: dict[int, Request] = {}
         self._next_seq_id = 0
         self._next_request_id = 0
@@ -76,7 +103,7 @@ class LLMEngine:
             block_size=c.block_size,
             enable_prefix_caching=c.enable_prefix_caching,
             num_host_blocks=c.num_host_blocks,
-            num_offload_blocks=c.offload_blocks,
+            num_host_cache_blocks=c.num_host_cache_blocks,
         )
         return manager
 
@@ -116,9 +143,26 @@ class LLMEngine:
         return self.scheduler.has_unfinished()
 
     def close(self, timeout_s: float = 5.0) -> bool:
-        """Write the offload store's queued blocks (at most ``timeout_s``) and stop its worker;
-        ``True`` when nothing was left behind. A no-op without a store."""
-        return self.runner.tiers.close(timeout_s) if self.runner.tiers is not None else True
+        """Write the store's queued blocks (at most ``timeout_s``) and stop its worker; ``True``
+        when nothing was left behind. A no-op without a store."""
+        if self.store_worker is None:
+            return True
+        if self.store_lookup is not None:
+            self.store_lookup.close()
+        dropped = self.store_worker.dropped_puts
+        stopped = self.store_worker.close(timeout_s)
+        self._count_store()
+        return stopped and self.store_worker.dropped_puts == dropped
+
+    def _count_store(self) -> None:
+        """The store's counters into ``stats`` (the worker counts on its own thread)."""
+        worker, lookup = self.store_worker, self.store_lookup
+        if worker is None or lookup is None:
+            return
+        self.stats.store_deadline_misses = lookup.deadline_misses
+        self.stats.store_puts_written = worker.completed_puts
+        self.stats.store_puts_dropped = worker.dropped_puts
+        self.stats.store_puts_failed = worker.failed_puts
 
     def output(self, request_id: int) -> RequestOutput:
         return request_output(self.requests[request_id])
@@ -133,9 +177,13 @@ class LLMEngine:
         while self.scheduler.failed:
             seq, error = self.scheduler.failed.pop()
             self._fail(seq.request, error, now)
-        if batch.rows:
+        if not batch.rows:
+            # Only data moves (swap-ins and swap-outs, offloads): a failure there is the
+            # engine's, not a request's.
+            self.runner.execute(batch)
+        else:
             try:
-                samples = self.runner.execute(self.kv, batch)
+                samples = self.runner.execute(batch)
             except Exception as error:  # noqa: BLE001 - the batch's failure, not the engine's
                 # The watermark covers K/V this pass may not have written: release them before
                 # the requests fail, so that no later request hits them.
@@ -156,7 +204,7 @@ class LLMEngine:
                 except Exception as error:  # noqa: BLE001 - one request's failure, not the batch's
                     self._fail(row.seq.request, error, now)
             self._idle_steps = 0
-        elif self.has_unfinished():
+        if not batch.rows and self.has_unfinished():
             # A step without a row changes nothing the next step depends on once nothing runs
             # (the first may still swap out the last running sequence): a second one in a row
             # would repeat forever. Validated configurations and requests never get here.
@@ -168,6 +216,7 @@ class LLMEngine:
                     "sequences: a pagedkv bug, please report it"
                 )
         self.stats.steps += 1
+        self._count_store()
         return self._events
 
     def _fail(self, request: Request, error: Exception, now: float) -> None:

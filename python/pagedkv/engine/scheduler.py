@@ -2,7 +2,7 @@
 of their tokens it computes.
 
 Three queues, as in vLLM and nano-vllm: ``waiting`` (not in the KV manager: new, or preempted by
-recompute), ``running`` (blocks on the device) and ``swapped`` (blocks in the host tier). One
+recompute), ``running`` (blocks on the device) and ``swapped`` (blocks in the swap tier). One
 ``schedule()``:
 
 1. swaps back in the sequences preempted by swap (oldest first) while blocks allow;
@@ -15,12 +15,18 @@ recompute), ``running`` (blocks on the device) and ``swapped`` (blocks in the ho
 4. admits waiting requests first-come-first-served while blocks and budget allow: ``match_prefix``
    gives the prefix-cache hit without side effects, and ``add_sequence(..., num_scheduled=chunk)``
    schedules the first chunk of the uncached suffix;
-5. takes the manager's pending copy-on-write copies for the model runner to execute first.
+5. takes the manager's pending data moves and returns the plan, a ``ScheduledBatch``: the rows,
+   their block tables, and the moves in the order the model runner runs them
+   (``scheduled_batch.py``): swap-ins and swap-outs as they are decided, each swap-in after the
+   host-cache offload ops recorded before it, then the remaining offload ops, the
+   copy-on-write copies, the host-cache loads, the store hits, and after the pass the blocks
+   to save to the store.
 
-With offload tiers (``EngineConfig.offload_blocks``, ``offload_tiers.py``) the offload ops a
-step records run as soon as they are recorded (after a swap-in, and before the copies), the
-load ops and the store's blocks of new admissions run in the model runner after the copies;
-admission looks the prompt's next blocks up in the store after the device and host hits.
+The scheduler talks to the block manager and to the store's look-ups (``StoreLookup``: a
+store hit decides how much of a prompt is computed, so it is planned here; its blocks travel in
+the plan); it holds no K/V array and moves none: every data move is an op of the plan, run by
+the model runner, the one place where engine data moves. Admission looks the prompt's next
+blocks up in the store after the device and host-cache hits.
 
 Which K/V exist is the manager's computed watermark (``num_computed_tokens``), never shadowed
 here. Like vLLM's scheduler, the watermark moves when a chunk is *scheduled*: the pass that
@@ -36,73 +42,65 @@ prompt's length, so the last prompt token is always computed and gives the first
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 import pagedkv
 from pagedkv.engine.config import EngineConfig
-from pagedkv.engine.kv_store import PagedKvStore
+from pagedkv.engine.kv_layout import KvLayout
 from pagedkv.engine.ngram_proposer import propose_ngram_drafts
-from pagedkv.engine.offload_tiers import OffloadTiers
 from pagedkv.engine.params import SamplingParams
+from pagedkv.engine.scheduled_batch import (
+    CopyBlocks,
+    DataOp,
+    Load,
+    Offload,
+    Row,
+    SaveComputed,
+    ScheduledBatch,
+    StoreHits,
+    SwapIn,
+    SwapOut,
+)
 from pagedkv.engine.sequence import SeqStatus, Sequence
 from pagedkv.engine.stats import EngineStats
+from pagedkv.engine.store_lookup import PREFETCH_DEPTH, StoreLookup
 from pagedkv.errors import InvalidArgumentError, OutOfBlocksError
 
-__all__ = ["PREFETCH_DEPTH", "Row", "ScheduledBatch", "Scheduler"]
-
-# Waiting prompts whose store blocks are prefetched (offload tiers): the next admissions.
-PREFETCH_DEPTH = 2
+__all__ = ["Scheduler"]
 
 
 @dataclass(frozen=True)
-class Row:
-    """Positions ``start..end`` of ``seq``'s tokens (``token_ids`` then ``draft_ids``), computed
-    by this pass. A decode row starts at the last sampled token and covers the drafts after it."""
+class _Admission:
+    """How the head of the queue is admitted: ``hit`` prompt tokens the device and host cache
+    serve (``match_prefix``), ``stored`` store blocks after them ((hash, payload) each), and
+    the ``chunk`` of the rest the pass computes."""
 
-    seq: Sequence
-    start: int
-    end: int
-    decode: bool = False
-
-    @property
-    def samples(self) -> bool:
-        """The row ends the sequence's known tokens: its logits give the next token(s)."""
-        return self.end == len(self.seq.token_ids) + len(self.seq.draft_ids)
-
-    @property
-    def num_logits(self) -> int:
-        """Rows whose logits the engine needs: the last one, and one per draft before it."""
-        return 1 + len(self.seq.draft_ids) if self.decode else 1
-
-
-@dataclass(frozen=True)
-class ScheduledBatch:
-    rows: list[Row]
-    copy_ops: np.ndarray  # (src, dst) block copies to execute before the pass
-    # (host_block, device_block) offload-tier hits to load after the copies
-    load_ops: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), np.int32))
-    # (device_block, payload [layers, 2, block_size, heads, head_dim]) store hits, after the loads
-    store_writes: list[tuple[int, np.ndarray]] = field(default_factory=list)
+    hit: int
+    stored: list[tuple[int, np.ndarray]]
+    chunk: int
 
 
 class Scheduler:
+    """Plans each step on ``kv`` (the block manager): it holds no K/V, and moves none
+    (``ScheduledBatch`` carries the moves to the model runner). ``layout``: the KV groups
+    (metadata only); ``store``: the store's look-ups, when the engine has a store."""
+
     def __init__(
         self,
         config: EngineConfig,
         max_model_len: int,
         kv: pagedkv.KvCacheManager,
-        store: PagedKvStore,
+        layout: KvLayout,
         stats: EngineStats,
-        tiers: OffloadTiers | None = None,
+        store: StoreLookup | None = None,
     ) -> None:
         self.config = config
         self.max_model_len = max_model_len
         self.kv = kv
-        self.store = store  # swap data moves happen when the manager decides them
-        self.tiers = tiers
-        self._store_writes: list[tuple[int, np.ndarray]] = []
+        self.num_groups = layout.num_groups
+        self.store = store
         self.stats = stats
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -111,6 +109,10 @@ class Scheduler:
         # Sequences whose admission failed for a reason of their own (not a lack of blocks): the
         # engine finishes their requests with an error status.
         self.failed: list[tuple[Sequence, Exception]] = []
+        # The step being planned: its data ops so far, in order, and its store hits.
+        self._ops: list[DataOp] = []
+        self._store_hits: list[tuple[int, int, np.ndarray]] = []
+        self._appended: set[int] = set()  # seq ids whose append this step no pass has written yet
 
     def check_fits(self, num_prompt_tokens: int, params: SamplingParams) -> None:
         """InvalidArgumentError unless a request can run here alone: its prompt leaves room in
@@ -126,7 +128,7 @@ class Scheduler:
         if needed > self.config.num_blocks:
             raise InvalidArgumentError(
                 f"n={params.n} samples of {total} tokens need {needed} blocks at most"
-                + (f" over {groups} KV groups" if (groups := self.store.layout.num_groups) > 1 else "")
+                + (f" over {self.num_groups} KV groups" if self.num_groups > 1 else "")
                 + f"; the pool has {self.config.num_blocks}"
             )
 
@@ -141,7 +143,7 @@ class Scheduler:
         total = min(num_prompt_tokens + params.max_tokens, self.max_model_len)
         shared = num_prompt_tokens // bs  # full prompt blocks the n samples share
         full = shared + params.n * (-(-(total - shared * bs) // bs))
-        return self.store.layout.num_groups * full
+        return self.num_groups * full
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -152,33 +154,79 @@ class Scheduler:
     # ---- one step -------------------------------------------------------------------------
 
     def schedule(self) -> ScheduledBatch:
-        self._appended: set[int] = set()  # seq ids whose append this step no pass has written yet
+        self._ops, self._store_hits = [], []
+        self._appended = set()
         self._swap_in()
         self._append_decode_tokens()
         budget = self.config.max_num_batched_tokens
         rows = self._plan_running(budget)
         budget -= sum(r.end - r.start for r in rows)
         self._admit(rows, budget)
-        if self.tiers is not None and self.tiers.worker is not None:
+        if self.store is not None:
             # The next admissions' store blocks load while this step's pass runs.
             waiting = [
                 (s.seq_id, np.array(s.token_ids, dtype=np.int64)) for s in list(self.waiting)[:PREFETCH_DEPTH]
             ]
-            self.tiers.prefetch(self.kv, waiting)
-        self._offload()
-        ops = self.kv.take_copy_ops() if rows else np.zeros((0, 2), np.int32)
-        self.stats.cow_copies += len(ops)
-        if self.tiers is None:
-            return ScheduledBatch(rows, ops)
-        loads = self.kv.take_load_ops()
-        writes, self._store_writes = self._store_writes, []
-        return ScheduledBatch(rows, ops, loads, writes)
+            self.store.prefetch(self.kv, waiting)
+        self._take_offloads()
+        copies = self.kv.take_copy_ops() if rows else np.zeros((0, 2), np.int32)
+        self.stats.cow_copies += len(copies)
+        if len(copies):
+            self._ops.append(CopyBlocks(copies))
+        if self.config.num_host_cache_blocks:
+            loads = self.kv.take_load_ops()
+            if len(loads):
+                self._ops.append(Load(loads))
+        if self._store_hits:
+            self._ops.append(StoreHits(tuple(self._store_hits)))
+        ops, self._ops, self._store_hits = self._ops, [], []
+        return ScheduledBatch(rows, self._block_tables(rows), ops, self._plan_saves(rows))
 
-    def _offload(self) -> None:
-        """Run the offload ops recorded so far: before anything writes the device blocks they
-        read (a swap-in's copies, this step's copies, loads and pass)."""
-        if self.tiers is not None:
-            self.tiers.offload(self.kv)
+    def _block_tables(self, rows: list[Row]) -> list[np.ndarray]:
+        """The rows' block tables, one per KV group."""
+        if not rows:
+            return []
+        seq_ids = [r.seq.seq_id for r in rows]
+        if self.num_groups > 1:
+            return [self.kv.batch_block_tables(seq_ids, group=g)[0] for g in range(self.num_groups)]
+        return [self.kv.batch_block_tables(seq_ids)[0]]
+
+    def _take_offloads(self) -> None:
+        """The offload ops recorded so far, as one op: planned before anything writes the
+        device blocks they read (a swap-in's copies, this step's copies, loads and pass)."""
+        if not self.config.num_host_cache_blocks:
+            return
+        recorded = self.kv.take_offload_ops()
+        if not len(recorded):
+            return
+        # Ops into the same host block: only the last one's content stays (the host cache
+        # dropped the earlier entries), and the copy kernels refuse a destination named twice.
+        last = {int(h): int(d) for d, h in recorded}
+        ops = np.array([[d, h] for h, d in last.items()], np.int32)
+        hashes = tuple(self.kv.offload_block_hash(h) for h in last) if self.store is not None else ()
+        self._ops.append(Offload(ops, hashes))
+
+    def _plan_saves(self, rows: list[Row]) -> SaveComputed | None:
+        """Save-on-compute (``offload_policy="compute"``): every block a row fills up (all its
+        tokens computed by the pass, so the manager indexes it), with its chained hash."""
+        if self.store is None or self.config.offload_policy != "compute":
+            return None
+        bs = self.config.block_size
+        blocks: list[int] = []
+        hashes: list[int] = []
+        for row in rows:
+            first, full = row.start // bs, row.end // bs
+            if full <= first:
+                continue  # no block filled up in this row
+            seq = row.seq
+            # Draft tokens included: a block of drafts holds their K/V (a rejected draft's block
+            # leaves the index when truncated, its stored copy is still right for its tokens).
+            tokens = np.asarray((seq.token_ids + seq.draft_ids)[: full * bs], dtype=np.int64)
+            table = self.kv.block_table(seq.seq_id)
+            for i, block_hash in enumerate(self.kv.prefix_block_hashes(tokens)[first:full], start=first):
+                blocks.append(int(table[i]))
+                hashes.append(block_hash)
+        return SaveComputed(tuple(blocks), tuple(hashes)) if blocks else None
 
     def _swap_in(self) -> None:
         while self.swapped:
@@ -187,8 +235,9 @@ class Scheduler:
                 mapping = self.kv.swap_in([seq.seq_id])
             except OutOfBlocksError:
                 return
-            self._offload()
-            self.store.swap_in(mapping)
+            self._take_offloads()  # they read device blocks the swap-in writes
+            if len(mapping):
+                self._ops.append(SwapIn(mapping))
             self.swapped.remove(seq)
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
@@ -275,76 +324,114 @@ class Scheduler:
             return remaining if remaining <= budget or not have_rows else 0
         return min(remaining, budget)
 
-    def _reserved_slots(self) -> int:
-        """Slots the contiguous reservation holds: max_model_len per sequence in every KV group."""
-        return self.store.layout.num_groups * self.max_model_len * (len(self.running) + len(self.swapped))
+    # ---- admission ------------------------------------------------------------------------
 
     def _admit(self, rows: list[Row], budget: int) -> None:
-        c = self.config
+        """Admit waiting requests first-come-first-served while sequences, blocks and the
+        token budget allow, each in named steps: room for it (``_has_room``), what serves its
+        prompt and what the pass computes (``_plan_admission``), the manager's all-or-nothing
+        ``add_sequence``, then the running queue (``_start_running``), its store hits
+        (``_place_store_hits``) and its first row (``_first_row``)."""
         if self.swapped:
             return  # sequences waiting to swap back in go first
-        while self.waiting and len(self.running) < c.max_num_seqs:
+        while self.waiting and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
-            if c.reservation == "contiguous" and (
-                self._reserved_slots() + self.store.layout.num_groups * self.max_model_len
-                > c.num_blocks * c.block_size
-            ):
-                return
-            # Leave a small watermark so that admitting does not force the next append to preempt.
-            watermark = c.admission_watermark_blocks
-            if watermark is None:
-                watermark = max(1, c.num_blocks // 100)
-            # The prompt's blocks in every KV group (the manager allocates the whole prompt in
-            # each; add_sequence is the exact check, all or nothing, and refuses what is short).
-            prompt_blocks = self.store.layout.num_groups * -(-len(seq.token_ids) // c.block_size)
-            blocks = prompt_blocks + (watermark if self.running else 0)
-            if blocks > self.kv.num_free_blocks:
+            if not self._has_room(seq):
                 return
             tokens = np.array(seq.token_ids, dtype=np.int64)
             try:
-                hit = self.kv.match_prefix(tokens) if c.enable_prefix_caching else 0
-                stored = self._store_hits(seq.seq_id, tokens, hit, budget)
-                served = hit + len(stored) * c.block_size
-                chunk = self._chunk(len(tokens) - served, budget, bool(rows))
-                if chunk == 0:
+                admission = self._plan_admission(seq, tokens, budget, bool(rows))
+                if admission is None:
                     return
-                hit = self.kv.add_sequence(seq.seq_id, tokens, num_scheduled=served - hit + chunk)
+                served = admission.hit + len(admission.stored) * self.config.block_size
+                hit = self.kv.add_sequence(
+                    seq.seq_id, tokens, num_scheduled=served - admission.hit + admission.chunk
+                )
             except OutOfBlocksError:
                 return
             except pagedkv.PagedKvError as error:
                 self.waiting.popleft()
                 self.failed.append((seq, error))
                 continue
-            self.waiting.popleft()
-            seq.status = SeqStatus.RUNNING
-            seq.admitted = self._next_admission()
-            self.running.append(seq)
-            if stored:
-                table = self.kv.block_table(seq.seq_id)
-                first = hit // c.block_size
-                self._store_writes.extend(
-                    (int(table[first + i]), payload) for i, payload in enumerate(stored)
-                )
-                hit = served
-                self.stats.store_hit_tokens += len(stored) * c.block_size
-            computed = self.kv.num_computed_tokens(seq.seq_id)
-            rows.append(Row(seq, hit, computed))
-            budget -= computed - hit
-            self.stats.prefix_hit_tokens += hit
-            if seq.index == 0 and not seq.request.forked:
-                seq.request.cached_tokens = hit
+            self._start_running(seq)
+            hit = self._place_store_hits(seq, hit, admission.stored)
+            row = self._first_row(seq, hit)
+            rows.append(row)
+            budget -= row.end - row.start
 
-    def _store_hits(self, seq_id: int, tokens: np.ndarray, hit: int, budget: int) -> list[np.ndarray]:
-        """The store's payloads of the prompt's blocks after the ``hit`` (device and host) up
-        to the last full block before its last token (that one is always computed)."""
-        if self.tiers is None or self.tiers.worker is None or budget <= 0:
+    def _reserved_slots(self) -> int:
+        """Slots the contiguous reservation holds: max_model_len per sequence in every KV group."""
+        return self.num_groups * self.max_model_len * (len(self.running) + len(self.swapped))
+
+    def _has_room(self, seq: Sequence) -> bool:
+        """The pool can take ``seq``'s prompt: under ``reservation="contiguous"`` its
+        max_model_len slots in every group; and the prompt's blocks in every KV group plus,
+        while some sequence runs, a small watermark, so that admitting does not force the next
+        append to preempt (``add_sequence`` is the exact check, all or nothing)."""
+        c = self.config
+        if c.reservation == "contiguous" and (
+            self._reserved_slots() + self.num_groups * self.max_model_len > c.num_blocks * c.block_size
+        ):
+            return False
+        watermark = c.admission_watermark_blocks
+        if watermark is None:
+            watermark = max(1, c.num_blocks // 100)
+        prompt_blocks = self.num_groups * -(-len(seq.token_ids) // c.block_size)
+        return prompt_blocks + (watermark if self.running else 0) <= self.kv.num_free_blocks
+
+    def _plan_admission(
+        self, seq: Sequence, tokens: np.ndarray, budget: int, have_rows: bool
+    ) -> _Admission | None:
+        """The prefix-cache hit (``match_prefix``: device and host cache, no side effect), the
+        store's blocks after it, and the first chunk of the rest; None when the budget has no
+        room for a chunk (the request waits)."""
+        hit = self.kv.match_prefix(tokens) if self.config.enable_prefix_caching else 0
+        stored = self._lookup_store(seq.seq_id, tokens, hit, budget)
+        served = hit + len(stored) * self.config.block_size
+        chunk = self._chunk(len(tokens) - served, budget, have_rows)
+        return _Admission(hit, stored, chunk) if chunk else None
+
+    def _lookup_store(
+        self, seq_id: int, tokens: np.ndarray, hit: int, budget: int
+    ) -> list[tuple[int, np.ndarray]]:
+        """The store's (hash, payload) of the prompt's blocks after the ``hit`` (device and
+        host cache) up to the last full block before its last token (that one is always
+        computed)."""
+        if self.store is None or budget <= 0:
             return []  # no budget: the request waits, and a look-up now would only cost time
         bs = self.config.block_size
         last = (len(tokens) - 1) // bs
         if hit // bs >= last:
             return []
         hashes = self.kv.prefix_block_hashes(tokens)[hit // bs : last]
-        return self.tiers.lookup(hashes, seq_id)
+        return self.store.lookup(hashes, seq_id)
+
+    def _start_running(self, seq: Sequence) -> None:
+        self.waiting.popleft()
+        seq.status = SeqStatus.RUNNING
+        seq.admitted = self._next_admission()
+        self.running.append(seq)
+
+    def _place_store_hits(self, seq: Sequence, hit: int, stored: list[tuple[int, np.ndarray]]) -> int:
+        """Plan the store hits into the fresh blocks after the ``hit``; the tokens served."""
+        if not stored:
+            return hit
+        bs = self.config.block_size
+        table = self.kv.block_table(seq.seq_id)
+        first = hit // bs
+        self._store_hits.extend(
+            (int(table[first + i]), block_hash, payload) for i, (block_hash, payload) in enumerate(stored)
+        )
+        self.stats.store_hit_tokens += len(stored) * bs
+        return hit + len(stored) * bs
+
+    def _first_row(self, seq: Sequence, served: int) -> Row:
+        """The admitted sequence's first chunk, after the ``served`` prompt tokens."""
+        computed = self.kv.num_computed_tokens(seq.seq_id)
+        self.stats.prefix_hit_tokens += served
+        if seq.index == 0 and not seq.request.forked:
+            seq.request.cached_tokens = served
+        return Row(seq, served, computed)
 
     def _next_admission(self) -> int:
         self._admissions += 1
@@ -415,7 +502,8 @@ class Scheduler:
             except pagedkv.PagedKvError:
                 mapping = None
             if mapping is not None:
-                self.store.swap_out(mapping)
+                if len(mapping):
+                    self._ops.append(SwapOut(mapping))  # before anything writes those blocks again
                 self.running.remove(seq)
                 seq.status = SeqStatus.SWAPPED
                 self.swapped.append(seq)

@@ -15,7 +15,7 @@ __all__ = ["Request", "Sequence", "SeqStatus"]
 class SeqStatus(enum.Enum):
     WAITING = "waiting"  # not in the KV manager: new, or preempted by recompute
     RUNNING = "running"
-    SWAPPED = "swapped"  # its blocks are in the host tier
+    SWAPPED = "swapped"  # its blocks are in the swap tier
     FINISHED = "finished"
 
 

@@ -15,8 +15,14 @@ class EngineStats:
     prefill_tokens: int = 0  # tokens whose K/V were computed as prefill
     decode_tokens: int = 0
     generated_tokens: int = 0
-    prefix_hit_tokens: int = 0  # prompt tokens served from any tier (device, host, store)
-    store_hit_tokens: int = 0  # of those, from the offload store
+    prefix_hit_tokens: int = 0  # prompt tokens served from any tier (device, host cache, store)
+    store_hit_tokens: int = 0  # of those, from the store
+    # The store's misses nobody would otherwise see: admissions whose look-up the deadline cut
+    # short (the rest of the prompt was computed), and blocks that never reached it.
+    store_deadline_misses: int = 0
+    store_puts_written: int = 0  # blocks the store worker wrote
+    store_puts_dropped: int = 0  # refused by a full queue, or still queued when the engine closed
+    store_puts_failed: int = 0  # the store refused or raised
     draft_tokens: int = 0  # speculative drafts verified
     accepted_tokens: int = 0  # drafts equal to the token the model chose
     decode_passes: int = 0  # decode rows (one sequence in one pass, with or without drafts)
@@ -35,6 +41,11 @@ class EngineStats:
             "decode_tokens": self.decode_tokens,
             "generated_tokens": self.generated_tokens,
             "prefix_hit_tokens": self.prefix_hit_tokens,
+            "store_hit_tokens": self.store_hit_tokens,
+            "store_deadline_misses": self.store_deadline_misses,
+            "store_puts_written": self.store_puts_written,
+            "store_puts_dropped": self.store_puts_dropped,
+            "store_puts_failed": self.store_puts_failed,
             "draft_tokens": self.draft_tokens,
             "accepted_tokens": self.accepted_tokens,
             "acceptance_rate": self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0,

@@ -23,10 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from pagedkv.errors import PagedKvError
+from pagedkv.errors import EmulationBuildError, InvalidArgumentTypeError, KernelLaunchError
 from pagedkv.kernels import KERNEL_DIR, build_cache_dir
 
-HEADERS = ("cuda_emu.h", "cuda_emu_mma.h", "kv_tile_gather.h", "kv_types.h", "mma_sm80.h")
+HEADERS = ("cuda_emu.h", "cuda_emu_mma.h", "kv_quant.h", "kv_tile_gather.h", "kv_types.h", "mma_sm80.h")
 CXX_FLAGS = (
     "-std=c++20",
     "-O2",
@@ -43,14 +43,6 @@ EXPORTS_MAP = "{ global: pkv_*; local: *; };\n"
 
 _lock = threading.Lock()
 _loaded: dict[tuple, EmulatedKernel] = {}
-
-
-class EmulationBuildError(PagedKvError):
-    """The emulated backend could not build a kernel (no C++ compiler, or a compile error)."""
-
-
-class KernelLaunchError(PagedKvError):
-    """An emulated launch failed inside the harness (deadlock, bad launch shape)."""
 
 
 def cache_dir() -> Path:
@@ -209,7 +201,7 @@ def _as_ctype(value: Any) -> Any:
         return ctypes.c_int64(int(value))
     if isinstance(value, np.float32):
         return ctypes.c_float(float(value))
-    raise TypeError(
+    raise InvalidArgumentTypeError(
         f"kernel argument of type {type(value).__name__}: pass an ndarray or a sized NumPy scalar"
     )
 

@@ -8,10 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pagedkv.errors import InvalidArgumentError
+
 ATTENTION_SOURCE = "paged_attention.cu"
 CACHE_OPS_SOURCE = "cache_ops.cu"
 PREFILL_SOURCE = "paged_prefill.cu"
 DECODE_MMA_SOURCE = "paged_decode_mma.cu"
+QUANT_ATTENTION_SOURCE = "paged_attention_quant.cu"
+QUANT_CACHE_OPS_SOURCE = "quant_cache_ops.cu"
 
 # Element type name (as pagedkv names KV dtypes) -> C++ storage type in kv_types.h.
 KERNEL_TYPES = {"float32": "float", "float16": "pagedkv::f16", "bfloat16": "pagedkv::bf16"}
@@ -42,6 +46,19 @@ DECODE_MMA_HEAD_DIMS = (64, 128, 256)
 DECODE_MMA_THREADS = 128  # kMmaDecodeThreads
 
 
+# Quantized caches (kv_cache_dtype -> format traits in kv_quant.h); the query / output / int4
+# residual element type is one of KERNEL_TYPES, the block size a runtime argument.
+QUANT_FORMATS = {"int8": "pagedkv::QuantInt8", "fp8_e4m3": "pagedkv::QuantFp8", "int4": "pagedkv::QuantInt4"}
+QUANT_THREADS = 128  # kQuantThreads, kQuantizeThreads, kSealThreads
+QUANT_ROWS = 16  # kQuantRows: packed (token, query head) rows per thread block
+QUANT_HEADS_PER_CTA = 4  # quantize_kv_kernel: a warp per head
+
+
+def quant_tile_tokens(head_dim: int) -> int:
+    """Keys per K/V tile of the quantized attention kernel (QuantShape::kTile)."""
+    return 2048 // head_dim
+
+
 def prefill_kv_tile(head_dim: int) -> int:
     """Keys per K/V tile of the prefill kernel (PrefillShape::kKv)."""
     return 64 if head_dim <= 64 else 32
@@ -60,7 +77,7 @@ def group_instance(group_size: int) -> int:
     for g in GROUP_INSTANCES:
         if group_size <= g:
             return g
-    raise ValueError(f"group size {group_size} exceeds the largest compiled group {MAX_GROUP}")
+    raise InvalidArgumentError(f"group size {group_size} exceeds the largest compiled group {MAX_GROUP}")
 
 
 def tile_tokens(kind: str, head_dim: int) -> int:
@@ -100,13 +117,15 @@ def decode_for(
     """The decode instance the launcher runs for this call.
 
     use_tensor_cores: None follows the rule above (``uses_tensor_cores``); True asks for the
-    tensor-core kernel (ValueError where it cannot run: fp32, a group outside 3..8, an unsupported
+    tensor-core kernel (InvalidArgumentError where it cannot run: fp32, a group outside 3..8, an unsupported
     head size; callers check first and raise a typed error); False always runs the CUDA-core kernel,
     e.g. to measure one path against the other in the same process.
     """
     tensor_cores = uses_tensor_cores(kind, head_dim, group_size)
     if use_tensor_cores is True and not tensor_cores:
-        raise ValueError(f"no tensor-core decode kernel for {kind}, head_dim {head_dim}, group {group_size}")
+        raise InvalidArgumentError(
+            f"no tensor-core decode kernel for {kind}, head_dim {head_dim}, group {group_size}"
+        )
     if tensor_cores and use_tensor_cores is not False:
         return decode_mma(kind, head_dim, block_size)
     return decode(kind, head_dim, block_size, group_instance(group_size))
@@ -134,8 +153,32 @@ def merge_prefill(kind: str, head_dim: int) -> Instance:
     return Instance(PREFILL_SOURCE, f"pagedkv::merge_prefill_splits_kernel<{KERNEL_TYPES[kind]}, {head_dim}>")
 
 
+def quant_attention(kv_cache_dtype: str, kind: str, head_dim: int) -> Instance:
+    """Decode and prefill attention on a quantized cache (any block size, any group up to 8)."""
+    return Instance(
+        QUANT_ATTENTION_SOURCE,
+        "pagedkv::paged_attention_quant_kernel"
+        f"<{KERNEL_TYPES[kind]}, {QUANT_FORMATS[kv_cache_dtype]}, {head_dim}>",
+    )
+
+
+def quantize_kv(kv_cache_dtype: str, kind: str, head_dim: int) -> Instance:
+    """The write of an 8-bit cache (int8, fp8_e4m3): each token's heads quantized into its slot."""
+    return Instance(
+        QUANT_CACHE_OPS_SOURCE,
+        f"pagedkv::quantize_kv_kernel<{KERNEL_TYPES[kind]}, {QUANT_FORMATS[kv_cache_dtype]}, {head_dim}>",
+    )
+
+
+def seal_int4(kind: str, head_dim: int) -> Instance:
+    """The seal of int4 blocks that fill (residual and new tokens quantized as a whole)."""
+    return Instance(QUANT_CACHE_OPS_SOURCE, f"pagedkv::seal_int4_kernel<{KERNEL_TYPES[kind]}, {head_dim}>")
+
+
 def threads_per_cta(instance: Instance) -> int:
     """The block size an instance is launched with."""
+    if instance.source in (QUANT_ATTENTION_SOURCE, QUANT_CACHE_OPS_SOURCE):
+        return QUANT_THREADS
     if "paged_decode_kernel" in instance.name:
         return DECODE_THREADS
     if "paged_decode_mma_kernel" in instance.name:
@@ -167,4 +210,18 @@ def all_instances() -> list[Instance]:
             for block_size in BLOCK_SIZES:
                 out.append(prefill(kind, head_dim, block_size))
             out.append(merge_prefill(kind, head_dim))
+    out.extend(quant_instances())
+    return out
+
+
+def quant_instances() -> list[Instance]:
+    """Every instance of the quantized-cache kernels (the merge they share is merge())."""
+    out: list[Instance] = []
+    for kind in KERNEL_TYPES:
+        for head_dim in HEAD_DIMS:
+            for dtype in QUANT_FORMATS:
+                out.append(quant_attention(dtype, kind, head_dim))
+                if dtype != "int4":
+                    out.append(quantize_kv(dtype, kind, head_dim))
+            out.append(seal_int4(kind, head_dim))
     return out

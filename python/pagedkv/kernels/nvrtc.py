@@ -16,18 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pagedkv.errors import CudaUnavailableError, KernelCompileError
+from pagedkv.errors import NvrtcCompileError, NvrtcUnavailable
 from pagedkv.kernels import KERNEL_DIR
 
 DEFAULT_ARCH = "sm_90"
-
-
-class NvrtcUnavailable(CudaUnavailableError):
-    """libnvrtc was not found (install nvidia-cuda-nvrtc)."""
-
-
-class NvrtcCompileError(KernelCompileError):
-    """NVRTC rejected a kernel source; the message carries the compiler log."""
 
 
 def _candidate_paths() -> list[str]:

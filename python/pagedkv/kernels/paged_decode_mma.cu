@@ -112,6 +112,28 @@ __global__ void __launch_bounds__(kMmaDecodeThreads) paged_decode_mma_kernel(
   const int* table = block_tables + static_cast<i64>(seq) * max_blocks_per_seq;
   const i64 q_row0 = static_cast<i64>(seq) * num_q_heads + static_cast<i64>(kv_head) * group_size;
 
+  // Splits must start on a kAlign boundary (the staged page-table entries above assume it), so
+  // tokens_per_split is a positive multiple of kAlign. kernel_launch.check_decode_split refuses
+  // anything else before a launch; a launch that bypasses it gets NaN (every row of this block;
+  // with splits, NaN partial rows of weight 1, so the merge's output is NaN too), never a finite
+  // wrong result.
+  if (tokens_per_split <= 0 || tokens_per_split % kAlign != 0) {
+    const float nan = __int_as_float(0x7fc00000);
+    for (int i = tid; i < group_size * HEAD_DIM; i += kMmaDecodeThreads) {
+      const i64 row = q_row0 + i / HEAD_DIM;
+      if (num_splits == 1) {
+        store_scalar(out + row * HEAD_DIM + i % HEAD_DIM, Kv<T>::from_float(nan));
+      } else {
+        store_scalar(split_out + (row * num_splits + split) * HEAD_DIM + i % HEAD_DIM, nan);
+        if (i % HEAD_DIM == 0) {
+          store_scalar(split_max + row * num_splits + split, 0.f);
+          store_scalar(split_sum + row * num_splits + split, 1.f);
+        }
+      }
+    }
+    return;
+  }
+
   // Page-table entries of a tile's blocks, staged in shared memory one tile ahead of its gather:
   // the entry loads leave the gather's dependency chain (table -> address -> copy), and each entry
   // is read from global memory once per block instead of once per 16-byte chunk.

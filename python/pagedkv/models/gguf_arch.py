@@ -12,7 +12,7 @@ import struct
 from pathlib import Path
 from typing import BinaryIO
 
-from pagedkv.models.errors import ModelLoadError
+from pagedkv.errors import ModelLoadError
 
 __all__ = ["gguf_architecture"]
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from pagedkv.models.errors import ModelLoadError
+from pagedkv.errors import ModelLoadError
 
 __all__ = ["GGUF_MAGIC", "GgufFile", "TensorInfo", "open_gguf"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pagedkv.models.errors import ModelLoadError
+from pagedkv.errors import ModelLoadError
 
 __all__ = ["get_float", "get_int", "get_str", "require"]
 

@@ -34,6 +34,7 @@ from typing import Protocol
 
 import numpy as np
 
+from pagedkv.errors import InvalidArgumentError
 from pagedkv.models.bf16_weights import Bf16Weights
 from pagedkv.models.block_codes import BlockCodes, tensor_block_codes
 from pagedkv.models.block_weights import BlockWeights
@@ -67,7 +68,7 @@ def weight_mode(choice: str | None, argument: str) -> str:
     if choice is None:
         choice, argument = os.environ.get("PAGEDKV_WEIGHTS", "") or "int8", "PAGEDKV_WEIGHTS"
     if choice not in WEIGHT_DTYPES:
-        raise ValueError(f"{argument} must be one of {WEIGHT_DTYPES}, got {choice!r}")
+        raise InvalidArgumentError(f"{argument} must be one of {WEIGHT_DTYPES}, got {choice!r}")
     return choice
 
 

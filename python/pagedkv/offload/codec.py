@@ -11,8 +11,8 @@ Layout (little-endian), header then three variable parts::
 payload. A decoder serves an entry only if the magic and version match, the lengths add up to
 exactly the bytes it has, the checksum matches and the key is the key it asked for: a torn
 write (a crash mid-file), a flipped byte, a truncated value or a file from another key each
-decode to ``None``, a miss. XXH3 rather than CRC-32: ``zlib.crc32`` checks ~0.8 GB/s on this
-machine, XXH3-64 ~10 GB/s, and the check is on every load.
+decode to ``None``, a miss. XXH3 rather than CRC-32: ``zlib.crc32`` checks many times slower
+than XXH3-64 (benches/results/2026-12-06-comment-numbers.md), and the check is on every load.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ __all__ = [
     "decode_entry",
     "decode_parts",
     "encode_entry",
+    "entry_extent",
     "entry_size",
-    "head_size",
 ]
 
 MAGIC = b"PKVO"
@@ -65,6 +65,9 @@ def _checksum(parts: list[memoryview | bytes]) -> int:
 def check_payload(payload: object) -> None:
     """Raise the typed error ``encode_entry`` would raise for ``payload``, without encoding it
     (cheap: a caller validates on its own thread and encodes on a worker's)."""
+    if isinstance(payload, np.ma.MaskedArray):
+        # Only its data would be stored, and the mask silently lost: refused, as prompts are.
+        raise InvalidArgumentTypeError("a stored array is not a masked array: its mask would be lost")
     if isinstance(payload, np.ndarray):
         if payload.dtype.kind not in _ARRAY_KINDS or payload.dtype.fields is not None:
             raise InvalidArgumentTypeError(f"a stored array has a plain numeric dtype, not {payload.dtype}")
@@ -84,8 +87,11 @@ def encode_entry(key: bytes, payload: object) -> list[bytes | memoryview]:
     the payload itself, not copied: a writer writes them in order)."""
     check_payload(payload)
     if isinstance(payload, np.ndarray):
-        # Not np.ascontiguousarray: it turns a 0-d array into a 1-d one.
-        array = payload if payload.flags.c_contiguous else payload.copy(order="C")
+        # A subclass (np.matrix, np.memmap) as the plain array over the same memory, whose
+        # ``.data`` is a memoryview; not np.ascontiguousarray: it turns a 0-d array into a 1-d one.
+        array = payload.view(np.ndarray)
+        if not array.flags.c_contiguous:
+            array = array.copy(order="C")
         dtype = array.dtype.str.encode("ascii")
         meta = struct.pack("<B", len(dtype)) + dtype + struct.pack(f"<{array.ndim}Q", *array.shape)
         body: bytes | memoryview = array.data.cast("B") if array.size else b""
@@ -106,25 +112,29 @@ def entry_size(parts: list[bytes | memoryview]) -> int:
     return sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
 
 
-def head_size(prefix: bytes | bytearray | memoryview) -> int | None:
-    """From an entry's first ``HEADER.size`` bytes, the size of its head (header, key and
-    meta: everything before the payload), or ``None`` if they are not a header. A reader of a
-    file reads the head, then the payload on its own (``decode_parts``: no copy of it)."""
+def entry_extent(prefix: bytes | bytearray | memoryview) -> tuple[int, int] | None:
+    """From an entry's first ``HEADER.size`` bytes, the size of its head (header, key and meta:
+    everything before the payload) and of the whole entry the header declares, or ``None`` if
+    they are not a header. A reader of a file compares the whole with the file's size before it
+    reads anything more, then reads the head, then the payload on its own (``decode_parts``: no
+    copy of it)."""
     if len(prefix) < HEADER.size:
         return None
-    magic, version, _, _, key_len, meta_len, _, _ = HEADER.unpack_from(prefix)
+    magic, version, _, _, key_len, meta_len, body_len, _ = HEADER.unpack_from(prefix)
     if magic != MAGIC or version != VERSION:
         return None
-    return int(HEADER.size + key_len + meta_len)
+    head = int(HEADER.size + key_len + meta_len)
+    return head, head + int(body_len)
 
 
 def decode_entry(data: bytes | bytearray | memoryview, key: bytes) -> Payload | None:
     """The payload stored in ``data`` for ``key``, or ``None`` if ``data`` is not a whole,
     intact entry for that key (see ``decode_parts``)."""
     view = memoryview(data).cast("B")
-    head = head_size(view)
-    if head is None or head > view.nbytes:
+    extent = entry_extent(view)
+    if extent is None or extent[1] != view.nbytes:
         return None
+    head = extent[0]
     return decode_parts(view[:head], view[head:], key)
 
 

@@ -25,8 +25,10 @@ time: two processes sharing a directory would each evict by their own index.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import stat
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -39,8 +41,8 @@ from pagedkv.offload.codec import (
     Payload,
     decode_parts,
     encode_entry,
+    entry_extent,
     entry_size,
-    head_size,
 )
 from pagedkv.offload.keys import encode_key
 from pagedkv.offload.store import StoreStats
@@ -49,12 +51,35 @@ __all__ = ["DiskStore"]
 
 _SUFFIX = ".blk"
 _TMP_SUFFIX = ".tmp"
+# An entry is opened without following a symbolic link and without waiting: a FIFO put at an
+# entry's name would otherwise block the reading thread until something writes to it.
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+# What opening such a name fails with: a symbolic link (ELOOP), a socket (ENXIO).
+_NOT_AN_ENTRY_ERRNOS = (errno.ELOOP, errno.ENXIO)
 
 
 def _file_stem(key: bytes) -> str:
     # The key holds an arbitrary salt: name the file by a digest and keep the full key in the
     # entry, which the decoder compares (a digest collision is then a miss, not a wrong block).
     return hashlib.blake2b(key, digest_size=20).hexdigest()
+
+
+def _checked_path(path: object) -> str:
+    """``path`` as a ``str`` the operating system can take, or a typed error: a NUL byte or a
+    lone surrogate (no file name has either) is ``InvalidArgumentError``, not ``ValueError`` /
+    ``UnicodeEncodeError`` from deep inside ``mkdir``."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise InvalidArgumentTypeError(f"path is a str or a path, not {type(path).__name__}")
+    raw = os.fspath(path)
+    if not isinstance(raw, str):
+        raise InvalidArgumentTypeError(f"path is a str or a path to a str, not {type(raw).__name__}")
+    if "\0" in raw:
+        raise InvalidArgumentError(f"path has a NUL character: {raw!r}")
+    try:
+        os.fsencode(raw)
+    except UnicodeEncodeError as exc:
+        raise InvalidArgumentError(f"path is not a valid file name ({exc.reason}): {raw!r}") from None
+    return raw
 
 
 class DiskStore:
@@ -66,9 +91,7 @@ class DiskStore:
             raise InvalidArgumentTypeError(f"capacity_bytes is an int, not {type(capacity_bytes).__name__}")
         if capacity_bytes <= 0:
             raise InvalidArgumentError(f"capacity_bytes is positive, got {capacity_bytes}")
-        if not isinstance(path, (str, os.PathLike)):
-            raise InvalidArgumentTypeError(f"path is a str or a path, not {type(path).__name__}")
-        self._dir = Path(path)
+        self._dir = Path(_checked_path(path))
         self._dir.mkdir(parents=True, exist_ok=True)
         self._capacity = capacity_bytes
         self._fsync = fsync
@@ -119,8 +142,15 @@ class DiskStore:
     def __len__(self) -> int:
         return len(self._index)
 
-    def put(self, block_hash: int | bytes, payload: Payload, *, extra_key: object = None) -> bool:
-        key = encode_key(block_hash, extra_key)
+    def put(
+        self,
+        block_hash: int | bytes,
+        payload: Payload,
+        *,
+        extra_key: object = None,
+        kv_cache_dtype: str | None = None,
+    ) -> bool:
+        key = encode_key(block_hash, extra_key, kv_cache_dtype)
         parts = encode_entry(key, payload)
         size = entry_size(parts)
         stem = _file_stem(key)
@@ -155,16 +185,19 @@ class DiskStore:
             self._stats.puts += 1
         return True
 
-    def get(self, block_hash: int | bytes, *, extra_key: object = None) -> Payload | None:
-        key = encode_key(block_hash, extra_key)
+    def get(
+        self, block_hash: int | bytes, *, extra_key: object = None, kv_cache_dtype: str | None = None
+    ) -> Payload | None:
+        key = encode_key(block_hash, extra_key, kv_cache_dtype)
         stem = _file_stem(key)
         with self._lock:
-            if stem not in self._index:
+            size = self._index.get(stem)
+            if size is None:
                 self._stats.misses += 1
                 return None
             self._index.move_to_end(stem)
         try:
-            payload = self._read_file(self._dir / (stem + _SUFFIX), key)
+            payload = self._read_file(self._dir / (stem + _SUFFIX), key, size)
         except OSError as exc:  # evicted meanwhile, or the medium failed
             with self._lock:
                 self._stats.misses += 1
@@ -175,26 +208,39 @@ class DiskStore:
             if payload is None:
                 self._stats.corrupt_entries += 1
                 self._stats.misses += 1
-                self._drop(stem)
+                if self._index.get(stem) == size:  # else a put replaced the entry meanwhile
+                    self._drop(stem)
             else:
                 self._stats.hits += 1
         return payload
 
-    def contains(self, block_hash: int | bytes, *, extra_key: object = None) -> bool:
-        return _file_stem(encode_key(block_hash, extra_key)) in self._index
+    def contains(
+        self, block_hash: int | bytes, *, extra_key: object = None, kv_cache_dtype: str | None = None
+    ) -> bool:
+        return _file_stem(encode_key(block_hash, extra_key, kv_cache_dtype)) in self._index
 
-    def contains_many(self, block_hashes: Iterable[int | bytes], *, extra_key: object = None) -> list[bool]:
-        return [self.contains(h, extra_key=extra_key) for h in block_hashes]
+    def contains_many(
+        self,
+        block_hashes: Iterable[int | bytes],
+        *,
+        extra_key: object = None,
+        kv_cache_dtype: str | None = None,
+    ) -> list[bool]:
+        return [self.contains(h, extra_key=extra_key, kv_cache_dtype=kv_cache_dtype) for h in block_hashes]
 
-    def delete(self, block_hash: int | bytes, *, extra_key: object = None) -> bool:
-        stem = _file_stem(encode_key(block_hash, extra_key))
+    def delete(
+        self, block_hash: int | bytes, *, extra_key: object = None, kv_cache_dtype: str | None = None
+    ) -> bool:
+        stem = _file_stem(encode_key(block_hash, extra_key, kv_cache_dtype))
         with self._lock:
             return self._drop(stem)
 
     def check_invariants(self) -> None:
         """Raise ``InvariantViolation`` unless the index and the directory agree: usage is the
         sum of the indexed entries, at most the capacity, and exactly the indexed entries are
-        in the directory with their indexed sizes (no temporary file between operations)."""
+        in the directory as regular files with their indexed sizes (no temporary file between
+        operations). Anything else at an entry name (a directory, a FIFO, a symbolic link) is
+        not an entry, as for ``_recover``."""
         with self._lock:
             if self._usage != sum(self._index.values()) or self._usage > self._capacity:
                 raise InvariantViolation(
@@ -205,8 +251,8 @@ class DiskStore:
                 for entry in entries:
                     if entry.name.endswith(_TMP_SUFFIX):
                         raise InvariantViolation(f"temporary file left behind: {entry.name}")
-                    if entry.name.endswith(_SUFFIX):
-                        on_disk[entry.name[: -len(_SUFFIX)]] = entry.stat().st_size
+                    if entry.name.endswith(_SUFFIX) and entry.is_file(follow_symlinks=False):
+                        on_disk[entry.name[: -len(_SUFFIX)]] = entry.stat(follow_symlinks=False).st_size
             if on_disk != dict(self._index):
                 raise InvariantViolation("the index and the directory's entry files differ")
 
@@ -226,18 +272,30 @@ class DiskStore:
             os.close(fd)
 
     @staticmethod
-    def _read_file(path: Path, key: bytes) -> Payload | None:
-        """Read and decode one entry in two ``pread`` calls: the header, key and meta (their
-        size is bounded, so one read of the most they can be), then the payload into a
-        ``bytes`` of its own (handed out without a copy). Five syscalls with ``open``,
-        ``fstat`` and ``close``; ``open().read()`` makes about as many."""
-        fd = os.open(path, os.O_RDONLY)
+    def _read_file(path: Path, key: bytes, size: int) -> Payload | None:
+        """Read and decode one entry of ``size`` bytes (what the index recorded when it was
+        written or found), or ``None`` if the file at ``path`` is not that entry. Nothing is
+        read before the name is known to be a regular file of that size (not a FIFO, a device,
+        a socket or a symbolic link: opened with ``O_NOFOLLOW | O_NONBLOCK``, never waited on)
+        whose header declares exactly that size: a file grown or replaced behind the store's
+        back costs one small read to refuse, whatever its size. Then two ``pread`` calls: the
+        header, key and meta, then the payload into a ``bytes`` of its own (handed out without
+        a copy)."""
         try:
-            size = os.fstat(fd).st_size
-            prefix = os.pread(fd, min(size, HEADER.size + len(key) + MAX_META_BYTES), 0)
-            head = head_size(prefix)
-            if head is None or head > len(prefix):
+            fd = os.open(path, _READ_FLAGS)
+        except OSError as exc:
+            if exc.errno in _NOT_AN_ENTRY_ERRNOS:
                 return None
+            raise
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_size != size:
+                return None
+            prefix = os.pread(fd, min(size, HEADER.size + len(key) + MAX_META_BYTES), 0)
+            extent = entry_extent(prefix)
+            if extent is None or extent[1] != size or extent[0] > len(prefix):
+                return None
+            head = extent[0]
             body = os.pread(fd, size - head, head)
         finally:
             os.close(fd)

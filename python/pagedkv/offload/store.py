@@ -5,7 +5,10 @@ or a NumPy array). It is a cache, not a database: every operation may lose an en
 expired, corrupted, the server restarted), and every failure of the medium is reported as a
 miss (``get`` returns ``None``) or a failed put (``put`` returns ``False``), never raised into
 the caller's step. Only caller mistakes raise: a wrong key or payload type
-(``InvalidArgumentTypeError``), an out-of-range hash (``InvalidArgumentError``).
+(``InvalidArgumentTypeError``), an out-of-range hash or an unknown dtype (``InvalidArgumentError``).
+
+``kv_cache_dtype`` (every operation; None for an unquantized cache) is part of the key
+(``keys.encode_key``): a block written by an int8 cache is never served to an fp8 or a 16-bit one.
 """
 
 from __future__ import annotations
@@ -37,23 +40,42 @@ class StoreStats:
 class BlockStore(Protocol):
     """A bounded, lossy key-value store of KV blocks."""
 
-    def put(self, block_hash: int | bytes, payload: Payload, *, extra_key: object = None) -> bool:
+    def put(
+        self,
+        block_hash: int | bytes,
+        payload: Payload,
+        *,
+        extra_key: object = None,
+        kv_cache_dtype: str | None = None,
+    ) -> bool:
         """Store ``payload``; ``True`` if stored, ``False`` if the medium refused it."""
         ...
 
-    def get(self, block_hash: int | bytes, *, extra_key: object = None) -> Payload | None:
+    def get(
+        self, block_hash: int | bytes, *, extra_key: object = None, kv_cache_dtype: str | None = None
+    ) -> Payload | None:
         """The stored payload, or ``None`` (a miss: absent, evicted, corrupt, unreachable)."""
         ...
 
-    def contains(self, block_hash: int | bytes, *, extra_key: object = None) -> bool:
+    def contains(
+        self, block_hash: int | bytes, *, extra_key: object = None, kv_cache_dtype: str | None = None
+    ) -> bool:
         """Whether ``get`` would probably hit (an entry may still turn out corrupt)."""
         ...
 
-    def contains_many(self, block_hashes: Iterable[int | bytes], *, extra_key: object = None) -> list[bool]:
+    def contains_many(
+        self,
+        block_hashes: Iterable[int | bytes],
+        *,
+        extra_key: object = None,
+        kv_cache_dtype: str | None = None,
+    ) -> list[bool]:
         """``contains`` for each hash, in one round trip where the medium allows."""
         ...
 
-    def delete(self, block_hash: int | bytes, *, extra_key: object = None) -> bool:
+    def delete(
+        self, block_hash: int | bytes, *, extra_key: object = None, kv_cache_dtype: str | None = None
+    ) -> bool:
         """Remove the entry; ``True`` if there was one."""
         ...
 

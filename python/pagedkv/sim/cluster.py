@@ -262,7 +262,7 @@ def _choose(
         # weights 3 : 2 (this simulator's choice). The load is the KV blocks in flight (as
         # llm-d's KV-cache-utilization scorer reads it), 1 - blocks / the busiest's blocks:
         # counting requests instead ignores that one 30k-token request outweighs ten short ones
-        # (measured: same prefill saved, load max/mean 1.39 -> 1.06 on the synthetic trace).
+        # (the same prefill saved, a worse load balance: docs/experiments.md, Cache-aware routing).
         prompt_blocks = max(1, -(-input_tokens // block_size))
         busiest = max(inflight_blocks) or 1
         scores = [

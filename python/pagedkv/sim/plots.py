@@ -7,7 +7,7 @@ import textwrap
 from collections.abc import Mapping
 from typing import Any
 
-from pagedkv.errors import PagedKvError
+from pagedkv.errors import PlotUnavailableError
 from pagedkv.sim.names import allocator_label
 from pagedkv.sim.reports import SHARE_KEYS, SHARE_LABELS, result_field
 
@@ -30,10 +30,6 @@ SHARE_COLORS = {
     "external_fragmentation": "#e76f51",
     "free": "#d9d9d9",
 }
-
-
-class PlotUnavailableError(PagedKvError, ImportError):
-    """matplotlib is not installed (``pip install matplotlib``)."""
 
 
 # Large enough to read at the PNG's natural size (the matplotlib default of 10 is small at 110 dpi).

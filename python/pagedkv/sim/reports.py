@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from pagedkv.errors import InvalidArgumentError
+
 __all__ = [
     "SHARE_KEYS",
     "SHARE_LABELS",
@@ -109,7 +111,7 @@ def format_table(
     value_rows = [list(row) for row in rows]
     for row in value_rows:
         if len(row) != len(headers):
-            raise ValueError(f"row has {len(row)} cells, headers have {len(headers)}: {row}")
+            raise InvalidArgumentError(f"row has {len(row)} cells, headers have {len(headers)}: {row}")
     columns = [_column_texts([row[i] for row in value_rows]) for i in range(len(headers))]
     widths = [
         max([len(header), *(len(text) for text in texts)])

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pagedkv.errors import InvalidArgumentError
+from pagedkv.errors import InvalidArgumentError, TraceError, TraceNotFoundError
 from pagedkv.sim.engine import Workload
 from pagedkv.sim.names import KNOWN_TRACES, PREFIX_TRACES
 
@@ -65,14 +65,6 @@ BUNDLED_TRACES_DIR = Path(__file__).resolve().parent / "data"
 MAX_TRACE_TOKENS = 2**40
 
 
-class TraceError(InvalidArgumentError):
-    """A trace file is malformed; the message names the file and the line."""
-
-
-class TraceNotFoundError(TraceError, FileNotFoundError):
-    """The trace file (or the folder of the shared traces) does not exist."""
-
-
 # A plain number of seconds: ASCII digits only (no ``1_000``, no other scripts' digits, no nan/inf).
 _SECONDS = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?", re.ASCII)
 # ``YYYY-MM-DD HH:MM:SS[.fffffff]`` (or ``T`` between date and time); any number of fraction digits.
@@ -95,7 +87,7 @@ def _quote(text: str) -> str:
 
 def _parse_count(text: str) -> int:
     if not _COUNT.fullmatch(text):
-        raise ValueError(text)
+        raise TraceError(text)
     return int(text)
 
 
@@ -108,11 +100,11 @@ def _parse_timestamp_s(text: str, date_cache: dict[str, float]) -> float:
     if _SECONDS.fullmatch(text):
         seconds = float(text)
         if not math.isfinite(seconds):
-            raise ValueError("not a finite number of seconds")
+            raise TraceError("not a finite number of seconds")
         return seconds
     match = _DATETIME.fullmatch(text)
     if match is None:
-        raise ValueError("neither seconds nor 'YYYY-MM-DD HH:MM:SS[.fff]'")
+        raise TraceError("neither seconds nor 'YYYY-MM-DD HH:MM:SS[.fff]'")
     date_part, hours_text, minutes_text, seconds_text, fraction = match.groups()
     day_s = date_cache.get(date_part)
     if day_s is None:
@@ -121,7 +113,7 @@ def _parse_timestamp_s(text: str, date_cache: dict[str, float]) -> float:
         date_cache[date_part] = day_s
     hour, minute, second = int(hours_text), int(minutes_text), int(seconds_text)
     if not (0 <= hour < 24 and 0 <= minute < 60 and 0 <= second < 61):
-        raise ValueError(f"time of day {hours_text}:{minutes_text}:{seconds_text} out of range")
+        raise TraceError(f"time of day {hours_text}:{minutes_text}:{seconds_text} out of range")
     frac_s = int(fraction) / 10 ** len(fraction) if fraction else 0.0
     return day_s + hour * 3600 + minute * 60 + second + frac_s
 
@@ -331,45 +323,45 @@ def _json_int(row: dict, key: str) -> int:
     value = row[key]
     # JSON has one number type: 7.0 or 1e400 (a float, inf) is not a token count.
     if type(value) is not int:
-        raise ValueError(f"{key} must be an integer, got {_quote(json.dumps(value)[:200])}")
+        raise TraceError(f"{key} must be an integer, got {_quote(json.dumps(value)[:200])}")
     return value
 
 
 def _mooncake_request(line: str) -> TraceRequest:
-    """One JSONL line as a `TraceRequest`; ValueError (with the reason) when it is not one."""
+    """One JSONL line as a `TraceRequest`; TraceError (with the reason) when it is not one."""
     try:
         row = json.loads(line)
     except RecursionError:  # a deeply nested line ([[[[...]]]]): not a trace row
-        raise ValueError("nested too deeply to be a trace row") from None
+        raise TraceError("nested too deeply to be a trace row") from None
     except json.JSONDecodeError as error:
-        raise ValueError(f"not JSON ({error.msg} at column {error.colno})") from None
+        raise TraceError(f"not JSON ({error.msg} at column {error.colno})") from None
     except ValueError:  # an integer of more than 4,300 digits (Python's int-from-str limit)
-        raise ValueError("a number with too many digits") from None
+        raise TraceError("a number with too many digits") from None
     if not isinstance(row, dict):
-        raise ValueError("expected a JSON object")
+        raise TraceError("expected a JSON object")
     missing = [k for k in ("timestamp", "input_length", "output_length", "hash_ids") if k not in row]
     if missing:
-        raise ValueError(f"missing {', '.join(missing)}")
+        raise TraceError(f"missing {', '.join(missing)}")
     stamp = row["timestamp"]
     if type(stamp) not in (int, float):
-        raise ValueError(f"timestamp must be a number of milliseconds, got {_quote(str(stamp))}")
+        raise TraceError(f"timestamp must be a number of milliseconds, got {_quote(str(stamp))}")
     try:
         arrival_s = float(stamp) / 1000.0
     except OverflowError:  # an integer beyond a float (10**400)
-        raise ValueError("timestamp out of range") from None
+        raise TraceError("timestamp out of range") from None
     if not (math.isfinite(arrival_s) and abs(arrival_s) <= MAX_TRACE_SPAN_S):
-        raise ValueError(f"timestamp out of range (at most {MAX_TRACE_SPAN_S * 1000:.3g} ms)")
+        raise TraceError(f"timestamp out of range (at most {MAX_TRACE_SPAN_S * 1000:.3g} ms)")
     input_tokens = _json_int(row, "input_length")
     output_tokens = _json_int(row, "output_length")
     if not (1 <= input_tokens <= MAX_TRACE_TOKENS and 0 <= output_tokens <= MAX_TRACE_TOKENS):
-        raise ValueError(
+        raise TraceError(
             f"needs 1 <= input_length <= {MAX_TRACE_TOKENS} and 0 <= output_length <= {MAX_TRACE_TOKENS}"
         )
     ids = row["hash_ids"]
     if not isinstance(ids, list) or any(type(h) is not int or not 0 <= h < MAX_HASH_ID for h in ids):
-        raise ValueError("hash_ids must be a list of integers in [0, 2**22)")
+        raise TraceError("hash_ids must be a list of integers in [0, 2**22)")
     if len(ids) != -(-input_tokens // TRACE_BLOCK_TOKENS):
-        raise ValueError(
+        raise TraceError(
             f"{len(ids)} hash ids for input_length {input_tokens}: needs one per {TRACE_BLOCK_TOKENS} tokens"
         )
     return TraceRequest(arrival_s, input_tokens, output_tokens, tuple(ids))

@@ -16,7 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from pagedkv.errors import InvalidArgumentError
+from pagedkv.errors import InvalidArgumentError, InvariantViolation
 
 #: Bump when the embedded data layout changes (viz.js checks nothing, the tests do).
 DATA_FORMAT_VERSION = 1
@@ -62,13 +62,13 @@ def render_page(
     template = _asset("template.html")
     for placeholder in _PLACEHOLDERS[1:]:
         if template.count(placeholder) != 1:
-            raise RuntimeError(f"template.html must hold {placeholder} exactly once")
+            raise InvariantViolation(f"template.html must hold {placeholder} exactly once")
     payload = dict(data, format_version=DATA_FORMAT_VERSION)
     css = _asset("viz.css")
     script = _asset("viz.js")
     # The script is pasted verbatim into <script>; a closing tag inside it would cut it short.
     if "</script" in script.lower() or "</style" in css.lower():
-        raise RuntimeError("viz.js / viz.css must not contain a closing </script> or </style> tag")
+        raise InvariantViolation("viz.js / viz.css must not contain a closing </script> or </style> tag")
     if compress:
         raw = json.dumps(payload, separators=(",", ":"), allow_nan=False).encode("utf-8")
         # mtime=0: the same runs give byte-identical pages.

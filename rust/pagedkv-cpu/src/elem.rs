@@ -28,7 +28,8 @@ impl KvElem for f32 {
 
 /// fp16 bits -> fp32, exact, branch-free (selects), so that a loop over a row vectorises inside
 /// the caller's multiversioned clone. `half`'s own conversion checks the CPU's features per call,
-/// which per 64-element row cost more than the conversion (perf: ~10 % of fp16 decode).
+/// which per 64-element row cost more than the conversion (perf on fp16 decode;
+/// docs/cpu_data_plane.md, How it is built).
 #[inline(always)]
 pub fn f16_bits_to_f32(h: u16) -> f32 {
     const SHIFTED_EXP: u32 = 0x7c00 << 13; // fp16's exponent field, moved to fp32's position

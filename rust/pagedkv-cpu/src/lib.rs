@@ -5,25 +5,18 @@
 //! fp32, fp16 and bf16 caches; arithmetic in fp32. Every index a call uses (block-table entries,
 //! slots, copy and swap block ids) is checked before anything is read or written: a bad argument
 //! is a [`CpuError`], never a panic or an out-of-bounds access. `unsafe` is denied everywhere but
-//! `dot_vnni`, `dot_avx2`, `attention_avx2` and `attention_avx512` (SIMD intrinsics: vector loads and stores on
-//! fixed-size arrays, and a call made after the run-time feature check).
+//! the intrinsic paths `attention::{avx2, avx512}` and `dot_matmul::{avx2, vnni}` (vector loads
+//! and stores on fixed-size arrays, and a call made after the run-time feature check). Each SIMD
+//! family is one folder: the dispatcher, the portable path and one file per instruction set, the
+//! shared definitions in a leaf module that every path imports (no path imports the dispatcher).
 //! docs/cpu_data_plane.md describes the design and its measurements.
 
 #![deny(unsafe_code)]
 
 pub mod attention;
-#[cfg(target_arch = "x86_64")]
-mod attention_avx2;
-#[cfg(target_arch = "x86_64")]
-mod attention_avx512;
-mod attention_simd;
 pub mod block_matmul;
 pub mod cache_ops;
-#[cfg(target_arch = "x86_64")]
-mod dot_avx2;
 pub mod dot_matmul;
-#[cfg(target_arch = "x86_64")]
-mod dot_vnni;
 pub mod elem;
 pub mod elementwise;
 pub mod error;

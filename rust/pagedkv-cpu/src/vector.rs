@@ -2,7 +2,7 @@
 //! vectorises them without `unsafe`: fp32 addition is not associative, so a plain `sum()` stays
 //! scalar; these loops keep `LANES` independent partial sums which the compiler maps onto vector
 //! registers. docs/cpu_data_plane.md shows the checked assembly. (Attention's q.k products have
-//! their own arithmetic and SIMD paths: `attention_simd`.)
+//! their own arithmetic and SIMD paths: `attention::simd`.)
 
 /// Independent partial sums in `dot`: one AVX register, two SSE registers.
 pub const LANES: usize = 8;

@@ -27,8 +27,10 @@ fn medium<'py>(py: Python<'py>, tier: Tier) -> Bound<'py, PyString> {
 ///
 /// Why not `cls(**fields)`: the event classes are frozen dataclasses, whose generated
 /// `__init__` sets each field through `object.__setattr__` in a Python frame; with the keyword
-/// dict, draining took 3.7 us per event (garbage collector off) against 1.9 this way, and an
-/// admission that misses the cache evicts (one `BlockRemoved`) per 16 tokens. `fields` must
+/// dict, draining took about twice as long per event
+/// (benches/results/2026-12-02-prefix-admission.md, "Follow-up: events, eviction, the
+/// benchmark itself"), and an admission that misses the cache evicts (one `BlockRemoved`) per
+/// 16 tokens. `fields` must
 /// name every field of the class, in order, so the instance is the one `__init__` would build
 /// (tests/events compare them, `__dict__` and all).
 fn instance<'py>(

@@ -1,9 +1,10 @@
 //! `pagedkv.FullAttention` and `pagedkv.SlidingWindow`: the KV-cache group specs a
 //! `KvCacheManager(kv_groups=[...])` takes (docs/design.md, KV groups). Small frozen
-//! value classes: equal when their specs are, hashable, with a `repr` that evaluates back.
+//! value classes: equal when their specs are, hashable, with a `repr` that evaluates back,
+//! and picklable (`__reduce__`: the class and its constructor's arguments, every protocol).
 
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PyTuple};
+use pyo3::types::{PyList, PyTuple, PyType};
 
 use pagedkv::KvGroupSpec;
 
@@ -31,6 +32,10 @@ impl PyFullAttention {
 
     fn __repr__(&self) -> &'static str {
         "FullAttention()"
+    }
+
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> (Bound<'py, PyType>, ()) {
+        (slf.get_type(), ())
     }
 }
 
@@ -73,6 +78,10 @@ impl PySlidingWindow {
 
     fn __repr__(&self) -> String {
         format!("SlidingWindow(window={})", self.window)
+    }
+
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> (Bound<'py, PyType>, (usize,)) {
+        (slf.get_type(), (slf.get().window,))
     }
 }
 

@@ -68,8 +68,9 @@ fn failure_to_pyerr(py: Python<'_>, failure: Failure) -> PyErr {
 ///
 /// `KvCacheManager(num_blocks=1024, block_size=16, enable_prefix_caching=False,
 /// num_host_blocks=0, *, pool=None, hash_seed=0, max_events=65536, enable_kv_events=False,
-/// num_offload_blocks=0)`. `num_offload_blocks` > 0 adds the host offload tier (evicted prefix
-/// blocks come back as hits; needs prefix caching).
+/// num_host_cache_blocks=0)`. `num_host_cache_blocks` > 0 adds the host cache (the core's
+/// offload tier: evicted prefix blocks come back as hits; needs prefix caching);
+/// `num_offload_blocks` is its deprecated alias.
 /// With `pool` (a
 /// `BlockPool`), `num_blocks` and `block_size` come from the pool (given ones must agree).
 /// `hash_seed` keys the 128-bit block hashes; `max_events` bounds the KV-event queue (when
@@ -191,21 +192,49 @@ pub(crate) fn block_id_to_i32(block_id: u32) -> i32 {
     block_id as i32
 }
 
+/// The host cache's size from `num_host_cache_blocks`, or from its deprecated alias
+/// `num_offload_blocks` (a `DeprecationWarning`); both given must agree.
+fn host_cache_blocks(
+    py: Python<'_>,
+    num_host_cache_blocks: Option<CountArg>,
+    num_offload_blocks: Option<CountArg>,
+) -> PyResult<usize> {
+    let Some(alias) = num_offload_blocks else {
+        return Ok(num_host_cache_blocks.map_or(0, |n| n.0));
+    };
+    PyErr::warn(
+        py,
+        &py.get_type::<pyo3::exceptions::PyDeprecationWarning>(),
+        c"KvCacheManager(num_offload_blocks=...) is deprecated: use num_host_cache_blocks",
+        1,
+    )?;
+    match num_host_cache_blocks {
+        Some(n) if n.0 != alias.0 => Err(invalid_argument(
+            py,
+            format!(
+                "num_host_cache_blocks={} disagrees with num_offload_blocks={} (its deprecated alias)",
+                n.0, alias.0
+            ),
+        )),
+        _ => Ok(alias.0),
+    }
+}
+
 #[pymethods]
 impl PyKvCacheManager {
     #[new]
     #[pyo3(signature = (
         num_blocks=None, block_size=None, enable_prefix_caching=FlagArg(false),
         num_host_blocks=CountArg(0), *, pool=None, hash_seed=SeedArg(0), max_events=None,
-        enable_kv_events=FlagArg(false), num_offload_blocks=CountArg(0), kv_groups=None,
-        max_model_len=None, max_in_flight_tokens=None, watermark_blocks=CountArg(0),
-        null_block=None, record_new_block_ids=FlagArg(false)
+        enable_kv_events=FlagArg(false), num_host_cache_blocks=None, kv_groups=None,
+        num_offload_blocks=None, max_model_len=None, max_in_flight_tokens=None,
+        watermark_blocks=CountArg(0), null_block=None, record_new_block_ids=FlagArg(false)
     ))]
     #[pyo3(
         text_signature = "(num_blocks=None, block_size=None, enable_prefix_caching=False, \
         num_host_blocks=0, *, pool=None, hash_seed=0, max_events=None, enable_kv_events=False, \
-        num_offload_blocks=0, kv_groups=None, max_model_len=None, max_in_flight_tokens=None, \
-        watermark_blocks=0, null_block=-1, record_new_block_ids=False)"
+        num_host_cache_blocks=0, kv_groups=None, num_offload_blocks=None, max_model_len=None, \
+        max_in_flight_tokens=None, watermark_blocks=0, null_block=-1, record_new_block_ids=False)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -218,14 +247,17 @@ impl PyKvCacheManager {
         hash_seed: SeedArg,
         max_events: Option<CountArg>,
         enable_kv_events: FlagArg,
-        num_offload_blocks: CountArg,
+        num_host_cache_blocks: Option<CountArg>,
         kv_groups: Option<Bound<'_, PyAny>>,
+        num_offload_blocks: Option<CountArg>,
         max_model_len: Option<CountArg>,
         max_in_flight_tokens: Option<CountArg>,
         watermark_blocks: CountArg,
         null_block: Option<Bound<'_, PyAny>>,
         record_new_block_ids: FlagArg,
     ) -> PyResult<Self> {
+        let num_host_cache_blocks =
+            host_cache_blocks(py, num_host_cache_blocks, num_offload_blocks)?;
         let defaults = ManagerConfig::default();
         let kv_groups = parse_kv_groups(py, kv_groups.as_ref())?;
         let mut config = ManagerConfig {
@@ -233,7 +265,7 @@ impl PyKvCacheManager {
             block_size: block_size.map_or(defaults.block_size, |n| n.0),
             enable_prefix_caching: enable_prefix_caching.0,
             num_host_blocks: num_host_blocks.0,
-            num_offload_blocks: num_offload_blocks.0,
+            num_offload_blocks: num_host_cache_blocks,
             hash_seed: hash_seed.0,
             enable_kv_events: enable_kv_events.0,
             max_model_len: max_model_len.map_or(usize::MAX, |n| n.0),
@@ -250,7 +282,7 @@ impl PyKvCacheManager {
             config.kv_groups = kv_groups;
         }
         check_int32_block_count(py, "num_host_blocks", config.num_host_blocks)?;
-        check_int32_block_count(py, "num_offload_blocks", config.num_offload_blocks)?;
+        check_int32_block_count(py, "num_host_cache_blocks", config.num_offload_blocks)?;
         let (manager, pool_object, peers) = match pool {
             Some(pool) => {
                 let pool = pool.cast_into::<PyBlockPool>().map_err(|e| {
@@ -723,7 +755,13 @@ impl PyKvCacheManager {
         self.run(py, false, |kv| kv.offload_block_hash(host_block.0))
     }
 
-    /// Host blocks of the offload tier (0: none).
+    /// Blocks of the host cache (the core's offload tier; 0: none).
+    #[getter]
+    fn num_host_cache_blocks(&self, py: Python<'_>) -> PyResult<usize> {
+        self.read(py, |kv| kv.num_offload_blocks())
+    }
+
+    /// The deprecated alias of `num_host_cache_blocks`.
     #[getter]
     fn num_offload_blocks(&self, py: Python<'_>) -> PyResult<usize> {
         self.read(py, |kv| kv.num_offload_blocks())
@@ -870,8 +908,9 @@ impl PyKvCacheManager {
     /// Drains the same KV events as `take_events` straight into one vLLM `EventBatch`: the
     /// bytes `pagedkv.events.encode_batch(kv.take_events(), ts, data_parallel_rank,
     /// raw_hashes=raw_hashes)` returns, without an event object per event (a publisher's hot
-    /// path: building the objects and reading them back cost 3.5-6.3 us per event, this
-    /// 0.14-0.15). Returns `(number of events, payload)`.
+    /// path: building the objects and reading them back costs many times this path per event,
+    /// benches/results/2026-12-02-prefix-admission.md, "Follow-up: events, eviction, the
+    /// benchmark itself"). Returns `(number of events, payload)`.
     #[pyo3(signature = (ts, data_parallel_rank=None, raw_hashes=FlagArg(false)))]
     #[pyo3(text_signature = "($self, ts, data_parallel_rank=None, raw_hashes=False)")]
     fn take_event_batch<'py>(

@@ -5,7 +5,7 @@
 
 use std::fmt;
 
-use crate::{BlockHandle, BlockId, SeqId};
+use crate::types::{BlockHandle, BlockId, SeqId};
 
 /// The memory tier a block lives in: device (GPU) memory or the host (CPU) swap tier.
 ///

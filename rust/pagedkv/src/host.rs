@@ -6,7 +6,7 @@
 
 use crate::error::{Error, Result, Tier};
 use crate::pool::validate_geometry;
-use crate::BlockId;
+use crate::types::BlockId;
 
 #[derive(Debug, Clone)]
 pub(crate) struct HostTier {

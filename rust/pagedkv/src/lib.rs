@@ -11,7 +11,8 @@
 //!
 //! One concept per module: `pool` (blocks and refcounts), `table` (one sequence's blocks),
 //! `prefix` (block hashes, the cached-block index and its LRU, KV events), `host` (the swap
-//! tier), `manager` (the API, one file per group of operations). The trace-replay simulator
+//! tier), `manager` (the API, one file per group of operations), `events` (the events' wire
+//! encoding and router digests), `types` (the id types, a leaf). The trace-replay simulator
 //! is the separate crate `pagedkv-sim`, so an engine embedding this crate compiles only the
 //! allocator.
 //!
@@ -30,6 +31,7 @@
 #![warn(missing_docs)]
 
 mod error;
+mod events;
 mod host;
 mod manager;
 mod offload_tier;
@@ -37,33 +39,28 @@ mod peers;
 mod pool;
 mod prefetch;
 mod prefix;
-pub mod router_digest;
 mod seqmap;
 pub mod splitmix64;
 mod stats;
 mod sync;
 mod table;
-#[cfg(feature = "wire")]
-pub mod wire;
+mod types;
 
 pub use error::{Error, Result, Tier};
+pub use events::router_digest;
+#[cfg(feature = "wire")]
+pub use events::wire;
 pub use manager::{
     AdmitOptions, CsrPageTable, KvCacheManager, KvGroupSpec, ManagerConfig, NewBlockIds, Prompt,
     SlotOptions, MAX_KV_GROUPS, NULL_BLOCK,
 };
 pub use peers::PoolPeers;
-pub use pool::{BlockHandle, BlockPool, MAX_NUM_BLOCKS, MAX_NUM_SLOTS};
+pub use pool::{BlockPool, MAX_NUM_BLOCKS, MAX_NUM_SLOTS};
 pub use prefix::events::{DrainedEvents, KvEvent};
 pub use prefix::hash::{reduce_block_hash, BlockHash, BlockHasher};
 pub use stats::Stats;
 pub use table::BlockTable;
-
-/// Caller-chosen sequence id.
-pub type SeqId = u64;
-/// Physical block id in `[0, num_blocks)`.
-pub type BlockId = u32;
-/// Vocabulary token id.
-pub type TokenId = u32;
+pub use types::{BlockHandle, BlockId, SeqId, TokenId};
 
 /// The Rust quick start in README.md, compiled and run as a doctest.
 #[cfg(doctest)]

@@ -26,12 +26,12 @@ use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 
-use crate::error::Result;
+use crate::error::{Result, Tier};
 use crate::pool::validate_geometry;
 use crate::prefix::events::{EventQueue, KvEvent};
 use crate::prefix::hash::BlockHash;
 use crate::prefix::lru::Lru;
-use crate::{BlockId, Tier, TokenId};
+use crate::types::{BlockId, TokenId};
 
 /// The content one host block holds: what a device block was indexed with.
 #[derive(Debug, Clone)]

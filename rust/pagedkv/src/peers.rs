@@ -23,7 +23,7 @@
 use std::sync::{Arc, Mutex, Weak};
 
 use crate::error::{Error, Result, Tier};
-use crate::KvCacheManager;
+use crate::manager::KvCacheManager;
 
 /// The managers sharing one pool (weakly held: a dropped manager leaves the group).
 ///

@@ -33,8 +33,9 @@
 //! Every failed CAS waits a bounded, doubling number of spin hints (`sync::Backoff`)
 //! before retrying, and `head` and `free_count` each sit on their own 128-byte line, away from
 //! the read-only fields every operation reads. Without them two threads hammering the pool
-//! bounced the shared line on every retry and lost to a `Mutex<Vec<u32>>` free list by 3-4x;
-//! with them they beat it (see `benches/README.md`). The uncontended path is unchanged.
+//! bounced the shared line on every retry and lost to a `Mutex<Vec<u32>>` free list; with them
+//! they beat it (the criterion bench against that baseline: `benches/README.md`). The
+//! uncontended path is unchanged.
 //!
 //! # Refcounts
 //!
@@ -63,12 +64,11 @@ use std::fmt;
 mod handle;
 mod invariants;
 
-pub use handle::BlockHandle;
 use handle::{generation_of, next_tenancy, refcount_of};
 
 use crate::error::{invalid, Error, Result, Tier};
 use crate::sync::{spin_hint, AtomicU32, AtomicU64, AtomicUsize, Backoff, CachePadded, Ordering};
-use crate::BlockId;
+use crate::types::{BlockHandle, BlockId};
 
 /// The largest `num_blocks` a pool accepts (2^24 blocks; metadata is 8 bytes per block).
 pub const MAX_NUM_BLOCKS: usize = 1 << 24;
@@ -342,10 +342,7 @@ impl BlockPool {
                 "block {block_id} is not in use; there is no tenancy to take a handle to"
             ));
         }
-        Ok(BlockHandle {
-            id: block_id,
-            generation: generation_of(word),
-        })
+        Ok(BlockHandle::new(block_id, generation_of(word)))
     }
 
     /// Adds one reference to the block `handle` names and returns the new refcount. A handle
@@ -363,7 +360,7 @@ impl BlockPool {
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn retain(&self, handle: BlockHandle) -> Result<u32> {
-        self.increment(handle.id, Some(handle.generation))
+        self.increment(handle.id(), Some(handle.generation()))
     }
 
     /// Adds one reference to in-use block `block_id` without a generation check (the managers,
@@ -386,7 +383,7 @@ impl BlockPool {
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn release(&self, handle: BlockHandle) -> Result<bool> {
-        self.release_checked(handle.id, Some(handle.generation))
+        self.release_checked(handle.id(), Some(handle.generation()))
     }
 
     /// Drops one reference to `block_id` without a generation check (the managers).
@@ -425,7 +422,7 @@ impl BlockPool {
     /// ```
     pub fn release_all(&self, handles: impl IntoIterator<Item = BlockHandle>) -> Result<usize> {
         let mut freed = 0;
-        let items = handles.into_iter().map(|h| (h.id, Some(h.generation)));
+        let items = handles.into_iter().map(|h| (h.id(), Some(h.generation())));
         self.release_chain_checked(items, &mut freed)
             .map(|()| freed)
     }
@@ -587,10 +584,9 @@ impl BlockPool {
             }
             match refcount_of(cur) {
                 0 => Cas::Stop(match generation {
-                    Some(generation) => Err(Error::StaleHandle(BlockHandle {
-                        id: block_id,
-                        generation,
-                    })),
+                    Some(generation) => {
+                        Err(Error::StaleHandle(BlockHandle::new(block_id, generation)))
+                    }
                     None => invalid(format!("block {block_id} is not in use; cannot retain it")),
                 }),
                 u32::MAX => Cas::Stop(invalid(format!("block {block_id} refcount would overflow"))),
@@ -772,10 +768,9 @@ impl BlockPool {
 #[inline]
 fn check_generation(block_id: BlockId, word: u64, expected: Option<u32>) -> Result<()> {
     match expected {
-        Some(g) if g != generation_of(word) => Err(Error::StaleHandle(BlockHandle {
-            id: block_id,
-            generation: g,
-        })),
+        Some(g) if g != generation_of(word) => {
+            Err(Error::StaleHandle(BlockHandle::new(block_id, g)))
+        }
         _ => Ok(()),
     }
 }

@@ -12,7 +12,7 @@ use std::ops::Index;
 
 use rustc_hash::FxHashMap;
 
-use crate::SeqId;
+use crate::types::SeqId;
 
 /// Values keyed by [`SeqId`], with stable-until-removal dense rows.
 ///

@@ -1,6 +1,6 @@
 //! One sequence's block table: logical block `i` -> physical block id, plus its token count.
 
-use crate::BlockId;
+use crate::types::BlockId;
 
 /// The block table of one sequence: the physical blocks holding its tokens, in order, and how
 /// many tokens it holds.

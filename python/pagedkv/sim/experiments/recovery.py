@@ -25,7 +25,7 @@ def _recovery_seconds(
     """Time a run's preemptions add on top of the step clock, priced by the cost model.
 
     Recompute: the re-prefilled tokens, priced as prefills of the mean recomputed context (a
-    swap run falls back to recompute when the host tier is full, so both runs may have some).
+    swap run falls back to recompute when the swap tier is full, so both runs may have some).
     Swap: the blocks copied in both directions, priced per byte and per copy.
     """
     if "recomputed_tokens" in summary:
@@ -61,7 +61,7 @@ def recovery(
 ) -> dict:
     """Run out of blocks on purpose and recover, once by recompute and once by swap.
 
-    Both runs use the same device pool; the swap run gets a host tier as large as the device
+    Both runs use the same device pool; the swap run gets a swap tier as large as the device
     pool unless the config sets one. End-to-end time = the simulated clock (steps x step time,
     plus idle gaps between trace arrivals) + the preemption overhead from the cost model (an H200
     with Llama-3-8B by default); tokens per second follow.

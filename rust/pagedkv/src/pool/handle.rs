@@ -1,4 +1,5 @@
-//! Generation-checked block handles, and the per-block word they are checked against.
+//! The per-block word that block handles ([`BlockHandle`](crate::BlockHandle), `types.rs`) are
+//! checked against: the generation and the refcount in one atomic word.
 //!
 //! # Why a generation next to the refcount
 //!
@@ -9,7 +10,8 @@
 //!
 //! Each block therefore carries a 32-bit *generation* that the pool bumps every time the block
 //! goes from refcount 0 to 1 (an allocation, or a manager reviving it from its prefix cache).
-//! A [`BlockHandle`] remembers the generation it was taken under, and the public
+//! A [`BlockHandle`](crate::BlockHandle) (an id type, in `types.rs`) remembers the generation
+//! it was taken under, and the public
 //! [`BlockPool::retain`](super::BlockPool::retain) and
 //! [`BlockPool::release`](super::BlockPool::release) refuse it with
 //! [`Error::StaleHandle`](crate::Error::StaleHandle) once the block has been freed and handed
@@ -21,10 +23,6 @@
 //! increment the new tenant's refcount. With one word, a single CAS compares both. The
 //! generation wraps after 2^32 reallocations of the same block; a handle kept across exactly a
 //! multiple of 2^32 of them would pass the check, which no realistic holder does.
-
-use std::fmt;
-
-use crate::BlockId;
 
 /// One in the generation half of a block's word.
 const GENERATION_ONE: u64 = 1 << 32;
@@ -48,59 +46,4 @@ pub(super) fn generation_of(word: u64) -> u32 {
 pub(super) fn next_tenancy(word: u64) -> u64 {
     debug_assert_eq!(refcount_of(word), 0);
     word.wrapping_add(GENERATION_ONE + 1)
-}
-
-/// A reference to one tenancy of a block: the block id and the generation the block had when
-/// the handle was taken. [`BlockPool::retain`](super::BlockPool::retain) and
-/// [`BlockPool::release`](super::BlockPool::release) accept it only while that tenancy lasts
-/// (the block has not been freed and handed out again since); otherwise they return
-/// [`Error::StaleHandle`](crate::Error::StaleHandle) and change nothing.
-///
-/// Take a handle with [`BlockPool::handle`](super::BlockPool::handle) right after allocating,
-/// while you hold a reference: a handle taken to a block you do not hold names whoever holds it
-/// now, and the check cannot protect that block.
-///
-/// ```
-/// use pagedkv::{BlockPool, Error};
-/// let pool = BlockPool::new(1, 16)?;
-/// let id = pool.allocate(1)?[0];
-/// let mine = pool.handle(id)?;
-/// assert_eq!(mine.id(), id);
-/// assert!(pool.release(mine)?);               // freed
-/// let theirs = pool.handle(pool.allocate(1)?[0])?;
-/// assert_eq!(theirs.id(), id);                // same block, next tenancy
-/// assert!(matches!(pool.release(mine), Err(Error::StaleHandle(h)) if h == mine));
-/// assert_eq!(pool.refcount(id)?, 1);          // the new tenant's reference is intact
-/// # Ok::<(), pagedkv::Error>(())
-/// ```
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct BlockHandle {
-    pub(super) id: BlockId,
-    pub(super) generation: u32,
-}
-
-impl BlockHandle {
-    /// The block id (the index into the KV cache tensors).
-    #[inline]
-    pub fn id(self) -> BlockId {
-        self.id
-    }
-
-    /// The block's generation when the handle was taken.
-    #[inline]
-    pub fn generation(self) -> u32 {
-        self.generation
-    }
-}
-
-impl fmt::Debug for BlockHandle {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "BlockHandle({}@{})", self.id, self.generation)
-    }
-}
-
-impl fmt::Display for BlockHandle {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "block {} (generation {})", self.id, self.generation)
-    }
 }

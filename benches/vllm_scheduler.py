@@ -1,0 +1,336 @@
+"""vLLM 0.33's real scheduler driven on a CPU, offline, with a KV-cache manager of your choice:
+the same requests through vLLM's ``Scheduler`` (or ``AsyncScheduler``) built once with vLLM's own
+``KVCacheManager`` and once with another (pagedkv's drop-in), compared step by step, and timed.
+
+    $VENV/bin/python benches/vllm_scheduler.py --manager pagedkv [--requests 500 --prompt-max 2000]
+    $VENV/bin/python benches/vllm_scheduler.py --manager passthrough --groups full,swa --async
+
+(``$VENV``: the vLLM venv of scripts/vllm/env.sh, with pagedkv importable.) The model runner is
+a fake that samples one token for every scheduled request whose prefill is complete (vLLM's
+``ModelRunnerOutput``), so what is compared is the scheduler's own decisions:
+- per step: the tokens scheduled per request, the requests preempted, the requests finished;
+- per run: the prefix-cache queries and hits vLLM's stats report, the output tokens per request.
+Two managers that agree on every hit and every refusal give identical traces; the first step
+where they differ is reported. What is timed is ``schedule()`` + ``update_from_output()`` only
+(the step time a manager changes), in the same process, the two managers alternated per run.
+
+No model download: ``ModelConfig`` points at a folder holding only a tiny llama config.json, with
+``skip_tokenizer_init``; the ``KVCacheConfig`` is built by hand (vLLM's tests/v1/core/utils.py
+does the same). Needs ``VLLM_TARGET_DEVICE=cpu`` (set here when absent).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+# A llama shape small enough that nothing is ever allocated for it (no weights are loaded).
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 2,
+    "max_position_embeddings": 8192,
+    "vocab_size": 32000,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "torch_dtype": "float16",
+    "tie_word_embeddings": False,
+}
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The requests and the engine's shape (one scheduler run)."""
+
+    requests: int = 40
+    prompt_min: int = 20
+    prompt_max: int = 300
+    out_min: int = 4
+    out_max: int = 40
+    shared_prefix: int = 64  # tokens of one of 4 system prompts every prompt starts with
+    block_size: int = 16
+    num_blocks: int = 400
+    groups: tuple[str, ...] = ("full",)  # "full" / "swa" per KV-cache group
+    window: int = 64
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    max_model_len: int = 4096
+    prefix_caching: bool = True
+    async_scheduling: bool = False
+    seed: int = 0
+
+
+@dataclass
+class Trace:
+    """What one scheduler run decided, step by step."""
+
+    steps: list[tuple[tuple[tuple[str, int], ...], tuple[str, ...], tuple[str, ...]]] = field(
+        default_factory=list
+    )  # (sorted (request, scheduled tokens), preempted, finished) per step
+    output_tokens: dict[str, int] = field(default_factory=dict)
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+    preemptions: int = 0
+    schedule_s: float = 0.0
+    update_s: float = 0.0
+    manager_calls: int = 0
+
+
+def _model_dir() -> str:
+    path = os.path.join(tempfile.gettempdir(), "pagedkv-vllm-tiny-llama")
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(TINY_LLAMA, f)
+    return path
+
+
+def manager_class(name: str) -> Any:
+    """The KV-cache manager class named `name`: vllm, passthrough or pagedkv."""
+    from vllm.v1.core import kv_cache_manager
+
+    if name == "vllm":
+        return kv_cache_manager.KVCacheManager
+    if name == "passthrough":
+
+        class PassThrough(kv_cache_manager.KVCacheManager):
+            pass
+
+        return PassThrough
+    if name == "pagedkv":
+        from pagedkv.integrations.vllm import KVCacheManager
+
+        return KVCacheManager
+    raise ValueError(f"unknown manager {name!r}")
+
+
+def build_scheduler(w: Workload, manager: Any) -> Any:
+    """vLLM's scheduler for workload `w`, with `manager` as its KV-cache manager class."""
+    import torch
+    from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.v1.core.sched import scheduler as scheduler_module
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+        SlidingWindowSpec,
+    )
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    model_config = ModelConfig(
+        model=_model_dir(),
+        dtype="float16",
+        seed=42,
+        skip_tokenizer_init=True,
+        max_model_len=w.max_model_len,
+    )
+    scheduler_config = SchedulerConfig(
+        max_num_seqs=w.max_num_seqs,
+        max_num_batched_tokens=w.max_num_batched_tokens,
+        max_model_len=w.max_model_len,
+        enable_chunked_prefill=True,
+        is_encoder_decoder=False,
+        async_scheduling=w.async_scheduling,
+    )
+    cache_config = CacheConfig(
+        block_size=w.block_size,
+        gpu_memory_utilization=0.9,
+        cache_dtype="auto",
+        enable_prefix_caching=w.prefix_caching,
+    )
+    vllm_config = VllmConfig(
+        scheduler_config=scheduler_config, model_config=model_config, cache_config=cache_config
+    )
+    shape = dict(block_size=w.block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
+    specs = [
+        KVCacheGroupSpec(
+            [f"{kind}.{i}"],
+            FullAttentionSpec(**shape)
+            if kind == "full"
+            else SlidingWindowSpec(**shape, sliding_window=w.window),
+        )
+        for i, kind in enumerate(w.groups)
+    ]
+    kv_cache_config = KVCacheConfig(num_blocks=w.num_blocks, kv_cache_tensors=[], kv_cache_groups=specs)
+    cache_config.num_gpu_blocks = w.num_blocks
+    cls = AsyncScheduler if w.async_scheduling else Scheduler
+    saved = scheduler_module.KVCacheManager
+    scheduler_module.KVCacheManager = manager  # the scheduler builds it from its module's name
+    try:
+        return cls(
+            vllm_config=vllm_config,
+            kv_cache_config=kv_cache_config,
+            block_size=w.block_size,
+            log_stats=True,
+            structured_output_manager=StructuredOutputManager(vllm_config),
+        )
+    finally:
+        scheduler_module.KVCacheManager = saved
+
+
+def make_requests(w: Workload) -> list[Any]:
+    """The workload's requests (deterministic for its seed), hashed as vLLM hashes them."""
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.request import Request
+
+    init_none_hash(sha256)
+    hasher = get_request_block_hasher(w.block_size, sha256)
+    rng = random.Random(w.seed)
+    systems = [[rng.randrange(3, 32000) for _ in range(w.shared_prefix)] for _ in range(4)]
+    requests = []
+    for i in range(w.requests):
+        length = rng.randint(w.prompt_min, w.prompt_max)
+        prompt = (rng.choice(systems) if w.shared_prefix else [])[:length]
+        prompt += [rng.randrange(3, 32000) for _ in range(length - len(prompt))]
+        params = SamplingParams(max_tokens=rng.randint(w.out_min, w.out_max), ignore_eos=True)
+        requests.append(
+            Request(
+                request_id=str(i),
+                prompt_token_ids=prompt,
+                sampling_params=params,
+                pooling_params=None,
+                block_hasher=hasher,
+            )
+        )
+    return requests
+
+
+def _runner_output(scheduler_output: Any, scheduler: Any, rng: random.Random) -> Any:
+    """One sampled token for each scheduled request whose prompt is now computed."""
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    req_ids, sampled = [], []
+    for req_id in scheduler_output.num_scheduled_tokens:
+        request = scheduler.requests[req_id]
+        req_ids.append(req_id)
+        done = request.num_computed_tokens >= request.num_prompt_tokens  # schedule() advanced it
+        sampled.append([rng.randrange(3, 32000)] if done else [])
+    return ModelRunnerOutput(
+        req_ids=req_ids,
+        req_id_to_index={r: i for i, r in enumerate(req_ids)},
+        sampled_token_ids=sampled,
+    )
+
+
+def run(w: Workload, manager: Any, max_steps: int = 200_000) -> Trace:
+    """One scheduler run of workload `w` on `manager`; its trace."""
+    scheduler = build_scheduler(w, manager)
+    requests = make_requests(w)
+    for request in requests:
+        scheduler.add_request(request)
+    rng = random.Random(1)
+    trace = Trace()
+    while scheduler.has_unfinished_requests():
+        t0 = time.perf_counter()
+        out = scheduler.schedule()
+        t1 = time.perf_counter()
+        runner_output = _runner_output(out, scheduler, rng)
+        t2 = time.perf_counter()
+        engine_outputs = scheduler.update_from_output(out, runner_output)
+        t3 = time.perf_counter()
+        trace.schedule_s += t1 - t0
+        trace.update_s += t3 - t2
+        finished: list[str] = []
+        for eco in engine_outputs.values():
+            for o in eco.outputs:
+                trace.output_tokens[o.request_id] = trace.output_tokens.get(o.request_id, 0) + len(
+                    o.new_token_ids
+                )
+                if o.finish_reason is not None:
+                    finished.append(o.request_id)
+            stats = eco.scheduler_stats
+            if stats is not None and stats.prefix_cache_stats is not None:
+                trace.prefix_queries += stats.prefix_cache_stats.queries
+                trace.prefix_hits += stats.prefix_cache_stats.hits
+        preempted = tuple(sorted(getattr(out, "preempted_req_ids", None) or ()))
+        scheduled = tuple(sorted(out.num_scheduled_tokens.items()))
+        trace.steps.append((scheduled, preempted, tuple(sorted(finished))))
+        if len(trace.steps) > max_steps:
+            raise RuntimeError(f"did not finish in {max_steps} steps")
+    trace.preemptions = sum(r.num_preemptions for r in requests)
+    return trace
+
+
+def first_difference(a: Trace, b: Trace) -> str | None:
+    """Where two traces first differ, in words; None when they are identical."""
+    for i, (x, y) in enumerate(zip(a.steps, b.steps, strict=False)):
+        if x != y:
+            return f"step {i}: {x} != {y}"
+    if len(a.steps) != len(b.steps):
+        return f"{len(a.steps)} steps != {len(b.steps)} steps"
+    for what in ("output_tokens", "prefix_queries", "prefix_hits", "preemptions"):
+        if getattr(a, what) != getattr(b, what):
+            return f"{what}: {getattr(a, what)} != {getattr(b, what)}"
+    return None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--manager", default="pagedkv", help="pagedkv or passthrough (compared with vllm)")
+    parser.add_argument("--groups", default="full", help="comma-separated full/swa, one per KV group")
+    parser.add_argument("--async", dest="async_scheduling", action="store_true")
+    parser.add_argument("--no-prefix-caching", action="store_true")
+    parser.add_argument("--repeat", type=int, default=1, help="runs per manager, alternated")
+    for name, default in vars(Workload()).items():
+        if isinstance(default, int) and not isinstance(default, bool) and name != "seed":
+            parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=default)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    w = Workload(
+        **{
+            k: getattr(args, k)
+            for k in vars(Workload())
+            if k not in ("groups", "async_scheduling", "prefix_caching")
+        },
+        groups=tuple(args.groups.split(",")),
+        async_scheduling=args.async_scheduling,
+        prefix_caching=not args.no_prefix_caching,
+    )
+    ours, theirs = manager_class(args.manager), manager_class("vllm")
+    times: dict[str, list[float]] = {"vllm": [], args.manager: []}
+    verdict = None
+    for _ in range(args.repeat):
+        reference = run(w, theirs)
+        candidate = run(w, ours)
+        times["vllm"].append(reference.schedule_s + reference.update_s)
+        times[args.manager].append(candidate.schedule_s + candidate.update_s)
+        verdict = verdict or first_difference(reference, candidate)
+    steps = len(reference.steps)
+    print(f"workload: {w}")
+    print(f"steps: {steps}, preemptions: {reference.preemptions}, prefix hits: {reference.prefix_hits}")
+    for name, seconds in times.items():
+        best = min(seconds)
+        print(
+            f"{name:>12}: schedule + update {best:.3f} s "
+            f"({best / steps * 1e6:.1f} us/step, best of {len(seconds)})"
+        )
+    ratio = min(times[args.manager]) / min(times["vllm"])
+    print(f"step time {args.manager} / vllm: {ratio:.3f}")
+    print("traces identical" if verdict is None else f"traces differ: {verdict}")
+    return 0 if verdict is None else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

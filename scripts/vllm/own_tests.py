@@ -1,0 +1,127 @@
+"""vLLM's own unit tests on pagedkv's KV-cache manager.
+
+Runs test files of vLLM 0.33's source distribution (``tests/v1/core``, unpacked by
+scripts/vllm/env.sh) with the manager substituted by ``pagedkv_manager_plugin`` and checks that
+every test in the expected pass set (``expected/<file>.txt``: the tests that pass offline on a CPU
+with vLLM's own manager) passes on pagedkv's too. Tests outside that set need what this machine
+does not have (models from the hub, Triton, multimodal processors) and are deselected by name.
+
+    python own_tests.py --venv VENV                      # pagedkv's manager (the test command)
+    python own_tests.py --venv VENV --record             # vLLM's own: rewrite expected/*.txt
+
+Run it with the vLLM venv's Python and pagedkv importable (scripts/vllm/stage.sh does both).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+EXPECTED = HERE / "expected"
+# vLLM's test files this runs, relative to its tests/v1/core.
+FILES = ("test_scheduler.py",)
+
+
+def _outcomes(junit: Path) -> dict[str, str]:
+    """Test name -> passed / failed / skipped, from a JUnit XML report."""
+    result: dict[str, str] = {}
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        tags = {child.tag for child in case}
+        if tags & {"failure", "error"}:
+            outcome = "failed"
+        elif "skipped" in tags:
+            outcome = "skipped"
+        else:
+            outcome = "passed"
+        result[case.get("name", "")] = outcome
+    return result
+
+
+def _run(venv: Path, tests_root: Path, file: str, manager: str, selected: set[str] | None) -> dict[str, str]:
+    """Runs one vLLM test file with `manager` substituted; returns each test's outcome."""
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        # The hub names some tests use resolve to local folders holding only their config.json.
+        shutil.copytree(HERE / "models", work, dirs_exist_ok=True)
+        (work / "tests").symlink_to(tests_root)
+        junit = work / "junit.xml"
+        env = dict(os.environ)
+        env["PAGEDKV_VLLM_MANAGER"] = manager
+        env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")])
+        env.setdefault("VLLM_TARGET_DEVICE", "cpu")
+        env.setdefault("HF_HUB_OFFLINE", "1")
+        env.setdefault("TRANSFORMERS_OFFLINE", "1")
+        env.setdefault("VLLM_CACHE_ROOT", str(work / "vllm-cache"))
+        cmd = [
+            str(venv / "bin" / "python"),
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "pagedkv_manager_plugin",
+            "-p",
+            "no:cacheprovider",
+            f"--junitxml={junit}",
+            f"tests/v1/core/{file}",
+        ]
+        if selected is not None:
+            # Select by keyword would match substrings; deselect the others by node id instead.
+            collected = subprocess.run(
+                [*cmd[:3], "--collect-only", "-q", "-p", "pagedkv_manager_plugin", f"tests/v1/core/{file}"],
+                cwd=work,
+                env=env,
+                capture_output=True,
+                text=True,
+                check=False,
+            ).stdout.splitlines()
+            for node in collected:
+                name = node.rpartition("::")[2]
+                if "::" in node and name not in selected:
+                    cmd.append(f"--deselect={node}")
+        subprocess.run(cmd, cwd=work, env=env, check=False)
+        return _outcomes(junit)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--venv", type=Path, required=True, help="the vLLM venv (scripts/vllm/env.sh)")
+    parser.add_argument("--record", action="store_true", help="run vLLM's own manager, rewrite expected/")
+    args = parser.parse_args()
+    tests_root = args.venv.parent / "tests"
+    failed = False
+    for file in FILES:
+        expected_file = EXPECTED / (file.removesuffix(".py") + ".txt")
+        if args.record:
+            outcomes = _run(args.venv, tests_root, file, "vllm", None)
+            passed = sorted(name for name, outcome in outcomes.items() if outcome == "passed")
+            EXPECTED.mkdir(exist_ok=True)
+            header = f"# {file}: the tests that pass with vLLM's own KVCacheManager offline on a CPU\n"
+            expected_file.write_text(header + "".join(f"{name}\n" for name in passed))
+            print(f"{file}: {len(passed)} of {len(outcomes)} pass with vLLM's manager -> {expected_file}")
+            continue
+        expected = {
+            line for line in expected_file.read_text().splitlines() if line and not line.startswith("#")
+        }
+        outcomes = _run(args.venv, tests_root, file, "pagedkv", expected)
+        missing = sorted(name for name in expected if outcomes.get(name) != "passed")
+        print(
+            f"{file}: {len(expected) - len(missing)} of the {len(expected)} tests that pass on "
+            "vLLM's manager pass on pagedkv's"
+        )
+        for name in missing:
+            print(f"  not passed on pagedkv: {name} ({outcomes.get(name, 'not run')})")
+        failed |= bool(missing)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""Differential conformance against vLLM v1's real ``KVCacheManager`` under chunked prefill.
+
+Runs the core comparison of ``benches/vllm_chunked_prefix.py`` (see its docstring) on a few
+seeded schedules per configuration: every admission's hit equals vLLM's ``get_computed_blocks``
+hit and pagedkv's own ``match_prefix``, no hit covers a block whose tokens were never scheduled,
+admissions and decode steps fit or fail on both sides alike, and blocks in use and
+``num_computed_tokens`` agree after every step. A schedule stops, without failing, where the
+two managers hand out different physical copies of the same content (vLLM the oldest copy,
+pagedkv the newest: explained in the results file); the hits up to there were compared.
+
+Needs vLLM 0.33's block manager importable (the peer venv, benches/README.md); skipped
+otherwise; the test command runs it in its vLLM stage (scripts/vllm/stage.sh). The results of
+the full run are in benches/results/2026-12-03-vllm-differential.md.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benches" / "vllm_chunked_prefix.py"
+
+
+def _load_script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("vllm_chunked_prefix", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+def _vllm_available() -> bool:
+    try:
+        import torch  # noqa: F401
+        from vllm.v1.core.kv_cache_manager import KVCacheManager  # noqa: F401
+    except Exception:  # noqa: BLE001 (a broken partial install skips as well)
+        return False
+    return True
+
+
+def test_script_imports_without_vllm() -> None:
+    """The script's module-level code needs only pagedkv: CI can import it."""
+    module = _load_script()
+    assert set(module.CONFIGS) >= {"small-pool", "tiny-pool", "block16", "incremental"}
+
+
+@pytest.mark.skipif(
+    not _vllm_available(),
+    reason="vLLM 0.33's KVCacheManager (and torch) not importable: "
+    "runs in the vLLM stage (scripts/vllm/stage.sh)",
+)
+@pytest.mark.parametrize("config", ["small-pool", "tiny-pool", "block16", "incremental"])
+def test_hits_and_blocks_in_use_equal_vllm(config: str) -> None:
+    module = _load_script()
+    outcomes = [module.run_schedule(seed, module.CONFIGS[config]) for seed in range(6)]
+    mismatches = [m for o in outcomes for m in o.mismatches]
+    assert mismatches == []
+    # the schedules exercise what they claim: hits, and on the small pools refusals or
+    # preemptions, before any stop
+    assert sum(o.hits for o in outcomes) > 0
+    if config != "incremental":
+        assert sum(o.ooms + o.preemptions for o in outcomes) > 0
