@@ -64,9 +64,9 @@ fn read_list<T>(
             format!("{what} must be a list, got {}", type_name(obj)),
         ));
     }
-    let len = obj
-        .len()
-        .map_err(|_| invalid_argument(py, format!("{what} must be a list, got {}", type_name(obj))))?;
+    let len = obj.len().map_err(|_| {
+        invalid_argument(py, format!("{what} must be a list, got {}", type_name(obj)))
+    })?;
     if len > max_len {
         return Err(invalid_argument(
             py,
@@ -78,7 +78,10 @@ fn read_list<T>(
         out.push(item(&element?).map_err(|e| with_arg_note(py, what, e))?);
     }
     if out.len() != len {
-        return Err(invalid_argument(py, format!("{what} changed length while read")));
+        return Err(invalid_argument(
+            py,
+            format!("{what} changed length while read"),
+        ));
     }
     Ok(out)
 }
@@ -93,13 +96,19 @@ fn extract_block_hash(obj: &Bound<'_, PyAny>) -> PyResult<u128> {
         return obj.extract::<u128>().map_err(|_| {
             invalid_argument(
                 py,
-                format!("a block hash must be an int in [0, 2**128), got {}", repr(obj)),
+                format!(
+                    "a block hash must be an int in [0, 2**128), got {}",
+                    repr(obj)
+                ),
             )
         });
     }
     Err(invalid_argument(
         py,
-        format!("a block hash must be an int or bytes, got {}", type_name(obj)),
+        format!(
+            "a block hash must be an int or bytes, got {}",
+            type_name(obj)
+        ),
     ))
 }
 

@@ -77,12 +77,7 @@ impl PyKvCacheManager {
         let extra_keys = keys.extra_keys();
         let heavy = ids.len() >= DETACH_MIN_PROMPT_TOKENS;
         self.run(py, heavy, |kv| {
-            kv.provide_token_ids(
-                seq_id.0,
-                ids,
-                extra_keys.as_deref(),
-                keys.hashes.as_deref(),
-            )
+            kv.provide_token_ids(seq_id.0, ids, extra_keys.as_deref(), keys.hashes.as_deref())
         })
     }
 

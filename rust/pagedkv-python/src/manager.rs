@@ -16,12 +16,12 @@ use pyo3::types::{PyBytes, PyDict, PyList};
 use pagedkv::wire::encode_drained_events;
 use pagedkv::{AdmitOptions, Error, KvCacheManager, ManagerConfig, PoolPeers, Prompt};
 
+use crate::block_keys::{parse_null_block, BlockKeyArgs};
 use crate::errors::{
     invalid_argument, invariant_violation, must_propagate, to_pyerr, with_arg_note,
 };
 use crate::event_digests::events_to_digests;
 use crate::events::events_to_python;
-use crate::block_keys::{parse_null_block, BlockKeyArgs};
 use crate::groups::{groups_to_python, parse_kv_groups};
 use crate::id_batches::{batch_len, SeqIds, TokenIds};
 use crate::pool::{check_int32_block_count, PyBlockPool};
@@ -152,7 +152,11 @@ impl PyKvCacheManager {
 
     /// Runs an infallible read on the locked manager.
     #[inline]
-    pub(crate) fn read<T>(&self, py: Python<'_>, op: impl FnOnce(&mut KvCacheManager) -> T) -> PyResult<T> {
+    pub(crate) fn read<T>(
+        &self,
+        py: Python<'_>,
+        op: impl FnOnce(&mut KvCacheManager) -> T,
+    ) -> PyResult<T> {
         let mut guard = self
             .lock()
             .map_err(|failure| failure_to_pyerr(py, failure))?;
@@ -396,13 +400,11 @@ impl PyKvCacheManager {
                     check_token_count(py, t.as_slice().len(), num_tokens)?;
                     Prompt::Tokens(t.as_slice())
                 }
-                None if extra_key.is_some() => {
-                    return Err(invalid_argument(
-                        py,
-                        "extra_key needs token_ids: a prompt given only as num_tokens is never hashed"
-                            .to_owned(),
-                    ))
-                }
+                None if extra_key.is_some() => return Err(invalid_argument(
+                    py,
+                    "extra_key needs token_ids: a prompt given only as num_tokens is never hashed"
+                        .to_owned(),
+                )),
                 None => Prompt::Len(num_tokens.map_or(0, |n| n.0)),
             };
             let key = extra_key.as_ref().map(|key| key.0.as_slice());
