@@ -4,8 +4,9 @@
 //!
 //! Window release: when an append schedules more tokens, each window group first releases
 //! what the watermark *before* the append puts out of every later query's window (those
-//! tokens are processed; the pass being scheduled reads nothing before them). The release
-//! stands even when the blocks then run short, as in vLLM.
+//! tokens are processed; the pass being scheduled reads nothing before them). The blocks the
+//! release frees count as available, and an append that runs short all the same fails before
+//! releasing anything (all or nothing).
 
 use rustc_hash::FxHashMap;
 
@@ -152,9 +153,17 @@ impl KvCacheManager {
         if num_tokens == 0 {
             return Ok(());
         }
-        // The window releases come first and stand even when the blocks then run short (as
-        // in vLLM): the released blocks are dead at this watermark whatever the outcome, and
-        // may be what makes room. Every id is validated by now.
+        // The window releases come first, since they may be what makes room; an append that
+        // would still run short fails before them, changing nothing (docs/design.md,
+        // Invariants 6; `allocate_slots`, vLLM's contract, keeps its release on a refusal).
+        let available = self.num_available_blocks() + self.blocks_freed_by(&plans);
+        if fresh > available {
+            return Err(Error::OutOfBlocks {
+                tier: crate::error::Tier::Device,
+                needed_blocks: fresh,
+                available_blocks: available,
+            });
+        }
         for plan in &plans {
             self.apply_release(plan.seq_id, &plan.release);
         }

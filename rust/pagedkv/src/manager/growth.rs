@@ -245,10 +245,9 @@ pub(super) fn growth_plan(
     };
     let mut copy_on_write = false;
     if num_tokens > 0 && free_slots > 0 {
-        // With lookahead slots (`allocate_slots`) the last block is an empty one of this table
-        // alone, and the partial block before it is private too (docs/design.md, Invariants
-        // 4: a sequence holding lookahead slots never shares or indexes its partial block), so
-        // checking the last block decides rightly either way.
+        // With slots past its tokens (`allocate_slots`) the last block is an empty one of
+        // this table alone, and so is every block the write touches (docs/design.md,
+        // Invariants 4), so checking the last block decides rightly either way.
         let last = *table
             .block_ids
             .last()

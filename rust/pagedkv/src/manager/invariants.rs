@@ -236,17 +236,25 @@ impl KvCacheManager {
                 "sequence {id}: {len} blocks for {n} tokens (inv. 3)"
             ));
         }
-        // Inv. 4: a sequence holding lookahead slots never shares or indexes the partial
-        // block its next append writes (the single-group append checks only its last block).
-        let partial = (n % bs != 0 && n.div_ceil(bs) < len && !seq.swapped).then_some(n / bs);
+        // Inv. 4: a sequence holding slots past its tokens never shares or indexes a block
+        // its next appends write (the single-group append checks only its last block).
+        let written = if n.div_ceil(bs) < len && !seq.swapped {
+            n / bs..len
+        } else {
+            0..0
+        };
         for (g, spec) in self.config.kv_groups.iter().enumerate() {
             let table = seq.group_table(g);
-            if let Some(b) = partial.map(|i| table[i]).filter(|&b| b != NULL_BLOCK) {
+            for b in table[written.clone()]
+                .iter()
+                .copied()
+                .filter(|&b| b != NULL_BLOCK)
+            {
                 let shared = self.pool.refcount(b) != Ok(1);
                 if shared || self.prefix.as_ref().is_some_and(|p| p.is_indexed(b)) {
                     return Err(format!(
-                        "sequence {id} group {g}: block {b} holds its partial tokens, is shared \
-                         or indexed, and lookahead slots follow it (inv. 4)"
+                        "sequence {id} group {g}: block {b} is shared or indexed, and the \
+                         sequence's next appends write it (slots past its tokens; inv. 4)"
                     ));
                 }
             }

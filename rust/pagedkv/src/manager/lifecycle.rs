@@ -29,7 +29,8 @@ impl KvCacheManager {
         let mut child = parent.clone();
         // The child shares the blocks that hold the parent's tokens; a parent holding
         // lookahead slots (`allocate_slots`) gives them up, since its partial block becomes
-        // shared (docs/design.md, Invariants 4: no sequence with lookahead slots shares it).
+        // shared (docs/design.md, Invariants 4: a sequence holding slots past its tokens shares
+        // none of the blocks its appends write).
         let bs = self.block_size;
         let lookahead = child.table.free_slots(bs) >= bs;
         if lookahead {

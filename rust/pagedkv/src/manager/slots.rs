@@ -204,17 +204,21 @@ impl KvCacheManager {
             ));
         }
         // Blocks of the write [c, end) in existing positions that another table shares (or
-        // that are indexed), and, when lookahead slots will follow it, the partial block the
-        // next append writes (docs/design.md, Invariants 4: a sequence holding lookahead slots
-        // never shares or indexes that block).
+        // that are indexed), and, when slots will follow the declared tokens, every block the
+        // next appends write (docs/design.md, Invariants 4: a sequence holding slots past its
+        // tokens never shares or indexes them).
         let num_tokens = if c < ours {
             end.max(seq.hashing.as_ref().map_or(0, |h| h.num_known(bs)))
         } else {
             seq.table.num_tokens.max(end)
         };
-        let next_write = (num_tokens % bs != 0 && num_tokens.div_ceil(bs) < positions)
-            .then_some(num_tokens / bs)
-            .filter(|&i| i < len);
+        // With slots past its tokens, every block from the one holding its last token on is
+        // written by later appends that check only the last block: they must be private.
+        let tail = if num_tokens.div_ceil(bs) < positions {
+            num_tokens / bs..len
+        } else {
+            0..0
+        };
         let mut cow_releases: FxHashMap<BlockId, u32> = FxHashMap::default();
         let copies: Vec<Vec<usize>> = (0..ng)
             .map(|g| {
@@ -224,7 +228,8 @@ impl KvCacheManager {
                 } else {
                     c / bs..end.div_ceil(bs).min(len)
                 };
-                let extra = next_write.filter(|i| !written.contains(i));
+                let w = written.clone();
+                let extra = tail.clone().filter(move |i| !w.contains(i));
                 written
                     .chain(extra)
                     .filter(|&i| {
@@ -301,10 +306,23 @@ impl KvCacheManager {
                 token_ids.len()
             ));
         };
+        let block_hashes = block_hashes.filter(|h| !h.is_empty());
+        let block_extra_keys = block_extra_keys.filter(|k| k.iter().any(Option::is_some));
         if let Some(h) = &seq.hashing {
             let caller = h.keys.as_ref().and_then(|k| k.hashes.as_ref());
-            // (Always `Some` here: checked above.)
-            if block_hashes.is_some_and(|b| !b.is_empty()) && caller.is_none() {
+            // Block keys continue after those given so far; a block already hashed keeps its.
+            let first_key = h.keys.as_ref().map_or(0, |k| k.own.len());
+            let late = block_extra_keys
+                .and_then(|k| k.iter().position(Option::is_some))
+                .is_some_and(|i| first_key + i < h.block_hashes.len());
+            if late {
+                return invalid(format!(
+                    "sequence {seq_id}: block_extra_keys (from block {first_key}) name a block \
+                     already hashed ({} are)",
+                    h.block_hashes.len()
+                ));
+            }
+            if block_hashes.is_some() && caller.is_none() {
                 return invalid(
                     "block_hashes for a sequence whose blocks pagedkv hashes itself (none at admission)",
                 );

@@ -330,6 +330,28 @@ impl Model {
         }
     }
 
+    /// Blocks the window releases of `ids` at their watermarks bring to refcount 0.
+    fn freed_by_release(&self, ids: &[u64]) -> usize {
+        let bs = self.block_size;
+        let mut drops: HashMap<MBlock, u32> = HashMap::new();
+        for id in ids {
+            let s = &self.seqs[id];
+            for (g, &spec) in self.specs.iter().enumerate() {
+                let end = skipped(spec, s.computed, bs).min(s.len());
+                for b in s.tables[g][..end].iter().rev() {
+                    match b {
+                        Some(b) => *drops.entry(*b).or_insert(0) += 1,
+                        None => break,
+                    }
+                }
+            }
+        }
+        drops
+            .into_iter()
+            .filter(|(b, n)| self.refcounts[b] == *n)
+            .count()
+    }
+
     /// Admission under either contract (`reserve`), with lookahead slots.
     #[allow(clippy::too_many_arguments)]
     pub fn add(
@@ -572,12 +594,14 @@ impl Model {
         if n == 0 {
             return Ok(());
         }
+        // The releases may make room; an append short all the same changes nothing.
+        let freed = self.freed_by_release(ids);
+        if total > self.available() + freed {
+            return Err(Kind::Oob(Tier::Device, total, self.available() + freed));
+        }
         for &id in ids {
             let c = self.seqs[&id].computed;
             self.release_window(id, c);
-        }
-        if total > self.available() {
-            return Err(Kind::Oob(Tier::Device, total, self.available()));
         }
         let mut supply = self.alloc_fresh(total).into_iter();
         for (row, (&id, copies)) in ids.iter().zip(plans).enumerate() {
@@ -922,9 +946,13 @@ impl Model {
         } else {
             s.num_tokens.max(end)
         };
-        let next_write = (num_tokens % bs != 0 && num_tokens.div_ceil(bs) < positions)
-            .then_some(num_tokens / bs)
-            .filter(|&i| i < len);
+        // With slots past the declared tokens, every block from the one holding the last token
+        // on is copied when shared or indexed (appends check only their last block).
+        let tail = if num_tokens.div_ceil(bs) < positions {
+            num_tokens / bs..len
+        } else {
+            0..0
+        };
         let mut released = HashMap::new();
         let copies: Vec<Vec<usize>> = (0..ng)
             .map(|g| {
@@ -933,7 +961,8 @@ impl Model {
                 } else {
                     c / bs..end.div_ceil(bs).min(len)
                 };
-                let extra = next_write.filter(|i| !written.contains(i));
+                let w = written.clone();
+                let extra = tail.clone().filter(move |i| !w.contains(i));
                 written
                     .chain(extra)
                     .filter(|&i| s.tables[g][i].is_some_and(|b| self.copy_needed(b, &mut released)))
