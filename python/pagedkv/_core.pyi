@@ -184,11 +184,13 @@ class KvCacheManager:
         seq_id: int,
         token_ids: _TokenIds,
         *,
+        num_computed_tokens: int | None = None,
         block_extra_keys: Sequence[str | bytes | int | np.integer | None] | None = None,
         block_hashes: Sequence[int | bytes] | None = None,
     ) -> None:
         """Ids of the tokens after the known ones (async scheduling); blocks then full,
-        computed and known are indexed now."""
+        computed and known are indexed now. ``num_computed_tokens`` (the scheduler's
+        watermark after rejected drafts) rolls the watermark back first."""
     def take_new_block_ids(
         self,
     ) -> tuple[

@@ -100,6 +100,22 @@ def test_lookahead_slots_are_never_hashed_and_drafts_roll_back() -> None:
     kv.check_invariants()
 
 
+def test_ids_after_rejected_drafts_roll_the_watermark_back_first() -> None:
+    def step(rollback: bool) -> int:
+        kv = KvCacheManager(16, 2, enable_prefix_caching=True)
+        kv.add_sequence(1, [1, 2, 3])
+        kv.provide_token_ids(1, [4])  # the prompt's sampled token
+        assert kv.allocate_slots(1, 3) is True  # token 4 and 2 drafts: positions 3-5
+        # One draft accepted (id 5 at position 4), a bonus token (6) at position 5: the K/V at
+        # position 5 is the rejected draft's, so block [4, 6) must not be indexed yet.
+        kv.provide_token_ids(1, [5, 6], num_computed_tokens=5 if rollback else None)
+        kv.check_invariants()
+        return int(kv.match_prefix([1, 2, 3, 4, 5, 6, 7]))
+
+    assert step(rollback=True) == 4
+    assert step(rollback=False) == 6  # what the keyword is for: the stale watermark indexes it
+
+
 def test_new_block_ids_patch_a_runners_tables() -> None:
     kv = KvCacheManager(
         32, 2, kv_groups=[FullAttention(), SlidingWindow(window=2)], record_new_block_ids=True

@@ -57,12 +57,15 @@ impl PyKvCacheManager {
     /// Records the ids of the tokens after the known ones (slots allocated before their ids
     /// were sampled), with the caller's `block_extra_keys` / `block_hashes` continuing those
     /// it gave; blocks then full, computed and known enter the prefix index now.
-    #[pyo3(signature = (seq_id, token_ids, *, block_extra_keys=None, block_hashes=None))]
+    /// `num_computed_tokens` (the scheduler's watermark after rejected drafts) rolls the
+    /// watermark back first, as at `allocate_slots`.
+    #[pyo3(signature = (seq_id, token_ids, *, num_computed_tokens=None, block_extra_keys=None, block_hashes=None))]
     fn provide_token_ids(
         &self,
         py: Python<'_>,
         seq_id: SeqIdArg,
         token_ids: Bound<'_, PyAny>,
+        num_computed_tokens: Option<CountArg>,
         block_extra_keys: Option<Bound<'_, PyAny>>,
         block_hashes: Option<Bound<'_, PyAny>>,
     ) -> PyResult<()> {
@@ -77,7 +80,13 @@ impl PyKvCacheManager {
         let extra_keys = keys.extra_keys();
         let heavy = ids.len() >= DETACH_MIN_PROMPT_TOKENS;
         self.run(py, heavy, |kv| {
-            kv.provide_token_ids(seq_id.0, ids, extra_keys.as_deref(), keys.hashes.as_deref())
+            kv.provide_token_ids(
+                seq_id.0,
+                ids,
+                num_computed_tokens.map(|n| n.0),
+                extra_keys.as_deref(),
+                keys.hashes.as_deref(),
+            )
         })
     }
 

@@ -92,8 +92,9 @@ enum Op {
         in_flight: usize,
         rollback: Option<usize>,
     },
-    /// `provide_token_ids(id, the next n ids)`.
-    Provide(u64, usize),
+    /// `provide_token_ids(id, the next n ids)`, with the watermark rolled back by `rollback`
+    /// tokens (rejected drafts) when given.
+    Provide(u64, usize, Option<usize>),
 }
 
 fn extra() -> impl Strategy<Value = Option<u8>> {
@@ -146,7 +147,7 @@ fn chunk_op() -> impl Strategy<Value = Op> {
             .prop_map(|(id, prompt, len, extra, scheduled, lookahead, tokens)| Op::AddPerChunk { id, prompt, len, extra, scheduled, lookahead, tokens }),
         6 => (id(), 0usize..8, prop_oneof![3 => Just(0usize), 1 => 1usize..5], prop_oneof![3 => Just(0usize), 1 => 1usize..6], prop::option::weighted(0.2, 0usize..4))
             .prop_map(|(id, new, lookahead, in_flight, rollback)| Op::Slots { id, new, lookahead, in_flight, rollback }),
-        3 => (id(), 0usize..5).prop_map(|(i, n)| Op::Provide(i, n)),
+        3 => (id(), 0usize..5, prop::option::weighted(0.2, 0usize..4)).prop_map(|(i, n, r)| Op::Provide(i, n, r)),
     ]
 }
 
@@ -481,16 +482,19 @@ fn run(setup: Setup, ops: Vec<Op>) {
                         .map(usize::from),
                 )
             }
-            Op::Provide(id, n) => {
+            Op::Provide(id, n, rollback) => {
                 let known = model
                     .seqs
                     .get(id)
                     .and_then(|s| s.tokens.as_ref())
                     .map_or(0, Vec::len);
                 let ids = next_tokens(known, *n);
+                let current = kv.num_computed_tokens(*id).unwrap_or(0);
+                let computed = rollback.map(|r| current.saturating_sub(r));
                 (
-                    kv.provide_token_ids(*id, &ids, None, None).map(|_| 0),
-                    model.provide(*id, &ids).map(|_| 0),
+                    kv.provide_token_ids(*id, &ids, computed, None, None)
+                        .map(|_| 0),
+                    model.provide(*id, &ids, computed).map(|_| 0),
                 )
             }
             Op::Advance(ids, n) => (

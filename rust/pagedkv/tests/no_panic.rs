@@ -79,7 +79,7 @@ enum Op {
         in_flight: usize,
         computed: Option<usize>,
     },
-    ProvideTokenIds(u64, Vec<u32>, Option<Vec<u128>>),
+    ProvideTokenIds(u64, Vec<u32>, Option<usize>, Option<Vec<u128>>),
     MatchPrefixWith(Vec<u32>, Option<Vec<u128>>),
     GroupViews(Vec<u64>, usize, usize),
     TakeNewBlockIds,
@@ -192,7 +192,7 @@ fn chunk_op() -> impl Strategy<Value = Op> {
             }),
         6 => (seq_id(), count(), count(), count(), prop::option::of(count()))
             .prop_map(|(seq, new, lookahead, in_flight, computed)| Op::AllocateSlots { seq, new, lookahead, in_flight, computed }),
-        2 => (seq_id(), tokens(), hashes()).prop_map(|(s, t, h)| Op::ProvideTokenIds(s, t, h)),
+        2 => (seq_id(), tokens(), prop::option::of(count()), hashes()).prop_map(|(s, t, c, h)| Op::ProvideTokenIds(s, t, c, h)),
         1 => (tokens(), hashes()).prop_map(|(t, h)| Op::MatchPrefixWith(t, h)),
         2 => (seq_ids(), count(), group()).prop_map(|(s, n, g)| Op::GroupViews(s, n, g)),
         1 => Just(Op::TakeNewBlockIds),
@@ -386,7 +386,9 @@ fn apply(kv: &mut KvCacheManager, op: &Op, side_pool: &BlockPool) -> bool {
             // `Ok(false)` may have released out-of-window blocks (as vLLM does): not a failure.
             kv.allocate_slots_with(*seq, *new, &options).is_err()
         }
-        Op::ProvideTokenIds(s, t, h) => kv.provide_token_ids(*s, t, None, h.as_deref()).is_err(),
+        Op::ProvideTokenIds(s, t, c, h) => {
+            kv.provide_token_ids(*s, t, *c, None, h.as_deref()).is_err()
+        }
         Op::MatchPrefixWith(t, h) => {
             let before = snapshot(kv);
             let options = AdmitOptions {

@@ -156,33 +156,8 @@ impl KvCacheManager {
         let ng = self.num_groups();
         let ours = seq.num_computed;
         let c = o.num_computed_tokens.unwrap_or(ours);
-        if c > ours {
-            return invalid(format!(
-                "num_computed_tokens={c} is past sequence {seq_id}'s {ours} computed tokens"
-            ));
-        }
-        let indexed = match &seq.hashing {
-            Some(h) => h.block_hashes.len() * bs,
-            None => self.indexed_prefix(seq_id),
-        };
-        if c < indexed {
-            return invalid(format!(
-                "num_computed_tokens={c} rolls sequence {seq_id} back into its {indexed} tokens \
-                 whose blocks are in the prefix index"
-            ));
-        }
+        self.check_watermark(seq_id, c)?;
         let len = seq.num_positions();
-        if c < ours {
-            for (g, spec) in self.config.kv_groups.iter().enumerate() {
-                let from = spec.skipped_blocks(c, bs).min(len);
-                if seq.group_table(g)[from..].contains(&NULL_BLOCK) {
-                    return invalid(format!(
-                        "num_computed_tokens={c} rolls sequence {seq_id} back past what \
-                         kv_groups[{g}] released"
-                    ));
-                }
-            }
-        }
         let end = c
             .checked_add(num_new_tokens)
             .filter(|&e| e <= self.config.max_model_len);
@@ -249,6 +224,44 @@ impl KvCacheManager {
         })
     }
 
+    /// Checks a caller's watermark `c` for sequence `seq_id` (resident): never past the
+    /// manager's, never below the tokens whose blocks are indexed, and never where a window
+    /// released a position its window at `c` reads (InvalidArgument).
+    fn check_watermark(&self, seq_id: SeqId, c: usize) -> Result<()> {
+        let seq = &self.seqs[&seq_id];
+        let bs = self.block_size;
+        let ours = seq.num_computed;
+        if c > ours {
+            return invalid(format!(
+                "num_computed_tokens={c} is past sequence {seq_id}'s {ours} computed tokens"
+            ));
+        }
+        if c == ours {
+            return Ok(());
+        }
+        let indexed = match &seq.hashing {
+            Some(h) => h.block_hashes.len() * bs,
+            None => self.indexed_prefix(seq_id),
+        };
+        if c < indexed {
+            return invalid(format!(
+                "num_computed_tokens={c} rolls sequence {seq_id} back into its {indexed} tokens \
+                 whose blocks are in the prefix index"
+            ));
+        }
+        let len = seq.num_positions();
+        for (g, spec) in self.config.kv_groups.iter().enumerate() {
+            let from = spec.skipped_blocks(c, bs).min(len);
+            if seq.group_table(g)[from..].contains(&NULL_BLOCK) {
+                return invalid(format!(
+                    "num_computed_tokens={c} rolls sequence {seq_id} back past what \
+                     kv_groups[{g}] released"
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Tokens of sequence `seq_id` below the first block past them that is indexed (every
     /// group): how far its watermark may roll back when its hashing state is gone.
     fn indexed_prefix(&self, seq_id: SeqId) -> usize {
@@ -282,7 +295,7 @@ impl KvCacheManager {
     /// kv.add_sequence(1, &[1, 2, 3], None)?;
     /// assert!(kv.allocate_slots(1, 1, 0)?);                  // token 4's id is not known yet
     /// assert_eq!(kv.match_prefix(&[1, 2, 3, 4, 5], None)?, 2);
-    /// kv.provide_token_ids(1, &[4], None, None)?;            // now it is: block 1 is indexed
+    /// kv.provide_token_ids(1, &[4], None, None, None)?;      // now it is: block 1 is indexed
     /// assert_eq!(kv.match_prefix(&[1, 2, 3, 4, 5], None)?, 4);
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
@@ -290,14 +303,21 @@ impl KvCacheManager {
         &mut self,
         seq_id: SeqId,
         token_ids: &[TokenId],
+        num_computed_tokens: Option<usize>,
         block_extra_keys: Option<&[Option<&[u8]>]>,
         block_hashes: Option<&[BlockHash]>,
     ) -> Result<()> {
         let bs = self.block_size;
         let seq = self.resident(seq_id)?;
+        let ours = seq.num_computed;
+        let c = num_computed_tokens.unwrap_or(ours);
+        self.check_watermark(seq_id, c)?;
+        let seq = &self.seqs[&seq_id];
         let slots = seq.num_positions() * bs;
         let Some(known) = seq.hashing.as_ref().map(|h| h.num_known(bs)) else {
-            return Ok(()); // nothing is indexed for this sequence: the ids are not kept
+            // Nothing is indexed for this sequence: the ids are not kept.
+            self.seqs.get_mut(&seq_id).expect("validated").num_computed = c;
+            return Ok(());
         };
         let new_known = known.checked_add(token_ids.len()).filter(|&k| k <= slots);
         let Some(new_known) = new_known else {
@@ -338,6 +358,9 @@ impl KvCacheManager {
         // Commit (infallible from here).
         let row = self.seqs.row(seq_id).expect("validated");
         let seq = self.seqs.at_mut(row);
+        // The rolled-back positions (rejected drafts) are no longer computed; they stay
+        // declared until the next `allocate_slots` (which copies what its appends would write).
+        seq.num_computed = c;
         seq.table.num_tokens = seq.table.num_tokens.max(new_known);
         let Some(h) = seq.hashing.as_mut() else {
             return Ok(());

@@ -919,18 +919,8 @@ impl Model {
         let ng = self.ng();
         let ours = s.computed;
         let c = caller_computed.unwrap_or(ours);
-        if c > ours || c < self.indexed_prefix(s) {
-            return Err(Kind::Invalid);
-        }
+        self.check_watermark(s, c)?;
         let len = s.len();
-        if c < ours {
-            for (g, &spec) in self.specs.iter().enumerate() {
-                let from = skipped(spec, c, bs).min(len);
-                if s.tables[g][from..].contains(&None) {
-                    return Err(Kind::Invalid);
-                }
-            }
-        }
         let end = c
             .checked_add(new)
             .filter(|&e| e <= self.limits.max_model_len)
@@ -994,10 +984,38 @@ impl Model {
         Ok(true)
     }
 
-    /// `provide_token_ids`: ids of the tokens after the known ones.
-    pub fn provide(&mut self, id: u64, ids: &[u32]) -> Result<(), Kind> {
+    /// A caller's watermark `c`: never past the sequence's, never below its indexed prefix,
+    /// never where a window released a position its window at `c` reads.
+    fn check_watermark(&self, s: &MSeq, c: usize) -> Result<(), Kind> {
+        let ours = s.computed;
+        if c > ours || c < self.indexed_prefix(s) {
+            return Err(Kind::Invalid);
+        }
+        if c < ours {
+            let len = s.len();
+            for (g, &spec) in self.specs.iter().enumerate() {
+                let from = skipped(spec, c, self.block_size).min(len);
+                if s.tables[g][from..].contains(&None) {
+                    return Err(Kind::Invalid);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `provide_token_ids`: ids of the tokens after the known ones, the watermark rolled back
+    /// to `caller_computed` first when given.
+    pub fn provide(
+        &mut self,
+        id: u64,
+        ids: &[u32],
+        caller_computed: Option<usize>,
+    ) -> Result<(), Kind> {
         let s = self.resident(id)?;
+        let c = caller_computed.unwrap_or(s.computed);
+        self.check_watermark(s, c)?;
         let Some(t) = &s.tokens else {
+            self.seqs.get_mut(&id).unwrap().computed = c;
             return Ok(());
         };
         let new_known = t.len() + ids.len();
@@ -1005,6 +1023,7 @@ impl Model {
             return Err(Kind::Invalid);
         }
         let s = self.seqs.get_mut(&id).unwrap();
+        s.computed = c;
         s.num_tokens = s.num_tokens.max(new_known);
         s.tokens.as_mut().unwrap().extend_from_slice(ids);
         self.register_ready(id);
