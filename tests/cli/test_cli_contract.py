@@ -208,6 +208,11 @@ def test_the_test_script_keeps_the_users_venv_and_prints_its_runtime(tmp_path):
         (tmp_path / "scripts" / name).write_bytes((REPO / "scripts" / name).read_bytes())
         (tmp_path / "scripts" / name).chmod(0o755)
     (tmp_path / "rust" / "interop-tests").mkdir(parents=True)
+    # The vLLM stage builds a cached vLLM venv (scripts/vllm/env.sh): a stub that logs its call.
+    (tmp_path / "scripts" / "vllm").mkdir()
+    (tmp_path / "scripts" / "vllm" / "stage.sh").write_text(
+        f'echo "vllm-stage $*" >> {tmp_path / "calls.log"}\n'
+    )
     (tmp_path / ".venv").mkdir()
     (tmp_path / ".venv" / "mine").write_text("keep")
     (tmp_path / ".venv-test").mkdir()
@@ -233,7 +238,7 @@ def test_the_test_script_keeps_the_users_venv_and_prints_its_runtime(tmp_path):
     assert re.search(r"^scripts/test\.sh passed in \d+ s$", run.stdout, flags=re.M), run.stdout
     calls = log.read_text().splitlines()
     order = ["python3 -m venv .venv-test", "cargo fmt", "ruff format", "mypy", "cargo test --workspace"]
-    order += ["cargo test --release --locked", "python -m pytest", "maturin build"]
+    order += ["cargo test --release --locked", "python -m pytest", "maturin build", "vllm-stage"]
     positions = [next(i for i, call in enumerate(calls) if call.startswith(step)) for step in order]
     assert positions == sorted(positions), calls
     failing = subprocess.run(

@@ -53,7 +53,7 @@ def test_encode_of_a_non_str_is_an_invalid_argument(tiny_llm: LLM, text: object)
 
 
 def test_the_gemma3_tokenizer_refuses_them_too() -> None:
-    from pagedkv.models.gemma3_tokenizer import Gemma3Tokenizer
+    from pagedkv.models.gemma3.tokenizer import Gemma3Tokenizer
 
     # A minimal SPM vocabulary: control tokens, three pieces, the space symbol, byte fallback.
     tokens = ["<pad>", "<eos>", "<bos>", "<unk>", "a", "b", "ab", "\u2581"]

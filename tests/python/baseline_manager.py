@@ -9,8 +9,10 @@ A free list (a Python list used as a stack), a refcount list, and a dict of bloc
 course or a first serving engine would write it; optionally a dict-of-hashes prefix cache with
 an LRU of cached-evictable blocks. It follows the same rules as ``pagedkv.KvCacheManager``
 (copy-on-write of a shared partial last block, all-or-nothing failures, the longest cached
-chain of full blocks reused but never the whole prompt, tail blocks evicted before head blocks),
-so the two report the same block counts for the same operations; it is correct, only slow.
+chain of full blocks reused but never the whole prompt, tail blocks evicted before head blocks,
+one indexed block per content: a block recomputing content a block in use holds stays private,
+one recomputing a cached block's content replaces it and the cached one is freed), so the two
+report the same block counts for the same operations; it is correct, only slow.
 
 Block hashes here are Python's ``hash`` of ``(parent_hash, block_token_ids, extra_key)``: 64-bit,
 unkeyed and without a token comparison on a hit, as the textbook version has it.
@@ -58,9 +60,8 @@ class BaselineBlockManager:
         self._tokens: dict[int, list[int] | None] = {}
         self._hashes: dict[int, list[int]] = {}
         self._extra_keys: dict[int, object] = {}
-        # block hash -> every block holding that content, the most recently written last (a hit
-        # takes it); evicting one copy keeps the others hittable
-        self._index: dict[int, list[int]] = {}
+        # block hash -> the one block holding that content
+        self._index: dict[int, int] = {}
         self._hash_of_block: dict[int, int] = {}  # block id -> block hash (indexed blocks)
         self._evictable: OrderedDict[int, None] = OrderedDict()  # cached blocks, LRU first
         self.prefix_query_tokens = 0
@@ -83,11 +84,7 @@ class BaselineBlockManager:
                 block = self._free.pop()
             else:
                 block, _ = self._evictable.popitem(last=False)
-                block_hash = self._hash_of_block.pop(block)
-                copies = self._index[block_hash]
-                copies.remove(block)
-                if not copies:
-                    del self._index[block_hash]
+                del self._index[self._hash_of_block.pop(block)]
                 self.evictions += 1
             self._refcounts[block] = 1
             blocks.append(block)
@@ -115,9 +112,16 @@ class BaselineBlockManager:
             hashes.append(hash((parent, tuple(tokens[i * size : (i + 1) * size]), extra_key)))
         for i in range(first_block, len(hashes)):
             block = table[i]
-            if block not in self._hash_of_block:
-                self._index.setdefault(hashes[i], []).append(block)
-                self._hash_of_block[block] = hashes[i]
+            if block in self._hash_of_block:
+                continue
+            holder = self._index.get(hashes[i])
+            if holder is not None and self._refcounts[holder] > 0:
+                continue  # the copy in use keeps the content; this one stays private
+            if holder is not None:  # a cached copy: this one takes its place, it is freed
+                del self._evictable[holder], self._hash_of_block[holder]
+                self._free.append(holder)
+            self._index[hashes[i]] = block
+            self._hash_of_block[block] = hashes[i]
 
     def _table(self, seq_id: int) -> list[int]:
         try:
@@ -151,10 +155,10 @@ class BaselineBlockManager:
                 parent = hash((parent, tuple(token_ids[i * size : (i + 1) * size]), extra_key))
                 hashes.append(parent)
             for i in range(max(count - 1, 0) // size):
-                copies = self._index.get(hashes[i])
-                if not copies:
+                block = self._index.get(hashes[i])
+                if block is None:
                     break
-                hits.append(copies[-1])
+                hits.append(block)
         revived = sum(1 for block in hits if self._refcounts[block] == 0)
         fresh = needed - len(hits)
         if fresh > self.num_free_blocks - revived:
@@ -286,6 +290,6 @@ class BaselineBlockManager:
         in_use = sum(1 for c in counts if c > 0)
         if in_use + len(free) + len(cached) != self.num_blocks:
             raise InvariantViolation("in_use + cached + free != num_blocks")
-        indexed = [b for copies in self._index.values() for b in copies]
+        indexed = list(self._index.values())
         if sorted(self._hash_of_block) != sorted(indexed) or not cached <= set(self._hash_of_block):
             raise InvariantViolation("prefix index and cached blocks disagree")

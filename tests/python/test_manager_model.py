@@ -15,7 +15,10 @@ references:
   namespace (extra_key), so a hit on a block not yet computed fails; no write may land in a
   shared block.
 
-``check_invariants()`` runs after every step, and a failed operation must change nothing.
+``check_invariants()`` runs after every step, and a failed operation must change nothing. With
+prefix caching, a third reference: an index rebuilt only from the KV events (each hash stored at
+most once, one copy per content) must predict ``match_prefix`` for every prompt seen, in every
+namespace, after every step (a hit once fell short of what the events said was stored).
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ class ManagerMachine(RuleBasedStateMachine):
 
     prefix_caching = False
     host_blocks = 0
+    kv_events = False
 
     def __init__(self) -> None:
         super().__init__()
@@ -74,6 +78,7 @@ class ManagerMachine(RuleBasedStateMachine):
         self.history: list[list[int]] = []  # prompts seen, reused to provoke prefix hits
         self.computed: dict[int, int] = {}  # seq -> its computed watermark
         self.pins: list[tuple[list[int], Any, int]] = []  # (prompt, extra_key, tokens pinned)
+        self.stored_hashes: set[int] = set()  # what the KV events say the device index holds
 
     @initialize(block_size=st.sampled_from([1, 2, 3, 4]))
     def setup(self, block_size: int) -> None:
@@ -83,6 +88,7 @@ class ManagerMachine(RuleBasedStateMachine):
             block_size=block_size,
             enable_prefix_caching=self.prefix_caching,
             num_host_blocks=self.host_blocks,
+            enable_kv_events=self.kv_events,
         )
 
     # ------------------------------------------------------------------ model helpers
@@ -510,11 +516,40 @@ class ManagerMachine(RuleBasedStateMachine):
             assert self.kv.num_free_host_blocks == self.host_blocks - len(self.host_refs)
             assert stats["num_swapped_sequences"] == len(self.swapped)
 
+    @invariant()
+    def events_predict_every_hit(self) -> None:
+        """An index rebuilt from the KV events alone predicts every ``match_prefix``."""
+        if not self.kv_events or not hasattr(self, "kv"):
+            return
+        for ev in self.kv.take_events():
+            if isinstance(ev, pagedkv.BlockStored):
+                for h in ev.block_hashes:
+                    assert h not in self.stored_hashes, "a content stored twice"
+                    self.stored_hashes.add(h)
+            elif isinstance(ev, pagedkv.BlockRemoved):
+                for h in ev.block_hashes:
+                    self.stored_hashes.remove(h)
+            else:
+                assert isinstance(ev, pagedkv.AllBlocksCleared)
+                self.stored_hashes.clear()
+        prompts = self.history[-6:] + [self.tokens[s] for s in self.resident()]
+        for prompt, extra_key in itertools.product(prompts, [None, "a", b"b"]):
+            if any(t >= UNKNOWN for t in prompt):
+                continue
+            hashes = self.kv.prefix_block_hashes(prompt, extra_key=extra_key)
+            max_blocks = max(len(prompt) - 1, 0) // self.block_size
+            predicted = 0
+            while predicted < min(max_blocks, len(hashes)) and hashes[predicted] in self.stored_hashes:
+                predicted += 1
+            got = self.kv.match_prefix(prompt, extra_key=extra_key)
+            assert got == predicted * self.block_size, (prompt, extra_key, got, predicted)
+
 
 class PrefixCachingMachine(ManagerMachine):
     """Prefix caching on: hits, revivals and evictions; hits must serve the prompt's own keys."""
 
     prefix_caching = True
+    kv_events = True
 
 
 class SwapMachine(ManagerMachine):

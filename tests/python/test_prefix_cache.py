@@ -294,3 +294,29 @@ def test_stats_hit_rate_and_evictions() -> None:
     kv.free(2)
     kv.add_sequence(3, tokens(50, 4 * BS))
     assert kv.stats()["evictions"] == 2
+
+
+def test_truncate_in_the_middle_of_a_chain_loses_no_hit() -> None:
+    """Sequence 2 computes P's blocks after the four it shares with sequence 1 and is freed;
+    sequence 1 then drops two of the shared blocks; sequence 3 recomputes them. The hit was 5
+    tokens where the KV events said 6 were stored (the recomputed block 4 shadowed the cached one
+    that block 5 follows); with one indexed copy per content it replaces the cached one."""
+    kv = pagedkv.KvCacheManager(
+        num_blocks=32, block_size=1, enable_prefix_caching=True, enable_kv_events=True
+    )
+    p = [1, 2, 3, 4, 5, 6, 7]
+    kv.add_sequence(1, p[:4] + [9])
+    kv.add_sequence(2, p, num_scheduled=3)
+    kv.free(2)
+    kv.truncate(1, 2)
+    kv.add_sequence(3, p, num_scheduled=3)
+    assert kv.match_prefix(p) == 6
+    stored: set[int] = set()
+    for ev in kv.take_events():
+        if isinstance(ev, pagedkv.BlockStored):
+            assert not stored & set(ev.block_hashes)
+            stored |= set(ev.block_hashes)
+        elif isinstance(ev, pagedkv.BlockRemoved):
+            stored -= set(ev.block_hashes)
+    assert set(kv.prefix_block_hashes(p)[:6]) <= stored
+    kv.check_invariants()

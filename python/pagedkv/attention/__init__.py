@@ -350,8 +350,8 @@ def _cpu_contiguous_attention(q: Any, k: Any, v: Any, scale: float | None) -> An
         return np.zeros(q.shape, dtype=q.dtype)
     out = cpu_backend.paged_attention(
         q[None],
-        np.ascontiguousarray(k)[None],
-        np.ascontiguousarray(v)[None],
+        cpu_backend.input_array(k)[None],  # read only: a cache of one block, aligned if need be
+        cpu_backend.input_array(v)[None],
         np.zeros((1, 1), np.int32),
         np.array([seq_len], np.int32),
         scale=scale,

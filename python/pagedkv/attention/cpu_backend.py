@@ -1,12 +1,14 @@
 """``backend="cpu"``: the Rust CPU data plane (crate ``pagedkv-cpu`` through ``pagedkv._core``).
 
-This layer only prepares arrays: plain ``ndarray`` views, contiguous copies of the inputs that
-are not written in place (queries, new keys and values, integer metadata), bfloat16 arrays
-(``ml_dtypes``) viewed as their uint16 bits. Caches are never copied: a non-contiguous cache is
-refused. Every check that guards memory (shapes, dtypes, block ids, slots, copy and swap ids)
-runs in Rust before the first write and raises ``InvalidArgumentError``; the kernels run with
-the GIL released. Results match the NumPy reference within the tolerance docs/cpu_data_plane.md
-states (fp32 accumulation in a different order; not bit-identical).
+This layer only prepares arrays: plain ``ndarray`` views, C-contiguous, aligned, native-byte-order
+copies of the inputs that are not written in place (queries, new keys and values, integer
+metadata) when they are not so already, bfloat16 arrays (``ml_dtypes``) viewed as their uint16
+bits. Caches are never copied: a non-contiguous, misaligned or byte-swapped cache is refused
+(``InvalidArgumentError``), as the Rust side refuses any array it cannot read in place. Every
+check that guards memory (shapes, dtypes, block ids, slots, copy and swap ids) runs in Rust before
+the first write and raises ``InvalidArgumentError``; the kernels run with the GIL released.
+Results match the NumPy reference within the tolerance docs/cpu_data_plane.md states (fp32
+accumulation in a different order; not bit-identical).
 
 The extension is imported by each function, not by this module: ``pagedkv.attention`` (which the
 GPU kernels' tests and benchmarks import) must load where the extension does not (pagedkv/__init__.py).
@@ -37,8 +39,17 @@ def _bits(x: np.ndarray) -> np.ndarray:
 
 
 def _input(name: str, x: Any) -> np.ndarray:
-    """An array read but never written: made C-contiguous when it is not (a copy)."""
-    return np.ascontiguousarray(_bits(_array(name, x)))
+    """An array read but never written, as the Rust side reads arrays in place: C-contiguous,
+    aligned to its dtype and in native byte order (a copy when it is not; ``ascontiguousarray``
+    alone keeps a misaligned or byte-swapped array as it is)."""
+    return input_array(_bits(_array(name, x)))
+
+
+def input_array(x: np.ndarray) -> np.ndarray:
+    """``x`` C-contiguous, aligned and in native byte order: itself when it is, else a copy."""
+    if not x.dtype.isnative:
+        x = x.astype(x.dtype.newbyteorder("="))
+    return np.require(x, requirements=("C", "A"))
 
 
 def _cache(name: str, x: Any) -> np.ndarray:

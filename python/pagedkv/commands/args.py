@@ -13,7 +13,14 @@ import re
 from typing import Any
 
 from pagedkv.errors import CliError
-from pagedkv.sim.names import ALLOCATORS, PLACEMENTS, PREEMPTIONS, SYNTHETIC_WORKLOADS, WORKLOAD_CHOICES
+from pagedkv.sim.names import (
+    ALLOCATORS,
+    PLACEMENTS,
+    PREEMPTIONS,
+    SCHEDULING_POLICIES,
+    SYNTHETIC_WORKLOADS,
+    WORKLOAD_CHOICES,
+)
 
 __all__ = [
     "CliError",
@@ -130,12 +137,16 @@ def arrival(text: str) -> tuple[str, float | None]:
     raise argparse.ArgumentTypeError(f"expected saturated, trace or poisson:RATE, got {_clip(text)}")
 
 
+_TRACE_SUFFIXES = (".csv", ".csv.gz", ".jsonl", ".jsonl.gz")
+
+
 def workload_name(text: str) -> str:
-    """A workload name of `pagedkv.sim.names.WORKLOAD_CHOICES`, or the path of a CSV trace."""
-    if text in WORKLOAD_CHOICES or text.lower().endswith((".csv", ".csv.gz")):
+    """A workload name of `pagedkv.sim.names.WORKLOAD_CHOICES`, or the path of a CSV trace or a
+    Mooncake-format JSONL trace."""
+    if text in WORKLOAD_CHOICES or text.lower().endswith(_TRACE_SUFFIXES):
         return text
     raise argparse.ArgumentTypeError(
-        f"expected one of {', '.join(WORKLOAD_CHOICES)} or a path ending in .csv, got {_clip(text)}"
+        f"expected one of {', '.join(WORKLOAD_CHOICES)} or a path ending in .csv or .jsonl, got {_clip(text)}"
     )
 
 
@@ -151,9 +162,10 @@ def workload_options() -> argparse.ArgumentParser:
         "--workload",
         type=workload_name,
         default="synthetic",
-        metavar="NAME|PATH.csv",
-        help=f"{'|'.join(WORKLOAD_CHOICES)} or the path of a CSV trace "
-        "(TIMESTAMP,ContextTokens,GeneratedTokens) (default: synthetic)",
+        metavar="NAME|PATH",
+        help=f"{'|'.join(WORKLOAD_CHOICES)}, the path of a CSV trace "
+        "(TIMESTAMP,ContextTokens,GeneratedTokens) or of a Mooncake-format .jsonl trace "
+        "(default: synthetic)",
     )
     group.add_argument(
         "--num-requests",
@@ -244,6 +256,21 @@ def engine_options(*, allocator: bool = True, block_size: bool = True, preemptio
     )
     group.add_argument("--max-num-seqs", type=positive_int, default=256, help="batch cap (default 256)")
     group.add_argument("--prefix-caching", action="store_true", help="enable prefix caching (paged)")
+    group.add_argument(
+        "--scheduling",
+        choices=SCHEDULING_POLICIES,
+        default="fcfs",
+        help="admission order: fcfs, lpm (longest cached prefix first) or dfs (shared prefixes "
+        "depth first); lpm and dfs need --prefix-caching (default fcfs)",
+    )
+    group.add_argument(
+        "--aging-bound",
+        type=non_negative_int,
+        default=2048,
+        metavar="N",
+        help="lpm/dfs: at most N admissions may pass over a waiting request (0: first come, first "
+        "served; default 2048)",
+    )
     group.add_argument("--max-steps", type=positive_int, default=None, help="stop after this many steps")
     return parent
 
@@ -293,6 +320,8 @@ def config_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "enable_prefix_caching": args.prefix_caching,
         "seed": args.seed,
         "max_steps": args.max_steps,
+        "scheduling": args.scheduling,
+        "aging_bound": args.aging_bound,
     }
     for option, key in (
         ("allocator", "allocator"),

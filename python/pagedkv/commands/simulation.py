@@ -44,6 +44,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     layout = (
         f"block size {config.block_size}" if config.allocator == "paged" else f"placement {config.placement}"
     )
+    if config.scheduling != "fcfs":
+        layout += f", scheduling {config.scheduling} (aging bound {config.aging_bound})"
     print(
         reports.shares_table(
             {label: summary},
@@ -62,6 +64,13 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             ("recomputed tokens", "recomputed_tokens"),
             ("prefix hit tokens", "prefix_hit_tokens"),
             ("prefix query tokens", "prefix_query_tokens"),
+            ("prompt tokens (first admissions)", "prompt_tokens"),
+            ("prompt tokens served from cache", "prompt_hit_tokens"),
+            ("token hit rate", "token_hit_rate"),
+            ("optimal token hit rate", "optimal_token_hit_rate"),
+            ("hit rate / optimum", "hit_rate_of_optimum"),
+            ("mean wait (s)", "mean_wait_s"),
+            ("p99 wait (s)", "p99_wait_s"),
             ("blocks swapped out", "swapped_out_blocks"),
             ("blocks swapped in", "swapped_in_blocks"),
             ("swapped blocks", "swapped_blocks"),
@@ -70,6 +79,13 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         )
         if key in summary
     ]
+    if config.scheduling != "fcfs":
+        extras += [
+            [f"scheduling {config.scheduling}: aging bound (admissions)", summary["aging_bound"]],
+            ["most admissions passing over one request", summary["max_passed_over"]],
+            ["admissions forced by the aging bound", summary["forced_admissions"]],
+            ["blocks evicted while a waiting request needed them", summary["evicted_wanted_blocks"]],
+        ]
     extras.append(
         ["simulated tokens per wall second", summary["generated_tokens"] / wall_s if wall_s > 0 else 0.0]
     )

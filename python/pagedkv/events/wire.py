@@ -46,7 +46,7 @@ def encode_batch(
     raw = _flag("raw_hashes", raw_hashes)
     plain = _plain_events(events)
     # Imported here, not at the top: `import pagedkv` (which imports the event types through this
-    # package) must not load the extension (docs/design.md, Bindings).
+    # package) must not load the extension (see docs/design.md on loading the extension on first use).
     from pagedkv import _core
 
     try:

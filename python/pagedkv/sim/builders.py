@@ -14,7 +14,7 @@ from pathlib import Path
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.sim import traces, workloads
 from pagedkv.sim.engine import SimConfig, Workload
-from pagedkv.sim.names import SYNTHETIC_WORKLOADS, TRACE_WORKLOADS, WORKLOAD_CHOICES
+from pagedkv.sim.names import PREFIX_TRACE_WORKLOADS, SYNTHETIC_WORKLOADS, TRACE_WORKLOADS, WORKLOAD_CHOICES
 
 __all__ = [
     "SYNTHETIC_WORKLOADS",
@@ -50,7 +50,8 @@ def build_workload(
     beam_width: int | None = None,
     on_note: Callable[[str], None] | None = None,
 ) -> Workload:
-    """The workload named ``workload``: a synthetic name, a known trace or the path of a CSV trace.
+    """The workload named ``workload``: a synthetic name, a known trace, the path of a CSV trace,
+    or a prefix-sharing trace (``mooncake-*`` or the path of a Mooncake-format ``.jsonl``).
 
     Synthetic workloads are generated with ``seed`` (``num_requests`` requests, default 1000, no
     request longer than ``max_model_len``, Poisson arrivals at ``arrival_rate_per_s``); a trace
@@ -72,6 +73,16 @@ def build_workload(
             prompt_sigma=prompt_sigma,
             output_sigma=output_sigma,
         )
+    elif workload in PREFIX_TRACE_WORKLOADS or workload.lower().endswith((".jsonl", ".jsonl.gz")):
+        known = workload in PREFIX_TRACE_WORKLOADS
+        trace_path = traces.known_trace_path(workload) if known else Path(workload)
+        result = traces.mooncake_workload(
+            traces.read_mooncake_jsonl(trace_path), name=workload if known else trace_path.name
+        )
+        if known and on_note is not None:
+            on_note(traces.MOONCAKE_ATTRIBUTION)
+        if num_requests is not None:
+            result = result.select(slice(0, num_requests))
     else:
         path: str | Path
         if workload in TRACE_WORKLOADS:
@@ -81,18 +92,13 @@ def build_workload(
         else:
             raise InvalidArgumentError(
                 f"workload {workload!r}: expected one of {', '.join(WORKLOAD_CHOICES)} "
-                "or a path ending in .csv"
+                "or a path ending in .csv or .jsonl"
             )
         result = traces.read_azure_csv(path)
         if traces.is_azure_trace(path) and on_note is not None:
             on_note(traces.AZURE_ATTRIBUTION)
         if num_requests is not None:
-            result = dataclasses.replace(
-                result,
-                prompt_tokens=result.prompt_tokens[:num_requests],
-                output_tokens=result.output_tokens[:num_requests],
-                arrival_s=result.arrival_s[:num_requests],
-            )
+            result = result.select(slice(0, num_requests))
     if parallel_samples:
         result = workloads.with_groups(result, parallel_samples, "parallel")
     if beam_width:
@@ -118,6 +124,8 @@ def build_config(
     enable_prefix_caching: bool = False,
     seed: int = 0,
     max_steps: int | None = None,
+    scheduling: str = "fcfs",
+    aging_bound: int = 2048,
 ) -> SimConfig:
     """The `SimConfig` to replay ``workload`` with.
 
@@ -148,6 +156,8 @@ def build_config(
         enable_prefix_caching=enable_prefix_caching,
         seed=seed,
         max_steps=max_steps,
+        scheduling=scheduling,
+        aging_bound=aging_bound,
     )
     if poisson_rate_per_s is not None:
         config = dataclasses.replace(config, poisson_rate=poisson_rate_per_s)

@@ -14,6 +14,7 @@ with a first-fit or buddy allocator over one slot array. Metric definitions: doc
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -47,6 +48,12 @@ class Workload:
     group_kind: "none" | "parallel" | "beam".
     prefix_id: int64 [R] id of a shared system prompt (-1: none), or None.
     prefix_tokens: int64 [R] length of that prefix (part of prompt_tokens), or None.
+    block_offsets, block_ids: trace prefix blocks (the Mooncake format's ``hash_ids``), or None:
+        int64 [R + 1] and int64 [sum of blocks]; request i's prompt is the chain of blocks
+        ``block_ids[block_offsets[i]:block_offsets[i + 1]]`` of ``block_tokens`` tokens each (block
+        id h stands for the tokens ``h * block_tokens + [0, block_tokens)``), so requests share
+        exactly the tokens their id lists share. Not together with ``prefix_id``.
+    block_tokens: tokens per trace block (default 512, the Mooncake traces').
     """
 
     name: str
@@ -57,10 +64,41 @@ class Workload:
     group_kind: str = "none"
     prefix_id: np.ndarray | None = None
     prefix_tokens: np.ndarray | None = None
+    block_offsets: np.ndarray | None = None
+    block_ids: np.ndarray | None = None
+    block_tokens: int = 512
 
     @property
     def num_requests(self) -> int:
         return int(np.asarray(self.prompt_tokens).shape[0])
+
+    def select(self, indices: np.ndarray | slice, *, name: str | None = None) -> Workload:
+        """The requests at ``indices`` (a slice, an index array or a boolean mask), in that order,
+        every per-request column cut alike (the trace blocks too)."""
+        rows = np.arange(self.num_requests)[indices]
+        columns: dict[str, Any] = {
+            key: np.asarray(getattr(self, key))[rows]
+            for key in (
+                "prompt_tokens",
+                "output_tokens",
+                "arrival_s",
+                "group_size",
+                "prefix_id",
+                "prefix_tokens",
+            )
+            if getattr(self, key) is not None
+        }
+        if self.block_offsets is not None and self.block_ids is not None:
+            offsets = np.asarray(self.block_offsets, dtype=np.int64)
+            ids = np.asarray(self.block_ids, dtype=np.int64)
+            starts, ends = offsets[rows], offsets[rows + 1]
+            columns["block_ids"] = (
+                np.concatenate([ids[a:b] for a, b in zip(starts.tolist(), ends.tolist(), strict=True)])
+                if rows.size
+                else np.zeros(0, dtype=np.int64)
+            )
+            columns["block_offsets"] = np.concatenate([[0], np.cumsum(ends - starts)]).astype(np.int64)
+        return dataclasses.replace(self, name=name or self.name, **columns)
 
 
 @dataclass(frozen=True)
@@ -85,6 +123,11 @@ class SimConfig:
     watermark: float = 0.01
     # Check the allocator's invariants after every step (slow; for tests).
     check_invariants: bool = False
+    # Admission order: "fcfs", "lpm" or "dfs" (docs/scheduling.md; the last two need the paged
+    # allocator with prefix caching and no host tier).
+    scheduling: str = "fcfs"
+    # Most admissions that may pass over a waiting request under "lpm" and "dfs" (0: FCFS).
+    aging_bound: int = 2048
 
 
 @dataclass
@@ -125,10 +168,45 @@ class SimResult:
     queued_steps: int = 0
     shares_while_queued: dict[str, float] = field(default_factory=dict)
     latency_s: np.ndarray = field(default_factory=lambda: np.zeros(0))  # float64 [finished]
+    # Arrival to first admission, per finished request (same order as latency_s).
+    wait_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    # Prompt tokens of the admitted requests at their first admission, and those the cache served.
+    prompt_tokens: int = 0
+    prompt_hit_tokens: int = 0
+    # The offline optimum (pagedkv_sim::optimal_hits; 0 without prefix caching): the workload's
+    # prompt tokens and the most of them any admission order serves from the cache.
+    optimal_prompt_tokens: int = 0
+    optimal_hit_tokens: int = 0
+    scheduling: str = "fcfs"
+    aging_bound: int = 0
+    max_passed_over: int = 0
+    forced_admissions: int = 0
+    evicted_wanted_blocks: int = 0
 
     @property
     def prefix_hit_rate(self) -> float:
         return self.prefix_hit_tokens / self.prefix_query_tokens if self.prefix_query_tokens else 0.0
+
+    @property
+    def token_hit_rate(self) -> float:
+        """Share of the admitted requests' prompt tokens served from the cache at first admission."""
+        return self.prompt_hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def optimal_token_hit_rate(self) -> float:
+        """The offline optimum's share of the workload's prompt tokens (docs/scheduling.md)."""
+        return self.optimal_hit_tokens / self.optimal_prompt_tokens if self.optimal_prompt_tokens else 0.0
+
+    @property
+    def hit_rate_of_optimum(self) -> float:
+        """``token_hit_rate / optimal_token_hit_rate`` (1 when the optimum is 0)."""
+        best = self.optimal_token_hit_rate
+        return self.token_hit_rate / best if best else 1.0
+
+    @property
+    def p99_wait_s(self) -> float:
+        """99th percentile of the finished requests' waits for admission (0 if none finished)."""
+        return float(np.percentile(self.wait_s, 99)) if len(self.wait_s) else 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: arrays become lists; includes every key listed in docs/design.md, Command line
@@ -142,6 +220,11 @@ class SimResult:
             else:
                 out[key] = value
         out["prefix_hit_rate"] = self.prefix_hit_rate
+        out["token_hit_rate"] = self.token_hit_rate
+        out["optimal_token_hit_rate"] = self.optimal_token_hit_rate
+        out["hit_rate_of_optimum"] = self.hit_rate_of_optimum
+        out["mean_wait_s"] = float(np.mean(self.wait_s)) if len(self.wait_s) else 0.0
+        out["p99_wait_s"] = self.p99_wait_s
         return out
 
 
@@ -206,6 +289,22 @@ def _columns(workload: Workload) -> _Columns:
     )
 
 
+def _block_kwargs(workload: Workload) -> dict[str, Any]:
+    """The trace prefix blocks as `_core.simulate`'s keyword arguments (none when absent)."""
+    if workload.block_offsets is None and workload.block_ids is None:
+        return {}
+    if workload.block_offsets is None or workload.block_ids is None:
+        raise InvalidArgumentError("block_offsets and block_ids must be given together")
+    tokens = workload.block_tokens
+    if isinstance(tokens, bool) or not isinstance(tokens, (int, np.integer)) or tokens < 1:
+        raise InvalidArgumentError(f"block_tokens must be an int >= 1, got {tokens!r}")
+    return {
+        "block_tokens": int(tokens),
+        "block_offsets": _int_column("block_offsets", workload.block_offsets, None),
+        "block_ids": _int_column("block_ids", workload.block_ids, None),
+    }
+
+
 def _config_dict(config: SimConfig) -> dict[str, Any]:
     if not isinstance(config, SimConfig):
         raise InvalidArgumentError(
@@ -261,6 +360,16 @@ def _result(raw: dict[str, Any]) -> SimResult:
         queued_steps=raw["queued_steps"],
         shares_while_queued=raw["shares_while_queued"],
         latency_s=raw["latency_s"],
+        wait_s=raw["wait_s"],
+        prompt_tokens=raw["prompt_tokens"],
+        prompt_hit_tokens=raw["prompt_hit_tokens"],
+        optimal_prompt_tokens=raw["optimal_prompt_tokens"],
+        optimal_hit_tokens=raw["optimal_hit_tokens"],
+        scheduling=raw["scheduling"],
+        aging_bound=raw["aging_bound"],
+        max_passed_over=raw["max_passed_over"],
+        forced_admissions=raw["forced_admissions"],
+        evicted_wanted_blocks=raw["evicted_wanted_blocks"],
     )
 
 
@@ -283,7 +392,9 @@ def simulate(workload: Workload, config: SimConfig, *, progress: bool = False) -
     with Progress(
         workload.num_requests, f"simulate {workload.name} {config.allocator}", enabled=progress
     ) as bar:
-        raw = _core.simulate(*columns, config_dict, _progress_callback(bar) if progress else None)
+        raw = _core.simulate(
+            *columns, config_dict, _progress_callback(bar) if progress else None, **_block_kwargs(workload)
+        )
     return _result(raw)
 
 
@@ -307,7 +418,7 @@ def record_frames(workload: Workload, config: SimConfig, *, max_steps: int = 400
         raise InvalidArgumentError(f"max_steps must be a positive int, got {max_steps!r}")
     columns = _columns(workload)
     config_dict = _config_dict(config)
-    raw = _core.record_frames(*columns, config_dict, int(max_steps))
+    raw = _core.record_frames(*columns, config_dict, int(max_steps), **_block_kwargs(workload))
     frames = raw.pop("frames")
     summary = _result(raw).to_dict()
     paged = config.allocator == "paged"

@@ -17,6 +17,8 @@ __all__ = [
     "KNOWN_TRACES",
     "PREFIX_TRACES",
     "TRACE_WORKLOADS",
+    "PREFIX_TRACE_WORKLOADS",
+    "SCHEDULING_POLICIES",
     "WORKLOAD_CHOICES",
     "allocator_label",
 ]
@@ -38,7 +40,7 @@ ALLOCATOR_LABELS = {
 # Address-space allocators of the contiguous policies.
 PLACEMENTS = ("first-fit", "buddy")
 PREEMPTIONS = ("recompute", "swap")
-SYNTHETIC_WORKLOADS = ("synthetic", "sharegpt", "lognormal", "system-prompt", "alpaca")
+SYNTHETIC_WORKLOADS = ("synthetic", "sharegpt", "lognormal", "system-prompt", "alpaca", "many-tenants")
 # Short names of the real traces (--workload azure-conv), by file name in a traces folder.
 KNOWN_TRACES = {
     "azure-conv": "azure_llm_2023_conv.csv",
@@ -51,7 +53,10 @@ PREFIX_TRACES = {
     "mooncake-conversation": "mooncake/conversation_trace.jsonl",
     "mooncake-synthetic": "mooncake/synthetic_trace.jsonl",
 }
-WORKLOAD_CHOICES = SYNTHETIC_WORKLOADS + TRACE_WORKLOADS
+PREFIX_TRACE_WORKLOADS = tuple(PREFIX_TRACES)
+WORKLOAD_CHOICES = SYNTHETIC_WORKLOADS + TRACE_WORKLOADS + PREFIX_TRACE_WORKLOADS
+# Admission orders of the waiting queue (docs/scheduling.md).
+SCHEDULING_POLICIES = ("fcfs", "lpm", "dfs")
 
 
 def allocator_label(allocator: str) -> str:

@@ -45,6 +45,7 @@ __all__ = [
     "TRACE_BLOCK_TOKENS",
     "TraceRequest",
     "read_mooncake_jsonl",
+    "mooncake_workload",
     "traces_dir",
     "known_trace_path",
     "is_azure_trace",
@@ -408,3 +409,26 @@ def read_mooncake_jsonl(path: str | os.PathLike) -> list[TraceRequest]:
             f"{file_path}: arrivals span {span_s:.3g} s; a trace may span at most {MAX_TRACE_SPAN_S:.3g} s"
         )
     return requests
+
+
+def mooncake_workload(requests: list[TraceRequest], *, name: str) -> Workload:
+    """Prefix-sharing trace records as a simulator `Workload`: prompt = ``input_length``, output =
+    ``output_length`` (at least 1: the simulator's prefill yields a request's first token), arrival
+    = the timestamp, and the prompt a chain of the request's ``hash_ids`` blocks of
+    `TRACE_BLOCK_TOKENS` tokens (``Workload.block_ids``), as ``pagedkv cluster`` replays them."""
+    if not requests:
+        raise InvalidArgumentError(f"trace {name!r} has no requests")
+    lengths = np.fromiter((len(r.hash_ids) for r in requests), dtype=np.int64, count=len(requests))
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    ids = np.fromiter((h for r in requests for h in r.hash_ids), dtype=np.int64, count=int(offsets[-1]))
+    return Workload(
+        name=name,
+        prompt_tokens=np.fromiter((r.input_tokens for r in requests), dtype=np.int64, count=len(requests)),
+        output_tokens=np.fromiter(
+            (max(1, r.output_tokens) for r in requests), dtype=np.int64, count=len(requests)
+        ),
+        arrival_s=np.fromiter((r.arrival_s for r in requests), dtype=np.float64, count=len(requests)),
+        block_offsets=offsets,
+        block_ids=ids,
+        block_tokens=TRACE_BLOCK_TOKENS,
+    )

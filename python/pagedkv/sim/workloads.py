@@ -26,6 +26,7 @@ __all__ = [
     "sharegpt_like",
     "alpaca_like",
     "system_prompt",
+    "many_tenants",
     "with_groups",
     "make_workload",
     "describe",
@@ -270,6 +271,86 @@ def system_prompt(
     )
 
 
+def many_tenants(
+    num_requests: int = 2000,
+    *,
+    num_tenants: int = 64,
+    tasks_per_tenant: int = 4,
+    tenant_prompt_blocks: tuple[int, int] = (4, 16),
+    task_blocks: tuple[int, int] = (1, 4),
+    suffix_tokens: tuple[int, int] = (16, 256),
+    output_tokens: tuple[int, int] = (16, 256),
+    zipf_exponent: float = 1.1,
+    block_tokens: int = 64,
+    seed: int = 0,
+    max_model_len: int = 2048,
+    arrival_rate_per_s: float = DEFAULT_ARRIVAL_RATE_PER_S,
+) -> Workload:
+    """A service shared by many tenants: each tenant has its own system prompt (uniform in
+    ``tenant_prompt_blocks`` blocks of ``block_tokens`` tokens) and ``tasks_per_tenant`` task
+    templates below it (``task_blocks`` more blocks each). A request picks a tenant by Zipf
+    popularity (``zipf_exponent``: a few tenants are busy, most are not), one of its tasks
+    uniformly, and adds a suffix of its own (uniform in ``suffix_tokens``); it generates a uniform
+    ``output_tokens`` answer. Arrivals are Poisson.
+
+    The prompts are chains of trace blocks (``Workload.block_ids``): the tenant's blocks, then the
+    task's, then tokens of the request's own, so the shared prefixes form a two-level tree: a
+    pool too small for every tenant's prompts rewards an admission order that groups them.
+    """
+    _check_common(num_requests, max_model_len)
+    _require(num_tenants >= 1 and tasks_per_tenant >= 1, "need num_tenants >= 1 and tasks_per_tenant >= 1")
+    for label, (lo, hi) in (
+        ("tenant_prompt_blocks", tenant_prompt_blocks),
+        ("task_blocks", task_blocks),
+        ("suffix_tokens", suffix_tokens),
+        ("output_tokens", output_tokens),
+    ):
+        _require(1 <= lo <= hi, f"{label} must be 1 <= lo <= hi, got {(lo, hi)}")
+    _require(block_tokens >= 1, f"block_tokens must be >= 1, got {block_tokens}")
+    _require(zipf_exponent >= 0, f"zipf_exponent must be >= 0, got {zipf_exponent}")
+    longest = (tenant_prompt_blocks[1] + task_blocks[1]) * block_tokens + suffix_tokens[1] + output_tokens[1]
+    _require(
+        longest <= max_model_len,
+        f"the longest request ({longest} tokens: tenant prompt, task, suffix and output) exceeds "
+        f"max_model_len {max_model_len}",
+    )
+    rng = np.random.default_rng(seed)
+    tenant_len = rng.integers(tenant_prompt_blocks[0], tenant_prompt_blocks[1] + 1, size=num_tenants)
+    task_len = rng.integers(task_blocks[0], task_blocks[1] + 1, size=(num_tenants, tasks_per_tenant))
+    # Block ids: each tenant's prompt blocks, then each of its tasks' blocks, numbered in order.
+    tenant_first = np.concatenate([[0], np.cumsum(tenant_len)[:-1]])
+    task_first = int(tenant_len.sum()) + np.concatenate([[0], np.cumsum(task_len.ravel())[:-1]]).reshape(
+        task_len.shape
+    )
+    popularity = 1.0 / np.arange(1, num_tenants + 1) ** zipf_exponent
+    tenant = rng.choice(num_tenants, size=num_requests, p=popularity / popularity.sum())
+    task = rng.integers(0, tasks_per_tenant, size=num_requests)
+    suffix = rng.integers(suffix_tokens[0], suffix_tokens[1] + 1, size=num_requests)
+    output = rng.integers(output_tokens[0], output_tokens[1] + 1, size=num_requests).astype(np.int64)
+    shared = tenant_len[tenant] + task_len[tenant, task]
+    offsets = np.concatenate([[0], np.cumsum(shared)]).astype(np.int64)
+    ids = np.concatenate(
+        [
+            np.concatenate(
+                [
+                    np.arange(tenant_first[t], tenant_first[t] + tenant_len[t]),
+                    np.arange(task_first[t, k], task_first[t, k] + task_len[t, k]),
+                ]
+            )
+            for t, k in zip(tenant.tolist(), task.tolist(), strict=True)
+        ]
+    ).astype(np.int64)
+    return Workload(
+        name=f"many-tenants(n={num_requests}, {num_tenants} tenants x {tasks_per_tenant} tasks, seed={seed})",
+        prompt_tokens=(shared * block_tokens + suffix).astype(np.int64),
+        output_tokens=output,
+        arrival_s=_poisson_arrivals_s(rng, num_requests, arrival_rate_per_s),
+        block_offsets=offsets,
+        block_ids=ids,
+        block_tokens=block_tokens,
+    )
+
+
 def with_groups(workload: Workload, group_size: int, kind: str) -> Workload:
     """The same requests, each now a group: ``kind="parallel"`` samples ``group_size`` outputs
     from one prompt, ``kind="beam"`` runs beam search of width ``group_size``. The group's
@@ -316,6 +397,10 @@ def make_workload(
         return system_prompt(
             count, seed=seed, max_model_len=max_model_len, arrival_rate_per_s=arrival_rate_per_s
         )
+    if name == "many-tenants":
+        return many_tenants(
+            count, seed=seed, max_model_len=max_model_len, arrival_rate_per_s=arrival_rate_per_s
+        )
     if name == "lognormal":
         return lognormal(
             count,
@@ -357,4 +442,9 @@ def describe(workload: Workload) -> dict:
         summary["group_size_max"] = int(np.max(workload.group_size))
     if workload.prefix_id is not None:
         summary["distinct_prefixes"] = int(np.unique(workload.prefix_id[workload.prefix_id >= 0]).size)
+    if workload.block_ids is not None:
+        ids = np.asarray(workload.block_ids)
+        summary["prefix_block_tokens"] = int(workload.block_tokens)
+        summary["prefix_blocks"] = int(ids.size)
+        summary["distinct_prefix_blocks"] = int(np.unique(ids).size)
     return summary

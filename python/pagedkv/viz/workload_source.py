@@ -17,8 +17,6 @@ import numpy as np
 
 from pagedkv.errors import InvalidArgumentError
 
-_PER_REQUEST_FIELDS = ("group_size", "prefix_id", "prefix_tokens")
-
 
 def trace_window(trace: Any, *, seed: int, num_requests: int, max_model_len: int) -> tuple[Any, int]:
     """``num_requests`` consecutive requests of ``trace`` (a Workload) chosen by ``seed``, minus
@@ -39,20 +37,10 @@ def trace_window(trace: Any, *, seed: int, num_requests: int, max_model_len: int
             f"trace {trace.name!r}: none of requests {start}..{start + count - 1} fits "
             f"max_model_len={max_model_len}; raise --max-model-len (and --num-slots)"
         )
-    arrival = np.asarray(trace.arrival_s, dtype=np.float64)[window][fits]
-    per_request = {
-        name: np.asarray(getattr(trace, name))[window][fits]
-        for name in _PER_REQUEST_FIELDS
-        if getattr(trace, name) is not None
-    }
-    workload = dataclasses.replace(
-        trace,
-        name=f"{trace.name} requests {start}..{start + count - 1}",
-        prompt_tokens=prompt[fits],
-        output_tokens=output[fits],
-        arrival_s=arrival - arrival[0],
-        **per_request,
-    )
+    rows = np.arange(start, start + count)[fits]
+    workload = trace.select(rows, name=f"{trace.name} requests {start}..{start + count - 1}")
+    arrival = np.asarray(workload.arrival_s, dtype=np.float64)
+    workload = dataclasses.replace(workload, arrival_s=arrival - arrival[0])
     return workload, int(count - fits.sum())
 
 

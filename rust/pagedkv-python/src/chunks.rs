@@ -70,7 +70,7 @@ impl PyKvCacheManager {
         block_hashes: Option<Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let token_ids = self.token_ids(&token_ids)?;
-        let ids = token_ids.as_slice();
+        let ids = token_ids.as_slice()?;
         let keys = BlockKeyArgs::extract(
             py,
             block_extra_keys.as_ref(),

@@ -3,8 +3,9 @@
 //! refuses a bad call before its first write.
 //!
 //! dtypes: float32, float16, and uint16 holding bfloat16 bit patterns (the package's bf16
-//! convention). Caches must be C-contiguous (they are read or written in place); the Python
-//! layer makes queries and new K/V contiguous before calling.
+//! convention), native byte order. Every array must be C-contiguous and aligned to its dtype
+//! (caches are read or written in place; anything else is an `InvalidArgumentError`, see
+//! `arrays.rs`); the Python layer makes queries, new K/V and integer metadata so before calling.
 
 use half::slice::HalfBitsSliceExt;
 use numpy::{
@@ -15,6 +16,7 @@ use pagedkv_cpu::{self as cpu, bf16, f16, AttentionParams, BlockTables, CacheSha
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
+use crate::arrays::require_aligned;
 use crate::errors::invalid_argument;
 
 /// A NumPy element type and the cache element it stores.
@@ -103,6 +105,7 @@ pub(crate) fn array<'py, T: Element>(
     if !arr.is_c_contiguous() {
         return Err(invalid_argument(py, format!("{name} must be C-contiguous")));
     }
+    require_aligned(py, name, arr.as_untyped())?;
     arr.try_readonly()
         .map_err(|e| invalid_argument(py, format!("{name}: {e}")))
 }
@@ -168,24 +171,32 @@ impl<'py> Tables<'py> {
         Ok(Tables::Padded(ints(py, "block_tables", x, 2, "int32")?))
     }
 
-    fn build(&self, seq_lens: &[i32], block_size: usize) -> cpu::Result<BlockTables<'_>> {
-        match self {
+    fn build(
+        &self,
+        py: Python<'_>,
+        seq_lens: &[i32],
+        block_size: usize,
+    ) -> PyResult<BlockTables<'_>> {
+        let tables = match self {
             Tables::Padded(a) => {
                 let shape = a.shape();
-                BlockTables::padded(slice(a), shape[0], shape[1])
+                BlockTables::padded(slice(a)?, shape[0], shape[1])
             }
             Tables::Csr([indptr, indices, last]) => {
-                let t = BlockTables::csr(slice(indptr), slice(indices))?;
-                t.check_csr_exact(slice(last), seq_lens, block_size)?;
-                Ok(t)
+                let (indptr, indices, last) = (slice(indptr)?, slice(indices)?, slice(last)?);
+                BlockTables::csr(indptr, indices)
+                    .and_then(|t| t.check_csr_exact(last, seq_lens, block_size).map(|()| t))
             }
-        }
+        };
+        tables.map_err(|e| err(py, e))
     }
 }
 
-/// The slice of a C-contiguous array (contiguity was checked when it was borrowed).
-pub(crate) fn slice<'a, T: Element>(a: &'a PyReadonlyArrayDyn<'_, T>) -> &'a [T] {
-    a.as_slice().unwrap_or(&[])
+/// The slice of an array borrowed by [`array`], which checked it C-contiguous and aligned; a
+/// typed error, never an empty slice, if it somehow is not (see `arrays.rs`).
+pub(crate) fn slice<'a, T: Element>(a: &'a PyReadonlyArrayDyn<'_, T>) -> PyResult<&'a [T]> {
+    a.as_slice()
+        .map_err(|e| invalid_argument(a.py(), format!("array not readable in place: {e}")))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -217,10 +228,8 @@ fn attention_t<'py, S: Storage>(
         .map(|x| ints::<i32>(py, "query_start_loc", x, 1, "int32"))
         .transpose()?;
     let tables = Tables::new(py, tables)?;
-    let lens = slice(&seq_lens);
-    let table = tables
-        .build(lens, cache.block_size)
-        .map_err(|e| err(py, e))?;
+    let lens = slice(&seq_lens)?;
+    let table = tables.build(py, lens, cache.block_size)?;
     let scale = scale.unwrap_or(1.0 / (head_dim.max(1) as f64).sqrt());
     let params = AttentionParams {
         num_q_heads,
@@ -236,8 +245,12 @@ fn attention_t<'py, S: Storage>(
                 .as_slice_mut()
                 .map_err(|e| invalid_argument(py, format!("output: {e}")))?,
         );
-        let (qs, ks, vs) = (S::view(slice(&q)), S::view(slice(&k)), S::view(slice(&v)));
-        let qsl_s = qsl.as_ref().map(slice);
+        let (qs, ks, vs) = (
+            S::view(slice(&q)?),
+            S::view(slice(&k)?),
+            S::view(slice(&v)?),
+        );
+        let qsl_s = qsl.as_ref().map(slice).transpose()?;
         py.detach(|| match qsl_s {
             Some(qsl_s) => {
                 cpu::paged_prefill(qs, ks, vs, cache, &table, lens, qsl_s, params, out_s)
@@ -380,7 +393,7 @@ fn cpu_matmul_bf16<'py>(
             ),
         ));
     }
-    let (xs, ws): (&[f32], &[bf16]) = (slice(&x), slice(&w).reinterpret_cast());
+    let (xs, ws): (&[f32], &[bf16]) = (slice(&x)?, slice(&w)?.reinterpret_cast());
     new_f32(py, &[t, n], |out| cpu::matmul_bf16(xs, ws, t, k, n, out))
 }
 
@@ -433,7 +446,7 @@ fn cpu_rms_norm<'py>(
     eps: f32,
 ) -> PyResult<Bound<'py, PyAny>> {
     let (x, weight) = norm_args(py, x, weight)?;
-    let (xs, ws, t) = (slice(&x), slice(&weight), x.shape()[0]);
+    let (xs, ws, t) = (slice(&x)?, slice(&weight)?, x.shape()[0]);
     new_f32(py, x.shape(), |out| cpu::rms_norm(xs, ws, eps, t, out))
 }
 
@@ -464,7 +477,7 @@ fn cpu_add_rms_norm<'py>(
         let sum_s = sum_rw
             .as_slice_mut()
             .map_err(|e| invalid_argument(py, format!("output: {e}")))?;
-        let (xs, ds, ws, t) = (slice(&x), slice(&delta), slice(&weight), x.shape()[0]);
+        let (xs, ds, ws, t) = (slice(&x)?, slice(&delta)?, slice(&weight)?, x.shape()[0]);
         new_f32(py, x.shape(), |normed| {
             cpu::add_rms_norm(xs, ds, ws, eps, t, sum_s, normed)
         })?
@@ -484,7 +497,7 @@ fn cpu_silu_mul<'py>(py: Python<'py>, gate_up: &Bound<'py, PyAny>) -> PyResult<B
         ));
     }
     let f = width / 2;
-    let gs = slice(&gu);
+    let gs = slice(&gu)?;
     new_f32(py, &[t, f], |out| cpu::silu_mul(gs, t, f, out))
 }
 
@@ -536,7 +549,7 @@ fn cpu_rope_interleaved<'py>(
         heads: h,
         head_dim: hd,
     };
-    let (xs, cs, ss) = (slice(&x), slice(&cos), slice(&sin));
+    let (xs, cs, ss) = (slice(&x)?, slice(&cos)?, slice(&sin)?);
     new_f32(py, &[t, count, hd], |out| {
         cpu::rope_interleaved(xs, cs, ss, shape, first_head..end, out)
     })
@@ -568,7 +581,7 @@ fn write_kv_t<'py, S: Storage>(
             ),
         ));
     }
-    let (ks, vs, ss) = (S::view(slice(&k)), S::view(slice(&v)), slice(&slots));
+    let (ks, vs, ss) = (S::view(slice(&k)?), S::view(slice(&v)?), slice(&slots)?);
     let kcs = S::view_mut(mut_slice(py, &mut kc)?);
     let vcs = S::view_mut(mut_slice(py, &mut vc)?);
     py.detach(|| cpu::write_kv(ks, vs, kcs, vcs, cache, ss))
@@ -600,6 +613,7 @@ fn write<'py, S: Storage>(
     if !arr.is_c_contiguous() {
         return Err(invalid_argument(py, format!("{name} must be C-contiguous")));
     }
+    require_aligned(py, name, arr.as_untyped())?;
     arr.try_readwrite().map_err(|e| {
         invalid_argument(
             py,
@@ -678,7 +692,7 @@ fn copy_blocks_t<'py, S: Storage>(
     for b in borrows.iter_mut() {
         slices.push(S::view_mut(mut_slice(py, b)?));
     }
-    let ops_s = slice(&ops);
+    let ops_s = slice(&ops)?;
     py.detach(|| cpu::copy_blocks(&mut slices, cache, ops_s))
         .map_err(|e| err(py, e))
 }
@@ -727,7 +741,7 @@ fn swap_blocks_t<'py, S: Storage>(
         ));
     }
     let block_elems: usize = s.shape()[1..].iter().product();
-    let (ss, ms) = (S::view(slice(&s)), slice(&m));
+    let (ss, ms) = (S::view(slice(&s)?), slice(&m)?);
     let ds = S::view_mut(mut_slice(py, &mut d)?);
     py.detach(|| cpu::swap_blocks(ss, ds, block_elems, ms))
         .map_err(|e| err(py, e))

@@ -72,7 +72,8 @@ fn token_block_digests<'py>(
     let key = extra_key.as_ref().map(|key| key.0.as_slice());
     // The GIL stays held: `tokens` may borrow the caller's NumPy array, which Python code on
     // another thread could write while it was released.
-    let digests = block_digests(tokens.as_slice(), block_size, key).map_err(|e| to_pyerr(py, e))?;
+    let digests =
+        block_digests(tokens.as_slice()?, block_size, key).map_err(|e| to_pyerr(py, e))?;
     Ok(PyArray1::from_vec(py, digests))
 }
 

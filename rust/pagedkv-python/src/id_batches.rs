@@ -2,8 +2,9 @@
 //! a 1-D NumPy integer array.
 //!
 //! Lists are read by the one int reader ([`int_list`]), short token lists into a stack buffer
-//! (no heap allocation per decode step); contiguous native `uint32`/`int32` arrays are borrowed
-//! in place. A batch longer than could ever succeed is refused before anything is read or
+//! (no heap allocation per decode step); contiguous, aligned, native `uint32`/`int32` arrays are
+//! borrowed in place, any other integer array is read from a copy when it cannot be read in
+//! place (`arrays.rs`). A batch longer than could ever succeed is refused before anything is read or
 //! allocated; anything malformed is an `InvalidArgumentError`.
 
 use numpy::{
@@ -16,13 +17,15 @@ use pyo3::type_object::PyTypeInfo;
 use pyo3::types::{PyList, PyTuple};
 
 use crate::alloc_guard::try_vec;
+use crate::arrays::{is_behaved, native_copy};
 use crate::errors::invalid_argument;
 use crate::int_list;
 use crate::scalars::{extract_token, extract_u64, type_name};
 
 /// `obj` (already known to be exactly `numpy.ndarray`) borrowed read-only as a C-contiguous 1-D
-/// array of `T`, after its length is checked against `max_len`; `None` when its dtype is not
-/// `T` or it is not contiguous (the general path then reads or refuses it).
+/// array of `T` that can be read in place (aligned, native byte order: `arrays::is_behaved`),
+/// after its length is checked against `max_len`; `None` when its dtype is not `T` or it cannot
+/// be read in place (the general path then reads a copy or refuses it).
 fn contiguous_tokens<'py, T: numpy::Element>(
     obj: &Bound<'py, PyAny>,
     max_len: usize,
@@ -32,14 +35,21 @@ fn contiguous_tokens<'py, T: numpy::Element>(
     let Ok(array) = obj.cast::<PyArray1<T>>() else {
         return Ok(None);
     };
-    if !array.is_contiguous() {
+    if !is_behaved(array.as_untyped(), true) {
         return Ok(None);
     }
     check_len(py, "token_ids", array.len(), max_len, why)?;
     let readonly = array
         .try_readonly()
         .map_err(|e| invalid_argument(py, format!("token_ids: {e}")))?;
-    Ok(readonly.as_slice().is_ok().then_some(readonly))
+    Ok(Some(readonly))
+}
+
+/// The slice of an array [`contiguous_tokens`] borrowed (see [`TokenIds::as_slice`]).
+fn borrowed<'a, T: numpy::Element>(array: &'a PyReadonlyArray1<'_, T>) -> PyResult<&'a [T]> {
+    array
+        .as_slice()
+        .map_err(|e| invalid_argument(array.py(), format!("token_ids: {e}")))
 }
 
 /// Token lists up to this length are read into a stack buffer. Kept small: the buffer is
@@ -78,19 +88,22 @@ pub enum TokenIds<'py> {
 }
 
 impl TokenIds<'_> {
-    pub fn as_slice(&self) -> &[u32] {
+    /// The ids. A borrowed array was checked readable in place when it was borrowed, and its
+    /// layout cannot change while the borrow is held (the GIL is held and no Python code runs);
+    /// were it not readable after all, this is an `InvalidArgumentError`, never an empty read.
+    pub fn as_slice(&self) -> PyResult<&[u32]> {
         match self {
-            TokenIds::Inline { len, ids } => &ids[..*len],
-            TokenIds::Heap(ids) => ids,
-            // Contiguity was checked when the borrow was taken and cannot change while it is
-            // held (the GIL is held and no Python code runs).
-            TokenIds::U32(array) => array.as_slice().unwrap_or_default(),
+            TokenIds::Inline { len, ids } => Ok(&ids[..*len]),
+            TokenIds::Heap(ids) => Ok(ids),
+            TokenIds::U32(array) => borrowed(array),
             TokenIds::I32(array) => {
-                let values = array.as_slice().unwrap_or_default();
+                let values = borrowed(array)?;
                 // SAFETY: `i32` and `u32` have the same size and alignment, every bit pattern
                 // is valid for both, and the values were checked non-negative, so each reads
                 // as the same number. The slice borrows `array`, which outlives it.
-                unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<u32>(), values.len()) }
+                Ok(unsafe {
+                    std::slice::from_raw_parts(values.as_ptr().cast::<u32>(), values.len())
+                })
             }
         }
     }
@@ -117,13 +130,13 @@ impl TokenIds<'_> {
             return Ok(Some(TokenIds::U32(ids)));
         }
         if let Some(ids) = contiguous_tokens::<i32>(obj, max_len, why)? {
-            if let Some(&bad) = ids.as_slice()?.iter().find(|&&v| v < 0) {
+            if let Some(&bad) = borrowed(&ids)?.iter().find(|&&v| v < 0) {
                 return Err(out_of_range(i64::from(bad)));
             }
             return Ok(Some(TokenIds::I32(ids)));
         }
         if let Some(values) = contiguous_tokens::<i64>(obj, max_len, why)? {
-            let values = values.as_slice()?;
+            let values = borrowed(&values)?;
             let mut ids = try_vec(py, values.len(), "token_ids")?;
             for &v in values {
                 ids.push(u32::try_from(v).map_err(|_| out_of_range(v))?);
@@ -357,11 +370,11 @@ fn integer_array<T>(
         ));
     }
     check_len(py, name, array.len(), max_len, why)?;
-    if !dtype.is_native_byteorder().unwrap_or(true) {
-        // A big-endian array on a little-endian host (or the reverse): read a native copy,
-        // whose size the check above bounds.
-        let native = dtype.call_method1("newbyteorder", ("=",))?;
-        let copy = obj.call_method1("astype", (native,))?;
+    if !is_behaved(array, false) {
+        // Misaligned, strides that are not whole items, or the other byte order: read a native
+        // copy, whose size the check above bounds (a view of the array itself would read
+        // misaligned or from the wrong offsets; see `arrays.rs`).
+        let copy = native_copy(array)?;
         return integer_array(&copy, name, max_len, why, convert);
     }
     macro_rules! try_dtype {

@@ -13,6 +13,7 @@ use pyo3::prelude::*;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod alloc_guard;
+mod arrays;
 mod block_keys;
 mod chunks;
 mod cpu_ops;
@@ -26,6 +27,7 @@ mod manager;
 mod pool;
 mod quantized_matmul;
 mod scalars;
+mod scheduling;
 mod sim;
 mod stats;
 mod wire;
@@ -38,6 +40,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<manager::PyKvCacheManager>()?;
     m.add_class::<groups::PyFullAttention>()?;
     m.add_class::<groups::PySlidingWindow>()?;
+    m.add_class::<scheduling::PyCacheAwareQueue>()?;
     sim::register(m)?;
     wire::register(m)?;
     event_digests::register(m)?;

@@ -397,8 +397,9 @@ impl PyKvCacheManager {
             let token_ids = token_ids.map(|t| self.token_ids(&t)).transpose()?;
             let prompt = match &token_ids {
                 Some(t) => {
-                    check_token_count(py, t.as_slice().len(), num_tokens)?;
-                    Prompt::Tokens(t.as_slice())
+                    let t = t.as_slice()?;
+                    check_token_count(py, t.len(), num_tokens)?;
+                    Prompt::Tokens(t)
                 }
                 None if extra_key.is_some() => return Err(invalid_argument(
                     py,
@@ -426,7 +427,7 @@ impl PyKvCacheManager {
         match token_ids {
             Some(token_ids) => {
                 let token_ids = self.token_ids(&token_ids)?;
-                let ids = token_ids.as_slice();
+                let ids = token_ids.as_slice()?;
                 check_token_count(py, ids.len(), num_tokens)?;
                 let heavy = ids.len() >= DETACH_MIN_PROMPT_TOKENS;
                 let key = extra_key.as_ref().map(|key| key.0.as_slice());
@@ -463,7 +464,7 @@ impl PyKvCacheManager {
         match token_ids {
             Some(token_ids) => {
                 let token_ids = self.token_ids(&token_ids)?;
-                let ids = token_ids.as_slice();
+                let ids = token_ids.as_slice()?;
                 check_token_count(py, ids.len(), num_tokens)?;
                 let heavy = ids.len() >= DETACH_MIN_PROMPT_TOKENS;
                 self.run(py, heavy, |kv| kv.append_tokens(seq_id.0, ids))
@@ -502,7 +503,7 @@ impl PyKvCacheManager {
         match token_ids {
             Some(token_ids) => {
                 let token_ids = self.token_ids(&token_ids)?;
-                let ids = token_ids.as_slice();
+                let ids = token_ids.as_slice()?;
                 let expected = seqs.len().checked_mul(num_tokens.0);
                 if expected != Some(ids.len()) {
                     return Err(invalid_argument(
@@ -591,7 +592,7 @@ impl PyKvCacheManager {
         block_hashes: Option<Bound<'_, PyAny>>,
     ) -> PyResult<usize> {
         let token_ids = self.token_ids(&tokens)?;
-        let ids = token_ids.as_slice();
+        let ids = token_ids.as_slice()?;
         let key = extra_key.as_ref().map(|key| key.0.as_slice());
         let heavy = ids.len() >= DETACH_MIN_PROMPT_TOKENS;
         if block_extra_keys.is_none() && block_hashes.is_none() {
@@ -630,7 +631,7 @@ impl PyKvCacheManager {
         extra_key: Option<ExtraKey>,
     ) -> PyResult<usize> {
         let token_ids = self.token_ids(&tokens)?;
-        let ids = token_ids.as_slice();
+        let ids = token_ids.as_slice()?;
         let key = extra_key.as_ref().map(|key| key.0.as_slice());
         let heavy = ids.len() >= DETACH_MIN_PROMPT_TOKENS;
         self.run(py, heavy, |kv| kv.pin_prefix(ids, key))
@@ -645,7 +646,7 @@ impl PyKvCacheManager {
         extra_key: Option<ExtraKey>,
     ) -> PyResult<()> {
         let token_ids = self.token_ids(&tokens)?;
-        let ids = token_ids.as_slice();
+        let ids = token_ids.as_slice()?;
         let key = extra_key.as_ref().map(|key| key.0.as_slice());
         let heavy = ids.len() >= DETACH_MIN_PROMPT_TOKENS;
         self.run(py, heavy, |kv| kv.unpin_prefix(ids, key))
@@ -745,7 +746,7 @@ impl PyKvCacheManager {
         extra_key: Option<ExtraKey>,
     ) -> PyResult<Vec<u128>> {
         let token_ids = self.token_ids(&tokens)?;
-        let ids = token_ids.as_slice();
+        let ids = token_ids.as_slice()?;
         let key = extra_key.as_ref().map(|key| key.0.as_slice());
         let heavy = ids.len() >= DETACH_MIN_PROMPT_TOKENS;
         self.run(py, heavy, |kv| Ok(kv.prefix_block_hashes(ids, key)))

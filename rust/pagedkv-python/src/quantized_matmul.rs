@@ -101,15 +101,15 @@ fn cpu_matmul_blocks<'py>(
             [panels, k, format.row_bytes()]
         })?;
     let w = cpu::BlockWeights {
-        codes: slice(&codes),
+        codes: slice(&codes)?,
         format,
-        scales: slice(&scales),
-        offsets: slice(&offsets),
+        scales: slice(&scales)?,
+        offsets: slice(&offsets)?,
         in_features: k,
         out_features: n,
         block,
     };
-    let xs = slice(&x);
+    let xs = slice(&x)?;
     new_f32(py, &[t, n], |out| cpu::matmul_blocks(xs, w, t, out))
 }
 
@@ -146,15 +146,15 @@ fn cpu_matmul_dot<'py>(
             [panels, k / group, GROUP_BYTES]
         })?;
     let w = cpu::DotWeights {
-        codes: slice(&codes),
+        codes: slice(&codes)?,
         format,
-        scales: slice(&scales),
-        offsets: slice(&offsets),
+        scales: slice(&scales)?,
+        offsets: slice(&offsets)?,
         in_features: k,
         out_features: n,
         block,
     };
-    let xs = slice(&x);
+    let xs = slice(&x)?;
     new_f32(py, &[t, n], |out| cpu::matmul_dot(xs, w, t, out))
 }
 

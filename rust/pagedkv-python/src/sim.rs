@@ -6,20 +6,21 @@ use numpy::{PyArray1, PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
-use pagedkv_sim::{self as sim, Frame, SimConfig, SimProgress, SimResult, Workload};
+use pagedkv_sim::{self as sim, Frame, PrefixBlocks, SimConfig, SimProgress, SimResult, Workload};
 
 use crate::alloc_guard::try_vec;
 use crate::errors::or_invalid;
 use crate::errors::{invalid_argument, to_pyerr};
 use crate::scalars::CountArg;
 
-/// Copies a 1-D array (`[R]`) of `T` (NumPy dtype `dtype_name`) out of `obj`.
+/// Copies a 1-D array (`[R]`) of `T` (NumPy dtype `dtype_name`, either byte order, any
+/// alignment and strides) out of `obj`.
 fn column<T: numpy::Element + Copy>(
     obj: &Bound<'_, PyAny>,
     name: &str,
     dtype_name: &str,
 ) -> PyResult<Vec<T>> {
-    let array = obj.cast::<PyArray1<T>>().map_err(|_| {
+    let wrong = || {
         invalid_argument(
             obj.py(),
             format!(
@@ -27,7 +28,13 @@ fn column<T: numpy::Element + Copy>(
                 describe(obj)
             ),
         )
-    })?;
+    };
+    let untyped = obj.cast::<numpy::PyUntypedArray>().map_err(|_| wrong())?;
+    // An array that cannot be read in place (misaligned, strides that are not whole items,
+    // the other byte order) is read from a native copy (`arrays.rs`); the copy's dtype is then
+    // checked like the array's.
+    let behaved = crate::arrays::behaved(untyped, false)?;
+    let array = behaved.cast::<PyArray1<T>>().map_err(|_| wrong())?;
     let readonly = array
         .try_readonly()
         .map_err(|e| invalid_argument(obj.py(), format!("{name}: {e}")))?;
@@ -153,6 +160,8 @@ fn read_config(config: &Bound<'_, PyDict>) -> PyResult<SimConfig> {
             "max_steps" => out.max_steps = if value.is_none() { None } else { Some(size()?) },
             "watermark" => out.watermark = number()?,
             "check_invariants" => out.check_invariants = flag()?,
+            "scheduling" => out.scheduling = parse(py, &text()?)?,
+            "aging_bound" => out.aging_bound = size()?,
             other => {
                 return Err(invalid_argument(
                     py,
@@ -162,6 +171,30 @@ fn read_config(config: &Bound<'_, PyDict>) -> PyResult<SimConfig> {
         }
     }
     Ok(out)
+}
+
+/// The trace prefix blocks of `simulate`'s keyword arguments: all three given, or none.
+fn read_prefix_blocks(
+    py: Python<'_>,
+    block_tokens: Option<CountArg>,
+    block_offsets: Option<&Bound<'_, PyAny>>,
+    block_ids: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Option<PrefixBlocks>> {
+    let present = |o: Option<&Bound<'_, PyAny>>| o.is_some_and(|o| !o.is_none());
+    match (block_tokens, present(block_offsets), present(block_ids)) {
+        (None, false, false) => Ok(None),
+        (Some(tokens), true, true) => {
+            let offsets = int_column(block_offsets.expect("present"), "block_offsets")?;
+            let ids = int_column(block_ids.expect("present"), "block_ids")?;
+            PrefixBlocks::new(tokens.0, &offsets, &ids)
+                .map(Some)
+                .map_err(|e| to_pyerr(py, e))
+        }
+        _ => Err(invalid_argument(
+            py,
+            "block_tokens, block_offsets and block_ids must be given together".into(),
+        )),
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -174,6 +207,7 @@ fn read_workload(
     group_kind: &Bound<'_, PyAny>,
     prefix_id: Option<&Bound<'_, PyAny>>,
     prefix_tokens: Option<&Bound<'_, PyAny>>,
+    prefix_blocks: Option<PrefixBlocks>,
 ) -> PyResult<Workload> {
     let group_kind = group_kind_str(group_kind)?;
     let prompt = int_column(prompt_tokens, "prompt_tokens")?;
@@ -183,7 +217,7 @@ fn read_workload(
     let pid = optional_int_column(prefix_id, "prefix_id")?;
     let plen = optional_int_column(prefix_tokens, "prefix_tokens")?;
     let kind = parse(py, &group_kind)?;
-    Workload::from_arrays(
+    let workload = Workload::from_arrays(
         &prompt,
         &output,
         &arrival,
@@ -192,7 +226,13 @@ fn read_workload(
         pid.as_deref(),
         plen.as_deref(),
     )
-    .map_err(|e| to_pyerr(py, e))
+    .map_err(|e| to_pyerr(py, e))?;
+    match prefix_blocks {
+        Some(blocks) => workload
+            .with_prefix_blocks(blocks)
+            .map_err(|e| to_pyerr(py, e)),
+        None => Ok(workload),
+    }
 }
 
 /// Packs a result as a dict of Python scalars and NumPy arrays.
@@ -243,6 +283,16 @@ fn result_dict<'py>(py: Python<'py>, r: &SimResult) -> PyResult<Bound<'py, PyDic
     let lens: Vec<i64> = r.block_table_len.iter().map(|&l| l as i64).collect();
     d.set_item("block_table_len", PyArray1::from_vec(py, lens))?;
     d.set_item("latency_s", PyArray1::from_slice(py, &r.latency_s))?;
+    d.set_item("wait_s", PyArray1::from_slice(py, &r.wait_s))?;
+    d.set_item("prompt_tokens", r.prompt_tokens)?;
+    d.set_item("prompt_hit_tokens", r.prompt_hit_tokens)?;
+    d.set_item("optimal_prompt_tokens", r.optimal_prompt_tokens)?;
+    d.set_item("optimal_hit_tokens", r.optimal_hit_tokens)?;
+    d.set_item("scheduling", r.scheduling.to_string())?;
+    d.set_item("aging_bound", r.aging_bound)?;
+    d.set_item("max_passed_over", r.max_passed_over)?;
+    d.set_item("forced_admissions", r.forced_admissions)?;
+    d.set_item("evicted_wanted_blocks", r.evicted_wanted_blocks)?;
     Ok(d)
 }
 
@@ -300,14 +350,17 @@ fn frame_dict<'py>(py: Python<'py>, f: &Frame) -> PyResult<Bound<'py, PyDict>> {
 }
 
 /// simulate(prompt_tokens, output_tokens, arrival_s, group_size, group_kind, prefix_id,
-///          prefix_tokens, config, progress=None) -> dict
+///          prefix_tokens, config, progress=None, *, block_tokens=None, block_offsets=None,
+///          block_ids=None) -> dict
 ///
 /// Arrays are 1-D `[R]`: int64 lengths, float64 arrival seconds; `group_size`, `prefix_id`,
 /// `prefix_tokens` may be None. `config` holds SimConfig fields by name. `progress`, if given,
 /// is called as `progress(steps, finished_requests, total_requests)` every few thousand steps;
-/// a falsy return stops the run early. Runs without the GIL between callbacks.
+/// a falsy return stops the run early. Runs without the GIL between callbacks. Trace prefix
+/// blocks (all three or none): `block_offsets` int64 `[R + 1]`, `block_ids` int64 (request i's
+/// are `block_ids[block_offsets[i]:block_offsets[i + 1]]`), `block_tokens` tokens per block.
 #[pyfunction]
-#[pyo3(signature = (prompt_tokens, output_tokens, arrival_s, group_size, group_kind, prefix_id, prefix_tokens, config, progress=None))]
+#[pyo3(signature = (prompt_tokens, output_tokens, arrival_s, group_size, group_kind, prefix_id, prefix_tokens, config, progress=None, *, block_tokens=None, block_offsets=None, block_ids=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn simulate<'py>(
     py: Python<'py>,
@@ -320,7 +373,11 @@ pub fn simulate<'py>(
     prefix_tokens: Option<&Bound<'py, PyAny>>,
     config: &Bound<'py, PyAny>,
     progress: Option<Py<PyAny>>,
+    block_tokens: Option<CountArg>,
+    block_offsets: Option<&Bound<'py, PyAny>>,
+    block_ids: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyDict>> {
+    let blocks = read_prefix_blocks(py, block_tokens, block_offsets, block_ids)?;
     let workload = read_workload(
         py,
         prompt_tokens,
@@ -330,6 +387,7 @@ pub fn simulate<'py>(
         group_kind,
         prefix_id,
         prefix_tokens,
+        blocks,
     )?;
     let config = read_config(config_dict(config)?)?;
     let mut callback_error: Option<PyErr> = None;
@@ -363,11 +421,12 @@ pub fn simulate<'py>(
 }
 
 /// record_frames(prompt_tokens, output_tokens, arrival_s, group_size, group_kind, prefix_id,
-///               prefix_tokens, config, max_steps) -> dict
+///               prefix_tokens, config, max_steps, *, block_tokens=None, block_offsets=None,
+///               block_ids=None) -> dict
 ///
 /// The result dict of the first `max_steps` steps plus `"frames"`: one dict per step.
 #[pyfunction]
-#[pyo3(signature = (prompt_tokens, output_tokens, arrival_s, group_size, group_kind, prefix_id, prefix_tokens, config, max_steps))]
+#[pyo3(signature = (prompt_tokens, output_tokens, arrival_s, group_size, group_kind, prefix_id, prefix_tokens, config, max_steps, *, block_tokens=None, block_offsets=None, block_ids=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn record_frames<'py>(
     py: Python<'py>,
@@ -380,8 +439,12 @@ pub fn record_frames<'py>(
     prefix_tokens: Option<&Bound<'py, PyAny>>,
     config: &Bound<'py, PyAny>,
     max_steps: CountArg,
+    block_tokens: Option<CountArg>,
+    block_offsets: Option<&Bound<'py, PyAny>>,
+    block_ids: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let max_steps = max_steps.0;
+    let blocks = read_prefix_blocks(py, block_tokens, block_offsets, block_ids)?;
     let workload = read_workload(
         py,
         prompt_tokens,
@@ -391,6 +454,7 @@ pub fn record_frames<'py>(
         group_kind,
         prefix_id,
         prefix_tokens,
+        blocks,
     )?;
     let config = read_config(config_dict(config)?)?;
     let (result, frames) = py

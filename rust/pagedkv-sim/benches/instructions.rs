@@ -8,13 +8,26 @@
 //! ```
 //!
 //! `Collected` (Ir) divided by the printed unit count is instructions per unit.
+//!
+//! `schedule_<chooser>_<prompts>[_<waiting>]` (chooser `fcfs`, `lpm`, `dfs` or `rematch`;
+//! prompts `shared` or `unique`; 1,000 waiting unless given) runs the cache-aware queue's steady
+//! state; `callgrind_annotate --inclusive=yes` on its output splits each step into the `policy_*`
+//! and `allocator_*` parts (docs/scheduling.md, Cost):
+//!
+//! ```text
+//! valgrind --tool=callgrind --collect-atstart=no --toggle-collect='*scenario_*' \
+//!     --callgrind-out-file=out.cg target/release/deps/instructions-<hash> schedule_lpm_shared 2000
+//! callgrind_annotate --inclusive=yes out.cg | grep -E 'policy_|allocator_'
+//! ```
 
 use std::time::Instant;
 
-use pagedkv_sim::{simulate, AllocatorKind, SimConfig, Workload};
+use pagedkv_sim::{simulate, AllocatorKind, Scheduling, SimConfig, Workload};
 
 mod common;
+mod schedule_common;
 use common::synthetic_workload;
+use schedule_common::{Chooser, Prompts, Steady};
 
 /// The simulator on a seeded 2,000-request workload (paged allocator). Units: generated tokens.
 #[inline(never)]
@@ -24,6 +37,15 @@ fn scenario_sim_replay(workload: &Workload, config: &SimConfig, iters: u64) -> u
         tokens += simulate(workload, config).unwrap().generated_tokens as u64;
     }
     tokens
+}
+
+/// Steps of the cache-aware queue's steady state. Units: scheduled requests.
+#[inline(never)]
+fn scenario_schedule(steady: &mut Steady, iters: u64) -> u64 {
+    for _ in 0..iters {
+        steady.step();
+    }
+    iters
 }
 
 fn main() {
@@ -46,6 +68,26 @@ fn main() {
                 ..Default::default()
             };
             scenario_sim_replay(&workload, &config, iters)
+        }
+        name if name.starts_with("schedule_") => {
+            let mut parts = name.split('_').skip(1);
+            let chooser = match parts.next() {
+                Some("fcfs") => Chooser::Fcfs,
+                Some("rematch") => Chooser::Rematch,
+                Some(p) => {
+                    Chooser::Queue(p.parse::<Scheduling>().expect("fcfs, lpm, dfs or rematch"))
+                }
+                None => panic!("schedule_<chooser>_<prompts>[_<waiting>]"),
+            };
+            let kind = match parts.next() {
+                Some("unique") => Prompts::Unique,
+                _ => Prompts::Shared,
+            };
+            let waiting = parts
+                .next()
+                .map_or(1000, |w| w.parse().expect("waiting count"));
+            let mut steady = Steady::new(chooser, waiting, kind);
+            scenario_schedule(&mut steady, iters)
         }
         other => {
             // `cargo bench` without `--bench` runs every target with its own arguments.

@@ -75,6 +75,25 @@ pub enum Preemption {
     Swap,
 }
 
+/// The order in which waiting requests are admitted (docs/scheduling.md).
+///
+/// ```
+/// use pagedkv_sim::Scheduling;
+/// assert_eq!("dfs".parse::<Scheduling>()?, Scheduling::Dfs);
+/// assert_eq!(Scheduling::Lpm.to_string(), "lpm");
+/// # Ok::<(), pagedkv::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Scheduling {
+    /// First come, first served: the oldest waiting request, which blocks the rest.
+    #[default]
+    Fcfs,
+    /// Longest prefix match: the request the prefix cache serves most of now (oldest on ties).
+    Lpm,
+    /// Depth first over the waiting requests' shared prefixes, heaviest subtree first.
+    Dfs,
+}
+
 macro_rules! string_enum {
     ($ty:ident, $what:literal, { $($name:literal => $variant:ident),+ $(,)? }) => {
         impl FromStr for $ty {
@@ -107,6 +126,10 @@ string_enum!(AllocatorKind, "allocator", {
 string_enum!(Placement, "placement", { "first-fit" => FirstFit, "buddy" => Buddy });
 string_enum!(Arrival, "arrival", { "saturated" => Saturated, "trace" => Trace, "poisson" => Poisson });
 string_enum!(Preemption, "preemption", { "recompute" => Recompute, "swap" => Swap });
+string_enum!(Scheduling, "scheduling", { "fcfs" => Fcfs, "lpm" => Lpm, "dfs" => Dfs });
+
+/// Default [`SimConfig::aging_bound`]: admissions that may pass over a waiting request.
+pub const DEFAULT_AGING_BOUND: usize = 2048;
 
 /// Settings of one simulation run (field names and defaults match the Python `SimConfig`).
 ///
@@ -153,6 +176,12 @@ pub struct SimConfig {
     pub watermark: f64,
     /// Check the allocator's invariants after every step (slow; for tests).
     pub check_invariants: bool,
+    /// Admission order of waiting requests; `Lpm` and `Dfs` need the paged allocator with prefix
+    /// caching and no host tier.
+    pub scheduling: Scheduling,
+    /// Most admissions that may pass over a waiting request under `Lpm` and `Dfs` (0: they
+    /// admit first come, first served).
+    pub aging_bound: usize,
 }
 
 impl Default for SimConfig {
@@ -174,6 +203,8 @@ impl Default for SimConfig {
             max_steps: None,
             watermark: 0.01,
             check_invariants: false,
+            scheduling: Scheduling::Fcfs,
+            aging_bound: DEFAULT_AGING_BOUND,
         }
     }
 }
@@ -240,6 +271,21 @@ impl SimConfig {
         }
         if self.max_steps == Some(0) {
             return bad("max_steps must be at least 1 (or None)".into());
+        }
+        if self.scheduling != Scheduling::Fcfs
+            && (self.allocator != AllocatorKind::Paged
+                || !self.enable_prefix_caching
+                || self.num_host_blocks() > 0)
+        {
+            return bad(format!(
+                "scheduling '{}' orders requests by the prefix cache: it needs the paged allocator \
+                 with prefix caching on and no host tier (got allocator '{}', prefix caching {}, \
+                 {} host slots)",
+                self.scheduling,
+                self.allocator,
+                if self.enable_prefix_caching { "on" } else { "off" },
+                self.num_host_slots
+            ));
         }
         if self.allocator == AllocatorKind::Paged
             && self.preemption == Preemption::Swap

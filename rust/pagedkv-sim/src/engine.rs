@@ -4,22 +4,27 @@
 //! group takes one beam-search step; (3) every running sequence gets a slot for its next token;
 //! if the paged pool runs out, the most recently admitted group is preempted (recompute or
 //! swap) until the rest fit; (4) if nobody was preempted, swapped-out groups come back first,
-//! then waiting requests are admitted first-come-first-served while they fit (the head of the
-//! queue blocks the rest); an admitted request is prefilled and generates its first token in
-//! the same step; (5) the pool is accounted; (6) finished requests release their memory.
+//! then waiting requests are admitted while they fit, first-come-first-served or in the order of
+//! a cache-aware policy (`SimConfig::scheduling`; the request due next blocks the rest); an
+//! admitted request is prefilled and generates its first token in the same step; (5) the pool is
+//! accounted; (6) finished requests release their memory.
 
 use std::collections::VecDeque;
 
 use pagedkv::{Error, Result, SeqId, MAX_NUM_BLOCKS};
 
-use crate::config::{AllocatorKind, Arrival, Preemption, SimConfig};
+use crate::config::{AllocatorKind, Arrival, Preemption, Scheduling, SimConfig};
 use crate::contiguous::ContiguousMemory;
 use crate::frames::Frame;
 use crate::group::Group;
+use crate::memory::Admission;
 use crate::memory::KvMemory;
 use crate::metrics::{Accumulator, SimResult};
+use crate::optimum::optimal_hits;
 use crate::paged::PagedMemory;
+use crate::policy_waiting::PolicyWaiting;
 use crate::rng::SplitMix64;
+use crate::tokens::PromptSource;
 use crate::workload::{GroupKind, Workload};
 
 /// Progress of a running simulation, passed to the progress callback.
@@ -174,10 +179,21 @@ fn run(
     config.validate()?;
     validate_against_config(workload, config)?;
     let mut memory: Box<dyn KvMemory> = match config.allocator {
-        AllocatorKind::Paged => Box::new(PagedMemory::new(config, workload.has_groups())?),
+        AllocatorKind::Paged => Box::new(PagedMemory::new(
+            config,
+            workload.has_groups(),
+            PromptSource::new(workload),
+            config.scheduling != Scheduling::Fcfs,
+        )?),
         _ => Box::new(ContiguousMemory::new(config)),
     };
-    Engine::new(workload, config).run(memory.as_mut(), progress, frames)
+    let mut result = Engine::new(workload, config).run(memory.as_mut(), progress, frames)?;
+    if config.allocator == AllocatorKind::Paged && config.enable_prefix_caching {
+        let best = optimal_hits(workload, config.block_size, config.seed)?;
+        result.optimal_prompt_tokens = best.prompt_tokens;
+        result.optimal_hit_tokens = best.hit_tokens;
+    }
+    Ok(result)
 }
 
 struct Engine<'a> {
@@ -186,7 +202,12 @@ struct Engine<'a> {
     arrivals: Vec<f64>,
     next_arrival: usize,
     /// Arrived, not admitted; the front is the next to admit (recomputed groups go back here).
+    /// Under a cache-aware policy only recomputed groups wait here, ahead of `policy`.
     waiting: VecDeque<Group>,
+    /// Arrived requests under a cache-aware policy (`None`: first come, first served).
+    policy: Option<PolicyWaiting>,
+    /// When each request was first admitted (NaN until then).
+    admitted_at_s: Vec<f64>,
     /// Swapped out to the host tier; swapped back in (front first) before new admissions.
     swapped: VecDeque<Group>,
     /// Admitted groups holding device memory, in admission order (the last is the next victim).
@@ -207,6 +228,9 @@ impl<'a> Engine<'a> {
             arrivals: arrival_times(workload, config),
             next_arrival: 0,
             waiting: VecDeque::new(),
+            policy: (config.scheduling != Scheduling::Fcfs)
+                .then(|| PolicyWaiting::new(config, workload.requests().len())),
+            admitted_at_s: vec![f64::NAN; workload.requests().len()],
             swapped: VecDeque::new(),
             running: Vec::new(),
             running_seqs: 0,
@@ -215,6 +239,8 @@ impl<'a> Engine<'a> {
             now_s: 0.0,
             result: SimResult {
                 num_slots: config.num_slots,
+                scheduling: config.scheduling,
+                aging_bound: config.aging_bound,
                 ..Default::default()
             },
             sums: Accumulator::default(),
@@ -236,8 +262,8 @@ impl<'a> Engine<'a> {
             {
                 break;
             }
-            self.take_arrivals();
-            if self.running.is_empty() && self.waiting.is_empty() && self.swapped.is_empty() {
+            self.take_arrivals(memory)?;
+            if self.running.is_empty() && !self.anything_waits() {
                 match self.arrivals.get(self.next_arrival) {
                     // Idle until the next arrival: no steps are run in between.
                     Some(&t) => {
@@ -262,16 +288,34 @@ impl<'a> Engine<'a> {
         }
         self.result.simulated_seconds = self.now_s;
         self.sums.finish(&mut self.result);
+        if let Some(policy) = &self.policy {
+            let stats = policy.stats();
+            self.result.max_passed_over = stats.max_passed_over as usize;
+            self.result.forced_admissions = stats.forced_admissions as usize;
+            self.result.evicted_wanted_blocks = stats.evicted_wanted_blocks as usize;
+        }
         Ok(self.result)
     }
 
-    fn take_arrivals(&mut self) {
+    /// Whether any request waits for admission (new, recomputed or swapped out).
+    fn anything_waits(&self) -> bool {
+        !self.waiting.is_empty()
+            || !self.swapped.is_empty()
+            || self.policy.as_ref().is_some_and(|p| p.len() > 0)
+    }
+
+    fn take_arrivals(&mut self, memory: &mut dyn KvMemory) -> Result<()> {
         let requests = self.workload.requests();
         while self.next_arrival < requests.len() && self.arrivals[self.next_arrival] <= self.now_s {
             let i = self.next_arrival;
-            self.waiting.push_back(Group::new(i, requests[i]));
+            let group = Group::new(i, requests[i]);
+            match self.policy.as_mut() {
+                Some(policy) => policy.push(memory, group)?,
+                None => self.waiting.push_back(group),
+            }
             self.next_arrival += 1;
         }
+        Ok(())
     }
 
     fn step(&mut self, memory: &mut dyn KvMemory, frames: Option<&mut Vec<Frame>>) -> Result<()> {
@@ -298,7 +342,7 @@ impl<'a> Engine<'a> {
         }
         if !preempted {
             self.admit(memory)?;
-            if self.running.is_empty() && (!self.waiting.is_empty() || !self.swapped.is_empty()) {
+            if self.running.is_empty() && self.anything_waits() {
                 // Validation guarantees that a lone request fits an empty pool.
                 return Err(Error::InvariantViolation(
                     "nothing runs and the head of the queue cannot be admitted".into(),
@@ -307,6 +351,7 @@ impl<'a> Engine<'a> {
         }
         // Account the pool as the step's forward pass sees it.
         let head = self.swapped.front().or(self.waiting.front());
+        let queued = self.anything_waits();
         let shares = memory.sample(&self.running, head)?;
         if shares.total() != self.config.num_slots {
             return Err(Error::InvariantViolation(format!(
@@ -318,7 +363,7 @@ impl<'a> Engine<'a> {
         let used_blocks = memory.used_blocks();
         self.sums.add(
             &shares,
-            head.is_some(),
+            queued,
             self.running.len(),
             self.running_seqs,
             used_blocks,
@@ -331,7 +376,9 @@ impl<'a> Engine<'a> {
                 step,
                 time_s: self.now_s,
                 running: self.running.len(),
-                waiting: self.waiting.len() + self.swapped.len(),
+                waiting: self.waiting.len()
+                    + self.swapped.len()
+                    + self.policy.as_ref().map_or(0, PolicyWaiting::len),
                 finished: self.result.finished_requests
                     + self.running.iter().filter(|g| g.is_finished()).count(),
                 preemptions: self.result.preemptions,
@@ -343,6 +390,10 @@ impl<'a> Engine<'a> {
         self.release_finished(memory)?;
         if self.config.check_invariants {
             memory.check_invariants()?;
+            if let Some(policy) = self.policy.as_mut() {
+                policy.sync(memory)?;
+                policy.check_invariants()?;
+            }
         }
         self.result.steps += 1;
         self.now_s += self.config.step_time_s;
@@ -368,10 +419,22 @@ impl<'a> Engine<'a> {
     }
 
     fn admit(&mut self, memory: &mut dyn KvMemory) -> Result<()> {
+        if let Some(policy) = self.policy.as_mut() {
+            policy.sync(memory)?;
+        }
+        // Under the aging bound, a group coming back from preemption may not pass over a due
+        // request: then only the policy queue's head may go next.
+        let mut held_back = false;
         while let Some(group) = self.swapped.front_mut() {
             let n = group.members.len();
             if self.running_seqs + n > self.config.max_num_seqs {
                 return Ok(());
+            }
+            if let Some(policy) = self.policy.as_mut() {
+                if !policy.may_admit_other(group.request) {
+                    held_back = true;
+                    break;
+                }
             }
             let alone = self.running.is_empty();
             let Some(moved) = memory.try_swap_in(group, alone)? else {
@@ -382,31 +445,70 @@ impl<'a> Engine<'a> {
             group.generated += 1;
             self.result.generated_tokens += n;
             self.running_seqs += n;
+            if let Some(policy) = self.policy.as_mut() {
+                policy.other_admitted(group.request);
+                policy.sync(memory)?;
+            }
             self.running.push(group);
         }
-        while let Some(group) = self.waiting.front_mut() {
+        while let Some(group) = self.waiting.front_mut().filter(|_| !held_back) {
             let n = group.spec.group_size;
             if self.running_seqs + n > self.config.max_num_seqs {
                 return Ok(());
             }
+            if let Some(policy) = self.policy.as_mut() {
+                if !policy.may_admit_other(group.request) {
+                    break;
+                }
+            }
             let alone = self.running.is_empty();
-            let recomputing = group.generated > 0;
             let Some(cost) = memory.try_admit(group, &mut self.next_seq_id, alone)? else {
                 return Ok(());
             };
-            let mut group = self.waiting.pop_front().expect("front exists");
-            self.result.prefix_query_tokens += cost.query_tokens;
-            self.result.prefix_hit_tokens += cost.hit_tokens;
-            self.result.prefill_tokens += cost.prefill_tokens;
-            if recomputing {
-                self.result.recomputed_tokens += cost.prefill_tokens;
+            let group = self.waiting.pop_front().expect("front exists");
+            if let Some(policy) = self.policy.as_mut() {
+                if group.generated > 0 {
+                    policy.other_admitted(group.request);
+                }
+                policy.sync(memory)?;
             }
-            group.generated += 1;
-            self.result.generated_tokens += n;
-            self.running_seqs += n;
-            self.running.push(group);
+            self.record_admission(group, cost);
+        }
+        while let Some(policy) = self.policy.as_mut() {
+            let Some(request) = policy.peek() else {
+                return Ok(());
+            };
+            let group = policy.group_mut(request)?;
+            if self.running_seqs + group.spec.group_size > self.config.max_num_seqs {
+                return Ok(());
+            }
+            let alone = self.running.is_empty();
+            let Some(cost) = memory.try_admit(group, &mut self.next_seq_id, alone)? else {
+                return Ok(());
+            };
+            let group = policy.admitted(memory, request, cost.hit_tokens)?;
+            self.record_admission(group, cost);
         }
         Ok(())
+    }
+
+    /// Books an admitted group's prefill and first token and starts it running.
+    fn record_admission(&mut self, mut group: Group, cost: Admission) {
+        let n = group.spec.group_size;
+        self.result.prefix_query_tokens += cost.query_tokens;
+        self.result.prefix_hit_tokens += cost.hit_tokens;
+        self.result.prefill_tokens += cost.prefill_tokens;
+        if group.generated > 0 {
+            self.result.recomputed_tokens += cost.prefill_tokens;
+        } else {
+            self.result.prompt_tokens += group.spec.prompt_tokens;
+            self.result.prompt_hit_tokens += cost.hit_tokens;
+            self.admitted_at_s[group.request] = self.now_s;
+        }
+        group.generated += 1;
+        self.result.generated_tokens += n;
+        self.running_seqs += n;
+        self.running.push(group);
     }
 
     fn release_finished(&mut self, memory: &mut dyn KvMemory) -> Result<()> {
@@ -428,6 +530,9 @@ impl<'a> Engine<'a> {
                 .waste_per_request_tokens
                 .push(figures.waste_slots);
             self.result.block_table_len.push(figures.block_table_len);
+            self.result
+                .wait_s
+                .push(self.admitted_at_s[group.request] - self.arrivals[group.request]);
             // The request's last token is out at the end of this step.
             self.result
                 .latency_s

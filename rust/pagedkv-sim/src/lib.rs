@@ -30,17 +30,26 @@ mod frames;
 mod group;
 mod memory;
 mod metrics;
+mod optimum;
 mod paged;
+mod policy_waiting;
+mod prefix_blocks;
 mod rng;
+mod schedule;
 mod tokens;
 mod workload;
 
 pub use buddy::BuddyAllocator;
-pub use config::{AllocatorKind, Arrival, Placement, Preemption, SimConfig};
+pub use config::{
+    AllocatorKind, Arrival, Placement, Preemption, Scheduling, SimConfig, DEFAULT_AGING_BOUND,
+};
 pub use engine::{record_frames, simulate, simulate_with_progress, SimProgress};
 pub use extent::{Extent, ExtentAllocator};
 pub use first_fit::FirstFitAllocator;
 pub use frames::{Frame, FrameCell, FramePool, FrameSequence};
 pub use metrics::{SimResult, SlotShares};
+pub use optimum::{optimal_hits, OptimalHits};
+pub use prefix_blocks::PrefixBlocks;
 pub use rng::SplitMix64;
+pub use schedule::{CacheAwareQueue, QueueStats};
 pub use workload::{GroupKind, RequestSpec, Workload};

@@ -1,6 +1,6 @@
 //! The interface between the step loop and an allocation policy (paged or contiguous).
 
-use pagedkv::{Result, SeqId};
+use pagedkv::{BlockHash, Error, KvEvent, Result, SeqId};
 
 use crate::frames::FramePool;
 use crate::group::Group;
@@ -80,4 +80,19 @@ pub(crate) trait KvMemory {
 
     /// Per-cell picture of the pool and every running sequence's table, for the visualizer.
     fn frame_pool(&mut self, running: &[Group]) -> Result<FramePool>;
+
+    /// The chained hashes of the full blocks of `group`'s prompt, as the prefix cache keys
+    /// them, into `out` (cleared first). Only an allocator with a prefix cache has them.
+    fn prompt_block_hashes(&mut self, group: &Group, out: &mut Vec<BlockHash>) -> Result<()> {
+        let _ = (group, out);
+        Err(Error::InvariantViolation(
+            "this allocator has no prefix cache to hash prompts for".into(),
+        ))
+    }
+
+    /// Drains the prefix cache's KV events recorded since the last call (none without a cache,
+    /// or when events are not recorded).
+    fn take_cache_events(&mut self) -> Result<Vec<KvEvent>> {
+        Ok(Vec::new())
+    }
 }

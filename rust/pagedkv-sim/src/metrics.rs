@@ -1,5 +1,7 @@
 //! Slot accounting and the result of a run. Definitions: docs/metrics.md.
 
+use crate::config::Scheduling;
+
 /// Every slot of the pool at one step, in exactly one of five states (the fields sum to the
 /// pool's `num_slots`).
 ///
@@ -132,9 +134,52 @@ pub struct SimResult {
     pub block_table_len: Vec<usize>,
     /// Seconds from arrival to finish of each finished request (same order).
     pub latency_s: Vec<f64>,
+    /// Seconds from arrival to first admission of each finished request (same order).
+    pub wait_s: Vec<f64>,
+    /// Prompt tokens of the requests admitted, each counted at its first admission (a
+    /// recomputation after preemption queries the cache again but is not counted here).
+    pub prompt_tokens: usize,
+    /// Of those, tokens the prefix cache served at the first admission.
+    pub prompt_hit_tokens: usize,
+    /// Prompt tokens of the whole workload (0 without prefix caching).
+    pub optimal_prompt_tokens: usize,
+    /// The most of them any admission order serves from the prefix cache ([`crate::optimal_hits`];
+    /// 0 without prefix caching).
+    pub optimal_hit_tokens: usize,
+    /// The admission order of the run.
+    pub scheduling: Scheduling,
+    /// The aging bound of the run (`SimConfig::aging_bound`; it binds only `Lpm` and `Dfs`).
+    pub aging_bound: usize,
+    /// Most admissions that passed over one waiting request (`Lpm`, `Dfs`; at most `aging_bound`).
+    pub max_passed_over: usize,
+    /// Admissions of the oldest request because it had reached the aging bound.
+    pub forced_admissions: usize,
+    /// Blocks evicted while a waiting request would have hit them (`Lpm`, `Dfs`).
+    pub evicted_wanted_blocks: usize,
 }
 
 impl SimResult {
+    /// Share of the admitted requests' prompt tokens served from the prefix cache at their
+    /// first admission.
+    pub fn token_hit_rate(&self) -> f64 {
+        ratio(self.prompt_hit_tokens, self.prompt_tokens)
+    }
+
+    /// The offline optimum's share of the workload's prompt tokens ([`crate::optimal_hits`]).
+    pub fn optimal_token_hit_rate(&self) -> f64 {
+        ratio(self.optimal_hit_tokens, self.optimal_prompt_tokens)
+    }
+
+    /// [`Self::token_hit_rate`] over [`Self::optimal_token_hit_rate`] (1 when the optimum is 0).
+    pub fn hit_rate_of_optimum(&self) -> f64 {
+        let best = self.optimal_token_hit_rate();
+        if best == 0.0 {
+            1.0
+        } else {
+            self.token_hit_rate() / best
+        }
+    }
+
     /// Generated tokens per step.
     pub fn generated_tokens_per_step(&self) -> f64 {
         if self.steps == 0 {
@@ -142,6 +187,14 @@ impl SimResult {
         } else {
             self.generated_tokens as f64 / self.steps as f64
         }
+    }
+}
+
+fn ratio(part: usize, whole: usize) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        part as f64 / whole as f64
     }
 }
 

@@ -2,7 +2,9 @@
 //! prompt blocks through `fork` (copy-on-write); requests with a common prefix share cached
 //! blocks when prefix caching is on.
 
-use pagedkv::{Error, KvCacheManager, ManagerConfig, Result, SeqId, Tier, TokenId};
+use pagedkv::{
+    BlockHash, Error, KvCacheManager, KvEvent, ManagerConfig, Result, SeqId, Tier, TokenId,
+};
 
 use crate::config::SimConfig;
 use crate::frames::{FrameCell, FramePool, FrameSequence};
@@ -10,7 +12,7 @@ use crate::group::Group;
 use crate::memory::{Admission, FinishedFigures, KvMemory};
 use crate::metrics::{classify_block, SlotShares};
 use crate::rng::SplitMix64;
-use crate::tokens::{output_token, prompt_token};
+use crate::tokens::{output_token, PromptSource};
 use crate::workload::RequestSpec;
 
 /// Blocks a group of `n` sequences forked from a `prompt_tokens` prompt holds when each of its
@@ -45,10 +47,19 @@ pub(crate) struct PagedMemory {
     epoch: u32,
     seq_buf: Vec<SeqId>,
     token_buf: Vec<TokenId>,
+    /// Where prompt token ids come from (the workload's prefixes and trace blocks).
+    prompts: PromptSource,
 }
 
 impl PagedMemory {
-    pub fn new(config: &SimConfig, has_groups: bool) -> Result<Self> {
+    /// `record_events`: keep the prefix cache's KV events for [`KvMemory::take_cache_events`]
+    /// (a cache-aware scheduler follows the cache through them).
+    pub fn new(
+        config: &SimConfig,
+        has_groups: bool,
+        prompts: PromptSource,
+        record_events: bool,
+    ) -> Result<Self> {
         let num_blocks = config.num_blocks();
         let kv = KvCacheManager::new(ManagerConfig {
             num_blocks,
@@ -56,9 +67,11 @@ impl PagedMemory {
             enable_prefix_caching: config.enable_prefix_caching,
             num_host_blocks: config.num_host_blocks(),
             hash_seed: config.seed,
-            // The simulator never reads KV events: record none.
-            max_events: 0,
-            enable_kv_events: false,
+            // Events are drained after every admission and step, so the queue stays short; a
+            // dropped event would desynchronize the scheduler's index (checked in
+            // `take_cache_events`).
+            max_events: if record_events { usize::MAX } else { 0 },
+            enable_kv_events: record_events,
             ..ManagerConfig::default()
         })?;
         Ok(PagedMemory {
@@ -74,6 +87,7 @@ impl PagedMemory {
             epoch: 0,
             seq_buf: Vec::new(),
             token_buf: Vec::new(),
+            prompts,
         })
     }
 
@@ -92,13 +106,15 @@ impl PagedMemory {
     fn fill_tokens(&mut self, group: &Group, member: usize, from: usize, to: usize) {
         self.token_buf.clear();
         let prompt = group.spec.prompt_tokens;
-        self.token_buf.extend((from..to).map(|pos| {
-            if pos < prompt {
-                prompt_token(&group.spec, group.request, pos)
-            } else {
-                output_token(group.request, member, pos)
-            }
-        }));
+        self.prompts.extend(
+            &group.spec,
+            group.request,
+            from.min(prompt),
+            to.min(prompt),
+            &mut self.token_buf,
+        );
+        self.token_buf
+            .extend((from.max(prompt)..to).map(|pos| output_token(group.request, member, pos)));
     }
 
     /// Appends one token to every sequence in `groups` (one batch call).
@@ -372,6 +388,23 @@ impl KvMemory for PagedMemory {
 
     fn check_invariants(&mut self) -> Result<()> {
         self.kv.check_invariants()
+    }
+
+    fn prompt_block_hashes(&mut self, group: &Group, out: &mut Vec<BlockHash>) -> Result<()> {
+        self.fill_tokens(group, 0, 0, group.spec.prompt_tokens);
+        *out = self.kv.prefix_block_hashes(&self.token_buf, None);
+        Ok(())
+    }
+
+    fn take_cache_events(&mut self) -> Result<Vec<KvEvent>> {
+        let events = self.kv.take_events();
+        let dropped = self.kv.stats().events_dropped;
+        if dropped > 0 {
+            return Err(Error::InvariantViolation(format!(
+                "the allocator dropped {dropped} KV events: the scheduling index lost track of the cache"
+            )));
+        }
+        Ok(events)
     }
 
     fn frame_pool(&mut self, running: &[Group]) -> Result<FramePool> {

@@ -1,15 +1,19 @@
 //! Deterministic synthetic token ids, so prefix caching sees the same ids for the same text.
 //!
 //! A prompt position inside a request's shared prefix gets an id derived from the prefix id
-//! alone (every request with that prefix agrees); any other prompt position, and every
-//! generated position, gets an id derived from the request (and the sequence in its group), so
-//! it matches nothing else. A preempted request recomputed later re-derives the very same ids
-//! and can hit its own cached blocks, as in vLLM.
+//! alone (every request with that prefix agrees); a position covered by one of the request's
+//! trace prefix blocks gets that block's token ([`crate::PrefixBlocks`]); any other prompt
+//! position, and every generated position, gets an id derived from the request (and the
+//! sequence in its group), so it matches nothing else. A preempted request recomputed later
+//! re-derives the very same ids and can hit its own cached blocks, as in vLLM.
+
+use std::sync::Arc;
 
 use pagedkv::splitmix64;
 use pagedkv::TokenId;
 
-use crate::workload::RequestSpec;
+use crate::prefix_blocks::PrefixBlocks;
+use crate::workload::{RequestSpec, Workload};
 
 const PREFIX_DOMAIN: u64 = 0x5052_4546_4958_0001;
 const PROMPT_DOMAIN: u64 = 0x5052_4f4d_5054_0002;
@@ -27,6 +31,42 @@ pub(crate) fn prompt_token(spec: &RequestSpec, request: usize, position: usize) 
             derive(PREFIX_DOMAIN, prefix_id, 0, position)
         }
         _ => derive(PROMPT_DOMAIN, request as u64, 0, position),
+    }
+}
+
+/// The prompt tokens of a workload's requests: [`prompt_token`], or a request's trace prefix
+/// blocks where they cover the position.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct PromptSource {
+    blocks: Option<Arc<PrefixBlocks>>,
+}
+
+impl PromptSource {
+    pub fn new(workload: &Workload) -> Self {
+        PromptSource {
+            blocks: workload.prefix_blocks_arc(),
+        }
+    }
+
+    /// Appends the token ids at positions `from..to` of request `request`'s prompt to `out`.
+    pub fn extend(
+        &self,
+        spec: &RequestSpec,
+        request: usize,
+        from: usize,
+        to: usize,
+        out: &mut Vec<TokenId>,
+    ) {
+        match self.blocks.as_deref() {
+            Some(b) => {
+                let ids = b.of(request);
+                out.extend((from..to).map(|pos| {
+                    b.token(ids, pos)
+                        .unwrap_or_else(|| prompt_token(spec, request, pos))
+                }));
+            }
+            None => out.extend((from..to).map(|pos| prompt_token(spec, request, pos))),
+        }
     }
 }
 

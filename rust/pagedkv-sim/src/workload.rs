@@ -2,8 +2,11 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use pagedkv::{Error, Result, MAX_NUM_SLOTS};
+
+use crate::prefix_blocks::PrefixBlocks;
 
 /// How the sequences of one request relate (vLLM's parallel sampling and beam search).
 ///
@@ -90,6 +93,8 @@ impl RequestSpec {
 pub struct Workload {
     requests: Vec<RequestSpec>,
     group_kind: GroupKind,
+    /// Trace prefix blocks of every request (then no request has a `prefix`), if any.
+    prefix_blocks: Option<Arc<PrefixBlocks>>,
 }
 
 impl Workload {
@@ -218,7 +223,58 @@ impl Workload {
         Ok(Workload {
             requests,
             group_kind,
+            prefix_blocks: None,
         })
+    }
+
+    /// The same requests, their prompts now chains of trace blocks (`blocks` describes every
+    /// request; a prompt longer than its blocks ends in tokens of its own). Refused when a request
+    /// also has a `prefix` (one way to share tokens per workload), when `blocks` describes
+    /// another number of requests, or when a request lists more blocks than its prompt reaches.
+    ///
+    /// ```
+    /// use pagedkv_sim::{GroupKind, PrefixBlocks, Workload};
+    /// let w = Workload::from_arrays(&[600, 1000], &[1, 1], &[0.0; 2], None, GroupKind::None, None, None)?
+    ///     .with_prefix_blocks(PrefixBlocks::new(512, &[0, 2, 4], &[1, 2, 1, 3])?)?;
+    /// assert_eq!(w.prefix_blocks().unwrap().of(1), &[1, 3]);
+    /// # Ok::<(), pagedkv::Error>(())
+    /// ```
+    pub fn with_prefix_blocks(mut self, blocks: PrefixBlocks) -> Result<Workload> {
+        if blocks.num_requests() != self.requests.len() {
+            return Err(Error::InvalidArgument(format!(
+                "prefix blocks describe {} requests but the workload has {}",
+                blocks.num_requests(),
+                self.requests.len()
+            )));
+        }
+        for (i, spec) in self.requests.iter().enumerate() {
+            if spec.prefix.is_some() {
+                return Err(Error::InvalidArgument(format!(
+                    "request {i}: has both a prefix_id and prefix blocks (give one or the other)"
+                )));
+            }
+            let listed = blocks.of(i).len();
+            let reach = spec.prompt_tokens.div_ceil(blocks.block_tokens());
+            if listed > reach {
+                return Err(Error::InvalidArgument(format!(
+                    "request {i}: {listed} prefix blocks of {} tokens, but its {}-token prompt reaches only {reach}",
+                    blocks.block_tokens(),
+                    spec.prompt_tokens
+                )));
+            }
+        }
+        self.prefix_blocks = Some(Arc::new(blocks));
+        Ok(self)
+    }
+
+    /// The trace prefix blocks, if the prompts are block chains.
+    pub fn prefix_blocks(&self) -> Option<&PrefixBlocks> {
+        self.prefix_blocks.as_deref()
+    }
+
+    /// A shared handle to the trace prefix blocks (what the allocator's token source keeps).
+    pub(crate) fn prefix_blocks_arc(&self) -> Option<Arc<PrefixBlocks>> {
+        self.prefix_blocks.clone()
     }
 
     /// A workload of plain requests from already-checked specs (validated the same way).
@@ -311,6 +367,37 @@ mod tests {
         assert!(msg(e).contains("prefix_id is -1"));
         let e = Workload::from_arrays(&[10], &[1], &[0.0], None, GroupKind::None, Some(&[1]), None);
         assert!(msg(e).contains("given together"));
+    }
+
+    #[test]
+    fn prefix_blocks_must_fit_the_workload() {
+        let blocks = |offsets: &[i64], ids: &[i64]| PrefixBlocks::new(4, offsets, ids).unwrap();
+        let msg = |r: Result<Workload>| r.unwrap_err().to_string();
+        let w = plain(&[8, 5], &[1, 1]).unwrap();
+        assert!(msg(w.clone().with_prefix_blocks(blocks(&[0, 1], &[3])))
+            .contains("describe 1 requests"));
+        // 5 tokens reach 2 blocks of 4, not 3.
+        assert!(msg(w
+            .clone()
+            .with_prefix_blocks(blocks(&[0, 2, 5], &[1, 2, 1, 2, 3])))
+        .contains("request 1: 3 prefix blocks"));
+        let ok = w
+            .with_prefix_blocks(blocks(&[0, 2, 4], &[1, 2, 1, 3]))
+            .unwrap();
+        assert_eq!(ok.prefix_blocks().unwrap().of(1), &[1, 3]);
+        let with_prefix = Workload::from_arrays(
+            &[8],
+            &[1],
+            &[0.0],
+            None,
+            GroupKind::None,
+            Some(&[0]),
+            Some(&[4]),
+        )
+        .unwrap();
+        assert!(
+            msg(with_prefix.with_prefix_blocks(blocks(&[0, 1], &[1]))).contains("both a prefix_id")
+        );
     }
 
     #[test]

@@ -15,6 +15,8 @@
 //! refcounts, cached-block order and host tables must agree, and every error must be the one
 //! the model predicts (same variant, same numbers). With `record_new_block_ids`, a mirror of
 //! the tables patched only from `take_new_block_ids` must equal the real tables every step.
+//! An index rebuilt only from the KV events (`model/replay.rs`) must predict
+//! `match_prefix` for every base prompt after every step.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -186,8 +188,11 @@ fn next_tokens(len: usize, n: usize) -> Vec<u32> {
 
 #[path = "model/reference.rs"]
 mod reference;
+#[path = "model/replay.rs"]
+mod replay;
 
-use reference::{kind, Kind, Limits, MBlock, Model};
+use reference::{hit_len, kind, Kind, Limits, MBlock, Model};
+use replay::Replay;
 
 /// Keeps the model-block <-> physical-block renaming consistent across steps.
 #[derive(Default)]
@@ -399,6 +404,7 @@ fn run(setup: Setup, ops: Vec<Op>) {
     };
     let mut names = Names::default();
     let mut mirror = Mirror::default();
+    let mut replay = Replay::default();
     for op in ops {
         let len_of = |kv: &KvCacheManager, id: u64| kv.num_tokens(id).unwrap_or(0);
         let (got, want): (Result<usize, Error>, Result<usize, Kind>) = match &op {
@@ -515,7 +521,7 @@ fn run(setup: Setup, ops: Vec<Op>) {
             Op::Match { prompt, len, extra } => {
                 let tokens = prompt_tokens(*prompt, *len);
                 let extra_bytes = extra.map(|e| vec![e; 3]);
-                kv.take_events();
+                replay.apply(kv.take_events());
                 let (stats, cached) = (kv.stats(), kv.cached_blocks());
                 let got = kv.match_prefix(&tokens, extra_bytes.as_deref());
                 assert_eq!(kv.stats(), stats, "match_prefix changed the stats");
@@ -633,6 +639,37 @@ fn run(setup: Setup, ops: Vec<Op>) {
             mirror.patch(&mut kv);
             mirror.check(&kv, &model);
         }
+        replay.apply(kv.take_events());
+        check_replay(&kv, &replay, &model);
+    }
+}
+
+/// The hit an index rebuilt from the events predicts for each base prompt (40 tokens, each
+/// extra key) is what `match_prefix` returns: with the one full-attention group, the device
+/// run then the host run; otherwise the groups' hit rule over what the events say each group
+/// stores (on either tier).
+fn check_replay(kv: &KvCacheManager, replay: &Replay, model: &Model) {
+    let bs = model.block_size;
+    for prompt in 0..3 {
+        for extra in [None, Some(0u8), Some(1)] {
+            let tokens = prompt_tokens(prompt, 40);
+            let key = extra.map(|e| vec![e; 3]);
+            let hashes = kv.prefix_block_hashes(&tokens, key.as_deref());
+            let max_blocks = (tokens.len() - 1) / bs;
+            let grouped = model.specs.len() > 1; // events carry group_idx
+            let predicted = if model.specs == [KvGroupSpec::FullAttention] {
+                replay.predict(&hashes, max_blocks)
+            } else {
+                hit_len(&model.specs, bs, max_blocks.min(hashes.len()), |g, i| {
+                    replay.stored_in_group(grouped.then_some(g as u32), hashes[i])
+                })
+            } * bs;
+            assert_eq!(
+                kv.match_prefix(&tokens, key.as_deref()),
+                Ok(predicted),
+                "prompt {prompt}, extra {extra:?}: the hit differs from what the events say is stored"
+            );
+        }
     }
 }
 
@@ -660,11 +697,13 @@ proptest! {
     /// The single full-attention group, the reserve contract (the tuned paths).
     #[test]
     fn manager_matches_model(
-        num_blocks in 1usize..12,
+        // Small pools evict all the time; larger ones keep chains cached long enough for a
+        // truncate or an eviction to cut one in its middle (where a hit was once lost).
+        num_blocks in prop_oneof![1usize..12, 12usize..40],
         block_size in 1usize..5,
         caching in any::<bool>(),
         num_host in prop_oneof![Just(0usize), 1usize..12],
-        ops in prop::collection::vec(op(), 1..60),
+        ops in prop::collection::vec(op(), 1..80),
     ) {
         run(setup(vec![KvGroupSpec::FullAttention], num_blocks, block_size, caching, num_host), ops);
     }

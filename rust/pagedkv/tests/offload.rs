@@ -15,6 +15,11 @@ use std::collections::BTreeMap;
 use pagedkv::{Error, KvCacheManager, KvEvent, ManagerConfig, Tier};
 use proptest::prelude::*;
 
+#[path = "model/replay.rs"]
+mod replay;
+
+use replay::Replay;
+
 /// The "K/V" of the token at `pos`: a fingerprint of the extra key and tokens `..=pos`.
 fn fingerprint(extra: Option<u8>, tokens: &[u32], pos: usize) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ extra.map_or(0xff_ff, u64::from);
@@ -107,6 +112,8 @@ struct World {
     swap_host: Memory,
     seqs: BTreeMap<u64, SeqModel>,
     host_hit_tokens: usize,
+    /// An index rebuilt only from `on`'s KV events, device and host tiers.
+    replay: Replay,
 }
 
 fn extra_bytes(extra: Option<u8>) -> Option<[u8; 1]> {
@@ -138,6 +145,7 @@ impl World {
             swap_host: vec![vec![None; bs]; 64],
             seqs: BTreeMap::new(),
             host_hit_tokens: 0,
+            replay: Replay::default(),
         }
     }
 
@@ -347,6 +355,27 @@ impl World {
         let (son, soff) = (self.on.stats(), self.off.stats());
         assert_eq!(son.num_cached_blocks, soff.num_cached_blocks);
         assert!(son.num_offloaded_blocks <= son.num_offload_blocks);
+        self.check_replay();
+    }
+
+    /// What the events say both tiers store predicts every hit: the device run from a
+    /// prompt's first block, then the host run (`model/replay.rs`).
+    fn check_replay(&mut self) {
+        self.replay.apply(self.on.take_events());
+        for p in 0..3 {
+            for extra in [None, Some(0u8), Some(1)] {
+                let tokens = prompt(p, 40);
+                let key = extra_bytes(extra);
+                let key = key.as_ref().map(|k| &k[..]);
+                let hashes = self.on.prefix_block_hashes(&tokens, key);
+                let predicted = self.replay.predict(&hashes, (tokens.len() - 1) / self.bs);
+                assert_eq!(
+                    self.on.match_prefix(&tokens, key),
+                    Ok(predicted * self.bs),
+                    "prompt {p}, extra {extra:?}: the hit differs from what the events say"
+                );
+            }
+        }
     }
 }
 
@@ -540,4 +569,37 @@ fn prefix_block_hashes_match_the_events_with_a_salt() {
         [KvEvent::BlockStored { block_hashes, .. }] => assert_eq!(block_hashes, &hashes),
         other => panic!("{other:?}"),
     }
+}
+
+#[test]
+fn undrained_offload_and_load_queues_stay_bounded() {
+    // Admissions of two-block prompts on 8 device blocks over an 8-block tier, freed at once,
+    // the ops never drained: every other one a new prompt, whose blocks are offloaded when later
+    // evicted, the others taking turns among three prompts that the tier serves (loads).
+    // Without dead-op elimination the queues grew by one op per block (10^6 admissions
+    // left ~2 M pending offloads and loads); now every `check_invariants` verifies each queue
+    // is under its compaction threshold (twice the tier's or the pool's size plus 64).
+    let mut kv = manager(8, 8);
+    let cycles: u32 = if cfg!(debug_assertions) {
+        100_000
+    } else {
+        1_000_000
+    };
+    for i in 0..cycles {
+        let p = if i % 2 == 0 { i } else { i % 6 };
+        let prompt: Vec<u32> = (0..5).map(|t| 8 * p + t).collect();
+        kv.add_sequence(u64::from(i), &prompt, None).unwrap();
+        kv.free(u64::from(i)).unwrap();
+        if i % 10_000 == 0 {
+            kv.check_invariants().unwrap();
+        }
+    }
+    kv.check_invariants().unwrap();
+    let stats = kv.stats();
+    assert!(stats.blocks_offloaded > u64::from(cycles) / 2, "{stats:?}");
+    assert!(stats.blocks_loaded > u64::from(cycles) / 2, "{stats:?}");
+    assert!(stats.offload_ops_elided > u64::from(cycles), "{stats:?}");
+    assert!(kv.take_offload_ops().len() < 2 * 8 + 64);
+    assert!(kv.take_load_ops().len() < 2 * 8 + 64);
+    kv.check_invariants().unwrap();
 }

@@ -328,16 +328,80 @@ fn fork_children_fill_blocks_independently() {
     kv.add_sequence(1, &[1, 2, 3], None).unwrap();
     kv.fork(1, 2).unwrap();
     kv.append_tokens(2, &[4]).unwrap(); // CoW copy of block 1, then full -> indexed
-    kv.append_tokens(1, &[4]).unwrap(); // same content: a second indexed copy (as in vLLM)
+    kv.append_tokens(1, &[4]).unwrap(); // same content, indexed on block 2 (in use): private
     assert_eq!(kv.take_copy_ops(), vec![(1, 2)]);
-    kv.free(1).unwrap();
+    let stored = kv.take_events();
+    assert_eq!(stored.len(), 2, "one BlockStored per content: {stored:?}");
+    kv.free(1).unwrap(); // block 1, private, goes back to the pool
     kv.free(2).unwrap();
-    assert_eq!(kv.cached_blocks(), vec![1, 2, 0]);
+    assert_eq!(kv.cached_blocks(), vec![2, 0]);
+    assert_eq!(kv.pool().num_free_list_blocks(), 6);
     assert_eq!(kv.add_sequence(3, &[1, 2, 3, 4, 5], None).unwrap(), 4);
-    // A hit takes the most recently written copy (block 1); block 2 stays cached and indexed.
-    assert_eq!(kv.block_table(3).unwrap()[..2], [0, 1]);
-    assert_eq!(kv.cached_blocks(), vec![2]);
+    // The hit takes the one indexed copy.
+    assert_eq!(kv.block_table(3).unwrap()[..2], [0, 2]);
+    assert!(kv.cached_blocks().is_empty());
     kv.check_invariants().unwrap();
+}
+
+#[test]
+fn a_recomputed_block_replaces_its_cached_copy_in_the_index() {
+    // A prompt of two full blocks: its last full block is always recomputed, so the second
+    // admission computes [3, 4] again while the first's copy is cached. The index keeps the
+    // copy in use; the cached one goes back to the pool, with no event (the content stays
+    // stored).
+    let mut kv = cached_manager(8, 2);
+    kv.add_sequence(1, &[1, 2, 3, 4], None).unwrap();
+    kv.free(1).unwrap();
+    kv.take_events();
+    assert_eq!(kv.cached_blocks(), vec![1, 0]);
+    assert_eq!(kv.add_sequence(2, &[1, 2, 3, 4], None).unwrap(), 2);
+    assert_eq!(kv.block_table(2).unwrap(), &[0, 2]);
+    assert!(kv.take_events().is_empty());
+    assert!(kv.cached_blocks().is_empty());
+    assert_eq!(kv.pool().num_free_list_blocks(), 6); // block 1 is free again
+    kv.free(2).unwrap();
+    assert_eq!(kv.add_sequence(3, &[1, 2, 3, 4, 5], None).unwrap(), 4);
+    assert_eq!(kv.block_table(3).unwrap()[..2], [0, 2]);
+    kv.check_invariants().unwrap();
+}
+
+#[test]
+fn truncate_in_the_middle_of_a_chain_loses_no_hit() {
+    // Block size 1; sequence 1 holds P[:4] + [9], sequence 2 computes P's blocks 4..6
+    // after sharing the first four, is freed (they stay cached), then sequence 1 drops its
+    // blocks 2..4. Sequence 3 recomputes blocks 2..4: its block 4 replaces the cached copy,
+    // whose cached successors stay reachable. A hit was 5 where the events said 6 tokens are
+    // stored.
+    let mut kv = cached_manager(32, 1);
+    let p: Vec<u32> = (1..=7).collect();
+    let mut first = p[..4].to_vec();
+    first.push(9);
+    kv.add_sequence(1, &first, None).unwrap();
+    kv.add_sequence_scheduled(2, &p, None, 3).unwrap();
+    kv.free(2).unwrap();
+    kv.truncate(1, 2).unwrap();
+    kv.add_sequence_scheduled(3, &p, None, 3).unwrap();
+    assert_eq!(kv.match_prefix(&p, None), Ok(6));
+    kv.check_invariants().unwrap();
+    // What the events say is stored: P's six blocks.
+    let mut stored = std::collections::HashSet::new();
+    for event in kv.take_events() {
+        match event {
+            KvEvent::BlockStored { block_hashes, .. } => {
+                for h in block_hashes {
+                    assert!(stored.insert(h), "stored twice");
+                }
+            }
+            KvEvent::BlockRemoved { block_hashes, .. } => {
+                for h in block_hashes {
+                    assert!(stored.remove(&h), "removed but not stored");
+                }
+            }
+            KvEvent::AllBlocksCleared => stored.clear(),
+        }
+    }
+    let hashes = kv.prefix_block_hashes(&p, None);
+    assert!(hashes[..6].iter().all(|h| stored.contains(h)));
 }
 
 /// Admission revives its cached hits before it evicts for its new blocks: a hit at the front of

@@ -10,7 +10,6 @@ use crate::error::{invalid, Error, Result};
 use crate::pool::BlockPool;
 use crate::prefix::events::{block_stored, KvEvent};
 use crate::prefix::hash::{BlockHash, ChainHasher};
-use crate::prefix::index::Entered;
 use crate::prefix::PrefixCache;
 use crate::table::BlockTable;
 use crate::{BlockId, SeqId, TokenId};
@@ -324,16 +323,18 @@ impl KvCacheManager {
 
         let extra: Option<Arc<[u8]>> = extra_key.map(Arc::from);
         prefix.prefetch_register_records(&block_ids[num_hits..num_indexed]);
-        // The blocks after the first one the index takes as new content are chained to it, in
-        // one run (prefix/index.rs, "Chained blocks"); the ones before (copies of indexed
-        // content, or refused) are entered one at a time. Each new block is hashed here, as it
-        // is entered, unless the lookup above hashed it. One `BlockStored` per run of
-        // consecutive blocks the index took (all of them, unless it refused one: a hash naming
-        // other content), built from the run's slices at its end; with events off,
-        // registering is the index alone.
+        // The blocks after one the index takes as new content are chained to it, in one run
+        // (prefix/index.rs, "Chained blocks"), which stops only before a block whose content
+        // an orphan may hold; every other block is entered one at a time (one copy per
+        // content: a block whose content is indexed already replaces a cached copy or stays
+        // private). Each new block is hashed here, as it is entered, unless the lookup above
+        // hashed it. One `BlockStored` per run of consecutive blocks entered as new content,
+        // built from the run's slices at its end; with events off, registering is the index
+        // alone.
         let events_on = prefix.events.enabled();
         let mut run_start = num_hits;
-        for i in num_hits..num_indexed {
+        let mut i = num_hits;
+        while i < num_indexed {
             let parent = i.checked_sub(1).map(|p| block_hashes[p]);
             let chunk = &token_ids[i * bs..(i + 1) * bs];
             if block_hashes.len() == i {
@@ -344,28 +345,30 @@ impl KvCacheManager {
                 block_hashes[i],
                 parent,
                 i.checked_sub(1).map(|p| block_ids[p]),
+                &block_hashes[..i],
                 chunk,
                 &extra,
+                &self.pool,
             );
-            if entered == Entered::New {
+            if entered.is_new() {
                 // Host hits hashed the blocks after this one already: the run rehashes them.
                 block_hashes.truncate(i + 1);
-                prefix.register_chained_run(
+                let chained = prefix.register_chained_run(
                     &block_ids[i..num_indexed],
                     &mut chain,
                     &mut block_hashes,
                     &token_ids[(i + 1) * bs..num_indexed * bs],
                     &extra,
                 );
-                break;
+                i += 1 + chained;
+                continue;
             }
-            if !entered.is_entered() {
-                if events_on && run_start < i {
-                    let event = stored_run(&block_hashes, run_start..i, token_ids, bs, extra_key);
-                    prefix.events.push(event);
-                }
-                run_start = i + 1;
+            if events_on && run_start < i {
+                let event = stored_run(&block_hashes, run_start..i, token_ids, bs, extra_key);
+                prefix.events.push(event);
             }
+            run_start = i + 1;
+            i += 1;
         }
         // A lookup that missed hashed the first new block, which may lie past the watermark.
         block_hashes.truncate(num_indexed);
@@ -405,6 +408,9 @@ impl KvCacheManager {
         if self.new_blocks.is_some() {
             self.note_placed(seq_id, 0, 0..num_served, false);
             self.note_placed(seq_id, 0, num_served..total_blocks, true);
+        }
+        if !host_hits.is_empty() {
+            self.bound_pending_loads();
         }
         Ok(num_served * bs)
     }

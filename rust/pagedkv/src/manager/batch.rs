@@ -97,7 +97,6 @@ impl KvCacheManager {
             .and_then(|needed_blocks| self.allocate_fresh(needed_blocks, &mut fresh));
         if result.is_ok() {
             let mut supply = fresh.drain(..);
-            let block_size = self.block_size;
             for (member, (&row, &plan)) in batch.rows.iter().zip(&batch.plans).enumerate() {
                 let tokens = token_ids.map(|t| &t[member * num_tokens..(member + 1) * num_tokens]);
                 let seq = self.seqs.at_mut(row);
@@ -105,7 +104,7 @@ impl KvCacheManager {
                 let copied = grow_table(
                     seq,
                     prefix,
-                    block_size,
+                    &self.pool,
                     num_tokens,
                     tokens,
                     plan,

@@ -5,6 +5,7 @@ use std::ops::Range;
 
 use super::{check_distinct, KvCacheManager, Sequence};
 use crate::error::{invalid, Error, Result};
+use crate::pool::BlockPool;
 use crate::prefix::events::block_stored;
 use crate::prefix::PrefixCache;
 use crate::SeqId;
@@ -78,7 +79,7 @@ impl KvCacheManager {
             seq.num_computed += num_tokens;
             let keyed = seq.hashing.as_ref().is_some_and(|h| h.keys.is_some());
             match self.prefix.as_mut() {
-                Some(prefix) if self.plain && !keyed => index_computed(prefix, seq, bs),
+                Some(prefix) if self.plain && !keyed => index_computed(prefix, &self.pool, seq, bs),
                 Some(_) => self.index_ready_at(row),
                 None => {}
             }
@@ -90,7 +91,12 @@ impl KvCacheManager {
 /// Enters the sequence's full blocks that its watermark now covers and that are not hashed yet
 /// in the prefix index (one at a time, never chained: their content may be indexed elsewhere
 /// already), with one `BlockStored` per run of consecutive blocks the index took.
-pub(super) fn index_computed(prefix: &mut PrefixCache, seq: &mut Sequence, block_size: usize) {
+pub(super) fn index_computed(
+    prefix: &mut PrefixCache,
+    pool: &BlockPool,
+    seq: &mut Sequence,
+    block_size: usize,
+) {
     let Some(h) = seq.hashing.as_mut() else {
         return;
     };
@@ -127,10 +133,12 @@ pub(super) fn index_computed(prefix: &mut PrefixCache, seq: &mut Sequence, block
                 hash,
                 parent,
                 parent_block,
+                &h.block_hashes,
                 chunk,
                 &h.extra_key,
+                pool,
             )
-            .is_entered();
+            .is_new();
         h.block_hashes.push(hash);
         if !entered {
             flush(prefix, h, run_start..i);

@@ -193,12 +193,13 @@ impl KvCacheManager {
         let t = self.seqs.at(row).table.num_tokens;
         let old_positions = self.seqs.at(row).num_positions();
         let positions = (t + num_tokens).div_ceil(bs).max(old_positions);
+        let mut copied = Vec::new();
         for (g, &copy) in copies.iter().enumerate() {
             if copy {
                 let dst = supply.next().expect("planned block");
                 let src =
                     std::mem::replace(&mut self.seqs.at_mut(row).group_table_mut(g)[t / bs], dst);
-                self.copy_on_write(src, dst);
+                copied.push((src, dst));
                 self.note_placed(seq_id, g, t / bs..t / bs + 1, true);
             }
             let table = self.seqs.at_mut(row).group_table_mut(g);
@@ -216,5 +217,11 @@ impl KvCacheManager {
             }
         }
         self.index_ready(seq_id);
+        // The copied blocks are released after the copies are indexed, as on the single
+        // group's path: a copy of content its source holds stays private (one copy per
+        // content) and the source keeps its place.
+        for (src, dst) in copied {
+            self.copy_on_write(src, dst);
+        }
     }
 }

@@ -94,7 +94,7 @@ impl KvCacheManager {
                 seq.table.num_tokens += num_tokens;
                 seq.num_computed = seq.table.num_tokens;
                 if let Some(prefix) = self.prefix.as_mut() {
-                    record_tokens(prefix, seq, block_size, token_ids);
+                    record_tokens(prefix, &self.pool, seq, block_size, token_ids);
                 }
                 return Ok(());
             }
@@ -170,7 +170,7 @@ impl KvCacheManager {
         let copied = grow_table(
             seq,
             self.prefix.as_mut(),
-            self.block_size,
+            &self.pool,
             num_tokens,
             token_ids,
             plan,
@@ -190,12 +190,13 @@ impl KvCacheManager {
 pub(super) fn grow_table(
     seq: &mut Sequence,
     prefix: Option<&mut PrefixCache>,
-    block_size: usize,
+    pool: &BlockPool,
     num_tokens: usize,
     token_ids: Option<&[TokenId]>,
     plan: GrowthPlan,
     supply: &mut impl Iterator<Item = BlockId>,
 ) -> Option<(BlockId, BlockId)> {
+    let block_size = pool.block_size();
     let mut copied = None;
     if plan.copy_on_write {
         let dst = supply.next().expect("planned block");
@@ -216,7 +217,7 @@ pub(super) fn grow_table(
     seq.table.num_tokens = new_len;
     seq.num_computed = new_len;
     if let Some(prefix) = prefix {
-        record_tokens(prefix, seq, block_size, token_ids);
+        record_tokens(prefix, pool, seq, block_size, token_ids);
     }
     copied
 }

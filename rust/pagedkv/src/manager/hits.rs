@@ -95,7 +95,9 @@ impl KvCacheManager {
                 }
             }
             if found.is_none() {
+                // A group's blocks are indexed under its keys, their parents' included.
                 let k = group_key(g as u32, hashes.get(i));
+                let parent = parent.map(|p| group_key(g as u32, p));
                 found = prefix
                     .lookup_in_group(g as u32, k, parent, tokens, key)
                     .map(Place::Device);

@@ -13,8 +13,10 @@ use super::groups::KvGroupSpec;
 use super::groups::NULL_BLOCK;
 use super::keys::{effective_key, BlockKeys};
 use super::{GroupTables, KvCacheManager, SeqHashing, Sequence};
+use crate::pool::BlockPool;
 use crate::prefix::events::{block_stored, KvEvent};
 use crate::prefix::hash::{group_key, BlockHash};
+use crate::prefix::index::Entered;
 use crate::prefix::PrefixCache;
 use crate::table::BlockTable;
 use crate::{BlockId, SeqId};
@@ -47,7 +49,13 @@ impl KvCacheManager {
     pub(super) fn index_ready_at(&mut self, row: usize) {
         if let Some(prefix) = self.prefix.as_mut() {
             let seq = self.seqs.at_mut(row);
-            index_ready_in(prefix, seq, &self.config.kv_groups, self.block_size);
+            index_ready_in(
+                prefix,
+                &self.pool,
+                seq,
+                &self.config.kv_groups,
+                self.block_size,
+            );
         }
     }
 }
@@ -55,6 +63,7 @@ impl KvCacheManager {
 /// [`KvCacheManager::index_ready`] of `seq`, a sequence of a manager with groups `specs`.
 pub(super) fn index_ready_in(
     prefix: &mut PrefixCache,
+    pool: &BlockPool,
     seq: &mut Sequence,
     specs: &[KvGroupSpec],
     bs: usize,
@@ -77,7 +86,7 @@ pub(super) fn index_ready_in(
         for (g, spec) in specs.iter().enumerate() {
             if spec.caches_blocks(bs) {
                 let table = group_slice(table, groups, g);
-                enter_group(prefix, h, table, g as u32, start..end, bs, caller);
+                enter_group(prefix, pool, h, table, g as u32, start..end, bs, caller);
             }
         }
         h.pending_tokens.drain(..(end - start) * bs);
@@ -107,9 +116,14 @@ fn hash_blocks(prefix: &PrefixCache, h: &mut SeqHashing, range: Range<usize>, bs
 }
 
 /// Enters group `group`'s blocks `range` of one sequence (hashed by now), each under its
-/// group key; one `BlockStored` per run the group entered under one effective key.
+/// group key with its parent's group key (one copy per content and group: a block whose
+/// content a block in use holds stays private, one whose content a cached block holds takes
+/// its place); one `BlockStored` per run the group entered as new content under one
+/// effective key.
+#[allow(clippy::too_many_arguments)]
 fn enter_group(
     prefix: &mut PrefixCache,
+    pool: &BlockPool,
     h: &SeqHashing,
     table: &[BlockId],
     group: u32,
@@ -141,26 +155,45 @@ fn enter_group(
         let b = table[i];
         let key: &Option<Arc<[u8]>> = effective_key(&h.extra_key, keys, i);
         let entered = b != NULL_BLOCK && {
-            let parent: Option<BlockHash> = i.checked_sub(1).map(|p| h.block_hashes[p]);
+            let parent: Option<BlockHash> = i
+                .checked_sub(1)
+                .map(|p| group_key(group, h.block_hashes[p]));
             let parent_block = i
                 .checked_sub(1)
                 .map(|p| table[p])
                 .filter(|&p| p != NULL_BLOCK);
+            // The chain of keys before block i, read by the index only when the table's
+            // previous block is not the indexed holder of the parent content.
+            let (keyed, chain_keys): ([BlockHash; 1], Vec<BlockHash>);
+            let chain: &[BlockHash] = match (group, parent, parent_block) {
+                (0, _, _) => &h.block_hashes[..i],
+                (_, Some(ph), Some(pb)) if prefix.holds(pb, ph) => {
+                    keyed = [ph];
+                    &keyed
+                }
+                _ => {
+                    chain_keys = h.block_hashes[..i]
+                        .iter()
+                        .map(|&x| group_key(group, x))
+                        .collect();
+                    &chain_keys
+                }
+            };
             let tokens = &h.pending_tokens[(i - start) * bs..(i - start + 1) * bs];
-            let entered = prefix
-                .register(
-                    b,
-                    group_key(group, h.block_hashes[i]),
-                    parent,
-                    parent_block,
-                    tokens,
-                    key,
-                )
-                .is_entered();
-            if entered && (group != 0 || caller) {
+            let entered = prefix.register(
+                b,
+                group_key(group, h.block_hashes[i]),
+                parent,
+                parent_block,
+                chain,
+                tokens,
+                key,
+                pool,
+            );
+            if matches!(entered, Entered::New | Entered::Replaced(_)) && (group != 0 || caller) {
                 prefix.set_origin(b, group, caller);
             }
-            entered
+            entered.is_new()
         };
         match run {
             Some(s) if entered && effective_key(&h.extra_key, keys, s) == key => {}

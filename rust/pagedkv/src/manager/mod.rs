@@ -373,7 +373,7 @@ impl KvCacheManager {
             _ if !config.enable_prefix_caching => {
                 return invalid("num_offload_blocks needs enable_prefix_caching (the tier keeps evicted prefix blocks)");
             }
-            n => Some(OffloadTier::new(n, pool.block_size())?),
+            n => Some(OffloadTier::new(n, pool.block_size(), pool.num_blocks())?),
         };
         let null_reserved = config.reserve_null_block;
         if null_reserved {

@@ -58,6 +58,35 @@ impl KvCacheManager {
         }
     }
 
+    /// Compacts the pending loads once they pass their threshold (`offload_tier.rs`, "Bounded
+    /// queues"): a load survives only into a device block this manager still holds, in a
+    /// resident table or its prefix index. Called once an admission's sequence is in place.
+    pub(super) fn bound_pending_loads(&mut self) {
+        if !self
+            .offload
+            .as_ref()
+            .is_some_and(|t| t.loads_need_compaction())
+        {
+            return;
+        }
+        let mut held = vec![false; self.pool.num_blocks()];
+        for (_, seq) in self.seqs.iter() {
+            if !seq.swapped {
+                for &b in &seq.table.block_ids {
+                    held[b as usize] = true;
+                }
+            }
+        }
+        if let Some(prefix) = &self.prefix {
+            for (b, slot) in held.iter_mut().enumerate() {
+                *slot = *slot || prefix.is_indexed(b as BlockId);
+            }
+        }
+        if let Some(tier) = self.offload.as_mut() {
+            tier.compact_loads(held);
+        }
+    }
+
     /// Drains the offload ops recorded since the last call, oldest first: `(device_block,
     /// host_block)` copies of evicted prefix blocks into the host offload tier. Run them, in
     /// order, before anything else the step does to device memory (copy, swap and load ops,

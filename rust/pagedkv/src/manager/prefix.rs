@@ -3,6 +3,7 @@
 use super::groups::KvGroupSpec;
 use super::indexing::index_ready_in;
 use super::{KvCacheManager, Sequence};
+use crate::pool::BlockPool;
 use crate::prefix::events::{block_stored, DrainedEvents, KvEvent};
 use crate::prefix::PrefixCache;
 use crate::{BlockId, TokenId};
@@ -124,6 +125,7 @@ impl KvCacheManager {
 /// (`indexing.rs`). Only the single full-attention group's paths call this.
 pub(super) fn record_tokens(
     prefix: &mut PrefixCache,
+    pool: &BlockPool,
     seq: &mut Sequence,
     block_size: usize,
     token_ids: Option<&[TokenId]>,
@@ -141,7 +143,7 @@ pub(super) fn record_tokens(
     }
     if h.keys.is_some() {
         h.pending_tokens.extend_from_slice(tokens);
-        index_ready_in(prefix, seq, &[KvGroupSpec::FullAttention], block_size);
+        index_ready_in(prefix, pool, seq, &[KvGroupSpec::FullAttention], block_size);
         return;
     }
     while !tokens.is_empty() {
@@ -163,10 +165,12 @@ pub(super) fn record_tokens(
                     hash,
                     parent,
                     parent_block,
+                    &h.block_hashes,
                     &h.pending_tokens,
                     &h.extra_key,
+                    pool,
                 )
-                .is_entered();
+                .is_new();
             if entered && prefix.events.enabled() {
                 // One event per filled block, as each block fills.
                 let event = block_stored(

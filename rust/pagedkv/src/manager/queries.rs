@@ -201,6 +201,7 @@ impl KvCacheManager {
             s.blocks_offloaded = t.counters.blocks_offloaded;
             s.blocks_loaded = t.counters.blocks_loaded;
             s.offload_blocks_dropped = t.counters.blocks_dropped;
+            s.offload_ops_elided = t.counters.ops_elided;
         }
         s
     }

@@ -239,10 +239,13 @@ impl KvCacheManager {
         if c == ours {
             return Ok(());
         }
-        let indexed = match &seq.hashing {
-            Some(h) => h.block_hashes.len() * bs,
-            None => self.indexed_prefix(seq_id),
-        };
+        // The blocks its hashing state covers, and any indexed block of its tables (a fork
+        // shares blocks its parent indexes later).
+        let hashed = seq
+            .hashing
+            .as_ref()
+            .map_or(0, |h| h.block_hashes.len() * bs);
+        let indexed = hashed.max(self.indexed_prefix(seq_id));
         if c < indexed {
             return invalid(format!(
                 "num_computed_tokens={c} rolls sequence {seq_id} back into its {indexed} tokens \
@@ -263,7 +266,7 @@ impl KvCacheManager {
     }
 
     /// Tokens of sequence `seq_id` below the first block past them that is indexed (every
-    /// group): how far its watermark may roll back when its hashing state is gone.
+    /// group): how far its watermark may roll back, whatever its hashing state says.
     fn indexed_prefix(&self, seq_id: SeqId) -> usize {
         let (Some(p), seq) = (self.prefix.as_ref(), &self.seqs[&seq_id]) else {
             return 0;

@@ -163,26 +163,48 @@ impl PrefixCache {
     }
 
     /// Enters full block `b` under `hash` (see [`BlockIndex::insert`]). `parent_block` is the
-    /// block before `b` in its table (`None` for the first, or when not known).
+    /// block before `b` in its table (`None` for the first); `chain` the hashes of the blocks
+    /// before `b` in its chain. When a cached-evictable block held the content, `b` replaces it
+    /// in the index and that block goes back to `pool`'s free list (one copy per content: the
+    /// one in use); when a block in use holds it, `b` stays private.
     #[inline]
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn register(
         &mut self,
         b: BlockId,
         hash: BlockHash,
         parent: Option<BlockHash>,
         parent_block: Option<BlockId>,
+        chain: &[BlockHash],
         token_ids: &[TokenId],
         extra_key: &Option<Arc<[u8]>>,
+        pool: &BlockPool,
     ) -> Entered {
-        self.index
-            .insert(b, hash, parent, parent_block, token_ids, extra_key)
+        let lru = &self.lru;
+        let entered = self.index.insert(
+            b,
+            hash,
+            parent,
+            parent_block,
+            chain,
+            token_ids,
+            extra_key,
+            |x| !lru.contains(x),
+        );
+        if let Entered::Replaced(x) = entered {
+            self.lru.remove(x);
+            pool.free_cached(x);
+        }
+        entered
     }
 
     /// Enters `blocks[1..]` chained, each to the block before it in `blocks`: `blocks[0]` is
     /// the block [`Self::register`] has just entered as new content in the same admission,
     /// under `hashes.last()`, and the rest are that admission's fresh blocks after it, holding
     /// `token_ids` (see [`BlockIndex::insert_chained`]). Hashes each block with `chain` as it
-    /// enters it and appends the hash to `hashes`.
+    /// enters it and appends the hash to `hashes`. Stops before a block whose parent content
+    /// may have orphan children (one may hold that block's content: the caller enters it with
+    /// [`Self::register`]); returns how many blocks it entered, all new content.
     pub(crate) fn register_chained_run(
         &mut self,
         blocks: &[BlockId],
@@ -190,21 +212,33 @@ impl PrefixCache {
         hashes: &mut Vec<BlockHash>,
         token_ids: &[TokenId],
         extra_key: &Option<Arc<[u8]>>,
-    ) {
+    ) -> usize {
         let (Some((&head, rest)), Some(&head_hash)) = (blocks.split_first(), hashes.last()) else {
-            return;
+            return 0;
         };
         debug_assert_eq!(token_ids.len(), rest.len() * self.index.block_size());
+        let chunks = token_ids.chunks_exact(self.index.block_size());
         let (mut p, mut parent) = (head, head_hash);
-        for (&b, chunk) in rest
-            .iter()
-            .zip(token_ids.chunks_exact(self.index.block_size()))
-        {
+        if !self.index.may_have_orphans() {
+            // The common case, no orphan anywhere: no block is looked up.
+            for (&b, chunk) in rest.iter().zip(chunks) {
+                let h = chain.hash(Some(parent), chunk);
+                hashes.push(h);
+                self.index.insert_chained(p, b, parent, h, chunk, extra_key);
+                (p, parent) = (b, h);
+            }
+            return rest.len();
+        }
+        for (k, (&b, chunk)) in rest.iter().zip(chunks).enumerate() {
+            if self.index.may_have_orphans_of(parent) {
+                return k;
+            }
             let h = chain.hash(Some(parent), chunk);
             hashes.push(h);
             self.index.insert_chained(p, b, parent, h, chunk, extra_key);
             (p, parent) = (b, h);
         }
+        rest.len()
     }
 
     /// A released indexed block whose refcount reached 0 becomes cached-evictable, the most
@@ -242,10 +276,12 @@ impl PrefixCache {
         self.lru.pop_front_into(n, out);
         self.index.prefetch_removals(&out[start..]);
         for &b in &out[start..] {
-            if let (Some(tier), Some(mut content)) = (offload.as_deref_mut(), self.index.content(b))
-            {
-                content.group_idx = self.grouped.then(|| self.index.group_of(b));
-                tier.offload(b, content, &mut self.events);
+            // The tier first: without one, the victim's content is not even looked at.
+            if let Some(tier) = offload.as_deref_mut() {
+                if let Some(mut content) = self.index.content(b) {
+                    content.group_idx = self.grouped.then(|| self.index.group_of(b));
+                    tier.offload(b, content, &mut self.events);
+                }
             }
             self.unindex(b);
         }
@@ -393,7 +429,10 @@ mod tests {
         let mut parent = None;
         for &b in &bs {
             let h = c.hasher.hash_block(parent, &[b, b], None);
-            assert!(c.register(b, h, parent, None, &[b, b], &None).is_entered());
+            let chain: Vec<BlockHash> = parent.into_iter().collect();
+            let prev = b.checked_sub(1);
+            let entered = c.register(b, h, parent, prev, &chain, &[b, b], &None, &pool);
+            assert!(entered.is_new());
             parent = Some(h);
             pool.release_to_cache(b).unwrap();
             c.push_lru(b);

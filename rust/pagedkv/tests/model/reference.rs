@@ -59,9 +59,10 @@ pub struct Model {
     pub refcounts: HashMap<MBlock, u32>,
     /// Cached-evictable blocks, least recently used first.
     pub cached: Vec<MBlock>,
-    /// Every block holding a content, the most recently registered first (the one a hit
-    /// takes): the same content may sit on several blocks.
-    pub index: HashMap<Key, Vec<MBlock>>,
+    /// The one block holding each indexed content (one copy per content: a block computing
+    /// content indexed on a block in use stays private; one computing content indexed on a
+    /// cached block replaces it, and the cached block goes back to the free pool).
+    pub index: HashMap<Key, MBlock>,
     pub key_of: HashMap<MBlock, Key>,
     pub host_refs: HashMap<MBlock, u32>,
     pub next_block: MBlock,
@@ -123,6 +124,24 @@ pub fn skipped(spec: KvGroupSpec, processed: usize, bs: usize) -> usize {
 }
 
 /// Whether a group's blocks enter the index (not a window of one token).
+/// The longest hit of at most `max` blocks every group serves (declarative: each group has
+/// every block a hit of that length needs), given which blocks each group has cached.
+pub fn hit_len(
+    specs: &[KvGroupSpec],
+    bs: usize,
+    max: usize,
+    cached: impl Fn(usize, usize) -> bool,
+) -> usize {
+    let serves = |l: usize| {
+        l == 0
+            || specs
+                .iter()
+                .enumerate()
+                .all(|(g, &spec)| needed(spec, l, bs).all(|i| cached(g, i)))
+    };
+    (0..=max).rev().find(|&l| serves(l)).unwrap_or(0)
+}
+
 fn caches(spec: KvGroupSpec, bs: usize) -> bool {
     match spec {
         KvGroupSpec::FullAttention => true,
@@ -218,17 +237,24 @@ impl Model {
         if self.key_of.contains_key(&b) {
             return;
         }
-        self.index.entry(key.clone()).or_default().insert(0, b);
+        match self.index.get(&key).copied() {
+            // In use: `b` stays a private block.
+            Some(x) if self.refcounts.contains_key(&x) => return,
+            // Cached: `b` takes its place; it goes back to the free pool.
+            Some(x) => {
+                let pos = self.cached.iter().position(|&c| c == x).unwrap();
+                self.cached.remove(pos);
+                self.key_of.remove(&x);
+            }
+            None => {}
+        }
+        self.index.insert(key.clone(), b);
         self.key_of.insert(b, key);
     }
 
     pub fn unindex(&mut self, b: MBlock) {
         if let Some(key) = self.key_of.remove(&b) {
-            let copies = self.index.get_mut(&key).unwrap();
-            copies.retain(|&c| c != b);
-            if copies.is_empty() {
-                self.index.remove(&key);
-            }
+            self.index.remove(&key);
         }
     }
 
@@ -240,16 +266,16 @@ impl Model {
         }
     }
 
-    /// The block holding group `g`'s block `i` of `t` (first copy), if cached.
+    /// The block holding group `g`'s block `i` of `t`, if cached.
     fn cached_block(&self, g: usize, t: &[u32], extra: Option<u8>, i: usize) -> Option<MBlock> {
         let bs = self.block_size;
         self.index
             .get(&(g, extra, t[..(i + 1) * bs].to_vec()))
-            .map(|c| c[0])
+            .copied()
     }
 
     /// The longest hit `<= max_blocks` every group serves (declarative), and per group the
-    /// blocks at its positions (`None`: released).
+    /// blocks at its positions (`None`: released). (See [`hit_len`].)
     pub fn hit(
         &self,
         t: &[u32],
@@ -258,13 +284,9 @@ impl Model {
     ) -> (usize, Vec<Vec<Option<MBlock>>>) {
         let bs = self.block_size;
         let max = max_blocks.min(t.len() / bs);
-        let serves = |l: usize| {
-            l == 0
-                || self.specs.iter().enumerate().all(|(g, &spec)| {
-                    needed(spec, l, bs).all(|i| self.cached_block(g, t, extra, i).is_some())
-                })
-        };
-        let l = (0..=max).rev().find(|&l| serves(l)).unwrap_or(0);
+        let l = hit_len(&self.specs, bs, max, |g, i| {
+            self.cached_block(g, t, extra, i).is_some()
+        });
         let places = self
             .specs
             .iter()
@@ -889,12 +911,14 @@ impl Model {
     }
 
     /// Tokens of `id` below the first indexed block past them (how far its watermark may roll
-    /// back), by its hashing state when tracked.
+    /// back): the blocks its hashing state covers, and any indexed block of its tables (a fork
+    /// shares blocks its parent indexes).
     fn indexed_prefix(&self, s: &MSeq) -> usize {
-        if s.tokens.is_some() {
-            return s.hashed * self.block_size;
-        }
-        let mut end = 0;
+        let mut end = if s.tokens.is_some() {
+            s.hashed * self.block_size
+        } else {
+            0
+        };
         for t in &s.tables {
             for (i, b) in t.iter().enumerate() {
                 if b.is_some_and(|b| self.key_of.contains_key(&b)) {

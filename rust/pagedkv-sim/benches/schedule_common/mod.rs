@@ -1,0 +1,213 @@
+//! The cache-aware queue in a steady state, for the overhead benches (`schedule_overhead`,
+//! `instructions`): a `KvCacheManager` on 65,536 blocks of 16 with 256 resident requests and a
+//! fixed number waiting; each step one request arrives, one is chosen and admitted, the oldest
+//! resident one finishes, and the allocator's KV events reach the queue. Every part of a step is
+//! its own `#[inline(never)]` function (`policy_*`: the scheduler; `allocator_*`: the
+//! allocator), so that callgrind can count each (docs/scheduling.md, Cost).
+
+use std::collections::{HashMap, VecDeque};
+use std::hint::black_box;
+
+use pagedkv::{splitmix64, BlockHash, KvCacheManager, KvEvent, ManagerConfig, TokenId};
+use pagedkv_sim::{CacheAwareQueue, Scheduling};
+
+/// Requests running at once: the oldest finishes when one more is admitted.
+const RESIDENT: usize = 256;
+
+/// What the prompts share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Prompts {
+    /// The peer benchmark's W2: one of 16 system prompts of 1,024 tokens, then 100..=500 tokens
+    /// of its own.
+    Shared,
+    /// 1,324 tokens of its own (82 full blocks, nothing to hit).
+    Unique,
+}
+
+/// How the next request is chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Chooser {
+    /// First come, first served, KV events off: the allocator's baseline.
+    Fcfs,
+    /// The cache-aware queue under this policy.
+    Queue(Scheduling),
+    /// Longest prefix match by asking the allocator (`match_prefix`) for every waiting request
+    /// at every admission, as a scheduler without an index does: the cost the index avoids.
+    Rematch,
+}
+
+pub struct Steady {
+    kv: KvCacheManager,
+    chooser: Chooser,
+    /// The cache-aware queue (`Chooser::Queue`).
+    queue: Option<CacheAwareQueue>,
+    fifo: VecDeque<u64>,
+    prompts: HashMap<u64, Vec<TokenId>>,
+    resident: VecDeque<u64>,
+    hashes: Vec<BlockHash>,
+    kind: Prompts,
+    rng: u64,
+    next_id: u64,
+}
+
+impl Steady {
+    /// `waiting` requests queued, chosen by `chooser`, after 2,000 steps of warm-up.
+    pub fn new(chooser: Chooser, waiting: usize, kind: Prompts) -> Steady {
+        let policy = match chooser {
+            Chooser::Queue(p) => Some(p),
+            _ => None,
+        };
+        let kv = KvCacheManager::new(ManagerConfig {
+            num_blocks: 65_536,
+            block_size: 16,
+            enable_prefix_caching: true,
+            enable_kv_events: policy.is_some(),
+            max_events: usize::MAX,
+            ..Default::default()
+        })
+        .unwrap();
+        let mut s = Steady {
+            kv,
+            chooser,
+            queue: policy.map(|p| CacheAwareQueue::new(p, 1024)),
+            fifo: VecDeque::new(),
+            prompts: HashMap::new(),
+            resident: VecDeque::new(),
+            hashes: Vec::new(),
+            kind,
+            rng: 0x5EED_0044,
+            next_id: 0,
+        };
+        for _ in 0..waiting {
+            s.arrive();
+        }
+        for _ in 0..2_000 {
+            s.step();
+        }
+        s
+    }
+
+    fn prompt(&mut self) -> Vec<TokenId> {
+        let id = self.next_id as u32;
+        let mut below =
+            |n: u64| ((splitmix64::next(&mut self.rng) as u128 * n as u128) >> 64) as u32;
+        match self.kind {
+            Prompts::Shared => {
+                let system = below(16);
+                let suffix = 100 + below(401);
+                let mut p: Vec<TokenId> = (0..1024)
+                    .map(|j| 2_000_000_000 + system * 1024 + j)
+                    .collect();
+                p.extend((0..suffix).map(|j| id.wrapping_mul(512).wrapping_add(j)));
+                p
+            }
+            Prompts::Unique => (0..1324)
+                .map(|j| id.wrapping_mul(4096).wrapping_add(j))
+                .collect(),
+        }
+    }
+
+    fn arrive(&mut self) {
+        let id = self.next_id;
+        let prompt = self.prompt();
+        self.next_id += 1;
+        if let Some(queue) = self.queue.as_mut() {
+            policy_hash(&self.kv, &prompt, &mut self.hashes);
+            policy_push(queue, id, &self.hashes, (prompt.len() - 1) / 16);
+        } else {
+            self.fifo.push_back(id);
+        }
+        self.prompts.insert(id, prompt);
+    }
+
+    /// One scheduled request: an arrival, a choice, its admission, a finish, the events.
+    pub fn step(&mut self) {
+        self.arrive();
+        let id = match (self.chooser, self.queue.as_mut()) {
+            (Chooser::Queue(_), Some(queue)) => policy_pick(queue),
+            (Chooser::Rematch, _) => {
+                let id = rematch_pick(&self.kv, &self.fifo, &self.prompts);
+                self.fifo.retain(|&w| w != id);
+                id
+            }
+            _ => self.fifo.pop_front().unwrap(),
+        };
+        let prompt = self.prompts.remove(&id).unwrap();
+        allocator_admit(&mut self.kv, id, &prompt);
+        self.resident.push_back(id);
+        if self.resident.len() > RESIDENT {
+            allocator_free(&mut self.kv, self.resident.pop_front().unwrap());
+        }
+        if let Some(queue) = self.queue.as_mut() {
+            policy_admitted(queue, id);
+            let events = allocator_events(&mut self.kv);
+            policy_events(queue, &events);
+        }
+    }
+}
+
+/// The waiting request with the longest cached prefix (the earliest on ties), by asking the
+/// allocator about each one.
+#[inline(never)]
+fn rematch_pick(
+    kv: &KvCacheManager,
+    fifo: &VecDeque<u64>,
+    prompts: &HashMap<u64, Vec<TokenId>>,
+) -> u64 {
+    let mut best = (0, u64::MAX);
+    for &id in fifo {
+        let hit = kv.match_prefix(&prompts[&id], None).unwrap();
+        if hit > best.0 || best.1 == u64::MAX {
+            best = (hit, id);
+        }
+    }
+    best.1
+}
+
+/// The chained hashes of an arriving prompt (what the allocator computes again at admission:
+/// a core hook taking them would share the work, docs/scheduling.md).
+#[inline(never)]
+fn policy_hash(kv: &KvCacheManager, prompt: &[TokenId], out: &mut Vec<BlockHash>) {
+    *out = kv.prefix_block_hashes(black_box(prompt), None);
+}
+
+#[inline(never)]
+fn policy_push(queue: &mut CacheAwareQueue, id: u64, hashes: &[BlockHash], max_hit_blocks: usize) {
+    queue.push(id, black_box(hashes), max_hit_blocks).unwrap();
+}
+
+#[inline(never)]
+fn policy_pick(queue: &mut CacheAwareQueue) -> u64 {
+    black_box(queue.peek().unwrap())
+}
+
+#[inline(never)]
+fn policy_admitted(queue: &mut CacheAwareQueue, id: u64) {
+    queue.admitted(black_box(id)).unwrap();
+}
+
+#[inline(never)]
+fn policy_events(queue: &mut CacheAwareQueue, events: &[KvEvent]) {
+    for event in events {
+        queue.apply(black_box(event)).unwrap();
+    }
+}
+
+#[inline(never)]
+fn allocator_admit(kv: &mut KvCacheManager, id: u64, prompt: &[TokenId]) {
+    black_box(
+        kv.add_sequence(black_box(id), black_box(prompt), None)
+            .unwrap(),
+    );
+}
+
+#[inline(never)]
+fn allocator_free(kv: &mut KvCacheManager, id: u64) {
+    kv.free(black_box(id)).unwrap();
+}
+
+/// Draining the KV events the queue reads (recorded only for the queue: its cost).
+#[inline(never)]
+fn allocator_events(kv: &mut KvCacheManager) -> Vec<KvEvent> {
+    kv.take_events()
+}

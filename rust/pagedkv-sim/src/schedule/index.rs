@@ -1,0 +1,582 @@
+//! The waiting requests on the block trie: how much of each one's prompt the cache would serve
+//! now, kept up to date as requests arrive and leave and as blocks are stored and evicted.
+//!
+//! Every waiting request knows how many leading blocks of its chain are reachable (`matched`)
+//! and sits in the `blocked` list of its first block that is not: when that block becomes
+//! reachable, exactly the requests in its list advance (and only they); when a reachable block
+//! is evicted, the requests that had matched past it are found in the reachable subtree below it
+//! (ended there, or blocked at one of its unreachable children) and fall back to it. The
+//! longest-prefix-match order is one ordered set over `(matched blocks, arrival rank)`; the
+//! depth-first order walks the trie from the root by [`super::trie::DfsKey`]. docs/scheduling.md
+//! gives the costs.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, HashMap};
+use std::hash::BuildHasherDefault;
+
+use pagedkv::{BlockHash, Error, Result};
+use rustc_hash::FxHasher;
+
+use super::lists::{drain_into, push_back, unlink, Chain, Link, Links, List, Slot, NO_SLOT};
+use super::trie::{NodeId, Trie, NOBODY, ROOT};
+
+/// One waiting request.
+#[derive(Debug, Clone)]
+struct Request {
+    /// The caller's id.
+    id: u64,
+    /// Arrival rank (strictly increasing over pushes).
+    rank: u64,
+    /// The trie node of each full block of its prompt, in order.
+    path: Box<[NodeId]>,
+    /// Leading blocks of `path` that are reachable (the hit it would get now, before `cap`).
+    matched: u32,
+    /// Most blocks it can hit (its last prompt token is always computed).
+    cap: u32,
+    /// Its links in the `Blocked` and `Ender` lists.
+    links: [Link; 2],
+}
+
+impl Request {
+    #[inline]
+    fn score(&self) -> u32 {
+        self.matched.min(self.cap)
+    }
+
+    #[inline]
+    fn last_node(&self) -> NodeId {
+        self.path.last().copied().unwrap_or(ROOT)
+    }
+}
+
+/// The request table (slots reused through `free`).
+#[derive(Debug, Default)]
+struct Requests(Vec<Request>);
+
+impl Links for Requests {
+    #[inline]
+    fn link(&mut self, slot: Slot, chain: Chain) -> &mut Link {
+        &mut self.0[slot as usize].links[chain as usize]
+    }
+}
+
+/// The longest-prefix-match order: most matched blocks first, then the earliest arrival.
+type LpmKey = (Reverse<u32>, u64, Slot);
+
+/// Waiting requests indexed by the cached prefix each would hit and by the prefixes they share.
+///
+/// Invariants (checked by [`WaitingIndex::check`]): each live request's `matched` is the number
+/// of leading reachable nodes of its `path`; it is in the `blocked` list of `path[matched]` iff
+/// `matched < path.len()`, and in the `enders` list of its last node (the root for a prompt
+/// shorter than a block); `lpm` holds exactly one key per live request, with its current score.
+#[derive(Debug)]
+pub(crate) struct WaitingIndex {
+    trie: Trie,
+    requests: Requests,
+    /// Slots of the request table not in use.
+    free: Vec<Slot>,
+    by_id: HashMap<u64, Slot, BuildHasherDefault<FxHasher>>,
+    lpm: BTreeSet<LpmKey>,
+    /// Reused buffers of the cascades.
+    stack: Vec<NodeId>,
+    children: Vec<NodeId>,
+    scratch: Vec<Slot>,
+    /// The chain of the last admitted request: the depth-first walk resumes at its deepest block
+    /// that a waiting request's chain contains (kept only when `track_cursor`).
+    cursor: Vec<BlockHash>,
+    /// Whether the depth-first walk is used (only it reads `cursor`).
+    track_cursor: bool,
+    /// The last blocks of removed requests' chains, collected (with their unneeded ancestors)
+    /// only at the next push or removal: an admission's own blocks are stored by then, so they
+    /// stay as cached nodes instead of being dropped and entered again.
+    pending_collect: Vec<BlockHash>,
+    /// Blocks evicted while reachable and on some waiting request's chain (hits lost).
+    pub evicted_wanted_blocks: u64,
+}
+
+impl WaitingIndex {
+    /// An empty index; `track_cursor`: keep what the depth-first walk needs.
+    pub fn new(track_cursor: bool) -> WaitingIndex {
+        WaitingIndex {
+            trie: Trie::new(),
+            requests: Requests::default(),
+            free: Vec::new(),
+            by_id: HashMap::default(),
+            lpm: BTreeSet::new(),
+            stack: Vec::new(),
+            children: Vec::new(),
+            scratch: Vec::new(),
+            cursor: Vec::new(),
+            track_cursor,
+            pending_collect: Vec::new(),
+            evicted_wanted_blocks: 0,
+        }
+    }
+
+    /// Waiting requests.
+    pub fn len(&self) -> usize {
+        self.by_id.len()
+    }
+
+    /// Nodes of the trie (waiting chains and cached blocks), for memory accounting.
+    pub fn num_nodes(&self) -> usize {
+        self.trie.len()
+    }
+
+    /// Adds request `id` (new) of arrival `rank` whose prompt's full blocks have the chained
+    /// hashes `block_hashes` and which can hit at most `max_hit_blocks` of them.
+    pub fn push(
+        &mut self,
+        id: u64,
+        rank: u64,
+        block_hashes: &[BlockHash],
+        max_hit_blocks: usize,
+    ) -> Result<()> {
+        if self.by_id.contains_key(&id) {
+            return Err(Error::InvalidArgument(format!(
+                "request {id} is already waiting"
+            )));
+        }
+        self.collect_pending();
+        let trie = &mut self.trie;
+        // The blocks that have nodes are a prefix of the chain: find its end by binary search,
+        // take those nodes from the deepest one's ancestors, and add the rest.
+        let known = block_hashes.partition_point(|h| trie.get(*h).is_some());
+        let mut path: Box<[NodeId]> = vec![ROOT; block_hashes.len()].into_boxed_slice();
+        if known > 0 {
+            let mut n = trie.get(block_hashes[known - 1]).expect("found above");
+            for slot in path[..known].iter_mut().rev() {
+                *slot = n;
+                n = trie.node(n).parent;
+            }
+            debug_assert_eq!(n, ROOT, "chained hashes name whole prefixes");
+        }
+        let mut parent = if known > 0 { path[known - 1] } else { ROOT };
+        for (slot, &h) in path[known..].iter_mut().zip(&block_hashes[known..]) {
+            parent = trie.insert_new(h, parent);
+            *slot = parent;
+        }
+        // A new request is the youngest: it is the oldest only where nobody waited, which is
+        // the deep end of its path.
+        for &n in path.iter().rev().chain(std::iter::once(&ROOT)) {
+            if trie.node(n).oldest != NOBODY {
+                break;
+            }
+            trie.update(n, |node| node.oldest = rank);
+        }
+        let matched = path.iter().take_while(|&&n| trie.node(n).reachable).count() as u32;
+        let request = Request {
+            id,
+            rank,
+            path,
+            matched,
+            cap: max_hit_blocks.min(u32::MAX as usize) as u32,
+            links: [Link::default(); 2],
+        };
+        let slot = match self.free.pop() {
+            Some(slot) => {
+                self.requests.0[slot as usize] = request;
+                slot
+            }
+            None => {
+                self.requests.0.push(request);
+                (self.requests.0.len() - 1) as Slot
+            }
+        };
+        self.by_id.insert(id, slot);
+        let r = &self.requests.0[slot as usize];
+        let (last, score) = (r.last_node(), r.score());
+        if let Some(&at) = r.path.get(matched as usize) {
+            push_back(
+                &mut self.requests,
+                &mut self.trie.node_mut(at).blocked,
+                slot,
+                Chain::Blocked,
+            );
+        }
+        push_back(
+            &mut self.requests,
+            &mut self.trie.node_mut(last).enders,
+            slot,
+            Chain::Ender,
+        );
+        self.lpm.insert((Reverse(score), rank, slot));
+        Ok(())
+    }
+
+    /// Removes request `id` (`admitted`, or dropped); returns its rank, or `None` if it was not
+    /// waiting. The depth-first walk resumes next to the last admitted request.
+    pub fn remove(&mut self, id: u64, admitted: bool) -> Option<u64> {
+        self.collect_pending();
+        let slot = self.by_id.remove(&id)?;
+        let r = &self.requests.0[slot as usize];
+        if admitted && self.track_cursor {
+            self.cursor.clear();
+            self.cursor
+                .extend(r.path.iter().map(|&n| self.trie.node(n).hash));
+        }
+        let (rank, score, last) = (r.rank, r.score(), r.last_node());
+        let blocked_at = r.path.get(r.matched as usize).copied();
+        let path = std::mem::take(&mut self.requests.0[slot as usize].path);
+        if let Some(at) = blocked_at {
+            unlink(
+                &mut self.requests,
+                &mut self.trie.node_mut(at).blocked,
+                slot,
+                Chain::Blocked,
+            );
+        }
+        unlink(
+            &mut self.requests,
+            &mut self.trie.node_mut(last).enders,
+            slot,
+            Chain::Ender,
+        );
+        self.lpm.remove(&(Reverse(score), rank, slot));
+        // Where it was the oldest, the next oldest is the oldest below or ending at the node,
+        // deepest first so that each node reads its children's new values.
+        for &n in path.iter().rev().chain(std::iter::once(&ROOT)) {
+            if self.trie.node(n).oldest != rank {
+                break; // then it was not the oldest above either
+            }
+            let enders = self.trie.node(n).enders;
+            let ending = if enders.is_empty() {
+                NOBODY
+            } else {
+                self.requests.0[enders.head as usize].rank
+            };
+            let oldest = self.trie.oldest_below(n).min(ending);
+            self.trie.update(n, |node| node.oldest = oldest);
+        }
+        // Collecting the last node climbs through every ancestor left unneeded.
+        if let Some(&deepest) = path.last() {
+            self.pending_collect.push(self.trie.node(deepest).hash);
+        }
+        self.free.push(slot);
+        Some(rank)
+    }
+
+    /// Collects the nodes left by removals (see `pending_collect`).
+    fn collect_pending(&mut self) {
+        for h in std::mem::take(&mut self.pending_collect) {
+            if let Some(n) = self.trie.get(h) {
+                self.trie.collect(n);
+            }
+        }
+    }
+
+    /// The rank of waiting request `id`.
+    pub fn rank(&self, id: u64) -> Option<u64> {
+        self.by_id
+            .get(&id)
+            .map(|&s| self.requests.0[s as usize].rank)
+    }
+
+    /// The blocks request `id` would hit if admitted now (its cap applied).
+    pub fn hit_blocks(&self, id: u64) -> Option<usize> {
+        self.by_id
+            .get(&id)
+            .map(|&s| self.requests.0[s as usize].score() as usize)
+    }
+
+    /// The longest-prefix-match choice: the request with the most cached blocks, the earliest
+    /// arrival among equals. `(id, rank)`.
+    pub fn longest_prefix_first(&self) -> Option<(u64, u64)> {
+        self.lpm
+            .first()
+            .map(|&(_, rank, slot)| (self.requests.0[slot as usize].id, rank))
+    }
+
+    /// The depth-first choice, `(id, rank)`. The walk resumes where the last admitted request's
+    /// chain ends: up to the nearest node some waiting request goes through (the root when the
+    /// chain is gone), then down: into the heaviest reachable child while there is one, else
+    /// the earliest request ending here, else into the heaviest child.
+    pub fn depth_first(&self) -> Option<(u64, u64)> {
+        let trie = &self.trie;
+        if trie.node(ROOT).oldest == NOBODY {
+            return None;
+        }
+        // Blocks of the cursor's chain some waiting request shares form a prefix of it (whoever
+        // waits through a node waits through its ancestors): binary search for its end.
+        let shared = |h: &BlockHash| trie.get(*h).is_some_and(|n| trie.node(n).oldest != NOBODY);
+        let depth = self.cursor.partition_point(shared);
+        let mut at = match depth {
+            0 => ROOT,
+            d => trie
+                .get(self.cursor[d - 1])
+                .expect("shared blocks have nodes"),
+        };
+        loop {
+            let best = trie.best_child(at);
+            match best {
+                Some(c) if trie.node(c).reachable => at = c,
+                _ => {
+                    let enders = trie.node(at).enders;
+                    if !enders.is_empty() {
+                        let r = &self.requests.0[enders.head as usize];
+                        return Some((r.id, r.rank));
+                    }
+                    // Someone waits through here and nobody ends here: below a child.
+                    at = best?;
+                }
+            }
+        }
+    }
+
+    /// Blocks `block_hashes` (a chain, after `parent` or from the root) entered the prefix
+    /// cache. A parent the index never saw is an error: the caller missed events.
+    pub fn stored(&mut self, parent: Option<BlockHash>, block_hashes: &[BlockHash]) -> Result<()> {
+        let mut at = match parent {
+            None => ROOT,
+            Some(h) => self.trie.get(h).ok_or_else(|| {
+                Error::InvariantViolation(format!(
+                    "stored blocks follow block {h:#x}, which the scheduling index never saw stored"
+                ))
+            })?,
+        };
+        for &h in block_hashes {
+            let n = self.trie.get_or_insert(h, at);
+            let node = self.trie.node_mut(n);
+            node.copies += 1;
+            if !node.cached {
+                node.cached = true;
+                if self.trie.node(at).reachable {
+                    self.make_reachable(n);
+                }
+            }
+            at = n;
+        }
+        Ok(())
+    }
+
+    /// Block `hash` left the prefix cache.
+    pub fn removed(&mut self, hash: BlockHash) -> Result<()> {
+        let n = self.trie.get(hash).ok_or_else(|| {
+            Error::InvariantViolation(format!(
+                "block {hash:#x} was evicted but the scheduling index never saw it stored"
+            ))
+        })?;
+        let node = self.trie.node_mut(n);
+        if node.copies == 0 {
+            return Err(Error::InvariantViolation(format!(
+                "block {hash:#x} was evicted more often than stored"
+            )));
+        }
+        node.copies -= 1;
+        if node.copies > 0 {
+            return Ok(()); // another copy still serves it
+        }
+        node.cached = false;
+        let was_reachable = node.reachable;
+        if was_reachable && node.oldest != NOBODY {
+            self.evicted_wanted_blocks += 1;
+        }
+        if was_reachable {
+            self.make_unreachable(n);
+        }
+        self.trie.collect(n);
+        Ok(())
+    }
+
+    /// The whole prefix cache was emptied: the trie is rebuilt from the waiting requests.
+    pub fn cleared(&mut self) -> Result<()> {
+        type Waiting = (u64, u64, Vec<BlockHash>, u32);
+        let mut waiting: Vec<Waiting> = self
+            .by_id
+            .values()
+            .map(|&s| {
+                let r = &self.requests.0[s as usize];
+                let hashes = r.path.iter().map(|&n| self.trie.node(n).hash).collect();
+                (r.id, r.rank, hashes, r.cap)
+            })
+            .collect();
+        waiting.sort_by_key(|w| w.1);
+        let (wanted, cursor) = (self.evicted_wanted_blocks, std::mem::take(&mut self.cursor));
+        *self = WaitingIndex::new(self.track_cursor);
+        self.evicted_wanted_blocks = wanted;
+        self.cursor = cursor;
+        for (id, rank, hashes, cap) in waiting {
+            self.push(id, rank, &hashes, cap as usize)?;
+        }
+        Ok(())
+    }
+
+    /// `v` (cached, parent reachable) becomes reachable, and with it its cached subtree; the
+    /// requests blocked at `v` advance as far as the reachable blocks go.
+    fn make_reachable(&mut self, v: NodeId) {
+        let trie = &mut self.trie;
+        self.stack.clear();
+        self.stack.push(v);
+        while let Some(x) = self.stack.pop() {
+            trie.update(x, |node| node.reachable = true);
+            self.stack
+                .extend(trie.children(x).filter(|&c| trie.node(c).cached));
+        }
+        self.scratch.clear();
+        drain_into(
+            &mut self.requests,
+            &mut trie.node_mut(v).blocked,
+            Chain::Blocked,
+            &mut self.scratch,
+        );
+        for i in 0..self.scratch.len() {
+            let slot = self.scratch[i];
+            let r = &self.requests.0[slot as usize];
+            let mut m = r.matched as usize;
+            while m < r.path.len() && self.trie.node(r.path[m]).reachable {
+                m += 1;
+            }
+            let blocked_at = r.path.get(m).copied();
+            self.set_matched(slot, m as u32);
+            if let Some(at) = blocked_at {
+                push_back(
+                    &mut self.requests,
+                    &mut self.trie.node_mut(at).blocked,
+                    slot,
+                    Chain::Blocked,
+                );
+            }
+        }
+    }
+
+    /// `v` (reachable until now, its block evicted) and its reachable subtree become
+    /// unreachable; every request that had matched past `v`'s parent now waits at `v`.
+    fn make_unreachable(&mut self, v: NodeId) {
+        let matched = self.trie.node(v).depth - 1;
+        self.stack.clear();
+        self.stack.push(v);
+        self.scratch.clear();
+        while let Some(x) = self.stack.pop() {
+            self.trie.update(x, |node| node.reachable = false);
+            // Requests ending at `x` had matched all of their chain.
+            let mut at = self.trie.node(x).enders.head;
+            while at != NO_SLOT {
+                self.scratch.push(at);
+                at = self.requests.0[at as usize].links[Chain::Ender as usize].next;
+            }
+            self.children.clear();
+            self.children.extend(self.trie.children(x));
+            for &c in &self.children {
+                if self.trie.node(c).reachable {
+                    self.stack.push(c);
+                } else {
+                    let list = &mut self.trie.node_mut(c).blocked;
+                    drain_into(&mut self.requests, list, Chain::Blocked, &mut self.scratch);
+                }
+            }
+        }
+        for i in 0..self.scratch.len() {
+            let slot = self.scratch[i];
+            self.set_matched(slot, matched);
+            push_back(
+                &mut self.requests,
+                &mut self.trie.node_mut(v).blocked,
+                slot,
+                Chain::Blocked,
+            );
+        }
+    }
+
+    /// Sets a request's `matched`, moving its key in the longest-prefix order.
+    fn set_matched(&mut self, slot: Slot, matched: u32) {
+        let r = &mut self.requests.0[slot as usize];
+        let before = r.score();
+        r.matched = matched;
+        let after = r.score();
+        if before != after {
+            self.lpm.remove(&(Reverse(before), r.rank, slot));
+            self.lpm.insert((Reverse(after), r.rank, slot));
+        }
+    }
+
+    /// Checks every invariant of the index and its trie (slow; for tests).
+    pub fn check(&self) -> std::result::Result<(), String> {
+        let mut keys = BTreeSet::new();
+        for (&id, &slot) in &self.by_id {
+            let r = &self.requests.0[slot as usize];
+            if r.id != id {
+                return Err(format!("slot {slot} holds request {} under id {id}", r.id));
+            }
+            let reachable = r
+                .path
+                .iter()
+                .take_while(|&&n| self.trie.node(n).reachable)
+                .count() as u32;
+            if reachable != r.matched {
+                return Err(format!(
+                    "request {id} matched {} but {reachable} blocks are reachable",
+                    r.matched
+                ));
+            }
+            if let Some(&at) = r.path.get(r.matched as usize) {
+                if !self.member(self.trie.node(at).blocked, Chain::Blocked, slot) {
+                    return Err(format!(
+                        "request {id} is not blocked at its first unreachable block"
+                    ));
+                }
+            }
+            if !self.member(self.trie.node(r.last_node()).enders, Chain::Ender, slot) {
+                return Err(format!("request {id} is not listed at its last block"));
+            }
+            keys.insert((Reverse(r.score()), r.rank, slot));
+        }
+        if keys != self.lpm {
+            return Err("the longest-prefix order is out of date".into());
+        }
+        let blocked: usize = self
+            .trie
+            .nodes
+            .iter()
+            .map(|n| self.list_len(n.blocked, Chain::Blocked))
+            .sum();
+        let waiting_blocked = self
+            .by_id
+            .values()
+            .filter(|&&s| {
+                let r = &self.requests.0[s as usize];
+                (r.matched as usize) < r.path.len()
+            })
+            .count();
+        if blocked != waiting_blocked {
+            return Err(format!(
+                "{blocked} blocked entries for {waiting_blocked} blocked requests"
+            ));
+        }
+        let mut oldest_ending: HashMap<NodeId, u64> = HashMap::new();
+        for &slot in self.by_id.values() {
+            let r = &self.requests.0[slot as usize];
+            let at = oldest_ending.entry(r.last_node()).or_insert(NOBODY);
+            *at = (*at).min(r.rank);
+        }
+        let pending: Vec<NodeId> = self
+            .pending_collect
+            .iter()
+            .filter_map(|&h| self.trie.get(h))
+            .collect();
+        self.trie.check(
+            &|n| oldest_ending.get(&n).copied().unwrap_or(NOBODY),
+            &|n| pending.contains(&n),
+        )
+    }
+
+    fn member(&self, list: List, chain: Chain, slot: Slot) -> bool {
+        let mut at = list.head;
+        while at != NO_SLOT {
+            if at == slot {
+                return true;
+            }
+            at = self.requests.0[at as usize].links[chain as usize].next;
+        }
+        false
+    }
+
+    fn list_len(&self, list: List, chain: Chain) -> usize {
+        let mut n = 0;
+        let mut at = list.head;
+        while at != NO_SLOT {
+            n += 1;
+            at = self.requests.0[at as usize].links[chain as usize].next;
+        }
+        n
+    }
+}

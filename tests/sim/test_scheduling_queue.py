@@ -1,0 +1,72 @@
+"""`pagedkv._core.CacheAwareQueue`, the cache-aware waiting queue for a Python engine, against the
+manager it follows: predicted hits equal `match_prefix` through random admissions, frees and
+evictions; the choice is the longest prefix; the aging bound holds; bad input is refused."""
+
+import random
+
+import pytest
+from pagedkv import KvCacheManager
+from pagedkv._core import CacheAwareQueue
+from pagedkv.errors import InvalidArgumentError
+
+BS = 4
+
+
+def _prompt(rng: random.Random, request_id: int) -> list[int]:
+    system = rng.randrange(3)
+    shared = [1_000 * system + j for j in range(BS * rng.randrange(1, 4))]
+    return shared + [10_000 + 100 * request_id + j for j in range(rng.randrange(1, 6))]
+
+
+@pytest.mark.parametrize("policy", ["lpm", "dfs"])
+def test_queue_follows_the_manager(policy):
+    rng = random.Random(44)
+    kv = KvCacheManager(num_blocks=24, block_size=BS, enable_prefix_caching=True, enable_kv_events=True)
+    queue = CacheAwareQueue(policy, aging_bound=6)
+    prompts: dict[int, list[int]] = {}
+    running: list[int] = []
+    for request_id in range(300):
+        prompt = _prompt(rng, request_id)
+        queue.push(request_id, kv.prefix_block_hashes(prompt), (len(prompt) - 1) // BS)
+        prompts[request_id] = prompt
+        choice = queue.peek()
+        assert choice is not None
+        if policy == "lpm":  # the longest cached prefix, unless the oldest request is due
+            best = max(kv.match_prefix(p) for p in prompts.values())
+            oldest = min(prompts, key=lambda i: queue.rank(i) or 0)
+            assert kv.match_prefix(prompts[choice]) == best or choice == oldest
+        while len(running) > 2 or (running and rng.random() < 0.3):
+            kv.free(running.pop(rng.randrange(len(running))))
+        hit = kv.add_sequence(choice, prompts[choice])
+        assert hit == queue.hit_blocks(choice) * BS
+        queue.admitted(choice)
+        del prompts[choice]
+        running.append(choice)
+        queue.apply_events(kv.take_events())
+        queue.check_invariants()
+        for i, p in prompts.items():
+            assert queue.hit_blocks(i) * BS == kv.match_prefix(p)
+    assert len(queue) == len(prompts)
+    assert queue.stats()["max_passed_over"] <= 6 and queue.stats()["admissions"] == 300
+
+
+def test_bad_input_is_refused():
+    with pytest.raises(InvalidArgumentError, match="unknown scheduling"):
+        CacheAwareQueue("random")
+    queue = CacheAwareQueue("dfs", aging_bound=0)
+    assert (queue.policy, queue.aging_bound, len(queue)) == ("dfs", 0, 0)
+    with pytest.raises(InvalidArgumentError, match="block hashes"):
+        queue.push(1, ["a"], 0)
+    with pytest.raises(InvalidArgumentError, match="block hashes"):
+        queue.push(1, [-1], 0)
+    assert queue.push(1, [5, 6], 1) == 0
+    with pytest.raises(InvalidArgumentError, match="already waiting"):
+        queue.push(1, [5], 0)
+    with pytest.raises(InvalidArgumentError, match="not waiting"):
+        queue.admitted(2)
+    with pytest.raises(InvalidArgumentError, match="expected pagedkv KV events"):
+        queue.apply_events([object()])
+    with pytest.raises(InvalidArgumentError, match="events must be a list"):
+        queue.apply_events(None)
+    assert queue.peek() == 1 and queue.remove(1) and not queue.remove(1)
+    assert "CacheAwareQueue" in repr(queue)
