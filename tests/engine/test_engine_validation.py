@@ -62,7 +62,10 @@ def _alone(tiny, prompt, params):
         {"max_model_len": 1},
         {"max_model_len": 0},
         {"admission_watermark_blocks": -1},
-        {"admission_watermark_blocks": 513},
+        {"admission_watermark_blocks": 513, "num_blocks": 512},
+        {"kv_cache_bytes": 0},
+        {"kv_cache_bytes": "1"},
+        {"kv_cache_bytes": 1 << 20, "num_blocks": 8},  # one size, not two
         {"enable_prefix_caching": "yes"},
         {"enable_chunked_prefill": 1},
     ],
@@ -334,7 +337,8 @@ def test_every_stall_is_reported_not_spun(tiny):
     from pagedkv.engine import EngineConfig, LLMEngine, SamplingParams
 
     engine = LLMEngine(tiny, EngineConfig(num_blocks=4, block_size=4))
-    engine.kv.add_sequence(10**6, np.arange(16))  # a thief outside the engine holds the pool
+    # A thief outside the engine holds the pool (past the admission watermark the engine sets).
+    engine.kv.add_sequence(10**6, np.arange(16), apply_watermark=False)
     engine.add_request([5, 6, 7], SamplingParams(max_tokens=2))
     with pytest.raises(pagedkv.InvariantViolation, match="no progress"):
         for _ in range(10):

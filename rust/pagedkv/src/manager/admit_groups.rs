@@ -286,10 +286,17 @@ impl KvCacheManager {
                 .min(max_len)
         };
         let num_positions = slots.div_ceil(bs);
-        if num_positions.saturating_mul(ng) > self.num_usable_blocks() {
+        // Under the per-chunk contract a window group holds only what its window at the hit
+        // leaves (the hit's earlier positions are released); under the reserve one, everything.
+        let live = if o.reserve_prompt {
+            num_positions.saturating_mul(ng)
+        } else {
+            self.live_positions(num_positions, hit_tokens)
+        };
+        if live > self.num_usable_blocks() {
             return invalid(format!(
-                "the scheduled {} tokens need {num_positions} blocks in each of {ng} kv_groups, \
-                 more than the pool's {} blocks",
+                "the scheduled {} tokens need {live} blocks over {ng} kv_groups, more than the \
+                 pool's {} blocks",
                 slots - hit_tokens,
                 self.num_usable_blocks()
             ));

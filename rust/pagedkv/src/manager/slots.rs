@@ -144,6 +144,20 @@ impl KvCacheManager {
         Ok(true)
     }
 
+    /// The blocks a sequence with `positions` table positions holds at most over every group
+    /// once the window groups have released what `processed` tokens put out of their windows
+    /// (full attention: every position). The "can never fit" bound of a per-chunk allocation:
+    /// counting every group at its table length would refuse a long context a hybrid pool
+    /// holds (docs/design.md, Per-chunk allocation).
+    pub(super) fn live_positions(&self, positions: usize, processed: usize) -> usize {
+        let bs = self.block_size;
+        self.config
+            .kv_groups
+            .iter()
+            .map(|spec| positions - spec.skipped_blocks(processed, bs).min(positions))
+            .fold(0usize, usize::saturating_add)
+    }
+
     /// Validates an `allocate_slots` call and counts what it takes (changes nothing).
     fn plan_slots(
         &self,
@@ -171,10 +185,12 @@ impl KvCacheManager {
             .saturating_add(o.num_lookahead_tokens)
             .min(self.config.max_model_len);
         let positions = target.div_ceil(bs).max(len);
-        if positions.saturating_mul(ng) > self.num_usable_blocks() {
+        // Could it ever fit, with nothing else in the pool: a window group holds only the
+        // positions its release at the processed watermark leaves, not its table's length.
+        let live = self.live_positions(positions, c.saturating_sub(o.num_in_flight_tokens));
+        if live > self.num_usable_blocks() {
             return invalid(format!(
-                "{target} slots need {} blocks in each of {ng} kv_groups, more than the pool's {}",
-                target.div_ceil(bs),
+                "{target} slots need {live} blocks over {ng} kv_groups, more than the pool's {}",
                 self.num_usable_blocks()
             ));
         }

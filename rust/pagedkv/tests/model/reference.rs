@@ -337,6 +337,16 @@ impl Model {
     }
 
     /// Releases a window group's positions that `processed` tokens put out of its window.
+    /// Blocks a sequence of `positions` positions holds over every group once the windows
+    /// released what `processed` tokens put out of them: the "can never fit" bound.
+    fn live(&self, positions: usize, processed: usize) -> usize {
+        let bs = self.block_size;
+        self.specs
+            .iter()
+            .map(|&spec| positions - skipped(spec, processed, bs).min(positions))
+            .fold(0usize, usize::saturating_add)
+    }
+
     fn release_window(&mut self, id: u64, processed: usize) {
         let bs = self.block_size;
         for (g, &spec) in self.specs.clone().iter().enumerate() {
@@ -421,7 +431,12 @@ impl Model {
             computed.saturating_add(lookahead).min(lim.max_model_len)
         };
         let positions = slots.div_ceil(bs);
-        if positions.saturating_mul(ng) > self.num_blocks {
+        let live = if reserve {
+            positions.saturating_mul(ng)
+        } else {
+            self.live(positions, l * bs)
+        };
+        if live > self.num_blocks {
             return Err(Kind::Invalid);
         }
         let revived_per: Vec<usize> = places
@@ -951,7 +966,7 @@ impl Model {
             .ok_or(Kind::Invalid)?;
         let target = end.saturating_add(lookahead).min(self.limits.max_model_len);
         let positions = target.div_ceil(bs).max(len);
-        if positions.saturating_mul(ng) > self.num_blocks {
+        if self.live(positions, c.saturating_sub(in_flight)) > self.num_blocks {
             return Err(Kind::Invalid);
         }
         let known = s.tokens.as_ref().map_or(0, Vec::len);
