@@ -6,17 +6,18 @@ recompute), ``running`` (blocks on the device) and ``swapped`` (blocks in the sw
 ``schedule()``:
 
 1. swaps back in the sequences preempted by swap (oldest first) while blocks allow;
-2. appends every decoding sequence's last sampled token, and its speculative drafts
-   (``append_tokens_batch``), preempting the most recently admitted sequence (recompute or swap)
-   while blocks run short;
+2. allocates every decoding sequence's slots for its last sampled token and its speculative
+   drafts (``allocate_slots``, then ``provide_token_ids``), in admission order; a refusal
+   drops the drafts, then preempts the most recently admitted sequence (recompute or swap) and
+   retries;
 3. spends the per-step token budget: one row per decoding sequence (plus its drafts), then the
-   next prefill chunk of each running sequence still prefilling, in admission order
-   (``advance_computed``);
+   next prefill chunk of each running sequence still prefilling, in admission order, each
+   given its blocks as it is planned (``allocate_slots``; a refusal preempts as in 2);
 4. admits waiting requests in the order of ``EngineConfig.scheduling`` (``waiting_order.py``:
    first come first served, or cache-aware with an aging bound) while blocks and budget allow:
-   ``match_prefix``
-   gives the prefix-cache hit without side effects, and ``add_sequence(..., num_scheduled=chunk)``
-   schedules the first chunk of the uncached suffix;
+   ``match_prefix`` gives the prefix-cache hit without side effects, and ``add_sequence(...,
+   num_scheduled=chunk, reserve_prompt=False)`` takes blocks for the hit and the first chunk
+   of the uncached suffix only (vLLM's per-chunk contract, docs/engine.md);
 5. takes the manager's pending data moves and returns the plan, a ``ScheduledBatch``: the rows,
    their block tables, and the moves in the order the model runner runs them
    (``scheduled_batch.py``): swap-ins and swap-outs as they are decided, each swap-in after the
@@ -41,9 +42,10 @@ Which K/V exist is the manager's computed watermark (``num_computed_tokens``), n
 here. Like vLLM's scheduler, the watermark moves when a chunk is *scheduled*: the pass that
 computes it runs right after ``schedule()``, and attention writes each layer's K/V before reading
 it, so a request admitted in the same step may hit those blocks. That is sound only if every
-scheduled chunk is executed, hence: nothing is preempted after rows are planned (preemption
-happens in step 2, and a sequence preempted there first truncates the tokens appended for this
-step, so the watermark drops back to what earlier passes wrote), and a failed pass rolls its
+scheduled chunk is executed, hence: nothing is preempted after the step's admissions
+(preemption happens in steps 2 and 3, and a sequence preempted after its slots were allocated
+this step first truncates those tokens and loses its row, so the watermark drops back to what
+earlier passes wrote), and a failed pass rolls its
 sequences back (``rollback``) before their requests fail. The manager caps every hit below the
 prompt's length, so the last prompt token is always computed and gives the first logits.
 """
