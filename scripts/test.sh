@@ -61,6 +61,11 @@ cargo test --workspace --release
 # asserts its internal contracts (a pop under a reservation finds the stack non-empty, ...).
 RUSTFLAGS="--cfg loom -C debug-assertions=on" CARGO_TARGET_DIR=target/loom cargo test -p pagedkv --release --test loom_pool
 
+stage "callgrind gate (single-group cost)"
+# The single-group manager's instruction counts on the bench scenarios, within +3 % of the
+# committed baseline (benches/results/callgrind-baseline.txt).
+scripts/callgrind_gate.sh
+
 stage "interop (Dynamo KV router)"
 # NVIDIA Dynamo's router indexes pagedkv's KV events and predicts every cache hit
 # (rust/interop-tests: its own workspace and lock file; about 190 CPU-seconds on a clean build).

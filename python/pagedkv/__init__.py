@@ -32,6 +32,7 @@ if _typing.TYPE_CHECKING:  # what type checkers see; at run time __getattr__ bel
         KvCacheManager,
         SlidingWindow,
         __version__,
+        reduce_block_hash,
     )
 
 __all__ = [
@@ -50,6 +51,7 @@ __all__ = [
     "KvCacheManager",
     "FullAttention",
     "SlidingWindow",
+    "reduce_block_hash",
     "BlockStored",
     "BlockRemoved",
     "AllBlocksCleared",
@@ -57,7 +59,15 @@ __all__ = [
 ]
 
 _CORE_NAMES = frozenset(
-    {"__version__", "BlockHandle", "BlockPool", "KvCacheManager", "FullAttention", "SlidingWindow"}
+    {
+        "__version__",
+        "BlockHandle",
+        "BlockPool",
+        "KvCacheManager",
+        "FullAttention",
+        "SlidingWindow",
+        "reduce_block_hash",
+    }
 )
 
 

@@ -5,6 +5,7 @@ block tables come out as NumPy int32, slots as int64, block copies as int32 ``[N
 Malformed input raises ``pagedkv.InvalidArgumentError`` and changes nothing.
 """
 
+from collections.abc import Sequence
 from typing import TypeAlias, final
 
 import numpy as np
@@ -39,6 +40,7 @@ __all__ = [
     "cpu_write_kv",
     "encode_event_batch",
     "record_frames",
+    "reduce_block_hash",
     "simulate",
     "token_block_digests",
 ]
@@ -157,13 +159,22 @@ class KvCacheManager:
         num_host_cache_blocks: int = 0,
         kv_groups: _KvGroups | None = None,
         num_offload_blocks: int | None = None,
+        max_model_len: int | None = None,
+        max_in_flight_tokens: int | None = None,
+        watermark_blocks: int = 0,
+        null_block: int = -1,
+        record_new_block_ids: bool = False,
     ) -> KvCacheManager:
         """``num_host_cache_blocks`` > 0 adds the host cache: evicted prefix blocks keep their
-        content in host blocks and come back as hits (needs prefix caching and one KV group; see
+        content in host blocks and come back as hits (needs prefix caching; see
         ``take_offload_ops`` / ``take_load_ops``); ``num_offload_blocks`` is its deprecated
         alias (a ``DeprecationWarning``). ``kv_groups``: one block table per group and sequence,
-        all on one pool (default: one ``FullAttention()`` group, the plain manager);
-        docs/design.md, Hybrid groups."""
+        all on one pool (default: one ``FullAttention()`` group); docs/design.md, KV groups.
+        Per-chunk allocation (docs/design.md, Per-chunk allocation): ``max_model_len`` (default
+        unbounded), ``max_in_flight_tokens`` (default ``max_model_len``) and ``watermark_blocks``
+        are vLLM's admission limits; ``null_block=0`` reserves block 0 as vLLM's null block
+        (released positions then show 0); ``record_new_block_ids`` keeps the log
+        ``take_new_block_ids`` drains."""
     def add_sequence(
         self,
         seq_id: int,
@@ -172,10 +183,62 @@ class KvCacheManager:
         num_tokens: int | None = None,
         extra_key: str | bytes | int | np.integer | None = None,
         num_scheduled: int | None = None,
+        reserve_prompt: bool = True,
+        num_lookahead_tokens: int = 0,
+        block_extra_keys: Sequence[str | bytes | int | np.integer | None] | None = None,
+        block_hashes: Sequence[int | bytes] | None = None,
+        apply_watermark: bool = True,
     ) -> int:
         """Admits a prompt (``token_ids`` ``[n]``, or only ``num_tokens``: never hashed);
         returns how many of its tokens were served from the prefix cache. ``num_scheduled``:
-        how many of the new (non-hit) tokens the next pass computes (``None``: all)."""
+        how many of the new (non-hit) tokens the next pass computes (``None``: all).
+        ``reserve_prompt=False``: blocks for the hit and the scheduled tokens only, after vLLM's
+        admission check (then ``allocate_slots`` each step). ``num_lookahead_tokens``:
+        speculative slots, never hashed. ``block_extra_keys``: one extra key per block;
+        ``block_hashes``: the caller's chained hashes of the full blocks (ints, or bytes reduced
+        by ``reduce_block_hash``). ``apply_watermark``: leave ``watermark_blocks`` available."""
+    def allocate_slots(
+        self,
+        seq_id: int,
+        num_new_tokens: int,
+        *,
+        num_lookahead_tokens: int = 0,
+        num_in_flight_tokens: int = 0,
+        num_computed_tokens: int | None = None,
+    ) -> bool:
+        """vLLM's per-chunk ``allocate_slots``: slots for the tokens scheduled now plus
+        lookahead; the window release at ``num_computed - num_in_flight_tokens`` first (it
+        stands). ``num_computed_tokens``: the caller's watermark (lower rolls rejected drafts
+        back). False (nothing else changed) when blocks are short."""
+    def provide_token_ids(
+        self,
+        seq_id: int,
+        token_ids: _TokenIds,
+        *,
+        num_computed_tokens: int | None = None,
+        block_extra_keys: Sequence[str | bytes | int | np.integer | None] | None = None,
+        block_hashes: Sequence[int | bytes] | None = None,
+    ) -> None:
+        """Ids of the tokens after the known ones (async scheduling); blocks then full,
+        computed and known are indexed now. ``num_computed_tokens`` (the scheduler's
+        watermark after rejected drafts) rolls the watermark back first."""
+    def take_new_block_ids(
+        self,
+    ) -> tuple[
+        npt.NDArray[np.uint64],
+        npt.NDArray[np.int32],
+        npt.NDArray[np.int32],
+        npt.NDArray[np.int32],
+        npt.NDArray[np.bool_],
+    ]:
+        """Table entries placed since the last call (``record_new_block_ids=True``):
+        (seq_ids, groups, positions, block_ids, fresh), each ``[N]``, in the order placed;
+        ``block_ids[fresh]`` is vLLM's list of newly allocated blocks to zero."""
+    def num_slots(self, seq_id: int) -> int:
+        """The sequence's capacity in token slots (table length x block size)."""
+    @property
+    def null_block(self) -> int:
+        """What tables show at a released position: -1, or 0 (``null_block=0``)."""
     def append_tokens(
         self, seq_id: int, token_ids: _TokenIds | None = None, *, num_tokens: int | None = None
     ) -> None:
@@ -198,7 +261,12 @@ class KvCacheManager:
         none; full blocks enter the prefix index once computed."""
     def num_computed_tokens(self, seq_id: int) -> int: ...
     def match_prefix(
-        self, tokens: _TokenIds, *, extra_key: str | bytes | int | np.integer | None = None
+        self,
+        tokens: _TokenIds,
+        *,
+        extra_key: str | bytes | int | np.integer | None = None,
+        block_extra_keys: Sequence[str | bytes | int | np.integer | None] | None = None,
+        block_hashes: Sequence[int | bytes] | None = None,
     ) -> int:
         """The hit ``add_sequence`` would return now; no side effect at all."""
     def truncate(self, seq_id: int, num_tokens: int) -> None:
@@ -350,6 +418,9 @@ def token_block_digests(
 # Private (tests): which reader lists of ids take, "cpython-3.10" / "cpython-3.12" (read in
 # place, the layout proved at import) or "api" (through the C API).
 def _int_list_reader() -> str: ...
+def reduce_block_hash(block_hash: bytes) -> int:
+    """A caller's block hash (vLLM's ``request.block_hashes`` bytes) reduced to the 128 bits the
+    prefix index keys blocks by: its first 16 bytes, little-endian, zero-padded."""
 
 # The Rust CPU data plane (pagedkv-cpu), behind backend="cpu" (pagedkv.attention.cpu_backend).
 # dtypes: float32, float16, uint16 holding bfloat16 bits; caches C-contiguous, read or written in

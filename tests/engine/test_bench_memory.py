@@ -94,3 +94,32 @@ def test_quantized_caches_meet_the_capacity_goals_on_smollm2(smollm):
         rows = {d: v["contexts"][context] for d, v in m["dtypes"].items()}
         assert rows["int8"]["vs_float16"] >= 1.95 and rows["fp8_e4m3"]["vs_float16"] >= 1.95
         assert rows["int4"]["vs_float16"] >= 3.5
+
+
+def test_the_prefill_replay_holds_what_the_engine_holds_at_every_step(tiny_hybrid):
+    """``chunked_prefill_memory`` (the memory section's step-by-step prefill) replays the
+    engine's scheduler without the model: the engine running the same prompt in the same
+    chunks holds exactly its blocks per KV group after every step, and each window group never
+    more than its window plus the chunk (per-chunk allocation), while the full group grows."""
+    import numpy as np
+    from pagedkv.benchmarks.prefill_memory import blocks_per_group, chunked_prefill_memory
+    from pagedkv.engine import EngineConfig, LLMEngine, SamplingParams
+
+    context, bs, chunk = 41, 4, 6
+    p = chunked_prefill_memory(tiny_hybrid.config, context, block_size=bs, chunk=chunk)
+    assert len(p["steps"]) == -(-(context - 1) // chunk) + 1
+    config = EngineConfig(
+        num_blocks=128, block_size=bs, max_num_batched_tokens=chunk, enable_prefix_caching=False
+    )
+    engine = LLMEngine(tiny_hybrid, config)
+    prompt = np.random.default_rng(0).integers(0, tiny_hybrid.config.vocab_size, size=context - 1)
+    engine.add_request(prompt.tolist(), SamplingParams(max_tokens=3, ignore_eos=True))
+    held = []
+    for _ in p["steps"]:
+        engine.step()
+        held.append(blocks_per_group(engine.kv, 0, engine.layout.num_groups))
+    assert held == p["steps"]
+    cap = -(-(8 - 1 + chunk) // bs) + 1  # window 8
+    assert all(max(step[1:]) <= cap for step in held)
+    assert [step[0] for step in held] == sorted(step[0] for step in held)
+    assert held[-1][0] == -(-context // bs)

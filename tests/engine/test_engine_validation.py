@@ -62,7 +62,10 @@ def _alone(tiny, prompt, params):
         {"max_model_len": 1},
         {"max_model_len": 0},
         {"admission_watermark_blocks": -1},
-        {"admission_watermark_blocks": 513},
+        {"admission_watermark_blocks": 513, "num_blocks": 512},
+        {"kv_cache_bytes": 0},
+        {"kv_cache_bytes": "1"},
+        {"kv_cache_bytes": 1 << 20, "num_blocks": 8},  # one size, not two
         {"enable_prefix_caching": "yes"},
         {"enable_chunked_prefill": 1},
     ],
@@ -334,7 +337,8 @@ def test_every_stall_is_reported_not_spun(tiny):
     from pagedkv.engine import EngineConfig, LLMEngine, SamplingParams
 
     engine = LLMEngine(tiny, EngineConfig(num_blocks=4, block_size=4))
-    engine.kv.add_sequence(10**6, np.arange(16))  # a thief outside the engine holds the pool
+    # A thief outside the engine holds the pool (past the admission watermark the engine sets).
+    engine.kv.add_sequence(10**6, np.arange(16), apply_watermark=False)
     engine.add_request([5, 6, 7], SamplingParams(max_tokens=2))
     with pytest.raises(pagedkv.InvariantViolation, match="no progress"):
         for _ in range(10):
@@ -400,3 +404,36 @@ def test_a_failed_pass_fails_its_requests_and_leaves_no_unwritten_block_hittable
     later = engine.add_request(prompt + [14], params)
     _drain(engine)
     assert [c.token_ids for c in engine.output(later).outputs] == _alone(tiny, prompt + [14], params)
+
+
+def test_the_pool_is_sized_in_bytes(tiny):
+    """``EngineConfig(kv_cache_bytes=...)``: as many blocks as the bytes hold, by the engine's
+    byte accounting (an int4 cache's residual slots set aside first); the default holds
+    DEFAULT_FULL_CONTEXTS sequences at the model's full context; a budget holding no block is
+    refused; ``num_blocks`` is still taken as given."""
+    from pagedkv.engine import EngineConfig, LLMEngine
+    from pagedkv.engine.kv_budget import (
+        DEFAULT_FULL_CONTEXTS,
+        blocks_for_budget,
+        full_context_blocks,
+        pool_block_bytes,
+    )
+
+    default = LLMEngine(tiny, EngineConfig(block_size=4))
+    c = tiny.config
+    blocks = full_context_blocks(default.layout, 4, default.max_model_len, 256)
+    assert default.config.num_blocks == DEFAULT_FULL_CONTEXTS * blocks
+    assert default.config.kv_cache_bytes is None
+    per_block = pool_block_bytes(default.layout, 4, c.num_kv_heads, c.head_dim, "float32")
+    assert default.kv_cache_bytes == default.config.num_blocks * per_block
+    sized = LLMEngine(tiny, EngineConfig(block_size=4, kv_cache_bytes=10 * per_block + per_block // 2))
+    assert sized.config.num_blocks == 10 and sized.kv_cache_bytes == 10 * per_block + per_block // 2
+    budget = 1 << 20
+    int4 = LLMEngine(
+        tiny, EngineConfig(block_size=4, kv_cache_bytes=budget, kv_cache_dtype="int4", max_num_seqs=3)
+    )
+    want = blocks_for_budget(budget, int4.layout, 4, c.num_kv_heads, c.head_dim, "int4", max_num_seqs=3)
+    assert int4.config.num_blocks == want
+    with pytest.raises(InvalidArgumentError, match="kv_cache_bytes"):
+        LLMEngine(tiny, EngineConfig(block_size=4, kv_cache_bytes=per_block - 1))
+    assert LLMEngine(tiny, EngineConfig(num_blocks=7, block_size=4)).config.num_blocks == 7

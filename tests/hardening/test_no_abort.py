@@ -41,6 +41,26 @@ MANAGER_CASES = {
     "slot_mapping(huge)": ("kv.slot_mapping(huge, 1)", "InvalidArgumentError"),
     "swap_out(huge)": ("kv.swap_out(huge)", "InvalidArgumentError"),
     "swap_in(huge)": ("kv.swap_in(huge)", "InvalidArgumentError"),
+    # The per-chunk calls (docs/design.md, Per-chunk allocation): lengths and counts no pool
+    # holds are refused before anything is read or allocated.
+    "provide_token_ids(huge)": ("kv.provide_token_ids(0, huge)", "InvalidArgumentError"),
+    "allocate_slots(2**63)": ("kv.allocate_slots(0, 1 << 63)", "InvalidArgumentError"),
+    "allocate_slots(lookahead 2**63)": (
+        "kv.allocate_slots(0, 1, num_lookahead_tokens=1 << 63)",
+        "InvalidArgumentError",
+    ),
+    "add_sequence(block_hashes=huge)": (
+        "kv.add_sequence(9, [1, 2], block_hashes=huge)",
+        "InvalidArgumentError",
+    ),
+    "add_sequence(block_extra_keys=huge)": (
+        "kv.add_sequence(9, [1, 2], block_extra_keys=huge_u8)",
+        "InvalidArgumentError",
+    ),
+    "add_sequence(reserve_prompt=False, huge)": (
+        "kv.add_sequence(9, huge, reserve_prompt=False)",
+        "InvalidArgumentError",
+    ),
     # Item 2: huge results; a batch names each sequence once.
     "batch_block_tables(dup x1024)": ("kv.batch_block_tables([0] * 1024)", "InvalidArgumentError"),
     "slot_mapping(dup x1024)": ("kv.slot_mapping([0] * 1024, 1 << 24)", "InvalidArgumentError"),

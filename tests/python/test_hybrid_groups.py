@@ -1,6 +1,6 @@
 """KV-cache groups through the bindings: FullAttention / SlidingWindow specs, kv_groups=, the
 group= views with -1 at released positions, prefix hits every group can serve, and hostile
-arguments (docs/design.md, Hybrid groups)."""
+arguments (docs/design.md, KV groups)."""
 
 import copy
 import pickle

@@ -84,7 +84,7 @@ def _drive(
         "tokens_per_s": s["generated_tokens"] / wall,
         "tokens_per_cpu_s": s["generated_tokens"] / cpu,
         "mean_ttft_s": float(np.mean(ttfts)),
-        "kv_bytes_per_block": engine.store.kv_bytes // config.num_blocks,
+        "kv_bytes_per_block": engine.store.kv_bytes // engine.config.pool_blocks,
     }
 
 

@@ -35,6 +35,8 @@ from typing import Any
 import numpy as np
 
 import pagedkv
+from pagedkv.benchmarks.prefill_memory import chunked_prefill_memory
+from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.kv_budget import (
     ENGINE_KV_CACHE_DTYPES,
     blocks_for_budget,
@@ -189,7 +191,9 @@ def kv_memory(
 ) -> dict[str, Any]:
     """KV bytes in use at each context and the batch a ``budget_bytes`` pool admits, hybrid
     groups against every layer full attention (fp32 caches); ``ratio`` = hybrid bytes / all-full
-    bytes; ``dtypes``: the batch per ``kv_cache_dtype`` and its ratio to the first one's."""
+    bytes; ``dtypes``: the batch per ``kv_cache_dtype`` and its ratio to the first one's;
+    ``chunked_prefill``: the blocks held per KV group at every step of a chunked prefill
+    (``prefill_memory.py``)."""
     for context in contexts:
         if (
             isinstance(context, bool)
@@ -219,4 +223,11 @@ def kv_memory(
         "all_full": full,
         "ratio": ratios,
         "dtypes": _dtypes(config, contexts, block_size, budget_bytes, tuple(kv_cache_dtypes)),
+        # During the prefill, step by step, at the engine's default token budget per pass.
+        "chunked_prefill": {
+            str(c): chunked_prefill_memory(
+                config, c, block_size=block_size, chunk=EngineConfig().max_num_batched_tokens
+            )
+            for c in contexts
+        },
     }

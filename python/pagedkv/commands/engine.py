@@ -339,3 +339,12 @@ def _print_memory(m: dict[str, Any]) -> None:
             for c in m["ratio"]
         )
         print(f"{dtype:>10}{d['bytes_per_block']:>10,}{d['residual_bytes_per_sequence']:>16,}{cells}")
+    prefill = m.get("chunked_prefill", {})
+    if prefill:
+        print("During a chunked prefill (the engine's scheduler, per-chunk allocation; peak over its steps):")
+        print(f"{'context':>8}{'chunk':>7}{'steps':>7}{'peak MiB':>10}{'all-full MiB':>14}{'peak ratio':>12}")
+        for context, p in prefill.items():
+            print(
+                f"{context:>8}{p['chunk']:>7}{len(p['steps']):>7}{p['peak_bytes'] / 2**20:>10.1f}"
+                f"{p['all_full_bytes'] / 2**20:>14.1f}{p['peak_ratio']:>12.1%}"
+            )

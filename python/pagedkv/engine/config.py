@@ -43,7 +43,9 @@ MAX_SPECULATIVE_NGRAM = 64
 
 @dataclass(frozen=True)
 class EngineConfig:
-    num_blocks: int = 512
+    # The device pool, in blocks; None (the default) sizes it by ``kv_cache_bytes``. An engine
+    # holds the resolved config: ``num_blocks`` set, ``kv_cache_bytes`` None.
+    num_blocks: int | None = None
     block_size: int = 16
     enable_prefix_caching: bool = True
     num_host_blocks: int = 0
@@ -103,14 +105,27 @@ class EngineConfig:
     # reads from, "host:port"; default any the requests' params name). None: a single instance.
     kv_role: Literal["prefill", "decode"] | None = None
     kv_peer: str | None = None
+    # The device pool's K/V bytes (engine/kv_budget.py counts a block's codes, scales and an
+    # int4 cache's residual slots): the engine makes it as many blocks as the bytes hold. None
+    # with num_blocks None: room for DEFAULT_FULL_CONTEXTS sequences at the model's full
+    # context (kv_budget.default_kv_cache_bytes). Give num_blocks or kv_cache_bytes, not both.
+    kv_cache_bytes: int | None = None
 
     def __post_init__(self) -> None:
-        _integer("num_blocks", self.num_blocks, 1, MAX_NUM_BLOCKS)
+        if self.num_blocks is not None:
+            _integer("num_blocks", self.num_blocks, 1, MAX_NUM_BLOCKS)
+        if self.kv_cache_bytes is not None:
+            _integer("kv_cache_bytes", self.kv_cache_bytes, 1, None)
+            if self.num_blocks is not None:
+                raise InvalidArgumentError(
+                    "EngineConfig: give num_blocks or kv_cache_bytes, not both "
+                    f"(num_blocks={self.num_blocks}, kv_cache_bytes={self.kv_cache_bytes})"
+                )
         _integer("block_size", self.block_size, 1, MAX_NUM_SLOTS)
         _integer("num_host_blocks", self.num_host_blocks, 0, MAX_NUM_BLOCKS)
         _integer("num_host_cache_blocks", self.num_host_cache_blocks, 0, MAX_NUM_BLOCKS)
         for name, blocks in (
-            ("num_blocks", self.num_blocks),
+            ("num_blocks", self.num_blocks or 0),
             ("num_host_blocks", self.num_host_blocks),
             ("num_host_cache_blocks", self.num_host_cache_blocks),
         ):
@@ -127,7 +142,12 @@ class EngineConfig:
             _integer("max_model_len", self.max_model_len, 2, None)
         if self.admission_watermark_blocks is not None:
             # It applies only while some sequence runs, so even the whole pool lets the first in.
-            _integer("admission_watermark_blocks", self.admission_watermark_blocks, 0, self.num_blocks)
+            _integer(
+                "admission_watermark_blocks",
+                self.admission_watermark_blocks,
+                0,
+                MAX_NUM_BLOCKS if self.num_blocks is None else self.num_blocks,
+            )
         for name in ("enable_prefix_caching", "enable_chunked_prefill", "hybrid_kv"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidArgumentError(f"EngineConfig.{name} must be a bool, got {getattr(self, name)!r}")
@@ -157,9 +177,10 @@ class EngineConfig:
                 "EngineConfig.offload_deadline_s must be None (adaptive) or in [0, 60] seconds, "
                 f"got {deadline!r}"
             )
-        if self.num_host_cache_blocks == 0 and self.offload is not None:
+        if self.num_host_cache_blocks == 0 and self.offload is not None and self.num_blocks is not None:
+            # Sized by bytes: set when the engine resolves num_blocks (replace() runs this again).
             object.__setattr__(self, "num_host_cache_blocks", self.num_blocks)
-        if self.num_host_cache_blocks and not self.enable_prefix_caching:
+        if (self.num_host_cache_blocks or self.offload is not None) and not self.enable_prefix_caching:
             raise InvalidArgumentError(
                 "EngineConfig: the host cache and the store need enable_prefix_caching"
             )
@@ -171,6 +192,16 @@ class EngineConfig:
             peer_address(self.kv_peer)
         if self.preemption == "swap" and self.num_host_blocks == 0:
             raise InvalidArgumentError("EngineConfig: preemption='swap' needs num_host_blocks > 0")
+
+    @property
+    def pool_blocks(self) -> int:
+        """``num_blocks`` once the engine has sized the pool (InvalidArgumentError before: a
+        config sized by bytes needs the model to count its blocks)."""
+        if self.num_blocks is None:
+            raise InvalidArgumentError(
+                "EngineConfig: the pool is sized by kv_cache_bytes; LLMEngine resolves num_blocks"
+            )
+        return self.num_blocks
 
     @property
     def cache_dtype(self) -> str:

@@ -24,12 +24,15 @@ from pagedkv.engine.kv_layout import KvLayout
 from pagedkv.errors import InvalidArgumentError
 
 __all__ = [
+    "DEFAULT_FULL_CONTEXTS",
     "DEFAULT_KV_CACHE_DTYPE",
     "ENGINE_KV_CACHE_DTYPES",
     "RESIDUAL_DTYPE",
     "attention_dtype",
     "blocks_for_budget",
     "check_engine_kv_cache_dtype",
+    "default_kv_cache_bytes",
+    "full_context_blocks",
     "from_attention",
     "has_residual",
     "pool_block_bytes",
@@ -42,6 +45,9 @@ __all__ = [
 # None (the default) is the engine's fp32 cache, as before kv_cache_dtype existed.
 DEFAULT_KV_CACHE_DTYPE = "float32"
 ENGINE_KV_CACHE_DTYPES = ("float32", "float16", "bfloat16", *QUANTIZED_DTYPES)
+# The default pool (EngineConfig.kv_cache_bytes None): this many sequences at the model's full
+# context at once, each window group counted at what it holds when allocated per chunk.
+DEFAULT_FULL_CONTEXTS = 4
 # The residual of an int4 cache, and the attention dtype of every quantized one: 16 bits, as
 # docs/quantized_kv.md requires for the int4 capacity goal.
 RESIDUAL_DTYPE = "float16"
@@ -150,3 +156,38 @@ def blocks_for_budget(
     return (kv_cache_bytes - residual) // pool_block_bytes(
         layout, block_size, num_kv_heads, head_dim, kv_cache_dtype
     )
+
+
+def full_context_blocks(layout: KvLayout, block_size: int, max_model_len: int, max_pass_tokens: int) -> int:
+    """The blocks one sequence of ``max_model_len`` tokens holds at most over every KV group
+    when blocks are allocated per scheduled chunk: a full-attention group every block; a
+    sliding-window group the ``window - 1`` tokens before a pass, the pass's own
+    ``max_pass_tokens`` and one block for a window not starting at a block boundary (vLLM's
+    admission cap), never more than the whole context."""
+    positions = -(-max_model_len // block_size)
+    return sum(
+        positions if w is None else min(positions, -(-(w - 1 + max_pass_tokens) // block_size) + 1)
+        for w in layout.group_windows
+    )
+
+
+def default_kv_cache_bytes(
+    layout: KvLayout,
+    block_size: int,
+    num_kv_heads: int,
+    head_dim: int,
+    kv_cache_dtype: str,
+    *,
+    max_model_len: int,
+    max_pass_tokens: int,
+    max_num_seqs: int,
+) -> int:
+    """The default pool's bytes: ``DEFAULT_FULL_CONTEXTS`` sequences at the full context
+    (``full_context_blocks``), plus an int4 cache's residual slots for ``max_num_seqs``, so that
+    ``blocks_for_budget`` gives back exactly those blocks."""
+    blocks = DEFAULT_FULL_CONTEXTS * full_context_blocks(layout, block_size, max_model_len, max_pass_tokens)
+    per_block = pool_block_bytes(layout, block_size, num_kv_heads, head_dim, kv_cache_dtype)
+    residual = max_num_seqs * residual_bytes_per_sequence(
+        layout, block_size, num_kv_heads, head_dim, kv_cache_dtype
+    )
+    return blocks * per_block + residual

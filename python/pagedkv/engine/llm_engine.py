@@ -10,15 +10,24 @@ drafts (``EngineConfig.speculative_ngram``) and finishes sequences.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 import pagedkv
-from pagedkv.engine.config import EngineConfig
-from pagedkv.engine.kv_budget import residual_slot_counts, store_key_dtype
+from pagedkv.engine.config import MAX_NUM_BLOCKS, MAX_NUM_SLOTS, EngineConfig
+from pagedkv.engine.kv_budget import (
+    blocks_for_budget,
+    default_kv_cache_bytes,
+    pool_block_bytes,
+    residual_bytes_per_sequence,
+    residual_slot_counts,
+    store_key_dtype,
+)
 from pagedkv.engine.kv_layout import kv_layout, layer_windows, new_manager
+from pagedkv.engine.manager_options import manager_options, max_pass_tokens
 from pagedkv.engine.model_runner import ModelRunner
 from pagedkv.engine.outputs import RequestOutput, StreamEvent, request_output
 from pagedkv.engine.params import SamplingParams
@@ -45,18 +54,21 @@ __all__ = ["EngineConfig", "EngineStats", "LLMEngine"]
 class LLMEngine:
     def __init__(self, model: LoadedModel, config: EngineConfig | None = None) -> None:
         self.model = model
-        self.config = c = EngineConfig() if config is None else config
+        c = EngineConfig() if config is None else config
         if not isinstance(c, EngineConfig):
             raise InvalidArgumentError(f"config must be an EngineConfig, got {type(c).__name__}")
         self.max_model_len = min(c.max_model_len or model.config.max_model_len, model.config.max_model_len)
         self.layout = kv_layout(layer_windows(model.config), hybrid=c.hybrid_kv)
+        # The pool in bytes, as blocks (the config the engine keeps has num_blocks set).
+        self.kv_cache_bytes, c = self._size_pool(c)
+        self.config = c
         reserved = self.layout.num_groups * self.max_model_len  # slots of one sequence, every group
-        if c.reservation == "contiguous" and reserved > c.num_blocks * c.block_size:
+        if c.reservation == "contiguous" and reserved > c.pool_blocks * c.block_size:
             # No request could ever reserve its slots: the engine would admit nothing, forever.
             raise InvalidArgumentError(
                 f"reservation='contiguous' reserves max_model_len = {self.max_model_len} slots per "
-                f"sequence and KV group ({self.layout.num_groups}); the pool has {c.num_blocks} x "
-                f"{c.block_size} = {c.num_blocks * c.block_size}"
+                f"sequence and KV group ({self.layout.num_groups}); the pool has {c.pool_blocks} x "
+                f"{c.block_size} = {c.pool_blocks * c.block_size}"
             )
         if c.num_host_cache_blocks and self.layout.is_hybrid:
             # The host cache and the store key a block by its tokens alone; the groups of a hybrid layout
@@ -105,17 +117,39 @@ class LLMEngine:
         self._events: list[StreamEvent] = []
         self._idle_steps = 0
 
+    def _size_pool(self, c: EngineConfig) -> tuple[int, EngineConfig]:
+        """(the pool's K/V bytes, ``c`` with ``num_blocks`` set): ``num_blocks`` as given, else
+        the blocks ``kv_cache_bytes`` holds (default: ``default_kv_cache_bytes``), counted by
+        engine/kv_budget.py (codes, scales, an int4 cache's residual slots)."""
+        m = self.model.config
+        dtype = c.cache_dtype
+        shape = (self.layout, c.block_size, m.num_kv_heads, m.head_dim, dtype)
+        per_block = pool_block_bytes(*shape)
+        residual = residual_bytes_per_sequence(*shape) * residual_slot_counts(dtype, c.max_num_seqs, 0)[0]
+        if c.num_blocks is not None:
+            return c.num_blocks * per_block + residual, c
+        budget = c.kv_cache_bytes
+        if budget is None:
+            budget = default_kv_cache_bytes(
+                *shape,
+                max_model_len=self.max_model_len,
+                max_pass_tokens=max_pass_tokens(c, self.max_model_len),
+                max_num_seqs=c.max_num_seqs if residual else 0,
+            )
+        blocks = blocks_for_budget(budget, *shape, max_num_seqs=c.max_num_seqs if residual else 0)
+        blocks = min(blocks, MAX_NUM_BLOCKS, MAX_NUM_SLOTS // c.block_size)
+        if blocks < 1:
+            raise InvalidArgumentError(
+                f"EngineConfig.kv_cache_bytes = {budget} holds no block of {per_block} bytes"
+                + (f" after the residual slots ({residual} bytes)" if residual else "")
+            )
+        return budget, dataclasses.replace(c, num_blocks=blocks, kv_cache_bytes=None)
+
     def _make_manager(self) -> pagedkv.KvCacheManager:
-        """The block manager: one block table per KV group of the layout."""
-        c = self.config
+        """The block manager: one block table per KV group of the layout, allocated per
+        scheduled chunk (engine/manager_options.py)."""
         manager: pagedkv.KvCacheManager = new_manager(
-            self.layout,
-            num_blocks=c.num_blocks,
-            block_size=c.block_size,
-            enable_prefix_caching=c.enable_prefix_caching,
-            num_host_blocks=c.num_host_blocks,
-            num_host_cache_blocks=c.num_host_cache_blocks,
-            **self._event_options(),
+            self.layout, **manager_options(self.config, self.max_model_len), **self._event_options()
         )
         return manager
 
@@ -126,7 +160,7 @@ class LLMEngine:
         c = self.config
         if c.scheduling == "fcfs":
             return {}
-        per_step = 2 * c.num_blocks * self.layout.num_groups * (c.max_num_seqs + 1)
+        per_step = 2 * c.pool_blocks * self.layout.num_groups * (c.max_num_seqs + 1)
         return {"enable_kv_events": True, "max_events": max(65_536, per_step)}
 
     # ---- requests -------------------------------------------------------------------------

@@ -73,17 +73,17 @@ class ModelRunner:
         num_host = c.num_host_blocks + c.num_host_cache_blocks
         slots, host_slots = residual_slot_counts(dtype, c.max_num_seqs, c.num_host_blocks)
         per_seq = residual_bytes_per_sequence(self.layout, c.block_size, m.num_kv_heads, m.head_dim, dtype)
-        kv_bytes = per_block * (c.num_blocks + num_host) + per_seq * (slots + host_slots)
+        kv_bytes = per_block * (c.pool_blocks + num_host) + per_seq * (slots + host_slots)
         memory = _physical_memory_bytes()
         if memory is not None and kv_bytes > memory:
             raise InvalidArgumentError(
-                f"{c.num_blocks} + {num_host} host blocks of {c.block_size} tokens need "
+                f"{c.pool_blocks} + {num_host} host blocks of {c.block_size} tokens need "
                 f"{kv_bytes / 2**30:,.1f} GiB of K/V; this machine has {memory / 2**30:,.1f} GiB"
             )
         try:
             self.store = PagedKvStore(
                 model.config,
-                c.num_blocks,
+                c.pool_blocks,
                 c.block_size,
                 c.num_host_blocks,
                 layout=self.layout,

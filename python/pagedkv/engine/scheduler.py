@@ -6,17 +6,18 @@ recompute), ``running`` (blocks on the device) and ``swapped`` (blocks in the sw
 ``schedule()``:
 
 1. swaps back in the sequences preempted by swap (oldest first) while blocks allow;
-2. appends every decoding sequence's last sampled token, and its speculative drafts
-   (``append_tokens_batch``), preempting the most recently admitted sequence (recompute or swap)
-   while blocks run short;
+2. allocates every decoding sequence's slots for its last sampled token and its speculative
+   drafts (``allocate_slots``, then ``provide_token_ids``), in admission order; a refusal
+   drops the drafts, then preempts the most recently admitted sequence (recompute or swap) and
+   retries;
 3. spends the per-step token budget: one row per decoding sequence (plus its drafts), then the
-   next prefill chunk of each running sequence still prefilling, in admission order
-   (``advance_computed``);
+   next prefill chunk of each running sequence still prefilling, in admission order, each
+   given its blocks as it is planned (``allocate_slots``; a refusal preempts as in 2);
 4. admits waiting requests in the order of ``EngineConfig.scheduling`` (``waiting_order.py``:
    first come first served, or cache-aware with an aging bound) while blocks and budget allow:
-   ``match_prefix``
-   gives the prefix-cache hit without side effects, and ``add_sequence(..., num_scheduled=chunk)``
-   schedules the first chunk of the uncached suffix;
+   ``match_prefix`` gives the prefix-cache hit without side effects, and ``add_sequence(...,
+   num_scheduled=chunk, reserve_prompt=False)`` takes blocks for the hit and the first chunk
+   of the uncached suffix only (vLLM's per-chunk contract, docs/engine.md);
 5. takes the manager's pending data moves and returns the plan, a ``ScheduledBatch``: the rows,
    their block tables, and the moves in the order the model runner runs them
    (``scheduled_batch.py``): swap-ins and swap-outs as they are decided, each swap-in after the
@@ -41,9 +42,10 @@ Which K/V exist is the manager's computed watermark (``num_computed_tokens``), n
 here. Like vLLM's scheduler, the watermark moves when a chunk is *scheduled*: the pass that
 computes it runs right after ``schedule()``, and attention writes each layer's K/V before reading
 it, so a request admitted in the same step may hit those blocks. That is sound only if every
-scheduled chunk is executed, hence: nothing is preempted after rows are planned (preemption
-happens in step 2, and a sequence preempted there first truncates the tokens appended for this
-step, so the watermark drops back to what earlier passes wrote), and a failed pass rolls its
+scheduled chunk is executed, hence: nothing is preempted after the step's admissions
+(preemption happens in steps 2 and 3, and a sequence preempted after its slots were allocated
+this step first truncates those tokens and loses its row, so the watermark drops back to what
+earlier passes wrote), and a failed pass rolls its
 sequences back (``rollback``) before their requests fail. The manager caps every hit below the
 prompt's length, so the last prompt token is always computed and gives the first logits.
 """
@@ -58,6 +60,7 @@ import numpy as np
 import pagedkv
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.kv_layout import KvLayout
+from pagedkv.engine.manager_options import max_pass_tokens
 from pagedkv.engine.ngram_proposer import propose_ngram_drafts
 from pagedkv.engine.params import SamplingParams
 from pagedkv.engine.residual_slots import ResidualSlots
@@ -115,6 +118,7 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.kv = kv
         self.num_groups = layout.num_groups
+        self.group_windows = layout.group_windows
         self.store = store
         self.stats = stats
         self.waiting: deque[Sequence] = deque()
@@ -151,25 +155,38 @@ class Scheduler:
                 f"max_num_seqs = {self.slots.num_slots}"
             )
         needed = self.blocks_to_fit(num_prompt_tokens, params)
-        if needed > self.config.num_blocks:
+        if needed > self.config.pool_blocks:
             raise InvalidArgumentError(
                 f"n={params.n} samples of {total} tokens need {needed} blocks at most"
                 + (f" over {self.num_groups} KV groups" if self.num_groups > 1 else "")
-                + f"; the pool has {self.config.num_blocks}"
+                + f"; the pool has {self.config.pool_blocks}"
             )
 
     def blocks_to_fit(self, num_prompt_tokens: int, params: SamplingParams) -> int:
-        """The blocks a request alone needs at most, over every KV group: the shared full prompt
-        blocks plus each sample's own blocks up to its full length, in every group. A
-        sliding-window group holds less once its window has passed (the prompt until it is
-        computed, then the window), but the manager refuses any sequence whose tokens could not
-        fit every group's table at once (InvalidArgumentError from an append), so the bound
-        counts every group in full: a request within it never meets that refusal."""
+        """The blocks a request alone needs at most, over every KV group: in a full-attention
+        group the shared full prompt blocks plus each sample's own blocks up to its full
+        length; in a sliding-window group at most what its window and a pass's tokens span per
+        sample (``window_blocks``), since blocks are allocated per scheduled chunk and the
+        window releases what it has passed. A request within it never meets the manager's
+        "can never fit" refusal."""
         bs = self.config.block_size
         total = min(num_prompt_tokens + params.max_tokens, self.max_model_len)
         shared = num_prompt_tokens // bs  # full prompt blocks the n samples share
         full = shared + params.n * (-(-(total - shared * bs) // bs))
-        return self.num_groups * full
+        per_sample = -(-total // bs)
+        return sum(
+            full if w is None else params.n * min(per_sample, self.window_blocks(w, total))
+            for w in self.group_windows
+        )
+
+    def window_blocks(self, window: int, num_tokens: int) -> int:
+        """The most blocks one sequence of up to ``num_tokens`` tokens holds in a group of this
+        window: the ``window - 1`` tokens before a pass's first, the pass's own
+        (``max_pass_tokens``; without chunked prefill up to all of them), and one block more
+        where the window does not start at a block boundary."""
+        chunked = self.config.enable_chunked_prefill
+        in_pass = max_pass_tokens(self.config, self.max_model_len) if chunked else num_tokens
+        return -(-(window - 1 + in_pass) // self.config.block_size) + 1
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -296,32 +313,27 @@ class Scheduler:
         return bool(seq.output_ids) and self.kv.num_tokens(seq.seq_id) == len(seq.token_ids) - 1
 
     def _append_decode_tokens(self) -> None:
-        speculate = self.config.speculative_ngram > 0
-        while True:
-            decoding = sorted((s for s in self.running if self._needs_append(s)), key=lambda s: s.admitted)
-            if not decoding:
-                return
-            for s in decoding:
-                s.draft_ids = []
-            if speculate:
-                self._propose(decoding)
-            groups: dict[int, list[Sequence]] = {}
-            for s in decoding:
-                groups.setdefault(len(s.draft_ids), []).append(s)
-            try:
-                for num_drafts, group in sorted(groups.items()):
-                    tokens = [t for s in group for t in (s.token_ids[-1], *s.draft_ids)]
-                    self.kv.append_tokens_batch(
-                        [s.seq_id for s in group], np.array(tokens, dtype=np.int64), num_tokens=1 + num_drafts
-                    )
-                    self._appended.update(s.seq_id for s in group)
-            except OutOfBlocksError:
-                if speculate and any(s.draft_ids for s in decoding):
-                    speculate = False  # drafts never cost a preemption: retry without them
+        """Slots for every decoding sequence's last sampled token and its drafts, per sequence
+        in admission order (``allocate_slots``, then ``provide_token_ids`` with their ids). A
+        refusal is the preemption signal: a sequence first drops its drafts (drafts never cost a
+        preemption), then the most recently admitted sequence is preempted and the allocation
+        retried, as vLLM's scheduler does."""
+        decoding = sorted((s for s in self.running if self._needs_append(s)), key=lambda s: s.admitted)
+        for s in decoding:
+            s.draft_ids = []
+        if self.config.speculative_ngram > 0:
+            self._propose(decoding)
+        for s in decoding:
+            while s.status is SeqStatus.RUNNING:
+                if self.kv.allocate_slots(s.seq_id, 1 + len(s.draft_ids)):
+                    tokens = np.array([s.token_ids[-1], *s.draft_ids], dtype=np.int64)
+                    self.kv.provide_token_ids(s.seq_id, tokens)
+                    self._appended.add(s.seq_id)
+                    break
+                if s.draft_ids:
+                    s.draft_ids = []
                     continue
-                self.preempt(max(self.running, key=lambda s: s.admitted))
-                continue
-            return
+                self.preempt(max(self.running, key=lambda r: r.admitted))
 
     def _propose(self, decoding: list[Sequence]) -> None:
         """Prompt-lookup drafts for the greedy decoding sequences, within the token budget (one
@@ -341,9 +353,11 @@ class Scheduler:
             budget -= len(s.draft_ids)
 
     def _plan_running(self, budget: int) -> list[Row]:
-        """Decode rows first (always: their tokens are appended), then the next prefill chunk of
-        each running sequence still prefilling, in admission order; chunks are scheduled in the
-        manager (``advance_computed``) as they are planned."""
+        """Decode rows first (always: their slots are allocated), then the next prefill chunk of
+        each running sequence still prefilling, in admission order; each chunk gets its blocks
+        as it is planned (``allocate_slots``: the watermark moves with them). A refusal preempts
+        the most recently admitted sequence (dropping its decode row: its appended token is
+        truncated) and retries; when that is the sequence itself, it waits."""
         rows = []
         by_admission = sorted(self.running, key=lambda s: s.admitted)
         for s in by_admission:
@@ -352,14 +366,23 @@ class Scheduler:
                 rows.append(Row(s, start, start + 1 + len(s.draft_ids), decode=True))
                 budget -= 1 + len(s.draft_ids)
         for s in by_admission:
+            if s.status is not SeqStatus.RUNNING or s.seq_id in self._appended:
+                continue
             computed = self.kv.num_computed_tokens(s.seq_id)
             remaining = self.kv.num_tokens(s.seq_id) - computed
-            if remaining <= 0 or s.seq_id in self._appended:
+            if remaining <= 0:
                 continue
             chunk = self._chunk(remaining, budget, bool(rows))
             if chunk == 0:
                 break
-            self.kv.advance_computed([s.seq_id], chunk)
+            while s.status is SeqStatus.RUNNING and not self.kv.allocate_slots(s.seq_id, chunk):
+                victim = max(self.running, key=lambda r: r.admitted)
+                self.preempt(victim)
+                for row in [r for r in rows if r.seq is victim]:
+                    rows.remove(row)
+                    budget += row.end - row.start
+            if s.status is not SeqStatus.RUNNING:
+                break  # preempted itself: every later-admitted sequence is gone already
             rows.append(Row(s, computed, computed + chunk))
             budget -= chunk
         return rows
@@ -404,8 +427,15 @@ class Scheduler:
                 if admission is None:
                     return
                 served = admission.hit + len(admission.stored) * self.config.block_size
+                # Per chunk (vLLM's admission): the whole prompt must fit after its hits (each
+                # window group at its cap, plus the watermark while others run), and only the
+                # hit and the scheduled tokens take blocks now.
                 hit = self.kv.add_sequence(
-                    seq.seq_id, tokens, num_scheduled=served - admission.hit + admission.chunk
+                    seq.seq_id,
+                    tokens,
+                    num_scheduled=served - admission.hit + admission.chunk,
+                    reserve_prompt=False,
+                    apply_watermark=bool(self.running),
                 )
             except OutOfBlocksError:
                 return
@@ -428,20 +458,15 @@ class Scheduler:
         return self.num_groups * self.max_model_len * (len(self.running) + len(self.swapped))
 
     def _has_room(self, seq: Sequence) -> bool:
-        """The pool can take ``seq``'s prompt: under ``reservation="contiguous"`` its
-        max_model_len slots in every group; and the prompt's blocks in every KV group plus,
-        while some sequence runs, a small watermark, so that admitting does not force the next
-        append to preempt (``add_sequence`` is the exact check, all or nothing)."""
+        """Under ``reservation="contiguous"``, the pool can reserve ``seq``'s max_model_len slots
+        in every group. Blocks are the manager's check (``add_sequence`` with
+        ``reserve_prompt=False``: the whole prompt must fit after its hits, each window group at
+        its cap, plus the admission watermark while some sequence runs; all or nothing)."""
         c = self.config
-        if c.reservation == "contiguous" and (
-            self._reserved_slots() + self.num_groups * self.max_model_len > c.num_blocks * c.block_size
-        ):
-            return False
-        watermark = c.admission_watermark_blocks
-        if watermark is None:
-            watermark = max(1, c.num_blocks // 100)
-        prompt_blocks = self.num_groups * -(-len(seq.token_ids) // c.block_size)
-        return prompt_blocks + (watermark if self.running else 0) <= self.kv.num_free_blocks
+        return not (
+            c.reservation == "contiguous"
+            and self._reserved_slots() + self.num_groups * self.max_model_len > c.pool_blocks * c.block_size
+        )
 
     def _plan_admission(
         self, seq: Sequence, tokens: np.ndarray, budget: int, have_rows: bool

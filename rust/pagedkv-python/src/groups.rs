@@ -1,5 +1,5 @@
 //! `pagedkv.FullAttention` and `pagedkv.SlidingWindow`: the KV-cache group specs a
-//! `KvCacheManager(kv_groups=[...])` takes (docs/design.md, Hybrid groups). Small frozen
+//! `KvCacheManager(kv_groups=[...])` takes (docs/design.md, KV groups). Small frozen
 //! value classes: equal when their specs are, hashable, with a `repr` that evaluates back,
 //! and picklable (`__reduce__`: the class and its constructor's arguments, every protocol).
 

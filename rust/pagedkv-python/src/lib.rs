@@ -14,6 +14,8 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod alloc_guard;
 mod arrays;
+mod block_keys;
+mod chunks;
 mod cpu_ops;
 mod cpu_quant_ops;
 mod errors;
@@ -44,6 +46,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     wire::register(m)?;
     event_digests::register(m)?;
     int_list::register(m)?;
+    block_keys::register(m)?;
     cpu_ops::register(m)?;
     cpu_quant_ops::register(m)?;
     quantized_matmul::register(m)?;

@@ -14,8 +14,9 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
 use pagedkv::wire::encode_drained_events;
-use pagedkv::{Error, KvCacheManager, ManagerConfig, PoolPeers};
+use pagedkv::{AdmitOptions, Error, KvCacheManager, ManagerConfig, PoolPeers, Prompt};
 
+use crate::block_keys::{parse_null_block, BlockKeyArgs};
 use crate::errors::{
     invalid_argument, invariant_violation, must_propagate, to_pyerr, with_arg_note,
 };
@@ -29,7 +30,7 @@ use crate::stats::stats_to_dict;
 use crate::wire::{batch_args, hash_format};
 
 /// Prompts at least this long are admitted with the GIL released (hashing dominates).
-const DETACH_MIN_PROMPT_TOKENS: usize = 512;
+pub(crate) const DETACH_MIN_PROMPT_TOKENS: usize = 512;
 /// Batch calls over at least this many sequences run with the GIL released; below it the
 /// release and re-acquire cost more than the call itself.
 const DETACH_MIN_BATCH: usize = 8;
@@ -98,7 +99,7 @@ impl PyKvCacheManager {
     /// Runs `op` on the locked manager, with the GIL released when `heavy`. On a shared pool a
     /// device shortage first reclaims the peers' cached blocks (`PoolPeers::run`).
     #[inline]
-    fn run<T, F>(&self, py: Python<'_>, heavy: bool, mut op: F) -> PyResult<T>
+    pub(crate) fn run<T, F>(&self, py: Python<'_>, heavy: bool, mut op: F) -> PyResult<T>
     where
         F: FnMut(&mut KvCacheManager) -> Result<T, Error> + Send,
         T: Send,
@@ -121,7 +122,7 @@ impl PyKvCacheManager {
     /// Token ids from `obj`, refused unread when longer than the pool could ever hold (every
     /// token a call adds occupies its own slot of the pool).
     #[inline]
-    fn token_ids<'py>(&self, obj: &Bound<'py, PyAny>) -> PyResult<TokenIds<'py>> {
+    pub(crate) fn token_ids<'py>(&self, obj: &Bound<'py, PyAny>) -> PyResult<TokenIds<'py>> {
         TokenIds::extract_bounded(obj, self.num_blocks.saturating_mul(self.block_size))
             .map_err(|err| with_arg_note(obj.py(), "token_ids", err))
     }
@@ -164,7 +165,7 @@ impl PyKvCacheManager {
 }
 
 /// (int32 `[B, max_blocks]` block tables, int32 `[B]` sequence lengths).
-type TablesAndLens<'py> = (Bound<'py, PyArray2<i32>>, Bound<'py, PyArray1<i32>>);
+pub(crate) type TablesAndLens<'py> = (Bound<'py, PyArray2<i32>>, Bound<'py, PyArray1<i32>>);
 /// (kv_indptr, kv_indices, kv_last_page_len), all int32.
 type CsrArrays<'py> = (
     Bound<'py, PyArray1<i32>>,
@@ -187,7 +188,7 @@ fn pairs_to_array<'py>(
 
 /// Block ids are below `num_blocks <= i32::MAX` (checked at construction), so this is exact.
 #[inline]
-fn block_id_to_i32(block_id: u32) -> i32 {
+pub(crate) fn block_id_to_i32(block_id: u32) -> i32 {
     if block_id == pagedkv::NULL_BLOCK {
         return -1; // a position a sliding-window group released
     }
@@ -230,12 +231,14 @@ impl PyKvCacheManager {
         num_blocks=None, block_size=None, enable_prefix_caching=FlagArg(false),
         num_host_blocks=CountArg(0), *, pool=None, hash_seed=SeedArg(0), max_events=None,
         enable_kv_events=FlagArg(false), num_host_cache_blocks=None, kv_groups=None,
-        num_offload_blocks=None
+        num_offload_blocks=None, max_model_len=None, max_in_flight_tokens=None,
+        watermark_blocks=CountArg(0), null_block=None, record_new_block_ids=FlagArg(false)
     ))]
     #[pyo3(
         text_signature = "(num_blocks=None, block_size=None, enable_prefix_caching=False, \
         num_host_blocks=0, *, pool=None, hash_seed=0, max_events=None, enable_kv_events=False, \
-        num_host_cache_blocks=0, kv_groups=None, num_offload_blocks=None)"
+        num_host_cache_blocks=0, kv_groups=None, num_offload_blocks=None, max_model_len=None, \
+        max_in_flight_tokens=None, watermark_blocks=0, null_block=-1, record_new_block_ids=False)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -251,6 +254,11 @@ impl PyKvCacheManager {
         num_host_cache_blocks: Option<CountArg>,
         kv_groups: Option<Bound<'_, PyAny>>,
         num_offload_blocks: Option<CountArg>,
+        max_model_len: Option<CountArg>,
+        max_in_flight_tokens: Option<CountArg>,
+        watermark_blocks: CountArg,
+        null_block: Option<Bound<'_, PyAny>>,
+        record_new_block_ids: FlagArg,
     ) -> PyResult<Self> {
         let num_host_cache_blocks =
             host_cache_blocks(py, num_host_cache_blocks, num_offload_blocks)?;
@@ -264,6 +272,11 @@ impl PyKvCacheManager {
             num_offload_blocks: num_host_cache_blocks,
             hash_seed: hash_seed.0,
             enable_kv_events: enable_kv_events.0,
+            max_model_len: max_model_len.map_or(usize::MAX, |n| n.0),
+            max_in_flight_tokens: max_in_flight_tokens.map(|n| n.0),
+            watermark_blocks: watermark_blocks.0,
+            reserve_null_block: parse_null_block(py, null_block.as_ref())?,
+            record_new_block_ids: record_new_block_ids.0,
             ..defaults.clone()
         };
         if let Some(max_events) = max_events {
@@ -339,7 +352,21 @@ impl PyKvCacheManager {
     /// `num_tokens` (such a prompt is never hashed). `extra_key` (str | bytes | int) isolates
     /// prefix-cache namespaces (cache salt, adapter id). `num_scheduled`: how many of the new
     /// (non-hit) tokens the next pass computes (chunked prefill; `None` = all).
-    #[pyo3(signature = (seq_id, token_ids=None, *, num_tokens=None, extra_key=None, num_scheduled=None))]
+    /// `reserve_prompt=False` takes blocks for the hit and the scheduled tokens only (vLLM's
+    /// per-chunk contract: `allocate_slots` each later step); `num_lookahead_tokens` adds
+    /// speculative slots; `block_extra_keys` / `block_hashes` are the caller's per-block keys
+    /// and chained hashes; `apply_watermark` applies `watermark_blocks`.
+    #[pyo3(signature = (
+        seq_id, token_ids=None, *, num_tokens=None, extra_key=None, num_scheduled=None,
+        reserve_prompt=FlagArg(true), num_lookahead_tokens=CountArg(0), block_extra_keys=None,
+        block_hashes=None, apply_watermark=FlagArg(true)
+    ))]
+    #[pyo3(
+        text_signature = "(self, seq_id, token_ids=None, *, num_tokens=None, extra_key=None, \
+        num_scheduled=None, reserve_prompt=True, num_lookahead_tokens=0, block_extra_keys=None, \
+        block_hashes=None, apply_watermark=True)"
+    )]
+    #[allow(clippy::too_many_arguments)]
     fn add_sequence(
         &self,
         py: Python<'_>,
@@ -348,8 +375,55 @@ impl PyKvCacheManager {
         num_tokens: Option<CountArg>,
         extra_key: Option<ExtraKey>,
         num_scheduled: Option<CountArg>,
+        reserve_prompt: FlagArg,
+        num_lookahead_tokens: CountArg,
+        block_extra_keys: Option<Bound<'_, PyAny>>,
+        block_hashes: Option<Bound<'_, PyAny>>,
+        apply_watermark: FlagArg,
     ) -> PyResult<usize> {
         let scheduled = num_scheduled.map_or(usize::MAX, |n| n.0);
+        let plain = reserve_prompt.0
+            && num_lookahead_tokens.0 == 0
+            && block_extra_keys.is_none()
+            && block_hashes.is_none()
+            && apply_watermark.0;
+        if !plain {
+            let keys = BlockKeyArgs::extract(
+                py,
+                block_extra_keys.as_ref(),
+                block_hashes.as_ref(),
+                self.num_blocks,
+            )?;
+            let token_ids = token_ids.map(|t| self.token_ids(&t)).transpose()?;
+            let prompt = match &token_ids {
+                Some(t) => {
+                    let t = t.as_slice()?;
+                    check_token_count(py, t.len(), num_tokens)?;
+                    Prompt::Tokens(t)
+                }
+                None if extra_key.is_some() => return Err(invalid_argument(
+                    py,
+                    "extra_key needs token_ids: a prompt given only as num_tokens is never hashed"
+                        .to_owned(),
+                )),
+                None => Prompt::Len(num_tokens.map_or(0, |n| n.0)),
+            };
+            let key = extra_key.as_ref().map(|key| key.0.as_slice());
+            let extra_keys = keys.extra_keys();
+            let heavy = prompt.len() >= DETACH_MIN_PROMPT_TOKENS;
+            return self.run(py, heavy, |kv| {
+                let options = AdmitOptions {
+                    extra_key: key,
+                    num_scheduled: scheduled,
+                    reserve_prompt: reserve_prompt.0,
+                    num_lookahead_tokens: num_lookahead_tokens.0,
+                    block_extra_keys: extra_keys.as_deref(),
+                    block_hashes: keys.hashes.as_deref(),
+                    apply_watermark: apply_watermark.0,
+                };
+                kv.add_sequence_with(seq_id.0, prompt, &options)
+            });
+        }
         match token_ids {
             Some(token_ids) => {
                 let token_ids = self.token_ids(&token_ids)?;
@@ -480,7 +554,7 @@ impl PyKvCacheManager {
             Ok(kv
                 .block_table_group(seq_id.0, group.0)?
                 .iter()
-                .map(|&b| block_id_to_i32(b))
+                .map(|&b| kv.entry_i32(b))
                 .collect())
         })?;
         Ok(PyArray1::from_vec(py, table))
@@ -506,19 +580,40 @@ impl PyKvCacheManager {
         self.run(py, false, |kv| kv.num_computed_tokens(seq_id.0))
     }
 
-    /// The hit `add_sequence` would return for `tokens` now; changes nothing.
-    #[pyo3(signature = (tokens, *, extra_key=None))]
+    /// The hit `add_sequence` would return for `tokens` now (with the same `extra_key`,
+    /// `block_extra_keys` and `block_hashes`); changes nothing.
+    #[pyo3(signature = (tokens, *, extra_key=None, block_extra_keys=None, block_hashes=None))]
     fn match_prefix(
         &self,
         py: Python<'_>,
         tokens: Bound<'_, PyAny>,
         extra_key: Option<ExtraKey>,
+        block_extra_keys: Option<Bound<'_, PyAny>>,
+        block_hashes: Option<Bound<'_, PyAny>>,
     ) -> PyResult<usize> {
         let token_ids = self.token_ids(&tokens)?;
         let ids = token_ids.as_slice()?;
         let key = extra_key.as_ref().map(|key| key.0.as_slice());
         let heavy = ids.len() >= DETACH_MIN_PROMPT_TOKENS;
-        self.run(py, heavy, |kv| kv.match_prefix(ids, key))
+        if block_extra_keys.is_none() && block_hashes.is_none() {
+            return self.run(py, heavy, |kv| kv.match_prefix(ids, key));
+        }
+        let keys = BlockKeyArgs::extract(
+            py,
+            block_extra_keys.as_ref(),
+            block_hashes.as_ref(),
+            self.num_blocks,
+        )?;
+        let extra_keys = keys.extra_keys();
+        self.run(py, heavy, |kv| {
+            let options = AdmitOptions {
+                extra_key: key,
+                block_extra_keys: extra_keys.as_deref(),
+                block_hashes: keys.hashes.as_deref(),
+                ..AdmitOptions::default()
+            };
+            kv.match_prefix_with(ids, &options)
+        })
     }
 
     /// Keeps the first `num_tokens` tokens of the sequence (rollback of rejected drafts).
@@ -682,7 +777,7 @@ impl PyKvCacheManager {
 
     /// Physical blocks in the pool.
     #[getter]
-    fn num_blocks(&self) -> usize {
+    pub(crate) fn num_blocks(&self) -> usize {
         self.num_blocks
     }
 

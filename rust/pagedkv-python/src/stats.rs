@@ -41,6 +41,7 @@ pub fn stats_to_dict<'py>(py: Python<'py>, stats: &pagedkv::Stats) -> PyResult<B
         blocks_offloaded,
         blocks_loaded,
         offload_blocks_dropped,
+        num_reserved_blocks,
         offload_ops_elided,
     } = stats;
     dict.set_item("num_blocks", num_blocks)?;
@@ -72,6 +73,7 @@ pub fn stats_to_dict<'py>(py: Python<'py>, stats: &pagedkv::Stats) -> PyResult<B
     dict.set_item("blocks_offloaded", blocks_offloaded)?;
     dict.set_item("blocks_loaded", blocks_loaded)?;
     dict.set_item("offload_blocks_dropped", offload_blocks_dropped)?;
+    dict.set_item("num_reserved_blocks", num_reserved_blocks)?;
     dict.set_item("offload_ops_elided", offload_ops_elided)?;
     // The contract's (docs/design.md) names for three of the counters.
     dict.set_item("allocations", blocks_allocated)?;

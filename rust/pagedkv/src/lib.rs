@@ -51,12 +51,13 @@ pub use events::router_digest;
 #[cfg(feature = "wire")]
 pub use events::wire;
 pub use manager::{
-    CsrPageTable, KvCacheManager, KvGroupSpec, ManagerConfig, MAX_KV_GROUPS, NULL_BLOCK,
+    AdmitOptions, CsrPageTable, KvCacheManager, KvGroupSpec, ManagerConfig, NewBlockIds, Prompt,
+    SlotOptions, MAX_KV_GROUPS, NULL_BLOCK,
 };
 pub use peers::PoolPeers;
 pub use pool::{BlockPool, MAX_NUM_BLOCKS, MAX_NUM_SLOTS};
 pub use prefix::events::{DrainedEvents, KvEvent};
-pub use prefix::hash::{BlockHash, BlockHasher};
+pub use prefix::hash::{reduce_block_hash, BlockHash, BlockHasher};
 pub use stats::Stats;
 pub use table::BlockTable;
 pub use types::{BlockHandle, BlockId, SeqId, TokenId};

@@ -48,10 +48,26 @@ use crate::types::{BlockId, TokenId};
 /// The content one host block holds: what a device block was indexed with.
 #[derive(Debug, Clone)]
 struct Entry {
+    /// The device index's key (`prefix::hash::group_key` of the content hash).
     hash: BlockHash,
     parent: Option<BlockHash>,
     token_ids: Box<[TokenId]>,
     extra_key: Option<Arc<[u8]>>,
+    /// The KV-cache group of a manager of several groups (events carry it), `None` otherwise.
+    group_idx: Option<u32>,
+}
+
+impl Entry {
+    /// The content hash (what events carry): the key less its group's mix.
+    fn content_hash(&self) -> BlockHash {
+        crate::prefix::hash::content_hash(self.group_idx.unwrap_or(0), self.hash)
+    }
+
+    /// The parent's content hash (what events carry): a group's parents are keyed too.
+    fn content_parent(&self) -> Option<BlockHash> {
+        let g = self.group_idx.unwrap_or(0);
+        self.parent.map(|p| crate::prefix::hash::content_hash(g, p))
+    }
 }
 
 /// What an evicted device block was indexed with (borrowed from the prefix index).
@@ -61,6 +77,8 @@ pub(crate) struct Content<'a> {
     pub(crate) parent: Option<BlockHash>,
     pub(crate) token_ids: &'a [TokenId],
     pub(crate) extra_key: Option<&'a Arc<[u8]>>,
+    /// The block's KV-cache group in a manager of several groups, `None` otherwise.
+    pub(crate) group_idx: Option<u32>,
 }
 
 /// Lifetime counters of the tier, in blocks.
@@ -189,6 +207,21 @@ impl OffloadTier {
             .then_some(h)
     }
 
+    /// [`Self::lookup`] of a block of KV-cache group `group` under its group key `key`: the
+    /// entry's group must match too.
+    pub(crate) fn lookup_in_group(
+        &self,
+        key: BlockHash,
+        group: u32,
+        parent: Option<BlockHash>,
+        token_ids: &[TokenId],
+        extra_key: Option<&[u8]>,
+    ) -> Option<BlockId> {
+        let h = self.lookup(key, parent, token_ids, extra_key)?;
+        let entry = self.entries[h as usize].as_ref()?;
+        (entry.group_idx.unwrap_or(0) == group).then_some(h)
+    }
+
     /// Keeps the content of evicted device block `device_block` (indexed as `content`): a host
     /// block takes it (a free one, else the least recently used entry is dropped) and an
     /// offload op is recorded. Content already held is only marked recently used; when every
@@ -225,16 +258,17 @@ impl OffloadTier {
             parent: content.parent,
             token_ids: content.token_ids.into(),
             extra_key: content.extra_key.cloned(),
+            group_idx: content.group_idx,
         };
         if events.enabled() {
             events.push(KvEvent::BlockStored {
-                block_hashes: vec![entry.hash],
-                parent_block_hash: entry.parent,
+                block_hashes: vec![entry.content_hash()],
+                parent_block_hash: entry.content_parent(),
                 token_ids: entry.token_ids.to_vec(),
                 block_size: self.block_size,
                 extra_key: entry.extra_key.as_deref().map(<[u8]>::to_vec),
                 medium: Tier::Host,
-                group_idx: None,
+                group_idx: entry.group_idx,
             });
         }
         self.map.insert(entry.hash, h);
@@ -272,9 +306,9 @@ impl OffloadTier {
             self.map.remove(&e.hash);
             if events.enabled() {
                 events.push(KvEvent::BlockRemoved {
-                    block_hashes: vec![e.hash],
+                    block_hashes: vec![e.content_hash()],
                     medium: Tier::Host,
-                    group_idx: None,
+                    group_idx: e.group_idx,
                 });
             }
         }
@@ -501,6 +535,7 @@ mod tests {
                 parent: None,
                 token_ids: &tokens,
                 extra_key: None,
+                group_idx: None,
             };
             tier.offload(i % 16, content, &mut events);
             assert!(tier.pending_offloads.len() < compact_threshold(4, 0));

@@ -107,6 +107,12 @@ impl<V> SeqMap<V> {
         Some(value)
     }
 
+    /// The id of the sequence in `row`.
+    #[inline]
+    pub(crate) fn id_at(&self, row: usize) -> SeqId {
+        self.ids[row]
+    }
+
     /// Ids in row order (arbitrary from the caller's point of view).
     pub(crate) fn keys(&self) -> std::slice::Iter<'_, SeqId> {
         self.ids.iter()

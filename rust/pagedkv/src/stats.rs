@@ -79,6 +79,10 @@ pub struct Stats {
     pub blocks_loaded: u64,
     /// Offload-tier entries dropped to make room (least recently used first), lifetime.
     pub offload_blocks_dropped: u64,
+    /// Pool blocks the manager holds out of use: 1 with a reserved null block
+    /// (`ManagerConfig::reserve_null_block`), else 0. `num_blocks_in_use + num_cached_blocks +
+    /// num_free_list_blocks + num_reserved_blocks == num_blocks` on a pool of its own.
+    pub num_reserved_blocks: usize,
     /// Pending offload and load ops whose copies could no longer be observed (a later op
     /// writes the same block, or nothing holds it any more) dropped to bound the queues of a
     /// caller that does not drain them, lifetime.

@@ -1,19 +1,29 @@
-//! Model-based test: random operation sequences (add / append / batch append / fork / free /
-//! copy-on-write, prefix hits and evictions, swap-out / swap-in, cache reset, chunked prefill
-//! with the computed watermark, match_prefix, truncate, pin / unpin) against a tiny reference
-//! model, with `check_invariants()` and a structural comparison after every step.
+//! Model-based test over every group list (docs/design.md, KV groups and Per-chunk
+//! allocation): random operation sequences (admission under the reserve and the per-chunk
+//! contract, append / batch append / fork / free / copy-on-write, prefix hits and evictions,
+//! swap-out / swap-in, cache reset, chunked prefill with the computed watermark,
+//! `allocate_slots` with lookahead, in-flight tokens and rollback, ids given later,
+//! match_prefix, truncate, pin / unpin) against a tiny reference model, with
+//! `check_invariants()` and a structural comparison after every step.
 //!
-//! The model tracks each sequence's token count and blocks as abstract ids with refcounts, the
-//! prefix index keyed by the exact (extra key, full token prefix), one block per content, the
-//! LRU of cached blocks, and the host tier. After each step the manager's tables must match the
-//! model's up to a renaming of blocks (a bijection model block <-> physical block, kept across
-//! steps), the refcounts, cached-block order and host tables must agree, and every error must be
-//! the one the model predicts (same variant, same numbers). An index rebuilt only from the KV
-//! events (`model/replay.rs`) must predict `match_prefix` for every base prompt after every step.
+//! The group lists: the single full-attention group (the tuned paths), and full plus windows,
+//! windows alone, two full groups (the plain group loop). The model tracks each sequence's
+//! tables per group as abstract ids with refcounts (`None` at a window's released positions),
+//! the prefix index keyed by (group, extra key, full token prefix), the LRU of cached blocks
+//! and the host tier. After each step the manager's tables must match the model's up to a
+//! renaming of blocks (a bijection model block <-> physical block, kept across steps), the
+//! refcounts, cached-block order and host tables must agree, and every error must be the one
+//! the model predicts (same variant, same numbers). With `record_new_block_ids`, a mirror of
+//! the tables patched only from `take_new_block_ids` must equal the real tables every step.
+//! An index rebuilt only from the KV events (`model/replay.rs`) must predict
+//! `match_prefix` for every base prompt after every step.
 
 use std::collections::{BTreeMap, HashMap};
 
-use pagedkv::{BlockId, Error, KvCacheManager, ManagerConfig};
+use pagedkv::{
+    AdmitOptions, BlockId, Error, KvCacheManager, KvGroupSpec, ManagerConfig, Prompt, SlotOptions,
+    NULL_BLOCK,
+};
 use proptest::prelude::*;
 
 #[derive(Debug, Clone)]
@@ -66,6 +76,27 @@ enum Op {
         len: usize,
         extra: Option<u8>,
     },
+    /// Admission under the per-chunk contract (`reserve_prompt=False`), with lookahead.
+    AddPerChunk {
+        id: u64,
+        prompt: usize,
+        len: usize,
+        extra: Option<u8>,
+        scheduled: usize,
+        lookahead: usize,
+        tokens: bool,
+    },
+    /// `allocate_slots(id, new, lookahead, in_flight, computed = current - rollback)`.
+    Slots {
+        id: u64,
+        new: usize,
+        lookahead: usize,
+        in_flight: usize,
+        rollback: Option<usize>,
+    },
+    /// `provide_token_ids(id, the next n ids)`, with the watermark rolled back by `rollback`
+    /// tokens (rejected drafts) when given.
+    Provide(u64, usize, Option<usize>),
 }
 
 fn extra() -> impl Strategy<Value = Option<u8>> {
@@ -111,6 +142,32 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// The per-chunk operations (added to `op()` in the per-chunk runs).
+fn chunk_op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (id(), 0usize..3, 0usize..24, extra(), 0usize..10, prop_oneof![3 => Just(0usize), 1 => 1usize..5], prop::bool::weighted(0.9))
+            .prop_map(|(id, prompt, len, extra, scheduled, lookahead, tokens)| Op::AddPerChunk { id, prompt, len, extra, scheduled, lookahead, tokens }),
+        6 => (id(), 0usize..8, prop_oneof![3 => Just(0usize), 1 => 1usize..5], prop_oneof![3 => Just(0usize), 1 => 1usize..6], prop::option::weighted(0.2, 0usize..4))
+            .prop_map(|(id, new, lookahead, in_flight, rollback)| Op::Slots { id, new, lookahead, in_flight, rollback }),
+        3 => (id(), 0usize..5, prop::option::weighted(0.2, 0usize..4)).prop_map(|(i, n, r)| Op::Provide(i, n, r)),
+    ]
+}
+
+/// The group lists under test: the single full-attention group, full plus a window, a window
+/// alone, a window between two fulls, two windows, two full groups.
+fn groups() -> impl Strategy<Value = Vec<KvGroupSpec>> {
+    let w = (1usize..10).prop_map(|window| KvGroupSpec::SlidingWindow { window });
+    let f = KvGroupSpec::FullAttention;
+    prop_oneof![
+        4 => Just(vec![f]),
+        3 => w.clone().prop_map(move |w| vec![f, w]),
+        1 => w.clone().prop_map(|w| vec![w]),
+        1 => (w.clone(), w.clone()).prop_map(move |(a, b)| vec![a, f, b]),
+        1 => (w.clone(), w).prop_map(|(a, b)| vec![a, b]),
+        1 => Just(vec![f, f]),
+    ]
+}
+
 /// Three base prompts: 1 shares its first 5 tokens with 0; 2 shares nothing.
 fn prompt_tokens(prompt: usize, len: usize) -> Vec<u32> {
     (0..len)
@@ -134,7 +191,7 @@ mod reference;
 #[path = "model/replay.rs"]
 mod replay;
 
-use reference::{kind, Kind, MBlock, Model};
+use reference::{hit_len, kind, Kind, Limits, MBlock, Model};
 use replay::Replay;
 
 /// Keeps the model-block <-> physical-block renaming consistent across steps.
@@ -158,6 +215,46 @@ fn check_bijection(names: &HashMap<MBlock, BlockId>) {
     }
 }
 
+/// The tables a model runner keeps, patched only from `take_new_block_ids`.
+#[derive(Default)]
+struct Mirror(HashMap<(u64, u32), Vec<BlockId>>);
+
+impl Mirror {
+    fn patch(&mut self, kv: &mut KvCacheManager) {
+        let new = kv.take_new_block_ids();
+        for i in 0..new.len() {
+            let t = self.0.entry((new.seq_ids[i], new.groups[i])).or_default();
+            let pos = new.positions[i] as usize;
+            if t.len() <= pos {
+                t.resize(pos + 1, u32::MAX - 1);
+            }
+            t[pos] = new.block_ids[i];
+            assert_eq!(
+                new.fresh[i],
+                new.fresh[i] && new.block_ids[i] != NULL_BLOCK,
+                "a released position marked fresh"
+            );
+        }
+    }
+
+    /// Every resident sequence's tables equal the mirror's first positions.
+    fn check(&self, kv: &KvCacheManager, model: &Model) {
+        for (&id, s) in &model.seqs {
+            if s.swapped {
+                continue;
+            }
+            for g in 0..model.ng() {
+                let real = kv.block_table_group(id, g).unwrap();
+                let mirror = self.0.get(&(id, g as u32)).map_or(&[][..], |t| &t[..]);
+                assert!(
+                    mirror.len() >= real.len() && &mirror[..real.len()] == real,
+                    "seq {id} group {g}: mirror {mirror:?}, table {real:?}"
+                );
+            }
+        }
+    }
+}
+
 /// The manager's state must equal the model's up to renaming blocks.
 fn compare(kv: &mut KvCacheManager, model: &Model, names: &mut Names) {
     kv.check_invariants().unwrap();
@@ -174,6 +271,7 @@ fn compare(kv: &mut KvCacheManager, model: &Model, names: &mut Names) {
         .device
         .retain(|m, _| model.refcounts.contains_key(m) || model.key_of.contains_key(m));
     names.host.retain(|m, _| model.host_refs.contains_key(m));
+    let bs = model.block_size;
     for (&id, s) in &model.seqs {
         assert_eq!(kv.num_tokens(id).unwrap(), s.num_tokens, "seq {id} tokens");
         assert_eq!(
@@ -181,28 +279,32 @@ fn compare(kv: &mut KvCacheManager, model: &Model, names: &mut Names) {
             s.computed,
             "seq {id} computed"
         );
+        assert_eq!(kv.num_slots(id).unwrap(), s.len() * bs, "seq {id} slots");
         assert_eq!(kv.is_swapped_out(id).unwrap(), s.swapped);
-        if s.swapped {
-            let table = kv.host_block_table(id).unwrap();
-            assert_eq!(table.len(), s.blocks.len());
-            for (&p, &m) in table.iter().zip(&s.blocks) {
-                bind(&mut names.host, m, p);
-                assert_eq!(
-                    kv.host_refcount(p).unwrap(),
-                    model.host_refs[&m],
-                    "host refcount {p}"
-                );
-            }
-        } else {
-            let table = kv.block_table(id).unwrap();
-            assert_eq!(table.len(), s.blocks.len(), "seq {id} table length");
-            for (&p, &m) in table.iter().zip(&s.blocks) {
-                bind(&mut names.device, m, p);
-                assert_eq!(
-                    kv.refcount(p).unwrap(),
-                    model.refcounts[&m],
-                    "refcount of block {p}"
-                );
+        for (g, mt) in s.tables.iter().enumerate() {
+            let (table, host) = if s.swapped {
+                (kv.host_block_table_group(id, g).unwrap(), true)
+            } else {
+                (kv.block_table_group(id, g).unwrap(), false)
+            };
+            assert_eq!(table.len(), mt.len(), "seq {id} group {g} table length");
+            for (&p, &m) in table.iter().zip(mt) {
+                let Some(m) = m else {
+                    assert_eq!(p, NULL_BLOCK, "seq {id} group {g}: {table:?} vs {mt:?}");
+                    continue;
+                };
+                assert_ne!(p, NULL_BLOCK, "seq {id} group {g}: {table:?} vs {mt:?}");
+                if host {
+                    bind(&mut names.host, m, p);
+                    assert_eq!(kv.host_refcount(p).unwrap(), model.host_refs[&m]);
+                } else {
+                    bind(&mut names.device, m, p);
+                    assert_eq!(
+                        kv.refcount(p).unwrap(),
+                        model.refcounts[&m],
+                        "refcount of block {p}"
+                    );
+                }
             }
         }
     }
@@ -236,7 +338,34 @@ fn check_mapping(
     }
 }
 
-fn run(num_blocks: usize, block_size: usize, caching: bool, num_host: usize, ops: Vec<Op>) {
+/// One manager configuration under test.
+#[derive(Debug, Clone)]
+struct Setup {
+    groups: Vec<KvGroupSpec>,
+    num_blocks: usize,
+    block_size: usize,
+    caching: bool,
+    num_host: usize,
+    limits: Limits,
+    log: bool,
+}
+
+const UNLIMITED: Limits = Limits {
+    max_model_len: usize::MAX,
+    max_in_flight: usize::MAX,
+    watermark: 0,
+};
+
+fn run(setup: Setup, ops: Vec<Op>) {
+    let Setup {
+        groups,
+        num_blocks,
+        block_size,
+        caching,
+        num_host,
+        limits,
+        log,
+    } = setup;
     let mut kv = KvCacheManager::new(ManagerConfig {
         num_blocks,
         block_size,
@@ -244,14 +373,22 @@ fn run(num_blocks: usize, block_size: usize, caching: bool, num_host: usize, ops
         enable_kv_events: caching,
         num_host_blocks: num_host,
         hash_seed: 99,
+        kv_groups: groups.clone(),
+        max_model_len: limits.max_model_len,
+        max_in_flight_tokens: (limits.max_in_flight != limits.max_model_len)
+            .then_some(limits.max_in_flight),
+        watermark_blocks: limits.watermark,
+        record_new_block_ids: log,
         ..Default::default()
     })
     .unwrap();
     let mut model = Model {
+        specs: groups,
         num_blocks,
         block_size,
         caching,
         num_host,
+        limits,
         seqs: BTreeMap::new(),
         refcounts: HashMap::new(),
         cached: Vec::new(),
@@ -266,17 +403,18 @@ fn run(num_blocks: usize, block_size: usize, caching: bool, num_host: usize, ops
         pin_counts: HashMap::new(),
     };
     let mut names = Names::default();
+    let mut mirror = Mirror::default();
     let mut replay = Replay::default();
     for op in ops {
         let len_of = |kv: &KvCacheManager, id: u64| kv.num_tokens(id).unwrap_or(0);
         let (got, want): (Result<usize, Error>, Result<usize, Kind>) = match &op {
             Op::Add(i, n) => (
                 kv.add_sequence_len(*i, *n),
-                model.add(*i, None, *n, None, usize::MAX),
+                model.add(*i, None, *n, None, usize::MAX, true, 0),
             ),
             Op::AddLenScheduled(i, n, k) => (
                 kv.add_sequence_len_scheduled(*i, *n, *k),
-                model.add(*i, None, *n, None, *k),
+                model.add(*i, None, *n, None, *k, true, 0),
             ),
             Op::AddScheduled {
                 id,
@@ -289,7 +427,80 @@ fn run(num_blocks: usize, block_size: usize, caching: bool, num_host: usize, ops
                 let extra_bytes = extra.map(|e| vec![e; 3]);
                 (
                     kv.add_sequence_scheduled(*id, &tokens, extra_bytes.as_deref(), *scheduled),
-                    model.add(*id, Some(tokens.clone()), *len, *extra, *scheduled),
+                    model.add(*id, Some(tokens.clone()), *len, *extra, *scheduled, true, 0),
+                )
+            }
+            Op::AddPerChunk {
+                id,
+                prompt,
+                len,
+                extra,
+                scheduled,
+                lookahead,
+                tokens,
+            } => {
+                let t = prompt_tokens(*prompt, *len);
+                let extra_bytes = extra.map(|e| vec![e; 3]);
+                let o = AdmitOptions {
+                    extra_key: extra_bytes.as_deref(),
+                    num_scheduled: *scheduled,
+                    reserve_prompt: false,
+                    num_lookahead_tokens: *lookahead,
+                    ..Default::default()
+                };
+                let prompt = if *tokens {
+                    Prompt::Tokens(&t)
+                } else {
+                    Prompt::Len(*len)
+                };
+                let model_tokens = tokens.then(|| t.clone());
+                (
+                    kv.add_sequence_with(*id, prompt, &o),
+                    model.add(
+                        *id,
+                        model_tokens,
+                        *len,
+                        *extra,
+                        *scheduled,
+                        false,
+                        *lookahead,
+                    ),
+                )
+            }
+            Op::Slots {
+                id,
+                new,
+                lookahead,
+                in_flight,
+                rollback,
+            } => {
+                let current = kv.num_computed_tokens(*id).unwrap_or(0);
+                let computed = rollback.map(|r| current.saturating_sub(r));
+                let o = SlotOptions {
+                    num_lookahead_tokens: *lookahead,
+                    num_in_flight_tokens: *in_flight,
+                    num_computed_tokens: computed,
+                };
+                (
+                    kv.allocate_slots_with(*id, *new, &o).map(usize::from),
+                    model
+                        .allocate_slots(*id, *new, *lookahead, *in_flight, computed)
+                        .map(usize::from),
+                )
+            }
+            Op::Provide(id, n, rollback) => {
+                let known = model
+                    .seqs
+                    .get(id)
+                    .and_then(|s| s.tokens.as_ref())
+                    .map_or(0, Vec::len);
+                let ids = next_tokens(known, *n);
+                let current = kv.num_computed_tokens(*id).unwrap_or(0);
+                let computed = rollback.map(|r| current.saturating_sub(r));
+                (
+                    kv.provide_token_ids(*id, &ids, computed, None, None)
+                        .map(|_| 0),
+                    model.provide(*id, &ids, computed).map(|_| 0),
                 )
             }
             Op::Advance(ids, n) => (
@@ -344,7 +555,7 @@ fn run(num_blocks: usize, block_size: usize, caching: bool, num_host: usize, ops
                 let extra_bytes = extra.map(|e| vec![e; 3]);
                 (
                     kv.add_sequence(*id, &tokens, extra_bytes.as_deref()),
-                    model.add(*id, Some(tokens.clone()), *len, *extra, usize::MAX),
+                    model.add(*id, Some(tokens.clone()), *len, *extra, usize::MAX, true, 0),
                 )
             }
             Op::Append(i, n) => (
@@ -424,20 +635,35 @@ fn run(num_blocks: usize, block_size: usize, caching: bool, num_host: usize, ops
             _ => panic!("{op:?}: manager {got:?}, model {want:?}"),
         }
         compare(&mut kv, &model, &mut names);
+        if log {
+            mirror.patch(&mut kv);
+            mirror.check(&kv, &model);
+        }
         replay.apply(kv.take_events());
-        check_replay(&kv, &replay, block_size);
+        check_replay(&kv, &replay, &model);
     }
 }
 
 /// The hit an index rebuilt from the events predicts for each base prompt (40 tokens, each
-/// extra key) is what `match_prefix` returns.
-fn check_replay(kv: &KvCacheManager, replay: &Replay, block_size: usize) {
+/// extra key) is what `match_prefix` returns: with the one full-attention group, the device
+/// run then the host run; otherwise the groups' hit rule over what the events say each group
+/// stores (on either tier).
+fn check_replay(kv: &KvCacheManager, replay: &Replay, model: &Model) {
+    let bs = model.block_size;
     for prompt in 0..3 {
         for extra in [None, Some(0u8), Some(1)] {
             let tokens = prompt_tokens(prompt, 40);
             let key = extra.map(|e| vec![e; 3]);
             let hashes = kv.prefix_block_hashes(&tokens, key.as_deref());
-            let predicted = replay.predict(&hashes, (tokens.len() - 1) / block_size) * block_size;
+            let max_blocks = (tokens.len() - 1) / bs;
+            let grouped = model.specs.len() > 1; // events carry group_idx
+            let predicted = if model.specs == [KvGroupSpec::FullAttention] {
+                replay.predict(&hashes, max_blocks)
+            } else {
+                hit_len(&model.specs, bs, max_blocks.min(hashes.len()), |g, i| {
+                    replay.stored_in_group(grouped.then_some(g as u32), hashes[i])
+                })
+            } * bs;
             assert_eq!(
                 kv.match_prefix(&tokens, key.as_deref()),
                 Ok(predicted),
@@ -447,9 +673,28 @@ fn check_replay(kv: &KvCacheManager, replay: &Replay, block_size: usize) {
     }
 }
 
+fn setup(
+    groups: Vec<KvGroupSpec>,
+    num_blocks: usize,
+    block_size: usize,
+    caching: bool,
+    num_host: usize,
+) -> Setup {
+    Setup {
+        groups,
+        num_blocks,
+        block_size,
+        caching,
+        num_host,
+        limits: UNLIMITED,
+        log: false,
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 3000, max_shrink_iters: 4000, ..ProptestConfig::default() })]
 
+    /// The single full-attention group, the reserve contract (the tuned paths).
     #[test]
     fn manager_matches_model(
         // Small pools evict all the time; larger ones keep chains cached long enough for a
@@ -460,6 +705,32 @@ proptest! {
         num_host in prop_oneof![Just(0usize), 1usize..12],
         ops in prop::collection::vec(op(), 1..80),
     ) {
-        run(num_blocks, block_size, caching, num_host, ops);
+        run(setup(vec![KvGroupSpec::FullAttention], num_blocks, block_size, caching, num_host), ops);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2000, max_shrink_iters: 4000, ..ProptestConfig::default() })]
+
+    /// Every group list, both contracts, ids later, lookahead, rollback, the new-block log.
+    #[test]
+    fn every_group_count_matches_model(
+        groups in groups(),
+        num_blocks in 1usize..24,
+        block_size in 1usize..5,
+        caching in prop::bool::weighted(0.8),
+        num_host in prop_oneof![Just(0usize), 1usize..16],
+        limits in prop_oneof![
+            3 => Just(UNLIMITED),
+            1 => (8usize..40, 1usize..12, 0usize..3).prop_map(|(len, in_flight, watermark)| Limits {
+                max_model_len: len,
+                max_in_flight: in_flight,
+                watermark,
+            }),
+        ],
+        log in any::<bool>(),
+        ops in prop::collection::vec(prop_oneof![3 => op(), 2 => chunk_op()], 1..60),
+    ) {
+        run(Setup { groups, num_blocks, block_size, caching, num_host, limits, log }, ops);
     }
 }

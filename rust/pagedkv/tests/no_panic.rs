@@ -4,15 +4,19 @@
 //! (`Ok` or `Err`), a failed call must change nothing observable, and `check_invariants()` must
 //! pass on every manager and pool after every step.
 //!
-//! Two managers share one pool (one with prefix caching and a host tier), a third owns its pool;
-//! raw `retain` / `release` run on a separate pool that no manager uses (on a manager's pool they
-//! would, by contract, break that manager's bookkeeping).
+//! Two managers share one pool (one with prefix caching and a host tier), a third owns its pool,
+//! and three more have several KV groups (full attention and sliding windows; one with the
+//! offload tier, admission limits, the null block and the new-block log); raw `retain` /
+//! `release` run on a separate pool that no manager uses (on a manager's pool they would, by
+//! contract, break that manager's bookkeeping). The per-chunk calls (`add_sequence_with`,
+//! `allocate_slots_with`, `provide_token_ids`) and the group views run on every manager.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 use pagedkv::{
-    BlockPool, BlockTable, KvCacheManager, ManagerConfig, MAX_NUM_BLOCKS, MAX_NUM_SLOTS,
+    AdmitOptions, BlockPool, BlockTable, KvCacheManager, KvGroupSpec, ManagerConfig, Prompt,
+    SlotOptions, MAX_NUM_BLOCKS, MAX_NUM_SLOTS,
 };
 use proptest::prelude::*;
 
@@ -58,6 +62,27 @@ enum Op {
     Truncate(u64, usize),
     PinPrefix(Vec<u32>, Option<Vec<u8>>),
     UnpinPrefix(Vec<u32>, Option<Vec<u8>>),
+    AddWith {
+        seq: u64,
+        tokens: Option<Vec<u32>>,
+        len: usize,
+        scheduled: usize,
+        reserve: bool,
+        lookahead: usize,
+        block_keys: Option<Vec<Option<Vec<u8>>>>,
+        block_hashes: Option<Vec<u128>>,
+    },
+    AllocateSlots {
+        seq: u64,
+        new: usize,
+        lookahead: usize,
+        in_flight: usize,
+        computed: Option<usize>,
+    },
+    ProvideTokenIds(u64, Vec<u32>, Option<usize>, Option<Vec<u128>>),
+    MatchPrefixWith(Vec<u32>, Option<Vec<u128>>),
+    GroupViews(Vec<u64>, usize, usize),
+    TakeNewBlockIds,
 }
 
 fn extra_key() -> impl Strategy<Value = Option<Vec<u8>>> {
@@ -140,6 +165,40 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+fn group() -> impl Strategy<Value = usize> {
+    prop_oneof![6 => 0usize..3, 1 => Just(usize::MAX), 1 => any::<usize>()]
+}
+
+fn hashes() -> impl Strategy<Value = Option<Vec<u128>>> {
+    prop::option::weighted(
+        0.3,
+        prop::collection::vec(prop_oneof![0u128..4, Just(u128::MAX)], 0..10),
+    )
+}
+
+/// The per-chunk calls and the group views.
+fn chunk_op() -> impl Strategy<Value = Op> {
+    let block_keys = prop::option::weighted(
+        0.2,
+        prop::collection::vec(
+            prop::option::of(prop::collection::vec(any::<u8>(), 0..2)),
+            0..10,
+        ),
+    );
+    prop_oneof![
+        4 => (seq_id(), prop::option::weighted(0.8, tokens()), count(), count(), any::<bool>(), count(), block_keys, hashes())
+            .prop_map(|(seq, tokens, len, scheduled, reserve, lookahead, block_keys, block_hashes)| {
+                Op::AddWith { seq, tokens, len, scheduled, reserve, lookahead, block_keys, block_hashes }
+            }),
+        6 => (seq_id(), count(), count(), count(), prop::option::of(count()))
+            .prop_map(|(seq, new, lookahead, in_flight, computed)| Op::AllocateSlots { seq, new, lookahead, in_flight, computed }),
+        2 => (seq_id(), tokens(), prop::option::of(count()), hashes()).prop_map(|(s, t, c, h)| Op::ProvideTokenIds(s, t, c, h)),
+        1 => (tokens(), hashes()).prop_map(|(t, h)| Op::MatchPrefixWith(t, h)),
+        2 => (seq_ids(), count(), group()).prop_map(|(s, n, g)| Op::GroupViews(s, n, g)),
+        1 => Just(Op::TakeNewBlockIds),
+    ]
+}
+
 /// Everything observable about a manager (used to check that a failed call changed nothing).
 fn snapshot(kv: &KvCacheManager) -> String {
     let mut ids: Vec<u64> = kv.seq_ids().collect();
@@ -147,11 +206,22 @@ fn snapshot(kv: &KvCacheManager) -> String {
     let tables: Vec<_> = ids
         .iter()
         .map(|&id| {
+            let groups: Vec<_> = (0..kv.kv_groups().len())
+                .map(|g| {
+                    (
+                        kv.block_table_group(id, g).ok().map(<[u32]>::to_vec),
+                        kv.host_block_table_group(id, g).ok().map(<[u32]>::to_vec),
+                    )
+                })
+                .collect();
             (
                 id,
                 kv.table(id).ok().cloned(),
                 kv.is_swapped_out(id).ok(),
                 kv.num_computed_tokens(id).ok(),
+                kv.num_tokens(id).ok(),
+                kv.num_slots(id).ok(),
+                groups,
             )
         })
         .collect();
@@ -273,6 +343,75 @@ fn apply(kv: &mut KvCacheManager, op: &Op, side_pool: &BlockPool) -> bool {
         Op::Truncate(s, n) => kv.truncate(*s, *n).is_err(),
         Op::PinPrefix(t, k) => kv.pin_prefix(t, k.as_deref()).is_err(),
         Op::UnpinPrefix(t, k) => kv.unpin_prefix(t, k.as_deref()).is_err(),
+        Op::AddWith {
+            seq,
+            tokens,
+            len,
+            scheduled,
+            reserve,
+            lookahead,
+            block_keys,
+            block_hashes,
+        } => {
+            let keys: Option<Vec<Option<&[u8]>>> = block_keys
+                .as_ref()
+                .map(|k| k.iter().map(Option::as_deref).collect());
+            let options = AdmitOptions {
+                extra_key: None,
+                num_scheduled: *scheduled,
+                reserve_prompt: *reserve,
+                num_lookahead_tokens: *lookahead,
+                block_extra_keys: keys.as_deref(),
+                block_hashes: block_hashes.as_deref(),
+                apply_watermark: true,
+            };
+            let prompt = match tokens {
+                Some(t) => Prompt::Tokens(t),
+                None => Prompt::Len(*len),
+            };
+            kv.add_sequence_with(*seq, prompt, &options).is_err()
+        }
+        Op::AllocateSlots {
+            seq,
+            new,
+            lookahead,
+            in_flight,
+            computed,
+        } => {
+            let options = SlotOptions {
+                num_lookahead_tokens: *lookahead,
+                num_in_flight_tokens: *in_flight,
+                num_computed_tokens: *computed,
+            };
+            // `Ok(false)` may have released out-of-window blocks (as vLLM does): not a failure.
+            kv.allocate_slots_with(*seq, *new, &options).is_err()
+        }
+        Op::ProvideTokenIds(s, t, c, h) => {
+            kv.provide_token_ids(*s, t, *c, None, h.as_deref()).is_err()
+        }
+        Op::MatchPrefixWith(t, h) => {
+            let before = snapshot(kv);
+            let options = AdmitOptions {
+                block_hashes: h.as_deref(),
+                ..AdmitOptions::default()
+            };
+            let _ = kv.match_prefix_with(t, &options);
+            assert_eq!(before, snapshot(kv), "match_prefix_with changed the state");
+            false
+        }
+        Op::GroupViews(s, n, g) => {
+            let _ = (
+                kv.batch_block_tables_group(s, *g),
+                kv.slot_mapping_group(s, *n, *g),
+                kv.csr_page_table_group(s, *g),
+                kv.csr_page_table(s),
+            );
+            false
+        }
+        Op::TakeNewBlockIds => {
+            kv.take_new_block_ids();
+            false
+        }
         Op::TableMath(n, bs) => {
             let _ = BlockTable::blocks_for_tokens(*n, *bs);
             if let Ok(table) = kv.table(0) {
@@ -296,13 +435,42 @@ fn managers() -> (Vec<KvCacheManager>, BlockPool) {
         enable_kv_events: true,
         ..Default::default()
     };
+    let window = |window| KvGroupSpec::SlidingWindow { window };
     let kvs = vec![
         KvCacheManager::with_pool(Arc::clone(&shared), cached.clone()).unwrap(),
         KvCacheManager::with_pool(shared, ManagerConfig::default()).unwrap(),
         KvCacheManager::new(ManagerConfig {
             num_blocks: 10,
             block_size: 3,
+            ..cached.clone()
+        })
+        .unwrap(),
+        KvCacheManager::new(ManagerConfig {
+            num_blocks: 16,
+            block_size: 2,
+            kv_groups: vec![KvGroupSpec::FullAttention, window(3)],
+            ..cached.clone()
+        })
+        .unwrap(),
+        KvCacheManager::new(ManagerConfig {
+            num_blocks: 20,
+            block_size: 2,
+            kv_groups: vec![window(1), KvGroupSpec::FullAttention, window(5)],
+            num_offload_blocks: 4,
+            max_model_len: 24,
+            max_in_flight_tokens: Some(6),
+            watermark_blocks: 1,
+            reserve_null_block: true,
+            record_new_block_ids: true,
             ..cached
+        })
+        .unwrap(),
+        KvCacheManager::new(ManagerConfig {
+            num_blocks: 12,
+            block_size: 3,
+            kv_groups: vec![window(4)],
+            record_new_block_ids: true,
+            ..Default::default()
         })
         .unwrap(),
     ];
@@ -313,7 +481,7 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 1024, ..ProptestConfig::default() })]
 
     #[test]
-    fn no_public_call_panics(ops in prop::collection::vec((0usize..3, op()), 1..80)) {
+    fn no_public_call_panics(ops in prop::collection::vec((0usize..6, prop_oneof![3 => op(), 2 => chunk_op()]), 1..80)) {
         let (mut kvs, side_pool) = managers();
         for (which, op) in &ops {
             let kv = &mut kvs[*which];
@@ -349,6 +517,9 @@ proptest! {
         drop(kvs);
         prop_assert_eq!(pools[0].num_free_list_blocks(), 14);
         prop_assert_eq!(pools[2].num_free_list_blocks(), 10);
+        prop_assert_eq!(pools[3].num_free_list_blocks(), 16);
+        prop_assert_eq!(pools[4].num_free_list_blocks(), 20);
+        prop_assert_eq!(pools[5].num_free_list_blocks(), 12);
     }
 
     #[test]
@@ -361,10 +532,23 @@ proptest! {
         hash_seed in any::<u64>(),
         enable_prefix_caching in any::<bool>(),
         enable_kv_events in any::<bool>(),
+        kv_groups in prop_oneof![
+            3 => Just(vec![KvGroupSpec::FullAttention]),
+            1 => prop::collection::vec(prop_oneof![
+                Just(KvGroupSpec::FullAttention),
+                count().prop_map(|window| KvGroupSpec::SlidingWindow { window }),
+            ], 0..70),
+        ],
+        max_model_len in prop_oneof![3 => Just(usize::MAX), 1 => count()],
+        max_in_flight_tokens in prop::option::of(count()),
+        watermark_blocks in count(),
+        reserve_null_block in any::<bool>(),
+        record_new_block_ids in any::<bool>(),
     ) {
         let config = ManagerConfig {
             num_blocks, block_size, enable_prefix_caching, num_host_blocks, num_offload_blocks,
-            hash_seed, max_events, enable_kv_events, ..Default::default()
+            hash_seed, max_events, enable_kv_events, kv_groups: kv_groups.clone(), max_model_len,
+            max_in_flight_tokens, watermark_blocks, reserve_null_block, record_new_block_ids,
         };
         let result = catch_unwind(|| {
             let mut created = [false; 3];
@@ -398,10 +582,16 @@ proptest! {
             num_offload_blocks == 0
                 || (enable_prefix_caching && geometry(num_offload_blocks, size))
         };
+        // Groups: one to 64, every window at least one token; a model length of a token at
+        // least. The null block takes block 0 of a pool of its own (the fresh pool of `new`,
+        // and the fresh shared pool below, whose block 0 is free too).
+        let groups = (1..=64).contains(&kv_groups.len())
+            && kv_groups.iter().all(|g| g.window() != Some(0))
+            && max_model_len >= 1;
         let expected = [
-            geometry(num_blocks, block_size) && host(block_size) && offload(block_size),
+            geometry(num_blocks, block_size) && host(block_size) && offload(block_size) && groups,
             geometry(num_blocks, block_size),
-            host(4) && offload(4),
+            host(4) && offload(4) && groups,
         ];
         prop_assert_eq!(result.unwrap(), expected, "{:?}", config);
     }

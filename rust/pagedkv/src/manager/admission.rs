@@ -3,7 +3,9 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use super::{KvCacheManager, SeqHashing, Sequence};
+use super::config::{AdmitOptions, Prompt};
+use super::keys::{BlockKeys, PromptHashes};
+use super::{GroupTables, KvCacheManager, SeqHashing, Sequence};
 use crate::error::{invalid, Error, Result};
 use crate::pool::BlockPool;
 use crate::prefix::events::{block_stored, KvEvent};
@@ -62,14 +64,13 @@ impl KvCacheManager {
         extra_key: Option<&[u8]>,
         num_scheduled: usize,
     ) -> Result<usize> {
-        if let Some(h) = self.hybrid.as_deref_mut() {
-            return h.add_sequence(
-                seq_id,
-                Some(token_ids),
-                token_ids.len(),
+        if !self.tuned {
+            let options = AdmitOptions {
                 extra_key,
                 num_scheduled,
-            );
+                ..AdmitOptions::default()
+            };
+            return self.admit_groups(seq_id, Prompt::Tokens(token_ids), &options);
         }
         if self.prefix.is_some() {
             self.admit_cached(seq_id, token_ids, extra_key, num_scheduled)
@@ -97,8 +98,12 @@ impl KvCacheManager {
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn match_prefix(&self, token_ids: &[TokenId], extra_key: Option<&[u8]>) -> Result<usize> {
-        if let Some(h) = self.hybrid.as_deref() {
-            return h.match_prefix(token_ids, extra_key);
+        if !self.plain {
+            let options = AdmitOptions {
+                extra_key,
+                ..AdmitOptions::default()
+            };
+            return self.match_prefix_with(token_ids, &options);
         }
         let Some(prefix) = self.prefix.as_ref() else {
             return Ok(0);
@@ -140,8 +145,8 @@ impl KvCacheManager {
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn add_sequence_len(&mut self, seq_id: SeqId, num_tokens: usize) -> Result<usize> {
-        if let Some(h) = self.hybrid.as_deref_mut() {
-            return h.add_sequence(seq_id, None, num_tokens, None, usize::MAX);
+        if !self.tuned {
+            return self.admit_groups(seq_id, Prompt::Len(num_tokens), &AdmitOptions::default());
         }
         self.admit(seq_id, num_tokens, usize::MAX)
     }
@@ -154,14 +159,62 @@ impl KvCacheManager {
         num_tokens: usize,
         num_scheduled: usize,
     ) -> Result<usize> {
-        if let Some(h) = self.hybrid.as_deref_mut() {
-            return h.add_sequence(seq_id, None, num_tokens, None, num_scheduled);
+        if !self.tuned {
+            let options = AdmitOptions {
+                num_scheduled,
+                ..AdmitOptions::default()
+            };
+            return self.admit_groups(seq_id, Prompt::Len(num_tokens), &options);
         }
         self.admit(seq_id, num_tokens, num_scheduled)
     }
 
+    /// [`Self::match_prefix`] of a prompt with caller-supplied per-block keys or hashes
+    /// (`extra_key`, `block_extra_keys`, `block_hashes` of `options`; the rest is ignored): the
+    /// hit [`Self::add_sequence_with`] would take now, with no side effect.
+    ///
+    /// ```
+    /// use pagedkv::{AdmitOptions, KvCacheManager, ManagerConfig};
+    /// let mut kv = KvCacheManager::new(ManagerConfig {
+    ///     num_blocks: 8, block_size: 2, enable_prefix_caching: true, ..Default::default()
+    /// })?;
+    /// let hashes = [11, 12];
+    /// let o = AdmitOptions { block_hashes: Some(&hashes), ..Default::default() };
+    /// kv.add_sequence_with(1, pagedkv::Prompt::Tokens(&[1, 2, 3, 4, 5]), &o)?;
+    /// assert_eq!(kv.match_prefix_with(&[1, 2, 3, 4, 9], &o)?, 4);
+    /// assert_eq!(kv.match_prefix(&[1, 2, 3, 4, 9], None)?, 0);   // pagedkv's own hashes differ
+    /// # Ok::<(), pagedkv::Error>(())
+    /// ```
+    pub fn match_prefix_with(
+        &self,
+        token_ids: &[TokenId],
+        options: &AdmitOptions<'_>,
+    ) -> Result<usize> {
+        let Some(prefix) = self.prefix.as_ref() else {
+            return Ok(0);
+        };
+        let bs = self.block_size;
+        let keys = BlockKeys::from_admission(
+            options.extra_key,
+            options.block_extra_keys,
+            options.block_hashes,
+            token_ids.len(),
+            true,
+            bs,
+        )?;
+        let seq_key: Option<Arc<[u8]>> = options.extra_key.map(Arc::from);
+        let mut hashes = PromptHashes::new(prefix.hasher, bs, token_ids, &seq_key, keys.as_deref());
+        let hit = self.find_group_hit(&mut hashes, token_ids.len().saturating_sub(1) / bs);
+        Ok(hit.num_blocks * bs)
+    }
+
     /// Admission without token ids or without prefix caching: fresh blocks only.
-    fn admit(&mut self, seq_id: SeqId, num_tokens: usize, num_scheduled: usize) -> Result<usize> {
+    pub(super) fn admit(
+        &mut self,
+        seq_id: SeqId,
+        num_tokens: usize,
+        num_scheduled: usize,
+    ) -> Result<usize> {
         if self.seqs.contains_key(&seq_id) {
             return Err(Error::SequenceExists(seq_id));
         }
@@ -176,17 +229,20 @@ impl KvCacheManager {
             seq_id,
             Sequence {
                 table,
+                groups: GroupTables::default(),
                 swapped: false,
+                per_chunk: false,
                 hashing: None,
                 num_computed: num_scheduled.min(num_tokens),
             },
         );
+        self.note_placed(seq_id, 0, 0..num_blocks, true);
         Ok(0)
     }
 
     /// Admission with prefix caching: reuse the longest verified chain of cached blocks,
     /// allocate the rest, index the new full blocks. Nothing changes unless all of it succeeds.
-    fn admit_cached(
+    pub(super) fn admit_cached(
         &mut self,
         seq_id: SeqId,
         token_ids: &[TokenId],
@@ -332,6 +388,7 @@ impl KvCacheManager {
             extra_key: extra,
             block_hashes,
             pending_tokens: token_ids[num_indexed * bs..].to_vec(),
+            keys: None,
         };
         let table = BlockTable {
             block_ids,
@@ -341,11 +398,17 @@ impl KvCacheManager {
             seq_id,
             Sequence {
                 table,
+                groups: GroupTables::default(),
                 swapped: false,
+                per_chunk: false,
                 hashing: Some(hashing),
                 num_computed,
             },
         );
+        if self.new_blocks.is_some() {
+            self.note_placed(seq_id, 0, 0..num_served, false);
+            self.note_placed(seq_id, 0, num_served..total_blocks, true);
+        }
         if !host_hits.is_empty() {
             self.bound_pending_loads();
         }

@@ -24,9 +24,6 @@ impl KvCacheManager {
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn num_computed_tokens(&self, seq_id: SeqId) -> Result<usize> {
-        if let Some(h) = self.hybrid.as_deref() {
-            return h.num_computed_tokens(seq_id);
-        }
         self.seqs
             .get(&seq_id)
             .map(|s| s.num_computed)
@@ -51,29 +48,40 @@ impl KvCacheManager {
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn advance_computed(&mut self, seq_ids: &[SeqId], num_tokens: usize) -> Result<()> {
-        if let Some(h) = self.hybrid.as_deref_mut() {
-            return h.advance_computed(seq_ids, num_tokens);
-        }
         check_distinct(seq_ids)?;
+        let bs = self.block_size;
         for &id in seq_ids {
             let s = self.resident(id)?;
-            let left = s.table.num_tokens - s.num_computed;
+            let left = s.table.num_tokens.saturating_sub(s.num_computed);
             if num_tokens > left {
                 return invalid(format!(
                     "sequence {id} has {left} tokens not yet computed, fewer than {num_tokens}"
+                ));
+            }
+            let room = s.num_positions() * bs - s.num_computed;
+            if num_tokens > room {
+                return invalid(format!(
+                    "sequence {id} has slots for {room} more tokens, fewer than {num_tokens} \
+                     (allocate_slots first)"
                 ));
             }
         }
         if num_tokens == 0 {
             return Ok(());
         }
-        let bs = self.block_size;
         for &id in seq_ids {
             let row = self.seqs.row(id).expect("validated");
+            if !self.plain {
+                let processed = self.seqs.at(row).num_computed;
+                self.release_out_of_window(id, processed);
+            }
             let seq = self.seqs.at_mut(row);
             seq.num_computed += num_tokens;
-            if let Some(prefix) = self.prefix.as_mut() {
-                index_computed(prefix, &self.pool, seq, bs);
+            let keyed = seq.hashing.as_ref().is_some_and(|h| h.keys.is_some());
+            match self.prefix.as_mut() {
+                Some(prefix) if self.plain && !keyed => index_computed(prefix, &self.pool, seq, bs),
+                Some(_) => self.index_ready_at(row),
+                None => {}
             }
         }
         Ok(())
@@ -93,7 +101,7 @@ pub(super) fn index_computed(
         return;
     };
     let start = h.block_hashes.len();
-    let end = seq.num_computed / block_size;
+    let end = seq.num_computed.min(h.num_known(block_size)) / block_size;
     if end <= start {
         return;
     }

@@ -1,6 +1,11 @@
-//! [`ManagerConfig`]: how to build a [`super::KvCacheManager`].
+//! [`ManagerConfig`]: how to build a [`super::KvCacheManager`]; [`AdmitOptions`] and
+//! [`SlotOptions`]: what an admission or a per-chunk allocation asks (docs/design.md, Per-chunk
+//! allocation).
 
 use super::groups::KvGroupSpec;
+use crate::error::{invalid, Result};
+use crate::prefix::hash::BlockHash;
+use crate::TokenId;
 
 /// How to build a [`KvCacheManager`](crate::KvCacheManager).
 ///
@@ -35,9 +40,137 @@ pub struct ManagerConfig {
     /// is built, so admission pays nothing for them.
     pub enable_kv_events: bool,
     /// The KV-cache groups, each with its own block table per sequence on the one pool
-    /// (docs/design.md, Hybrid groups). The default, one full-attention group, is the plain
-    /// single-table manager.
+    /// (docs/design.md, KV groups). The default is one full-attention group.
     pub kv_groups: Vec<KvGroupSpec>,
+    /// The longest sequence the model serves, in tokens: `allocate_slots` never allocates past
+    /// it, and a window group's admission cap counts at most it (vLLM's `max_model_len`).
+    /// `usize::MAX` (the default) means unbounded.
+    pub max_model_len: usize,
+    /// The most tokens scheduled but not yet processed at once (one batch per concurrent step),
+    /// which a window group's admission cap adds to its window (vLLM's
+    /// `max_in_flight_tokens`). `None` (the default) means `max_model_len`, vLLM's "no cap".
+    pub max_in_flight_tokens: Option<usize>,
+    /// Blocks an admission must leave available (vLLM's admission watermark,
+    /// `int(watermark * num_blocks)`); 0 by default. Applied to admissions only.
+    pub watermark_blocks: usize,
+    /// Reserve block 0 of the pool as vLLM's null block (released positions then show as 0 in
+    /// the integer views, and block ids equal vLLM's for the same pool size). Needs block 0 of
+    /// the pool free (a pool of its own). Off by default (released positions show as -1).
+    pub reserve_null_block: bool,
+    /// Keep the log of table entries placed since the last `take_new_block_ids` (what a model
+    /// runner patches its tables from, and vLLM's list of blocks to zero). Off by default: when
+    /// off nothing is recorded.
+    pub record_new_block_ids: bool,
+}
+
+impl ManagerConfig {
+    /// `max_in_flight_tokens`, or `max_model_len` when unset.
+    pub(crate) fn in_flight_cap(&self) -> usize {
+        self.max_in_flight_tokens.unwrap_or(self.max_model_len)
+    }
+
+    /// InvalidArgument unless the per-chunk limits are usable (a model length of at least one
+    /// token).
+    pub(crate) fn validate_limits(&self) -> Result<()> {
+        if self.max_model_len == 0 {
+            return invalid("max_model_len must be at least 1 token");
+        }
+        Ok(())
+    }
+}
+
+/// A prompt to admit: its token ids (prefix-cached when caching is on), or only its length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Prompt<'a> {
+    /// The prompt's token ids.
+    Tokens(&'a [TokenId]),
+    /// A prompt of this many tokens whose ids are not given (never prefix-cached).
+    Len(usize),
+}
+
+impl Prompt<'_> {
+    /// Tokens in the prompt.
+    pub fn len(&self) -> usize {
+        match *self {
+            Prompt::Tokens(t) => t.len(),
+            Prompt::Len(n) => n,
+        }
+    }
+
+    /// Whether the prompt is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The token ids, when given.
+    pub fn tokens(&self) -> Option<&[TokenId]> {
+        match *self {
+            Prompt::Tokens(t) => Some(t),
+            Prompt::Len(_) => None,
+        }
+    }
+}
+
+/// What [`crate::KvCacheManager::add_sequence_with`] asks besides the prompt (docs/design.md,
+/// Per-chunk allocation). The default is [`crate::KvCacheManager::add_sequence`]'s admission.
+///
+/// ```
+/// use pagedkv::AdmitOptions;
+/// let o = AdmitOptions::default();
+/// assert!(o.reserve_prompt && o.apply_watermark);
+/// assert_eq!((o.num_scheduled, o.num_lookahead_tokens), (usize::MAX, 0));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdmitOptions<'a> {
+    /// Salt / adapter id / multimodal hash mixed into every block hash.
+    pub extra_key: Option<&'a [u8]>,
+    /// Of the tokens the cache does not serve, how many the caller computes in its next pass
+    /// (a budget: more than there are schedules them all).
+    pub num_scheduled: usize,
+    /// `true`: blocks for the whole prompt now (the reserve contract). `false`: blocks for the
+    /// hit plus `num_scheduled` tokens (plus lookahead) only, after vLLM's admission check
+    /// (the per-chunk contract).
+    pub reserve_prompt: bool,
+    /// Slots past the scheduled tokens for speculative tokens: allocated, never hashed.
+    pub num_lookahead_tokens: usize,
+    /// One optional extra key per block (multimodal hashes, LoRA name, cache salt), mixed
+    /// into that block's hash beside `extra_key`; blocks past the list have none.
+    pub block_extra_keys: Option<&'a [Option<&'a [u8]>]>,
+    /// The caller's chained hashes of the prompt's full blocks, from the first, used instead
+    /// of pagedkv's own; blocks past the list are not indexed until their hashes are given
+    /// (`provide_token_ids`).
+    pub block_hashes: Option<&'a [BlockHash]>,
+    /// Whether the admission must leave `ManagerConfig::watermark_blocks` available (vLLM
+    /// applies its watermark only while other requests are scheduled).
+    pub apply_watermark: bool,
+}
+
+impl Default for AdmitOptions<'_> {
+    fn default() -> Self {
+        AdmitOptions {
+            extra_key: None,
+            num_scheduled: usize::MAX,
+            reserve_prompt: true,
+            num_lookahead_tokens: 0,
+            block_extra_keys: None,
+            block_hashes: None,
+            apply_watermark: true,
+        }
+    }
+}
+
+/// What [`crate::KvCacheManager::allocate_slots_with`] asks besides the new tokens
+/// (docs/design.md, Per-chunk allocation).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SlotOptions {
+    /// Slots past the new tokens for speculative tokens: allocated, never hashed.
+    pub num_lookahead_tokens: usize,
+    /// Tokens scheduled by passes still in flight: window release waits for them
+    /// (`max(0, c - num_in_flight_tokens)` is the processed watermark).
+    pub num_in_flight_tokens: usize,
+    /// The caller's computed watermark `c` (vLLM moves it itself; lower than the manager's
+    /// after rejected drafts). `None`: the manager's.
+    pub num_computed_tokens: Option<usize>,
 }
 
 impl Default for ManagerConfig {
@@ -52,6 +185,11 @@ impl Default for ManagerConfig {
             max_events: 65_536,
             enable_kv_events: false,
             kv_groups: vec![KvGroupSpec::FullAttention],
+            max_model_len: usize::MAX,
+            max_in_flight_tokens: None,
+            watermark_blocks: 0,
+            reserve_null_block: false,
+            record_new_block_ids: false,
         }
     }
 }

@@ -44,8 +44,12 @@ impl KvCacheManager {
         let mut live = vec![false; num_blocks];
         for (_, seq) in self.seqs.iter() {
             if !seq.swapped {
-                for &b in &seq.table.block_ids {
-                    live[b as usize] = true;
+                for g in 0..seq.groups.len() + 1 {
+                    for &b in seq.group_table(g) {
+                        if b != super::groups::NULL_BLOCK {
+                            live[b as usize] = true;
+                        }
+                    }
                 }
             }
         }

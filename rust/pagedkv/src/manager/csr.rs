@@ -82,8 +82,8 @@ impl KvCacheManager {
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn csr_page_table(&self, seq_ids: &[SeqId]) -> Result<CsrPageTable> {
-        if let Some(h) = self.hybrid.as_deref() {
-            return h.csr_page_table(seq_ids, 0);
+        if !self.plain || self.null_reserved || self.has_slots_beyond_tokens(seq_ids) {
+            return self.csr_page_table_group(seq_ids, 0);
         }
         // Plan: look every sequence up and size the output before building anything.
         let mut nnz: usize = 0;
@@ -103,6 +103,20 @@ impl KvCacheManager {
             );
         }
         Ok(csr)
+    }
+}
+
+impl KvCacheManager {
+    /// Whether any of `seq_ids` holds lookahead slots past its tokens, or declares tokens past
+    /// its slots (the general CSR view then trims or caps its row).
+    fn has_slots_beyond_tokens(&self, seq_ids: &[SeqId]) -> bool {
+        seq_ids.iter().any(|id| {
+            self.seqs.get(id).is_some_and(|s| {
+                let free = s.table.free_slots(self.block_size);
+                free >= self.block_size
+                    || s.table.block_ids.len() * self.block_size < s.table.num_tokens
+            })
+        })
     }
 }
 

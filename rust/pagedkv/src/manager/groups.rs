@@ -1,9 +1,10 @@
-//! [`KvGroupSpec`]: the KV-cache groups of a hybrid model (docs/design.md, Hybrid groups).
+//! [`KvGroupSpec`]: the KV-cache groups of a manager (docs/design.md, KV groups), and the
+//! per-group views of its tables.
 //!
 //! A model that mixes layer kinds (full attention and sliding-window attention, as Gemma 3 or
 //! gpt-oss do) keeps one block table per group of layers, all drawing on one pool. The
-//! default configuration is one full-attention group: the manager then behaves, and costs,
-//! exactly as without groups.
+//! default configuration is one full-attention group, whose operations keep their tuned paths;
+//! what differs between group kinds is the policy layer (`policy.rs`).
 
 use crate::error::{invalid, Result};
 use crate::BlockId;
@@ -73,7 +74,7 @@ pub(crate) fn validate_groups(groups: &[KvGroupSpec]) -> Result<()> {
     Ok(())
 }
 
-/// Whether `groups` is the default single full-attention group (the plain, fastest path).
+/// Whether `groups` is the default single full-attention group (the tuned paths).
 pub(crate) fn is_single_full(groups: &[KvGroupSpec]) -> bool {
     matches!(groups, [KvGroupSpec::FullAttention])
 }
@@ -81,16 +82,16 @@ pub(crate) fn is_single_full(groups: &[KvGroupSpec]) -> bool {
 /// The most groups a manager takes (vLLM's largest hybrid layouts have a handful).
 pub const MAX_KV_GROUPS: usize = 64;
 
-/// Per-group views of a manager (group 0 is what the plain views show).
+/// Per-group views of a manager (group 0 is what the ungrouped views show).
 impl super::KvCacheManager {
     /// The KV-cache groups of this manager.
     pub fn kv_groups(&self) -> &[KvGroupSpec] {
         &self.config().kv_groups
     }
 
-    /// InvalidArgument unless `group` is 0 (the only group of a plain manager).
-    fn check_plain_group(&self, group: usize) -> Result<()> {
-        if group != 0 {
+    /// InvalidArgument unless `group` names one of the groups.
+    pub(super) fn check_group(&self, group: usize) -> Result<()> {
+        if group >= self.kv_groups().len() {
             return invalid(format!(
                 "group {group} is out of range: the manager has {} kv_groups",
                 self.kv_groups().len()
@@ -99,77 +100,134 @@ impl super::KvCacheManager {
         Ok(())
     }
 
-    /// Group `group`'s block table of a resident sequence ([`NULL_BLOCK`] at released
-    /// positions).
-    pub fn block_table_group(&self, seq_id: crate::SeqId, group: usize) -> Result<&[BlockId]> {
-        Ok(self.table_group(seq_id, group)?.block_ids())
-    }
-
-    /// Group `group`'s [`crate::BlockTable`] of a resident sequence.
-    pub fn table_group(&self, seq_id: crate::SeqId, group: usize) -> Result<&crate::BlockTable> {
-        match self.hybrid.as_deref() {
-            Some(h) => h.table(seq_id, group),
-            None => {
-                self.check_plain_group(group)?;
-                self.table(seq_id)
-            }
+    /// What the integer views show for a released position: 0 when block 0 is the reserved
+    /// null block (`ManagerConfig::reserve_null_block`), else -1.
+    ///
+    /// ```
+    /// use pagedkv::{KvCacheManager, ManagerConfig};
+    /// let kv = KvCacheManager::new(ManagerConfig { reserve_null_block: true, ..Default::default() })?;
+    /// assert_eq!((kv.null_entry(), kv.refcount(0)?), (0, 1));
+    /// assert_eq!(kv.num_available_blocks(), 1023);
+    /// # Ok::<(), pagedkv::Error>(())
+    /// ```
+    #[inline]
+    pub fn null_entry(&self) -> i32 {
+        if self.null_reserved {
+            0
+        } else {
+            -1
         }
     }
 
-    /// [`Self::batch_block_tables`] of group `group` (released positions are -1, as padding).
+    /// A table entry as the integer views show it (see [`Self::null_entry`]).
+    #[inline]
+    pub fn entry_i32(&self, b: BlockId) -> i32 {
+        if b == NULL_BLOCK {
+            self.null_entry()
+        } else {
+            b as i32 // < MAX_NUM_BLOCKS (2^24)
+        }
+    }
+
+    /// Group `group`'s block table of a resident sequence ([`NULL_BLOCK`] at released
+    /// positions).
+    pub fn block_table_group(&self, seq_id: crate::SeqId, group: usize) -> Result<&[BlockId]> {
+        self.check_group(group)?;
+        Ok(self.resident(seq_id)?.group_table(group))
+    }
+
+    /// [`Self::batch_block_tables`] of group `group` (released positions as
+    /// [`Self::null_entry`]; -1 pads short rows).
     pub fn batch_block_tables_group(
         &self,
         seq_ids: &[crate::SeqId],
         group: usize,
     ) -> Result<(Vec<i32>, usize, Vec<i32>)> {
-        match self.hybrid.as_deref() {
-            Some(h) => h.batch_block_tables(seq_ids, group),
-            None => {
-                self.check_plain_group(group)?;
-                self.batch_block_tables(seq_ids)
-            }
+        self.check_group(group)?;
+        let mut max_blocks = 0;
+        for &id in seq_ids {
+            max_blocks = max_blocks.max(self.resident(id)?.num_positions());
         }
+        super::check_distinct(seq_ids)?;
+        let (mut tables, mut lens) = super::queries::padded_buffers(seq_ids.len(), max_blocks)?;
+        for (row, id) in seq_ids.iter().enumerate() {
+            let seq = &self.seqs[id];
+            for (cell, &b) in tables[row * max_blocks..]
+                .iter_mut()
+                .zip(seq.group_table(group))
+            {
+                *cell = self.entry_i32(b);
+            }
+            lens.push(i32::try_from(seq.table.num_tokens).unwrap_or(i32::MAX));
+        }
+        Ok((tables, max_blocks, lens))
     }
 
-    /// [`Self::slot_mapping`] of group `group` (-1 for a token at a released position).
+    /// [`Self::slot_mapping`] of group `group` (a token at a released position has the slot of
+    /// its offset in the null block: -1 without a reserved null block).
     pub fn slot_mapping_group(
         &self,
         seq_ids: &[crate::SeqId],
         num_new_tokens: usize,
         group: usize,
     ) -> Result<Vec<i64>> {
-        match self.hybrid.as_deref() {
-            Some(h) => h.slot_mapping(seq_ids, num_new_tokens, group),
-            None => {
-                self.check_plain_group(group)?;
-                self.slot_mapping(seq_ids, num_new_tokens)
+        self.check_group(group)?;
+        let bs = self.block_size;
+        for &id in seq_ids {
+            let seq = self.resident(id)?;
+            super::queries::check_new_tokens(id, seq.table.num_tokens, num_new_tokens)?;
+            super::queries::check_slots(id, seq.table.num_tokens, seq.num_positions() * bs)?;
+        }
+        super::check_distinct(seq_ids)?;
+        let mut out = super::queries::slot_buffer(seq_ids.len(), num_new_tokens)?;
+        for id in seq_ids {
+            let seq = &self.seqs[id];
+            let table = seq.group_table(group);
+            let n = seq.table.num_tokens;
+            for pos in n - num_new_tokens..n {
+                let b = table[pos / bs];
+                out.push(if b != NULL_BLOCK {
+                    b as i64 * bs as i64 + (pos % bs) as i64
+                } else if self.null_reserved {
+                    (pos % bs) as i64
+                } else {
+                    -1
+                });
             }
         }
+        Ok(out)
     }
 
-    /// [`Self::csr_page_table`] of group `group` (released positions are -1 in `kv_indices`).
+    /// [`Self::csr_page_table`] of group `group` (released positions as
+    /// [`Self::null_entry`] in `kv_indices`).
     pub fn csr_page_table_group(
         &self,
         seq_ids: &[crate::SeqId],
         group: usize,
     ) -> Result<super::CsrPageTable> {
-        match self.hybrid.as_deref() {
-            Some(h) => h.csr_page_table(seq_ids, group),
-            None => {
-                self.check_plain_group(group)?;
-                self.csr_page_table(seq_ids)
-            }
+        self.check_group(group)?;
+        let bs = self.block_size;
+        // A row covers the sequence's tokens: lookahead pages past them are left out, and a
+        // sequence admitted per chunk shows the tokens it holds slots for.
+        let pages =
+            |seq: &super::Sequence| seq.table.num_tokens.div_ceil(bs).min(seq.num_positions());
+        let mut nnz: usize = 0;
+        for &id in seq_ids {
+            nnz += pages(self.resident(id)?);
         }
-    }
-
-    /// [`Self::host_block_table`] of group `group`.
-    pub fn host_block_table_group(&self, seq_id: crate::SeqId, group: usize) -> Result<&[BlockId]> {
-        match self.hybrid.as_deref() {
-            Some(h) => h.host_block_table(seq_id, group),
-            None => {
-                self.check_plain_group(group)?;
-                self.host_block_table(seq_id)
-            }
+        super::check_distinct(seq_ids)?;
+        let mut csr = super::CsrPageTable::sized(seq_ids.len(), nnz)?;
+        for id in seq_ids {
+            let seq = &self.seqs[id];
+            let n = pages(seq);
+            csr.push_row(
+                seq.group_table(group)[..n]
+                    .iter()
+                    .map(|&b| self.entry_i32(b)),
+                seq.table.num_tokens.min(n * bs),
+                bs,
+            );
         }
+        Ok(csr)
     }
 }

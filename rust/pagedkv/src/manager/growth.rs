@@ -4,7 +4,7 @@
 use rustc_hash::FxHashMap;
 
 use super::prefix::record_tokens;
-use super::{blocks_fitting, KvCacheManager};
+use super::{blocks_fitting, KvCacheManager, Sequence};
 use crate::error::{Error, Result};
 use crate::pool::BlockPool;
 use crate::prefix::PrefixCache;
@@ -35,8 +35,8 @@ impl KvCacheManager {
     /// ```
     #[inline]
     pub fn append_tokens(&mut self, seq_id: SeqId, token_ids: &[TokenId]) -> Result<()> {
-        if let Some(h) = self.hybrid.as_deref_mut() {
-            return h.append_batch(&[seq_id], token_ids.len(), Some(token_ids));
+        if !self.plain {
+            return self.append_groups(&[seq_id], token_ids.len(), Some(token_ids));
         }
         self.append(seq_id, token_ids.len(), Some(token_ids))
     }
@@ -54,8 +54,8 @@ impl KvCacheManager {
     /// ```
     #[inline]
     pub fn append_len(&mut self, seq_id: SeqId, num_tokens: usize) -> Result<()> {
-        if let Some(h) = self.hybrid.as_deref_mut() {
-            return h.append_batch(&[seq_id], num_tokens, None);
+        if !self.plain {
+            return self.append_groups(&[seq_id], num_tokens, None);
         }
         self.append(seq_id, num_tokens, None)
     }
@@ -78,7 +78,8 @@ impl KvCacheManager {
         }
         Self::check_computed(seq_id, seq)?;
         // Hot path: room in a private last block (not indexed: only a truncate leaves a
-        // partial block indexed, and its next write copies it).
+        // partial block indexed, and its next write copies it). With lookahead slots the
+        // partial block is private by invariant (see `growth_plan`).
         if num_tokens <= seq.table.free_slots(block_size) {
             if num_tokens == 0 {
                 return Ok(());
@@ -110,6 +111,9 @@ impl KvCacheManager {
         let result = self.allocate_fresh(plan.needed_blocks, &mut fresh);
         if result.is_ok() {
             self.apply_growth(row, num_tokens, token_ids, plan, &mut fresh.drain(..));
+            if self.new_blocks.is_some() {
+                self.note_growth(row, plan, num_tokens);
+            }
         }
         self.scratch = fresh;
         result
@@ -128,8 +132,8 @@ impl KvCacheManager {
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn can_append(&self, seq_id: SeqId, num_tokens: usize) -> Result<bool> {
-        if let Some(h) = self.hybrid.as_deref() {
-            return h.can_append(seq_id, num_tokens);
+        if !self.plain {
+            return self.can_append_groups(seq_id, num_tokens);
         }
         match self.plan_growth(seq_id, num_tokens) {
             Ok(plan) => Ok(plan.needed_blocks <= self.num_available_blocks()),
@@ -162,34 +166,60 @@ impl KvCacheManager {
         plan: GrowthPlan,
         supply: &mut impl Iterator<Item = BlockId>,
     ) {
-        let block_size = self.block_size;
         let seq = self.seqs.at_mut(row);
-        let mut copied = None;
-        if plan.copy_on_write {
-            let dst = supply.next().expect("planned block");
-            let last = seq
-                .table
-                .block_ids
-                .last_mut()
-                .expect("copy-on-write of an empty table");
-            copied = Some((std::mem::replace(last, dst), dst));
-        }
-        let new_len = seq.table.num_tokens + num_tokens;
-        // `len * block_size < new_len` is `len < ceil(new_len / block_size)` without a division.
-        while seq.table.block_ids.len() * block_size < new_len {
-            seq.table
-                .block_ids
-                .push(supply.next().expect("planned block"));
-        }
-        seq.table.num_tokens = new_len;
-        seq.num_computed = new_len;
-        if let Some(prefix) = self.prefix.as_mut() {
-            record_tokens(prefix, &self.pool, seq, block_size, token_ids);
-        }
+        let copied = grow_table(
+            seq,
+            self.prefix.as_mut(),
+            &self.pool,
+            num_tokens,
+            token_ids,
+            plan,
+            supply,
+        );
         if let Some((src, dst)) = copied {
             self.copy_on_write(src, dst);
         }
     }
+}
+
+/// The table side of a validated growth of `seq` by `num_tokens` (with blocks from `supply`):
+/// the copy-on-write swap, new blocks, length, watermark and token ids. Returns the copy
+/// `(src, dst)` the caller records with `copy_on_write`. A free function of the fields it
+/// needs, so a batch loop keeps them in registers.
+#[inline(always)]
+pub(super) fn grow_table(
+    seq: &mut Sequence,
+    prefix: Option<&mut PrefixCache>,
+    pool: &BlockPool,
+    num_tokens: usize,
+    token_ids: Option<&[TokenId]>,
+    plan: GrowthPlan,
+    supply: &mut impl Iterator<Item = BlockId>,
+) -> Option<(BlockId, BlockId)> {
+    let block_size = pool.block_size();
+    let mut copied = None;
+    if plan.copy_on_write {
+        let dst = supply.next().expect("planned block");
+        let last = seq
+            .table
+            .block_ids
+            .last_mut()
+            .expect("copy-on-write of an empty table");
+        copied = Some((std::mem::replace(last, dst), dst));
+    }
+    let new_len = seq.table.num_tokens + num_tokens;
+    // `len * block_size < new_len` is `len < ceil(new_len / block_size)` without a division.
+    while seq.table.block_ids.len() * block_size < new_len {
+        seq.table
+            .block_ids
+            .push(supply.next().expect("planned block"));
+    }
+    seq.table.num_tokens = new_len;
+    seq.num_computed = new_len;
+    if let Some(prefix) = prefix {
+        record_tokens(prefix, pool, seq, block_size, token_ids);
+    }
+    copied
 }
 
 /// Validates growth of `table` by `num_tokens` tokens and counts the fresh blocks it needs.
@@ -216,6 +246,9 @@ pub(super) fn growth_plan(
     };
     let mut copy_on_write = false;
     if num_tokens > 0 && free_slots > 0 {
+        // With slots past its tokens (`allocate_slots`) the last block is an empty one of
+        // this table alone, and so is every block the write touches (docs/design.md,
+        // Invariants 4), so checking the last block decides rightly either way.
         let last = *table
             .block_ids
             .last()
@@ -241,4 +274,23 @@ pub(super) fn growth_plan(
         needed_blocks,
         copy_on_write,
     })
+}
+
+impl KvCacheManager {
+    /// Logs a single-group growth by `num_tokens` of the sequence in `row` that `plan`
+    /// described, after it: the copy-on-write destination at the position the write started
+    /// in, and the new positions.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn note_growth(&mut self, row: usize, plan: GrowthPlan, num_tokens: usize) {
+        let bs = self.block_size;
+        let table = &self.seqs.at(row).table;
+        let len = table.block_ids.len();
+        let added = plan.needed_blocks - usize::from(plan.copy_on_write);
+        if plan.copy_on_write {
+            let at = (table.num_tokens - num_tokens) / bs;
+            self.note_placed_row(row, at..at + 1);
+        }
+        self.note_placed_row(row, len - added..len);
+    }
 }

@@ -1,8 +1,9 @@
 //! Fork and free: sequences sharing every block of a parent, and sequences leaving.
 
-use super::{check_distinct, KvCacheManager};
+use super::groups::NULL_BLOCK;
+use super::{check_distinct, KvCacheManager, Sequence};
 use crate::error::{Error, Result};
-use crate::SeqId;
+use crate::{BlockId, SeqId};
 
 impl KvCacheManager {
     /// Creates `child_id` sharing every block of `parent_id` (refcounts +1).
@@ -18,9 +19,6 @@ impl KvCacheManager {
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn fork(&mut self, parent_id: SeqId, child_id: SeqId) -> Result<()> {
-        if let Some(h) = self.hybrid.as_deref_mut() {
-            return h.fork(parent_id, child_id);
-        }
         let parent = self.resident(parent_id)?;
         if self.seqs.contains_key(&child_id) {
             return Err(Error::SequenceExists(child_id));
@@ -28,18 +26,69 @@ impl KvCacheManager {
         // A prefilling parent would share blocks both would write (docs/design.md, Computed
         // watermark); the child copies the watermark, which is then the parent's length.
         Self::check_computed(parent_id, parent)?;
-        let child = parent.clone();
-        for (i, &b) in child.table.block_ids.iter().enumerate() {
-            if let Err(e) = self.share(b) {
-                for &done in &child.table.block_ids[..i] {
-                    self.release(done);
-                }
-                return Err(e);
+        let mut child = parent.clone();
+        // The child shares the blocks that hold the parent's tokens; a parent holding
+        // lookahead slots (`allocate_slots`) gives them up, since its partial block becomes
+        // shared (docs/design.md, Invariants 4: a sequence holding slots past its tokens shares
+        // none of the blocks its appends write).
+        let bs = self.block_size;
+        let lookahead = child.table.free_slots(bs) >= bs;
+        if lookahead {
+            let keep = child.table.num_tokens.div_ceil(bs);
+            child.table.block_ids.truncate(keep);
+            for t in child.groups.iter_mut() {
+                t.truncate(keep);
             }
         }
+        let live = |child: &Sequence| {
+            (0..child.groups.len() + 1)
+                .flat_map(|g| child.group_table(g).iter().copied())
+                .filter(|&b| b != NULL_BLOCK)
+                .collect::<Vec<BlockId>>()
+        };
+        let mut failure = None;
+        let mut shared = 0;
+        for &b in child.table.block_ids.iter().filter(|&&b| b != NULL_BLOCK) {
+            if let Err(e) = self.share(b) {
+                failure = Some(e);
+                break;
+            }
+            shared += 1;
+        }
+        if failure.is_none() && !child.groups.is_empty() {
+            for b in live(&child).into_iter().skip(shared) {
+                if let Err(e) = self.share(b) {
+                    failure = Some(e);
+                    break;
+                }
+                shared += 1;
+            }
+        }
+        if let Some(e) = failure {
+            for b in live(&child).into_iter().take(shared) {
+                self.release(b);
+            }
+            return Err(e);
+        }
+        let positions = child.num_positions();
         self.seqs.insert(child_id, child);
         self.counters.forks += 1;
+        self.note_placed_all(child_id, 0..positions, false);
+        if lookahead {
+            self.drop_lookahead(parent_id, positions);
+        }
         Ok(())
+    }
+
+    /// Shrinks resident sequence `seq_id`'s tables to `keep` positions, releasing the
+    /// lookahead blocks past them (private, never indexed).
+    #[cold]
+    fn drop_lookahead(&mut self, seq_id: SeqId, keep: usize) {
+        let row = self.seqs.row(seq_id).expect("a live sequence");
+        for g in 0..self.num_groups() {
+            let tail = self.seqs.at_mut(row).group_table_mut(g).split_off(keep);
+            self.release_table(&tail);
+        }
     }
 
     /// Frees a sequence (resident or swapped out): every block loses one reference; blocks
@@ -55,9 +104,6 @@ impl KvCacheManager {
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn free(&mut self, seq_id: SeqId) -> Result<()> {
-        if let Some(h) = self.hybrid.as_deref_mut() {
-            return h.free(seq_id);
-        }
         let seq = self
             .seqs
             .remove(&seq_id)
@@ -68,8 +114,20 @@ impl KvCacheManager {
                 .host
                 .as_mut()
                 .expect("swapped sequences imply a host tier");
-            for &h in &seq.table.block_ids {
-                host.release(h);
+            for g in 0..seq.groups.len() + 1 {
+                for &h in seq.group_table(g) {
+                    if h != NULL_BLOCK {
+                        host.release(h);
+                    }
+                }
+            }
+            return Ok(());
+        }
+        if !self.plain {
+            // Group by group, each table tail first (vLLM's order); released positions hold
+            // no block.
+            for g in 0..seq.groups.len() + 1 {
+                self.release_table(seq.group_table(g));
             }
             return Ok(());
         }
@@ -110,9 +168,6 @@ impl KvCacheManager {
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn free_batch(&mut self, seq_ids: &[SeqId]) -> Result<()> {
-        if let Some(h) = self.hybrid.as_deref_mut() {
-            return h.free_batch(seq_ids);
-        }
         check_distinct(seq_ids)?;
         for &id in seq_ids {
             if !self.seqs.contains_key(&id) {

@@ -1,4 +1,5 @@
-//! [`KvCacheManager`]: sequences' block tables on top of a (possibly shared) [`BlockPool`].
+//! [`KvCacheManager`]: sequences' block tables on top of a (possibly shared) [`BlockPool`],
+//! for any number of KV-cache groups (docs/design.md, KV groups).
 //!
 //! Every public operation first validates its input and computes how many fresh blocks it
 //! needs, then takes them all at once, and only then mutates tables and refcounts, so a failed
@@ -8,45 +9,66 @@
 //! * `allocate_fresh`: new blocks for new content (refcount 0 -> 1);
 //! * `revive_cached`: a prefix hit on a cached-evictable block (refcount 0 -> 1, hash kept);
 //! * `share`: one more table points at an in-use block (refcount +1, fork);
-//! * `copy_on_write`: a sequence about to write into a shared partial last block gets a private
+//! * `copy_on_write`: a sequence about to write into a shared partial block gets a private
 //!   copy, recorded as a `(src, dst)` copy op;
 //! * `release`: one table stops pointing at a block (refcount -1; at 0 it becomes free, or
 //!   cached-evictable when its content is indexed).
 //!
+//! One manager serves every group list: group 0's table lives inline in each [`Sequence`],
+//! the other groups' beside it, and what differs between group kinds is the policy layer
+//! ([`policy`]). The single full-attention group keeps its tuned paths ([`admission`],
+//! [`growth`], [`batch`], [`computed`]); every other group list, and every per-chunk or
+//! caller-keyed call, takes the plain group loop ([`admit_groups`], [`grow_groups`],
+//! [`indexing`], [`window`], [`slots`]), which the model test compares with the same reference.
+//!
 //! One file per group of operations: [`admission`] (`add_sequence*`), [`growth`] (`append*`,
 //! `can_append`), [`batch`] (`append_*_batch`), [`lifecycle`] (`fork`, `free*`), [`swap`]
 //! (host tier), [`prefix`] (prefix-cache integration), [`queries`] (read-only views and
-//! stats), [`csr`] (block tables in FlashInfer's CSR layout), [`invariants`] (`check_invariants`).
+//! stats), [`csr`] (block tables in FlashInfer's CSR layout), [`slots`] (`allocate_slots`,
+//! `provide_token_ids`), [`new_blocks`] (`take_new_block_ids`), [`invariants`]
+//! (`check_invariants`).
 
 mod admission;
+mod admit_groups;
 mod batch;
 mod computed;
 mod config;
 mod copy_queue;
 mod csr;
 mod groups;
+#[cfg(test)]
+mod groups_tests;
+mod grow_groups;
 mod growth;
-mod hybrid;
+mod hits;
+mod indexing;
 mod invariants;
+mod keys;
 mod lifecycle;
+mod new_blocks;
 mod offload;
 mod pins;
+mod policy;
 mod prefix;
 mod queries;
 mod rollback;
+mod slots;
 mod swap;
 mod swap_plan;
 mod transitions;
+mod window;
 
 use std::sync::Arc;
 
 use rustc_hash::FxHashSet;
 
 use self::batch::BatchScratch;
-pub use self::config::ManagerConfig;
+pub use self::config::{AdmitOptions, ManagerConfig, Prompt, SlotOptions};
 pub use self::csr::CsrPageTable;
 pub use self::groups::{KvGroupSpec, MAX_KV_GROUPS, NULL_BLOCK};
-use self::hybrid::Hybrid;
+use self::keys::BlockKeys;
+pub use self::new_blocks::NewBlockIds;
+use self::new_blocks::NewBlockLog;
 use crate::error::{invalid, Error, Result};
 use crate::host::HostTier;
 use crate::offload_tier::OffloadTier;
@@ -61,30 +83,133 @@ use crate::{BlockId, SeqId, TokenId};
 /// One live sequence.
 #[derive(Debug, Clone)]
 struct Sequence {
-    /// Its blocks and token count (invariant: len == ceil(num_tokens / block_size)). Device
-    /// block ids while resident, host block ids while swapped out.
+    /// Group 0's blocks, and the tokens the sequence declared (`table.num_tokens`: the prompt
+    /// plus appended or scheduled tokens). Device block ids while resident, host block ids
+    /// while swapped out. Every group's table has this table's length `L`; the capacity
+    /// `L * block_size` covers `num_computed`, and `num_tokens` too unless `per_chunk`
+    /// (docs/design.md, Invariants 3).
     table: BlockTable,
+    /// The tables of groups 1.. (`groups[g - 1]` is group `g`'s), each `L` entries,
+    /// [`NULL_BLOCK`] at a window group's released positions (a leading run). Empty for a
+    /// single-group manager: no allocation, and the hot paths test it once.
+    groups: GroupTables,
     /// Whether the sequence is swapped out to the host tier.
     swapped: bool,
+    /// Admitted per chunk (`reserve_prompt == false`): it may declare more tokens than its
+    /// capacity while its prompt is being scheduled.
+    per_chunk: bool,
     /// Prefix-cache hashing state; `None` when caching is off or some token ids are unknown.
     hashing: Option<SeqHashing>,
     /// Tokens whose K/V are written by the end of the pass that schedules them (vLLM's
-    /// `num_computed_tokens`; `<= table.num_tokens`). Only blocks wholly below it are indexed
-    /// (docs/design.md, Computed watermark).
+    /// `num_computed_tokens`; `<= L * block_size`, and `<= table.num_tokens` unless
+    /// `allocate_slots` scheduled tokens past the declared ones). Only blocks wholly below it
+    /// are indexed (docs/design.md, Computed watermark).
     num_computed: usize,
 }
+
+impl Sequence {
+    /// Group `g`'s table (`g < 1 + groups.len()`).
+    #[inline]
+    fn group_table(&self, g: usize) -> &[BlockId] {
+        match g {
+            0 => &self.table.block_ids,
+            _ => &self.groups[g - 1],
+        }
+    }
+
+    /// Group `g`'s table, mutable.
+    #[inline]
+    fn group_table_mut(&mut self, g: usize) -> &mut Vec<BlockId> {
+        match g {
+            0 => &mut self.table.block_ids,
+            _ => &mut self.groups[g - 1],
+        }
+    }
+
+    /// Table positions (every group's table has this many).
+    #[inline]
+    fn num_positions(&self) -> usize {
+        self.table.block_ids.len()
+    }
+}
+
+/// The tables of a sequence's groups after group 0, behind one thin pointer that is null for
+/// a single-group manager: the sequence row then stays 128 bytes, whose row address is one
+/// shift (callgrind, `append_batch_48`: a 136-byte row cost two instructions per member and
+/// the batch loop's register allocation, +13 %).
+#[derive(Debug, Clone, Default)]
+// A thin pointer is the point (a `Vec` is three words): `box_collection` does not apply.
+#[allow(clippy::box_collection)]
+struct GroupTables(Option<Box<Vec<Vec<BlockId>>>>);
+
+impl GroupTables {
+    /// Tables of groups 1.. (empty: none).
+    fn new(tables: Vec<Vec<BlockId>>) -> Self {
+        GroupTables((!tables.is_empty()).then(|| Box::new(tables)))
+    }
+
+    #[inline]
+    fn len(&self) -> usize {
+        self.0.as_ref().map_or(0, |t| t.len())
+    }
+
+    #[inline]
+    fn is_empty(&self) -> bool {
+        self.0.is_none()
+    }
+
+    fn iter(&self) -> std::slice::Iter<'_, Vec<BlockId>> {
+        self.0.as_deref().map_or(&[][..], |t| &t[..]).iter()
+    }
+
+    fn iter_mut(&mut self) -> std::slice::IterMut<'_, Vec<BlockId>> {
+        match self.0.as_deref_mut() {
+            Some(t) => t.iter_mut(),
+            None => [].iter_mut(),
+        }
+    }
+}
+
+impl std::ops::Index<usize> for GroupTables {
+    type Output = Vec<BlockId>;
+
+    fn index(&self, i: usize) -> &Vec<BlockId> {
+        &self.0.as_ref().expect("a group past group 0")[i]
+    }
+}
+
+impl std::ops::IndexMut<usize> for GroupTables {
+    fn index_mut(&mut self, i: usize) -> &mut Vec<BlockId> {
+        &mut self.0.as_mut().expect("a group past group 0")[i]
+    }
+}
+
+// The sequence row: 128 bytes (see `GroupTables`).
+const _: () = assert!(std::mem::size_of::<Sequence>() <= 128);
 
 /// What a sequence needs to hash its blocks as they fill.
 #[derive(Debug, Clone)]
 struct SeqHashing {
     /// Salt / adapter id / multimodal hash mixed into every block hash.
     extra_key: Option<Arc<[u8]>>,
-    /// Hash of each full, computed block, in order (len == num_computed / block_size).
+    /// Content hash of each block handed to the index, in order (`len == min(num_computed,
+    /// known tokens) / block_size`, and no more than the caller's hashes when it gave them).
     block_hashes: Vec<BlockHash>,
-    /// Token ids after the hashed blocks (len == num_tokens - block_hashes.len() *
-    /// block_size): the partial last block, plus the scheduled-but-not-computed blocks of a
-    /// sequence still prefilling.
+    /// Known token ids after the hashed blocks (the partial last block, the scheduled but not
+    /// computed blocks of a sequence still prefilling; fewer than the declared tokens while
+    /// ids are to come, docs/design.md, Per-chunk allocation).
     pending_tokens: Vec<TokenId>,
+    /// The caller's per-block extra keys and block hashes (`None`: neither was given; the
+    /// fast paths then apply).
+    keys: Option<Box<BlockKeys>>,
+}
+
+impl SeqHashing {
+    /// Token ids known from position 0 on.
+    #[inline]
+    fn num_known(&self, block_size: usize) -> usize {
+        self.block_hashes.len() * block_size + self.pending_tokens.len()
+    }
 }
 
 /// Lifetime counters; each name says its unit.
@@ -171,10 +296,18 @@ pub struct KvCacheManager {
     host: Option<HostTier>,
     /// The host offload tier of evicted prefix blocks (`num_offload_blocks > 0`).
     offload: Option<OffloadTier>,
-    /// The manager of several KV-cache groups (`kv_groups` other than the default single
-    /// full-attention group): every public operation is handed to it, and the fields above
-    /// stay empty (docs/design.md, Hybrid groups).
-    hybrid: Option<Box<Hybrid>>,
+    /// Whether the groups are the single full-attention group, whose tuned paths apply
+    /// (every other group list takes the plain group loop; docs/design.md, KV groups).
+    plain: bool,
+    /// `plain` with no admission limit configured (`max_model_len`, `watermark_blocks`): the
+    /// tuned admission applies to the default admissions.
+    tuned: bool,
+    /// Whether block 0 of the pool is reserved as vLLM's null block (`reserve_null_block`):
+    /// held at refcount 1 by the manager, never in a table, not counted in use.
+    null_reserved: bool,
+    /// The log of table entries placed since the last `take_new_block_ids`
+    /// (`record_new_block_ids`).
+    new_blocks: Option<Box<NewBlockLog>>,
 }
 
 impl std::fmt::Debug for KvCacheManager {
@@ -221,23 +354,18 @@ impl KvCacheManager {
         config.num_blocks = pool.num_blocks();
         config.block_size = pool.block_size();
         groups::validate_groups(&config.kv_groups)?;
-        if !groups::is_single_full(&config.kv_groups) {
-            if config.num_offload_blocks > 0 {
-                // The offload tier keys a block by its tokens alone; a hybrid manager's groups
-                // hold different layers for the same tokens (docs/offload.md, Limits).
-                return invalid("num_offload_blocks needs the single full-attention KV group");
-            }
-            let hybrid = Box::new(Hybrid::new(pool.clone(), &config)?);
-            return Ok(Self::assemble(pool, config, None, None, None, Some(hybrid)));
-        }
+        config.validate_limits()?;
+        let plain = groups::is_single_full(&config.kv_groups);
         let prefix = config.enable_prefix_caching.then(|| {
-            PrefixCache::new(
+            let mut p = PrefixCache::new(
                 pool.num_blocks(),
                 pool.block_size(),
                 config.hash_seed,
                 config.enable_kv_events,
                 config.max_events,
-            )
+            );
+            p.grouped = config.kv_groups.len() > 1;
+            p
         });
         let host = new_host_tier(&config, pool.block_size())?;
         let offload = match config.num_offload_blocks {
@@ -247,23 +375,17 @@ impl KvCacheManager {
             }
             n => Some(OffloadTier::new(n, pool.block_size(), pool.num_blocks())?),
         };
-        Ok(Self::assemble(pool, config, prefix, host, offload, None))
-    }
-
-    /// The manager's fields from its parts.
-    fn assemble(
-        pool: Arc<BlockPool>,
-        config: ManagerConfig,
-        prefix: Option<PrefixCache>,
-        host: Option<HostTier>,
-        offload: Option<OffloadTier>,
-        hybrid: Option<Box<Hybrid>>,
-    ) -> Self {
+        let null_reserved = config.reserve_null_block;
+        if null_reserved {
+            reserve_null_block(&pool)?;
+        }
+        let new_blocks = config
+            .record_new_block_ids
+            .then(|| Box::new(NewBlockLog::new(pool.num_blocks())));
         let copies_compact_at = copy_queue::initial_threshold(pool.num_blocks());
-        KvCacheManager {
+        Ok(KvCacheManager {
             block_size: pool.block_size(),
             pool,
-            config,
             seqs: SeqMap::default(),
             num_blocks_in_use: 0,
             num_swapped: 0,
@@ -275,8 +397,12 @@ impl KvCacheManager {
             prefix,
             host,
             offload,
-            hybrid,
-        }
+            tuned: plain && config_is_unlimited(&config),
+            config,
+            plain,
+            null_reserved,
+            new_blocks,
+        })
     }
 
     /// The pool this manager allocates from.
@@ -289,12 +415,21 @@ impl KvCacheManager {
         &self.config
     }
 
-    /// The host tier, whichever path owns it.
+    /// The host tier.
     fn host_tier(&self) -> Option<&HostTier> {
-        match self.hybrid.as_deref() {
-            Some(h) => h.host(),
-            None => self.host.as_ref(),
-        }
+        self.host.as_ref()
+    }
+
+    /// KV-cache groups of this manager.
+    #[inline]
+    fn num_groups(&self) -> usize {
+        self.config.kv_groups.len()
+    }
+
+    /// Blocks sequences can use: the pool's, less the null block when reserved.
+    #[inline]
+    fn num_usable_blocks(&self) -> usize {
+        self.pool.num_blocks() - usize::from(self.null_reserved)
     }
 
     /// The sequence, if it exists and is device-resident.
@@ -307,8 +442,18 @@ impl KvCacheManager {
     }
 
     /// Blocks needed for `num_tokens`, or InvalidArgument when no table that long can fit.
+    #[inline]
     fn blocks_fitting_pool(&self, num_tokens: usize) -> Result<usize> {
-        blocks_fitting(num_tokens, &self.pool)
+        let n = blocks_fitting(num_tokens, &self.pool)?;
+        if self.null_reserved && n == self.pool.num_blocks() {
+            return Err(cannot_fit(
+                num_tokens,
+                n,
+                self.num_usable_blocks(),
+                self.block_size,
+            ));
+        }
+        Ok(n)
     }
 
     /// InvalidArgument when the sequence is still prefilling (some scheduled tokens are not
@@ -347,13 +492,9 @@ pub(super) fn check_distinct(seq_ids: &[SeqId]) -> Result<()> {
 }
 
 impl Drop for KvCacheManager {
-    /// Returns every block this manager holds (in use or cached) to the pool, so a shared
-    /// pool outlives it intact.
+    /// Returns every block this manager holds (in use, cached, or its null block) to the pool,
+    /// so a shared pool outlives it intact.
     fn drop(&mut self) {
-        if let Some(h) = self.hybrid.as_deref_mut() {
-            h.teardown();
-            return;
-        }
         self.unpin_all();
         let ids: Vec<SeqId> = self.seqs.keys().copied().collect();
         for id in ids {
@@ -362,7 +503,32 @@ impl Drop for KvCacheManager {
         if let Some(prefix) = self.prefix.as_mut() {
             prefix.reset(&self.pool);
         }
+        if self.null_reserved {
+            let released = self.pool.release_id(0);
+            debug_assert_eq!(released, Ok(true), "the null block is held once");
+        }
     }
+}
+
+/// Whether `config` sets no admission limit (the tuned single-group admission checks none).
+fn config_is_unlimited(config: &ManagerConfig) -> bool {
+    config.max_model_len == usize::MAX && config.watermark_blocks == 0
+}
+
+/// Takes block 0 of `pool` for good, as vLLM's null block (`ManagerConfig::reserve_null_block`):
+/// a fresh pool hands it out first; a pool whose block 0 is taken cannot give one.
+fn reserve_null_block(pool: &BlockPool) -> Result<()> {
+    let mut got = Vec::with_capacity(1);
+    pool.allocate_into(1, &mut got).map_err(|_| {
+        Error::InvalidArgument("reserve_null_block needs a pool with block 0 free".into())
+    })?;
+    if got[0] != 0 {
+        let _ = pool.release_id(got[0]);
+        return invalid(
+            "reserve_null_block needs block 0 of the pool free (use a pool of its own)",
+        );
+    }
+    Ok(())
 }
 
 /// The error of growing or forking a sequence that is still prefilling (off the hot path; it
@@ -391,10 +557,17 @@ fn blocks_fitting(num_tokens: usize, pool: &BlockPool) -> Result<usize> {
     let block_size = pool.block_size();
     let n = num_tokens.div_ceil(block_size);
     if n > pool.num_blocks() {
-        return invalid(format!(
-            "{num_tokens} tokens need {n} blocks, more than the pool's {} blocks of {block_size} tokens",
-            pool.num_blocks(),
-        ));
+        return Err(cannot_fit(num_tokens, n, pool.num_blocks(), block_size));
     }
     Ok(n)
+}
+
+/// The error of a request for `num_tokens` tokens (`needed` blocks) that no pool of `usable`
+/// blocks can ever hold.
+#[cold]
+#[inline(never)]
+fn cannot_fit(num_tokens: usize, needed: usize, usable: usize, block_size: usize) -> Error {
+    Error::InvalidArgument(format!(
+        "{num_tokens} tokens need {needed} blocks, more than the pool's {usable} blocks of {block_size} tokens",
+    ))
 }

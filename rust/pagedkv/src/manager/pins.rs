@@ -1,6 +1,7 @@
 //! Pinned prefixes: `pin_prefix` / `unpin_prefix` (docs/design.md, Pinned prefixes).
 
 use super::admission::HitWalk;
+use super::keys::PromptHashes;
 use super::KvCacheManager;
 use crate::error::{invalid, Result};
 use crate::prefix::hash::BlockHash;
@@ -32,8 +33,8 @@ impl KvCacheManager {
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn pin_prefix(&mut self, token_ids: &[TokenId], extra_key: Option<&[u8]>) -> Result<usize> {
-        if let Some(h) = self.hybrid.as_deref_mut() {
-            return h.pin_prefix(token_ids, extra_key);
+        if !self.plain {
+            return self.pin_groups(token_ids, extra_key);
         }
         let Some(prefix) = self.prefix.as_ref() else {
             return Ok(0);
@@ -93,9 +94,6 @@ impl KvCacheManager {
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn unpin_prefix(&mut self, token_ids: &[TokenId], extra_key: Option<&[u8]>) -> Result<()> {
-        if let Some(h) = self.hybrid.as_deref_mut() {
-            return h.unpin_prefix(token_ids, extra_key);
-        }
         let bs = self.block_size;
         let blocks = self
             .prefix
@@ -113,6 +111,41 @@ impl KvCacheManager {
         };
         self.release_all(&blocks);
         Ok(())
+    }
+
+    /// [`Self::pin_prefix`] of a manager of several groups: pins every group's device blocks
+    /// of the longest prefix of the prompt's full blocks that every group serves.
+    #[cold]
+    fn pin_groups(&mut self, token_ids: &[TokenId], extra_key: Option<&[u8]>) -> Result<usize> {
+        let Some(prefix) = self.prefix.as_ref() else {
+            return Ok(0);
+        };
+        let bs = self.block_size;
+        let num_full = token_ids.len() / bs;
+        let seq_key = extra_key.map(std::sync::Arc::from);
+        let mut hashes = PromptHashes::new(prefix.hasher, bs, token_ids, &seq_key, None);
+        let hit = self.find_group_hit_on(&mut hashes, num_full, false);
+        if hit.num_blocks == 0 {
+            return Ok(0);
+        }
+        let blocks: Vec<BlockId> = hit.device_blocks().collect();
+        for &b in &blocks {
+            if !prefix.is_cached(b) && self.pool.refcount(b)? == u32::MAX {
+                return invalid(format!("block {b} refcount would overflow"));
+            }
+        }
+        hashes.get(num_full - 1);
+        let key = prompt_key(prefix, token_ids, extra_key, bs, &hashes.hashes);
+        // Commit (infallible: every in-use hit's refcount was checked).
+        for &b in &blocks {
+            self.take_hit(b);
+        }
+        self.prefix
+            .as_mut()
+            .expect("prefix caching on")
+            .pins
+            .add(key, blocks);
+        Ok(hit.num_blocks * bs)
     }
 
     /// Releases every pin (the manager is going away).

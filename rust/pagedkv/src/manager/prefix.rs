@@ -1,5 +1,7 @@
 //! Prefix-cache integration: reset, events, the LRU view, and hashing of appended tokens.
 
+use super::groups::KvGroupSpec;
+use super::indexing::index_ready_in;
 use super::{KvCacheManager, Sequence};
 use crate::pool::BlockPool;
 use crate::prefix::events::{block_stored, DrainedEvents, KvEvent};
@@ -26,9 +28,6 @@ impl KvCacheManager {
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn reset_prefix_cache(&mut self) -> bool {
-        if let Some(h) = self.hybrid.as_deref_mut() {
-            return h.reset_prefix_cache();
-        }
         if self.num_blocks_in_use > 0 {
             return false;
         }
@@ -62,9 +61,6 @@ impl KvCacheManager {
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn evict_cached(&mut self, max_blocks: usize) -> usize {
-        if let Some(h) = self.hybrid.as_deref_mut() {
-            return h.evict_cached(max_blocks);
-        }
         let Some(prefix) = self.prefix.as_mut() else {
             return 0;
         };
@@ -98,9 +94,6 @@ impl KvCacheManager {
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn take_drained_events(&mut self) -> DrainedEvents {
-        if let Some(h) = self.hybrid.as_deref_mut() {
-            return h.take_drained_events();
-        }
         self.prefix
             .as_mut()
             .map_or_else(DrainedEvents::default, PrefixCache::take_drained_events)
@@ -119,17 +112,17 @@ impl KvCacheManager {
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn cached_blocks(&self) -> Vec<BlockId> {
-        if let Some(h) = self.hybrid.as_deref() {
-            return h.cached_blocks();
-        }
         self.prefix
             .as_ref()
             .map_or_else(Vec::new, PrefixCache::lru_order)
     }
 }
 
-/// Feeds appended tokens to a sequence's hashing state, entering each block they fill in the
-/// prefix index. Unknown tokens (`None`) end hashing for the sequence.
+/// Feeds appended tokens to a sequence's hashing state (its table and watermark already cover
+/// them), entering each block they fill in the prefix index. Unknown tokens (`None`), or ids
+/// still missing before these (given later, docs/design.md, Per-chunk allocation), end hashing
+/// for the sequence. A sequence with caller-supplied keys takes the plain path
+/// (`indexing.rs`). Only the single full-attention group's paths call this.
 pub(super) fn record_tokens(
     prefix: &mut PrefixCache,
     pool: &BlockPool,
@@ -144,6 +137,15 @@ pub(super) fn record_tokens(
         seq.hashing = None;
         return;
     };
+    if h.num_known(block_size) + tokens.len() != seq.table.num_tokens {
+        seq.hashing = None;
+        return;
+    }
+    if h.keys.is_some() {
+        h.pending_tokens.extend_from_slice(tokens);
+        index_ready_in(prefix, pool, seq, &[KvGroupSpec::FullAttention], block_size);
+        return;
+    }
     while !tokens.is_empty() {
         let take = tokens.len().min(block_size - h.pending_tokens.len());
         h.pending_tokens.extend_from_slice(&tokens[..take]);

@@ -11,48 +11,31 @@ use crate::{BlockId, SeqId};
 impl KvCacheManager {
     /// Whether a sequence with this id is live.
     pub fn contains(&self, seq_id: SeqId) -> bool {
-        if let Some(h) = self.hybrid.as_deref() {
-            return h.contains(seq_id);
-        }
         self.seqs.contains_key(&seq_id)
     }
 
     /// Live sequences (resident and swapped out).
     pub fn num_sequences(&self) -> usize {
-        if let Some(h) = self.hybrid.as_deref() {
-            return h.num_sequences();
-        }
         self.seqs.len()
     }
 
     /// The ids of all live sequences (arbitrary order).
     pub fn seq_ids(&self) -> impl Iterator<Item = SeqId> + '_ {
-        // A hybrid manager keeps its sequences in `hybrid`, and `seqs` is empty.
-        let hybrid = self.hybrid.iter().flat_map(|h| h.seq_ids());
-        self.seqs.keys().copied().chain(hybrid)
+        self.seqs.keys().copied()
     }
 
     /// The physical block ids of a device-resident sequence, in logical order.
     pub fn block_table(&self, seq_id: SeqId) -> Result<&[BlockId]> {
-        if let Some(h) = self.hybrid.as_deref() {
-            return Ok(&h.table(seq_id, 0)?.block_ids);
-        }
         Ok(&self.resident(seq_id)?.table.block_ids)
     }
 
     /// The full [`BlockTable`] of a device-resident sequence.
     pub fn table(&self, seq_id: SeqId) -> Result<&BlockTable> {
-        if let Some(h) = self.hybrid.as_deref() {
-            return h.table(seq_id, 0);
-        }
         Ok(&self.resident(seq_id)?.table)
     }
 
     /// Tokens held by a sequence (resident or swapped out).
     pub fn num_tokens(&self, seq_id: SeqId) -> Result<usize> {
-        if let Some(h) = self.hybrid.as_deref() {
-            return h.num_tokens(seq_id);
-        }
         Ok(self
             .seqs
             .get(&seq_id)
@@ -65,10 +48,7 @@ impl KvCacheManager {
     /// prefix-cache hits (saturating).
     pub fn blocks_needed_for_prompt(&self, num_tokens: usize) -> usize {
         let per_group = num_tokens.div_ceil(self.block_size);
-        match self.hybrid.as_deref() {
-            None => per_group,
-            Some(_) => per_group.saturating_mul(self.config.kv_groups.len()),
-        }
+        per_group.saturating_mul(self.num_groups())
     }
 
     /// Block tables of `seq_ids` as one row-major `[B, max_blocks]` i32 matrix padded with -1,
@@ -86,8 +66,8 @@ impl KvCacheManager {
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn batch_block_tables(&self, seq_ids: &[SeqId]) -> Result<(Vec<i32>, usize, Vec<i32>)> {
-        if let Some(h) = self.hybrid.as_deref() {
-            return h.batch_block_tables(seq_ids, 0);
+        if !self.plain || self.null_reserved {
+            return self.batch_block_tables_group(seq_ids, 0);
         }
         let mut max_blocks = 0;
         for &id in seq_ids {
@@ -119,11 +99,17 @@ impl KvCacheManager {
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn slot_mapping(&self, seq_ids: &[SeqId], num_new_tokens: usize) -> Result<Vec<i64>> {
-        if let Some(h) = self.hybrid.as_deref() {
-            return h.slot_mapping(seq_ids, num_new_tokens, 0);
+        if !self.plain {
+            return self.slot_mapping_group(seq_ids, num_new_tokens, 0);
         }
         for &id in seq_ids {
-            check_new_tokens(id, self.resident(id)?.table.num_tokens, num_new_tokens)?;
+            let table = &self.resident(id)?.table;
+            check_new_tokens(id, table.num_tokens, num_new_tokens)?;
+            check_slots(
+                id,
+                table.num_tokens,
+                table.block_ids.len() * self.block_size,
+            )?;
         }
         check_distinct(seq_ids)?;
         let mut slots = slot_buffer(seq_ids.len(), num_new_tokens)?;
@@ -138,9 +124,6 @@ impl KvCacheManager {
 
     /// Drains the pending copy-on-write copies `(src, dst)`, oldest first.
     pub fn take_copy_ops(&mut self) -> Vec<(BlockId, BlockId)> {
-        if let Some(h) = self.hybrid.as_deref_mut() {
-            return h.take_copy_ops();
-        }
         std::mem::take(&mut self.pending_copies)
     }
 
@@ -174,25 +157,17 @@ impl KvCacheManager {
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn num_available_blocks(&self) -> usize {
-        if let Some(h) = self.hybrid.as_deref() {
-            return h.num_available_blocks();
-        }
         self.pool.num_free_list_blocks() + self.prefix.as_ref().map_or(0, PrefixCache::num_cached)
     }
 
-    /// This manager's in-use blocks / `num_blocks`, in `[0, 1]`.
+    /// This manager's in-use blocks / the blocks sequences can use (`num_blocks`, less the
+    /// reserved null block), in `[0, 1]`.
     pub fn usage(&self) -> f64 {
-        if let Some(h) = self.hybrid.as_deref() {
-            return h.usage();
-        }
-        self.num_blocks_in_use as f64 / self.pool.num_blocks() as f64
+        self.num_blocks_in_use as f64 / self.num_usable_blocks().max(1) as f64
     }
 
     /// A snapshot of counters and occupancy.
     pub fn stats(&self) -> Stats {
-        if let Some(h) = self.hybrid.as_deref() {
-            return h.stats();
-        }
         let mut s = Stats {
             num_blocks: self.pool.num_blocks(),
             block_size: self.block_size,
@@ -201,6 +176,7 @@ impl KvCacheManager {
             num_available_blocks: self.pool.num_free_list_blocks(),
             num_sequences: self.seqs.len(),
             num_swapped_sequences: self.num_swapped,
+            num_reserved_blocks: usize::from(self.null_reserved),
             ..Stats::default()
         };
         self.counters.write_to(&mut s);
@@ -248,6 +224,19 @@ pub(super) fn check_new_tokens(id: SeqId, num_tokens: usize, num_new_tokens: usi
     if num_new_tokens > num_tokens {
         return invalid(format!(
             "sequence {id} holds {num_tokens} tokens, fewer than num_new_tokens={num_new_tokens}"
+        ));
+    }
+    Ok(())
+}
+
+/// InvalidArgument when sequence `id`, declaring `num_tokens`, holds slots for fewer
+/// (`num_slots`: admitted per chunk and not yet allocated that far).
+#[inline]
+pub(super) fn check_slots(id: SeqId, num_tokens: usize, num_slots: usize) -> Result<()> {
+    if num_tokens > num_slots {
+        return invalid(format!(
+            "sequence {id} declares {num_tokens} tokens but holds slots for {num_slots} \
+             (allocate_slots first)"
         ));
     }
     Ok(())

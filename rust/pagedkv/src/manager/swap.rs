@@ -1,5 +1,6 @@
 //! The host swap tier: `swap_out` / `swap_in` of a sequence or fork group, and host queries.
 
+use super::groups::NULL_BLOCK;
 use super::swap_plan::{allocate_host, distinct_blocks, id_map};
 use super::{check_distinct, KvCacheManager};
 use crate::error::{invalid, Error, Result};
@@ -38,9 +39,6 @@ impl KvCacheManager {
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn swap_out(&mut self, seq_ids: &[SeqId]) -> Result<Vec<(BlockId, BlockId)>> {
-        if let Some(h) = self.hybrid.as_deref_mut() {
-            return h.swap_out(seq_ids);
-        }
         if self.host.is_none() {
             return invalid("swap_out needs a host tier (num_host_blocks > 0)");
         }
@@ -54,12 +52,20 @@ impl KvCacheManager {
         let to_host = id_map(&blocks, &host_ids);
         for &id in seq_ids {
             let seq = self.seqs.get_mut(&id).expect("validated");
-            let device_ids = std::mem::take(&mut seq.table.block_ids);
-            seq.table.block_ids = device_ids.iter().map(|d| to_host[d]).collect();
+            let mut device: Vec<Vec<BlockId>> = Vec::with_capacity(seq.groups.len() + 1);
+            for g in 0..seq.groups.len() + 1 {
+                let table = seq.group_table_mut(g);
+                let d = std::mem::take(table);
+                *table = d
+                    .iter()
+                    .map(|b| *to_host.get(b).unwrap_or(&NULL_BLOCK))
+                    .collect();
+                device.push(d);
+            }
             seq.swapped = true;
             self.num_swapped += 1;
-            for &d in device_ids.iter().rev() {
-                self.release(d);
+            for d in &device {
+                self.release_table_each(d);
             }
         }
         self.counters.blocks_swapped_out += blocks.len() as u64;
@@ -87,9 +93,6 @@ impl KvCacheManager {
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn swap_in(&mut self, seq_ids: &[SeqId]) -> Result<Vec<(BlockId, BlockId)>> {
-        if let Some(h) = self.hybrid.as_deref_mut() {
-            return h.swap_in(seq_ids);
-        }
         if self.host.is_none() {
             return invalid("swap_in needs a host tier (num_host_blocks > 0)");
         }
@@ -120,12 +123,20 @@ impl KvCacheManager {
         let host = self.host.as_mut().expect("checked");
         for &id in seq_ids {
             let seq = self.seqs.get_mut(&id).expect("validated");
-            for h in seq.table.block_ids.iter_mut() {
-                host.release(*h);
-                *h = to_device[h];
+            for g in 0..seq.groups.len() + 1 {
+                for h in seq.group_table_mut(g).iter_mut() {
+                    if *h != NULL_BLOCK {
+                        host.release(*h);
+                        *h = to_device[h];
+                    }
+                }
             }
             seq.swapped = false;
             self.num_swapped -= 1;
+        }
+        for &id in seq_ids {
+            let positions = self.seqs[&id].num_positions();
+            self.note_placed_all(id, 0..positions, false);
         }
         self.counters.blocks_swapped_in += host_blocks.len() as u64;
         Ok(host_blocks.into_iter().zip(device_ids).collect())
@@ -142,9 +153,6 @@ impl KvCacheManager {
     /// # Ok::<(), pagedkv::Error>(())
     /// ```
     pub fn is_swapped_out(&self, seq_id: SeqId) -> Result<bool> {
-        if let Some(h) = self.hybrid.as_deref() {
-            return h.is_swapped_out(seq_id);
-        }
         Ok(self
             .seqs
             .get(&seq_id)
@@ -173,9 +181,12 @@ impl KvCacheManager {
 
     /// The host block ids of a swapped-out sequence, in logical order.
     pub fn host_block_table(&self, seq_id: SeqId) -> Result<&[BlockId]> {
-        if let Some(h) = self.hybrid.as_deref() {
-            return h.host_block_table(seq_id, 0);
-        }
+        self.host_block_table_group(seq_id, 0)
+    }
+
+    /// [`Self::host_block_table`] of group `group` ([`NULL_BLOCK`] at released positions).
+    pub fn host_block_table_group(&self, seq_id: SeqId, group: usize) -> Result<&[BlockId]> {
+        self.check_group(group)?;
         let seq = self
             .seqs
             .get(&seq_id)
@@ -183,16 +194,17 @@ impl KvCacheManager {
         if !seq.swapped {
             return invalid(format!("sequence {seq_id} is not swapped out"));
         }
-        Ok(&seq.table.block_ids)
+        Ok(seq.group_table(group))
     }
 
     /// Distinct blocks of the group's tables in first-appearance order, with how many of the
     /// group's table entries point at each.
     fn group_blocks(&self, seq_ids: &[SeqId]) -> (Vec<BlockId>, Vec<u32>) {
-        distinct_blocks(
-            seq_ids
-                .iter()
-                .flat_map(|id| self.seqs[id].table.block_ids.iter().copied()),
-        )
+        distinct_blocks(seq_ids.iter().flat_map(|id| {
+            let seq = &self.seqs[id];
+            (0..seq.groups.len() + 1)
+                .flat_map(move |g| seq.group_table(g).iter().copied())
+                .filter(|&b| b != NULL_BLOCK)
+        }))
     }
 }

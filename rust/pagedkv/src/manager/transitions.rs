@@ -1,6 +1,7 @@
 //! The named state transitions, the only code that changes refcounts and block states
 //! (docs/design.md, Invariants): every operation is validation plus a sequence of these.
 
+use super::groups::NULL_BLOCK;
 use super::{Counters, KvCacheManager};
 use crate::error::{Error, Result, Tier};
 use crate::pool::BlockPool;
@@ -158,6 +159,31 @@ impl KvCacheManager {
         }
         self.pool.count_cached(cached.len());
         self.scratch = cached;
+    }
+
+    /// [`Self::release_all`] of a table that may hold released positions ([`NULL_BLOCK`],
+    /// skipped): a window group's, or any group's of a manager of several.
+    pub(super) fn release_table(&mut self, blocks: &[BlockId]) {
+        if blocks.contains(&NULL_BLOCK) {
+            let live: Vec<BlockId> = blocks
+                .iter()
+                .copied()
+                .filter(|&b| b != NULL_BLOCK)
+                .collect();
+            self.release_all(&live);
+        } else {
+            self.release_all(blocks);
+        }
+    }
+
+    /// [`Self::release`] of each live block of `blocks`, last first, one at a time (swap-out:
+    /// the same order as `release_table`, for tables whose blocks other members still hold).
+    pub(super) fn release_table_each(&mut self, blocks: &[BlockId]) {
+        for &b in blocks.iter().rev() {
+            if b != NULL_BLOCK {
+                self.release(b);
+            }
+        }
     }
 
     /// [`Self::release`] except that a block that became cached-evictable is not yet counted

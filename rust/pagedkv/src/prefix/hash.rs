@@ -148,6 +148,53 @@ impl BlockHasher {
     }
 }
 
+/// The index key of a block of KV-cache group `group` holding content `hash`
+/// (docs/design.md, KV groups): the content hash itself for group 0, so a single-group
+/// manager's keys are its content hashes, and `hash ^ mix(group)` for the others, so the same
+/// content in two groups is two entries. XOR with a per-group constant is its own inverse:
+/// [`content_hash`] recovers the content hash (what KV events carry) from the key.
+#[inline]
+pub(crate) fn group_key(group: u32, hash: BlockHash) -> BlockHash {
+    hash ^ group_mix(group)
+}
+
+/// The content hash of the block entered under `key` for `group` (see [`group_key`]).
+#[inline]
+pub(crate) fn content_hash(group: u32, key: BlockHash) -> BlockHash {
+    key ^ group_mix(group)
+}
+
+/// The per-group constant of [`group_key`]: 0 for group 0, two SplitMix64 outputs otherwise
+/// (distinct and non-zero for every group a manager can have).
+#[inline]
+fn group_mix(group: u32) -> BlockHash {
+    if group == 0 {
+        return 0;
+    }
+    let mut state = u64::from(group);
+    let hi = crate::splitmix64::next(&mut state);
+    let lo = crate::splitmix64::next(&mut state);
+    (u128::from(hi) << 64) | u128::from(lo)
+}
+
+/// A caller's block hash of any length reduced to the 128 bits the index keys blocks by
+/// (docs/design.md, Per-chunk allocation, "Caller-supplied keys and hashes"): its first 16
+/// bytes read little-endian, zero-padded when shorter. vLLM's `request.block_hashes` are 32-byte
+/// SHA-256 digests (or 16-byte XXH3-128 ones), whose leading 128 bits are as uniform as the whole.
+///
+/// ```
+/// use pagedkv::reduce_block_hash;
+/// assert_eq!(reduce_block_hash(&[1, 0, 0]), 1);
+/// assert_eq!(reduce_block_hash(&[0xff; 32]), u128::MAX);
+/// assert_eq!(reduce_block_hash(&[]), 0);
+/// ```
+pub fn reduce_block_hash(bytes: &[u8]) -> BlockHash {
+    let mut buf = [0u8; 16];
+    let n = bytes.len().min(16);
+    buf[..n].copy_from_slice(&bytes[..n]);
+    u128::from_le_bytes(buf)
+}
+
 /// Hashes a sequence's blocks one at a time with one message buffer, built once (the extra
 /// key written once); each block rewrites only its parent and token ids. What admission hashes
 /// a missed prompt's blocks with as it enters them (each hash waits on its parent's, so computed there, next to the
@@ -247,6 +294,18 @@ mod tests {
             h.hash_block(Some(first), &[7; 16], Some(b"tenant-a")),
             GOLDEN_SECOND
         );
+    }
+
+    #[test]
+    fn group_keys_leave_group_0_alone_and_invert() {
+        let h: BlockHash = 0x1234_5678_9abc_def0_1122_3344_5566_7788;
+        assert_eq!(group_key(0, h), h);
+        let mut seen = std::collections::HashSet::new();
+        for g in 0..64 {
+            let k = group_key(g, h);
+            assert!(seen.insert(k), "group {g} repeats a key");
+            assert_eq!(content_hash(g, k), h);
+        }
     }
 
     const GOLDEN_FIRST: u128 = 0x0aaf_8611_0edd_7e40_b0ed_41c6_448c_4294;

@@ -78,6 +78,13 @@ struct Stored {
     /// child was entered, or a copy it replaced had some): when it leaves the index, its hash
     /// joins the orphan parents. False while the block is not indexed.
     many_children: bool,
+    /// The KV-cache group the block belongs to: `hash` is its content hash keyed by the group
+    /// (`prefix::hash::group_key`; 0 for a single-group manager). Set by
+    /// [`BlockIndex::set_origin`] after the block is entered, reset to 0 by every entry.
+    group: u8,
+    /// Whether `hash` is the caller's (`block_hashes` of an admission): not recomputed from
+    /// the tokens by [`BlockIndex::check_invariants`].
+    caller_hash: bool,
 }
 
 // The record fits the one cache line it is aligned to.
@@ -136,6 +143,8 @@ impl Default for Stored {
             chained_to: NO_BLOCK,
             has_parent: false,
             many_children: false,
+            group: 0,
+            caller_hash: false,
         }
     }
 }
@@ -255,6 +264,23 @@ impl BlockIndex {
         self.hash_of(b) == Some(hash)
     }
 
+    /// Records, for block `b` just entered, the KV-cache group its key belongs to and whether
+    /// the key is a caller's hash (docs/design.md, KV groups). Entries start at group 0 with a
+    /// computed hash, so a single-group manager never calls this.
+    #[inline]
+    pub(crate) fn set_origin(&mut self, b: BlockId, group: u32, caller_hash: bool) {
+        debug_assert!(self.is_indexed(b) && group < 256);
+        let s = &mut self.stored[b as usize];
+        s.group = group as u8;
+        s.caller_hash = caller_hash;
+    }
+
+    /// The KV-cache group of indexed block `b` (meaningful while it is indexed).
+    #[inline]
+    pub(crate) fn group_of(&self, b: BlockId) -> u32 {
+        u32::from(self.stored[b as usize].group)
+    }
+
     /// What block `b` is indexed with (hash, parent, token ids, extra key), if it is: what the
     /// offload tier keeps when the block is evicted.
     pub(crate) fn content(&self, b: BlockId) -> Option<crate::offload_tier::Content<'_>> {
@@ -265,6 +291,7 @@ impl BlockIndex {
             parent: s.has_parent.then_some(s.parent),
             token_ids: self.tokens_of(b),
             extra_key: s.extra_key.as_ref(),
+            group_idx: None,
         })
     }
 
@@ -309,8 +336,8 @@ impl BlockIndex {
     /// accepted only when that block is indexed with exactly this parent hash, extra key and
     /// token ids, which determine its hash (so the hash is known without computing it).
     /// Returns the block and its hash; `None` when the hint is missing or stale (the caller
-    /// then hashes and looks up).
-    #[inline]
+    /// then hashes and looks up). Always inlined (see `PrefixCache::lookup_child`).
+    #[inline(always)]
     pub(crate) fn lookup_child(
         &self,
         parent_block: BlockId,
@@ -560,6 +587,8 @@ impl BlockIndex {
             "block {b} left the index with many children set"
         );
         s.chained_to = chained_to.unwrap_or(NO_BLOCK);
+        s.group = 0;
+        s.caller_hash = false;
         let at = b as usize * self.block_size;
         self.tokens[at..at + self.block_size].copy_from_slice(token_ids);
     }

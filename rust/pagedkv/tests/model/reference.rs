@@ -1,34 +1,60 @@
-//! The reference model of `tests/model.rs`: each sequence's token count and blocks as abstract
-//! ids with refcounts, the prefix index keyed by the exact (extra key, full token prefix), the
-//! LRU of cached blocks, pins, the computed watermark and the host tier; every operation
-//! returns the result (or the error) the manager must give.
+//! The reference model of `tests/model.rs`, parameterized by the KV-cache groups
+//! (docs/design.md, KV groups and Per-chunk allocation): per sequence and group a table of
+//! abstract blocks (`None` at a window's released positions), the declared tokens, the
+//! computed watermark, the known token ids, refcounts, the prefix index keyed by (group,
+//! extra key, full token prefix), the LRU of cached blocks, pins, and the host tier. Its hit
+//! rule is the declarative one (the longest `L` every group serves). Every operation returns
+//! the result (or the error) the manager must give.
 
 use std::collections::{BTreeMap, HashMap};
 
-use pagedkv::{Error, Tier};
+use pagedkv::{Error, KvGroupSpec, Tier};
 
 pub type MBlock = u64;
-pub type Key = (Option<u8>, Vec<u32>);
+/// (group, extra key, every token up to the block's end).
+pub type Key = (usize, Option<u8>, Vec<u32>);
+/// A pin's prompt: (extra key, its full blocks' tokens).
+pub type PinKey = (Option<u8>, Vec<u32>);
 
 #[derive(Debug, Clone)]
 pub struct MSeq {
     pub num_tokens: usize,
-    /// Device model blocks while resident, host model blocks while swapped.
-    pub blocks: Vec<MBlock>,
+    /// Per group: device model blocks while resident, host model blocks while swapped;
+    /// `None` at released positions. Every group's table has the same length.
+    pub tables: Vec<Vec<Option<MBlock>>>,
     pub swapped: bool,
-    /// All token ids while known and caching is on.
+    /// Known token ids from position 0, while caching is on and none is unknown.
     pub tokens: Option<Vec<u32>>,
     pub extra: Option<u8>,
-    /// Tokens computed (the watermark; blocks wholly below it are indexed).
+    /// Tokens computed (the watermark).
     pub computed: usize,
+    /// Full blocks offered to the index so far (`min(computed, known) / bs` while tracked).
+    pub hashed: usize,
+}
+
+impl MSeq {
+    pub fn len(&self) -> usize {
+        self.tables[0].len()
+    }
+}
+
+/// Admission limits of the manager under test.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_model_len: usize,
+    pub max_in_flight: usize,
+    pub watermark: usize,
 }
 
 #[derive(Debug)]
 pub struct Model {
+    pub specs: Vec<KvGroupSpec>,
+    /// Blocks sequences can use (the pool's, less a reserved null block).
     pub num_blocks: usize,
     pub block_size: usize,
     pub caching: bool,
     pub num_host: usize,
+    pub limits: Limits,
     pub seqs: BTreeMap<u64, MSeq>,
     pub refcounts: HashMap<MBlock, u32>,
     /// Cached-evictable blocks, least recently used first.
@@ -44,7 +70,7 @@ pub struct Model {
     pub evictions: u64,
     pub hit_tokens: u64,
     /// Pins by (extra key, the prompt's full-block tokens): the blocks each pin holds.
-    pub pins: HashMap<Key, Vec<Vec<MBlock>>>,
+    pub pins: HashMap<PinKey, Vec<Vec<MBlock>>>,
     /// Pins per block (each holds a reference, counted in `refcounts`).
     pub pin_counts: HashMap<MBlock, u32>,
 }
@@ -84,7 +110,74 @@ pub fn distinct(ids: &[u64]) -> Result<(), Kind> {
     }
 }
 
+/// `cdiv(window - 1, bs)`: blocks a window's hit needs before its end.
+fn need(window: usize, bs: usize) -> usize {
+    (window - 1).div_ceil(bs)
+}
+
+/// Leading blocks a group releases at `processed` tokens.
+pub fn skipped(spec: KvGroupSpec, processed: usize, bs: usize) -> usize {
+    match spec {
+        KvGroupSpec::FullAttention => 0,
+        KvGroupSpec::SlidingWindow { window } => processed.saturating_sub(window - 1) / bs,
+    }
+}
+
+/// Whether a group's blocks enter the index (not a window of one token).
+/// The longest hit of at most `max` blocks every group serves (declarative: each group has
+/// every block a hit of that length needs), given which blocks each group has cached.
+pub fn hit_len(
+    specs: &[KvGroupSpec],
+    bs: usize,
+    max: usize,
+    cached: impl Fn(usize, usize) -> bool,
+) -> usize {
+    let serves = |l: usize| {
+        l == 0
+            || specs
+                .iter()
+                .enumerate()
+                .all(|(g, &spec)| needed(spec, l, bs).all(|i| cached(g, i)))
+    };
+    (0..=max).rev().find(|&l| serves(l)).unwrap_or(0)
+}
+
+fn caches(spec: KvGroupSpec, bs: usize) -> bool {
+    match spec {
+        KvGroupSpec::FullAttention => true,
+        KvGroupSpec::SlidingWindow { window } => need(window, bs) > 0,
+    }
+}
+
+/// Positions a hit of `l` blocks needs cached in a group (declarative).
+fn needed(spec: KvGroupSpec, l: usize, bs: usize) -> std::ops::Range<usize> {
+    match spec {
+        KvGroupSpec::FullAttention => 0..l,
+        KvGroupSpec::SlidingWindow { window } => {
+            let n = need(window, bs).max(1);
+            l.saturating_sub(n)..l
+        }
+    }
+}
+
+/// A window group's admission cap in blocks (`None`: full attention).
+fn cap(spec: KvGroupSpec, bs: usize, limits: Limits) -> Option<usize> {
+    match spec {
+        KvGroupSpec::FullAttention => None,
+        KvGroupSpec::SlidingWindow { window } => Some(
+            ((window - 1).saturating_add(limits.max_in_flight))
+                .min(limits.max_model_len)
+                .div_ceil(bs)
+                .saturating_add(1),
+        ),
+    }
+}
+
 impl Model {
+    pub fn ng(&self) -> usize {
+        self.specs.len()
+    }
+
     pub fn pool_free(&self) -> usize {
         self.num_blocks - self.refcounts.len() - self.cached.len()
     }
@@ -95,10 +188,6 @@ impl Model {
 
     pub fn host_free(&self) -> usize {
         self.num_host - self.host_refs.len()
-    }
-
-    pub fn blocks_for(&self, n: usize) -> usize {
-        n.div_ceil(self.block_size)
     }
 
     pub fn new_block(&mut self) -> MBlock {
@@ -113,8 +202,7 @@ impl Model {
         for i in 0..n {
             if i >= from_pool {
                 let victim = self.cached.remove(0);
-                let key = self.key_of.remove(&victim).unwrap();
-                self.index.remove(&key);
+                self.unindex(victim);
                 self.evictions += 1;
             }
             let b = self.new_block();
@@ -132,6 +220,16 @@ impl Model {
             if self.key_of.contains_key(&b) {
                 self.cached.push(b);
             }
+        }
+    }
+
+    /// One more reference on hit block `b` (revived when cached).
+    pub fn take(&mut self, b: MBlock) {
+        if let Some(pos) = self.cached.iter().position(|&c| c == b) {
+            self.cached.remove(pos);
+            self.refcounts.insert(b, 1);
+        } else {
+            *self.refcounts.get_mut(&b).unwrap() += 1;
         }
     }
 
@@ -154,6 +252,12 @@ impl Model {
         self.key_of.insert(b, key);
     }
 
+    pub fn unindex(&mut self, b: MBlock) {
+        if let Some(key) = self.key_of.remove(&b) {
+            self.index.remove(&key);
+        }
+    }
+
     pub fn resident(&self, id: u64) -> Result<&MSeq, Kind> {
         match self.seqs.get(&id) {
             None => Err(Kind::Unknown(id)),
@@ -162,6 +266,126 @@ impl Model {
         }
     }
 
+    /// The block holding group `g`'s block `i` of `t`, if cached.
+    fn cached_block(&self, g: usize, t: &[u32], extra: Option<u8>, i: usize) -> Option<MBlock> {
+        let bs = self.block_size;
+        self.index
+            .get(&(g, extra, t[..(i + 1) * bs].to_vec()))
+            .copied()
+    }
+
+    /// The longest hit `<= max_blocks` every group serves (declarative), and per group the
+    /// blocks at its positions (`None`: released). (See [`hit_len`].)
+    pub fn hit(
+        &self,
+        t: &[u32],
+        extra: Option<u8>,
+        max_blocks: usize,
+    ) -> (usize, Vec<Vec<Option<MBlock>>>) {
+        let bs = self.block_size;
+        let max = max_blocks.min(t.len() / bs);
+        let l = hit_len(&self.specs, bs, max, |g, i| {
+            self.cached_block(g, t, extra, i).is_some()
+        });
+        let places = self
+            .specs
+            .iter()
+            .enumerate()
+            .map(|(g, &spec)| {
+                let skip = skipped(spec, l * bs, bs);
+                (0..l)
+                    .map(|i| (i >= skip).then(|| self.cached_block(g, t, extra, i).unwrap()))
+                    .collect()
+            })
+            .collect();
+        (l, places)
+    }
+
+    pub fn match_prefix(&self, t: &[u32], extra: Option<u8>) -> usize {
+        if !self.caching {
+            return 0;
+        }
+        self.hit(t, extra, t.len().saturating_sub(1) / self.block_size)
+            .0
+            * self.block_size
+    }
+
+    /// Enters every block of `id` that is full, computed and known and not offered yet.
+    fn register_ready(&mut self, id: u64) {
+        let bs = self.block_size;
+        let s = &self.seqs[&id];
+        let Some(t) = &s.tokens else {
+            return;
+        };
+        let end = s.computed.min(t.len()) / bs;
+        let start = s.hashed;
+        if end <= start {
+            return;
+        }
+        let (t, extra, tables) = (t.clone(), s.extra, s.tables.clone());
+        for (g, &spec) in self.specs.clone().iter().enumerate() {
+            if !caches(spec, bs) {
+                continue;
+            }
+            for i in start..end {
+                if let Some(b) = tables[g][i] {
+                    self.register(b, (g, extra, t[..(i + 1) * bs].to_vec()));
+                }
+            }
+        }
+        self.seqs.get_mut(&id).unwrap().hashed = end;
+    }
+
+    /// Releases a window group's positions that `processed` tokens put out of its window.
+    /// Blocks a sequence of `positions` positions holds over every group once the windows
+    /// released what `processed` tokens put out of them: the "can never fit" bound.
+    fn live(&self, positions: usize, processed: usize) -> usize {
+        let bs = self.block_size;
+        self.specs
+            .iter()
+            .map(|&spec| positions - skipped(spec, processed, bs).min(positions))
+            .fold(0usize, usize::saturating_add)
+    }
+
+    fn release_window(&mut self, id: u64, processed: usize) {
+        let bs = self.block_size;
+        for (g, &spec) in self.specs.clone().iter().enumerate() {
+            let len = self.seqs[&id].len();
+            let end = skipped(spec, processed, bs).min(len);
+            for i in (0..end).rev() {
+                let slot = &mut self.seqs.get_mut(&id).unwrap().tables[g][i];
+                match slot.take() {
+                    Some(b) => self.release(b),
+                    None => break,
+                }
+            }
+        }
+    }
+
+    /// Blocks the window releases of `ids` at their watermarks bring to refcount 0.
+    fn freed_by_release(&self, ids: &[u64]) -> usize {
+        let bs = self.block_size;
+        let mut drops: HashMap<MBlock, u32> = HashMap::new();
+        for id in ids {
+            let s = &self.seqs[id];
+            for (g, &spec) in self.specs.iter().enumerate() {
+                let end = skipped(spec, s.computed, bs).min(s.len());
+                for b in s.tables[g][..end].iter().rev() {
+                    match b {
+                        Some(b) => *drops.entry(*b).or_insert(0) += 1,
+                        None => break,
+                    }
+                }
+            }
+        }
+        drops
+            .into_iter()
+            .filter(|(b, n)| self.refcounts[b] == *n)
+            .count()
+    }
+
+    /// Admission under either contract (`reserve`), with lookahead slots.
+    #[allow(clippy::too_many_arguments)]
     pub fn add(
         &mut self,
         id: u64,
@@ -169,104 +393,317 @@ impl Model {
         n: usize,
         extra: Option<u8>,
         scheduled: usize,
+        reserve: bool,
+        lookahead: usize,
     ) -> Result<usize, Kind> {
         if self.seqs.contains_key(&id) {
             return Err(Kind::Exists(id));
         }
-        let nb = self.blocks_for(n);
-        if nb > self.num_blocks {
+        let bs = self.block_size;
+        let ng = self.ng();
+        let lim = self.limits;
+        if n > lim.max_model_len {
             return Err(Kind::Invalid);
         }
-        let bs = self.block_size;
-        let tokens = tokens.filter(|_| self.caching);
-        let hits = match &tokens {
-            Some(t) => self.walk(t, extra, n.saturating_sub(1) / bs),
-            None => Vec::new(),
+        let full = n.min(lim.max_model_len).div_ceil(bs);
+        let never = if reserve {
+            (n + lookahead.min(lim.max_model_len - n))
+                .div_ceil(bs)
+                .saturating_mul(ng)
+        } else {
+            self.specs
+                .iter()
+                .map(|&s| cap(s, bs, lim).map_or(full, |c| full.min(c)))
+                .fold(0usize, usize::saturating_add)
         };
-        let revive = hits.iter().filter(|m| self.cached.contains(m)).count();
-        let new = nb - hits.len();
-        if new > self.pool_free() + self.cached.len() - revive {
-            return Err(Kind::Oob(Tier::Device, new + revive, self.available()));
+        if never > self.num_blocks {
+            return Err(Kind::Invalid);
         }
-        for &m in &hits {
-            if let Some(pos) = self.cached.iter().position(|&c| c == m) {
-                self.cached.remove(pos);
-                self.refcounts.insert(m, 1);
-            } else {
-                *self.refcounts.get_mut(&m).unwrap() += 1;
+        let tokens = tokens.filter(|_| self.caching);
+        let (l, places) = match &tokens {
+            Some(t) => self.hit(t, extra, n.saturating_sub(1) / bs),
+            None => (0, vec![Vec::new(); ng]),
+        };
+        let computed = l * bs + scheduled.min(n - l * bs);
+        let slots = if reserve {
+            n + lookahead.min(lim.max_model_len - n)
+        } else {
+            computed.saturating_add(lookahead).min(lim.max_model_len)
+        };
+        let positions = slots.div_ceil(bs);
+        let live = if reserve {
+            positions.saturating_mul(ng)
+        } else {
+            self.live(positions, l * bs)
+        };
+        if live > self.num_blocks {
+            return Err(Kind::Invalid);
+        }
+        let revived_per: Vec<usize> = places
+            .iter()
+            .map(|p| {
+                p.iter()
+                    .flatten()
+                    .filter(|b| self.cached.contains(b))
+                    .count()
+            })
+            .collect();
+        let revived: usize = revived_per.iter().sum();
+        let fresh = (positions - l) * ng;
+        let available = self.available();
+        let wm = lim.watermark;
+        if !reserve {
+            let required = self
+                .specs
+                .iter()
+                .enumerate()
+                .map(|(g, &s)| {
+                    cap(s, bs, lim)
+                        .map_or(full, |c| full.min(c))
+                        .saturating_sub(l)
+                        + revived_per[g]
+                })
+                .fold(0usize, usize::saturating_add)
+                + wm;
+            if required > available {
+                return Err(Kind::Oob(Tier::Device, required, available));
             }
         }
-        let mut blocks = hits.clone();
-        blocks.extend(self.alloc_fresh(new));
-        let hit = hits.len() * bs;
-        let computed = hit + scheduled.min(n - hit);
-        if let Some(t) = &tokens {
-            for i in hits.len()..computed / bs {
-                self.register(blocks[i], (extra, t[..(i + 1) * bs].to_vec()));
-            }
+        if fresh + revived + wm > available {
+            return Err(Kind::Oob(Tier::Device, fresh + revived + wm, available));
         }
-        self.hit_tokens += (hits.len() * bs) as u64;
+        for b in places
+            .iter()
+            .flatten()
+            .flatten()
+            .copied()
+            .collect::<Vec<_>>()
+        {
+            self.take(b);
+        }
+        let mut supply = self.alloc_fresh(fresh).into_iter();
+        let tables = places
+            .into_iter()
+            .map(|mut t| {
+                t.extend(supply.by_ref().take(positions - l).map(Some));
+                t
+            })
+            .collect();
+        if tokens.is_some() {
+            self.hit_tokens += (l * bs) as u64;
+        }
         self.seqs.insert(
             id,
             MSeq {
                 num_tokens: n,
-                blocks,
+                tables,
                 swapped: false,
                 tokens,
                 extra,
                 computed,
+                hashed: l,
             },
         );
-        Ok(hits.len() * bs)
-    }
-
-    /// The chain of cached blocks over `t`'s first `max_blocks` blocks.
-    pub fn walk(&self, t: &[u32], extra: Option<u8>, max_blocks: usize) -> Vec<MBlock> {
-        let bs = self.block_size;
-        let mut hits = Vec::new();
-        for i in 0..max_blocks.min(t.len() / bs) {
-            match self.index.get(&(extra, t[..(i + 1) * bs].to_vec())) {
-                Some(&b) => hits.push(b),
-                None => break,
-            }
-        }
-        hits
-    }
-
-    pub fn match_prefix(&self, t: &[u32], extra: Option<u8>) -> usize {
-        if !self.caching {
-            return 0;
-        }
-        self.walk(t, extra, t.len().saturating_sub(1) / self.block_size)
-            .len()
-            * self.block_size
-    }
-
-    pub fn unindex(&mut self, b: MBlock) {
-        if let Some(key) = self.key_of.remove(&b) {
-            self.index.remove(&key);
-        }
+        self.register_ready(id);
+        Ok(l * bs)
     }
 
     pub fn advance(&mut self, ids: &[u64], n: usize) -> Result<(), Kind> {
         distinct(ids)?;
+        let bs = self.block_size;
         for &id in ids {
             let s = self.resident(id)?;
-            if n > s.num_tokens - s.computed {
+            if n > s.num_tokens - s.computed || n > s.len() * bs - s.computed {
                 return Err(Kind::Invalid);
             }
         }
-        let bs = self.block_size;
+        if n == 0 {
+            return Ok(());
+        }
         for &id in ids {
-            let mut s = self.seqs.remove(&id).unwrap();
-            let old = s.computed;
-            s.computed += n;
-            if let Some(t) = &s.tokens {
-                for i in old / bs..s.computed / bs {
-                    self.register(s.blocks[i], (s.extra, t[..(i + 1) * bs].to_vec()));
+            let c = self.seqs[&id].computed;
+            self.release_window(id, c);
+            self.seqs.get_mut(&id).unwrap().computed += n;
+            self.register_ready(id);
+        }
+        Ok(())
+    }
+
+    /// Whether a write into block `b` copies it: shared (counting references earlier batch
+    /// members copied away from), or indexed.
+    fn copy_needed(&self, b: MBlock, released: &mut HashMap<MBlock, u32>) -> bool {
+        let r = released.entry(b).or_insert(0);
+        if self.refcounts[&b] - *r > 1 {
+            *r += 1;
+            return true;
+        }
+        self.key_of.contains_key(&b)
+    }
+
+    /// Blocks an append needs and, per group, whether the write's partial block is copied.
+    pub fn plan(
+        &self,
+        id: u64,
+        n: usize,
+        released: &mut HashMap<MBlock, u32>,
+    ) -> Result<(usize, Vec<bool>), Kind> {
+        let s = self.resident(id)?;
+        if s.computed < s.num_tokens {
+            return Err(Kind::Invalid);
+        }
+        let bs = self.block_size;
+        let t = s.num_tokens;
+        let new_len = t.checked_add(n).ok_or(Kind::Invalid)?;
+        let positions = new_len.div_ceil(bs).max(s.len());
+        if positions.saturating_mul(self.ng()) > self.num_blocks {
+            return Err(Kind::Invalid);
+        }
+        let copies: Vec<bool> = (0..self.ng())
+            .map(|g| {
+                n > 0
+                    && t % bs != 0
+                    && s.tables[g][t / bs].is_some_and(|b| self.copy_needed(b, released))
+            })
+            .collect();
+        let fresh = (positions - s.len()) * self.ng() + copies.iter().filter(|&&c| c).count();
+        Ok((fresh, copies))
+    }
+
+    pub fn apply(
+        &mut self,
+        id: u64,
+        n: usize,
+        tokens: Option<&[u32]>,
+        copies: &[bool],
+        supply: &mut impl Iterator<Item = MBlock>,
+    ) {
+        let bs = self.block_size;
+        let mut s = self.seqs.remove(&id).unwrap();
+        let t = s.num_tokens;
+        let positions = (t + n).div_ceil(bs).max(s.len());
+        let mut srcs = Vec::new();
+        for (g, &copy) in copies.iter().enumerate() {
+            if copy {
+                let dst = supply.next().unwrap();
+                let old = s.tables[g][t / bs].replace(dst).unwrap();
+                self.pending_copies.push((old, dst));
+                srcs.push(old);
+            }
+            while s.tables[g].len() < positions {
+                s.tables[g].push(Some(supply.next().unwrap()));
+            }
+        }
+        s.num_tokens += n;
+        s.computed = s.num_tokens;
+        match (&mut s.tokens, tokens) {
+            (Some(all), Some(new)) if all.len() == t => all.extend_from_slice(new),
+            _ => s.tokens = None,
+        }
+        self.seqs.insert(id, s);
+        self.register_ready(id);
+        for old in srcs {
+            self.release(old);
+        }
+    }
+
+    pub fn append(&mut self, id: u64, n: usize, tokens: Option<&[u32]>) -> Result<(), Kind> {
+        self.append_batch(&[id], n, tokens.map(|t| vec![t.to_vec()]).as_deref())
+    }
+
+    pub fn append_batch(
+        &mut self,
+        ids: &[u64],
+        n: usize,
+        tokens: Option<&[Vec<u32>]>,
+    ) -> Result<(), Kind> {
+        distinct(ids)?;
+        let mut released = HashMap::new();
+        let mut plans = Vec::new();
+        let mut total = 0;
+        for &id in ids {
+            let (need, copies) = self.plan(id, n, &mut released)?;
+            total += need;
+            plans.push(copies);
+        }
+        if total > self.num_blocks {
+            return Err(Kind::Invalid);
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        // The releases may make room; an append short all the same changes nothing.
+        let freed = self.freed_by_release(ids);
+        if total > self.available() + freed {
+            return Err(Kind::Oob(Tier::Device, total, self.available() + freed));
+        }
+        for &id in ids {
+            let c = self.seqs[&id].computed;
+            self.release_window(id, c);
+        }
+        let mut supply = self.alloc_fresh(total).into_iter();
+        for (row, (&id, copies)) in ids.iter().zip(plans).enumerate() {
+            self.apply(id, n, tokens.map(|t| &t[row][..]), &copies, &mut supply);
+        }
+        Ok(())
+    }
+
+    pub fn fork(&mut self, p: u64, c: u64) -> Result<(), Kind> {
+        let mut parent = self.resident(p)?.clone();
+        if self.seqs.contains_key(&c) {
+            return Err(Kind::Exists(c));
+        }
+        if parent.computed < parent.num_tokens {
+            return Err(Kind::Invalid);
+        }
+        let keep = parent.num_tokens.div_ceil(self.block_size);
+        let lookahead = parent.len() > keep;
+        let mut tails = Vec::new();
+        for t in parent.tables.iter_mut() {
+            tails.push(t.split_off(keep.min(t.len())));
+        }
+        for b in parent.tables.iter().flatten().flatten() {
+            *self.refcounts.get_mut(b).unwrap() += 1;
+        }
+        self.seqs.insert(c, parent.clone());
+        if lookahead {
+            // The parent gives up its lookahead slots.
+            self.seqs.get_mut(&p).unwrap().tables = parent.tables;
+            for tail in tails {
+                for b in tail.into_iter().rev().flatten() {
+                    self.release(b);
                 }
             }
-            self.seqs.insert(id, s);
+        }
+        Ok(())
+    }
+
+    pub fn free(&mut self, id: u64) -> Result<(), Kind> {
+        let s = self.seqs.remove(&id).ok_or(Kind::Unknown(id))?;
+        if s.swapped {
+            for h in s.tables.into_iter().flatten().flatten() {
+                let rc = self.host_refs.get_mut(&h).unwrap();
+                *rc -= 1;
+                if *rc == 0 {
+                    self.host_refs.remove(&h);
+                }
+            }
+        } else {
+            for t in &s.tables {
+                for b in t.iter().rev().flatten() {
+                    self.release(*b);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub fn free_batch(&mut self, ids: &[u64]) -> Result<(), Kind> {
+        distinct(ids)?;
+        if let Some(&id) = ids.iter().find(|id| !self.seqs.contains_key(id)) {
+            return Err(Kind::Unknown(id));
+        }
+        for &id in ids {
+            self.free(id).unwrap();
         }
         Ok(())
     }
@@ -280,30 +717,52 @@ impl Model {
             return Ok(());
         }
         let bs = self.block_size;
+        let keep = n.div_ceil(bs);
+        for (g, &spec) in self.specs.iter().enumerate() {
+            let t = &s.tables[g];
+            let from = skipped(spec, n, bs).min(keep);
+            if t[from.min(t.len())..keep.min(t.len())].contains(&None) {
+                return Err(Kind::Invalid);
+            }
+        }
         let mut s = self.seqs.remove(&id).unwrap();
         let computed = s.computed.min(n);
         if let Some(t) = &s.tokens {
-            let (old_h, new_h) = (s.computed / bs, computed / bs);
-            let recoverable = new_h == old_h
-                || n % bs == 0
-                || self.key_of.get(&s.blocks[new_h])
-                    == Some(&(s.extra, t[..(new_h + 1) * bs].to_vec()));
-            if recoverable {
-                s.tokens.as_mut().unwrap().truncate(n);
+            let known = t.len();
+            let new_known = known.min(n);
+            let new_h = computed.min(new_known) / bs;
+            if new_h >= s.hashed {
+                s.tokens.as_mut().unwrap().truncate(new_known);
             } else {
-                s.tokens = None;
+                let recoverable = n % bs == 0
+                    || (0..self.ng()).any(|g| {
+                        s.tables[g][new_h].is_some_and(|b| {
+                            self.key_of.get(&b)
+                                == Some(&(g, s.extra, t[..(new_h + 1) * bs].to_vec()))
+                        })
+                    });
+                if recoverable {
+                    s.tokens.as_mut().unwrap().truncate(n);
+                } else {
+                    s.tokens = None;
+                }
+                s.hashed = new_h;
             }
         }
-        let keep = self.blocks_for(n);
-        let tail = s.blocks.split_off(keep);
-        let kept_partial = (n % bs != 0).then(|| s.blocks[keep - 1]);
-        for &b in tail.iter().rev().chain(kept_partial.iter()) {
-            if self.key_of.contains_key(&b) && self.refcounts[&b] == 1 {
-                self.unindex(b);
+        for g in 0..self.ng() {
+            let len = s.tables[g].len();
+            let tail = s.tables[g].split_off(keep.min(len));
+            let kept_partial = (n % bs != 0 && keep <= len)
+                .then(|| s.tables[g][keep - 1])
+                .flatten();
+            for &b in tail.iter().rev().flatten().chain(kept_partial.iter()) {
+                if self.key_of.contains_key(&b) && self.refcounts[&b] == 1 {
+                    self.unindex(b);
+                }
             }
-        }
-        for &b in tail.iter().rev() {
-            self.release(b);
+            for &b in tail.iter().rev().flatten() {
+                self.release(b);
+            }
         }
         s.num_tokens = n;
         s.computed = computed;
@@ -311,7 +770,7 @@ impl Model {
         Ok(())
     }
 
-    pub fn pin_key(&self, t: &[u32], extra: Option<u8>) -> Key {
+    pub fn pin_key(&self, t: &[u32], extra: Option<u8>) -> PinKey {
         (
             extra,
             t[..t.len() / self.block_size * self.block_size].to_vec(),
@@ -322,23 +781,18 @@ impl Model {
         if !self.caching {
             return 0;
         }
-        let hits = self.walk(t, extra, usize::MAX);
-        if hits.is_empty() {
+        let (l, places) = self.hit(t, extra, usize::MAX);
+        if l == 0 {
             return 0;
         }
-        for &b in &hits {
-            if let Some(pos) = self.cached.iter().position(|&c| c == b) {
-                self.cached.remove(pos);
-                self.refcounts.insert(b, 1);
-            } else {
-                *self.refcounts.get_mut(&b).unwrap() += 1;
-            }
+        let blocks: Vec<MBlock> = places.into_iter().flatten().flatten().collect();
+        for &b in &blocks {
+            self.take(b);
             *self.pin_counts.entry(b).or_insert(0) += 1;
         }
-        let n = hits.len() * self.block_size;
         let key = self.pin_key(t, extra);
-        self.pins.entry(key).or_default().push(hits);
-        n
+        self.pins.entry(key).or_default().push(blocks);
+        l * self.block_size
     }
 
     pub fn unpin(&mut self, t: &[u32], extra: Option<u8>) -> Result<(), Kind> {
@@ -362,176 +816,19 @@ impl Model {
         Ok(())
     }
 
-    /// Blocks an append needs; `released` counts CoW references dropped earlier in a batch.
-    pub fn plan(
-        &self,
-        id: u64,
-        n: usize,
-        released: &mut HashMap<MBlock, u32>,
-    ) -> Result<(usize, bool), Kind> {
-        let s = self.resident(id)?;
-        if s.computed < s.num_tokens {
-            return Err(Kind::Invalid);
-        }
-        let new_len = s.num_tokens.checked_add(n).ok_or(Kind::Invalid)?;
-        let nb = self.blocks_for(new_len);
-        if nb > self.num_blocks {
-            return Err(Kind::Invalid);
-        }
-        let partial = s.blocks.len() * self.block_size > s.num_tokens;
-        let mut cow = false;
-        if n > 0 && partial {
-            let last = *s.blocks.last().unwrap();
-            let r = released.entry(last).or_insert(0);
-            if self.refcounts[&last] - *r > 1 {
-                *r += 1;
-                cow = true;
-            } else if self.key_of.contains_key(&last) {
-                // An indexed partial block (left by a truncate) is never written in place.
-                cow = true;
-            }
-        }
-        Ok((nb - s.blocks.len() + usize::from(cow), cow))
-    }
-
-    pub fn apply(
-        &mut self,
-        id: u64,
-        n: usize,
-        tokens: Option<&[u32]>,
-        cow: bool,
-        supply: &mut impl Iterator<Item = MBlock>,
-    ) {
-        let bs = self.block_size;
-        let mut s = self.seqs.remove(&id).unwrap();
-        let mut src = None;
-        if cow {
-            let dst = supply.next().unwrap();
-            let old = std::mem::replace(s.blocks.last_mut().unwrap(), dst);
-            self.pending_copies.push((old, dst));
-            src = Some(old);
-        }
-        s.num_tokens += n;
-        s.computed = s.num_tokens;
-        while s.blocks.len() < self.blocks_for(s.num_tokens) {
-            s.blocks.push(supply.next().unwrap());
-        }
-        if n > 0 {
-            match (&mut s.tokens, tokens) {
-                (Some(all), Some(new)) => {
-                    for &t in new {
-                        all.push(t);
-                        if all.len() % bs == 0 {
-                            let i = all.len() / bs - 1;
-                            let key = (s.extra, all.clone());
-                            self.register(s.blocks[i], key);
-                        }
-                    }
-                }
-                _ => s.tokens = None,
-            }
-        }
-        self.seqs.insert(id, s);
-        if let Some(old) = src {
-            self.release(old);
-        }
-    }
-
-    pub fn append(&mut self, id: u64, n: usize, tokens: Option<&[u32]>) -> Result<(), Kind> {
-        let (need, cow) = self.plan(id, n, &mut HashMap::new())?;
-        if need > self.available() {
-            return Err(Kind::Oob(Tier::Device, need, self.available()));
-        }
-        let fresh = self.alloc_fresh(need);
-        self.apply(id, n, tokens, cow, &mut fresh.into_iter());
-        Ok(())
-    }
-
-    pub fn append_batch(
-        &mut self,
-        ids: &[u64],
-        n: usize,
-        tokens: Option<&[Vec<u32>]>,
-    ) -> Result<(), Kind> {
-        distinct(ids)?;
-        let mut released = HashMap::new();
-        let mut plans = Vec::new();
-        let mut total = 0;
-        for &id in ids {
-            let (need, cow) = self.plan(id, n, &mut released)?;
-            total += need;
-            plans.push(cow);
-        }
-        if n == 0 {
-            return Ok(());
-        }
-        if total > self.num_blocks {
-            return Err(Kind::Invalid);
-        }
-        if total > self.available() {
-            return Err(Kind::Oob(Tier::Device, total, self.available()));
-        }
-        let mut supply = self.alloc_fresh(total).into_iter();
-        for (row, (&id, cow)) in ids.iter().zip(plans).enumerate() {
-            self.apply(id, n, tokens.map(|t| &t[row][..]), cow, &mut supply);
-        }
-        Ok(())
-    }
-
-    pub fn fork(&mut self, p: u64, c: u64) -> Result<(), Kind> {
-        let parent = self.resident(p)?.clone();
-        if self.seqs.contains_key(&c) {
-            return Err(Kind::Exists(c));
-        }
-        if parent.computed < parent.num_tokens {
-            return Err(Kind::Invalid);
-        }
-        for b in &parent.blocks {
-            *self.refcounts.get_mut(b).unwrap() += 1;
-        }
-        self.seqs.insert(c, parent);
-        Ok(())
-    }
-
-    pub fn free(&mut self, id: u64) -> Result<(), Kind> {
-        let s = self.seqs.remove(&id).ok_or(Kind::Unknown(id))?;
-        if s.swapped {
-            for h in s.blocks {
-                let rc = self.host_refs.get_mut(&h).unwrap();
-                *rc -= 1;
-                if *rc == 0 {
-                    self.host_refs.remove(&h);
-                }
-            }
-        } else {
-            for &b in s.blocks.iter().rev() {
-                self.release(b);
-            }
-        }
-        Ok(())
-    }
-
-    pub fn free_batch(&mut self, ids: &[u64]) -> Result<(), Kind> {
-        distinct(ids)?;
-        if let Some(&id) = ids.iter().find(|id| !self.seqs.contains_key(id)) {
-            return Err(Kind::Unknown(id));
-        }
-        for &id in ids {
-            self.free(id).unwrap();
-        }
-        Ok(())
-    }
-
+    /// Distinct live blocks of the group's tables, first seen first, with their references.
     pub fn group(&self, ids: &[u64]) -> (Vec<MBlock>, Vec<u32>) {
         let mut blocks: Vec<MBlock> = Vec::new();
         let mut refs = Vec::new();
         for id in ids {
-            for &b in &self.seqs[id].blocks {
-                match blocks.iter().position(|&x| x == b) {
-                    Some(i) => refs[i] += 1,
-                    None => {
-                        blocks.push(b);
-                        refs.push(1);
+            for t in &self.seqs[id].tables {
+                for &b in t.iter().flatten() {
+                    match blocks.iter().position(|&x| x == b) {
+                        Some(i) => refs[i] += 1,
+                        None => {
+                            blocks.push(b);
+                            refs.push(1);
+                        }
                     }
                 }
             }
@@ -558,17 +855,20 @@ impl Model {
         for (&h, &r) in host.iter().zip(&refs) {
             self.host_refs.insert(h, r);
         }
+        let to_host = |d: &MBlock| host[blocks.iter().position(|b| b == d).unwrap()];
         for &id in ids {
             let mut s = self.seqs.remove(&id).unwrap();
-            let device = std::mem::take(&mut s.blocks);
-            s.blocks = device
+            let device = std::mem::take(&mut s.tables);
+            s.tables = device
                 .iter()
-                .map(|d| host[blocks.iter().position(|b| b == d).unwrap()])
+                .map(|t| t.iter().map(|d| d.as_ref().map(to_host)).collect())
                 .collect();
             s.swapped = true;
             self.seqs.insert(id, s);
-            for &d in device.iter().rev() {
-                self.release(d);
+            for t in &device {
+                for &d in t.iter().rev().flatten() {
+                    self.release(d);
+                }
             }
         }
         Ok(blocks.into_iter().zip(host).collect())
@@ -599,13 +899,15 @@ impl Model {
         }
         for &id in ids {
             let mut s = self.seqs.remove(&id).unwrap();
-            for h in s.blocks.iter_mut() {
-                let rc = self.host_refs.get_mut(h).unwrap();
-                *rc -= 1;
-                if *rc == 0 {
-                    self.host_refs.remove(h);
+            for t in s.tables.iter_mut() {
+                for h in t.iter_mut().flatten() {
+                    let rc = self.host_refs.get_mut(h).unwrap();
+                    *rc -= 1;
+                    if *rc == 0 {
+                        self.host_refs.remove(h);
+                    }
+                    *h = device[host.iter().position(|x| x == h).unwrap()];
                 }
-                *h = device[host.iter().position(|x| x == h).unwrap()];
             }
             s.swapped = false;
             self.seqs.insert(id, s);
@@ -621,5 +923,149 @@ impl Model {
         self.index.clear();
         self.key_of.clear();
         true
+    }
+
+    /// Tokens of `id` below the first indexed block past them (how far its watermark may roll
+    /// back): the blocks its hashing state covers, and any indexed block of its tables (a fork
+    /// shares blocks its parent indexes).
+    fn indexed_prefix(&self, s: &MSeq) -> usize {
+        let mut end = if s.tokens.is_some() {
+            s.hashed * self.block_size
+        } else {
+            0
+        };
+        for t in &s.tables {
+            for (i, b) in t.iter().enumerate() {
+                if b.is_some_and(|b| self.key_of.contains_key(&b)) {
+                    end = end.max((i + 1) * self.block_size);
+                }
+            }
+        }
+        end.min(s.computed)
+    }
+
+    /// vLLM's per-chunk `allocate_slots` (docs/design.md, Per-chunk allocation).
+    pub fn allocate_slots(
+        &mut self,
+        id: u64,
+        new: usize,
+        lookahead: usize,
+        in_flight: usize,
+        caller_computed: Option<usize>,
+    ) -> Result<bool, Kind> {
+        let s = self.resident(id)?;
+        let bs = self.block_size;
+        let ng = self.ng();
+        let ours = s.computed;
+        let c = caller_computed.unwrap_or(ours);
+        self.check_watermark(s, c)?;
+        let len = s.len();
+        let end = c
+            .checked_add(new)
+            .filter(|&e| e <= self.limits.max_model_len)
+            .ok_or(Kind::Invalid)?;
+        let target = end.saturating_add(lookahead).min(self.limits.max_model_len);
+        let positions = target.div_ceil(bs).max(len);
+        if self.live(positions, c.saturating_sub(in_flight)) > self.num_blocks {
+            return Err(Kind::Invalid);
+        }
+        let known = s.tokens.as_ref().map_or(0, Vec::len);
+        let num_tokens = if c < ours {
+            end.max(known)
+        } else {
+            s.num_tokens.max(end)
+        };
+        // With slots past the declared tokens, every block from the one holding the last token
+        // on is copied when shared or indexed (appends check only their last block).
+        let tail = if num_tokens.div_ceil(bs) < positions {
+            num_tokens / bs..len
+        } else {
+            0..0
+        };
+        let mut released = HashMap::new();
+        let copies: Vec<Vec<usize>> = (0..ng)
+            .map(|g| {
+                let written = if new == 0 {
+                    0..0
+                } else {
+                    c / bs..end.div_ceil(bs).min(len)
+                };
+                let w = written.clone();
+                let extra = tail.clone().filter(move |i| !w.contains(i));
+                written
+                    .chain(extra)
+                    .filter(|&i| s.tables[g][i].is_some_and(|b| self.copy_needed(b, &mut released)))
+                    .collect()
+            })
+            .collect();
+        let fresh = (positions - len) * ng + copies.iter().map(Vec::len).sum::<usize>();
+        self.release_window(id, c.saturating_sub(in_flight));
+        if fresh > self.available() {
+            return Ok(false);
+        }
+        let mut supply = self.alloc_fresh(fresh).into_iter();
+        let mut s = self.seqs.remove(&id).unwrap();
+        for (g, at) in copies.into_iter().enumerate() {
+            for i in at {
+                let dst = supply.next().unwrap();
+                let src = s.tables[g][i].replace(dst).unwrap();
+                self.pending_copies.push((src, dst));
+                self.release(src);
+            }
+            while s.tables[g].len() < positions {
+                s.tables[g].push(Some(supply.next().unwrap()));
+            }
+        }
+        s.num_tokens = num_tokens;
+        s.computed = end;
+        self.seqs.insert(id, s);
+        self.register_ready(id);
+        Ok(true)
+    }
+
+    /// A caller's watermark `c`: never past the sequence's, never below its indexed prefix,
+    /// never where a window released a position its window at `c` reads.
+    fn check_watermark(&self, s: &MSeq, c: usize) -> Result<(), Kind> {
+        let ours = s.computed;
+        if c > ours || c < self.indexed_prefix(s) {
+            return Err(Kind::Invalid);
+        }
+        if c < ours {
+            let len = s.len();
+            for (g, &spec) in self.specs.iter().enumerate() {
+                let from = skipped(spec, c, self.block_size).min(len);
+                if s.tables[g][from..].contains(&None) {
+                    return Err(Kind::Invalid);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `provide_token_ids`: ids of the tokens after the known ones, the watermark rolled back
+    /// to `caller_computed` first when given.
+    pub fn provide(
+        &mut self,
+        id: u64,
+        ids: &[u32],
+        caller_computed: Option<usize>,
+    ) -> Result<(), Kind> {
+        let s = self.resident(id)?;
+        let c = caller_computed.unwrap_or(s.computed);
+        self.check_watermark(s, c)?;
+        let Some(t) = &s.tokens else {
+            self.seqs.get_mut(&id).unwrap().computed = c;
+            return Ok(());
+        };
+        let new_known = t.len() + ids.len();
+        if new_known > s.len() * self.block_size {
+            return Err(Kind::Invalid);
+        }
+        let s = self.seqs.get_mut(&id).unwrap();
+        s.computed = c;
+        s.num_tokens = s.num_tokens.max(new_known);
+        s.tokens.as_mut().unwrap().extend_from_slice(ids);
+        self.register_ready(id);
+        Ok(())
     }
 }

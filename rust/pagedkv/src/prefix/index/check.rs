@@ -4,7 +4,7 @@
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::{BlockIndex, NO_BLOCK};
-use crate::prefix::hash::{BlockHash, BlockHasher};
+use crate::prefix::hash::{content_hash, group_key, BlockHash, BlockHasher};
 use crate::BlockId;
 
 impl BlockIndex {
@@ -144,11 +144,18 @@ impl BlockIndex {
         Ok(())
     }
 
-    /// Invariant 2 for block `b`.
+    /// Invariant 2 for block `b`: its key is its group's key of the hash of what it was stored
+    /// with, unless the caller supplied the hash.
     fn check_hash(&self, hasher: &BlockHasher, b: BlockId) -> Result<(), String> {
         let s = &self.stored[b as usize];
-        let recomputed = hasher.hash_block(s.parent(), self.tokens_of(b), s.extra_key.as_deref());
-        if recomputed != s.hash {
+        if s.caller_hash {
+            return Ok(());
+        }
+        // A group's blocks are stored under its keys, their parents' included.
+        let g = u32::from(s.group);
+        let parent = s.parent().map(|p| content_hash(g, p));
+        let recomputed = hasher.hash_block(parent, self.tokens_of(b), s.extra_key.as_deref());
+        if group_key(g, recomputed) != s.hash {
             return Err(format!("indexed block {b}: hash does not match its tokens"));
         }
         Ok(())

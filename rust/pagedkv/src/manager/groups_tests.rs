@@ -1,18 +1,19 @@
-//! Conformance scenarios of the hybrid manager, re-expressed from vLLM's tests
+//! Conformance scenarios of the manager with several KV groups, re-expressed from vLLM's tests
 //! (`test_single_type_kv_cache_manager.py`, `test_prefix_caching.py`), plus pins, swap, events
-//! and the invariant checker catching corruption.
+//! and the invariant checker catching corruption (docs/design.md, KV groups).
 
-use std::sync::Arc;
-
-use super::Hybrid;
-use crate::manager::groups::{KvGroupSpec, NULL_BLOCK};
-use crate::manager::ManagerConfig;
-use crate::pool::BlockPool;
+use super::groups::{KvGroupSpec, NULL_BLOCK};
+use super::{KvCacheManager, ManagerConfig};
 use crate::prefix::events::KvEvent;
 use crate::{BlockId, Error};
 
-fn hybrid(groups: &[KvGroupSpec], num_blocks: usize, block_size: usize, caching: bool) -> Hybrid {
-    let config = ManagerConfig {
+fn hybrid(
+    groups: &[KvGroupSpec],
+    num_blocks: usize,
+    block_size: usize,
+    caching: bool,
+) -> KvCacheManager {
+    KvCacheManager::new(ManagerConfig {
         num_blocks,
         block_size,
         enable_prefix_caching: caching,
@@ -20,18 +21,19 @@ fn hybrid(groups: &[KvGroupSpec], num_blocks: usize, block_size: usize, caching:
         num_host_blocks: 32,
         kv_groups: groups.to_vec(),
         ..Default::default()
-    };
-    let pool = Arc::new(BlockPool::new(num_blocks, block_size).unwrap());
-    Hybrid::new(pool, &config).unwrap()
+    })
+    .unwrap()
 }
 
 /// A targeted eviction (vLLM's tests pop a block from `cached_block_hash_to_block`).
-fn evict(h: &mut Hybrid, b: BlockId) {
-    let cache = h.cache.as_mut().unwrap();
-    assert!(cache.lru.contains(b), "block {b} is not cached");
-    cache.lru.remove(b);
-    cache.remove(b);
-    h.pool.free_cached(b);
+fn evict(h: &mut KvCacheManager, b: BlockId) {
+    let prefix = h.prefix.as_mut().unwrap();
+    assert!(prefix.is_cached(b), "block {b} is not cached");
+    prefix.release_cached(b, &h.pool);
+}
+
+fn table(h: &KvCacheManager, id: u64, g: usize) -> Vec<BlockId> {
+    h.block_table_group(id, g).unwrap().to_vec()
 }
 
 /// `test_sliding_window_remove_skipped_blocks`: block size 2, window 4; the watermark before
@@ -43,11 +45,11 @@ fn remove_skipped_blocks_as_vllm() {
     let w = KvGroupSpec::SlidingWindow { window: 4 };
     let mut h = hybrid(&[w], 64, 2, true);
     let tokens: Vec<u32> = (0..22).collect();
-    h.add_sequence(1, Some(&tokens), 22, None, 0).unwrap();
-    let original = h.table(1, 0).unwrap().block_ids.clone();
+    h.add_sequence_scheduled(1, &tokens, None, 0).unwrap();
+    let original = table(&h, 1, 0);
     assert_eq!(original.len(), 11);
-    let expect_nulls = |h: &Hybrid, n: usize| {
-        let t = &h.table(1, 0).unwrap().block_ids;
+    let expect_nulls = |h: &KvCacheManager, n: usize| {
+        let t = table(h, 1, 0);
         assert!(t[..n].iter().all(|&b| b == NULL_BLOCK), "{t:?}");
         assert_eq!(&t[n..], &original[n..]);
     };
@@ -80,23 +82,16 @@ fn prefill_hybrid_model_as_vllm() {
     // Tables of the first request, then freed: everything cached.
     let setup = || {
         let mut h = hybrid(&groups, 64, 4, true);
-        h.add_sequence(1, Some(&prompt(3)), 15, None, usize::MAX)
-            .unwrap();
-        let tables: Vec<Vec<BlockId>> = (0..3)
-            .map(|g| h.table(1, g).unwrap().block_ids.clone())
-            .collect();
+        h.add_sequence(1, &prompt(3), None).unwrap();
+        let tables: Vec<Vec<BlockId>> = (0..3).map(|g| table(&h, 1, g)).collect();
         h.free(1).unwrap();
         (h, tables)
     };
     let (mut h, t) = setup();
-    assert_eq!(
-        h.add_sequence(2, Some(&prompt(4)), 15, None, usize::MAX)
-            .unwrap(),
-        12
-    );
-    assert_eq!(h.table(2, 0).unwrap().block_ids[..3], t[0][..3]);
+    assert_eq!(h.add_sequence(2, &prompt(4), None).unwrap(), 12);
+    assert_eq!(table(&h, 2, 0)[..3], t[0][..3]);
     for (g, tg) in t.iter().enumerate().skip(1) {
-        let got = &h.table(2, g).unwrap().block_ids;
+        let got = table(&h, 2, g);
         assert_eq!(got[..3], [NULL_BLOCK, tg[1], tg[2]]);
     }
     h.check_invariants().unwrap();
@@ -119,11 +114,7 @@ fn prefill_hybrid_model_as_vllm() {
             want,
             "{evicted:?}"
         );
-        assert_eq!(
-            h.add_sequence(2, Some(&prompt(4)), 15, None, usize::MAX)
-                .unwrap(),
-            want
-        );
+        assert_eq!(h.add_sequence(2, &prompt(4), None).unwrap(), want);
         h.check_invariants().unwrap();
     }
 }
@@ -136,12 +127,11 @@ fn pins_hold_every_groups_blocks() {
     ];
     let mut h = hybrid(&groups, 16, 2, true);
     let system: Vec<u32> = (0..8).collect();
-    h.add_sequence(1, Some(&system), 8, None, usize::MAX)
-        .unwrap();
+    h.add_sequence(1, &system, None).unwrap();
     h.free(1).unwrap();
     assert_eq!(h.pin_prefix(&system, None).unwrap(), 8);
     // Window 3 needs one block before the hit point: blocks 0-2 of the window group stay out.
-    assert_eq!(h.num_pinned_blocks(), 4 + 1);
+    assert_eq!(h.stats().num_pinned_blocks, 4 + 1);
     assert!(!h.reset_prefix_cache());
     h.check_invariants().unwrap();
     assert!(matches!(
@@ -149,7 +139,7 @@ fn pins_hold_every_groups_blocks() {
         Err(Error::InvalidArgument(_))
     ));
     h.unpin_prefix(&system, None).unwrap();
-    assert_eq!(h.num_pinned_blocks(), 0);
+    assert_eq!(h.stats().num_pinned_blocks, 0);
     h.check_invariants().unwrap();
     assert!(h.reset_prefix_cache());
     assert_eq!(h.cached_blocks(), vec![]);
@@ -163,8 +153,8 @@ fn swap_moves_live_entries_and_keeps_nulls() {
         KvGroupSpec::FullAttention,
     ];
     let mut h = hybrid(&groups, 32, 2, false);
-    h.add_sequence(1, None, 7, None, usize::MAX).unwrap();
-    h.append_batch(&[1], 1, None).unwrap(); // watermark 7: window group releases blocks 0-2
+    h.add_sequence_len(1, 7).unwrap();
+    h.append_len(1, 1).unwrap(); // watermark 7: window group releases blocks 0-2
     h.fork(1, 2).unwrap();
     let live = 1 + 4;
     let out = h.swap_out(&[1, 2]).unwrap();
@@ -174,14 +164,14 @@ fn swap_moves_live_entries_and_keeps_nulls() {
         "shared blocks cross once, null entries not at all"
     );
     assert_eq!(h.stats().num_blocks_in_use, 0);
-    assert_eq!(h.host_block_table(1, 0).unwrap()[..3], [NULL_BLOCK; 3]);
+    assert_eq!(
+        h.host_block_table_group(1, 0).unwrap()[..3],
+        [NULL_BLOCK; 3]
+    );
     h.check_invariants().unwrap();
     assert_eq!(h.swap_in(&[1, 2]).unwrap().len(), live);
-    assert_eq!(h.table(2, 0).unwrap().block_ids[..3], [NULL_BLOCK; 3]);
-    assert_eq!(
-        h.table(1, 0).unwrap().block_ids,
-        h.table(2, 0).unwrap().block_ids
-    );
+    assert_eq!(table(&h, 2, 0)[..3], [NULL_BLOCK; 3]);
+    assert_eq!(table(&h, 1, 0), table(&h, 2, 0));
     h.check_invariants().unwrap();
 }
 
@@ -192,8 +182,7 @@ fn events_are_recorded_per_group() {
         KvGroupSpec::SlidingWindow { window: 2 },
     ];
     let mut h = hybrid(&groups, 16, 2, true);
-    h.add_sequence(1, Some(&[1, 2, 3, 4, 5]), 5, None, usize::MAX)
-        .unwrap();
+    h.add_sequence(1, &[1, 2, 3, 4, 5], None).unwrap();
     let events = h.take_drained_events().into_events();
     let stored: Vec<(&Vec<u128>, Option<u32>)> = events
         .iter()
@@ -246,32 +235,31 @@ fn invariant_checker_catches_corruption() {
         KvGroupSpec::SlidingWindow { window: 2 },
     ];
     let mut h = hybrid(&groups, 16, 2, true);
-    h.add_sequence(1, Some(&[1, 2, 3, 4, 5]), 5, None, usize::MAX)
-        .unwrap();
-    h.append_batch(&[1], 1, Some(&[6])).unwrap(); // the window group releases blocks 0-1
-    h.append_batch(&[1], 1, Some(&[7])).unwrap(); // block 2 is computed and indexed
-    assert_eq!(h.seqs[&1].tables[1].block_ids[..2], [NULL_BLOCK; 2]);
+    h.add_sequence(1, &[1, 2, 3, 4, 5], None).unwrap();
+    h.append_tokens(1, &[6]).unwrap(); // the window group releases blocks 0-1
+    h.append_tokens(1, &[7]).unwrap(); // block 2 is computed and indexed
+    assert_eq!(h.seqs[&1].groups[0][..2], [NULL_BLOCK; 2]);
     h.check_invariants().unwrap();
     // A released position in a full-attention group.
     let saved = h.seqs.get(&1).unwrap().clone();
     let b = std::mem::replace(
-        &mut h.seqs.get_mut(&1).unwrap().tables[0].block_ids[0],
+        &mut h.seqs.get_mut(&1).unwrap().table.block_ids[0],
         NULL_BLOCK,
     );
     assert!(matches!(
         h.check_invariants(),
         Err(Error::InvariantViolation(_))
     ));
-    h.seqs.get_mut(&1).unwrap().tables[0].block_ids[0] = b;
+    h.seqs.get_mut(&1).unwrap().table.block_ids[0] = b;
     // A window group releasing more than its watermark allows.
-    h.seqs.get_mut(&1).unwrap().tables[1].block_ids[2] = NULL_BLOCK;
+    h.seqs.get_mut(&1).unwrap().groups[0][2] = NULL_BLOCK;
     assert!(matches!(
         h.check_invariants(),
         Err(Error::InvariantViolation(_))
     ));
     *h.seqs.get_mut(&1).unwrap() = saved.clone();
     // Tables of different lengths.
-    h.seqs.get_mut(&1).unwrap().tables[1].block_ids.pop();
+    h.seqs.get_mut(&1).unwrap().groups[0].pop();
     assert!(matches!(
         h.check_invariants(),
         Err(Error::InvariantViolation(_))
@@ -280,16 +268,16 @@ fn invariant_checker_catches_corruption() {
     // A block of one group's index in another group's table.
     let (g0, g1) = {
         let s = &h.seqs[&1];
-        (s.tables[0].block_ids[2], s.tables[1].block_ids[2])
+        (s.table.block_ids[2], s.groups[0][2])
     };
-    h.seqs.get_mut(&1).unwrap().tables[1].block_ids[2] = g0;
-    h.seqs.get_mut(&1).unwrap().tables[0].block_ids[2] = g1;
+    h.seqs.get_mut(&1).unwrap().groups[0][2] = g0;
+    h.seqs.get_mut(&1).unwrap().table.block_ids[2] = g1;
     assert!(matches!(
         h.check_invariants(),
         Err(Error::InvariantViolation(_))
     ));
-    h.seqs.get_mut(&1).unwrap().tables[1].block_ids[2] = g1;
-    h.seqs.get_mut(&1).unwrap().tables[0].block_ids[2] = g0;
+    h.seqs.get_mut(&1).unwrap().groups[0][2] = g1;
+    h.seqs.get_mut(&1).unwrap().table.block_ids[2] = g0;
     h.check_invariants().unwrap();
 }
 
@@ -302,10 +290,10 @@ fn undrained_copies_stay_bounded() {
         KvGroupSpec::SlidingWindow { window: 3 },
     ];
     let mut h = hybrid(&groups, 16, 2, false);
-    h.add_sequence(1, None, 3, None, usize::MAX).unwrap();
+    h.add_sequence_len(1, 3).unwrap();
     for i in 0..2000 {
         h.fork(1, 2).unwrap();
-        h.append_batch(&[2], 1, None).unwrap(); // copy-on-write in both groups
+        h.append_len(2, 1).unwrap(); // copy-on-write in both groups
         h.free(2).unwrap();
         assert!(h.pending_copies.len() <= 2 * 16 + 64 + 2, "step {i}");
     }

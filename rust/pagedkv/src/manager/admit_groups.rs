@@ -1,0 +1,366 @@
+//! The plain path's admission: any group list, the reserve or the per-chunk contract,
+//! lookahead, caller-supplied keys and hashes (docs/design.md, KV groups and Per-chunk
+//! allocation). The single full-attention group's default admission keeps its tuned path
+//! (`admission.rs`); both are compared with the same reference by the model test.
+
+use std::sync::Arc;
+
+use super::config::{AdmitOptions, Prompt};
+use super::groups::NULL_BLOCK;
+use super::hits::{GroupHit, Place};
+use super::keys::{BlockKeys, PromptHashes};
+use super::{GroupTables, KvCacheManager, SeqHashing, Sequence};
+use crate::error::{invalid, Error, Result, Tier};
+use crate::table::BlockTable;
+use crate::{BlockId, SeqId};
+
+/// What an admission takes, validated and counted before anything changes.
+struct AdmitPlan {
+    /// The hit and where each group's hit blocks are.
+    hit: GroupHit,
+    /// Table positions of every group after admission.
+    num_positions: usize,
+    /// Fresh blocks over every group: new positions and device blocks for host hits.
+    fresh: usize,
+    /// Device hit blocks that are cached-evictable (revived; an eviction must not take them).
+    revived: usize,
+    /// The computed watermark after admission.
+    num_computed: usize,
+}
+
+impl KvCacheManager {
+    /// Admits a sequence with everything an admission can ask (docs/design.md, Per-chunk
+    /// allocation): the reserve contract (`reserve_prompt`, the default: blocks for the whole
+    /// prompt) or the per-chunk one (blocks for the hit plus `num_scheduled` tokens only, after
+    /// vLLM's admission check: the whole prompt must fit after the hit, each window group at
+    /// most at its admission cap, plus `ManagerConfig::watermark_blocks`), lookahead slots,
+    /// and caller-supplied per-block keys and hashes. Returns the prompt tokens served from
+    /// the cache. A refusal (`OutOfBlocks`, `InvalidArgument`, `SequenceExists`) changes
+    /// nothing.
+    ///
+    /// ```
+    /// use pagedkv::{AdmitOptions, KvCacheManager, ManagerConfig, Prompt};
+    /// let mut kv = KvCacheManager::new(ManagerConfig { num_blocks: 8, block_size: 4, ..Default::default() })?;
+    /// let prompt: Vec<u32> = (0..20).collect();            // 5 blocks
+    /// let per_chunk = AdmitOptions { num_scheduled: 6, reserve_prompt: false, ..Default::default() };
+    /// kv.add_sequence_with(1, Prompt::Tokens(&prompt), &per_chunk)?;
+    /// assert_eq!(kv.block_table(1)?.len(), 2);             // the first chunk only
+    /// assert_eq!((kv.num_tokens(1)?, kv.num_computed_tokens(1)?), (20, 6));
+    /// assert!(kv.allocate_slots(1, 14, 0)?);               // the rest of the prompt
+    /// assert_eq!(kv.block_table(1)?.len(), 5);
+    /// # Ok::<(), pagedkv::Error>(())
+    /// ```
+    pub fn add_sequence_with(
+        &mut self,
+        seq_id: SeqId,
+        prompt: Prompt<'_>,
+        options: &AdmitOptions<'_>,
+    ) -> Result<usize> {
+        let o = options;
+        let tuned = self.tuned
+            && o.reserve_prompt
+            && o.num_lookahead_tokens == 0
+            && o.block_extra_keys.is_none()
+            && o.block_hashes.is_none();
+        match prompt {
+            Prompt::Tokens(t) if tuned && self.prefix.is_some() => {
+                self.admit_cached(seq_id, t, o.extra_key, o.num_scheduled)
+            }
+            _ if tuned => self.admit(seq_id, prompt.len(), o.num_scheduled),
+            _ => self.admit_groups(seq_id, prompt, o),
+        }
+    }
+
+    /// The plain path of [`Self::add_sequence_with`].
+    #[cold]
+    #[inline(never)]
+    pub(super) fn admit_groups(
+        &mut self,
+        seq_id: SeqId,
+        prompt: Prompt<'_>,
+        o: &AdmitOptions<'_>,
+    ) -> Result<usize> {
+        if self.seqs.contains_key(&seq_id) {
+            return Err(Error::SequenceExists(seq_id));
+        }
+        let bs = self.block_size;
+        let tokens = prompt.tokens();
+        let num_tokens = prompt.len();
+        let keys = BlockKeys::from_admission(
+            o.extra_key,
+            o.block_extra_keys,
+            o.block_hashes,
+            num_tokens,
+            tokens.is_some(),
+            bs,
+        )?;
+        self.check_admission_fits(num_tokens, o)?;
+        let seq_key: Option<Arc<[u8]>> = o.extra_key.map(Arc::from);
+        let caching = self.prefix.is_some() && tokens.is_some();
+        let hasher = self.prefix.as_ref().map(|p| p.hasher);
+        let mut hashes = tokens
+            .zip(hasher)
+            .map(|(t, hasher)| PromptHashes::new(hasher, bs, t, &seq_key, keys.as_deref()));
+        let hit = match hashes.as_mut() {
+            Some(h) if caching => self.find_group_hit(h, num_tokens.saturating_sub(1) / bs),
+            _ => GroupHit {
+                num_blocks: 0,
+                places: vec![Vec::new(); self.num_groups()],
+            },
+        };
+        let plan = self.plan_admission(hit, num_tokens, o)?;
+
+        // Reserve the fresh blocks; the cached hits are pinned so no eviction takes them.
+        let mut fresh_blocks: Vec<BlockId> = Vec::with_capacity(plan.fresh);
+        let reservation = self.reserve_fresh(plan.fresh, plan.revived, &mut fresh_blocks)?;
+
+        // Commit (infallible from here): hits first, so the eviction cannot take them.
+        for b in plan.hit.device_blocks().collect::<Vec<_>>() {
+            self.take_hit(b);
+        }
+        let host_hits: Vec<BlockId> = plan
+            .hit
+            .places
+            .iter()
+            .flatten()
+            .filter_map(|p| match *p {
+                Place::Host(h) => Some(h),
+                _ => None,
+            })
+            .collect();
+        self.pin_host_hits(&host_hits);
+        self.complete_fresh(reservation, &mut fresh_blocks);
+        let h = plan.hit.num_blocks;
+        let mut supply = fresh_blocks.into_iter();
+        let (mut loads_from, mut loads_to) = (Vec::new(), Vec::new());
+        let mut tables: Vec<Vec<BlockId>> = plan
+            .hit
+            .places
+            .iter()
+            .map(|places| {
+                let mut t = Vec::with_capacity(plan.num_positions);
+                for &p in places {
+                    t.push(match p {
+                        Place::Device(b) => b,
+                        Place::Released => NULL_BLOCK,
+                        Place::Host(hb) => {
+                            let d = supply.next().expect("planned block");
+                            loads_from.push(hb);
+                            loads_to.push(d);
+                            d
+                        }
+                    });
+                }
+                t.extend(supply.by_ref().take(plan.num_positions - h));
+                t
+            })
+            .collect();
+        debug_assert!(supply.next().is_none());
+        self.record_loads(&loads_from, &loads_to);
+        // Hashing starts after the leading positions every group took from the device (a
+        // block loaded from the host is new content here, entered as it is computed).
+        let first_load = plan
+            .hit
+            .places
+            .iter()
+            .filter_map(|p| p.iter().position(|x| matches!(x, Place::Host(_))))
+            .min()
+            .unwrap_or(h);
+        let hashing = match (tokens, hashes) {
+            (Some(t), Some(mut hs)) if caching => {
+                if first_load > 0 {
+                    hs.get(first_load - 1);
+                }
+                let block_hashes = hs.hashes[..first_load].to_vec();
+                let prefix = self.prefix.as_mut().expect("caching");
+                prefix.query_tokens += num_tokens as u64;
+                prefix.hit_tokens += (h * bs) as u64;
+                Some(SeqHashing {
+                    extra_key: seq_key.clone(),
+                    block_hashes,
+                    pending_tokens: t[first_load * bs..].to_vec(),
+                    keys,
+                })
+            }
+            _ => None,
+        };
+        let rest = tables.split_off(1);
+        let table0 = tables.pop().expect("one group at least");
+        self.seqs.insert(
+            seq_id,
+            Sequence {
+                table: BlockTable {
+                    block_ids: table0,
+                    num_tokens,
+                },
+                groups: GroupTables::new(rest),
+                swapped: false,
+                per_chunk: !o.reserve_prompt,
+                hashing,
+                num_computed: plan.num_computed,
+            },
+        );
+        self.note_placed_all(seq_id, 0..h, false);
+        self.note_placed_all(seq_id, h..plan.num_positions, true);
+        self.index_ready(seq_id);
+        Ok(h * bs)
+    }
+
+    /// InvalidArgument when the prompt can never be admitted: longer than `max_model_len`, or,
+    /// without any hit, more blocks than the pool has (the whole prompt and lookahead in every
+    /// group under the reserve contract; each window group at most at its admission cap under
+    /// the per-chunk one).
+    fn check_admission_fits(&self, num_tokens: usize, o: &AdmitOptions<'_>) -> Result<()> {
+        let bs = self.block_size;
+        let max_len = self.config.max_model_len;
+        if num_tokens > max_len {
+            return invalid(format!(
+                "a prompt of {num_tokens} tokens is longer than max_model_len={max_len}"
+            ));
+        }
+        let usable = self.num_usable_blocks();
+        let needed = if o.reserve_prompt {
+            let slots = num_tokens + o.num_lookahead_tokens.min(max_len - num_tokens);
+            slots.div_ceil(bs).saturating_mul(self.num_groups())
+        } else {
+            self.admission_requirement(num_tokens, 0, &[])
+        };
+        if needed > usable {
+            return invalid(format!(
+                "{num_tokens} tokens need {needed} blocks over {} kv_groups, more than the \
+                 pool's {usable} blocks of {bs} tokens",
+                self.num_groups()
+            ));
+        }
+        Ok(())
+    }
+
+    /// vLLM's admission requirement (`get_num_blocks_to_allocate(..., apply_admission_cap=
+    /// True)`): per group, the prompt's blocks (at most `max_model_len`, a window group at
+    /// most its admission cap) less the hit's `hit_blocks` positions, plus the hit's
+    /// cached-evictable blocks (`revived_per_group`, empty for none).
+    fn admission_requirement(
+        &self,
+        num_tokens: usize,
+        hit_blocks: usize,
+        revived_per_group: &[usize],
+    ) -> usize {
+        let bs = self.block_size;
+        let full = num_tokens.min(self.config.max_model_len).div_ceil(bs);
+        let in_flight = self.config.in_flight_cap();
+        let max_len = self.config.max_model_len;
+        self.config
+            .kv_groups
+            .iter()
+            .enumerate()
+            .map(|(g, spec)| {
+                let required = spec
+                    .admission_cap_blocks(bs, in_flight, max_len)
+                    .map_or(full, |cap| full.min(cap));
+                required.saturating_sub(hit_blocks) + revived_per_group.get(g).copied().unwrap_or(0)
+            })
+            .fold(0usize, usize::saturating_add)
+    }
+
+    /// Counts what admitting with `hit` takes and checks it is available now (vLLM's two
+    /// checks under the per-chunk contract, the allocation's under the reserve one, each with
+    /// the watermark): OutOfBlocks when not; InvalidArgument when the scheduled chunk alone
+    /// could never fit.
+    fn plan_admission(
+        &self,
+        hit: GroupHit,
+        num_tokens: usize,
+        o: &AdmitOptions<'_>,
+    ) -> Result<AdmitPlan> {
+        let bs = self.block_size;
+        let ng = self.num_groups();
+        let max_len = self.config.max_model_len;
+        let h = hit.num_blocks;
+        let hit_tokens = h * bs;
+        let num_computed = hit_tokens + o.num_scheduled.min(num_tokens - hit_tokens);
+        let slots = if o.reserve_prompt {
+            num_tokens + o.num_lookahead_tokens.min(max_len - num_tokens)
+        } else {
+            num_computed
+                .saturating_add(o.num_lookahead_tokens)
+                .min(max_len)
+        };
+        let num_positions = slots.div_ceil(bs);
+        // Under the per-chunk contract a window group holds only what its window at the hit
+        // leaves (the hit's earlier positions are released); under the reserve one, everything.
+        let live = if o.reserve_prompt {
+            num_positions.saturating_mul(ng)
+        } else {
+            self.live_positions(num_positions, hit_tokens)
+        };
+        if live > self.num_usable_blocks() {
+            return invalid(format!(
+                "the scheduled {} tokens need {live} blocks over {ng} kv_groups, more than the \
+                 pool's {} blocks",
+                slots - hit_tokens,
+                self.num_usable_blocks()
+            ));
+        }
+        let is_cached = |b: BlockId| self.prefix.as_ref().is_some_and(|p| p.is_cached(b));
+        let mut revived_per_group = vec![0usize; ng];
+        let mut loads = 0;
+        for (g, places) in hit.places.iter().enumerate() {
+            for p in places {
+                match *p {
+                    Place::Device(b) if is_cached(b) => revived_per_group[g] += 1,
+                    Place::Device(b) => {
+                        if self.pool.refcount(b)? == u32::MAX {
+                            return invalid(format!("block {b} refcount would overflow"));
+                        }
+                    }
+                    Place::Host(_) => loads += 1,
+                    Place::Released => {}
+                }
+            }
+        }
+        let revived: usize = revived_per_group.iter().sum();
+        let fresh = (num_positions - h) * ng + loads;
+        let watermark = if o.apply_watermark {
+            self.config.watermark_blocks
+        } else {
+            0
+        };
+        let available = self.num_available_blocks();
+        let short = |needed: usize| Error::OutOfBlocks {
+            tier: Tier::Device,
+            needed_blocks: needed,
+            available_blocks: available,
+        };
+        if !o.reserve_prompt {
+            let required = self
+                .admission_requirement(num_tokens, h, &revived_per_group)
+                .saturating_add(loads)
+                .saturating_add(watermark);
+            if required > available {
+                return Err(short(required));
+            }
+        }
+        let needed = fresh + revived + watermark;
+        if needed > available {
+            return Err(short(needed));
+        }
+        Ok(AdmitPlan {
+            hit,
+            num_positions,
+            fresh,
+            revived,
+            num_computed,
+        })
+    }
+
+    /// Takes one more reference on hit block `b`: `revive_cached` when it is cached-evictable
+    /// (refcount 0 -> 1, hash kept), else `share` (refcount + 1; its refcount was checked).
+    pub(super) fn take_hit(&mut self, b: BlockId) {
+        if self.prefix.as_ref().is_some_and(|p| p.is_cached(b)) {
+            self.revive_cached(b);
+        } else {
+            let shared = self.share(b);
+            debug_assert!(shared.is_ok(), "share of a hit block failed: {shared:?}");
+        }
+    }
+}

@@ -1,0 +1,270 @@
+//! The per-kind policy layer of the manager (docs/design.md, KV groups): what differs between
+//! a full-attention group and a sliding-window group, as a small method set on
+//! [`KvGroupSpec`], and the coordinator's fixed point over the groups' hit finders
+//! ([`hybrid_hit`], vLLM's `HybridKVCacheCoordinator.find_longest_cache_hit`). Nothing else in
+//! the manager branches on a group's kind.
+
+use super::groups::KvGroupSpec;
+
+impl KvGroupSpec {
+    /// Leading blocks of a sequence with `processed` processed tokens that no later query of
+    /// the group reads: every token of them lies before `processed - window + 1`, the first
+    /// position the next query reads (vLLM's `get_num_skipped_tokens` / `remove_skipped_blocks`).
+    /// 0 for full attention.
+    #[inline]
+    pub(crate) fn skipped_blocks(&self, processed: usize, block_size: usize) -> usize {
+        match *self {
+            KvGroupSpec::FullAttention => 0,
+            // window >= 1 (validated), so window - 1 cannot underflow.
+            KvGroupSpec::SlidingWindow { window } => {
+                processed.saturating_sub(window - 1) / block_size
+            }
+        }
+    }
+
+    /// Whether the group's full blocks enter the prefix index: not for a window of one token,
+    /// whose hit needs no cached block (`contiguous_blocks_for_hit` is 0). vLLM's
+    /// `SlidingWindowManager.reachable_block_mask` keeps only the blocks that end a hit's
+    /// window, none when that is 0, so such a group caches nothing (and records no events).
+    #[inline]
+    pub(crate) fn caches_blocks(&self, block_size: usize) -> bool {
+        match *self {
+            KvGroupSpec::FullAttention => true,
+            KvGroupSpec::SlidingWindow { window } => {
+                contiguous_blocks_for_hit(window, block_size) > 0
+            }
+        }
+    }
+
+    /// The most blocks one request of the group holds at once when allocated chunk by chunk,
+    /// its admission cap (vLLM's `SlidingWindowSpec.max_admission_blocks_per_request`): the
+    /// last `window - 1` processed tokens plus what may be in flight, and one block more since
+    /// the window need not start at a block boundary. `None` (no cap) for full attention,
+    /// which holds every block until the request ends.
+    #[inline]
+    pub(crate) fn admission_cap_blocks(
+        &self,
+        block_size: usize,
+        max_in_flight_tokens: usize,
+        max_model_len: usize,
+    ) -> Option<usize> {
+        match *self {
+            KvGroupSpec::FullAttention => None,
+            KvGroupSpec::SlidingWindow { window } => {
+                let tokens = (window - 1)
+                    .saturating_add(max_in_flight_tokens)
+                    .min(max_model_len);
+                Some(tokens.div_ceil(block_size).saturating_add(1))
+            }
+        }
+    }
+
+    /// The group's own hit finder: the longest hit, in blocks, `<= max_blocks`, the group can
+    /// serve when `cached(i)` says whether its block `i` is cached. Full attention: the leading
+    /// run of cached blocks. A window: see [`window_hit`].
+    #[inline]
+    pub(crate) fn longest_hit(
+        &self,
+        max_blocks: usize,
+        block_size: usize,
+        mut cached: impl FnMut(usize) -> bool,
+    ) -> usize {
+        match *self {
+            KvGroupSpec::FullAttention => {
+                (0..max_blocks).find(|&i| !cached(i)).unwrap_or(max_blocks)
+            }
+            KvGroupSpec::SlidingWindow { window } => window_hit(
+                max_blocks,
+                contiguous_blocks_for_hit(window, block_size),
+                cached,
+            ),
+        }
+    }
+}
+
+/// Blocks a window group needs cached right before a hit point: those covering the last
+/// `window - 1` tokens (the query at the hit point sees itself and those), `cdiv(window - 1,
+/// block_size)`.
+#[inline]
+pub(crate) fn contiguous_blocks_for_hit(window: usize, block_size: usize) -> usize {
+    (window - 1).div_ceil(block_size)
+}
+
+/// The longest hit, in blocks, `<= max_blocks`, that a window group can serve when
+/// `cached(i)` says whether its block `i` is cached: the end of the rightmost run of
+/// `contiguous` cached blocks, or a shorter run that starts at block 0. Scans right to left
+/// and stops at the first qualifying run, as vLLM does.
+///
+/// A hit is only ever found at a cached block, as in vLLM's scan: with `contiguous` 0 (a
+/// window of one token) it is the end of the rightmost cached block, and since such a group
+/// caches none ([`KvGroupSpec::caches_blocks`]) its hit, and so the hybrid hit, is 0, as
+/// vLLM's is.
+pub(crate) fn window_hit(
+    max_blocks: usize,
+    contiguous: usize,
+    mut cached: impl FnMut(usize) -> bool,
+) -> usize {
+    let mut run = 0;
+    for i in (0..max_blocks).rev() {
+        if cached(i) {
+            run += 1;
+            if run >= contiguous {
+                return i + run;
+            }
+        } else {
+            run = 0;
+        }
+    }
+    run
+}
+
+/// The longest hit, in blocks, every group can serve: each group's finder
+/// ([`KvGroupSpec::longest_hit`]) may only shorten the candidate, and the groups are asked
+/// again until none shortens it (a fixed point; each pass only shrinks it, so this ends, and
+/// since each finder maps a length to the greatest length `<=` it that the group serves, the
+/// fixed point is the greatest length every group serves, whatever the order). Full-attention
+/// groups go first: their leading run bounds the rest cheaply. `cached(group, i)` says whether
+/// the group's block `i` is cached.
+pub(crate) fn hybrid_hit(
+    specs: &[KvGroupSpec],
+    max_blocks: usize,
+    block_size: usize,
+    mut cached: impl FnMut(usize, usize) -> bool,
+) -> usize {
+    let mut hit = max_blocks;
+    for (g, spec) in specs.iter().enumerate() {
+        if *spec == KvGroupSpec::FullAttention {
+            hit = spec.longest_hit(hit, block_size, |i| cached(g, i));
+        }
+    }
+    loop {
+        let before = hit;
+        for (g, spec) in specs.iter().enumerate() {
+            if *spec != KvGroupSpec::FullAttention {
+                hit = spec.longest_hit(hit, block_size, |i| cached(g, i));
+            }
+        }
+        if hit == before {
+            return hit;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// vLLM's `test_sliding_window_remove_skipped_blocks` (block size 2, window 4): blocks
+    /// nulled after 0, 4, 5, 6, 7 and 11 computed tokens.
+    #[test]
+    fn skipped_blocks_match_vllm() {
+        let w = KvGroupSpec::SlidingWindow { window: 4 };
+        let got: Vec<usize> = [0, 4, 5, 6, 7, 11]
+            .iter()
+            .map(|&n| w.skipped_blocks(n, 2))
+            .collect();
+        assert_eq!(got, vec![0, 0, 1, 1, 2, 4]);
+        assert_eq!(KvGroupSpec::FullAttention.skipped_blocks(1000, 2), 0);
+        assert_eq!(
+            KvGroupSpec::SlidingWindow { window: 1 }.skipped_blocks(4, 2),
+            2
+        );
+        assert_eq!(
+            KvGroupSpec::SlidingWindow { window: usize::MAX }.skipped_blocks(1 << 40, 2),
+            0
+        );
+    }
+
+    /// vLLM's `test_sliding_window_possible_cached_prefix` (block size 2, window 4: two
+    /// contiguous blocks needed).
+    #[test]
+    fn window_hit_matches_vllm_cases() {
+        let (t, f) = (true, false);
+        let cases: &[(&[bool], usize)] = &[
+            (&[f], 0),
+            (&[t], 1),
+            (&[t, f], 1),
+            (&[t, t], 2),
+            (&[t, t, f], 2),
+            (&[t, t, t], 3),
+            (&[t, t, t, f], 3),
+            (&[t, t, f, t, f, f, t, t, f, t, t, t], 12),
+            (&[t, t, f, t, f, f, t, t, f, f, f], 8),
+            (&[t, t, f, t, f, f, t, t, f, t, f], 8),
+        ];
+        let need = contiguous_blocks_for_hit(4, 2);
+        assert_eq!(need, 2);
+        for &(cached, want) in cases {
+            assert_eq!(
+                window_hit(cached.len(), need, |i| cached[i]),
+                want,
+                "{cached:?}"
+            );
+        }
+    }
+
+    /// A window of one token (`need` 0): vLLM's scan still finds a hit only at a cached
+    /// block, so the group serves the end of its rightmost cached block, and its blocks are
+    /// never cached, so it serves 0 and bounds the hybrid hit to 0.
+    #[test]
+    fn one_token_window_hits_only_at_a_cached_block() {
+        let w1 = KvGroupSpec::SlidingWindow { window: 1 };
+        assert_eq!(contiguous_blocks_for_hit(1, 4), 0);
+        assert!(!w1.caches_blocks(4));
+        assert!(KvGroupSpec::SlidingWindow { window: 2 }.caches_blocks(4));
+        assert!(KvGroupSpec::FullAttention.caches_blocks(4));
+        assert_eq!(window_hit(5, 0, |_| false), 0);
+        assert_eq!(window_hit(5, 0, |i| i == 2), 3);
+        assert_eq!(window_hit(5, 0, |_| true), 5);
+        // Only windows of one token, nothing cached: no hit (pagedkv served 5 before).
+        assert_eq!(hybrid_hit(&[w1, w1], 5, 4, |_, _| false), 0);
+        // A full group with every block cached and a window of one token: no hit.
+        let specs = [KvGroupSpec::FullAttention, w1];
+        assert_eq!(hybrid_hit(&specs, 5, 4, |g, _| g == 0), 0);
+    }
+
+    /// vLLM's `test_prefill_hybrid_model`: one full group and two window groups of two blocks
+    /// (block size 16, window 32), a 3-block hit, then blocks taken out of the cache.
+    #[test]
+    fn hybrid_hit_matches_vllm_prefill_hybrid_model() {
+        let specs = [
+            KvGroupSpec::FullAttention,
+            KvGroupSpec::SlidingWindow { window: 32 },
+            KvGroupSpec::SlidingWindow { window: 32 },
+        ];
+        let hit = |missing: &[(usize, usize)]| {
+            hybrid_hit(&specs, 3, 16, |g, i| !missing.contains(&(g, i)))
+        };
+        assert_eq!(hit(&[]), 3);
+        assert_eq!(hit(&[(1, 0)]), 3, "window block 0 is not needed");
+        assert_eq!(hit(&[(0, 0)]), 0, "full block 0 is");
+        for g in 0..3 {
+            assert_eq!(hit(&[(g, 2)]), 2, "any group's last block");
+        }
+        assert_eq!(hit(&[(0, 2), (1, 0)]), 0);
+    }
+
+    /// vLLM's `SlidingWindowSpec.max_admission_blocks_per_request`: the window's last
+    /// `window - 1` tokens plus the in-flight ones, capped by the model length, plus one block.
+    #[test]
+    fn admission_caps_match_vllm() {
+        let w = KvGroupSpec::SlidingWindow { window: 64 };
+        assert_eq!(
+            w.admission_cap_blocks(16, 1 << 20, 4096),
+            Some(4096 / 16 + 1)
+        );
+        assert_eq!(
+            w.admission_cap_blocks(16, 512, 1 << 20),
+            Some((63 + 512usize).div_ceil(16) + 1)
+        );
+        assert_eq!(
+            KvGroupSpec::FullAttention.admission_cap_blocks(16, 512, 4096),
+            None
+        );
+        let huge = KvGroupSpec::SlidingWindow { window: usize::MAX };
+        assert_eq!(
+            huge.admission_cap_blocks(1, usize::MAX, usize::MAX),
+            Some(usize::MAX)
+        );
+    }
+}
