@@ -348,11 +348,12 @@ def run_schedule(seed: int, cfg: Config, vllm_side: Any = None, log: list[str] |
             if r.scheduled < len(r.tokens)
         )
 
-    # The step from which vLLM's index holds two blocks of one content. pagedkv's single-group
-    # index keeps one (docs/conformance.md, Duplicate copies): it hands the private copy back to
-    # the pool when the indexed one is freed, where vLLM keeps both cached, so from there the
-    # two pools evict different blocks and later hits may differ either way. A difference after
-    # that step stops the schedule as an explained divergence; any difference before it fails.
+    # The step from which vLLM's index holds two blocks of one content. pagedkv's index keeps
+    # one, with any number of KV groups (docs/conformance.md, Duplicate copies): it hands the
+    # private copy back to the pool when the indexed one is freed, where vLLM keeps both cached,
+    # so from there the two pools evict different blocks and later hits may differ either way. A
+    # difference after that step stops the schedule as an explained divergence; any difference
+    # before it fails.
     duplicates_since: int | None = None
 
     def fail(step: int, what: str) -> None:
@@ -430,14 +431,8 @@ def run_schedule(seed: int, cfg: Config, vllm_side: Any = None, log: list[str] |
                     return out  # the pools differ from here
                 ours_sharing = _hit_sharing(ours, next_rid, got // bs, running)
                 theirs_sharing = _hit_sharing(theirs, next_rid, got // bs, running)
-                # (The hybrid index serves the oldest copy, as vLLM does: no stop needed there;
-                # a different choice would still show in the sharing lists below.)
-                if (
-                    not hybrid
-                    and got == got_vllm
-                    and ours_sharing == theirs_sharing
-                    and theirs.evictable_copies
-                ):
+                # (With KV groups too: one manager, one index, the newest copy; docs/design.md.)
+                if got == got_vllm and ours_sharing == theirs_sharing and theirs.evictable_copies:
                     # The same, one level down: two cached-evictable copies of a hit block;
                     # each manager revives a different one, and the copy left behind holds a
                     # different place in the eviction order on the two sides, so later
@@ -546,7 +541,7 @@ def run_schedule(seed: int, cfg: Config, vllm_side: Any = None, log: list[str] |
                 fail(step, f"num_computed_tokens of {rid}: pagedkv {a}, vLLM {b}, schedule {r.scheduled}")
         if out.diverged:
             return out
-        if duplicates_since is None and not hybrid and theirs.has_duplicate_copies():
+        if duplicates_since is None and theirs.has_duplicate_copies():
             duplicates_since = step
     return out
 

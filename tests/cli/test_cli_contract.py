@@ -215,6 +215,11 @@ def test_the_test_script_keeps_the_users_venv_and_prints_its_runtime(tmp_path):
     (tmp_path / "scripts" / "vllm" / "stage.sh").write_text(
         f'echo "vllm-stage $*" >> {tmp_path / "calls.log"}\n'
     )
+    # The callgrind gate builds and measures the bench binary under valgrind: a stub too.
+    (tmp_path / "scripts" / "callgrind_gate.sh").write_text(
+        f'echo "callgrind-gate $*" >> {tmp_path / "calls.log"}\n'
+    )
+    (tmp_path / "scripts" / "callgrind_gate.sh").chmod(0o755)
     (tmp_path / ".venv").mkdir()
     (tmp_path / ".venv" / "mine").write_text("keep")
     (tmp_path / ".venv-test").mkdir()
@@ -240,7 +245,13 @@ def test_the_test_script_keeps_the_users_venv_and_prints_its_runtime(tmp_path):
     assert re.search(r"^scripts/test\.sh passed in \d+ s$", run.stdout, flags=re.M), run.stdout
     calls = log.read_text().splitlines()
     order = ["python3 -m venv .venv-test", "cargo fmt", "ruff format", "mypy", "cargo test --workspace"]
-    order += ["cargo test --release --locked", "python -m pytest", "maturin build", "vllm-stage"]
+    order += [
+        "callgrind-gate",
+        "cargo test --release --locked",
+        "python -m pytest",
+        "maturin build",
+        "vllm-stage",
+    ]
     positions = [next(i for i, call in enumerate(calls) if call.startswith(step)) for step in order]
     assert positions == sorted(positions), calls
     failing = subprocess.run(

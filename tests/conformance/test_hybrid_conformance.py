@@ -267,12 +267,15 @@ def test_duplicate_content_is_cached_once_single_group() -> None:
     assert kv.num_free_list_blocks == 30
 
 
-def test_duplicate_content_is_cached_on_every_copy_hybrid() -> None:
+def test_duplicate_content_is_cached_once_per_group_hybrid() -> None:
     """The same with a full-attention group and a window group: vLLM 0.33's hybrid manager
-    holds 2 requests x 2 groups x 2 full blocks = 8 cached blocks (measured in the peer venv).
-    Fails on the hybrid index that kept one copy per content and group (4)."""
+    holds 2 requests x 2 groups x 2 full blocks = 8 cached blocks (measured in the peer venv);
+    pagedkv's one manager keeps one copy per content in every group, as with a single group
+    (docs/conformance.md, "Duplicate copies"): 2 groups x 2 blocks = 4, the duplicates back on
+    the free list."""
     kv = _manager(32, 4, [FULL, 8])
-    assert _cached_after_duplicate_prefill(kv) == 8
+    assert _cached_after_duplicate_prefill(kv) == 4
+    assert kv.num_free_list_blocks == 28
 
 
 @pytest.mark.parametrize("windows", [[1], [1, 1], [FULL, 1], [FULL, 4, 1]])

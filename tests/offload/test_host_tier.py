@@ -159,14 +159,68 @@ def test_offload_block_hash_names_what_each_host_block_holds():
     kv.check_invariants()
 
 
-def test_offload_with_hybrid_kv_groups_is_refused():
-    """The tier keys a block by its tokens alone; a hybrid manager's groups hold different
-    layers for the same tokens, so the two are not combined (docs/offload.md, Limits)."""
-    groups = [pagedkv.FullAttention(), pagedkv.SlidingWindow(window=8)]
-    with pytest.raises(pagedkv.InvalidArgumentError, match="single full-attention"):
-        pagedkv.KvCacheManager(16, 4, True, num_host_cache_blocks=4, kv_groups=groups)
-    kv = pagedkv.KvCacheManager(16, 4, True, num_host_cache_blocks=4, kv_groups=[pagedkv.FullAttention()])
-    assert kv.num_host_cache_blocks == 4
+@pytest.mark.parametrize("seed", range(4))
+def test_host_hits_with_kv_groups_return_each_group_s_kv(seed):
+    """The host cache under a manager of two KV groups (full attention and a 4-token window on
+    one pool, one host tier; issue 40: every feature for any group count). Each group's "K/V" is
+    salted with its group, so a block loaded into the wrong group, or a host block holding
+    another group's content, fails; every position a table still holds must hold its own K/V."""
+    rng = random.Random(seed)
+    bs, num_blocks, num_offload = 2, 24, 4
+    groups = [pagedkv.FullAttention(), pagedkv.SlidingWindow(window=4)]
+    kv = pagedkv.KvCacheManager(
+        num_blocks, bs, True, num_host_cache_blocks=num_offload, kv_groups=groups, enable_kv_events=True
+    )
+    device = np.full((num_blocks, bs), np.nan)
+    host = np.full((num_offload, bs), np.nan)
+    bases = [list(range(1, 16)), list(range(1, 5)) + list(range(50, 61)), list(range(90, 105))]
+    live: dict[int, list[int]] = {}
+    host_hits = 0
+    group_events: set[int | None] = set()
+    for step in range(150):
+        if live and rng.random() < 0.45:
+            victim = rng.choice(sorted(live))
+            del live[victim]
+            kv.free(victim)
+            continue
+        seq = step + 1000
+        tokens = rng.choice(bases)[: rng.randint(1, 15)]
+        expected = kv.match_prefix(tokens)
+        try:
+            hit = kv.add_sequence(seq, tokens)
+        except pagedkv.OutOfBlocksError:
+            continue
+        assert hit == expected
+        for d, h in kv.take_offload_ops():
+            host[h] = device[d]
+        for s, d in kv.take_copy_ops():
+            device[d] = device[s]
+        loads = kv.take_load_ops()
+        host_hits += len(loads)
+        for h, d in loads:
+            device[d] = host[h]
+        for g in range(len(groups)):  # the pass writes what no tier served, in every group
+            table = kv.block_table(seq, group=g)
+            want = _fingerprints(tokens, 7 + g)
+            for p in range(hit, len(tokens)):
+                if table[p // bs] >= 0:
+                    device[table[p // bs], p % bs] = want[p]
+        live[seq] = tokens
+        for other, toks in live.items():
+            for g in range(len(groups)):
+                t = kv.block_table(other, group=g)
+                want = _fingerprints(toks, 7 + g)
+                held = [p for p in range(len(toks)) if t[p // bs] >= 0]
+                if g == 0:
+                    assert len(held) == len(toks)  # full attention releases nothing
+                # the window's tokens are always held
+                assert all(p in held for p in range(max(0, len(toks) - 4), len(toks)))
+                got = np.array([device[t[p // bs], p % bs] for p in held])
+                np.testing.assert_array_equal(got, want[held], err_msg=f"sequence {other} group {g}")
+        group_events.update(getattr(e, "group_idx", None) for e in kv.take_events())
+        kv.check_invariants()
+    assert host_hits > 0, "the run never hit the host tier: it checked nothing about it"
+    assert {0, 1} <= group_events, group_events
 
 
 def test_num_offload_blocks_is_the_deprecated_name_of_num_host_cache_blocks():

@@ -55,15 +55,17 @@ KNOWN_CYCLE_EDGES: dict[tuple[str, str], str] = {
     ("pagedkv", "crate::manager::growth -> crate::manager"): (
         f"growth.rs {_MANAGER_CHILD}: reached from mod.rs through batch.rs"
     ),
-    ("pagedkv", "crate::manager::hybrid -> crate::manager"): (
-        f"hybrid/ {_MANAGER_CHILD}: it takes Counters, ManagerConfig and new_host_tier from "
-        "mod.rs, which holds a Hybrid"
+    ("pagedkv", "crate::manager::indexing -> crate::manager"): (
+        f"indexing.rs {_MANAGER_CHILD}: reached from mod.rs through batch.rs, growth.rs and manager/prefix.rs"
+    ),
+    ("pagedkv", "crate::manager::new_blocks -> crate::manager"): (
+        f"new_blocks.rs {_MANAGER_CHILD}: mod.rs holds its NewBlocks deltas"
     ),
     ("pagedkv", "crate::manager::prefix -> crate::manager"): (
         f"manager/prefix.rs {_MANAGER_CHILD}: reached from mod.rs through batch.rs and growth.rs"
     ),
-    ("pagedkv", "crate::manager::transitions -> crate::manager"): (
-        f"transitions.rs {_MANAGER_CHILD}: reached from mod.rs through hybrid/"
+    ("pagedkv", "crate::manager::queries -> crate::manager"): (
+        f"queries.rs {_MANAGER_CHILD}: reached from mod.rs through groups.rs"
     ),
     ("pagedkv", "crate::prefix -> crate::offload_tier"): (
         "PrefixCache's eviction hands each victim to the OffloadTier it is given, while "
