@@ -83,6 +83,7 @@ impl<V> SeqMap<V> {
     }
 
     /// Inserts or replaces; returns the replaced value.
+    #[inline]
     pub(crate) fn insert(&mut self, id: SeqId, value: V) -> Option<V> {
         match self.index.get(&id) {
             Some(&s) => Some(std::mem::replace(&mut self.values[s], value)),
@@ -96,6 +97,7 @@ impl<V> SeqMap<V> {
         }
     }
 
+    #[inline]
     pub(crate) fn remove(&mut self, id: &SeqId) -> Option<V> {
         let s = self.index.remove(id)?;
         self.ids.swap_remove(s);

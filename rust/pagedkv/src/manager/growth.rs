@@ -166,16 +166,12 @@ impl KvCacheManager {
         plan: GrowthPlan,
         supply: &mut impl Iterator<Item = BlockId>,
     ) {
+        let block_size = self.block_size;
         let seq = self.seqs.at_mut(row);
-        let copied = grow_table(
-            seq,
-            self.prefix.as_mut(),
-            &self.pool,
-            num_tokens,
-            token_ids,
-            plan,
-            supply,
-        );
+        let copied = grow_table(seq, block_size, num_tokens, plan, supply);
+        if let Some(prefix) = self.prefix.as_mut() {
+            record_tokens(prefix, &self.pool, seq, block_size, token_ids);
+        }
         if let Some((src, dst)) = copied {
             self.copy_on_write(src, dst);
         }
@@ -183,20 +179,17 @@ impl KvCacheManager {
 }
 
 /// The table side of a validated growth of `seq` by `num_tokens` (with blocks from `supply`):
-/// the copy-on-write swap, new blocks, length, watermark and token ids. Returns the copy
-/// `(src, dst)` the caller records with `copy_on_write`. A free function of the fields it
-/// needs, so a batch loop keeps them in registers.
+/// the copy-on-write swap, new blocks, length and watermark (the caller records token ids).
+/// Returns the copy `(src, dst)` the caller records with `copy_on_write`. A free function of
+/// the fields it needs, so a batch loop keeps them in registers.
 #[inline(always)]
 pub(super) fn grow_table(
     seq: &mut Sequence,
-    prefix: Option<&mut PrefixCache>,
-    pool: &BlockPool,
+    block_size: usize,
     num_tokens: usize,
-    token_ids: Option<&[TokenId]>,
     plan: GrowthPlan,
     supply: &mut impl Iterator<Item = BlockId>,
 ) -> Option<(BlockId, BlockId)> {
-    let block_size = pool.block_size();
     let mut copied = None;
     if plan.copy_on_write {
         let dst = supply.next().expect("planned block");
@@ -216,9 +209,6 @@ pub(super) fn grow_table(
     }
     seq.table.num_tokens = new_len;
     seq.num_computed = new_len;
-    if let Some(prefix) = prefix {
-        record_tokens(prefix, pool, seq, block_size, token_ids);
-    }
     copied
 }
 

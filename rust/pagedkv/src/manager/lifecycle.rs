@@ -147,9 +147,11 @@ impl KvCacheManager {
                 result.is_ok(),
                 "release of a table block failed: {result:?}"
             );
+            seq.dispose();
             return Ok(());
         }
         self.release_all(&seq.table.block_ids);
+        seq.dispose();
         Ok(())
     }
 
