@@ -120,8 +120,9 @@ def manager_class(name: str) -> Any:
     raise ValueError(f"unknown manager {name!r}")
 
 
-def build_scheduler(w: Workload, manager: Any) -> Any:
-    """vLLM's scheduler for workload `w`, with `manager` as its KV-cache manager class."""
+def build_scheduler(w: Workload, manager: Any, scheduler_cls: Any = None) -> Any:
+    """vLLM's scheduler for workload `w`, with `manager` as its KV-cache manager class
+    (`scheduler_cls`: another scheduler class, built with the same arguments)."""
     import torch
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.v1.core.sched import scheduler as scheduler_module
@@ -171,7 +172,7 @@ def build_scheduler(w: Workload, manager: Any) -> Any:
     ]
     kv_cache_config = KVCacheConfig(num_blocks=w.num_blocks, kv_cache_tensors=[], kv_cache_groups=specs)
     cache_config.num_gpu_blocks = w.num_blocks
-    cls = AsyncScheduler if w.async_scheduling else Scheduler
+    cls = scheduler_cls or (AsyncScheduler if w.async_scheduling else Scheduler)
     saved = scheduler_module.KVCacheManager
     scheduler_module.KVCacheManager = manager  # the scheduler builds it from its module's name
     try:
