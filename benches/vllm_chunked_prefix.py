@@ -205,6 +205,11 @@ class VllmSide:
                 count += sum(c.ref_cnt == 0 for c in copies.values()) >= 2
         return count
 
+    def has_duplicate_copies(self) -> bool:
+        """Whether vLLM's index holds two blocks of one content (it indexes every copy)."""
+        index = self.mgr.block_pool.cached_block_hash_to_block._cache
+        return any(isinstance(copies, dict) and len(copies) >= 2 for copies in index.values())
+
     def table(self, rid: int) -> list[int]:
         return list(self.mgr.get_block_ids(str(rid))[0])
 
@@ -343,7 +348,22 @@ def run_schedule(seed: int, cfg: Config, vllm_side: Any = None, log: list[str] |
             if r.scheduled < len(r.tokens)
         )
 
+    # The step from which vLLM's index holds two blocks of one content. pagedkv's index keeps
+    # one, with any number of KV groups (docs/conformance.md, Duplicate copies): it hands the
+    # private copy back to the pool when the indexed one is freed, where vLLM keeps both cached,
+    # so from there the two pools evict different blocks and later hits may differ either way. A
+    # difference after that step stops the schedule as an explained divergence; any difference
+    # before it fails.
+    duplicates_since: int | None = None
+
     def fail(step: int, what: str) -> None:
+        if duplicates_since is not None:
+            if not out.diverged:
+                out.diverged = (
+                    f"seed {seed} step {step}: {what}, after vLLM indexed two copies of one "
+                    f"content (step {duplicates_since})"
+                )
+            return
         out.mismatches.append(f"seed {seed} step {step}: {what}")
 
     for step in range(cfg.steps):
@@ -411,14 +431,8 @@ def run_schedule(seed: int, cfg: Config, vllm_side: Any = None, log: list[str] |
                     return out  # the pools differ from here
                 ours_sharing = _hit_sharing(ours, next_rid, got // bs, running)
                 theirs_sharing = _hit_sharing(theirs, next_rid, got // bs, running)
-                # (The hybrid index serves the oldest copy, as vLLM does: no stop needed there;
-                # a different choice would still show in the sharing lists below.)
-                if (
-                    not hybrid
-                    and got == got_vllm
-                    and ours_sharing == theirs_sharing
-                    and theirs.evictable_copies
-                ):
+                # (With KV groups too: one manager, one index, the newest copy; docs/design.md.)
+                if got == got_vllm and ours_sharing == theirs_sharing and theirs.evictable_copies:
                     # The same, one level down: two cached-evictable copies of a hit block;
                     # each manager revives a different one, and the copy left behind holds a
                     # different place in the eviction order on the two sides, so later
@@ -525,6 +539,10 @@ def run_schedule(seed: int, cfg: Config, vllm_side: Any = None, log: list[str] |
             a, b = ours.num_computed(rid), theirs.num_computed(rid)
             if not a == b == r.scheduled:
                 fail(step, f"num_computed_tokens of {rid}: pagedkv {a}, vLLM {b}, schedule {r.scheduled}")
+        if out.diverged:
+            return out
+        if duplicates_since is None and theirs.has_duplicate_copies():
+            duplicates_since = step
     return out
 
 
@@ -614,6 +632,7 @@ def main(argv: list[str] | None = None, configs: dict[str, Config] | None = None
             "fit differs": sum("fits pagedkv" in d for d in diverged),
             "two evictable copies": sum("two cached-evictable" in d for d in diverged),
             "release in a failed allocation": sum("failed allocation" in d for d in diverged),
+            "after duplicate copies": sum("two copies of one" in d for d in diverged),
         }
         steps_to_stop = sorted(int(d.split(" step ")[1].split(":")[0]) for d in diverged)
         if diverged:
