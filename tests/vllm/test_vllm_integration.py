@@ -115,3 +115,41 @@ def test_scheduler_class_builds_on_pagedkv_and_restores_vllms_name() -> None:
         config = SimpleNamespace(scheduler_config=SimpleNamespace(async_scheduling=flag))
         chosen = PagedkvScheduler.__new__(PagedkvScheduler, vllm_config=config)
         assert isinstance(chosen, PagedkvAsyncScheduler) == flag
+
+
+@pytest.mark.parametrize("manager_kind", ["vllm", "pagedkv"])
+def test_a_hash_arriving_after_its_blocks_ids_is_indexed(manager_kind: str) -> None:
+    """A hasher with a lookahead token hashes a block only once the token after it exists: a
+    4-token prompt (one block) gets its block's hash from the prefill's sampled token, when no
+    new id needs giving. ``cache_blocks`` must index the block then, as vLLM's manager does
+    (vLLM's own test_finished_spec_request_caches_completed_blocks[prefill-1-*])."""
+    import torch
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmKVCacheManager
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+    from vllm.v1.request import Request
+
+    init_none_hash(sha256)
+    bs = 4
+    config = _config(FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float32))
+    args = dict(max_model_len=64, scheduler_block_size=bs, hash_block_size=bs)
+    m = VllmKVCacheManager(config, **args) if manager_kind == "vllm" else _manager(config, **args)
+    hasher = get_request_block_hasher(bs, sha256, 1)
+
+    def request(rid: str, prompt: list[int]) -> Request:
+        return Request(rid, prompt, SamplingParams(max_tokens=1), None, block_hasher=hasher)
+
+    producer = request("producer", [0, 1, 2, 3])
+    assert producer.block_hashes == []  # block 0's lookahead token is not known yet
+    blocks, hit = m.get_computed_blocks(producer)[:2]
+    assert hit == 0
+    assert m.allocate_slots(producer, 4, 0, blocks, num_lookahead_tokens=2, full_sequence_must_fit=True)
+    producer.num_computed_tokens = 4
+    producer.append_output_token_ids(4)  # the prefill's sampled token: block 0's hash now
+    assert len(producer.block_hashes) == 1
+    m.cache_blocks(producer, 4)
+    m.free(producer)
+    probe = request("probe", [0, 1, 2, 3, 4, 99, 99, 99, 99])
+    assert m.get_computed_blocks(probe)[1] == bs

@@ -472,19 +472,24 @@ class KVCacheManager:
                 state[2] = num_tokens
             return
         limit = min(num_tokens, upto, table_len * self.block_size)
-        if limit > num_ids:
-            all_hashes = request.block_hashes
-            new_hashes = all_hashes[num_hashes:]
+        all_hashes = request.block_hashes
+        # A hash can arrive after its block's ids: a hasher with lookahead tokens hashes a block
+        # once the tokens after it exist (e.g. a request that finishes at its prefill's sampled
+        # token), so new hashes alone are news too. Hashes go no further than the known ids.
+        known = max(num_ids, limit)
+        hashes_end = min(len(all_hashes), known // self.block_size)
+        if limit > num_ids or hashes_end > num_hashes:
+            new_hashes = all_hashes[num_hashes:hashes_end]
             self._core.provide_token_ids(
                 seq_id,
-                request._all_token_ids[num_ids:limit],
+                request._all_token_ids[num_ids:limit] if limit > num_ids else [],
                 num_computed_tokens=watermark,
                 block_hashes=new_hashes,
             )
             if self._events is not None:
                 self._events.remember(new_hashes, _lora(request))
-            state[2] = limit
-            state[3] = num_hashes = len(all_hashes)
+            state[2] = known
+            state[3] = num_hashes = max(num_hashes, hashes_end)
         cached = min(end, num_tokens, num_hashes * self.block_size) // self.block_size * self.block_size
         if cached > state[4]:
             state[4] = cached
