@@ -30,7 +30,8 @@ echo "vllm stage: pytest tests/vllm (in $venv)"
 # the checkout (pagedkv comes from the installed copy) and nothing is written into it.
 "$vpy" -m pytest -q -o addopts=-ra -p no:cacheprovider --import-mode=importlib "$repo/tests/vllm"
 
-if python -c 'import pagedkv.integrations.vllm' 2>/dev/null; then
+# The package's presence, not an import: importing it imports vLLM, which only the vLLM venv has.
+if [ -f "$installed/integrations/vllm/__init__.py" ]; then
     echo "vllm stage: vLLM's own scheduler tests on pagedkv's KV-cache manager"
-    "$vpy" "$repo/scripts/vllm/own_tests.py" --venv "$venv" --work "$work"
+    "$vpy" "$repo/scripts/vllm/own_tests.py" --venv "$venv"
 fi

@@ -69,3 +69,18 @@ def test_a_manager_that_loses_hits_is_caught() -> None:
 
     w = module.Workload(requests=12, num_blocks=60, max_num_batched_tokens=128)
     assert module.first_difference(module.run(w, module.manager_class("vllm")), module.run(w, NoHits))
+
+
+def test_a_difference_is_explained_only_after_vllm_indexed_two_copies() -> None:
+    """The explained-divergence rule (docs/conformance.md, Duplicate copies) on made-up traces:
+    a difference at or before the step vLLM first indexed two copies of one content is real."""
+    module = _load()
+    same, other = ((("a", 1),), (), ()), ((("a", 2),), (), ())
+    reference = module.Trace(steps=[same, same, same, same])
+    candidate = module.Trace(steps=[same, same, other, same])
+    assert module.explained_divergence(reference, candidate) is None  # no duplicates: real
+    reference.duplicates_since = 2
+    assert module.explained_divergence(reference, candidate) is None  # not after them: real
+    reference.duplicates_since = 1
+    assert "from step 2" in (module.explained_divergence(reference, candidate) or "")
+    assert module.explained_divergence(reference, module.Trace(steps=list(reference.steps))) is None

@@ -1,0 +1,589 @@
+"""pagedkv's drop-in for vLLM 0.33's ``KVCacheManager`` (docs/integrations/vllm.md).
+
+The scheduler builds its manager from the name ``KVCacheManager`` in its own module and calls it
+per admission, per running request and per step; this class answers those calls from one
+``pagedkv.KvCacheManager`` with per-chunk allocation (docs/design.md, Per-chunk allocation):
+
+- admission (``allocate_slots`` for a request without blocks) is ``add_sequence(...,
+  num_scheduled=n, reserve_prompt=False)`` with the request's own block hashes
+  (``request.block_hashes``), so hits and cached blocks are keyed exactly as vLLM keys them;
+- every later ``allocate_slots`` is one ``allocate_slots`` of the core with the scheduler's
+  watermark (``request.num_computed_tokens``, which rolls rejected drafts back) and in-flight
+  count, then the ids (and hashes) of the tokens sampled since, as vLLM caches
+  ``min(computed + new, request.num_tokens)`` tokens;
+- the block ids come back as vLLM's own ``KVCacheBlock`` objects (one per pool block, made once),
+  inside vLLM's ``KVCacheBlocks``; block 0 is vLLM's null block (``null_block=0``).
+
+What vLLM's scheduler reaches only with optional features this manager does not support (a KV
+connector, Mamba or cross-attention groups, EAGLE's dropped hit block, DCP/PCP, hash blocks
+smaller than blocks) is refused at construction with ``UnsupportedVllmFeatureError`` naming it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+from vllm.v1.core.kv_cache_utils import KVCacheBlock, KVCacheBlockCopy
+from vllm.v1.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheSpec,
+    SlidingWindowSpec,
+)
+from vllm.v1.metrics.stats import PrefixCacheStats
+from vllm.v1.request import Request, RequestStatus
+
+import pagedkv
+from pagedkv.errors import InvalidArgumentError, OutOfBlocksError
+from pagedkv.integrations.vllm.events import EventTranslator
+
+
+class UnsupportedVllmFeatureError(InvalidArgumentError):
+    """A vLLM feature this manager does not implement was asked for (raised at construction,
+    or on the first call that needs it): never a silently different schedule."""
+
+
+def _lora(request: Request) -> tuple[int | None, str | None]:
+    lora = request.lora_request
+    return (lora.adapter_id, lora.name) if lora else (None, None)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class _GroupView:
+    """What the scheduler reads of vLLM's per-group manager: ``block_size``, ``kv_cache_spec``."""
+
+    def __init__(self, group_id: int, spec: KVCacheSpec) -> None:
+        self.kv_cache_group_id = group_id
+        self.kv_cache_spec = spec
+        self.block_size = spec.block_size
+        self.retains_longer_hit = False
+
+
+class _BlockPoolView:
+    """What the scheduler and vLLM's tests read of vLLM's ``BlockPool``: free blocks, usage."""
+
+    def __init__(self, core: Any, num_blocks: int, block_size: int) -> None:
+        self._core = core
+        self.num_gpu_blocks = num_blocks
+        self.hash_block_size = block_size
+
+    def get_num_free_blocks(self) -> int:
+        # Free-list plus cached-evictable blocks, block 0 (the null block) excluded, as vLLM's
+        # free block queue counts them.
+        return int(self._core.num_free_blocks)
+
+    def get_usage(self) -> float:
+        total = self.num_gpu_blocks - 1  # the null block is never usable
+        if total <= 0:
+            return 0.0
+        return 1.0 - self.get_num_free_blocks() / total
+
+
+class _CoordinatorView:
+    """What the scheduler reads of vLLM's coordinator at construction and per step."""
+
+    def __init__(self, groups: list[_GroupView], block_pool: _BlockPoolView) -> None:
+        self.single_type_managers = groups
+        self.block_pool = block_pool
+        self.enable_partial_hash_hits = False
+        self.eagle_group_ids: tuple[int, ...] = ()
+        self.num_reprefillable_tokens = 0
+
+    def new_step_starts(self) -> None:
+        pass
+
+
+def _check_config(
+    kv_cache_config: KVCacheConfig,
+    scheduler_block_size: int,
+    hash_block_size: int,
+    use_eagle: bool,
+    num_hash_lookahead_tokens: int,
+    num_prefill_lookahead: int,
+    dcp_world_size: int,
+    pcp_world_size: int,
+    metrics_collector: Any,
+) -> tuple[int, list[Any]]:
+    """The pool's block size and pagedkv's group list, or the unsupported feature named."""
+    groups = kv_cache_config.kv_cache_groups
+    if not groups:
+        raise UnsupportedVllmFeatureError("a KV-cache config without KV-cache groups")
+    kv_groups: list[Any] = []
+    block_sizes = set()
+    for i, group in enumerate(groups):
+        spec = group.kv_cache_spec
+        # Exact classes: vLLM's subclasses (MLA, chunked local attention, Mamba, cross
+        # attention, encoder-only, sinks, ...) change what a block holds or which are kept.
+        if type(spec) is FullAttentionSpec:
+            if getattr(spec, "sliding_window", None) is not None or getattr(
+                spec, "attention_chunk_size", None
+            ):
+                raise UnsupportedVllmFeatureError(
+                    f"KV-cache group {i}: a FullAttentionSpec with a sliding window or attention "
+                    "chunks (a hybrid allocator disabled)"
+                )
+            kv_groups.append(pagedkv.FullAttention())
+        elif type(spec) is SlidingWindowSpec:
+            kv_groups.append(pagedkv.SlidingWindow(spec.sliding_window))
+        else:
+            raise UnsupportedVllmFeatureError(
+                f"KV-cache group {i}: {type(spec).__name__} (pagedkv's vLLM manager supports "
+                "FullAttentionSpec and SlidingWindowSpec groups; Mamba, cross-attention, "
+                "encoder-only and other group kinds are not supported)"
+            )
+        block_sizes.add(spec.block_size)
+    if len(block_sizes) != 1:
+        raise UnsupportedVllmFeatureError(f"KV-cache groups with different block sizes {sorted(block_sizes)}")
+    (block_size,) = block_sizes
+    if scheduler_block_size != block_size or hash_block_size != block_size:
+        raise UnsupportedVllmFeatureError(
+            f"scheduler block size {scheduler_block_size} / hash block size {hash_block_size} "
+            f"other than the KV block size {block_size}"
+        )
+    if use_eagle:
+        raise UnsupportedVllmFeatureError("EAGLE's prefix-hit block drop (use_eagle)")
+    if num_hash_lookahead_tokens or num_prefill_lookahead:
+        raise UnsupportedVllmFeatureError(
+            "lookahead hashing / prefill lookahead (multi-token-prediction re-prefill)"
+        )
+    if dcp_world_size != 1 or pcp_world_size != 1:
+        raise UnsupportedVllmFeatureError("decode/prefill context parallelism (DCP/PCP)")
+    if metrics_collector is not None:
+        raise UnsupportedVllmFeatureError("KV-cache residency metrics (metrics_collector)")
+    if getattr(kv_cache_config, "hisparse_host_num_blocks", None) is not None:
+        raise UnsupportedVllmFeatureError("HiSparse host blocks")
+    return block_size, kv_groups
+
+
+class KVCacheManager:
+    """vLLM 0.33's ``KVCacheManager`` on pagedkv: same constructor, same calls on the
+    scheduler's paths, vLLM's own return types. See the module docstring."""
+
+    def __init__(
+        self,
+        kv_cache_config: KVCacheConfig,
+        max_model_len: int,
+        scheduler_block_size: int,
+        hash_block_size: int,
+        max_in_flight_tokens: int | None = None,
+        enable_caching: bool = True,
+        use_eagle: bool = False,
+        num_hash_lookahead_tokens: int = 0,
+        num_prefill_lookahead: int = 0,
+        log_stats: bool = False,
+        enable_kv_cache_events: bool = False,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+        metrics_collector: Any = None,
+        watermark: float = 0.0,
+        enable_mamba_shared_prefix_checkpoint: bool = False,
+    ) -> None:
+        block_size, kv_groups = _check_config(
+            kv_cache_config,
+            scheduler_block_size,
+            hash_block_size,
+            use_eagle,
+            num_hash_lookahead_tokens,
+            num_prefill_lookahead,
+            dcp_world_size,
+            pcp_world_size,
+            metrics_collector,
+        )
+        if watermark < 0.0:
+            raise InvalidArgumentError(f"watermark must be non-negative, got {watermark}")
+        num_blocks = kv_cache_config.num_blocks
+        if max_in_flight_tokens is None:
+            max_in_flight_tokens = max_model_len
+        self.kv_cache_config = kv_cache_config
+        self.max_model_len = max_model_len
+        self.enable_caching = enable_caching
+        self.enable_kv_cache_events = enable_kv_cache_events
+        self.use_eagle = use_eagle
+        self.log_stats = log_stats
+        self.metrics_collector = metrics_collector
+        self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
+        self.watermark_blocks = int(watermark * num_blocks)
+        self.num_kv_cache_groups = len(kv_groups)
+        self.block_size = block_size
+        self.mamba_shared_prefix_checkpoint = False
+        self.retained_hit_group_ids: tuple[int, ...] = ()
+        self._record_new_block_ids = bool(getattr(kv_cache_config, "needs_kv_cache_zeroing", False))
+        self._core = pagedkv.KvCacheManager(
+            num_blocks,
+            block_size,
+            enable_caching,
+            kv_groups=kv_groups,
+            max_model_len=max_model_len,
+            max_in_flight_tokens=max_in_flight_tokens,
+            watermark_blocks=self.watermark_blocks,
+            null_block=0,
+            record_new_block_ids=self._record_new_block_ids,
+            enable_kv_events=enable_kv_cache_events and enable_caching,
+        )
+        self.block_pool = _BlockPoolView(self._core, num_blocks, block_size)
+        self.coordinator = _CoordinatorView(
+            [_GroupView(i, g.kv_cache_spec) for i, g in enumerate(kv_cache_config.kv_cache_groups)],
+            self.block_pool,
+        )
+        # vLLM's block objects, one per pool block, made once: the scheduler reads only
+        # ``block_id`` (through ``KVCacheBlocks.get_block_ids``).
+        self._blocks = [KVCacheBlock(i) for i in range(num_blocks)]
+        self._blocks[0].is_null = True
+        self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in range(self.num_kv_cache_groups)))
+        # Per request: [seq id, table length in blocks, token ids given, block hashes given
+        # (-1: never: a request that skips the prefix cache), tokens cached (estimate)].
+        self._reqs: dict[str, list[int]] = {}
+        self._next_seq_id = 0
+        self._events = EventTranslator(self._core, block_size) if self._core_events() else None
+
+    def _core_events(self) -> bool:
+        return self.enable_kv_cache_events and self.enable_caching
+
+    # ---------------------------------------------------------------- per step
+
+    @property
+    def usage(self) -> float:
+        """The KV cache usage in [0, 1], vLLM's denominator (the null block excluded)."""
+        return self.block_pool.get_usage()
+
+    def new_step_starts(self) -> None:
+        """Nothing to do: pagedkv keeps no per-step state for attention groups."""
+
+    def take_kv_cache_block_copies(self) -> tuple[list[KVCacheBlockCopy], list[KVCacheBlock]]:
+        """No copies: hits are whole blocks (hash block size = block size), never copied."""
+        return [], []
+
+    def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
+        """No Mamba groups, so no boundary states."""
+        return {}
+
+    def take_new_block_ids(self) -> list[int]:
+        """Blocks allocated since the last call, for zeroing (when the config asks for it)."""
+        if not self._record_new_block_ids:
+            return []
+        _seqs, _groups, _positions, block_ids, fresh = self._core.take_new_block_ids()
+        return [int(b) for b in block_ids[fresh]]
+
+    def take_events(self) -> list[Any]:
+        """vLLM's KV-cache events since the last call (vLLM's classes and hashes)."""
+        if self._events is None:
+            return []
+        return self._events.take()
+
+    def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
+        """The prefix-cache stats since the last call (and a fresh counter), or None."""
+        if not self.log_stats:
+            return None
+        stats = self.prefix_cache_stats
+        self.prefix_cache_stats = PrefixCacheStats()
+        return stats
+
+    def prefix_cache_lookup_enabled(self, request: Request) -> bool:
+        """Whether a local prefix-cache lookup may run for this request."""
+        return self.enable_caching and not request.skip_reading_prefix_cache
+
+    def record_prefix_cache_stats(self, request: Request, num_hits: int) -> None:
+        """Counts one admission's query and hit (requests that skipped the lookup excluded)."""
+        if not self.log_stats or not self.prefix_cache_lookup_enabled(request):
+            return
+        assert self.prefix_cache_stats is not None
+        self.prefix_cache_stats.record(
+            num_tokens=request.num_tokens,
+            num_hits=num_hits,
+            preempted=request.num_preemptions > 0,
+        )
+
+    # ---------------------------------------------------------------- admission
+
+    def get_computed_blocks(
+        self, request: Request, max_cache_hit_length: int | None = None
+    ) -> tuple[KVCacheBlocks, int, int]:
+        """The prefix-cache hit of a waiting request: (blocks, hit tokens, 0).
+
+        The hit is pagedkv's look-up with the request's own block hashes, no side effect; the
+        blocks are taken at ``allocate_slots`` (as vLLM takes its references there). Until
+        then the returned blocks stand for the hit's length only (the scheduler passes them
+        back and reads nothing else of them)."""
+        if not self.prefix_cache_lookup_enabled(request):
+            return self.empty_kv_cache_blocks, 0, 0
+        if max_cache_hit_length is None:
+            max_cache_hit_length = request.num_tokens - 1
+        hashes = request.block_hashes[: max(0, max_cache_hit_length) // self.block_size]
+        if not hashes:
+            return self.empty_kv_cache_blocks, 0, 0
+        tokens = request._all_token_ids[: len(hashes) * self.block_size + 1]
+        hit = self._core.match_prefix(tokens, block_hashes=hashes)
+        if hit == 0:
+            return self.empty_kv_cache_blocks, 0, 0
+        placeholder = [self._blocks[0]] * (hit // self.block_size)
+        return KVCacheBlocks(tuple(placeholder for _ in range(self.num_kv_cache_groups))), hit, 0
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: KVCacheBlocks | None = None,
+        num_lookahead_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+        delay_cache_blocks: bool = False,
+        num_encoder_tokens: int = 0,
+        full_sequence_must_fit: bool = False,
+        reserved_blocks: int = 0,
+        has_scheduled_reqs: bool = True,
+        skip_zeroing_group_ids: tuple[int, ...] = (),
+    ) -> KVCacheBlocks | None:
+        """Slots for ``num_new_tokens`` (+ lookahead) tokens of ``request``: the blocks newly
+        added to its tables, or None when the pool is short (vLLM's signal to preempt)."""
+        if num_external_computed_tokens or delay_cache_blocks or reserved_blocks:
+            raise UnsupportedVllmFeatureError("a KV connector's external tokens / async loads")
+        if num_encoder_tokens:
+            raise UnsupportedVllmFeatureError("encoder tokens (cross-attention)")
+        if num_new_tokens == 0 and num_new_computed_tokens == 0:
+            raise ValueError(
+                "num_new_tokens must be greater than 0 when there are no computed tokens to adopt"
+            )
+        state = self._reqs.get(request.request_id)
+        if state is None:
+            return self._admit(
+                request,
+                num_new_tokens,
+                num_new_computed_tokens,
+                num_lookahead_tokens,
+                full_sequence_must_fit,
+                has_scheduled_reqs,
+            )
+        if num_new_computed_tokens:
+            raise InvalidArgumentError(
+                f"request {request.request_id!r} already holds blocks: no new computed tokens"
+            )
+        seq_id, old_len = state[0], state[1]
+        computed = request.num_computed_tokens
+        if not self._core.allocate_slots(
+            seq_id,
+            num_new_tokens,
+            num_lookahead_tokens=num_lookahead_tokens,
+            num_in_flight_tokens=request.num_in_flight_tokens,
+            num_computed_tokens=computed,
+        ):
+            return None
+        end = computed + num_new_tokens
+        new_len = max(old_len, _cdiv(min(end + num_lookahead_tokens, self.max_model_len), self.block_size))
+        # The core's watermark is end now (the request's moves at the end of schedule()).
+        self._give_ids(request, state, end, None, request.num_tokens)
+        if new_len == old_len:
+            return self.empty_kv_cache_blocks
+        state[1] = new_len
+        return self._blocks_of(seq_id, old_len)
+
+    def _admit(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int,
+        num_lookahead_tokens: int,
+        full_sequence_must_fit: bool,
+        has_scheduled_reqs: bool,
+    ) -> KVCacheBlocks | None:
+        if not full_sequence_must_fit:
+            # pagedkv's admission always checks that the whole sequence fits (vLLM's default,
+            # SchedulerConfig.scheduler_reserve_full_isl=True).
+            raise UnsupportedVllmFeatureError("admission without scheduler_reserve_full_isl")
+        if request.num_computed_tokens:
+            raise UnsupportedVllmFeatureError(
+                "admitting a request with computed tokens and no blocks (a KV connector's load)"
+            )
+        seq_id = self._next_seq_id
+        watermark = has_scheduled_reqs and request.status in (
+            RequestStatus.WAITING,
+            RequestStatus.PREEMPTED,
+        )
+        bs = self.block_size
+        tokens = request._all_token_ids  # the list behind all_token_ids (a read-only view)
+        if self.enable_caching:
+            skip = request.skip_reading_prefix_cache
+            # A request that must not read the cache is admitted without hashes: nothing it
+            # holds is looked up or indexed (docs/integrations/vllm.md, differences).
+            hashes = [] if skip else list(request.block_hashes)
+            try:
+                hit = self._core.add_sequence(
+                    seq_id,
+                    tokens,
+                    num_scheduled=num_new_tokens,
+                    reserve_prompt=False,
+                    num_lookahead_tokens=num_lookahead_tokens,
+                    block_hashes=hashes,
+                    apply_watermark=watermark,
+                )
+            except OutOfBlocksError:
+                return None
+            num_hashes = -1 if skip else len(hashes)
+            if self._events is not None:
+                self._events.remember(hashes, _lora(request))
+            num_ids = len(tokens)
+        else:
+            try:
+                hit = self._core.add_sequence(
+                    seq_id,
+                    num_tokens=request.num_tokens,
+                    num_scheduled=num_new_tokens,
+                    reserve_prompt=False,
+                    num_lookahead_tokens=num_lookahead_tokens,
+                    apply_watermark=watermark,
+                )
+            except OutOfBlocksError:
+                return None
+            num_hashes = -1
+            num_ids = request.num_tokens
+        self._next_seq_id += 1
+        if hit != num_new_computed_tokens:
+            # The scheduler took its hit from get_computed_blocks in this same step; a different
+            # one here would schedule tokens over blocks nobody computed.
+            self._core.free(seq_id)
+            raise RuntimeError(
+                f"request {request.request_id!r}: pagedkv's hit at admission ({hit} tokens) "
+                f"differs from the looked-up one ({num_new_computed_tokens})"
+            )
+        end = hit + num_new_tokens
+        table_len = _cdiv(min(end + num_lookahead_tokens, self.max_model_len), bs)
+        cached = 0
+        if num_hashes >= 0:
+            cached = min(end, request.num_tokens, num_hashes * bs) // bs * bs
+        self._reqs[request.request_id] = [seq_id, table_len, num_ids, num_hashes, cached]
+        return self._blocks_of(seq_id, hit // bs)
+
+    def _give_ids(
+        self, request: Request, state: list[int], end: int, watermark: int | None, upto: int
+    ) -> None:
+        """Gives the core the ids (and hashes) of tokens sampled since, as far as the request's
+        slots reach; updates the cached-tokens estimate for ``end`` scheduled tokens.
+        ``watermark``: the scheduler's computed tokens after rejected drafts (None: the core's
+        stands, as right after ``allocate_slots``). ``upto``: ids beyond are held back (vLLM's
+        ``cache_blocks(request, n)`` caches no block past ``n``, e.g. in-flight tokens)."""
+        seq_id, table_len, num_ids, num_hashes = state[0], state[1], state[2], state[3]
+        num_tokens = request.num_tokens
+        if num_hashes < 0:
+            if num_tokens > num_ids and not self.enable_caching:
+                state[2] = num_tokens
+            return
+        limit = min(num_tokens, upto, table_len * self.block_size)
+        all_hashes = request.block_hashes
+        # A hash can arrive after its block's ids: a hasher with lookahead tokens hashes a block
+        # once the tokens after it exist (e.g. a request that finishes at its prefill's sampled
+        # token), so new hashes alone are news too. Hashes go no further than the known ids.
+        known = max(num_ids, limit)
+        hashes_end = min(len(all_hashes), known // self.block_size)
+        if limit > num_ids or hashes_end > num_hashes:
+            new_hashes = all_hashes[num_hashes:hashes_end]
+            self._core.provide_token_ids(
+                seq_id,
+                request._all_token_ids[num_ids:limit] if limit > num_ids else [],
+                num_computed_tokens=watermark,
+                block_hashes=new_hashes,
+            )
+            if self._events is not None:
+                self._events.remember(new_hashes, _lora(request))
+            state[2] = known
+            state[3] = num_hashes = max(num_hashes, hashes_end)
+        cached = min(end, num_tokens, num_hashes * self.block_size) // self.block_size * self.block_size
+        if cached > state[4]:
+            state[4] = cached
+
+    def _blocks_of(self, seq_id: int, start: int) -> KVCacheBlocks:
+        """The request's blocks from table position ``start`` on, every group."""
+        blocks = self._blocks
+        groups = tuple(
+            [blocks[b] for b in self._core.block_table(seq_id, group=g)[start:].tolist()]
+            for g in range(self.num_kv_cache_groups)
+        )
+        return KVCacheBlocks(groups) if any(groups) else self.empty_kv_cache_blocks
+
+    # ---------------------------------------------------------------- other calls
+
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        """Indexes the request's blocks computed and known so far (async scheduling gives the
+        ids of sampled tokens here, after their slots were allocated)."""
+        state = self._reqs.get(request.request_id)
+        if state is None or not self.enable_caching:
+            return
+        self._give_ids(request, state, num_computed_tokens, request.num_computed_tokens, num_computed_tokens)
+
+    def free(self, request: Request) -> None:
+        """Frees the request's blocks (tail first into the evictable cache, as vLLM does)."""
+        state = self._reqs.pop(request.request_id, None)
+        if state is not None:
+            self._core.free(state[0])
+
+    def get_blocks(self, request_id: str) -> KVCacheBlocks:
+        """All blocks of a request (released window positions are the null block)."""
+        state = self._reqs.get(request_id)
+        if state is None:
+            return self.empty_kv_cache_blocks
+        return self._blocks_of(state[0], 0)
+
+    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        """The block ids of a request, per group."""
+        state = self._reqs.get(request_id)
+        if state is None:
+            return tuple([] for _ in range(self.num_kv_cache_groups))
+        return tuple(
+            self._core.block_table(state[0], group=g).tolist() for g in range(self.num_kv_cache_groups)
+        )
+
+    def get_block_ids_for_computed_tokens(
+        self, request_id: str, num_computed_tokens: int
+    ) -> tuple[list[int], ...]:
+        """The block ids covering the request's first ``num_computed_tokens`` tokens."""
+        n = _cdiv(num_computed_tokens, self.block_size)
+        return tuple(ids[:n] for ids in self.get_block_ids(request_id))
+
+    def estimate_cached_tokens(self, request: Request) -> int:
+        """Tokens of the request whose blocks are in the prefix cache (block-aligned)."""
+        state = self._reqs.get(request.request_id)
+        if state is None or not self.enable_caching:
+            return 0
+        return state[4]
+
+    def reset_prefix_cache(self) -> bool:
+        """Drops every cached block no request holds; False when some are still held."""
+        if not self._core.reset_prefix_cache():
+            return False
+        if self.log_stats:
+            assert self.prefix_cache_stats is not None
+            self.prefix_cache_stats.reset = True
+        return True
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
+        """vLLM's deprecated cascade-attention query: 0 per group."""
+        return [0] * self.num_kv_cache_groups
+
+    def create_kv_cache_blocks(self, blocks: tuple[Sequence[KVCacheBlock], ...]) -> KVCacheBlocks:
+        """vLLM's ``KVCacheBlocks`` of ``blocks`` (the shared empty one when all are empty)."""
+        return KVCacheBlocks(blocks) if any(blocks) else self.empty_kv_cache_blocks
+
+    def finalize_partial_tail_offloads(self, request: Request) -> list[tuple[int, int, int]]:
+        """No Mamba groups, so no partial-tail boundary states to hand a connector."""
+        return []
+
+    def remove_skipped_blocks(
+        self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
+        """Reached through a KV connector only (unsupported)."""
+        raise UnsupportedVllmFeatureError("remove_skipped_blocks (a KV connector's path)")
+
+    def pop_blocks_for_free(self, request: Request) -> list[KVCacheBlock]:
+        """Reached through a KV connector's deferred frees only (unsupported)."""
+        raise UnsupportedVllmFeatureError("deferred block frees (a KV connector's path)")
+
+    def evict_blocks(self, block_ids: set[int]) -> None:
+        """Reached through a KV connector only (unsupported)."""
+        raise UnsupportedVllmFeatureError("evict_blocks (a KV connector's path)")
+
+    def check_invariants(self) -> None:
+        """The core's allocator invariants (``InvariantViolation`` if one does not hold)."""
+        self._core.check_invariants()

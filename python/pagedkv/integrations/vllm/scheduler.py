@@ -1,0 +1,66 @@
+"""vLLM's ``Scheduler`` / ``AsyncScheduler`` building pagedkv's KV-cache manager.
+
+vLLM's scheduler constructs its manager from the name ``KVCacheManager`` in its own module, with
+no hook besides the scheduler class itself; these subclasses swap that name for the duration of
+their own construction only (one module-level name, so construction is serialized by a lock), and
+refuse a KV connector up front: its paths reach into vLLM's manager internals.
+
+    SchedulerConfig(..., scheduler_cls="pagedkv.integrations.vllm.PagedkvScheduler")
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from vllm.v1.core.sched import scheduler as _scheduler_module
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.scheduler import Scheduler
+
+from pagedkv.integrations.vllm.manager import KVCacheManager, UnsupportedVllmFeatureError
+
+_CONSTRUCTION = threading.Lock()
+
+
+def _check_vllm_config(vllm_config: Any) -> None:
+    if getattr(vllm_config, "kv_transfer_config", None) is not None:
+        raise UnsupportedVllmFeatureError(
+            "a KV connector (kv_transfer_config): pagedkv's vLLM manager does not support KV "
+            "transfer / offloading connectors"
+        )
+
+
+@contextmanager
+def _building(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Iterator[None]:
+    """vLLM's scheduler module names pagedkv's manager while one scheduler is built."""
+    _check_vllm_config(kwargs.get("vllm_config", args[0] if args else None))
+    with _CONSTRUCTION:
+        saved = _scheduler_module.KVCacheManager
+        _scheduler_module.KVCacheManager = KVCacheManager
+        try:
+            yield
+        finally:
+            _scheduler_module.KVCacheManager = saved
+
+
+class PagedkvScheduler(Scheduler):
+    """vLLM's ``Scheduler`` on pagedkv's ``KVCacheManager``; with async scheduling configured
+    (``SchedulerConfig.async_scheduling``), an instance of ``PagedkvAsyncScheduler``, as vLLM
+    picks ``AsyncScheduler`` when no scheduler class is set, so one setting serves both."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> PagedkvScheduler:
+        vllm_config = kwargs.get("vllm_config", args[0] if args else None)
+        scheduler_config = getattr(vllm_config, "scheduler_config", None)
+        if cls is PagedkvScheduler and getattr(scheduler_config, "async_scheduling", False):
+            cls = PagedkvAsyncScheduler
+        return super().__new__(cls)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        with _building(args, kwargs):
+            super().__init__(*args, **kwargs)
+
+
+class PagedkvAsyncScheduler(PagedkvScheduler, AsyncScheduler):
+    """vLLM's ``AsyncScheduler`` (async scheduling) on pagedkv's ``KVCacheManager``."""

@@ -1,0 +1,155 @@
+"""``pagedkv.integrations.vllm``: what it refuses at construction, and its scheduler class.
+
+Unsupported optional paths of vLLM's scheduler are refused by name (never a different schedule);
+``PagedkvScheduler`` builds vLLM's scheduler on pagedkv's manager without leaving vLLM's module
+patched, and becomes the async scheduler when async scheduling is configured.
+Runs in the vLLM stage of the test command (scripts/vllm/stage.sh); skipped elsewhere.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benches" / "vllm_scheduler.py"
+
+
+def _available() -> bool:
+    try:
+        import pagedkv.integrations.vllm  # noqa: F401
+        import vllm.v1.core.sched.scheduler  # noqa: F401
+    except Exception:  # noqa: BLE001 (a broken partial install skips as well)
+        return False
+    return True
+
+
+pytestmark = pytest.mark.skipif(
+    not _available(),
+    reason="vLLM 0.33's scheduler (and torch) not importable: runs in the vLLM stage (scripts/vllm/stage.sh)",
+)
+
+
+def _load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("vllm_scheduler", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _config(spec):  # type: ignore[no-untyped-def]
+    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
+
+    return KVCacheConfig(num_blocks=32, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l0"], spec)])
+
+
+def _manager(config, **kwargs):  # type: ignore[no-untyped-def]
+    from pagedkv.integrations.vllm import KVCacheManager
+
+    args = dict(max_model_len=256, scheduler_block_size=16, hash_block_size=16)
+    args.update(kwargs)
+    return KVCacheManager(config, **args)
+
+
+def test_full_attention_constructs_like_vllms() -> None:
+    import torch
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    m = _manager(_config(FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=1, dtype=torch.float32)))
+    assert m.coordinator.single_type_managers[0].block_size == 16
+    assert m.block_pool.get_num_free_blocks() == 31  # block 0 is vLLM's null block
+    assert m.usage == 0.0
+
+
+def test_unsupported_group_kinds_are_refused_by_name() -> None:
+    import torch
+    from pagedkv.integrations.vllm import UnsupportedVllmFeatureError
+    from vllm.v1.kv_cache_interface import CrossAttentionSpec, MambaSpec
+
+    cross = CrossAttentionSpec(block_size=16, num_kv_heads=1, head_size=1, dtype=torch.float32)
+    with pytest.raises(UnsupportedVllmFeatureError, match="CrossAttentionSpec"):
+        _manager(_config(cross))
+    mamba = MambaSpec(block_size=16, shapes=((1,),), dtypes=(torch.float32,))
+    with pytest.raises(UnsupportedVllmFeatureError, match="MambaSpec"):
+        _manager(_config(mamba))
+
+
+def test_unsupported_options_are_refused_by_name() -> None:
+    import torch
+    from pagedkv.integrations.vllm import UnsupportedVllmFeatureError
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    config = _config(FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=1, dtype=torch.float32))
+    with pytest.raises(UnsupportedVllmFeatureError, match="EAGLE"):
+        _manager(config, use_eagle=True)
+    with pytest.raises(UnsupportedVllmFeatureError, match="hash block size"):
+        _manager(config, hash_block_size=8)
+    with pytest.raises(UnsupportedVllmFeatureError, match="DCP/PCP"):
+        _manager(config, dcp_world_size=2)
+
+
+def test_scheduler_class_builds_on_pagedkv_and_restores_vllms_name() -> None:
+    from pagedkv.integrations.vllm import KVCacheManager, PagedkvAsyncScheduler, PagedkvScheduler
+    from vllm.v1.core.sched import scheduler as scheduler_module
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+    module = _load()
+    saved = scheduler_module.KVCacheManager
+    for async_scheduling in (False, True):
+        w = module.Workload(requests=4, async_scheduling=async_scheduling)
+        # build_scheduler builds the class it is given through vLLM's own module name; here the
+        # class is the plain one, and PagedkvScheduler must swap the manager in by itself.
+        sched = module.build_scheduler(w, saved, scheduler_cls=PagedkvScheduler)
+        assert isinstance(sched.kv_cache_manager, KVCacheManager)
+        configured = bool(sched.vllm_config.scheduler_config.async_scheduling)
+        assert isinstance(sched, PagedkvAsyncScheduler) == configured
+        assert isinstance(sched, AsyncScheduler) == configured
+        assert scheduler_module.KVCacheManager is saved
+    # vLLM's config may turn async scheduling off on a CPU; the class choice itself:
+    for flag in (False, True):
+        config = SimpleNamespace(scheduler_config=SimpleNamespace(async_scheduling=flag))
+        chosen = PagedkvScheduler.__new__(PagedkvScheduler, vllm_config=config)
+        assert isinstance(chosen, PagedkvAsyncScheduler) == flag
+
+
+@pytest.mark.parametrize("manager_kind", ["vllm", "pagedkv"])
+def test_a_hash_arriving_after_its_blocks_ids_is_indexed(manager_kind: str) -> None:
+    """A hasher with a lookahead token hashes a block only once the token after it exists: a
+    4-token prompt (one block) gets its block's hash from the prefill's sampled token, when no
+    new id needs giving. ``cache_blocks`` must index the block then, as vLLM's manager does
+    (vLLM's own test_finished_spec_request_caches_completed_blocks[prefill-1-*])."""
+    import torch
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmKVCacheManager
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+    from vllm.v1.request import Request
+
+    init_none_hash(sha256)
+    bs = 4
+    config = _config(FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float32))
+    args = dict(max_model_len=64, scheduler_block_size=bs, hash_block_size=bs)
+    m = VllmKVCacheManager(config, **args) if manager_kind == "vllm" else _manager(config, **args)
+    hasher = get_request_block_hasher(bs, sha256, 1)
+
+    def request(rid: str, prompt: list[int]) -> Request:
+        return Request(rid, prompt, SamplingParams(max_tokens=1), None, block_hasher=hasher)
+
+    producer = request("producer", [0, 1, 2, 3])
+    assert producer.block_hashes == []  # block 0's lookahead token is not known yet
+    blocks, hit = m.get_computed_blocks(producer)[:2]
+    assert hit == 0
+    assert m.allocate_slots(producer, 4, 0, blocks, num_lookahead_tokens=2, full_sequence_must_fit=True)
+    producer.num_computed_tokens = 4
+    producer.append_output_token_ids(4)  # the prefill's sampled token: block 0's hash now
+    assert len(producer.block_hashes) == 1
+    m.cache_blocks(producer, 4)
+    m.free(producer)
+    probe = request("probe", [0, 1, 2, 3, 4, 99, 99, 99, 99])
+    assert m.get_computed_blocks(probe)[1] == bs
