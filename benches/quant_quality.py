@@ -10,6 +10,9 @@ SmolLM2-135M and Gemma 3 270M over tests/data/web_exodus_1_6.txt (a public-domai
 2 mantissa bits, E6M2-like, its range limits ignored), emulated: each K/V row is quantized and
 dequantized in NumPy and the values stored in an fp32 cache read by the same kernels (attention
 on a quantized cache is, bit for bit, attention on its dequantized values; docs/quantized_kv.md).
+``--split int8,fp8_e4m3`` also scores each named 8-bit dtype with only the keys quantized and
+with only the values (emulated the same way, the other tensor float16): which of the two costs
+the perplexity.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 
 import numpy as np
 from pagedkv.attention.dtypes import to_compute
+from pagedkv.attention.quant_codec import dequantize_8bit, quantize_8bit
 from pagedkv.benchmarks.kv_quality import TextScore, compare, score_text
 from pagedkv.engine.kv_store import PagedKvStore
 from pagedkv.models import load_model
@@ -46,27 +50,41 @@ def e6m2_int8(x: np.ndarray) -> np.ndarray:
     return (codes * scale).astype(np.float32)
 
 
-class FallbackStore(PagedKvStore):
-    """An fp32 cache holding the int8-with-E6M2-scale values of each written K/V row; queries,
-    keys and values rounded to float16 first, as the quantized caches' attention takes them."""
-
-    def attend(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, window: int | None = None):
-        def f16(x: np.ndarray) -> np.ndarray:
-            return to_compute(np.asarray(x, np.float16), "float16").astype(np.float32)
-
-        return super().attend(layer, f16(q), e6m2_int8(f16(k)), e6m2_int8(f16(v)), window)
+def f16(x: np.ndarray) -> np.ndarray:
+    """``x`` rounded to float16 and back, as the quantized caches' attention takes it."""
+    return to_compute(np.asarray(x, np.float16), "float16").astype(np.float32)
 
 
-def score_fallback(model: Any, ids: list[int]) -> TextScore:
+def emulated_store(key: Any, value: Any) -> type[PagedKvStore]:
+    """An fp32 cache holding ``key(k)`` and ``value(v)`` of each written K/V row (each a quantize
+    and dequantize round trip, or the identity); queries, keys and values rounded to float16
+    first and the output after, as the quantized caches' attention takes and returns them. So
+    the round trip of a real dtype scores exactly as its cache does (checked: the same negative
+    log-likelihoods, bit for bit; without the output's rounding they differ)."""
+
+    class EmulatedStore(PagedKvStore):
+        def attend(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, window: int | None = None):
+            return f16(super().attend(layer, f16(q), key(f16(k)), value(f16(v)), window))
+
+    return EmulatedStore
+
+
+def round_trip_8bit(kv_cache_dtype: str) -> Any:
+    """The values an ``int8`` / ``fp8_e4m3`` cache stores for a row (the codec's codes times
+    their E8M0 scale)."""
+    return lambda x: dequantize_8bit(*quantize_8bit(x, kv_cache_dtype), kv_cache_dtype).astype(np.float32)
+
+
+def score_emulated(model: Any, ids: list[int], store: type[PagedKvStore], label: str) -> TextScore:
     import pagedkv.benchmarks.kv_quality as kvq
 
     original = kvq.PagedKvStore
-    kvq.PagedKvStore = FallbackStore  # type: ignore[misc]
+    kvq.PagedKvStore = store  # type: ignore[misc]
     try:
         run = score_text(model, ids, "float32")
     finally:
         kvq.PagedKvStore = original  # type: ignore[misc]
-    return TextScore("int8_e6m2_scale (emulated)", run.nll, run.greedy, run.seconds)
+    return TextScore(label, run.nll, run.greedy, run.seconds)
 
 
 def main() -> int:
@@ -77,9 +95,12 @@ def main() -> int:
     parser.add_argument("--dtypes", default="float16,float32,int8,fp8_e4m3,int4")
     parser.add_argument("--tokens", type=int, default=0, help="score only the first N tokens (0: all)")
     parser.add_argument("--fallback", action="store_true")
+    parser.add_argument("--split", default="", help="8-bit dtypes to score with keys only / values only")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     dtypes = args.dtypes.split(",")
+    if not set(filter(None, args.split.split(","))) <= {"int8", "fp8_e4m3"}:
+        parser.error("--split takes int8 and/or fp8_e4m3")
     if dtypes[0] != "float16":
         dtypes = ["float16", *[d for d in dtypes if d != "float16"]]
     text = TEXT.read_text(encoding="utf-8")
@@ -94,9 +115,15 @@ def main() -> int:
         for dtype in dtypes:
             runs[dtype] = score_text(model, ids, dtype, progress=say)
             say(f"{dtype}: perplexity {runs[dtype].perplexity:.4f} ({runs[dtype].seconds:.0f} s)")
+        extra = []
         if args.fallback:
-            runs["int8_e6m2_scale"] = score_fallback(model, ids)
-            say(f"int8_e6m2_scale: perplexity {runs['int8_e6m2_scale'].perplexity:.4f}")
+            extra.append(("int8_e6m2_scale", emulated_store(e6m2_int8, e6m2_int8)))
+        for dtype in filter(None, args.split.split(",")):
+            extra.append((f"{dtype}_keys_only", emulated_store(round_trip_8bit(dtype), f16)))
+            extra.append((f"{dtype}_values_only", emulated_store(f16, round_trip_8bit(dtype))))
+        for label, store in extra:
+            runs[label] = score_emulated(model, ids, store, f"{label} (emulated)")
+            say(f"{label}: perplexity {runs[label].perplexity:.4f}")
         base = runs["float16"]
         out["models"][name] = {"tokens": len(ids), "rows": {d: compare(r, base) for d, r in runs.items()}}
         for d, row in out["models"][name]["rows"].items():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 TEXT = Path(__file__).resolve().parents[1] / "data" / "web_exodus_1_6.txt"
@@ -40,3 +41,27 @@ def test_quantized_caches_stay_close_to_float16(scores, dtype):
 def test_the_text_is_long_enough_for_the_benchmark(smollm):
     """The benchmark's text holds at least 4 K tokens (the issue's bound)."""
     assert len(smollm.tokenizer.encode(TEXT.read_text(encoding="utf-8"))) >= 4096
+
+
+def test_the_benchmarks_emulated_caches_score_exactly_as_the_real_ones(smollm):
+    """benches/quant_quality.py scores formats the caches do not have (``--fallback``,
+    ``--split``) by emulation: an fp32 cache of each row's quantize-dequantize round trip, with
+    the float16 roundings of the quantized caches' attention. Emulating a real dtype must give
+    that dtype's own scores bit for bit, or the emulated rows are not comparable with the rest."""
+    import importlib.util
+
+    from pagedkv.benchmarks.kv_quality import score_text
+
+    path = Path(__file__).resolve().parents[2] / "benches" / "quant_quality.py"
+    spec = importlib.util.spec_from_file_location("quant_quality", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    ids = smollm.tokenizer.encode(TEXT.read_text(encoding="utf-8"))[:48]
+    for dtype in ("int8", "fp8_e4m3"):
+        trip = bench.round_trip_8bit(dtype)
+        emulated = bench.score_emulated(smollm, ids, bench.emulated_store(trip, trip), dtype)
+        real = score_text(smollm, ids, dtype)
+        np.testing.assert_array_equal(emulated.nll, real.nll)
+    identity = bench.score_emulated(smollm, ids, bench.emulated_store(bench.f16, bench.f16), "float16")
+    np.testing.assert_array_equal(identity.nll, score_text(smollm, ids, "float16").nll)
