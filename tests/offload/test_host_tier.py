@@ -162,7 +162,7 @@ def test_offload_block_hash_names_what_each_host_block_holds():
 @pytest.mark.parametrize("seed", range(4))
 def test_host_hits_with_kv_groups_return_each_group_s_kv(seed):
     """The host cache under a manager of two KV groups (full attention and a 4-token window on
-    one pool, one host tier; issue 40: every feature for any group count). Each group's "K/V" is
+    one pool, one host tier: every feature works for any group count). Each group's "K/V" is
     salted with its group, so a block loaded into the wrong group, or a host block holding
     another group's content, fails; every position a table still holds must hold its own K/V."""
     rng = random.Random(seed)

@@ -16,9 +16,6 @@ quantized ones, so that a quantized cache differs from the float16 cache only in
 
 from __future__ import annotations
 
-import numpy as np
-
-from pagedkv.attention.dtypes import float32_to_bf16_bits, to_compute
 from pagedkv.attention.kv_cache_dtype import QUANTIZED_DTYPES, kv_block_bytes, residual_bytes
 from pagedkv.engine.kv_layout import KvLayout
 from pagedkv.errors import InvalidArgumentError
@@ -33,13 +30,11 @@ __all__ = [
     "check_engine_kv_cache_dtype",
     "default_kv_cache_bytes",
     "full_context_blocks",
-    "from_attention",
     "has_residual",
     "pool_block_bytes",
     "residual_bytes_per_sequence",
     "residual_slot_counts",
     "store_key_dtype",
-    "to_attention",
 ]
 
 # None (the default) is the engine's fp32 cache, as before kv_cache_dtype existed.
@@ -76,20 +71,6 @@ def attention_dtype(kv_cache_dtype: str) -> str:
     if kv_cache_dtype in ("float32", "bfloat16"):
         return kv_cache_dtype
     return RESIDUAL_DTYPE
-
-
-def to_attention(x: np.ndarray, kind: str) -> np.ndarray:
-    """fp32 activations in the attention kind (bfloat16 as bits), C-contiguous."""
-    if kind == "float32":
-        return np.ascontiguousarray(x, dtype=np.float32)
-    if kind == "bfloat16":
-        return float32_to_bf16_bits(x)
-    return np.ascontiguousarray(x, dtype=np.float16)
-
-
-def from_attention(x: np.ndarray, kind: str) -> np.ndarray:
-    """An attention output back in fp32 (exact)."""
-    return to_compute(x, kind).astype(np.float32, copy=False)
 
 
 def residual_slot_counts(kv_cache_dtype: str, max_num_seqs: int, num_host_blocks: int) -> tuple[int, int]:

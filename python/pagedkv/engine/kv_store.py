@@ -38,15 +38,14 @@ from pagedkv.attention import (
     swap_blocks,
     write_kv,
 )
+from pagedkv.attention.dtypes import float32_to_bf16_bits, to_compute
 from pagedkv.attention.quant_codec import decode_blocks
 from pagedkv.engine.kv_budget import (
     RESIDUAL_DTYPE,
     attention_dtype,
     check_engine_kv_cache_dtype,
-    from_attention,
     has_residual,
     pool_block_bytes,
-    to_attention,
 )
 from pagedkv.engine.kv_layout import KvLayout, kv_layout
 from pagedkv.errors import InvalidArgumentError
@@ -251,7 +250,7 @@ class PagedKvStore:
         kc, vc = self.k_caches[index], self.v_caches[index]
         kind = self.kind
         if kind != "float32":
-            q, k, v = to_attention(q, kind), to_attention(k, kind), to_attention(v, kind)
+            q, k, v = _to_attention(q, kind), _to_attention(k, kind), _to_attention(v, kind)
         write_kv(
             k, v, kc, vc, self._slots[group], backend=self.backend, residual_slots=self._token_residual[group]
         )
@@ -268,7 +267,7 @@ class PagedKvStore:
             window=window,
             residual_slots=self._seq_residual[group],
         )
-        return out if kind == "float32" else from_attention(out, kind)
+        return out if kind == "float32" else _from_attention(out, kind)
 
     # A block id names the same row of every tensor, whichever group holds it: a copy or a swap
     # moves that row of each K and V tensor (all the layers of the block's group).
@@ -381,3 +380,17 @@ class ContiguousKvStore:
                 q[row], self._k[sid][layer][lo : pos + 1], self._v[sid][layer][lo : pos + 1]
             )
         return out
+
+
+def _to_attention(x: np.ndarray, kind: str) -> np.ndarray:
+    """fp32 activations in the attention kind (bfloat16 as bits), C-contiguous."""
+    if kind == "float32":
+        return np.ascontiguousarray(x, dtype=np.float32)
+    if kind == "bfloat16":
+        return float32_to_bf16_bits(x)
+    return np.ascontiguousarray(x, dtype=np.float16)
+
+
+def _from_attention(x: np.ndarray, kind: str) -> np.ndarray:
+    """An attention output back in fp32 (exact)."""
+    return to_compute(x, kind).astype(np.float32, copy=False)

@@ -8,9 +8,9 @@
 
 use std::ops::Range;
 
+use super::driver::{decode_rows, prefill_rows, run};
 use super::source::{touch_bytes, touch_lines, KvSource, SourceScratch};
 use super::task::AttentionParams;
-use super::{decode_rows, prefill_rows, run};
 use crate::elem::KvElem;
 use crate::error::{CpuError, Result};
 use crate::layout::BlockTables;
