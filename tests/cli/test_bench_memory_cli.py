@@ -31,7 +31,7 @@ def test_bench_engine_memory_on_gemma3_meets_the_8k_target(run_cli, read_json, t
     assert m["ratio"]["8192"] <= 0.25  # the target: at most 25 % of the all-full bytes
     assert h["contexts"]["8192"]["batch_admitted"] >= 3 * f["contexts"]["8192"]["batch_admitted"] > 0
     assert "8192" in r.out and "%" in r.out
-    # During the chunked prefill too, at every step (issue 40's proof): the engine's scheduler
+    # During the chunked prefill too, at every step: the engine's scheduler
     # allocates per chunk, so each window group holds at most its window plus the chunk in flight.
     p = m["chunked_prefill"]["8192"]
     assert p["peak_ratio"] <= 0.25 and p["all_full_bytes"] == 8192 // 16 * f["bytes_per_block"]

@@ -1,4 +1,4 @@
-"""Issue 40, item 8: ``LLM("gemma3")`` as is runs a 2,325-token prompt. The engine's default
+"""``LLM("gemma3")`` as is runs a 2,325-token prompt. The engine's default
 pool is sized in bytes (``EngineConfig.kv_cache_bytes``: room for a few full-context sequences)
 and its blocks are allocated per scheduled chunk, so a sliding-window group never holds more
 than its window plus the chunk in flight; before, the engine reserved the whole prompt in every
