@@ -40,6 +40,8 @@ __all__ = [
     "ClosedError",
     "TransferError",
     "TransportUnavailableError",
+    "WorkerError",
+    "UnsupportedVllmFeatureError",
 ]
 
 
@@ -161,3 +163,14 @@ class TransferError(PagedKvError):
 class TransportUnavailableError(TransferError, ImportError):
     """The KV transfer transport (NIXL) is not installed: ``pip install 'pagedkv[transfer]'``.
     Also an ``ImportError``."""
+
+
+class WorkerError(TransferError):
+    """A disaggregated serving worker process (``pagedkv.disagg``) died, or did not answer in
+    time."""
+
+
+class UnsupportedVllmFeatureError(InvalidArgumentError):
+    """A vLLM feature ``pagedkv.integrations.vllm``'s manager does not implement was asked for
+    (raised at construction, or on the first call that needs it): never a silently different
+    schedule. Also a ``ValueError``."""

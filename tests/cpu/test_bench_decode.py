@@ -52,7 +52,7 @@ def test_batch_api_runs_each_sequence_in_its_own_kv() -> None:
 
 
 def test_batch_api_refuses_a_model_llama_cpp_cannot_load() -> None:
-    with pytest.raises(RuntimeError, match="could not load"):
+    with pytest.raises(SystemExit, match="could not load"):
         llama_cpp_runner.measure_batch_api(FakeLlamaCpp(), "missing.gguf", 1, [2], 4, 4)
 
 

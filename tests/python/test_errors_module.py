@@ -69,7 +69,7 @@ def test_every_exception_class_is_in_pagedkv_errors():
     names = _error_names()
     # The 12 of the allocator and data plane, the 11 that lived elsewhere, ClosedError, and the
     # two of KV transfer.
-    assert len(names) == 26 and set(pagedkv.errors.__all__) == names
+    assert len(names) == 28 and set(pagedkv.errors.__all__) == names
     for name in names:
         assert issubclass(getattr(pagedkv.errors, name), pagedkv.errors.PagedKvError), name
 

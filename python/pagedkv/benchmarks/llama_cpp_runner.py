@@ -52,7 +52,7 @@ def measure_batch_api(
     lc.llama_backend_init()
     model = lc.llama_model_load_from_file(model_path.encode(), lc.llama_model_default_params())
     if not model:
-        raise RuntimeError(f"llama.cpp could not load {model_path}")
+        raise SystemExit(f"llama.cpp could not load {model_path}")
     try:
         vocab_size = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(model))
         rows = {
@@ -80,7 +80,7 @@ def _batched_decode(
     params.n_threads = params.n_threads_batch = threads
     ctx = lc.llama_init_from_model(model, params)
     if not ctx:
-        raise RuntimeError(f"llama.cpp could not make a context for {batch_size} sequences")
+        raise SystemExit(f"llama.cpp could not make a context for {batch_size} sequences")
     batch = lc.llama_batch_init(max(batch_size, prompt_tokens), 0, 1)
     sampler = lc.llama_sampler_init_greedy()
     try:
@@ -121,7 +121,7 @@ def _fill(batch: Any, rows: list[tuple[int, int, int, bool]]) -> None:
 def _decode(lc: Any, ctx: Any, batch: Any) -> None:
     status = lc.llama_decode(ctx, batch)
     if status != 0:
-        raise RuntimeError(f"llama_decode returned {status}")
+        raise SystemExit(f"llama_decode returned {status}")
 
 
 def _rates(tokens: int, wall_s: float, cpu_s: float) -> dict[str, float]:

@@ -16,13 +16,9 @@ from dataclasses import asdict
 from multiprocessing.connection import Connection
 from typing import Any
 
-from pagedkv.errors import PagedKvError, TransferError
+from pagedkv.errors import PagedKvError, WorkerError
 
 __all__ = ["DisaggWorkers", "WorkerError"]
-
-
-class WorkerError(TransferError):
-    """A worker process died, or did not answer in time."""
 
 
 def _serve(

@@ -36,13 +36,13 @@ from vllm.v1.metrics.stats import PrefixCacheStats
 from vllm.v1.request import Request, RequestStatus
 
 import pagedkv
-from pagedkv.errors import InvalidArgumentError, OutOfBlocksError
+from pagedkv.errors import (
+    InvalidArgumentError,
+    InvariantViolation,
+    OutOfBlocksError,
+    UnsupportedVllmFeatureError,
+)
 from pagedkv.integrations.vllm.events import EventTranslator
-
-
-class UnsupportedVllmFeatureError(InvalidArgumentError):
-    """A vLLM feature this manager does not implement was asked for (raised at construction,
-    or on the first call that needs it): never a silently different schedule."""
 
 
 def _lora(request: Request) -> tuple[int | None, str | None]:
@@ -345,7 +345,7 @@ class KVCacheManager:
         if num_encoder_tokens:
             raise UnsupportedVllmFeatureError("encoder tokens (cross-attention)")
         if num_new_tokens == 0 and num_new_computed_tokens == 0:
-            raise ValueError(
+            raise InvalidArgumentError(
                 "num_new_tokens must be greater than 0 when there are no computed tokens to adopt"
             )
         state = self._reqs.get(request.request_id)
@@ -445,7 +445,7 @@ class KVCacheManager:
             # The scheduler took its hit from get_computed_blocks in this same step; a different
             # one here would schedule tokens over blocks nobody computed.
             self._core.free(seq_id)
-            raise RuntimeError(
+            raise InvariantViolation(
                 f"request {request.request_id!r}: pagedkv's hit at admission ({hit} tokens) "
                 f"differs from the looked-up one ({num_new_computed_tokens})"
             )
