@@ -123,6 +123,7 @@ def test_package_namespace_holds_no_annotations_import():
         "engine",
         "errors",
         "events",
+        "integrations",
         "kernels",
         "models",
         "offload",
