@@ -15,7 +15,6 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 mod alloc_guard;
 mod arrays;
 mod block_keys;
-mod chunks;
 mod cpu_ops;
 mod cpu_quant_ops;
 mod errors;
