@@ -6,6 +6,7 @@ tokens."""
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 
 import numpy as np
 import pagedkv
@@ -94,53 +95,71 @@ def _fingerprints(tokens: list[int], salt: int) -> np.ndarray:
     return out
 
 
+_PROMPT_BASES = [list(range(1, 16)), list(range(1, 5)) + list(range(50, 61)), list(range(90, 105))]
+
+
+class _HostHitLoop:
+    """Random admissions and frees over a tiny pool and a tinier host tier, shared by the
+    host-hit tests. The data plane runs each admission's ops in the documented order (offloads,
+    copies, loads) on real arrays; the caller then writes the tokens no tier served (the pass)
+    and checks what every live sequence holds."""
+
+    def __init__(self, kv: pagedkv.KvCacheManager, seed: int, num_blocks: int, num_host: int, bs: int):
+        self.kv, self.rng = kv, random.Random(seed)
+        self.device = np.full((num_blocks, bs), np.nan)
+        self.host = np.full((num_host, bs), np.nan)
+        self.live: dict[int, tuple[list[int], int]] = {}  # seq -> (tokens, salt)
+        self.host_hits = 0
+
+    def admissions(self, steps: int, *, salted: bool) -> Iterator[tuple[int, list[int], int, int]]:
+        """Yields (seq, tokens, salt, hit) for each admission that fit, after its data ops ran;
+        frees a random live sequence on about 45 % of the steps."""
+        kv, rng = self.kv, self.rng
+        for step in range(steps):
+            if self.live and rng.random() < 0.45:
+                victim = rng.choice(sorted(self.live))
+                del self.live[victim]
+                kv.free(victim)
+                continue
+            seq = step + 1000
+            tokens = rng.choice(_PROMPT_BASES)[: rng.randint(1, 15)]
+            salt = rng.randint(0, 1) if salted else 0
+            expected = kv.match_prefix(tokens, extra_key=salt)
+            try:
+                hit = kv.add_sequence(seq, tokens, extra_key=salt)
+            except pagedkv.OutOfBlocksError:
+                continue
+            assert hit == expected
+            for d, h in kv.take_offload_ops():
+                self.host[h] = self.device[d]
+            for s, d in kv.take_copy_ops():
+                self.device[d] = self.device[s]
+            loads = kv.take_load_ops()
+            self.host_hits += len(loads)
+            for h, d in loads:
+                self.device[d] = self.host[h]
+            self.live[seq] = (tokens, salt)
+            yield seq, tokens, salt, hit
+        assert self.host_hits > 0, "the run never hit the host tier: it checked nothing about it"
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_hits_from_the_host_return_the_kv_computed_for_their_tokens(seed):
-    """Random admissions and frees over a tiny pool and a tinier host tier; the data plane runs
-    the ops in the documented order (offloads, copies, loads) on real arrays, the "pass" writes
-    the tokens no tier served, and every computed token must hold its own K/V."""
-    rng = random.Random(seed)
-    bs, num_blocks, num_offload = 2, 9, 3
-    kv = pagedkv.KvCacheManager(num_blocks, bs, True, num_host_cache_blocks=num_offload)
-    device = np.full((num_blocks, bs), np.nan)
-    host = np.full((num_offload, bs), np.nan)
-    bases = [list(range(1, 16)), list(range(1, 5)) + list(range(50, 61)), list(range(90, 105))]
-    live: dict[int, tuple[list[int], int, int]] = {}  # seq -> (tokens, salt, hit)
-    host_hits = 0
-    for step in range(120):
-        if live and rng.random() < 0.45:
-            victim = rng.choice(sorted(live))
-            del live[victim]
-            kv.free(victim)
-            continue
-        seq = step + 1000
-        tokens = rng.choice(bases)[: rng.randint(1, 15)]
-        salt = rng.randint(0, 1)
-        expected = kv.match_prefix(tokens, extra_key=salt)
-        try:
-            hit = kv.add_sequence(seq, tokens, extra_key=salt)
-        except pagedkv.OutOfBlocksError:
-            continue
-        assert hit == expected
-        for d, h in kv.take_offload_ops():
-            host[h] = device[d]
-        for s, d in kv.take_copy_ops():
-            device[d] = device[s]
-        loads = kv.take_load_ops()
-        host_hits += len(loads)
-        for h, d in loads:
-            device[d] = host[h]
+    """Every computed token must hold its own K/V (salted by the request's extra key)."""
+    bs, num_blocks, num_host = 2, 9, 3
+    kv = pagedkv.KvCacheManager(num_blocks, bs, True, num_host_cache_blocks=num_host)
+    loop = _HostHitLoop(kv, seed, num_blocks, num_host, bs)
+    device = loop.device
+    for seq, tokens, salt, hit in loop.admissions(120, salted=True):
         table = kv.block_table(seq)
         want = _fingerprints(tokens, salt)
         for p in range(hit, len(tokens)):  # the pass
             device[table[p // bs], p % bs] = want[p]
-        live[seq] = (tokens, salt, hit)
-        for other, (toks, s, _) in live.items():
+        for other, (toks, s) in loop.live.items():
             t = kv.block_table(other)
             got = np.array([device[t[p // bs], p % bs] for p in range(len(toks))])
             np.testing.assert_array_equal(got, _fingerprints(toks, s), err_msg=f"sequence {other}")
         kv.check_invariants()
-    assert host_hits > 0, "the run never hit the host tier: it checked nothing about it"
 
 
 def test_offload_block_hash_names_what_each_host_block_holds():
@@ -165,48 +184,22 @@ def test_host_hits_with_kv_groups_return_each_group_s_kv(seed):
     one pool, one host tier: every feature works for any group count). Each group's "K/V" is
     salted with its group, so a block loaded into the wrong group, or a host block holding
     another group's content, fails; every position a table still holds must hold its own K/V."""
-    rng = random.Random(seed)
-    bs, num_blocks, num_offload = 2, 24, 4
+    bs, num_blocks, num_host = 2, 24, 4
     groups = [pagedkv.FullAttention(), pagedkv.SlidingWindow(window=4)]
     kv = pagedkv.KvCacheManager(
-        num_blocks, bs, True, num_host_cache_blocks=num_offload, kv_groups=groups, enable_kv_events=True
+        num_blocks, bs, True, num_host_cache_blocks=num_host, kv_groups=groups, enable_kv_events=True
     )
-    device = np.full((num_blocks, bs), np.nan)
-    host = np.full((num_offload, bs), np.nan)
-    bases = [list(range(1, 16)), list(range(1, 5)) + list(range(50, 61)), list(range(90, 105))]
-    live: dict[int, list[int]] = {}
-    host_hits = 0
+    loop = _HostHitLoop(kv, seed, num_blocks, num_host, bs)
+    device = loop.device
     group_events: set[int | None] = set()
-    for step in range(150):
-        if live and rng.random() < 0.45:
-            victim = rng.choice(sorted(live))
-            del live[victim]
-            kv.free(victim)
-            continue
-        seq = step + 1000
-        tokens = rng.choice(bases)[: rng.randint(1, 15)]
-        expected = kv.match_prefix(tokens)
-        try:
-            hit = kv.add_sequence(seq, tokens)
-        except pagedkv.OutOfBlocksError:
-            continue
-        assert hit == expected
-        for d, h in kv.take_offload_ops():
-            host[h] = device[d]
-        for s, d in kv.take_copy_ops():
-            device[d] = device[s]
-        loads = kv.take_load_ops()
-        host_hits += len(loads)
-        for h, d in loads:
-            device[d] = host[h]
+    for seq, tokens, _salt, hit in loop.admissions(150, salted=False):
         for g in range(len(groups)):  # the pass writes what no tier served, in every group
             table = kv.block_table(seq, group=g)
             want = _fingerprints(tokens, 7 + g)
             for p in range(hit, len(tokens)):
                 if table[p // bs] >= 0:
                     device[table[p // bs], p % bs] = want[p]
-        live[seq] = tokens
-        for other, toks in live.items():
+        for other, (toks, _) in loop.live.items():
             for g in range(len(groups)):
                 t = kv.block_table(other, group=g)
                 want = _fingerprints(toks, 7 + g)
@@ -219,7 +212,6 @@ def test_host_hits_with_kv_groups_return_each_group_s_kv(seed):
                 np.testing.assert_array_equal(got, want[held], err_msg=f"sequence {other} group {g}")
         group_events.update(getattr(e, "group_idx", None) for e in kv.take_events())
         kv.check_invariants()
-    assert host_hits > 0, "the run never hit the host tier: it checked nothing about it"
     assert {0, 1} <= group_events, group_events
 
 
