@@ -45,11 +45,6 @@ from pagedkv.errors import (
 from pagedkv.integrations.vllm.events import EventTranslator
 
 
-def _lora(request: Request) -> tuple[int | None, str | None]:
-    lora = request.lora_request
-    return (lora.adapter_id, lora.name) if lora else (None, None)
-
-
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -239,7 +234,13 @@ class KVCacheManager:
         # (-1: never: a request that skips the prefix cache), tokens cached (estimate)].
         self._reqs: dict[str, list[int]] = {}
         self._next_seq_id = 0
-        self._events = EventTranslator(self._core, block_size) if self._core_events() else None
+        self._events = (
+            EventTranslator(
+                self._core, block_size, [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups]
+            )
+            if self._core_events()
+            else None
+        )
 
     def _core_events(self) -> bool:
         return self.enable_kv_cache_events and self.enable_caching
@@ -320,6 +321,9 @@ class KVCacheManager:
         hit = self._core.match_prefix(tokens, block_hashes=hashes)
         if hit == 0:
             return self.empty_kv_cache_blocks, 0, 0
+        if self._events is not None and getattr(request, "kv_cache_report_mode", None) == "full":
+            # vLLM reports the blocks of a hit as stored again in this mode (for a gateway).
+            self._events.report_hit(request, hit // self.block_size, self.num_kv_cache_groups)
         placeholder = [self._blocks[0]] * (hit // self.block_size)
         return KVCacheBlocks(tuple(placeholder for _ in range(self.num_kv_cache_groups))), hit, 0
 
@@ -371,11 +375,15 @@ class KVCacheManager:
             num_in_flight_tokens=request.num_in_flight_tokens,
             num_computed_tokens=computed,
         ):
+            if self._events is not None:
+                self._events.collect(request)  # evictions before the refusal
             return None
         end = computed + num_new_tokens
         new_len = max(old_len, _cdiv(min(end + num_lookahead_tokens, self.max_model_len), self.block_size))
         # The core's watermark is end now (the request's moves at the end of schedule()).
         self._give_ids(request, state, end, None, request.num_tokens)
+        if self._events is not None:
+            self._events.collect(request)
         if new_len == old_len:
             return self.empty_kv_cache_blocks
         state[1] = new_len
@@ -421,10 +429,12 @@ class KVCacheManager:
                     apply_watermark=watermark,
                 )
             except OutOfBlocksError:
+                if self._events is not None:
+                    self._events.collect(request)
                 return None
-            num_hashes = -1 if skip else len(hashes)
             if self._events is not None:
-                self._events.remember(hashes, _lora(request))
+                self._events.collect(request)
+            num_hashes = -1 if skip else len(hashes)
             num_ids = len(tokens)
         else:
             try:
@@ -486,8 +496,6 @@ class KVCacheManager:
                 num_computed_tokens=watermark,
                 block_hashes=new_hashes,
             )
-            if self._events is not None:
-                self._events.remember(new_hashes, _lora(request))
             state[2] = known
             state[3] = num_hashes = max(num_hashes, hashes_end)
         cached = min(end, num_tokens, num_hashes * self.block_size) // self.block_size * self.block_size
@@ -512,12 +520,17 @@ class KVCacheManager:
         if state is None or not self.enable_caching:
             return
         self._give_ids(request, state, num_computed_tokens, request.num_computed_tokens, num_computed_tokens)
+        if self._events is not None:
+            self._events.collect(request)
 
     def free(self, request: Request) -> None:
         """Frees the request's blocks (tail first into the evictable cache, as vLLM does)."""
         state = self._reqs.pop(request.request_id, None)
         if state is not None:
             self._core.free(state[0])
+            if self._events is not None:
+                self._events.collect(request)
+                self._events.forget(request.request_id)
 
     def get_blocks(self, request_id: str) -> KVCacheBlocks:
         """All blocks of a request (released window positions are the null block)."""
