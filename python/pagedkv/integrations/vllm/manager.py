@@ -231,7 +231,8 @@ class KVCacheManager:
         self._blocks[0].is_null = True
         self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in range(self.num_kv_cache_groups)))
         # Per request: [seq id, table length in blocks, token ids given, block hashes given
-        # (-1: never: a request that skips the prefix cache), tokens cached (estimate)].
+        # (-1: never: a request that skips the prefix cache), tokens cached (estimate), the
+        # core's computed-tokens watermark].
         self._reqs: dict[str, list[int]] = {}
         self._next_seq_id = 0
         self._events = (
@@ -381,6 +382,7 @@ class KVCacheManager:
         end = computed + num_new_tokens
         new_len = max(old_len, _cdiv(min(end + num_lookahead_tokens, self.max_model_len), self.block_size))
         # The core's watermark is end now (the request's moves at the end of schedule()).
+        state[5] = end
         self._give_ids(request, state, end, None, request.num_tokens)
         if self._events is not None:
             self._events.collect(request)
@@ -464,7 +466,7 @@ class KVCacheManager:
         cached = 0
         if num_hashes >= 0:
             cached = min(end, request.num_tokens, num_hashes * bs) // bs * bs
-        self._reqs[request.request_id] = [seq_id, table_len, num_ids, num_hashes, cached]
+        self._reqs[request.request_id] = [seq_id, table_len, num_ids, num_hashes, cached, end]
         return self._blocks_of(seq_id, hit // bs)
 
     def _give_ids(
@@ -481,14 +483,23 @@ class KVCacheManager:
             if num_tokens > num_ids and not self.enable_caching:
                 state[2] = num_tokens
             return
-        limit = min(num_tokens, upto, table_len * self.block_size)
+        bs = self.block_size
+        limit = min(num_tokens, upto, table_len * bs)
         all_hashes = request.block_hashes
         # A hash can arrive after its block's ids: a hasher with lookahead tokens hashes a block
         # once the tokens after it exist (e.g. a request that finishes at its prefill's sampled
         # token), so new hashes alone are news too. Hashes go no further than the known ids.
         known = max(num_ids, limit)
-        hashes_end = min(len(all_hashes), known // self.block_size)
-        if limit > num_ids or hashes_end > num_hashes:
+        hashes_end = min(len(all_hashes), known // bs)
+        # The ids of a block the core cannot index yet (not full, or no hash) change nothing
+        # there: they wait, one call per block instead of one per decode step (the per-call
+        # cost, benches/results/2026-12-06-vllm-scheduler-v2.md). What cannot wait: a new
+        # hash, a block filled, or a watermark other than the core's (rejected drafts).
+        if (
+            hashes_end > num_hashes
+            or limit // bs > num_ids // bs
+            or (watermark is not None and watermark != state[5])
+        ):
             new_hashes = all_hashes[num_hashes:hashes_end]
             self._core.provide_token_ids(
                 seq_id,
@@ -498,7 +509,9 @@ class KVCacheManager:
             )
             state[2] = known
             state[3] = num_hashes = max(num_hashes, hashes_end)
-        cached = min(end, num_tokens, num_hashes * self.block_size) // self.block_size * self.block_size
+            if watermark is not None:
+                state[5] = watermark
+        cached = min(end, num_tokens, num_hashes * bs) // bs * bs
         if cached > state[4]:
             state[4] = cached
 
