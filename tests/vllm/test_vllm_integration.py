@@ -197,3 +197,30 @@ def test_decode_gives_token_ids_once_per_block() -> None:
         "p", [*req.all_token_ids[:16], 7], SamplingParams(max_tokens=1), None, block_hasher=hasher
     )
     assert m.get_computed_blocks(probe)[1] == 16  # blocks 0-3: every filled block indexed
+
+
+@pytest.mark.parametrize("manager_kind", ["vllm", "pagedkv"])
+def test_a_sequence_longer_than_the_pool_is_not_admitted(manager_kind: str) -> None:
+    """A prompt whose full-attention blocks pass the whole pool gets None from admission (the
+    scheduler keeps it waiting), as from vLLM's manager; the core's own refusal (an error) would
+    stop the scheduler's step instead. The pool is not touched."""
+    import torch
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmKVCacheManager
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+    from vllm.v1.request import Request
+
+    init_none_hash(sha256)
+    bs = 16
+    config = _config(FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float32))
+    args = dict(max_model_len=1024, scheduler_block_size=bs, hash_block_size=bs)
+    m = VllmKVCacheManager(config, **args) if manager_kind == "vllm" else _manager(config, **args)
+    hasher = get_request_block_hasher(bs, sha256)
+    too_long = Request("long", list(range(40 * bs)), SamplingParams(max_tokens=1), None, block_hasher=hasher)
+    free = m.block_pool.get_num_free_blocks()
+    assert m.allocate_slots(too_long, bs, full_sequence_must_fit=True) is None
+    assert m.block_pool.get_num_free_blocks() == free
+    fits = Request("short", list(range(2 * bs)), SamplingParams(max_tokens=1), None, block_hasher=hasher)
+    assert m.allocate_slots(fits, 2 * bs, full_sequence_must_fit=True) is not None

@@ -204,6 +204,7 @@ class KVCacheManager:
         self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
         self.watermark_blocks = int(watermark * num_blocks)
         self.num_kv_cache_groups = len(kv_groups)
+        self._num_full_groups = sum(isinstance(g, pagedkv.FullAttention) for g in kv_groups)
         self.block_size = block_size
         self.mamba_shared_prefix_checkpoint = False
         self.retained_hit_group_ids: tuple[int, ...] = ()
@@ -408,6 +409,12 @@ class KVCacheManager:
             raise UnsupportedVllmFeatureError(
                 "admitting a request with computed tokens and no blocks (a KV connector's load)"
             )
+        # A sequence whose full-attention blocks alone pass the pool can never be admitted:
+        # vLLM's admission check says so with None (the request keeps waiting), where the core
+        # refuses the call itself (InvalidArgumentError) and would stop the scheduler's step.
+        full_blocks = _cdiv(min(request.num_tokens, self.max_model_len), self.block_size)
+        if self._num_full_groups * full_blocks > self.block_pool.num_gpu_blocks - 1:
+            return None
         seq_id = self._next_seq_id
         watermark = has_scheduled_reqs and request.status in (
             RequestStatus.WAITING,
