@@ -6,9 +6,10 @@
 #
 # 1. pytest over tests/vllm: the differentials that drive vLLM's real KV-cache manager and
 #    scheduler beside pagedkv's (no skip allowed here: a skipped vLLM test would prove nothing);
-# 2. vLLM's own scheduler tests (tests/v1/core/test_scheduler.py from its source distribution)
-#    with pagedkv's KV-cache manager substituted, whose pass set must contain the pass set of vLLM's
-#    own manager (scripts/vllm/own_tests.py), once pagedkv.integrations.vllm exists.
+# 2. vLLM's own scheduler and prefix-caching tests (tests/v1/core/test_scheduler.py and
+#    test_prefix_caching.py from its source distribution) with pagedkv's KV-cache manager
+#    substituted, whose pass sets must contain the recorded floors (scripts/vllm/own_tests.py),
+#    once pagedkv.integrations.vllm exists.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 repo=$(pwd)
@@ -32,6 +33,6 @@ echo "vllm stage: pytest tests/vllm (in $venv)"
 
 # The package's presence, not an import: importing it imports vLLM, which only the vLLM venv has.
 if [ -f "$installed/integrations/vllm/__init__.py" ]; then
-    echo "vllm stage: vLLM's own scheduler tests on pagedkv's KV-cache manager"
+    echo "vllm stage: vLLM's own scheduler and prefix-caching tests on pagedkv's KV-cache manager"
     "$vpy" "$repo/scripts/vllm/own_tests.py" --venv "$venv"
 fi

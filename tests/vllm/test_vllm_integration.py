@@ -153,3 +153,74 @@ def test_a_hash_arriving_after_its_blocks_ids_is_indexed(manager_kind: str) -> N
     m.free(producer)
     probe = request("probe", [0, 1, 2, 3, 4, 99, 99, 99, 99])
     assert m.get_computed_blocks(probe)[1] == bs
+
+
+def test_decode_gives_token_ids_once_per_block() -> None:
+    """A decoding request's ids reach the core once per filled block, not once per step (the
+    per-call cost of benches/results/2026-12-06-vllm-scheduler-v2.md), and each full block is
+    still indexed: a second request hits the whole decoded prefix."""
+    import torch
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+    from vllm.v1.request import Request
+
+    init_none_hash(sha256)
+    bs = 4
+    config = _config(FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float32))
+    m = _manager(config, max_model_len=64, scheduler_block_size=bs, hash_block_size=bs)
+    hasher = get_request_block_hasher(bs, sha256)
+    calls = [0]
+    core = m._core
+
+    class Counting:
+        def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+            return getattr(core, name)
+
+        def provide_token_ids(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            calls[0] += 1
+            return core.provide_token_ids(*args, **kwargs)
+
+    m._core = Counting()
+    req = Request("r", [0, 1, 2, 3, 4, 5], SamplingParams(max_tokens=32), None, block_hasher=hasher)
+    blocks, hit = m.get_computed_blocks(req)[:2]
+    assert m.allocate_slots(req, 6, hit, blocks, full_sequence_must_fit=True) is not None
+    req.num_computed_tokens = 6
+    for token in range(100, 110):  # ten decode steps: tokens 6..15 fill blocks 1, 2 and 3
+        req.append_output_token_ids(token)
+        assert m.allocate_slots(req, 1) is not None
+        req.num_computed_tokens += 1
+    assert calls[0] <= 3  # one per block the decode filled (once per step would be 10)
+    m.free(req)
+    probe = Request(
+        "p", [*req.all_token_ids[:16], 7], SamplingParams(max_tokens=1), None, block_hasher=hasher
+    )
+    assert m.get_computed_blocks(probe)[1] == 16  # blocks 0-3: every filled block indexed
+
+
+@pytest.mark.parametrize("manager_kind", ["vllm", "pagedkv"])
+def test_a_sequence_longer_than_the_pool_is_not_admitted(manager_kind: str) -> None:
+    """A prompt whose full-attention blocks pass the whole pool gets None from admission (the
+    scheduler keeps it waiting), as from vLLM's manager; the core's own refusal (an error) would
+    stop the scheduler's step instead. The pool is not touched."""
+    import torch
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmKVCacheManager
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+    from vllm.v1.request import Request
+
+    init_none_hash(sha256)
+    bs = 16
+    config = _config(FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float32))
+    args = dict(max_model_len=1024, scheduler_block_size=bs, hash_block_size=bs)
+    m = VllmKVCacheManager(config, **args) if manager_kind == "vllm" else _manager(config, **args)
+    hasher = get_request_block_hasher(bs, sha256)
+    too_long = Request("long", list(range(40 * bs)), SamplingParams(max_tokens=1), None, block_hasher=hasher)
+    free = m.block_pool.get_num_free_blocks()
+    assert m.allocate_slots(too_long, bs, full_sequence_must_fit=True) is None
+    assert m.block_pool.get_num_free_blocks() == free
+    fits = Request("short", list(range(2 * bs)), SamplingParams(max_tokens=1), None, block_hasher=hasher)
+    assert m.allocate_slots(fits, 2 * bs, full_sequence_must_fit=True) is not None

@@ -1,79 +1,154 @@
-"""pagedkv's KV-cache events as vLLM's own event objects, keyed by vLLM's block hashes.
+"""pagedkv's KV-cache events as vLLM's own event objects, field for field.
 
 The manager gives the core each request's own block hashes (vLLM's ``request.block_hashes``,
-bytes); the core keys blocks and events by their first 16 bytes (``pagedkv.reduce_block_hash``).
-This translator remembers the bytes behind each reduced hash it was shown and writes vLLM's
-``BlockStored`` / ``BlockRemoved`` / ``AllBlocksCleared`` with vLLM's hash values
-(``maybe_convert_block_hash`` of the bytes), so a router fed by either manager sees the same keys.
+bytes); the core keys blocks and events by their first 16 bytes (``pagedkv.reduce_block_hash``)
+and knows nothing of the request beyond its tokens. vLLM's ``BlockStored`` carries more: the
+request's LoRA, the extra keys each block was hashed with (LoRA name, multimodal identifiers and
+offsets, cache salt, prompt-embedding digests), its session. So the manager drains the core's
+events right after every core call made for one request (``collect``): a block stored there was
+stored for that request, and its event is written from the request as vLLM's block pool writes
+it (vLLM's own ``generate_block_hash_extra_keys`` / ``to_event_extra_keys``), with vLLM's hash
+values (``maybe_convert_block_hash`` of the bytes).
+
+What a router fed by either manager sees differs only where the two pools differ
+(docs/integrations/vllm.md, KV events): vLLM indexes a second copy of one content and reports
+each copy's store and removal; pagedkv keeps one copy per content and reports it once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Sequence
 from typing import Any
 
-from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
-from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
+from vllm.distributed.kv_events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored
+from vllm.v1.core.kv_cache_utils import (
+    generate_block_hash_extra_keys,
+    maybe_convert_block_hash,
+    to_event_extra_keys,
+)
+from vllm.v1.kv_cache_interface import (
+    KVCacheSpec,
+    get_kv_cache_spec_kind,
+    get_kv_cache_spec_sliding_window,
+)
+from vllm.v1.request import Request
 
 import pagedkv
+from pagedkv.errors import InvariantViolation
+
+
+def _plain(request: Request) -> bool:
+    """Whether no block of ``request`` has extra hash keys (the common case, answered without
+    vLLM's per-block walk)."""
+    return (
+        request.lora_request is None
+        and not request.mm_features
+        and not request.cache_salt
+        and getattr(request, "prompt_embeds", None) is None
+    )
 
 
 class EventTranslator:
-    """Drains the core's events as vLLM's; ``remember`` the bytes of hashes given to the core."""
+    """Drains the core's events as vLLM's (see the module docstring)."""
 
-    def __init__(self, core: Any, block_size: int) -> None:
+    def __init__(self, core: Any, block_size: int, group_specs: Sequence[KVCacheSpec]) -> None:
         self._core = core
         self._block_size = block_size
-        self._bytes: dict[int, bytes] = {}
-        # Extra event fields per reduced hash: (lora_id, lora_name), from the request that
-        # stored the block.
-        self._lora: dict[int, tuple[int | None, str | None]] = {}
+        # Per group: the spec kind and window vLLM's manager writes into its store events.
+        self._group_metadata = [
+            (get_kv_cache_spec_kind(spec).value, get_kv_cache_spec_sliding_window(spec))
+            for spec in group_specs
+        ]
+        self._out: list[Any] = []
+        # vLLM's hash value of every block (by group and reduced hash) whose store was reported
+        # and whose removal was not yet: a removal names the block by the core's reduced hash.
+        self._stored: dict[tuple[int, int], Any] = {}
+        # Per request id: the reduced hashes of its blocks so far (to find a stored run's
+        # position in the request). Dropped when the request is freed.
+        self._reduced: dict[str, list[int]] = {}
 
-    def remember(self, hashes: Iterable[bytes], lora: tuple[int | None, str | None]) -> None:
-        """Records the bytes behind each of ``hashes`` (a request's block hashes)."""
-        reduce = pagedkv.reduce_block_hash
-        for h in hashes:
-            key = reduce(h)
-            self._bytes[key] = h
-            if lora != (None, None):
-                self._lora[key] = lora
+    def forget(self, request_id: str) -> None:
+        """The request is gone: its position cache goes too."""
+        self._reduced.pop(request_id, None)
 
-    def _vllm_hash(self, key: int) -> Any:
-        raw = self._bytes.get(key)
-        return key if raw is None else maybe_convert_block_hash(raw)
+    def _position(self, request: Request, first: int) -> int:
+        """The index in ``request.block_hashes`` of the block whose reduced hash is ``first``."""
+        reduced = self._reduced.setdefault(request.request_id, [])
+        hashes = request.block_hashes
+        if len(reduced) < len(hashes):
+            reduce = pagedkv.reduce_block_hash
+            reduced.extend(reduce(h) for h in hashes[len(reduced) :])
+        try:
+            # The run just stored is at the end of what was computed: search from the back.
+            return len(reduced) - 1 - reduced[::-1].index(first)
+        except ValueError:
+            raise InvariantViolation(
+                f"request {request.request_id!r}: a stored block's hash is not one of its own"
+            ) from None
 
-    def take(self) -> list[Any]:
-        """The core's events since the last call, as vLLM's event objects."""
-        out: list[Any] = []
+    def stored_event(self, request: Request, start: int, end: int, group_idx: int) -> BlockStored:
+        """vLLM's ``BlockStored`` for blocks ``start..end`` of ``request`` (block indices), as
+        vLLM's ``BlockPool._build_block_stored_event`` writes it."""
+        bs = self._block_size
+        hashes = request.block_hashes
+        if _plain(request):
+            extra: list[Any] = [None] * (end - start)
+        else:
+            extra, mm_idx = [], 0
+            for i in range(start, end):
+                keys, mm_idx = generate_block_hash_extra_keys(request, i * bs, (i + 1) * bs, mm_idx)
+                extra.append(keys)
+        lora = request.lora_request
+        kind, window = self._group_metadata[group_idx]
+        return BlockStored(
+            block_hashes=[maybe_convert_block_hash(h) for h in hashes[start:end]],
+            parent_block_hash=None if start == 0 else maybe_convert_block_hash(hashes[start - 1]),
+            token_ids=request.all_token_ids[start * bs : end * bs],
+            block_size=bs,
+            lora_id=lora.adapter_id if lora else None,
+            medium=MEDIUM_GPU,
+            lora_name=lora.name if lora else None,
+            extra_keys=to_event_extra_keys(extra),
+            group_idx=group_idx,
+            kv_cache_spec_kind=kind,
+            kv_cache_spec_sliding_window=window,
+            session_id=request.session_id,
+        )
+
+    def report_hit(self, request: Request, num_blocks: int, num_groups: int) -> None:
+        """vLLM's ``kv_cache_report_mode == "full"``: a store event for the blocks of a
+        prefix-cache hit, one per group (the blocks are not stored again)."""
+        for g in range(num_groups):
+            self._out.append(self.stored_event(request, 0, num_blocks, g))
+
+    def collect(self, request: Request | None) -> None:
+        """Translates the core's events since the last drain; stores are ``request``'s."""
+        stored = self._stored
         for event in self._core.take_events():
             if isinstance(event, pagedkv.BlockStored):
-                first = event.block_hashes[0] if event.block_hashes else None
-                lora_id, lora_name = (
-                    self._lora.get(first, (None, None)) if first is not None else (None, None)
-                )
-                out.append(
-                    BlockStored(
-                        block_hashes=[self._vllm_hash(h) for h in event.block_hashes],
-                        parent_block_hash=None
-                        if event.parent_block_hash is None
-                        else self._vllm_hash(event.parent_block_hash),
-                        token_ids=list(event.token_ids),
-                        block_size=event.block_size,
-                        lora_id=lora_id,
-                        medium=event.medium,
-                        lora_name=lora_name,
-                        extra_keys=None,
-                        group_idx=event.group_idx,
-                    )
-                )
+                group = 0 if event.group_idx is None else event.group_idx
+                if request is None:
+                    raise InvariantViolation("the core stored blocks outside a request's call")
+                start = self._position(request, event.block_hashes[0])
+                out = self.stored_event(request, start, start + len(event.block_hashes), group)
+                for key, value in zip(event.block_hashes, out.block_hashes, strict=True):
+                    stored[group, key] = value
+                self._out.append(out)
             elif isinstance(event, pagedkv.BlockRemoved):
-                out.append(
+                group = 0 if event.group_idx is None else event.group_idx
+                self._out.append(
                     BlockRemoved(
-                        block_hashes=[self._vllm_hash(h) for h in event.block_hashes],
+                        block_hashes=[stored.pop((group, h), h) for h in event.block_hashes],
                         medium=event.medium,
-                        group_idx=event.group_idx,
+                        group_idx=group,
                     )
                 )
             else:
-                out.append(AllBlocksCleared())
+                stored.clear()
+                self._out.append(AllBlocksCleared())
+
+    def take(self) -> list[Any]:
+        """vLLM's events since the last call (the core's not yet drained included)."""
+        self.collect(None)
+        out, self._out = self._out, []
         return out

@@ -45,11 +45,6 @@ from pagedkv.errors import (
 from pagedkv.integrations.vllm.events import EventTranslator
 
 
-def _lora(request: Request) -> tuple[int | None, str | None]:
-    lora = request.lora_request
-    return (lora.adapter_id, lora.name) if lora else (None, None)
-
-
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -209,6 +204,7 @@ class KVCacheManager:
         self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
         self.watermark_blocks = int(watermark * num_blocks)
         self.num_kv_cache_groups = len(kv_groups)
+        self._num_full_groups = sum(isinstance(g, pagedkv.FullAttention) for g in kv_groups)
         self.block_size = block_size
         self.mamba_shared_prefix_checkpoint = False
         self.retained_hit_group_ids: tuple[int, ...] = ()
@@ -236,10 +232,17 @@ class KVCacheManager:
         self._blocks[0].is_null = True
         self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in range(self.num_kv_cache_groups)))
         # Per request: [seq id, table length in blocks, token ids given, block hashes given
-        # (-1: never: a request that skips the prefix cache), tokens cached (estimate)].
+        # (-1: never: a request that skips the prefix cache), tokens cached (estimate), the
+        # core's computed-tokens watermark].
         self._reqs: dict[str, list[int]] = {}
         self._next_seq_id = 0
-        self._events = EventTranslator(self._core, block_size) if self._core_events() else None
+        self._events = (
+            EventTranslator(
+                self._core, block_size, [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups]
+            )
+            if self._core_events()
+            else None
+        )
 
     def _core_events(self) -> bool:
         return self.enable_kv_cache_events and self.enable_caching
@@ -320,6 +323,9 @@ class KVCacheManager:
         hit = self._core.match_prefix(tokens, block_hashes=hashes)
         if hit == 0:
             return self.empty_kv_cache_blocks, 0, 0
+        if self._events is not None and getattr(request, "kv_cache_report_mode", None) == "full":
+            # vLLM reports the blocks of a hit as stored again in this mode (for a gateway).
+            self._events.report_hit(request, hit // self.block_size, self.num_kv_cache_groups)
         placeholder = [self._blocks[0]] * (hit // self.block_size)
         return KVCacheBlocks(tuple(placeholder for _ in range(self.num_kv_cache_groups))), hit, 0
 
@@ -371,11 +377,16 @@ class KVCacheManager:
             num_in_flight_tokens=request.num_in_flight_tokens,
             num_computed_tokens=computed,
         ):
+            if self._events is not None:
+                self._events.collect(request)  # evictions before the refusal
             return None
         end = computed + num_new_tokens
         new_len = max(old_len, _cdiv(min(end + num_lookahead_tokens, self.max_model_len), self.block_size))
         # The core's watermark is end now (the request's moves at the end of schedule()).
+        state[5] = end
         self._give_ids(request, state, end, None, request.num_tokens)
+        if self._events is not None:
+            self._events.collect(request)
         if new_len == old_len:
             return self.empty_kv_cache_blocks
         state[1] = new_len
@@ -398,6 +409,12 @@ class KVCacheManager:
             raise UnsupportedVllmFeatureError(
                 "admitting a request with computed tokens and no blocks (a KV connector's load)"
             )
+        # A sequence whose full-attention blocks alone pass the pool can never be admitted:
+        # vLLM's admission check says so with None (the request keeps waiting), where the core
+        # refuses the call itself (InvalidArgumentError) and would stop the scheduler's step.
+        full_blocks = _cdiv(min(request.num_tokens, self.max_model_len), self.block_size)
+        if self._num_full_groups * full_blocks > self.block_pool.num_gpu_blocks - 1:
+            return None
         seq_id = self._next_seq_id
         watermark = has_scheduled_reqs and request.status in (
             RequestStatus.WAITING,
@@ -421,10 +438,12 @@ class KVCacheManager:
                     apply_watermark=watermark,
                 )
             except OutOfBlocksError:
+                if self._events is not None:
+                    self._events.collect(request)
                 return None
-            num_hashes = -1 if skip else len(hashes)
             if self._events is not None:
-                self._events.remember(hashes, _lora(request))
+                self._events.collect(request)
+            num_hashes = -1 if skip else len(hashes)
             num_ids = len(tokens)
         else:
             try:
@@ -454,7 +473,7 @@ class KVCacheManager:
         cached = 0
         if num_hashes >= 0:
             cached = min(end, request.num_tokens, num_hashes * bs) // bs * bs
-        self._reqs[request.request_id] = [seq_id, table_len, num_ids, num_hashes, cached]
+        self._reqs[request.request_id] = [seq_id, table_len, num_ids, num_hashes, cached, end]
         return self._blocks_of(seq_id, hit // bs)
 
     def _give_ids(
@@ -471,14 +490,23 @@ class KVCacheManager:
             if num_tokens > num_ids and not self.enable_caching:
                 state[2] = num_tokens
             return
-        limit = min(num_tokens, upto, table_len * self.block_size)
+        bs = self.block_size
+        limit = min(num_tokens, upto, table_len * bs)
         all_hashes = request.block_hashes
         # A hash can arrive after its block's ids: a hasher with lookahead tokens hashes a block
         # once the tokens after it exist (e.g. a request that finishes at its prefill's sampled
         # token), so new hashes alone are news too. Hashes go no further than the known ids.
         known = max(num_ids, limit)
-        hashes_end = min(len(all_hashes), known // self.block_size)
-        if limit > num_ids or hashes_end > num_hashes:
+        hashes_end = min(len(all_hashes), known // bs)
+        # The ids of a block the core cannot index yet (not full, or no hash) change nothing
+        # there: they wait, one call per block instead of one per decode step (the per-call
+        # cost, benches/results/2026-12-06-vllm-scheduler-v2.md). What cannot wait: a new
+        # hash, a block filled, or a watermark other than the core's (rejected drafts).
+        if (
+            hashes_end > num_hashes
+            or limit // bs > num_ids // bs
+            or (watermark is not None and watermark != state[5])
+        ):
             new_hashes = all_hashes[num_hashes:hashes_end]
             self._core.provide_token_ids(
                 seq_id,
@@ -486,11 +514,11 @@ class KVCacheManager:
                 num_computed_tokens=watermark,
                 block_hashes=new_hashes,
             )
-            if self._events is not None:
-                self._events.remember(new_hashes, _lora(request))
             state[2] = known
             state[3] = num_hashes = max(num_hashes, hashes_end)
-        cached = min(end, num_tokens, num_hashes * self.block_size) // self.block_size * self.block_size
+            if watermark is not None:
+                state[5] = watermark
+        cached = min(end, num_tokens, num_hashes * bs) // bs * bs
         if cached > state[4]:
             state[4] = cached
 
@@ -512,12 +540,17 @@ class KVCacheManager:
         if state is None or not self.enable_caching:
             return
         self._give_ids(request, state, num_computed_tokens, request.num_computed_tokens, num_computed_tokens)
+        if self._events is not None:
+            self._events.collect(request)
 
     def free(self, request: Request) -> None:
         """Frees the request's blocks (tail first into the evictable cache, as vLLM does)."""
         state = self._reqs.pop(request.request_id, None)
         if state is not None:
             self._core.free(state[0])
+            if self._events is not None:
+                self._events.collect(request)
+                self._events.forget(request.request_id)
 
     def get_blocks(self, request_id: str) -> KVCacheBlocks:
         """All blocks of a request (released window positions are the null block)."""

@@ -1,0 +1,137 @@
+"""vLLM's scheduler step time on three KV-cache managers in one process: vLLM's own, pagedkv's
+drop-in as of an earlier commit ("before") and as installed ("after"), alternated per run, with
+the exact manager calls and pagedkv core (PyO3) calls per step.
+
+    git show REV:python/pagedkv/integrations/vllm/manager.py > /tmp/before_manager.py
+    $VENV/bin/python benches/vllm_scheduler_ab.py --before /tmp/before_manager.py \\
+        [--configs full,async,full+window64] [--repeat 3] [--cpu-time]
+
+(``$VENV``: the vLLM venv of scripts/vllm/env.sh, pagedkv importable.) The workload is the one of
+benches/results/2026-12-06-vllm-scheduler.md (200 requests, prompts 200-2,000 tokens, outputs
+64-256, 3,000 blocks). ``--cpu-time`` times with the scheduler thread's CPU clock instead of the
+wall clock (on a machine shared with other work, time spent descheduled is left out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import vllm_scheduler as vs  # noqa: E402 (the harness next to this file)
+
+CONFIGS: dict[str, dict[str, Any]] = {
+    "full": {},
+    "async": {"async_scheduling": True},
+    "full+window64": {"groups": ("full", "swa"), "window": 64},
+}
+WORKLOAD = dict(
+    requests=200,
+    prompt_min=200,
+    prompt_max=2000,
+    out_min=64,
+    out_max=256,
+    num_blocks=3000,
+    max_num_batched_tokens=2048,
+    max_num_seqs=128,
+)
+
+
+class _CountingCore:
+    """Forwards to a ``pagedkv.KvCacheManager``, counting the method calls made through it."""
+
+    def __init__(self, core: Any, counter: list[int]) -> None:
+        self._core = core
+        self._counter = counter
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._core, name)
+        if not callable(attr):
+            return attr
+        counter = self._counter
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            counter[0] += 1
+            return attr(*args, **kwargs)
+
+        return call
+
+
+def _counting(cls: Any, counter: list[int]) -> Any:
+    class Counting(cls):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._core = _CountingCore(self._core, counter)
+            self.block_pool._core = self._core
+
+    return Counting
+
+
+def _load_before(path: Path) -> Any:
+    spec = importlib.util.spec_from_file_location("pagedkv_before_manager", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.KVCacheManager
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--before", type=Path, required=True, help="an earlier manager.py")
+    parser.add_argument("--configs", default="full,async,full+window64")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--cpu-time", action="store_true")
+    args = parser.parse_args()
+    if args.cpu_time:
+        vs.time = type("CpuClock", (), {"perf_counter": staticmethod(time.thread_time)})  # type: ignore[assignment]
+    managers = {
+        "vllm": vs.manager_class("vllm"),
+        "before": _load_before(args.before),
+        "after": vs.manager_class("pagedkv"),
+    }
+    for name in args.configs.split(","):
+        w = vs.Workload(**WORKLOAD, **CONFIGS[name])
+        best: dict[str, float] = {}
+        verdicts: dict[str, str] = {}
+        steps = 0
+        for _ in range(args.repeat):
+            reference = None
+            for label, cls in managers.items():
+                trace = vs.run(w, cls)
+                seconds = trace.schedule_s + trace.update_s
+                best[label] = min(best.get(label, seconds), seconds)
+                steps = len(trace.steps)
+                if reference is None:
+                    reference = trace
+                else:
+                    diff = vs.first_difference(reference, trace)
+                    explained = vs.explained_divergence(reference, trace)
+                    verdicts[label] = "identical" if diff is None else (explained or f"DIFFER: {diff}")
+        print(
+            f"{name}: {steps} steps, "
+            + ", ".join(f"{k} {v / steps * 1e6:.0f} us/step" for k, v in best.items())
+        )
+        print(f"  ratio before {best['before'] / best['vllm']:.3f}, after {best['after'] / best['vllm']:.3f}")
+        for label, verdict in verdicts.items():
+            print(f"  {label} trace: {verdict}")
+        for label, cls in managers.items():
+            counter = [0]
+            t = vs.run(w, cls if label == "vllm" else _counting(cls, counter), count_calls=True)
+            n = len(t.steps)
+            print(
+                f"  {label}: {t.manager_calls / n:.1f} manager calls/step, "
+                f"{t.manager_s / max(t.manager_calls, 1) * 1e6:.2f} us/call, "
+                f"{t.manager_s / (t.schedule_s + t.update_s):.0%} of the step, "
+                f"{counter[0] / n:.1f} core calls/step"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
