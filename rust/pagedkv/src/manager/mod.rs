@@ -1,5 +1,6 @@
-//! [`KvCacheManager`]: sequences' block tables on top of a (possibly shared) [`BlockPool`](crate::BlockPool),
-//! for any number of KV-cache groups (docs/design.md, KV groups).
+//! [`KvCacheManager`]: sequences' block tables on top of a (possibly shared)
+//! [`BlockPool`](crate::BlockPool), for any number of KV-cache groups (docs/design.md, KV
+//! groups).
 //!
 //! Every public operation first validates its input and computes how many fresh blocks it
 //! needs, then takes them all at once, and only then mutates tables and refcounts, so a failed
@@ -14,18 +15,20 @@
 //! * `release`: one table stops pointing at a block (refcount -1; at 0 it becomes free, or
 //!   cached-evictable when its content is indexed).
 //!
-//! One manager serves every group list: group 0's table lives inline in each [`Sequence`](state::Sequence),
-//! the other groups' beside it, and what differs between group kinds is the policy layer
-//! ([`policy`]). The single full-attention group keeps its tuned paths ([`admission`],
-//! [`growth`], [`batch`], [`computed`]); every other group list, and every per-chunk or
-//! caller-keyed call, takes the plain group loop ([`admit_groups`], [`grow_groups`],
-//! [`indexing`], [`window`], [`slots`]), which the model test compares with the same reference.
+//! One manager serves every group list: group 0's table lives inline in each
+//! [`Sequence`](state::Sequence), the other groups' beside it, and what differs between group
+//! kinds is the policy layer ([`policy`]). The single full-attention group keeps its tuned
+//! paths ([`admission`], [`growth`], [`batch`], [`computed`]); every other group list, and
+//! every per-chunk or caller-keyed call, takes the plain group loop ([`admit_groups`],
+//! [`grow_groups`], [`indexing`], [`window`], [`slots`]), which the model test compares with
+//! the same reference.
 //!
 //! The manager's state (the struct, its sequence rows and counters) is in [`state`], a leaf
 //! the operation files build on; the items its fields are made of are leaves too ([`config`],
 //! [`group_spec`], [`keys`], [`new_block_log`], [`plans`]), and [`construct`] builds and drops
 //! it. This file only declares the modules and re-exports the public names, so that no two
-//! modules of `manager/` depend on each other (tests/python/test_rust_layering.py).
+//! modules of `manager/` depend on each other, directly or through others
+//! (tests/python/test_rust_layering.py).
 //!
 //! One file per group of operations: [`admission`] (`add_sequence*`), [`growth`] (`append*`,
 //! `can_append`), [`batch`] (`append_*_batch`), [`lifecycle`] (`fork`, `free*`), [`swap`]

@@ -4,10 +4,10 @@
 //!
 //! Every change to a table entry is logged in table order: new positions (fresh blocks and
 //! prefix hits), copy-on-write replacements, swap-ins, a fork's entries, and positions a
-//! window group released (logged with [`NULL_BLOCK`](crate::NULL_BLOCK)). A model runner that keeps its own copy
-//! of the tables patches it from the log instead of copying whole tables each step; the
-//! entries marked `fresh` (newly allocated blocks whose K/V the caller writes) are vLLM's
-//! `take_new_block_ids` list of blocks to zero.
+//! window group released (logged with [`NULL_BLOCK`](crate::NULL_BLOCK)). A model runner
+//! that keeps its own copy of the tables patches it from the log instead of copying whole
+//! tables each step; the entries marked `fresh` (newly allocated blocks whose K/V the caller
+//! writes) are vLLM's `take_new_block_ids` list of blocks to zero.
 //!
 //! Bounded memory when never drained, as the copy queue is (`copy_queue`): past a threshold
 //! the log is compacted, keeping only entries that still describe a live table entry

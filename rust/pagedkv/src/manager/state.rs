@@ -2,11 +2,11 @@
 //! [`Sequence`], its [`GroupTables`] and [`SeqHashing`], the lifetime [`Counters`]), with the
 //! accessors every operation shares.
 //!
-//! A leaf of `manager/`: the operation files (`admission.rs`, `growth.rs`, `batch.rs`, ...)
-//! each implement part of [`KvCacheManager`] on this state and name it here, while this file
-//! names only the leaves its fields are made of (`config.rs`, `group_spec.rs`, `keys.rs`,
-//! `new_block_log.rs`, `plans.rs`) and `checks.rs`, so no operation file is both above and
-//! below the state.
+//! Below every operation file of `manager/`: the operation files (`admission.rs`,
+//! `growth.rs`, `batch.rs`, ...) each implement part of [`KvCacheManager`] on this state and
+//! name it here, while this file names only the leaves its fields are made of (`config.rs`,
+//! `group_spec.rs`, `keys.rs`, `new_block_log.rs`, `plans.rs`) and `checks.rs`, so no
+//! operation file is both above and below the state.
 
 use std::sync::Arc;
 
@@ -36,8 +36,8 @@ pub(super) struct Sequence {
     /// (docs/design.md, Invariants 3).
     pub(super) table: BlockTable,
     /// The tables of groups 1.. (`groups[g - 1]` is group `g`'s), each `L` entries,
-    /// [`NULL_BLOCK`] at a window group's released positions (a leading run). Empty for a
-    /// single-group manager: no allocation, and the hot paths test it once.
+    /// [`NULL_BLOCK`](crate::NULL_BLOCK) at a window group's released positions (a leading
+    /// run). Empty for a single-group manager: no allocation, and the hot paths test it once.
     pub(super) groups: GroupTables,
     /// Whether the sequence is swapped out to the host tier.
     pub(super) swapped: bool,
