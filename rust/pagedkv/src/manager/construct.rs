@@ -103,7 +103,7 @@ impl KvCacheManager {
     }
 }
 
-// The host swap tier `config` asks for (none for `num_host_blocks == 0`).
+/// The host swap tier `config` asks for (none for `num_host_blocks == 0`).
 fn new_host_tier(config: &ManagerConfig, block_size: usize) -> Result<Option<HostTier>> {
     match config.num_host_blocks {
         0 => Ok(None),
