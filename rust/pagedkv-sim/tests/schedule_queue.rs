@@ -362,6 +362,57 @@ fn removed(hashes: &[pagedkv::BlockHash]) -> pagedkv::KvEvent {
     }
 }
 
+/// One step of an orphan case; events and the request name blocks of one prompt's chain by
+/// index.
+#[derive(Debug, Clone)]
+enum Step {
+    /// `BlockStored` of blocks `range`, under the block before it (no parent for block 0).
+    Store(std::ops::Range<usize>),
+    /// `BlockRemoved` of blocks `range`.
+    Remove(std::ops::Range<usize>),
+    /// Request 0 (the whole chain) is pushed.
+    Push,
+    /// Request 0 hits this many blocks.
+    Hits(usize),
+    /// A `BlockRemoved` of a block nobody reported stored is an error: the caller missed events.
+    RemoveUnknown,
+}
+
+/// The orphan cases: (what they show, their steps).
+const ORPHAN_CASES: &[(&str, &[Step])] = &[
+    (
+        "the parent's node comes from a request pushed after the orphans were stored",
+        &[
+            Step::Store(1..3),
+            Step::Push,
+            Step::Hits(0),
+            Step::Store(0..1),
+            Step::Hits(3),
+        ],
+    ),
+    (
+        "the parent's node comes from its own store; a request pushed later hits through it",
+        &[
+            Step::Store(2..4),
+            Step::Store(1..2),
+            Step::Store(0..1),
+            Step::Push,
+            Step::Hits(4),
+        ],
+    ),
+    (
+        "an orphan removed before its parent came is gone when the parent comes",
+        &[
+            Step::Store(1..3),
+            Step::Remove(2..3),
+            Step::Store(0..1),
+            Step::Push,
+            Step::Hits(2),
+            Step::RemoveUnknown,
+        ],
+    ),
+];
+
 /// One indexed copy per content (docs/events.md): a block can be reported stored after a parent
 /// whose content was never reported stored, or has been removed since. Such a block is no hit
 /// until its parent is stored, and then it is one, whether the parent's node comes from a
@@ -378,53 +429,30 @@ fn blocks_stored_after_an_unknown_parent_become_hits_with_it() {
     let tokens: Vec<TokenId> = (1..=9).collect(); // four full blocks, one token more
     let h = kv.prefix_block_hashes(&tokens, None);
     for policy in [Scheduling::Lpm, Scheduling::Dfs] {
-        // The parent's node comes from a request pushed after the orphans were stored.
-        let mut queue = CacheAwareQueue::new(policy, 8);
-        queue.apply(&stored(Some(h[0]), &h[1..3])).unwrap();
-        queue.check_invariants().unwrap();
-        queue.push(0, &h, 4).unwrap();
-        queue.check_invariants().unwrap();
-        assert_eq!(
-            queue.hit_blocks(0),
-            Some(0),
-            "{policy}: block 0 is not cached"
-        );
-        queue.apply(&stored(None, &h[..1])).unwrap();
-        queue.check_invariants().unwrap();
-        assert_eq!(
-            queue.hit_blocks(0),
-            Some(3),
-            "{policy}: blocks 0-2 are cached"
-        );
-
-        // The parent's node comes from its own store; a request pushed later hits through it.
-        let mut queue = CacheAwareQueue::new(policy, 8);
-        queue.apply(&stored(Some(h[1]), &h[2..4])).unwrap();
-        queue.apply(&stored(Some(h[0]), &h[1..2])).unwrap();
-        queue.apply(&stored(None, &h[..1])).unwrap();
-        queue.check_invariants().unwrap();
-        queue.push(0, &h, 4).unwrap();
-        queue.check_invariants().unwrap();
-        assert_eq!(
-            queue.hit_blocks(0),
-            Some(4),
-            "{policy}: the whole chain is cached"
-        );
-
-        // An orphan removed before its parent came is gone when the parent comes.
-        let mut queue = CacheAwareQueue::new(policy, 8);
-        queue.apply(&stored(Some(h[0]), &h[1..3])).unwrap();
-        queue.apply(&removed(&h[2..3])).unwrap();
-        queue.check_invariants().unwrap();
-        queue.apply(&stored(None, &h[..1])).unwrap();
-        queue.push(0, &h, 4).unwrap();
-        queue.check_invariants().unwrap();
-        assert_eq!(
-            queue.hit_blocks(0),
-            Some(2),
-            "{policy}: block 2 was removed"
-        );
-        // A block nobody ever reported stored is still an error: the caller missed events.
-        assert!(queue.apply(&removed(&[h[3] ^ 1])).is_err());
+        for (case, steps) in ORPHAN_CASES {
+            let mut queue = CacheAwareQueue::new(policy, 8);
+            for step in steps.iter() {
+                match step {
+                    Step::Store(range) => {
+                        let parent = range.start.checked_sub(1).map(|i| h[i]);
+                        queue.apply(&stored(parent, &h[range.clone()])).unwrap();
+                    }
+                    Step::Remove(range) => queue.apply(&removed(&h[range.clone()])).unwrap(),
+                    Step::Push => {
+                        queue.push(0, &h, 4).unwrap();
+                    }
+                    Step::Hits(n) => {
+                        assert_eq!(queue.hit_blocks(0), Some(*n), "{policy}, {case}: {step:?}")
+                    }
+                    Step::RemoveUnknown => {
+                        assert!(
+                            queue.apply(&removed(&[h[3] ^ 1])).is_err(),
+                            "{policy}, {case}"
+                        )
+                    }
+                }
+                queue.check_invariants().unwrap();
+            }
+        }
     }
 }

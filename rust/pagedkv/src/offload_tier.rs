@@ -41,6 +41,7 @@ use rustc_hash::FxHashMap;
 use crate::error::{Result, Tier};
 use crate::pool::validate_geometry;
 use crate::prefix::events::{EventQueue, KvEvent};
+use crate::prefix::eviction::{Content, EvictionSink};
 use crate::prefix::hash::BlockHash;
 use crate::prefix::lru::Lru;
 use crate::types::{BlockId, TokenId};
@@ -68,17 +69,6 @@ impl Entry {
         let g = self.group_idx.unwrap_or(0);
         self.parent.map(|p| crate::prefix::hash::content_hash(g, p))
     }
-}
-
-/// What an evicted device block was indexed with (borrowed from the prefix index).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Content<'a> {
-    pub(crate) hash: BlockHash,
-    pub(crate) parent: Option<BlockHash>,
-    pub(crate) token_ids: &'a [TokenId],
-    pub(crate) extra_key: Option<&'a Arc<[u8]>>,
-    /// The block's KV-cache group in a manager of several groups, `None` otherwise.
-    pub(crate) group_idx: Option<u32>,
 }
 
 /// Lifetime counters of the tier, in blocks.
@@ -483,6 +473,14 @@ impl OffloadTier {
             return Err("the host offload map names blocks that hold no entry".to_owned());
         }
         Ok(())
+    }
+}
+
+/// The prefix cache's evictions land here: each victim's content is kept on the host.
+impl EvictionSink for OffloadTier {
+    #[inline]
+    fn evicted(&mut self, device_block: BlockId, content: Content<'_>, events: &mut EventQueue) {
+        self.offload(device_block, content, events);
     }
 }
 

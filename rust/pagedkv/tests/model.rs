@@ -186,12 +186,19 @@ fn next_tokens(len: usize, n: usize) -> Vec<u32> {
     (len..len + n).map(|i| (i % 7) as u32).collect()
 }
 
+#[path = "model/host.rs"]
+mod host;
+#[path = "model/policy.rs"]
+mod policy;
 #[path = "model/reference.rs"]
 mod reference;
 #[path = "model/replay.rs"]
 mod replay;
+#[path = "model/window.rs"]
+mod window;
 
-use reference::{hit_len, kind, Kind, Limits, MBlock, Model};
+use policy::{hit_len, Limits};
+use reference::{kind, Kind, MBlock, Model};
 use replay::Replay;
 
 /// Keeps the model-block <-> physical-block renaming consistent across steps.

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::config::{AdmitOptions, Prompt};
 use super::keys::{BlockKeys, PromptHashes};
-use super::{GroupTables, KvCacheManager, SeqHashing, Sequence};
+use super::state::{GroupTables, KvCacheManager, SeqHashing, Sequence};
 use crate::error::{invalid, Error, Result};
 use crate::pool::BlockPool;
 use crate::prefix::events::{block_stored, KvEvent};

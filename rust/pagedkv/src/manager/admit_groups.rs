@@ -6,10 +6,10 @@
 use std::sync::Arc;
 
 use super::config::{AdmitOptions, Prompt};
-use super::groups::NULL_BLOCK;
+use super::group_spec::NULL_BLOCK;
 use super::hits::{GroupHit, Place};
 use super::keys::{BlockKeys, PromptHashes};
-use super::{GroupTables, KvCacheManager, SeqHashing, Sequence};
+use super::state::{GroupTables, KvCacheManager, SeqHashing, Sequence};
 use crate::error::{invalid, Error, Result, Tier};
 use crate::table::BlockTable;
 use crate::{BlockId, SeqId};

@@ -1,29 +1,15 @@
 //! Batch growth, one engine step: `append_len_batch` / `append_tokens_batch`, all or nothing
 //! over the batch, with each id resolved once and no allocation on the hot path.
 
-use rustc_hash::FxHashMap;
-
-use super::growth::{grow_table, growth_plan, GrowthPlan};
-use super::{check_distinct, KvCacheManager, Sequence};
+use super::checks::check_distinct;
+use super::growth::{grow_table, growth_plan};
+use super::plans::BatchScratch;
+use super::state::{KvCacheManager, Sequence};
 use crate::error::{invalid, Error, Result};
 use crate::pool::BlockPool;
 use crate::prefix::PrefixCache;
 use crate::seqmap::SeqMap;
-use crate::{BlockId, SeqId, TokenId};
-
-/// Buffers a batch call reuses across calls, so an engine step allocates nothing.
-#[derive(Debug, Default)]
-pub(super) struct BatchScratch {
-    /// Per batch member, in order: its row in `KvCacheManager::seqs`.
-    rows: Vec<usize>,
-    /// Per batch member, in order: its validated growth plan.
-    plans: Vec<GrowthPlan>,
-    /// Shared last blocks -> references to them already given up (copied away from) by
-    /// earlier members of the batch. Only blocks with refcount > 1 get an entry.
-    cow_releases: FxHashMap<BlockId, u32>,
-    /// Copy-on-write `(src, dst)` pairs of an apply pass, recorded after it (no prefix cache).
-    copies: Vec<(BlockId, BlockId)>,
-}
+use crate::{SeqId, TokenId};
 
 impl KvCacheManager {
     /// Appends `num_tokens` tokens to each of `seq_ids` (one engine step), all or nothing.

@@ -3,7 +3,8 @@
 
 use std::ops::Range;
 
-use super::{check_distinct, KvCacheManager, Sequence};
+use super::checks::check_distinct;
+use super::state::{KvCacheManager, Sequence};
 use crate::error::{invalid, Error, Result};
 use crate::pool::BlockPool;
 use crate::prefix::events::block_stored;
@@ -108,7 +109,7 @@ pub(super) fn index_computed(
     let events_on = prefix.events.enabled();
     let tokens = |i: usize| (i - start) * block_size;
     let mut run_start = start;
-    let flush = |prefix: &mut PrefixCache, h: &super::SeqHashing, run: Range<usize>| {
+    let flush = |prefix: &mut PrefixCache, h: &super::state::SeqHashing, run: Range<usize>| {
         if events_on && !run.is_empty() {
             let event = block_stored(
                 &h.block_hashes[run.clone()],

@@ -2,7 +2,7 @@
 //! [`SlotOptions`]: what an admission or a per-chunk allocation asks (docs/design.md, Per-chunk
 //! allocation).
 
-use super::groups::KvGroupSpec;
+use super::group_spec::KvGroupSpec;
 use crate::error::{invalid, Result};
 use crate::prefix::hash::BlockHash;
 use crate::TokenId;

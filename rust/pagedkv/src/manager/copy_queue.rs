@@ -13,7 +13,7 @@
 //! their content is unobservable through this manager. The threshold doubles past the
 //! surviving length after each compaction, so compaction costs amortized O(1) per copy.
 
-use super::KvCacheManager;
+use super::state::KvCacheManager;
 use crate::BlockId;
 
 /// Compaction starts once this many pairs are pending beyond `2 * num_blocks`.
@@ -46,7 +46,7 @@ impl KvCacheManager {
             if !seq.swapped {
                 for g in 0..seq.groups.len() + 1 {
                     for &b in seq.group_table(g) {
-                        if b != super::groups::NULL_BLOCK {
+                        if b != super::group_spec::NULL_BLOCK {
                             live[b as usize] = true;
                         }
                     }

@@ -7,7 +7,8 @@
 //! `BatchDecodeWithPagedKVCacheWrapper` take, so tables go to either library without conversion.
 //! docs/page_tables.md shows both layouts side by side.
 
-use super::{check_distinct, KvCacheManager};
+use super::checks::check_distinct;
+use super::state::KvCacheManager;
 use crate::error::{invalid, try_with_capacity, Result};
 use crate::SeqId;
 

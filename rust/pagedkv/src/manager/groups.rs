@@ -1,89 +1,17 @@
-//! [`KvGroupSpec`]: the KV-cache groups of a manager (docs/design.md, KV groups), and the
-//! per-group views of its tables.
-//!
-//! A model that mixes layer kinds (full attention and sliding-window attention, as Gemma 3 or
-//! gpt-oss do) keeps one block table per group of layers, all drawing on one pool. The
-//! default configuration is one full-attention group, whose operations keep their tuned paths;
-//! what differs between group kinds is the policy layer (`policy.rs`).
+//! Per-group views of a manager's tables (docs/design.md, KV groups): one group's block
+//! table, batch block tables, slot mapping and CSR page table (group 0 is what the ungrouped
+//! views show). The group list itself, [`KvGroupSpec`], is in `group_spec.rs`.
 
+use super::checks::check_distinct;
+use super::csr::CsrPageTable;
+use super::group_spec::{KvGroupSpec, NULL_BLOCK};
+use super::queries;
+use super::state::{KvCacheManager, Sequence};
 use crate::error::{invalid, Result};
-use crate::BlockId;
-
-/// The table entry of a position a sliding-window group has released (its block is no longer
-/// visible to any query of the sequence). Python sees it as `-1` in block tables, CSR page
-/// tables and slot mappings.
-pub const NULL_BLOCK: BlockId = BlockId::MAX;
-
-/// What one KV-cache group's layers attend to.
-///
-/// ```
-/// use pagedkv::{KvCacheManager, KvGroupSpec, ManagerConfig, NULL_BLOCK};
-/// let mut kv = KvCacheManager::new(ManagerConfig {
-///     num_blocks: 16, block_size: 2,
-///     kv_groups: vec![KvGroupSpec::FullAttention, KvGroupSpec::SlidingWindow { window: 3 }],
-///     ..Default::default()
-/// })?;
-/// kv.add_sequence(1, &[1, 2, 3, 4, 5], None)?;   // 3 blocks in each group
-/// kv.append_tokens(1, &[6])?;                     // 5 computed: the window releases block 0
-/// assert_eq!(kv.block_table_group(1, 0)?.len(), 3);
-/// assert_eq!(kv.block_table_group(1, 1)?[0], NULL_BLOCK);
-/// # Ok::<(), pagedkv::Error>(())
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum KvGroupSpec {
-    /// Every token attends to every earlier token: the group keeps all its blocks.
-    FullAttention,
-    /// Every token attends to itself and the `window - 1` tokens before it (the inclusive
-    /// convention of Hugging Face configs and vLLM's `sliding_window`): blocks wholly before
-    /// `num_computed_tokens - window + 1` are released.
-    SlidingWindow {
-        /// Tokens each query sees, itself included (`>= 1`).
-        window: usize,
-    },
-}
-
-impl KvGroupSpec {
-    /// The window in tokens, `None` for full attention.
-    pub fn window(&self) -> Option<usize> {
-        match *self {
-            KvGroupSpec::FullAttention => None,
-            KvGroupSpec::SlidingWindow { window } => Some(window),
-        }
-    }
-}
-
-/// InvalidArgument unless `groups` is a usable group list: at least one group, at most
-/// [`MAX_KV_GROUPS`], every window at least 1 token.
-pub(crate) fn validate_groups(groups: &[KvGroupSpec]) -> Result<()> {
-    if groups.is_empty() {
-        return invalid("kv_groups must name at least one group");
-    }
-    if groups.len() > MAX_KV_GROUPS {
-        return invalid(format!(
-            "kv_groups has {} groups, more than the {MAX_KV_GROUPS} supported",
-            groups.len()
-        ));
-    }
-    for (g, spec) in groups.iter().enumerate() {
-        if spec.window() == Some(0) {
-            return invalid(format!(
-                "kv_groups[{g}]: a sliding window must be at least 1 token"
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// Whether `groups` is the default single full-attention group (the tuned paths).
-pub(crate) fn is_single_full(groups: &[KvGroupSpec]) -> bool {
-    matches!(groups, [KvGroupSpec::FullAttention])
-}
-
-/// The most groups a manager takes (vLLM's largest hybrid layouts have a handful).
-pub const MAX_KV_GROUPS: usize = 64;
+use crate::{BlockId, SeqId};
 
 /// Per-group views of a manager (group 0 is what the ungrouped views show).
-impl super::KvCacheManager {
+impl KvCacheManager {
     /// The KV-cache groups of this manager.
     pub fn kv_groups(&self) -> &[KvGroupSpec] {
         &self.config().kv_groups
@@ -131,7 +59,7 @@ impl super::KvCacheManager {
 
     /// Group `group`'s block table of a resident sequence ([`NULL_BLOCK`] at released
     /// positions).
-    pub fn block_table_group(&self, seq_id: crate::SeqId, group: usize) -> Result<&[BlockId]> {
+    pub fn block_table_group(&self, seq_id: SeqId, group: usize) -> Result<&[BlockId]> {
         self.check_group(group)?;
         Ok(self.resident(seq_id)?.group_table(group))
     }
@@ -140,7 +68,7 @@ impl super::KvCacheManager {
     /// [`Self::null_entry`]; -1 pads short rows).
     pub fn batch_block_tables_group(
         &self,
-        seq_ids: &[crate::SeqId],
+        seq_ids: &[SeqId],
         group: usize,
     ) -> Result<(Vec<i32>, usize, Vec<i32>)> {
         self.check_group(group)?;
@@ -148,8 +76,8 @@ impl super::KvCacheManager {
         for &id in seq_ids {
             max_blocks = max_blocks.max(self.resident(id)?.num_positions());
         }
-        super::check_distinct(seq_ids)?;
-        let (mut tables, mut lens) = super::queries::padded_buffers(seq_ids.len(), max_blocks)?;
+        check_distinct(seq_ids)?;
+        let (mut tables, mut lens) = queries::padded_buffers(seq_ids.len(), max_blocks)?;
         for (row, id) in seq_ids.iter().enumerate() {
             let seq = &self.seqs[id];
             for (cell, &b) in tables[row * max_blocks..]
@@ -167,7 +95,7 @@ impl super::KvCacheManager {
     /// its offset in the null block: -1 without a reserved null block).
     pub fn slot_mapping_group(
         &self,
-        seq_ids: &[crate::SeqId],
+        seq_ids: &[SeqId],
         num_new_tokens: usize,
         group: usize,
     ) -> Result<Vec<i64>> {
@@ -175,11 +103,11 @@ impl super::KvCacheManager {
         let bs = self.block_size;
         for &id in seq_ids {
             let seq = self.resident(id)?;
-            super::queries::check_new_tokens(id, seq.table.num_tokens, num_new_tokens)?;
-            super::queries::check_slots(id, seq.table.num_tokens, seq.num_positions() * bs)?;
+            queries::check_new_tokens(id, seq.table.num_tokens, num_new_tokens)?;
+            queries::check_slots(id, seq.table.num_tokens, seq.num_positions() * bs)?;
         }
-        super::check_distinct(seq_ids)?;
-        let mut out = super::queries::slot_buffer(seq_ids.len(), num_new_tokens)?;
+        check_distinct(seq_ids)?;
+        let mut out = queries::slot_buffer(seq_ids.len(), num_new_tokens)?;
         for id in seq_ids {
             let seq = &self.seqs[id];
             let table = seq.group_table(group);
@@ -200,23 +128,18 @@ impl super::KvCacheManager {
 
     /// [`Self::csr_page_table`] of group `group` (released positions as
     /// [`Self::null_entry`] in `kv_indices`).
-    pub fn csr_page_table_group(
-        &self,
-        seq_ids: &[crate::SeqId],
-        group: usize,
-    ) -> Result<super::CsrPageTable> {
+    pub fn csr_page_table_group(&self, seq_ids: &[SeqId], group: usize) -> Result<CsrPageTable> {
         self.check_group(group)?;
         let bs = self.block_size;
         // A row covers the sequence's tokens: lookahead pages past them are left out, and a
         // sequence admitted per chunk shows the tokens it holds slots for.
-        let pages =
-            |seq: &super::Sequence| seq.table.num_tokens.div_ceil(bs).min(seq.num_positions());
+        let pages = |seq: &Sequence| seq.table.num_tokens.div_ceil(bs).min(seq.num_positions());
         let mut nnz: usize = 0;
         for &id in seq_ids {
             nnz += pages(self.resident(id)?);
         }
-        super::check_distinct(seq_ids)?;
-        let mut csr = super::CsrPageTable::sized(seq_ids.len(), nnz)?;
+        check_distinct(seq_ids)?;
+        let mut csr = CsrPageTable::sized(seq_ids.len(), nnz)?;
         for id in seq_ids {
             let seq = &self.seqs[id];
             let n = pages(seq);

@@ -2,7 +2,7 @@
 //! (`test_single_type_kv_cache_manager.py`, `test_prefix_caching.py`), plus pins, swap, events
 //! and the invariant checker catching corruption (docs/design.md, KV groups).
 
-use super::groups::{KvGroupSpec, NULL_BLOCK};
+use super::group_spec::{KvGroupSpec, NULL_BLOCK};
 use super::{KvCacheManager, ManagerConfig};
 use crate::prefix::events::KvEvent;
 use crate::{BlockId, Error};

@@ -10,8 +10,9 @@
 
 use rustc_hash::FxHashMap;
 
-use super::groups::NULL_BLOCK;
-use super::{check_distinct, KvCacheManager};
+use super::checks::check_distinct;
+use super::group_spec::NULL_BLOCK;
+use super::state::KvCacheManager;
 use crate::error::{invalid, Error, Result};
 use crate::{BlockId, SeqId, TokenId};
 

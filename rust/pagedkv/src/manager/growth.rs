@@ -3,22 +3,15 @@
 
 use rustc_hash::FxHashMap;
 
+use super::checks::blocks_fitting;
+use super::plans::GrowthPlan;
 use super::prefix::record_tokens;
-use super::{blocks_fitting, KvCacheManager, Sequence};
+use super::state::{KvCacheManager, Sequence};
 use crate::error::{Error, Result};
 use crate::pool::BlockPool;
 use crate::prefix::PrefixCache;
 use crate::table::BlockTable;
 use crate::{BlockId, SeqId, TokenId};
-
-/// What growing one table needs, validated before anything changes.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct GrowthPlan {
-    /// Fresh blocks to take (new blocks, plus one for the copy when `copy_on_write`).
-    pub(super) needed_blocks: usize,
-    /// Whether the last block is shared and must be copied before it is written.
-    pub(super) copy_on_write: bool,
-}
 
 impl KvCacheManager {
     /// Appends tokens to a sequence, taking new blocks as needed and copying a shared partial

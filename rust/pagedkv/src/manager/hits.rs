@@ -4,7 +4,7 @@
 
 use super::keys::PromptHashes;
 use super::policy::hybrid_hit;
-use super::KvCacheManager;
+use super::state::KvCacheManager;
 use crate::prefix::hash::{group_key, BlockHash};
 use crate::BlockId;
 

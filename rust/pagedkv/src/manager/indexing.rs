@@ -9,10 +9,10 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use super::groups::KvGroupSpec;
-use super::groups::NULL_BLOCK;
+use super::group_spec::KvGroupSpec;
+use super::group_spec::NULL_BLOCK;
 use super::keys::{effective_key, BlockKeys};
-use super::{GroupTables, KvCacheManager, SeqHashing, Sequence};
+use super::state::{GroupTables, KvCacheManager, SeqHashing, Sequence};
 use crate::pool::BlockPool;
 use crate::prefix::events::{block_stored, KvEvent};
 use crate::prefix::hash::{group_key, BlockHash};

@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use super::groups::NULL_BLOCK;
-use super::{KvCacheManager, Sequence};
+use super::group_spec::NULL_BLOCK;
+use super::state::{KvCacheManager, Sequence};
 use crate::error::{Error, Result};
 use crate::prefix::hash::group_key;
 use crate::{BlockId, SeqId};

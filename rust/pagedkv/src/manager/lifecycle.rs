@@ -1,7 +1,8 @@
 //! Fork and free: sequences sharing every block of a parent, and sequences leaving.
 
-use super::groups::NULL_BLOCK;
-use super::{check_distinct, KvCacheManager, Sequence};
+use super::checks::check_distinct;
+use super::group_spec::NULL_BLOCK;
+use super::state::{KvCacheManager, Sequence};
 use crate::error::{Error, Result};
 use crate::{BlockId, SeqId};
 

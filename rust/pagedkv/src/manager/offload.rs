@@ -4,7 +4,7 @@
 //! the caller (docs/offload.md).
 
 use super::admission::HitWalk;
-use super::KvCacheManager;
+use super::state::KvCacheManager;
 use crate::error::{invalid, Result};
 use crate::prefix::hash::{BlockHash, BlockHasher, ChainHasher};
 use crate::{BlockId, TokenId};

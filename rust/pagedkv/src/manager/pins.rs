@@ -2,7 +2,7 @@
 
 use super::admission::HitWalk;
 use super::keys::PromptHashes;
-use super::KvCacheManager;
+use super::state::KvCacheManager;
 use crate::error::{invalid, Result};
 use crate::prefix::hash::BlockHash;
 use crate::prefix::PrefixCache;

@@ -4,7 +4,7 @@
 //! ([`hybrid_hit`], vLLM's `HybridKVCacheCoordinator.find_longest_cache_hit`). Nothing else in
 //! the manager branches on a group's kind.
 
-use super::groups::KvGroupSpec;
+use super::group_spec::KvGroupSpec;
 
 impl KvGroupSpec {
     /// Leading blocks of a sequence with `processed` processed tokens that no later query of

@@ -1,8 +1,8 @@
 //! Prefix-cache integration: reset, events, the LRU view, and hashing of appended tokens.
 
-use super::groups::KvGroupSpec;
+use super::group_spec::KvGroupSpec;
 use super::indexing::index_ready_in;
-use super::{KvCacheManager, Sequence};
+use super::state::{KvCacheManager, Sequence};
 use crate::pool::BlockPool;
 use crate::prefix::events::{block_stored, DrainedEvents, KvEvent};
 use crate::prefix::PrefixCache;

@@ -1,7 +1,8 @@
 //! Read-only views: sequence lookups, block tables for kernels, slot mappings, copy ops,
 //! occupancy and stats.
 
-use super::{check_distinct, KvCacheManager};
+use super::checks::check_distinct;
+use super::state::KvCacheManager;
 use crate::error::{invalid, try_filled, try_with_capacity, Error, Result};
 use crate::prefix::PrefixCache;
 use crate::stats::Stats;

@@ -2,8 +2,8 @@
 //! tokens of speculative decoding, pruned beams), in O(dropped blocks)
 //! (docs/design.md, Truncate).
 
-use super::groups::NULL_BLOCK;
-use super::KvCacheManager;
+use super::group_spec::NULL_BLOCK;
+use super::state::KvCacheManager;
 use crate::error::{invalid, Error, Result};
 use crate::prefix::hash::group_key;
 use crate::SeqId;

@@ -5,9 +5,9 @@
 use rustc_hash::FxHashMap;
 
 use super::config::SlotOptions;
-use super::groups::NULL_BLOCK;
+use super::group_spec::NULL_BLOCK;
 use super::keys::BlockKeys;
-use super::KvCacheManager;
+use super::state::KvCacheManager;
 use crate::error::{invalid, Error, Result};
 use crate::prefix::hash::BlockHash;
 use crate::{BlockId, SeqId, TokenId};

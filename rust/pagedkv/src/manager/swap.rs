@@ -1,8 +1,9 @@
 //! The host swap tier: `swap_out` / `swap_in` of a sequence or fork group, and host queries.
 
-use super::groups::NULL_BLOCK;
+use super::checks::check_distinct;
+use super::group_spec::NULL_BLOCK;
+use super::state::KvCacheManager;
 use super::swap_plan::{allocate_host, distinct_blocks, id_map};
-use super::{check_distinct, KvCacheManager};
 use crate::error::{invalid, Error, Result};
 use crate::host::HostTier;
 use crate::{BlockId, SeqId};

@@ -1,8 +1,8 @@
 //! The named state transitions, the only code that changes refcounts and block states
 //! (docs/design.md, Invariants): every operation is validation plus a sequence of these.
 
-use super::groups::NULL_BLOCK;
-use super::{Counters, KvCacheManager};
+use super::group_spec::NULL_BLOCK;
+use super::state::{Counters, KvCacheManager};
 use crate::error::{Error, Result, Tier};
 use crate::pool::BlockPool;
 use crate::BlockId;

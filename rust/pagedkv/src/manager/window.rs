@@ -2,8 +2,8 @@
 //! releases the leading blocks no later query of the sequence reads, at the processed
 //! watermark, before an operation sizes its allocation (vLLM's `remove_skipped_blocks`).
 
-use super::groups::NULL_BLOCK;
-use super::KvCacheManager;
+use super::group_spec::NULL_BLOCK;
+use super::state::KvCacheManager;
 use crate::{BlockId, SeqId};
 
 impl KvCacheManager {

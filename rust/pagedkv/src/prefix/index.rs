@@ -283,10 +283,10 @@ impl BlockIndex {
 
     /// What block `b` is indexed with (hash, parent, token ids, extra key), if it is: what the
     /// offload tier keeps when the block is evicted.
-    pub(crate) fn content(&self, b: BlockId) -> Option<crate::offload_tier::Content<'_>> {
+    pub(crate) fn content(&self, b: BlockId) -> Option<super::eviction::Content<'_>> {
         let hash = self.hash_of(b)?;
         let s = &self.stored[b as usize];
-        Some(crate::offload_tier::Content {
+        Some(super::eviction::Content {
             hash,
             parent: s.has_parent.then_some(s.parent),
             token_ids: self.tokens_of(b),

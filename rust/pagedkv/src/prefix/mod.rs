@@ -1,5 +1,6 @@
 //! Prefix caching: chained block hashes ([`hash`]), the cached-block index ([`index`]) with
-//! its eviction order ([`lru`]), and KV events ([`events`]).
+//! its eviction order ([`lru`]), KV events ([`events`]), and what eviction hands on
+//! ([`eviction`]: the offload tier is the sink).
 //!
 //! A full block whose content hash is indexed stays indexed after its refcount drops to 0: it
 //! becomes *cached-evictable*, owned by its manager (not on the pool's free list) and queued in
@@ -11,6 +12,7 @@
 //! [`PrefixCache::check`] verifies them against each other.
 
 pub(crate) mod events;
+pub(crate) mod eviction;
 pub(crate) mod hash;
 pub(crate) mod hash_slots;
 pub(crate) mod index;
@@ -20,11 +22,11 @@ pub(crate) mod pins;
 use std::sync::Arc;
 
 use self::events::{DrainedEvents, EventQueue, KvEvent};
+use self::eviction::EvictionSink;
 use self::hash::{content_hash, BlockHash, BlockHasher, ChainHasher};
 use self::index::{BlockIndex, Entered};
 use self::lru::Lru;
 use self::pins::Pins;
-use crate::offload_tier::OffloadTier;
 use crate::pool::BlockPool;
 use crate::{BlockId, TokenId};
 
@@ -264,23 +266,24 @@ impl PrefixCache {
     /// least recently used blocks are the coldest memory of the cache, and one at a time each
     /// removal waited on its own misses.
     ///
-    /// With an offload tier, each victim's content is kept there first (an offload op).
-    pub(crate) fn evict_lru_into(
+    /// With a sink (the offload tier), each victim's content is handed to it first (an
+    /// offload op).
+    pub(crate) fn evict_lru_into<S: EvictionSink>(
         &mut self,
         n: usize,
         pool: &BlockPool,
         out: &mut Vec<BlockId>,
-        mut offload: Option<&mut OffloadTier>,
+        mut sink: Option<&mut S>,
     ) {
         let start = out.len();
         self.lru.pop_front_into(n, out);
         self.index.prefetch_removals(&out[start..]);
         for &b in &out[start..] {
-            // The tier first: without one, the victim's content is not even looked at.
-            if let Some(tier) = offload.as_deref_mut() {
+            // The sink first: without one, the victim's content is not even looked at.
+            if let Some(sink) = sink.as_deref_mut() {
                 if let Some(mut content) = self.index.content(b) {
                     content.group_idx = self.grouped.then(|| self.index.group_of(b));
-                    tier.offload(b, content, &mut self.events);
+                    sink.evicted(b, content, &mut self.events);
                 }
             }
             self.unindex(b);
@@ -441,7 +444,12 @@ mod tests {
         c.revive_cached(1, &pool);
         assert_eq!(c.lru_order(), vec![0, 2]);
         let mut out = vec![];
-        c.evict_lru_into(1, &pool, &mut out, None);
+        c.evict_lru_into(
+            1,
+            &pool,
+            &mut out,
+            None::<&mut crate::offload_tier::OffloadTier>,
+        );
         assert_eq!(out, vec![0]);
         assert_eq!(c.lru_order(), vec![2]);
         assert!(!c.is_indexed(0) && c.is_indexed(1));

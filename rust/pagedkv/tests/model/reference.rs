@@ -5,10 +5,15 @@
 //! extra key, full token prefix), the LRU of cached blocks, pins, and the host tier. Its hit
 //! rule is the declarative one (the longest `L` every group serves). Every operation returns
 //! the result (or the error) the manager must give.
+//!
+//! The group policies are plain functions in `policy.rs`; window release (`window.rs`) and the
+//! host swap tier (`host.rs`) extend [`Model`] in files of their own.
 
 use std::collections::{BTreeMap, HashMap};
 
 use pagedkv::{Error, KvGroupSpec, Tier};
+
+use crate::policy::{caches, cap, hit_len, skipped, Limits};
 
 pub type MBlock = u64;
 /// (group, extra key, every token up to the block's end).
@@ -36,14 +41,6 @@ impl MSeq {
     pub fn len(&self) -> usize {
         self.tables[0].len()
     }
-}
-
-/// Admission limits of the manager under test.
-#[derive(Debug, Clone, Copy)]
-pub struct Limits {
-    pub max_model_len: usize,
-    pub max_in_flight: usize,
-    pub watermark: usize,
 }
 
 #[derive(Debug)]
@@ -110,69 +107,6 @@ pub fn distinct(ids: &[u64]) -> Result<(), Kind> {
     }
 }
 
-/// `cdiv(window - 1, bs)`: blocks a window's hit needs before its end.
-fn need(window: usize, bs: usize) -> usize {
-    (window - 1).div_ceil(bs)
-}
-
-/// Leading blocks a group releases at `processed` tokens.
-pub fn skipped(spec: KvGroupSpec, processed: usize, bs: usize) -> usize {
-    match spec {
-        KvGroupSpec::FullAttention => 0,
-        KvGroupSpec::SlidingWindow { window } => processed.saturating_sub(window - 1) / bs,
-    }
-}
-
-/// Whether a group's blocks enter the index (not a window of one token).
-/// The longest hit of at most `max` blocks every group serves (declarative: each group has
-/// every block a hit of that length needs), given which blocks each group has cached.
-pub fn hit_len(
-    specs: &[KvGroupSpec],
-    bs: usize,
-    max: usize,
-    cached: impl Fn(usize, usize) -> bool,
-) -> usize {
-    let serves = |l: usize| {
-        l == 0
-            || specs
-                .iter()
-                .enumerate()
-                .all(|(g, &spec)| needed(spec, l, bs).all(|i| cached(g, i)))
-    };
-    (0..=max).rev().find(|&l| serves(l)).unwrap_or(0)
-}
-
-fn caches(spec: KvGroupSpec, bs: usize) -> bool {
-    match spec {
-        KvGroupSpec::FullAttention => true,
-        KvGroupSpec::SlidingWindow { window } => need(window, bs) > 0,
-    }
-}
-
-/// Positions a hit of `l` blocks needs cached in a group (declarative).
-fn needed(spec: KvGroupSpec, l: usize, bs: usize) -> std::ops::Range<usize> {
-    match spec {
-        KvGroupSpec::FullAttention => 0..l,
-        KvGroupSpec::SlidingWindow { window } => {
-            let n = need(window, bs).max(1);
-            l.saturating_sub(n)..l
-        }
-    }
-}
-
-/// A window group's admission cap in blocks (`None`: full attention).
-fn cap(spec: KvGroupSpec, bs: usize, limits: Limits) -> Option<usize> {
-    match spec {
-        KvGroupSpec::FullAttention => None,
-        KvGroupSpec::SlidingWindow { window } => Some(
-            ((window - 1).saturating_add(limits.max_in_flight))
-                .min(limits.max_model_len)
-                .div_ceil(bs)
-                .saturating_add(1),
-        ),
-    }
-}
-
 impl Model {
     pub fn ng(&self) -> usize {
         self.specs.len()
@@ -184,10 +118,6 @@ impl Model {
 
     pub fn available(&self) -> usize {
         self.pool_free() + self.cached.len()
-    }
-
-    pub fn host_free(&self) -> usize {
-        self.num_host - self.host_refs.len()
     }
 
     pub fn new_block(&mut self) -> MBlock {
@@ -334,54 +264,6 @@ impl Model {
             }
         }
         self.seqs.get_mut(&id).unwrap().hashed = end;
-    }
-
-    /// Releases a window group's positions that `processed` tokens put out of its window.
-    /// Blocks a sequence of `positions` positions holds over every group once the windows
-    /// released what `processed` tokens put out of them: the "can never fit" bound.
-    fn live(&self, positions: usize, processed: usize) -> usize {
-        let bs = self.block_size;
-        self.specs
-            .iter()
-            .map(|&spec| positions - skipped(spec, processed, bs).min(positions))
-            .fold(0usize, usize::saturating_add)
-    }
-
-    fn release_window(&mut self, id: u64, processed: usize) {
-        let bs = self.block_size;
-        for (g, &spec) in self.specs.clone().iter().enumerate() {
-            let len = self.seqs[&id].len();
-            let end = skipped(spec, processed, bs).min(len);
-            for i in (0..end).rev() {
-                let slot = &mut self.seqs.get_mut(&id).unwrap().tables[g][i];
-                match slot.take() {
-                    Some(b) => self.release(b),
-                    None => break,
-                }
-            }
-        }
-    }
-
-    /// Blocks the window releases of `ids` at their watermarks bring to refcount 0.
-    fn freed_by_release(&self, ids: &[u64]) -> usize {
-        let bs = self.block_size;
-        let mut drops: HashMap<MBlock, u32> = HashMap::new();
-        for id in ids {
-            let s = &self.seqs[id];
-            for (g, &spec) in self.specs.iter().enumerate() {
-                let end = skipped(spec, s.computed, bs).min(s.len());
-                for b in s.tables[g][..end].iter().rev() {
-                    match b {
-                        Some(b) => *drops.entry(*b).or_insert(0) += 1,
-                        None => break,
-                    }
-                }
-            }
-        }
-        drops
-            .into_iter()
-            .filter(|(b, n)| self.refcounts[b] == *n)
-            .count()
     }
 
     /// Admission under either contract (`reserve`), with lookahead slots.
@@ -814,105 +696,6 @@ impl Model {
             self.release(b);
         }
         Ok(())
-    }
-
-    /// Distinct live blocks of the group's tables, first seen first, with their references.
-    pub fn group(&self, ids: &[u64]) -> (Vec<MBlock>, Vec<u32>) {
-        let mut blocks: Vec<MBlock> = Vec::new();
-        let mut refs = Vec::new();
-        for id in ids {
-            for t in &self.seqs[id].tables {
-                for &b in t.iter().flatten() {
-                    match blocks.iter().position(|&x| x == b) {
-                        Some(i) => refs[i] += 1,
-                        None => {
-                            blocks.push(b);
-                            refs.push(1);
-                        }
-                    }
-                }
-            }
-        }
-        (blocks, refs)
-    }
-
-    pub fn swap_out(&mut self, ids: &[u64]) -> Result<Vec<(MBlock, MBlock)>, Kind> {
-        if self.num_host == 0 {
-            return Err(Kind::Invalid);
-        }
-        distinct(ids)?;
-        for &id in ids {
-            self.resident(id)?;
-        }
-        let (blocks, refs) = self.group(ids);
-        if blocks.len() > self.num_host {
-            return Err(Kind::Invalid);
-        }
-        if blocks.len() > self.host_free() {
-            return Err(Kind::Oob(Tier::Host, blocks.len(), self.host_free()));
-        }
-        let host: Vec<MBlock> = blocks.iter().map(|_| self.new_block()).collect();
-        for (&h, &r) in host.iter().zip(&refs) {
-            self.host_refs.insert(h, r);
-        }
-        let to_host = |d: &MBlock| host[blocks.iter().position(|b| b == d).unwrap()];
-        for &id in ids {
-            let mut s = self.seqs.remove(&id).unwrap();
-            let device = std::mem::take(&mut s.tables);
-            s.tables = device
-                .iter()
-                .map(|t| t.iter().map(|d| d.as_ref().map(to_host)).collect())
-                .collect();
-            s.swapped = true;
-            self.seqs.insert(id, s);
-            for t in &device {
-                for &d in t.iter().rev().flatten() {
-                    self.release(d);
-                }
-            }
-        }
-        Ok(blocks.into_iter().zip(host).collect())
-    }
-
-    pub fn swap_in(&mut self, ids: &[u64]) -> Result<Vec<(MBlock, MBlock)>, Kind> {
-        if self.num_host == 0 {
-            return Err(Kind::Invalid);
-        }
-        distinct(ids)?;
-        for &id in ids {
-            match self.seqs.get(&id) {
-                None => return Err(Kind::Unknown(id)),
-                Some(s) if !s.swapped => return Err(Kind::Invalid),
-                Some(_) => {}
-            }
-        }
-        let (host, refs) = self.group(ids);
-        if host.len() > self.num_blocks {
-            return Err(Kind::Invalid);
-        }
-        if host.len() > self.available() {
-            return Err(Kind::Oob(Tier::Device, host.len(), self.available()));
-        }
-        let device = self.alloc_fresh(host.len());
-        for (&d, &r) in device.iter().zip(&refs) {
-            self.refcounts.insert(d, r);
-        }
-        for &id in ids {
-            let mut s = self.seqs.remove(&id).unwrap();
-            for t in s.tables.iter_mut() {
-                for h in t.iter_mut().flatten() {
-                    let rc = self.host_refs.get_mut(h).unwrap();
-                    *rc -= 1;
-                    if *rc == 0 {
-                        self.host_refs.remove(h);
-                    }
-                    *h = device[host.iter().position(|x| x == h).unwrap()];
-                }
-            }
-            s.swapped = false;
-            self.seqs.insert(id, s);
-        }
-        Ok(host.into_iter().zip(device).collect())
     }
 
     pub fn reset(&mut self) -> bool {
