@@ -8,7 +8,7 @@ use crate::error::{invalid, Error, Result};
 use crate::pool::BlockPool;
 use crate::SeqId;
 
-/// InvalidArgument when an id appears twice in `seq_ids` (both managers' batch calls: a
+/// InvalidArgument when an id appears twice in `seq_ids` (the batch calls: a
 /// repeated id would apply one sequence's operation twice).
 pub(super) fn check_distinct(seq_ids: &[SeqId]) -> Result<()> {
     if seq_ids.len() > 1 {
@@ -24,7 +24,7 @@ pub(super) fn check_distinct(seq_ids: &[SeqId]) -> Result<()> {
 }
 
 /// The error of growing or forking a sequence of which `num_computed` of `num_tokens` tokens
-/// are computed (both managers refuse with it).
+/// are computed (growth and fork refuse with it).
 #[cold]
 #[inline(never)]
 pub(super) fn prefilling_error(seq_id: SeqId, num_computed: usize, num_tokens: usize) -> Error {

@@ -219,7 +219,7 @@ pub(super) fn hit_rate(query_tokens: u64, hit_tokens: u64) -> f64 {
 }
 
 /// InvalidArgument when sequence `id`, holding `num_tokens`, has fewer than the
-/// `num_new_tokens` a slot mapping asks for (both managers' `slot_mapping`).
+/// `num_new_tokens` a slot mapping asks for (`slot_mapping`).
 #[inline]
 pub(super) fn check_new_tokens(id: SeqId, num_tokens: usize, num_new_tokens: usize) -> Result<()> {
     if num_new_tokens > num_tokens {

@@ -115,7 +115,7 @@ fn drop_out_of_line<T>(value: T) {
 /// The tables of a sequence's groups after group 0, behind one thin pointer that is null for
 /// a single-group manager: the sequence row then stays 128 bytes, whose row address is one
 /// shift (callgrind, `append_batch_48`: a 136-byte row cost two instructions per member and
-/// the batch loop's register allocation, +13 %).
+/// the batch loop's register allocation; scripts/callgrind_gate.sh guards it).
 #[derive(Debug, Clone, Default)]
 // A thin pointer is the point (a `Vec` is three words): `box_collection` does not apply.
 #[allow(clippy::box_collection)]
@@ -211,7 +211,7 @@ pub(super) struct Counters {
 }
 
 impl Counters {
-    /// Copies the counters into their [`Stats`] fields (both managers keep the same ones).
+    /// Copies the counters into their [`Stats`] fields (one set for every group count).
     pub(super) fn write_to(&self, s: &mut Stats) {
         s.blocks_allocated = self.blocks_allocated;
         s.blocks_freed = self.blocks_freed;

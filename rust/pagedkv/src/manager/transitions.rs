@@ -219,7 +219,7 @@ impl KvCacheManager {
     }
 }
 
-/// The pool side of a release, shared by both managers: refcount -1 on table block `b`; at 0
+/// The pool side of a release, shared by every release path: refcount -1 on table block `b`; at 0
 /// it is counted freed and goes back on the pool's free list, unless `indexed` (it then stays
 /// the manager's, cached-evictable; the caller queues it in its LRU). Returns whether it
 /// reached 0. Inlined: it is on every free and truncate of the plain manager.
