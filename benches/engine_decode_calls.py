@@ -1,5 +1,5 @@
-"""The manager calls the engine makes per decode step since it moved to the per-chunk contract
-(issue 40): per decoding sequence `num_tokens` (is its sampled token still missing?),
+"""The manager calls the engine makes per decode step since it moved to per-chunk allocation
+(docs/embedding.md): per decoding sequence `num_tokens` (is its sampled token still missing?),
 `allocate_slots(seq, 1)` and `provide_token_ids(seq, [token])`, against the one batched call it
 made before (`append_tokens_batch` over every decoding sequence), in one run.
 
