@@ -1,6 +1,6 @@
 //! KV writes into quantized caches: quantize on the way in.
 //!
-//! 8-bit caches quantize each token's heads into its slot (codes and the row's E8M0 scale).
+//! 8-bit caches quantize each token's heads into its slot (codes and the row's UE5M3 scale).
 //! int4 caches keep a sequence's last, open block in its residual slot: the tokens a write puts
 //! in a block that stays open are parked there as they are; a block the write fills is *sealed*
 //! (its earlier tokens, from the slot, and the new ones quantized as a whole). Seals run before
