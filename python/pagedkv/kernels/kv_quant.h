@@ -39,7 +39,8 @@ __device__ __forceinline__ unsigned int ue5m3_scale_for(float amax, bool bad) {
   unsigned int b = 0u;
   if (t > kUe5m3Base) {
     const unsigned int rel = t - kUe5m3Base;
-    b = min((rel >> 20) + ((rel & 0xfffffu) != 0u ? 1u : 0u), kUe5m3Largest);
+    const unsigned int up = (rel >> 20) + ((rel & 0xfffffu) != 0u ? 1u : 0u);
+    b = up < kUe5m3Largest ? up : kUe5m3Largest;
   }
   if (static_cast<float>(kMaxCode) * ue5m3_to_float(b) < amax && b < kUe5m3Largest) ++b;
   return b;
