@@ -7,9 +7,10 @@ SmolLM2-135M and Gemma 3 270M over tests/data/web_exodus_1_6.txt (a public-domai
                                     [--tokens N] [--out results.json]
 
 ``--fallback 2,3`` also scores int8 with one-byte scales of 2 and 3 mantissa bits (E6M2-like,
-E5M3-like, their exponent ranges ignored; the range of exponents used is reported), emulated: each K/V row is quantized and
-dequantized in NumPy and the values stored in an fp32 cache read by the same kernels (attention
-on a quantized cache is, bit for bit, attention on its dequantized values; docs/quantized_kv.md).
+E5M3-like, their exponent ranges ignored; the range of exponents used is reported), emulated:
+each K/V row is quantized and dequantized in NumPy and the values stored in an fp32 cache read
+by the same kernels (attention on a quantized cache is, bit for bit, attention on its
+dequantized values; docs/quantized_kv.md).
 ``--split int8,fp8_e4m3`` also scores each named 8-bit dtype with only the keys quantized and
 with only the values (emulated the same way, the other tensor float16): which of the two costs
 the perplexity.
