@@ -11,6 +11,9 @@ E5M3-like, their exponent ranges ignored; the range of exponents used is reporte
 each K/V row is quantized and dequantized in NumPy and the values stored in an fp32 cache read
 by the same kernels (attention on a quantized cache is, bit for bit, attention on its
 dequantized values; docs/quantized_kv.md).
+``--fp8-limit`` also scores keys and values (and keys only) rounded to 3 mantissa bits with
+float32's exponent range (emulated the same way): e4m3's precision without any scale or range
+limit, the best any fp8 scale layout (per token, per channel) could reach.
 ``--split int8,fp8_e4m3`` also scores each named 8-bit dtype with only the keys quantized and
 with only the values (emulated the same way, the other tensor float16): which of the two costs
 the perplexity.
@@ -63,6 +66,15 @@ def mantissa_scale_int8(mantissa_bits: int) -> Any:
     return round_trip
 
 
+def mantissa3(x: np.ndarray) -> np.ndarray:
+    """``x`` rounded to 3 mantissa bits (to nearest even) with float32's exponent range: e4m3's
+    precision with no scale at all, so no range limit (no subnormals, no saturation). Any scale,
+    per token or per channel, can at best bring fp8 to this."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    rounded = (u + np.uint32(0x7FFFF) + ((u >> np.uint32(20)) & np.uint32(1))) & np.uint32(0xFFF00000)
+    return rounded.view(np.float32)
+
+
 def f16(x: np.ndarray) -> np.ndarray:
     """``x`` rounded to float16 and back, as the quantized caches' attention takes it."""
     return to_compute(np.asarray(x, np.float16), "float16").astype(np.float32)
@@ -110,6 +122,11 @@ def main() -> int:
     parser.add_argument(
         "--fallback", default="", help="mantissa bits of emulated one-byte int8 scales to score (e.g. 2,3)"
     )
+    parser.add_argument(
+        "--fp8-limit",
+        action="store_true",
+        help="also score keys and values (and keys only) rounded to 3 mantissa bits with no range limit",
+    )
     parser.add_argument("--split", default="", help="8-bit dtypes to score with keys only / values only")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
@@ -134,6 +151,9 @@ def main() -> int:
         for bits in [int(b) for b in filter(None, args.fallback.split(","))]:
             rt = mantissa_scale_int8(bits)
             extra.append((f"int8_m{bits}_scale", emulated_store(rt, rt)))
+        if args.fp8_limit:
+            extra.append(("mantissa3_kv", emulated_store(mantissa3, mantissa3)))
+            extra.append(("mantissa3_keys_only", emulated_store(mantissa3, f16)))
         for dtype in filter(None, args.split.split(",")):
             extra.append((f"{dtype}_keys_only", emulated_store(round_trip_8bit(dtype), f16)))
             extra.append((f"{dtype}_values_only", emulated_store(f16, round_trip_8bit(dtype))))
