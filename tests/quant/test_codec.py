@@ -86,12 +86,24 @@ def test_8bit_rows_beyond_the_scale_range_saturate():
     x = np.zeros((2, 64), F32)
     x[0, :2] = [5e5, -1.0]  # amax above 448 * 1.75 * 2^9 (the largest scale)
     x[1, :2] = [1e9, -2e9]
-    for dtype, top in (("int8", 127.0), ("fp8_e4m3", 448.0)):
+    for dtype, top, byte, scale in (("int8", 127.0, 0xFE, 896.0), ("fp8_e4m3", 448.0, 0xF8, 512.0)):
         codes, scales = quantize_8bit(x, dtype)
-        assert scales.tolist() == [0xFE, 0xFE]
+        assert scales.tolist() == [byte, byte]
         back = dequantize_8bit(codes, scales, dtype)
-        assert back[0, 0] == top * 896.0 and back[1, 0] == top * 896.0 and back[1, 1] == -top * 896.0
+        assert back[0, 0] == top * scale and back[1, 0] == top * scale and back[1, 1] == -top * scale
         assert np.isfinite(back).all()
+
+
+@settings(max_examples=100, deadline=None)
+@given(x=finite_rows, magnitude=st.sampled_from([1e-2, 1.0, 1e3]))
+def test_fp8_scales_are_powers_of_two_so_codes_are_x_rounded_to_e4m3(x, magnitude):
+    """e4m3 takes the power-of-two UE5M3 bytes: ``x / s`` is exact, so each code is ``x`` itself
+    rounded to e4m3 (shifted by the scale's exponent), with no second rounding."""
+    x = (x / np.float32(2.0**100) * np.float32(magnitude)).astype(F32)
+    codes, scales = quantize_8bit(x, "fp8_e4m3")
+    assert (scales % 8 == 0).all()
+    s = ue5m3_to_float32(scales)[..., None]
+    np.testing.assert_array_equal(codes, float32_to_e4m3(x * (np.float32(1) / s)))  # 1 / s exact
 
 
 def test_8bit_rows_with_nan_or_infinity_decode_to_nan_and_leave_other_rows_alone():

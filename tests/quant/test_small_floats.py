@@ -94,6 +94,10 @@ def test_ue5m3_scale_is_the_smallest_byte_that_covers(amax, max_code):
     b = int(ue5m3_scale_for(np.array([amax32], np.float32), max_code)[0])
     covering = np.flatnonzero(float(amax32) <= max_code * UE5M3_VALUES)
     assert b == (covering[0] if covering.size else 254)  # the smallest, or saturated at 0xFE
+    # powers of two only (e4m3's scales): the smallest byte with mantissa 0, or 0xF8 (2^9)
+    b = int(ue5m3_scale_for(np.array([amax32], np.float32), max_code, power_of_two=True)[0])
+    covering = covering[covering % 8 == 0]
+    assert b == (covering[0] if covering.size else 248)
 
 
 def test_ue5m3_of_nan_and_infinity_is_nan():

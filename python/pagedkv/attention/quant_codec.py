@@ -8,7 +8,7 @@ the error bounds the tests prove.
 
 8-bit (``int8``, ``fp8_e4m3``), per (token, head) of ``head_dim`` values with absolute maximum
 ``a``: the scale is the UE5M3 byte (4 significant bits) of the smallest ``s`` with ``a <= M * s``
-(M = 127 for int8, 448 for e4m3); int8 codes are ``rint(x / s)`` (half to even), e4m3 codes are
+(M = 127 for int8, 448 for e4m3; e4m3 only the powers of two among the bytes); int8 codes are ``rint(x / s)`` (half to even), e4m3 codes are
 ``x / s`` converted with round-to-nearest-even, ``x / s`` being one correctly rounded float32
 division. ``code * s`` is exact (at most 7 + 4 significant bits), so the dequantized value is
 ``code * s`` exactly.
@@ -66,7 +66,9 @@ def quantize_8bit(x: np.ndarray, kv_cache_dtype: str) -> tuple[np.ndarray, np.nd
     x = np.asarray(x, dtype=F32)
     with np.errstate(invalid="ignore"):
         amax = np.abs(x).max(axis=-1) if x.shape[-1] else np.zeros(x.shape[:-1], F32)
-    scales = ue5m3_scale_for(amax, INT8_MAX if kv_cache_dtype == "int8" else E4M3_MAX)
+    int8 = kv_cache_dtype == "int8"
+    # e4m3 takes power-of-two scales only: x / s is then exact (docs/quantized_kv.md, "8-bit").
+    scales = ue5m3_scale_for(amax, INT8_MAX if int8 else E4M3_MAX, power_of_two=not int8)
     finite = scales != 0xFF
     divisor = np.where(finite, ue5m3_to_float32(scales), F32(1))
     scaled = (np.where(finite[..., None], x, F32(0)) / divisor[..., None]).astype(F32)

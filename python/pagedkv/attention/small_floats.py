@@ -97,10 +97,11 @@ def ue5m3_to_float32(scales: np.ndarray) -> np.ndarray:
     return np.where(b == UE5M3_NAN, np.float32(np.nan), out).astype(np.float32)
 
 
-def ue5m3_scale_for(amax: np.ndarray, max_code: float) -> np.ndarray:
+def ue5m3_scale_for(amax: np.ndarray, max_code: float, power_of_two: bool = False) -> np.ndarray:
     """The UE5M3 byte of the smallest scale s with ``amax <= max_code * s`` (``amax`` float32,
     >= 0), clamped to [2^-22, 1.75 * 2^9] (a row beyond ``max_code * 1.75 * 2^9`` saturates); NaN
-    or infinite amax gives 0xFF (NaN). ``max_code``: 127 (int8) or 448 (e4m3).
+    or infinite amax gives 0xFF (NaN). ``max_code``: 127 (int8) or 448 (e4m3). ``power_of_two``:
+    only the bytes with mantissa 0 (2^-22 .. 2^9), as e4m3 takes them (docs/quantized_kv.md).
 
     ``amax / max_code`` (float32, rounded to nearest) rounded up to the format is the candidate;
     the float32 rounding can leave it one step short, which the exact check ``max_code * s >=
@@ -112,9 +113,12 @@ def ue5m3_scale_for(amax: np.ndarray, max_code: float) -> np.ndarray:
     rel = t.view(np.uint32).astype(np.int64) - _UE5M3_BASE
     shift = 23 - UE5M3_MANTISSA_BITS
     b = (rel >> shift) + ((rel & ((1 << shift) - 1)) != 0)
-    b = np.clip(np.where(rel <= 0, 0, b), 0, UE5M3_LARGEST)
+    step = 1 << UE5M3_MANTISSA_BITS if power_of_two else 1
+    largest = UE5M3_LARGEST & ~(step - 1)  # 0xFE, or 0xF8 (2^9) for powers of two
+    b = np.where(rel <= 0, 0, b)
+    b = np.clip((b + step - 1) // step * step, 0, largest)
     short = np.float32(max_code) * ue5m3_to_float32(b.astype(np.uint8)) < safe
-    b = np.where(short & (b < UE5M3_LARGEST), b + 1, b)
+    b = np.where(short & (b < largest), b + step, b)
     return np.where(finite, b, UE5M3_NAN).astype(np.uint8)
 
 

@@ -32,17 +32,21 @@ __device__ __forceinline__ float ue5m3_to_float(unsigned int b) {
 // larger row saturates); 0xFF when the row held a NaN or an infinity (`bad`). amax / kMaxCode
 // (rounded to nearest) rounded up to the format is the candidate; the exact check (kMaxCode * s
 // has at most 11 significant bits) adds the one step its rounding can miss.
-template <int kMaxCode>
+// kPowerOfTwo: only the bytes with mantissa 0 (2^-22 .. 2^9), as e4m3 takes them.
+template <int kMaxCode, bool kPowerOfTwo>
 __device__ __forceinline__ unsigned int ue5m3_scale_for(float amax, bool bad) {
   if (bad) return 0xffu;
+  constexpr unsigned int kStep = kPowerOfTwo ? 8u : 1u;
+  constexpr unsigned int kLargest = kUe5m3Largest & ~(kStep - 1u);
   const unsigned int t = __float_as_uint(__fdiv_rn(amax, static_cast<float>(kMaxCode)));
   unsigned int b = 0u;
   if (t > kUe5m3Base) {
     const unsigned int rel = t - kUe5m3Base;
-    const unsigned int up = (rel >> 20) + ((rel & 0xfffffu) != 0u ? 1u : 0u);
-    b = up < kUe5m3Largest ? up : kUe5m3Largest;
+    b = (rel >> 20) + ((rel & 0xfffffu) != 0u ? 1u : 0u);
   }
-  if (static_cast<float>(kMaxCode) * ue5m3_to_float(b) < amax && b < kUe5m3Largest) ++b;
+  b = (b + kStep - 1u) / kStep * kStep;
+  b = b < kLargest ? b : kLargest;
+  if (static_cast<float>(kMaxCode) * ue5m3_to_float(b) < amax && b < kLargest) b += kStep;
   return b;
 }
 
@@ -133,6 +137,7 @@ __device__ __forceinline__ float ue5m3_row_scale(const unsigned char* block, int
 struct QuantInt8 {
   static constexpr bool kResidual = false;
   static constexpr int kMaxCode = 127;
+  static constexpr bool kPowerOfTwoScale = false;
   __device__ static __forceinline__ unsigned int encode(float scaled) {
     const float r = fminf(fmaxf(rintf(scaled), -127.f), 127.f);
     return static_cast<unsigned int>(static_cast<int>(r)) & 0xffu;
@@ -151,6 +156,7 @@ struct QuantInt8 {
 struct QuantFp8 {
   static constexpr bool kResidual = false;
   static constexpr int kMaxCode = 448;
+  static constexpr bool kPowerOfTwoScale = true;  // x / s exact (docs/quantized_kv.md, "8-bit")
   __device__ static __forceinline__ unsigned int encode(float scaled) { return float_to_e4m3(scaled); }
   __device__ static __forceinline__ float decode(unsigned int code) { return e4m3_to_float(code); }
   template <int HEAD_DIM>

@@ -44,7 +44,7 @@ __global__ void __launch_bounds__(kQuantizeThreads) quantize_kv_kernel(
   }
   amax = warp_max(amax);
   bad = warp_max(bad);
-  const unsigned int scale = ue5m3_scale_for<Fmt::kMaxCode>(amax, bad != 0.f);
+  const unsigned int scale = ue5m3_scale_for<Fmt::kMaxCode, Fmt::kPowerOfTwoScale>(amax, bad != 0.f);
   const float divisor = scale == 0xffu ? 1.f : ue5m3_to_float(scale);
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {

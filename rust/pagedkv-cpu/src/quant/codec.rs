@@ -41,26 +41,33 @@ pub fn ue5m3_to_f32(b: u8) -> f32 {
 /// `amax / max_code` rounded up to the format is the candidate; float32 rounding of the quotient
 /// can leave it one step short, which the exact check (`max_code * s` has at most 11
 /// significant bits) catches.
+/// `power_of_two`: only the bytes with mantissa 0 (2^-22 ..= 2^9), as e4m3 takes them.
 #[inline]
-pub fn ue5m3_scale_for(amax: f32, max_code: f32) -> u8 {
+pub fn ue5m3_scale_for(amax: f32, max_code: f32, power_of_two: bool) -> u8 {
     if !amax.is_finite() {
         return UE5M3_NAN;
     }
+    let step: u32 = if power_of_two {
+        1 << UE5M3_MANTISSA_BITS
+    } else {
+        1
+    };
+    let largest = u32::from(UE5M3_LARGEST) & !(step - 1);
     let t = (amax / max_code).to_bits();
     let shift = 23 - UE5M3_MANTISSA_BITS;
     let b = if t <= UE5M3_BASE {
         0
     } else {
         let rel = t - UE5M3_BASE;
-        let up = u32::from(rel & ((1 << shift) - 1) != 0);
-        ((rel >> shift) + up).min(u32::from(UE5M3_LARGEST))
+        (rel >> shift) + u32::from(rel & ((1 << shift) - 1) != 0)
     };
-    let b = b as u8;
-    if max_code * ue5m3_to_f32(b) < amax && b < UE5M3_LARGEST {
-        b + 1
+    let b = (b.div_ceil(step) * step).min(largest);
+    let b = if max_code * ue5m3_to_f32(b as u8) < amax && b < largest {
+        b + step
     } else {
         b
-    }
+    };
+    b as u8
 }
 
 /// float32 -> e4m3 byte, as CUDA's `__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3)`: round
@@ -148,7 +155,8 @@ pub fn quantize_8bit_row(x: &[f32], codes: &mut [u8], fp8: bool) -> u8 {
             }
         }
     }
-    let scale = ue5m3_scale_for(amax, if fp8 { E4M3_MAX } else { INT8_MAX });
+    // e4m3 takes power-of-two scales only: x / s is then exact (docs/quantized_kv.md, "8-bit").
+    let scale = ue5m3_scale_for(amax, if fp8 { E4M3_MAX } else { INT8_MAX }, fp8);
     if scale == UE5M3_NAN {
         codes.fill(0);
         return scale;
@@ -395,13 +403,19 @@ mod tests {
         );
         for &amax in &amaxes {
             for m in [INT8_MAX, E4M3_MAX] {
-                let b = ue5m3_scale_for(amax, m);
+                let b = ue5m3_scale_for(amax, m, false);
                 let want = values.iter().position(|&v| amax <= m * v).unwrap_or(254);
                 assert_eq!(usize::from(b), want, "{amax} {m}");
+                let b = ue5m3_scale_for(amax, m, true);
+                let want = (0..=248)
+                    .step_by(8)
+                    .find(|&i| amax <= m * values[i])
+                    .unwrap_or(248);
+                assert_eq!(usize::from(b), want, "{amax} {m} (powers of two)");
             }
         }
-        assert_eq!(ue5m3_scale_for(f32::INFINITY, INT8_MAX), UE5M3_NAN);
-        assert_eq!(ue5m3_scale_for(f32::NAN, E4M3_MAX), UE5M3_NAN);
+        assert_eq!(ue5m3_scale_for(f32::INFINITY, INT8_MAX, false), UE5M3_NAN);
+        assert_eq!(ue5m3_scale_for(f32::NAN, E4M3_MAX, true), UE5M3_NAN);
         assert!(ue5m3_to_f32(UE5M3_NAN).is_nan());
     }
 
