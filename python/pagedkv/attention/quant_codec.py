@@ -10,8 +10,9 @@ the error bounds the tests prove.
 ``a``: the scale is the UE5M3 byte (4 significant bits) of the smallest ``s`` with ``a <= M * s``
 (M = 127 for int8, 448 for e4m3; e4m3 only the powers of two among the bytes); int8 codes
 are ``rint(x / s)`` (half to even), e4m3 codes are ``x / s`` converted with round-to-nearest-even,
-``x / s`` being one correctly rounded float32 division (exact for e4m3's powers of two). ``code * s`` is exact (at most 7 + 4 significant bits), so the dequantized value is
-``code * s`` exactly.
+``x / s`` being one correctly rounded float32 division (exact for e4m3's powers of two).
+``code * s`` is exact (at most 7 + 4 significant bits), so the dequantized value is ``code * s``
+exactly.
 
 int4 (KIVI-style), for a *set* of *groups* of values that share side parameters: keys of one
 (block, head): a group per channel, over the block's tokens; values of one (block, head): a group
