@@ -96,7 +96,7 @@ def emulated_store(key: Any, value: Any) -> type[PagedKvStore]:
 
 def round_trip_8bit(kv_cache_dtype: str) -> Any:
     """The values an ``int8`` / ``fp8_e4m3`` cache stores for a row (the codec's codes times
-    their E8M0 scale)."""
+    their UE5M3 scale)."""
     return lambda x: dequantize_8bit(*quantize_8bit(x, kv_cache_dtype), kv_cache_dtype).astype(np.float32)
 
 
