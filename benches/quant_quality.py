@@ -6,10 +6,14 @@ SmolLM2-135M and Gemma 3 270M over tests/data/web_exodus_1_6.txt (a public-domai
     python benches/quant_quality.py [--models smollm2,gemma3] [--dtypes float32,float16,int8,fp8_e4m3,int4]
                                     [--tokens N] [--out results.json]
 
-``--fallback`` also scores int8 with the fallback scale phase 1 documents (a one-byte scale with
-2 mantissa bits, E6M2-like, its range limits ignored), emulated: each K/V row is quantized and
-dequantized in NumPy and the values stored in an fp32 cache read by the same kernels (attention
-on a quantized cache is, bit for bit, attention on its dequantized values; docs/quantized_kv.md).
+``--fallback 2,3`` also scores int8 with one-byte scales of 2 and 3 mantissa bits (E6M2-like,
+E5M3-like, their exponent ranges ignored; the range of exponents used is reported), emulated:
+each K/V row is quantized and dequantized in NumPy and the values stored in an fp32 cache read
+by the same kernels (attention on a quantized cache is, bit for bit, attention on its
+dequantized values; docs/quantized_kv.md).
+``--fp8-limit`` also scores keys and values (and keys only) rounded to 3 mantissa bits with
+float32's exponent range (emulated the same way): e4m3's precision without any scale or range
+limit, the best any fp8 scale layout (per token, per channel) could reach.
 ``--split int8,fp8_e4m3`` also scores each named 8-bit dtype with only the keys quantized and
 with only the values (emulated the same way, the other tensor float16): which of the two costs
 the perplexity.
@@ -34,20 +38,41 @@ TEXT = Path(__file__).resolve().parents[1] / "tests" / "data" / "web_exodus_1_6.
 MODELS = {"smollm2": None, "gemma3": "gemma3"}
 
 
-def e6m2_int8(x: np.ndarray) -> np.ndarray:
-    """int8 codes with a per-row scale of 2 mantissa bits (the smallest ``m * 2^e``, m in
-    {1, 1.25, 1.5, 1.75}, with ``amax <= 127 * scale``), quantized and dequantized (fp32)."""
-    x = np.asarray(x, dtype=np.float32)
-    amax = np.abs(x).max(axis=-1, keepdims=True).astype(np.float64)
-    need = np.maximum(amax / 127.0, np.finfo(np.float32).tiny)
-    e = np.floor(np.log2(need))
-    scale = np.full_like(need, np.inf)
-    for m in (1.0, 1.25, 1.5, 1.75, 2.0):
-        cand = m * np.exp2(e)
-        scale = np.where((cand >= need) & (cand < scale), cand, scale)
-    scale = scale.astype(np.float32)
-    codes = np.clip(np.rint(x / scale), -127, 127)
-    return (codes * scale).astype(np.float32)
+SCALE_EXPONENTS: dict[int, list[float]] = {}  # mantissa bits -> [min, max] log2 of the scales used
+
+
+def mantissa_scale_int8(mantissa_bits: int) -> Any:
+    """int8 codes with a per-row one-byte scale of ``mantissa_bits`` mantissa bits (the smallest
+    ``(1 + i / 2^mantissa_bits) * 2^e`` with ``amax <= 127 * scale``, its exponent range ignored),
+    quantized and dequantized (fp32); records the range of scale exponents it used."""
+
+    def round_trip(x: np.ndarray) -> np.ndarray:
+        x = np.asarray(x, dtype=np.float32)
+        amax = np.abs(x).max(axis=-1, keepdims=True).astype(np.float64)
+        need = np.maximum(amax / 127.0, np.finfo(np.float32).tiny)
+        e = np.floor(np.log2(need))
+        steps = 2**mantissa_bits
+        scale = np.full_like(need, np.inf)
+        for i in range(steps + 1):
+            cand = (1.0 + i / steps) * np.exp2(e)
+            scale = np.where((cand >= need) & (cand < scale), cand, scale)
+        used = np.floor(np.log2(scale[amax > 0])) if (amax > 0).any() else np.zeros(1)
+        seen = SCALE_EXPONENTS.setdefault(mantissa_bits, [np.inf, -np.inf])
+        seen[0], seen[1] = min(seen[0], float(used.min())), max(seen[1], float(used.max()))
+        scale = scale.astype(np.float32)
+        codes = np.clip(np.rint(x / scale), -127, 127)
+        return (codes * scale).astype(np.float32)
+
+    return round_trip
+
+
+def mantissa3(x: np.ndarray) -> np.ndarray:
+    """``x`` rounded to 3 mantissa bits (to nearest even) with float32's exponent range: e4m3's
+    precision with no scale at all, so no range limit (no subnormals, no saturation). Any scale,
+    per token or per channel, can at best bring fp8 to this."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    rounded = (u + np.uint32(0x7FFFF) + ((u >> np.uint32(20)) & np.uint32(1))) & np.uint32(0xFFF00000)
+    return rounded.view(np.float32)
 
 
 def f16(x: np.ndarray) -> np.ndarray:
@@ -71,7 +96,7 @@ def emulated_store(key: Any, value: Any) -> type[PagedKvStore]:
 
 def round_trip_8bit(kv_cache_dtype: str) -> Any:
     """The values an ``int8`` / ``fp8_e4m3`` cache stores for a row (the codec's codes times
-    their E8M0 scale)."""
+    their UE5M3 scale)."""
     return lambda x: dequantize_8bit(*quantize_8bit(x, kv_cache_dtype), kv_cache_dtype).astype(np.float32)
 
 
@@ -94,7 +119,14 @@ def main() -> int:
     parser.add_argument("--models", default="smollm2,gemma3")
     parser.add_argument("--dtypes", default="float16,float32,int8,fp8_e4m3,int4")
     parser.add_argument("--tokens", type=int, default=0, help="score only the first N tokens (0: all)")
-    parser.add_argument("--fallback", action="store_true")
+    parser.add_argument(
+        "--fallback", default="", help="mantissa bits of emulated one-byte int8 scales to score (e.g. 2,3)"
+    )
+    parser.add_argument(
+        "--fp8-limit",
+        action="store_true",
+        help="also score keys and values (and keys only) rounded to 3 mantissa bits with no range limit",
+    )
     parser.add_argument("--split", default="", help="8-bit dtypes to score with keys only / values only")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
@@ -116,14 +148,22 @@ def main() -> int:
             runs[dtype] = score_text(model, ids, dtype, progress=say)
             say(f"{dtype}: perplexity {runs[dtype].perplexity:.4f} ({runs[dtype].seconds:.0f} s)")
         extra = []
-        if args.fallback:
-            extra.append(("int8_e6m2_scale", emulated_store(e6m2_int8, e6m2_int8)))
+        for bits in [int(b) for b in filter(None, args.fallback.split(","))]:
+            rt = mantissa_scale_int8(bits)
+            extra.append((f"int8_m{bits}_scale", emulated_store(rt, rt)))
+        if args.fp8_limit:
+            extra.append(("mantissa3_kv", emulated_store(mantissa3, mantissa3)))
+            extra.append(("mantissa3_keys_only", emulated_store(mantissa3, f16)))
         for dtype in filter(None, args.split.split(",")):
             extra.append((f"{dtype}_keys_only", emulated_store(round_trip_8bit(dtype), f16)))
             extra.append((f"{dtype}_values_only", emulated_store(f16, round_trip_8bit(dtype))))
         for label, store in extra:
             runs[label] = score_emulated(model, ids, store, f"{label} (emulated)")
             say(f"{label}: perplexity {runs[label].perplexity:.4f}")
+        if SCALE_EXPONENTS:
+            say(f"scale exponents used (mantissa bits: [min, max]): {SCALE_EXPONENTS}")
+            out.setdefault("scale_exponents", {})[name] = dict(SCALE_EXPONENTS)
+            SCALE_EXPONENTS.clear()
         base = runs["float16"]
         out["models"][name] = {"tokens": len(ids), "rows": {d: compare(r, base) for d, r in runs.items()}}
         for d, row in out["models"][name]["rows"].items():

@@ -33,6 +33,17 @@ def test_every_dtype_gets_its_own_key():
         encode_key(5, None, 8)
 
 
+def test_8bit_keys_name_the_ue5m3_format_so_e8m0_blocks_are_never_served():
+    """Blocks of the first 8-bit format (E8M0 scales; keys named by the bare dtype) decode to
+    other values under UE5M3: a store written by that build must not serve them."""
+    for dtype in ("int8", "fp8_e4m3"):
+        e8m0_key = bytes((2,)) + (5).to_bytes(16, "little") + bytes((len(dtype),)) + dtype.encode()
+        e8m0_key += (2).to_bytes(4, "little") + b"t"
+        assert encode_key(5, b"t", dtype) != e8m0_key
+    int4 = bytes((2,)) + (5).to_bytes(16, "little") + bytes((4,)) + b"int4" + (2).to_bytes(4, "little") + b"t"
+    assert encode_key(5, b"t", "int4") == int4  # unchanged format, unchanged key
+
+
 def _block(dtype: str) -> np.ndarray:
     cache = QuantizedKvCache.empty(dtype, "key", 2, 16, 2, 64)
     cache.data[1] = np.arange(cache.layout.block_bytes) % 251

@@ -1,6 +1,6 @@
 """Builders shared by the quantized-cache tests: paged problems written through ``write_kv`` in
 chunks (so int4 blocks are sealed from residual tokens, not only from one write), with every
-byte of every unused block poisoned (0xFF decodes to NaN in every format: an E8M0 scale of 0xFF,
+byte of every unused block poisoned (0xFF decodes to NaN in every format: a UE5M3 scale of 0xFF,
 bfloat16 side parameters 0xFFFF) and every unused residual row NaN, so a stray read shows."""
 
 from __future__ import annotations

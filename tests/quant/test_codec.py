@@ -2,10 +2,12 @@
 
 - fp8 e4m3: vLLM's own tolerance for its fp8 cache (tests/kernels/attention/test_cache.py:
   ``assert_close(..., atol=0.001, rtol=0.1)`` on standard-normal keys and values), here with our
-  per-(token, head) E8M0 scales; and vLLM's per-tensor scale ``amax / 64`` through our e4m3
+  per-(token, head) UE5M3 scales; and vLLM's per-tensor scale ``amax / 64`` through our e4m3
   conversion alone.
-- int8: every element within half a step of its row's scale, ``|x - x^| <= s / 2 < amax / 127``
-  (amax: the row's, i.e. the (token, head)'s, absolute maximum), no code clipped.
+- int8: every element within half a step of its row's scale (up to the rounding of ``x / s``),
+  ``|x - x^| <= s / 2 < (9/16) amax / 127`` (amax: the row's, i.e. the (token, head)'s, absolute
+  maximum; 9/8 is UE5M3's largest ratio between neighbouring scales), no code clipped, inside
+  the scale's range; beyond it the row saturates at +-127 codes of the largest scale.
 - int4: every element within its group's half step ``h``, and ``h`` bounded by the group's own
   half-range: ``h < (5/4) (r + cstep / 2) / 15`` (r: half the group's max - min, cstep: the
   block-head's center-grid step; 5/4 is the ladder's largest ratio between neighbouring levels)
@@ -33,8 +35,8 @@ from pagedkv.attention.quant_codec import (
 from pagedkv.attention.small_floats import (
     bf16_bits_to_float32,
     e4m3_to_float32,
-    e8m0_to_float32,
     float32_to_e4m3,
+    ue5m3_to_float32,
 )
 
 F32 = np.float32
@@ -66,18 +68,42 @@ finite_rows = hnp.arrays(
 
 @settings(max_examples=150, deadline=None)
 @given(x=finite_rows, magnitude=st.sampled_from([1e-30, 1e-3, 1.0, 1e3]))
-def test_int8_error_is_within_half_a_step_below_amax_over_127(x, magnitude):
+def test_int8_error_is_within_half_a_step_below_amax_over_226(x, magnitude):
     x = (x / np.float32(2.0**100) * np.float32(magnitude)).astype(F32)
     codes, scales = quantize_8bit(x, "int8")
     back = dequantize_8bit(codes, scales, "int8")
-    s = e8m0_to_float32(scales)[..., None]
+    s = ue5m3_to_float32(scales)[..., None]
     amax = np.abs(x).max(axis=-1, keepdims=True)
     err = np.abs(back - x)
-    assert (err <= s / 2).all()  # round to nearest: half a step, exactly (code * s is exact)
-    normal = amax >= F32(2.0**-119)  # scales stay >= 2^-126: below that the bound is absolute
-    assert (err <= np.where(normal, amax / 127, F32(2.0**-127))).all()
-    assert (np.where(normal, err < amax / 127, True) | (amax == 0)).all()
+    # round to nearest of x / s (itself rounded: 2^-24 of at most 127.5): half a step
+    assert (err <= s / 2 * (1 + 2.0**-16)).all()
+    in_range = amax >= F32(127 * 2.0**-22)  # the smallest scale is 2^-22: below, the bound is absolute
+    assert (err <= np.where(in_range, amax * (9 / 16 / 127) * (1 + 2.0**-16), F32(2.0**-23))).all()
     assert (codes.view(np.int8) != -128).all()  # symmetric: -128 is never produced
+
+
+def test_8bit_rows_beyond_the_scale_range_saturate():
+    x = np.zeros((2, 64), F32)
+    x[0, :2] = [5e5, -1.0]  # amax above 448 * 1.75 * 2^9 (the largest scale)
+    x[1, :2] = [1e9, -2e9]
+    for dtype, top, byte, scale in (("int8", 127.0, 0xFE, 896.0), ("fp8_e4m3", 448.0, 0xF8, 512.0)):
+        codes, scales = quantize_8bit(x, dtype)
+        assert scales.tolist() == [byte, byte]
+        back = dequantize_8bit(codes, scales, dtype)
+        assert back[0, 0] == top * scale and back[1, 0] == top * scale and back[1, 1] == -top * scale
+        assert np.isfinite(back).all()
+
+
+@settings(max_examples=100, deadline=None)
+@given(x=finite_rows, magnitude=st.sampled_from([1e-2, 1.0, 1e3]))
+def test_fp8_scales_are_powers_of_two_so_codes_are_x_rounded_to_e4m3(x, magnitude):
+    """e4m3 takes the power-of-two UE5M3 bytes: ``x / s`` is exact, so each code is ``x`` itself
+    rounded to e4m3 (shifted by the scale's exponent), with no second rounding."""
+    x = (x / np.float32(2.0**100) * np.float32(magnitude)).astype(F32)
+    codes, scales = quantize_8bit(x, "fp8_e4m3")
+    assert (scales % 8 == 0).all()
+    s = ue5m3_to_float32(scales)[..., None]
+    np.testing.assert_array_equal(codes, float32_to_e4m3(x * (np.float32(1) / s)))  # 1 / s exact
 
 
 def test_8bit_rows_with_nan_or_infinity_decode_to_nan_and_leave_other_rows_alone():
@@ -87,8 +113,9 @@ def test_8bit_rows_with_nan_or_infinity_decode_to_nan_and_leave_other_rows_alone
     for dtype in ("int8", "fp8_e4m3"):
         back = dequantize_8bit(*quantize_8bit(x, dtype), dtype)
         assert np.isnan(back[0, 1]).all() and np.isnan(back[2, 0]).all()
-        np.testing.assert_array_equal(back[1], x[1])
-        np.testing.assert_array_equal(back[0, 0], x[0, 0])
+        alone = dequantize_8bit(*quantize_8bit(x[1], dtype), dtype)  # the finite rows, quantized alone
+        np.testing.assert_array_equal(back[1], alone)
+        np.testing.assert_array_equal(back[0, 0], alone[0])
 
 
 def _check_int4(x: np.ndarray) -> None:

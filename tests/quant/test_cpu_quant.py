@@ -60,7 +60,9 @@ def test_writes_are_the_reference_bytes(dtype, kind, bs, heads, dim, scale):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_writes_of_special_rows_are_the_reference_bytes(dtype):
     """A NaN or an infinity poisons its row (8-bit) or set (int4) the same way; an outlier
-    channel, zeros and subnormal-sized rows quantize the same way."""
+    channel, zeros, subnormal-sized rows, rows beyond the 8-bit scale's range (saturating) and
+    rows whose maximum sits exactly on, or one float32 step above, a scale's reach (127 * s,
+    448 * s) quantize the same way."""
     rng = np.random.default_rng(4)
     n, heads, dim, bs = 32, 2, 64, 16
     k = rng.standard_normal((n, heads, dim)).astype(np.float32)
@@ -70,6 +72,10 @@ def test_writes_of_special_rows_are_the_reference_bytes(dtype):
     k[9] = 0.0
     k[10] = 1e-39
     k[11, 0] = rng.standard_normal(dim) * 1e-30
+    k[12, 0] = rng.standard_normal(dim) * 1e6  # beyond the largest scale: saturates
+    k[13, :, 0] = np.float32(127 * 1.375 * 2.0**-3)  # exactly int8's reach of a UE5M3 scale
+    k[14, :, 0] = np.nextafter(np.float32(448 * 1.625), np.float32(np.inf))  # just past e4m3's
+    k[15, :, :2] = np.float32(1.125 * 2.0**-4) * np.float32([126.5, -0.5])  # codes' ties
     v = k[::-1].copy()
     slots = np.arange(n, dtype=np.int64)
     res = np.zeros(n, np.int32) if dtype == "int4" else None

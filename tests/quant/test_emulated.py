@@ -116,12 +116,15 @@ def test_prefill_matches_the_reference(case, causal, num_splits):
 
 
 @pytest.mark.parametrize("case", [CASES[0], CASES[2], CASES[4]], ids=[IDS[0], IDS[2], IDS[4]])
-def test_nan_and_infinity_inputs_are_quantized_as_the_reference_does(case):
+def test_nan_infinity_and_edge_rows_are_quantized_as_the_reference_does(case):
     dtype, kind, dim, bs, heads, *_ = case
     rng = np.random.default_rng(0)
     k = to_kind(rng.standard_normal((bs + 3, heads, dim)), kind)
     k[1, 0, 3] = np.nan
     k[bs + 1, -1, 0] = np.inf
+    k[2, 0] = to_kind(rng.standard_normal(dim) * 6e4, kind)  # beyond int8's largest scale: saturates
+    k[3, :, 0] = to_kind(np.full(heads, 127 * 1.375 * 2.0**-3), kind)  # exactly int8's reach of a scale
+    k[4, :, :2] = to_kind(np.array([126.5, -0.5]) * 1.125 * 2.0**-4, kind)  # ties of int8 codes
     results = []
     for backend in ("numpy", "emulated"):
         kc, vc = empty_pair(dtype, kind, 3, bs, heads, dim, 1)

@@ -1,4 +1,4 @@
-"""fp8 e4m3, E8M0 and directed bfloat16 rounding against their definitions and ml_dtypes.
+"""fp8 e4m3, UE5M3 and directed bfloat16 rounding against their definitions and ml_dtypes.
 
 ``float32_to_e4m3`` must round exactly as CUDA's ``__nv_fp8_e4m3`` (round to nearest even,
 saturating): within e4m3's range that is ml_dtypes' ``float8_e4m3fn`` conversion bit for bit;
@@ -15,9 +15,9 @@ from pagedkv.attention.small_floats import (
     bf16_round_down,
     bf16_round_up,
     e4m3_to_float32,
-    e8m0_scale_for,
-    e8m0_to_float32,
     float32_to_e4m3,
+    ue5m3_scale_for,
+    ue5m3_to_float32,
 )
 
 ml_dtypes = pytest.importorskip("ml_dtypes", reason="pip install ml_dtypes (in the test extra)")
@@ -70,25 +70,40 @@ def test_saturation_zero_and_nan_follow_cuda():
     assert nan.tolist() == [0x7F, 0xFF]  # the sign bit kept, as CUDA's conversion does
 
 
+UE5M3_VALUES = ue5m3_to_float32(np.arange(255, dtype=np.uint8)).astype(np.float64)
+
+
+def test_ue5m3_bytes_are_one_plus_m_eighths_times_a_power_of_two():
+    b = np.arange(255)
+    want = (1 + (b & 7) / 8) * np.exp2((b >> 3) - 22.0)
+    np.testing.assert_array_equal(UE5M3_VALUES, want)
+    assert UE5M3_VALUES[0] == 2.0**-22 and UE5M3_VALUES[254] == 1.75 * 2.0**9
+
+
 @settings(max_examples=300, deadline=None)
 @given(
-    amax=st.floats(0, 2.0**127, allow_nan=False, allow_subnormal=True, width=32),
+    amax=st.one_of(
+        st.floats(0, 2.0**127, allow_nan=False, allow_subnormal=True, width=32),
+        st.floats(2.0**-18, 2.0**19, width=32),  # the format's range for int8 and e4m3
+        st.sampled_from([float(v) * m for v in UE5M3_VALUES for m in (127.0, 448.0)]),  # exact ties
+    ),
     max_code=st.sampled_from((127.0, 448.0)),
 )
-def test_e8m0_scale_is_the_smallest_power_of_two_that_covers(amax, max_code):
-    b = int(e8m0_scale_for(np.array([amax], np.float32), max_code)[0])
-    assert 1 <= b <= 254
-    s = float(e8m0_to_float32(np.array([b], np.uint8))[0])
-    assert s == 2.0 ** (b - 127)
-    assert amax <= max_code * s  # covers: no code overflows
-    if b > 1:
-        assert amax > max_code * s / 2  # the next smaller power would not cover
+def test_ue5m3_scale_is_the_smallest_byte_that_covers(amax, max_code):
+    amax32 = np.float32(amax)
+    b = int(ue5m3_scale_for(np.array([amax32], np.float32), max_code)[0])
+    covering = np.flatnonzero(float(amax32) <= max_code * UE5M3_VALUES)
+    assert b == (covering[0] if covering.size else 254)  # the smallest, or saturated at 0xFE
+    # powers of two only (e4m3's scales): the smallest byte with mantissa 0, or 0xF8 (2^9)
+    b = int(ue5m3_scale_for(np.array([amax32], np.float32), max_code, power_of_two=True)[0])
+    covering = covering[covering % 8 == 0]
+    assert b == (covering[0] if covering.size else 248)
 
 
-def test_e8m0_of_nan_and_infinity_is_nan():
-    got = e8m0_scale_for(np.array([np.nan, np.inf, 0.0], np.float32), 127)
-    assert got.tolist() == [0xFF, 0xFF, 1]
-    assert np.isnan(e8m0_to_float32(np.array([0xFF], np.uint8))[0])
+def test_ue5m3_of_nan_and_infinity_is_nan():
+    got = ue5m3_scale_for(np.array([np.nan, np.inf, 0.0], np.float32), 127)
+    assert got.tolist() == [0xFF, 0xFF, 0]
+    assert np.isnan(ue5m3_to_float32(np.array([0xFF], np.uint8))[0])
 
 
 @settings(max_examples=300, deadline=None)

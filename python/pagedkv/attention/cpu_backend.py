@@ -16,7 +16,7 @@ GPU kernels' tests and benchmarks import) must load where the extension does not
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -65,6 +65,37 @@ def _out(out: np.ndarray, like: np.ndarray) -> np.ndarray:
     return out.view(like.dtype) if like.dtype.kind == "V" and like.dtype.name == "bfloat16" else out
 
 
+class AttentionInputs(NamedTuple):
+    """The arguments decode and prefill share, as the bindings take them (plain and quantized
+    caches alike)."""
+
+    q: np.ndarray
+    tables: Any  # block_tables, or (prefill only) the CSR triple (kv_indptr, kv_indices, kv_last_page_len)
+    seq_lens: np.ndarray
+    scale: float | None
+
+
+def attention_inputs(q: Any, block_tables: Any, seq_lens: Any, scale: Any, *, csr: bool) -> AttentionInputs:
+    """Converts the shared attention arguments; ``csr``: ``block_tables`` may be the CSR triple
+    (prefill)."""
+    q_in = _input("q", q)
+    if csr and isinstance(block_tables, tuple):
+        tables: Any = tuple(
+            _input(n, t)
+            for n, t in zip(("kv_indptr", "kv_indices", "kv_last_page_len"), block_tables, strict=False)
+        )
+    else:
+        tables = _input("block_tables", block_tables)
+    head_dim = int(q_in.shape[-1]) if q_in.ndim else 1
+    return AttentionInputs(q_in, tables, _input("seq_lens", seq_lens), _scale(scale, head_dim))
+
+
+def check_causal(causal: Any) -> bool:
+    if not isinstance(causal, (bool, np.bool_)):
+        raise InvalidArgumentError(f"causal must be a bool, got {type(causal).__name__}")
+    return bool(causal)
+
+
 def paged_attention(
     q: Any,
     k_cache: Any,
@@ -79,14 +110,14 @@ def paged_attention(
     only its sequence's last ``window`` keys, and table entries wholly before them are not read."""
     from pagedkv import _core
 
-    q_in = _input("q", q)
+    a = attention_inputs(q, block_tables, seq_lens, scale, csr=False)
     out = _core.cpu_paged_attention(
-        q_in,
+        a.q,
         _cache("k_cache", k_cache),
         _cache("v_cache", v_cache),
-        _input("block_tables", block_tables),
-        _input("seq_lens", seq_lens),
-        _scale(scale, int(q_in.shape[-1]) if q_in.ndim else 1),
+        a.tables,
+        a.seq_lens,
+        a.scale,
         check_window(window, "cpu"),
     )
     return _out(out, q)
@@ -108,25 +139,18 @@ def paged_prefill_attention(
     padded or the CSR triple; ``window`` as in ``paged_attention`` (needs ``causal``)."""
     from pagedkv import _core
 
-    q_in = _input("q", q)
-    if isinstance(block_tables, tuple):
-        tables: Any = tuple(
-            _input(n, t)
-            for n, t in zip(("kv_indptr", "kv_indices", "kv_last_page_len"), block_tables, strict=False)
-        )
-    else:
-        tables = _input("block_tables", block_tables)
-    if not isinstance(causal, (bool, np.bool_)):
-        raise InvalidArgumentError(f"causal must be a bool, got {type(causal).__name__}")
+    a = attention_inputs(q, block_tables, seq_lens, scale, csr=True)
+    qsl = _input("query_start_loc", query_start_loc)
+    is_causal = check_causal(causal)
     out = _core.cpu_paged_prefill_attention(
-        q_in,
+        a.q,
         _cache("k_cache", k_cache),
         _cache("v_cache", v_cache),
-        tables,
-        _input("seq_lens", seq_lens),
-        _input("query_start_loc", query_start_loc),
-        _scale(scale, int(q_in.shape[-1]) if q_in.ndim else 1),
-        bool(causal),
+        a.tables,
+        a.seq_lens,
+        qsl,
+        a.scale,
+        is_causal,
         check_window(window, "cpu"),
     )
     return _out(out, q)

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from pagedkv.attention.cpu_backend import _bits, _input, _out, _scale
+from pagedkv.attention.cpu_backend import _bits, _input, _out, attention_inputs, check_causal
 from pagedkv.attention.quantized_cache import QuantizedKvCache
 from pagedkv.attention.window import check_window
 from pagedkv.errors import InvalidArgumentError
@@ -76,15 +76,15 @@ def paged_attention(
     """Paged decode attention on quantized caches (``pagedkv.attention.paged_attention``)."""
     from pagedkv import _core
 
-    q_in = _input("q", q)
+    a = attention_inputs(q, block_tables, seq_lens, scale, csr=False)
     out = _core.cpu_quant_paged_attention(
-        q_in,
+        a.q,
         _cache("k_cache", k_cache),
         _cache("v_cache", v_cache),
-        _input("block_tables", block_tables),
-        _input("seq_lens", seq_lens),
+        a.tables,
+        a.seq_lens,
         _slots(residual_slots),
-        _scale(scale, int(q_in.shape[-1]) if q_in.ndim else 1),
+        a.scale,
         check_window(window, "cpu"),
     )
     return _out(out, q)
@@ -107,26 +107,19 @@ def paged_prefill_attention(
     ``block_tables`` padded or the CSR triple."""
     from pagedkv import _core
 
-    q_in = _input("q", q)
-    if isinstance(block_tables, tuple):
-        tables: Any = tuple(
-            _input(n, t)
-            for n, t in zip(("kv_indptr", "kv_indices", "kv_last_page_len"), block_tables, strict=False)
-        )
-    else:
-        tables = _input("block_tables", block_tables)
-    if not isinstance(causal, (bool, np.bool_)):
-        raise InvalidArgumentError(f"causal must be a bool, got {type(causal).__name__}")
+    a = attention_inputs(q, block_tables, seq_lens, scale, csr=True)
+    qsl = _input("query_start_loc", query_start_loc)
+    is_causal = check_causal(causal)
     out = _core.cpu_quant_paged_prefill_attention(
-        q_in,
+        a.q,
         _cache("k_cache", k_cache),
         _cache("v_cache", v_cache),
-        tables,
-        _input("seq_lens", seq_lens),
-        _input("query_start_loc", query_start_loc),
+        a.tables,
+        a.seq_lens,
+        qsl,
         _slots(residual_slots),
-        _scale(scale, int(q_in.shape[-1]) if q_in.ndim else 1),
-        bool(causal),
+        a.scale,
+        is_causal,
         check_window(window, "cpu"),
     )
     return _out(out, q)

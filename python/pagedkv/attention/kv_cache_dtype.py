@@ -6,7 +6,7 @@ A cache tensor (the keys, or the values, of one layer) is a row of bytes per blo
 (copy-on-write, swap, offload) as one row of bytes:
 
 - ``"int8"`` / ``"fp8_e4m3"``: ``[block_size, num_kv_heads, head_dim]`` one-byte codes, then one
-  E8M0 scale byte per (token, head), padded to a multiple of 16 bytes;
+  UE5M3 scale byte per (token, head), padded to a multiple of 16 bytes;
 - ``"int4"`` (KIVI-style): ``[block_size, num_kv_heads, head_dim / 2]`` bytes of two 4-bit codes,
   then one metadata byte per quantization group (keys: per (head, channel), the group spans the
   block's tokens; values: per (token, head)), then three bfloat16 side parameters per head,

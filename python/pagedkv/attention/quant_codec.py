@@ -7,10 +7,12 @@ same codes and the very same dequantized values. docs/quantized_kv.md states the
 the error bounds the tests prove.
 
 8-bit (``int8``, ``fp8_e4m3``), per (token, head) of ``head_dim`` values with absolute maximum
-``a``: the scale is the E8M0 power of two ``s = 2^e``, the smallest with ``a <= M * s`` (M = 127
-for int8, 448 for e4m3); int8 codes are ``rint(x / s)`` (half to even), e4m3 codes are ``x / s``
-converted with round-to-nearest-even. ``x / s`` and ``code * s`` are exact, so the dequantized
-value is ``code * s`` exactly.
+``a``: the scale is the UE5M3 byte (4 significant bits) of the smallest ``s`` with ``a <= M * s``
+(M = 127 for int8, 448 for e4m3; e4m3 only the powers of two among the bytes); int8 codes
+are ``rint(x / s)`` (half to even), e4m3 codes are ``x / s`` converted with round-to-nearest-even,
+``x / s`` being one correctly rounded float32 division (exact for e4m3's powers of two).
+``code * s`` is exact (at most 7 + 4 significant bits), so the dequantized value is ``code * s``
+exactly.
 
 int4 (KIVI-style), for a *set* of *groups* of values that share side parameters: keys of one
 (block, head): a group per channel, over the block's tokens; values of one (block, head): a group
@@ -37,9 +39,9 @@ from pagedkv.attention.small_floats import (
     bf16_round_down,
     bf16_round_up,
     e4m3_to_float32,
-    e8m0_scale_for,
-    e8m0_to_float32,
     float32_to_e4m3,
+    ue5m3_scale_for,
+    ue5m3_to_float32,
 )
 
 __all__ = [
@@ -60,15 +62,17 @@ BF16_NAN = 0x7FC0
 
 
 def quantize_8bit(x: np.ndarray, kv_cache_dtype: str) -> tuple[np.ndarray, np.ndarray]:
-    """float32 ``x [..., head_dim]`` -> (codes uint8 ``[..., head_dim]``, E8M0 scales uint8 ``[...]``):
-    one scale per row (a token's head)."""
+    """float32 ``x [..., head_dim]`` -> (codes uint8 ``[..., head_dim]``, UE5M3 scales uint8
+    ``[...]``): one scale per row (a token's head)."""
     x = np.asarray(x, dtype=F32)
     with np.errstate(invalid="ignore"):
         amax = np.abs(x).max(axis=-1) if x.shape[-1] else np.zeros(x.shape[:-1], F32)
-    scales = e8m0_scale_for(amax, INT8_MAX if kv_cache_dtype == "int8" else E4M3_MAX)
+    int8 = kv_cache_dtype == "int8"
+    # e4m3 takes power-of-two scales only: x / s is then exact (docs/quantized_kv.md, "8-bit").
+    scales = ue5m3_scale_for(amax, INT8_MAX if int8 else E4M3_MAX, power_of_two=not int8)
     finite = scales != 0xFF
-    inverse = np.ldexp(F32(1.0), 127 - scales.astype(np.int32)).astype(F32)  # 1 / s, exact
-    scaled = np.where(finite[..., None], x, F32(0)) * np.where(finite, inverse, F32(1))[..., None]
+    divisor = np.where(finite, ue5m3_to_float32(scales), F32(1))
+    scaled = (np.where(finite[..., None], x, F32(0)) / divisor[..., None]).astype(F32)
     if kv_cache_dtype == "int8":
         codes = np.clip(np.rint(scaled), -INT8_MAX, INT8_MAX).astype(np.int8).view(np.uint8)
     else:
@@ -77,14 +81,14 @@ def quantize_8bit(x: np.ndarray, kv_cache_dtype: str) -> tuple[np.ndarray, np.nd
 
 
 def dequantize_8bit(codes: np.ndarray, scales: np.ndarray, kv_cache_dtype: str) -> np.ndarray:
-    """(codes ``[..., head_dim]``, E8M0 scales ``[...]``) -> float32 values, ``code * scale``
+    """(codes ``[..., head_dim]``, UE5M3 scales ``[...]``) -> float32 values, ``code * scale``
     (exact)."""
     codes = np.asarray(codes, dtype=np.uint8)
     if kv_cache_dtype == "int8":
         values = codes.view(np.int8).astype(F32)
     else:
         values = e4m3_to_float32(codes)
-    return values * e8m0_to_float32(scales)[..., None]
+    return values * ue5m3_to_float32(scales)[..., None]
 
 
 def int4_encode(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -6,8 +6,10 @@
   __NV_E4M3)`` (the constructor of ``__nv_fp8_e4m3``): a magnitude above 464 (448 plus half an
   ulp; infinities included) becomes +-448, one at or below 2^-10 (half the smallest subnormal)
   becomes +-0, NaN becomes NaN (the sign bit kept, as CUDA's software path does).
-- **E8M0** (OCP MX scale): an unsigned byte b is 2^(b - 127); ``0xFF`` is NaN. The 8-bit caches
-  store one per (token, head).
+- **UE5M3** (the 8-bit caches' scale, one per (token, head)): an unsigned byte ``b = e << 3 | m``
+  (5 exponent bits, 3 mantissa bits, no subnormals) is ``(1 + m / 8) * 2^(e - 22)``, from 2^-22
+  (byte 0) to 1.75 * 2^9 (0xFE); ``0xFF`` is NaN. Its float32 bits are ``(b << 20) + (105 << 23)``.
+  The range covers every float16 row without clipping (docs/quantized_kv.md).
 - **bfloat16 rounded toward +-infinity**: the int4 cache's side parameters (grid starts rounded
   down, steps rounded up, so a rounded grid still covers what it must).
 """
@@ -18,21 +20,23 @@ import numpy as np
 
 __all__ = [
     "E4M3_MAX",
-    "E8M0_NAN",
+    "UE5M3_NAN",
     "bf16_bits_to_float32",
     "bf16_next_up",
     "bf16_round_down",
     "bf16_round_up",
     "e4m3_to_float32",
-    "e8m0_scale_for",
-    "e8m0_to_float32",
+    "ue5m3_scale_for",
+    "ue5m3_to_float32",
     "float32_to_e4m3",
 ]
 
 E4M3_MAX = 448.0
-E8M0_NAN = 0xFF
-E8M0_MIN_EXPONENT = -126  # scales stay normal fp32 numbers: 2^-126 .. 2^127
-E8M0_MAX_EXPONENT = 127
+UE5M3_NAN = 0xFF
+UE5M3_MANTISSA_BITS = 3
+UE5M3_BIAS = 22  # byte 0 is 2^-22; 0xFE is 1.75 * 2^9
+UE5M3_LARGEST = 0xFE
+_UE5M3_BASE = (127 - UE5M3_BIAS) << 23  # float32 bits of byte 0
 
 
 def _e4m3_table() -> np.ndarray:
@@ -86,30 +90,36 @@ def float32_to_e4m3(x: np.ndarray) -> np.ndarray:
     return (out.astype(np.uint8) | sign).astype(np.uint8)
 
 
-def e8m0_to_float32(scales: np.ndarray) -> np.ndarray:
-    """uint8 E8M0 bytes -> float32 2^(b - 127) (byte 0 gives the subnormal 2^-127); 0xFF -> NaN."""
-    b = np.asarray(scales, dtype=np.uint8).astype(np.int32)
-    out = np.ldexp(np.float32(1.0), np.minimum(b, 254) - 127).astype(np.float32)
-    return np.where(b == E8M0_NAN, np.float32(np.nan), out).astype(np.float32)
+def ue5m3_to_float32(scales: np.ndarray) -> np.ndarray:
+    """uint8 UE5M3 bytes -> float32 ``(1 + m / 8) * 2^(e - 22)`` (exact); 0xFF -> NaN."""
+    b = np.asarray(scales, dtype=np.uint8).astype(np.uint32)
+    out = ((b << np.uint32(23 - UE5M3_MANTISSA_BITS)) + np.uint32(_UE5M3_BASE)).view(np.float32)
+    return np.where(b == UE5M3_NAN, np.float32(np.nan), out).astype(np.float32)
 
 
-def e8m0_scale_for(amax: np.ndarray, max_code: float) -> np.ndarray:
-    """The E8M0 byte of the smallest power of two s with ``amax <= max_code * s`` (``amax`` float32,
-    >= 0): exponents clamped to [-126, 127] (so amax 0 gives 2^-126); NaN or infinite amax gives
-    0xFF (NaN). ``max_code``: 127 (int8) or 448 (e4m3)."""
+def ue5m3_scale_for(amax: np.ndarray, max_code: float, power_of_two: bool = False) -> np.ndarray:
+    """The UE5M3 byte of the smallest scale s with ``amax <= max_code * s`` (``amax`` float32,
+    >= 0), clamped to [2^-22, 1.75 * 2^9] (a row beyond ``max_code * 1.75 * 2^9`` saturates); NaN
+    or infinite amax gives 0xFF (NaN). ``max_code``: 127 (int8) or 448 (e4m3). ``power_of_two``:
+    only the bytes with mantissa 0 (2^-22 .. 2^9), as e4m3 takes them (docs/quantized_kv.md).
+
+    ``amax / max_code`` (float32, rounded to nearest) rounded up to the format is the candidate;
+    the float32 rounding can leave it one step short, which the exact check ``max_code * s >=
+    amax`` (a product of at most 11 significant bits) catches."""
     a = np.asarray(amax, dtype=np.float32)
     finite = np.isfinite(a)
-    safe = np.where(finite & (a > 0), a, np.float32(1.0))
-    _, frexp_exp = np.frexp(safe)  # safe = f * 2^frexp_exp, f in [0.5, 1)
-    e_top = frexp_exp.astype(np.int64) - 1  # 2^e_top <= safe < 2^(e_top + 1)
-    k = int(np.floor(np.log2(max_code)))  # max_code * 2^(e - k) spans [2^e, 2^(e+1))
-    candidate = e_top - k
-    # max_code * 2^candidate is exact in float64; is it already enough?
-    enough = safe.astype(np.float64) <= np.ldexp(np.float64(max_code), candidate)
-    e = np.where(enough, candidate, candidate + 1)
-    e = np.where(finite & (a > 0), e, E8M0_MIN_EXPONENT)
-    e = np.clip(e, E8M0_MIN_EXPONENT, E8M0_MAX_EXPONENT)
-    return np.where(finite, e + 127, E8M0_NAN).astype(np.uint8)
+    safe = np.where(finite, a, np.float32(0))
+    t = (safe / np.float32(max_code)).astype(np.float32)
+    rel = t.view(np.uint32).astype(np.int64) - _UE5M3_BASE
+    shift = 23 - UE5M3_MANTISSA_BITS
+    b = (rel >> shift) + ((rel & ((1 << shift) - 1)) != 0)
+    step = 1 << UE5M3_MANTISSA_BITS if power_of_two else 1
+    largest = UE5M3_LARGEST & ~(step - 1)  # 0xFE, or 0xF8 (2^9) for powers of two
+    b = np.where(rel <= 0, 0, b)
+    b = np.clip((b + step - 1) // step * step, 0, largest)
+    short = np.float32(max_code) * ue5m3_to_float32(b.astype(np.uint8)) < safe
+    b = np.where(short & (b < largest), b + step, b)
+    return np.where(finite, b, UE5M3_NAN).astype(np.uint8)
 
 
 def bf16_bits_to_float32(bits: np.ndarray) -> np.ndarray:

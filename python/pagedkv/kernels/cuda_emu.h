@@ -522,6 +522,7 @@ inline unsigned int __float_as_uint(float f) {
 }
 // expf, exp2f, fmaxf, fminf, fabsf: the C library's (<math.h>, via <cmath>).
 inline float __fdividef(float a, float b) { return a / b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }  // IEEE float32 division
 inline float __frcp_rn(float a) { return 1.0f / a; }
 
 // Half precision: _Float16 conversions are IEEE round-to-nearest-even, as cvt.rn on the GPU.

@@ -18,32 +18,36 @@ __device__ __forceinline__ bool is_finite_float(float x) {
 
 __device__ __forceinline__ float quiet_nan() { return __uint_as_float(0x7fc00000u); }
 
-// ---- E8M0 scales: byte b is 2^(b - 127), 0xFF is NaN. ----
+// ---- UE5M3 scales: byte b = e << 3 | m is (1 + m / 8) * 2^(e - 22), 0xFF is NaN. ----
 
-__device__ __forceinline__ float e8m0_to_float(unsigned int b) {
+constexpr unsigned int kUe5m3Base = (127u - 22u) << 23;  // float32 bits of byte 0 (2^-22)
+constexpr unsigned int kUe5m3Largest = 0xfeu;            // 1.75 * 2^9
+
+__device__ __forceinline__ float ue5m3_to_float(unsigned int b) {
   if (b == 0xffu) return quiet_nan();
-  if (b == 0u) return __uint_as_float(0x00400000u);  // 2^-127 (subnormal)
-  return __uint_as_float(b << 23);
+  return __uint_as_float((b << 20) + kUe5m3Base);
 }
 
-// 1 / 2^(b - 127) for a scale byte the encoder produces (1..254), exact.
-__device__ __forceinline__ float e8m0_inverse(unsigned int b) {
-  return b >= 254u ? __uint_as_float(0x00400000u) : __uint_as_float((254u - b) << 23);
-}
-
-// The byte of the smallest 2^e with amax <= kMaxCode * 2^e, e clamped to [-126, 127]; 0xFF when
-// the row held a NaN or an infinity (`bad`). kLog2 = floor(log2(kMaxCode)).
-template <int kMaxCode, int kLog2>
-__device__ __forceinline__ unsigned int e8m0_scale_for(float amax, bool bad) {
+// The byte of the smallest scale s with amax <= kMaxCode * s, clamped to 2^-22 .. 1.75 * 2^9 (a
+// larger row saturates); 0xFF when the row held a NaN or an infinity (`bad`). amax / kMaxCode
+// (rounded to nearest) rounded up to the format is the candidate; the exact check (kMaxCode * s
+// has at most 11 significant bits) adds the one step its rounding can miss.
+// kPowerOfTwo: only the bytes with mantissa 0 (2^-22 .. 2^9), as e4m3 takes them.
+template <int kMaxCode, bool kPowerOfTwo>
+__device__ __forceinline__ unsigned int ue5m3_scale_for(float amax, bool bad) {
   if (bad) return 0xffu;
-  const unsigned int u = __float_as_uint(amax);
-  if (u < 0x00800000u) return 1u;  // zero or subnormal: 2^-126
-  const int candidate = static_cast<int>(u >> 23) - 127 - kLog2;
-  if (candidate + 1 <= -126) return 1u;
-  // candidate >= -126 here, so 2^candidate is a normal float and the product is exact.
-  const float reach = static_cast<float>(kMaxCode) * __uint_as_float(static_cast<unsigned int>(candidate + 127) << 23);
-  const int e = amax <= reach ? candidate : candidate + 1;
-  return static_cast<unsigned int>(min(e, 127) + 127);
+  constexpr unsigned int kStep = kPowerOfTwo ? 8u : 1u;
+  constexpr unsigned int kLargest = kUe5m3Largest & ~(kStep - 1u);
+  const unsigned int t = __float_as_uint(__fdiv_rn(amax, static_cast<float>(kMaxCode)));
+  unsigned int b = 0u;
+  if (t > kUe5m3Base) {
+    const unsigned int rel = t - kUe5m3Base;
+    b = (rel >> 20) + ((rel & 0xfffffu) != 0u ? 1u : 0u);
+  }
+  b = (b + kStep - 1u) / kStep * kStep;
+  b = b < kLargest ? b : kLargest;
+  if (static_cast<float>(kMaxCode) * ue5m3_to_float(b) < amax && b < kLargest) b += kStep;
+  return b;
 }
 
 // ---- fp8 e4m3 (CUDA's __nv_fp8_e4m3: round to nearest even, saturating to +-448). ----
@@ -125,15 +129,15 @@ __device__ __forceinline__ float load_bf16_bytes(const unsigned char* p) {
 // start; is_key: which int4 role (8-bit formats quantize keys and values alike).
 
 template <int HEAD_DIM>
-__device__ __forceinline__ float e8m0_row_scale(const unsigned char* block, int off, int h, int num_kv_heads,
+__device__ __forceinline__ float ue5m3_row_scale(const unsigned char* block, int off, int h, int num_kv_heads,
                                                 i64 meta_offset) {
-  return e8m0_to_float(load_byte(block + meta_offset + static_cast<i64>(off) * num_kv_heads + h));
+  return ue5m3_to_float(load_byte(block + meta_offset + static_cast<i64>(off) * num_kv_heads + h));
 }
 
 struct QuantInt8 {
   static constexpr bool kResidual = false;
   static constexpr int kMaxCode = 127;
-  static constexpr int kLog2 = 6;
+  static constexpr bool kPowerOfTwoScale = false;
   __device__ static __forceinline__ unsigned int encode(float scaled) {
     const float r = fminf(fmaxf(rintf(scaled), -127.f), 127.f);
     return static_cast<unsigned int>(static_cast<int>(r)) & 0xffu;
@@ -145,21 +149,21 @@ struct QuantInt8 {
   __device__ static __forceinline__ float load(const unsigned char* block, int off, int h, int d, int num_kv_heads,
                                                i64 meta_offset, i64, bool) {
     const i64 row = static_cast<i64>(off) * num_kv_heads + h;
-    return decode(load_byte(block + row * HEAD_DIM + d)) * e8m0_row_scale<HEAD_DIM>(block, off, h, num_kv_heads, meta_offset);
+    return decode(load_byte(block + row * HEAD_DIM + d)) * ue5m3_row_scale<HEAD_DIM>(block, off, h, num_kv_heads, meta_offset);
   }
 };
 
 struct QuantFp8 {
   static constexpr bool kResidual = false;
   static constexpr int kMaxCode = 448;
-  static constexpr int kLog2 = 8;
+  static constexpr bool kPowerOfTwoScale = true;  // x / s exact (docs/quantized_kv.md, "8-bit")
   __device__ static __forceinline__ unsigned int encode(float scaled) { return float_to_e4m3(scaled); }
   __device__ static __forceinline__ float decode(unsigned int code) { return e4m3_to_float(code); }
   template <int HEAD_DIM>
   __device__ static __forceinline__ float load(const unsigned char* block, int off, int h, int d, int num_kv_heads,
                                                i64 meta_offset, i64, bool) {
     const i64 row = static_cast<i64>(off) * num_kv_heads + h;
-    return decode(load_byte(block + row * HEAD_DIM + d)) * e8m0_row_scale<HEAD_DIM>(block, off, h, num_kv_heads, meta_offset);
+    return decode(load_byte(block + row * HEAD_DIM + d)) * ue5m3_row_scale<HEAD_DIM>(block, off, h, num_kv_heads, meta_offset);
   }
 };
 

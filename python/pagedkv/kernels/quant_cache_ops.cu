@@ -12,7 +12,7 @@ constexpr int kMaxSealBlockSize = 32;  // the largest compiled block size (insta
 
 // grid: (num_tokens, ceil(num_kv_heads / 4), 2); block: kQuantizeThreads threads.
 // Warp w of block (t, y, z) quantizes head y * 4 + w of token t's keys (z = 0) or values (z = 1)
-// into slot slot_mapping[t] (-1: skipped): HEAD_DIM one-byte codes and the E8M0 scale of the
+// into slot slot_mapping[t] (-1: skipped): HEAD_DIM one-byte codes and the UE5M3 scale of the
 // row's absolute maximum (0xFF when the row holds a NaN or an infinity; its codes are then 0).
 template <typename T, typename Fmt, int HEAD_DIM>
 __global__ void __launch_bounds__(kQuantizeThreads) quantize_kv_kernel(
@@ -44,11 +44,12 @@ __global__ void __launch_bounds__(kQuantizeThreads) quantize_kv_kernel(
   }
   amax = warp_max(amax);
   bad = warp_max(bad);
-  const unsigned int scale = e8m0_scale_for<Fmt::kMaxCode, Fmt::kLog2>(amax, bad != 0.f);
-  const float inverse = scale == 0xffu ? 0.f : e8m0_inverse(scale);
+  const unsigned int scale = ue5m3_scale_for<Fmt::kMaxCode, Fmt::kPowerOfTwoScale>(amax, bad != 0.f);
+  const float divisor = scale == 0xffu ? 1.f : ue5m3_to_float(scale);
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
-    const unsigned int code = scale == 0xffu ? 0u : Fmt::encode(x[i] * inverse);
+    // x / s correctly rounded (the reference's float32 division), whatever the compile flags.
+    const unsigned int code = scale == 0xffu ? 0u : Fmt::encode(__fdiv_rn(x[i], divisor));
     store_scalar(block + row * HEAD_DIM + lane + 32 * i, static_cast<unsigned char>(code));
   }
   if (lane == 0) store_scalar(block + meta_offset + row, static_cast<unsigned char>(scale));

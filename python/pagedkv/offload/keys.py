@@ -11,7 +11,9 @@ A quantized block's payload is a row of bytes (codes and scales, docs/quantized_
 and an fp8 block of one geometry are byte strings of one length, so nothing in the entry tells
 them apart. The dtype is therefore part of the key (key version 2): a block is only ever served
 to a cache of the dtype that wrote it. Unquantized blocks keep the version-1 key (unchanged, so
-stored entries stay valid).
+stored entries stay valid). The name in the key also carries the block format's revision where
+it changed (``_KEY_DTYPE_NAMES``): the 8-bit blocks' scale byte became UE5M3 (it was E8M0), so
+an 8-bit block an earlier build stored is never served to this one.
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ MAX_EXTRA_KEY_BYTES = 4096
 
 _KEY_VERSION = 1
 _KEY_VERSION_DTYPE = 2
+# The dtype's name in a key, where its block format changed since key version 2 began: the 8-bit
+# scale byte (E8M0 -> UE5M3, docs/quantized_kv.md). A changed format needs a new name here.
+_KEY_DTYPE_NAMES = {"int8": "int8.ue5m3", "fp8_e4m3": "fp8_e4m3.ue5m3"}
 
 
 def hash_to_int(block_hash: object) -> int:
@@ -106,5 +111,6 @@ def encode_key(block_hash: object, extra_key: object = None, kv_cache_dtype: obj
         HASH_BYTES, "little"
     )
     if dtype is not None:
-        head += bytes((len(dtype),)) + dtype.encode("ascii")
+        name = _KEY_DTYPE_NAMES.get(dtype, dtype)
+        head += bytes((len(name),)) + name.encode("ascii")
     return head + struct.pack("<I", tag) + salt

@@ -18,13 +18,33 @@ pub fn write_kv<T: Copy>(
 ) -> Result<()> {
     cache.check_len("k_cache", k_cache.len())?;
     cache.check_len("v_cache", v_cache.len())?;
+    check_write_rows(k.len(), v.len(), cache, slot_mapping)?;
     let row = cache.token_elems();
+    for (t, &slot) in slot_mapping.iter().enumerate() {
+        if slot < 0 {
+            continue;
+        }
+        let dst = slot as usize * row;
+        k_cache[dst..dst + row].copy_from_slice(&k[t * row..(t + 1) * row]);
+        v_cache[dst..dst + row].copy_from_slice(&v[t * row..(t + 1) * row]);
+    }
+    Ok(())
+}
+
+/// The checks every KV write makes before its first byte (the plain and the quantized caches'):
+/// `k` and `v` hold `k_len` and `v_len` elements, one `[num_kv_heads, head_dim]` row per entry
+/// of `slot_mapping`; every slot is -1 (skipped) or inside the cache, and no slot is named twice.
+pub(crate) fn check_write_rows(
+    k_len: usize,
+    v_len: usize,
+    cache: CacheShape,
+    slot_mapping: &[i64],
+) -> Result<()> {
     let n = slot_mapping.len();
-    if k.len() != n * row || v.len() != n * row {
+    let row = cache.token_elems();
+    if k_len != n * row || v_len != n * row {
         return Err(CpuError::Shape(format!(
-            "k ({}) and v ({}) must hold [{n}, {}, {}] = {} elements (one row per slot)",
-            k.len(),
-            v.len(),
+            "k ({k_len}) and v ({v_len}) must hold [{n}, {}, {}] = {} elements (one row per slot)",
             cache.num_kv_heads,
             cache.head_dim,
             n * row
@@ -48,14 +68,6 @@ pub fn write_kv<T: Copy>(
             "slot_mapping names slot {} twice",
             w[0]
         )));
-    }
-    for (t, &slot) in slot_mapping.iter().enumerate() {
-        if slot < 0 {
-            continue;
-        }
-        let dst = slot as usize * row;
-        k_cache[dst..dst + row].copy_from_slice(&k[t * row..(t + 1) * row]);
-        v_cache[dst..dst + row].copy_from_slice(&v[t * row..(t + 1) * row]);
     }
     Ok(())
 }

@@ -199,6 +199,102 @@ pub(crate) fn slice<'a, T: Element>(a: &'a PyReadonlyArrayDyn<'_, T>) -> PyResul
         .map_err(|e| invalid_argument(a.py(), format!("array not readable in place: {e}")))
 }
 
+/// The attention arguments decode and prefill share, for plain and quantized caches alike:
+/// `q [num_tokens, num_q_heads, head_dim]`, the block tables (padded or CSR), `seq_lens`, the
+/// prefill's `query_start_loc` (None: decode), and the kernel parameters.
+pub(crate) struct AttentionArgs<'py, S: Storage> {
+    q: PyReadonlyArrayDyn<'py, S>,
+    tables: Tables<'py>,
+    seq_lens: PyReadonlyArrayDyn<'py, i32>,
+    query_start_loc: Option<PyReadonlyArrayDyn<'py, i32>>,
+    params: AttentionParams,
+}
+
+impl<'py, S: Storage> AttentionArgs<'py, S> {
+    /// Reads the shared arguments (the default scale is 1 / sqrt(head_dim)).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn read(
+        py: Python<'py>,
+        q: &Bound<'py, PyAny>,
+        tables: &Bound<'py, PyAny>,
+        seq_lens: &Bound<'py, PyAny>,
+        query_start_loc: Option<&Bound<'py, PyAny>>,
+        scale: Option<f64>,
+        causal: bool,
+        window: Option<usize>,
+    ) -> PyResult<Self> {
+        let q = read::<S>(py, "q", q, 3)?;
+        let seq_lens = ints::<i32>(py, "seq_lens", seq_lens, 1, "int32")?;
+        let query_start_loc = query_start_loc
+            .map(|x| ints::<i32>(py, "query_start_loc", x, 1, "int32"))
+            .transpose()?;
+        let tables = Tables::new(py, tables)?;
+        let (num_q_heads, head_dim) = (q.shape()[1], q.shape()[2]);
+        let scale = scale.unwrap_or(1.0 / (head_dim.max(1) as f64).sqrt());
+        let params = AttentionParams {
+            num_q_heads,
+            scale: scale as f32,
+            causal,
+            window,
+        };
+        Ok(AttentionArgs {
+            q,
+            tables,
+            seq_lens,
+            query_start_loc,
+            params,
+        })
+    }
+
+    /// Checks `q`'s head_dim against the cache's, builds the tables for `block_size`, and runs
+    /// `kernel` (q, tables, seq_lens, query_start_loc, params, out) with the GIL released into a
+    /// new output `[num_tokens, num_q_heads, head_dim]`.
+    pub(crate) fn run<F>(
+        &self,
+        py: Python<'py>,
+        cache_head_dim: usize,
+        block_size: usize,
+        kernel: F,
+    ) -> PyResult<Bound<'py, PyAny>>
+    where
+        F: for<'t> FnOnce(
+                &[S::Elem],
+                &BlockTables<'t>,
+                &[i32],
+                Option<&[i32]>,
+                AttentionParams,
+                &mut [S::Elem],
+            ) -> cpu::Result<()>
+            + Send,
+    {
+        let (num_tokens, num_q_heads, head_dim) =
+            (self.q.shape()[0], self.q.shape()[1], self.q.shape()[2]);
+        if head_dim != cache_head_dim {
+            return Err(invalid_argument(
+                py,
+                format!("q head_dim {head_dim} != cache head_dim {cache_head_dim}"),
+            ));
+        }
+        let lens = slice(&self.seq_lens)?;
+        let table = self.tables.build(py, lens, block_size)?;
+        let out = PyArrayDyn::<S>::zeros(py, &[num_tokens, num_q_heads, head_dim][..], false);
+        {
+            let mut out_rw = out.readwrite();
+            let out_s = S::view_mut(
+                out_rw
+                    .as_slice_mut()
+                    .map_err(|e| invalid_argument(py, format!("output: {e}")))?,
+            );
+            let qs = S::view(slice(&self.q)?);
+            let qsl = self.query_start_loc.as_ref().map(slice).transpose()?;
+            let params = self.params;
+            py.detach(|| kernel(qs, &table, lens, qsl, params, out_s))
+                .map_err(|e| err(py, e))?;
+        }
+        Ok(out.into_any())
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn attention_t<'py, S: Storage>(
     py: Python<'py>,
@@ -212,54 +308,29 @@ fn attention_t<'py, S: Storage>(
     causal: bool,
     window: Option<usize>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let q = read::<S>(py, "q", q, 3)?;
+    let args = AttentionArgs::<S>::read(
+        py,
+        q,
+        tables,
+        seq_lens,
+        query_start_loc,
+        scale,
+        causal,
+        window,
+    )?;
     let k = read::<S>(py, "k_cache", k_cache, 4)?;
     let v = read::<S>(py, "v_cache", v_cache, 4)?;
     let cache = cache_shape(py, k.shape(), v.shape())?;
-    let (num_tokens, num_q_heads, head_dim) = (q.shape()[0], q.shape()[1], q.shape()[2]);
-    if head_dim != cache.head_dim {
-        return Err(invalid_argument(
-            py,
-            format!("q head_dim {head_dim} != cache head_dim {}", cache.head_dim),
-        ));
-    }
-    let seq_lens = ints::<i32>(py, "seq_lens", seq_lens, 1, "int32")?;
-    let qsl = query_start_loc
-        .map(|x| ints::<i32>(py, "query_start_loc", x, 1, "int32"))
-        .transpose()?;
-    let tables = Tables::new(py, tables)?;
-    let lens = slice(&seq_lens)?;
-    let table = tables.build(py, lens, cache.block_size)?;
-    let scale = scale.unwrap_or(1.0 / (head_dim.max(1) as f64).sqrt());
-    let params = AttentionParams {
-        num_q_heads,
-        scale: scale as f32,
-        causal,
-        window,
-    };
-    let out = PyArrayDyn::<S>::zeros(py, &[num_tokens, num_q_heads, head_dim][..], false);
-    {
-        let mut out_rw = out.readwrite();
-        let out_s = S::view_mut(
-            out_rw
-                .as_slice_mut()
-                .map_err(|e| invalid_argument(py, format!("output: {e}")))?,
-        );
-        let (qs, ks, vs) = (
-            S::view(slice(&q)?),
-            S::view(slice(&k)?),
-            S::view(slice(&v)?),
-        );
-        let qsl_s = qsl.as_ref().map(slice).transpose()?;
-        py.detach(|| match qsl_s {
-            Some(qsl_s) => {
-                cpu::paged_prefill(qs, ks, vs, cache, &table, lens, qsl_s, params, out_s)
-            }
-            None => cpu::paged_decode(qs, ks, vs, cache, &table, lens, params, out_s),
-        })
-        .map_err(|e| err(py, e))?;
-    }
-    Ok(out.into_any())
+    let (ks, vs) = (S::view(slice(&k)?), S::view(slice(&v)?));
+    args.run(
+        py,
+        cache.head_dim,
+        cache.block_size,
+        move |qs, table, lens, qsl, params, out| match qsl {
+            Some(qsl) => cpu::paged_prefill(qs, ks, vs, cache, table, lens, qsl, params, out),
+            None => cpu::paged_decode(qs, ks, vs, cache, table, lens, params, out),
+        },
+    )
 }
 
 macro_rules! dispatch {

@@ -10,14 +10,13 @@ use numpy::{
     PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyReadwriteArrayDyn, PyUntypedArrayMethods,
 };
 use pagedkv_cpu::{
-    self as cpu, f16, AttentionParams, CacheShape, QuantCache, QuantCacheMut, QuantFormat,
-    QuantLayout, Role,
+    self as cpu, f16, CacheShape, QuantCache, QuantCacheMut, QuantFormat, QuantLayout, Role,
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
 use crate::arrays::require_aligned;
-use crate::cpu_ops::{array, err, ints, kind, mut_slice, read, slice, Storage, Tables};
+use crate::cpu_ops::{array, err, ints, kind, mut_slice, read, slice, AttentionArgs, Storage};
 use crate::errors::invalid_argument;
 
 /// The layout a cache tuple names (items 2..7).
@@ -117,57 +116,34 @@ fn attention_t<'py, S: Storage>(
     causal: bool,
     window: Option<usize>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let q = read::<S>(py, "q", q, 3)?;
+    let args = AttentionArgs::<S>::read(
+        py,
+        q,
+        tables,
+        seq_lens,
+        query_start_loc,
+        scale,
+        causal,
+        window,
+    )?;
     let k = read_cache::<S>(py, "k_cache", k_cache)?;
     let v = read_cache::<S>(py, "v_cache", v_cache)?;
-    let (num_tokens, num_q_heads, head_dim) = (q.shape()[0], q.shape()[1], q.shape()[2]);
-    if head_dim != k.layout.head_dim {
-        return Err(invalid_argument(
-            py,
-            format!(
-                "q head_dim {head_dim} != cache head_dim {}",
-                k.layout.head_dim
-            ),
-        ));
-    }
-    let seq_lens = ints::<i32>(py, "seq_lens", seq_lens, 1, "int32")?;
-    let qsl = query_start_loc
-        .map(|x| ints::<i32>(py, "query_start_loc", x, 1, "int32"))
-        .transpose()?;
     let slots = residual_slots
         .map(|x| ints::<i32>(py, "residual_slots", x, 1, "int32"))
         .transpose()?;
-    let tables = Tables::new(py, tables)?;
-    let lens = slice(&seq_lens)?;
-    let table = tables.build(py, lens, k.layout.block_size)?;
-    let scale = scale.unwrap_or(1.0 / (head_dim.max(1) as f64).sqrt());
-    let params = AttentionParams {
-        num_q_heads,
-        scale: scale as f32,
-        causal,
-        window,
-    };
     let (kq, vq) = (k.view(py, "k_cache")?, v.view(py, "v_cache")?);
-    let out = PyArrayDyn::<S>::zeros(py, &[num_tokens, num_q_heads, head_dim][..], false);
-    {
-        let mut out_rw = out.readwrite();
-        let out_s = S::view_mut(
-            out_rw
-                .as_slice_mut()
-                .map_err(|e| invalid_argument(py, format!("output: {e}")))?,
-        );
-        let qs = S::view(slice(&q)?);
-        let qsl_s = qsl.as_ref().map(slice).transpose()?;
-        let slots_s = slots.as_ref().map(slice).transpose()?;
-        py.detach(|| match qsl_s {
-            Some(qsl_s) => {
-                cpu::paged_prefill_quant(qs, kq, vq, &table, lens, qsl_s, slots_s, params, out_s)
+    let slots_s = slots.as_ref().map(slice).transpose()?;
+    args.run(
+        py,
+        k.layout.head_dim,
+        k.layout.block_size,
+        move |qs, table, lens, qsl, params, out| match qsl {
+            Some(qsl) => {
+                cpu::paged_prefill_quant(qs, kq, vq, table, lens, qsl, slots_s, params, out)
             }
-            None => cpu::paged_decode_quant(qs, kq, vq, &table, lens, slots_s, params, out_s),
-        })
-        .map_err(|e| err(py, e))?;
-    }
-    Ok(out.into_any())
+            None => cpu::paged_decode_quant(qs, kq, vq, table, lens, slots_s, params, out),
+        },
+    )
 }
 
 macro_rules! dispatch {

@@ -15,7 +15,7 @@ use crate::elem::KvElem;
 use crate::error::{CpuError, Result};
 use crate::layout::BlockTables;
 use crate::quant::cache::{check_pair, QuantCache};
-use crate::quant::codec::{bf16_to_f32, e8m0_to_f32, int4_group_params};
+use crate::quant::codec::{bf16_to_f32, int4_group_params, ue5m3_to_f32};
 use crate::quant::dequant::Dequant;
 use crate::quant::layout::{QuantFormat, Role};
 
@@ -69,7 +69,7 @@ impl<R: KvElem> KvSource for QuantRows<'_, R> {
                 for b in tokens {
                     for h in heads.clone() {
                         let row = b * l.num_kv_heads + h;
-                        let scale = e8m0_to_f32(data[l.meta_offset + row]);
+                        let scale = ue5m3_to_f32(data[l.meta_offset + row]);
                         let codes = &data[row * hd..][..hd];
                         self.simd
                             .row_8bit(codes, scale, fp8, &mut out[row * hd..][..hd]);

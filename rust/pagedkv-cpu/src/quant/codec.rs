@@ -8,8 +8,14 @@
 pub const INT8_MAX: f32 = 127.0;
 /// Largest finite e4m3 value.
 pub const E4M3_MAX: f32 = 448.0;
-/// The E8M0 byte of NaN (a row that held a NaN or an infinity).
-pub const E8M0_NAN: u8 = 0xFF;
+/// The UE5M3 scale byte of NaN (a row that held a NaN or an infinity).
+pub const UE5M3_NAN: u8 = 0xFF;
+/// The largest finite UE5M3 byte: 1.75 * 2^9.
+pub const UE5M3_LARGEST: u8 = 0xFE;
+/// UE5M3 mantissa bits; a byte is `e << 3 | m`, `(1 + m / 8) * 2^(e - 22)`.
+const UE5M3_MANTISSA_BITS: u32 = 3;
+/// float32 bits of UE5M3 byte 0 (2^-22); byte b's bits are `(b << 20) + UE5M3_BASE`.
+const UE5M3_BASE: u32 = (127 - 22) << 23;
 /// bfloat16 quiet NaN: the side parameters of an int4 set that held a NaN or an infinity.
 pub const BF16_NAN: u16 = 0x7FC0;
 
@@ -20,49 +26,48 @@ pub const INT4_LEVELS: [f32; 16] = [
     0.109375, 0.09375, 0.078125,
 ];
 
-/// E8M0 byte `b` as 2^(b - 127); byte 0 is the subnormal 2^-127, 0xFF NaN.
+/// UE5M3 byte `b = e << 3 | m` as `(1 + m / 8) * 2^(e - 22)` (exact, no subnormals); 0xFF NaN.
 #[inline(always)]
-pub fn e8m0_to_f32(b: u8) -> f32 {
-    match b {
-        E8M0_NAN => f32::NAN,
-        0 => f32::from_bits(0x0040_0000),
-        _ => f32::from_bits(u32::from(b) << 23),
-    }
-}
-
-/// `1 / 2^(b - 127)` for an encoder's scale byte (1..=254), exact (2^-127 for 254).
-#[inline(always)]
-fn e8m0_inverse(b: u8) -> f32 {
-    if b >= 254 {
-        f32::from_bits(0x0040_0000)
+pub fn ue5m3_to_f32(b: u8) -> f32 {
+    if b == UE5M3_NAN {
+        f32::NAN
     } else {
-        f32::from_bits(u32::from(254 - b) << 23)
+        f32::from_bits((u32::from(b) << (23 - UE5M3_MANTISSA_BITS)) + UE5M3_BASE)
     }
 }
 
-/// The E8M0 byte of the smallest `2^e` with `amax <= max_code * 2^e`, e clamped to [-126, 127];
-/// 0xFF for a NaN or infinite `amax`. `log2` = floor(log2(max_code)): 6 for int8, 8 for e4m3.
+/// The UE5M3 byte of the smallest scale `s` with `amax <= max_code * s`, clamped to the format's
+/// range (2^-22 ..= 1.75 * 2^9: a larger row saturates); 0xFF for a NaN or infinite `amax`.
+/// `amax / max_code` rounded up to the format is the candidate; float32 rounding of the quotient
+/// can leave it one step short, which the exact check (`max_code * s` has at most 11
+/// significant bits) catches.
+/// `power_of_two`: only the bytes with mantissa 0 (2^-22 ..= 2^9), as e4m3 takes them.
 #[inline]
-pub fn e8m0_scale_for(amax: f32, max_code: f32, log2: i32) -> u8 {
+pub fn ue5m3_scale_for(amax: f32, max_code: f32, power_of_two: bool) -> u8 {
     if !amax.is_finite() {
-        return E8M0_NAN;
+        return UE5M3_NAN;
     }
-    let u = amax.to_bits();
-    if u < 0x0080_0000 {
-        return 1; // zero or subnormal: 2^-126
-    }
-    let candidate = (u >> 23) as i32 - 127 - log2;
-    if candidate < -126 {
-        return 1;
-    }
-    // candidate >= -126: 2^candidate is a normal float and the product is exact.
-    let reach = max_code * f32::from_bits(((candidate + 127) as u32) << 23);
-    let e = if amax <= reach {
-        candidate
+    let step: u32 = if power_of_two {
+        1 << UE5M3_MANTISSA_BITS
     } else {
-        candidate + 1
+        1
     };
-    (e.min(127) + 127) as u8
+    let largest = u32::from(UE5M3_LARGEST) & !(step - 1);
+    let t = (amax / max_code).to_bits();
+    let shift = 23 - UE5M3_MANTISSA_BITS;
+    let b = if t <= UE5M3_BASE {
+        0
+    } else {
+        let rel = t - UE5M3_BASE;
+        (rel >> shift) + u32::from(rel & ((1 << shift) - 1) != 0)
+    };
+    let b = (b.div_ceil(step) * step).min(largest);
+    let b = if max_code * ue5m3_to_f32(b as u8) < amax && b < largest {
+        b + step
+    } else {
+        b
+    };
+    b as u8
 }
 
 /// float32 -> e4m3 byte, as CUDA's `__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3)`: round
@@ -134,9 +139,10 @@ pub fn dequantize_8bit(code: u8, scale: f32, fp8: bool) -> f32 {
     value * scale
 }
 
-/// Quantizes one (token, head) row of `head_dim` values into `codes` and returns its E8M0 scale
-/// byte: int8 codes `rint(x / s)` (half to even), e4m3 codes `x / s` rounded to nearest even; a
-/// row holding a NaN or an infinity gets scale 0xFF and zero codes.
+/// Quantizes one (token, head) row of `head_dim` values into `codes` and returns its UE5M3 scale
+/// byte: int8 codes `rint(x / s)` (half to even, clamped to +-127), e4m3 codes `x / s` rounded
+/// to nearest even (`x / s` one correctly rounded float32 division); a row holding a NaN or an
+/// infinity gets scale 0xFF and zero codes.
 pub fn quantize_8bit_row(x: &[f32], codes: &mut [u8], fp8: bool) -> u8 {
     // NaN-propagating maximum, as NumPy's `abs(x).max()`.
     let mut amax = 0.0f32;
@@ -149,18 +155,15 @@ pub fn quantize_8bit_row(x: &[f32], codes: &mut [u8], fp8: bool) -> u8 {
             }
         }
     }
-    let scale = if fp8 {
-        e8m0_scale_for(amax, E4M3_MAX, 8)
-    } else {
-        e8m0_scale_for(amax, INT8_MAX, 6)
-    };
-    if scale == E8M0_NAN {
+    // e4m3 takes power-of-two scales only: x / s is then exact (docs/quantized_kv.md, "8-bit").
+    let scale = ue5m3_scale_for(amax, if fp8 { E4M3_MAX } else { INT8_MAX }, fp8);
+    if scale == UE5M3_NAN {
         codes.fill(0);
         return scale;
     }
-    let inverse = e8m0_inverse(scale);
+    let divisor = ue5m3_to_f32(scale);
     for (c, &v) in codes.iter_mut().zip(x) {
-        let scaled = v * inverse;
+        let scaled = v / divisor;
         *c = if fp8 {
             f32_to_e4m3(scaled)
         } else {
@@ -382,21 +385,38 @@ mod tests {
     }
 
     #[test]
-    fn e8m0_scales_are_the_smallest_power_of_two_that_covers() {
-        for &amax in &[
-            0.0f32, 1e-45, 1e-39, 1.0, 127.0, 127.5, 3.0e38, 448.0, 449.0,
-        ] {
-            for (m, log2) in [(INT8_MAX, 6), (E4M3_MAX, 8)] {
-                let b = e8m0_scale_for(amax, m, log2);
-                let s = e8m0_to_f32(b);
-                assert!(amax <= m * s || b == 254, "{amax} {m}");
-                if b > 1 && b < 254 {
-                    assert!(amax > m * (s / 2.0), "{amax} {m}: not the smallest");
-                }
+    fn ue5m3_scales_are_the_smallest_that_cover() {
+        // Every byte decodes to (1 + m / 8) * 2^(e - 22), increasing; the encoder picks the
+        // smallest byte that covers, checked against every byte by brute force.
+        let values: Vec<f32> = (0..=UE5M3_LARGEST).map(ue5m3_to_f32).collect();
+        assert_eq!(values[0], 2f32.powi(-22));
+        assert_eq!(values[254], 1.75 * 512.0);
+        assert!(values.windows(2).all(|w| w[0] < w[1]));
+        let mut amaxes = vec![
+            0.0f32, 1e-45, 1e-39, 1e-5, 1.0, 127.0, 127.5, 448.0, 449.0, 3.0e38,
+        ];
+        amaxes.extend((0..2000).map(|i| (1.0137f32).powi(i) * 1e-6));
+        amaxes.extend(
+            values
+                .iter()
+                .flat_map(|&v| [v * 127.0, v * 448.0, (v * 127.0).next_up()]),
+        );
+        for &amax in &amaxes {
+            for m in [INT8_MAX, E4M3_MAX] {
+                let b = ue5m3_scale_for(amax, m, false);
+                let want = values.iter().position(|&v| amax <= m * v).unwrap_or(254);
+                assert_eq!(usize::from(b), want, "{amax} {m}");
+                let b = ue5m3_scale_for(amax, m, true);
+                let want = (0..=248)
+                    .step_by(8)
+                    .find(|&i| amax <= m * values[i])
+                    .unwrap_or(248);
+                assert_eq!(usize::from(b), want, "{amax} {m} (powers of two)");
             }
         }
-        assert_eq!(e8m0_scale_for(f32::INFINITY, INT8_MAX, 6), E8M0_NAN);
-        assert!(e8m0_to_f32(E8M0_NAN).is_nan());
+        assert_eq!(ue5m3_scale_for(f32::INFINITY, INT8_MAX, false), UE5M3_NAN);
+        assert_eq!(ue5m3_scale_for(f32::NAN, E4M3_MAX, true), UE5M3_NAN);
+        assert!(ue5m3_to_f32(UE5M3_NAN).is_nan());
     }
 
     #[test]
@@ -404,13 +424,13 @@ mod tests {
         let x: Vec<f32> = (0..64).map(|i| (i as f32 * 0.37).sin() * 5.0).collect();
         let mut codes = vec![0u8; 64];
         let b = quantize_8bit_row(&x, &mut codes, false);
-        let s = e8m0_to_f32(b);
+        let s = ue5m3_to_f32(b);
         for (&c, &v) in codes.iter().zip(&x) {
             assert!((dequantize_8bit(c, s, false) - v).abs() <= s / 2.0);
         }
         let mut nan = x.clone();
         nan[3] = f32::NAN;
-        assert_eq!(quantize_8bit_row(&nan, &mut codes, false), E8M0_NAN);
+        assert_eq!(quantize_8bit_row(&nan, &mut codes, false), UE5M3_NAN);
         assert!(codes.iter().all(|&c| c == 0));
     }
 

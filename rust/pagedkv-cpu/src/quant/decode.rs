@@ -5,7 +5,7 @@
 
 use crate::error::{CpuError, Result};
 use crate::quant::codec::{
-    bf16_to_f32, dequantize_8bit, e8m0_to_f32, int4_group_params, int4_value,
+    bf16_to_f32, dequantize_8bit, int4_group_params, int4_value, ue5m3_to_f32,
 };
 use crate::quant::layout::{QuantFormat, QuantLayout, Role};
 
@@ -32,7 +32,7 @@ pub fn dequantize_block(layout: &QuantLayout, bytes: &[u8], out: &mut [f32]) -> 
                 out[e] = match l.format {
                     QuantFormat::Int8 | QuantFormat::Fp8E4m3 => dequantize_8bit(
                         bytes[e],
-                        e8m0_to_f32(bytes[l.meta_offset + row]),
+                        ue5m3_to_f32(bytes[l.meta_offset + row]),
                         l.format == QuantFormat::Fp8E4m3,
                     ),
                     QuantFormat::Int4 => {

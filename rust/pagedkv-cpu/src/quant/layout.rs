@@ -13,9 +13,9 @@ pub const INT4_SIDE_PARAMS: usize = 3;
 /// A quantized cache's `kv_cache_dtype`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QuantFormat {
-    /// int8 codes, one E8M0 scale byte per (token, head).
+    /// int8 codes, one UE5M3 scale byte per (token, head).
     Int8,
-    /// fp8 e4m3 codes (OCP E4M3FN), one E8M0 scale byte per (token, head).
+    /// fp8 e4m3 codes (OCP E4M3FN), one UE5M3 scale byte per (token, head).
     Fp8E4m3,
     /// 4-bit KIVI-style codes: keys per channel over a block, values per token; the newest
     /// tokens in a full-precision residual slot per sequence.
@@ -80,7 +80,7 @@ pub struct QuantLayout {
     /// 8-bit: `[block_size, num_kv_heads, head_dim]` codes; int4: `[.., head_dim / 2]` bytes
     /// of two codes (the low nibble the even channel).
     pub codes_bytes: usize,
-    /// 8-bit: an E8M0 scale per (token, head) `[block_size, num_kv_heads]`; int4: a group byte
+    /// 8-bit: an UE5M3 scale per (token, head) `[block_size, num_kv_heads]`; int4: a group byte
     /// per (head, channel) for keys `[num_kv_heads, head_dim]`, per (token, head) for values.
     pub meta_offset: usize,
     pub meta_bytes: usize,

@@ -1,4 +1,4 @@
-//! Quantized KV caches (docs/quantized_kv.md): `int8` and `fp8_e4m3` codes with one E8M0 scale
+//! Quantized KV caches (docs/quantized_kv.md): `int8` and `fp8_e4m3` codes with one UE5M3 scale
 //! byte per (token, head) inside the block, and `int4` KIVI-style (keys per channel over a
 //! block, values per token) with each sequence's open last block in a full-precision residual
 //! slot. The formats are `python/pagedkv/attention/quant_codec.py`'s, reproduced bit for bit:

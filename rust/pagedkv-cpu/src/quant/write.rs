@@ -1,6 +1,6 @@
 //! KV writes into quantized caches: quantize on the way in.
 //!
-//! 8-bit caches quantize each token's heads into its slot (codes and the row's E8M0 scale).
+//! 8-bit caches quantize each token's heads into its slot (codes and the row's UE5M3 scale).
 //! int4 caches keep a sequence's last, open block in its residual slot: the tokens a write puts
 //! in a block that stays open are parked there as they are; a block the write fills is *sealed*
 //! (its earlier tokens, from the slot, and the new ones quantized as a whole). Seals run before
@@ -10,6 +10,7 @@
 //! offsets of one sequence (one residual slot); two blocks of one write may not both read, or
 //! both park in, one slot. Everything is checked before the first byte is written.
 
+use crate::cache_ops::check_write_rows;
 use crate::elem::KvElem;
 use crate::error::{CpuError, Result};
 use crate::quant::cache::{check_pair, QuantCacheMut};
@@ -130,37 +131,8 @@ pub fn write_kv_quant<T: KvElem>(
         ),
     )?;
     let layout = k_cache.layout;
-    let row = layout.token_elems();
+    check_write_rows(k.len(), v.len(), shape, slot_mapping)?;
     let n = slot_mapping.len();
-    if k.len() != n * row || v.len() != n * row {
-        return Err(CpuError::Shape(format!(
-            "k ({}) and v ({}) must hold [{n}, {}, {}] = {} elements (one row per slot)",
-            k.len(),
-            v.len(),
-            layout.num_kv_heads,
-            layout.head_dim,
-            n * row
-        )));
-    }
-    let num_slots = shape.num_slots();
-    let mut seen: Vec<i64> = Vec::with_capacity(n);
-    for (t, &slot) in slot_mapping.iter().enumerate() {
-        if slot < -1 || slot >= num_slots as i64 {
-            return Err(CpuError::Index(format!(
-                "slot_mapping[{t}] = {slot}: slots lie in [-1, {num_slots}) (-1 skips a token)"
-            )));
-        }
-        if slot >= 0 {
-            seen.push(slot);
-        }
-    }
-    seen.sort_unstable();
-    if let Some(w) = seen.windows(2).find(|w| w[0] == w[1]) {
-        return Err(CpuError::Index(format!(
-            "slot_mapping names slot {} twice",
-            w[0]
-        )));
-    }
     if layout.format != QuantFormat::Int4 {
         if residual_slots.is_some() {
             return Err(CpuError::Argument(format!(

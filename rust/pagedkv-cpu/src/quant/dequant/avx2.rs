@@ -1,5 +1,5 @@
 //! Row dequantization on AVX2, the same bits as the plain loops (`portable`): 8 elements per
-//! register. int8: sign-extend 8 codes to 32 bits, convert, one multiply by the row's E8M0 scale
+//! register. int8: sign-extend 8 codes to 32 bits, convert, one multiply by the row's UE5M3 scale
 //! (exact). e4m3: the code's bits rebuilt as fp32 bits for normals, `m * 2^-9` for subnormals,
 //! NaN for 0x7F, the sign or-ed in, then the scale. int4: 8 bytes widened to 16-bit lanes, the
 //! nibbles split and re-packed in channel order as 16 bytes, widened to 32 bits; `2q - 15` in

@@ -99,7 +99,7 @@ impl Dequant {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::codec::{dequantize_8bit, e8m0_to_f32, int4_value};
+    use crate::quant::codec::{dequantize_8bit, int4_value, ue5m3_to_f32};
 
     fn same(a: &[f32], b: &[f32]) -> bool {
         a.len() == b.len()
@@ -113,7 +113,7 @@ mod tests {
         let codes: Vec<u8> = (0..=255u8).collect();
         for fp8 in [false, true] {
             for scale_byte in [0u8, 1, 2, 100, 127, 130, 200, 253, 254, 255] {
-                let scale = e8m0_to_f32(scale_byte);
+                let scale = ue5m3_to_f32(scale_byte);
                 let want: Vec<f32> = codes
                     .iter()
                     .map(|&c| dequantize_8bit(c, scale, fp8))
