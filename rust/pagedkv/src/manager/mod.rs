@@ -40,6 +40,7 @@ mod groups;
 mod groups_tests;
 mod grow_groups;
 mod growth;
+mod hashed_admission;
 mod hits;
 mod indexing;
 mod invariants;

@@ -202,7 +202,8 @@ impl PrefixCache {
     /// the block [`Self::register`] has just entered as new content in the same admission,
     /// under `hashes.last()`, and the rest are that admission's fresh blocks after it, holding
     /// `token_ids` (see [`BlockIndex::insert_chained`]). Hashes each block with `chain` as it
-    /// enters it and appends the hash to `hashes`. Stops before a block whose parent content
+    /// enters it (the `k`-th with `given[k]` instead where the caller hashed it already) and
+    /// appends the hash to `hashes`. Stops before a block whose parent content
     /// may have orphan children (one may hold that block's content: the caller enters it with
     /// [`Self::register`]); returns how many blocks it entered, all new content.
     pub(crate) fn register_chained_run(
@@ -211,6 +212,7 @@ impl PrefixCache {
         chain: &mut ChainHasher,
         hashes: &mut Vec<BlockHash>,
         token_ids: &[TokenId],
+        given: &[BlockHash],
         extra_key: &Option<Arc<[u8]>>,
     ) -> usize {
         let (Some((&head, rest)), Some(&head_hash)) = (blocks.split_first(), hashes.last()) else {
@@ -221,8 +223,11 @@ impl PrefixCache {
         let (mut p, mut parent) = (head, head_hash);
         if !self.index.may_have_orphans() {
             // The common case, no orphan anywhere: no block is looked up.
-            for (&b, chunk) in rest.iter().zip(chunks) {
-                let h = chain.hash(Some(parent), chunk);
+            for (k, (&b, chunk)) in rest.iter().zip(chunks).enumerate() {
+                let h = match given.get(k) {
+                    Some(&h) => h,
+                    None => chain.hash(Some(parent), chunk),
+                };
                 hashes.push(h);
                 self.index.insert_chained(p, b, parent, h, chunk, extra_key);
                 (p, parent) = (b, h);
@@ -233,7 +238,10 @@ impl PrefixCache {
             if self.index.may_have_orphans_of(parent) {
                 return k;
             }
-            let h = chain.hash(Some(parent), chunk);
+            let h = match given.get(k) {
+                Some(&h) => h,
+                None => chain.hash(Some(parent), chunk),
+            };
             hashes.push(h);
             self.index.insert_chained(p, b, parent, h, chunk, extra_key);
             (p, parent) = (b, h);
