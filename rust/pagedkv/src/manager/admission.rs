@@ -73,7 +73,7 @@ impl KvCacheManager {
             return self.admit_groups(seq_id, Prompt::Tokens(token_ids), &options);
         }
         if self.prefix.is_some() {
-            self.admit_cached(seq_id, token_ids, extra_key, num_scheduled, &[])
+            self.admit_cached::<false>(seq_id, token_ids, extra_key, num_scheduled, &[])
         } else {
             self.admit(seq_id, token_ids.len(), num_scheduled)
         }
@@ -243,7 +243,10 @@ impl KvCacheManager {
 
     /// Admission with prefix caching: reuse the longest verified chain of cached blocks,
     /// allocate the rest, index the new full blocks. Nothing changes unless all of it succeeds.
-    pub(super) fn admit_cached(
+    ///
+    /// `GIVEN`: whether `given` may hold hashes (`add_sequence_hashed`); the plain admission
+    /// is compiled without the look-ups into it (callgrind_gate.sh).
+    pub(super) fn admit_cached<const GIVEN: bool>(
         &mut self,
         seq_id: SeqId,
         token_ids: &[TokenId],
@@ -350,7 +353,7 @@ impl KvCacheManager {
             let parent = i.checked_sub(1).map(|p| block_hashes[p]);
             let chunk = &token_ids[i * bs..(i + 1) * bs];
             if block_hashes.len() == i {
-                let h = given.get(i).copied();
+                let h = if GIVEN { given.get(i).copied() } else { None };
                 block_hashes.push(h.unwrap_or_else(|| chain.hash(parent, chunk)));
             }
             let entered = prefix.register(
@@ -366,7 +369,7 @@ impl KvCacheManager {
             if entered.is_new() {
                 // Host hits hashed the blocks after this one already: the run rehashes them.
                 block_hashes.truncate(i + 1);
-                let chained = prefix.register_chained_run(
+                let chained = prefix.register_chained_run::<GIVEN>(
                     &block_ids[i..num_indexed],
                     &mut chain,
                     &mut block_hashes,
@@ -387,7 +390,7 @@ impl KvCacheManager {
         // Blocks entered under the caller's hashes (`add_sequence_hashed`) are marked as such,
         // so that `check_invariants` does not recompute them: a wrong hash misnames a block,
         // it never serves wrong content (every hit compares token ids).
-        if !given.is_empty() {
+        if GIVEN && !given.is_empty() {
             for &b in &block_ids[num_hits..num_indexed.min(given.len()).max(num_hits)] {
                 if prefix.is_indexed(b) {
                     prefix.set_origin(b, 0, true);

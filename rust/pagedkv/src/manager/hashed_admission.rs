@@ -44,7 +44,7 @@ impl KvCacheManager {
             ));
         }
         if self.tuned && self.prefix.is_some() {
-            self.admit_cached(seq_id, token_ids, extra_key, usize::MAX, prompt_hashes)
+            self.admit_cached::<true>(seq_id, token_ids, extra_key, usize::MAX, prompt_hashes)
         } else {
             self.add_sequence(seq_id, token_ids, extra_key)
         }

@@ -35,6 +35,7 @@ mod computed;
 mod config;
 mod copy_queue;
 mod csr;
+mod eviction_priority;
 mod groups;
 #[cfg(test)]
 mod groups_tests;
