@@ -477,13 +477,13 @@ impl HitWalk<'_> {
         block_hashes: &mut Vec<BlockHash>,
         block_ids: &mut Vec<BlockId>,
     ) -> Result<usize> {
+        debug_assert!(block_hashes.is_empty(), "the walk starts at the prompt's first block");
         let (prefix, extra_key) = (self.prefix, self.extra_key);
         let mut num_revive = 0usize;
-        for (i, chunk) in self
+        for chunk in self
             .token_ids
             .chunks_exact(self.block_size)
             .take(self.max_blocks)
-            .enumerate()
         {
             let parent = block_hashes.last().copied();
             let hinted = match (block_ids.last(), parent) {
@@ -493,7 +493,8 @@ impl HitWalk<'_> {
             let (b, h) = match hinted {
                 Some(found) => found,
                 None => {
-                    let h = match self.given.get(i) {
+                    // Every block before this one pushed its hash: this is block `len`.
+                    let h = match self.given.get(block_hashes.len()) {
                         Some(&h) => h,
                         None => chain.hash(parent, chunk),
                     };
