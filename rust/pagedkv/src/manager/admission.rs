@@ -477,7 +477,10 @@ impl HitWalk<'_> {
         block_hashes: &mut Vec<BlockHash>,
         block_ids: &mut Vec<BlockId>,
     ) -> Result<usize> {
-        debug_assert!(block_hashes.is_empty(), "the walk starts at the prompt's first block");
+        debug_assert!(
+            block_hashes.is_empty(),
+            "the walk starts at the prompt's first block"
+        );
         let (prefix, extra_key) = (self.prefix, self.extra_key);
         let mut num_revive = 0usize;
         for chunk in self
