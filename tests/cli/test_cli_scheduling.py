@@ -46,6 +46,18 @@ def test_simulate_reads_a_jsonl_path(run_cli, read_json, tmp_path):
     assert data["prompt_hit_tokens"] == 5 * 43 * 16 == data["optimal_hit_tokens"]
 
 
+def test_simulate_with_queue_aware_eviction(run_cli, read_json, tmp_path):
+    out = tmp_path / "qa.json"
+    run = run_cli(
+        "simulate", "--workload", "system-prompt", "--num-requests", 200, "--prefix-caching",
+        "--num-slots", 4096, "--scheduling", "lpm", "--queue-aware-eviction", "--no-progress", "--json", out,
+    )  # fmt: skip
+    assert run.code == 0, run.err
+    data = read_json(out)
+    assert data["config"]["queue_aware_eviction"] is True and data["finished_requests"] == 200
+    assert data["token_hit_rate"] <= data["optimal_token_hit_rate"] + 1e-12
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -53,6 +65,7 @@ def test_simulate_reads_a_jsonl_path(run_cli, read_json, tmp_path):
         (["--scheduling", "dfs", "--prefix-caching", "--allocator", "contiguous-max"], "needs the paged"),
         (["--scheduling", "random"], "invalid choice"),
         (["--aging-bound", "-1"], "expected an integer >= 0"),
+        (["--prefix-caching", "--queue-aware-eviction"], "needs scheduling 'lpm' or 'dfs'"),
     ],
 )
 def test_bad_scheduling_options_are_refused(run_cli, argv, message):

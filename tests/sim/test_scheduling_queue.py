@@ -18,11 +18,12 @@ def _prompt(rng: random.Random, request_id: int) -> list[int]:
     return shared + [10_000 + 100 * request_id + j for j in range(rng.randrange(1, 6))]
 
 
-@pytest.mark.parametrize("feed", ["objects", "manager"])
+@pytest.mark.parametrize("feed", ["objects", "manager", "prompt"])
 @pytest.mark.parametrize("policy", ["lpm", "dfs"])
 def test_queue_follows_the_manager(policy, feed):
     """``feed``: the events as objects (``apply_events(kv.take_events())``) or drained in Rust
-    (``apply_manager_events(kv)``, the engine's path)."""
+    (``apply_manager_events(kv)``, the engine's path); ``prompt``: drained in Rust and each
+    arrival pushed with its token ids (``push_prompt``, hashed in Rust)."""
     rng = random.Random(44)
     kv = KvCacheManager(num_blocks=24, block_size=BS, enable_prefix_caching=True, enable_kv_events=True)
     queue = CacheAwareQueue(policy, aging_bound=6)
@@ -30,7 +31,10 @@ def test_queue_follows_the_manager(policy, feed):
     running: list[int] = []
     for request_id in range(300):
         prompt = _prompt(rng, request_id)
-        queue.push(request_id, kv.prefix_block_hashes(prompt), (len(prompt) - 1) // BS)
+        if feed == "prompt":
+            assert queue.push_prompt(request_id, kv, prompt) == request_id
+        else:
+            queue.push(request_id, kv.prefix_block_hashes(prompt), (len(prompt) - 1) // BS)
         prompts[request_id] = prompt
         choice = queue.peek()
         assert choice is not None
@@ -79,3 +83,11 @@ def test_bad_input_is_refused():
     assert "CacheAwareQueue" in repr(queue)
     with pytest.raises(InvalidArgumentError, match="KvCacheManager"):
         queue.apply_manager_events([])
+    with pytest.raises(InvalidArgumentError, match="KvCacheManager"):
+        queue.push_prompt(7, [], [1, 2])
+    kv = KvCacheManager(num_blocks=4, block_size=2, enable_prefix_caching=True)
+    with pytest.raises(InvalidArgumentError, match="token_ids"):
+        queue.push_prompt(7, kv, ["x"])
+    assert len(queue) == 0 and queue.push_prompt(7, kv, []) == 1 and queue.hit_blocks(7) == 0
+    with pytest.raises(InvalidArgumentError, match="already waiting"):
+        queue.push_prompt(7, kv, [1, 2, 3])

@@ -116,9 +116,18 @@ def run_scheduling(
 
 
 def policy_overhead(
-    policy: str = "lpm", *, waiting: int = 1000, admissions: int = 2000, seed: int = 0, block_size: int = 16
+    policy: str = "lpm",
+    *,
+    waiting: int = 1000,
+    admissions: int = 2000,
+    seed: int = 0,
+    block_size: int = 16,
+    arrival: str = "prompt",
 ) -> dict[str, Any]:
-    """Seconds per admission of the order's calls and of the allocator's admission, one run."""
+    """Seconds per admission of the order's calls and of the allocator's admission, one run.
+    ``arrival="prompt"``: ``queue.push_prompt(id, kv, prompt)``, hashed in Rust (the engine's
+    path); ``"hashes"``: ``queue.push(id, kv.prefix_block_hashes(prompt), ...)``, the hashes
+    round-tripping through Python ints (the engine's path before)."""
     from pagedkv import KvCacheManager
     from pagedkv._core import CacheAwareQueue
 
@@ -140,7 +149,10 @@ def policy_overhead(
     for step in range(waiting + admissions):
         p = prompt()
         t = time.perf_counter()
-        queue.push(next_id, kv.prefix_block_hashes(p), (len(p) - 1) // block_size)
+        if arrival == "prompt":
+            queue.push_prompt(next_id, kv, p)
+        else:
+            queue.push(next_id, kv.prefix_block_hashes(p), (len(p) - 1) // block_size)
         order_s += time.perf_counter() - t if step >= waiting else 0.0
         prompts[next_id] = p
         next_id += 1
@@ -164,6 +176,7 @@ def policy_overhead(
         del prompts[choice]
     return {
         "policy": policy,
+        "arrival": arrival,
         "waiting": waiting,
         "admissions": admissions,
         "order_us_per_admission": 1e6 * order_s / admissions,

@@ -271,6 +271,12 @@ def engine_options(*, allocator: bool = True, block_size: bool = True, preemptio
         help="lpm/dfs: at most N admissions may pass over a waiting request (0: first come, first "
         "served; default 2048)",
     )
+    group.add_argument(
+        "--queue-aware-eviction",
+        action="store_true",
+        help="lpm/dfs: evict cached blocks a waiting request will hit after every other cached block "
+        "(default: plain LRU)",
+    )
     group.add_argument("--max-steps", type=positive_int, default=None, help="stop after this many steps")
     return parent
 
@@ -322,6 +328,7 @@ def config_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "max_steps": args.max_steps,
         "scheduling": args.scheduling,
         "aging_bound": args.aging_bound,
+        "queue_aware_eviction": args.queue_aware_eviction,
     }
     for option, key in (
         ("allocator", "allocator"),

@@ -57,9 +57,8 @@ class WaitingOrder:
         if self.queue is None:
             return
         self.sync()
-        tokens = seq.token_ids
-        hashes = self.kv.prefix_block_hashes(tokens)
-        seq.queue_rank = self.queue.push(seq.seq_id, hashes, (len(tokens) - 1) // self.block_size)
+        # Hashed in Rust: the prompt's block hashes never become Python ints.
+        seq.queue_rank = self.queue.push_prompt(seq.seq_id, self.kv, seq.token_ids)
         self._queued[seq.seq_id] = seq
 
     def next(self, waiting: deque[Sequence]) -> Sequence:

@@ -126,6 +126,7 @@ def build_config(
     max_steps: int | None = None,
     scheduling: str = "fcfs",
     aging_bound: int = 2048,
+    queue_aware_eviction: bool = False,
 ) -> SimConfig:
     """The `SimConfig` to replay ``workload`` with.
 
@@ -158,6 +159,7 @@ def build_config(
         max_steps=max_steps,
         scheduling=scheduling,
         aging_bound=aging_bound,
+        queue_aware_eviction=queue_aware_eviction,
     )
     if poisson_rate_per_s is not None:
         config = dataclasses.replace(config, poisson_rate=poisson_rate_per_s)

@@ -128,6 +128,9 @@ class SimConfig:
     scheduling: str = "fcfs"
     # Most admissions that may pass over a waiting request under "lpm" and "dfs" (0: FCFS).
     aging_bound: int = 2048
+    # Queue-aware eviction (needs "lpm" or "dfs"): blocks a waiting request will hit are evicted
+    # after every other cached block (docs/scheduling.md).
+    queue_aware_eviction: bool = False
 
 
 @dataclass

@@ -23,6 +23,19 @@ pub struct PyCacheAwareQueue {
     inner: CacheAwareQueue,
 }
 
+/// `kv` as a `pagedkv.KvCacheManager`, else `InvalidArgumentError`.
+fn manager<'a, 'py>(
+    py: Python<'py>,
+    kv: &'a Bound<'py, PyAny>,
+) -> PyResult<&'a Bound<'py, PyKvCacheManager>> {
+    kv.cast::<PyKvCacheManager>().map_err(|_| {
+        invalid_argument(
+            py,
+            format!("kv must be a pagedkv.KvCacheManager, got {}", type_name(kv)),
+        )
+    })
+}
+
 /// A list of 128-bit block hashes (Python ints).
 fn block_hashes(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<BlockHash>> {
     let py = obj.py();
@@ -130,6 +143,33 @@ impl PyCacheAwareQueue {
             .map_err(|e| to_pyerr(py, e))
     }
 
+    /// `push(request_id, kv.prefix_block_hashes(token_ids), (len(token_ids) - 1) //
+    /// kv.block_size)` in one call, hashing in Rust: the prompt's hashes never become Python
+    /// ints (80+ 128-bit ints per prompt were most of an engine's per-arrival cost,
+    /// benches/results/2026-12-06-cache-aware-scheduling-v2.md). Returns the arrival rank.
+    fn push_prompt(
+        &mut self,
+        py: Python<'_>,
+        request_id: SeqIdArg,
+        kv: &Bound<'_, PyAny>,
+        token_ids: &Bound<'_, PyAny>,
+    ) -> PyResult<u64> {
+        let kv = manager(py, kv)?;
+        let kv = kv.get();
+        let tokens = kv.token_ids(token_ids)?;
+        let ids = tokens.as_slice()?;
+        let (hashes, block_size) = kv.read(py, |kv| {
+            (kv.prefix_block_hashes(ids, None), kv.block_size())
+        })?;
+        self.inner
+            .push(
+                request_id.0,
+                &hashes,
+                ids.len().saturating_sub(1) / block_size,
+            )
+            .map_err(|e| to_pyerr(py, e))
+    }
+
     /// The request to admit next, or None when nothing waits.
     fn peek(&mut self) -> Option<u64> {
         self.inner.peek()
@@ -191,12 +231,7 @@ impl PyCacheAwareQueue {
     /// its own copies, and the queue follows one chain of blocks (group 0 holds full-attention
     /// layers, the one kind that keeps a whole prefix). `kv` needs `enable_kv_events=True`.
     fn apply_manager_events(&mut self, py: Python<'_>, kv: &Bound<'_, PyAny>) -> PyResult<usize> {
-        let kv = kv.cast::<PyKvCacheManager>().map_err(|_| {
-            invalid_argument(
-                py,
-                format!("kv must be a pagedkv.KvCacheManager, got {}", type_name(kv)),
-            )
-        })?;
+        let kv = manager(py, kv)?;
         let events = kv.get().read(py, |kv| kv.take_events())?;
         let mut applied = 0;
         for e in &events {

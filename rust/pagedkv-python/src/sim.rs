@@ -162,6 +162,7 @@ fn read_config(config: &Bound<'_, PyDict>) -> PyResult<SimConfig> {
             "check_invariants" => out.check_invariants = flag()?,
             "scheduling" => out.scheduling = parse(py, &text()?)?,
             "aging_bound" => out.aging_bound = size()?,
+            "queue_aware_eviction" => out.queue_aware_eviction = flag()?,
             other => {
                 return Err(invalid_argument(
                     py,

@@ -182,6 +182,10 @@ pub struct SimConfig {
     /// Most admissions that may pass over a waiting request under `Lpm` and `Dfs` (0: they
     /// admit first come, first served).
     pub aging_bound: usize,
+    /// Queue-aware eviction (docs/scheduling.md): the scheduler marks the blocks its waiting
+    /// requests will hit, and the allocator evicts them after every other cached block. Needs
+    /// `Lpm` or `Dfs`; off by default (plain LRU).
+    pub queue_aware_eviction: bool,
 }
 
 impl Default for SimConfig {
@@ -205,6 +209,7 @@ impl Default for SimConfig {
             check_invariants: false,
             scheduling: Scheduling::Fcfs,
             aging_bound: DEFAULT_AGING_BOUND,
+            queue_aware_eviction: false,
         }
     }
 }
@@ -286,6 +291,13 @@ impl SimConfig {
                 if self.enable_prefix_caching { "on" } else { "off" },
                 self.num_host_slots
             ));
+        }
+        if self.queue_aware_eviction && self.scheduling == Scheduling::Fcfs {
+            return bad(
+                "queue_aware_eviction follows the waiting requests of a cache-aware queue: it needs \
+                 scheduling 'lpm' or 'dfs'"
+                    .into(),
+            );
         }
         if self.allocator == AllocatorKind::Paged
             && self.preemption == Preemption::Swap

@@ -95,4 +95,14 @@ pub(crate) trait KvMemory {
     fn take_cache_events(&mut self) -> Result<Vec<KvEvent>> {
         Ok(Vec::new())
     }
+
+    /// Marks prefix-cache blocks by chained hash as wanted by a waiting request (evicted after
+    /// every other cached block) or not: queue-aware eviction (docs/scheduling.md). Only an
+    /// allocator with a prefix cache has it.
+    fn set_eviction_priority(&mut self, block_hashes: &[BlockHash], wanted: bool) -> Result<()> {
+        let _ = (block_hashes, wanted);
+        Err(Error::InvariantViolation(
+            "this allocator has no prefix cache to order evictions of".into(),
+        ))
+    }
 }

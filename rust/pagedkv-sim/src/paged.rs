@@ -396,6 +396,10 @@ impl KvMemory for PagedMemory {
         Ok(())
     }
 
+    fn set_eviction_priority(&mut self, block_hashes: &[BlockHash], wanted: bool) -> Result<()> {
+        self.kv.set_eviction_priority(block_hashes, wanted)
+    }
+
     fn take_cache_events(&mut self) -> Result<Vec<KvEvent>> {
         let events = self.kv.take_events();
         let dropped = self.kv.stats().events_dropped;

@@ -18,15 +18,24 @@ pub(crate) struct PolicyWaiting {
     groups: Vec<Option<Group>>,
     block_size: usize,
     hashes: Vec<BlockHash>,
+    /// Queue-aware eviction: the queue's marks reach the allocator after every change.
+    queue_aware_eviction: bool,
+    marks: Vec<(BlockHash, bool)>,
 }
 
 impl PolicyWaiting {
     pub fn new(config: &SimConfig, num_requests: usize) -> Self {
+        let mut queue = CacheAwareQueue::new(config.scheduling, config.aging_bound);
+        if config.queue_aware_eviction {
+            queue.record_eviction_marks();
+        }
         PolicyWaiting {
-            queue: CacheAwareQueue::new(config.scheduling, config.aging_bound),
+            queue,
             groups: (0..num_requests).map(|_| None).collect(),
             block_size: config.block_size,
             hashes: Vec::new(),
+            queue_aware_eviction: config.queue_aware_eviction,
+            marks: Vec::new(),
         }
     }
 
@@ -44,6 +53,21 @@ impl PolicyWaiting {
             .push(request as u64, &self.hashes, max_hit_blocks)?;
         debug_assert_eq!(rank, request as u64, "requests arrive in index order");
         self.groups[request] = Some(group);
+        self.send_marks(memory)
+    }
+
+    /// Passes the queue's eviction marks to the allocator (queue-aware eviction), runs of equal
+    /// marks in one call.
+    fn send_marks(&mut self, memory: &mut dyn KvMemory) -> Result<()> {
+        if !self.queue_aware_eviction {
+            return Ok(());
+        }
+        self.queue.take_eviction_marks(&mut self.marks);
+        for run in self.marks.chunk_by(|a, b| a.1 == b.1) {
+            self.hashes.clear();
+            self.hashes.extend(run.iter().map(|&(h, _)| h));
+            memory.set_eviction_priority(&self.hashes, run[0].1)?;
+        }
         Ok(())
     }
 
@@ -86,6 +110,7 @@ impl PolicyWaiting {
             )));
         }
         self.queue.admitted(request as u64)?;
+        self.send_marks(memory)?;
         self.sync(memory)?;
         self.groups[request].take().ok_or_else(|| {
             Error::InvariantViolation(format!("request {request} was admitted twice"))

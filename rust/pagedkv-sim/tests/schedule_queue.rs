@@ -137,11 +137,14 @@ fn dfs_choices(
     out
 }
 
+/// `queue_aware`: the queue's eviction marks drive the allocator's queue-aware eviction, and
+/// the hashes they leave marked must be exactly those of the waiting requests' chains.
 fn run(
     policy: Scheduling,
     aging_bound: usize,
     num_blocks: usize,
     ops: Vec<Op>,
+    queue_aware: bool,
 ) -> Result<(), TestCaseError> {
     let mut kv = KvCacheManager::new(ManagerConfig {
         num_blocks,
@@ -153,6 +156,10 @@ fn run(
     })
     .unwrap();
     let mut queue = CacheAwareQueue::new(policy, aging_bound);
+    if queue_aware {
+        queue.record_eviction_marks();
+    }
+    let (mut marks, mut wanted) = (Vec::new(), std::collections::HashSet::new());
     // id -> (rank, prompt)
     let mut waiting: BTreeMap<u64, (u64, Vec<TokenId>)> = BTreeMap::new();
     let mut running: Vec<u64> = Vec::new();
@@ -247,6 +254,22 @@ fn run(
         for event in kv.take_events() {
             queue.apply(&event).unwrap();
         }
+        if queue_aware {
+            queue.take_eviction_marks(&mut marks);
+            for &(h, mark) in &marks {
+                kv.set_eviction_priority(&[h], mark).unwrap();
+                if mark {
+                    wanted.insert(h);
+                } else {
+                    wanted.remove(&h);
+                }
+            }
+            let chains: std::collections::HashSet<_> = waiting
+                .values()
+                .flat_map(|(_, t)| kv.prefix_block_hashes(t, None))
+                .collect();
+            prop_assert_eq!(&wanted, &chains, "marked: the waiting requests' blocks");
+        }
         queue
             .check_invariants()
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
@@ -270,12 +293,29 @@ proptest! {
 
     #[test]
     fn lpm_queue_matches_the_reference(bound in 0usize..6, blocks in 6usize..24, ops in prop::collection::vec(op(), 1..120)) {
-        run(Scheduling::Lpm, bound, blocks, ops)?;
+        run(Scheduling::Lpm, bound, blocks, ops, false)?;
     }
 
     #[test]
     fn dfs_queue_matches_the_reference(bound in 0usize..6, blocks in 6usize..24, ops in prop::collection::vec(op(), 1..120)) {
-        run(Scheduling::Dfs, bound, blocks, ops)?;
+        run(Scheduling::Dfs, bound, blocks, ops, false)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// The same state machine with queue-aware eviction on: every prediction still matches
+    /// the allocator, the allocator's invariants (both eviction lists) hold after every step,
+    /// and the marks name exactly the waiting requests' blocks.
+    #[test]
+    fn lpm_queue_drives_queue_aware_eviction(bound in 0usize..6, blocks in 6usize..24, ops in prop::collection::vec(op(), 1..120)) {
+        run(Scheduling::Lpm, bound, blocks, ops, true)?;
+    }
+
+    #[test]
+    fn dfs_queue_drives_queue_aware_eviction(bound in 0usize..6, blocks in 6usize..24, ops in prop::collection::vec(op(), 1..120)) {
+        run(Scheduling::Dfs, bound, blocks, ops, true)?;
     }
 }
 

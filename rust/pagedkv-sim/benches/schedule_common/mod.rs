@@ -43,6 +43,9 @@ pub struct Steady {
     queue: Option<CacheAwareQueue>,
     fifo: VecDeque<u64>,
     prompts: HashMap<u64, Vec<TokenId>>,
+    /// Each waiting request's block hashes, computed once at arrival and handed to its
+    /// admission (`add_sequence_hashed`) under the cache-aware queue.
+    prompt_hashes: HashMap<u64, Vec<BlockHash>>,
     resident: VecDeque<u64>,
     hashes: Vec<BlockHash>,
     kind: Prompts,
@@ -72,6 +75,7 @@ impl Steady {
             queue: policy.map(|p| CacheAwareQueue::new(p, 1024)),
             fifo: VecDeque::new(),
             prompts: HashMap::new(),
+            prompt_hashes: HashMap::new(),
             resident: VecDeque::new(),
             hashes: Vec::new(),
             kind,
@@ -114,6 +118,8 @@ impl Steady {
         if let Some(queue) = self.queue.as_mut() {
             policy_hash(&self.kv, &prompt, &mut self.hashes);
             policy_push(queue, id, &self.hashes, (prompt.len() - 1) / 16);
+            self.prompt_hashes
+                .insert(id, std::mem::take(&mut self.hashes));
         } else {
             self.fifo.push_back(id);
         }
@@ -133,7 +139,10 @@ impl Steady {
             _ => self.fifo.pop_front().unwrap(),
         };
         let prompt = self.prompts.remove(&id).unwrap();
-        allocator_admit(&mut self.kv, id, &prompt);
+        match self.prompt_hashes.remove(&id) {
+            Some(hashes) => allocator_admit_hashed(&mut self.kv, id, &prompt, &hashes),
+            None => allocator_admit(&mut self.kv, id, &prompt),
+        }
         self.resident.push_back(id);
         if self.resident.len() > RESIDENT {
             allocator_free(&mut self.kv, self.resident.pop_front().unwrap());
@@ -164,8 +173,8 @@ fn rematch_pick(
     best.1
 }
 
-/// The chained hashes of an arriving prompt (what the allocator computes again at admission:
-/// a core hook taking them would share the work, docs/scheduling.md).
+/// The chained hashes of an arriving prompt, computed once: the queue indexes them and the
+/// admission takes them (`add_sequence_hashed`) instead of hashing the prompt again.
 #[inline(never)]
 fn policy_hash(kv: &KvCacheManager, prompt: &[TokenId], out: &mut Vec<BlockHash>) {
     *out = kv.prefix_block_hashes(black_box(prompt), None);
@@ -197,6 +206,20 @@ fn policy_events(queue: &mut CacheAwareQueue, events: &[KvEvent]) {
 fn allocator_admit(kv: &mut KvCacheManager, id: u64, prompt: &[TokenId]) {
     black_box(
         kv.add_sequence(black_box(id), black_box(prompt), None)
+            .unwrap(),
+    );
+}
+
+/// The admission under the cache-aware queue, with the hashes computed at arrival.
+#[inline(never)]
+fn allocator_admit_hashed(
+    kv: &mut KvCacheManager,
+    id: u64,
+    prompt: &[TokenId],
+    hashes: &[BlockHash],
+) {
+    black_box(
+        kv.add_sequence_hashed(black_box(id), black_box(prompt), None, hashes)
             .unwrap(),
     );
 }

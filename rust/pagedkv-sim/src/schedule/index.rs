@@ -97,6 +97,12 @@ pub(crate) struct WaitingIndex {
     adopting: Vec<NodeId>,
     /// Blocks evicted while reachable and on some waiting request's chain (hits lost).
     pub evicted_wanted_blocks: u64,
+    /// Whether `marks` are recorded (queue-aware eviction).
+    record_marks: bool,
+    /// Blocks that some waiting request came to go through (`true`) or that the last one
+    /// through left (`false`), in order, since the caller last drained them: the marks of
+    /// queue-aware eviction (docs/scheduling.md).
+    pub marks: Vec<(BlockHash, bool)>,
 }
 
 impl WaitingIndex {
@@ -117,7 +123,14 @@ impl WaitingIndex {
             orphans: Orphans::default(),
             adopting: Vec::new(),
             evicted_wanted_blocks: 0,
+            record_marks: false,
+            marks: Vec::new(),
         }
+    }
+
+    /// Records `marks` from now on.
+    pub fn record_marks(&mut self) {
+        self.record_marks = true;
     }
 
     /// Waiting requests.
@@ -179,6 +192,9 @@ impl WaitingIndex {
                 break;
             }
             trie.update(n, |node| node.oldest = rank);
+            if self.record_marks && n != ROOT {
+                self.marks.push((trie.node(n).hash, true));
+            }
         }
         let matched = path.iter().take_while(|&&n| trie.node(n).reachable).count() as u32;
         let request = Request {
@@ -263,6 +279,9 @@ impl WaitingIndex {
             };
             let oldest = self.trie.oldest_below(n).min(ending);
             self.trie.update(n, |node| node.oldest = oldest);
+            if self.record_marks && oldest == NOBODY && n != ROOT {
+                self.marks.push((self.trie.node(n).hash, false));
+            }
         }
         // Collecting the last node climbs through every ancestor left unneeded.
         if let Some(&deepest) = path.last() {
@@ -445,9 +464,13 @@ impl WaitingIndex {
             .collect();
         waiting.sort_by_key(|w| w.1);
         let (wanted, cursor) = (self.evicted_wanted_blocks, std::mem::take(&mut self.cursor));
+        let (record_marks, marks) = (self.record_marks, std::mem::take(&mut self.marks));
         *self = WaitingIndex::new(self.track_cursor);
         self.evicted_wanted_blocks = wanted;
         self.cursor = cursor;
+        // The waiting chains are pushed again: their marks repeat, which changes nothing.
+        self.record_marks = record_marks;
+        self.marks = marks;
         for (id, rank, hashes, cap) in waiting {
             self.push(id, rank, &hashes, cap as usize)?;
         }

@@ -106,6 +106,20 @@ impl CacheAwareQueue {
         self.index.len() == 0
     }
 
+    /// Records queue-aware eviction marks from now on ([`CacheAwareQueue::take_eviction_marks`]).
+    pub fn record_eviction_marks(&mut self) {
+        self.index.record_marks();
+    }
+
+    /// Drains the marks of queue-aware eviction recorded since the last call, in order: a block
+    /// hash some waiting request came to go through (`true`: it will hit it once cached) or that
+    /// the last such request left (`false`). Feed them to
+    /// `KvCacheManager::set_eviction_priority` before the next admission.
+    pub fn take_eviction_marks(&mut self, out: &mut Vec<(BlockHash, bool)>) {
+        out.clear();
+        std::mem::swap(out, &mut self.index.marks);
+    }
+
     /// Trie nodes held (waiting chains and cached blocks).
     pub fn num_nodes(&self) -> usize {
         self.index.num_nodes()

@@ -73,7 +73,7 @@ impl KvCacheManager {
             return self.admit_groups(seq_id, Prompt::Tokens(token_ids), &options);
         }
         if self.prefix.is_some() {
-            self.admit_cached(seq_id, token_ids, extra_key, num_scheduled)
+            self.admit_cached::<false>(seq_id, token_ids, extra_key, num_scheduled, &[])
         } else {
             self.admit(seq_id, token_ids.len(), num_scheduled)
         }
@@ -120,6 +120,7 @@ impl KvCacheManager {
             token_ids,
             extra_key,
             max_blocks: max_hits,
+            given: &[],
         };
         walk.run(&mut chain, &mut block_hashes, &mut block_ids)?;
         let num_device = block_ids.len();
@@ -242,12 +243,16 @@ impl KvCacheManager {
 
     /// Admission with prefix caching: reuse the longest verified chain of cached blocks,
     /// allocate the rest, index the new full blocks. Nothing changes unless all of it succeeds.
-    pub(super) fn admit_cached(
+    ///
+    /// `GIVEN`: whether `given` may hold hashes (`add_sequence_hashed`); the plain admission
+    /// is compiled without the look-ups into it (callgrind_gate.sh).
+    pub(super) fn admit_cached<const GIVEN: bool>(
         &mut self,
         seq_id: SeqId,
         token_ids: &[TokenId],
         extra_key: Option<&[u8]>,
         num_scheduled: usize,
+        given: &[BlockHash],
     ) -> Result<usize> {
         if self.seqs.contains_key(&seq_id) {
             return Err(Error::SequenceExists(seq_id));
@@ -273,6 +278,7 @@ impl KvCacheManager {
             token_ids,
             extra_key,
             max_blocks: max_hits,
+            given,
         };
         let num_revive = walk.run(&mut chain, &mut block_hashes, &mut block_ids)?;
         let num_hits = block_ids.len();
@@ -347,7 +353,8 @@ impl KvCacheManager {
             let parent = i.checked_sub(1).map(|p| block_hashes[p]);
             let chunk = &token_ids[i * bs..(i + 1) * bs];
             if block_hashes.len() == i {
-                block_hashes.push(chain.hash(parent, chunk));
+                let h = if GIVEN { given.get(i).copied() } else { None };
+                block_hashes.push(h.unwrap_or_else(|| chain.hash(parent, chunk)));
             }
             let entered = prefix.register(
                 block_ids[i],
@@ -362,11 +369,12 @@ impl KvCacheManager {
             if entered.is_new() {
                 // Host hits hashed the blocks after this one already: the run rehashes them.
                 block_hashes.truncate(i + 1);
-                let chained = prefix.register_chained_run(
+                let chained = prefix.register_chained_run::<GIVEN>(
                     &block_ids[i..num_indexed],
                     &mut chain,
                     &mut block_hashes,
                     &token_ids[(i + 1) * bs..num_indexed * bs],
+                    given.get(i + 1..).unwrap_or(&[]),
                     &extra,
                 );
                 i += 1 + chained;
@@ -378,6 +386,16 @@ impl KvCacheManager {
             }
             run_start = i + 1;
             i += 1;
+        }
+        // Blocks entered under the caller's hashes (`add_sequence_hashed`) are marked as such,
+        // so that `check_invariants` does not recompute them: a wrong hash misnames a block,
+        // it never serves wrong content (every hit compares token ids).
+        if GIVEN && !given.is_empty() {
+            for &b in &block_ids[num_hits..num_indexed.min(given.len()).max(num_hits)] {
+                if prefix.is_indexed(b) {
+                    prefix.set_origin(b, 0, true);
+                }
+            }
         }
         // A lookup that missed hashed the first new block, which may lie past the watermark.
         block_hashes.truncate(num_indexed);
@@ -435,6 +453,9 @@ pub(super) struct HitWalk<'a> {
     pub(super) extra_key: Option<&'a [u8]>,
     /// Blocks the hit may cover at most.
     pub(super) max_blocks: usize,
+    /// The caller's chained hashes of the prompt's first full blocks (`prefix_block_hashes`,
+    /// computed earlier), used instead of hashing those blocks again; empty: hash them all.
+    pub(super) given: &'a [BlockHash],
 }
 
 impl HitWalk<'_> {
@@ -456,6 +477,10 @@ impl HitWalk<'_> {
         block_hashes: &mut Vec<BlockHash>,
         block_ids: &mut Vec<BlockId>,
     ) -> Result<usize> {
+        debug_assert!(
+            block_hashes.is_empty(),
+            "the walk starts at the prompt's first block"
+        );
         let (prefix, extra_key) = (self.prefix, self.extra_key);
         let mut num_revive = 0usize;
         for chunk in self
@@ -471,7 +496,11 @@ impl HitWalk<'_> {
             let (b, h) = match hinted {
                 Some(found) => found,
                 None => {
-                    let h = chain.hash(parent, chunk);
+                    // Every block before this one pushed its hash: this is block `len`.
+                    let h = match self.given.get(block_hashes.len()) {
+                        Some(&h) => h,
+                        None => chain.hash(parent, chunk),
+                    };
                     let Some(b) = prefix.lookup(h, parent, chunk, extra_key) else {
                         block_hashes.push(h); // the missed block's hash starts the rest
                         break;

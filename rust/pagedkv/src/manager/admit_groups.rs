@@ -64,7 +64,7 @@ impl KvCacheManager {
             && o.block_hashes.is_none();
         match prompt {
             Prompt::Tokens(t) if tuned && self.prefix.is_some() => {
-                self.admit_cached(seq_id, t, o.extra_key, o.num_scheduled)
+                self.admit_cached::<false>(seq_id, t, o.extra_key, o.num_scheduled, &[])
             }
             _ if tuned => self.admit(seq_id, prompt.len(), o.num_scheduled),
             _ => self.admit_groups(seq_id, prompt, o),

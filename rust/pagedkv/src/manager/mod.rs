@@ -46,12 +46,14 @@ mod config;
 mod construct;
 mod copy_queue;
 mod csr;
+mod eviction_priority;
 mod group_spec;
 mod groups;
 #[cfg(test)]
 mod groups_tests;
 mod grow_groups;
 mod growth;
+mod hashed_admission;
 mod hits;
 mod indexing;
 mod invariants;

@@ -51,6 +51,7 @@ impl KvCacheManager {
             token_ids,
             extra_key,
             max_blocks: num_full,
+            given: &[],
         };
         walk.run(&mut chain, &mut hashes, &mut blocks)?;
         if blocks.is_empty() {

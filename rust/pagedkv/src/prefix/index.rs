@@ -254,7 +254,7 @@ impl BlockIndex {
 
     /// The hash block `b` is indexed under, if it is.
     #[inline]
-    fn hash_of(&self, b: BlockId) -> Option<BlockHash> {
+    pub(crate) fn hash_of(&self, b: BlockId) -> Option<BlockHash> {
         self.is_indexed(b).then(|| self.stored[b as usize].hash)
     }
 

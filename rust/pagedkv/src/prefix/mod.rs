@@ -13,6 +13,7 @@
 
 pub(crate) mod events;
 pub(crate) mod eviction;
+pub(crate) mod eviction_order;
 pub(crate) mod hash;
 pub(crate) mod hash_slots;
 pub(crate) mod index;
@@ -23,9 +24,9 @@ use std::sync::Arc;
 
 use self::events::{DrainedEvents, EventQueue, KvEvent};
 use self::eviction::EvictionSink;
+use self::eviction_order::EvictionOrder;
 use self::hash::{content_hash, BlockHash, BlockHasher, ChainHasher};
 use self::index::{BlockIndex, Entered};
-use self::lru::Lru;
 use self::pins::Pins;
 use crate::pool::BlockPool;
 use crate::{BlockId, TokenId};
@@ -39,8 +40,9 @@ use crate::{BlockId, TokenId};
 pub(crate) struct PrefixCache {
     pub(crate) hasher: BlockHasher,
     index: BlockIndex,
-    /// The cached-evictable blocks, least recently used first.
-    lru: Lru,
+    /// The cached-evictable blocks in eviction order: least recently used first, or
+    /// queue-aware (`eviction_order.rs`).
+    lru: EvictionOrder,
     pub(crate) events: EventQueue,
     /// Prompt tokens looked up, lifetime.
     pub(crate) query_tokens: u64,
@@ -67,7 +69,7 @@ impl PrefixCache {
         PrefixCache {
             hasher: BlockHasher::new(seed),
             index: BlockIndex::new(num_blocks, block_size),
-            lru: Lru::new(num_blocks),
+            lru: EvictionOrder::new(num_blocks),
             events: EventQueue::new(events, max_events),
             query_tokens: 0,
             hit_tokens: 0,
@@ -204,15 +206,18 @@ impl PrefixCache {
     /// the block [`Self::register`] has just entered as new content in the same admission,
     /// under `hashes.last()`, and the rest are that admission's fresh blocks after it, holding
     /// `token_ids` (see [`BlockIndex::insert_chained`]). Hashes each block with `chain` as it
-    /// enters it and appends the hash to `hashes`. Stops before a block whose parent content
+    /// enters it (the `k`-th with `given[k]` instead where `GIVEN` and the caller hashed it
+    /// already) and
+    /// appends the hash to `hashes`. Stops before a block whose parent content
     /// may have orphan children (one may hold that block's content: the caller enters it with
     /// [`Self::register`]); returns how many blocks it entered, all new content.
-    pub(crate) fn register_chained_run(
+    pub(crate) fn register_chained_run<const GIVEN: bool>(
         &mut self,
         blocks: &[BlockId],
         chain: &mut ChainHasher,
         hashes: &mut Vec<BlockHash>,
         token_ids: &[TokenId],
+        given: &[BlockHash],
         extra_key: &Option<Arc<[u8]>>,
     ) -> usize {
         let (Some((&head, rest)), Some(&head_hash)) = (blocks.split_first(), hashes.last()) else {
@@ -223,8 +228,11 @@ impl PrefixCache {
         let (mut p, mut parent) = (head, head_hash);
         if !self.index.may_have_orphans() {
             // The common case, no orphan anywhere: no block is looked up.
-            for (&b, chunk) in rest.iter().zip(chunks) {
-                let h = chain.hash(Some(parent), chunk);
+            for (k, (&b, chunk)) in rest.iter().zip(chunks).enumerate() {
+                let h = match given.get(k).filter(|_| GIVEN) {
+                    Some(&h) => h,
+                    None => chain.hash(Some(parent), chunk),
+                };
                 hashes.push(h);
                 self.index.insert_chained(p, b, parent, h, chunk, extra_key);
                 (p, parent) = (b, h);
@@ -235,7 +243,10 @@ impl PrefixCache {
             if self.index.may_have_orphans_of(parent) {
                 return k;
             }
-            let h = chain.hash(Some(parent), chunk);
+            let h = match given.get(k).filter(|_| GIVEN) {
+                Some(&h) => h,
+                None => chain.hash(Some(parent), chunk),
+            };
             hashes.push(h);
             self.index.insert_chained(p, b, parent, h, chunk, extra_key);
             (p, parent) = (b, h);
@@ -276,7 +287,8 @@ impl PrefixCache {
         mut sink: Option<&mut S>,
     ) {
         let start = out.len();
-        self.lru.pop_front_into(n, out);
+        let index = &self.index;
+        self.lru.pop_front_into(n, out, |b| index.hash_of(b));
         self.index.prefetch_removals(&out[start..]);
         for &b in &out[start..] {
             // The sink first: without one, the victim's content is not even looked at.
@@ -327,7 +339,8 @@ impl PrefixCache {
     /// Takes the least recently used cached block out of the LRU and the index (recording its
     /// `BlockRemoved`), leaving its pool state to the caller. `None` when nothing is cached.
     fn unindex_lru(&mut self) -> Option<BlockId> {
-        let b = self.lru.pop_front()?;
+        let index = &self.index;
+        let b = self.lru.pop_front(|b| index.hash_of(b))?;
         self.unindex(b);
         Some(b)
     }
@@ -370,7 +383,7 @@ impl PrefixCache {
     /// Returns every cached block to the pool and empties the index (`AllBlocksCleared`). The
     /// caller guarantees no indexed block is in use.
     pub(crate) fn reset(&mut self, pool: &BlockPool) {
-        while let Some(b) = self.lru.pop_front() {
+        while let Some(b) = self.lru.pop_front(|_| None) {
             self.index.remove(b);
             pool.free_cached(b);
         }
@@ -384,7 +397,27 @@ impl PrefixCache {
         self.events.take_drained()
     }
 
-    /// Cached-evictable blocks, least recently used first.
+    /// Marks `hash` wanted by a waiting request, or not (queue-aware eviction,
+    /// `eviction_order.rs`): a cached block under a wanted hash is evicted only after every
+    /// other cached block. The first call turns the queue-aware order on.
+    pub(crate) fn set_wanted(&mut self, hash: BlockHash, wanted: bool) {
+        self.lru.set_wanted(hash, wanted);
+    }
+
+    /// The hash block `b` is indexed under (tests).
+    #[cfg(test)]
+    pub(crate) fn hash_of(&self, b: BlockId) -> Option<BlockHash> {
+        self.index.hash_of(b)
+    }
+
+    /// Whether queue-aware eviction is on, and the hashes marked wanted.
+    pub(crate) fn wanted_hashes(&self) -> Option<usize> {
+        self.lru
+            .is_queue_aware()
+            .then(|| self.lru.num_wanted_hashes())
+    }
+
+    /// Cached-evictable blocks, least recently used first (queue-aware: those set aside last).
     pub(crate) fn lru_order(&self) -> Vec<BlockId> {
         self.lru.order()
     }
@@ -393,7 +426,7 @@ impl PrefixCache {
     /// `refcount(b)` reads the pool.
     pub(crate) fn check(&self, refcount: impl Fn(BlockId) -> u32) -> Result<(), String> {
         self.index.check_invariants(&self.hasher)?;
-        self.lru.check()?;
+        self.lru.check(|b| self.index.hash_of(b))?;
         self.pins.check()?;
         for (b, n) in self.pins.iter() {
             if !self.index.is_indexed(b) {
