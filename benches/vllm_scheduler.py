@@ -74,6 +74,11 @@ class Workload:
     max_model_len: int = 4096
     prefix_caching: bool = True
     async_scheduling: bool = False
+    # Speculative decoding with vLLM's n-gram proposer config (no draft model): the fake model
+    # runner proposes up to this many random draft tokens per running request after every
+    # step (``update_draft_token_ids``, as the engine core does) and accepts a random prefix of
+    # the scheduled ones; the scheduler rolls the rejected ones back.
+    num_spec_tokens: int = 0
     seed: int = 0
 
 
@@ -88,6 +93,8 @@ class Trace:
     prefix_queries: int = 0
     prefix_hits: int = 0
     preemptions: int = 0
+    draft_tokens: int = 0  # drafts scheduled (padding drafts excluded)
+    accepted_drafts: int = 0
     schedule_s: float = 0.0
     update_s: float = 0.0
     # The first step after which vLLM's prefix index held two blocks of one content (a run on
@@ -133,7 +140,7 @@ def build_scheduler(w: Workload, manager: Any, scheduler_cls: Any = None) -> Any
     """vLLM's scheduler for workload `w`, with `manager` as its KV-cache manager class
     (`scheduler_cls`: another scheduler class, built with the same arguments)."""
     import torch
-    from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, SpeculativeConfig, VllmConfig
     from vllm.v1.core.sched import scheduler as scheduler_module
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
@@ -166,8 +173,14 @@ def build_scheduler(w: Workload, manager: Any, scheduler_cls: Any = None) -> Any
         cache_dtype="auto",
         enable_prefix_caching=w.prefix_caching,
     )
+    speculative_config = None
+    if w.num_spec_tokens:
+        speculative_config = SpeculativeConfig(model="ngram", num_speculative_tokens=w.num_spec_tokens)
     vllm_config = VllmConfig(
-        scheduler_config=scheduler_config, model_config=model_config, cache_config=cache_config
+        scheduler_config=scheduler_config,
+        model_config=model_config,
+        cache_config=cache_config,
+        speculative_config=speculative_config,
     )
     shape = dict(block_size=w.block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
     specs = [
@@ -226,20 +239,40 @@ def make_requests(w: Workload) -> list[Any]:
 
 
 def _runner_output(scheduler_output: Any, scheduler: Any, rng: random.Random) -> Any:
-    """One sampled token for each scheduled request whose prompt is now computed."""
+    """One sampled token for each scheduled request whose prompt is now computed, after the
+    accepted part of its scheduled drafts (each accepted with probability 1/2, left to right;
+    padding drafts never)."""
     from vllm.v1.outputs import ModelRunnerOutput
 
     req_ids, sampled = [], []
+    drafts = scheduler_output.scheduled_spec_decode_tokens
     for req_id in scheduler_output.num_scheduled_tokens:
         request = scheduler.requests[req_id]
         req_ids.append(req_id)
         done = request.num_computed_tokens >= request.num_prompt_tokens  # schedule() advanced it
-        sampled.append([rng.randrange(3, 32000)] if done else [])
+        accepted: list[int] = []
+        for token in drafts.get(req_id, ()):
+            # -1: a padding draft (vLLM pads an admission whose hit leaves one token into a
+            # full spec step); a model runner never accepts it.
+            if token < 0 or rng.random() >= 0.5:
+                break
+            accepted.append(token)
+        sampled.append(accepted + [rng.randrange(3, 32000)] if done else [])
     return ModelRunnerOutput(
         req_ids=req_ids,
         req_id_to_index={r: i for i, r in enumerate(req_ids)},
         sampled_token_ids=sampled,
     )
+
+
+def _propose_drafts(scheduler: Any, max_drafts: int, rng: random.Random) -> None:
+    """The drafter's proposals for the next step (the engine core's
+    ``update_draft_token_ids``): 0 to ``max_drafts`` random tokens per running request."""
+    from vllm.v1.outputs import DraftTokenIds
+
+    req_ids = [r.request_id for r in scheduler.running]
+    drafts = [[rng.randrange(3, 32000) for _ in range(rng.randint(0, max_drafts))] for _ in req_ids]
+    scheduler.update_draft_token_ids(DraftTokenIds(req_ids, drafts))
 
 
 def has_duplicate_copies(manager: Any) -> bool:
@@ -297,8 +330,15 @@ def run(w: Workload, manager: Any, max_steps: int = 200_000, count_calls: bool =
         t1 = time.perf_counter()
         runner_output = _runner_output(out, scheduler, rng)
         t2 = time.perf_counter()
+        for req_id, drafts in out.scheduled_spec_decode_tokens.items():
+            trace.draft_tokens += sum(t >= 0 for t in drafts)
+            trace.accepted_drafts += max(
+                len(runner_output.sampled_token_ids[runner_output.req_id_to_index[req_id]]) - 1, 0
+            )
         engine_outputs = scheduler.update_from_output(out, runner_output)
         t3 = time.perf_counter()
+        if w.num_spec_tokens:
+            _propose_drafts(scheduler, w.num_spec_tokens, rng)
         trace.schedule_s += t1 - t0
         trace.update_s += t3 - t2
         finished: list[str] = []
