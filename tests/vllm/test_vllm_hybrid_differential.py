@@ -20,23 +20,10 @@ the full run are in benches/results/2026-12-03-vllm-hybrid-differential.md.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+from collections.abc import Callable
 from types import ModuleType
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benches" / "vllm_hybrid_differential.py"
-
-
-def _load_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("vllm_hybrid_differential", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
 
 
 def _vllm_available() -> bool:
@@ -62,9 +49,9 @@ CASES = [
 ]
 
 
-def test_script_imports_without_vllm() -> None:
+def test_script_imports_without_vllm(load_bench: Callable[[str], ModuleType]) -> None:
     """The script's module-level code needs only pagedkv: CI can import it."""
-    module = _load_script()
+    module = load_bench("vllm_hybrid_differential")
     assert set(module.CONFIGS) == set(CASES)
     # every configuration is hybrid: one full-attention group first, then windows, one of
     # them exactly a block, some not a multiple of the block size
@@ -82,8 +69,10 @@ def test_script_imports_without_vllm() -> None:
     "runs in the vLLM stage (scripts/vllm/stage.sh)",
 )
 @pytest.mark.parametrize("config", CASES)
-def test_hybrid_hits_and_blocks_in_use_equal_vllm(config: str) -> None:
-    module = _load_script()
+def test_hybrid_hits_and_blocks_in_use_equal_vllm(
+    load_bench: Callable[[str], ModuleType], config: str
+) -> None:
+    module = load_bench("vllm_hybrid_differential")
     outcomes = [module.run_schedule(seed, module.CONFIGS[config]) for seed in range(5)]
     mismatches = [m for o in outcomes for m in o.mismatches]
     assert mismatches == []
