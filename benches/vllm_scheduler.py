@@ -102,6 +102,11 @@ class Trace:
     # (docs/conformance.md, Duplicate copies), so from there the two pools evict different
     # blocks and later hits may differ either way: a difference after it is explained.
     duplicates_since: int | None = None
+    # The first step in which vLLM's manager served an admission's hit from a cached-evictable
+    # copy of a content whose other copy a running request holds (vLLM's manager only; None:
+    # never). That admission costs vLLM free blocks pagedkv's (one shared copy) does not: the
+    # usual first consequence of duplicate copies.
+    revived_copy_since: int | None = None
     # Filled by an instrumented run (run(..., count_calls=True)) only: the scheduler's calls
     # into its KV-cache manager (outermost ones; a method calling another counts once) and the
     # time spent inside them.
@@ -310,6 +315,29 @@ def _count_calls(manager: Any, trace: Trace) -> None:
             setattr(manager, name, wrap(getattr(manager, name)))
 
 
+def _watch_revived_copies(manager: Any, trace: Trace) -> None:
+    """Wraps vLLM's ``allocate_slots`` (on the instance) to note the first step whose admission
+    takes a cached-evictable hit block while another copy of its content is held."""
+    index = manager.block_pool.cached_block_hash_to_block._cache
+    allocate = manager.allocate_slots
+
+    def watched(request: Any, num_new_tokens: int, *args: Any, **kwargs: Any) -> Any:
+        blocks = kwargs.get("new_computed_blocks", args[1] if len(args) > 1 else None)
+        if trace.revived_copy_since is None and blocks is not None:
+            for group in blocks.blocks:
+                for b in group:
+                    copies = None if b.is_null else index.get(b.block_hash)
+                    if (
+                        b.ref_cnt == 0
+                        and isinstance(copies, dict)
+                        and any(c.ref_cnt > 0 for c in copies.values())
+                    ):
+                        trace.revived_copy_since = len(trace.steps)  # the step being scheduled
+        return allocate(request, num_new_tokens, *args, **kwargs)
+
+    manager.allocate_slots = watched
+
+
 def run(w: Workload, manager: Any, max_steps: int = 200_000, count_calls: bool = False) -> Trace:
     """One scheduler run of workload `w` on `manager`; its trace (`count_calls`: with the
     manager's calls counted and timed, which slows the run: not for the step-time ratio)."""
@@ -324,6 +352,8 @@ def run(w: Workload, manager: Any, max_steps: int = 200_000, count_calls: bool =
     watch_duplicates = w.prefix_caching and hasattr(
         getattr(scheduler.kv_cache_manager, "block_pool", None), "cached_block_hash_to_block"
     )
+    if watch_duplicates and not count_calls:
+        _watch_revived_copies(scheduler.kv_cache_manager, trace)
     while scheduler.has_unfinished_requests():
         t0 = time.perf_counter()
         out = scheduler.schedule()
@@ -376,6 +406,15 @@ def first_difference(a: Trace, b: Trace) -> str | None:
         if getattr(a, what) != getattr(b, what):
             return f"{what}: {getattr(a, what)} != {getattr(b, what)}"
     return None
+
+
+def first_different_step(a: Trace, b: Trace) -> int | None:
+    """The first step whose decisions differ (the shorter length when one trace is a prefix of
+    the other); None when the steps are identical."""
+    for i, (x, y) in enumerate(zip(a.steps, b.steps, strict=False)):
+        if x != y:
+            return i
+    return None if len(a.steps) == len(b.steps) else min(len(a.steps), len(b.steps))
 
 
 def explained_divergence(reference: Trace, candidate: Trace) -> str | None:
