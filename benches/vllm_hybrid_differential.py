@@ -53,12 +53,19 @@ CONFIGS = {
     "block16-window40": Config(
         num_blocks=80, block_size=16, prefix_tokens=160, max_suffix=80, vocab=50, windows=(FULL, 40)
     ),
+    # a window longer than most prompts: released positions appear only on the long ones
+    "block16-window512": Config(
+        num_blocks=160, block_size=16, prefix_tokens=600, max_suffix=160, vocab=50, windows=(FULL, 512)
+    ),
     # two window groups of different sizes: vLLM's coordinator iterates to a fixed point
     "two-windows": Config(num_blocks=96, windows=(FULL, 5, 13)),
-    # vLLM allocates chunk by chunk; pagedkv holds each prompt's unscheduled tail in every group
-    "incremental-window7": Config(num_blocks=4096, steps=150, incremental=True, windows=(FULL, 7)),
+    # no eviction: the per-chunk growth of every group and the hits alone
+    "large-pool-window7": Config(num_blocks=4096, steps=150, windows=(FULL, 7)),
+    # async scheduling: releases at computed - in flight, ids a step late
+    "async-window6": Config(num_blocks=64, async_ids=True, windows=(FULL, 6)),
+    # drafts rolled back by the watermark, lookahead slots, and the watermark on admission
+    "spec-window10": Config(num_blocks=64, max_drafts=3, lookahead=1, watermark_blocks=2, windows=(FULL, 10)),
 }
-
 
 if __name__ == "__main__":
     sys.exit(main(configs=CONFIGS, doc=__doc__))

@@ -74,6 +74,11 @@ class Workload:
     max_model_len: int = 4096
     prefix_caching: bool = True
     async_scheduling: bool = False
+    # Speculative decoding with vLLM's n-gram proposer config (no draft model): the fake model
+    # runner proposes up to this many random draft tokens per running request after every
+    # step (``update_draft_token_ids``, as the engine core does) and accepts a random prefix of
+    # the scheduled ones; the scheduler rolls the rejected ones back.
+    num_spec_tokens: int = 0
     seed: int = 0
 
 
@@ -88,6 +93,8 @@ class Trace:
     prefix_queries: int = 0
     prefix_hits: int = 0
     preemptions: int = 0
+    draft_tokens: int = 0  # drafts scheduled (padding drafts excluded)
+    accepted_drafts: int = 0
     schedule_s: float = 0.0
     update_s: float = 0.0
     # The first step after which vLLM's prefix index held two blocks of one content (a run on
@@ -95,6 +102,11 @@ class Trace:
     # (docs/conformance.md, Duplicate copies), so from there the two pools evict different
     # blocks and later hits may differ either way: a difference after it is explained.
     duplicates_since: int | None = None
+    # The first step in which vLLM's manager served an admission's hit from a cached-evictable
+    # copy of a content whose other copy a running request holds (vLLM's manager only; None:
+    # never). That admission costs vLLM free blocks pagedkv's (one shared copy) does not: the
+    # usual first consequence of duplicate copies.
+    revived_copy_since: int | None = None
     # Filled by an instrumented run (run(..., count_calls=True)) only: the scheduler's calls
     # into its KV-cache manager (outermost ones; a method calling another counts once) and the
     # time spent inside them.
@@ -133,7 +145,7 @@ def build_scheduler(w: Workload, manager: Any, scheduler_cls: Any = None) -> Any
     """vLLM's scheduler for workload `w`, with `manager` as its KV-cache manager class
     (`scheduler_cls`: another scheduler class, built with the same arguments)."""
     import torch
-    from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, SpeculativeConfig, VllmConfig
     from vllm.v1.core.sched import scheduler as scheduler_module
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
@@ -166,8 +178,14 @@ def build_scheduler(w: Workload, manager: Any, scheduler_cls: Any = None) -> Any
         cache_dtype="auto",
         enable_prefix_caching=w.prefix_caching,
     )
+    speculative_config = None
+    if w.num_spec_tokens:
+        speculative_config = SpeculativeConfig(model="ngram", num_speculative_tokens=w.num_spec_tokens)
     vllm_config = VllmConfig(
-        scheduler_config=scheduler_config, model_config=model_config, cache_config=cache_config
+        scheduler_config=scheduler_config,
+        model_config=model_config,
+        cache_config=cache_config,
+        speculative_config=speculative_config,
     )
     shape = dict(block_size=w.block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
     specs = [
@@ -226,20 +244,40 @@ def make_requests(w: Workload) -> list[Any]:
 
 
 def _runner_output(scheduler_output: Any, scheduler: Any, rng: random.Random) -> Any:
-    """One sampled token for each scheduled request whose prompt is now computed."""
+    """One sampled token for each scheduled request whose prompt is now computed, after the
+    accepted part of its scheduled drafts (each accepted with probability 1/2, left to right;
+    padding drafts never)."""
     from vllm.v1.outputs import ModelRunnerOutput
 
     req_ids, sampled = [], []
+    drafts = scheduler_output.scheduled_spec_decode_tokens
     for req_id in scheduler_output.num_scheduled_tokens:
         request = scheduler.requests[req_id]
         req_ids.append(req_id)
         done = request.num_computed_tokens >= request.num_prompt_tokens  # schedule() advanced it
-        sampled.append([rng.randrange(3, 32000)] if done else [])
+        accepted: list[int] = []
+        for token in drafts.get(req_id, ()):
+            # -1: a padding draft (vLLM pads an admission whose hit leaves one token into a
+            # full spec step); a model runner never accepts it.
+            if token < 0 or rng.random() >= 0.5:
+                break
+            accepted.append(token)
+        sampled.append(accepted + [rng.randrange(3, 32000)] if done else [])
     return ModelRunnerOutput(
         req_ids=req_ids,
         req_id_to_index={r: i for i, r in enumerate(req_ids)},
         sampled_token_ids=sampled,
     )
+
+
+def _propose_drafts(scheduler: Any, max_drafts: int, rng: random.Random) -> None:
+    """The drafter's proposals for the next step (the engine core's
+    ``update_draft_token_ids``): 0 to ``max_drafts`` random tokens per running request."""
+    from vllm.v1.outputs import DraftTokenIds
+
+    req_ids = [r.request_id for r in scheduler.running]
+    drafts = [[rng.randrange(3, 32000) for _ in range(rng.randint(0, max_drafts))] for _ in req_ids]
+    scheduler.update_draft_token_ids(DraftTokenIds(req_ids, drafts))
 
 
 def has_duplicate_copies(manager: Any) -> bool:
@@ -277,6 +315,29 @@ def _count_calls(manager: Any, trace: Trace) -> None:
             setattr(manager, name, wrap(getattr(manager, name)))
 
 
+def _watch_revived_copies(manager: Any, trace: Trace) -> None:
+    """Wraps vLLM's ``allocate_slots`` (on the instance) to note the first step whose admission
+    takes a cached-evictable hit block while another copy of its content is held."""
+    index = manager.block_pool.cached_block_hash_to_block._cache
+    allocate = manager.allocate_slots
+
+    def watched(request: Any, num_new_tokens: int, *args: Any, **kwargs: Any) -> Any:
+        blocks = kwargs.get("new_computed_blocks", args[1] if len(args) > 1 else None)
+        if trace.revived_copy_since is None and blocks is not None:
+            for group in blocks.blocks:
+                for b in group:
+                    copies = None if b.is_null else index.get(b.block_hash)
+                    if (
+                        b.ref_cnt == 0
+                        and isinstance(copies, dict)
+                        and any(c.ref_cnt > 0 for c in copies.values())
+                    ):
+                        trace.revived_copy_since = len(trace.steps)  # the step being scheduled
+        return allocate(request, num_new_tokens, *args, **kwargs)
+
+    manager.allocate_slots = watched
+
+
 def run(w: Workload, manager: Any, max_steps: int = 200_000, count_calls: bool = False) -> Trace:
     """One scheduler run of workload `w` on `manager`; its trace (`count_calls`: with the
     manager's calls counted and timed, which slows the run: not for the step-time ratio)."""
@@ -291,14 +352,23 @@ def run(w: Workload, manager: Any, max_steps: int = 200_000, count_calls: bool =
     watch_duplicates = w.prefix_caching and hasattr(
         getattr(scheduler.kv_cache_manager, "block_pool", None), "cached_block_hash_to_block"
     )
+    if watch_duplicates and not count_calls:
+        _watch_revived_copies(scheduler.kv_cache_manager, trace)
     while scheduler.has_unfinished_requests():
         t0 = time.perf_counter()
         out = scheduler.schedule()
         t1 = time.perf_counter()
         runner_output = _runner_output(out, scheduler, rng)
         t2 = time.perf_counter()
+        for req_id, drafts in out.scheduled_spec_decode_tokens.items():
+            trace.draft_tokens += sum(t >= 0 for t in drafts)
+            trace.accepted_drafts += max(
+                len(runner_output.sampled_token_ids[runner_output.req_id_to_index[req_id]]) - 1, 0
+            )
         engine_outputs = scheduler.update_from_output(out, runner_output)
         t3 = time.perf_counter()
+        if w.num_spec_tokens:
+            _propose_drafts(scheduler, w.num_spec_tokens, rng)
         trace.schedule_s += t1 - t0
         trace.update_s += t3 - t2
         finished: list[str] = []
@@ -336,6 +406,15 @@ def first_difference(a: Trace, b: Trace) -> str | None:
         if getattr(a, what) != getattr(b, what):
             return f"{what}: {getattr(a, what)} != {getattr(b, what)}"
     return None
+
+
+def first_different_step(a: Trace, b: Trace) -> int | None:
+    """The first step whose decisions differ (the shorter length when one trace is a prefix of
+    the other); None when the steps are identical."""
+    for i, (x, y) in enumerate(zip(a.steps, b.steps, strict=False)):
+        if x != y:
+            return i
+    return None if len(a.steps) == len(b.steps) else min(len(a.steps), len(b.steps))
 
 
 def explained_divergence(reference: Trace, candidate: Trace) -> str | None:

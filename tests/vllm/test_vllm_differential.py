@@ -1,12 +1,15 @@
 """Differential conformance against vLLM v1's real ``KVCacheManager`` under chunked prefill.
 
 Runs the core comparison of ``benches/vllm_chunked_prefix.py`` (see its docstring) on a few
-seeded schedules per configuration: every admission's hit equals vLLM's ``get_computed_blocks``
-hit and pagedkv's own ``match_prefix``, no hit covers a block whose tokens were never scheduled,
-admissions and decode steps fit or fail on both sides alike, and blocks in use and
-``num_computed_tokens`` agree after every step. A schedule stops, without failing, where the
-two managers hand out different physical copies of the same content (vLLM the oldest copy,
-pagedkv the newest: explained in the results file); the hits up to there were compared.
+seeded schedules per configuration, both managers allocating per scheduled chunk (pagedkv's
+``add_sequence(..., reserve_prompt=False)`` + ``allocate_slots``, vLLM's own ``allocate_slots``),
+with async ids, speculative drafts rolled back by the watermark, lookahead slots, a watermark
+and preemption on a refused allocation: every admission's hit equals vLLM's
+``get_computed_blocks`` hit and pagedkv's own ``match_prefix``, no hit covers a block whose
+tokens were never scheduled, admissions, chunks and decode steps fit or fail on both sides
+alike, and blocks in use, table lengths and ``num_computed_tokens`` agree after every step.
+A schedule stops, without failing, at the explained divergence (vLLM indexes two copies of one
+content, pagedkv keeps one; the script's docstring); everything up to there was compared.
 
 Needs vLLM 0.33's block manager importable (the peer venv, benches/README.md); skipped
 otherwise; the test command runs it in its vLLM stage (scripts/vllm/stage.sh). The results of
@@ -15,23 +18,10 @@ the full run are in benches/results/2026-12-03-vllm-differential.md.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+from collections.abc import Callable
 from types import ModuleType
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benches" / "vllm_chunked_prefix.py"
-
-
-def _load_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("vllm_chunked_prefix", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
 
 
 def _vllm_available() -> bool:
@@ -43,10 +33,17 @@ def _vllm_available() -> bool:
     return True
 
 
-def test_script_imports_without_vllm() -> None:
+CASES = ["small-pool", "tiny-pool", "block16", "large-pool", "watermark", "async", "spec", "spec-lookahead"]
+
+
+def test_script_imports_without_vllm(load_bench: Callable[[str], ModuleType]) -> None:
     """The script's module-level code needs only pagedkv: CI can import it."""
-    module = _load_script()
-    assert set(module.CONFIGS) >= {"small-pool", "tiny-pool", "block16", "incremental"}
+    module = load_bench("vllm_chunked_prefix")
+    assert set(module.CONFIGS) == set(CASES)
+    # per-chunk features each covered: async ids, drafts, lookahead slots, the watermark
+    configs = module.CONFIGS.values()
+    assert any(c.async_ids for c in configs) and any(c.max_drafts for c in configs)
+    assert any(c.lookahead for c in configs) and any(c.watermark_blocks for c in configs)
 
 
 @pytest.mark.skipif(
@@ -54,14 +51,19 @@ def test_script_imports_without_vllm() -> None:
     reason="vLLM 0.33's KVCacheManager (and torch) not importable: "
     "runs in the vLLM stage (scripts/vllm/stage.sh)",
 )
-@pytest.mark.parametrize("config", ["small-pool", "tiny-pool", "block16", "incremental"])
-def test_hits_and_blocks_in_use_equal_vllm(config: str) -> None:
-    module = _load_script()
+@pytest.mark.parametrize("config", CASES)
+def test_hits_and_blocks_in_use_equal_vllm(load_bench: Callable[[str], ModuleType], config: str) -> None:
+    module = load_bench("vllm_chunked_prefix")
     outcomes = [module.run_schedule(seed, module.CONFIGS[config]) for seed in range(6)]
     mismatches = [m for o in outcomes for m in o.mismatches]
     assert mismatches == []
     # the schedules exercise what they claim: hits, and on the small pools refusals or
     # preemptions, before any stop
     assert sum(o.hits for o in outcomes) > 0
-    if config != "incremental":
+    cfg = module.CONFIGS[config]
+    if config != "large-pool":
         assert sum(o.ooms + o.preemptions for o in outcomes) > 0
+    if cfg.async_ids:
+        assert sum(o.async_ids for o in outcomes) > 0
+    if cfg.max_drafts:
+        assert sum(o.rejected for o in outcomes) > 0 and sum(o.drafts for o in outcomes) > 0

@@ -8,14 +8,9 @@ Runs in the vLLM stage of the test command (scripts/vllm/stage.sh); skipped else
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType, SimpleNamespace
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benches" / "vllm_scheduler.py"
 
 
 def _available() -> bool:
@@ -31,15 +26,6 @@ pytestmark = pytest.mark.skipif(
     not _available(),
     reason="vLLM 0.33's scheduler (and torch) not importable: runs in the vLLM stage (scripts/vllm/stage.sh)",
 )
-
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("vllm_scheduler", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def _config(spec):  # type: ignore[no-untyped-def]
@@ -93,12 +79,12 @@ def test_unsupported_options_are_refused_by_name() -> None:
         _manager(config, dcp_world_size=2)
 
 
-def test_scheduler_class_builds_on_pagedkv_and_restores_vllms_name() -> None:
+def test_scheduler_class_builds_on_pagedkv_and_restores_vllms_name(vllm_scheduler: ModuleType) -> None:
     from pagedkv.integrations.vllm import KVCacheManager, PagedkvAsyncScheduler, PagedkvScheduler
     from vllm.v1.core.sched import scheduler as scheduler_module
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
-    module = _load()
+    module = vllm_scheduler
     saved = scheduler_module.KVCacheManager
     for async_scheduling in (False, True):
         w = module.Workload(requests=4, async_scheduling=async_scheduling)

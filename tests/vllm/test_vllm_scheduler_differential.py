@@ -7,67 +7,86 @@ preemptions, the finished sets, the prefix-cache queries and hits and the output
 identical (the harness itself is checked in test_vllm_scheduler_harness.py). Each configuration
 is small and tight enough to preempt, so refusals are compared as well as hits.
 
+Two configurations reach the explained divergence instead (docs/conformance.md, Duplicate
+copies; docs/integrations/vllm.md): vLLM's index holds two copies of one content, its admission
+takes the cached-evictable copy (a free block less) where pagedkv shares the one copy a running
+request holds, so from there one side admits or preempts where the other does not. For those
+the traces must be identical up to a step after vLLM indexed the second copy.
+
 Runs in the vLLM stage of the test command (scripts/vllm/stage.sh); skipped elsewhere.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benches" / "vllm_scheduler.py"
-
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("vllm_scheduler", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
-
-
-def _available() -> bool:
-    try:
-        import pagedkv.integrations.vllm  # noqa: F401
-        import vllm.v1.core.sched.scheduler  # noqa: F401
-    except Exception:  # noqa: BLE001 (a broken partial install skips as well)
-        return False
-    return True
-
-
-pytestmark = pytest.mark.skipif(
-    not _available(),
-    reason="vLLM 0.33's scheduler (and torch) not importable: runs in the vLLM stage (scripts/vllm/stage.sh)",
-)
-
-# name -> Workload overrides; every one preempts at least once (checked below). Not here (yet):
-# configurations where the traces differ today (docs/integrations/vllm.md, known differences):
-# async scheduling with 24 requests on 60 blocks (one admission a step apart, 16 fewer hit
-# tokens), a one-block window (the core's hybrid differential differs there as well).
-CONFIGS = {
-    "full": dict(requests=24, num_blocks=60, max_num_batched_tokens=128),
-    "full-big-chunks": dict(requests=24, num_blocks=90, max_num_batched_tokens=512),
-    "full-no-prefix-caching": dict(
-        requests=24, num_blocks=40, max_num_batched_tokens=128, prefix_caching=False
+# name -> (Workload overrides, whether the traces must be identical to the end); every
+# configuration preempts at least once (checked below).
+CONFIGS: dict[str, tuple[dict[str, object], bool]] = {
+    "full": (dict(requests=24, num_blocks=60, max_num_batched_tokens=128), True),
+    "full-big-chunks": (dict(requests=24, num_blocks=90, max_num_batched_tokens=512), True),
+    "full-no-prefix-caching": (
+        dict(requests=24, num_blocks=40, max_num_batched_tokens=128, prefix_caching=False),
+        True,
     ),
-    "full+swa": dict(requests=24, num_blocks=80, groups=("full", "swa"), window=48),
-    "async": dict(requests=30, num_blocks=60, async_scheduling=True),
-    "async-full+swa": dict(requests=24, num_blocks=80, groups=("full", "swa"), async_scheduling=True),
+    "full+swa": (dict(requests=24, num_blocks=80, groups=("full", "swa"), window=48), True),
+    "async": (dict(requests=30, num_blocks=60, async_scheduling=True), True),
+    # 24 requests on 60 blocks: it differed when first tried; identical on the current manager
+    # (which change fixed it was not bisected)
+    "async-24-on-60": (
+        dict(requests=24, num_blocks=60, async_scheduling=True, max_num_batched_tokens=128),
+        True,
+    ),
+    "async-full+swa": (
+        dict(requests=24, num_blocks=80, groups=("full", "swa"), async_scheduling=True),
+        True,
+    ),
+    # a window of exactly one block (16 tokens)
+    "full+swa-one-block": (
+        dict(requests=24, num_blocks=80, groups=("full", "swa"), window=16),
+        True,
+    ),
+    # n-gram speculative decoding: up to 3 drafts per step, random acceptance, rollback
+    "spec": (dict(requests=24, num_blocks=40, max_num_batched_tokens=128, num_spec_tokens=3), True),
+    # the explained divergence: at step 62 vLLM's admission of request 16 takes 3 cached-
+    # evictable copies of blocks a running request holds (3 free blocks more than pagedkv's),
+    # so vLLM refuses it and pagedkv admits it
+    "full+swa-one-block-tight": (
+        dict(requests=24, num_blocks=60, groups=("full", "swa"), window=16),
+        False,
+    ),
+    # the same with drafts: an admission revives such copies at step 35; vLLM preempts a
+    # request at step 38 that pagedkv keeps
+    "spec-full+swa": (
+        dict(requests=24, num_blocks=80, groups=("full", "swa"), window=48, num_spec_tokens=2),
+        False,
+    ),
 }
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
-def test_same_schedule_as_vllms_manager(name: str) -> None:
-    module = _load()
-    w = module.Workload(**CONFIGS[name])
+def test_same_schedule_as_vllms_manager(vllm_scheduler: ModuleType, name: str) -> None:
+    module = vllm_scheduler
+    overrides, identical = CONFIGS[name]
+    w = module.Workload(**overrides)
     reference = module.run(w, module.manager_class("vllm"))
     ours = module.run(w, module.manager_class("pagedkv"))
-    assert module.first_difference(reference, ours) is None
+    difference = module.first_difference(reference, ours)
+    if identical:
+        assert difference is None
+    else:
+        # A difference only after vLLM indexed two copies of one content (never before), and
+        # not before vLLM's first admission that revived a cached-evictable copy of content a
+        # running request holds (the mechanism traced for these configurations).
+        assert difference is None or module.explained_divergence(reference, ours) is not None, difference
+        step = module.first_different_step(reference, ours)
+        if step is not None:
+            assert reference.revived_copy_since is not None
+            assert step >= reference.revived_copy_since, (step, reference.revived_copy_since)
     assert reference.preemptions > 0
     if w.prefix_caching:
         assert reference.prefix_hits > 0
+    if w.num_spec_tokens:
+        assert 0 < reference.accepted_drafts < reference.draft_tokens
