@@ -12,40 +12,11 @@ removals of copies pagedkv never made (docs/integrations/vllm.md, KV events).
 
 from __future__ import annotations
 
-import importlib.util
 import random
-import sys
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benches" / "vllm_scheduler.py"
-
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("vllm_scheduler", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
-
-
-def _available() -> bool:
-    try:
-        import pagedkv.integrations.vllm  # noqa: F401
-        import vllm.v1.core.sched.scheduler  # noqa: F401
-    except Exception:  # noqa: BLE001 (a broken partial install skips as well)
-        return False
-    return True
-
-
-pytestmark = pytest.mark.skipif(
-    not _available(),
-    reason="vLLM 0.33 (and torch) not importable: runs in the vLLM stage (scripts/vllm/stage.sh)",
-)
 
 
 def _recording(cls: Any) -> Any:
@@ -145,8 +116,8 @@ CONFIGS = {
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
-def test_same_kv_events_as_vllms_manager(name: str) -> None:
-    module = _load()
+def test_same_kv_events_as_vllms_manager(name: str, vllm_scheduler: ModuleType) -> None:
+    module = vllm_scheduler
     w = module.Workload(**CONFIGS[name])
     extras = name == "extra-keys"
     reference, duplicates_since = _run(module, w, module.manager_class("vllm"), extras)
