@@ -5,9 +5,14 @@
 use numpy::{PyArray1, PyArray2, PyArrayMethods};
 use pyo3::prelude::*;
 
+use pagedkv::{BlockId, KvCacheManager, SeqId};
+
 use crate::scalars::SeqIdArg;
 
 use super::{block_id_to_i32, PyKvCacheManager, DETACH_MIN_BATCH};
+
+/// `KvCacheManager::swap_out` or `swap_in`: (source, destination) block pairs to copy.
+type SwapDirection = fn(&mut KvCacheManager, &[SeqId]) -> pagedkv::Result<Vec<(BlockId, BlockId)>>;
 
 /// `[N, 2]` int32 pairs (shape `(0, 2)` when empty).
 fn pairs_to_array<'py>(
@@ -20,6 +25,22 @@ fn pairs_to_array<'py>(
         flat.push(block_id_to_i32(second));
     }
     PyArray1::from_vec(py, flat).reshape([pairs.len(), 2])
+}
+
+impl PyKvCacheManager {
+    /// One swap direction over one sequence or a fork group: the ids read, the core call (GIL
+    /// released for large groups), its (source, destination) pairs as `[N, 2]` int32.
+    fn swap<'py>(
+        &self,
+        py: Python<'py>,
+        seq_ids: &Bound<'py, PyAny>,
+        direction: SwapDirection,
+    ) -> PyResult<Bound<'py, PyArray2<i32>>> {
+        let seq_ids = self.one_or_many_seq_ids(py, seq_ids)?;
+        let seqs = seq_ids.0.as_slice();
+        let pairs = self.run(py, seqs.len() >= DETACH_MIN_BATCH, |kv| direction(kv, seqs))?;
+        pairs_to_array(py, &pairs)
+    }
 }
 
 #[pymethods]
@@ -53,10 +74,7 @@ impl PyKvCacheManager {
         py: Python<'py>,
         seq_ids: Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyArray2<i32>>> {
-        let seq_ids = self.one_or_many_seq_ids(py, &seq_ids)?;
-        let seqs = seq_ids.0.as_slice();
-        let pairs = self.run(py, seqs.len() >= DETACH_MIN_BATCH, |kv| kv.swap_out(seqs))?;
-        pairs_to_array(py, &pairs)
+        self.swap(py, &seq_ids, KvCacheManager::swap_out)
     }
 
     /// Brings swapped-out sequences back; int32 `[N, 2]` (host_block, device_block) copies.
@@ -65,10 +83,7 @@ impl PyKvCacheManager {
         py: Python<'py>,
         seq_ids: Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyArray2<i32>>> {
-        let seq_ids = self.one_or_many_seq_ids(py, &seq_ids)?;
-        let seqs = seq_ids.0.as_slice();
-        let pairs = self.run(py, seqs.len() >= DETACH_MIN_BATCH, |kv| kv.swap_in(seqs))?;
-        pairs_to_array(py, &pairs)
+        self.swap(py, &seq_ids, KvCacheManager::swap_in)
     }
 
     /// Whether the sequence is swapped out to the host tier.
