@@ -86,6 +86,8 @@ pub struct PyKvCacheManager {
     pool: Py<PyBlockPool>,
     num_blocks: usize,
     block_size: usize,
+    /// `ManagerConfig::max_model_len` (`usize::MAX`: none given).
+    max_model_len: usize,
     num_host_blocks: usize,
     enable_prefix_caching: bool,
 }
@@ -124,6 +126,23 @@ impl PyKvCacheManager {
     #[inline]
     pub(crate) fn token_ids<'py>(&self, obj: &Bound<'py, PyAny>) -> PyResult<TokenIds<'py>> {
         TokenIds::extract_bounded(obj, self.num_blocks.saturating_mul(self.block_size))
+            .map_err(|err| with_arg_note(obj.py(), "token_ids", err))
+    }
+
+    /// A prompt admitted per chunk without the whole-prompt check (`require_full_prompt=
+    /// False`), refused unread past `max(pool tokens, max_model_len)`: only its chunks must
+    /// fit the pool, and a given `max_model_len` bounds the prompt itself.
+    #[inline]
+    pub(crate) fn chunked_prompt_ids<'py>(
+        &self,
+        obj: &Bound<'py, PyAny>,
+    ) -> PyResult<TokenIds<'py>> {
+        let pool_tokens = self.num_blocks.saturating_mul(self.block_size);
+        let max_len = match self.max_model_len {
+            usize::MAX => pool_tokens,
+            len => len.max(pool_tokens),
+        };
+        TokenIds::extract_bounded(obj, max_len)
             .map_err(|err| with_arg_note(obj.py(), "token_ids", err))
     }
 
@@ -309,6 +328,7 @@ impl PyKvCacheManager {
         };
         let num_blocks = manager.num_blocks();
         let block_size = manager.block_size();
+        let max_model_len = manager.config().max_model_len;
         let inner = Arc::new(Mutex::new(manager));
         if let Some(peers) = &peers {
             peers.join(&inner);
@@ -316,6 +336,7 @@ impl PyKvCacheManager {
         Ok(Self {
             num_blocks,
             block_size,
+            max_model_len,
             num_host_blocks: num_host_blocks.0,
             enable_prefix_caching: enable_prefix_caching.0,
             inner,
