@@ -82,6 +82,32 @@ def test_require_full_prompt_false_checks_only_the_scheduled_chunk() -> None:
     kv.check_invariants()
 
 
+def test_a_prompt_past_the_pool_is_bounded_by_max_model_len_without_the_whole_prompt_check() -> None:
+    prompt, hashes = list(range(40)), list(range(1, 11))  # 10 blocks, a pool of 8
+
+    def admit(
+        kv: KvCacheManager, seq_id: int, tokens: list[int], block_hashes: list[int] | None = None
+    ) -> int:
+        return kv.add_sequence(
+            seq_id,
+            tokens,
+            num_scheduled=4,
+            reserve_prompt=False,
+            require_full_prompt=False,
+            block_hashes=block_hashes,
+        )
+
+    kv = KvCacheManager(8, 4, enable_prefix_caching=True, max_model_len=64)
+    assert admit(kv, 1, prompt, hashes) == 0
+    with pytest.raises(InvalidArgumentError):  # past max_model_len
+        admit(kv, 2, list(range(68)))
+    unbounded = KvCacheManager(8, 4, enable_prefix_caching=True)  # no max_model_len: the pool bounds
+    with pytest.raises(InvalidArgumentError):
+        admit(unbounded, 1, prompt)
+    assert unbounded.num_sequences == 0
+    kv.check_invariants()
+
+
 def test_window_release_waits_for_in_flight_tokens() -> None:
     kv = KvCacheManager(64, 2, kv_groups=[FullAttention(), SlidingWindow(window=3)])
     kv.add_sequence(1, num_tokens=20, num_scheduled=20, reserve_prompt=False)

@@ -61,18 +61,15 @@ impl PyKvCacheManager {
             && block_hashes.is_none()
             && apply_watermark.0;
         if !plain {
+            let max_tokens = self.max_prompt_tokens(!reserve_prompt.0 && !require_full_prompt.0);
             let keys = BlockKeyArgs::extract(
                 py,
                 block_extra_keys.as_ref(),
                 block_hashes.as_ref(),
-                self.num_blocks,
+                max_tokens.div_ceil(self.block_size).max(self.num_blocks),
             )?;
-            let chunked = !reserve_prompt.0 && !require_full_prompt.0;
             let token_ids = token_ids
-                .map(|t| match chunked {
-                    true => self.chunked_prompt_ids(&t),
-                    false => self.token_ids(&t),
-                })
+                .map(|t| self.token_ids_bounded(&t, max_tokens))
                 .transpose()?;
             let prompt = match &token_ids {
                 Some(t) => {

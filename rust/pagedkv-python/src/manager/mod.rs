@@ -129,19 +129,25 @@ impl PyKvCacheManager {
             .map_err(|err| with_arg_note(obj.py(), "token_ids", err))
     }
 
-    /// A prompt admitted per chunk without the whole-prompt check (`require_full_prompt=
-    /// False`), refused unread past `max(pool tokens, max_model_len)`: only its chunks must
-    /// fit the pool, and a given `max_model_len` bounds the prompt itself.
+    /// The most tokens a prompt may have: what the pool could ever hold, or, admitted per chunk
+    /// without the whole-prompt check (`require_full_prompt=False`, only its chunks must fit
+    /// the pool), `max(pool tokens, max_model_len)` when a `max_model_len` is given.
     #[inline]
-    pub(crate) fn chunked_prompt_ids<'py>(
+    pub(crate) fn max_prompt_tokens(&self, chunked: bool) -> usize {
+        let pool_tokens = self.num_blocks.saturating_mul(self.block_size);
+        match self.max_model_len {
+            len if chunked && len != usize::MAX => len.max(pool_tokens),
+            _ => pool_tokens,
+        }
+    }
+
+    /// Token ids from `obj`, refused unread past `max_len` tokens.
+    #[inline]
+    pub(crate) fn token_ids_bounded<'py>(
         &self,
         obj: &Bound<'py, PyAny>,
+        max_len: usize,
     ) -> PyResult<TokenIds<'py>> {
-        let pool_tokens = self.num_blocks.saturating_mul(self.block_size);
-        let max_len = match self.max_model_len {
-            usize::MAX => pool_tokens,
-            len => len.max(pool_tokens),
-        };
         TokenIds::extract_bounded(obj, max_len)
             .map_err(|err| with_arg_note(obj.py(), "token_ids", err))
     }
