@@ -58,6 +58,23 @@ CONFIGS = {
     "full+swa": dict(requests=24, num_blocks=80, groups=("full", "swa"), window=48),
     "async": dict(requests=30, num_blocks=60, async_scheduling=True),
     "async-full+swa": dict(requests=24, num_blocks=80, groups=("full", "swa"), async_scheduling=True),
+    # Admission checks the scheduled chunk only (vLLM's scheduler_reserve_full_isl=False); each
+    # schedules differently from the same workload with it (checked below).
+    "chunk-admission": dict(requests=24, num_blocks=50, max_num_batched_tokens=128, reserve_full_isl=False),
+    "chunk-admission-no-prefix-caching": dict(
+        requests=24, num_blocks=40, max_num_batched_tokens=128, prefix_caching=False, reserve_full_isl=False
+    ),
+    "chunk-admission-full+swa": dict(
+        requests=24,
+        num_blocks=50,
+        groups=("full", "swa"),
+        window=48,
+        max_num_batched_tokens=128,
+        reserve_full_isl=False,
+    ),
+    "chunk-admission-async": dict(
+        requests=30, num_blocks=50, max_num_batched_tokens=128, async_scheduling=True, reserve_full_isl=False
+    ),
 }
 
 
@@ -71,3 +88,7 @@ def test_same_schedule_as_vllms_manager(name: str) -> None:
     assert reference.preemptions > 0
     if w.prefix_caching:
         assert reference.prefix_hits > 0
+    if not w.reserve_full_isl:
+        # The configuration exercises the chunk-only admission: vLLM's own schedule changes.
+        whole = module.Workload(**{**CONFIGS[name], "reserve_full_isl": True})
+        assert module.run(whole, module.manager_class("vllm")).steps != reference.steps
