@@ -79,6 +79,9 @@ class Workload:
     # step (``update_draft_token_ids``, as the engine core does) and accepts a random prefix of
     # the scheduled ones; the scheduler rolls the rejected ones back.
     num_spec_tokens: int = 0
+    # vLLM's SchedulerConfig.scheduler_reserve_full_isl: admission checks the whole prompt fits
+    # (True, vLLM's default) or only the scheduled chunk (False).
+    reserve_full_isl: bool = True
     seed: int = 0
 
 
@@ -171,6 +174,7 @@ def build_scheduler(w: Workload, manager: Any, scheduler_cls: Any = None) -> Any
         enable_chunked_prefill=True,
         is_encoder_decoder=False,
         async_scheduling=w.async_scheduling,
+        scheduler_reserve_full_isl=w.reserve_full_isl,
     )
     cache_config = CacheConfig(
         block_size=w.block_size,
@@ -441,6 +445,9 @@ def main() -> int:
     parser.add_argument("--groups", default="full", help="comma-separated full/swa, one per KV group")
     parser.add_argument("--async", dest="async_scheduling", action="store_true")
     parser.add_argument("--no-prefix-caching", action="store_true")
+    parser.add_argument(
+        "--no-reserve-full-isl", action="store_true", help="admission checks the scheduled chunk only"
+    )
     parser.add_argument("--repeat", type=int, default=1, help="runs per manager, alternated")
     parser.add_argument(
         "--count-calls", action="store_true", help="one more run per manager counting its calls"
@@ -454,11 +461,12 @@ def main() -> int:
         **{
             k: getattr(args, k)
             for k in vars(Workload())
-            if k not in ("groups", "async_scheduling", "prefix_caching")
+            if k not in ("groups", "async_scheduling", "prefix_caching", "reserve_full_isl")
         },
         groups=tuple(args.groups.split(",")),
         async_scheduling=args.async_scheduling,
         prefix_caching=not args.no_prefix_caching,
+        reserve_full_isl=not args.no_reserve_full_isl,
     )
     ours, theirs = manager_class(args.manager), manager_class("vllm")
     times: dict[str, list[float]] = {"vllm": [], args.manager: []}

@@ -185,6 +185,7 @@ class KvCacheManager:
         extra_key: str | bytes | int | np.integer | None = None,
         num_scheduled: int | None = None,
         reserve_prompt: bool = True,
+        require_full_prompt: bool = True,
         num_lookahead_tokens: int = 0,
         block_extra_keys: Sequence[str | bytes | int | np.integer | None] | None = None,
         block_hashes: Sequence[int | bytes] | None = None,
@@ -194,7 +195,9 @@ class KvCacheManager:
         returns how many of its tokens were served from the prefix cache. ``num_scheduled``:
         how many of the new (non-hit) tokens the next pass computes (``None``: all).
         ``reserve_prompt=False``: blocks for the hit and the scheduled tokens only, after vLLM's
-        admission check (then ``allocate_slots`` each step). ``num_lookahead_tokens``:
+        admission check (then ``allocate_slots`` each step); ``require_full_prompt=False``
+        checks only that the scheduled chunk fits, not the whole prompt (vLLM's
+        ``full_sequence_must_fit=False``). ``num_lookahead_tokens``:
         speculative slots, never hashed. ``block_extra_keys``: one extra key per block;
         ``block_hashes``: the caller's chained hashes of the full blocks (ints, or bytes reduced
         by ``reduce_block_hash``). ``apply_watermark``: leave ``watermark_blocks`` available."""

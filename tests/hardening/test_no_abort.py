@@ -61,6 +61,13 @@ MANAGER_CASES = {
         "kv.add_sequence(9, huge, reserve_prompt=False)",
         "InvalidArgumentError",
     ),
+    # Without the whole-prompt check a prompt is bounded by max_model_len, not by the pool: a
+    # bound past the machine's memory is a MemoryError before the buffer is asked for.
+    "add_sequence(require_full_prompt=False, huge)": (
+        "pagedkv.KvCacheManager(8, 4, max_model_len=1 << 40).add_sequence("
+        "9, huge, reserve_prompt=False, require_full_prompt=False)",
+        "MemoryError",
+    ),
     # Item 2: huge results; a batch names each sequence once.
     "batch_block_tables(dup x1024)": ("kv.batch_block_tables([0] * 1024)", "InvalidArgumentError"),
     "slot_mapping(dup x1024)": ("kv.slot_mapping([0] * 1024, 1 << 24)", "InvalidArgumentError"),

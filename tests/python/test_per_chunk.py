@@ -59,6 +59,55 @@ def test_admission_checks_the_whole_prompt_with_window_caps_and_the_watermark() 
     kv.check_invariants()
 
 
+def test_require_full_prompt_false_checks_only_the_scheduled_chunk() -> None:
+    # vLLM's allocate_slots(..., full_sequence_must_fit=False): the chunk and the watermark must
+    # fit now, the whole prompt need not (not even the pool, when max_model_len allows it).
+    kv = KvCacheManager(8, 4, enable_prefix_caching=True, max_model_len=64, watermark_blocks=1)
+    kv.add_sequence(1, list(range(100, 112)))  # 3 blocks: 5 available
+    prompt = list(range(40))  # 10 blocks
+    before = kv.stats()
+    with pytest.raises(InvalidArgumentError):  # the whole prompt passes the pool
+        kv.add_sequence(2, prompt, num_scheduled=8, reserve_prompt=False)
+    with pytest.raises(OutOfBlocksError):  # 5 blocks + the watermark > 5
+        kv.add_sequence(2, prompt, num_scheduled=20, reserve_prompt=False, require_full_prompt=False)
+    with pytest.raises(InvalidArgumentError):  # 9 blocks: the chunk alone passes the pool
+        kv.add_sequence(2, prompt, num_scheduled=36, reserve_prompt=False, require_full_prompt=False)
+    assert kv.stats() == before
+    assert kv.add_sequence(2, prompt, num_scheduled=16, reserve_prompt=False, require_full_prompt=False) == 0
+    assert (len(kv.block_table(2)), kv.num_computed_tokens(2), kv.num_tokens(2)) == (4, 16, 40)
+    assert kv.allocate_slots(2, 4) is True  # the last available block (no watermark past admission)
+    before = kv.stats()
+    assert kv.allocate_slots(2, 4) is False  # the rest of the prompt does not fit: vLLM preempts
+    assert kv.stats() == before
+    kv.check_invariants()
+
+
+def test_a_prompt_past_the_pool_is_bounded_by_max_model_len_without_the_whole_prompt_check() -> None:
+    prompt, hashes = list(range(40)), list(range(1, 11))  # 10 blocks, a pool of 8
+
+    def admit(
+        kv: KvCacheManager, seq_id: int, tokens: list[int], block_hashes: list[int] | None = None
+    ) -> int:
+        return kv.add_sequence(
+            seq_id,
+            tokens,
+            num_scheduled=4,
+            reserve_prompt=False,
+            require_full_prompt=False,
+            block_hashes=block_hashes,
+        )
+
+    kv = KvCacheManager(8, 4, enable_prefix_caching=True, max_model_len=64)
+    assert admit(kv, 1, prompt, hashes) == 0
+    with pytest.raises(InvalidArgumentError):  # past max_model_len
+        admit(kv, 2, list(range(68)))
+    unbounded = KvCacheManager(8, 4, enable_prefix_caching=True)  # no max_model_len: the pool bounds
+    with pytest.raises(InvalidArgumentError):
+        admit(unbounded, 1, prompt)
+    assert unbounded.num_sequences == 0
+    kv.check_invariants()
+
+
 def test_window_release_waits_for_in_flight_tokens() -> None:
     kv = KvCacheManager(64, 2, kv_groups=[FullAttention(), SlidingWindow(window=3)])
     kv.add_sequence(1, num_tokens=20, num_scheduled=20, reserve_prompt=False)

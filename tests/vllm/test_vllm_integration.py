@@ -210,3 +210,50 @@ def test_a_sequence_longer_than_the_pool_is_not_admitted(manager_kind: str) -> N
     assert m.block_pool.get_num_free_blocks() == free
     fits = Request("short", list(range(2 * bs)), SamplingParams(max_tokens=1), None, block_hasher=hasher)
     assert m.allocate_slots(fits, 2 * bs, full_sequence_must_fit=True) is not None
+
+
+@pytest.mark.parametrize("manager_kind", ["vllm", "pagedkv"])
+def test_admission_without_the_whole_sequence_check(manager_kind: str) -> None:
+    """``full_sequence_must_fit=False`` (vLLM's ``scheduler_reserve_full_isl=False``): a prompt
+    longer than the pool is admitted while its scheduled chunk fits, grows until the pool is
+    short (None: the scheduler preempts), and a chunk that can never fit gets None; the same
+    answers and free-block counts from both managers."""
+    import torch
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmKVCacheManager
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+    from vllm.v1.request import Request
+
+    init_none_hash(sha256)
+    bs = 16
+    config = _config(FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float32))
+    args = dict(max_model_len=1024, scheduler_block_size=bs, hash_block_size=bs, enable_caching=True)
+    m = VllmKVCacheManager(config, **args) if manager_kind == "vllm" else _manager(config, **args)
+    hasher = get_request_block_hasher(bs, sha256)
+    free = m.block_pool.get_num_free_blocks()  # 31: block 0 is the null block
+    huge = Request("huge", list(range(40 * bs)), SamplingParams(max_tokens=1), None, block_hasher=hasher)
+    assert m.allocate_slots(huge, 32 * bs, full_sequence_must_fit=False) is None  # never fits
+    assert m.block_pool.get_num_free_blocks() == free
+    assert m.allocate_slots(huge, 4 * bs, full_sequence_must_fit=True) is None  # the whole prompt
+    assert m.block_pool.get_num_free_blocks() == free
+    long = Request("long", list(range(40 * bs)), SamplingParams(max_tokens=1), None, block_hasher=hasher)
+    blocks = m.allocate_slots(long, 4 * bs, full_sequence_must_fit=False)
+    assert blocks is not None and len(blocks.get_block_ids()[0]) == 4
+    assert m.block_pool.get_num_free_blocks() == free - 4
+    computed = 4 * bs
+    while True:
+        long.num_computed_tokens = computed
+        got = m.allocate_slots(long, 8 * bs)
+        if got is None:
+            break
+        computed += 8 * bs
+    # 4 + 3 * 8 = 28 blocks held, 3 free: the next 8-block chunk (36 in all) can never fit.
+    assert computed == 28 * bs
+    assert m.block_pool.get_num_free_blocks() == free - 28
+    assert m.allocate_slots(long, 2 * bs) is not None  # 2 of the 3 left
+    long.num_computed_tokens = computed + 2 * bs
+    assert m.allocate_slots(long, 2 * bs) is None  # 1 left: short now (vLLM preempts)
+    assert m.block_pool.get_num_free_blocks() == free - 30
+    assert len(m.get_block_ids("long")[0]) == 30

@@ -63,6 +63,43 @@ CONFIGS: dict[str, tuple[dict[str, object], bool]] = {
         dict(requests=24, num_blocks=80, groups=("full", "swa"), window=48, num_spec_tokens=2),
         False,
     ),
+    # Admission checks the scheduled chunk only (vLLM's scheduler_reserve_full_isl=False); each
+    # schedules differently from the same workload with it (checked below).
+    "chunk-admission": (
+        dict(requests=24, num_blocks=50, max_num_batched_tokens=128, reserve_full_isl=False),
+        True,
+    ),
+    "chunk-admission-no-prefix-caching": (
+        dict(
+            requests=24,
+            num_blocks=40,
+            max_num_batched_tokens=128,
+            prefix_caching=False,
+            reserve_full_isl=False,
+        ),
+        True,
+    ),
+    "chunk-admission-full+swa": (
+        dict(
+            requests=24,
+            num_blocks=50,
+            groups=("full", "swa"),
+            window=48,
+            max_num_batched_tokens=128,
+            reserve_full_isl=False,
+        ),
+        True,
+    ),
+    "chunk-admission-async": (
+        dict(
+            requests=30,
+            num_blocks=50,
+            max_num_batched_tokens=128,
+            async_scheduling=True,
+            reserve_full_isl=False,
+        ),
+        True,
+    ),
 }
 
 
@@ -90,3 +127,7 @@ def test_same_schedule_as_vllms_manager(vllm_scheduler: ModuleType, name: str) -
         assert reference.prefix_hits > 0
     if w.num_spec_tokens:
         assert 0 < reference.accepted_drafts < reference.draft_tokens
+    if not w.reserve_full_isl:
+        # The configuration exercises the chunk-only admission: vLLM's own schedule changes.
+        whole = module.Workload(**{**overrides, "reserve_full_isl": True})
+        assert module.run(whole, module.manager_class("vllm")).steps != reference.steps

@@ -18,7 +18,8 @@ pub(crate) struct BlockKeyArgs {
 
 impl BlockKeyArgs {
     /// Reads both lists; each may name at most `max_len` blocks (the pool's, a bound on any
-    /// prompt), checked before an element is read.
+    /// prompt, or `max_model_len`'s for one admitted without the whole-prompt check), checked
+    /// before an element is read.
     pub(crate) fn extract(
         py: Python<'_>,
         extra_keys: Option<&Bound<'_, PyAny>>,
@@ -70,7 +71,7 @@ fn read_list<T>(
     if len > max_len {
         return Err(invalid_argument(
             py,
-            format!("{what} has {len} entries, more than the pool's {max_len} blocks"),
+            format!("{what} has {len} entries, more than the {max_len} blocks a prompt may have"),
         ));
     }
     let mut out = Vec::with_capacity(len);

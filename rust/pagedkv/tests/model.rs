@@ -85,6 +85,8 @@ enum Op {
         scheduled: usize,
         lookahead: usize,
         tokens: bool,
+        /// `require_full_prompt` (vLLM's `full_sequence_must_fit`).
+        full: bool,
     },
     /// `allocate_slots(id, new, lookahead, in_flight, computed = current - rollback)`.
     Slots {
@@ -145,8 +147,8 @@ fn op() -> impl Strategy<Value = Op> {
 /// The per-chunk operations (added to `op()` in the per-chunk runs).
 fn chunk_op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        4 => (id(), 0usize..3, 0usize..24, extra(), 0usize..10, prop_oneof![3 => Just(0usize), 1 => 1usize..5], prop::bool::weighted(0.9))
-            .prop_map(|(id, prompt, len, extra, scheduled, lookahead, tokens)| Op::AddPerChunk { id, prompt, len, extra, scheduled, lookahead, tokens }),
+        4 => (id(), 0usize..3, 0usize..24, extra(), 0usize..10, prop_oneof![3 => Just(0usize), 1 => 1usize..5], prop::bool::weighted(0.9), prop::bool::weighted(0.6))
+            .prop_map(|(id, prompt, len, extra, scheduled, lookahead, tokens, full)| Op::AddPerChunk { id, prompt, len, extra, scheduled, lookahead, tokens, full }),
         6 => (id(), 0usize..8, prop_oneof![3 => Just(0usize), 1 => 1usize..5], prop_oneof![3 => Just(0usize), 1 => 1usize..6], prop::option::weighted(0.2, 0usize..4))
             .prop_map(|(id, new, lookahead, in_flight, rollback)| Op::Slots { id, new, lookahead, in_flight, rollback }),
         3 => (id(), 0usize..5, prop::option::weighted(0.2, 0usize..4)).prop_map(|(i, n, r)| Op::Provide(i, n, r)),
@@ -417,11 +419,11 @@ fn run(setup: Setup, ops: Vec<Op>) {
         let (got, want): (Result<usize, Error>, Result<usize, Kind>) = match &op {
             Op::Add(i, n) => (
                 kv.add_sequence_len(*i, *n),
-                model.add(*i, None, *n, None, usize::MAX, true, 0),
+                model.add(*i, None, *n, None, usize::MAX, true, true, 0),
             ),
             Op::AddLenScheduled(i, n, k) => (
                 kv.add_sequence_len_scheduled(*i, *n, *k),
-                model.add(*i, None, *n, None, *k, true, 0),
+                model.add(*i, None, *n, None, *k, true, true, 0),
             ),
             Op::AddScheduled {
                 id,
@@ -434,7 +436,16 @@ fn run(setup: Setup, ops: Vec<Op>) {
                 let extra_bytes = extra.map(|e| vec![e; 3]);
                 (
                     kv.add_sequence_scheduled(*id, &tokens, extra_bytes.as_deref(), *scheduled),
-                    model.add(*id, Some(tokens.clone()), *len, *extra, *scheduled, true, 0),
+                    model.add(
+                        *id,
+                        Some(tokens.clone()),
+                        *len,
+                        *extra,
+                        *scheduled,
+                        true,
+                        true,
+                        0,
+                    ),
                 )
             }
             Op::AddPerChunk {
@@ -445,6 +456,7 @@ fn run(setup: Setup, ops: Vec<Op>) {
                 scheduled,
                 lookahead,
                 tokens,
+                full,
             } => {
                 let t = prompt_tokens(*prompt, *len);
                 let extra_bytes = extra.map(|e| vec![e; 3]);
@@ -452,6 +464,7 @@ fn run(setup: Setup, ops: Vec<Op>) {
                     extra_key: extra_bytes.as_deref(),
                     num_scheduled: *scheduled,
                     reserve_prompt: false,
+                    require_full_prompt: *full,
                     num_lookahead_tokens: *lookahead,
                     ..Default::default()
                 };
@@ -470,6 +483,7 @@ fn run(setup: Setup, ops: Vec<Op>) {
                         *extra,
                         *scheduled,
                         false,
+                        *full,
                         *lookahead,
                     ),
                 )
@@ -562,7 +576,16 @@ fn run(setup: Setup, ops: Vec<Op>) {
                 let extra_bytes = extra.map(|e| vec![e; 3]);
                 (
                     kv.add_sequence(*id, &tokens, extra_bytes.as_deref()),
-                    model.add(*id, Some(tokens.clone()), *len, *extra, usize::MAX, true, 0),
+                    model.add(
+                        *id,
+                        Some(tokens.clone()),
+                        *len,
+                        *extra,
+                        usize::MAX,
+                        true,
+                        true,
+                        0,
+                    ),
                 )
             }
             Op::Append(i, n) => (

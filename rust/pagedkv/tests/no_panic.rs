@@ -68,6 +68,8 @@ enum Op {
         len: usize,
         scheduled: usize,
         reserve: bool,
+        /// `require_full_prompt` (per chunk only).
+        full: bool,
         lookahead: usize,
         block_keys: Option<Vec<Option<Vec<u8>>>>,
         block_hashes: Option<Vec<u128>>,
@@ -186,9 +188,9 @@ fn chunk_op() -> impl Strategy<Value = Op> {
         ),
     );
     prop_oneof![
-        4 => (seq_id(), prop::option::weighted(0.8, tokens()), count(), count(), any::<bool>(), count(), block_keys, hashes())
-            .prop_map(|(seq, tokens, len, scheduled, reserve, lookahead, block_keys, block_hashes)| {
-                Op::AddWith { seq, tokens, len, scheduled, reserve, lookahead, block_keys, block_hashes }
+        4 => (seq_id(), prop::option::weighted(0.8, tokens()), count(), count(), any::<bool>(), any::<bool>(), count(), block_keys, hashes())
+            .prop_map(|(seq, tokens, len, scheduled, reserve, full, lookahead, block_keys, block_hashes)| {
+                Op::AddWith { seq, tokens, len, scheduled, reserve, full, lookahead, block_keys, block_hashes }
             }),
         6 => (seq_id(), count(), count(), count(), prop::option::of(count()))
             .prop_map(|(seq, new, lookahead, in_flight, computed)| Op::AllocateSlots { seq, new, lookahead, in_flight, computed }),
@@ -349,6 +351,7 @@ fn apply(kv: &mut KvCacheManager, op: &Op, side_pool: &BlockPool) -> bool {
             len,
             scheduled,
             reserve,
+            full,
             lookahead,
             block_keys,
             block_hashes,
@@ -360,6 +363,7 @@ fn apply(kv: &mut KvCacheManager, op: &Op, side_pool: &BlockPool) -> bool {
                 extra_key: None,
                 num_scheduled: *scheduled,
                 reserve_prompt: *reserve,
+                require_full_prompt: *full,
                 num_lookahead_tokens: *lookahead,
                 block_extra_keys: keys.as_deref(),
                 block_hashes: block_hashes.as_deref(),

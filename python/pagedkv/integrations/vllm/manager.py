@@ -5,8 +5,10 @@ per admission, per running request and per step; this class answers those calls 
 ``pagedkv.KvCacheManager`` with per-chunk allocation (docs/design.md, Per-chunk allocation):
 
 - admission (``allocate_slots`` for a request without blocks) is ``add_sequence(...,
-  num_scheduled=n, reserve_prompt=False)`` with the request's own block hashes
-  (``request.block_hashes``), so hits and cached blocks are keyed exactly as vLLM keys them;
+  num_scheduled=n, reserve_prompt=False, require_full_prompt=full_sequence_must_fit)`` with the
+  request's own block hashes (``request.block_hashes``), so hits and cached blocks are keyed
+  exactly as vLLM keys them, and the whole prompt is checked only when vLLM checks it
+  (``scheduler_reserve_full_isl``);
 - every later ``allocate_slots`` is one ``allocate_slots`` of the core with the scheduler's
   watermark (``request.num_computed_tokens``, which rolls rejected drafts back) and in-flight
   count, then the ids (and hashes) of the tokens sampled since, as vLLM caches
@@ -370,6 +372,13 @@ class KVCacheManager:
             )
         seq_id, old_len = state[0], state[1]
         computed = request.num_computed_tokens
+        # Slots whose full-attention blocks alone pass the pool can never be allocated: vLLM
+        # answers None (the scheduler preempts), the core an error that would stop the step.
+        # Reached by a sequence longer than the pool (admitted without the whole-sequence
+        # check, or grown past it).
+        slots_end = min(computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
+        if self._num_full_groups * _cdiv(slots_end, self.block_size) > self.block_pool.num_gpu_blocks - 1:
+            return None
         if not self._core.allocate_slots(
             seq_id,
             num_new_tokens,
@@ -401,10 +410,6 @@ class KVCacheManager:
         full_sequence_must_fit: bool,
         has_scheduled_reqs: bool,
     ) -> KVCacheBlocks | None:
-        if not full_sequence_must_fit:
-            # pagedkv's admission always checks that the whole sequence fits (vLLM's default,
-            # SchedulerConfig.scheduler_reserve_full_isl=True).
-            raise UnsupportedVllmFeatureError("admission without scheduler_reserve_full_isl")
         if request.num_computed_tokens:
             raise UnsupportedVllmFeatureError(
                 "admitting a request with computed tokens and no blocks (a KV connector's load)"
@@ -412,7 +417,13 @@ class KVCacheManager:
         # A sequence whose full-attention blocks alone pass the pool can never be admitted:
         # vLLM's admission check says so with None (the request keeps waiting), where the core
         # refuses the call itself (InvalidArgumentError) and would stop the scheduler's step.
-        full_blocks = _cdiv(min(request.num_tokens, self.max_model_len), self.block_size)
+        # Without the whole-sequence check (scheduler_reserve_full_isl=False) only the
+        # scheduled chunk and its lookahead must fit, as vLLM checks.
+        if full_sequence_must_fit:
+            needed_tokens = request.num_tokens
+        else:
+            needed_tokens = num_new_computed_tokens + num_new_tokens + num_lookahead_tokens
+        full_blocks = _cdiv(min(needed_tokens, self.max_model_len), self.block_size)
         if self._num_full_groups * full_blocks > self.block_pool.num_gpu_blocks - 1:
             return None
         seq_id = self._next_seq_id
@@ -433,6 +444,7 @@ class KVCacheManager:
                     tokens,
                     num_scheduled=num_new_tokens,
                     reserve_prompt=False,
+                    require_full_prompt=full_sequence_must_fit,
                     num_lookahead_tokens=num_lookahead_tokens,
                     block_hashes=hashes,
                     apply_watermark=watermark,
@@ -452,6 +464,7 @@ class KVCacheManager:
                     num_tokens=request.num_tokens,
                     num_scheduled=num_new_tokens,
                     reserve_prompt=False,
+                    require_full_prompt=full_sequence_must_fit,
                     num_lookahead_tokens=num_lookahead_tokens,
                     apply_watermark=watermark,
                 )

@@ -21,18 +21,22 @@ impl PyKvCacheManager {
     /// prefix-cache namespaces (cache salt, adapter id). `num_scheduled`: how many of the new
     /// (non-hit) tokens the next pass computes (chunked prefill; `None` = all).
     /// `reserve_prompt=False` takes blocks for the hit and the scheduled tokens only (vLLM's
-    /// per-chunk contract: `allocate_slots` each later step); `num_lookahead_tokens` adds
+    /// per-chunk contract: `allocate_slots` each later step) after vLLM's whole-prompt
+    /// admission check, or, with `require_full_prompt=False` (vLLM's
+    /// `full_sequence_must_fit=False`), after checking the scheduled chunk only;
+    /// `num_lookahead_tokens` adds
     /// speculative slots; `block_extra_keys` / `block_hashes` are the caller's per-block keys
     /// and chained hashes; `apply_watermark` applies `watermark_blocks`.
     #[pyo3(signature = (
         seq_id, token_ids=None, *, num_tokens=None, extra_key=None, num_scheduled=None,
-        reserve_prompt=FlagArg(true), num_lookahead_tokens=CountArg(0), block_extra_keys=None,
-        block_hashes=None, apply_watermark=FlagArg(true)
+        reserve_prompt=FlagArg(true), require_full_prompt=FlagArg(true),
+        num_lookahead_tokens=CountArg(0), block_extra_keys=None, block_hashes=None,
+        apply_watermark=FlagArg(true)
     ))]
     #[pyo3(
         text_signature = "(self, seq_id, token_ids=None, *, num_tokens=None, extra_key=None, \
-        num_scheduled=None, reserve_prompt=True, num_lookahead_tokens=0, block_extra_keys=None, \
-        block_hashes=None, apply_watermark=True)"
+        num_scheduled=None, reserve_prompt=True, require_full_prompt=True, \
+        num_lookahead_tokens=0, block_extra_keys=None, block_hashes=None, apply_watermark=True)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn add_sequence(
@@ -44,6 +48,7 @@ impl PyKvCacheManager {
         extra_key: Option<ExtraKey>,
         num_scheduled: Option<CountArg>,
         reserve_prompt: FlagArg,
+        require_full_prompt: FlagArg,
         num_lookahead_tokens: CountArg,
         block_extra_keys: Option<Bound<'_, PyAny>>,
         block_hashes: Option<Bound<'_, PyAny>>,
@@ -56,13 +61,16 @@ impl PyKvCacheManager {
             && block_hashes.is_none()
             && apply_watermark.0;
         if !plain {
+            let max_tokens = self.max_prompt_tokens(!reserve_prompt.0 && !require_full_prompt.0);
             let keys = BlockKeyArgs::extract(
                 py,
                 block_extra_keys.as_ref(),
                 block_hashes.as_ref(),
-                self.num_blocks,
+                max_tokens.div_ceil(self.block_size).max(self.num_blocks),
             )?;
-            let token_ids = token_ids.map(|t| self.token_ids(&t)).transpose()?;
+            let token_ids = token_ids
+                .map(|t| self.token_ids_bounded(&t, max_tokens))
+                .transpose()?;
             let prompt = match &token_ids {
                 Some(t) => {
                     let t = t.as_slice()?;
@@ -84,6 +92,7 @@ impl PyKvCacheManager {
                     extra_key: key,
                     num_scheduled: scheduled,
                     reserve_prompt: reserve_prompt.0,
+                    require_full_prompt: require_full_prompt.0,
                     num_lookahead_tokens: num_lookahead_tokens.0,
                     block_extra_keys: extra_keys.as_deref(),
                     block_hashes: keys.hashes.as_deref(),

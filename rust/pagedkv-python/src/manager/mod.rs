@@ -86,6 +86,8 @@ pub struct PyKvCacheManager {
     pool: Py<PyBlockPool>,
     num_blocks: usize,
     block_size: usize,
+    /// `ManagerConfig::max_model_len` (`usize::MAX`: none given).
+    max_model_len: usize,
     num_host_blocks: usize,
     enable_prefix_caching: bool,
 }
@@ -124,6 +126,29 @@ impl PyKvCacheManager {
     #[inline]
     pub(crate) fn token_ids<'py>(&self, obj: &Bound<'py, PyAny>) -> PyResult<TokenIds<'py>> {
         TokenIds::extract_bounded(obj, self.num_blocks.saturating_mul(self.block_size))
+            .map_err(|err| with_arg_note(obj.py(), "token_ids", err))
+    }
+
+    /// The most tokens a prompt may have: what the pool could ever hold, or, admitted per chunk
+    /// without the whole-prompt check (`require_full_prompt=False`, only its chunks must fit
+    /// the pool), `max(pool tokens, max_model_len)` when a `max_model_len` is given.
+    #[inline]
+    pub(crate) fn max_prompt_tokens(&self, chunked: bool) -> usize {
+        let pool_tokens = self.num_blocks.saturating_mul(self.block_size);
+        match self.max_model_len {
+            len if chunked && len != usize::MAX => len.max(pool_tokens),
+            _ => pool_tokens,
+        }
+    }
+
+    /// Token ids from `obj`, refused unread past `max_len` tokens.
+    #[inline]
+    pub(crate) fn token_ids_bounded<'py>(
+        &self,
+        obj: &Bound<'py, PyAny>,
+        max_len: usize,
+    ) -> PyResult<TokenIds<'py>> {
+        TokenIds::extract_bounded(obj, max_len)
             .map_err(|err| with_arg_note(obj.py(), "token_ids", err))
     }
 
@@ -309,6 +334,7 @@ impl PyKvCacheManager {
         };
         let num_blocks = manager.num_blocks();
         let block_size = manager.block_size();
+        let max_model_len = manager.config().max_model_len;
         let inner = Arc::new(Mutex::new(manager));
         if let Some(peers) = &peers {
             peers.join(&inner);
@@ -316,6 +342,7 @@ impl PyKvCacheManager {
         Ok(Self {
             num_blocks,
             block_size,
+            max_model_len,
             num_host_blocks: num_host_blocks.0,
             enable_prefix_caching: enable_prefix_caching.0,
             inner,

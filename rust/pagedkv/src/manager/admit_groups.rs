@@ -33,7 +33,8 @@ impl KvCacheManager {
     /// allocation): the reserve contract (`reserve_prompt`, the default: blocks for the whole
     /// prompt) or the per-chunk one (blocks for the hit plus `num_scheduled` tokens only, after
     /// vLLM's admission check: the whole prompt must fit after the hit, each window group at
-    /// most at its admission cap, plus `ManagerConfig::watermark_blocks`), lookahead slots,
+    /// most at its admission cap, plus `ManagerConfig::watermark_blocks`; only the chunk
+    /// without `require_full_prompt`), lookahead slots,
     /// and caller-supplied per-block keys and hashes. Returns the prompt tokens served from
     /// the cache. A refusal (`OutOfBlocks`, `InvalidArgument`, `SequenceExists`) changes
     /// nothing.
@@ -209,7 +210,7 @@ impl KvCacheManager {
     /// InvalidArgument when the prompt can never be admitted: longer than `max_model_len`, or,
     /// without any hit, more blocks than the pool has (the whole prompt and lookahead in every
     /// group under the reserve contract; each window group at most at its admission cap under
-    /// the per-chunk one).
+    /// the per-chunk one with `require_full_prompt`; nothing more without it).
     fn check_admission_fits(&self, num_tokens: usize, o: &AdmitOptions<'_>) -> Result<()> {
         let bs = self.block_size;
         let max_len = self.config.max_model_len;
@@ -222,8 +223,11 @@ impl KvCacheManager {
         let needed = if o.reserve_prompt {
             let slots = num_tokens + o.num_lookahead_tokens.min(max_len - num_tokens);
             slots.div_ceil(bs).saturating_mul(self.num_groups())
-        } else {
+        } else if o.require_full_prompt {
             self.admission_requirement(num_tokens, 0, &[])
+        } else {
+            // Only the scheduled chunk must fit (`plan_admission`, once the hit is known).
+            return Ok(());
         };
         if needed > usable {
             return invalid(format!(
@@ -263,9 +267,9 @@ impl KvCacheManager {
     }
 
     /// Counts what admitting with `hit` takes and checks it is available now (vLLM's two
-    /// checks under the per-chunk contract, the allocation's under the reserve one, each with
-    /// the watermark): OutOfBlocks when not; InvalidArgument when the scheduled chunk alone
-    /// could never fit.
+    /// checks under the per-chunk contract, only the second without `require_full_prompt`,
+    /// the allocation's under the reserve one, each with the watermark): OutOfBlocks when not;
+    /// InvalidArgument when the scheduled chunk alone could never fit.
     fn plan_admission(
         &self,
         hit: GroupHit,
@@ -331,7 +335,7 @@ impl KvCacheManager {
             needed_blocks: needed,
             available_blocks: available,
         };
-        if !o.reserve_prompt {
+        if !o.reserve_prompt && o.require_full_prompt {
             let required = self
                 .admission_requirement(num_tokens, h, &revived_per_group)
                 .saturating_add(loads)

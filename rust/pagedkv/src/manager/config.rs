@@ -117,7 +117,7 @@ impl Prompt<'_> {
 /// ```
 /// use pagedkv::AdmitOptions;
 /// let o = AdmitOptions::default();
-/// assert!(o.reserve_prompt && o.apply_watermark);
+/// assert!(o.reserve_prompt && o.require_full_prompt && o.apply_watermark);
 /// assert_eq!((o.num_scheduled, o.num_lookahead_tokens), (usize::MAX, 0));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -131,6 +131,14 @@ pub struct AdmitOptions<'a> {
     /// hit plus `num_scheduled` tokens (plus lookahead) only, after vLLM's admission check
     /// (the per-chunk contract).
     pub reserve_prompt: bool,
+    /// Per-chunk admission only (ignored when `reserve_prompt`, which takes the whole prompt):
+    /// `true` applies vLLM's whole-prompt admission check (`allocate_slots(...,
+    /// full_sequence_must_fit=True)`, vLLM's default `scheduler_reserve_full_isl=True`): the
+    /// whole prompt must fit after the hit. `false` checks only what vLLM checks with
+    /// `full_sequence_must_fit=False`: the scheduled chunk (plus lookahead) and the watermark
+    /// must fit now, and the chunk alone the pool; the rest of the prompt may not fit yet
+    /// (the caller preempts when a later `allocate_slots` is refused).
+    pub require_full_prompt: bool,
     /// Slots past the scheduled tokens for speculative tokens: allocated, never hashed.
     pub num_lookahead_tokens: usize,
     /// One optional extra key per block (multimodal hashes, LoRA name, cache salt), mixed
@@ -151,6 +159,7 @@ impl Default for AdmitOptions<'_> {
             extra_key: None,
             num_scheduled: usize::MAX,
             reserve_prompt: true,
+            require_full_prompt: true,
             num_lookahead_tokens: 0,
             block_extra_keys: None,
             block_hashes: None,

@@ -266,7 +266,8 @@ impl Model {
         self.seqs.get_mut(&id).unwrap().hashed = end;
     }
 
-    /// Admission under either contract (`reserve`), with lookahead slots.
+    /// Admission under either contract (`reserve`), with lookahead slots; per chunk, the
+    /// whole-prompt check only with `whole` (vLLM's `full_sequence_must_fit`).
     #[allow(clippy::too_many_arguments)]
     pub fn add(
         &mut self,
@@ -276,6 +277,7 @@ impl Model {
         extra: Option<u8>,
         scheduled: usize,
         reserve: bool,
+        whole: bool,
         lookahead: usize,
     ) -> Result<usize, Kind> {
         if self.seqs.contains_key(&id) {
@@ -292,6 +294,8 @@ impl Model {
             (n + lookahead.min(lim.max_model_len - n))
                 .div_ceil(bs)
                 .saturating_mul(ng)
+        } else if !whole {
+            0
         } else {
             self.specs
                 .iter()
@@ -334,7 +338,7 @@ impl Model {
         let fresh = (positions - l) * ng;
         let available = self.available();
         let wm = lim.watermark;
-        if !reserve {
+        if !reserve && whole {
             let required = self
                 .specs
                 .iter()
