@@ -158,6 +158,19 @@ impl QuantLayout {
         self.format == QuantFormat::Int4
     }
 
+    /// The layout of one residual slot of an int4 cache: an int8 block of the same role and
+    /// geometry (`RESIDUAL_FORMAT` of `kv_cache_dtype.py`; docs/quantized_kv.md, "The residual
+    /// in a paged cache").
+    pub fn residual(&self) -> Result<Self> {
+        QuantLayout::new(
+            QuantFormat::Int8,
+            self.role,
+            self.block_size,
+            self.num_kv_heads,
+            self.head_dim,
+        )
+    }
+
     /// Code bytes of one (token, head) row.
     pub fn row_code_bytes(&self) -> usize {
         match self.format {
