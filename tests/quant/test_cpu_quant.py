@@ -235,3 +235,35 @@ def test_a_refused_copy_copies_nothing():
     with pytest.raises(InvalidArgumentError):
         copy_blocks([k], [v], np.array([[0, 3]], np.int32), backend="cpu")
     assert not k.data[1:].any()
+
+
+@pytest.mark.parametrize("backend", ["numpy", "cpu"])
+def test_residual_slots_move_with_swap_and_fork_copies(backend):
+    """int4's residual slots are int8 caches: a swap out and back into another slot (the engine's
+    swap preemption) and a fork's copy move their bytes as they are, so each sequence attends
+    exactly as before from its new slot, on both backends."""
+    p = _pair(12, "int4", "float16", [21, 13], 2, 64, 8, backend)
+    q = _query(13, 2, 4, 64, "float16")
+    args = (p.block_tables, p.seq_lens)
+    kw = {"backend": backend}
+    before = paged_attention(q, p.k_cache, p.v_cache, *args, residual_slots=p.residual_slots, **kw)
+    hosts = [QuantizedKvCache.empty("int8", c.role, 2, 8, 2, 64) for c in (p.k_cache, p.v_cache)]
+    for cache, host in zip((p.k_cache, p.v_cache), hosts, strict=True):
+        swap_blocks(cache.residual, host, np.array([[0, 1], [1, 0]], np.int32), **kw)  # out
+        cache.residual.data[...] = 0xFF  # the device slots reused by others meanwhile (NaN)
+        swap_blocks(host, cache.residual, np.array([[1, 1], [0, 0]], np.int32), **kw)  # back, swapped
+    swapped = paged_attention(q, p.k_cache, p.v_cache, *args, residual_slots=np.array([1, 0], np.int32), **kw)
+    np.testing.assert_array_equal(swapped, before)
+    # A fork: sequence 0's slot (now 1) copied into slot 0; both read the same open block.
+    copy_blocks([p.k_cache.residual], [p.v_cache.residual], np.array([[1, 0]], np.int32), **kw)
+    np.testing.assert_array_equal(p.k_cache.residual.data[0], p.k_cache.residual.data[1])
+    forked = paged_attention(
+        q[:1],
+        p.k_cache,
+        p.v_cache,
+        p.block_tables[:1],
+        p.seq_lens[:1],
+        residual_slots=np.array([0], np.int32),
+        **kw,
+    )
+    np.testing.assert_array_equal(forked, before[:1])

@@ -18,7 +18,7 @@ pub enum QuantFormat {
     /// fp8 e4m3 codes (OCP E4M3FN), one UE5M3 scale byte per (token, head).
     Fp8E4m3,
     /// 4-bit KIVI-style codes: keys per channel over a block, values per token; the newest
-    /// tokens in a full-precision residual slot per sequence.
+    /// tokens in an int8 residual slot per sequence.
     Int4,
 }
 
