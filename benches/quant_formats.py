@@ -3,15 +3,17 @@
 Runs SmolLM2-135M (the engine's default model) over a prefix of docs/design.md, keeps every
 layer's rotated queries, keys and values, and for each format quantizes the keys and values in
 blocks of ``--block-size`` tokens with the formats' own codec (``pagedkv.attention.quant_codec``,
-bit-identical to the kernels), dequantizes them and measures the causal attention output's
-relative error ``||out_q - out|| / ||out||`` per layer (float64 attention, so only the cache's
-error shows). Two reference formats sit beside ours, computed here and not shipped: int8 with an
-exact fp32 scale per (token, head) (vLLM's int8_per_token_head), and KIVI's own int4 with fp16
-scale and minimum per group (keys per channel over the block, values per token). They are what
-the one-byte E8M0 scales and the one-byte int4 metadata give up, measured; docs/quantized_kv.md
-uses the numbers for its format decision.
+bit-identical to the kernels; int4 blocks from their tokens' int8 values, as a sealed block holds
+them, docs/quantized_kv.md "The residual in a paged cache"), dequantizes them and measures the
+causal attention output's relative error ``||out_q - out|| / ||out||`` per layer (float64
+attention, so only the cache's error shows). Reference formats sit beside ours, computed here and
+not shipped: int8 with an exact fp32 scale per (token, head) (vLLM's int8_per_token_head), and
+KIVI's own int4 with fp16 scale and minimum per group (keys per channel over the block, values per
+token). They are what the one-byte UE5M3 scales and the one-byte int4 metadata give up, measured;
+so is int4 sealed from the unquantized tokens (``ref:int4-from-16-bit``, what the int8 residual
+gives up). docs/quantized_kv.md uses the numbers for its format decision.
 
-    python benches/quant_formats.py --tokens 512 --out benches/results/quant-formats.json
+    python benches/quant_formats.py --tokens 512 --out benches/results/2026-12-06-quant-formats.json
 
 The error is a property of the format and the data, not of the machine.
 """
@@ -25,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 from pagedkv.attention.kv_cache_dtype import block_layout
-from pagedkv.attention.quant_codec import decode_blocks, encode_blocks
+from pagedkv.attention.quant_codec import decode_blocks, encode_blocks, round_trip_8bit
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -57,9 +59,14 @@ def _blocks(x: np.ndarray, block_size: int) -> np.ndarray:
     return x.reshape(-1, block_size, *x.shape[1:]).astype(np.float32)
 
 
-def ours(x: np.ndarray, dtype: str, role: str, block_size: int) -> np.ndarray:
+def ours(x: np.ndarray, dtype: str, role: str, block_size: int, *, via_int8: bool = True) -> np.ndarray:
+    """The values a ``dtype`` cache holds for ``x``; int4 (``via_int8``) seals its tokens' int8
+    residual values, as the cache does."""
     layout = block_layout(dtype, role, block_size, x.shape[1], x.shape[2])
-    return decode_blocks(encode_blocks(_blocks(x, block_size), layout), layout).reshape(x.shape)
+    blocks = _blocks(x, block_size)
+    if dtype == "int4" and via_int8:
+        blocks = round_trip_8bit(blocks, "int8")
+    return decode_blocks(encode_blocks(blocks, layout), layout).reshape(x.shape)
 
 
 def int8_exact_scale(x: np.ndarray, role: str, block_size: int) -> np.ndarray:
@@ -103,6 +110,7 @@ FORMATS = {
     "int4": lambda x, role, bs: ours(x, "int4", role, bs),
     "ref:int8-fp32-scale": int8_exact_scale,
     "ref:int8-ue6m2-scale": int8_ue6m2_scale,
+    "ref:int4-from-16-bit": lambda x, role, bs: ours(x, "int4", role, bs, via_int8=False),
     "ref:kivi-int4-fp16-meta": kivi_fp16,
     "ref:int4-per-token-fp16-meta": int4_per_token,
 }

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from pagedkv.attention.quant_codec import decode_blocks
+from pagedkv.attention.quant_codec import decode_blocks, round_trip_8bit
 from pagedkv.errors import InvalidArgumentError
 
 PROMPTS = ["The capital of France is", "1, 2, 3, 4,", "def add(a, b):"]
@@ -93,8 +93,13 @@ def test_a_rejected_draft_reopens_the_block_it_sealed(tiny):
     def check(self, slot, num_tokens, blocks):
         reopen_data(self, slot, num_tokens, blocks)
         for cache in (*self.k_caches, *self.v_caches):
-            want = decode_blocks(cache.data[[blocks[0]]], cache.layout)[0, :num_tokens].astype(np.float16)
-            np.testing.assert_array_equal(cache.residual[slot, :num_tokens], want)
+            # The kept tokens' int4 values, re-quantized to int8 as every residual token is.
+            want = round_trip_8bit(
+                decode_blocks(cache.data[[blocks[0]]], cache.layout)[0, :num_tokens], "int8"
+            )
+            res = cache.residual
+            got = decode_blocks(res.data[slot : slot + 1], res.layout)[0, :num_tokens]
+            np.testing.assert_array_equal(got, want)
         checked.append((slot, num_tokens, tuple(blocks)))
 
     config = EngineConfig(num_blocks=64, block_size=4, kv_cache_dtype="int4", speculative_ngram=5)

@@ -55,7 +55,7 @@ def _kv_holders(engine) -> tuple[list[np.ndarray], tuple[type, ...]]:
     arrays = []
     for c in caches:  # a quantized cache's blocks and residual slots
         arrays += (
-            [c.data, *([] if c.residual is None else [c.residual])]
+            [c.data, *([] if c.residual is None else [c.residual.data])]
             if isinstance(c, QuantizedKvCache)
             else [c]
         )

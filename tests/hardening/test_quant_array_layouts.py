@@ -7,7 +7,7 @@ Each array is read as its values or refused with ``InvalidArgumentError``, never
 result equals, bit for bit, the same call on plain arrays, which equals the NumPy reference (writes,
 copies and swaps bit for bit; attention within the CPU data plane's fp32 tolerance,
 docs/quantized_kv.md). Through ``pagedkv.attention`` only a cache's own arrays (block bytes and
-int4 residual, used in place) may be refused; called directly, every array that cannot be read in
+int4 residual slots' bytes, used in place) may be refused; called directly, every array that cannot be read in
 place is. A cache that is written must also be writable in place, and a refused call writes
 nothing. docs/security.md lists the guarantee.
 """
@@ -41,7 +41,7 @@ Arrays = dict[str, np.ndarray]
 
 def _filled_caches(dtype: str) -> Arrays:
     """A key and a value cache holding SEQ_LENS tokens at TABLES (written by the NumPy reference),
-    unused block bytes 0xFF and unused residual rows NaN."""
+    unused block and residual bytes 0xFF (NaN when read)."""
     rng = np.random.default_rng(31)
     caches = [
         QuantizedKvCache.empty(
@@ -52,14 +52,13 @@ def _filled_caches(dtype: str) -> Arrays:
             HEADS,
             DIM,
             num_residual_slots=2 if dtype == "int4" else 0,
-            residual_dtype=np.float32,
         )
         for role in ("key", "value")
     ]
     for c in caches:
         c.data[...] = 0xFF
         if c.residual is not None:
-            c.residual[...] = np.nan
+            c.residual.data[...] = 0xFF
     seq = [np.repeat(b, n) for b, n in enumerate(SEQ_LENS)]
     pos = np.concatenate([np.arange(n) for n in SEQ_LENS])
     seqs = np.concatenate(seq)
@@ -69,7 +68,7 @@ def _filled_caches(dtype: str) -> Arrays:
     write_kv(k, v, caches[0], caches[1], blocks * BS + pos % BS, residual_slots=res)
     out = {"k_cache.data": caches[0].data, "v_cache.data": caches[1].data}
     if dtype == "int4":
-        out |= {"k_cache.residual": caches[0].residual, "v_cache.residual": caches[1].residual}
+        out |= {"k_cache.residual": caches[0].residual.data, "v_cache.residual": caches[1].residual.data}
     return out
 
 
@@ -115,7 +114,7 @@ def _call(name: str, dtype: str) -> Call:
     host = np.zeros((3, a["k_cache.data"].shape[1]), np.uint8)
     a |= {"host.data": host, "mapping": np.array([[2, 0], [3, 1], [0, 2]], np.int32)}
     if int4:
-        a["host.residual"] = np.zeros((0, BS, HEADS, DIM), np.float32)
+        a["host.residual"] = np.zeros((0, a["k_cache.residual"].shape[1]), np.uint8)
     return Call(a, ("k_cache.data", "host.data", "mapping"), ("host.data",))
 
 
@@ -123,9 +122,10 @@ CALLS = ("decode", "prefill", "prefill_csr", "write", "copy", "swap")
 
 
 def _quantized(a: Arrays, dtype: str, prefix: str, role: str) -> QuantizedKvCache:
-    return QuantizedKvCache(
-        a[f"{prefix}.data"], dtype, role, BS, HEADS, DIM, residual=a.get(f"{prefix}.residual")
-    )
+    residual = None
+    if f"{prefix}.residual" in a:  # int4: its int8 residual slots
+        residual = QuantizedKvCache(a[f"{prefix}.residual"], "int8", role, BS, HEADS, DIM)
+    return QuantizedKvCache(a[f"{prefix}.data"], dtype, role, BS, HEADS, DIM, residual=residual)
 
 
 def _tuple(a: Arrays, dtype: str, prefix: str, role: str) -> tuple[Any, ...]:

@@ -1,7 +1,8 @@
 """Builders shared by the quantized-cache tests: paged problems written through ``write_kv`` in
 chunks (so int4 blocks are sealed from residual tokens, not only from one write), with every
 byte of every unused block poisoned (0xFF decodes to NaN in every format: a UE5M3 scale of 0xFF,
-bfloat16 side parameters 0xFFFF) and every unused residual row NaN, so a stray read shows."""
+bfloat16 side parameters 0xFFFF), the int8 residual slots' bytes too (NaN rows), so a stray
+read shows."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from pagedkv.attention import QuantizedKvCache, write_kv
-from pagedkv.attention.dtypes import float32_to_bf16_bits, to_compute
+from pagedkv.attention.dtypes import float32_to_bf16_bits
 from pagedkv.attention.quant_codec import decode_blocks
 
 KIND_DTYPES = {"float16": np.float16, "bfloat16": np.uint16, "float32": np.float32, "float64": np.float64}
@@ -29,7 +30,7 @@ def nan_of(kind: str) -> object:
 def empty_pair(
     dtype: str, kind: str, num_blocks: int, block_size: int, heads: int, dim: int, residual_slots: int
 ) -> tuple[QuantizedKvCache, QuantizedKvCache]:
-    """A poisoned key/value pair (every block byte 0xFF, every residual element NaN)."""
+    """A poisoned key/value pair (every block and residual byte 0xFF: NaN when read)."""
     caches = []
     for role in ("key", "value"):
         c = QuantizedKvCache.empty(
@@ -40,11 +41,10 @@ def empty_pair(
             heads,
             dim,
             num_residual_slots=residual_slots,
-            residual_dtype=KIND_DTYPES[kind],
         )
         c.data[...] = POISON_BYTE
         if c.residual is not None:
-            c.residual[...] = nan_of(kind)
+            c.residual.data[...] = POISON_BYTE
         caches.append(c)
     return caches[0], caches[1]
 
@@ -148,7 +148,9 @@ def dequantized_history(p: QuantProblem, cache: QuantizedKvCache, b: int) -> np.
         )[:sealed]
     if sealed < n:
         assert p.residual_slots is not None
-        out[sealed:] = to_compute(cache.residual[int(p.residual_slots[b]), : n - sealed], p.kind)
+        slot = int(p.residual_slots[b])
+        res = cache.residual
+        out[sealed:] = decode_blocks(res.data[slot : slot + 1], res.layout)[0, : n - sealed]
     return out
 
 

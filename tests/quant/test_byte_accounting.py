@@ -85,18 +85,23 @@ def test_every_layout_is_packed_aligned_and_complete(dtype, role, block_size, he
 
 
 def test_a_cache_holds_exactly_its_blocks_and_residual_slots():
-    c = QuantizedKvCache.empty("int4", "key", 10, 16, 2, 64, num_residual_slots=3, residual_dtype=np.float16)
+    c = QuantizedKvCache.empty("int4", "key", 10, 16, 2, 64, num_residual_slots=3)
     assert c.data.shape == (10, 1168) and c.data.dtype == np.uint8
-    assert c.residual.shape == (3, 16, 2, 64) and c.residual.dtype == np.float16
-    assert c.nbytes == 10 * 1168 + 3 * 16 * 2 * 64 * 2
+    # The residual slots: an int8 cache of the same role and geometry, a block per slot.
+    r = c.residual
+    assert (r.kv_cache_dtype, r.role, r.shape, r.residual) == ("int8", "key", (3, 16, 2, 64), None)
+    assert r.data.shape == (3, 2080) and c.num_residual_slots == 3
+    assert c.nbytes == 10 * 1168 + 3 * 2080
     assert c.shape == (10, 16, 2, 64)
     c8 = QuantizedKvCache.empty("int8", "value", 4, 8, 1, 128)
     assert c8.residual is None and c8.nbytes == 4 * block_bytes("int8", 8, 1, 128)
 
 
 def test_residual_bytes_count_keys_and_values_of_every_layer():
-    assert residual_bytes("int4", 16, 2, 64, num_layers=30) == 30 * 2 * 16 * 2 * 64 * 2
-    assert residual_bytes("int4", 16, 2, 64, residual_dtype="float32") == 2 * 16 * 2 * 64 * 4
+    # An int8 block of K and V per layer: codes, a scale byte per (token, head): about half of
+    # a float16 block (docs/quantized_kv.md, "Byte accounting").
+    assert residual_bytes("int4", 16, 2, 64, num_layers=30) == 30 * 2 * (16 * 2 * 64 + 16 * 2)
+    assert residual_bytes("int4", 16, 1, 256, num_layers=18) == 18 * 2 * (16 * 256 + 16)
     for dtype in ("float16", "int8", "fp8_e4m3"):
         assert residual_bytes(dtype, 16, 2, 64, num_layers=30) == 0
 
@@ -122,7 +127,7 @@ def test_blocks_for_memory_counts_codes_scales_and_residual_slots():
 )
 @pytest.mark.parametrize("context", [2048, 8192])
 def test_capacity_against_fp16_at_a_fixed_budget(heads, dim, layers, context):
-    """Sequences of ``context`` tokens a 64 GiB budget holds (int4: each with its fp16 residual
+    """Sequences of ``context`` tokens a 64 GiB budget holds (int4: each with its int8 residual
     slot): >= 1.95x fp16's for the 8-bit dtypes, >= 3.5x for int4."""
     budget = 64 << 30
     fp16 = sequences_for_memory(budget, context, "float16", 16, heads, dim, layers)
@@ -139,7 +144,7 @@ def test_capacity_against_fp16_at_a_fixed_budget(heads, dim, layers, context):
         (lambda: block_bytes("int8", 0, 2, 64), "block_size"),
         (lambda: block_layout("int4", "query", 16, 2, 64), "role"),
         (lambda: block_layout("float16", "key", 16, 2, 64), "not quantized"),
-        (lambda: residual_bytes("int4", 16, 2, 64, residual_dtype="int8"), "residual_dtype"),
+        (lambda: residual_bytes("int4", 16, 2, 64, num_layers=0), "num_layers"),
         (lambda: QuantizedKvCache.empty("int4", "key", -1, 16, 2, 64), "num_blocks"),
         (lambda: QuantizedKvCache(np.zeros((1, 1168), np.uint8), "int4", "key", 16, 2, 64), "residual"),
         (

@@ -49,12 +49,12 @@ def test_writes_are_the_reference_bytes(dtype, kind, bs, heads, dim, scale):
     np.testing.assert_array_equal(cpu.k_cache.data, ref.k_cache.data)
     np.testing.assert_array_equal(cpu.v_cache.data, ref.v_cache.data)
     if dtype == "int4":
-        # Residual rows (NaN where never written): equal bit patterns.
+        # Residual slots (int8 blocks; poisoned bytes where never written): equal bytes.
         for a, b in (
             (cpu.k_cache.residual, ref.k_cache.residual),
             (cpu.v_cache.residual, ref.v_cache.residual),
         ):
-            np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+            np.testing.assert_array_equal(a.data, b.data)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -159,10 +159,12 @@ def test_an_open_block_is_read_from_its_residual_slot_only():
     q = _query(4, 2, 2, 64, "float32")
     kw = {"residual_slots": p.residual_slots, "backend": "cpu"}
     before = paged_attention(q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens, **kw)
-    p.k_cache.residual[1] = np.nan  # sequence 1's slot: its blocks are all sealed
+    res = p.k_cache.residual
+    res.data[1] = 0xFF  # sequence 1's slot (NaN scales): its blocks are all sealed
     again = paged_attention(q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens, **kw)
     np.testing.assert_array_equal(again, before)
-    p.k_cache.residual[0, 4] = np.nan  # sequence 0's last token (offset 4 of its open block)
+    # Sequence 0's last token (offset 4 of its open block, one head): a NaN scale byte.
+    res.data[0, res.layout.meta_offset + 4] = 0xFF
     poisoned = paged_attention(q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens, **kw)
     assert np.isnan(poisoned[0]).all() and not np.isnan(poisoned[1]).any()
 
@@ -198,12 +200,22 @@ def test_mismatched_caches_are_refused():
         paged_attention(q, kc, vc, tables, lens, residual_slots=np.zeros(1, np.int32), backend="cpu")
     with pytest.raises(InvalidArgumentError, match="residual"):
         paged_attention(q, k4, v4, tables, lens, backend="cpu")  # int4, open block, no slots
-    with pytest.raises(InvalidArgumentError):  # float32 queries, float16 residual
-        paged_attention(q, k4, v4, tables, lens, residual_slots=np.zeros(1, np.int32), backend="cpu")
+    # The residual slots are int8 blocks: rows of another length are refused.
+    short = QuantizedKvCache(
+        k4.data,
+        "int4",
+        "key",
+        8,
+        1,
+        64,
+        QuantizedKvCache(np.zeros((2, 512), np.uint8), "int8", "key", 8, 1, 64),
+    )
+    with pytest.raises(InvalidArgumentError, match="residual"):
+        paged_attention(q, short, v4, tables, lens, residual_slots=np.zeros(1, np.int32), backend="cpu")
     k = np.ones((3, 1, 64), np.float32)
-    with pytest.raises(InvalidArgumentError):  # float32 keys into a float16 residual
+    with pytest.raises(InvalidArgumentError, match="residual"):
         write_kv(
-            k, k, k4, v4, np.arange(3, dtype=np.int64), residual_slots=np.zeros(3, np.int32), backend="cpu"
+            k, k, short, v4, np.arange(3, dtype=np.int64), residual_slots=np.zeros(3, np.int32), backend="cpu"
         )
     with pytest.raises(InvalidArgumentError):  # one array as both caches
         write_kv(k, k, kc, kc, np.arange(3, dtype=np.int64), backend="cpu")
@@ -223,3 +235,35 @@ def test_a_refused_copy_copies_nothing():
     with pytest.raises(InvalidArgumentError):
         copy_blocks([k], [v], np.array([[0, 3]], np.int32), backend="cpu")
     assert not k.data[1:].any()
+
+
+@pytest.mark.parametrize("backend", ["numpy", "cpu"])
+def test_residual_slots_move_with_swap_and_fork_copies(backend):
+    """int4's residual slots are int8 caches: a swap out and back into another slot (the engine's
+    swap preemption) and a fork's copy move their bytes as they are, so each sequence attends
+    exactly as before from its new slot, on both backends."""
+    p = _pair(12, "int4", "float16", [21, 13], 2, 64, 8, backend)
+    q = _query(13, 2, 4, 64, "float16")
+    args = (p.block_tables, p.seq_lens)
+    kw = {"backend": backend}
+    before = paged_attention(q, p.k_cache, p.v_cache, *args, residual_slots=p.residual_slots, **kw)
+    hosts = [QuantizedKvCache.empty("int8", c.role, 2, 8, 2, 64) for c in (p.k_cache, p.v_cache)]
+    for cache, host in zip((p.k_cache, p.v_cache), hosts, strict=True):
+        swap_blocks(cache.residual, host, np.array([[0, 1], [1, 0]], np.int32), **kw)  # out
+        cache.residual.data[...] = 0xFF  # the device slots reused by others meanwhile (NaN)
+        swap_blocks(host, cache.residual, np.array([[1, 1], [0, 0]], np.int32), **kw)  # back, swapped
+    swapped = paged_attention(q, p.k_cache, p.v_cache, *args, residual_slots=np.array([1, 0], np.int32), **kw)
+    np.testing.assert_array_equal(swapped, before)
+    # A fork: sequence 0's slot (now 1) copied into slot 0; both read the same open block.
+    copy_blocks([p.k_cache.residual], [p.v_cache.residual], np.array([[1, 0]], np.int32), **kw)
+    np.testing.assert_array_equal(p.k_cache.residual.data[0], p.k_cache.residual.data[1])
+    forked = paged_attention(
+        q[:1],
+        p.k_cache,
+        p.v_cache,
+        p.block_tables[:1],
+        p.seq_lens[:1],
+        residual_slots=np.array([0], np.int32),
+        **kw,
+    )
+    np.testing.assert_array_equal(forked, before[:1])

@@ -11,7 +11,7 @@ import pytest
 from pagedkv.attention import QuantizedKvCache, paged_attention, paged_prefill_attention, write_kv
 from pagedkv.kernels import instances
 
-from .quant_problems import make_problem, nan_of, to_kind
+from .quant_problems import make_problem, to_kind
 
 cupy = pytest.importorskip("cupy", reason="backend='cuda' needs CuPy")
 try:
@@ -27,7 +27,13 @@ GRID = list(itertools.product(instances.QUANT_FORMATS, instances.KERNEL_TYPES, i
 def _device_pair(p):
     out = []
     for c in (p.k_cache, p.v_cache):
-        residual = None if c.residual is None else cupy.asarray(np.full_like(c.residual, nan_of(p.kind)))
+        residual = None
+        if c.residual is not None:  # int8 slots, poisoned: 0xFF scales read as NaN
+            r = c.residual
+            rdata = cupy.asarray(np.full_like(r.data, 0xFF))
+            residual = QuantizedKvCache(
+                rdata, r.kv_cache_dtype, r.role, r.block_size, r.num_kv_heads, r.head_dim
+            )
         data = cupy.asarray(np.full_like(c.data, 0xFF))
         out.append(
             QuantizedKvCache(
@@ -67,12 +73,12 @@ def test_every_instance_writes_and_attends_as_the_reference(dtype, kind, head_di
     for ref, dev in ((p.k_cache, dk), (p.v_cache, dv)):  # bytes as the reference's (written in chunks)
         np.testing.assert_array_equal(cupy.asnumpy(dev.data), ref.data)
         if ref.residual is not None:  # the open blocks' tokens (rows past them are stale or unused)
-            got = cupy.asnumpy(dev.residual)
+            got, want, rl = cupy.asnumpy(dev.residual.data), ref.residual.data, ref.residual.layout
             for b, n in enumerate(lens):
-                live = n % block_size
-                np.testing.assert_array_equal(
-                    got[b, :live].view(np.uint8), ref.residual[b, :live].view(np.uint8)
-                )
+                rows = n % block_size * rl.num_kv_heads
+                np.testing.assert_array_equal(got[b, : rows * rl.head_dim], want[b, : rows * rl.head_dim])
+                meta = slice(rl.meta_offset, rl.meta_offset + rows)
+                np.testing.assert_array_equal(got[b, meta], want[b, meta])
     q = to_kind(np.random.default_rng(0).standard_normal((len(lens), 8, head_dim)), kind)
     expected = paged_attention(
         q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens, residual_slots=p.residual_slots

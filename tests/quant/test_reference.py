@@ -21,6 +21,7 @@ from pagedkv.attention import (
     write_kv,
 )
 from pagedkv.attention.dtypes import from_compute, to_compute
+from pagedkv.attention.quant_codec import decode_blocks, encode_blocks, round_trip_8bit
 from pagedkv.errors import InvalidArgumentError
 
 from .quant_problems import (
@@ -102,7 +103,7 @@ def test_a_sequence_whose_last_block_is_full_needs_no_residual_slot():
     expected = paged_attention(
         q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens, residual_slots=p.residual_slots
     )
-    p.k_cache.residual[...] = np.nan  # never read: every block is sealed
+    p.k_cache.residual.data[...] = 0xFF  # NaN scales, never read: every block is sealed
     out = paged_attention(
         q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens, residual_slots=np.array([-1, -1], np.int32)
     )
@@ -110,7 +111,9 @@ def test_a_sequence_whose_last_block_is_full_needs_no_residual_slot():
 
 
 def test_writes_seal_a_block_when_it_fills_whatever_the_chunking():
-    """One write of a whole sequence and the same sequence in every chunking give the same bytes."""
+    """One write of a whole sequence and the same sequence in every chunking give the same bytes:
+    a seal quantizes its tokens' int8 values whether they were parked in the residual slot or
+    arrive with the sealing write (docs/quantized_kv.md, "The residual in a paged cache")."""
     rng = np.random.default_rng(5)
     k = rng.standard_normal((37, 2, 64)).astype(np.float32)
     v = rng.standard_normal((37, 2, 64)).astype(np.float32)
@@ -121,11 +124,17 @@ def test_writes_seal_a_block_when_it_fills_whatever_the_chunking():
         for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
             slots = np.arange(lo, hi, dtype=np.int64) + 16  # blocks 1, 2, 3
             write_kv(k[lo:hi], v[lo:hi], kc, vc, slots, residual_slots=np.zeros(hi - lo, np.int32))
-        results.append((kc.data.copy(), vc.data.copy(), kc.residual[0, :5].copy()))
+        open_rows = decode_blocks(kc.residual.data[:1], kc.residual.layout)[0, :5]
+        results.append((kc.data.copy(), vc.data.copy(), open_rows))
     for other in results[1:]:
         for a, b in zip(results[0], other, strict=True):
             np.testing.assert_array_equal(a, b)
-    np.testing.assert_array_equal(results[0][2], k[32:])  # the open block's tokens, unquantized
+    # The open block's tokens: their int8 values (each row with its own UE5M3 scale).
+    np.testing.assert_array_equal(results[0][2], round_trip_8bit(k[32:], "int8"))
+    # A sealed block: int4 of its tokens' int8 values.
+    kc = empty_pair("int4", "float32", 4, 16, 2, 64, 1)[0]
+    sealed = encode_blocks(round_trip_8bit(k[:32], "int8").reshape(2, 16, 2, 64), kc.layout)
+    np.testing.assert_array_equal(results[0][0][1:3], sealed)
 
 
 def _write_args(dtype: str):
@@ -165,8 +174,20 @@ def test_mismatched_caches_and_dtypes_are_refused():
     slots = np.arange(3, dtype=np.int64)
     with pytest.raises(InvalidArgumentError, match="role"):
         write_kv(k, k, vc, kc, slots, residual_slots=res)
+    # The residual is an int8 cache of the same role and geometry, as many slots for K and V;
+    # any float dtype may be written into it.
     with pytest.raises(InvalidArgumentError, match="residual"):
-        write_kv(k.astype(np.float16), k.astype(np.float16), kc, vc, slots, residual_slots=res)
+        QuantizedKvCache(kc.data, "int4", "key", 8, 1, 64, np.zeros((2, 8, 1, 64), np.float16))
+    for bad in (("int8", "value", 8), ("fp8_e4m3", "key", 8), ("int8", "key", 4)):
+        other = QuantizedKvCache.empty(bad[0], bad[1], 2, bad[2], 1, 64)
+        with pytest.raises(InvalidArgumentError, match="residual"):
+            QuantizedKvCache(kc.data, "int4", "key", 8, 1, 64, other)
+    one_slot = QuantizedKvCache(
+        kc.data, "int4", "key", 8, 1, 64, QuantizedKvCache.empty("int8", "key", 1, 8, 1, 64)
+    )
+    with pytest.raises(InvalidArgumentError, match="residual slots"):
+        write_kv(k, k, one_slot, vc, slots, residual_slots=res)
+    write_kv(k.astype(np.float16), k.astype(np.float16), kc, vc, slots, residual_slots=res)
     k8, kc8, vc8, _ = _write_args("int8")
     with pytest.raises(InvalidArgumentError, match="kv_cache_dtype"):
         write_kv(k, k, kc, vc8, slots, residual_slots=res)
@@ -200,9 +221,7 @@ def test_copy_and_swap_move_codes_and_scales_as_they_are(dtype):
     copy_blocks(layers_k, layers_v, ops)
     for c in (*layers_k, *layers_v):
         np.testing.assert_array_equal(c.data[free[0]], c.data[src])
-    host_k = QuantizedKvCache.empty(
-        dtype, "key", 6, 8, 2, 64, num_residual_slots=2, residual_dtype=np.float16
-    )
+    host_k = QuantizedKvCache.empty(dtype, "key", 6, 8, 2, 64, num_residual_slots=2)
     mapping = np.array([[src, 3], [free[0], 4]], np.int32)
     assert swap_blocks(p.k_cache, host_k, mapping) == 2  # (src, 3) and (free, 4) are separate runs
     np.testing.assert_array_equal(host_k.data[3], p.k_cache.data[src])
@@ -253,6 +272,10 @@ def test_a_fork_copies_the_residual_slot_and_the_copy_on_write_block():
 def test_dequantized_history_is_what_attention_reads():
     p = make_problem(1, "int4", "float16", [21], 1, 64, 8)
     hist = dequantized_history(p, p.k_cache, 0)
-    np.testing.assert_array_equal(hist[16:], p.keys[0][16:].astype(np.float32))  # residual: exact
+    open_rows = p.keys[0][16:].astype(np.float32)
+    np.testing.assert_array_equal(hist[16:], round_trip_8bit(open_rows, "int8"))  # residual: int8
+    # int8's bound per (token, head): (9/16) amax / 127 (docs/quantized_kv.md, "8-bit").
+    amax = np.abs(open_rows).max(axis=-1, keepdims=True)
+    assert (np.abs(hist[16:] - open_rows) <= amax * 9 / 16 / 127).all()
     assert np.abs(hist[:16] - p.keys[0][:16].astype(np.float32)).max() < 0.5
     assert KIND_DTYPES["float16"] is np.float16

@@ -12,7 +12,7 @@ Every function takes ``backend=``:
 Quantized caches: wherever a cache goes, a ``QuantizedKvCache`` (kv_cache_dtype "int8", "fp8_e4m3"
 or "int4"; docs/quantized_kv.md) may go instead, on the numpy, cuda and emulated backends
 (backend='cpu' raises InvalidArgumentError naming the dtype). Writes quantize, attention
-dequantizes; int4 caches also take ``residual_slots`` (each sequence's full-precision slot).
+dequantizes; int4 caches also take ``residual_slots`` (each sequence's int8 residual slot).
 
 Layouts (docs/design.md, KV layouts): caches ``[num_blocks, block_size, num_kv_heads, head_dim]``;
 decode query ``[num_seqs, num_q_heads, head_dim]`` with ``num_q_heads % num_kv_heads == 0``; query

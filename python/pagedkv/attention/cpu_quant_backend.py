@@ -3,10 +3,11 @@
 
 Like ``cpu_backend``, this layer only prepares arrays: each cache goes to Rust as the tuple
 ``(data, residual, kv_cache_dtype, role, block_size, num_kv_heads, head_dim)`` (used in place,
-never copied; bfloat16 residuals as their uint16 bits), queries, new keys and values and integer
-metadata as contiguous arrays. Every check that guards memory (the block layout against the
-byte rows, block ids, slots, the int4 residual slots and the seal plan) runs in Rust before the
-first write and raises ``InvalidArgumentError``; the kernels run with the GIL released.
+never copied; ``residual`` the bytes of an int4 cache's int8 residual slots), queries, new keys
+and values and integer metadata as contiguous arrays. Every check that guards memory (the block
+layout against the byte rows, block ids, slots, the int4 residual slots and the seal plan) runs in
+Rust before the first write and raises ``InvalidArgumentError``; the kernels run with the GIL
+released.
 
 Writes produce the NumPy reference's bytes bit for bit, and attention reads exactly its
 dequantized values (docs/quantized_kv.md); attention itself sums in the CPU kernels' order, so it
@@ -19,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from pagedkv.attention.cpu_backend import _bits, _input, _out, attention_inputs, check_causal
+from pagedkv.attention.cpu_backend import _input, _out, attention_inputs, check_causal
 from pagedkv.attention.quantized_cache import QuantizedKvCache
 from pagedkv.attention.window import check_window
 from pagedkv.errors import InvalidArgumentError
@@ -41,12 +42,12 @@ def _cache(name: str, cache: Any) -> tuple[Any, ...]:
         raise InvalidArgumentError(
             f"{name} must be a QuantizedKvCache like the other cache, got {type(cache).__name__}"
         )
-    for part, x in (("data", cache.data), ("residual", cache.residual)):
+    residual = None if cache.residual is None else cache.residual.data
+    for part, x in (("data", cache.data), ("residual.data", residual)):
         if x is not None and not isinstance(x, np.ndarray):
             raise InvalidArgumentError(
                 f"{name}.{part}: backend='cpu' takes NumPy arrays, got {type(x).__name__}"
             )
-    residual = None if cache.residual is None else _bits(cache.residual)
     return (
         cache.data,
         residual,

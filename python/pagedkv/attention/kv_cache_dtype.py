@@ -11,8 +11,10 @@ A cache tensor (the keys, or the values, of one layer) is a row of bytes per blo
   then one metadata byte per quantization group (keys: per (head, channel), the group spans the
   block's tokens; values: per (token, head)), then three bfloat16 side parameters per head,
   padded to a multiple of 16 bytes. The newest tokens of each sequence (its last, not yet full
-  block) live in a full-precision *residual* slot of ``[block_size, num_kv_heads, head_dim]``
-  elements per sequence, not in the block: ``residual_bytes`` counts it per sequence.
+  block) live in a *residual* slot per sequence, not in the block: one ``"int8"`` block
+  (``RESIDUAL_FORMAT``: int8 codes, a UE5M3 scale per (token, head)) of ``[block_size,
+  num_kv_heads, head_dim]``, re-quantized to int4 when the block fills; ``residual_bytes``
+  counts it per sequence.
 
 ``blocks_for_memory`` turns a KV byte budget into a pool size with both counted.
 """
@@ -26,6 +28,7 @@ from pagedkv.errors import InvalidArgumentError
 __all__ = [
     "KV_CACHE_DTYPES",
     "QUANTIZED_DTYPES",
+    "RESIDUAL_FORMAT",
     "BlockLayout",
     "block_bytes",
     "block_layout",
@@ -43,6 +46,9 @@ KV_CACHE_DTYPES = (*_PLAIN_ITEMSIZE, *QUANTIZED_DTYPES)
 ROLES = ("key", "value")
 ALIGN_BYTES = 16  # every block is whole 16-byte vectors: the copy kernel and the vector loads
 INT4_SIDE_PARAMS = 3  # bfloat16 per (block, head): center grid start, center grid step, half-step unit
+# The int4 residual slot's format: an 8-bit block, half a 16-bit one (docs/quantized_kv.md, "The
+# residual in a paged cache": the int4 capacity goal needs it on Gemma 3).
+RESIDUAL_FORMAT = "int8"
 
 
 def check_kv_cache_dtype(kv_cache_dtype: object) -> str:
@@ -158,21 +164,15 @@ def residual_bytes(
     num_kv_heads: int,
     head_dim: int,
     num_layers: int = 1,
-    *,
-    residual_dtype: str = "float16",
 ) -> int:
-    """Bytes of one sequence's full-precision residual slot (keys and values of its open block in
-    every layer, in ``residual_dtype``): an int4 cache needs one per running sequence; 0 for every
-    other dtype."""
+    """Bytes of one sequence's residual slot (keys and values of its open block in every layer,
+    each an 8-bit ``RESIDUAL_FORMAT`` block): an int4 cache needs one per running sequence; 0 for
+    every other dtype."""
     if check_kv_cache_dtype(kv_cache_dtype) != "int4":
         return 0
-    if residual_dtype not in _PLAIN_ITEMSIZE:
-        raise InvalidArgumentError(
-            f"residual_dtype must be one of {tuple(_PLAIN_ITEMSIZE)}, got {residual_dtype!r}"
-        )
     return (
         2
-        * block_bytes(residual_dtype, block_size, num_kv_heads, head_dim)
+        * block_bytes(RESIDUAL_FORMAT, block_size, num_kv_heads, head_dim)
         * _positive("num_layers", num_layers)
     )
 
@@ -186,7 +186,6 @@ def blocks_for_memory(
     num_layers: int = 1,
     *,
     max_num_seqs: int = 0,
-    residual_dtype: str = "float16",
 ) -> int:
     """How many pool blocks fit in ``kv_cache_bytes``: the residual slots of ``max_num_seqs``
     sequences first (int4 only), then whole blocks (codes and scales; ``kv_block_bytes``).
@@ -195,9 +194,7 @@ def blocks_for_memory(
         raise InvalidArgumentError(f"kv_cache_bytes must be a non-negative int, got {kv_cache_bytes!r}")
     if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 0:
         raise InvalidArgumentError(f"max_num_seqs must be a non-negative int, got {max_num_seqs!r}")
-    residual = max_num_seqs * residual_bytes(
-        kv_cache_dtype, block_size, num_kv_heads, head_dim, num_layers, residual_dtype=residual_dtype
-    )
+    residual = max_num_seqs * residual_bytes(kv_cache_dtype, block_size, num_kv_heads, head_dim, num_layers)
     if residual > kv_cache_bytes:
         raise InvalidArgumentError(
             f"kv_cache_bytes {kv_cache_bytes} does not hold the residual slots of {max_num_seqs} "
@@ -216,8 +213,6 @@ def sequences_for_memory(
     num_kv_heads: int,
     head_dim: int,
     num_layers: int = 1,
-    *,
-    residual_dtype: str = "float16",
 ) -> int:
     """The most sequences of ``context_tokens`` tokens each that ``kv_cache_bytes`` holds: each
     costs ``ceil(context_tokens / block_size)`` blocks and (int4) one residual slot. The byte
@@ -225,9 +220,7 @@ def sequences_for_memory(
     tokens = _positive("context_tokens", context_tokens)
     per_sequence = -(-tokens // _positive("block_size", block_size)) * kv_block_bytes(
         kv_cache_dtype, block_size, num_kv_heads, head_dim, num_layers
-    ) + residual_bytes(
-        kv_cache_dtype, block_size, num_kv_heads, head_dim, num_layers, residual_dtype=residual_dtype
-    )
+    ) + residual_bytes(kv_cache_dtype, block_size, num_kv_heads, head_dim, num_layers)
     if isinstance(kv_cache_bytes, bool) or not isinstance(kv_cache_bytes, int) or kv_cache_bytes < 0:
         raise InvalidArgumentError(f"kv_cache_bytes must be a non-negative int, got {kv_cache_bytes!r}")
     return kv_cache_bytes // per_sequence

@@ -52,6 +52,7 @@ __all__ = [
     "int4_decode",
     "int4_encode",
     "quantize_8bit",
+    "round_trip_8bit",
 ]
 
 F32 = np.float32
@@ -89,6 +90,12 @@ def dequantize_8bit(codes: np.ndarray, scales: np.ndarray, kv_cache_dtype: str) 
     else:
         values = e4m3_to_float32(codes)
     return values * ue5m3_to_float32(scales)[..., None]
+
+
+def round_trip_8bit(x: np.ndarray, kv_cache_dtype: str) -> np.ndarray:
+    """float32 ``x [..., head_dim]`` -> the float32 values an 8-bit cache stores for it (each row
+    quantized with its own scale, then dequantized): what an int4 residual slot holds."""
+    return dequantize_8bit(*quantize_8bit(x, kv_cache_dtype), kv_cache_dtype).astype(F32)
 
 
 def int4_encode(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

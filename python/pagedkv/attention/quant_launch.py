@@ -7,9 +7,9 @@ the decode kernels' ``merge_splits_kernel``, whose row layout ``[rows, num_q_hea
 head_dim]`` the quantized kernel writes for decode and prefill rows alike.
 
 Writes: 8-bit caches run ``quantize_kv_kernel``; int4 caches run ``seal_int4_kernel`` on the
-blocks a write fills, then the unquantized ``write_kv_kernel`` parks the tokens of blocks left
-open in their residual slots (stream order: the seal reads a residual slot before the parking
-overwrites it). Copy and swap move blocks' bytes with the unquantized machinery.
+blocks a write fills, then the int8 ``quantize_kv_kernel`` parks the tokens of blocks left open
+in their residual slots, int8 blocks (stream order: the seal reads a residual slot before the
+parking overwrites it). Copy and swap move blocks' bytes with the unquantized machinery.
 """
 
 from __future__ import annotations
@@ -34,17 +34,20 @@ def _i32(runner: Runner, x: np.ndarray) -> Any:
     return runner.xp.asarray(np.ascontiguousarray(x, dtype=np.int32))
 
 
-def _residuals(runner: Runner, pair: qval.QuantPair, like: Any) -> tuple[Any, Any]:
-    """The int4 residual arrays, or (for the 8-bit formats, which never read them) a one-element
-    stand-in of the query's dtype."""
+def _residuals(runner: Runner, pair: qval.QuantPair) -> tuple[Any, Any]:
+    """The int4 residual slots' bytes, or (for the 8-bit formats, which never read them) a
+    one-byte stand-in."""
     if pair.k.residual is not None:
-        return pair.k.residual, pair.v.residual
-    dummy = runner.xp.zeros(1, dtype=like.dtype)
+        return pair.k.residual.data, pair.v.residual.data
+    dummy = runner.xp.zeros(1, dtype=np.uint8)
     return dummy, dummy
 
 
 def _layout_args(pair: qval.QuantPair) -> list[Any]:
+    """The blocks' layouts, then the residual slots' (int8, one for keys and values; zeros for
+    the 8-bit formats)."""
     lk, lv = pair.layouts
+    rl = pair.k.residual.layout if pair.k.residual is not None else None
     return [
         np.int64(lk.block_bytes),
         np.int64(lv.block_bytes),
@@ -52,6 +55,8 @@ def _layout_args(pair: qval.QuantPair) -> list[Any]:
         np.int64(lv.meta_offset),
         np.int64(lk.side_offset),
         np.int64(lv.side_offset),
+        np.int64(0 if rl is None else rl.block_bytes),
+        np.int64(0 if rl is None else rl.meta_offset),
     ]
 
 
@@ -99,7 +104,7 @@ def _attention(
         split_sum = _output(runner, part, np.float32, np.nan)
     else:  # unused by the kernel with one split
         split_out = split_max = split_sum = runner.xp.zeros(1, dtype=np.float32)
-    k_res, v_res = _residuals(runner, pair, q)
+    k_res, v_res = _residuals(runner, pair)
     res_slots = slots if slots is not None else np.zeros(1, dtype=np.int32)
     runner.launch(
         instance,
@@ -245,8 +250,8 @@ def write_kv(
                 pair.v.data,
                 k,
                 v,
-                pair.k.residual,
-                pair.v.residual,
+                pair.k.residual.data,
+                pair.v.residual.data,
                 _i32(runner, plan.seal_blocks),
                 _i32(runner, plan.seal_residual),
                 _i32(runner, plan.seal_rows),
@@ -256,8 +261,22 @@ def write_kv(
             ],
         )
     if bool((plan.residual_mapping >= 0).any()):
-        kernel_launch.write_kv(
-            runner, k, v, pair.k.residual, pair.v.residual, runner.xp.asarray(plan.residual_mapping), kind
+        rl = pair.k.residual.layout
+        runner.launch(
+            instances.quantize_kv(rl.kv_cache_dtype, kind, head_dim),
+            (num_tokens, -(-num_kv_heads // instances.QUANT_HEADS_PER_CTA), 2),
+            (instances.QUANT_THREADS, 1, 1),
+            [
+                pair.k.residual.data,
+                pair.v.residual.data,
+                k,
+                v,
+                runner.xp.asarray(plan.residual_mapping),
+                np.int32(num_kv_heads),
+                np.int32(pair.k.block_size),
+                np.int64(rl.block_bytes),
+                np.int64(rl.meta_offset),
+            ],
         )
 
 

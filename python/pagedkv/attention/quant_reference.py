@@ -1,15 +1,17 @@
 """NumPy reference of the data plane on quantized caches (``QuantizedKvCache``, ``backend="numpy"``).
 
 Attention dequantizes exactly the keys and values a call reads (``quant_codec.decode_blocks`` for
-sealed blocks; the int4 residual slot, converted to the accumulation type, for a sequence's open
-last block) into a contiguous copy and runs the unquantized reference's own ``attend`` /
-``attend_rows`` on it. So attention on a quantized cache equals, bit for bit, the unquantized
-reference on a cache holding the dequantized values: the error a quantized cache adds is the
-codec's, which docs/quantized_kv.md bounds.
+sealed blocks, and for an int4 sequence's open last block its 8-bit residual slot) into a
+contiguous copy and runs the unquantized reference's own ``attend`` / ``attend_rows`` on it. So
+attention on a quantized cache equals, bit for bit, the unquantized reference on a cache holding
+the dequantized values: the error a quantized cache adds is the codec's, which
+docs/quantized_kv.md bounds.
 
 Writes quantize on the way in: 8-bit caches quantize each token's heads into its slot; int4
-caches park the tokens of a block that stays open in its residual slot and seal a block that
-fills (its residual tokens plus the new ones, quantized as a whole; ``quant_validation.plan_seals``).
+caches park the tokens of a block that stays open in its residual slot (quantized to int8) and
+seal a block that fills (its tokens' int8 values, read from the slot or round-tripped for the
+new ones, quantized to int4 as a whole; ``quant_validation.plan_seals``), so a sealed block is
+the same whichever write brought its tokens.
 """
 
 from __future__ import annotations
@@ -20,7 +22,12 @@ from pagedkv.attention import copy_planning, prefill_reference, reference
 from pagedkv.attention import quant_validation as qval
 from pagedkv.attention.dtypes import compute_dtype, from_compute, to_compute
 from pagedkv.attention.prefill_reference import attend_rows, check_within_cache
-from pagedkv.attention.quant_codec import decode_blocks, encode_blocks, write_tokens_8bit
+from pagedkv.attention.quant_codec import (
+    decode_blocks,
+    encode_blocks,
+    round_trip_8bit,
+    write_tokens_8bit,
+)
 from pagedkv.attention.quantized_cache import QuantizedKvCache
 from pagedkv.attention.window import first_visible_key
 
@@ -55,11 +62,11 @@ def gather_dequantized(
         for n, i in enumerate(read):
             lo, hi = max(start, i * bs), min(sealed_end, (i + 1) * bs)
             out[lo - start : hi - start] = decoded[n, lo - i * bs : hi - i * bs]
-    if sealed_end < seq_len:  # int4: the open block, in the residual
+    if sealed_end < seq_len:  # int4: the open block, in the residual (int8)
         lo = max(start, sealed_end)
-        out[lo - start :] = to_compute(
-            cache.residual[residual_slot, lo - sealed_end : seq_len - sealed_end], kind
-        )
+        res = cache.residual
+        open_block = decode_blocks(res.data[residual_slot : residual_slot + 1], res.layout)[0]
+        out[lo - start :] = open_block[lo - sealed_end : seq_len - sealed_end]
     return out
 
 
@@ -142,14 +149,19 @@ def paged_prefill_attention(
     return out
 
 
-def _seal_rows(x: np.ndarray, residual: np.ndarray, plan: qval.SealPlan, i: int, kind: str) -> np.ndarray:
-    """The float32 tokens of sealed block ``plan.seal_blocks[i]``: residual rows, then new rows."""
+def _seal_rows(
+    x: np.ndarray, residual: QuantizedKvCache, plan: qval.SealPlan, i: int, kind: str
+) -> np.ndarray:
+    """The float32 tokens of sealed block ``plan.seal_blocks[i]``, each as its int8 residual row
+    holds it: the residual slot's rows, then the new rows round-tripped through int8."""
     rows = plan.seal_rows[i]
     out = np.empty((rows.shape[0], *x.shape[1:]), dtype=np.float32)
     from_residual = rows < 0
     if from_residual.any():
-        out[from_residual] = to_compute(residual[int(plan.seal_residual[i]), from_residual], kind)
-    out[~from_residual] = to_compute(x[rows[~from_residual]], kind)
+        slot = int(plan.seal_residual[i])
+        out[from_residual] = decode_blocks(residual.data[slot : slot + 1], residual.layout)[0][from_residual]
+    new = to_compute(x[rows[~from_residual]], kind).astype(np.float32)
+    out[~from_residual] = round_trip_8bit(new, residual.kv_cache_dtype)
     return out
 
 
@@ -181,8 +193,10 @@ def write_kv(
             )
             cache.data[plan.seal_blocks] = encode_blocks(tokens, cache.layout)
         parked = plan.residual_mapping >= 0
-        flat = cache.residual.reshape(-1, cache.num_kv_heads, cache.head_dim)
-        flat[plan.residual_mapping[parked]] = x[parked]
+        if parked.any():
+            res, at = cache.residual, plan.residual_mapping[parked]
+            new = to_compute(x[parked], kind).astype(np.float32)
+            write_tokens_8bit(res.data, res.layout, new, at // bs, at % bs)
 
 
 def copy_blocks(
@@ -190,7 +204,7 @@ def copy_blocks(
 ) -> None:
     """Each (src, dst) block's bytes, codes and scales, in every layer; residuals are per sequence
     and not touched (copy a forked sequence's residual slot with copy_blocks on the residual
-    arrays)."""
+    caches)."""
     _, ops = qval.check_quant_copy(k_caches, v_caches, copy_ops, "numpy")
     for src, dst in ops.tolist():
         for cache in (*k_caches, *v_caches):

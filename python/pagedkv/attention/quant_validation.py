@@ -52,7 +52,6 @@ class QuantPair:
 
     k: QuantizedKvCache
     v: QuantizedKvCache
-    residual_kind: str | None  # the residual's element kind (int4), else None
 
     @property
     def kv_cache_dtype(self) -> str:
@@ -103,36 +102,20 @@ def check_quant_pair(k_cache: Any, v_cache: Any, backend: str, *, writable: bool
         raise InvalidArgumentError(
             f"k_cache has {int(k_cache.data.shape[0])} blocks, v_cache {int(v_cache.data.shape[0])}"
         )
-    residual_kind = None
     if k_cache.kv_cache_dtype == "int4":
-        want = (k_cache.block_size, k_cache.num_kv_heads, k_cache.head_dim)
+        # The residual caches' own format and geometry were checked when they were built
+        # (QuantizedKvCache.__post_init__); here their bytes, for this backend.
         for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
             r = c.residual
-            val._require_array(f"{name}.residual", r, backend)
-            if r.ndim != 4 or tuple(int(s) for s in r.shape[1:]) != want:
-                raise InvalidArgumentError(
-                    f"{name}.residual must be [num_residual_slots, {want[0]}, {want[1]}, {want[2]}], "
-                    f"got {tuple(r.shape)}"
-                )
-            val._require_contiguous(f"{name}.residual", r)
+            _check_bytes(f"{name}.residual.data", r.data, r.layout, backend)
             if writable:
-                val._require_writable(f"{name}.residual", r)
-            if backend != "numpy":
-                val._require_aligned(f"{name}.residual", r)
-        if (
-            tuple(k_cache.residual.shape) != tuple(v_cache.residual.shape)
-            or k_cache.residual.dtype != v_cache.residual.dtype
-        ):
-            raise InvalidArgumentError("k_cache.residual and v_cache.residual must have one shape and dtype")
-        residual_kind = val._kind("k_cache.residual", k_cache.residual, backend)
-    return QuantPair(k_cache, v_cache, residual_kind)
-
-
-def _check_model_kind(pair: QuantPair, name: str, kind: str) -> None:
-    if pair.residual_kind is not None and pair.residual_kind != kind:
-        raise InvalidArgumentError(
-            f"{name} is {kind} but the int4 residual holds {pair.residual_kind}: they must match"
-        )
+                val._require_writable(f"{name}.residual.data", r.data)
+        if k_cache.num_residual_slots != v_cache.num_residual_slots:
+            raise InvalidArgumentError(
+                f"k_cache has {k_cache.num_residual_slots} residual slots, v_cache "
+                f"{v_cache.num_residual_slots}"
+            )
+    return QuantPair(k_cache, v_cache)
 
 
 def _host_slots(name: str, slots: Any, length: int, backend: str) -> np.ndarray:
@@ -194,7 +177,6 @@ def check_quant_decode(
     val.check_backend(backend)
     pair = check_quant_pair(k_cache, v_cache, backend)
     kind = _check_q(q, backend, 3, "[num_seqs, num_q_heads, head_dim]")
-    _check_model_kind(pair, "q", kind)
     num_seqs, num_q_heads, head_dim = (int(s) for s in q.shape)
     if head_dim != pair.k.head_dim:
         raise InvalidArgumentError(f"q head_dim {head_dim} != cache head_dim {pair.k.head_dim}")
@@ -252,7 +234,6 @@ def check_quant_prefill(
     pair = check_quant_pair(k_cache, v_cache, backend)
     q = pval.require_plain_array("q", q, backend)
     kind = _check_q(q, backend, 3, "[total_q, num_q_heads, head_dim]")
-    _check_model_kind(pair, "q", kind)
     args = pval.check_prefill_metadata(
         q,
         k_cache,
@@ -352,8 +333,7 @@ def check_quant_write(
     k: Any, v: Any, k_cache: Any, v_cache: Any, slot_mapping: Any, backend: str, residual_slots: Any
 ) -> tuple[QuantPair, str, SealPlan | None, np.ndarray]:
     """A write_kv call on quantized caches: (pair, the k/v kind, the int4 plan or None, the slot
-    mapping on the host). k, v: ``[num_tokens, num_kv_heads, head_dim]`` of one float dtype (the
-    int4 residual's)."""
+    mapping on the host). k, v: ``[num_tokens, num_kv_heads, head_dim]`` of one float dtype."""
     val.check_backend(backend)
     pair = check_quant_pair(k_cache, v_cache, backend, writable=True)
     want = (pair.k.num_kv_heads, pair.k.head_dim)
@@ -372,11 +352,6 @@ def check_quant_write(
         raise InvalidArgumentError(
             f"k and v must have one shape and dtype, got {k.dtype} {tuple(k.shape)} and "
             f"{v.dtype} {tuple(v.shape)}"
-        )
-    _check_model_kind(pair, "k", kind)
-    if pair.k.residual is not None and k.dtype != pair.k.residual.dtype:
-        raise InvalidArgumentError(
-            f"k is {k.dtype} but the int4 residual is {pair.k.residual.dtype}: they must match"
         )
     num_tokens = int(k.shape[0])
     if num_tokens > 2**31 - 1:

@@ -2,10 +2,11 @@
 
 The blocks are one uint8 array ``data [num_blocks, block_bytes]``: each row holds a block's codes
 and every scale that decodes them (``kv_cache_dtype.block_layout``), so copy-on-write, swap and
-offload move rows of bytes as they are. An int4 cache also holds ``residual [num_residual_slots,
-block_size, num_kv_heads, head_dim]`` in full precision (the model's dtype): one slot per running
-sequence, holding the tokens of its last block until that block fills and is *sealed*
-(quantized; docs/quantized_kv.md). ``shape`` is the logical ``[num_blocks, block_size,
+offload move rows of bytes as they are. An int4 cache also holds ``residual``, an ``"int8"``
+``QuantizedKvCache`` of ``num_residual_slots`` blocks (``RESIDUAL_FORMAT``): one slot per running
+sequence, holding the tokens of its last block, quantized to 8 bits as they are written, until
+that block fills and is *sealed* (re-quantized to int4; docs/quantized_kv.md). Slots copy and
+swap as any quantized block does. ``shape`` is the logical ``[num_blocks, block_size,
 num_kv_heads, head_dim]`` of an unquantized cache, so paged metadata checks read the same way.
 
 The functions of ``pagedkv.attention`` take a ``QuantizedKvCache`` wherever they take a cache.
@@ -18,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from pagedkv.attention.kv_cache_dtype import QUANTIZED_DTYPES, BlockLayout, block_layout
+from pagedkv.attention.kv_cache_dtype import QUANTIZED_DTYPES, RESIDUAL_FORMAT, BlockLayout, block_layout
 from pagedkv.errors import InvalidArgumentError
 
 __all__ = ["QuantizedKvCache"]
@@ -31,9 +32,9 @@ class QuantizedKvCache:
     data: uint8 ``[num_blocks, block_bytes]`` (NumPy, or CuPy for backend='cuda'), C-contiguous.
     kv_cache_dtype: "int8" | "fp8_e4m3" | "int4". role: "key" | "value" (int4 keys are quantized
     per channel over a block's tokens, values per token).
-    residual (int4 only): ``[num_residual_slots, block_size, num_kv_heads, head_dim]`` in the dtype
-    of the keys and values written (float16, bfloat16 as uint16, float32; float64 on the NumPy
-    backend); None for the 8-bit dtypes.
+    residual (int4 only): the residual slots, a ``RESIDUAL_FORMAT`` (``"int8"``) cache of the same
+    role and geometry whose block ``s`` is slot ``s`` (its ``data`` on the same device as
+    ``data``); None for the 8-bit dtypes.
     """
 
     data: Any
@@ -54,8 +55,20 @@ class QuantizedKvCache:
             self.kv_cache_dtype, self.role, self.block_size, self.num_kv_heads, self.head_dim
         )
         object.__setattr__(self, "_layout", layout)
-        if self.kv_cache_dtype == "int4" and self.residual is None:
-            raise InvalidArgumentError("an int4 QuantizedKvCache needs a residual array (0 slots allowed)")
+        if self.kv_cache_dtype == "int4":
+            r = self.residual
+            if not isinstance(r, QuantizedKvCache):
+                raise InvalidArgumentError(
+                    "an int4 QuantizedKvCache needs a residual: a QuantizedKvCache of "
+                    f"{RESIDUAL_FORMAT!r} (0 slots allowed), got {type(r).__name__}"
+                )
+            want = (RESIDUAL_FORMAT, self.role, self.block_size, self.num_kv_heads, self.head_dim)
+            got = (r.kv_cache_dtype, r.role, r.block_size, r.num_kv_heads, r.head_dim)
+            if got != want:
+                raise InvalidArgumentError(
+                    f"an int4 cache's residual must be (kv_cache_dtype, role, block_size, "
+                    f"num_kv_heads, head_dim) = {want}, got {got}"
+                )
         if self.kv_cache_dtype != "int4" and self.residual is not None:
             raise InvalidArgumentError(f"a {self.kv_cache_dtype} QuantizedKvCache has no residual")
 
@@ -70,11 +83,10 @@ class QuantizedKvCache:
         head_dim: int,
         *,
         num_residual_slots: int = 0,
-        residual_dtype: Any = np.float16,
         xp: Any = np,
     ) -> QuantizedKvCache:
         """A zero-filled cache of ``num_blocks`` blocks (and, int4, ``num_residual_slots`` residual
-        slots of ``residual_dtype``); ``xp``: numpy or cupy."""
+        slots); ``xp``: numpy or cupy."""
         layout = block_layout(kv_cache_dtype, role, block_size, num_kv_heads, head_dim)
         if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 0:
             raise InvalidArgumentError(f"num_blocks must be a non-negative int, got {num_blocks!r}")
@@ -89,8 +101,8 @@ class QuantizedKvCache:
         data = xp.zeros((num_blocks, layout.block_bytes), dtype=np.uint8)
         residual = None
         if kv_cache_dtype == "int4":
-            residual = xp.zeros(
-                (num_residual_slots, block_size, num_kv_heads, head_dim), dtype=residual_dtype
+            residual = cls.empty(
+                RESIDUAL_FORMAT, role, num_residual_slots, block_size, num_kv_heads, head_dim, xp=xp
             )
         return cls(data, kv_cache_dtype, role, block_size, num_kv_heads, head_dim, residual)
 
@@ -114,7 +126,7 @@ class QuantizedKvCache:
 
     @property
     def num_residual_slots(self) -> int:
-        return 0 if self.residual is None else int(self.residual.shape[0])
+        return 0 if self.residual is None else self.residual.num_blocks
 
     @property
     def nbytes(self) -> int:

@@ -88,7 +88,7 @@ class EngineConfig:
     # The K/V cache's storage (engine/kv_budget.py, docs/quantized_kv.md): None is the fp32
     # cache; "float16" / "bfloat16" a 16-bit one; "int8" / "fp8_e4m3" 8-bit codes with a scale
     # byte per (token, head); "int4" KIVI-style codes with each running sequence's open block in
-    # a float16 residual slot (max_num_seqs slots, outside the pool). A block of a quantized
+    # an int8 residual slot (max_num_seqs slots, outside the pool). A block of a quantized
     # cache costs fewer bytes: num_blocks still counts blocks.
     kv_cache_dtype: str | None = None
     # The order in which waiting requests are admitted (docs/scheduling.md): "fcfs" first come,

@@ -3,15 +3,15 @@ slots cost, and the pool a byte budget holds.
 
 A pool block holds the K and V of ``layout.layers_per_group`` layers (``kv_layout.py``): at a
 quantized dtype its codes and every scale (``pagedkv.attention.kv_block_bytes``), at a plain one
-its elements. An ``int4`` engine also keeps each running sequence's open last block in a 16-bit
+its elements. An ``int4`` engine also keeps each running sequence's open last block in an 8-bit
 residual slot, one per KV group and K/V tensor (``residual_bytes_per_sequence``), outside the
 pool; ``blocks_for_budget`` sets those aside for ``max_num_seqs`` sequences before it counts
 blocks, so a budget in bytes admits exactly what its bytes hold (docs/quantized_kv.md, "Byte
 accounting"). Every size of the engine's K/V goes through these functions.
 
 The engine's attention arithmetic runs in ``attention_dtype``: fp32 for the fp32 cache, the
-cache's own dtype for a 16-bit one, and the residual's (``RESIDUAL_DTYPE``, float16) for the
-quantized ones, so that a quantized cache differs from the float16 cache only in its storage.
+cache's own dtype for a 16-bit one, and ``QUANTIZED_ATTENTION_DTYPE`` (float16) for the quantized
+ones, so that a quantized cache differs from the float16 cache only in its storage.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ __all__ = [
     "DEFAULT_FULL_CONTEXTS",
     "DEFAULT_KV_CACHE_DTYPE",
     "ENGINE_KV_CACHE_DTYPES",
-    "RESIDUAL_DTYPE",
+    "QUANTIZED_ATTENTION_DTYPE",
     "attention_dtype",
     "blocks_for_budget",
     "check_engine_kv_cache_dtype",
@@ -43,9 +43,8 @@ ENGINE_KV_CACHE_DTYPES = ("float32", "float16", "bfloat16", *QUANTIZED_DTYPES)
 # The default pool (EngineConfig.kv_cache_bytes None): this many sequences at the model's full
 # context at once, each window group counted at what it holds when allocated per chunk.
 DEFAULT_FULL_CONTEXTS = 4
-# The residual of an int4 cache, and the attention dtype of every quantized one: 16 bits, as
-# docs/quantized_kv.md requires for the int4 capacity goal.
-RESIDUAL_DTYPE = "float16"
+# The attention dtype of every quantized cache (queries, keys and values written, outputs).
+QUANTIZED_ATTENTION_DTYPE = "float16"
 
 
 def check_engine_kv_cache_dtype(kv_cache_dtype: object) -> str:
@@ -70,7 +69,7 @@ def attention_dtype(kv_cache_dtype: str) -> str:
     (``"float32"``, ``"float16"`` or ``"bfloat16"``, the last as uint16 bit patterns)."""
     if kv_cache_dtype in ("float32", "bfloat16"):
         return kv_cache_dtype
-    return RESIDUAL_DTYPE
+    return QUANTIZED_ATTENTION_DTYPE
 
 
 def residual_slot_counts(kv_cache_dtype: str, max_num_seqs: int, num_host_blocks: int) -> tuple[int, int]:
@@ -100,15 +99,10 @@ def pool_block_bytes(
 def residual_bytes_per_sequence(
     layout: KvLayout, block_size: int, num_kv_heads: int, head_dim: int, kv_cache_dtype: str
 ) -> int:
-    """Bytes of one running sequence's residual slots (int4: a 16-bit block of K and V per KV
+    """Bytes of one running sequence's residual slots (int4: an 8-bit block of K and V per KV
     group and tensor; 0 for every other dtype)."""
     return layout.num_groups * residual_bytes(
-        kv_cache_dtype,
-        block_size,
-        num_kv_heads,
-        head_dim,
-        layout.layers_per_group,
-        residual_dtype=RESIDUAL_DTYPE,
+        kv_cache_dtype, block_size, num_kv_heads, head_dim, layout.layers_per_group
     )
 
 

@@ -17,7 +17,7 @@ either way.
 
 The caches' storage is ``EngineConfig.kv_cache_dtype`` (``kv_budget.py``): fp32 (the default),
 a 16-bit dtype, or a quantized one (``QuantizedKvCache``: int8 / fp8_e4m3 codes and scales in
-the block, int4 with each sequence's open block in a float16 residual slot, one per KV group:
+the block, int4 with each sequence's open block in an int8 residual slot, one per KV group:
 residual index ``slot * num_groups + group``). Queries, keys and values go to the attention calls
 in ``kv_budget.attention_dtype`` and come back as fp32.
 """
@@ -39,9 +39,8 @@ from pagedkv.attention import (
     write_kv,
 )
 from pagedkv.attention.dtypes import float32_to_bf16_bits, to_compute
-from pagedkv.attention.quant_codec import decode_blocks
+from pagedkv.attention.quant_codec import decode_blocks, write_tokens_8bit
 from pagedkv.engine.kv_budget import (
-    RESIDUAL_DTYPE,
     attention_dtype,
     check_engine_kv_cache_dtype,
     has_residual,
@@ -78,7 +77,7 @@ def new_caches(
 ) -> list[Any]:
     """``count`` zeroed caches of ``shape`` ``[num_blocks, block_size, num_kv_heads, head_dim]``
     in ``kv_cache_dtype`` (quantized: ``QuantizedKvCache`` of ``role``, int4 with
-    ``num_residual_slots`` float16 residual slots)."""
+    ``num_residual_slots`` int8 residual slots)."""
     if kv_cache_dtype in _STORAGE:
         return [np.zeros(shape, _STORAGE[kv_cache_dtype]) for _ in range(count)]
     return [
@@ -87,7 +86,6 @@ def new_caches(
             role,
             *shape,
             num_residual_slots=num_residual_slots if has_residual(kv_cache_dtype) else 0,
-            residual_dtype=np.dtype(RESIDUAL_DTYPE),
         )
         for _ in range(count)
     ]
@@ -333,14 +331,16 @@ class PagedKvStore:
 
     def reopen(self, slot: int, num_tokens: int, blocks: Sequence[int]) -> None:
         """A sealed int4 block reopened: its first ``num_tokens`` tokens, dequantized (the
-        codec's values, as attention read them), into residual ``slot``, every KV group
-        (``blocks[g]``) and tensor."""
+        codec's values, as attention read them) and written into residual ``slot`` (quantized
+        to int8, as every residual token is), every KV group (``blocks[g]``) and tensor."""
         groups = self.layout.num_groups
+        offsets = np.arange(num_tokens, dtype=np.int64)
         for g, block in enumerate(blocks):
-            index = slot * groups + g
+            index = np.full(num_tokens, slot * groups + g, dtype=np.int64)
             for cache in (*self.k_caches, *self.v_caches):
                 values = decode_blocks(cache.data[[int(block)]], cache.layout)[0, :num_tokens]
-                cache.residual[index, :num_tokens] = values.astype(cache.residual.dtype)
+                res = cache.residual
+                write_tokens_8bit(res.data, res.layout, values, index, offsets)
 
 
 class ContiguousKvStore:

@@ -1,6 +1,6 @@
 """ResidualSlots: which residual slot each sequence of an ``int4`` engine holds.
 
-An int4 cache keeps every sequence's open last block in a 16-bit residual slot
+An int4 cache keeps every sequence's open last block in an int8 residual slot
 (docs/quantized_kv.md, "The residual in a paged cache"). The scheduler hands the slots out as it
 hands out blocks: one on admission, the parent's copied into a fresh one on fork, one released
 when a sequence finishes or is preempted by recompute, moved to a host slot and back with a swap.

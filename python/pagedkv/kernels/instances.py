@@ -46,8 +46,9 @@ DECODE_MMA_HEAD_DIMS = (64, 128, 256)
 DECODE_MMA_THREADS = 128  # kMmaDecodeThreads
 
 
-# Quantized caches (kv_cache_dtype -> format traits in kv_quant.h); the query / output / int4
-# residual element type is one of KERNEL_TYPES, the block size a runtime argument.
+# Quantized caches (kv_cache_dtype -> format traits in kv_quant.h); the query / output / written
+# K/V element type is one of KERNEL_TYPES (an int4 cache's residual slots are int8 blocks,
+# written by the int8 quantize_kv instance), the block size a runtime argument.
 QUANT_FORMATS = {"int8": "pagedkv::QuantInt8", "fp8_e4m3": "pagedkv::QuantFp8", "int4": "pagedkv::QuantInt4"}
 QUANT_THREADS = 128  # kQuantThreads, kQuantizeThreads, kSealThreads
 QUANT_ROWS = 16  # kQuantRows: packed (token, query head) rows per thread block
@@ -163,7 +164,8 @@ def quant_attention(kv_cache_dtype: str, kind: str, head_dim: int) -> Instance:
 
 
 def quantize_kv(kv_cache_dtype: str, kind: str, head_dim: int) -> Instance:
-    """The write of an 8-bit cache (int8, fp8_e4m3): each token's heads quantized into its slot."""
+    """The write of an 8-bit cache (int8, fp8_e4m3), and the int8 parking of an int4 cache's
+    residual tokens: each token's heads quantized into its slot."""
     return Instance(
         QUANT_CACHE_OPS_SOURCE,
         f"pagedkv::quantize_kv_kernel<{KERNEL_TYPES[kind]}, {QUANT_FORMATS[kv_cache_dtype]}, {head_dim}>",
@@ -171,7 +173,8 @@ def quantize_kv(kv_cache_dtype: str, kind: str, head_dim: int) -> Instance:
 
 
 def seal_int4(kind: str, head_dim: int) -> Instance:
-    """The seal of int4 blocks that fill (residual and new tokens quantized as a whole)."""
+    """The seal of int4 blocks that fill (their tokens' int8 values, from the residual slot or
+    round-tripped from the write, quantized as a whole)."""
     return Instance(QUANT_CACHE_OPS_SOURCE, f"pagedkv::seal_int4_kernel<{KERNEL_TYPES[kind]}, {head_dim}>")
 
 

@@ -48,8 +48,8 @@ __global__ void __launch_bounds__(kQuantThreads) paged_attention_quant_kernel(
     const T* __restrict__ q,                    // [total_q, num_q_heads, HEAD_DIM]
     const unsigned char* __restrict__ k_data,   // [num_blocks, k_block_bytes]
     const unsigned char* __restrict__ v_data,   // [num_blocks, v_block_bytes]
-    const T* __restrict__ k_residual,           // [num_residual_slots, block_size, num_kv_heads, HEAD_DIM] (int4)
-    const T* __restrict__ v_residual,           // [num_residual_slots, block_size, num_kv_heads, HEAD_DIM] (int4)
+    const unsigned char* __restrict__ k_residual,  // [num_residual_slots, residual_block_bytes] (int4: int8 blocks)
+    const unsigned char* __restrict__ v_residual,  // [num_residual_slots, residual_block_bytes] (int4: int8 blocks)
     const int* __restrict__ page_indices,       // [num_entries] physical block ids
     const int* __restrict__ page_row_start,     // [num_seqs]
     const int* __restrict__ seq_lens,           // [num_seqs] whole context, new tokens included
@@ -59,7 +59,7 @@ __global__ void __launch_bounds__(kQuantThreads) paged_attention_quant_kernel(
     const int* __restrict__ tile_row0,          // [num_tiles]
     int num_kv_heads, int group, int block_size, int causal, int tokens_per_split, float scale_log2,
     int window, i64 k_block_bytes, i64 v_block_bytes, i64 k_meta_offset, i64 v_meta_offset,
-    i64 k_side_offset, i64 v_side_offset) {
+    i64 k_side_offset, i64 v_side_offset, i64 residual_block_bytes, i64 residual_meta_offset) {
   using Shape = QuantShape<HEAD_DIM>;
   constexpr int kTile = Shape::kTile;
   __shared__ float q_sm[kQuantRows][HEAD_DIM];  // pre-scaled into the log2 domain
@@ -124,9 +124,9 @@ __global__ void __launch_bounds__(kQuantThreads) paged_attention_quant_kernel(
                                           is_key ? k_meta_offset : v_meta_offset,
                                           is_key ? k_side_offset : v_side_offset, is_key);
     }
-    const T* residual = is_key ? k_residual : v_residual;
-    const i64 slot = static_cast<i64>(res_slot) * block_size + token % block_size;
-    return Kv<T>::to_float(load_scalar(residual + (slot * num_kv_heads + kv_head) * HEAD_DIM + d));
+    // The open block: residual slot res_slot, an int8 block (the residual layout).
+    const unsigned char* slot = (is_key ? k_residual : v_residual) + static_cast<i64>(res_slot) * residual_block_bytes;
+    return QuantInt8::load<HEAD_DIM>(slot, token % block_size, kv_head, d, num_kv_heads, residual_meta_offset, 0, is_key);
   };
 
   for (int tile = kv_begin; tile < kv_end; tile += kTile) {

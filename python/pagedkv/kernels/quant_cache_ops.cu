@@ -1,6 +1,6 @@
-// Writes into quantized KV caches: quantize each new token's heads into its slot (8-bit formats),
-// and seal int4 blocks (quantize a whole block once it has filled: keys per channel over the
-// block's tokens, values per token). The definition of every code is
+// Writes into quantized KV caches: quantize each new token's heads into its slot (8-bit formats,
+// and the int8 residual slots of int4 caches), and seal int4 blocks (quantize a whole block once
+// it has filled: keys per channel over the block's tokens, values per token). The definition of every code is
 // python/pagedkv/attention/quant_codec.py; these kernels reproduce it bit for bit.
 #include "kv_quant.h"
 
@@ -74,23 +74,26 @@ __device__ __forceinline__ float block_extreme(float x, float* red_sm) {
 
 // grid: (num_seals, num_kv_heads, 2); block: kSealThreads threads.
 // Block (s, h, z) seals head h of block seal_blocks[s] in the keys (z = 0) or values (z = 1): its
-// block_size tokens are input rows seal_rows[s][offset] (new tokens) or, where that is -1, the
-// rows of residual slot seal_residual[s] (tokens parked while the block was open). The int4 set
-// of (block, head) is quantized as quant_codec.int4_encode defines: groups are channels (keys)
-// or tokens (values).
+// block_size tokens are the int8 values of input rows seal_rows[s][offset] (new tokens, each
+// row quantized to int8 and dequantized as quantize_kv_kernel would park it) or, where that is
+// -1, the rows of residual slot seal_residual[s] (tokens parked while the block was open, int8
+// blocks of residual_block_bytes). The int4 set of (block, head) is quantized as
+// quant_codec.int4_encode defines: groups are channels (keys) or tokens (values).
 template <typename T, int HEAD_DIM>
 __global__ void __launch_bounds__(kSealThreads) seal_int4_kernel(
     unsigned char* __restrict__ k_data,    // [num_blocks, k_block_bytes]
     unsigned char* __restrict__ v_data,    // [num_blocks, v_block_bytes]
     const T* __restrict__ k,               // [num_tokens, num_kv_heads, HEAD_DIM]
     const T* __restrict__ v,               // [num_tokens, num_kv_heads, HEAD_DIM]
-    const T* __restrict__ k_residual,      // [num_residual_slots, block_size, num_kv_heads, HEAD_DIM]
-    const T* __restrict__ v_residual,      // [num_residual_slots, block_size, num_kv_heads, HEAD_DIM]
+    const unsigned char* __restrict__ k_residual,  // [num_residual_slots, residual_block_bytes]
+    const unsigned char* __restrict__ v_residual,  // [num_residual_slots, residual_block_bytes]
     const int* __restrict__ seal_blocks,   // [num_seals]
     const int* __restrict__ seal_residual,  // [num_seals]
     const int* __restrict__ seal_rows,     // [num_seals, block_size]
     int num_kv_heads, int block_size, i64 k_block_bytes, i64 v_block_bytes, i64 k_meta_offset,
-    i64 v_meta_offset, i64 k_side_offset, i64 v_side_offset) {
+    i64 v_meta_offset, i64 k_side_offset, i64 v_side_offset, i64 residual_block_bytes,
+    i64 residual_meta_offset) {
+  static_assert(HEAD_DIM % 32 == 0, "a lane holds whole elements");
   __shared__ float x_sm[kMaxSealBlockSize][HEAD_DIM];
   __shared__ unsigned char q_sm[kMaxSealBlockSize][HEAD_DIM];
   __shared__ float lo_sm[HEAD_DIM];  // per group: min, max, quantized center, half step
@@ -104,21 +107,43 @@ __global__ void __launch_bounds__(kSealThreads) seal_int4_kernel(
   const bool is_key = blockIdx.z == 0;
   const int tid = threadIdx.x;
   const T* src = is_key ? k : v;
-  const T* residual = is_key ? k_residual : v_residual;
+  const unsigned char* residual = is_key ? k_residual : v_residual;
   unsigned char* block =
       (is_key ? k_data : v_data) + static_cast<i64>(load_scalar(seal_blocks + seal)) * (is_key ? k_block_bytes : v_block_bytes);
   const i64 meta_offset = is_key ? k_meta_offset : v_meta_offset;
   const i64 side_offset = is_key ? k_side_offset : v_side_offset;
   const int res_slot = load_scalar(seal_residual + seal);
 
-  // The block's tokens of this head, from the write's rows or the residual slot.
-  for (int i = tid; i < block_size * HEAD_DIM; i += kSealThreads) {
-    const int t = i / HEAD_DIM;
-    const int d = i % HEAD_DIM;
+  // The block's tokens of this head as their int8 residual rows hold them: a warp per token,
+  // read from the residual slot, or from the write's row and round-tripped through int8 (its
+  // scale from the row's maximum, as quantize_kv_kernel computes it).
+  const int lane = tid & 31;
+  for (int t = tid >> 5; t < block_size; t += kSealThreads / 32) {
     const int row = load_scalar(seal_rows + static_cast<i64>(seal) * block_size + t);
-    const T* p = row >= 0 ? src + (static_cast<i64>(row) * num_kv_heads + head) * HEAD_DIM + d
-                          : residual + ((static_cast<i64>(res_slot) * block_size + t) * num_kv_heads + head) * HEAD_DIM + d;
-    x_sm[t][d] = Kv<T>::to_float(load_scalar(p));
+    if (row < 0) {
+      const unsigned char* slot = residual + static_cast<i64>(res_slot) * residual_block_bytes;
+      for (int d = lane; d < HEAD_DIM; d += 32) {
+        x_sm[t][d] = QuantInt8::load<HEAD_DIM>(slot, t, head, d, num_kv_heads, residual_meta_offset, 0, is_key);
+      }
+      continue;  // the branch is uniform per warp: its shuffles below stay full
+    }
+    const T* p = src + (static_cast<i64>(row) * num_kv_heads + head) * HEAD_DIM;
+    float amax = 0.f;
+    float row_bad = 0.f;
+    for (int d = lane; d < HEAD_DIM; d += 32) {
+      const float x = Kv<T>::to_float(load_scalar(p + d));
+      x_sm[t][d] = x;
+      amax = fmaxf(amax, fabsf(x));
+      row_bad = is_finite_float(x) ? row_bad : 1.f;
+    }
+    amax = warp_max(amax);
+    row_bad = warp_max(row_bad);
+    const unsigned int scale = ue5m3_scale_for<QuantInt8::kMaxCode, false>(amax, row_bad != 0.f);
+    const float s = ue5m3_to_float(scale);  // NaN for a bad row: its values decode to NaN
+    for (int d = lane; d < HEAD_DIM; d += 32) {
+      const unsigned int code = scale == 0xffu ? 0u : QuantInt8::encode(__fdiv_rn(x_sm[t][d], s));
+      x_sm[t][d] = QuantInt8::decode(code) * s;
+    }
   }
   __syncthreads();
 

@@ -139,8 +139,8 @@ fn smol(batch: usize, ctx: usize, reps: usize) -> f64 {
 /// A quantized copy of an fp16 problem's caches (every block sealed: the contexts are whole
 /// blocks, so an int4 cache reads no residual).
 struct QuantProblem {
-    k: (QuantLayout, Vec<u8>, Vec<f16>),
-    v: (QuantLayout, Vec<u8>, Vec<f16>),
+    k: (QuantLayout, Vec<u8>, Vec<u8>),
+    v: (QuantLayout, Vec<u8>, Vec<u8>),
 }
 
 impl QuantProblem {
@@ -150,7 +150,7 @@ impl QuantProblem {
             let l =
                 QuantLayout::new(format, role, s.block_size, s.num_kv_heads, s.head_dim).unwrap();
             let residual = if l.has_residual() {
-                vec![f16::ZERO; s.block_size * s.token_elems()]
+                vec![0u8; l.residual().unwrap().block_bytes]
             } else {
                 Vec::new()
             };

@@ -1,5 +1,6 @@
 //! Quantized caches: attention equals, bit for bit, the plain kernel on an fp32 cache holding the
-//! dequantized values (sealed blocks via `dequantize_block`, int4 open blocks from the residual),
+//! dequantized values (sealed blocks via `dequantize_block`, int4 open blocks from their int8
+//! residual slots),
 //! for decode and prefill, windows, GQA, every element type, caches written in random chunks
 //! (so int4 blocks are sealed from residual tokens), unused blocks and residual rows poisoned
 //! (0xFF bytes decode to NaN in every format). And every refused call writes nothing.
@@ -37,30 +38,20 @@ impl Rng {
 
 trait Elem: KvElem + Default {
     fn from_f32(x: f32) -> Self;
-    fn nan() -> Self;
 }
 impl Elem for f32 {
     fn from_f32(x: f32) -> Self {
         x
-    }
-    fn nan() -> Self {
-        f32::NAN
     }
 }
 impl Elem for f16 {
     fn from_f32(x: f32) -> Self {
         f16::from_f32(x)
     }
-    fn nan() -> Self {
-        f16::NAN
-    }
 }
 impl Elem for bf16 {
     fn from_f32(x: f32) -> Self {
         bf16::from_f32(x)
-    }
-    fn nan() -> Self {
-        bf16::NAN
     }
 }
 
@@ -69,9 +60,9 @@ fn widen<T: KvElem>(x: &[T]) -> Vec<f32> {
     T::widen(x, &mut buf).to_vec()
 }
 
-struct Problem<T> {
-    k: (QuantLayout, Vec<u8>, Vec<T>),
-    v: (QuantLayout, Vec<u8>, Vec<T>),
+struct Problem {
+    k: (QuantLayout, Vec<u8>, Vec<u8>),
+    v: (QuantLayout, Vec<u8>, Vec<u8>),
     table: Vec<i32>,
     max_blocks: usize,
     lens: Vec<i32>,
@@ -87,7 +78,7 @@ fn problem<T: Elem>(
     heads: usize,
     hd: usize,
     lens: &[usize],
-) -> Problem<T> {
+) -> Problem {
     let need: Vec<usize> = lens.iter().map(|n| n.div_ceil(bs)).collect();
     let num_blocks = need.iter().sum::<usize>() + 2;
     let mut ids: Vec<usize> = (0..num_blocks).collect();
@@ -108,7 +99,8 @@ fn problem<T: Elem>(
     let mk = |role| {
         let l = QuantLayout::new(format, role, bs, heads, hd).unwrap();
         let residual = if int4 {
-            vec![T::nan(); lens.len() * bs * te]
+            // 0xFF bytes: NaN scales, so an unused residual row reads as NaN.
+            vec![0xFFu8; lens.len() * l.residual().unwrap().block_bytes]
         } else {
             Vec::new()
         };
@@ -180,7 +172,7 @@ fn problem<T: Elem>(
 
 /// The plain fp32 cache of the dequantized values: sealed blocks decoded, open int4 blocks from
 /// the residual; unused blocks NaN.
-fn dequantized<T: Elem>(p: &Problem<T>, which: &(QuantLayout, Vec<u8>, Vec<T>)) -> Vec<f32> {
+fn dequantized(p: &Problem, which: &(QuantLayout, Vec<u8>, Vec<u8>)) -> Vec<f32> {
     let (l, data, residual) = which;
     let be = l.block_size * l.token_elems();
     let nb = data.len() / l.block_bytes;
@@ -199,7 +191,15 @@ fn dequantized<T: Elem>(p: &Problem<T>, which: &(QuantLayout, Vec<u8>, Vec<T>)) 
                 dequantize_block(l, &data[id * l.block_bytes..][..l.block_bytes], dst).unwrap();
             } else {
                 let n = (len - j * l.block_size) * l.token_elems();
-                dst[..n].copy_from_slice(&widen(&residual[s * be..s * be + n]));
+                let rl = l.residual().unwrap();
+                let mut slot = vec![0.0f32; be];
+                dequantize_block(
+                    &rl,
+                    &residual[s * rl.block_bytes..][..rl.block_bytes],
+                    &mut slot,
+                )
+                .unwrap();
+                dst[..n].copy_from_slice(&slot[..n]);
             }
         }
     }
@@ -394,7 +394,7 @@ fn refused_calls_write_nothing() {
     let mut p = problem::<f32>(&mut rng, QuantFormat::Int4, bs, heads, hd, &[6, 9]);
     let te = heads * hd;
     let x = vec![0.5f32; 3 * te];
-    let snapshot = |p: &Problem<f32>| (p.k.1.clone(), bits(&p.k.2), p.v.1.clone(), bits(&p.v.2));
+    let snapshot = |p: &Problem| (p.k.1.clone(), p.k.2.clone(), p.v.1.clone(), p.v.2.clone());
     let before = snapshot(&p);
     let b0 = i64::from(p.table[0]) * bs as i64;
     let b1 = i64::from(p.table[p.max_blocks + 2]) * bs as i64;

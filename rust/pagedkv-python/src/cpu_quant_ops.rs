@@ -2,8 +2,8 @@
 //! A quantized cache arrives as the tuple `(data, residual, kv_cache_dtype, role, block_size,
 //! num_kv_heads, head_dim)` that `pagedkv.attention.cpu_backend` builds from a
 //! `QuantizedKvCache`: `data` uint8 `[num_blocks, block_bytes]`, `residual` (int4; None
-//! otherwise) `[num_residual_slots, block_size, num_kv_heads, head_dim]` in the queries' (or the
-//! written keys') dtype. Every check that guards memory runs in the crate (or, for array shapes,
+//! otherwise) uint8 `[num_residual_slots, residual_block_bytes]`, the bytes of the residual's
+//! int8 blocks (one per slot). Every check that guards memory runs in the crate (or, for array shapes,
 //! here) before anything is written; the kernels run with the GIL released.
 
 use numpy::{
@@ -55,18 +55,25 @@ fn check_rows(py: Python<'_>, name: &str, shape: &[usize], layout: &QuantLayout)
     Ok(())
 }
 
-/// A read cache tuple: its layout, bytes and residual (None: an empty one).
-struct ReadCache<'py, S: Storage> {
-    layout: QuantLayout,
-    data: PyReadonlyArrayDyn<'py, u8>,
-    residual: Option<PyReadonlyArrayDyn<'py, S>>,
+/// An int4 cache's residual must be uint8 `[num_residual_slots, residual_block_bytes]`.
+fn check_residual_rows(
+    py: Python<'_>,
+    name: &str,
+    shape: &[usize],
+    layout: &QuantLayout,
+) -> PyResult<()> {
+    let residual = layout.residual().map_err(|e| err(py, e))?;
+    check_rows(py, name, shape, &residual)
 }
 
-fn read_cache<'py, S: Storage>(
-    py: Python<'py>,
-    name: &str,
-    x: &Bound<'py, PyAny>,
-) -> PyResult<ReadCache<'py, S>> {
+/// A read cache tuple: its layout, bytes and residual bytes (None: an empty one).
+struct ReadCache<'py> {
+    layout: QuantLayout,
+    data: PyReadonlyArrayDyn<'py, u8>,
+    residual: Option<PyReadonlyArrayDyn<'py, u8>>,
+}
+
+fn read_cache<'py>(py: Python<'py>, name: &str, x: &Bound<'py, PyAny>) -> PyResult<ReadCache<'py>> {
     let t = x
         .cast::<PyTuple>()
         .map_err(|_| invalid_argument(py, format!("{name} must be a quantized cache tuple")))?;
@@ -83,7 +90,10 @@ fn read_cache<'py, S: Storage>(
     let residual = if res.is_none() {
         None
     } else {
-        Some(read::<S>(py, &format!("{name}.residual"), &res, 4)?)
+        let rname = format!("{name}.residual");
+        let r = array::<u8>(py, &rname, &res, 2, "a uint8 NumPy array")?;
+        check_residual_rows(py, &rname, r.shape(), &layout)?;
+        Some(r)
     };
     Ok(ReadCache {
         layout,
@@ -92,12 +102,9 @@ fn read_cache<'py, S: Storage>(
     })
 }
 
-impl<'py, S: Storage> ReadCache<'py, S> {
-    fn view(&self, py: Python<'_>, name: &str) -> PyResult<QuantCache<'_, S::Elem>> {
-        let residual = self
-            .residual
-            .as_ref()
-            .map_or(Ok(&[][..]), |r| slice(r).map(S::view))?;
+impl<'py> ReadCache<'py> {
+    fn view(&self, py: Python<'_>, name: &str) -> PyResult<QuantCache<'_>> {
+        let residual = self.residual.as_ref().map_or(Ok(&[][..]), slice)?;
         QuantCache::new(name, self.layout, slice(&self.data)?, residual).map_err(|e| err(py, e))
     }
 }
@@ -126,8 +133,8 @@ fn attention_t<'py, S: Storage>(
         causal,
         window,
     )?;
-    let k = read_cache::<S>(py, "k_cache", k_cache)?;
-    let v = read_cache::<S>(py, "v_cache", v_cache)?;
+    let k = read_cache(py, "k_cache", k_cache)?;
+    let v = read_cache(py, "v_cache", v_cache)?;
     let slots = residual_slots
         .map(|x| ints::<i32>(py, "residual_slots", x, 1, "int32"))
         .transpose()?;
@@ -256,18 +263,18 @@ fn writable<'py, T: numpy::Element>(
     })
 }
 
-/// A written cache tuple: its layout, bytes and residual.
-struct WriteCache<'py, S: Storage> {
+/// A written cache tuple: its layout, bytes and residual bytes.
+struct WriteCache<'py> {
     layout: QuantLayout,
     data: PyReadwriteArrayDyn<'py, u8>,
-    residual: Option<PyReadwriteArrayDyn<'py, S>>,
+    residual: Option<PyReadwriteArrayDyn<'py, u8>>,
 }
 
-fn write_cache<'py, S: Storage>(
+fn write_cache<'py>(
     py: Python<'py>,
     name: &str,
     x: &Bound<'py, PyAny>,
-) -> PyResult<WriteCache<'py, S>> {
+) -> PyResult<WriteCache<'py>> {
     let t = x
         .cast::<PyTuple>()
         .map_err(|_| invalid_argument(py, format!("{name} must be a quantized cache tuple")))?;
@@ -284,13 +291,10 @@ fn write_cache<'py, S: Storage>(
     let residual = if res.is_none() {
         None
     } else {
-        Some(writable::<S>(
-            py,
-            &format!("{name}.residual"),
-            &res,
-            4,
-            "of the dtype of the keys and values written",
-        )?)
+        let rname = format!("{name}.residual");
+        let r = writable::<u8>(py, &rname, &res, 2, "a uint8 NumPy array")?;
+        check_residual_rows(py, &rname, r.shape(), &layout)?;
+        Some(r)
     };
     Ok(WriteCache {
         layout,
@@ -299,10 +303,10 @@ fn write_cache<'py, S: Storage>(
     })
 }
 
-impl<'py, S: Storage> WriteCache<'py, S> {
-    fn view(&mut self, py: Python<'_>, name: &str) -> PyResult<QuantCacheMut<'_, S::Elem>> {
+impl<'py> WriteCache<'py> {
+    fn view(&mut self, py: Python<'_>, name: &str) -> PyResult<QuantCacheMut<'_>> {
         let residual = match self.residual.as_mut() {
-            Some(r) => S::view_mut(mut_slice(py, r)?),
+            Some(r) => mut_slice(py, r)?,
             None => &mut [][..],
         };
         let data = mut_slice(py, &mut self.data)?;
@@ -325,8 +329,8 @@ fn write_t<'py, S: Storage>(
     let res = residual_slots
         .map(|x| ints::<i32>(py, "residual_slots", x, 1, "int32"))
         .transpose()?;
-    let mut kc = write_cache::<S>(py, "k_cache", k_cache)?;
-    let mut vc = write_cache::<S>(py, "v_cache", v_cache)?;
+    let mut kc = write_cache(py, "k_cache", k_cache)?;
+    let mut vc = write_cache(py, "v_cache", v_cache)?;
     let want = [kc.layout.num_kv_heads, kc.layout.head_dim];
     if k.shape() != v.shape() || k.shape()[1..] != want {
         return Err(invalid_argument(

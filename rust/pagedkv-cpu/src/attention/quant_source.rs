@@ -2,14 +2,14 @@
 //! kernel's tasks and tile, reading K and V through [`QuantRows`], which dequantizes each block
 //! the tile reads (only the rows of its tokens and heads) into a per-run fp32 buffer with the
 //! SIMD row functions of `quant::dequant`, and reads an int4 sequence's open last block from its
-//! residual slot. The dequantized values are exactly the codec's (`quant_codec.decode_blocks`),
+//! residual slot (an int8 block, dequantized the same way). The dequantized values are exactly the codec's (`quant_codec.decode_blocks`),
 //! and the tile's arithmetic is the plain kernel's, so the result equals, bit for bit, the plain
 //! kernel on an fp32 cache holding the dequantized values (the tests check it).
 
 use std::ops::Range;
 
 use super::driver::{decode_rows, prefill_rows, run};
-use super::source::{touch_bytes, touch_lines, KvSource, SourceScratch};
+use super::source::{touch_bytes, KvSource, SourceScratch};
 use super::task::AttentionParams;
 use crate::elem::KvElem;
 use crate::error::{CpuError, Result};
@@ -21,8 +21,8 @@ use crate::quant::layout::{QuantFormat, Role};
 
 /// The K (or V) rows of a quantized cache. Invariant: every sequence's `open` entry names a
 /// residual slot of `cache` (checked when built) where its last block is open.
-pub struct QuantRows<'a, R> {
-    cache: QuantCache<'a, R>,
+pub struct QuantRows<'a> {
+    cache: QuantCache<'a>,
     /// Per sequence: its open last block (logical index) and residual slot; `usize::MAX` for
     /// a sequence whose blocks are all sealed (and every 8-bit one).
     open: Vec<(usize, usize)>,
@@ -31,7 +31,7 @@ pub struct QuantRows<'a, R> {
 
 const SEALED: (usize, usize) = (usize::MAX, usize::MAX);
 
-impl<R: KvElem> KvSource for QuantRows<'_, R> {
+impl KvSource for QuantRows<'_> {
     type Elem = f32;
 
     #[inline(always)]
@@ -49,20 +49,16 @@ impl<R: KvElem> KvSource for QuantRows<'_, R> {
         let out = &mut scratch.block;
         out.resize(l.block_size * te, 0.0);
         let (open_blk, slot) = self.open[seq];
-        if blk == open_blk {
-            // int4's open block: its tokens are in the residual slot, in the model's dtype.
-            let base = slot * l.block_size * te;
-            scratch.row.resize(hd, 0.0);
-            for b in tokens {
-                for h in heads.clone() {
-                    let at = b * te + h * hd;
-                    let src = &self.cache.residual[base + at..][..hd];
-                    out[at..at + hd].copy_from_slice(R::widen(src, &mut scratch.row));
-                }
-            }
-            return out;
-        }
-        let data = &self.cache.data[id * l.block_bytes..][..l.block_bytes];
+        let (l, data) = if blk == open_blk {
+            // int4's open block: its tokens are in the residual slot, an int8 block.
+            let rl = &self.cache.residual_layout;
+            (
+                rl,
+                &self.cache.residual[slot * rl.block_bytes..][..rl.block_bytes],
+            )
+        } else {
+            (l, &self.cache.data[id * l.block_bytes..][..l.block_bytes])
+        };
         match l.format {
             QuantFormat::Int8 | QuantFormat::Fp8E4m3 => {
                 let fp8 = l.format == QuantFormat::Fp8E4m3;
@@ -127,19 +123,17 @@ impl<R: KvElem> KvSource for QuantRows<'_, R> {
         heads: Range<usize>,
         tokens: Range<usize>,
     ) -> u32 {
-        let l = &self.cache.layout;
-        if blk == self.open[seq].0 {
-            let (hd, te) = (l.head_dim, l.token_elems());
-            let base = self.open[seq].1 * l.block_size * te;
-            let mut bits = 0;
-            for b in tokens {
-                bits |= touch_lines(
-                    &self.cache.residual[base + b * te + heads.start * hd..][..heads.len() * hd],
-                );
-            }
-            return bits;
-        }
-        let data = &self.cache.data[id * l.block_bytes..][..l.block_bytes];
+        let (l, data) = if blk == self.open[seq].0 {
+            let rl = &self.cache.residual_layout;
+            let slot = self.open[seq].1;
+            (
+                rl,
+                &self.cache.residual[slot * rl.block_bytes..][..rl.block_bytes],
+            )
+        } else {
+            let l = &self.cache.layout;
+            (l, &self.cache.data[id * l.block_bytes..][..l.block_bytes])
+        };
         let row_bytes = l.row_code_bytes();
         let mut bits = 0;
         for b in tokens {
@@ -161,12 +155,12 @@ fn side_params(data: &[u8], at: usize) -> [f32; 3] {
 /// The sources of a key/value pair, every sequence's open block checked: a sequence that attends
 /// (`q_len > 0`) with an open last block (int4, `seq_len % block_size != 0`) must name a residual
 /// slot; the 8-bit formats take no slots.
-fn sources<'a, R: KvElem>(
-    k: QuantCache<'a, R>,
-    v: QuantCache<'a, R>,
+fn sources<'a>(
+    k: QuantCache<'a>,
+    v: QuantCache<'a>,
     rows: &[(usize, usize)],
     residual_slots: Option<&[i32]>,
-) -> Result<(QuantRows<'a, R>, QuantRows<'a, R>)> {
+) -> Result<(QuantRows<'a>, QuantRows<'a>)> {
     check_pair(
         (&k.layout, k.num_blocks(), k.num_residual_slots()),
         (&v.layout, v.num_blocks(), v.num_residual_slots()),
@@ -225,13 +219,13 @@ fn sources<'a, R: KvElem>(
 }
 
 /// [`super::paged_decode`] on quantized caches: one query per sequence over its paged history,
-/// dequantized as it is read. `q`, `out`: `[B, num_q_heads, head_dim]` of `R`, the residual's
-/// dtype; `residual_slots` (int4 only): each sequence's residual slot.
+/// dequantized as it is read. `q`, `out`: `[B, num_q_heads, head_dim]` of `R`;
+/// `residual_slots` (int4 only): each sequence's residual slot.
 #[allow(clippy::too_many_arguments)]
 pub fn paged_decode_quant<R: KvElem>(
     q: &[R],
-    k_cache: QuantCache<'_, R>,
-    v_cache: QuantCache<'_, R>,
+    k_cache: QuantCache<'_>,
+    v_cache: QuantCache<'_>,
     tables: &BlockTables<'_>,
     seq_lens: &[i32],
     residual_slots: Option<&[i32]>,
@@ -253,8 +247,8 @@ pub fn paged_decode_quant<R: KvElem>(
 #[allow(clippy::too_many_arguments)]
 pub fn paged_prefill_quant<R: KvElem>(
     q: &[R],
-    k_cache: QuantCache<'_, R>,
-    v_cache: QuantCache<'_, R>,
+    k_cache: QuantCache<'_>,
+    v_cache: QuantCache<'_>,
     tables: &BlockTables<'_>,
     seq_lens: &[i32],
     query_start_loc: &[i32],

@@ -16,8 +16,6 @@ use crate::layout::CacheShape;
 pub struct SourceScratch {
     /// One block's dequantized rows `[block_size, num_kv_heads, head_dim]`.
     pub(crate) block: Vec<f32>,
-    /// One residual row widened (int4's open block).
-    pub(crate) row: Vec<f32>,
     /// A block-head's per-channel centers and half steps (int4 keys).
     pub(crate) chat: Vec<f32>,
     pub(crate) half: Vec<f32>,

@@ -1,5 +1,7 @@
 //! A quantized cache tensor as slices: the blocks' bytes and (int4) the residual slots, with the
-//! checks that make every later index in bounds. The Python `QuantizedKvCache` in Rust.
+//! checks that make every later index in bounds. The Python `QuantizedKvCache` in Rust. An int4
+//! cache's residual slots are blocks of the 8-bit residual layout (`QuantLayout::residual`:
+//! int8 codes and a UE5M3 scale per (token, head)), one row of bytes per slot.
 
 use crate::error::{CpuError, Result};
 use crate::layout::CacheShape;
@@ -9,23 +11,31 @@ use crate::quant::layout::{QuantLayout, Role};
 ///
 /// Invariants (checked by [`QuantCache::new`]): `data.len()` is a whole number of
 /// `layout.block_bytes` rows; `residual` is empty for the 8-bit formats, and for int4 a whole
-/// number of slots `[block_size, num_kv_heads, head_dim]`.
+/// number of slots, each `residual_layout.block_bytes` bytes; `residual_layout` is
+/// `layout.residual()` for int4 (and `layout` itself, unused, otherwise).
 #[derive(Debug, Clone, Copy)]
-pub struct QuantCache<'a, R> {
+pub struct QuantCache<'a> {
     pub layout: QuantLayout,
+    pub residual_layout: QuantLayout,
     pub data: &'a [u8],
-    pub residual: &'a [R],
+    pub residual: &'a [u8],
 }
 
 /// The same, written (a write quantizes into `data` and parks tokens in `residual`).
 #[derive(Debug)]
-pub struct QuantCacheMut<'a, R> {
+pub struct QuantCacheMut<'a> {
     pub layout: QuantLayout,
+    pub residual_layout: QuantLayout,
     pub data: &'a mut [u8],
-    pub residual: &'a mut [R],
+    pub residual: &'a mut [u8],
 }
 
-fn check(name: &str, layout: &QuantLayout, data_len: usize, residual_len: usize) -> Result<()> {
+fn check(
+    name: &str,
+    layout: &QuantLayout,
+    data_len: usize,
+    residual_len: usize,
+) -> Result<QuantLayout> {
     if !data_len.is_multiple_of(layout.block_bytes) {
         return Err(CpuError::Shape(format!(
             "{name}: {data_len} bytes are not whole blocks of {} (the {} {:?} layout)",
@@ -34,28 +44,39 @@ fn check(name: &str, layout: &QuantLayout, data_len: usize, residual_len: usize)
             layout.role
         )));
     }
-    let slot = layout.block_size * layout.token_elems();
-    if !layout.has_residual() && residual_len != 0 {
-        return Err(CpuError::Argument(format!(
-            "{name}: a {} cache has no residual",
-            layout.format.name()
-        )));
+    if !layout.has_residual() {
+        if residual_len != 0 {
+            return Err(CpuError::Argument(format!(
+                "{name}: a {} cache has no residual",
+                layout.format.name()
+            )));
+        }
+        return Ok(*layout);
     }
-    if layout.has_residual() && !residual_len.is_multiple_of(slot) {
+    let residual = layout.residual()?;
+    if !residual_len.is_multiple_of(residual.block_bytes) {
         return Err(CpuError::Shape(format!(
-            "{name}: the residual's {residual_len} elements are not whole slots of [{}, {}, {}]",
-            layout.block_size, layout.num_kv_heads, layout.head_dim
+            "{name}: the residual's {residual_len} bytes are not whole slots of {} (the {} \
+             residual layout)",
+            residual.block_bytes,
+            residual.format.name()
         )));
     }
-    Ok(())
+    Ok(residual)
 }
 
-impl<'a, R> QuantCache<'a, R> {
+impl<'a> QuantCache<'a> {
     /// Checks the slices against `layout` (`name` in messages).
-    pub fn new(name: &str, layout: QuantLayout, data: &'a [u8], residual: &'a [R]) -> Result<Self> {
-        check(name, &layout, data.len(), residual.len())?;
+    pub fn new(
+        name: &str,
+        layout: QuantLayout,
+        data: &'a [u8],
+        residual: &'a [u8],
+    ) -> Result<Self> {
+        let residual_layout = check(name, &layout, data.len(), residual.len())?;
         Ok(QuantCache {
             layout,
+            residual_layout,
             data,
             residual,
         })
@@ -66,7 +87,7 @@ impl<'a, R> QuantCache<'a, R> {
     }
 
     pub fn num_residual_slots(&self) -> usize {
-        slots(&self.layout, self.residual.len())
+        slots(&self.residual_layout, self.residual.len())
     }
 
     /// The logical shape `[num_blocks, block_size, num_kv_heads, head_dim]`.
@@ -75,17 +96,18 @@ impl<'a, R> QuantCache<'a, R> {
     }
 }
 
-impl<'a, R> QuantCacheMut<'a, R> {
+impl<'a> QuantCacheMut<'a> {
     /// Checks the slices against `layout` (`name` in messages).
     pub fn new(
         name: &str,
         layout: QuantLayout,
         data: &'a mut [u8],
-        residual: &'a mut [R],
+        residual: &'a mut [u8],
     ) -> Result<Self> {
-        check(name, &layout, data.len(), residual.len())?;
+        let residual_layout = check(name, &layout, data.len(), residual.len())?;
         Ok(QuantCacheMut {
             layout,
+            residual_layout,
             data,
             residual,
         })
@@ -96,12 +118,12 @@ impl<'a, R> QuantCacheMut<'a, R> {
     }
 
     pub fn num_residual_slots(&self) -> usize {
-        slots(&self.layout, self.residual.len())
+        slots(&self.residual_layout, self.residual.len())
     }
 }
 
-fn slots(layout: &QuantLayout, residual_len: usize) -> usize {
-    residual_len / (layout.block_size * layout.token_elems())
+fn slots(residual_layout: &QuantLayout, residual_len: usize) -> usize {
+    residual_len / residual_layout.block_bytes
 }
 
 fn shape(layout: &QuantLayout, num_blocks: usize) -> CacheShape {

@@ -18,7 +18,7 @@ pub enum QuantFormat {
     /// fp8 e4m3 codes (OCP E4M3FN), one UE5M3 scale byte per (token, head).
     Fp8E4m3,
     /// 4-bit KIVI-style codes: keys per channel over a block, values per token; the newest
-    /// tokens in a full-precision residual slot per sequence.
+    /// tokens in an int8 residual slot per sequence.
     Int4,
 }
 
@@ -156,6 +156,19 @@ impl QuantLayout {
     /// Whether sequences keep their last, open block in a residual slot (int4).
     pub fn has_residual(&self) -> bool {
         self.format == QuantFormat::Int4
+    }
+
+    /// The layout of one residual slot of an int4 cache: an int8 block of the same role and
+    /// geometry (`RESIDUAL_FORMAT` of `kv_cache_dtype.py`; docs/quantized_kv.md, "The residual
+    /// in a paged cache").
+    pub fn residual(&self) -> Result<Self> {
+        QuantLayout::new(
+            QuantFormat::Int8,
+            self.role,
+            self.block_size,
+            self.num_kv_heads,
+            self.head_dim,
+        )
     }
 
     /// Code bytes of one (token, head) row.

@@ -1,7 +1,7 @@
 //! Quantized KV caches (docs/quantized_kv.md): `int8` and `fp8_e4m3` codes with one UE5M3 scale
 //! byte per (token, head) inside the block, and `int4` KIVI-style (keys per channel over a
-//! block, values per token) with each sequence's open last block in a full-precision residual
-//! slot. The formats are `python/pagedkv/attention/quant_codec.py`'s, reproduced bit for bit:
+//! block, values per token) with each sequence's open last block in an int8 residual slot
+//! (re-quantized to int4 when the block seals). The formats are `python/pagedkv/attention/quant_codec.py`'s, reproduced bit for bit:
 //! writes produce the reference's bytes, and attention reads exactly the reference's
 //! dequantized values.
 //!

@@ -1,9 +1,11 @@
 //! KV writes into quantized caches: quantize on the way in.
 //!
 //! 8-bit caches quantize each token's heads into its slot (codes and the row's UE5M3 scale).
-//! int4 caches keep a sequence's last, open block in its residual slot: the tokens a write puts
-//! in a block that stays open are parked there as they are; a block the write fills is *sealed*
-//! (its earlier tokens, from the slot, and the new ones quantized as a whole). Seals run before
+//! int4 caches keep a sequence's last, open block in its residual slot, an int8 block: the
+//! tokens a write puts in a block that stays open are parked there, quantized to int8; a block
+//! the write fills is *sealed*: its tokens' int8 values (the earlier ones read from the slot,
+//! the new ones round-tripped through int8 the same way) quantized to int4 as a whole, so the
+//! sealed bytes do not depend on which write brought which token. Seals run before
 //! parking, so a write that seals block b and opens block b + 1 of one sequence reads the slot
 //! before reusing it. The contract and every check are `quant_validation.plan_seals`'s
 //! (docs/quantized_kv.md, "Writes"): the tokens a write puts in one block are consecutive
@@ -14,7 +16,9 @@ use crate::cache_ops::check_write_rows;
 use crate::elem::KvElem;
 use crate::error::{CpuError, Result};
 use crate::quant::cache::{check_pair, QuantCacheMut};
-use crate::quant::codec::{int4_encode_set, quantize_8bit_row, Int4Scratch};
+use crate::quant::codec::{
+    dequantize_8bit, int4_encode_set, quantize_8bit_row, ue5m3_to_f32, Int4Scratch,
+};
 use crate::quant::layout::{QuantFormat, QuantLayout, Role};
 
 /// One block an int4 write touches: the tokens it writes there (`rows[first..]` input rows, in
@@ -108,13 +112,12 @@ fn plan_seals(
 /// Writes token t's key and value rows (`[num_kv_heads, head_dim]` of `T`) into slot
 /// `slot_mapping[t]` of two quantized caches (-1 skips a token; slots distinct). int4:
 /// `residual_slots[t]` names the residual slot of token t's sequence (`None` for the 8-bit
-/// formats). The residual holds `T` (the model's dtype). Nothing is written unless every check
-/// passes.
+/// formats). Nothing is written unless every check passes.
 pub fn write_kv_quant<T: KvElem>(
     k: &[T],
     v: &[T],
-    k_cache: QuantCacheMut<'_, T>,
-    v_cache: QuantCacheMut<'_, T>,
+    k_cache: QuantCacheMut<'_>,
+    v_cache: QuantCacheMut<'_>,
     slot_mapping: &[i64],
     residual_slots: Option<&[i32]>,
 ) -> Result<()> {
@@ -167,54 +170,91 @@ pub fn write_kv_quant<T: KvElem>(
 }
 
 /// 8-bit: each token's heads quantized into its slot. Slots were checked.
-fn write_8bit<T: KvElem>(x: &[T], cache: QuantCacheMut<'_, T>, slot_mapping: &[i64]) {
+fn write_8bit<T: KvElem>(x: &[T], cache: QuantCacheMut<'_>, slot_mapping: &[i64]) {
     let l = cache.layout;
-    let (hd, heads, bs) = (l.head_dim, l.num_kv_heads, l.block_size);
-    let fp8 = l.format == QuantFormat::Fp8E4m3;
-    let mut wide = vec![0.0f32; hd];
+    let te = l.token_elems();
+    let mut wide = vec![0.0f32; te];
     for (t, &slot) in slot_mapping.iter().enumerate() {
-        if slot < 0 {
-            continue;
-        }
-        let (block, off) = (slot as usize / bs, slot as usize % bs);
-        let base = block * l.block_bytes;
-        for h in 0..heads {
-            let src = T::widen(&x[(t * heads + h) * hd..][..hd], &mut wide);
-            let at = base + (off * heads + h) * hd;
-            let scale = quantize_8bit_row(src, &mut cache.data[at..at + hd], fp8);
-            cache.data[base + l.meta_offset + off * heads + h] = scale;
+        if slot >= 0 {
+            let src = T::widen(&x[t * te..(t + 1) * te], &mut wide);
+            put_8bit_token(&l, cache.data, slot as usize, src);
         }
     }
 }
 
-/// int4: seal the blocks that fill (residual tokens, then new ones, quantized whole), then park
-/// the tokens of the blocks that stay open in their slots. The plan was checked.
-fn write_int4<T: KvElem>(x: &[T], cache: QuantCacheMut<'_, T>, plan: &SealPlan) {
-    let l = cache.layout;
+/// Quantizes one token's rows `[num_kv_heads, head_dim]` (fp32) into slot `slot` (`block *
+/// block_size + offset`) of the 8-bit blocks `data` of layout `l` (in bounds: checked by the
+/// caller).
+fn put_8bit_token(l: &QuantLayout, data: &mut [u8], slot: usize, x: &[f32]) {
+    let (hd, heads, bs) = (l.head_dim, l.num_kv_heads, l.block_size);
+    let fp8 = l.format == QuantFormat::Fp8E4m3;
+    let (block, off) = (slot / bs, slot % bs);
+    let base = block * l.block_bytes;
+    for h in 0..heads {
+        let at = base + (off * heads + h) * hd;
+        let scale = quantize_8bit_row(&x[h * hd..(h + 1) * hd], &mut data[at..at + hd], fp8);
+        data[base + l.meta_offset + off * heads + h] = scale;
+    }
+}
+
+/// The fp32 values of token `off` of the 8-bit block `block` (layout `l`) into `out`
+/// `[num_kv_heads, head_dim]`: `code * scale`, exact (`quant_codec.decode_blocks`).
+fn get_8bit_token(l: &QuantLayout, data: &[u8], block: usize, off: usize, out: &mut [f32]) {
+    let (hd, heads) = (l.head_dim, l.num_kv_heads);
+    let base = block * l.block_bytes;
+    let fp8 = l.format == QuantFormat::Fp8E4m3;
+    for h in 0..heads {
+        let row = off * heads + h;
+        let scale = ue5m3_to_f32(data[base + l.meta_offset + row]);
+        let codes = &data[base + row * hd..][..hd];
+        for (o, &c) in out[h * hd..(h + 1) * hd].iter_mut().zip(codes) {
+            *o = dequantize_8bit(c, scale, fp8);
+        }
+    }
+}
+
+/// A token's rows `x` (fp32) replaced by the values its int8 residual row holds: quantized
+/// with the row's own scale and dequantized (`quant_codec.round_trip_8bit`).
+fn round_trip_token(l: &QuantLayout, x: &mut [f32], codes: &mut [u8]) {
+    let hd = l.head_dim;
+    for row in x.chunks_exact_mut(hd) {
+        let scale = ue5m3_to_f32(quantize_8bit_row(row, codes, false));
+        for (v, &c) in row.iter_mut().zip(codes.iter()) {
+            *v = dequantize_8bit(c, scale, false);
+        }
+    }
+}
+
+/// int4: seal the blocks that fill (their tokens' int8 values, from the residual slot or
+/// round-tripped from the write, quantized to int4 whole), then park the tokens of the blocks
+/// that stay open in their slots (quantized to int8). The plan was checked.
+fn write_int4<T: KvElem>(x: &[T], cache: QuantCacheMut<'_>, plan: &SealPlan) {
+    let (l, rl) = (cache.layout, cache.residual_layout);
     let (bs, te) = (l.block_size, l.token_elems());
     let mut tokens = vec![0.0f32; bs * te];
     let mut bytes = vec![0u8; l.block_bytes];
     let mut scratch = Int4Scratch::default();
-    let mut wide = vec![0.0f32; bs * te];
+    let mut wide = vec![0.0f32; te];
+    let mut codes = vec![0u8; l.head_dim];
     for r in plan.runs.iter().filter(|r| r.first_off + r.len == bs) {
-        if r.first_off > 0 {
-            let slot = r.slot as usize * bs * te;
-            let from = &cache.residual[slot..slot + r.first_off * te];
-            tokens[..r.first_off * te].copy_from_slice(T::widen(from, &mut wide));
+        for off in 0..r.first_off {
+            let dst = &mut tokens[off * te..(off + 1) * te];
+            get_8bit_token(&rl, cache.residual, r.slot as usize, off, dst);
         }
         for (i, &(_, row)) in plan.tokens[r.start..r.start + r.len].iter().enumerate() {
             let off = r.first_off + i;
-            let from = &x[row * te..(row + 1) * te];
-            tokens[off * te..(off + 1) * te].copy_from_slice(T::widen(from, &mut wide));
+            let dst = &mut tokens[off * te..(off + 1) * te];
+            dst.copy_from_slice(T::widen(&x[row * te..(row + 1) * te], &mut wide));
+            round_trip_token(&rl, dst, &mut codes);
         }
         encode_int4_block(&l, &tokens, &mut bytes, &mut scratch);
         cache.data[r.block * l.block_bytes..(r.block + 1) * l.block_bytes].copy_from_slice(&bytes);
     }
     for r in plan.runs.iter().filter(|r| r.first_off + r.len < bs) {
-        let slot = r.slot as usize * bs * te;
         for (i, &(_, row)) in plan.tokens[r.start..r.start + r.len].iter().enumerate() {
-            let at = slot + (r.first_off + i) * te;
-            cache.residual[at..at + te].copy_from_slice(&x[row * te..(row + 1) * te]);
+            let src = T::widen(&x[row * te..(row + 1) * te], &mut wide);
+            let slot = r.slot as usize * bs + r.first_off + i;
+            put_8bit_token(&rl, cache.residual, slot, src);
         }
     }
 }
