@@ -235,21 +235,10 @@ impl PyCacheAwareQueue {
     /// layers, the one kind that keeps a whole prefix). `kv` needs `enable_kv_events=True`.
     fn apply_manager_events(&mut self, py: Python<'_>, kv: &Bound<'_, PyAny>) -> PyResult<usize> {
         let kv = manager(py, kv)?;
-        let events = kv.get().read(py, |kv| kv.take_events())?;
-        let mut applied = 0;
-        for e in &events {
-            let group = match e {
-                KvEvent::BlockStored { group_idx, .. }
-                | KvEvent::BlockRemoved { group_idx, .. } => *group_idx,
-                _ => None,
-            };
-            if group.unwrap_or(0) != 0 {
-                continue;
-            }
-            self.inner.apply(e).map_err(|err| to_pyerr(py, err))?;
-            applied += 1;
-        }
-        Ok(applied)
+        let events = kv.get().read(py, |kv| kv.take_drained_events())?;
+        self.inner
+            .apply_drained(&events)
+            .map_err(|err| to_pyerr(py, err))
     }
 
     /// `admissions`, `max_passed_over`, `forced_admissions`, `evicted_wanted_blocks`.
