@@ -111,8 +111,9 @@ mod tests {
     /// hashes or a prefix) on the tuned manager and on one that takes the general path (two
     /// groups, one a sliding window), with chunks computed later (`allocate_slots`,
     /// `advance_computed`), rollbacks and frees: each step does on the hashed manager exactly
-    /// what it does on the plain one (results, tables, computed watermarks, events), and both
-    /// keep their invariants after every step.
+    /// what it does on the plain one (results, tables, computed watermarks, events, and
+    /// `match_prefix_with` the hit of `match_prefix`), and both keep their invariants after
+    /// every step.
     #[test]
     fn per_chunk_admission_with_prompt_hashes_is_plain_admission() {
         use crate::{AdmitOptions, KvGroupSpec, Prompt};
@@ -155,6 +156,14 @@ mod tests {
                         let hashes = hashed.prefix_block_hashes(&prompt, None);
                         let keep = hashes.len() - below(hashes.len() as u64 + 1);
                         let (scheduled, reserve) = (below(len as u64 + 2), below(3) > 0);
+                        let given = AdmitOptions {
+                            prompt_hashes: Some(&hashes[..keep]),
+                            ..AdmitOptions::default()
+                        };
+                        assert_eq!(
+                            plain.match_prefix(&prompt, None),
+                            hashed.match_prefix_with(&prompt, &given)
+                        );
                         let admit =
                             |kv: &mut KvCacheManager, given: Option<&[crate::BlockHash]>| {
                                 let options = AdmitOptions {
