@@ -19,6 +19,7 @@ __all__ = [
     "BlockPool",
     "FullAttention",
     "KvCacheManager",
+    "PromptHashes",
     "SlidingWindow",
     "__version__",
     "cpu_add_rms_norm",
@@ -85,6 +86,14 @@ class SlidingWindow:
     def __reduce__(self) -> tuple[type[SlidingWindow], tuple[int]]: ...
 
 @final
+class PromptHashes:
+    """A prompt's chained block hashes kept in Rust (``KvCacheManager.prompt_hashes``): hashed
+    once, handed to ``CacheAwareQueue.push`` and to ``add_sequence(..., prompt_hashes=...)``."""
+
+    def __len__(self) -> int: ...
+    def to_list(self) -> list[int]: ...
+
+@final
 class CacheAwareQueue:
     """The cache-aware waiting queue (docs/scheduling.md): requests ordered by ``policy``
     (``"fcfs"``, ``"lpm"``, ``"dfs"``) over a manager's prefix cache, followed through its KV
@@ -96,7 +105,7 @@ class CacheAwareQueue:
     @property
     def aging_bound(self) -> int: ...
     def __len__(self) -> int: ...
-    def push(self, request_id: int, block_hashes: list[int], max_hit_blocks: int) -> int: ...
+    def push(self, request_id: int, block_hashes: list[int] | PromptHashes, max_hit_blocks: int) -> int: ...
     def push_prompt(self, request_id: int, kv: KvCacheManager, token_ids: _TokenIds) -> int: ...
     def peek(self) -> int | None: ...
     def admitted(self, request_id: int) -> None: ...
@@ -190,6 +199,7 @@ class KvCacheManager:
         block_extra_keys: Sequence[str | bytes | int | np.integer | None] | None = None,
         block_hashes: Sequence[int | bytes] | None = None,
         apply_watermark: bool = True,
+        prompt_hashes: PromptHashes | list[int] | None = None,
     ) -> int:
         """Admits a prompt (``token_ids`` ``[n]``, or only ``num_tokens``: never hashed);
         returns how many of its tokens were served from the prefix cache. ``num_scheduled``:
@@ -200,7 +210,9 @@ class KvCacheManager:
         ``full_sequence_must_fit=False``). ``num_lookahead_tokens``:
         speculative slots, never hashed. ``block_extra_keys``: one extra key per block;
         ``block_hashes``: the caller's chained hashes of the full blocks (ints, or bytes reduced
-        by ``reduce_block_hash``). ``apply_watermark``: leave ``watermark_blocks`` available."""
+        by ``reduce_block_hash``). ``apply_watermark``: leave ``watermark_blocks`` available.
+        ``prompt_hashes``: pagedkv's own hashes of the prompt computed earlier
+        (``prompt_hashes(tokens)``), read instead of hashing the prompt again."""
     def allocate_slots(
         self,
         seq_id: int,
@@ -271,6 +283,7 @@ class KvCacheManager:
         extra_key: str | bytes | int | np.integer | None = None,
         block_extra_keys: Sequence[str | bytes | int | np.integer | None] | None = None,
         block_hashes: Sequence[int | bytes] | None = None,
+        prompt_hashes: PromptHashes | list[int] | None = None,
     ) -> int:
         """The hit ``add_sequence`` would return now; no side effect at all."""
     def truncate(self, seq_id: int, num_tokens: int) -> None:
@@ -313,6 +326,11 @@ class KvCacheManager:
     ) -> list[int]:
         """The chained 128-bit hash of each full block of ``tokens``, as the prefix index
         and KV events key them; no side effect."""
+    def prompt_hashes(
+        self, tokens: _TokenIds, *, extra_key: str | bytes | int | np.integer | None = None
+    ) -> PromptHashes:
+        """``prefix_block_hashes`` kept in Rust: hashed once at arrival, handed to the queue and
+        to ``add_sequence(..., prompt_hashes=...)``, which reads them instead of hashing again."""
     def refcount(self, block_id: int) -> int: ...
     @property
     def num_blocks(self) -> int: ...

@@ -436,6 +436,7 @@ class Scheduler:
                     num_scheduled=served - admission.hit + admission.chunk,
                     reserve_prompt=False,
                     apply_watermark=bool(self.running),
+                    prompt_hashes=seq.prompt_hashes,
                 )
             except OutOfBlocksError:
                 return
@@ -585,7 +586,7 @@ class Scheduler:
             if self.slots is not None:
                 pairs.append(self.slots.fork(parent.seq_id, child.seq_id))
             child.status, child.admitted = SeqStatus.RUNNING, self._next_admission()
-            child.queue_rank = parent.queue_rank
+            child.queue_rank, child.prompt_hashes = parent.queue_rank, parent.prompt_hashes
             self.running.append(child)
         if pairs:
             self._pending.append(CopyResidual(np.array(pairs, np.int32)))

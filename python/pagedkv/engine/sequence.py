@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from pagedkv.engine.params import SamplingParams
+
+if TYPE_CHECKING:
+    from pagedkv._core import PromptHashes
 
 __all__ = ["Request", "Sequence", "SeqStatus"]
 
@@ -53,6 +57,10 @@ class Sequence:
     draft_ids: list[int] = field(default_factory=list)
     admitted: int = -1  # admission order (the most recent is preempted first)
     queue_rank: int = -1  # arrival rank in the cache-aware queue (engine/waiting_order.py)
+    # The prompt's block hashes, computed once at arrival for the cache-aware queue and handed
+    # to the admission (``add_sequence(..., prompt_hashes=...)``) so it does not hash them again;
+    # a prefix of the hashes of ``token_ids`` however many tokens are generated. None under FCFS.
+    prompt_hashes: PromptHashes | None = None
     output_ids: list[int] = field(default_factory=list)
     text: str = ""
     finish_reason: str | None = None

@@ -57,8 +57,12 @@ class WaitingOrder:
         if self.queue is None:
             return
         self.sync()
-        # Hashed in Rust: the prompt's block hashes never become Python ints.
-        seq.queue_rank = self.queue.push_prompt(seq.seq_id, self.kv, seq.token_ids)
+        # Hashed once, in Rust (the hashes never become Python ints): the queue indexes them and
+        # the admission takes them (``add_sequence(..., prompt_hashes=...)``) instead of hashing
+        # the prompt again.
+        seq.prompt_hashes = self.kv.prompt_hashes(seq.token_ids)
+        max_hit_blocks = max(len(seq.token_ids) - 1, 0) // self.block_size
+        seq.queue_rank = self.queue.push(seq.seq_id, seq.prompt_hashes, max_hit_blocks)
         self._queued[seq.seq_id] = seq
 
     def next(self, waiting: deque[Sequence]) -> Sequence:

@@ -25,6 +25,7 @@ mod id_batches;
 mod int_list;
 mod manager;
 mod pool;
+mod prompt_hashes;
 mod quantized_matmul;
 mod scalars;
 mod scheduling;
@@ -41,6 +42,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<groups::PyFullAttention>()?;
     m.add_class::<groups::PySlidingWindow>()?;
     m.add_class::<scheduling::PyCacheAwareQueue>()?;
+    m.add_class::<prompt_hashes::PyPromptHashes>()?;
     sim::register(m)?;
     wire::register(m)?;
     event_digests::register(m)?;

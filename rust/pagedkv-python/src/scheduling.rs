@@ -9,6 +9,7 @@ use pagedkv_sim::{CacheAwareQueue, Scheduling};
 
 use crate::errors::{invalid_argument, or_invalid, to_pyerr};
 use crate::manager::PyKvCacheManager;
+use crate::prompt_hashes::hashes_arg;
 use crate::scalars::{type_name, CountArg, SeqIdArg};
 
 /// A waiting queue ordered by a scheduling policy over a `KvCacheManager`'s prefix cache.
@@ -128,8 +129,10 @@ impl PyCacheAwareQueue {
     }
 
     /// Adds request `request_id` (not waiting) whose prompt's full blocks have the chained hashes
-    /// `block_hashes` and which can hit at most `max_hit_blocks` of them (`(len(prompt) - 1) //
-    /// block_size`); returns its arrival rank.
+    /// `block_hashes` (a list of ints, or the `PromptHashes` of `kv.prompt_hashes(prompt)`,
+    /// which the admission then takes too: `add_sequence(..., prompt_hashes=...)`) and which
+    /// can hit at most `max_hit_blocks` of them (`(len(prompt) - 1) // block_size`); returns
+    /// its arrival rank.
     fn push(
         &mut self,
         py: Python<'_>,
@@ -137,9 +140,9 @@ impl PyCacheAwareQueue {
         block_hashes: &Bound<'_, PyAny>,
         max_hit_blocks: CountArg,
     ) -> PyResult<u64> {
-        let hashes = self::block_hashes(block_hashes, "block_hashes")?;
+        let hashes = hashes_arg(block_hashes, "block_hashes", usize::MAX)?;
         self.inner
-            .push(request_id.0, &hashes, max_hit_blocks.0)
+            .push(request_id.0, hashes.as_slice(), max_hit_blocks.0)
             .map_err(|e| to_pyerr(py, e))
     }
 
@@ -232,21 +235,10 @@ impl PyCacheAwareQueue {
     /// layers, the one kind that keeps a whole prefix). `kv` needs `enable_kv_events=True`.
     fn apply_manager_events(&mut self, py: Python<'_>, kv: &Bound<'_, PyAny>) -> PyResult<usize> {
         let kv = manager(py, kv)?;
-        let events = kv.get().read(py, |kv| kv.take_events())?;
-        let mut applied = 0;
-        for e in &events {
-            let group = match e {
-                KvEvent::BlockStored { group_idx, .. }
-                | KvEvent::BlockRemoved { group_idx, .. } => *group_idx,
-                _ => None,
-            };
-            if group.unwrap_or(0) != 0 {
-                continue;
-            }
-            self.inner.apply(e).map_err(|err| to_pyerr(py, err))?;
-            applied += 1;
-        }
-        Ok(applied)
+        let events = kv.get().read(py, |kv| kv.take_drained_events())?;
+        self.inner
+            .apply_drained(&events)
+            .map_err(|err| to_pyerr(py, err))
     }
 
     /// `admissions`, `max_passed_over`, `forced_admissions`, `evicted_wanted_blocks`.

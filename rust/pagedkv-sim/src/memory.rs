@@ -1,6 +1,6 @@
 //! The interface between the step loop and an allocation policy (paged or contiguous).
 
-use pagedkv::{BlockHash, Error, KvEvent, Result, SeqId};
+use pagedkv::{BlockHash, DrainedEvents, Error, Result, SeqId};
 
 use crate::frames::FramePool;
 use crate::group::Group;
@@ -92,8 +92,8 @@ pub(crate) trait KvMemory {
 
     /// Drains the prefix cache's KV events recorded since the last call (none without a cache,
     /// or when events are not recorded).
-    fn take_cache_events(&mut self) -> Result<Vec<KvEvent>> {
-        Ok(Vec::new())
+    fn take_cache_events(&mut self) -> Result<DrainedEvents> {
+        Ok(DrainedEvents::default())
     }
 
     /// Marks prefix-cache blocks by chained hash as wanted by a waiting request (evicted after

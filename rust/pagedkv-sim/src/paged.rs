@@ -3,7 +3,7 @@
 //! blocks when prefix caching is on.
 
 use pagedkv::{
-    BlockHash, Error, KvCacheManager, KvEvent, ManagerConfig, Result, SeqId, Tier, TokenId,
+    BlockHash, DrainedEvents, Error, KvCacheManager, ManagerConfig, Result, SeqId, Tier, TokenId,
 };
 
 use crate::config::SimConfig;
@@ -400,8 +400,8 @@ impl KvMemory for PagedMemory {
         self.kv.set_eviction_priority(block_hashes, wanted)
     }
 
-    fn take_cache_events(&mut self) -> Result<Vec<KvEvent>> {
-        let events = self.kv.take_events();
+    fn take_cache_events(&mut self) -> Result<DrainedEvents> {
+        let events = self.kv.take_drained_events();
         let dropped = self.kv.stats().events_dropped;
         if dropped > 0 {
             return Err(Error::InvariantViolation(format!(

@@ -73,9 +73,7 @@ impl PolicyWaiting {
 
     /// Feeds the allocator's KV events since the last call to the index.
     pub fn sync(&mut self, memory: &mut dyn KvMemory) -> Result<()> {
-        for event in memory.take_cache_events()? {
-            self.queue.apply(&event)?;
-        }
+        self.queue.apply_drained(&memory.take_cache_events()?)?;
         Ok(())
     }
 

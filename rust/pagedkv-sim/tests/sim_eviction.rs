@@ -3,21 +3,14 @@
 //! every step (and every admission's predicted hit), with the blocks a waiting request will hit
 //! evicted after every other cached block.
 
-use pagedkv_sim::{simulate, Arrival, GroupKind, Scheduling, SimConfig, SimResult, Workload};
+use pagedkv_sim::{simulate, Arrival, Scheduling, SimConfig, SimResult, Workload};
 
-/// `n` requests cycling through `prompts` system prompts of 256 tokens (plus 44 of their own).
+mod common;
+
+/// `n` requests cycling through `prompts` system prompts, not in turn (`common::system_prompts`).
 fn system_prompts(n: usize, prompts: i64) -> Workload {
-    let prefix_id: Vec<i64> = (0..n as i64).map(|i| (i * 7 + i / 5) % prompts).collect();
-    Workload::from_arrays(
-        &vec![300; n],
-        &vec![8; n],
-        &vec![0.0; n],
-        None,
-        GroupKind::None,
-        Some(&prefix_id),
-        Some(&vec![256; n]),
-    )
-    .unwrap()
+    let prefix_ids: Vec<i64> = (0..n as i64).map(|i| (i * 7 + i / 5) % prompts).collect();
+    common::system_prompts(&prefix_ids)
 }
 
 fn run(w: &Workload, scheduling: Scheduling, queue_aware: bool) -> SimResult {

@@ -9,6 +9,8 @@ use pagedkv_sim::{
 };
 use proptest::prelude::*;
 
+mod common;
+
 /// Tokens per trace block in these tests.
 const TRACE_BLOCK: usize = 8;
 
@@ -209,19 +211,8 @@ fn a_zero_aging_bound_is_first_come_first_served() {
 /// time; the cache-aware policies group each prompt's requests and compute it about once.
 #[test]
 fn cache_aware_policies_group_requests_that_share_a_prompt() {
-    let n = 400;
-    let prompt = vec![300i64; n];
-    let prefix_id: Vec<i64> = (0..n as i64).map(|i| i % 8).collect();
-    let w = Workload::from_arrays(
-        &prompt,
-        &vec![8; n],
-        &vec![0.0; n],
-        None,
-        GroupKind::None,
-        Some(&prefix_id),
-        Some(&vec![256; n]),
-    )
-    .unwrap();
+    let prefix_ids: Vec<i64> = (0..400).map(|i| i % 8).collect();
+    let w = common::system_prompts(&prefix_ids);
     let run = |scheduling| {
         let c = SimConfig {
             max_num_seqs: 8,

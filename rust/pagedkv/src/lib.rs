@@ -56,7 +56,7 @@ pub use manager::{
 };
 pub use peers::PoolPeers;
 pub use pool::{BlockPool, MAX_NUM_BLOCKS, MAX_NUM_SLOTS};
-pub use prefix::events::{DrainedEvents, KvEvent};
+pub use prefix::events::{DrainedEvent, DrainedEvents, KvEvent};
 pub use prefix::hash::{reduce_block_hash, BlockHash, BlockHasher};
 pub use stats::Stats;
 pub use table::BlockTable;

@@ -366,7 +366,14 @@ fn apply(kv: &mut KvCacheManager, op: &Op, side_pool: &BlockPool) -> bool {
                 require_full_prompt: *full,
                 num_lookahead_tokens: *lookahead,
                 block_extra_keys: keys.as_deref(),
-                block_hashes: block_hashes.as_deref(),
+                block_hashes: block_hashes
+                    .as_deref()
+                    .filter(|_| *seq % 2 == 0 || keys.is_some()),
+                // Arbitrary hashes as pagedkv's own when the seq id is odd: wrong names, never
+                // a panic (every admission path validates and verifies hits by token ids).
+                prompt_hashes: block_hashes
+                    .as_deref()
+                    .filter(|_| *seq % 2 == 1 && keys.is_none()),
                 apply_watermark: true,
             };
             let prompt = match tokens {

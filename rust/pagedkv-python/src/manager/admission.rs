@@ -8,6 +8,7 @@ use pagedkv::{AdmitOptions, Prompt};
 
 use crate::block_keys::BlockKeyArgs;
 use crate::errors::invalid_argument;
+use crate::prompt_hashes::{hashes_arg, HashesArg};
 use crate::scalars::{CountArg, ExtraKey, FlagArg, SeqIdArg};
 
 use super::{check_token_count, PyKvCacheManager, DETACH_MIN_PROMPT_TOKENS};
@@ -26,17 +27,21 @@ impl PyKvCacheManager {
     /// `full_sequence_must_fit=False`), after checking the scheduled chunk only;
     /// `num_lookahead_tokens` adds
     /// speculative slots; `block_extra_keys` / `block_hashes` are the caller's per-block keys
-    /// and chained hashes; `apply_watermark` applies `watermark_blocks`.
+    /// and chained hashes (another engine's names); `prompt_hashes` are pagedkv's own hashes of
+    /// the prompt computed earlier (`prompt_hashes(tokens)`, a `PromptHashes`, or a list of
+    /// ints as `prefix_block_hashes` returns them), read instead of hashing the prompt again;
+    /// `apply_watermark` applies `watermark_blocks`.
     #[pyo3(signature = (
         seq_id, token_ids=None, *, num_tokens=None, extra_key=None, num_scheduled=None,
         reserve_prompt=FlagArg(true), require_full_prompt=FlagArg(true),
         num_lookahead_tokens=CountArg(0), block_extra_keys=None, block_hashes=None,
-        apply_watermark=FlagArg(true)
+        apply_watermark=FlagArg(true), prompt_hashes=None
     ))]
     #[pyo3(
         text_signature = "(self, seq_id, token_ids=None, *, num_tokens=None, extra_key=None, \
         num_scheduled=None, reserve_prompt=True, require_full_prompt=True, \
-        num_lookahead_tokens=0, block_extra_keys=None, block_hashes=None, apply_watermark=True)"
+        num_lookahead_tokens=0, block_extra_keys=None, block_hashes=None, apply_watermark=True, \
+        prompt_hashes=None)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn add_sequence(
@@ -53,12 +58,14 @@ impl PyKvCacheManager {
         block_extra_keys: Option<Bound<'_, PyAny>>,
         block_hashes: Option<Bound<'_, PyAny>>,
         apply_watermark: FlagArg,
+        prompt_hashes: Option<Bound<'_, PyAny>>,
     ) -> PyResult<usize> {
         let scheduled = num_scheduled.map_or(usize::MAX, |n| n.0);
         let plain = reserve_prompt.0
             && num_lookahead_tokens.0 == 0
             && block_extra_keys.is_none()
             && block_hashes.is_none()
+            && prompt_hashes.is_none()
             && apply_watermark.0;
         if !plain {
             let max_tokens = self.max_prompt_tokens(!reserve_prompt.0 && !require_full_prompt.0);
@@ -68,6 +75,10 @@ impl PyKvCacheManager {
                 block_hashes.as_ref(),
                 max_tokens.div_ceil(self.block_size).max(self.num_blocks),
             )?;
+            let given = prompt_hashes
+                .as_ref()
+                .map(|h| hashes_arg(h, "prompt_hashes", max_tokens / self.block_size))
+                .transpose()?;
             let token_ids = token_ids
                 .map(|t| self.token_ids_bounded(&t, max_tokens))
                 .transpose()?;
@@ -96,6 +107,7 @@ impl PyKvCacheManager {
                     num_lookahead_tokens: num_lookahead_tokens.0,
                     block_extra_keys: extra_keys.as_deref(),
                     block_hashes: keys.hashes.as_deref(),
+                    prompt_hashes: given.as_ref().map(HashesArg::as_slice),
                     apply_watermark: apply_watermark.0,
                 };
                 kv.add_sequence_with(seq_id.0, prompt, &options)
@@ -129,8 +141,10 @@ impl PyKvCacheManager {
     }
 
     /// The hit `add_sequence` would return for `tokens` now (with the same `extra_key`,
-    /// `block_extra_keys` and `block_hashes`); changes nothing.
-    #[pyo3(signature = (tokens, *, extra_key=None, block_extra_keys=None, block_hashes=None))]
+    /// `block_extra_keys`, `block_hashes` and `prompt_hashes`); changes nothing.
+    #[pyo3(signature = (
+        tokens, *, extra_key=None, block_extra_keys=None, block_hashes=None, prompt_hashes=None
+    ))]
     fn match_prefix(
         &self,
         py: Python<'_>,
@@ -138,12 +152,13 @@ impl PyKvCacheManager {
         extra_key: Option<ExtraKey>,
         block_extra_keys: Option<Bound<'_, PyAny>>,
         block_hashes: Option<Bound<'_, PyAny>>,
+        prompt_hashes: Option<Bound<'_, PyAny>>,
     ) -> PyResult<usize> {
         let token_ids = self.token_ids(&tokens)?;
         let ids = token_ids.as_slice()?;
         let key = extra_key.as_ref().map(|key| key.0.as_slice());
         let heavy = ids.len() >= DETACH_MIN_PROMPT_TOKENS;
-        if block_extra_keys.is_none() && block_hashes.is_none() {
+        if block_extra_keys.is_none() && block_hashes.is_none() && prompt_hashes.is_none() {
             return self.run(py, heavy, |kv| kv.match_prefix(ids, key));
         }
         let keys = BlockKeyArgs::extract(
@@ -152,12 +167,17 @@ impl PyKvCacheManager {
             block_hashes.as_ref(),
             self.num_blocks,
         )?;
+        let given = prompt_hashes
+            .as_ref()
+            .map(|h| hashes_arg(h, "prompt_hashes", ids.len() / self.block_size))
+            .transpose()?;
         let extra_keys = keys.extra_keys();
         self.run(py, heavy, |kv| {
             let options = AdmitOptions {
                 extra_key: key,
                 block_extra_keys: extra_keys.as_deref(),
                 block_hashes: keys.hashes.as_deref(),
+                prompt_hashes: given.as_ref().map(HashesArg::as_slice),
                 ..AdmitOptions::default()
             };
             kv.match_prefix_with(ids, &options)

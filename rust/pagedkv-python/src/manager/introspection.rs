@@ -10,6 +10,7 @@ use pagedkv::wire::encode_drained_events;
 use crate::errors::to_pyerr;
 use crate::event_digests::events_to_digests;
 use crate::events::events_to_python;
+use crate::prompt_hashes::PyPromptHashes;
 use crate::scalars::{BlockIdArg, ExtraKey, FlagArg, SeqIdArg};
 use crate::stats::stats_to_dict;
 use crate::wire::{batch_args, hash_format};
@@ -42,6 +43,24 @@ impl PyKvCacheManager {
         let key = extra_key.as_ref().map(|key| key.0.as_slice());
         let heavy = ids.len() >= DETACH_MIN_PROMPT_TOKENS;
         self.run(py, heavy, |kv| Ok(kv.prefix_block_hashes(ids, key)))
+    }
+
+    /// `prefix_block_hashes(tokens, extra_key=...)` kept in Rust (a `PromptHashes`): hashed
+    /// once at a request's arrival, handed to `CacheAwareQueue.push` and to the admission
+    /// (`add_sequence(..., prompt_hashes=...)`) without becoming Python ints.
+    #[pyo3(signature = (tokens, *, extra_key=None))]
+    fn prompt_hashes(
+        &self,
+        py: Python<'_>,
+        tokens: Bound<'_, PyAny>,
+        extra_key: Option<ExtraKey>,
+    ) -> PyResult<PyPromptHashes> {
+        let token_ids = self.token_ids(&tokens)?;
+        let ids = token_ids.as_slice()?;
+        let key = extra_key.as_ref().map(|key| key.0.as_slice());
+        let heavy = ids.len() >= DETACH_MIN_PROMPT_TOKENS;
+        let hashes = self.run(py, heavy, |kv| Ok(kv.prefix_block_hashes(ids, key)))?;
+        Ok(PyPromptHashes { hashes })
     }
 
     /// The chained hash (an int) of the content offload-tier host block `host_block` holds,

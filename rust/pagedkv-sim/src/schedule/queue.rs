@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 
-use pagedkv::{BlockHash, Error, KvEvent, Result, Tier};
+use pagedkv::{BlockHash, DrainedEvent, DrainedEvents, Error, KvEvent, Result, Tier};
 
 use super::aging::AgingClock;
 use super::index::WaitingIndex;
@@ -265,6 +265,43 @@ impl CacheAwareQueue {
             KvEvent::AllBlocksCleared => self.index.cleared(),
             _ => Ok(()),
         }
+    }
+
+    /// Feeds drained KV events (`KvCacheManager::take_drained_events`), as [`Self::apply`]
+    /// does each of them but reading a device block's removal in place: no `KvEvent` is built
+    /// and nothing is allocated per removal (the allocator's drain was most of the per-request
+    /// cost of a queue of unique prompts, docs/scheduling.md, Cost). Only group 0's events of
+    /// a hybrid manager are applied (each group stores and removes its own copies, and group 0
+    /// holds full-attention layers, the one kind that keeps a whole prefix); a single-group
+    /// manager's events have no group. Returns how many were applied; on an error the events
+    /// before it are applied.
+    pub fn apply_drained(&mut self, events: &DrainedEvents) -> Result<usize> {
+        let mut applied = 0;
+        for event in events.iter() {
+            match event {
+                DrainedEvent::DeviceRemoval {
+                    block_hash,
+                    group_idx: None | Some(0),
+                } => {
+                    self.index.removed(block_hash)?;
+                    self.stats.evicted_wanted_blocks = self.index.evicted_wanted_blocks;
+                }
+                DrainedEvent::Event(
+                    e @ (KvEvent::BlockStored {
+                        group_idx: None | Some(0),
+                        ..
+                    }
+                    | KvEvent::BlockRemoved {
+                        group_idx: None | Some(0),
+                        ..
+                    }
+                    | KvEvent::AllBlocksCleared),
+                ) => self.apply(e)?,
+                _ => continue,
+            }
+            applied += 1;
+        }
+        Ok(applied)
     }
 
     /// What the queue did so far.

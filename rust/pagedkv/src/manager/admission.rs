@@ -4,7 +4,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use super::config::{AdmitOptions, Prompt};
-use super::keys::{BlockKeys, PromptHashes};
+use super::keys::{given_prompt_hashes, BlockKeys, PromptHashes};
 use super::state::{GroupTables, KvCacheManager, SeqHashing, Sequence};
 use crate::error::{invalid, Error, Result};
 use crate::pool::BlockPool;
@@ -171,7 +171,8 @@ impl KvCacheManager {
     }
 
     /// [`Self::match_prefix`] of a prompt with caller-supplied per-block keys or hashes
-    /// (`extra_key`, `block_extra_keys`, `block_hashes` of `options`; the rest is ignored): the
+    /// (`extra_key`, `block_extra_keys`, `block_hashes`, `prompt_hashes` of `options`; the rest
+    /// is ignored): the
     /// hit [`Self::add_sequence_with`] would take now, with no side effect.
     ///
     /// ```
@@ -204,7 +205,9 @@ impl KvCacheManager {
             bs,
         )?;
         let seq_key: Option<Arc<[u8]>> = options.extra_key.map(Arc::from);
-        let mut hashes = PromptHashes::new(prefix.hasher, bs, token_ids, &seq_key, keys.as_deref());
+        let given = given_prompt_hashes(options, token_ids.len(), true, bs)?;
+        let mut hashes = PromptHashes::new(prefix.hasher, bs, token_ids, &seq_key, keys.as_deref())
+            .with_given(given);
         let hit = self.find_group_hit(&mut hashes, token_ids.len().saturating_sub(1) / bs);
         Ok(hit.num_blocks * bs)
     }
@@ -244,7 +247,7 @@ impl KvCacheManager {
     /// Admission with prefix caching: reuse the longest verified chain of cached blocks,
     /// allocate the rest, index the new full blocks. Nothing changes unless all of it succeeds.
     ///
-    /// `GIVEN`: whether `given` may hold hashes (`add_sequence_hashed`); the plain admission
+    /// `GIVEN`: whether `given` may hold hashes (`AdmitOptions::prompt_hashes`); the plain admission
     /// is compiled without the look-ups into it (callgrind_gate.sh).
     pub(super) fn admit_cached<const GIVEN: bool>(
         &mut self,
@@ -387,7 +390,7 @@ impl KvCacheManager {
             run_start = i + 1;
             i += 1;
         }
-        // Blocks entered under the caller's hashes (`add_sequence_hashed`) are marked as such,
+        // Blocks entered under the caller's hashes (`AdmitOptions::prompt_hashes`) are marked as such,
         // so that `check_invariants` does not recompute them: a wrong hash misnames a block,
         // it never serves wrong content (every hit compares token ids).
         if GIVEN && !given.is_empty() {
@@ -415,7 +418,8 @@ impl KvCacheManager {
             extra_key: extra,
             block_hashes,
             pending_tokens: token_ids[num_indexed * bs..].to_vec(),
-            keys: None,
+            // The given hashes of blocks the later chunks index (`index_computed`).
+            keys: (GIVEN && given.len() > num_indexed).then(|| BlockKeys::given(given)),
         };
         let table = BlockTable {
             block_ids,

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use super::config::{AdmitOptions, Prompt};
 use super::group_spec::NULL_BLOCK;
 use super::hits::{GroupHit, Place};
-use super::keys::{BlockKeys, PromptHashes};
+use super::keys::{given_prompt_hashes, BlockKeys, PromptHashes};
 use super::state::{GroupTables, KvCacheManager, SeqHashing, Sequence};
 use crate::error::{invalid, Error, Result, Tier};
 use crate::table::BlockTable;
@@ -64,8 +64,17 @@ impl KvCacheManager {
             && o.block_extra_keys.is_none()
             && o.block_hashes.is_none();
         match prompt {
-            Prompt::Tokens(t) if tuned && self.prefix.is_some() => {
-                self.admit_cached::<false>(seq_id, t, o.extra_key, o.num_scheduled, &[])
+            Prompt::Tokens(t) if tuned && self.prefix.is_some() => match o.prompt_hashes {
+                None => self.admit_cached::<false>(seq_id, t, o.extra_key, o.num_scheduled, &[]),
+                Some(_) => {
+                    let given = given_prompt_hashes(o, t.len(), true, self.block_size)?;
+                    self.admit_cached::<true>(seq_id, t, o.extra_key, o.num_scheduled, given)
+                }
+            },
+            _ if tuned && o.prompt_hashes.is_some() => {
+                // Validated (no token ids is an error); without prefix caching they are unused.
+                given_prompt_hashes(o, prompt.len(), prompt.tokens().is_some(), self.block_size)?;
+                self.admit(seq_id, prompt.len(), o.num_scheduled)
             }
             _ if tuned => self.admit(seq_id, prompt.len(), o.num_scheduled),
             _ => self.admit_groups(seq_id, prompt, o),
@@ -95,13 +104,14 @@ impl KvCacheManager {
             tokens.is_some(),
             bs,
         )?;
+        let given = given_prompt_hashes(o, num_tokens, tokens.is_some(), bs)?;
         self.check_admission_fits(num_tokens, o)?;
         let seq_key: Option<Arc<[u8]>> = o.extra_key.map(Arc::from);
         let caching = self.prefix.is_some() && tokens.is_some();
         let hasher = self.prefix.as_ref().map(|p| p.hasher);
-        let mut hashes = tokens
-            .zip(hasher)
-            .map(|(t, hasher)| PromptHashes::new(hasher, bs, t, &seq_key, keys.as_deref()));
+        let mut hashes = tokens.zip(hasher).map(|(t, hasher)| {
+            PromptHashes::new(hasher, bs, t, &seq_key, keys.as_deref()).with_given(given)
+        });
         let hit = match hashes.as_mut() {
             Some(h) if caching => self.find_group_hit(h, num_tokens.saturating_sub(1) / bs),
             _ => GroupHit {
@@ -180,7 +190,10 @@ impl KvCacheManager {
                     extra_key: seq_key.clone(),
                     block_hashes,
                     pending_tokens: t[first_load * bs..].to_vec(),
-                    keys,
+                    keys: match keys {
+                        None if given.len() > first_load => Some(BlockKeys::given(given)),
+                        keys => keys,
+                    },
                 })
             }
             _ => None,

@@ -8,6 +8,7 @@ use super::state::{KvCacheManager, Sequence};
 use crate::error::{invalid, Error, Result};
 use crate::pool::BlockPool;
 use crate::prefix::events::block_stored;
+use crate::prefix::index::Entered;
 use crate::prefix::PrefixCache;
 use crate::SeqId;
 
@@ -78,7 +79,10 @@ impl KvCacheManager {
             }
             let seq = self.seqs.at_mut(row);
             seq.num_computed += num_tokens;
-            let keyed = seq.hashing.as_ref().is_some_and(|h| h.keys.is_some());
+            let keyed = seq
+                .hashing
+                .as_ref()
+                .is_some_and(|h| h.keys.as_ref().is_some_and(|k| k.is_keyed()));
             match self.prefix.as_mut() {
                 Some(prefix) if self.plain && !keyed => index_computed(prefix, &self.pool, seq, bs),
                 Some(_) => self.index_ready_at(row),
@@ -124,22 +128,30 @@ pub(super) fn index_computed(
     for i in start..end {
         let chunk = &h.pending_tokens[tokens(i)..tokens(i + 1)];
         let parent = h.block_hashes.last().copied();
-        let hash = prefix
-            .hasher
-            .hash_block(parent, chunk, h.extra_key.as_deref());
-        let parent_block = i.checked_sub(1).map(|p| seq.table.block_ids[p]);
-        let entered = prefix
-            .register(
-                seq.table.block_ids[i],
-                hash,
-                parent,
-                parent_block,
-                &h.block_hashes,
-                chunk,
-                &h.extra_key,
-                pool,
-            )
-            .is_new();
+        // pagedkv's own hash given at admission (`AdmitOptions::prompt_hashes`), else hashed.
+        let given = h.given_hash(i);
+        let hash = given.unwrap_or_else(|| {
+            prefix
+                .hasher
+                .hash_block(parent, chunk, h.extra_key.as_deref())
+        });
+        let b = seq.table.block_ids[i];
+        let entered = prefix.register(
+            b,
+            hash,
+            parent,
+            i.checked_sub(1).map(|p| seq.table.block_ids[p]),
+            &h.block_hashes,
+            chunk,
+            &h.extra_key,
+            pool,
+        );
+        // Marked as the caller's, so that `check_invariants` does not recompute it (a wrong
+        // hash misnames a block, it never serves wrong content).
+        if given.is_some() && matches!(entered, Entered::New | Entered::Replaced(_)) {
+            prefix.set_origin(b, 0, true);
+        }
+        let entered = entered.is_new();
         h.block_hashes.push(hash);
         if !entered {
             flush(prefix, h, run_start..i);
@@ -148,4 +160,5 @@ pub(super) fn index_computed(
     }
     flush(prefix, h, run_start..end);
     h.pending_tokens.drain(..tokens(end));
+    h.release_used_given();
 }

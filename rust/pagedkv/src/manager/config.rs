@@ -148,6 +148,16 @@ pub struct AdmitOptions<'a> {
     /// of pagedkv's own; blocks past the list are not indexed until their hashes are given
     /// (`provide_token_ids`).
     pub block_hashes: Option<&'a [BlockHash]>,
+    /// pagedkv's own chained hashes of the prompt's first full blocks, exactly as
+    /// `prefix_block_hashes(token_ids, extra_key)` returns them (a prefix of that list, or all
+    /// of it), computed earlier (a scheduler hashes each request at arrival,
+    /// docs/scheduling.md): used instead of hashing those blocks again, at admission and as
+    /// later chunks are computed. Unlike `block_hashes` these are not another engine's names:
+    /// the admission is the one without them, block for block and event for event. Hits still
+    /// compare token ids, so hashes that are not the prompt's cost hits and name blocks wrongly,
+    /// never serve wrong content. With `block_hashes` or `block_extra_keys`, without token ids,
+    /// or longer than the prompt's full blocks: `InvalidArgument`.
+    pub prompt_hashes: Option<&'a [BlockHash]>,
     /// Whether the admission must leave `ManagerConfig::watermark_blocks` available (vLLM
     /// applies its watermark only while other requests are scheduled).
     pub apply_watermark: bool,
@@ -163,6 +173,7 @@ impl Default for AdmitOptions<'_> {
             num_lookahead_tokens: 0,
             block_extra_keys: None,
             block_hashes: None,
+            prompt_hashes: None,
             apply_watermark: true,
         }
     }

@@ -90,19 +90,24 @@ pub(super) fn index_ready_in(
             }
         }
         h.pending_tokens.drain(..(end - start) * bs);
+        h.release_used_given();
     }
 }
 
 /// Appends the content hashes of blocks `range` (the next ones after `h.block_hashes`) to
-/// `h.block_hashes`: the caller's, or chained over `h.pending_tokens` with each block's
+/// `h.block_hashes`: the caller's, pagedkv's own given at admission, or chained over `h.pending_tokens` with each block's
 /// effective key.
 fn hash_blocks(prefix: &PrefixCache, h: &mut SeqHashing, range: Range<usize>, bs: usize) {
     debug_assert_eq!(range.start, h.block_hashes.len());
     let start = range.start;
     for i in range {
-        let hash = match h.keys.as_ref().and_then(|k| k.hashes.as_ref()) {
-            Some(caller) => caller[i],
-            None => {
+        let hash = match (
+            h.keys.as_ref().and_then(|k| k.hashes.as_ref()),
+            h.given_hash(i),
+        ) {
+            (Some(caller), _) => caller[i],
+            (None, Some(given)) => given,
+            (None, None) => {
                 let key = effective_key(&h.extra_key, h.keys.as_deref(), i);
                 prefix.hasher.hash_block(
                     h.block_hashes.last().copied(),
@@ -190,6 +195,9 @@ fn enter_group(
                 key,
                 pool,
             );
+            // Blocks named by pagedkv's own hashes given at admission are marked as the
+            // caller's too: `check_invariants` does not recompute them.
+            let caller = caller || i < h.num_given();
             if matches!(entered, Entered::New | Entered::Replaced(_)) && (group != 0 || caller) {
                 prefix.set_origin(b, group, caller);
             }

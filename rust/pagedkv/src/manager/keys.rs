@@ -10,6 +10,7 @@
 
 use std::sync::Arc;
 
+use super::config::AdmitOptions;
 use crate::error::{invalid, Result};
 use crate::prefix::hash::{BlockHash, BlockHasher};
 use crate::TokenId;
@@ -22,9 +23,27 @@ pub(super) struct BlockKeys {
     pub(super) own: Vec<Option<Arc<[u8]>>>,
     /// The caller's content hashes of the full blocks (`None`: pagedkv hashes them).
     pub(super) hashes: Option<Vec<BlockHash>>,
+    /// pagedkv's own hashes of the first full blocks, given at admission
+    /// (`AdmitOptions::prompt_hashes`) and read instead of hashing those blocks as they are
+    /// computed; never with `own` or `hashes` (empty once used).
+    pub(super) given: Vec<BlockHash>,
 }
 
 impl BlockKeys {
+    /// Keys holding only pagedkv's own hashes `given` (`AdmitOptions::prompt_hashes`).
+    pub(super) fn given(given: &[BlockHash]) -> Box<BlockKeys> {
+        Box::new(BlockKeys {
+            given: given.to_vec(),
+            ..BlockKeys::default()
+        })
+    }
+
+    /// Whether the caller gave block keys or hashes of its own (then the fast paths, which
+    /// know neither, do not apply); pagedkv's own given hashes do not count.
+    pub(super) fn is_keyed(&self) -> bool {
+        !self.own.is_empty() || self.hashes.is_some()
+    }
+
     /// The keys of an admission (`None` when it gave neither), each block key combined with
     /// the sequence's key. InvalidArgument when a list is longer than the prompt's blocks
     /// (`block_hashes`: its full blocks) or hashes are given without token ids.
@@ -94,7 +113,37 @@ impl BlockKeys {
         if let Some(h) = self.hashes.as_mut() {
             h.truncate(num_tokens / block_size);
         }
+        self.given.truncate(num_tokens / block_size);
     }
+}
+
+/// The validated `AdmitOptions::prompt_hashes` of an admission of `num_tokens` tokens (empty
+/// when none were given): InvalidArgument when they come with the caller's `block_hashes` or
+/// `block_extra_keys` (then pagedkv's own hashes are not the blocks' names), without token ids,
+/// or longer than the prompt's full blocks.
+pub(super) fn given_prompt_hashes<'a>(
+    o: &AdmitOptions<'a>,
+    num_tokens: usize,
+    has_tokens: bool,
+    block_size: usize,
+) -> Result<&'a [BlockHash]> {
+    let Some(given) = o.prompt_hashes else {
+        return Ok(&[]);
+    };
+    if o.block_hashes.is_some() || o.block_extra_keys.is_some() {
+        return invalid("prompt_hashes cannot be combined with block_hashes or block_extra_keys");
+    }
+    if !has_tokens {
+        return invalid("prompt_hashes needs the prompt's token ids");
+    }
+    let num_full = num_tokens / block_size;
+    if given.len() > num_full {
+        return invalid(format!(
+            "prompt_hashes has {} entries for a prompt of {num_full} full blocks",
+            given.len()
+        ));
+    }
+    Ok(given)
 }
 
 /// The effective key of block `i` (see the module docs).
@@ -131,6 +180,9 @@ pub(super) struct PromptHashes<'a> {
     tokens: &'a [TokenId],
     seq_key: &'a Option<Arc<[u8]>>,
     keys: Option<&'a BlockKeys>,
+    /// pagedkv's own hashes of the first blocks, given by the caller
+    /// (`AdmitOptions::prompt_hashes`): read instead of hashing those blocks.
+    given: &'a [BlockHash],
     /// Hashes of blocks `0..len`.
     pub(super) hashes: Vec<BlockHash>,
 }
@@ -149,8 +201,17 @@ impl<'a> PromptHashes<'a> {
             tokens,
             seq_key,
             keys,
+            given: &[],
             hashes: Vec::new(),
         }
+    }
+
+    /// Reads pagedkv's own hashes of the first `given.len()` blocks from `given` instead of
+    /// hashing them (`AdmitOptions::prompt_hashes`; never with the caller's `BlockKeys`).
+    pub(super) fn with_given(mut self, given: &'a [BlockHash]) -> Self {
+        debug_assert!(given.is_empty() || self.keys.is_none());
+        self.given = given;
+        self
     }
 
     /// Full blocks that have a hash: every full block, or as many as the caller hashed.
@@ -168,6 +229,7 @@ impl<'a> PromptHashes<'a> {
             let j = self.hashes.len();
             let h = match self.keys.and_then(|k| k.hashes.as_ref()) {
                 Some(caller) => caller[j],
+                None if j < self.given.len() => self.given[j],
                 None => {
                     let bs = self.block_size;
                     let key = effective_key(self.seq_key, self.keys, j);

@@ -189,6 +189,32 @@ impl SeqHashing {
     pub(super) fn num_known(&self, block_size: usize) -> usize {
         self.block_hashes.len() * block_size + self.pending_tokens.len()
     }
+
+    /// pagedkv's own hash of block `i` given at admission (`BlockKeys::given`), if any.
+    #[inline]
+    pub(super) fn given_hash(&self, i: usize) -> Option<BlockHash> {
+        self.keys.as_ref().and_then(|k| k.given.get(i).copied())
+    }
+
+    /// Blocks from the first that have a given hash (`BlockKeys::given`; 0 once used).
+    #[inline]
+    pub(super) fn num_given(&self) -> usize {
+        self.keys.as_ref().map_or(0, |k| k.given.len())
+    }
+
+    /// Drops the given hashes once every one of them names a hashed block, and the keys with
+    /// them when nothing else was given (the fast paths then apply again).
+    #[inline]
+    pub(super) fn release_used_given(&mut self) {
+        if let Some(k) = self.keys.as_mut() {
+            if !k.given.is_empty() && self.block_hashes.len() >= k.given.len() {
+                k.given = Vec::new();
+                if !k.is_keyed() {
+                    self.keys = None;
+                }
+            }
+        }
+    }
 }
 
 /// Lifetime counters; each name says its unit.

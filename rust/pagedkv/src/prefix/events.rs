@@ -173,6 +173,53 @@ impl DrainedEvents {
     pub(crate) fn views(&self) -> impl ExactSizeIterator<Item = QueuedRef<'_>> + '_ {
         self.0.iter().map(Queued::view)
     }
+
+    /// Each event, oldest first, without building a [`KvEvent`] for a device block's removal
+    /// (a consumer that reads them in place, such as a scheduler's index, allocates nothing
+    /// per removal).
+    ///
+    /// ```
+    /// use pagedkv::{DrainedEvent, KvCacheManager, KvEvent, ManagerConfig};
+    /// let mut kv = KvCacheManager::new(ManagerConfig {
+    ///     num_blocks: 2, block_size: 2, enable_prefix_caching: true, enable_kv_events: true,
+    ///     ..Default::default()
+    /// })?;
+    /// kv.add_sequence(1, &[1, 2, 3], None)?;
+    /// kv.free(1)?;
+    /// kv.add_sequence(2, &[7, 8, 9], None)?;                 // evicts [1 2]
+    /// let drained = kv.take_drained_events();
+    /// let kinds: Vec<&str> = drained.iter().map(|e| match e {
+    ///     DrainedEvent::DeviceRemoval { .. } => "removed",
+    ///     DrainedEvent::Event(KvEvent::BlockStored { .. }) => "stored",
+    ///     DrainedEvent::Event(_) => "other",
+    /// }).collect();
+    /// assert_eq!(kinds, ["stored", "removed", "stored"]);
+    /// # Ok::<(), pagedkv::Error>(())
+    /// ```
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = DrainedEvent<'_>> + '_ {
+        self.0.iter().map(|q| match q {
+            Queued::Removed(block_hash, group_idx) => DrainedEvent::DeviceRemoval {
+                block_hash: *block_hash,
+                group_idx: *group_idx,
+            },
+            Queued::Event(event) => DrainedEvent::Event(event),
+        })
+    }
+}
+
+/// One event of [`DrainedEvents::iter`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum DrainedEvent<'a> {
+    /// `KvEvent::BlockRemoved` of the one block `block_hash` on the device tier, in KV-cache
+    /// group `group_idx` (`None` for a single-group manager).
+    DeviceRemoval {
+        /// The removed block's chained hash.
+        block_hash: BlockHash,
+        /// Its KV-cache group (`None` for a single-group manager).
+        group_idx: Option<u32>,
+    },
+    /// Any other event.
+    Event(&'a KvEvent),
 }
 
 /// The memory one event holds: the enum itself plus its heap buffers at capacity.
