@@ -42,13 +42,15 @@ baseline's matmul form on the CPU, and writes --out with every point's plan.
 
 On a lent GPU machine without a Rust toolchain: `scripts/gpu_run.sh` (docs/decode_kernel.md §5:
 build the extension on a CPU machine, carry `python/pagedkv/_core.abi3.so`).
+
+The sweep's points, byte accounting, plans and device-time estimate are in gpu_decode_sweep.py,
+the correctness step in gpu_decode_correctness.py; this script times and reports.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
-import itertools
 import json
 import math
 import os
@@ -57,253 +59,42 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from gpu_decode_correctness import correctness, dense_correctness, windowed_workspace_correctness
+from gpu_decode_sweep import (
+    EST_COMPILE_S,
+    EST_MIN_TIMING_S,
+    SPLIT_COUNTS,
+    SPLIT_SWEEP,
+    Result,
+    SweepPoint,
+    block_tables,
+    check_accounting,
+    estimated_seconds,
+    has_cuda_core_baseline,
+    kernel_path,
+    planned,
+    sweep,
+    target_pct,
+)
 from gpu_dense_decode import DenseDecode
-from gpu_dense_decode import check as dense_check
 from gpu_specs import NOMINAL, GpuSpec, describe, lookup, measured
 from gpu_timing import random_values, time_kernel
 
-BATCHES = (1, 8, 64)
-CONTEXTS = (1024, 4096, 16384)
-GROUPS = (1, 4, 8)
-KINDS = ("float16", "bfloat16")
-HEAD_DIM = 128
-BLOCK_SIZE = 16
-WINDOW = 100  # the windowed DecodeWorkspace correctness case (Gemma-style sliding window)
-NUM_KV_HEADS = 8
-ITEMSIZE = 2
-# (kind, batch, context, group) points whose num_splits is swept, and the counts tried.
-SPLIT_SWEEP = (("bfloat16", 1, 16384, 8), ("bfloat16", 8, 4096, 8), ("float16", 1, 1024, 1))
-SPLIT_COUNTS = (1, 2, 4, 8, 16, 32)
-
-
-@dataclass
-class SweepPoint:
-    kind: str
-    batch: int
-    context: int
-    group: int
-    num_kv_heads: int = NUM_KV_HEADS
-    head_dim: int = HEAD_DIM
-    block_size: int = BLOCK_SIZE
-
-    @property
-    def num_q_heads(self) -> int:
-        return self.num_kv_heads * self.group
-
-    @property
-    def blocks_per_seq(self) -> int:
-        return math.ceil(self.context / self.block_size)
-
-    @property
-    def kv_bytes(self) -> int:
-        """K and V bytes one launch must read: every token of every sequence, once per KV head."""
-        return 2 * self.batch * self.context * self.num_kv_heads * self.head_dim * ITEMSIZE
-
-    @property
-    def io_bytes(self) -> int:
-        """KV plus the query read and the output written."""
-        return self.kv_bytes + 2 * self.batch * self.num_q_heads * self.head_dim * ITEMSIZE
-
-
-@dataclass
-class Result:
-    point: dict
-    kv_gb: float
-    time_us: float
-    gb_per_s: float
-    pct_of_copy: float
-    pct_of_peak: float
-    num_splits: int
-    ctas_per_sm: int = 0
-    waves: int = 0
-    api_time_us: float | None = None  # the full paged_attention call, wall time, synchronized
-    flashinfer_time_us: float | None = None
-    flashinfer_gb_per_s: float | None = None
-    flashinfer_note: str = ""
-    target_pct: float | None = None
-    split_sweep_us: dict[str, float] = field(default_factory=dict)  # num_splits -> kernel us
-    notes: list[str] = field(default_factory=list)
-    kernel: str = ""  # the decode instance the launcher chose (tensor cores or CUDA cores)
-    # Where the launcher chose tensor cores: the CUDA-core kernel on the same buffers and plan.
-    baseline_kernel: str = ""
-    baseline_num_splits: int = 0
-    baseline_time_us: float | None = None
-    baseline_gb_per_s: float | None = None
-    tc_over_cuda_core: float | None = None  # kernel time ratio, tensor cores / CUDA cores
-    # The dense baseline on a contiguous cache of the same shapes (gpu_dense_decode.py).
-    dense_backend: str = ""
-    dense_time_us: float | None = None
-    dense_gb_per_s: float | None = None
-    dense_over_ours: float | None = None  # > 1: the paged kernel is faster
-    dense_note: str = ""
-
-
-def sweep() -> list[SweepPoint]:
-    return [
-        SweepPoint(kind, b, c, g) for kind, b, c, g in itertools.product(KINDS, BATCHES, CONTEXTS, GROUPS)
-    ]
-
-
-def target_pct(point: SweepPoint) -> float | None:
-    """The targets, in % of the device's peak bandwidth: >= 80 % at >= 0.5 GB of KV for group <= 4,
-    >= 65 % at group 8."""
-    if point.kv_bytes < 0.5e9:
-        return None
-    return 80.0 if point.group <= 4 else 65.0
-
-
-def block_tables(point: SweepPoint, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, int]:
-    """Random non-contiguous tables over a pool with 10 % spare blocks: (tables, seq_lens, num_blocks)."""
-    used = point.batch * point.blocks_per_seq
-    num_blocks = used + max(1, used // 10)
-    ids = rng.permutation(num_blocks)[:used].astype(np.int32)
-    tables = ids.reshape(point.batch, point.blocks_per_seq)
-    lens = np.full(point.batch, point.context, np.int32)
-    return tables, lens, num_blocks
-
-
-def check_accounting(points: list[SweepPoint]) -> None:
-    """Dry-run check: the byte formula equals what the tables address, slot by slot."""
-    rng = np.random.default_rng(0)
-    for p in points:
-        tables, lens, num_blocks = block_tables(p, rng)
-        row_bytes = p.num_kv_heads * p.head_dim * ITEMSIZE
-        addressed = 0
-        for b in range(p.batch):
-            n = int(lens[b])
-            full, rest = divmod(n, p.block_size)
-            ids = tables[b, : full + (1 if rest else 0)]
-            assert len(set(ids.tolist())) == len(ids) and int(ids.max()) < num_blocks
-            addressed += (full * p.block_size + rest) * row_bytes
-        assert 2 * addressed == p.kv_bytes, (p, addressed)
-        assert len(np.unique(tables)) == tables.size, "blocks shared between sequences"
-
-
-def correctness(backend: str, xp: Any) -> list[str]:
-    """Small paged problems through `backend` against the NumPy reference; returns failures."""
-    from pagedkv.attention import paged_attention
-    from pagedkv.attention.dtypes import float32_to_bf16_bits, to_compute
-
-    failures = []
-    rng = np.random.default_rng(1)
-    for kind, group, splits in itertools.product(KINDS, GROUPS, (None, 1, 4)):
-        heads, lens = 2, [1, 100, 333]
-        blocks = sum(math.ceil(n / BLOCK_SIZE) for n in lens) + 2
-        tables = np.full((len(lens), math.ceil(max(lens) / BLOCK_SIZE) + 1), -1, np.int32)
-        ids = rng.permutation(blocks)
-        pos = 0
-        for b, n in enumerate(lens):
-            k = math.ceil(n / BLOCK_SIZE)
-            tables[b, :k] = ids[pos : pos + k]
-            pos += k
-
-        def make(shape: tuple[int, ...], kind: str = kind) -> np.ndarray:
-            x = rng.standard_normal(shape).astype(np.float32)
-            return float32_to_bf16_bits(x) if kind == "bfloat16" else x.astype(np.float16)
-
-        q = make((len(lens), heads * group, HEAD_DIM))
-        k_cache = make((blocks, BLOCK_SIZE, heads, HEAD_DIM))
-        v_cache = make((blocks, BLOCK_SIZE, heads, HEAD_DIM))
-        seq_lens = np.array(lens, np.int32)
-        expected = to_compute(paged_attention(q, k_cache, v_cache, tables, seq_lens), kind)
-        # Tables and lengths stay on the host: the no-sync path an engine uses.
-        args = [xp.asarray(a) for a in (q, k_cache, v_cache)] + [tables, seq_lens]
-        # Both decode kernels where the launcher picks tensor cores (the sweep times both).
-        paths = (None, False) if has_cuda_core_baseline(kind, HEAD_DIM, group) else (None,)
-        for use in paths:
-            out = paged_attention(*args, backend=backend, num_splits=splits, use_tensor_cores=use)
-            out = to_compute(out.get() if hasattr(out, "get") else out, kind)
-            tol = 2e-3 if kind == "float16" else 1.6e-2
-            err = float(np.max(np.abs(out - expected)))
-            status = "ok" if err <= tol and not np.isnan(out).any() else "FAIL"
-            path = "" if use is None else " cuda-core"
-            print(
-                f"  correctness {kind:<8} group={group} splits={splits}{path}: max|err|={err:.2e} "
-                f"(tol {tol}) {status}"
-            )
-            if status != "ok":
-                failures.append(f"{kind} group={group} splits={splits}{path}: {err}")
-    return failures + windowed_workspace_correctness(backend, xp)
-
-
-def windowed_workspace_correctness(
-    backend: str, xp: Any, kinds: tuple[str, ...] = KINDS, window: int = WINDOW
-) -> list[str]:
-    """A sliding-window decode step through DecodeWorkspace(window=), the sweep's timed path, against
-    the NumPy reference: the blocks wholly before each sequence's window released (NaN, table
-    entry -1), as a sliding-window KV group leaves them. Returns failures. backend 'numpy' (the
-    dry run) has no workspace: paged_attention(window=) runs the same problem instead."""
-    from pagedkv.attention import DecodeWorkspace, paged_attention
-    from pagedkv.attention.dtypes import float32_to_bf16_bits, nan_fill_value, to_compute
-
-    failures = []
-    rng = np.random.default_rng(2)
-    lens, heads, group = [1, 100, 333, 700], 2, 4
-    path = "paged_attention" if backend == "numpy" else "workspace"
-    for kind in kinds:
-        blocks = sum(math.ceil(n / BLOCK_SIZE) for n in lens) + 2
-        tables = np.full((len(lens), math.ceil(max(lens) / BLOCK_SIZE)), -1, np.int32)
-        ids, pos = rng.permutation(blocks), 0
-        for b, n in enumerate(lens):
-            tables[b, : math.ceil(n / BLOCK_SIZE)] = ids[pos : pos + math.ceil(n / BLOCK_SIZE)]
-            pos += math.ceil(n / BLOCK_SIZE)
-        x = rng.standard_normal((len(lens), heads * group, HEAD_DIM)).astype(np.float32)
-        caches = rng.standard_normal((2, blocks, BLOCK_SIZE, heads, HEAD_DIM)).astype(np.float32)
-        if kind == "bfloat16":
-            q, k_cache, v_cache = (
-                float32_to_bf16_bits(x),
-                float32_to_bf16_bits(caches[0]),
-                float32_to_bf16_bits(caches[1]),
-            )
-        else:
-            q, k_cache, v_cache = (
-                x.astype(np.float16),
-                caches[0].astype(np.float16),
-                caches[1].astype(np.float16),
-            )
-        seq_lens = np.array(lens, np.int32)
-        expected = to_compute(paged_attention(q, k_cache, v_cache, tables, seq_lens, window=window), kind)
-        for b, n in enumerate(lens):  # release what slid out of the window
-            released = max(0, n - window) // BLOCK_SIZE
-            k_cache[tables[b, :released]] = nan_fill_value(kind)
-            v_cache[tables[b, :released]] = nan_fill_value(kind)
-            tables[b, :released] = -1
-        for splits in (None, 3):
-            if backend == "numpy":
-                out = paged_attention(q, k_cache, v_cache, tables, seq_lens, window=window, num_splits=splits)
-            else:
-                ws = DecodeWorkspace(
-                    num_blocks=blocks,
-                    block_size=BLOCK_SIZE,
-                    num_kv_heads=heads,
-                    num_q_heads=heads * group,
-                    head_dim=HEAD_DIM,
-                    dtype=q.dtype,
-                    max_num_seqs=len(lens),
-                    max_blocks_per_seq=tables.shape[1],
-                    backend=backend,
-                    split_bytes=1 << 20,
-                    window=window,
-                )
-                ws.plan(tables, seq_lens, num_splits=splits)
-                dq, dk, dv = (xp.asarray(a) for a in (q, k_cache, v_cache))
-                out = ws.run(dq, dk, dv, out=xp.empty_like(dq))
-            out = to_compute(out.get() if hasattr(out, "get") else out, kind)
-            tol = 2e-3 if kind == "float16" else 1.6e-2
-            err = float(np.max(np.abs(out - expected)))
-            status = "ok" if err <= tol and not np.isnan(out).any() else "FAIL"
-            print(
-                f"  correctness {kind:<8} group={group} splits={splits} window={window} {path}: "
-                f"max|err|={err:.2e} (tol {tol}) {status}"
-            )
-            if status != "ok":
-                failures.append(f"{kind} window={window} splits={splits} {path}: {err}")
-    return failures
+# Read by tests/kernels/test_bench_script.py through this script.
+__all__ = [
+    "EST_COMPILE_S",
+    "EST_MIN_TIMING_S",
+    "SweepPoint",
+    "estimated_seconds",
+    "has_cuda_core_baseline",
+    "main",
+    "windowed_workspace_correctness",
+]
 
 
 def time_call(cupy: Any, fn: Callable[[], Any], flush: Callable[[], None] | None, iters: int = 20) -> float:
@@ -367,73 +158,6 @@ def write_results(out: Path | None, payload: dict, lines: list[str]) -> None:
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(text)
         os.replace(tmp, path)
-
-
-def has_cuda_core_baseline(kind: str, head_dim: int, group: int) -> bool:
-    """Whether the launcher picks tensor cores here, so the CUDA-core kernel is timed beside it."""
-    from pagedkv.kernels import instances
-
-    return instances.uses_tensor_cores(kind, head_dim, group)
-
-
-def kernel_path(point: SweepPoint) -> str:
-    """Which decode kernel the launcher runs for this point: tensor cores or CUDA cores."""
-    if has_cuda_core_baseline(point.kind, point.head_dim, point.group):
-        return "tensor cores (+ CUDA-core baseline)"
-    return "CUDA cores"
-
-
-# estimated_seconds' model: pessimistic on purpose (it is checked against the budget).
-EST_BANDWIDTH = 0.5 * (NOMINAL.peak_bytes_per_s or 1e12)  # a launch's bytes at half the expected peak
-EST_FLUSH_S = 100e-6  # the L2 flush (2 x 50 MB written) and its host round trip
-EST_HOST_S = 100e-6  # per timed iteration: event record/synchronize, Python
-EST_MIN_TIMING_S = 0.2  # time_kernel's min_seconds
-EST_SETUP_S = 0.5  # random caches (a few GB at most), workspace, plan, frees, per point
-EST_COMPILE_S = 5.0  # NVRTC of one instance not yet in the cubin cache
-EST_FIXED_S = 30.0  # imports, device query, correctness step (its compiles counted below), copy test
-
-
-def estimated_seconds(points: list[SweepPoint], kernel_only: bool, flashinfer: bool = True) -> float:
-    """An upper estimate of a run's device time: every timing's iterations (time_kernel: at least
-    20 and 0.2 s; time_call: 23), setup per point (the dense baseline's tensors included), the
-    dense baseline's timing, one compile per decode/merge instance."""
-    from pagedkv.kernels import instances
-
-    def timing(p: SweepPoint, min_iters: int = 20) -> float:
-        per_iter = p.io_bytes / EST_BANDWIDTH + EST_FLUSH_S + EST_HOST_S
-        return max(EST_MIN_TIMING_S, (min_iters + 3) * per_iter)
-
-    total = EST_FIXED_S
-    compiled: set[str] = set()
-    for p in points:
-        total += 2 * EST_SETUP_S + 2 * timing(p)  # ours, and the dense baseline
-        for use in (None, False) if has_cuda_core_baseline(p.kind, p.head_dim, p.group) else (None,):
-            compiled.add(instances.decode_for(p.kind, p.head_dim, p.block_size, p.group, use).name)
-            if use is False:
-                total += timing(p)
-        compiled.add(instances.merge(p.kind, p.head_dim).name)
-        if (p.kind, p.batch, p.context, p.group) in SPLIT_SWEEP:
-            total += len(SPLIT_COUNTS) * timing(p, min_iters=10)
-        if not kernel_only:
-            total += 23 * (p.io_bytes / EST_BANDWIDTH + EST_FLUSH_S + 1e-3)  # time_call: host work
-            if flashinfer:
-                total += timing(p) + 2.0  # plus its plan and first-call JIT
-    return total + EST_COMPILE_S * len(compiled)
-
-
-def planned(point: SweepPoint, num_sms: int, ctas_per_sm: int) -> tuple[int, int]:
-    """(num_splits, waves) the split planner picks for this point."""
-    from pagedkv.attention.split_planning import plan_splits
-    from pagedkv.kernels import instances
-
-    plan = plan_splits(
-        point.batch * point.num_kv_heads,
-        point.context,
-        instances.tile_tokens(point.kind, point.head_dim),
-        num_sms,
-        ctas_per_sm,
-    )
-    return plan.num_splits, plan.waves
 
 
 class FlashInferDecode:
@@ -677,19 +401,6 @@ def run_sweep(args: argparse.Namespace) -> int:
     if out is not None:
         print(f"wrote {out} and {out}.txt")
     return 0
-
-
-def dense_correctness(dense: DenseDecode | None, xp: Any) -> list[str]:
-    """The dense baseline against the NumPy reference on a small problem (dense None, xp numpy:
-    its matmul form on the CPU); returns failures."""
-    failures = []
-    for kind in KINDS:
-        backend, err, tol = dense_check(kind, dense, xp)
-        status = "ok" if err <= tol else "FAIL"
-        print(f"  correctness {kind:<8} dense baseline ({backend}): max|err|={err:.2e} (tol {tol}) {status}")
-        if status != "ok":
-            failures.append(f"{kind} dense baseline {backend}: {err}")
-    return failures
 
 
 def dry_run(args: argparse.Namespace) -> int:

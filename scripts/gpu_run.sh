@@ -82,6 +82,7 @@ FOLD=("$PY" benches/gpu_results.py)
 say() { printf '%s\n' "$*" | tee -a "$LOG"; }
 
 for f in benches/gpu_env.py benches/gpu_specs.py benches/gpu_results.py benches/gpu_decode.py \
+    benches/gpu_decode_sweep.py benches/gpu_decode_correctness.py \
     benches/gpu_dense_decode.py benches/gpu_prefill.py benches/gpu_timing.py benches/gpu_sanitize.py \
     tests/kernels/test_gpu_mma.py tests/kernels/test_gpu.py tests/kernels/test_gpu_prefill.py \
     tests/quant/test_gpu_quant.py python/pagedkv/kernels/precompile.py; do

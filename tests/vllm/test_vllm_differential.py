@@ -11,9 +11,10 @@ alike, and blocks in use, table lengths and ``num_computed_tokens`` agree after 
 A schedule stops, without failing, at the explained divergence (vLLM indexes two copies of one
 content, pagedkv keeps one; the script's docstring); everything up to there was compared.
 
-Needs vLLM 0.33's block manager importable (the peer venv, benches/README.md); skipped
+Needs vLLM 0.33's block manager importable (the vLLM venv of scripts/vllm/env.sh); skipped
 otherwise; the test command runs it in its vLLM stage (scripts/vllm/stage.sh). The results of
-the full run are in benches/results/2026-12-03-vllm-differential.md.
+the full per-chunk run are in benches/results/2026-12-06-vllm-per-chunk-differential.md ("Full
+attention").
 """
 
 from __future__ import annotations

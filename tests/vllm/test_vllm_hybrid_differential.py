@@ -13,9 +13,10 @@ managers release out-of-window blocks first and keep them released. A schedule s
 failing, at the explained divergence: from the step where vLLM indexes two copies of one content
 (pagedkv keeps one), the pools may differ block for block.
 
-Needs vLLM 0.33's block manager importable (the peer venv, benches/README.md); skipped
+Needs vLLM 0.33's block manager importable (the vLLM venv of scripts/vllm/env.sh); skipped
 otherwise; the test command runs it in its vLLM stage (scripts/vllm/stage.sh). The results of
-the full run are in benches/results/2026-12-03-vllm-hybrid-differential.md.
+the full per-chunk run are in benches/results/2026-12-06-vllm-per-chunk-differential.md ("Full
+attention + sliding windows").
 """
 
 from __future__ import annotations

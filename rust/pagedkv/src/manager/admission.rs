@@ -122,7 +122,7 @@ impl KvCacheManager {
             max_blocks: max_hits,
             given: &[],
         };
-        walk.run(&mut chain, &mut block_hashes, &mut block_ids)?;
+        walk.run::<false>(&mut chain, &mut block_hashes, &mut block_ids)?;
         let num_device = block_ids.len();
         let mut host_hits = Vec::new();
         self.host_hits(
@@ -283,7 +283,7 @@ impl KvCacheManager {
             max_blocks: max_hits,
             given,
         };
-        let num_revive = walk.run(&mut chain, &mut block_hashes, &mut block_ids)?;
+        let num_revive = walk.run::<GIVEN>(&mut chain, &mut block_hashes, &mut block_ids)?;
         let num_hits = block_ids.len();
         // Hits in the offload tier continue the device chain: fresh blocks loaded from the
         // host (`take_load_ops`), computed as soon as the caller has run the loads.
@@ -474,8 +474,13 @@ impl HitWalk<'_> {
     /// One out-of-line copy for all three callers: inlined into each, the hint and hash
     /// look-ups inside were inlined differently in admission depending on the other callers
     /// (callgrind: benches/results/2026-12-03-scheduler-contract.md).
+    ///
+    /// `GIVEN`: whether `given` may hold hashes (`add_sequence_hashed`). The plain walks are
+    /// compiled without it: the slice kept live across the loop cost `prefix_match` about four
+    /// instructions a block in spills around the token comparison (scripts/callgrind_gate.sh;
+    /// benches/results/2026-12-06-prefix-match-callgrind.md).
     #[inline(never)]
-    pub(super) fn run(
+    pub(super) fn run<const GIVEN: bool>(
         &self,
         chain: &mut ChainHasher,
         block_hashes: &mut Vec<BlockHash>,
@@ -485,7 +490,12 @@ impl HitWalk<'_> {
             block_hashes.is_empty(),
             "the walk starts at the prompt's first block"
         );
+        debug_assert!(
+            GIVEN || self.given.is_empty(),
+            "a plain walk was given hashes"
+        );
         let (prefix, extra_key) = (self.prefix, self.extra_key);
+        let given: &[BlockHash] = if GIVEN { self.given } else { &[] };
         let mut num_revive = 0usize;
         for chunk in self
             .token_ids
@@ -501,7 +511,7 @@ impl HitWalk<'_> {
                 Some(found) => found,
                 None => {
                     // Every block before this one pushed its hash: this is block `len`.
-                    let h = match self.given.get(block_hashes.len()) {
+                    let h = match given.get(block_hashes.len()) {
                         Some(&h) => h,
                         None => chain.hash(parent, chunk),
                     };

@@ -53,7 +53,7 @@ impl KvCacheManager {
             max_blocks: num_full,
             given: &[],
         };
-        walk.run(&mut chain, &mut hashes, &mut blocks)?;
+        walk.run::<false>(&mut chain, &mut hashes, &mut blocks)?;
         if blocks.is_empty() {
             return Ok(0);
         }

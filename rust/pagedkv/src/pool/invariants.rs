@@ -3,7 +3,8 @@
 //! the lock-free operations they check; they read the same private fields.
 
 use super::handle::refcount_of;
-use super::{head_index, BlockPool, NIL};
+use super::tagged_head::{head_index, NIL};
+use super::BlockPool;
 use crate::error::{Error, Result};
 use crate::sync::{spin_hint, Ordering};
 

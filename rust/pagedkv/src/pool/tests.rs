@@ -1,6 +1,7 @@
 //! Unit tests of the lock-free pool (the loom models are in tests/loom_pool.rs).
 
 use super::*;
+use crate::error::Error;
 
 #[test]
 fn fresh_pool_hands_out_ascending_ids() {
