@@ -475,7 +475,7 @@ impl HitWalk<'_> {
     /// look-ups inside were inlined differently in admission depending on the other callers
     /// (callgrind: benches/results/2026-12-03-scheduler-contract.md).
     ///
-    /// `GIVEN`: whether `given` may hold hashes (`add_sequence_hashed`). The plain walks are
+    /// `GIVEN`: whether `given` may hold hashes (`AdmitOptions::prompt_hashes`). The plain walks are
     /// compiled without it: the slice kept live across the loop cost `prefix_match` about four
     /// instructions a block in spills around the token comparison (scripts/callgrind_gate.sh;
     /// benches/results/2026-12-06-prefix-match-callgrind.md).
