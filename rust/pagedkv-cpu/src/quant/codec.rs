@@ -6,6 +6,9 @@
 
 /// Largest int8 code magnitude (-128 is never produced).
 pub const INT8_MAX: f32 = 127.0;
+/// 1.5 * 2^23: an integral float32 q with |q| < 2^22 plus this is exact, with q in the low
+/// mantissa bits (two's complement).
+const ROUND_MAGIC: f32 = 12_582_912.0;
 /// Largest finite e4m3 value.
 pub const E4M3_MAX: f32 = 448.0;
 /// The UE5M3 scale byte of NaN (a row that held a NaN or an infinity).
@@ -73,6 +76,7 @@ pub fn ue5m3_scale_for(amax: f32, max_code: f32, power_of_two: bool) -> u8 {
 /// float32 -> e4m3 byte, as CUDA's `__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3)`: round
 /// to nearest even; above 464 (infinities too) +-448; at or below 2^-10 zero; NaN NaN (0x7F with
 /// the sign).
+#[inline(always)]
 pub fn f32_to_e4m3(x: f32) -> u8 {
     let bits = x.to_bits();
     let sign = ((bits >> 24) & 0x80) as u8;
@@ -143,32 +147,43 @@ pub fn dequantize_8bit(code: u8, scale: f32, fp8: bool) -> f32 {
 /// byte: int8 codes `rint(x / s)` (half to even, clamped to +-127), e4m3 codes `x / s` rounded
 /// to nearest even (`x / s` one correctly rounded float32 division); a row holding a NaN or an
 /// infinity gets scale 0xFF and zero codes.
+///
+/// Branch-free loops, always inlined: a caller compiled for AVX2 / AVX-512 (`multiversion`, as
+/// `quant::write` is) gets them vectorised, with the same IEEE operations per element in the
+/// same order, so the same bits (the scalar definition is kept in the tests and compared on
+/// hostile rows). Without SSE4.1 `round_ties_even` is a libm call per value, which dominated
+/// the write's profile (benches/results/2026-12-06-quant-write-cost-v2.md).
+#[inline(always)]
 pub fn quantize_8bit_row(x: &[f32], codes: &mut [u8], fp8: bool) -> u8 {
-    // NaN-propagating maximum, as NumPy's `abs(x).max()`.
-    let mut amax = 0.0f32;
+    let codes = &mut codes[..x.len()];
+    // max |x| on the bits: for non-negative floats the bit patterns order as the values do, and
+    // every NaN or infinity is at or above the infinity's bits. So the row is finite iff the
+    // maximum is below them, and then it is NumPy's `abs(x).max()` exactly (+0.0 for a row of
+    // zeros, as the scalar loop's start).
+    let mut amax_bits = 0u32;
     for &v in x {
-        let a = v.abs();
-        if a.is_nan() || a > amax {
-            amax = a;
-            if a.is_nan() {
-                break;
-            }
-        }
+        amax_bits = amax_bits.max(v.to_bits() & 0x7FFF_FFFF);
     }
+    if amax_bits >= 0x7F80_0000 {
+        codes.fill(0);
+        return UE5M3_NAN;
+    }
+    let amax = f32::from_bits(amax_bits);
     // e4m3 takes power-of-two scales only: x / s is then exact (docs/quantized_kv.md, "8-bit").
     let scale = ue5m3_scale_for(amax, if fp8 { E4M3_MAX } else { INT8_MAX }, fp8);
-    if scale == UE5M3_NAN {
-        codes.fill(0);
-        return scale;
-    }
     let divisor = ue5m3_to_f32(scale);
-    for (c, &v) in codes.iter_mut().zip(x) {
-        let scaled = v / divisor;
-        *c = if fp8 {
-            f32_to_e4m3(scaled)
-        } else {
-            scaled.round_ties_even().clamp(-INT8_MAX, INT8_MAX) as i8 as u8
-        };
+    if fp8 {
+        for (c, &v) in codes.iter_mut().zip(x) {
+            *c = f32_to_e4m3(v / divisor);
+        }
+    } else {
+        for (c, &v) in codes.iter_mut().zip(x) {
+            let q = (v / divisor).round_ties_even().clamp(-INT8_MAX, INT8_MAX);
+            // q is integral in [-127, 127]: q + 1.5 * 2^23 is exact, and its low mantissa byte
+            // is q's two's complement byte (a conversion that vectorises, unlike `as i8`'s
+            // saturating one).
+            *c = (q + ROUND_MAGIC).to_bits() as u8;
+        }
     }
     scale
 }
@@ -231,6 +246,7 @@ pub struct Int4Side {
 /// value `i` is `x(g, i)`) into `code(g, i, q)` callbacks, group bytes `meta[g]` and the side
 /// parameters (see `quant_codec.int4_encode`). A set holding a NaN or an infinity stores zero
 /// codes and bytes and NaN side parameters.
+#[inline(always)]
 pub fn int4_encode_set(
     groups: usize,
     n: usize,
@@ -256,8 +272,10 @@ pub fn int4_encode_set(
     for g in 0..groups {
         let (mut mn, mut mx) = (x(g, 0), x(g, 0));
         for i in 1..n {
-            mn = nan_min(mn, x(g, i));
-            mx = nan_max(mx, x(g, i));
+            // The set is finite here: nan_min / nan_max without their NaN checks.
+            let v = x(g, i);
+            mn = if v < mn { v } else { mn };
+            mx = if v > mx { v } else { mx };
         }
         s.mn[g] = mn;
         s.mx[g] = mx;
@@ -308,7 +326,9 @@ pub fn int4_encode_set(
         for i in 0..n {
             let q = if half > 0.0 {
                 let t = (x(g, i) - chat) / (half + half) + 7.5;
-                t.round_ties_even().clamp(0.0, 15.0) as u8
+                // Integral in [0, 15]: the exact magic add puts it in the low byte (as the
+                // 8-bit rows do; `as u8` would be a saturating scalar conversion).
+                (t.round_ties_even().clamp(0.0, 15.0) + ROUND_MAGIC).to_bits() as u8
             } else {
                 8
             };
@@ -432,6 +452,114 @@ mod tests {
         nan[3] = f32::NAN;
         assert_eq!(quantize_8bit_row(&nan, &mut codes, false), UE5M3_NAN);
         assert!(codes.iter().all(|&c| c == 0));
+    }
+
+    /// The row quantizer as first written (a NaN-propagating maximum that stops at a NaN, a
+    /// saturating `as i8`): the definition the branch-free, vectorised one must match.
+    fn quantize_8bit_row_reference(x: &[f32], codes: &mut [u8], fp8: bool) -> u8 {
+        let mut amax = 0.0f32;
+        for &v in x {
+            let a = v.abs();
+            if a.is_nan() || a > amax {
+                amax = a;
+                if a.is_nan() {
+                    break;
+                }
+            }
+        }
+        let scale = ue5m3_scale_for(amax, if fp8 { E4M3_MAX } else { INT8_MAX }, fp8);
+        if scale == UE5M3_NAN {
+            codes.fill(0);
+            return scale;
+        }
+        let divisor = ue5m3_to_f32(scale);
+        for (c, &v) in codes.iter_mut().zip(x) {
+            let scaled = v / divisor;
+            *c = if fp8 {
+                f32_to_e4m3(scaled)
+            } else {
+                scaled.round_ties_even().clamp(-INT8_MAX, INT8_MAX) as i8 as u8
+            };
+        }
+        scale
+    }
+
+    /// `quantize_8bit_row` compiled as the writes compile it (AVX-512 / AVX2 where the CPU has
+    /// them), row by row.
+    #[multiversion::multiversion(targets(
+        "x86_64+avx512f+avx512bw+avx512vl+avx2+fma+f16c",
+        "x86_64+avx2+fma+f16c",
+        "aarch64+neon"
+    ))]
+    fn quantize_rows_dispatched(rows: &[Vec<f32>], codes: &mut [Vec<u8>], fp8: bool) -> Vec<u8> {
+        rows.iter()
+            .zip(codes.iter_mut())
+            .map(|(x, c)| quantize_8bit_row(x, c, fp8))
+            .collect()
+    }
+
+    /// Hostile rows: NaN and infinities anywhere, zeros of both signs, subnormals (and a row of
+    /// only subnormals, below the smallest scale), quotients that tie at .5, values at and past
+    /// the clamp (a row past the largest scale saturates), lengths that leave vector tails.
+    fn hostile_rows() -> Vec<Vec<f32>> {
+        let mut rows = Vec::new();
+        for len in [1usize, 7, 8, 9, 16, 31, 64, 65, 256] {
+            let base: Vec<f32> = (0..len).map(|i| (i as f32 * 0.61).sin() * 3.0).collect();
+            rows.push(base.clone());
+            for bad in [f32::NAN, -f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+                for at in [0, len / 2, len - 1] {
+                    let mut r = base.clone();
+                    r[at] = bad;
+                    rows.push(r);
+                }
+            }
+            rows.push(vec![0.0; len]);
+            rows.push(vec![-0.0; len]);
+            rows.push(
+                (0..len)
+                    .map(|i| f32::from_bits(1 + i as u32 * 977))
+                    .collect(),
+            );
+            rows.push(
+                (0..len)
+                    .map(|i| -f32::from_bits(0x7F_FFFF - i as u32))
+                    .collect(),
+            );
+            // Scale 1 (amax 127): k + 0.5 ties, both signs, and +-127 / +-127.5 at the clamp.
+            rows.push(
+                (0..len)
+                    .map(|i| match i % 4 {
+                        0 => 127.0,
+                        1 => -127.0,
+                        2 => (i as f32 % 100.0) + 0.5,
+                        _ => -((i as f32 % 100.0) + 0.5),
+                    })
+                    .collect(),
+            );
+            rows.push(
+                (0..len)
+                    .map(|i| if i % 2 == 0 { 1e30 } else { -3e38 })
+                    .collect(),
+            );
+            rows.push((0..len).map(|i| 896.0 * 127.0 + i as f32).collect());
+            rows.push((0..len).map(|i| (i as f32 - 3.0) * 1e-8).collect());
+        }
+        rows
+    }
+
+    #[test]
+    fn vectorised_rows_match_the_scalar_definition_bit_for_bit() {
+        let rows = hostile_rows();
+        for fp8 in [false, true] {
+            let mut got: Vec<Vec<u8>> = rows.iter().map(|r| vec![0xAA; r.len()]).collect();
+            let scales = quantize_rows_dispatched(&rows, &mut got, fp8);
+            for (i, x) in rows.iter().enumerate() {
+                let mut want = vec![0x55; x.len()];
+                let want_scale = quantize_8bit_row_reference(x, &mut want, fp8);
+                assert_eq!(scales[i], want_scale, "row {i} fp8={fp8}: {x:?}");
+                assert_eq!(got[i], want, "row {i} fp8={fp8}: {x:?}");
+            }
+        }
     }
 
     #[test]

@@ -170,6 +170,15 @@ pub fn write_kv_quant<T: KvElem>(
 }
 
 /// 8-bit: each token's heads quantized into its slot. Slots were checked.
+///
+/// Compiled several times (AVX-512, AVX2, the x86-64 baseline) and dispatched once per call on
+/// the CPU's features; the row quantizer is inlined, so its loops are vectorised at each width
+/// with the scalar definition's bits (`codec::quantize_8bit_row`).
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512vl+avx2+fma+f16c",
+    "x86_64+avx2+fma+f16c",
+    "aarch64+neon"
+))]
 fn write_8bit<T: KvElem>(x: &[T], cache: QuantCacheMut<'_>, slot_mapping: &[i64]) {
     let l = cache.layout;
     let te = l.token_elems();
@@ -185,6 +194,7 @@ fn write_8bit<T: KvElem>(x: &[T], cache: QuantCacheMut<'_>, slot_mapping: &[i64]
 /// Quantizes one token's rows `[num_kv_heads, head_dim]` (fp32) into slot `slot` (`block *
 /// block_size + offset`) of the 8-bit blocks `data` of layout `l` (in bounds: checked by the
 /// caller).
+#[inline(always)]
 fn put_8bit_token(l: &QuantLayout, data: &mut [u8], slot: usize, x: &[f32]) {
     let (hd, heads, bs) = (l.head_dim, l.num_kv_heads, l.block_size);
     let fp8 = l.format == QuantFormat::Fp8E4m3;
@@ -199,6 +209,7 @@ fn put_8bit_token(l: &QuantLayout, data: &mut [u8], slot: usize, x: &[f32]) {
 
 /// The fp32 values of token `off` of the 8-bit block `block` (layout `l`) into `out`
 /// `[num_kv_heads, head_dim]`: `code * scale`, exact (`quant_codec.decode_blocks`).
+#[inline(always)]
 fn get_8bit_token(l: &QuantLayout, data: &[u8], block: usize, off: usize, out: &mut [f32]) {
     let (hd, heads) = (l.head_dim, l.num_kv_heads);
     let base = block * l.block_bytes;
@@ -215,6 +226,7 @@ fn get_8bit_token(l: &QuantLayout, data: &[u8], block: usize, off: usize, out: &
 
 /// A token's rows `x` (fp32) replaced by the values its int8 residual row holds: quantized
 /// with the row's own scale and dequantized (`quant_codec.round_trip_8bit`).
+#[inline(always)]
 fn round_trip_token(l: &QuantLayout, x: &mut [f32], codes: &mut [u8]) {
     let hd = l.head_dim;
     for row in x.chunks_exact_mut(hd) {
@@ -227,7 +239,13 @@ fn round_trip_token(l: &QuantLayout, x: &mut [f32], codes: &mut [u8]) {
 
 /// int4: seal the blocks that fill (their tokens' int8 values, from the residual slot or
 /// round-tripped from the write, quantized to int4 whole), then park the tokens of the blocks
-/// that stay open in their slots (quantized to int8). The plan was checked.
+/// that stay open in their slots (quantized to int8). The plan was checked. Multiversioned as
+/// [`write_8bit`], every step inlined.
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512vl+avx2+fma+f16c",
+    "x86_64+avx2+fma+f16c",
+    "aarch64+neon"
+))]
 fn write_int4<T: KvElem>(x: &[T], cache: QuantCacheMut<'_>, plan: &SealPlan) {
     let (l, rl) = (cache.layout, cache.residual_layout);
     let (bs, te) = (l.block_size, l.token_elems());
@@ -262,6 +280,7 @@ fn write_int4<T: KvElem>(x: &[T], cache: QuantCacheMut<'_>, plan: &SealPlan) {
 /// One int4 block's bytes from its tokens `[block_size, num_kv_heads, head_dim]` (fp32):
 /// per head a set (keys: a group per channel over the tokens; values: a group per token), codes
 /// two a byte, group bytes, side parameters; padding zero (`quant_codec.encode_blocks`).
+#[inline(always)]
 pub(crate) fn encode_int4_block(
     l: &QuantLayout,
     tokens: &[f32],
