@@ -12,7 +12,9 @@ per admission, per running request and per step; this class answers those calls 
 - every later ``allocate_slots`` is one ``allocate_slots`` of the core with the scheduler's
   watermark (``request.num_computed_tokens``, which rolls rejected drafts back) and in-flight
   count, then the ids (and hashes) of the tokens sampled since, as vLLM caches
-  ``min(computed + new, request.num_tokens)`` tokens;
+  ``min(computed + new, request.num_tokens)`` tokens; except a decode step that stays inside
+  one block, needs no slot and gives the core nothing to index (full attention only): its
+  watermark advance is recorded here and folded into the request's next core call;
 - the block ids come back as vLLM's own ``KVCacheBlock`` objects (one per pool block, made once),
   inside vLLM's ``KVCacheBlocks``; block 0 is vLLM's null block (``null_block=0``).
 
@@ -235,8 +237,13 @@ class KVCacheManager:
         self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in range(self.num_kv_cache_groups)))
         # Per request: [seq id, table length in blocks, token ids given, block hashes given
         # (-1: never: a request that skips the prefix cache), tokens cached (estimate), the
-        # core's computed-tokens watermark].
+        # computed-tokens watermark the core has once the deferred advances reach it, the
+        # core's watermark now]. The last two differ only after deferred advances (see
+        # allocate_slots' fast path).
         self._reqs: dict[str, list[int]] = {}
+        # Whether a decode step inside one block may skip the core call (no window group: the
+        # core's window release reads the watermark and the in-flight count of every call).
+        self._may_defer = self._num_full_groups == self.num_kv_cache_groups
         self._next_seq_id = 0
         self._events = (
             EventTranslator(
@@ -370,36 +377,86 @@ class KVCacheManager:
             raise InvalidArgumentError(
                 f"request {request.request_id!r} already holds blocks: no new computed tokens"
             )
-        seq_id, old_len = state[0], state[1]
         computed = request.num_computed_tokens
+        end = computed + num_new_tokens
+        bs = self.block_size
+        old_len = state[1]
+        # The fast path: a step that stays inside the block the watermark is in, needs no new
+        # slot and gives the core nothing new (no id of a filled block, no new hash) changes
+        # nothing in the core but its watermark and declared tokens, which nothing reads before
+        # this request's next core call: the advance is recorded here and handed to the core
+        # with that call (docs/integrations/vllm.md, Deferred watermark advances, proves each
+        # condition).
+        if (
+            computed == state[5]
+            and end // bs == computed // bs
+            and end + num_lookahead_tokens <= old_len * bs
+            and end <= self.max_model_len
+            and self._may_defer
+        ):
+            num_hashes = state[3]
+            if num_hashes < 0:
+                num_tokens = request.num_tokens
+                if num_tokens > state[2] and not self.enable_caching:
+                    state[2] = num_tokens
+                state[5] = end
+                return self.empty_kv_cache_blocks
+            num_tokens = len(request._all_token_ids)
+            num_ids = state[2]
+            limit = num_tokens if num_tokens < old_len * bs else old_len * bs
+            if limit // bs <= num_ids // bs and (
+                len(request.block_hashes) <= num_hashes
+                or (num_ids if num_ids > limit else limit) // bs <= num_hashes
+            ):
+                cached = min(end, num_tokens, num_hashes * bs) // bs * bs
+                if cached > state[4]:
+                    state[4] = cached
+                state[5] = end
+                return self.empty_kv_cache_blocks
+        seq_id = state[0]
         # Slots whose full-attention blocks alone pass the pool can never be allocated: vLLM
         # answers None (the scheduler preempts), the core an error that would stop the step.
         # Reached by a sequence longer than the pool (admitted without the whole-sequence
         # check, or grown past it).
-        slots_end = min(computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
-        if self._num_full_groups * _cdiv(slots_end, self.block_size) > self.block_pool.num_gpu_blocks - 1:
+        slots_end = min(end + num_lookahead_tokens, self.max_model_len)
+        if self._num_full_groups * _cdiv(slots_end, bs) > self.block_pool.num_gpu_blocks - 1:
             return None
+        core_computed = state[6]
+        if core_computed != state[5] and computed != state[5]:
+            # Rejected drafts roll back from the watermark the core would have.
+            self._sync(state)
+            core_computed = state[6]
+        # Deferred advances (core_computed < computed) fold into this call: the core's write
+        # starts at its own watermark, in the same block, and ends where the scheduler's does.
         if not self._core.allocate_slots(
             seq_id,
-            num_new_tokens,
+            end - core_computed if computed == state[5] else num_new_tokens,
             num_lookahead_tokens=num_lookahead_tokens,
             num_in_flight_tokens=request.num_in_flight_tokens,
-            num_computed_tokens=computed,
+            num_computed_tokens=core_computed if computed == state[5] else computed,
         ):
-            if self._events is not None:
-                self._events.collect(request)  # evictions before the refusal
+            self._collect_events(request)  # evictions before the refusal
             return None
-        end = computed + num_new_tokens
-        new_len = max(old_len, _cdiv(min(end + num_lookahead_tokens, self.max_model_len), self.block_size))
+        new_len = max(old_len, _cdiv(slots_end, bs))
         # The core's watermark is end now (the request's moves at the end of schedule()).
-        state[5] = end
+        state[5] = state[6] = end
         self._give_ids(request, state, end, None, request.num_tokens)
-        if self._events is not None:
-            self._events.collect(request)
+        self._collect_events(request)
         if new_len == old_len:
             return self.empty_kv_cache_blocks
         state[1] = new_len
         return self._blocks_of(seq_id, old_len)
+
+    def _sync(self, state: list[int]) -> None:
+        """Hands the core a request's deferred watermark advance: the one core call the
+        skipped ones add up to (the same block, no new slot, nothing indexed)."""
+        self._core.allocate_slots(state[0], state[5] - state[6], num_computed_tokens=state[6])
+        state[6] = state[5]
+
+    def _collect_events(self, request: Request | None) -> None:
+        """Drains the core's events of a call made for ``request`` (when events are on)."""
+        if self._events is not None:
+            self._events.collect(request)
 
     def _admit(
         self,
@@ -450,11 +507,9 @@ class KVCacheManager:
                     apply_watermark=watermark,
                 )
             except OutOfBlocksError:
-                if self._events is not None:
-                    self._events.collect(request)
+                self._collect_events(request)
                 return None
-            if self._events is not None:
-                self._events.collect(request)
+            self._collect_events(request)
             num_hashes = -1 if skip else len(hashes)
             num_ids = len(tokens)
         else:
@@ -486,7 +541,7 @@ class KVCacheManager:
         cached = 0
         if num_hashes >= 0:
             cached = min(end, request.num_tokens, num_hashes * bs) // bs * bs
-        self._reqs[request.request_id] = [seq_id, table_len, num_ids, num_hashes, cached, end]
+        self._reqs[request.request_id] = [seq_id, table_len, num_ids, num_hashes, cached, end, end]
         return self._blocks_of(seq_id, hit // bs)
 
     def _give_ids(
@@ -520,6 +575,8 @@ class KVCacheManager:
             or limit // bs > num_ids // bs
             or (watermark is not None and watermark != state[5])
         ):
+            if state[6] != state[5]:
+                self._sync(state)  # the core checks the watermark against its own
             new_hashes = all_hashes[num_hashes:hashes_end]
             self._core.provide_token_ids(
                 seq_id,
@@ -530,7 +587,7 @@ class KVCacheManager:
             state[2] = known
             state[3] = num_hashes = max(num_hashes, hashes_end)
             if watermark is not None:
-                state[5] = watermark
+                state[5] = state[6] = watermark
         cached = min(end, num_tokens, num_hashes * bs) // bs * bs
         if cached > state[4]:
             state[4] = cached
@@ -553,13 +610,13 @@ class KVCacheManager:
         if state is None or not self.enable_caching:
             return
         self._give_ids(request, state, num_computed_tokens, request.num_computed_tokens, num_computed_tokens)
-        if self._events is not None:
-            self._events.collect(request)
+        self._collect_events(request)
 
     def free(self, request: Request) -> None:
         """Frees the request's blocks (tail first into the evictable cache, as vLLM does)."""
         state = self._reqs.pop(request.request_id, None)
         if state is not None:
+            # A deferred watermark advance needs no hand-over: freeing reads no watermark.
             self._core.free(state[0])
             if self._events is not None:
                 self._events.collect(request)
@@ -631,5 +688,19 @@ class KVCacheManager:
         raise UnsupportedVllmFeatureError("evict_blocks (a KV connector's path)")
 
     def check_invariants(self) -> None:
-        """The core's allocator invariants (``InvariantViolation`` if one does not hold)."""
+        """The core's allocator invariants, and this manager's record of every request's core
+        state: table length and the core's watermark, a deferred advance only inside the
+        block the core's watermark is in (``InvariantViolation`` if one does not hold)."""
         self._core.check_invariants()
+        bs = self.block_size
+        for request_id, state in self._reqs.items():
+            seq_id, table_len, core_computed = state[0], state[1], state[6]
+            actual = (len(self._core.block_table(seq_id)), self._core.num_computed_tokens(seq_id))
+            deferred_ok = state[5] == core_computed or (
+                self._may_defer and core_computed < state[5] and state[5] // bs == core_computed // bs
+            )
+            if actual != (table_len, core_computed) or not deferred_ok:
+                raise InvariantViolation(
+                    f"request {request_id!r}: recorded table length, core watermark and "
+                    f"watermark {(table_len, core_computed, state[5])}, the core's {actual}"
+                )
