@@ -238,8 +238,8 @@ class KVCacheManager:
         # Per request: [seq id, table length in blocks, token ids given, block hashes given
         # (-1: never: a request that skips the prefix cache), tokens cached (estimate), the
         # computed-tokens watermark the core has once the deferred advances reach it, the
-        # core's watermark now]. The last two differ only after deferred advances (see
-        # allocate_slots' fast path).
+        # core's watermark now, the fence of allocate_slots' fast path (_set_fence)]. The
+        # two watermarks differ only after deferred advances (see allocate_slots' fast path).
         self._reqs: dict[str, list[int]] = {}
         # Whether a decode step inside one block may skip the core call (no window group: the
         # core's window release reads the watermark and the in-flight count of every call).
@@ -379,40 +379,40 @@ class KVCacheManager:
             )
         computed = request.num_computed_tokens
         end = computed + num_new_tokens
-        bs = self.block_size
-        old_len = state[1]
         # The fast path: a step that stays inside the block the watermark is in, needs no new
-        # slot and gives the core nothing new (no id of a filled block, no new hash) changes
-        # nothing in the core but its watermark and declared tokens, which nothing reads before
-        # this request's next core call: the advance is recorded here and handed to the core
-        # with that call (docs/integrations/vllm.md, Deferred watermark advances, proves each
-        # condition).
-        if (
-            computed == state[5]
-            and end // bs == computed // bs
-            and end + num_lookahead_tokens <= old_len * bs
-            and end <= self.max_model_len
-            and self._may_defer
-        ):
+        # slot (the fence, state[7], says both) and gives the core nothing new (no id of a
+        # filled block, no new hash) changes nothing in the core but its watermark and declared
+        # tokens, which nothing reads before this request's next core call: the advance is
+        # recorded here and handed to the core with that call (docs/integrations/vllm.md,
+        # Deferred watermark advances, proves each condition).
+        if computed == state[5] and end + num_lookahead_tokens <= state[7]:
             num_hashes = state[3]
             if num_hashes < 0:
-                num_tokens = request.num_tokens
-                if num_tokens > state[2] and not self.enable_caching:
-                    state[2] = num_tokens
+                if not self.enable_caching:
+                    num_tokens = len(request._all_token_ids)
+                    if num_tokens > state[2]:
+                        state[2] = num_tokens
                 state[5] = end
                 return self.empty_kv_cache_blocks
+            bs = self.block_size
             num_tokens = len(request._all_token_ids)
             num_ids = state[2]
-            limit = num_tokens if num_tokens < old_len * bs else old_len * bs
+            limit = state[1] * bs
+            if num_tokens < limit:
+                limit = num_tokens
             if limit // bs <= num_ids // bs and (
                 len(request.block_hashes) <= num_hashes
                 or (num_ids if num_ids > limit else limit) // bs <= num_hashes
             ):
-                cached = min(end, num_tokens, num_hashes * bs) // bs * bs
-                if cached > state[4]:
-                    state[4] = cached
+                hashed = num_hashes * bs
+                if hashed > state[4]:  # the cached estimate can grow
+                    cached = min(end, num_tokens, hashed) // bs * bs
+                    if cached > state[4]:
+                        state[4] = cached
                 state[5] = end
                 return self.empty_kv_cache_blocks
+        bs = self.block_size
+        old_len = state[1]
         seq_id = state[0]
         # Slots whose full-attention blocks alone pass the pool can never be allocated: vLLM
         # answers None (the scheduler preempts), the core an error that would stop the step.
@@ -439,13 +439,22 @@ class KVCacheManager:
             return None
         new_len = max(old_len, _cdiv(slots_end, bs))
         # The core's watermark is end now (the request's moves at the end of schedule()).
+        state[1] = new_len
         state[5] = state[6] = end
+        self._set_fence(state)
         self._give_ids(request, state, end, None, request.num_tokens)
         self._collect_events(request)
         if new_len == old_len:
             return self.empty_kv_cache_blocks
-        state[1] = new_len
         return self._blocks_of(seq_id, old_len)
+
+    def _set_fence(self, state: list[int]) -> None:
+        """state[7]: the most tokens plus lookahead a step may reach without a core call, from
+        the watermark state[5] and the table state[1]: the last token of the watermark's block,
+        within the table and max_model_len (-1: never, with a window group)."""
+        if self._may_defer:
+            bs = self.block_size
+            state[7] = min((state[5] // bs + 1) * bs - 1, state[1] * bs, self.max_model_len)
 
     def _sync(self, state: list[int]) -> None:
         """Hands the core a request's deferred watermark advance: the one core call the
@@ -541,7 +550,9 @@ class KVCacheManager:
         cached = 0
         if num_hashes >= 0:
             cached = min(end, request.num_tokens, num_hashes * bs) // bs * bs
-        self._reqs[request.request_id] = [seq_id, table_len, num_ids, num_hashes, cached, end, end]
+        state = [seq_id, table_len, num_ids, num_hashes, cached, end, end, -1]
+        self._set_fence(state)
+        self._reqs[request.request_id] = state
         return self._blocks_of(seq_id, hit // bs)
 
     def _give_ids(
@@ -588,6 +599,7 @@ class KVCacheManager:
             state[3] = num_hashes = max(num_hashes, hashes_end)
             if watermark is not None:
                 state[5] = state[6] = watermark
+                self._set_fence(state)
         cached = min(end, num_tokens, num_hashes * bs) // bs * bs
         if cached > state[4]:
             state[4] = cached
