@@ -418,8 +418,11 @@ class KVCacheManager:
         # answers None (the scheduler preempts), the core an error that would stop the step.
         # Reached by a sequence longer than the pool (admitted without the whole-sequence
         # check, or grown past it).
-        slots_end = min(end + num_lookahead_tokens, self.max_model_len)
-        if self._num_full_groups * _cdiv(slots_end, bs) > self.block_pool.num_gpu_blocks - 1:
+        slots_end = end + num_lookahead_tokens
+        if slots_end > self.max_model_len:
+            slots_end = self.max_model_len
+        slot_blocks = -(-slots_end // bs)
+        if self._num_full_groups * slot_blocks > self.block_pool.num_gpu_blocks - 1:
             return None
         core_computed = state[6]
         if core_computed != state[5] and computed != state[5]:
@@ -437,7 +440,7 @@ class KVCacheManager:
         ):
             self._collect_events(request)  # evictions before the refusal
             return None
-        new_len = max(old_len, _cdiv(slots_end, bs))
+        new_len = slot_blocks if slot_blocks > old_len else old_len
         # The core's watermark is end now (the request's moves at the end of schedule()).
         state[1] = new_len
         state[5] = state[6] = end
@@ -563,20 +566,27 @@ class KVCacheManager:
         ``watermark``: the scheduler's computed tokens after rejected drafts (None: the core's
         stands, as right after ``allocate_slots``). ``upto``: ids beyond are held back (vLLM's
         ``cache_blocks(request, n)`` caches no block past ``n``, e.g. in-flight tokens)."""
-        seq_id, table_len, num_ids, num_hashes = state[0], state[1], state[2], state[3]
-        num_tokens = request.num_tokens
+        # Plain comparisons rather than min()/max(): this runs on every core allocate_slots.
+        num_ids, num_hashes = state[2], state[3]
+        num_tokens = len(request._all_token_ids)
         if num_hashes < 0:
             if num_tokens > num_ids and not self.enable_caching:
                 state[2] = num_tokens
             return
         bs = self.block_size
-        limit = min(num_tokens, upto, table_len * bs)
+        limit = state[1] * bs
+        if upto < limit:
+            limit = upto
+        if num_tokens < limit:
+            limit = num_tokens
         all_hashes = request.block_hashes
         # A hash can arrive after its block's ids: a hasher with lookahead tokens hashes a block
         # once the tokens after it exist (e.g. a request that finishes at its prefill's sampled
         # token), so new hashes alone are news too. Hashes go no further than the known ids.
-        known = max(num_ids, limit)
-        hashes_end = min(len(all_hashes), known // bs)
+        known = num_ids if num_ids > limit else limit
+        hashes_end = len(all_hashes)
+        if known // bs < hashes_end:
+            hashes_end = known // bs
         # The ids of a block the core cannot index yet (not full, or no hash) change nothing
         # there: they wait, one call per block instead of one per decode step (the per-call
         # cost, benches/results/2026-12-06-vllm-scheduler-v2.md). What cannot wait: a new
@@ -590,19 +600,22 @@ class KVCacheManager:
                 self._sync(state)  # the core checks the watermark against its own
             new_hashes = all_hashes[num_hashes:hashes_end]
             self._core.provide_token_ids(
-                seq_id,
+                state[0],
                 request._all_token_ids[num_ids:limit] if limit > num_ids else [],
                 num_computed_tokens=watermark,
                 block_hashes=new_hashes,
             )
             state[2] = known
-            state[3] = num_hashes = max(num_hashes, hashes_end)
+            if hashes_end > num_hashes:
+                state[3] = num_hashes = hashes_end
             if watermark is not None:
                 state[5] = state[6] = watermark
                 self._set_fence(state)
-        cached = min(end, num_tokens, num_hashes * bs) // bs * bs
-        if cached > state[4]:
-            state[4] = cached
+        hashed = num_hashes * bs
+        if hashed > state[4]:  # the cached estimate can grow
+            cached = min(end, num_tokens, hashed) // bs * bs
+            if cached > state[4]:
+                state[4] = cached
 
     def _blocks_of(self, seq_id: int, start: int) -> KVCacheBlocks:
         """The request's blocks from table position ``start`` on, every group."""
