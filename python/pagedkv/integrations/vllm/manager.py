@@ -619,10 +619,13 @@ class KVCacheManager:
 
     def _blocks_of(self, seq_id: int, start: int) -> KVCacheBlocks:
         """The request's blocks from table position ``start`` on, every group."""
-        blocks = self._blocks
+        block = self._blocks.__getitem__
+        table = self._core.block_table
+        if self.num_kv_cache_groups == 1:  # the common case, without the generator
+            ids = table(seq_id)[start:].tolist()
+            return KVCacheBlocks((list(map(block, ids)),)) if ids else self.empty_kv_cache_blocks
         groups = tuple(
-            [blocks[b] for b in self._core.block_table(seq_id, group=g)[start:].tolist()]
-            for g in range(self.num_kv_cache_groups)
+            list(map(block, table(seq_id, group=g)[start:].tolist())) for g in range(self.num_kv_cache_groups)
         )
         return KVCacheBlocks(groups) if any(groups) else self.empty_kv_cache_blocks
 
