@@ -48,6 +48,10 @@ from pagedkv.errors import (
 )
 from pagedkv.integrations.vllm.events import EventTranslator
 
+# get_computed_blocks looks up this many blocks first (full attention): a hit shorter than
+# them is the answer, a longer one is looked up whole.
+_FIRST_LOOKUP_BLOCKS = 16
+
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
@@ -325,11 +329,26 @@ class KVCacheManager:
             return self.empty_kv_cache_blocks, 0, 0
         if max_cache_hit_length is None:
             max_cache_hit_length = request.num_tokens - 1
-        hashes = request.block_hashes[: max(0, max_cache_hit_length) // self.block_size]
-        if not hashes:
+        bs = self.block_size
+        all_hashes, all_tokens = request.block_hashes, request._all_token_ids
+        num_blocks = min(max(0, max_cache_hit_length) // bs, len(all_hashes))
+        if num_blocks == 0:
             return self.empty_kv_cache_blocks, 0, 0
-        tokens = request._all_token_ids[: len(hashes) * self.block_size + 1]
-        hit = self._core.match_prefix(tokens, block_hashes=hashes)
+        # Full attention only: the hit is the longest run of cached blocks from the start, so
+        # a look-up over the first blocks that stops short of their end is the whole answer.
+        # Most look-ups stop early (a waiting request is looked up again every step), and the
+        # core reads every hash and id it is given (vLLM's look-up stops at the first miss).
+        first = _FIRST_LOOKUP_BLOCKS if self._may_defer else num_blocks
+        if first < num_blocks:
+            hit = self._core.match_prefix(all_tokens[: first * bs + 1], block_hashes=all_hashes[:first])
+            if hit == first * bs:  # the run may go on: the whole look-up
+                hit = self._core.match_prefix(
+                    all_tokens[: num_blocks * bs + 1], block_hashes=all_hashes[:num_blocks]
+                )
+        else:
+            hit = self._core.match_prefix(
+                all_tokens[: num_blocks * bs + 1], block_hashes=all_hashes[:num_blocks]
+            )
         if hit == 0:
             return self.empty_kv_cache_blocks, 0, 0
         if self._events is not None and getattr(request, "kv_cache_report_mode", None) == "full":
