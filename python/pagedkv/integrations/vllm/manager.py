@@ -579,19 +579,20 @@ class KVCacheManager:
 
     def _give_ids(
         self, request: Request, state: list[int], end: int, watermark: int | None, upto: int
-    ) -> None:
+    ) -> bool:
         """Gives the core the ids (and hashes) of tokens sampled since, as far as the request's
         slots reach; updates the cached-tokens estimate for ``end`` scheduled tokens.
         ``watermark``: the scheduler's computed tokens after rejected drafts (None: the core's
         stands, as right after ``allocate_slots``). ``upto``: ids beyond are held back (vLLM's
-        ``cache_blocks(request, n)`` caches no block past ``n``, e.g. in-flight tokens)."""
+        ``cache_blocks(request, n)`` caches no block past ``n``, e.g. in-flight tokens).
+        Returns whether it called the core (only then can there be events to collect)."""
         # Plain comparisons rather than min()/max(): this runs on every core allocate_slots.
         num_ids, num_hashes = state[2], state[3]
         num_tokens = len(request._all_token_ids)
         if num_hashes < 0:
             if num_tokens > num_ids and not self.enable_caching:
                 state[2] = num_tokens
-            return
+            return False
         bs = self.block_size
         limit = state[1] * bs
         if upto < limit:
@@ -610,6 +611,7 @@ class KVCacheManager:
         # there: they wait, one call per block instead of one per decode step (the per-call
         # cost, benches/results/2026-12-06-vllm-scheduler-v2.md). What cannot wait: a new
         # hash, a block filled, or a watermark other than the core's (rejected drafts).
+        called = False
         if (
             hashes_end > num_hashes
             or limit // bs > num_ids // bs
@@ -630,11 +632,13 @@ class KVCacheManager:
             if watermark is not None:
                 state[5] = state[6] = watermark
                 self._set_fence(state)
+            called = True
         hashed = num_hashes * bs
         if hashed > state[4]:  # the cached estimate can grow
             cached = min(end, num_tokens, hashed) // bs * bs
             if cached > state[4]:
                 state[4] = cached
+        return called
 
     def _blocks_of(self, seq_id: int, start: int) -> KVCacheBlocks:
         """The request's blocks from table position ``start`` on, every group."""
@@ -656,8 +660,10 @@ class KVCacheManager:
         state = self._reqs.get(request.request_id)
         if state is None or not self.enable_caching:
             return
-        self._give_ids(request, state, num_computed_tokens, request.num_computed_tokens, num_computed_tokens)
-        self._collect_events(request)
+        if self._give_ids(
+            request, state, num_computed_tokens, request.num_computed_tokens, num_computed_tokens
+        ):
+            self._collect_events(request)  # (no core call, no events: most decode steps)
 
     def free(self, request: Request) -> None:
         """Frees the request's blocks (tail first into the evictable cache, as vLLM does)."""
