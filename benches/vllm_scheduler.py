@@ -115,6 +115,11 @@ class Trace:
     # time spent inside them.
     manager_calls: int = 0
     manager_s: float = 0.0
+    # Filled by run(..., probe_hits=True) only: after every ``allocate_slots`` and
+    # ``cache_blocks`` call, (the call, its request, the prefix-cache hit of a probe of the
+    # request's tokens so far): what its blocks put in the index by then (decoded blocks
+    # included, which no later request of the workload shares).
+    probe_hits: list[tuple[str, str, int]] = field(default_factory=list)
 
 
 def _model_dir() -> str:
@@ -342,9 +347,18 @@ def _watch_revived_copies(manager: Any, trace: Trace) -> None:
     manager.allocate_slots = watched
 
 
-def run(w: Workload, manager: Any, max_steps: int = 200_000, count_calls: bool = False) -> Trace:
+def run(
+    w: Workload,
+    manager: Any,
+    max_steps: int = 200_000,
+    count_calls: bool = False,
+    check_invariants: bool = False,
+    probe_hits: bool = False,
+) -> Trace:
     """One scheduler run of workload `w` on `manager`; its trace (`count_calls`: with the
-    manager's calls counted and timed, which slows the run: not for the step-time ratio)."""
+    manager's calls counted and timed, which slows the run: not for the step-time ratio;
+    `check_invariants`: the manager's ``check_invariants()`` after every step, where it has one,
+    outside the timed calls; `probe_hits`: the trace's probe hits, which slow the run)."""
     scheduler = build_scheduler(w, manager)
     requests = make_requests(w)
     for request in requests:
@@ -358,6 +372,8 @@ def run(w: Workload, manager: Any, max_steps: int = 200_000, count_calls: bool =
     )
     if watch_duplicates and not count_calls:
         _watch_revived_copies(scheduler.kv_cache_manager, trace)
+    if probe_hits:
+        _probe_calls(scheduler.kv_cache_manager, w, trace)
     while scheduler.has_unfinished_requests():
         t0 = time.perf_counter()
         out = scheduler.schedule()
@@ -373,6 +389,8 @@ def run(w: Workload, manager: Any, max_steps: int = 200_000, count_calls: bool =
         t3 = time.perf_counter()
         if w.num_spec_tokens:
             _propose_drafts(scheduler, w.num_spec_tokens, rng)
+        if check_invariants and hasattr(scheduler.kv_cache_manager, "check_invariants"):
+            scheduler.kv_cache_manager.check_invariants()
         trace.schedule_s += t1 - t0
         trace.update_s += t3 - t2
         finished: list[str] = []
@@ -399,6 +417,36 @@ def run(w: Workload, manager: Any, max_steps: int = 200_000, count_calls: bool =
     return trace
 
 
+def _probe_calls(manager: Any, w: Workload, trace: Trace) -> None:
+    """Wraps `manager`'s ``allocate_slots`` and ``cache_blocks`` (on the instance) to note,
+    after each call, the hit of a probe request holding the request's tokens so far and one
+    more (``get_computed_blocks``: no side effect on either manager)."""
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher
+    from vllm.v1.request import Request
+
+    hasher = get_request_block_hasher(w.block_size, sha256)
+
+    def wrap(name: str, method: Any) -> Any:
+        def probed(request: Any, *args: Any, **kwargs: Any) -> Any:
+            out = method(request, *args, **kwargs)
+            probe = Request(
+                request_id=f"probe-{request.request_id}",
+                prompt_token_ids=[*request.all_token_ids, 0],
+                sampling_params=SamplingParams(max_tokens=1),
+                pooling_params=None,
+                block_hasher=hasher,
+            )
+            trace.probe_hits.append((name, request.request_id, manager.get_computed_blocks(probe)[1]))
+            return out
+
+        return probed
+
+    for name in ("allocate_slots", "cache_blocks"):
+        setattr(manager, name, wrap(name, getattr(manager, name)))
+
+
 def first_difference(a: Trace, b: Trace) -> str | None:
     """Where two traces first differ, in words; None when they are identical."""
     for i, (x, y) in enumerate(zip(a.steps, b.steps, strict=False)):
@@ -406,6 +454,9 @@ def first_difference(a: Trace, b: Trace) -> str | None:
             return f"step {i}: {x} != {y}"
     if len(a.steps) != len(b.steps):
         return f"{len(a.steps)} steps != {len(b.steps)} steps"
+    for i, (x, y) in enumerate(zip(a.probe_hits, b.probe_hits, strict=False)):
+        if x != y:
+            return f"probe {i} (call, request, hit): {x} != {y}"
     for what in ("output_tokens", "prefix_queries", "prefix_hits", "preemptions"):
         if getattr(a, what) != getattr(b, what):
             return f"{what}: {getattr(a, what)} != {getattr(b, what)}"

@@ -257,3 +257,54 @@ def test_admission_without_the_whole_sequence_check(manager_kind: str) -> None:
     assert m.allocate_slots(long, 2 * bs) is None  # 1 left: short now (vLLM preempts)
     assert m.block_pool.get_num_free_blocks() == free - 30
     assert len(m.get_block_ids("long")[0]) == 30
+
+
+@pytest.mark.parametrize("manager_kind", ["vllm", "pagedkv"])
+def test_hits_longer_than_the_first_look_up(manager_kind: str) -> None:
+    """pagedkv's ``get_computed_blocks`` looks up the first blocks first and the whole request
+    only when the hit reaches their end (manager.py, ``_FIRST_LOOKUP_BLOCKS``): hits shorter
+    than, exactly as long as and longer than that first look-up are the ones vLLM finds."""
+    import torch
+    from pagedkv.integrations.vllm.manager import _FIRST_LOOKUP_BLOCKS
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmKVCacheManager
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.request import Request
+
+    init_none_hash(sha256)
+    bs = 4
+    spec = FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float32)
+    config = KVCacheConfig(
+        num_blocks=64, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l0"], spec)]
+    )
+    args = dict(max_model_len=256, scheduler_block_size=bs, hash_block_size=bs)
+    m = VllmKVCacheManager(config, **args) if manager_kind == "vllm" else _manager(config, **args)
+    hasher = get_request_block_hasher(bs, sha256)
+    prompt = list(range(1, 40 * bs + 1))
+    producer = Request("producer", prompt, SamplingParams(max_tokens=1), None, block_hasher=hasher)
+    assert m.allocate_slots(producer, len(prompt), full_sequence_must_fit=True) is not None
+    m.free(producer)  # 40 cached blocks
+    first = _FIRST_LOOKUP_BLOCKS
+    hits = []
+    for blocks in (first - 1, first, first + 1, 39, 40):
+        probe = Request(
+            f"p{blocks}",
+            [*prompt[: blocks * bs], 0, 0],
+            SamplingParams(max_tokens=1),
+            None,
+            block_hasher=hasher,
+        )
+        hits.append(m.get_computed_blocks(probe)[1])
+    diverging = Request(
+        "d",
+        [*prompt[: (first + 3) * bs], 7, 7, 7, 7, 7],
+        SamplingParams(max_tokens=1),
+        None,
+        block_hasher=hasher,
+    )
+    hits.append(m.get_computed_blocks(diverging)[1])
+    capped = Request("c", prompt + [0], SamplingParams(max_tokens=1), None, block_hasher=hasher)
+    hits.append(m.get_computed_blocks(capped, max_cache_hit_length=(first + 2) * bs + 1)[1])
+    assert hits == [b * bs for b in (first - 1, first, first + 1, 39, 40, first + 3, first + 2)]

@@ -12,7 +12,9 @@ per admission, per running request and per step; this class answers those calls 
 - every later ``allocate_slots`` is one ``allocate_slots`` of the core with the scheduler's
   watermark (``request.num_computed_tokens``, which rolls rejected drafts back) and in-flight
   count, then the ids (and hashes) of the tokens sampled since, as vLLM caches
-  ``min(computed + new, request.num_tokens)`` tokens;
+  ``min(computed + new, request.num_tokens)`` tokens; except a decode step that stays inside
+  one block, needs no slot and gives the core nothing to index (full attention only): its
+  watermark advance is recorded here and folded into the request's next core call;
 - the block ids come back as vLLM's own ``KVCacheBlock`` objects (one per pool block, made once),
   inside vLLM's ``KVCacheBlocks``; block 0 is vLLM's null block (``null_block=0``).
 
@@ -45,6 +47,10 @@ from pagedkv.errors import (
     UnsupportedVllmFeatureError,
 )
 from pagedkv.integrations.vllm.events import EventTranslator
+
+# get_computed_blocks looks up this many blocks first (full attention): a hit shorter than
+# them is the answer, a longer one is looked up whole.
+_FIRST_LOOKUP_BLOCKS = 16
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -235,8 +241,13 @@ class KVCacheManager:
         self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in range(self.num_kv_cache_groups)))
         # Per request: [seq id, table length in blocks, token ids given, block hashes given
         # (-1: never: a request that skips the prefix cache), tokens cached (estimate), the
-        # core's computed-tokens watermark].
+        # computed-tokens watermark the core has once the deferred advances reach it, the
+        # core's watermark now, the fence of allocate_slots' fast path (_set_fence)]. The
+        # two watermarks differ only after deferred advances (see allocate_slots' fast path).
         self._reqs: dict[str, list[int]] = {}
+        # Whether a decode step inside one block may skip the core call (no window group: the
+        # core's window release reads the watermark and the in-flight count of every call).
+        self._may_defer = self._num_full_groups == self.num_kv_cache_groups
         self._next_seq_id = 0
         self._events = (
             EventTranslator(
@@ -318,11 +329,26 @@ class KVCacheManager:
             return self.empty_kv_cache_blocks, 0, 0
         if max_cache_hit_length is None:
             max_cache_hit_length = request.num_tokens - 1
-        hashes = request.block_hashes[: max(0, max_cache_hit_length) // self.block_size]
-        if not hashes:
+        bs = self.block_size
+        all_hashes, all_tokens = request.block_hashes, request._all_token_ids
+        num_blocks = min(max(0, max_cache_hit_length) // bs, len(all_hashes))
+        if num_blocks == 0:
             return self.empty_kv_cache_blocks, 0, 0
-        tokens = request._all_token_ids[: len(hashes) * self.block_size + 1]
-        hit = self._core.match_prefix(tokens, block_hashes=hashes)
+        # Full attention only: the hit is the longest run of cached blocks from the start, so
+        # a look-up over the first blocks that stops short of their end is the whole answer.
+        # Most look-ups stop early (a waiting request is looked up again every step), and the
+        # core reads every hash and id it is given (vLLM's look-up stops at the first miss).
+        first = _FIRST_LOOKUP_BLOCKS if self._may_defer else num_blocks
+        if first < num_blocks:
+            hit = self._core.match_prefix(all_tokens[: first * bs + 1], block_hashes=all_hashes[:first])
+            if hit == first * bs:  # the run may go on: the whole look-up
+                hit = self._core.match_prefix(
+                    all_tokens[: num_blocks * bs + 1], block_hashes=all_hashes[:num_blocks]
+                )
+        else:
+            hit = self._core.match_prefix(
+                all_tokens[: num_blocks * bs + 1], block_hashes=all_hashes[:num_blocks]
+            )
         if hit == 0:
             return self.empty_kv_cache_blocks, 0, 0
         if self._events is not None and getattr(request, "kv_cache_report_mode", None) == "full":
@@ -370,36 +396,98 @@ class KVCacheManager:
             raise InvalidArgumentError(
                 f"request {request.request_id!r} already holds blocks: no new computed tokens"
             )
-        seq_id, old_len = state[0], state[1]
         computed = request.num_computed_tokens
+        end = computed + num_new_tokens
+        # The fast path: a step that stays inside the block the watermark is in, needs no new
+        # slot (the fence, state[7], says both) and gives the core nothing new (no id of a
+        # filled block, no new hash) changes nothing in the core but its watermark and declared
+        # tokens, which nothing reads before this request's next core call: the advance is
+        # recorded here and handed to the core with that call (docs/integrations/vllm.md,
+        # Deferred watermark advances, proves each condition).
+        if computed == state[5] and end + num_lookahead_tokens <= state[7]:
+            num_hashes = state[3]
+            if num_hashes < 0:
+                if not self.enable_caching:
+                    num_tokens = len(request._all_token_ids)
+                    if num_tokens > state[2]:
+                        state[2] = num_tokens
+                state[5] = end
+                return self.empty_kv_cache_blocks
+            bs = self.block_size
+            num_tokens = len(request._all_token_ids)
+            num_ids = state[2]
+            limit = state[1] * bs
+            if num_tokens < limit:
+                limit = num_tokens
+            if limit // bs <= num_ids // bs and (
+                len(request.block_hashes) <= num_hashes
+                or (num_ids if num_ids > limit else limit) // bs <= num_hashes
+            ):
+                hashed = num_hashes * bs
+                if hashed > state[4]:  # the cached estimate can grow
+                    cached = min(end, num_tokens, hashed) // bs * bs
+                    if cached > state[4]:
+                        state[4] = cached
+                state[5] = end
+                return self.empty_kv_cache_blocks
+        bs = self.block_size
+        old_len = state[1]
+        seq_id = state[0]
         # Slots whose full-attention blocks alone pass the pool can never be allocated: vLLM
         # answers None (the scheduler preempts), the core an error that would stop the step.
         # Reached by a sequence longer than the pool (admitted without the whole-sequence
         # check, or grown past it).
-        slots_end = min(computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
-        if self._num_full_groups * _cdiv(slots_end, self.block_size) > self.block_pool.num_gpu_blocks - 1:
+        slots_end = end + num_lookahead_tokens
+        if slots_end > self.max_model_len:
+            slots_end = self.max_model_len
+        slot_blocks = -(-slots_end // bs)
+        if self._num_full_groups * slot_blocks > self.block_pool.num_gpu_blocks - 1:
             return None
+        core_computed = state[6]
+        if core_computed != state[5] and computed != state[5]:
+            # Rejected drafts roll back from the watermark the core would have.
+            self._sync(state)
+            core_computed = state[6]
+        # Deferred advances (core_computed < computed) fold into this call: the core's write
+        # starts at its own watermark, in the same block, and ends where the scheduler's does.
         if not self._core.allocate_slots(
             seq_id,
-            num_new_tokens,
+            end - core_computed if computed == state[5] else num_new_tokens,
             num_lookahead_tokens=num_lookahead_tokens,
             num_in_flight_tokens=request.num_in_flight_tokens,
-            num_computed_tokens=computed,
+            num_computed_tokens=core_computed if computed == state[5] else computed,
         ):
-            if self._events is not None:
-                self._events.collect(request)  # evictions before the refusal
+            self._collect_events(request)  # evictions before the refusal
             return None
-        end = computed + num_new_tokens
-        new_len = max(old_len, _cdiv(min(end + num_lookahead_tokens, self.max_model_len), self.block_size))
+        new_len = slot_blocks if slot_blocks > old_len else old_len
         # The core's watermark is end now (the request's moves at the end of schedule()).
-        state[5] = end
+        state[1] = new_len
+        state[5] = state[6] = end
+        self._set_fence(state)
         self._give_ids(request, state, end, None, request.num_tokens)
-        if self._events is not None:
-            self._events.collect(request)
+        self._collect_events(request)
         if new_len == old_len:
             return self.empty_kv_cache_blocks
-        state[1] = new_len
         return self._blocks_of(seq_id, old_len)
+
+    def _set_fence(self, state: list[int]) -> None:
+        """state[7]: the most tokens plus lookahead a step may reach without a core call, from
+        the watermark state[5] and the table state[1]: the last token of the watermark's block,
+        within the table and max_model_len (-1: never, with a window group)."""
+        if self._may_defer:
+            bs = self.block_size
+            state[7] = min((state[5] // bs + 1) * bs - 1, state[1] * bs, self.max_model_len)
+
+    def _sync(self, state: list[int]) -> None:
+        """Hands the core a request's deferred watermark advance: the one core call the
+        skipped ones add up to (the same block, no new slot, nothing indexed)."""
+        self._core.allocate_slots(state[0], state[5] - state[6], num_computed_tokens=state[6])
+        state[6] = state[5]
+
+    def _collect_events(self, request: Request | None) -> None:
+        """Drains the core's events of a call made for ``request`` (when events are on)."""
+        if self._events is not None:
+            self._events.collect(request)
 
     def _admit(
         self,
@@ -450,11 +538,9 @@ class KVCacheManager:
                     apply_watermark=watermark,
                 )
             except OutOfBlocksError:
-                if self._events is not None:
-                    self._events.collect(request)
+                self._collect_events(request)
                 return None
-            if self._events is not None:
-                self._events.collect(request)
+            self._collect_events(request)
             num_hashes = -1 if skip else len(hashes)
             num_ids = len(tokens)
         else:
@@ -486,61 +572,83 @@ class KVCacheManager:
         cached = 0
         if num_hashes >= 0:
             cached = min(end, request.num_tokens, num_hashes * bs) // bs * bs
-        self._reqs[request.request_id] = [seq_id, table_len, num_ids, num_hashes, cached, end]
+        state = [seq_id, table_len, num_ids, num_hashes, cached, end, end, -1]
+        self._set_fence(state)
+        self._reqs[request.request_id] = state
         return self._blocks_of(seq_id, hit // bs)
 
     def _give_ids(
         self, request: Request, state: list[int], end: int, watermark: int | None, upto: int
-    ) -> None:
+    ) -> bool:
         """Gives the core the ids (and hashes) of tokens sampled since, as far as the request's
         slots reach; updates the cached-tokens estimate for ``end`` scheduled tokens.
         ``watermark``: the scheduler's computed tokens after rejected drafts (None: the core's
         stands, as right after ``allocate_slots``). ``upto``: ids beyond are held back (vLLM's
-        ``cache_blocks(request, n)`` caches no block past ``n``, e.g. in-flight tokens)."""
-        seq_id, table_len, num_ids, num_hashes = state[0], state[1], state[2], state[3]
-        num_tokens = request.num_tokens
+        ``cache_blocks(request, n)`` caches no block past ``n``, e.g. in-flight tokens).
+        Returns whether it called the core (only then can there be events to collect)."""
+        # Plain comparisons rather than min()/max(): this runs on every core allocate_slots.
+        num_ids, num_hashes = state[2], state[3]
+        num_tokens = len(request._all_token_ids)
         if num_hashes < 0:
             if num_tokens > num_ids and not self.enable_caching:
                 state[2] = num_tokens
-            return
+            return False
         bs = self.block_size
-        limit = min(num_tokens, upto, table_len * bs)
+        limit = state[1] * bs
+        if upto < limit:
+            limit = upto
+        if num_tokens < limit:
+            limit = num_tokens
         all_hashes = request.block_hashes
         # A hash can arrive after its block's ids: a hasher with lookahead tokens hashes a block
         # once the tokens after it exist (e.g. a request that finishes at its prefill's sampled
         # token), so new hashes alone are news too. Hashes go no further than the known ids.
-        known = max(num_ids, limit)
-        hashes_end = min(len(all_hashes), known // bs)
+        known = num_ids if num_ids > limit else limit
+        hashes_end = len(all_hashes)
+        if known // bs < hashes_end:
+            hashes_end = known // bs
         # The ids of a block the core cannot index yet (not full, or no hash) change nothing
         # there: they wait, one call per block instead of one per decode step (the per-call
         # cost, benches/results/2026-12-06-vllm-scheduler-v2.md). What cannot wait: a new
         # hash, a block filled, or a watermark other than the core's (rejected drafts).
+        called = False
         if (
             hashes_end > num_hashes
             or limit // bs > num_ids // bs
             or (watermark is not None and watermark != state[5])
         ):
+            if state[6] != state[5]:
+                self._sync(state)  # the core checks the watermark against its own
             new_hashes = all_hashes[num_hashes:hashes_end]
             self._core.provide_token_ids(
-                seq_id,
+                state[0],
                 request._all_token_ids[num_ids:limit] if limit > num_ids else [],
                 num_computed_tokens=watermark,
                 block_hashes=new_hashes,
             )
             state[2] = known
-            state[3] = num_hashes = max(num_hashes, hashes_end)
+            if hashes_end > num_hashes:
+                state[3] = num_hashes = hashes_end
             if watermark is not None:
-                state[5] = watermark
-        cached = min(end, num_tokens, num_hashes * bs) // bs * bs
-        if cached > state[4]:
-            state[4] = cached
+                state[5] = state[6] = watermark
+                self._set_fence(state)
+            called = True
+        hashed = num_hashes * bs
+        if hashed > state[4]:  # the cached estimate can grow
+            cached = min(end, num_tokens, hashed) // bs * bs
+            if cached > state[4]:
+                state[4] = cached
+        return called
 
     def _blocks_of(self, seq_id: int, start: int) -> KVCacheBlocks:
         """The request's blocks from table position ``start`` on, every group."""
-        blocks = self._blocks
+        block = self._blocks.__getitem__
+        table = self._core.block_table
+        if self.num_kv_cache_groups == 1:  # the common case, without the generator
+            ids = table(seq_id)[start:].tolist()
+            return KVCacheBlocks((list(map(block, ids)),)) if ids else self.empty_kv_cache_blocks
         groups = tuple(
-            [blocks[b] for b in self._core.block_table(seq_id, group=g)[start:].tolist()]
-            for g in range(self.num_kv_cache_groups)
+            list(map(block, table(seq_id, group=g)[start:].tolist())) for g in range(self.num_kv_cache_groups)
         )
         return KVCacheBlocks(groups) if any(groups) else self.empty_kv_cache_blocks
 
@@ -552,14 +660,16 @@ class KVCacheManager:
         state = self._reqs.get(request.request_id)
         if state is None or not self.enable_caching:
             return
-        self._give_ids(request, state, num_computed_tokens, request.num_computed_tokens, num_computed_tokens)
-        if self._events is not None:
-            self._events.collect(request)
+        if self._give_ids(
+            request, state, num_computed_tokens, request.num_computed_tokens, num_computed_tokens
+        ):
+            self._collect_events(request)  # (no core call, no events: most decode steps)
 
     def free(self, request: Request) -> None:
         """Frees the request's blocks (tail first into the evictable cache, as vLLM does)."""
         state = self._reqs.pop(request.request_id, None)
         if state is not None:
+            # A deferred watermark advance needs no hand-over: freeing reads no watermark.
             self._core.free(state[0])
             if self._events is not None:
                 self._events.collect(request)
@@ -631,5 +741,19 @@ class KVCacheManager:
         raise UnsupportedVllmFeatureError("evict_blocks (a KV connector's path)")
 
     def check_invariants(self) -> None:
-        """The core's allocator invariants (``InvariantViolation`` if one does not hold)."""
+        """The core's allocator invariants, and this manager's record of every request's core
+        state: table length and the core's watermark, a deferred advance only inside the
+        block the core's watermark is in (``InvariantViolation`` if one does not hold)."""
         self._core.check_invariants()
+        bs = self.block_size
+        for request_id, state in self._reqs.items():
+            seq_id, table_len, core_computed = state[0], state[1], state[6]
+            actual = (len(self._core.block_table(seq_id)), self._core.num_computed_tokens(seq_id))
+            deferred_ok = state[5] == core_computed or (
+                self._may_defer and core_computed < state[5] and state[5] // bs == core_computed // bs
+            )
+            if actual != (table_len, core_computed) or not deferred_ok:
+                raise InvariantViolation(
+                    f"request {request_id!r}: recorded table length, core watermark and "
+                    f"watermark {(table_len, core_computed, state[5])}, the core's {actual}"
+                )
