@@ -190,6 +190,7 @@ class KvCacheManager:
         block_extra_keys: Sequence[str | bytes | int | np.integer | None] | None = None,
         block_hashes: Sequence[int | bytes] | None = None,
         apply_watermark: bool = True,
+        reserved_blocks: int = 0,
     ) -> int:
         """Admits a prompt (``token_ids`` ``[n]``, or only ``num_tokens``: never hashed);
         returns how many of its tokens were served from the prefix cache. ``num_scheduled``:
@@ -200,7 +201,9 @@ class KvCacheManager:
         ``full_sequence_must_fit=False``). ``num_lookahead_tokens``:
         speculative slots, never hashed. ``block_extra_keys``: one extra key per block;
         ``block_hashes``: the caller's chained hashes of the full blocks (ints, or bytes reduced
-        by ``reduce_block_hash``). ``apply_watermark``: leave ``watermark_blocks`` available."""
+        by ``reduce_block_hash``). ``apply_watermark``: leave ``watermark_blocks`` available;
+        ``reserved_blocks``: leave that many more available (vLLM's ``reserved_blocks``, for
+        in-flight async KV loads; the allocation's check only)."""
     def allocate_slots(
         self,
         seq_id: int,

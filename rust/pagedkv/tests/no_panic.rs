@@ -368,6 +368,7 @@ fn apply(kv: &mut KvCacheManager, op: &Op, side_pool: &BlockPool) -> bool {
                 block_extra_keys: keys.as_deref(),
                 block_hashes: block_hashes.as_deref(),
                 apply_watermark: true,
+                reserved_blocks: 0,
             };
             let prompt = match tokens {
                 Some(t) => Prompt::Tokens(t),

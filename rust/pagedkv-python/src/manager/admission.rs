@@ -26,17 +26,19 @@ impl PyKvCacheManager {
     /// `full_sequence_must_fit=False`), after checking the scheduled chunk only;
     /// `num_lookahead_tokens` adds
     /// speculative slots; `block_extra_keys` / `block_hashes` are the caller's per-block keys
-    /// and chained hashes; `apply_watermark` applies `watermark_blocks`.
+    /// and chained hashes; `apply_watermark` applies `watermark_blocks`; `reserved_blocks`
+    /// must stay available besides it (vLLM's `reserved_blocks`: in-flight async KV loads).
     #[pyo3(signature = (
         seq_id, token_ids=None, *, num_tokens=None, extra_key=None, num_scheduled=None,
         reserve_prompt=FlagArg(true), require_full_prompt=FlagArg(true),
         num_lookahead_tokens=CountArg(0), block_extra_keys=None, block_hashes=None,
-        apply_watermark=FlagArg(true)
+        apply_watermark=FlagArg(true), reserved_blocks=CountArg(0)
     ))]
     #[pyo3(
         text_signature = "(self, seq_id, token_ids=None, *, num_tokens=None, extra_key=None, \
         num_scheduled=None, reserve_prompt=True, require_full_prompt=True, \
-        num_lookahead_tokens=0, block_extra_keys=None, block_hashes=None, apply_watermark=True)"
+        num_lookahead_tokens=0, block_extra_keys=None, block_hashes=None, apply_watermark=True, \
+        reserved_blocks=0)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn add_sequence(
@@ -53,13 +55,15 @@ impl PyKvCacheManager {
         block_extra_keys: Option<Bound<'_, PyAny>>,
         block_hashes: Option<Bound<'_, PyAny>>,
         apply_watermark: FlagArg,
+        reserved_blocks: CountArg,
     ) -> PyResult<usize> {
         let scheduled = num_scheduled.map_or(usize::MAX, |n| n.0);
         let plain = reserve_prompt.0
             && num_lookahead_tokens.0 == 0
             && block_extra_keys.is_none()
             && block_hashes.is_none()
-            && apply_watermark.0;
+            && apply_watermark.0
+            && reserved_blocks.0 == 0;
         if !plain {
             let max_tokens = self.max_prompt_tokens(!reserve_prompt.0 && !require_full_prompt.0);
             let keys = BlockKeyArgs::extract(
@@ -97,6 +101,7 @@ impl PyKvCacheManager {
                     block_extra_keys: extra_keys.as_deref(),
                     block_hashes: keys.hashes.as_deref(),
                     apply_watermark: apply_watermark.0,
+                    reserved_blocks: reserved_blocks.0,
                 };
                 kv.add_sequence_with(seq_id.0, prompt, &options)
             });
