@@ -16,9 +16,11 @@ per admission, per running request and per step; this class answers those calls 
 - the block ids come back as vLLM's own ``KVCacheBlock`` objects (one per pool block, made once),
   inside vLLM's ``KVCacheBlocks``; block 0 is vLLM's null block (``null_block=0``).
 
-What vLLM's scheduler reaches only with optional features this manager does not support (a KV
-connector, Mamba or cross-attention groups, EAGLE's dropped hit block, DCP/PCP, hash blocks
-smaller than blocks) is refused at construction with ``UnsupportedVllmFeatureError`` naming it.
+A KV connector's calls (external tokens, async loads, deferred frees) are answered on
+full-attention groups by connector.py. What vLLM's scheduler reaches only with optional features
+this manager does not support (Mamba or cross-attention groups, EAGLE's dropped hit block,
+DCP/PCP, hash blocks smaller than blocks, sparse prefix-cache retention) is refused at
+construction with ``UnsupportedVllmFeatureError`` naming it.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from vllm.v1.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheSpec,
+    MambaSpec,
     SlidingWindowSpec,
 )
 from vllm.v1.metrics.stats import PrefixCacheStats
@@ -44,6 +47,7 @@ from pagedkv.errors import (
     OutOfBlocksError,
     UnsupportedVllmFeatureError,
 )
+from pagedkv.integrations.vllm import connector, views
 from pagedkv.integrations.vllm.events import EventTranslator
 
 
@@ -54,18 +58,23 @@ def _cdiv(a: int, b: int) -> int:
 class _GroupView:
     """What the scheduler reads of vLLM's per-group manager: ``block_size``, ``kv_cache_spec``."""
 
-    def __init__(self, group_id: int, spec: KVCacheSpec) -> None:
+    def __init__(self, manager: KVCacheManager, group_id: int, spec: KVCacheSpec) -> None:
         self.kv_cache_group_id = group_id
         self.kv_cache_spec = spec
         self.block_size = spec.block_size
         self.retains_longer_hit = False
+        self.block_pool = manager.block_pool
+        # Read-only views of vLLM's per-request maps (KV connectors read them; views.py).
+        self.req_to_blocks = views.RequestBlocks(manager, group_id)
+        self.num_cached_block = views.CachedBlocks(manager)
 
 
 class _BlockPoolView:
     """What the scheduler and vLLM's tests read of vLLM's ``BlockPool``: free blocks, usage."""
 
-    def __init__(self, core: Any, num_blocks: int, block_size: int) -> None:
-        self._core = core
+    def __init__(self, manager: KVCacheManager, num_blocks: int, block_size: int) -> None:
+        self._manager = manager
+        self._core = manager._core
         self.num_gpu_blocks = num_blocks
         self.hash_block_size = block_size
 
@@ -80,19 +89,58 @@ class _BlockPoolView:
             return 0.0
         return 1.0 - self.get_num_free_blocks() / total
 
+    def free_blocks(self, blocks: Any) -> None:
+        """Returns the blocks ``pop_blocks_for_free`` handed out (a deferred free)."""
+        self._manager._deferred.free(self._manager, blocks)
+
+    def get_cached_block(self, block_hash: Any, kv_cache_group_ids: list[int]) -> Any:
+        """vLLM's look-up of one cached block by its hash alone (auxiliary-output connectors):
+        pagedkv's index verifies a hit's content along its chain, never by one hash."""
+        raise UnsupportedVllmFeatureError(
+            "auxiliary outputs (aux_output_config, e.g. routed experts): cache look-ups by one block hash"
+        )
+
 
 class _CoordinatorView:
     """What the scheduler reads of vLLM's coordinator at construction and per step."""
 
-    def __init__(self, groups: list[_GroupView], block_pool: _BlockPoolView) -> None:
+    def __init__(self, manager: KVCacheManager, groups: list[_GroupView], block_pool: _BlockPoolView) -> None:
+        self._manager = manager
         self.single_type_managers = groups
         self.block_pool = block_pool
+        # Accepted only where it changes nothing here (_check_config).
+        self.retention_interval = manager.kv_cache_config.prefix_cache_retention_interval
         self.enable_partial_hash_hits = False
         self.eagle_group_ids: tuple[int, ...] = ()
         self.num_reprefillable_tokens = 0
 
     def new_step_starts(self) -> None:
         pass
+
+    def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int, **_: Any) -> int:
+        """The blocks a request without new hits still needs for ``num_tokens`` slots (the
+        scheduler's reservation for in-flight KV loads; connector.py)."""
+        return connector.num_blocks_to_allocate(self._manager, request_id, num_tokens)
+
+
+def _check_retention(retention: int | None, scheduler_block_size: int, groups: list[Any]) -> None:
+    """vLLM's own refusals of a retention interval (ValueError, as vLLM's coordinator raises
+    them, before any group is looked at): one without a window (or Mamba) group to act on, one
+    negative or not a multiple of the scheduler block size."""
+    if retention is None:
+        return
+    if not any(isinstance(g.kv_cache_spec, (SlidingWindowSpec, MambaSpec)) for g in groups):
+        if retention != 0:
+            raise InvalidArgumentError(
+                f"prefix_cache_retention_interval={retention} is set but this model has no "
+                "sliding-window or Mamba KV cache group, so retention has no effect (set it to 0)"
+            )
+        return
+    if retention < 0 or retention % scheduler_block_size:
+        raise InvalidArgumentError(
+            f"prefix_cache_retention_interval ({retention}) must be non-negative and a multiple "
+            f"of scheduler_block_size ({scheduler_block_size})"
+        )
 
 
 def _check_config(
@@ -108,6 +156,8 @@ def _check_config(
 ) -> tuple[int, list[Any]]:
     """The pool's block size and pagedkv's group list, or the unsupported feature named."""
     groups = kv_cache_config.kv_cache_groups
+    retention = getattr(kv_cache_config, "prefix_cache_retention_interval", None)
+    _check_retention(retention, scheduler_block_size, groups)
     if not groups:
         raise UnsupportedVllmFeatureError("a KV-cache config without KV-cache groups")
     kv_groups: list[Any] = []
@@ -154,6 +204,15 @@ def _check_config(
         raise UnsupportedVllmFeatureError("KV-cache residency metrics (metrics_collector)")
     if getattr(kv_cache_config, "hisparse_host_num_blocks", None) is not None:
         raise UnsupportedVllmFeatureError("HiSparse host blocks")
+    # pagedkv indexes every full block of a window group (vLLM's dense retention, None); vLLM's
+    # sparse retention (0, or an interval) keeps only some, so hits would differ. Without a
+    # window group vLLM ignores 0 (and refuses an interval: _check_retention).
+    has_window = any(isinstance(g, pagedkv.SlidingWindow) for g in kv_groups)
+    if retention is not None and (retention != 0 or has_window):
+        raise UnsupportedVllmFeatureError(
+            f"prefix_cache_retention_interval={retention} (sparse prefix-cache retention; "
+            "pagedkv's vLLM manager retains every block: set it to None)"
+        )
     return block_size, kv_groups
 
 
@@ -223,11 +282,23 @@ class KVCacheManager:
             record_new_block_ids=self._record_new_block_ids,
             enable_kv_events=enable_kv_cache_events and enable_caching,
         )
-        self.block_pool = _BlockPoolView(self._core, num_blocks, block_size)
+        self.block_pool = _BlockPoolView(self, num_blocks, block_size)
         self.coordinator = _CoordinatorView(
-            [_GroupView(i, g.kv_cache_spec) for i, g in enumerate(kv_cache_config.kv_cache_groups)],
+            self,
+            [_GroupView(self, i, g.kv_cache_spec) for i, g in enumerate(kv_cache_config.kv_cache_groups)],
             self.block_pool,
         )
+        # Per group: its window in tokens (None: full attention), for the can-never-fit checks.
+        self._windows = [g.window if isinstance(g, pagedkv.SlidingWindow) else None for g in kv_groups]
+        self._windows_present = self._num_full_groups != len(kv_groups)
+        self._max_in_flight_tokens = max_in_flight_tokens
+        self._deferred = connector.DeferredFrees()
+        # Requests admitted with the hashes of their hit only (an async load, or a hit capped
+        # below what the cache holds): request id -> whether the rest waits for cache_blocks.
+        self._held_hashes: dict[str, bool] = {}
+        # Hits that get_computed_blocks capped (max_cache_hit_length): request id -> hit tokens.
+        self._hit_caps: dict[str, int] = {}
+        self._zero_again: list[int] = []
         # vLLM's block objects, one per pool block, made once: the scheduler reads only
         # ``block_id`` (through ``KVCacheBlocks.get_block_ids``).
         self._blocks = [KVCacheBlock(i) for i in range(num_blocks)]
@@ -272,7 +343,22 @@ class KVCacheManager:
         if not self._record_new_block_ids:
             return []
         _seqs, _groups, _positions, block_ids, fresh = self._core.take_new_block_ids()
-        return [int(b) for b in block_ids[fresh]]
+        ids = [int(b) for b in block_ids[fresh]]
+        if self._zero_again:
+            ids += self._zero_again
+            self._zero_again = []
+        return ids
+
+    def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
+        """Zeroes the request's blocks from ``start_token`` (block-aligned) on again at the next
+        ``take_new_block_ids``: blocks a failed async KV load left unwritten."""
+        if not self._record_new_block_ids:
+            return
+        if start_token % self.block_size:
+            raise InvalidArgumentError(f"start_token {start_token} is not block-aligned")
+        start = start_token // self.block_size
+        for ids in self.get_block_ids(request_id):
+            self._zero_again.extend(b for b in ids[start:] if b != 0)
 
     def take_events(self) -> list[Any]:
         """vLLM's KV-cache events since the last call (vLLM's classes and hashes)."""
@@ -316,6 +402,9 @@ class KVCacheManager:
         back and reads nothing else of them)."""
         if not self.prefix_cache_lookup_enabled(request):
             return self.empty_kv_cache_blocks, 0, 0
+        capped = max_cache_hit_length is not None and max_cache_hit_length < request.num_tokens - 1
+        if self._hit_caps:
+            self._hit_caps.pop(request.request_id, None)
         if max_cache_hit_length is None:
             max_cache_hit_length = request.num_tokens - 1
         hashes = request.block_hashes[: max(0, max_cache_hit_length) // self.block_size]
@@ -323,6 +412,9 @@ class KVCacheManager:
             return self.empty_kv_cache_blocks, 0, 0
         tokens = request._all_token_ids[: len(hashes) * self.block_size + 1]
         hit = self._core.match_prefix(tokens, block_hashes=hashes)
+        if capped:
+            # Admission must not take the longer hit the cache may hold (connector.py).
+            self._hit_caps[request.request_id] = hit
         if hit == 0:
             return self.empty_kv_cache_blocks, 0, 0
         if self._events is not None and getattr(request, "kv_cache_report_mode", None) == "full":
@@ -348,11 +440,18 @@ class KVCacheManager:
     ) -> KVCacheBlocks | None:
         """Slots for ``num_new_tokens`` (+ lookahead) tokens of ``request``: the blocks newly
         added to its tables, or None when the pool is short (vLLM's signal to preempt)."""
-        if num_external_computed_tokens or delay_cache_blocks or reserved_blocks:
-            raise UnsupportedVllmFeatureError("a KV connector's external tokens / async loads")
+        external = bool(num_external_computed_tokens or delay_cache_blocks or reserved_blocks)
+        if external:
+            connector.check_external_admission(
+                self,
+                num_external_computed_tokens,
+                delay_cache_blocks,
+                reserved_blocks,
+                skip_zeroing_group_ids,
+            )
         if num_encoder_tokens:
             raise UnsupportedVllmFeatureError("encoder tokens (cross-attention)")
-        if num_new_tokens == 0 and num_new_computed_tokens == 0:
+        if num_new_tokens == 0 and num_new_computed_tokens == 0 and num_external_computed_tokens == 0:
             raise InvalidArgumentError(
                 "num_new_tokens must be greater than 0 when there are no computed tokens to adopt"
             )
@@ -365,19 +464,35 @@ class KVCacheManager:
                 num_lookahead_tokens,
                 full_sequence_must_fit,
                 has_scheduled_reqs,
+                num_external_computed_tokens,
+                delay_cache_blocks,
+                reserved_blocks,
             )
-        if num_new_computed_tokens:
+        if num_new_computed_tokens or external:
             raise InvalidArgumentError(
-                f"request {request.request_id!r} already holds blocks: no new computed tokens"
+                f"request {request.request_id!r} already holds blocks: no new computed or "
+                "external tokens, no reserved blocks"
             )
         seq_id, old_len = state[0], state[1]
         computed = request.num_computed_tokens
-        # Slots whose full-attention blocks alone pass the pool can never be allocated: vLLM
-        # answers None (the scheduler preempts), the core an error that would stop the step.
-        # Reached by a sequence longer than the pool (admitted without the whole-sequence
-        # check, or grown past it).
+        # Slots whose blocks alone pass the pool can never be allocated: vLLM answers None (the
+        # scheduler preempts), the core an error that would stop the step. Reached by a
+        # sequence longer than the pool (admitted without the whole-sequence check, or grown
+        # past it). A window group holds what its release at the processed watermark leaves.
         slots_end = min(computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
-        if self._num_full_groups * _cdiv(slots_end, self.block_size) > self.block_pool.num_gpu_blocks - 1:
+        positions = max(_cdiv(slots_end, self.block_size), old_len)
+        if self._windows_present:
+            live = self._live_blocks(positions, computed - request.num_in_flight_tokens)
+        else:
+            live = positions * self.num_kv_cache_groups
+        if live > self.block_pool.num_gpu_blocks - 1:
+            return None
+        if (
+            self.watermark_blocks
+            and has_scheduled_reqs
+            and request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+            and connector.short_of_watermark(self, old_len, positions)
+        ):
             return None
         if not self._core.allocate_slots(
             seq_id,
@@ -409,45 +524,59 @@ class KVCacheManager:
         num_lookahead_tokens: int,
         full_sequence_must_fit: bool,
         has_scheduled_reqs: bool,
+        num_external: int = 0,
+        delay_cache_blocks: bool = False,
+        reserved_blocks: int = 0,
     ) -> KVCacheBlocks | None:
         if request.num_computed_tokens:
             raise UnsupportedVllmFeatureError(
                 "admitting a request with computed tokens and no blocks (a KV connector's load)"
             )
-        # A sequence whose full-attention blocks alone pass the pool can never be admitted:
-        # vLLM's admission check says so with None (the request keeps waiting), where the core
-        # refuses the call itself (InvalidArgumentError) and would stop the scheduler's step.
-        # Without the whole-sequence check (scheduler_reserve_full_isl=False) only the
-        # scheduled chunk and its lookahead must fit, as vLLM checks.
-        if full_sequence_must_fit:
-            needed_tokens = request.num_tokens
-        else:
-            needed_tokens = num_new_computed_tokens + num_new_tokens + num_lookahead_tokens
-        full_blocks = _cdiv(min(needed_tokens, self.max_model_len), self.block_size)
-        if self._num_full_groups * full_blocks > self.block_pool.num_gpu_blocks - 1:
+        # A sequence that can never fit: vLLM's admission check says so with None (the request
+        # keeps waiting), where the core refuses the call itself (InvalidArgumentError) and
+        # would stop the scheduler's step. The core's two checks: with the whole-sequence check
+        # (scheduler_reserve_full_isl) the prompt's blocks, a window group at most its admission
+        # cap; always, the scheduled chunk and its lookahead, a window group less what its
+        # release at the hit leaves.
+        bs = self.block_size
+        if full_sequence_must_fit and self._prompt_blocks(request.num_tokens) > self._usable_blocks():
+            return None
+        chunk_end = num_new_computed_tokens + num_external + num_new_tokens + num_lookahead_tokens
+        positions = _cdiv(min(chunk_end, self.max_model_len), bs)
+        if self._live_blocks(positions, num_new_computed_tokens) > self._usable_blocks():
             return None
         seq_id = self._next_seq_id
         watermark = has_scheduled_reqs and request.status in (
             RequestStatus.WAITING,
             RequestStatus.PREEMPTED,
         )
-        bs = self.block_size
         tokens = request._all_token_ids  # the list behind all_token_ids (a read-only view)
+        # A connector's tokens are scheduled tokens of the admission (their slots allocated).
+        num_scheduled = num_external + num_new_tokens
+        skip = capped = False
         if self.enable_caching:
             skip = request.skip_reading_prefix_cache
             # A request that must not read the cache is admitted without hashes: nothing it
-            # holds is looked up or indexed (docs/integrations/vllm.md, differences).
-            hashes = [] if skip else list(request.block_hashes)
+            # holds is looked up or indexed (docs/integrations/vllm.md, differences). An async
+            # load's blocks wait for their hashes until it finished (``cache_blocks``).
+            capped = bool(self._hit_caps) and self._hit_caps.pop(request.request_id, None) is not None
+            if skip:
+                hashes = []
+            elif delay_cache_blocks or capped:
+                hashes = list(request.block_hashes[: num_new_computed_tokens // bs])
+            else:
+                hashes = list(request.block_hashes)
             try:
                 hit = self._core.add_sequence(
                     seq_id,
                     tokens,
-                    num_scheduled=num_new_tokens,
+                    num_scheduled=num_scheduled,
                     reserve_prompt=False,
                     require_full_prompt=full_sequence_must_fit,
                     num_lookahead_tokens=num_lookahead_tokens,
                     block_hashes=hashes,
                     apply_watermark=watermark,
+                    reserved_blocks=reserved_blocks,
                 )
             except OutOfBlocksError:
                 if self._events is not None:
@@ -462,11 +591,12 @@ class KVCacheManager:
                 hit = self._core.add_sequence(
                     seq_id,
                     num_tokens=request.num_tokens,
-                    num_scheduled=num_new_tokens,
+                    num_scheduled=num_scheduled,
                     reserve_prompt=False,
                     require_full_prompt=full_sequence_must_fit,
                     num_lookahead_tokens=num_lookahead_tokens,
                     apply_watermark=watermark,
+                    reserved_blocks=reserved_blocks,
                 )
             except OutOfBlocksError:
                 return None
@@ -481,13 +611,48 @@ class KVCacheManager:
                 f"request {request.request_id!r}: pagedkv's hit at admission ({hit} tokens) "
                 f"differs from the looked-up one ({num_new_computed_tokens})"
             )
-        end = hit + num_new_tokens
+        end = hit + num_scheduled
         table_len = _cdiv(min(end + num_lookahead_tokens, self.max_model_len), bs)
         cached = 0
         if num_hashes >= 0:
             cached = min(end, request.num_tokens, num_hashes * bs) // bs * bs
-        self._reqs[request.request_id] = [seq_id, table_len, num_ids, num_hashes, cached, end]
-        return self._blocks_of(seq_id, hit // bs)
+        state = [seq_id, table_len, num_ids, num_hashes, cached, end]
+        self._reqs[request.request_id] = state
+        if self.enable_caching and not skip and (delay_cache_blocks or capped):
+            if delay_cache_blocks:
+                self._held_hashes[request.request_id] = True  # until its load finished
+            else:
+                connector.give_held_hashes(self, request, state, end, loaded=False)
+        # The blocks of the tokens to compute (vLLM returns neither the hit's nor the
+        # connector's).
+        return self._blocks_of(seq_id, _cdiv(hit + num_external, bs))
+
+    def _usable_blocks(self) -> int:
+        return self.block_pool.num_gpu_blocks - 1  # block 0 is the null block
+
+    def _live_blocks(self, positions: int, processed: int) -> int:
+        """Blocks ``positions`` table positions hold over every group once each window group
+        released what its window at ``processed`` tokens leaves (the core's count)."""
+        bs = self.block_size
+        total = 0
+        for window in self._windows:
+            skipped = 0 if window is None else max(processed - (window - 1), 0) // bs
+            total += positions - min(skipped, positions)
+        return total
+
+    def _prompt_blocks(self, num_tokens: int) -> int:
+        """vLLM's whole-prompt admission requirement without a hit (a window group at most its
+        admission cap: window - 1 + max_in_flight_tokens tokens, plus one block)."""
+        bs = self.block_size
+        full = _cdiv(min(num_tokens, self.max_model_len), bs)
+        total = 0
+        for window in self._windows:
+            if window is None:
+                total += full
+            else:
+                cap = _cdiv(min(window - 1 + self._max_in_flight_tokens, self.max_model_len), bs) + 1
+                total += min(full, cap)
+        return total
 
     def _give_ids(
         self, request: Request, state: list[int], end: int, watermark: int | None, upto: int
@@ -552,6 +717,9 @@ class KVCacheManager:
         state = self._reqs.get(request.request_id)
         if state is None or not self.enable_caching:
             return
+        if self._held_hashes and self._held_hashes.pop(request.request_id, False):
+            connector.give_held_hashes(self, request, state, num_computed_tokens, loaded=True)
+            return
         self._give_ids(request, state, num_computed_tokens, request.num_computed_tokens, num_computed_tokens)
         if self._events is not None:
             self._events.collect(request)
@@ -560,10 +728,17 @@ class KVCacheManager:
         """Frees the request's blocks (tail first into the evictable cache, as vLLM does)."""
         state = self._reqs.pop(request.request_id, None)
         if state is not None:
-            self._core.free(state[0])
-            if self._events is not None:
-                self._events.collect(request)
-                self._events.forget(request.request_id)
+            self._free_seq(state[0], request)
+        if self._held_hashes:
+            self._held_hashes.pop(request.request_id, None)
+        if self._hit_caps:
+            self._hit_caps.pop(request.request_id, None)
+
+    def _free_seq(self, seq_id: int, request: Request) -> None:
+        self._core.free(seq_id)
+        if self._events is not None:
+            self._events.collect(request)
+            self._events.forget(request.request_id)
 
     def get_blocks(self, request_id: str) -> KVCacheBlocks:
         """All blocks of a request (released window positions are the null block)."""
@@ -619,16 +794,28 @@ class KVCacheManager:
     def remove_skipped_blocks(
         self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
     ) -> None:
-        """Reached through a KV connector only (unsupported)."""
-        raise UnsupportedVllmFeatureError("remove_skipped_blocks (a KV connector's path)")
+        """Nothing to release: full-attention groups skip no block (a KV connector's path,
+        connector.py; refused with sliding-window groups)."""
+        connector.require_full_attention(self, "remove_skipped_blocks (a KV connector's path)")
 
     def pop_blocks_for_free(self, request: Request) -> list[KVCacheBlock]:
-        """Reached through a KV connector's deferred frees only (unsupported)."""
-        raise UnsupportedVllmFeatureError("deferred block frees (a KV connector's path)")
+        """The request's blocks for a deferred free: gone from the manager's view now, back to
+        the pool at ``block_pool.free_blocks`` (connector.py)."""
+        return self._deferred.pop(self, request)
 
     def evict_blocks(self, block_ids: set[int]) -> None:
-        """Reached through a KV connector only (unsupported)."""
-        raise UnsupportedVllmFeatureError("evict_blocks (a KV connector's path)")
+        """Reached through a KV connector's failed loads under the fail policy (unsupported:
+        the core has no call dropping blocks from the index by id)."""
+        raise UnsupportedVllmFeatureError(
+            "evict_blocks (a KV connector's invalid blocks, kv_load_failure_policy='fail')"
+        )
+
+    def get_computed_blocks_for_connector(
+        self, request: Request, max_cache_hit_length: int | None = None
+    ) -> tuple[KVCacheBlocks, int, int, bool]:
+        """The local hit for a connector's scheduling: ``get_computed_blocks``'s (no Mamba
+        groups, so no per-group divergence)."""
+        return (*self.get_computed_blocks(request, max_cache_hit_length), False)
 
     def check_invariants(self) -> None:
         """The core's allocator invariants (``InvariantViolation`` if one does not hold)."""
