@@ -480,12 +480,15 @@ class KVCacheManager:
         # sequence longer than the pool (admitted without the whole-sequence check, or grown
         # past it). A window group holds what its release at the processed watermark leaves.
         slots_end = min(computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
-        positions = max(_cdiv(slots_end, self.block_size), old_len)
-        if self._windows_present:
-            live = self._live_blocks(positions, computed - request.num_in_flight_tokens)
-        else:
-            live = positions * self.num_kv_cache_groups
-        if live > self.block_pool.num_gpu_blocks - 1:
+        positions = -(-slots_end // self.block_size)
+        # Every group's whole table bounds what they hold: only past the pool is the window
+        # release counted (one multiplication per call otherwise). A table already longer
+        # (rejected drafts' blocks kept) adds no block.
+        usable = self.block_pool.num_gpu_blocks - 1
+        if positions * self.num_kv_cache_groups > usable and (
+            not self._windows_present
+            or self._live_blocks(max(positions, old_len), computed - request.num_in_flight_tokens) > usable
+        ):
             return None
         if (
             self.watermark_blocks
