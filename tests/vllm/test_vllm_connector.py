@@ -267,3 +267,24 @@ def test_a_capped_hit_is_admitted_as_looked_up(kind: str) -> None:
     r.num_computed_tokens = 6 * BS + 1  # the whole prompt computed: a decode step follows
     r.append_output_token_ids(7)
     assert m.allocate_slots(r, 1) is not None
+
+
+def test_a_failed_sync_load_stops_the_step_rather_than_serve_its_blocks() -> None:
+    """A sync load's blocks are indexed at admission; when the worker reports them invalid,
+    vLLM drops them from its index (``evict_blocks``, policy "fail") or rolls the request back
+    to recompute them ("recompute"). pagedkv refuses both by a typed error (never a hit on a
+    block whose load failed)."""
+    from pagedkv.errors import InvalidArgumentError
+    from pagedkv.integrations.vllm import UnsupportedVllmFeatureError
+
+    m = _manager("pagedkv", _config("full"), enable_caching=True)
+    r = _request("r", 4 * BS + 3)
+    blocks = m.get_computed_blocks(r)[0]
+    assert m.allocate_slots(r, 3, 0, blocks, num_external_computed_tokens=4 * BS) is not None
+    with pytest.raises(UnsupportedVllmFeatureError, match="evict_blocks"):
+        m.evict_blocks(set(m.get_block_ids("r")[0][1:]))
+    r.num_computed_tokens = BS  # "recompute": back to before the first invalid block
+    with pytest.raises(InvalidArgumentError):
+        m.allocate_slots(r, 3 * BS + 3)
+    m.free(r)
+    m.check_invariants()
