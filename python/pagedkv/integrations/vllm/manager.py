@@ -20,7 +20,8 @@ A KV connector's calls (external tokens, async loads, deferred frees) are answer
 full-attention groups by connector.py. What vLLM's scheduler reaches only with optional features
 this manager does not support (Mamba or cross-attention groups, EAGLE's dropped hit block,
 DCP/PCP, hash blocks smaller than blocks, sparse prefix-cache retention) is refused at
-construction with ``UnsupportedVllmFeatureError`` naming it.
+construction with ``UnsupportedVllmFeatureError`` naming it (support.py). What the scheduler and
+connectors read of vLLM's internals (coordinator, per-group managers, block pool) are views.py.
 """
 
 from __future__ import annotations
@@ -30,13 +31,7 @@ from typing import Any
 
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_utils import KVCacheBlock, KVCacheBlockCopy
-from vllm.v1.kv_cache_interface import (
-    FullAttentionSpec,
-    KVCacheConfig,
-    KVCacheSpec,
-    MambaSpec,
-    SlidingWindowSpec,
-)
+from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.metrics.stats import PrefixCacheStats
 from vllm.v1.request import Request, RequestStatus
 
@@ -47,173 +42,14 @@ from pagedkv.errors import (
     OutOfBlocksError,
     UnsupportedVllmFeatureError,
 )
-from pagedkv.integrations.vllm import connector, views
+from pagedkv.integrations.vllm import connector
 from pagedkv.integrations.vllm.events import EventTranslator
+from pagedkv.integrations.vllm.support import check_config
+from pagedkv.integrations.vllm.views import BlockPoolView, CoordinatorView, GroupView
 
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
-
-
-class _GroupView:
-    """What the scheduler reads of vLLM's per-group manager: ``block_size``, ``kv_cache_spec``."""
-
-    def __init__(self, manager: KVCacheManager, group_id: int, spec: KVCacheSpec) -> None:
-        self.kv_cache_group_id = group_id
-        self.kv_cache_spec = spec
-        self.block_size = spec.block_size
-        self.retains_longer_hit = False
-        self.block_pool = manager.block_pool
-        # Read-only views of vLLM's per-request maps (KV connectors read them; views.py).
-        self.req_to_blocks = views.RequestBlocks(manager, group_id)
-        self.num_cached_block = views.CachedBlocks(manager)
-
-
-class _BlockPoolView:
-    """What the scheduler and vLLM's tests read of vLLM's ``BlockPool``: free blocks, usage."""
-
-    def __init__(self, manager: KVCacheManager, num_blocks: int, block_size: int) -> None:
-        self._manager = manager
-        self._core = manager._core
-        self.num_gpu_blocks = num_blocks
-        self.hash_block_size = block_size
-
-    def get_num_free_blocks(self) -> int:
-        # Free-list plus cached-evictable blocks, block 0 (the null block) excluded, as vLLM's
-        # free block queue counts them.
-        return int(self._core.num_free_blocks)
-
-    def get_usage(self) -> float:
-        total = self.num_gpu_blocks - 1  # the null block is never usable
-        if total <= 0:
-            return 0.0
-        return 1.0 - self.get_num_free_blocks() / total
-
-    def free_blocks(self, blocks: Any) -> None:
-        """Returns the blocks ``pop_blocks_for_free`` handed out (a deferred free)."""
-        self._manager._deferred.free(self._manager, blocks)
-
-    def get_cached_block(self, block_hash: Any, kv_cache_group_ids: list[int]) -> Any:
-        """vLLM's look-up of one cached block by its hash alone (auxiliary-output connectors):
-        pagedkv's index verifies a hit's content along its chain, never by one hash."""
-        raise UnsupportedVllmFeatureError(
-            "auxiliary outputs (aux_output_config, e.g. routed experts): cache look-ups by one block hash"
-        )
-
-
-class _CoordinatorView:
-    """What the scheduler reads of vLLM's coordinator at construction and per step."""
-
-    def __init__(self, manager: KVCacheManager, groups: list[_GroupView], block_pool: _BlockPoolView) -> None:
-        self._manager = manager
-        self.single_type_managers = groups
-        self.block_pool = block_pool
-        # Accepted only where it changes nothing here (_check_config).
-        self.retention_interval = manager.kv_cache_config.prefix_cache_retention_interval
-        self.enable_partial_hash_hits = False
-        self.eagle_group_ids: tuple[int, ...] = ()
-        self.num_reprefillable_tokens = 0
-
-    def new_step_starts(self) -> None:
-        pass
-
-    def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int, **_: Any) -> int:
-        """The blocks a request without new hits still needs for ``num_tokens`` slots (the
-        scheduler's reservation for in-flight KV loads; connector.py)."""
-        return connector.num_blocks_to_allocate(self._manager, request_id, num_tokens)
-
-
-def _check_retention(retention: int | None, scheduler_block_size: int, groups: list[Any]) -> None:
-    """vLLM's own refusals of a retention interval (ValueError, as vLLM's coordinator raises
-    them, before any group is looked at): one without a window (or Mamba) group to act on, one
-    negative or not a multiple of the scheduler block size."""
-    if retention is None:
-        return
-    if not any(isinstance(g.kv_cache_spec, (SlidingWindowSpec, MambaSpec)) for g in groups):
-        if retention != 0:
-            raise InvalidArgumentError(
-                f"prefix_cache_retention_interval={retention} is set but this model has no "
-                "sliding-window or Mamba KV cache group, so retention has no effect (set it to 0)"
-            )
-        return
-    if retention < 0 or retention % scheduler_block_size:
-        raise InvalidArgumentError(
-            f"prefix_cache_retention_interval ({retention}) must be non-negative and a multiple "
-            f"of scheduler_block_size ({scheduler_block_size})"
-        )
-
-
-def _check_config(
-    kv_cache_config: KVCacheConfig,
-    scheduler_block_size: int,
-    hash_block_size: int,
-    use_eagle: bool,
-    num_hash_lookahead_tokens: int,
-    num_prefill_lookahead: int,
-    dcp_world_size: int,
-    pcp_world_size: int,
-    metrics_collector: Any,
-) -> tuple[int, list[Any]]:
-    """The pool's block size and pagedkv's group list, or the unsupported feature named."""
-    groups = kv_cache_config.kv_cache_groups
-    retention = getattr(kv_cache_config, "prefix_cache_retention_interval", None)
-    _check_retention(retention, scheduler_block_size, groups)
-    if not groups:
-        raise UnsupportedVllmFeatureError("a KV-cache config without KV-cache groups")
-    kv_groups: list[Any] = []
-    block_sizes = set()
-    for i, group in enumerate(groups):
-        spec = group.kv_cache_spec
-        # Exact classes: vLLM's subclasses (MLA, chunked local attention, Mamba, cross
-        # attention, encoder-only, sinks, ...) change what a block holds or which are kept.
-        if type(spec) is FullAttentionSpec:
-            if getattr(spec, "sliding_window", None) is not None or getattr(
-                spec, "attention_chunk_size", None
-            ):
-                raise UnsupportedVllmFeatureError(
-                    f"KV-cache group {i}: a FullAttentionSpec with a sliding window or attention "
-                    "chunks (a hybrid allocator disabled)"
-                )
-            kv_groups.append(pagedkv.FullAttention())
-        elif type(spec) is SlidingWindowSpec:
-            kv_groups.append(pagedkv.SlidingWindow(spec.sliding_window))
-        else:
-            raise UnsupportedVllmFeatureError(
-                f"KV-cache group {i}: {type(spec).__name__} (pagedkv's vLLM manager supports "
-                "FullAttentionSpec and SlidingWindowSpec groups; Mamba, cross-attention, "
-                "encoder-only and other group kinds are not supported)"
-            )
-        block_sizes.add(spec.block_size)
-    if len(block_sizes) != 1:
-        raise UnsupportedVllmFeatureError(f"KV-cache groups with different block sizes {sorted(block_sizes)}")
-    (block_size,) = block_sizes
-    if scheduler_block_size != block_size or hash_block_size != block_size:
-        raise UnsupportedVllmFeatureError(
-            f"scheduler block size {scheduler_block_size} / hash block size {hash_block_size} "
-            f"other than the KV block size {block_size}"
-        )
-    if use_eagle:
-        raise UnsupportedVllmFeatureError("EAGLE's prefix-hit block drop (use_eagle)")
-    if num_hash_lookahead_tokens or num_prefill_lookahead:
-        raise UnsupportedVllmFeatureError(
-            "lookahead hashing / prefill lookahead (multi-token-prediction re-prefill)"
-        )
-    if dcp_world_size != 1 or pcp_world_size != 1:
-        raise UnsupportedVllmFeatureError("decode/prefill context parallelism (DCP/PCP)")
-    if metrics_collector is not None:
-        raise UnsupportedVllmFeatureError("KV-cache residency metrics (metrics_collector)")
-    if getattr(kv_cache_config, "hisparse_host_num_blocks", None) is not None:
-        raise UnsupportedVllmFeatureError("HiSparse host blocks")
-    # pagedkv indexes every full block of a window group (vLLM's dense retention, None); vLLM's
-    # sparse retention (0, or an interval) keeps only some, so hits would differ. Without a
-    # window group vLLM ignores 0 (and refuses an interval: _check_retention).
-    has_window = any(isinstance(g, pagedkv.SlidingWindow) for g in kv_groups)
-    if retention is not None and (retention != 0 or has_window):
-        raise UnsupportedVllmFeatureError(
-            f"prefix_cache_retention_interval={retention} (sparse prefix-cache retention; "
-            "pagedkv's vLLM manager retains every block: set it to None)"
-        )
-    return block_size, kv_groups
 
 
 class KVCacheManager:
@@ -239,7 +75,7 @@ class KVCacheManager:
         watermark: float = 0.0,
         enable_mamba_shared_prefix_checkpoint: bool = False,
     ) -> None:
-        block_size, kv_groups = _check_config(
+        block_size, kv_groups = check_config(
             kv_cache_config,
             scheduler_block_size,
             hash_block_size,
@@ -282,10 +118,10 @@ class KVCacheManager:
             record_new_block_ids=self._record_new_block_ids,
             enable_kv_events=enable_kv_cache_events and enable_caching,
         )
-        self.block_pool = _BlockPoolView(self, num_blocks, block_size)
-        self.coordinator = _CoordinatorView(
+        self.block_pool = BlockPoolView(self, num_blocks, block_size)
+        self.coordinator = CoordinatorView(
             self,
-            [_GroupView(self, i, g.kv_cache_spec) for i, g in enumerate(kv_cache_config.kv_cache_groups)],
+            [GroupView(self, i, g.kv_cache_spec) for i, g in enumerate(kv_cache_config.kv_cache_groups)],
             self.block_pool,
         )
         # Per group: its window in tokens (None: full attention), for the can-never-fit checks.

@@ -1,14 +1,20 @@
-"""Read-only views of the per-group request maps of vLLM's single-type managers
-(``req_to_blocks``, ``num_cached_block``), which KV connectors and vLLM's own tests read through
-``coordinator.single_type_managers[g]``: computed from pagedkv's tables on each read, never
-written (docs/integrations/vllm.md, KV connectors)."""
+"""What vLLM's scheduler, its KV connectors and vLLM's tests read of vLLM's manager internals,
+as views of pagedkv's manager: the coordinator (``coordinator``), its per-group managers
+(``single_type_managers[g]``: block size, spec, the read-only per-request maps ``req_to_blocks``
+and ``num_cached_block``, computed from pagedkv's tables on each read) and the block pool
+(free blocks, usage, deferred frees). Nothing here holds state of its own
+(docs/integrations/vllm.md, KV connectors)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
+from vllm.v1.kv_cache_interface import KVCacheSpec
+
+from pagedkv.errors import UnsupportedVllmFeatureError
+from pagedkv.integrations.vllm import connector
 
 if TYPE_CHECKING:
     from pagedkv.integrations.vllm.manager import KVCacheManager
@@ -55,3 +61,71 @@ class CachedBlocks(Mapping[str, int]):
     def __len__(self) -> int:
         m = self._manager
         return len(m._reqs) if m.enable_caching else 0
+
+
+class GroupView:
+    """What the scheduler reads of vLLM's per-group manager: ``block_size``, ``kv_cache_spec``."""
+
+    def __init__(self, manager: KVCacheManager, group_id: int, spec: KVCacheSpec) -> None:
+        self.kv_cache_group_id = group_id
+        self.kv_cache_spec = spec
+        self.block_size = spec.block_size
+        self.retains_longer_hit = False
+        self.block_pool = manager.block_pool
+        # Read-only views of vLLM's per-request maps (KV connectors read them; views.py).
+        self.req_to_blocks = RequestBlocks(manager, group_id)
+        self.num_cached_block = CachedBlocks(manager)
+
+
+class BlockPoolView:
+    """What the scheduler and vLLM's tests read of vLLM's ``BlockPool``: free blocks, usage."""
+
+    def __init__(self, manager: KVCacheManager, num_blocks: int, block_size: int) -> None:
+        self._manager = manager
+        self._core = manager._core
+        self.num_gpu_blocks = num_blocks
+        self.hash_block_size = block_size
+
+    def get_num_free_blocks(self) -> int:
+        # Free-list plus cached-evictable blocks, block 0 (the null block) excluded, as vLLM's
+        # free block queue counts them.
+        return int(self._core.num_free_blocks)
+
+    def get_usage(self) -> float:
+        total = self.num_gpu_blocks - 1  # the null block is never usable
+        if total <= 0:
+            return 0.0
+        return 1.0 - self.get_num_free_blocks() / total
+
+    def free_blocks(self, blocks: Any) -> None:
+        """Returns the blocks ``pop_blocks_for_free`` handed out (a deferred free)."""
+        self._manager._deferred.free(self._manager, blocks)
+
+    def get_cached_block(self, block_hash: Any, kv_cache_group_ids: list[int]) -> Any:
+        """vLLM's look-up of one cached block by its hash alone (auxiliary-output connectors):
+        pagedkv's index verifies a hit's content along its chain, never by one hash."""
+        raise UnsupportedVllmFeatureError(
+            "auxiliary outputs (aux_output_config, e.g. routed experts): cache look-ups by one block hash"
+        )
+
+
+class CoordinatorView:
+    """What the scheduler reads of vLLM's coordinator at construction and per step."""
+
+    def __init__(self, manager: KVCacheManager, groups: list[GroupView], block_pool: BlockPoolView) -> None:
+        self._manager = manager
+        self.single_type_managers = groups
+        self.block_pool = block_pool
+        # Accepted only where it changes nothing here (support.py).
+        self.retention_interval = manager.kv_cache_config.prefix_cache_retention_interval
+        self.enable_partial_hash_hits = False
+        self.eagle_group_ids: tuple[int, ...] = ()
+        self.num_reprefillable_tokens = 0
+
+    def new_step_starts(self) -> None:
+        pass
+
+    def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int, **_: Any) -> int:
+        """The blocks a request without new hits still needs for ``num_tokens`` slots (the
+        scheduler's reservation for in-flight KV loads; connector.py)."""
+        return connector.num_blocks_to_allocate(self._manager, request_id, num_tokens)
