@@ -23,14 +23,15 @@ positions the null block at admission, where the core would allocate them.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
 
 from pagedkv.errors import InvalidArgumentError, InvariantViolation, UnsupportedVllmFeatureError
 
-if TYPE_CHECKING:
-    from pagedkv.integrations.vllm.manager import KVCacheManager
+# The manager (manager.py) is typed ``Any`` here: manager.py imports this module, and the
+# package's layering forbids import cycles, typing-only ones included (tests/python/test_layering.py).
+KVCacheManager = Any
 
 
 def _cdiv(a: int, b: int) -> int:

@@ -8,7 +8,7 @@ and ``num_cached_block``, computed from pagedkv's tables on each read) and the b
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.v1.kv_cache_interface import KVCacheSpec
@@ -16,8 +16,9 @@ from vllm.v1.kv_cache_interface import KVCacheSpec
 from pagedkv.errors import UnsupportedVllmFeatureError
 from pagedkv.integrations.vllm import connector
 
-if TYPE_CHECKING:
-    from pagedkv.integrations.vllm.manager import KVCacheManager
+# The manager (manager.py) is typed ``Any`` here: manager.py imports this module, and the
+# package's layering forbids import cycles, typing-only ones included (tests/python/test_layering.py).
+KVCacheManager = Any
 
 
 class RequestBlocks(Mapping[str, list[KVCacheBlock]]):
@@ -50,9 +51,8 @@ class CachedBlocks(Mapping[str, int]):
 
     def __getitem__(self, request_id: str) -> int:
         m = self._manager
-        if not m.enable_caching:
-            raise KeyError(request_id)
-        return m._reqs[request_id][4] // m.block_size
+        # Nothing is cached without prefix caching: the lookup misses (KeyError) then.
+        return (m._reqs if m.enable_caching else {})[request_id][4] // m.block_size
 
     def __iter__(self) -> Iterator[str]:
         m = self._manager
