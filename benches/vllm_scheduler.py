@@ -82,6 +82,10 @@ class Workload:
     # vLLM's SchedulerConfig.scheduler_reserve_full_isl: admission checks the whole prompt fits
     # (True, vLLM's default) or only the scheduled chunk (False).
     reserve_full_isl: bool = True
+    # A fake KV connector (``_fake_connector``): "" none; "sync" external hits loaded in the
+    # step that schedules them; "mixed" those, asynchronous loads (reported finished by the
+    # fake model runner two steps later) and requests without external hits.
+    connector: str = ""
     seed: int = 0
 
 
@@ -97,6 +101,7 @@ class Trace:
     prefix_hits: int = 0
     preemptions: int = 0
     draft_tokens: int = 0  # drafts scheduled (padding drafts excluded)
+    async_loads: int = 0  # the fake connector's async loads reported finished
     accepted_drafts: int = 0
     schedule_s: float = 0.0
     update_s: float = 0.0
@@ -149,6 +154,56 @@ def manager_class(name: str) -> Any:
     raise ValueError(f"unknown manager {name!r}")
 
 
+FAKE_CONNECTOR = "PagedkvBenchFakeConnector"
+
+
+def _fake_connector(kind: str) -> Any:
+    """vLLM's ``KVTransferConfig`` for a fake KV connector, deterministic and independent of the
+    KV-cache manager: a request whose id is 0 mod 3 gets no external hit; the others an
+    external hit up to the last full block before their last token (beyond the local hit),
+    loaded synchronously, or, with ``kind="mixed"``, asynchronously for ids 1 mod 3. It moves
+    no data (the fake model runner reports async loads finished)."""
+    from vllm.config import KVTransferConfig
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorMetadata
+
+    class FakeConnector(KVConnectorBase_V1):
+        def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
+            n = int(request.request_id)
+            if n % 3 == 0:
+                return 0, False
+            bs = self._vllm_config.cache_config.block_size
+            target = (request.num_tokens - 1) // bs * bs
+            extra = self._kv_transfer_config.kv_connector_extra_config
+            external = max(target - num_computed_tokens, 0)
+            return external, external > 0 and extra["kind"] == "mixed" and n % 3 == 1
+
+        def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+            pass
+
+        def build_connector_meta(self, scheduler_output: Any) -> Any:
+            return KVConnectorMetadata()
+
+        def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+            pass
+
+        def wait_for_layer_load(self, layer_name: str) -> None:
+            pass
+
+        def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any) -> None:
+            pass
+
+        def wait_for_save(self) -> None:
+            pass
+
+    # The factory's lazy registry (register_connector needs an importable module path, which a
+    # bench loaded by path does not have).
+    KVConnectorFactory._registry.setdefault(FAKE_CONNECTOR, lambda: FakeConnector)
+    return KVTransferConfig(
+        kv_connector=FAKE_CONNECTOR, kv_role="kv_both", kv_connector_extra_config={"kind": kind}
+    )
+
+
 def build_scheduler(w: Workload, manager: Any, scheduler_cls: Any = None) -> Any:
     """vLLM's scheduler for workload `w`, with `manager` as its KV-cache manager class
     (`scheduler_cls`: another scheduler class, built with the same arguments)."""
@@ -195,6 +250,7 @@ def build_scheduler(w: Workload, manager: Any, scheduler_cls: Any = None) -> Any
         model_config=model_config,
         cache_config=cache_config,
         speculative_config=speculative_config,
+        kv_transfer_config=_fake_connector(w.connector) if w.connector else None,
     )
     shape = dict(block_size=w.block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
     specs = [
@@ -250,6 +306,21 @@ def make_requests(w: Workload) -> list[Any]:
             )
         )
     return requests
+
+
+def _finished_loads(scheduler: Any, loading: dict[str, int], step: int) -> Any:
+    """The fake connector's async loads finished now (two steps after they started), as the
+    worker reports them (``KVConnectorOutput.finished_recving``), or None."""
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import RequestStatus
+
+    for req_id, request in scheduler.requests.items():
+        if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS and req_id not in loading:
+            loading[req_id] = step
+    done = {r for r, since in loading.items() if step - since >= 2}
+    for r in done:
+        del loading[r]
+    return KVConnectorOutput(finished_recving=done) if done else None
 
 
 def _runner_output(scheduler_output: Any, scheduler: Any, rng: random.Random) -> Any:
@@ -364,6 +435,7 @@ def run(
     for request in requests:
         scheduler.add_request(request)
     rng = random.Random(1)
+    loading: dict[str, int] = {}  # the fake connector's async loads: request -> step started
     trace = Trace()
     if count_calls:
         _count_calls(scheduler.kv_cache_manager, trace)
@@ -379,6 +451,10 @@ def run(
         out = scheduler.schedule()
         t1 = time.perf_counter()
         runner_output = _runner_output(out, scheduler, rng)
+        if w.connector:
+            kv_output = _finished_loads(scheduler, loading, len(trace.steps))
+            runner_output.kv_connector_output = kv_output
+            trace.async_loads += len(kv_output.finished_recving) if kv_output is not None else 0
         t2 = time.perf_counter()
         for req_id, drafts in out.scheduled_spec_decode_tokens.items():
             trace.draft_tokens += sum(t >= 0 for t in drafts)
@@ -499,6 +575,9 @@ def main() -> int:
     parser.add_argument(
         "--no-reserve-full-isl", action="store_true", help="admission checks the scheduled chunk only"
     )
+    parser.add_argument(
+        "--connector", default="", choices=("", "sync", "mixed"), help="a fake KV connector (Workload)"
+    )
     parser.add_argument("--repeat", type=int, default=1, help="runs per manager, alternated")
     parser.add_argument(
         "--count-calls", action="store_true", help="one more run per manager counting its calls"
@@ -512,8 +591,9 @@ def main() -> int:
         **{
             k: getattr(args, k)
             for k in vars(Workload())
-            if k not in ("groups", "async_scheduling", "prefix_caching", "reserve_full_isl")
+            if k not in ("groups", "async_scheduling", "prefix_caching", "reserve_full_isl", "connector")
         },
+        connector=args.connector,
         groups=tuple(args.groups.split(",")),
         async_scheduling=args.async_scheduling,
         prefix_caching=not args.no_prefix_caching,

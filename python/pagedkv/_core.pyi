@@ -200,6 +200,7 @@ class KvCacheManager:
         block_hashes: Sequence[int | bytes] | None = None,
         apply_watermark: bool = True,
         prompt_hashes: PromptHashes | list[int] | None = None,
+        reserved_blocks: int = 0,
     ) -> int:
         """Admits a prompt (``token_ids`` ``[n]``, or only ``num_tokens``: never hashed);
         returns how many of its tokens were served from the prefix cache. ``num_scheduled``:
@@ -210,9 +211,11 @@ class KvCacheManager:
         ``full_sequence_must_fit=False``). ``num_lookahead_tokens``:
         speculative slots, never hashed. ``block_extra_keys``: one extra key per block;
         ``block_hashes``: the caller's chained hashes of the full blocks (ints, or bytes reduced
-        by ``reduce_block_hash``). ``apply_watermark``: leave ``watermark_blocks`` available.
-        ``prompt_hashes``: pagedkv's own hashes of the prompt computed earlier
-        (``prompt_hashes(tokens)``), read instead of hashing the prompt again."""
+        by ``reduce_block_hash``). ``apply_watermark``: leave ``watermark_blocks`` available;
+        ``reserved_blocks``: leave that many more available (vLLM's ``reserved_blocks``, for
+        in-flight async KV loads; the allocation's check only). ``prompt_hashes``: pagedkv's
+        own hashes of the prompt computed earlier (``prompt_hashes(tokens)``), read instead of
+        hashing the prompt again."""
     def allocate_slots(
         self,
         seq_id: int,

@@ -100,6 +100,31 @@ CONFIGS: dict[str, tuple[dict[str, object], bool]] = {
         ),
         True,
     ),
+    # A fake KV connector (benches/vllm_scheduler.py, _fake_connector): external hits loaded in
+    # the step ("sync"), and those, asynchronous loads and requests without external hits
+    # ("mixed"; async loads exercise reserved_blocks, delayed caching, the resume).
+    "connector-sync": (dict(requests=24, num_blocks=40, max_num_batched_tokens=128, connector="sync"), True),
+    "connector-mixed": (
+        dict(requests=24, num_blocks=40, max_num_batched_tokens=128, connector="mixed"),
+        True,
+    ),
+    "connector-mixed-async": (
+        dict(
+            requests=30, num_blocks=40, max_num_batched_tokens=128, async_scheduling=True, connector="mixed"
+        ),
+        True,
+    ),
+    "connector-mixed-chunk-admission": (
+        dict(
+            requests=24, num_blocks=40, max_num_batched_tokens=128, reserve_full_isl=False, connector="mixed"
+        ),
+        True,
+    ),
+    # with drafts, async loads reserve the spec step's blocks (reserved_blocks)
+    "connector-mixed-spec": (
+        dict(requests=24, num_blocks=40, max_num_batched_tokens=128, num_spec_tokens=3, connector="mixed"),
+        True,
+    ),
 }
 
 
@@ -139,6 +164,8 @@ def test_same_schedule_as_vllms_manager(vllm_scheduler: ModuleType, name: str) -
         assert reference.prefix_hits > 0
     if w.num_spec_tokens:
         assert 0 < reference.accepted_drafts < reference.draft_tokens
+    if w.connector == "mixed":
+        assert reference.async_loads > 0
     if not w.reserve_full_isl:
         # The configuration exercises the chunk-only admission: vLLM's own schedule changes.
         whole = module.Workload(**{**overrides, "reserve_full_isl": True})

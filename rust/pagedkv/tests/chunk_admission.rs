@@ -121,3 +121,66 @@ fn the_flag_is_ignored_under_the_reserve_contract() {
     assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
     kv.check_invariants().unwrap();
 }
+
+#[test]
+fn reserved_blocks_stay_available_besides_the_watermark_and_a_refusal_changes_nothing() {
+    // 8 blocks, watermark 1.
+    let mut kv = manager(8, 1);
+    let prompt: Vec<u32> = (0..12).collect(); // 3 blocks
+    let reserved = |n| AdmitOptions {
+        reserved_blocks: n,
+        ..per_chunk(12, true)
+    };
+    let available = kv.num_available_blocks();
+    // 3 blocks + watermark 1 + reserved r must be available: r = available - 4 fits, one more
+    // does not (vLLM: `required > free - reserved_blocks` refuses).
+    let before = snapshot(&kv);
+    let refused = kv.add_sequence_with(1, Prompt::Tokens(&prompt), &reserved(available - 3));
+    assert!(
+        matches!(refused, Err(Error::OutOfBlocks { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(snapshot(&kv), before);
+    kv.check_invariants().unwrap();
+    assert_eq!(
+        kv.add_sequence_with(1, Prompt::Tokens(&prompt), &reserved(available - 4))
+            .unwrap(),
+        0
+    );
+    kv.check_invariants().unwrap();
+    assert_eq!(kv.num_available_blocks(), available - 3);
+}
+
+#[test]
+fn hashes_held_back_at_a_per_chunk_admission_can_be_given_before_the_slots_reach_them() {
+    // A prompt of 4 blocks admitted with its first block's hash only and 2 blocks of slots
+    // (an async KV load's admission): the other hashes come later, with no new ids, while the
+    // known ids (the whole prompt) pass the slots.
+    let mut kv = manager(16, 0);
+    let prompt: Vec<u32> = (0..16).collect();
+    let hashes: Vec<u128> = (1..=4).map(|h| h * 1_000_003).collect();
+    let o = AdmitOptions {
+        block_hashes: Some(&hashes[..1]),
+        ..per_chunk(8, true)
+    };
+    assert_eq!(
+        kv.add_sequence_with(1, Prompt::Tokens(&prompt), &o)
+            .unwrap(),
+        0
+    );
+    assert_eq!(kv.block_table(1).unwrap().len(), 2);
+    kv.check_invariants().unwrap();
+    // Before: "0 more token ids after 16 known pass its 8 slots".
+    kv.provide_token_ids(1, &[], None, None, Some(&hashes[1..]))
+        .unwrap();
+    kv.check_invariants().unwrap();
+    // Both computed blocks are indexed now, the others once computed.
+    let q = AdmitOptions {
+        block_hashes: Some(&hashes),
+        ..Default::default()
+    };
+    assert_eq!(kv.match_prefix_with(&prompt, &q).unwrap(), 8);
+    assert!(kv.allocate_slots(1, 8, 0).unwrap());
+    kv.check_invariants().unwrap();
+    assert_eq!(kv.match_prefix_with(&prompt, &q).unwrap(), 12);
+}

@@ -375,6 +375,7 @@ fn apply(kv: &mut KvCacheManager, op: &Op, side_pool: &BlockPool) -> bool {
                     .as_deref()
                     .filter(|_| *seq % 2 == 1 && keys.is_none()),
                 apply_watermark: true,
+                reserved_blocks: 0,
             };
             let prompt = match tokens {
                 Some(t) => Prompt::Tokens(t),

@@ -18,9 +18,12 @@ per admission, per running request and per step; this class answers those calls 
 - the block ids come back as vLLM's own ``KVCacheBlock`` objects (one per pool block, made once),
   inside vLLM's ``KVCacheBlocks``; block 0 is vLLM's null block (``null_block=0``).
 
-What vLLM's scheduler reaches only with optional features this manager does not support (a KV
-connector, Mamba or cross-attention groups, EAGLE's dropped hit block, DCP/PCP, hash blocks
-smaller than blocks) is refused at construction with ``UnsupportedVllmFeatureError`` naming it.
+A KV connector's calls (external tokens, async loads, deferred frees) are answered on
+full-attention groups by connector.py. What vLLM's scheduler reaches only with optional features
+this manager does not support (Mamba or cross-attention groups, EAGLE's dropped hit block,
+DCP/PCP, hash blocks smaller than blocks, sparse prefix-cache retention) is refused at
+construction with ``UnsupportedVllmFeatureError`` naming it (support.py). What the scheduler and
+connectors read of vLLM's internals (coordinator, per-group managers, block pool) are views.py.
 """
 
 from __future__ import annotations
@@ -30,12 +33,7 @@ from typing import Any
 
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_utils import KVCacheBlock, KVCacheBlockCopy
-from vllm.v1.kv_cache_interface import (
-    FullAttentionSpec,
-    KVCacheConfig,
-    KVCacheSpec,
-    SlidingWindowSpec,
-)
+from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.metrics.stats import PrefixCacheStats
 from vllm.v1.request import Request, RequestStatus
 
@@ -46,7 +44,10 @@ from pagedkv.errors import (
     OutOfBlocksError,
     UnsupportedVllmFeatureError,
 )
+from pagedkv.integrations.vllm import connector
 from pagedkv.integrations.vllm.events import EventTranslator
+from pagedkv.integrations.vllm.support import check_config
+from pagedkv.integrations.vllm.views import BlockPoolView, CoordinatorView, GroupView
 
 # get_computed_blocks looks up this many blocks first (full attention): a hit shorter than
 # them is the answer, a longer one is looked up whole.
@@ -55,112 +56,6 @@ _FIRST_LOOKUP_BLOCKS = 16
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
-
-
-class _GroupView:
-    """What the scheduler reads of vLLM's per-group manager: ``block_size``, ``kv_cache_spec``."""
-
-    def __init__(self, group_id: int, spec: KVCacheSpec) -> None:
-        self.kv_cache_group_id = group_id
-        self.kv_cache_spec = spec
-        self.block_size = spec.block_size
-        self.retains_longer_hit = False
-
-
-class _BlockPoolView:
-    """What the scheduler and vLLM's tests read of vLLM's ``BlockPool``: free blocks, usage."""
-
-    def __init__(self, core: Any, num_blocks: int, block_size: int) -> None:
-        self._core = core
-        self.num_gpu_blocks = num_blocks
-        self.hash_block_size = block_size
-
-    def get_num_free_blocks(self) -> int:
-        # Free-list plus cached-evictable blocks, block 0 (the null block) excluded, as vLLM's
-        # free block queue counts them.
-        return int(self._core.num_free_blocks)
-
-    def get_usage(self) -> float:
-        total = self.num_gpu_blocks - 1  # the null block is never usable
-        if total <= 0:
-            return 0.0
-        return 1.0 - self.get_num_free_blocks() / total
-
-
-class _CoordinatorView:
-    """What the scheduler reads of vLLM's coordinator at construction and per step."""
-
-    def __init__(self, groups: list[_GroupView], block_pool: _BlockPoolView) -> None:
-        self.single_type_managers = groups
-        self.block_pool = block_pool
-        self.enable_partial_hash_hits = False
-        self.eagle_group_ids: tuple[int, ...] = ()
-        self.num_reprefillable_tokens = 0
-
-    def new_step_starts(self) -> None:
-        pass
-
-
-def _check_config(
-    kv_cache_config: KVCacheConfig,
-    scheduler_block_size: int,
-    hash_block_size: int,
-    use_eagle: bool,
-    num_hash_lookahead_tokens: int,
-    num_prefill_lookahead: int,
-    dcp_world_size: int,
-    pcp_world_size: int,
-    metrics_collector: Any,
-) -> tuple[int, list[Any]]:
-    """The pool's block size and pagedkv's group list, or the unsupported feature named."""
-    groups = kv_cache_config.kv_cache_groups
-    if not groups:
-        raise UnsupportedVllmFeatureError("a KV-cache config without KV-cache groups")
-    kv_groups: list[Any] = []
-    block_sizes = set()
-    for i, group in enumerate(groups):
-        spec = group.kv_cache_spec
-        # Exact classes: vLLM's subclasses (MLA, chunked local attention, Mamba, cross
-        # attention, encoder-only, sinks, ...) change what a block holds or which are kept.
-        if type(spec) is FullAttentionSpec:
-            if getattr(spec, "sliding_window", None) is not None or getattr(
-                spec, "attention_chunk_size", None
-            ):
-                raise UnsupportedVllmFeatureError(
-                    f"KV-cache group {i}: a FullAttentionSpec with a sliding window or attention "
-                    "chunks (a hybrid allocator disabled)"
-                )
-            kv_groups.append(pagedkv.FullAttention())
-        elif type(spec) is SlidingWindowSpec:
-            kv_groups.append(pagedkv.SlidingWindow(spec.sliding_window))
-        else:
-            raise UnsupportedVllmFeatureError(
-                f"KV-cache group {i}: {type(spec).__name__} (pagedkv's vLLM manager supports "
-                "FullAttentionSpec and SlidingWindowSpec groups; Mamba, cross-attention, "
-                "encoder-only and other group kinds are not supported)"
-            )
-        block_sizes.add(spec.block_size)
-    if len(block_sizes) != 1:
-        raise UnsupportedVllmFeatureError(f"KV-cache groups with different block sizes {sorted(block_sizes)}")
-    (block_size,) = block_sizes
-    if scheduler_block_size != block_size or hash_block_size != block_size:
-        raise UnsupportedVllmFeatureError(
-            f"scheduler block size {scheduler_block_size} / hash block size {hash_block_size} "
-            f"other than the KV block size {block_size}"
-        )
-    if use_eagle:
-        raise UnsupportedVllmFeatureError("EAGLE's prefix-hit block drop (use_eagle)")
-    if num_hash_lookahead_tokens or num_prefill_lookahead:
-        raise UnsupportedVllmFeatureError(
-            "lookahead hashing / prefill lookahead (multi-token-prediction re-prefill)"
-        )
-    if dcp_world_size != 1 or pcp_world_size != 1:
-        raise UnsupportedVllmFeatureError("decode/prefill context parallelism (DCP/PCP)")
-    if metrics_collector is not None:
-        raise UnsupportedVllmFeatureError("KV-cache residency metrics (metrics_collector)")
-    if getattr(kv_cache_config, "hisparse_host_num_blocks", None) is not None:
-        raise UnsupportedVllmFeatureError("HiSparse host blocks")
-    return block_size, kv_groups
 
 
 class KVCacheManager:
@@ -186,7 +81,7 @@ class KVCacheManager:
         watermark: float = 0.0,
         enable_mamba_shared_prefix_checkpoint: bool = False,
     ) -> None:
-        block_size, kv_groups = _check_config(
+        block_size, kv_groups = check_config(
             kv_cache_config,
             scheduler_block_size,
             hash_block_size,
@@ -229,11 +124,23 @@ class KVCacheManager:
             record_new_block_ids=self._record_new_block_ids,
             enable_kv_events=enable_kv_cache_events and enable_caching,
         )
-        self.block_pool = _BlockPoolView(self._core, num_blocks, block_size)
-        self.coordinator = _CoordinatorView(
-            [_GroupView(i, g.kv_cache_spec) for i, g in enumerate(kv_cache_config.kv_cache_groups)],
+        self.block_pool = BlockPoolView(self, num_blocks, block_size)
+        self.coordinator = CoordinatorView(
+            self,
+            [GroupView(self, i, g.kv_cache_spec) for i, g in enumerate(kv_cache_config.kv_cache_groups)],
             self.block_pool,
         )
+        # Per group: its window in tokens (None: full attention), for the can-never-fit checks.
+        self._windows = [g.window if isinstance(g, pagedkv.SlidingWindow) else None for g in kv_groups]
+        self._windows_present = self._num_full_groups != len(kv_groups)
+        self._max_in_flight_tokens = max_in_flight_tokens
+        self._deferred = connector.DeferredFrees()
+        # Requests admitted with the hashes of their hit only (an async load, or a hit capped
+        # below what the cache holds): request id -> whether the rest waits for cache_blocks.
+        self._held_hashes: dict[str, bool] = {}
+        # Hits that get_computed_blocks capped (max_cache_hit_length): request id -> hit tokens.
+        self._hit_caps: dict[str, int] = {}
+        self._zero_again: list[int] = []
         # vLLM's block objects, one per pool block, made once: the scheduler reads only
         # ``block_id`` (through ``KVCacheBlocks.get_block_ids``).
         self._blocks = [KVCacheBlock(i) for i in range(num_blocks)]
@@ -283,7 +190,22 @@ class KVCacheManager:
         if not self._record_new_block_ids:
             return []
         _seqs, _groups, _positions, block_ids, fresh = self._core.take_new_block_ids()
-        return [int(b) for b in block_ids[fresh]]
+        ids = [int(b) for b in block_ids[fresh]]
+        if self._zero_again:
+            ids += self._zero_again
+            self._zero_again = []
+        return ids
+
+    def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
+        """Zeroes the request's blocks from ``start_token`` (block-aligned) on again at the next
+        ``take_new_block_ids``: blocks a failed async KV load left unwritten."""
+        if not self._record_new_block_ids:
+            return
+        if start_token % self.block_size:
+            raise InvalidArgumentError(f"start_token {start_token} is not block-aligned")
+        start = start_token // self.block_size
+        for ids in self.get_block_ids(request_id):
+            self._zero_again.extend(b for b in ids[start:] if b != 0)
 
     def take_events(self) -> list[Any]:
         """vLLM's KV-cache events since the last call (vLLM's classes and hashes)."""
@@ -327,6 +249,9 @@ class KVCacheManager:
         back and reads nothing else of them)."""
         if not self.prefix_cache_lookup_enabled(request):
             return self.empty_kv_cache_blocks, 0, 0
+        capped = max_cache_hit_length is not None and max_cache_hit_length < request.num_tokens - 1
+        if self._hit_caps:
+            self._hit_caps.pop(request.request_id, None)
         if max_cache_hit_length is None:
             max_cache_hit_length = request.num_tokens - 1
         bs = self.block_size
@@ -349,6 +274,9 @@ class KVCacheManager:
             hit = self._core.match_prefix(
                 all_tokens[: num_blocks * bs + 1], block_hashes=all_hashes[:num_blocks]
             )
+        if capped:
+            # Admission must not take the longer hit the cache may hold (connector.py).
+            self._hit_caps[request.request_id] = hit
         if hit == 0:
             return self.empty_kv_cache_blocks, 0, 0
         if self._events is not None and getattr(request, "kv_cache_report_mode", None) == "full":
@@ -374,11 +302,18 @@ class KVCacheManager:
     ) -> KVCacheBlocks | None:
         """Slots for ``num_new_tokens`` (+ lookahead) tokens of ``request``: the blocks newly
         added to its tables, or None when the pool is short (vLLM's signal to preempt)."""
-        if num_external_computed_tokens or delay_cache_blocks or reserved_blocks:
-            raise UnsupportedVllmFeatureError("a KV connector's external tokens / async loads")
+        external = bool(num_external_computed_tokens or delay_cache_blocks or reserved_blocks)
+        if external:
+            connector.check_external_admission(
+                self,
+                num_external_computed_tokens,
+                delay_cache_blocks,
+                reserved_blocks,
+                skip_zeroing_group_ids,
+            )
         if num_encoder_tokens:
             raise UnsupportedVllmFeatureError("encoder tokens (cross-attention)")
-        if num_new_tokens == 0 and num_new_computed_tokens == 0:
+        if num_new_tokens == 0 and num_new_computed_tokens == 0 and num_external_computed_tokens == 0:
             raise InvalidArgumentError(
                 "num_new_tokens must be greater than 0 when there are no computed tokens to adopt"
             )
@@ -391,10 +326,14 @@ class KVCacheManager:
                 num_lookahead_tokens,
                 full_sequence_must_fit,
                 has_scheduled_reqs,
+                num_external_computed_tokens,
+                delay_cache_blocks,
+                reserved_blocks,
             )
-        if num_new_computed_tokens:
+        if num_new_computed_tokens or external:
             raise InvalidArgumentError(
-                f"request {request.request_id!r} already holds blocks: no new computed tokens"
+                f"request {request.request_id!r} already holds blocks: no new computed or "
+                "external tokens, no reserved blocks"
             )
         computed = request.num_computed_tokens
         end = computed + num_new_tokens
@@ -433,15 +372,29 @@ class KVCacheManager:
         bs = self.block_size
         old_len = state[1]
         seq_id = state[0]
-        # Slots whose full-attention blocks alone pass the pool can never be allocated: vLLM
-        # answers None (the scheduler preempts), the core an error that would stop the step.
-        # Reached by a sequence longer than the pool (admitted without the whole-sequence
-        # check, or grown past it).
+        # Slots whose blocks alone pass the pool can never be allocated: vLLM answers None (the
+        # scheduler preempts), the core an error that would stop the step. Reached by a
+        # sequence longer than the pool (admitted without the whole-sequence check, or grown
+        # past it). A window group holds what its release at the processed watermark leaves.
         slots_end = end + num_lookahead_tokens
         if slots_end > self.max_model_len:
             slots_end = self.max_model_len
         slot_blocks = -(-slots_end // bs)
-        if self._num_full_groups * slot_blocks > self.block_pool.num_gpu_blocks - 1:
+        # Every group's whole table bounds what they hold: only past the pool is the window
+        # release counted (one multiplication per call otherwise). A table already longer
+        # (rejected drafts' blocks kept) adds no block.
+        usable = self.block_pool.num_gpu_blocks - 1
+        if slot_blocks * self.num_kv_cache_groups > usable and (
+            not self._windows_present
+            or self._live_blocks(max(slot_blocks, old_len), computed - request.num_in_flight_tokens) > usable
+        ):
+            return None
+        if (
+            self.watermark_blocks
+            and has_scheduled_reqs
+            and request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+            and connector.short_of_watermark(self, old_len, slot_blocks)
+        ):
             return None
         core_computed = state[6]
         if core_computed != state[5] and computed != state[5]:
@@ -497,45 +450,59 @@ class KVCacheManager:
         num_lookahead_tokens: int,
         full_sequence_must_fit: bool,
         has_scheduled_reqs: bool,
+        num_external: int = 0,
+        delay_cache_blocks: bool = False,
+        reserved_blocks: int = 0,
     ) -> KVCacheBlocks | None:
         if request.num_computed_tokens:
             raise UnsupportedVllmFeatureError(
                 "admitting a request with computed tokens and no blocks (a KV connector's load)"
             )
-        # A sequence whose full-attention blocks alone pass the pool can never be admitted:
-        # vLLM's admission check says so with None (the request keeps waiting), where the core
-        # refuses the call itself (InvalidArgumentError) and would stop the scheduler's step.
-        # Without the whole-sequence check (scheduler_reserve_full_isl=False) only the
-        # scheduled chunk and its lookahead must fit, as vLLM checks.
-        if full_sequence_must_fit:
-            needed_tokens = request.num_tokens
-        else:
-            needed_tokens = num_new_computed_tokens + num_new_tokens + num_lookahead_tokens
-        full_blocks = _cdiv(min(needed_tokens, self.max_model_len), self.block_size)
-        if self._num_full_groups * full_blocks > self.block_pool.num_gpu_blocks - 1:
+        # A sequence that can never fit: vLLM's admission check says so with None (the request
+        # keeps waiting), where the core refuses the call itself (InvalidArgumentError) and
+        # would stop the scheduler's step. The core's two checks: with the whole-sequence check
+        # (scheduler_reserve_full_isl) the prompt's blocks, a window group at most its admission
+        # cap; always, the scheduled chunk and its lookahead, a window group less what its
+        # release at the hit leaves.
+        bs = self.block_size
+        if full_sequence_must_fit and self._prompt_blocks(request.num_tokens) > self._usable_blocks():
+            return None
+        chunk_end = num_new_computed_tokens + num_external + num_new_tokens + num_lookahead_tokens
+        positions = _cdiv(min(chunk_end, self.max_model_len), bs)
+        if self._live_blocks(positions, num_new_computed_tokens) > self._usable_blocks():
             return None
         seq_id = self._next_seq_id
         watermark = has_scheduled_reqs and request.status in (
             RequestStatus.WAITING,
             RequestStatus.PREEMPTED,
         )
-        bs = self.block_size
         tokens = request._all_token_ids  # the list behind all_token_ids (a read-only view)
+        # A connector's tokens are scheduled tokens of the admission (their slots allocated).
+        num_scheduled = num_external + num_new_tokens
+        skip = capped = False
         if self.enable_caching:
             skip = request.skip_reading_prefix_cache
             # A request that must not read the cache is admitted without hashes: nothing it
-            # holds is looked up or indexed (docs/integrations/vllm.md, differences).
-            hashes = [] if skip else list(request.block_hashes)
+            # holds is looked up or indexed (docs/integrations/vllm.md, differences). An async
+            # load's blocks wait for their hashes until it finished (``cache_blocks``).
+            capped = bool(self._hit_caps) and self._hit_caps.pop(request.request_id, None) is not None
+            if skip:
+                hashes = []
+            elif delay_cache_blocks or capped:
+                hashes = list(request.block_hashes[: num_new_computed_tokens // bs])
+            else:
+                hashes = list(request.block_hashes)
             try:
                 hit = self._core.add_sequence(
                     seq_id,
                     tokens,
-                    num_scheduled=num_new_tokens,
+                    num_scheduled=num_scheduled,
                     reserve_prompt=False,
                     require_full_prompt=full_sequence_must_fit,
                     num_lookahead_tokens=num_lookahead_tokens,
                     block_hashes=hashes,
                     apply_watermark=watermark,
+                    reserved_blocks=reserved_blocks,
                 )
             except OutOfBlocksError:
                 self._collect_events(request)
@@ -548,11 +515,12 @@ class KVCacheManager:
                 hit = self._core.add_sequence(
                     seq_id,
                     num_tokens=request.num_tokens,
-                    num_scheduled=num_new_tokens,
+                    num_scheduled=num_scheduled,
                     reserve_prompt=False,
                     require_full_prompt=full_sequence_must_fit,
                     num_lookahead_tokens=num_lookahead_tokens,
                     apply_watermark=watermark,
+                    reserved_blocks=reserved_blocks,
                 )
             except OutOfBlocksError:
                 return None
@@ -567,7 +535,7 @@ class KVCacheManager:
                 f"request {request.request_id!r}: pagedkv's hit at admission ({hit} tokens) "
                 f"differs from the looked-up one ({num_new_computed_tokens})"
             )
-        end = hit + num_new_tokens
+        end = hit + num_scheduled
         table_len = _cdiv(min(end + num_lookahead_tokens, self.max_model_len), bs)
         cached = 0
         if num_hashes >= 0:
@@ -575,7 +543,41 @@ class KVCacheManager:
         state = [seq_id, table_len, num_ids, num_hashes, cached, end, end, -1]
         self._set_fence(state)
         self._reqs[request.request_id] = state
-        return self._blocks_of(seq_id, hit // bs)
+        if self.enable_caching and not skip and (delay_cache_blocks or capped):
+            if delay_cache_blocks:
+                self._held_hashes[request.request_id] = True  # until its load finished
+            else:
+                connector.give_held_hashes(self, request, state, end, loaded=False)
+        # The blocks of the tokens to compute (vLLM returns neither the hit's nor the
+        # connector's).
+        return self._blocks_of(seq_id, _cdiv(hit + num_external, bs))
+
+    def _usable_blocks(self) -> int:
+        return self.block_pool.num_gpu_blocks - 1  # block 0 is the null block
+
+    def _live_blocks(self, positions: int, processed: int) -> int:
+        """Blocks ``positions`` table positions hold over every group once each window group
+        released what its window at ``processed`` tokens leaves (the core's count)."""
+        bs = self.block_size
+        total = 0
+        for window in self._windows:
+            skipped = 0 if window is None else max(processed - (window - 1), 0) // bs
+            total += positions - min(skipped, positions)
+        return total
+
+    def _prompt_blocks(self, num_tokens: int) -> int:
+        """vLLM's whole-prompt admission requirement without a hit (a window group at most its
+        admission cap: window - 1 + max_in_flight_tokens tokens, plus one block)."""
+        bs = self.block_size
+        full = _cdiv(min(num_tokens, self.max_model_len), bs)
+        total = 0
+        for window in self._windows:
+            if window is None:
+                total += full
+            else:
+                cap = _cdiv(min(window - 1 + self._max_in_flight_tokens, self.max_model_len), bs) + 1
+                total += min(full, cap)
+        return total
 
     def _give_ids(
         self, request: Request, state: list[int], end: int, watermark: int | None, upto: int
@@ -660,6 +662,9 @@ class KVCacheManager:
         state = self._reqs.get(request.request_id)
         if state is None or not self.enable_caching:
             return
+        if self._held_hashes and self._held_hashes.pop(request.request_id, False):
+            connector.give_held_hashes(self, request, state, num_computed_tokens, loaded=True)
+            return
         if self._give_ids(
             request, state, num_computed_tokens, request.num_computed_tokens, num_computed_tokens
         ):
@@ -670,10 +675,17 @@ class KVCacheManager:
         state = self._reqs.pop(request.request_id, None)
         if state is not None:
             # A deferred watermark advance needs no hand-over: freeing reads no watermark.
-            self._core.free(state[0])
-            if self._events is not None:
-                self._events.collect(request)
-                self._events.forget(request.request_id)
+            self._free_seq(state[0], request)
+        if self._held_hashes:
+            self._held_hashes.pop(request.request_id, None)
+        if self._hit_caps:
+            self._hit_caps.pop(request.request_id, None)
+
+    def _free_seq(self, seq_id: int, request: Request) -> None:
+        self._core.free(seq_id)
+        if self._events is not None:
+            self._events.collect(request)
+            self._events.forget(request.request_id)
 
     def get_blocks(self, request_id: str) -> KVCacheBlocks:
         """All blocks of a request (released window positions are the null block)."""
@@ -729,16 +741,28 @@ class KVCacheManager:
     def remove_skipped_blocks(
         self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
     ) -> None:
-        """Reached through a KV connector only (unsupported)."""
-        raise UnsupportedVllmFeatureError("remove_skipped_blocks (a KV connector's path)")
+        """Nothing to release: full-attention groups skip no block (a KV connector's path,
+        connector.py; refused with sliding-window groups)."""
+        connector.require_full_attention(self, "remove_skipped_blocks (a KV connector's path)")
 
     def pop_blocks_for_free(self, request: Request) -> list[KVCacheBlock]:
-        """Reached through a KV connector's deferred frees only (unsupported)."""
-        raise UnsupportedVllmFeatureError("deferred block frees (a KV connector's path)")
+        """The request's blocks for a deferred free: gone from the manager's view now, back to
+        the pool at ``block_pool.free_blocks`` (connector.py)."""
+        return self._deferred.pop(self, request)
 
     def evict_blocks(self, block_ids: set[int]) -> None:
-        """Reached through a KV connector only (unsupported)."""
-        raise UnsupportedVllmFeatureError("evict_blocks (a KV connector's path)")
+        """Reached through a KV connector's failed loads under the fail policy (unsupported:
+        the core has no call dropping blocks from the index by id)."""
+        raise UnsupportedVllmFeatureError(
+            "evict_blocks (a KV connector's invalid blocks, kv_load_failure_policy='fail')"
+        )
+
+    def get_computed_blocks_for_connector(
+        self, request: Request, max_cache_hit_length: int | None = None
+    ) -> tuple[KVCacheBlocks, int, int, bool]:
+        """The local hit for a connector's scheduling: ``get_computed_blocks``'s (no Mamba
+        groups, so no per-group divergence)."""
+        return (*self.get_computed_blocks(request, max_cache_hit_length), False)
 
     def check_invariants(self) -> None:
         """The core's allocator invariants, and this manager's record of every request's core

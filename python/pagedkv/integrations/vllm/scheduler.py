@@ -3,7 +3,8 @@
 vLLM's scheduler constructs its manager from the name ``KVCacheManager`` in its own module, with
 no hook besides the scheduler class itself; these subclasses swap that name for the duration of
 their own construction only (one module-level name, so construction is serialized by a lock), and
-refuse a KV connector up front: its paths reach into vLLM's manager internals.
+refuse up front what the scheduler would reach and the manager does not support: a KV connector
+on other than full-attention groups (connector.py), auxiliary outputs.
 
     SchedulerConfig(..., scheduler_cls="pagedkv.integrations.vllm.PagedkvScheduler")
 """
@@ -18,24 +19,38 @@ from typing import Any
 from vllm.v1.core.sched import scheduler as _scheduler_module
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import FullAttentionSpec
 
 from pagedkv.integrations.vllm.manager import KVCacheManager, UnsupportedVllmFeatureError
 
 _CONSTRUCTION = threading.Lock()
 
 
-def _check_vllm_config(vllm_config: Any) -> None:
-    if getattr(vllm_config, "kv_transfer_config", None) is not None:
+def _check_vllm_config(vllm_config: Any, kv_cache_config: Any) -> None:
+    """What the scheduler would reach and pagedkv's manager does not support, named up front."""
+    if getattr(vllm_config, "kv_transfer_config", None) is not None and kv_cache_config is not None:
+        for i, group in enumerate(kv_cache_config.kv_cache_groups):
+            if type(group.kv_cache_spec) is not FullAttentionSpec:
+                raise UnsupportedVllmFeatureError(
+                    f"a KV connector (kv_transfer_config) with KV-cache group {i} a "
+                    f"{type(group.kv_cache_spec).__name__}: pagedkv's vLLM manager supports KV "
+                    "connectors on full-attention groups only"
+                )
+    aux = getattr(vllm_config, "aux_output_config", None)
+    if aux is not None and getattr(aux, "enabled", False):
         raise UnsupportedVllmFeatureError(
-            "a KV connector (kv_transfer_config): pagedkv's vLLM manager does not support KV "
-            "transfer / offloading connectors"
+            "auxiliary outputs (aux_output_config, e.g. routed experts): their connector looks "
+            "cached blocks up by one block hash"
         )
 
 
 @contextmanager
 def _building(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Iterator[None]:
     """vLLM's scheduler module names pagedkv's manager while one scheduler is built."""
-    _check_vllm_config(kwargs.get("vllm_config", args[0] if args else None))
+    _check_vllm_config(
+        kwargs.get("vllm_config", args[0] if args else None),
+        kwargs.get("kv_cache_config", args[1] if len(args) > 1 else None),
+    )
     with _CONSTRUCTION:
         saved = _scheduler_module.KVCacheManager
         _scheduler_module.KVCacheManager = KVCacheManager

@@ -357,7 +357,7 @@ impl KvCacheManager {
                 return Err(short(required));
             }
         }
-        let needed = fresh + revived + watermark;
+        let needed = (fresh + revived + watermark).saturating_add(o.reserved_blocks);
         if needed > available {
             return Err(short(needed));
         }

@@ -161,6 +161,11 @@ pub struct AdmitOptions<'a> {
     /// Whether the admission must leave `ManagerConfig::watermark_blocks` available (vLLM
     /// applies its watermark only while other requests are scheduled).
     pub apply_watermark: bool,
+    /// Blocks the admission must leave available besides the watermark (vLLM's
+    /// `allocate_slots(..., reserved_blocks=n)`: what in-flight async KV loads still need, so a
+    /// new load cannot take blocks they rely on). Applies to the allocation's check only, not
+    /// to the whole-prompt check (`require_full_prompt`), as in vLLM.
+    pub reserved_blocks: usize,
 }
 
 impl Default for AdmitOptions<'_> {
@@ -175,6 +180,7 @@ impl Default for AdmitOptions<'_> {
             block_hashes: None,
             prompt_hashes: None,
             apply_watermark: true,
+            reserved_blocks: 0,
         }
     }
 }

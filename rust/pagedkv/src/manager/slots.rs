@@ -301,7 +301,7 @@ impl KvCacheManager {
     /// Records the ids of the tokens after the known ones (vLLM's async scheduling: slots
     /// were allocated before the ids were sampled), with, optionally, the caller's block keys
     /// and hashes continuing those it gave (docs/design.md, Per-chunk allocation). Blocks then
-    /// full, computed and known enter the prefix index (with their events) now. The ids must
+    /// full, computed and known enter the prefix index (with their events) now. New ids must
     /// lie within the allocated slots (InvalidArgument past them, nothing changed); the
     /// declared tokens grow to cover them. Without prefix caching, or once unknown tokens
     /// ended the sequence's hashing, the ids are not kept and nothing is checked.
@@ -338,7 +338,13 @@ impl KvCacheManager {
             self.seqs.get_mut(&seq_id).expect("validated").num_computed = c;
             return Ok(());
         };
-        let new_known = known.checked_add(token_ids.len()).filter(|&k| k <= slots);
+        // No new ids: nothing to fit in the slots (a per-chunk admission knows its whole
+        // prompt's ids, more than its slots, and may give held-back hashes later).
+        let new_known = if token_ids.is_empty() {
+            Some(known)
+        } else {
+            known.checked_add(token_ids.len()).filter(|&k| k <= slots)
+        };
         let Some(new_known) = new_known else {
             return invalid(format!(
                 "sequence {seq_id}: {} more token ids after {known} known pass its {slots} slots",

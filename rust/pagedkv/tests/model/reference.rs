@@ -845,7 +845,8 @@ impl Model {
             return Ok(());
         };
         let new_known = t.len() + ids.len();
-        if new_known > s.len() * self.block_size {
+        // Only new ids must fit the slots (a per-chunk admission knows its whole prompt).
+        if !ids.is_empty() && new_known > s.len() * self.block_size {
             return Err(Kind::Invalid);
         }
         let s = self.seqs.get_mut(&id).unwrap();

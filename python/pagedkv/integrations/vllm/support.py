@@ -1,0 +1,110 @@
+"""What of vLLM's configuration pagedkv's vLLM manager supports: the group kinds, block sizes
+and options it answers as vLLM's manager does; everything else refused at construction with
+``UnsupportedVllmFeatureError`` naming it (docs/integrations/vllm.md, Supported, and refused)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm.v1.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    MambaSpec,
+    SlidingWindowSpec,
+)
+
+import pagedkv
+from pagedkv.errors import InvalidArgumentError, UnsupportedVllmFeatureError
+
+
+def _check_retention(retention: int | None, scheduler_block_size: int, groups: list[Any]) -> None:
+    """vLLM's own refusals of a retention interval (ValueError, as vLLM's coordinator raises
+    them, before any group is looked at): one without a window (or Mamba) group to act on, one
+    negative or not a multiple of the scheduler block size."""
+    if retention is None:
+        return
+    if not any(isinstance(g.kv_cache_spec, (SlidingWindowSpec, MambaSpec)) for g in groups):
+        if retention != 0:
+            raise InvalidArgumentError(
+                f"prefix_cache_retention_interval={retention} is set but this model has no "
+                "sliding-window or Mamba KV cache group, so retention has no effect (set it to 0)"
+            )
+        return
+    if retention < 0 or retention % scheduler_block_size:
+        raise InvalidArgumentError(
+            f"prefix_cache_retention_interval ({retention}) must be non-negative and a multiple "
+            f"of scheduler_block_size ({scheduler_block_size})"
+        )
+
+
+def check_config(
+    kv_cache_config: KVCacheConfig,
+    scheduler_block_size: int,
+    hash_block_size: int,
+    use_eagle: bool,
+    num_hash_lookahead_tokens: int,
+    num_prefill_lookahead: int,
+    dcp_world_size: int,
+    pcp_world_size: int,
+    metrics_collector: Any,
+) -> tuple[int, list[Any]]:
+    """The pool's block size and pagedkv's group list, or the unsupported feature named."""
+    groups = kv_cache_config.kv_cache_groups
+    retention = getattr(kv_cache_config, "prefix_cache_retention_interval", None)
+    _check_retention(retention, scheduler_block_size, groups)
+    if not groups:
+        raise UnsupportedVllmFeatureError("a KV-cache config without KV-cache groups")
+    kv_groups: list[Any] = []
+    block_sizes = set()
+    for i, group in enumerate(groups):
+        spec = group.kv_cache_spec
+        # Exact classes: vLLM's subclasses (MLA, chunked local attention, Mamba, cross
+        # attention, encoder-only, sinks, ...) change what a block holds or which are kept.
+        if type(spec) is FullAttentionSpec:
+            if getattr(spec, "sliding_window", None) is not None or getattr(
+                spec, "attention_chunk_size", None
+            ):
+                raise UnsupportedVllmFeatureError(
+                    f"KV-cache group {i}: a FullAttentionSpec with a sliding window or attention "
+                    "chunks (a hybrid allocator disabled)"
+                )
+            kv_groups.append(pagedkv.FullAttention())
+        elif type(spec) is SlidingWindowSpec:
+            kv_groups.append(pagedkv.SlidingWindow(spec.sliding_window))
+        else:
+            raise UnsupportedVllmFeatureError(
+                f"KV-cache group {i}: {type(spec).__name__} (pagedkv's vLLM manager supports "
+                "FullAttentionSpec and SlidingWindowSpec groups; Mamba, cross-attention, "
+                "encoder-only and other group kinds are not supported)"
+            )
+        block_sizes.add(spec.block_size)
+    if len(block_sizes) != 1:
+        raise UnsupportedVllmFeatureError(f"KV-cache groups with different block sizes {sorted(block_sizes)}")
+    (block_size,) = block_sizes
+    if scheduler_block_size != block_size or hash_block_size != block_size:
+        raise UnsupportedVllmFeatureError(
+            f"scheduler block size {scheduler_block_size} / hash block size {hash_block_size} "
+            f"other than the KV block size {block_size}"
+        )
+    if use_eagle:
+        raise UnsupportedVllmFeatureError("EAGLE's prefix-hit block drop (use_eagle)")
+    if num_hash_lookahead_tokens or num_prefill_lookahead:
+        raise UnsupportedVllmFeatureError(
+            "lookahead hashing / prefill lookahead (multi-token-prediction re-prefill)"
+        )
+    if dcp_world_size != 1 or pcp_world_size != 1:
+        raise UnsupportedVllmFeatureError("decode/prefill context parallelism (DCP/PCP)")
+    if metrics_collector is not None:
+        raise UnsupportedVllmFeatureError("KV-cache residency metrics (metrics_collector)")
+    if getattr(kv_cache_config, "hisparse_host_num_blocks", None) is not None:
+        raise UnsupportedVllmFeatureError("HiSparse host blocks")
+    # pagedkv indexes every full block of a window group (vLLM's dense retention, None); vLLM's
+    # sparse retention (0, or an interval) keeps only some, so hits would differ. Without a
+    # window group vLLM ignores 0 (and refuses an interval: _check_retention).
+    has_window = any(isinstance(g, pagedkv.SlidingWindow) for g in kv_groups)
+    if retention is not None and (retention != 0 or has_window):
+        raise UnsupportedVllmFeatureError(
+            f"prefix_cache_retention_interval={retention} (sparse prefix-cache retention; "
+            "pagedkv's vLLM manager retains every block: set it to None)"
+        )
+    return block_size, kv_groups
