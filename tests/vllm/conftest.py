@@ -9,6 +9,8 @@ reason the suite's skip rule allows (tests/conftest.py, ALLOWED_SKIPS).
 
 from __future__ import annotations
 
+import functools
+import importlib
 import importlib.util
 import sys
 from collections.abc import Callable
@@ -33,13 +35,18 @@ def _load_bench(name: str) -> ModuleType:
     return module
 
 
-def _scheduler_importable() -> bool:
+@functools.cache
+def _importable(names: tuple[str, ...]) -> bool:
     try:
-        import pagedkv.integrations.vllm  # noqa: F401
-        import vllm.v1.core.sched.scheduler  # noqa: F401
+        for name in names:
+            importlib.import_module(name)
     except Exception:  # noqa: BLE001 (a broken partial install skips as well)
         return False
     return True
+
+
+def _scheduler_importable() -> bool:
+    return _importable(("pagedkv.integrations.vllm", "vllm.v1.core.sched.scheduler"))
 
 
 VLLM_SCHEDULER_MISSING = (
@@ -59,3 +66,12 @@ def vllm_scheduler() -> ModuleType:
     if not _scheduler_importable():
         pytest.skip(VLLM_SCHEDULER_MISSING)
     return _load_bench("vllm_scheduler")
+
+
+@pytest.fixture(autouse=True)
+def _needs_vllm(request: pytest.FixtureRequest) -> None:
+    """Skips every test of a module whose ``NEEDS_VLLM`` names modules (vLLM's, pagedkv's
+    drop-in) that do not import here: its tests import them inside, and run in the vLLM stage."""
+    needed = getattr(request.module, "NEEDS_VLLM", ())
+    if needed and not _importable(tuple(needed)):
+        pytest.skip(VLLM_SCHEDULER_MISSING)
