@@ -125,6 +125,11 @@ class Trace:
     # request's tokens so far): what its blocks put in the index by then (decoded blocks
     # included, which no later request of the workload shares).
     probe_hits: list[tuple[str, str, int]] = field(default_factory=list)
+    # Per ``probe_hits`` entry (vLLM's manager only; all False elsewhere): whether its request
+    # held, then or at an earlier call, a block of which vLLM's prefix index held two copies.
+    # pagedkv indexes one of them (docs/conformance.md, Duplicate copies): once that one is
+    # evicted, a probe of the other copy's request stops there in pagedkv only.
+    probe_copies: list[bool] = field(default_factory=list)
 
 
 def _model_dir() -> str:
@@ -503,6 +508,9 @@ def _probe_calls(manager: Any, w: Workload, trace: Trace) -> None:
     from vllm.v1.request import Request
 
     hasher = get_request_block_hasher(w.block_size, sha256)
+    index = getattr(getattr(manager, "block_pool", None), "cached_block_hash_to_block", None)
+    index = None if index is None else index._cache
+    holders: set[str] = set()  # requests that held a block vLLM indexed two copies of
 
     def wrap(name: str, method: Any) -> Any:
         def probed(request: Any, *args: Any, **kwargs: Any) -> Any:
@@ -515,6 +523,13 @@ def _probe_calls(manager: Any, w: Workload, trace: Trace) -> None:
                 block_hasher=hasher,
             )
             trace.probe_hits.append((name, request.request_id, manager.get_computed_blocks(probe)[1]))
+            if index is not None and request.request_id not in holders:
+                for group in manager.get_blocks(request.request_id).blocks:
+                    for b in group:
+                        copies = None if b.is_null else index.get(b.block_hash)
+                        if isinstance(copies, dict) and len(copies) >= 2:
+                            holders.add(request.request_id)
+            trace.probe_copies.append(request.request_id in holders)
             return out
 
         return probed
@@ -523,14 +538,18 @@ def _probe_calls(manager: Any, w: Workload, trace: Trace) -> None:
         setattr(manager, name, wrap(name, getattr(manager, name)))
 
 
-def first_difference(a: Trace, b: Trace) -> str | None:
-    """Where two traces first differ, in words; None when they are identical."""
+def first_difference(a: Trace, b: Trace, skip_copies: bool = False) -> str | None:
+    """Where two traces first differ, in words; None when they are identical. `skip_copies`:
+    the probe hits of requests that held a block of which vLLM (`a`) indexed two copies
+    (``Trace.probe_copies``) are left out."""
     for i, (x, y) in enumerate(zip(a.steps, b.steps, strict=False)):
         if x != y:
             return f"step {i}: {x} != {y}"
     if len(a.steps) != len(b.steps):
         return f"{len(a.steps)} steps != {len(b.steps)} steps"
     for i, (x, y) in enumerate(zip(a.probe_hits, b.probe_hits, strict=False)):
+        if skip_copies and a.probe_copies[i]:
+            continue
         if x != y:
             return f"probe {i} (call, request, hit): {x} != {y}"
     for what in ("output_tokens", "prefix_queries", "prefix_hits", "preemptions"):

@@ -138,11 +138,8 @@ def test_same_schedule_as_vllms_manager(vllm_scheduler: ModuleType, name: str) -
     # after every allocate_slots / cache_blocks call, what the request's blocks put in the
     # prefix index by then (a probe of its tokens; decoded blocks no later request shares
     # included). With a window group the probes can differ where the traces do not (the hit
-    # over positions a running request's window released): not compared here. Nor with a
-    # connector's async loads: there pagedkv's probes lose a running request's later blocks
-    # after another request's async-load admission where vLLM's keep them, while the traces
-    # stay identical (docs/integrations/vllm.md, KV connectors: an open difference).
-    probe = identical and "swa" not in w.groups and w.connector != "mixed"
+    # over positions a running request's window released): not compared here.
+    probe = identical and "swa" not in w.groups
     reference = module.run(w, module.manager_class("vllm"), probe_hits=probe)
     ours = module.run(w, module.manager_class("pagedkv"), check_invariants=True, probe_hits=probe)
     if probe and w.prefix_caching:
@@ -150,7 +147,19 @@ def test_same_schedule_as_vllms_manager(vllm_scheduler: ModuleType, name: str) -
         prompts = {r.request_id: r.num_prompt_tokens for r in module.make_requests(w)}
         decoded = [hit for _, rid, hit in ours.probe_hits if hit > prompts[rid]]
         assert len(decoded) > 100
-    difference = module.first_difference(reference, ours)
+    # With a connector's async loads, a load that finishes indexes blocks whose content a
+    # running request computed meanwhile: vLLM indexes both copies, pagedkv keeps the running
+    # request's (docs/conformance.md, Duplicate copies); once that copy is freed and evicted, a
+    # probe of the loaded request's tokens stops there in pagedkv only, the schedules staying
+    # identical (docs/integrations/vllm.md, KV connectors). Those requests' probes are compared
+    # as at most vLLM's; every other probe exactly.
+    skip_copies = probe and w.connector == "mixed"
+    if skip_copies:
+        pairs = zip(reference.probe_hits, ours.probe_hits, reference.probe_copies, strict=True)
+        held = [(x, y) for x, y, copies in pairs if copies]
+        assert held and all(y[:2] == x[:2] and y[2] <= x[2] for x, y in held)
+        assert len(held) < len(reference.probe_hits) // 2
+    difference = module.first_difference(reference, ours, skip_copies)
     if identical:
         assert difference is None
     else:
