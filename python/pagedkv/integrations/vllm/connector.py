@@ -28,19 +28,17 @@ from typing import Any
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
 
 from pagedkv.errors import InvalidArgumentError, InvariantViolation, UnsupportedVllmFeatureError
+from pagedkv.integrations.vllm import records
+from pagedkv.integrations.vllm.capacity import cdiv
 
 # The manager (manager.py) is typed ``Any`` here: manager.py imports this module, and the
 # package's layering forbids import cycles, typing-only ones included (tests/python/test_layering.py).
 KVCacheManager = Any
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def require_full_attention(manager: KVCacheManager, what: str) -> None:
     """Refuses a connector path on a config with a sliding-window group (see the module doc)."""
-    if manager._num_full_groups != manager.num_kv_cache_groups:
+    if not manager.full_attention_only:
         raise UnsupportedVllmFeatureError(
             f"{what} with sliding-window groups (pagedkv's vLLM manager supports KV connectors "
             "on full-attention groups only)"
@@ -87,7 +85,7 @@ def num_blocks_to_allocate(manager: KVCacheManager, request_id: str, num_tokens:
     require_full_attention(manager, "the blocks in-flight KV loads still need")
     state = manager._reqs.get(request_id)
     table_len = 0 if state is None else state[1]
-    per_group = max(_cdiv(min(num_tokens, manager.max_model_len), manager.block_size) - table_len, 0)
+    per_group = max(cdiv(min(num_tokens, manager.max_model_len), manager.block_size) - table_len, 0)
     return per_group * manager.num_kv_cache_groups
 
 
@@ -111,7 +109,7 @@ def give_held_hashes(
     # No advance is deferred here (the request made no allocate_slots since its admission):
     # the core's watermark is the scheduler's.
     state[5] = state[6] = watermark
-    manager._set_fence(state)
+    records.set_fence(manager, state)
     if loaded:
         # The request resumes as a waiting one, and vLLM applies its watermark to a waiting
         # request's allocate_slots even when no block is needed: no fast path for that call.

@@ -23,7 +23,9 @@ full-attention groups by connector.py. What vLLM's scheduler reaches only with o
 this manager does not support (Mamba or cross-attention groups, EAGLE's dropped hit block,
 DCP/PCP, hash blocks smaller than blocks, sparse prefix-cache retention) is refused at
 construction with ``UnsupportedVllmFeatureError`` naming it (support.py). What the scheduler and
-connectors read of vLLM's internals (coordinator, per-group managers, block pool) are views.py.
+connectors read of vLLM's internals (coordinator, per-group managers, block pool) are views.py;
+the per-request records and deferred advances records.py; the can-never-fit arithmetic
+capacity.py.
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ from pagedkv.errors import (
     OutOfBlocksError,
     UnsupportedVllmFeatureError,
 )
-from pagedkv.integrations.vllm import connector
+from pagedkv.integrations.vllm import connector, records
+from pagedkv.integrations.vllm.capacity import PoolCapacity, cdiv
 from pagedkv.integrations.vllm.events import EventTranslator
 from pagedkv.integrations.vllm.support import check_config
 from pagedkv.integrations.vllm.views import BlockPoolView, CoordinatorView, GroupView
@@ -52,10 +55,6 @@ from pagedkv.integrations.vllm.views import BlockPoolView, CoordinatorView, Grou
 # get_computed_blocks looks up this many blocks first (full attention): a hit shorter than
 # them is the answer, a longer one is looked up whole.
 _FIRST_LOOKUP_BLOCKS = 16
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 class KVCacheManager:
@@ -107,8 +106,18 @@ class KVCacheManager:
         self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
         self.watermark_blocks = int(watermark * num_blocks)
         self.num_kv_cache_groups = len(kv_groups)
-        self._num_full_groups = sum(isinstance(g, pagedkv.FullAttention) for g in kv_groups)
         self.block_size = block_size
+        self.capacity = PoolCapacity(
+            num_blocks,
+            block_size,
+            [g.window if isinstance(g, pagedkv.SlidingWindow) else None for g in kv_groups],
+            max_model_len,
+            max_in_flight_tokens,
+        )
+        # No window group (see PoolCapacity.full_attention_only): a decode step inside one
+        # block may skip the core call (records.py), the first look-up reads the first blocks
+        # only, and the KV connectors' paths are supported.
+        self.full_attention_only = self.capacity.full_attention_only
         self.mamba_shared_prefix_checkpoint = False
         self.retained_hit_group_ids: tuple[int, ...] = ()
         self._record_new_block_ids = bool(getattr(kv_cache_config, "needs_kv_cache_zeroing", False))
@@ -130,10 +139,6 @@ class KVCacheManager:
             [GroupView(self, i, g.kv_cache_spec) for i, g in enumerate(kv_cache_config.kv_cache_groups)],
             self.block_pool,
         )
-        # Per group: its window in tokens (None: full attention), for the can-never-fit checks.
-        self._windows = [g.window if isinstance(g, pagedkv.SlidingWindow) else None for g in kv_groups]
-        self._windows_present = self._num_full_groups != len(kv_groups)
-        self._max_in_flight_tokens = max_in_flight_tokens
         self._deferred = connector.DeferredFrees()
         # Requests admitted with the hashes of their hit only (an async load, or a hit capped
         # below what the cache holds): request id -> whether the rest waits for cache_blocks.
@@ -146,15 +151,8 @@ class KVCacheManager:
         self._blocks = [KVCacheBlock(i) for i in range(num_blocks)]
         self._blocks[0].is_null = True
         self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in range(self.num_kv_cache_groups)))
-        # Per request: [seq id, table length in blocks, token ids given, block hashes given
-        # (-1: never: a request that skips the prefix cache), tokens cached (estimate), the
-        # computed-tokens watermark the core has once the deferred advances reach it, the
-        # core's watermark now, the fence of allocate_slots' fast path (_set_fence)]. The
-        # two watermarks differ only after deferred advances (see allocate_slots' fast path).
+        # Per request: its record (records.py has the layout).
         self._reqs: dict[str, list[int]] = {}
-        # Whether a decode step inside one block may skip the core call (no window group: the
-        # core's window release reads the watermark and the in-flight count of every call).
-        self._may_defer = self._num_full_groups == self.num_kv_cache_groups
         self._next_seq_id = 0
         self._events = (
             EventTranslator(
@@ -263,7 +261,7 @@ class KVCacheManager:
         # a look-up over the first blocks that stops short of their end is the whole answer.
         # Most look-ups stop early (a waiting request is looked up again every step), and the
         # core reads every hash and id it is given (vLLM's look-up stops at the first miss).
-        first = _FIRST_LOOKUP_BLOCKS if self._may_defer else num_blocks
+        first = _FIRST_LOOKUP_BLOCKS if self.full_attention_only else num_blocks
         if first < num_blocks:
             hit = self._core.match_prefix(all_tokens[: first * bs + 1], block_hashes=all_hashes[:first])
             if hit == first * bs:  # the run may go on: the whole look-up
@@ -383,10 +381,12 @@ class KVCacheManager:
         # Every group's whole table bounds what they hold: only past the pool is the window
         # release counted (one multiplication per call otherwise). A table already longer
         # (rejected drafts' blocks kept) adds no block.
-        usable = self.block_pool.num_gpu_blocks - 1
+        capacity = self.capacity
+        usable = capacity.usable_blocks
         if slot_blocks * self.num_kv_cache_groups > usable and (
-            not self._windows_present
-            or self._live_blocks(max(slot_blocks, old_len), computed - request.num_in_flight_tokens) > usable
+            self.full_attention_only
+            or capacity.live_blocks(max(slot_blocks, old_len), computed - request.num_in_flight_tokens)
+            > usable
         ):
             return None
         if (
@@ -399,7 +399,7 @@ class KVCacheManager:
         core_computed = state[6]
         if core_computed != state[5] and computed != state[5]:
             # Rejected drafts roll back from the watermark the core would have.
-            self._sync(state)
+            records.sync(self, state)
             core_computed = state[6]
         # Deferred advances (core_computed < computed) fold into this call: the core's write
         # starts at its own watermark, in the same block, and ends where the scheduler's does.
@@ -416,26 +416,12 @@ class KVCacheManager:
         # The core's watermark is end now (the request's moves at the end of schedule()).
         state[1] = new_len
         state[5] = state[6] = end
-        self._set_fence(state)
-        self._give_ids(request, state, end, None, request.num_tokens)
+        records.set_fence(self, state)
+        records.give_ids(self, request, state, end, None, request.num_tokens)
         self._collect_events(request)
         if new_len == old_len:
             return self.empty_kv_cache_blocks
         return self._blocks_of(seq_id, old_len)
-
-    def _set_fence(self, state: list[int]) -> None:
-        """state[7]: the most tokens plus lookahead a step may reach without a core call, from
-        the watermark state[5] and the table state[1]: the last token of the watermark's block,
-        within the table and max_model_len (-1: never, with a window group)."""
-        if self._may_defer:
-            bs = self.block_size
-            state[7] = min((state[5] // bs + 1) * bs - 1, state[1] * bs, self.max_model_len)
-
-    def _sync(self, state: list[int]) -> None:
-        """Hands the core a request's deferred watermark advance: the one core call the
-        skipped ones add up to (the same block, no new slot, nothing indexed)."""
-        self._core.allocate_slots(state[0], state[5] - state[6], num_computed_tokens=state[6])
-        state[6] = state[5]
 
     def _collect_events(self, request: Request | None) -> None:
         """Drains the core's events of a call made for ``request`` (when events are on)."""
@@ -465,11 +451,12 @@ class KVCacheManager:
         # cap; always, the scheduled chunk and its lookahead, a window group less what its
         # release at the hit leaves.
         bs = self.block_size
-        if full_sequence_must_fit and self._prompt_blocks(request.num_tokens) > self._usable_blocks():
+        capacity = self.capacity
+        if full_sequence_must_fit and capacity.prompt_blocks(request.num_tokens) > capacity.usable_blocks:
             return None
         chunk_end = num_new_computed_tokens + num_external + num_new_tokens + num_lookahead_tokens
-        positions = _cdiv(min(chunk_end, self.max_model_len), bs)
-        if self._live_blocks(positions, num_new_computed_tokens) > self._usable_blocks():
+        positions = cdiv(min(chunk_end, self.max_model_len), bs)
+        if capacity.live_blocks(positions, num_new_computed_tokens) > capacity.usable_blocks:
             return None
         seq_id = self._next_seq_id
         watermark = has_scheduled_reqs and request.status in (
@@ -536,12 +523,12 @@ class KVCacheManager:
                 f"differs from the looked-up one ({num_new_computed_tokens})"
             )
         end = hit + num_scheduled
-        table_len = _cdiv(min(end + num_lookahead_tokens, self.max_model_len), bs)
+        table_len = cdiv(min(end + num_lookahead_tokens, self.max_model_len), bs)
         cached = 0
         if num_hashes >= 0:
             cached = min(end, request.num_tokens, num_hashes * bs) // bs * bs
         state = [seq_id, table_len, num_ids, num_hashes, cached, end, end, -1]
-        self._set_fence(state)
+        records.set_fence(self, state)
         self._reqs[request.request_id] = state
         if self.enable_caching and not skip and (delay_cache_blocks or capped):
             if delay_cache_blocks:
@@ -550,97 +537,7 @@ class KVCacheManager:
                 connector.give_held_hashes(self, request, state, end, loaded=False)
         # The blocks of the tokens to compute (vLLM returns neither the hit's nor the
         # connector's).
-        return self._blocks_of(seq_id, _cdiv(hit + num_external, bs))
-
-    def _usable_blocks(self) -> int:
-        return self.block_pool.num_gpu_blocks - 1  # block 0 is the null block
-
-    def _live_blocks(self, positions: int, processed: int) -> int:
-        """Blocks ``positions`` table positions hold over every group once each window group
-        released what its window at ``processed`` tokens leaves (the core's count)."""
-        bs = self.block_size
-        total = 0
-        for window in self._windows:
-            skipped = 0 if window is None else max(processed - (window - 1), 0) // bs
-            total += positions - min(skipped, positions)
-        return total
-
-    def _prompt_blocks(self, num_tokens: int) -> int:
-        """vLLM's whole-prompt admission requirement without a hit (a window group at most its
-        admission cap: window - 1 + max_in_flight_tokens tokens, plus one block)."""
-        bs = self.block_size
-        full = _cdiv(min(num_tokens, self.max_model_len), bs)
-        total = 0
-        for window in self._windows:
-            if window is None:
-                total += full
-            else:
-                cap = _cdiv(min(window - 1 + self._max_in_flight_tokens, self.max_model_len), bs) + 1
-                total += min(full, cap)
-        return total
-
-    def _give_ids(
-        self, request: Request, state: list[int], end: int, watermark: int | None, upto: int
-    ) -> bool:
-        """Gives the core the ids (and hashes) of tokens sampled since, as far as the request's
-        slots reach; updates the cached-tokens estimate for ``end`` scheduled tokens.
-        ``watermark``: the scheduler's computed tokens after rejected drafts (None: the core's
-        stands, as right after ``allocate_slots``). ``upto``: ids beyond are held back (vLLM's
-        ``cache_blocks(request, n)`` caches no block past ``n``, e.g. in-flight tokens).
-        Returns whether it called the core (only then can there be events to collect)."""
-        # Plain comparisons rather than min()/max(): this runs on every core allocate_slots.
-        num_ids, num_hashes = state[2], state[3]
-        num_tokens = len(request._all_token_ids)
-        if num_hashes < 0:
-            if num_tokens > num_ids and not self.enable_caching:
-                state[2] = num_tokens
-            return False
-        bs = self.block_size
-        limit = state[1] * bs
-        if upto < limit:
-            limit = upto
-        if num_tokens < limit:
-            limit = num_tokens
-        all_hashes = request.block_hashes
-        # A hash can arrive after its block's ids: a hasher with lookahead tokens hashes a block
-        # once the tokens after it exist (e.g. a request that finishes at its prefill's sampled
-        # token), so new hashes alone are news too. Hashes go no further than the known ids.
-        known = num_ids if num_ids > limit else limit
-        hashes_end = len(all_hashes)
-        if known // bs < hashes_end:
-            hashes_end = known // bs
-        # The ids of a block the core cannot index yet (not full, or no hash) change nothing
-        # there: they wait, one call per block instead of one per decode step (the per-call
-        # cost, benches/results/2026-12-06-vllm-scheduler-v2.md). What cannot wait: a new
-        # hash, a block filled, or a watermark other than the core's (rejected drafts).
-        called = False
-        if (
-            hashes_end > num_hashes
-            or limit // bs > num_ids // bs
-            or (watermark is not None and watermark != state[5])
-        ):
-            if state[6] != state[5]:
-                self._sync(state)  # the core checks the watermark against its own
-            new_hashes = all_hashes[num_hashes:hashes_end]
-            self._core.provide_token_ids(
-                state[0],
-                request._all_token_ids[num_ids:limit] if limit > num_ids else [],
-                num_computed_tokens=watermark,
-                block_hashes=new_hashes,
-            )
-            state[2] = known
-            if hashes_end > num_hashes:
-                state[3] = num_hashes = hashes_end
-            if watermark is not None:
-                state[5] = state[6] = watermark
-                self._set_fence(state)
-            called = True
-        hashed = num_hashes * bs
-        if hashed > state[4]:  # the cached estimate can grow
-            cached = min(end, num_tokens, hashed) // bs * bs
-            if cached > state[4]:
-                state[4] = cached
-        return called
+        return self._blocks_of(seq_id, cdiv(hit + num_external, bs))
 
     def _blocks_of(self, seq_id: int, start: int) -> KVCacheBlocks:
         """The request's blocks from table position ``start`` on, every group."""
@@ -665,8 +562,8 @@ class KVCacheManager:
         if self._held_hashes and self._held_hashes.pop(request.request_id, False):
             connector.give_held_hashes(self, request, state, num_computed_tokens, loaded=True)
             return
-        if self._give_ids(
-            request, state, num_computed_tokens, request.num_computed_tokens, num_computed_tokens
+        if records.give_ids(
+            self, request, state, num_computed_tokens, request.num_computed_tokens, num_computed_tokens
         ):
             self._collect_events(request)  # (no core call, no events: most decode steps)
 
@@ -707,7 +604,7 @@ class KVCacheManager:
         self, request_id: str, num_computed_tokens: int
     ) -> tuple[list[int], ...]:
         """The block ids covering the request's first ``num_computed_tokens`` tokens."""
-        n = _cdiv(num_computed_tokens, self.block_size)
+        n = cdiv(num_computed_tokens, self.block_size)
         return tuple(ids[:n] for ids in self.get_block_ids(request_id))
 
     def estimate_cached_tokens(self, request: Request) -> int:
@@ -769,15 +666,4 @@ class KVCacheManager:
         state: table length and the core's watermark, a deferred advance only inside the
         block the core's watermark is in (``InvariantViolation`` if one does not hold)."""
         self._core.check_invariants()
-        bs = self.block_size
-        for request_id, state in self._reqs.items():
-            seq_id, table_len, core_computed = state[0], state[1], state[6]
-            actual = (len(self._core.block_table(seq_id)), self._core.num_computed_tokens(seq_id))
-            deferred_ok = state[5] == core_computed or (
-                self._may_defer and core_computed < state[5] and state[5] // bs == core_computed // bs
-            )
-            if actual != (table_len, core_computed) or not deferred_ok:
-                raise InvariantViolation(
-                    f"request {request_id!r}: recorded table length, core watermark and "
-                    f"watermark {(table_len, core_computed, state[5])}, the core's {actual}"
-                )
+        records.check(self)

@@ -92,7 +92,7 @@ class BlockPoolView:
         return int(self._core.num_free_blocks)
 
     def get_usage(self) -> float:
-        total = self.num_gpu_blocks - 1  # the null block is never usable
+        total = self._manager.capacity.usable_blocks  # the null block is never usable
         if total <= 0:
             return 0.0
         return 1.0 - self.get_num_free_blocks() / total

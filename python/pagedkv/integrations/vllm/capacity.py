@@ -1,0 +1,63 @@
+"""What the pool can ever hold, for the "can never fit" answers of pagedkv's vLLM manager.
+
+vLLM answers ``None`` to an allocation whose blocks alone pass the pool (the scheduler then keeps
+the request waiting, or preempts), where the core refuses such a call with an error that would
+stop the scheduler's step; the manager asks these questions first (docs/integrations/vllm.md).
+The counts are the core's: a sliding-window group holds what its release at the processed
+watermark leaves, and at admission at most its cap (``window - 1 + max_in_flight_tokens`` tokens
+plus one block). A leaf module: the manager and connector.py both import it.
+"""
+
+from __future__ import annotations
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division of non-negative ints."""
+    return -(-a // b)
+
+
+class PoolCapacity:
+    """The pool's usable blocks and the per-group block counts of the can-never-fit checks."""
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        windows: list[int | None],
+        max_model_len: int,
+        max_in_flight_tokens: int,
+    ) -> None:
+        # Block 0 is vLLM's null block: never allocated, never counted as free.
+        self.usable_blocks = num_blocks - 1
+        self.block_size = block_size
+        # Per group: its window in tokens (None: full attention).
+        self.windows = windows
+        # No window group: every group keeps every position (the deferred watermark advances,
+        # the first-blocks look-up and the KV connectors' paths rely on it).
+        self.full_attention_only = all(w is None for w in windows)
+        self.max_model_len = max_model_len
+        self.max_in_flight_tokens = max_in_flight_tokens
+
+    def live_blocks(self, positions: int, processed: int) -> int:
+        """Blocks ``positions`` table positions hold over every group once each window group
+        released what its window at ``processed`` tokens leaves (the core's count)."""
+        bs = self.block_size
+        total = 0
+        for window in self.windows:
+            skipped = 0 if window is None else max(processed - (window - 1), 0) // bs
+            total += positions - min(skipped, positions)
+        return total
+
+    def prompt_blocks(self, num_tokens: int) -> int:
+        """vLLM's whole-prompt admission requirement without a hit (a window group at most its
+        admission cap)."""
+        bs = self.block_size
+        full = cdiv(min(num_tokens, self.max_model_len), bs)
+        total = 0
+        for window in self.windows:
+            if window is None:
+                total += full
+            else:
+                cap = cdiv(min(window - 1 + self.max_in_flight_tokens, self.max_model_len), bs) + 1
+                total += min(full, cap)
+        return total
