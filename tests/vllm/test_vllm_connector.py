@@ -1,7 +1,8 @@
 """pagedkv's vLLM manager on a KV connector's calls, answered as vLLM's own manager answers them
 (each test runs on both managers): external tokens loaded synchronously or asynchronously
 (indexed only once loaded), ``reserved_blocks``, the blocks an in-flight load still needs,
-deferred frees; and the sliding-window and retention checks that vLLM's answers fix. What stays
+deferred frees; the sliding-window and retention checks that vLLM's answers fix; admissions at the
+pool's edge (the arithmetic pre-check of the admission). What stays
 unsupported is refused by name. Runs in the vLLM stage (scripts/vllm/stage.sh); skipped
 elsewhere.
 """
@@ -276,3 +277,63 @@ def test_a_failed_sync_load_stops_the_step_rather_than_serve_its_blocks() -> Non
         m.allocate_slots(r, 3 * BS + 3)
     m.free(r)
     m.check_invariants()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_admissions_at_the_pools_edge_answer_as_vllm(seed: int) -> None:
+    """The manager refuses some admissions before asking the core (the arithmetic pre-check of
+    ``_admit``, full attention): on both managers, the same calls near the pool's edge (hits on
+    held and on cached-evictable blocks, the watermark, reserved blocks, lookahead) get the same
+    answer, hit and free blocks. A pre-check that counted a block too many refuses an admission
+    vLLM makes; one too few is harmless (the core refuses)."""
+    import random
+
+    from vllm.v1.request import RequestStatus
+
+    rng = random.Random(seed)
+    managers = {
+        kind: _manager(kind, _config("full", num_blocks=24), watermark=0.125 * (seed % 2)) for kind in KINDS
+    }
+    requests: dict[str, list[Any]] = {kind: [] for kind in KINDS}
+    answers: list[tuple[Any, ...]] = []
+    for step in range(60):
+        held = requests["vllm"]
+        if held and rng.random() < 0.3:
+            victim = rng.randrange(len(held))
+            for kind in KINDS:
+                managers[kind].free(requests[kind].pop(victim))
+            continue
+        # Prompts from 4 shared prefixes (hits), some longer than what is free; none ends at a
+        # block's end (a hit capped one token short computes a second copy of a cached block,
+        # which vLLM indexes and pagedkv does not: docs/conformance.md, Duplicate copies).
+        first = 1000 * rng.randrange(4)
+        num_tokens = rng.randrange(1, 14) * BS + 1 + rng.randrange(BS - 1)
+        chunk = rng.choice([num_tokens, BS * rng.randrange(1, 6)])
+        lookahead = rng.choice([0, 0, 3])
+        reserved = rng.choice([0, 0, 2])
+        status = rng.choice([RequestStatus.WAITING, RequestStatus.PREEMPTED])
+        answer: list[Any] = [step]
+        for kind in KINDS:
+            m = managers[kind]
+            r = _request(f"r{step}", num_tokens, first)
+            r.status = status
+            blocks, hit, _ = m.get_computed_blocks(r)
+            new = max(min(chunk, num_tokens - hit), 1)
+            got = m.allocate_slots(
+                r,
+                new,
+                hit,
+                blocks,
+                num_lookahead_tokens=lookahead,
+                reserved_blocks=reserved,
+                full_sequence_must_fit=False,
+            )
+            if got is not None:
+                requests[kind].append(r)
+            answer.append((hit, got is None, m.block_pool.get_num_free_blocks()))
+        answers.append(tuple(answer))
+        assert answer[1] == answer[2], f"step {step}: vLLM {answer[1]}, pagedkv {answer[2]}"
+        managers["pagedkv"].check_invariants()
+    # The sweep reaches both answers, with hits.
+    assert any(a[1][1] for a in answers) and any(not a[1][1] for a in answers)
+    assert any(a[1][0] and a[1][1] for a in answers)

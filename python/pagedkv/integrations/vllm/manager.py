@@ -473,6 +473,17 @@ class KVCacheManager:
             # holds is looked up or indexed (docs/integrations/vllm.md, differences). An async
             # load's blocks wait for their hashes until it finished (``cache_blocks``).
             capped = bool(self._hit_caps) and self._hit_caps.pop(request.request_id, None) is not None
+            if self.full_attention_only:
+                # The core refuses when the admission's new blocks (plus the hit's cached ones
+                # it revives, the watermark and the reserved blocks) pass its free and evictable
+                # blocks (admit_groups.rs, the plan); it would first convert the whole prompt
+                # and its hashes (about 10 us, and about 0.7 admissions a step are refused on
+                # a full pool). The same refusal, from a lower bound of what the core counts:
+                fresh = (positions - num_new_computed_tokens // bs) * self.num_kv_cache_groups
+                if watermark:
+                    fresh += self.watermark_blocks
+                if fresh + reserved_blocks > self._core.num_free_blocks:
+                    return None
             if skip:
                 hashes = []
             elif delay_cache_blocks or capped:
