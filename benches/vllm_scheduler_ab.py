@@ -2,11 +2,11 @@
 drop-in as of an earlier commit ("before") and as installed ("after"), alternated per run, with
 the exact manager calls and pagedkv core (PyO3) calls per step.
 
-    git show REV:python/pagedkv/integrations/vllm/manager.py > /tmp/before_manager.py
-    $VENV/bin/python benches/vllm_scheduler_ab.py --before /tmp/before_manager.py \\
+    $VENV/bin/python benches/vllm_scheduler_ab.py --before-rev REV \\
         [--configs full,async,full+window64] [--repeat 3] [--cpu-time]
 
-(``$VENV``: the vLLM venv of scripts/vllm/env.sh, pagedkv importable.) The workload is the one of
+(``$VENV``: the vLLM venv of scripts/vllm/env.sh, pagedkv importable; ``--before PATH`` instead
+takes an earlier manager.py alone, with the package's other modules as installed.) The workload is the one of
 benches/results/2026-12-06-vllm-scheduler.md (200 requests, prompts 200-2,000 tokens, outputs
 64-256, 3,000 blocks). ``--cpu-time`` times with the scheduler thread's CPU clock instead of the
 wall clock (on a machine shared with other work, time spent descheduled is left out).
@@ -15,8 +15,11 @@ wall clock (on a machine shared with other work, time spent descheduled is left 
 from __future__ import annotations
 
 import argparse
+import importlib
 import importlib.util
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -79,11 +82,49 @@ def _load_before(path: Path) -> Any:
     return module.KVCacheManager
 
 
+# The integration package of an earlier revision, imported under this name beside the installed one.
+_BEFORE_PACKAGE = "pagedkv_before_vllm"
+
+
+def _load_before_rev(rev: str) -> Any:
+    """The ``KVCacheManager`` of ``python/pagedkv/integrations/vllm`` as of git revision ``rev``
+    (on the installed core): the whole package, since its modules call each other; its imports of
+    itself renamed so that it does not replace the installed one."""
+    folder = "python/pagedkv/integrations/vllm"
+    root = Path(tempfile.mkdtemp(prefix="pagedkv-before-"))
+    package = root / _BEFORE_PACKAGE
+    package.mkdir()
+    repo = Path(__file__).resolve().parents[1]
+    names = subprocess.run(
+        ["git", "ls-tree", "--name-only", f"{rev}:{folder}"],
+        cwd=repo,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    for name in names:
+        if name.endswith(".py"):
+            text = subprocess.run(
+                ["git", "show", f"{rev}:{folder}/{name}"],
+                cwd=repo,
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+            (package / name).write_text(text.replace("pagedkv.integrations.vllm", _BEFORE_PACKAGE))
+    sys.path.insert(0, str(root))
+    return importlib.import_module(f"{_BEFORE_PACKAGE}.manager").KVCacheManager
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--before", type=Path, required=True, help="an earlier manager.py")
+    before = parser.add_mutually_exclusive_group(required=True)
+    before.add_argument(
+        "--before", type=Path, help="an earlier manager.py (the package's other modules installed)"
+    )
+    before.add_argument("--before-rev", help="a git revision: its whole integration package")
     parser.add_argument("--configs", default="full,async,full+window64")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--cpu-time", action="store_true")
@@ -92,7 +133,7 @@ def main() -> int:
         vs.time = type("CpuClock", (), {"perf_counter": staticmethod(time.thread_time)})  # type: ignore[assignment]
     managers = {
         "vllm": vs.manager_class("vllm"),
-        "before": _load_before(args.before),
+        "before": _load_before(args.before) if args.before else _load_before_rev(args.before_rev),
         "after": vs.manager_class("pagedkv"),
     }
     for name in args.configs.split(","):
