@@ -9,7 +9,8 @@
 //!
 //! `Collected` (Ir) divided by the printed unit count is instructions per unit.
 //!
-//! `schedule_<chooser>_<prompts>[_<waiting>]` (chooser `fcfs`, `lpm`, `dfs` or `rematch`;
+//! `schedule_<chooser>_<prompts>[_<waiting>]` (chooser `fcfs`, `lpm`, `dfs`, `rematch`, or one
+//! of the floors `floor`, `feed`, `match`;
 //! prompts `shared` or `unique`; 1,000 waiting unless given) runs the cache-aware queue's steady
 //! state; `callgrind_annotate --inclusive=yes` on its output splits each step into the `policy_*`
 //! and `allocator_*` parts (docs/scheduling.md, Cost):
@@ -74,9 +75,13 @@ fn main() {
             let chooser = match parts.next() {
                 Some("fcfs") => Chooser::Fcfs,
                 Some("rematch") => Chooser::Rematch,
-                Some(p) => {
-                    Chooser::Queue(p.parse::<Scheduling>().expect("fcfs, lpm, dfs or rematch"))
-                }
+                Some("floor") => Chooser::Floor,
+                Some("feed") => Chooser::Feed,
+                Some("match") => Chooser::Match,
+                Some(p) => Chooser::Queue(
+                    p.parse::<Scheduling>()
+                        .expect("fcfs, lpm, dfs, rematch, floor, feed or match"),
+                ),
                 None => panic!("schedule_<chooser>_<prompts>[_<waiting>]"),
             };
             let kind = match parts.next() {

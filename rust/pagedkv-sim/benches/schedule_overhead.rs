@@ -2,7 +2,8 @@
 //! the arrival's prompt, push, choose, admit, free, apply the KV events) against first come,
 //! first served with KV events off and against asking the allocator for every waiting request's
 //! cached prefix at every admission (`rematch`), measured in the same run; the ratios are the
-//! scheduler's whole overhead on the allocator's admission path and what the index saves. The instruction counts of each part are in the
+//! scheduler's whole overhead on the allocator's admission path and what the index saves, and the floors (`floor`, `feed`, `match`: the operations an exact
+//! index cannot avoid, schedule_common's `Chooser`). The instruction counts of each part are in the
 //! `instructions` bench (`schedule_*` scenarios) and docs/scheduling.md, Cost.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
@@ -20,11 +21,17 @@ fn overhead(c: &mut Criterion) {
             Chooser::Queue(Scheduling::Lpm),
             Chooser::Queue(Scheduling::Dfs),
             Chooser::Rematch,
+            Chooser::Floor,
+            Chooser::Feed,
+            Chooser::Match,
         ] {
             let name = match chooser {
                 Chooser::Queue(p) => p.to_string(),
                 Chooser::Rematch => "rematch".to_string(),
                 Chooser::Fcfs => "fcfs".to_string(),
+                Chooser::Floor => "floor".to_string(),
+                Chooser::Feed => "feed".to_string(),
+                Chooser::Match => "match".to_string(),
             };
             let mut steady = Steady::new(chooser, 1000, kind);
             group.bench_function(BenchmarkId::new(name, label), |b| b.iter(|| steady.step()));

@@ -34,6 +34,24 @@ pub enum Chooser {
     /// Longest prefix match by asking the allocator (`match_prefix`) for every waiting request
     /// at every admission, as a scheduler without an index does: the cost the index avoids.
     Rematch,
+    /// The floor of an exact index over the waiting requests' block hashes: first come, first
+    /// served, but each arrival hashed (`policy_hash`), admitted with those hashes, and the KV
+    /// events recorded, drained and dropped unread. What such an index pays before any
+    /// bookkeeping of its own (docs/scheduling.md, The floor).
+    Floor,
+    /// The feed alone: first come, first served, KV events recorded, drained and dropped unread.
+    Feed,
+    /// The floor of an index that learns each arrival's hit from the allocator instead of from
+    /// hashes (a frontier index): first come, first served, each arrival matched once
+    /// (`policy_match`, side-effect free), the KV events recorded, drained and dropped unread.
+    Match,
+}
+
+impl Chooser {
+    /// Whether the allocator records KV events under this chooser.
+    fn events(self) -> bool {
+        !matches!(self, Chooser::Fcfs | Chooser::Rematch)
+    }
 }
 
 pub struct Steady {
@@ -65,7 +83,7 @@ impl Steady {
             num_blocks: 65_536,
             block_size: 16,
             enable_prefix_caching: true,
-            enable_kv_events: policy.is_some(),
+            enable_kv_events: chooser.events(),
             max_events: usize::MAX,
             ..Default::default()
         })
@@ -122,6 +140,15 @@ impl Steady {
             self.prompt_hashes
                 .insert(id, std::mem::take(&mut self.hashes));
         } else {
+            match self.chooser {
+                Chooser::Floor => {
+                    policy_hash(&self.kv, &prompt, &mut self.hashes);
+                    self.prompt_hashes
+                        .insert(id, std::mem::take(&mut self.hashes));
+                }
+                Chooser::Match => policy_match(&self.kv, &prompt),
+                _ => {}
+            }
             self.fifo.push_back(id);
         }
         self.prompts.insert(id, prompt);
@@ -153,8 +180,16 @@ impl Steady {
             let events = allocator_events(&mut self.kv);
             policy_events(queue, &events);
             drop_events(events);
+        } else if self.chooser.events() {
+            drop_events(allocator_events(&mut self.kv));
         }
     }
+}
+
+/// Learning an arriving prompt's current hit from the allocator (side-effect free).
+#[inline(never)]
+fn policy_match(kv: &KvCacheManager, prompt: &[TokenId]) {
+    black_box(kv.match_prefix(black_box(prompt), None).unwrap());
 }
 
 /// The waiting request with the longest cached prefix (the earliest on ties), by asking the

@@ -109,7 +109,8 @@ impl WaitingIndex {
     /// An empty index; `track_cursor`: keep what the depth-first walk needs.
     pub fn new(track_cursor: bool) -> WaitingIndex {
         WaitingIndex {
-            trie: Trie::new(),
+            // Only the depth-first walk reads the oldest request through a node.
+            trie: Trie::new(!track_cursor),
             requests: Requests::default(),
             free: Vec::new(),
             by_id: HashMap::default(),
@@ -185,15 +186,27 @@ impl WaitingIndex {
             *slot = parent;
         }
         let trie = &mut self.trie;
-        // A new request is the youngest: it is the oldest only where nobody waited, which is
-        // the deep end of its path.
-        for &n in path.iter().rev().chain(std::iter::once(&ROOT)) {
-            if trie.node(n).oldest != NOBODY {
-                break;
+        if trie.counts {
+            // One more request through every node of its chain; marks where it is the first,
+            // the deep end of its path (deepest first, as below).
+            for &n in path.iter().rev().chain(std::iter::once(&ROOT)) {
+                let node = trie.node_mut(n);
+                node.waiters += 1;
+                if node.waiters == 1 && self.record_marks && n != ROOT {
+                    self.marks.push((node.hash, true));
+                }
             }
-            trie.update(n, |node| node.oldest = rank);
-            if self.record_marks && n != ROOT {
-                self.marks.push((trie.node(n).hash, true));
+        } else {
+            // A new request is the youngest: it is the oldest only where nobody waited, which
+            // is the deep end of its path.
+            for &n in path.iter().rev().chain(std::iter::once(&ROOT)) {
+                if trie.node(n).waiters != NOBODY {
+                    break;
+                }
+                trie.update(n, |node| node.waiters = rank);
+                if self.record_marks && n != ROOT {
+                    self.marks.push((trie.node(n).hash, true));
+                }
             }
         }
         let matched = path.iter().take_while(|&&n| trie.node(n).reachable).count() as u32;
@@ -265,22 +278,33 @@ impl WaitingIndex {
             Chain::Ender,
         );
         self.lpm.remove(&(Reverse(score), rank, slot));
-        // Where it was the oldest, the next oldest is the oldest below or ending at the node,
-        // deepest first so that each node reads its children's new values.
-        for &n in path.iter().rev().chain(std::iter::once(&ROOT)) {
-            if self.trie.node(n).oldest != rank {
-                break; // then it was not the oldest above either
+        if self.trie.counts {
+            // One request fewer through every node of its chain (deepest first, as below).
+            for &n in path.iter().rev().chain(std::iter::once(&ROOT)) {
+                let node = self.trie.node_mut(n);
+                node.waiters -= 1;
+                if node.waiters == 0 && self.record_marks && n != ROOT {
+                    self.marks.push((node.hash, false));
+                }
             }
-            let enders = self.trie.node(n).enders;
-            let ending = if enders.is_empty() {
-                NOBODY
-            } else {
-                self.requests.0[enders.head as usize].rank
-            };
-            let oldest = self.trie.oldest_below(n).min(ending);
-            self.trie.update(n, |node| node.oldest = oldest);
-            if self.record_marks && oldest == NOBODY && n != ROOT {
-                self.marks.push((self.trie.node(n).hash, false));
+        } else {
+            // Where it was the oldest, the next oldest is the oldest below or ending at the node,
+            // deepest first so that each node reads its children's new values.
+            for &n in path.iter().rev().chain(std::iter::once(&ROOT)) {
+                if self.trie.node(n).waiters != rank {
+                    break; // then it was not the oldest above either
+                }
+                let enders = self.trie.node(n).enders;
+                let ending = if enders.is_empty() {
+                    NOBODY
+                } else {
+                    self.requests.0[enders.head as usize].rank
+                };
+                let oldest = self.trie.oldest_below(n).min(ending);
+                self.trie.update(n, |node| node.waiters = oldest);
+                if self.record_marks && oldest == NOBODY && n != ROOT {
+                    self.marks.push((self.trie.node(n).hash, false));
+                }
             }
         }
         // Collecting the last node climbs through every ancestor left unneeded.
@@ -328,12 +352,12 @@ impl WaitingIndex {
     /// the earliest request ending here, else into the heaviest child.
     pub fn depth_first(&self) -> Option<(u64, u64)> {
         let trie = &self.trie;
-        if trie.node(ROOT).oldest == NOBODY {
+        if trie.node(ROOT).waiters == NOBODY {
             return None;
         }
         // Blocks of the cursor's chain some waiting request shares form a prefix of it (whoever
         // waits through a node waits through its ancestors): binary search for its end.
-        let shared = |h: &BlockHash| trie.get(*h).is_some_and(|n| trie.node(n).oldest != NOBODY);
+        let shared = |h: &BlockHash| trie.get(*h).is_some_and(|n| trie.node(n).waiters != NOBODY);
         let depth = self.cursor.partition_point(shared);
         let mut at = match depth {
             0 => ROOT,
@@ -440,7 +464,7 @@ impl WaitingIndex {
         }
         node.cached = false;
         let was_reachable = node.reachable;
-        if was_reachable && node.oldest != NOBODY {
+        if was_reachable && self.trie.waited(n) {
             self.evicted_wanted_blocks += 1;
         }
         if was_reachable {
@@ -618,11 +642,11 @@ impl WaitingIndex {
                 "{blocked} blocked entries for {waiting_blocked} blocked requests"
             ));
         }
-        let mut oldest_ending: HashMap<NodeId, u64> = HashMap::new();
+        let mut ending: HashMap<NodeId, (u64, u32)> = HashMap::new();
         for &slot in self.by_id.values() {
             let r = &self.requests.0[slot as usize];
-            let at = oldest_ending.entry(r.last_node()).or_insert(NOBODY);
-            *at = (*at).min(r.rank);
+            let at = ending.entry(r.last_node()).or_insert((NOBODY, 0));
+            *at = (at.0.min(r.rank), at.1 + 1);
         }
         let pending: Vec<NodeId> = self
             .pending_collect
@@ -630,10 +654,10 @@ impl WaitingIndex {
             .filter_map(|&h| self.trie.get(h))
             .collect();
         self.orphans.check(&|h| self.trie.get(h).is_some())?;
-        self.trie.check(
-            &|n| oldest_ending.get(&n).copied().unwrap_or(NOBODY),
-            &|n| pending.contains(&n),
-        )
+        self.trie
+            .check(&|n| ending.get(&n).copied().unwrap_or((NOBODY, 0)), &|n| {
+                pending.contains(&n)
+            })
     }
 
     fn member(&self, list: List, chain: Chain, slot: Slot) -> bool {

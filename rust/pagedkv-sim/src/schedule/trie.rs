@@ -10,9 +10,14 @@
 //! changes only where an event lands and is pushed down the cached subtree from there, so an
 //! event costs the nodes whose answer changes, not a pass over the queue.
 //!
-//! The trie also keeps, per node, the oldest waiting request through it (`oldest`) and its
-//! children ordered for the depth-first policy (`dfs_key`); the requests themselves (which node
-//! each waits at) live in `index.rs`. docs/scheduling.md describes the whole index.
+//! Per node the trie also keeps who waits through it (`waiters`). For the depth-first policy that
+//! is the oldest waiting request through the node, and the children are ordered by it
+//! (`dfs_key`). The longest-prefix policy reads neither: it only needs to know whether anyone
+//! waits through a node (to keep the node, and for queue-aware eviction's marks), so a trie
+//! built with `counts` keeps how many wait through each node instead, which an arrival or a
+//! removal changes by one along its chain, with no search among siblings for the next oldest.
+//! The requests themselves (which node each waits at) live in `index.rs`. docs/scheduling.md
+//! describes the whole index.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, HashMap};
@@ -29,7 +34,7 @@ pub(crate) const ROOT: NodeId = 0;
 const NO_NODE: NodeId = u32::MAX;
 /// Children beyond this many are also kept in a [`BTreeSet`] ordered by [`DfsKey`], so that the
 /// depth-first policy finds the heaviest one in O(log children) (a node with few children is
-/// scanned instead: cheaper than keeping the set).
+/// scanned instead: cheaper than keeping the set). A trie with `counts` keeps no such set.
 const ORDERED_CHILDREN: u32 = 8;
 
 /// A child's rank for the depth-first policy, largest first: a child some waiting request goes
@@ -38,7 +43,7 @@ const ORDERED_CHILDREN: u32 = 8;
 /// orders children nobody waits below).
 pub(crate) type DfsKey = (bool, bool, Reverse<u64>, NodeId);
 
-/// `Node::oldest` of a node no waiting request goes through.
+/// `Node::waiters` of a node no waiting request goes through, in a trie without `counts`.
 pub(crate) const NOBODY: u64 = u64::MAX;
 
 /// Hashes a block hash by its own low 64 bits: block hashes are XXH3 outputs, already uniform.
@@ -69,9 +74,10 @@ pub(crate) struct Node {
     pub parent: NodeId,
     /// Blocks from the root (the root is 0, a prompt's first block 1).
     pub depth: u32,
-    /// The smallest arrival rank among the waiting requests whose chain passes through this
-    /// node (those ending here included); [`NOBODY`] when there are none.
-    pub oldest: u64,
+    /// The waiting requests whose chain passes through this node (those ending here included):
+    /// without `counts`, the smallest arrival rank among them ([`NOBODY`] when there are none);
+    /// with `counts`, how many they are (0 when none).
+    pub waiters: u64,
     /// Copies of the block the prefix cache holds (stored minus evicted; the root: 1).
     pub copies: u32,
     /// `copies > 0`: the prefix cache holds the block.
@@ -93,13 +99,18 @@ pub(crate) struct Node {
     live: bool,
 }
 
+// Every event and arrival touches nodes: one field serves both policies (`waiters`), and a node
+// stays 112 bytes (checked here, so that a new field does not grow them unseen).
+const _: () = assert!(std::mem::size_of::<Node>() <= 112);
+
 impl Node {
-    fn new(hash: BlockHash, parent: NodeId, depth: u32) -> Node {
+    /// A node nobody waits through (`waiters`: [`NOBODY`], or 0 in a trie with `counts`).
+    fn new(hash: BlockHash, parent: NodeId, depth: u32, waiters: u64) -> Node {
         Node {
             hash,
             parent,
             depth,
-            oldest: NOBODY,
+            waiters,
             copies: 0,
             cached: false,
             reachable: false,
@@ -118,21 +129,26 @@ impl Node {
 /// The nodes and the hash map onto them.
 ///
 /// Invariants (checked by [`Trie::check`]): every live non-root node is in `map` under its hash
-/// and in its parent's child list; `reachable == cached && parent.reachable`; `oldest` of a node
-/// is the smallest of its children's and of the ranks of the requests ending there; a node nobody
-/// waits through, not cached and without children is not live (it is collected as soon as that
-/// happens). So every ancestor of a live node is live: along a chain, the blocks that have nodes
-/// are a prefix of it.
+/// and in its parent's child list; `reachable == cached && parent.reachable`; without `counts`,
+/// `waiters` of a node is the smallest of its children's and of the ranks of the requests ending
+/// there; with `counts`, it is the sum of its children's and the number of requests ending
+/// there, and no node keeps ordered children; a node nobody waits through, not
+/// cached and without children is not live (it is collected as soon as that happens). So every
+/// ancestor of a live node is live: along a chain, the blocks that have nodes are a prefix of it.
 #[derive(Debug)]
 pub(crate) struct Trie {
     pub nodes: Vec<Node>,
     free: Vec<NodeId>,
     map: HashMap<BlockHash, NodeId, BuildHasherDefault<LowBits>>,
+    /// Whether nodes count their waiting requests (`Node::waiters`) instead of keeping the oldest
+    /// one and ordered children (the longest-prefix policy).
+    pub counts: bool,
 }
 
 impl Trie {
-    pub fn new() -> Trie {
-        let mut root = Node::new(0, NO_NODE, 0);
+    /// An empty trie (the root only); `counts`: see the field.
+    pub fn new(counts: bool) -> Trie {
+        let mut root = Node::new(0, NO_NODE, 0, if counts { 0 } else { NOBODY });
         root.copies = 1;
         root.cached = true;
         root.reachable = true;
@@ -140,6 +156,18 @@ impl Trie {
             nodes: vec![root],
             free: Vec::new(),
             map: HashMap::default(),
+            counts,
+        }
+    }
+
+    /// Whether some waiting request's chain passes through node `n`.
+    #[inline]
+    pub fn waited(&self, n: NodeId) -> bool {
+        let node = self.node(n);
+        if self.counts {
+            node.waiters > 0
+        } else {
+            node.waiters != NOBODY
         }
     }
 
@@ -166,7 +194,8 @@ impl Trie {
     pub fn insert_new(&mut self, hash: BlockHash, parent: NodeId) -> NodeId {
         debug_assert!(!self.map.contains_key(&hash));
         let depth = self.node(parent).depth + 1;
-        let node = Node::new(hash, parent, depth);
+        let nobody = if self.counts { 0 } else { NOBODY };
+        let node = Node::new(hash, parent, depth, nobody);
         let n = match self.free.pop() {
             Some(n) => {
                 self.nodes[n as usize] = node;
@@ -187,14 +216,15 @@ impl Trie {
     pub fn dfs_key(&self, n: NodeId) -> DfsKey {
         let node = self.node(n);
         (
-            node.oldest != NOBODY,
+            node.waiters != NOBODY,
             node.reachable,
-            Reverse(node.oldest),
+            Reverse(node.waiters),
             n,
         )
     }
 
-    /// The smallest `oldest` among `n`'s children ([`NOBODY`] when nobody waits below them).
+    /// The oldest waiting request below `n` (the smallest `waiters` among its children; [`NOBODY`]
+    /// when nobody waits below them). Without `counts` only.
     pub fn oldest_below(&self, n: NodeId) -> u64 {
         match self.node(n).ordered.as_ref() {
             // The largest key of each reachability holds the smallest rank of its kind.
@@ -209,13 +239,13 @@ impl Trie {
                 .unwrap_or(NOBODY),
             None => self
                 .children(n)
-                .map(|c| self.node(c).oldest)
+                .map(|c| self.node(c).waiters)
                 .min()
                 .unwrap_or(NOBODY),
         }
     }
 
-    /// Changes node `n`'s `oldest` or reachability through `change`, keeping its parent's child
+    /// Changes node `n`'s `waiters` or reachability through `change`, keeping its parent's child
     /// order.
     #[inline]
     pub fn update(&mut self, n: NodeId, change: impl FnOnce(&mut Node)) {
@@ -261,7 +291,7 @@ impl Trie {
     pub fn collect(&mut self, mut n: NodeId) {
         while n != ROOT {
             let node = self.node(n);
-            if node.oldest != NOBODY || node.cached || node.num_children > 0 {
+            if self.waited(n) || node.cached || node.num_children > 0 {
                 return;
             }
             let (parent, hash) = (node.parent, node.hash);
@@ -277,11 +307,12 @@ impl Trie {
 
     fn attach(&mut self, parent: NodeId, n: NodeId) {
         let key = self.dfs_key(n);
+        let counts = self.counts;
         let p = self.node_mut(parent);
         let first = p.first_child;
         p.first_child = n;
         p.num_children += 1;
-        let grow = p.ordered.is_none() && p.num_children > ORDERED_CHILDREN;
+        let grow = !counts && p.ordered.is_none() && p.num_children > ORDERED_CHILDREN;
         if let Some(ordered) = p.ordered.as_mut() {
             ordered.insert(key);
         }
@@ -322,12 +353,12 @@ impl Trie {
         }
     }
 
-    /// Checks the invariants of the struct docs (slow; for tests).
-    /// `awaiting_collection`: nodes that may be unneeded until collected (whose descendants
-    /// may be too).
+    /// Checks the invariants of the struct docs (slow; for tests). `ending_here`: the oldest rank
+    /// and the number of the waiting requests whose chain ends at a node; `awaiting_collection`:
+    /// nodes that may be unneeded until collected (whose descendants may be too).
     pub fn check(
         &self,
-        oldest_ending_here: &dyn Fn(NodeId) -> u64,
+        ending_here: &dyn Fn(NodeId) -> (u64, u32),
         awaiting_collection: &dyn Fn(NodeId) -> bool,
     ) -> Result<(), String> {
         let mut live = 0;
@@ -357,7 +388,7 @@ impl Trie {
                         node.reachable, node.cached, parent.reachable
                     ));
                 }
-                if node.oldest == NOBODY
+                if !self.waited(n)
                     && !node.cached
                     && node.num_children == 0
                     && !awaiting_collection(n)
@@ -373,16 +404,24 @@ impl Trie {
                     children.len()
                 ));
             }
-            let oldest = children
-                .iter()
-                .map(|&c| self.node(c).oldest)
-                .min()
-                .unwrap_or(NOBODY)
-                .min(oldest_ending_here(n));
-            if oldest != node.oldest {
+            let (oldest_ending, num_ending) = ending_here(n);
+            let waiters = if self.counts {
+                let below: u64 = children.iter().map(|&c| self.node(c).waiters).sum();
+                below + u64::from(num_ending)
+            } else {
+                let below = children.iter().map(|&c| self.node(c).waiters).min();
+                below.unwrap_or(NOBODY).min(oldest_ending)
+            };
+            if waiters != node.waiters {
+                let what = if self.counts { "count" } else { "oldest" };
                 return Err(format!(
-                    "node {n} has oldest {} but its subtree's is {oldest}",
-                    node.oldest
+                    "node {n} has waiters ({what}) {} but its subtree's is {waiters}",
+                    node.waiters
+                ));
+            }
+            if self.counts && node.ordered.is_some() {
+                return Err(format!(
+                    "node {n} keeps ordered children in a counting trie"
                 ));
             }
             if let Some(ordered) = node.ordered.as_ref() {
