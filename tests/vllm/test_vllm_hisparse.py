@@ -10,6 +10,7 @@ refused. Runs in the vLLM stage (scripts/vllm/stage.sh); skipped elsewhere.
 
 from __future__ import annotations
 
+import random
 from dataclasses import replace
 from typing import Any
 
@@ -61,7 +62,9 @@ def _one_group(num_blocks: int = 9, **group: Any) -> Any:
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
 
     return KVCacheConfig(
-        num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["a"], _spec(), **group)]
+        num_blocks=num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec(["a"], _spec(), **group)],
     )
 
 
@@ -249,8 +252,6 @@ def _stall_trace(vllm_scheduler: Any, kind: str) -> list[Any]:
     requests = [_request(str(i), 2 * BS - 2, first=100 * i, max_tokens=6) for i in range(2)]
     for r in requests:
         scheduler.add_request(r)
-    import random
-
     rng = random.Random(0)
     trace: list[Any] = []
     coordinator, composite = None, None
@@ -261,12 +262,13 @@ def _stall_trace(vllm_scheduler: Any, kind: str) -> list[Any]:
         if step == 3:
             coordinator = _bind_hisparse_connector(scheduler)
             coordinator.has_pending_reclamation = lambda: reclaiming["now"]
-        if step == 6:  # the stub connector answers no finishing request: detach it meanwhile
+        if step == 6:  # half-built as in vLLM's tests, it answers no finishing request: detach it
             composite, scheduler.connector = scheduler.connector, None
         reclaiming["now"] = step in (3, 4)
         out = scheduler.schedule()
         statuses = tuple((r.request_id, r.status.name, r.num_preemptions) for r in requests)
-        trace.append((tuple(sorted(out.num_scheduled_tokens.items())), tuple(sorted(out.preempted_req_ids)), statuses))
+        scheduled = tuple(sorted(out.num_scheduled_tokens.items()))
+        trace.append((scheduled, tuple(sorted(out.preempted_req_ids)), statuses))
         if reclaiming["now"]:
             assert not out.num_scheduled_tokens and not out.preempted_req_ids
             assert all(r.status == RequestStatus.RUNNING and r.num_preemptions == 0 for r in requests)
@@ -295,4 +297,5 @@ def test_a_pending_hisparse_reclamation_stalls_rather_than_preempts(vllm_schedul
     vllm_trace = _stall_trace(vllm_scheduler, "vllm")
     pagedkv_trace = _stall_trace(vllm_scheduler, "pagedkv")
     assert pagedkv_trace == vllm_trace
-    assert vllm_trace[3][0] == vllm_trace[4][0] == () and vllm_trace[5][1] == ("1",)  # stalled, then preempted
+    assert vllm_trace[3][0] == vllm_trace[4][0] == ()  # stalled twice,
+    assert vllm_trace[5][1] == ("1",)  # then the second request preempted
