@@ -212,6 +212,24 @@ def test_hisparse_look_alikes_vllm_answers_as_full_attention_are_accepted(group:
     assert (("hit", 2 * BS) in answers) == caching
 
 
+def test_the_scheduler_class_names_hisparse_before_its_connector(vllm_scheduler: Any) -> None:
+    """A HiSparse model comes with its connector (kv_transfer_config): PagedkvScheduler names
+    HiSparse, not the connector on a non-full-attention group that its resident groups are."""
+    from pagedkv.integrations.vllm import PagedkvScheduler, UnsupportedVllmFeatureError
+
+    module = vllm_scheduler
+    base = module.build_scheduler(module.Workload(requests=1, connector="sync"), module.manager_class("vllm"))
+    for host_blocks, name in ((16, "HiSparse host blocks"), (None, "group 0: the HiSparse source role")):
+        with pytest.raises(UnsupportedVllmFeatureError, match=name):
+            PagedkvScheduler(
+                vllm_config=base.vllm_config,
+                kv_cache_config=_hisparse_config(host_num_blocks=host_blocks),
+                block_size=BS,
+                log_stats=True,
+                structured_output_manager=base.structured_output_manager,
+            )
+
+
 def _bind_hisparse_connector(scheduler: Any) -> Any:
     """A HiSparse connector on `scheduler`, bound to the coordinator of a HiSparse layout on
     vLLM's own manager (the only manager that builds one), as vLLM's scheduler tests bind it;
