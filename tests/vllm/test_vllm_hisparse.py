@@ -159,7 +159,8 @@ def test_vllm_builds_hisparse_managers_for_what_pagedkv_refuses() -> None:
     coordinator = get_hisparse_coordinator(vllm_full)
     assert coordinator.get_host_block_pool().num_gpu_blocks == 16  # the source group's own pool
     source_only = _one_group(role=KVCacheGroupRole.HISPARSE_SOURCE, host_resident=True)
-    assert type(_manager("vllm", source_only).coordinator.single_type_managers[0]) is HiSparseSourceManager
+    for config in (source_only, _one_group(role="hisparse_source")):
+        assert type(_manager("vllm", config).coordinator.single_type_managers[0]) is HiSparseSourceManager
 
     def without_host(groups: list[Any]) -> Any:
         return replace(full, hisparse_host_num_blocks=None, kv_cache_groups=groups)
@@ -171,6 +172,10 @@ def test_vllm_builds_hisparse_managers_for_what_pagedkv_refuses() -> None:
         (without_host(full.kv_cache_groups[1::2]), "group 1: HiSparse HiSparseHotSpec"),
         (source_only, "group 0: the HiSparse source role"),
         (_one_group(role=KVCacheGroupRole.HISPARSE_SOURCE), "HiSparse source role"),
+        # hostile spellings: the role as a plain string (vLLM's registry finds the source
+        # manager by it), an empty host pool (vLLM fails binding it)
+        (_one_group(role="hisparse_source"), "HiSparse source role"),
+        (replace(full, hisparse_host_num_blocks=0), "hisparse_host_num_blocks=0"),
     ]
     for config, name in cases:
         with pytest.raises(UnsupportedVllmFeatureError, match=name):
