@@ -3,8 +3,9 @@
 vLLM's scheduler constructs its manager from the name ``KVCacheManager`` in its own module, with
 no hook besides the scheduler class itself; these subclasses swap that name for the duration of
 their own construction only (one module-level name, so construction is serialized by a lock), and
-refuse up front what the scheduler would reach and the manager does not support: a KV connector
-on other than full-attention groups (connector.py), auxiliary outputs.
+refuse up front what the scheduler would reach and the manager does not support: HiSparse
+(hisparse.py: its connector would otherwise be named first), a KV connector on other than
+full-attention groups (connector.py), auxiliary outputs.
 
     SchedulerConfig(..., scheduler_cls="pagedkv.integrations.vllm.PagedkvScheduler")
 """
@@ -21,6 +22,7 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import FullAttentionSpec
 
+from pagedkv.integrations.vllm.hisparse import check_hisparse
 from pagedkv.integrations.vllm.manager import KVCacheManager, UnsupportedVllmFeatureError
 
 _CONSTRUCTION = threading.Lock()
@@ -28,6 +30,8 @@ _CONSTRUCTION = threading.Lock()
 
 def _check_vllm_config(vllm_config: Any, kv_cache_config: Any) -> None:
     """What the scheduler would reach and pagedkv's manager does not support, named up front."""
+    if kv_cache_config is not None:
+        check_hisparse(kv_cache_config)  # HiSparse comes with its connector: named before it
     if getattr(vllm_config, "kv_transfer_config", None) is not None and kv_cache_config is not None:
         for i, group in enumerate(kv_cache_config.kv_cache_groups):
             if type(group.kv_cache_spec) is not FullAttentionSpec:

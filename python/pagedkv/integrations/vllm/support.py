@@ -15,6 +15,7 @@ from vllm.v1.kv_cache_interface import (
 
 import pagedkv
 from pagedkv.errors import InvalidArgumentError, UnsupportedVllmFeatureError
+from pagedkv.integrations.vllm.hisparse import check_hisparse
 
 
 def _check_retention(retention: int | None, scheduler_block_size: int, groups: list[Any]) -> None:
@@ -52,6 +53,7 @@ def check_config(
     groups = kv_cache_config.kv_cache_groups
     retention = getattr(kv_cache_config, "prefix_cache_retention_interval", None)
     _check_retention(retention, scheduler_block_size, groups)
+    check_hisparse(kv_cache_config)  # before the groups: its pieces are refused by name
     if not groups:
         raise UnsupportedVllmFeatureError("a KV-cache config without KV-cache groups")
     kv_groups: list[Any] = []
@@ -96,8 +98,6 @@ def check_config(
         raise UnsupportedVllmFeatureError("decode/prefill context parallelism (DCP/PCP)")
     if metrics_collector is not None:
         raise UnsupportedVllmFeatureError("KV-cache residency metrics (metrics_collector)")
-    if getattr(kv_cache_config, "hisparse_host_num_blocks", None) is not None:
-        raise UnsupportedVllmFeatureError("HiSparse host blocks")
     # pagedkv indexes every full block of a window group (vLLM's dense retention, None); vLLM's
     # sparse retention (0, or an interval) keeps only some, so hits would differ. Without a
     # window group vLLM ignores 0 (and refuses an interval: _check_retention).
