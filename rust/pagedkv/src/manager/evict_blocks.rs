@@ -27,7 +27,8 @@ impl KvCacheManager {
     /// ```
     /// use pagedkv::{KvCacheManager, ManagerConfig};
     /// let mut kv = KvCacheManager::new(ManagerConfig {
-    ///     num_blocks: 8, block_size: 2, enable_prefix_caching: true, ..Default::default()
+    ///     num_blocks: 8, block_size: 2, enable_prefix_caching: true, enable_kv_events: true,
+    ///     ..Default::default()
     /// })?;
     /// kv.add_sequence(1, &[1, 2, 3, 4], None)?;   // two full blocks, both indexed
     /// let table = kv.block_table(1)?.to_vec();
