@@ -5,7 +5,7 @@ block tables come out as NumPy int32, slots as int64, block copies as int32 ``[N
 Malformed input raises ``pagedkv.InvalidArgumentError`` and changes nothing.
 """
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TypeAlias, final
 
 import numpy as np
@@ -380,6 +380,8 @@ class KvCacheManager:
     def swap_in(self, seq_ids: int | _SeqIds) -> npt.NDArray[np.int32]:
         """int32 ``[N, 2]`` (host_block, device_block) copies."""
     def reset_prefix_cache(self) -> bool: ...
+    def evict_blocks(self, block_ids: Iterable[int]) -> int:
+        """Drops these blocks' prefix-index entries (held ones stay private, cached ones are freed)."""
     def take_events(self) -> list[BlockStored | BlockRemoved | AllBlocksCleared]:
         """Drains the KV events (vLLM's schema; block hashes as Python ints), oldest first."""
     def take_event_batch(

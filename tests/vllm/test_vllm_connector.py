@@ -223,8 +223,6 @@ def test_pagedkv_refuses_what_it_does_not_support_by_name() -> None:
         m.allocate_slots(r, 8, 0, None, num_external_computed_tokens=2 * BS)
     with pytest.raises(UnsupportedVllmFeatureError, match="remove_skipped_blocks"):
         m.remove_skipped_blocks("r", 0)
-    with pytest.raises(UnsupportedVllmFeatureError, match="evict_blocks"):
-        _manager("pagedkv", _config("full")).evict_blocks({1})
     with pytest.raises(UnsupportedVllmFeatureError, match="auxiliary outputs"):
         m.coordinator.single_type_managers[0].block_pool.get_cached_block(b"x", [0])
 
@@ -258,20 +256,32 @@ def test_a_capped_hit_is_admitted_as_looked_up(kind: str) -> None:
     assert m.allocate_slots(r, 1) is not None
 
 
-def test_a_failed_sync_load_stops_the_step_rather_than_serve_its_blocks() -> None:
-    """A sync load's blocks are indexed at admission; when the worker reports them invalid,
-    vLLM drops them from its index (``evict_blocks``, policy "fail") or rolls the request back
-    to recompute them ("recompute"). pagedkv refuses both by a typed error (never a hit on a
-    block whose load failed)."""
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_failed_sync_load_leaves_the_index_under_the_fail_policy(kind: str) -> None:
+    """A sync load's blocks are indexed at admission; when the worker reports them invalid
+    under ``kv_load_failure_policy="fail"``, vLLM's scheduler drops the first invalid block and
+    every block after it from the index (``evict_blocks``): no later request hits them, on
+    either manager. Under "recompute" vLLM rolls the request back into its indexed blocks,
+    which pagedkv's core refuses (``InvalidArgumentError``: never a hit on a block whose load
+    failed)."""
     from pagedkv.errors import InvalidArgumentError
-    from pagedkv.integrations.vllm import UnsupportedVllmFeatureError
 
-    m = _manager("pagedkv", _config("full"), enable_caching=True)
+    m = _manager(kind, _config("full"), enable_caching=True)
     r = _request("r", 4 * BS + 3)
     blocks = m.get_computed_blocks(r)[0]
     assert m.allocate_slots(r, 3, 0, blocks, num_external_computed_tokens=4 * BS) is not None
-    with pytest.raises(UnsupportedVllmFeatureError, match="evict_blocks"):
-        m.evict_blocks(set(m.get_block_ids("r")[0][1:]))
+    assert _hit(m, "p", 4 * BS + 1) == 4 * BS
+    m.evict_blocks(set(m.get_block_ids("r")[0][1:]))
+    assert _hit(m, "p", 4 * BS + 1) == BS
+    m.free(r)
+    assert _hit(m, "p", 4 * BS + 1) == BS
+    assert m.block_pool.get_num_free_blocks() == 31
+    if kind == "vllm":
+        return
+    m.check_invariants()
+    r = _request("r2", 4 * BS + 3, first=500)
+    blocks = m.get_computed_blocks(r)[0]
+    assert m.allocate_slots(r, 3, 0, blocks, num_external_computed_tokens=4 * BS) is not None
     r.num_computed_tokens = BS  # "recompute": back to before the first invalid block
     with pytest.raises(InvalidArgumentError):
         m.allocate_slots(r, 3 * BS + 3)

@@ -99,6 +99,21 @@ enum Op {
     /// `provide_token_ids(id, the next n ids)`, with the watermark rolled back by `rollback`
     /// tokens (rejected drafts) when given.
     Provide(u64, usize, Option<usize>),
+    /// `evict_blocks` of physical ids picked by these numbers (`evict_ids`): most in the pool,
+    /// some past it.
+    EvictBlocks(Vec<u32>),
+}
+
+/// The physical ids an `Op::EvictBlocks` names on a pool of `pool_blocks`: one number in eight
+/// past the pool (the typed error), the others in it (in use, cached, free, the null block).
+fn evict_ids(picks: &[u32], pool_blocks: usize) -> Vec<BlockId> {
+    picks
+        .iter()
+        .map(|&v| match v % 8 {
+            7 => (pool_blocks + (v as usize / 8) % 3) as BlockId,
+            _ => (v as usize % pool_blocks) as BlockId,
+        })
+        .collect()
 }
 
 fn extra() -> impl Strategy<Value = Option<u8>> {
@@ -141,6 +156,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0usize..3, 0usize..20, extra()).prop_map(|(prompt, len, extra)| Op::Match { prompt, len, extra }),
         2 => (0usize..3, 0usize..12, extra()).prop_map(|(prompt, len, extra)| Op::Pin { prompt, len, extra }),
         2 => (0usize..3, 0usize..12, extra()).prop_map(|(prompt, len, extra)| Op::Unpin { prompt, len, extra }),
+        2 => prop::collection::vec(any::<u32>(), 0..4).prop_map(Op::EvictBlocks),
     ]
 }
 
@@ -658,6 +674,17 @@ fn run(setup: Setup, ops: Vec<Op>) {
                 Ok(usize::from(kv.reset_prefix_cache())),
                 Ok(usize::from(model.reset())),
             ),
+            Op::EvictBlocks(picks) => {
+                let pool_blocks = kv.pool().num_blocks();
+                let ids = evict_ids(picks, pool_blocks);
+                // The model block each physical id stands for (none: free or the null block).
+                let blocks: Vec<Option<MBlock>> = ids
+                    .iter()
+                    .map(|&p| names.device.iter().find(|&(_, &q)| q == p).map(|(&m, _)| m))
+                    .collect();
+                let in_range = ids.iter().all(|&p| (p as usize) < pool_blocks);
+                (kv.evict_blocks(&ids), model.evict_blocks(&blocks, in_range))
+            }
         };
         match (&got, &want) {
             (Ok(g), Ok(w)) => assert_eq!(g, w, "{op:?}: return value"),

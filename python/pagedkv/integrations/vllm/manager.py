@@ -46,7 +46,7 @@ from pagedkv.errors import (
     OutOfBlocksError,
     UnsupportedVllmFeatureError,
 )
-from pagedkv.integrations.vllm import connector, records
+from pagedkv.integrations.vllm import connector, evict, records
 from pagedkv.integrations.vllm.capacity import PoolCapacity, cdiv
 from pagedkv.integrations.vllm.events import EventTranslator
 from pagedkv.integrations.vllm.support import check_config
@@ -659,11 +659,9 @@ class KVCacheManager:
         return self._deferred.pop(self, request)
 
     def evict_blocks(self, block_ids: set[int]) -> None:
-        """Reached through a KV connector's failed loads under the fail policy (unsupported:
-        the core has no call dropping blocks from the index by id)."""
-        raise UnsupportedVllmFeatureError(
-            "evict_blocks (a KV connector's invalid blocks, kv_load_failure_policy='fail')"
-        )
+        """Drops these blocks from the prefix cache (a KV connector's failed sync load under
+        the fail policy; evict.py)."""
+        evict.evict_blocks(self, block_ids)
 
     def get_computed_blocks_for_connector(
         self, request: Request, max_cache_hit_length: int | None = None

@@ -101,6 +101,10 @@ class BlockPoolView:
         """Returns the blocks ``pop_blocks_for_free`` handed out (a deferred free)."""
         self._manager._deferred.free(self._manager, blocks)
 
+    def evict_blocks(self, block_ids: set[int]) -> None:
+        """vLLM's ``BlockPool.evict_blocks``: the manager's (evict.py)."""
+        self._manager.evict_blocks(block_ids)
+
     def get_cached_block(self, block_hash: Any, kv_cache_group_ids: list[int]) -> Any:
         """vLLM's look-up of one cached block by its hash alone (auxiliary-output connectors):
         pagedkv's index verifies a hit's content along its chain, never by one hash."""

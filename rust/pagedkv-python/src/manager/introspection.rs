@@ -1,13 +1,13 @@
 //! Read-only questions, counters, `stats()`, `check_invariants()`, the KV-event queue and
-//! `reset_prefix_cache`.
+//! `reset_prefix_cache`, `evict_blocks`.
 //! Argument conversion and error mapping only, as in `manager/mod.rs`.
 
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList};
+use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 
 use pagedkv::wire::encode_drained_events;
 
-use crate::errors::to_pyerr;
+use crate::errors::{invalid_argument, to_pyerr};
 use crate::event_digests::events_to_digests;
 use crate::events::events_to_python;
 use crate::prompt_hashes::PyPromptHashes;
@@ -138,6 +138,24 @@ impl PyKvCacheManager {
     /// Empties the prefix index; False (and nothing changes) while any block is in use.
     fn reset_prefix_cache(&self, py: Python<'_>) -> PyResult<bool> {
         self.read(py, |kv| kv.reset_prefix_cache())
+    }
+
+    /// Drops the prefix-index entries of `block_ids` (any iterable of ids, taken in its
+    /// order): a held block stays with its holders as a private block, a cached one goes back
+    /// to the free list, each removal a `BlockRemoved` event; blocks without an entry are left
+    /// alone. Returns how many entries it removed. An id past the pool or a pinned block is
+    /// `InvalidArgumentError`, changing nothing.
+    fn evict_blocks(&self, py: Python<'_>, block_ids: Bound<'_, PyAny>) -> PyResult<usize> {
+        // A str or bytes iterates, a non-iterable raises TypeError: both are malformed ids.
+        let not_ids = || invalid_argument(py, "block_ids must be an iterable of block ids".into());
+        if block_ids.is_instance_of::<PyString>() || block_ids.is_instance_of::<PyBytes>() {
+            return Err(not_ids());
+        }
+        let mut ids = Vec::new();
+        for item in block_ids.try_iter().map_err(|_| not_ids())? {
+            ids.push(item?.extract::<BlockIdArg>()?.0);
+        }
+        self.run(py, false, |kv| kv.evict_blocks(&ids))
     }
 
     /// Drains the KV events recorded while prefix caching is on, oldest first:

@@ -46,6 +46,7 @@ mod config;
 mod construct;
 mod copy_queue;
 mod csr;
+mod evict_blocks;
 mod eviction_priority;
 mod group_spec;
 mod groups;

@@ -328,8 +328,8 @@ impl PrefixCache {
     }
 
     /// Returns cached-evictable block `b` to the pool's free list out of LRU order (it loses its
-    /// hash: `BlockRemoved`), as vLLM's tests pop a chosen block from its cache.
-    #[cfg(test)]
+    /// hash: `BlockRemoved`): `KvCacheManager::evict_blocks`, and vLLM's tests popping a chosen
+    /// block from its cache.
     pub(crate) fn release_cached(&mut self, b: BlockId, pool: &BlockPool) {
         self.lru.remove(b);
         self.unindex(b);

@@ -702,6 +702,42 @@ impl Model {
         Ok(())
     }
 
+    /// `evict_blocks` of `blocks` (`None`: a physical block the model has no live block for);
+    /// `in_range`: every id was inside the pool. Each indexed block leaves the index (a cached
+    /// one goes back to the free pool, counted as an eviction); a pinned one is refused.
+    pub fn evict_blocks(
+        &mut self,
+        blocks: &[Option<MBlock>],
+        in_range: bool,
+    ) -> Result<usize, Kind> {
+        if !in_range {
+            return Err(Kind::Invalid);
+        }
+        if !self.caching {
+            return Ok(0);
+        }
+        if blocks
+            .iter()
+            .flatten()
+            .any(|b| self.pin_counts.contains_key(b))
+        {
+            return Err(Kind::Invalid);
+        }
+        let mut removed = 0;
+        for &b in blocks.iter().flatten() {
+            if !self.key_of.contains_key(&b) {
+                continue;
+            }
+            self.unindex(b);
+            if let Some(pos) = self.cached.iter().position(|&c| c == b) {
+                self.cached.remove(pos);
+                self.evictions += 1;
+            }
+            removed += 1;
+        }
+        Ok(removed)
+    }
+
     pub fn reset(&mut self) -> bool {
         if !self.refcounts.is_empty() {
             return false;
