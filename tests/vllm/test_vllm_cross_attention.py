@@ -453,3 +453,21 @@ def test_scheduler_differential(vllm_scheduler: ModuleType, seed: int) -> None:
     assert any(blocks[1] for step in reference for _rid, blocks in step[3])  # encoder blocks held
     for step, (a, b) in enumerate(zip(reference, candidate, strict=True)):
         assert b == a, f"step {step}"
+
+
+def test_check_invariants_sees_encoder_blocks_out_of_step() -> None:
+    """``check_invariants`` compares the encoder core with the manager's requests: an encoder
+    sequence freed behind the manager's back, or one no request holds, is a violation."""
+    from pagedkv.errors import InvariantViolation
+
+    run = _Run("pagedkv", "fc", 20, 0.0, 64)
+    run.admit("a", 6, 9)
+    run.m.check_invariants()
+    run.m._cross.core.free(0)
+    with pytest.raises(InvariantViolation):
+        run.m.check_invariants()
+    run = _Run("pagedkv", "fc", 20, 0.0, 64)
+    run.admit("a", 6, 0)
+    run.m._cross.core.add_sequence(7, num_tokens=5)
+    with pytest.raises(InvariantViolation):
+        run.m.check_invariants()
