@@ -26,7 +26,7 @@ NEEDS_VLLM = ("pagedkv.integrations.vllm", "vllm.v1.core.kv_cache_manager")
 BS = 4
 
 
-def _config(layout: str, num_blocks: int) -> Any:
+def _config(layout: str, num_blocks: int, cross_dtype: Any = None) -> Any:
     """A KV-cache config of one group per letter of ``layout``: f full attention (the
     decoder's self-attention), c cross-attention, s sliding window."""
     import torch
@@ -41,7 +41,7 @@ def _config(layout: str, num_blocks: int) -> Any:
     shape = dict(block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32)
     specs = {
         "f": lambda: FullAttentionSpec(**shape),
-        "c": lambda: CrossAttentionSpec(**shape),
+        "c": lambda: CrossAttentionSpec(**{**shape, "dtype": cross_dtype or torch.float32}),
         "s": lambda: SlidingWindowSpec(**shape, sliding_window=8),
     }
     groups = [KVCacheGroupSpec([f"{k}.{i}"], specs[k]()) for i, k in enumerate(layout)]
@@ -229,13 +229,40 @@ def test_watermark_and_chunk_only_admission() -> None:
 
     def scenario(run: _Run) -> None:
         run.admit("a", 4, 8, scheduled=False)
-        for n in range(4, 20):  # encoder sizes around the watermark's edge
+        # 26 blocks free once "a" holds 3, 6 of them the watermark: encoder sizes whose
+        # admissions fit without the watermark and not with it, then not at all.
+        for n in range(16, 28):
             run.admit(f"w{n}", 4, n * BS - 1, scheduled=True)
             run.admit(f"x{n}", 4, n * BS - 1, scheduled=False, full=False, lookahead=2)
             for rid in [r for r in run.requests if r != "a"]:
                 run.finish(rid)
 
     _same(scenario, num_blocks=30, watermark=0.2)
+
+
+def test_zeroing_gets_the_encoder_blocks() -> None:
+    """With KV-cache zeroing (a mixed-precision cache), the new blocks to zero include the
+    encoder's, as vLLM's cross-attention manager records them."""
+    import torch
+
+    def scenario(run: _Run) -> None:
+        run.m = type(run.m)(
+            _config("fc", 30, cross_dtype=torch.float16),
+            max_model_len=64,
+            scheduler_block_size=BS,
+            hash_block_size=BS,
+            enable_caching=False,
+        )
+        assert run.m.kv_cache_config.needs_kv_cache_zeroing
+        for rid, (p, e) in {"a": (6, 9), "b": (3, 0), "c": (9, 30)}.items():
+            run.admit(rid, p, e)
+            new = run.m.take_new_block_ids()
+            held = sorted(b for ids in run.m.get_block_ids(rid) for b in ids)
+            run.note(f"zero {rid}", (len(new), sorted(new) == held))
+        run.step("a")
+        run.note("zero step", len(run.m.take_new_block_ids()))
+
+    _same(scenario)
 
 
 def test_preemption_frees_and_readmission_reallocates() -> None:
