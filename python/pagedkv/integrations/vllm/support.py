@@ -83,7 +83,9 @@ def check_config(
             )
         block_sizes.add(spec.block_size)
     if not kv_groups:
-        raise UnsupportedVllmFeatureError("cross-attention groups without a decoder group")
+        raise UnsupportedVllmFeatureError(
+            "CrossAttentionSpec (cross-attention) groups without a decoder group"
+        )
     if len(block_sizes) != 1:
         raise UnsupportedVllmFeatureError(f"KV-cache groups with different block sizes {sorted(block_sizes)}")
     (block_size,) = block_sizes
