@@ -32,6 +32,8 @@ class PoolCapacity:
         self.block_size = block_size
         # Per group: its window in tokens (None: full attention).
         self.windows = windows
+        # The core's groups (a cross-attention group's encoder blocks are not among them).
+        self.num_groups = len(windows)
         # No window group: every group keeps every position (the deferred watermark advances,
         # the first-blocks look-up and the KV connectors' paths rely on it).
         self.full_attention_only = all(w is None for w in windows)

@@ -37,7 +37,10 @@ KVCacheManager = Any
 
 
 def require_full_attention(manager: KVCacheManager, what: str) -> None:
-    """Refuses a connector path on a config with a sliding-window group (see the module doc)."""
+    """Refuses a connector path on a config with a sliding-window group (see the module doc)
+    or a cross-attention group (vLLM's scheduler refuses connectors for encoder-decoder models)."""
+    if manager._cross is not None:
+        raise UnsupportedVllmFeatureError(f"{what} with cross-attention groups (encoder-decoder models)")
     if not manager.full_attention_only:
         raise UnsupportedVllmFeatureError(
             f"{what} with sliding-window groups (pagedkv's vLLM manager supports KV connectors "
@@ -134,6 +137,8 @@ class DeferredFrees:
     def pop(self, manager: KVCacheManager, request: Any) -> list[KVCacheBlock]:
         """The request's blocks in allocation order (every group, null blocks left out);
         the request is gone from the manager's view, its sequence kept for ``free``."""
+        if manager._cross is not None:
+            require_full_attention(manager, "deferred frees (pop_blocks_for_free)")
         state = manager._reqs.pop(request.request_id, None)
         manager._held_hashes.pop(request.request_id, None)
         manager._hit_caps.pop(request.request_id, None)

@@ -19,8 +19,9 @@ per admission, per running request and per step; this class answers those calls 
   inside vLLM's ``KVCacheBlocks``; block 0 is vLLM's null block (``null_block=0``).
 
 A KV connector's calls (external tokens, async loads, deferred frees) are answered on
-full-attention groups by connector.py. What vLLM's scheduler reaches only with optional features
-this manager does not support (Mamba or cross-attention groups, EAGLE's dropped hit block,
+full-attention groups by connector.py; the encoder blocks of cross-attention groups
+(encoder-decoder models) by cross_attention.py. What vLLM's scheduler reaches only with optional
+features this manager does not support (Mamba groups, EAGLE's dropped hit block,
 DCP/PCP, hash blocks smaller than blocks, sparse prefix-cache retention) is refused at
 construction with ``UnsupportedVllmFeatureError`` naming it (support.py). What the scheduler and
 connectors read of vLLM's internals (coordinator, per-group managers, block pool) are views.py;
@@ -46,7 +47,7 @@ from pagedkv.errors import (
     OutOfBlocksError,
     UnsupportedVllmFeatureError,
 )
-from pagedkv.integrations.vllm import connector, evict, records
+from pagedkv.integrations.vllm import connector, cross_attention, evict, records
 from pagedkv.integrations.vllm.capacity import PoolCapacity, cdiv
 from pagedkv.integrations.vllm.events import EventTranslator
 from pagedkv.integrations.vllm.support import check_config
@@ -105,7 +106,7 @@ class KVCacheManager:
         self.metrics_collector = metrics_collector
         self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
         self.watermark_blocks = int(watermark * num_blocks)
-        self.num_kv_cache_groups = len(kv_groups)
+        self.num_kv_cache_groups = len(kv_cache_config.kv_cache_groups)
         self.block_size = block_size
         self.capacity = PoolCapacity(
             num_blocks,
@@ -121,10 +122,13 @@ class KVCacheManager:
         self.mamba_shared_prefix_checkpoint = False
         self.retained_hit_group_ids: tuple[int, ...] = ()
         self._record_new_block_ids = bool(getattr(kv_cache_config, "needs_kv_cache_zeroing", False))
+        # Cross-attention groups: the decoder core on a pool the encoder blocks share.
+        pool = cross_attention.shared_pool(kv_cache_config, num_blocks, block_size, enable_caching, kv_groups)
         self._core = pagedkv.KvCacheManager(
             num_blocks,
             block_size,
             enable_caching,
+            pool=pool,
             kv_groups=kv_groups,
             max_model_len=max_model_len,
             max_in_flight_tokens=max_in_flight_tokens,
@@ -139,6 +143,12 @@ class KVCacheManager:
             [GroupView(self, i, g.kv_cache_spec) for i, g in enumerate(kv_cache_config.kv_cache_groups)],
             self.block_pool,
         )
+        self._cross: cross_attention.EncoderBlocks | None = None
+        if pool is not None:
+            self._cross = cross_attention.EncoderBlocks(
+                self, pool, cross_attention.cross_group_ids(kv_cache_config)
+            )
+            self.coordinator.single_type_managers = self._cross.group_views(self)
         self._deferred = connector.DeferredFrees()
         # Requests admitted with the hashes of their hit only (an async load, or a hit capped
         # below what the cache holds): request id -> whether the rest waits for cache_blocks.
@@ -189,6 +199,8 @@ class KVCacheManager:
             return []
         _seqs, _groups, _positions, block_ids, fresh = self._core.take_new_block_ids()
         ids = [int(b) for b in block_ids[fresh]]
+        if self._cross is not None:
+            ids += self._cross.take_new_block_ids()
         if self._zero_again:
             ids += self._zero_again
             self._zero_again = []
@@ -309,8 +321,18 @@ class KVCacheManager:
                 reserved_blocks,
                 skip_zeroing_group_ids,
             )
-        if num_encoder_tokens:
-            raise UnsupportedVllmFeatureError("encoder tokens (cross-attention)")
+        if num_encoder_tokens and self._cross is not None:
+            # (vLLM ignores encoder tokens without a cross-attention group.)
+            return self._cross.admit(
+                self,
+                request,
+                num_new_tokens,
+                num_new_computed_tokens,
+                num_lookahead_tokens,
+                num_encoder_tokens,
+                full_sequence_must_fit,
+                has_scheduled_reqs,
+            )
         if num_new_tokens == 0 and num_new_computed_tokens == 0 and num_external_computed_tokens == 0:
             raise InvalidArgumentError(
                 "num_new_tokens must be greater than 0 when there are no computed tokens to adopt"
@@ -383,7 +405,7 @@ class KVCacheManager:
         # (rejected drafts' blocks kept) adds no block.
         capacity = self.capacity
         usable = capacity.usable_blocks
-        if slot_blocks * self.num_kv_cache_groups > usable and (
+        if slot_blocks * capacity.num_groups > usable and (
             self.full_attention_only
             or capacity.live_blocks(max(slot_blocks, old_len), computed - request.num_in_flight_tokens)
             > usable
@@ -557,6 +579,8 @@ class KVCacheManager:
         if self.num_kv_cache_groups == 1:  # the common case, without the generator
             ids = table(seq_id)[start:].tolist()
             return KVCacheBlocks((list(map(block, ids)),)) if ids else self.empty_kv_cache_blocks
+        if self._cross is not None:
+            return self._cross.blocks_of(self, seq_id, start)
         groups = tuple(
             list(map(block, table(seq_id, group=g)[start:].tolist())) for g in range(self.num_kv_cache_groups)
         )
@@ -591,6 +615,8 @@ class KVCacheManager:
 
     def _free_seq(self, seq_id: int, request: Request) -> None:
         self._core.free(seq_id)
+        if self._cross is not None:
+            self._cross.free(seq_id)
         if self._events is not None:
             self._events.collect(request)
             self._events.forget(request.request_id)
@@ -607,6 +633,8 @@ class KVCacheManager:
         state = self._reqs.get(request_id)
         if state is None:
             return tuple([] for _ in range(self.num_kv_cache_groups))
+        if self._cross is not None:
+            return self._cross.block_ids(self, state[0])
         return tuple(
             self._core.block_table(state[0], group=g).tolist() for g in range(self.num_kv_cache_groups)
         )
@@ -616,6 +644,8 @@ class KVCacheManager:
     ) -> tuple[list[int], ...]:
         """The block ids covering the request's first ``num_computed_tokens`` tokens."""
         n = cdiv(num_computed_tokens, self.block_size)
+        if self._cross is not None:  # a cross-attention group's encoder blocks are whole
+            return self._cross.clip(self.get_block_ids(request_id), n)
         return tuple(ids[:n] for ids in self.get_block_ids(request_id))
 
     def estimate_cached_tokens(self, request: Request) -> int:
@@ -676,3 +706,5 @@ class KVCacheManager:
         block the core's watermark is in (``InvariantViolation`` if one does not hold)."""
         self._core.check_invariants()
         records.check(self)
+        if self._cross is not None:
+            self._cross.check(self)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from vllm.v1.kv_cache_interface import (
+    CrossAttentionSpec,
     FullAttentionSpec,
     KVCacheConfig,
     MambaSpec,
@@ -49,7 +50,8 @@ def check_config(
     pcp_world_size: int,
     metrics_collector: Any,
 ) -> tuple[int, list[Any]]:
-    """The pool's block size and pagedkv's group list, or the unsupported feature named."""
+    """The pool's block size and pagedkv's group list (the decoder's: cross-attention groups
+    are held beside it, cross_attention.py), or the unsupported feature named."""
     groups = kv_cache_config.kv_cache_groups
     retention = getattr(kv_cache_config, "prefix_cache_retention_interval", None)
     _check_retention(retention, scheduler_block_size, groups)
@@ -73,13 +75,19 @@ def check_config(
             kv_groups.append(pagedkv.FullAttention())
         elif type(spec) is SlidingWindowSpec:
             kv_groups.append(pagedkv.SlidingWindow(spec.sliding_window))
+        elif type(spec) is CrossAttentionSpec:
+            pass  # the encoder's blocks: a core of their own on the same pool (cross_attention.py)
         else:
             raise UnsupportedVllmFeatureError(
                 f"KV-cache group {i}: {type(spec).__name__} (pagedkv's vLLM manager supports "
-                "FullAttentionSpec and SlidingWindowSpec groups; Mamba, cross-attention, "
+                "FullAttentionSpec, SlidingWindowSpec and CrossAttentionSpec groups; Mamba, "
                 "encoder-only and other group kinds are not supported)"
             )
         block_sizes.add(spec.block_size)
+    if not kv_groups:
+        raise UnsupportedVllmFeatureError(
+            "CrossAttentionSpec (cross-attention) groups without a decoder group"
+        )
     if len(block_sizes) != 1:
         raise UnsupportedVllmFeatureError(f"KV-cache groups with different block sizes {sorted(block_sizes)}")
     (block_size,) = block_sizes
