@@ -501,7 +501,7 @@ class KVCacheManager:
                 # blocks (admit_groups.rs, the plan); it would first convert the whole prompt
                 # and its hashes (about 10 us, and about 0.7 admissions a step are refused on
                 # a full pool). The same refusal, from a lower bound of what the core counts:
-                fresh = (positions - num_new_computed_tokens // bs) * self.num_kv_cache_groups
+                fresh = (positions - num_new_computed_tokens // bs) * self.capacity.num_groups
                 if watermark:
                     fresh += self.watermark_blocks
                 if fresh + reserved_blocks > self._core.num_free_blocks:
