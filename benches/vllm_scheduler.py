@@ -79,6 +79,11 @@ class Workload:
     # step (``update_draft_token_ids``, as the engine core does) and accepts a random prefix of
     # the scheduled ones; the scheduler rolls the rejected ones back.
     num_spec_tokens: int = 0
+    # A drafter with a KV cache of its own instead of n-gram (``DRAFTERS``): its method set on
+    # the n-gram config, as vLLM's test_block_drafters_cap_requests_instead_of_draft_slots does
+    # (no draft model is loaded), so the scheduler passes its manager EAGLE's dropped hit block,
+    # lookahead hashing or prefill lookahead, and the requests get the lookahead hasher.
+    drafter: str = ""
     # vLLM's SchedulerConfig.scheduler_reserve_full_isl: admission checks the whole prompt fits
     # (True, vLLM's default) or only the scheduled chunk (False).
     reserve_full_isl: bool = True
@@ -87,6 +92,30 @@ class Workload:
     # fake model runner two steps later) and requests without external hits.
     connector: str = ""
     seed: int = 0
+
+
+# drafter -> (method, MTP modules, lookahead hashes disabled): what vLLM's config makes of them
+# (vllm/config/vllm.py): "eagle" hashes one token ahead; "eagle-drop" drops its hit's last
+# block; "mtp3" hashes and re-prefills 3 tokens; "mtp3-drop" drops and re-prefills; "dflash"
+# reserves a block of draft slots (no drop, no lookahead hash).
+DRAFTERS: dict[str, tuple[str, int, bool]] = {
+    "eagle": ("eagle", 1, False),
+    "eagle-drop": ("eagle", 1, True),
+    "mtp3": ("mtp", 3, False),
+    "mtp3-drop": ("mtp", 3, True),
+    "dflash": ("dflash", 1, False),
+}
+
+
+def _set_drafter(speculative_config: Any, drafter: str) -> None:
+    """Turns the n-gram config into ``drafter``'s (see ``DRAFTERS``)."""
+    from types import SimpleNamespace
+
+    method, modules, no_lookahead_hashes = DRAFTERS[drafter]
+    hf_config = SimpleNamespace(num_nextn_predict_layers=modules)
+    object.__setattr__(speculative_config, "method", method)
+    object.__setattr__(speculative_config, "draft_model_config", SimpleNamespace(hf_config=hf_config))
+    object.__setattr__(speculative_config, "disable_lookahead_block_hashes", no_lookahead_hashes)
 
 
 @dataclass
@@ -250,6 +279,8 @@ def build_scheduler(w: Workload, manager: Any, scheduler_cls: Any = None) -> Any
     speculative_config = None
     if w.num_spec_tokens:
         speculative_config = SpeculativeConfig(model="ngram", num_speculative_tokens=w.num_spec_tokens)
+        if w.drafter:
+            _set_drafter(speculative_config, w.drafter)
     vllm_config = VllmConfig(
         scheduler_config=scheduler_config,
         model_config=model_config,
@@ -292,7 +323,12 @@ def make_requests(w: Workload) -> list[Any]:
     from vllm.v1.request import Request
 
     init_none_hash(sha256)
-    hasher = get_request_block_hasher(w.block_size, sha256)
+    lookahead = 0  # vLLM's num_hash_lookahead_tokens: its prefill lookahead, when hashed ahead
+    if w.drafter and w.prefix_caching:
+        method, modules, no_lookahead_hashes = DRAFTERS[w.drafter]
+        if method in ("eagle", "mtp") and not no_lookahead_hashes:
+            lookahead = w.num_spec_tokens if method == "mtp" and min(modules, w.num_spec_tokens) > 1 else 1
+    hasher = get_request_block_hasher(w.block_size, sha256, lookahead)
     rng = random.Random(w.seed)
     systems = [[rng.randrange(3, 32000) for _ in range(w.shared_prefix)] for _ in range(4)]
     requests = []
