@@ -20,9 +20,11 @@ per admission, per running request and per step; this class answers those calls 
 
 A KV connector's calls (external tokens, async loads, deferred frees) are answered on
 full-attention groups by connector.py. What vLLM's scheduler reaches only with optional features
-this manager does not support (Mamba or cross-attention groups, EAGLE's dropped hit block,
-DCP/PCP, hash blocks smaller than blocks, sparse prefix-cache retention) is refused at
-construction with ``UnsupportedVllmFeatureError`` naming it (support.py). What the scheduler and
+this manager does not support (Mamba or cross-attention groups, DCP/PCP, hash blocks smaller
+than blocks, sparse prefix-cache retention) is refused at construction with
+``UnsupportedVllmFeatureError`` naming it (support.py). Speculative decoders' options (EAGLE's
+dropped hit block, lookahead hashing, prefill lookahead) are draft.py's, installed at
+construction. What the scheduler and
 connectors read of vLLM's internals (coordinator, per-group managers, block pool) are views.py;
 the per-request records and deferred advances records.py; the can-never-fit arithmetic
 capacity.py.
