@@ -398,3 +398,17 @@ def test_connector_tokens_are_refused_with_the_drop() -> None:
         run.m.allocate_slots(r, 4, num_external_computed_tokens=8)
     assert run.m.block_pool.get_num_free_blocks() == free
     run.m.check_invariants()
+
+
+def test_scheduler_refuses_a_connector_with_the_drop(vllm_scheduler: Any) -> None:
+    """``PagedkvScheduler`` names a KV connector with EAGLE's dropped block at construction
+    (the manager would refuse the connector's calls); without the drop it builds."""
+    from pagedkv.errors import UnsupportedVllmFeatureError
+    from pagedkv.integrations.vllm import KVCacheManager, PagedkvScheduler
+
+    module = vllm_scheduler
+    w = module.Workload(requests=2, num_blocks=40, num_spec_tokens=2, connector="sync", drafter="eagle-drop")
+    with pytest.raises(UnsupportedVllmFeatureError, match="KV connector"):
+        module.build_scheduler(w, KVCacheManager, PagedkvScheduler)
+    w = module.Workload(requests=2, num_blocks=40, num_spec_tokens=2, drafter="eagle-drop")
+    assert module.build_scheduler(w, KVCacheManager, PagedkvScheduler) is not None
