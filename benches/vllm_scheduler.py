@@ -79,6 +79,11 @@ class Workload:
     # step (``update_draft_token_ids``, as the engine core does) and accepts a random prefix of
     # the scheduled ones; the scheduler rolls the rejected ones back.
     num_spec_tokens: int = 0
+    # A drafter with a KV cache of its own instead of n-gram (``DRAFTERS``): its method set on
+    # the n-gram config, as vLLM's test_block_drafters_cap_requests_instead_of_draft_slots does
+    # (no draft model is loaded), so the scheduler passes its manager EAGLE's dropped hit block,
+    # lookahead hashing or prefill lookahead, and the requests get the lookahead hasher.
+    drafter: str = ""
     # vLLM's SchedulerConfig.scheduler_reserve_full_isl: admission checks the whole prompt fits
     # (True, vLLM's default) or only the scheduled chunk (False).
     reserve_full_isl: bool = True
@@ -87,6 +92,33 @@ class Workload:
     # fake model runner two steps later) and requests without external hits.
     connector: str = ""
     seed: int = 0
+
+
+# drafter -> (method, MTP modules, lookahead hashes disabled): what vLLM's config makes of them
+# (vllm/config/vllm.py): "eagle" hashes one token ahead; "eagle-drop" drops its hit's last
+# block; "mtp3" hashes and re-prefills 3 tokens; "mtp3-drop" drops and re-prefills; "dflash"
+# reserves a block of draft slots (no drop, no lookahead hash).
+DRAFTERS: dict[str, tuple[str, int, bool]] = {
+    "eagle": ("eagle", 1, False),
+    "eagle-drop": ("eagle", 1, True),
+    "mtp3": ("mtp", 3, False),
+    "mtp3-drop": ("mtp", 3, True),
+    "dflash": ("dflash", 1, False),
+}
+
+
+def _set_drafter(vllm_config: Any, drafter: str) -> None:
+    """Turns the built config's n-gram drafter into ``drafter`` (see ``DRAFTERS``), then redoes
+    the step that sizes the batch by the drafter's slots, as vLLM's test does."""
+    from types import SimpleNamespace
+
+    method, modules, no_lookahead_hashes = DRAFTERS[drafter]
+    speculative_config = vllm_config.speculative_config
+    hf_config = SimpleNamespace(num_nextn_predict_layers=modules)
+    object.__setattr__(speculative_config, "method", method)
+    object.__setattr__(speculative_config, "draft_model_config", SimpleNamespace(hf_config=hf_config))
+    object.__setattr__(speculative_config, "disable_lookahead_block_hashes", no_lookahead_hashes)
+    vllm_config._set_max_num_scheduled_tokens()
 
 
 @dataclass
@@ -257,6 +289,8 @@ def build_scheduler(w: Workload, manager: Any, scheduler_cls: Any = None) -> Any
         speculative_config=speculative_config,
         kv_transfer_config=_fake_connector(w.connector) if w.connector else None,
     )
+    if w.drafter:
+        _set_drafter(vllm_config, w.drafter)
     shape = dict(block_size=w.block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
     specs = [
         KVCacheGroupSpec(
@@ -284,15 +318,29 @@ def build_scheduler(w: Workload, manager: Any, scheduler_cls: Any = None) -> Any
         scheduler_module.KVCacheManager = saved
 
 
+def block_hasher(w: Workload) -> Any:
+    """vLLM's block hasher for the workload's requests: with a drafter that hashes ahead, its
+    lookahead (vLLM's ``num_hash_lookahead_tokens``: the prefill lookahead)."""
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher
+
+    lookahead = 0
+    if w.drafter and w.prefix_caching:
+        method, modules, no_lookahead_hashes = DRAFTERS[w.drafter]
+        if method in ("eagle", "mtp") and not no_lookahead_hashes:
+            lookahead = w.num_spec_tokens if method == "mtp" and min(modules, w.num_spec_tokens) > 1 else 1
+    return get_request_block_hasher(w.block_size, sha256, lookahead)
+
+
 def make_requests(w: Workload) -> list[Any]:
     """The workload's requests (deterministic for its seed), hashed as vLLM hashes them."""
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256
-    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.core.kv_cache_utils import init_none_hash
     from vllm.v1.request import Request
 
     init_none_hash(sha256)
-    hasher = get_request_block_hasher(w.block_size, sha256)
+    hasher = block_hasher(w)
     rng = random.Random(w.seed)
     systems = [[rng.randrange(3, 32000) for _ in range(w.shared_prefix)] for _ in range(4)]
     requests = []
@@ -503,11 +551,9 @@ def _probe_calls(manager: Any, w: Workload, trace: Trace) -> None:
     after each call, the hit of a probe request holding the request's tokens so far and one
     more (``get_computed_blocks``: no side effect on either manager)."""
     from vllm.sampling_params import SamplingParams
-    from vllm.utils.hashing import sha256
-    from vllm.v1.core.kv_cache_utils import get_request_block_hasher
     from vllm.v1.request import Request
 
-    hasher = get_request_block_hasher(w.block_size, sha256)
+    hasher = block_hasher(w)
     index = getattr(getattr(manager, "block_pool", None), "cached_block_hash_to_block", None)
     index = None if index is None else index._cache
     holders: set[str] = set()  # requests that held a block vLLM indexed two copies of
@@ -605,14 +651,24 @@ def main() -> int:
         if isinstance(default, int) and not isinstance(default, bool) and name != "seed":
             parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=default)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--drafter", default="", choices=["", *DRAFTERS], help="with --num-spec-tokens")
     args = parser.parse_args()
     w = Workload(
         **{
             k: getattr(args, k)
             for k in vars(Workload())
-            if k not in ("groups", "async_scheduling", "prefix_caching", "reserve_full_isl", "connector")
+            if k
+            not in (
+                "groups",
+                "async_scheduling",
+                "prefix_caching",
+                "reserve_full_isl",
+                "connector",
+                "drafter",
+            )
         },
         connector=args.connector,
+        drafter=args.drafter,
         groups=tuple(args.groups.split(",")),
         async_scheduling=args.async_scheduling,
         prefix_caching=not args.no_prefix_caching,

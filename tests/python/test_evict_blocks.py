@@ -5,9 +5,8 @@ state rules exhaustively; this checks the Python surface."""
 
 from __future__ import annotations
 
-import pytest
-
 import pagedkv
+import pytest
 
 
 def _kv() -> pagedkv.KvCacheManager:

@@ -125,6 +125,33 @@ CONFIGS: dict[str, tuple[dict[str, object], bool]] = {
         dict(requests=24, num_blocks=40, max_num_batched_tokens=128, num_spec_tokens=3, connector="mixed"),
         True,
     ),
+    # Drafters with a KV cache (benches/vllm_scheduler.py, DRAFTERS; docs/integrations/vllm.md,
+    # Draft models): EAGLE with lookahead hashes (one token), 3-module MTP (hashes and
+    # re-prefills 3 tokens), DFlash (a block of draft slots per request)
+    "eagle": (
+        dict(requests=24, num_blocks=40, max_num_batched_tokens=128, num_spec_tokens=2, drafter="eagle"),
+        True,
+    ),
+    "mtp3": (
+        dict(requests=24, num_blocks=40, max_num_batched_tokens=128, num_spec_tokens=3, drafter="mtp3"),
+        True,
+    ),
+    "dflash": (
+        dict(requests=24, num_blocks=40, max_num_batched_tokens=128, num_spec_tokens=3, drafter="dflash"),
+        True,
+    ),
+    # EAGLE's dropped hit block: the dropped block is recomputed, a second copy in vLLM's index
+    # from step 1 (pagedkv keeps one); traced: vLLM's admissions revive cached-evictable copies
+    # from step 6 (7 with MTP), and at step 27 (28) request 6's hit differs (the pools evicted
+    # different blocks), the explained divergence checked below
+    "eagle-drop": (
+        dict(requests=24, num_blocks=40, max_num_batched_tokens=128, num_spec_tokens=2, drafter="eagle-drop"),
+        False,
+    ),
+    "mtp3-drop": (
+        dict(requests=24, num_blocks=40, max_num_batched_tokens=128, num_spec_tokens=3, drafter="mtp3-drop"),
+        False,
+    ),
 }
 
 

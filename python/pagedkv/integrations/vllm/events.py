@@ -23,6 +23,7 @@ from typing import Any
 from vllm.distributed.kv_events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored
 from vllm.v1.core.kv_cache_utils import (
     generate_block_hash_extra_keys,
+    generate_lookahead_block_hash_extra_keys,
     maybe_convert_block_hash,
     to_event_extra_keys,
 )
@@ -51,9 +52,18 @@ def _plain(request: Request) -> bool:
 class EventTranslator:
     """Drains the core's events as vLLM's (see the module docstring)."""
 
-    def __init__(self, core: Any, block_size: int, group_specs: Sequence[KVCacheSpec]) -> None:
+    def __init__(
+        self,
+        core: Any,
+        block_size: int,
+        group_specs: Sequence[KVCacheSpec],
+        num_hash_lookahead_tokens: int = 0,
+    ) -> None:
         self._core = core
         self._block_size = block_size
+        # Lookahead hashing (draft.py): each hash covers the tokens after its block, and vLLM's
+        # store events carry them (``lookahead_token_ids``) with the extra keys of that window.
+        self._lookahead = num_hash_lookahead_tokens
         # Per group: the spec kind and window vLLM's manager writes into its store events.
         self._group_metadata = [
             (get_kv_cache_spec_kind(spec).value, get_kv_cache_spec_sliding_window(spec))
@@ -91,8 +101,23 @@ class EventTranslator:
         vLLM's ``BlockPool._build_block_stored_event`` writes it."""
         bs = self._block_size
         hashes = request.block_hashes
-        if _plain(request):
-            extra: list[Any] = [None] * (end - start)
+        lookahead = self._lookahead
+        lookahead_ids: list[list[int]] | None = None
+        extra: list[Any]
+        if lookahead:
+            # vLLM's keys cover each block and its lookahead tokens (its block pool's
+            # _generate_event_extra_keys), whatever the request.
+            extra, mm_idx, lookahead_ids = [], 0, []
+            tokens = request.all_token_ids
+            for i in range(start, end):
+                block_end = (i + 1) * bs
+                keys, mm_idx = generate_lookahead_block_hash_extra_keys(
+                    request, i * bs, block_end, block_end + lookahead, mm_idx
+                )
+                extra.append(keys)
+                lookahead_ids.append(list(tokens[block_end : block_end + lookahead]))
+        elif _plain(request):
+            extra = [None] * (end - start)
         else:
             extra, mm_idx = [], 0
             for i in range(start, end):
@@ -113,6 +138,7 @@ class EventTranslator:
             kv_cache_spec_kind=kind,
             kv_cache_spec_sliding_window=window,
             session_id=request.session_id,
+            lookahead_token_ids=lookahead_ids,
         )
 
     def report_hit(self, request: Request, num_blocks: int, num_groups: int) -> None:

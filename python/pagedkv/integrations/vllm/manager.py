@@ -21,9 +21,10 @@ per admission, per running request and per step; this class answers those calls 
 A KV connector's calls (external tokens, async loads, deferred frees) are answered on
 full-attention groups by connector.py; the encoder blocks of cross-attention groups
 (encoder-decoder models) by cross_attention.py. What vLLM's scheduler reaches only with optional
-features this manager does not support (Mamba groups, EAGLE's dropped hit block,
-DCP/PCP, hash blocks smaller than blocks, sparse prefix-cache retention) is refused at
-construction with ``UnsupportedVllmFeatureError`` naming it (support.py). What the scheduler and
+features this manager does not support (Mamba groups, DCP/PCP, hash blocks smaller than blocks,
+sparse prefix-cache retention) is refused at construction with ``UnsupportedVllmFeatureError``
+naming it (support.py). Speculative decoders' options (EAGLE's dropped hit block, lookahead
+hashing, prefill lookahead) are draft.py's, installed at construction. What the scheduler and
 connectors read of vLLM's internals (coordinator, per-group managers, block pool) are views.py;
 the per-request records and deferred advances records.py; the can-never-fit arithmetic
 capacity.py.
@@ -47,7 +48,7 @@ from pagedkv.errors import (
     OutOfBlocksError,
     UnsupportedVllmFeatureError,
 )
-from pagedkv.integrations.vllm import connector, cross_attention, evict, records
+from pagedkv.integrations.vllm import connector, cross_attention, draft, evict, records
 from pagedkv.integrations.vllm.capacity import PoolCapacity, cdiv
 from pagedkv.integrations.vllm.events import EventTranslator
 from pagedkv.integrations.vllm.support import check_config
@@ -85,15 +86,20 @@ class KVCacheManager:
             kv_cache_config,
             scheduler_block_size,
             hash_block_size,
-            use_eagle,
-            num_hash_lookahead_tokens,
-            num_prefill_lookahead,
             dcp_world_size,
             pcp_world_size,
             metrics_collector,
         )
         if watermark < 0.0:
             raise InvalidArgumentError(f"watermark must be non-negative, got {watermark}")
+        drafting = draft.check_options(
+            kv_cache_config,
+            scheduler_block_size,
+            enable_caching,
+            use_eagle,
+            num_hash_lookahead_tokens,
+            num_prefill_lookahead,
+        )
         num_blocks = kv_cache_config.num_blocks
         if max_in_flight_tokens is None:
             max_in_flight_tokens = max_model_len
@@ -156,6 +162,13 @@ class KVCacheManager:
         # Hits that get_computed_blocks capped (max_cache_hit_length): request id -> hit tokens.
         self._hit_caps: dict[str, int] = {}
         self._zero_again: list[int] = []
+        # Speculative decoders' options (draft.py swaps these in when one is set): whether every
+        # admission takes its hit's hashes only, the re-prefillable tokens, and the hooks that
+        # give a running request's ids and hashes and an admission's held-back hashes.
+        self._hold_all_hashes = False
+        self._reprefill_tokens = 0
+        self._give_ids = records.give_ids
+        self._give_held_hashes = connector.give_held_hashes
         # vLLM's block objects, one per pool block, made once: the scheduler reads only
         # ``block_id`` (through ``KVCacheBlocks.get_block_ids``).
         self._blocks = [KVCacheBlock(i) for i in range(num_blocks)]
@@ -166,11 +179,16 @@ class KVCacheManager:
         self._next_seq_id = 0
         self._events = (
             EventTranslator(
-                self._core, block_size, [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups]
+                self._core,
+                block_size,
+                [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups],
+                num_hash_lookahead_tokens=int(num_hash_lookahead_tokens) if drafting else 0,
             )
             if self._core_events()
             else None
         )
+        if drafting:
+            draft.install(self, use_eagle, num_prefill_lookahead)
 
     def _core_events(self) -> bool:
         return self.enable_kv_cache_events and self.enable_caching
@@ -314,6 +332,7 @@ class KVCacheManager:
         added to its tables, or None when the pool is short (vLLM's signal to preempt)."""
         external = bool(num_external_computed_tokens or delay_cache_blocks or reserved_blocks)
         if external:
+            draft.check_external_admission(self)
             connector.check_external_admission(
                 self,
                 num_external_computed_tokens,
@@ -439,7 +458,7 @@ class KVCacheManager:
         state[1] = new_len
         state[5] = state[6] = end
         records.set_fence(self, state)
-        records.give_ids(self, request, state, end, None, request.num_tokens)
+        self._give_ids(self, request, state, end, None, request.num_tokens)
         self._collect_events(request)
         if new_len == old_len:
             return self.empty_kv_cache_blocks
@@ -494,7 +513,9 @@ class KVCacheManager:
             # A request that must not read the cache is admitted without hashes: nothing it
             # holds is looked up or indexed (docs/integrations/vllm.md, differences). An async
             # load's blocks wait for their hashes until it finished (``cache_blocks``).
-            capped = bool(self._hit_caps) and self._hit_caps.pop(request.request_id, None) is not None
+            capped = (
+                bool(self._hit_caps) and self._hit_caps.pop(request.request_id, None) is not None
+            ) or self._hold_all_hashes
             if self.full_attention_only:
                 # The core refuses when the admission's new blocks (plus the hit's cached ones
                 # it revives, the watermark and the reserved blocks) pass its free and evictable
@@ -567,7 +588,7 @@ class KVCacheManager:
             if delay_cache_blocks:
                 self._held_hashes[request.request_id] = True  # until its load finished
             else:
-                connector.give_held_hashes(self, request, state, end, loaded=False)
+                self._give_held_hashes(self, request, state, end, False)
         # The blocks of the tokens to compute (vLLM returns neither the hit's nor the
         # connector's).
         return self._blocks_of(seq_id, cdiv(hit + num_external, bs))
@@ -597,7 +618,7 @@ class KVCacheManager:
         if self._held_hashes and self._held_hashes.pop(request.request_id, False):
             connector.give_held_hashes(self, request, state, num_computed_tokens, loaded=True)
             return
-        if records.give_ids(
+        if self._give_ids(
             self, request, state, num_computed_tokens, request.num_computed_tokens, num_computed_tokens
         ):
             self._collect_events(request)  # (no core call, no events: most decode steps)

@@ -43,9 +43,6 @@ def check_config(
     kv_cache_config: KVCacheConfig,
     scheduler_block_size: int,
     hash_block_size: int,
-    use_eagle: bool,
-    num_hash_lookahead_tokens: int,
-    num_prefill_lookahead: int,
     dcp_world_size: int,
     pcp_world_size: int,
     metrics_collector: Any,
@@ -96,12 +93,7 @@ def check_config(
             f"scheduler block size {scheduler_block_size} / hash block size {hash_block_size} "
             f"other than the KV block size {block_size}"
         )
-    if use_eagle:
-        raise UnsupportedVllmFeatureError("EAGLE's prefix-hit block drop (use_eagle)")
-    if num_hash_lookahead_tokens or num_prefill_lookahead:
-        raise UnsupportedVllmFeatureError(
-            "lookahead hashing / prefill lookahead (multi-token-prediction re-prefill)"
-        )
+    # EAGLE's dropped hit block, lookahead hashing and prefill lookahead: draft.py.
     if dcp_world_size != 1 or pcp_world_size != 1:
         raise UnsupportedVllmFeatureError("decode/prefill context parallelism (DCP/PCP)")
     if metrics_collector is not None:

@@ -1,0 +1,218 @@
+"""Speculative decoders' options of pagedkv's vLLM manager (docs/integrations/vllm.md, Draft
+models): EAGLE's dropped hit block (``use_eagle``), lookahead hashing
+(``num_hash_lookahead_tokens``) and prefill lookahead (``num_prefill_lookahead``, the
+re-prefilled tokens of multi-token prediction, used by DFlash/DSpark block drafters too).
+
+How vLLM 0.33's manager answers them on one full-attention group (its unitary coordinator),
+and how this module gives the same answers:
+
+- **EAGLE's dropped hit block**: the hit is the longest run of cached blocks within
+  ``max_cache_hit_length`` less its last block, which the request recomputes (the drafter needs
+  the hidden states of the tokens before the generation point). Here: the same look-up, then
+  the drop; the admission is given the hashes of the dropped hit only, so the core takes exactly
+  that hit (the dropped block is allocated anew and computed, as in vLLM), and the request's
+  other hashes right after it.
+- **Lookahead hashing**: the request's hasher covers the ``L`` tokens after each block, so a
+  hash arrives only once those tokens exist (after its block's ids): the manager gives hashes as
+  they arrive (records.give_ids already treats a new hash as news). The hit is unchanged; the
+  KV events carry the lookahead tokens (``lookahead_token_ids``) and the extra keys of the
+  block and its lookahead window, as vLLM's block pool writes them (events.py).
+- **Prefill lookahead** ``P``: the last ``P - 1`` computed tokens may be re-prefilled, so vLLM
+  caches ``n - (P - 1)`` of the ``n`` tokens it is asked to cache. Here: the core indexes the
+  full blocks below its watermark and the known ids that have hashes, so the manager gives it no
+  hash past ``(n - (P - 1)) // block_size`` blocks (never fewer than it gave: vLLM never
+  uncaches). ``n`` is what vLLM caches at each call: ``min(computed + new, num_tokens)`` at
+  ``allocate_slots``, the argument of ``cache_blocks``.
+
+Everything here is installed at construction (``install``) and only when an option is set with
+prefix caching on (without it vLLM caches nothing and the options change nothing): the plain
+configuration keeps the manager's own paths, untouched. Refused, by name: these options with
+more than one KV-cache group or a sliding-window group (vLLM's hybrid coordinator looks one
+block past the hit before dropping it, per group), and with a KV connector's calls.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig
+from vllm.v1.request import Request
+
+from pagedkv.errors import InvalidArgumentError, UnsupportedVllmFeatureError
+from pagedkv.integrations.vllm import records
+
+# The manager (manager.py) is typed ``Any`` here: manager.py imports this module, and the
+# package's layering forbids import cycles, typing-only ones included (tests/python/test_layering.py).
+KVCacheManager = Any
+
+
+def _named(use_eagle: bool, num_hash_lookahead_tokens: int, num_prefill_lookahead: int) -> str:
+    names = []
+    if use_eagle:
+        names.append("EAGLE's prefix-hit block drop (use_eagle)")
+    if num_hash_lookahead_tokens:
+        names.append(f"lookahead hashing (num_hash_lookahead_tokens={num_hash_lookahead_tokens})")
+    if num_prefill_lookahead:
+        names.append(f"prefill lookahead (num_prefill_lookahead={num_prefill_lookahead})")
+    return " / ".join(names)
+
+
+def check_options(
+    kv_cache_config: KVCacheConfig,
+    scheduler_block_size: int,
+    enable_caching: bool,
+    use_eagle: bool,
+    num_hash_lookahead_tokens: int,
+    num_prefill_lookahead: int,
+) -> bool:
+    """Whether the options change anything (an option set, prefix caching on); raises vLLM's
+    own refusal (``InvalidArgumentError``, a ``ValueError``) or the unsupported combination
+    named (``UnsupportedVllmFeatureError``)."""
+    if num_hash_lookahead_tokens < 0 or num_prefill_lookahead < 0:
+        raise InvalidArgumentError(
+            f"negative num_hash_lookahead_tokens ({num_hash_lookahead_tokens}) or "
+            f"num_prefill_lookahead ({num_prefill_lookahead})"
+        )
+    if not enable_caching or not (use_eagle or num_hash_lookahead_tokens or num_prefill_lookahead):
+        return False
+    groups = kv_cache_config.kv_cache_groups
+    if len(groups) != 1 or type(groups[0].kv_cache_spec) is not FullAttentionSpec:
+        raise UnsupportedVllmFeatureError(
+            f"{_named(use_eagle, num_hash_lookahead_tokens, num_prefill_lookahead)} with "
+            f"{len(groups)} KV-cache groups ({', '.join(type(g.kv_cache_spec).__name__ for g in groups)}): "
+            "pagedkv's vLLM manager supports them on one full-attention group"
+        )
+    # vLLM's coordinator refuses a prefill lookahead past one block on an EAGLE group: the
+    # dropped tail (one block) must hold the re-prefilled tokens.
+    if (
+        use_eagle or getattr(groups[0], "is_eagle_group", False)
+    ) and scheduler_block_size < num_prefill_lookahead:
+        raise InvalidArgumentError(
+            f"Multi-module MTP with prefix caching requires scheduler_block_size"
+            f" (={scheduler_block_size}) >= num_speculative_tokens"
+            f" (={num_prefill_lookahead})."
+        )
+    return True
+
+
+def install(manager: KVCacheManager, use_eagle: bool, num_prefill_lookahead: int) -> None:
+    """Switches the manager's hooks to this module's (see the module docstring): with EAGLE's
+    drop or prefill lookahead, every admission takes the hashes of its hit only
+    (``_hold_all_hashes``) and gets the others capped; with prefill lookahead, the running
+    requests' hashes are capped too; with EAGLE's drop, ``get_computed_blocks`` drops the
+    hit's last block."""
+    manager._reprefill_tokens = max(0, num_prefill_lookahead - 1)
+    if not (use_eagle or manager._reprefill_tokens):
+        return  # lookahead hashing alone: the manager's own paths (events.py writes its events)
+    manager._hold_all_hashes = True
+    manager._give_held_hashes = give_held_hashes
+    if manager._reprefill_tokens:
+        manager._give_ids = give_ids
+    if use_eagle:
+        # An instance attribute: the plain configuration's look-up stays the class's own.
+        manager.get_computed_blocks = functools.partial(get_computed_blocks, manager)
+
+
+def _hash_cap(manager: KVCacheManager, state: list[int], num_tokens_to_cache: int) -> int:
+    """The most hashes the core may hold: vLLM caches ``num_tokens_to_cache`` less the
+    re-prefillable tokens, and never uncaches."""
+    cap = (num_tokens_to_cache - manager._reprefill_tokens) // manager.block_size
+    return cap if cap > state[3] else state[3]
+
+
+class _CappedHashes:
+    """A request as records.give_ids reads it (its ids and hashes), with the hashes cut at the
+    prefill-lookahead cap."""
+
+    __slots__ = ("_all_token_ids", "block_hashes")
+
+    def __init__(self, request: Request, num_hashes: int) -> None:
+        self._all_token_ids = request._all_token_ids
+        self.block_hashes = request.block_hashes[:num_hashes]
+
+
+def give_ids(
+    manager: KVCacheManager,
+    request: Request,
+    state: list[int],
+    end: int,
+    watermark: int | None,
+    upto: int,
+) -> bool:
+    """records.give_ids with the hashes past the prefill-lookahead cap held back: the core's
+    watermark after the call (``watermark``, or the recorded one) bounds what vLLM caches at
+    this call, and so does ``upto`` (``num_tokens`` at ``allocate_slots``, the argument of
+    ``cache_blocks``)."""
+    computed = state[5] if watermark is None else watermark
+    cap = _hash_cap(manager, state, computed if computed < upto else upto)
+    if cap < len(request.block_hashes):
+        return records.give_ids(manager, _CappedHashes(request, cap), state, end, watermark, upto)
+    return records.give_ids(manager, request, state, end, watermark, upto)
+
+
+def give_held_hashes(
+    manager: KVCacheManager, request: Request, state: list[int], end: int, loaded: bool
+) -> None:
+    """After an admission given the hashes of its hit only: the others, as far as the ids and
+    the prefill-lookahead cap reach (vLLM's ``cache_blocks(request, min(end, num_tokens))`` at
+    the end of its ``allocate_slots``), with the core's watermark ``end``."""
+    if loaded:
+        raise UnsupportedVllmFeatureError(
+            "a KV connector's async load with EAGLE's dropped block, lookahead hashing or prefill lookahead"
+        )
+    bs = manager.block_size
+    num_tokens = request.num_tokens
+    num_hashes = state[3]
+    all_hashes = request.block_hashes
+    hashes_end = min(len(all_hashes), state[2] // bs, _hash_cap(manager, state, min(end, num_tokens)))
+    if hashes_end > num_hashes:
+        manager._core.provide_token_ids(
+            state[0], [], num_computed_tokens=end, block_hashes=all_hashes[num_hashes:hashes_end]
+        )
+        state[3] = hashes_end
+        if manager._events is not None:
+            manager._events.collect(request)
+    cached = min(end, num_tokens, state[3] * bs) // bs * bs
+    if cached > state[4]:
+        state[4] = cached
+
+
+def get_computed_blocks(
+    manager: KVCacheManager, request: Request, max_cache_hit_length: int | None = None
+) -> tuple[KVCacheBlocks, int, int]:
+    """vLLM's hit with EAGLE's drop: the longest run of cached blocks within
+    ``max_cache_hit_length`` (default ``num_tokens - 1``), less its last block. The admission
+    takes exactly this hit (``_hold_all_hashes``)."""
+    if not manager.prefix_cache_lookup_enabled(request):
+        return manager.empty_kv_cache_blocks, 0, 0
+    if manager._hit_caps:
+        manager._hit_caps.pop(request.request_id, None)
+    if max_cache_hit_length is None:
+        max_cache_hit_length = request.num_tokens - 1
+    bs = manager.block_size
+    all_hashes = request.block_hashes
+    num_blocks = min(max(0, max_cache_hit_length) // bs, len(all_hashes))
+    if num_blocks == 0:
+        return manager.empty_kv_cache_blocks, 0, 0
+    hit = manager._core.match_prefix(
+        request._all_token_ids[: num_blocks * bs + 1], block_hashes=all_hashes[:num_blocks]
+    )
+    if hit <= bs:  # nothing, or one block, dropped
+        return manager.empty_kv_cache_blocks, 0, 0
+    hit -= bs
+    if manager._events is not None and getattr(request, "kv_cache_report_mode", None) == "full":
+        manager._events.report_hit(request, hit // bs, manager.num_kv_cache_groups)
+    placeholder = [manager._blocks[0]] * (hit // bs)
+    return KVCacheBlocks(tuple(placeholder for _ in range(manager.num_kv_cache_groups))), hit, 0
+
+
+def check_external_admission(manager: KVCacheManager) -> None:
+    """A KV connector's tokens with these options: refused (the connector's paths give hashes
+    without the drop and the cap)."""
+    if manager._hold_all_hashes:
+        raise UnsupportedVllmFeatureError(
+            "a KV connector's external tokens / async loads with EAGLE's dropped block, lookahead "
+            "hashing or prefill lookahead"
+        )
