@@ -4,7 +4,8 @@ vLLM's scheduler constructs its manager from the name ``KVCacheManager`` in its 
 no hook besides the scheduler class itself; these subclasses swap that name for the duration of
 their own construction only (one module-level name, so construction is serialized by a lock), and
 refuse up front what the scheduler would reach and the manager does not support: a KV connector
-on other than full-attention groups (connector.py), auxiliary outputs.
+on other than full-attention groups (connector.py). Auxiliary outputs (``aux_output_config``)
+are supported: their connector's look-ups by one block hash are the core's (aux_outputs.py).
 
     SchedulerConfig(..., scheduler_cls="pagedkv.integrations.vllm.PagedkvScheduler")
 """
@@ -36,12 +37,6 @@ def _check_vllm_config(vllm_config: Any, kv_cache_config: Any) -> None:
                     f"{type(group.kv_cache_spec).__name__}: pagedkv's vLLM manager supports KV "
                     "connectors on full-attention groups only"
                 )
-    aux = getattr(vllm_config, "aux_output_config", None)
-    if aux is not None and getattr(aux, "enabled", False):
-        raise UnsupportedVllmFeatureError(
-            "auxiliary outputs (aux_output_config, e.g. routed experts): their connector looks "
-            "cached blocks up by one block hash"
-        )
 
 
 @contextmanager
