@@ -334,6 +334,11 @@ class KvCacheManager:
     ) -> PromptHashes:
         """``prefix_block_hashes`` kept in Rust: hashed once at arrival, handed to the queue and
         to ``add_sequence(..., prompt_hashes=...)``, which reads them instead of hashing again."""
+    def cached_block(self, block_hash: bytes | int, *, group: int = 0) -> int | None:
+        """The block of KV-cache group ``group`` the prefix cache holds under ``block_hash``
+        (in use or cached-evictable), or None: a look-up by that one hash (vLLM's
+        ``get_cached_block``). ``block_hash``: bytes (reduced as ``reduce_block_hash``) or
+        pagedkv's own int hash. The first call stops chaining index entries."""
     def refcount(self, block_id: int) -> int: ...
     @property
     def num_blocks(self) -> int: ...

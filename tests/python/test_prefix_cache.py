@@ -320,3 +320,30 @@ def test_truncate_in_the_middle_of_a_chain_loses_no_hit() -> None:
             stored -= set(ev.block_hashes)
     assert set(kv.prefix_block_hashes(p)[:6]) <= stored
     kv.check_invariants()
+
+
+def test_cached_block_looks_content_up_by_one_hash() -> None:
+    """``cached_block``: the block indexed under one hash (a caller's bytes or pagedkv's own
+    int), in use or cached-evictable, chained blocks included; None once evicted or reset;
+    wrong arguments are typed errors."""
+    kv = pagedkv.KvCacheManager(num_blocks=6, block_size=2, enable_prefix_caching=True)
+    caller = [bytes([i]) * 32 for i in range(3)]
+    kv.add_sequence(1, [1, 2, 3, 4, 5, 6, 7], block_hashes=caller)
+    table = kv.block_table(1).tolist()
+    # The second and third blocks went in chained (one admission of new content).
+    assert [kv.cached_block(h) for h in caller] == table[:3]
+    kv.check_invariants()
+    kv.free(1)
+    assert [kv.cached_block(h) for h in caller] == table[:3]
+    own = kv.prefix_block_hashes([9, 9, 8, 8])
+    kv.add_sequence(2, [9, 9, 8, 8, 7], num_scheduled=5)
+    assert [kv.cached_block(h) for h in own] == kv.block_table(2).tolist()[:2]
+    assert kv.cached_block(b"\x05" * 32) is None
+    with pytest.raises(pagedkv.InvalidArgumentError):
+        kv.cached_block("not a hash")
+    with pytest.raises(pagedkv.InvalidArgumentError):
+        kv.cached_block(caller[0], group=1)
+    kv.free(2)
+    assert kv.reset_prefix_cache()
+    assert [kv.cached_block(h) for h in caller + own] == [None] * 5
+    kv.check_invariants()

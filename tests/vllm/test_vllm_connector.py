@@ -223,8 +223,6 @@ def test_pagedkv_refuses_what_it_does_not_support_by_name() -> None:
         m.allocate_slots(r, 8, 0, None, num_external_computed_tokens=2 * BS)
     with pytest.raises(UnsupportedVllmFeatureError, match="remove_skipped_blocks"):
         m.remove_skipped_blocks("r", 0)
-    with pytest.raises(UnsupportedVllmFeatureError, match="auxiliary outputs"):
-        m.coordinator.single_type_managers[0].block_pool.get_cached_block(b"x", [0])
 
 
 def test_scheduler_refuses_a_connector_on_window_groups(vllm_scheduler: Any) -> None:

@@ -88,7 +88,7 @@ fn read_list<T>(
 }
 
 /// One block hash: an `int` in `[0, 2**128)`, or `bytes` (reduced to 128 bits).
-fn extract_block_hash(obj: &Bound<'_, PyAny>) -> PyResult<u128> {
+pub(crate) fn extract_block_hash(obj: &Bound<'_, PyAny>) -> PyResult<u128> {
     let py = obj.py();
     if let Ok(bytes) = obj.cast::<PyBytes>() {
         return Ok(pagedkv::reduce_block_hash(bytes.as_bytes()));

@@ -5,7 +5,8 @@ no hook besides the scheduler class itself; these subclasses swap that name for 
 their own construction only (one module-level name, so construction is serialized by a lock), and
 refuse up front what the scheduler would reach and the manager does not support: HiSparse
 (hisparse.py: its connector would otherwise be named first), a KV connector on other than
-full-attention groups (connector.py), auxiliary outputs.
+full-attention groups (connector.py). Auxiliary outputs (``aux_output_config``) are supported:
+their connector's look-ups by one block hash are the core's (aux_outputs.py).
 
     SchedulerConfig(..., scheduler_cls="pagedkv.integrations.vllm.PagedkvScheduler")
 """
@@ -51,12 +52,6 @@ def _check_vllm_config(vllm_config: Any, kv_cache_config: Any) -> None:
         raise UnsupportedVllmFeatureError(
             "a KV connector (kv_transfer_config) with EAGLE's dropped hit block or multi-module "
             "MTP's prefill lookahead (speculative_config) and prefix caching"
-        )
-    aux = getattr(vllm_config, "aux_output_config", None)
-    if aux is not None and getattr(aux, "enabled", False):
-        raise UnsupportedVllmFeatureError(
-            "auxiliary outputs (aux_output_config, e.g. routed experts): their connector looks "
-            "cached blocks up by one block hash"
         )
 
 

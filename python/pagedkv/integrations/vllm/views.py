@@ -2,7 +2,8 @@
 as views of pagedkv's manager: the coordinator (``coordinator``), its per-group managers
 (``single_type_managers[g]``: block size, spec, the read-only per-request maps ``req_to_blocks``
 and ``num_cached_block``, computed from pagedkv's tables on each read) and the block pool
-(free blocks, usage, deferred frees). Nothing here holds state of its own
+(free blocks, usage, deferred frees, the look-up by one block hash, and the free queue's
+count and per-block reference counts vLLM's tests read). Nothing here holds state of its own
 (docs/integrations/vllm.md, KV connectors)."""
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from typing import Any
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.v1.kv_cache_interface import KVCacheSpec
 
-from pagedkv.errors import UnsupportedVllmFeatureError
-from pagedkv.integrations.vllm import connector
+from pagedkv.integrations.vllm import aux_outputs, connector
+from pagedkv.integrations.vllm.pool_views import FreeBlockQueueView, PoolBlocksView
 
 # The manager (manager.py) is typed ``Any`` here: manager.py imports this module, and the
 # package's layering forbids import cycles, typing-only ones included (tests/python/test_layering.py).
@@ -85,6 +86,9 @@ class BlockPoolView:
         self._core = manager._core
         self.num_gpu_blocks = num_blocks
         self.hash_block_size = block_size
+        # Read-only views of vLLM's pool internals, read from the core (pool_views.py).
+        self.free_block_queue = FreeBlockQueueView(self._core)
+        self.blocks = PoolBlocksView(self._core, num_blocks)
 
     def get_num_free_blocks(self) -> int:
         # Free-list plus cached-evictable blocks, block 0 (the null block) excluded, as vLLM's
@@ -106,11 +110,9 @@ class BlockPoolView:
         self._manager.evict_blocks(block_ids)
 
     def get_cached_block(self, block_hash: Any, kv_cache_group_ids: list[int]) -> Any:
-        """vLLM's look-up of one cached block by its hash alone (auxiliary-output connectors):
-        pagedkv's index verifies a hit's content along its chain, never by one hash."""
-        raise UnsupportedVllmFeatureError(
-            "auxiliary outputs (aux_output_config, e.g. routed experts): cache look-ups by one block hash"
-        )
+        """vLLM's look-up of one cached block by its hash alone (the auxiliary-output
+        connector's; aux_outputs.py)."""
+        return aux_outputs.get_cached_block(self._manager, block_hash, kv_cache_group_ids)
 
 
 class CoordinatorView:
@@ -125,6 +127,10 @@ class CoordinatorView:
         self.enable_partial_hash_hits = False
         self.eagle_group_ids: tuple[int, ...] = ()
         self.num_reprefillable_tokens = 0
+        # The group vLLM's auxiliary-output connector asks about (aux_outputs.py).
+        self.full_attention_group_id = aux_outputs.full_attention_group_id(
+            manager.kv_cache_config, manager.enable_caching
+        )
 
     def new_step_starts(self) -> None:
         pass

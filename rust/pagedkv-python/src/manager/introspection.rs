@@ -7,6 +7,7 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 
 use pagedkv::wire::encode_drained_events;
 
+use crate::block_keys::extract_block_hash;
 use crate::errors::{invalid_argument, to_pyerr};
 use crate::event_digests::events_to_digests;
 use crate::events::events_to_python;
@@ -84,6 +85,22 @@ impl PyKvCacheManager {
     /// Refcount of one physical block (0 when free or cached-evictable).
     fn refcount(&self, py: Python<'_>, block_id: BlockIdArg) -> PyResult<u32> {
         self.run(py, false, |kv| kv.refcount(block_id.0))
+    }
+
+    /// The block of KV-cache group `group` whose content the prefix cache holds under
+    /// `block_hash` (in use or cached-evictable), or None: a look-up by that one hash, as vLLM's
+    /// `BlockPool.get_cached_block` answers it. `block_hash` as in `block_hashes` (bytes,
+    /// reduced as `reduce_block_hash` does, or an int: pagedkv's own hash). The first call
+    /// stops chaining index entries (later admissions enter each block's map entry).
+    #[pyo3(signature = (block_hash, *, group=0))]
+    fn cached_block(
+        &self,
+        py: Python<'_>,
+        block_hash: Bound<'_, PyAny>,
+        group: usize,
+    ) -> PyResult<Option<u32>> {
+        let hash = extract_block_hash(&block_hash)?;
+        self.run(py, false, |kv| kv.cached_block(hash, group))
     }
 
     /// In-use blocks / num_blocks, in [0, 1].

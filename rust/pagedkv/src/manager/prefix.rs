@@ -3,8 +3,10 @@
 use super::group_spec::KvGroupSpec;
 use super::indexing::index_ready_in;
 use super::state::{KvCacheManager, Sequence};
+use crate::error::Result;
 use crate::pool::BlockPool;
 use crate::prefix::events::{block_stored, DrainedEvents, KvEvent};
+use crate::prefix::hash::BlockHash;
 use crate::prefix::PrefixCache;
 use crate::{BlockId, TokenId};
 
@@ -69,6 +71,38 @@ impl KvCacheManager {
             released += 1;
         }
         released
+    }
+
+    /// The block of KV-cache group `group` holding the content whose hash is `hash`, if the
+    /// prefix index holds it (in use or cached-evictable): a look-up by that one hash, in any
+    /// order, as vLLM's `BlockPool.get_cached_block` answers it (its auxiliary-output connector
+    /// asks it). `hash` is the content hash the index keys the block by: the caller's block
+    /// hash (`AdmitOptions::block_hashes`, reduced by [`crate::reduce_block_hash`]) or
+    /// pagedkv's own (`prefix_block_hashes`). Changes nothing a caller sees; the first call
+    /// gives every chained block its map entry and later admissions chain none
+    /// (prefix/index/by_hash.rs). `None` without prefix caching; `InvalidArgument` for a
+    /// group this manager does not have.
+    ///
+    /// ```
+    /// use pagedkv::{KvCacheManager, ManagerConfig};
+    /// let mut kv = KvCacheManager::new(ManagerConfig {
+    ///     num_blocks: 8, block_size: 2, enable_prefix_caching: true, ..Default::default()
+    /// })?;
+    /// kv.add_sequence(1, &[1, 2, 3, 4, 5], None)?;
+    /// let hashes = kv.prefix_block_hashes(&[1, 2, 3, 4], None);
+    /// let second = kv.block_table(1)?[1];
+    /// assert_eq!(kv.cached_block(hashes[1], 0)?, Some(second));
+    /// kv.free(1)?;                                  // cached-evictable: still held
+    /// assert_eq!(kv.cached_block(hashes[1], 0)?, Some(second));
+    /// assert_eq!(kv.cached_block(hashes[1] ^ 1, 0)?, None);
+    /// # Ok::<(), pagedkv::Error>(())
+    /// ```
+    pub fn cached_block(&mut self, hash: BlockHash, group: usize) -> Result<Option<BlockId>> {
+        self.check_group(group)?;
+        Ok(self
+            .prefix
+            .as_mut()
+            .and_then(|p| p.cached_block(group as u32, hash)))
     }
 
     /// Drains the recorded KV events, oldest first (empty without prefix caching).

@@ -178,6 +178,9 @@ pub(crate) struct BlockIndex {
     /// parent hash of every indexed block that no indexed block holding its parent content
     /// tracks. Rebuilt exactly once it holds more entries than the pool has blocks.
     orphan_parents: FxHashSet<BlockHash>,
+    /// Whether content is looked up by its hash alone (`index/by_hash.rs`): then no block is
+    /// chained, every indexed block has a map entry.
+    by_hash: bool,
 }
 
 impl BlockIndex {
@@ -191,6 +194,7 @@ impl BlockIndex {
             tokens: vec![0; num_blocks * block_size],
             num_chained: 0,
             orphan_parents: FxHashSet::default(),
+            by_hash: false,
         }
     }
 
@@ -667,6 +671,9 @@ impl BlockIndex {
         }
     }
 }
+
+/// Look-ups of indexed content by its hash alone (no chained blocks from the first one on).
+mod by_hash;
 
 /// The index's invariants and the exact rebuild of the orphan parents.
 mod check;

@@ -96,6 +96,14 @@ impl PrefixCache {
             .filter(|&b| self.index.group_of(b) == group)
     }
 
+    /// The block of KV-cache group `group` indexed under content hash `hash` (the caller's
+    /// block hash, or pagedkv's own), looked up by that hash alone (see
+    /// `index/by_hash.rs`: the first call stops chaining).
+    pub(crate) fn cached_block(&mut self, group: u32, hash: BlockHash) -> Option<BlockId> {
+        let b = self.index.get_by_hash(hash::group_key(group, hash))?;
+        (self.index.group_of(b) == group).then_some(b)
+    }
+
     /// Records the group and hash origin of block `b` just entered (see
     /// [`BlockIndex::set_origin`]).
     #[inline]
@@ -223,6 +231,10 @@ impl PrefixCache {
         let (Some((&head, rest)), Some(&head_hash)) = (blocks.split_first(), hashes.last()) else {
             return 0;
         };
+        if self.index.by_hash() {
+            // Content is looked up by hash alone: every block gets a map entry (`register`).
+            return 0;
+        }
         debug_assert_eq!(token_ids.len(), rest.len() * self.index.block_size());
         let chunks = token_ids.chunks_exact(self.index.block_size());
         let (mut p, mut parent) = (head, head_hash);

@@ -87,6 +87,12 @@ impl BlockIndex {
         if let Some(b) = stray {
             return Err(format!("block {b} is flagged chained but not indexed"));
         }
+        if self.by_hash && self.num_chained != 0 {
+            return Err(format!(
+                "{} chained blocks while content is looked up by hash",
+                self.num_chained
+            ));
+        }
         let mut chained = 0usize;
         for (c, s) in self.stored.iter().enumerate() {
             if !s.is_chained() {
