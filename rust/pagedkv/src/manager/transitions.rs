@@ -5,6 +5,7 @@ use super::group_spec::NULL_BLOCK;
 use super::state::{Counters, KvCacheManager};
 use crate::error::{Error, Result, Tier};
 use crate::pool::BlockPool;
+use crate::prefix::index::BlockState;
 use crate::BlockId;
 
 /// Fresh blocks reserved by [`KvCacheManager::reserve_fresh`]: the pool's part is already in
@@ -128,7 +129,8 @@ impl KvCacheManager {
     }
 
     /// `release`: one table stops referencing `b` (refcount -1). At 0 the block becomes
-    /// cached-evictable (joining the LRU tail) if its content is indexed, else free.
+    /// cached-evictable (joining the LRU tail) if its content is indexed, else free (a tracked
+    /// duplicate of indexed content is untracked: prefix/index/duplicates.rs).
     pub(super) fn release(&mut self, b: BlockId) {
         let cached = self.release_uncounted(b);
         self.pool.count_cached(usize::from(cached));
@@ -147,9 +149,14 @@ impl KvCacheManager {
         let mut cached = std::mem::take(&mut self.scratch);
         cached.clear();
         for &b in blocks.iter().rev() {
-            let indexed = self.is_indexed(b);
-            if self.release_in_pool(b, indexed) && indexed {
-                cached.push(b);
+            let state = self.block_state(b);
+            let indexed = state == BlockState::Indexed;
+            if self.release_in_pool(b, indexed) {
+                if indexed {
+                    cached.push(b);
+                } else if state == BlockState::Duplicate {
+                    self.untrack_duplicate(b);
+                }
             }
         }
         if let Some(prefix) = self.prefix.as_mut() {
@@ -190,8 +197,13 @@ impl KvCacheManager {
     /// in the pool (returns `true` for it; the caller counts it with
     /// [`BlockPool::count_cached`](crate::BlockPool) before returning).
     fn release_uncounted(&mut self, b: BlockId) -> bool {
-        let indexed = self.is_indexed(b);
-        let cached = self.release_in_pool(b, indexed) && indexed;
+        let state = self.block_state(b);
+        let indexed = state == BlockState::Indexed;
+        let zero = self.release_in_pool(b, indexed);
+        if zero && state == BlockState::Duplicate {
+            self.untrack_duplicate(b);
+        }
+        let cached = zero && indexed;
         if cached {
             if let Some(prefix) = self.prefix.as_mut() {
                 prefix.push_lru(b);
@@ -200,10 +212,21 @@ impl KvCacheManager {
         cached
     }
 
-    /// Whether block `b`'s content is in this manager's prefix index.
+    /// Whether block `b`'s content is in this manager's prefix index, or `b` is a tracked
+    /// duplicate of indexed content, or neither.
     #[inline(always)]
-    fn is_indexed(&self, b: BlockId) -> bool {
-        self.prefix.as_ref().is_some_and(|p| p.is_indexed(b))
+    fn block_state(&self, b: BlockId) -> BlockState {
+        self.prefix
+            .as_ref()
+            .map_or(BlockState::Unindexed, |p| p.state(b))
+    }
+
+    /// Duplicate `b` reached refcount 0 (it is back on the free list): no longer tracked.
+    #[cold]
+    fn untrack_duplicate(&mut self, b: BlockId) {
+        if let Some(prefix) = self.prefix.as_mut() {
+            prefix.untrack_duplicate(b);
+        }
     }
 
     /// [`release_in_pool`] on this manager's pool and counters.

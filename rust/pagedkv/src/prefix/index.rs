@@ -17,10 +17,12 @@
 //! [`BlockIndex::insert`] finds the block holding the content already and keeps the copy that is
 //! in use, so that it is shared: the other copy's holder, if cached-evictable, is replaced by
 //! the new block (it leaves the index and goes back to the pool; no event, the content stays
-//! stored), and if in use, the new block stays a private, unindexed block. So every content the
-//! KV events report as stored sits on exactly one block that a walk reaches, and a hit is never
-//! shorter than the events say (docs/design.md, One copy per content). vLLM's `BlockPool`
-//! indexes every copy instead (`cached_block_hash_to_block`), and reports each as stored.
+//! stored), and if in use, the new block stays a private, unindexed block, tracked as a live
+//! duplicate: when the indexed copy leaves the index, the duplicate takes its entry
+//! (`index/duplicates.rs`). So every content the KV events report as stored sits on exactly one
+//! block that a walk reaches, and a hit is never shorter than the events say (docs/design.md,
+//! One copy per content). vLLM's `BlockPool` indexes every copy instead
+//! (`cached_block_hash_to_block`), and reports each as stored.
 //!
 //! **Chained blocks.** Admission walks a prompt's blocks from its first: the first by hash,
 //! each later one through the block found for its parent (that block's child hint,
@@ -85,6 +87,10 @@ struct Stored {
     /// Whether `hash` is the caller's (`block_hashes` of an admission): not recomputed from
     /// the tokens by [`BlockIndex::check_invariants`].
     caller_hash: bool,
+    /// Whether live private duplicates of this block's content are tracked
+    /// (`index/duplicates.rs`): leaving the index, the block hands its entry to one of them.
+    /// False while the block is not indexed.
+    has_duplicates: bool,
 }
 
 // The record fits the one cache line it is aligned to.
@@ -107,6 +113,19 @@ impl Stored {
 /// No block (no block has this id: pools hold fewer than 2^24 blocks).
 const NO_BLOCK: BlockId = BlockId::MAX;
 
+/// What the index knows of a block, one byte per block id (see [`BlockIndex::state`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum BlockState {
+    /// Not indexed and not a tracked duplicate.
+    Unindexed,
+    /// Indexed (on the map, or chained).
+    Indexed,
+    /// A live private duplicate of indexed content (`index/duplicates.rs`): its holder's
+    /// release to refcount 0 untracks it.
+    Duplicate,
+}
+
 /// What [`BlockIndex::insert`] did with a block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Entered {
@@ -116,7 +135,9 @@ pub(crate) enum Entered {
     /// Entered as content indexed nowhere else (the caller reports it as `BlockStored`).
     New,
     /// The content is indexed on another block that is in use: this block stays a private,
-    /// unindexed block (no event: the content is stored already).
+    /// unindexed block (no event: the content is stored already), tracked as a duplicate of
+    /// that content (`index/duplicates.rs`): the caller untracks it when its refcount reaches
+    /// 0 or its content changes.
     Duplicate,
     /// The content was indexed on this cached-evictable block: the new block took its place in
     /// the index (no event: the content stays stored), and the caller returns the old one,
@@ -145,6 +166,7 @@ impl Default for Stored {
             many_children: false,
             group: 0,
             caller_hash: false,
+            has_duplicates: false,
         }
     }
 }
@@ -165,10 +187,11 @@ pub(crate) struct BlockIndex {
     map: HashSlots,
     /// Per block id of the pool.
     stored: Vec<Stored>,
-    /// Per block id: whether the block is indexed (on the map, or chained). Apart from the
-    /// records so that freeing a sequence, which asks this of every block, reads one byte per
-    /// block (64 KB for 65,536 blocks, stays in L2) instead of each block's cold record line.
-    indexed: Vec<bool>,
+    /// Per block id: whether the block is indexed (on the map, or chained), or a tracked
+    /// duplicate. Apart from the records so that freeing a sequence, which asks this of every
+    /// block, reads one byte per block (64 KB for 65,536 blocks, stays in L2) instead of each
+    /// block's cold record line.
+    indexed: Vec<BlockState>,
     /// The token ids each indexed block was stored with: block `b`'s are
     /// `tokens[b * block_size..][..block_size]` (stale once it leaves the index).
     tokens: Vec<TokenId>,
@@ -178,6 +201,9 @@ pub(crate) struct BlockIndex {
     /// parent hash of every indexed block that no indexed block holding its parent content
     /// tracks. Rebuilt exactly once it holds more entries than the pool has blocks.
     orphan_parents: FxHashSet<BlockHash>,
+    /// Live private duplicates of indexed content (`index/duplicates.rs`); empty unless two
+    /// blocks computed one content.
+    duplicates: duplicates::Duplicates,
 }
 
 impl BlockIndex {
@@ -187,10 +213,11 @@ impl BlockIndex {
             // Every block may be indexed at once: sized up front, the map never grows.
             map: HashSlots::new(num_blocks),
             stored: vec![Stored::default(); num_blocks],
-            indexed: vec![false; num_blocks],
+            indexed: vec![BlockState::Unindexed; num_blocks],
             tokens: vec![0; num_blocks * block_size],
             num_chained: 0,
             orphan_parents: FxHashSet::default(),
+            duplicates: duplicates::Duplicates::default(),
         }
     }
 
@@ -244,11 +271,18 @@ impl BlockIndex {
         let c = self.stored[p as usize].child;
         self.stored
             .get(c as usize)
-            .is_some_and(|s| self.indexed[c as usize] && s.has_parent && s.parent == hash)
+            .is_some_and(|s| self.is_indexed(c) && s.has_parent && s.parent == hash)
     }
 
     #[inline]
     pub(crate) fn is_indexed(&self, b: BlockId) -> bool {
+        self.indexed[b as usize] == BlockState::Indexed
+    }
+
+    /// Whether block `b` is indexed, a tracked duplicate, or neither: one byte read, what a
+    /// release asks of every block.
+    #[inline(always)]
+    pub(crate) fn state(&self, b: BlockId) -> BlockState {
         self.indexed[b as usize]
     }
 
@@ -427,7 +461,7 @@ impl BlockIndex {
         in_use: impl Fn(BlockId) -> bool,
     ) -> Entered {
         debug_assert_eq!(token_ids.len(), self.block_size);
-        if self.is_indexed(b) {
+        if self.state(b) != BlockState::Unindexed {
             return Entered::Refused;
         }
         // The indexed block holding the parent content: the table's block before, unless that
@@ -456,10 +490,12 @@ impl BlockIndex {
                     return Entered::Refused;
                 }
                 if in_use(x) {
-                    // Walks after `b`'s private copy find `x` by hash in one probe.
+                    // Walks after `b`'s private copy find `x` by hash in one probe (and a
+                    // content with duplicates keeps a map entry: `index/duplicates.rs`).
                     if self.stored[x as usize].is_chained() {
                         self.promote(x);
                     }
+                    self.track_duplicate(x, b, holder);
                     return Entered::Duplicate;
                 }
                 self.replace(x, b, holder, token_ids);
@@ -499,6 +535,7 @@ impl BlockIndex {
     fn replace(&mut self, x: BlockId, b: BlockId, holder: Option<BlockId>, token_ids: &[TokenId]) {
         let s = &self.stored[x as usize];
         let (hash, parent, child, many) = (s.hash, s.parent(), s.child, s.many_children);
+        let duplicates = s.has_duplicates;
         let chained_to = s.is_chained().then_some(s.chained_to);
         if chained_to.is_none() {
             let stored = &self.stored;
@@ -507,11 +544,12 @@ impl BlockIndex {
             }
         }
         let extra_key = std::mem::take(&mut self.stored[x as usize]).extra_key;
-        self.indexed[x as usize] = false;
+        self.indexed[x as usize] = BlockState::Unindexed;
         self.write_record(b, hash, parent, &extra_key, chained_to, token_ids);
         let s = &mut self.stored[b as usize];
         s.child = child;
         s.many_children = many;
+        s.has_duplicates = duplicates;
         if let Some(c) = self.stored.get_mut(child as usize) {
             if c.chained_to == x {
                 c.chained_to = b;
@@ -573,7 +611,7 @@ impl BlockIndex {
         chained_to: Option<BlockId>,
         token_ids: &[TokenId],
     ) {
-        self.indexed[b as usize] = true;
+        self.indexed[b as usize] = BlockState::Indexed;
         let s = &mut self.stored[b as usize];
         s.hash = hash;
         s.parent = parent.unwrap_or(0);
@@ -583,8 +621,8 @@ impl BlockIndex {
         // `many_children` is false already: `remove` and `replace` clear it as a block leaves.)
         s.child = NO_BLOCK;
         debug_assert!(
-            !s.many_children,
-            "block {b} left the index with many children set"
+            !s.many_children && !s.has_duplicates,
+            "block {b} left the index with many children or duplicates set"
         );
         s.chained_to = chained_to.unwrap_or(NO_BLOCK);
         s.group = 0;
@@ -595,14 +633,20 @@ impl BlockIndex {
 
     /// Takes `b` out of the index; returns the hash it was indexed under, if any. A chained
     /// block leaves without touching the map; a block with children leaves its hash among the
-    /// orphan parents (see the module docs).
+    /// orphan parents (see the module docs). A block whose content has a live private duplicate
+    /// hands its entry to that block instead, and returns `None`: the content stays indexed
+    /// (`index/duplicates.rs`).
     #[inline(always)]
     pub(crate) fn remove(&mut self, b: BlockId) -> Option<BlockHash> {
         let h = self.hash_of(b)?;
+        if self.stored[b as usize].has_duplicates {
+            self.hand_over(b);
+            return None;
+        }
         // Its chained child would be cut off: it gets a map entry (see the module docs).
         let orphan = self.chained_child(b);
         let children = self.stored[b as usize].many_children || self.has_hinted_child(b, h);
-        self.indexed[b as usize] = false;
+        self.indexed[b as usize] = BlockState::Unindexed;
         let s = &mut self.stored[b as usize];
         s.has_parent = false;
         s.many_children = false;
@@ -670,6 +714,9 @@ impl BlockIndex {
 
 /// The index's invariants and the exact rebuild of the orphan parents.
 mod check;
+
+/// Live private duplicates of indexed content, and the hand-over of an entry to one.
+mod duplicates;
 
 /// Unit tests of each rule of the index.
 #[cfg(test)]
