@@ -217,7 +217,9 @@ class ManagerMachine(RuleBasedStateMachine):
             prompt = base[:keep] + prompt[keep:]
         self.admit(prompt, with_ids, extra_key, num_scheduled)
 
-    def admit(self, prompt: list[int], with_ids: bool, extra_key: Any, num_scheduled: int | None) -> int | None:
+    def admit(
+        self, prompt: list[int], with_ids: bool, extra_key: Any, num_scheduled: int | None
+    ) -> int | None:
         """Admits `prompt` (its length alone unless `with_ids`) as a new sequence, checked
         against the models; returns its id, or None when the admission failed (cleanly)."""
         seq_id = next(self.next_id)
