@@ -5,7 +5,6 @@ use super::group_spec::NULL_BLOCK;
 use super::state::{Counters, KvCacheManager};
 use crate::error::{Error, Result, Tier};
 use crate::pool::BlockPool;
-use crate::prefix::index::BlockState;
 use crate::BlockId;
 
 /// Fresh blocks reserved by [`KvCacheManager::reserve_fresh`]: the pool's part is already in
@@ -149,12 +148,11 @@ impl KvCacheManager {
         let mut cached = std::mem::take(&mut self.scratch);
         cached.clear();
         for &b in blocks.iter().rev() {
-            let state = self.block_state(b);
-            let indexed = state == BlockState::Indexed;
+            let indexed = self.is_indexed(b);
             if self.release_in_pool(b, indexed) {
                 if indexed {
                     cached.push(b);
-                } else if state == BlockState::Duplicate {
+                } else if self.is_duplicate(b) {
                     self.untrack_duplicate(b);
                 }
             }
@@ -197,28 +195,30 @@ impl KvCacheManager {
     /// in the pool (returns `true` for it; the caller counts it with
     /// [`BlockPool::count_cached`](crate::BlockPool) before returning).
     fn release_uncounted(&mut self, b: BlockId) -> bool {
-        let state = self.block_state(b);
-        let indexed = state == BlockState::Indexed;
+        let indexed = self.is_indexed(b);
         let zero = self.release_in_pool(b, indexed);
-        if zero && state == BlockState::Duplicate {
-            self.untrack_duplicate(b);
-        }
         let cached = zero && indexed;
         if cached {
             if let Some(prefix) = self.prefix.as_mut() {
                 prefix.push_lru(b);
             }
+        } else if zero && self.is_duplicate(b) {
+            self.untrack_duplicate(b);
         }
         cached
     }
 
-    /// Whether block `b`'s content is in this manager's prefix index, or `b` is a tracked
-    /// duplicate of indexed content, or neither.
+    /// Whether block `b`'s content is in this manager's prefix index.
     #[inline(always)]
-    fn block_state(&self, b: BlockId) -> BlockState {
-        self.prefix
-            .as_ref()
-            .map_or(BlockState::Unindexed, |p| p.state(b))
+    fn is_indexed(&self, b: BlockId) -> bool {
+        self.prefix.as_ref().is_some_and(|p| p.is_indexed(b))
+    }
+
+    /// Whether block `b` is a tracked duplicate of indexed content (read only for a block that
+    /// is not indexed and reached refcount 0).
+    #[inline]
+    fn is_duplicate(&self, b: BlockId) -> bool {
+        self.prefix.as_ref().is_some_and(|p| p.is_duplicate(b))
     }
 
     /// Duplicate `b` reached refcount 0 (it is back on the free list): no longer tracked.

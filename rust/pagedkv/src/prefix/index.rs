@@ -87,10 +87,6 @@ struct Stored {
     /// Whether `hash` is the caller's (`block_hashes` of an admission): not recomputed from
     /// the tokens by [`BlockIndex::check_invariants`].
     caller_hash: bool,
-    /// Whether live private duplicates of this block's content are tracked
-    /// (`index/duplicates.rs`): leaving the index, the block hands its entry to one of them.
-    /// False while the block is not indexed.
-    has_duplicates: bool,
 }
 
 // The record fits the one cache line it is aligned to.
@@ -112,19 +108,6 @@ impl Stored {
 
 /// No block (no block has this id: pools hold fewer than 2^24 blocks).
 const NO_BLOCK: BlockId = BlockId::MAX;
-
-/// What the index knows of a block, one byte per block id (see [`BlockIndex::state`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub(crate) enum BlockState {
-    /// Not indexed and not a tracked duplicate.
-    Unindexed,
-    /// Indexed (on the map, or chained).
-    Indexed,
-    /// A live private duplicate of indexed content (`index/duplicates.rs`): its holder's
-    /// release to refcount 0 untracks it.
-    Duplicate,
-}
 
 /// What [`BlockIndex::insert`] did with a block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -166,7 +149,6 @@ impl Default for Stored {
             many_children: false,
             group: 0,
             caller_hash: false,
-            has_duplicates: false,
         }
     }
 }
@@ -187,11 +169,10 @@ pub(crate) struct BlockIndex {
     map: HashSlots,
     /// Per block id of the pool.
     stored: Vec<Stored>,
-    /// Per block id: whether the block is indexed (on the map, or chained), or a tracked
-    /// duplicate. Apart from the records so that freeing a sequence, which asks this of every
-    /// block, reads one byte per block (64 KB for 65,536 blocks, stays in L2) instead of each
-    /// block's cold record line.
-    indexed: Vec<BlockState>,
+    /// Per block id: whether the block is indexed (on the map, or chained). Apart from the
+    /// records so that freeing a sequence, which asks this of every block, reads one byte per
+    /// block (64 KB for 65,536 blocks, stays in L2) instead of each block's cold record line.
+    indexed: Vec<bool>,
     /// The token ids each indexed block was stored with: block `b`'s are
     /// `tokens[b * block_size..][..block_size]` (stale once it leaves the index).
     tokens: Vec<TokenId>,
@@ -201,9 +182,11 @@ pub(crate) struct BlockIndex {
     /// parent hash of every indexed block that no indexed block holding its parent content
     /// tracks. Rebuilt exactly once it holds more entries than the pool has blocks.
     orphan_parents: FxHashSet<BlockHash>,
-    /// Live private duplicates of indexed content (`index/duplicates.rs`); empty unless two
-    /// blocks computed one content.
-    duplicates: duplicates::Duplicates,
+    /// Live private duplicates of indexed content and their flags (`index/duplicates.rs`);
+    /// empty unless two blocks computed one content. Boxed, and its flags kept out of
+    /// `Stored`: the hit walk's code is sensitive to these structs' layout (callgrind: inline,
+    /// the same fields cost `prefix_match` 2.7 % more instructions, in register spills).
+    dups: Box<duplicates::Duplicates>,
 }
 
 impl BlockIndex {
@@ -213,11 +196,11 @@ impl BlockIndex {
             // Every block may be indexed at once: sized up front, the map never grows.
             map: HashSlots::new(num_blocks),
             stored: vec![Stored::default(); num_blocks],
-            indexed: vec![BlockState::Unindexed; num_blocks],
+            indexed: vec![false; num_blocks],
             tokens: vec![0; num_blocks * block_size],
             num_chained: 0,
             orphan_parents: FxHashSet::default(),
-            duplicates: duplicates::Duplicates::default(),
+            dups: Box::new(duplicates::Duplicates::new(num_blocks)),
         }
     }
 
@@ -276,14 +259,13 @@ impl BlockIndex {
 
     #[inline]
     pub(crate) fn is_indexed(&self, b: BlockId) -> bool {
-        self.indexed[b as usize] == BlockState::Indexed
+        self.indexed[b as usize]
     }
 
-    /// Whether block `b` is indexed, a tracked duplicate, or neither: one byte read, what a
-    /// release asks of every block.
-    #[inline(always)]
-    pub(crate) fn state(&self, b: BlockId) -> BlockState {
-        self.indexed[b as usize]
+    /// Whether block `b` is a tracked live duplicate (`index/duplicates.rs`).
+    #[inline]
+    pub(crate) fn is_duplicate(&self, b: BlockId) -> bool {
+        self.dups.duplicate[b as usize]
     }
 
     /// The hash block `b` is indexed under, if it is.
@@ -461,7 +443,7 @@ impl BlockIndex {
         in_use: impl Fn(BlockId) -> bool,
     ) -> Entered {
         debug_assert_eq!(token_ids.len(), self.block_size);
-        if self.state(b) != BlockState::Unindexed {
+        if self.is_indexed(b) {
             return Entered::Refused;
         }
         // The indexed block holding the parent content: the table's block before, unless that
@@ -486,7 +468,10 @@ impl BlockIndex {
         };
         match existing {
             Ok(x) => {
-                if !self.stored_with(x, parent, token_ids, extra_key.as_deref()) {
+                // A tracked duplicate is entered once (its content is indexed on `x`).
+                if !self.stored_with(x, parent, token_ids, extra_key.as_deref())
+                    || self.is_duplicate(b)
+                {
                     return Entered::Refused;
                 }
                 if in_use(x) {
@@ -535,7 +520,6 @@ impl BlockIndex {
     fn replace(&mut self, x: BlockId, b: BlockId, holder: Option<BlockId>, token_ids: &[TokenId]) {
         let s = &self.stored[x as usize];
         let (hash, parent, child, many) = (s.hash, s.parent(), s.child, s.many_children);
-        let duplicates = s.has_duplicates;
         let chained_to = s.is_chained().then_some(s.chained_to);
         if chained_to.is_none() {
             let stored = &self.stored;
@@ -544,12 +528,12 @@ impl BlockIndex {
             }
         }
         let extra_key = std::mem::take(&mut self.stored[x as usize]).extra_key;
-        self.indexed[x as usize] = BlockState::Unindexed;
+        self.indexed[x as usize] = false;
         self.write_record(b, hash, parent, &extra_key, chained_to, token_ids);
         let s = &mut self.stored[b as usize];
         s.child = child;
         s.many_children = many;
-        s.has_duplicates = duplicates;
+        self.dups.flagged.swap(x as usize, b as usize);
         if let Some(c) = self.stored.get_mut(child as usize) {
             if c.chained_to == x {
                 c.chained_to = b;
@@ -611,7 +595,7 @@ impl BlockIndex {
         chained_to: Option<BlockId>,
         token_ids: &[TokenId],
     ) {
-        self.indexed[b as usize] = BlockState::Indexed;
+        self.indexed[b as usize] = true;
         let s = &mut self.stored[b as usize];
         s.hash = hash;
         s.parent = parent.unwrap_or(0);
@@ -621,7 +605,7 @@ impl BlockIndex {
         // `many_children` is false already: `remove` and `replace` clear it as a block leaves.)
         s.child = NO_BLOCK;
         debug_assert!(
-            !s.many_children && !s.has_duplicates,
+            !s.many_children && !self.dups.flagged[b as usize],
             "block {b} left the index with many children or duplicates set"
         );
         s.chained_to = chained_to.unwrap_or(NO_BLOCK);
@@ -639,14 +623,14 @@ impl BlockIndex {
     #[inline(always)]
     pub(crate) fn remove(&mut self, b: BlockId) -> Option<BlockHash> {
         let h = self.hash_of(b)?;
-        if self.stored[b as usize].has_duplicates {
+        if self.dups.flagged[b as usize] {
             self.hand_over(b);
             return None;
         }
         // Its chained child would be cut off: it gets a map entry (see the module docs).
         let orphan = self.chained_child(b);
         let children = self.stored[b as usize].many_children || self.has_hinted_child(b, h);
-        self.indexed[b as usize] = BlockState::Unindexed;
+        self.indexed[b as usize] = false;
         let s = &mut self.stored[b as usize];
         s.has_parent = false;
         s.many_children = false;

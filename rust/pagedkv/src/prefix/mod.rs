@@ -26,7 +26,7 @@ use self::events::{DrainedEvents, EventQueue, KvEvent};
 use self::eviction::EvictionSink;
 use self::eviction_order::EvictionOrder;
 use self::hash::{content_hash, BlockHash, BlockHasher, ChainHasher};
-use self::index::{BlockIndex, BlockState, Entered};
+use self::index::{BlockIndex, Entered};
 use self::pins::Pins;
 use crate::pool::BlockPool;
 use crate::{BlockId, TokenId};
@@ -126,17 +126,11 @@ impl PrefixCache {
         self.index.is_indexed(b)
     }
 
-    /// Whether block `b` is indexed, a tracked live private duplicate of indexed content, or
-    /// neither (one byte: what a release reads).
-    #[inline(always)]
-    pub(crate) fn state(&self, b: BlockId) -> BlockState {
-        self.index.state(b)
-    }
-
-    /// Whether block `b` is a tracked duplicate (`index/duplicates.rs`).
+    /// Whether block `b` is a tracked live private duplicate of indexed content
+    /// (`index/duplicates.rs`).
     #[inline]
     pub(crate) fn is_duplicate(&self, b: BlockId) -> bool {
-        self.index.state(b) == BlockState::Duplicate
+        self.index.is_duplicate(b)
     }
 
     /// Stops tracking duplicate `b`: its refcount reached 0, or its content is about to change

@@ -3,7 +3,7 @@
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use super::{BlockIndex, BlockState, NO_BLOCK};
+use super::{BlockIndex, NO_BLOCK};
 use crate::prefix::hash::{content_hash, group_key, BlockHash, BlockHasher};
 use crate::BlockId;
 
@@ -13,7 +13,7 @@ impl BlockIndex {
         self.indexed
             .iter()
             .enumerate()
-            .filter(|(_, &i)| i == BlockState::Indexed)
+            .filter(|(_, &i)| i)
             .map(|(b, _)| (b as BlockId, self.stored[b].hash))
     }
 

@@ -20,10 +20,11 @@
 //! see as a different admission. And the release path stays as it was: no flag is read when an
 //! indexed block's refcount reaches 0; the eviction reads the victim's record anyway.
 //!
-//! **Cost.** The common path does not look at this file: a release reads one byte per block
-//! ([`BlockIndex::state`], as before), and only a block that is a duplicate, reaching refcount 0,
-//! takes the cold untracking path; a removal reads the flag `has_duplicates` of the record it
-//! writes anyway. The map from content to duplicates is touched only when a duplicate is made,
+//! **Cost.** The common path does not look at this file: a release reads the indexed byte per
+//! block as before, and only a block that is not indexed and reaches refcount 0 reads its
+//! duplicate byte (a freed sequence's partial last block, typically); only a duplicate takes the
+//! cold untracking path. A removal reads the flag `flagged` of the record it writes
+//! anyway. The map from content to duplicates is touched only when a duplicate is made,
 //! untracked or handed the entry.
 //!
 //! The caller keeps the tracking exact: it untracks a duplicate whose refcount reaches 0 and one
@@ -33,19 +34,36 @@
 
 use rustc_hash::FxHashMap;
 
-use super::{BlockIndex, BlockState, Stored, NO_BLOCK};
+use super::{BlockIndex, Stored, NO_BLOCK};
 use crate::prefix::hash::BlockHash;
 use crate::BlockId;
 
 /// The tracked duplicates: both directions, so that untracking one and handing an entry over
-/// are O(duplicates of that content).
-#[derive(Debug, Default)]
+/// are O(duplicates of that content), and the two per-block flags.
+#[derive(Debug)]
 pub(super) struct Duplicates {
+    /// Per block id: whether the block is a tracked duplicate (read by a release only for a
+    /// block that is not indexed and reached refcount 0).
+    pub(super) duplicate: Vec<bool>,
+    /// Per block id: whether the block is indexed and its content has tracked duplicates
+    /// (read by every removal from the index: leaving, the block hands its entry over).
+    pub(super) flagged: Vec<bool>,
     /// Content key -> its live private duplicates, oldest first (never empty).
     by_key: FxHashMap<BlockHash, Vec<BlockId>>,
     /// Duplicate block -> the key of its content, and the block holding the parent content
     /// when it was tracked ([`NO_BLOCK`]: none; a hint, verified on use, for the hand-over).
     of_block: FxHashMap<BlockId, (BlockHash, BlockId)>,
+}
+
+impl Duplicates {
+    pub(super) fn new(num_blocks: usize) -> Self {
+        Duplicates {
+            duplicate: vec![false; num_blocks],
+            flagged: vec![false; num_blocks],
+            by_key: FxHashMap::default(),
+            of_block: FxHashMap::default(),
+        }
+    }
 }
 
 impl BlockIndex {
@@ -54,35 +72,35 @@ impl BlockIndex {
     #[cold]
     pub(super) fn track_duplicate(&mut self, x: BlockId, d: BlockId, holder: Option<BlockId>) {
         debug_assert!(self.is_indexed(x) && !self.stored[x as usize].is_chained());
-        debug_assert_eq!(self.state(d), BlockState::Unindexed);
+        debug_assert!(!self.is_indexed(d) && !self.is_duplicate(d));
         let key = self.stored[x as usize].hash;
-        self.stored[x as usize].has_duplicates = true;
-        self.indexed[d as usize] = BlockState::Duplicate;
-        self.duplicates.by_key.entry(key).or_default().push(d);
+        self.dups.flagged[x as usize] = true;
+        self.dups.duplicate[d as usize] = true;
+        self.dups.by_key.entry(key).or_default().push(d);
         let hint = holder.unwrap_or(NO_BLOCK);
-        self.duplicates.of_block.insert(d, (key, hint));
+        self.dups.of_block.insert(d, (key, hint));
     }
 
     /// Stops tracking duplicate `d`: its refcount reached 0 or its content is about to change.
     /// The content's indexed block loses its flag with its last duplicate.
     #[cold]
     pub(crate) fn untrack_duplicate(&mut self, d: BlockId) {
-        let Some((key, _)) = self.duplicates.of_block.remove(&d) else {
+        let Some((key, _)) = self.dups.of_block.remove(&d) else {
             debug_assert!(false, "block {d} is not a tracked duplicate");
             return;
         };
-        self.indexed[d as usize] = BlockState::Unindexed;
+        self.dups.duplicate[d as usize] = false;
         let list = self
-            .duplicates
+            .dups
             .by_key
             .get_mut(&key)
             .expect("a tracked duplicate's content has a list");
         list.retain(|&b| b != d);
         if list.is_empty() {
-            self.duplicates.by_key.remove(&key);
+            self.dups.by_key.remove(&key);
             let stored = &self.stored;
             if let Some(x) = self.map.get(key, |b| stored[b as usize].hash) {
-                self.stored[x as usize].has_duplicates = false;
+                self.dups.flagged[x as usize] = false;
             }
         }
     }
@@ -91,17 +109,17 @@ impl BlockIndex {
     /// rather than leave).
     #[inline]
     pub(crate) fn has_duplicates(&self, b: BlockId) -> bool {
-        self.is_indexed(b) && self.stored[b as usize].has_duplicates
+        self.is_indexed(b) && self.dups.flagged[b as usize]
     }
 
     /// The content key duplicate `d` is tracked under, if it is one.
     pub(crate) fn duplicate_key(&self, d: BlockId) -> Option<BlockHash> {
-        self.duplicates.of_block.get(&d).map(|&(key, _)| key)
+        self.dups.of_block.get(&d).map(|&(key, _)| key)
     }
 
     /// Tracked duplicates, each once.
     pub(crate) fn duplicate_blocks(&self) -> impl Iterator<Item = BlockId> + '_ {
-        self.duplicates.of_block.keys().copied()
+        self.dups.of_block.keys().copied()
     }
 
     /// Indexed block `x`, flagged with duplicates, leaves the index: its oldest duplicate `d`
@@ -111,17 +129,17 @@ impl BlockIndex {
     pub(super) fn hand_over(&mut self, x: BlockId) {
         let key = self.stored[x as usize].hash;
         let list = self
-            .duplicates
+            .dups
             .by_key
             .get_mut(&key)
             .expect("a block flagged with duplicates has a list");
         let d = list.remove(0);
         let more = !list.is_empty();
         if !more {
-            self.duplicates.by_key.remove(&key);
+            self.dups.by_key.remove(&key);
         }
         let (_, hint) = self
-            .duplicates
+            .dups
             .of_block
             .remove(&d)
             .expect("listed duplicates are tracked");
@@ -135,8 +153,11 @@ impl BlockIndex {
         self.tokens
             .copy_within(x as usize * bs..(x as usize + 1) * bs, d as usize * bs);
         let old: Stored = std::mem::take(&mut self.stored[x as usize]);
-        self.indexed[x as usize] = BlockState::Unindexed;
-        self.indexed[d as usize] = BlockState::Indexed;
+        self.indexed[x as usize] = false;
+        self.dups.duplicate[d as usize] = false;
+        self.dups.flagged[x as usize] = false;
+        self.dups.flagged[d as usize] = more;
+        self.indexed[d as usize] = true;
         let s = &mut self.stored[d as usize];
         s.hash = key;
         s.parent = old.parent;
@@ -147,7 +168,6 @@ impl BlockIndex {
         s.many_children = old.many_children;
         s.group = old.group;
         s.caller_hash = old.caller_hash;
-        s.has_duplicates = more;
         // A chained child of `x` is reached through `d`'s hint now.
         if let Some(c) = self.stored.get_mut(old.child as usize) {
             if c.chained_to == x {
@@ -177,18 +197,14 @@ impl BlockIndex {
         }
     }
 
-    /// Invariant 7 of [`BlockIndex::check_invariants`]: every tracked duplicate is marked
-    /// [`BlockState::Duplicate`] (and no other block is), listed once under the key it is
+    /// Invariant 7 of [`BlockIndex::check_invariants`]: every tracked duplicate is marked in
+    /// `duplicate` (and no other block is), is not indexed, is listed once under the key it is
     /// tracked with; every key with duplicates is indexed with a map entry on a block flagged
-    /// `has_duplicates`, and every flagged block has duplicates. (That each is live, private and
+    /// `flagged`, and every flagged block has duplicates. (That each is live, private and
     /// holds that content is the manager's to check: it knows refcounts and tables.)
     pub(crate) fn check_duplicates(&self) -> Result<(), String> {
-        let d = &self.duplicates;
-        let marked = self
-            .indexed
-            .iter()
-            .filter(|&&s| s == BlockState::Duplicate)
-            .count();
+        let d = &*self.dups;
+        let marked = d.duplicate.iter().filter(|&&m| m).count();
         if marked != d.of_block.len() {
             return Err(format!(
                 "{marked} blocks marked duplicate, {} tracked",
@@ -207,8 +223,8 @@ impl BlockIndex {
                         "duplicate {b} listed under content {key:#x} but tracked otherwise"
                     ));
                 }
-                if self.state(b) != BlockState::Duplicate {
-                    return Err(format!("duplicate {b} is not marked as one"));
+                if !self.is_duplicate(b) || self.is_indexed(b) {
+                    return Err(format!("duplicate {b} is not marked as one, or is indexed"));
                 }
             }
             let stored = &self.stored;
@@ -217,7 +233,7 @@ impl BlockIndex {
                     "content {key:#x} has duplicates but no map entry in the index"
                 ));
             };
-            if !self.stored[x as usize].has_duplicates {
+            if !d.flagged[x as usize] {
                 return Err(format!(
                     "block {x} holds content {key:#x}, which has duplicates, unflagged"
                 ));
@@ -230,7 +246,7 @@ impl BlockIndex {
             ));
         }
         for (b, s) in self.stored.iter().enumerate() {
-            let flagged = s.has_duplicates;
+            let flagged = d.flagged[b];
             if flagged && (!self.is_indexed(b as BlockId) || !d.by_key.contains_key(&s.hash)) {
                 return Err(format!(
                     "block {b} is flagged with duplicates but none are tracked"

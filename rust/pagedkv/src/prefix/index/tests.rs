@@ -196,7 +196,7 @@ fn a_leaving_copy_hands_its_entry_to_the_oldest_live_duplicate() {
     // Two requests recomputed content h1 after block 0: two duplicates, oldest first.
     assert_eq!(f.enter(4, &[h0], Some(0), &[3, 4]).1, Entered::Duplicate);
     assert_eq!(f.enter(5, &[h0], Some(0), &[3, 4]).1, Entered::Duplicate);
-    assert_eq!(f.idx.state(4), BlockState::Duplicate);
+    assert!(f.idx.is_duplicate(4));
     assert!(f.idx.has_duplicates(1));
     // Block 1 leaves (evicted): no hash comes back (no `BlockRemoved`), block 4 holds h1,
     // found by hash and through block 0's hint, with block 1's chained child below it.
@@ -225,7 +225,7 @@ fn an_untracked_duplicate_takes_nothing() {
     // The duplicate's holder frees it first: nothing moves, the flag goes with it.
     f.idx.untrack_duplicate(4);
     f.idx.check_invariants(&f.hasher).unwrap();
-    assert!(!f.idx.has_duplicates(1) && f.idx.state(4) == BlockState::Unindexed);
+    assert!(!f.idx.has_duplicates(1) && !f.idx.is_duplicate(4));
     assert_eq!(f.remove(1), Some(h1));
     assert!(!f.idx.is_indexed(4));
 }
