@@ -48,7 +48,7 @@
 
 use std::sync::Arc;
 
-use rustc_hash::FxHashSet;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::hash::BlockHash;
 use super::hash_slots::{HashSlots, Probe};
@@ -153,6 +153,34 @@ impl Default for Stored {
     }
 }
 
+/// The tracked duplicates (`index/duplicates.rs`): both directions, so that untracking one and handing an entry over
+/// are O(duplicates of that content), and the two per-block flags.
+#[derive(Debug)]
+struct Duplicates {
+    /// Per block id: whether the block is a tracked duplicate (read by a release only for a
+    /// block that is not indexed and reached refcount 0).
+    duplicate: Vec<bool>,
+    /// Per block id: whether the block is indexed and its content has tracked duplicates
+    /// (read by every removal from the index: leaving, the block hands its entry over).
+    flagged: Vec<bool>,
+    /// Content key -> its live private duplicates, oldest first (never empty).
+    by_key: FxHashMap<BlockHash, Vec<BlockId>>,
+    /// Duplicate block -> the key of its content, and the block holding the parent content
+    /// when it was tracked ([`NO_BLOCK`]: none; a hint, verified on use, for the hand-over).
+    of_block: FxHashMap<BlockId, (BlockHash, BlockId)>,
+}
+
+impl Duplicates {
+    fn new(num_blocks: usize) -> Self {
+        Duplicates {
+            duplicate: vec![false; num_blocks],
+            flagged: vec![false; num_blocks],
+            by_key: FxHashMap::default(),
+            of_block: FxHashMap::default(),
+        }
+    }
+}
+
 /// Block `b`'s slice of the flat token array.
 #[inline]
 fn block_tokens(tokens: &[TokenId], block_size: usize, b: BlockId) -> &[TokenId] {
@@ -186,7 +214,7 @@ pub(crate) struct BlockIndex {
     /// empty unless two blocks computed one content. Boxed, and its flags kept out of
     /// `Stored`: the hit walk's code is sensitive to these structs' layout (callgrind: inline,
     /// the same fields cost `prefix_match` 2.7 % more instructions, in register spills).
-    dups: Box<duplicates::Duplicates>,
+    dups: Box<Duplicates>,
 }
 
 impl BlockIndex {
@@ -200,7 +228,7 @@ impl BlockIndex {
             tokens: vec![0; num_blocks * block_size],
             num_chained: 0,
             orphan_parents: FxHashSet::default(),
-            dups: Box::new(duplicates::Duplicates::new(num_blocks)),
+            dups: Box::new(Duplicates::new(num_blocks)),
         }
     }
 

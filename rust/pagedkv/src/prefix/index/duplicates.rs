@@ -32,39 +32,9 @@
 //! private and holds the content it is tracked under (the manager's `check_invariants` checks
 //! that against its tables, [`BlockIndex::check_duplicates`] the rest).
 
-use rustc_hash::FxHashMap;
-
 use super::{BlockIndex, Stored, NO_BLOCK};
 use crate::prefix::hash::BlockHash;
 use crate::BlockId;
-
-/// The tracked duplicates: both directions, so that untracking one and handing an entry over
-/// are O(duplicates of that content), and the two per-block flags.
-#[derive(Debug)]
-pub(super) struct Duplicates {
-    /// Per block id: whether the block is a tracked duplicate (read by a release only for a
-    /// block that is not indexed and reached refcount 0).
-    pub(super) duplicate: Vec<bool>,
-    /// Per block id: whether the block is indexed and its content has tracked duplicates
-    /// (read by every removal from the index: leaving, the block hands its entry over).
-    pub(super) flagged: Vec<bool>,
-    /// Content key -> its live private duplicates, oldest first (never empty).
-    by_key: FxHashMap<BlockHash, Vec<BlockId>>,
-    /// Duplicate block -> the key of its content, and the block holding the parent content
-    /// when it was tracked ([`NO_BLOCK`]: none; a hint, verified on use, for the hand-over).
-    of_block: FxHashMap<BlockId, (BlockHash, BlockId)>,
-}
-
-impl Duplicates {
-    pub(super) fn new(num_blocks: usize) -> Self {
-        Duplicates {
-            duplicate: vec![false; num_blocks],
-            flagged: vec![false; num_blocks],
-            by_key: FxHashMap::default(),
-            of_block: FxHashMap::default(),
-        }
-    }
-}
 
 impl BlockIndex {
     /// Tracks block `d`, just refused as a [`super::Entered::Duplicate`] of the content indexed on
