@@ -1,0 +1,44 @@
+"""Instructions of vLLM's scheduler loop on one KV-cache manager, for a step-cost ratio that the
+machine's load and timing noise do not move (benches/vllm_scheduler_ab.py's workload; the loop
+of benches/vllm_scheduler.py's ``run``: ``schedule``, the fake model output, ``update_from_output``).
+
+    VALGRIND="valgrind --tool=callgrind --zero-before=getppid --dump-before=getpgrp"
+    PYTHONHASHSEED=0 $VALGRIND --callgrind-out-file=vllm.%p $VENV/bin/python \\
+        benches/vllm_scheduler_instructions.py vllm full
+    PYTHONHASHSEED=0 $VALGRIND --callgrind-out-file=pagedkv.%p $VENV/bin/python \\
+        benches/vllm_scheduler_instructions.py pagedkv full
+    grep ^summary vllm.*.1 pagedkv.*.1
+
+(``$VENV``: the vLLM venv of scripts/vllm/env.sh, pagedkv importable.) Callgrind zeroes its
+counts when the loop starts (``os.getppid``, libc's ``getppid``) and writes them when it ends
+(``os.getpgrp``), so imports, set-up and a warm-up run are left out. The loop's fake model output
+is the same for both managers when their schedules are (the run prints the step count), so the
+ratio of the two dumps bounds the ratio of the scheduler's own calls from above.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import vllm_scheduler as vs  # noqa: E402 (the harness next to this file)
+from vllm_scheduler_ab import CONFIGS, WORKLOAD  # noqa: E402
+
+
+def main() -> int:
+    name, config = sys.argv[1], sys.argv[2]
+    manager = vs.manager_class(name)
+    # A short run first: lazy imports and first-call caches out of the counted loop.
+    vs.run(vs.Workload(**{**WORKLOAD, "requests": 4}, **CONFIGS[config]), manager)
+    workload = vs.Workload(**WORKLOAD, **CONFIGS[config])
+    os.getppid()  # callgrind --zero-before=getppid
+    trace = vs.run(workload, manager)
+    os.getpgrp()  # callgrind --dump-before=getpgrp
+    print(f"{name} {config}: {len(trace.steps)} steps")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
