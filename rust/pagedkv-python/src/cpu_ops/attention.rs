@@ -5,7 +5,7 @@ use pagedkv_cpu::{self as cpu, f16, AttentionParams, BlockTables};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
-use super::{cache_shape, err, ints, kind, read, slice, Storage};
+use super::convert::{cache_shape, err, ints, kind, read, slice, Storage};
 use crate::errors::invalid_argument;
 
 /// The block tables argument: a padded int32 `[B, max_blocks]` array or a CSR tuple

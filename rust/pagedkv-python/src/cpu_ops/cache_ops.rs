@@ -5,7 +5,7 @@ use pagedkv_cpu::{self as cpu, f16};
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 
-use super::{cache_shape, err, ints, kind, mut_slice, read, slice, Storage};
+use super::convert::{cache_shape, err, ints, kind, mut_slice, read, slice, Storage};
 use crate::arrays::require_aligned;
 use crate::errors::invalid_argument;
 

@@ -6,7 +6,7 @@ use pagedkv_cpu::{self as cpu, bf16};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
-use super::{array, new_f32, slice};
+use super::convert::{array, new_f32, slice};
 use crate::errors::invalid_argument;
 
 /// `x [t, k] @ W [k, n]` with bf16 weights in the kernel's panels (uint16 bit patterns
