@@ -58,7 +58,6 @@ class ManagerMachine(RuleBasedStateMachine):
     prefix_caching = False
     host_blocks = 0
     kv_events = False
-    num_blocks = NUM_BLOCKS
 
     def __init__(self) -> None:
         super().__init__()
@@ -85,7 +84,7 @@ class ManagerMachine(RuleBasedStateMachine):
     def setup(self, block_size: int) -> None:
         self.block_size = block_size
         self.kv = pagedkv.KvCacheManager(
-            num_blocks=self.num_blocks,
+            num_blocks=NUM_BLOCKS,
             block_size=block_size,
             enable_prefix_caching=self.prefix_caching,
             num_host_blocks=self.host_blocks,
@@ -111,7 +110,7 @@ class ManagerMachine(RuleBasedStateMachine):
 
     def model_free(self) -> int | None:
         """Free device blocks the model predicts (None when cached blocks make it unknown)."""
-        return None if self.prefix_caching else self.num_blocks - self.device_in_use()
+        return None if self.prefix_caching else NUM_BLOCKS - self.device_in_use()
 
     def new_abstract(self) -> int:
         block = next(self.next_abstract)
@@ -208,6 +207,7 @@ class ManagerMachine(RuleBasedStateMachine):
     def add(
         self, num_tokens: int, with_ids: bool, extra_key: Any, num_scheduled: int | None, data: st.DataObject
     ) -> None:
+        seq_id = next(self.next_id)
         prompt = data.draw(st.lists(st.integers(0, VOCAB - 1), min_size=num_tokens, max_size=num_tokens))
         if self.history and data.draw(st.integers(0, 3)) > 0:
             # Mostly reuse an earlier prompt's beginning, so prefix hits are common.
@@ -215,15 +215,6 @@ class ManagerMachine(RuleBasedStateMachine):
             limit = min(len(base), num_tokens)
             keep = data.draw(st.one_of(st.just(limit), st.integers(0, limit)))
             prompt = base[:keep] + prompt[keep:]
-        self.admit(prompt, with_ids, extra_key, num_scheduled)
-
-    def admit(
-        self, prompt: list[int], with_ids: bool, extra_key: Any, num_scheduled: int | None
-    ) -> int | None:
-        """Admits `prompt` (its length alone unless `with_ids`) as a new sequence, checked
-        against the models; returns its id, or None when the admission failed (cleanly)."""
-        seq_id = next(self.next_id)
-        num_tokens = len(prompt)
         if not with_ids:
             extra_key = None
         needed = ceil_div(num_tokens, self.block_size)
@@ -240,18 +231,18 @@ class ManagerMachine(RuleBasedStateMachine):
             call = lambda: self.kv.add_sequence(  # noqa: E731
                 seq_id, num_tokens=num_tokens, num_scheduled=num_scheduled
             )
-        if needed > self.num_blocks:
+        if needed > NUM_BLOCKS:
             self.expect_failure(InvalidArgumentError, call)
-            return None
+            return
         if free is not None and needed > free:
             self.expect_failure(OutOfBlocksError, call)
-            return None
+            return
         evictions = self.kv.stats()["evictions"]
         outcome = self.call_changing_nothing_on(OutOfBlocksError, call)
         if not isinstance(outcome, tuple):
             assert free is None  # only a cache-aware manager leaves this unpredicted
             event("failed cleanly: OutOfBlocksError (cache-aware)")
-            return None
+            return
         hit = outcome[1]
         if with_ids:
             assert hit == matched
@@ -281,16 +272,6 @@ class ManagerMachine(RuleBasedStateMachine):
             event("chunked prefill")
         self.computed[seq_id] = computed
         self.write(seq_id, hit, computed)
-        return seq_id
-
-    def advance(self, seqs: list[int], count: int) -> None:
-        """Advances the watermark of `seqs` (prefilling) by `count` tokens, writing them."""
-        self.kv.advance_computed(seqs, count)
-        for seq_id in seqs:
-            first = self.computed[seq_id]
-            self.computed[seq_id] += count
-            self.write(seq_id, first, self.computed[seq_id])
-            assert self.kv.num_computed_tokens(seq_id) == self.computed[seq_id]
 
     @precondition(lambda self: self.prefilling())
     @rule(data=st.data())
@@ -302,7 +283,12 @@ class ManagerMachine(RuleBasedStateMachine):
         if count > left:
             self.expect_failure(InvalidArgumentError, call)
             return
-        self.advance(seqs, count)
+        call()
+        for seq_id in seqs:
+            first = self.computed[seq_id]
+            self.computed[seq_id] += count
+            self.write(seq_id, first, self.computed[seq_id])
+            assert self.kv.num_computed_tokens(seq_id) == self.computed[seq_id]
 
     @precondition(lambda self: self.prefilling())
     @rule(data=st.data())
@@ -371,7 +357,7 @@ class ManagerMachine(RuleBasedStateMachine):
             call = lambda: self.kv.append_tokens(seq_id, num_tokens=count)  # noqa: E731
         need = self.append_need(seq_id, count)
         free = self.model_free()
-        if ceil_div(len(self.tokens[seq_id]) + count, self.block_size) > self.num_blocks:
+        if ceil_div(len(self.tokens[seq_id]) + count, self.block_size) > NUM_BLOCKS:
             self.expect_failure(InvalidArgumentError, call)
             return
         if free is not None:
@@ -397,7 +383,7 @@ class ManagerMachine(RuleBasedStateMachine):
             st.lists(st.integers(0, VOCAB - 1), min_size=count * len(seqs), max_size=count * len(seqs))
         )
         call = lambda: self.kv.append_tokens_batch(seqs, new, num_tokens=count)  # noqa: E731
-        if any(ceil_div(len(self.tokens[s]) + count, self.block_size) > self.num_blocks for s in seqs):
+        if any(ceil_div(len(self.tokens[s]) + count, self.block_size) > NUM_BLOCKS for s in seqs):
             self.expect_failure(InvalidArgumentError, call)
             return
         free = self.model_free()
@@ -516,7 +502,7 @@ class ManagerMachine(RuleBasedStateMachine):
             # A pinned prefix is never evicted: it stays a hit.
             assert self.kv.match_prefix(prompt[:pinned] + [0], extra_key=extra_key) >= pinned
         if not self.prefix_caching:
-            assert self.kv.num_free_blocks == self.num_blocks - self.device_in_use()
+            assert self.kv.num_free_blocks == NUM_BLOCKS - self.device_in_use()
             assert stats["num_cached_blocks"] == 0
         for seq_id, host_table in self.swapped.items():
             assert self.kv.is_swapped_out(seq_id)
@@ -564,32 +550,6 @@ class PrefixCachingMachine(ManagerMachine):
 
     prefix_caching = True
     kv_events = True
-
-
-class DuplicatesMachine(PrefixCachingMachine):
-    """Duplicate copies, often (docs/design.md, One copy per content): a tiny pool under
-    pressure, and a rule replaying the asynchronous-load case (a request admitted with nothing
-    computed, a second computing the same prompt, then the first's load finishing, its blocks
-    private copies of the second's), so that copies are freed first or last, evicted, truncated,
-    forked and pinned. The events must still predict every hit (a copy taking the index entry
-    records nothing)."""
-
-    num_blocks = 16  # more than the longest prompt (14 tokens) at one token per block
-
-    @rule(data=st.data(), finish_load=st.booleans())
-    def late_load_copy(self, data: st.DataObject, finish_load: bool) -> None:
-        prompts = [p for p in self.history[-6:] + [self.tokens[s] for s in self.resident()] if len(p) <= 14]
-        prompt = data.draw(st.sampled_from(prompts)) if prompts and data.draw(st.booleans()) else None
-        if prompt is None or any(t >= UNKNOWN for t in prompt):
-            length = data.draw(st.integers(self.block_size, 4 * self.block_size))
-            prompt = data.draw(st.lists(st.integers(0, VOCAB - 1), min_size=length, max_size=length))
-        loading = self.admit(list(prompt), True, None, 0)
-        if self.admit(list(prompt), True, None, None) is None or loading is None:
-            return
-        left = len(self.tokens[loading]) - self.computed[loading]
-        if finish_load and left > 0:
-            event("a late load computed a copy")
-            self.advance([loading], left)
 
 
 class SwapMachine(ManagerMachine):
@@ -648,7 +608,7 @@ class SwapMachine(ManagerMachine):
         group_blocks = {h for s in group for h in self.swapped[s]}
         outside = {h for s, t in self.swapped.items() if s not in group for h in t}
         partial = bool(group_blocks & outside)
-        free = self.num_blocks - self.device_in_use()
+        free = NUM_BLOCKS - self.device_in_use()
         if len(group_blocks) > free:
             self.expect_failure(OutOfBlocksError, lambda: self.kv.swap_in(group))
             return
@@ -683,7 +643,5 @@ TestManagerModel = ManagerMachine.TestCase
 TestManagerModel.settings = SETTINGS
 TestPrefixCachingModel = PrefixCachingMachine.TestCase
 TestPrefixCachingModel.settings = SETTINGS
-TestDuplicatesModel = DuplicatesMachine.TestCase
-TestDuplicatesModel.settings = SETTINGS
 TestSwapModel = SwapMachine.TestCase
 TestSwapModel.settings = SETTINGS

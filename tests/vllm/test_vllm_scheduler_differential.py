@@ -176,13 +176,17 @@ def test_same_schedule_as_vllms_manager(vllm_scheduler: ModuleType, name: str) -
         assert len(decoded) > 100
     # With a connector's async loads, a load that finishes indexes blocks whose content a
     # running request computed meanwhile: vLLM indexes both copies, pagedkv keeps the running
-    # request's and tracks the loaded ones as live duplicates, which take the index entries when
-    # the running request's copies are evicted (docs/conformance.md, Duplicate copies). The
-    # probes of the requests that held such a block (``Trace.probe_copies``, present in these
-    # configurations) are compared exactly, as every other.
-    if probe and w.connector == "mixed":
-        assert any(reference.probe_copies)
-    difference = module.first_difference(reference, ours)
+    # request's (docs/conformance.md, Duplicate copies); once that copy is freed and evicted, a
+    # probe of the loaded request's tokens stops there in pagedkv only, the schedules staying
+    # identical (docs/integrations/vllm.md, KV connectors). Those requests' probes are compared
+    # as at most vLLM's; every other probe exactly.
+    skip_copies = probe and w.connector == "mixed"
+    if skip_copies:
+        pairs = zip(reference.probe_hits, ours.probe_hits, reference.probe_copies, strict=True)
+        held = [(x, y) for x, y, copies in pairs if copies]
+        assert held and all(y[:2] == x[:2] and y[2] <= x[2] for x, y in held)
+        assert len(held) < len(reference.probe_hits) // 2
+    difference = module.first_difference(reference, ours, skip_copies)
     if identical:
         assert difference is None
     else:

@@ -419,7 +419,6 @@ fn run(setup: Setup, ops: Vec<Op>) {
         cached: Vec::new(),
         index: HashMap::new(),
         key_of: HashMap::new(),
-        duplicates: HashMap::new(),
         host_refs: HashMap::new(),
         next_block: 0,
         pending_copies: Vec::new(),
@@ -764,48 +763,6 @@ proptest! {
         ops in prop::collection::vec(op(), 1..80),
     ) {
         run(setup(vec![KvGroupSpec::FullAttention], num_blocks, block_size, caching, num_host), ops);
-    }
-}
-
-/// Operations that make duplicate copies often: a few ids admitting the first blocks of one
-/// prompt, scheduled in part (the rest computed later, as an asynchronous KV load finishes
-/// after a running request computed the same content), advanced, freed, truncated, forked,
-/// swapped and probed.
-fn duplicate_op() -> impl Strategy<Value = Op> {
-    let id = || 0u64..4;
-    prop_oneof![
-        6 => (id(), 0usize..2, 4usize..16, prop_oneof![3 => Just(0usize), 2 => 0usize..8, 1 => Just(usize::MAX)])
-            .prop_map(|(id, prompt, len, scheduled)| Op::AddScheduled { id, prompt, len, extra: None, scheduled }),
-        5 => (prop::collection::vec(id(), 1..3), prop_oneof![2 => 1usize..8, 1 => Just(usize::MAX)]).prop_map(|(ids, n)| Op::Advance(ids, n)),
-        4 => id().prop_map(Op::Free),
-        2 => (0usize..2, 4usize..16).prop_map(|(prompt, len)| Op::Add(prompt as u64 + 4, len)),
-        2 => (id(), 0usize..6).prop_map(|(i, n)| Op::AppendTokens(i, n)),
-        2 => (id(), id()).prop_map(|(p, c)| Op::Fork(p, c)),
-        2 => (id(), 0usize..16).prop_map(|(i, n)| Op::Truncate(i, n)),
-        1 => ids(2).prop_map(Op::SwapOut),
-        1 => ids(2).prop_map(Op::SwapIn),
-        1 => Just(Op::Reset),
-        2 => (0usize..2, 0usize..16).prop_map(|(prompt, len)| Op::Match { prompt, len, extra: None }),
-        1 => (0usize..2, 0usize..12).prop_map(|(prompt, len)| Op::Pin { prompt, len, extra: None }),
-        1 => (0usize..2, 0usize..12).prop_map(|(prompt, len)| Op::Unpin { prompt, len, extra: None }),
-    ]
-}
-
-proptest! {
-    #![proptest_config(ProptestConfig { cases: 2000, max_shrink_iters: 4000, ..ProptestConfig::default() })]
-
-    /// Duplicates (prefix/index/duplicates.rs): tiny pools under pressure, one prompt admitted
-    /// again and again with its computing deferred, so that copies are made, freed first or
-    /// last, evicted, truncated, forked and swapped; every group list.
-    #[test]
-    fn duplicates_match_model(
-        groups in prop_oneof![3 => Just(vec![KvGroupSpec::FullAttention]), 1 => groups()],
-        num_blocks in 4usize..14,
-        block_size in 1usize..4,
-        num_host in prop_oneof![Just(0usize), 1usize..8],
-        ops in prop::collection::vec(prop_oneof![4 => duplicate_op(), 1 => op()], 1..80),
-    ) {
-        run(setup(groups, num_blocks, block_size, true, num_host), ops);
     }
 }
 

@@ -39,8 +39,6 @@ impl KvCacheManager {
         let mut refs: FxHashMap<BlockId, u32> = FxHashMap::default();
         let mut host_refs: FxHashMap<BlockId, u32> = FxHashMap::default();
         let mut swapped = 0;
-        // Tracked duplicates seen in resident tables (each must be in one).
-        let mut duplicates_seen: FxHashSet<BlockId> = FxHashSet::default();
         for (&id, seq) in self.seqs.iter() {
             if let Err(msg) = self.check_sequence(id, seq) {
                 return fail(msg);
@@ -80,24 +78,6 @@ impl KvCacheManager {
                     let Some(p) = &self.prefix else {
                         continue;
                     };
-                    if let Some(key) = p.duplicate_key(b) {
-                        // A tracked duplicate holds, computed, the content it is tracked
-                        // under, in the group of that content (prefix/index/duplicates.rs).
-                        duplicates_seen.insert(b);
-                        if (i + 1) * bs > seq.num_computed {
-                            return fail(format!(
-                                "sequence {id} group {g}: duplicate {b} is not fully computed"
-                            ));
-                        }
-                        let recorded = seq.hashing.as_ref().and_then(|h| h.block_hashes.get(i));
-                        if recorded.is_some_and(|&h| group_key(g as u32, h) != key) {
-                            return fail(format!(
-                                "sequence {id} group {g}: duplicate {b} tracked under content \
-                                 {key:#x}, which it does not hold"
-                            ));
-                        }
-                        continue;
-                    }
                     if !p.is_indexed(b) {
                         continue;
                     }
@@ -125,14 +105,6 @@ impl KvCacheManager {
                         }
                     }
                 }
-            }
-        }
-        if let Some(p) = &self.prefix {
-            let tracked = p.duplicate_blocks();
-            if let Some(b) = tracked.iter().find(|b| !duplicates_seen.contains(b)) {
-                return fail(format!(
-                    "tracked duplicate {b} is in no resident table (not live and private)"
-                ));
             }
         }
         if swapped != self.num_swapped {

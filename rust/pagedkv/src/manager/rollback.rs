@@ -116,13 +116,6 @@ impl KvCacheManager {
                         prefix.unindex_in_use(b);
                     }
                 }
-                // A kept partial duplicate will be written (in place, or copied first while
-                // shared): it no longer holds the content it is tracked under, for this table
-                // at least, so it is untracked. A dropped one is untracked by its release at
-                // refcount 0; one still held elsewhere keeps its content and its tracking.
-                if let Some(b) = kept_partial.filter(|&b| prefix.is_duplicate(b)) {
-                    prefix.untrack_duplicate(b);
-                }
             }
             self.release_table(&tail);
         }

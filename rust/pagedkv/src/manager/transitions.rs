@@ -128,8 +128,7 @@ impl KvCacheManager {
     }
 
     /// `release`: one table stops referencing `b` (refcount -1). At 0 the block becomes
-    /// cached-evictable (joining the LRU tail) if its content is indexed, else free (a tracked
-    /// duplicate of indexed content is untracked: prefix/index/duplicates.rs).
+    /// cached-evictable (joining the LRU tail) if its content is indexed, else free.
     pub(super) fn release(&mut self, b: BlockId) {
         let cached = self.release_uncounted(b);
         self.pool.count_cached(usize::from(cached));
@@ -149,12 +148,8 @@ impl KvCacheManager {
         cached.clear();
         for &b in blocks.iter().rev() {
             let indexed = self.is_indexed(b);
-            if self.release_in_pool(b, indexed) {
-                if indexed {
-                    cached.push(b);
-                } else if self.is_duplicate(b) {
-                    self.untrack_duplicate(b);
-                }
+            if self.release_in_pool(b, indexed) && indexed {
+                cached.push(b);
             }
         }
         if let Some(prefix) = self.prefix.as_mut() {
@@ -196,14 +191,11 @@ impl KvCacheManager {
     /// [`BlockPool::count_cached`](crate::BlockPool) before returning).
     fn release_uncounted(&mut self, b: BlockId) -> bool {
         let indexed = self.is_indexed(b);
-        let zero = self.release_in_pool(b, indexed);
-        let cached = zero && indexed;
+        let cached = self.release_in_pool(b, indexed) && indexed;
         if cached {
             if let Some(prefix) = self.prefix.as_mut() {
                 prefix.push_lru(b);
             }
-        } else if zero && self.is_duplicate(b) {
-            self.untrack_duplicate(b);
         }
         cached
     }
@@ -212,21 +204,6 @@ impl KvCacheManager {
     #[inline(always)]
     fn is_indexed(&self, b: BlockId) -> bool {
         self.prefix.as_ref().is_some_and(|p| p.is_indexed(b))
-    }
-
-    /// Whether block `b` is a tracked duplicate of indexed content (read only for a block that
-    /// is not indexed and reached refcount 0).
-    #[inline]
-    fn is_duplicate(&self, b: BlockId) -> bool {
-        self.prefix.as_ref().is_some_and(|p| p.is_duplicate(b))
-    }
-
-    /// Duplicate `b` reached refcount 0 (it is back on the free list): no longer tracked.
-    #[cold]
-    fn untrack_duplicate(&mut self, b: BlockId) {
-        if let Some(prefix) = self.prefix.as_mut() {
-            prefix.untrack_duplicate(b);
-        }
     }
 
     /// [`release_in_pool`] on this manager's pool and counters.

@@ -17,12 +17,10 @@
 //! [`BlockIndex::insert`] finds the block holding the content already and keeps the copy that is
 //! in use, so that it is shared: the other copy's holder, if cached-evictable, is replaced by
 //! the new block (it leaves the index and goes back to the pool; no event, the content stays
-//! stored), and if in use, the new block stays a private, unindexed block, tracked as a live
-//! duplicate: when the indexed copy leaves the index, the duplicate takes its entry
-//! (`index/duplicates.rs`). So every content the KV events report as stored sits on exactly one
-//! block that a walk reaches, and a hit is never shorter than the events say (docs/design.md,
-//! One copy per content). vLLM's `BlockPool` indexes every copy instead
-//! (`cached_block_hash_to_block`), and reports each as stored.
+//! stored), and if in use, the new block stays a private, unindexed block. So every content the
+//! KV events report as stored sits on exactly one block that a walk reaches, and a hit is never
+//! shorter than the events say (docs/design.md, One copy per content). vLLM's `BlockPool`
+//! indexes every copy instead (`cached_block_hash_to_block`), and reports each as stored.
 //!
 //! **Chained blocks.** Admission walks a prompt's blocks from its first: the first by hash,
 //! each later one through the block found for its parent (that block's child hint,
@@ -48,7 +46,7 @@
 
 use std::sync::Arc;
 
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashSet;
 
 use super::hash::BlockHash;
 use super::hash_slots::{HashSlots, Probe};
@@ -118,9 +116,7 @@ pub(crate) enum Entered {
     /// Entered as content indexed nowhere else (the caller reports it as `BlockStored`).
     New,
     /// The content is indexed on another block that is in use: this block stays a private,
-    /// unindexed block (no event: the content is stored already), tracked as a duplicate of
-    /// that content (`index/duplicates.rs`): the caller untracks it when its refcount reaches
-    /// 0 or its content changes.
+    /// unindexed block (no event: the content is stored already).
     Duplicate,
     /// The content was indexed on this cached-evictable block: the new block took its place in
     /// the index (no event: the content stays stored), and the caller returns the old one,
@@ -149,34 +145,6 @@ impl Default for Stored {
             many_children: false,
             group: 0,
             caller_hash: false,
-        }
-    }
-}
-
-/// The tracked duplicates (`index/duplicates.rs`): both directions, so that untracking one and handing an entry over
-/// are O(duplicates of that content), and the two per-block flags.
-#[derive(Debug)]
-struct Duplicates {
-    /// Per block id: whether the block is a tracked duplicate (read by a release only for a
-    /// block that is not indexed and reached refcount 0).
-    duplicate: Vec<bool>,
-    /// Per block id: whether the block is indexed and its content has tracked duplicates
-    /// (read by every removal from the index: leaving, the block hands its entry over).
-    flagged: Vec<bool>,
-    /// Content key -> its live private duplicates, oldest first (never empty).
-    by_key: FxHashMap<BlockHash, Vec<BlockId>>,
-    /// Duplicate block -> the key of its content, and the block holding the parent content
-    /// when it was tracked ([`NO_BLOCK`]: none; a hint, verified on use, for the hand-over).
-    of_block: FxHashMap<BlockId, (BlockHash, BlockId)>,
-}
-
-impl Duplicates {
-    fn new(num_blocks: usize) -> Self {
-        Duplicates {
-            duplicate: vec![false; num_blocks],
-            flagged: vec![false; num_blocks],
-            by_key: FxHashMap::default(),
-            of_block: FxHashMap::default(),
         }
     }
 }
@@ -213,11 +181,6 @@ pub(crate) struct BlockIndex {
     /// Whether content is looked up by its hash alone (`index/by_hash.rs`): then no block is
     /// chained, every indexed block has a map entry.
     by_hash: bool,
-    /// Live private duplicates of indexed content and their flags (`index/duplicates.rs`);
-    /// empty unless two blocks computed one content. Boxed, and its flags kept out of
-    /// `Stored`: the hit walk's code is sensitive to these structs' layout (callgrind: inline,
-    /// the same fields cost `prefix_match` 2.7 % more instructions, in register spills).
-    dups: Box<Duplicates>,
 }
 
 impl BlockIndex {
@@ -232,7 +195,6 @@ impl BlockIndex {
             num_chained: 0,
             orphan_parents: FxHashSet::default(),
             by_hash: false,
-            dups: Box::new(Duplicates::new(num_blocks)),
         }
     }
 
@@ -286,18 +248,12 @@ impl BlockIndex {
         let c = self.stored[p as usize].child;
         self.stored
             .get(c as usize)
-            .is_some_and(|s| self.is_indexed(c) && s.has_parent && s.parent == hash)
+            .is_some_and(|s| self.indexed[c as usize] && s.has_parent && s.parent == hash)
     }
 
     #[inline]
     pub(crate) fn is_indexed(&self, b: BlockId) -> bool {
         self.indexed[b as usize]
-    }
-
-    /// Whether block `b` is a tracked live duplicate (`index/duplicates.rs`).
-    #[inline]
-    pub(crate) fn is_duplicate(&self, b: BlockId) -> bool {
-        self.dups.duplicate[b as usize]
     }
 
     /// The hash block `b` is indexed under, if it is.
@@ -500,19 +456,14 @@ impl BlockIndex {
         };
         match existing {
             Ok(x) => {
-                // A tracked duplicate is entered once (its content is indexed on `x`).
-                if !self.stored_with(x, parent, token_ids, extra_key.as_deref())
-                    || self.is_duplicate(b)
-                {
+                if !self.stored_with(x, parent, token_ids, extra_key.as_deref()) {
                     return Entered::Refused;
                 }
                 if in_use(x) {
-                    // Walks after `b`'s private copy find `x` by hash in one probe (and a
-                    // content with duplicates keeps a map entry: `index/duplicates.rs`).
+                    // Walks after `b`'s private copy find `x` by hash in one probe.
                     if self.stored[x as usize].is_chained() {
                         self.promote(x);
                     }
-                    self.track_duplicate(x, b, holder);
                     return Entered::Duplicate;
                 }
                 self.replace(x, b, holder, token_ids);
@@ -565,7 +516,6 @@ impl BlockIndex {
         let s = &mut self.stored[b as usize];
         s.child = child;
         s.many_children = many;
-        self.dups.flagged.swap(x as usize, b as usize);
         if let Some(c) = self.stored.get_mut(child as usize) {
             if c.chained_to == x {
                 c.chained_to = b;
@@ -637,8 +587,8 @@ impl BlockIndex {
         // `many_children` is false already: `remove` and `replace` clear it as a block leaves.)
         s.child = NO_BLOCK;
         debug_assert!(
-            !s.many_children && !self.dups.flagged[b as usize],
-            "block {b} left the index with many children or duplicates set"
+            !s.many_children,
+            "block {b} left the index with many children set"
         );
         s.chained_to = chained_to.unwrap_or(NO_BLOCK);
         s.group = 0;
@@ -649,16 +599,10 @@ impl BlockIndex {
 
     /// Takes `b` out of the index; returns the hash it was indexed under, if any. A chained
     /// block leaves without touching the map; a block with children leaves its hash among the
-    /// orphan parents (see the module docs). A block whose content has a live private duplicate
-    /// hands its entry to that block instead, and returns `None`: the content stays indexed
-    /// (`index/duplicates.rs`).
+    /// orphan parents (see the module docs).
     #[inline(always)]
     pub(crate) fn remove(&mut self, b: BlockId) -> Option<BlockHash> {
         let h = self.hash_of(b)?;
-        if self.dups.flagged[b as usize] {
-            self.hand_over(b);
-            return None;
-        }
         // Its chained child would be cut off: it gets a map entry (see the module docs).
         let orphan = self.chained_child(b);
         let children = self.stored[b as usize].many_children || self.has_hinted_child(b, h);
@@ -733,9 +677,6 @@ mod by_hash;
 
 /// The index's invariants and the exact rebuild of the orphan parents.
 mod check;
-
-/// Live private duplicates of indexed content, and the hand-over of an entry to one.
-mod duplicates;
 
 /// Unit tests of each rule of the index.
 #[cfg(test)]

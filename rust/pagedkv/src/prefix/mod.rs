@@ -134,30 +134,6 @@ impl PrefixCache {
         self.index.is_indexed(b)
     }
 
-    /// Whether block `b` is a tracked live private duplicate of indexed content
-    /// (`index/duplicates.rs`).
-    #[inline]
-    pub(crate) fn is_duplicate(&self, b: BlockId) -> bool {
-        self.index.is_duplicate(b)
-    }
-
-    /// Stops tracking duplicate `b`: its refcount reached 0, or its content is about to change
-    /// (`index/duplicates.rs`). Nothing else changes.
-    #[cold]
-    pub(crate) fn untrack_duplicate(&mut self, b: BlockId) {
-        self.index.untrack_duplicate(b);
-    }
-
-    /// The content key duplicate `b` is tracked under, if it is one.
-    pub(crate) fn duplicate_key(&self, b: BlockId) -> Option<BlockHash> {
-        self.index.duplicate_key(b)
-    }
-
-    /// The tracked duplicates.
-    pub(crate) fn duplicate_blocks(&self) -> Vec<BlockId> {
-        self.index.duplicate_blocks().collect()
-    }
-
     /// Whether block `b` is indexed under exactly `hash`.
     #[inline]
     pub(crate) fn holds(&self, b: BlockId, hash: BlockHash) -> bool {
@@ -202,8 +178,7 @@ impl PrefixCache {
     /// block before `b` in its table (`None` for the first); `chain` the hashes of the blocks
     /// before `b` in its chain. When a cached-evictable block held the content, `b` replaces it
     /// in the index and that block goes back to `pool`'s free list (one copy per content: the
-    /// one in use); when a block in use holds it, `b` stays private, tracked as a duplicate of
-    /// it (`index/duplicates.rs`: the caller untracks it when its refcount reaches 0).
+    /// one in use); when a block in use holds it, `b` stays private.
     #[inline]
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn register(
@@ -316,10 +291,6 @@ impl PrefixCache {
     ///
     /// With a sink (the offload tier), each victim's content is handed to it first (an
     /// offload op).
-    ///
-    /// A victim whose content a live private duplicate holds hands its entry to it instead of
-    /// leaving the index (`index/duplicates.rs`): no `BlockRemoved`, nothing offloaded (the
-    /// content stays on the device, indexed); the block is still reused, and counted evicted.
     pub(crate) fn evict_lru_into<S: EvictionSink>(
         &mut self,
         n: usize,
@@ -333,10 +304,7 @@ impl PrefixCache {
         self.index.prefetch_removals(&out[start..]);
         for &b in &out[start..] {
             // The sink first: without one, the victim's content is not even looked at.
-            if let Some(sink) = sink
-                .as_deref_mut()
-                .filter(|_| !self.index.has_duplicates(b))
-            {
+            if let Some(sink) = sink.as_deref_mut() {
                 if let Some(mut content) = self.index.content(b) {
                     content.group_idx = self.grouped.then(|| self.index.group_of(b));
                     sink.evicted(b, content, &mut self.events);
@@ -399,7 +367,6 @@ impl PrefixCache {
 
     /// Takes in-use block `b` out of the index (a `BlockRemoved` if it was indexed): its
     /// content is about to be overwritten or was rolled back (`truncate`). Not an eviction.
-    /// When a live private duplicate holds the content, it takes the entry (no event).
     #[inline(always)]
     pub(crate) fn unindex_in_use(&mut self, b: BlockId) {
         if self.grouped {
@@ -432,10 +399,8 @@ impl PrefixCache {
             self.index.remove(b);
             pool.free_cached(b);
         }
-        // Every indexed block was cached (none in use), so nothing is left; a duplicate is
-        // in use, so none is tracked either.
+        // Every indexed block was cached (none in use), so nothing is left.
         debug_assert_eq!(self.index.len(), 0);
-        debug_assert_eq!(self.index.duplicate_blocks().count(), 0);
         self.events.push(KvEvent::AllBlocksCleared);
     }
 
@@ -485,15 +450,6 @@ impl PrefixCache {
             let rc = refcount(b);
             if rc < n {
                 return Err(format!("block {b}: {n} pins but refcount {rc}"));
-            }
-        }
-        for b in self.index.duplicate_blocks() {
-            let rc = refcount(b);
-            if rc == 0 {
-                return Err(format!("tracked duplicate {b} is not live (refcount 0)"));
-            }
-            if self.lru.contains(b) {
-                return Err(format!("tracked duplicate {b} is cached-evictable"));
             }
         }
         for b in self.lru.order() {

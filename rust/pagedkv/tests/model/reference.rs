@@ -61,11 +61,6 @@ pub struct Model {
     /// cached block replaces it, and the cached block goes back to the free pool).
     pub index: HashMap<Key, MBlock>,
     pub key_of: HashMap<MBlock, Key>,
-    /// Live private duplicates of indexed content, oldest first: a block left private because
-    /// a block in use holds its content, until its refcount reaches 0 or a truncate keeps it
-    /// partial. When the indexed copy leaves the index (evicted, or unindexed in use by a
-    /// truncate), the oldest takes its place (prefix/index/duplicates.rs).
-    pub duplicates: HashMap<Key, Vec<MBlock>>,
     pub host_refs: HashMap<MBlock, u32>,
     pub next_block: MBlock,
     pub pending_copies: Vec<(MBlock, MBlock)>,
@@ -154,28 +149,7 @@ impl Model {
             self.refcounts.remove(&b);
             if self.key_of.contains_key(&b) {
                 self.cached.push(b);
-            } else {
-                self.untrack(b);
             }
-        }
-    }
-
-    /// The content key duplicate `b` is tracked under, if it is one.
-    pub fn duplicate_key(&self, b: MBlock) -> Option<&Key> {
-        self.duplicates
-            .iter()
-            .find_map(|(k, list)| list.contains(&b).then_some(k))
-    }
-
-    /// `b` is no longer a tracked duplicate (if it was one).
-    pub fn untrack(&mut self, b: MBlock) {
-        let Some(key) = self.duplicate_key(b).cloned() else {
-            return;
-        };
-        let list = self.duplicates.get_mut(&key).unwrap();
-        list.retain(|&x| x != b);
-        if list.is_empty() {
-            self.duplicates.remove(&key);
         }
     }
 
@@ -190,15 +164,12 @@ impl Model {
     }
 
     pub fn register(&mut self, b: MBlock, key: Key) {
-        if self.key_of.contains_key(&b) || self.duplicate_key(b).is_some() {
+        if self.key_of.contains_key(&b) {
             return;
         }
         match self.index.get(&key).copied() {
-            // In use: `b` stays a private block, a tracked duplicate.
-            Some(x) if self.refcounts.contains_key(&x) => {
-                self.duplicates.entry(key).or_default().push(b);
-                return;
-            }
+            // In use: `b` stays a private block.
+            Some(x) if self.refcounts.contains_key(&x) => return,
             // Cached: `b` takes its place; it goes back to the free pool.
             Some(x) => {
                 let pos = self.cached.iter().position(|&c| c == x).unwrap();
@@ -211,22 +182,9 @@ impl Model {
         self.key_of.insert(b, key);
     }
 
-    /// `b` leaves the index; the oldest live duplicate of its content takes its place.
     pub fn unindex(&mut self, b: MBlock) {
         if let Some(key) = self.key_of.remove(&b) {
-            match self.duplicates.get_mut(&key) {
-                Some(list) => {
-                    let d = list.remove(0);
-                    if list.is_empty() {
-                        self.duplicates.remove(&key);
-                    }
-                    self.index.insert(key.clone(), d);
-                    self.key_of.insert(d, key);
-                }
-                None => {
-                    self.index.remove(&key);
-                }
-            }
+            self.index.remove(&key);
         }
     }
 
@@ -688,9 +646,6 @@ impl Model {
                     self.unindex(b);
                 }
             }
-            if let Some(b) = kept_partial {
-                self.untrack(b);
-            }
             for &b in tail.iter().rev().flatten() {
                 self.release(b);
             }
@@ -790,7 +745,6 @@ impl Model {
         self.cached.clear();
         self.index.clear();
         self.key_of.clear();
-        assert!(self.duplicates.is_empty(), "a duplicate is in use");
         true
     }
 

@@ -29,7 +29,7 @@ impl BlockIndex {
         let mut orphans = FxHashSet::default();
         for c in 0..self.stored.len() {
             let s = &self.stored[c];
-            if !self.is_indexed(c as BlockId) || !s.has_parent {
+            if !self.indexed[c] || !s.has_parent {
                 continue;
             }
             match by_hash.get(&s.parent) {
@@ -62,8 +62,6 @@ impl BlockIndex {
     /// 6. Every indexed block with a parent is tracked: the block holding its parent content
     ///    has it as its hint or is flagged with many children, or its parent hash is among the
     ///    orphan parents (what makes chaining without a look-up sound).
-    /// 7. The duplicate bookkeeping agrees with itself and the index
-    ///    ([`BlockIndex::check_duplicates`]).
     pub(crate) fn check_invariants(&self, hasher: &BlockHasher) -> Result<(), String> {
         let stored = &self.stored;
         // A corrupted slot may name a block out of range: its "hash" is then 0, which its tag
@@ -84,8 +82,8 @@ impl BlockIndex {
             }
             mapped += 1;
         }
-        let stray = (0..self.stored.len())
-            .find(|&b| !self.is_indexed(b as BlockId) && self.stored[b].is_chained());
+        let stray =
+            (0..self.stored.len()).find(|&b| !self.indexed[b] && self.stored[b].is_chained());
         if let Some(b) = stray {
             return Err(format!("block {b} is flagged chained but not indexed"));
         }
@@ -149,7 +147,7 @@ impl BlockIndex {
             }
         }
         debug_assert!(by_hash.values().all(|&b| b != NO_BLOCK));
-        self.check_duplicates()
+        Ok(())
     }
 
     /// Invariant 2 for block `b`: its key is its group's key of the hash of what it was stored

@@ -11,53 +11,22 @@ use crate::prefix::hash::BlockHasher;
 const BS: usize = 2;
 const NUM_BLOCKS: usize = 12;
 
-/// The plain index: each indexed content on one block, which blocks are in use, and the live
-/// private duplicates of each content, oldest first.
+/// The plain index: each indexed content on one block, and which blocks are in use.
 #[derive(Default)]
 struct Reference {
     block_of: HashMap<BlockHash, BlockId>,
     hash_of: HashMap<BlockId, BlockHash>,
     in_use: HashSet<BlockId>,
-    duplicates: HashMap<BlockHash, Vec<BlockId>>,
 }
 
 impl Reference {
-    /// The content duplicate `b` is tracked under, if it is one.
-    fn duplicate_key(&self, b: BlockId) -> Option<BlockHash> {
-        self.duplicates
-            .iter()
-            .find_map(|(&h, list)| list.contains(&b).then_some(h))
-    }
-
-    /// Every tracked duplicate, in block order.
-    fn duplicate_blocks(&self) -> Vec<BlockId> {
-        let mut all: Vec<BlockId> = self.duplicates.values().flatten().copied().collect();
-        all.sort_unstable();
-        all
-    }
-
-    /// Duplicate `b`'s holder freed it: no longer tracked, no longer in use.
-    fn drop_duplicate(&mut self, b: BlockId) {
-        let h = self.duplicate_key(b).unwrap();
-        let list = self.duplicates.get_mut(&h).unwrap();
-        list.retain(|&x| x != b);
-        if list.is_empty() {
-            self.duplicates.remove(&h);
-        }
-        self.in_use.remove(&b);
-    }
-
-    /// What entering `b` under `h` must do: one copy per content, the one in use; a copy left
-    /// private is a tracked duplicate.
+    /// What entering `b` under `h` must do: one copy per content, the one in use.
     fn insert(&mut self, b: BlockId, h: BlockHash) -> Entered {
-        if self.hash_of.contains_key(&b) || self.duplicate_key(b).is_some() {
+        if self.hash_of.contains_key(&b) {
             return Entered::Refused;
         }
         match self.block_of.get(&h).copied() {
-            Some(x) if self.in_use.contains(&x) => {
-                self.duplicates.entry(h).or_default().push(b);
-                Entered::Duplicate
-            }
+            Some(x) if self.in_use.contains(&x) => Entered::Duplicate,
             Some(x) => {
                 self.hash_of.remove(&x);
                 self.block_of.insert(h, b);
@@ -72,18 +41,8 @@ impl Reference {
         }
     }
 
-    /// `b` leaves the index; its content's oldest duplicate takes the entry if it has one.
     fn remove(&mut self, b: BlockId) -> Option<BlockHash> {
         let h = self.hash_of.remove(&b)?;
-        if let Some(list) = self.duplicates.get_mut(&h) {
-            let d = list.remove(0);
-            if list.is_empty() {
-                self.duplicates.remove(&h);
-            }
-            self.block_of.insert(h, d);
-            self.hash_of.insert(d, h);
-            return None;
-        }
         self.block_of.remove(&h);
         Some(h)
     }
@@ -121,11 +80,8 @@ enum Op {
         pick: usize,
         parent: u8,
     },
-    /// Remove the `k`-th indexed block (mod their number): evicted, or truncated in use (a
-    /// duplicate of its content takes its entry).
+    /// Remove the `k`-th indexed block (mod their number).
     Remove(usize),
-    /// The holder of the `k`-th tracked duplicate (mod their number) frees it.
-    DropDuplicate(usize),
     /// Flip whether the `k`-th indexed block is in use (a release or a revival).
     Use(usize),
     /// Release every block (all cached-evictable, none in use).
@@ -143,7 +99,6 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (prompt(), any::<usize>(), 0u8..3)
             .prop_map(|(prompt, pick, parent)| Op::Register { prompt, pick, parent }),
         3 => any::<usize>().prop_map(Op::Remove),
-        2 => any::<usize>().prop_map(Op::DropDuplicate),
         2 => any::<usize>().prop_map(Op::Use),
         1 => Just(Op::ReleaseAll),
         1 => prompt().prop_map(Op::Walk),
@@ -299,20 +254,7 @@ impl Model {
                     }
                 }
             }
-            Op::DropDuplicate(k) => {
-                let all = self.reference.duplicate_blocks();
-                if let Some(&b) = all.get(k % all.len().max(1)) {
-                    self.idx.untrack_duplicate(b);
-                    self.reference.drop_duplicate(b);
-                }
-            }
-            Op::ReleaseAll => {
-                for b in self.reference.duplicate_blocks() {
-                    self.idx.untrack_duplicate(b);
-                    self.reference.drop_duplicate(b);
-                }
-                self.reference.in_use.clear();
-            }
+            Op::ReleaseAll => self.reference.in_use.clear(),
             Op::Walk(prompt) => {
                 self.walk(prompt);
             }
@@ -321,11 +263,6 @@ impl Model {
         self.idx.check_invariants(&self.hasher).unwrap();
         for b in 0..NUM_BLOCKS as BlockId {
             assert_eq!(self.idx.hash_of(b), self.reference.hash_of.get(&b).copied());
-            assert_eq!(
-                self.idx.duplicate_key(b),
-                self.reference.duplicate_key(b),
-                "duplicate {b}"
-            );
         }
     }
 }

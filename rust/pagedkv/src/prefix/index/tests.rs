@@ -175,79 +175,11 @@ fn a_block_after_a_private_parent_finds_the_content_chained_below_the_indexed_on
     let (h, entered) = f.enter(5, &[h0, h1], Some(7), &[5, 6]);
     assert_eq!((h, entered), (h2, Entered::Duplicate));
     assert!(!f.idx.is_indexed(5));
-    // A tracked duplicate is not entered twice.
-    assert_eq!(f.enter(5, &[h0, h1], Some(7), &[5, 6]).1, Entered::Refused);
-    // Cached, the indexed copy is replaced in place, and its replacement carries the
-    // duplicate's tracking.
+    // Cached, the chained copy is replaced in place.
     f.in_use.remove(&2);
-    let (_, entered) = f.enter(6, &[h0, h1], Some(7), &[5, 6]);
+    let (_, entered) = f.enter(5, &[h0, h1], Some(7), &[5, 6]);
     assert_eq!(entered, Entered::Replaced(2));
-    assert_eq!(f.idx.lookup(h2, Some(h1), &[5, 6], None), Some(6));
-    assert!(f.idx.has_duplicates(6) && f.idx.duplicate_key(5) == Some(h2));
-}
-
-#[test]
-fn a_leaving_copy_hands_its_entry_to_the_oldest_live_duplicate() {
-    let mut f = Fixture::new();
-    f.in_use.extend([0, 1, 2]);
-    let h0 = f.root(0, &[1, 2]);
-    let h1 = f.chained(1, h0, 0, &[3, 4]);
-    let h2 = f.chained(2, h1, 1, &[5, 6]);
-    // Two requests recomputed content h1 after block 0: two duplicates, oldest first.
-    assert_eq!(f.enter(4, &[h0], Some(0), &[3, 4]).1, Entered::Duplicate);
-    assert_eq!(f.enter(5, &[h0], Some(0), &[3, 4]).1, Entered::Duplicate);
-    assert!(f.idx.is_duplicate(4));
-    assert!(f.idx.has_duplicates(1));
-    // Block 1 leaves (evicted): no hash comes back (no `BlockRemoved`), block 4 holds h1,
-    // found by hash and through block 0's hint, with block 1's chained child below it.
-    assert_eq!(f.remove(1), None);
-    assert!(!f.idx.is_indexed(1) && f.idx.holds(4, h1));
-    assert_eq!(f.idx.lookup(h1, Some(h0), &[3, 4], None), Some(4));
-    assert_eq!(f.idx.lookup_child(0, h0, &[3, 4], None), Some((4, h1)));
-    assert_eq!(f.idx.lookup_child(4, h1, &[5, 6], None), Some((2, h2)));
-    assert_eq!(f.idx.stored[2].chained_to, 4);
-    assert!(f.idx.has_duplicates(4) && f.idx.duplicate_key(5) == Some(h1));
-    // Then block 4 leaves: block 5 takes the entry, the last duplicate.
-    assert_eq!(f.remove(4), None);
-    assert!(f.idx.holds(5, h1) && !f.idx.has_duplicates(5));
-    // With none left, the content leaves with its last copy.
-    assert_eq!(f.remove(5), Some(h1));
-    assert_eq!(f.idx.lookup(h1, Some(h0), &[3, 4], None), None);
-}
-
-#[test]
-fn an_untracked_duplicate_takes_nothing() {
-    let mut f = Fixture::new();
-    f.in_use.extend([0, 1]);
-    let h0 = f.root(0, &[1, 2]);
-    let h1 = f.chained(1, h0, 0, &[3, 4]);
-    assert_eq!(f.enter(4, &[h0], Some(0), &[3, 4]).1, Entered::Duplicate);
-    // The duplicate's holder frees it first: nothing moves, the flag goes with it.
-    f.idx.untrack_duplicate(4);
-    f.idx.check_invariants(&f.hasher).unwrap();
-    assert!(!f.idx.has_duplicates(1) && !f.idx.is_duplicate(4));
-    assert_eq!(f.remove(1), Some(h1));
-    assert!(!f.idx.is_indexed(4));
-}
-
-#[test]
-fn a_hand_over_finds_the_parent_holder_through_the_duplicates_hint() {
-    let mut f = Fixture::new();
-    f.in_use.extend([0, 1, 2]);
-    let h0 = f.root(0, &[1, 2]);
-    let h1 = f.chained(1, h0, 0, &[3, 4]);
-    let h2 = f.chained(2, h1, 1, &[5, 6]);
-    // The duplicate of h2 comes after a private copy of h1 (no holder hint to keep: the
-    // holder of h1, block 1, is chained and has no map entry).
-    assert_eq!(
-        f.enter(6, &[h0, h1], Some(7), &[5, 6]).1,
-        Entered::Duplicate
-    );
-    assert_eq!(f.remove(2), None);
-    assert!(f.idx.holds(6, h2));
-    // Found through the holder hint (block 1, from the chain walk): block 1 tracks block 6.
-    assert_eq!(f.idx.lookup_child(1, h1, &[5, 6], None), Some((6, h2)));
-    assert!(!f.idx.may_have_orphans());
+    assert_eq!(f.idx.lookup(h2, Some(h1), &[5, 6], None), Some(5));
 }
 
 #[test]
