@@ -4,19 +4,20 @@
 //! `QuantizedKvCache`: `data` uint8 `[num_blocks, block_bytes]`, `residual` (int4; None
 //! otherwise) uint8 `[num_residual_slots, residual_block_bytes]`, the bytes of the residual's
 //! int8 blocks (one per slot). Every check that guards memory runs in the crate (or, for array shapes,
-//! here) before anything is written; the kernels run with the GIL released.
+//! here) before anything is written; the kernels run with the GIL released. The arguments a
+//! plain cache's call has too are read by `cpu_ops`' helpers, with the same checks and errors.
 
-use numpy::{
-    PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyReadwriteArrayDyn, PyUntypedArrayMethods,
-};
+use numpy::{PyReadonlyArrayDyn, PyReadwriteArrayDyn, PyUntypedArrayMethods};
 use pagedkv_cpu::{
-    self as cpu, f16, CacheShape, QuantCache, QuantCacheMut, QuantFormat, QuantLayout, Role,
+    self as cpu, CacheShape, QuantCache, QuantCacheMut, QuantFormat, QuantLayout, Role,
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
-use crate::arrays::require_aligned;
-use crate::cpu_ops::{array, err, ints, kind, mut_slice, read, slice, AttentionArgs, Storage};
+use crate::cpu_ops::{
+    block_pairs, borrow, dispatch, err, ints, kind, mut_slice, slice, swap, AttentionArgs,
+    AttentionCaches, AttentionCall, Borrow, NewKv, Storage,
+};
 use crate::errors::invalid_argument;
 
 /// The layout a cache tuple names (items 2..7).
@@ -66,101 +67,114 @@ fn check_residual_rows(
     check_rows(py, name, shape, &residual)
 }
 
-/// A read cache tuple: its layout, bytes and residual bytes (None: an empty one).
-struct ReadCache<'py> {
-    layout: QuantLayout,
-    data: PyReadonlyArrayDyn<'py, u8>,
-    residual: Option<PyReadonlyArrayDyn<'py, u8>>,
+/// A cache's bytes read, and borrowed for writing.
+type Bytes<'py> = PyReadonlyArrayDyn<'py, u8>;
+type BytesMut<'py> = PyReadwriteArrayDyn<'py, u8>;
+
+/// A uint8 `[rows, row_bytes]` array (a cache's bytes), borrowed as `B`.
+fn bytes<'py, B: Borrow<'py, u8>>(
+    py: Python<'py>,
+    name: &str,
+    x: &Bound<'py, PyAny>,
+) -> PyResult<B> {
+    borrow(py, name, x, 2, None, || {
+        format!("{name} must be a uint8 NumPy array")
+    })
 }
 
-fn read_cache<'py>(py: Python<'py>, name: &str, x: &Bound<'py, PyAny>) -> PyResult<ReadCache<'py>> {
+/// A cache tuple's layout, bytes and residual bytes (None: an empty one), borrowed as `B`:
+/// read-only for attention, for writing in a cache write.
+struct CacheArrays<B> {
+    layout: QuantLayout,
+    data: B,
+    residual: Option<B>,
+}
+
+fn cache_arrays<'py, B: Borrow<'py, u8>>(
+    py: Python<'py>,
+    name: &str,
+    x: &Bound<'py, PyAny>,
+) -> PyResult<CacheArrays<B>> {
     let t = x
         .cast::<PyTuple>()
         .map_err(|_| invalid_argument(py, format!("{name} must be a quantized cache tuple")))?;
     let layout = layout(py, name, t)?;
-    let data = array::<u8>(
-        py,
-        &format!("{name}.data"),
-        &t.get_item(0)?,
-        2,
-        "a uint8 NumPy array",
-    )?;
-    check_rows(py, &format!("{name}.data"), data.shape(), &layout)?;
+    let dname = format!("{name}.data");
+    let data: B = bytes(py, &dname, &t.get_item(0)?)?;
+    check_rows(py, &dname, data.dims(), &layout)?;
     let res = t.get_item(1)?;
     let residual = if res.is_none() {
         None
     } else {
         let rname = format!("{name}.residual");
-        let r = array::<u8>(py, &rname, &res, 2, "a uint8 NumPy array")?;
-        check_residual_rows(py, &rname, r.shape(), &layout)?;
+        let r: B = bytes(py, &rname, &res)?;
+        check_residual_rows(py, &rname, r.dims(), &layout)?;
         Some(r)
     };
-    Ok(ReadCache {
+    Ok(CacheArrays {
         layout,
         data,
         residual,
     })
 }
 
-impl<'py> ReadCache<'py> {
+impl CacheArrays<Bytes<'_>> {
     fn view(&self, py: Python<'_>, name: &str) -> PyResult<QuantCache<'_>> {
         let residual = self.residual.as_ref().map_or(Ok(&[][..]), slice)?;
         QuantCache::new(name, self.layout, slice(&self.data)?, residual).map_err(|e| err(py, e))
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn attention_t<'py, S: Storage>(
-    py: Python<'py>,
-    q: &Bound<'py, PyAny>,
-    k_cache: &Bound<'py, PyAny>,
-    v_cache: &Bound<'py, PyAny>,
-    tables: &Bound<'py, PyAny>,
-    seq_lens: &Bound<'py, PyAny>,
-    query_start_loc: Option<&Bound<'py, PyAny>>,
-    residual_slots: Option<&Bound<'py, PyAny>>,
-    scale: Option<f64>,
-    causal: bool,
-    window: Option<usize>,
-) -> PyResult<Bound<'py, PyAny>> {
-    let args = AttentionArgs::<S>::read(
-        py,
-        q,
-        tables,
-        seq_lens,
-        query_start_loc,
-        scale,
-        causal,
-        window,
-    )?;
-    let k = read_cache(py, "k_cache", k_cache)?;
-    let v = read_cache(py, "v_cache", v_cache)?;
-    let slots = residual_slots
-        .map(|x| ints::<i32>(py, "residual_slots", x, 1, "int32"))
-        .transpose()?;
-    let (kq, vq) = (k.view(py, "k_cache")?, v.view(py, "v_cache")?);
-    let slots_s = slots.as_ref().map(slice).transpose()?;
-    args.run(
-        py,
-        k.layout.head_dim,
-        k.layout.block_size,
-        move |qs, table, lens, qsl, params, out| match qsl {
-            Some(qsl) => {
-                cpu::paged_prefill_quant(qs, kq, vq, table, lens, qsl, slots_s, params, out)
-            }
-            None => cpu::paged_decode_quant(qs, kq, vq, table, lens, slots_s, params, out),
-        },
-    )
+impl CacheArrays<BytesMut<'_>> {
+    fn view_mut(&mut self, py: Python<'_>, name: &str) -> PyResult<QuantCacheMut<'_>> {
+        let residual = match self.residual.as_mut() {
+            Some(r) => mut_slice(py, r)?,
+            None => &mut [][..],
+        };
+        let data = mut_slice(py, &mut self.data)?;
+        QuantCacheMut::new(name, self.layout, data, residual).map_err(|e| err(py, e))
+    }
 }
 
-macro_rules! dispatch {
-    ($kind:expr, $f:ident ( $($arg:expr),* )) => {
-        match $kind {
-            "f32" => $f::<f32>($($arg),*),
-            "f16" => $f::<f16>($($arg),*),
-            _ => $f::<u16>($($arg),*),
-        }
-    };
+/// `residual_slots`, int32 `[num_tokens]` (None: no int4 residual).
+fn residual_slots<'py>(
+    py: Python<'py>,
+    x: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Option<PyReadonlyArrayDyn<'py, i32>>> {
+    x.map(|x| ints::<i32>(py, "residual_slots", x, 1, "int32"))
+        .transpose()
+}
+
+/// Quantized caches and, for int4, the residual slot of each query token.
+struct QuantCaches<'a, 'py> {
+    k_cache: &'a Bound<'py, PyAny>,
+    v_cache: &'a Bound<'py, PyAny>,
+    residual_slots: Option<&'a Bound<'py, PyAny>>,
+}
+
+impl<'py> AttentionCaches<'py> for QuantCaches<'_, 'py> {
+    fn attend<S: Storage>(
+        &self,
+        py: Python<'py>,
+        args: AttentionArgs<'py, S>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let k = cache_arrays::<Bytes>(py, "k_cache", self.k_cache)?;
+        let v = cache_arrays::<Bytes>(py, "v_cache", self.v_cache)?;
+        let slots = residual_slots(py, self.residual_slots)?;
+        let (kq, vq) = (k.view(py, "k_cache")?, v.view(py, "v_cache")?);
+        let slots_s = slots.as_ref().map(slice).transpose()?;
+        args.run(
+            py,
+            k.layout.head_dim,
+            k.layout.block_size,
+            move |qs, table, lens, qsl, params, out| match qsl {
+                Some(qsl) => {
+                    cpu::paged_prefill_quant(qs, kq, vq, table, lens, qsl, slots_s, params, out)
+                }
+                None => cpu::paged_decode_quant(qs, kq, vq, table, lens, slots_s, params, out),
+            },
+        )
+    }
 }
 
 /// Paged decode attention on quantized caches (see `pagedkv.attention.paged_attention`).
@@ -178,23 +192,12 @@ fn cpu_quant_paged_attention<'py>(
     scale: Option<f64>,
     window: Option<usize>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let kd = kind(py, "q", q)?;
-    dispatch!(
-        kd,
-        attention_t(
-            py,
-            q,
-            k_cache,
-            v_cache,
-            block_tables,
-            seq_lens,
-            None,
-            residual_slots,
-            scale,
-            true,
-            window
-        )
-    )
+    let caches = QuantCaches {
+        k_cache,
+        v_cache,
+        residual_slots,
+    };
+    AttentionCall::decode(q, block_tables, seq_lens, scale, window).run(py, &caches)
 }
 
 /// Paged prefill attention on quantized caches (see `pagedkv.attention.paged_prefill_attention`).
@@ -214,104 +217,14 @@ fn cpu_quant_paged_prefill_attention<'py>(
     causal: bool,
     window: Option<usize>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let kd = kind(py, "q", q)?;
-    dispatch!(
-        kd,
-        attention_t(
-            py,
-            q,
-            k_cache,
-            v_cache,
-            block_tables,
-            seq_lens,
-            Some(query_start_loc),
-            residual_slots,
-            scale,
-            causal,
-            window
-        )
-    )
-}
-
-/// A writable C-contiguous array of `T` with `ndim` dimensions, borrowed exclusively (NumPy's
-/// borrow tracking refuses one array passed twice).
-fn writable<'py, T: numpy::Element>(
-    py: Python<'py>,
-    name: &str,
-    x: &Bound<'py, PyAny>,
-    ndim: usize,
-    dtype: &str,
-) -> PyResult<PyReadwriteArrayDyn<'py, T>> {
-    let arr = x
-        .cast::<PyArrayDyn<T>>()
-        .map_err(|_| invalid_argument(py, format!("{name} must be {dtype}")))?;
-    if arr.ndim() != ndim {
-        return Err(invalid_argument(
-            py,
-            format!("{name} must be {ndim}-D, got shape {:?}", arr.shape()),
-        ));
-    }
-    if !arr.is_c_contiguous() {
-        return Err(invalid_argument(py, format!("{name} must be C-contiguous")));
-    }
-    require_aligned(py, name, arr.as_untyped())?;
-    arr.try_readwrite().map_err(|e| {
-        invalid_argument(
-            py,
-            format!("{name} is read-only or borrowed twice (one array passed as two caches?): {e}"),
-        )
-    })
-}
-
-/// A written cache tuple: its layout, bytes and residual bytes.
-struct WriteCache<'py> {
-    layout: QuantLayout,
-    data: PyReadwriteArrayDyn<'py, u8>,
-    residual: Option<PyReadwriteArrayDyn<'py, u8>>,
-}
-
-fn write_cache<'py>(
-    py: Python<'py>,
-    name: &str,
-    x: &Bound<'py, PyAny>,
-) -> PyResult<WriteCache<'py>> {
-    let t = x
-        .cast::<PyTuple>()
-        .map_err(|_| invalid_argument(py, format!("{name} must be a quantized cache tuple")))?;
-    let layout = layout(py, name, t)?;
-    let data = writable::<u8>(
-        py,
-        &format!("{name}.data"),
-        &t.get_item(0)?,
-        2,
-        "a uint8 NumPy array",
-    )?;
-    check_rows(py, &format!("{name}.data"), data.shape(), &layout)?;
-    let res = t.get_item(1)?;
-    let residual = if res.is_none() {
-        None
-    } else {
-        let rname = format!("{name}.residual");
-        let r = writable::<u8>(py, &rname, &res, 2, "a uint8 NumPy array")?;
-        check_residual_rows(py, &rname, r.shape(), &layout)?;
-        Some(r)
+    let caches = QuantCaches {
+        k_cache,
+        v_cache,
+        residual_slots,
     };
-    Ok(WriteCache {
-        layout,
-        data,
-        residual,
-    })
-}
-
-impl<'py> WriteCache<'py> {
-    fn view(&mut self, py: Python<'_>, name: &str) -> PyResult<QuantCacheMut<'_>> {
-        let residual = match self.residual.as_mut() {
-            Some(r) => mut_slice(py, r)?,
-            None => &mut [][..],
-        };
-        let data = mut_slice(py, &mut self.data)?;
-        QuantCacheMut::new(name, self.layout, data, residual).map_err(|e| err(py, e))
-    }
+    AttentionCall::decode(q, block_tables, seq_lens, scale, window)
+        .prefill(query_start_loc, causal)
+        .run(py, &caches)
 }
 
 fn write_t<'py, S: Storage>(
@@ -323,30 +236,13 @@ fn write_t<'py, S: Storage>(
     slot_mapping: &Bound<'py, PyAny>,
     residual_slots: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<()> {
-    let k = read::<S>(py, "k", k, 3)?;
-    let v = read::<S>(py, "v", v, 3)?;
-    let slots = ints::<i64>(py, "slot_mapping", slot_mapping, 1, "int64")?;
-    let res = residual_slots
-        .map(|x| ints::<i32>(py, "residual_slots", x, 1, "int32"))
-        .transpose()?;
-    let mut kc = write_cache(py, "k_cache", k_cache)?;
-    let mut vc = write_cache(py, "v_cache", v_cache)?;
-    let want = [kc.layout.num_kv_heads, kc.layout.head_dim];
-    if k.shape() != v.shape() || k.shape()[1..] != want {
-        return Err(invalid_argument(
-            py,
-            format!(
-                "k {:?} and v {:?} must be [num_tokens, {}, {}]",
-                k.shape(),
-                v.shape(),
-                want[0],
-                want[1]
-            ),
-        ));
-    }
-    let (ks, vs, ss) = (S::view(slice(&k)?), S::view(slice(&v)?), slice(&slots)?);
+    let new = NewKv::<S>::read(py, k, v, slot_mapping)?;
+    let res = self::residual_slots(py, residual_slots)?;
+    let mut kc = cache_arrays::<BytesMut>(py, "k_cache", k_cache)?;
+    let mut vc = cache_arrays::<BytesMut>(py, "v_cache", v_cache)?;
+    let (ks, vs, ss) = new.slices(py, kc.layout.num_kv_heads, kc.layout.head_dim)?;
     let rs = res.as_ref().map(slice).transpose()?;
-    let (kq, vq) = (kc.view(py, "k_cache")?, vc.view(py, "v_cache")?);
+    let (kq, vq) = (kc.view_mut(py, "k_cache")?, vc.view_mut(py, "v_cache")?);
     py.detach(|| cpu::write_kv_quant(ks, vs, kq, vq, ss, rs))
         .map_err(|e| err(py, e))
 }
@@ -365,6 +261,7 @@ fn cpu_quant_write_kv<'py>(
 ) -> PyResult<()> {
     let kd = kind(py, "k", k)?;
     dispatch!(
+        py,
         kd,
         write_t(py, k, v, k_cache, v_cache, slot_mapping, residual_slots)
     )
@@ -381,25 +278,10 @@ fn cpu_copy_block_bytes<'py>(
     caches: &Bound<'py, PyList>,
     copy_ops: &Bound<'py, PyAny>,
 ) -> PyResult<()> {
-    let ops = ints::<i32>(py, "copy_ops", copy_ops, 2, "int32")?;
-    if ops.shape()[1] != 2 {
-        return Err(invalid_argument(
-            py,
-            format!(
-                "copy_ops must be [N, 2] (src, dst), got shape {:?}",
-                ops.shape()
-            ),
-        ));
-    }
+    let ops = block_pairs(py, "copy_ops", copy_ops, "(src, dst)")?;
     let mut borrows = Vec::with_capacity(caches.len());
     for (i, x) in caches.iter().enumerate() {
-        borrows.push(writable::<u8>(
-            py,
-            &format!("caches[{i}]"),
-            &x,
-            2,
-            "a uint8 NumPy array",
-        )?);
+        borrows.push(bytes::<BytesMut>(py, &format!("caches[{i}]"), &x)?);
     }
     let Some(first) = borrows.first() else {
         return Err(invalid_argument(
@@ -457,33 +339,10 @@ fn cpu_swap_block_bytes<'py>(
     dst: &Bound<'py, PyAny>,
     mapping: &Bound<'py, PyAny>,
 ) -> PyResult<usize> {
-    let m = ints::<i32>(py, "mapping", mapping, 2, "int32")?;
-    if m.shape()[1] != 2 {
-        return Err(invalid_argument(
-            py,
-            format!(
-                "mapping must be [N, 2] (src_block, dst_block), got shape {:?}",
-                m.shape()
-            ),
-        ));
-    }
-    let s = array::<u8>(py, "src_cache", src, 2, "a uint8 NumPy array")?;
-    let mut d = writable::<u8>(py, "dst_cache", dst, 2, "a uint8 NumPy array")?;
-    if s.shape()[1] != d.shape()[1] {
-        return Err(invalid_argument(
-            py,
-            format!(
-                "src_cache {:?} and dst_cache {:?} must have one row length",
-                s.shape(),
-                d.shape()
-            ),
-        ));
-    }
-    let row = s.shape()[1];
-    let (ss, ms) = (slice(&s)?, slice(&m)?);
-    let ds = mut_slice(py, &mut d)?;
-    py.detach(|| cpu::swap_blocks(ss, ds, row, ms))
-        .map_err(|e| err(py, e))
+    let m = block_pairs(py, "mapping", mapping, "(src_block, dst_block)")?;
+    let s = bytes::<Bytes>(py, "src_cache", src)?;
+    let mut d = bytes::<BytesMut>(py, "dst_cache", dst)?;
+    swap(py, &s, &mut d, &m, "row length")
 }
 
 /// Registers the quantized CPU data-plane functions on `_core`.

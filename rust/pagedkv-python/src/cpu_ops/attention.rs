@@ -1,7 +1,8 @@
-//! Paged decode and prefill attention on the CPU data plane.
+//! Paged decode and prefill attention on the CPU data plane, and the reading of the arguments
+//! the quantized caches' attention shares with it (`cpu_quant_ops.rs`).
 
 use numpy::{PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArrayMethods};
-use pagedkv_cpu::{self as cpu, f16, AttentionParams, BlockTables};
+use pagedkv_cpu::{self as cpu, AttentionParams, BlockTables};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
@@ -66,31 +67,23 @@ pub(crate) struct AttentionArgs<'py, S: Storage> {
 }
 
 impl<'py, S: Storage> AttentionArgs<'py, S> {
-    /// Reads the shared arguments (the default scale is 1 / sqrt(head_dim)).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn read(
-        py: Python<'py>,
-        q: &Bound<'py, PyAny>,
-        tables: &Bound<'py, PyAny>,
-        seq_lens: &Bound<'py, PyAny>,
-        query_start_loc: Option<&Bound<'py, PyAny>>,
-        scale: Option<f64>,
-        causal: bool,
-        window: Option<usize>,
-    ) -> PyResult<Self> {
-        let q = read::<S>(py, "q", q, 3)?;
-        let seq_lens = ints::<i32>(py, "seq_lens", seq_lens, 1, "int32")?;
-        let query_start_loc = query_start_loc
+    /// Reads the shared arguments, in the order q, seq_lens, query_start_loc, block tables (the
+    /// default scale is 1 / sqrt(head_dim)).
+    fn read(py: Python<'py>, call: &AttentionCall<'_, 'py>) -> PyResult<Self> {
+        let q = read::<S>(py, "q", call.q, 3)?;
+        let seq_lens = ints::<i32>(py, "seq_lens", call.seq_lens, 1, "int32")?;
+        let query_start_loc = call
+            .query_start_loc
             .map(|x| ints::<i32>(py, "query_start_loc", x, 1, "int32"))
             .transpose()?;
-        let tables = Tables::new(py, tables)?;
+        let tables = Tables::new(py, call.tables)?;
         let (num_q_heads, head_dim) = (q.shape()[1], q.shape()[2]);
-        let scale = scale.unwrap_or(1.0 / (head_dim.max(1) as f64).sqrt());
+        let scale = call.scale.unwrap_or(1.0 / (head_dim.max(1) as f64).sqrt());
         let params = AttentionParams {
             num_q_heads,
             scale: scale as f32,
-            causal,
-            window,
+            causal: call.causal,
+            window: call.window,
         };
         Ok(AttentionArgs {
             q,
@@ -150,75 +143,102 @@ impl<'py, S: Storage> AttentionArgs<'py, S> {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn attention_t<'py, S: Storage>(
-    py: Python<'py>,
-    q: &Bound<'py, PyAny>,
-    k_cache: &Bound<'py, PyAny>,
-    v_cache: &Bound<'py, PyAny>,
-    tables: &Bound<'py, PyAny>,
-    seq_lens: &Bound<'py, PyAny>,
-    query_start_loc: Option<&Bound<'py, PyAny>>,
+/// An attention call's arguments but the caches, as Python passed them: decode's (no
+/// `query_start_loc`, causal) or prefill's.
+pub(crate) struct AttentionCall<'a, 'py> {
+    q: &'a Bound<'py, PyAny>,
+    tables: &'a Bound<'py, PyAny>,
+    seq_lens: &'a Bound<'py, PyAny>,
+    query_start_loc: Option<&'a Bound<'py, PyAny>>,
     scale: Option<f64>,
     causal: bool,
     window: Option<usize>,
-) -> PyResult<Bound<'py, PyAny>> {
-    let args = AttentionArgs::<S>::read(
-        py,
-        q,
-        tables,
-        seq_lens,
-        query_start_loc,
-        scale,
-        causal,
-        window,
-    )?;
-    let k = read::<S>(py, "k_cache", k_cache, 4)?;
-    let v = read::<S>(py, "v_cache", v_cache, 4)?;
-    let cache = cache_shape(py, k.shape(), v.shape())?;
-    let (ks, vs) = (S::view(slice(&k)?), S::view(slice(&v)?));
-    args.run(
-        py,
-        cache.head_dim,
-        cache.block_size,
-        move |qs, table, lens, qsl, params, out| match qsl {
-            Some(qsl) => cpu::paged_prefill(qs, ks, vs, cache, table, lens, qsl, params, out),
-            None => cpu::paged_decode(qs, ks, vs, cache, table, lens, params, out),
-        },
-    )
 }
 
-/// Both attention entry points: the cache dtype (from `q`) picks the monomorphised kernel.
-#[allow(clippy::too_many_arguments)]
-fn attention<'py>(
-    py: Python<'py>,
-    q: &Bound<'py, PyAny>,
-    k_cache: &Bound<'py, PyAny>,
-    v_cache: &Bound<'py, PyAny>,
-    tables: &Bound<'py, PyAny>,
-    seq_lens: &Bound<'py, PyAny>,
-    query_start_loc: Option<&Bound<'py, PyAny>>,
-    scale: Option<f64>,
-    causal: bool,
-    window: Option<usize>,
-) -> PyResult<Bound<'py, PyAny>> {
-    let k = kind(py, "q", q)?;
-    dispatch!(
-        py,
-        k,
-        attention_t(
-            py,
+/// The caches of an attention call, plain or quantized: read after the call's other arguments,
+/// then attended to with them.
+pub(crate) trait AttentionCaches<'py> {
+    fn attend<S: Storage>(
+        &self,
+        py: Python<'py>,
+        args: AttentionArgs<'py, S>,
+    ) -> PyResult<Bound<'py, PyAny>>;
+}
+
+impl<'a, 'py> AttentionCall<'a, 'py> {
+    pub(crate) fn decode(
+        q: &'a Bound<'py, PyAny>,
+        tables: &'a Bound<'py, PyAny>,
+        seq_lens: &'a Bound<'py, PyAny>,
+        scale: Option<f64>,
+        window: Option<usize>,
+    ) -> Self {
+        let (query_start_loc, causal) = (None, true);
+        AttentionCall {
             q,
-            k_cache,
-            v_cache,
             tables,
             seq_lens,
             query_start_loc,
             scale,
             causal,
-            window
+            window,
+        }
+    }
+
+    /// The decode call's arguments made a prefill's.
+    pub(crate) fn prefill(self, query_start_loc: &'a Bound<'py, PyAny>, causal: bool) -> Self {
+        AttentionCall {
+            query_start_loc: Some(query_start_loc),
+            causal,
+            ..self
+        }
+    }
+
+    /// Runs the call on `caches`: the dtype of `q` picks the monomorphised kernel.
+    pub(crate) fn run(
+        &self,
+        py: Python<'py>,
+        caches: &impl AttentionCaches<'py>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let kd = kind(py, "q", self.q)?;
+        dispatch!(py, kd, attend(py, self, caches))
+    }
+}
+
+fn attend<'py, S: Storage>(
+    py: Python<'py>,
+    call: &AttentionCall<'_, 'py>,
+    caches: &impl AttentionCaches<'py>,
+) -> PyResult<Bound<'py, PyAny>> {
+    caches.attend(py, AttentionArgs::<S>::read(py, call)?)
+}
+
+/// Plain caches `[num_blocks, block_size, num_kv_heads, head_dim]` of the call's dtype.
+struct Caches<'a, 'py> {
+    k_cache: &'a Bound<'py, PyAny>,
+    v_cache: &'a Bound<'py, PyAny>,
+}
+
+impl<'py> AttentionCaches<'py> for Caches<'_, 'py> {
+    fn attend<S: Storage>(
+        &self,
+        py: Python<'py>,
+        args: AttentionArgs<'py, S>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let k = read::<S>(py, "k_cache", self.k_cache, 4)?;
+        let v = read::<S>(py, "v_cache", self.v_cache, 4)?;
+        let cache = cache_shape(py, k.shape(), v.shape())?;
+        let (ks, vs) = (S::view(slice(&k)?), S::view(slice(&v)?));
+        args.run(
+            py,
+            cache.head_dim,
+            cache.block_size,
+            move |qs, table, lens, qsl, params, out| match qsl {
+                Some(qsl) => cpu::paged_prefill(qs, ks, vs, cache, table, lens, qsl, params, out),
+                None => cpu::paged_decode(qs, ks, vs, cache, table, lens, params, out),
+            },
         )
-    )
+    }
 }
 
 /// Paged decode attention (see `pagedkv.attention.paged_attention`).
@@ -235,18 +255,8 @@ pub(super) fn cpu_paged_attention<'py>(
     scale: Option<f64>,
     window: Option<usize>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    attention(
-        py,
-        q,
-        k_cache,
-        v_cache,
-        block_tables,
-        seq_lens,
-        None,
-        scale,
-        true,
-        window,
-    )
+    let caches = Caches { k_cache, v_cache };
+    AttentionCall::decode(q, block_tables, seq_lens, scale, window).run(py, &caches)
 }
 
 /// Paged prefill attention (see `pagedkv.attention.paged_prefill_attention`).
@@ -265,16 +275,8 @@ pub(super) fn cpu_paged_prefill_attention<'py>(
     causal: bool,
     window: Option<usize>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    attention(
-        py,
-        q,
-        k_cache,
-        v_cache,
-        block_tables,
-        seq_lens,
-        Some(query_start_loc),
-        scale,
-        causal,
-        window,
-    )
+    let caches = Caches { k_cache, v_cache };
+    AttentionCall::decode(q, block_tables, seq_lens, scale, window)
+        .prefill(query_start_loc, causal)
+        .run(py, &caches)
 }

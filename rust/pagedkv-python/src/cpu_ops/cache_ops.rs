@@ -1,13 +1,63 @@
-//! Writes into paged caches and copies of their blocks (copy-on-write, swap).
+//! Writes into paged caches and copies of their blocks (copy-on-write, swap), and the argument
+//! checks the quantized caches' writes and swaps share with them (`cpu_quant_ops.rs`).
 
-use numpy::{PyArrayDyn, PyArrayMethods, PyUntypedArrayMethods};
-use pagedkv_cpu::{self as cpu, f16};
+use numpy::{Element, PyReadonlyArrayDyn, PyReadwriteArrayDyn, PyUntypedArrayMethods};
+use pagedkv_cpu as cpu;
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 
-use super::convert::{cache_shape, err, ints, kind, mut_slice, read, slice, Storage};
-use crate::arrays::require_aligned;
+use super::convert::{
+    block_pairs, borrow, cache_shape, err, ints, kind, mut_slice, read, slice, Storage,
+};
 use crate::errors::invalid_argument;
+
+/// The new tokens of a cache write: `k` and `v` `[num_tokens, num_kv_heads, head_dim]` and
+/// their int64 `slot_mapping`, read in this order.
+pub(crate) struct NewKv<'py, S: Storage> {
+    k: PyReadonlyArrayDyn<'py, S>,
+    v: PyReadonlyArrayDyn<'py, S>,
+    slots: PyReadonlyArrayDyn<'py, i64>,
+}
+
+/// `(k, v, slot_mapping)` as the kernels read them.
+pub(crate) type NewKvSlices<'a, E> = (&'a [E], &'a [E], &'a [i64]);
+
+impl<'py, S: Storage> NewKv<'py, S> {
+    pub(crate) fn read(
+        py: Python<'py>,
+        k: &Bound<'py, PyAny>,
+        v: &Bound<'py, PyAny>,
+        slot_mapping: &Bound<'py, PyAny>,
+    ) -> PyResult<Self> {
+        Ok(NewKv {
+            k: read::<S>(py, "k", k, 3)?,
+            v: read::<S>(py, "v", v, 3)?,
+            slots: ints::<i64>(py, "slot_mapping", slot_mapping, 1, "int64")?,
+        })
+    }
+
+    /// `(k, v, slot_mapping)` as slices, once `k` and `v` are checked against the cache's
+    /// `num_kv_heads` and `head_dim`.
+    pub(crate) fn slices(
+        &self,
+        py: Python<'_>,
+        num_kv_heads: usize,
+        head_dim: usize,
+    ) -> PyResult<NewKvSlices<'_, S::Elem>> {
+        let (k, v) = (self.k.shape(), self.v.shape());
+        if k != v || k[1..] != [num_kv_heads, head_dim] {
+            return Err(invalid_argument(
+                py,
+                format!("k {k:?} and v {v:?} must be [num_tokens, {num_kv_heads}, {head_dim}]"),
+            ));
+        }
+        Ok((
+            S::view(slice(&self.k)?),
+            S::view(slice(&self.v)?),
+            slice(&self.slots)?,
+        ))
+    }
+}
 
 fn write_kv_t<'py, S: Storage>(
     py: Python<'py>,
@@ -17,25 +67,11 @@ fn write_kv_t<'py, S: Storage>(
     v_cache: &Bound<'py, PyAny>,
     slot_mapping: &Bound<'py, PyAny>,
 ) -> PyResult<()> {
-    let k = read::<S>(py, "k", k, 3)?;
-    let v = read::<S>(py, "v", v, 3)?;
-    let slots = ints::<i64>(py, "slot_mapping", slot_mapping, 1, "int64")?;
+    let new = NewKv::<S>::read(py, k, v, slot_mapping)?;
     let mut kc = write::<S>(py, "k_cache", k_cache)?;
     let mut vc = write::<S>(py, "v_cache", v_cache)?;
     let cache = cache_shape(py, kc.shape(), vc.shape())?;
-    if k.shape() != v.shape() || k.shape()[1..] != kc.shape()[2..] {
-        return Err(invalid_argument(
-            py,
-            format!(
-                "k {:?} and v {:?} must be [num_tokens, {}, {}]",
-                k.shape(),
-                v.shape(),
-                cache.num_kv_heads,
-                cache.head_dim
-            ),
-        ));
-    }
-    let (ks, vs, ss) = (S::view(slice(&k)?), S::view(slice(&v)?), slice(&slots)?);
+    let (ks, vs, ss) = new.slices(py, cache.num_kv_heads, cache.head_dim)?;
     let kcs = S::view_mut(mut_slice(py, &mut kc)?);
     let vcs = S::view_mut(mut_slice(py, &mut vc)?);
     py.detach(|| cpu::write_kv(ks, vs, kcs, vcs, cache, ss))
@@ -48,32 +84,15 @@ fn write<'py, S: Storage>(
     py: Python<'py>,
     name: &str,
     x: &Bound<'py, PyAny>,
-) -> PyResult<numpy::PyReadwriteArrayDyn<'py, S>> {
-    let arr = x.cast::<PyArrayDyn<S>>().map_err(|_| {
-        invalid_argument(
-            py,
-            format!("{name} must share the dtype of the other tensors"),
-        )
-    })?;
-    if arr.ndim() != 4 {
-        return Err(invalid_argument(
-            py,
-            format!(
-                "{name} must be [num_blocks, block_size, num_kv_heads, head_dim], got shape {:?}",
-                arr.shape()
-            ),
-        ));
-    }
-    if !arr.is_c_contiguous() {
-        return Err(invalid_argument(py, format!("{name} must be C-contiguous")));
-    }
-    require_aligned(py, name, arr.as_untyped())?;
-    arr.try_readwrite().map_err(|e| {
-        invalid_argument(
-            py,
-            format!("{name} is read-only or borrowed twice (one array passed as two caches?): {e}"),
-        )
-    })
+) -> PyResult<PyReadwriteArrayDyn<'py, S>> {
+    borrow(
+        py,
+        name,
+        x,
+        4,
+        Some("[num_blocks, block_size, num_kv_heads, head_dim]"),
+        || format!("{name} must share the dtype of the other tensors"),
+    )
 }
 
 /// Writes new tokens' K/V into their slots (see `pagedkv.attention.write_kv`).
@@ -96,16 +115,7 @@ fn copy_blocks_t<'py, S: Storage>(
     v_caches: &Bound<'py, PyList>,
     copy_ops: &Bound<'py, PyAny>,
 ) -> PyResult<()> {
-    let ops = ints::<i32>(py, "copy_ops", copy_ops, 2, "int32")?;
-    if ops.shape()[1] != 2 {
-        return Err(invalid_argument(
-            py,
-            format!(
-                "copy_ops must be [N, 2] (src, dst), got shape {:?}",
-                ops.shape()
-            ),
-        ));
-    }
+    let ops = block_pairs(py, "copy_ops", copy_ops, "(src, dst)")?;
     if k_caches.len() == 0 || k_caches.len() != v_caches.len() {
         return Err(invalid_argument(
             py,
@@ -158,39 +168,44 @@ pub(super) fn cpu_copy_blocks<'py>(
     dispatch!(py, kd, copy_blocks_t(py, k_caches, v_caches, copy_ops))
 }
 
+/// Copies `mapping`'s blocks (an array's rows past its first dimension) from `src` into `dst`;
+/// returns the number of copies. Both swap bindings end here, their arrays read; `block` names
+/// what the two must share in the refusal ("block shape", "row length"). A swap moves elements
+/// as they are, so the element is the NumPy one (uint16 for bfloat16).
+pub(crate) fn swap<'py, T: Element + Copy + Send + Sync>(
+    py: Python<'py>,
+    src: &PyReadonlyArrayDyn<'py, T>,
+    dst: &mut PyReadwriteArrayDyn<'py, T>,
+    mapping: &PyReadonlyArrayDyn<'py, i32>,
+    block: &str,
+) -> PyResult<usize> {
+    if src.shape()[1..] != dst.shape()[1..] {
+        return Err(invalid_argument(
+            py,
+            format!(
+                "src_cache {:?} and dst_cache {:?} must have one {block}",
+                src.shape(),
+                dst.shape()
+            ),
+        ));
+    }
+    let block_elems: usize = src.shape()[1..].iter().product();
+    let (ss, ms) = (slice(src)?, slice(mapping)?);
+    let ds = mut_slice(py, dst)?;
+    py.detach(|| cpu::swap_blocks(ss, ds, block_elems, ms))
+        .map_err(|e| err(py, e))
+}
+
 fn swap_blocks_t<'py, S: Storage>(
     py: Python<'py>,
     src: &Bound<'py, PyAny>,
     dst: &Bound<'py, PyAny>,
     mapping: &Bound<'py, PyAny>,
 ) -> PyResult<usize> {
-    let m = ints::<i32>(py, "mapping", mapping, 2, "int32")?;
-    if m.shape()[1] != 2 {
-        return Err(invalid_argument(
-            py,
-            format!(
-                "mapping must be [N, 2] (src_block, dst_block), got shape {:?}",
-                m.shape()
-            ),
-        ));
-    }
+    let m = block_pairs(py, "mapping", mapping, "(src_block, dst_block)")?;
     let s = read::<S>(py, "src_cache", src, 4)?;
     let mut d = write::<S>(py, "dst_cache", dst)?;
-    if s.shape()[1..] != d.shape()[1..] {
-        return Err(invalid_argument(
-            py,
-            format!(
-                "src_cache {:?} and dst_cache {:?} must have one block shape",
-                s.shape(),
-                d.shape()
-            ),
-        ));
-    }
-    let block_elems: usize = s.shape()[1..].iter().product();
-    let (ss, ms) = (S::view(slice(&s)?), slice(&m)?);
-    let ds = S::view_mut(mut_slice(py, &mut d)?);
-    py.detach(|| cpu::swap_blocks(ss, ds, block_elems, ms))
-        .map_err(|e| err(py, e))
+    swap(py, &s, &mut d, &m, "block shape")
 }
 
 /// Copies blocks between two caches of one block shape (see `pagedkv.attention.swap_blocks`).

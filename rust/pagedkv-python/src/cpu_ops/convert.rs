@@ -3,8 +3,8 @@
 
 use half::slice::HalfBitsSliceExt;
 use numpy::{
-    Element, PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArray,
-    PyUntypedArrayMethods,
+    Element, PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn,
+    PyReadwriteArrayDyn, PyUntypedArray, PyUntypedArrayMethods,
 };
 use pagedkv_cpu::{self as cpu, bf16, f16, CacheShape, KvElem};
 use pyo3::prelude::*;
@@ -77,8 +77,71 @@ pub(crate) fn kind(py: Python<'_>, name: &str, x: &Bound<'_, PyAny>) -> PyResult
     }
 }
 
-/// `x` as a read-only C-contiguous `ndim`-D array of `T`: the one conversion every argument that
-/// is read goes through. `dtype` names what a wrong element type should have been.
+/// How a checked array is borrowed: read-only, or exclusively for writing (NumPy's borrow
+/// tracking then refuses one array passed twice, as two caches).
+pub(crate) trait Borrow<'py, T: Element>: Sized {
+    fn take(py: Python<'py>, name: &str, arr: &Bound<'py, PyArrayDyn<T>>) -> PyResult<Self>;
+    /// The borrowed array's shape.
+    fn dims(&self) -> &[usize];
+}
+
+impl<'py, T: Element> Borrow<'py, T> for PyReadonlyArrayDyn<'py, T> {
+    fn take(py: Python<'py>, name: &str, arr: &Bound<'py, PyArrayDyn<T>>) -> PyResult<Self> {
+        arr.try_readonly()
+            .map_err(|e| invalid_argument(py, format!("{name}: {e}")))
+    }
+    fn dims(&self) -> &[usize] {
+        self.shape()
+    }
+}
+
+impl<'py, T: Element> Borrow<'py, T> for PyReadwriteArrayDyn<'py, T> {
+    fn take(py: Python<'py>, name: &str, arr: &Bound<'py, PyArrayDyn<T>>) -> PyResult<Self> {
+        arr.try_readwrite().map_err(|e| {
+            invalid_argument(
+                py,
+                format!(
+                    "{name} is read-only or borrowed twice (one array passed as two caches?): {e}"
+                ),
+            )
+        })
+    }
+    fn dims(&self) -> &[usize] {
+        self.shape()
+    }
+}
+
+/// `x` as a C-contiguous, aligned `ndim`-D array of `T`, borrowed as `B`: the one conversion
+/// every array argument goes through, its checks in this order. The refusals say `not_t()` for
+/// another element type (or no array), and "{name} must be {dims}, got shape .." for another
+/// number of dimensions (`dims` None: "{ndim}-D").
+pub(crate) fn borrow<'py, T: Element, B: Borrow<'py, T>>(
+    py: Python<'py>,
+    name: &str,
+    x: &Bound<'py, PyAny>,
+    ndim: usize,
+    dims: Option<&str>,
+    not_t: impl FnOnce() -> String,
+) -> PyResult<B> {
+    let arr = x
+        .cast::<PyArrayDyn<T>>()
+        .map_err(|_| invalid_argument(py, not_t()))?;
+    if arr.ndim() != ndim {
+        let dims = dims.map_or_else(|| format!("{ndim}-D"), str::to_owned);
+        return Err(invalid_argument(
+            py,
+            format!("{name} must be {dims}, got shape {:?}", arr.shape()),
+        ));
+    }
+    if !arr.is_c_contiguous() {
+        return Err(invalid_argument(py, format!("{name} must be C-contiguous")));
+    }
+    require_aligned(py, name, arr.as_untyped())?;
+    B::take(py, name, arr)
+}
+
+/// `x` as a read-only `ndim`-D array of `T` (see [`borrow`]). `dtype` names what a wrong element
+/// type should have been.
 pub(crate) fn array<'py, T: Element>(
     py: Python<'py>,
     name: &str,
@@ -86,21 +149,9 @@ pub(crate) fn array<'py, T: Element>(
     ndim: usize,
     dtype: &str,
 ) -> PyResult<PyReadonlyArrayDyn<'py, T>> {
-    let arr = x
-        .cast::<PyArrayDyn<T>>()
-        .map_err(|_| invalid_argument(py, format!("{name} must be {dtype}")))?;
-    if arr.ndim() != ndim {
-        return Err(invalid_argument(
-            py,
-            format!("{name} must be {ndim}-D, got shape {:?}", arr.shape()),
-        ));
-    }
-    if !arr.is_c_contiguous() {
-        return Err(invalid_argument(py, format!("{name} must be C-contiguous")));
-    }
-    require_aligned(py, name, arr.as_untyped())?;
-    arr.try_readonly()
-        .map_err(|e| invalid_argument(py, format!("{name}: {e}")))
+    borrow(py, name, x, ndim, None, || {
+        format!("{name} must be {dtype}")
+    })
 }
 
 /// A K/V tensor: its dtype must be the call's (the first tensor's, see [`kind`]).
@@ -122,6 +173,27 @@ pub(crate) fn ints<'py, T: Element>(
     dtype: &str,
 ) -> PyResult<PyReadonlyArrayDyn<'py, T>> {
     array(py, name, x, ndim, &format!("a {dtype} NumPy array"))
+}
+
+/// Block pairs (copy ops, swap mappings): an int32 `[N, 2]` array; `columns` names the two
+/// columns in the refusal.
+pub(crate) fn block_pairs<'py>(
+    py: Python<'py>,
+    name: &str,
+    x: &Bound<'py, PyAny>,
+    columns: &str,
+) -> PyResult<PyReadonlyArrayDyn<'py, i32>> {
+    let pairs = ints::<i32>(py, name, x, 2, "int32")?;
+    if pairs.shape()[1] != 2 {
+        return Err(invalid_argument(
+            py,
+            format!(
+                "{name} must be [N, 2] {columns}, got shape {:?}",
+                pairs.shape()
+            ),
+        ));
+    }
+    Ok(pairs)
 }
 
 pub(super) fn cache_shape(py: Python<'_>, k: &[usize], v: &[usize]) -> PyResult<CacheShape> {
@@ -166,7 +238,7 @@ pub(crate) fn new_f32<'py>(
 
 pub(crate) fn mut_slice<'a, S: Element>(
     py: Python<'_>,
-    a: &'a mut numpy::PyReadwriteArrayDyn<'_, S>,
+    a: &'a mut PyReadwriteArrayDyn<'_, S>,
 ) -> PyResult<&'a mut [S]> {
     a.as_slice_mut()
         .map_err(|e| invalid_argument(py, format!("cache: {e}")))

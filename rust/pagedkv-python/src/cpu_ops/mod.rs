@@ -9,7 +9,8 @@
 //!
 //! One file per kind of call: attention (attention.rs), cache writes and block copies
 //! (cache_ops.rs), the model's dense operators (model_ops.rs); the conversions they share
-//! (convert.rs).
+//! (convert.rs). The quantized caches' bindings (`cpu_quant_ops.rs`) read their arguments with
+//! these files' helpers, so the two check alike and refuse alike.
 
 use pyo3::prelude::*;
 
@@ -18,19 +19,23 @@ macro_rules! dispatch {
     ($py:expr, $kind:expr, $f:ident ( $($arg:expr),* )) => {
         match $kind {
             "f32" => $f::<f32>($($arg),*),
-            "f16" => $f::<f16>($($arg),*),
+            "f16" => $f::<pagedkv_cpu::f16>($($arg),*),
             _ => $f::<u16>($($arg),*),
         }
     };
 }
+pub(crate) use dispatch;
 
 mod attention;
 mod cache_ops;
 mod convert;
 mod model_ops;
 
-pub(crate) use attention::AttentionArgs;
-pub(crate) use convert::{array, err, ints, kind, mut_slice, new_f32, read, slice, Storage};
+pub(crate) use attention::{AttentionArgs, AttentionCaches, AttentionCall};
+pub(crate) use cache_ops::{swap, NewKv};
+pub(crate) use convert::{
+    array, block_pairs, borrow, err, ints, kind, mut_slice, new_f32, slice, Borrow, Storage,
+};
 
 /// Registers the CPU data-plane functions on `_core`.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
