@@ -28,8 +28,20 @@ import random
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from vllm_fake_connector import fake_kv_transfer_config  # noqa: E402 (next to this file)
+
+# first_different_step is this harness's too: the tests reach the comparisons through it.
+from vllm_scheduler_trace import (  # noqa: E402, F401 (next to this file)
+    Trace,
+    explained_divergence,
+    first_difference,
+    first_different_step,
+)
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -87,7 +99,7 @@ class Workload:
     # vLLM's SchedulerConfig.scheduler_reserve_full_isl: admission checks the whole prompt fits
     # (True, vLLM's default) or only the scheduled chunk (False).
     reserve_full_isl: bool = True
-    # A fake KV connector (``_fake_connector``): "" none; "sync" external hits loaded in the
+    # A fake KV connector (vllm_fake_connector.py): "" none; "sync" external hits loaded in the
     # step that schedules them; "mixed" those, asynchronous loads (reported finished by the
     # fake model runner two steps later) and requests without external hits.
     connector: str = ""
@@ -121,49 +133,6 @@ def _set_drafter(vllm_config: Any, drafter: str) -> None:
     vllm_config._set_max_num_scheduled_tokens()
 
 
-@dataclass
-class Trace:
-    """What one scheduler run decided, step by step."""
-
-    steps: list[tuple[tuple[tuple[str, int], ...], tuple[str, ...], tuple[str, ...]]] = field(
-        default_factory=list
-    )  # (sorted (request, scheduled tokens), preempted, finished) per step
-    output_tokens: dict[str, int] = field(default_factory=dict)
-    prefix_queries: int = 0
-    prefix_hits: int = 0
-    preemptions: int = 0
-    draft_tokens: int = 0  # drafts scheduled (padding drafts excluded)
-    async_loads: int = 0  # the fake connector's async loads reported finished
-    accepted_drafts: int = 0
-    schedule_s: float = 0.0
-    update_s: float = 0.0
-    # The first step after which vLLM's prefix index held two blocks of one content (a run on
-    # vLLM's own manager only; None: never). pagedkv keeps one copy per content
-    # (docs/conformance.md, Duplicate copies), so from there the two pools evict different
-    # blocks and later hits may differ either way: a difference after it is explained.
-    duplicates_since: int | None = None
-    # The first step in which vLLM's manager served an admission's hit from a cached-evictable
-    # copy of a content whose other copy a running request holds (vLLM's manager only; None:
-    # never). That admission costs vLLM free blocks pagedkv's (one shared copy) does not: the
-    # usual first consequence of duplicate copies.
-    revived_copy_since: int | None = None
-    # Filled by an instrumented run (run(..., count_calls=True)) only: the scheduler's calls
-    # into its KV-cache manager (outermost ones; a method calling another counts once) and the
-    # time spent inside them.
-    manager_calls: int = 0
-    manager_s: float = 0.0
-    # Filled by run(..., probe_hits=True) only: after every ``allocate_slots`` and
-    # ``cache_blocks`` call, (the call, its request, the prefix-cache hit of a probe of the
-    # request's tokens so far): what its blocks put in the index by then (decoded blocks
-    # included, which no later request of the workload shares).
-    probe_hits: list[tuple[str, str, int]] = field(default_factory=list)
-    # Per ``probe_hits`` entry (vLLM's manager only; all False elsewhere): whether its request
-    # held, then or at an earlier call, a block of which vLLM's prefix index held two copies.
-    # pagedkv indexes one of them (docs/conformance.md, Duplicate copies): once that one is
-    # evicted, a probe of the other copy's request stops there in pagedkv only.
-    probe_copies: list[bool] = field(default_factory=list)
-
-
 def _model_dir() -> str:
     path = os.path.join(tempfile.gettempdir(), "pagedkv-vllm-tiny-llama")
     os.makedirs(path, exist_ok=True)
@@ -189,56 +158,6 @@ def manager_class(name: str) -> Any:
 
         return KVCacheManager
     raise ValueError(f"unknown manager {name!r}")
-
-
-FAKE_CONNECTOR = "PagedkvBenchFakeConnector"
-
-
-def _fake_connector(kind: str) -> Any:
-    """vLLM's ``KVTransferConfig`` for a fake KV connector, deterministic and independent of the
-    KV-cache manager: a request whose id is 0 mod 3 gets no external hit; the others an
-    external hit up to the last full block before their last token (beyond the local hit),
-    loaded synchronously, or, with ``kind="mixed"``, asynchronously for ids 1 mod 3. It moves
-    no data (the fake model runner reports async loads finished)."""
-    from vllm.config import KVTransferConfig
-    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
-    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorMetadata
-
-    class FakeConnector(KVConnectorBase_V1):
-        def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
-            n = int(request.request_id)
-            if n % 3 == 0:
-                return 0, False
-            bs = self._vllm_config.cache_config.block_size
-            target = (request.num_tokens - 1) // bs * bs
-            extra = self._kv_transfer_config.kv_connector_extra_config
-            external = max(target - num_computed_tokens, 0)
-            return external, external > 0 and extra["kind"] == "mixed" and n % 3 == 1
-
-        def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
-            pass
-
-        def build_connector_meta(self, scheduler_output: Any) -> Any:
-            return KVConnectorMetadata()
-
-        def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
-            pass
-
-        def wait_for_layer_load(self, layer_name: str) -> None:
-            pass
-
-        def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any) -> None:
-            pass
-
-        def wait_for_save(self) -> None:
-            pass
-
-    # The factory's lazy registry (register_connector needs an importable module path, which a
-    # bench loaded by path does not have).
-    KVConnectorFactory._registry.setdefault(FAKE_CONNECTOR, lambda: FakeConnector)
-    return KVTransferConfig(
-        kv_connector=FAKE_CONNECTOR, kv_role="kv_both", kv_connector_extra_config={"kind": kind}
-    )
 
 
 def build_scheduler(w: Workload, manager: Any, scheduler_cls: Any = None) -> Any:
@@ -287,7 +206,7 @@ def build_scheduler(w: Workload, manager: Any, scheduler_cls: Any = None) -> Any
         model_config=model_config,
         cache_config=cache_config,
         speculative_config=speculative_config,
-        kv_transfer_config=_fake_connector(w.connector) if w.connector else None,
+        kv_transfer_config=fake_kv_transfer_config(w.connector) if w.connector else None,
     )
     if w.drafter:
         _set_drafter(vllm_config, w.drafter)
@@ -582,51 +501,6 @@ def _probe_calls(manager: Any, w: Workload, trace: Trace) -> None:
 
     for name in ("allocate_slots", "cache_blocks"):
         setattr(manager, name, wrap(name, getattr(manager, name)))
-
-
-def first_difference(a: Trace, b: Trace, skip_copies: bool = False) -> str | None:
-    """Where two traces first differ, in words; None when they are identical. `skip_copies`:
-    the probe hits of requests that held a block of which vLLM (`a`) indexed two copies
-    (``Trace.probe_copies``) are left out."""
-    for i, (x, y) in enumerate(zip(a.steps, b.steps, strict=False)):
-        if x != y:
-            return f"step {i}: {x} != {y}"
-    if len(a.steps) != len(b.steps):
-        return f"{len(a.steps)} steps != {len(b.steps)} steps"
-    for i, (x, y) in enumerate(zip(a.probe_hits, b.probe_hits, strict=False)):
-        if skip_copies and a.probe_copies[i]:
-            continue
-        if x != y:
-            return f"probe {i} (call, request, hit): {x} != {y}"
-    for what in ("output_tokens", "prefix_queries", "prefix_hits", "preemptions"):
-        if getattr(a, what) != getattr(b, what):
-            return f"{what}: {getattr(a, what)} != {getattr(b, what)}"
-    return None
-
-
-def first_different_step(a: Trace, b: Trace) -> int | None:
-    """The first step whose decisions differ (the shorter length when one trace is a prefix of
-    the other); None when the steps are identical."""
-    for i, (x, y) in enumerate(zip(a.steps, b.steps, strict=False)):
-        if x != y:
-            return i
-    return None if len(a.steps) == len(b.steps) else min(len(a.steps), len(b.steps))
-
-
-def explained_divergence(reference: Trace, candidate: Trace) -> str | None:
-    """When the traces first differ after `reference` (vLLM's manager) indexed two copies of
-    one content, that in words (the explained divergence of docs/conformance.md, Duplicate
-    copies); None when they are identical or differ before (a real difference)."""
-    since = reference.duplicates_since
-    if since is None:
-        return None
-    first = next(
-        (i for i, (x, y) in enumerate(zip(reference.steps, candidate.steps, strict=False)) if x != y),
-        min(len(reference.steps), len(candidate.steps)),
-    )
-    if first <= since or first_difference(reference, candidate) is None:
-        return None
-    return f"from step {first}, after vLLM indexed two copies of one content (step {since})"
 
 
 def main() -> int:

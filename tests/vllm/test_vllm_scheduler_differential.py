@@ -100,7 +100,7 @@ CONFIGS: dict[str, tuple[dict[str, object], bool]] = {
         ),
         True,
     ),
-    # A fake KV connector (benches/vllm_scheduler.py, _fake_connector): external hits loaded in
+    # A fake KV connector (benches/vllm_fake_connector.py): external hits loaded in
     # the step ("sync"), and those, asynchronous loads and requests without external hits
     # ("mixed"; async loads exercise reserved_blocks, delayed caching, the resume).
     "connector-sync": (dict(requests=24, num_blocks=40, max_num_batched_tokens=128, connector="sync"), True),
