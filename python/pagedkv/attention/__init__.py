@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from pagedkv.attention import cache_op_validation as cval
 from pagedkv.attention import (
     cpu_backend,
     cpu_quant_backend,
@@ -222,7 +223,7 @@ def write_kv(
     if val.check_backend(backend) == "numpy":
         reference.write_kv(k, v, k_cache, v_cache, slot_mapping)
         return
-    kind = val.check_write_kv(k, v, k_cache, v_cache, slot_mapping, backend)
+    kind = cval.check_write_kv(k, v, k_cache, v_cache, slot_mapping, backend)
     kernel_launch.write_kv(get_runner(backend), k, v, k_cache, v_cache, slot_mapping, kind)
 
 
@@ -253,7 +254,7 @@ def copy_blocks(k_caches: Any, v_caches: Any, copy_ops: Any, *, backend: str = "
     if val.check_backend(backend) == "numpy":
         reference.copy_blocks(k_caches, v_caches, copy_ops)
         return
-    _, ops = val.check_copy_blocks(k_caches, v_caches, copy_ops, backend)
+    _, ops = cval.check_copy_blocks(k_caches, v_caches, copy_ops, backend)
     kernel_launch.copy_blocks(get_runner(backend), k_caches, v_caches, ops)
 
 
@@ -282,7 +283,7 @@ def swap_blocks(src_cache: Any, dst_cache: Any, mapping: Any, *, backend: str = 
     if quantized:
         qval.check_quant_swap(src_cache, dst_cache, mapping, backend)
     else:
-        val.check_swap_blocks(src_cache, dst_cache, mapping, backend)
+        cval.check_swap_blocks(src_cache, dst_cache, mapping, backend)
     runner = get_runner(backend)
     if isinstance(runner, CudaRunner):
         for name, x in (("src_cache", src_cache), ("dst_cache", dst_cache)):

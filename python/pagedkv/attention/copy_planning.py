@@ -1,8 +1,8 @@
 """Planning the launches of the block-copy kernels from a host list of copies: hazard-free waves
 of copy-on-write copies (``copy_blocks``) and contiguous runs of a swap mapping (``swap_blocks``).
 
-Pure host arithmetic on validated ``[N, 2]`` int32 arrays (`validation.check_copy_blocks`,
-`validation.check_swap_blocks`); shared by the NumPy reference and the kernel launchers.
+Pure host arithmetic on validated ``[N, 2]`` int32 arrays (`cache_op_validation.check_copy_blocks`,
+`cache_op_validation.check_swap_blocks`); shared by the NumPy reference and the kernel launchers.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from pagedkv.attention import cache_op_validation as cval
 from pagedkv.attention import prefill_validation as pval
 from pagedkv.attention import validation as val
 from pagedkv.attention.kv_cache_dtype import BlockLayout
@@ -445,4 +446,4 @@ def check_quant_swap(src_cache: Any, dst_cache: Any, mapping: Any, backend: str)
                 f"{getattr(data, 'dtype', '?')} "
                 f"{tuple(getattr(data, 'shape', ()))}"
             )
-    val.check_swap_bytes(src_cache.data, dst_cache.data, mapping, backend)
+    cval.check_swap_bytes(src_cache.data, dst_cache.data, mapping, backend)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pagedkv.attention import cache_op_validation as cval
 from pagedkv.attention import copy_planning
 from pagedkv.attention import validation as val
 from pagedkv.attention.dtypes import compute_dtype, from_compute, to_compute
@@ -107,7 +108,7 @@ def paged_attention(
 def write_kv(
     k: np.ndarray, v: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, slot_mapping: np.ndarray
 ) -> None:
-    val.check_write_kv(k, v, k_cache, v_cache, slot_mapping, backend="numpy")
+    cval.check_write_kv(k, v, k_cache, v_cache, slot_mapping, backend="numpy")
     keep = slot_mapping >= 0
     slots = slot_mapping[keep]
     rows = k_cache.shape[0] * k_cache.shape[1]
@@ -116,14 +117,14 @@ def write_kv(
 
 
 def copy_blocks(k_caches: list[np.ndarray], v_caches: list[np.ndarray], copy_ops: np.ndarray) -> None:
-    _, ops = val.check_copy_blocks(k_caches, v_caches, copy_ops, backend="numpy")
+    _, ops = cval.check_copy_blocks(k_caches, v_caches, copy_ops, backend="numpy")
     for src, dst in ops.tolist():
         for cache in (*k_caches, *v_caches):
             cache[dst] = cache[src]
 
 
 def swap_blocks(src_cache: np.ndarray, dst_cache: np.ndarray, mapping: np.ndarray) -> int:
-    val.check_swap_blocks(src_cache, dst_cache, mapping, backend="numpy")
+    cval.check_swap_blocks(src_cache, dst_cache, mapping, backend="numpy")
     runs = copy_planning.merge_runs(mapping)
     for src, dst, count in runs:
         dst_cache[dst : dst + count] = src_cache[src : src + count]
