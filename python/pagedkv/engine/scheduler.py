@@ -66,19 +66,17 @@ from pagedkv.engine.params import SamplingParams
 from pagedkv.engine.residual_slots import ResidualSlots
 from pagedkv.engine.scheduled_batch import (
     CopyBlocks,
-    CopyResidual,
     DataOp,
     Load,
     Offload,
-    ReopenBlock,
     Row,
     SaveComputed,
     ScheduledBatch,
     StoreHits,
     SwapIn,
-    SwapOut,
 )
 from pagedkv.engine.sequence import SeqStatus, Sequence
+from pagedkv.engine.sequence_lifecycle import SequenceLifecycle
 from pagedkv.engine.stats import EngineStats
 from pagedkv.engine.store_lookup import PREFETCH_DEPTH, StoreLookup
 from pagedkv.engine.waiting_order import WaitingOrder
@@ -98,11 +96,12 @@ class _Admission:
     chunk: int
 
 
-class Scheduler:
+class Scheduler(SequenceLifecycle):
     """Plans each step on ``kv`` (the block manager): it holds no K/V, and moves none
     (``ScheduledBatch`` carries the moves to the model runner). ``layout``: the KV groups
     (metadata only); ``store``: the store's look-ups, when the engine has a store;
-    ``residual``: an int4 cache's device and host residual slots."""
+    ``residual``: an int4 cache's device and host residual slots. The engine's calls after a
+    pass, forks, finishing, aborting and preemption are its base's (sequence_lifecycle.py)."""
 
     def __init__(
         self,
@@ -525,135 +524,3 @@ class Scheduler:
         if seq.index == 0 and not seq.request.forked:
             seq.request.cached_tokens = served
         return Row(seq, served, computed)
-
-    def _next_admission(self) -> int:
-        self._admissions += 1
-        return self._admissions - 1
-
-    # ---- after the forward pass -----------------------------------------------------------
-
-    def computed_rows(self, rows: list[Row]) -> None:
-        """The pass wrote the K/V of every row."""
-        for row in rows:
-            if row.decode:
-                self.stats.decode_tokens += row.end - row.start
-            else:
-                self.stats.prefill_tokens += row.end - row.start
-        self._appended = set()
-
-    def rollback(self, rows: list[Row]) -> None:
-        """The pass failed: its K/V may be unwritten, yet the watermark covers them (and a request
-        admitted in this step may hold them as its hit). Releasing every block of the batch's
-        sequences tail first takes each block held by them alone out of the prefix index, so
-        that no later request hits it; the caller then fails their requests."""
-        for seq in {id(r.seq): r.seq for r in rows}.values():
-            if seq.seq_id in self.kv and not self.kv.is_swapped_out(seq.seq_id):
-                self.kv.truncate(seq.seq_id, 0)
-            seq.draft_ids = []
-        self._appended = set()
-
-    def truncate_rejected(self, seq: Sequence) -> None:
-        """After a speculative pass: drop the K/V of the rejected drafts (the manager holds every
-        token but the last sampled one)."""
-        keep = len(seq.token_ids) - 1
-        if seq.status is SeqStatus.RUNNING and self.kv.num_tokens(seq.seq_id) > keep:
-            self._reopen(seq, self.kv.num_tokens(seq.seq_id), keep)
-            self.kv.truncate(seq.seq_id, keep)
-        seq.draft_ids = []
-
-    def _reopen(self, seq: Sequence, written: int, keep: int) -> None:
-        """int4: a truncation from ``written`` (every token's K/V written) to ``keep`` tokens that
-        cuts into a block the writes sealed reopens it: its kept tokens go back to the residual
-        slot (docs/quantized_kv.md, "Truncation")."""
-        bs = self.config.block_size
-        block, count = divmod(keep, bs)
-        if self.slots is None or count == 0 or written < (block + 1) * bs:
-            return  # no residual, a block boundary, or the block is still open
-        if self.num_groups > 1:
-            tables = [self.kv.block_table(seq.seq_id, group=g) for g in range(self.num_groups)]
-        else:
-            tables = [self.kv.block_table(seq.seq_id)]
-        blocks = tuple(int(t[block]) for t in tables)
-        self._pending.append(ReopenBlock(self.slots.slot(seq.seq_id), count, blocks))
-        self.stats.residual_reopens += 1
-
-    def fork(self, parent: Sequence, children: list[Sequence]) -> None:
-        """The samples 1..n-1 of ``parent``'s request share its blocks from now on (an int4
-        cache: each gets a copy of the parent's residual slot, in the next plan)."""
-        pairs = []
-        for child in children:
-            self.kv.fork(parent.seq_id, child.seq_id)
-            if self.slots is not None:
-                pairs.append(self.slots.fork(parent.seq_id, child.seq_id))
-            child.status, child.admitted = SeqStatus.RUNNING, self._next_admission()
-            child.queue_rank, child.prompt_hashes = parent.queue_rank, parent.prompt_hashes
-            self.running.append(child)
-        if pairs:
-            self._pending.append(CopyResidual(np.array(pairs, np.int32)))
-
-    def _release_slots(self, seq: Sequence) -> None:
-        """Whatever residual slots ``seq`` holds, device and host."""
-        for slots in (self.slots, self.host_slots):
-            if slots is not None:
-                slots.release(seq.seq_id)
-        self._swap_reserve.pop(seq.seq_id, None)
-
-    def finish(self, seq: Sequence) -> None:
-        seq.status = SeqStatus.FINISHED
-        self.kv.free(seq.seq_id)
-        self._release_slots(seq)
-        self.running.remove(seq)
-
-    def abort(self, seq: Sequence) -> None:
-        """Finish ``seq`` wherever it is (waiting, running, swapped, or a fork child not yet in
-        any queue), releasing whatever blocks it holds."""
-        for queue in (self.running, self.swapped, self.waiting):
-            if seq in queue:
-                queue.remove(seq)
-        self.order.removed(seq)
-        if seq.seq_id in self.kv:
-            self.kv.free(seq.seq_id)
-        self._release_slots(seq)
-        seq.status = SeqStatus.FINISHED
-
-    def preempt(self, seq: Sequence) -> None:
-        if seq.seq_id in self._appended:
-            # Its tokens appended this step are "computed" in the manager, but no pass will
-            # write them now: drop them, so that the watermark covers written K/V only (a block
-            # they filled leaves the prefix index) and the sequence decodes them again later.
-            self.kv.truncate(seq.seq_id, len(seq.token_ids) - 1)
-            self._appended.discard(seq.seq_id)
-        seq.draft_ids = []
-        host_slot_free = self.host_slots is None or self.host_slots.can_take(1)
-        if self.config.preemption == "swap" and host_slot_free:
-            try:
-                mapping = self.kv.swap_out([seq.seq_id])
-            except pagedkv.PagedKvError:
-                mapping = None
-            if mapping is not None:
-                residual = self._swap_out_residual(seq)
-                if len(mapping) or len(residual):
-                    # Before anything writes those blocks (or that slot) again.
-                    self._ops.append(SwapOut(mapping, residual))
-                self.running.remove(seq)
-                seq.status = SeqStatus.SWAPPED
-                self.swapped.append(seq)
-                self.stats.swap_preemptions += 1
-                return
-        self.kv.free(seq.seq_id)
-        self._release_slots(seq)
-        self.running.remove(seq)
-        seq.status = SeqStatus.WAITING
-        self.waiting.appendleft(seq)
-        self.stats.recompute_preemptions += 1
-
-    def _swap_out_residual(self, seq: Sequence) -> np.ndarray:
-        """An int4 cache: ``seq``'s residual slot goes to a host slot (its reservations are
-        released and taken again on swap-in); (device slot, host slot)."""
-        if self.slots is None or self.host_slots is None:
-            return np.zeros((0, 2), np.int32)
-        device = self.slots.slot(seq.seq_id)
-        self._swap_reserve[seq.seq_id] = self.slots.reserved(seq.seq_id)
-        self.slots.release(seq.seq_id)
-        host = self.host_slots.take(seq.seq_id)
-        return np.array([[device, host]], np.int32)
