@@ -58,6 +58,11 @@ impl KvCacheManager {
         options: &AdmitOptions<'_>,
     ) -> Result<usize> {
         let o = options;
+        if o.block_hashes.is_some() || o.prompt_hashes.is_some_and(|h| !h.is_empty()) {
+            if let Some(prefix) = self.prefix.as_mut() {
+                prefix.expect_caller_names();
+            }
+        }
         let tuned = self.tuned
             && o.reserve_prompt
             && o.num_lookahead_tokens == 0

@@ -344,4 +344,79 @@ mod tests {
         assert_eq!(kv.match_prefix(&[1, 2, 3], None).unwrap(), 0);
         kv.check_invariants().unwrap();
     }
+
+    /// A caller may name different contents alike (a wrong or hostile hash): the index keeps
+    /// one block per name, refusing the second content its name (that block stays private,
+    /// never a wrong hit). Names repeated within one prompt and a given name equal to one an
+    /// earlier admission entered as a chained block (`prefix/index.rs`, off the hash map), on
+    /// the tuned path, per chunk, with two groups, as the caller's `block_hashes` and through
+    /// `provide_token_ids`; `check_invariants` after every call.
+    #[test]
+    fn one_name_given_to_different_contents_is_indexed_once() {
+        use crate::{AdmitOptions, KvGroupSpec, Prompt};
+        for groups in [
+            vec![KvGroupSpec::FullAttention],
+            vec![KvGroupSpec::FullAttention; 2],
+        ] {
+            for reserve_prompt in [true, false] {
+                let mut kv = KvCacheManager::new(ManagerConfig {
+                    num_blocks: 200,
+                    block_size: 2,
+                    enable_prefix_caching: true,
+                    kv_groups: groups.clone(),
+                    ..Default::default()
+                })
+                .unwrap();
+                // An honest miss: its blocks after the first are chained.
+                let honest: Vec<u32> = (10..20).collect();
+                kv.add_sequence(1, &honest, None).unwrap();
+                let names = kv.prefix_block_hashes(&honest, None);
+                let zeros = [0u32; 11];
+                let cases: [&[crate::BlockHash]; 3] = [
+                    &[3, 3, 3],
+                    &[names[2], names[3]],
+                    &[7, names[1], 7, names[4]],
+                ];
+                for (k, given) in cases.iter().enumerate() {
+                    let seq = 10 + k as u64;
+                    let own = AdmitOptions {
+                        prompt_hashes: Some(given),
+                        reserve_prompt,
+                        num_scheduled: zeros.len(),
+                        ..AdmitOptions::default()
+                    };
+                    kv.add_sequence_with(seq, Prompt::Tokens(&zeros), &own)
+                        .unwrap();
+                    kv.check_invariants().unwrap();
+                    let theirs = AdmitOptions {
+                        block_hashes: Some(given),
+                        reserve_prompt,
+                        num_scheduled: zeros.len(),
+                        ..AdmitOptions::default()
+                    };
+                    let other: Vec<u32> = (0..11).map(|t| t + 100 * (k as u32 + 1)).collect();
+                    kv.add_sequence_with(seq + 100, Prompt::Tokens(&other), &theirs)
+                        .unwrap();
+                    kv.check_invariants().unwrap();
+                    // Ids and names given later, for a sequence admitted by length.
+                    let later = AdmitOptions {
+                        num_scheduled: 8,
+                        reserve_prompt,
+                        ..AdmitOptions::default()
+                    };
+                    kv.add_sequence_with(seq + 200, Prompt::Len(8), &later)
+                        .unwrap();
+                    let ids: Vec<u32> = (0..8).map(|t| t + 1000 * (k as u32 + 1)).collect();
+                    let result = kv.provide_token_ids(seq + 200, &ids, None, None, Some(given));
+                    kv.check_invariants().unwrap();
+                    if result.is_ok() {
+                        assert!(kv.num_tokens(seq + 200).is_ok());
+                    }
+                }
+                // The honest prompt still hits all but its last block, through the names it
+                // was entered under.
+                assert_eq!(kv.match_prefix(&honest, None).unwrap(), 8);
+            }
+        }
+    }
 }

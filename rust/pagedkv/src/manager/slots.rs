@@ -326,6 +326,11 @@ impl KvCacheManager {
         block_extra_keys: Option<&[Option<&[u8]>]>,
         block_hashes: Option<&[BlockHash]>,
     ) -> Result<()> {
+        if block_hashes.is_some() {
+            if let Some(prefix) = self.prefix.as_mut() {
+                prefix.expect_caller_names();
+            }
+        }
         let bs = self.block_size;
         let seq = self.resident(seq_id)?;
         let ours = seq.num_computed;

@@ -104,6 +104,16 @@ impl PrefixCache {
         (self.index.group_of(b) == group).then_some(b)
     }
 
+    /// Called before blocks named by the caller are entered (`AdmitOptions::block_hashes` or
+    /// `prompt_hashes`, `provide_token_ids`' hashes): a caller may name different contents
+    /// alike (a wrong or hostile hash), which the index must refuse rather than index twice
+    /// (one copy per name, `check_invariants`); it finds every name once no block is chained
+    /// (`index/by_hash.rs`). pagedkv's own hashes name each content once: its admissions
+    /// keep chaining until a caller names a block.
+    pub(crate) fn expect_caller_names(&mut self) {
+        self.index.enter_by_hash();
+    }
+
     /// Records the group and hash origin of block `b` just entered (see
     /// [`BlockIndex::set_origin`]).
     #[inline]

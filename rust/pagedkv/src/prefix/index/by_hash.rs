@@ -21,18 +21,28 @@ impl BlockIndex {
         self.by_hash
     }
 
+    /// From now on every indexed block is on the map: each chained block gets its map entry
+    /// (O(blocks), once) and no block is chained again. Also asked before the caller names
+    /// blocks (its block hashes, or hashes given as pagedkv's own): the caller may give one
+    /// name to different contents, and [`BlockIndex::insert`] refuses a name the map holds for
+    /// other content, where a chained entry, off the map, would take it a second time.
+    pub(crate) fn enter_by_hash(&mut self) {
+        if self.by_hash {
+            return;
+        }
+        self.by_hash = true;
+        for c in 0..self.stored.len() {
+            if self.stored[c].is_chained() {
+                self.promote(c as BlockId);
+            }
+        }
+        debug_assert_eq!(self.num_chained, 0);
+    }
+
     /// The indexed block entered under `hash`, from the first call on with no chained block
     /// left (O(blocks) once; O(1) after).
     pub(crate) fn get_by_hash(&mut self, hash: BlockHash) -> Option<BlockId> {
-        if !self.by_hash {
-            self.by_hash = true;
-            for c in 0..self.stored.len() {
-                if self.stored[c].is_chained() {
-                    self.promote(c as BlockId);
-                }
-            }
-            debug_assert_eq!(self.num_chained, 0);
-        }
+        self.enter_by_hash();
         let stored = &self.stored;
         let b = self.map.get(hash, |b| stored[b as usize].hash)?;
         self.holds(b, hash).then_some(b)
