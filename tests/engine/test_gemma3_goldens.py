@@ -22,16 +22,26 @@ from llamacpp_golden_checks import (
     teacher_forced_logits,
 )
 
-# One near tie flips on an AVX2-only CPU (AMD EPYC, no AVX-512, 2026-12-07): our greedy token is
-# llama.cpp's second, 0.81 below its first by its logits; at most 0.5 where these goldens were made.
-# The int8 path's logit error bound below (2.014) allows flips of near ties up to about that size.
+# The default int8 mode's logits move with the last bits of their inputs: each projection re-rounds
+# its activations to 8 bits, so a last-bit change upstream (the dense attention below runs on NumPy's
+# BLAS, whose kernel OpenBLAS picks per CPU) can move an activation code by one step. pagedkv's own
+# int8 path gives the same bits on every CPU and thread count; the statistics below are one draw
+# from a spread that benches/gemma3_int8_spread.py measured (docs/cpu_data_plane.md, "int8 against
+# llama.cpp, and from one CPU to another"): over 11 draws (3 OpenBLAS kernels, NumPy without its
+# AVX2 loops, the attention in float64, 6 seeds of +-1 ulp on its output) the worst top-5
+# difference ran 1.67-2.63 (the fp32 mode: 1.467 in every draw), the median 0.18-0.22.
+#
+# A near tie llama.cpp rates 0.81 below its argmax flips in 6 of those 11 draws (0.5 was enough
+# where the goldens were made; the fp32 mode's largest flipped gap is 0.22).
 ARGMAX_MARGIN = 1.0
-# Worst |logit - llama.cpp's| over the top-5 of every step: 1.467 in the fp32 and quantized weight
-# modes, 2.014 in the default int8 (8-bit activations per 16-32 inputs, where llama.cpp's K-quant
-# kernels quantize per 256: two different roundings); a wrong rope, window or norm is off by more.
-# On an AVX2-only CPU (AMD EPYC, no AVX-512, 2026-12-07) the default int8 mode measured 2.625:
-# the int8 path's logits differ between CPUs, not yet explained (CHANGELOG, Known issues).
+# Worst |logit - llama.cpp's| over the top-5 of every step: 1.14x the largest of the 11 draws. The
+# int8 mode quantizes activations per 16-32 inputs, the weights' own blocks; llama.cpp's K-quant
+# kernels per 256 (its Q5_0 / Q8_0 scheme is ours): two different roundings, and ours the finer.
+# A wrong rope, window or norm is off by far more (full attention on the long prompt: 18.6).
 MAX_LOGIT_DIFF = 3.0
+# The median of the same differences barely moves between draws (0.18-0.22 in int8, 0.194 in fp32):
+# the bound that notices an error every step shares, which the worst value's spread would hide.
+MEDIAN_LOGIT_DIFF = 0.3
 
 pytestmark = pytest.mark.slow
 
@@ -65,11 +75,11 @@ def teacher_forced(gemma3, goldens):
 
 def test_teacher_forced_logits_match_llamacpp(goldens, teacher_forced):
     agree = total = 0
-    worst = 0.0
+    diffs = []
     for case, logits in zip(goldens["cases"], teacher_forced, strict=True):
         for step, row in zip(case["steps"], logits, strict=True):
             top_ids, top_logits = step["top_ids"], step["top_logits"]
-            worst = max(worst, float(np.max(np.abs(row[top_ids] - np.array(top_logits)))))
+            diffs.append(np.abs(row[top_ids] - np.array(top_logits)))
             total += 1
             ours = int(np.argmax(row))
             if ours == top_ids[0]:
@@ -79,8 +89,12 @@ def test_teacher_forced_logits_match_llamacpp(goldens, teacher_forced):
             assert ours in top_ids, (case["text"][:40], step, ours)
             gap = top_logits[0] - top_logits[top_ids.index(ours)]
             assert gap <= ARGMAX_MARGIN, (case["text"][:40], step, ours, gap)
+    worst, median = float(np.max(diffs)), float(np.median(diffs))
+    print(
+        f"teacher-forced argmax {agree}/{total}, |logit diff| on top-5: max {worst:.3f}, median {median:.3f}"
+    )
     assert worst < MAX_LOGIT_DIFF
-    print(f"teacher-forced argmax agreement {agree}/{total}, max |logit diff| on top-5 {worst:.3f}")
+    assert median < MEDIAN_LOGIT_DIFF
 
 
 def test_window_matters_on_the_long_prompt(gemma3, goldens, teacher_forced):
