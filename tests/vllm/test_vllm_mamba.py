@@ -241,3 +241,76 @@ def test_without_prefix_caching_there_is_no_hit() -> None:
     core = pagedkv.KvCacheManager(num_blocks=8, block_size=BS)
     core.add_sequence(1, list(range(3 * BS)))
     assert core.longest_cached_block([b"x" * 32] * 3, 3) is None
+
+
+def _state_rule(trace: list[tuple[int, int]]) -> list[list[int]]:
+    """The live positions of one request's state table after each ``(computed, new)`` step, by
+    the rule docs/integrations/vllm.md states for vLLM's align mode (no speculative blocks):
+    at a step, first every position below ``(computed - 1) // block_size`` is released (a
+    sliding window of 2 tokens' rule; vLLM also releases the state block of the step before
+    last, ``last_state_block_idx``, which is always among those), then, when the table does not
+    reach the step's end, the interior positions are padded null and one block is allocated at
+    the last position: one block per step whatever the chunk's length."""
+    table: list[bool] = []
+    live_after = []
+    for computed, new in trace:
+        for i in range(min(max(computed - 1, 0) // BS, len(table))):
+            table[i] = False
+        required = -(-(computed + new) // BS)
+        if required > len(table):
+            table.extend([False] * (required - 1 - len(table)))
+            table.append(True)
+        live_after.append([i for i, live in enumerate(table) if live])
+    return live_after
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_vllms_align_tables_follow_the_documented_rule(seed: int) -> None:
+    """What the core's state group kind must build (docs/integrations/vllm.md, Mamba, (1)):
+    vLLM's align-mode Mamba table on a full-attention + Mamba config, after random prefill
+    chunks ending at block boundaries (as vLLM's scheduler splits them) and decode steps, is
+    the documented rule's, null positions inside the table included (not a leading run, unlike a
+    window group's)."""
+    import torch
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmKVCacheManager
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MambaSpec
+    from vllm.v1.request import Request
+
+    init_none_hash(sha256)
+    rng = random.Random(seed)
+    fa = FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32)
+    mamba = MambaSpec(block_size=BS, shapes=((1, 1),), dtypes=(torch.float32,), mamba_cache_mode="align")
+    config = KVCacheConfig(
+        num_blocks=NUM_BLOCKS,
+        kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec(["fa"], fa), KVCacheGroupSpec(["mamba"], mamba)],
+    )
+    m = VllmKVCacheManager(
+        config, max_model_len=256, enable_caching=True, scheduler_block_size=BS, hash_block_size=BS
+    )
+    prompt = [rng.randrange(1, 1000) for _ in range(rng.randrange(2, 10) * BS + rng.randrange(1, BS))]
+    r = Request(
+        "a", prompt, SamplingParams(max_tokens=64), None, block_hasher=get_request_block_hasher(BS, sha256)
+    )
+    trace = []
+    while r.num_computed_tokens < len(prompt) + 12:
+        c = r.num_computed_tokens
+        if c < len(prompt):
+            left = len(prompt) - c
+            n = min(rng.randrange(1, 4) * BS, left)  # chunks end at boundaries, but the last
+        else:
+            n = 1
+            r.append_output_token_ids(rng.randrange(1, 1000))
+        m.new_step_starts()
+        free = m.block_pool.get_num_free_blocks()
+        assert m.allocate_slots(r, n) is not None
+        trace.append((c, n))
+        live = [i for i, b in enumerate(m.get_block_ids("a")[1]) if b != 0]
+        assert live == _state_rule(trace)[-1], trace
+        # Full attention's new blocks plus at most one state block.
+        fa_new = -(-(c + n) // BS) - -(-c // BS)
+        assert free - m.block_pool.get_num_free_blocks() <= fa_new + 1
+        r.num_computed_tokens += n
