@@ -243,15 +243,16 @@ def test_without_prefix_caching_there_is_no_hit() -> None:
     assert core.longest_cached_block([b"x" * 32] * 3, 3) is None
 
 
-def _state_rule(trace: list[tuple[int, int]]) -> list[list[int]]:
+def _state_rule(trace: list[tuple[int, int]], hit_blocks: int = 0) -> list[list[int]]:
     """The live positions of one request's state table after each ``(computed, new)`` step, by
     the rule docs/integrations/vllm.md states for vLLM's align mode (no speculative blocks):
     at a step, first every position below ``(computed - 1) // block_size`` is released (a
     sliding window of 2 tokens' rule; vLLM also releases the state block of the step before
     last, ``last_state_block_idx``, which is always among those), then, when the table does not
     reach the step's end, the interior positions are padded null and one block is allocated at
-    the last position: one block per step whatever the chunk's length."""
-    table: list[bool] = []
+    the last position: one block per step whatever the chunk's length. A hit of ``k`` blocks
+    starts the table as ``k - 1`` nulls and the hit's state block."""
+    table = [i == hit_blocks - 1 for i in range(hit_blocks)]
     live_after = []
     for computed, new in trace:
         for i in range(min(max(computed - 1, 0) // BS, len(table))):
@@ -264,13 +265,46 @@ def _state_rule(trace: list[tuple[int, int]]) -> list[list[int]]:
     return live_after
 
 
+def _align_steps(m: Any, r: Any, rng: random.Random, decode_steps: int) -> tuple[list[tuple[int, int]], int]:
+    """Runs ``r`` on vLLM's manager ``m`` from its prefix hit: random prefill chunks ending at
+    block boundaries (as vLLM's scheduler splits them), but the prompt's last, then decode
+    steps, checking the state table after each against ``_state_rule``. Returns the steps and
+    the hit's blocks."""
+    blocks, hit = m.get_computed_blocks(r)[:2]
+    assert hit % BS == 0
+    trace: list[tuple[int, int]] = []
+    prompt_len = r.num_tokens
+    while r.num_computed_tokens < prompt_len + decode_steps:
+        c = r.num_computed_tokens or hit
+        if c < prompt_len:
+            n = min(rng.randrange(1, 4) * BS, prompt_len - c)
+        else:
+            n = 1
+            r.append_output_token_ids(rng.randrange(1, 1000))
+        m.new_step_starts()
+        free = m.block_pool.get_num_free_blocks()
+        first = not trace
+        got = m.allocate_slots(r, n, hit if first else 0, blocks if first else None)
+        assert got is not None
+        trace.append((c, n))
+        live = [i for i, b in enumerate(m.get_block_ids(r.request_id)[1]) if b != 0]
+        assert live == _state_rule(trace, hit // BS)[-1], (hit, trace)
+        # Full attention's new blocks plus at most one state block (and, at the hit, the hit's
+        # cached blocks of both groups, taken off the free queue).
+        fa_new = -(-(c + n) // BS) - -(-c // BS)
+        revived = hit // BS + 1 if first and hit else 0
+        assert free - m.block_pool.get_num_free_blocks() <= fa_new + 1 + revived
+        r.num_computed_tokens = c + n
+    return trace, hit // BS
+
+
 @pytest.mark.parametrize("seed", range(12))
 def test_vllms_align_tables_follow_the_documented_rule(seed: int) -> None:
     """What the core's state group kind must build (docs/integrations/vllm.md, Mamba, (1)):
-    vLLM's align-mode Mamba table on a full-attention + Mamba config, after random prefill
-    chunks ending at block boundaries (as vLLM's scheduler splits them) and decode steps, is
-    the documented rule's, null positions inside the table included (not a leading run, unlike a
-    window group's)."""
+    vLLM's align-mode Mamba table on a full-attention + Mamba config follows the documented
+    rule step by step, null positions inside the table included (not a leading run, unlike a
+    window group's): a request without a hit, then one whose prompt extends it, hitting the
+    state block cached at the first one's deepest chunk boundary."""
     import torch
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256
@@ -291,26 +325,12 @@ def test_vllms_align_tables_follow_the_documented_rule(seed: int) -> None:
     m = VllmKVCacheManager(
         config, max_model_len=256, enable_caching=True, scheduler_block_size=BS, hash_block_size=BS
     )
+    hasher = get_request_block_hasher(BS, sha256)
     prompt = [rng.randrange(1, 1000) for _ in range(rng.randrange(2, 10) * BS + rng.randrange(1, BS))]
-    r = Request(
-        "a", prompt, SamplingParams(max_tokens=64), None, block_hasher=get_request_block_hasher(BS, sha256)
-    )
-    trace = []
-    while r.num_computed_tokens < len(prompt) + 12:
-        c = r.num_computed_tokens
-        if c < len(prompt):
-            left = len(prompt) - c
-            n = min(rng.randrange(1, 4) * BS, left)  # chunks end at boundaries, but the last
-        else:
-            n = 1
-            r.append_output_token_ids(rng.randrange(1, 1000))
-        m.new_step_starts()
-        free = m.block_pool.get_num_free_blocks()
-        assert m.allocate_slots(r, n) is not None
-        trace.append((c, n))
-        live = [i for i, b in enumerate(m.get_block_ids("a")[1]) if b != 0]
-        assert live == _state_rule(trace)[-1], trace
-        # Full attention's new blocks plus at most one state block.
-        fa_new = -(-(c + n) // BS) - -(-c // BS)
-        assert free - m.block_pool.get_num_free_blocks() <= fa_new + 1
-        r.num_computed_tokens += n
+    first = Request("first", prompt, SamplingParams(max_tokens=64), None, block_hasher=hasher)
+    assert _align_steps(m, first, rng, decode_steps=12)[1] == 0
+    m.free(first)
+    longer = [*prompt, *(rng.randrange(1, 1000) for _ in range(rng.randrange(1, 4) * BS + 1))]
+    second = Request("second", longer, SamplingParams(max_tokens=64), None, block_hasher=hasher)
+    trace, hit_blocks = _align_steps(m, second, rng, decode_steps=6)
+    assert hit_blocks > 0, trace
