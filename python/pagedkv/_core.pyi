@@ -339,6 +339,13 @@ class KvCacheManager:
         (in use or cached-evictable), or None: a look-up by that one hash (vLLM's
         ``get_cached_block``). ``block_hash``: bytes (reduced as ``reduce_block_hash``) or
         pagedkv's own int hash. The first call stops chaining index entries."""
+    def longest_cached_block(
+        self, block_hashes: Sequence[bytes | int], max_blocks: int, *, group: int = 0
+    ) -> tuple[int, int] | None:
+        """A state group's hit (vLLM's ``MambaManager.find_longest_cache_hit``, align mode):
+        the rightmost ``i < min(max_blocks, len(block_hashes))`` whose hash group ``group``
+        holds a block under, as ``(i + 1, block)``, or None. Searched from the right; one
+        block, not a chain. ``block_hashes`` as in ``cached_block``."""
     def refcount(self, block_id: int) -> int: ...
     @property
     def num_blocks(self) -> int: ...

@@ -85,6 +85,7 @@ enum Op {
     MatchPrefixWith(Vec<u32>, Option<Vec<u128>>),
     GroupViews(Vec<u64>, usize, usize),
     TakeNewBlockIds,
+    StateHit(Option<Vec<u128>>, usize, usize),
 }
 
 fn extra_key() -> impl Strategy<Value = Option<Vec<u8>>> {
@@ -198,6 +199,7 @@ fn chunk_op() -> impl Strategy<Value = Op> {
         1 => (tokens(), hashes()).prop_map(|(t, h)| Op::MatchPrefixWith(t, h)),
         2 => (seq_ids(), count(), group()).prop_map(|(s, n, g)| Op::GroupViews(s, n, g)),
         1 => Just(Op::TakeNewBlockIds),
+        1 => (hashes(), count(), group()).prop_map(|(h, n, g)| Op::StateHit(h, n, g)),
     ]
 }
 
@@ -422,6 +424,17 @@ fn apply(kv: &mut KvCacheManager, op: &Op, side_pool: &BlockPool) -> bool {
         }
         Op::TakeNewBlockIds => {
             kv.take_new_block_ids();
+            false
+        }
+        Op::StateHit(h, n, g) => {
+            // A state group's look-up: read-only, whatever its arguments.
+            let before = snapshot(kv);
+            let _ = kv.longest_cached_block(h.as_deref().unwrap_or(&[]), *n, *g);
+            assert_eq!(
+                before,
+                snapshot(kv),
+                "longest_cached_block changed the state"
+            );
             false
         }
         Op::TableMath(n, bs) => {

@@ -103,6 +103,27 @@ impl PyKvCacheManager {
         self.run(py, false, |kv| kv.cached_block(hash, group))
     }
 
+    /// A state group's hit (vLLM's `MambaManager.find_longest_cache_hit`, align mode): the
+    /// rightmost `i < min(max_blocks, len(block_hashes))` whose hash group `group` holds a block
+    /// under, as `(i + 1, block)`, or None; searched from the right, one block, not a chain.
+    /// `block_hashes` as in `cached_block`.
+    #[pyo3(signature = (block_hashes, max_blocks, *, group=0))]
+    fn longest_cached_block(
+        &self,
+        py: Python<'_>,
+        block_hashes: Vec<Bound<'_, PyAny>>,
+        max_blocks: usize,
+        group: usize,
+    ) -> PyResult<Option<(usize, u32)>> {
+        // Only the hashes the scan may read are converted (a prompt's list can be long).
+        let n = max_blocks.min(block_hashes.len());
+        let hashes = block_hashes[..n]
+            .iter()
+            .map(extract_block_hash)
+            .collect::<PyResult<Vec<_>>>()?;
+        self.run(py, false, |kv| kv.longest_cached_block(&hashes, n, group))
+    }
+
     /// In-use blocks / num_blocks, in [0, 1].
     #[getter]
     fn usage(&self, py: Python<'_>) -> PyResult<f64> {

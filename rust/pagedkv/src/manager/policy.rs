@@ -118,6 +118,17 @@ pub(crate) fn window_hit(
     run
 }
 
+/// The hit finder of a state group (vLLM's `MambaManager.find_longest_cache_hit` in its
+/// `"align"` mode, block size equal to the hash block size): the end, in blocks, of the
+/// rightmost cached block below `max_blocks`, searched from the right and stopping at the
+/// first, 0 when none is cached. One block only, not a run: a state block holds everything
+/// before its boundary, so it is a hit even when the blocks before it are not cached. This is
+/// [`window_hit`] with no contiguous blocks needed (a window of one token's scan).
+#[inline]
+pub(crate) fn state_hit(max_blocks: usize, cached: impl FnMut(usize) -> bool) -> usize {
+    window_hit(max_blocks, 0, cached)
+}
+
 /// The longest hit, in blocks, every group can serve: each group's finder
 /// ([`KvGroupSpec::longest_hit`]) may only shorten the candidate, and the groups are asked
 /// again until none shortens it (a fixed point; each pass only shrinks it, so this ends, and
@@ -242,6 +253,38 @@ mod tests {
             assert_eq!(hit(&[(g, 2)]), 2, "any group's last block");
         }
         assert_eq!(hit(&[(0, 2), (1, 0)]), 0);
+    }
+
+    /// vLLM's `MambaManager.find_longest_cache_hit` (align mode): the rightmost cached block
+    /// below the bound, even with nothing cached before it; a cached block at or past the
+    /// bound is not a hit.
+    #[test]
+    fn state_hit_is_the_rightmost_cached_block() {
+        let (t, f) = (true, false);
+        let cases: &[(&[bool], usize, usize)] = &[
+            (&[], 0, 0),
+            (&[f, f, f], 3, 0),
+            (&[t, f, f], 3, 1),
+            (&[t, f, f, t], 4, 4),
+            (&[t, f, f, t], 3, 1),
+            (&[f, f, t, f], 4, 3),
+            (&[t, t, t, t], 2, 2),
+            (&[f, t, f, t, t], 0, 0),
+        ];
+        for &(cached, max_blocks, want) in cases {
+            assert_eq!(
+                state_hit(max_blocks, |i| cached[i]),
+                want,
+                "{cached:?} {max_blocks}"
+            );
+        }
+        // It stops at the first cached block from the right: nothing left of it is asked.
+        let mut asked = Vec::new();
+        let hit = state_hit(6, |i| {
+            asked.push(i);
+            i == 3
+        });
+        assert_eq!((hit, asked), (4, vec![5, 4, 3]));
     }
 
     /// vLLM's `SlidingWindowSpec.max_admission_blocks_per_request`: the window's last
