@@ -201,6 +201,7 @@ class KvCacheManager:
         apply_watermark: bool = True,
         prompt_hashes: PromptHashes | list[int] | None = None,
         reserved_blocks: int = 0,
+        num_external_computed_tokens: int = 0,
     ) -> int:
         """Admits a prompt (``token_ids`` ``[n]``, or only ``num_tokens``: never hashed);
         returns how many of its tokens were served from the prefix cache. ``num_scheduled``:
@@ -215,7 +216,11 @@ class KvCacheManager:
         ``reserved_blocks``: leave that many more available (vLLM's ``reserved_blocks``, for
         in-flight async KV loads; the allocation's check only). ``prompt_hashes``: pagedkv's
         own hashes of the prompt computed earlier (``prompt_hashes(tokens)``), read instead of
-        hashing the prompt again."""
+        hashing the prompt again. ``num_external_computed_tokens``: how many of the first
+        scheduled tokens are computed elsewhere (vLLM's KV connector; per chunk only): window
+        groups release what their windows leave at the hit plus these before the admission is
+        sized, so those positions are never allocated (more than the scheduled tokens after
+        the hit: ``InvalidArgumentError``)."""
     def allocate_slots(
         self,
         seq_id: int,

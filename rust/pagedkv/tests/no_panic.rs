@@ -73,6 +73,8 @@ enum Op {
         lookahead: usize,
         block_keys: Option<Vec<Option<Vec<u8>>>>,
         block_hashes: Option<Vec<u128>>,
+        /// `num_external_computed_tokens` (per chunk only).
+        external: usize,
     },
     AllocateSlots {
         seq: u64,
@@ -188,9 +190,9 @@ fn chunk_op() -> impl Strategy<Value = Op> {
         ),
     );
     prop_oneof![
-        4 => (seq_id(), prop::option::weighted(0.8, tokens()), count(), count(), any::<bool>(), any::<bool>(), count(), block_keys, hashes())
-            .prop_map(|(seq, tokens, len, scheduled, reserve, full, lookahead, block_keys, block_hashes)| {
-                Op::AddWith { seq, tokens, len, scheduled, reserve, full, lookahead, block_keys, block_hashes }
+        4 => (seq_id(), prop::option::weighted(0.8, tokens()), count(), count(), any::<bool>(), any::<bool>(), count(), block_keys, hashes(), prop_oneof![2 => Just(0usize), 1 => count()])
+            .prop_map(|(seq, tokens, len, scheduled, reserve, full, lookahead, block_keys, block_hashes, external)| {
+                Op::AddWith { seq, tokens, len, scheduled, reserve, full, lookahead, block_keys, block_hashes, external }
             }),
         6 => (seq_id(), count(), count(), count(), prop::option::of(count()))
             .prop_map(|(seq, new, lookahead, in_flight, computed)| Op::AllocateSlots { seq, new, lookahead, in_flight, computed }),
@@ -355,6 +357,7 @@ fn apply(kv: &mut KvCacheManager, op: &Op, side_pool: &BlockPool) -> bool {
             lookahead,
             block_keys,
             block_hashes,
+            external,
         } => {
             let keys: Option<Vec<Option<&[u8]>>> = block_keys
                 .as_ref()
@@ -376,6 +379,7 @@ fn apply(kv: &mut KvCacheManager, op: &Op, side_pool: &BlockPool) -> bool {
                     .filter(|_| *seq % 2 == 1 && keys.is_none()),
                 apply_watermark: true,
                 reserved_blocks: 0,
+                num_external_computed_tokens: *external,
             };
             let prompt = match tokens {
                 Some(t) => Prompt::Tokens(t),
