@@ -276,6 +276,10 @@ class KvCacheManager:
     def free_batch(self, seq_ids: _SeqIds) -> None: ...
     def fork(self, parent_id: int, child_id: int) -> None: ...
     def free(self, seq_id: int) -> None: ...
+    def release_skipped_blocks(self, seq_id: int, processed_tokens: int) -> None:
+        """vLLM's ``remove_skipped_blocks``: every sliding-window group releases what a processed
+        watermark of ``processed_tokens`` puts out of its window (at most the sequence's
+        computed tokens, else ``InvalidArgumentError``)."""
     def block_table(self, seq_id: int, *, group: int = 0) -> npt.NDArray[np.int32]:
         """int32 ``[num_blocks_of_seq]`` of KV-cache group ``group``, a fresh array; ``-1`` at a
         position a sliding-window group released."""

@@ -49,6 +49,12 @@ enum Op {
     SwapOut(Vec<u64>),
     SwapIn(Vec<u64>),
     Reset,
+    /// `release_skipped_blocks(id, computed - back)`, or one past the computed tokens.
+    ReleaseSkipped {
+        id: u64,
+        back: usize,
+        past: bool,
+    },
     AddLenScheduled(u64, usize, usize),
     AddScheduled {
         id: u64,
@@ -170,6 +176,7 @@ fn chunk_op() -> impl Strategy<Value = Op> {
         6 => (id(), 0usize..8, prop_oneof![3 => Just(0usize), 1 => 1usize..5], prop_oneof![3 => Just(0usize), 1 => 1usize..6], prop::option::weighted(0.2, 0usize..4))
             .prop_map(|(id, new, lookahead, in_flight, rollback)| Op::Slots { id, new, lookahead, in_flight, rollback }),
         3 => (id(), 0usize..5, prop::option::weighted(0.2, 0usize..4)).prop_map(|(i, n, r)| Op::Provide(i, n, r)),
+        2 => (id(), 0usize..6, prop::bool::weighted(0.1)).prop_map(|(id, back, past)| Op::ReleaseSkipped { id, back, past }),
     ]
 }
 
@@ -676,6 +683,18 @@ fn run(setup: Setup, ops: Vec<Op>) {
                     check_mapping(g, w, &mut names.host, &mut names.device);
                 }
                 (got.map(|_| 0), want.map(|_| 0))
+            }
+            Op::ReleaseSkipped { id, back, past } => {
+                let current = kv.num_computed_tokens(*id).unwrap_or(0);
+                let processed = if *past {
+                    current + 1 + back
+                } else {
+                    current.saturating_sub(*back)
+                };
+                (
+                    kv.release_skipped_blocks(*id, processed).map(|()| 0),
+                    model.release_skipped(*id, processed).map(|()| 0),
+                )
             }
             Op::Reset => (
                 Ok(usize::from(kv.reset_prefix_cache())),

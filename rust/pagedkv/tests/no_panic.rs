@@ -87,6 +87,7 @@ enum Op {
     MatchPrefixWith(Vec<u32>, Option<Vec<u128>>),
     GroupViews(Vec<u64>, usize, usize),
     TakeNewBlockIds,
+    ReleaseSkipped(u64, usize),
 }
 
 fn extra_key() -> impl Strategy<Value = Option<Vec<u8>>> {
@@ -199,6 +200,7 @@ fn chunk_op() -> impl Strategy<Value = Op> {
         2 => (seq_id(), tokens(), prop::option::of(count()), hashes()).prop_map(|(s, t, c, h)| Op::ProvideTokenIds(s, t, c, h)),
         1 => (tokens(), hashes()).prop_map(|(t, h)| Op::MatchPrefixWith(t, h)),
         2 => (seq_ids(), count(), group()).prop_map(|(s, n, g)| Op::GroupViews(s, n, g)),
+        1 => (seq_id(), count()).prop_map(|(s, n)| Op::ReleaseSkipped(s, n)),
         1 => Just(Op::TakeNewBlockIds),
     ]
 }
@@ -428,6 +430,7 @@ fn apply(kv: &mut KvCacheManager, op: &Op, side_pool: &BlockPool) -> bool {
             kv.take_new_block_ids();
             false
         }
+        Op::ReleaseSkipped(s, n) => kv.release_skipped_blocks(*s, *n).is_err(),
         Op::TableMath(n, bs) => {
             let _ = BlockTable::blocks_for_tokens(*n, *bs);
             if let Ok(table) = kv.table(0) {

@@ -30,6 +30,12 @@ struct AdmitPlan {
     /// where a window at the hit plus the external computed tokens left earlier positions
     /// (those are the null entry, never allocated).
     first_fresh: Vec<usize>,
+    /// Per group, the end of the positions that take fresh blocks first, every group's in
+    /// turn, before the rest of every group's: those of the external computed tokens, as
+    /// vLLM allocates them for every group before the new tokens' (`allocate_new_computed_blocks`,
+    /// then `allocate_new_blocks`); without external tokens, all of them (one group after the
+    /// other).
+    external_end: Vec<usize>,
 }
 
 impl KvCacheManager {
@@ -148,6 +154,7 @@ impl KvCacheManager {
         let h = plan.hit.num_blocks;
         let mut supply = fresh_blocks.into_iter();
         let mut first_fresh = plan.first_fresh.iter().copied();
+        let mut external_end = plan.external_end.iter().copied();
         let (mut loads_from, mut loads_to) = (Vec::new(), Vec::new());
         let mut tables: Vec<Vec<BlockId>> = plan
             .hit
@@ -171,10 +178,17 @@ impl KvCacheManager {
                     first_fresh.next().expect("one per group").max(h),
                     NULL_BLOCK,
                 );
-                t.extend(supply.by_ref().take(plan.num_positions - t.len()));
+                let end = external_end
+                    .next()
+                    .expect("one per group")
+                    .min(plan.num_positions);
+                t.extend(supply.by_ref().take(end.saturating_sub(t.len())));
                 t
             })
             .collect();
+        for t in &mut tables {
+            t.extend(supply.by_ref().take(plan.num_positions - t.len()));
+        }
         debug_assert!(supply.next().is_none());
         self.record_loads(&loads_from, &loads_to);
         // Hashing starts after the leading positions every group took from the device (a
@@ -329,6 +343,19 @@ impl KvCacheManager {
             .iter()
             .map(|spec| spec.skipped_blocks(released_at, bs).max(h))
             .collect();
+        // A window group whose window keeps none of the external tokens (one token) allocates
+        // none for them; the others up to their end.
+        let external_end: Vec<usize> = self
+            .config
+            .kv_groups
+            .iter()
+            .zip(&first_fresh)
+            .map(|(spec, &f)| match spec.window() {
+                _ if external == 0 => usize::MAX,
+                Some(1) => f,
+                _ => released_at.div_ceil(bs).max(f),
+            })
+            .collect();
         if external > 0 {
             // The hit's positions the window left at the hit plus the external tokens are
             // released from the start: neither taken nor counted (vLLM skips them).
@@ -414,6 +441,7 @@ impl KvCacheManager {
             revived,
             num_computed,
             first_fresh,
+            external_end,
         })
     }
 

@@ -391,15 +391,27 @@ impl Model {
             self.take(b);
         }
         let mut supply = self.alloc_fresh(fresh).into_iter();
-        let tables = places
+        // Every group's external positions first, then every group's new ones (vLLM's order);
+        // a window of one token keeps no external token.
+        let mut tables: Vec<Vec<Option<MBlock>>> = places
             .into_iter()
             .zip(&first)
-            .map(|(mut t, &f)| {
+            .zip(&self.specs)
+            .map(|((mut t, &f), &spec)| {
                 t.resize(f, None);
-                t.extend(supply.by_ref().take(positions - f).map(Some));
+                let end = match spec {
+                    _ if external == 0 => positions,
+                    KvGroupSpec::SlidingWindow { window: 1 } => f,
+                    _ => at.div_ceil(bs).max(f).min(positions),
+                };
+                t.extend(supply.by_ref().take(end - f).map(Some));
                 t
             })
             .collect();
+        for t in &mut tables {
+            let n = positions - t.len();
+            t.extend(supply.by_ref().take(n).map(Some));
+        }
         if tokens.is_some() {
             self.hit_tokens += (l * bs) as u64;
         }
