@@ -7,6 +7,9 @@ vLLM's. Windows of one block, 48 tokens and 2 tokens, on tiny pools. Runs in the
 (scripts/vllm/stage.sh); skipped elsewhere.
 """
 
+# Every closure of the sweep below runs (through ``both``) in the loop iteration that defines it.
+# ruff: noqa: B023
+
 from __future__ import annotations
 
 import random
@@ -134,7 +137,13 @@ def test_an_async_load_beside_a_window_resumes_as_vllm(window: int) -> None:
         t = trace[kind]
         r = _request("r", 8 * BS + 5)
         blocks = m.get_computed_blocks(r)[0]
-        t.append(_ids(m.allocate_slots(r, 0, 0, blocks, num_external_computed_tokens=8 * BS, delay_cache_blocks=True)))
+        t.append(
+            _ids(
+                m.allocate_slots(
+                    r, 0, 0, blocks, num_external_computed_tokens=8 * BS, delay_cache_blocks=True
+                )
+            )
+        )
         t.append(m.get_block_ids("r"))
         r.num_computed_tokens = 8 * BS
         for cap in (True, False):
@@ -306,7 +315,12 @@ def test_connector_calls_beside_a_window_answer_as_vllm(seed: int) -> None:
             running = sorted(rid for rid in reqs if rid not in loading)
             if popped and rng.random() < 0.5:
                 blocks = popped.pop(0)
-                both(lambda kind, m: (m.block_pool.free_blocks(reversed(blocks[kind])), m.block_pool.get_num_free_blocks()))
+                both(
+                    lambda kind, m: (
+                        m.block_pool.free_blocks(reversed(blocks[kind])),
+                        m.block_pool.get_num_free_blocks(),
+                    )
+                )
                 continue
             if not running:
                 continue
@@ -354,7 +368,11 @@ def test_a_failed_async_load_beside_a_window() -> None:
             m.cache_blocks(r, valid)
             r.status = RequestStatus.WAITING
             got = m.allocate_slots(r, 3 * BS + 5)
-            results[kind] = (_ids(got), m.get_block_ids("r"), m.get_computed_blocks(_request("p", 8 * BS + 5))[1])
+            results[kind] = (
+                _ids(got),
+                m.get_block_ids("r"),
+                m.get_computed_blocks(_request("p", 8 * BS + 5))[1],
+            )
         if window == 512:
             assert results["pagedkv"] == results["vllm"]
         else:  # released at 128 tokens: 5 blocks; the window at 112 reads the 5th

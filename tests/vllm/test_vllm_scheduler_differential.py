@@ -129,15 +129,36 @@ CONFIGS: dict[str, tuple[dict[str, object], bool]] = {
     # window skips a connector's out-of-window tokens at admission (null blocks, not counted),
     # as vLLM's does; sync loads, mixed (async loads resuming, reservations), async scheduling.
     "connector-sync-full+swa": (
-        dict(requests=24, num_blocks=50, groups=("full", "swa"), window=48, max_num_batched_tokens=128, connector="sync"),
+        dict(
+            requests=24,
+            num_blocks=50,
+            groups=("full", "swa"),
+            window=48,
+            max_num_batched_tokens=128,
+            connector="sync",
+        ),
         True,
     ),
     "connector-sync-full+swa-one-block": (
-        dict(requests=24, num_blocks=50, groups=("full", "swa"), window=16, max_num_batched_tokens=128, connector="sync"),
+        dict(
+            requests=24,
+            num_blocks=50,
+            groups=("full", "swa"),
+            window=16,
+            max_num_batched_tokens=128,
+            connector="sync",
+        ),
         True,
     ),
     "connector-sync-full+swa-two-tokens": (
-        dict(requests=24, num_blocks=50, groups=("full", "swa"), window=2, max_num_batched_tokens=128, connector="sync"),
+        dict(
+            requests=24,
+            num_blocks=50,
+            groups=("full", "swa"),
+            window=2,
+            max_num_batched_tokens=128,
+            connector="sync",
+        ),
         True,
     ),
     "connector-sync-chunk-admission-full+swa-two-tokens": (
@@ -153,11 +174,25 @@ CONFIGS: dict[str, tuple[dict[str, object], bool]] = {
         True,
     ),
     "connector-mixed-full+swa": (
-        dict(requests=24, num_blocks=50, groups=("full", "swa"), window=48, max_num_batched_tokens=128, connector="mixed"),
+        dict(
+            requests=24,
+            num_blocks=50,
+            groups=("full", "swa"),
+            window=48,
+            max_num_batched_tokens=128,
+            connector="mixed",
+        ),
         True,
     ),
     "connector-mixed-full+swa-one-block": (
-        dict(requests=24, num_blocks=50, groups=("full", "swa"), window=16, max_num_batched_tokens=128, connector="mixed"),
+        dict(
+            requests=24,
+            num_blocks=50,
+            groups=("full", "swa"),
+            window=16,
+            max_num_batched_tokens=128,
+            connector="mixed",
+        ),
         True,
     ),
     "connector-mixed-async-full+swa": (

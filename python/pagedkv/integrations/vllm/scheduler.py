@@ -4,9 +4,10 @@ vLLM's scheduler constructs its manager from the name ``KVCacheManager`` in its 
 no hook besides the scheduler class itself; these subclasses swap that name for the duration of
 their own construction only (one module-level name, so construction is serialized by a lock), and
 refuse up front what the scheduler would reach and the manager does not support: HiSparse
-(hisparse.py: its connector would otherwise be named first), a KV connector on other than
-full-attention and sliding-window groups (connector.py). Auxiliary outputs (``aux_output_config``) are supported:
-their connector's look-ups by one block hash are the core's (aux_outputs.py).
+(hisparse.py: its connector would otherwise be named first), a KV connector on groups
+other than full-attention and sliding-window groups (connector.py). Auxiliary outputs
+(``aux_output_config``) are supported: their connector's look-ups by one block hash are the
+core's (aux_outputs.py).
 
     SchedulerConfig(..., scheduler_cls="pagedkv.integrations.vllm.PagedkvScheduler")
 """
