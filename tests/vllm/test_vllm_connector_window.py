@@ -133,7 +133,8 @@ def test_an_async_load_beside_a_window_resumes_as_vllm(window: int) -> None:
     from vllm.v1.request import RequestStatus
 
     trace: dict[str, list[Any]] = {kind: [] for kind in KINDS}
-    for kind, m in _managers(window, 30, watermark=0.1).items():
+    # max_in_flight_tokens bounds the window's admission cap below the request's blocks.
+    for kind, m in _managers(window, 30, watermark=0.1, max_in_flight_tokens=32).items():
         t = trace[kind]
         r = _request("r", 8 * BS + 5)
         blocks = m.get_computed_blocks(r)[0]
