@@ -337,6 +337,16 @@ impl KvCacheManager {
             ));
         }
         let released_at = hit_tokens + external;
+        if external > 0 && released_at.div_ceil(bs) > self.num_usable_blocks() {
+            // A connector's tokens the pool could never have held: a window-only table of
+            // that many null positions would only cost memory (full attention needs their
+            // blocks, so vLLM refuses such an admission there).
+            return invalid(format!(
+                "the hit and {external} external computed tokens pass the pool's {} blocks of \
+                 {bs} tokens",
+                self.num_usable_blocks()
+            ));
+        }
         let first_fresh: Vec<usize> = self
             .config
             .kv_groups

@@ -172,8 +172,9 @@ pub struct AdmitOptions<'a> {
     /// releases what its window at the hit plus these tokens leaves *before* the admission is
     /// sized: those positions are never allocated (the null entry) and neither check counts
     /// them, as vLLM's `allocate_slots(..., num_external_computed_tokens=e)` skips them. More
-    /// than the scheduled tokens the hit leaves (`num_scheduled` capped at the prompt's rest):
-    /// `InvalidArgument`. Changes nothing without a window group.
+    /// than the scheduled tokens the hit leaves (`num_scheduled` capped at the prompt's rest),
+    /// or a hit plus these tokens past the pool's blocks: `InvalidArgument`. Changes nothing
+    /// else without a window group.
     pub num_external_computed_tokens: usize,
 }
 

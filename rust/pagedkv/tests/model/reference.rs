@@ -323,6 +323,9 @@ impl Model {
             return Err(Kind::Invalid);
         }
         let at = l * bs + external;
+        if external > 0 && at.div_ceil(bs) > self.num_blocks {
+            return Err(Kind::Invalid);
+        }
         // Per group, the positions before its first fresh one are the hit's or released.
         let first: Vec<usize> = self
             .specs
