@@ -15,12 +15,18 @@ def fake_kv_transfer_config(kind: str) -> Any:
     KV-cache manager: a request whose id is 0 mod 3 gets no external hit; the others an
     external hit up to the last full block before their last token (beyond the local hit),
     loaded synchronously, or, with ``kind="mixed"``, asynchronously for ids 1 mod 3. It moves
-    no data (the fake model runner reports async loads finished)."""
+    no data (the fake model runner reports async loads finished). It supports vLLM's hybrid
+    allocator (``SupportsHMA``), so the scheduler takes it with several KV-cache groups (a
+    window group beside full attention) and hands it every group's blocks at the end."""
     from vllm.config import KVTransferConfig
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
-    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorMetadata
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+        KVConnectorBase_V1,
+        KVConnectorMetadata,
+        SupportsHMA,
+    )
 
-    class FakeConnector(KVConnectorBase_V1):
+    class FakeConnector(KVConnectorBase_V1, SupportsHMA):
         def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
             n = int(request.request_id)
             if n % 3 == 0:
@@ -33,6 +39,9 @@ def fake_kv_transfer_config(kind: str) -> Any:
 
         def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
             pass
+
+        def request_finished_all_groups(self, request: Any, block_ids: Any) -> tuple[bool, None]:
+            return False, None  # nothing sent: the blocks are freed now
 
         def build_connector_meta(self, scheduler_output: Any) -> Any:
             return KVConnectorMetadata()

@@ -201,6 +201,7 @@ class KvCacheManager:
         apply_watermark: bool = True,
         prompt_hashes: PromptHashes | list[int] | None = None,
         reserved_blocks: int = 0,
+        num_external_computed_tokens: int = 0,
     ) -> int:
         """Admits a prompt (``token_ids`` ``[n]``, or only ``num_tokens``: never hashed);
         returns how many of its tokens were served from the prefix cache. ``num_scheduled``:
@@ -215,7 +216,11 @@ class KvCacheManager:
         ``reserved_blocks``: leave that many more available (vLLM's ``reserved_blocks``, for
         in-flight async KV loads; the allocation's check only). ``prompt_hashes``: pagedkv's
         own hashes of the prompt computed earlier (``prompt_hashes(tokens)``), read instead of
-        hashing the prompt again."""
+        hashing the prompt again. ``num_external_computed_tokens``: how many of the first
+        scheduled tokens are computed elsewhere (vLLM's KV connector; per chunk only): window
+        groups release what their windows leave at the hit plus these before the admission is
+        sized, so those positions are never allocated (more than the scheduled tokens after
+        the hit: ``InvalidArgumentError``)."""
     def allocate_slots(
         self,
         seq_id: int,
@@ -271,6 +276,10 @@ class KvCacheManager:
     def free_batch(self, seq_ids: _SeqIds) -> None: ...
     def fork(self, parent_id: int, child_id: int) -> None: ...
     def free(self, seq_id: int) -> None: ...
+    def release_skipped_blocks(self, seq_id: int, processed_tokens: int) -> None:
+        """vLLM's ``remove_skipped_blocks``: every sliding-window group releases what a processed
+        watermark of ``processed_tokens`` puts out of its window (at most the sequence's
+        computed tokens, else ``InvalidArgumentError``)."""
     def block_table(self, seq_id: int, *, group: int = 0) -> npt.NDArray[np.int32]:
         """int32 ``[num_blocks_of_seq]`` of KV-cache group ``group``, a fresh array; ``-1`` at a
         position a sliding-window group released."""

@@ -214,23 +214,12 @@ def test_deferred_frees_return_the_blocks_later(kind: str) -> None:
     assert _hit(m, "p", 3 * BS + 2) == 3 * BS
 
 
-def test_pagedkv_refuses_what_it_does_not_support_by_name() -> None:
-    from pagedkv.integrations.vllm import UnsupportedVllmFeatureError
-
-    m = _manager("pagedkv", _config("full", "swa"), enable_caching=True)
-    r = _request("r", 4 * BS)
-    with pytest.raises(UnsupportedVllmFeatureError, match="sliding-window groups"):
-        m.allocate_slots(r, 8, 0, None, num_external_computed_tokens=2 * BS)
-    with pytest.raises(UnsupportedVllmFeatureError, match="remove_skipped_blocks"):
-        m.remove_skipped_blocks("r", 0)
-
-
-def test_scheduler_refuses_a_connector_on_window_groups(vllm_scheduler: Any) -> None:
-    from pagedkv.integrations.vllm import PagedkvScheduler, UnsupportedVllmFeatureError
+def test_scheduler_takes_a_connector_beside_window_groups(vllm_scheduler: Any) -> None:
+    from pagedkv.integrations.vllm import KVCacheManager, PagedkvScheduler
 
     w = vllm_scheduler.Workload(requests=2, groups=("full", "swa"), connector="sync")
-    with pytest.raises(UnsupportedVllmFeatureError, match="SlidingWindowSpec"):
-        vllm_scheduler.build_scheduler(w, None, scheduler_cls=PagedkvScheduler)
+    scheduler = vllm_scheduler.build_scheduler(w, None, scheduler_cls=PagedkvScheduler)
+    assert isinstance(scheduler.kv_cache_manager, KVCacheManager)
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -125,6 +125,103 @@ CONFIGS: dict[str, tuple[dict[str, object], bool]] = {
         dict(requests=24, num_blocks=40, max_num_batched_tokens=128, num_spec_tokens=3, connector="mixed"),
         True,
     ),
+    # The fake connector beside a sliding-window group (48 tokens, one block, 2 tokens): the
+    # window skips a connector's out-of-window tokens at admission (null blocks, not counted),
+    # as vLLM's does; sync loads, mixed (async loads resuming, reservations), async scheduling.
+    "connector-sync-full+swa": (
+        dict(
+            requests=24,
+            num_blocks=50,
+            groups=("full", "swa"),
+            window=48,
+            max_num_batched_tokens=128,
+            connector="sync",
+        ),
+        True,
+    ),
+    "connector-sync-full+swa-one-block": (
+        dict(
+            requests=24,
+            num_blocks=50,
+            groups=("full", "swa"),
+            window=16,
+            max_num_batched_tokens=128,
+            connector="sync",
+        ),
+        True,
+    ),
+    "connector-sync-full+swa-two-tokens": (
+        dict(
+            requests=24,
+            num_blocks=50,
+            groups=("full", "swa"),
+            window=2,
+            max_num_batched_tokens=128,
+            connector="sync",
+        ),
+        True,
+    ),
+    "connector-sync-chunk-admission-full+swa-two-tokens": (
+        dict(
+            requests=24,
+            num_blocks=50,
+            groups=("full", "swa"),
+            window=2,
+            max_num_batched_tokens=128,
+            connector="sync",
+            reserve_full_isl=False,
+        ),
+        True,
+    ),
+    "connector-mixed-full+swa": (
+        dict(
+            requests=24,
+            num_blocks=50,
+            groups=("full", "swa"),
+            window=48,
+            max_num_batched_tokens=128,
+            connector="mixed",
+        ),
+        True,
+    ),
+    "connector-mixed-full+swa-one-block": (
+        dict(
+            requests=24,
+            num_blocks=50,
+            groups=("full", "swa"),
+            window=16,
+            max_num_batched_tokens=128,
+            connector="mixed",
+        ),
+        True,
+    ),
+    "connector-mixed-async-full+swa": (
+        dict(
+            requests=24,
+            num_blocks=50,
+            groups=("full", "swa"),
+            window=48,
+            max_num_batched_tokens=128,
+            async_scheduling=True,
+            connector="mixed",
+        ),
+        True,
+    ),
+    # the explained divergence with chunk-only admission: at step 10 vLLM's admission of
+    # request 3 revives cached-evictable copies (vLLM indexed two copies from step 3, an async
+    # load's and a running request's) where pagedkv shares the held one, and refuses it
+    "connector-mixed-chunk-admission-full+swa": (
+        dict(
+            requests=24,
+            num_blocks=50,
+            groups=("full", "swa"),
+            window=48,
+            max_num_batched_tokens=128,
+            connector="mixed",
+            reserve_full_isl=False,
+        ),
+        False,
+    ),
     # Drafters with a KV cache (benches/vllm_scheduler.py, DRAFTERS; docs/integrations/vllm.md,
     # Draft models): EAGLE with lookahead hashes (one token), 3-module MTP (hashes and
     # re-prefills 3 tokens), DFlash (a block of draft slots per request)

@@ -49,6 +49,12 @@ enum Op {
     SwapOut(Vec<u64>),
     SwapIn(Vec<u64>),
     Reset,
+    /// `release_skipped_blocks(id, computed - back)`, or one past the computed tokens.
+    ReleaseSkipped {
+        id: u64,
+        back: usize,
+        past: bool,
+    },
     AddLenScheduled(u64, usize, usize),
     AddScheduled {
         id: u64,
@@ -87,6 +93,8 @@ enum Op {
         tokens: bool,
         /// `require_full_prompt` (vLLM's `full_sequence_must_fit`).
         full: bool,
+        /// `num_external_computed_tokens` (a KV connector's tokens).
+        external: usize,
     },
     /// `allocate_slots(id, new, lookahead, in_flight, computed = current - rollback)`.
     Slots {
@@ -163,11 +171,12 @@ fn op() -> impl Strategy<Value = Op> {
 /// The per-chunk operations (added to `op()` in the per-chunk runs).
 fn chunk_op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        4 => (id(), 0usize..3, 0usize..24, extra(), 0usize..10, prop_oneof![3 => Just(0usize), 1 => 1usize..5], prop::bool::weighted(0.9), prop::bool::weighted(0.6))
-            .prop_map(|(id, prompt, len, extra, scheduled, lookahead, tokens, full)| Op::AddPerChunk { id, prompt, len, extra, scheduled, lookahead, tokens, full }),
+        4 => (id(), 0usize..3, 0usize..24, extra(), 0usize..10, prop_oneof![3 => Just(0usize), 1 => 1usize..5], prop::bool::weighted(0.9), prop::bool::weighted(0.6), prop_oneof![2 => Just(0usize), 2 => 0usize..12])
+            .prop_map(|(id, prompt, len, extra, scheduled, lookahead, tokens, full, external)| Op::AddPerChunk { id, prompt, len, extra, scheduled, lookahead, tokens, full, external }),
         6 => (id(), 0usize..8, prop_oneof![3 => Just(0usize), 1 => 1usize..5], prop_oneof![3 => Just(0usize), 1 => 1usize..6], prop::option::weighted(0.2, 0usize..4))
             .prop_map(|(id, new, lookahead, in_flight, rollback)| Op::Slots { id, new, lookahead, in_flight, rollback }),
         3 => (id(), 0usize..5, prop::option::weighted(0.2, 0usize..4)).prop_map(|(i, n, r)| Op::Provide(i, n, r)),
+        2 => (id(), 0usize..6, prop::bool::weighted(0.1)).prop_map(|(id, back, past)| Op::ReleaseSkipped { id, back, past }),
     ]
 }
 
@@ -435,11 +444,11 @@ fn run(setup: Setup, ops: Vec<Op>) {
         let (got, want): (Result<usize, Error>, Result<usize, Kind>) = match &op {
             Op::Add(i, n) => (
                 kv.add_sequence_len(*i, *n),
-                model.add(*i, None, *n, None, usize::MAX, true, true, 0),
+                model.add(*i, None, *n, None, usize::MAX, true, true, 0, 0),
             ),
             Op::AddLenScheduled(i, n, k) => (
                 kv.add_sequence_len_scheduled(*i, *n, *k),
-                model.add(*i, None, *n, None, *k, true, true, 0),
+                model.add(*i, None, *n, None, *k, true, true, 0, 0),
             ),
             Op::AddScheduled {
                 id,
@@ -461,6 +470,7 @@ fn run(setup: Setup, ops: Vec<Op>) {
                         true,
                         true,
                         0,
+                        0,
                     ),
                 )
             }
@@ -473,6 +483,7 @@ fn run(setup: Setup, ops: Vec<Op>) {
                 lookahead,
                 tokens,
                 full,
+                external,
             } => {
                 let t = prompt_tokens(*prompt, *len);
                 let extra_bytes = extra.map(|e| vec![e; 3]);
@@ -482,6 +493,7 @@ fn run(setup: Setup, ops: Vec<Op>) {
                     reserve_prompt: false,
                     require_full_prompt: *full,
                     num_lookahead_tokens: *lookahead,
+                    num_external_computed_tokens: *external,
                     ..Default::default()
                 };
                 let prompt = if *tokens {
@@ -501,6 +513,7 @@ fn run(setup: Setup, ops: Vec<Op>) {
                         false,
                         *full,
                         *lookahead,
+                        *external,
                     ),
                 )
             }
@@ -601,6 +614,7 @@ fn run(setup: Setup, ops: Vec<Op>) {
                         true,
                         true,
                         0,
+                        0,
                     ),
                 )
             }
@@ -669,6 +683,18 @@ fn run(setup: Setup, ops: Vec<Op>) {
                     check_mapping(g, w, &mut names.host, &mut names.device);
                 }
                 (got.map(|_| 0), want.map(|_| 0))
+            }
+            Op::ReleaseSkipped { id, back, past } => {
+                let current = kv.num_computed_tokens(*id).unwrap_or(0);
+                let processed = if *past {
+                    current + 1 + back
+                } else {
+                    current.saturating_sub(*back)
+                };
+                (
+                    kv.release_skipped_blocks(*id, processed).map(|()| 0),
+                    model.release_skipped(*id, processed).map(|()| 0),
+                )
             }
             Op::Reset => (
                 Ok(usize::from(kv.reset_prefix_cache())),

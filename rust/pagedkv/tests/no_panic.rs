@@ -73,6 +73,8 @@ enum Op {
         lookahead: usize,
         block_keys: Option<Vec<Option<Vec<u8>>>>,
         block_hashes: Option<Vec<u128>>,
+        /// `num_external_computed_tokens` (per chunk only).
+        external: usize,
     },
     AllocateSlots {
         seq: u64,
@@ -86,6 +88,7 @@ enum Op {
     GroupViews(Vec<u64>, usize, usize),
     TakeNewBlockIds,
     StateHit(Option<Vec<u128>>, usize, usize),
+    ReleaseSkipped(u64, usize),
 }
 
 fn extra_key() -> impl Strategy<Value = Option<Vec<u8>>> {
@@ -189,15 +192,16 @@ fn chunk_op() -> impl Strategy<Value = Op> {
         ),
     );
     prop_oneof![
-        4 => (seq_id(), prop::option::weighted(0.8, tokens()), count(), count(), any::<bool>(), any::<bool>(), count(), block_keys, hashes())
-            .prop_map(|(seq, tokens, len, scheduled, reserve, full, lookahead, block_keys, block_hashes)| {
-                Op::AddWith { seq, tokens, len, scheduled, reserve, full, lookahead, block_keys, block_hashes }
+        4 => (seq_id(), prop::option::weighted(0.8, tokens()), count(), count(), any::<bool>(), any::<bool>(), count(), block_keys, hashes(), prop_oneof![2 => Just(0usize), 1 => count()])
+            .prop_map(|(seq, tokens, len, scheduled, reserve, full, lookahead, block_keys, block_hashes, external)| {
+                Op::AddWith { seq, tokens, len, scheduled, reserve, full, lookahead, block_keys, block_hashes, external }
             }),
         6 => (seq_id(), count(), count(), count(), prop::option::of(count()))
             .prop_map(|(seq, new, lookahead, in_flight, computed)| Op::AllocateSlots { seq, new, lookahead, in_flight, computed }),
         2 => (seq_id(), tokens(), prop::option::of(count()), hashes()).prop_map(|(s, t, c, h)| Op::ProvideTokenIds(s, t, c, h)),
         1 => (tokens(), hashes()).prop_map(|(t, h)| Op::MatchPrefixWith(t, h)),
         2 => (seq_ids(), count(), group()).prop_map(|(s, n, g)| Op::GroupViews(s, n, g)),
+        1 => (seq_id(), count()).prop_map(|(s, n)| Op::ReleaseSkipped(s, n)),
         1 => Just(Op::TakeNewBlockIds),
         1 => (hashes(), count(), group()).prop_map(|(h, n, g)| Op::StateHit(h, n, g)),
     ]
@@ -357,6 +361,7 @@ fn apply(kv: &mut KvCacheManager, op: &Op, side_pool: &BlockPool) -> bool {
             lookahead,
             block_keys,
             block_hashes,
+            external,
         } => {
             let keys: Option<Vec<Option<&[u8]>>> = block_keys
                 .as_ref()
@@ -378,6 +383,7 @@ fn apply(kv: &mut KvCacheManager, op: &Op, side_pool: &BlockPool) -> bool {
                     .filter(|_| *seq % 2 == 1 && keys.is_none()),
                 apply_watermark: true,
                 reserved_blocks: 0,
+                num_external_computed_tokens: *external,
             };
             let prompt = match tokens {
                 Some(t) => Prompt::Tokens(t),
@@ -437,6 +443,7 @@ fn apply(kv: &mut KvCacheManager, op: &Op, side_pool: &BlockPool) -> bool {
             );
             false
         }
+        Op::ReleaseSkipped(s, n) => kv.release_skipped_blocks(*s, *n).is_err(),
         Op::TableMath(n, bs) => {
             let _ = BlockTable::blocks_for_tokens(*n, *bs);
             if let Ok(table) = kv.table(0) {

@@ -50,9 +50,14 @@ class PoolCapacity:
             total += positions - min(skipped, positions)
         return total
 
-    def prompt_blocks(self, num_tokens: int) -> int:
+    def admission_cap_blocks(self, window: int) -> int:
+        """A window group's admission cap in blocks (vLLM's ``max_admission_blocks_per_request``)."""
+        return cdiv(min(window - 1 + self.max_in_flight_tokens, self.max_model_len), self.block_size) + 1
+
+    def prompt_blocks(self, num_tokens: int, external: int = 0) -> int:
         """vLLM's whole-prompt admission requirement without a hit (a window group at most its
-        admission cap)."""
+        admission cap, less what its window at ``external`` computed tokens skips: a KV
+        connector's, counted as computed before sizing)."""
         bs = self.block_size
         full = cdiv(min(num_tokens, self.max_model_len), bs)
         total = 0
@@ -60,6 +65,6 @@ class PoolCapacity:
             if window is None:
                 total += full
             else:
-                cap = cdiv(min(window - 1 + self.max_in_flight_tokens, self.max_model_len), bs) + 1
-                total += min(full, cap)
+                skipped = max(external - (window - 1), 0) // bs
+                total += max(min(full, self.admission_cap_blocks(window)) - skipped, 0)
         return total

@@ -1,23 +1,28 @@
 """The KV-connector paths of pagedkv's vLLM manager (docs/integrations/vllm.md, KV connectors).
 
 What vLLM 0.33's scheduler asks of its KV-cache manager when a KV connector is configured, on
-full-attention groups:
+full-attention and sliding-window groups:
 
 - admission with external tokens (``allocate_slots(..., num_external_computed_tokens=e)``): the
   connector's tokens get slots as scheduled tokens of the admission (``add_sequence(...,
-  num_scheduled=e + n)``), and are indexed at once, as vLLM caches them, for a synchronous load;
+  num_scheduled=e + n, num_external_computed_tokens=e)``: a window group's positions out of its
+  window at the hit plus ``e`` are released before the admission is sized, never allocated, as
+  vLLM skips them), and are indexed at once, as vLLM caches them, for a synchronous load;
 - an asynchronous load (``delay_cache_blocks=True``) is admitted with the hashes of the local hit
   only, so nothing it loads is indexed until the scheduler's ``cache_blocks`` after the load
   (the manager gives the other hashes there, with the scheduler's watermark, which a failed load
   rolls back); ``reserved_blocks`` (what other in-flight loads still need) must stay available;
 - the blocks an in-flight load still needs (``coordinator.get_num_blocks_to_allocate``, read by
-  the scheduler for its reservations);
+  the scheduler for its reservations; a window group at most its admission cap);
 - deferred frees: ``pop_blocks_for_free`` hands the request's blocks over and keeps its
   sequence until the scheduler returns them through ``block_pool.free_blocks``;
-- ``remove_skipped_blocks``: nothing to release in full-attention groups.
+- ``remove_skipped_blocks``: the core's window release at the processed watermark
+  (``release_skipped_blocks``; nothing in full-attention groups).
 
-Sliding-window groups are refused on these paths: vLLM gives an external hit's out-of-window
-positions the null block at admission, where the core would allocate them.
+Refused by name: an async load on a window group whose watermark then rolls back into positions
+the window released at admission (a failed load, or one of the whole prompt, whose last token
+the scheduler recomputes): vLLM's tables hold the null block there and the request goes on,
+where the core refuses to roll a sequence back past a released position.
 """
 
 from __future__ import annotations
@@ -36,16 +41,77 @@ from pagedkv.integrations.vllm.capacity import cdiv
 KVCacheManager = Any
 
 
-def require_full_attention(manager: KVCacheManager, what: str) -> None:
-    """Refuses a connector path on a config with a sliding-window group (see the module doc)
-    or a cross-attention group (vLLM's scheduler refuses connectors for encoder-decoder models)."""
+def require_decoder_groups(manager: KVCacheManager, what: str) -> None:
+    """Refuses a connector path on a config with a cross-attention group (vLLM's scheduler
+    refuses connectors for encoder-decoder models)."""
     if manager._cross is not None:
         raise UnsupportedVllmFeatureError(f"{what} with cross-attention groups (encoder-decoder models)")
-    if not manager.full_attention_only:
-        raise UnsupportedVllmFeatureError(
-            f"{what} with sliding-window groups (pagedkv's vLLM manager supports KV connectors "
-            "on full-attention groups only)"
-        )
+
+
+def _skipped_blocks(window: int, processed: int, block_size: int) -> int:
+    """Leading blocks a window of ``window`` tokens puts out at ``processed`` tokens (vLLM's
+    ``get_num_skipped_tokens(processed) // block_size``)."""
+    return max(processed - (window - 1), 0) // block_size
+
+
+def admitted_blocks(manager: KVCacheManager, seq_id: int, hit: int, num_external: int) -> Any:
+    """The blocks vLLM's admission with external tokens returns on a config with a window
+    group: per group from ``admitted_blocks_from`` on (vLLM's ``KVCacheBlocks``)."""
+    blocks = manager._blocks
+    groups = tuple(
+        [blocks[b] for b in manager._core.block_table(seq_id, group=g)[start:].tolist()]
+        for g, start in enumerate(admitted_blocks_from(manager, hit, num_external))
+    )
+    return manager.create_kv_cache_blocks(groups)
+
+
+def admitted_blocks_from(manager: KVCacheManager, hit: int, num_external: int) -> list[int]:
+    """Per group, the first table position of the blocks vLLM's admission returns (those of
+    ``allocate_new_blocks``): after the hit and the external tokens, except in a window group
+    whose window keeps none of the external tokens (a window of one token), where vLLM
+    allocated no external block and the first new block is the one after the skipped ones."""
+    bs = manager.block_size
+    total = hit + num_external
+    starts = []
+    for window in manager.capacity.windows:
+        if window is None or num_external == 0 or min(total, window - 1) > 0:
+            starts.append(cdiv(total, bs))
+        else:
+            starts.append(max(_skipped_blocks(window, total, bs), hit // bs))
+    return starts
+
+
+def release_skipped(manager: KVCacheManager, request_id: str, processed_computed_tokens: int) -> None:
+    """vLLM's ``remove_skipped_blocks``: each window group releases what its window at the
+    processed watermark leaves (the core's window release); nothing without a window group."""
+    require_decoder_groups(manager, "remove_skipped_blocks (a KV connector's path)")
+    if processed_computed_tokens < 0:
+        raise InvalidArgumentError(f"negative processed_computed_tokens ({processed_computed_tokens})")
+    state = manager._reqs.get(request_id)
+    if state is None or manager.full_attention_only:
+        return
+    # With a window group no advance is deferred (records.py): the core's watermark is the
+    # scheduler's, which bounds what it may release.
+    manager._core.release_skipped_blocks(state[0], processed_computed_tokens)
+
+
+def check_window_rollback(manager: KVCacheManager, seq_id: int, watermark: int) -> None:
+    """Refuses (by name) a watermark that rolls a request back into positions a window group
+    released at its admission: see the module doc."""
+    if manager.full_attention_only:
+        return
+    bs = manager.block_size
+    for g, window in enumerate(manager.capacity.windows):
+        if window is None:
+            continue
+        table = manager._core.block_table(seq_id, group=g).tolist()
+        released = next((i for i, b in enumerate(table) if b != 0), len(table))
+        if released > _skipped_blocks(window, watermark, bs):
+            raise UnsupportedVllmFeatureError(
+                f"an async KV load on a sliding-window group (group {g}) rolled back to "
+                f"{watermark} computed tokens, into positions its window released at admission "
+                "(a failed load, or a load of the whole prompt): vLLM reads the null block there"
+            )
 
 
 def check_external_admission(
@@ -54,13 +120,20 @@ def check_external_admission(
     delay_cache_blocks: bool,
     reserved_blocks: int,
     skip_zeroing_group_ids: tuple[int, ...],
+    room: int,
 ) -> None:
-    """What an admission with a connector's tokens needs here; the unsupported part named."""
-    require_full_attention(manager, "a KV connector's external tokens / async loads")
+    """What an admission with a connector's tokens needs here; the unsupported part named.
+    ``room``: the request's tokens after its local hit (external tokens past them are a
+    caller's error, never slots)."""
+    require_decoder_groups(manager, "a KV connector's external tokens / async loads")
     if reserved_blocks < 0 or num_external_computed_tokens < 0:
         raise InvalidArgumentError(
             f"negative external tokens ({num_external_computed_tokens}) or reserved blocks "
             f"({reserved_blocks})"
+        )
+    if num_external_computed_tokens > room:
+        raise InvalidArgumentError(
+            f"{num_external_computed_tokens} external tokens, more than the {room} tokens after the hit"
         )
     if skip_zeroing_group_ids and manager._record_new_block_ids:
         # The core logs every new block for zeroing; an async load writes these concurrently.
@@ -75,21 +148,46 @@ def short_of_watermark(manager: KVCacheManager, old_len: int, positions: int) ->
     """Whether growing a waiting request that holds blocks (its async load finished) from
     ``old_len`` to ``positions`` table positions leaves less than the watermark free: vLLM
     applies its watermark to every waiting request's ``allocate_slots``, the core only at
-    admission. Full-attention groups only (KV connectors are refused with windows)."""
-    require_full_attention(manager, "the watermark for a request resuming after a KV load")
+    admission. Every group grows its table alike (vLLM: ``cdiv(slots) - len(req_blocks)``,
+    released positions counted); the window release vLLM runs first releases nothing here: the
+    admission released at the loaded watermark, and a watermark below it is refused
+    (``check_window_rollback``)."""
+    require_decoder_groups(manager, "the watermark for a request resuming after a KV load")
     needed = max(positions - old_len, 0) * manager.num_kv_cache_groups
     return needed + manager.watermark_blocks > manager.block_pool.get_num_free_blocks()
 
 
-def num_blocks_to_allocate(manager: KVCacheManager, request_id: str, num_tokens: int) -> int:
+def num_blocks_to_allocate(
+    manager: KVCacheManager,
+    request_id: str,
+    num_tokens: int,
+    total_computed_tokens: int = 0,
+    apply_admission_cap: bool = False,
+) -> int:
     """vLLM's ``coordinator.get_num_blocks_to_allocate`` for a request without new hits, as the
     scheduler asks it (the blocks an in-flight load still needs for ``num_tokens`` slots): per
-    full-attention group, the slots' blocks less those its table has."""
-    require_full_attention(manager, "the blocks in-flight KV loads still need")
+    group, the slots' blocks (a window group at most its admission cap when asked) less those
+    its table has, released positions included; a request without blocks less what the window
+    at ``total_computed_tokens`` skips."""
+    require_decoder_groups(manager, "the blocks in-flight KV loads still need")
+    bs = manager.block_size
     state = manager._reqs.get(request_id)
-    table_len = 0 if state is None else state[1]
-    per_group = max(cdiv(min(num_tokens, manager.max_model_len), manager.block_size) - table_len, 0)
-    return per_group * manager.num_kv_cache_groups
+    required = cdiv(min(num_tokens, manager.max_model_len), bs)
+    if manager.full_attention_only:
+        table_len = 0 if state is None else state[1]
+        return max(required - table_len, 0) * manager.num_kv_cache_groups
+    capacity = manager.capacity
+    total = 0
+    for window in capacity.windows:
+        group_required = required
+        held = 0 if state is None else state[1]
+        if window is not None:
+            if apply_admission_cap:
+                group_required = min(required, capacity.admission_cap_blocks(window))
+            if state is None:
+                held = _skipped_blocks(window, total_computed_tokens, bs)
+        total += max(group_required - held, 0)
+    return total
 
 
 def give_held_hashes(
@@ -105,6 +203,8 @@ def give_held_hashes(
     bs = manager.block_size
     watermark = min(num_computed_tokens, request.num_tokens - 1) if loaded else num_computed_tokens
     seq_id, num_hashes = state[0], state[3]
+    if loaded:
+        check_window_rollback(manager, seq_id, watermark)
     all_hashes = request.block_hashes
     new_hashes = all_hashes[num_hashes : min(len(all_hashes), state[2] // bs)]
     manager._core.provide_token_ids(seq_id, [], num_computed_tokens=watermark, block_hashes=new_hashes)
@@ -138,7 +238,7 @@ class DeferredFrees:
         """The request's blocks in allocation order (every group, null blocks left out);
         the request is gone from the manager's view, its sequence kept for ``free``."""
         if manager._cross is not None:
-            require_full_attention(manager, "deferred frees (pop_blocks_for_free)")
+            require_decoder_groups(manager, "deferred frees (pop_blocks_for_free)")
         state = manager._reqs.pop(request.request_id, None)
         manager._held_hashes.pop(request.request_id, None)
         manager._hit_caps.pop(request.request_id, None)

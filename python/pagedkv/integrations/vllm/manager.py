@@ -18,8 +18,8 @@ per admission, per running request and per step; this class answers those calls 
 - the block ids come back as vLLM's own ``KVCacheBlock`` objects (one per pool block, made once),
   inside vLLM's ``KVCacheBlocks``; block 0 is vLLM's null block (``null_block=0``).
 
-A KV connector's calls (external tokens, async loads, deferred frees) are answered on
-full-attention groups by connector.py; the encoder blocks of cross-attention groups
+A KV connector's calls (external tokens, async loads, deferred frees) are answered by
+connector.py; the encoder blocks of cross-attention groups
 (encoder-decoder models) by cross_attention.py. What vLLM's scheduler reaches only with optional
 features this manager does not support (Mamba groups, DCP/PCP, hash blocks smaller than blocks,
 sparse prefix-cache retention) is refused at construction with ``UnsupportedVllmFeatureError``
@@ -339,6 +339,7 @@ class KVCacheManager:
                 delay_cache_blocks,
                 reserved_blocks,
                 skip_zeroing_group_ids,
+                request.num_tokens - num_new_computed_tokens,
             )
         if num_encoder_tokens and self._cross is not None:
             # (vLLM ignores encoder tokens without a cross-attention group.)
@@ -493,11 +494,16 @@ class KVCacheManager:
         # release at the hit leaves.
         bs = self.block_size
         capacity = self.capacity
-        if full_sequence_must_fit and capacity.prompt_blocks(request.num_tokens) > capacity.usable_blocks:
+        # A connector's tokens count as computed for the window release (the core's
+        # num_external_computed_tokens).
+        if (
+            full_sequence_must_fit
+            and capacity.prompt_blocks(request.num_tokens, num_external) > capacity.usable_blocks
+        ):
             return None
         chunk_end = num_new_computed_tokens + num_external + num_new_tokens + num_lookahead_tokens
         positions = cdiv(min(chunk_end, self.max_model_len), bs)
-        if capacity.live_blocks(positions, num_new_computed_tokens) > capacity.usable_blocks:
+        if capacity.live_blocks(positions, num_new_computed_tokens + num_external) > capacity.usable_blocks:
             return None
         seq_id = self._next_seq_id
         watermark = has_scheduled_reqs and request.status in (
@@ -544,6 +550,7 @@ class KVCacheManager:
                     block_hashes=hashes,
                     apply_watermark=watermark,
                     reserved_blocks=reserved_blocks,
+                    num_external_computed_tokens=num_external,
                 )
             except OutOfBlocksError:
                 self._collect_events(request)
@@ -562,6 +569,7 @@ class KVCacheManager:
                     num_lookahead_tokens=num_lookahead_tokens,
                     apply_watermark=watermark,
                     reserved_blocks=reserved_blocks,
+                    num_external_computed_tokens=num_external,
                 )
             except OutOfBlocksError:
                 return None
@@ -591,6 +599,8 @@ class KVCacheManager:
                 self._give_held_hashes(self, request, state, end, False)
         # The blocks of the tokens to compute (vLLM returns neither the hit's nor the
         # connector's).
+        if num_external and not self.full_attention_only:
+            return connector.admitted_blocks(self, seq_id, hit, num_external)
         return self._blocks_of(seq_id, cdiv(hit + num_external, bs))
 
     def _blocks_of(self, seq_id: int, start: int) -> KVCacheBlocks:
@@ -700,9 +710,9 @@ class KVCacheManager:
     def remove_skipped_blocks(
         self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
     ) -> None:
-        """Nothing to release: full-attention groups skip no block (a KV connector's path,
-        connector.py; refused with sliding-window groups)."""
-        connector.require_full_attention(self, "remove_skipped_blocks (a KV connector's path)")
+        """Each window group releases what its window at ``processed_computed_tokens`` leaves
+        (a KV connector's path, connector.py; nothing in full-attention groups)."""
+        connector.release_skipped(self, request_id, processed_computed_tokens)
 
     def pop_blocks_for_free(self, request: Request) -> list[KVCacheBlock]:
         """The request's blocks for a deferred free: gone from the manager's view now, back to

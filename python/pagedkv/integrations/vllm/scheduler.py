@@ -4,9 +4,10 @@ vLLM's scheduler constructs its manager from the name ``KVCacheManager`` in its 
 no hook besides the scheduler class itself; these subclasses swap that name for the duration of
 their own construction only (one module-level name, so construction is serialized by a lock), and
 refuse up front what the scheduler would reach and the manager does not support: HiSparse
-(hisparse.py: its connector would otherwise be named first), a KV connector on other than
-full-attention groups (connector.py). Auxiliary outputs (``aux_output_config``) are supported:
-their connector's look-ups by one block hash are the core's (aux_outputs.py).
+(hisparse.py: its connector would otherwise be named first), a KV connector on groups
+other than full-attention and sliding-window groups (connector.py). Auxiliary outputs
+(``aux_output_config``) are supported: their connector's look-ups by one block hash are the
+core's (aux_outputs.py).
 
     SchedulerConfig(..., scheduler_cls="pagedkv.integrations.vllm.PagedkvScheduler")
 """
@@ -21,7 +22,7 @@ from typing import Any
 from vllm.v1.core.sched import scheduler as _scheduler_module
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.kv_cache_interface import FullAttentionSpec
+from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
 
 from pagedkv.integrations.vllm.hisparse import check_hisparse
 from pagedkv.integrations.vllm.manager import KVCacheManager, UnsupportedVllmFeatureError
@@ -35,11 +36,11 @@ def _check_vllm_config(vllm_config: Any, kv_cache_config: Any) -> None:
         check_hisparse(kv_cache_config)  # HiSparse comes with its connector: named before it
     if getattr(vllm_config, "kv_transfer_config", None) is not None and kv_cache_config is not None:
         for i, group in enumerate(kv_cache_config.kv_cache_groups):
-            if type(group.kv_cache_spec) is not FullAttentionSpec:
+            if type(group.kv_cache_spec) not in (FullAttentionSpec, SlidingWindowSpec):
                 raise UnsupportedVllmFeatureError(
                     f"a KV connector (kv_transfer_config) with KV-cache group {i} a "
                     f"{type(group.kv_cache_spec).__name__}: pagedkv's vLLM manager supports KV "
-                    "connectors on full-attention groups only"
+                    "connectors on full-attention and sliding-window groups only"
                 )
     spec = getattr(vllm_config, "speculative_config", None)
     if (

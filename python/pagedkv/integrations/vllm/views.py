@@ -135,7 +135,16 @@ class CoordinatorView:
     def new_step_starts(self) -> None:
         pass
 
-    def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int, **_: Any) -> int:
+    def get_num_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        total_computed_tokens: int = 0,
+        apply_admission_cap: bool = False,
+        **_: Any,
+    ) -> int:
         """The blocks a request without new hits still needs for ``num_tokens`` slots (the
         scheduler's reservation for in-flight KV loads; connector.py)."""
-        return connector.num_blocks_to_allocate(self._manager, request_id, num_tokens)
+        return connector.num_blocks_to_allocate(
+            self._manager, request_id, num_tokens, total_computed_tokens, apply_admission_cap
+        )

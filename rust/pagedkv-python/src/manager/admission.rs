@@ -31,18 +31,22 @@ impl PyKvCacheManager {
     /// the prompt computed earlier (`prompt_hashes(tokens)`, a `PromptHashes`, or a list of
     /// ints as `prefix_block_hashes` returns them), read instead of hashing the prompt again;
     /// `apply_watermark` applies `watermark_blocks`; `reserved_blocks` must stay available
-    /// besides it (vLLM's `reserved_blocks`: in-flight async KV loads).
+    /// besides it (vLLM's `reserved_blocks`: in-flight async KV loads);
+    /// `num_external_computed_tokens` of the scheduled tokens are computed elsewhere (a KV
+    /// connector's, per-chunk only): window groups release what their windows leave at the hit
+    /// plus these before the admission is sized.
     #[pyo3(signature = (
         seq_id, token_ids=None, *, num_tokens=None, extra_key=None, num_scheduled=None,
         reserve_prompt=FlagArg(true), require_full_prompt=FlagArg(true),
         num_lookahead_tokens=CountArg(0), block_extra_keys=None, block_hashes=None,
-        apply_watermark=FlagArg(true), prompt_hashes=None, reserved_blocks=CountArg(0)
+        apply_watermark=FlagArg(true), prompt_hashes=None, reserved_blocks=CountArg(0),
+        num_external_computed_tokens=CountArg(0)
     ))]
     #[pyo3(
         text_signature = "(self, seq_id, token_ids=None, *, num_tokens=None, extra_key=None, \
         num_scheduled=None, reserve_prompt=True, require_full_prompt=True, \
         num_lookahead_tokens=0, block_extra_keys=None, block_hashes=None, apply_watermark=True, \
-        prompt_hashes=None, reserved_blocks=0)"
+        prompt_hashes=None, reserved_blocks=0, num_external_computed_tokens=0)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn add_sequence(
@@ -61,6 +65,7 @@ impl PyKvCacheManager {
         apply_watermark: FlagArg,
         prompt_hashes: Option<Bound<'_, PyAny>>,
         reserved_blocks: CountArg,
+        num_external_computed_tokens: CountArg,
     ) -> PyResult<usize> {
         let scheduled = num_scheduled.map_or(usize::MAX, |n| n.0);
         let plain = reserve_prompt.0
@@ -69,7 +74,8 @@ impl PyKvCacheManager {
             && block_hashes.is_none()
             && prompt_hashes.is_none()
             && apply_watermark.0
-            && reserved_blocks.0 == 0;
+            && reserved_blocks.0 == 0
+            && num_external_computed_tokens.0 == 0;
         if !plain {
             let max_tokens = self.max_prompt_tokens(!reserve_prompt.0 && !require_full_prompt.0);
             let keys = BlockKeyArgs::extract(
@@ -113,6 +119,7 @@ impl PyKvCacheManager {
                     prompt_hashes: given.as_ref().map(HashesArg::as_slice),
                     apply_watermark: apply_watermark.0,
                     reserved_blocks: reserved_blocks.0,
+                    num_external_computed_tokens: num_external_computed_tokens.0,
                 };
                 kv.add_sequence_with(seq_id.0, prompt, &options)
             });

@@ -368,6 +368,19 @@ impl PyKvCacheManager {
         self.run(py, false, |kv| kv.free(seq_id.0))
     }
 
+    /// vLLM's `remove_skipped_blocks`: every window group releases what a processed watermark
+    /// of `processed_tokens` puts out of its window (at most the computed tokens).
+    fn release_skipped_blocks(
+        &self,
+        py: Python<'_>,
+        seq_id: SeqIdArg,
+        processed_tokens: CountArg,
+    ) -> PyResult<()> {
+        self.run(py, false, |kv| {
+            kv.release_skipped_blocks(seq_id.0, processed_tokens.0)
+        })
+    }
+
     /// Physical blocks in the pool.
     #[getter]
     pub(crate) fn num_blocks(&self) -> usize {

@@ -26,6 +26,16 @@ struct AdmitPlan {
     revived: usize,
     /// The computed watermark after admission.
     num_computed: usize,
+    /// Per group, the first position that takes a fresh block: the hit's end, or past it
+    /// where a window at the hit plus the external computed tokens left earlier positions
+    /// (those are the null entry, never allocated).
+    first_fresh: Vec<usize>,
+    /// Per group, the end of the positions that take fresh blocks first, every group's in
+    /// turn, before the rest of every group's: those of the external computed tokens, as
+    /// vLLM allocates them for every group before the new tokens' (`allocate_new_computed_blocks`,
+    /// then `allocate_new_blocks`); without external tokens, all of them (one group after the
+    /// other).
+    external_end: Vec<usize>,
 }
 
 impl KvCacheManager {
@@ -148,6 +158,8 @@ impl KvCacheManager {
         self.complete_fresh(reservation, &mut fresh_blocks);
         let h = plan.hit.num_blocks;
         let mut supply = fresh_blocks.into_iter();
+        let mut first_fresh = plan.first_fresh.iter().copied();
+        let mut external_end = plan.external_end.iter().copied();
         let (mut loads_from, mut loads_to) = (Vec::new(), Vec::new());
         let mut tables: Vec<Vec<BlockId>> = plan
             .hit
@@ -167,10 +179,21 @@ impl KvCacheManager {
                         }
                     });
                 }
-                t.extend(supply.by_ref().take(plan.num_positions - h));
+                t.resize(
+                    first_fresh.next().expect("one per group").max(h),
+                    NULL_BLOCK,
+                );
+                let end = external_end
+                    .next()
+                    .expect("one per group")
+                    .min(plan.num_positions);
+                t.extend(supply.by_ref().take(end.saturating_sub(t.len())));
                 t
             })
             .collect();
+        for t in &mut tables {
+            t.extend(supply.by_ref().take(plan.num_positions - t.len()));
+        }
         debug_assert!(supply.next().is_none());
         self.record_loads(&loads_from, &loads_to);
         // Hashing starts after the leading positions every group took from the device (a
@@ -242,7 +265,7 @@ impl KvCacheManager {
             let slots = num_tokens + o.num_lookahead_tokens.min(max_len - num_tokens);
             slots.div_ceil(bs).saturating_mul(self.num_groups())
         } else if o.require_full_prompt {
-            self.admission_requirement(num_tokens, 0, &[])
+            self.admission_requirement(num_tokens, 0, &[], o.num_external_computed_tokens)
         } else {
             // Only the scheduled chunk must fit (`plan_admission`, once the hit is known).
             return Ok(());
@@ -259,13 +282,15 @@ impl KvCacheManager {
 
     /// vLLM's admission requirement (`get_num_blocks_to_allocate(..., apply_admission_cap=
     /// True)`): per group, the prompt's blocks (at most `max_model_len`, a window group at
-    /// most its admission cap) less the hit's `hit_blocks` positions, plus the hit's
-    /// cached-evictable blocks (`revived_per_group`, empty for none).
+    /// most its admission cap) less the hit's `hit_blocks` positions or, when more, the
+    /// positions a window at `computed_tokens` (the hit plus external computed tokens) left,
+    /// plus the hit's cached-evictable blocks (`revived_per_group`, empty for none).
     fn admission_requirement(
         &self,
         num_tokens: usize,
         hit_blocks: usize,
         revived_per_group: &[usize],
+        computed_tokens: usize,
     ) -> usize {
         let bs = self.block_size;
         let full = num_tokens.min(self.config.max_model_len).div_ceil(bs);
@@ -279,7 +304,9 @@ impl KvCacheManager {
                 let required = spec
                     .admission_cap_blocks(bs, in_flight, max_len)
                     .map_or(full, |cap| full.min(cap));
-                required.saturating_sub(hit_blocks) + revived_per_group.get(g).copied().unwrap_or(0)
+                let skipped = spec.skipped_blocks(computed_tokens, bs);
+                required.saturating_sub(hit_blocks.max(skipped))
+                    + revived_per_group.get(g).copied().unwrap_or(0)
             })
             .fold(0usize, usize::saturating_add)
     }
@@ -290,7 +317,7 @@ impl KvCacheManager {
     /// InvalidArgument when the scheduled chunk alone could never fit.
     fn plan_admission(
         &self,
-        hit: GroupHit,
+        mut hit: GroupHit,
         num_tokens: usize,
         o: &AdmitOptions<'_>,
     ) -> Result<AdmitPlan> {
@@ -300,6 +327,58 @@ impl KvCacheManager {
         let h = hit.num_blocks;
         let hit_tokens = h * bs;
         let num_computed = hit_tokens + o.num_scheduled.min(num_tokens - hit_tokens);
+        // External computed tokens (a connector's) count as computed for the window release
+        // before anything is sized (per-chunk only; the reserve contract holds everything).
+        let external = if o.reserve_prompt {
+            0
+        } else {
+            o.num_external_computed_tokens
+        };
+        if external > num_computed - hit_tokens {
+            return invalid(format!(
+                "{external} external computed tokens, more than the {} scheduled tokens after \
+                 the hit of {hit_tokens}",
+                num_computed - hit_tokens
+            ));
+        }
+        let released_at = hit_tokens + external;
+        if external > 0 && released_at.div_ceil(bs) > self.num_usable_blocks() {
+            // A connector's tokens the pool could never have held: a window-only table of
+            // that many null positions would only cost memory (full attention needs their
+            // blocks, so vLLM refuses such an admission there).
+            return invalid(format!(
+                "the hit and {external} external computed tokens pass the pool's {} blocks of \
+                 {bs} tokens",
+                self.num_usable_blocks()
+            ));
+        }
+        let first_fresh: Vec<usize> = self
+            .config
+            .kv_groups
+            .iter()
+            .map(|spec| spec.skipped_blocks(released_at, bs).max(h))
+            .collect();
+        // A window group whose window keeps none of the external tokens (one token) allocates
+        // none for them; the others up to their end.
+        let external_end: Vec<usize> = self
+            .config
+            .kv_groups
+            .iter()
+            .zip(&first_fresh)
+            .map(|(spec, &f)| match spec.window() {
+                _ if external == 0 => usize::MAX,
+                Some(1) => f,
+                _ => released_at.div_ceil(bs).max(f),
+            })
+            .collect();
+        if external > 0 {
+            // The hit's positions the window left at the hit plus the external tokens are
+            // released from the start: neither taken nor counted (vLLM skips them).
+            for (g, spec) in self.config.kv_groups.iter().enumerate() {
+                let skip = spec.skipped_blocks(released_at, bs).min(h);
+                hit.places[g][..skip].fill(Place::Released);
+            }
+        }
         let slots = if o.reserve_prompt {
             num_tokens + o.num_lookahead_tokens.min(max_len - num_tokens)
         } else {
@@ -313,7 +392,7 @@ impl KvCacheManager {
         let live = if o.reserve_prompt {
             num_positions.saturating_mul(ng)
         } else {
-            self.live_positions(num_positions, hit_tokens)
+            self.live_positions(num_positions, released_at)
         };
         if live > self.num_usable_blocks() {
             return invalid(format!(
@@ -341,7 +420,11 @@ impl KvCacheManager {
             }
         }
         let revived: usize = revived_per_group.iter().sum();
-        let fresh = (num_positions - h) * ng + loads;
+        let fresh = first_fresh
+            .iter()
+            .map(|&f| num_positions.saturating_sub(f))
+            .sum::<usize>()
+            + loads;
         let watermark = if o.apply_watermark {
             self.config.watermark_blocks
         } else {
@@ -355,7 +438,7 @@ impl KvCacheManager {
         };
         if !o.reserve_prompt && o.require_full_prompt {
             let required = self
-                .admission_requirement(num_tokens, h, &revived_per_group)
+                .admission_requirement(num_tokens, h, &revived_per_group, released_at)
                 .saturating_add(loads)
                 .saturating_add(watermark);
             if required > available {
@@ -372,6 +455,8 @@ impl KvCacheManager {
             fresh,
             revived,
             num_computed,
+            first_fresh,
+            external_end,
         })
     }
 

@@ -166,6 +166,16 @@ pub struct AdmitOptions<'a> {
     /// new load cannot take blocks they rely on). Applies to the allocation's check only, not
     /// to the whole-prompt check (`require_full_prompt`), as in vLLM.
     pub reserved_blocks: usize,
+    /// Per-chunk admission only (ignored under `reserve_prompt`, where every group holds the
+    /// whole prompt): how many of the first scheduled tokens are already computed elsewhere
+    /// (vLLM's `num_external_computed_tokens`: a KV connector loads them). A window group
+    /// releases what its window at the hit plus these tokens leaves *before* the admission is
+    /// sized: those positions are never allocated (the null entry) and neither check counts
+    /// them, as vLLM's `allocate_slots(..., num_external_computed_tokens=e)` skips them. More
+    /// than the scheduled tokens the hit leaves (`num_scheduled` capped at the prompt's rest),
+    /// or a hit plus these tokens past the pool's blocks: `InvalidArgument`. Changes nothing
+    /// else without a window group.
+    pub num_external_computed_tokens: usize,
 }
 
 impl Default for AdmitOptions<'_> {
@@ -181,6 +191,7 @@ impl Default for AdmitOptions<'_> {
             prompt_hashes: None,
             apply_watermark: true,
             reserved_blocks: 0,
+            num_external_computed_tokens: 0,
         }
     }
 }

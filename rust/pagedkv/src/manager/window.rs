@@ -4,6 +4,7 @@
 
 use super::group_spec::NULL_BLOCK;
 use super::state::KvCacheManager;
+use crate::error::{invalid, Result};
 use crate::{BlockId, SeqId};
 
 impl KvCacheManager {
@@ -61,5 +62,41 @@ impl KvCacheManager {
         }
         let plan = self.release_plan(seq_id, processed);
         self.apply_release(seq_id, &plan);
+    }
+
+    /// vLLM's `remove_skipped_blocks(request_id, processed_computed_tokens)` on its own (a KV
+    /// connector's scheduler calls it before handing a finished request's tables over): every
+    /// window group of resident sequence `seq_id` releases what a processed watermark of
+    /// `processed` tokens puts out of its window, the later block first, as `allocate_slots`
+    /// does first. Nothing for full-attention groups or positions already released.
+    /// `processed` past the sequence's computed tokens: InvalidArgument (a released position
+    /// must never be one the next query reads), changing nothing.
+    ///
+    /// ```
+    /// use pagedkv::{AdmitOptions, KvCacheManager, KvGroupSpec, ManagerConfig, Prompt, NULL_BLOCK};
+    /// let mut kv = KvCacheManager::new(ManagerConfig {
+    ///     num_blocks: 16, block_size: 2,
+    ///     kv_groups: vec![KvGroupSpec::FullAttention, KvGroupSpec::SlidingWindow { window: 3 }],
+    ///     ..Default::default()
+    /// })?;
+    /// let per_chunk = AdmitOptions { reserve_prompt: false, ..Default::default() };
+    /// kv.add_sequence_with(1, Prompt::Len(8), &per_chunk)?;   // 8 computed, nothing released
+    /// kv.release_skipped_blocks(1, 8)?;                       // 6 tokens out of the window
+    /// let table = kv.block_table_group(1, 1)?;
+    /// assert_eq!(table[..3], [NULL_BLOCK; 3]);                // 3 whole blocks of them
+    /// assert_ne!(table[3], NULL_BLOCK);
+    /// assert!(kv.release_skipped_blocks(1, 9).is_err());       // past the computed tokens
+    /// # Ok::<(), pagedkv::Error>(())
+    /// ```
+    pub fn release_skipped_blocks(&mut self, seq_id: SeqId, processed: usize) -> Result<()> {
+        let computed = self.resident(seq_id)?.num_computed;
+        if processed > computed {
+            return invalid(format!(
+                "processed_computed_tokens={processed} is past sequence {seq_id}'s {computed} \
+                 computed tokens"
+            ));
+        }
+        self.release_out_of_window(seq_id, processed);
+        Ok(())
     }
 }

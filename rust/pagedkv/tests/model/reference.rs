@@ -267,7 +267,9 @@ impl Model {
     }
 
     /// Admission under either contract (`reserve`), with lookahead slots; per chunk, the
-    /// whole-prompt check only with `whole` (vLLM's `full_sequence_must_fit`).
+    /// whole-prompt check only with `whole` (vLLM's `full_sequence_must_fit`), and `external`
+    /// of the scheduled tokens computed elsewhere: a window group's positions out of its
+    /// window at the hit plus them are released before anything is counted (never allocated).
     #[allow(clippy::too_many_arguments)]
     pub fn add(
         &mut self,
@@ -279,6 +281,7 @@ impl Model {
         reserve: bool,
         whole: bool,
         lookahead: usize,
+        external: usize,
     ) -> Result<usize, Kind> {
         if self.seqs.contains_key(&id) {
             return Err(Kind::Exists(id));
@@ -290,6 +293,7 @@ impl Model {
             return Err(Kind::Invalid);
         }
         let full = n.min(lim.max_model_len).div_ceil(bs);
+        let external = if reserve { 0 } else { external };
         let never = if reserve {
             (n + lookahead.min(lim.max_model_len - n))
                 .div_ceil(bs)
@@ -299,18 +303,40 @@ impl Model {
         } else {
             self.specs
                 .iter()
-                .map(|&s| cap(s, bs, lim).map_or(full, |c| full.min(c)))
+                .map(|&s| {
+                    cap(s, bs, lim)
+                        .map_or(full, |c| full.min(c))
+                        .saturating_sub(skipped(s, external, bs))
+                })
                 .fold(0usize, usize::saturating_add)
         };
         if never > self.num_blocks {
             return Err(Kind::Invalid);
         }
         let tokens = tokens.filter(|_| self.caching);
-        let (l, places) = match &tokens {
+        let (l, mut places) = match &tokens {
             Some(t) => self.hit(t, extra, n.saturating_sub(1) / bs),
             None => (0, vec![Vec::new(); ng]),
         };
         let computed = l * bs + scheduled.min(n - l * bs);
+        if external > computed - l * bs {
+            return Err(Kind::Invalid);
+        }
+        let at = l * bs + external;
+        if external > 0 && at.div_ceil(bs) > self.num_blocks {
+            return Err(Kind::Invalid);
+        }
+        // Per group, the positions before its first fresh one are the hit's or released.
+        let first: Vec<usize> = self
+            .specs
+            .iter()
+            .map(|&s| skipped(s, at, bs).max(l))
+            .collect();
+        for (g, &s) in self.specs.iter().enumerate() {
+            for p in places[g].iter_mut().take(skipped(s, at, bs)) {
+                *p = None;
+            }
+        }
         let slots = if reserve {
             n + lookahead.min(lim.max_model_len - n)
         } else {
@@ -320,7 +346,7 @@ impl Model {
         let live = if reserve {
             positions.saturating_mul(ng)
         } else {
-            self.live(positions, l * bs)
+            self.live(positions, at)
         };
         if live > self.num_blocks {
             return Err(Kind::Invalid);
@@ -335,7 +361,7 @@ impl Model {
             })
             .collect();
         let revived: usize = revived_per.iter().sum();
-        let fresh = (positions - l) * ng;
+        let fresh: usize = first.iter().map(|&f| positions - f).sum();
         let available = self.available();
         let wm = lim.watermark;
         if !reserve && whole {
@@ -346,7 +372,7 @@ impl Model {
                 .map(|(g, &s)| {
                     cap(s, bs, lim)
                         .map_or(full, |c| full.min(c))
-                        .saturating_sub(l)
+                        .saturating_sub(first[g])
                         + revived_per[g]
                 })
                 .fold(0usize, usize::saturating_add)
@@ -368,13 +394,27 @@ impl Model {
             self.take(b);
         }
         let mut supply = self.alloc_fresh(fresh).into_iter();
-        let tables = places
+        // Every group's external positions first, then every group's new ones (vLLM's order);
+        // a window of one token keeps no external token.
+        let mut tables: Vec<Vec<Option<MBlock>>> = places
             .into_iter()
-            .map(|mut t| {
-                t.extend(supply.by_ref().take(positions - l).map(Some));
+            .zip(&first)
+            .zip(&self.specs)
+            .map(|((mut t, &f), &spec)| {
+                t.resize(f, None);
+                let end = match spec {
+                    _ if external == 0 => positions,
+                    KvGroupSpec::SlidingWindow { window: 1 } => f,
+                    _ => at.div_ceil(bs).max(f).min(positions),
+                };
+                t.extend(supply.by_ref().take(end - f).map(Some));
                 t
             })
             .collect();
+        for t in &mut tables {
+            let n = positions - t.len();
+            t.extend(supply.by_ref().take(n).map(Some));
+        }
         if tokens.is_some() {
             self.hit_tokens += (l * bs) as u64;
         }

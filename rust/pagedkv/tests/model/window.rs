@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use crate::policy::skipped;
-use crate::reference::{MBlock, Model};
+use crate::reference::{Kind, MBlock, Model};
 
 impl Model {
     /// Blocks a sequence of `positions` positions holds over every group once the windows
@@ -32,6 +32,16 @@ impl Model {
                 }
             }
         }
+    }
+
+    /// `release_skipped_blocks`: the window release at `processed` tokens, at most the
+    /// sequence's computed ones.
+    pub fn release_skipped(&mut self, id: u64, processed: usize) -> Result<(), Kind> {
+        if processed > self.resident(id)?.computed {
+            return Err(Kind::Invalid);
+        }
+        self.release_window(id, processed);
+        Ok(())
     }
 
     /// Blocks the window releases of `ids` at their watermarks bring to refcount 0.
