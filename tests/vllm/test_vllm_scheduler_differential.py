@@ -22,6 +22,19 @@ from types import ModuleType
 
 import pytest
 
+
+def window_config(window: int, **overrides: object) -> dict[str, object]:
+    """Full attention beside a sliding-window group of `window` tokens: 24 requests on 50 blocks."""
+    return dict(
+        requests=24,
+        num_blocks=50,
+        groups=("full", "swa"),
+        window=window,
+        max_num_batched_tokens=128,
+        **overrides,
+    )
+
+
 # name -> (Workload overrides, whether the traces must be identical to the end); every
 # configuration preempts at least once (checked below).
 CONFIGS: dict[str, tuple[dict[str, object], bool]] = {
@@ -79,17 +92,7 @@ CONFIGS: dict[str, tuple[dict[str, object], bool]] = {
         ),
         True,
     ),
-    "chunk-admission-full+swa": (
-        dict(
-            requests=24,
-            num_blocks=50,
-            groups=("full", "swa"),
-            window=48,
-            max_num_batched_tokens=128,
-            reserve_full_isl=False,
-        ),
-        True,
-    ),
+    "chunk-admission-full+swa": (window_config(48, reserve_full_isl=False), True),
     "chunk-admission-async": (
         dict(
             requests=30,
@@ -128,98 +131,21 @@ CONFIGS: dict[str, tuple[dict[str, object], bool]] = {
     # The fake connector beside a sliding-window group (48 tokens, one block, 2 tokens): the
     # window skips a connector's out-of-window tokens at admission (null blocks, not counted),
     # as vLLM's does; sync loads, mixed (async loads resuming, reservations), async scheduling.
-    "connector-sync-full+swa": (
-        dict(
-            requests=24,
-            num_blocks=50,
-            groups=("full", "swa"),
-            window=48,
-            max_num_batched_tokens=128,
-            connector="sync",
-        ),
-        True,
-    ),
-    "connector-sync-full+swa-one-block": (
-        dict(
-            requests=24,
-            num_blocks=50,
-            groups=("full", "swa"),
-            window=16,
-            max_num_batched_tokens=128,
-            connector="sync",
-        ),
-        True,
-    ),
-    "connector-sync-full+swa-two-tokens": (
-        dict(
-            requests=24,
-            num_blocks=50,
-            groups=("full", "swa"),
-            window=2,
-            max_num_batched_tokens=128,
-            connector="sync",
-        ),
-        True,
-    ),
+    "connector-sync-full+swa": (window_config(48, connector="sync"), True),
+    "connector-sync-full+swa-one-block": (window_config(16, connector="sync"), True),
+    "connector-sync-full+swa-two-tokens": (window_config(2, connector="sync"), True),
     "connector-sync-chunk-admission-full+swa-two-tokens": (
-        dict(
-            requests=24,
-            num_blocks=50,
-            groups=("full", "swa"),
-            window=2,
-            max_num_batched_tokens=128,
-            connector="sync",
-            reserve_full_isl=False,
-        ),
+        window_config(2, connector="sync", reserve_full_isl=False),
         True,
     ),
-    "connector-mixed-full+swa": (
-        dict(
-            requests=24,
-            num_blocks=50,
-            groups=("full", "swa"),
-            window=48,
-            max_num_batched_tokens=128,
-            connector="mixed",
-        ),
-        True,
-    ),
-    "connector-mixed-full+swa-one-block": (
-        dict(
-            requests=24,
-            num_blocks=50,
-            groups=("full", "swa"),
-            window=16,
-            max_num_batched_tokens=128,
-            connector="mixed",
-        ),
-        True,
-    ),
-    "connector-mixed-async-full+swa": (
-        dict(
-            requests=24,
-            num_blocks=50,
-            groups=("full", "swa"),
-            window=48,
-            max_num_batched_tokens=128,
-            async_scheduling=True,
-            connector="mixed",
-        ),
-        True,
-    ),
+    "connector-mixed-full+swa": (window_config(48, connector="mixed"), True),
+    "connector-mixed-full+swa-one-block": (window_config(16, connector="mixed"), True),
+    "connector-mixed-async-full+swa": (window_config(48, async_scheduling=True, connector="mixed"), True),
     # the explained divergence with chunk-only admission: at step 10 vLLM's admission of
     # request 3 revives cached-evictable copies (vLLM indexed two copies from step 3, an async
     # load's and a running request's) where pagedkv shares the held one, and refuses it
     "connector-mixed-chunk-admission-full+swa": (
-        dict(
-            requests=24,
-            num_blocks=50,
-            groups=("full", "swa"),
-            window=48,
-            max_num_batched_tokens=128,
-            connector="mixed",
-            reserve_full_isl=False,
-        ),
+        window_config(48, connector="mixed", reserve_full_isl=False),
         False,
     ),
     # Two more beside a window group that part only after vLLM's index held two copies of one
@@ -227,28 +153,10 @@ CONFIGS: dict[str, tuple[dict[str, object], bool]] = {
     # (UNTRACED_AFTER_COPIES): sync loads with chunk-only admission, and mixed loads with a
     # 2-token window
     "connector-sync-chunk-admission-full+swa": (
-        dict(
-            requests=24,
-            num_blocks=50,
-            groups=("full", "swa"),
-            window=48,
-            max_num_batched_tokens=128,
-            connector="sync",
-            reserve_full_isl=False,
-        ),
+        window_config(48, connector="sync", reserve_full_isl=False),
         False,
     ),
-    "connector-mixed-full+swa-two-tokens": (
-        dict(
-            requests=24,
-            num_blocks=50,
-            groups=("full", "swa"),
-            window=2,
-            max_num_batched_tokens=128,
-            connector="mixed",
-        ),
-        False,
-    ),
+    "connector-mixed-full+swa-two-tokens": (window_config(2, connector="mixed"), False),
     # Drafters with a KV cache (benches/vllm_scheduler.py, DRAFTERS; docs/integrations/vllm.md,
     # Draft models): EAGLE with lookahead hashes (one token), 3-module MTP (hashes and
     # re-prefills 3 tokens), DFlash (a block of draft slots per request)
