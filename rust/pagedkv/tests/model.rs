@@ -221,6 +221,8 @@ mod policy;
 mod reference;
 #[path = "model/replay.rs"]
 mod replay;
+#[path = "model/slots.rs"]
+mod slots;
 #[path = "model/window.rs"]
 mod window;
 
