@@ -103,6 +103,13 @@ def check_copy_blocks(k_caches: Any, v_caches: Any, copy_ops: Any, backend: str)
             raise InvalidArgumentError(f"layer {layer}'s caches differ in shape or dtype from layer 0's")
     if len(k_caches) > 65535:
         raise InvalidArgumentError("at most 65535 layers per launch")
+    return kind, check_copy_ops(copy_ops, backend, int(k_caches[0].shape[0]))
+
+
+def check_copy_ops(copy_ops: Any, backend: str, num_blocks: int) -> np.ndarray:
+    """copy_ops of a copy_blocks call over caches of `num_blocks` blocks, plain or quantized: an
+    int32 [N, 2] array of (src, dst) block ids in range, returned on the host (with
+    backend='cuda' it may be a CuPy array)."""
     if backend == "cuda" and val.is_cupy_array(copy_ops):
         copy_ops = copy_ops.get()
     if not isinstance(copy_ops, np.ndarray):
@@ -110,10 +117,9 @@ def check_copy_blocks(k_caches: Any, v_caches: Any, copy_ops: Any, backend: str)
     if copy_ops.ndim != 2 or int(copy_ops.shape[1]) != 2:
         raise InvalidArgumentError(f"copy_ops must be [N, 2] (src, dst), got shape {tuple(copy_ops.shape)}")
     val._require_int("copy_ops", copy_ops, np.int32, 2)
-    num_blocks = int(k_caches[0].shape[0])
     if int(copy_ops.shape[0]) and (val._int(copy_ops.min()) < 0 or val._int(copy_ops.max()) >= num_blocks):
         raise InvalidArgumentError(f"copy_ops block ids must lie in [0, {num_blocks})")
-    return kind, copy_ops
+    return copy_ops
 
 
 def check_swap_blocks(src_cache: Any, dst_cache: Any, mapping: Any, backend: str) -> str:

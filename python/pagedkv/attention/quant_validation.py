@@ -409,16 +409,7 @@ def check_quant_copy(
             raise InvalidArgumentError(f"layer {layer}'s caches differ in dtype or shape from layer 0's")
     if len(pairs) > 65535:
         raise InvalidArgumentError("at most 65535 layers per launch")
-    if backend == "cuda" and val.is_cupy_array(copy_ops):
-        copy_ops = copy_ops.get()
-    if not isinstance(copy_ops, np.ndarray):
-        raise InvalidArgumentError(f"copy_ops must be an int32 [N, 2] array, got {type(copy_ops).__name__}")
-    if copy_ops.ndim != 2 or int(copy_ops.shape[1]) != 2:
-        raise InvalidArgumentError(f"copy_ops must be [N, 2] (src, dst), got shape {tuple(copy_ops.shape)}")
-    val._require_int("copy_ops", copy_ops, np.int32, 2)
-    if int(copy_ops.shape[0]) and (int(copy_ops.min()) < 0 or int(copy_ops.max()) >= first.num_blocks):
-        raise InvalidArgumentError(f"copy_ops block ids must lie in [0, {first.num_blocks})")
-    return pairs, copy_ops
+    return pairs, cval.check_copy_ops(copy_ops, backend, first.num_blocks)
 
 
 def check_quant_swap(src_cache: Any, dst_cache: Any, mapping: Any, backend: str) -> None:
