@@ -7,14 +7,10 @@ import subprocess
 import time
 from pathlib import Path
 
+from listen_ports import free_port
+
 # A realistic block: SmolLM2-135M, 30 layers x (K, V) x 16 tokens x 3 KV heads x 64 dims, fp32.
 SMOLLM2_BLOCK_SHAPE = (30, 2, 16, 3, 64)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class RedisServer:

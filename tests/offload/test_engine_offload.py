@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("xxhash", reason="pagedkv.offload needs the offload extra (xxhash)")
 
-from offload_helpers import free_port  # noqa: E402
+from listen_ports import free_port  # noqa: E402
 from pagedkv.engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
 from pagedkv.errors import InvalidArgumentError, InvalidArgumentTypeError  # noqa: E402
 from pagedkv.offload import DiskStore  # noqa: E402

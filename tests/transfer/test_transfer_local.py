@@ -10,6 +10,7 @@ import time
 import numpy as np
 import pagedkv
 import pytest
+from listen_ports import free_port
 from pagedkv.attention import QuantizedKvCache
 from pagedkv.errors import InvalidArgumentError, TransferError, TransportUnavailableError
 from pagedkv.transfer import (
@@ -21,7 +22,6 @@ from pagedkv.transfer import (
     source_block_ids,
 )
 from pagedkv.transfer.transport import load_nixl
-from transfer_procs import free_port
 
 
 class Clock:

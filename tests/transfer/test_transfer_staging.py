@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
+from listen_ports import free_port
 from pagedkv.attention import QuantizedKvCache
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.transfer import KvRegions, TransferSink, TransferSource
 from pagedkv.transfer.checksum import block_checksums
 from pagedkv.transfer.staging import StagingArena, pack_blocks, unpack_blocks
-from transfer_procs import free_port
 
 
 class ArenaMachine(RuleBasedStateMachine):

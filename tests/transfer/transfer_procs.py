@@ -10,20 +10,14 @@ must hold.
 from __future__ import annotations
 
 import hashlib
-import socket
 import time
 from typing import Any
 
 import numpy as np
+from listen_ports import free_port
 
 # SmolLM2-135M's K/V: 30 layers, 3 KV heads, head_dim 64, 16-token blocks, fp32 caches.
 SMOLLM2 = {"layers": 30, "kv_heads": 3, "head_dim": 64, "block_size": 16}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def make_caches(

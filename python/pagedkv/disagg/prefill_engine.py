@@ -22,7 +22,7 @@ from pagedkv.engine.llm_engine import LLMEngine
 from pagedkv.engine.params import SamplingParams
 from pagedkv.engine.scheduler import Scheduler
 from pagedkv.engine.sequence import Sequence
-from pagedkv.errors import InvalidArgumentError
+from pagedkv.errors import InvalidArgumentError, TransferError
 from pagedkv.models import LoadedModel
 from pagedkv.transfer import KvRegions, KvTransferParams, TransferSource, source_block_ids
 
@@ -37,6 +37,34 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+# A port the engine picks itself is free when picked, but the kernel may hand it to an outgoing
+# connection (NIXL's own, while the agent starts) before the listener binds it: pick again.
+_PICKED_PORT_TRIES = 5
+
+
+def _open_source(
+    regions: KvRegions, free_request: Any, host: str, asked_port: int, lease_s: float
+) -> TransferSource:
+    """The engine's ``TransferSource`` on ``asked_port``, or on a port it picks (0 asked) with
+    up to ``_PICKED_PORT_TRIES`` picks while the listener fails to start; a port the caller
+    named is tried once, and any other failure is raised at once."""
+    for attempt in range(1 if asked_port else _PICKED_PORT_TRIES):
+        port = asked_port or free_port(host)
+        try:
+            return TransferSource(
+                regions,
+                engine_id=f"prefill@{host}:{port}",
+                free_request=free_request,
+                host=host,
+                port=port,
+                lease_s=lease_s,
+            )
+        except TransferError as error:
+            if asked_port or attempt == _PICKED_PORT_TRIES - 1 or "listening on port" not in str(error):
+                raise
+    raise AssertionError("unreachable: the last try re-raises")
 
 
 def offered_block_ids(kv: Any, seq_id: int, num_tokens: int) -> list[list[int]]:
@@ -79,17 +107,9 @@ class PrefillEngine(LLMEngine):
         self.scheduler = _HoldingScheduler(
             self, c, self.max_model_len, self.kv, self.layout, self.stats, self.store_lookup
         )
-        host, port = peer_address(c.kv_peer) if c.kv_peer else ("127.0.0.1", 0)
-        port = port or free_port(host)
+        host, asked_port = peer_address(c.kv_peer) if c.kv_peer else ("127.0.0.1", 0)
         regions = KvRegions.from_caches(self.store.k_caches, self.store.v_caches, block_size=c.block_size)
-        self.source = TransferSource(
-            regions,
-            engine_id=f"prefill@{host}:{port}",
-            free_request=self._release,
-            host=host,
-            port=port,
-            lease_s=lease_s,
-        )
+        self.source = _open_source(regions, self._release, host, asked_port, lease_s)
         self.offered: dict[int, dict[str, Any]] = {}
         self._holders: dict[str, int] = {}  # transfer request id -> holder seq id
         self._next_holder = HOLDER_BASE
