@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from vllm_copy_watch import watch_spared_evictions  # noqa: E402 (next to this file)
 from vllm_fake_connector import fake_kv_transfer_config  # noqa: E402 (next to this file)
 
 # first_different_step is this harness's too: the tests reach the comparisons through it.
@@ -397,11 +398,13 @@ def run(
     count_calls: bool = False,
     check_invariants: bool = False,
     probe_hits: bool = False,
+    shadow_copies: bool = False,
 ) -> Trace:
     """One scheduler run of workload `w` on `manager`; its trace (`count_calls`: with the
     manager's calls counted and timed, which slows the run: not for the step-time ratio;
     `check_invariants`: the manager's ``check_invariants()`` after every step, where it has one,
-    outside the timed calls; `probe_hits`: the trace's probe hits, which slow the run)."""
+    outside the timed calls; `probe_hits`: the trace's probe hits, which slow the run;
+    `shadow_copies`: on vLLM's manager, ``Trace.spared_copy_since``, which slows the run)."""
     scheduler = build_scheduler(w, manager)
     requests = make_requests(w)
     for request in requests:
@@ -416,6 +419,8 @@ def run(
     )
     if watch_duplicates and not count_calls:
         _watch_revived_copies(scheduler.kv_cache_manager, trace)
+    if watch_duplicates and shadow_copies:
+        watch_spared_evictions(scheduler.kv_cache_manager, trace, w.block_size)
     if probe_hits:
         _probe_calls(scheduler.kv_cache_manager, w, trace)
     while scheduler.has_unfinished_requests():

@@ -34,6 +34,13 @@ class Trace:
     # never). That admission costs vLLM free blocks pagedkv's (one shared copy) does not: the
     # usual first consequence of duplicate copies.
     revived_copy_since: int | None = None
+    # Filled by run(..., shadow_copies=True) only: the first step whose look-up (vLLM's manager;
+    # None: never) hits other than it would on pagedkv's one-copy index, followed from vLLM's
+    # (benches/vllm_copy_watch.py): where vLLM's allocation evicted a content while its free
+    # queue held a spare copy (a cached-evictable copy pagedkv holds on its free list and hands
+    # out before evicting), pagedkv's pool kept it, and a look-up reaching it hits further there.
+    # The other consequence of duplicate copies.
+    spared_copy_since: int | None = None
     # Filled by an instrumented run (run(..., count_calls=True)) only: the scheduler's calls
     # into its KV-cache manager (outermost ones; a method calling another counts once) and the
     # time spent inside them.
