@@ -399,12 +399,15 @@ def run(
     check_invariants: bool = False,
     probe_hits: bool = False,
     shadow_copies: bool = False,
+    watch_copies: bool = True,
 ) -> Trace:
     """One scheduler run of workload `w` on `manager`; its trace (`count_calls`: with the
     manager's calls counted and timed, which slows the run: not for the step-time ratio;
     `check_invariants`: the manager's ``check_invariants()`` after every step, where it has one,
     outside the timed calls; `probe_hits`: the trace's probe hits, which slow the run;
-    `shadow_copies`: on vLLM's manager, ``Trace.spared_copy_since``, which slows the run)."""
+    `shadow_copies`: on vLLM's manager, ``Trace.spared_copy_since``, which slows the run;
+    `watch_copies`: on vLLM's manager, ``Trace.duplicates_since`` and ``revived_copy_since``,
+    whose checks cost vLLM's side time and instructions: off for a timed or counted run)."""
     scheduler = build_scheduler(w, manager)
     requests = make_requests(w)
     for request in requests:
@@ -414,8 +417,10 @@ def run(
     trace = Trace()
     if count_calls:
         _count_calls(scheduler.kv_cache_manager, trace)
-    watch_duplicates = w.prefix_caching and hasattr(
-        getattr(scheduler.kv_cache_manager, "block_pool", None), "cached_block_hash_to_block"
+    watch_duplicates = (
+        watch_copies
+        and w.prefix_caching
+        and hasattr(getattr(scheduler.kv_cache_manager, "block_pool", None), "cached_block_hash_to_block")
     )
     if watch_duplicates and not count_calls:
         _watch_revived_copies(scheduler.kv_cache_manager, trace)
@@ -557,11 +562,12 @@ def main() -> int:
     times: dict[str, list[float]] = {"vllm": [], args.manager: []}
     verdict = None
     for _ in range(args.repeat):
-        reference = run(w, theirs)
-        candidate = run(w, ours)
+        reference = run(w, theirs, watch_copies=False)
+        candidate = run(w, ours, watch_copies=False)
         times["vllm"].append(reference.schedule_s + reference.update_s)
         times[args.manager].append(candidate.schedule_s + candidate.update_s)
         verdict = verdict or first_difference(reference, candidate)
+    reference = run(w, theirs)  # untimed: with the duplicate-copy marks the verdict reads
     steps = len(reference.steps)
     print(f"workload: {w}")
     print(f"steps: {steps}, preemptions: {reference.preemptions}, prefix hits: {reference.prefix_hits}")
