@@ -12,38 +12,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from vllm_test_configs import BS
+from vllm_test_configs import kv_cache_config as _config
 
 # Imported inside the tests; the folder's conftest.py skips them where these do not import.
 NEEDS_VLLM = ("pagedkv.integrations.vllm", "vllm.v1.core.sched.scheduler")
-
-BS = 16
-
-
-def _config(*kinds: str, num_blocks: int = 32, window: int = 32, retention: Any = None) -> Any:
-    import torch
-    from vllm.v1.kv_cache_interface import (
-        FullAttentionSpec,
-        KVCacheConfig,
-        KVCacheGroupSpec,
-        SlidingWindowSpec,
-    )
-
-    shape = dict(block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32)
-    groups = [
-        KVCacheGroupSpec(
-            [f"{kind}{i}"],
-            FullAttentionSpec(**shape)
-            if kind == "full"
-            else SlidingWindowSpec(**shape, sliding_window=window),
-        )
-        for i, kind in enumerate(kinds)
-    ]
-    return KVCacheConfig(
-        num_blocks=num_blocks,
-        kv_cache_tensors=[],
-        kv_cache_groups=groups,
-        prefix_cache_retention_interval=retention,
-    )
 
 
 def _manager(kind: str, config: Any, **kwargs: Any) -> Any:

@@ -16,29 +16,12 @@ import random
 from typing import Any
 
 import pytest
+from vllm_test_configs import BS, kv_cache_config
 
 NEEDS_VLLM = ("pagedkv.integrations.vllm", "vllm.v1.core.sched.scheduler")
 
-BS = 16
 KINDS = ("vllm", "pagedkv")
 WINDOWS = (16, 48, 2)
-
-
-def _config(window: int, num_blocks: int) -> Any:
-    import torch
-    from vllm.v1.kv_cache_interface import (
-        FullAttentionSpec,
-        KVCacheConfig,
-        KVCacheGroupSpec,
-        SlidingWindowSpec,
-    )
-
-    shape = dict(block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32)
-    groups = [
-        KVCacheGroupSpec(["full"], FullAttentionSpec(**shape)),
-        KVCacheGroupSpec(["swa"], SlidingWindowSpec(**shape, sliding_window=window)),
-    ]
-    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
 
 
 def _managers(window: int, num_blocks: int, **kwargs: Any) -> dict[str, Any]:
@@ -50,8 +33,8 @@ def _managers(window: int, num_blocks: int, **kwargs: Any) -> dict[str, Any]:
     )
     args.update(kwargs)
     return {
-        "vllm": VllmKVCacheManager(_config(window, num_blocks), **args),
-        "pagedkv": KVCacheManager(_config(window, num_blocks), **args),
+        kind: manager(kv_cache_config("full", "swa", num_blocks=num_blocks, window=window), **args)
+        for kind, manager in (("vllm", VllmKVCacheManager), ("pagedkv", KVCacheManager))
     }
 
 
