@@ -260,7 +260,8 @@ class DeferredFrees:
         return [blocks[b] for b in ids]
 
     def free(self, manager: KVCacheManager, blocks: Iterable[KVCacheBlock]) -> None:
-        """Frees the popped sequence holding exactly ``blocks`` (tail first, as vLLM)."""
+        """Frees the popped sequence holding exactly ``blocks`` in vLLM's order for them (the
+        last group's first, each tail first)."""
         key = tuple(sorted(b.block_id for b in blocks))
         waiting = self._pending.get(key)
         if not waiting:
@@ -273,4 +274,6 @@ class DeferredFrees:
         seq_id, request = waiting.pop()
         if not waiting:
             del self._pending[key]
-        manager._free_seq(seq_id, request)
+        # vLLM frees the popped list (group after group) reversed in one call: the last
+        # group's cached blocks join the eviction order first, unlike its plain free.
+        manager._free_seq(seq_id, request, last_group_first=True)

@@ -411,8 +411,11 @@ class KVCacheManager:
         if self._hit_caps:
             self._hit_caps.pop(request.request_id, None)
 
-    def _free_seq(self, seq_id: int, request: Request) -> None:
-        self._core.free(seq_id)
+    def _free_seq(self, seq_id: int, request: Request, last_group_first: bool = False) -> None:
+        if last_group_first:  # a deferred free's order (connector.py)
+            self._core.free_last_group_first(seq_id)
+        else:
+            self._core.free(seq_id)
         if self._cross is not None:
             self._cross.free(seq_id)
         if self._events is not None:
