@@ -349,12 +349,14 @@ class KVCacheManager:
             or capacity.live_blocks(max(slot_blocks, old_len), computed - request.num_in_flight_tokens)
             > usable
         ):
+            if not self.full_attention_only:
+                connector.release_before_refusal(self, request, state)
             return None
         if (
             self.watermark_blocks
             and has_scheduled_reqs
             and request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)
-            and connector.short_of_watermark(self, old_len, slot_blocks)
+            and connector.short_of_watermark(self, request, state, slot_blocks)
         ):
             return None
         core_computed = state[6]
