@@ -21,7 +21,7 @@ import pytest
 
 BENCHES = Path(__file__).resolve().parents[2] / "benches"
 
-# The folder's shared helpers (vllm_test_configs.py) import by name whatever pytest's import mode.
+# The folder's shared helpers (vllm_test_inputs.py) import by name whatever pytest's import mode.
 sys.path.insert(0, str(Path(__file__).parent))
 
 

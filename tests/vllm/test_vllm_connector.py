@@ -12,8 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from vllm_test_configs import BS
-from vllm_test_configs import kv_cache_config as _config
+from vllm_test_inputs import BS
+from vllm_test_inputs import kv_cache_config as _config
+from vllm_test_inputs import request as _request
 
 # Imported inside the tests; the folder's conftest.py skips them where these do not import.
 NEEDS_VLLM = ("pagedkv.integrations.vllm", "vllm.v1.core.sched.scheduler")
@@ -26,18 +27,6 @@ def _manager(kind: str, config: Any, **kwargs: Any) -> Any:
     args: dict[str, Any] = dict(max_model_len=1024, scheduler_block_size=BS, hash_block_size=BS)
     args.update(kwargs)
     return (VllmKVCacheManager if kind == "vllm" else KVCacheManager)(config, **args)
-
-
-def _request(rid: str, num_tokens: int, first: int = 0) -> Any:
-    from vllm.sampling_params import SamplingParams
-    from vllm.utils.hashing import sha256
-    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-    from vllm.v1.request import Request
-
-    init_none_hash(sha256)
-    hasher = get_request_block_hasher(BS, sha256)
-    tokens = list(range(first, first + num_tokens))
-    return Request(rid, tokens, SamplingParams(max_tokens=4), None, block_hasher=hasher)
 
 
 def _hit(m: Any, rid: str, num_tokens: int) -> int:

@@ -16,7 +16,8 @@ import random
 from typing import Any
 
 import pytest
-from vllm_test_configs import BS, kv_cache_config
+from vllm_test_inputs import BS, kv_cache_config
+from vllm_test_inputs import request as _request
 
 NEEDS_VLLM = ("pagedkv.integrations.vllm", "vllm.v1.core.sched.scheduler")
 
@@ -36,18 +37,6 @@ def _managers(window: int, num_blocks: int, **kwargs: Any) -> dict[str, Any]:
         kind: manager(kv_cache_config("full", "swa", num_blocks=num_blocks, window=window), **args)
         for kind, manager in (("vllm", VllmKVCacheManager), ("pagedkv", KVCacheManager))
     }
-
-
-def _request(rid: str, num_tokens: int, first: int = 0) -> Any:
-    from vllm.sampling_params import SamplingParams
-    from vllm.utils.hashing import sha256
-    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-    from vllm.v1.request import Request
-
-    init_none_hash(sha256)
-    hasher = get_request_block_hasher(BS, sha256)
-    tokens = list(range(first, first + num_tokens))
-    return Request(rid, tokens, SamplingParams(max_tokens=64), None, block_hasher=hasher)
 
 
 def _ids(answer: Any) -> Any:
