@@ -3,7 +3,7 @@
 caching on, optionally a host tier, and every operation: admissions with hits (``extra_key``,
 chunked prefill), ``advance_computed``, ``append_tokens`` (single and batch), ``fork``,
 ``truncate``, ``swap_out`` / ``swap_in``, ``pin_prefix`` / ``unpin_prefix``, ``match_prefix``,
-``free`` / ``free_batch`` and freeing everything.
+``free`` / ``free_last_group_first`` / ``free_batch`` and freeing everything.
 
 ``check_invariants()`` runs after every step, and the model checks:
 
@@ -487,6 +487,15 @@ class HybridMachine(RuleBasedStateMachine):
     def free(self, data: st.DataObject) -> None:
         seq_id = data.draw(st.sampled_from(self.live()))
         self.kv.free(seq_id)
+        self.forget(seq_id)
+
+    @precondition(lambda self: self.live())
+    @rule(data=st.data())
+    def free_last_group_first(self, data: st.DataObject) -> None:
+        """``free`` in a deferred free's eviction order (the last group's cached blocks first):
+        the same references dropped, the same blocks freed or cached."""
+        seq_id = data.draw(st.sampled_from(self.live()))
+        self.kv.free_last_group_first(seq_id)
         self.forget(seq_id)
 
     @precondition(lambda self: len(self.live()) >= 2)

@@ -21,6 +21,9 @@ import pytest
 
 BENCHES = Path(__file__).resolve().parents[2] / "benches"
 
+# The folder's shared helpers (vllm_test_inputs.py) import by name whatever pytest's import mode.
+sys.path.insert(0, str(Path(__file__).parent))
+
 
 def _load_bench(name: str) -> ModuleType:
     """``benches/<name>.py`` as a module (registered in ``sys.modules``: dataclasses resolve

@@ -12,38 +12,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from vllm_test_inputs import BS
+from vllm_test_inputs import kv_cache_config as _config
+from vllm_test_inputs import request as _request
 
 # Imported inside the tests; the folder's conftest.py skips them where these do not import.
 NEEDS_VLLM = ("pagedkv.integrations.vllm", "vllm.v1.core.sched.scheduler")
-
-BS = 16
-
-
-def _config(*kinds: str, num_blocks: int = 32, window: int = 32, retention: Any = None) -> Any:
-    import torch
-    from vllm.v1.kv_cache_interface import (
-        FullAttentionSpec,
-        KVCacheConfig,
-        KVCacheGroupSpec,
-        SlidingWindowSpec,
-    )
-
-    shape = dict(block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32)
-    groups = [
-        KVCacheGroupSpec(
-            [f"{kind}{i}"],
-            FullAttentionSpec(**shape)
-            if kind == "full"
-            else SlidingWindowSpec(**shape, sliding_window=window),
-        )
-        for i, kind in enumerate(kinds)
-    ]
-    return KVCacheConfig(
-        num_blocks=num_blocks,
-        kv_cache_tensors=[],
-        kv_cache_groups=groups,
-        prefix_cache_retention_interval=retention,
-    )
 
 
 def _manager(kind: str, config: Any, **kwargs: Any) -> Any:
@@ -53,18 +27,6 @@ def _manager(kind: str, config: Any, **kwargs: Any) -> Any:
     args: dict[str, Any] = dict(max_model_len=1024, scheduler_block_size=BS, hash_block_size=BS)
     args.update(kwargs)
     return (VllmKVCacheManager if kind == "vllm" else KVCacheManager)(config, **args)
-
-
-def _request(rid: str, num_tokens: int, first: int = 0) -> Any:
-    from vllm.sampling_params import SamplingParams
-    from vllm.utils.hashing import sha256
-    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-    from vllm.v1.request import Request
-
-    init_none_hash(sha256)
-    hasher = get_request_block_hasher(BS, sha256)
-    tokens = list(range(first, first + num_tokens))
-    return Request(rid, tokens, SamplingParams(max_tokens=4), None, block_hasher=hasher)
 
 
 def _hit(m: Any, rid: str, num_tokens: int) -> int:

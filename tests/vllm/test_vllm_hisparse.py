@@ -10,16 +10,17 @@ refused. Runs in the vLLM stage (scripts/vllm/stage.sh); skipped elsewhere.
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import replace
 from typing import Any
 
 import pytest
+from vllm_test_inputs import BS, request
 
 # Imported inside the tests; the folder's conftest.py skips them where these do not import.
 NEEDS_VLLM = ("pagedkv.integrations.vllm", "vllm.v1.core.sched.scheduler")
 
-BS = 16
 KINDS = ["vllm", "pagedkv"]
 
 
@@ -58,6 +59,10 @@ def _hisparse_config(num_blocks: int = 16, host_num_blocks: int | None = 16) -> 
     )
 
 
+# The scheduler runs these to their max_tokens (no EOS stops them).
+_request = functools.partial(request, ignore_eos=True)
+
+
 def _one_group(num_blocks: int = 9, **group: Any) -> Any:
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
 
@@ -78,18 +83,6 @@ def _manager(kind: str, config: Any, **kwargs: Any) -> Any:
     from pagedkv.integrations.vllm import KVCacheManager
 
     return KVCacheManager(config, **args)
-
-
-def _request(rid: str, num_tokens: int, first: int = 0, max_tokens: int = 4) -> Any:
-    from vllm.sampling_params import SamplingParams
-    from vllm.utils.hashing import sha256
-    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-    from vllm.v1.request import Request
-
-    init_none_hash(sha256)
-    tokens = list(range(first, first + num_tokens))
-    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-    return Request(rid, tokens, params, None, block_hasher=get_request_block_hasher(BS, sha256))
 
 
 def _answers(m: Any) -> list[Any]:

@@ -251,10 +251,10 @@ def test_admission_without_the_whole_sequence_check(manager_kind: str) -> None:
 @pytest.mark.parametrize("manager_kind", ["vllm", "pagedkv"])
 def test_hits_longer_than_the_first_look_up(manager_kind: str) -> None:
     """pagedkv's ``get_computed_blocks`` looks up the first blocks first and the whole request
-    only when the hit reaches their end (manager.py, ``_FIRST_LOOKUP_BLOCKS``): hits shorter
+    only when the hit reaches their end (admission.py, ``_FIRST_LOOKUP_BLOCKS``): hits shorter
     than, exactly as long as and longer than that first look-up are the ones vLLM finds."""
     import torch
-    from pagedkv.integrations.vllm.manager import _FIRST_LOOKUP_BLOCKS
+    from pagedkv.integrations.vllm.admission import _FIRST_LOOKUP_BLOCKS
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmKVCacheManager

@@ -144,17 +144,31 @@ def check_external_admission(
         raise InvalidArgumentError("delay_cache_blocks without external tokens (nothing to load)")
 
 
-def short_of_watermark(manager: KVCacheManager, old_len: int, positions: int) -> bool:
-    """Whether growing a waiting request that holds blocks (its async load finished) from
-    ``old_len`` to ``positions`` table positions leaves less than the watermark free: vLLM
+def release_before_refusal(manager: KVCacheManager, request: Any, state: list[int]) -> None:
+    """vLLM's ``allocate_slots`` of a running request releases what each window leaves at the
+    processed watermark (computed less in-flight tokens) before it counts blocks, so a refused
+    request keeps them released; the core's own refusal does the same, this is for the
+    manager's refusals before the core call (a window group only)."""
+    processed = max(request.num_computed_tokens - request.num_in_flight_tokens, 0)
+    # (At most the core's watermark: the core refuses a release past it.)
+    manager._core.release_skipped_blocks(state[0], min(processed, state[6]))
+
+
+def short_of_watermark(manager: KVCacheManager, request: Any, state: list[int], positions: int) -> bool:
+    """Whether growing a waiting request that holds blocks (its async load finished) from its
+    table length to ``positions`` table positions leaves less than the watermark free: vLLM
     applies its watermark to every waiting request's ``allocate_slots``, the core only at
     admission. Every group grows its table alike (vLLM: ``cdiv(slots) - len(req_blocks)``,
-    released positions counted); the window release vLLM runs first releases nothing here: the
-    admission released at the loaded watermark, and a watermark below it is refused
-    (``check_window_rollback``)."""
+    released positions counted). With a window group the release vLLM runs first
+    (``release_before_refusal``) is run before the blocks are counted again."""
     require_decoder_groups(manager, "the watermark for a request resuming after a KV load")
-    needed = max(positions - old_len, 0) * manager.num_kv_cache_groups
-    return needed + manager.watermark_blocks > manager.block_pool.get_num_free_blocks()
+    needed = max(positions - state[1], 0) * manager.num_kv_cache_groups + manager.watermark_blocks
+    if needed <= manager.block_pool.get_num_free_blocks():
+        return False
+    if manager.full_attention_only:
+        return True
+    release_before_refusal(manager, request, state)
+    return needed > manager.block_pool.get_num_free_blocks()
 
 
 def num_blocks_to_allocate(
@@ -260,7 +274,8 @@ class DeferredFrees:
         return [blocks[b] for b in ids]
 
     def free(self, manager: KVCacheManager, blocks: Iterable[KVCacheBlock]) -> None:
-        """Frees the popped sequence holding exactly ``blocks`` (tail first, as vLLM)."""
+        """Frees the popped sequence holding exactly ``blocks`` in vLLM's order for them (the
+        last group's first, each tail first)."""
         key = tuple(sorted(b.block_id for b in blocks))
         waiting = self._pending.get(key)
         if not waiting:
@@ -273,4 +288,6 @@ class DeferredFrees:
         seq_id, request = waiting.pop()
         if not waiting:
             del self._pending[key]
-        manager._free_seq(seq_id, request)
+        # vLLM frees the popped list (group after group) reversed in one call: the last
+        # group's cached blocks join the eviction order first, unlike its plain free.
+        manager._free_seq(seq_id, request, last_group_first=True)

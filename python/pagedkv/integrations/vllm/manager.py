@@ -27,36 +27,41 @@ naming it (support.py). Speculative decoders' options (EAGLE's dropped hit block
 hashing, prefill lookahead) are draft.py's, installed at construction. What the scheduler and
 connectors read of vLLM's internals (coordinator, per-group managers, block pool) are views.py;
 the per-request records and deferred advances records.py; the can-never-fit arithmetic
-capacity.py.
+capacity.py. The class itself holds the construction, ``allocate_slots`` of a running request
+(the hot path), ``cache_blocks`` and the frees; the admission path (the look-up and a request's
+first ``allocate_slots``) is admission.py's, the per-request queries queries.py's, the per-step
+takes, stats and events per_step.py's, bound here as methods.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
-from vllm.v1.core.kv_cache_utils import KVCacheBlock, KVCacheBlockCopy
+from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.metrics.stats import PrefixCacheStats
 from vllm.v1.request import Request, RequestStatus
 
 import pagedkv
-from pagedkv.errors import (
-    InvalidArgumentError,
-    InvariantViolation,
-    OutOfBlocksError,
-    UnsupportedVllmFeatureError,
+from pagedkv.errors import InvalidArgumentError, UnsupportedVllmFeatureError
+from pagedkv.integrations.vllm import (
+    admission,
+    connector,
+    cross_attention,
+    draft,
+    evict,
+    per_step,
+    queries,
+    records,
 )
-from pagedkv.integrations.vllm import connector, cross_attention, draft, evict, records
-from pagedkv.integrations.vllm.capacity import PoolCapacity, cdiv
+from pagedkv.integrations.vllm.capacity import PoolCapacity
 from pagedkv.integrations.vllm.events import EventTranslator
 from pagedkv.integrations.vllm.support import check_config
 from pagedkv.integrations.vllm.views import BlockPoolView, CoordinatorView, GroupView
 
-# get_computed_blocks looks up this many blocks first (full attention): a hit shorter than
-# them is the answer, a longer one is looked up whole.
-_FIRST_LOOKUP_BLOCKS = 16
+# The error is re-exported: the package and scheduler.py import both names from here.
+__all__ = ["KVCacheManager", "UnsupportedVllmFeatureError"]
 
 
 class KVCacheManager:
@@ -193,125 +198,39 @@ class KVCacheManager:
     def _core_events(self) -> bool:
         return self.enable_kv_cache_events and self.enable_caching
 
-    # ---------------------------------------------------------------- per step
+    # The scheduler's other calls, each concept in its own module (the functions are bound here
+    # as methods: no call in between, as the scheduler makes some per request per step).
 
-    @property
-    def usage(self) -> float:
-        """The KV cache usage in [0, 1], vLLM's denominator (the null block excluded)."""
-        return self.block_pool.get_usage()
+    # Per step (per_step.py): takes, stats, events.
+    usage = property(per_step.usage)
+    new_step_starts = per_step.new_step_starts
+    take_kv_cache_block_copies = per_step.take_kv_cache_block_copies
+    take_boundary_state_offloads = per_step.take_boundary_state_offloads
+    take_new_block_ids = per_step.take_new_block_ids
+    record_blocks_for_zeroing = per_step.record_blocks_for_zeroing
+    take_events = per_step.take_events
+    make_prefix_cache_stats = per_step.make_prefix_cache_stats
+    prefix_cache_lookup_enabled = per_step.prefix_cache_lookup_enabled
+    record_prefix_cache_stats = per_step.record_prefix_cache_stats
+    reset_prefix_cache = per_step.reset_prefix_cache
+    finalize_partial_tail_offloads = per_step.finalize_partial_tail_offloads
+    _collect_events = per_step.collect_events
 
-    def new_step_starts(self) -> None:
-        """Nothing to do: pagedkv keeps no per-step state for attention groups."""
+    # Admission (admission.py): the prefix-cache look-up, a request's first allocate_slots.
+    get_computed_blocks = admission.get_computed_blocks
+    get_computed_blocks_for_connector = admission.get_computed_blocks_for_connector
+    _admit = admission.admit
 
-    def take_kv_cache_block_copies(self) -> tuple[list[KVCacheBlockCopy], list[KVCacheBlock]]:
-        """No copies: hits are whole blocks (hash block size = block size), never copied."""
-        return [], []
+    # Per-request queries (queries.py): blocks, block ids, the cached estimate.
+    get_blocks = queries.get_blocks
+    get_block_ids = queries.get_block_ids
+    get_block_ids_for_computed_tokens = queries.get_block_ids_for_computed_tokens
+    estimate_cached_tokens = queries.estimate_cached_tokens
+    get_num_common_prefix_blocks = queries.get_num_common_prefix_blocks
+    create_kv_cache_blocks = queries.create_kv_cache_blocks
+    _blocks_of = queries.blocks_of
 
-    def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
-        """No Mamba groups, so no boundary states."""
-        return {}
-
-    def take_new_block_ids(self) -> list[int]:
-        """Blocks allocated since the last call, for zeroing (when the config asks for it)."""
-        if not self._record_new_block_ids:
-            return []
-        _seqs, _groups, _positions, block_ids, fresh = self._core.take_new_block_ids()
-        ids = [int(b) for b in block_ids[fresh]]
-        if self._cross is not None:
-            ids += self._cross.take_new_block_ids()
-        if self._zero_again:
-            ids += self._zero_again
-            self._zero_again = []
-        return ids
-
-    def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
-        """Zeroes the request's blocks from ``start_token`` (block-aligned) on again at the next
-        ``take_new_block_ids``: blocks a failed async KV load left unwritten."""
-        if not self._record_new_block_ids:
-            return
-        if start_token % self.block_size:
-            raise InvalidArgumentError(f"start_token {start_token} is not block-aligned")
-        start = start_token // self.block_size
-        for ids in self.get_block_ids(request_id):
-            self._zero_again.extend(b for b in ids[start:] if b != 0)
-
-    def take_events(self) -> list[Any]:
-        """vLLM's KV-cache events since the last call (vLLM's classes and hashes)."""
-        if self._events is None:
-            return []
-        return self._events.take()
-
-    def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
-        """The prefix-cache stats since the last call (and a fresh counter), or None."""
-        if not self.log_stats:
-            return None
-        stats = self.prefix_cache_stats
-        self.prefix_cache_stats = PrefixCacheStats()
-        return stats
-
-    def prefix_cache_lookup_enabled(self, request: Request) -> bool:
-        """Whether a local prefix-cache lookup may run for this request."""
-        return self.enable_caching and not request.skip_reading_prefix_cache
-
-    def record_prefix_cache_stats(self, request: Request, num_hits: int) -> None:
-        """Counts one admission's query and hit (requests that skipped the lookup excluded)."""
-        if not self.log_stats or not self.prefix_cache_lookup_enabled(request):
-            return
-        assert self.prefix_cache_stats is not None
-        self.prefix_cache_stats.record(
-            num_tokens=request.num_tokens,
-            num_hits=num_hits,
-            preempted=request.num_preemptions > 0,
-        )
-
-    # ---------------------------------------------------------------- admission
-
-    def get_computed_blocks(
-        self, request: Request, max_cache_hit_length: int | None = None
-    ) -> tuple[KVCacheBlocks, int, int]:
-        """The prefix-cache hit of a waiting request: (blocks, hit tokens, 0).
-
-        The hit is pagedkv's look-up with the request's own block hashes, no side effect; the
-        blocks are taken at ``allocate_slots`` (as vLLM takes its references there). Until
-        then the returned blocks stand for the hit's length only (the scheduler passes them
-        back and reads nothing else of them)."""
-        if not self.prefix_cache_lookup_enabled(request):
-            return self.empty_kv_cache_blocks, 0, 0
-        capped = max_cache_hit_length is not None and max_cache_hit_length < request.num_tokens - 1
-        if self._hit_caps:
-            self._hit_caps.pop(request.request_id, None)
-        if max_cache_hit_length is None:
-            max_cache_hit_length = request.num_tokens - 1
-        bs = self.block_size
-        all_hashes, all_tokens = request.block_hashes, request._all_token_ids
-        num_blocks = min(max(0, max_cache_hit_length) // bs, len(all_hashes))
-        if num_blocks == 0:
-            return self.empty_kv_cache_blocks, 0, 0
-        # Full attention only: the hit is the longest run of cached blocks from the start, so
-        # a look-up over the first blocks that stops short of their end is the whole answer.
-        # Most look-ups stop early (a waiting request is looked up again every step), and the
-        # core reads every hash and id it is given (vLLM's look-up stops at the first miss).
-        first = _FIRST_LOOKUP_BLOCKS if self.full_attention_only else num_blocks
-        if first < num_blocks:
-            hit = self._core.match_prefix(all_tokens[: first * bs + 1], block_hashes=all_hashes[:first])
-            if hit == first * bs:  # the run may go on: the whole look-up
-                hit = self._core.match_prefix(
-                    all_tokens[: num_blocks * bs + 1], block_hashes=all_hashes[:num_blocks]
-                )
-        else:
-            hit = self._core.match_prefix(
-                all_tokens[: num_blocks * bs + 1], block_hashes=all_hashes[:num_blocks]
-            )
-        if capped:
-            # Admission must not take the longer hit the cache may hold (connector.py).
-            self._hit_caps[request.request_id] = hit
-        if hit == 0:
-            return self.empty_kv_cache_blocks, 0, 0
-        if self._events is not None and getattr(request, "kv_cache_report_mode", None) == "full":
-            # vLLM reports the blocks of a hit as stored again in this mode (for a gateway).
-            self._events.report_hit(request, hit // self.block_size, self.num_kv_cache_groups)
-        placeholder = [self._blocks[0]] * (hit // self.block_size)
-        return KVCacheBlocks(tuple(placeholder for _ in range(self.num_kv_cache_groups))), hit, 0
+    # ---------------------------------------------------------------- allocate_slots
 
     def allocate_slots(
         self,
@@ -430,12 +349,14 @@ class KVCacheManager:
             or capacity.live_blocks(max(slot_blocks, old_len), computed - request.num_in_flight_tokens)
             > usable
         ):
+            if not self.full_attention_only:
+                connector.release_before_refusal(self, request, state)
             return None
         if (
             self.watermark_blocks
             and has_scheduled_reqs
             and request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)
-            and connector.short_of_watermark(self, old_len, slot_blocks)
+            and connector.short_of_watermark(self, request, state, slot_blocks)
         ):
             return None
         core_computed = state[6]
@@ -465,158 +386,6 @@ class KVCacheManager:
             return self.empty_kv_cache_blocks
         return self._blocks_of(seq_id, old_len)
 
-    def _collect_events(self, request: Request | None) -> None:
-        """Drains the core's events of a call made for ``request`` (when events are on)."""
-        if self._events is not None:
-            self._events.collect(request)
-
-    def _admit(
-        self,
-        request: Request,
-        num_new_tokens: int,
-        num_new_computed_tokens: int,
-        num_lookahead_tokens: int,
-        full_sequence_must_fit: bool,
-        has_scheduled_reqs: bool,
-        num_external: int = 0,
-        delay_cache_blocks: bool = False,
-        reserved_blocks: int = 0,
-    ) -> KVCacheBlocks | None:
-        if request.num_computed_tokens:
-            raise UnsupportedVllmFeatureError(
-                "admitting a request with computed tokens and no blocks (a KV connector's load)"
-            )
-        # A sequence that can never fit: vLLM's admission check says so with None (the request
-        # keeps waiting), where the core refuses the call itself (InvalidArgumentError) and
-        # would stop the scheduler's step. The core's two checks: with the whole-sequence check
-        # (scheduler_reserve_full_isl) the prompt's blocks, a window group at most its admission
-        # cap; always, the scheduled chunk and its lookahead, a window group less what its
-        # release at the hit leaves.
-        bs = self.block_size
-        capacity = self.capacity
-        # A connector's tokens count as computed for the window release (the core's
-        # num_external_computed_tokens).
-        if (
-            full_sequence_must_fit
-            and capacity.prompt_blocks(request.num_tokens, num_external) > capacity.usable_blocks
-        ):
-            return None
-        chunk_end = num_new_computed_tokens + num_external + num_new_tokens + num_lookahead_tokens
-        positions = cdiv(min(chunk_end, self.max_model_len), bs)
-        if capacity.live_blocks(positions, num_new_computed_tokens + num_external) > capacity.usable_blocks:
-            return None
-        seq_id = self._next_seq_id
-        watermark = has_scheduled_reqs and request.status in (
-            RequestStatus.WAITING,
-            RequestStatus.PREEMPTED,
-        )
-        tokens = request._all_token_ids  # the list behind all_token_ids (a read-only view)
-        # A connector's tokens are scheduled tokens of the admission (their slots allocated).
-        num_scheduled = num_external + num_new_tokens
-        skip = capped = False
-        if self.enable_caching:
-            skip = request.skip_reading_prefix_cache
-            # A request that must not read the cache is admitted without hashes: nothing it
-            # holds is looked up or indexed (docs/integrations/vllm.md, differences). An async
-            # load's blocks wait for their hashes until it finished (``cache_blocks``).
-            capped = (
-                bool(self._hit_caps) and self._hit_caps.pop(request.request_id, None) is not None
-            ) or self._hold_all_hashes
-            if self.full_attention_only:
-                # The core refuses when the admission's new blocks (plus the hit's cached ones
-                # it revives, the watermark and the reserved blocks) pass its free and evictable
-                # blocks (admit_groups.rs, the plan); it would first convert the whole prompt
-                # and its hashes (about 10 us, and about 0.7 admissions a step are refused on
-                # a full pool). The same refusal, from a lower bound of what the core counts:
-                fresh = (positions - num_new_computed_tokens // bs) * self.capacity.num_groups
-                if watermark:
-                    fresh += self.watermark_blocks
-                if fresh + reserved_blocks > self._core.num_free_blocks:
-                    return None
-            if skip:
-                hashes = []
-            elif delay_cache_blocks or capped:
-                hashes = list(request.block_hashes[: num_new_computed_tokens // bs])
-            else:
-                hashes = list(request.block_hashes)
-            try:
-                hit = self._core.add_sequence(
-                    seq_id,
-                    tokens,
-                    num_scheduled=num_scheduled,
-                    reserve_prompt=False,
-                    require_full_prompt=full_sequence_must_fit,
-                    num_lookahead_tokens=num_lookahead_tokens,
-                    block_hashes=hashes,
-                    apply_watermark=watermark,
-                    reserved_blocks=reserved_blocks,
-                    num_external_computed_tokens=num_external,
-                )
-            except OutOfBlocksError:
-                self._collect_events(request)
-                return None
-            self._collect_events(request)
-            num_hashes = -1 if skip else len(hashes)
-            num_ids = len(tokens)
-        else:
-            try:
-                hit = self._core.add_sequence(
-                    seq_id,
-                    num_tokens=request.num_tokens,
-                    num_scheduled=num_scheduled,
-                    reserve_prompt=False,
-                    require_full_prompt=full_sequence_must_fit,
-                    num_lookahead_tokens=num_lookahead_tokens,
-                    apply_watermark=watermark,
-                    reserved_blocks=reserved_blocks,
-                    num_external_computed_tokens=num_external,
-                )
-            except OutOfBlocksError:
-                return None
-            num_hashes = -1
-            num_ids = request.num_tokens
-        self._next_seq_id += 1
-        if hit != num_new_computed_tokens:
-            # The scheduler took its hit from get_computed_blocks in this same step; a different
-            # one here would schedule tokens over blocks nobody computed.
-            self._core.free(seq_id)
-            raise InvariantViolation(
-                f"request {request.request_id!r}: pagedkv's hit at admission ({hit} tokens) "
-                f"differs from the looked-up one ({num_new_computed_tokens})"
-            )
-        end = hit + num_scheduled
-        table_len = cdiv(min(end + num_lookahead_tokens, self.max_model_len), bs)
-        cached = 0
-        if num_hashes >= 0:
-            cached = min(end, request.num_tokens, num_hashes * bs) // bs * bs
-        state = [seq_id, table_len, num_ids, num_hashes, cached, end, end, -1]
-        records.set_fence(self, state)
-        self._reqs[request.request_id] = state
-        if self.enable_caching and not skip and (delay_cache_blocks or capped):
-            if delay_cache_blocks:
-                self._held_hashes[request.request_id] = True  # until its load finished
-            else:
-                self._give_held_hashes(self, request, state, end, False)
-        # The blocks of the tokens to compute (vLLM returns neither the hit's nor the
-        # connector's).
-        if num_external and not self.full_attention_only:
-            return connector.admitted_blocks(self, seq_id, hit, num_external)
-        return self._blocks_of(seq_id, cdiv(hit + num_external, bs))
-
-    def _blocks_of(self, seq_id: int, start: int) -> KVCacheBlocks:
-        """The request's blocks from table position ``start`` on, every group."""
-        block = self._blocks.__getitem__
-        table = self._core.block_table
-        if self.num_kv_cache_groups == 1:  # the common case, without the generator
-            ids = table(seq_id)[start:].tolist()
-            return KVCacheBlocks((list(map(block, ids)),)) if ids else self.empty_kv_cache_blocks
-        if self._cross is not None:
-            return self._cross.blocks_of(self, seq_id, start)
-        groups = tuple(
-            list(map(block, table(seq_id, group=g)[start:].tolist())) for g in range(self.num_kv_cache_groups)
-        )
-        return KVCacheBlocks(groups) if any(groups) else self.empty_kv_cache_blocks
-
     # ---------------------------------------------------------------- other calls
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
@@ -644,68 +413,16 @@ class KVCacheManager:
         if self._hit_caps:
             self._hit_caps.pop(request.request_id, None)
 
-    def _free_seq(self, seq_id: int, request: Request) -> None:
-        self._core.free(seq_id)
+    def _free_seq(self, seq_id: int, request: Request, last_group_first: bool = False) -> None:
+        if last_group_first:  # a deferred free's order (connector.py)
+            self._core.free_last_group_first(seq_id)
+        else:
+            self._core.free(seq_id)
         if self._cross is not None:
             self._cross.free(seq_id)
         if self._events is not None:
             self._events.collect(request)
             self._events.forget(request.request_id)
-
-    def get_blocks(self, request_id: str) -> KVCacheBlocks:
-        """All blocks of a request (released window positions are the null block)."""
-        state = self._reqs.get(request_id)
-        if state is None:
-            return self.empty_kv_cache_blocks
-        return self._blocks_of(state[0], 0)
-
-    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
-        """The block ids of a request, per group."""
-        state = self._reqs.get(request_id)
-        if state is None:
-            return tuple([] for _ in range(self.num_kv_cache_groups))
-        if self._cross is not None:
-            return self._cross.block_ids(self, state[0])
-        return tuple(
-            self._core.block_table(state[0], group=g).tolist() for g in range(self.num_kv_cache_groups)
-        )
-
-    def get_block_ids_for_computed_tokens(
-        self, request_id: str, num_computed_tokens: int
-    ) -> tuple[list[int], ...]:
-        """The block ids covering the request's first ``num_computed_tokens`` tokens."""
-        n = cdiv(num_computed_tokens, self.block_size)
-        if self._cross is not None:  # a cross-attention group's encoder blocks are whole
-            return self._cross.clip(self.get_block_ids(request_id), n)
-        return tuple(ids[:n] for ids in self.get_block_ids(request_id))
-
-    def estimate_cached_tokens(self, request: Request) -> int:
-        """Tokens of the request whose blocks are in the prefix cache (block-aligned)."""
-        state = self._reqs.get(request.request_id)
-        if state is None or not self.enable_caching:
-            return 0
-        return state[4]
-
-    def reset_prefix_cache(self) -> bool:
-        """Drops every cached block no request holds; False when some are still held."""
-        if not self._core.reset_prefix_cache():
-            return False
-        if self.log_stats:
-            assert self.prefix_cache_stats is not None
-            self.prefix_cache_stats.reset = True
-        return True
-
-    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
-        """vLLM's deprecated cascade-attention query: 0 per group."""
-        return [0] * self.num_kv_cache_groups
-
-    def create_kv_cache_blocks(self, blocks: tuple[Sequence[KVCacheBlock], ...]) -> KVCacheBlocks:
-        """vLLM's ``KVCacheBlocks`` of ``blocks`` (the shared empty one when all are empty)."""
-        return KVCacheBlocks(blocks) if any(blocks) else self.empty_kv_cache_blocks
-
-    def finalize_partial_tail_offloads(self, request: Request) -> list[tuple[int, int, int]]:
-        """No Mamba groups, so no partial-tail boundary states to hand a connector."""
-        return []
 
     def remove_skipped_blocks(
         self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
@@ -723,13 +440,6 @@ class KVCacheManager:
         """Drops these blocks from the prefix cache (a KV connector's failed sync load under
         the fail policy; evict.py)."""
         evict.evict_blocks(self, block_ids)
-
-    def get_computed_blocks_for_connector(
-        self, request: Request, max_cache_hit_length: int | None = None
-    ) -> tuple[KVCacheBlocks, int, int, bool]:
-        """The local hit for a connector's scheduling: ``get_computed_blocks``'s (no Mamba
-        groups, so no per-group divergence)."""
-        return (*self.get_computed_blocks(request, max_cache_hit_length), False)
 
     def check_invariants(self) -> None:
         """The core's allocator invariants, and this manager's record of every request's core

@@ -368,6 +368,12 @@ impl PyKvCacheManager {
         self.run(py, false, |kv| kv.free(seq_id.0))
     }
 
+    /// `free`, with the blocks that become cached-evictable joining the eviction order from
+    /// the last group's (vLLM's return of a deferred free's blocks).
+    fn free_last_group_first(&self, py: Python<'_>, seq_id: SeqIdArg) -> PyResult<()> {
+        self.run(py, false, |kv| kv.free_last_group_first(seq_id.0))
+    }
+
     /// vLLM's `remove_skipped_blocks`: every window group releases what a processed watermark
     /// of `processed_tokens` puts out of its window (at most the computed tokens).
     fn release_skipped_blocks(

@@ -156,6 +156,40 @@ impl KvCacheManager {
         Ok(())
     }
 
+    /// Frees a sequence as [`Self::free`] does, except the order in which its blocks that
+    /// become cached-evictable join the eviction order: the last group's first, each table
+    /// tail first. That is the order of one release of every group's table joined group after
+    /// group and reversed, as vLLM's scheduler returns a deferred free's blocks (popped in
+    /// allocation order, freed reversed in one call); the blocks that become free go back in
+    /// [`Self::free`]'s order, which that one release keeps. One group: [`Self::free`].
+    ///
+    /// ```
+    /// use pagedkv::{KvCacheManager, ManagerConfig};
+    /// let mut kv = KvCacheManager::new(ManagerConfig { num_blocks: 4, block_size: 4, ..Default::default() })?;
+    /// kv.add_sequence_len(1, 6)?;
+    /// kv.free_last_group_first(1)?;
+    /// assert_eq!(kv.num_available_blocks(), 4);
+    /// # Ok::<(), pagedkv::Error>(())
+    /// ```
+    pub fn free_last_group_first(&mut self, seq_id: SeqId) -> Result<()> {
+        let seq = self
+            .seqs
+            .get(&seq_id)
+            .ok_or(Error::UnknownSequence(seq_id))?;
+        if self.plain || seq.swapped || seq.groups.is_empty() {
+            return self.free(seq_id);
+        }
+        let seq = self
+            .seqs
+            .remove(&seq_id)
+            .expect("the sequence was just looked up");
+        let tables: Vec<&[BlockId]> = (0..seq.groups.len() + 1)
+            .map(|g| seq.group_table(g))
+            .collect();
+        self.release_tables_last_group_first(&tables);
+        Ok(())
+    }
+
     /// Frees several sequences; every id is validated (known, no duplicates) before any is
     /// freed.
     ///

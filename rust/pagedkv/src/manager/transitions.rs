@@ -176,6 +176,33 @@ impl KvCacheManager {
         }
     }
 
+    /// [`Self::release_table`] of each of `tables` in order, except that the blocks that
+    /// became cached-evictable join the LRU table by table from the last (each table's last
+    /// block first): [`KvCacheManager::free_last_group_first`].
+    pub(super) fn release_tables_last_group_first(&mut self, tables: &[&[BlockId]]) {
+        let mut cached: Vec<Vec<BlockId>> = Vec::with_capacity(tables.len());
+        for table in tables {
+            let mut group_cached = Vec::new();
+            for &b in table.iter().rev() {
+                if b == NULL_BLOCK {
+                    continue;
+                }
+                let indexed = self.is_indexed(b);
+                if self.release_in_pool(b, indexed) && indexed {
+                    group_cached.push(b);
+                }
+            }
+            cached.push(group_cached);
+        }
+        let num_cached = cached.iter().map(Vec::len).sum();
+        if let Some(prefix) = self.prefix.as_mut() {
+            for &b in cached.iter().rev().flatten() {
+                prefix.push_lru(b);
+            }
+        }
+        self.pool.count_cached(num_cached);
+    }
+
     /// [`Self::release`] of each live block of `blocks`, last first, one at a time (swap-out:
     /// the same order as `release_table`, for tables whose blocks other members still hold).
     pub(super) fn release_table_each(&mut self, blocks: &[BlockId]) {

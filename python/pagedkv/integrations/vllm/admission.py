@@ -1,0 +1,218 @@
+"""Admission in pagedkv's vLLM manager: the prefix-cache look-up of a waiting request
+(``get_computed_blocks``) and the first ``allocate_slots`` of a request without blocks (``admit``:
+the core's ``add_sequence`` with the request's own block hashes, vLLM's can-never-fit answers
+first).
+
+The functions are the manager's methods (manager.py binds each as a class attribute, so a call
+costs what a method defined there costs: ``get_computed_blocks`` runs for every waiting request
+every step); ``manager`` is the ``KVCacheManager``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+from vllm.v1.request import Request, RequestStatus
+
+from pagedkv.errors import InvariantViolation, OutOfBlocksError, UnsupportedVllmFeatureError
+from pagedkv.integrations.vllm import connector, records
+from pagedkv.integrations.vllm.capacity import cdiv
+
+# The manager (manager.py) is typed ``Any`` here: manager.py imports this module, and the
+# package's layering forbids import cycles, typing-only ones included (tests/python/test_layering.py).
+KVCacheManager = Any
+
+# get_computed_blocks looks up this many blocks first (full attention): a hit shorter than
+# them is the answer, a longer one is looked up whole.
+_FIRST_LOOKUP_BLOCKS = 16
+
+
+def get_computed_blocks(
+    manager: KVCacheManager, request: Request, max_cache_hit_length: int | None = None
+) -> tuple[KVCacheBlocks, int, int]:
+    """The prefix-cache hit of a waiting request: (blocks, hit tokens, 0).
+
+    The hit is pagedkv's look-up with the request's own block hashes, no side effect; the
+    blocks are taken at ``allocate_slots`` (as vLLM takes its references there). Until
+    then the returned blocks stand for the hit's length only (the scheduler passes them
+    back and reads nothing else of them)."""
+    if not manager.prefix_cache_lookup_enabled(request):
+        return manager.empty_kv_cache_blocks, 0, 0
+    capped = max_cache_hit_length is not None and max_cache_hit_length < request.num_tokens - 1
+    if manager._hit_caps:
+        manager._hit_caps.pop(request.request_id, None)
+    if max_cache_hit_length is None:
+        max_cache_hit_length = request.num_tokens - 1
+    bs = manager.block_size
+    all_hashes, all_tokens = request.block_hashes, request._all_token_ids
+    num_blocks = min(max(0, max_cache_hit_length) // bs, len(all_hashes))
+    if num_blocks == 0:
+        return manager.empty_kv_cache_blocks, 0, 0
+    # Full attention only: the hit is the longest run of cached blocks from the start, so
+    # a look-up over the first blocks that stops short of their end is the whole answer.
+    # Most look-ups stop early (a waiting request is looked up again every step), and the
+    # core reads every hash and id it is given (vLLM's look-up stops at the first miss).
+    first = _FIRST_LOOKUP_BLOCKS if manager.full_attention_only else num_blocks
+    if first < num_blocks:
+        hit = manager._core.match_prefix(all_tokens[: first * bs + 1], block_hashes=all_hashes[:first])
+        if hit == first * bs:  # the run may go on: the whole look-up
+            hit = manager._core.match_prefix(
+                all_tokens[: num_blocks * bs + 1], block_hashes=all_hashes[:num_blocks]
+            )
+    else:
+        hit = manager._core.match_prefix(
+            all_tokens[: num_blocks * bs + 1], block_hashes=all_hashes[:num_blocks]
+        )
+    if capped:
+        # Admission must not take the longer hit the cache may hold (connector.py).
+        manager._hit_caps[request.request_id] = hit
+    if hit == 0:
+        return manager.empty_kv_cache_blocks, 0, 0
+    if manager._events is not None and getattr(request, "kv_cache_report_mode", None) == "full":
+        # vLLM reports the blocks of a hit as stored again in this mode (for a gateway).
+        manager._events.report_hit(request, hit // manager.block_size, manager.num_kv_cache_groups)
+    placeholder = [manager._blocks[0]] * (hit // manager.block_size)
+    return KVCacheBlocks(tuple(placeholder for _ in range(manager.num_kv_cache_groups))), hit, 0
+
+
+def get_computed_blocks_for_connector(
+    manager: KVCacheManager, request: Request, max_cache_hit_length: int | None = None
+) -> tuple[KVCacheBlocks, int, int, bool]:
+    """The local hit for a connector's scheduling: ``get_computed_blocks``'s (no Mamba
+    groups, so no per-group divergence)."""
+    return (*manager.get_computed_blocks(request, max_cache_hit_length), False)
+
+
+def admit(
+    manager: KVCacheManager,
+    request: Request,
+    num_new_tokens: int,
+    num_new_computed_tokens: int,
+    num_lookahead_tokens: int,
+    full_sequence_must_fit: bool,
+    has_scheduled_reqs: bool,
+    num_external: int = 0,
+    delay_cache_blocks: bool = False,
+    reserved_blocks: int = 0,
+) -> KVCacheBlocks | None:
+    if request.num_computed_tokens:
+        raise UnsupportedVllmFeatureError(
+            "admitting a request with computed tokens and no blocks (a KV connector's load)"
+        )
+    # A sequence that can never fit: vLLM's admission check says so with None (the request
+    # keeps waiting), where the core refuses the call itself (InvalidArgumentError) and
+    # would stop the scheduler's step. The core's two checks: with the whole-sequence check
+    # (scheduler_reserve_full_isl) the prompt's blocks, a window group at most its admission
+    # cap; always, the scheduled chunk and its lookahead, a window group less what its
+    # release at the hit leaves.
+    bs = manager.block_size
+    capacity = manager.capacity
+    # A connector's tokens count as computed for the window release (the core's
+    # num_external_computed_tokens).
+    if (
+        full_sequence_must_fit
+        and capacity.prompt_blocks(request.num_tokens, num_external) > capacity.usable_blocks
+    ):
+        return None
+    chunk_end = num_new_computed_tokens + num_external + num_new_tokens + num_lookahead_tokens
+    positions = cdiv(min(chunk_end, manager.max_model_len), bs)
+    if capacity.live_blocks(positions, num_new_computed_tokens + num_external) > capacity.usable_blocks:
+        return None
+    seq_id = manager._next_seq_id
+    watermark = has_scheduled_reqs and request.status in (
+        RequestStatus.WAITING,
+        RequestStatus.PREEMPTED,
+    )
+    tokens = request._all_token_ids  # the list behind all_token_ids (a read-only view)
+    # A connector's tokens are scheduled tokens of the admission (their slots allocated).
+    num_scheduled = num_external + num_new_tokens
+    skip = capped = False
+    if manager.enable_caching:
+        skip = request.skip_reading_prefix_cache
+        # A request that must not read the cache is admitted without hashes: nothing it
+        # holds is looked up or indexed (docs/integrations/vllm.md, differences). An async
+        # load's blocks wait for their hashes until it finished (``cache_blocks``).
+        capped = (
+            bool(manager._hit_caps) and manager._hit_caps.pop(request.request_id, None) is not None
+        ) or manager._hold_all_hashes
+        if manager.full_attention_only:
+            # The core refuses when the admission's new blocks (plus the hit's cached ones
+            # it revives, the watermark and the reserved blocks) pass its free and evictable
+            # blocks (admit_groups.rs, the plan); it would first convert the whole prompt
+            # and its hashes (about 10 us, and about 0.7 admissions a step are refused on
+            # a full pool). The same refusal, from a lower bound of what the core counts:
+            fresh = (positions - num_new_computed_tokens // bs) * manager.capacity.num_groups
+            if watermark:
+                fresh += manager.watermark_blocks
+            if fresh + reserved_blocks > manager._core.num_free_blocks:
+                return None
+        if skip:
+            hashes = []
+        elif delay_cache_blocks or capped:
+            hashes = list(request.block_hashes[: num_new_computed_tokens // bs])
+        else:
+            hashes = list(request.block_hashes)
+        try:
+            hit = manager._core.add_sequence(
+                seq_id,
+                tokens,
+                num_scheduled=num_scheduled,
+                reserve_prompt=False,
+                require_full_prompt=full_sequence_must_fit,
+                num_lookahead_tokens=num_lookahead_tokens,
+                block_hashes=hashes,
+                apply_watermark=watermark,
+                reserved_blocks=reserved_blocks,
+                num_external_computed_tokens=num_external,
+            )
+        except OutOfBlocksError:
+            manager._collect_events(request)
+            return None
+        manager._collect_events(request)
+        num_hashes = -1 if skip else len(hashes)
+        num_ids = len(tokens)
+    else:
+        try:
+            hit = manager._core.add_sequence(
+                seq_id,
+                num_tokens=request.num_tokens,
+                num_scheduled=num_scheduled,
+                reserve_prompt=False,
+                require_full_prompt=full_sequence_must_fit,
+                num_lookahead_tokens=num_lookahead_tokens,
+                apply_watermark=watermark,
+                reserved_blocks=reserved_blocks,
+                num_external_computed_tokens=num_external,
+            )
+        except OutOfBlocksError:
+            return None
+        num_hashes = -1
+        num_ids = request.num_tokens
+    manager._next_seq_id += 1
+    if hit != num_new_computed_tokens:
+        # The scheduler took its hit from get_computed_blocks in this same step; a different
+        # one here would schedule tokens over blocks nobody computed.
+        manager._core.free(seq_id)
+        raise InvariantViolation(
+            f"request {request.request_id!r}: pagedkv's hit at admission ({hit} tokens) "
+            f"differs from the looked-up one ({num_new_computed_tokens})"
+        )
+    end = hit + num_scheduled
+    table_len = cdiv(min(end + num_lookahead_tokens, manager.max_model_len), bs)
+    cached = 0
+    if num_hashes >= 0:
+        cached = min(end, request.num_tokens, num_hashes * bs) // bs * bs
+    state = [seq_id, table_len, num_ids, num_hashes, cached, end, end, -1]
+    records.set_fence(manager, state)
+    manager._reqs[request.request_id] = state
+    if manager.enable_caching and not skip and (delay_cache_blocks or capped):
+        if delay_cache_blocks:
+            manager._held_hashes[request.request_id] = True  # until its load finished
+        else:
+            manager._give_held_hashes(manager, request, state, end, False)
+    # The blocks of the tokens to compute (vLLM returns neither the hit's nor the
+    # connector's).
+    if num_external and not manager.full_attention_only:
+        return connector.admitted_blocks(manager, seq_id, hit, num_external)
+    return manager._blocks_of(seq_id, cdiv(hit + num_external, bs))

@@ -1,0 +1,62 @@
+"""vLLM ``KVCacheConfig``s and ``Request``s shared by the tests of this folder (imported by name:
+conftest.py puts the folder on ``sys.path``). vLLM is imported inside, as in the tests: the
+folder's conftest.py skips a test whose module cannot import it.
+
+Layer names: group ``i`` of kind ``k`` holds the one layer ``f"{k}{i}"``. Neither manager reads
+layer names (vLLM's manager, coordinator and block pool see a group's spec only; pagedkv's
+integration reads ``kv_cache_spec`` and ``num_blocks``), so configs that differ in names alone
+answer alike.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+BS = 16
+
+
+def kv_cache_config(
+    *kinds: str, num_blocks: int = 32, window: int = 32, retention: Any = None, block_size: int = BS
+) -> Any:
+    """One group per kind (``"full"``: full attention; else a sliding window of ``window``
+    tokens), blocks of ``block_size`` tokens, a one-head float32 shape (no tensors), and vLLM's
+    ``prefix_cache_retention_interval`` ``retention``."""
+    import torch
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+        SlidingWindowSpec,
+    )
+
+    shape = dict(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
+    groups = [
+        KVCacheGroupSpec(
+            [f"{kind}{i}"],
+            FullAttentionSpec(**shape)
+            if kind == "full"
+            else SlidingWindowSpec(**shape, sliding_window=window),
+        )
+        for i, kind in enumerate(kinds)
+    ]
+    return KVCacheConfig(
+        num_blocks=num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=groups,
+        prefix_cache_retention_interval=retention,
+    )
+
+
+def request(rid: str, num_tokens: int, first: int = 0, max_tokens: int = 4, ignore_eos: bool = False) -> Any:
+    """A request of the tokens ``first, first + 1, ...`` (``num_tokens`` of them) with vLLM's
+    sha256 block hashes of ``BS``-token blocks. ``max_tokens`` and ``ignore_eos`` are its
+    sampling parameters: the scheduler reads them, neither manager does."""
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.request import Request
+
+    init_none_hash(sha256)
+    tokens = list(range(first, first + num_tokens))
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos)
+    return Request(rid, tokens, params, None, block_hasher=get_request_block_hasher(BS, sha256))
