@@ -51,6 +51,7 @@ from pagedkv.integrations.vllm import (
     cross_attention,
     draft,
     evict,
+    mamba,
     per_step,
     queries,
     records,
@@ -105,6 +106,8 @@ class KVCacheManager:
             num_hash_lookahead_tokens,
             num_prefill_lookahead,
         )
+        if any(isinstance(g, pagedkv.MambaState) for g in kv_groups):
+            mamba.check_options(enable_caching, drafting, enable_kv_cache_events)
         num_blocks = kv_cache_config.num_blocks
         if max_in_flight_tokens is None:
             max_in_flight_tokens = max_model_len
@@ -122,9 +125,17 @@ class KVCacheManager:
         self.capacity = PoolCapacity(
             num_blocks,
             block_size,
-            [g.window if isinstance(g, pagedkv.SlidingWindow) else None for g in kv_groups],
+            [
+                g.window
+                if isinstance(g, pagedkv.SlidingWindow)
+                else 2
+                if isinstance(g, pagedkv.MambaState)
+                else None
+                for g in kv_groups
+            ],
             max_model_len,
             max_in_flight_tokens,
+            [isinstance(g, pagedkv.MambaState) for g in kv_groups],
         )
         # No window group (see PoolCapacity.full_attention_only): a decode step inside one
         # block may skip the core call (records.py), the first look-up reads the first blocks
@@ -251,6 +262,8 @@ class KVCacheManager:
         added to its tables, or None when the pool is short (vLLM's signal to preempt)."""
         external = bool(num_external_computed_tokens or delay_cache_blocks or reserved_blocks)
         if external:
+            if self.capacity.has_state:
+                mamba.refuse_external()
             draft.check_external_admission(self)
             connector.check_external_admission(
                 self,

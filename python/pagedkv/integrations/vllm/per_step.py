@@ -27,7 +27,10 @@ def usage(manager: KVCacheManager) -> float:
 
 
 def new_step_starts(manager: KVCacheManager) -> None:
-    """Nothing to do: pagedkv keeps no per-step state for attention groups."""
+    """A Mamba group's same-step states are forgotten (the core's ``new_step``); nothing for
+    attention groups."""
+    if manager.capacity.has_state:
+        manager._core.new_step()
 
 
 def take_kv_cache_block_copies(manager: KVCacheManager) -> tuple[list[KVCacheBlockCopy], list[KVCacheBlock]]:

@@ -133,7 +133,7 @@ class CoordinatorView:
         )
 
     def new_step_starts(self) -> None:
-        pass
+        self._manager.new_step_starts()  # a Mamba group's same-step states (the core's)
 
     def get_num_blocks_to_allocate(
         self,
