@@ -61,7 +61,7 @@ def test_external_tokens_beside_a_window_take_vllms_tables(window: int) -> None:
             _ids(answer),
             m.get_block_ids("r"),
             m.block_pool.get_num_free_blocks(),
-            m.get_computed_blocks(_request("p", 12 * BS + 5))[1],
+            m.get_computed_blocks(_request("p", 12 * BS + 5))[1:],  # the hit and the shared-prefix boundary
         )
         if kind == "pagedkv":
             m.check_invariants()
@@ -417,3 +417,28 @@ def test_deferred_frees_evict_in_vllms_order(window: int, deferred: bool) -> Non
         if kind == "pagedkv":
             m.check_invariants()
     assert traces["pagedkv"] == traces["vllm"]
+
+
+@pytest.mark.parametrize("window", WINDOWS)
+def test_the_shared_prefix_boundary_is_vllms(window: int) -> None:
+    """``get_computed_blocks``' third answer: where full attention's own hit runs past the
+    reconciled one (the window's block at the prompt's end evicted), vLLM reports full
+    attention's hit as the shared-prefix boundary (its scheduler ends a Mamba prefill chunk
+    there, its offloading connector keeps the junction); 0 where the groups agree."""
+    answers: dict[str, list[Any]] = {kind: [] for kind in KINDS}
+    for kind, m in _managers(window, 40).items():
+        a = _request("a", 8 * BS + 1)
+        blocks, hit = m.get_computed_blocks(a)[:2]
+        m.allocate_slots(a, 8 * BS + 1, hit, blocks)
+        a.num_computed_tokens = 8 * BS + 1
+        m.cache_blocks(a, 8 * BS)
+        last_window_block = m.get_block_ids("a")[1][7]
+        m.free(a)
+        answers[kind].append(m.get_computed_blocks(_request("p", 8 * BS + 5))[1:])
+        m.evict_blocks({last_window_block})
+        answers[kind].append(m.get_computed_blocks(_request("p", 8 * BS + 5))[1:])
+        answers[kind].append(m.get_computed_blocks(_request("q", 8 * BS + 5), 5 * BS)[1:])
+    assert answers["pagedkv"] == answers["vllm"]
+    together, diverged, capped = answers["vllm"]
+    assert together == (8 * BS, 0) and capped == (5 * BS, 0)
+    assert diverged[1] == 8 * BS > diverged[0]

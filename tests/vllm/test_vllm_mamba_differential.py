@@ -269,7 +269,7 @@ class _ManagerPair:
         }
         self.hasher = get_request_block_hasher(BS, sha256)
         self.reqs: dict[str, dict[str, Any]] = {}
-        self.hits = self.refused_this_step = self.preempted = self.compared = 0
+        self.hits = self.refused_this_step = self.preempted = self.compared = self.junctions = 0
         self.parted = False
 
     def step(self) -> None:
@@ -280,10 +280,10 @@ class _ManagerPair:
         from vllm.sampling_params import SamplingParams
         from vllm.v1.request import Request, RequestStatus
 
-        got, hits, rs = {}, {}, {}
+        got, hits, rs, boundaries = {}, {}, {}, {}
         for kind, m in self.m.items():
             r = Request(rid, prompt, SamplingParams(max_tokens=64), None, block_hasher=self.hasher)
-            blocks, hit = m.get_computed_blocks(r)[:2]
+            blocks, hit, boundaries[kind] = m.get_computed_blocks(r)
             n = min(chunk_blocks * BS, len(prompt) - hit)
             got[kind] = m.allocate_slots(r, n, hit, blocks)
             hits[kind], rs[kind] = hit, r
@@ -294,6 +294,9 @@ class _ManagerPair:
                 r.status = RequestStatus.RUNNING
                 r.num_computed_tokens = hit + n
         assert hits["vllm"] == hits["pagedkv"], (rid, hits)
+        # the shared-prefix boundary: vLLM's scheduler ends a Mamba prefill chunk there
+        assert boundaries["vllm"] == boundaries["pagedkv"], (rid, hits, boundaries)
+        self.junctions += boundaries["vllm"] > 0
         assert (got["vllm"] is None) == (got["pagedkv"] is None), (rid, hits, got)
         if got["vllm"] is not None:
             self.hits += hits["vllm"] > 0
@@ -398,10 +401,11 @@ def test_the_vllm_manager_on_a_mamba_config_matches_vllms(seed: int, shared: boo
 
 
 def test_the_manager_differential_reaches_what_it_checks() -> None:
-    totals = dict(hits=0, refused=0, preempted=0, compared=0)
+    totals = dict(hits=0, refused=0, preempted=0, compared=0, junctions=0)
     for seed in range(12):
         for shared in (True, False):
             pair = _manager_differential(seed, NUM_BLOCKS * 4 if shared else 40, shared)
+            totals["junctions"] += pair.junctions
             totals["hits"] += pair.hits
             totals["refused"] += pair.refused_this_step
             totals["preempted"] += pair.preempted

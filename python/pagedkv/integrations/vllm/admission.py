@@ -31,7 +31,7 @@ _FIRST_LOOKUP_BLOCKS = 16
 def get_computed_blocks(
     manager: KVCacheManager, request: Request, max_cache_hit_length: int | None = None
 ) -> tuple[KVCacheBlocks, int, int]:
-    """The prefix-cache hit of a waiting request: (blocks, hit tokens, 0).
+    """The prefix-cache hit of a waiting request: (blocks, hit tokens, shared-prefix boundary).
 
     The hit is pagedkv's look-up with the request's own block hashes, no side effect; the
     blocks are taken at ``allocate_slots`` (as vLLM takes its references there). Until
@@ -67,13 +67,37 @@ def get_computed_blocks(
     if capped:
         # Admission must not take the longer hit the cache may hold (connector.py).
         manager._hit_caps[request.request_id] = hit
+    boundary = (
+        0 if manager.full_attention_only else shared_prefix_boundary(manager, all_hashes[:num_blocks], hit)
+    )
     if hit == 0:
-        return manager.empty_kv_cache_blocks, 0, 0
+        return manager.empty_kv_cache_blocks, 0, boundary
     if manager._events is not None and getattr(request, "kv_cache_report_mode", None) == "full":
         # vLLM reports the blocks of a hit as stored again in this mode (for a gateway).
         manager._events.report_hit(request, hit // manager.block_size, manager.num_kv_cache_groups)
     placeholder = [manager._blocks[0]] * (hit // manager.block_size)
-    return KVCacheBlocks(tuple(placeholder for _ in range(manager.num_kv_cache_groups))), hit, 0
+    return KVCacheBlocks(tuple(placeholder for _ in range(manager.num_kv_cache_groups))), hit, boundary
+
+
+def shared_prefix_boundary(manager: KVCacheManager, hashes: Any, hit: int) -> int:
+    """vLLM's third answer of ``get_computed_blocks`` with several KV groups: the first
+    attention group's own hit (full attention's, which vLLM's coordinator looks up first, else
+    the first group's) where it runs past the reconciled ``hit``, else 0. vLLM's scheduler
+    ends a Mamba group's prefill chunk there (``_mamba_block_aligned_split``, the shared-prefix
+    junction), so this is part of the schedule. One group: always 0 (its own hit is the hit)."""
+    capacity = manager.capacity
+    if capacity.num_groups == 1:
+        return 0
+    first = next(
+        (
+            g
+            for g, (w, state) in enumerate(zip(capacity.windows, capacity.states, strict=True))
+            if w is None and not state
+        ),
+        0,
+    )
+    own = int(manager._core.group_hits(hashes, len(hashes) * manager.block_size)[first])
+    return own if own > hit else 0
 
 
 def get_computed_blocks_for_connector(
