@@ -48,7 +48,7 @@ from pagedkv.errors import (
     OutOfBlocksError,
     UnsupportedVllmFeatureError,
 )
-from pagedkv.integrations.vllm import connector, cross_attention, draft, evict, records
+from pagedkv.integrations.vllm import connector, cross_attention, draft, evict, hybrid_hits, records
 from pagedkv.integrations.vllm.capacity import PoolCapacity, cdiv
 from pagedkv.integrations.vllm.events import EventTranslator
 from pagedkv.integrations.vllm.support import check_config
@@ -727,9 +727,8 @@ class KVCacheManager:
     def get_computed_blocks_for_connector(
         self, request: Request, max_cache_hit_length: int | None = None
     ) -> tuple[KVCacheBlocks, int, int, bool]:
-        """The local hit for a connector's scheduling: ``get_computed_blocks``'s (no Mamba
-        groups, so no per-group divergence)."""
-        return (*self.get_computed_blocks(request, max_cache_hit_length), False)
+        """The local hit for a connector's scheduling, per group where vLLM's is (hybrid_hits.py)."""
+        return hybrid_hits.get_computed_blocks_for_connector(self, request, max_cache_hit_length)
 
     def check_invariants(self) -> None:
         """The core's allocator invariants, and this manager's record of every request's core
