@@ -30,6 +30,7 @@ if _typing.TYPE_CHECKING:  # what type checkers see; at run time __getattr__ bel
         BlockPool,
         FullAttention,
         KvCacheManager,
+        MambaState,
         SlidingWindow,
         __version__,
         reduce_block_hash,
@@ -51,6 +52,7 @@ __all__ = [
     "KvCacheManager",
     "FullAttention",
     "SlidingWindow",
+    "MambaState",
     "reduce_block_hash",
     "BlockStored",
     "BlockRemoved",
@@ -66,6 +68,7 @@ _CORE_NAMES = frozenset(
         "KvCacheManager",
         "FullAttention",
         "SlidingWindow",
+        "MambaState",
         "reduce_block_hash",
     }
 )

@@ -19,6 +19,7 @@ __all__ = [
     "BlockPool",
     "FullAttention",
     "KvCacheManager",
+    "MambaState",
     "PromptHashes",
     "SlidingWindow",
     "__version__",
@@ -86,6 +87,19 @@ class SlidingWindow:
     def __reduce__(self) -> tuple[type[SlidingWindow], tuple[int]]: ...
 
 @final
+class MambaState:
+    """A KV-cache group of recurrent (Mamba) layers, vLLM's ``MambaSpec`` in its ``"align"``
+    mode without speculative blocks: each allocation gives the group one block, at the chunk's
+    last token (the chunk's other new positions are null), released once the processed
+    watermark passes it by a token; a hit is the rightmost cached state block, alone. A manager
+    with one refuses lookahead slots, watermark rollbacks and ``truncate``."""
+
+    def __new__(cls) -> MambaState: ...
+    def __eq__(self, value: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+    def __reduce__(self) -> tuple[type[MambaState], tuple[()]]: ...
+
+@final
 class PromptHashes:
     """A prompt's chained block hashes kept in Rust (``KvCacheManager.prompt_hashes``): hashed
     once, handed to ``CacheAwareQueue.push`` and to ``add_sequence(..., prompt_hashes=...)``."""
@@ -119,7 +133,8 @@ class CacheAwareQueue:
     def stats(self) -> dict[str, int]: ...
     def check_invariants(self) -> None: ...
 
-_KvGroups: TypeAlias = list[FullAttention | SlidingWindow] | tuple[FullAttention | SlidingWindow, ...]
+_KvGroup: TypeAlias = FullAttention | SlidingWindow | MambaState
+_KvGroups: TypeAlias = list[_KvGroup] | tuple[_KvGroup, ...]
 
 @final
 class BlockPool:
@@ -355,6 +370,15 @@ class KvCacheManager:
         the rightmost ``i < min(max_blocks, len(block_hashes))`` whose hash group ``group``
         holds a block under, as ``(i + 1, block)``, or None. Searched from the right; one
         block, not a chain. ``block_hashes`` as in ``cached_block``."""
+    def group_hits(self, block_hashes: Sequence[bytes | int], max_tokens: int) -> list[int]:
+        """Each group's own hit in tokens (at most ``max_tokens``), each group on its own, not
+        reconciled (vLLM's ``find_longest_cache_hit_per_group``): full attention's leading run
+        of cached hashes, a window group's run before the hit point, a state group's rightmost
+        cached block. ``block_hashes`` as in ``cached_block``."""
+    def new_step(self) -> None:
+        """A scheduler step starts (vLLM's ``new_step_starts``): from the first call on, an
+        admission whose hit ends at a state block cached since the last call is refused
+        (``OutOfBlocksError``)."""
     def refcount(self, block_id: int) -> int: ...
     @property
     def num_blocks(self) -> int: ...
@@ -370,7 +394,7 @@ class KvCacheManager:
     @property
     def enable_prefix_caching(self) -> bool: ...
     @property
-    def kv_groups(self) -> list[FullAttention | SlidingWindow]: ...
+    def kv_groups(self) -> list[_KvGroup]: ...
     @property
     def pool(self) -> BlockPool: ...
     @property

@@ -14,7 +14,15 @@ import textwrap
 import pagedkv
 import pytest
 
-CORE_NAMES = ["__version__", "BlockHandle", "BlockPool", "KvCacheManager", "FullAttention", "SlidingWindow"]
+CORE_NAMES = [
+    "__version__",
+    "BlockHandle",
+    "BlockPool",
+    "KvCacheManager",
+    "FullAttention",
+    "SlidingWindow",
+    "MambaState",
+]
 
 
 def test_public_names_are_the_extensions_own() -> None:

@@ -1,4 +1,5 @@
-//! `pagedkv.FullAttention` and `pagedkv.SlidingWindow`: the KV-cache group specs a
+//! `pagedkv.FullAttention`, `pagedkv.SlidingWindow` and `pagedkv.MambaState`: the KV-cache
+//! group specs a
 //! `KvCacheManager(kv_groups=[...])` takes (docs/design.md, KV groups). Small frozen
 //! value classes: equal when their specs are, hashable, with a `repr` that evaluates back,
 //! and picklable (`__reduce__`: the class and its constructor's arguments, every protocol).
@@ -85,8 +86,38 @@ impl PySlidingWindow {
     }
 }
 
+/// A group of recurrent (Mamba) layers whose state is kept per block boundary (vLLM's
+/// `MambaSpec` in its `"align"` mode, no speculative blocks): one block per allocation, at the
+/// chunk's last token; a hit is the rightmost cached state block (docs/design.md, KV groups).
+#[pyclass(module = "pagedkv._core", name = "MambaState", frozen)]
+pub struct PyMambaState;
+
+#[pymethods]
+impl PyMambaState {
+    #[new]
+    fn new() -> Self {
+        PyMambaState
+    }
+
+    fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
+        other.cast::<PyMambaState>().is_ok()
+    }
+
+    fn __hash__(&self) -> u64 {
+        0x6d61_6d62 // "mamb"
+    }
+
+    fn __repr__(&self) -> &'static str {
+        "MambaState()"
+    }
+
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> (Bound<'py, PyType>, ()) {
+        (slf.get_type(), ())
+    }
+}
+
 /// The core specs of a `kv_groups` argument: a list or tuple of `FullAttention` /
-/// `SlidingWindow` objects (`None`: the default single full-attention group). Anything else
+/// `SlidingWindow` / `MambaState` objects (`None`: the default single full-attention group). Anything else
 /// is `InvalidArgumentError`; an empty list is refused by the core.
 pub(crate) fn parse_kv_groups(
     py: Python<'_>,
@@ -102,7 +133,8 @@ pub(crate) fn parse_kv_groups(
     } else {
         return Err(invalid_argument(
             py,
-            "kv_groups must be a list of pagedkv.FullAttention() / pagedkv.SlidingWindow(window=W)"
+            "kv_groups must be a list of pagedkv.FullAttention() / pagedkv.SlidingWindow(window=W) \
+             / pagedkv.MambaState()"
                 .to_string(),
         ));
     };
@@ -116,12 +148,14 @@ pub(crate) fn parse_kv_groups(
                 Ok(KvGroupSpec::SlidingWindow {
                     window: w.get().window,
                 })
+            } else if item.cast::<PyMambaState>().is_ok() {
+                Ok(KvGroupSpec::MambaState)
             } else {
                 Err(invalid_argument(
                     py,
                     format!(
-                        "kv_groups[{i}] must be pagedkv.FullAttention() or \
-                         pagedkv.SlidingWindow(window=W)"
+                        "kv_groups[{i}] must be pagedkv.FullAttention(), \
+                         pagedkv.SlidingWindow(window=W) or pagedkv.MambaState()"
                     ),
                 ))
             }
@@ -139,6 +173,7 @@ pub(crate) fn groups_to_python(py: Python<'_>, groups: &[KvGroupSpec]) -> PyResu
             KvGroupSpec::SlidingWindow { window } => {
                 Ok(Py::new(py, PySlidingWindow { window })?.into_any())
             }
+            KvGroupSpec::MambaState => Ok(Py::new(py, PyMambaState)?.into_any()),
         })
         .collect()
 }

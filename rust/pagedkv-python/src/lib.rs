@@ -41,6 +41,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<manager::PyKvCacheManager>()?;
     m.add_class::<groups::PyFullAttention>()?;
     m.add_class::<groups::PySlidingWindow>()?;
+    m.add_class::<groups::PyMambaState>()?;
     m.add_class::<scheduling::PyCacheAwareQueue>()?;
     m.add_class::<prompt_hashes::PyPromptHashes>()?;
     sim::register(m)?;

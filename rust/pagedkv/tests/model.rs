@@ -181,7 +181,8 @@ fn chunk_op() -> impl Strategy<Value = Op> {
 }
 
 /// The group lists under test: the single full-attention group, full plus a window, a window
-/// alone, a window between two fulls, two windows, two full groups.
+/// alone, a window between two fulls, two windows, two full groups, full plus a state group, a
+/// state group alone, full plus a state group and a window.
 fn groups() -> impl Strategy<Value = Vec<KvGroupSpec>> {
     let w = (1usize..10).prop_map(|window| KvGroupSpec::SlidingWindow { window });
     let f = KvGroupSpec::FullAttention;
@@ -190,8 +191,11 @@ fn groups() -> impl Strategy<Value = Vec<KvGroupSpec>> {
         3 => w.clone().prop_map(move |w| vec![f, w]),
         1 => w.clone().prop_map(|w| vec![w]),
         1 => (w.clone(), w.clone()).prop_map(move |(a, b)| vec![a, f, b]),
-        1 => (w.clone(), w).prop_map(|(a, b)| vec![a, b]),
+        1 => (w.clone(), w.clone()).prop_map(|(a, b)| vec![a, b]),
         1 => Just(vec![f, f]),
+        3 => Just(vec![f, KvGroupSpec::MambaState]),
+        1 => Just(vec![KvGroupSpec::MambaState]),
+        1 => w.prop_map(move |w| vec![f, KvGroupSpec::MambaState, w]),
     ]
 }
 

@@ -88,6 +88,10 @@ enum Op {
     GroupViews(Vec<u64>, usize, usize),
     TakeNewBlockIds,
     StateHit(Option<Vec<u128>>, usize, usize),
+    /// `group_hits(hashes, max_tokens)`, read-only.
+    GroupHits(Option<Vec<u128>>, usize),
+    /// `new_step()`: a scheduler step starts.
+    NewStep,
     ReleaseSkipped(u64, usize),
 }
 
@@ -204,6 +208,8 @@ fn chunk_op() -> impl Strategy<Value = Op> {
         1 => (seq_id(), count()).prop_map(|(s, n)| Op::ReleaseSkipped(s, n)),
         1 => Just(Op::TakeNewBlockIds),
         1 => (hashes(), count(), group()).prop_map(|(h, n, g)| Op::StateHit(h, n, g)),
+        1 => (hashes(), count()).prop_map(|(h, n)| Op::GroupHits(h, n)),
+        1 => Just(Op::NewStep),
     ]
 }
 
@@ -443,6 +449,18 @@ fn apply(kv: &mut KvCacheManager, op: &Op, side_pool: &BlockPool) -> bool {
             );
             false
         }
+        Op::GroupHits(h, n) => {
+            let before = snapshot(kv);
+            let hits = kv.group_hits(h.as_deref().unwrap_or(&[]), *n);
+            assert_eq!(hits.len(), kv.kv_groups().len());
+            assert!(hits.iter().all(|&t| t <= *n));
+            assert_eq!(before, snapshot(kv), "group_hits changed the state");
+            false
+        }
+        Op::NewStep => {
+            kv.new_step();
+            false
+        }
         Op::ReleaseSkipped(s, n) => kv.release_skipped_blocks(*s, *n).is_err(),
         Op::TableMath(n, bs) => {
             let _ = BlockTable::blocks_for_tokens(*n, *bs);
@@ -468,6 +486,7 @@ fn managers() -> (Vec<KvCacheManager>, BlockPool) {
         ..Default::default()
     };
     let window = |window| KvGroupSpec::SlidingWindow { window };
+    let cached_state = cached.clone();
     let kvs = vec![
         KvCacheManager::with_pool(Arc::clone(&shared), cached.clone()).unwrap(),
         KvCacheManager::with_pool(shared, ManagerConfig::default()).unwrap(),
@@ -505,6 +524,16 @@ fn managers() -> (Vec<KvCacheManager>, BlockPool) {
             ..Default::default()
         })
         .unwrap(),
+        KvCacheManager::new(ManagerConfig {
+            num_blocks: 12,
+            block_size: 2,
+            kv_groups: vec![KvGroupSpec::FullAttention, KvGroupSpec::MambaState],
+            num_host_blocks: 4,
+            record_new_block_ids: true,
+            reserve_null_block: true,
+            ..cached_state
+        })
+        .unwrap(),
     ];
     (kvs, BlockPool::new(8, 4).unwrap())
 }
@@ -513,7 +542,7 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 1024, ..ProptestConfig::default() })]
 
     #[test]
-    fn no_public_call_panics(ops in prop::collection::vec((0usize..6, prop_oneof![3 => op(), 2 => chunk_op()]), 1..80)) {
+    fn no_public_call_panics(ops in prop::collection::vec((0usize..7, prop_oneof![3 => op(), 2 => chunk_op()]), 1..80)) {
         let (mut kvs, side_pool) = managers();
         for (which, op) in &ops {
             let kv = &mut kvs[*which];
@@ -569,6 +598,7 @@ proptest! {
             1 => prop::collection::vec(prop_oneof![
                 Just(KvGroupSpec::FullAttention),
                 count().prop_map(|window| KvGroupSpec::SlidingWindow { window }),
+                Just(KvGroupSpec::MambaState),
             ], 0..70),
         ],
         max_model_len in prop_oneof![3 => Just(usize::MAX), 1 => count()],

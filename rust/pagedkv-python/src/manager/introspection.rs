@@ -124,6 +124,37 @@ impl PyKvCacheManager {
         self.run(py, false, |kv| kv.longest_cached_block(&hashes, n, group))
     }
 
+    /// Each group's own hit, in tokens, of a prompt whose block hashes are `block_hashes`, at
+    /// most `max_tokens` tokens: each group on its own, not reconciled (vLLM's
+    /// `find_longest_cache_hit_per_group`): full attention's leading run of cached hashes, a
+    /// window group's run before the hit point, a state group's rightmost cached block.
+    /// `block_hashes` as in `cached_block`.
+    fn group_hits(
+        &self,
+        py: Python<'_>,
+        block_hashes: Vec<Bound<'_, PyAny>>,
+        max_tokens: usize,
+    ) -> PyResult<Vec<usize>> {
+        let bs = self.read(py, |kv| kv.block_size())?;
+        // Only the hashes a hit of `max_tokens` may read are converted.
+        let n = (max_tokens / bs).min(block_hashes.len());
+        let hashes = block_hashes[..n]
+            .iter()
+            .map(extract_block_hash)
+            .collect::<PyResult<Vec<_>>>()?;
+        self.run(py, false, |kv| Ok(kv.group_hits(&hashes, max_tokens)))
+    }
+
+    /// A new scheduler step starts (vLLM's `new_step_starts`): from the first call on, an
+    /// admission whose hit ends at a state block cached since the last call is refused
+    /// (`OutOfBlocksError`: that state's pass has not run yet).
+    fn new_step(&self, py: Python<'_>) -> PyResult<()> {
+        self.run(py, false, |kv| {
+            kv.new_step();
+            Ok(())
+        })
+    }
+
     /// In-use blocks / num_blocks, in [0, 1].
     #[getter]
     fn usage(&self, py: Python<'_>) -> PyResult<f64> {

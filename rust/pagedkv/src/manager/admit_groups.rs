@@ -6,11 +6,13 @@
 use std::sync::Arc;
 
 use super::config::{AdmitOptions, Prompt};
-use super::group_spec::NULL_BLOCK;
+use super::group_spec::{has_state_group, NULL_BLOCK};
 use super::hits::{GroupHit, Place};
 use super::keys::{given_prompt_hashes, BlockKeys, PromptHashes};
+use super::policy::{fresh_for_positions, state_table_bound};
 use super::state::{GroupTables, KvCacheManager, SeqHashing, Sequence};
 use crate::error::{invalid, Error, Result, Tier};
+use crate::prefix::hash::group_key;
 use crate::table::BlockTable;
 use crate::{BlockId, SeqId};
 
@@ -108,6 +110,12 @@ impl KvCacheManager {
         if self.seqs.contains_key(&seq_id) {
             return Err(Error::SequenceExists(seq_id));
         }
+        if o.num_lookahead_tokens > 0 && has_state_group(&self.config.kv_groups) {
+            return invalid(
+                "a MambaState group takes no lookahead slots (its state block is the chunk's \
+                 last token's)",
+            );
+        }
         let bs = self.block_size;
         let tokens = prompt.tokens();
         let num_tokens = prompt.len();
@@ -134,7 +142,11 @@ impl KvCacheManager {
                 places: vec![Vec::new(); self.num_groups()],
             },
         };
-        let plan = self.plan_admission(hit, num_tokens, o)?;
+        let state_this_step = match hashes.as_mut() {
+            Some(hs) if hit.num_blocks > 0 => self.hits_state_this_step(&hit, hs),
+            _ => false,
+        };
+        let plan = self.plan_admission(hit, num_tokens, o, state_this_step)?;
 
         // Reserve the fresh blocks; the cached hits are pinned so no eviction takes them.
         let mut fresh_blocks: Vec<BlockId> = Vec::with_capacity(plan.fresh);
@@ -263,9 +275,15 @@ impl KvCacheManager {
         let usable = self.num_usable_blocks();
         let needed = if o.reserve_prompt {
             let slots = num_tokens + o.num_lookahead_tokens.min(max_len - num_tokens);
-            slots.div_ceil(bs).saturating_mul(self.num_groups())
+            let positions = slots.div_ceil(bs);
+            fresh_for_positions(&self.config.kv_groups, 0, positions)
+                .max(state_table_bound(&self.config.kv_groups, positions))
         } else if o.require_full_prompt {
             self.admission_requirement(num_tokens, 0, &[], o.num_external_computed_tokens)
+                .max(state_table_bound(
+                    &self.config.kv_groups,
+                    num_tokens.min(max_len).div_ceil(bs),
+                ))
         } else {
             // Only the scheduled chunk must fit (`plan_admission`, once the hit is known).
             return Ok(());
@@ -305,7 +323,8 @@ impl KvCacheManager {
                     .admission_cap_blocks(bs, in_flight, max_len)
                     .map_or(full, |cap| full.min(cap));
                 let skipped = spec.skipped_blocks(computed_tokens, bs);
-                required.saturating_sub(hit_blocks.max(skipped))
+                let new = required.saturating_sub(hit_blocks.max(skipped));
+                spec.fresh_cap().map_or(new, |c| c.min(new))
                     + revived_per_group.get(g).copied().unwrap_or(0)
             })
             .fold(0usize, usize::saturating_add)
@@ -313,13 +332,16 @@ impl KvCacheManager {
 
     /// Counts what admitting with `hit` takes and checks it is available now (vLLM's two
     /// checks under the per-chunk contract, only the second without `require_full_prompt`,
-    /// the allocation's under the reserve one, each with the watermark): OutOfBlocks when not;
+    /// the allocation's under the reserve one, each with the watermark): OutOfBlocks when not,
+    /// or when the hit ends at a state block cached in this step (`state_this_step`: vLLM
+    /// counts the pool's blocks plus one then, so that the request waits for the next step);
     /// InvalidArgument when the scheduled chunk alone could never fit.
     fn plan_admission(
         &self,
         mut hit: GroupHit,
         num_tokens: usize,
         o: &AdmitOptions<'_>,
+        state_this_step: bool,
     ) -> Result<AdmitPlan> {
         let bs = self.block_size;
         let ng = self.num_groups();
@@ -352,11 +374,23 @@ impl KvCacheManager {
                 self.num_usable_blocks()
             ));
         }
+        let slots = if o.reserve_prompt {
+            num_tokens + o.num_lookahead_tokens.min(max_len - num_tokens)
+        } else {
+            num_computed
+                .saturating_add(o.num_lookahead_tokens)
+                .min(max_len)
+        };
+        let num_positions = slots.div_ceil(bs);
+        // A state group's new positions are null but the last (`fresh_positions`).
         let first_fresh: Vec<usize> = self
             .config
             .kv_groups
             .iter()
-            .map(|spec| spec.skipped_blocks(released_at, bs).max(h))
+            .map(|spec| {
+                let first = spec.skipped_blocks(released_at, bs).max(h);
+                spec.fresh_positions(first, num_positions).start
+            })
             .collect();
         // A window group whose window keeps none of the external tokens (one token) allocates
         // none for them; the others up to their end.
@@ -379,21 +413,14 @@ impl KvCacheManager {
                 hit.places[g][..skip].fill(Place::Released);
             }
         }
-        let slots = if o.reserve_prompt {
-            num_tokens + o.num_lookahead_tokens.min(max_len - num_tokens)
-        } else {
-            num_computed
-                .saturating_add(o.num_lookahead_tokens)
-                .min(max_len)
-        };
-        let num_positions = slots.div_ceil(bs);
         // Under the per-chunk contract a window group holds only what its window at the hit
         // leaves (the hit's earlier positions are released); under the reserve one, everything.
         let live = if o.reserve_prompt {
-            num_positions.saturating_mul(ng)
+            fresh_for_positions(&self.config.kv_groups, 0, num_positions)
         } else {
             self.live_positions(num_positions, released_at)
-        };
+        }
+        .max(state_table_bound(&self.config.kv_groups, num_positions));
         if live > self.num_usable_blocks() {
             return invalid(format!(
                 "the scheduled {} tokens need {live} blocks over {ng} kv_groups, more than the \
@@ -436,6 +463,9 @@ impl KvCacheManager {
             needed_blocks: needed,
             available_blocks: available,
         };
+        if state_this_step {
+            return Err(short(self.num_usable_blocks() + 1));
+        }
         if !o.reserve_prompt && o.require_full_prompt {
             let required = self
                 .admission_requirement(num_tokens, h, &revived_per_group, released_at)
@@ -457,6 +487,22 @@ impl KvCacheManager {
             num_computed,
             first_fresh,
             external_end,
+        })
+    }
+
+    /// Whether `hit` ends, in a state group, at a device block whose content a state block
+    /// cached in this step holds (vLLM's `cached_blocks_this_step`; prefix/states_this_step.rs).
+    fn hits_state_this_step(&self, hit: &GroupHit, hashes: &mut PromptHashes<'_>) -> bool {
+        let Some(prefix) = self.prefix.as_ref() else {
+            return false;
+        };
+        let last = hit.num_blocks - 1;
+        self.config.kv_groups.iter().enumerate().any(|(g, spec)| {
+            spec.is_state()
+                && matches!(hit.places[g].get(last), Some(Place::Device(_)))
+                && prefix
+                    .states_this_step
+                    .contains(group_key(g as u32, hashes.get(last)))
         })
     }
 

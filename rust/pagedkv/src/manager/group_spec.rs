@@ -41,6 +41,16 @@ pub enum KvGroupSpec {
         /// Tokens each query sees, itself included (`>= 1`).
         window: usize,
     },
+    /// A recurrent layer's state (vLLM's `MambaSpec` in its `"align"` mode, no speculative
+    /// blocks): each allocation (an admission's chunk, a running sequence's chunk or append)
+    /// gives the group one block, at the position of the chunk's last token, which holds the
+    /// state there; the chunk's earlier new positions are [`NULL_BLOCK`] from the start. A
+    /// state block is released once the processed watermark passes its block by a token (the
+    /// release of a window of 2 tokens), so a table is null but for its last state blocks, and
+    /// its nulls are not a leading run. A hit is the rightmost cached state block, alone
+    /// (docs/design.md, KV groups, "State groups"). Lookahead slots, watermark rollbacks and
+    /// `truncate` are refused for a manager with such a group (a state cannot be rolled back).
+    MambaState,
 }
 
 impl KvGroupSpec {
@@ -49,8 +59,21 @@ impl KvGroupSpec {
         match *self {
             KvGroupSpec::FullAttention => None,
             KvGroupSpec::SlidingWindow { window } => Some(window),
+            KvGroupSpec::MambaState => None,
         }
     }
+
+    /// Whether this is a state group ([`KvGroupSpec::MambaState`]).
+    #[inline]
+    pub fn is_state(&self) -> bool {
+        matches!(self, KvGroupSpec::MambaState)
+    }
+}
+
+/// Whether any group of `groups` is a state group (lookahead, rollbacks and truncation are
+/// refused then: a recurrent state holds no earlier position to go back to).
+pub(crate) fn has_state_group(groups: &[KvGroupSpec]) -> bool {
+    groups.iter().any(KvGroupSpec::is_state)
 }
 
 /// InvalidArgument unless `groups` is a usable group list: at least one group, at most

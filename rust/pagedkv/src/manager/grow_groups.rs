@@ -12,6 +12,7 @@ use rustc_hash::FxHashMap;
 
 use super::checks::check_distinct;
 use super::group_spec::NULL_BLOCK;
+use super::policy::{fresh_for_positions, grow_table, state_table_bound};
 use super::state::KvCacheManager;
 use crate::error::{invalid, Error, Result};
 use crate::{BlockId, SeqId, TokenId};
@@ -48,10 +49,12 @@ impl KvCacheManager {
         let bs = self.block_size;
         let ng = self.num_groups();
         let positions = new_len.div_ceil(bs).max(seq.num_positions());
-        if positions
-            .checked_mul(ng)
-            .map_or(true, |n| n > self.num_usable_blocks())
-        {
+        // A state group holds one block per allocation, the others every position.
+        let held = self.config.kv_groups.iter().try_fold(0usize, |n, spec| {
+            n.checked_add(spec.fresh_cap().map_or(positions, |c| c.min(positions)))
+        });
+        let held = held.map(|n| n.max(state_table_bound(&self.config.kv_groups, positions)));
+        if held.map_or(true, |n| n > self.num_usable_blocks()) {
             return invalid(format!(
                 "{new_len} tokens need {positions} blocks in each of {ng} kv_groups, more than the \
                  pool's {} blocks",
@@ -67,7 +70,8 @@ impl KvCacheManager {
                 b != NULL_BLOCK && self.copy_needed(b, cow_releases)
             })
             .collect();
-        let fresh = (positions - seq.num_positions()) * ng + copies.iter().filter(|&&c| c).count();
+        let fresh = fresh_for_positions(&self.config.kv_groups, seq.num_positions(), positions)
+            + copies.iter().filter(|&&c| c).count();
         Ok(GroupGrowth {
             seq_id,
             fresh,
@@ -102,7 +106,10 @@ impl KvCacheManager {
         for plan in plans {
             let seq = &self.seqs[&plan.seq_id];
             for (g, &(first, end)) in plan.release.iter().enumerate() {
-                for &b in &seq.group_table(g)[first..end] {
+                for &b in seq.group_table(g)[first..end]
+                    .iter()
+                    .filter(|&&b| b != NULL_BLOCK)
+                {
                     *drops.entry(b).or_default() += 1;
                 }
             }
@@ -203,8 +210,9 @@ impl KvCacheManager {
                 copied.push((src, dst));
                 self.note_placed(seq_id, g, t / bs..t / bs + 1, true);
             }
+            let spec = self.config.kv_groups[g];
             let table = self.seqs.at_mut(row).group_table_mut(g);
-            table.extend(supply.by_ref().take(positions - old_positions));
+            grow_table(&spec, table, positions, supply);
         }
         self.note_placed_all(seq_id, old_positions..positions, true);
         let seq = self.seqs.at_mut(row);

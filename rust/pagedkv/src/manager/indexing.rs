@@ -87,6 +87,13 @@ pub(super) fn index_ready_in(
             if spec.caches_blocks(bs) {
                 let table = group_slice(table, groups, g);
                 enter_group(prefix, pool, h, table, g as u32, start..end, bs, caller);
+                if spec.is_state() {
+                    // Cached in this step, whichever block the index keeps for the content.
+                    for i in (start..end).filter(|&i| table[i] != NULL_BLOCK) {
+                        let key = group_key(g as u32, h.block_hashes[i]);
+                        prefix.states_this_step.note(key);
+                    }
+                }
             }
         }
         h.pending_tokens.drain(..(end - start) * bs);

@@ -4,7 +4,8 @@
 //! ([`hybrid_hit`], vLLM's `HybridKVCacheCoordinator.find_longest_cache_hit`). Nothing else in
 //! the manager branches on a group's kind.
 
-use super::group_spec::KvGroupSpec;
+use super::group_spec::{KvGroupSpec, NULL_BLOCK};
+use crate::BlockId;
 
 impl KvGroupSpec {
     /// Leading blocks of a sequence with `processed` processed tokens that no later query of
@@ -19,6 +20,31 @@ impl KvGroupSpec {
             KvGroupSpec::SlidingWindow { window } => {
                 processed.saturating_sub(window - 1) / block_size
             }
+            // Only the state after the last processed token is read next: a window of 2
+            // tokens' rule (vLLM's `get_num_skipped_tokens` is `num_computed - 1`).
+            KvGroupSpec::MambaState => processed.saturating_sub(1) / block_size,
+        }
+    }
+
+    /// The positions of an allocation's new positions `first..end` that take a fresh block:
+    /// all of them, but for a state group only the last (the chunk's last token's; vLLM's
+    /// align-mode `allocate_new_blocks` pads the others with the null block).
+    #[inline]
+    pub(crate) fn fresh_positions(&self, first: usize, end: usize) -> std::ops::Range<usize> {
+        match *self {
+            KvGroupSpec::MambaState if end > first => end - 1..end,
+            _ => first..end.max(first),
+        }
+    }
+
+    /// The most fresh blocks one allocation gives the group: `Some(1)` for a state group
+    /// (vLLM's align-mode `get_num_blocks_to_allocate` caps its count at one block), `None`
+    /// for the others.
+    #[inline]
+    pub(crate) fn fresh_cap(&self) -> Option<usize> {
+        match *self {
+            KvGroupSpec::MambaState => Some(1),
+            _ => None,
         }
     }
 
@@ -33,6 +59,7 @@ impl KvGroupSpec {
             KvGroupSpec::SlidingWindow { window } => {
                 contiguous_blocks_for_hit(window, block_size) > 0
             }
+            KvGroupSpec::MambaState => true,
         }
     }
 
@@ -49,7 +76,7 @@ impl KvGroupSpec {
         max_model_len: usize,
     ) -> Option<usize> {
         match *self {
-            KvGroupSpec::FullAttention => None,
+            KvGroupSpec::FullAttention | KvGroupSpec::MambaState => None,
             KvGroupSpec::SlidingWindow { window } => {
                 let tokens = (window - 1)
                     .saturating_add(max_in_flight_tokens)
@@ -61,7 +88,7 @@ impl KvGroupSpec {
 
     /// The group's own hit finder: the longest hit, in blocks, `<= max_blocks`, the group can
     /// serve when `cached(i)` says whether its block `i` is cached. Full attention: the leading
-    /// run of cached blocks. A window: see [`window_hit`].
+    /// run of cached blocks. A window: see [`window_hit`]; a state group: [`state_hit`].
     #[inline]
     pub(crate) fn longest_hit(
         &self,
@@ -78,7 +105,43 @@ impl KvGroupSpec {
                 contiguous_blocks_for_hit(window, block_size),
                 cached,
             ),
+            KvGroupSpec::MambaState => state_hit(max_blocks, cached),
         }
+    }
+}
+
+/// Extends group table `table` (of kind `spec`) to `end` positions for one allocation: the
+/// positions [`KvGroupSpec::fresh_positions`] names take blocks from `supply`, the others the
+/// null entry. Nothing when the table reaches `end` already.
+pub(crate) fn grow_table(
+    spec: &KvGroupSpec,
+    table: &mut Vec<BlockId>,
+    end: usize,
+    supply: &mut impl Iterator<Item = BlockId>,
+) {
+    let fresh = spec.fresh_positions(table.len(), end);
+    table.resize(fresh.start, NULL_BLOCK);
+    table.extend(supply.take(fresh.len()));
+}
+
+/// Fresh blocks over every group of `specs` when their tables grow from `first` to `end`
+/// positions in one allocation.
+pub(crate) fn fresh_for_positions(specs: &[KvGroupSpec], first: usize, end: usize) -> usize {
+    specs
+        .iter()
+        .map(|s| s.fresh_positions(first, end).len())
+        .fold(0usize, usize::saturating_add)
+}
+
+/// The least a sequence of `positions` table positions must be able to hold for a manager with
+/// groups `specs`, whatever its groups release: its positions when a state group is among
+/// them (its table is that long, null but for its state blocks, so a prompt the pool could
+/// never hold block for block is refused as a full-attention group's is), else 0.
+pub(crate) fn state_table_bound(specs: &[KvGroupSpec], positions: usize) -> usize {
+    if specs.iter().any(KvGroupSpec::is_state) {
+        positions
+    } else {
+        0
     }
 }
 

@@ -2,7 +2,7 @@
 //! tokens of speculative decoding, pruned beams), in O(dropped blocks)
 //! (docs/design.md, Truncate).
 
-use super::group_spec::NULL_BLOCK;
+use super::group_spec::{has_state_group, NULL_BLOCK};
 use super::state::KvCacheManager;
 use crate::error::{invalid, Error, Result};
 use crate::prefix::hash::group_key;
@@ -54,6 +54,12 @@ impl KvCacheManager {
         }
         if num_tokens == old_len {
             return Ok(());
+        }
+        if has_state_group(&self.config.kv_groups) {
+            return invalid(format!(
+                "cannot truncate sequence {seq_id}: a MambaState group's state block holds the \
+                 state at its last token, with no earlier one to go back to"
+            ));
         }
         let keep_blocks = num_tokens.div_ceil(bs);
         if !self.plain {

@@ -5,8 +5,9 @@
 use rustc_hash::FxHashMap;
 
 use super::config::SlotOptions;
-use super::group_spec::NULL_BLOCK;
+use super::group_spec::{has_state_group, NULL_BLOCK};
 use super::keys::BlockKeys;
+use super::policy::{fresh_for_positions, grow_table, state_table_bound};
 use super::state::KvCacheManager;
 use crate::error::{invalid, Error, Result};
 use crate::prefix::hash::BlockHash;
@@ -122,12 +123,9 @@ impl KvCacheManager {
                 self.copy_on_write(src, dst);
                 self.note_placed(seq_id, g, at..at + 1, true);
             }
+            let spec = self.config.kv_groups[g];
             let table = self.seqs.at_mut(row).group_table_mut(g);
-            table.extend(
-                supply
-                    .by_ref()
-                    .take(plan.positions.saturating_sub(old_positions)),
-            );
+            grow_table(&spec, table, plan.positions, &mut supply);
         }
         debug_assert!(supply.next().is_none());
         self.note_placed_all(
@@ -154,7 +152,11 @@ impl KvCacheManager {
         self.config
             .kv_groups
             .iter()
-            .map(|spec| positions - spec.skipped_blocks(processed, bs).min(positions))
+            .map(|spec| {
+                let live = positions - spec.skipped_blocks(processed, bs).min(positions);
+                // A state group's new block at least (a lower bound: "never fits" only).
+                spec.fresh_cap().map_or(live, |c| c.min(live))
+            })
             .fold(0usize, usize::saturating_add)
     }
 
@@ -170,6 +172,14 @@ impl KvCacheManager {
         let ng = self.num_groups();
         let ours = seq.num_computed;
         let c = o.num_computed_tokens.unwrap_or(ours);
+        if has_state_group(&self.config.kv_groups) && (c < ours || o.num_lookahead_tokens > 0) {
+            // A state block holds the state at one token: there is no earlier one to roll back
+            // to, and a lookahead slot would put the chunk's state block past its last token.
+            return invalid(format!(
+                "sequence {seq_id}: a MambaState group takes no lookahead slots and no rollback                  of the computed watermark ({c} given, {ours} computed, {} lookahead)",
+                o.num_lookahead_tokens
+            ));
+        }
         self.check_watermark(seq_id, c)?;
         let len = seq.num_positions();
         let end = c
@@ -187,7 +197,9 @@ impl KvCacheManager {
         let positions = target.div_ceil(bs).max(len);
         // Could it ever fit, with nothing else in the pool: a window group holds only the
         // positions its release at the processed watermark leaves, not its table's length.
-        let live = self.live_positions(positions, c.saturating_sub(o.num_in_flight_tokens));
+        let live = self
+            .live_positions(positions, c.saturating_sub(o.num_in_flight_tokens))
+            .max(state_table_bound(&self.config.kv_groups, positions));
         if live > self.num_usable_blocks() {
             return invalid(format!(
                 "{target} slots need {live} blocks over {ng} kv_groups, more than the pool's {}",
@@ -230,7 +242,8 @@ impl KvCacheManager {
                     .collect()
             })
             .collect();
-        let fresh = (positions - len) * ng + copies.iter().map(Vec::len).sum::<usize>();
+        let fresh = fresh_for_positions(&self.config.kv_groups, len, positions)
+            + copies.iter().map(Vec::len).sum::<usize>();
         Ok(SlotPlan {
             computed: c,
             positions,

@@ -10,7 +10,8 @@ use crate::{BlockId, SeqId};
 impl KvCacheManager {
     /// Per group, the positions `first..end` of resident sequence `seq_id` that a processed
     /// watermark of `processed` tokens releases: `end` is the group's `skipped_blocks` (at most
-    /// the table's length), `first` the first live position (released ones are a leading run).
+    /// the table's length), `first` the first live position (released ones are a leading run,
+    /// but in a state group, whose null positions before `first..end` may be interior too).
     pub(super) fn release_plan(&self, seq_id: SeqId, processed: usize) -> Vec<(usize, usize)> {
         let seq = &self.seqs[&seq_id];
         self.config
@@ -22,10 +23,18 @@ impl KvCacheManager {
                 let end = spec
                     .skipped_blocks(processed, self.block_size)
                     .min(table.len());
-                let first = table[..end]
-                    .iter()
-                    .rposition(|&b| b == NULL_BLOCK)
-                    .map_or(0, |p| p + 1);
+                let first = if spec.is_state() {
+                    // A state group's nulls are interior too: from its first live position.
+                    table[..end]
+                        .iter()
+                        .position(|&b| b != NULL_BLOCK)
+                        .unwrap_or(end)
+                } else {
+                    table[..end]
+                        .iter()
+                        .rposition(|&b| b == NULL_BLOCK)
+                        .map_or(0, |p| p + 1)
+                };
                 (first, end)
             })
             .collect()
@@ -44,6 +53,7 @@ impl KvCacheManager {
                 (first..end)
                     .rev()
                     .map(|i| std::mem::replace(&mut table[i], NULL_BLOCK))
+                    .filter(|&b| b != NULL_BLOCK)
                     .collect()
             };
             for b in released {

@@ -19,6 +19,7 @@ pub(crate) mod hash_slots;
 pub(crate) mod index;
 pub(crate) mod lru;
 pub(crate) mod pins;
+pub(crate) mod states_this_step;
 
 use std::sync::Arc;
 
@@ -28,6 +29,7 @@ use self::eviction_order::EvictionOrder;
 use self::hash::{content_hash, BlockHash, BlockHasher, ChainHasher};
 use self::index::{BlockIndex, Entered};
 use self::pins::Pins;
+use self::states_this_step::StatesThisStep;
 use crate::pool::BlockPool;
 use crate::{BlockId, TokenId};
 
@@ -55,6 +57,8 @@ pub(crate) struct PrefixCache {
     /// Whether the manager has several KV-cache groups: its events then carry each block's
     /// group (`group_idx`), and a single-group manager's keep `None` (docs/design.md, KV groups).
     pub(crate) grouped: bool,
+    /// The state blocks cached in the current step (`states_this_step.rs`).
+    pub(crate) states_this_step: StatesThisStep,
 }
 
 impl PrefixCache {
@@ -76,6 +80,7 @@ impl PrefixCache {
             blocks_evicted: 0,
             pins: Pins::default(),
             grouped: false,
+            states_this_step: StatesThisStep::default(),
         }
     }
 

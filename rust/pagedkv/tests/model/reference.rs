@@ -14,7 +14,9 @@ use std::collections::{BTreeMap, HashMap};
 
 use pagedkv::{Error, KvGroupSpec, Tier};
 
-use crate::policy::{caches, cap, hit_len, skipped, Limits};
+use crate::policy::{
+    caches, cap, fresh_cap, fresh_for, grow, hit_len, skipped, table_bound, Limits,
+};
 
 pub type MBlock = u64;
 /// (group, extra key, every token up to the block's end).
@@ -290,26 +292,30 @@ impl Model {
         let bs = self.block_size;
         let ng = self.ng();
         let lim = self.limits;
+        if lookahead > 0 && self.specs.contains(&KvGroupSpec::MambaState) {
+            return Err(Kind::Invalid);
+        }
         if n > lim.max_model_len {
             return Err(Kind::Invalid);
         }
         let full = n.min(lim.max_model_len).div_ceil(bs);
         let external = if reserve { 0 } else { external };
         let never = if reserve {
-            (n + lookahead.min(lim.max_model_len - n))
-                .div_ceil(bs)
-                .saturating_mul(ng)
+            let positions = (n + lookahead.min(lim.max_model_len - n)).div_ceil(bs);
+            fresh_for(&self.specs, 0, positions).max(table_bound(&self.specs, positions))
         } else if !whole {
             0
         } else {
             self.specs
                 .iter()
                 .map(|&s| {
-                    cap(s, bs, lim)
+                    let new = cap(s, bs, lim)
                         .map_or(full, |c| full.min(c))
-                        .saturating_sub(skipped(s, external, bs))
+                        .saturating_sub(skipped(s, external, bs));
+                    fresh_cap(s).map_or(new, |c| c.min(new))
                 })
                 .fold(0usize, usize::saturating_add)
+                .max(table_bound(&self.specs, full))
         };
         if never > self.num_blocks {
             return Err(Kind::Invalid);
@@ -327,8 +333,8 @@ impl Model {
         if external > 0 && at.div_ceil(bs) > self.num_blocks {
             return Err(Kind::Invalid);
         }
-        // Per group, the positions before its first fresh one are the hit's or released.
-        let first: Vec<usize> = self
+        // Per group, the positions before `base` are the hit's or released.
+        let base: Vec<usize> = self
             .specs
             .iter()
             .map(|&s| skipped(s, at, bs).max(l))
@@ -344,11 +350,21 @@ impl Model {
             computed.saturating_add(lookahead).min(lim.max_model_len)
         };
         let positions = slots.div_ceil(bs);
+        // The first fresh position: a state group's is its last new one.
+        let first: Vec<usize> = base
+            .iter()
+            .zip(&self.specs)
+            .map(|(&b, &s)| match s {
+                KvGroupSpec::MambaState if positions > b => positions - 1,
+                _ => b,
+            })
+            .collect();
         let live = if reserve {
-            positions.saturating_mul(ng)
+            fresh_for(&self.specs, 0, positions)
         } else {
             self.live(positions, at)
-        };
+        }
+        .max(table_bound(&self.specs, positions));
         if live > self.num_blocks {
             return Err(Kind::Invalid);
         }
@@ -371,10 +387,10 @@ impl Model {
                 .iter()
                 .enumerate()
                 .map(|(g, &s)| {
-                    cap(s, bs, lim)
+                    let new = cap(s, bs, lim)
                         .map_or(full, |c| full.min(c))
-                        .saturating_sub(first[g])
-                        + revived_per[g]
+                        .saturating_sub(base[g]);
+                    fresh_cap(s).map_or(new, |c| c.min(new)) + revived_per[g]
                 })
                 .fold(0usize, usize::saturating_add)
                 + wm;
@@ -482,7 +498,13 @@ impl Model {
         let t = s.num_tokens;
         let new_len = t.checked_add(n).ok_or(Kind::Invalid)?;
         let positions = new_len.div_ceil(bs).max(s.len());
-        if positions.saturating_mul(self.ng()) > self.num_blocks {
+        let held = self
+            .specs
+            .iter()
+            .map(|&spec| fresh_cap(spec).map_or(positions, |c| c.min(positions)))
+            .fold(0usize, usize::saturating_add)
+            .max(table_bound(&self.specs, positions));
+        if held > self.num_blocks {
             return Err(Kind::Invalid);
         }
         let copies: Vec<bool> = (0..self.ng())
@@ -492,7 +514,8 @@ impl Model {
                     && s.tables[g][t / bs].is_some_and(|b| self.copy_needed(b, released))
             })
             .collect();
-        let fresh = (positions - s.len()) * self.ng() + copies.iter().filter(|&&c| c).count();
+        let fresh =
+            fresh_for(&self.specs, s.len(), positions) + copies.iter().filter(|&&c| c).count();
         Ok((fresh, copies))
     }
 
@@ -516,9 +539,7 @@ impl Model {
                 self.pending_copies.push((old, dst));
                 srcs.push(old);
             }
-            while s.tables[g].len() < positions {
-                s.tables[g].push(Some(supply.next().unwrap()));
-            }
+            grow(self.specs[g], &mut s.tables[g], positions, supply);
         }
         s.num_tokens += n;
         s.computed = s.num_tokens;
@@ -642,6 +663,9 @@ impl Model {
         }
         if n == s.num_tokens {
             return Ok(());
+        }
+        if self.specs.contains(&KvGroupSpec::MambaState) {
+            return Err(Kind::Invalid);
         }
         let bs = self.block_size;
         let keep = n.div_ceil(bs);

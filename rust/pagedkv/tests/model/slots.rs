@@ -4,7 +4,9 @@
 
 use std::collections::HashMap;
 
-use crate::policy::skipped;
+use pagedkv::KvGroupSpec;
+
+use crate::policy::{fresh_for, grow, skipped, table_bound};
 use crate::reference::{Kind, MSeq, Model};
 
 impl Model {
@@ -41,6 +43,9 @@ impl Model {
         let ng = self.ng();
         let ours = s.computed;
         let c = caller_computed.unwrap_or(ours);
+        if self.specs.contains(&KvGroupSpec::MambaState) && (c < ours || lookahead > 0) {
+            return Err(Kind::Invalid);
+        }
         self.check_watermark(s, c)?;
         let len = s.len();
         let end = c
@@ -49,7 +54,8 @@ impl Model {
             .ok_or(Kind::Invalid)?;
         let target = end.saturating_add(lookahead).min(self.limits.max_model_len);
         let positions = target.div_ceil(bs).max(len);
-        if self.live(positions, c.saturating_sub(in_flight)) > self.num_blocks {
+        let live = self.live(positions, c.saturating_sub(in_flight));
+        if live.max(table_bound(&self.specs, positions)) > self.num_blocks {
             return Err(Kind::Invalid);
         }
         let known = s.tokens.as_ref().map_or(0, Vec::len);
@@ -81,7 +87,8 @@ impl Model {
                     .collect()
             })
             .collect();
-        let fresh = (positions - len) * ng + copies.iter().map(Vec::len).sum::<usize>();
+        let fresh =
+            fresh_for(&self.specs, len, positions) + copies.iter().map(Vec::len).sum::<usize>();
         self.release_window(id, c.saturating_sub(in_flight));
         if fresh > self.available() {
             return Ok(false);
@@ -95,9 +102,7 @@ impl Model {
                 self.pending_copies.push((src, dst));
                 self.release(src);
             }
-            while s.tables[g].len() < positions {
-                s.tables[g].push(Some(supply.next().unwrap()));
-            }
+            grow(self.specs[g], &mut s.tables[g], positions, &mut supply);
         }
         s.num_tokens = num_tokens;
         s.computed = end;

@@ -4,7 +4,9 @@
 
 use std::collections::HashMap;
 
-use crate::policy::skipped;
+use pagedkv::KvGroupSpec;
+
+use crate::policy::{fresh_cap, skipped};
 use crate::reference::{Kind, MBlock, Model};
 
 impl Model {
@@ -14,7 +16,10 @@ impl Model {
         let bs = self.block_size;
         self.specs
             .iter()
-            .map(|&spec| positions - skipped(spec, processed, bs).min(positions))
+            .map(|&spec| {
+                let live = positions - skipped(spec, processed, bs).min(positions);
+                fresh_cap(spec).map_or(live, |c| c.min(live))
+            })
             .fold(0usize, usize::saturating_add)
     }
 
@@ -28,6 +33,8 @@ impl Model {
                 let slot = &mut self.seqs.get_mut(&id).unwrap().tables[g][i];
                 match slot.take() {
                     Some(b) => self.release(b),
+                    // A state group's nulls are interior too: every position below `end`.
+                    None if spec == KvGroupSpec::MambaState => {}
                     None => break,
                 }
             }
@@ -55,6 +62,7 @@ impl Model {
                 for b in s.tables[g][..end].iter().rev() {
                     match b {
                         Some(b) => *drops.entry(*b).or_insert(0) += 1,
+                        None if spec == KvGroupSpec::MambaState => {}
                         None => break,
                     }
                 }
