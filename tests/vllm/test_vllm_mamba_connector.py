@@ -315,3 +315,45 @@ def test_hostile_arguments_are_typed_errors() -> None:
     assert coordinator.find_longest_cache_hit_per_group([], BS - 1) == (([], []), (0, 0))
     assert pair.probe(prompt, len(prompt) - 1) == (3 * BS, 3 * BS)
     pair.check()
+
+
+def test_a_diverged_hit_falls_back_or_is_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scheduler's protocol around a diverged hit, on pagedkv's manager: the look-up answers
+    full attention's hit, diverged (vLLM's answer); the scheduler's fallback to the reconciled
+    hit (``get_computed_blocks``, no connector tokens) admits as usual; an admission of the
+    diverged hit with a connector's tokens is refused by name, changing nothing; a new step
+    forgets the look-up. vLLM looks per group only with a Mamba group, which pagedkv's manager
+    refuses at construction, so the rule is switched on here for a window group that lags full
+    attention (hybrid_hits.diverges), the lagging group the Mamba group would be."""
+    from pagedkv.errors import UnsupportedVllmFeatureError
+    from pagedkv.integrations.vllm import hybrid_hits
+    from vllm.v1.request import RequestStatus
+
+    monkeypatch.setattr(hybrid_hits, "diverges", lambda manager: True)
+    pair = _Pair("window12")
+    prompt = list(range(1, 5 * BS + 2))
+    pair.admit("a", prompt)
+    pair.evict("a", {1: {3}})  # the window's hit: 3 blocks; full attention's: 5
+    m = pair.m["pagedkv"]
+    r = pair.request("q", prompt + list(range(5000, 5000 + 2 * BS)))
+    blocks, hit, boundary, diverged = m.get_computed_blocks_for_connector(r)
+    assert (hit, boundary, diverged) == (5 * BS, 0, True)
+    assert [len(row) for row in blocks.blocks] == [5, 3]
+    free = m.block_pool.get_num_free_blocks()
+    with pytest.raises(UnsupportedVllmFeatureError, match="diverged"):
+        m.allocate_slots(r, 1, hit, blocks, num_external_computed_tokens=BS)
+    assert m.block_pool.get_num_free_blocks() == free and r.request_id not in m._reqs
+    # A look-up a step before: forgotten at the step's start.
+    r2 = pair.request("q2", prompt)
+    blocks, hit, _, diverged = m.get_computed_blocks_for_connector(r2)
+    assert diverged and m._diverged_hits
+    m.new_step_starts()
+    assert not m._diverged_hits
+    # The scheduler's fallback (no connector tokens): the reconciled hit, admitted.
+    m.get_computed_blocks_for_connector(r)
+    blocks, hit = m.get_computed_blocks(r)[:2]
+    assert hit == 3 * BS
+    assert m.allocate_slots(r, r.num_tokens - hit, hit, blocks, num_external_computed_tokens=0) is not None
+    r.status = RequestStatus.RUNNING
+    m.free(r)
+    m.check_invariants()

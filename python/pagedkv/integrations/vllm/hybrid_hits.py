@@ -21,10 +21,13 @@ answers; aux_outputs.py), so the answers are vLLM's for the same cached contents
 
 ``get_computed_blocks_for_connector`` (the scheduler's look-up when its connector
 ``supports_divergent_local_hybrid_hits``) is ``get_computed_blocks``'s unless the config has a
-Mamba group and a full-attention group, as vLLM's manager decides it. Mamba groups are refused
-at construction today (support.py): the Mamba rule here answers vLLM's finder on pagedkv's index
-(tests/vllm/test_vllm_mamba.py checks the core's own state look-up against it) for when they are
-accepted.
+Mamba group and a full-attention group, as vLLM's manager decides it. A diverged hit (full
+attention deeper than a Mamba group's) is vLLM's answer too, recorded for the step
+(``manager._diverged_hits``, cleared at ``new_step_starts``): the scheduler falls back to the
+reconciled hit when the connector has no tokens, and an admission of the diverged hit with
+the connector's tokens is refused by name (``check_admission``; what it needs:
+docs/integrations/vllm.md, Mamba). The Mamba rule answers vLLM's finder on pagedkv's index
+(checked against vLLM's ``MambaManager`` in tests/vllm/test_vllm_mamba_connector.py).
 
 Nothing here is on the scheduler's hot path: vLLM calls the per-group look-up only for a
 connector that asks for it (the offloading connector's bound, the divergent-hit look-up).
@@ -197,13 +200,14 @@ def get_computed_blocks_for_connector(
         return (*manager.get_computed_blocks(request, max_cache_hit_length), False)
     num_local = hits[fa]
     if min(hits) < num_local:
-        # Admitting full attention's deeper hit (the connector restoring the lagging groups'
-        # state at its boundary) needs the core to take that hit rather than the reconciled
-        # one; not built: refused by name rather than admitting another hit.
-        raise UnsupportedVllmFeatureError(
-            "a diverged per-group prefix hit (full attention deeper than a Mamba group) for a "
-            "connector that restores the Mamba state (supports_divergent_local_hybrid_hits)"
-        )
+        # vLLM's answer: full attention's hit, diverged. The scheduler then asks its connector;
+        # with no external tokens it falls back to get_computed_blocks (the reconciled hit,
+        # answered as there). Admitting the diverged hit itself (the connector restoring the
+        # lagging groups' state at its boundary) is refused at that admission
+        # (check_admission): it needs the core to take full attention's hit where the
+        # fixed point is shorter.
+        manager._diverged_hits[request.request_id] = num_local
+        return manager.create_kv_cache_blocks(computed), num_local, 0, True
     # Every group agrees: that hit is the reconciled one (each finder maps it to itself), so
     # the admission takes it as it takes get_computed_blocks' (a capped look-up's hit held to
     # its cap, as there). vLLM reports no shared-prefix boundary and no hit events here.
@@ -212,3 +216,16 @@ def get_computed_blocks_for_connector(
     if max_cache_hit_length < request.num_tokens - 1:
         manager._hit_caps[request_id] = num_local
     return manager.create_kv_cache_blocks(computed), num_local, 0, False
+
+
+def check_admission(manager: KVCacheManager, request: Any, num_new_computed_tokens: int) -> None:
+    """Refuses (by name) an admission with a connector's tokens that takes a diverged hit
+    (``get_computed_blocks_for_connector``'s, in this step); an admission with another hit (the
+    scheduler's fallback to the reconciled one) goes on."""
+    diverged = manager._diverged_hits.pop(request.request_id, None)
+    if diverged is not None and diverged == num_new_computed_tokens:
+        raise UnsupportedVllmFeatureError(
+            f"request {request.request_id!r}: a KV connector's tokens on top of a diverged local "
+            f"hit ({diverged} tokens of full attention, deeper than a Mamba group's: "
+            "supports_divergent_local_hybrid_hits)"
+        )

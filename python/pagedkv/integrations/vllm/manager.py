@@ -161,6 +161,8 @@ class KVCacheManager:
         self._held_hashes: dict[str, bool] = {}
         # Hits that get_computed_blocks capped (max_cache_hit_length): request id -> hit tokens.
         self._hit_caps: dict[str, int] = {}
+        # Diverged per-group hits a connector's look-up answered this step (hybrid_hits.py).
+        self._diverged_hits: dict[str, int] = {}
         self._zero_again: list[int] = []
         # Speculative decoders' options (draft.py swaps these in when one is set): whether every
         # admission takes its hit's hashes only, the re-prefillable tokens, and the hooks that
@@ -201,7 +203,9 @@ class KVCacheManager:
         return self.block_pool.get_usage()
 
     def new_step_starts(self) -> None:
-        """Nothing to do: pagedkv keeps no per-step state for attention groups."""
+        """Forgets the diverged hits of the last step's look-ups (hybrid_hits.py)."""
+        if self._diverged_hits:
+            self._diverged_hits.clear()
 
     def take_kv_cache_block_copies(self) -> tuple[list[KVCacheBlockCopy], list[KVCacheBlock]]:
         """No copies: hits are whole blocks (hash block size = block size), never copied."""
@@ -341,6 +345,8 @@ class KVCacheManager:
                 skip_zeroing_group_ids,
                 request.num_tokens - num_new_computed_tokens,
             )
+            if self._diverged_hits:
+                hybrid_hits.check_admission(self, request, num_new_computed_tokens)
         if num_encoder_tokens and self._cross is not None:
             # (vLLM ignores encoder tokens without a cross-attention group.)
             return self._cross.admit(
