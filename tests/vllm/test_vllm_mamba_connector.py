@@ -357,3 +357,161 @@ def test_a_diverged_hit_falls_back_or_is_refused_by_name(monkeypatch: pytest.Mon
     r.status = RequestStatus.RUNNING
     m.free(r)
     m.check_invariants()
+
+
+# ---------------------------------------------------------------- a Mamba group's admission
+# with a connector's tokens, on the core (pagedkv's vLLM manager refuses Mamba groups at
+# construction today): vLLM's manager on full attention + Mamba ("align") against the core's
+# [FullAttention, MambaState] admitted as manager.py's _admit admits (add_sequence with the
+# request's hashes, num_scheduled = external + new, num_external_computed_tokens).
+
+MBS = 16
+
+
+def _mamba_pair(num_blocks: int) -> tuple[Any, Any]:
+    import pagedkv
+    import torch
+    from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmKVCacheManager
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MambaSpec
+
+    config = KVCacheConfig(
+        num_blocks=num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[
+            KVCacheGroupSpec(
+                ["fa"], FullAttentionSpec(block_size=MBS, num_kv_heads=1, head_size=1, dtype=torch.float32)
+            ),
+            KVCacheGroupSpec(
+                ["mamba"],
+                MambaSpec(block_size=MBS, shapes=((1, 1),), dtypes=(torch.float32,), mamba_cache_mode="align"),
+            ),
+        ],
+    )
+    vllm = VllmKVCacheManager(
+        config, max_model_len=1024, enable_caching=True, scheduler_block_size=MBS, hash_block_size=MBS
+    )
+    core = pagedkv.KvCacheManager(
+        num_blocks,
+        MBS,
+        True,
+        kv_groups=[pagedkv.FullAttention(), pagedkv.MambaState()],
+        max_model_len=1024,
+        null_block=0,
+    )
+    return vllm, core
+
+
+def _mamba_request(rid: str, tokens: list[int]) -> Any:
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.request import Request
+
+    init_none_hash(sha256)
+    return Request(rid, tokens, SamplingParams(max_tokens=4), None, block_hasher=get_request_block_hasher(MBS, sha256))
+
+
+def _hashes(request: Any) -> list[bytes]:
+    import pagedkv
+
+    return [pagedkv.reduce_block_hash(h) for h in request.block_hashes]
+
+
+def _seed(vllm: Any, core: Any, blocks: int) -> Any:
+    """A prefix prefilled one block per step on both (the state cached at every boundary, as
+    vLLM's _seed_hybrid_prefix does); the running request."""
+    fill = _mamba_request("fill", list(range(blocks * MBS)))
+    for i in range(blocks):
+        vllm.new_step_starts()
+        core.new_step()
+        assert vllm.allocate_slots(fill, MBS) is not None
+        fill.num_computed_tokens += MBS
+        if i == 0:
+            core.add_sequence(
+                1,
+                list(fill.all_token_ids),
+                num_scheduled=MBS,
+                reserve_prompt=False,
+                require_full_prompt=False,
+                block_hashes=_hashes(fill),
+            )
+        else:
+            assert core.allocate_slots(1, MBS, num_computed_tokens=i * MBS)
+    assert list(vllm.get_block_ids("fill")) == [core.block_table(1, group=g).tolist() for g in (0, 1)]
+    vllm.new_step_starts()
+    core.new_step()
+    return fill
+
+
+def _admit_both(vllm: Any, core: Any, request: Any, external: int, full: bool) -> tuple[Any, Any]:
+    """vLLM's admission with ``external`` connector tokens after its hit, and the core's: each
+    manager's tables, or None for a refusal (and vLLM's own failure where its count passed and
+    its pool could not give the allocation: ``"raised"``)."""
+    from pagedkv.errors import InvalidArgumentError, OutOfBlocksError
+
+    blocks, hit = vllm.get_computed_blocks(request)[:2]
+    new = request.num_tokens - hit - external
+    try:
+        got = vllm.allocate_slots(
+            request, new, hit, blocks, num_external_computed_tokens=external, full_sequence_must_fit=full
+        )
+        want = None if got is None else [list(r) for r in vllm.get_block_ids(request.request_id)]
+    except ValueError:  # vLLM's get_new_blocks: "Cannot get N free blocks from the pool"
+        want = "raised"
+    try:
+        core_hit = core.add_sequence(
+            2,
+            list(request.all_token_ids),
+            num_scheduled=external + new,
+            reserve_prompt=False,
+            require_full_prompt=full,
+            block_hashes=_hashes(request),
+            num_external_computed_tokens=external,
+        )
+        assert core_hit == hit
+        mine = [core.block_table(2, group=g).tolist() for g in (0, 1)]
+    except OutOfBlocksError:
+        mine = None
+    except InvalidArgumentError:
+        # The core's refusal of what could never fit the pool (the manager answers None for
+        # it first, capacity.py); vLLM refuses it too.
+        mine = None
+        assert want is None
+    return want, mine
+
+
+@pytest.mark.parametrize("fill_running", [False, True], ids=["state_evictable", "state_held"])
+@pytest.mark.parametrize("full", [True, False], ids=["full_prompt", "chunk_only"])
+def test_a_mamba_groups_admission_with_external_tokens_is_vllms(fill_running: bool, full: bool) -> None:
+    """After a 4-block prefix (held by its running request, or freed: its state block then
+    cached-evictable, which vLLM counts), admissions of 0, 1, 8, 16, 17 and 40 external tokens
+    and 1 to 41 new ones on every pool size from too small to enough: vLLM's refusals, tables
+    (block ids and nulls: the Mamba row's one block at the last external token, one at the
+    chunk's last position) and free blocks, on the core. Where vLLM's count passed and its pool
+    could not give the allocation (vLLM raises), the core refuses, changing nothing."""
+    import itertools
+
+    refused = raised = admitted = 0
+    for num_blocks in range(6, 22):
+        for external, extra in itertools.product((0, 1, 8, 16, 17, 40), (0, 5, 16, 40)):
+            vllm, core = _mamba_pair(num_blocks)
+            if num_blocks < 8:
+                continue  # the prefix itself needs 6 blocks and one to spare
+            fill = _seed(vllm, core, 4)
+            if not fill_running:
+                vllm.free(fill)
+                core.free(1)
+            tail = list(range(5000, 5000 + external + extra + 1))
+            request = _mamba_request("r", list(range(4 * MBS)) + tail)
+            free = core.num_free_blocks
+            want, mine = _admit_both(vllm, core, request, external, full)
+            if want == "raised":
+                raised += 1
+                assert mine is None and core.num_free_blocks == free
+            else:
+                assert mine == want, (num_blocks, external, extra)
+                assert vllm.block_pool.get_num_free_blocks() == core.num_free_blocks
+                refused += want is None
+                admitted += want is not None
+            core.check_invariants()
+    assert refused and admitted
