@@ -383,7 +383,9 @@ def _mamba_pair(num_blocks: int) -> tuple[Any, Any]:
             ),
             KVCacheGroupSpec(
                 ["mamba"],
-                MambaSpec(block_size=MBS, shapes=((1, 1),), dtypes=(torch.float32,), mamba_cache_mode="align"),
+                MambaSpec(
+                    block_size=MBS, shapes=((1, 1),), dtypes=(torch.float32,), mamba_cache_mode="align"
+                ),
             ),
         ],
     )
@@ -408,7 +410,9 @@ def _mamba_request(rid: str, tokens: list[int]) -> Any:
     from vllm.v1.request import Request
 
     init_none_hash(sha256)
-    return Request(rid, tokens, SamplingParams(max_tokens=4), None, block_hasher=get_request_block_hasher(MBS, sha256))
+    return Request(
+        rid, tokens, SamplingParams(max_tokens=4), None, block_hasher=get_request_block_hasher(MBS, sha256)
+    )
 
 
 def _hashes(request: Any) -> list[bytes]:
