@@ -294,3 +294,30 @@ fn the_reserve_contract_and_appends_take_one_state_block_per_call() {
         Err(Error::InvalidArgument(_))
     ));
 }
+
+#[test]
+fn the_same_step_refusal_holds_with_the_callers_hashes() {
+    // vLLM's integration names blocks by its own hashes: the step's states are keyed by those.
+    let prompt: Vec<u32> = (1..=9).collect();
+    let names: Vec<u128> = vec![11, 22];
+    let named = |n: usize| AdmitOptions {
+        block_hashes: Some(&names),
+        ..per_chunk(n)
+    };
+    let mut kv = manager(32);
+    kv.new_step();
+    kv.add_sequence_with(1, Prompt::Tokens(&prompt[..8]), &named(8))
+        .unwrap();
+    assert_eq!(kv.group_hits(&names, 8), vec![8, 8]);
+    assert!(matches!(
+        kv.add_sequence_with(2, Prompt::Tokens(&prompt), &named(1)),
+        Err(Error::OutOfBlocks { .. })
+    ));
+    kv.new_step();
+    assert_eq!(
+        kv.add_sequence_with(2, Prompt::Tokens(&prompt), &named(1))
+            .unwrap(),
+        8
+    );
+    kv.check_invariants().unwrap();
+}

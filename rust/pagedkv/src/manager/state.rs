@@ -37,7 +37,7 @@ pub(super) struct Sequence {
     pub(super) table: BlockTable,
     /// The tables of groups 1.. (`groups[g - 1]` is group `g`'s), each `L` entries,
     /// [`NULL_BLOCK`](crate::NULL_BLOCK) at a window group's released positions (a leading
-    /// run). Empty for a single-group manager: no allocation, and the hot paths test it once.
+    /// run) and at a state group's null ones (released, or never allocated). Empty for a single-group manager: no allocation, and the hot paths test it once.
     pub(super) groups: GroupTables,
     /// Whether the sequence is swapped out to the host tier.
     pub(super) swapped: bool,
