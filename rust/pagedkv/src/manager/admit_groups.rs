@@ -465,24 +465,22 @@ impl KvCacheManager {
             }
         }
         let revived: usize = revived_per_group.iter().sum();
-        let fresh_per_group: Vec<usize> = self
-            .config
-            .kv_groups
-            .iter()
-            .zip(first_fresh.iter().zip(&external_end))
-            .map(|(spec, (&f, &e))| state_external::group_fresh(spec, f, e, num_positions))
-            .collect();
-        let fresh = fresh_per_group.iter().sum::<usize>() + loads;
+        let group_fresh = |g: usize| {
+            let spec = &self.config.kv_groups[g];
+            state_external::group_fresh(spec, first_fresh[g], external_end[g], num_positions)
+        };
+        let fresh = (0..ng).map(group_fresh).sum::<usize>() + loads;
         // What vLLM's checks count: the allocation, but for a state group admitted with
-        // external tokens, vLLM's count of it (state_external.rs).
+        // external tokens, vLLM's count of it (state_external.rs); `revived_per_group` becomes
+        // the counted revivals (the actual ones are `revived`).
         let mut counted = fresh;
-        let mut counted_revived = revived_per_group.clone();
+        let mut counted_revived = revived_per_group;
         if external > 0 {
             for (g, spec) in self.config.kv_groups.iter().enumerate() {
                 if spec.is_state() {
                     let hit_state = state_hits.get(g).copied().flatten();
                     let c = state_external::counted_blocks(hit_state, is_cached);
-                    counted = counted - fresh_per_group[g] + 1;
+                    counted = counted - group_fresh(g) + 1;
                     counted_revived[g] += c - 1;
                 }
             }
@@ -515,6 +513,11 @@ impl KvCacheManager {
             (counted + counted_revived_total + watermark).saturating_add(o.reserved_blocks);
         if needed > available {
             return Err(short(needed));
+        }
+        if fresh + revived > available {
+            // vLLM's count passed, its allocation (a state group's two blocks with external
+            // tokens) does not fit: vLLM's pool raises; refused here, nothing changed.
+            return Err(short(fresh + revived));
         }
         Ok(AdmitPlan {
             hit,
