@@ -519,3 +519,60 @@ def test_a_mamba_groups_admission_with_external_tokens_is_vllms(fill_running: bo
                 admitted += want is not None
             core.check_invariants()
     assert refused and admitted
+
+
+@pytest.mark.parametrize("fill_running", [False, True], ids=["state_evictable", "state_held"])
+def test_the_managers_admission_with_external_tokens_on_mamba_is_vllms(fill_running: bool) -> None:
+    """The same admissions through pagedkv's vLLM manager (full attention + Mamba accepted):
+    vLLM's answer (the returned blocks, or None), tables and free blocks after every call."""
+    import itertools
+
+    from pagedkv.integrations.vllm import KVCacheManager
+    from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmKVCacheManager
+
+    compared = refused = 0
+    for num_blocks in range(10, 22, 2):
+        for external, extra in itertools.product((1, 8, 16, 17, 40), (0, 5, 16, 40)):
+            vllm, _ = _mamba_pair(num_blocks)
+            config = vllm.kv_cache_config
+            args: dict[str, Any] = dict(
+                max_model_len=1024, enable_caching=True, scheduler_block_size=MBS, hash_block_size=MBS
+            )
+            m = {"vllm": VllmKVCacheManager(config, **args), "pagedkv": KVCacheManager(config, **args)}
+            answers: dict[str, Any] = {}
+            for kind, manager in m.items():
+                fill = _mamba_request("fill", list(range(4 * MBS)))
+                for _ in range(4):
+                    manager.new_step_starts()
+                    assert manager.allocate_slots(fill, MBS) is not None
+                    fill.num_computed_tokens += MBS
+                if not fill_running:
+                    manager.free(fill)
+                manager.new_step_starts()
+                request = _mamba_request(
+                    "r", list(range(4 * MBS)) + list(range(5000, 5000 + external + extra + 1))
+                )
+                blocks, hit = manager.get_computed_blocks(request)[:2]
+                new = request.num_tokens - hit - external
+                try:
+                    got = manager.allocate_slots(
+                        request,
+                        new,
+                        hit,
+                        blocks,
+                        num_external_computed_tokens=external,
+                        full_sequence_must_fit=True,
+                    )
+                except ValueError:  # vLLM's pool short of what its count passed
+                    got = "raised"
+                answer = got if got in (None, "raised") else got.get_block_ids()
+                tables = manager.get_block_ids("r") if got not in (None, "raised") else None
+                answers[kind] = (hit, answer, tables, manager.block_pool.get_num_free_blocks())
+            if answers["vllm"][1] == "raised":
+                assert answers["pagedkv"][1] is None
+                continue
+            assert answers["vllm"] == answers["pagedkv"], (num_blocks, external, extra)
+            m["pagedkv"].check_invariants()
+            compared += 1
+            refused += answers["vllm"][1] is None
+    assert compared > refused > 0

@@ -26,6 +26,7 @@ class PoolCapacity:
         windows: list[int | None],
         max_model_len: int,
         max_in_flight_tokens: int,
+        states: list[bool] | None = None,
     ) -> None:
         # Block 0 is vLLM's null block: never allocated, never counted as free.
         self.usable_blocks = num_blocks - 1
@@ -39,16 +40,21 @@ class PoolCapacity:
         self.full_attention_only = all(w is None for w in windows)
         self.max_model_len = max_model_len
         self.max_in_flight_tokens = max_in_flight_tokens
+        # Per group: whether it is a Mamba state group (its window is then 2 tokens: its
+        # release; it takes one block per allocation, and its table is as long as the others).
+        self.states = states or [False] * len(windows)
+        self.has_state = any(self.states)
 
     def live_blocks(self, positions: int, processed: int) -> int:
         """Blocks ``positions`` table positions hold over every group once each window group
         released what its window at ``processed`` tokens leaves (the core's count)."""
         bs = self.block_size
         total = 0
-        for window in self.windows:
+        for window, state in zip(self.windows, self.states, strict=True):
             skipped = 0 if window is None else max(processed - (window - 1), 0) // bs
-            total += positions - min(skipped, positions)
-        return total
+            live = positions - min(skipped, positions)
+            total += min(live, 1) if state else live
+        return max(total, positions) if self.has_state else total
 
     def admission_cap_blocks(self, window: int) -> int:
         """A window group's admission cap in blocks (vLLM's ``max_admission_blocks_per_request``)."""
@@ -61,10 +67,12 @@ class PoolCapacity:
         bs = self.block_size
         full = cdiv(min(num_tokens, self.max_model_len), bs)
         total = 0
-        for window in self.windows:
+        for window, state in zip(self.windows, self.states, strict=True):
             if window is None:
                 total += full
+            elif state:
+                total += min(max(full - max(external - 1, 0) // bs, 0), 1)
             else:
                 skipped = max(external - (window - 1), 0) // bs
                 total += max(min(full, self.admission_cap_blocks(window)) - skipped, 0)
-        return total
+        return max(total, full) if self.has_state else total

@@ -48,7 +48,7 @@ from pagedkv.errors import (
     OutOfBlocksError,
     UnsupportedVllmFeatureError,
 )
-from pagedkv.integrations.vllm import connector, cross_attention, draft, evict, hybrid_hits, records
+from pagedkv.integrations.vllm import connector, cross_attention, draft, evict, hybrid_hits, mamba, records
 from pagedkv.integrations.vllm.capacity import PoolCapacity, cdiv
 from pagedkv.integrations.vllm.events import EventTranslator
 from pagedkv.integrations.vllm.support import check_config
@@ -100,6 +100,8 @@ class KVCacheManager:
             num_hash_lookahead_tokens,
             num_prefill_lookahead,
         )
+        if any(isinstance(g, pagedkv.MambaState) for g in kv_groups):
+            mamba.check_options(enable_caching, drafting, enable_kv_cache_events)
         num_blocks = kv_cache_config.num_blocks
         if max_in_flight_tokens is None:
             max_in_flight_tokens = max_model_len
@@ -117,9 +119,17 @@ class KVCacheManager:
         self.capacity = PoolCapacity(
             num_blocks,
             block_size,
-            [g.window if isinstance(g, pagedkv.SlidingWindow) else None for g in kv_groups],
+            [
+                g.window
+                if isinstance(g, pagedkv.SlidingWindow)
+                else 2
+                if isinstance(g, pagedkv.MambaState)
+                else None
+                for g in kv_groups
+            ],
             max_model_len,
             max_in_flight_tokens,
+            [isinstance(g, pagedkv.MambaState) for g in kv_groups],
         )
         # No window group (see PoolCapacity.full_attention_only): a decode step inside one
         # block may skip the core call (records.py), the first look-up reads the first blocks
@@ -203,7 +213,11 @@ class KVCacheManager:
         return self.block_pool.get_usage()
 
     def new_step_starts(self) -> None:
-        """Forgets the diverged hits of the last step's look-ups (hybrid_hits.py)."""
+        """A Mamba group's same-step states are forgotten (the core's ``new_step``), and the
+        diverged hits of the last step's look-ups (hybrid_hits.py); nothing for attention
+        groups."""
+        if self.capacity.has_state:
+            self._core.new_step()
         if self._diverged_hits:
             self._diverged_hits.clear()
 
@@ -336,6 +350,8 @@ class KVCacheManager:
         added to its tables, or None when the pool is short (vLLM's signal to preempt)."""
         external = bool(num_external_computed_tokens or delay_cache_blocks or reserved_blocks)
         if external:
+            if self.capacity.has_state and (delay_cache_blocks or reserved_blocks):
+                mamba.refuse_external()
             draft.check_external_admission(self)
             connector.check_external_admission(
                 self,

@@ -39,6 +39,26 @@ def _check_retention(retention: int | None, scheduler_block_size: int, groups: l
         )
 
 
+def mamba_group(i: int, spec: Any) -> Any:
+    """The core's state group for vLLM's ``MambaSpec`` group ``i`` (align mode, no speculative
+    or prefill checkpoint blocks), or the unsupported option named."""
+    if spec.mamba_cache_mode != "align":
+        raise UnsupportedVllmFeatureError(
+            f"KV-cache group {i}: MambaSpec with mamba_cache_mode={spec.mamba_cache_mode!r} "
+            "(only 'align' is supported)"
+        )
+    if spec.num_speculative_blocks:
+        raise UnsupportedVllmFeatureError(
+            f"KV-cache group {i}: MambaSpec with num_speculative_blocks={spec.num_speculative_blocks}"
+        )
+    if getattr(spec, "num_prefill_checkpoint_blocks", 0):
+        raise UnsupportedVllmFeatureError(
+            f"KV-cache group {i}: MambaSpec with num_prefill_checkpoint_blocks="
+            f"{spec.num_prefill_checkpoint_blocks}"
+        )
+    return pagedkv.MambaState()
+
+
 def check_config(
     kv_cache_config: KVCacheConfig,
     scheduler_block_size: int,
@@ -72,13 +92,15 @@ def check_config(
             kv_groups.append(pagedkv.FullAttention())
         elif type(spec) is SlidingWindowSpec:
             kv_groups.append(pagedkv.SlidingWindow(spec.sliding_window))
+        elif type(spec) is MambaSpec:
+            kv_groups.append(mamba_group(i, spec))
         elif type(spec) is CrossAttentionSpec:
             pass  # the encoder's blocks: a core of their own on the same pool (cross_attention.py)
         else:
             raise UnsupportedVllmFeatureError(
                 f"KV-cache group {i}: {type(spec).__name__} (pagedkv's vLLM manager supports "
-                "FullAttentionSpec, SlidingWindowSpec and CrossAttentionSpec groups; Mamba, "
-                "encoder-only and other group kinds are not supported)"
+                "FullAttentionSpec, SlidingWindowSpec, CrossAttentionSpec and align-mode "
+                "MambaSpec groups; encoder-only and other group kinds are not supported)"
             )
         block_sizes.add(spec.block_size)
     if not kv_groups:
@@ -87,6 +109,10 @@ def check_config(
         )
     if len(block_sizes) != 1:
         raise UnsupportedVllmFeatureError(f"KV-cache groups with different block sizes {sorted(block_sizes)}")
+    if any(isinstance(g, pagedkv.MambaState) for g in kv_groups) and any(
+        isinstance(g, pagedkv.SlidingWindow) for g in kv_groups
+    ):
+        raise UnsupportedVllmFeatureError("Mamba groups beside sliding-window groups")
     (block_size,) = block_sizes
     if scheduler_block_size != block_size or hash_block_size != block_size:
         raise UnsupportedVllmFeatureError(

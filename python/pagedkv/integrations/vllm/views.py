@@ -133,7 +133,7 @@ class CoordinatorView:
         )
 
     def new_step_starts(self) -> None:
-        pass
+        self._manager.new_step_starts()  # a Mamba group's same-step states (the core's)
 
     def find_longest_cache_hit_per_group(
         self, block_hashes: Any, max_cache_hit_length: int

@@ -1,0 +1,506 @@
+"""pagedkv's Mamba state group against vLLM's align-mode ``MambaManager``, call by call
+(docs/integrations/vllm.md, Mamba; docs/design.md, KV groups, "State groups"): the core's
+``MambaState`` group driven directly (``_CorePair``) and pagedkv's vLLM manager on a
+full-attention + Mamba config (``_ManagerPair``), each beside vLLM's manager on the same
+scheduler steps, plus what the Mamba path refuses. The state-hit finder and vLLM's tables
+against the documented rule are in test_vllm_mamba.py. Runs in the vLLM stage
+(scripts/vllm/stage.sh); skipped elsewhere.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+# Imported inside the tests; the folder's conftest.py skips them where these do not import.
+NEEDS_VLLM = ("pagedkv.integrations.vllm", "vllm.v1.core.single_type_kv_cache_manager")
+
+BS = 4
+NUM_BLOCKS = 96
+
+
+class _CorePair:
+    """vLLM's manager on a full-attention + align-mode Mamba config and pagedkv's core with
+    ``[FullAttention(), MambaState()]`` (the null block 0 reserved, as vLLM's), driven by the
+    same scheduler steps: ``new_step_starts`` / ``new_step``, admissions of a block-aligned
+    first chunk, running chunks and decode tokens, frees, preemptions and ``evict_blocks`` of
+    state blocks. After every call both answer alike and hold alike: the admission's hit (or
+    refusal), ``allocate_slots``' refusal, each group's live positions, the free blocks, and the
+    block ids up to a renaming kept across the run (a bijection)."""
+
+    def __init__(self, num_blocks: int) -> None:
+        import pagedkv
+        import torch
+        from vllm.utils.hashing import sha256
+        from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmKVCacheManager
+        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+        from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MambaSpec
+
+        init_none_hash(sha256)
+        fa = FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32)
+        mamba = MambaSpec(block_size=BS, shapes=((1, 1),), dtypes=(torch.float32,), mamba_cache_mode="align")
+        config = KVCacheConfig(
+            num_blocks=num_blocks,
+            kv_cache_tensors=[],
+            kv_cache_groups=[KVCacheGroupSpec(["fa"], fa), KVCacheGroupSpec(["mamba"], mamba)],
+        )
+        self.vllm = VllmKVCacheManager(
+            config, max_model_len=256, enable_caching=True, scheduler_block_size=BS, hash_block_size=BS
+        )
+        self.core = pagedkv.KvCacheManager(
+            num_blocks,
+            BS,
+            True,
+            kv_groups=[pagedkv.FullAttention(), pagedkv.MambaState()],
+            max_model_len=256,
+            null_block=0,
+        )
+        self.hasher = get_request_block_hasher(BS, sha256)
+        self.reqs: dict[str, Any] = {}
+        self.seq: dict[str, int] = {}
+        self.names: dict[int, int] = {}  # vLLM block id -> pagedkv block id, live blocks
+        self.refused_this_step = 0
+        self.next_seq = 0
+        self.compared = 0  # calls compared before the schedules parted (if they did)
+        self.interior_nulls = 0  # checks that saw a null state position after a live one
+        self.preempted = 0
+        # vLLM indexes every copy of a content (a request whose hit stops at a state block
+        # recomputes full-attention blocks another holds), pagedkv one: from the first second
+        # copy on, which block a hit revives may differ (docs/conformance.md, Duplicate copies),
+        # so a run stops comparing there.
+        self.parted = False
+        self.hits = 0
+
+    def step(self) -> None:
+        self.vllm.new_step_starts()
+        self.core.new_step()
+
+    def admit(self, rid: str, prompt: list[int], chunk_blocks: int) -> bool:
+        from vllm.sampling_params import SamplingParams
+        from vllm.v1.request import Request, RequestStatus
+
+        r = Request(rid, prompt, SamplingParams(max_tokens=64), None, block_hasher=self.hasher)
+        blocks, hit = self.vllm.get_computed_blocks(r)[:2]
+        n = min(chunk_blocks * BS, len(prompt) - hit)
+        got = self.vllm.allocate_slots(r, n, hit, blocks)
+        seq = self.next_seq = self.next_seq + 1
+        try:
+            core_hit = self.core.add_sequence(
+                seq, prompt, num_scheduled=n, reserve_prompt=False, require_full_prompt=False
+            )
+        except pagedkv_errors().OutOfBlocksError:
+            core_hit = None
+        assert (got is None) == (core_hit is None), (rid, hit, got)
+        if got is None:
+            # A refusal: the pool is short, or the hit's state was cached in this step.
+            self.refused_this_step += hit > 0 and self.vllm.block_pool.get_num_free_blocks() > n
+            self.check()
+            return False
+        assert core_hit == hit, (rid, hit, core_hit)
+        self.hits += hit > 0
+        r.status = RequestStatus.RUNNING
+        r.num_computed_tokens = hit + n
+        self.reqs[rid], self.seq[rid] = r, seq
+        self.check()
+        return True
+
+    def run(self, rid: str, chunk_blocks: int, token: int) -> bool:
+        """One step of a running request: the next block-aligned prefill chunk, or a decode token.
+        A refusal preempts it (both managers free it)."""
+        r, seq = self.reqs[rid], self.seq[rid]
+        c = r.num_computed_tokens
+        if c < r.num_prompt_tokens:
+            n = min(chunk_blocks * BS, r.num_prompt_tokens - c)
+        else:
+            n = 1
+            r.append_output_token_ids(token)
+        got = self.vllm.allocate_slots(r, n)
+        ok = self.core.allocate_slots(seq, n)
+        assert (got is not None) == ok, (rid, c, n)
+        if not ok:
+            self.preempted += 1
+            self.free(rid)
+            return False
+        if c >= r.num_prompt_tokens:
+            self.core.provide_token_ids(seq, [token])
+        r.num_computed_tokens = c + n
+        self.check()
+        return True
+
+    def free(self, rid: str) -> None:
+        self.vllm.free(self.reqs.pop(rid))
+        self.core.free(self.seq.pop(rid))
+        self.check()
+
+    def evict_state(self, rid: str) -> None:
+        """``evict_blocks`` of request ``rid``'s live state blocks, each manager its own ids."""
+        ids = [b for b in self.vllm.get_block_ids(rid)[1] if b != 0]
+        self.vllm.evict_blocks(set(ids))
+        self.core.evict_blocks([self.names[b] for b in ids])
+        self.check()
+
+    def check(self) -> None:
+        self.core.check_invariants()
+        assert self.vllm.block_pool.get_num_free_blocks() == self.core.num_available_blocks
+        # The live tables, block for block up to a renaming: one pagedkv block per vLLM block
+        # and the reverse (so sharing between requests and groups is alike too).
+        names: dict[int, int] = {}
+        for rid in self.reqs:
+            vllm_tables = self.vllm.get_block_ids(rid)
+            for g in (0, 1):
+                theirs = list(vllm_tables[g])
+                ours = self.core.block_table(self.seq[rid], group=g).tolist()
+                assert len(ours) == len(theirs), (rid, g, theirs, ours)
+                for v, p in zip(theirs, ours, strict=True):
+                    assert (v == 0) == (p == 0), (rid, g, theirs, ours)
+                    assert names.setdefault(v, p) == p, (rid, g, theirs, ours)
+        assert len(set(names.values())) == len(names), "not a bijection"
+        self.names = names
+        self.compared += 1
+        for rid in self.reqs:
+            live = [b != 0 for b in self.vllm.get_block_ids(rid)[1]]
+            self.interior_nulls += any(a and not b for a, b in zip(live, live[1:], strict=False))
+        index = self.vllm.block_pool.cached_block_hash_to_block._cache
+        self.parted = any(isinstance(copies, dict) and len(copies) >= 2 for copies in index.values())
+
+
+def pagedkv_errors() -> Any:
+    import pagedkv
+
+    return pagedkv
+
+
+def _core_differential(seed: int, num_blocks: int, shared: bool) -> _CorePair:
+    """Seeded steps on ``_CorePair``: prompts sharing prefixes of one base (``shared``) or each
+    its own (no hit, so never a second copy: pressure, preemption and eviction compared to the
+    end)."""
+    rng = random.Random(seed)
+    pair = _CorePair(num_blocks)
+    base = [rng.randrange(1, 1000) for _ in range(10 * BS)]
+
+    def prompt() -> list[int]:
+        head = base[: rng.randrange(1, 10) * BS] if shared else []
+        return head + [rng.randrange(1000, 2000) for _ in range(rng.randrange(1, 6 * BS))]
+
+    prompts = [prompt() for _ in range(5)]
+    # With shared prefixes, prefill goes block by block (a state at every boundary, so a hit
+    # reaches the full-attention chain and nothing is computed twice until a state block is
+    # evicted); with own prompts, chunks of 1 to 3 blocks (null positions inside the table).
+    max_chunk = 2 if shared else 4
+    next_id = 0
+    for _ in range(40):
+        pair.step()
+        for rid in sorted(pair.reqs):
+            if rid in pair.reqs and not pair.parted:
+                pair.run(rid, rng.randrange(1, max_chunk), rng.randrange(1, 1000))
+        for _ in range(rng.randrange(0, 3)):
+            if not pair.parted:
+                pair.admit(
+                    f"r{next_id}", rng.choice(prompts) if shared else prompt(), rng.randrange(1, max_chunk)
+                )
+            next_id += 1
+        if pair.reqs and rng.random() < 0.25 and not pair.parted:
+            pair.free(rng.choice(sorted(pair.reqs)))
+        if pair.reqs and rng.random() < (0.04 if shared else 0.15) and not pair.parted:
+            pair.evict_state(rng.choice(sorted(pair.reqs)))
+        if pair.parted:
+            return pair
+    for rid in sorted(pair.reqs):
+        pair.free(rid)
+    return pair
+
+
+@pytest.mark.parametrize("shared", [True, False])
+@pytest.mark.parametrize("seed", range(12))
+def test_the_core_state_group_matches_vllms_mamba_manager(seed: int, shared: bool) -> None:
+    """pagedkv's core with a MambaState group against vLLM's manager on a full-attention +
+    align-mode Mamba config: seeded steps of admissions (block-aligned first chunks, hits on
+    state blocks, same-step refusals), running chunks and decode tokens, frees, preemptions and
+    state-block evictions; answers, hits, live positions, free blocks and block ids alike after
+    every call. Shared prefixes on a roomy pool (until vLLM holds a second copy of a content),
+    own prompts on a tight one (pressure and preemption)."""
+    _core_differential(seed, NUM_BLOCKS * 4 if shared else 40, shared)
+
+
+def test_the_core_differential_reaches_what_it_checks() -> None:
+    """The seeds above reach state hits, same-step refusals, interior nulls, preemptions, and
+    compare many calls before the shared-prefix schedules part."""
+    totals = dict(hits=0, refused=0, interior=0, preempted=0, compared=0)
+    for seed in range(12):
+        for shared in (True, False):
+            pair = _core_differential(seed, NUM_BLOCKS * 4 if shared else 40, shared)
+            totals["hits"] += pair.hits
+            totals["refused"] += pair.refused_this_step
+            totals["interior"] += pair.interior_nulls
+            totals["preempted"] += pair.preempted
+            totals["compared"] += pair.compared if shared else 0
+    assert all(v > 0 for v in totals.values()), totals
+    assert totals["compared"] > 12 * 50, totals
+
+
+class _ManagerPair:
+    """vLLM's manager and pagedkv's vLLM manager (``pagedkv.integrations.vllm``) on one full
+    attention + align-mode Mamba config, driven by the same scheduler calls; compared after
+    every call as ``_CorePair`` compares the core (plus the blocks each ``allocate_slots``
+    returns)."""
+
+    def __init__(self, num_blocks: int) -> None:
+        import torch
+        from pagedkv.integrations.vllm import KVCacheManager
+        from vllm.utils.hashing import sha256
+        from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmKVCacheManager
+        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+        from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MambaSpec
+
+        init_none_hash(sha256)
+        fa = FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32)
+        mamba = MambaSpec(block_size=BS, shapes=((1, 1),), dtypes=(torch.float32,), mamba_cache_mode="align")
+        config = KVCacheConfig(
+            num_blocks=num_blocks,
+            kv_cache_tensors=[],
+            kv_cache_groups=[KVCacheGroupSpec(["fa"], fa), KVCacheGroupSpec(["mamba"], mamba)],
+        )
+        args: dict[str, Any] = dict(max_model_len=256, scheduler_block_size=BS, hash_block_size=BS)
+        self.m = {
+            "vllm": VllmKVCacheManager(config, enable_caching=True, **args),
+            "pagedkv": KVCacheManager(config, enable_caching=True, **args),
+        }
+        self.hasher = get_request_block_hasher(BS, sha256)
+        self.reqs: dict[str, dict[str, Any]] = {}
+        self.hits = self.refused_this_step = self.preempted = self.compared = 0
+        self.parted = False
+
+    def step(self) -> None:
+        for m in self.m.values():
+            m.new_step_starts()
+
+    def admit(self, rid: str, prompt: list[int], chunk_blocks: int) -> None:
+        from vllm.sampling_params import SamplingParams
+        from vllm.v1.request import Request, RequestStatus
+
+        got, hits, rs = {}, {}, {}
+        for kind, m in self.m.items():
+            r = Request(rid, prompt, SamplingParams(max_tokens=64), None, block_hasher=self.hasher)
+            blocks, hit = m.get_computed_blocks(r)[:2]
+            n = min(chunk_blocks * BS, len(prompt) - hit)
+            got[kind] = m.allocate_slots(r, n, hit, blocks)
+            hits[kind], rs[kind] = hit, r
+            if kind == "vllm" and got[kind] is None and hit:
+                mamba = m.coordinator.single_type_managers[1]
+                self.refused_this_step += blocks.blocks[1][-1].block_hash in mamba.cached_blocks_this_step
+            if got[kind] is not None:
+                r.status = RequestStatus.RUNNING
+                r.num_computed_tokens = hit + n
+        assert hits["vllm"] == hits["pagedkv"], (rid, hits)
+        assert (got["vllm"] is None) == (got["pagedkv"] is None), (rid, hits, got)
+        if got["vllm"] is not None:
+            self.hits += hits["vllm"] > 0
+            self.same_new_blocks(got)
+            self.reqs[rid] = rs
+        self.check()
+
+    def run(self, rid: str, chunk_blocks: int, token: int) -> None:
+        rs = self.reqs[rid]
+        got = {}
+        for kind, m in self.m.items():
+            r = rs[kind]
+            c = r.num_computed_tokens
+            n = min(chunk_blocks * BS, r.num_prompt_tokens - c) if c < r.num_prompt_tokens else 1
+            if c >= r.num_prompt_tokens:
+                r.append_output_token_ids(token)
+            got[kind] = m.allocate_slots(r, n)
+            if got[kind] is not None:
+                r.num_computed_tokens = c + n
+        assert (got["vllm"] is None) == (got["pagedkv"] is None), (rid, got)
+        if got["vllm"] is None:
+            self.preempted += 1
+            self.free(rid)
+            return
+        self.same_new_blocks(got)
+        self.check()
+
+    def same_new_blocks(self, got: dict[str, Any]) -> None:
+        ids = {kind: b.get_block_ids() for kind, b in got.items()}
+        for g in (0, 1):
+            theirs, ours = ids["vllm"][g], ids["pagedkv"][g]
+            assert [b == 0 for b in theirs] == [b == 0 for b in ours], (g, ids)
+
+    def free(self, rid: str) -> None:
+        for kind, r in self.reqs.pop(rid).items():
+            self.m[kind].free(r)
+        self.check()
+
+    def evict_state(self, rid: str) -> None:
+        for m in self.m.values():
+            m.evict_blocks({b for b in m.get_block_ids(rid)[1] if b != 0})
+        self.check()
+
+    def check(self) -> None:
+        vllm, ours = self.m["vllm"], self.m["pagedkv"]
+        ours.check_invariants()
+        assert vllm.block_pool.get_num_free_blocks() == ours.block_pool.get_num_free_blocks()
+        names: dict[int, int] = {}
+        for rid in self.reqs:
+            for theirs_t, ours_t in zip(vllm.get_block_ids(rid), ours.get_block_ids(rid), strict=True):
+                assert len(theirs_t) == len(ours_t), (rid, theirs_t, ours_t)
+                for v, p in zip(theirs_t, ours_t, strict=True):
+                    assert (v == 0) == (p == 0), (rid, theirs_t, ours_t)
+                    assert names.setdefault(v, p) == p, (rid, theirs_t, ours_t)
+        assert len(set(names.values())) == len(names), "not a bijection"
+        self.compared += 1
+        index = vllm.block_pool.cached_block_hash_to_block._cache
+        self.parted = any(isinstance(copies, dict) and len(copies) >= 2 for copies in index.values())
+
+
+def _manager_differential(seed: int, num_blocks: int, shared: bool) -> _ManagerPair:
+    """``_core_differential``'s schedule on ``_ManagerPair``."""
+    rng = random.Random(seed)
+    pair = _ManagerPair(num_blocks)
+    base = [rng.randrange(1, 1000) for _ in range(10 * BS)]
+
+    def prompt() -> list[int]:
+        head = base[: rng.randrange(1, 10) * BS] if shared else []
+        return head + [rng.randrange(1000, 2000) for _ in range(rng.randrange(1, 6 * BS))]
+
+    prompts = [prompt() for _ in range(5)]
+    max_chunk = 2 if shared else 4
+    next_id = 0
+    for _ in range(40):
+        pair.step()
+        for rid in sorted(pair.reqs):
+            if rid in pair.reqs and not pair.parted:
+                pair.run(rid, rng.randrange(1, max_chunk), rng.randrange(1, 1000))
+        for _ in range(rng.randrange(0, 3)):
+            if not pair.parted:
+                pair.admit(
+                    f"r{next_id}", rng.choice(prompts) if shared else prompt(), rng.randrange(1, max_chunk)
+                )
+            next_id += 1
+        if pair.reqs and rng.random() < 0.25 and not pair.parted:
+            pair.free(rng.choice(sorted(pair.reqs)))
+        if pair.reqs and rng.random() < (0.04 if shared else 0.15) and not pair.parted:
+            pair.evict_state(rng.choice(sorted(pair.reqs)))
+        if pair.parted:
+            return pair
+    for rid in sorted(pair.reqs):
+        pair.free(rid)
+    return pair
+
+
+@pytest.mark.parametrize("shared", [True, False])
+@pytest.mark.parametrize("seed", range(12))
+def test_the_vllm_manager_on_a_mamba_config_matches_vllms(seed: int, shared: bool) -> None:
+    """pagedkv's vLLM manager on full attention + align-mode Mamba against vLLM's, call by call
+    (the plain path: no connector, no speculative blocks, no KV events)."""
+    _manager_differential(seed, NUM_BLOCKS * 4 if shared else 40, shared)
+
+
+def test_the_manager_differential_reaches_what_it_checks() -> None:
+    totals = dict(hits=0, refused=0, preempted=0, compared=0)
+    for seed in range(12):
+        for shared in (True, False):
+            pair = _manager_differential(seed, NUM_BLOCKS * 4 if shared else 40, shared)
+            totals["hits"] += pair.hits
+            totals["refused"] += pair.refused_this_step
+            totals["preempted"] += pair.preempted
+            totals["compared"] += pair.compared
+    assert all(v > 0 for v in totals.values()), totals
+
+
+def _mamba_config(num_blocks: int = 32, window: int | None = None, **mamba_options: Any) -> Any:
+    import torch
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+        MambaSpec,
+        SlidingWindowSpec,
+    )
+
+    options: dict[str, Any] = {"mamba_cache_mode": "align", **mamba_options}
+    groups = [
+        KVCacheGroupSpec(
+            ["fa"], FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32)
+        ),
+        KVCacheGroupSpec(
+            ["m"], MambaSpec(block_size=BS, shapes=((1, 1),), dtypes=(torch.float32,), **options)
+        ),
+    ]
+    if window is not None:
+        spec = SlidingWindowSpec(
+            block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32, sliding_window=window
+        )
+        groups.append(KVCacheGroupSpec(["w"], spec))
+    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
+
+
+@pytest.mark.parametrize(
+    ("config", "kwargs", "named"),
+    [
+        (dict(mamba_cache_mode="none"), {}, "mamba_cache_mode='none'"),
+        (dict(num_speculative_blocks=1), {}, "num_speculative_blocks"),
+        (dict(num_prefill_checkpoint_blocks=1), {}, "num_prefill_checkpoint_blocks"),
+        (dict(window=8), {}, "sliding-window"),
+        ({}, dict(enable_caching=False), "without prefix caching"),
+        ({}, dict(enable_kv_cache_events=True), "KV events"),
+        ({}, dict(use_eagle=True), "use_eagle"),
+    ],
+)
+def test_what_the_mamba_path_refuses_is_named_at_construction(
+    config: dict[str, Any], kwargs: dict[str, Any], named: str
+) -> None:
+    from pagedkv.integrations.vllm import KVCacheManager, UnsupportedVllmFeatureError
+
+    args: dict[str, Any] = dict(max_model_len=256, scheduler_block_size=BS, hash_block_size=BS)
+    args.update(enable_caching=True)
+    args.update(kwargs)
+    with pytest.raises(UnsupportedVllmFeatureError, match=named):
+        KVCacheManager(_mamba_config(**config), **args)
+
+
+def test_a_connectors_tokens_and_lookahead_are_refused_changing_nothing() -> None:
+    from pagedkv.errors import InvalidArgumentError
+    from pagedkv.integrations.vllm import KVCacheManager, UnsupportedVllmFeatureError
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.request import Request, RequestStatus
+
+    init_none_hash(sha256)
+    m = KVCacheManager(
+        _mamba_config(), max_model_len=256, enable_caching=True, scheduler_block_size=BS, hash_block_size=BS
+    )
+    hasher = get_request_block_hasher(BS, sha256)
+    r = Request("a", list(range(1, 11)), SamplingParams(max_tokens=8), None, block_hasher=hasher)
+    free = m.block_pool.get_num_free_blocks()
+    with pytest.raises(UnsupportedVllmFeatureError, match="connector"):
+        m.allocate_slots(r, 0, num_external_computed_tokens=4, delay_cache_blocks=True)
+    with pytest.raises(UnsupportedVllmFeatureError, match="connector"):
+        m.allocate_slots(r, 6, num_external_computed_tokens=4, reserved_blocks=1)
+    assert m.block_pool.get_num_free_blocks() == free and m.get_block_ids("a") == ([], [])
+    assert m.allocate_slots(r, 10) is not None
+    r.status, r.num_computed_tokens = RequestStatus.RUNNING, 10
+    tables = m.get_block_ids("a")
+    with pytest.raises(InvalidArgumentError):
+        m.allocate_slots(r, 1, num_lookahead_tokens=2)
+    assert m.get_block_ids("a") == tables
+    m.check_invariants()
+    # The coordinator's new_step_starts is the manager's (vLLM's calls it through either).
+    m.coordinator.new_step_starts()
+
+
+@pytest.mark.parametrize("prompt_len", range(4 * BS - 1, 6 * BS + 1))  # at most the pool
+def test_a_sequence_filling_the_pool_is_answered_as_vllm_answers(prompt_len: int) -> None:
+    """A tiny pool (5 usable blocks): the whole prompt in one chunk, then decode until the pool
+    runs out; the state group counts one block per step, not its table's length, so both
+    managers admit and refuse at the same token (the can-never-fit arithmetic, capacity.py)."""
+    pair = _ManagerPair(6)
+    pair.step()
+    pair.admit("a", list(range(1, prompt_len + 1)), 10)
+    for step in range(3 * BS):
+        if "a" not in pair.reqs:
+            break
+        pair.step()
+        pair.run("a", 1, 1000 + step)
