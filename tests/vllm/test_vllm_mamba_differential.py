@@ -480,7 +480,9 @@ def test_a_connectors_tokens_and_lookahead_are_refused_changing_nothing() -> Non
     r = Request("a", list(range(1, 11)), SamplingParams(max_tokens=8), None, block_hasher=hasher)
     free = m.block_pool.get_num_free_blocks()
     with pytest.raises(UnsupportedVllmFeatureError, match="connector"):
-        m.allocate_slots(r, 6, num_external_computed_tokens=4)
+        m.allocate_slots(r, 0, num_external_computed_tokens=4, delay_cache_blocks=True)
+    with pytest.raises(UnsupportedVllmFeatureError, match="connector"):
+        m.allocate_slots(r, 6, num_external_computed_tokens=4, reserved_blocks=1)
     assert m.block_pool.get_num_free_blocks() == free and m.get_block_ids("a") == ([], [])
     assert m.allocate_slots(r, 10) is not None
     r.status, r.num_computed_tokens = RequestStatus.RUNNING, 10

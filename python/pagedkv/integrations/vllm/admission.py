@@ -100,14 +100,6 @@ def shared_prefix_boundary(manager: KVCacheManager, hashes: Any, hit: int) -> in
     return own if own > hit else 0
 
 
-def get_computed_blocks_for_connector(
-    manager: KVCacheManager, request: Request, max_cache_hit_length: int | None = None
-) -> tuple[KVCacheBlocks, int, int, bool]:
-    """The local hit for a connector's scheduling: ``get_computed_blocks``'s (no Mamba
-    groups, so no per-group divergence)."""
-    return (*manager.get_computed_blocks(request, max_cache_hit_length), False)
-
-
 def admit(
     manager: KVCacheManager,
     request: Request,

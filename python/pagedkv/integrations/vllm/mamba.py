@@ -20,5 +20,9 @@ def check_options(enable_caching: bool, drafting: bool, enable_kv_cache_events: 
 
 
 def refuse_external() -> None:
-    """A KV connector's tokens (or reserved blocks) on a Mamba group: not supported yet."""
-    raise UnsupportedVllmFeatureError("a KV connector's tokens with a Mamba group")
+    """An async KV load (``delay_cache_blocks``) or reserved blocks on a Mamba group: not
+    checked against vLLM yet. A synchronous load's tokens are answered (the core's state-group
+    admission with external tokens; hybrid_hits.py, docs/integrations/vllm.md, Mamba)."""
+    raise UnsupportedVllmFeatureError(
+        "a KV connector's async load (delay_cache_blocks) or reserved blocks with a Mamba group"
+    )

@@ -51,6 +51,7 @@ from pagedkv.integrations.vllm import (
     cross_attention,
     draft,
     evict,
+    hybrid_hits,
     mamba,
     per_step,
     queries,
@@ -177,6 +178,8 @@ class KVCacheManager:
         self._held_hashes: dict[str, bool] = {}
         # Hits that get_computed_blocks capped (max_cache_hit_length): request id -> hit tokens.
         self._hit_caps: dict[str, int] = {}
+        # Diverged per-group hits a connector's look-up answered this step (hybrid_hits.py).
+        self._diverged_hits: dict[str, int] = {}
         self._zero_again: list[int] = []
         # Speculative decoders' options (draft.py swaps these in when one is set): whether every
         # admission takes its hit's hashes only, the re-prefillable tokens, and the hooks that
@@ -229,7 +232,8 @@ class KVCacheManager:
 
     # Admission (admission.py): the prefix-cache look-up, a request's first allocate_slots.
     get_computed_blocks = admission.get_computed_blocks
-    get_computed_blocks_for_connector = admission.get_computed_blocks_for_connector
+    # A connector's look-up, per group where vLLM's is (hybrid_hits.py).
+    get_computed_blocks_for_connector = hybrid_hits.get_computed_blocks_for_connector
     _admit = admission.admit
 
     # Per-request queries (queries.py): blocks, block ids, the cached estimate.
@@ -262,7 +266,7 @@ class KVCacheManager:
         added to its tables, or None when the pool is short (vLLM's signal to preempt)."""
         external = bool(num_external_computed_tokens or delay_cache_blocks or reserved_blocks)
         if external:
-            if self.capacity.has_state:
+            if self.capacity.has_state and (delay_cache_blocks or reserved_blocks):
                 mamba.refuse_external()
             draft.check_external_admission(self)
             connector.check_external_admission(
@@ -273,6 +277,8 @@ class KVCacheManager:
                 skip_zeroing_group_ids,
                 request.num_tokens - num_new_computed_tokens,
             )
+            if self._diverged_hits:
+                hybrid_hits.check_admission(self, request, num_new_computed_tokens)
         if num_encoder_tokens and self._cross is not None:
             # (vLLM ignores encoder tokens without a cross-attention group.)
             return self._cross.admit(

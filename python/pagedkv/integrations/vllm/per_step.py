@@ -27,10 +27,12 @@ def usage(manager: KVCacheManager) -> float:
 
 
 def new_step_starts(manager: KVCacheManager) -> None:
-    """A Mamba group's same-step states are forgotten (the core's ``new_step``); nothing for
-    attention groups."""
+    """A Mamba group's same-step states are forgotten (the core's ``new_step``), and the
+    diverged hits of the last step's look-ups (hybrid_hits.py); nothing for attention groups."""
     if manager.capacity.has_state:
         manager._core.new_step()
+    if manager._diverged_hits:
+        manager._diverged_hits.clear()
 
 
 def take_kv_cache_block_copies(manager: KVCacheManager) -> tuple[list[KVCacheBlockCopy], list[KVCacheBlock]]:

@@ -14,7 +14,7 @@ from typing import Any
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.v1.kv_cache_interface import KVCacheSpec
 
-from pagedkv.integrations.vllm import aux_outputs, connector
+from pagedkv.integrations.vllm import aux_outputs, connector, hybrid_hits
 from pagedkv.integrations.vllm.pool_views import FreeBlockQueueView, PoolBlocksView
 
 # The manager (manager.py) is typed ``Any`` here: manager.py imports this module, and the
@@ -134,6 +134,12 @@ class CoordinatorView:
 
     def new_step_starts(self) -> None:
         self._manager.new_step_starts()  # a Mamba group's same-step states (the core's)
+
+    def find_longest_cache_hit_per_group(
+        self, block_hashes: Any, max_cache_hit_length: int
+    ) -> tuple[tuple[list[KVCacheBlock], ...], tuple[int, ...]]:
+        """Each group's own hit (a KV connector's look-up; hybrid_hits.py)."""
+        return hybrid_hits.find_longest_cache_hit_per_group(self._manager, block_hashes, max_cache_hit_length)
 
     def get_num_blocks_to_allocate(
         self,

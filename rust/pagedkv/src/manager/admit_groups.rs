@@ -9,8 +9,9 @@ use super::config::{AdmitOptions, Prompt};
 use super::group_spec::{has_state_group, NULL_BLOCK};
 use super::hits::{GroupHit, Place};
 use super::keys::{given_prompt_hashes, BlockKeys, PromptHashes};
-use super::policy::{fresh_for_positions, state_table_bound};
+use super::policy::{fresh_for_positions, grow_table, state_table_bound};
 use super::state::{GroupTables, KvCacheManager, SeqHashing, Sequence};
+use super::state_external;
 use crate::error::{invalid, Error, Result, Tier};
 use crate::prefix::hash::group_key;
 use crate::table::BlockTable;
@@ -203,8 +204,9 @@ impl KvCacheManager {
                 t
             })
             .collect();
-        for t in &mut tables {
-            t.extend(supply.by_ref().take(plan.num_positions - t.len()));
+        // A state group's later new positions are null but its last (grow_table).
+        for (t, spec) in tables.iter_mut().zip(&self.config.kv_groups) {
+            grow_table(spec, t, plan.num_positions, &mut supply);
         }
         debug_assert!(supply.next().is_none());
         self.record_loads(&loads_from, &loads_to);
@@ -388,6 +390,10 @@ impl KvCacheManager {
             .kv_groups
             .iter()
             .map(|spec| {
+                if spec.is_state() && external > 0 {
+                    // One block at the last external token's (state_external.rs).
+                    return state_external::external_span(released_at, bs).0;
+                }
                 let first = spec.skipped_blocks(released_at, bs).max(h);
                 spec.fresh_positions(first, num_positions).start
             })
@@ -401,10 +407,22 @@ impl KvCacheManager {
             .zip(&first_fresh)
             .map(|(spec, &f)| match spec.window() {
                 _ if external == 0 => usize::MAX,
+                _ if spec.is_state() => state_external::external_span(released_at, bs).1,
                 Some(1) => f,
                 _ => released_at.div_ceil(bs).max(f),
             })
             .collect();
+        // vLLM counts a state group's hit block, though an admission with external tokens
+        // never takes it (state_external.rs): its place before the release below.
+        let state_hits: Vec<Option<Place>> = if external > 0 && h > 0 {
+            hit.places
+                .iter()
+                .zip(&self.config.kv_groups)
+                .map(|(places, spec)| spec.is_state().then(|| places[h - 1]))
+                .collect()
+        } else {
+            Vec::new()
+        };
         if external > 0 {
             // The hit's positions the window left at the hit plus the external tokens are
             // released from the start: neither taken nor counted (vLLM skips them).
@@ -447,11 +465,27 @@ impl KvCacheManager {
             }
         }
         let revived: usize = revived_per_group.iter().sum();
-        let fresh = first_fresh
-            .iter()
-            .map(|&f| num_positions.saturating_sub(f))
-            .sum::<usize>()
-            + loads;
+        let group_fresh = |g: usize| {
+            let spec = &self.config.kv_groups[g];
+            state_external::group_fresh(spec, first_fresh[g], external_end[g], num_positions)
+        };
+        let fresh = (0..ng).map(group_fresh).sum::<usize>() + loads;
+        // What vLLM's checks count: the allocation, but for a state group admitted with
+        // external tokens, vLLM's count of it (state_external.rs); `revived_per_group` becomes
+        // the counted revivals (the actual ones are `revived`).
+        let mut counted = fresh;
+        let mut counted_revived = revived_per_group;
+        if external > 0 {
+            for (g, spec) in self.config.kv_groups.iter().enumerate() {
+                if spec.is_state() {
+                    let hit_state = state_hits.get(g).copied().flatten();
+                    let c = state_external::counted_blocks(hit_state, is_cached);
+                    counted = counted - group_fresh(g) + 1;
+                    counted_revived[g] += c - 1;
+                }
+            }
+        }
+        let counted_revived_total: usize = counted_revived.iter().sum();
         let watermark = if o.apply_watermark {
             self.config.watermark_blocks
         } else {
@@ -468,16 +502,22 @@ impl KvCacheManager {
         }
         if !o.reserve_prompt && o.require_full_prompt {
             let required = self
-                .admission_requirement(num_tokens, h, &revived_per_group, released_at)
+                .admission_requirement(num_tokens, h, &counted_revived, released_at)
                 .saturating_add(loads)
                 .saturating_add(watermark);
             if required > available {
                 return Err(short(required));
             }
         }
-        let needed = (fresh + revived + watermark).saturating_add(o.reserved_blocks);
+        let needed =
+            (counted + counted_revived_total + watermark).saturating_add(o.reserved_blocks);
         if needed > available {
             return Err(short(needed));
+        }
+        if fresh + revived > available {
+            // vLLM's count passed, its allocation (a state group's two blocks with external
+            // tokens) does not fit: vLLM's pool raises; refused here, nothing changed.
+            return Err(short(fresh + revived));
         }
         Ok(AdmitPlan {
             hit,

@@ -339,6 +339,19 @@ impl Model {
             .iter()
             .map(|&s| skipped(s, at, bs).max(l))
             .collect();
+        // With external tokens a state group's hit positions are all released (its hit block
+        // never taken), yet vLLM counts that block when cached-evictable: noted first.
+        let state_hit_cached: Vec<bool> = self
+            .specs
+            .iter()
+            .enumerate()
+            .map(|(g, &s)| {
+                s == KvGroupSpec::MambaState
+                    && external > 0
+                    && l > 0
+                    && places[g][l - 1].is_some_and(|b| self.cached.contains(&b))
+            })
+            .collect();
         for (g, &s) in self.specs.iter().enumerate() {
             for p in places[g].iter_mut().take(skipped(s, at, bs)) {
                 *p = None;
@@ -355,6 +368,8 @@ impl Model {
             .iter()
             .zip(&self.specs)
             .map(|(&b, &s)| match s {
+                // One block at the last external token's position, one at the chunk's last.
+                KvGroupSpec::MambaState if external > 0 => (at - 1) / bs,
                 KvGroupSpec::MambaState if positions > b => positions - 1,
                 _ => b,
             })
@@ -368,7 +383,7 @@ impl Model {
         if live > self.num_blocks {
             return Err(Kind::Invalid);
         }
-        let revived_per: Vec<usize> = places
+        let revived_now: Vec<usize> = places
             .iter()
             .map(|p| {
                 p.iter()
@@ -377,8 +392,33 @@ impl Model {
                     .count()
             })
             .collect();
-        let revived: usize = revived_per.iter().sum();
-        let fresh: usize = first.iter().map(|&f| positions - f).sum();
+        let revived: usize = revived_now.iter().sum();
+        let state_external = |s: KvGroupSpec| s == KvGroupSpec::MambaState && external > 0;
+        let fresh_per: Vec<usize> = first
+            .iter()
+            .zip(&self.specs)
+            .map(|(&f, &s)| {
+                if state_external(s) {
+                    1 + usize::from(positions - 1 > f)
+                } else {
+                    positions - f
+                }
+            })
+            .collect();
+        let fresh: usize = fresh_per.iter().sum();
+        // What vLLM counts: a state group admitted with external tokens, one new block and
+        // its hit's cached-evictable state block (whatever it allocates).
+        let revived_per: Vec<usize> = revived_now
+            .iter()
+            .zip(&state_hit_cached)
+            .map(|(&r, &c)| r + usize::from(c))
+            .collect();
+        let counted: usize = fresh_per
+            .iter()
+            .zip(&self.specs)
+            .map(|(&f, &s)| if state_external(s) { 1 } else { f })
+            .sum::<usize>()
+            + revived_per.iter().sum::<usize>();
         let available = self.available();
         let wm = lim.watermark;
         if !reserve && whole {
@@ -398,8 +438,12 @@ impl Model {
                 return Err(Kind::Oob(Tier::Device, required, available));
             }
         }
-        if fresh + revived + wm > available {
-            return Err(Kind::Oob(Tier::Device, fresh + revived + wm, available));
+        if counted + wm > available {
+            return Err(Kind::Oob(Tier::Device, counted + wm, available));
+        }
+        if fresh + revived > available {
+            // vLLM's count passed, its allocation does not fit (vLLM's pool raises there).
+            return Err(Kind::Oob(Tier::Device, fresh + revived, available));
         }
         for b in places
             .iter()
@@ -428,9 +472,8 @@ impl Model {
                 t
             })
             .collect();
-        for t in &mut tables {
-            let n = positions - t.len();
-            t.extend(supply.by_ref().take(n).map(Some));
+        for (t, &spec) in tables.iter_mut().zip(&self.specs) {
+            grow(spec, t, positions, &mut supply);
         }
         if tokens.is_some() {
             self.hit_tokens += (l * bs) as u64;
