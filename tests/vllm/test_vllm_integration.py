@@ -40,6 +40,31 @@ def test_full_attention_constructs_like_vllms() -> None:
     assert m.usage == 0.0
 
 
+@pytest.mark.parametrize("kinds", [("full",), ("full", "swa"), ("swa", "full", "swa")])
+@pytest.mark.parametrize("enable_caching", [True, False])
+def test_the_coordinator_view_is_of_vllms_coordinator_class(
+    kinds: tuple[str, ...], enable_caching: bool
+) -> None:
+    """vLLM builds a ``HybridKVCacheCoordinator`` for several groups with prefix caching, and its
+    code and tests check for it (``isinstance``); the view is one there and only there. A method
+    of vLLM's class the view does not answer raises instead of running vLLM's machinery on
+    pagedkv's tables."""
+    from pagedkv.integrations.vllm import KVCacheManager
+    from vllm.v1.core.kv_cache_coordinator import HybridKVCacheCoordinator
+    from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmKVCacheManager
+    from vllm_test_inputs import kv_cache_config
+
+    args = dict(max_model_len=256, scheduler_block_size=16, hash_block_size=16, enable_caching=enable_caching)
+    ours = KVCacheManager(kv_cache_config(*kinds), **args).coordinator
+    theirs = VllmKVCacheManager(kv_cache_config(*kinds), **args).coordinator
+    assert isinstance(ours, HybridKVCacheCoordinator) == isinstance(theirs, HybridKVCacheCoordinator)
+    if isinstance(ours, HybridKVCacheCoordinator):
+        with pytest.raises(AttributeError):
+            ours.find_longest_cache_hit([], 0)
+        with pytest.raises(AttributeError):
+            ours.free("nobody")
+
+
 def test_unsupported_group_kinds_are_refused_by_name() -> None:
     import torch
     from pagedkv.integrations.vllm import UnsupportedVllmFeatureError

@@ -178,7 +178,7 @@ def diverges(manager: KVCacheManager) -> bool:
 
 
 def get_computed_blocks_for_connector(
-    manager: KVCacheManager, request: Any, max_cache_hit_length: int | None
+    manager: KVCacheManager, request: Any, max_cache_hit_length: int | None = None
 ) -> tuple[Any, int, int, bool]:
     """vLLM's ``KVCacheManager.get_computed_blocks_for_connector``: the local hit, the
     shared-prefix boundary and whether the hit diverged (full attention's hit deeper than a

@@ -60,7 +60,7 @@ from pagedkv.integrations.vllm import (
 from pagedkv.integrations.vllm.capacity import PoolCapacity
 from pagedkv.integrations.vllm.events import EventTranslator
 from pagedkv.integrations.vllm.support import check_config
-from pagedkv.integrations.vllm.views import BlockPoolView, CoordinatorView, GroupView
+from pagedkv.integrations.vllm.views import BlockPoolView, GroupView, coordinator_view_class
 
 # The error is re-exported: the package and scheduler.py import both names from here.
 __all__ = ["KVCacheManager", "UnsupportedVllmFeatureError"]
@@ -161,7 +161,7 @@ class KVCacheManager:
             enable_kv_events=enable_kv_cache_events and enable_caching,
         )
         self.block_pool = BlockPoolView(self, num_blocks, block_size)
-        self.coordinator = CoordinatorView(
+        self.coordinator = coordinator_view_class(enable_caching, len(kv_cache_config.kv_cache_groups))(
             self,
             [GroupView(self, i, g.kv_cache_spec) for i, g in enumerate(kv_cache_config.kv_cache_groups)],
             self.block_pool,

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from vllm.v1.core.kv_cache_coordinator import HybridKVCacheCoordinator
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.v1.kv_cache_interface import KVCacheSpec
 
@@ -154,3 +155,21 @@ class CoordinatorView:
         return connector.num_blocks_to_allocate(
             self._manager, request_id, num_tokens, total_computed_tokens, apply_admission_cap
         )
+
+
+class HybridCoordinatorView(CoordinatorView, HybridKVCacheCoordinator):
+    """The coordinator view of a config with several KV groups and prefix caching, where vLLM
+    builds a ``HybridKVCacheCoordinator``: an instance of vLLM's class, for the code that checks
+    it (vLLM's ``get_computed_blocks_for_connector``, its offloading connector, its tests).
+    Only ``CoordinatorView.__init__`` runs, so a method of vLLM's class this view does not
+    answer reads coordinator state that does not exist here and raises ``AttributeError``
+    (or reaches a per-group manager method the group view does not have): never an answer from
+    vLLM's machinery on pagedkv's tables."""
+
+    __init__ = CoordinatorView.__init__
+
+
+def coordinator_view_class(enable_caching: bool, num_groups: int) -> type[CoordinatorView]:
+    """vLLM's choice of coordinator class (``get_kv_cache_coordinator``): the hybrid one for
+    several groups with prefix caching, else the plain view."""
+    return HybridCoordinatorView if enable_caching and num_groups > 1 else CoordinatorView
