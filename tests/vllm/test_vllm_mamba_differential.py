@@ -172,12 +172,11 @@ def pagedkv_errors() -> Any:
     return pagedkv
 
 
-def _core_differential(seed: int, num_blocks: int, shared: bool) -> _CorePair:
-    """Seeded steps on ``_CorePair``: prompts sharing prefixes of one base (``shared``) or each
-    its own (no hit, so never a second copy: pressure, preemption and eviction compared to the
-    end)."""
+def _drive(pair: Any, seed: int, shared: bool) -> Any:
+    """Seeded steps on a pair (``_CorePair`` or ``_ManagerPair``): prompts sharing prefixes of
+    one base (``shared``) or each its own (no hit, so never a second copy: pressure, preemption
+    and eviction compared to the end)."""
     rng = random.Random(seed)
-    pair = _CorePair(num_blocks)
     base = [rng.randrange(1, 1000) for _ in range(10 * BS)]
 
     def prompt() -> list[int]:
@@ -210,6 +209,11 @@ def _core_differential(seed: int, num_blocks: int, shared: bool) -> _CorePair:
     for rid in sorted(pair.reqs):
         pair.free(rid)
     return pair
+
+
+def _core_differential(seed: int, num_blocks: int, shared: bool) -> _CorePair:
+    """``_drive``'s schedule on ``_CorePair``."""
+    return _drive(_CorePair(num_blocks), seed, shared)
 
 
 @pytest.mark.parametrize("shared", [True, False])
@@ -358,38 +362,8 @@ class _ManagerPair:
 
 
 def _manager_differential(seed: int, num_blocks: int, shared: bool) -> _ManagerPair:
-    """``_core_differential``'s schedule on ``_ManagerPair``."""
-    rng = random.Random(seed)
-    pair = _ManagerPair(num_blocks)
-    base = [rng.randrange(1, 1000) for _ in range(10 * BS)]
-
-    def prompt() -> list[int]:
-        head = base[: rng.randrange(1, 10) * BS] if shared else []
-        return head + [rng.randrange(1000, 2000) for _ in range(rng.randrange(1, 6 * BS))]
-
-    prompts = [prompt() for _ in range(5)]
-    max_chunk = 2 if shared else 4
-    next_id = 0
-    for _ in range(40):
-        pair.step()
-        for rid in sorted(pair.reqs):
-            if rid in pair.reqs and not pair.parted:
-                pair.run(rid, rng.randrange(1, max_chunk), rng.randrange(1, 1000))
-        for _ in range(rng.randrange(0, 3)):
-            if not pair.parted:
-                pair.admit(
-                    f"r{next_id}", rng.choice(prompts) if shared else prompt(), rng.randrange(1, max_chunk)
-                )
-            next_id += 1
-        if pair.reqs and rng.random() < 0.25 and not pair.parted:
-            pair.free(rng.choice(sorted(pair.reqs)))
-        if pair.reqs and rng.random() < (0.04 if shared else 0.15) and not pair.parted:
-            pair.evict_state(rng.choice(sorted(pair.reqs)))
-        if pair.parted:
-            return pair
-    for rid in sorted(pair.reqs):
-        pair.free(rid)
-    return pair
+    """``_drive``'s schedule on ``_ManagerPair``."""
+    return _drive(_ManagerPair(num_blocks), seed, shared)
 
 
 @pytest.mark.parametrize("shared", [True, False])
