@@ -226,6 +226,60 @@ def test_a_sequence_longer_than_the_pool_is_not_admitted(manager_kind: str) -> N
     assert m.allocate_slots(fits, 2 * bs, full_sequence_must_fit=True) is not None
 
 
+@pytest.mark.parametrize(
+    ("kinds", "use_eagle"),
+    # (EAGLE is refused beside a window or a Mamba group: refusals tested there)
+    [(("full",), False), (("full",), True), (("full", "swa"), False), (("full", "mamba"), False)],
+)
+def test_a_prompt_longer_than_the_pool_is_looked_up_as_vllm_does(
+    kinds: tuple[str, ...], use_eagle: bool
+) -> None:
+    """The prefix-cache look-up of a prompt longer than the whole pool answers the hit the cache
+    holds (a cached 3-block prefix here) and admission then None, as vLLM's manager does; a
+    look-up of the whole prompt would be the core's refusal, an error stopping the step."""
+    import torch
+    from pagedkv.integrations.vllm import KVCacheManager
+    from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmKVCacheManager
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MambaSpec
+    from vllm_test_inputs import kv_cache_config, request
+
+    bs = 16
+
+    def config() -> KVCacheConfig:
+        if kinds != ("full", "mamba"):
+            return kv_cache_config(*kinds, num_blocks=8, window=bs)
+        fa = FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float32)
+        mamba = MambaSpec(block_size=bs, shapes=((1, 1),), dtypes=(torch.float32,), mamba_cache_mode="align")
+        return KVCacheConfig(
+            num_blocks=8,
+            kv_cache_tensors=[],
+            kv_cache_groups=[KVCacheGroupSpec(["f"], fa), KVCacheGroupSpec(["m"], mamba)],
+        )
+
+    args = dict(
+        max_model_len=1024,
+        scheduler_block_size=bs,
+        hash_block_size=bs,
+        enable_caching=True,
+        use_eagle=use_eagle,
+    )
+    answers = {}
+    for kind, cls in (("vllm", VllmKVCacheManager), ("pagedkv", KVCacheManager)):
+        m = cls(config(), **args)
+        first = request("first", 3 * bs + 1)
+        for _ in range(3):  # one block per step: a Mamba group caches a state at each boundary
+            blocks, hit = m.get_computed_blocks(first)[:2] if not first.num_computed_tokens else (None, 0)
+            assert m.allocate_slots(first, bs, hit, blocks) is not None
+            first.num_computed_tokens += bs
+        m.free(first)
+        too_long = request("long", 20 * bs + 3)
+        blocks, hit, boundary = m.get_computed_blocks(too_long)
+        answer = m.allocate_slots(too_long, bs, hit, blocks, full_sequence_must_fit=True)
+        answers[kind] = (hit, boundary, answer, m.block_pool.get_num_free_blocks())
+    assert answers["pagedkv"] == answers["vllm"]
+    assert answers["vllm"][0] > 0 and answers["vllm"][2] is None
+
+
 @pytest.mark.parametrize("manager_kind", ["vllm", "pagedkv"])
 def test_admission_without_the_whole_sequence_check(manager_kind: str) -> None:
     """``full_sequence_must_fit=False`` (vLLM's ``scheduler_reserve_full_isl=False``): a prompt

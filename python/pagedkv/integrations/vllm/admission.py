@@ -46,7 +46,9 @@ def get_computed_blocks(
         max_cache_hit_length = request.num_tokens - 1
     bs = manager.block_size
     all_hashes, all_tokens = request.block_hashes, request._all_token_ids
-    num_blocks = min(max(0, max_cache_hit_length) // bs, len(all_hashes))
+    # No hit runs past the pool's blocks, and the core refuses a look-up longer than the pool
+    # could hold (an error that would stop vLLM's step, where vLLM answers the hit it has).
+    num_blocks = min(max(0, max_cache_hit_length) // bs, len(all_hashes), manager.capacity.usable_blocks)
     if num_blocks == 0:
         return manager.empty_kv_cache_blocks, 0, 0
     # Full attention only: the hit is the longest run of cached blocks from the start, so

@@ -193,7 +193,8 @@ def get_computed_blocks(
         max_cache_hit_length = request.num_tokens - 1
     bs = manager.block_size
     all_hashes = request.block_hashes
-    num_blocks = min(max(0, max_cache_hit_length) // bs, len(all_hashes))
+    # capped at the pool's blocks, as get_computed_blocks' (admission.py)
+    num_blocks = min(max(0, max_cache_hit_length) // bs, len(all_hashes), manager.capacity.usable_blocks)
     if num_blocks == 0:
         return manager.empty_kv_cache_blocks, 0, 0
     hit = manager._core.match_prefix(
