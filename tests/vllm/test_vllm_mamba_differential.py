@@ -32,20 +32,12 @@ class _CorePair:
 
     def __init__(self, num_blocks: int) -> None:
         import pagedkv
-        import torch
         from vllm.utils.hashing import sha256
         from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmKVCacheManager
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-        from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MambaSpec
 
         init_none_hash(sha256)
-        fa = FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32)
-        mamba = MambaSpec(block_size=BS, shapes=((1, 1),), dtypes=(torch.float32,), mamba_cache_mode="align")
-        config = KVCacheConfig(
-            num_blocks=num_blocks,
-            kv_cache_tensors=[],
-            kv_cache_groups=[KVCacheGroupSpec(["fa"], fa), KVCacheGroupSpec(["mamba"], mamba)],
-        )
+        config = _mamba_config(num_blocks)
         self.vllm = VllmKVCacheManager(
             config, max_model_len=256, enable_caching=True, scheduler_block_size=BS, hash_block_size=BS
         )
@@ -251,21 +243,13 @@ class _ManagerPair:
     returns)."""
 
     def __init__(self, num_blocks: int) -> None:
-        import torch
         from pagedkv.integrations.vllm import KVCacheManager
         from vllm.utils.hashing import sha256
         from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmKVCacheManager
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-        from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MambaSpec
 
         init_none_hash(sha256)
-        fa = FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32)
-        mamba = MambaSpec(block_size=BS, shapes=((1, 1),), dtypes=(torch.float32,), mamba_cache_mode="align")
-        config = KVCacheConfig(
-            num_blocks=num_blocks,
-            kv_cache_tensors=[],
-            kv_cache_groups=[KVCacheGroupSpec(["fa"], fa), KVCacheGroupSpec(["mamba"], mamba)],
-        )
+        config = _mamba_config(num_blocks)
         args: dict[str, Any] = dict(max_model_len=256, scheduler_block_size=BS, hash_block_size=BS)
         self.m = {
             "vllm": VllmKVCacheManager(config, enable_caching=True, **args),
@@ -388,6 +372,8 @@ def test_the_manager_differential_reaches_what_it_checks() -> None:
 
 
 def _mamba_config(num_blocks: int = 32, window: int | None = None, **mamba_options: Any) -> Any:
+    """Full attention + an align-mode Mamba group (+ a window group), blocks of ``BS`` tokens
+    (the layer names are read by neither manager)."""
     import torch
     from vllm.v1.kv_cache_interface import (
         FullAttentionSpec,
