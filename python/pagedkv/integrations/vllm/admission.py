@@ -87,17 +87,10 @@ def shared_prefix_boundary(manager: KVCacheManager, hashes: Any, hit: int) -> in
     the first group's) where it runs past the reconciled ``hit``, else 0. vLLM's scheduler
     ends a Mamba group's prefill chunk there (``_mamba_block_aligned_split``, the shared-prefix
     junction), so this is part of the schedule. One group: always 0 (its own hit is the hit)."""
-    capacity = manager.capacity
-    if capacity.num_groups == 1:
+    if manager.capacity.num_groups == 1:
         return 0
-    first = next(
-        (
-            g
-            for g, (w, state) in enumerate(zip(capacity.windows, capacity.states, strict=True))
-            if w is None and not state
-        ),
-        0,
-    )
+    # vLLM's coordinator's own attribute (the first full-attention group; None without one)
+    first = manager.coordinator.full_attention_group_id or 0
     own = int(manager._core.group_hits(hashes, len(hashes) * manager.block_size)[first])
     return own if own > hit else 0
 
