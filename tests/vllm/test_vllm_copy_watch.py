@@ -19,28 +19,16 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-
-
-def _window(window: int, **overrides: object) -> dict[str, object]:
-    """Full attention beside a window group, 24 requests on 50 blocks (as the differential's)."""
-    return dict(
-        requests=24,
-        num_blocks=50,
-        groups=("full", "swa"),
-        window=window,
-        max_num_batched_tokens=128,
-        **overrides,
-    )
-
+from vllm_test_inputs import window_config
 
 # name -> Workload overrides: the differential's two configurations that part at a kept content,
 # and two identical to the end whose shadows keep contents no look-up reaches (the copies of a
 # connector's async loads; of two live requests, with chunk-only admission, until a revival).
 WORKLOADS: dict[str, dict[str, object]] = {
-    "chunk-admission-full+swa": _window(48, reserve_full_isl=False),
-    "connector-sync-chunk-admission-full+swa": _window(48, connector="sync", reserve_full_isl=False),
-    "connector-mixed-full+swa-two-tokens": _window(2, connector="mixed"),
-    "connector-mixed-full+swa": _window(48, connector="mixed"),
+    "chunk-admission-full+swa": window_config(48, reserve_full_isl=False),
+    "connector-sync-chunk-admission-full+swa": window_config(48, connector="sync", reserve_full_isl=False),
+    "connector-mixed-full+swa-two-tokens": window_config(2, connector="mixed"),
+    "connector-mixed-full+swa": window_config(48, connector="mixed"),
 }
 
 

@@ -21,19 +21,7 @@ from __future__ import annotations
 from types import ModuleType
 
 import pytest
-
-
-def window_config(window: int, **overrides: object) -> dict[str, object]:
-    """Full attention beside a sliding-window group of `window` tokens: 24 requests on 50 blocks."""
-    return dict(
-        requests=24,
-        num_blocks=50,
-        groups=("full", "swa"),
-        window=window,
-        max_num_batched_tokens=128,
-        **overrides,
-    )
-
+from vllm_test_inputs import window_config
 
 # name -> (Workload overrides, whether the traces must be identical to the end); every
 # configuration preempts at least once (checked below).

@@ -60,3 +60,16 @@ def request(rid: str, num_tokens: int, first: int = 0, max_tokens: int = 4, igno
     tokens = list(range(first, first + num_tokens))
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos)
     return Request(rid, tokens, params, None, block_hasher=get_request_block_hasher(BS, sha256))
+
+
+def window_config(window: int, **overrides: object) -> dict[str, object]:
+    """A scheduler-differential workload (benches/vllm_scheduler.py's ``Workload`` overrides): full
+    attention beside a sliding-window group of `window` tokens, 24 requests on 50 blocks."""
+    return dict(
+        requests=24,
+        num_blocks=50,
+        groups=("full", "swa"),
+        window=window,
+        max_num_batched_tokens=128,
+        **overrides,
+    )
