@@ -106,6 +106,7 @@ def admit(
     num_external: int = 0,
     delay_cache_blocks: bool = False,
     reserved_blocks: int = 0,
+    diverged_hit: bool = False,
 ) -> KVCacheBlocks | None:
     if request.num_computed_tokens:
         raise UnsupportedVllmFeatureError(
@@ -176,6 +177,7 @@ def admit(
                 apply_watermark=watermark,
                 reserved_blocks=reserved_blocks,
                 num_external_computed_tokens=num_external,
+                diverged_hit=diverged_hit,
             )
         except OutOfBlocksError:
             manager._collect_events(request)
