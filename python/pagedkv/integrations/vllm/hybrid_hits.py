@@ -239,8 +239,9 @@ def check_admission(manager: KVCacheManager, request: Any, num_new_computed_toke
     if len(full) != 1 or any(not isinstance(s, (FullAttentionSpec, MambaSpec)) for s in kinds):
         raise UnsupportedVllmFeatureError(
             f"request {request.request_id!r}: a KV connector's tokens on top of a diverged local "
-            f"hit ({diverged} tokens of full attention) beside full-attention groups of several "
-            "specs (supports_divergent_local_hybrid_hits)"
+            f"hit ({diverged} tokens of full attention) on groups the core's diverged admission "
+            "does not cover (full attention of one spec and Mamba only: "
+            "supports_divergent_local_hybrid_hits)"
         )
     return True
 
