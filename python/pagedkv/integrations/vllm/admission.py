@@ -10,6 +10,7 @@ every step); ``manager`` is the ``KVCacheManager``.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
@@ -165,8 +166,12 @@ def admit(
             hashes = list(request.block_hashes[: num_new_computed_tokens // bs])
         else:
             hashes = list(request.block_hashes)
+        add = manager._core.add_sequence
+        if diverged_hit:
+            # Only here: an unused keyword would cost every other admission its parsing.
+            add = functools.partial(add, diverged_hit=True)
         try:
-            hit = manager._core.add_sequence(
+            hit = add(
                 seq_id,
                 tokens,
                 num_scheduled=num_scheduled,
@@ -177,7 +182,6 @@ def admit(
                 apply_watermark=watermark,
                 reserved_blocks=reserved_blocks,
                 num_external_computed_tokens=num_external,
-                diverged_hit=diverged_hit,
             )
         except OutOfBlocksError:
             manager._collect_events(request)
