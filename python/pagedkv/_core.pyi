@@ -217,6 +217,7 @@ class KvCacheManager:
         prompt_hashes: PromptHashes | list[int] | None = None,
         reserved_blocks: int = 0,
         num_external_computed_tokens: int = 0,
+        diverged_hit: bool = False,
     ) -> int:
         """Admits a prompt (``token_ids`` ``[n]``, or only ``num_tokens``: never hashed);
         returns how many of its tokens were served from the prefix cache. ``num_scheduled``:
@@ -235,7 +236,11 @@ class KvCacheManager:
         scheduled tokens are computed elsewhere (vLLM's KV connector; per chunk only): window
         groups release what their windows leave at the hit plus these before the admission is
         sized, so those positions are never allocated (more than the scheduled tokens after
-        the hit: ``InvalidArgumentError``)."""
+        the hit: ``InvalidArgumentError``). ``diverged_hit``: the hit is the full-attention
+        groups' own run where a ``MambaState`` group's own hit lags it (vLLM's diverged hit,
+        restored by the connector's tokens): the state groups' hit positions are released and
+        each one's own hit block is counted, never taken, when cached-evictable (per chunk, with
+        external tokens, full-attention and state groups only: else ``InvalidArgumentError``)."""
     def allocate_slots(
         self,
         seq_id: int,

@@ -93,3 +93,44 @@ def test_hostile_arguments_are_typed_errors_changing_nothing() -> None:
     # A bad hash past the bound is never read.
     assert kv.group_hits([b"x" * 32, "x"], 4) == [0, 0]  # type: ignore[list-item]
     kv.check_invariants()
+
+
+def test_the_diverged_hit_through_the_binding() -> None:
+    """``add_sequence(..., diverged_hit=True)``: full attention's own run is the hit where the
+    state group's own hit lags it (here no state block was cached at all: one chunk ending
+    mid-block), the state row null over it; outside its configs ``InvalidArgumentError``,
+    nothing changed (rust/pagedkv/src/manager/state_diverged.rs)."""
+    kv = manager()
+    prompt = list(range(1, 11))
+    kv.new_step()
+    kv.add_sequence(1, prompt, num_scheduled=10, reserve_prompt=False)  # states at 10: none full
+    kv.free(1)
+    kv.new_step()
+    replay = prompt[:8] + [50, 51, 52, 53, 54]
+    assert kv.match_prefix(replay) == 0  # the reconciled hit: no state block
+    before = kv.num_available_blocks
+    for bad in (
+        dict(num_external_computed_tokens=0),  # no connector's tokens
+        dict(num_external_computed_tokens=2, reserve_prompt=True),
+    ):
+        options = dict(num_scheduled=5, reserve_prompt=False, diverged_hit=True) | bad
+        with pytest.raises(InvalidArgumentError):
+            kv.add_sequence(2, replay, **options)  # type: ignore[arg-type]
+        assert kv.num_available_blocks == before and 2 not in kv
+    hit = kv.add_sequence(
+        2, replay, num_scheduled=5, reserve_prompt=False, num_external_computed_tokens=2, diverged_hit=True
+    )
+    assert hit == 8
+    assert live(kv, 2) == [2, 3]  # nulls to (8 + 2 - 1) // 4, a block there and at the chunk's end
+    kv.check_invariants()
+    alone = KvCacheManager(16, BS, enable_prefix_caching=True)
+    with pytest.raises(InvalidArgumentError):
+        alone.add_sequence(
+            1,
+            replay,
+            num_scheduled=5,
+            reserve_prompt=False,
+            num_external_computed_tokens=2,
+            diverged_hit=True,
+        )
+    assert alone.num_available_blocks == 16

@@ -319,10 +319,11 @@ def test_a_diverged_hit_falls_back_or_is_refused_by_name(monkeypatch: pytest.Mon
     """The scheduler's protocol around a diverged hit, on pagedkv's manager: the look-up answers
     full attention's hit, diverged (vLLM's answer); the scheduler's fallback to the reconciled
     hit (``get_computed_blocks``, no connector tokens) admits as usual; an admission of the
-    diverged hit with a connector's tokens is refused by name, changing nothing; a new step
-    forgets the look-up. vLLM looks per group only with a Mamba group, which pagedkv's manager
-    refuses at construction, so the rule is switched on here for a window group that lags full
-    attention (hybrid_hits.diverges), the lagging group the Mamba group would be."""
+    diverged hit with a connector's tokens on a config the core's diverged admission does not
+    cover is refused by name, changing nothing; a new step forgets the look-up. vLLM looks per
+    group only with a Mamba group; the rule is switched on here for a window group that lags
+    full attention (hybrid_hits.diverges), which that admission does not cover (the Mamba
+    admission itself: tests/vllm/test_vllm_mamba_diverged.py)."""
     from pagedkv.errors import UnsupportedVllmFeatureError
     from pagedkv.integrations.vllm import hybrid_hits
     from vllm.v1.request import RequestStatus

@@ -95,6 +95,8 @@ enum Op {
         full: bool,
         /// `num_external_computed_tokens` (a KV connector's tokens).
         external: usize,
+        /// `diverged_hit` (full attention's own run as the hit).
+        diverged: bool,
     },
     /// `allocate_slots(id, new, lookahead, in_flight, computed = current - rollback)`.
     Slots {
@@ -171,8 +173,8 @@ fn op() -> impl Strategy<Value = Op> {
 /// The per-chunk operations (added to `op()` in the per-chunk runs).
 fn chunk_op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        4 => (id(), 0usize..3, 0usize..24, extra(), 0usize..10, prop_oneof![3 => Just(0usize), 1 => 1usize..5], prop::bool::weighted(0.9), prop::bool::weighted(0.6), prop_oneof![2 => Just(0usize), 2 => 0usize..12])
-            .prop_map(|(id, prompt, len, extra, scheduled, lookahead, tokens, full, external)| Op::AddPerChunk { id, prompt, len, extra, scheduled, lookahead, tokens, full, external }),
+        4 => (id(), 0usize..3, 0usize..24, extra(), 0usize..10, prop_oneof![3 => Just(0usize), 1 => 1usize..5], prop::bool::weighted(0.9), prop::bool::weighted(0.6), prop_oneof![2 => Just(0usize), 2 => 0usize..12], prop::bool::weighted(0.3))
+            .prop_map(|(id, prompt, len, extra, scheduled, lookahead, tokens, full, external, diverged)| Op::AddPerChunk { id, prompt, len, extra, scheduled, lookahead, tokens, full, external, diverged }),
         6 => (id(), 0usize..8, prop_oneof![3 => Just(0usize), 1 => 1usize..5], prop_oneof![3 => Just(0usize), 1 => 1usize..6], prop::option::weighted(0.2, 0usize..4))
             .prop_map(|(id, new, lookahead, in_flight, rollback)| Op::Slots { id, new, lookahead, in_flight, rollback }),
         3 => (id(), 0usize..5, prop::option::weighted(0.2, 0usize..4)).prop_map(|(i, n, r)| Op::Provide(i, n, r)),
@@ -490,6 +492,7 @@ fn run(setup: Setup, ops: Vec<Op>) {
                 tokens,
                 full,
                 external,
+                diverged,
             } => {
                 let t = prompt_tokens(*prompt, *len);
                 let extra_bytes = extra.map(|e| vec![e; 3]);
@@ -500,6 +503,7 @@ fn run(setup: Setup, ops: Vec<Op>) {
                     require_full_prompt: *full,
                     num_lookahead_tokens: *lookahead,
                     num_external_computed_tokens: *external,
+                    diverged_hit: *diverged,
                     ..Default::default()
                 };
                 let prompt = if *tokens {
@@ -510,16 +514,13 @@ fn run(setup: Setup, ops: Vec<Op>) {
                 let model_tokens = tokens.then(|| t.clone());
                 (
                     kv.add_sequence_with(*id, prompt, &o),
-                    model.add(
+                    model.add_with(
                         *id,
                         model_tokens,
                         *len,
                         *extra,
-                        *scheduled,
-                        false,
-                        *full,
-                        *lookahead,
-                        *external,
+                        (*scheduled, false, *full, *lookahead, *external),
+                        *diverged,
                     ),
                 )
             }
@@ -821,5 +822,22 @@ proptest! {
         ops in prop::collection::vec(prop_oneof![3 => op(), 2 => chunk_op()], 1..60),
     ) {
         run(Setup { groups, num_blocks, block_size, caching, num_host, limits, log }, ops);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 1000, max_shrink_iters: 4000, ..ProptestConfig::default() })]
+
+    /// Full attention beside a state group on small pools, mostly per-chunk admissions (a
+    /// third with the diverged hit: full attention's own run, the state group's own lagging
+    /// hit block counted; manager/state_diverged.rs), frees and evictions.
+    #[test]
+    fn diverged_hits_match_model(
+        num_blocks in 2usize..16,
+        block_size in 1usize..4,
+        ops in prop::collection::vec(prop_oneof![2 => op(), 3 => chunk_op()], 1..60),
+    ) {
+        let groups = vec![KvGroupSpec::FullAttention, KvGroupSpec::MambaState];
+        run(setup(groups, num_blocks, block_size, true, 0), ops);
     }
 }

@@ -75,6 +75,8 @@ enum Op {
         block_hashes: Option<Vec<u128>>,
         /// `num_external_computed_tokens` (per chunk only).
         external: usize,
+        /// `diverged_hit` (full attention's own run as the hit; refused outside its configs).
+        diverged: bool,
     },
     AllocateSlots {
         seq: u64,
@@ -196,9 +198,9 @@ fn chunk_op() -> impl Strategy<Value = Op> {
         ),
     );
     prop_oneof![
-        4 => (seq_id(), prop::option::weighted(0.8, tokens()), count(), count(), any::<bool>(), any::<bool>(), count(), block_keys, hashes(), prop_oneof![2 => Just(0usize), 1 => count()])
-            .prop_map(|(seq, tokens, len, scheduled, reserve, full, lookahead, block_keys, block_hashes, external)| {
-                Op::AddWith { seq, tokens, len, scheduled, reserve, full, lookahead, block_keys, block_hashes, external }
+        4 => (seq_id(), prop::option::weighted(0.8, tokens()), count(), count(), any::<bool>(), any::<bool>(), count(), block_keys, hashes(), prop_oneof![2 => Just(0usize), 1 => count()], any::<bool>())
+            .prop_map(|(seq, tokens, len, scheduled, reserve, full, lookahead, block_keys, block_hashes, external, diverged)| {
+                Op::AddWith { seq, tokens, len, scheduled, reserve, full, lookahead, block_keys, block_hashes, external, diverged }
             }),
         6 => (seq_id(), count(), count(), count(), prop::option::of(count()))
             .prop_map(|(seq, new, lookahead, in_flight, computed)| Op::AllocateSlots { seq, new, lookahead, in_flight, computed }),
@@ -368,6 +370,7 @@ fn apply(kv: &mut KvCacheManager, op: &Op, side_pool: &BlockPool) -> bool {
             block_keys,
             block_hashes,
             external,
+            diverged,
         } => {
             let keys: Option<Vec<Option<&[u8]>>> = block_keys
                 .as_ref()
@@ -390,6 +393,7 @@ fn apply(kv: &mut KvCacheManager, op: &Op, side_pool: &BlockPool) -> bool {
                 apply_watermark: true,
                 reserved_blocks: 0,
                 num_external_computed_tokens: *external,
+                diverged_hit: *diverged,
             };
             let prompt = match tokens {
                 Some(t) => Prompt::Tokens(t),

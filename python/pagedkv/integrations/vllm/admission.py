@@ -10,6 +10,7 @@ every step); ``manager`` is the ``KVCacheManager``.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
@@ -106,6 +107,7 @@ def admit(
     num_external: int = 0,
     delay_cache_blocks: bool = False,
     reserved_blocks: int = 0,
+    diverged_hit: bool = False,
 ) -> KVCacheBlocks | None:
     if request.num_computed_tokens:
         raise UnsupportedVllmFeatureError(
@@ -164,8 +166,12 @@ def admit(
             hashes = list(request.block_hashes[: num_new_computed_tokens // bs])
         else:
             hashes = list(request.block_hashes)
+        add = manager._core.add_sequence
+        if diverged_hit:
+            # Only here: an unused keyword would cost every other admission its parsing.
+            add = functools.partial(add, diverged_hit=True)
         try:
-            hit = manager._core.add_sequence(
+            hit = add(
                 seq_id,
                 tokens,
                 num_scheduled=num_scheduled,

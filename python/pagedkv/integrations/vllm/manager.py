@@ -277,8 +277,17 @@ class KVCacheManager:
                 skip_zeroing_group_ids,
                 request.num_tokens - num_new_computed_tokens,
             )
-            if self._diverged_hits:
-                hybrid_hits.check_admission(self, request, num_new_computed_tokens)
+            if self._diverged_hits and hybrid_hits.check_admission(self, request, num_new_computed_tokens):
+                return hybrid_hits.admit_diverged(
+                    self,
+                    request,
+                    num_new_tokens,
+                    num_new_computed_tokens,
+                    num_lookahead_tokens,
+                    full_sequence_must_fit,
+                    has_scheduled_reqs,
+                    num_external_computed_tokens,
+                )
         if num_encoder_tokens and self._cross is not None:
             # (vLLM ignores encoder tokens without a cross-attention group.)
             return self._cross.admit(

@@ -34,19 +34,22 @@ impl PyKvCacheManager {
     /// besides it (vLLM's `reserved_blocks`: in-flight async KV loads);
     /// `num_external_computed_tokens` of the scheduled tokens are computed elsewhere (a KV
     /// connector's, per-chunk only): window groups release what their windows leave at the hit
-    /// plus these before the admission is sized.
+    /// plus these before the admission is sized; `diverged_hit=True` takes the full-attention
+    /// groups' own run as the hit (vLLM's diverged hit: with external tokens, per chunk, full
+    /// attention and `MambaState` groups only; else `InvalidArgumentError`).
     #[pyo3(signature = (
         seq_id, token_ids=None, *, num_tokens=None, extra_key=None, num_scheduled=None,
         reserve_prompt=FlagArg(true), require_full_prompt=FlagArg(true),
         num_lookahead_tokens=CountArg(0), block_extra_keys=None, block_hashes=None,
         apply_watermark=FlagArg(true), prompt_hashes=None, reserved_blocks=CountArg(0),
-        num_external_computed_tokens=CountArg(0)
+        num_external_computed_tokens=CountArg(0), diverged_hit=FlagArg(false)
     ))]
     #[pyo3(
         text_signature = "(self, seq_id, token_ids=None, *, num_tokens=None, extra_key=None, \
         num_scheduled=None, reserve_prompt=True, require_full_prompt=True, \
         num_lookahead_tokens=0, block_extra_keys=None, block_hashes=None, apply_watermark=True, \
-        prompt_hashes=None, reserved_blocks=0, num_external_computed_tokens=0)"
+        prompt_hashes=None, reserved_blocks=0, num_external_computed_tokens=0, \
+        diverged_hit=False)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn add_sequence(
@@ -66,6 +69,7 @@ impl PyKvCacheManager {
         prompt_hashes: Option<Bound<'_, PyAny>>,
         reserved_blocks: CountArg,
         num_external_computed_tokens: CountArg,
+        diverged_hit: FlagArg,
     ) -> PyResult<usize> {
         let scheduled = num_scheduled.map_or(usize::MAX, |n| n.0);
         let plain = reserve_prompt.0
@@ -75,7 +79,8 @@ impl PyKvCacheManager {
             && prompt_hashes.is_none()
             && apply_watermark.0
             && reserved_blocks.0 == 0
-            && num_external_computed_tokens.0 == 0;
+            && num_external_computed_tokens.0 == 0
+            && !diverged_hit.0;
         if !plain {
             let max_tokens = self.max_prompt_tokens(!reserve_prompt.0 && !require_full_prompt.0);
             let keys = BlockKeyArgs::extract(
@@ -120,6 +125,7 @@ impl PyKvCacheManager {
                     apply_watermark: apply_watermark.0,
                     reserved_blocks: reserved_blocks.0,
                     num_external_computed_tokens: num_external_computed_tokens.0,
+                    diverged_hit: diverged_hit.0,
                 };
                 kv.add_sequence_with(seq_id.0, prompt, &options)
             });

@@ -11,6 +11,7 @@ use super::hits::{GroupHit, Place};
 use super::keys::{given_prompt_hashes, BlockKeys, PromptHashes};
 use super::policy::{fresh_for_positions, grow_table, state_table_bound};
 use super::state::{GroupTables, KvCacheManager, SeqHashing, Sequence};
+use super::state_diverged;
 use super::state_external;
 use crate::error::{invalid, Error, Result, Tier};
 use crate::prefix::hash::group_key;
@@ -80,7 +81,8 @@ impl KvCacheManager {
             && o.reserve_prompt
             && o.num_lookahead_tokens == 0
             && o.block_extra_keys.is_none()
-            && o.block_hashes.is_none();
+            && o.block_hashes.is_none()
+            && !o.diverged_hit;
         match prompt {
             Prompt::Tokens(t) if tuned && self.prefix.is_some() => match o.prompt_hashes {
                 None => self.admit_cached::<false>(seq_id, t, o.extra_key, o.num_scheduled, &[]),
@@ -119,6 +121,10 @@ impl KvCacheManager {
         }
         let bs = self.block_size;
         let tokens = prompt.tokens();
+        if o.diverged_hit {
+            let (specs, caching) = (&self.config.kv_groups, self.prefix.is_some());
+            state_diverged::check_option(specs, caching, tokens.is_some(), o)?;
+        }
         let num_tokens = prompt.len();
         let keys = BlockKeys::from_admission(
             o.extra_key,
@@ -137,10 +143,14 @@ impl KvCacheManager {
             PromptHashes::new(hasher, bs, t, &seq_key, keys.as_deref()).with_given(given)
         });
         let hit = match hashes.as_mut() {
-            Some(h) if caching => self.find_group_hit(h, num_tokens.saturating_sub(1) / bs),
+            Some(h) if caching => {
+                let max_blocks = num_tokens.saturating_sub(1) / bs;
+                self.find_group_hit_on(h, max_blocks, true, o.diverged_hit)
+            }
             _ => GroupHit {
                 num_blocks: 0,
                 places: vec![Vec::new(); self.num_groups()],
+                state_own: Vec::new(),
             },
         };
         let state_this_step = match hashes.as_mut() {
@@ -413,8 +423,14 @@ impl KvCacheManager {
             })
             .collect();
         // vLLM counts a state group's hit block, though an admission with external tokens
-        // never takes it (state_external.rs): its place before the release below.
-        let state_hits: Vec<Option<Place>> = if external > 0 && h > 0 {
+        // never takes it (state_external.rs): its place before the release below, or, on a
+        // diverged hit, the group's own hit block below it (state_diverged.rs).
+        let state_hits: Vec<Option<Place>> = if o.diverged_hit {
+            hit.state_own
+                .iter()
+                .map(|own| own.map(|(_, p)| p))
+                .collect()
+        } else if external > 0 && h > 0 {
             hit.places
                 .iter()
                 .zip(&self.config.kv_groups)
@@ -538,11 +554,18 @@ impl KvCacheManager {
         };
         let last = hit.num_blocks - 1;
         self.config.kv_groups.iter().enumerate().any(|(g, spec)| {
+            // A diverged hit: the group's own hit block (state_diverged.rs).
+            let at = match hit.state_own.get(g) {
+                Some(&Some((i, p))) => Some((i, p)),
+                Some(None) => None,
+                None => hit.places[g].get(last).map(|&p| (last, p)),
+            };
             spec.is_state()
-                && matches!(hit.places[g].get(last), Some(Place::Device(_)))
-                && prefix
-                    .states_this_step
-                    .contains(group_key(g as u32, hashes.get(last)))
+                && matches!(at, Some((_, Place::Device(_))))
+                && at.is_some_and(|(i, _)| {
+                    let key = group_key(g as u32, hashes.get(i));
+                    prefix.states_this_step.contains(key)
+                })
         })
     }
 

@@ -176,6 +176,15 @@ pub struct AdmitOptions<'a> {
     /// or a hit plus these tokens past the pool's blocks: `InvalidArgument`. Changes nothing
     /// else without a window group.
     pub num_external_computed_tokens: usize,
+    /// The hit is the full-attention groups' own run of cached blocks, not the hit every group
+    /// serves (vLLM's diverged hit, `get_computed_blocks_for_connector`: a KV connector
+    /// restores the state groups' missing state at its end). Valid only per chunk, with
+    /// `num_external_computed_tokens > 0`, token ids, prefix caching and groups that are full
+    /// attention and state groups only (at least one of each): else `InvalidArgument`,
+    /// nothing changed. A state group's hit positions are all released then (as with external
+    /// tokens on any hit), and vLLM's count for it counts its own hit block (the rightmost
+    /// cached one below the hit) when cached-evictable (manager/state_diverged.rs).
+    pub diverged_hit: bool,
 }
 
 impl Default for AdmitOptions<'_> {
@@ -192,6 +201,7 @@ impl Default for AdmitOptions<'_> {
             apply_watermark: true,
             reserved_blocks: 0,
             num_external_computed_tokens: 0,
+            diverged_hit: false,
         }
     }
 }

@@ -5,6 +5,7 @@
 use super::keys::PromptHashes;
 use super::policy::hybrid_hit;
 use super::state::KvCacheManager;
+use super::state_diverged::diverged_hit;
 use crate::prefix::hash::{group_key, BlockHash};
 use crate::BlockId;
 
@@ -26,6 +27,9 @@ pub(super) struct GroupHit {
     pub(super) num_blocks: usize,
     /// Per group, the place of each of its `num_blocks` positions.
     pub(super) places: Vec<Vec<Place>>,
+    /// A diverged hit's (state_diverged.rs), per group: a state group's own hit block below
+    /// the hit, as its position and place (its `places` are all released); empty otherwise.
+    pub(super) state_own: Vec<Option<(usize, Place)>>,
 }
 
 impl GroupHit {
@@ -47,22 +51,25 @@ impl KvCacheManager {
         hashes: &mut PromptHashes<'_>,
         max_blocks: usize,
     ) -> GroupHit {
-        self.find_group_hit_on(hashes, max_blocks, true)
+        self.find_group_hit_on(hashes, max_blocks, true, false)
     }
 
     /// [`Self::find_group_hit`], on the device alone unless `with_host` (pins hold device
-    /// blocks only).
+    /// blocks only); with `diverged`, the full-attention groups' own run instead, the state
+    /// groups' positions released and their own hits noted (state_diverged.rs).
     pub(super) fn find_group_hit_on(
         &self,
         hashes: &mut PromptHashes<'_>,
         max_blocks: usize,
         with_host: bool,
+        diverged: bool,
     ) -> GroupHit {
         let ng = self.num_groups();
         let Some(prefix) = self.prefix.as_ref() else {
             return GroupHit {
                 num_blocks: 0,
                 places: vec![Vec::new(); ng],
+                state_own: Vec::new(),
             };
         };
         let max_blocks = max_blocks.min(hashes.num_hashable());
@@ -114,10 +121,27 @@ impl KvCacheManager {
         };
         let bs = self.block_size;
         let specs = &self.config.kv_groups;
-        let num_blocks = hybrid_hit(specs, max_blocks, bs, |g, i| lookup(g, i, hashes).is_some());
+        let (num_blocks, own) = match diverged {
+            false => {
+                let cached = |g, i| lookup(g, i, hashes).is_some();
+                (hybrid_hit(specs, max_blocks, bs, cached), Vec::new())
+            }
+            true => diverged_hit(specs, max_blocks, bs, |g, i| lookup(g, i, hashes).is_some()),
+        };
+        let state_own = own
+            .iter()
+            .enumerate()
+            .map(|(g, &j)| match j {
+                0 => None,
+                j => lookup(g, j - 1, hashes).map(|p| (j - 1, p)),
+            })
+            .collect();
         let places = (0..ng)
             .map(|g| {
-                let skip = specs[g].skipped_blocks(num_blocks * bs, bs);
+                let skip = match diverged && specs[g].is_state() {
+                    true => num_blocks,
+                    false => specs[g].skipped_blocks(num_blocks * bs, bs),
+                };
                 (0..num_blocks)
                     .map(|i| match i < skip {
                         true => Place::Released,
@@ -126,7 +150,11 @@ impl KvCacheManager {
                     .collect()
             })
             .collect();
-        GroupHit { num_blocks, places }
+        GroupHit {
+            num_blocks,
+            places,
+            state_own,
+        }
     }
 }
 

@@ -71,6 +71,7 @@ mod queries;
 mod rollback;
 mod slots;
 mod state;
+mod state_diverged;
 mod state_external;
 mod state_hit;
 mod swap;

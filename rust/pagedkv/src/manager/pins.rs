@@ -125,7 +125,7 @@ impl KvCacheManager {
         let num_full = token_ids.len() / bs;
         let seq_key = extra_key.map(std::sync::Arc::from);
         let mut hashes = PromptHashes::new(prefix.hasher, bs, token_ids, &seq_key, None);
-        let hit = self.find_group_hit_on(&mut hashes, num_full, false);
+        let hit = self.find_group_hit_on(&mut hashes, num_full, false, false);
         if hit.num_blocks == 0 {
             return Ok(0);
         }

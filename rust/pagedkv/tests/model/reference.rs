@@ -234,6 +234,33 @@ impl Model {
         (l, places)
     }
 
+    /// The diverged hit `<= max_blocks` (declarative): the longest run every full-attention
+    /// group holds from block 0; a state group's positions all released.
+    fn diverged_hit(
+        &self,
+        t: &[u32],
+        extra: Option<u8>,
+        max_blocks: usize,
+    ) -> (usize, Vec<Vec<Option<MBlock>>>) {
+        let max = max_blocks.min(t.len() / self.block_size);
+        let full = |g: usize| self.specs[g] == KvGroupSpec::FullAttention;
+        let l = (0..=max)
+            .rev()
+            .find(|&l| {
+                (0..self.ng())
+                    .filter(|&g| full(g))
+                    .all(|g| (0..l).all(|i| self.cached_block(g, t, extra, i).is_some()))
+            })
+            .unwrap_or(0);
+        let places = (0..self.ng())
+            .map(|g| match full(g) {
+                true => (0..l).map(|i| self.cached_block(g, t, extra, i)).collect(),
+                false => vec![None; l],
+            })
+            .collect();
+        (l, places)
+    }
+
     pub fn match_prefix(&self, t: &[u32], extra: Option<u8>) -> usize {
         if !self.caching {
             return 0;
@@ -286,8 +313,38 @@ impl Model {
         lookahead: usize,
         external: usize,
     ) -> Result<usize, Kind> {
+        let args = (scheduled, reserve, whole, lookahead, external);
+        self.add_with(id, tokens, n, extra, args, false)
+    }
+
+    /// [`Self::add`], with `diverged`: the hit is the full-attention groups' own leading run,
+    /// the state groups' hit positions all released, and each state group's own hit block (its
+    /// rightmost cached block below the hit) counted when cached-evictable (vLLM's diverged
+    /// admission); only per chunk, with external tokens, token ids, prefix caching and
+    /// full-attention and state groups only (one of each at least).
+    pub fn add_with(
+        &mut self,
+        id: u64,
+        tokens: Option<Vec<u32>>,
+        n: usize,
+        extra: Option<u8>,
+        (scheduled, reserve, whole, lookahead, external): (usize, bool, bool, usize, usize),
+        diverged: bool,
+    ) -> Result<usize, Kind> {
         if self.seqs.contains_key(&id) {
             return Err(Kind::Exists(id));
+        }
+        let (fa, st) = (KvGroupSpec::FullAttention, KvGroupSpec::MambaState);
+        if diverged
+            && (reserve
+                || external == 0
+                || tokens.is_none()
+                || !self.caching
+                || self.specs.iter().any(|&s| s != fa && s != st)
+                || !self.specs.contains(&fa)
+                || !self.specs.contains(&st))
+        {
+            return Err(Kind::Invalid);
         }
         let bs = self.block_size;
         let ng = self.ng();
@@ -322,8 +379,21 @@ impl Model {
         }
         let tokens = tokens.filter(|_| self.caching);
         let (l, mut places) = match &tokens {
+            Some(t) if diverged => self.diverged_hit(t, extra, n.saturating_sub(1) / bs),
             Some(t) => self.hit(t, extra, n.saturating_sub(1) / bs),
             None => (0, vec![Vec::new(); ng]),
+        };
+        // A diverged hit's state groups count their own hit block below it.
+        let own_state: Vec<Option<MBlock>> = match &tokens {
+            Some(t) if diverged => (0..ng)
+                .map(|g| match self.specs[g] {
+                    KvGroupSpec::MambaState => {
+                        (0..l).rev().find_map(|i| self.cached_block(g, t, extra, i))
+                    }
+                    _ => None,
+                })
+                .collect(),
+            _ => Vec::new(),
         };
         let computed = l * bs + scheduled.min(n - l * bs);
         if external > computed - l * bs {
@@ -345,11 +415,14 @@ impl Model {
             .specs
             .iter()
             .enumerate()
-            .map(|(g, &s)| {
-                s == KvGroupSpec::MambaState
-                    && external > 0
-                    && l > 0
-                    && places[g][l - 1].is_some_and(|b| self.cached.contains(&b))
+            .map(|(g, &s)| match diverged {
+                true => own_state[g].is_some_and(|b| self.cached.contains(&b)),
+                false => {
+                    s == KvGroupSpec::MambaState
+                        && external > 0
+                        && l > 0
+                        && places[g][l - 1].is_some_and(|b| self.cached.contains(&b))
+                }
             })
             .collect();
         for (g, &s) in self.specs.iter().enumerate() {
