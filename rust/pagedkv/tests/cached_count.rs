@@ -43,6 +43,27 @@ fn churn(kv: &mut KvCacheManager, round: u32, check: &mut dyn FnMut(&mut KvCache
     check(kv);
 }
 
+/// Two prefix-caching managers of one `PoolPeers` group on a pool of `num_blocks`.
+fn peer_group(
+    num_blocks: usize,
+) -> (
+    Arc<BlockPool>,
+    Arc<PoolPeers>,
+    Vec<Arc<Mutex<KvCacheManager>>>,
+) {
+    let pool = Arc::new(BlockPool::new(num_blocks, BLOCK_SIZE).unwrap());
+    let peers = Arc::new(PoolPeers::default());
+    let members = (0..2)
+        .map(|_| {
+            let kv = KvCacheManager::with_pool(Arc::clone(&pool), caching()).unwrap();
+            let kv = Arc::new(Mutex::new(kv));
+            peers.join(&kv);
+            kv
+        })
+        .collect();
+    (pool, peers, members)
+}
+
 #[test]
 fn a_manager_alone_on_a_pool_an_embedder_holds_checks_the_exact_count() {
     let pool = Arc::new(BlockPool::new(12, BLOCK_SIZE).unwrap());
@@ -63,16 +84,7 @@ fn a_manager_alone_on_a_pool_an_embedder_holds_checks_the_exact_count() {
 
 #[test]
 fn a_peer_group_checks_the_sum_of_its_members_caches() {
-    let pool = Arc::new(BlockPool::new(16, BLOCK_SIZE).unwrap());
-    let peers = PoolPeers::default();
-    let members: Vec<_> = (0..2)
-        .map(|_| {
-            let kv = KvCacheManager::with_pool(Arc::clone(&pool), caching()).unwrap();
-            let kv = Arc::new(Mutex::new(kv));
-            peers.join(&kv);
-            kv
-        })
-        .collect();
+    let (pool, peers, members) = peer_group(16);
     for round in 0..6 {
         // Each round fills most of the pool: first the other member's cache gives it back.
         let me = &members[round as usize % 2];
@@ -93,16 +105,7 @@ fn a_peer_group_checks_the_sum_of_its_members_caches() {
 
 #[test]
 fn racing_managers_checkers_and_attaches_raise_no_false_violation() {
-    let pool = Arc::new(BlockPool::new(96, BLOCK_SIZE).unwrap());
-    let peers = Arc::new(PoolPeers::default());
-    let members: Vec<_> = (0..2)
-        .map(|_| {
-            let kv = KvCacheManager::with_pool(Arc::clone(&pool), caching()).unwrap();
-            let kv = Arc::new(Mutex::new(kv));
-            peers.join(&kv);
-            kv
-        })
-        .collect();
+    let (pool, peers, members) = peer_group(96);
     let mut threads = Vec::new();
     for (i, member) in members.iter().enumerate() {
         let (peers, member) = (Arc::clone(&peers), Arc::clone(member));
