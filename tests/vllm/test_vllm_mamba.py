@@ -2,9 +2,11 @@
 ``KvCacheManager.longest_cached_block`` against vLLM's ``MambaManager.find_longest_cache_hit``
 (docs/design.md, KV groups, "State hits"; docs/integrations/vllm.md, Mamba).
 
-The look-up alone, on the core: the rightmost block whose hash is cached, one block, not a chain
-(the manager's Mamba path, which uses it, is compared in test_vllm_mamba_differential.py). Both managers run the same full-attention requests (admissions with hits, frees,
-``evict_blocks`` of chosen positions, which leaves cached blocks after an evicted one), and after
+The look-up alone, on the core: the rightmost block whose hash is cached, one block, not a
+chain (the manager's Mamba path, which uses it, is compared in
+test_vllm_mamba_differential.py). Both managers run the same full-attention requests
+(admissions with hits, frees, ``evict_blocks`` of chosen positions, which leaves cached blocks
+after an evicted one), and after
 every call vLLM's Mamba hit finder, run on vLLM's block pool, and pagedkv's core, on its index,
 answer every probe alike: the hit's length, and a block the index holds under the hash that ends
 it. The two pools hold the same contents here: no pressure evicts (so no cached-evictable block
