@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from pagedkv.errors import ModelLoadError, UnsupportedModelError
-from pagedkv.models.text import checked_text
+from pagedkv.models.text import TokenizerText
 
 __all__ = ["GEMMA_CHAT_TEMPLATE", "Gemma3Tokenizer"]
 
@@ -60,7 +60,7 @@ def spm_merges(tokens: list[str], scores: list[float], types: list[int]) -> list
     return [(left, right) for _, _, left, right in ranked]
 
 
-class Gemma3Tokenizer:
+class Gemma3Tokenizer(TokenizerText):
     """encode/decode as llama.cpp does for Gemma 3's SentencePiece vocabulary."""
 
     def __init__(self, metadata: dict[str, Any]) -> None:
@@ -118,18 +118,6 @@ class Gemma3Tokenizer:
         self.stop_token_ids = frozenset(
             i for i, t in enumerate(tokens) if i == self.eos_token_id or t == "<end_of_turn>"
         )
-
-    def encode(self, text: str) -> list[int]:
-        """Token ids of ``text``; control tokens written in the text are parsed as such; BOS is
-        prepended when the file says ``add_bos_token``."""
-        ids = self._tokenizer.encode(checked_text(text), add_special_tokens=False).ids
-        return [self.bos_token_id, *ids] if self.add_bos else list(ids)
-
-    def decode(self, ids: list[int], *, skip_special_tokens: bool = False) -> str:
-        return str(self._tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens))
-
-    def token_text(self, token_id: int) -> str:
-        return str(self._tokens[token_id])
 
     def apply_chat_template(
         self, messages: list[dict[str, str]], *, add_generation_prompt: bool = True
