@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from pagedkv.errors import ModelLoadError, UnsupportedModelError
+from pagedkv.models.chat_template import render_chat_template
 from pagedkv.models.text import TokenizerText
 
 __all__ = ["GEMMA_CHAT_TEMPLATE", "Gemma3Tokenizer"]
@@ -123,13 +124,13 @@ class Gemma3Tokenizer(TokenizerText):
         self, messages: list[dict[str, str]], *, add_generation_prompt: bool = True
     ) -> str:
         """The prompt text for ``messages`` ([{"role": ..., "content": ...}]) by the file's template
-        (GEMMA_CHAT_TEMPLATE when it has none). No BOS: ``encode`` adds it."""
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        template = env.from_string(self.chat_template)
-        return str(
-            template.render(
-                messages=messages, add_generation_prompt=add_generation_prompt, bos_token="", eos_token=""
-            )
-        )
+        (GEMMA_CHAT_TEMPLATE when it has none), rendered in a sandbox with bounded time and size
+        as llama's (``chat_template``: the file's template is untrusted); ChatTemplateError when
+        the template fails. No BOS: ``encode`` adds it."""
+        context = {
+            "messages": messages,
+            "add_generation_prompt": add_generation_prompt,
+            "bos_token": "",
+            "eos_token": "",
+        }
+        return render_chat_template(self.chat_template, context)
