@@ -35,22 +35,17 @@ import time
 from pathlib import Path
 
 import numpy as np
+from bench_ports import free_port
 from pagedkv.offload import DiskStore, OffloadWorker, RedisStore
 
 BLOCK_SHAPE = (30, 2, 16, 3, 64)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _start_redis(workdir: str) -> tuple[subprocess.Popen[bytes], str] | None:
     binary = shutil.which("redis-server")
     if binary is None:
         return None
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [
             binary,

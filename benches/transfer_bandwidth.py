@@ -33,21 +33,15 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import socket
 import statistics
 import sys
 import time
 from typing import Any
 
 import numpy as np
+from bench_ports import free_port
 
 LAYERS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 30, 3, 64, 16
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _caches(pool_blocks: int, block_major: bool, fill: bool) -> list[np.ndarray]:
@@ -104,7 +98,7 @@ def prefill_process(conn: Any, pool_blocks: int, big_nbytes: int) -> None:
             regions,
             engine_id=f"prefill-{name}",
             free_request=lambda r: None,
-            port=_free_port(),
+            port=free_port(),
             staging_bytes=staging,
         )
         for name, regions, staging in (
@@ -114,7 +108,7 @@ def prefill_process(conn: Any, pool_blocks: int, big_nbytes: int) -> None:
         )
     }
     big = np.ones(big_nbytes, np.uint8)
-    raw_port = _free_port()
+    raw_port = free_port()
     # Raw agents configured as pagedkv.transfer's (no spinning progress thread: this loop drives it).
     config = nixl_agent_config(
         enable_prog_thread=False, enable_listen_thread=True, listen_port=raw_port, backends=["UCX"]

@@ -4,6 +4,7 @@ sliding window in play. (llama.cpp parity: test_gemma3_goldens.py.)"""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import struct
@@ -51,6 +52,21 @@ def test_chat_template_falls_back_to_the_gemma_turn_format(gemma3):
         [{"role": "system", "content": "Be brief."}, {"role": "user", "content": " Hi "}]
     )
     assert text == "<start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n"
+
+
+def test_a_files_chat_template_renders_within_the_bounds(gemma3):
+    """The file's template is untrusted (docs/security.md, M3), as llama's: a 100 MB output is
+    refused before it is built, a 10**10-iteration loop stops at the loop budget."""
+    from pagedkv.models import ChatTemplateError
+
+    tok = copy.copy(gemma3.tokenizer)
+    for hostile in (
+        "{{ 'x' * 10**8 }}",
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+    ):
+        tok.chat_template = hostile
+        with pytest.raises(ChatTemplateError):
+            tok.apply_chat_template([{"role": "user", "content": "Hi"}])
 
 
 def test_rotary_rotates_the_two_halves():

@@ -2,10 +2,11 @@
 ``KvCacheManager.longest_cached_block`` against vLLM's ``MambaManager.find_longest_cache_hit``
 (docs/design.md, KV groups, "State hits"; docs/integrations/vllm.md, Mamba).
 
-Mamba groups stay refused by pagedkv's vLLM manager (tests/vllm/test_vllm_integration.py); this
-is the first piece of them, the look-up: the rightmost block whose hash is cached, one block, not
-a chain. Both managers run the same full-attention requests (admissions with hits, frees,
-``evict_blocks`` of chosen positions, which leaves cached blocks after an evicted one), and after
+The look-up alone, on the core: the rightmost block whose hash is cached, one block, not a
+chain (the manager's Mamba path, which uses it, is compared in
+test_vllm_mamba_differential.py). Both managers run the same full-attention requests
+(admissions with hits, frees, ``evict_blocks`` of chosen positions, which leaves cached blocks
+after an evicted one), and after
 every call vLLM's Mamba hit finder, run on vLLM's block pool, and pagedkv's core, on its index,
 answer every probe alike: the hit's length, and a block the index holds under the hash that ends
 it. The two pools hold the same contents here: no pressure evicts (so no cached-evictable block
@@ -20,6 +21,7 @@ import random
 from typing import Any
 
 import pytest
+from vllm_test_inputs import admit_alike, prompt_request
 
 # Imported inside the tests; the folder's conftest.py skips them where these do not import.
 NEEDS_VLLM = ("pagedkv.integrations.vllm", "vllm.v1.core.single_type_kv_cache_manager")
@@ -59,27 +61,10 @@ class _Pair:
         self.past_chain = 0  # probes whose state hit lies past the full-attention chain's
 
     def request(self, rid: str, prompt: list[int]) -> Any:
-        from vllm.sampling_params import SamplingParams
-        from vllm.v1.request import Request
-
-        return Request(rid, prompt, SamplingParams(max_tokens=8), None, block_hasher=self.hasher)
+        return prompt_request(rid, prompt, self.hasher)
 
     def admit(self, rid: str, prompt: list[int]) -> None:
-        from vllm.v1.request import RequestStatus
-
-        hits = {}
-        self.running[rid] = {}
-        for kind, m in self.m.items():
-            r = self.request(rid, prompt)
-            blocks, hit = m.get_computed_blocks(r)[:2]
-            assert (
-                m.allocate_slots(r, r.num_tokens - hit, hit, blocks, full_sequence_must_fit=True) is not None
-            )
-            r.status = RequestStatus.RUNNING
-            r.num_computed_tokens = r.num_tokens
-            self.running[rid][kind] = r
-            hits[kind] = hit
-        assert hits["vllm"] == hits["pagedkv"]
+        self.running[rid] = admit_alike(self.m, rid, prompt, self.hasher)
 
     def free(self, rid: str) -> None:
         for kind, r in self.running.pop(rid).items():

@@ -22,6 +22,7 @@ import random
 from typing import Any
 
 import pytest
+from vllm_test_inputs import admit_alike, prompt_request
 
 NEEDS_VLLM = ("pagedkv.integrations.vllm", "vllm.v1.core.kv_cache_coordinator")
 
@@ -73,27 +74,10 @@ class _Pair:
         self.diverged = 0  # probes whose groups' hits differ
 
     def request(self, rid: str, prompt: list[int]) -> Any:
-        from vllm.sampling_params import SamplingParams
-        from vllm.v1.request import Request
-
-        return Request(rid, prompt, SamplingParams(max_tokens=8), None, block_hasher=self.hasher)
+        return prompt_request(rid, prompt, self.hasher)
 
     def admit(self, rid: str, prompt: list[int]) -> None:
-        from vllm.v1.request import RequestStatus
-
-        hits = {}
-        self.running[rid] = {}
-        for kind, m in self.m.items():
-            r = self.request(rid, prompt)
-            blocks, hit = m.get_computed_blocks(r)[:2]
-            assert (
-                m.allocate_slots(r, r.num_tokens - hit, hit, blocks, full_sequence_must_fit=True) is not None
-            )
-            r.status = RequestStatus.RUNNING
-            r.num_computed_tokens = r.num_tokens
-            self.running[rid][kind] = r
-            hits[kind] = hit
-        assert hits["vllm"] == hits["pagedkv"]
+        self.running[rid] = admit_alike(self.m, rid, prompt, self.hasher)
         assert self.m["vllm"].get_block_ids(rid) == self.m["pagedkv"].get_block_ids(rid)
 
     def free(self, rid: str) -> None:

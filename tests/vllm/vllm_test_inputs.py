@@ -62,6 +62,35 @@ def request(rid: str, num_tokens: int, first: int = 0, max_tokens: int = 4, igno
     return Request(rid, tokens, params, None, block_hasher=get_request_block_hasher(BS, sha256))
 
 
+def prompt_request(rid: str, prompt: list[int], hasher: Any) -> Any:
+    """A request of the token ids ``prompt`` whose block hashes ``hasher`` (vLLM's
+    ``get_request_block_hasher``) computes, sampling at most 8 tokens."""
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.request import Request
+
+    return Request(rid, prompt, SamplingParams(max_tokens=8), None, block_hasher=hasher)
+
+
+def admit_alike(managers: dict[str, Any], rid: str, prompt: list[int], hasher: Any) -> dict[str, Any]:
+    """Admits ``prompt`` whole as request ``rid`` on each of ``managers`` (vLLM's and pagedkv's,
+    by name): its prefix hit, then slots for the rest, which must fit; the request is then running
+    with every token computed. Both managers must find the same hit. Returns each manager's
+    request."""
+    from vllm.v1.request import RequestStatus
+
+    requests, hits = {}, {}
+    for kind, m in managers.items():
+        r = prompt_request(rid, prompt, hasher)
+        blocks, hit = m.get_computed_blocks(r)[:2]
+        assert m.allocate_slots(r, r.num_tokens - hit, hit, blocks, full_sequence_must_fit=True) is not None
+        r.status = RequestStatus.RUNNING
+        r.num_computed_tokens = r.num_tokens
+        requests[kind] = r
+        hits[kind] = hit
+    assert len(set(hits.values())) == 1, hits
+    return requests
+
+
 def window_config(window: int, **overrides: object) -> dict[str, object]:
     """A scheduler-differential workload (benches/vllm_scheduler.py's ``Workload`` overrides): full
     attention beside a sliding-window group of `window` tokens, 24 requests on 50 blocks."""

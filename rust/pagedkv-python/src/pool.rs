@@ -110,11 +110,16 @@ impl PyBlockPool {
         self.inner.refcount(block_id.0).map_err(|e| to_pyerr(py, e))
     }
 
-    /// Checks the pool's free-list consistency; raises `InvariantViolation`.
+    /// Checks the pool's free-list consistency, and its cached-block count against the caches
+    /// of the managers built on it (each locked in turn); raises `InvariantViolation`.
     fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
         let pool = Arc::clone(&self.inner);
-        py.detach(move || pool.check_invariants())
-            .map_err(|e| to_pyerr(py, e))
+        let peers = Arc::clone(&self.peers);
+        py.detach(move || {
+            pool.check_invariants()?;
+            peers.check_cached_count()
+        })
+        .map_err(|e| to_pyerr(py, e))
     }
 
     fn __repr__(&self) -> String {

@@ -561,3 +561,37 @@ fn eviction_claim_against_the_previous_tenancys_handle() {
         pool.check_invariants_quiescent().unwrap();
     });
 }
+
+/// A manager alone on its pool checks the pool's cached-block count exactly (docs/pool.md):
+/// while it checks, a second manager is built on the same pool, caches a block of its own and
+/// is dropped. Whatever the interleaving the check raises no false violation: it compares only
+/// when the pool's attach word read before and after the count is the same, with one manager.
+/// (Reading the word only before, or only after, lets the count include the second manager's
+/// block; both mutations fail here.)
+#[test]
+fn sole_manager_count_check_against_a_manager_attaching_and_dropping() {
+    use pagedkv::{KvCacheManager, ManagerConfig};
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = Some(2);
+    builder.check(|| {
+        let (pool, mut kv, _) = manager_with_one_cached_block();
+        let p = pool.clone();
+        let other = thread::spawn(move || {
+            let config = ManagerConfig {
+                enable_prefix_caching: true,
+                ..Default::default()
+            };
+            let mut other = KvCacheManager::with_pool(p, config).unwrap();
+            other.add_sequence(1, &[9], None).unwrap(); // the free block
+            other.free(1).unwrap(); // now cached by `other`
+        });
+        let checker = thread::spawn(move || {
+            kv.check_invariants().unwrap();
+            kv
+        });
+        other.join().unwrap();
+        let mut kv = checker.join().unwrap();
+        kv.check_invariants().unwrap();
+        assert_eq!(pool.num_cached_blocks(), 1);
+    });
+}

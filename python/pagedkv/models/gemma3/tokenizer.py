@@ -22,7 +22,8 @@ from __future__ import annotations
 from typing import Any
 
 from pagedkv.errors import ModelLoadError, UnsupportedModelError
-from pagedkv.models.text import checked_text
+from pagedkv.models.chat_template import render_chat_template
+from pagedkv.models.text import TokenizerText
 
 __all__ = ["GEMMA_CHAT_TEMPLATE", "Gemma3Tokenizer"]
 
@@ -60,7 +61,7 @@ def spm_merges(tokens: list[str], scores: list[float], types: list[int]) -> list
     return [(left, right) for _, _, left, right in ranked]
 
 
-class Gemma3Tokenizer:
+class Gemma3Tokenizer(TokenizerText):
     """encode/decode as llama.cpp does for Gemma 3's SentencePiece vocabulary."""
 
     def __init__(self, metadata: dict[str, Any]) -> None:
@@ -119,29 +120,17 @@ class Gemma3Tokenizer:
             i for i, t in enumerate(tokens) if i == self.eos_token_id or t == "<end_of_turn>"
         )
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of ``text``; control tokens written in the text are parsed as such; BOS is
-        prepended when the file says ``add_bos_token``."""
-        ids = self._tokenizer.encode(checked_text(text), add_special_tokens=False).ids
-        return [self.bos_token_id, *ids] if self.add_bos else list(ids)
-
-    def decode(self, ids: list[int], *, skip_special_tokens: bool = False) -> str:
-        return str(self._tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens))
-
-    def token_text(self, token_id: int) -> str:
-        return str(self._tokens[token_id])
-
     def apply_chat_template(
         self, messages: list[dict[str, str]], *, add_generation_prompt: bool = True
     ) -> str:
         """The prompt text for ``messages`` ([{"role": ..., "content": ...}]) by the file's template
-        (GEMMA_CHAT_TEMPLATE when it has none). No BOS: ``encode`` adds it."""
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        template = env.from_string(self.chat_template)
-        return str(
-            template.render(
-                messages=messages, add_generation_prompt=add_generation_prompt, bos_token="", eos_token=""
-            )
-        )
+        (GEMMA_CHAT_TEMPLATE when it has none), rendered in a sandbox with bounded time and size
+        as llama's (``chat_template``: the file's template is untrusted); ChatTemplateError when
+        the template fails. No BOS: ``encode`` adds it."""
+        context = {
+            "messages": messages,
+            "add_generation_prompt": add_generation_prompt,
+            "bos_token": "",
+            "eos_token": "",
+        }
+        return render_chat_template(self.chat_template, context)

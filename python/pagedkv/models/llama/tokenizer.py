@@ -15,7 +15,7 @@ from typing import Any
 
 from pagedkv.errors import ModelLoadError, UnsupportedModelError
 from pagedkv.models.chat_template import render_chat_template
-from pagedkv.models.text import checked_text
+from pagedkv.models.text import TokenizerText
 
 __all__ = ["GgufTokenizer", "SUPPORTED_PRE_TOKENIZERS"]
 
@@ -76,7 +76,7 @@ def _token_id(metadata: dict[str, Any], key: str, vocab_size: int) -> int:
     return value
 
 
-class GgufTokenizer:
+class GgufTokenizer(TokenizerText):
     """encode/decode exactly as llama.cpp does for the supported vocabularies."""
 
     def __init__(self, metadata: dict[str, Any]) -> None:
@@ -131,18 +131,6 @@ class GgufTokenizer:
             if i == self.eos_token_id
             or (types[i] == _CONTROL and t in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>"))
         )
-
-    def encode(self, text: str) -> list[int]:
-        """Token ids of ``text``; control tokens written in the text are parsed as such; BOS is
-        prepended only when the file says ``add_bos_token``."""
-        ids = self._tokenizer.encode(checked_text(text), add_special_tokens=False).ids
-        return [self.bos_token_id, *ids] if self.add_bos else list(ids)
-
-    def decode(self, ids: list[int], *, skip_special_tokens: bool = False) -> str:
-        return str(self._tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens))
-
-    def token_text(self, token_id: int) -> str:
-        return str(self._tokens[token_id])
 
     def apply_chat_template(
         self, messages: list[dict[str, str]], *, add_generation_prompt: bool = True

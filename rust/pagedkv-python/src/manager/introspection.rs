@@ -199,9 +199,17 @@ impl PyKvCacheManager {
         stats_to_dict(py, &stats)
     }
 
-    /// Verifies every allocator invariant; raises `InvariantViolation`.
+    /// Verifies every allocator invariant; raises `InvariantViolation`. On a shared pool it
+    /// then locks every manager of the pool in turn to check the pool's cached-block count
+    /// against their caches (`PoolPeers::check_cached_count`).
     fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
-        self.run(py, true, |kv| kv.check_invariants())
+        self.run(py, true, |kv| kv.check_invariants())?;
+        match &self.peers {
+            Some(peers) => py
+                .detach(|| peers.check_cached_count())
+                .map_err(|e| to_pyerr(py, e)),
+            None => Ok(()),
+        }
     }
 
     /// Empties the prefix index; False (and nothing changes) while any block is in use.

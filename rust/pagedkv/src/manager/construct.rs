@@ -80,6 +80,8 @@ impl KvCacheManager {
             .record_new_block_ids
             .then(|| Box::new(NewBlockLog::new(pool.num_blocks())));
         let copies_compact_at = copy_queue::initial_threshold(pool.num_blocks());
+        // Infallible from here: the drop that detaches runs for every manager that attached.
+        pool.attach_manager();
         Ok(KvCacheManager {
             block_size: pool.block_size(),
             pool,
@@ -127,6 +129,7 @@ impl Drop for KvCacheManager {
             let released = self.pool.release_id(0);
             debug_assert_eq!(released, Ok(true), "the null block is held once");
         }
+        self.pool.detach_manager();
     }
 }
 

@@ -14,8 +14,11 @@ use crate::{BlockId, SeqId};
 impl KvCacheManager {
     /// Verifies docs/design.md, Invariants, for this manager's blocks, its prefix cache and host
     /// tier, and the pool's consistency; safe to call while other managers use the same pool. Returns
-    /// [`Error::InvariantViolation`] naming the first broken invariant. (With a pool shared by
-    /// several managers, the pool-wide equalities are checked as bounds.)
+    /// [`Error::InvariantViolation`] naming the first broken invariant. The pool's cached-block
+    /// count must equal this manager's cache while it is the pool's only manager; with several
+    /// managers it is checked as a bound here and exactly by
+    /// [`crate::PoolPeers::check_cached_count`]. The free-list equalities are exact only while
+    /// nothing else holds the pool's `Arc` (else bounds).
     ///
     /// ```
     /// let mut kv = pagedkv::KvCacheManager::new(Default::default())?;
@@ -156,11 +159,15 @@ impl KvCacheManager {
                 self.pool.num_blocks()
             ));
         }
-        if exclusive_pool && self.pool.num_cached_blocks() != cached {
-            return fail(format!(
-                "pool counts {} cached blocks, cache holds {cached}",
-                self.pool.num_cached_blocks()
-            ));
+        // Exact whenever this manager is the pool's only one (embedders' own blocks never
+        // enter the count): from Python too, where the `BlockPool` object holds a second `Arc`.
+        if let Some(pool_cached) = self.pool.cached_count_with_managers(1) {
+            if pool_cached != cached {
+                return fail(format!(
+                    "pool counts {pool_cached} cached blocks, this manager (the pool's only \
+                     one) caches {cached}"
+                ));
+            }
         }
         match &self.host {
             Some(host) => {

@@ -57,7 +57,8 @@
 //! *cached-evictable* (their KV content may be reused). Those transitions are crate-internal:
 //! `release_to_cache_uncounted` + `count_cached`, `claim_cached(_all)` and `free_cached`; the
 //! pool only counts such blocks (the managers update the count once per free and per eviction
-//! batch, and only quiescent checks compare it with the refcounts).
+//! batch). A quiescent check compares it with the refcounts; a manager alone on the pool, or a
+//! `PoolPeers` group holding all its members, compares it with their caches (`managers.rs`).
 //!
 //! # Files
 //!
@@ -65,7 +66,8 @@
 //! (reservations, pops and pushes) over `tagged_head.rs` (the head word) and `cas.rs` (the
 //! retry loop), `allocation.rs` (the public takes), `refcounts.rs` (handles, retain and
 //! release) over `handle.rs` (the per-block word), `cached.rs` (cached-evictable blocks),
-//! `geometry.rs` (size limits) and `invariants.rs` (the checks).
+//! `geometry.rs` (size limits), `managers.rs` (how many managers are attached, for the exact
+//! cached-count check) and `invariants.rs` (the checks).
 
 use std::fmt;
 
@@ -76,6 +78,7 @@ mod free_stack;
 mod geometry;
 mod handle;
 mod invariants;
+mod managers;
 mod refcounts;
 mod tagged_head;
 
@@ -128,6 +131,10 @@ pub struct BlockPool {
     /// on every cache release, revival and eviction, so padded like `head` and `free_count`
     /// to keep those writes off the line of the read-mostly fields every operation reads.
     cached_count: CachePadded<AtomicUsize>,
+    /// `{changes: u32, managers: u32}`: the managers allocating from this pool, and a tag that
+    /// goes up on every attach and detach (`managers.rs`). Written only when a manager is
+    /// built or dropped.
+    managers: AtomicU64,
 }
 
 impl fmt::Debug for BlockPool {
@@ -174,6 +181,7 @@ impl BlockPool {
             head: CachePadded(AtomicU64::new(pack(0, 0))),
             free_count: CachePadded(AtomicUsize::new(num_blocks)),
             cached_count: CachePadded(AtomicUsize::new(0)),
+            managers: AtomicU64::new(0),
         })
     }
 

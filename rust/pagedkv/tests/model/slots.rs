@@ -2,7 +2,7 @@
 //! allocation): vLLM's `allocate_slots`, `provide_token_ids` (ids and hashes given later), and
 //! the computed-watermark check both make.
 
-use std::collections::HashMap;
+use std::collections::BTreeSet;
 
 use pagedkv::KvGroupSpec;
 
@@ -40,7 +40,6 @@ impl Model {
     ) -> Result<bool, Kind> {
         let s = self.resident(id)?;
         let bs = self.block_size;
-        let ng = self.ng();
         let ours = s.computed;
         let c = caller_computed.unwrap_or(ours);
         if self.specs.contains(&KvGroupSpec::MambaState) && (c < ours || lookahead > 0) {
@@ -64,29 +63,7 @@ impl Model {
         } else {
             s.num_tokens.max(end)
         };
-        // With slots past the declared tokens, every block from the one holding the last token
-        // on is copied when shared or indexed (appends check only their last block).
-        let tail = if num_tokens.div_ceil(bs) < positions {
-            num_tokens / bs..len
-        } else {
-            0..0
-        };
-        let mut released = HashMap::new();
-        let copies: Vec<Vec<usize>> = (0..ng)
-            .map(|g| {
-                let written = if new == 0 {
-                    0..0
-                } else {
-                    c / bs..end.div_ceil(bs).min(len)
-                };
-                let w = written.clone();
-                let extra = tail.clone().filter(move |i| !w.contains(i));
-                written
-                    .chain(extra)
-                    .filter(|&i| s.tables[g][i].is_some_and(|b| self.copy_needed(b, &mut released)))
-                    .collect()
-            })
-            .collect();
+        let copies = self.copied_positions(s, c, end, num_tokens, positions);
         let fresh =
             fresh_for(&self.specs, len, positions) + copies.iter().map(Vec::len).sum::<usize>();
         self.release_window(id, c.saturating_sub(in_flight));
@@ -109,6 +86,63 @@ impl Model {
         self.seqs.insert(id, s);
         self.register_ready(id);
         Ok(true)
+    }
+
+    /// The copy-on-write rule of `allocate_slots`, stated from what it must mean rather than
+    /// how the manager computes it. Token `t` lives in slot `t % bs` of position `t / bs`.
+    /// A position of an existing table (below `s.len()`) is *written* when:
+    ///
+    /// * this chunk writes one of its slots: a token in `[c, end)`; or
+    /// * a later append will write one of its slots without checking it: the slots past the
+    ///   `num_tokens` declared tokens are written by appends, and an append checks only the
+    ///   block holding the last declared token, so once any of those slots lies in another
+    ///   block, every position holding one must already be safe to write.
+    ///
+    /// A written position's block is copied when writing it in place would change content
+    /// someone else reads: another table entry or a pin points at it, or the prefix index
+    /// names its content. Per group, in ascending position order (the order fresh blocks are
+    /// handed out).
+    fn copied_positions(
+        &self,
+        s: &MSeq,
+        c: usize,
+        end: usize,
+        num_tokens: usize,
+        positions: usize,
+    ) -> Vec<Vec<usize>> {
+        let bs = self.block_size;
+        let existing = s.len();
+        let mut written: BTreeSet<usize> = (c..end).map(|t| t / bs).collect();
+        let later: BTreeSet<usize> = (num_tokens..positions * bs).map(|t| t / bs).collect();
+        let checked_by_append = (num_tokens % bs != 0).then_some(num_tokens / bs);
+        if later.iter().any(|&i| Some(i) != checked_by_append) {
+            written.extend(later);
+        }
+        (0..self.ng())
+            .map(|g| {
+                written
+                    .iter()
+                    .copied()
+                    .filter(|&i| i < existing)
+                    .filter(|&i| s.tables[g][i].is_some_and(|b| !self.private(b)))
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Whether block `b` (on the device) is read by nothing but the one table entry holding
+    /// it: counted from the resident tables and the pins, not from the refcounts, and not
+    /// indexed.
+    fn private(&self, b: u64) -> bool {
+        let entries: usize = self
+            .seqs
+            .values()
+            .filter(|s| !s.swapped)
+            .flat_map(|s| s.tables.iter().flatten())
+            .filter(|&&e| e == Some(b))
+            .count();
+        let pins = self.pin_counts.get(&b).map_or(0, |&n| n as usize);
+        entries + pins == 1 && !self.key_of.contains_key(&b)
     }
 
     /// A caller's watermark `c`: never past the sequence's, never below its indexed prefix,
