@@ -52,6 +52,7 @@ from pagedkv.integrations.vllm import (
     draft,
     evict,
     hybrid_hits,
+    kv_blocks,
     mamba,
     per_step,
     queries,
@@ -192,7 +193,9 @@ class KVCacheManager:
         # ``block_id`` (through ``KVCacheBlocks.get_block_ids``).
         self._blocks = [KVCacheBlock(i) for i in range(num_blocks)]
         self._blocks[0].is_null = True
-        self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in range(self.num_kv_cache_groups)))
+        # Its get_block_ids, which the scheduler calls for every scheduled request every step,
+        # answers without a generator (kv_blocks.py).
+        self.empty_kv_cache_blocks = kv_blocks.empty_blocks(self.num_kv_cache_groups)
         # Per request: its record (records.py has the layout).
         self._reqs: dict[str, list[int]] = {}
         self._next_seq_id = 0
@@ -264,6 +267,32 @@ class KVCacheManager:
     ) -> KVCacheBlocks | None:
         """Slots for ``num_new_tokens`` (+ lookahead) tokens of ``request``: the blocks newly
         added to its tables, or None when the pool is short (vLLM's signal to preempt)."""
+        # The fast path's common case first (a running request's decode step, the scheduler's
+        # call with no optional argument): the two quick fences (records.set_fence) say "no
+        # filled block of ids, no new hash, no estimate to grow" from two lengths, which implies
+        # the general test below; everything else takes the general path.
+        state = self._reqs.get(request.request_id)
+        if (
+            state is not None
+            and num_new_tokens
+            and not (
+                num_new_computed_tokens
+                or num_external_computed_tokens
+                or delay_cache_blocks
+                or reserved_blocks
+                or num_encoder_tokens
+            )
+        ):
+            computed = request.num_computed_tokens
+            end = computed + num_new_tokens
+            if (
+                computed == state[5]
+                and end + num_lookahead_tokens <= state[7]
+                and len(request._all_token_ids) < state[8]
+                and len(request.block_hashes) <= state[9]
+            ):
+                state[5] = end
+                return self.empty_kv_cache_blocks
         external = bool(num_external_computed_tokens or delay_cache_blocks or reserved_blocks)
         if external:
             if self.capacity.has_state and (delay_cache_blocks or reserved_blocks):
@@ -295,7 +324,6 @@ class KVCacheManager:
             raise InvalidArgumentError(
                 "num_new_tokens must be greater than 0 when there are no computed tokens to adopt"
             )
-        state = self._reqs.get(request.request_id)
         if state is None:
             return self._admit(
                 request,
