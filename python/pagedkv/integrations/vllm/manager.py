@@ -420,15 +420,17 @@ class KVCacheManager:
             num_in_flight_tokens=request.num_in_flight_tokens,
             num_computed_tokens=core_computed if computed == state[5] else computed,
         ):
-            self._collect_events(request)  # evictions before the refusal
+            if self._events is not None:
+                self._events.collect(request)  # evictions before the refusal
             return None
         new_len = slot_blocks if slot_blocks > old_len else old_len
         # The core's watermark is end now (the request's moves at the end of schedule()).
         state[1] = new_len
         state[5] = state[6] = end
-        records.set_fence(self, state)
-        self._give_ids(self, request, state, end, None, request.num_tokens)
-        self._collect_events(request)
+        self._give_ids(self, request, state, end, None, len(request._all_token_ids))
+        records.set_fence(self, state)  # after the ids and hashes given, which it reads
+        if self._events is not None:
+            self._events.collect(request)
         if new_len == old_len:
             return self.empty_kv_cache_blocks
         return self._blocks_of(seq_id, old_len)
