@@ -16,7 +16,8 @@ per admission, per running request and per step; this class answers those calls 
   one block, needs no slot and gives the core nothing to index (full attention only): its
   watermark advance is recorded here and folded into the request's next core call;
 - the block ids come back as vLLM's own ``KVCacheBlock`` objects (one per pool block, made once),
-  inside vLLM's ``KVCacheBlocks``; block 0 is vLLM's null block (``null_block=0``).
+  inside vLLM's ``KVCacheBlocks`` (kv_blocks.py: vLLM's class, with a faster
+  ``get_block_ids``); block 0 is vLLM's null block (``null_block=0``).
 
 A KV connector's calls (external tokens, async loads, deferred frees) are answered by
 connector.py; the encoder blocks of cross-attention groups
