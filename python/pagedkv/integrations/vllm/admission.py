@@ -220,7 +220,7 @@ def admit(
     cached = 0
     if num_hashes >= 0:
         cached = min(end, request.num_tokens, num_hashes * bs) // bs * bs
-    state = [seq_id, table_len, num_ids, num_hashes, cached, end, end, -1]
+    state = [seq_id, table_len, num_ids, num_hashes, cached, end, end, -1, -1, -1]
     records.set_fence(manager, state)
     manager._reqs[request.request_id] = state
     if manager.enable_caching and not skip and (delay_cache_blocks or capped):
@@ -228,6 +228,7 @@ def admit(
             manager._held_hashes[request.request_id] = True  # until its load finished
         else:
             manager._give_held_hashes(manager, request, state, end, False)
+            records.set_quick_fences(manager, state)  # the hashes it gave
     # The blocks of the tokens to compute (vLLM returns neither the hit's nor the
     # connector's).
     if num_external and not manager.full_attention_only:

@@ -16,7 +16,8 @@ per admission, per running request and per step; this class answers those calls 
   one block, needs no slot and gives the core nothing to index (full attention only): its
   watermark advance is recorded here and folded into the request's next core call;
 - the block ids come back as vLLM's own ``KVCacheBlock`` objects (one per pool block, made once),
-  inside vLLM's ``KVCacheBlocks``; block 0 is vLLM's null block (``null_block=0``).
+  inside vLLM's ``KVCacheBlocks`` (kv_blocks.py: vLLM's class, with a faster
+  ``get_block_ids``); block 0 is vLLM's null block (``null_block=0``).
 
 A KV connector's calls (external tokens, async loads, deferred frees) are answered by
 connector.py; the encoder blocks of cross-attention groups
@@ -52,6 +53,7 @@ from pagedkv.integrations.vllm import (
     draft,
     evict,
     hybrid_hits,
+    kv_blocks,
     mamba,
     per_step,
     queries,
@@ -192,7 +194,9 @@ class KVCacheManager:
         # ``block_id`` (through ``KVCacheBlocks.get_block_ids``).
         self._blocks = [KVCacheBlock(i) for i in range(num_blocks)]
         self._blocks[0].is_null = True
-        self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in range(self.num_kv_cache_groups)))
+        # Its get_block_ids, which the scheduler calls for every scheduled request every step,
+        # answers without a generator (kv_blocks.py).
+        self.empty_kv_cache_blocks = kv_blocks.empty_blocks(self.num_kv_cache_groups)
         # Per request: its record (records.py has the layout).
         self._reqs: dict[str, list[int]] = {}
         self._next_seq_id = 0
@@ -264,6 +268,32 @@ class KVCacheManager:
     ) -> KVCacheBlocks | None:
         """Slots for ``num_new_tokens`` (+ lookahead) tokens of ``request``: the blocks newly
         added to its tables, or None when the pool is short (vLLM's signal to preempt)."""
+        # The fast path's common case first (a running request's decode step, the scheduler's
+        # call with no optional argument): the two quick fences (records.set_fence) say "no
+        # filled block of ids, no new hash, no estimate to grow" from two lengths, which implies
+        # the general test below; everything else takes the general path.
+        state = self._reqs.get(request.request_id)
+        if (
+            state is not None
+            and num_new_tokens
+            and not (
+                num_new_computed_tokens
+                or num_external_computed_tokens
+                or delay_cache_blocks
+                or reserved_blocks
+                or num_encoder_tokens
+            )
+        ):
+            computed = request.num_computed_tokens
+            end = computed + num_new_tokens
+            if (
+                computed == state[5]
+                and end + num_lookahead_tokens <= state[7]
+                and len(request._all_token_ids) < state[8]
+                and len(request.block_hashes) <= state[9]
+            ):
+                state[5] = end
+                return self.empty_kv_cache_blocks
         external = bool(num_external_computed_tokens or delay_cache_blocks or reserved_blocks)
         if external:
             if self.capacity.has_state and (delay_cache_blocks or reserved_blocks):
@@ -304,7 +334,6 @@ class KVCacheManager:
             raise InvalidArgumentError(
                 "num_new_tokens must be greater than 0 when there are no computed tokens to adopt"
             )
-        state = self._reqs.get(request.request_id)
         if state is None:
             return self._admit(
                 request,
@@ -401,15 +430,17 @@ class KVCacheManager:
             num_in_flight_tokens=request.num_in_flight_tokens,
             num_computed_tokens=core_computed if computed == state[5] else computed,
         ):
-            self._collect_events(request)  # evictions before the refusal
+            if self._events is not None:
+                self._events.collect(request)  # evictions before the refusal
             return None
         new_len = slot_blocks if slot_blocks > old_len else old_len
         # The core's watermark is end now (the request's moves at the end of schedule()).
         state[1] = new_len
         state[5] = state[6] = end
-        records.set_fence(self, state)
-        self._give_ids(self, request, state, end, None, request.num_tokens)
-        self._collect_events(request)
+        self._give_ids(self, request, state, end, None, len(request._all_token_ids))
+        records.set_fence(self, state)  # after the ids and hashes given, which it reads
+        if self._events is not None:
+            self._events.collect(request)
         if new_len == old_len:
             return self.empty_kv_cache_blocks
         return self._blocks_of(seq_id, old_len)

@@ -16,6 +16,7 @@ from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.v1.request import Request
 
 from pagedkv.integrations.vllm.capacity import cdiv
+from pagedkv.integrations.vllm.kv_blocks import PagedkvKVCacheBlocks
 
 # The manager (manager.py) is typed ``Any`` here: manager.py imports this module, and the
 # package's layering forbids import cycles, typing-only ones included (tests/python/test_layering.py).
@@ -28,13 +29,13 @@ def blocks_of(manager: KVCacheManager, seq_id: int, start: int) -> KVCacheBlocks
     table = manager._core.block_table
     if manager.num_kv_cache_groups == 1:  # the common case, without the generator
         ids = table(seq_id)[start:].tolist()
-        return KVCacheBlocks((list(map(block, ids)),)) if ids else manager.empty_kv_cache_blocks
+        return PagedkvKVCacheBlocks((list(map(block, ids)),)) if ids else manager.empty_kv_cache_blocks
     if manager._cross is not None:
         return manager._cross.blocks_of(manager, seq_id, start)
     groups = tuple(
         list(map(block, table(seq_id, group=g)[start:].tolist())) for g in range(manager.num_kv_cache_groups)
     )
-    return KVCacheBlocks(groups) if any(groups) else manager.empty_kv_cache_blocks
+    return PagedkvKVCacheBlocks(groups) if any(groups) else manager.empty_kv_cache_blocks
 
 
 def get_blocks(manager: KVCacheManager, request_id: str) -> KVCacheBlocks:
@@ -84,4 +85,4 @@ def create_kv_cache_blocks(
     manager: KVCacheManager, blocks: tuple[Sequence[KVCacheBlock], ...]
 ) -> KVCacheBlocks:
     """vLLM's ``KVCacheBlocks`` of ``blocks`` (the shared empty one when all are empty)."""
-    return KVCacheBlocks(blocks) if any(blocks) else manager.empty_kv_cache_blocks
+    return PagedkvKVCacheBlocks(blocks) if any(blocks) else manager.empty_kv_cache_blocks

@@ -11,6 +11,9 @@ hot path; a list reads faster than attributes there):
     [5] the computed-tokens watermark the core has once the deferred advances reach it
     [6] the core's watermark now
     [7] the fence of ``allocate_slots``' fast path (``set_fence``; -1: never)
+    [8] the quick fence on the request's token ids: fewer than this, no block of ids filled
+        (``set_fence``; -1: the general test decides)
+    [9] the quick fence on its block hashes: at most this many, no new hash (``set_fence``)
 
 [5] and [6] differ only after deferred advances: a running request's decode step that stays
 inside its block, needs no slot and gives the core nothing new makes no core call; the advance
@@ -32,13 +35,39 @@ from pagedkv.errors import InvariantViolation
 KVCacheManager = Any
 
 
+# A quick fence that never stops a length.
+_NO_LIMIT = 1 << 62
+
+
 def set_fence(manager: KVCacheManager, state: list[int]) -> None:
     """state[7]: the most tokens plus lookahead a step may reach without a core call, from the
     watermark state[5] and the table state[1]: the last token of the watermark's block, within
-    the table and max_model_len (stays -1 with a window group)."""
+    the table and max_model_len (stays -1 with a window group). And the quick fences (below)."""
     if manager.full_attention_only:
         bs = manager.block_size
         state[7] = min((state[5] // bs + 1) * bs - 1, state[1] * bs, manager.max_model_len)
+        set_quick_fences(manager, state)
+
+
+def set_quick_fences(manager: KVCacheManager, state: list[int]) -> None:
+    """state[8] and state[9], from the table state[1], the ids state[2], the hashes state[3] and
+    the estimate state[4]: ``len(token ids) < state[8] and len(block hashes) <= state[9]``
+    says what ``allocate_slots``' general fast-path test says of the ids and hashes (no
+    ``give_ids`` call, no estimate to grow), with two reads. With ``n = state[2] // bs``
+    blocks of ids given: the ids of a block fill once there are ``(n + 1) * bs`` tokens, if
+    the table reaches past block ``n`` (else never, within the table); a new hash is news only
+    while fewer than ``n`` blocks are hashed (the hashes go no further than the ids). A record
+    whose hashes could raise the estimate (or that gives no hashes) gets -1: the general test
+    decides. Whoever changes state[1] to state[3] calls this again (``set_fence`` does);
+    the estimate only grows, which keeps the fences valid. ``check`` compares them."""
+    num_hashes = state[3]
+    bs = manager.block_size
+    if num_hashes < 0 or num_hashes * bs > state[4] or not manager.full_attention_only:
+        state[8] = state[9] = -1
+        return
+    ids_blocks = state[2] // bs
+    state[8] = (ids_blocks + 1) * bs if state[1] > ids_blocks else _NO_LIMIT
+    state[9] = num_hashes if ids_blocks > num_hashes else _NO_LIMIT
 
 
 def sync(manager: KVCacheManager, state: list[int]) -> None:
@@ -61,7 +90,8 @@ def give_ids(
     ``watermark``: the scheduler's computed tokens after rejected drafts (None: the core's
     stands, as right after ``allocate_slots``). ``upto``: ids beyond are held back (vLLM's
     ``cache_blocks(request, n)`` caches no block past ``n``, e.g. in-flight tokens).
-    Returns whether it called the core (only then can there be events to collect).
+    Returns whether it called the core (only then can there be events to collect). Sets the
+    fences (``set_fence``) when given a watermark; ``allocate_slots`` sets them after it.
 
     ``allocate_slots``' fast path restates the "nothing new" condition below inline (measured:
     0.42 us a decode step against 0.76 us through this function); the sabotage tests of
@@ -111,13 +141,21 @@ def give_ids(
             state[3] = num_hashes = hashes_end
         if watermark is not None:
             state[5] = state[6] = watermark
-            set_fence(manager, state)
         called = True
     hashed = num_hashes * bs
+    grown = False
     if hashed > state[4]:  # the cached estimate can grow
         cached = min(end, num_tokens, hashed) // bs * bs
         if cached > state[4]:
             state[4] = cached
+            grown = cached == hashed
+    # The fences read the estimate: set after it. Without a watermark (allocate_slots), the
+    # caller sets them after this call.
+    if watermark is not None:
+        if called:
+            set_fence(manager, state)
+        elif grown:
+            set_quick_fences(manager, state)  # -1 while the estimate could grow
     return called
 
 
@@ -138,3 +176,12 @@ def check(manager: KVCacheManager) -> None:
                 f"request {request_id!r}: recorded table length, core watermark and "
                 f"watermark {(table_len, core_computed, state[5])}, the core's {actual}"
             )
+        # The quick fences are what the record says now (a stale one could skip a core call
+        # the general test makes); -1 always holds (the general test decides).
+        quick = state[8:10]
+        set_quick_fences(manager, state)
+        if quick[0] != -1 and quick != state[8:10]:
+            raise InvariantViolation(
+                f"request {request_id!r}: quick fences {quick}, the record gives {state[8:10]}"
+            )
+        state[8:10] = quick
