@@ -402,7 +402,9 @@ class KvCacheManager:
     @property
     def kv_groups(self) -> list[_KvGroup]: ...
     @property
-    def pool(self) -> BlockPool: ...
+    def pool(self) -> BlockPool:
+        """The pool this manager allocates from (its own, or the one given as ``pool=``):
+        managers built on it later reclaim this one's cached blocks, and it theirs."""
     @property
     def usage(self) -> float:
         """In-use blocks / num_blocks, in [0, 1]."""

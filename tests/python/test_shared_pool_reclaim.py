@@ -182,3 +182,21 @@ def test_threads_reclaim_each_others_cached_blocks() -> None:
     assert pool.num_free_blocks + sum(_cached(kv) for kv in kvs) == num_blocks
     assert sum(int(kv.stats()["evictions"]) for kv in kvs) > 0
     pool.check_invariants()
+
+
+def test_a_managers_own_pool_shared_later_reclaims_both_ways() -> None:
+    """A manager built without ``pool=`` makes its pool; one built later on ``kv.pool`` shares it,
+    and each reclaims the other's cached blocks (the first manager is a peer of its own pool)."""
+    first = pagedkv.KvCacheManager(num_blocks=8, block_size=BS, enable_prefix_caching=True)
+    first.add_sequence(1, list(range(8 * BS)))
+    first.free(1)
+    second = pagedkv.KvCacheManager(pool=first.pool, enable_prefix_caching=True)
+    second.add_sequence(1, list(range(1000, 1000 + 8 * BS)))  # every block, all of them first's
+    assert _cached(first) == 0
+    second.free(1)
+    assert _cached(second) == 8
+    first.add_sequence(2, list(range(2000, 2000 + 5 * BS)))  # and back
+    assert _cached(second) == 3
+    for kv in (first, second):
+        kv.check_invariants()
+    first.pool.check_invariants()

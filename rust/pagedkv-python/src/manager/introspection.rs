@@ -204,12 +204,8 @@ impl PyKvCacheManager {
     /// against their caches (`PoolPeers::check_cached_count`).
     fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
         self.run(py, true, |kv| kv.check_invariants())?;
-        match &self.peers {
-            Some(peers) => py
-                .detach(|| peers.check_cached_count())
-                .map_err(|e| to_pyerr(py, e)),
-            None => Ok(()),
-        }
+        py.detach(|| self.peers.check_cached_count())
+            .map_err(|e| to_pyerr(py, e))
     }
 
     /// Empties the prefix index; False (and nothing changes) while any block is in use.

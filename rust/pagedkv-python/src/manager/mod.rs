@@ -73,6 +73,7 @@ fn failure_to_pyerr(py: Python<'_>, failure: Failure) -> PyErr {
 /// `num_offload_blocks` is its deprecated alias.
 /// With `pool` (a
 /// `BlockPool`), `num_blocks` and `block_size` come from the pool (given ones must agree).
+/// The managers of one pool (its own, `kv.pool`, included) reclaim each other's cached blocks.
 /// `hash_seed` keys the 128-bit block hashes; `max_events` bounds the KV-event queue (when
 /// full, the oldest event is dropped and counted in `stats()["events_dropped"]`);
 /// `enable_kv_events` turns event recording on (off by default, as in vLLM).
@@ -80,9 +81,10 @@ fn failure_to_pyerr(py: Python<'_>, failure: Failure) -> PyErr {
 #[pyclass(module = "pagedkv._core", name = "KvCacheManager", frozen)]
 pub struct PyKvCacheManager {
     inner: Arc<Mutex<KvCacheManager>>,
-    /// The other managers on a shared pool (`pool=` given): a call short of device blocks
-    /// reclaims their cached blocks and runs once more (`pagedkv::PoolPeers`).
-    peers: Option<Arc<PoolPeers>>,
+    /// The managers on this manager's pool, itself included (its own pool's or the one given
+    /// as `pool=`): a call short of device blocks reclaims the others' cached blocks and runs
+    /// once more (`pagedkv::PoolPeers`).
+    peers: Arc<PoolPeers>,
     pool: Py<PyBlockPool>,
     num_blocks: usize,
     block_size: usize,
@@ -107,15 +109,10 @@ impl PyKvCacheManager {
         T: Send,
     {
         let mut call = || -> Result<T, Failure> {
-            match &self.peers {
-                None => Ok(op(&mut *self.lock()?)?),
-                Some(peers) => {
-                    if self.inner.is_poisoned() {
-                        return Err(Failure::Poisoned);
-                    }
-                    Ok(peers.run(&self.inner, &mut op)?)
-                }
+            if self.inner.is_poisoned() {
+                return Err(Failure::Poisoned);
             }
+            Ok(self.peers.run(&self.inner, &mut op)?)
         };
         let result = if heavy { py.detach(call) } else { call() };
         result.map_err(|failure| failure_to_pyerr(py, failure))
@@ -317,28 +314,29 @@ impl PyKvCacheManager {
                 let manager =
                     KvCacheManager::with_pool(shared, config).map_err(|e| to_pyerr(py, e))?;
                 let peers = Arc::clone(&pool.get().peers);
-                (manager, pool.unbind(), Some(peers))
+                (manager, pool.unbind(), peers)
             }
             None => {
                 check_int32_block_count(py, "num_blocks", config.num_blocks)?;
                 let manager = KvCacheManager::new(config).map_err(|e| to_pyerr(py, e))?;
+                // The pool it makes is shareable (`pool=kv.pool`): this manager is the first of
+                // the pool's peers, so that later ones and it reclaim each other's cached blocks.
+                let peers = Arc::new(PoolPeers::default());
                 let pool_object = Py::new(
                     py,
                     PyBlockPool {
                         inner: Arc::clone(manager.pool()),
-                        peers: Arc::default(),
+                        peers: Arc::clone(&peers),
                     },
                 )?;
-                (manager, pool_object, None)
+                (manager, pool_object, peers)
             }
         };
         let num_blocks = manager.num_blocks();
         let block_size = manager.block_size();
         let max_model_len = manager.config().max_model_len;
         let inner = Arc::new(Mutex::new(manager));
-        if let Some(peers) = &peers {
-            peers.join(&inner);
-        }
+        peers.join(&inner);
         Ok(Self {
             num_blocks,
             block_size,
