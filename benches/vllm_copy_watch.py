@@ -88,10 +88,12 @@ class PagedkvShadow:
         return [k for k in self.kept if k not in self.index], [k for k in self.lost if k in self.index]
 
 
-def _hit_with(manager: Any, shadow: PagedkvShadow, block_hashes: list[Any], limit: int) -> int:
+def _hit_with(manager: Any, shadow: PagedkvShadow, block_hashes: list[Any], limit: int) -> tuple[int, int]:
     """vLLM's look-up of `block_hashes` (at most `limit` tokens) on `shadow`'s index: pagedkv's
-    hit. vLLM's index is changed for the look-up (stand-in blocks for the contents only pagedkv
-    caches, the contents only vLLM caches taken out) and restored."""
+    hit and shared-prefix boundary (``get_computed_blocks``' second and third answers: the
+    boundary is the longest single group's hit where it passes the hit, else 0). vLLM's index is
+    changed for the look-up (stand-in blocks for the contents only pagedkv caches, the contents
+    only vLLM caches taken out) and restored."""
     from vllm.v1.core.kv_cache_utils import KVCacheBlock
 
     index = shadow.index
@@ -100,7 +102,8 @@ def _hit_with(manager: Any, shadow: PagedkvShadow, block_hashes: list[Any], limi
     for n, key in enumerate(absent):
         index[key] = KVCacheBlock(block_id=-1 - n)  # a stand-in, never handed out
     try:
-        return int(manager.coordinator.find_longest_cache_hit(block_hashes, limit)[1])
+        _, hit, uncached = manager.coordinator.find_longest_cache_hit(block_hashes, limit)
+        return int(hit), int(hit + uncached if uncached else 0)
     finally:
         for key in absent:
             del index[key]
@@ -110,12 +113,20 @@ def _hit_with(manager: Any, shadow: PagedkvShadow, block_hashes: list[Any], limi
 def watch_spared_evictions(manager: Any, trace: Trace, block_size: int) -> PagedkvShadow:
     """Wraps vLLM's index insertion, block-pool eviction and ``get_computed_blocks`` (on the
     instances) to follow pagedkv's prefix index (``PagedkvShadow``) and note the first step
-    whose look-up gives another hit on it than on vLLM's (``Trace.spared_copy_since``); the
-    shadow, which stops following at that step."""
+    whose look-up gives another hit (or, with a Mamba group, another shared-prefix boundary) on
+    it than on vLLM's (``Trace.spared_copy_since``), and the first whose admission takes a hit
+    block of which pagedkv indexes another copy, one held where the other is cached-evictable
+    (``Trace.other_copy_since``); the shadow, which stops following at the first such look-up."""
     from vllm.v1.core.kv_cache_utils import get_block_hash
+    from vllm.v1.kv_cache_interface import MambaSpec
 
     pool = manager.block_pool
     index_map = pool.cached_block_hash_to_block
+    # vLLM's scheduler reads the shared-prefix boundary for a Mamba group only (it ends a
+    # prefill chunk there); elsewhere a different boundary changes nothing.
+    reads_boundary = any(
+        isinstance(group.kv_cache_spec, MambaSpec) for group in manager.kv_cache_config.kv_cache_groups
+    )
     shadow = PagedkvShadow(pool)
     insert, evict, lookup = index_map.insert, pool._maybe_evict_cached_block, manager.get_computed_blocks
 
@@ -133,17 +144,38 @@ def watch_spared_evictions(manager: Any, trace: Trace, block_size: int) -> Paged
         out = lookup(request, max_cache_hit_length)
         if trace.spared_copy_since is None and (shadow.kept or shadow.lost):
             # Only a content the two indexes differ on, at or past the hit (a window group
-            # stops below the hit of full attention), can change it: the cheap test first.
+            # stops below the hit of full attention), can change the hit or the boundary (a
+            # group's own hit past it): the cheap test first.
             absent, extra = shadow.differences()
             differing = {get_block_hash(key) for key in absent + extra}
             if any(h in differing for h in request.block_hashes[out[1] // block_size :]):
                 limit = request.num_tokens - 1 if max_cache_hit_length is None else max_cache_hit_length
                 if manager.prefix_cache_lookup_enabled(request):
-                    if _hit_with(manager, shadow, request.block_hashes, limit) != out[1]:
+                    hit, boundary = _hit_with(manager, shadow, request.block_hashes, limit)
+                    if hit != out[1] or (reads_boundary and boundary != out[2]):
                         trace.spared_copy_since = len(trace.steps)  # the step being scheduled
         return out
+
+    allocate = manager.allocate_slots
+
+    def allocating(request: Any, num_new_tokens: int, *args: Any, **kwargs: Any) -> Any:
+        blocks = kwargs.get("new_computed_blocks", args[1] if len(args) > 1 else None)
+        if trace.spared_copy_since is None and trace.other_copy_since is None and blocks is not None:
+            for group in blocks.blocks:
+                for block in group:
+                    key = block.block_hash
+                    ours = None if key is None else shadow.indexed.get(key)
+                    if (
+                        ours is not None
+                        and ours is not block
+                        and shadow._is_indexed(key, ours)
+                        and (ours.ref_cnt == 0) != (block.ref_cnt == 0)
+                    ):
+                        trace.other_copy_since = len(trace.steps)  # the step being scheduled
+        return allocate(request, num_new_tokens, *args, **kwargs)
 
     index_map.insert = inserting
     pool._maybe_evict_cached_block = evicting
     manager.get_computed_blocks = looked_up
+    manager.allocate_slots = allocating
     return shadow

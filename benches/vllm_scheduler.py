@@ -80,7 +80,7 @@ class Workload:
     shared_prefix: int = 64  # tokens of one of 4 system prompts every prompt starts with
     block_size: int = 16
     num_blocks: int = 400
-    groups: tuple[str, ...] = ("full",)  # "full" / "swa" per KV-cache group
+    groups: tuple[str, ...] = ("full",)  # "full" / "swa" / "mamba" (align mode) per KV-cache group
     window: int = 64
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
@@ -173,6 +173,7 @@ def build_scheduler(w: Workload, manager: Any, scheduler_cls: Any = None) -> Any
         FullAttentionSpec,
         KVCacheConfig,
         KVCacheGroupSpec,
+        MambaSpec,
         SlidingWindowSpec,
     )
     from vllm.v1.structured_output import StructuredOutputManager
@@ -198,6 +199,9 @@ def build_scheduler(w: Workload, manager: Any, scheduler_cls: Any = None) -> Any
         gpu_memory_utilization=0.9,
         cache_dtype="auto",
         enable_prefix_caching=w.prefix_caching,
+        # A Mamba group's blocks hold states at block boundaries ("align"; vLLM's scheduler
+        # then ends a prefill chunk at a block boundary, _mamba_block_aligned_split).
+        mamba_cache_mode="align" if "mamba" in w.groups else "none",
     )
     speculative_config = None
     if w.num_spec_tokens:
@@ -212,15 +216,22 @@ def build_scheduler(w: Workload, manager: Any, scheduler_cls: Any = None) -> Any
     if w.drafter:
         _set_drafter(vllm_config, w.drafter)
     shape = dict(block_size=w.block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
-    specs = [
-        KVCacheGroupSpec(
-            [f"{kind}.{i}"],
-            FullAttentionSpec(**shape)
-            if kind == "full"
-            else SlidingWindowSpec(**shape, sliding_window=w.window),
-        )
-        for i, kind in enumerate(w.groups)
-    ]
+
+    def spec(kind: str) -> Any:
+        if kind == "full":
+            return FullAttentionSpec(**shape)
+        if kind == "swa":
+            return SlidingWindowSpec(**shape, sliding_window=w.window)
+        if kind == "mamba":
+            return MambaSpec(
+                block_size=w.block_size,
+                shapes=((1,), (1,)),
+                dtypes=(torch.float32,),
+                mamba_cache_mode="align",
+            )
+        raise ValueError(f"unknown KV group kind {kind!r}")
+
+    specs = [KVCacheGroupSpec([f"{kind}.{i}"], spec(kind)) for i, kind in enumerate(w.groups)]
     kv_cache_config = KVCacheConfig(num_blocks=w.num_blocks, kv_cache_tensors=[], kv_cache_groups=specs)
     cache_config.num_gpu_blocks = w.num_blocks
     cls = scheduler_cls or (AsyncScheduler if w.async_scheduling else Scheduler)
@@ -518,7 +529,7 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--manager", default="pagedkv", help="pagedkv or passthrough (compared with vllm)")
-    parser.add_argument("--groups", default="full", help="comma-separated full/swa, one per KV group")
+    parser.add_argument("--groups", default="full", help="comma-separated full/swa/mamba, one per KV group")
     parser.add_argument("--async", dest="async_scheduling", action="store_true")
     parser.add_argument("--no-prefix-caching", action="store_true")
     parser.add_argument(

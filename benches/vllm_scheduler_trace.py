@@ -41,6 +41,14 @@ class Trace:
     # out before evicting), pagedkv's pool kept it, and a look-up reaching it hits further there.
     # The other consequence of duplicate copies.
     spared_copy_since: int | None = None
+    # Filled by run(..., shadow_copies=True) only, from the same shadow: the first step whose
+    # admission (vLLM's manager) takes a hit block of which pagedkv's one-copy index holds
+    # another copy, one of the two held by a running request and the other cached-evictable.
+    # vLLM indexes every copy and takes the first it indexed; pagedkv's index kept one (the held
+    # one's twin was computed while its indexed copy was held, then that copy was evicted and a
+    # third computed). The two admissions then revive different numbers of blocks, so the two
+    # pools' free blocks differ with the same hits: the third consequence of duplicate copies.
+    other_copy_since: int | None = None
     # Filled by an instrumented run (run(..., count_calls=True)) only: the scheduler's calls
     # into its KV-cache manager (outermost ones; a method calling another counts once) and the
     # time spent inside them.

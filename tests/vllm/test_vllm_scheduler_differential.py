@@ -137,7 +137,7 @@ CONFIGS: dict[str, tuple[dict[str, object], bool]] = {
         False,
     ),
     # Two more beside a window group part at the other consequence of duplicate copies
-    # (PART_AT_SPARED_COPY): vLLM's allocations evicted a content while its free queue held a
+    # (TRACED_AT: spared_copy_since): vLLM's allocations evicted a content while its free queue held a
     # spare copy (cached-evictable; pagedkv holds it on its free list and hands it out first),
     # so pagedkv's pool kept that content. Sync loads with chunk-only admission: at step 118
     # request 22's hit is 48 tokens on vLLM's manager and 64 on pagedkv's (the window block
@@ -178,14 +178,65 @@ CONFIGS: dict[str, tuple[dict[str, object], bool]] = {
         dict(requests=24, num_blocks=40, max_num_batched_tokens=128, num_spec_tokens=3, drafter="mtp3-drop"),
         False,
     ),
+    # Full attention beside an align-mode Mamba group (MambaSpec; the scheduler ends prefill
+    # chunks at block boundaries and at the shared-prefix boundary get_computed_blocks reports):
+    # whole-prompt and chunk-only admission, async scheduling. Each preempts and hits.
+    "full+mamba": (
+        dict(requests=24, num_blocks=140, max_num_batched_tokens=128, groups=("full", "mamba")),
+        True,
+    ),
+    "full+mamba-chunk-admission": (
+        dict(
+            requests=24,
+            num_blocks=140,
+            max_num_batched_tokens=128,
+            groups=("full", "mamba"),
+            reserve_full_isl=False,
+        ),
+        True,
+    ),
+    "async-full+mamba": (
+        dict(
+            requests=24,
+            num_blocks=140,
+            max_num_batched_tokens=128,
+            groups=("full", "mamba"),
+            async_scheduling=True,
+        ),
+        True,
+    ),
+    # On tighter pools the duplicate copies part them. 80 blocks: vLLM's allocation at step 22
+    # evicts one copy of the shared prefix's 3rd and 4th blocks and keeps another that a running
+    # request holds; pagedkv's one copy is evicted, so at step 24 request 12's look-up reports a
+    # shared-prefix boundary of 64 on vLLM's manager and 0 on pagedkv's (both hits 0: its Mamba
+    # state is not cached), and at step 33 vLLM's scheduler ends its chunk there (64 tokens
+    # against 112). 100 blocks: request 12, preempted and readmitted with a 176-token hit at
+    # step 19, takes on vLLM's manager the first-indexed copy of its first 4 blocks, which
+    # request 3 holds; pagedkv's index kept a later copy (request 12's own, cached-evictable),
+    # which it revives, so it has 4 free blocks fewer and preempts request 12 at step 20.
+    "full+mamba-tight": (
+        dict(requests=24, num_blocks=80, max_num_batched_tokens=128, groups=("full", "mamba")),
+        False,
+    ),
+    "full+mamba-other-copy": (
+        dict(requests=24, num_blocks=100, max_num_batched_tokens=128, groups=("full", "mamba")),
+        False,
+    ),
 }
 
 
-# Configurations whose traces part at a look-up that hits further on pagedkv's pool, which kept
-# a content vLLM's evicted beside a spare copy (``Trace.spared_copy_since``,
-# benches/vllm_copy_watch.py); the others that part do so at an admission that revives a
-# cached-evictable copy (``Trace.revived_copy_since``).
-PART_AT_SPARED_COPY = {"connector-sync-chunk-admission-full+swa", "connector-mixed-full+swa-two-tokens"}
+# The mechanism each configuration that parts is traced to (benches/vllm_scheduler_trace.py):
+# a look-up that hits further (or, with a Mamba group, reports another shared-prefix boundary)
+# on pagedkv's one-copy index (``spared_copy_since``, benches/vllm_copy_watch.py); an admission
+# whose hit block pagedkv indexes in another copy, one held and one cached-evictable
+# (``other_copy_since``); the others, an admission of vLLM's that revives a cached-evictable
+# copy of a held content (``revived_copy_since``).
+TRACED_AT = {
+    "connector-sync-chunk-admission-full+swa": "spared_copy_since",
+    "connector-mixed-full+swa-two-tokens": "spared_copy_since",
+    "full+mamba-tight": "spared_copy_since",
+    "full+mamba-other-copy": "other_copy_since",
+}
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
@@ -198,8 +249,9 @@ def test_same_schedule_as_vllms_manager(vllm_scheduler: ModuleType, name: str) -
     # after every allocate_slots / cache_blocks call, what the request's blocks put in the
     # prefix index by then (a probe of its tokens; decoded blocks no later request shares
     # included). With a window group the probes can differ where the traces do not (the hit
-    # over positions a running request's window released): not compared here.
-    probe = identical and "swa" not in w.groups
+    # over positions a running request's window released), and a Mamba group's hit needs a
+    # cached state, not a probe's tokens: probes on full attention alone.
+    probe = identical and w.groups == ("full",)
     reference = module.run(w, module.manager_class("vllm"), probe_hits=probe, shadow_copies=True)
     ours = module.run(w, module.manager_class("pagedkv"), check_invariants=True, probe_hits=probe)
     if probe and w.prefix_caching:
@@ -232,7 +284,7 @@ def test_same_schedule_as_vllms_manager(vllm_scheduler: ModuleType, name: str) -
         assert difference is None or module.explained_divergence(reference, ours) is not None, difference
         step = module.first_different_step(reference, ours)
         if step is not None:
-            traced = "spared_copy_since" if name in PART_AT_SPARED_COPY else "revived_copy_since"
+            traced = TRACED_AT.get(name, "revived_copy_since")
             since = getattr(reference, traced)
             assert since is not None and step >= since, (traced, step, since)
     assert reference.preemptions > 0
