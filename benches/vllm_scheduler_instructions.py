@@ -7,7 +7,9 @@ of benches/vllm_scheduler.py's ``run``: ``schedule``, the fake model output, ``u
         benches/vllm_scheduler_instructions.py vllm full
     PYTHONHASHSEED=0 $VALGRIND --callgrind-out-file=pagedkv.%p $VENV/bin/python \\
         benches/vllm_scheduler_instructions.py pagedkv full
-    grep ^summary vllm.*.1 pagedkv.*.1
+    PYTHONHASHSEED=0 $VALGRIND --callgrind-out-file=before.%p $VENV/bin/python \\
+        benches/vllm_scheduler_instructions.py before full REV    # pagedkv's as of REV
+    grep ^summary vllm.*.1 pagedkv.*.1 before.*.1
 
 (``$VENV``: the vLLM venv of scripts/vllm/env.sh, pagedkv importable.) Callgrind zeroes its
 counts when the loop starts (``os.getppid``, libc's ``getppid``) and writes them when it ends
@@ -24,12 +26,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import vllm_scheduler as vs  # noqa: E402 (the harness next to this file)
-from vllm_scheduler_ab import CONFIGS, WORKLOAD  # noqa: E402
+from vllm_scheduler_ab import CONFIGS, WORKLOAD, _load_before_rev  # noqa: E402
 
 
 def main() -> int:
     name, config = sys.argv[1], sys.argv[2]
-    manager = vs.manager_class(name)
+    # "before REV": pagedkv's integration package as of git revision REV, on the installed core.
+    manager = _load_before_rev(sys.argv[3]) if name == "before" else vs.manager_class(name)
     # A short run first: lazy imports and first-call caches out of the counted loop.
     vs.run(vs.Workload(**{**WORKLOAD, "requests": 4}, **CONFIGS[config]), manager, watch_copies=False)
     workload = vs.Workload(**WORKLOAD, **CONFIGS[config])
