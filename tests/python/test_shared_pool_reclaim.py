@@ -78,12 +78,22 @@ class SharedPoolMachine(RuleBasedStateMachine):
     is reported only when the blocks truly do not exist anywhere on the pool."""
 
     NUM_BLOCKS = 24
+    # The first manager makes the pool (no ``pool=``) and the others join it through
+    # ``kv.pool``, instead of all three built on a ``BlockPool``.
+    OWN_POOL = False
 
     def __init__(self) -> None:
         super().__init__()
-        self.pool = pagedkv.BlockPool(num_blocks=self.NUM_BLOCKS, block_size=BS)
+        if self.OWN_POOL:
+            first = pagedkv.KvCacheManager(
+                num_blocks=self.NUM_BLOCKS, block_size=BS, enable_prefix_caching=True, enable_kv_events=True
+            )
+            self.pool = first.pool
+        else:
+            self.pool = pagedkv.BlockPool(num_blocks=self.NUM_BLOCKS, block_size=BS)
+            first = pagedkv.KvCacheManager(pool=self.pool, enable_prefix_caching=True, enable_kv_events=True)
         self.kvs = [
-            pagedkv.KvCacheManager(pool=self.pool, enable_prefix_caching=True, enable_kv_events=True),
+            first,
             pagedkv.KvCacheManager(pool=self.pool, enable_prefix_caching=True),
             pagedkv.KvCacheManager(pool=self.pool),
         ]
@@ -138,7 +148,15 @@ class SharedPoolMachine(RuleBasedStateMachine):
 
 
 SharedPoolMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+
+
+class OwnPoolSharedMachine(SharedPoolMachine):
+    OWN_POOL = True
+
+
+OwnPoolSharedMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
 TestSharedPoolMachine = SharedPoolMachine.TestCase
+TestOwnPoolSharedMachine = OwnPoolSharedMachine.TestCase
 
 
 def test_threads_reclaim_each_others_cached_blocks() -> None:
