@@ -219,6 +219,8 @@ fn next_tokens(len: usize, n: usize) -> Vec<u32> {
     (len..len + n).map(|i| (i % 7) as u32).collect()
 }
 
+#[path = "model/admission.rs"]
+mod admission;
 #[path = "model/host.rs"]
 mod host;
 #[path = "model/policy.rs"]
