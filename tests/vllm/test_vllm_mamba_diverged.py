@@ -1,8 +1,8 @@
 """The diverged admission on full attention + Mamba (``"align"``): full attention's own hit
 admitted with a KV connector's tokens where the Mamba group's own hit lags it, on vLLM's
 manager and on pagedkv's, same calls (python/pagedkv/integrations/vllm/hybrid_hits.py,
-``admit_diverged``; the core's ``diverged_hit``, rust/pagedkv/src/manager/state_diverged.rs;
-docs/integrations/vllm.md, Mamba, "Per-group hit divergence").
+``check_admission``, and the admission with ``diverged_hit``; the core's ``diverged_hit``,
+rust/pagedkv/src/manager/state_diverged.rs; docs/integrations/vllm.md, Mamba, "Per-group hit divergence").
 
 Both managers prefill a 4-block prefix, its first blocks one per step (the state cached at
 each of their boundaries), its last 1 to 3 blocks in one chunk with more tokens (no state

@@ -25,12 +25,13 @@ Mamba group and a full-attention group, as vLLM's manager decides it. A diverged
 attention deeper than a Mamba group's) is vLLM's answer too, recorded for the step
 (``manager._diverged_hits``, cleared at ``new_step_starts``): the scheduler falls back to the
 reconciled hit when the connector has no tokens, and an admission of the diverged hit with
-the connector's tokens is the core's ``diverged_hit`` admission (``check_admission``,
-``admit_diverged``: full attention's own run as the hit, the Mamba groups' rows and count as
-vLLM's; docs/integrations/vllm.md, Mamba, "Per-group hit divergence"), refused by name only
-on a config the core option does not cover (full-attention groups of several specs, whose
-runs vLLM looks up apart). The Mamba rule answers vLLM's finder on pagedkv's index
-(checked against vLLM's ``MambaManager`` in tests/vllm/test_vllm_mamba_connector.py).
+the connector's tokens is the core's ``diverged_hit`` admission (``check_admission``, then
+the manager's admission with ``diverged_hit``: full attention's own run as the hit, the Mamba
+groups' rows and count as vLLM's; docs/integrations/vllm.md, Mamba, "Per-group hit
+divergence"), refused by name only on a config the core option does not cover
+(full-attention groups of several specs, whose runs vLLM looks up apart). The Mamba rule
+answers vLLM's finder on pagedkv's index (checked against vLLM's ``MambaManager`` in
+tests/vllm/test_vllm_mamba_connector.py).
 
 Nothing here is on the scheduler's hot path: vLLM calls the per-group look-up only for a
 connector that asks for it (the offloading connector's bound, the divergent-hit look-up).
@@ -45,7 +46,6 @@ from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec, SlidingWindowSpec
 
 from pagedkv.errors import InvalidArgumentError, UnsupportedVllmFeatureError
-from pagedkv.integrations.vllm import admission
 from pagedkv.integrations.vllm.capacity import cdiv
 
 # The manager (manager.py) is typed ``Any`` here: manager.py imports views.py, which imports
@@ -207,7 +207,7 @@ def get_computed_blocks_for_connector(
         # vLLM's answer: full attention's hit, diverged. The scheduler then asks its connector;
         # with no external tokens it falls back to get_computed_blocks (the reconciled hit,
         # answered as there). With them the admission takes the diverged hit
-        # (check_admission, admit_diverged), a capped look-up's held to its cap as below.
+        # (check_admission), a capped look-up's held to its cap as below.
         request_id = request.request_id
         manager._diverged_hits[request_id] = num_local
         manager._hit_caps.pop(request_id, None)
@@ -226,7 +226,9 @@ def get_computed_blocks_for_connector(
 
 def check_admission(manager: KVCacheManager, request: Any, num_new_computed_tokens: int) -> bool:
     """Whether an admission with a connector's tokens takes a diverged hit
-    (``get_computed_blocks_for_connector``'s, in this step): then ``admit_diverged`` admits it.
+    (``get_computed_blocks_for_connector``'s, in this step): then the manager admits it with
+    ``diverged_hit`` (admission.py, the core's option: full attention's own run as the hit; each
+    Mamba group's rows and vLLM's count, its own lagging hit block counted when cached-evictable).
     An admission with another hit (the scheduler's fallback to the reconciled one) goes on as
     usual (False). Refused by name where the core's option does not answer vLLM: besides the
     Mamba groups, full-attention groups of more than one spec (vLLM looks each spec's run up
@@ -244,36 +246,3 @@ def check_admission(manager: KVCacheManager, request: Any, num_new_computed_toke
             "supports_divergent_local_hybrid_hits)"
         )
     return True
-
-
-def admit_diverged(
-    manager: KVCacheManager,
-    request: Any,
-    num_new_tokens: int,
-    num_new_computed_tokens: int,
-    num_lookahead_tokens: int,
-    full_sequence_must_fit: bool,
-    has_scheduled_reqs: bool,
-    num_external: int,
-) -> Any:
-    """vLLM's ``allocate_slots`` of a diverged hit with a connector's ``num_external`` tokens:
-    the core's admission with ``diverged_hit`` (full attention's own run as the hit; each Mamba
-    group's rows: nulls over its hit, one block at the external tokens' last block, one at the
-    chunk's end; vLLM's count, its own lagging hit block counted when cached-evictable). A
-    request that holds blocks already takes no hit (as ``allocate_slots``)."""
-    if request.request_id in manager._reqs:
-        raise InvalidArgumentError(
-            f"request {request.request_id!r} already holds blocks: no new computed or "
-            "external tokens, no reserved blocks"
-        )
-    return admission.admit(
-        manager,
-        request,
-        num_new_tokens,
-        num_new_computed_tokens,
-        num_lookahead_tokens,
-        full_sequence_must_fit,
-        has_scheduled_reqs,
-        num_external,
-        diverged_hit=True,
-    )

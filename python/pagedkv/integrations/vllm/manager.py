@@ -295,6 +295,7 @@ class KVCacheManager:
                 state[5] = end
                 return self.empty_kv_cache_blocks
         external = bool(num_external_computed_tokens or delay_cache_blocks or reserved_blocks)
+        diverged = False  # the admission takes a diverged hit (hybrid_hits.check_admission)
         if external:
             if self.capacity.has_state and (delay_cache_blocks or reserved_blocks):
                 mamba.refuse_external()
@@ -307,17 +308,8 @@ class KVCacheManager:
                 skip_zeroing_group_ids,
                 request.num_tokens - num_new_computed_tokens,
             )
-            if self._diverged_hits and hybrid_hits.check_admission(self, request, num_new_computed_tokens):
-                return hybrid_hits.admit_diverged(
-                    self,
-                    request,
-                    num_new_tokens,
-                    num_new_computed_tokens,
-                    num_lookahead_tokens,
-                    full_sequence_must_fit,
-                    has_scheduled_reqs,
-                    num_external_computed_tokens,
-                )
+            if self._diverged_hits:
+                diverged = hybrid_hits.check_admission(self, request, num_new_computed_tokens)
         if num_encoder_tokens and self._cross is not None:
             # (vLLM ignores encoder tokens without a cross-attention group.)
             return self._cross.admit(
@@ -345,6 +337,7 @@ class KVCacheManager:
                 num_external_computed_tokens,
                 delay_cache_blocks,
                 reserved_blocks,
+                diverged,
             )
         if num_new_computed_tokens or external:
             raise InvalidArgumentError(
