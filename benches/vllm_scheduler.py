@@ -22,12 +22,14 @@ does the same). Needs ``VLLM_TARGET_DEVICE=cpu`` (set here when absent).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import random
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -411,6 +413,8 @@ def run(
     probe_hits: bool = False,
     shadow_copies: bool = False,
     watch_copies: bool = True,
+    freeze_heap: bool = False,
+    loop_starts: Callable[[], object] | None = None,
 ) -> Trace:
     """One scheduler run of workload `w` on `manager`; its trace (`count_calls`: with the
     manager's calls counted and timed, which slows the run: not for the step-time ratio;
@@ -418,8 +422,46 @@ def run(
     outside the timed calls; `probe_hits`: the trace's probe hits, which slow the run;
     `shadow_copies`: on vLLM's manager, ``Trace.spared_copy_since``, which slows the run;
     `watch_copies`: on vLLM's manager, ``Trace.duplicates_since`` and ``revived_copy_since``,
-    whose checks cost vLLM's side time and instructions: off for a timed or counted run)."""
+    whose checks cost vLLM's side time and instructions: off for a timed or counted run;
+    `freeze_heap`: the heap as vLLM's engine leaves it, for a timed or counted run (``EngineCore``
+    builds its scheduler, then collects and freezes every object the garbage collector tracks,
+    so that its collections while serving skip them; unfrozen again when the run ends);
+    `loop_starts`: called once the scheduler is built and the requests added, before the first
+    step)."""
     scheduler = build_scheduler(w, manager)
+    if freeze_heap:
+        from vllm.utils.gc_utils import freeze_gc_heap
+
+        freeze_gc_heap()
+    try:
+        return _run_steps(
+            w,
+            scheduler,
+            max_steps,
+            count_calls,
+            check_invariants,
+            probe_hits,
+            shadow_copies,
+            watch_copies,
+            loop_starts,
+        )
+    finally:
+        if freeze_heap:
+            gc.unfreeze()
+
+
+def _run_steps(
+    w: Workload,
+    scheduler: Any,
+    max_steps: int,
+    count_calls: bool,
+    check_invariants: bool,
+    probe_hits: bool,
+    shadow_copies: bool,
+    watch_copies: bool,
+    loop_starts: Callable[[], object] | None,
+) -> Trace:
+    """`run`'s requests and steps on a built `scheduler`."""
     requests = make_requests(w)
     for request in requests:
         scheduler.add_request(request)
@@ -439,6 +481,8 @@ def run(
         watch_spared_evictions(scheduler.kv_cache_manager, trace, w.block_size)
     if probe_hits:
         _probe_calls(scheduler.kv_cache_manager, w, trace)
+    if loop_starts is not None:
+        loop_starts()
     while scheduler.has_unfinished_requests():
         t0 = time.perf_counter()
         out = scheduler.schedule()

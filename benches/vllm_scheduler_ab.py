@@ -9,7 +9,11 @@ the exact manager calls and pagedkv core (PyO3) calls per step.
 takes an earlier manager.py alone, with the package's other modules as installed.) The workload is the one of
 benches/results/2026-12-06-vllm-scheduler.md (200 requests, prompts 200-2,000 tokens, outputs
 64-256, 3,000 blocks). ``--cpu-time`` times with the scheduler thread's CPU clock instead of the
-wall clock (on a machine shared with other work, time spent descheduled is left out).
+wall clock (on a machine shared with other work, time spent descheduled is left out). Each timed
+run starts from the heap vLLM's engine serves from: ``EngineCore`` freezes every object the
+garbage collector tracks once its scheduler is built, so a collection while serving skips them
+(``--heap live`` leaves the heap unfrozen, as this harness did until 2026-12-07: each collection
+of the oldest generation then walks every object of vLLM, torch and the harness, about 100 ms).
 """
 
 from __future__ import annotations
@@ -128,7 +132,14 @@ def main() -> int:
     parser.add_argument("--configs", default="full,async,full+window64")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--cpu-time", action="store_true")
+    parser.add_argument(
+        "--heap",
+        choices=("frozen", "live"),
+        default="frozen",
+        help="frozen: the start-up heap frozen as vLLM's engine does (the default); live: not",
+    )
     args = parser.parse_args()
+    frozen = args.heap == "frozen"
     if args.cpu_time:
         vs.time = type("CpuClock", (), {"perf_counter": staticmethod(time.thread_time)})  # type: ignore[assignment]
     managers = {
@@ -144,7 +155,7 @@ def main() -> int:
         for _ in range(args.repeat):
             reference = None
             for label, cls in managers.items():
-                trace = vs.run(w, cls, watch_copies=False)
+                trace = vs.run(w, cls, watch_copies=False, freeze_heap=frozen)
                 seconds = trace.schedule_s + trace.update_s
                 best[label] = min(best.get(label, seconds), seconds)
                 steps = len(trace.steps)
@@ -164,7 +175,12 @@ def main() -> int:
             print(f"  {label} trace: {verdict}")
         for label, cls in managers.items():
             counter = [0]
-            t = vs.run(w, cls if label == "vllm" else _counting(cls, counter), count_calls=True)
+            t = vs.run(
+                w,
+                cls if label == "vllm" else _counting(cls, counter),
+                count_calls=True,
+                freeze_heap=frozen,
+            )
             n = len(t.steps)
             print(
                 f"  {label}: {t.manager_calls / n:.1f} manager calls/step, "

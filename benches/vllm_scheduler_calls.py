@@ -98,7 +98,7 @@ def measure(w: vs.Workload, cls: Any) -> tuple[int, float, dict[str, list[float]
 
     vs.build_scheduler = build_wrapped  # type: ignore[assignment]
     try:
-        trace = vs.run(w, cls, watch_copies=False)
+        trace = vs.run(w, cls, watch_copies=False, freeze_heap=True)
     finally:
         vs.build_scheduler = build  # type: ignore[assignment]
     steps = len(trace.steps)

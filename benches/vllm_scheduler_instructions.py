@@ -13,7 +13,10 @@ of benches/vllm_scheduler.py's ``run``: ``schedule``, the fake model output, ``u
 
 (``$VENV``: the vLLM venv of scripts/vllm/env.sh, pagedkv importable.) Callgrind zeroes its
 counts when the loop starts (``os.getppid``, libc's ``getppid``) and writes them when it ends
-(``os.getpgrp``), so imports, set-up and a warm-up run are left out. The loop's fake model output
+(``os.getpgrp``), so imports, set-up (the scheduler built, the requests added) and a warm-up run
+are left out. The heap is frozen once the scheduler is built, as vLLM's engine does
+(benches/vllm_scheduler_ab.py); ``--heap-live`` leaves it unfrozen (this script's count until
+2026-12-07, which also counted building the scheduler and adding the requests). The loop's fake model output
 is the same for both managers when their schedules are (the run prints the step count), so the
 ratio of the two dumps bounds the ratio of the scheduler's own calls from above.
 """
@@ -30,14 +33,20 @@ from vllm_scheduler_ab import CONFIGS, WORKLOAD, _load_before_rev  # noqa: E402
 
 
 def main() -> int:
-    name, config = sys.argv[1], sys.argv[2]
+    args = sys.argv[1:]
+    live = "--heap-live" in args
+    if live:
+        args.remove("--heap-live")
+    name, config = args[0], args[1]
     # "before REV": pagedkv's integration package as of git revision REV, on the installed core.
-    manager = _load_before_rev(sys.argv[3]) if name == "before" else vs.manager_class(name)
+    manager = _load_before_rev(args[2]) if name == "before" else vs.manager_class(name)
     # A short run first: lazy imports and first-call caches out of the counted loop.
     vs.run(vs.Workload(**{**WORKLOAD, "requests": 4}, **CONFIGS[config]), manager, watch_copies=False)
     workload = vs.Workload(**WORKLOAD, **CONFIGS[config])
-    os.getppid()  # callgrind --zero-before=getppid
-    trace = vs.run(workload, manager, watch_copies=False)  # the marks would count on vLLM's side
+    # callgrind --zero-before=getppid: once the scheduler is built and the requests added (and
+    # the heap frozen, whose collection is not the loop's)
+    # (watch_copies: the marks would count on vLLM's side)
+    trace = vs.run(workload, manager, watch_copies=False, freeze_heap=not live, loop_starts=os.getppid)
     os.getpgrp()  # callgrind --dump-before=getpgrp
     print(f"{name} {config}: {len(trace.steps)} steps")
     return 0

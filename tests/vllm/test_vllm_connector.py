@@ -242,7 +242,8 @@ def test_a_failed_sync_load_leaves_the_index_under_the_fail_policy(kind: str) ->
 def test_admissions_at_the_pools_edge_answer_as_vllm(seed: int) -> None:
     """The manager refuses some admissions before asking the core (the arithmetic pre-check of
     ``_admit``, full attention): on both managers, the same calls near the pool's edge (hits on
-    held and on cached-evictable blocks, the watermark, reserved blocks, lookahead) get the same
+    held and on cached-evictable blocks, the watermark, reserved blocks, lookahead, with and
+    without the whole-sequence check) get the same
     answer, hit and free blocks. A pre-check that counted a block too many refuses an admission
     vLLM makes; one too few is harmless (the core refuses)."""
     import random
@@ -271,7 +272,10 @@ def test_admissions_at_the_pools_edge_answer_as_vllm(seed: int) -> None:
         lookahead = rng.choice([0, 0, 3])
         reserved = rng.choice([0, 0, 2])
         status = rng.choice([RequestStatus.WAITING, RequestStatus.PREEMPTED])
-        answer: list[Any] = [step]
+        # vLLM's whole-sequence check (scheduler_reserve_full_isl), with chunks shorter than the
+        # prompt: the pre-check's second bound.
+        must_fit = rng.random() < 0.5
+        answer: list[Any] = [step, must_fit]
         for kind in KINDS:
             m = managers[kind]
             r = _request(f"r{step}", num_tokens, first)
@@ -285,14 +289,16 @@ def test_admissions_at_the_pools_edge_answer_as_vllm(seed: int) -> None:
                 blocks,
                 num_lookahead_tokens=lookahead,
                 reserved_blocks=reserved,
-                full_sequence_must_fit=False,
+                full_sequence_must_fit=must_fit,
             )
             if got is not None:
                 requests[kind].append(r)
             answer.append((hit, got is None, m.block_pool.get_num_free_blocks()))
         answers.append(tuple(answer))
-        assert answer[1] == answer[2], f"step {step}: vLLM {answer[1]}, pagedkv {answer[2]}"
+        assert answer[2] == answer[3], f"step {step}: vLLM {answer[2]}, pagedkv {answer[3]}"
         managers["pagedkv"].check_invariants()
-    # The sweep reaches both answers, with hits.
-    assert any(a[1][1] for a in answers) and any(not a[1][1] for a in answers)
-    assert any(a[1][0] and a[1][1] for a in answers)
+    # The sweep reaches both answers, with hits, with and without the whole-sequence check.
+    for must_fit in (False, True):
+        outcomes = [a[2] for a in answers if a[1] == must_fit]
+        assert any(o[1] for o in outcomes) and any(not o[1] for o in outcomes)
+    assert any(a[2][0] and a[2][1] for a in answers)

@@ -79,7 +79,7 @@ def get_computed_blocks(
         # vLLM reports the blocks of a hit as stored again in this mode (for a gateway).
         manager._events.report_hit(request, hit // manager.block_size, manager.num_kv_cache_groups)
     placeholder = [manager._blocks[0]] * (hit // manager.block_size)
-    return KVCacheBlocks(tuple(placeholder for _ in range(manager.num_kv_cache_groups))), hit, boundary
+    return KVCacheBlocks((placeholder,) * manager.num_kv_cache_groups), hit, boundary
 
 
 def shared_prefix_boundary(manager: KVCacheManager, hashes: Any, hit: int) -> int:
@@ -123,10 +123,8 @@ def admit(
     capacity = manager.capacity
     # A connector's tokens count as computed for the window release (the core's
     # num_external_computed_tokens).
-    if (
-        full_sequence_must_fit
-        and capacity.prompt_blocks(request.num_tokens, num_external) > capacity.usable_blocks
-    ):
+    prompt_blocks = capacity.prompt_blocks(request.num_tokens, num_external) if full_sequence_must_fit else 0
+    if prompt_blocks > capacity.usable_blocks:
         return None
     chunk_end = num_new_computed_tokens + num_external + num_new_tokens + num_lookahead_tokens
     positions = cdiv(min(chunk_end, manager.max_model_len), bs)
@@ -154,11 +152,18 @@ def admit(
             # it revives, the watermark and the reserved blocks) pass its free and evictable
             # blocks (admit_groups.rs, the plan); it would first convert the whole prompt
             # and its hashes (about 10 us, and about 0.7 admissions a step are refused on
-            # a full pool). The same refusal, from a lower bound of what the core counts:
-            fresh = (positions - num_new_computed_tokens // bs) * manager.capacity.num_groups
+            # a full pool). The same refusals, from lower bounds of what the core counts (the
+            # revived blocks left out): with the whole-sequence check, the whole prompt's new
+            # blocks and the watermark (admission_requirement); always, the chunk's new blocks,
+            # the watermark and the reserved blocks.
+            hit_blocks = (num_new_computed_tokens // bs) * capacity.num_groups
+            fresh = positions * capacity.num_groups - hit_blocks
+            whole = prompt_blocks - hit_blocks if full_sequence_must_fit else 0
             if watermark:
                 fresh += manager.watermark_blocks
-            if fresh + reserved_blocks > manager._core.num_free_blocks:
+                whole += manager.watermark_blocks
+            available = manager._core.num_free_blocks
+            if fresh + reserved_blocks > available or whole > available:
                 return None
         if skip:
             hashes = []

@@ -48,6 +48,8 @@ class PoolCapacity:
     def live_blocks(self, positions: int, processed: int) -> int:
         """Blocks ``positions`` table positions hold over every group once each window group
         released what its window at ``processed`` tokens leaves (the core's count)."""
+        if self.full_attention_only:  # every group keeps every position (each admission asks)
+            return positions * self.num_groups
         bs = self.block_size
         total = 0
         for window, state in zip(self.windows, self.states, strict=True):
@@ -66,6 +68,8 @@ class PoolCapacity:
         connector's, counted as computed before sizing)."""
         bs = self.block_size
         full = cdiv(min(num_tokens, self.max_model_len), bs)
+        if self.full_attention_only:  # (each admission asks)
+            return full * self.num_groups
         total = 0
         for window, state in zip(self.windows, self.states, strict=True):
             if window is None:
