@@ -1,6 +1,7 @@
-"""``allocate_slots``' quick fences (records.set_quick_fences: two lengths against two numbers
-of the record) imply its general fast-path test: whenever they let a decode step through,
-``records.give_ids`` would give the core nothing and leave the cached estimate as it is. The
+"""The quick fences (records.set_quick_fences: two lengths against two numbers of the record)
+that ``allocate_slots`` and ``cache_blocks`` read first imply their general fast-path test:
+whenever they let a step through, ``records.give_ids`` would give the core nothing and leave the
+cached estimate as it is. The
 scheduler flows never reach some of these records (the ids of a block filling while the
 watermark stays in an earlier block), so the implication is checked here on records of every
 shape, not only through the differentials. Runs in the vLLM stage (scripts/vllm/stage.sh);
@@ -59,6 +60,11 @@ def test_a_step_the_quick_fences_let_through_gives_the_core_nothing() -> None:
         before = list(state)
         assert not records.give_ids(m, request, state, end, None, num_tokens)
         assert state == before, (bs, before, num_tokens, hashes, end)
+        # cache_blocks' call (async scheduling): the scheduler's watermark, the record's, and
+        # ids held back from any point.
+        upto = rng.randrange(0, num_tokens + 1)
+        assert not records.give_ids(m, request, state, upto, watermark, upto)
+        assert state == before, (bs, before, num_tokens, hashes, upto)
     assert let_through > 2_000  # the check ran on many records
 
 

@@ -446,6 +446,18 @@ class KVCacheManager:
         state = self._reqs.get(request.request_id)
         if state is None or not self.enable_caching:
             return
+        # Async scheduling calls this for every running request every step; on most decode
+        # steps the quick fences (records.set_quick_fences) say there is no block of ids to
+        # give, no new hash and no estimate to grow, and the watermark is the core's one:
+        # what give_ids would find, from two lengths. (A request whose hashes are held for
+        # an async load fails the fences anyway, its hashes past its record's; not relied on.)
+        if (
+            request.num_computed_tokens == state[5]
+            and len(request._all_token_ids) < state[8]
+            and len(request.block_hashes) <= state[9]
+            and not self._held_hashes
+        ):
+            return
         if self._held_hashes and self._held_hashes.pop(request.request_id, False):
             connector.give_held_hashes(self, request, state, num_computed_tokens, loaded=True)
             return
