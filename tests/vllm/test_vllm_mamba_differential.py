@@ -408,7 +408,6 @@ def _mamba_config(num_blocks: int = 32, window: int | None = None, **mamba_optio
         (dict(num_prefill_checkpoint_blocks=1), {}, "num_prefill_checkpoint_blocks"),
         (dict(window=8), {}, "sliding-window"),
         ({}, dict(enable_caching=False), "without prefix caching"),
-        ({}, dict(enable_kv_cache_events=True), "KV events"),
         ({}, dict(use_eagle=True), "use_eagle"),
     ],
 )
@@ -453,6 +452,35 @@ def test_a_connectors_tokens_and_lookahead_are_refused_changing_nothing() -> Non
     m.check_invariants()
     # The coordinator's new_step_starts is the manager's (vLLM's calls it through either).
     m.coordinator.new_step_starts()
+
+
+def test_a_connectors_tokens_with_kv_events_are_refused_changing_nothing() -> None:
+    """KV events on a Mamba group are answered (tests/vllm/test_vllm_kv_events.py), but not yet
+    with a KV connector's tokens: refused by name, nothing taken, no event."""
+    from pagedkv.integrations.vllm import KVCacheManager, UnsupportedVllmFeatureError
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.request import Request
+
+    init_none_hash(sha256)
+    m = KVCacheManager(
+        _mamba_config(),
+        max_model_len=256,
+        enable_caching=True,
+        enable_kv_cache_events=True,
+        scheduler_block_size=BS,
+        hash_block_size=BS,
+    )
+    hasher = get_request_block_hasher(BS, sha256)
+    r = Request("a", list(range(1, 3 * BS + 3)), SamplingParams(max_tokens=8), None, block_hasher=hasher)
+    free = m.block_pool.get_num_free_blocks()
+    with pytest.raises(UnsupportedVllmFeatureError, match="KV events"):
+        m.allocate_slots(r, BS, num_external_computed_tokens=BS)
+    assert m.block_pool.get_num_free_blocks() == free and m.get_block_ids("a") == ([], [])
+    assert m.take_events() == []
+    assert m.allocate_slots(r, 3 * BS + 2) is not None  # without the connector's tokens
+    m.check_invariants()
 
 
 @pytest.mark.parametrize("prompt_len", range(4 * BS - 1, 6 * BS + 1))  # at most the pool

@@ -191,6 +191,8 @@ def admit(
         except OutOfBlocksError:
             manager._collect_events(request)
             return None
+        if manager._events is not None:
+            manager._events.admitted(request.request_id, hit // bs)
         manager._collect_events(request)
         num_hashes = -1 if skip else len(hashes)
         num_ids = len(tokens)

@@ -10,6 +10,13 @@ stored for that request, and its event is written from the request as vLLM's blo
 it (vLLM's own ``generate_block_hash_extra_keys`` / ``to_event_extra_keys``), with vLLM's hash
 values (``maybe_convert_block_hash`` of the bytes).
 
+A Mamba group (align mode) holds one state block per scheduled chunk, its other positions null;
+vLLM's block pool reports each caching call on it as one ``BlockStored`` over the whole range of
+blocks the call covered (from the request's previous caching end: its hit at admission, then the
+end of its last store), whose hashes are the state blocks' only, its parent the hash before the
+range and its tokens the range's; the core reports the state block alone, and the translator
+widens it to vLLM's range.
+
 What a router fed by either manager sees differs only where the two pools differ
 (docs/integrations/vllm.md, KV events): vLLM indexes a second copy of one content and reports
 each copy's store and removal; pagedkv keeps one copy per content and reports it once.
@@ -58,6 +65,7 @@ class EventTranslator:
         block_size: int,
         group_specs: Sequence[KVCacheSpec],
         num_hash_lookahead_tokens: int = 0,
+        state_groups: Sequence[int] = (),
     ) -> None:
         self._core = core
         self._block_size = block_size
@@ -76,10 +84,22 @@ class EventTranslator:
         # Per request id: the reduced hashes of its blocks so far (to find a stored run's
         # position in the request). Dropped when the request is freed.
         self._reduced: dict[str, list[int]] = {}
+        # The Mamba (state) groups, and per (request id, state group) where its next store's
+        # range starts (vLLM's per-group ``num_cached_block``). Dropped when the request is freed.
+        self._state_groups = tuple(state_groups)
+        self._state_start: dict[tuple[str, int], int] = {}
+
+    def admitted(self, request_id: str, hit_blocks: int) -> None:
+        """The request was admitted with a hit of ``hit_blocks`` blocks: a state group's next
+        store starts there (vLLM counts the hit's blocks, null ones included, as cached)."""
+        for g in self._state_groups:
+            self._state_start[request_id, g] = hit_blocks
 
     def forget(self, request_id: str) -> None:
-        """The request is gone: its position cache goes too."""
+        """The request is gone: its position cache and state-group starts go too."""
         self._reduced.pop(request_id, None)
+        for g in self._state_groups:
+            self._state_start.pop((request_id, g), None)
 
     def _position(self, request: Request, first: int) -> int:
         """The index in ``request.block_hashes`` of the block whose reduced hash is ``first``."""
@@ -96,20 +116,30 @@ class EventTranslator:
                 f"request {request.request_id!r}: a stored block's hash is not one of its own"
             ) from None
 
-    def stored_event(self, request: Request, start: int, end: int, group_idx: int) -> BlockStored:
+    def stored_event(
+        self,
+        request: Request,
+        start: int,
+        end: int,
+        group_idx: int,
+        stored: Sequence[int] | None = None,
+    ) -> BlockStored:
         """vLLM's ``BlockStored`` for blocks ``start..end`` of ``request`` (block indices), as
-        vLLM's ``BlockPool._build_block_stored_event`` writes it."""
+        vLLM's ``BlockPool._build_block_stored_event`` writes it; ``stored``: the indices of the
+        range's blocks that were stored (a state group's; default: every block), which alone
+        have hashes and extra keys in it."""
         bs = self._block_size
         hashes = request.block_hashes
         lookahead = self._lookahead
         lookahead_ids: list[list[int]] | None = None
+        blocks = range(start, end) if stored is None else stored
         extra: list[Any]
         if lookahead:
             # vLLM's keys cover each block and its lookahead tokens (its block pool's
             # _generate_event_extra_keys), whatever the request.
             extra, mm_idx, lookahead_ids = [], 0, []
             tokens = request.all_token_ids
-            for i in range(start, end):
+            for i in blocks:
                 block_end = (i + 1) * bs
                 keys, mm_idx = generate_lookahead_block_hash_extra_keys(
                     request, i * bs, block_end, block_end + lookahead, mm_idx
@@ -117,16 +147,16 @@ class EventTranslator:
                 extra.append(keys)
                 lookahead_ids.append(list(tokens[block_end : block_end + lookahead]))
         elif _plain(request):
-            extra = [None] * (end - start)
+            extra = [None] * len(blocks)
         else:
             extra, mm_idx = [], 0
-            for i in range(start, end):
+            for i in blocks:
                 keys, mm_idx = generate_block_hash_extra_keys(request, i * bs, (i + 1) * bs, mm_idx)
                 extra.append(keys)
         lora = request.lora_request
         kind, window = self._group_metadata[group_idx]
         return BlockStored(
-            block_hashes=[maybe_convert_block_hash(h) for h in hashes[start:end]],
+            block_hashes=[maybe_convert_block_hash(hashes[i]) for i in blocks],
             parent_block_hash=None if start == 0 else maybe_convert_block_hash(hashes[start - 1]),
             token_ids=request.all_token_ids[start * bs : end * bs],
             block_size=bs,
@@ -156,7 +186,10 @@ class EventTranslator:
                 if request is None:
                     raise InvariantViolation("the core stored blocks outside a request's call")
                 start = self._position(request, event.block_hashes[0])
-                out = self.stored_event(request, start, start + len(event.block_hashes), group)
+                if group in self._state_groups:
+                    out = self._state_stored(request, start, event.block_hashes, group)
+                else:
+                    out = self.stored_event(request, start, start + len(event.block_hashes), group)
                 for key, value in zip(event.block_hashes, out.block_hashes, strict=True):
                     stored[group, key] = value
                 self._out.append(out)
@@ -172,6 +205,20 @@ class EventTranslator:
             else:
                 stored.clear()
                 self._out.append(AllBlocksCleared())
+
+    def _state_stored(self, request: Request, first: int, reduced: Sequence[int], group: int) -> BlockStored:
+        """vLLM's store event for a state group's blocks ``reduced`` (core hashes; the first at
+        block ``first``): the range from the request's previous caching end to the last one."""
+        stored = [first] + [self._position(request, h) for h in reduced[1:]]
+        key = (request.request_id, group)
+        start = self._state_start.get(key, first)
+        if not start <= first:
+            raise InvariantViolation(
+                f"request {request.request_id!r}: a state block stored at {first}, before its "
+                f"group's caching end {start}"
+            )
+        self._state_start[key] = stored[-1] + 1
+        return self.stored_event(request, start, stored[-1] + 1, group, stored)
 
     def take(self) -> list[Any]:
         """vLLM's events since the last call (the core's not yet drained included)."""

@@ -9,14 +9,12 @@ from __future__ import annotations
 from pagedkv.errors import UnsupportedVllmFeatureError
 
 
-def check_options(enable_caching: bool, drafting: bool, enable_kv_cache_events: bool) -> None:
+def check_options(enable_caching: bool, drafting: bool) -> None:
     """Refuses, by name, the options the plain Mamba path does not answer as vLLM does."""
     if not enable_caching:
         raise UnsupportedVllmFeatureError("a Mamba group without prefix caching (mamba_cache_mode='none')")
     if drafting:
         raise UnsupportedVllmFeatureError("a Mamba group with speculative decoding (lookahead tokens)")
-    if enable_kv_cache_events:
-        raise UnsupportedVllmFeatureError("KV events with a Mamba group")
 
 
 def refuse_external() -> None:
@@ -26,3 +24,9 @@ def refuse_external() -> None:
     raise UnsupportedVllmFeatureError(
         "a KV connector's async load (delay_cache_blocks) or reserved blocks with a Mamba group"
     )
+
+
+def refuse_external_events() -> None:
+    """A KV connector's tokens with KV events on a Mamba group: the state group's store range
+    after such an admission (events.py) is not checked against vLLM yet."""
+    raise UnsupportedVllmFeatureError("a KV connector's tokens with KV events on a Mamba group")

@@ -110,7 +110,7 @@ class KVCacheManager:
             num_prefill_lookahead,
         )
         if any(isinstance(g, pagedkv.MambaState) for g in kv_groups):
-            mamba.check_options(enable_caching, drafting, enable_kv_cache_events)
+            mamba.check_options(enable_caching, drafting)
         num_blocks = kv_cache_config.num_blocks
         if max_in_flight_tokens is None:
             max_in_flight_tokens = max_model_len
@@ -206,6 +206,7 @@ class KVCacheManager:
                 block_size,
                 [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups],
                 num_hash_lookahead_tokens=int(num_hash_lookahead_tokens) if drafting else 0,
+                state_groups=[i for i, state in enumerate(self.capacity.states) if state],
             )
             if self._core_events()
             else None
@@ -299,6 +300,8 @@ class KVCacheManager:
         if external:
             if self.capacity.has_state and (delay_cache_blocks or reserved_blocks):
                 mamba.refuse_external()
+            if self.capacity.has_state and self._events is not None:
+                mamba.refuse_external_events()
             draft.check_external_admission(self)
             connector.check_external_admission(
                 self,
