@@ -205,6 +205,32 @@ CONFIGS: dict[str, tuple[dict[str, object], bool]] = {
         ),
         True,
     ),
+    # The fake connector's synchronous loads on a Mamba config (the manager answers them; its
+    # async loads stay refused): 23 admissions with external tokens, identical. With chunk-only
+    # admission the schedules part at step 11, where a look-up reports another shared-prefix
+    # boundary on pagedkv's one-copy index (vLLM indexed two copies of one content at step 1)
+    # and vLLM's scheduler ends request 15's chunk there (48 tokens against 12).
+    "connector-sync-full+mamba": (
+        dict(
+            requests=24,
+            num_blocks=140,
+            max_num_batched_tokens=128,
+            groups=("full", "mamba"),
+            connector="sync",
+        ),
+        True,
+    ),
+    "connector-sync-chunk-admission-full+mamba": (
+        dict(
+            requests=24,
+            num_blocks=140,
+            max_num_batched_tokens=128,
+            groups=("full", "mamba"),
+            connector="sync",
+            reserve_full_isl=False,
+        ),
+        False,
+    ),
     # On tighter pools the duplicate copies part them. 80 blocks: vLLM's allocation at step 22
     # evicts one copy of the shared prefix's 3rd and 4th blocks and keeps another that a running
     # request holds; pagedkv's one copy is evicted, so at step 24 request 12's look-up reports a
@@ -234,6 +260,7 @@ CONFIGS: dict[str, tuple[dict[str, object], bool]] = {
 TRACED_AT = {
     "connector-sync-chunk-admission-full+swa": "spared_copy_since",
     "connector-mixed-full+swa-two-tokens": "spared_copy_since",
+    "connector-sync-chunk-admission-full+mamba": "spared_copy_since",
     "full+mamba-tight": "spared_copy_since",
     "full+mamba-other-copy": "other_copy_since",
 }
