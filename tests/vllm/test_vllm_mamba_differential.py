@@ -372,32 +372,10 @@ def test_the_manager_differential_reaches_what_it_checks() -> None:
 
 
 def _mamba_config(num_blocks: int = 32, window: int | None = None, **mamba_options: Any) -> Any:
-    """Full attention + an align-mode Mamba group (+ a window group), blocks of ``BS`` tokens
-    (the layer names are read by neither manager)."""
-    import torch
-    from vllm.v1.kv_cache_interface import (
-        FullAttentionSpec,
-        KVCacheConfig,
-        KVCacheGroupSpec,
-        MambaSpec,
-        SlidingWindowSpec,
-    )
+    """Full attention + an align-mode Mamba group (+ a window group), blocks of ``BS`` tokens."""
+    from vllm_test_inputs import mamba_config
 
-    options: dict[str, Any] = {"mamba_cache_mode": "align", **mamba_options}
-    groups = [
-        KVCacheGroupSpec(
-            ["fa"], FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32)
-        ),
-        KVCacheGroupSpec(
-            ["m"], MambaSpec(block_size=BS, shapes=((1, 1),), dtypes=(torch.float32,), **options)
-        ),
-    ]
-    if window is not None:
-        spec = SlidingWindowSpec(
-            block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32, sliding_window=window
-        )
-        groups.append(KVCacheGroupSpec(["w"], spec))
-    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
+    return mamba_config(num_blocks, window, block_size=BS, **mamba_options)
 
 
 @pytest.mark.parametrize(

@@ -102,3 +102,34 @@ def window_config(window: int, **overrides: object) -> dict[str, object]:
         max_num_batched_tokens=128,
         **overrides,
     )
+
+
+def mamba_config(
+    num_blocks: int = 32, window: int | None = None, block_size: int = BS, **mamba_options: Any
+) -> Any:
+    """Full attention + an align-mode Mamba group (+ a window group), blocks of ``block_size`` tokens
+    (the layer names are read by neither manager)."""
+    import torch
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+        MambaSpec,
+        SlidingWindowSpec,
+    )
+
+    options: dict[str, Any] = {"mamba_cache_mode": "align", **mamba_options}
+    groups = [
+        KVCacheGroupSpec(
+            ["fa"], FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
+        ),
+        KVCacheGroupSpec(
+            ["m"], MambaSpec(block_size=block_size, shapes=((1, 1),), dtypes=(torch.float32,), **options)
+        ),
+    ]
+    if window is not None:
+        spec = SlidingWindowSpec(
+            block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32, sliding_window=window
+        )
+        groups.append(KVCacheGroupSpec(["w"], spec))
+    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)

@@ -17,7 +17,7 @@ from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.request import Request, RequestStatus
 
 from pagedkv.errors import InvariantViolation, OutOfBlocksError, UnsupportedVllmFeatureError
-from pagedkv.integrations.vllm import connector, records
+from pagedkv.integrations.vllm import connector, mamba, records
 from pagedkv.integrations.vllm.capacity import cdiv
 
 # The manager (manager.py) is typed ``Any`` here: manager.py imports this module, and the
@@ -236,6 +236,9 @@ def admit(
         else:
             manager._give_held_hashes(manager, request, state, end, False)
             records.set_quick_fences(manager, state)  # the hashes it gave
+    if manager._state_groups:
+        # vLLM counts the hit's blocks as cached; the admission's own call caches the rest.
+        mamba.note_cached_states(manager, request.request_id, state, hit // bs)
     # The blocks of the tokens to compute (vLLM returns neither the hit's nor the
     # connector's).
     if num_external and not manager.full_attention_only:

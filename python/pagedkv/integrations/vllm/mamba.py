@@ -6,7 +6,13 @@ refusals after ``new_step``); the manager's calls map to the core's as for atten
 
 from __future__ import annotations
 
+from typing import Any
+
 from pagedkv.errors import UnsupportedVllmFeatureError
+
+# The manager (manager.py) is typed ``Any`` here: manager.py imports this module, and the
+# package's layering forbids import cycles, typing-only ones included (tests/python/test_layering.py).
+KVCacheManager = Any
 
 
 def check_options(enable_caching: bool, drafting: bool) -> None:
@@ -30,3 +36,44 @@ def refuse_external_events() -> None:
     """A KV connector's tokens with KV events on a Mamba group: the state group's store range
     after such an admission (events.py) is not checked against vLLM yet."""
     raise UnsupportedVllmFeatureError("a KV connector's tokens with KV events on a Mamba group")
+
+
+def note_cached_states(manager: KVCacheManager, request_id: str, state: list[int], start: int = -1) -> None:
+    """vLLM's boundary-state offers of a request's state blocks cached since the last call
+    (``start``: the blocks cached at admission, its hit; else where the last call ended), read
+    from the record's cached tokens (records.py, [4]: the blocks vLLM's ``cache_blocks`` reaches)
+    and the state groups' tables. vLLM's ``MambaManager`` offers every non-null block its
+    ``cache_blocks`` caches in align mode, with its boundary (the tokens up to its end), for a
+    KV connector to offload; ``take_boundary_state_offloads`` drains them."""
+    end = state[4] // manager.block_size
+    if start < 0:
+        start = manager._states_cached.get(request_id, end)
+    manager._states_cached[request_id] = max(start, end)
+    if end <= start:
+        return
+    bs = manager.block_size
+    for g in manager._state_groups:
+        table = manager._core.block_table(state[0], group=g)[start:end].tolist()
+        manager._state_offers.extend(
+            (request_id, g, b, (start + i + 1) * bs) for i, b in enumerate(table) if b > 0
+        )
+
+
+def forget_cached_states(manager: KVCacheManager, request_id: str) -> None:
+    """The request's blocks go back to the pool: its offers not yet taken go too (as vLLM's
+    ``pop_blocks_for_free`` drops them: another request may be handed the blocks)."""
+    manager._states_cached.pop(request_id, None)
+    if any(offer[0] == request_id for offer in manager._state_offers):
+        manager._state_offers = [offer for offer in manager._state_offers if offer[0] != request_id]
+
+
+def take_offers(manager: KVCacheManager) -> dict[str, list[tuple[int, int, int]]]:
+    """``take_boundary_state_offloads``: ``{request id: [(group, block id, boundary tokens)]}``,
+    group by group as vLLM's manager drains its per-group lists."""
+    offers, manager._state_offers = manager._state_offers, []
+    out: dict[str, list[tuple[int, int, int]]] = {}
+    for g in manager._state_groups:
+        for request_id, group, block, tokens in offers:
+            if group == g:
+                out.setdefault(request_id, []).append((g, block, tokens))
+    return out

@@ -175,6 +175,11 @@ class KVCacheManager:
             )
             self.coordinator.single_type_managers = self._cross.group_views(self)
         self._deferred = connector.DeferredFrees()
+        # Mamba (state) groups: each request's blocks cached so far (vLLM's num_cached_block)
+        # and the boundary-state offers not yet taken (mamba.py).
+        self._state_groups = [i for i, state in enumerate(self.capacity.states) if state]
+        self._states_cached: dict[str, int] = {}
+        self._state_offers: list[tuple[str, int, int, int]] = []
         # Requests admitted with the hashes of their hit only (an async load, or a hit capped
         # below what the cache holds): request id -> whether the rest waits for cache_blocks.
         self._held_hashes: dict[str, bool] = {}
@@ -434,6 +439,8 @@ class KVCacheManager:
         state[1] = new_len
         state[5] = state[6] = end
         self._give_ids(self, request, state, end, None, len(request._all_token_ids))
+        if self._state_groups:
+            mamba.note_cached_states(self, request.request_id, state)
         records.set_fence(self, state)  # after the ids and hashes given, which it reads
         if self._events is not None:
             self._events.collect(request)
@@ -468,6 +475,8 @@ class KVCacheManager:
             self, request, state, num_computed_tokens, request.num_computed_tokens, num_computed_tokens
         ):
             self._collect_events(request)  # (no core call, no events: most decode steps)
+        if self._state_groups:
+            mamba.note_cached_states(self, request.request_id, state)
 
     def free(self, request: Request) -> None:
         """Frees the request's blocks (tail first into the evictable cache, as vLLM does)."""
@@ -475,6 +484,8 @@ class KVCacheManager:
         if state is not None:
             # A deferred watermark advance needs no hand-over: freeing reads no watermark.
             self._free_seq(state[0], request)
+        if self._state_groups:
+            mamba.forget_cached_states(self, request.request_id)
         if self._held_hashes:
             self._held_hashes.pop(request.request_id, None)
         if self._hit_caps:
@@ -501,6 +512,8 @@ class KVCacheManager:
     def pop_blocks_for_free(self, request: Request) -> list[KVCacheBlock]:
         """The request's blocks for a deferred free: gone from the manager's view now, back to
         the pool at ``block_pool.free_blocks`` (connector.py)."""
+        if self._state_groups:
+            mamba.forget_cached_states(self, request.request_id)
         return self._deferred.pop(self, request)
 
     def evict_blocks(self, block_ids: set[int]) -> None:

@@ -15,6 +15,7 @@ from vllm.v1.metrics.stats import PrefixCacheStats
 from vllm.v1.request import Request
 
 from pagedkv.errors import InvalidArgumentError
+from pagedkv.integrations.vllm import mamba
 
 # The manager (manager.py) is typed ``Any`` here: manager.py imports this module, and the
 # package's layering forbids import cycles, typing-only ones included (tests/python/test_layering.py).
@@ -41,8 +42,11 @@ def take_kv_cache_block_copies(manager: KVCacheManager) -> tuple[list[KVCacheBlo
 
 
 def take_boundary_state_offloads(manager: KVCacheManager) -> dict[str, list[tuple[int, int, int]]]:
-    """No Mamba groups, so no boundary states."""
-    return {}
+    """The Mamba groups' boundary states cached since the last call, for a KV connector to
+    offload (mamba.py; none without a Mamba group)."""
+    if not manager._state_offers:
+        return {}
+    return mamba.take_offers(manager)
 
 
 def take_new_block_ids(manager: KVCacheManager) -> list[int]:
