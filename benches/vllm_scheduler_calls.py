@@ -9,7 +9,9 @@ benches/vllm_scheduler_ab.py's workload.
 integration package as of ``--before-rev``, on the installed core.) Each manager runs once with
 its public methods wrapped (outermost calls only, wall clock: ``time.perf_counter``, whose
 reading costs less than the thread CPU clock's); the wrapper's own cost per call is printed
-(a no-op through the same wrapper) and is in every µs/call. The step time printed is the
+(a no-op through the same wrapper) and is in every µs/call. The heap is frozen once the scheduler
+is built, as vLLM's engine does (benches/vllm_scheduler_ab.py): the wrapper's own allocations
+would otherwise set off collections of the whole heap inside the calls it times. The step time printed is the
 instrumented run's, not a step-time measurement (benches/vllm_scheduler_ab.py is).
 """
 
