@@ -105,7 +105,13 @@ fn a_peer_group_checks_the_sum_of_its_members_caches() {
 
 #[test]
 fn racing_managers_checkers_and_attaches_raise_no_false_violation() {
-    let (pool, peers, members) = peer_group(96);
+    // Room for every block the threads ever cache (each member at most 16 blocks of the shared
+    // families and 6 fresh ones a round over 40 rounds; the outsider 3 a round): `churn`
+    // unwraps, so a member whose admission had to reclaim a racing peer's cache, or an
+    // outsider facing a pool the group's caches filled, would fail on how the threads happened
+    // to interleave (a 96-block pool did once in a clean-clone run on a loaded machine), not on
+    // a count.
+    let (pool, peers, members) = peer_group(2 * (16 + 6 * 40) + 3 * 40 + 8);
     let mut threads = Vec::new();
     for (i, member) in members.iter().enumerate() {
         let (peers, member) = (Arc::clone(&peers), Arc::clone(member));
