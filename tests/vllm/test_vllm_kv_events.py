@@ -18,6 +18,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from vllm_test_inputs import mamba_workload
 
 
 def _recording(cls: Any) -> Any:
@@ -168,17 +169,9 @@ CONFIGS = {
     ),
     "async": dict(requests=16, num_blocks=60, max_num_batched_tokens=128, async_scheduling=True),
     "extra-keys": dict(requests=16, num_blocks=60, max_num_batched_tokens=128),
-    "full+mamba": dict(requests=24, num_blocks=140, max_num_batched_tokens=128, groups=("full", "mamba")),
-    "async-full+mamba": dict(
-        requests=24,
-        num_blocks=140,
-        max_num_batched_tokens=128,
-        groups=("full", "mamba"),
-        async_scheduling=True,
-    ),
-    "full+mamba-tight": dict(
-        requests=24, num_blocks=80, max_num_batched_tokens=128, groups=("full", "mamba")
-    ),
+    "full+mamba": mamba_workload(),
+    "async-full+mamba": mamba_workload(async_scheduling=True),
+    "full+mamba-tight": mamba_workload(80),
 }
 
 

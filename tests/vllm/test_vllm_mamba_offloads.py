@@ -16,29 +16,14 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from vllm_test_inputs import mamba_workload
 
 CONFIGS = {
-    "full+mamba": dict(requests=24, num_blocks=140, max_num_batched_tokens=128, groups=("full", "mamba")),
-    "full+mamba-chunk-admission": dict(
-        requests=24,
-        num_blocks=140,
-        max_num_batched_tokens=128,
-        groups=("full", "mamba"),
-        reserve_full_isl=False,
-    ),
-    "async-full+mamba": dict(
-        requests=24,
-        num_blocks=140,
-        max_num_batched_tokens=128,
-        groups=("full", "mamba"),
-        async_scheduling=True,
-    ),
-    "connector-sync-full+mamba": dict(
-        requests=24, num_blocks=140, max_num_batched_tokens=128, groups=("full", "mamba"), connector="sync"
-    ),
-    "full+mamba-tight": dict(
-        requests=24, num_blocks=80, max_num_batched_tokens=128, groups=("full", "mamba")
-    ),
+    "full+mamba": mamba_workload(),
+    "full+mamba-chunk-admission": mamba_workload(reserve_full_isl=False),
+    "async-full+mamba": mamba_workload(async_scheduling=True),
+    "connector-sync-full+mamba": mamba_workload(connector="sync"),
+    "full+mamba-tight": mamba_workload(80),
 }
 
 

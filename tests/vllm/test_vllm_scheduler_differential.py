@@ -21,7 +21,7 @@ from __future__ import annotations
 from types import ModuleType
 
 import pytest
-from vllm_test_inputs import window_config
+from vllm_test_inputs import mamba_workload, window_config
 
 # name -> (Workload overrides, whether the traces must be identical to the end); every
 # configuration preempts at least once (checked below).
@@ -182,27 +182,15 @@ CONFIGS: dict[str, tuple[dict[str, object], bool]] = {
     # chunks at block boundaries and at the shared-prefix boundary get_computed_blocks reports):
     # whole-prompt and chunk-only admission, async scheduling. Each preempts and hits.
     "full+mamba": (
-        dict(requests=24, num_blocks=140, max_num_batched_tokens=128, groups=("full", "mamba")),
+        mamba_workload(),
         True,
     ),
     "full+mamba-chunk-admission": (
-        dict(
-            requests=24,
-            num_blocks=140,
-            max_num_batched_tokens=128,
-            groups=("full", "mamba"),
-            reserve_full_isl=False,
-        ),
+        mamba_workload(reserve_full_isl=False),
         True,
     ),
     "async-full+mamba": (
-        dict(
-            requests=24,
-            num_blocks=140,
-            max_num_batched_tokens=128,
-            groups=("full", "mamba"),
-            async_scheduling=True,
-        ),
+        mamba_workload(async_scheduling=True),
         True,
     ),
     # The fake connector's synchronous loads on a Mamba config (the manager answers them; its
@@ -211,24 +199,11 @@ CONFIGS: dict[str, tuple[dict[str, object], bool]] = {
     # boundary on pagedkv's one-copy index (vLLM indexed two copies of one content at step 1)
     # and vLLM's scheduler ends request 15's chunk there (48 tokens against 12).
     "connector-sync-full+mamba": (
-        dict(
-            requests=24,
-            num_blocks=140,
-            max_num_batched_tokens=128,
-            groups=("full", "mamba"),
-            connector="sync",
-        ),
+        mamba_workload(connector="sync"),
         True,
     ),
     "connector-sync-chunk-admission-full+mamba": (
-        dict(
-            requests=24,
-            num_blocks=140,
-            max_num_batched_tokens=128,
-            groups=("full", "mamba"),
-            connector="sync",
-            reserve_full_isl=False,
-        ),
+        mamba_workload(connector="sync", reserve_full_isl=False),
         False,
     ),
     # On tighter pools the duplicate copies part them. 80 blocks: vLLM's allocation at step 22
@@ -241,11 +216,11 @@ CONFIGS: dict[str, tuple[dict[str, object], bool]] = {
     # request 3 holds; pagedkv's index kept a later copy (request 12's own, cached-evictable),
     # which it revives, so it has 4 free blocks fewer and preempts request 12 at step 20.
     "full+mamba-tight": (
-        dict(requests=24, num_blocks=80, max_num_batched_tokens=128, groups=("full", "mamba")),
+        mamba_workload(80),
         False,
     ),
     "full+mamba-other-copy": (
-        dict(requests=24, num_blocks=100, max_num_batched_tokens=128, groups=("full", "mamba")),
+        mamba_workload(100),
         False,
     ),
 }

@@ -91,6 +91,19 @@ def admit_alike(managers: dict[str, Any], rid: str, prompt: list[int], hasher: A
     return requests
 
 
+def mamba_workload(num_blocks: int = 140, **overrides: object) -> dict[str, object]:
+    """A scheduler-differential workload (benches/vllm_scheduler.py's ``Workload`` overrides): full
+    attention beside an align-mode Mamba group, 24 requests on `num_blocks` blocks, prefill
+    chunks of at most 128 tokens."""
+    return dict(
+        requests=24,
+        num_blocks=num_blocks,
+        max_num_batched_tokens=128,
+        groups=("full", "mamba"),
+        **overrides,
+    )
+
+
 def window_config(window: int, **overrides: object) -> dict[str, object]:
     """A scheduler-differential workload (benches/vllm_scheduler.py's ``Workload`` overrides): full
     attention beside a sliding-window group of `window` tokens, 24 requests on 50 blocks."""
