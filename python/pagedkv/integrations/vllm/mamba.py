@@ -1,6 +1,7 @@
 """Mamba groups in align mode on the plain path (docs/integrations/vllm.md, Mamba): what a
-manager with a ``MambaSpec`` group refuses besides the group options support.py checks. The
-group itself is the core's ``pagedkv.MambaState`` (one block per allocation at the chunk's last
+manager with a ``MambaSpec`` group refuses besides the group options support.py checks, and the
+boundary-state offers vLLM's ``MambaManager`` makes of the state blocks it caches. The group
+itself is the core's ``pagedkv.MambaState`` (one block per allocation at the chunk's last
 position, the 2-token window's release, hits at the rightmost cached state block, same-step
 refusals after ``new_step``); the manager's calls map to the core's as for attention groups."""
 
