@@ -191,8 +191,10 @@ def admit(
         except OutOfBlocksError:
             manager._collect_events(request)
             return None
-        if manager._events is not None:
-            manager._events.admitted(request.request_id, hit // bs)
+        if manager._state_groups:
+            # vLLM counts the hit's blocks, null ones included, as cached: the admission's
+            # store ranges start there (its offers are noted below).
+            manager._states_cached[request.request_id] = hit // bs
         manager._collect_events(request)
         num_hashes = -1 if skip else len(hashes)
         num_ids = len(tokens)

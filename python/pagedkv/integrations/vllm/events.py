@@ -66,6 +66,7 @@ class EventTranslator:
         group_specs: Sequence[KVCacheSpec],
         num_hash_lookahead_tokens: int = 0,
         state_groups: Sequence[int] = (),
+        state_cached_blocks: dict[str, int] | None = None,
     ) -> None:
         self._core = core
         self._block_size = block_size
@@ -84,22 +85,16 @@ class EventTranslator:
         # Per request id: the reduced hashes of its blocks so far (to find a stored run's
         # position in the request). Dropped when the request is freed.
         self._reduced: dict[str, list[int]] = {}
-        # The Mamba (state) groups, and per (request id, state group) where its next store's
-        # range starts (vLLM's per-group ``num_cached_block``). Dropped when the request is freed.
+        # The Mamba (state) groups, and the manager's record of each request's state blocks
+        # cached so far (vLLM's per-group ``num_cached_block``, the same in every state group;
+        # mamba.py keeps it): where a state group's next store range starts. The manager
+        # advances it only after draining the stores of the call that cached them.
         self._state_groups = tuple(state_groups)
-        self._state_start: dict[tuple[str, int], int] = {}
-
-    def admitted(self, request_id: str, hit_blocks: int) -> None:
-        """The request was admitted with a hit of ``hit_blocks`` blocks: a state group's next
-        store starts there (vLLM counts the hit's blocks, null ones included, as cached)."""
-        for g in self._state_groups:
-            self._state_start[request_id, g] = hit_blocks
+        self._state_cached = {} if state_cached_blocks is None else state_cached_blocks
 
     def forget(self, request_id: str) -> None:
-        """The request is gone: its position cache and state-group starts go too."""
+        """The request is gone: its position cache goes too."""
         self._reduced.pop(request_id, None)
-        for g in self._state_groups:
-            self._state_start.pop((request_id, g), None)
 
     def _position(self, request: Request, first: int) -> int:
         """The index in ``request.block_hashes`` of the block whose reduced hash is ``first``."""
@@ -210,14 +205,12 @@ class EventTranslator:
         """vLLM's store event for a state group's blocks ``reduced`` (core hashes; the first at
         block ``first``): the range from the request's previous caching end to the last one."""
         stored = [first] + [self._position(request, h) for h in reduced[1:]]
-        key = (request.request_id, group)
-        start = self._state_start.get(key, first)
+        start = self._state_cached.get(request.request_id, first)
         if not start <= first:
             raise InvariantViolation(
                 f"request {request.request_id!r}: a state block stored at {first}, before its "
                 f"group's caching end {start}"
             )
-        self._state_start[key] = stored[-1] + 1
         return self.stored_event(request, start, stored[-1] + 1, group, stored)
 
     def take(self) -> list[Any]:

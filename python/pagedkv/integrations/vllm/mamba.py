@@ -45,7 +45,10 @@ def note_cached_states(manager: KVCacheManager, request_id: str, state: list[int
     from the record's cached tokens (records.py, [4]: the blocks vLLM's ``cache_blocks`` reaches)
     and the state groups' tables. vLLM's ``MambaManager`` offers every non-null block its
     ``cache_blocks`` caches in align mode, with its boundary (the tokens up to its end), for a
-    KV connector to offload; ``take_boundary_state_offloads`` drains them."""
+    KV connector to offload; ``take_boundary_state_offloads`` drains them. The record it
+    advances (``manager._states_cached``, vLLM's ``num_cached_block``) is also where the KV
+    events' next state-group store range starts (events.py): called after that call's events
+    are drained."""
     end = state[4] // manager.block_size
     if start < 0:
         start = manager._states_cached.get(request_id, end)

@@ -175,8 +175,9 @@ class KVCacheManager:
             )
             self.coordinator.single_type_managers = self._cross.group_views(self)
         self._deferred = connector.DeferredFrees()
-        # Mamba (state) groups: each request's blocks cached so far (vLLM's num_cached_block)
-        # and the boundary-state offers not yet taken (mamba.py).
+        # Mamba (state) groups: each request's blocks cached so far (vLLM's num_cached_block,
+        # which the KV events' state-group store ranges also start from) and the
+        # boundary-state offers not yet taken (mamba.py).
         self._state_groups = [i for i, state in enumerate(self.capacity.states) if state]
         self._states_cached: dict[str, int] = {}
         self._state_offers: list[tuple[str, int, int, int]] = []
@@ -211,7 +212,8 @@ class KVCacheManager:
                 block_size,
                 [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups],
                 num_hash_lookahead_tokens=int(num_hash_lookahead_tokens) if drafting else 0,
-                state_groups=[i for i, state in enumerate(self.capacity.states) if state],
+                state_groups=self._state_groups,
+                state_cached_blocks=self._states_cached,
             )
             if self._core_events()
             else None
@@ -439,11 +441,11 @@ class KVCacheManager:
         state[1] = new_len
         state[5] = state[6] = end
         self._give_ids(self, request, state, end, None, len(request._all_token_ids))
-        if self._state_groups:
-            mamba.note_cached_states(self, request.request_id, state)
         records.set_fence(self, state)  # after the ids and hashes given, which it reads
         if self._events is not None:
             self._events.collect(request)
+        if self._state_groups:  # after the events, whose store ranges start at the old end
+            mamba.note_cached_states(self, request.request_id, state)
         if new_len == old_len:
             return self.empty_kv_cache_blocks
         return self._blocks_of(seq_id, old_len)
@@ -470,12 +472,11 @@ class KVCacheManager:
             return
         if self._held_hashes and self._held_hashes.pop(request.request_id, False):
             connector.give_held_hashes(self, request, state, num_computed_tokens, loaded=True)
-            return
-        if self._give_ids(
+        elif self._give_ids(
             self, request, state, num_computed_tokens, request.num_computed_tokens, num_computed_tokens
         ):
             self._collect_events(request)  # (no core call, no events: most decode steps)
-        if self._state_groups:
+        if self._state_groups:  # after the events, whose store ranges start at the old end
             mamba.note_cached_states(self, request.request_id, state)
 
     def free(self, request: Request) -> None:
