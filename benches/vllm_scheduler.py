@@ -415,6 +415,7 @@ def run(
     watch_copies: bool = True,
     freeze_heap: bool = False,
     loop_starts: Callable[[], object] | None = None,
+    trace_zeroing: bool = False,
 ) -> Trace:
     """One scheduler run of workload `w` on `manager`; its trace (`count_calls`: with the
     manager's calls counted and timed, which slows the run: not for the step-time ratio;
@@ -427,7 +428,7 @@ def run(
     builds its scheduler, then collects and freezes every object the garbage collector tracks,
     so that its collections while serving skip them; unfrozen again when the run ends);
     `loop_starts`: called once the scheduler is built and the requests added, before the first
-    step)."""
+    step; `trace_zeroing`: ``Trace.zeroing``, which reads every request's block ids each step)."""
     scheduler = build_scheduler(w, manager)
     if freeze_heap:
         from vllm.utils.gc_utils import freeze_gc_heap
@@ -444,6 +445,7 @@ def run(
             shadow_copies,
             watch_copies,
             loop_starts,
+            trace_zeroing,
         )
     finally:
         if freeze_heap:
@@ -460,6 +462,7 @@ def _run_steps(
     shadow_copies: bool,
     watch_copies: bool,
     loop_starts: Callable[[], object] | None,
+    trace_zeroing: bool = False,
 ) -> Trace:
     """`run`'s requests and steps on a built `scheduler`."""
     requests = make_requests(w)
@@ -487,6 +490,8 @@ def _run_steps(
         t0 = time.perf_counter()
         out = scheduler.schedule()
         t1 = time.perf_counter()
+        if trace_zeroing:
+            trace.zeroing.append(zeroed_positions(scheduler, out.new_block_ids_to_zero or ()))
         runner_output = _runner_output(out, scheduler, rng)
         if w.connector:
             kv_output = _finished_loads(scheduler, loading, len(trace.steps))
@@ -528,6 +533,22 @@ def _run_steps(
             raise RuntimeError(f"did not finish in {max_steps} steps")
     trace.preemptions = sum(r.num_preemptions for r in requests)
     return trace
+
+
+def zeroed_positions(scheduler: Any, block_ids: Any) -> tuple[tuple[str, int, int], ...]:
+    """The blocks a step hands the workers to zero, as (request, group, table position), sorted:
+    the two managers number their blocks differently, their tables hold the same positions. A
+    block no request holds (allocated, then freed in the same step) is ("", -1, -1)."""
+    if not block_ids:
+        return ()
+    manager = scheduler.kv_cache_manager
+    held: dict[int, tuple[str, int, int]] = {}
+    for request_id in scheduler.requests:
+        for group, ids in enumerate(manager.get_block_ids(request_id)):
+            for position, block in enumerate(ids):
+                if block:  # the null block (0) is never zeroed
+                    held[block] = (request_id, group, position)
+    return tuple(sorted(held.get(b, ("", -1, -1)) for b in block_ids))
 
 
 def _probe_calls(manager: Any, w: Workload, trace: Trace) -> None:

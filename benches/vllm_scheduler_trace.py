@@ -64,6 +64,11 @@ class Trace:
     # pagedkv indexes one of them (docs/conformance.md, Duplicate copies): once that one is
     # evicted, a probe of the other copy's request stops there in pagedkv only.
     probe_copies: list[bool] = field(default_factory=list)
+    # Filled by run(..., trace_zeroing=True) only: per step, the blocks the scheduler hands the
+    # workers to zero (``SchedulerOutput.new_block_ids_to_zero``, a Mamba group's or mixed
+    # precisions' KV-cache zeroing) as sorted (request, group, table position); the block ids
+    # themselves differ between the managers.
+    zeroing: list[tuple[tuple[str, int, int], ...]] = field(default_factory=list)
 
 
 def first_difference(a: Trace, b: Trace, skip_copies: bool = False) -> str | None:
@@ -75,6 +80,9 @@ def first_difference(a: Trace, b: Trace, skip_copies: bool = False) -> str | Non
             return f"step {i}: {x} != {y}"
     if len(a.steps) != len(b.steps):
         return f"{len(a.steps)} steps != {len(b.steps)} steps"
+    for i, (x, y) in enumerate(zip(a.zeroing, b.zeroing, strict=False)):  # (where both traced)
+        if x != y:
+            return f"step {i}, blocks to zero (request, group, position): {x} != {y}"
     for i, (x, y) in enumerate(zip(a.probe_hits, b.probe_hits, strict=False)):
         if skip_copies and a.probe_copies[i]:
             continue

@@ -193,17 +193,35 @@ CONFIGS: dict[str, tuple[dict[str, object], bool]] = {
         mamba_workload(async_scheduling=True),
         True,
     ),
-    # The fake connector's synchronous loads on a Mamba config (the manager answers them; its
-    # async loads stay refused): 23 admissions with external tokens, identical. With chunk-only
-    # admission the schedules part at step 11, where a look-up reports another shared-prefix
-    # boundary on pagedkv's one-copy index (vLLM indexed two copies of one content at step 1)
-    # and vLLM's scheduler ends request 15's chunk there (48 tokens against 12).
+    # The fake connector's synchronous loads on a Mamba config: 23 admissions with external
+    # tokens, identical. With chunk-only admission the schedules part at step 11, where a
+    # look-up reports another shared-prefix boundary on pagedkv's one-copy index (vLLM indexed
+    # two copies of one content at step 1) and vLLM's scheduler ends request 15's chunk there
+    # (48 tokens against 12).
     "connector-sync-full+mamba": (
         mamba_workload(connector="sync"),
         True,
     ),
     "connector-sync-chunk-admission-full+mamba": (
         mamba_workload(connector="sync", reserve_full_isl=False),
+        False,
+    ),
+    # Its async loads (one admission in three): 8 loads, identical schedules, and the blocks
+    # each step zeroes equal (the loads' blocks left out of the list, as vLLM leaves them), with
+    # plain and async scheduling. On 140 blocks they part at step 15, where a look-up hits
+    # further on pagedkv's one-copy index (vLLM indexed two copies of one content at step 2).
+    # (On 160 blocks vLLM's own manager fails: its block pool cannot give a block its
+    # reservation counted, so no configuration there.)
+    "connector-mixed-full+mamba": (
+        mamba_workload(155, connector="mixed"),
+        True,
+    ),
+    "connector-mixed-async-full+mamba": (
+        mamba_workload(155, connector="mixed", async_scheduling=True),
+        True,
+    ),
+    "connector-mixed-full+mamba-tight": (
+        mamba_workload(140, connector="mixed"),
         False,
     ),
     # On tighter pools the duplicate copies part them. 80 blocks: vLLM's allocation at step 22
@@ -236,6 +254,7 @@ TRACED_AT = {
     "connector-sync-chunk-admission-full+swa": "spared_copy_since",
     "connector-mixed-full+swa-two-tokens": "spared_copy_since",
     "connector-sync-chunk-admission-full+mamba": "spared_copy_since",
+    "connector-mixed-full+mamba-tight": "spared_copy_since",
     "full+mamba-tight": "spared_copy_since",
     "full+mamba-other-copy": "other_copy_since",
 }
@@ -254,8 +273,19 @@ def test_same_schedule_as_vllms_manager(vllm_scheduler: ModuleType, name: str) -
     # over positions a running request's window released), and a Mamba group's hit needs a
     # cached state, not a probe's tokens: probes on full attention alone.
     probe = identical and w.groups == ("full",)
-    reference = module.run(w, module.manager_class("vllm"), probe_hits=probe, shadow_copies=True)
-    ours = module.run(w, module.manager_class("pagedkv"), check_invariants=True, probe_hits=probe)
+    # A Mamba group's configs zero new blocks (vLLM's needs_kv_cache_zeroing): the blocks each
+    # step hands the workers to zero are compared by (request, group, position), step by step.
+    zeroing = "mamba" in w.groups
+    reference = module.run(
+        w, module.manager_class("vllm"), probe_hits=probe, shadow_copies=True, trace_zeroing=zeroing
+    )
+    ours = module.run(
+        w, module.manager_class("pagedkv"), check_invariants=True, probe_hits=probe, trace_zeroing=zeroing
+    )
+    if zeroing:
+        assert sum(map(len, reference.zeroing)) > 100
+        parted = module.first_different_step(reference, ours)
+        assert reference.zeroing[:parted] == ours.zeroing[:parted]
     if probe and w.prefix_caching:
         # the probes see decoded blocks: many hits pass their request's prompt
         prompts = {r.request_id: r.num_prompt_tokens for r in module.make_requests(w)}

@@ -108,6 +108,7 @@ def admit(
     delay_cache_blocks: bool = False,
     reserved_blocks: int = 0,
     diverged_hit: bool = False,
+    skip_zeroing_group_ids: tuple[int, ...] = (),
 ) -> KVCacheBlocks | None:
     if request.num_computed_tokens:
         raise UnsupportedVllmFeatureError(
@@ -238,6 +239,13 @@ def admit(
         else:
             manager._give_held_hashes(manager, request, state, end, False)
             records.set_quick_fences(manager, state)  # the hashes it gave
+    if skip_zeroing_group_ids and num_external and manager._record_new_block_ids:
+        # vLLM leaves the external tokens' blocks of these groups out of its zeroing list (an
+        # async load writes them after this step: zeroing would race it); per_step.py drops
+        # them from the core's new-block log.
+        manager._unzeroed.append(
+            (seq_id, tuple(skip_zeroing_group_ids), hit // bs, cdiv(hit + num_external, bs))
+        )
     if manager._state_groups:
         # vLLM counts the hit's blocks as cached; the admission's own call caches the rest.
         mamba.note_cached_states(manager, request.request_id, state, hit // bs)

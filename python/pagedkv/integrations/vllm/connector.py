@@ -135,11 +135,8 @@ def check_external_admission(
         raise InvalidArgumentError(
             f"{num_external_computed_tokens} external tokens, more than the {room} tokens after the hit"
         )
-    if skip_zeroing_group_ids and manager._record_new_block_ids:
-        # The core logs every new block for zeroing; an async load writes these concurrently.
-        raise UnsupportedVllmFeatureError(
-            "KV-cache zeroing (needs_kv_cache_zeroing) of blocks an async KV load writes"
-        )
+    if any(not 0 <= g < manager.num_kv_cache_groups for g in skip_zeroing_group_ids):
+        raise InvalidArgumentError(f"skip_zeroing_group_ids {skip_zeroing_group_ids}: no such KV-cache group")
     if delay_cache_blocks and num_external_computed_tokens == 0:
         raise InvalidArgumentError("delay_cache_blocks without external tokens (nothing to load)")
 
@@ -182,7 +179,7 @@ def num_blocks_to_allocate(
     scheduler asks it (the blocks an in-flight load still needs for ``num_tokens`` slots): per
     group, the slots' blocks (a window group at most its admission cap when asked) less those
     its table has, released positions included; a request without blocks less what the window
-    at ``total_computed_tokens`` skips."""
+    at ``total_computed_tokens`` skips; a Mamba group at most one block."""
     require_decoder_groups(manager, "the blocks in-flight KV loads still need")
     bs = manager.block_size
     state = manager._reqs.get(request_id)
@@ -192,9 +189,17 @@ def num_blocks_to_allocate(
         return max(required - table_len, 0) * manager.num_kv_cache_groups
     capacity = manager.capacity
     total = 0
-    for window in capacity.windows:
+    for window, is_state in zip(capacity.windows, capacity.states, strict=True):
         group_required = required
         held = 0 if state is None else state[1]
+        if is_state:
+            # vLLM's MambaManager (align mode, no speculative or checkpoint blocks, refused at
+            # construction): the table's missing positions, at most the one state block a
+            # step allocates (the others are null); a table already as long counts what it
+            # holds beyond (vLLM returns the negative difference too).
+            missing = required - held
+            total += min(missing, 1)
+            continue
         if window is not None:
             if apply_admission_cap:
                 group_required = min(required, capacity.admission_cap_blocks(window))

@@ -24,15 +24,6 @@ def check_options(enable_caching: bool, drafting: bool) -> None:
         raise UnsupportedVllmFeatureError("a Mamba group with speculative decoding (lookahead tokens)")
 
 
-def refuse_external() -> None:
-    """An async KV load (``delay_cache_blocks``) or reserved blocks on a Mamba group: not
-    checked against vLLM yet. A synchronous load's tokens are answered (the core's state-group
-    admission with external tokens; hybrid_hits.py, docs/integrations/vllm.md, Mamba)."""
-    raise UnsupportedVllmFeatureError(
-        "a KV connector's async load (delay_cache_blocks) or reserved blocks with a Mamba group"
-    )
-
-
 def refuse_external_events() -> None:
     """A KV connector's tokens with KV events on a Mamba group: the state group's store range
     after such an admission (events.py) is not checked against vLLM yet."""

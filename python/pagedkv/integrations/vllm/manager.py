@@ -189,6 +189,10 @@ class KVCacheManager:
         # Diverged per-group hits a connector's look-up answered this step (hybrid_hits.py).
         self._diverged_hits: dict[str, int] = {}
         self._zero_again: list[int] = []
+        # This step's async-load admissions whose external blocks the workers must not zero
+        # (the load writes them): (seq id, groups, first and end table positions); applied and
+        # dropped at take_new_block_ids.
+        self._unzeroed: list[tuple[int, tuple[int, ...], int, int]] = []
         # Speculative decoders' options (draft.py swaps these in when one is set): whether every
         # admission takes its hit's hashes only, the re-prefillable tokens, and the hooks that
         # give a running request's ids and hashes and an admission's held-back hashes.
@@ -305,8 +309,6 @@ class KVCacheManager:
         external = bool(num_external_computed_tokens or delay_cache_blocks or reserved_blocks)
         diverged = False  # the admission takes a diverged hit (hybrid_hits.check_admission)
         if external:
-            if self.capacity.has_state and (delay_cache_blocks or reserved_blocks):
-                mamba.refuse_external()
             if self.capacity.has_state and self._events is not None:
                 mamba.refuse_external_events()
             draft.check_external_admission(self)
@@ -348,6 +350,7 @@ class KVCacheManager:
                 delay_cache_blocks,
                 reserved_blocks,
                 diverged,
+                skip_zeroing_group_ids,
             )
         if num_new_computed_tokens or external:
             raise InvalidArgumentError(

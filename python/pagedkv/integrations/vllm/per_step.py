@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 from vllm.v1.core.kv_cache_utils import KVCacheBlock, KVCacheBlockCopy
 from vllm.v1.metrics.stats import PrefixCacheStats
 from vllm.v1.request import Request
@@ -53,7 +54,14 @@ def take_new_block_ids(manager: KVCacheManager) -> list[int]:
     """Blocks allocated since the last call, for zeroing (when the config asks for it)."""
     if not manager._record_new_block_ids:
         return []
-    _seqs, _groups, _positions, block_ids, fresh = manager._core.take_new_block_ids()
+    seqs, groups, positions, block_ids, fresh = manager._core.take_new_block_ids()
+    for seq_id, skipped, start, end in manager._unzeroed:  # async loads' blocks (admission.py)
+        fresh &= ~((seqs == seq_id) & np.isin(groups, skipped) & (positions >= start) & (positions < end))
+    manager._unzeroed.clear()
+    if manager._state_groups:
+        # vLLM's per-group managers record new blocks for attention groups only: a Mamba group's
+        # state blocks are not zeroed (its worker writes a state before reading one).
+        fresh &= ~np.isin(groups, manager._state_groups)
     ids = [int(b) for b in block_ids[fresh]]
     if manager._cross is not None:
         ids += manager._cross.take_new_block_ids()
@@ -71,8 +79,9 @@ def record_blocks_for_zeroing(manager: KVCacheManager, request_id: str, start_to
     if start_token % manager.block_size:
         raise InvalidArgumentError(f"start_token {start_token} is not block-aligned")
     start = start_token // manager.block_size
-    for ids in manager.get_block_ids(request_id):
-        manager._zero_again.extend(b for b in ids[start:] if b != 0)
+    for group, ids in enumerate(manager.get_block_ids(request_id)):
+        if group not in manager._state_groups:  # attention groups only, as take_new_block_ids
+            manager._zero_again.extend(b for b in ids[start:] if b != 0)
 
 
 def take_events(manager: KVCacheManager) -> list[Any]:
