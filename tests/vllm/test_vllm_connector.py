@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from vllm_test_inputs import BS
+from vllm_test_inputs import BS, mamba_workload
 from vllm_test_inputs import kv_cache_config as _config
 from vllm_test_inputs import request as _request
 
@@ -182,6 +182,26 @@ def test_scheduler_takes_a_connector_beside_window_groups(vllm_scheduler: Any) -
     w = vllm_scheduler.Workload(requests=2, groups=("full", "swa"), connector="sync")
     scheduler = vllm_scheduler.build_scheduler(w, None, scheduler_cls=PagedkvScheduler)
     assert isinstance(scheduler.kv_cache_manager, KVCacheManager)
+
+
+def test_scheduler_takes_a_connector_beside_mamba_groups(vllm_scheduler: Any) -> None:
+    """The one-line switch with a Mamba model and a KV connector: vLLM's scheduler built by
+    ``PagedkvScheduler`` runs the fake connector's mixed loads as on vLLM's own manager (the
+    differential's connector-mixed-full+mamba, through the scheduler class)."""
+    from pagedkv.integrations.vllm import KVCacheManager, PagedkvScheduler, UnsupportedVllmFeatureError
+
+    module = vllm_scheduler
+    w = module.Workload(**mamba_workload(155, connector="mixed"))
+    scheduler = module.build_scheduler(w, None, scheduler_cls=PagedkvScheduler)
+    assert isinstance(scheduler.kv_cache_manager, KVCacheManager)
+    ours = module._run_steps(w, scheduler, 100_000, False, True, False, False, False, None, True)
+    reference = module.run(w, module.manager_class("vllm"), trace_zeroing=True)
+    assert module.first_difference(reference, ours) is None
+    assert reference.async_loads > 0 and reference.preemptions > 0
+    # Beside a window group too, the core's diverged admission would not answer vLLM: named.
+    w = module.Workload(**{**mamba_workload(155, connector="sync"), "groups": ("full", "swa", "mamba")})
+    with pytest.raises(UnsupportedVllmFeatureError, match="KV-cache group 1 a SlidingWindowSpec"):
+        module.build_scheduler(w, None, scheduler_cls=PagedkvScheduler)
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -84,9 +84,13 @@ def _run(module: ModuleType, w: Any, manager: Any, extras: bool) -> tuple[list[l
     kv = scheduler.kv_cache_manager
     duplicates_since = None
     steps = 0
+    loading: dict[str, int] = {}  # the fake connector's async loads (the harness reports them done)
     while scheduler.has_unfinished_requests():
         out = scheduler.schedule()
-        scheduler.update_from_output(out, module._runner_output(out, scheduler, rng))
+        runner_output = module._runner_output(out, scheduler, rng)
+        if w.connector:
+            runner_output.kv_connector_output = module._finished_loads(scheduler, loading, steps)
+        scheduler.update_from_output(out, runner_output)
         if duplicates_since is None and module.has_duplicate_copies(kv):
             duplicates_since = steps
         steps += 1
@@ -172,11 +176,22 @@ CONFIGS = {
     "full+mamba": mamba_workload(),
     "async-full+mamba": mamba_workload(async_scheduling=True),
     "full+mamba-tight": mamba_workload(80),
+    "connector-sync-full+mamba": mamba_workload(connector="sync"),
+    "connector-mixed-full+mamba": mamba_workload(155, connector="mixed"),
+    "connector-mixed-async-full+mamba": mamba_workload(155, connector="mixed", async_scheduling=True),
 }
 
 
 # Steps compared past vLLM's first copy at least (where the routers' views part).
-COMPARED_STEPS = {"full+window": 19, "full+mamba": 23, "async-full+mamba": 23, "full+mamba-tight": 22}
+COMPARED_STEPS = {
+    "full+window": 19,
+    "full+mamba": 23,
+    "async-full+mamba": 23,
+    "full+mamba-tight": 22,
+    "connector-sync-full+mamba": 19,
+    "connector-mixed-full+mamba": 14,
+    "connector-mixed-async-full+mamba": 14,
+}
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))

@@ -429,33 +429,50 @@ def test_lookahead_is_refused_changing_nothing() -> None:
     m.coordinator.new_step_starts()
 
 
-def test_a_connectors_tokens_with_kv_events_are_refused_changing_nothing() -> None:
-    """KV events on a Mamba group are answered (tests/vllm/test_vllm_kv_events.py), but not yet
-    with a KV connector's tokens: refused by name, nothing taken, no event."""
-    from pagedkv.integrations.vllm import KVCacheManager, UnsupportedVllmFeatureError
+@pytest.mark.parametrize("external_blocks", [1, 2, 3])
+def test_a_connectors_tokens_with_kv_events_are_reported_as_vllms(external_blocks: int) -> None:
+    """A synchronous load's admission with KV events on, on both managers: vLLM's Mamba group
+    counts the positions of every computed token but the last as cached (null blocks, the
+    connector's tokens included), so its first state store starts there, not at the local hit
+    (mamba.admitted_cached_blocks); the events are equal, and so are the boundary-state offers."""
+    from pagedkv.integrations.vllm import KVCacheManager as PagedkvManager
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmManager
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
     from vllm.v1.request import Request
 
     init_none_hash(sha256)
-    m = KVCacheManager(
-        _mamba_config(),
-        max_model_len=256,
-        enable_caching=True,
-        enable_kv_cache_events=True,
-        scheduler_block_size=BS,
-        hash_block_size=BS,
-    )
     hasher = get_request_block_hasher(BS, sha256)
-    r = Request("a", list(range(1, 3 * BS + 3)), SamplingParams(max_tokens=8), None, block_hasher=hasher)
-    free = m.block_pool.get_num_free_blocks()
-    with pytest.raises(UnsupportedVllmFeatureError, match="KV events"):
-        m.allocate_slots(r, BS, num_external_computed_tokens=BS)
-    assert m.block_pool.get_num_free_blocks() == free and m.get_block_ids("a") == ([], [])
-    assert m.take_events() == []
-    assert m.allocate_slots(r, 3 * BS + 2) is not None  # without the connector's tokens
-    m.check_invariants()
+    answers = []
+    for cls in (VllmManager, PagedkvManager):
+        m = cls(
+            _mamba_config(),
+            max_model_len=256,
+            enable_caching=True,
+            enable_kv_cache_events=True,
+            scheduler_block_size=BS,
+            hash_block_size=BS,
+        )
+        r = Request("a", list(range(1, 4 * BS + 3)), SamplingParams(max_tokens=8), None, block_hasher=hasher)
+        external = external_blocks * BS
+        m.new_step_starts()
+        blocks = m.allocate_slots(r, 4 * BS + 2 - external, num_external_computed_tokens=external)
+        assert blocks is not None
+        offers = m.take_boundary_state_offloads()
+        offered = {rid: [(group, tokens) for group, _, tokens in v] for rid, v in offers.items()}
+        answers.append((m.take_events(), m.get_block_ids("a"), offered))
+        if cls is PagedkvManager:
+            m.check_invariants()
+    (vllm_events, vllm_ids, vllm_offers), (events, ids, offers) = answers
+    assert events == vllm_events
+    assert [len(g) for g in ids] == [len(g) for g in vllm_ids]
+    assert offers == vllm_offers
+    stored = [e for e in events if e.group_idx == 1]
+    # The range starts at the last external block (the null-padded positions before it are
+    # counted cached) and ends with the call's full blocks: not at the local hit (none here).
+    tokens = list(range(1, 4 * BS + 3))
+    assert stored and stored[0].token_ids == tokens[(external_blocks - 1) * BS : 4 * BS]
 
 
 @pytest.mark.parametrize("prompt_len", range(4 * BS - 1, 6 * BS + 1))  # at most the pool

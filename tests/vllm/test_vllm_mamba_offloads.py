@@ -26,6 +26,7 @@ CONFIGS = {
     "full+mamba-chunk-admission": mamba_workload(reserve_full_isl=False),
     "async-full+mamba": mamba_workload(async_scheduling=True),
     "connector-sync-full+mamba": mamba_workload(connector="sync"),
+    "connector-mixed-full+mamba": mamba_workload(155, connector="mixed"),
     "full+mamba-tight": mamba_workload(80),
 }
 

@@ -193,10 +193,11 @@ def admit(
             manager._collect_events(request)
             return None
         if manager._state_groups:
-            # vLLM counts the hit's blocks, null ones included, as cached: the admission's
-            # store ranges start there (its offers are noted below).
-            manager._states_cached[request.request_id] = hit // bs
-        manager._collect_events(request)
+            # vLLM counts the hit's blocks (a connector's tokens' too), null ones included, as
+            # cached: the admission's store ranges start there (its offers are noted below).
+            manager._states_cached[request.request_id] = mamba.admitted_cached_blocks(hit, num_external, bs)
+        # (the tokens this admission caches: the record's estimate below)
+        manager._collect_events(request, min(hit + num_scheduled, request.num_tokens, len(hashes) * bs))
         num_hashes = -1 if skip else len(hashes)
         num_ids = len(tokens)
     else:
@@ -248,7 +249,8 @@ def admit(
         )
     if manager._state_groups:
         # vLLM counts the hit's blocks as cached; the admission's own call caches the rest.
-        mamba.note_cached_states(manager, request.request_id, state, hit // bs)
+        start = mamba.admitted_cached_blocks(hit, num_external, bs)
+        mamba.note_cached_states(manager, request.request_id, state, start)
     # The blocks of the tokens to compute (vLLM returns neither the hit's nor the
     # connector's).
     if num_external and not manager.full_attention_only:

@@ -238,7 +238,7 @@ def give_held_hashes(
         state[7] = -1
     state[4] = max(state[4], min(watermark, state[3] * bs) // bs * bs)
     if manager._events is not None:
-        manager._events.collect(request)
+        manager._events.collect(request, state[4])
 
 
 class DeferredFrees:

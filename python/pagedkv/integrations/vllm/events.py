@@ -172,8 +172,10 @@ class EventTranslator:
         for g in range(num_groups):
             self._out.append(self.stored_event(request, 0, num_blocks, g))
 
-    def collect(self, request: Request | None) -> None:
-        """Translates the core's events since the last drain; stores are ``request``'s."""
+    def collect(self, request: Request | None, cached_tokens: int = 0) -> None:
+        """Translates the core's events since the last drain; stores are ``request``'s, made by
+        a call that cached its first ``cached_tokens`` tokens (where a state group's store range
+        ends: vLLM's caching call covers its full blocks, whichever of them holds a state)."""
         stored = self._stored
         for event in self._core.take_events():
             if isinstance(event, pagedkv.BlockStored):
@@ -182,7 +184,7 @@ class EventTranslator:
                     raise InvariantViolation("the core stored blocks outside a request's call")
                 start = self._position(request, event.block_hashes[0])
                 if group in self._state_groups:
-                    out = self._state_stored(request, start, event.block_hashes, group)
+                    out = self._state_stored(request, start, event.block_hashes, group, cached_tokens)
                 else:
                     out = self.stored_event(request, start, start + len(event.block_hashes), group)
                 for key, value in zip(event.block_hashes, out.block_hashes, strict=True):
@@ -201,9 +203,13 @@ class EventTranslator:
                 stored.clear()
                 self._out.append(AllBlocksCleared())
 
-    def _state_stored(self, request: Request, first: int, reduced: Sequence[int], group: int) -> BlockStored:
+    def _state_stored(
+        self, request: Request, first: int, reduced: Sequence[int], group: int, cached_tokens: int
+    ) -> BlockStored:
         """vLLM's store event for a state group's blocks ``reduced`` (core hashes; the first at
-        block ``first``): the range from the request's previous caching end to the last one."""
+        block ``first``): the range from the request's previous caching end to this call's (the
+        last stored block's end at least: after a connector's tokens the stored state can be
+        theirs, before the null positions of the chunk computed after them)."""
         stored = [first] + [self._position(request, h) for h in reduced[1:]]
         start = self._state_cached.get(request.request_id, first)
         if not start <= first:
@@ -211,7 +217,8 @@ class EventTranslator:
                 f"request {request.request_id!r}: a state block stored at {first}, before its "
                 f"group's caching end {start}"
             )
-        return self.stored_event(request, start, stored[-1] + 1, group, stored)
+        end = max(stored[-1] + 1, cached_tokens // self._block_size)
+        return self.stored_event(request, start, end, group, stored)
 
     def take(self) -> list[Any]:
         """vLLM's events since the last call (the core's not yet drained included)."""

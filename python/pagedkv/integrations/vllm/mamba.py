@@ -24,10 +24,14 @@ def check_options(enable_caching: bool, drafting: bool) -> None:
         raise UnsupportedVllmFeatureError("a Mamba group with speculative decoding (lookahead tokens)")
 
 
-def refuse_external_events() -> None:
-    """A KV connector's tokens with KV events on a Mamba group: the state group's store range
-    after such an admission (events.py) is not checked against vLLM yet."""
-    raise UnsupportedVllmFeatureError("a KV connector's tokens with KV events on a Mamba group")
+def admitted_cached_blocks(hit_tokens: int, external_tokens: int, block_size: int) -> int:
+    """vLLM's ``num_cached_block`` of a state group right after an admission: its per-group
+    manager pads the positions whose states are no longer needed (all computed tokens but the
+    last, a connector's included) with null blocks, then adds the hit's blocks past them, and
+    counts all of them cached. Without a connector's tokens: the hit's blocks."""
+    computed = hit_tokens + external_tokens
+    skipped = (computed - 1) // block_size if computed else 0
+    return max(skipped, hit_tokens // block_size)
 
 
 def note_cached_states(manager: KVCacheManager, request_id: str, state: list[int], start: int = -1) -> None:

@@ -309,8 +309,6 @@ class KVCacheManager:
         external = bool(num_external_computed_tokens or delay_cache_blocks or reserved_blocks)
         diverged = False  # the admission takes a diverged hit (hybrid_hits.check_admission)
         if external:
-            if self.capacity.has_state and self._events is not None:
-                mamba.refuse_external_events()
             draft.check_external_admission(self)
             connector.check_external_admission(
                 self,
@@ -446,7 +444,7 @@ class KVCacheManager:
         self._give_ids(self, request, state, end, None, len(request._all_token_ids))
         records.set_fence(self, state)  # after the ids and hashes given, which it reads
         if self._events is not None:
-            self._events.collect(request)
+            self._events.collect(request, state[4])
         if self._state_groups:  # after the events, whose store ranges start at the old end
             mamba.note_cached_states(self, request.request_id, state)
         if new_len == old_len:
@@ -478,7 +476,7 @@ class KVCacheManager:
         elif self._give_ids(
             self, request, state, num_computed_tokens, request.num_computed_tokens, num_computed_tokens
         ):
-            self._collect_events(request)  # (no core call, no events: most decode steps)
+            self._collect_events(request, state[4])  # (no core call, no events: most decode steps)
         if self._state_groups:  # after the events, whose store ranges start at the old end
             mamba.note_cached_states(self, request.request_id, state)
 

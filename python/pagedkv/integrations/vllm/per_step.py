@@ -117,10 +117,11 @@ def record_prefix_cache_stats(manager: KVCacheManager, request: Request, num_hit
     )
 
 
-def collect_events(manager: KVCacheManager, request: Request | None) -> None:
-    """Drains the core's events of a call made for ``request`` (when events are on)."""
+def collect_events(manager: KVCacheManager, request: Request | None, cached_tokens: int = 0) -> None:
+    """Drains the core's events of a call made for ``request`` that cached its first
+    ``cached_tokens`` tokens (when events are on; events.py)."""
     if manager._events is not None:
-        manager._events.collect(request)
+        manager._events.collect(request, cached_tokens)
 
 
 def reset_prefix_cache(manager: KVCacheManager) -> bool:

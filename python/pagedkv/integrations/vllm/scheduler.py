@@ -5,7 +5,8 @@ no hook besides the scheduler class itself; these subclasses swap that name for 
 their own construction only (one module-level name, so construction is serialized by a lock), and
 refuse up front what the scheduler would reach and the manager does not support: HiSparse
 (hisparse.py: its connector would otherwise be named first), a KV connector on groups
-other than full-attention and sliding-window groups (connector.py). Auxiliary outputs
+other than full-attention and sliding-window groups, or full attention of one spec beside
+Mamba groups (connector.py, hybrid_hits.py). Auxiliary outputs
 (``aux_output_config``) are supported: their connector's look-ups by one block hash are the
 core's (aux_outputs.py).
 
@@ -22,7 +23,7 @@ from typing import Any
 from vllm.v1.core.sched import scheduler as _scheduler_module
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec, SlidingWindowSpec
 
 from pagedkv.integrations.vllm.hisparse import check_hisparse
 from pagedkv.integrations.vllm.manager import KVCacheManager, UnsupportedVllmFeatureError
@@ -35,12 +36,19 @@ def _check_vllm_config(vllm_config: Any, kv_cache_config: Any) -> None:
     if kv_cache_config is not None:
         check_hisparse(kv_cache_config)  # HiSparse comes with its connector: named before it
     if getattr(vllm_config, "kv_transfer_config", None) is not None and kv_cache_config is not None:
-        for i, group in enumerate(kv_cache_config.kv_cache_groups):
-            if type(group.kv_cache_spec) not in (FullAttentionSpec, SlidingWindowSpec):
+        specs = [group.kv_cache_spec for group in kv_cache_config.kv_cache_groups]
+        # Beside Mamba groups: full attention of one spec (the core's diverged admission, which
+        # a connector's look-up can ask for there, covers only that; hybrid_hits.py).
+        with_mamba = any(type(s) is MambaSpec for s in specs)
+        allowed = (FullAttentionSpec, MambaSpec) if with_mamba else (FullAttentionSpec, SlidingWindowSpec)
+        full = {s for s in specs if type(s) is FullAttentionSpec}
+        for i, spec in enumerate(specs):
+            if type(spec) not in allowed or (with_mamba and len(full) != 1):
                 raise UnsupportedVllmFeatureError(
                     f"a KV connector (kv_transfer_config) with KV-cache group {i} a "
-                    f"{type(group.kv_cache_spec).__name__}: pagedkv's vLLM manager supports KV "
-                    "connectors on full-attention and sliding-window groups only"
+                    f"{type(spec).__name__}: pagedkv's vLLM manager supports KV connectors on "
+                    "full-attention and sliding-window groups, and on full attention of one "
+                    "spec beside Mamba groups"
                 )
     spec = getattr(vllm_config, "speculative_config", None)
     if (
