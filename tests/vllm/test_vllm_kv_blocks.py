@@ -35,11 +35,14 @@ def _groups() -> list[tuple[Any, ...]]:
 
 
 def test_get_block_ids_answers_as_vllms() -> None:
-    from pagedkv.integrations.vllm.kv_blocks import PagedkvKVCacheBlocks
+    from pagedkv.integrations.vllm.kv_blocks import PagedkvKVCacheBlocks, empty_blocks
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 
-    for groups in _groups():
-        ours, theirs = PagedkvKVCacheBlocks(groups), KVCacheBlocks(groups)
+    pairs = [(PagedkvKVCacheBlocks(groups), KVCacheBlocks(groups)) for groups in _groups()]
+    # the manager's shared empty answer, whose class answers the scheduler's read unlooked
+    pairs += [(empty_blocks(n), KVCacheBlocks(((),) * n)) for n in (1, 2, 3)]
+    for ours, theirs in pairs:
+        groups = theirs.blocks
         selections: list[Any] = [None, []]
         selections += [
             list(c) for n in range(1, len(groups) + 1) for c in itertools.combinations(range(len(groups)), n)
@@ -107,7 +110,7 @@ def test_the_managers_answers_are_of_the_class() -> None:
         got.append(m.allocate_slots(r, 1))  # 8 + 1: block 2
         got.append(m.get_blocks("r"))
         if kind == "pagedkv":
-            assert all(type(b) is PagedkvKVCacheBlocks for b in got)
+            assert all(isinstance(b, PagedkvKVCacheBlocks) for b in got)
             assert got[1] is m.empty_kv_cache_blocks
         answers[kind] = [(b.get_block_ids(), b.get_block_ids(allow_none=True)) for b in got]
     assert answers["pagedkv"] == answers["vllm"]

@@ -6,9 +6,10 @@ vLLM's scheduler reads every scheduled running request's new blocks once a step
 those are the manager's shared empty ``KVCacheBlocks``. vLLM's method builds a generator over
 the groups for the empty test (``all(len(group) == 0 ...)``) and a comprehension per group for
 the ids; here ``any(groups)`` is the same test (a group is a sequence: empty exactly when
-falsy) and ``map`` over ``block_id`` the same ids, in C. The answers are vLLM's, value for
-value (tests/vllm/test_vllm_kv_blocks.py compares them); a group selection (``group_ids``),
-which the scheduler makes for KV connectors only, is vLLM's own method.
+falsy) and ``map`` over ``block_id`` the same ids, in C; the shared empty one's class answers
+that read (None) without looking at its groups. The answers are vLLM's, value for value
+(tests/vllm/test_vllm_kv_blocks.py compares them); a group selection (``group_ids``), which the
+scheduler makes for KV connectors only, is vLLM's own method.
 """
 
 from __future__ import annotations
@@ -50,6 +51,18 @@ class PagedkvKVCacheBlocks(KVCacheBlocks):
         return f"KVCacheBlocks(blocks={self.blocks!r})"
 
 
+class _EmptyKVCacheBlocks(PagedkvKVCacheBlocks):
+    """The shared empty answer (``empty_blocks``): its groups are empty tuples, which never
+    fill, so the scheduler's read (``allow_none=True``, every group) is None without looking."""
+
+    def get_block_ids(
+        self, allow_none: bool = False, *, group_ids: Sequence[int] | None = None
+    ) -> tuple[list[int], ...] | None:
+        if allow_none and group_ids is None:
+            return None
+        return PagedkvKVCacheBlocks.get_block_ids(self, allow_none, group_ids=group_ids)
+
+
 def empty_blocks(num_groups: int) -> PagedkvKVCacheBlocks:
     """The shared empty answer: no block in any of ``num_groups`` groups."""
-    return PagedkvKVCacheBlocks(tuple(() for _ in range(num_groups)))
+    return _EmptyKVCacheBlocks(tuple(() for _ in range(num_groups)))
