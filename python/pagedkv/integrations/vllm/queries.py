@@ -28,7 +28,10 @@ def blocks_of(manager: KVCacheManager, seq_id: int, start: int) -> KVCacheBlocks
     block = manager._blocks.__getitem__
     table = manager._core.block_table
     if manager.num_kv_cache_groups == 1:  # the common case, without the generator
-        ids = table(seq_id)[start:].tolist()
+        row = table(seq_id)
+        if row.size == start + 1:  # one block (a decode step's new one): no slice, no list
+            return PagedkvKVCacheBlocks(([block(row.item(start))],))
+        ids = row[start:].tolist()
         return PagedkvKVCacheBlocks((list(map(block, ids)),)) if ids else manager.empty_kv_cache_blocks
     if manager._cross is not None:
         return manager._cross.blocks_of(manager, seq_id, start)
