@@ -306,57 +306,60 @@ class KVCacheManager:
             ):
                 state[5] = end
                 return self.empty_kv_cache_blocks
-        external = bool(num_external_computed_tokens or delay_cache_blocks or reserved_blocks)
-        diverged = False  # the admission takes a diverged hit (hybrid_hits.check_admission)
-        if external:
-            draft.check_external_admission(self)
-            connector.check_external_admission(
-                self,
-                num_external_computed_tokens,
-                delay_cache_blocks,
-                reserved_blocks,
-                skip_zeroing_group_ids,
-                request.num_tokens - num_new_computed_tokens,
-            )
-            if self._diverged_hits:
-                diverged = hybrid_hits.check_admission(self, request, num_new_computed_tokens)
-        if num_encoder_tokens and self._cross is not None:
-            # (vLLM ignores encoder tokens without a cross-attention group.)
-            return self._cross.admit(
-                self,
-                request,
-                num_new_tokens,
-                num_new_computed_tokens,
-                num_lookahead_tokens,
-                num_encoder_tokens,
-                full_sequence_must_fit,
-                has_scheduled_reqs,
-            )
-        if num_new_tokens == 0 and num_new_computed_tokens == 0 and num_external_computed_tokens == 0:
-            raise InvalidArgumentError(
-                "num_new_tokens must be greater than 0 when there are no computed tokens to adopt"
-            )
-        if state is None:
-            return self._admit(
-                request,
-                num_new_tokens,
-                num_new_computed_tokens,
-                num_lookahead_tokens,
-                full_sequence_must_fit,
-                has_scheduled_reqs,
-                num_external_computed_tokens,
-                delay_cache_blocks,
-                reserved_blocks,
-                diverged,
-                skip_zeroing_group_ids,
-            )
-        if num_new_computed_tokens or external:
-            raise InvalidArgumentError(
-                f"request {request.request_id!r} already holds blocks: no new computed or "
-                "external tokens, no reserved blocks"
-            )
-        computed = request.num_computed_tokens
-        end = computed + num_new_tokens
+        else:
+            # Admissions, optional arguments and invalid calls; a running request's plain call
+            # (the test above) skips all of it.
+            external = bool(num_external_computed_tokens or delay_cache_blocks or reserved_blocks)
+            diverged = False  # the admission takes a diverged hit (hybrid_hits.check_admission)
+            if external:
+                draft.check_external_admission(self)
+                connector.check_external_admission(
+                    self,
+                    num_external_computed_tokens,
+                    delay_cache_blocks,
+                    reserved_blocks,
+                    skip_zeroing_group_ids,
+                    request.num_tokens - num_new_computed_tokens,
+                )
+                if self._diverged_hits:
+                    diverged = hybrid_hits.check_admission(self, request, num_new_computed_tokens)
+            if num_encoder_tokens and self._cross is not None:
+                # (vLLM ignores encoder tokens without a cross-attention group.)
+                return self._cross.admit(
+                    self,
+                    request,
+                    num_new_tokens,
+                    num_new_computed_tokens,
+                    num_lookahead_tokens,
+                    num_encoder_tokens,
+                    full_sequence_must_fit,
+                    has_scheduled_reqs,
+                )
+            if num_new_tokens == 0 and num_new_computed_tokens == 0 and num_external_computed_tokens == 0:
+                raise InvalidArgumentError(
+                    "num_new_tokens must be greater than 0 when there are no computed tokens to adopt"
+                )
+            if state is None:
+                return self._admit(
+                    request,
+                    num_new_tokens,
+                    num_new_computed_tokens,
+                    num_lookahead_tokens,
+                    full_sequence_must_fit,
+                    has_scheduled_reqs,
+                    num_external_computed_tokens,
+                    delay_cache_blocks,
+                    reserved_blocks,
+                    diverged,
+                    skip_zeroing_group_ids,
+                )
+            if num_new_computed_tokens or external:
+                raise InvalidArgumentError(
+                    f"request {request.request_id!r} already holds blocks: no new computed or "
+                    "external tokens, no reserved blocks"
+                )
+            computed = request.num_computed_tokens
+            end = computed + num_new_tokens
         # The fast path: a step that stays inside the block the watermark is in, needs no new
         # slot (the fence, state[7], says both) and gives the core nothing new (no id of a
         # filled block, no new hash) changes nothing in the core but its watermark and declared
