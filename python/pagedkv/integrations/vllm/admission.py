@@ -49,7 +49,13 @@ def get_computed_blocks(
     all_hashes, all_tokens = request.block_hashes, request._all_token_ids
     # No hit runs past the pool's blocks, and the core refuses a look-up longer than the pool
     # could hold (an error that would stop vLLM's step, where vLLM answers the hit it has).
-    num_blocks = min(max(0, max_cache_hit_length) // bs, len(all_hashes), manager.capacity.usable_blocks)
+    # (Plain comparisons rather than min()/max(), whose argument parsing costs more: this
+    # runs for every waiting request every step, refused admissions included.)
+    num_blocks = max_cache_hit_length // bs if max_cache_hit_length > 0 else 0
+    if len(all_hashes) < num_blocks:
+        num_blocks = len(all_hashes)
+    if manager.capacity.usable_blocks < num_blocks:
+        num_blocks = manager.capacity.usable_blocks
     if num_blocks == 0:
         return manager.empty_kv_cache_blocks, 0, 0
     # Full attention only: the hit is the longest run of cached blocks from the start, so
@@ -128,7 +134,7 @@ def admit(
     if prompt_blocks > capacity.usable_blocks:
         return None
     chunk_end = num_new_computed_tokens + num_external + num_new_tokens + num_lookahead_tokens
-    positions = cdiv(min(chunk_end, manager.max_model_len), bs)
+    positions = cdiv(chunk_end if chunk_end < manager.max_model_len else manager.max_model_len, bs)
     if capacity.live_blocks(positions, num_new_computed_tokens + num_external) > capacity.usable_blocks:
         return None
     seq_id = manager._next_seq_id

@@ -67,7 +67,8 @@ class PoolCapacity:
         admission cap, less what its window at ``external`` computed tokens skips: a KV
         connector's, counted as computed before sizing)."""
         bs = self.block_size
-        full = cdiv(min(num_tokens, self.max_model_len), bs)
+        # (a comparison rather than min(): each admission asks)
+        full = cdiv(num_tokens if num_tokens < self.max_model_len else self.max_model_len, bs)
         if self.full_attention_only:  # (each admission asks)
             return full * self.num_groups
         total = 0

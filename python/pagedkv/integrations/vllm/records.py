@@ -45,7 +45,15 @@ def set_fence(manager: KVCacheManager, state: list[int]) -> None:
     the table and max_model_len (stays -1 with a window group). And the quick fences (below)."""
     if manager.full_attention_only:
         bs = manager.block_size
-        state[7] = min((state[5] // bs + 1) * bs - 1, state[1] * bs, manager.max_model_len)
+        # Plain comparisons rather than min(): a builtin min() of three ints costs more than
+        # the rest of this function (its arguments' tuple and keyword parsing).
+        fence = (state[5] // bs + 1) * bs - 1
+        table_end = state[1] * bs
+        if table_end < fence:
+            fence = table_end
+        if manager.max_model_len < fence:
+            fence = manager.max_model_len
+        state[7] = fence
         set_quick_fences(manager, state)
 
 
