@@ -119,7 +119,6 @@ def check_external_admission(
     num_external_computed_tokens: int,
     delay_cache_blocks: bool,
     reserved_blocks: int,
-    skip_zeroing_group_ids: tuple[int, ...],
     room: int,
 ) -> None:
     """What an admission with a connector's tokens needs here; the unsupported part named.
@@ -135,8 +134,6 @@ def check_external_admission(
         raise InvalidArgumentError(
             f"{num_external_computed_tokens} external tokens, more than the {room} tokens after the hit"
         )
-    if any(not 0 <= g < manager.num_kv_cache_groups for g in skip_zeroing_group_ids):
-        raise InvalidArgumentError(f"skip_zeroing_group_ids {skip_zeroing_group_ids}: no such KV-cache group")
     if delay_cache_blocks and num_external_computed_tokens == 0:
         raise InvalidArgumentError("delay_cache_blocks without external tokens (nothing to load)")
 

@@ -318,7 +318,6 @@ class KVCacheManager:
                     num_external_computed_tokens,
                     delay_cache_blocks,
                     reserved_blocks,
-                    skip_zeroing_group_ids,
                     request.num_tokens - num_new_computed_tokens,
                 )
                 if self._diverged_hits:

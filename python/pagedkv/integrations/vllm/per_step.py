@@ -59,8 +59,8 @@ def take_new_block_ids(manager: KVCacheManager) -> list[int]:
         fresh &= ~((seqs == seq_id) & np.isin(groups, skipped) & (positions >= start) & (positions < end))
     manager._unzeroed.clear()
     if manager._state_groups:
-        # vLLM's per-group managers record new blocks for attention groups only: a Mamba group's
-        # state blocks are not zeroed (its worker writes a state before reading one).
+        # vLLM's per-group managers record new blocks for attention groups only (an
+        # AttentionSpec's): a Mamba group's state blocks are not in its list, so not here.
         fresh &= ~np.isin(groups, manager._state_groups)
     ids = [int(b) for b in block_ids[fresh]]
     if manager._cross is not None:
