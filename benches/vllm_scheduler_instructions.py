@@ -2,19 +2,21 @@
 machine's load and timing noise do not move (benches/vllm_scheduler_ab.py's workload; the loop
 of benches/vllm_scheduler.py's ``run``: ``schedule``, the fake model output, ``update_from_output``).
 
-    VALGRIND="valgrind --tool=callgrind --zero-before=getppid --dump-before=getpgrp"
+    VALGRIND="valgrind --tool=callgrind --separate-threads=yes --zero-before=getppid --dump-before=getpgrp"
     PYTHONHASHSEED=0 $VALGRIND --callgrind-out-file=vllm.%p $VENV/bin/python \\
         benches/vllm_scheduler_instructions.py vllm full
     PYTHONHASHSEED=0 $VALGRIND --callgrind-out-file=pagedkv.%p $VENV/bin/python \\
         benches/vllm_scheduler_instructions.py pagedkv full
     PYTHONHASHSEED=0 $VALGRIND --callgrind-out-file=before.%p $VENV/bin/python \\
         benches/vllm_scheduler_instructions.py before full REV    # pagedkv's as of REV
-    grep ^summary vllm.*.1 pagedkv.*.1 before.*.1
+    grep ^summary vllm.*.1-01 pagedkv.*.1-01 before.*.1-01      # the main thread: the loop
 
 (``$VENV``: the vLLM venv of scripts/vllm/env.sh, pagedkv importable.) Callgrind zeroes its
 counts when the loop starts (``os.getppid``, libc's ``getppid``) and writes them when it ends
 (``os.getpgrp``), so imports, set-up (the scheduler built, the requests added) and a warm-up run
-are left out. The heap is frozen once the scheduler is built, as vLLM's engine does
+are left out; ``--separate-threads=yes`` leaves out the process's background thread,
+whose count varied by 6-17 M between runs of the same code (2026-12-07-vllm-scheduler-v8.md).
+The heap is frozen once the scheduler is built, as vLLM's engine does
 (benches/vllm_scheduler_ab.py); ``--heap-live`` leaves it unfrozen (this script's count until
 2026-12-07, which also counted building the scheduler and adding the requests). The loop's fake model output
 is the same for both managers when their schedules are (the run prints the step count), so the
