@@ -106,6 +106,10 @@ class Workload:
     # step that schedules them; "mixed" those, asynchronous loads (reported finished by the
     # fake model runner two steps later) and requests without external hits.
     connector: str = ""
+    # Every request whose id is a multiple of this (> 0) skips reading the prefix cache
+    # (``SamplingParams.skip_reading_prefix_cache``, as prompt logprobs set it): it hits
+    # nothing, and vLLM still caches its blocks for later requests.
+    skip_reading_every: int = 0
     seed: int = 0
 
 
@@ -281,7 +285,11 @@ def make_requests(w: Workload) -> list[Any]:
         length = rng.randint(w.prompt_min, w.prompt_max)
         prompt = (rng.choice(systems) if w.shared_prefix else [])[:length]
         prompt += [rng.randrange(3, 32000) for _ in range(length - len(prompt))]
-        params = SamplingParams(max_tokens=rng.randint(w.out_min, w.out_max), ignore_eos=True)
+        params = SamplingParams(
+            max_tokens=rng.randint(w.out_min, w.out_max),
+            ignore_eos=True,
+            skip_reading_prefix_cache=bool(w.skip_reading_every) and i % w.skip_reading_every == 0 or None,
+        )
         requests.append(
             Request(
                 request_id=str(i),

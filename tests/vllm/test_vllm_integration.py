@@ -376,3 +376,52 @@ def test_hits_longer_than_the_first_look_up(manager_kind: str) -> None:
     capped = Request("c", prompt + [0], SamplingParams(max_tokens=1), None, block_hasher=hasher)
     hits.append(m.get_computed_blocks(capped, max_cache_hit_length=(first + 2) * bs + 1)[1])
     assert hits == [b * bs for b in (first - 1, first, first + 1, 39, 40, first + 3, first + 2)]
+
+
+@pytest.mark.parametrize("manager_kind", ["vllm", "pagedkv"])
+def test_a_request_skipping_the_cache_reads_none_and_writes_it(manager_kind: str) -> None:
+    """A request that skips reading the prefix cache (``skip_reading_prefix_cache``, as prompt
+    logprobs set it) hits nothing, even over cached blocks, and its own blocks are cached for
+    later requests, as vLLM caches them (its blocks over contents already cached too, a second
+    copy in vLLM's index)."""
+    import torch
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmKVCacheManager
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.request import Request
+
+    init_none_hash(sha256)
+    bs = 4
+    spec = FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float32)
+    config = KVCacheConfig(
+        num_blocks=64, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l0"], spec)]
+    )
+    args = dict(max_model_len=256, scheduler_block_size=bs, hash_block_size=bs)
+    m = VllmKVCacheManager(config, **args) if manager_kind == "vllm" else _manager(config, **args)
+    hasher = get_request_block_hasher(bs, sha256)
+
+    def request(rid: str, prompt: list[int], skip: bool = False) -> Request:
+        params = SamplingParams(max_tokens=1, skip_reading_prefix_cache=skip or None)
+        return Request(rid, prompt, params, None, block_hasher=hasher)
+
+    shared = list(range(1, 6 * bs + 1))
+    producer = request("producer", [*shared, 0])
+    assert m.allocate_slots(producer, len(shared) + 1) is not None
+    m.free(producer)  # 6 cached blocks
+    skipper = request("skipper", [*shared, *range(100, 100 + 5 * bs), 0], skip=True)
+    assert m.get_computed_blocks(skipper)[1] == 0  # reads nothing, though 6 blocks are cached
+    got = m.allocate_slots(skipper, 11 * bs + 1)
+    assert got is not None and len(got.get_block_ids()[0]) == 12
+    assert m.estimate_cached_tokens(skipper) == 11 * bs  # its own blocks, written
+    free = m.block_pool.get_num_free_blocks()
+    reader = request("reader", [*shared, *range(100, 100 + 5 * bs), 7, 7])
+    blocks, hit = m.get_computed_blocks(reader)[:2]
+    assert hit == 11 * bs  # the skipper's 5 blocks past the shared ones are cached
+    assert m.allocate_slots(reader, 2, hit, blocks) is not None
+    # One new block, and the shared blocks: on vLLM's manager the producer's 6 cached-evictable
+    # copies (the first it indexed), on pagedkv's the skipper's held ones, the one copy its index
+    # keeps (docs/conformance.md, Duplicate copies).
+    revived = 6 if manager_kind == "vllm" else 0
+    assert m.block_pool.get_num_free_blocks() == free - revived - 1

@@ -177,6 +177,8 @@ CONFIGS = {
     "async-full+mamba": mamba_workload(async_scheduling=True),
     "full+mamba-tight": mamba_workload(80),
     "connector-sync-full+mamba": mamba_workload(connector="sync"),
+    # every third request skips reading the prefix cache, and its blocks are stored all the same
+    "skip-reading": dict(requests=16, num_blocks=60, max_num_batched_tokens=128, skip_reading_every=3),
     "connector-mixed-full+mamba": mamba_workload(155, connector="mixed"),
     "connector-mixed-async-full+mamba": mamba_workload(155, connector="mixed", async_scheduling=True),
 }

@@ -27,6 +27,7 @@ CONFIGS = {
     "async-full+mamba": mamba_workload(async_scheduling=True),
     "connector-sync-full+mamba": mamba_workload(connector="sync"),
     "connector-mixed-full+mamba": mamba_workload(155, connector="mixed"),
+    "full+mamba-skip-reading": mamba_workload(skip_reading_every=3),
     "full+mamba-tight": mamba_workload(80),
 }
 

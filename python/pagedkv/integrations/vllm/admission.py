@@ -148,8 +148,8 @@ def admit(
     skip = capped = False
     if manager.enable_caching:
         skip = request.skip_reading_prefix_cache
-        # A request that must not read the cache is admitted without hashes: nothing it
-        # holds is looked up or indexed (docs/integrations/vllm.md, differences). An async
+        # A request that must not read the cache is admitted without hashes (no hit), then
+        # given them as a hit capped at 0 is: it writes the cache as vLLM's does. An async
         # load's blocks wait for their hashes until it finished (``cache_blocks``).
         capped = (
             bool(manager._hit_caps) and manager._hit_caps.pop(request.request_id, None) is not None
@@ -172,9 +172,7 @@ def admit(
             available = manager._core.num_free_blocks
             if fresh + reserved_blocks > available or whole > available:
                 return None
-        if skip:
-            hashes = []
-        elif delay_cache_blocks or capped:
+        if delay_cache_blocks or capped or skip:  # (skip: no hit, no hash)
             hashes = list(request.block_hashes[: num_new_computed_tokens // bs])
         else:
             hashes = list(request.block_hashes)
@@ -204,7 +202,7 @@ def admit(
             manager._states_cached[request.request_id] = mamba.admitted_cached_blocks(hit, num_external, bs)
         # (the tokens this admission caches: the record's estimate below)
         manager._collect_events(request, min(hit + num_scheduled, request.num_tokens, len(hashes) * bs))
-        num_hashes = -1 if skip else len(hashes)
+        num_hashes = len(hashes)
         num_ids = len(tokens)
     else:
         try:
@@ -240,7 +238,7 @@ def admit(
     state = [seq_id, table_len, num_ids, num_hashes, cached, end, end, -1, -1, -1]
     records.set_fence(manager, state)
     manager._reqs[request.request_id] = state
-    if manager.enable_caching and not skip and (delay_cache_blocks or capped):
+    if manager.enable_caching and (delay_cache_blocks or capped or skip):
         if delay_cache_blocks:
             manager._held_hashes[request.request_id] = True  # until its load finished
         else:
