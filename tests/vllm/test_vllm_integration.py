@@ -9,6 +9,7 @@ Runs in the vLLM stage of the test command (scripts/vllm/stage.sh); skipped else
 from __future__ import annotations
 
 from types import ModuleType, SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -28,6 +29,25 @@ def _manager(config, **kwargs):  # type: ignore[no-untyped-def]
     args = dict(max_model_len=256, scheduler_block_size=16, hash_block_size=16)
     args.update(kwargs)
     return KVCacheManager(config, **args)
+
+
+def _small_blocks_manager(manager_kind: str, bs: int) -> tuple[Any, Any]:
+    """vLLM's manager or pagedkv's (``manager_kind``) on one full-attention group of 64 blocks of
+    ``bs`` tokens, and vLLM's sha256 block hasher for its requests."""
+    import torch
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmKVCacheManager
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+
+    init_none_hash(sha256)
+    spec = FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float32)
+    config = KVCacheConfig(
+        num_blocks=64, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l0"], spec)]
+    )
+    args = dict(max_model_len=256, scheduler_block_size=bs, hash_block_size=bs)
+    manager = VllmKVCacheManager(config, **args) if manager_kind == "vllm" else _manager(config, **args)
+    return manager, get_request_block_hasher(bs, sha256)
 
 
 def test_full_attention_constructs_like_vllms() -> None:
@@ -332,24 +352,12 @@ def test_hits_longer_than_the_first_look_up(manager_kind: str) -> None:
     """pagedkv's ``get_computed_blocks`` looks up the first blocks first and the whole request
     only when the hit reaches their end (admission.py, ``_FIRST_LOOKUP_BLOCKS``): hits shorter
     than, exactly as long as and longer than that first look-up are the ones vLLM finds."""
-    import torch
     from pagedkv.integrations.vllm.admission import _FIRST_LOOKUP_BLOCKS
     from vllm.sampling_params import SamplingParams
-    from vllm.utils.hashing import sha256
-    from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmKVCacheManager
-    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.request import Request
 
-    init_none_hash(sha256)
     bs = 4
-    spec = FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float32)
-    config = KVCacheConfig(
-        num_blocks=64, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l0"], spec)]
-    )
-    args = dict(max_model_len=256, scheduler_block_size=bs, hash_block_size=bs)
-    m = VllmKVCacheManager(config, **args) if manager_kind == "vllm" else _manager(config, **args)
-    hasher = get_request_block_hasher(bs, sha256)
+    m, hasher = _small_blocks_manager(manager_kind, bs)
     prompt = list(range(1, 40 * bs + 1))
     producer = Request("producer", prompt, SamplingParams(max_tokens=1), None, block_hasher=hasher)
     assert m.allocate_slots(producer, len(prompt), full_sequence_must_fit=True) is not None
@@ -384,23 +392,11 @@ def test_a_request_skipping_the_cache_reads_none_and_writes_it(manager_kind: str
     logprobs set it) hits nothing, even over cached blocks, and its own blocks are cached for
     later requests, as vLLM caches them (its blocks over contents already cached too, a second
     copy in vLLM's index)."""
-    import torch
     from vllm.sampling_params import SamplingParams
-    from vllm.utils.hashing import sha256
-    from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmKVCacheManager
-    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.request import Request
 
-    init_none_hash(sha256)
     bs = 4
-    spec = FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float32)
-    config = KVCacheConfig(
-        num_blocks=64, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l0"], spec)]
-    )
-    args = dict(max_model_len=256, scheduler_block_size=bs, hash_block_size=bs)
-    m = VllmKVCacheManager(config, **args) if manager_kind == "vllm" else _manager(config, **args)
-    hasher = get_request_block_hasher(bs, sha256)
+    m, hasher = _small_blocks_manager(manager_kind, bs)
 
     def request(rid: str, prompt: list[int], skip: bool = False) -> Request:
         params = SamplingParams(max_tokens=1, skip_reading_prefix_cache=skip or None)
