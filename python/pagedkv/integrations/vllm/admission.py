@@ -198,11 +198,12 @@ def admit(
             return None
         if manager._state_groups:
             # vLLM counts the hit's blocks (a connector's tokens' too), null ones included, as
-            # cached: the admission's store ranges start there (its offers are noted below).
+            # cached: the admission's store ranges and offers start there (offers noted below).
             manager._states_cached[request.request_id] = mamba.admitted_cached_blocks(hit, num_external, bs)
-        # (the tokens this admission caches: the record's estimate below)
-        manager._collect_events(request, min(hit + num_scheduled, request.num_tokens, len(hashes) * bs))
         num_hashes = len(hashes)
+        # The tokens this admission caches (the record's estimate): its events' ranges end there.
+        cached = min(hit + num_scheduled, request.num_tokens, num_hashes * bs) // bs * bs
+        manager._collect_events(request, cached)
         num_ids = len(tokens)
     else:
         try:
@@ -221,6 +222,7 @@ def admit(
             return None
         num_hashes = -1
         num_ids = request.num_tokens
+        cached = 0
     manager._next_seq_id += 1
     if hit != num_new_computed_tokens:
         # The scheduler took its hit from get_computed_blocks in this same step; a different
@@ -232,9 +234,6 @@ def admit(
         )
     end = hit + num_scheduled
     table_len = cdiv(min(end + num_lookahead_tokens, manager.max_model_len), bs)
-    cached = 0
-    if num_hashes >= 0:
-        cached = min(end, request.num_tokens, num_hashes * bs) // bs * bs
     state = [seq_id, table_len, num_ids, num_hashes, cached, end, end, -1, -1, -1]
     records.set_fence(manager, state)
     manager._reqs[request.request_id] = state
@@ -251,10 +250,8 @@ def admit(
         manager._unzeroed.append(
             (seq_id, tuple(skip_zeroing_group_ids), hit // bs, cdiv(hit + num_external, bs))
         )
-    if manager._state_groups:
-        # vLLM counts the hit's blocks as cached; the admission's own call caches the rest.
-        start = mamba.admitted_cached_blocks(hit, num_external, bs)
-        mamba.note_cached_states(manager, request.request_id, state, start)
+    if manager._state_groups:  # from the record set above (a Mamba group needs caching on)
+        mamba.note_cached_states(manager, request.request_id, state)
     # The blocks of the tokens to compute (vLLM returns neither the hit's nor the
     # connector's).
     if num_external and not manager.full_attention_only:

@@ -34,9 +34,9 @@ def admitted_cached_blocks(hit_tokens: int, external_tokens: int, block_size: in
     return max(skipped, hit_tokens // block_size)
 
 
-def note_cached_states(manager: KVCacheManager, request_id: str, state: list[int], start: int = -1) -> None:
+def note_cached_states(manager: KVCacheManager, request_id: str, state: list[int]) -> None:
     """vLLM's boundary-state offers of a request's state blocks cached since the last call
-    (``start``: the blocks cached at admission, its hit; else where the last call ended), read
+    (from the record: where the last call ended, or at admission ``admitted_cached_blocks``), read
     from the record's cached tokens (records.py, [4]: the blocks vLLM's ``cache_blocks`` reaches)
     and the state groups' tables. vLLM's ``MambaManager`` offers every non-null block its
     ``cache_blocks`` caches in align mode, with its boundary (the tokens up to its end), for a
@@ -45,8 +45,7 @@ def note_cached_states(manager: KVCacheManager, request_id: str, state: list[int
     events' next state-group store range starts (events.py): called after that call's events
     are drained."""
     end = state[4] // manager.block_size
-    if start < 0:
-        start = manager._states_cached.get(request_id, end)
+    start = manager._states_cached.get(request_id, end)
     manager._states_cached[request_id] = max(start, end)
     if end <= start:
         return

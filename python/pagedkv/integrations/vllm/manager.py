@@ -367,11 +367,10 @@ class KVCacheManager:
         # Deferred watermark advances, proves each condition).
         if computed == state[5] and end + num_lookahead_tokens <= state[7]:
             num_hashes = state[3]
-            if num_hashes < 0:
-                if not self.enable_caching:
-                    num_tokens = len(request._all_token_ids)
-                    if num_tokens > state[2]:
-                        state[2] = num_tokens
+            if num_hashes < 0:  # prefix caching off
+                num_tokens = len(request._all_token_ids)
+                if num_tokens > state[2]:
+                    state[2] = num_tokens
                 state[5] = end
                 return self.empty_kv_cache_blocks
             bs = self.block_size

@@ -6,7 +6,7 @@ hot path; a list reads faster than attributes there):
     [0] seq id in the core
     [1] table length in blocks
     [2] token ids given to the core
-    [3] block hashes given (-1: never: a request that skips the prefix cache)
+    [3] block hashes given (-1: never: prefix caching is off)
     [4] tokens cached (the ``estimate_cached_tokens`` answer, block-aligned)
     [5] the computed-tokens watermark the core has once the deferred advances reach it
     [6] the core's watermark now
@@ -107,8 +107,8 @@ def give_ids(
     # Plain comparisons rather than min()/max(): this runs on every core allocate_slots.
     num_ids, num_hashes = state[2], state[3]
     num_tokens = len(request._all_token_ids)
-    if num_hashes < 0:
-        if num_tokens > num_ids and not manager.enable_caching:
+    if num_hashes < 0:  # prefix caching off
+        if num_tokens > num_ids:
             state[2] = num_tokens
         return False
     bs = manager.block_size
