@@ -546,7 +546,11 @@ def _run_steps(
 def zeroed_positions(scheduler: Any, block_ids: Any) -> tuple[tuple[str, int, int], ...]:
     """The blocks a step hands the workers to zero, as (request, group, table position), sorted:
     the two managers number their blocks differently, their tables hold the same positions. A
-    block no request holds (allocated, then freed in the same step) is ("", -1, -1)."""
+    block no request holds (allocated, then freed in the same step) is ("", -1, -1). A block
+    two requests hold is the first's in the scheduler's request order: a new block is shared
+    only by a later admission's hit in the same step (the allocation indexed it), and which of
+    two copies of one content a hit takes is the indexes' choice (one copy in pagedkv's), not
+    a difference in what is zeroed."""
     if not block_ids:
         return ()
     manager = scheduler.kv_cache_manager
@@ -555,7 +559,7 @@ def zeroed_positions(scheduler: Any, block_ids: Any) -> tuple[tuple[str, int, in
         for group, ids in enumerate(manager.get_block_ids(request_id)):
             for position, block in enumerate(ids):
                 if block:  # the null block (0) is never zeroed
-                    held[block] = (request_id, group, position)
+                    held.setdefault(block, (request_id, group, position))
     return tuple(sorted(held.get(b, ("", -1, -1)) for b in block_ids))
 
 

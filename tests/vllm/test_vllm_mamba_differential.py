@@ -242,14 +242,14 @@ class _ManagerPair:
     every call as ``_CorePair`` compares the core (plus the blocks each ``allocate_slots``
     returns)."""
 
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int, window: int | None = None) -> None:
         from pagedkv.integrations.vllm import KVCacheManager
         from vllm.utils.hashing import sha256
         from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmKVCacheManager
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 
         init_none_hash(sha256)
-        config = _mamba_config(num_blocks)
+        config = _mamba_config(num_blocks, window)
         args: dict[str, Any] = dict(max_model_len=256, scheduler_block_size=BS, hash_block_size=BS)
         self.m = {
             "vllm": VllmKVCacheManager(config, enable_caching=True, **args),
@@ -314,7 +314,7 @@ class _ManagerPair:
 
     def same_new_blocks(self, got: dict[str, Any]) -> None:
         ids = {kind: b.get_block_ids() for kind, b in got.items()}
-        for g in (0, 1):
+        for g in range(len(ids["vllm"])):
             theirs, ours = ids["vllm"][g], ids["pagedkv"][g]
             assert [b == 0 for b in theirs] == [b == 0 for b in ours], (g, ids)
 
@@ -345,24 +345,36 @@ class _ManagerPair:
         self.parted = any(isinstance(copies, dict) and len(copies) >= 2 for copies in index.values())
 
 
-def _manager_differential(seed: int, num_blocks: int, shared: bool) -> _ManagerPair:
-    """``_drive``'s schedule on ``_ManagerPair``."""
-    return _drive(_ManagerPair(num_blocks), seed, shared)
+def _manager_differential(
+    seed: int, num_blocks: int, shared: bool, window: int | None = None
+) -> _ManagerPair:
+    """``_drive``'s schedule on ``_ManagerPair`` (``window``: with a sliding-window group too)."""
+    return _drive(_ManagerPair(num_blocks, window), seed, shared)
 
 
+# Besides full attention and Mamba: no window, a window of 2 tokens (a Mamba group's own
+# release rule) and one of 3 blocks and a token.
+WINDOWS = [None, 2, 3 * BS + 1]
+
+
+@pytest.mark.parametrize("window", WINDOWS)
 @pytest.mark.parametrize("shared", [True, False])
 @pytest.mark.parametrize("seed", range(12))
-def test_the_vllm_manager_on_a_mamba_config_matches_vllms(seed: int, shared: bool) -> None:
-    """pagedkv's vLLM manager on full attention + align-mode Mamba against vLLM's, call by call
-    (the plain path: no connector, no speculative blocks, no KV events)."""
-    _manager_differential(seed, NUM_BLOCKS * 4 if shared else 40, shared)
+def test_the_vllm_manager_on_a_mamba_config_matches_vllms(
+    seed: int, shared: bool, window: int | None
+) -> None:
+    """pagedkv's vLLM manager on full attention + align-mode Mamba (+ a sliding-window group)
+    against vLLM's, call by call (the plain path: no connector, no speculative blocks, no KV
+    events)."""
+    _manager_differential(seed, NUM_BLOCKS * 4 if shared else 40, shared, window)
 
 
-def test_the_manager_differential_reaches_what_it_checks() -> None:
+@pytest.mark.parametrize("window", WINDOWS)
+def test_the_manager_differential_reaches_what_it_checks(window: int | None) -> None:
     totals = dict(hits=0, refused=0, preempted=0, compared=0, junctions=0)
     for seed in range(12):
         for shared in (True, False):
-            pair = _manager_differential(seed, NUM_BLOCKS * 4 if shared else 40, shared)
+            pair = _manager_differential(seed, NUM_BLOCKS * 4 if shared else 40, shared, window)
             totals["junctions"] += pair.junctions
             totals["hits"] += pair.hits
             totals["refused"] += pair.refused_this_step
@@ -384,7 +396,6 @@ def _mamba_config(num_blocks: int = 32, window: int | None = None, **mamba_optio
         (dict(mamba_cache_mode="none"), {}, "mamba_cache_mode='none'"),
         (dict(num_speculative_blocks=1), {}, "num_speculative_blocks"),
         (dict(num_prefill_checkpoint_blocks=1), {}, "num_prefill_checkpoint_blocks"),
-        (dict(window=8), {}, "sliding-window"),
         ({}, dict(enable_caching=False), "without prefix caching"),
         ({}, dict(use_eagle=True), "use_eagle"),
     ],

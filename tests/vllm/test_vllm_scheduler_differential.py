@@ -21,7 +21,7 @@ from __future__ import annotations
 from types import ModuleType
 
 import pytest
-from vllm_test_inputs import mamba_workload, window_config
+from vllm_test_inputs import mamba_workload, window_config, window_mamba_workload
 
 # name -> (Workload overrides, whether the traces must be identical to the end); every
 # configuration preempts at least once (checked below).
@@ -258,6 +258,37 @@ CONFIGS: dict[str, tuple[dict[str, object], bool]] = {
         mamba_workload(100),
         False,
     ),
+    # Mamba beside a sliding-window group (48 tokens): identical with chunk-only admission and
+    # with a connector's mixed loads under async scheduling (7 async loads); on 140 blocks vLLM's
+    # duplicate copies part them at step 37 (an admission of vLLM's revives a cached-evictable
+    # copy of a content a running request holds at step 3), with the connector's sync loads at
+    # step 36, without a full-attention group at step 32, and with two full-attention groups
+    # (260 blocks) at step 20 (look-ups that hit further on pagedkv's one-copy index from
+    # steps 31, 31 and 18).
+    "full+swa+mamba-chunk-admission": (
+        window_mamba_workload(200, reserve_full_isl=False),
+        True,
+    ),
+    "connector-mixed-async-full+swa+mamba": (
+        window_mamba_workload(200, connector="mixed", async_scheduling=True),
+        True,
+    ),
+    "full+swa+mamba-tight": (
+        window_mamba_workload(140),
+        False,
+    ),
+    "connector-sync-full+swa+mamba-tight": (
+        window_mamba_workload(140, connector="sync"),
+        False,
+    ),
+    "swa+mamba-tight": (
+        window_mamba_workload(60, groups=("swa", "mamba")),
+        False,
+    ),
+    "2full+swa+mamba-tight": (
+        window_mamba_workload(260, groups=("full", "full", "swa", "mamba")),
+        False,
+    ),
 }
 
 
@@ -274,6 +305,9 @@ TRACED_AT = {
     "connector-mixed-full+mamba-tight": "spared_copy_since",
     "full+mamba-tight": "spared_copy_since",
     "full+mamba-other-copy": "other_copy_since",
+    "connector-sync-full+swa+mamba-tight": "spared_copy_since",
+    "swa+mamba-tight": "spared_copy_since",
+    "2full+swa+mamba-tight": "spared_copy_since",
 }
 
 

@@ -104,6 +104,13 @@ def mamba_workload(num_blocks: int = 140, **overrides: object) -> dict[str, obje
     )
 
 
+def window_mamba_workload(
+    num_blocks: int, groups: tuple[str, ...] = ("full", "swa", "mamba"), **overrides: object
+) -> dict[str, object]:
+    """`mamba_workload` with a sliding-window group of 48 tokens among `groups`."""
+    return {**mamba_workload(num_blocks, window=48, **overrides), "groups": groups}
+
+
 def window_config(window: int, **overrides: object) -> dict[str, object]:
     """A scheduler-differential workload (benches/vllm_scheduler.py's ``Workload`` overrides): full
     attention beside a sliding-window group of `window` tokens, 24 requests on 50 blocks."""

@@ -109,10 +109,6 @@ def check_config(
         )
     if len(block_sizes) != 1:
         raise UnsupportedVllmFeatureError(f"KV-cache groups with different block sizes {sorted(block_sizes)}")
-    if any(isinstance(g, pagedkv.MambaState) for g in kv_groups) and any(
-        isinstance(g, pagedkv.SlidingWindow) for g in kv_groups
-    ):
-        raise UnsupportedVllmFeatureError("Mamba groups beside sliding-window groups")
     (block_size,) = block_sizes
     if scheduler_block_size != block_size or hash_block_size != block_size:
         raise UnsupportedVllmFeatureError(
