@@ -11,6 +11,10 @@ of benches/vllm_scheduler.py's ``run``: ``schedule``, the fake model output, ``u
         benches/vllm_scheduler_instructions.py before full REV    # pagedkv's as of REV
     grep ^summary vllm.*.1-01 pagedkv.*.1-01 before.*.1-01      # the main thread: the loop
 
+    # the step alone (schedule + update_from_output, what the step-time ratio is about):
+    VALGRIND="$VALGRIND --collect-atstart=no --toggle-collect=_operator_call"
+    PYTHONHASHSEED=0 $VALGRIND ... benches/vllm_scheduler_instructions.py pagedkv full --steps-only
+
 (``$VENV``: the vLLM venv of scripts/vllm/env.sh, pagedkv importable.) Callgrind zeroes its
 counts when the loop starts (``os.getppid``, libc's ``getppid``) and writes them when it ends
 (``os.getpgrp``), so imports, set-up (the scheduler built, the requests added) and a warm-up run
@@ -25,13 +29,32 @@ ratio of the two dumps bounds the ratio of the scheduler's own calls from above.
 
 from __future__ import annotations
 
+import operator
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import vllm_scheduler as vs  # noqa: E402 (the harness next to this file)
 from vllm_scheduler_ab import CONFIGS, WORKLOAD, _load_before_rev  # noqa: E402
+
+
+def _count_steps_only() -> None:
+    """Every scheduler built from now on makes its ``schedule`` and ``update_from_output`` calls
+    through ``operator.call``, a C function nothing else in the loop calls: callgrind run with
+    ``--collect-atstart=no --toggle-collect=_operator_call`` then counts those two calls only
+    (the step the ratio is about), not the loop's fake model output or its trace."""
+    build = vs.build_scheduler
+
+    def build_counted(w: vs.Workload, manager: Any) -> Any:
+        scheduler = build(w, manager)
+        schedule, update = scheduler.schedule, scheduler.update_from_output
+        scheduler.schedule = lambda: operator.call(schedule)
+        scheduler.update_from_output = lambda out, runner_output: operator.call(update, out, runner_output)
+        return scheduler
+
+    vs.build_scheduler = build_counted
 
 
 def main() -> int:
@@ -39,6 +62,9 @@ def main() -> int:
     live = "--heap-live" in args
     if live:
         args.remove("--heap-live")
+    if "--steps-only" in args:
+        args.remove("--steps-only")
+        _count_steps_only()
     name, config = args[0], args[1]
     # "before REV": pagedkv's integration package as of git revision REV, on the installed core.
     manager = _load_before_rev(args[2]) if name == "before" else vs.manager_class(name)

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from types import ModuleType
 
+import pytest
+
 
 def test_script_imports_without_vllm(load_bench: Callable[[str], ModuleType]) -> None:
     module = load_bench("vllm_scheduler")
@@ -55,3 +57,32 @@ def test_a_difference_is_explained_only_after_vllm_indexed_two_copies(
     reference.duplicates_since = 1
     assert "from step 2" in (module.explained_divergence(reference, candidate) or "")
     assert module.explained_divergence(reference, module.Trace(steps=list(reference.steps))) is None
+
+
+def test_the_step_only_count_wraps_each_step_call(
+    vllm_scheduler: ModuleType, load_bench: Callable[[str], ModuleType], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """benches/vllm_scheduler_instructions.py ``--steps-only``: every ``schedule`` and
+    ``update_from_output`` of a run goes through ``operator.call`` (callgrind collects inside
+    it only), nothing else of the loop does, and the run's trace is a plain run's."""
+    import operator
+
+    module = vllm_scheduler
+    instructions = load_bench("vllm_scheduler_instructions")
+    w = module.Workload(requests=8, num_blocks=60, max_num_batched_tokens=128)
+    plain = module.run(w, module.manager_class("pagedkv"))
+    monkeypatch.setattr(module, "build_scheduler", module.build_scheduler)  # restored after
+    called: list[str] = []
+    call = operator.call
+
+    def counted(f: Callable[..., object], *args: object) -> object:
+        called.append(f.__name__)
+        return call(f, *args)
+
+    monkeypatch.setattr(operator, "call", counted)
+    instructions._count_steps_only()
+    wrapped = module.run(w, module.manager_class("pagedkv"))
+    assert module.first_difference(plain, wrapped) is None
+    steps = len(wrapped.steps)
+    assert steps > 10
+    assert called == ["schedule", "update_from_output"] * steps
