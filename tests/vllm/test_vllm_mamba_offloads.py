@@ -16,7 +16,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from vllm_test_inputs import mamba_workload
+from vllm_test_inputs import mamba_workload, window_mamba_workload
 
 # Imported inside the tests; the folder's conftest.py skips them where these do not import.
 NEEDS_VLLM = ("pagedkv.integrations.vllm", "vllm.v1.core.kv_cache_manager")
@@ -29,6 +29,9 @@ CONFIGS = {
     "connector-mixed-full+mamba": mamba_workload(155, connector="mixed"),
     "full+mamba-skip-reading": mamba_workload(skip_reading_every=3),
     "full+mamba-tight": mamba_workload(80),
+    # beside a window group of 48 tokens (the schedules part at step 37 on 140 blocks)
+    "full+swa+mamba-chunk-admission": window_mamba_workload(200, reserve_full_isl=False),
+    "full+swa+mamba-tight": window_mamba_workload(140),
 }
 
 
