@@ -19,6 +19,7 @@ from vllm.v1.request import Request, RequestStatus
 from pagedkv.errors import InvariantViolation, OutOfBlocksError, UnsupportedVllmFeatureError
 from pagedkv.integrations.vllm import connector, mamba, records
 from pagedkv.integrations.vllm.capacity import cdiv
+from pagedkv.integrations.vllm.hit_blocks import hit_blocks
 
 # The manager (manager.py) is typed ``Any`` here: manager.py imports this module, and the
 # package's layering forbids import cycles, typing-only ones included (tests/python/test_layering.py).
@@ -35,9 +36,9 @@ def get_computed_blocks(
     """The prefix-cache hit of a waiting request: (blocks, hit tokens, shared-prefix boundary).
 
     The hit is pagedkv's look-up with the request's own block hashes, no side effect; the
-    blocks are taken at ``allocate_slots`` (as vLLM takes its references there). Until
-    then the returned blocks stand for the hit's length only (the scheduler passes them
-    back and reads nothing else of them)."""
+    blocks are taken at ``allocate_slots`` (as vLLM takes its references there). The returned
+    blocks are looked up when first read (hit_blocks.py: the scheduler passes them back and
+    reads nothing else of them)."""
     if not manager.prefix_cache_lookup_enabled(request):
         return manager.empty_kv_cache_blocks, 0, 0
     capped = max_cache_hit_length is not None and max_cache_hit_length < request.num_tokens - 1
@@ -84,8 +85,7 @@ def get_computed_blocks(
     if manager._events is not None and getattr(request, "kv_cache_report_mode", None) == "full":
         # vLLM reports the blocks of a hit as stored again in this mode (for a gateway).
         manager._events.report_hit(request, hit // manager.block_size, manager.num_kv_cache_groups)
-    placeholder = [manager._blocks[0]] * (hit // manager.block_size)
-    return KVCacheBlocks((placeholder,) * manager.num_kv_cache_groups), hit, boundary
+    return hit_blocks(manager, all_hashes, hit), hit, boundary
 
 
 def shared_prefix_boundary(manager: KVCacheManager, hashes: Any, hit: int) -> int:
@@ -163,9 +163,9 @@ def admit(
             # revived blocks left out): with the whole-sequence check, the whole prompt's new
             # blocks and the watermark (admission_requirement); always, the chunk's new blocks,
             # the watermark and the reserved blocks.
-            hit_blocks = (num_new_computed_tokens // bs) * capacity.num_groups
-            fresh = positions * capacity.num_groups - hit_blocks
-            whole = prompt_blocks - hit_blocks if full_sequence_must_fit else 0
+            num_hit_blocks = (num_new_computed_tokens // bs) * capacity.num_groups
+            fresh = positions * capacity.num_groups - num_hit_blocks
+            whole = prompt_blocks - num_hit_blocks if full_sequence_must_fit else 0
             if watermark:
                 fresh += manager.watermark_blocks
                 whole += manager.watermark_blocks

@@ -42,6 +42,7 @@ from vllm.v1.request import Request
 
 from pagedkv.errors import InvalidArgumentError, UnsupportedVllmFeatureError
 from pagedkv.integrations.vllm import records
+from pagedkv.integrations.vllm.hit_blocks import hit_blocks
 
 # The manager (manager.py) is typed ``Any`` here: manager.py imports this module, and the
 # package's layering forbids import cycles, typing-only ones included (tests/python/test_layering.py).
@@ -205,8 +206,7 @@ def get_computed_blocks(
     hit -= bs
     if manager._events is not None and getattr(request, "kv_cache_report_mode", None) == "full":
         manager._events.report_hit(request, hit // bs, manager.num_kv_cache_groups)
-    placeholder = [manager._blocks[0]] * (hit // bs)
-    return KVCacheBlocks(tuple(placeholder for _ in range(manager.num_kv_cache_groups))), hit, 0
+    return hit_blocks(manager, all_hashes, hit), hit, 0
 
 
 def check_external_admission(manager: KVCacheManager) -> None:
