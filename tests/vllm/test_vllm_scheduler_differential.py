@@ -384,3 +384,19 @@ def test_same_schedule_as_vllms_manager(vllm_scheduler: ModuleType, name: str) -
         # The configuration exercises the chunk-only admission: vLLM's own schedule changes.
         whole = module.Workload(**{**overrides, "reserve_full_isl": True})
         assert module.run(whole, module.manager_class("vllm")).steps != reference.steps
+
+
+def test_the_scheduler_class_on_mamba_beside_a_window(vllm_scheduler: ModuleType) -> None:
+    """``PagedkvScheduler`` (the one-line switch) on full attention + a window + Mamba, chunk-only
+    admission: the trace and the zeroing lists of vLLM's scheduler on its own manager."""
+    from pagedkv.integrations.vllm import KVCacheManager, PagedkvScheduler
+
+    module = vllm_scheduler
+    w = module.Workload(**window_mamba_workload(200, reserve_full_isl=False))
+    scheduler = module.build_scheduler(w, None, scheduler_cls=PagedkvScheduler)
+    assert isinstance(scheduler.kv_cache_manager, KVCacheManager)
+    ours = module._run_steps(w, scheduler, 100_000, False, True, False, False, False, None, True)
+    reference = module.run(w, module.manager_class("vllm"), trace_zeroing=True)
+    assert module.first_difference(reference, ours) is None
+    assert reference.zeroing == ours.zeroing and sum(map(len, reference.zeroing)) > 100
+    assert reference.preemptions > 0 and reference.prefix_hits > 0
