@@ -78,24 +78,24 @@ def test_a_hits_blocks_are_vllms(layout: str) -> None:
     assert seen["vllm"][:2] == seen["pagedkv"][:2]
 
 
-def test_the_blocks_are_looked_up_once_when_first_read() -> None:
-    from pagedkv.integrations.vllm.hit_blocks import HitRow
+def test_the_blocks_are_looked_up_when_first_read() -> None:
+    from pagedkv.integrations.vllm.hit_blocks import HitBlocks
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 
     m = _managers(kv_cache_config("full", "full", num_blocks=64))["pagedkv"]
     first = request("first", 6 * BS + 1)
     _computed(m, first, (6,))
-    blocks, hit, _ = m.get_computed_blocks(request("second", 6 * BS + 1))
-    rows = blocks.blocks
-    assert hit == 6 * BS and all(isinstance(row, HitRow) for row in rows)
-    lookup = rows[0]._lookup
-    assert lookup is rows[1]._lookup and lookup.rows is None  # nothing looked up yet
-    assert len(rows[0]) == 6 and bool(rows[1]) and lookup.rows is None  # lengths need none
+    answer, hit, _ = m.get_computed_blocks(request("second", 6 * BS + 1))
+    assert hit == 6 * BS and isinstance(answer, HitBlocks) and isinstance(answer, KVCacheBlocks)
+    assert "_rows" not in answer.__dict__  # nothing looked up yet
     expected = [ids[:6] for ids in m.get_block_ids("first")]
-    assert [b.block_id for b in rows[1]] == expected[1]
-    assert lookup.rows is not None  # every group's, once
-    assert [b.block_id for b in rows[0]] == expected[0]
-    assert (
-        rows[0][1:3] == [m._blocks[i] for i in expected[0][1:3]] and rows[0][-1].block_id == expected[0][-1]
-    )
-    assert rows[0] == list(rows[0]) and list(rows[0]) == rows[0] and rows[0] != rows[1]
-    assert repr(rows[0]) == repr(list(rows[0]))
+    rows = answer.blocks
+    assert "_rows" in answer.__dict__ and answer.blocks is rows  # once
+    assert [[b.block_id for b in row] for row in rows] == expected
+    assert answer.get_block_ids() == tuple(expected)
+    same = KVCacheBlocks(tuple([m._blocks[i] for i in ids] for ids in expected))
+    assert answer == same and same == answer and repr(answer) == repr(same)
+    # a replacement's rows are the rows given (dataclasses.replace, the dataclass's __init__)
+    import dataclasses
+
+    assert dataclasses.replace(answer, blocks=((), ())).blocks == ((), ())
