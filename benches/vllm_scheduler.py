@@ -424,6 +424,7 @@ def run(
     freeze_heap: bool = False,
     loop_starts: Callable[[], object] | None = None,
     trace_zeroing: bool = False,
+    scheduler_cls: Any = None,
 ) -> Trace:
     """One scheduler run of workload `w` on `manager`; its trace (`count_calls`: with the
     manager's calls counted and timed, which slows the run: not for the step-time ratio;
@@ -436,8 +437,10 @@ def run(
     builds its scheduler, then collects and freezes every object the garbage collector tracks,
     so that its collections while serving skip them; unfrozen again when the run ends);
     `loop_starts`: called once the scheduler is built and the requests added, before the first
-    step; `trace_zeroing`: ``Trace.zeroing``, which reads every request's block ids each step)."""
-    scheduler = build_scheduler(w, manager)
+    step; `trace_zeroing`: ``Trace.zeroing``, which reads every request's block ids each step;
+    `scheduler_cls`: another scheduler class, built as `build_scheduler` does, `manager` None
+    for the class's own manager: ``Trace.manager_type`` says which manager ran)."""
+    scheduler = build_scheduler(w, manager, scheduler_cls)
     if freeze_heap:
         from vllm.utils.gc_utils import freeze_gc_heap
 
@@ -478,7 +481,7 @@ def _run_steps(
         scheduler.add_request(request)
     rng = random.Random(1)
     loading: dict[str, int] = {}  # the fake connector's async loads: request -> step started
-    trace = Trace()
+    trace = Trace(manager_type=type(scheduler.kv_cache_manager))
     if count_calls:
         _count_calls(scheduler.kv_cache_manager, trace)
     watch_duplicates = (

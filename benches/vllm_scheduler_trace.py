@@ -54,6 +54,8 @@ class Trace:
     # time spent inside them.
     manager_calls: int = 0
     manager_s: float = 0.0
+    # The class of the KV-cache manager the scheduler ran on (None: not run).
+    manager_type: type | None = None
     # Filled by run(..., probe_hits=True) only: after every ``allocate_slots`` and
     # ``cache_blocks`` call, (the call, its request, the prefix-cache hit of a probe of the
     # request's tokens so far): what its blocks put in the index by then (decoded blocks

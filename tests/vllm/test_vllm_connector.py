@@ -12,28 +12,17 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from vllm_test_inputs import BS, mamba_workload
+from vllm_test_inputs import BS, KINDS, mamba_workload
 from vllm_test_inputs import kv_cache_config as _config
+from vllm_test_inputs import manager as _manager
 from vllm_test_inputs import request as _request
 
 # Imported inside the tests; the folder's conftest.py skips them where these do not import.
 NEEDS_VLLM = ("pagedkv.integrations.vllm", "vllm.v1.core.sched.scheduler")
 
 
-def _manager(kind: str, config: Any, **kwargs: Any) -> Any:
-    from pagedkv.integrations.vllm import KVCacheManager
-    from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmKVCacheManager
-
-    args: dict[str, Any] = dict(max_model_len=1024, scheduler_block_size=BS, hash_block_size=BS)
-    args.update(kwargs)
-    return (VllmKVCacheManager if kind == "vllm" else KVCacheManager)(config, **args)
-
-
 def _hit(m: Any, rid: str, num_tokens: int) -> int:
     return int(m.get_computed_blocks(_request(rid, num_tokens))[1])
-
-
-KINDS = ["vllm", "pagedkv"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -192,9 +181,10 @@ def test_scheduler_takes_a_connector_beside_mamba_groups(vllm_scheduler: Any) ->
 
     module = vllm_scheduler
     w = module.Workload(**mamba_workload(155, connector="mixed"))
-    scheduler = module.build_scheduler(w, None, scheduler_cls=PagedkvScheduler)
-    assert isinstance(scheduler.kv_cache_manager, KVCacheManager)
-    ours = module._run_steps(w, scheduler, 100_000, False, True, False, False, False, None, True)
+    ours = module.run(
+        w, None, check_invariants=True, watch_copies=False, trace_zeroing=True, scheduler_cls=PagedkvScheduler
+    )
+    assert ours.manager_type is not None and issubclass(ours.manager_type, KVCacheManager)
     reference = module.run(w, module.manager_class("vllm"), trace_zeroing=True)
     assert module.first_difference(reference, ours) is None
     assert reference.async_loads > 0 and reference.preemptions > 0

@@ -16,27 +16,18 @@ import random
 from typing import Any
 
 import pytest
-from vllm_test_inputs import BS, kv_cache_config
+from vllm_test_inputs import BS, KINDS, both_managers, kv_cache_config
 from vllm_test_inputs import request as _request
 
 NEEDS_VLLM = ("pagedkv.integrations.vllm", "vllm.v1.core.sched.scheduler")
 
-KINDS = ("vllm", "pagedkv")
 WINDOWS = (16, 48, 2)
 
 
 def _managers(window: int, num_blocks: int, **kwargs: Any) -> dict[str, Any]:
-    from pagedkv.integrations.vllm import KVCacheManager
-    from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmKVCacheManager
-
-    args: dict[str, Any] = dict(
-        max_model_len=1024, scheduler_block_size=BS, hash_block_size=BS, enable_caching=True
-    )
-    args.update(kwargs)
-    return {
-        kind: manager(kv_cache_config("full", "swa", num_blocks=num_blocks, window=window), **args)
-        for kind, manager in (("vllm", VllmKVCacheManager), ("pagedkv", KVCacheManager))
-    }
+    """Both managers on full attention + a window of ``window`` tokens, prefix caching on."""
+    config = kv_cache_config("full", "swa", num_blocks=num_blocks, window=window)
+    return both_managers(config, **{"enable_caching": True, **kwargs})
 
 
 def _ids(answer: Any) -> Any:

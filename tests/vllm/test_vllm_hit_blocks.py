@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from vllm_test_inputs import BS, kv_cache_config, mamba_config, request
+from vllm_test_inputs import BS, both_managers, kv_cache_config, mamba_config, manager, request
 
 # Imported inside the tests; the folder's conftest.py skips them where these do not import.
 NEEDS_VLLM = ("pagedkv.integrations.vllm", "vllm.v1.core.kv_cache_manager")
@@ -23,16 +23,6 @@ LAYOUTS = {
     "full+mamba": (lambda: mamba_config(64, block_size=BS), (2, 2, 2)),
     "full+mamba+window": (lambda: mamba_config(64, 2 * BS + 1, block_size=BS), (2, 2, 2)),
 }
-
-
-def _managers(config: Any) -> dict[str, Any]:
-    from pagedkv.integrations.vllm import KVCacheManager
-    from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmKVCacheManager
-
-    args: dict[str, Any] = dict(
-        max_model_len=1024, scheduler_block_size=BS, hash_block_size=BS, enable_caching=True
-    )
-    return {"vllm": VllmKVCacheManager(config, **args), "pagedkv": KVCacheManager(config, **args)}
 
 
 def _computed(m: Any, first: Any, chunks: tuple[int, ...]) -> None:
@@ -63,7 +53,7 @@ def _positions(m: Any, holder: str, blocks: Any) -> list[list[int | None]]:
 def test_a_hits_blocks_are_vllms(layout: str) -> None:
     make, chunks = LAYOUTS[layout]
     seen = {}
-    for kind, m in _managers(make()).items():
+    for kind, m in both_managers(make(), enable_caching=True).items():
         first = request("first", sum(chunks) * BS + 1)
         _computed(m, first, chunks)
         second = request("second", sum(chunks) * BS + 1)  # the same tokens
@@ -82,7 +72,7 @@ def test_the_blocks_are_looked_up_when_first_read() -> None:
     from pagedkv.integrations.vllm.hit_blocks import HitBlocks
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 
-    m = _managers(kv_cache_config("full", "full", num_blocks=64))["pagedkv"]
+    m = manager("pagedkv", kv_cache_config("full", "full", num_blocks=64), enable_caching=True)
     first = request("first", 6 * BS + 1)
     _computed(m, first, (6,))
     answer, hit, _ = m.get_computed_blocks(request("second", 6 * BS + 1))

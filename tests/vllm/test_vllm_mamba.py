@@ -21,7 +21,7 @@ import random
 from typing import Any
 
 import pytest
-from vllm_test_inputs import admit_alike, prompt_request
+from vllm_test_inputs import admit_alike, both_managers, prompt_request
 
 # Imported inside the tests; the folder's conftest.py skips them where these do not import.
 NEEDS_VLLM = ("pagedkv.integrations.vllm", "vllm.v1.core.single_type_kv_cache_manager")
@@ -36,9 +36,7 @@ class _Pair:
 
     def __init__(self) -> None:
         import torch
-        from pagedkv.integrations.vllm import KVCacheManager
         from vllm.utils.hashing import sha256
-        from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmKVCacheManager
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
         from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MambaSpec
 
@@ -48,10 +46,7 @@ class _Pair:
             num_blocks=NUM_BLOCKS, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l0"], spec)]
         )
         args: dict[str, Any] = dict(max_model_len=256, scheduler_block_size=BS, hash_block_size=BS)
-        self.m = {
-            "vllm": VllmKVCacheManager(config, enable_caching=True, **args),
-            "pagedkv": KVCacheManager(config, enable_caching=True, **args),
-        }
+        self.m = both_managers(config, enable_caching=True, **args)
         self.mamba = MambaSpec(
             block_size=BS, shapes=((1, 1),), dtypes=(torch.float32,), mamba_cache_mode="align"
         )

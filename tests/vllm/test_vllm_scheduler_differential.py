@@ -393,9 +393,10 @@ def test_the_scheduler_class_on_mamba_beside_a_window(vllm_scheduler: ModuleType
 
     module = vllm_scheduler
     w = module.Workload(**window_mamba_workload(200, reserve_full_isl=False))
-    scheduler = module.build_scheduler(w, None, scheduler_cls=PagedkvScheduler)
-    assert isinstance(scheduler.kv_cache_manager, KVCacheManager)
-    ours = module._run_steps(w, scheduler, 100_000, False, True, False, False, False, None, True)
+    ours = module.run(
+        w, None, check_invariants=True, watch_copies=False, trace_zeroing=True, scheduler_cls=PagedkvScheduler
+    )
+    assert ours.manager_type is not None and issubclass(ours.manager_type, KVCacheManager)
     reference = module.run(w, module.manager_class("vllm"), trace_zeroing=True)
     assert module.first_difference(reference, ours) is None
     assert reference.zeroing == ours.zeroing and sum(map(len, reference.zeroing)) > 100

@@ -14,6 +14,28 @@ from typing import Any
 
 BS = 16
 
+# The two managers the tests compare: vLLM's own and pagedkv's drop-in.
+KINDS = ("vllm", "pagedkv")
+
+
+def manager(kind: str, config: Any, **args: Any) -> Any:
+    """vLLM's ``KVCacheManager`` (``kind`` "vllm") or pagedkv's ("pagedkv") on ``config``: a
+    1,024-token model and blocks of ``BS`` tokens for the scheduler and the hasher unless
+    ``args`` say otherwise (``args`` are the managers' keyword arguments)."""
+    from pagedkv.integrations.vllm import KVCacheManager
+    from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmKVCacheManager
+
+    if kind not in KINDS:
+        raise ValueError(f"unknown manager kind {kind!r}")
+    options: dict[str, Any] = dict(max_model_len=1024, scheduler_block_size=BS, hash_block_size=BS)
+    options.update(args)
+    return (VllmKVCacheManager if kind == "vllm" else KVCacheManager)(config, **options)
+
+
+def both_managers(config: Any, **args: Any) -> dict[str, Any]:
+    """``manager`` of each kind on one ``config``, by kind."""
+    return {kind: manager(kind, config, **args) for kind in KINDS}
+
 
 def kv_cache_config(
     *kinds: str, num_blocks: int = 32, window: int = 32, retention: Any = None, block_size: int = BS
