@@ -75,7 +75,11 @@ class PagedkvShadow:
         takes_free = self.spare_copies() > len(self.kept)
         evicts_kept = not takes_free and bool(self.kept)
         if evicts_kept:
-            self.kept.pop(0)
+            evicted = self.kept.pop(0)
+            if evicted in self.index:
+                # vLLM had evicted one copy of this content and still indexes another: pagedkv's
+                # one copy goes now, vLLM's other stays.
+                self.lost.add(evicted)
         if self._is_indexed(key, block):
             del self.indexed[key]
             if takes_free or evicts_kept:

@@ -47,8 +47,8 @@ def _count_steps_only() -> None:
     (the step the ratio is about), not the loop's fake model output or its trace."""
     build = vs.build_scheduler
 
-    def build_counted(w: vs.Workload, manager: Any) -> Any:
-        scheduler = build(w, manager)
+    def build_counted(w: vs.Workload, manager: Any, scheduler_cls: Any = None) -> Any:
+        scheduler = build(w, manager, scheduler_cls)
         schedule, update = scheduler.schedule, scheduler.update_from_output
         scheduler.schedule = lambda: operator.call(schedule)
         scheduler.update_from_output = lambda out, runner_output: operator.call(update, out, runner_output)

@@ -178,6 +178,48 @@ CONFIGS: dict[str, tuple[dict[str, object], bool]] = {
         dict(requests=24, num_blocks=40, max_num_batched_tokens=128, num_spec_tokens=3, drafter="mtp3-drop"),
         False,
     ),
+    # The same drafters on full attention beside a window group (vLLM's hybrid coordinator:
+    # EAGLE's drop looks one block past the hit in each group; without the drop the
+    # re-prefilled tokens are cached). With the drop they part: requests 1 and 3 compute the
+    # same system prompt in step 0 (two copies in vLLM's index, one in pagedkv's); in step 1
+    # vLLM evicts the first copy's window block and keeps the second's, pagedkv first spends
+    # its free copy and then evicts its one indexed copy, so request 6's look-up hits a block
+    # less on pagedkv (traced at step 1: the shadow's lost content; the schedules part at step
+    # 9, where request 6 is admitted). MTP's on 70 blocks stays identical (2 preemptions).
+    "eagle-full+swa": (
+        dict(
+            requests=24, num_blocks=80, groups=("full", "swa"), window=48, num_spec_tokens=2, drafter="eagle"
+        ),
+        True,
+    ),
+    "mtp3-full+swa": (
+        dict(
+            requests=24, num_blocks=80, groups=("full", "swa"), window=48, num_spec_tokens=3, drafter="mtp3"
+        ),
+        True,
+    ),
+    "eagle-drop-full+swa": (
+        dict(
+            requests=24,
+            num_blocks=80,
+            groups=("full", "swa"),
+            window=48,
+            num_spec_tokens=2,
+            drafter="eagle-drop",
+        ),
+        False,
+    ),
+    "mtp3-drop-full+swa": (
+        dict(
+            requests=24,
+            num_blocks=70,
+            groups=("full", "swa"),
+            window=48,
+            num_spec_tokens=3,
+            drafter="mtp3-drop",
+        ),
+        True,
+    ),
     # Full attention beside an align-mode Mamba group (MambaSpec; the scheduler ends prefill
     # chunks at block boundaries and at the shared-prefix boundary get_computed_blocks reports):
     # whole-prompt and chunk-only admission, async scheduling. Each preempts and hits.
@@ -308,6 +350,7 @@ TRACED_AT = {
     "connector-sync-full+swa+mamba-tight": "spared_copy_since",
     "swa+mamba-tight": "spared_copy_since",
     "2full+swa+mamba-tight": "spared_copy_since",
+    "eagle-drop-full+swa": "spared_copy_since",
 }
 
 

@@ -145,6 +145,13 @@ def admit(
     tokens = request._all_token_ids  # the list behind all_token_ids (a read-only view)
     # A connector's tokens are scheduled tokens of the admission (their slots allocated).
     num_scheduled = num_external + num_new_tokens
+    excess = num_new_computed_tokens + num_scheduled - request.num_tokens
+    if excess > 0:
+        # Slots past the request's tokens (vLLM's own tests schedule a whole prompt on top of
+        # its hit; its scheduler never does): vLLM allocates them, the core computes no token
+        # it has no id of, so they are lookahead slots there.
+        num_scheduled -= excess
+        num_lookahead_tokens += excess
     skip = capped = False
     if manager.enable_caching:
         skip = request.skip_reading_prefix_cache
@@ -241,7 +248,13 @@ def admit(
         if delay_cache_blocks:
             manager._held_hashes[request.request_id] = True  # until its load finished
         else:
-            manager._give_held_hashes(manager, request, state, end, False)
+            try:
+                manager._give_held_hashes(manager, request, state, end, False)
+            except BaseException:
+                # Not half-admitted: the sequence and its record go (the error names why).
+                del manager._reqs[request.request_id]
+                manager._core.free(seq_id)
+                raise
             records.set_quick_fences(manager, state)  # the hashes it gave
     if skip_zeroing_group_ids and num_external and manager._record_new_block_ids:
         # vLLM leaves the external tokens' blocks of these groups out of its zeroing list (an

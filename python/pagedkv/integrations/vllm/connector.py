@@ -223,7 +223,10 @@ def give_held_hashes(
         check_window_rollback(manager, seq_id, watermark)
     all_hashes = request.block_hashes
     new_hashes = all_hashes[num_hashes : min(len(all_hashes), state[2] // bs)]
-    manager._core.provide_token_ids(seq_id, [], num_computed_tokens=watermark, block_hashes=new_hashes)
+    # The core computes no token it has no id of (slots allocated past the known tokens are
+    # not computed there): its watermark stops at the ids, the scheduler's may run past them.
+    core_watermark = watermark if watermark <= state[2] else state[2]
+    manager._core.provide_token_ids(seq_id, [], num_computed_tokens=core_watermark, block_hashes=new_hashes)
     state[3] = num_hashes + len(new_hashes)
     # No advance is deferred here (the request made no allocate_slots since its admission):
     # the core's watermark is the scheduler's.

@@ -26,9 +26,15 @@ and how this module gives the same answers:
 
 Everything here is installed at construction (``install``) and only when an option is set with
 prefix caching on (without it vLLM caches nothing and the options change nothing): the plain
-configuration keeps the manager's own paths, untouched. Refused, by name: these options with
-more than one KV-cache group or a sliding-window group (vLLM's hybrid coordinator looks one
-block past the hit before dropping it, per group), and with a KV connector's calls.
+configuration keeps the manager's own paths, untouched.
+
+On several groups, or one sliding-window group, vLLM's coordinators answer the same options
+with two differences, both followed here: EAGLE's drop applies to the groups vLLM marks as
+EAGLE groups, each finder looking one block past the candidate hit before dropping back
+(eagle_hits.py); and without the drop (lookahead hashing clears it) its hybrid coordinator
+caches the re-prefillable tokens too (no cap). Refused, by name: these options beside a Mamba,
+cross-attention or other group kind; prefill lookahead with the drop on some groups only
+(vLLM caches those groups to another point than the rest); and a KV connector's calls.
 """
 
 from __future__ import annotations
@@ -37,11 +43,12 @@ import functools
 from typing import Any
 
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, SlidingWindowSpec
 from vllm.v1.request import Request
 
 from pagedkv.errors import InvalidArgumentError, UnsupportedVllmFeatureError
-from pagedkv.integrations.vllm import records
+from pagedkv.integrations.vllm import eagle_hits, records
+from pagedkv.integrations.vllm.eagle_hits import drop_group_ids
 from pagedkv.integrations.vllm.hit_blocks import hit_blocks
 
 # The manager (manager.py) is typed ``Any`` here: manager.py imports this module, and the
@@ -79,16 +86,26 @@ def check_options(
     if not enable_caching or not (use_eagle or num_hash_lookahead_tokens or num_prefill_lookahead):
         return False
     groups = kv_cache_config.kv_cache_groups
-    if len(groups) != 1 or type(groups[0].kv_cache_spec) is not FullAttentionSpec:
+    if any(type(g.kv_cache_spec) not in (FullAttentionSpec, SlidingWindowSpec) for g in groups):
         raise UnsupportedVllmFeatureError(
             f"{_named(use_eagle, num_hash_lookahead_tokens, num_prefill_lookahead)} with "
             f"{len(groups)} KV-cache groups ({', '.join(type(g.kv_cache_spec).__name__ for g in groups)}): "
-            "pagedkv's vLLM manager supports them on one full-attention group"
+            "pagedkv's vLLM manager supports them on full-attention and sliding-window groups"
+        )
+    drops = drop_group_ids(kv_cache_config, use_eagle)
+    if len(groups) > 1 and num_prefill_lookahead > 1 and drops and len(drops) < len(groups):
+        # vLLM's hybrid coordinator caches an EAGLE group's blocks up to the finalized tokens
+        # and the others' up to the computed ones: two caching points per request, where the
+        # core keeps one (the request's hashes).
+        raise UnsupportedVllmFeatureError(
+            f"prefill lookahead (num_prefill_lookahead={num_prefill_lookahead}) with EAGLE's "
+            f"dropped block on some KV-cache groups only (is_eagle_group on {sorted(drops)} of "
+            f"{len(groups)}): vLLM caches those groups' blocks to a different point"
         )
     # vLLM's coordinator refuses a prefill lookahead past one block on an EAGLE group: the
     # dropped tail (one block) must hold the re-prefilled tokens.
     if (
-        use_eagle or getattr(groups[0], "is_eagle_group", False)
+        use_eagle or any(getattr(g, "is_eagle_group", False) for g in groups)
     ) and scheduler_block_size < num_prefill_lookahead:
         raise InvalidArgumentError(
             f"Multi-module MTP with prefix caching requires scheduler_block_size"
@@ -103,17 +120,29 @@ def install(manager: KVCacheManager, use_eagle: bool, num_prefill_lookahead: int
     drop or prefill lookahead, every admission takes the hashes of its hit only
     (``_hold_all_hashes``) and gets the others capped; with prefill lookahead, the running
     requests' hashes are capped too; with EAGLE's drop, ``get_computed_blocks`` drops the
-    hit's last block."""
-    manager._reprefill_tokens = max(0, num_prefill_lookahead - 1)
-    if not (use_eagle or manager._reprefill_tokens):
+    hit's last block (eagle_hits.py for more than one full-attention group).
+
+    The re-prefilled tokens are left uncached as vLLM's coordinators leave them: one group
+    (its unitary coordinator) always; several (its hybrid coordinator) only in the groups
+    that drop a block, all of them or none here (check_options refuses a mix)."""
+    config = manager.kv_cache_config
+    drops = drop_group_ids(config, use_eagle)
+    reprefill = max(0, num_prefill_lookahead - 1)
+    hybrid = len(config.kv_cache_groups) > 1
+    manager._reprefill_tokens = 0 if hybrid and not drops else reprefill
+    if not (drops or manager._reprefill_tokens):
         return  # lookahead hashing alone: the manager's own paths (events.py writes its events)
     manager._hold_all_hashes = True
     manager._give_held_hashes = give_held_hashes
     if manager._reprefill_tokens:
         manager._give_ids = give_ids
-    if use_eagle:
+    if drops:
         # An instance attribute: the plain configuration's look-up stays the class's own.
-        manager.get_computed_blocks = functools.partial(get_computed_blocks, manager)
+        look_up = (
+            get_computed_blocks if manager.full_attention_only and not hybrid else get_hybrid_computed_blocks
+        )
+        manager.get_computed_blocks = functools.partial(look_up, manager)
+        manager._eagle_drop_groups = drops
 
 
 def _hash_cap(manager: KVCacheManager, state: list[int], num_tokens_to_cache: int) -> int:
@@ -169,8 +198,12 @@ def give_held_hashes(
     all_hashes = request.block_hashes
     hashes_end = min(len(all_hashes), state[2] // bs, _hash_cap(manager, state, min(end, num_tokens)))
     if hashes_end > num_hashes:
+        # (the core's watermark stops at the known ids, as in connector.give_held_hashes)
         manager._core.provide_token_ids(
-            state[0], [], num_computed_tokens=end, block_hashes=all_hashes[num_hashes:hashes_end]
+            state[0],
+            [],
+            num_computed_tokens=end if end <= state[2] else state[2],
+            block_hashes=all_hashes[num_hashes:hashes_end],
         )
         state[3] = hashes_end
         if manager._events is not None:
@@ -207,6 +240,29 @@ def get_computed_blocks(
     if manager._events is not None and getattr(request, "kv_cache_report_mode", None) == "full":
         manager._events.report_hit(request, hit // bs, manager.num_kv_cache_groups)
     return hit_blocks(manager, all_hashes, hit), hit, 0
+
+
+def get_hybrid_computed_blocks(
+    manager: KVCacheManager, request: Request, max_cache_hit_length: int | None = None
+) -> tuple[KVCacheBlocks, int, int]:
+    """vLLM's hit with EAGLE's drop on several groups or a sliding-window group
+    (eagle_hits.py), and its shared-prefix boundary. The admission takes exactly this hit
+    (``_hold_all_hashes``)."""
+    if not manager.prefix_cache_lookup_enabled(request):
+        return manager.empty_kv_cache_blocks, 0, 0
+    if manager._hit_caps:
+        manager._hit_caps.pop(request.request_id, None)
+    if max_cache_hit_length is None:
+        max_cache_hit_length = request.num_tokens - 1
+    all_hashes = request.block_hashes
+    hit, boundary = eagle_hits.find_longest_cache_hit(
+        manager, all_hashes, max_cache_hit_length, manager._eagle_drop_groups
+    )
+    if hit == 0:
+        return manager.empty_kv_cache_blocks, 0, boundary
+    if manager._events is not None and getattr(request, "kv_cache_report_mode", None) == "full":
+        manager._events.report_hit(request, hit // manager.block_size, manager.num_kv_cache_groups)
+    return hit_blocks(manager, all_hashes, hit), hit, boundary
 
 
 def check_external_admission(manager: KVCacheManager) -> None:

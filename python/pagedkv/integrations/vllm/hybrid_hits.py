@@ -73,7 +73,7 @@ def spec_groups(manager: KVCacheManager) -> list[tuple[Any, list[int]]]:
     return sets
 
 
-def _cached(manager: KVCacheManager, block_hash: Any, group_ids: list[int]) -> list[int] | None:
+def cached_in_groups(manager: KVCacheManager, block_hash: Any, group_ids: list[int]) -> list[int] | None:
     """The block each group of ``group_ids`` holds under ``block_hash``, or None when one misses
     (vLLM's ``get_cached_block`` over the set)."""
     core = manager._core
@@ -91,7 +91,7 @@ def _full_attention_hit(
 ) -> list[list[int]]:
     rows: list[list[int]] = [[] for _ in group_ids]
     for i in range(min(max_blocks, len(hashes))):
-        found = _cached(manager, hashes[i], group_ids)
+        found = cached_in_groups(manager, hashes[i], group_ids)
         if found is None:
             break
         for row, b in zip(rows, found, strict=True):
@@ -106,7 +106,7 @@ def _window_hit(
     rows = [[0] * max_blocks for _ in group_ids]
     run = 0
     for i in range(max_blocks - 1, -1, -1):
-        found = _cached(manager, hashes[i], group_ids)
+        found = cached_in_groups(manager, hashes[i], group_ids)
         if found is None:
             run = 0
             continue
@@ -123,7 +123,7 @@ def _state_hit(
     manager: KVCacheManager, hashes: Sequence[Any], group_ids: list[int], max_blocks: int
 ) -> list[list[int]]:
     for i in range(max_blocks - 1, -1, -1):
-        found = _cached(manager, hashes[i], group_ids)
+        found = cached_in_groups(manager, hashes[i], group_ids)
         if found is not None:
             return [[0] * i + [b] for b in found]
     return [[] for _ in group_ids]
