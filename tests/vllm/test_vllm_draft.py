@@ -518,29 +518,75 @@ def test_refused_combinations_are_named() -> None:
         make(_config(20), Options(prefill_lookahead=-1))
 
 
-def test_connector_tokens_are_refused_with_the_drop() -> None:
-    """A KV connector's external tokens with EAGLE's drop: refused at the call, by name,
-    nothing allocated."""
-    from pagedkv.errors import UnsupportedVllmFeatureError
+@pytest.mark.parametrize("external_blocks", [1, 2, 3])
+@pytest.mark.parametrize("config", ["eagle-drop", "mtp3-drop", "eagle-drop-full-swa", "mtp3-drop-full-swa"])
+def test_connector_tokens_with_the_drop_are_answered_as_vllms(config: str, external_blocks: int) -> None:
+    """A KV connector's synchronous load after a hit with EAGLE's drop (vLLM turns lookahead
+    hashing off with a connector, so EAGLE with a connector always drops): the hit's blocks,
+    the connector's blocks and the computed ones are allocated and cached as vLLM's manager
+    allocates and caches them (multi-token prediction's re-prefillable tokens left uncached),
+    and a later request hits what vLLM's does."""
+    from vllm.v1.request import RequestStatus
 
-    run = _Run("pagedkv", Options(use_eagle=True))
-    r = run.request("r", list(range(1, 13)))
-    free = run.m.block_pool.get_num_free_blocks()
-    with pytest.raises(UnsupportedVllmFeatureError, match="KV connector"):
-        run.m.allocate_slots(r, 4, num_external_computed_tokens=8)
-    assert run.m.block_pool.get_num_free_blocks() == free
-    run.m.check_invariants()
+    external = external_blocks * BS
+
+    def scenario(run: _Run) -> None:
+        shared = list(range(1, 4 * BS + 1))
+        first = run.request("first", shared + [90, 91, 92])
+        _admit(run, first)
+        # (first stays: the block the drop recomputes is then a private copy in both indexes'
+        # eyes; freed, vLLM would serve its evictable original, Duplicate copies)
+        r = run.request("r", shared + list(range(200, 200 + 4 * BS + 3)))
+        blocks, hit = run.m.get_computed_blocks(r)[:2]
+        n = r.num_tokens - hit - external
+        got = run.m.allocate_slots(r, n, hit, blocks, num_external_computed_tokens=external)
+        run.note(f"admit r hit {hit} external {external}", r, _new_blocks(got))
+        r.status = RequestStatus.RUNNING
+        r.num_computed_tokens = r.num_tokens
+        r.append_output_token_ids(5)
+        run.m.cache_blocks(r, r.num_computed_tokens)
+        run.note("cache_blocks r", r, None)
+        probe = run.request("later", [*r.all_token_ids, 7, 7, 7, 7])
+        _admit(run, probe)
+
+    seen = _one(CONFIGS[config], scenario)
+    assert int(seen[1][0].split()[3]) > 0  # the drop left a hit under the connector's tokens
+    assert seen[-1][3][0] > int(seen[1][0].split()[3])  # the later request hits past it
 
 
-def test_scheduler_refuses_a_connector_with_the_drop(vllm_scheduler: Any) -> None:
-    """``PagedkvScheduler`` names a KV connector with EAGLE's dropped block at construction
-    (the manager would refuse the connector's calls); without the drop it builds."""
-    from pagedkv.errors import UnsupportedVllmFeatureError
+def test_async_loads_with_the_drop_cache_as_vllms() -> None:
+    """A connector's asynchronous load with EAGLE's drop and prefill lookahead: the load's
+    blocks are held unindexed until it finished, then cached to vLLM's point (``cache_blocks``
+    of the loaded tokens less the re-prefillable ones)."""
+    from vllm.v1.request import RequestStatus
+
+    def scenario(run: _Run) -> None:
+        r = run.request("r", list(range(1, 6 * BS + 3)))
+        got = run.m.allocate_slots(r, 0, num_external_computed_tokens=5 * BS, delay_cache_blocks=True)
+        run.note("admit async", r, _new_blocks(got))
+        r.status = RequestStatus.WAITING
+        r.num_computed_tokens = 5 * BS
+        run.m.cache_blocks(r, 5 * BS)
+        run.note("load finished", r, None)
+        blocks, hit = run.m.get_computed_blocks(r)[:2]
+        assert blocks is not None
+        got = run.m.allocate_slots(r, r.num_tokens - 5 * BS, 0, None)
+        run.note("resume", r, _new_blocks(got))
+
+    for name in ("mtp3-drop", "eagle-drop", "mtp3-drop-full-swa"):
+        seen = _one(CONFIGS[name], scenario)
+        assert seen[1][5] == (4 if name.startswith("mtp3") else 5) * BS  # the loaded blocks cached
+        if name.endswith("drop"):
+            assert seen[1][3][0] > 0  # and hit (beside a window only its last blocks are held)
+
+
+def test_scheduler_takes_a_connector_with_the_drop(vllm_scheduler: Any) -> None:
+    """``PagedkvScheduler`` builds with a KV connector and EAGLE's dropped block or MTP's
+    prefill lookahead (the schedules are the scheduler differential's connector configs)."""
     from pagedkv.integrations.vllm import KVCacheManager, PagedkvScheduler
 
     module = vllm_scheduler
-    w = module.Workload(requests=2, num_blocks=40, num_spec_tokens=2, connector="sync", drafter="eagle-drop")
-    with pytest.raises(UnsupportedVllmFeatureError, match="KV connector"):
-        module.build_scheduler(w, KVCacheManager, PagedkvScheduler)
-    w = module.Workload(requests=2, num_blocks=40, num_spec_tokens=2, drafter="eagle-drop")
-    assert module.build_scheduler(w, KVCacheManager, PagedkvScheduler) is not None
+    for drafter in ("eagle-drop", "mtp3-drop"):
+        w = module.Workload(requests=2, num_blocks=40, num_spec_tokens=2, connector="sync", drafter=drafter)
+        scheduler = module.build_scheduler(w, None, PagedkvScheduler)
+        assert isinstance(scheduler.kv_cache_manager, KVCacheManager)

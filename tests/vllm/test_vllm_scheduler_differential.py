@@ -220,6 +220,46 @@ CONFIGS: dict[str, tuple[dict[str, object], bool]] = {
         ),
         True,
     ),
+    # A KV connector with EAGLE's drop (vLLM turns lookahead hashing off with a connector) or
+    # MTP's drop: the local hit drops a block under the connector's tokens. Parted after
+    # vLLM's revived copies (steps 8 and 6; the schedules part at 24 and 34; beside a window,
+    # on 72 blocks, 66 and 68). EAGLE's drop with mixed
+    # loads on full attention alone stops vLLM's own scheduler (its assertion in
+    # _update_from_kv_xfer_finished), so it is not compared.
+    "connector-sync-eagle-drop": (
+        dict(
+            requests=24,
+            num_blocks=40,
+            max_num_batched_tokens=128,
+            num_spec_tokens=2,
+            drafter="eagle-drop",
+            connector="sync",
+        ),
+        False,
+    ),
+    "connector-mixed-mtp3-drop": (
+        dict(
+            requests=24,
+            num_blocks=40,
+            max_num_batched_tokens=128,
+            num_spec_tokens=3,
+            drafter="mtp3-drop",
+            connector="mixed",
+        ),
+        False,
+    ),
+    "connector-mixed-eagle-drop-full+swa": (
+        dict(
+            requests=24,
+            num_blocks=72,
+            groups=("full", "swa"),
+            window=48,
+            num_spec_tokens=2,
+            drafter="eagle-drop",
+            connector="mixed",
+        ),
+        False,
+    ),
     # Full attention beside an align-mode Mamba group (MambaSpec; the scheduler ends prefill
     # chunks at block boundaries and at the shared-prefix boundary get_computed_blocks reports):
     # whole-prompt and chunk-only admission, async scheduling. Each preempts and hits.

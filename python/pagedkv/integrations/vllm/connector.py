@@ -207,7 +207,12 @@ def num_blocks_to_allocate(
 
 
 def give_held_hashes(
-    manager: KVCacheManager, request: Any, state: list[int], num_computed_tokens: int, loaded: bool
+    manager: KVCacheManager,
+    request: Any,
+    state: list[int],
+    num_computed_tokens: int,
+    loaded: bool,
+    max_hashes: int | None = None,
 ) -> None:
     """Gives the core the hashes an admission held back (an async load's, once it finished; a
     capped hit's, right after the admission), as far as its token ids are known, with the
@@ -215,14 +220,18 @@ def give_held_hashes(
     enter the index, as vLLM's ``cache_blocks`` caches them. A load (``loaded``) that covered
     the whole prompt stops one token short: the scheduler recomputes the last token (to
     sample), and the core never rolls a sequence back into indexed blocks; its block is indexed
-    when computed."""
+    when computed. ``max_hashes``: the most hashes the request may have given (a drafter's
+    re-prefillable tokens stay uncached, draft.py)."""
     bs = manager.block_size
     watermark = min(num_computed_tokens, request.num_tokens - 1) if loaded else num_computed_tokens
     seq_id, num_hashes = state[0], state[3]
     if loaded:
         check_window_rollback(manager, seq_id, watermark)
     all_hashes = request.block_hashes
-    new_hashes = all_hashes[num_hashes : min(len(all_hashes), state[2] // bs)]
+    hashes_end = min(len(all_hashes), state[2] // bs)
+    if max_hashes is not None and max_hashes < hashes_end:
+        hashes_end = max_hashes
+    new_hashes = all_hashes[num_hashes:hashes_end]
     # The core computes no token it has no id of (slots allocated past the known tokens are
     # not computed there): its watermark stops at the ids, the scheduler's may run past them.
     core_watermark = watermark if watermark <= state[2] else state[2]

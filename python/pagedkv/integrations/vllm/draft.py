@@ -34,7 +34,13 @@ EAGLE groups, each finder looking one block past the candidate hit before droppi
 (eagle_hits.py); and without the drop (lookahead hashing clears it) its hybrid coordinator
 caches the re-prefillable tokens too (no cap). Refused, by name: these options beside a Mamba,
 cross-attention or other group kind; prefill lookahead with the drop on some groups only
-(vLLM caches those groups to another point than the rest); and a KV connector's calls.
+(vLLM caches those groups to another point than the rest).
+
+A KV connector's tokens (vLLM turns lookahead hashing off with a connector, so EAGLE there
+always drops): the local hit is the dropped one; a synchronous load's admission is given its
+hit's hashes and then the others up to the cap, as any admission here; an asynchronous load's
+hashes are held until it finished and then given by connector.give_held_hashes (its
+watermark rule) up to the same cap (``give_held_hashes``).
 """
 
 from __future__ import annotations
@@ -47,7 +53,7 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, Sliding
 from vllm.v1.request import Request
 
 from pagedkv.errors import InvalidArgumentError, UnsupportedVllmFeatureError
-from pagedkv.integrations.vllm import eagle_hits, records
+from pagedkv.integrations.vllm import connector, eagle_hits, records
 from pagedkv.integrations.vllm.eagle_hits import drop_group_ids
 from pagedkv.integrations.vllm.hit_blocks import hit_blocks
 
@@ -187,11 +193,20 @@ def give_held_hashes(
 ) -> None:
     """After an admission given the hashes of its hit only: the others, as far as the ids and
     the prefill-lookahead cap reach (vLLM's ``cache_blocks(request, min(end, num_tokens))`` at
-    the end of its ``allocate_slots``), with the core's watermark ``end``."""
+    the end of its ``allocate_slots``), with the core's watermark ``end``. After a KV
+    connector's async load (``loaded``): connector.give_held_hashes (the load's watermark rule)
+    with the same cap, of the ``end`` tokens vLLM's ``cache_blocks`` is given when the load
+    finished."""
     if loaded:
-        raise UnsupportedVllmFeatureError(
-            "a KV connector's async load with EAGLE's dropped block, lookahead hashing or prefill lookahead"
+        connector.give_held_hashes(
+            manager,
+            request,
+            state,
+            end,
+            True,
+            max_hashes=_hash_cap(manager, state, min(end, request.num_tokens)),
         )
+        return
     bs = manager.block_size
     num_tokens = request.num_tokens
     num_hashes = state[3]
@@ -263,13 +278,3 @@ def get_hybrid_computed_blocks(
     if manager._events is not None and getattr(request, "kv_cache_report_mode", None) == "full":
         manager._events.report_hit(request, hit // manager.block_size, manager.num_kv_cache_groups)
     return hit_blocks(manager, all_hashes, hit), hit, boundary
-
-
-def check_external_admission(manager: KVCacheManager) -> None:
-    """A KV connector's tokens with these options: refused (the connector's paths give hashes
-    without the drop and the cap)."""
-    if manager._hold_all_hashes:
-        raise UnsupportedVllmFeatureError(
-            "a KV connector's external tokens / async loads with EAGLE's dropped block, lookahead "
-            "hashing or prefill lookahead"
-        )

@@ -312,7 +312,6 @@ class KVCacheManager:
             external = bool(num_external_computed_tokens or delay_cache_blocks or reserved_blocks)
             diverged = False  # the admission takes a diverged hit (hybrid_hits.check_admission)
             if external:
-                draft.check_external_admission(self)
                 connector.check_external_admission(
                     self,
                     num_external_computed_tokens,
@@ -473,7 +472,7 @@ class KVCacheManager:
         ):
             return
         if self._held_hashes and self._held_hashes.pop(request.request_id, False):
-            connector.give_held_hashes(self, request, state, num_computed_tokens, loaded=True)
+            self._give_held_hashes(self, request, state, num_computed_tokens, True)
         elif self._give_ids(
             self, request, state, num_computed_tokens, request.num_computed_tokens, num_computed_tokens
         ):

@@ -50,18 +50,6 @@ def _check_vllm_config(vllm_config: Any, kv_cache_config: Any) -> None:
                     "full-attention and sliding-window groups, and on full attention of one "
                     "spec beside Mamba groups"
                 )
-    spec = getattr(vllm_config, "speculative_config", None)
-    if (
-        getattr(vllm_config, "kv_transfer_config", None) is not None
-        and spec is not None
-        and getattr(getattr(vllm_config, "cache_config", None), "enable_prefix_caching", False)
-        and (spec.use_eagle_block_drop() or vllm_config.num_prefill_lookahead_tokens > 1)
-    ):
-        # The manager refuses a connector's calls then (draft.py): say so up front.
-        raise UnsupportedVllmFeatureError(
-            "a KV connector (kv_transfer_config) with EAGLE's dropped hit block or multi-module "
-            "MTP's prefill lookahead (speculative_config) and prefix caching"
-        )
 
 
 @contextmanager
