@@ -36,6 +36,15 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "full": {},
     "async": {"async_scheduling": True},
     "full+window64": {"groups": ("full", "swa"), "window": 64},
+    # EAGLE drafters beside a window group (draft.py): lookahead hashes, and the dropped block
+    # (eagle_hits.py's look-up in Python)
+    "eagle+window64": {"groups": ("full", "swa"), "window": 64, "num_spec_tokens": 2, "drafter": "eagle"},
+    "eagle-drop+window64": {
+        "groups": ("full", "swa"),
+        "window": 64,
+        "num_spec_tokens": 2,
+        "drafter": "eagle-drop",
+    },
 }
 WORKLOAD = dict(
     requests=200,
