@@ -228,33 +228,47 @@ def give_held_hashes(
         state[4] = cached
 
 
+def _bound(manager: KVCacheManager, request: Request, max_cache_hit_length: int | None) -> int | None:
+    """A look-up's bound (default ``num_tokens - 1``), None when the request skips the cache.
+    A capped hit's note goes: the admission takes exactly the hit (``_hold_all_hashes``)."""
+    if not manager.prefix_cache_lookup_enabled(request):
+        return None
+    if manager._hit_caps:
+        manager._hit_caps.pop(request.request_id, None)
+    return request.num_tokens - 1 if max_cache_hit_length is None else max_cache_hit_length
+
+
+def _answer(
+    manager: KVCacheManager, request: Request, hit: int, boundary: int
+) -> tuple[KVCacheBlocks, int, int]:
+    """The look-up's answer for a hit of ``hit`` tokens (its "full" report-mode events too)."""
+    if hit == 0:
+        return manager.empty_kv_cache_blocks, 0, boundary
+    if manager._events is not None and getattr(request, "kv_cache_report_mode", None) == "full":
+        manager._events.report_hit(request, hit // manager.block_size, manager.num_kv_cache_groups)
+    return hit_blocks(manager, request.block_hashes, hit), hit, boundary
+
+
 def get_computed_blocks(
     manager: KVCacheManager, request: Request, max_cache_hit_length: int | None = None
 ) -> tuple[KVCacheBlocks, int, int]:
-    """vLLM's hit with EAGLE's drop: the longest run of cached blocks within
-    ``max_cache_hit_length`` (default ``num_tokens - 1``), less its last block. The admission
-    takes exactly this hit (``_hold_all_hashes``)."""
-    if not manager.prefix_cache_lookup_enabled(request):
+    """vLLM's hit with EAGLE's drop on one full-attention group: the longest run of cached
+    blocks within ``max_cache_hit_length`` (default ``num_tokens - 1``), less its last block.
+    The admission takes exactly this hit (``_hold_all_hashes``)."""
+    bound = _bound(manager, request, max_cache_hit_length)
+    if bound is None:
         return manager.empty_kv_cache_blocks, 0, 0
-    if manager._hit_caps:
-        manager._hit_caps.pop(request.request_id, None)
-    if max_cache_hit_length is None:
-        max_cache_hit_length = request.num_tokens - 1
     bs = manager.block_size
     all_hashes = request.block_hashes
     # capped at the pool's blocks, as get_computed_blocks' (admission.py)
-    num_blocks = min(max(0, max_cache_hit_length) // bs, len(all_hashes), manager.capacity.usable_blocks)
+    num_blocks = min(max(0, bound) // bs, len(all_hashes), manager.capacity.usable_blocks)
     if num_blocks == 0:
         return manager.empty_kv_cache_blocks, 0, 0
     hit = manager._core.match_prefix(
         request._all_token_ids[: num_blocks * bs + 1], block_hashes=all_hashes[:num_blocks]
     )
-    if hit <= bs:  # nothing, or one block, dropped
-        return manager.empty_kv_cache_blocks, 0, 0
-    hit -= bs
-    if manager._events is not None and getattr(request, "kv_cache_report_mode", None) == "full":
-        manager._events.report_hit(request, hit // bs, manager.num_kv_cache_groups)
-    return hit_blocks(manager, all_hashes, hit), hit, 0
+    # nothing, or one block, dropped: no hit
+    return _answer(manager, request, hit - bs if hit > bs else 0, 0)
 
 
 def get_hybrid_computed_blocks(
@@ -263,18 +277,10 @@ def get_hybrid_computed_blocks(
     """vLLM's hit with EAGLE's drop on several groups or a sliding-window group
     (eagle_hits.py), and its shared-prefix boundary. The admission takes exactly this hit
     (``_hold_all_hashes``)."""
-    if not manager.prefix_cache_lookup_enabled(request):
+    bound = _bound(manager, request, max_cache_hit_length)
+    if bound is None:
         return manager.empty_kv_cache_blocks, 0, 0
-    if manager._hit_caps:
-        manager._hit_caps.pop(request.request_id, None)
-    if max_cache_hit_length is None:
-        max_cache_hit_length = request.num_tokens - 1
-    all_hashes = request.block_hashes
     hit, boundary = eagle_hits.find_longest_cache_hit(
-        manager, all_hashes, max_cache_hit_length, manager._eagle_drop_groups
+        manager, request.block_hashes, bound, manager._eagle_drop_groups
     )
-    if hit == 0:
-        return manager.empty_kv_cache_blocks, 0, boundary
-    if manager._events is not None and getattr(request, "kv_cache_report_mode", None) == "full":
-        manager._events.report_hit(request, hit // manager.block_size, manager.num_kv_cache_groups)
-    return hit_blocks(manager, all_hashes, hit), hit, boundary
+    return _answer(manager, request, hit, boundary)
