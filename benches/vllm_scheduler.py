@@ -29,7 +29,7 @@ import random
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -425,6 +425,8 @@ def run(
     loop_starts: Callable[[], object] | None = None,
     trace_zeroing: bool = False,
     scheduler_cls: Any = None,
+    requests: Sequence[Any] | None = None,
+    loop_ends: Callable[[Any], object] | None = None,
 ) -> Trace:
     """One scheduler run of workload `w` on `manager`; its trace (`count_calls`: with the
     manager's calls counted and timed, which slows the run: not for the step-time ratio;
@@ -439,7 +441,9 @@ def run(
     `loop_starts`: called once the scheduler is built and the requests added, before the first
     step; `trace_zeroing`: ``Trace.zeroing``, which reads every request's block ids each step;
     `scheduler_cls`: another scheduler class, built as `build_scheduler` does, `manager` None
-    for the class's own manager: ``Trace.manager_type`` says which manager ran)."""
+    for the class's own manager: ``Trace.manager_type`` says which manager ran; `requests`: these
+    requests instead of the workload's own (``make_requests``); `loop_ends`: called with the
+    scheduler once every request finished)."""
     scheduler = build_scheduler(w, manager, scheduler_cls)
     if freeze_heap:
         from vllm.utils.gc_utils import freeze_gc_heap
@@ -457,6 +461,8 @@ def run(
             watch_copies,
             loop_starts,
             trace_zeroing,
+            requests,
+            loop_ends,
         )
     finally:
         if freeze_heap:
@@ -474,9 +480,11 @@ def _run_steps(
     watch_copies: bool,
     loop_starts: Callable[[], object] | None,
     trace_zeroing: bool = False,
+    given_requests: Sequence[Any] | None = None,
+    loop_ends: Callable[[Any], object] | None = None,
 ) -> Trace:
     """`run`'s requests and steps on a built `scheduler`."""
-    requests = make_requests(w)
+    requests = make_requests(w) if given_requests is None else list(given_requests)
     for request in requests:
         scheduler.add_request(request)
     rng = random.Random(1)
@@ -543,6 +551,8 @@ def _run_steps(
         if len(trace.steps) > max_steps:
             raise RuntimeError(f"did not finish in {max_steps} steps")
     trace.preemptions = sum(r.num_preemptions for r in requests)
+    if loop_ends is not None:
+        loop_ends(scheduler)
     return trace
 
 

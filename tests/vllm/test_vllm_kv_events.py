@@ -12,7 +12,6 @@ removals of copies pagedkv never made (docs/integrations/vllm.md, KV events).
 
 from __future__ import annotations
 
-import random
 from collections import Counter
 from types import ModuleType
 from typing import Any
@@ -74,30 +73,21 @@ def _requests(module: ModuleType, w: Any, extras: bool) -> list[Any]:
 
 
 def _run(module: ModuleType, w: Any, manager: Any, extras: bool) -> tuple[list[list[Any]], int | None]:
-    """Events per step of one scheduler run (the last step: a prefix-cache reset once every
-    request finished), and the first step after which vLLM's index held two copies of one
-    content (None: never, or not vLLM's manager): in that step vLLM stored the second copy."""
-    scheduler = module.build_scheduler(w, _recording(manager))
-    for request in _requests(module, w, extras):
-        scheduler.add_request(request)
-    rng = random.Random(1)
-    kv = scheduler.kv_cache_manager
-    duplicates_since = None
-    steps = 0
-    loading: dict[str, int] = {}  # the fake connector's async loads (the harness reports them done)
-    while scheduler.has_unfinished_requests():
-        out = scheduler.schedule()
-        runner_output = module._runner_output(out, scheduler, rng)
-        if w.connector:
-            runner_output.kv_connector_output = module._finished_loads(scheduler, loading, steps)
-        scheduler.update_from_output(out, runner_output)
-        if duplicates_since is None and module.has_duplicate_copies(kv):
-            duplicates_since = steps
-        steps += 1
-        assert steps < 10_000
-    assert scheduler.reset_prefix_cache()
-    kv.take_events()  # the scheduler publishes the reset's events at its next step
-    return kv.steps, duplicates_since
+    """Events per step of one scheduler run (the harness's loop, benches/vllm_scheduler.py, on
+    these requests; the last step: a prefix-cache reset once every request finished), and the
+    first step after which vLLM's index held two copies of one content (None: never, or not
+    vLLM's manager): in that step vLLM stored the second copy."""
+    managers: list[Any] = []
+
+    def reset(scheduler: Any) -> None:
+        assert scheduler.reset_prefix_cache()
+        scheduler.kv_cache_manager.take_events()  # the scheduler publishes them at its next step
+        managers.append(scheduler.kv_cache_manager)
+
+    trace = module.run(
+        w, _recording(manager), max_steps=10_000, requests=_requests(module, w, extras), loop_ends=reset
+    )
+    return managers[0].steps, trace.duplicates_since
 
 
 def _one_copy(steps: list[list[Any]], block_size: int) -> tuple[list[list[Any]], list[set[Any]]]:
