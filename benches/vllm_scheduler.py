@@ -110,6 +110,10 @@ class Workload:
     # (``SamplingParams.skip_reading_prefix_cache``, as prompt logprobs set it): it hits
     # nothing, and vLLM still caches its blocks for later requests.
     skip_reading_every: int = 0
+    # > 0: the Mamba groups take vLLM's prefill check-points with this alignment (its Mamba2
+    # layers' `num_prefill_checkpoint_blocks=1`, alignment 1): the scheduler stops ending
+    # prefill chunks at block boundaries where the check-point serves.
+    mamba_checkpoint_alignment: int = 0
     seed: int = 0
 
 
@@ -229,11 +233,18 @@ def build_scheduler(w: Workload, manager: Any, scheduler_cls: Any = None) -> Any
         if kind == "swa":
             return SlidingWindowSpec(**shape, sliding_window=w.window)
         if kind == "mamba":
+            checkpoints: dict[str, Any] = {}
+            if w.mamba_checkpoint_alignment:
+                checkpoints = dict(
+                    num_prefill_checkpoint_blocks=1,
+                    prefill_checkpoint_alignment=w.mamba_checkpoint_alignment,
+                )
             return MambaSpec(
                 block_size=w.block_size,
                 shapes=((1,), (1,)),
                 dtypes=(torch.float32,),
                 mamba_cache_mode="align",
+                **checkpoints,
             )
         raise ValueError(f"unknown KV group kind {kind!r}")
 

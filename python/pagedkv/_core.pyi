@@ -218,6 +218,7 @@ class KvCacheManager:
         reserved_blocks: int = 0,
         num_external_computed_tokens: int = 0,
         diverged_hit: bool = False,
+        prefill_checkpoint: tuple[int, int] | None = None,
     ) -> int:
         """Admits a prompt (``token_ids`` ``[n]``, or only ``num_tokens``: never hashed);
         returns how many of its tokens were served from the prefix cache. ``num_scheduled``:
@@ -249,6 +250,7 @@ class KvCacheManager:
         num_lookahead_tokens: int = 0,
         num_in_flight_tokens: int = 0,
         num_computed_tokens: int | None = None,
+        prefill_checkpoint: tuple[int, int] | None = None,
     ) -> bool:
         """vLLM's per-chunk ``allocate_slots``: slots for the tokens scheduled now plus
         lookahead; the window release at ``num_computed - num_in_flight_tokens`` first (it

@@ -78,6 +78,11 @@ CONFIGS = {
     "eagle-drop-small-pool-full-swa": Options(
         use_eagle=True, prefill_lookahead=1, num_blocks=22, slot_lookahead=2, windows=(8,)
     ),
+    # is_eagle_group on one of two full-attention groups of one spec: vLLM marks the whole
+    # spec set, so both drop and cache to the same point (not a mix)
+    "mtp3-drop-flagged-same-spec": Options(
+        num_blocks=600, use_eagle=True, prefill_lookahead=3, slot_lookahead=3, groups=2, eagle_groups=(0,)
+    ),
     "mtp3-drop-full-swa": Options(
         num_blocks=600, use_eagle=True, prefill_lookahead=3, slot_lookahead=3, windows=(8,)
     ),
@@ -510,6 +515,20 @@ def test_refused_combinations_are_named() -> None:
     with pytest.raises(UnsupportedVllmFeatureError, match="some KV-cache groups only"):
         make(_config(20, opts=mixed), mixed)
     make(_config(20, opts=mixed), Options(use_eagle=True, prefill_lookahead=1))
+    # The drop on a window of one token (vLLM caches its blocks for the peek only)
+    one = Options(use_eagle=True, windows=(1,))
+    with pytest.raises(UnsupportedVllmFeatureError, match="window of one token"):
+        make(_config(20, opts=one), one)
+    # vLLM's engine widens its windows for multi-module MTP (extra_retained_tokens): refused
+    import dataclasses
+
+    config = _config(20, window=8)
+    group = config.kv_cache_groups[1]
+    config.kv_cache_groups[1] = dataclasses.replace(
+        group, kv_cache_spec=dataclasses.replace(group.kv_cache_spec, extra_retained_tokens=2)
+    )
+    with pytest.raises(UnsupportedVllmFeatureError, match="extra_retained_tokens=2"):
+        make(config, Options(use_eagle=True, prefill_lookahead=3))
     # vLLM's ValueError (the dropped block must hold the re-prefilled tokens)
     for kind in ("vllm", "pagedkv"):
         with pytest.raises(ValueError, match="scheduler_block_size"):

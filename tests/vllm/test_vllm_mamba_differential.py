@@ -223,7 +223,7 @@ def _core_differential(seed: int, num_blocks: int, shared: bool) -> _CorePair:
     return pair
 
 
-def _reached(differential: str, window: int | None, run: Callable[[int, bool], object]) -> dict[str, int]:
+def _reached(differential: str, window: object, run: Callable[[int, bool], object]) -> dict[str, int]:
     """The totals of the 24 seeded runs of `differential` (`run(seed, shared)` for the ones not
     run yet in this process)."""
     totals: dict[str, int] = {}
@@ -266,14 +266,20 @@ class _ManagerPair:
     every call as ``_CorePair`` compares the core (plus the blocks each ``allocate_slots``
     returns)."""
 
-    def __init__(self, num_blocks: int, window: int | None = None) -> None:
+    def __init__(
+        self, num_blocks: int, window: int | None = None, checkpoint_alignment: int | None = None
+    ) -> None:
         from pagedkv.integrations.vllm import KVCacheManager
         from vllm.utils.hashing import sha256
         from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmKVCacheManager
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 
         init_none_hash(sha256)
-        config = _mamba_config(num_blocks, window)
+        options: dict[str, Any] = {}
+        if checkpoint_alignment is not None:
+            # vLLM's Mamba2 layers: one prefill check-point block, at any token (alignment 1)
+            options = dict(num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=checkpoint_alignment)
+        config = _mamba_config(num_blocks, window, **options)
         args: dict[str, Any] = dict(max_model_len=256, scheduler_block_size=BS, hash_block_size=BS)
         self.m = {
             "vllm": VllmKVCacheManager(config, enable_caching=True, **args),
@@ -282,11 +288,17 @@ class _ManagerPair:
         self.hasher = get_request_block_hasher(BS, sha256)
         self.reqs: dict[str, dict[str, Any]] = {}
         self.hits = self.refused_this_step = self.preempted = self.compared = self.junctions = 0
+        self.checkpoints = 0  # allocations vLLM's Mamba group took a check-point block in
         self.parted = False
 
     def step(self) -> None:
         for m in self.m.values():
             m.new_step_starts()
+
+    def note_checkpoint(self, rid: str) -> None:
+        """Counts vLLM's Mamba group's check-point of this allocation (``_checkpoints``)."""
+        mamba = self.m["vllm"].coordinator.single_type_managers[1]
+        self.checkpoints += rid in getattr(mamba, "_checkpoints", {})
 
     def admit(self, rid: str, prompt: list[int], chunk_blocks: int) -> None:
         from vllm.sampling_params import SamplingParams
@@ -312,6 +324,7 @@ class _ManagerPair:
         assert (got["vllm"] is None) == (got["pagedkv"] is None), (rid, hits, got)
         if got["vllm"] is not None:
             self.hits += hits["vllm"] > 0
+            self.note_checkpoint(rid)
             self.same_new_blocks(got)
             self.reqs[rid] = rs
         self.check()
@@ -333,6 +346,7 @@ class _ManagerPair:
             self.preempted += 1
             self.free(rid)
             return
+        self.note_checkpoint(rid)
         self.same_new_blocks(got)
         self.check()
 
@@ -370,17 +384,25 @@ class _ManagerPair:
 
 
 def _manager_differential(
-    seed: int, num_blocks: int, shared: bool, window: int | None = None
+    seed: int, num_blocks: int, shared: bool, window: int | None = None, checkpoints: int | None = None
 ) -> _ManagerPair:
-    """``_drive``'s schedule on ``_ManagerPair`` (``window``: with a sliding-window group too)."""
-    pair = _drive(_ManagerPair(num_blocks, window), seed, shared)
-    _REACHED["manager", window, seed, shared] = dict(
+    """``_drive``'s schedule on ``_ManagerPair`` (``window``: with a sliding-window group too;
+    ``checkpoints``: the Mamba group's prefill check-point alignment)."""
+    pair = _drive(_ManagerPair(num_blocks, window, checkpoints), seed, shared)
+    reached = dict(
         hits=pair.hits,
         refused=pair.refused_this_step,
         preempted=pair.preempted,
         compared=pair.compared,
         junctions=pair.junctions,
     )
+    if checkpoints is None:
+        _REACHED["manager", window, seed, shared] = reached
+    else:
+        _REACHED["checkpoints", (window, checkpoints), seed, shared] = {
+            **reached,
+            "checkpoints": pair.checkpoints,
+        }
     return pair
 
 
@@ -412,6 +434,34 @@ def test_the_manager_differential_reaches_what_it_checks(window: int | None) -> 
     assert all(v > 0 for v in totals.values()), totals
 
 
+# Prefill check-points (vLLM's Mamba2 layers: num_prefill_checkpoint_blocks=1 with an
+# alignment of 1 token; 2 tokens for another rule's residue), beside no window and a window of 2.
+CHECKPOINTS = [(None, 1), (None, 2), (2, 1)]
+
+
+@pytest.mark.parametrize(("window", "alignment"), CHECKPOINTS)
+@pytest.mark.parametrize("shared", [True, False])
+@pytest.mark.parametrize("seed", range(12))
+def test_prefill_checkpoints_match_vllms(seed: int, shared: bool, window: int | None, alignment: int) -> None:
+    """The call-by-call differential with the Mamba group's prefill check-points on: a prompt's
+    last chunk that starts on a block boundary and spans one past the next takes the state block
+    of its last boundary as well (vLLM's ``MambaManager`` check-point), counted in the same
+    refusals, indexed, then released at the next allocation."""
+    _manager_differential(seed, NUM_BLOCKS * 4 if shared else 40, shared, window, alignment)
+
+
+@pytest.mark.parametrize(("window", "alignment"), CHECKPOINTS)
+def test_the_checkpoint_differential_reaches_what_it_checks(window: int | None, alignment: int) -> None:
+    totals = _reached(
+        "checkpoints",
+        (window, alignment),
+        lambda seed, shared: _manager_differential(
+            seed, NUM_BLOCKS * 4 if shared else 40, shared, window, alignment
+        ),
+    )
+    assert totals["checkpoints"] > 20 and totals["hits"] > 0 and totals["preempted"] > 0, totals
+
+
 def _mamba_config(num_blocks: int = 32, window: int | None = None, **mamba_options: Any) -> Any:
     """Full attention + an align-mode Mamba group (+ a window group), blocks of ``BS`` tokens."""
     from vllm_test_inputs import mamba_config
@@ -424,7 +474,6 @@ def _mamba_config(num_blocks: int = 32, window: int | None = None, **mamba_optio
     [
         (dict(mamba_cache_mode="none"), {}, "mamba_cache_mode='none'"),
         (dict(num_speculative_blocks=1), {}, "num_speculative_blocks"),
-        (dict(num_prefill_checkpoint_blocks=1), {}, "num_prefill_checkpoint_blocks"),
         ({}, dict(enable_caching=False), "without prefix caching"),
         ({}, dict(use_eagle=True), "use_eagle"),
     ],
@@ -528,3 +577,27 @@ def test_a_sequence_filling_the_pool_is_answered_as_vllm_answers(prompt_len: int
             break
         pair.step()
         pair.run("a", 1, 1000 + step)
+
+
+def test_a_connector_beside_prefill_checkpoints_is_named(vllm_scheduler: Any) -> None:
+    """A KV connector's tokens on a Mamba group with prefill check-points: ``PagedkvScheduler``
+    refuses the config at construction; the manager refuses the admission by name, changing
+    nothing."""
+    from pagedkv.integrations.vllm import PagedkvScheduler, UnsupportedVllmFeatureError
+    from vllm_test_inputs import mamba_workload
+
+    module = vllm_scheduler
+    w = module.Workload(**mamba_workload(140, connector="sync", mamba_checkpoint_alignment=1))
+    with pytest.raises(UnsupportedVllmFeatureError, match="prefill check-points"):
+        module.build_scheduler(w, None, scheduler_cls=PagedkvScheduler)
+    pair = _ManagerPair(40, None, 1)
+    m = pair.m["pagedkv"]
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.request import Request
+
+    r = Request("a", list(range(1, 4 * BS + 2)), SamplingParams(max_tokens=4), None, block_hasher=pair.hasher)
+    free = m.block_pool.get_num_free_blocks()
+    with pytest.raises(UnsupportedVllmFeatureError, match="prefill check-points"):
+        m.allocate_slots(r, BS + 1, num_external_computed_tokens=3 * BS)
+    assert m.block_pool.get_num_free_blocks() == free and m.get_block_ids("a") == ([], [])
+    m.check_invariants()

@@ -260,6 +260,25 @@ CONFIGS: dict[str, tuple[dict[str, object], bool]] = {
         ),
         False,
     ),
+    # Mamba prefill check-points (vLLM's Mamba2 layers: num_prefill_checkpoint_blocks=1,
+    # alignment 1): the scheduler stops ending chunks at block boundaries where the check-point
+    # serves, and each chunk spanning a block boundary past its first also reserves the state
+    # block of its last boundary. Identical to the end (1 and 2 preemptions); async scheduling
+    # parts at step 38 after a spared copy (37). Full + window + Mamba on 150 to 160 blocks
+    # parts after vLLM's duplicate copies of step 2 at an eviction none of the traced
+    # mechanisms names (an eviction-order difference, as EAGLE's drop shows on tight pools).
+    "full+mamba-checkpoints": (mamba_workload(140, mamba_checkpoint_alignment=1), True),
+    "full+swa+mamba-checkpoints": (window_mamba_workload(164, mamba_checkpoint_alignment=1), True),
+    "async-full+mamba-checkpoints": (
+        dict(
+            requests=30,
+            num_blocks=140,
+            groups=("full", "mamba"),
+            mamba_checkpoint_alignment=1,
+            async_scheduling=True,
+        ),
+        False,
+    ),
     # Full attention beside an align-mode Mamba group (MambaSpec; the scheduler ends prefill
     # chunks at block boundaries and at the shared-prefix boundary get_computed_blocks reports):
     # whole-prompt and chunk-only admission, async scheduling. Each preempts and hits.
@@ -390,6 +409,7 @@ TRACED_AT = {
     "connector-sync-full+swa+mamba-tight": "spared_copy_since",
     "swa+mamba-tight": "spared_copy_since",
     "2full+swa+mamba-tight": "spared_copy_since",
+    "async-full+mamba-checkpoints": "spared_copy_since",
     "eagle-drop-full+swa": "spared_copy_since",
 }
 
@@ -463,6 +483,10 @@ def test_same_schedule_as_vllms_manager(vllm_scheduler: ModuleType, name: str) -
         assert 0 < reference.accepted_drafts < reference.draft_tokens
     if w.connector == "mixed":
         assert reference.async_loads > 0
+    if w.mamba_checkpoint_alignment:
+        # The check-points change vLLM's own schedule (its chunks and its free blocks).
+        plain = module.Workload(**{**overrides, "mamba_checkpoint_alignment": 0})
+        assert module.run(plain, module.manager_class("vllm")).steps != reference.steps
     if not w.reserve_full_isl:
         # The configuration exercises the chunk-only admission: vLLM's own schedule changes.
         whole = module.Workload(**{**overrides, "reserve_full_isl": True})

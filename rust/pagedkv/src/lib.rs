@@ -51,8 +51,8 @@ pub use events::router_digest;
 #[cfg(feature = "wire")]
 pub use events::wire;
 pub use manager::{
-    AdmitOptions, CsrPageTable, KvCacheManager, KvGroupSpec, ManagerConfig, NewBlockIds, Prompt,
-    SlotOptions, MAX_KV_GROUPS, NULL_BLOCK,
+    AdmitOptions, CsrPageTable, KvCacheManager, KvGroupSpec, ManagerConfig, NewBlockIds,
+    PrefillCheckpoint, Prompt, SlotOptions, MAX_KV_GROUPS, NULL_BLOCK,
 };
 pub use peers::PoolPeers;
 pub use pool::{BlockPool, MAX_NUM_BLOCKS, MAX_NUM_SLOTS};

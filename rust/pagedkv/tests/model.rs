@@ -539,6 +539,7 @@ fn run(setup: Setup, ops: Vec<Op>) {
                     num_lookahead_tokens: *lookahead,
                     num_in_flight_tokens: *in_flight,
                     num_computed_tokens: computed,
+                    prefill_checkpoint: None,
                 };
                 (
                     kv.allocate_slots_with(*id, *new, &o).map(usize::from),

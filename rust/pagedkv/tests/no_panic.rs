@@ -15,8 +15,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 use pagedkv::{
-    AdmitOptions, BlockPool, BlockTable, KvCacheManager, KvGroupSpec, ManagerConfig, Prompt,
-    SlotOptions, MAX_NUM_BLOCKS, MAX_NUM_SLOTS,
+    AdmitOptions, BlockPool, BlockTable, KvCacheManager, KvGroupSpec, ManagerConfig,
+    PrefillCheckpoint, Prompt, SlotOptions, MAX_NUM_BLOCKS, MAX_NUM_SLOTS,
 };
 use proptest::prelude::*;
 
@@ -394,6 +394,11 @@ fn apply(kv: &mut KvCacheManager, op: &Op, side_pool: &BlockPool) -> bool {
                 reserved_blocks: 0,
                 num_external_computed_tokens: *external,
                 diverged_hit: *diverged,
+                // Check-points on every third admission, alignments 0 (refused) to 3.
+                prefill_checkpoint: (*seq % 3 == 0).then_some(PrefillCheckpoint {
+                    prefill_end: *len % 97,
+                    alignment: (*seq / 3 % 4) as usize,
+                }),
             };
             let prompt = match tokens {
                 Some(t) => Prompt::Tokens(t),
@@ -412,6 +417,10 @@ fn apply(kv: &mut KvCacheManager, op: &Op, side_pool: &BlockPool) -> bool {
                 num_lookahead_tokens: *lookahead,
                 num_in_flight_tokens: *in_flight,
                 num_computed_tokens: *computed,
+                prefill_checkpoint: (*seq % 3 == 1).then_some(PrefillCheckpoint {
+                    prefill_end: *new,
+                    alignment: (*seq / 3 % 4) as usize,
+                }),
             };
             // `Ok(false)` may have released out-of-window blocks (as vLLM does): not a failure.
             kv.allocate_slots_with(*seq, *new, &options).is_err()

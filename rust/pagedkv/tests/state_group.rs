@@ -321,3 +321,115 @@ fn the_same_step_refusal_holds_with_the_callers_hashes() {
     );
     kv.check_invariants().unwrap();
 }
+
+/// vLLM's prefill check-points (`PrefillCheckpoint`, a Mamba layer's
+/// `num_prefill_checkpoint_blocks`): a chunk that starts on a block boundary and spans one a
+/// block past it also takes the state block of its last boundary, counted in the refusal; the
+/// next allocation releases it (it stays cached, so a later prompt hits there); a chunk not
+/// on a boundary, too short, or off the alignment takes none; an alignment of 0 is refused,
+/// changing nothing.
+#[test]
+fn prefill_checkpoints_take_the_last_boundarys_state() {
+    use pagedkv::PrefillCheckpoint;
+    let every = Some(PrefillCheckpoint {
+        prefill_end: 0,
+        alignment: 1,
+    });
+    let state = |kv: &KvCacheManager, id: u64| kv.block_table_group(id, 1).unwrap().to_vec();
+    // 10 tokens in one chunk from 0: the last boundary below 10 is 8, a block past 0 and more:
+    // positions [null, block (state at 8), block (state at 10)].
+    let mut kv = manager(16);
+    let o = AdmitOptions {
+        prefill_checkpoint: every,
+        ..per_chunk(10)
+    };
+    let prompt: Vec<u32> = (1..=10).collect();
+    kv.add_sequence_with(1, Prompt::Tokens(&prompt), &o)
+        .unwrap();
+    let t = state(&kv, 1);
+    assert_eq!(t.len(), 3);
+    assert!(
+        t[0] == NULL_BLOCK && t[1] != NULL_BLOCK && t[2] != NULL_BLOCK,
+        "{t:?}"
+    );
+    kv.check_invariants().unwrap();
+    // The next chunk (a decode token) releases the check-point: state at 10 only.
+    let slots = SlotOptions {
+        prefill_checkpoint: every,
+        ..Default::default()
+    };
+    assert!(kv.allocate_slots_with(1, 1, &slots).unwrap());
+    let t = state(&kv, 1);
+    assert!(
+        t[..2].iter().all(|&b| b == NULL_BLOCK) && t[2] != NULL_BLOCK,
+        "{t:?}"
+    );
+    kv.check_invariants().unwrap();
+    // A prompt sharing the first 8 tokens hits the released, cached check-point.
+    let other: Vec<u32> = (1..=8).chain(50..54).collect();
+    assert_eq!(
+        kv.add_sequence_with(2, Prompt::Tokens(&other), &o).unwrap(),
+        8
+    );
+    kv.check_invariants().unwrap();
+
+    // No check-point: a chunk of one block (its last boundary below 8 is 4, its start), a
+    // chunk off a boundary, an alignment the distance misses.
+    for (start, new, alignment) in [(4, 4, 1), (2, 10, 1), (0, 10, 3)] {
+        let mut kv = manager(16);
+        let prompt: Vec<u32> = (1..=20).collect();
+        kv.add_sequence_with(1, Prompt::Tokens(&prompt), &per_chunk(start))
+            .unwrap();
+        let before = kv.num_available_blocks();
+        let o = SlotOptions {
+            prefill_checkpoint: Some(PrefillCheckpoint {
+                prefill_end: 0,
+                alignment,
+            }),
+            ..Default::default()
+        };
+        assert!(kv.allocate_slots_with(1, new, &o).unwrap());
+        let taken = before - kv.num_available_blocks();
+        let positions = (start + new).div_ceil(BS) - start.div_ceil(BS);
+        // full attention's new positions and the state group's one block
+        assert_eq!(
+            taken,
+            positions + 1,
+            "{start} + {new}, alignment {alignment}"
+        );
+        kv.check_invariants().unwrap();
+    }
+
+    // Counted in the refusal: 3 blocks hold 8 tokens' 2 positions and one state block, not
+    // the check-point (the state at 4) too.
+    let mut kv = manager(3);
+    let prompt: Vec<u32> = (1..=8).collect();
+    let o = AdmitOptions {
+        prefill_checkpoint: every,
+        ..per_chunk(8)
+    };
+    assert!(matches!(
+        kv.add_sequence_with(1, Prompt::Tokens(&prompt), &o),
+        Err(Error::OutOfBlocks { .. })
+    ));
+    assert_eq!(kv.num_available_blocks(), 3);
+    kv.check_invariants().unwrap();
+    // An alignment of 0: refused, nothing changed.
+    let bad = AdmitOptions {
+        prefill_checkpoint: Some(PrefillCheckpoint {
+            prefill_end: 0,
+            alignment: 0,
+        }),
+        ..per_chunk(8)
+    };
+    assert!(matches!(
+        kv.add_sequence_with(1, Prompt::Tokens(&prompt), &bad),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert_eq!(kv.num_available_blocks(), 3);
+    // Without the check-point it fits.
+    kv.add_sequence_with(1, Prompt::Tokens(&prompt), &per_chunk(8))
+        .unwrap();
+    assert_eq!(kv.num_available_blocks(), 0);
+    kv.check_invariants().unwrap();
+}

@@ -187,6 +187,13 @@ def admit(
         if diverged_hit:
             # Only here: an unused keyword would cost every other admission its parsing.
             add = functools.partial(add, diverged_hit=True)
+        if manager._prefill_checkpoint is not None:
+            if num_external:
+                raise UnsupportedVllmFeatureError(
+                    f"request {request.request_id!r}: a KV connector's tokens on a Mamba group "
+                    "with prefill check-points (num_prefill_checkpoint_blocks)"
+                )
+            add = functools.partial(add, prefill_checkpoint=manager._prefill_checkpoint)
         try:
             hit = add(
                 seq_id,

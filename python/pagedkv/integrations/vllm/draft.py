@@ -99,6 +99,12 @@ def check_options(
             "pagedkv's vLLM manager supports them on full-attention and sliding-window groups"
         )
     drops = drop_group_ids(kv_cache_config, use_eagle)
+    one_token = [i for i in drops if getattr(groups[i].kv_cache_spec, "sliding_window", None) == 1]
+    if one_token:
+        # vLLM caches such a window's blocks only for the drop's peek; the core caches none.
+        raise UnsupportedVllmFeatureError(
+            f"EAGLE's dropped hit block on a sliding window of one token (KV-cache group {one_token[0]})"
+        )
     if len(groups) > 1 and num_prefill_lookahead > 1 and drops and len(drops) < len(groups):
         # vLLM's hybrid coordinator caches an EAGLE group's blocks up to the finalized tokens
         # and the others' up to the computed ones: two caching points per request, where the

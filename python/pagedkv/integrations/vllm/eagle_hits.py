@@ -45,12 +45,19 @@ KVCacheManager = Any
 
 
 def drop_group_ids(kv_cache_config: KVCacheConfig, use_eagle: bool) -> frozenset[int]:
-    """The groups whose hits drop their last block (vLLM's ``drop_eagle_group_ids``)."""
+    """The groups whose hits drop their last block (vLLM's ``drop_eagle_group_ids``), spread
+    over each spec set (vLLM's coordinator marks every group of a set one of whose groups
+    drops: ``SpecGroup.use_eagle``, and its managers cache by that mark)."""
     if not use_eagle:
         return frozenset()
     groups = kv_cache_config.kv_cache_groups
-    flagged = frozenset(i for i, g in enumerate(groups) if getattr(g, "is_eagle_group", False))
-    return flagged or frozenset(range(len(groups)))
+    flagged = {i for i, g in enumerate(groups) if getattr(g, "is_eagle_group", False)}
+    if not flagged:
+        return frozenset(range(len(groups)))
+    specs = [g.kv_cache_spec for g in groups]
+    return frozenset(
+        i for i, s in enumerate(specs) if any(type(specs[j]) is type(s) and specs[j] == s for j in flagged)
+    )
 
 
 def _full_attention_run(

@@ -36,6 +36,7 @@ takes, stats and events per_step.py's, bound here as methods.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
@@ -61,7 +62,7 @@ from pagedkv.integrations.vllm import (
 )
 from pagedkv.integrations.vllm.capacity import PoolCapacity
 from pagedkv.integrations.vllm.events import EventTranslator
-from pagedkv.integrations.vllm.support import check_config
+from pagedkv.integrations.vllm.support import check_config, checkpoint_alignment
 from pagedkv.integrations.vllm.views import BlockPoolView, GroupView, coordinator_view_class
 
 # The error is re-exported: the package and scheduler.py import both names from here.
@@ -198,6 +199,13 @@ class KVCacheManager:
         # give a running request's ids and hashes and an admission's held-back hashes.
         self._hold_all_hashes = False
         self._reprefill_tokens = 0
+        # Mamba groups' prefill check-points (support.checkpoint_alignment; None: none): every
+        # admission and allocation passes the core the rule's inputs, from which token a
+        # chunk's end takes one and the alignment. vLLM's coordinator passes its Mamba groups
+        # the prefill's end only under sparse retention (refused here); under dense retention
+        # every chunk publishes a state (0).
+        alignment = checkpoint_alignment(kv_cache_config)
+        self._prefill_checkpoint = None if alignment is None else (0, alignment)
         self._give_ids = records.give_ids
         self._give_held_hashes = connector.give_held_hashes
         # vLLM's block objects, one per pool block, made once: the scheduler reads only
@@ -427,7 +435,10 @@ class KVCacheManager:
             core_computed = state[6]
         # Deferred advances (core_computed < computed) fold into this call: the core's write
         # starts at its own watermark, in the same block, and ends where the scheduler's does.
-        if not self._core.allocate_slots(
+        allocate = self._core.allocate_slots
+        if self._prefill_checkpoint is not None:
+            allocate = functools.partial(allocate, prefill_checkpoint=self._prefill_checkpoint)
+        if not allocate(
             seq_id,
             end - core_computed if computed == state[5] else num_new_tokens,
             num_lookahead_tokens=num_lookahead_tokens,

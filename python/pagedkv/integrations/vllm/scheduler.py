@@ -27,6 +27,7 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec, SlidingWind
 
 from pagedkv.integrations.vllm.hisparse import check_hisparse
 from pagedkv.integrations.vllm.manager import KVCacheManager, UnsupportedVllmFeatureError
+from pagedkv.integrations.vllm.support import checkpoint_alignment
 
 _CONSTRUCTION = threading.Lock()
 
@@ -42,6 +43,12 @@ def _check_vllm_config(vllm_config: Any, kv_cache_config: Any) -> None:
         with_mamba = any(type(s) is MambaSpec for s in specs)
         allowed = (FullAttentionSpec, MambaSpec) if with_mamba else (FullAttentionSpec, SlidingWindowSpec)
         full = {s for s in specs if type(s) is FullAttentionSpec}
+        if checkpoint_alignment(kv_cache_config) is not None:
+            # The core's check-points take no external tokens (admission.py refuses them there).
+            raise UnsupportedVllmFeatureError(
+                "a KV connector (kv_transfer_config) with Mamba prefill check-points "
+                "(num_prefill_checkpoint_blocks)"
+            )
         for i, spec in enumerate(specs):
             if type(spec) not in allowed or (with_mamba and len(full) != 1):
                 raise UnsupportedVllmFeatureError(

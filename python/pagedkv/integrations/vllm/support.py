@@ -41,7 +41,8 @@ def _check_retention(retention: int | None, scheduler_block_size: int, groups: l
 
 def mamba_group(i: int, spec: Any) -> Any:
     """The core's state group for vLLM's ``MambaSpec`` group ``i`` (align mode, no speculative
-    or prefill checkpoint blocks), or the unsupported option named."""
+    blocks; prefill check-points are per call, ``checkpoint_alignment``), or the unsupported
+    option named."""
     if spec.mamba_cache_mode != "align":
         raise UnsupportedVllmFeatureError(
             f"KV-cache group {i}: MambaSpec with mamba_cache_mode={spec.mamba_cache_mode!r} "
@@ -51,12 +52,27 @@ def mamba_group(i: int, spec: Any) -> Any:
         raise UnsupportedVllmFeatureError(
             f"KV-cache group {i}: MambaSpec with num_speculative_blocks={spec.num_speculative_blocks}"
         )
-    if getattr(spec, "num_prefill_checkpoint_blocks", 0):
-        raise UnsupportedVllmFeatureError(
-            f"KV-cache group {i}: MambaSpec with num_prefill_checkpoint_blocks="
-            f"{spec.num_prefill_checkpoint_blocks}"
-        )
     return pagedkv.MambaState()
+
+
+def checkpoint_alignment(kv_cache_config: KVCacheConfig) -> int | None:
+    """The prefill check-point alignment of the config's Mamba groups (vLLM's
+    ``num_prefill_checkpoint_blocks`` with a ``prefill_checkpoint_alignment``; mamba.py), None
+    when they take no check-points. The core applies one rule to every state group: Mamba
+    groups that differ in it are refused by name."""
+    alignments = {
+        (getattr(g.kv_cache_spec, "num_prefill_checkpoint_blocks", 0) > 0)
+        and getattr(g.kv_cache_spec, "prefill_checkpoint_alignment", None)
+        or None
+        for g in kv_cache_config.kv_cache_groups
+        if isinstance(g.kv_cache_spec, MambaSpec)
+    }
+    if len(alignments) > 1:
+        raise UnsupportedVllmFeatureError(
+            "Mamba groups that differ in their prefill check-points (num_prefill_checkpoint_blocks, "
+            f"prefill_checkpoint_alignment): {sorted(map(str, alignments))}"
+        )
+    return next(iter(alignments), None)
 
 
 def check_config(
@@ -91,6 +107,15 @@ def check_config(
                 )
             kv_groups.append(pagedkv.FullAttention())
         elif type(spec) is SlidingWindowSpec:
+            extra = getattr(spec, "extra_retained_tokens", 0)
+            if extra:
+                # vLLM's engine sets it for multi-module MTP (its prefill lookahead less one):
+                # the window then keeps that many more tokens' blocks, which the core's window
+                # release does not.
+                raise UnsupportedVllmFeatureError(
+                    f"KV-cache group {i}: a SlidingWindowSpec with extra_retained_tokens={extra} "
+                    "(multi-module MTP beside sliding-window layers)"
+                )
             kv_groups.append(pagedkv.SlidingWindow(spec.sliding_window))
         elif type(spec) is MambaSpec:
             kv_groups.append(mamba_group(i, spec))

@@ -4,7 +4,7 @@
 
 use pyo3::prelude::*;
 
-use pagedkv::{AdmitOptions, Prompt};
+use pagedkv::{AdmitOptions, PrefillCheckpoint, Prompt};
 
 use crate::block_keys::BlockKeyArgs;
 use crate::errors::invalid_argument;
@@ -36,20 +36,23 @@ impl PyKvCacheManager {
     /// connector's, per-chunk only): window groups release what their windows leave at the hit
     /// plus these before the admission is sized; `diverged_hit=True` takes the full-attention
     /// groups' own run as the hit (vLLM's diverged hit: with external tokens, per chunk, full
-    /// attention and `MambaState` groups only; else `InvalidArgumentError`).
+    /// attention and `MambaState` groups only; else `InvalidArgumentError`);
+    /// `prefill_checkpoint=(prefill_end, alignment)` gives `MambaState` groups vLLM's prefill
+    /// check-point blocks (per chunk, no external tokens; `pagedkv.PrefillCheckpoint` in Rust).
     #[pyo3(signature = (
         seq_id, token_ids=None, *, num_tokens=None, extra_key=None, num_scheduled=None,
         reserve_prompt=FlagArg(true), require_full_prompt=FlagArg(true),
         num_lookahead_tokens=CountArg(0), block_extra_keys=None, block_hashes=None,
         apply_watermark=FlagArg(true), prompt_hashes=None, reserved_blocks=CountArg(0),
-        num_external_computed_tokens=CountArg(0), diverged_hit=FlagArg(false)
+        num_external_computed_tokens=CountArg(0), diverged_hit=FlagArg(false),
+        prefill_checkpoint=None
     ))]
     #[pyo3(
         text_signature = "(self, seq_id, token_ids=None, *, num_tokens=None, extra_key=None, \
         num_scheduled=None, reserve_prompt=True, require_full_prompt=True, \
         num_lookahead_tokens=0, block_extra_keys=None, block_hashes=None, apply_watermark=True, \
         prompt_hashes=None, reserved_blocks=0, num_external_computed_tokens=0, \
-        diverged_hit=False)"
+        diverged_hit=False, prefill_checkpoint=None)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn add_sequence(
@@ -70,6 +73,7 @@ impl PyKvCacheManager {
         reserved_blocks: CountArg,
         num_external_computed_tokens: CountArg,
         diverged_hit: FlagArg,
+        prefill_checkpoint: Option<(CountArg, CountArg)>,
     ) -> PyResult<usize> {
         let scheduled = num_scheduled.map_or(usize::MAX, |n| n.0);
         let plain = reserve_prompt.0
@@ -80,7 +84,8 @@ impl PyKvCacheManager {
             && apply_watermark.0
             && reserved_blocks.0 == 0
             && num_external_computed_tokens.0 == 0
-            && !diverged_hit.0;
+            && !diverged_hit.0
+            && prefill_checkpoint.is_none();
         if !plain {
             let max_tokens = self.max_prompt_tokens(!reserve_prompt.0 && !require_full_prompt.0);
             let keys = BlockKeyArgs::extract(
@@ -126,6 +131,12 @@ impl PyKvCacheManager {
                     reserved_blocks: reserved_blocks.0,
                     num_external_computed_tokens: num_external_computed_tokens.0,
                     diverged_hit: diverged_hit.0,
+                    prefill_checkpoint: prefill_checkpoint.map(|(end, alignment)| {
+                        PrefillCheckpoint {
+                            prefill_end: end.0,
+                            alignment: alignment.0,
+                        }
+                    }),
                 };
                 kv.add_sequence_with(seq_id.0, prompt, &options)
             });

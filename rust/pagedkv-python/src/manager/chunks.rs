@@ -5,7 +5,7 @@
 use numpy::PyArray1;
 use pyo3::prelude::*;
 
-use pagedkv::{SlotOptions, NULL_BLOCK};
+use pagedkv::{PrefillCheckpoint, SlotOptions, NULL_BLOCK};
 
 use crate::block_keys::BlockKeyArgs;
 use crate::manager::{PyKvCacheManager, DETACH_MIN_PROMPT_TOKENS};
@@ -27,14 +27,17 @@ impl PyKvCacheManager {
     /// num_in_flight_tokens` first. `num_computed_tokens` is the caller's watermark (lower
     /// than the manager's rolls rejected drafts back). Returns False (nothing else changed)
     /// when blocks are short: vLLM's signal to preempt.
+    /// `prefill_checkpoint=(prefill_end, alignment)`: vLLM's prefill check-point blocks in
+    /// `MambaState` groups (as at `add_sequence`).
     #[pyo3(signature = (
         seq_id, num_new_tokens, *, num_lookahead_tokens=CountArg(0),
-        num_in_flight_tokens=CountArg(0), num_computed_tokens=None
+        num_in_flight_tokens=CountArg(0), num_computed_tokens=None, prefill_checkpoint=None
     ))]
     #[pyo3(
         text_signature = "(self, seq_id, num_new_tokens, *, num_lookahead_tokens=0, \
-        num_in_flight_tokens=0, num_computed_tokens=None)"
+        num_in_flight_tokens=0, num_computed_tokens=None, prefill_checkpoint=None)"
     )]
+    #[allow(clippy::too_many_arguments)]
     fn allocate_slots(
         &self,
         py: Python<'_>,
@@ -43,11 +46,16 @@ impl PyKvCacheManager {
         num_lookahead_tokens: CountArg,
         num_in_flight_tokens: CountArg,
         num_computed_tokens: Option<CountArg>,
+        prefill_checkpoint: Option<(CountArg, CountArg)>,
     ) -> PyResult<bool> {
         let options = SlotOptions {
             num_lookahead_tokens: num_lookahead_tokens.0,
             num_in_flight_tokens: num_in_flight_tokens.0,
             num_computed_tokens: num_computed_tokens.map(|n| n.0),
+            prefill_checkpoint: prefill_checkpoint.map(|(end, alignment)| PrefillCheckpoint {
+                prefill_end: end.0,
+                alignment: alignment.0,
+            }),
         };
         self.run(py, false, |kv| {
             kv.allocate_slots_with(seq_id.0, num_new_tokens.0, &options)

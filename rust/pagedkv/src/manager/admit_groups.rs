@@ -5,11 +5,15 @@
 
 use std::sync::Arc;
 
+use super::config::PrefillCheckpoint;
 use super::config::{AdmitOptions, Prompt};
 use super::group_spec::{has_state_group, NULL_BLOCK};
 use super::hits::{GroupHit, Place};
 use super::keys::{given_prompt_hashes, BlockKeys, PromptHashes};
-use super::policy::{fresh_for_positions, grow_table, state_table_bound};
+use super::policy::{
+    checkpoint_blocks, fresh_for_positions, grow_table, prefill_checkpoint, state_table_bound,
+    validate_checkpoint,
+};
 use super::state::{GroupTables, KvCacheManager, SeqHashing, Sequence};
 use super::state_diverged;
 use super::state_external;
@@ -40,6 +44,8 @@ struct AdmitPlan {
     /// then `allocate_new_blocks`); without external tokens, all of them (one group after the
     /// other).
     external_end: Vec<usize>,
+    /// The state groups' prefill check-point position, when the admitted chunk takes one.
+    checkpoint: Option<usize>,
 }
 
 impl KvCacheManager {
@@ -188,7 +194,8 @@ impl KvCacheManager {
             .hit
             .places
             .iter()
-            .map(|places| {
+            .zip(&self.config.kv_groups)
+            .map(|(places, spec)| {
                 let mut t = Vec::with_capacity(plan.num_positions);
                 for &p in places {
                     t.push(match p {
@@ -201,6 +208,15 @@ impl KvCacheManager {
                             d
                         }
                     });
+                }
+                // A state group's check-point block, below its chunk's last position (its
+                // positions between are null: grow_table's order).
+                if let Some(p) = plan
+                    .checkpoint
+                    .filter(|&p| spec.takes_checkpoint(p, t.len(), plan.num_positions))
+                {
+                    t.resize(p, NULL_BLOCK);
+                    t.extend(supply.by_ref().take(1));
                 }
                 t.resize(
                     first_fresh.next().expect("one per group").max(h),
@@ -216,7 +232,7 @@ impl KvCacheManager {
             .collect();
         // A state group's later new positions are null but its last (grow_table).
         for (t, spec) in tables.iter_mut().zip(&self.config.kv_groups) {
-            grow_table(spec, t, plan.num_positions, &mut supply);
+            grow_table(spec, t, plan.num_positions, None, &mut supply);
         }
         debug_assert!(supply.next().is_none());
         self.record_loads(&loads_from, &loads_to);
@@ -291,7 +307,7 @@ impl KvCacheManager {
             fresh_for_positions(&self.config.kv_groups, 0, positions)
                 .max(state_table_bound(&self.config.kv_groups, positions))
         } else if o.require_full_prompt {
-            self.admission_requirement(num_tokens, 0, &[], o.num_external_computed_tokens)
+            self.admission_requirement(num_tokens, 0, &[], o.num_external_computed_tokens, None)
                 .max(state_table_bound(
                     &self.config.kv_groups,
                     num_tokens.min(max_len).div_ceil(bs),
@@ -321,9 +337,15 @@ impl KvCacheManager {
         hit_blocks: usize,
         revived_per_group: &[usize],
         computed_tokens: usize,
+        checkpoint: Option<&PrefillCheckpoint>,
     ) -> usize {
         let bs = self.block_size;
-        let full = num_tokens.min(self.config.max_model_len).div_ceil(bs);
+        let full_tokens = num_tokens.min(self.config.max_model_len);
+        let full = full_tokens.div_ceil(bs);
+        // The whole prompt's chunk from the computed tokens: its check-point counts (vLLM's
+        // check asks the state group the chunk's question).
+        let whole_checkpoint =
+            checkpoint.and_then(|c| prefill_checkpoint(c, bs, computed_tokens, full_tokens));
         let in_flight = self.config.in_flight_cap();
         let max_len = self.config.max_model_len;
         self.config
@@ -335,8 +357,15 @@ impl KvCacheManager {
                     .admission_cap_blocks(bs, in_flight, max_len)
                     .map_or(full, |cap| full.min(cap));
                 let skipped = spec.skipped_blocks(computed_tokens, bs);
-                let new = required.saturating_sub(hit_blocks.max(skipped));
-                spec.fresh_cap().map_or(new, |c| c.min(new))
+                let first = hit_blocks.max(skipped);
+                let new = required.saturating_sub(first);
+                let extra = checkpoint_blocks(
+                    std::slice::from_ref(spec),
+                    whole_checkpoint,
+                    first,
+                    required,
+                );
+                spec.fresh_cap().map_or(new, |c| (c + extra).min(new))
                     + revived_per_group.get(g).copied().unwrap_or(0)
             })
             .fold(0usize, usize::saturating_add)
@@ -376,6 +405,18 @@ impl KvCacheManager {
             ));
         }
         let released_at = hit_tokens + external;
+        validate_checkpoint(o.prefill_checkpoint.as_ref())?;
+        if o.prefill_checkpoint.is_some() && (external > 0 || o.diverged_hit) {
+            return invalid(
+                "prefill check-points with external computed tokens or a diverged hit are not \
+                 supported",
+            );
+        }
+        // Per chunk only (the reserve contract's prompt is one allocation of every block).
+        let checkpoint = o
+            .prefill_checkpoint
+            .filter(|_| !o.reserve_prompt)
+            .and_then(|c| prefill_checkpoint(&c, bs, hit_tokens, num_computed));
         if external > 0 && released_at.div_ceil(bs) > self.num_usable_blocks() {
             // A connector's tokens the pool could never have held: a window-only table of
             // that many null positions would only cost memory (full attention needs their
@@ -485,7 +526,9 @@ impl KvCacheManager {
             let spec = &self.config.kv_groups[g];
             state_external::group_fresh(spec, first_fresh[g], external_end[g], num_positions)
         };
-        let fresh = (0..ng).map(group_fresh).sum::<usize>() + loads;
+        let fresh = (0..ng).map(group_fresh).sum::<usize>()
+            + checkpoint_blocks(&self.config.kv_groups, checkpoint, h, num_positions)
+            + loads;
         // What vLLM's checks count: the allocation, but for a state group admitted with
         // external tokens, vLLM's count of it (state_external.rs); `revived_per_group` becomes
         // the counted revivals (the actual ones are `revived`).
@@ -518,7 +561,13 @@ impl KvCacheManager {
         }
         if !o.reserve_prompt && o.require_full_prompt {
             let required = self
-                .admission_requirement(num_tokens, h, &counted_revived, released_at)
+                .admission_requirement(
+                    num_tokens,
+                    h,
+                    &counted_revived,
+                    released_at,
+                    o.prefill_checkpoint.as_ref(),
+                )
                 .saturating_add(loads)
                 .saturating_add(watermark);
             if required > available {
@@ -543,6 +592,7 @@ impl KvCacheManager {
             num_computed,
             first_fresh,
             external_end,
+            checkpoint,
         })
     }
 

@@ -185,6 +185,25 @@ pub struct AdmitOptions<'a> {
     /// tokens on any hit), and vLLM's count for it counts its own hit block (the rightmost
     /// cached one below the hit) when cached-evictable (manager/state_diverged.rs).
     pub diverged_hit: bool,
+    /// vLLM's prefill check-points (a Mamba layer's `num_prefill_checkpoint_blocks`): where a
+    /// state group also takes a block below the chunk's last (policy.rs,
+    /// `prefill_checkpoint`). Per chunk only, without external tokens: else
+    /// `InvalidArgument`, nothing changed. `None`: no check-points.
+    pub prefill_checkpoint: Option<PrefillCheckpoint>,
+}
+
+/// What decides a state group's prefill check-point (vLLM's `MambaManager` with
+/// `num_prefill_checkpoint_blocks`, block size equal to the hash block size): the chunk
+/// `[start, end)` that reaches `prefill_end`, starts on a block boundary and spans a boundary
+/// `cp`, the last below `end`, at least a block past `start`, with `cp - start` a multiple of
+/// `alignment`, also takes the state block of the position ending at `cp` (the worker writes
+/// the state at `cp` there from inside the chunk's pass).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrefillCheckpoint {
+    /// Where the request's prefill ends (vLLM's `max(num_prompt_tokens, num_tokens - 1)`).
+    pub prefill_end: usize,
+    /// The layer's `prefill_checkpoint_alignment` (at least 1).
+    pub alignment: usize,
 }
 
 impl Default for AdmitOptions<'_> {
@@ -202,6 +221,7 @@ impl Default for AdmitOptions<'_> {
             reserved_blocks: 0,
             num_external_computed_tokens: 0,
             diverged_hit: false,
+            prefill_checkpoint: None,
         }
     }
 }
@@ -218,6 +238,8 @@ pub struct SlotOptions {
     /// The caller's computed watermark `c` (vLLM moves it itself; lower than the manager's
     /// after rejected drafts). `None`: the manager's.
     pub num_computed_tokens: Option<usize>,
+    /// vLLM's prefill check-points, as [`AdmitOptions::prefill_checkpoint`].
+    pub prefill_checkpoint: Option<PrefillCheckpoint>,
 }
 
 impl Default for ManagerConfig {

@@ -212,7 +212,7 @@ impl KvCacheManager {
             }
             let spec = self.config.kv_groups[g];
             let table = self.seqs.at_mut(row).group_table_mut(g);
-            grow_table(&spec, table, positions, supply);
+            grow_table(&spec, table, positions, None, supply);
         }
         self.note_placed_all(seq_id, old_positions..positions, true);
         let seq = self.seqs.at_mut(row);

@@ -79,7 +79,7 @@ mod swap_plan;
 mod transitions;
 mod window;
 
-pub use self::config::{AdmitOptions, ManagerConfig, Prompt, SlotOptions};
+pub use self::config::{AdmitOptions, ManagerConfig, PrefillCheckpoint, Prompt, SlotOptions};
 pub use self::csr::CsrPageTable;
 pub use self::group_spec::{KvGroupSpec, MAX_KV_GROUPS, NULL_BLOCK};
 pub use self::new_block_log::NewBlockIds;

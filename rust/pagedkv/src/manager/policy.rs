@@ -4,7 +4,9 @@
 //! ([`hybrid_hit`], vLLM's `HybridKVCacheCoordinator.find_longest_cache_hit`). Nothing else in
 //! the manager branches on a group's kind.
 
+use super::config::PrefillCheckpoint;
 use super::group_spec::{KvGroupSpec, NULL_BLOCK};
+use crate::error::{invalid, Result};
 use crate::BlockId;
 
 impl KvGroupSpec {
@@ -35,6 +37,14 @@ impl KvGroupSpec {
             KvGroupSpec::MambaState if end > first => end - 1..end,
             _ => first..end.max(first),
         }
+    }
+
+    /// Whether a prefill check-point at table position `p` takes a block when the group's
+    /// table grows from `first` to `end` positions: a state group's, at a new position below
+    /// the chunk's last.
+    #[inline]
+    pub(crate) fn takes_checkpoint(&self, p: usize, first: usize, end: usize) -> bool {
+        self.is_state() && first <= p && p + 1 < end
     }
 
     /// The most fresh blocks one allocation gives the group: `Some(1)` for a state group
@@ -117,11 +127,62 @@ pub(crate) fn grow_table(
     spec: &KvGroupSpec,
     table: &mut Vec<BlockId>,
     end: usize,
+    checkpoint: Option<usize>,
     supply: &mut impl Iterator<Item = BlockId>,
 ) {
+    if let Some(p) = checkpoint.filter(|&p| spec.takes_checkpoint(p, table.len(), end)) {
+        table.resize(p, NULL_BLOCK);
+        table.extend(supply.take(1));
+    }
     let fresh = spec.fresh_positions(table.len(), end);
     table.resize(fresh.start, NULL_BLOCK);
     table.extend(supply.take(fresh.len()));
+}
+
+/// Check-point blocks over every group of `specs` when their tables grow from `first` to
+/// `end` positions with a prefill check-point at position `checkpoint` (one per state group).
+pub(crate) fn checkpoint_blocks(
+    specs: &[KvGroupSpec],
+    checkpoint: Option<usize>,
+    first: usize,
+    end: usize,
+) -> usize {
+    checkpoint.map_or(0, |p| {
+        specs
+            .iter()
+            .filter(|s| s.takes_checkpoint(p, first, end))
+            .count()
+    })
+}
+
+/// The table position of the prefill check-point of the chunk `[start, end)` (tokens), or
+/// None (vLLM's `get_mamba_prefill_checkpoint_position` and `is_mamba_prefill_checkpoint_valid`
+/// with the hash block size equal to the block size, no EAGLE drop, no lookahead hashes): the
+/// chunk reaches the prefill's end and starts on a block boundary, and the last boundary below
+/// its end, `cp`, is at least a block past its start and an `alignment` multiple from it; the
+/// position is the block ending at `cp` (vLLM's column `cdiv(end, block_size) - 2`).
+pub(crate) fn prefill_checkpoint(
+    c: &PrefillCheckpoint,
+    block_size: usize,
+    start: usize,
+    end: usize,
+) -> Option<usize> {
+    if end == 0 || end < c.prefill_end || start % block_size != 0 {
+        return None;
+    }
+    let cp = (end - 1) / block_size * block_size;
+    if start + block_size > cp || (cp - start) % c.alignment != 0 {
+        return None;
+    }
+    Some(cp / block_size - 1)
+}
+
+/// InvalidArgument unless `c` is usable: an alignment of at least one token.
+pub(crate) fn validate_checkpoint(c: Option<&PrefillCheckpoint>) -> Result<()> {
+    match c {
+        Some(c) if c.alignment == 0 => invalid("a prefill check-point alignment of 0 tokens"),
+        _ => Ok(()),
+    }
 }
 
 /// Fresh blocks over every group of `specs` when their tables grow from `first` to `end`

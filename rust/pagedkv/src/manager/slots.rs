@@ -7,7 +7,10 @@ use rustc_hash::FxHashMap;
 use super::config::SlotOptions;
 use super::group_spec::{has_state_group, NULL_BLOCK};
 use super::keys::BlockKeys;
-use super::policy::{fresh_for_positions, grow_table, state_table_bound};
+use super::policy::{
+    checkpoint_blocks, fresh_for_positions, grow_table, prefill_checkpoint, state_table_bound,
+    validate_checkpoint,
+};
 use super::state::KvCacheManager;
 use crate::error::{invalid, Error, Result};
 use crate::prefix::hash::BlockHash;
@@ -27,6 +30,8 @@ struct SlotPlan {
     /// The declared tokens after the call: at least `c + new`; after a rollback (`c` below the
     /// manager's watermark) `max(c + new, known ids)`, the rejected positions no longer declared.
     num_tokens: usize,
+    /// The state groups' prefill check-point position, when the chunk takes one.
+    checkpoint: Option<usize>,
 }
 
 impl KvCacheManager {
@@ -125,7 +130,7 @@ impl KvCacheManager {
             }
             let spec = self.config.kv_groups[g];
             let table = self.seqs.at_mut(row).group_table_mut(g);
-            grow_table(&spec, table, plan.positions, &mut supply);
+            grow_table(&spec, table, plan.positions, plan.checkpoint, &mut supply);
         }
         debug_assert!(supply.next().is_none());
         self.note_placed_all(
@@ -170,6 +175,7 @@ impl KvCacheManager {
         let seq = self.resident(seq_id)?;
         let bs = self.block_size;
         let ng = self.num_groups();
+        validate_checkpoint(o.prefill_checkpoint.as_ref())?;
         let ours = seq.num_computed;
         let c = o.num_computed_tokens.unwrap_or(ours);
         if has_state_group(&self.config.kv_groups) && (c < ours || o.num_lookahead_tokens > 0) {
@@ -242,7 +248,11 @@ impl KvCacheManager {
                     .collect()
             })
             .collect();
+        let checkpoint = o
+            .prefill_checkpoint
+            .and_then(|p| prefill_checkpoint(&p, bs, c, end));
         let fresh = fresh_for_positions(&self.config.kv_groups, len, positions)
+            + checkpoint_blocks(&self.config.kv_groups, checkpoint, len, positions)
             + copies.iter().map(Vec::len).sum::<usize>();
         Ok(SlotPlan {
             computed: c,
@@ -250,6 +260,7 @@ impl KvCacheManager {
             copies,
             fresh,
             num_tokens,
+            checkpoint,
         })
     }
 
