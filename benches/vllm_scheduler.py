@@ -400,24 +400,30 @@ def _count_calls(manager: Any, trace: Trace) -> None:
             setattr(manager, name, wrap(getattr(manager, name)))
 
 
+def revives_held_copy(manager: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether vLLM's ``allocate_slots(request, num_new_tokens, *args, **kwargs)`` on `manager`
+    (vLLM's own) takes a cached-evictable hit block while another copy of its content is held
+    (the usual first consequence of duplicate copies, docs/conformance.md)."""
+    blocks = kwargs.get("new_computed_blocks", args[1] if len(args) > 1 else None)
+    if blocks is None:
+        return False
+    index = manager.block_pool.cached_block_hash_to_block._cache
+    for group in blocks.blocks:
+        for b in group:
+            copies = None if b.is_null else index.get(b.block_hash)
+            if b.ref_cnt == 0 and isinstance(copies, dict) and any(c.ref_cnt > 0 for c in copies.values()):
+                return True
+    return False
+
+
 def _watch_revived_copies(manager: Any, trace: Trace) -> None:
     """Wraps vLLM's ``allocate_slots`` (on the instance) to note the first step whose admission
-    takes a cached-evictable hit block while another copy of its content is held."""
-    index = manager.block_pool.cached_block_hash_to_block._cache
+    revives a copy (``revives_held_copy``)."""
     allocate = manager.allocate_slots
 
     def watched(request: Any, num_new_tokens: int, *args: Any, **kwargs: Any) -> Any:
-        blocks = kwargs.get("new_computed_blocks", args[1] if len(args) > 1 else None)
-        if trace.revived_copy_since is None and blocks is not None:
-            for group in blocks.blocks:
-                for b in group:
-                    copies = None if b.is_null else index.get(b.block_hash)
-                    if (
-                        b.ref_cnt == 0
-                        and isinstance(copies, dict)
-                        and any(c.ref_cnt > 0 for c in copies.values())
-                    ):
-                        trace.revived_copy_since = len(trace.steps)  # the step being scheduled
+        if trace.revived_copy_since is None and revives_held_copy(manager, args, kwargs):
+            trace.revived_copy_since = len(trace.steps)  # the step being scheduled
         return allocate(request, num_new_tokens, *args, **kwargs)
 
     manager.allocate_slots = watched

@@ -168,18 +168,14 @@ class _Run:
             self._watch_revived_copies()
 
     def _watch_revived_copies(self) -> None:
+        from conftest import _load_bench
+
+        revives_held_copy = _load_bench("vllm_scheduler").revives_held_copy
         allocate = self.m.allocate_slots
-        index = self.m.block_pool.cached_block_hash_to_block._cache
 
         def watched(request: Any, num_new_tokens: int, *args: Any, **kwargs: Any) -> Any:
-            blocks = kwargs.get("new_computed_blocks", args[1] if len(args) > 1 else None)
-            if self.revived_copy_since is None and blocks is not None:
-                for row in blocks.blocks:
-                    for b in row:
-                        copies = None if b.is_null else index.get(b.block_hash)
-                        if b.ref_cnt == 0 and isinstance(copies, dict):
-                            if any(c.ref_cnt > 0 for c in copies.values()):
-                                self.revived_copy_since = len(self.seen)  # this call's note
+            if self.revived_copy_since is None and revives_held_copy(self.m, args, kwargs):
+                self.revived_copy_since = len(self.seen)  # this call's note
             return allocate(request, num_new_tokens, *args, **kwargs)
 
         self.m.allocate_slots = watched
